@@ -1,0 +1,62 @@
+// CPU kernels for copies between dtypes and layouts, and for fill_.
+#include "kernels/cpu/loops.h"
+#include "tensor/registry.h"
+
+namespace kiln::cpu {
+
+// dst[i] = convert(src[i]) with src broadcast to dst; any dtypes and strides.
+void copy_elements(const Tensor& dst, const Tensor& src) {
+  if (dst.numel() == 0) return;
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous() &&
+      dst.sizes() == src.sizes()) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    return;
+  }
+  visit_dtype(dst.dtype(), [&]<typename D>(TypeTag<D>) {
+    visit_dtype(src.dtype(), [&]<typename S>(TypeTag<S>) {
+      elementwise_typed<D, S>(
+          dst,
+          [](S v) -> D {
+            if constexpr (std::is_same_v<D, bool>) {
+              return static_cast<float>(v) != 0.0f;
+            } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
+              return D(static_cast<float>(v));
+            } else {
+              return static_cast<D>(static_cast<opmath_t<S>>(v));
+            }
+          },
+          src);
+    });
+  });
+}
+
+namespace {
+
+void to_copy_cpu(OpCall& c) {
+  KILN_CHECK(c.outputs[0].is_cpu(), "[to] copying from cpu to ", c.outputs[0].device().str(),
+             " needs the CUDA backend");
+  copy_elements(c.outputs[0], c.input(0));
+}
+
+void copy_cpu(OpCall& c) {
+  KILN_CHECK(c.input(1).is_cpu(), "[copy_] copying from ", c.input(1).device().str(),
+             " into a cpu tensor needs the CUDA backend");
+  copy_elements(c.input(0), c.input(1));
+}
+
+void fill_cpu(OpCall& c) {
+  const Tensor& t = c.input(0);
+  const Scalar& v = c.attr<Scalar>(0);
+  visit_dtype(t.dtype(), [&]<typename T>(TypeTag<T>) {
+    const T value = v.to<T>();
+    elementwise_typed<T>(t, [value]() { return value; });
+  });
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(to_copy, kCPU, to_copy_cpu);
+KILN_REGISTER_KERNEL(copy_, kCPU, copy_cpu);
+KILN_REGISTER_KERNEL(fill_, kCPU, fill_cpu);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,14 @@
+// kiln: the umbrella header. `#include <kiln/kiln.h>` gives the whole user-facing API, as
+// <torch/torch.h> does for libtorch.
+#pragma once
+
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+#include "tensor/error.h"
+#include "tensor/indexing.h"
+#include "tensor/ops.h"
+#include "tensor/parallel.h"
+#include "tensor/scalar.h"
+#include "tensor/tensor.h"
+#include "tensor/tensor_data.h"
+#include "tensor/tensor_options.h"

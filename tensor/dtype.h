@@ -1,0 +1,106 @@
+// ScalarType (dtype): the element types kiln tensors hold, and PyTorch's promotion rules.
+//
+//   kiln::kFloat32 (kFloat), kFloat64 (kDouble), kFloat16 (kHalf), kBFloat16,
+//   kInt64 (kLong), kInt32 (kInt), kBool (one byte per element).
+//
+// promote_types(a, b) is torch.promote_types; result_type() in tensor/ops lifts it to
+// operands with PyTorch's priority of dimensioned tensors over 0-d tensors over scalars.
+// visit_dtype(dtype, op, f) calls f(TypeTag<T>{}) with the C++ element type of dtype.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string_view>
+
+#include "tensor/error.h"
+#include "tensor/half.h"
+
+namespace kiln {
+
+enum class ScalarType : int8_t { Bool, Int32, Int64, Half, BFloat16, Float, Double };
+inline constexpr int kNumScalarTypes = 7;
+
+inline constexpr ScalarType kBool = ScalarType::Bool;
+inline constexpr ScalarType kInt32 = ScalarType::Int32;
+inline constexpr ScalarType kInt = ScalarType::Int32;
+inline constexpr ScalarType kInt64 = ScalarType::Int64;
+inline constexpr ScalarType kLong = ScalarType::Int64;
+inline constexpr ScalarType kFloat16 = ScalarType::Half;
+inline constexpr ScalarType kHalf = ScalarType::Half;
+inline constexpr ScalarType kBFloat16 = ScalarType::BFloat16;
+inline constexpr ScalarType kFloat32 = ScalarType::Float;
+inline constexpr ScalarType kFloat = ScalarType::Float;
+inline constexpr ScalarType kFloat64 = ScalarType::Double;
+inline constexpr ScalarType kDouble = ScalarType::Double;
+
+size_t element_size(ScalarType t);
+// "float32", "bfloat16", "int64", "bool" ...: the names PyTorch prints.
+std::string_view dtype_name(ScalarType t);
+std::ostream& operator<<(std::ostream& os, ScalarType t);
+
+constexpr bool is_floating_point(ScalarType t) {
+  return t == kHalf || t == kBFloat16 || t == kFloat || t == kDouble;
+}
+constexpr bool is_integral(ScalarType t, bool include_bool) {
+  return t == kInt32 || t == kInt64 || (include_bool && t == kBool);
+}
+constexpr bool is_reduced_float(ScalarType t) { return t == kHalf || t == kBFloat16; }
+
+// torch.promote_types: the smallest type both a and b convert to without leaving their kind
+// (bool < integer < floating). Half with BFloat16 promotes to Float.
+ScalarType promote_types(ScalarType a, ScalarType b);
+
+// The dtype of factories and Python-like float scalars (float32 unless changed).
+ScalarType default_dtype();
+void set_default_dtype(ScalarType t);
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+template <typename T>
+constexpr ScalarType dtype_of();
+template <> constexpr ScalarType dtype_of<bool>() { return kBool; }
+template <> constexpr ScalarType dtype_of<int32_t>() { return kInt32; }
+template <> constexpr ScalarType dtype_of<int64_t>() { return kInt64; }
+template <> constexpr ScalarType dtype_of<Half>() { return kHalf; }
+template <> constexpr ScalarType dtype_of<BFloat16>() { return kBFloat16; }
+template <> constexpr ScalarType dtype_of<float>() { return kFloat; }
+template <> constexpr ScalarType dtype_of<double>() { return kDouble; }
+
+// The type arithmetic on T happens in: float for the 16-bit floats, T otherwise.
+template <typename T> struct OpMath { using type = T; };
+template <> struct OpMath<Half> { using type = float; };
+template <> struct OpMath<BFloat16> { using type = float; };
+template <typename T> using opmath_t = typename OpMath<T>::type;
+
+// Calls f(TypeTag<T>{}) for the element type T of `t`.
+template <typename F>
+decltype(auto) visit_dtype(ScalarType t, F&& f) {
+  switch (t) {
+    case kBool: return f(TypeTag<bool>{});
+    case kInt32: return f(TypeTag<int32_t>{});
+    case kInt64: return f(TypeTag<int64_t>{});
+    case kHalf: return f(TypeTag<Half>{});
+    case kBFloat16: return f(TypeTag<BFloat16>{});
+    case kFloat: return f(TypeTag<float>{});
+    case kDouble: return f(TypeTag<double>{});
+  }
+  KILN_FAIL("[visit_dtype] unknown dtype ", static_cast<int>(t));
+}
+
+// As visit_dtype, restricted to the floating types; other dtypes fail naming `op`.
+template <typename F>
+decltype(auto) visit_floating(ScalarType t, std::string_view op, F&& f) {
+  switch (t) {
+    case kHalf: return f(TypeTag<Half>{});
+    case kBFloat16: return f(TypeTag<BFloat16>{});
+    case kFloat: return f(TypeTag<float>{});
+    case kDouble: return f(TypeTag<double>{});
+    default: break;
+  }
+  KILN_FAIL("[", op, "] expected a floating-point dtype, got ", dtype_name(t));
+}
+
+}  // namespace kiln

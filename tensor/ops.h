@@ -1,0 +1,177 @@
+// The free-function spelling of kiln's ops, as in libtorch (`kiln::matmul(a, b)`,
+// `kiln::cat({a, b}, 1)`), plus the factories and the RNG seed. Tensor methods are declared in
+// tensor/tensor.h; both are implemented by family in tensor/ops/*.cpp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace kiln {
+
+// --- Factories ----------------------------------------------------------------------------------
+Tensor empty(IntArrayRef sizes, const TensorOptions& options = {});
+Tensor zeros(IntArrayRef sizes, const TensorOptions& options = {});
+Tensor ones(IntArrayRef sizes, const TensorOptions& options = {});
+Tensor full(IntArrayRef sizes, const Scalar& value, const TensorOptions& options = {});
+Tensor empty_like(const Tensor& t, const TensorOptions& options = {});
+Tensor zeros_like(const Tensor& t, const TensorOptions& options = {});
+Tensor ones_like(const Tensor& t, const TensorOptions& options = {});
+Tensor full_like(const Tensor& t, const Scalar& value, const TensorOptions& options = {});
+Tensor rand_like(const Tensor& t, const TensorOptions& options = {});
+Tensor randn_like(const Tensor& t, const TensorOptions& options = {});
+// Values start, start + step, ... below end. Integer arguments give int64, floats the default
+// dtype, unless options say otherwise.
+Tensor arange(const Scalar& end, const TensorOptions& options = {});
+Tensor arange(const Scalar& start, const Scalar& end, const TensorOptions& options = {});
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step,
+              const TensorOptions& options = {});
+Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps,
+                const TensorOptions& options = {});
+Tensor eye(int64_t n, const TensorOptions& options = {});
+Tensor eye(int64_t n, int64_t m, const TensorOptions& options = {});
+// Wraps existing memory without copying; `deleter` (optional) frees it with the last tensor.
+Tensor from_blob(void* data, IntArrayRef sizes, const TensorOptions& options = {});
+Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides,
+                 const TensorOptions& options = {});
+Tensor from_blob(void* data, IntArrayRef sizes, std::function<void(void*)> deleter,
+                 const TensorOptions& options = {});
+Tensor scalar_tensor(const Scalar& value, const TensorOptions& options = {});
+// `o` with the dtype and device of `t` filled in where `o` leaves them unset.
+TensorOptions options_like(const Tensor& t, const TensorOptions& o);
+
+// --- Random (Philox 4x32-10, counter-based: same numbers for the same seed on every run) ----
+void manual_seed(uint64_t seed);
+Tensor rand(IntArrayRef sizes, const TensorOptions& options = {});
+Tensor randn(IntArrayRef sizes, const TensorOptions& options = {});
+Tensor randint(int64_t high, IntArrayRef sizes, const TensorOptions& options = {});
+Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, const TensorOptions& options = {});
+Tensor bernoulli(const Tensor& p);
+Tensor bernoulli(const Tensor& t, double p);
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
+Tensor randperm(int64_t n, const TensorOptions& options = kInt64);
+
+// --- Type promotion -------------------------------------------------------------------------
+// torch.result_type: dimensioned tensors over 0-d tensors over scalars, by category.
+ScalarType result_type(const Tensor& a, const Tensor& b);
+ScalarType result_type(const Tensor& a, const Scalar& b);
+
+// --- Elementwise ----------------------------------------------------------------------------
+Tensor neg(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor log1p(const Tensor& a);
+Tensor expm1(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor sin(const Tensor& a);
+Tensor cos(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+Tensor gelu(const Tensor& a, std::string_view approximate = "none");
+Tensor silu(const Tensor& a);
+Tensor erf(const Tensor& a);
+Tensor reciprocal(const Tensor& a);
+Tensor sign(const Tensor& a);
+Tensor floor(const Tensor& a);
+Tensor ceil(const Tensor& a);
+Tensor round(const Tensor& a);
+Tensor square(const Tensor& a);
+Tensor logical_not(const Tensor& a);
+Tensor pow(const Tensor& a, const Scalar& exponent);
+Tensor pow(const Tensor& a, const Tensor& exponent);
+Tensor pow(const Scalar& a, const Tensor& exponent);
+Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
+Tensor add(const Tensor& a, const Scalar& b, const Scalar& alpha = 1);
+Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
+Tensor sub(const Tensor& a, const Scalar& b, const Scalar& alpha = 1);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Scalar& b);
+Tensor div(const Tensor& a, const Tensor& b,
+           std::optional<std::string_view> rounding_mode = std::nullopt);
+Tensor div(const Tensor& a, const Scalar& b,
+           std::optional<std::string_view> rounding_mode = std::nullopt);
+Tensor floor_divide(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor atan2(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_xor(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b);
+Tensor where(const Tensor& condition, const Scalar& a, const Tensor& b);
+Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt);
+Tensor lerp(const Tensor& start, const Tensor& end, const Scalar& weight);
+Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& weight);
+// allclose/isclose: |a - b| <= atol + rtol * |b|, elementwise; NaNs equal when equal_nan.
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+               bool equal_nan = false);
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+              bool equal_nan = false);
+bool equal(const Tensor& a, const Tensor& b);  // same shape and equal elements
+
+// --- Reductions -----------------------------------------------------------------------------
+Tensor sum(const Tensor& a, IntArrayRef dims = {}, bool keepdim = false,
+           std::optional<ScalarType> dtype = std::nullopt);
+Tensor mean(const Tensor& a, IntArrayRef dims = {}, bool keepdim = false,
+            std::optional<ScalarType> dtype = std::nullopt);
+Tensor amax(const Tensor& a, IntArrayRef dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, IntArrayRef dims = {}, bool keepdim = false);
+Tensor argmax(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+Tensor argmin(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+Tensor var(const Tensor& a, IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std(const Tensor& a, IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor norm(const Tensor& a, const Scalar& p = 2, IntArrayRef dims = {}, bool keepdim = false);
+Tensor logsumexp(const Tensor& a, IntArrayRef dims, bool keepdim = false);
+Tensor cumsum(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
+
+// --- Linear algebra (Eigen on the CPU; f16/bf16 computed in f32) ------------------------------
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor mm(const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b);
+Tensor addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const Scalar& beta = 1,
+             const Scalar& alpha = 1);
+// y = x W^T + b, W of shape [out, in], as torch.nn.functional.linear.
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
+Tensor outer(const Tensor& a, const Tensor& b);
+Tensor dot(const Tensor& a, const Tensor& b);
+
+// --- Joining, indexing, sorting ---------------------------------------------------------------
+Tensor cat(TensorList tensors, int64_t dim = 0);
+Tensor stack(TensorList tensors, int64_t dim = 0);
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source,
+                 const Scalar& alpha = 1);
+Tensor masked_fill(const Tensor& a, const Tensor& mask, const Scalar& value);
+Tensor masked_select(const Tensor& a, const Tensor& mask);
+// Rows of `weight` picked by integer `indices` (any shape): output [*indices.shape, dim].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+// int64 indices in [0, num_classes) -> int64 one-hot rows; num_classes -1 infers max + 1.
+Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);
+std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true,
+                                bool sorted = true);
+std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false,
+                                bool stable = false);
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false, bool stable = false);
+Tensor softmax(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
+Tensor log_softmax(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
+
+}  // namespace kiln

@@ -1,0 +1,187 @@
+#include "tensor/registry.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace kiln {
+
+struct Registry::Impl {
+  std::mutex mu;
+  absl::flat_hash_map<std::string, std::unique_ptr<OpDef>> ops;
+};
+
+Registry& Registry::get() {
+  static Registry r;
+  return r;
+}
+
+Registry::Impl& Registry::impl() const {
+  static Impl i;
+  return i;
+}
+
+OpDef& Registry::entry(std::string_view name) {
+  Impl& i = impl();
+  std::lock_guard<std::mutex> lock(i.mu);
+  auto& slot = i.ops[std::string(name)];
+  if (!slot) {
+    slot = std::make_unique<OpDef>();
+    slot->name = std::string(name);
+  }
+  return *slot;
+}
+
+const OpDef& Registry::op(std::string_view name) {
+  const OpDef& def = entry(name);
+  KILN_CHECK(def.meta != nullptr, "[", name, "] no such op is defined in the registry");
+  return def;
+}
+
+std::vector<std::string> Registry::names() const {
+  Impl& i = impl();
+  std::lock_guard<std::mutex> lock(i.mu);
+  std::vector<std::string> out;
+  for (const auto& [name, def] : i.ops) {
+    if (def->meta != nullptr) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+OpRegistrar::OpRegistrar(std::string_view name, OpKind kind, MetaFn meta, OpFlags flags) {
+  OpDef& d = Registry::get().entry(name);
+  d.kind = kind;
+  d.meta = meta;
+  d.allow_cpu_scalars = flags.allow_cpu_scalars;
+  d.cross_device = flags.cross_device;
+}
+OpRegistrar::OpRegistrar(std::string_view name, DeviceType device, KernelFn kernel) {
+  Registry::get().entry(name).kernels[static_cast<int>(device)] = kernel;
+}
+OpRegistrar::OpRegistrar(std::string_view name, BackwardFn backward) {
+  Registry::get().entry(name).backward = backward;
+}
+OpRegistrar::OpRegistrar(std::string_view name, DecompositionFn decomposition) {
+  Registry::get().entry(name).decomposition = decomposition;
+}
+
+const std::string& OpCall::name() const {
+  static const std::string unknown = "op";
+  return op != nullptr ? op->name : unknown;
+}
+
+// --- Dispatch ---------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kNumKeys = static_cast<int>(DispatchKey::kCount);
+std::array<std::atomic<const DispatchHandler*>, kNumKeys> g_handlers{};
+
+void dispatch_from(OpCall& call, int key) {
+  for (int k = key; k < kNumKeys; ++k) {
+    const DispatchHandler* h = g_handlers[k].load(std::memory_order_acquire);
+    if (h != nullptr && h->active(call)) {
+      h->handle(call);
+      return;
+    }
+  }
+  run_backend(call);
+}
+
+Tensor allocate(const TensorSpec& spec) {
+  const size_t nbytes = static_cast<size_t>(numel_of(spec.sizes)) * element_size(spec.dtype);
+  return Tensor(std::make_shared<TensorImpl>(allocate_storage(nbytes, spec.device), spec.sizes,
+                                             contiguous_strides(spec.sizes), 0, spec.dtype));
+}
+
+}  // namespace
+
+void set_dispatch_handler(DispatchKey key, const DispatchHandler* handler) {
+  g_handlers[static_cast<int>(key)].store(handler, std::memory_order_release);
+}
+
+void dispatch(OpCall& call) { dispatch_from(call, 0); }
+
+void dispatch_after(OpCall& call, DispatchKey key) {
+  dispatch_from(call, static_cast<int>(key) + 1);
+}
+
+Device common_device(const OpCall& call) {
+  if (call.op->cross_device && !call.inputs.empty()) return call.inputs[0].device();
+  const Tensor* first = nullptr;
+  for (const Tensor& t : call.inputs) {
+    if (!t.defined()) continue;
+    if (call.op->allow_cpu_scalars && t.is_cpu() && t.dim() == 0) continue;
+    if (first == nullptr) {
+      first = &t;
+    } else {
+      KILN_CHECK(t.device() == first->device(), "[", call.name(),
+                 "] expected all tensors on the same device, got ", first->device().str(),
+                 " and ", t.device().str());
+    }
+  }
+  if (first != nullptr) return first->device();
+  for (const Tensor& t : call.inputs) {
+    if (t.defined()) return t.device();
+  }
+  for (const Attr& a : call.attrs) {
+    if (const Device* d = std::get_if<Device>(&a)) return *d;
+  }
+  return Device(kCPU);
+}
+
+void run_backend(OpCall& call) {
+  const OpDef& op = *call.op;
+  for (const Tensor& t : call.inputs) {
+    KILN_CHECK(t.defined() || op.kind == OpKind::kFunctional, "[", op.name,
+               "] got an undefined tensor");
+  }
+  const Device device = common_device(call);
+  const SpecList specs = op.meta(call);
+  KernelFn kernel = op.kernels[static_cast<int>(device.type())];
+  switch (op.kind) {
+    case OpKind::kFunctional:
+      call.outputs.clear();
+      for (const TensorSpec& s : specs) call.outputs.push_back(allocate(s));
+      if (device.is_meta()) return;  // proxies carry no data
+      break;
+    case OpKind::kInplace:
+      call.outputs.assign({call.inputs[0]});
+      if (device.is_meta()) return;
+      break;
+    case OpKind::kView:
+      kernel = op.kernels[static_cast<int>(kCPU)];  // views are device-agnostic
+      break;
+    case OpKind::kDynamic:
+      KILN_CHECK(!device.is_meta(), "[", op.name,
+                 "] the output shape depends on the data, so it cannot run on meta tensors");
+      break;
+  }
+  KILN_CHECK(kernel != nullptr, "[", op.name, "] is not implemented for device ", device.str());
+  kernel(call);
+  if (op.kind == OpKind::kInplace) call.inputs[0].impl()->bump_version();
+}
+
+TensorVec call_op(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> attrs) {
+  OpCall call;
+  call.op = &op;
+  call.inputs = std::move(inputs);
+  call.attrs = std::move(attrs);
+  dispatch(call);
+  return std::move(call.outputs);
+}
+
+Tensor call_op1(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> attrs) {
+  OpCall call;
+  call.op = &op;
+  call.inputs = std::move(inputs);
+  call.attrs = std::move(attrs);
+  dispatch(call);
+  return std::move(call.outputs[0]);
+}
+
+}  // namespace kiln

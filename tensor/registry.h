@@ -1,0 +1,172 @@
+// The op registry and dispatcher: every op is defined once, here, and every consumer (eager
+// kernels per device, autograd, autocast, the compiler's tracer) plugs into its entry.
+//
+// An OpDef holds:
+//   - name, kind and meta rule: from input shapes/dtypes/devices and attributes, the output
+//     specs (shape, dtype, device), with all argument checking. Defined in tensor/ops/.
+//   - one kernel per device type: computes outputs from an OpCall. Registered from
+//     kernels/cpu/ and kernels/cuda/.
+//   - a backward rule, written in kiln ops (registered from autograd/), and an optional
+//     decomposition into other ops (for the compiler).
+//
+// A call runs through the dispatch chain: each DispatchKey (Trace, Autocast, Autograd) may
+// have a handler installed by its layer; a handler sees the call and either handles it or
+// passes it on with `next`. The last step, run_backend(), checks devices, runs meta, allocates
+// outputs and calls the kernel of the inputs' device. Modes hook in without touching any op.
+//
+// Adding an op: see docs/adding_an_op.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "absl/container/inlined_vector.h"
+#include "tensor/tensor.h"
+
+namespace kiln {
+
+// An attribute of an op call: everything that is not an input tensor.
+using Attr = std::variant<std::monostate, bool, int64_t, double, Scalar, Shape, ScalarType,
+                          std::string, Device>;
+
+struct TensorSpec {
+  Shape sizes;
+  ScalarType dtype;
+  Device device;
+};
+using SpecList = absl::InlinedVector<TensorSpec, 2>;
+using TensorVec = absl::InlinedVector<Tensor, 4>;
+
+struct OpDef;
+
+// One invocation of an op: its inputs, attributes and (once run) outputs. Kernels read inputs
+// and attributes and write into the preallocated outputs.
+struct OpCall {
+  const OpDef* op = nullptr;
+  TensorVec inputs;
+  absl::InlinedVector<Attr, 4> attrs;
+  TensorVec outputs;
+
+  const Tensor& input(size_t i) const { return inputs[i]; }
+  template <typename T>
+  const T& attr(size_t i) const;
+  // An optional attribute: std::monostate means "not given".
+  bool has_attr(size_t i) const {
+    return i < attrs.size() && !std::holds_alternative<std::monostate>(attrs[i]);
+  }
+  const std::string& name() const;
+};
+
+enum class OpKind : uint8_t {
+  kFunctional,  // outputs are fresh tensors allocated from the meta rule
+  kInplace,     // output 0 is input 0, written in place (its version is bumped)
+  kView,        // outputs alias input 0's storage; the kernel (device-agnostic) makes them
+  kDynamic,     // output shapes depend on data: the kernel allocates the outputs
+};
+
+using MetaFn = SpecList (*)(const OpCall& call);
+using KernelFn = void (*)(OpCall& call);
+// Gradients for each input (undefined where not differentiable) from the forward call
+// (inputs, attributes, outputs) and the gradients of the outputs. Written in kiln ops.
+using BackwardFn = TensorVec (*)(const OpCall& forward, TensorList grad_outputs);
+// The op written as other ops, for the compiler's decompose pass.
+using DecompositionFn = TensorVec (*)(const OpCall& call);
+
+struct OpDef {
+  std::string name;
+  OpKind kind = OpKind::kFunctional;
+  MetaFn meta = nullptr;
+  std::array<KernelFn, kNumDeviceTypes> kernels{};
+  BackwardFn backward = nullptr;
+  DecompositionFn decomposition = nullptr;
+  // Lets a CPU 0-d tensor input join inputs on another device (as PyTorch does for scalars).
+  bool allow_cpu_scalars = true;
+  // Inputs may live on different devices (copies); the op runs on input 0's device.
+  bool cross_device = false;
+};
+
+struct OpFlags {
+  bool allow_cpu_scalars = true;
+  bool cross_device = false;
+};
+
+class Registry {
+ public:
+  static Registry& get();
+  // The entry for `name`, created empty if absent (so registration order does not matter).
+  OpDef& entry(std::string_view name);
+  // The entry for `name`; fails unless its meta rule was defined.
+  const OpDef& op(std::string_view name);
+  std::vector<std::string> names() const;
+
+ private:
+  Registry() = default;
+  struct Impl;
+  Impl& impl() const;
+};
+
+// Static registration helpers used by tensor/ops, kernels/ and autograd/:
+//   KILN_DEFINE_OP(add, OpKind::kFunctional, binary_meta);
+//   KILN_REGISTER_KERNEL(add, kCPU, add_cpu);
+//   KILN_REGISTER_BACKWARD(add, add_backward);
+struct OpRegistrar {
+  OpRegistrar(std::string_view name, OpKind kind, MetaFn meta, OpFlags flags = {});
+  OpRegistrar(std::string_view name, DeviceType device, KernelFn kernel);
+  OpRegistrar(std::string_view name, BackwardFn backward);
+  OpRegistrar(std::string_view name, DecompositionFn decomposition);
+};
+#define KILN_REG_CONCAT2(a, b) a##b
+#define KILN_REG_CONCAT(a, b) KILN_REG_CONCAT2(a, b)
+#define KILN_DEFINE_OP(name, kind, ...) \
+  static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_def_, __COUNTER__)(#name, kind, __VA_ARGS__)
+#define KILN_REGISTER_KERNEL(name, device, fn) \
+  static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_kernel_, __COUNTER__)(#name, device, fn)
+#define KILN_REGISTER_BACKWARD(name, fn)                                                \
+  static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_bwd_, __COUNTER__)( \
+      #name, static_cast<::kiln::BackwardFn>(fn))
+#define KILN_REGISTER_DECOMPOSITION(name, fn)                                           \
+  static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_decomp_, __COUNTER__)( \
+      #name, static_cast<::kiln::DecompositionFn>(fn))
+
+// --- Dispatch ---------------------------------------------------------------------------------
+
+enum class DispatchKey : uint8_t { Trace, Autocast, Autograd, kCount };
+
+// A handler sees every call while installed and active. It either produces call.outputs
+// itself or continues down the chain with dispatch_after(call, its own key).
+struct DispatchHandler {
+  // Cheap test of whether the handler wants this call (e.g. grad mode on and an input
+  // requires grad); an inactive handler costs the call one test.
+  bool (*active)(const OpCall& call) = nullptr;
+  void (*handle)(OpCall& call) = nullptr;
+};
+void set_dispatch_handler(DispatchKey key, const DispatchHandler* handler);
+
+// Runs `call` through the dispatch chain; on return call.outputs holds the results.
+void dispatch(OpCall& call);
+// Continues a call below `key` in the chain (what a handler calls to pass it on).
+void dispatch_after(OpCall& call, DispatchKey key);
+// The last step of the chain: checks, meta, allocation and the device kernel.
+void run_backend(OpCall& call);
+// The device all inputs run on (the first non-CPU-scalar input's), checking they agree.
+Device common_device(const OpCall& call);
+
+// Convenience for op wrappers: builds the call, dispatches it, returns the outputs.
+TensorVec call_op(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> attrs = {});
+Tensor call_op1(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> attrs = {});
+
+// Resolves an op once per call site: `static const OpDef& op = KILN_OP(add);`
+#define KILN_OP(name) ::kiln::Registry::get().op(#name)
+
+template <typename T>
+const T& OpCall::attr(size_t i) const {
+  KILN_CHECK(i < attrs.size(), "[", name(), "] missing attribute ", i);
+  const T* v = std::get_if<T>(&attrs[i]);
+  KILN_CHECK(v != nullptr, "[", name(), "] attribute ", i, " has an unexpected type");
+  return *v;
+}
+
+}  // namespace kiln

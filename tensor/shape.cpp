@@ -1,0 +1,97 @@
+#include "tensor/shape.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_join.h"
+#include "tensor/error.h"
+
+namespace kiln {
+
+std::string shape_str(IntArrayRef sizes) { return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"); }
+
+int64_t numel_of(IntArrayRef sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+Shape contiguous_strides(IntArrayRef sizes) {
+  Shape strides(sizes.size());
+  int64_t stride = 1;
+  for (int64_t i = static_cast<int64_t>(sizes.size()) - 1; i >= 0; --i) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+bool is_contiguous_layout(IntArrayRef sizes, IntArrayRef strides) {
+  int64_t expected = 1;
+  for (int64_t i = static_cast<int64_t>(sizes.size()) - 1; i >= 0; --i) {
+    if (sizes[i] == 0) return true;
+    if (sizes[i] != 1 && strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  const int64_t n = std::max<int64_t>(ndim, 1);
+  KILN_CHECK(dim >= -n && dim < n, "[", op, "] dim ", dim, " is out of range for a tensor with ",
+             ndim, " dims (expected a dim in [", -n, ", ", n - 1, "])");
+  return dim < 0 ? dim + n : dim;
+}
+
+Shape broadcast_shapes(IntArrayRef a, IntArrayRef b, const char* op) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t sa = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t sb = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    KILN_CHECK(sa == sb || sa == 1 || sb == 1, "[", op, "] shapes ", shape_str(a), " and ",
+               shape_str(b), " cannot be broadcast together (dim ", i, ": ", sa, " vs ", sb, ")");
+    out[i] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
+Shape infer_size(IntArrayRef sizes, int64_t numel, const char* op) {
+  Shape out(sizes.begin(), sizes.end());
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == -1) {
+      KILN_CHECK(infer < 0, "[", op, "] only one dimension can be inferred, got ", shape_str(sizes));
+      infer = static_cast<int>(i);
+    } else {
+      KILN_CHECK(sizes[i] >= 0, "[", op, "] invalid size ", sizes[i], " in ", shape_str(sizes));
+      known *= sizes[i];
+    }
+  }
+  if (infer >= 0) {
+    KILN_CHECK(known != 0 && numel % known == 0, "[", op, "] shape ", shape_str(sizes),
+               " is invalid for input of size ", numel);
+    out[infer] = numel / known;
+  } else {
+    KILN_CHECK(known == numel, "[", op, "] shape ", shape_str(sizes),
+               " is invalid for input of size ", numel);
+  }
+  return out;
+}
+
+Shape reduction_dims(IntArrayRef dims, int64_t ndim, const char* op) {
+  Shape out;
+  if (dims.empty()) {
+    for (int64_t i = 0; i < ndim; ++i) out.push_back(i);
+    return out;
+  }
+  for (int64_t d : dims) out.push_back(wrap_dim(d, ndim, op));
+  std::sort(out.begin(), out.end());
+  KILN_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), "[", op, "] dim ",
+             *std::adjacent_find(out.begin(), out.end()), " appears more than once in ",
+             shape_str(dims));
+  if (ndim == 0) out.clear();  // dims 0 / -1 of a 0-d tensor reduce nothing
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,56 @@
+// Storage: a refcounted block of memory on one device, shared by a tensor and its views.
+//
+// The storage also holds the version counter: in-place ops bump it so that autograd can tell
+// that a tensor saved for backward was modified. Views share it through the storage.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "tensor/device.h"
+
+namespace kiln {
+
+class StorageImpl {
+ public:
+  using Deleter = std::function<void(void*)>;
+
+  // Takes ownership of `data` (freed by `deleter`; a null deleter leaves it to the caller).
+  StorageImpl(void* data, size_t nbytes, Device device, Deleter deleter);
+  ~StorageImpl();
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  void* data_;
+  size_t nbytes_;
+  Device device_;
+  Deleter deleter_;
+  std::atomic<uint64_t> version_{0};
+};
+
+using Storage = std::shared_ptr<StorageImpl>;
+
+// Device allocators. A backend (CUDA) installs its allocator at load time.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Storage allocate(size_t nbytes, Device device) = 0;
+};
+void set_allocator(DeviceType type, Allocator* allocator);
+Allocator* get_allocator(DeviceType type);
+
+// Allocates `nbytes` on `device` (64-byte aligned on the CPU); fails if no backend is built.
+Storage allocate_storage(size_t nbytes, Device device);
+
+}  // namespace kiln
