@@ -28,33 +28,30 @@
 //   uniform53(wa, wb) = ((wb << 32 | wa) >> 11) * 2^-53   in [0, 1), exact in double
 //   open24(w)         = ((w >> 8) + 1) * 2^-24            in (0, 1]  (the same for 53 bits)
 //
-//   op / dtype                    per block   element i reads
-//   uniform_  f32, f16, bf16      4           x = from + (to - from) * uniform24(w[i % 4]) in
-//                                             float; block i / 4
-//   uniform_  f64                 2           from + (to - from) * uniform53(w[2k], w[2k+1]),
-//                                             k = i % 2; block i / 2
-//   normal_   f32, f16, bf16      4           Box-Muller on the pair (w0, w1) for i % 4 in {0, 1}
-//                                             and (w2, w3) for {2, 3}: r = sqrt(-2 log open24(first)),
-//                                             t = 2 pi uniform24(second); even i % 4 takes r cos t,
-//                                             odd takes r sin t; result mean + std * z in float;
-//                                             block i / 4
-//   normal_   f64                 2           as above with u1 = open53(w0, w1), u2 = uniform53(w2,
-//                                             w3), in double; i % 2 = 0 cos, 1 sin; block i / 2
-//   random_   range <= 2^32       4           low + w[i % 4] mod (high - low); block i / 4
-//   random_   range >  2^32       2           low + (w[2k+1] << 32 | w[2k]) mod range, k = i % 2;
-//                                             block i / 2
-//   bernoulli_ (any dtype)        4           1 if w[i % 4] * 2^-32 < p (p in double) else 0;
-//                                             block i / 4
-//   multinomial, with replacement 2           sample j = row * num_samples + s: u = uniform53 of
-//                                             block j / 2 (k = j % 2); the first category whose
-//                                             running sum of probs exceeds u * row_sum
-//   multinomial, no replacement   2           category j = row * categories + c: e = -log(open53)
-//                                             (an Exp(1) draw, k = j % 2, block j / 2); the
-//                                             samples are the categories with the largest p / e,
-//                                             in decreasing order (ties: lower index first);
-//                                             zero-probability categories are never drawn
-//   randperm                      2           key i = the 64-bit word pair k = i % 2 of block i / 2;
-//                                             the permutation sorts indices by (key, index)
+// Element i of a call, by op. "4 per block": block i / 4, word w[i % 4]. "2 per block": block
+// i / 2, word pair (w[2k], w[2k+1]) with k = i % 2, read as the 64-bit (w[2k+1] << 32 | w[2k]).
+//
+//   uniform_ f32/f16/bf16   4 per block  from + (to - from) * uniform24(w[i % 4]), in float
+//   uniform_ f64            2 per block  from + (to - from) * uniform53(w[2k], w[2k+1])
+//   normal_ f32/f16/bf16    4 per block  Box-Muller on the word pair (w0, w1) for i % 4 in {0, 1}
+//                                        and (w2, w3) for {2, 3}: r = sqrt(-2 log open24(first)),
+//                                        t = 2 pi uniform24(second); z = r cos t for even i % 4,
+//                                        r sin t for odd; mean + std * z, in float
+//   normal_ f64             2 per block  all four words of block i / 2: u1 = open53(w0, w1),
+//                                        u2 = uniform53(w2, w3); z = r cos t for even i, r sin t
+//                                        for odd, in double
+//   random_, range <= 2^32  4 per block  low + w[i % 4] mod (high - low)
+//   random_, range > 2^32   2 per block  low + (64-bit pair) mod (high - low)
+//   bernoulli_ (any dtype)  4 per block  1 if w[i % 4] * 2^-32 < p (in double), else 0
+//   multinomial, with       2 per block  draw j = row * num_samples + s: u = uniform53 of pair j;
+//     replacement                        the first category whose running sum of probs exceeds
+//                                        u * row_sum
+//   multinomial, without    2 per block  key j = row * categories + c: e = -log(open53 of pair j),
+//     replacement                        an Exp(1) draw; the samples are the categories with the
+//                                        largest p / e, in decreasing order (ties: lower index
+//                                        first); zero-probability categories are never drawn
+//   randperm                2 per block  key i = the 64-bit pair i; the result sorts the indices
+//                                        by (key, index)
 //
 // A call uses ceil(n / per_block) blocks and advances the offset by exactly that. Results
 // converted to f16/bf16 are rounded from float; a uniform_ value that rounds up to `to` (or past
@@ -96,8 +93,8 @@ struct Words {
   uint32_t w[4];
 };
 
-KILN_PHILOX_HD Words philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                   uint32_t k0, uint32_t k1) {
+KILN_PHILOX_HD Words philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                   uint32_t k1) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {

@@ -1,13 +1,14 @@
 // CPU kernels of the random ops. Each element's value depends only on (seed, offset, its
 // row-major index), through the mapping documented in tensor/random.h, so the results do not
 // depend on the thread count and match the CUDA kernels that follow the same table.
+#include "tensor/random.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
 
 #include "kernels/cpu/loops.h"
-#include "tensor/random.h"
 #include "tensor/registry.h"
 
 namespace kiln::cpu {
@@ -24,7 +25,8 @@ struct Stream {
 // The seed and offset are the last two attributes of every random op.
 Stream stream_of(const OpCall& c) {
   const size_t n = c.attrs.size();
-  return {static_cast<uint64_t>(c.attr<int64_t>(n - 2)), static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
+  return {static_cast<uint64_t>(c.attr<int64_t>(n - 2)),
+          static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
 }
 
 template <typename T>
@@ -213,8 +215,8 @@ void bernoulli_cpu(OpCall& c) {
     Cursor cur(out.sizes(), strides, 0);
     for (int64_t i = 0; i < n; ++i, cur.next()) {
       const double q = static_cast<double>(static_cast<opmath_t<P>>(pp[cur.offset()]));
-      KILN_CHECK(q >= 0.0 && q <= 1.0, "[bernoulli_] expected all probabilities in [0, 1], got ",
-                 q, " at element ", i);
+      KILN_CHECK(q >= 0.0 && q <= 1.0, "[bernoulli_] expected all probabilities in [0, 1], got ", q,
+                 " at element ", i);
       probs[static_cast<size_t>(i)] = q;
     }
   });
@@ -259,8 +261,8 @@ void multinomial_cpu(OpCall& c) {
         double total = 0;
         int64_t positive = 0, last_positive = 0;
         for (int64_t k = 0; k < cats; ++k) {
-          const double q = static_cast<double>(
-              static_cast<opmath_t<P>>(src[r * row_stride + k * cat_stride]));
+          const double q =
+              static_cast<double>(static_cast<opmath_t<P>>(src[r * row_stride + k * cat_stride]));
           KILN_CHECK(std::isfinite(q) && q >= 0.0,
                      "[multinomial] probability tensor contains either inf, nan or element < 0");
           if (q > 0) {
@@ -271,8 +273,10 @@ void multinomial_cpu(OpCall& c) {
           pv[static_cast<size_t>(k)] = q;
           cdf[static_cast<size_t>(k)] = total;
         }
-        KILN_CHECK(total > 0.0, "[multinomial] invalid multinomial distribution (sum of "
-                   "probabilities <= 0) in row ", r);
+        KILN_CHECK(total > 0.0,
+                   "[multinomial] invalid multinomial distribution (sum of "
+                   "probabilities <= 0) in row ",
+                   r);
         int64_t* row_out = dst + r * num_samples;
         if (replacement) {
           for (int64_t smp = 0; smp < num_samples; ++smp) {
@@ -282,7 +286,8 @@ void multinomial_cpu(OpCall& c) {
           }
           continue;
         }
-        KILN_CHECK(positive >= num_samples, "[multinomial] invalid multinomial distribution "
+        KILN_CHECK(positive >= num_samples,
+                   "[multinomial] invalid multinomial distribution "
                    "(with replacement=False, not enough non-negative category to sample): ",
                    positive, " categories with nonzero probability, ", num_samples, " samples");
         // Sampling without replacement: the categories with the largest p / Exp(1) keys, in

@@ -4,11 +4,14 @@
 // Every op reserves its Philox blocks from the global generator when called and carries the
 // seed and base offset as its last two attributes, so a recorded call replays the same numbers.
 // The element -> counter mapping is documented in tensor/random.h.
+#include "tensor/random.h"
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "tensor/ops.h"
-#include "tensor/random.h"
 #include "tensor/registry.h"
 
 namespace kiln {
@@ -44,20 +47,28 @@ void check_floating(const OpCall& c, const Tensor& t) {
 
 double dtype_max(ScalarType t) {
   switch (t) {
-    case kHalf: return 65504.0;
-    case kBFloat16: return 3.3895313892515355e38;
-    case kFloat: return std::numeric_limits<float>::max();
-    default: return std::numeric_limits<double>::max();
+    case kHalf:
+      return 65504.0;
+    case kBFloat16:
+      return 3.3895313892515355e38;
+    case kFloat:
+      return std::numeric_limits<float>::max();
+    default:
+      return std::numeric_limits<double>::max();
   }
 }
 
 // Integers a floating dtype represents exactly: [-2^digits, 2^digits].
 double exact_int_limit(ScalarType t) {
   switch (t) {
-    case kHalf: return 2048.0;
-    case kBFloat16: return 256.0;
-    case kFloat: return 16777216.0;
-    default: return 9007199254740992.0;
+    case kHalf:
+      return 2048.0;
+    case kBFloat16:
+      return 256.0;
+    case kFloat:
+      return 16777216.0;
+    default:
+      return 9007199254740992.0;
   }
 }
 
@@ -65,12 +76,14 @@ SpecList uniform_meta(const OpCall& c) {
   check_floating(c, c.input(0));
   check_fill_target(c);
   const double from = c.attr<double>(0), to = c.attr<double>(1);
-  KILN_CHECK(std::isfinite(from) && std::isfinite(to), "[uniform_] from and to must be finite, got ",
-             from, " and ", to);
+  KILN_CHECK(std::isfinite(from) && std::isfinite(to),
+             "[uniform_] from and to must be finite, got ", from, " and ", to);
   KILN_CHECK(from <= to, "[uniform_] expects to return a [from, to) range, but found from=", from,
              " > to=", to);
-  KILN_CHECK(to - from <= dtype_max(c.input(0).dtype()), "[uniform_] expects to-from <= the "
-             "largest ", dtype_name(c.input(0).dtype()), ", got to-from=", to - from);
+  KILN_CHECK(to - from <= dtype_max(c.input(0).dtype()),
+             "[uniform_] expects to-from <= the "
+             "largest ",
+             dtype_name(c.input(0).dtype()), ", got to-from=", to - from);
   return {};
 }
 
@@ -90,12 +103,16 @@ SpecList random_meta(const OpCall& c) {
   const ScalarType dt = c.input(0).dtype();
   double lo_limit = 0, hi_limit = 0;  // allowed [low, high - 1]
   switch (dt) {
-    case kBool: lo_limit = 0; hi_limit = 1; break;
+    case kBool:
+      lo_limit = 0;
+      hi_limit = 1;
+      break;
     case kInt32:
       lo_limit = std::numeric_limits<int32_t>::min();
       hi_limit = std::numeric_limits<int32_t>::max();
       break;
-    case kInt64: return {};
+    case kInt64:
+      return {};
     default:
       lo_limit = -exact_int_limit(dt);
       hi_limit = exact_int_limit(dt);

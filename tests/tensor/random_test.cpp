@@ -1,7 +1,10 @@
 // The Philox generator and the random ops: known-answer vectors, the documented element ->
 // counter mapping, reproducibility (seeds, thread counts, strided targets, trace replay),
 // statistics on 1M samples with fixed seeds, dtypes and errors.
+#include "tensor/random.h"
+
 #include <gtest/gtest.h>
+#include <kiln/kiln.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,9 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include <kiln/kiln.h>
-
-#include "tensor/random.h"
 #include "tensor/registry.h"
 #include "test_util.h"
 
@@ -46,8 +46,8 @@ class ThreadGuard {
 };
 
 // Runs an in-place random op on `t` the way the public wrappers do: reserve, then dispatch.
-void run_random_op(const char* name, Tensor t, absl::InlinedVector<Attr, 4> attrs,
-                   uint64_t blocks, const Tensor& extra = {}) {
+void run_random_op(const char* name, Tensor t, absl::InlinedVector<Attr, 4> attrs, uint64_t blocks,
+                   const Tensor& extra = {}) {
   const RngState st = philox_reserve(blocks);
   OpCall call;
   call.op = &Registry::get().op(name);
@@ -84,8 +84,7 @@ TEST(RandomTest, PhiloxKnownAnswerVectors) {
   EXPECT_EQ(c.w[3], 0x24126ea1u);
   // block(): counter (lo, hi, 0, 0), key (seed lo, seed hi).
   philox::Words d = philox::block(0xa4093822ull | (0x299f31d0ull << 32), 0x85a308d3243f6a88ull);
-  philox::Words e = philox::philox4x32_10(0x243f6a88u, 0x85a308d3u, 0, 0, 0xa4093822u,
-                                          0x299f31d0u);
+  philox::Words e = philox::philox4x32_10(0x243f6a88u, 0x85a308d3u, 0, 0, 0xa4093822u, 0x299f31d0u);
   for (int k = 0; k < 4; ++k) EXPECT_EQ(d.w[k], e.w[k]);
 }
 
@@ -308,9 +307,9 @@ TEST(RandomTest, RandintCoversTheRange) {
   }
   EXPECT_NEAR(mean / 100000.0, 0.0, 5 * 0.58 / std::sqrt(100000.0));
   // The whole int64 range.
-  const auto full_range = randint(std::numeric_limits<int64_t>::min(),
-                                  std::numeric_limits<int64_t>::max(), {1000})
-                              .to_vector<int64_t>();
+  const auto full_range =
+      randint(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), {1000})
+          .to_vector<int64_t>();
   EXPECT_GT(*std::max_element(full_range.begin(), full_range.end()), int64_t{1} << 60);
   EXPECT_LT(*std::min_element(full_range.begin(), full_range.end()), -(int64_t{1} << 60));
   // Other dtypes.
@@ -487,12 +486,11 @@ TEST(RandomTest, ReducedAndDoublePrecisionDtypes) {
 // A random op carries its seed and offset, so a recorded call replays the same numbers.
 OpCall g_recorded;
 TEST(RandomTest, RecordedCallsReplayTheSameNumbers) {
-  static const DispatchHandler recorder{
-      [](const OpCall& call) { return call.name() == "normal_"; },
-      [](OpCall& call) {
-        g_recorded = call;
-        dispatch_after(call, DispatchKey::Trace);
-      }};
+  static const DispatchHandler recorder{[](const OpCall& call) { return call.name() == "normal_"; },
+                                        [](OpCall& call) {
+                                          g_recorded = call;
+                                          dispatch_after(call, DispatchKey::Trace);
+                                        }};
   set_dispatch_handler(DispatchKey::Trace, &recorder);
   Tensor a = randn({3, 5});
   set_dispatch_handler(DispatchKey::Trace, nullptr);
