@@ -48,12 +48,12 @@ class DeviceGuard {
 
 }  // namespace kiln::cuda
 
-#define KILN_CUDA_CHECK(expr)                                                            \
-  do {                                                                                   \
-    const cudaError_t kiln_cuda_err_ = (expr);                                           \
-    if (kiln_cuda_err_ != cudaSuccess) [[unlikely]] {                                    \
+#define KILN_CUDA_CHECK(expr)                                                              \
+  do {                                                                                     \
+    const cudaError_t kiln_cuda_err_ = (expr);                                             \
+    if (kiln_cuda_err_ != cudaSuccess) [[unlikely]] {                                      \
       ::kiln::cuda::internal::throw_cuda_error(kiln_cuda_err_, #expr, __FILE__, __LINE__); \
-    }                                                                                    \
+    }                                                                                      \
   } while (0)
 
 // Place right after a `kernel<<<...>>>` launch.

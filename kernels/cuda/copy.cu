@@ -36,8 +36,7 @@ struct Geometry {
 };
 
 template <int N>
-Geometry<N> make_geometry(IntArrayRef sizes, const std::array<Shape, N>& strides,
-                          const char* op) {
+Geometry<N> make_geometry(IntArrayRef sizes, const std::array<Shape, N>& strides, const char* op) {
   Geometry<N> g;
   for (size_t d = 0; d < sizes.size(); ++d) {
     if (sizes[d] == 1) continue;
@@ -90,8 +89,7 @@ __device__ __forceinline__ D convert(S v) {
 template <typename D, typename S>
 __global__ void convert_kernel(D* dst, const S* src, int64_t n, Geometry<2> g) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += step) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     int64_t off[2];
     offsets(g, i, off);
     dst[off[0]] = convert<D, S>(src[off[1]]);
@@ -102,8 +100,7 @@ __global__ void convert_kernel(D* dst, const S* src, int64_t n, Geometry<2> g) {
 template <typename T>
 __global__ void fill_kernel(T* dst, T bits, int64_t n, Geometry<1> g) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += step) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     int64_t off[1];
     offsets(g, i, off);
     dst[off[0]] = bits;
@@ -219,8 +216,8 @@ Tensor empty_on(IntArrayRef sizes, ScalarType dtype, Device device) {
 // dst = convert(broadcast(src)) where at least one side is a GPU.
 void copy_tensor(const Tensor& dst, const Tensor& src, const char* op) {
   if (dst.numel() == 0 || dst.is_meta()) return;  // a meta tensor carries no data
-  KILN_CHECK(!src.is_meta(), "[", op, "] cannot copy from a meta tensor into ",
-             dst.device().str(), ": it has no data");
+  KILN_CHECK(!src.is_meta(), "[", op, "] cannot copy from a meta tensor into ", dst.device().str(),
+             ": it has no data");
   if (dst.device() == src.device()) {
     convert_on_device(dst, src);
     return;
@@ -280,11 +277,20 @@ void fill(const Tensor& t, const Scalar& value) {
     KILN_CUDA_LAUNCH_CHECK("fill_kernel");
   };
   switch (width) {
-    case 1: launch(TypeTag<uint8_t>{}); break;
-    case 2: launch(TypeTag<uint16_t>{}); break;
-    case 4: launch(TypeTag<uint32_t>{}); break;
-    case 8: launch(TypeTag<uint64_t>{}); break;
-    default: KILN_FAIL("[fill_] unexpected element size ", width);
+    case 1:
+      launch(TypeTag<uint8_t>{});
+      break;
+    case 2:
+      launch(TypeTag<uint16_t>{});
+      break;
+    case 4:
+      launch(TypeTag<uint32_t>{});
+      break;
+    case 8:
+      launch(TypeTag<uint64_t>{});
+      break;
+    default:
+      KILN_FAIL("[fill_] unexpected element size ", width);
   }
 }
 

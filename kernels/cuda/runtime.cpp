@@ -134,14 +134,13 @@ std::string mib(int64_t bytes) {
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     uint64_t reserved = 0;
     (void)cudaMemPoolGetAttribute(s.pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
-    detail = " (cuda:" + std::to_string(index) + ": " +
-             mib(static_cast<int64_t>(reserved)) + " reserved by kiln, " +
-             mib(static_cast<int64_t>(free_bytes)) + " free of " +
+    detail = " (cuda:" + std::to_string(index) + ": " + mib(static_cast<int64_t>(reserved)) +
+             " reserved by kiln, " + mib(static_cast<int64_t>(free_bytes)) + " free of " +
              mib(static_cast<int64_t>(total_bytes)) + ")";
   }
   (void)cudaGetLastError();
-  KILN_FAIL("[allocate] CUDA out of memory: tried to allocate ",
-            mib(static_cast<int64_t>(nbytes)), "; ", mib(s.allocated.load()), " in use", detail);
+  KILN_FAIL("[allocate] CUDA out of memory: tried to allocate ", mib(static_cast<int64_t>(nbytes)),
+            "; ", mib(s.allocated.load()), " in use", detail);
 }
 
 class CudaAllocator final : public Allocator {
@@ -253,8 +252,6 @@ void empty_cache(int device) {
 
 bool launch_sync() { return launch_sync_flag().load(std::memory_order_relaxed); }
 
-void set_launch_sync(bool enabled) {
-  launch_sync_flag().store(enabled, std::memory_order_relaxed);
-}
+void set_launch_sync(bool enabled) { launch_sync_flag().store(enabled, std::memory_order_relaxed); }
 
 }  // namespace kiln::cuda

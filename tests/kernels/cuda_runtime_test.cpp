@@ -16,7 +16,7 @@ namespace kiln {
 namespace {
 
 const std::vector<ScalarType> kAllDtypes = {kFloat, kDouble, kHalf, kBFloat16,
-                                           kInt64, kInt32, kBool};
+                                            kInt64, kInt32,  kBool};
 
 // A CPU tensor of `sizes` with varied values that every dtype can hold: small integers and
 // fractions of both signs (zeros included, so bool gets both values). `seed` shifts the
@@ -150,9 +150,9 @@ TEST_F(GpuCopy, ConversionsMatchCpu) {
     for (ScalarType to : kAllDtypes) {
       SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)));
       const Tensor expected = cpu.to(to);
-      expect_same(gpu.to(to).to(Device(kCPU)), expected);          // on the GPU
+      expect_same(gpu.to(to).to(Device(kCPU)), expected);                 // on the GPU
       expect_same(cpu.to(Device(kCUDA), to).to(Device(kCPU)), expected);  // CPU -> GPU
-      expect_same(gpu.to(Device(kCPU), to), expected);              // GPU -> CPU
+      expect_same(gpu.to(Device(kCPU), to), expected);                    // GPU -> CPU
     }
   }
 }
@@ -162,7 +162,7 @@ TEST_F(GpuCopy, LargeConversionUsesManyBlocks) {
   const Tensor cpu = pattern({5, 4000, 1000}, kFloat, 7);
   const Tensor gpu = cpu.to(Device(kCUDA));
   expect_same(gpu.to(kBFloat16).to(Device(kCPU)), cpu.to(kBFloat16));
-  expect_same(gpu.t().contiguous().to(Device(kCPU)), cpu.t().contiguous());
+  expect_same(gpu.transpose(1, 2).contiguous().to(Device(kCPU)), cpu.transpose(1, 2).contiguous());
 }
 
 TEST_F(GpuCopy, NonContiguousSources) {
@@ -179,7 +179,8 @@ TEST_F(GpuCopy, NonContiguousSources) {
     }
     // Strided GPU sources: made contiguous on the GPU, copied straight to the CPU, converted.
     const Tensor gpu = cpu.to(Device(kCUDA));
-    expect_same(gpu.transpose(0, 2).contiguous().to(Device(kCPU)), cpu.transpose(0, 2).contiguous());
+    expect_same(gpu.transpose(0, 2).contiguous().to(Device(kCPU)),
+                cpu.transpose(0, 2).contiguous());
     expect_same(gpu.narrow(1, 1, 3).to(Device(kCPU)), cpu.narrow(1, 1, 3).contiguous());
     expect_same(gpu.select(2, 3).to(Device(kCPU), kFloat), cpu.select(2, 3).to(kFloat));
   }
