@@ -410,20 +410,24 @@ Tensor strip_leading_ones(Tensor value, int64_t target_dim) {
   return value;
 }
 
-Tensor& put(Tensor& self, absl::Span<const TensorIndex> indices, const Tensor& value) {
-  Indexed r = apply_indices(self, indices, "index_put_");
+// Writes `value` (a tensor of self's dtype, or a scalar) into self[indices].
+void put(Indexed r, const Tensor* value, const Scalar& scalar) {
   if (r.tensors.empty()) {
-    r.view.copy_(strip_leading_ones(value, r.view.dim()));
-    return self;
+    if (value != nullptr) {
+      r.view.copy_(strip_leading_ones(*value, r.view.dim()));
+    } else {
+      r.view.fill_(scalar);
+    }
+    return;
   }
   static const OpDef& op = KILN_OP(index_put_);
   OpCall call;
   call.op = &op;
-  call.inputs = {r.view, strip_leading_ones(value, 0)};
+  call.inputs = {r.view, value != nullptr ? strip_leading_ones(*value, 0)
+                                          : scalar_tensor(scalar, r.view.options())};
   call.inputs.insert(call.inputs.end(), r.tensors.begin(), r.tensors.end());
   call.attrs = {r.dims, false};
   dispatch(call);
-  return self;
 }
 
 }  // namespace
@@ -444,21 +448,18 @@ Tensor Tensor::index(std::initializer_list<TensorIndex> indices) const {
 Tensor Tensor::operator[](const Tensor& index) const { return this->index({index}); }
 
 Tensor& Tensor::index_put_(absl::Span<const TensorIndex> indices, const Tensor& value) {
-  return put(*this, indices, value);
+  put(apply_indices(*this, indices, "index_put_"), &value, Scalar());
+  return *this;
 }
 
 Tensor& Tensor::index_put_(std::initializer_list<TensorIndex> indices, const Tensor& value) {
-  return put(*this, absl::MakeConstSpan(indices.begin(), indices.size()), value);
+  return index_put_(absl::MakeConstSpan(indices.begin(), indices.size()), value);
 }
 
 Tensor& Tensor::index_put_(std::initializer_list<TensorIndex> indices, const Scalar& value) {
   const auto span = absl::MakeConstSpan(indices.begin(), indices.size());
-  Indexed r = apply_indices(*this, span, "index_put_");
-  if (r.tensors.empty()) {
-    r.view.fill_(value);
-    return *this;
-  }
-  return put(*this, span, scalar_tensor(value, options()));
+  put(apply_indices(*this, span, "index_put_"), nullptr, value);
+  return *this;
 }
 
 // --- The other indexing ops -----------------------------------------------------------------
