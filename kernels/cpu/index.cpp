@@ -64,11 +64,16 @@ Layout layout_1d(const Tensor& t) {
 template <typename F>
 void visit_bytes(ScalarType dtype, F&& f) {
   switch (element_size(dtype)) {
-    case 1: return f(TypeTag<uint8_t>{});
-    case 2: return f(TypeTag<uint16_t>{});
-    case 4: return f(TypeTag<uint32_t>{});
-    case 8: return f(TypeTag<uint64_t>{});
-    default: KILN_FAIL("[index] unsupported element size ", element_size(dtype));
+    case 1:
+      return f(TypeTag<uint8_t>{});
+    case 2:
+      return f(TypeTag<uint16_t>{});
+    case 4:
+      return f(TypeTag<uint32_t>{});
+    case 8:
+      return f(TypeTag<uint64_t>{});
+    default:
+      KILN_FAIL("[index] unsupported element size ", element_size(dtype));
   }
 }
 
@@ -131,7 +136,8 @@ void gather_rows(const Tensor& out, const Tensor& src, const Offsets& pre, const
 void copy_same(const Tensor& dst, const Tensor& src) {
   if (dst.numel() == 0) return;
   visit_bytes(dst.dtype(), [&]<typename U>(TypeTag<U>) {
-    elementwise_typed<U, U>(dst, [](U v) { return v; }, src);
+    elementwise_typed<U, U>(
+        dst, [](U v) { return v; }, src);
   });
 }
 
@@ -163,8 +169,7 @@ struct AdvancedPlan {
   }
 };
 
-AdvancedPlan plan_advanced(const Tensor& self, const Shape& dims, TensorList idx,
-                           const char* op) {
+AdvancedPlan plan_advanced(const Tensor& self, const Shape& dims, TensorList idx, const char* op) {
   AdvancedPlan p;
   for (size_t k = 0; k < idx.size(); ++k) {
     p.b = k == 0 ? to_shape(idx[k].sizes()) : broadcast_shapes(p.b, idx[k].sizes(), op);
@@ -271,7 +276,8 @@ void embedding_cpu(OpCall& c) {
   const Tensor& idx = c.input(1);
   const Offsets mid = index_offsets(idx, idx.sizes(), weight.sizes()[0], weight.strides()[0],
                                     /*allow_negative=*/false, "embedding", 0);
-  gather_rows(c.outputs[0], weight, {0}, mid, offsets_of({weight.sizes()[1]}, {weight.strides()[1]}));
+  gather_rows(c.outputs[0], weight, {0}, mid,
+              offsets_of({weight.sizes()[1]}, {weight.strides()[1]}));
 }
 
 // Rows along `dim` of the index tensor's shape: the offsets where each row starts in the index,
@@ -285,9 +291,14 @@ Rows plan_rows(const Tensor& idx, const Layout& self, const Layout& other, int64
   const Layout il = layout_1d(idx);
   Shape row_sizes = il.sizes;
   row_sizes[d] = 1;
-  return {offsets_of(row_sizes, il.strides), offsets_of(row_sizes, self.strides),
-          offsets_of(row_sizes, other.strides), il.sizes[d], il.strides[d], self.strides[d],
-          other.strides[d], self.sizes[d]};
+  return {offsets_of(row_sizes, il.strides),
+          offsets_of(row_sizes, self.strides),
+          offsets_of(row_sizes, other.strides),
+          il.sizes[d],
+          il.strides[d],
+          self.strides[d],
+          other.strides[d],
+          self.sizes[d]};
 }
 
 void gather_cpu(OpCall& c) {
@@ -401,8 +412,8 @@ void masked_fill_cpu(OpCall& c) {
   const Tensor& out = c.outputs[0];
   visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
     const T value = c.attr<Scalar>(0).to<T>();
-    elementwise_typed<T, T, bool>(out, [value](T x, bool m) { return m ? value : x; }, c.input(0),
-                                  c.input(1));
+    elementwise_typed<T, T, bool>(
+        out, [value](T x, bool m) { return m ? value : x; }, c.input(0), c.input(1));
   });
 }
 
@@ -415,24 +426,26 @@ void masked_select_cpu(OpCall& c) {
   const std::array<Shape, 2> strides{broadcast_byte_strides(self, shape),
                                      broadcast_byte_strides(mask, shape)};
   int64_t n = 0;
-  for_each_run<2>(shape, base, strides,
-                  [&](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t count) {
-                    for (int64_t i = 0; i < count; ++i) n += *(p[1] + i * s[1]) != 0;
-                  },
-                  /*parallel=*/false);
+  for_each_run<2>(
+      shape, base, strides,
+      [&](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t count) {
+        for (int64_t i = 0; i < count; ++i) n += *(p[1] + i * s[1]) != 0;
+      },
+      /*parallel=*/false);
   Tensor out = empty({n}, TensorOptions(self.dtype()));
   if (n > 0) {
     visit_bytes(self.dtype(), [&]<typename U>(TypeTag<U>) {
       U* o = static_cast<U*>(out.data_ptr());
-      for_each_run<2>(shape, base, strides,
-                      [&](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t count) {
-                        for (int64_t i = 0; i < count; ++i) {
-                          if (*(p[1] + i * s[1]) != 0) {
-                            *o++ = *reinterpret_cast<const U*>(p[0] + i * s[0]);
-                          }
-                        }
-                      },
-                      /*parallel=*/false);
+      for_each_run<2>(
+          shape, base, strides,
+          [&](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t count) {
+            for (int64_t i = 0; i < count; ++i) {
+              if (*(p[1] + i * s[1]) != 0) {
+                *o++ = *reinterpret_cast<const U*>(p[0] + i * s[0]);
+              }
+            }
+          },
+          /*parallel=*/false);
     });
   }
   c.outputs.assign({out});
@@ -448,7 +461,8 @@ void triangle_cpu(OpCall& c) {
   const int64_t nd = self.dim();
   const int64_t rows = self.sizes()[nd - 2], cols = self.sizes()[nd - 1];
   const int64_t rs = self.strides()[nd - 2], cs = self.strides()[nd - 1];
-  const Offsets batch = offsets_of(self.sizes().subspan(0, nd - 2), self.strides().subspan(0, nd - 2));
+  const Offsets batch =
+      offsets_of(self.sizes().subspan(0, nd - 2), self.strides().subspan(0, nd - 2));
   if (out.numel() == 0) return;
   visit_bytes(self.dtype(), [&]<typename U>(TypeTag<U>) {
     const U* s = static_cast<const U*>(self.data_ptr());
@@ -480,8 +494,8 @@ void one_hot_cpu(OpCall& c) {
   int64_t* o = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
     KILN_CHECK(ip[i] >= 0, "[one_hot] class values must be non-negative, got ", ip[i]);
-    KILN_CHECK(ip[i] < n, "[one_hot] class values must be smaller than num_classes (", n,
-               "), got ", ip[i]);
+    KILN_CHECK(ip[i] < n, "[one_hot] class values must be smaller than num_classes (", n, "), got ",
+               ip[i]);
     o[i * n + ip[i]] = 1;
   }
 }

@@ -73,11 +73,13 @@ void sort_cpu(OpCall& c) {
     int64_t* ix = indices.data_ptr<int64_t>();
     for_each_row<T>(src, g, [&](std::vector<std::pair<M, int64_t>>& buf, int64_t base) {
       if (descending) {
-        std::stable_sort(buf.begin(), buf.end(),
-                         [](const auto& a, const auto& b) { return less_nan_last(b.first, a.first); });
+        std::stable_sort(buf.begin(), buf.end(), [](const auto& a, const auto& b) {
+          return less_nan_last(b.first, a.first);
+        });
       } else {
-        std::stable_sort(buf.begin(), buf.end(),
-                         [](const auto& a, const auto& b) { return less_nan_last(a.first, b.first); });
+        std::stable_sort(buf.begin(), buf.end(), [](const auto& a, const auto& b) {
+          return less_nan_last(a.first, b.first);
+        });
       }
       for (int64_t j = 0; j < g.size; ++j) {
         v[base + j * g.inner] = T(buf[j].first);
@@ -104,7 +106,8 @@ void topk_cpu(OpCall& c) {
     for_each_row<T>(src, g, [&](std::vector<Pair>& buf, int64_t base) {
       // A strict total order (ties by position), so partial_sort's result is well defined.
       auto before = [largest](const Pair& a, const Pair& b) {
-        if (largest ? less_nan_last(b.first, a.first) : less_nan_last(a.first, b.first)) return true;
+        if (largest ? less_nan_last(b.first, a.first) : less_nan_last(a.first, b.first))
+          return true;
         if (less_nan_last(a.first, b.first) || less_nan_last(b.first, a.first)) return false;
         return a.second < b.second;
       };

@@ -61,8 +61,8 @@ Shape check_advanced(const OpCall& c, size_t first, const char* op) {
     KILN_CHECK(is_index_dtype(idx.dtype()), "[", op,
                "] tensors used as indices must be int64, int32 or bool tensors, got ",
                dtype_name(idx.dtype()));
-    KILN_CHECK(dims[k] >= 0 && dims[k] < self.dim() && (k == 0 || dims[k] > dims[k - 1]), "[",
-               op, "] invalid indexed dims ", shape_str(dims), " for a tensor of shape ",
+    KILN_CHECK(dims[k] >= 0 && dims[k] < self.dim() && (k == 0 || dims[k] > dims[k - 1]), "[", op,
+               "] invalid indexed dims ", shape_str(dims), " for a tensor of shape ",
                shape_str(self.sizes()));
     b = k == 0 ? to_shape(idx.sizes()) : broadcast_shapes(b, idx.sizes(), op);
   }
@@ -84,9 +84,9 @@ SpecList index_put_meta(const OpCall& c) {
              "[index_put_] index put requires the source and destination dtypes match, got ",
              dtype_name(self.dtype()), " for the destination and ", dtype_name(values.dtype()),
              " for the source");
-  KILN_CHECK(expandable_to(values.sizes(), result), "[index_put_] shape mismatch: value tensor of shape ",
-             shape_str(values.sizes()), " cannot be broadcast to indexing result of shape ",
-             shape_str(result));
+  KILN_CHECK(expandable_to(values.sizes(), result),
+             "[index_put_] shape mismatch: value tensor of shape ", shape_str(values.sizes()),
+             " cannot be broadcast to indexing result of shape ", shape_str(result));
   return {};
 }
 
@@ -225,8 +225,9 @@ SpecList masked_fill_meta(const OpCall& c) {
   KILN_CHECK(mask.dtype() == kBool, "[", op, "] expected a bool mask, got ",
              dtype_name(mask.dtype()));
   if constexpr (kInplace) {
-    KILN_CHECK(expandable_to(mask.sizes(), self.sizes()), "[", op, "] mask of shape ", shape_str(mask.sizes()),
-               " cannot be broadcast to self of shape ", shape_str(self.sizes()));
+    KILN_CHECK(expandable_to(mask.sizes(), self.sizes()), "[", op, "] mask of shape ",
+               shape_str(mask.sizes()), " cannot be broadcast to self of shape ",
+               shape_str(self.sizes()));
     return {};
   }
   return {{broadcast_shapes(self.sizes(), mask.sizes(), op), self.dtype(), self.device()}};

@@ -32,9 +32,10 @@ SpecList cat_meta(const OpCall& c) {
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& t = c.input(i);
     if (is_legacy_empty(t)) continue;
-    KILN_CHECK(t.dim() == ref->dim(), "[cat] tensors must have the same number of dimensions: ",
-               "got shapes ", shape_str(ref->sizes()), " (tensor ", ref_pos, ") and ",
-               shape_str(t.sizes()), " (tensor ", i, ")");
+    KILN_CHECK(t.dim() == ref->dim(),
+               "[cat] tensors must have the same number of dimensions: ", "got shapes ",
+               shape_str(ref->sizes()), " (tensor ", ref_pos, ") and ", shape_str(t.sizes()),
+               " (tensor ", i, ")");
     for (int64_t k = 0; k < t.dim(); ++k) {
       KILN_CHECK(k == d || t.sizes()[k] == ref->sizes()[k], "[cat] shapes ",
                  shape_str(ref->sizes()), " (tensor ", ref_pos, ") and ", shape_str(t.sizes()),

@@ -2,12 +2,11 @@
 // mask indices), index_select, gather, scatter, scatter_add, index_add, masked_fill,
 // masked_select, embedding, triu/tril, one_hot.
 #include <gtest/gtest.h>
+#include <kiln/kiln.h>
 
 #include <cmath>
 #include <cstdint>
 #include <vector>
-
-#include <kiln/kiln.h>
 
 #include "tensor/registry.h"
 #include "test_util.h"
@@ -113,12 +112,15 @@ TEST(IndexTest, ZeroDimSelf) {
 TEST(IndexTest, BasicErrors) {
   Tensor x = zeros({3, 4});
   EXPECT_KILN_ERROR(x.index({5}), "[index] index 5 is out of bounds for dimension 0 with size 3");
-  EXPECT_KILN_ERROR(x.index({0, -5}), "[index] index -5 is out of bounds for dimension 1 with size 4");
+  EXPECT_KILN_ERROR(x.index({0, -5}),
+                    "[index] index -5 is out of bounds for dimension 1 with size 4");
   EXPECT_KILN_ERROR(x.index({0, 0, 0}), "[index] too many indices");
-  EXPECT_KILN_ERROR(x.index({Ellipsis, 0, Ellipsis}), "[index] an index can only have a single ellipsis");
+  EXPECT_KILN_ERROR(x.index({Ellipsis, 0, Ellipsis}),
+                    "[index] an index can only have a single ellipsis");
   EXPECT_KILN_ERROR(x.index({Slice(0, 2, 0)}), "[index] slice step must be positive");
   EXPECT_KILN_ERROR(x.index({Slice(0, 2, -1)}), "[index] slice step must be positive");
-  EXPECT_KILN_ERROR(x.index({ones({2})}), "[index] tensors used as indices must be int64, int32 or bool");
+  EXPECT_KILN_ERROR(x.index({ones({2})}),
+                    "[index] tensors used as indices must be int64, int32 or bool");
   EXPECT_KILN_ERROR(x.index({Tensor()}), "[index] got an undefined index tensor");
 }
 
@@ -213,8 +215,9 @@ TEST(IndexTest, BoolMasks) {
   ASSERT_EQ(shape(r2), (Shape{3, 2}));
   EXPECT_EQ(vals(r2), (Vec{xv[7], xv[15], xv[27], xv[35], xv[47], xv[55]}));
   EXPECT_EQ(shape(x.index({zeros({3}, kBool)})), (Shape{0, 4, 5}));
-  EXPECT_KILN_ERROR(x.index({zeros({4}, kBool)}), "[index] the shape of the mask [4] at index 0 "
-                                                  "does not match the shape of the indexed tensor");
+  EXPECT_KILN_ERROR(x.index({zeros({4}, kBool)}),
+                    "[index] the shape of the mask [4] at index 0 "
+                    "does not match the shape of the indexed tensor");
 }
 
 TEST(IndexTest, NonContiguousSelfAndIndex) {
@@ -238,10 +241,13 @@ TEST(IndexTest, EmptyAndErrors) {
   EXPECT_EQ(shape(x.index({empty({0}, kInt64)})), (Shape{0, 4}));
   EXPECT_EQ(shape(x.index({Slice(), empty({2, 0}, kInt64)})), (Shape{3, 2, 0}));
   EXPECT_EQ(shape(zeros({0, 4}).index({Slice(), ints({1, 2})})), (Shape{0, 2}));
-  EXPECT_KILN_ERROR(x[ints({0, 5})], "[index] index 5 is out of bounds for dimension 0 with size 3");
+  EXPECT_KILN_ERROR(x[ints({0, 5})],
+                    "[index] index 5 is out of bounds for dimension 0 with size 3");
   EXPECT_KILN_ERROR(x[ints({-4})], "[index] index -4 is out of bounds for dimension 0 with size 3");
-  EXPECT_KILN_ERROR(x.index({ints({0, 1}), ints({0, 1, 2})}), "[index] shapes [2] and [3] cannot be broadcast");
-  EXPECT_KILN_ERROR(zeros({0}).index({ints({0})}), "[index] index 0 is out of bounds for dimension 0 with size 0");
+  EXPECT_KILN_ERROR(x.index({ints({0, 1}), ints({0, 1, 2})}),
+                    "[index] shapes [2] and [3] cannot be broadcast");
+  EXPECT_KILN_ERROR(zeros({0}).index({ints({0})}),
+                    "[index] index 0 is out of bounds for dimension 0 with size 0");
 }
 
 TEST(IndexTest, LargeGatherGoesParallel) {
@@ -339,7 +345,8 @@ TEST(IndexSelectTest, MatchesReference) {
   }
   // Strided index, empty index, 0-d index, 0-d self, and a large table.
   Tensor x = arange(12, kFloat).reshape({4, 3});
-  EXPECT_EQ(vals(x.index_select(0, ints({3, 9, 1, 9}).slice(0, 0, 4, 2))), (Vec{9, 10, 11, 3, 4, 5}));
+  EXPECT_EQ(vals(x.index_select(0, ints({3, 9, 1, 9}).slice(0, 0, 4, 2))),
+            (Vec{9, 10, 11, 3, 4, 5}));
   EXPECT_EQ(shape(x.index_select(1, empty({0}, kInt64))), (Shape{4, 0}));
   EXPECT_EQ(shape(x.index_select(0, ints({2}).reshape({}))), (Shape{1, 3}));
   EXPECT_EQ(vals(tensor(2.5).index_select(0, ints({0}))), (Vec{2.5}));
@@ -351,12 +358,15 @@ TEST(IndexSelectTest, MatchesReference) {
 
 TEST(IndexSelectTest, Errors) {
   Tensor x = zeros({3, 4});
-  EXPECT_KILN_ERROR(x.index_select(0, ints({3})), "[index_select] index 3 is out of bounds for dimension 0 with size 3");
+  EXPECT_KILN_ERROR(x.index_select(0, ints({3})),
+                    "[index_select] index 3 is out of bounds for dimension 0 with size 3");
   EXPECT_KILN_ERROR(x.index_select(1, ints({-1})), "[index_select] index -1 is out of bounds");
-  EXPECT_KILN_ERROR(x.index_select(0, ints({0, 1}, {1, 2})), "[index_select] index is supposed to be a vector");
+  EXPECT_KILN_ERROR(x.index_select(0, ints({0, 1}, {1, 2})),
+                    "[index_select] index is supposed to be a vector");
   EXPECT_KILN_ERROR(x.index_select(0, zeros({1})), "[index_select] expected dtype int64 or int32");
   EXPECT_KILN_ERROR(x.index_select(2, ints({0})), "[index_select]");
-  EXPECT_KILN_ERROR(tensor(1.0).index_select(0, ints({0, 0})), "[index_select] index to a 0-d tensor");
+  EXPECT_KILN_ERROR(tensor(1.0).index_select(0, ints({0, 0})),
+                    "[index_select] index to a 0-d tensor");
 }
 
 TEST(EmbeddingTest, LooksUpRows) {
@@ -377,7 +387,8 @@ TEST(EmbeddingTest, LooksUpRows) {
   EXPECT_EQ(vals(embedding(w, tensor(std::vector<int32_t>{1}, kInt32))), (Vec{1, 5, 9}));
   EXPECT_EQ(shape(embedding(w, ints({2}).reshape({}))), (Shape{3}));
   EXPECT_EQ(shape(embedding(w, empty({0, 2}, kInt64))), (Shape{0, 2, 3}));
-  EXPECT_KILN_ERROR(embedding(w, ints({4})), "[embedding] index 4 is out of bounds for dimension 0 with size 4");
+  EXPECT_KILN_ERROR(embedding(w, ints({4})),
+                    "[embedding] index 4 is out of bounds for dimension 0 with size 4");
   EXPECT_KILN_ERROR(embedding(w, ints({-1})), "[embedding] index -1 is out of bounds");
   EXPECT_KILN_ERROR(embedding(zeros({4}), ints({0})), "[embedding] 'weight' must be 2-D");
   EXPECT_KILN_ERROR(embedding(w, zeros({2})), "[embedding] expected dtype int64 or int32");
@@ -416,15 +427,20 @@ TEST(GatherTest, MatchesReferenceOnEveryDim) {
   Tensor big = make({256, 160});
   Tensor bi = tensor(random_values(256 * 160, 4, 0, 160), kDouble).to(kInt64).reshape({256, 160});
   const Vec bv = vals(big), biv = vals(bi), br = vals(big.gather(1, bi));
-  for (int64_t i = 0; i < 256 * 160; ++i) ASSERT_EQ(br[i], bv[(i / 160) * 160 + static_cast<int64_t>(biv[i])]);
+  for (int64_t i = 0; i < 256 * 160; ++i)
+    ASSERT_EQ(br[i], bv[(i / 160) * 160 + static_cast<int64_t>(biv[i])]);
 }
 
 TEST(GatherTest, Errors) {
   Tensor x = zeros({3, 4});
-  EXPECT_KILN_ERROR(x.gather(1, ints({4}, {1, 1})), "[gather] index 4 is out of bounds for dimension 1 with size 4");
+  EXPECT_KILN_ERROR(x.gather(1, ints({4}, {1, 1})),
+                    "[gather] index 4 is out of bounds for dimension 1 with size 4");
   EXPECT_KILN_ERROR(x.gather(1, ints({-1}, {1, 1})), "[gather] index -1 is out of bounds");
-  EXPECT_KILN_ERROR(x.gather(0, ints({0})), "[gather] index tensor must have the same number of dimensions");
-  EXPECT_KILN_ERROR(x.gather(0, zeros({4, 5}, kInt64)), "[gather] expected index [4, 5] to be no larger than self [3, 4] apart from dimension 0");
+  EXPECT_KILN_ERROR(x.gather(0, ints({0})),
+                    "[gather] index tensor must have the same number of dimensions");
+  EXPECT_KILN_ERROR(
+      x.gather(0, zeros({4, 5}, kInt64)),
+      "[gather] expected index [4, 5] to be no larger than self [3, 4] apart from dimension 0");
   EXPECT_KILN_ERROR(x.gather(0, zeros({1, 1}, kInt32)), "[gather] expected dtype int64 for index");
   EXPECT_KILN_ERROR(x.gather(2, zeros({1, 1}, kInt64)), "[gather]");
 }
@@ -494,13 +510,21 @@ TEST(ScatterTest, ValueInplaceAndNonContiguous) {
 
 TEST(ScatterTest, Errors) {
   Tensor x = zeros({3, 4});
-  EXPECT_KILN_ERROR(x.scatter(0, ints({3}, {1, 1}), zeros({1, 1})), "[scatter] index 3 is out of bounds for dimension 0 with size 3");
-  EXPECT_KILN_ERROR(x.scatter(0, ints({0}, {1, 1}), zeros({1, 1}, kDouble)), "[scatter] expected self.dtype to be equal to src.dtype");
-  EXPECT_KILN_ERROR(x.scatter(0, zeros({2, 2}, kInt64), zeros({1, 4})), "[scatter] expected index [2, 2] to be no larger than src [1, 4]");
-  EXPECT_KILN_ERROR(x.scatter(1, zeros({4, 1}, kInt64), 1.0), "[scatter_value] expected index [4, 1] to be no larger than self [3, 4] apart from dimension 1");
-  EXPECT_KILN_ERROR(x.scatter_(0, zeros({1}, kInt64), 1.0), "[scatter_value_] index tensor must have the same number of dimensions");
-  EXPECT_KILN_ERROR(x.scatter_(0, zeros({1, 1}, kInt32), zeros({1, 1})), "[scatter_] expected dtype int64 for index");
-  EXPECT_KILN_ERROR(x.scatter_add(0, ints({-1}, {1, 1}), zeros({1, 1})), "[scatter_add] index -1 is out of bounds");
+  EXPECT_KILN_ERROR(x.scatter(0, ints({3}, {1, 1}), zeros({1, 1})),
+                    "[scatter] index 3 is out of bounds for dimension 0 with size 3");
+  EXPECT_KILN_ERROR(x.scatter(0, ints({0}, {1, 1}), zeros({1, 1}, kDouble)),
+                    "[scatter] expected self.dtype to be equal to src.dtype");
+  EXPECT_KILN_ERROR(x.scatter(0, zeros({2, 2}, kInt64), zeros({1, 4})),
+                    "[scatter] expected index [2, 2] to be no larger than src [1, 4]");
+  EXPECT_KILN_ERROR(x.scatter(1, zeros({4, 1}, kInt64), 1.0),
+                    "[scatter_value] expected index [4, 1] to be no larger than self [3, 4] apart "
+                    "from dimension 1");
+  EXPECT_KILN_ERROR(x.scatter_(0, zeros({1}, kInt64), 1.0),
+                    "[scatter_value_] index tensor must have the same number of dimensions");
+  EXPECT_KILN_ERROR(x.scatter_(0, zeros({1, 1}, kInt32), zeros({1, 1})),
+                    "[scatter_] expected dtype int64 for index");
+  EXPECT_KILN_ERROR(x.scatter_add(0, ints({-1}, {1, 1}), zeros({1, 1})),
+                    "[scatter_add] index -1 is out of bounds");
   EXPECT_KILN_ERROR(x.scatter_add_(5, ints({0}, {1, 1}), zeros({1, 1})), "[scatter_add_]");
 }
 
@@ -536,13 +560,22 @@ TEST(IndexAddTest, MatchesReference) {
 
 TEST(IndexAddTest, Errors) {
   Tensor x = zeros({3, 4});
-  EXPECT_KILN_ERROR(x.index_add(0, ints({3}), zeros({1, 4})), "[index_add] index 3 is out of bounds for dimension 0 with size 3");
-  EXPECT_KILN_ERROR(x.index_add(0, ints({0, 1}), zeros({1, 4})), "[index_add] number of indices (2) should be equal to source.size(0) (1)");
-  EXPECT_KILN_ERROR(x.index_add(0, ints({0}), zeros({1, 3})), "[index_add] source of shape [1, 3] must match self of shape [3, 4] except in dimension 0");
-  EXPECT_KILN_ERROR(x.index_add(0, ints({0}), zeros({1, 4}, kDouble)), "[index_add] self (float32) and source (float64) must have the same dtype");
-  EXPECT_KILN_ERROR(x.index_add_(0, ints({0}, {1, 1}), zeros({1, 4})), "[index_add_] index is supposed to be a vector");
-  EXPECT_KILN_ERROR(x.index_add_(0, zeros({1}), zeros({1, 4})), "[index_add_] expected dtype int64 or int32");
-  EXPECT_KILN_ERROR(zeros({2}, kInt64).index_add(0, ints({0}), zeros({1}, kInt64), 0.5), "[index_add] for integral input tensors, argument alpha must not be a floating point number");
+  EXPECT_KILN_ERROR(x.index_add(0, ints({3}), zeros({1, 4})),
+                    "[index_add] index 3 is out of bounds for dimension 0 with size 3");
+  EXPECT_KILN_ERROR(x.index_add(0, ints({0, 1}), zeros({1, 4})),
+                    "[index_add] number of indices (2) should be equal to source.size(0) (1)");
+  EXPECT_KILN_ERROR(
+      x.index_add(0, ints({0}), zeros({1, 3})),
+      "[index_add] source of shape [1, 3] must match self of shape [3, 4] except in dimension 0");
+  EXPECT_KILN_ERROR(x.index_add(0, ints({0}), zeros({1, 4}, kDouble)),
+                    "[index_add] self (float32) and source (float64) must have the same dtype");
+  EXPECT_KILN_ERROR(x.index_add_(0, ints({0}, {1, 1}), zeros({1, 4})),
+                    "[index_add_] index is supposed to be a vector");
+  EXPECT_KILN_ERROR(x.index_add_(0, zeros({1}), zeros({1, 4})),
+                    "[index_add_] expected dtype int64 or int32");
+  EXPECT_KILN_ERROR(
+      zeros({2}, kInt64).index_add(0, ints({0}), zeros({1}, kInt64), 0.5),
+      "[index_add] for integral input tensors, argument alpha must not be a floating point number");
 }
 
 // --- masked_fill, masked_select -------------------------------------------------------------
@@ -574,7 +607,8 @@ TEST(MaskedTest, FillBroadcastsAndWritesInPlace) {
 
 TEST(MaskedTest, SelectAndErrors) {
   Tensor x = arange(6, kFloat).reshape({2, 3});
-  EXPECT_EQ(vals(x.masked_select(tensor({{true, false, true}, {false, false, true}}))), (Vec{0, 2, 5}));
+  EXPECT_EQ(vals(x.masked_select(tensor({{true, false, true}, {false, false, true}}))),
+            (Vec{0, 2, 5}));
   EXPECT_EQ(vals(x.t().masked_select(tensor({true, false}))), (Vec{0, 1, 2}));
   EXPECT_EQ(vals(x.masked_select(tensor({{true}, {false}}))), (Vec{0, 1, 2}));
   Tensor bf = x.to(kBFloat16).masked_select(tensor({{false, false, false}, {true, true, true}}));
@@ -582,12 +616,15 @@ TEST(MaskedTest, SelectAndErrors) {
   EXPECT_EQ(vals(bf), (Vec{3, 4, 5}));
   EXPECT_EQ(shape(x.masked_select(zeros({3}, kBool))), (Shape{0}));
   EXPECT_EQ(shape(zeros({0, 3}).masked_select(ones({3}, kBool))), (Shape{0}));
-  EXPECT_KILN_ERROR(x.masked_select(ones({3})), "[masked_select] expected a bool mask, got float32");
+  EXPECT_KILN_ERROR(x.masked_select(ones({3})),
+                    "[masked_select] expected a bool mask, got float32");
   EXPECT_KILN_ERROR(x.masked_select(ones({4}, kBool)), "[masked_select] shapes [2, 3] and [4]");
-  EXPECT_KILN_ERROR(x.masked_fill(ones({3}, kInt64), 1), "[masked_fill] expected a bool mask, got int64");
+  EXPECT_KILN_ERROR(x.masked_fill(ones({3}, kInt64), 1),
+                    "[masked_fill] expected a bool mask, got int64");
   EXPECT_KILN_ERROR(x.masked_fill(ones({4}, kBool), 1), "[masked_fill] shapes [2, 3] and [4]");
-  EXPECT_KILN_ERROR(x.masked_fill_(ones({2, 2, 3}, kBool), 1),
-                    "[masked_fill_] mask of shape [2, 2, 3] cannot be broadcast to self of shape [2, 3]");
+  EXPECT_KILN_ERROR(
+      x.masked_fill_(ones({2, 2, 3}, kBool), 1),
+      "[masked_fill_] mask of shape [2, 2, 3] cannot be broadcast to self of shape [2, 3]");
 }
 
 // --- triu, tril, one_hot --------------------------------------------------------------------
@@ -623,9 +660,12 @@ TEST(OneHotTest, EncodesAndInfers) {
   EXPECT_EQ(vals(one_hot(ints({0, 2, 1}).slice(0, 0, 3, 2), 3)), (Vec{1, 0, 0, 0, 1, 0}));
   EXPECT_KILN_ERROR(one_hot(ints({-1}), 3), "[one_hot] class values must be non-negative");
   EXPECT_KILN_ERROR(one_hot(ints({-1})), "[one_hot] class values must be non-negative");
-  EXPECT_KILN_ERROR(one_hot(ints({3}), 3), "[one_hot] class values must be smaller than num_classes (3)");
-  EXPECT_KILN_ERROR(one_hot(empty({0}, kInt64)), "[one_hot] cannot infer the total number of classes");
-  EXPECT_KILN_ERROR(one_hot(tensor(std::vector<int32_t>{1}, kInt32), 3), "[one_hot] is only applicable to index tensors of dtype int64");
+  EXPECT_KILN_ERROR(one_hot(ints({3}), 3),
+                    "[one_hot] class values must be smaller than num_classes (3)");
+  EXPECT_KILN_ERROR(one_hot(empty({0}, kInt64)),
+                    "[one_hot] cannot infer the total number of classes");
+  EXPECT_KILN_ERROR(one_hot(tensor(std::vector<int32_t>{1}, kInt32), 3),
+                    "[one_hot] is only applicable to index tensors of dtype int64");
   EXPECT_KILN_ERROR(one_hot(ints({1}), -2), "[one_hot] num_classes must be non-negative");
 }
 
