@@ -4,7 +4,8 @@
 //   - scalar(x): used on strided tensors, and for f16/bf16, which compute in float;
 //   - vector(a): an Eigen array expression used on contiguous f32/f64. GCC cannot vectorise
 //     calls into libm (tanh, erf, log, sin, ...) without -ffast-math; Eigen's packet math
-//     runs them 2-10x faster on one core.
+//     is faster on one core (8M floats, SSE2: tanh 12x, erf 10x, log1p 3.5x, log, sin and
+//     cos 2x, expm1 1.5x).
 // Ops without a vector spelling stay scalar on purpose: sqrt, rsqrt and reciprocal must be
 // correctly rounded (Eigen's fast packet sqrt is not) and GCC vectorises the division itself;
 // Eigen's packet exp clamps its input, so exp(-inf) would be 3e-39 instead of 0, while
@@ -64,7 +65,8 @@ KILN_VECTOR_OP(Erf, std::erf(x), a.erf());
 KILN_VECTOR_OP(GeluExact, T(0.5) * x * (T(1) + std::erf(x * T(kSqrt1_2))),
                T(0.5) * a * (T(1) + (a * T(kSqrt1_2)).erf()));
 KILN_VECTOR_OP(GeluTanh,
-               T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(kGeluTanhCoeff) * x * x * x))),
+               T(0.5) * x *
+                   (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(kGeluTanhCoeff) * x * x * x))),
                T(0.5) * a * (T(1) + (T(kSqrt2OverPi) * (a + T(kGeluTanhCoeff) * a.cube())).tanh()));
 KILN_SCALAR_OP(Exp, std::exp(x));
 KILN_SCALAR_OP(Sigmoid, T(1) / (T(1) + std::exp(-x)));
@@ -130,12 +132,12 @@ T wrapping_mul(T x, T y) {
 }
 
 // Functor `Name` computing `expr` in x of type T (an integer, float or double).
-#define KILN_NUMERIC_OP(Name, expr)   \
-  struct Name {                       \
-    template <typename T>             \
-    static T apply(T x) {             \
-      return expr;                    \
-    }                                 \
+#define KILN_NUMERIC_OP(Name, expr) \
+  struct Name {                     \
+    template <typename T>           \
+    static T apply(T x) {           \
+      return expr;                  \
+    }                               \
   }
 
 // Integers are already whole: floor, ceil and round return them unchanged.

@@ -19,9 +19,7 @@ TensorSpec same_shape(const Tensor& x, ScalarType dtype) {
   return {to_shape(x.sizes()), dtype, x.device()};
 }
 
-ScalarType float_result_type(ScalarType t) {
-  return is_floating_point(t) ? t : default_dtype();
-}
+ScalarType float_result_type(ScalarType t) { return is_floating_point(t) ? t : default_dtype(); }
 
 SpecList float_meta(const OpCall& c) {
   const Tensor& x = c.input(0);
@@ -161,11 +159,11 @@ KILN_DEFINE_OP(neg_, OpKind::kInplace, numeric_inplace_meta);
 KILN_DEFINE_OP(relu_, OpKind::kInplace, numeric_inplace_meta);
 
 // The free function kiln::name(t) and the method t.name() of a one-input, no-attribute op.
-#define KILN_UNARY_API(name)                       \
-  Tensor name(const Tensor& a) {                   \
-    static const OpDef& op = KILN_OP(name);        \
-    return call_op1(op, {a});                      \
-  }                                                \
+#define KILN_UNARY_API(name)                \
+  Tensor name(const Tensor& a) {            \
+    static const OpDef& op = KILN_OP(name); \
+    return call_op1(op, {a});               \
+  }                                         \
   Tensor Tensor::name() const { return kiln::name(*this); }
 
 KILN_UNARY_API(neg)

@@ -39,11 +39,16 @@ struct Tolerance {
 
 Tolerance tolerance(ScalarType dtype) {
   switch (dtype) {
-    case kDouble: return {1e-12, 1e-13};
-    case kFloat: return {1e-5, 1e-6};
-    case kHalf: return {1e-3, 1e-5};      // one rounding of the float result: 2^-11 relative
-    case kBFloat16: return {8e-3, 1e-4};  // 2^-8 relative
-    default: return {0, 0};               // integers are exact
+    case kDouble:
+      return {1e-12, 1e-13};
+    case kFloat:
+      return {1e-5, 1e-6};
+    case kHalf:
+      return {1e-3, 1e-5};  // one rounding of the float result: 2^-11 relative
+    case kBFloat16:
+      return {8e-3, 1e-4};  // 2^-8 relative
+    default:
+      return {0, 0};  // integers are exact
   }
 }
 
@@ -211,8 +216,9 @@ TEST(UnaryTest, SpecialValuesMatchStd) {
           if (dt == kFloat) r = static_cast<float>(r);
           const bool ok = (std::isnan(r) && std::isnan(y[i])) || y[i] == r ||
                           std::abs(y[i] - r) <= tolerance(dt).rtol * std::abs(r);
-          EXPECT_TRUE(ok) << c.name << " " << dtype_name(dt) << (in.is_contiguous() ? "" : " strided")
-                          << " of " << special[i] << ": got " << y[i] << " expected " << r;
+          EXPECT_TRUE(ok) << c.name << " " << dtype_name(dt)
+                          << (in.is_contiguous() ? "" : " strided") << " of " << special[i]
+                          << ": got " << y[i] << " expected " << r;
         }
       }
     }
