@@ -4,6 +4,7 @@
 // have already checked the arguments and chosen the output dtypes.
 #include "kernels/cpu/reduce.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -13,7 +14,7 @@
 
 namespace kiln::cpu {
 
-ReduceBlock reduce_block(const Tensor& t, IntArrayRef dims) {
+ReduceBlock reduce_block(const Tensor& t, IntArrayRef dims, bool index_order) {
   const int64_t ndim = t.dim();
   std::vector<bool> reduced(static_cast<size_t>(ndim), false);
   for (int64_t d : dims) reduced[d] = true;
@@ -21,20 +22,41 @@ ReduceBlock reduce_block(const Tensor& t, IntArrayRef dims) {
   for (int64_t d = 0; d < ndim; ++d) (reduced[d] ? reduced_numel : kept_numel) *= t.sizes()[d];
   if (t.numel() == 0) return {t, kept_numel, reduced_numel, 1};
 
-  if (t.is_contiguous()) {
-    // Runs of kept and reduced dims, ignoring size-1 dims; [kept][reduced][kept] at most.
+  // The dims in memory order (size-1 dims do not matter). When they tile memory densely and
+  // the kept dims keep their relative order (a contiguous tensor, or e.g. a transposed one
+  // reduced over one of its dims), element (a, k) of the [A, R, K] view is output a * K + k.
+  struct DimInfo {
+    int64_t size, stride, index;
+  };
+  absl::InlinedVector<DimInfo, 5> order;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (t.sizes()[d] != 1) order.push_back({t.sizes()[d], t.strides()[d], d});
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const DimInfo& a, const DimInfo& b) { return a.stride > b.stride; });
+  bool direct = true;
+  int64_t expected = 1, last_kept = -1, last_reduced = -1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    direct = direct && it->stride == expected;
+    expected *= it->size;
+  }
+  for (const DimInfo& d : order) {
+    int64_t& last = reduced[d.index] ? last_reduced : last_kept;
+    if (!reduced[d.index] || index_order) direct = direct && d.index > last;
+    last = d.index;
+  }
+  if (direct) {
+    // Runs of kept and reduced dims; [kept][reduced][kept] at most.
     absl::InlinedVector<std::pair<bool, int64_t>, 5> runs;
-    for (int64_t d = 0; d < ndim; ++d) {
-      if (t.sizes()[d] == 1) continue;
-      if (!runs.empty() && runs.back().first == reduced[d]) {
-        runs.back().second *= t.sizes()[d];
+    for (const DimInfo& d : order) {
+      if (!runs.empty() && runs.back().first == reduced[d.index]) {
+        runs.back().second *= d.size;
       } else {
-        runs.emplace_back(reduced[d], t.sizes()[d]);
+        runs.emplace_back(reduced[d.index], d.size);
       }
     }
     const bool starts_reduced = !runs.empty() && runs.front().first;
-    const size_t max_runs = starts_reduced ? 2 : 3;
-    if (runs.size() <= max_runs) {
+    if (runs.size() <= (starts_reduced ? 2u : 3u)) {
       ReduceBlock b{t};
       size_t i = 0;
       if (i < runs.size() && !runs[i].first) b.outer = runs[i++].second;
@@ -102,10 +124,11 @@ Shape dims_attr(const OpCall& c, size_t i) {
   return reduction_dims(c.attr<Shape>(i), c.input(0).dim(), c.name().c_str());
 }
 
-// Runs `make_reducer(TypeTag<T>)` over `x` (already of dtype T) reduced over `dims`.
+// Runs `red` over `x` (already of dtype T) reduced over `dims`. index_order: the reducer needs
+// the index along R to be the row-major index over the reduced dims (argmax).
 template <typename T, typename Red>
-void run_reduction(const Tensor& x, IntArrayRef dims, const Red& red) {
-  const ReduceBlock b = reduce_block(x, dims);
+void run_reduction(const Tensor& x, IntArrayRef dims, const Red& red, bool index_order = false) {
+  const ReduceBlock b = reduce_block(x, dims, index_order);
   const T* p = b.input.numel() == 0 ? nullptr : b.input.template data_ptr<T>();
   reduce_loop<T>(red, p, b.outer, b.reduced, b.inner);
 }
@@ -216,7 +239,15 @@ struct ExtremumReducer {
                   : std::numeric_limits<acc_t>::infinity();
     }
   }
-  void step(acc_t& a, T x, int64_t) const { a = pick<kMax>(a, static_cast<acc_t>(x)); }
+  void step(acc_t& a, T x, int64_t) const {
+    // Branch-free so that the row loop vectorises; a NaN in `a` stays (both tests fail).
+    const acc_t v = static_cast<acc_t>(x);
+    if constexpr (std::is_floating_point_v<acc_t>) {
+      a = ((kMax ? v > a : v < a) || v != v) ? v : a;
+    } else {
+      a = (kMax ? v > a : v < a) ? v : a;
+    }
+  }
   acc_t merge(acc_t a, acc_t b) const { return pick<kMax>(a, b); }
   void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
 };
@@ -278,7 +309,8 @@ void max_dim_cpu(OpCall& c) {
   visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
     run_reduction<T>(x, dims,
                      ArgReducer<T, kMax>{c.outputs[0].data_ptr<T>(),
-                                         c.outputs[1].data_ptr<int64_t>()});
+                                         c.outputs[1].data_ptr<int64_t>()},
+                     /*index_order=*/true);
   });
 }
 
@@ -291,7 +323,8 @@ void argmax_cpu(OpCall& c) {
                          : reduction_dims({}, x.dim(), c.name().c_str());
   visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
     run_reduction<T>(x, dims,
-                     ArgReducer<T, kMax>{nullptr, c.outputs[0].data_ptr<int64_t>()});
+                     ArgReducer<T, kMax>{nullptr, c.outputs[0].data_ptr<int64_t>()},
+                     /*index_order=*/true);
   });
 }
 

@@ -2,10 +2,11 @@
 //
 // Every reduction is brought to one shape: a contiguous [A, R, K] block whose middle dim R is
 // reduced, giving A * K outputs in output order (output (a, k) is element a * K + k). A
-// contiguous input whose reduced dims form one run needs no copy: reducing the innermost dims
-// is the row case (K = 1), reducing outer dims the column case (A = 1). Anything else
-// (reduced dims interleaved with kept ones, strided or expanded inputs) is permuted so that
-// the reduced dims come last and copied once, which turns it into the row case.
+// contiguous input (or a dense permuted one, such as a transpose) whose reduced dims form one
+// run in memory needs no copy: reducing the innermost dims is the row case (K = 1), reducing
+// outer dims the column case (A = 1). Anything else (reduced dims interleaved with kept ones,
+// sliced or expanded inputs) is permuted so that the reduced dims come last and copied once,
+// which turns it into the row case.
 //
 // A reducer says how to fold one element into an accumulator and how to finish it:
 //
@@ -32,19 +33,21 @@
 namespace kiln::cpu {
 
 struct ReduceBlock {
-  Tensor input;  // contiguous, of the original dtype
+  Tensor input;  // of the original dtype; its data is the [A, R, K] block
   int64_t outer = 1;
   int64_t reduced = 1;
   int64_t inner = 1;
 };
 
-// `dims`: the sorted, wrapped dims to reduce (empty reduces nothing).
-ReduceBlock reduce_block(const Tensor& t, IntArrayRef dims);
+// `dims`: the sorted, wrapped dims to reduce (empty reduces nothing). With `index_order`, the
+// position along R is the row-major index over the reduced dims (as argmax reports it);
+// without, reduced elements may be visited in memory order.
+ReduceBlock reduce_block(const Tensor& t, IntArrayRef dims, bool index_order = false);
 
 namespace reduce_internal {
 
 inline constexpr int kLanes = 8;        // independent accumulators in a row
-inline constexpr int64_t kColumnBlock = 256;  // outputs per accumulator array in the column case
+inline constexpr int64_t kColumnBlock = 2048;  // outputs per accumulator array in the column case
 inline constexpr int64_t kSplitChunk = 32768;  // elements per task when R is split
 
 // Folds x[0, n) (element i at index r0 + i along R) into one accumulator.

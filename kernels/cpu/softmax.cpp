@@ -33,8 +33,9 @@ void softmax_row(const T* x, T* y, int64_t n) {
   } else {
     for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<M>(x[i]) - m);
     if constexpr (kLog) {
-      const M shift = m + std::log(s);
-      for (int64_t i = 0; i < n; ++i) y[i] = T(static_cast<M>(x[i]) - shift);
+      // (x - m) - log(s), not x - (m + log(s)): m may be large next to log(s).
+      const M log_s = std::log(s);
+      for (int64_t i = 0; i < n; ++i) y[i] = T((static_cast<M>(x[i]) - m) - log_s);
     } else {
       const M inv = M(1) / s;
       for (int64_t i = 0; i < n; ++i) y[i] = T(std::exp(static_cast<M>(x[i]) - m) * inv);
@@ -64,7 +65,7 @@ void softmax_columns(const T* x, T* y, int64_t R, int64_t K, int64_t a, int64_t 
   }
   for (int64_t kk = 0; kk < kn; ++kk) {
     if constexpr (kLog) {
-      m[kk] += std::log(s[kk]);
+      s[kk] = std::log(s[kk]);
     } else {
       s[kk] = M(1) / s[kk];
     }
@@ -73,7 +74,7 @@ void softmax_columns(const T* x, T* y, int64_t R, int64_t K, int64_t a, int64_t 
     for (int64_t kk = 0; kk < kn; ++kk) {
       const M v = static_cast<M>(xa[r * K + kk]);
       if constexpr (kLog) {
-        ya[r * K + kk] = T(v - m[kk]);
+        ya[r * K + kk] = T((v - m[kk]) - s[kk]);
       } else {
         ya[r * K + kk] = T(std::exp(v - m[kk]) * s[kk]);
       }
