@@ -60,6 +60,20 @@ void softmax_columns(const T* x, T* y, int64_t R, int64_t K, int64_t a, int64_t 
       m[kk] = v > m[kk] ? v : m[kk];
     }
   }
+  if constexpr (!kLog && std::is_same_v<T, M>) {
+    // As in softmax_row: store exp(x - m), then scale (one exp per element).
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t kk = 0; kk < kn; ++kk) {
+        ya[r * K + kk] = std::exp(xa[r * K + kk] - m[kk]);
+        s[kk] += ya[r * K + kk];
+      }
+    }
+    for (int64_t kk = 0; kk < kn; ++kk) s[kk] = M(1) / s[kk];
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t kk = 0; kk < kn; ++kk) ya[r * K + kk] *= s[kk];
+    }
+    return;
+  }
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t kk = 0; kk < kn; ++kk) s[kk] += std::exp(static_cast<M>(xa[r * K + kk]) - m[kk]);
   }
@@ -101,7 +115,7 @@ void softmax_cpu(OpCall& c) {
           });
       return;
     }
-    constexpr int64_t kb = 128;
+    constexpr int64_t kb = 1024;  // columns walked together: 1024 contiguous elements per row
     const int64_t kblocks = (K + kb - 1) / kb;
     kiln::internal::parallel_for(
         0, A * kblocks, std::max<int64_t>(1, kiln::internal::kGrainSize / (R * std::min(K, kb))),
