@@ -307,10 +307,9 @@ void max_dim_cpu(OpCall& c) {
   const Tensor& x = c.input(0);
   const Shape dims = reduction_dims({c.attr<int64_t>(0)}, x.dim(), c.name().c_str());
   visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims,
-                     ArgReducer<T, kMax>{c.outputs[0].data_ptr<T>(),
-                                         c.outputs[1].data_ptr<int64_t>()},
-                     /*index_order=*/true);
+    run_reduction<T>(
+        x, dims, ArgReducer<T, kMax>{c.outputs[0].data_ptr<T>(), c.outputs[1].data_ptr<int64_t>()},
+        /*index_order=*/true);
   });
 }
 
@@ -318,12 +317,10 @@ template <bool kMax>
 void argmax_cpu(OpCall& c) {
   const Tensor& x = c.input(0);
   // No dim: over the flattened tensor, whose element order reduce_block keeps.
-  const Shape dims = c.has_attr(0)
-                         ? reduction_dims({c.attr<int64_t>(0)}, x.dim(), c.name().c_str())
-                         : reduction_dims({}, x.dim(), c.name().c_str());
+  const Shape dims = c.has_attr(0) ? reduction_dims({c.attr<int64_t>(0)}, x.dim(), c.name().c_str())
+                                   : reduction_dims({}, x.dim(), c.name().c_str());
   visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims,
-                     ArgReducer<T, kMax>{nullptr, c.outputs[0].data_ptr<int64_t>()},
+    run_reduction<T>(x, dims, ArgReducer<T, kMax>{nullptr, c.outputs[0].data_ptr<int64_t>()},
                      /*index_order=*/true);
   });
 }
@@ -425,9 +422,7 @@ void norm_cpu(OpCall& c) {
   const Shape dims = dims_attr(c, 1);
   visit_floating(x.dtype(), "norm", [&]<typename T>(TypeTag<T>) {
     T* out = c.outputs[0].data_ptr<T>();
-    auto run = [&]<NormKind kKind>() {
-      run_reduction<T>(x, dims, NormReducer<T, kKind>{out, p});
-    };
+    auto run = [&]<NormKind kKind>() { run_reduction<T>(x, dims, NormReducer<T, kKind>{out, p}); };
     if (p == 0) {
       run.template operator()<NormKind::kZero>();
     } else if (p == 1) {
@@ -486,8 +481,7 @@ struct LogSumExpReducer {
   }
   acc_t merge(const acc_t& a, const acc_t& b) const { return lse_merge(a, b); }
   void finish(const acc_t& a, int64_t i) const {
-    out[i] = from_acc<T>(a.s == 0 ? -std::numeric_limits<double>::infinity()
-                                  : std::log(a.s) + a.m);
+    out[i] = from_acc<T>(a.s == 0 ? -std::numeric_limits<double>::infinity() : std::log(a.s) + a.m);
   }
 };
 

@@ -46,7 +46,7 @@ ReduceBlock reduce_block(const Tensor& t, IntArrayRef dims, bool index_order = f
 
 namespace reduce_internal {
 
-inline constexpr int kLanes = 8;        // independent accumulators in a row
+inline constexpr int kLanes = 8;               // independent accumulators in a row
 inline constexpr int64_t kColumnBlock = 2048;  // outputs per accumulator array in the column case
 inline constexpr int64_t kSplitChunk = 32768;  // elements per task when R is split
 
@@ -126,7 +126,8 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K) {
 
   if (K == 1) {
     parallel_for(0, A, std::max<int64_t>(1, kGrainSize / R), [&](int64_t b, int64_t e) {
-      for (int64_t a = b; a < e; ++a) red.finish(reduce_internal::reduce_row(red, x + a * R, R, 0), a);
+      for (int64_t a = b; a < e; ++a)
+        red.finish(reduce_internal::reduce_row(red, x + a * R, R, 0), a);
     });
     return;
   }

@@ -109,10 +109,11 @@ void softmax_cpu(OpCall& c) {
     const T* in = x.data_ptr<T>();
     T* o = out.data_ptr<T>();
     if (K == 1) {
-      kiln::internal::parallel_for(
-          0, A, std::max<int64_t>(1, kiln::internal::kGrainSize / R), [&](int64_t b, int64_t e) {
-            for (int64_t a = b; a < e; ++a) softmax_row<T, kLog>(in + a * R, o + a * R, R);
-          });
+      kiln::internal::parallel_for(0, A, std::max<int64_t>(1, kiln::internal::kGrainSize / R),
+                                   [&](int64_t b, int64_t e) {
+                                     for (int64_t a = b; a < e; ++a)
+                                       softmax_row<T, kLog>(in + a * R, o + a * R, R);
+                                   });
       return;
     }
     constexpr int64_t kb = 1024;  // columns walked together: 1024 contiguous elements per row

@@ -95,9 +95,8 @@ SpecList max_dim_meta(const OpCall& c) {
 SpecList argmax_meta(const OpCall& c) {
   const Tensor& t = c.input(0);
   KILN_CHECK(t.dtype() != kBool, "[", c.name(), "] not implemented for bool tensors");
-  const Shape dims =
-      c.has_attr(0) ? reduction_dims({c.attr<int64_t>(0)}, t.dim(), c.name().c_str())
-                    : reduction_dims({}, t.dim(), c.name().c_str());
+  const Shape dims = c.has_attr(0) ? reduction_dims({c.attr<int64_t>(0)}, t.dim(), c.name().c_str())
+                                   : reduction_dims({}, t.dim(), c.name().c_str());
   check_nonzero_reduction(c, t, dims);
   return {{reduced_shape(t, dims, c.attr<bool>(1)), kInt64, t.device()}};
 }
@@ -251,8 +250,12 @@ Tensor Tensor::prod(int64_t dim, bool keepdim, std::optional<ScalarType> dtype) 
   static const OpDef& op = KILN_OP(prod);
   return call_op1(op, {*this}, {Shape{dim}, keepdim, optional_dtype(dtype)});
 }
-Tensor Tensor::amax(IntArrayRef dims, bool keepdim) const { return kiln::amax(*this, dims, keepdim); }
-Tensor Tensor::amin(IntArrayRef dims, bool keepdim) const { return kiln::amin(*this, dims, keepdim); }
+Tensor Tensor::amax(IntArrayRef dims, bool keepdim) const {
+  return kiln::amax(*this, dims, keepdim);
+}
+Tensor Tensor::amin(IntArrayRef dims, bool keepdim) const {
+  return kiln::amin(*this, dims, keepdim);
+}
 Tensor Tensor::max() const {
   static const OpDef& op = KILN_OP(max);
   return call_op1(op, {*this}, {Shape{}, false});

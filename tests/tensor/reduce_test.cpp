@@ -2,13 +2,12 @@
 // negative dims, keepdim, non-contiguous inputs), every dtype, 0-d and empty tensors, tensors
 // large enough to split across threads, NaN behaviour and every misuse.
 #include <gtest/gtest.h>
+#include <kiln/kiln.h>
 
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <random>
-
-#include <kiln/kiln.h>
 
 #include "test_util.h"
 
@@ -187,9 +186,10 @@ std::vector<std::vector<int64_t>> dim_sets_3d() {
 // The 3-D inputs the combination tests run on: contiguous, permuted, and sliced with a step.
 std::vector<std::pair<std::string, Tensor>> layouts_3d(uint32_t seed, ScalarType dtype) {
   Tensor base = random_tensor({4, 5, 6}, seed, dtype);
-  return {{"contiguous", base},
-          {"permuted", random_tensor({6, 4, 5}, seed + 1, dtype).permute({1, 2, 0})},
-          {"sliced", random_tensor({4, 10, 7}, seed + 2, dtype).slice(1, 0, 10, 2).narrow(2, 1, 6)}};
+  return {
+      {"contiguous", base},
+      {"permuted", random_tensor({6, 4, 5}, seed + 1, dtype).permute({1, 2, 0})},
+      {"sliced", random_tensor({4, 10, 7}, seed + 2, dtype).slice(1, 0, 10, 2).narrow(2, 1, 6)}};
 }
 
 std::string label(const std::string& op, const std::string& layout,
@@ -205,8 +205,8 @@ TEST(ReduceTest, EveryDimsCombinationMatchesReference) {
         const auto l = [&](const std::string& op) { return label(op, name, dims, keepdim); };
         expect_matches(t.sum(dims, keepdim), reference(t, dims, keepdim, ref_sum), 1e-12, 1e-12,
                        l("sum"));
-        expect_matches(t.mean(dims, keepdim), reference(t, dims, keepdim, ref_mean), 1e-12,
-                       1e-12, l("mean"));
+        expect_matches(t.mean(dims, keepdim), reference(t, dims, keepdim, ref_mean), 1e-12, 1e-12,
+                       l("mean"));
         expect_matches(t.amax(dims, keepdim), reference(t, dims, keepdim, ref_max), 0, 0,
                        l("amax"));
         expect_matches(t.amin(dims, keepdim), reference(t, dims, keepdim, ref_min), 0, 0,
@@ -222,8 +222,8 @@ TEST(ReduceTest, EveryDimsCombinationMatchesReference) {
                          l("std"));
         }
         for (double p : {2.0, 1.0, kInf, -kInf, 0.0, 3.0, 0.5}) {
-          expect_matches(t.norm(p, dims, keepdim), reference(t, dims, keepdim, ref_norm(p)),
-                         1e-10, 1e-12, l("norm p=" + std::to_string(p)));
+          expect_matches(t.norm(p, dims, keepdim), reference(t, dims, keepdim, ref_norm(p)), 1e-10,
+                         1e-12, l("norm p=" + std::to_string(p)));
         }
       }
     }
@@ -242,8 +242,7 @@ TEST(ReduceTest, ProdAllAnyOverEveryDimsCombination) {
     for (bool keepdim : {false, true}) {
       const std::string l = label("", "", dims, keepdim);
       expect_matches(x.transpose(0, 2).prod(dims.empty() ? 0 : dims[0], keepdim),
-                     reference(x.transpose(0, 2), {dims.empty() ? 0 : dims[0]}, keepdim,
-                               ref_prod),
+                     reference(x.transpose(0, 2), {dims.empty() ? 0 : dims[0]}, keepdim, ref_prod),
                      1e-12, 0, "prod" + l);
       for (const Tensor& t : {b, bt}) {
         std::vector<int64_t> one{dims.empty() ? 1 : dims[0]};
@@ -290,8 +289,7 @@ TEST(ReduceTest, MaxMinWithIndicesAndArgmaxOverEveryDim) {
     const Tensor am = t.argmax();
     EXPECT_EQ(am.dim(), 0);
     EXPECT_EQ(am.item<int64_t>(), static_cast<int64_t>(ref_argmax(t.to_vector<double>())));
-    EXPECT_EQ(t.argmin().item<int64_t>(),
-              static_cast<int64_t>(ref_argmin(t.to_vector<double>())));
+    EXPECT_EQ(t.argmin().item<int64_t>(), static_cast<int64_t>(ref_argmin(t.to_vector<double>())));
     EXPECT_EQ(to_shape(t.argmax(std::nullopt, true).sizes()), (Shape{1, 1, 1}));
     EXPECT_EQ(t.max().item<double>(), ref_max(t.to_vector<double>()));
     EXPECT_EQ(t.min().item<double>(), ref_min(t.to_vector<double>()));
@@ -453,14 +451,14 @@ TEST(ReduceTest, ExpandedInput) {
 }
 
 TEST(ReduceTest, LogSumExpIsStable) {
-  const Tensor t = from_values({1000, 1000, -1000, -kInf, -kInf, -kInf, kInf, 1, 2}, {3, 3},
-                               kFloat);
+  const Tensor t =
+      from_values({1000, 1000, -1000, -kInf, -kInf, -kInf, kInf, 1, 2}, {3, 3}, kFloat);
   const auto v = t.logsumexp({1}).to_vector<float>();
   EXPECT_NEAR(v[0], 1000 + std::log(2.0), 1e-3);
   EXPECT_EQ(v[1], -std::numeric_limits<float>::infinity());  // a row of -inf
   EXPECT_EQ(v[2], std::numeric_limits<float>::infinity());
-  EXPECT_NEAR(from_values({-1000, -1000}, {2}).logsumexp({0}).item<double>(),
-              -1000 + std::log(2.0), 1e-9);
+  EXPECT_NEAR(from_values({-1000, -1000}, {2}).logsumexp({0}).item<double>(), -1000 + std::log(2.0),
+              1e-9);
   // Two +inf in a row stay +inf (not inf - inf).
   EXPECT_EQ(from_values({kInf, kInf, 0}, {3}).logsumexp({0}).item<double>(), kInf);
 }
@@ -491,14 +489,14 @@ TEST(ReduceTest, LargeTensorsSplitAcrossThreads) {
   // [512, 256]: above the thresholds that split rows, columns and long reductions across threads.
   const Tensor m = big.slice(0, 0, 1 << 17).view({512, 256});
   // Row (many outputs), column, split-R row and split-R column paths, then a strided path.
-  for (const auto& [t, dims] : std::vector<std::pair<Tensor, std::vector<int64_t>>>{
-           {m, {1}},
-           {m, {0}},
-           {m.view({2, -1}), {1}},
-           {m.view({-1, 2}), {0}},
-           {m.view({8, 64, 256}), {0, 2}},
-           {m.t(), {1}},
-           {m.view({4, 128, 256}), {1}}}) {
+  for (const auto& [t, dims] :
+       std::vector<std::pair<Tensor, std::vector<int64_t>>>{{m, {1}},
+                                                            {m, {0}},
+                                                            {m.view({2, -1}), {1}},
+                                                            {m.view({-1, 2}), {0}},
+                                                            {m.view({8, 64, 256}), {0, 2}},
+                                                            {m.t(), {1}},
+                                                            {m.view({4, 128, 256}), {1}}}) {
     const std::string l = shape_str(t.sizes()) + " dims " + shape_str(dims);
     const Groups g = group(t, dims, false);
     expect_matches(t.sum(dims), fold(g, ref_sum), 1e-6, 1e-6, "sum " + l);

@@ -1,12 +1,11 @@
 // softmax and log_softmax against an f64 reference along every dim, for every floating dtype,
 // non-contiguous and large inputs, extreme values, and the dtype argument.
 #include <gtest/gtest.h>
+#include <kiln/kiln.h>
 
 #include <cmath>
 #include <limits>
 #include <random>
-
-#include <kiln/kiln.h>
 
 #include "test_util.h"
 
@@ -62,10 +61,14 @@ void expect_close(const Tensor& got, const std::vector<double>& want, double tol
 
 double tolerance(ScalarType dt) {
   switch (dt) {
-    case kHalf: return 2e-3;
-    case kBFloat16: return 1e-2;
-    case kFloat: return 1e-6;
-    default: return 1e-13;
+    case kHalf:
+      return 2e-3;
+    case kBFloat16:
+      return 1e-2;
+    case kFloat:
+      return 1e-6;
+    default:
+      return 1e-13;
   }
 }
 
