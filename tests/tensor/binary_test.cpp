@@ -53,6 +53,7 @@ double tolerance(ScalarType dt) {
   const std::vector<double> va = values(a, out.sizes()), vb = values(b, out.sizes());
   const std::vector<double> vo = out.to_vector<double>();
   if (vo.size() != va.size()) return ::testing::AssertionFailure() << "size mismatch";
+  if (vo.empty()) return ::testing::AssertionFailure() << "nothing compared";
   for (size_t i = 0; i < vo.size(); ++i) {
     const double e = ref(va[i], vb[i]);
     const bool ok = std::isnan(e)
@@ -68,6 +69,13 @@ double tolerance(ScalarType dt) {
 
 double trunc_div(double x, double y) { return std::trunc(x / y); }
 double floor_div(double x, double y) { return std::floor(x / y); }
+
+TEST(BinaryReferenceTest, DetectsWrongResults) {
+  Tensor a = make({3, 4}, kFloat, 1), b = make({4}, kFloat, 2);
+  EXPECT_TRUE(matches(a + b, a, b, std::plus<double>(), 0));
+  EXPECT_FALSE(matches(a + b, a, b, std::minus<double>(), 1e-3));
+  EXPECT_FALSE(matches(zeros({0}), zeros({0}), zeros({0}), std::plus<double>(), 0));
+}
 
 // --- Type promotion --------------------------------------------------------------------------
 
@@ -333,7 +341,7 @@ TEST(BinaryCompareTest, AllOpsTensorsAndScalars) {
       {eq, std::equal_to<double>()}, {ne, std::not_equal_to<double>()},
       {lt, std::less<double>()},     {le, std::less_equal<double>()},
       {gt, std::greater<double>()},  {ge, std::greater_equal<double>()}};
-  for (ScalarType dt : {kFloat, kHalf, kBFloat16, kInt32, kInt64, kDouble}) {
+  for (ScalarType dt : {kFloat, kHalf, kBFloat16, kInt32, kInt64, kDouble, kBool}) {
     Tensor a = make({3, 4}, dt, 20), b = make({4}, dt, 21);
     Tensor at = make({4, 3}, dt, 22).t();
     for (const auto& [op, ref] : ops) {
@@ -417,6 +425,14 @@ TEST(BinaryWhereTest, OverloadsBroadcastAndPromote) {
   Tensor big = make({300, 130}, kHalf, 28), mask = big > 0;
   EXPECT_TRUE(matches(
       where(mask, big, 0), big, big, [](double x, double) { return x > 0 ? x : 0; }, 0));
+  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16, kInt32, kInt64, kBool}) {
+    Tensor x = make({2, 3}, dt, 43), y = make({3, 2}, dt, 44).t(), c = make({3}, kInt64, 45) > 0;
+    Tensor w = where(c, x, y);
+    EXPECT_EQ(w.dtype(), dt);
+    const std::vector<double> vx = x.to_vector<double>(), vy = y.to_vector<double>();
+    const std::vector<double> vc = values(c, {2, 3}), vw = w.to_vector<double>();
+    for (size_t k = 0; k < vw.size(); ++k) EXPECT_EQ(vw[k], vc[k] ? vx[k] : vy[k]) << k;
+  }
   EXPECT_KILN_ERROR(where(tensor({1.0f}), a, b), "[where] expected condition to be a boolean");
   EXPECT_KILN_ERROR(where(zeros({2}, kBool), zeros({3}), 0), "[where] shapes [2] and [3]");
 }
