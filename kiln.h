@@ -2,12 +2,14 @@
 // <torch/torch.h> does for libtorch.
 #pragma once
 
+#include "kernels/cuda/runtime.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 #include "tensor/indexing.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
+#include "tensor/random.h"
 #include "tensor/scalar.h"
 #include "tensor/tensor.h"
 #include "tensor/tensor_data.h"
