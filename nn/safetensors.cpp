@@ -42,13 +42,13 @@ struct DtypeName {
   std::string_view name;
   ScalarType dtype;
 };
-constexpr DtypeName kDtypes[] = {{"F64", kDouble},  {"F32", kFloat}, {"F16", kHalf},
+constexpr DtypeName kDtypes[] = {{"F64", kDouble},    {"F32", kFloat}, {"F16", kHalf},
                                  {"BF16", kBFloat16}, {"I64", kInt64}, {"I32", kInt32},
                                  {"BOOL", kBool}};
 // Valid safetensors dtypes that kiln has no tensor type for.
 constexpr std::string_view kUnsupportedDtypes[] = {
-    "U8", "I8", "U16", "I16", "U32", "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
-    "F6_E3M2", "C64"};
+    "U8",      "I8",      "U16", "I16",     "U32",     "U64", "F8_E4M3",
+    "F8_E5M2", "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2", "C64"};
 
 std::string_view safetensors_dtype_name(ScalarType t) {
   for (const auto& d : kDtypes) {
@@ -180,8 +180,9 @@ void SafetensorsFile::Impl::parse_tensor(JsonReader& r, const std::string& key) 
       if (!dtype) {
         const bool known = std::find(std::begin(kUnsupportedDtypes), std::end(kUnsupportedDtypes),
                                      name) != std::end(kUnsupportedDtypes);
-        r.fail(what + (known ? ": dtype " + quote_name(name) + " is not supported by kiln"
-                             : ": unknown dtype " + quote_name(name)) +
+        r.fail(what +
+               (known ? ": dtype " + quote_name(name) + " is not supported by kiln"
+                      : ": unknown dtype " + quote_name(name)) +
                " (supported: F64, F32, F16, BF16, I64, I32, BOOL)");
       }
     } else if (*field == "shape") {
@@ -215,8 +216,8 @@ void SafetensorsFile::Impl::parse_tensor(JsonReader& r, const std::string& key) 
   if (!dtype) r.fail(what + " has no \"dtype\"");
   if (!shape) r.fail(what + " has no \"shape\"");
   if (!offsets) r.fail(what + " has no \"data_offsets\"");
-  tensors.emplace(key, SafetensorsTensorInfo{*dtype, std::move(*shape), offsets->first,
-                                             offsets->second});
+  tensors.emplace(
+      key, SafetensorsTensorInfo{*dtype, std::move(*shape), offsets->first, offsets->second});
 }
 
 void SafetensorsFile::Impl::check_layout() const {
@@ -362,7 +363,8 @@ Tensor SafetensorsFile::get(const std::string& key, Device device) const {
   Tensor t;
   if (nbytes > 0 && reinterpret_cast<uintptr_t>(data) % element_size(info.dtype) == 0) {
     // The deleter owns a reference to the mapping: it lives as long as any tensor uses it.
-    t = from_blob(data, info.shape, [keep = impl_](void*) {}, dtype(info.dtype));
+    t = from_blob(
+        data, info.shape, [keep = impl_](void*) {}, dtype(info.dtype));
   } else {
     t = empty(info.shape, dtype(info.dtype));
     if (nbytes > 0) std::memcpy(t.data_ptr(), data, nbytes);
@@ -376,8 +378,7 @@ TensorMap SafetensorsFile::get_all(Device device) const {
   return out;
 }
 
-TensorMap load_safetensors(const std::string& path, SafetensorsMetadata* metadata,
-                           Device device) {
+TensorMap load_safetensors(const std::string& path, SafetensorsMetadata* metadata, Device device) {
   const SafetensorsFile f(path);
   if (metadata) *metadata = f.metadata();
   return f.get_all(device);
@@ -423,13 +424,20 @@ struct Planned {
 // to 8. Following it exactly makes kiln's files byte-identical to the library's.
 int writer_rank(ScalarType t) {
   switch (t) {
-    case kInt64: return 6;
-    case kDouble: return 5;
-    case kFloat: return 4;
-    case kInt32: return 3;
-    case kBFloat16: return 2;
-    case kHalf: return 1;
-    case kBool: return 0;
+    case kInt64:
+      return 6;
+    case kDouble:
+      return 5;
+    case kFloat:
+      return 4;
+    case kInt32:
+      return 3;
+    case kBFloat16:
+      return 2;
+    case kHalf:
+      return 1;
+    case kBool:
+      return 0;
   }
   return 0;
 }
@@ -589,9 +597,8 @@ std::string save_safetensors_to_bytes(const TensorMap& tensors,
                                       const SafetensorsMetadata& metadata) {
   const std::vector<Planned> plan = plan_layout(tensors, metadata, "");
   std::string out;
-  write_safetensors(plan, metadata, [&](const void* p, size_t n) {
-    out.append(static_cast<const char*>(p), n);
-  });
+  write_safetensors(plan, metadata,
+                    [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); });
   return out;
 }
 

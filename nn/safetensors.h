@@ -90,9 +90,8 @@ class SafetensorsFile {
   Tensor get(const std::string& key, Device device = kCPU) const;
   TensorMap get_all(Device device = kCPU) const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   explicit SafetensorsFile(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
 };

@@ -126,14 +126,31 @@ class JsonReader {
       }
       if (pos_ >= s_.size()) fail("unterminated escape");
       switch (const char e = s_[pos_++]) {
-        case '"': case '\\': case '/': out.push_back(e); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': append_utf8(read_escaped_code_point(), out); break;
-        default: fail(std::string("invalid escape '\\") + printable(e) + "'");
+        case '"':
+        case '\\':
+        case '/':
+          out.push_back(e);
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'u':
+          append_utf8(read_escaped_code_point(), out);
+          break;
+        default:
+          fail(std::string("invalid escape '\\") + printable(e) + "'");
       }
     }
   }
@@ -176,11 +193,21 @@ class JsonReader {
         begin_array();
         while (next_element()) skip_value(depth + 1);
         return;
-      case '"': (void)read_string(); return;
-      case 'n': (void)scan_number(); return;
-      case 't': expect_word("true"); return;
-      case 'f': expect_word("false"); return;
-      default: expect_word("null"); return;
+      case '"':
+        (void)read_string();
+        return;
+      case 'n':
+        (void)scan_number();
+        return;
+      case 't':
+        expect_word("true");
+        return;
+      case 'f':
+        expect_word("false");
+        return;
+      default:
+        expect_word("null");
+        return;
     }
   }
 
@@ -253,10 +280,14 @@ class JsonReader {
     for (int i = 0; i < 4; ++i) {
       const char c = s_[pos_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else fail("invalid \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        fail("invalid \\u escape");
     }
     return v;
   }

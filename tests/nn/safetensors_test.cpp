@@ -4,6 +4,7 @@
 #include "nn/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <kiln/kiln.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -12,8 +13,6 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
-
-#include <kiln/kiln.h>
 
 #include "tensor/test_util.h"
 
@@ -27,9 +26,8 @@ class TempDir {
  public:
   TempDir() {
     static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("kiln_safetensors_test_" + std::to_string(::getpid()) + "_" +
-             std::to_string(counter++));
+    path_ = fs::temp_directory_path() / ("kiln_safetensors_test_" + std::to_string(::getpid()) +
+                                         "_" + std::to_string(counter++));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -80,11 +78,11 @@ std::string length_only(uint64_t n, size_t extra_bytes) {
 }
 
 // Every rejection names the reader and the file and explains the problem.
-#define EXPECT_LOAD_ERROR(bytes, substr)                                                      \
-  do {                                                                                        \
-    const std::string bytes_ = (bytes);                                                       \
+#define EXPECT_LOAD_ERROR(bytes, substr)                                                     \
+  do {                                                                                       \
+    const std::string bytes_ = (bytes);                                                      \
     EXPECT_KILN_ERROR(load_safetensors_from_bytes(bytes_), "[load_safetensors] <memory>: "); \
-    EXPECT_KILN_ERROR(load_safetensors_from_bytes(bytes_), substr);                           \
+    EXPECT_KILN_ERROR(load_safetensors_from_bytes(bytes_), substr);                          \
   } while (0)
 
 TensorMap every_dtype() {
@@ -310,9 +308,9 @@ TEST(SafetensorsCorrupt, RejectsBadJson) {
   EXPECT_LOAD_ERROR(raw_file("{\"a\":{\"x\":1.}}"), "digits expected after '.'");
   EXPECT_LOAD_ERROR(raw_file("{\"a\":{\"x\":[1 2]}}"), "expected ',' or ']'");
   // Unknown fields are skipped, but only up to a nesting depth.
-  EXPECT_LOAD_ERROR(raw_file("{\"a\":{\"x\":" + std::string(100, '[') + std::string(100, ']') +
-                             "}}"),
-                    "nested deeper than 64");
+  EXPECT_LOAD_ERROR(
+      raw_file("{\"a\":{\"x\":" + std::string(100, '[') + std::string(100, ']') + "}}"),
+      "nested deeper than 64");
   EXPECT_LOAD_ERROR(raw_file("{\"a\":{\"x\":" + std::string(100000, '[')), "nested deeper");
   EXPECT_LOAD_ERROR(raw_file("{\"__metadata__\":{\"k\":1}}"), "metadata value of \"k\"");
   EXPECT_LOAD_ERROR(raw_file("{\"__metadata__\":[]}"), "must be an object of strings");
@@ -330,10 +328,10 @@ TEST(SafetensorsCorrupt, RejectsBadTensorEntries) {
   const std::string d8(8, '\0');
   ASSERT_NO_THROW(load_safetensors_from_bytes(one_tensor(kF32x2 + std::string("[0,8]"), d8)));
   // Skipped unknown fields and a null metadata are accepted, as by the reference.
-  ASSERT_NO_THROW(load_safetensors_from_bytes(raw_file(
-      "{\"__metadata__\":null,\"a\":{\"extra\":{\"k\":[1,2.5e3,null,true]}," + std::string(kF32x2) +
-          "[0,8]}}",
-      d8)));
+  ASSERT_NO_THROW(load_safetensors_from_bytes(
+      raw_file("{\"__metadata__\":null,\"a\":{\"extra\":{\"k\":[1,2.5e3,null,true]}," +
+                   std::string(kF32x2) + "[0,8]}}",
+               d8)));
   EXPECT_LOAD_ERROR(raw_file("{\"a\":5}", d8), "tensor \"a\" must be an object");
   EXPECT_LOAD_ERROR(one_tensor(R"("dtype":5,"shape":[2],"data_offsets":[0,8])", d8),
                     "\"dtype\" must be a string");
@@ -377,9 +375,9 @@ TEST(SafetensorsCorrupt, RejectsBadTensorEntries) {
   EXPECT_LOAD_ERROR(one_tensor(R"("shape":[2],"data_offsets":[0,8])", d8), "has no \"dtype\"");
   EXPECT_LOAD_ERROR(one_tensor(R"("dtype":"F32","data_offsets":[0,8])", d8), "has no \"shape\"");
   EXPECT_LOAD_ERROR(one_tensor(R"("dtype":"F32","shape":[2])", d8), "has no \"data_offsets\"");
-  EXPECT_LOAD_ERROR(one_tensor(R"("dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8])",
-                               d8),
-                    "duplicate \"dtype\"");
+  EXPECT_LOAD_ERROR(
+      one_tensor(R"("dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8])", d8),
+      "duplicate \"dtype\"");
   EXPECT_LOAD_ERROR(one_tensor(kF32x2 + std::string("[0]"), d8), "must have two entries");
   EXPECT_LOAD_ERROR(one_tensor(kF32x2 + std::string("[0,8,8]"), d8), "must have two entries");
   EXPECT_LOAD_ERROR(one_tensor(kF32x2 + std::string("{}"), d8), "must be [begin, end]");
@@ -417,8 +415,8 @@ TEST(SafetensorsCorrupt, RejectsOverlapsHolesAndUncoveredBytes) {
 }
 
 TEST(SafetensorsCorrupt, RejectsBoolBytesOtherThanZeroAndOne) {
-  const std::string file =
-      raw_file(R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})", std::string("\1\0\2", 3));
+  const std::string file = raw_file(R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})",
+                                    std::string("\1\0\2", 3));
   const SafetensorsFile f = SafetensorsFile::from_bytes(file);  // the header is fine
   EXPECT_KILN_ERROR(f.get("m"), "BOOL holds byte 2 at element 2");
 }
