@@ -9,13 +9,12 @@
 // them); matmul reports FLOP/s. The last argument of the threaded benchmarks is the thread count
 // (kiln::set_num_threads, which also sets Eigen's). Results: benchmarks/RESULTS.md.
 #include <benchmark/benchmark.h>
+#include <kiln/kiln.h>
 #include <omp.h>
 
 #include <Eigen/Core>
 #include <cstring>
 #include <vector>
-
-#include <kiln/kiln.h>
 
 namespace {
 
@@ -168,8 +167,8 @@ void BM_KilnMatmulFolded(benchmark::State& state) {
   set_threads(state, 0);
   const kiln::Tensor x = kiln::full({8, 512, 1024}, 0.5f), w = kiln::full({1024, 1024}, 0.25f);
   for (auto _ : state) benchmark::DoNotOptimize(kiln::matmul(x, w));
-  state.counters["FLOP/s"] = benchmark::Counter(2.0 * 4096 * 1024 * 1024,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * 4096 * 1024 * 1024, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_KilnMatmulFolded)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 

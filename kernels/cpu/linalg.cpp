@@ -104,7 +104,8 @@ void batched_product(const Tensor& out, const Tensor* self, const Tensor& a, con
   if (self != nullptr && beta.toDouble() != 0.0) {
     const T bv = beta.to<T>();
     const Tensor s = as_dtype(*self, out.dtype());
-    elementwise<T, T>(out, [bv](T v) { return bv * v; }, s);
+    auto scale = [bv](T v) { return bv * v; };
+    elementwise<T, T>(out, scale, s);
   } else if (out.numel() > 0) {
     // PyTorch ignores self when beta is 0 (NaNs in it do not propagate).
     std::memset(out.data_ptr(), 0, out.nbytes());
@@ -149,11 +150,16 @@ void product(const Tensor& out, const Tensor* self, const Tensor& a, const Tenso
   switch (out.dtype()) {
     case kFloat:
     case kHalf:
-    case kBFloat16: return compute(TypeTag<float>{});
-    case kDouble: return compute(TypeTag<double>{});
-    case kInt32: return compute(TypeTag<int32_t>{});
-    case kInt64: return compute(TypeTag<int64_t>{});
-    default: break;
+    case kBFloat16:
+      return compute(TypeTag<float>{});
+    case kDouble:
+      return compute(TypeTag<double>{});
+    case kInt32:
+      return compute(TypeTag<int32_t>{});
+    case kInt64:
+      return compute(TypeTag<int64_t>{});
+    default:
+      break;
   }
   KILN_FAIL("[", op, "] is not implemented for dtype ", dtype_name(out.dtype()));
 }
@@ -163,8 +169,8 @@ void mm_cpu(OpCall& c) { product(c.outputs[0], nullptr, c.input(0), c.input(1), 
 void bmm_cpu(OpCall& c) { product(c.outputs[0], nullptr, c.input(0), c.input(1), 0, 1, "bmm"); }
 
 void addmm_cpu(OpCall& c) {
-  product(c.outputs[0], &c.input(0), c.input(1), c.input(2), c.attr<Scalar>(0),
-          c.attr<Scalar>(1), "addmm");
+  product(c.outputs[0], &c.input(0), c.input(1), c.input(2), c.attr<Scalar>(0), c.attr<Scalar>(1),
+          "addmm");
 }
 
 }  // namespace

@@ -22,14 +22,14 @@ void check_operand_dtypes(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 void check_inner(const char* op, const Tensor& a, const Tensor& b, int64_t ka, int64_t kb) {
-  KILN_CHECK(ka == kb, "[", op, "] shapes ", shape_str(a.sizes()), " and ",
-             shape_str(b.sizes()), " cannot be multiplied");
+  KILN_CHECK(ka == kb, "[", op, "] shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()),
+             " cannot be multiplied");
 }
 
 void check_dims(const char* op, const Tensor& a, const Tensor& b, int64_t want) {
-  KILN_CHECK(a.dim() == want && b.dim() == want, "[", op, "] expected ", want,
-             "-D tensors, got ", a.dim(), "-D and ", b.dim(), "-D (shapes ",
-             shape_str(a.sizes()), " and ", shape_str(b.sizes()), ")");
+  KILN_CHECK(a.dim() == want && b.dim() == want, "[", op, "] expected ", want, "-D tensors, got ",
+             a.dim(), "-D and ", b.dim(), "-D (shapes ", shape_str(a.sizes()), " and ",
+             shape_str(b.sizes()), ")");
 }
 
 SpecList mm_meta(const OpCall& c) {
@@ -100,9 +100,8 @@ Tensor addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const S
 }
 
 Tensor dot(const Tensor& a, const Tensor& b) {
-  KILN_CHECK(a.dim() == 1 && b.dim() == 1, "[dot] expected 1-D tensors, got ", a.dim(),
-             "-D and ", b.dim(), "-D (shapes ", shape_str(a.sizes()), " and ",
-             shape_str(b.sizes()), ")");
+  KILN_CHECK(a.dim() == 1 && b.dim() == 1, "[dot] expected 1-D tensors, got ", a.dim(), "-D and ",
+             b.dim(), "-D (shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()), ")");
   check_operand_dtypes("dot", a, b);
   KILN_CHECK(a.size(0) == b.size(0), "[dot] shapes ", shape_str(a.sizes()), " and ",
              shape_str(b.sizes()), " have different numbers of elements");
@@ -111,9 +110,8 @@ Tensor dot(const Tensor& a, const Tensor& b) {
 
 // As torch.outer (a multiply in PyTorch): mixed dtypes promote, and bool is logical and.
 Tensor outer(const Tensor& a, const Tensor& b) {
-  KILN_CHECK(a.dim() == 1 && b.dim() == 1, "[outer] expected 1-D tensors, got ", a.dim(),
-             "-D and ", b.dim(), "-D (shapes ", shape_str(a.sizes()), " and ",
-             shape_str(b.sizes()), ")");
+  KILN_CHECK(a.dim() == 1 && b.dim() == 1, "[outer] expected 1-D tensors, got ", a.dim(), "-D and ",
+             b.dim(), "-D (shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()), ")");
   const ScalarType t = promote_types(a.dtype(), b.dtype());
   if (t == kBool) return outer(a.to(kInt32), b.to(kInt32)).to(kBool);
   return mm(a.to(t).unsqueeze(1), b.to(t).unsqueeze(0));
@@ -154,8 +152,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Shape a_sizes = batch, b_sizes = batch;
   a_sizes.insert(a_sizes.end(), {n, k});
   b_sizes.insert(b_sizes.end(), {k, p});
-  const Tensor r = bmm(a3.expand(a_sizes).reshape({nb, n, k}),
-                       b3.expand(b_sizes).reshape({nb, k, p}));
+  const Tensor r =
+      bmm(a3.expand(a_sizes).reshape({nb, n, k}), b3.expand(b_sizes).reshape({nb, k, p}));
   Shape out = batch;
   if (da > 1) out.push_back(n);
   if (db > 1) out.push_back(p);
@@ -175,10 +173,10 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   if (!bias.defined()) return matmul(input, wt);
   KILN_CHECK(bias.dtype() == input.dtype(), "[linear] expected bias to have the input's dtype ",
              dtype_name(input.dtype()), ", got ", dtype_name(bias.dtype()));
-  KILN_CHECK(bias.dim() == 0 || (bias.dim() == 1 && (bias.size(0) == out_features ||
-                                                      bias.size(0) == 1)),
-             "[linear] bias of shape ", shape_str(bias.sizes()),
-             " does not match out_features (", out_features, ")");
+  KILN_CHECK(
+      bias.dim() == 0 || (bias.dim() == 1 && (bias.size(0) == out_features || bias.size(0) == 1)),
+      "[linear] bias of shape ", shape_str(bias.sizes()), " does not match out_features (",
+      out_features, ")");
   if (input.dim() == 2) return addmm(bias, input, wt);
   // Any leading dims fold into the GEMM's rows; the bias is added by the same GEMM call.
   Shape out(input.sizes().begin(), input.sizes().end() - 1);

@@ -2,13 +2,12 @@
 // references: every matmul case of PyTorch's semantics, transposed, sliced and expanded
 // operands, empty dims, each dtype, and every misuse.
 #include <gtest/gtest.h>
+#include <kiln/kiln.h>
 
 #include <cmath>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <kiln/kiln.h>
 
 #include "tensor/registry.h"
 #include "test_util.h"
@@ -87,11 +86,16 @@ Reference ref_matmul(const Tensor& a, const Tensor& b) {
 // Relative rounding allowance per dtype, applied to sum |a||b|.
 double tolerance(ScalarType t) {
   switch (t) {
-    case kDouble: return 1e-12;
-    case kFloat: return 1e-5;
-    case kHalf: return 1.5e-3;   // one f16 rounding of the f32 result (2^-11) plus f32 sums
-    case kBFloat16: return 6e-3;  // one bf16 rounding (2^-9) plus f32 sums
-    default: return 0;            // integers are exact
+    case kDouble:
+      return 1e-12;
+    case kFloat:
+      return 1e-5;
+    case kHalf:
+      return 1.5e-3;  // one f16 rounding of the f32 result (2^-11) plus f32 sums
+    case kBFloat16:
+      return 6e-3;  // one bf16 rounding (2^-9) plus f32 sums
+    default:
+      return 0;  // integers are exact
   }
 }
 
@@ -227,10 +231,12 @@ TEST(LinalgTest, Bmm) {
     expect_matches(bmm(a, shared), ref_matmul(a, shared), t);
   }
   // Many small products: the batch is split across threads.
-  const Tensor a = random_tensor({1100, 8, 8}, kFloat, 6), b = random_tensor({1100, 8, 8}, kFloat, 7);
+  const Tensor a = random_tensor({1100, 8, 8}, kFloat, 6),
+               b = random_tensor({1100, 8, 8}, kFloat, 7);
   expect_matches(bmm(a, b), ref_matmul(a, b), kFloat);
   // A few large ones: Eigen threads each product.
-  const Tensor c = random_tensor({2, 140, 130}, kDouble, 8), d = random_tensor({2, 130, 120}, kDouble, 9);
+  const Tensor c = random_tensor({2, 140, 130}, kDouble, 8),
+               d = random_tensor({2, 130, 120}, kDouble, 9);
   expect_matches(bmm(c, d), ref_matmul(c, d), kDouble);
 }
 
@@ -242,9 +248,9 @@ TEST(LinalgTest, MatmulVectorCases) {
     const Tensor d = matmul(v, w);  // dot
     EXPECT_EQ(d.dim(), 0);
     check_matmul(v, w);
-    check_matmul(m, v);    // mv
-    check_matmul(v, mt);   // vector @ matrix
-    check_matmul(m, mt);   // mm
+    check_matmul(m, v);   // mv
+    check_matmul(v, mt);  // vector @ matrix
+    check_matmul(m, mt);  // mm
     check_matmul(mt.t(), v);
     check_matmul(v, m.t());
   }
@@ -253,11 +259,11 @@ TEST(LinalgTest, MatmulVectorCases) {
 TEST(LinalgTest, MatmulBatchedCases) {
   for (ScalarType t : kAllDtypes) {
     SCOPED_TRACE(std::string(dtype_name(t)));
-    check_matmul(random_tensor({2, 3, 4, 5}, t, 1), random_tensor({5, 6}, t, 2));  // fold
-    check_matmul(random_tensor({2, 3, 5}, t, 3), random_tensor({5}, t, 4));        // batched mv
-    check_matmul(random_tensor({5}, t, 5), random_tensor({2, 3, 5, 4}, t, 6));     // vec @ batch
-    check_matmul(random_tensor({3, 5}, t, 7), random_tensor({2, 5, 4}, t, 8));     // mat @ batch
-    check_matmul(random_tensor({3, 4, 5}, t, 9), random_tensor({3, 5, 2}, t, 10)); // bmm
+    check_matmul(random_tensor({2, 3, 4, 5}, t, 1), random_tensor({5, 6}, t, 2));   // fold
+    check_matmul(random_tensor({2, 3, 5}, t, 3), random_tensor({5}, t, 4));         // batched mv
+    check_matmul(random_tensor({5}, t, 5), random_tensor({2, 3, 5, 4}, t, 6));      // vec @ batch
+    check_matmul(random_tensor({3, 5}, t, 7), random_tensor({2, 5, 4}, t, 8));      // mat @ batch
+    check_matmul(random_tensor({3, 4, 5}, t, 9), random_tensor({3, 5, 2}, t, 10));  // bmm
     // Batch broadcasting: [j, 1, n, m] @ [k, m, p] -> [j, k, n, p].
     check_matmul(random_tensor({2, 1, 3, 4}, t, 11), random_tensor({5, 4, 6}, t, 12));
     check_matmul(random_tensor({1, 3, 4}, t, 13), random_tensor({2, 1, 4, 2}, t, 14));
@@ -316,7 +322,8 @@ TEST(LinalgTest, Addmm) {
     const bool integral = is_integral(t, false);
     const Tensor a = random_tensor({4, 6}, t, 1), b = random_tensor({6, 3}, t, 2);
     const Reference prod = ref_matmul(a, b);
-    const Scalar beta = integral ? Scalar(2) : Scalar(0.5), alpha = integral ? Scalar(-3) : Scalar(1.5);
+    const Scalar beta = integral ? Scalar(2) : Scalar(0.5),
+                 alpha = integral ? Scalar(-3) : Scalar(1.5);
     for (const Shape& self_shape : {Shape{4, 3}, Shape{3}, Shape{1, 3}, Shape{4, 1}, Shape{}}) {
       SCOPED_TRACE(shape_str(self_shape));
       const Tensor self = random_tensor(self_shape, t, 3);
@@ -430,8 +437,9 @@ TEST(LinalgTest, Errors) {
                     "[matmul] shapes [3] and [4] cannot be multiplied");
   EXPECT_KILN_ERROR(matmul(random_tensor({2, 3, 4}), random_tensor({5})), "[matmul] shapes");
   EXPECT_KILN_ERROR(matmul(full({}, 1.0f), a), "[matmul] both arguments need to be at least 1-D");
-  EXPECT_KILN_ERROR(matmul(a, random_tensor({3, 2}, kInt64)),
-                    "[matmul] expected both operands to have the same dtype, got float32 and int64");
+  EXPECT_KILN_ERROR(
+      matmul(a, random_tensor({3, 2}, kInt64)),
+      "[matmul] expected both operands to have the same dtype, got float32 and int64");
   EXPECT_KILN_ERROR(matmul(random_tensor({2, 2, 3}), random_tensor({3, 3, 4})), "[matmul]");
   EXPECT_KILN_ERROR(addmm(random_tensor({3, 3}), a, random_tensor({3, 4})),
                     "[addmm] self of shape [3, 3] cannot be broadcast to [2, 4]");
@@ -445,12 +453,15 @@ TEST(LinalgTest, Errors) {
   EXPECT_KILN_ERROR(addmm(ia, ia, ia, 0.5, 1), "[addmm] for integral tensors, beta and alpha");
   EXPECT_KILN_ERROR(linear(random_tensor({2, 4}), random_tensor({5, 3})),
                     "[linear] input of shape [2, 4] does not match weight of shape [5, 3]");
-  EXPECT_KILN_ERROR(linear(random_tensor({2, 3}), random_tensor({3})), "[linear] weight must be 2-D");
-  EXPECT_KILN_ERROR(linear(full({}, 1.0f), random_tensor({5, 3})), "[linear] input must be at least 1-D");
+  EXPECT_KILN_ERROR(linear(random_tensor({2, 3}), random_tensor({3})),
+                    "[linear] weight must be 2-D");
+  EXPECT_KILN_ERROR(linear(full({}, 1.0f), random_tensor({5, 3})),
+                    "[linear] input must be at least 1-D");
   EXPECT_KILN_ERROR(linear(random_tensor({2, 3}), random_tensor({5, 3}), random_tensor({4})),
                     "[linear] bias of shape [4] does not match out_features (5)");
-  EXPECT_KILN_ERROR(linear(random_tensor({2, 3}), random_tensor({5, 3}), random_tensor({5}, kDouble)),
-                    "[linear] expected bias to have the input's dtype float32, got float64");
+  EXPECT_KILN_ERROR(
+      linear(random_tensor({2, 3}), random_tensor({5, 3}), random_tensor({5}, kDouble)),
+      "[linear] expected bias to have the input's dtype float32, got float64");
   EXPECT_KILN_ERROR(linear(random_tensor({2, 3}, kDouble), random_tensor({5, 3})),
                     "[linear] expected both operands to have the same dtype");
   EXPECT_KILN_ERROR(dot(random_tensor({3}), random_tensor({4})),
