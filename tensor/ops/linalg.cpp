@@ -145,8 +145,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   // an expanded view (batch stride 0), which reshape keeps as a view when its batch dims merge.
   const Tensor a3 = da == 1 ? a.unsqueeze(0) : a;  // [..., n, k]
   const Tensor b3 = db == 1 ? b.unsqueeze(1) : b;  // [..., k, p]
-  const IntArrayRef a_batch = a3.sizes().first(a3.dim() - 2);
-  const IntArrayRef b_batch = b3.sizes().first(b3.dim() - 2);
+  const IntArrayRef a_batch = a3.sizes().subspan(0, a3.dim() - 2);
+  const IntArrayRef b_batch = b3.sizes().subspan(0, b3.dim() - 2);
   const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
   const int64_t n = a3.size(-2), p = b3.size(-1), nb = numel_of(batch);
   Shape a_sizes = batch, b_sizes = batch;
