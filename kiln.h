@@ -2,6 +2,7 @@
 // <torch/torch.h> does for libtorch.
 #pragma once
 
+#include "kernels/cuda/runtime.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
