@@ -71,7 +71,8 @@ struct SafetensorsTensorInfo {
 // share memory with each other (getting one key twice gives two views of the same bytes).
 class SafetensorsFile {
  public:
-  // Memory-maps `path` read-only (Linux/POSIX mmap).
+  // Opens `path` read-only and maps it (POSIX mmap, private: writes to loaded tensors copy
+  // the touched pages and never reach the file).
   explicit SafetensorsFile(const std::string& path);
   // Copies `bytes` into an owned buffer; `name` stands for the file name in errors.
   static SafetensorsFile from_bytes(std::string_view bytes, std::string name = "<memory>");
