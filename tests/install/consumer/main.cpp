@@ -6,21 +6,20 @@
 #include <kiln/kiln.h>
 
 int main() {
-  // [[0, 1, 2], [3, 4, 5]] viewed transposed: a strided view, copied back to row-major.
+  // a = [[0, 1, 2], [3, 4, 5]]; a a^T = [[5, 14], [14, 50]] (a strided view into a GEMM).
   const kiln::Tensor a = kiln::arange(6, kiln::kFloat).view({2, 3});
-  const kiln::Tensor at = a.t().contiguous();
-  std::cout << "a.t() = " << at << "\n";
-  // at[2][1] is a[1][2] = 5.
-  const double v = at[2][1].to(kiln::kDouble).item<double>();
-  if (kiln::shape_str(at.sizes()) != "[3, 2]" || v != 5.0) {
-    std::cerr << "kiln_consumer: wrong result " << v << " for shape "
-              << kiln::shape_str(at.sizes()) << "\n";
+  const kiln::Tensor g = a.matmul(a.t());
+  std::cout << "a @ a.t() = " << g << "\n";
+  const double total = g.sum().item<double>();
+  if (kiln::shape_str(g.sizes()) != "[2, 2]" || total != 83.0 || g[1][0].item<float>() != 14) {
+    std::cerr << "kiln_consumer: wrong result, sum " << total << " for shape "
+              << kiln::shape_str(g.sizes()) << "\n";
     return EXIT_FAILURE;
   }
   // Errors cross the library boundary as kiln::Error with the op's name.
   try {
-    (void)a.view({4, 2});
-    std::cerr << "kiln_consumer: expected kiln::Error from view\n";
+    (void)a.matmul(a);
+    std::cerr << "kiln_consumer: expected kiln::Error from matmul\n";
     return EXIT_FAILURE;
   } catch (const kiln::Error& e) {
     std::cout << "caught: " << e.what() << "\n";
