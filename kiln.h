@@ -2,6 +2,10 @@
 // <torch/torch.h> does for libtorch.
 #pragma once
 
+#include "autograd/engine.h"
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
+#include "autograd/gradcheck.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
