@@ -12,6 +12,7 @@
 #include "tensor/indexing.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
+#include "tensor/random.h"
 #include "tensor/scalar.h"
 #include "tensor/tensor.h"
 #include "tensor/tensor_data.h"

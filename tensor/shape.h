@@ -2,8 +2,12 @@
 // (contiguous strides, broadcasting, dim wrapping) that ops share.
 #pragma once
 
+#include <algorithm>
+#include <concepts>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
@@ -12,8 +16,58 @@ namespace kiln {
 
 // Sizes or strides, stored inline up to 5 dims (no allocation for typical tensors).
 using Shape = absl::InlinedVector<int64_t, 5>;
-// A read-only view of sizes passed to ops: accepts Shape, std::vector and {2, 3} literals.
-using IntArrayRef = absl::Span<const int64_t>;
+// A read-only view of sizes or dims passed to ops, as c10::IntArrayRef: accepts a Shape, a
+// std::vector, a {2, 3} literal, or a single integer (`t.view(-1)`, `t.sum(0)`). It does not
+// own its elements: like std::string_view, keep it only as long as what it points at.
+class IntArrayRef {
+ public:
+  using value_type = int64_t;
+  using const_iterator = const int64_t*;
+  using iterator = const int64_t*;
+
+  constexpr IntArrayRef() = default;
+  IntArrayRef(const int64_t& one) : data_(&one), size_(1) {}  // NOLINT: as c10::ArrayRef
+  constexpr IntArrayRef(const int64_t* data, size_t size) : data_(data), size_(size) {}
+  // The list lives until the end of the full expression that calls the op, as with
+  // c10::ArrayRef and std::span.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winit-list-lifetime"
+#endif
+  IntArrayRef(std::initializer_list<int64_t> list)  // NOLINT
+      : data_(list.begin()), size_(list.size()) {}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+  template <typename C>
+    requires requires(const C& c) {
+      { c.data() } -> std::convertible_to<const int64_t*>;
+      { c.size() } -> std::convertible_to<size_t>;
+    }
+  IntArrayRef(const C& c) : data_(c.data()), size_(c.size()) {}  // NOLINT: Shape, vector, Span
+
+  const int64_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const int64_t* begin() const { return data_; }
+  const int64_t* end() const { return data_ + size_; }
+  const int64_t& operator[](size_t i) const { return data_[i]; }
+  const int64_t& front() const { return data_[0]; }
+  const int64_t& back() const { return data_[size_ - 1]; }
+  IntArrayRef subspan(size_t pos, size_t len = static_cast<size_t>(-1)) const {
+    return IntArrayRef(data_ + pos, std::min(len, size_ - pos));
+  }
+  std::vector<int64_t> vec() const { return std::vector<int64_t>(begin(), end()); }
+  operator absl::Span<const int64_t>() const { return {data_, size_}; }  // NOLINT
+
+  friend bool operator==(IntArrayRef a, IntArrayRef b) {
+    return a.size_ == b.size_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+
+ private:
+  const int64_t* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 inline Shape to_shape(IntArrayRef s) { return Shape(s.begin(), s.end()); }
 // "[2, 3]"

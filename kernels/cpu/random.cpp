@@ -1,0 +1,347 @@
+// CPU kernels of the random ops. Each element's value depends only on (seed, offset, its
+// row-major index), through the mapping documented in tensor/random.h, so the results do not
+// depend on the thread count and match the CUDA kernels that follow the same table.
+#include "tensor/random.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/loops.h"
+#include "tensor/registry.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr double kTwoPi = 6.283185307179586;
+
+struct Stream {
+  uint64_t seed;
+  uint64_t offset;
+  philox::Words block(uint64_t b) const { return philox::block(seed, offset + b); }
+};
+
+// The seed and offset are the last two attributes of every random op.
+Stream stream_of(const OpCall& c) {
+  const size_t n = c.attrs.size();
+  return {static_cast<uint64_t>(c.attr<int64_t>(n - 2)),
+          static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
+}
+
+template <typename T>
+T from_int(int64_t v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v != 0;
+  } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// Walks the elements of a tensor in row-major order from a starting index, tracking the
+// element offset (in elements, not bytes) for any strides.
+class Cursor {
+ public:
+  Cursor(IntArrayRef sizes, IntArrayRef strides, int64_t start)
+      : sizes_(to_shape(sizes)), strides_(to_shape(strides)), idx_(sizes.size(), 0) {
+    for (int64_t d = static_cast<int64_t>(sizes_.size()) - 1; d >= 0; --d) {
+      idx_[d] = start % sizes_[d];
+      start /= sizes_[d];
+      offset_ += idx_[d] * strides_[d];
+    }
+  }
+  int64_t offset() const { return offset_; }
+  void next() {
+    for (int64_t d = static_cast<int64_t>(sizes_.size()) - 1; d >= 0; --d) {
+      if (++idx_[d] < sizes_[d]) {
+        offset_ += strides_[d];
+        return;
+      }
+      offset_ -= (sizes_[d] - 1) * strides_[d];
+      idx_[d] = 0;
+    }
+  }
+
+ private:
+  Shape sizes_, strides_, idx_;
+  int64_t offset_ = 0;
+};
+
+// Fills `out` (any strides) block by block: gen(block, vals, first_index, count) writes the
+// `count` (<= K) values of elements first_index.. of Philox block `block`. Blocks are split
+// across threads; every element's value depends on its index only.
+template <typename T, int K, typename Gen>
+void fill_blocks(const Tensor& out, Gen&& gen) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  T* base = out.data_ptr<T>();
+  const int64_t nblocks = (n + K - 1) / K;
+  const bool dense = out.is_contiguous();
+  internal::parallel_for(0, nblocks, internal::kGrainSize / K, [&](int64_t bb, int64_t be) {
+    T vals[K];
+    if (dense) {
+      for (int64_t b = bb; b < be; ++b) {
+        const int64_t i0 = b * K;
+        const int count = static_cast<int>(std::min<int64_t>(K, n - i0));
+        gen(b, vals, i0, count);
+        for (int k = 0; k < count; ++k) base[i0 + k] = vals[k];
+      }
+      return;
+    }
+    Cursor cur(out.sizes(), out.strides(), bb * K);
+    for (int64_t b = bb; b < be; ++b) {
+      const int64_t i0 = b * K;
+      const int count = static_cast<int>(std::min<int64_t>(K, n - i0));
+      gen(b, vals, i0, count);
+      for (int k = 0; k < count; ++k) {
+        base[cur.offset()] = vals[k];
+        cur.next();
+      }
+    }
+  });
+}
+
+void uniform_cpu(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const double from = c.attr<double>(0), to = c.attr<double>(1);
+  const Stream s = stream_of(c);
+  visit_floating(out.dtype(), "uniform_", [&]<typename T>(TypeTag<T>) {
+    if constexpr (std::is_same_v<T, double>) {
+      const double range = to - from;
+      fill_blocks<double, 2>(out, [&](int64_t b, double* v, int64_t, int count) {
+        const philox::Words w = s.block(static_cast<uint64_t>(b));
+        for (int k = 0; k < count; ++k) {
+          const double x = from + range * philox::uniform53(w.w[2 * k], w.w[2 * k + 1]);
+          v[k] = x >= to ? from : x;
+        }
+      });
+    } else {
+      const float from_f = static_cast<float>(from);
+      const float range = static_cast<float>(to - from);
+      const T from_t = T(from_f);
+      fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
+        const philox::Words w = s.block(static_cast<uint64_t>(b));
+        for (int k = 0; k < count; ++k) {
+          const T x = T(from_f + range * philox::uniform24(w.w[k]));
+          // Rounding to the dtype may reach `to`: wrap to `from`, as PyTorch's CUDA kernel.
+          v[k] = static_cast<double>(static_cast<float>(x)) >= to ? from_t : x;
+        }
+      });
+    }
+  });
+}
+
+void normal_cpu(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const double mean = c.attr<double>(0), stdev = c.attr<double>(1);
+  const Stream s = stream_of(c);
+  visit_floating(out.dtype(), "normal_", [&]<typename T>(TypeTag<T>) {
+    if constexpr (std::is_same_v<T, double>) {
+      fill_blocks<double, 2>(out, [&](int64_t b, double* v, int64_t, int count) {
+        const philox::Words w = s.block(static_cast<uint64_t>(b));
+        const double r = std::sqrt(-2.0 * std::log(philox::open53(w.w[0], w.w[1])));
+        const double t = kTwoPi * philox::uniform53(w.w[2], w.w[3]);
+        v[0] = mean + stdev * (r * std::cos(t));
+        if (count > 1) v[1] = mean + stdev * (r * std::sin(t));
+      });
+    } else {
+      const float mean_f = static_cast<float>(mean), std_f = static_cast<float>(stdev);
+      fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
+        const philox::Words w = s.block(static_cast<uint64_t>(b));
+        float z[4];
+        for (int pair = 0; pair < 2; ++pair) {
+          const float r = std::sqrt(-2.0f * std::log(philox::open24(w.w[2 * pair])));
+          const float t = static_cast<float>(kTwoPi) * philox::uniform24(w.w[2 * pair + 1]);
+          z[2 * pair] = r * std::cos(t);
+          z[2 * pair + 1] = r * std::sin(t);
+        }
+        for (int k = 0; k < count; ++k) v[k] = T(mean_f + std_f * z[k]);
+      });
+    }
+  });
+}
+
+void random_cpu(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const int64_t low = c.attr<int64_t>(0), high = c.attr<int64_t>(1);
+  const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  const Stream s = stream_of(c);
+  // low + x mod range, in unsigned arithmetic so that the full int64 range does not overflow.
+  auto value = [low, range](uint64_t x) {
+    return static_cast<int64_t>(static_cast<uint64_t>(low) + x % range);
+  };
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    if (range <= (uint64_t{1} << 32)) {
+      fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
+        const philox::Words w = s.block(static_cast<uint64_t>(b));
+        for (int k = 0; k < count; ++k) v[k] = from_int<T>(value(w.w[k]));
+      });
+    } else {
+      fill_blocks<T, 2>(out, [&](int64_t b, T* v, int64_t, int count) {
+        const philox::Words w = s.block(static_cast<uint64_t>(b));
+        for (int k = 0; k < count; ++k) {
+          v[k] = from_int<T>(value(philox::bits64(w.w[2 * k], w.w[2 * k + 1])));
+        }
+      });
+    }
+  });
+}
+
+void bernoulli_cpu(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const Stream s = stream_of(c);
+  if (c.inputs.size() == 1) {
+    const double p = c.attr<double>(0);
+    visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+      const T one = from_int<T>(1), zero = from_int<T>(0);
+      fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
+        const philox::Words w = s.block(static_cast<uint64_t>(b));
+        for (int k = 0; k < count; ++k) v[k] = philox::uniform32(w.w[k]) < p ? one : zero;
+      });
+    });
+    return;
+  }
+  // Probabilities per element: read p (broadcast to out's shape) as double, checking range.
+  const Tensor& p = c.input(1);
+  KILN_CHECK(p.is_cpu(), "[bernoulli_] expected probabilities on cpu, got ", p.device().str());
+  const int64_t n = out.numel();
+  std::vector<double> probs(static_cast<size_t>(n));
+  visit_floating(p.dtype(), "bernoulli_", [&]<typename P>(TypeTag<P>) {
+    const P* pp = p.data_ptr<P>();
+    Shape strides = broadcast_byte_strides(p, out.sizes());
+    for (int64_t& st : strides) st /= static_cast<int64_t>(sizeof(P));
+    Cursor cur(out.sizes(), strides, 0);
+    for (int64_t i = 0; i < n; ++i, cur.next()) {
+      const double q = static_cast<double>(static_cast<opmath_t<P>>(pp[cur.offset()]));
+      KILN_CHECK(q >= 0.0 && q <= 1.0, "[bernoulli_] expected all probabilities in [0, 1], got ", q,
+                 " at element ", i);
+      probs[static_cast<size_t>(i)] = q;
+    }
+  });
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    const T one = from_int<T>(1), zero = from_int<T>(0);
+    fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t i0, int count) {
+      const philox::Words w = s.block(static_cast<uint64_t>(b));
+      for (int k = 0; k < count; ++k) {
+        v[k] = philox::uniform32(w.w[k]) < probs[static_cast<size_t>(i0 + k)] ? one : zero;
+      }
+    });
+  });
+}
+
+// Draw j's 53-bit uniform: word pair j % 2 of block j / 2.
+double uniform_draw(const Stream& s, int64_t j, bool open) {
+  const philox::Words w = s.block(static_cast<uint64_t>(j / 2));
+  const int k = static_cast<int>(j % 2);
+  return open ? philox::open53(w.w[2 * k], w.w[2 * k + 1])
+              : philox::uniform53(w.w[2 * k], w.w[2 * k + 1]);
+}
+
+void multinomial_cpu(OpCall& c) {
+  const Tensor& probs = c.input(0);
+  const Tensor& out = c.outputs[0];
+  const int64_t num_samples = c.attr<int64_t>(0);
+  const bool replacement = c.attr<bool>(1);
+  const Stream s = stream_of(c);
+  const bool batched = probs.dim() == 2;
+  const int64_t rows = batched ? probs.size(0) : 1;
+  const int64_t cats = probs.size(-1);
+  const int64_t row_stride = batched ? probs.stride(0) : 0;
+  const int64_t cat_stride = probs.stride(-1);
+  int64_t* dst = out.data_ptr<int64_t>();
+  visit_floating(probs.dtype(), "multinomial", [&]<typename P>(TypeTag<P>) {
+    const P* src = probs.data_ptr<P>();
+    const int64_t grain = std::max<int64_t>(1, internal::kGrainSize / std::max(cats, num_samples));
+    internal::parallel_for(0, rows, grain, [&](int64_t rb, int64_t re) {
+      std::vector<double> pv(static_cast<size_t>(cats)), cdf(static_cast<size_t>(cats));
+      std::vector<std::pair<double, int64_t>> scores;
+      for (int64_t r = rb; r < re; ++r) {
+        double total = 0;
+        int64_t positive = 0, last_positive = 0;
+        for (int64_t k = 0; k < cats; ++k) {
+          const double q =
+              static_cast<double>(static_cast<opmath_t<P>>(src[r * row_stride + k * cat_stride]));
+          KILN_CHECK(std::isfinite(q) && q >= 0.0,
+                     "[multinomial] probability tensor contains either inf, nan or element < 0");
+          if (q > 0) {
+            ++positive;
+            last_positive = k;
+          }
+          total += q;
+          pv[static_cast<size_t>(k)] = q;
+          cdf[static_cast<size_t>(k)] = total;
+        }
+        KILN_CHECK(total > 0.0,
+                   "[multinomial] invalid multinomial distribution (sum of "
+                   "probabilities <= 0) in row ",
+                   r);
+        int64_t* row_out = dst + r * num_samples;
+        if (replacement) {
+          for (int64_t smp = 0; smp < num_samples; ++smp) {
+            const double target = uniform_draw(s, r * num_samples + smp, false) * total;
+            const int64_t k = std::upper_bound(cdf.begin(), cdf.end(), target) - cdf.begin();
+            row_out[smp] = std::min(k, last_positive);
+          }
+          continue;
+        }
+        KILN_CHECK(positive >= num_samples,
+                   "[multinomial] invalid multinomial distribution "
+                   "(with replacement=False, not enough non-negative category to sample): ",
+                   positive, " categories with nonzero probability, ", num_samples, " samples");
+        // Sampling without replacement: the categories with the largest p / Exp(1) keys, in
+        // order, have the distribution of successive draws without replacement.
+        scores.clear();
+        for (int64_t k = 0; k < cats; ++k) {
+          const double q = pv[static_cast<size_t>(k)];
+          if (q == 0.0) continue;  // never drawn
+          const double e = -std::log(uniform_draw(s, r * cats + k, true));
+          scores.emplace_back(q / e, k);
+        }
+        auto better = [](const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& b) {
+          return a.first > b.first || (a.first == b.first && a.second < b.second);
+        };
+        std::partial_sort(scores.begin(), scores.begin() + num_samples, scores.end(), better);
+        for (int64_t smp = 0; smp < num_samples; ++smp) {
+          row_out[smp] = scores[static_cast<size_t>(smp)].second;
+        }
+      }
+    });
+  });
+}
+
+void randperm_cpu(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const int64_t n = out.numel();
+  const Stream s = stream_of(c);
+  std::vector<uint64_t> keys(static_cast<size_t>(n));
+  internal::parallel_for(0, (n + 1) / 2, internal::kGrainSize / 2, [&](int64_t bb, int64_t be) {
+    for (int64_t b = bb; b < be; ++b) {
+      const philox::Words w = s.block(static_cast<uint64_t>(b));
+      keys[static_cast<size_t>(2 * b)] = philox::bits64(w.w[0], w.w[1]);
+      if (2 * b + 1 < n) keys[static_cast<size_t>(2 * b + 1)] = philox::bits64(w.w[2], w.w[3]);
+    }
+  });
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const uint64_t ka = keys[static_cast<size_t>(a)], kb = keys[static_cast<size_t>(b)];
+    return ka < kb || (ka == kb && a < b);
+  });
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    T* p = out.data_ptr<T>();
+    for (int64_t i = 0; i < n; ++i) p[i] = from_int<T>(order[static_cast<size_t>(i)]);
+  });
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(uniform_, kCPU, uniform_cpu);
+KILN_REGISTER_KERNEL(normal_, kCPU, normal_cpu);
+KILN_REGISTER_KERNEL(random_, kCPU, random_cpu);
+KILN_REGISTER_KERNEL(bernoulli_, kCPU, bernoulli_cpu);
+KILN_REGISTER_KERNEL(multinomial, kCPU, multinomial_cpu);
+KILN_REGISTER_KERNEL(randperm, kCPU, randperm_cpu);
+
+}  // namespace kiln::cpu
