@@ -284,14 +284,7 @@ class Tensor {
   Tensor sum(std::optional<ScalarType> dtype = std::nullopt) const;
   Tensor sum(IntArrayRef dims, bool keepdim = false,
              std::optional<ScalarType> dtype = std::nullopt) const;
-  // One dim, as libtorch's `t.sum(0)`.
-  Tensor sum(int64_t dim, bool keepdim = false, std::optional<ScalarType> dtype = std::nullopt) const {
-    return sum(IntArrayRef{dim}, keepdim, dtype);
-  }
   Tensor mean(std::optional<ScalarType> dtype = std::nullopt) const;
-  Tensor mean(int64_t dim, bool keepdim = false, std::optional<ScalarType> dtype = std::nullopt) const {
-    return mean(IntArrayRef{dim}, keepdim, dtype);
-  }
   Tensor mean(IntArrayRef dims, bool keepdim = false,
               std::optional<ScalarType> dtype = std::nullopt) const;
   Tensor prod(std::optional<ScalarType> dtype = std::nullopt) const;
