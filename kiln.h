@@ -6,6 +6,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
+#include "kernels/cuda/runtime.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"

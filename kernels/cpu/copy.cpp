@@ -32,15 +32,28 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
 
 namespace {
 
+// to_copy runs on the source's device and copy_ on the destination's, so a copy between the
+// CPU and a GPU can land here: the other device's kernel of the same op does it.
+void run_on_other_device(OpCall& c, Device other, std::string_view op, const std::string& what) {
+  const KernelFn kernel = c.op->kernels[static_cast<int>(other.type())];
+  KILN_CHECK(kernel != nullptr, "[", op, "] copying ", what, " needs the ",
+             device_type_name(other.type()), " backend");
+  kernel(c);
+}
+
 void to_copy_cpu(OpCall& c) {
-  KILN_CHECK(c.outputs[0].is_cpu(), "[to] copying from cpu to ", c.outputs[0].device().str(),
-             " needs the CUDA backend");
+  if (!c.outputs[0].is_cpu()) {
+    return run_on_other_device(c, c.outputs[0].device(), "to",
+                               "from cpu to " + c.outputs[0].device().str());
+  }
   copy_elements(c.outputs[0], c.input(0));
 }
 
 void copy_cpu(OpCall& c) {
-  KILN_CHECK(c.input(1).is_cpu(), "[copy_] copying from ", c.input(1).device().str(),
-             " into a cpu tensor needs the CUDA backend");
+  if (!c.input(1).is_cpu()) {
+    return run_on_other_device(c, c.input(1).device(), "copy_",
+                               "from " + c.input(1).device().str() + " into a cpu tensor");
+  }
   copy_elements(c.input(0), c.input(1));
 }
 

@@ -1,0 +1,307 @@
+// CUDA kernels for copies between dtypes, layouts and devices (to_copy, copy_) and for fill_.
+//
+// Same dtype and contiguous on both sides: one cudaMemcpyAsync, host<->device or
+// device<->device. Anything else runs one strided kernel on a GPU, dst[i] = convert(src[i])
+// with src broadcast to dst's shape and both sides strided. A copy that also changes device
+// converts where the data is when the source is a GPU (so only the result's bytes cross), and
+// otherwise moves the source's bytes as they are and converts on the destination GPU.
+// Conversions round exactly as the CPU kernels do (the same Half/BFloat16 code runs on the GPU).
+//
+// Copies that touch the host wait for the device (like PyTorch's blocking copies); copies
+// between GPUs are ordered against both devices' streams with events.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cuda/check.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kMaxDims = 16;
+constexpr int kThreads = 256;
+
+// The index arithmetic of a loop over `sizes` for N operands (strides in elements), after
+// dropping size-1 dims and merging dims that are contiguous for every operand.
+template <int N>
+struct Geometry {
+  int ndim = 0;
+  int64_t sizes[kMaxDims];
+  int64_t strides[N][kMaxDims];
+};
+
+template <int N>
+Geometry<N> make_geometry(IntArrayRef sizes, const std::array<Shape, N>& strides, const char* op) {
+  Geometry<N> g;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    bool merge = g.ndim > 0;
+    for (int k = 0; k < N && merge; ++k) {
+      merge = g.strides[k][g.ndim - 1] == strides[k][d] * sizes[d];
+    }
+    if (merge) {
+      g.sizes[g.ndim - 1] *= sizes[d];
+      for (int k = 0; k < N; ++k) g.strides[k][g.ndim - 1] = strides[k][d];
+      continue;
+    }
+    KILN_CHECK(g.ndim < kMaxDims, "[", op, "] the CUDA kernel handles at most ", kMaxDims,
+               " non-mergeable dimensions, got shape ", shape_str(sizes));
+    g.sizes[g.ndim] = sizes[d];
+    for (int k = 0; k < N; ++k) g.strides[k][g.ndim] = strides[k][d];
+    ++g.ndim;
+  }
+  return g;
+}
+
+// Element offsets of linear index i (row-major over the geometry's sizes) for each operand.
+template <int N>
+__device__ __forceinline__ void offsets(const Geometry<N>& g, int64_t i, int64_t (&off)[N]) {
+  for (int k = 0; k < N; ++k) off[k] = 0;
+  if (g.ndim == 1) {
+    for (int k = 0; k < N; ++k) off[k] = i * g.strides[k][0];
+    return;
+  }
+  for (int d = g.ndim - 1; d >= 0; --d) {
+    const int64_t size = g.sizes[d];
+    const int64_t idx = i % size;
+    i /= size;
+    for (int k = 0; k < N; ++k) off[k] += idx * g.strides[k][d];
+  }
+}
+
+// The conversion of kernels/cpu/copy.cpp, element by element.
+template <typename D, typename S>
+__device__ __forceinline__ D convert(S v) {
+  if constexpr (std::is_same_v<D, bool>) {
+    return static_cast<float>(v) != 0.0f;
+  } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
+    return D(static_cast<float>(v));
+  } else {
+    return static_cast<D>(static_cast<opmath_t<S>>(v));
+  }
+}
+
+template <typename D, typename S>
+__global__ void convert_kernel(D* dst, const S* src, int64_t n, Geometry<2> g) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t off[2];
+    offsets(g, i, off);
+    dst[off[0]] = convert<D, S>(src[off[1]]);
+  }
+}
+
+// Fills with a bit pattern of the element's width (T is an unsigned integer of that width).
+template <typename T>
+__global__ void fill_kernel(T* dst, T bits, int64_t n, Geometry<1> g) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t off[1];
+    offsets(g, i, off);
+    dst[off[0]] = bits;
+  }
+}
+
+unsigned int blocks_for(int64_t n) {
+  // Grid-stride loops: a few hundred thousand threads keep the GPU busy; more add nothing.
+  return static_cast<unsigned int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 16));
+}
+
+// t's strides (in elements) when read as if broadcast to `sizes`.
+Shape broadcast_strides(const Tensor& t, IntArrayRef sizes) {
+  Shape out(sizes.size(), 0);
+  const size_t lead = sizes.size() - static_cast<size_t>(t.dim());
+  for (size_t d = 0; d < static_cast<size_t>(t.dim()); ++d) {
+    out[lead + d] = t.sizes()[d] == 1 ? 0 : t.strides()[d];
+  }
+  return out;
+}
+
+// Same dtype, sizes and contiguous on both sides: the bytes can be moved as they are.
+bool bytewise(const Tensor& dst, const Tensor& src) {
+  return dst.dtype() == src.dtype() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
+         src.is_contiguous();
+}
+
+// dst = convert(broadcast(src)); both on the same GPU.
+void convert_on_device(const Tensor& dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  DeviceGuard guard(dst.device().index());
+  const cudaStream_t stream = current_stream();
+  if (bytewise(dst, src)) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(),
+                                    cudaMemcpyDeviceToDevice, stream));
+    internal::sync_if_debug("cudaMemcpyAsync (device to device)", __FILE__, __LINE__);
+    return;
+  }
+  const Geometry<2> g = make_geometry<2>(
+      dst.sizes(), {to_shape(dst.strides()), broadcast_strides(src, dst.sizes())}, "copy_");
+  visit_dtype(dst.dtype(), [&]<typename D>(TypeTag<D>) {
+    visit_dtype(src.dtype(), [&]<typename S>(TypeTag<S>) {
+      convert_kernel<D, S><<<blocks_for(n), kThreads, 0, stream>>>(
+          static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()), n, g);
+      KILN_CUDA_LAUNCH_CHECK("convert_kernel");
+    });
+  });
+}
+
+// An event that is destroyed with its scope (destroying a pending event is allowed).
+class Event {
+ public:
+  Event() { KILN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() { (void)cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Moves the bytes of src into dst: same dtype and sizes, both contiguous, different devices.
+void transfer(const Tensor& dst, const Tensor& src) {
+  const size_t nbytes = dst.nbytes();
+  if (nbytes == 0) return;
+  if (dst.is_cuda() && src.is_cuda()) {
+    // Between GPUs: the copy runs on the source's stream after the destination's queued work,
+    // and the destination's later work waits for it.
+    const int di = dst.device().index(), si = src.device().index();
+    DeviceGuard to_dst(di);
+    Event dst_ready;
+    KILN_CUDA_CHECK(cudaEventRecord(dst_ready.get(), current_stream()));
+    {
+      DeviceGuard to_src(si);
+      Event copied;
+      KILN_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), dst_ready.get(), 0));
+      KILN_CUDA_CHECK(
+          cudaMemcpyPeerAsync(dst.data_ptr(), di, src.data_ptr(), si, nbytes, current_stream()));
+      KILN_CUDA_CHECK(cudaEventRecord(copied.get(), current_stream()));
+      DeviceGuard back_to_dst(di);
+      KILN_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), copied.get(), 0));
+    }
+    internal::sync_if_debug("cudaMemcpyPeerAsync", __FILE__, __LINE__);
+    return;
+  }
+  DeviceGuard guard((dst.is_cuda() ? dst : src).device().index());
+  const cudaStream_t stream = current_stream();
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, cudaMemcpyDefault, stream));
+  // The host side is ordinary (pageable) memory that the caller may read or free as soon as
+  // the copy returns.
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// dst = convert(broadcast(src)) with both on the CPU, through the CPU kernel (not the
+// dispatcher: this is already inside a kernel).
+void copy_on_cpu(const Tensor& dst, const Tensor& src) {
+  static const OpDef& op = KILN_OP(copy_);
+  const KernelFn kernel = op.kernels[static_cast<int>(kCPU)];
+  KILN_CHECK(kernel != nullptr, "[copy_] the CPU kernel is not registered");
+  OpCall call;
+  call.op = &op;
+  call.inputs = {dst, src};
+  kernel(call);
+}
+
+Tensor empty_on(IntArrayRef sizes, ScalarType dtype, Device device) {
+  return empty(sizes, TensorOptions(dtype).device(device));
+}
+
+// dst = convert(broadcast(src)) where at least one side is a GPU.
+void copy_tensor(const Tensor& dst, const Tensor& src, const char* op) {
+  if (dst.numel() == 0 || dst.is_meta()) return;  // a meta tensor carries no data
+  KILN_CHECK(!src.is_meta(), "[", op, "] cannot copy from a meta tensor into ", dst.device().str(),
+             ": it has no data");
+  if (dst.device() == src.device()) {
+    convert_on_device(dst, src);
+    return;
+  }
+  if (bytewise(dst, src)) {
+    transfer(dst, src);
+    return;
+  }
+  if (src.is_cuda() &&
+      !(src.dtype() == dst.dtype() && src.sizes() == dst.sizes() && src.is_contiguous())) {
+    Tensor staged = empty_on(dst.sizes(), dst.dtype(), src.device());
+    convert_on_device(staged, src);
+    copy_tensor(dst, staged, op);
+    return;
+  }
+  // src is on the CPU, or already has dst's dtype and sizes: move its bytes as they are, then
+  // lay them out (and convert, broadcast) on dst's device.
+  Tensor packed = src;
+  if (!src.is_contiguous()) {
+    packed = empty_on(src.sizes(), src.dtype(), src.device());
+    copy_on_cpu(packed, src);
+  }
+  Tensor landed = empty_on(src.sizes(), src.dtype(), dst.device());
+  transfer(landed, packed);
+  if (dst.is_cuda()) {
+    convert_on_device(dst, landed);
+  } else {
+    copy_on_cpu(dst, landed);
+  }
+}
+
+void fill(const Tensor& t, const Scalar& value) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  uint64_t bits = 0;
+  const size_t width = t.element_size();
+  visit_dtype(t.dtype(), [&]<typename T>(TypeTag<T>) {
+    const T v = value.to<T>();
+    std::memcpy(&bits, &v, sizeof(T));
+  });
+  DeviceGuard guard(t.device().index());
+  const cudaStream_t stream = current_stream();
+  bool uniform_bytes = true;
+  for (size_t b = 1; b < width; ++b) {
+    uniform_bytes = uniform_bytes && ((bits >> (8 * b)) & 0xff) == (bits & 0xff);
+  }
+  if (t.is_contiguous() && uniform_bytes) {  // zeros, all-ones bits, any bool or 1-byte value
+    KILN_CUDA_CHECK(
+        cudaMemsetAsync(t.data_ptr(), static_cast<int>(bits & 0xff), t.nbytes(), stream));
+    internal::sync_if_debug("cudaMemsetAsync", __FILE__, __LINE__);
+    return;
+  }
+  const Geometry<1> g = make_geometry<1>(t.sizes(), {to_shape(t.strides())}, "fill_");
+  auto launch = [&]<typename U>(TypeTag<U>) {
+    fill_kernel<U><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<U*>(t.data_ptr()),
+                                                           static_cast<U>(bits), n, g);
+    KILN_CUDA_LAUNCH_CHECK("fill_kernel");
+  };
+  switch (width) {
+    case 1:
+      launch(TypeTag<uint8_t>{});
+      break;
+    case 2:
+      launch(TypeTag<uint16_t>{});
+      break;
+    case 4:
+      launch(TypeTag<uint32_t>{});
+      break;
+    case 8:
+      launch(TypeTag<uint64_t>{});
+      break;
+    default:
+      KILN_FAIL("[fill_] unexpected element size ", width);
+  }
+}
+
+void to_copy_cuda(OpCall& c) { copy_tensor(c.outputs[0], c.input(0), "to"); }
+void copy_cuda(OpCall& c) { copy_tensor(c.input(0), c.input(1), "copy_"); }
+void fill_cuda(OpCall& c) { fill(c.input(0), c.attr<Scalar>(0)); }
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(to_copy, kCUDA, to_copy_cuda);
+KILN_REGISTER_KERNEL(copy_, kCUDA, copy_cuda);
+KILN_REGISTER_KERNEL(fill_, kCUDA, fill_cuda);
+
+}  // namespace kiln::cuda
