@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/cuda/runtime.h"
+#include "nn/safetensors.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
