@@ -1,0 +1,175 @@
+// CPU micro-benchmarks of the eager tensor library, each beside its yardstick in the same
+// binary: dispatch overhead of an op on a 1-element tensor, elementwise and reduction
+// bandwidth against memcpy of the same bytes, matmul against Eigen called directly.
+//
+//   build/benchmarks/kiln_bench --benchmark_min_time=0.2
+//   build/benchmarks/kiln_bench --benchmark_filter='Matmul' --benchmark_min_time=0.2
+//
+// Bandwidth benchmarks count bytes read + written (bytes_per_second is comparable across
+// them); matmul reports FLOP/s. The last argument of the threaded benchmarks is the thread count
+// (kiln::set_num_threads, which also sets Eigen's). Results: benchmarks/RESULTS.md.
+#include <benchmark/benchmark.h>
+#include <kiln/kiln.h>
+#include <omp.h>
+
+#include <Eigen/Core>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t k16M = int64_t{1} << 24;
+constexpr int64_t kFloatBytes = sizeof(float);
+
+void set_threads(const benchmark::State& state, int arg) {
+  kiln::set_num_threads(static_cast<int>(state.range(arg)));
+}
+
+// --- Dispatch overhead: the whole eager path (registry, meta, allocation, kernel) -----------
+
+void BM_DispatchAdd1(benchmark::State& state) {
+  const kiln::Tensor a = kiln::full({1}, 1.0f), b = kiln::full({1}, 2.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::add(a, b));
+}
+BENCHMARK(BM_DispatchAdd1);
+
+void BM_DispatchView1(benchmark::State& state) {
+  const kiln::Tensor a = kiln::full({1}, 1.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(a.view({1, 1}));
+}
+BENCHMARK(BM_DispatchView1);
+
+void BM_DispatchMm1(benchmark::State& state) {
+  const kiln::Tensor a = kiln::full({1, 1}, 1.0f), b = kiln::full({1, 1}, 2.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::mm(a, b));
+}
+BENCHMARK(BM_DispatchMm1);
+
+// --- Bandwidth over 16M f32 (64 MiB per operand) ---------------------------------------------
+
+// The yardstick: memcpy of one 16M-float buffer (64 MiB read + 64 MiB written), split into
+// one contiguous chunk per thread.
+void BM_Memcpy16M(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  std::vector<float> src(k16M, 1.0f), dst(k16M, 0.0f);
+  const int64_t chunk = k16M / threads;
+  for (auto _ : state) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; ++t) {
+      std::memcpy(dst.data() + t * chunk, src.data() + t * chunk, chunk * kFloatBytes);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * k16M * kFloatBytes);
+}
+BENCHMARK(BM_Memcpy16M)->Arg(1)->Arg(2)->UseRealTime();
+
+// out = a + b: 2 reads + 1 write. Allocates its output each call, as eager code does.
+void BM_Add16M(benchmark::State& state) {
+  set_threads(state, 0);
+  const kiln::Tensor a = kiln::full({k16M}, 1.0f), b = kiln::full({k16M}, 2.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::add(a, b));
+  state.SetBytesProcessed(state.iterations() * 3 * k16M * kFloatBytes);
+}
+BENCHMARK(BM_Add16M)->Arg(1)->Arg(2)->UseRealTime();
+
+// a += b: the same traffic without the allocation (isolates the loop from page faults of a
+// fresh 64 MiB output).
+void BM_AddInplace16M(benchmark::State& state) {
+  set_threads(state, 0);
+  kiln::Tensor a = kiln::full({k16M}, 1.0f);
+  const kiln::Tensor b = kiln::full({k16M}, 0.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(a.add_(b));
+  state.SetBytesProcessed(state.iterations() * 3 * k16M * kFloatBytes);
+}
+BENCHMARK(BM_AddInplace16M)->Arg(1)->Arg(2)->UseRealTime();
+
+// out = exp(a): 1 read + 1 write.
+void BM_Exp16M(benchmark::State& state) {
+  set_threads(state, 0);
+  const kiln::Tensor a = kiln::full({k16M}, 0.5f);
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::exp(a));
+  state.SetBytesProcessed(state.iterations() * 2 * k16M * kFloatBytes);
+}
+BENCHMARK(BM_Exp16M)->Arg(1)->Arg(2)->UseRealTime();
+
+// out = -a: 1 read + 1 write, no math: the unary loop at memory speed.
+void BM_Neg16M(benchmark::State& state) {
+  set_threads(state, 0);
+  const kiln::Tensor a = kiln::full({k16M}, 0.5f);
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::neg(a));
+  state.SetBytesProcessed(state.iterations() * 2 * k16M * kFloatBytes);
+}
+BENCHMARK(BM_Neg16M)->Arg(1)->Arg(2)->UseRealTime();
+
+// --- Reductions over 16M f32 (bytes read; the outputs are tiny) -------------------------------
+
+void BM_SumAll16M(benchmark::State& state) {
+  set_threads(state, 0);
+  const kiln::Tensor a = kiln::full({k16M}, 1.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(a.sum());
+  state.SetBytesProcessed(state.iterations() * k16M * kFloatBytes);
+}
+BENCHMARK(BM_SumAll16M)->Arg(1)->Arg(2)->UseRealTime();
+
+// Row-wise: [4096, 4096] summed over the last dim (contiguous rows).
+void BM_SumRows16M(benchmark::State& state) {
+  set_threads(state, 0);
+  const kiln::Tensor a = kiln::full({4096, 4096}, 1.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(a.sum({1}));
+  state.SetBytesProcessed(state.iterations() * (k16M + 4096) * kFloatBytes);
+}
+BENCHMARK(BM_SumRows16M)->Arg(1)->Arg(2)->UseRealTime();
+
+// --- Matmul: kiln::matmul against Eigen on the same row-major data -----------------------------
+
+void set_flops(benchmark::State& state, int64_t n) {
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(n * n * n),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: {n, threads}. Multiplies [n, n] @ [n, n] f32, allocating the output per call.
+void BM_KilnMatmul(benchmark::State& state) {
+  set_threads(state, 1);
+  const int64_t n = state.range(0);
+  const kiln::Tensor a = kiln::full({n, n}, 0.5f), b = kiln::full({n, n}, 0.25f);
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::matmul(a, b));
+  set_flops(state, n);
+}
+
+// Eigen directly: row-major maps over the same kind of buffers, C.noalias() = A * B.
+void BM_EigenMatmul(benchmark::State& state) {
+  set_threads(state, 1);
+  const int64_t n = state.range(0);
+  using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  Eigen::Map<const RowMajor> A(a.data(), n, n), B(b.data(), n, n);
+  Eigen::Map<RowMajor> C(c.data(), n, n);
+  for (auto _ : state) {
+    C.noalias() = A * B;
+    benchmark::ClobberMemory();
+  }
+  set_flops(state, n);
+}
+
+void matmul_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n", "threads"});
+  for (int64_t n : {1024, 2048}) {
+    for (int64_t t : {1, 2}) b->Args({n, t});
+  }
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_KilnMatmul)->Apply(matmul_args);
+BENCHMARK(BM_EigenMatmul)->Apply(matmul_args);
+
+// Batch dims folded into one GEMM: [8, 512, 1024] @ [1024, 1024] (a linear layer's shape).
+void BM_KilnMatmulFolded(benchmark::State& state) {
+  set_threads(state, 0);
+  const kiln::Tensor x = kiln::full({8, 512, 1024}, 0.5f), w = kiln::full({1024, 1024}, 0.25f);
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::matmul(x, w));
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * 4096 * 1024 * 1024, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_KilnMatmulFolded)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace

@@ -1,0 +1,198 @@
+// Linear algebra: mm, bmm and addmm are the registry ops (on the CPU each matrix product is one
+// Eigen GEMM, kernels/cpu/linalg.cpp); matmul, linear, outer and dot are compositions of them
+// with views, so autograd and the compiler only need rules for the three primitives.
+//
+// No operand is copied unless a view cannot express it: transposed operands are read in place,
+// the batch dims of a left operand that can be viewed as [rows, k] fold into the GEMM's M
+// ([B, T, K] @ [K, N] is one GEMM), and a broadcast operand of a batched product is an
+// expanded view (batch stride 0) that bmm reads without materialising.
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+
+namespace kiln {
+namespace {
+
+// The checks every product shares: same dtype (PyTorch does not promote here) and a dtype the
+// GEMM supports.
+void check_operand_dtypes(const char* op, const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.dtype() == b.dtype(), "[", op,
+             "] expected both operands to have the same dtype, got ", dtype_name(a.dtype()),
+             " and ", dtype_name(b.dtype()));
+  KILN_CHECK(a.dtype() != kBool, "[", op, "] is not implemented for bool tensors");
+}
+
+void check_inner(const char* op, const Tensor& a, const Tensor& b, int64_t ka, int64_t kb) {
+  KILN_CHECK(ka == kb, "[", op, "] shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()),
+             " cannot be multiplied");
+}
+
+void check_dims(const char* op, const Tensor& a, const Tensor& b, int64_t want) {
+  KILN_CHECK(a.dim() == want && b.dim() == want, "[", op, "] expected ", want, "-D tensors, got ",
+             a.dim(), "-D and ", b.dim(), "-D (shapes ", shape_str(a.sizes()), " and ",
+             shape_str(b.sizes()), ")");
+}
+
+SpecList mm_meta(const OpCall& c) {
+  const Tensor& a = c.input(0);
+  const Tensor& b = c.input(1);
+  check_dims("mm", a, b, 2);
+  check_operand_dtypes("mm", a, b);
+  check_inner("mm", a, b, a.size(1), b.size(0));
+  return {{Shape{a.size(0), b.size(1)}, a.dtype(), a.device()}};
+}
+
+SpecList bmm_meta(const OpCall& c) {
+  const Tensor& a = c.input(0);
+  const Tensor& b = c.input(1);
+  check_dims("bmm", a, b, 3);
+  check_operand_dtypes("bmm", a, b);
+  KILN_CHECK(a.size(0) == b.size(0), "[bmm] batch sizes of ", shape_str(a.sizes()), " and ",
+             shape_str(b.sizes()), " do not match");
+  check_inner("bmm", a, b, a.size(2), b.size(1));
+  return {{Shape{a.size(0), a.size(1), b.size(2)}, a.dtype(), a.device()}};
+}
+
+// addmm(self, mat1, mat2; beta, alpha) = beta * self + alpha * (mat1 @ mat2), self broadcast.
+SpecList addmm_meta(const OpCall& c) {
+  const Tensor& self = c.input(0);
+  const Tensor& a = c.input(1);
+  const Tensor& b = c.input(2);
+  check_dims("addmm", a, b, 2);
+  check_operand_dtypes("addmm", a, b);
+  KILN_CHECK(self.dtype() == a.dtype(), "[addmm] expected self to have the operands' dtype ",
+             dtype_name(a.dtype()), ", got ", dtype_name(self.dtype()));
+  check_inner("addmm", a, b, a.size(1), b.size(0));
+  const Shape out{a.size(0), b.size(1)};
+  bool broadcasts = self.dim() <= 2;
+  for (int64_t d = 0; broadcasts && d < self.dim(); ++d) {
+    const int64_t s = self.size(d), want = out[2 - self.dim() + d];
+    broadcasts = s == want || s == 1;
+  }
+  KILN_CHECK(broadcasts, "[addmm] self of shape ", shape_str(self.sizes()),
+             " cannot be broadcast to ", shape_str(out));
+  if (is_integral(a.dtype(), /*include_bool=*/false)) {
+    KILN_CHECK(!c.attr<Scalar>(0).is_floating_point() && !c.attr<Scalar>(1).is_floating_point(),
+               "[addmm] for integral tensors, beta and alpha must not be floating-point numbers");
+  }
+  return {{out, a.dtype(), a.device()}};
+}
+
+}  // namespace
+
+KILN_DEFINE_OP(mm, OpKind::kFunctional, mm_meta);
+KILN_DEFINE_OP(bmm, OpKind::kFunctional, bmm_meta);
+KILN_DEFINE_OP(addmm, OpKind::kFunctional, addmm_meta);
+
+Tensor mm(const Tensor& a, const Tensor& b) {
+  static const OpDef& op = KILN_OP(mm);
+  return call_op1(op, {a, b});
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  static const OpDef& op = KILN_OP(bmm);
+  return call_op1(op, {a, b});
+}
+
+Tensor addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const Scalar& beta,
+             const Scalar& alpha) {
+  static const OpDef& op = KILN_OP(addmm);
+  return call_op1(op, {self, mat1, mat2}, {beta, alpha});
+}
+
+Tensor dot(const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.dim() == 1 && b.dim() == 1, "[dot] expected 1-D tensors, got ", a.dim(), "-D and ",
+             b.dim(), "-D (shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()), ")");
+  check_operand_dtypes("dot", a, b);
+  KILN_CHECK(a.size(0) == b.size(0), "[dot] shapes ", shape_str(a.sizes()), " and ",
+             shape_str(b.sizes()), " have different numbers of elements");
+  return mm(a.unsqueeze(0), b.unsqueeze(1)).view({});
+}
+
+// As torch.outer (a multiply in PyTorch): mixed dtypes promote, and bool is logical and.
+Tensor outer(const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.dim() == 1 && b.dim() == 1, "[outer] expected 1-D tensors, got ", a.dim(), "-D and ",
+             b.dim(), "-D (shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()), ")");
+  const ScalarType t = promote_types(a.dtype(), b.dtype());
+  if (t == kBool) return outer(a.to(kInt32), b.to(kInt32)).to(kBool);
+  return mm(a.to(t).unsqueeze(1), b.to(t).unsqueeze(0));
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  const int64_t da = a.dim(), db = b.dim();
+  KILN_CHECK(da >= 1 && db >= 1, "[matmul] both arguments need to be at least 1-D, got ", da,
+             "-D and ", db, "-D (shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()),
+             ")");
+  check_operand_dtypes("matmul", a, b);
+  const int64_t k = a.size(-1);
+  check_inner("matmul", a, b, k, db == 1 ? b.size(0) : b.size(-2));
+
+  if (da == 1 && db == 1) return dot(a, b);
+  if (da == 2 && db == 1) return mm(a, b.unsqueeze(1)).squeeze(1);
+  if (da == 1 && db == 2) return mm(a.unsqueeze(0), b).squeeze(0);
+  if (da == 2 && db == 2) return mm(a, b);
+
+  if (db <= 2) {
+    // [..., n, k] @ [k(, p)]: the left operand's rows, batch included, are one GEMM's M.
+    // reshape is a view for a contiguous operand and copies only when no view exists.
+    Shape out(a.sizes().begin(), a.sizes().end() - 1);
+    const Tensor a2 = a.reshape({numel_of(out), k});
+    const Tensor b2 = db == 1 ? b.unsqueeze(1) : b;
+    if (db == 2) out.push_back(b.size(1));
+    return mm(a2, b2).view(out);
+  }
+
+  // Batched: broadcast the batch dims, run one bmm over their product. A broadcast operand is
+  // an expanded view (batch stride 0), which reshape keeps as a view when its batch dims merge.
+  const Tensor a3 = da == 1 ? a.unsqueeze(0) : a;  // [..., n, k]
+  const Tensor b3 = db == 1 ? b.unsqueeze(1) : b;  // [..., k, p]
+  const IntArrayRef a_batch = a3.sizes().subspan(0, a3.dim() - 2);
+  const IntArrayRef b_batch = b3.sizes().subspan(0, b3.dim() - 2);
+  const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
+  const int64_t n = a3.size(-2), p = b3.size(-1), nb = numel_of(batch);
+  Shape a_sizes = batch, b_sizes = batch;
+  a_sizes.insert(a_sizes.end(), {n, k});
+  b_sizes.insert(b_sizes.end(), {k, p});
+  const Tensor r =
+      bmm(a3.expand(a_sizes).reshape({nb, n, k}), b3.expand(b_sizes).reshape({nb, k, p}));
+  Shape out = batch;
+  if (da > 1) out.push_back(n);
+  if (db > 1) out.push_back(p);
+  return r.view(out);
+}
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  KILN_CHECK(weight.dim() == 2, "[linear] weight must be 2-D [out_features, in_features], got ",
+             "shape ", shape_str(weight.sizes()));
+  KILN_CHECK(input.dim() >= 1, "[linear] input must be at least 1-D, got a 0-d tensor");
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  KILN_CHECK(input.size(-1) == in, "[linear] input of shape ", shape_str(input.sizes()),
+             " does not match weight of shape ", shape_str(weight.sizes()),
+             ": the last input dim must equal in_features (", in, ")");
+  check_operand_dtypes("linear", input, weight);
+  const Tensor wt = weight.t();  // read in place by the GEMM (column-major), no copy
+  if (!bias.defined()) return matmul(input, wt);
+  KILN_CHECK(bias.dtype() == input.dtype(), "[linear] expected bias to have the input's dtype ",
+             dtype_name(input.dtype()), ", got ", dtype_name(bias.dtype()));
+  KILN_CHECK(
+      bias.dim() == 0 || (bias.dim() == 1 && (bias.size(0) == out_features || bias.size(0) == 1)),
+      "[linear] bias of shape ", shape_str(bias.sizes()), " does not match out_features (",
+      out_features, ")");
+  if (input.dim() == 2) return addmm(bias, input, wt);
+  // Any leading dims fold into the GEMM's rows; the bias is added by the same GEMM call.
+  Shape out(input.sizes().begin(), input.sizes().end() - 1);
+  const Tensor x2 = input.reshape({numel_of(out), in});
+  out.push_back(out_features);
+  return addmm(bias, x2, wt).view(out);
+}
+
+Tensor Tensor::matmul(const Tensor& other) const { return kiln::matmul(*this, other); }
+Tensor Tensor::mm(const Tensor& other) const { return kiln::mm(*this, other); }
+Tensor Tensor::bmm(const Tensor& other) const { return kiln::bmm(*this, other); }
+Tensor Tensor::addmm(const Tensor& mat1, const Tensor& mat2, const Scalar& beta,
+                     const Scalar& alpha) const {
+  return kiln::addmm(*this, mat1, mat2, beta, alpha);
+}
+Tensor Tensor::outer(const Tensor& other) const { return kiln::outer(*this, other); }
+Tensor Tensor::dot(const Tensor& other) const { return kiln::dot(*this, other); }
+
+}  // namespace kiln
