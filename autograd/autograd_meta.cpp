@@ -125,7 +125,7 @@ Tensor& Tensor::detach_() {
   return *this;
 }
 
-unsigned Tensor::register_hook(std::function<Tensor(const Tensor&)> hook) const {
+unsigned Tensor::add_grad_hook(std::function<Tensor(const Tensor&)> hook) const {
   KILN_CHECK(requires_grad(), "[register_hook] cannot register a hook on a tensor that doesn't "
              "require gradient");
   autograd::AutogradMeta& m = meta(*this);
@@ -133,13 +133,6 @@ unsigned Tensor::register_hook(std::function<Tensor(const Tensor&)> hook) const 
   const unsigned h = autograd::internal::next_hook_handle();
   m.leaf_hooks.push_back({h, std::move(hook)});
   return h;
-}
-
-unsigned Tensor::register_hook(std::function<void(const Tensor&)> hook) const {
-  return register_hook(std::function<Tensor(const Tensor&)>([hook](const Tensor& g) {
-    hook(g);
-    return Tensor();
-  }));
 }
 
 void Tensor::remove_hook(unsigned handle) const {

@@ -97,6 +97,9 @@ std::string demangle_function_name(const char* mangled) {
 
 variable_list CppNode::apply(variable_list&& grads) {
   variable_list result = backward_(&ctx, std::move(grads));
+  // Extra trailing undefined gradients (for defaulted arguments that were not passed) are
+  // dropped, as in libtorch.
+  while (result.size() > num_args && !result.back().defined()) result.pop_back();
   KILN_CHECK(result.size() == num_args, "[", name(), "] backward returned ", result.size(),
              " gradients but forward took ", num_args, " arguments (return an undefined "
              "Tensor for arguments without a gradient)");

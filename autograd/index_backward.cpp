@@ -2,6 +2,7 @@
 // Reads route the gradient back to the positions they read (scatter/index_add/index_put with
 // accumulation); writes route it to what they wrote from.
 #include "autograd/backward_util.h"
+#include "tensor/indexing.h"
 
 namespace kiln::autograd {
 namespace {

@@ -1,6 +1,8 @@
 // Backward rules of reductions, cumsum and softmax (tensor/ops/reduce.cpp, softmax.cpp).
 // A reduction's gradient is the output gradient broadcast back over the reduced dims
 // (`unreduce`), then weighted per op.
+#include <cmath>
+
 #include "autograd/backward_util.h"
 
 namespace kiln::autograd {

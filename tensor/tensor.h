@@ -122,8 +122,18 @@ class Tensor {
   Tensor data() const { return detach(); }
   // Runs `hook` on this tensor's gradient during backward; a hook that returns a defined
   // tensor replaces the gradient. Returns a handle for remove_hook.
-  unsigned register_hook(std::function<Tensor(const Tensor&)> hook) const;
-  unsigned register_hook(std::function<void(const Tensor&)> hook) const;
+  template <typename F>
+  unsigned register_hook(F&& hook) const {
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, const Tensor&>>) {
+      return add_grad_hook([h = std::forward<F>(hook)](const Tensor& g) {
+        h(g);
+        return Tensor();
+      });
+    } else {
+      return add_grad_hook(std::function<Tensor(const Tensor&)>(std::forward<F>(hook)));
+    }
+  }
+  unsigned add_grad_hook(std::function<Tensor(const Tensor&)> hook) const;
   void remove_hook(unsigned handle) const;
 
   // --- Conversion and copies --------------------------------------------------------------

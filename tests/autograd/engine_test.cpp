@@ -102,7 +102,7 @@ TEST(EngineTest, HigherOrderHessianVectorProduct) {
   Tensor y = x.pow(3).sum();
   auto g = autograd::grad({y}, {x}, {}, true, /*create_graph=*/true);
   EXPECT_TRUE(g[0].requires_grad());
-  auto hv = autograd::grad({(g[0] * v).sum()}, {x});
+  auto hv = autograd::grad({(g[0] * v).sum()}, {x}, {}, /*retain_graph=*/true);
   EXPECT_TRUE(allclose(hv[0], x.detach() * v * 6));
   // Third order through create_graph twice: d3/dx3 sum(x^3) = 6.
   auto g2 = autograd::grad({g[0].sum()}, {x}, {}, true, true);

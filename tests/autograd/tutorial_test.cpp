@@ -4,6 +4,8 @@
 // here, as kiln's nn layer comes with a later change).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <kiln/kiln.h>
 
 namespace {
