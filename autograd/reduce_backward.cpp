@@ -82,25 +82,20 @@ TensorVec max_dim_backward(const BackwardCall& c) {
   return {scatter_to_input(c, dim, g, idx)};
 }
 
-TensorVec var_backward(const BackwardCall& c) {
+// var and std: attrs (dims, correction, keepdim). d var / dx = 2 (x - mean) / (N - correction);
+// d std / dx = d var / dx / (2 std).
+TensorVec spread_backward(const BackwardCall& c, bool is_std) {
   const Shape dims = reduced_dims(c);
   const int64_t correction = c.attr<int64_t>(1);
   const bool keepdim = c.attr<bool>(2);
   const Tensor& x = c.input(0);
   const double denom = static_cast<double>(count_of(c, dims) - correction);
   const Tensor centered = x - x.mean(dims, /*keepdim=*/true);
-  return {unreduce(c.grad(), c, dims, keepdim) * centered * (2.0 / denom)};
+  const Tensor g = is_std ? c.grad() / c.output(0) : c.grad() * 2.0;
+  return {unreduce(g, c, dims, keepdim) * centered / denom};
 }
-
-TensorVec std_backward(const BackwardCall& c) {
-  const Shape dims = reduced_dims(c);
-  const int64_t correction = c.attr<int64_t>(1);
-  const bool keepdim = c.attr<bool>(2);
-  const Tensor& x = c.input(0);
-  const double denom = static_cast<double>(count_of(c, dims) - correction);
-  const Tensor centered = x - x.mean(dims, /*keepdim=*/true);
-  return {unreduce(c.grad() / c.output(0), c, dims, keepdim) * centered / denom};
-}
+TensorVec var_backward(const BackwardCall& c) { return spread_backward(c, false); }
+TensorVec std_backward(const BackwardCall& c) { return spread_backward(c, true); }
 
 TensorVec norm_backward(const BackwardCall& c) {
   const double p = c.attr<Scalar>(0).toDouble();
