@@ -26,46 +26,92 @@ StepScalars step_scalars(const AdamStep& s, int64_t t) {
   return {1 - s.lr * s.weight_decay, s.lr / bc1, std::sqrt(bc2)};
 }
 
-// One pass over a contiguous f32 parameter. Each line rounds to float exactly where the op
-// path below does (every kiln op rounds its result to f32 and reads scalars as float), so
-// both paths give the same bits.
-void fused_adam_f32(float* p, const float* g_in, float* m, float* v, float* vmax, int64_t n,
-                    const AdamStep& s, const StepScalars& k) {
-  const float decay = static_cast<float>(k.decay);
-  const float wd = static_cast<float>(s.weight_decay);
-  const float w1 = static_cast<float>(1 - s.beta1);
-  const float b2 = static_cast<float>(s.beta2);
-  const float w2 = static_cast<float>(1 - s.beta2);
-  const float bc2_sqrt = static_cast<float>(k.bc2_sqrt);
-  const float eps = static_cast<float>(s.eps);
-  const float neg_step = static_cast<float>(-k.step_size);
-  const bool decoupled = s.decoupled_weight_decay;
-  const bool l2 = !decoupled && s.weight_decay != 0;
-  const bool decay_p = decoupled && s.weight_decay != 0;
-  kiln::internal::parallel_for(0, n, kiln::internal::kGrainSize / 4, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      float pv = p[i];
-      float g = g_in[i];
-      if (decay_p) pv = pv * decay;
-      if (l2) g = g + wd * pv;
-      const float diff = g - m[i];
-      const float mi = std::abs(w1) < 0.5f ? m[i] + w1 * diff : g - diff * (1.0f - w1);
-      m[i] = mi;
-      float vi = v[i] * b2;
-      const float gg = g * g;
-      vi = vi + w2 * gg;
-      v[i] = vi;
-      if (vmax != nullptr) {
-        const float mx = vmax[i];
-        vi = (std::isnan(mx) || mx > vi) ? mx : vi;
-        vmax[i] = vi;
-      }
-      float denom = std::sqrt(vi) / bc2_sqrt;
-      denom = denom + eps;
-      const float ratio = mi / denom;
-      p[i] = pv + neg_step * ratio;
+// The options that change the loop's shape are template parameters, so that each variant is a
+// branch-free loop the compiler vectorises. The file is compiled with -fno-math-errno (see
+// CMakeLists.txt): sqrt setting errno is a branch that blocks vectorisation, and the vector
+// sqrt (sqrtps) is correctly rounded like the scalar one.
+struct FusedArgs {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  float* vmax;
+  float decay, wd, w1, b2, w2, bc2_sqrt, eps, neg_step;
+};
+
+template <bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
+void fused_adam_range(const FusedArgs& a, int64_t begin, int64_t end) {
+  float* __restrict p = a.p;
+  const float* __restrict g_in = a.g;
+  float* __restrict m = a.m;
+  float* __restrict v = a.v;
+  float* __restrict vmax = a.vmax;
+  for (int64_t i = begin; i < end; ++i) {
+    float pv = p[i];
+    float g = g_in[i];
+    if constexpr (kDecay) pv = pv * a.decay;
+    if constexpr (kL2) g = g + a.wd * pv;
+    // lerp(m, g, w1), from the nearer end as kiln's lerp kernel computes it.
+    const float diff = g - m[i];
+    float mi;
+    if constexpr (kLerpFromStart) {
+      mi = m[i] + a.w1 * diff;
+    } else {
+      mi = g - diff * (1.0f - a.w1);
     }
-  });
+    m[i] = mi;
+    float vi = v[i] * a.b2;
+    const float gg = g * g;
+    vi = vi + a.w2 * gg;
+    v[i] = vi;
+    if constexpr (kAmsgrad) {
+      const float mx = vmax[i];
+      vi = ((mx > vi) | (mx != mx)) ? mx : vi;  // maximum, propagating nan (no branch)
+      vmax[i] = vi;
+    }
+    float denom = std::sqrt(vi) / a.bc2_sqrt;
+    denom = denom + a.eps;
+    const float ratio = mi / denom;
+    p[i] = pv + a.neg_step * ratio;
+  }
+}
+
+template <bool... kFlags, typename... Rest>
+void dispatch_fused(const FusedArgs& a, int64_t n, bool flag, Rest... rest) {
+  if constexpr (sizeof...(Rest) == 0) {
+    auto run = [&]<bool kLast>() {
+      kiln::internal::parallel_for(0, n, kiln::internal::kGrainSize / 4, [&](int64_t b, int64_t e) {
+        fused_adam_range<kFlags..., kLast>(a, b, e);
+      });
+    };
+    flag ? run.template operator()<true>() : run.template operator()<false>();
+  } else {
+    flag ? dispatch_fused<kFlags..., true>(a, n, rest...)
+         : dispatch_fused<kFlags..., false>(a, n, rest...);
+  }
+}
+
+// One pass over a contiguous f32 parameter. Each line rounds to float where the op path below
+// does (every kiln op rounds its result to f32 and reads scalars as float), so both paths do
+// the same float arithmetic.
+void fused_adam_f32(float* p, const float* g, float* m, float* v, float* vmax, int64_t n,
+                    const AdamStep& s, const StepScalars& k) {
+  const FusedArgs a{p,
+                    g,
+                    m,
+                    v,
+                    vmax,
+                    static_cast<float>(k.decay),
+                    static_cast<float>(s.weight_decay),
+                    static_cast<float>(1 - s.beta1),
+                    static_cast<float>(s.beta2),
+                    static_cast<float>(1 - s.beta2),
+                    static_cast<float>(k.bc2_sqrt),
+                    static_cast<float>(s.eps),
+                    static_cast<float>(-k.step_size)};
+  const bool decay = s.decoupled_weight_decay && s.weight_decay != 0;
+  const bool l2 = !s.decoupled_weight_decay && s.weight_decay != 0;
+  dispatch_fused(a, n, decay, l2, vmax != nullptr, std::abs(a.w1) < 0.5f);
 }
 
 bool fusable(const Tensor& param, const Tensor& grad) {
