@@ -424,8 +424,9 @@ std::vector<OptimizerParamGroup> two_groups(const std::vector<Tensor>& p,
   return groups;
 }
 
-void train_steps(optim::Optimizer& opt, const std::vector<Tensor>& params, int steps) {
-  for (int s = 0; s < steps; ++s) {
+// Steps first, ..., last - 1 of a training run (the gradients depend on the step).
+void train_steps(optim::Optimizer& opt, const std::vector<Tensor>& params, int first, int last) {
+  for (int s = first; s < last; ++s) {
     for (size_t i = 0; i + 1 < params.size(); ++i) {
       Tensor p = params[i];
       p.mutable_grad() = p.sin() * 0.5 + p * p * 0.1 - 0.05 * static_cast<double>(s);
@@ -445,12 +446,12 @@ void check_resume(const Options& defaults, const Options& second, const Options&
   // Six steps straight.
   std::vector<Tensor> straight = make_params();
   Opt a(two_groups(straight, second.clone()), defaults);
-  train_steps(a, straight, 6);
+  train_steps(a, straight, 0, 6);
 
   // Three steps, save, a fresh optimizer (other options) on copies, load, three more.
   std::vector<Tensor> first = make_params();
   Opt b(two_groups(first, second.clone()), defaults);
-  train_steps(b, first, 3);
+  train_steps(b, first, 0, 3);
   const std::string path = temp_file(b.name() + ".safetensors");
   b.save(path);
   std::vector<Tensor> resumed;
@@ -460,7 +461,7 @@ void check_resume(const Options& defaults, const Options& second, const Options&
   EXPECT_EQ(c.param_groups()[0].options().get_lr(), defaults.get_lr());
   EXPECT_EQ(c.param_groups()[1].options().get_lr(), second.get_lr());
   EXPECT_EQ(c.state().count(resumed[3].impl()), 0u);
-  train_steps(c, resumed, 3);
+  train_steps(c, resumed, 3, 6);
   for (size_t i = 0; i < straight.size(); ++i) {
     EXPECT_TRUE(equal(straight[i], resumed[i])) << b.name() << " parameter " << i;
   }
@@ -480,7 +481,7 @@ TEST(OptimCheckpoint, ResumesBitExactly) {
 TEST(OptimCheckpoint, FileLayout) {
   std::vector<Tensor> p = make_params();
   AdamW opt(two_groups(p, AdamWOptions(0.002).amsgrad(true).clone()), AdamWOptions(0.01));
-  train_steps(opt, p, 2);
+  train_steps(opt, p, 0, 2);
   SafetensorsMetadata meta;
   const TensorMap tensors = opt.state_dict(&meta);
   EXPECT_EQ(meta.at("kiln.optimizer"), "AdamW");
@@ -500,7 +501,7 @@ TEST(OptimCheckpoint, FileLayout) {
 TEST(OptimCheckpoint, LoadErrors) {
   std::vector<Tensor> p = make_params();
   AdamW opt(two_groups(p, AdamWOptions(0.002).clone()), AdamWOptions(0.01));
-  train_steps(opt, p, 1);
+  train_steps(opt, p, 0, 1);
   const std::string path = temp_file("errors.safetensors");
   opt.save(path);
 
