@@ -2,7 +2,17 @@
 // <torch/torch.h> does for libtorch.
 #pragma once
 
+#include "autograd/engine.h"
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
+#include "autograd/gradcheck.h"
 #include "kernels/cuda/runtime.h"
+#include "nn/optim/adam.h"
+#include "nn/optim/adamw.h"
+#include "nn/optim/lr_scheduler.h"
+#include "nn/optim/sgd.h"
+#include "nn/safetensors.h"
+#include "nn/utils/clip_grad.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"

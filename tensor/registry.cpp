@@ -62,8 +62,12 @@ OpRegistrar::OpRegistrar(std::string_view name, OpKind kind, MetaFn meta, OpFlag
 OpRegistrar::OpRegistrar(std::string_view name, DeviceType device, KernelFn kernel) {
   Registry::get().entry(name).kernels[static_cast<int>(device)] = kernel;
 }
-OpRegistrar::OpRegistrar(std::string_view name, BackwardFn backward) {
-  Registry::get().entry(name).backward = backward;
+OpRegistrar::OpRegistrar(std::string_view name, BackwardFn backward, uint32_t saved_inputs,
+                         bool saved_outputs) {
+  OpDef& d = Registry::get().entry(name);
+  d.backward = backward;
+  d.saved_inputs = saved_inputs;
+  d.saved_outputs = saved_outputs;
 }
 OpRegistrar::OpRegistrar(std::string_view name, DecompositionFn decomposition) {
   Registry::get().entry(name).decomposition = decomposition;

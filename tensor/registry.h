@@ -69,9 +69,25 @@ enum class OpKind : uint8_t {
 
 using MetaFn = SpecList (*)(const OpCall& call);
 using KernelFn = void (*)(OpCall& call);
-// Gradients for each input (undefined where not differentiable) from the forward call
-// (inputs, attributes, outputs) and the gradients of the outputs. Written in kiln ops.
-using BackwardFn = TensorVec (*)(const OpCall& forward, TensorList grad_outputs);
+
+// What a backward rule receives: the forward call (inputs, attributes, outputs; inputs the
+// rule does not save arrive as meta tensors carrying only shape, dtype and device) and the
+// gradients of the outputs (zeros where an output received none).
+struct BackwardCall {
+  const OpCall& forward;
+  TensorList grad_outputs;
+  // Whether input i needs a gradient; rules may skip work for the others.
+  absl::Span<const bool> needs_input_grad;
+  const Tensor& input(size_t i) const { return forward.inputs[i]; }
+  const Tensor& output(size_t i) const { return forward.outputs[i]; }
+  const Tensor& grad(size_t i = 0) const { return grad_outputs[i]; }
+  bool needs_grad(size_t i) const { return i < needs_input_grad.size() && needs_input_grad[i]; }
+  template <typename T>
+  const T& attr(size_t i) const { return forward.attr<T>(i); }
+};
+// Gradients for each input (undefined where not needed or not differentiable), written in
+// kiln ops so that they are differentiable themselves (higher-order gradients) and traceable.
+using BackwardFn = TensorVec (*)(const BackwardCall& call);
 // The op written as other ops, for the compiler's decompose pass.
 using DecompositionFn = TensorVec (*)(const OpCall& call);
 
@@ -81,6 +97,10 @@ struct OpDef {
   MetaFn meta = nullptr;
   std::array<KernelFn, kNumDeviceTypes> kernels{};
   BackwardFn backward = nullptr;
+  // Which forward tensors the backward rule reads (bit i: input i; saved_outputs: all outputs).
+  // Autograd keeps only these alive; the rest become meta tensors in the BackwardCall.
+  uint32_t saved_inputs = ~0u;
+  bool saved_outputs = true;
   DecompositionFn decomposition = nullptr;
   // Lets a CPU 0-d tensor input join inputs on another device (as PyTorch does for scalars).
   bool allow_cpu_scalars = true;
@@ -115,7 +135,8 @@ class Registry {
 struct OpRegistrar {
   OpRegistrar(std::string_view name, OpKind kind, MetaFn meta, OpFlags flags = {});
   OpRegistrar(std::string_view name, DeviceType device, KernelFn kernel);
-  OpRegistrar(std::string_view name, BackwardFn backward);
+  OpRegistrar(std::string_view name, BackwardFn backward, uint32_t saved_inputs = ~0u,
+              bool saved_outputs = true);
   OpRegistrar(std::string_view name, DecompositionFn decomposition);
 };
 #define KILN_REG_CONCAT2(a, b) a##b
@@ -124,9 +145,17 @@ struct OpRegistrar {
   static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_def_, __COUNTER__)(#name, kind, __VA_ARGS__)
 #define KILN_REGISTER_KERNEL(name, device, fn) \
   static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_kernel_, __COUNTER__)(#name, device, fn)
-#define KILN_REGISTER_BACKWARD(name, fn)                                                \
+//   KILN_REGISTER_BACKWARD(add, add_backward, kSaveNone, false);  // what the rule reads
+#define KILN_REGISTER_BACKWARD(name, fn, ...)                               \
   static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_bwd_, __COUNTER__)( \
-      #name, static_cast<::kiln::BackwardFn>(fn))
+      #name, static_cast<::kiln::BackwardFn>(fn) __VA_OPT__(, ) __VA_ARGS__)
+inline constexpr uint32_t kSaveNone = 0;
+inline constexpr uint32_t kSaveAll = ~0u;
+constexpr uint32_t save_inputs(std::initializer_list<int> which) {
+  uint32_t m = 0;
+  for (int i : which) m |= 1u << i;
+  return m;
+}
 #define KILN_REGISTER_DECOMPOSITION(name, fn)                                           \
   static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_decomp_, __COUNTER__)( \
       #name, static_cast<::kiln::DecompositionFn>(fn))

@@ -50,6 +50,10 @@ class Allocator {
 void set_allocator(DeviceType type, Allocator* allocator);
 Allocator* get_allocator(DeviceType type);
 
+// Bytes of freed CPU blocks kept for reuse, and releasing them to the system.
+size_t cpu_cached_bytes();
+void empty_cpu_cache();
+
 // Allocates `nbytes` on `device` (64-byte aligned on the CPU); fails if no backend is built.
 Storage allocate_storage(size_t nbytes, Device device);
 

@@ -37,14 +37,6 @@ Scalar Tensor::item() const {
   });
 }
 
-Tensor& Tensor::requires_grad_(bool r) {
-  KILN_CHECK(!r || kiln::is_floating_point(dtype()),
-             "[requires_grad_] only floating-point tensors can require gradients, got dtype ",
-             dtype_name(dtype()));
-  impl()->set_requires_grad(r);
-  return *this;
-}
-
 std::string Tensor::str() const {
   std::ostringstream os;
   os << *this;

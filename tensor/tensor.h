@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -36,6 +37,9 @@ using TensorList = absl::Span<const Tensor>;
 
 namespace indexing {
 class TensorIndex;
+}
+namespace autograd {
+class Node;
 }
 
 class Tensor {
@@ -93,10 +97,44 @@ class Tensor {
   template <typename T>
   std::vector<T> to_vector() const;
 
-  // --- Autograd flags (the engine lives in autograd/) --------------------------------------
+  // --- Autograd (implemented in autograd/) ------------------------------------------------
   bool requires_grad() const { return impl()->requires_grad(); }
   Tensor& requires_grad_(bool r = true);
   Tensor& set_requires_grad(bool r) { return requires_grad_(r); }
+  // The accumulated gradient of a leaf (undefined until a backward reaches it).
+  const Tensor& grad() const;
+  Tensor& mutable_grad();
+  // Computes the gradient of this tensor w.r.t. the graph leaves and accumulates it into their
+  // grad(). `gradient` may be omitted for a one-element tensor. retain_graph defaults to
+  // create_graph; `inputs`, when given, limits accumulation to those tensors.
+  void backward(const Tensor& gradient = {}, std::optional<bool> retain_graph = std::nullopt,
+                bool create_graph = false, std::vector<Tensor> inputs = {}) const;
+  // The node that produced this tensor (null for leaves and tensors that need no grad).
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  bool is_leaf() const;
+  int64_t output_nr() const;
+  // Makes a non-leaf keep its gradient in grad() during backward.
+  void retain_grad() const;
+  bool retains_grad() const;
+  // A tensor sharing storage with this one, outside the graph.
+  Tensor detach() const;
+  Tensor& detach_();
+  Tensor data() const { return detach(); }
+  // Runs `hook` on this tensor's gradient during backward; a hook that returns a defined
+  // tensor replaces the gradient. Returns a handle for remove_hook.
+  template <typename F>
+  unsigned register_hook(F&& hook) const {
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, const Tensor&>>) {
+      return add_grad_hook([h = std::forward<F>(hook)](const Tensor& g) {
+        h(g);
+        return Tensor();
+      });
+    } else {
+      return add_grad_hook(std::function<Tensor(const Tensor&)>(std::forward<F>(hook)));
+    }
+  }
+  unsigned add_grad_hook(std::function<Tensor(const Tensor&)> hook) const;
+  void remove_hook(unsigned handle) const;
 
   // --- Conversion and copies --------------------------------------------------------------
   Tensor to(ScalarType dtype, bool copy = false) const;

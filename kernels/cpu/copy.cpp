@@ -66,8 +66,24 @@ void fill_cpu(OpCall& c) {
   });
 }
 
+// Written with ops (fill, view, copy), so they serve every device that has those kernels.
+void slice_backward_kernel(OpCall& c) {
+  Tensor& out = c.outputs[0];
+  out.zero_();
+  out.slice(c.attr<int64_t>(1), c.attr<int64_t>(2), c.attr<int64_t>(3), c.attr<int64_t>(4))
+      .copy_(c.input(0));
+}
+
+void select_backward_kernel(OpCall& c) {
+  Tensor& out = c.outputs[0];
+  out.zero_();
+  out.select(c.attr<int64_t>(1), c.attr<int64_t>(2)).copy_(c.input(0));
+}
+
 }  // namespace
 
+KILN_REGISTER_KERNEL(slice_backward, kCPU, slice_backward_kernel);
+KILN_REGISTER_KERNEL(select_backward, kCPU, select_backward_kernel);
 KILN_REGISTER_KERNEL(to_copy, kCPU, to_copy_cpu);
 KILN_REGISTER_KERNEL(copy_, kCPU, copy_cpu);
 KILN_REGISTER_KERNEL(fill_, kCPU, fill_cpu);

@@ -75,21 +75,30 @@ KILN_SCALAR_OP(Sqrt, std::sqrt(x));
 KILN_SCALAR_OP(Rsqrt, T(1) / std::sqrt(x));
 KILN_SCALAR_OP(Reciprocal, T(1) / x);
 
+// The Eigen-vectorised path for contiguous f32/f64 of ops that have one. A function template
+// (not a branch inside the generic lambda below) so that ops without `vector` never
+// instantiate it, on every compiler.
+template <typename Op, typename T>
+bool run_vectorised(const Tensor& out, const Tensor& in) {
+  if constexpr (Op::kVector && std::is_floating_point_v<T>) {
+    if (!in.is_contiguous() || !out.is_contiguous()) return false;
+    const T* src = static_cast<const T*>(in.data_ptr());
+    T* dst = static_cast<T*>(out.data_ptr());
+    internal::parallel_for(0, out.numel(), internal::kGrainSize, [&](int64_t b, int64_t e) {
+      ArrayMap<T>(dst + b, e - b) = Op::template vector<T>(ConstArrayMap<T>(src + b, e - b));
+    });
+    return true;
+  } else {
+    return false;
+  }
+}
+
 template <typename Op>
 void float_unary(const Tensor& out, const Tensor& input, std::string_view name) {
   const Tensor in = as_dtype(input, out.dtype());
   visit_floating(out.dtype(), name, [&]<typename T>(TypeTag<T>) {
     using M = opmath_t<T>;
-    if constexpr (Op::kVector && std::is_same_v<T, M>) {
-      if (in.is_contiguous() && out.is_contiguous()) {
-        const T* src = static_cast<const T*>(in.data_ptr());
-        T* dst = static_cast<T*>(out.data_ptr());
-        internal::parallel_for(0, out.numel(), internal::kGrainSize, [&](int64_t b, int64_t e) {
-          ArrayMap<T>(dst + b, e - b) = Op::template vector<T>(ConstArrayMap<T>(src + b, e - b));
-        });
-        return;
-      }
-    }
+    if (run_vectorised<Op, T>(out, in)) return;
     elementwise<T, T>(out, [](T v) { return T(Op::template scalar<M>(M(v))); }, in);
   });
 }

@@ -204,6 +204,14 @@ void view_kernel(OpCall& c) {
   c.outputs.assign({make_view(c.input(0), G(c))});
 }
 
+// The gradients of slice and select: zeros of the input's shape (attr 0) with the gradient
+// written where the view was. Functional ops of their own so that they can be differentiated.
+SpecList scatter_back_meta(const OpCall& c) {
+  return {{c.attr<Shape>(0), c.input(0).dtype(), c.input(0).device()}};
+}
+KILN_DEFINE_OP(slice_backward, OpKind::kFunctional, scatter_back_meta);
+KILN_DEFINE_OP(select_backward, OpKind::kFunctional, scatter_back_meta);
+
 #define KILN_VIEW_OP(name)                                                  \
   KILN_DEFINE_OP(name, OpKind::kView, view_meta<name##_geometry>);          \
   KILN_REGISTER_KERNEL(name, kCPU, view_kernel<name##_geometry>)

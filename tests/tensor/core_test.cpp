@@ -246,3 +246,24 @@ TEST(RegistryTest, DispatchHandlersInterceptCalls) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST(AllocatorTest, LargeCpuBlocksAreReused) {
+  empty_cpu_cache();
+  void* first = nullptr;
+  {
+    Tensor t = empty({1 << 20}, kFloat);  // 4 MiB
+    first = t.data_ptr();
+  }
+  EXPECT_GE(cpu_cached_bytes(), size_t{4} << 20);
+  Tensor u = empty({1 << 20}, kFloat);
+  EXPECT_EQ(u.data_ptr(), first);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(u.data_ptr()) % 64, 0u);
+  empty_cpu_cache();
+  EXPECT_EQ(cpu_cached_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,167 @@
+// Backward rules of the binary elementwise ops (tensor/ops/binary.cpp) and of the matrix
+// products (tensor/ops/linalg.cpp). Broadcast operands get their gradient summed back to
+// their own shape (sum_to).
+#include "autograd/backward_util.h"
+
+namespace kiln::autograd {
+namespace {
+
+using internal::sum_to;
+
+const Tensor& a(const BackwardCall& c) { return c.input(0); }
+const Tensor& b(const BackwardCall& c) { return c.input(1); }
+const Tensor& g(const BackwardCall& c) { return c.grad(); }
+
+TensorVec add_backward(const BackwardCall& c) {
+  TensorVec r(2);
+  if (c.needs_grad(0)) r[0] = sum_to(g(c), a(c).sizes());
+  if (c.needs_grad(1)) r[1] = sum_to(g(c) * c.attr<Scalar>(0), b(c).sizes());
+  return r;
+}
+
+TensorVec sub_backward(const BackwardCall& c) {
+  TensorVec r(2);
+  if (c.needs_grad(0)) r[0] = sum_to(g(c), a(c).sizes());
+  if (c.needs_grad(1)) r[1] = sum_to(g(c) * -c.attr<Scalar>(0), b(c).sizes());
+  return r;
+}
+
+TensorVec mul_backward(const BackwardCall& c) {
+  TensorVec r(2);
+  if (c.needs_grad(0)) r[0] = sum_to(g(c) * b(c), a(c).sizes());
+  if (c.needs_grad(1)) r[1] = sum_to(g(c) * a(c), b(c).sizes());
+  return r;
+}
+
+// div attrs {rounding_mode: string|none, ...}: rounded division has zero gradient.
+TensorVec div_backward(const BackwardCall& c) {
+  TensorVec r(2);
+  const bool rounded = c.forward.has_attr(0);
+  if (c.needs_grad(0)) r[0] = rounded ? zeros_like(a(c)) : sum_to(g(c) / b(c), a(c).sizes());
+  if (c.needs_grad(1)) {
+    r[1] = rounded ? zeros_like(b(c)) : sum_to(-g(c) * a(c) / b(c).square(), b(c).sizes());
+  }
+  return r;
+}
+
+TensorVec pow_backward(const BackwardCall& c) {
+  TensorVec r(2);
+  if (c.needs_grad(0)) {
+    r[0] = sum_to(g(c) * b(c) * a(c).pow(b(c) - 1), a(c).sizes());
+  }
+  if (c.needs_grad(1)) {
+    // d/db a^b = a^b log a; taken as 0 where a == 0 and b >= 0 (the limit), as PyTorch.
+    const Tensor out = a(c).pow(b(c));
+    const Tensor zero_base = (a(c) == 0) & (b(c) >= 0);
+    r[1] = sum_to(where(zero_base, zeros_like(out), g(c) * out * a(c).log()), b(c).sizes());
+  }
+  return r;
+}
+
+// maximum/minimum: the gradient goes to the selected operand, split evenly on ties.
+TensorVec extremum_backward(const BackwardCall& c, bool is_max) {
+  const Tensor pick_a = is_max ? (a(c) > b(c)) : (a(c) < b(c));
+  const Tensor tie = a(c) == b(c);
+  const Tensor wa = pick_a.to(g(c).dtype()) + tie.to(g(c).dtype()) * 0.5;
+  TensorVec r(2);
+  if (c.needs_grad(0)) r[0] = sum_to(g(c) * wa, a(c).sizes());
+  if (c.needs_grad(1)) r[1] = sum_to(g(c) * (1 - wa), b(c).sizes());
+  return r;
+}
+TensorVec maximum_backward(const BackwardCall& c) { return extremum_backward(c, true); }
+TensorVec minimum_backward(const BackwardCall& c) { return extremum_backward(c, false); }
+
+TensorVec atan2_backward(const BackwardCall& c) {
+  const Tensor denom = a(c).square() + b(c).square();
+  TensorVec r(2);
+  if (c.needs_grad(0)) r[0] = sum_to(g(c) * b(c) / denom, a(c).sizes());
+  if (c.needs_grad(1)) r[1] = sum_to(-g(c) * a(c) / denom, b(c).sizes());
+  return r;
+}
+
+// where: inputs {cond, a, b}.
+TensorVec where_backward(const BackwardCall& c) {
+  const Tensor& cond = c.input(0);
+  const Tensor zero = zeros({}, g(c).options());
+  TensorVec r(3);
+  if (c.needs_grad(1)) r[1] = sum_to(where(cond, g(c), zero), c.input(1).sizes());
+  if (c.needs_grad(2)) r[2] = sum_to(where(cond, zero, g(c)), c.input(2).sizes());
+  return r;
+}
+
+// clamp: attrs {min|none, max|none}; the gradient passes where the input was inside the range.
+TensorVec clamp_backward(const BackwardCall& c) {
+  Tensor inside = ones_like(a(c), kBool);
+  if (c.forward.has_attr(0)) inside = inside & (a(c) >= c.attr<Scalar>(0));
+  if (c.forward.has_attr(1)) inside = inside & (a(c) <= c.attr<Scalar>(1));
+  return {g(c) * inside.to(g(c).dtype())};
+}
+
+// lerp: inputs {start, end[, weight]}, attr weight|none. out = start + w (end - start).
+TensorVec lerp_backward(const BackwardCall& c) {
+  const bool tensor_weight = c.forward.inputs.size() > 2;
+  TensorVec r(c.forward.inputs.size());
+  if (tensor_weight) {
+    const Tensor& w = c.input(2);
+    if (c.needs_grad(0)) r[0] = sum_to(g(c) * (1 - w), a(c).sizes());
+    if (c.needs_grad(1)) r[1] = sum_to(g(c) * w, b(c).sizes());
+    if (c.needs_grad(2)) r[2] = sum_to(g(c) * (b(c) - a(c)), w.sizes());
+  } else {
+    const double w = c.attr<Scalar>(0).toDouble();
+    if (c.needs_grad(0)) r[0] = sum_to(g(c) * (1 - w), a(c).sizes());
+    if (c.needs_grad(1)) r[1] = sum_to(g(c) * w, b(c).sizes());
+  }
+  return r;
+}
+
+TensorVec mm_backward(const BackwardCall& c) {
+  TensorVec r(2);
+  if (c.needs_grad(0)) r[0] = g(c).mm(b(c).t());
+  if (c.needs_grad(1)) r[1] = a(c).t().mm(g(c));
+  return r;
+}
+
+TensorVec bmm_backward(const BackwardCall& c) {
+  TensorVec r(2);
+  if (c.needs_grad(0)) r[0] = g(c).bmm(b(c).transpose(1, 2));
+  if (c.needs_grad(1)) r[1] = a(c).transpose(1, 2).bmm(g(c));
+  return r;
+}
+
+// addmm: inputs {self, mat1, mat2}, attrs {beta, alpha}: out = beta self + alpha mat1 @ mat2.
+TensorVec addmm_backward(const BackwardCall& c) {
+  const Scalar& beta = c.attr<Scalar>(0);
+  const Scalar& alpha = c.attr<Scalar>(1);
+  TensorVec r(3);
+  if (c.needs_grad(0)) r[0] = sum_to(g(c) * beta, c.input(0).sizes());
+  if (c.needs_grad(1)) r[1] = g(c).mm(c.input(2).t()) * alpha;
+  if (c.needs_grad(2)) r[2] = c.input(1).t().mm(g(c)) * alpha;
+  return r;
+}
+
+}  // namespace
+
+constexpr uint32_t kA = save_inputs({0});
+constexpr uint32_t kAB = save_inputs({0, 1});
+KILN_REGISTER_BACKWARD(add, add_backward, kSaveNone, false);
+KILN_REGISTER_BACKWARD(add_, add_backward, kSaveNone, false);
+KILN_REGISTER_BACKWARD(sub, sub_backward, kSaveNone, false);
+KILN_REGISTER_BACKWARD(sub_, sub_backward, kSaveNone, false);
+KILN_REGISTER_BACKWARD(mul, mul_backward, kAB, false);
+KILN_REGISTER_BACKWARD(mul_, mul_backward, kAB, false);
+KILN_REGISTER_BACKWARD(div, div_backward, kAB, false);
+KILN_REGISTER_BACKWARD(div_, div_backward, kAB, false);
+KILN_REGISTER_BACKWARD(pow, pow_backward, kAB, false);
+KILN_REGISTER_BACKWARD(maximum, maximum_backward, kAB, false);
+KILN_REGISTER_BACKWARD(minimum, minimum_backward, kAB, false);
+KILN_REGISTER_BACKWARD(atan2, atan2_backward, kAB, false);
+KILN_REGISTER_BACKWARD(where, where_backward, save_inputs({0}), false);
+KILN_REGISTER_BACKWARD(clamp, clamp_backward, kA, false);
+KILN_REGISTER_BACKWARD(clamp_, clamp_backward, kA, false);
+KILN_REGISTER_BACKWARD(lerp, lerp_backward, kSaveAll, false);
+KILN_REGISTER_BACKWARD(lerp_, lerp_backward, kSaveAll, false);
+KILN_REGISTER_BACKWARD(mm, mm_backward, kAB, false);
+KILN_REGISTER_BACKWARD(bmm, bmm_backward, kAB, false);
+KILN_REGISTER_BACKWARD(addmm, addmm_backward, save_inputs({1, 2}), false);
+
+}  // namespace kiln::autograd

@@ -1,0 +1,173 @@
+// Records registry ops into the autograd graph: the Autograd dispatch handler and OpNode, the
+// node that runs an op's registered backward rule.
+#include <memory>
+
+#include "autograd/autograd_meta.h"
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace kiln::autograd {
+namespace {
+
+class OpNode final : public Node {
+ public:
+  OpNode(const OpCall& call, const Tensor& original_self)
+      : op_(call.op), attrs_(call.attrs) {
+    const OpDef& op = *call.op;
+    for (size_t i = 0; i < call.inputs.size(); ++i) {
+      const Tensor& in = call.inputs[i];
+      const bool save = i < 32 && (op.saved_inputs >> i) & 1u;
+      const Tensor& value = (i == 0 && original_self.defined()) ? original_self : in;
+      inputs_.emplace_back(save ? value : Tensor(), false);
+      input_defined_.push_back(in.defined());
+      input_metas_.push_back(in.defined() ? InputMeta{in.impl()->sizes(), in.dtype(), in.device()}
+                                          : InputMeta{{}, kFloat, Device(kCPU)});
+      const Edge e = internal::gradient_edge(in);
+      needs_grad_.push_back(e.is_valid());
+      next_edges_.push_back(e);
+    }
+  }
+
+  // Outputs are saved after set_history, so that a saved output can restore its grad_fn.
+  void save_outputs(const TensorVec& outputs) {
+    for (const Tensor& out : outputs) {
+      output_metas_.push_back({out.impl()->sizes(), out.dtype(), out.device()});
+      outputs_.emplace_back(op_->saved_outputs ? out : Tensor(), true);
+    }
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    KILN_CHECK(!released_, "[backward] trying to backward through the graph a second time "
+               "(or to access saved tensors after they have been freed): the saved tensors of ",
+               name(), " were freed by the first backward. Pass retain_graph=true to the "
+               "first backward() or autograd::grad() call to keep them.");
+    auto self = shared_from_this();
+    OpCall fwd;
+    fwd.op = op_;
+    fwd.attrs = attrs_;
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      if (inputs_[i].defined()) {
+        fwd.inputs.push_back(inputs_[i].unpack(self, name()));
+      } else if (input_defined_[i]) {
+        const InputMeta& m = input_metas_[i];
+        fwd.inputs.push_back(empty(m.sizes, TensorOptions(m.dtype).device(Device(kMeta))));
+      } else {
+        fwd.inputs.push_back(Tensor());
+      }
+    }
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      if (outputs_[i].defined()) {
+        fwd.outputs.push_back(outputs_[i].unpack(self, name()));
+      } else {
+        const InputMeta& m = output_metas_[i];
+        fwd.outputs.push_back(empty(m.sizes, TensorOptions(m.dtype).device(Device(kMeta))));
+      }
+    }
+    absl::InlinedVector<bool, 4> needs_b(needs_grad_.begin(), needs_grad_.end());
+    BackwardCall call{fwd, TensorList(grads.data(), grads.size()),
+                      absl::Span<const bool>(needs_b.data(), needs_b.size())};
+    TensorVec result = op_->backward(call);
+    variable_list out(inputs_.size());
+    for (size_t i = 0; i < inputs_.size() && i < result.size(); ++i) {
+      if (!needs_grad_[i] || !result[i].defined()) continue;
+      Tensor g = std::move(result[i]);
+      const InputMeta& m = input_metas_[i];
+      KILN_CHECK(g.impl()->sizes() == m.sizes, "[", op_->name, "] the backward rule returned a "
+                 "gradient of shape ", shape_str(g.sizes()), " for input ", i, " of shape ",
+                 shape_str(m.sizes));
+      if (g.dtype() != m.dtype) g = g.to(m.dtype);
+      if (g.device() != m.device) g = g.to(m.device);  // e.g. to_copy across devices
+      out[i] = std::move(g);
+    }
+    return out;
+  }
+
+  std::string name() const override { return backward_node_name(op_->name); }
+
+  void release_variables() override {
+    for (auto& v : inputs_) v.reset();
+    for (auto& v : outputs_) v.reset();
+    released_ = !inputs_.empty() || !outputs_.empty();
+    released_ = released_ && (op_->saved_inputs != 0 || op_->saved_outputs);
+  }
+
+ private:
+  const OpDef* op_;
+  absl::InlinedVector<Attr, 4> attrs_;
+  std::vector<SavedVariable> inputs_;
+  std::vector<SavedVariable> outputs_;
+  std::vector<bool> input_defined_;
+  std::vector<InputMeta> input_metas_;
+  std::vector<bool> needs_grad_;
+  bool released_ = false;
+};
+
+bool any_input_requires_grad(const OpCall& call) {
+  for (const Tensor& t : call.inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+bool autograd_active(const OpCall& call) {
+  return GradMode::is_enabled() && any_input_requires_grad(call);
+}
+
+void autograd_handle(OpCall& call) {
+  const OpDef& op = *call.op;
+  Tensor original_self;
+  if (op.kind == OpKind::kInplace) {
+    const Tensor& self = call.inputs[0];
+    KILN_CHECK(!(self.requires_grad() && self.is_leaf()), "[", op.name,
+               "] a leaf Variable that requires grad is being used in an in-place operation");
+    AutogradMeta* m = internal::meta_or_null(self);
+    KILN_CHECK(m == nullptr || !m->is_view || !self.requires_grad(), "[", op.name,
+               "] in-place operation on a view of a tensor that requires grad is not supported; "
+               "use the out-of-place op (e.g. `x = x.mul(y)`)");
+    // The rule may need self's value from before the write.
+    if (op.backward != nullptr && (op.saved_inputs & 1u)) {
+      AutoGradMode off(false);
+      original_self = self.clone();
+    }
+  }
+  {
+    AutoGradMode off(false);
+    dispatch_after(call, DispatchKey::Autograd);
+  }
+  bool differentiable = false;
+  for (const Tensor& out : call.outputs) {
+    differentiable |= out.defined() && is_floating_point(out.dtype());
+  }
+  if (!differentiable) return;
+  std::shared_ptr<Node> node;
+  OpNode* op_node = nullptr;
+  if (op.backward != nullptr) {
+    auto n = std::make_shared<OpNode>(call, original_self);
+    op_node = n.get();
+    node = std::move(n);
+  } else {
+    node = std::make_shared<NotImplementedNode>(op.name);
+    for (const Tensor& in : call.inputs) {
+      node->mutable_next_edges().push_back(internal::gradient_edge(in));
+    }
+    for (const Tensor& out : call.outputs) {
+      node->output_metas().push_back({out.impl()->sizes(), out.dtype(), out.device()});
+    }
+  }
+  for (size_t i = 0; i < call.outputs.size(); ++i) {
+    const Tensor& out = call.outputs[i];
+    if (!out.defined() || !is_floating_point(out.dtype())) continue;
+    internal::set_history(out, node, static_cast<uint32_t>(i));
+    if (op.kind == OpKind::kView) internal::meta(out).is_view = true;
+  }
+  if (op_node != nullptr) op_node->save_outputs(call.outputs);
+}
+
+const DispatchHandler kAutogradHandler{autograd_active, autograd_handle};
+
+struct Install {
+  Install() { set_dispatch_handler(DispatchKey::Autograd, &kAutogradHandler); }
+} install;
+
+}  // namespace
+}  // namespace kiln::autograd

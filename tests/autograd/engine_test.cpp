@@ -1,0 +1,259 @@
+// The autograd engine: recording, backward, grad(), hooks, higher order, errors, memory.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include <kiln/kiln.h>
+
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using autograd::variable_list;
+
+Tensor leaf(IntArrayRef sizes, ScalarType dt = kDouble) {
+  return randn(sizes, TensorOptions(dt)).requires_grad_(true);
+}
+
+TEST(EngineTest, RecordsGraphOnlyWhenNeeded) {
+  Tensor x = leaf({3});
+  Tensor c = randn({3}, kDouble);
+  EXPECT_TRUE(x.is_leaf());
+  EXPECT_EQ(x.grad_fn(), nullptr);
+  Tensor y = x * c;
+  EXPECT_FALSE(y.is_leaf());
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_NE(y.grad_fn(), nullptr);
+  EXPECT_FALSE((c * c).requires_grad());
+  {
+    NoGradGuard no_grad;
+    EXPECT_FALSE((x * c).requires_grad());
+    AutoGradMode on(true);
+    EXPECT_TRUE((x * c).requires_grad());
+  }
+  {
+    InferenceMode guard;
+    EXPECT_TRUE(InferenceMode::is_enabled());
+    EXPECT_FALSE((x * c).requires_grad());
+  }
+  // Integer results carry no gradient.
+  EXPECT_FALSE(x.argmax().requires_grad());
+  EXPECT_FALSE((x > 0).requires_grad());
+}
+
+TEST(EngineTest, AccumulatesIntoLeaves) {
+  Tensor x = leaf({2, 3});
+  (x * 2).sum().backward();
+  (x * 3).sum().backward();
+  EXPECT_TRUE(allclose(x.grad(), full({2, 3}, 5.0, kDouble)));
+  x.mutable_grad().zero_();
+  EXPECT_TRUE(allclose(x.grad(), zeros({2, 3}, kDouble)));
+  // A leaf used twice in one graph gets the sum of both paths.
+  Tensor z = leaf({4});
+  (z * z + z).sum().backward();
+  EXPECT_TRUE(allclose(z.grad(), z.detach() * 2 + 1));
+}
+
+TEST(EngineTest, BackwardWithGradientAndInputs) {
+  Tensor x = leaf({3}), w = leaf({3});
+  Tensor y = x * w;
+  Tensor g = tensor({1.0, 2.0, 3.0}, kDouble);
+  y.backward(g, /*retain_graph=*/true, false, {x});
+  EXPECT_TRUE(allclose(x.grad(), g * w.detach()));
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_KILN_ERROR(y.backward(), "grad can be implicitly created only for outputs with one");
+  EXPECT_KILN_ERROR(y.backward(ones({2}, kDouble)), "[backward] gradient of shape [2]");
+}
+
+TEST(EngineTest, GradDoesNotTouchDotGrad) {
+  Tensor x = leaf({3});
+  Tensor y = (x * x).sum();
+  auto g = autograd::grad({y}, {x});
+  EXPECT_TRUE(allclose(g[0], x.detach() * 2));
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_FALSE(g[0].requires_grad());
+}
+
+TEST(EngineTest, GradAllowUnused) {
+  Tensor x = leaf({2}), unused = leaf({2});
+  Tensor y = (x * 2).sum();
+  EXPECT_KILN_ERROR(autograd::grad({y}, {x, unused}, {}, true),
+                    "appears to not have been used in the graph");
+  auto g = autograd::grad({y}, {x, unused}, {}, true, false, /*allow_unused=*/true);
+  EXPECT_TRUE(g[0].defined());
+  EXPECT_FALSE(g[1].defined());
+  Tensor c = ones({2});
+  EXPECT_KILN_ERROR(autograd::grad({c.sum()}, {x}), "does not require grad");
+}
+
+TEST(EngineTest, GradOfNonLeafInput) {
+  Tensor x = leaf({3});
+  Tensor h = x.exp();
+  Tensor y = (h * h).sum();
+  auto g = autograd::grad({y}, {h});
+  EXPECT_TRUE(allclose(g[0], h.detach() * 2));
+}
+
+TEST(EngineTest, HigherOrderHessianVectorProduct) {
+  // f(x) = sum(x^3): gradient 3x^2, Hessian diag(6x); Hv = 6 x v.
+  Tensor x = leaf({4});
+  Tensor v = randn({4}, kDouble);
+  Tensor y = x.pow(3).sum();
+  auto g = autograd::grad({y}, {x}, {}, true, /*create_graph=*/true);
+  EXPECT_TRUE(g[0].requires_grad());
+  auto hv = autograd::grad({(g[0] * v).sum()}, {x}, {}, /*retain_graph=*/true);
+  EXPECT_TRUE(allclose(hv[0], x.detach() * v * 6));
+  // Third order through create_graph twice: d3/dx3 sum(x^3) = 6.
+  auto g2 = autograd::grad({g[0].sum()}, {x}, {}, true, true);
+  auto g3 = autograd::grad({g2[0].sum()}, {x});
+  EXPECT_TRUE(allclose(g3[0], full({4}, 6.0, kDouble)));
+}
+
+TEST(EngineTest, BackwardTwiceNeedsRetainGraph) {
+  Tensor x = leaf({3});
+  Tensor y = (x.exp() * x).sum();
+  y.backward(Tensor(), /*retain_graph=*/true);
+  y.backward();
+  EXPECT_TRUE(allclose(x.grad(), (x.detach().exp() * (x.detach() + 1)) * 2));
+  EXPECT_KILN_ERROR(y.backward(), "retain_graph=true");
+}
+
+TEST(EngineTest, InplaceOnSavedTensorIsDetected) {
+  Tensor x = leaf({3});
+  Tensor h = x * 2;
+  Tensor y = (h * h).sum();  // saves h
+  {
+    NoGradGuard no_grad;
+    h.add_(1);
+  }
+  EXPECT_KILN_ERROR(y.backward(), "modified by an inplace operation");
+}
+
+TEST(EngineTest, InplaceOnLeafIsRefused) {
+  Tensor x = leaf({3});
+  EXPECT_KILN_ERROR(x.add_(1), "a leaf Variable that requires grad is being used in an in-place");
+  {
+    NoGradGuard no_grad;
+    x.add_(1);  // fine outside the graph (as an optimizer does)
+  }
+}
+
+TEST(EngineTest, InplaceOnNonLeafRecordsHistory) {
+  Tensor x = leaf({3});
+  Tensor y = x * 2;
+  y.mul_(x);  // y = 2 x^2
+  EXPECT_EQ(y.grad_fn()->name(), "MulBackward0");
+  y.sum().backward();
+  EXPECT_TRUE(allclose(x.grad(), x.detach() * 4));
+}
+
+TEST(EngineTest, HooksSeeAndReplaceGradients) {
+  Tensor x = leaf({3});
+  Tensor y = x * 3;
+  Tensor seen;
+  y.register_hook([&](const Tensor& g) { seen = g.clone(); });
+  const unsigned h = x.register_hook([](const Tensor& g) { return g * 10; });
+  y.sum().backward();
+  EXPECT_TRUE(allclose(seen, ones({3}, kDouble)));
+  EXPECT_TRUE(allclose(x.grad(), full({3}, 30.0, kDouble)));
+  x.remove_hook(h);
+  x.mutable_grad().zero_();
+  (x * 3).sum().backward();
+  EXPECT_TRUE(allclose(x.grad(), full({3}, 3.0, kDouble)));
+  Tensor c = ones({2});
+  EXPECT_KILN_ERROR(c.register_hook([](const Tensor& g) { return g; }), "[register_hook]");
+}
+
+TEST(EngineTest, RetainGradOnNonLeaf) {
+  Tensor x = leaf({3});
+  Tensor y = x * 2;
+  y.retain_grad();
+  EXPECT_TRUE(y.retains_grad());
+  (y * y).sum().backward();
+  EXPECT_TRUE(allclose(y.grad(), y.detach() * 2));
+  Tensor z = (x * 2);
+  (z * z).sum().backward();
+  EXPECT_FALSE(z.grad().defined());  // not retained
+}
+
+TEST(EngineTest, DetachAndRequiresGradFlags) {
+  Tensor x = leaf({3});
+  Tensor y = x * 2;
+  Tensor d = y.detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_EQ(d.data_ptr(), y.data_ptr());
+  EXPECT_KILN_ERROR(y.requires_grad_(false), "only change requires_grad flags of leaf");
+  y.detach_();
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_TRUE(y.is_leaf());
+}
+
+TEST(EngineTest, MissingBackwardRuleFailsAtBackward) {
+  // argsort has no gradient; an op with a floating output and no rule fails only when
+  // backward reaches it.
+  Tensor x = leaf({2, 2});
+  Tensor y = x.as_strided({2}, {1});
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_KILN_ERROR(y.sum().backward(), "is not implemented");
+}
+
+TEST(EngineTest, LongChainHasNoRecursionLimit) {
+  Tensor x = leaf({1});
+  Tensor y = x;
+  for (int i = 0; i < 100000; ++i) y = y * 1.0;
+  y.sum().backward();
+  EXPECT_DOUBLE_EQ(x.grad().item<double>(), 1.0);
+}
+
+TEST(EngineTest, SavedTensorsAreFreedAfterBackward) {
+  Tensor x = leaf({1000});
+  std::weak_ptr<StorageImpl> saved;
+  Tensor y;
+  {
+    Tensor h = x.exp();  // exp saves its output, held only by the graph after this scope
+    saved = h.impl()->storage();
+    y = (h * h).sum();
+  }
+  EXPECT_FALSE(saved.expired());
+  y.backward();
+  EXPECT_TRUE(saved.expired());
+  // With retain_graph the saved tensors stay until the graph goes.
+  std::weak_ptr<StorageImpl> kept;
+  {
+    Tensor h = x.exp();
+    kept = h.impl()->storage();
+    Tensor z = (h * h).sum();
+    z.backward(Tensor(), /*retain_graph=*/true);
+    EXPECT_FALSE(kept.expired());
+  }
+  EXPECT_TRUE(kept.expired());
+}
+
+TEST(EngineTest, IndependentGraphsRunConcurrently) {
+  std::vector<std::thread> threads;
+  std::vector<bool> ok(4, false);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t, &ok] {
+      Tensor x = full({64}, static_cast<double>(t + 1), TensorOptions(kDouble)).requires_grad_(true);
+      Tensor y = x;
+      for (int i = 0; i < 200; ++i) y = (y * 1.01).tanh();
+      y.sum().backward();
+      ok[t] = x.grad().defined() && x.grad().numel() == 64;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (bool b : ok) EXPECT_TRUE(b);
+}
+
+TEST(EngineTest, NodeNamesFollowPyTorch) {
+  Tensor x = leaf({2, 3});
+  EXPECT_EQ((x * 2).grad_fn()->name(), "MulBackward0");
+  EXPECT_EQ(x.sum().grad_fn()->name(), "SumBackward0");
+  EXPECT_EQ(x.log_softmax(1).grad_fn()->name(), "LogSoftmaxBackward0");
+  EXPECT_EQ(x.t().grad_fn()->name(), "PermuteBackward0");
+  EXPECT_EQ(x.view({-1}).grad_fn()->name(), "ViewBackward0");
+}
+
+}  // namespace
+}  // namespace kiln
