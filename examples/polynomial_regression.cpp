@@ -1,8 +1,8 @@
 // Polynomial regression, in the style of libtorch's "regression" example: fit
 //   y = w1 x + w2 x^2 + w3 x^3 + w4 x^4 + b
 // to a random target polynomial from batches of random points, by SGD on the mean squared
-// error. kiln's autograd is not built yet, so the gradient of the loss is written out by hand
-// in kiln ops:
+// error. The gradient of the loss is written out by hand in tensor ops (no autograd), so the
+// whole step is visible:
 //   r = X w + b - y                 residuals of the batch, X = [x, x^2, x^3, x^4]
 //   loss = mean(r^2)
 //   dloss/dw = 2/B X^T r,  dloss/db = 2 mean(r)
