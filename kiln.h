@@ -7,6 +7,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "kernels/cuda/runtime.h"
+#include "nn/nn.h"
 #include "nn/safetensors.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
