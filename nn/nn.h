@@ -1,12 +1,11 @@
-// kiln::nn: everything for building and training models, in one include (kiln.h
-// includes it).
+// kiln::nn: everything for building and training models, in one include (kiln.h includes it).
 //
 //   namespace nn = kiln::nn;
 //   namespace F = kiln::nn::functional;
 //
-// Modules and holders (nn/module.h), layers (nn/modules/), stateless functions
-// and losses (nn/functional.h), initialisers (nn/init.h), checkpoints
-// (nn/serialize.h, nn/safetensors.h).
+// Modules and holders (nn/module.h), layers (nn/modules/), stateless functions and losses
+// (nn/functional.h), initialisers (nn/init.h), checkpoints (nn/serialize.h,
+// nn/safetensors.h).
 #pragma once
 
 #include "nn/functional.h"

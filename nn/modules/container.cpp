@@ -4,36 +4,29 @@
 namespace kiln::nn {
 
 namespace internal {
-void fail_module_cast(const char *container, const std::string &key,
-                      const Module &module, const std::type_info &wanted) {
-  KILN_FAIL("[", container, "] module '", key, "' is a ",
-            demangle(typeid(module)), ", not a ", demangle(wanted));
+void fail_module_cast(const char* container, const std::string& key, const Module& module,
+                      const std::type_info& wanted) {
+  KILN_FAIL("[", container, "] module '", key, "' is a ", demangle(typeid(module)), ", not a ",
+            demangle(wanted));
 }
-} // namespace internal
+}  // namespace internal
 
-// --- Functional
-// -------------------------------------------------------------------------------
+// --- Functional ----------------------------------------------------------------------------------
 
-FunctionalImpl::FunctionalImpl(Function function)
-    : function_(std::move(function)) {
+FunctionalImpl::FunctionalImpl(Function function) : function_(std::move(function)) {
   KILN_CHECK(function_ != nullptr, "[Functional] the function is empty");
 }
 
-Tensor FunctionalImpl::forward(Tensor input) {
-  return function_(std::move(input));
-}
+Tensor FunctionalImpl::forward(Tensor input) { return function_(std::move(input)); }
 
-void FunctionalImpl::pretty_print(std::ostream &stream) const {
+void FunctionalImpl::pretty_print(std::ostream& stream) const {
   stream << "kiln::nn::Functional()";
 }
 
-// --- Sequential
-// -------------------------------------------------------------------------------
+// --- Sequential ----------------------------------------------------------------------------------
 
-SequentialImpl::SequentialImpl(
-    std::initializer_list<NamedAnyModule> named_modules) {
-  for (const NamedAnyModule &m : named_modules)
-    push_back(m.name, m.module);
+SequentialImpl::SequentialImpl(std::initializer_list<NamedAnyModule> named_modules) {
+  for (const NamedAnyModule& m : named_modules) push_back(m.name, m.module);
 }
 
 void SequentialImpl::push_back(AnyModule module) {
@@ -46,19 +39,16 @@ void SequentialImpl::push_back(std::string name, AnyModule module) {
   modules_.push_back(std::move(module));
 }
 
-void SequentialImpl::extend(const SequentialImpl &other) {
+void SequentialImpl::extend(const SequentialImpl& other) {
   // Copied first: `other` may be this very Sequential.
   const std::vector<AnyModule> more = other.modules_;
-  for (const AnyModule &m : more)
-    push_back(m);
+  for (const AnyModule& m : more) push_back(m);
 }
 
-Tensor SequentialImpl::forward(const Tensor &input) {
-  KILN_CHECK(!modules_.empty(),
-             "[Sequential] cannot call forward() on an empty Sequential");
+Tensor SequentialImpl::forward(const Tensor& input) {
+  KILN_CHECK(!modules_.empty(), "[Sequential] cannot call forward() on an empty Sequential");
   Tensor x = modules_.front().forward(input);
-  for (size_t i = 1; i < modules_.size(); ++i)
-    x = modules_[i].forward(x);
+  for (size_t i = 1; i < modules_.size(); ++i) x = modules_[i].forward(x);
   return x;
 }
 
@@ -68,12 +58,9 @@ std::shared_ptr<Module> SequentialImpl::ptr(size_t index) const {
   return modules_[index].ptr();
 }
 
-void SequentialImpl::pretty_print(std::ostream &stream) const {
-  stream << "kiln::nn::Sequential";
-}
+void SequentialImpl::pretty_print(std::ostream& stream) const { stream << "kiln::nn::Sequential"; }
 
-// --- ModuleList
-// -------------------------------------------------------------------------------
+// --- ModuleList ----------------------------------------------------------------------------------
 
 void ModuleListImpl::push_back(std::shared_ptr<Module> module) {
   KILN_CHECK(module != nullptr, "[ModuleList] cannot add a null module");
@@ -86,18 +73,14 @@ void ModuleListImpl::insert(size_t index, std::shared_ptr<Module> module) {
              " is out of range for a ModuleList of size ", modules_.size());
   KILN_CHECK(module != nullptr, "[ModuleList] cannot add a null module");
   // Children are named by position: re-register everything from `index` on.
-  for (size_t i = index; i < modules_.size(); ++i)
-    unregister_module(std::to_string(i));
-  modules_.insert(modules_.begin() + static_cast<std::ptrdiff_t>(index),
-                  std::move(module));
-  for (size_t i = index; i < modules_.size(); ++i)
-    register_module(std::to_string(i), modules_[i]);
+  for (size_t i = index; i < modules_.size(); ++i) unregister_module(std::to_string(i));
+  modules_.insert(modules_.begin() + static_cast<std::ptrdiff_t>(index), std::move(module));
+  for (size_t i = index; i < modules_.size(); ++i) register_module(std::to_string(i), modules_[i]);
 }
 
-void ModuleListImpl::extend(const ModuleListImpl &other) {
+void ModuleListImpl::extend(const ModuleListImpl& other) {
   const std::vector<std::shared_ptr<Module>> more = other.modules_;
-  for (const auto &m : more)
-    push_back(m);
+  for (const auto& m : more) push_back(m);
 }
 
 std::shared_ptr<Module> ModuleListImpl::ptr(size_t index) const {
@@ -106,23 +89,18 @@ std::shared_ptr<Module> ModuleListImpl::ptr(size_t index) const {
   return modules_[index];
 }
 
-void ModuleListImpl::pretty_print(std::ostream &stream) const {
-  stream << "kiln::nn::ModuleList";
-}
+void ModuleListImpl::pretty_print(std::ostream& stream) const { stream << "kiln::nn::ModuleList"; }
 
-// --- ModuleDict
-// -------------------------------------------------------------------------------
+// --- ModuleDict ----------------------------------------------------------------------------------
 
 ModuleDictImpl::ModuleDictImpl(
-    const std::vector<std::pair<std::string, std::shared_ptr<Module>>>
-        &modules) {
+    const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& modules) {
   update(modules);
 }
 
-ModuleDictImpl::ModuleDictImpl(const Dict &modules) { update(modules); }
+ModuleDictImpl::ModuleDictImpl(const Dict& modules) { update(modules); }
 
-void ModuleDictImpl::insert(const std::string &key,
-                            std::shared_ptr<Module> module) {
+void ModuleDictImpl::insert(const std::string& key, std::shared_ptr<Module> module) {
   KILN_CHECK(module != nullptr, "[ModuleDict] module '", key, "' is null");
   if (modules_.contains(key)) {
     replace_module(key, module);
@@ -134,39 +112,31 @@ void ModuleDictImpl::insert(const std::string &key,
 }
 
 void ModuleDictImpl::update(
-    const std::vector<std::pair<std::string, std::shared_ptr<Module>>>
-        &modules) {
-  for (const auto &[key, module] : modules)
-    insert(key, module);
+    const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& modules) {
+  for (const auto& [key, module] : modules) insert(key, module);
 }
 
-void ModuleDictImpl::update(const Dict &modules) {
-  for (const auto &item : modules)
-    insert(item.key(), item.value());
+void ModuleDictImpl::update(const Dict& modules) {
+  for (const auto& item : modules) insert(item.key(), item.value());
 }
 
-std::shared_ptr<Module> ModuleDictImpl::pop(const std::string &key) {
-  KILN_CHECK(modules_.contains(key), "[ModuleDict] no module named '", key,
-             "'");
+std::shared_ptr<Module> ModuleDictImpl::pop(const std::string& key) {
+  KILN_CHECK(modules_.contains(key), "[ModuleDict] no module named '", key, "'");
   unregister_module(key);
   return modules_.erase(key);
 }
 
 void ModuleDictImpl::clear() {
-  for (const std::string &key : modules_.keys())
-    unregister_module(key);
+  for (const std::string& key : modules_.keys()) unregister_module(key);
   modules_.clear();
 }
 
-std::shared_ptr<Module>
-ModuleDictImpl::operator[](const std::string &key) const {
-  const std::shared_ptr<Module> *m = modules_.find(key);
+std::shared_ptr<Module> ModuleDictImpl::operator[](const std::string& key) const {
+  const std::shared_ptr<Module>* m = modules_.find(key);
   KILN_CHECK(m != nullptr, "[ModuleDict] no module named '", key, "'");
   return *m;
 }
 
-void ModuleDictImpl::pretty_print(std::ostream &stream) const {
-  stream << "kiln::nn::ModuleDict";
-}
+void ModuleDictImpl::pretty_print(std::ostream& stream) const { stream << "kiln::nn::ModuleDict"; }
 
-} // namespace kiln::nn
+}  // namespace kiln::nn

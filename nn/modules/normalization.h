@@ -4,11 +4,10 @@
 //   kiln::nn::RMSNorm norm(kiln::nn::RMSNormOptions({512}).eps(1e-5));
 //   kiln::nn::BatchNorm2d bn(kiln::nn::BatchNorm2dOptions(64).momentum(0.01));
 //
-// Affine weights start at one and biases at zero, as PyTorch. BatchNorm2d
-// normalises with the batch statistics in training mode (updating
-// running_mean/running_var in place) and with the running statistics in eval
-// mode; its num_batches_tracked buffer counts training batches (used as a
-// cumulative average when momentum is nullopt).
+// Affine weights start at one and biases at zero, as PyTorch. BatchNorm2d normalises with the
+// batch statistics in training mode (updating running_mean/running_var in place) and with the
+// running statistics in eval mode; its num_batches_tracked buffer counts training batches
+// (used as a cumulative average when momentum is nullopt).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +21,7 @@
 namespace kiln::nn {
 
 struct LayerNormOptions {
-  LayerNormOptions(
-      std::vector<int64_t> normalized_shape) // NOLINT: implicit, as libtorch
+  LayerNormOptions(std::vector<int64_t> normalized_shape)  // NOLINT: implicit, as libtorch
       : normalized_shape_(std::move(normalized_shape)) {}
   KILN_ARG(std::vector<int64_t>, normalized_shape);
   KILN_ARG(double, eps) = 1e-5;
@@ -33,22 +31,21 @@ struct LayerNormOptions {
 };
 
 class LayerNormImpl : public Module {
-public:
+ public:
   explicit LayerNormImpl(LayerNormOptions options);
 
   void reset_parameters();
-  Tensor forward(const Tensor &input);
-  void pretty_print(std::ostream &stream) const override;
+  Tensor forward(const Tensor& input);
+  void pretty_print(std::ostream& stream) const override;
 
   LayerNormOptions options;
-  Tensor weight; // normalized_shape, undefined without elementwise_affine
+  Tensor weight;  // normalized_shape, undefined without elementwise_affine
   Tensor bias;
 };
 KILN_MODULE(LayerNorm);
 
 struct RMSNormOptions {
-  RMSNormOptions(
-      std::vector<int64_t> normalized_shape) // NOLINT: implicit, as libtorch
+  RMSNormOptions(std::vector<int64_t> normalized_shape)  // NOLINT: implicit, as libtorch
       : normalized_shape_(std::move(normalized_shape)) {}
   KILN_ARG(std::vector<int64_t>, normalized_shape);
   // nullopt: the machine epsilon of the input's dtype, as PyTorch.
@@ -57,21 +54,20 @@ struct RMSNormOptions {
 };
 
 class RMSNormImpl : public Module {
-public:
+ public:
   explicit RMSNormImpl(RMSNormOptions options);
 
   void reset_parameters();
-  Tensor forward(const Tensor &input);
-  void pretty_print(std::ostream &stream) const override;
+  Tensor forward(const Tensor& input);
+  void pretty_print(std::ostream& stream) const override;
 
   RMSNormOptions options;
-  Tensor weight; // normalized_shape, undefined without elementwise_affine
+  Tensor weight;  // normalized_shape, undefined without elementwise_affine
 };
 KILN_MODULE(RMSNorm);
 
 struct BatchNorm2dOptions {
-  BatchNorm2dOptions(int64_t num_features)
-      : num_features_(num_features) {} // NOLINT
+  BatchNorm2dOptions(int64_t num_features) : num_features_(num_features) {}  // NOLINT
   KILN_ARG(int64_t, num_features);
   KILN_ARG(double, eps) = 1e-5;
   // nullopt: a cumulative moving average over the batches seen.
@@ -81,24 +77,24 @@ struct BatchNorm2dOptions {
 };
 
 class BatchNorm2dImpl : public Module {
-public:
+ public:
   explicit BatchNorm2dImpl(int64_t num_features)
       : BatchNorm2dImpl(BatchNorm2dOptions(num_features)) {}
-  explicit BatchNorm2dImpl(const BatchNorm2dOptions &options);
+  explicit BatchNorm2dImpl(const BatchNorm2dOptions& options);
 
   void reset_running_stats();
   void reset_parameters();
   // input [N, C, H, W].
-  Tensor forward(const Tensor &input);
-  void pretty_print(std::ostream &stream) const override;
+  Tensor forward(const Tensor& input);
+  void pretty_print(std::ostream& stream) const override;
 
   BatchNorm2dOptions options;
-  Tensor weight; // [C], undefined without affine
+  Tensor weight;  // [C], undefined without affine
   Tensor bias;
-  Tensor running_mean;        // [C], undefined without track_running_stats
-  Tensor running_var;         // [C]
-  Tensor num_batches_tracked; // int64 scalar
+  Tensor running_mean;         // [C], undefined without track_running_stats
+  Tensor running_var;          // [C]
+  Tensor num_batches_tracked;  // int64 scalar
 };
 KILN_MODULE(BatchNorm2d);
 
-} // namespace kiln::nn
+}  // namespace kiln::nn
