@@ -76,6 +76,7 @@ class OpNode final : public Node {
                  "gradient of shape ", shape_str(g.sizes()), " for input ", i, " of shape ",
                  shape_str(m.sizes));
       if (g.dtype() != m.dtype) g = g.to(m.dtype);
+      if (g.device() != m.device) g = g.to(m.device);  // e.g. to_copy across devices
       out[i] = std::move(g);
     }
     return out;
