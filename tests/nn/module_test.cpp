@@ -260,8 +260,9 @@ TEST(ModuleTest, LoadStateDictCopiesAndConverts) {
   Net a, b;
   b->to(kDouble);
   b->load_state_dict(a->state_dict());
-  for (const auto& [key, t] : a->state_dict()) {
-    const Tensor& mine = b->state_dict().at(key);
+  const auto sa = a->state_dict(), sb = b->state_dict();
+  for (const auto& [key, t] : sa) {
+    const Tensor& mine = sb.at(key);
     EXPECT_EQ(mine.dtype(), t.dtype() == kInt64 ? kInt64 : kDouble) << key;
     EXPECT_TRUE(allclose(mine.to(t.dtype()), t)) << key;
   }
