@@ -71,8 +71,7 @@ double calculate_gain(Nonlinearity nonlinearity, double param) {
 std::tuple<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& tensor) {
   check_defined(tensor, "calculate_fan_in_and_fan_out");
   KILN_CHECK(tensor.dim() >= 2,
-             "[calculate_fan_in_and_fan_out] fan in and fan out cannot be "
-             "computed for a tensor "
+             "[calculate_fan_in_and_fan_out] fan in and fan out cannot be computed for a tensor "
              "with fewer than 2 dimensions, got shape ",
              shape_str(tensor.sizes()));
   int64_t receptive_field = 1;

@@ -34,8 +34,7 @@ std::string holder_name(const std::type_info& contained) {
 
 void fail_empty_holder(const std::type_info& contained) {
   KILN_FAIL("[", holder_name(contained),
-            "] accessing an empty module holder (it was constructed with "
-            "nullptr); assign a "
+            "] accessing an empty module holder (it was constructed with nullptr); assign a "
             "module to it first");
 }
 
@@ -194,8 +193,7 @@ OrderedDict<std::string, std::shared_ptr<Module>> Module::named_modules(
     auto self = std::const_pointer_cast<Module>(weak_from_this().lock());
     KILN_CHECK(self != nullptr, "[named_modules] ", name(),
                " is not held by a std::shared_ptr (construct it through its holder or "
-               "std::make_shared), so it cannot be returned; pass include_self = "
-               "false");
+               "std::make_shared), so it cannot be returned; pass include_self = false");
   }
   visit(name_prefix, [&](const std::string& prefix, const Module& m) {
     if (&m == this) {

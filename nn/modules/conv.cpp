@@ -28,8 +28,7 @@ Conv2dImpl::Conv2dImpl(const Conv2dOptions& options_) : options(options_) {
              "]");
   for (int i = 0; i < 2; ++i) {
     KILN_CHECK(options.stride()[i] > 0 && options.dilation()[i] > 0 && options.padding()[i] >= 0,
-               "[Conv2d] stride and dilation must be positive and padding "
-               "non-negative");
+               "[Conv2d] stride and dilation must be positive and padding non-negative");
   }
   weight = register_parameter("weight", kiln::empty({out, in / g, k[0], k[1]}));
   bias = options.bias() ? register_parameter("bias", kiln::empty({out}))
