@@ -11,6 +11,7 @@
 #include "nn/optim/adamw.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/optim/sgd.h"
+#include "nn/nn.h"
 #include "nn/safetensors.h"
 #include "nn/utils/clip_grad.h"
 #include "tensor/device.h"

@@ -41,6 +41,18 @@ class TensorImpl {
   uint64_t version() const { return storage_->version(); }
   void bump_version() { storage_->bump_version(); }
 
+  // Points this impl at `other`'s data (storage, sizes, strides, offset, dtype), keeping its
+  // own autograd state: every handle to this tensor sees the new data (libtorch's set_data).
+  void set_data(const TensorImpl& other) {
+    storage_ = other.storage_;
+    sizes_ = other.sizes_;
+    strides_ = other.strides_;
+    storage_offset_ = other.storage_offset_;
+    numel_ = other.numel_;
+    dtype_ = other.dtype_;
+    is_contiguous_ = other.is_contiguous_;
+  }
+
   bool requires_grad() const { return requires_grad_; }
   void set_requires_grad(bool r) { requires_grad_ = r; }
   const std::shared_ptr<autograd::AutogradMeta>& autograd_meta() const { return autograd_meta_; }

@@ -1,0 +1,57 @@
+// kiln::save / kiln::load: checkpoints of modules and tensor maps as safetensors files, with
+// the dotted Hugging Face-style names of state_dict() ("layers.0.attn.q_proj.weight").
+//
+//   kiln::save(model, "model.safetensors");          // parameters + persistent buffers
+//   kiln::load(model, "model.safetensors");          // strict: every key must match
+//   auto r = kiln::load(model, "base.safetensors", /*strict=*/false);
+//   for (auto& k : r.missing_keys) std::cout << "not in the file: " << k << "\n";
+//
+//   kiln::save(kiln::TensorMap{{"step", step}}, "extra.safetensors");
+//   kiln::TensorMap extra;  kiln::load(extra, "extra.safetensors");
+//
+// Writes are atomic (save_safetensors: temporary file, fsync, rename) and carry the metadata
+// {"format": "pt"} that Hugging Face's loaders look for. load copies into the module's
+// existing tensors (their dtype and device win: a bf16 checkpoint loads into an f32 model);
+// nothing is copied unless every shape matches, and the error lists all missing keys,
+// unexpected keys and shape mismatches at once.
+#pragma once
+
+#include <concepts>
+#include <memory>
+#include <string>
+
+#include "nn/module.h"
+#include "nn/safetensors.h"
+
+namespace kiln {
+
+void save(const nn::Module& module, const std::string& path);
+nn::LoadStateDictResult load(nn::Module& module, const std::string& path, bool strict = true);
+
+template <std::derived_from<nn::Module> M>
+void save(const std::shared_ptr<M>& module, const std::string& path) {
+  KILN_CHECK(module != nullptr, "[save] the module is null");
+  save(static_cast<const nn::Module&>(*module), path);
+}
+template <typename M>
+void save(const nn::ModuleHolder<M>& module, const std::string& path) {
+  save(static_cast<const nn::Module&>(*module), path);
+}
+template <std::derived_from<nn::Module> M>
+nn::LoadStateDictResult load(const std::shared_ptr<M>& module, const std::string& path,
+                             bool strict = true) {
+  KILN_CHECK(module != nullptr, "[load] the module is null");
+  return load(static_cast<nn::Module&>(*module), path, strict);
+}
+template <typename M>
+nn::LoadStateDictResult load(const nn::ModuleHolder<M>& module, const std::string& path,
+                             bool strict = true) {
+  return load(static_cast<nn::Module&>(*module), path, strict);
+}
+
+// A map of named tensors. load replaces the contents of `tensors` with the file's (CPU tensors,
+// copy-on-write views of the mapped file where aligned).
+void save(const TensorMap& tensors, const std::string& path);
+void load(TensorMap& tensors, const std::string& path);
+
+}  // namespace kiln
