@@ -1,89 +1,88 @@
-// Polynomial regression, in the style of libtorch's "regression" example: fit
-//   y = w1 x + w2 x^2 + w3 x^3 + w4 x^4 + b
-// to a random target polynomial from batches of random points, by SGD on the mean squared
-// error. The gradient of the loss is written out by hand in tensor ops (no autograd), so the
-// whole step is visible:
-//   r = X w + b - y                 residuals of the batch, X = [x, x^2, x^3, x^4]
-//   loss = mean(r^2)
-//   dloss/dw = 2/B X^T r,  dloss/db = 2 mean(r)
+// Polynomial regression: a port of libtorch's "regression" example (pytorch/examples,
+// cpp/regression), which compiles against libtorch by renaming kiln:: to torch::. A Linear
+// layer learns y = w1 x + w2 x^2 + w3 x^3 + w4 x^4 + b from batches of random points, with
+// SGD on the smooth L1 loss, until the loss falls below 1e-3.
 //
 //   build/examples/polynomial_regression [seed]
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <kiln/kiln.h>
 
 namespace {
 
-constexpr int64_t kDegree = 4;
-constexpr int64_t kBatchSize = 64;
-constexpr double kLearningRate = 0.3;
-constexpr double kTargetLoss = 1e-3;
-constexpr int64_t kMaxSteps = 100000;
-constexpr int64_t kPrintEvery = 100;
+constexpr int64_t kPolyDegree = 4;
+constexpr int64_t kMaxBatches = 200000;
 
-// Features [x, x^2, x^3, x^4] of a batch x of shape [B]: shape [B, kDegree].
-kiln::Tensor make_features(const kiln::Tensor& x) {
-  const kiln::Tensor exponents = kiln::arange(1, kDegree + 1, kiln::kFloat);
-  return x.unsqueeze(1).pow(exponents);
+// Builds features [x, x^2, x^3, x^4] for a batch x of shape [B].
+kiln::Tensor make_features(kiln::Tensor x) {
+  x = x.unsqueeze(1);
+  std::vector<kiln::Tensor> xs;
+  for (int64_t i = 0; i < kPolyDegree; ++i) xs.push_back(x.pow(i + 1));
+  return kiln::cat(xs, 1);
 }
 
-// The polynomial with weights w (shape [kDegree, 1]) and bias b (shape [1]) as text.
-std::string describe(const kiln::Tensor& w, const kiln::Tensor& b) {
-  std::string s = "y =";
-  char term[64];
-  const kiln::Tensor flat = w.view({-1});
-  for (int64_t i = 0; i < kDegree; ++i) {
-    std::snprintf(term, sizeof(term), " %+.3f x^%lld", flat[i].item<double>(),
-                  static_cast<long long>(i + 1));
-    s += term;
+// The target function.
+kiln::Tensor f(const kiln::Tensor& x, const kiln::Tensor& w_target, const kiln::Tensor& b_target) {
+  return x.mm(w_target) + b_target.item();
+}
+
+// "y = +1.23 x^1 -0.45 x^2 ... +6.78".
+std::string poly_desc(const kiln::Tensor& w, const kiln::Tensor& b) {
+  std::ostringstream os;
+  os << "y = ";
+  const auto ws = w.to_vector<float>();
+  for (size_t i = 0; i < ws.size(); ++i) {
+    char term[48];
+    std::snprintf(term, sizeof(term), "%+.2f x^%zu ", ws[i], i + 1);
+    os << term;
   }
-  std::snprintf(term, sizeof(term), " %+.3f", b.item<double>());
-  return s + term;
+  char bias[24];
+  std::snprintf(bias, sizeof(bias), "%+.2f", b.item<float>());
+  os << bias;
+  return os.str();
+}
+
+// A batch of random points and their targets.
+std::pair<kiln::Tensor, kiln::Tensor> get_batch(const kiln::Tensor& w_target,
+                                                const kiln::Tensor& b_target,
+                                                int64_t batch_size = 32) {
+  auto random = kiln::randn({batch_size});
+  auto x = make_features(random);
+  auto y = f(x, w_target, b_target);
+  return std::make_pair(x, y);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   kiln::manual_seed(argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 0);
+  auto w_target = kiln::randn({kPolyDegree, 1}) * 5;
+  auto b_target = kiln::randn({1}) * 5;
 
-  const kiln::Tensor w_target = kiln::randn({kDegree, 1}) * 5;
-  const kiln::Tensor b_target = kiln::randn({1}) * 5;
-  kiln::Tensor w = kiln::zeros({kDegree, 1});
-  kiln::Tensor b = kiln::zeros({1});
+  auto fc = kiln::nn::Linear(w_target.size(0), 1);
+  kiln::optim::SGD optim(fc->parameters(), .1);
 
-  double loss = 0;
-  int64_t step = 0;
-  while (step < kMaxSteps) {
-    ++step;
-    // x uniform in [-1, 1): x^4 of a normal sample has tails heavy enough to make plain SGD
-    // on the squared error diverge at any useful learning rate.
-    const kiln::Tensor x = kiln::rand({kBatchSize}) * 2 - 1;
-    const kiln::Tensor features = make_features(x);                     // [B, 4]
-    const kiln::Tensor y = features.matmul(w_target) + b_target;        // [B, 1]
-    const kiln::Tensor residual = features.matmul(w) + b - y;           // [B, 1]
-    loss = residual.pow(2).mean().item<double>();
-    if (step % kPrintEvery == 0 || step == 1) {
-      std::cout << "step " << step << "  loss " << loss << "\n";
-    }
-    if (loss < kTargetLoss) break;
-
-    const kiln::Tensor grad_w = features.t().matmul(residual) * (2.0 / kBatchSize);  // [4, 1]
-    const kiln::Tensor grad_b = residual.mean({0}) * 2.0;                           // [1]
-    w.sub_(grad_w, kLearningRate);
-    b.sub_(grad_b, kLearningRate);
+  float loss = 0;
+  int64_t batch_idx = 0;
+  while (++batch_idx <= kMaxBatches) {
+    auto [batch_x, batch_y] = get_batch(w_target, b_target);
+    optim.zero_grad();
+    auto output = kiln::smooth_l1_loss(fc(batch_x), batch_y);
+    loss = output.item<float>();
+    output.backward();
+    optim.step();
+    if (batch_idx % 100 == 0) std::cout << "batch " << batch_idx << "  loss " << loss << "\n";
+    if (loss < 1e-3f) break;
   }
-
-  std::cout << "Loss " << loss << " after " << step << " batches\n";
-  std::cout << "==> Learned function: " << describe(w, b) << "\n";
-  std::cout << "==> Target function:  " << describe(w_target, b_target) << "\n";
-  if (loss >= kTargetLoss) {
-    std::cerr << "did not reach a loss below " << kTargetLoss << " in " << kMaxSteps
-              << " steps\n";
-    return EXIT_FAILURE;
-  }
-  return EXIT_SUCCESS;
+  std::cout << "Loss: " << loss << " after " << batch_idx << " batches\n";
+  std::cout << "==> Learned function:\t" << poly_desc(fc->weight.view({-1}), fc->bias) << "\n";
+  std::cout << "==> Actual function:\t" << poly_desc(w_target.view({-1}), b_target) << "\n";
+  return loss < 1e-3f ? 0 : 1;
 }
