@@ -99,7 +99,10 @@ TensorVec std_backward(const BackwardCall& c) {
   const Tensor& x = c.input(0);
   const double denom = static_cast<double>(count_of(c, dims) - correction);
   const Tensor centered = x - x.mean(dims, /*keepdim=*/true);
-  return {unreduce(c.grad() / c.output(0), c, dims, keepdim) * centered / denom};
+  // A slice with zero std gets a zero gradient rather than 0/0 (PyTorch masks it the same way).
+  const Tensor& out = c.output(0);
+  const Tensor scaled = where(out == 0, zeros_like(out), c.grad() / out);
+  return {unreduce(scaled, c, dims, keepdim) * centered / denom};
 }
 
 TensorVec norm_backward(const BackwardCall& c) {
