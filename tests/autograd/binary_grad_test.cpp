@@ -1,6 +1,8 @@
 // Gradient checks of the binary elementwise ops (autograd/binary_backward.cpp): same shapes,
 // broadcasting ([3,1] with [1,4], a 0-d operand, leading dims), non-contiguous operands,
 // scalar operands, alpha, in-place forms on non-leaves, and second derivatives.
+#include <cmath>
+
 #include "grad_test_util.h"
 
 namespace kiln {
@@ -26,7 +28,7 @@ void check_binary(const char* op, BinaryFn f, double shift_a, double shift_b, bo
                          {leaf({4, 3}, 0.5, shift_a), leaf({}, 0.5, shift_b)}));
   EXPECT_TRUE(check_grad({op}, fn, {leaf({4}, 0.5, shift_a), leaf({2, 3, 4}, 0.5, shift_b)}));
   // Only one operand requires grad; the other is a sliced (non-contiguous) constant.
-  Tensor other = randn({3, 8}, kDouble).slice(1, 0, 8, 2) * 0.5 + shift_b;
+  Tensor other = (randn({3, 8}, kDouble) * 0.5 + shift_b).slice(1, 0, 8, 2);
   EXPECT_TRUE(check_grad({op}, [f, other](const variable_list& in) { return f(in[0], other); },
                          {leaf({3, 4}, 0.5, shift_a)}));
 }

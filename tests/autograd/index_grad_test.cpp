@@ -46,7 +46,7 @@ TEST(IndexGradTest, AdvancedIndex) {
   }, {x}));
   // Hand values: repeated rows accumulate.
   Tensor g = gradtest::grad_of([rows](const variable_list& in) { return in[0].index({rows}); }, x);
-  EXPECT_EQ(g.sum(1).to_vector<double>(), (std::vector<double>{3, 0, 6, 3}));
+  EXPECT_EQ(g.sum({1}).to_vector<double>(), (std::vector<double>{3, 0, 6, 3}));
 }
 
 TEST(IndexGradTest, IndexPut) {
@@ -81,7 +81,7 @@ TEST(IndexGradTest, IndexPut) {
     y.index_put_({rows}, zeros({3}, kDouble));
     return y;
   }, leaf({4, 3}));
-  EXPECT_EQ(g.sum(1).to_vector<double>(), (std::vector<double>{0, 3, 0, 3}));
+  EXPECT_EQ(g.sum({1}).to_vector<double>(), (std::vector<double>{0, 3, 0, 3}));
 }
 
 TEST(IndexGradTest, IndexSelectGather) {

@@ -34,7 +34,8 @@ TEST(LinalgGradTest, Bmm) {
 }
 
 TEST(LinalgGradTest, Addmm) {
-  for (auto [beta, alpha] : {std::pair{1.0, 1.0}, std::pair{0.5, -2.0}, std::pair{0.0, 1.5}}) {
+  for (const auto& coeffs : {std::pair{1.0, 1.0}, std::pair{0.5, -2.0}, std::pair{0.0, 1.5}}) {
+    const double beta = coeffs.first, alpha = coeffs.second;
     SCOPED_TRACE(beta);
     auto fn = [beta, alpha](const variable_list& in) {
       return in[0].addmm(in[1], in[2], beta, alpha);

@@ -18,7 +18,7 @@ using indexing::Slice;
 
 // Weights the elements of `t` differently so that a gradient routed to the wrong element shows.
 Tensor weigh(const Tensor& t) {
-  return t * arange(1, t.numel() + 1, kDouble).reshape(t.sizes());
+  return t * arange(1, t.numel() + 1, TensorOptions(kDouble)).reshape(t.sizes());
 }
 
 TEST(ViewGradTest, ViewReshapeFlatten) {
@@ -111,7 +111,7 @@ TEST(ViewGradTest, Splits) {
   }, {x}, true));
   EXPECT_TRUE(check_grad({"slice"}, [](const variable_list& in) {
     auto p = in[0].split_with_sizes({1, 4});
-    return p[1].sum(0) * p[0];
+    return p[1].sum({0}) * p[0];
   }, {x}));
   EXPECT_TRUE(check_grad({"slice"}, [](const variable_list& in) {
     auto p = in[0].t().chunk(2, -1);
@@ -130,7 +130,7 @@ TEST(ViewGradTest, Splits) {
 TEST(ViewGradTest, BasicIndexing) {
   Tensor x = leaf({3, 4, 2});
   EXPECT_TRUE(check_grad({"slice", "select", "unsqueeze"}, [](const variable_list& in) {
-    return weigh(in[0].index({Slice(1, None), None, Slice(None, None, 2), -1}));
+    return weigh(in[0].index({Slice(1, std::nullopt), None, Slice(std::nullopt, std::nullopt, 2), -1}));
   }, {x}, true));
   EXPECT_TRUE(check_grad({"select"}, [](const variable_list& in) {
     return weigh(in[0].index({Ellipsis, 0}));
@@ -232,10 +232,10 @@ TEST(ViewGradTest, RandomFillsOverwrite) {
   };
   for (const auto& [op, fill] : fills) {
     SCOPED_TRACE(op);
-    auto fn = [fill](const variable_list& in) {
+    auto fn = [f = fill](const variable_list& in) {
       manual_seed(11);
       Tensor y = in[0] * 2.0;
-      fill(y);
+      f(y);
       return y * in[0] + in[0];
     };
     EXPECT_TRUE(check_grad({op}, fn, {x}));
