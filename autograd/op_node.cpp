@@ -76,6 +76,7 @@ class OpNode final : public Node {
                  "gradient of shape ", shape_str(g.sizes()), " for input ", i, " of shape ",
                  shape_str(m.sizes));
       if (g.dtype() != m.dtype) g = g.to(m.dtype);
+      if (g.device() != m.device) g = g.to(m.device);  // e.g. to_copy across devices
       out[i] = std::move(g);
     }
     return out;
@@ -123,11 +124,9 @@ void autograd_handle(OpCall& call) {
     KILN_CHECK(m == nullptr || !m->is_view || !self.requires_grad(), "[", op.name,
                "] in-place operation on a view of a tensor that requires grad is not supported; "
                "use the out-of-place op (e.g. `x = x.mul(y)`)");
-    // The rule may need self's value from before the write.
-    if (op.backward != nullptr && (op.saved_inputs & 1u)) {
-      AutoGradMode off(false);
-      original_self = self.clone();
-    }
+    // The rule may need self's value from before the write. The copy is recorded (grad mode
+    // is on here), so that a second derivative through the saved value reaches self's history.
+    if (op.backward != nullptr && (op.saved_inputs & 1u)) original_self = self.clone();
   }
   {
     AutoGradMode off(false);

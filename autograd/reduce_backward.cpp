@@ -82,17 +82,9 @@ TensorVec max_dim_backward(const BackwardCall& c) {
   return {scatter_to_input(c, dim, g, idx)};
 }
 
-TensorVec var_backward(const BackwardCall& c) {
-  const Shape dims = reduced_dims(c);
-  const int64_t correction = c.attr<int64_t>(1);
-  const bool keepdim = c.attr<bool>(2);
-  const Tensor& x = c.input(0);
-  const double denom = static_cast<double>(count_of(c, dims) - correction);
-  const Tensor centered = x - x.mean(dims, /*keepdim=*/true);
-  return {unreduce(c.grad(), c, dims, keepdim) * centered * (2.0 / denom)};
-}
-
-TensorVec std_backward(const BackwardCall& c) {
+// var and std: attrs (dims, correction, keepdim). d var / dx = 2 (x - mean) / (N - correction);
+// d std / dx = d var / dx / (2 std).
+TensorVec spread_backward(const BackwardCall& c, bool is_std) {
   const Shape dims = reduced_dims(c);
   const int64_t correction = c.attr<int64_t>(1);
   const bool keepdim = c.attr<bool>(2);
@@ -100,10 +92,12 @@ TensorVec std_backward(const BackwardCall& c) {
   const double denom = static_cast<double>(count_of(c, dims) - correction);
   const Tensor centered = x - x.mean(dims, /*keepdim=*/true);
   // A slice with zero std gets a zero gradient rather than 0/0 (PyTorch masks it the same way).
-  const Tensor& out = c.output(0);
-  const Tensor scaled = where(out == 0, zeros_like(out), c.grad() / out);
-  return {unreduce(scaled, c, dims, keepdim) * centered / denom};
+  const Tensor g = is_std ? where(c.output(0) == 0, zeros_like(c.grad()), c.grad() / c.output(0))
+                          : c.grad() * 2.0;
+  return {unreduce(g, c, dims, keepdim) * centered / denom};
 }
+TensorVec var_backward(const BackwardCall& c) { return spread_backward(c, false); }
+TensorVec std_backward(const BackwardCall& c) { return spread_backward(c, true); }
 
 TensorVec norm_backward(const BackwardCall& c) {
   const double p = c.attr<Scalar>(0).toDouble();

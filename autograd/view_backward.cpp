@@ -130,15 +130,15 @@ TensorVec as_strided_backward(const BackwardCall& c) {
   return {r.reshape(in.sizes())};
 }
 
-TensorVec to_copy_backward(const BackwardCall& c) {
-  return {c.grad().to(c.input(0).device(), c.input(0).dtype())};
-}
+// Unsaved inputs arrive as meta placeholders, so only the dtype is read here; the node moves
+// the gradient back to the input's device (OpNode::apply).
+TensorVec to_copy_backward(const BackwardCall& c) { return {c.grad().to(c.input(0).dtype())}; }
 
 TensorVec copy_backward(const BackwardCall& c) {
   TensorVec g(2);
   if (c.needs_grad(0)) g[0] = zeros_like(c.grad());
   if (c.needs_grad(1)) {
-    g[1] = sum_to(c.grad(), c.input(1).sizes()).to(c.input(1).device(), c.input(1).dtype());
+    g[1] = sum_to(c.grad(), c.input(1).sizes()).to(c.input(1).dtype());
   }
   return g;
 }

@@ -10,31 +10,31 @@ namespace {
 
 constexpr int kChain = 1000;
 
-// Forward of the chain with recording, without backward: the cost of building nodes.
-void BM_AutogradRecordChain(benchmark::State& state) {
-  kiln::Tensor x = kiln::ones({1}, kiln::requires_grad());
-  for (auto _ : state) {
-    kiln::Tensor y = x;
-    for (int i = 0; i < kChain; ++i) y = y * 1.0001;
-    benchmark::DoNotOptimize(y.impl());
-  }
+kiln::Tensor run_chain(const kiln::Tensor& x) {
+  kiln::Tensor y = x;
+  for (int i = 0; i < kChain; ++i) y = y * 1.0001;
+  return y;
+}
+
+void set_per_node_counter(benchmark::State& state) {
   state.counters["ns_per_node"] = benchmark::Counter(
       static_cast<double>(kChain) * state.iterations(),
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+// Forward of the chain with recording, without backward: the cost of building nodes.
+void BM_AutogradRecordChain(benchmark::State& state) {
+  kiln::Tensor x = kiln::ones({1}, kiln::requires_grad());
+  for (auto _ : state) benchmark::DoNotOptimize(run_chain(x).impl());
+  set_per_node_counter(state);
 }
 BENCHMARK(BM_AutogradRecordChain)->Unit(benchmark::kMicrosecond);
 
 // The same chain without grad: the baseline of the ops themselves.
 void BM_AutogradNoGradChain(benchmark::State& state) {
   kiln::Tensor x = kiln::ones({1});
-  for (auto _ : state) {
-    kiln::Tensor y = x;
-    for (int i = 0; i < kChain; ++i) y = y * 1.0001;
-    benchmark::DoNotOptimize(y.impl());
-  }
-  state.counters["ns_per_node"] = benchmark::Counter(
-      static_cast<double>(kChain) * state.iterations(),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  for (auto _ : state) benchmark::DoNotOptimize(run_chain(x).impl());
+  set_per_node_counter(state);
 }
 BENCHMARK(BM_AutogradNoGradChain)->Unit(benchmark::kMicrosecond);
 
@@ -43,14 +43,11 @@ void BM_AutogradBackwardChain(benchmark::State& state) {
   kiln::Tensor x = kiln::ones({1}, kiln::requires_grad());
   for (auto _ : state) {
     state.PauseTiming();
-    kiln::Tensor y = x;
-    for (int i = 0; i < kChain; ++i) y = y * 1.0001;
+    kiln::Tensor y = run_chain(x);
     state.ResumeTiming();
     y.backward();
   }
-  state.counters["ns_per_node"] = benchmark::Counter(
-      static_cast<double>(kChain) * state.iterations(),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  set_per_node_counter(state);
 }
 BENCHMARK(BM_AutogradBackwardChain)->Unit(benchmark::kMicrosecond);
 

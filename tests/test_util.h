@@ -1,4 +1,4 @@
-// Helpers shared by the tensor tests.
+// Helpers shared by the test suites.
 #pragma once
 
 #include <gtest/gtest.h>

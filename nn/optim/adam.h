@@ -1,0 +1,73 @@
+// kiln::optim::Adam, exactly as torch.optim.Adam (L2 weight decay added to the gradient):
+//
+//   t = t + 1
+//   g = grad + weight_decay * p
+//   m = beta1 * m + (1 - beta1) * g             (as lerp(m, g, 1 - beta1))
+//   v = beta2 * v + (1 - beta2) * g * g
+//   v_max = max(v_max, v)                        (amsgrad; v_max replaces v below)
+//   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//
+//   kiln::optim::Adam opt(model->parameters(),
+//                         kiln::optim::AdamOptions(1e-3).betas({0.9, 0.999}).eps(1e-8));
+//
+// State: step, "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad. Contiguous f32
+// parameters on the CPU are updated by one fused, multi-threaded pass per tensor (the same
+// float arithmetic as the op-by-op path, which serves every other case).
+#pragma once
+
+#include <tuple>
+
+#include "nn/optim/optimizer.h"
+
+namespace kiln::optim {
+
+class AdamOptions : public OptimizerOptions {
+ public:
+  using betas_t = std::tuple<double, double>;
+  AdamOptions(double lr = 1e-3);  // NOLINT: implicit, as in libtorch
+  KILN_OPTIM_ARG(double, lr);
+  KILN_OPTIM_ARG(betas_t, betas) = {0.9, 0.999};
+  KILN_OPTIM_ARG(double, eps) = 1e-8;
+  KILN_OPTIM_ARG(double, weight_decay) = 0;
+  KILN_OPTIM_ARG(bool, amsgrad) = false;
+
+ public:
+  std::unique_ptr<OptimizerOptions> clone() const override;
+  double get_lr() const override { return lr_; }
+  void set_lr(double lr) override { lr_ = lr; }
+  std::map<std::string, double> to_values() const override;
+  void from_values(const std::map<std::string, double>& values) override;
+};
+
+class Adam : public Optimizer {
+ public:
+  Adam(const std::vector<OptimizerParamGroup>& param_groups, const AdamOptions& defaults = {});
+  Adam(std::vector<Tensor> params, const AdamOptions& defaults = {});
+
+ protected:
+  void update(Tensor& param, const OptimizerOptions& options,
+              OptimizerParamState& state) override;
+};
+
+namespace internal {
+
+// The hyper-parameters of one Adam or AdamW step.
+struct AdamStep {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  bool amsgrad;
+  bool decoupled_weight_decay;  // AdamW: p *= 1 - lr * weight_decay, gradient untouched
+};
+
+void check_adam_options(const char* name, double lr, double beta1, double beta2, double eps,
+                        double weight_decay);
+
+// One Adam/AdamW update of `param` (grad defined) and its state.
+void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state);
+
+}  // namespace internal
+
+}  // namespace kiln::optim

@@ -1,0 +1,186 @@
+// kiln::optim::Optimizer: the base of SGD, Adam and AdamW, in libtorch's spelling.
+//
+//   kiln::optim::AdamW opt(model->parameters(), kiln::optim::AdamWOptions(1e-3).weight_decay(0.1));
+//   for (...) {
+//     opt.zero_grad();              // grads to undefined (set_to_none = true, as libtorch)
+//     loss.backward();
+//     opt.step();                   // under NoGradGuard; parameters without a grad are skipped
+//   }
+//   opt.set_lr(3e-4);               // every group; or per group, as in libtorch:
+//   static_cast<kiln::optim::AdamWOptions&>(opt.param_groups()[0].options()).lr(3e-4);
+//   opt.save("opt.safetensors");    // state and options; opt2.load(...) resumes bit-exactly
+//
+// Parameter groups carry their own options (e.g. no weight decay for norms and biases):
+//
+//   std::vector<kiln::optim::OptimizerParamGroup> groups;
+//   groups.emplace_back(decay_params);   // takes the optimizer's defaults
+//   groups.emplace_back(no_decay_params, std::make_unique<kiln::optim::AdamWOptions>(
+//                                            kiln::optim::AdamWOptions(1e-3).weight_decay(0)));
+//   kiln::optim::AdamW opt(groups, kiln::optim::AdamWOptions(1e-3).weight_decay(0.1));
+//
+// State: per parameter, a step count and named buffers ("momentum_buffer"; "exp_avg",
+// "exp_avg_sq", "max_exp_avg_sq"), kept in f32 (f64 for f64 parameters), created on the
+// parameter's first step. The checkpoint is a safetensors file: tensors
+// "state.<index>.<buffer>" where <index> counts parameters over all groups in order (as
+// PyTorch's state_dict), and metadata holding the step counts and every group's options.
+//
+// Pitfalls:
+// - State is keyed by the parameter's TensorImpl: replacing a parameter by a new tensor (rather
+//   than updating it in place) loses its state.
+// - load() needs the same group structure (groups, parameters per group, shapes) and the same
+//   optimizer type; it restores every group's options (lr included), as PyTorch does.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "nn/safetensors.h"
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+
+// Declares a builder-style option: `opts.name(v)` sets it and returns the options,
+// `opts.name()` reads it (as libtorch's TORCH_ARG).
+#define KILN_OPTIM_ARG(T, name)                        \
+ public:                                               \
+  auto name(const T& new_##name) -> decltype(*this) {  \
+    name##_ = new_##name;                              \
+    return *this;                                      \
+  }                                                    \
+  const T& name() const noexcept { return name##_; }   \
+  T& name() noexcept { return name##_; }               \
+                                                       \
+ private:                                              \
+  T name##_
+
+namespace kiln::optim {
+
+// The options of one optimizer (and of one parameter group). Derived options add their
+// hyper-parameters with KILN_OPTIM_ARG and say how they are written to a checkpoint.
+class OptimizerOptions {
+ public:
+  virtual ~OptimizerOptions() = default;
+  virtual std::unique_ptr<OptimizerOptions> clone() const = 0;
+  virtual double get_lr() const = 0;
+  virtual void set_lr(double lr) = 0;
+  // Every hyper-parameter as a number (bools as 0/1), by name; read back by from_values.
+  virtual std::map<std::string, double> to_values() const = 0;
+  virtual void from_values(const std::map<std::string, double>& values) = 0;
+};
+
+// A list of parameters with, optionally, its own options (else the optimizer's defaults).
+class OptimizerParamGroup {
+ public:
+  OptimizerParamGroup(std::vector<Tensor> params)  // NOLINT: implicit, as in libtorch
+      : params_(std::move(params)) {}
+  OptimizerParamGroup(std::vector<Tensor> params, std::unique_ptr<OptimizerOptions> options)
+      : params_(std::move(params)), options_(std::move(options)) {}
+  OptimizerParamGroup(const OptimizerParamGroup& other);
+  OptimizerParamGroup& operator=(const OptimizerParamGroup& other);
+  OptimizerParamGroup(OptimizerParamGroup&&) noexcept = default;
+  OptimizerParamGroup& operator=(OptimizerParamGroup&&) noexcept = default;
+
+  bool has_options() const { return options_ != nullptr; }
+  OptimizerOptions& options();
+  const OptimizerOptions& options() const;
+  void set_options(std::unique_ptr<OptimizerOptions> options) { options_ = std::move(options); }
+  std::vector<Tensor>& params() { return params_; }
+  const std::vector<Tensor>& params() const { return params_; }
+
+ private:
+  std::vector<Tensor> params_;
+  std::unique_ptr<OptimizerOptions> options_;
+};
+
+// What an optimizer keeps for one parameter.
+struct OptimizerParamState {
+  int64_t step = 0;
+  std::map<std::string, Tensor> buffers;
+};
+
+class Optimizer {
+ public:
+  // Recomputes the loss (with grad mode on) before the update; step() returns its value.
+  using LossClosure = std::function<Tensor()>;
+
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  virtual ~Optimizer() = default;
+
+  // Adds a group; a group without options gets a copy of the defaults. Parameters must be
+  // floating-point leaves and appear in one group only.
+  void add_param_group(const OptimizerParamGroup& group);
+
+  // Clears every parameter's gradient: undefined when set_to_none, else zeroed in place
+  // (detached from any graph first, as libtorch).
+  void zero_grad(bool set_to_none = true);
+
+  // One update of every parameter that has a gradient; returns the closure's loss (or an
+  // undefined tensor without a closure).
+  Tensor step(const LossClosure& closure = nullptr);
+
+  std::vector<OptimizerParamGroup>& param_groups() { return param_groups_; }
+  const std::vector<OptimizerParamGroup>& param_groups() const { return param_groups_; }
+  OptimizerOptions& defaults() { return *defaults_; }
+  const OptimizerOptions& defaults() const { return *defaults_; }
+  // All parameters over all groups, in order.
+  std::vector<Tensor> parameters() const;
+  // The number of parameters over all groups.
+  size_t size() const;
+
+  // Sets the learning rate of every group; get_lr reads the first group's.
+  void set_lr(double lr);
+  double get_lr() const;
+
+  const std::string& name() const { return name_; }
+  std::unordered_map<const TensorImpl*, OptimizerParamState>& state() { return state_; }
+  const std::unordered_map<const TensorImpl*, OptimizerParamState>& state() const {
+    return state_;
+  }
+
+  // The state as named tensors plus metadata (the layout described at the top of this file),
+  // and back. load_state_dict copies the tensors onto the parameters' devices.
+  TensorMap state_dict(SafetensorsMetadata* metadata) const;
+  void load_state_dict(const TensorMap& tensors, const SafetensorsMetadata& metadata);
+  // The same through a safetensors file (written atomically).
+  void save(const std::string& path) const;
+  void load(const std::string& path);
+
+  // The dtype in which state is kept for `param`: f64 for f64 parameters, else f32.
+  static ScalarType state_dtype(const Tensor& param);
+  // A zero state buffer shaped like `param`, on its device, in state_dtype.
+  static Tensor zero_state(const Tensor& param);
+
+ protected:
+  Optimizer(std::string name, std::vector<OptimizerParamGroup> param_groups,
+            std::unique_ptr<OptimizerOptions> defaults);
+
+  // Updates `param` (whose grad is defined) by the rule of the optimizer, with `options` of
+  // its group. Runs under NoGradGuard.
+  virtual void update(Tensor& param, const OptimizerOptions& options,
+                      OptimizerParamState& state) = 0;
+
+
+ private:
+  std::string name_;
+  std::vector<OptimizerParamGroup> param_groups_;
+  std::unique_ptr<OptimizerOptions> defaults_;
+  std::unordered_map<const TensorImpl*, OptimizerParamState> state_;
+};
+
+namespace internal {
+// `options` as the options type O of optimizer `name`, failing clearly when a group was given
+// another optimizer's options.
+template <typename O>
+const O& options_as(const OptimizerOptions& options, const char* name) {
+  const O* o = dynamic_cast<const O*>(&options);
+  KILN_CHECK(o != nullptr, "[", name, "] a parameter group has the options of another optimizer");
+  return *o;
+}
+}  // namespace internal
+
+}  // namespace kiln::optim

@@ -1,0 +1,48 @@
+// kiln::optim::SGD: stochastic gradient descent with momentum, dampening, Nesterov momentum
+// and L2 weight decay, exactly as torch.optim.SGD:
+//
+//   g = grad + weight_decay * p
+//   b = g                                   on the first step (momentum != 0)
+//   b = momentum * b + (1 - dampening) * g  afterwards
+//   g = nesterov ? g + momentum * b : b
+//   p = p - lr * g
+//
+//   kiln::optim::SGD opt(model->parameters(),
+//                        kiln::optim::SGDOptions(0.01).momentum(0.9).nesterov(true));
+//
+// State: "momentum_buffer" (only when momentum != 0). Nesterov needs momentum > 0 and zero
+// dampening.
+#pragma once
+
+#include "nn/optim/optimizer.h"
+
+namespace kiln::optim {
+
+class SGDOptions : public OptimizerOptions {
+ public:
+  SGDOptions(double lr);  // NOLINT: implicit, as in libtorch
+  KILN_OPTIM_ARG(double, lr);
+  KILN_OPTIM_ARG(double, momentum) = 0;
+  KILN_OPTIM_ARG(double, dampening) = 0;
+  KILN_OPTIM_ARG(double, weight_decay) = 0;
+  KILN_OPTIM_ARG(bool, nesterov) = false;
+
+ public:
+  std::unique_ptr<OptimizerOptions> clone() const override;
+  double get_lr() const override { return lr_; }
+  void set_lr(double lr) override { lr_ = lr; }
+  std::map<std::string, double> to_values() const override;
+  void from_values(const std::map<std::string, double>& values) override;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(const std::vector<OptimizerParamGroup>& param_groups, const SGDOptions& defaults);
+  SGD(std::vector<Tensor> params, const SGDOptions& defaults);
+
+ protected:
+  void update(Tensor& param, const OptimizerOptions& options,
+              OptimizerParamState& state) override;
+};
+
+}  // namespace kiln::optim

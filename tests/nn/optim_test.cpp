@@ -1,0 +1,523 @@
+// Optimizers: the first steps of SGD, Adam and AdamW against their published update rules
+// (written out in double below), parameter groups, zero_grad, the fused CPU path against the
+// op-by-op path, and checkpoints that resume bit-exactly.
+#include <gtest/gtest.h>
+#include <kiln/kiln.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "nn/optim/adam.h"
+#include "nn/optim/adamw.h"
+#include "nn/optim/sgd.h"
+#include "tensor/test_util.h"
+
+namespace kiln {
+namespace {
+
+using optim::Adam;
+using optim::AdamOptions;
+using optim::AdamW;
+using optim::AdamWOptions;
+using optim::OptimizerParamGroup;
+using optim::SGD;
+using optim::SGDOptions;
+
+// The gradients fed to scalar parameters on steps 1, 2, 3.
+const std::vector<double> kGrads = {0.5, -1.25, 2.0};
+
+Tensor scalar_param(double v, ScalarType dtype) { return full({1}, v, dtype).requires_grad_(); }
+
+void set_grad(Tensor p, double g) { p.mutable_grad() = full({1}, g, p.dtype()); }
+
+// Runs `opt` for kGrads.size() steps on `p`, returning p after each step.
+std::vector<double> run_scalar(optim::Optimizer& opt, Tensor p) {
+  std::vector<double> out;
+  for (double g : kGrads) {
+    set_grad(p, g);
+    opt.step();
+    out.push_back(p.item<double>());
+  }
+  return out;
+}
+
+// --- SGD ---------------------------------------------------------------------------------------
+
+struct SgdCase {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+};
+
+// torch.optim.SGD's documented rule, in double.
+std::vector<double> sgd_reference(const SgdCase& c, double p) {
+  std::vector<double> out;
+  double buf = 0;
+  for (size_t t = 0; t < kGrads.size(); ++t) {
+    double g = kGrads[t] + c.weight_decay * p;
+    if (c.momentum != 0) {
+      buf = t == 0 ? g : c.momentum * buf + (1 - c.dampening) * g;
+      g = c.nesterov ? g + c.momentum * buf : buf;
+    }
+    p = p - c.lr * g;
+    out.push_back(p);
+  }
+  return out;
+}
+
+TEST(OptimSgd, HandComputedMomentum) {
+  // lr 0.1, momentum 0.9, constant gradient 1: buffers 1, 1.9, 2.71.
+  Tensor p = scalar_param(1.0, kFloat64);
+  SGD opt({p}, SGDOptions(0.1).momentum(0.9));
+  std::vector<double> got;
+  for (int i = 0; i < 3; ++i) {
+    set_grad(p, 1.0);
+    opt.step();
+    got.push_back(p.item<double>());
+  }
+  EXPECT_NEAR(got[0], 1.0 - 0.1 * 1.0, 1e-15);
+  EXPECT_NEAR(got[1], 0.9 - 0.1 * 1.9, 1e-15);
+  EXPECT_NEAR(got[2], 0.71 - 0.1 * 2.71, 1e-15);
+}
+
+TEST(OptimSgd, FirstStepsMatchTheRule) {
+  const std::vector<SgdCase> cases = {
+      {0.1, 0, 0, 0, false},          // plain
+      {0.05, 0, 0, 0.1, false},       // weight decay only
+      {0.1, 0.9, 0, 0, false},        // momentum
+      {0.1, 0.9, 0.25, 0.01, false},  // momentum, dampening, weight decay
+      {0.1, 0.9, 0, 1e-2, true},      // Nesterov
+  };
+  for (const SgdCase& c : cases) {
+    const std::vector<double> want = sgd_reference(c, 1.5);
+    for (ScalarType dtype : {kFloat64, kFloat32}) {
+      Tensor p = scalar_param(1.5, dtype);
+      SGD opt({p}, SGDOptions(c.lr)
+                       .momentum(c.momentum)
+                       .dampening(c.dampening)
+                       .weight_decay(c.weight_decay)
+                       .nesterov(c.nesterov));
+      const std::vector<double> got = run_scalar(opt, p);
+      const double tol = dtype == kFloat64 ? 1e-14 : 1e-6;
+      for (size_t t = 0; t < want.size(); ++t) {
+        EXPECT_NEAR(got[t], want[t], tol) << "step " << t + 1 << " momentum " << c.momentum
+                                          << " nesterov " << c.nesterov << " " << dtype_name(dtype);
+      }
+    }
+  }
+}
+
+TEST(OptimSgd, Errors) {
+  Tensor p = scalar_param(1.0, kFloat32);
+  EXPECT_KILN_ERROR(SGD({p}, SGDOptions(-0.1)), "[SGD] invalid learning rate");
+  EXPECT_KILN_ERROR(SGD({p}, SGDOptions(0.1).momentum(-1)), "[SGD] invalid momentum");
+  EXPECT_KILN_ERROR(SGD({p}, SGDOptions(0.1).weight_decay(-1)), "[SGD] invalid weight_decay");
+  EXPECT_KILN_ERROR(SGD({p}, SGDOptions(0.1).nesterov(true)), "[SGD] Nesterov momentum requires");
+  EXPECT_KILN_ERROR(SGD({p}, SGDOptions(0.1).momentum(0.9).dampening(0.1).nesterov(true)),
+                    "[SGD] Nesterov momentum requires");
+  EXPECT_KILN_ERROR(SGD({p, p}, SGDOptions(0.1)), "[SGD] some parameters appear in more than one");
+  EXPECT_KILN_ERROR(SGD({ones({2}, kInt64)}, SGDOptions(0.1)), "[SGD] can only optimize floating");
+  EXPECT_KILN_ERROR(SGD({p * 2}, SGDOptions(0.1)), "[SGD] can't optimize a non-leaf");
+  // Options changed to invalid values after construction are caught at the step.
+  SGD opt({p}, SGDOptions(0.1));
+  static_cast<SGDOptions&>(opt.param_groups()[0].options()).lr(-1);
+  set_grad(p, 1);
+  EXPECT_KILN_ERROR(opt.step(), "[SGD] invalid learning rate");
+}
+
+// --- Adam and AdamW ----------------------------------------------------------------------------
+
+struct AdamCase {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool amsgrad;
+};
+
+// torch.optim.Adam (decoupled = false) and torch.optim.AdamW (decoupled = true), in double.
+std::vector<double> adam_reference(const AdamCase& c, bool decoupled, double p) {
+  std::vector<double> out;
+  double m = 0, v = 0, vmax = 0;
+  for (size_t i = 0; i < kGrads.size(); ++i) {
+    const double t = static_cast<double>(i + 1);
+    double g = kGrads[i];
+    if (decoupled) {
+      p = p * (1 - c.lr * c.weight_decay);
+    } else {
+      g = g + c.weight_decay * p;
+    }
+    m = c.beta1 * m + (1 - c.beta1) * g;
+    v = c.beta2 * v + (1 - c.beta2) * g * g;
+    vmax = std::max(vmax, v);
+    const double m_hat = m / (1 - std::pow(c.beta1, t));
+    const double v_used = c.amsgrad ? vmax : v;
+    const double denom = std::sqrt(v_used) / std::sqrt(1 - std::pow(c.beta2, t)) + c.eps;
+    p = p - c.lr * m_hat / denom;
+    out.push_back(p);
+  }
+  return out;
+}
+
+const std::vector<AdamCase> kAdamCases = {
+    {1e-3, 0.9, 0.999, 1e-8, 0, false},
+    {0.1, 0.8, 0.99, 1e-3, 0.05, false},
+    {0.1, 0.5, 0.9, 1e-8, 0.1, true},
+    {0.05, 0.0, 0.5, 0.1, 0, true},
+};
+
+TEST(OptimAdam, HandComputedConstantGradient) {
+  // With a constant gradient the bias-corrected moments equal g and g^2, so every step moves
+  // by lr * g / (|g| + eps).
+  Tensor p = scalar_param(1.0, kFloat64);
+  Adam opt({p}, AdamOptions(0.1));
+  for (int i = 1; i <= 3; ++i) {
+    set_grad(p, 2.0);
+    opt.step();
+    EXPECT_NEAR(p.item<double>(), 1.0 - i * 0.1 * 2.0 / (2.0 + 1e-8), 1e-14);
+  }
+  const auto& st = opt.state().at(p.impl());
+  EXPECT_EQ(st.step, 3);
+  EXPECT_NEAR(st.buffers.at("exp_avg").item<double>(), 2.0 * (1 - 0.9 * 0.9 * 0.9), 1e-14);
+  EXPECT_NEAR(st.buffers.at("exp_avg_sq").item<double>(), 4.0 * (1 - std::pow(0.999, 3)), 1e-14);
+  EXPECT_EQ(st.buffers.count("max_exp_avg_sq"), 0u);
+}
+
+TEST(OptimAdam, FirstStepsMatchTheRule) {
+  for (const AdamCase& c : kAdamCases) {
+    const std::vector<double> want = adam_reference(c, false, 1.5);
+    for (ScalarType dtype : {kFloat64, kFloat32}) {
+      Tensor p = scalar_param(1.5, dtype);
+      Adam opt({p}, AdamOptions(c.lr)
+                        .betas({c.beta1, c.beta2})
+                        .eps(c.eps)
+                        .weight_decay(c.weight_decay)
+                        .amsgrad(c.amsgrad));
+      const std::vector<double> got = run_scalar(opt, p);
+      const double tol = dtype == kFloat64 ? 1e-14 : 2e-6;
+      for (size_t t = 0; t < want.size(); ++t) {
+        EXPECT_NEAR(got[t], want[t], tol) << "step " << t + 1 << " lr " << c.lr << " amsgrad "
+                                          << c.amsgrad << " " << dtype_name(dtype);
+      }
+    }
+  }
+}
+
+TEST(OptimAdamW, HandComputedDecoupledDecay) {
+  // lr 0.1, weight decay 0.1, constant gradient: p <- p * 0.99 - 0.1 * g / (|g| + eps).
+  Tensor p = scalar_param(1.0, kFloat64);
+  AdamW opt({p}, AdamWOptions(0.1).weight_decay(0.1));
+  const double step = 0.1 * 3.0 / (3.0 + 1e-8);
+  const std::vector<double> want = {1.0 * 0.99 - step, (1.0 * 0.99 - step) * 0.99 - step,
+                                    ((1.0 * 0.99 - step) * 0.99 - step) * 0.99 - step};
+  for (int i = 0; i < 3; ++i) {
+    set_grad(p, 3.0);
+    opt.step();
+    EXPECT_NEAR(p.item<double>(), want[i], 1e-14);
+  }
+}
+
+TEST(OptimAdamW, FirstStepsMatchTheRule) {
+  for (const AdamCase& c : kAdamCases) {
+    const std::vector<double> want = adam_reference(c, true, -0.75);
+    for (ScalarType dtype : {kFloat64, kFloat32}) {
+      Tensor p = scalar_param(-0.75, dtype);
+      AdamW opt({p}, AdamWOptions(c.lr)
+                         .betas({c.beta1, c.beta2})
+                         .eps(c.eps)
+                         .weight_decay(c.weight_decay)
+                         .amsgrad(c.amsgrad));
+      const std::vector<double> got = run_scalar(opt, p);
+      const double tol = dtype == kFloat64 ? 1e-14 : 2e-6;
+      for (size_t t = 0; t < want.size(); ++t) {
+        EXPECT_NEAR(got[t], want[t], tol) << "step " << t + 1 << " lr " << c.lr << " amsgrad "
+                                          << c.amsgrad << " " << dtype_name(dtype);
+      }
+    }
+  }
+}
+
+TEST(OptimAdamW, Defaults) {
+  AdamWOptions o;
+  EXPECT_EQ(o.lr(), 1e-3);
+  EXPECT_EQ(std::get<0>(o.betas()), 0.9);
+  EXPECT_EQ(std::get<1>(o.betas()), 0.999);
+  EXPECT_EQ(o.eps(), 1e-8);
+  EXPECT_EQ(o.weight_decay(), 1e-2);
+  EXPECT_FALSE(o.amsgrad());
+  EXPECT_EQ(AdamOptions().weight_decay(), 0.0);
+}
+
+TEST(OptimAdam, Errors) {
+  Tensor p = scalar_param(1.0, kFloat32);
+  EXPECT_KILN_ERROR(Adam({p}, AdamOptions(-1)), "[Adam] invalid learning rate");
+  EXPECT_KILN_ERROR(Adam({p}, AdamOptions().betas({1.0, 0.999})),
+                    "[Adam] invalid beta parameter at index 0");
+  EXPECT_KILN_ERROR(Adam({p}, AdamOptions().betas({0.9, -0.1})),
+                    "[Adam] invalid beta parameter at index 1");
+  EXPECT_KILN_ERROR(Adam({p}, AdamOptions().eps(-1)), "[Adam] invalid epsilon");
+  EXPECT_KILN_ERROR(AdamW({p}, AdamWOptions().weight_decay(-1)), "[AdamW] invalid weight_decay");
+  // A group carrying another optimizer's options.
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<Tensor>{p}, std::make_unique<SGDOptions>(0.1));
+  EXPECT_KILN_ERROR(AdamW(groups, AdamWOptions()), "[AdamW] a parameter group has the options");
+}
+
+// The fused loop (contiguous f32 on the CPU, multi-threaded above 8K elements) against the
+// op-by-op path on the same values (a transposed, non-contiguous parameter).
+TEST(OptimAdamW, FusedMatchesOps) {
+  for (bool amsgrad : {false, true}) {
+    for (bool decoupled : {false, true}) {
+      manual_seed(7);
+      Tensor strided = randn({150, 400}).t();  // [400, 150], not contiguous
+      Tensor dense = strided.contiguous();
+      ASSERT_FALSE(strided.is_contiguous());
+      std::unique_ptr<optim::Optimizer> a, b;
+      if (decoupled) {
+        a = std::make_unique<AdamW>(std::vector<Tensor>{dense},
+                                    AdamWOptions(0.01).weight_decay(0.1).amsgrad(amsgrad));
+        b = std::make_unique<AdamW>(std::vector<Tensor>{strided},
+                                    AdamWOptions(0.01).weight_decay(0.1).amsgrad(amsgrad));
+      } else {
+        a = std::make_unique<Adam>(std::vector<Tensor>{dense},
+                                   AdamOptions(0.01).weight_decay(0.1).amsgrad(amsgrad));
+        b = std::make_unique<Adam>(std::vector<Tensor>{strided},
+                                   AdamOptions(0.01).weight_decay(0.1).amsgrad(amsgrad));
+      }
+      for (int s = 0; s < 3; ++s) {
+        Tensor g = randn({400, 150});
+        dense.mutable_grad() = g;
+        strided.mutable_grad() = g.clone();
+        a->step();
+        b->step();
+      }
+      EXPECT_TRUE(allclose(dense, strided, 1e-6, 1e-7)) << "amsgrad " << amsgrad;
+      const auto& sa = a->state().at(dense.impl()).buffers;
+      const auto& sb = b->state().at(strided.impl()).buffers;
+      EXPECT_TRUE(allclose(sa.at("exp_avg"), sb.at("exp_avg"), 1e-6, 1e-7));
+      EXPECT_TRUE(allclose(sa.at("exp_avg_sq"), sb.at("exp_avg_sq"), 1e-6, 1e-7));
+    }
+  }
+}
+
+TEST(OptimAdamW, LowPrecisionParamsKeepF32State) {
+  manual_seed(3);
+  Tensor ref = randn({64});
+  Tensor half = ref.to(kBFloat16);
+  Tensor ref32 = half.to(kFloat32);  // the same starting values
+  AdamW a({half}, AdamWOptions(0.01));
+  AdamW b({ref32}, AdamWOptions(0.01));
+  for (int s = 0; s < 3; ++s) {
+    Tensor g = randn({64});
+    half.mutable_grad() = g.to(kBFloat16);
+    ref32.mutable_grad() = g.to(kBFloat16).to(kFloat32);
+    a.step();
+    b.step();
+  }
+  EXPECT_EQ(half.dtype(), kBFloat16);
+  EXPECT_EQ(a.state().at(half.impl()).buffers.at("exp_avg").dtype(), kFloat32);
+  EXPECT_TRUE(allclose(half.to(kFloat32), ref32, 1e-2, 1e-2));
+}
+
+// --- Groups, zero_grad, step ---------------------------------------------------------------------
+
+TEST(Optim, ParamGroupsWithTheirOwnOptions) {
+  Tensor w = scalar_param(1.0, kFloat64);
+  Tensor b = scalar_param(1.0, kFloat64);
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<Tensor>{w});  // the defaults: lr 0.1, weight decay 0.5
+  groups.emplace_back(std::vector<Tensor>{b},
+                      std::make_unique<AdamWOptions>(AdamWOptions(0.01).weight_decay(0)));
+  AdamW opt(groups, AdamWOptions(0.1).weight_decay(0.5));
+  ASSERT_EQ(opt.param_groups().size(), 2u);
+  EXPECT_EQ(opt.size(), 2u);
+  EXPECT_EQ(static_cast<AdamWOptions&>(opt.param_groups()[0].options()).weight_decay(), 0.5);
+  set_grad(w, 1.0);
+  set_grad(b, 1.0);
+  opt.step();
+  // First AdamW step: p * (1 - lr * wd) - lr * g / (|g| + eps).
+  EXPECT_NEAR(w.item<double>(), 1.0 * (1 - 0.1 * 0.5) - 0.1 / (1 + 1e-8), 1e-14);
+  EXPECT_NEAR(b.item<double>(), 1.0 - 0.01 / (1 + 1e-8), 1e-14);
+
+  // Per-group lr, as libtorch; then set_lr for all groups.
+  static_cast<AdamWOptions&>(opt.param_groups()[1].options()).lr(0.5);
+  EXPECT_EQ(opt.param_groups()[1].options().get_lr(), 0.5);
+  EXPECT_EQ(opt.get_lr(), 0.1);
+  opt.set_lr(0.02);
+  EXPECT_EQ(opt.param_groups()[0].options().get_lr(), 0.02);
+  EXPECT_EQ(opt.param_groups()[1].options().get_lr(), 0.02);
+  EXPECT_EQ(opt.defaults().get_lr(), 0.1);  // the defaults stay
+
+  // A group added later takes the defaults unless it brings options.
+  Tensor c = scalar_param(2.0, kFloat64);
+  opt.add_param_group(OptimizerParamGroup({c}));
+  EXPECT_EQ(opt.param_groups()[2].options().get_lr(), 0.1);
+  EXPECT_KILN_ERROR(opt.add_param_group(OptimizerParamGroup({w})),
+                    "[AdamW] some parameters appear in more than one parameter group");
+}
+
+TEST(Optim, ZeroGradAndSkippingParamsWithoutGrad) {
+  Tensor a = scalar_param(1.0, kFloat32);
+  Tensor b = scalar_param(2.0, kFloat32);
+  SGD opt({a, b}, SGDOptions(0.1).momentum(0.9));
+  (a * 3).sum().backward();
+  ASSERT_TRUE(a.grad().defined());
+  ASSERT_FALSE(b.grad().defined());
+  opt.step();
+  EXPECT_FLOAT_EQ(a.item<float>(), 1.0f - 0.1f * 3.0f);
+  EXPECT_FLOAT_EQ(b.item<float>(), 2.0f);  // no grad: untouched, no state
+  EXPECT_EQ(opt.state().count(b.impl()), 0u);
+
+  // set_to_none = false zeroes the same gradient tensor in place.
+  const TensorImpl* grad_impl = a.grad().impl();
+  opt.zero_grad(/*set_to_none=*/false);
+  ASSERT_TRUE(a.grad().defined());
+  EXPECT_EQ(a.grad().impl(), grad_impl);
+  EXPECT_EQ(a.grad().item<float>(), 0.0f);
+  // The default (set_to_none = true, as libtorch) drops it.
+  opt.zero_grad();
+  EXPECT_FALSE(a.grad().defined());
+  const float before = a.item<float>();
+  opt.step();
+  EXPECT_EQ(a.item<float>(), before);
+}
+
+TEST(Optim, StepRunsUnderNoGradAndBumpsTheVersion) {
+  Tensor p = ones({40000}).requires_grad_();
+  AdamW opt({p}, AdamWOptions(0.1));
+  (p * p).sum().backward();
+  const uint64_t version = p._version();
+  opt.step();
+  EXPECT_GT(p._version(), version);
+  EXPECT_TRUE(p.is_leaf());
+  EXPECT_EQ(p.grad_fn(), nullptr);
+  EXPECT_TRUE(p.requires_grad());
+}
+
+TEST(Optim, StepWithClosure) {
+  Tensor p = scalar_param(3.0, kFloat64);
+  SGD opt({p}, SGDOptions(0.25));
+  auto closure = [&] {
+    opt.zero_grad();
+    Tensor loss = (p * p).sum();
+    loss.backward();
+    return loss;
+  };
+  Tensor loss = opt.step(closure);
+  EXPECT_DOUBLE_EQ(loss.item<double>(), 9.0);
+  EXPECT_DOUBLE_EQ(p.item<double>(), 3.0 - 0.25 * 6.0);
+  EXPECT_FALSE(opt.step().defined());
+}
+
+// --- Checkpoints ---------------------------------------------------------------------------------
+
+// Parameters covering each path: a multi-threaded fused f32 tensor, a small f32 tensor, an f64
+// tensor (op path), and one that never gets a gradient (no state). Two groups.
+std::vector<Tensor> make_params() {
+  manual_seed(11);
+  return {randn({40000}), randn({3, 5}), randn({7}, kFloat64), randn({4})};
+}
+
+std::vector<OptimizerParamGroup> two_groups(const std::vector<Tensor>& p,
+                                            std::unique_ptr<optim::OptimizerOptions> second) {
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<Tensor>{p[0], p[1]});
+  groups.emplace_back(std::vector<Tensor>{p[2], p[3]}, std::move(second));
+  return groups;
+}
+
+// Steps first, ..., last - 1 of a training run (the gradients depend on the step).
+void train_steps(optim::Optimizer& opt, const std::vector<Tensor>& params, int first, int last) {
+  for (int s = first; s < last; ++s) {
+    for (size_t i = 0; i + 1 < params.size(); ++i) {
+      Tensor p = params[i];
+      p.mutable_grad() = p.sin() * 0.5 + p * p * 0.1 - 0.05 * static_cast<double>(s);
+    }
+    opt.step();
+  }
+}
+
+std::string temp_file(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("kiln_optim_test_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+template <typename Opt, typename Options>
+void check_resume(const Options& defaults, const Options& second, const Options& other) {
+  // Six steps straight.
+  std::vector<Tensor> straight = make_params();
+  Opt a(two_groups(straight, second.clone()), defaults);
+  train_steps(a, straight, 0, 6);
+
+  // Three steps, save, a fresh optimizer (other options) on copies, load, three more.
+  std::vector<Tensor> first = make_params();
+  Opt b(two_groups(first, second.clone()), defaults);
+  train_steps(b, first, 0, 3);
+  const std::string path = temp_file(b.name() + ".safetensors");
+  b.save(path);
+  std::vector<Tensor> resumed;
+  for (const Tensor& p : first) resumed.push_back(p.detach().clone());
+  Opt c(two_groups(resumed, other.clone()), other);
+  c.load(path);
+  EXPECT_EQ(c.param_groups()[0].options().get_lr(), defaults.get_lr());
+  EXPECT_EQ(c.param_groups()[1].options().get_lr(), second.get_lr());
+  EXPECT_EQ(c.state().count(resumed[3].impl()), 0u);
+  train_steps(c, resumed, 3, 6);
+  for (size_t i = 0; i < straight.size(); ++i) {
+    EXPECT_TRUE(equal(straight[i], resumed[i])) << b.name() << " parameter " << i;
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(OptimCheckpoint, ResumesBitExactly) {
+  check_resume<SGD>(SGDOptions(0.05).momentum(0.9).weight_decay(1e-3),
+                    SGDOptions(0.02).momentum(0.8).nesterov(true), SGDOptions(0.5));
+  check_resume<Adam>(AdamOptions(0.01).amsgrad(true).weight_decay(0.01),
+                     AdamOptions(0.003).betas({0.8, 0.95}), AdamOptions(0.5));
+  check_resume<AdamW>(AdamWOptions(0.01).weight_decay(0.1),
+                      AdamWOptions(0.002).weight_decay(0).amsgrad(true).eps(1e-6),
+                      AdamWOptions(0.5));
+}
+
+TEST(OptimCheckpoint, FileLayout) {
+  std::vector<Tensor> p = make_params();
+  AdamW opt(two_groups(p, AdamWOptions(0.002).amsgrad(true).clone()), AdamWOptions(0.01));
+  train_steps(opt, p, 0, 2);
+  SafetensorsMetadata meta;
+  const TensorMap tensors = opt.state_dict(&meta);
+  EXPECT_EQ(meta.at("kiln.optimizer"), "AdamW");
+  EXPECT_EQ(meta.at("param_groups"), "2");
+  EXPECT_EQ(meta.at("param_groups.0.num_params"), "2");
+  EXPECT_EQ(meta.at("param_groups.1.lr"), "0.002");
+  EXPECT_EQ(meta.at("param_groups.1.amsgrad"), "1");
+  EXPECT_EQ(meta.at("state.0.step"), "2");
+  EXPECT_EQ(meta.count("state.3.step"), 0u);
+  EXPECT_EQ(tensors.count("state.0.exp_avg"), 1u);
+  EXPECT_EQ(tensors.count("state.2.max_exp_avg_sq"), 1u);
+  EXPECT_EQ(tensors.count("state.0.max_exp_avg_sq"), 0u);
+  EXPECT_EQ(tensors.at("state.2.exp_avg").dtype(), kFloat64);
+  EXPECT_EQ(tensors.at("state.1.exp_avg_sq").sizes(), p[1].sizes());
+}
+
+TEST(OptimCheckpoint, LoadErrors) {
+  std::vector<Tensor> p = make_params();
+  AdamW opt(two_groups(p, AdamWOptions(0.002).clone()), AdamWOptions(0.01));
+  train_steps(opt, p, 0, 1);
+  const std::string path = temp_file("errors.safetensors");
+  opt.save(path);
+
+  std::vector<Tensor> q = make_params();
+  Adam adam(two_groups(q, AdamOptions().clone()), AdamOptions());
+  EXPECT_KILN_ERROR(adam.load(path), "[Adam::load] the checkpoint holds the state of AdamW");
+  AdamW one_group(q, AdamWOptions());
+  EXPECT_KILN_ERROR(one_group.load(path), "has 2 parameter groups, the optimizer 1");
+  std::vector<Tensor> r = make_params();
+  r[1] = randn({5, 3});
+  AdamW reshaped(two_groups(r, AdamWOptions(0.5).clone()), AdamWOptions(0.5));
+  EXPECT_KILN_ERROR(reshaped.load(path), "\"state.1.exp_avg\" has shape [3, 5]");
+  EXPECT_EQ(reshaped.get_lr(), 0.5);  // a failed load changes nothing
+  EXPECT_TRUE(reshaped.state().empty());
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace kiln
