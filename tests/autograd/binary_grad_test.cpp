@@ -20,10 +20,10 @@ using BinaryFn = Tensor (*)(const Tensor&, const Tensor&);
 void check_binary(const char* op, BinaryFn f, double shift_a, double shift_b, bool smooth) {
   SCOPED_TRACE(op);
   auto fn = [f](const variable_list& in) { return f(in[0], in[1]); };
-  EXPECT_TRUE(check_grad({op}, fn, {leaf({2, 3}, 0.5, shift_a), leaf({2, 3}, 0.5, shift_b)},
-                         smooth));
-  EXPECT_TRUE(check_grad({op}, fn, {leaf({3, 1}, 0.5, shift_a), leaf({1, 4}, 0.5, shift_b)},
-                         smooth));
+  EXPECT_TRUE(
+      check_grad({op}, fn, {leaf({2, 3}, 0.5, shift_a), leaf({2, 3}, 0.5, shift_b)}, smooth));
+  EXPECT_TRUE(
+      check_grad({op}, fn, {leaf({3, 1}, 0.5, shift_a), leaf({1, 4}, 0.5, shift_b)}, smooth));
   EXPECT_TRUE(check_grad({op}, [f](const variable_list& in) { return f(in[0].t(), in[1]); },
                          {leaf({4, 3}, 0.5, shift_a), leaf({}, 0.5, shift_b)}));
   EXPECT_TRUE(check_grad({op}, fn, {leaf({4}, 0.5, shift_a), leaf({2, 3, 4}, 0.5, shift_b)}));
@@ -34,29 +34,41 @@ void check_binary(const char* op, BinaryFn f, double shift_a, double shift_b, bo
 }
 
 TEST(BinaryGradTest, Arithmetic) {
-  check_binary("add", [](const Tensor& a, const Tensor& b) { return a + b; }, 0, 0, true);
-  check_binary("add", [](const Tensor& a, const Tensor& b) { return a.add(b, 2.5); }, 0, 0, true);
-  check_binary("sub", [](const Tensor& a, const Tensor& b) { return a - b; }, 0, 0, true);
-  check_binary("sub", [](const Tensor& a, const Tensor& b) { return a.sub(b, -1.5); }, 0, 0, true);
-  check_binary("mul", [](const Tensor& a, const Tensor& b) { return a * b; }, 0, 0, true);
-  check_binary("div", [](const Tensor& a, const Tensor& b) { return a / b; }, 0, 2.0, true);
-  check_binary("pow", [](const Tensor& a, const Tensor& b) { return a.pow(b); }, 2.0, 0, true);
-  check_binary("atan2", [](const Tensor& a, const Tensor& b) { return a.atan2(b); }, 0, 1.5,
-               true);
+  check_binary(
+      "add", [](const Tensor& a, const Tensor& b) { return a + b; }, 0, 0, true);
+  check_binary(
+      "add", [](const Tensor& a, const Tensor& b) { return a.add(b, 2.5); }, 0, 0, true);
+  check_binary(
+      "sub", [](const Tensor& a, const Tensor& b) { return a - b; }, 0, 0, true);
+  check_binary(
+      "sub", [](const Tensor& a, const Tensor& b) { return a.sub(b, -1.5); }, 0, 0, true);
+  check_binary(
+      "mul", [](const Tensor& a, const Tensor& b) { return a * b; }, 0, 0, true);
+  check_binary(
+      "div", [](const Tensor& a, const Tensor& b) { return a / b; }, 0, 2.0, true);
+  check_binary(
+      "pow", [](const Tensor& a, const Tensor& b) { return a.pow(b); }, 2.0, 0, true);
+  check_binary(
+      "atan2", [](const Tensor& a, const Tensor& b) { return a.atan2(b); }, 0, 1.5, true);
 }
 
 TEST(BinaryGradTest, ScalarOperands) {
   Tensor x = leaf({2, 3}, 0.5, 2.0);
-  auto t = [](auto f) { return f; };
-  EXPECT_TRUE(check_grad({"add"}, t([](const variable_list& in) { return in[0] + 3.0; }), {x}, true));
-  EXPECT_TRUE(check_grad({"add"}, t([](const variable_list& in) { return 2 + in[0]; }), {x}));
-  EXPECT_TRUE(check_grad({"add"}, t([](const variable_list& in) { return in[0].add(1.0, 3.0); }), {x}));
-  EXPECT_TRUE(check_grad({"sub"}, t([](const variable_list& in) { return in[0] - 3.0; }), {x}));
-  EXPECT_TRUE(check_grad({"sub"}, t([](const variable_list& in) { return 3.0 - in[0]; }), {x}, true));
-  EXPECT_TRUE(check_grad({"mul"}, t([](const variable_list& in) { return in[0] * -1.5; }), {x}, true));
-  EXPECT_TRUE(check_grad({"div"}, t([](const variable_list& in) { return in[0] / 4.0; }), {x}));
-  EXPECT_TRUE(check_grad({"div"}, t([](const variable_list& in) { return 4.0 / in[0]; }), {x}, true));
-  EXPECT_TRUE(check_grad({"pow"}, t([](const variable_list& in) { return pow(2.0, in[0]); }), {x}, true));
+  EXPECT_TRUE(check_grad(
+      {"add"}, [](const variable_list& in) { return in[0] + 3.0; }, {x}, true));
+  EXPECT_TRUE(check_grad({"add"}, [](const variable_list& in) { return 2 + in[0]; }, {x}));
+  EXPECT_TRUE(
+      check_grad({"add"}, [](const variable_list& in) { return in[0].add(1.0, 3.0); }, {x}));
+  EXPECT_TRUE(check_grad({"sub"}, [](const variable_list& in) { return in[0] - 3.0; }, {x}));
+  EXPECT_TRUE(check_grad(
+      {"sub"}, [](const variable_list& in) { return 3.0 - in[0]; }, {x}, true));
+  EXPECT_TRUE(check_grad(
+      {"mul"}, [](const variable_list& in) { return in[0] * -1.5; }, {x}, true));
+  EXPECT_TRUE(check_grad({"div"}, [](const variable_list& in) { return in[0] / 4.0; }, {x}));
+  EXPECT_TRUE(check_grad(
+      {"div"}, [](const variable_list& in) { return 4.0 / in[0]; }, {x}, true));
+  EXPECT_TRUE(check_grad(
+      {"pow"}, [](const variable_list& in) { return pow(2.0, in[0]); }, {x}, true));
   // f32 scalar-like operand mixed in: the gradient comes back as float64.
   Tensor f32 = full({3}, 0.5, kFloat);
   EXPECT_TRUE(check_grad({"mul"}, [f32](const variable_list& in) { return in[0] * f32; }, {x}));
@@ -113,12 +125,14 @@ TEST(BinaryGradTest, Where) {
   EXPECT_TRUE(check_grad({"where"}, fn, {leaf({}), leaf({4})}, true));
   // A non-contiguous condition and operand, and the scalar forms.
   Tensor c2 = tensor({true, false, false, true, true, false}, kBool).reshape({2, 3}).t();
-  EXPECT_TRUE(check_grad({"where"}, [c2](const variable_list& in) {
-    return where(c2, in[0].t(), 2.0) + where(c2, -1.0, in[0].t());
-  }, {leaf({2, 3})}));
-  EXPECT_TRUE(check_grad({"where"}, [c2](const variable_list& in) {
-    return in[0].t().where(c2, in[1]);
-  }, {leaf({2, 3}), leaf({1})}));
+  EXPECT_TRUE(check_grad({"where"},
+                         [c2](const variable_list& in) {
+                           return where(c2, in[0].t(), 2.0) + where(c2, -1.0, in[0].t());
+                         },
+                         {leaf({2, 3})}));
+  EXPECT_TRUE(check_grad({"where"},
+                         [c2](const variable_list& in) { return in[0].t().where(c2, in[1]); },
+                         {leaf({2, 3}), leaf({1})}));
 }
 
 TEST(BinaryGradTest, Clamp) {
@@ -141,69 +155,101 @@ TEST(BinaryGradTest, Lerp) {
   EXPECT_TRUE(check_grad({"lerp"}, scalar_w, {leaf({3, 1}), leaf({1, 4})}));
   EXPECT_TRUE(check_grad({"lerp"}, tensor_w, {leaf({2, 3}), leaf({2, 3}), leaf({2, 3})}, true));
   EXPECT_TRUE(check_grad({"lerp"}, tensor_w, {leaf({3, 1}), leaf({1, 4}), leaf({})}));
-  EXPECT_TRUE(check_grad({"lerp"}, [](const variable_list& in) {
-    return in[0].t().lerp(in[1], in[2].t());
-  }, {leaf({3, 2}), leaf({2, 3}), leaf({3, 2})}));
+  EXPECT_TRUE(check_grad({"lerp"},
+                         [](const variable_list& in) { return in[0].t().lerp(in[1], in[2].t()); },
+                         {leaf({3, 2}), leaf({2, 3}), leaf({3, 2})}));
 }
 
 TEST(BinaryGradTest, InplaceOnNonLeaf) {
   auto leafs = [] { return variable_list{leaf({2, 3}, 0.5, 1.5), leaf({3}, 0.5, 2.0)}; };
-  EXPECT_TRUE(check_grad({"add_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 1.0;
-    y.add_(in[1], 2.0);
-    return y;
-  }, leafs(), true));
-  EXPECT_TRUE(check_grad({"add_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 1.0;
-    y += 3.0;
-    return y * in[0];
-  }, leafs()));
-  EXPECT_TRUE(check_grad({"sub_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 1.0;
-    y.sub_(in[1], 0.5);
-    return y;
-  }, leafs(), true));
-  EXPECT_TRUE(check_grad({"sub_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 1.0;
-    y -= 1.0;
-    return y.square();
-  }, leafs()));
-  EXPECT_TRUE(check_grad({"mul_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 1.0;
-    y.mul_(in[1]);
-    return y;
-  }, leafs(), true));
-  EXPECT_TRUE(check_grad({"mul_"}, [](const variable_list& in) {
-    Tensor y = in[0].square();
-    y *= -2.0;
-    return y;
-  }, leafs()));
-  EXPECT_TRUE(check_grad({"div_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 1.0;
-    y.div_(in[1]);
-    return y;
-  }, leafs(), true));
-  EXPECT_TRUE(check_grad({"div_"}, [](const variable_list& in) {
-    Tensor y = in[0].square();
-    y /= 4.0;
-    return y;
-  }, leafs()));
-  EXPECT_TRUE(check_grad({"clamp_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 1.0;
-    y.clamp_(0.0, 100.0);  // the inputs are far inside: identity
-    return y;
-  }, leafs()));
+  EXPECT_TRUE(check_grad(
+      {"add_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 1.0;
+        y.add_(in[1], 2.0);
+        return y;
+      },
+      leafs(), true));
+  EXPECT_TRUE(check_grad(
+      {"add_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 1.0;
+        y += 3.0;
+        return y * in[0];
+      },
+      leafs()));
+  EXPECT_TRUE(check_grad(
+      {"sub_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 1.0;
+        y.sub_(in[1], 0.5);
+        return y;
+      },
+      leafs(), true));
+  EXPECT_TRUE(check_grad(
+      {"sub_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 1.0;
+        y -= 1.0;
+        return y.square();
+      },
+      leafs()));
+  EXPECT_TRUE(check_grad(
+      {"mul_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 1.0;
+        y.mul_(in[1]);
+        return y;
+      },
+      leafs(), true));
+  EXPECT_TRUE(check_grad(
+      {"mul_"},
+      [](const variable_list& in) {
+        Tensor y = in[0].square();
+        y *= -2.0;
+        return y;
+      },
+      leafs()));
+  EXPECT_TRUE(check_grad(
+      {"div_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 1.0;
+        y.div_(in[1]);
+        return y;
+      },
+      leafs(), true));
+  EXPECT_TRUE(check_grad(
+      {"div_"},
+      [](const variable_list& in) {
+        Tensor y = in[0].square();
+        y /= 4.0;
+        return y;
+      },
+      leafs()));
+  EXPECT_TRUE(check_grad(
+      {"clamp_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 1.0;
+        y.clamp_(0.0, 100.0);  // the inputs are far inside: identity
+        return y;
+      },
+      leafs()));
   Tensor x = leaf_of({-1.0, -0.2, 0.3, 0.9}, {4});
-  EXPECT_TRUE(check_grad({"clamp_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 2.0;
-    y.clamp_(-0.5, 1.0);
-    return y;
-  }, {x}));
-  EXPECT_TRUE(check_grad({"lerp_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 1.0;
-    y.lerp_(in[1], 0.25);
-    return y;
-  }, leafs(), true));
+  EXPECT_TRUE(check_grad({"clamp_"},
+                         [](const variable_list& in) {
+                           Tensor y = in[0] * 2.0;
+                           y.clamp_(-0.5, 1.0);
+                           return y;
+                         },
+                         {x}));
+  EXPECT_TRUE(check_grad(
+      {"lerp_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 1.0;
+        y.lerp_(in[1], 0.25);
+        return y;
+      },
+      leafs(), true));
 }
 
 }  // namespace

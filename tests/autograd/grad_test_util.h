@@ -4,14 +4,13 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <kiln/kiln.h>
 
 #include <functional>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <kiln/kiln.h>
 
 namespace kiln::gradtest {
 
@@ -64,18 +63,11 @@ inline std::set<std::string> graph_node_names(const Tensor& out) {
   return names;
 }
 
-// Ops some check_grad call of this process covered (for the coverage summary).
-inline std::set<std::string>& covered_ops() {
-  static std::set<std::string> ops;
-  return ops;
-}
-
 // gradcheck of fn at inputs (and gradgradcheck when `gradgrad`), after checking that the graph
 // of fn(inputs) holds a node of each op in `ops` (registry names; "mul_" is "MulBackward0").
 // For gradgradcheck the ops are looked for in the graph of the vector-Jacobian product too.
-inline ::testing::AssertionResult check_grad(const std::vector<std::string>& ops,
-                                             const GradFn& fn, const variable_list& inputs,
-                                             bool gradgrad = false,
+inline ::testing::AssertionResult check_grad(const std::vector<std::string>& ops, const GradFn& fn,
+                                             const variable_list& inputs, bool gradgrad = false,
                                              autograd::GradcheckOptions options = {}) {
   try {
     const Tensor out = fn(inputs);
@@ -87,7 +79,6 @@ inline ::testing::AssertionResult check_grad(const std::vector<std::string>& ops
         return ::testing::AssertionFailure()
                << "op " << op << " is not in the graph (nodes: " << all << ")";
       }
-      covered_ops().insert(op);
     }
     autograd::gradcheck(fn, inputs, options);
     if (gradgrad) autograd::gradgradcheck(fn, inputs, options);

@@ -25,8 +25,8 @@ void check_unary(const UnaryCase& c) {
   SCOPED_TRACE(c.op);
   const UnaryFn f = c.fn;
   Tensor a = leaf({3, 2}, 0.5, c.shift);
-  EXPECT_TRUE(check_grad({c.op}, [f](const variable_list& in) { return f(in[0].t()); }, {a},
-                         c.smooth));
+  EXPECT_TRUE(check_grad(
+      {c.op}, [f](const variable_list& in) { return f(in[0].t()); }, {a}, c.smooth));
   Tensor b = leaf({4}, 0.5, c.shift);
   EXPECT_TRUE(check_grad({c.op}, [f](const variable_list& in) { return f(in[0]); }, {b}));
   Tensor s = leaf({}, 0.5, c.shift);
@@ -59,9 +59,7 @@ TEST(UnaryGradTest, SmoothOps) {
 TEST(UnaryGradTest, PiecewiseOps) {
   // abs and relu away from 0; sign/floor/ceil/round (zero gradient) away from their jumps.
   Tensor pos = leaf_of({0.3, -1.2, 2.1, -0.7, 1.4, -2.6}, {2, 3});
-  auto on_t = [](UnaryFn f) {
-    return [f](const variable_list& in) { return f(in[0].t()); };
-  };
+  auto on_t = [](UnaryFn f) { return [f](const variable_list& in) { return f(in[0].t()); }; };
   EXPECT_TRUE(check_grad({"abs"}, on_t([](const Tensor& x) { return x.abs(); }), {pos}, true));
   EXPECT_TRUE(check_grad({"relu"}, on_t([](const Tensor& x) { return x.relu(); }), {pos}, true));
   EXPECT_TRUE(check_grad({"sign"}, on_t([](const Tensor& x) { return x.sign() * x; }), {pos}));
@@ -87,14 +85,14 @@ TEST(UnaryGradTest, PowTensorScalar) {
   Tensor x = leaf({2, 3}, 0.5, 2.0);  // positive: fractional powers are defined
   for (double p : {2.0, 3.0, 0.5, -1.5, 1.0, 0.0}) {
     SCOPED_TRACE(p);
-    EXPECT_TRUE(check_grad({"pow_tensor_scalar"},
-                           [p](const variable_list& in) { return in[0].t().pow(p); }, {x},
-                           true));
+    EXPECT_TRUE(check_grad(
+        {"pow_tensor_scalar"}, [p](const variable_list& in) { return in[0].t().pow(p); }, {x},
+        true));
   }
   // Integer exponents on inputs of both signs.
   Tensor y = leaf({5});
-  EXPECT_TRUE(check_grad({"pow_tensor_scalar"},
-                         [](const variable_list& in) { return in[0].pow(3); }, {y}, true));
+  EXPECT_TRUE(check_grad(
+      {"pow_tensor_scalar"}, [](const variable_list& in) { return in[0].pow(3); }, {y}, true));
   // x^0 has zero gradient even at 0 (PyTorch's convention).
   Tensor z = leaf_of({0.0, 1.5}, {2});
   Tensor g = gradtest::grad_of([](const variable_list& in) { return in[0].pow(0.0); }, z);
@@ -103,32 +101,45 @@ TEST(UnaryGradTest, PowTensorScalar) {
 
 TEST(UnaryGradTest, InplaceOnNonLeaf) {
   Tensor x = leaf({2, 3}, 0.5, 1.5);
-  EXPECT_TRUE(check_grad({"exp_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 1.0;
-    y.exp_();
-    return y;
-  }, {x}, true));
-  EXPECT_TRUE(check_grad({"sqrt_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 2.0;
-    y.sqrt_();
-    return y * in[0];
-  }, {x}, true));
-  EXPECT_TRUE(check_grad({"neg_"}, [](const variable_list& in) {
-    Tensor y = in[0].square();
-    y.neg_();
-    return y;
-  }, {x}, true));
+  EXPECT_TRUE(check_grad(
+      {"exp_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 1.0;
+        y.exp_();
+        return y;
+      },
+      {x}, true));
+  EXPECT_TRUE(check_grad(
+      {"sqrt_"},
+      [](const variable_list& in) {
+        Tensor y = in[0] * 2.0;
+        y.sqrt_();
+        return y * in[0];
+      },
+      {x}, true));
+  EXPECT_TRUE(check_grad(
+      {"neg_"},
+      [](const variable_list& in) {
+        Tensor y = in[0].square();
+        y.neg_();
+        return y;
+      },
+      {x}, true));
   Tensor s = leaf_of({0.5, -1.0, 2.0, -0.25}, {4});
-  EXPECT_TRUE(check_grad({"relu_"}, [](const variable_list& in) {
-    Tensor y = in[0] * 3.0;
-    y.relu_();
-    return y;
-  }, {s}));
+  EXPECT_TRUE(check_grad({"relu_"},
+                         [](const variable_list& in) {
+                           Tensor y = in[0] * 3.0;
+                           y.relu_();
+                           return y;
+                         },
+                         {s}));
   // An in-place op on a non-leaf computed from a transposed input.
-  EXPECT_TRUE(check_grad({"exp_"}, [](const variable_list& in) {
-    Tensor y = in[0].t() * 1.0;
-    return y.exp_();
-  }, {x}));
+  EXPECT_TRUE(check_grad({"exp_"},
+                         [](const variable_list& in) {
+                           Tensor y = in[0].t() * 1.0;
+                           return y.exp_();
+                         },
+                         {x}));
 }
 
 }  // namespace
