@@ -47,7 +47,9 @@ TensorVec div_backward(const BackwardCall& c) {
 TensorVec pow_backward(const BackwardCall& c) {
   TensorVec r(2);
   if (c.needs_grad(0)) {
-    r[0] = sum_to(g(c) * b(c) * a(c).pow(b(c) - 1), a(c).sizes());
+    // An exponent of 0 gives 0 even at a == 0, where b a^(b-1) would be 0 * inf (as PyTorch).
+    const Tensor da = g(c) * b(c) * a(c).pow(b(c) - 1);
+    r[0] = sum_to(where(b(c) == 0, zeros_like(da), da), a(c).sizes());
   }
   if (c.needs_grad(1)) {
     // d/db a^b = a^b log a; taken as 0 where a == 0 and b >= 0 (the limit), as PyTorch.

@@ -89,6 +89,9 @@ bool gradgradcheck(const GradcheckFn& fn, const variable_list& inputs, const Gra
   all.push_back(v);
   const size_t n = inputs.size();
   auto vjp = [&fn, n](const variable_list& xs) {
+    // gradcheck evaluates its function under NoGradGuard for the finite differences; the
+    // vector-Jacobian product needs the graph of fn all the same.
+    AutoGradMode enable_grad(true);
     variable_list ins(xs.begin(), xs.begin() + n);
     variable_list diff;
     for (const Tensor& t : ins) {

@@ -56,12 +56,30 @@ TensorVec gather_backward(const BackwardCall& c) {
   return {zeros_of_input(c, 0).scatter_add(dim, c.input(1), c.grad()), Tensor()};
 }
 
+// The gradient of scatter's src: what each src element was written to. src may be larger than
+// the index (only its leading block is read): the rest of src gets zeros, placed through the
+// differentiable slice_backward op.
+Tensor scattered_src_grad(const BackwardCall& c, int64_t dim) {
+  static const OpDef& pad = KILN_OP(slice_backward);
+  const Tensor& index = c.input(1);
+  const Tensor& src = c.input(2);
+  Tensor g = c.grad().gather(dim, index);
+  if (g.dim() == 0 || src.dim() == 0 || g.sizes() == src.sizes()) return g.reshape(src.sizes());
+  for (int64_t d = 0; d < g.dim(); ++d) {
+    if (g.sizes()[d] == src.sizes()[d]) continue;
+    Shape padded = to_shape(g.sizes());
+    padded[d] = src.sizes()[d];
+    g = call_op1(pad, {g}, {padded, d, int64_t{0}, g.sizes()[d], int64_t{1}});
+  }
+  return g;
+}
+
 // scatter(_): inputs (self, index, src).
 TensorVec scatter_backward(const BackwardCall& c) {
   const int64_t dim = c.attr<int64_t>(0);
   TensorVec g(3);
   if (c.needs_grad(0)) g[0] = c.grad().scatter(dim, c.input(1), 0.0);
-  if (c.needs_grad(2)) g[2] = c.grad().gather(dim, c.input(1));
+  if (c.needs_grad(2)) g[2] = scattered_src_grad(c, dim);
   return g;
 }
 
@@ -73,7 +91,7 @@ TensorVec scatter_value_backward(const BackwardCall& c) {
 TensorVec scatter_add_backward(const BackwardCall& c) {
   TensorVec g(3);
   if (c.needs_grad(0)) g[0] = c.grad();
-  if (c.needs_grad(2)) g[2] = c.grad().gather(c.attr<int64_t>(0), c.input(1));
+  if (c.needs_grad(2)) g[2] = scattered_src_grad(c, c.attr<int64_t>(0));
   return g;
 }
 
@@ -97,8 +115,9 @@ TensorVec embedding_backward(const BackwardCall& c) {
   return {zeros_of_input(c, 0).index_add(0, c.input(1).reshape({-1}), rows), Tensor()};
 }
 
+// The output has the broadcast shape of self and mask: a broadcast self sums its gradient back.
 TensorVec masked_fill_backward(const BackwardCall& c) {
-  return {c.grad().masked_fill(c.input(1), 0.0), Tensor()};
+  return {sum_to(c.grad().masked_fill(c.input(1), 0.0), c.input(0).sizes()), Tensor()};
 }
 
 // masked_select: the output holds the selected elements of self broadcast with mask.

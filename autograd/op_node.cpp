@@ -124,11 +124,9 @@ void autograd_handle(OpCall& call) {
     KILN_CHECK(m == nullptr || !m->is_view || !self.requires_grad(), "[", op.name,
                "] in-place operation on a view of a tensor that requires grad is not supported; "
                "use the out-of-place op (e.g. `x = x.mul(y)`)");
-    // The rule may need self's value from before the write.
-    if (op.backward != nullptr && (op.saved_inputs & 1u)) {
-      AutoGradMode off(false);
-      original_self = self.clone();
-    }
+    // The rule may need self's value from before the write. The copy is recorded (grad mode
+    // is on here), so that a second derivative through the saved value reaches self's history.
+    if (op.backward != nullptr && (op.saved_inputs & 1u)) original_self = self.clone();
   }
   {
     AutoGradMode off(false);

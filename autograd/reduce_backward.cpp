@@ -91,7 +91,9 @@ TensorVec spread_backward(const BackwardCall& c, bool is_std) {
   const Tensor& x = c.input(0);
   const double denom = static_cast<double>(count_of(c, dims) - correction);
   const Tensor centered = x - x.mean(dims, /*keepdim=*/true);
-  const Tensor g = is_std ? c.grad() / c.output(0) : c.grad() * 2.0;
+  // A slice with zero std gets a zero gradient rather than 0/0 (PyTorch masks it the same way).
+  const Tensor g = is_std ? where(c.output(0) == 0, zeros_like(c.grad()), c.grad() / c.output(0))
+                          : c.grad() * 2.0;
   return {unreduce(g, c, dims, keepdim) * centered / denom};
 }
 TensorVec var_backward(const BackwardCall& c) { return spread_backward(c, false); }

@@ -1,5 +1,8 @@
 // Backward rules of the view ops and of copies (tensor/ops/view.cpp, tensor/ops/copy.cpp).
+#include <algorithm>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "autograd/backward_util.h"
 
@@ -69,6 +72,64 @@ TensorVec select_backward_backward(const BackwardCall& c) {
   return {c.grad().select(c.attr<int64_t>(1), c.attr<int64_t>(2))};
 }
 
+// as_strided addresses the storage directly, so its gradient goes through the storage too:
+// each output element's gradient is added at its storage position (index_add: overlapping
+// output elements accumulate), and each input element reads the position it occupies. When
+// input elements themselves share a position (an expanded input) they split it evenly, as
+// PyTorch does. The rule saves the input for its geometry (strides, offset).
+Tensor storage_positions(IntArrayRef sizes, IntArrayRef strides, int64_t offset) {
+  Tensor pos = full({}, offset, kInt64);
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    pos = pos.unsqueeze(-1) + arange(sizes[d], kInt64) * strides[d];
+  }
+  return pos.reshape({-1});
+}
+
+int64_t last_position(IntArrayRef sizes, IntArrayRef strides, int64_t offset) {
+  for (size_t d = 0; d < sizes.size(); ++d) offset += (sizes[d] - 1) * strides[d];
+  return offset;
+}
+
+// Whether two elements of a tensor with this geometry can share a storage position.
+bool may_overlap(IntArrayRef sizes, IntArrayRef strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that vary
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] > 1) dims.emplace_back(strides[d], sizes[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // positions covered by the faster dims
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) return true;
+    span = stride * size;
+  }
+  return false;
+}
+
+TensorVec as_strided_backward(const BackwardCall& c) {
+  const Tensor& in = c.input(0);
+  const Shape& sizes = c.attr<Shape>(0);
+  const Shape& strides = c.attr<Shape>(1);
+  const int64_t offset = c.attr<int64_t>(2);
+  const Tensor& g = c.grad();
+  if (in.numel() == 0 || g.numel() == 0) return {zeros(in.sizes(), g.options())};
+  const Device dev = g.device();
+  const int64_t lo = std::min(in.storage_offset(), offset);
+  const int64_t hi = std::max(last_position(in.sizes(), in.strides(), in.storage_offset()),
+                              last_position(sizes, strides, offset));
+  const Tensor out_pos = (storage_positions(sizes, strides, offset) - lo).to(dev);
+  const Tensor in_pos =
+      (storage_positions(in.sizes(), in.strides(), in.storage_offset()) - lo).to(dev);
+  const Tensor storage_grad =
+      zeros({hi - lo + 1}, g.options()).index_add(0, out_pos, g.reshape({-1}));
+  Tensor r = storage_grad.index_select(0, in_pos);
+  if (may_overlap(in.sizes(), in.strides())) {
+    const Tensor count = zeros({hi - lo + 1}, g.options())
+                             .index_add(0, in_pos, ones({in.numel()}, g.options()));
+    r = r / count.index_select(0, in_pos);
+  }
+  return {r.reshape(in.sizes())};
+}
+
 // Unsaved inputs arrive as meta placeholders, so only the dtype is read here; the node moves
 // the gradient back to the input's device (OpNode::apply).
 TensorVec to_copy_backward(const BackwardCall& c) { return {c.grad().to(c.input(0).dtype())}; }
@@ -92,6 +153,7 @@ KILN_REGISTER_BACKWARD(expand, expand_backward, kSaveNone, false);
 KILN_REGISTER_BACKWARD(squeeze, reshape_like_input, kSaveNone, false);
 KILN_REGISTER_BACKWARD(unsqueeze, unsqueeze_backward, kSaveNone, false);
 KILN_REGISTER_BACKWARD(alias, alias_backward, kSaveNone, false);
+KILN_REGISTER_BACKWARD(as_strided, as_strided_backward, save_inputs({0}), false);
 KILN_REGISTER_BACKWARD(slice, slice_backward, kSaveNone, false);
 KILN_REGISTER_BACKWARD(select, select_backward, kSaveNone, false);
 KILN_REGISTER_BACKWARD(slice_backward, slice_backward_backward, kSaveNone, false);

@@ -1,0 +1,245 @@
+// Backward-rule coverage of the op registry: every op is either differentiable, with a
+// backward rule and a gradcheck test in tests/autograd/*_grad_test.cpp, or listed below as
+// non-differentiable. A new op fails this test until it gets a rule (autograd/*_backward.cpp)
+// and a gradcheck, or is added to the non-differentiable list with the reason.
+#include <algorithm>
+#include <iostream>
+#include <set>
+#include <string>
+
+#include "grad_test_util.h"
+
+namespace kiln {
+namespace {
+
+// Ops whose outputs carry no gradient.
+const std::set<std::string> kNonDifferentiable = {
+    // Comparisons and logical ops: bool outputs.
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "isclose",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "logical_not",
+    "all",
+    "any",
+    "bitwise_not",
+    // Integer outputs: indices and encodings.
+    "argmax",
+    "argmin",
+    "nonzero",
+    "one_hot",
+    // Random sampling of integers (the random fills of existing tensors are differentiable:
+    // they overwrite, and have rules giving the old values a zero gradient).
+    "multinomial",
+    "randperm",
+    // Factories: no tensor inputs.
+    "arange",
+    "eye",
+};
+
+// Differentiable ops and the test that gradchecks each (a name check_grad asserts is in the
+// recorded graph there). Kept by hand; GradCoverage.EveryDifferentiableOpIsGradchecked compares
+// it with the registry.
+const std::set<std::string> kGradchecked = {
+    // unary_grad_test.cpp
+    "exp",
+    "log",
+    "log1p",
+    "expm1",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "reciprocal",
+    "silu",
+    "gelu",
+    "square",
+    "neg",
+    "abs",
+    "relu",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "pow_tensor_scalar",
+    "exp_",
+    "sqrt_",
+    "neg_",
+    "relu_",
+    // binary_grad_test.cpp
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "atan2",
+    "maximum",
+    "minimum",
+    "where",
+    "clamp",
+    "lerp",
+    "add_",
+    "sub_",
+    "mul_",
+    "div_",
+    "clamp_",
+    "lerp_",
+    // reduce_grad_test.cpp
+    "sum",
+    "mean",
+    "prod",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "max_dim",
+    "min_dim",
+    "var",
+    "std",
+    "norm",
+    "logsumexp",
+    "cumsum",
+    "softmax",
+    "log_softmax",
+    // index_grad_test.cpp
+    "index",
+    "index_put_",
+    "index_select",
+    "gather",
+    "scatter",
+    "scatter_",
+    "scatter_value",
+    "scatter_value_",
+    "scatter_add",
+    "scatter_add_",
+    "index_add",
+    "index_add_",
+    "masked_fill",
+    "masked_fill_",
+    "masked_select",
+    "embedding",
+    "triu",
+    "tril",
+    "cat",
+    "sort",
+    "topk",
+    // view_grad_test.cpp
+    "view",
+    "permute",
+    "expand",
+    "squeeze",
+    "unsqueeze",
+    "slice",
+    "select",
+    "as_strided",
+    "alias",
+    "slice_backward",
+    "select_backward",
+    "to_copy",
+    "copy_",
+    "fill_",
+    "uniform_",
+    "normal_",
+    "random_",
+    "bernoulli_",
+    // linalg_grad_test.cpp
+    "mm",
+    "bmm",
+    "addmm",
+};
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+TEST(GradCoverage, EveryDifferentiableOpHasABackwardRule) {
+  Registry& reg = Registry::get();
+  std::vector<std::string> missing, listed_with_rule;
+  int64_t differentiable = 0, with_rule = 0;
+  for (const std::string& name : reg.names()) {
+    const OpDef& op = reg.entry(name);
+    if (op.meta == nullptr) continue;  // an entry without a definition (e.g. a kernel only)
+    if (kNonDifferentiable.count(name)) {
+      if (op.backward != nullptr) listed_with_rule.push_back(name);
+      continue;
+    }
+    ++differentiable;
+    if (op.backward != nullptr) {
+      ++with_rule;
+    } else {
+      missing.push_back(name);
+    }
+  }
+  std::cout << "backward rules: " << with_rule << " of " << differentiable
+            << " differentiable ops (" << kNonDifferentiable.size()
+            << " ops listed non-differentiable)" << std::endl;
+  RecordProperty("backward_rules",
+                 std::to_string(with_rule) + " of " + std::to_string(differentiable));
+  EXPECT_TRUE(missing.empty()) << "ops without a backward rule: " << join(missing);
+  EXPECT_TRUE(listed_with_rule.empty())
+      << "ops listed non-differentiable that have a backward rule: " << join(listed_with_rule);
+  const std::vector<std::string> names = reg.names();
+  for (const std::string& name : kNonDifferentiable) {
+    EXPECT_TRUE(std::ranges::find(names, name) != names.end())
+        << name << " is listed non-differentiable but is not a registry op";
+  }
+}
+
+TEST(GradCoverage, EveryDifferentiableOpIsGradchecked) {
+  Registry& reg = Registry::get();
+  std::vector<std::string> unchecked, stale;
+  int64_t differentiable = 0, checked = 0;
+  const std::vector<std::string> names = reg.names();
+  for (const std::string& name : names) {
+    if (reg.entry(name).meta == nullptr || kNonDifferentiable.count(name)) continue;
+    ++differentiable;
+    if (kGradchecked.count(name)) {
+      ++checked;
+    } else {
+      unchecked.push_back(name);
+    }
+  }
+  for (const std::string& name : kGradchecked) {
+    if (std::ranges::find(names, name) == names.end()) stale.push_back(name);
+  }
+  std::cout << "gradcheck coverage: " << checked << " of " << differentiable
+            << " differentiable ops" << std::endl;
+  RecordProperty("gradcheck_coverage",
+                 std::to_string(checked) + " of " + std::to_string(differentiable));
+  EXPECT_TRUE(unchecked.empty()) << "differentiable ops without a gradcheck test: "
+                                 << join(unchecked);
+  EXPECT_TRUE(stale.empty()) << "listed as gradchecked but not registry ops: " << join(stale);
+}
+
+// Guards the helper the suites rely on: a wrong rule must fail check_grad. A custom function
+// whose backward is off by a factor stands in for a broken registry rule.
+class WrongDouble : public autograd::Function<WrongDouble> {
+ public:
+  static Tensor forward(autograd::AutogradContext*, Tensor x) { return x * 2.0; }
+  static autograd::variable_list backward(autograd::AutogradContext*, autograd::variable_list g) {
+    return {g[0] * 3.0};
+  }
+};
+
+TEST(GradCoverage, CheckGradCatchesWrongGradients) {
+  Tensor x = gradtest::leaf({3});
+  EXPECT_FALSE(gradtest::check_grad(
+      {}, [](const gradtest::variable_list& in) { return WrongDouble::apply(in[0]); }, {x}));
+  // And an op claimed but absent from the graph.
+  EXPECT_FALSE(gradtest::check_grad(
+      {"exp"}, [](const gradtest::variable_list& in) { return in[0] * 2.0; }, {x}));
+}
+
+}  // namespace
+}  // namespace kiln
