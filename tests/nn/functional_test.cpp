@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "autograd/gradcheck.h"
-#include "tensor/test_util.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {

@@ -8,7 +8,7 @@
 #include <numbers>
 #include <vector>
 
-#include "tensor/test_util.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {

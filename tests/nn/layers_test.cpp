@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/test_util.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {

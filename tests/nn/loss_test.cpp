@@ -7,7 +7,7 @@
 
 #include "autograd/gradcheck.h"
 #include "nn/functional.h"
-#include "tensor/test_util.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "nn/optim/adamw.h"
 #include "nn/optim/sgd.h"
-#include "tensor/test_util.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {

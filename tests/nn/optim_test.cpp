@@ -12,7 +12,7 @@
 #include "nn/optim/adam.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/sgd.h"
-#include "tensor/test_util.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {

@@ -14,7 +14,7 @@
 #include <limits>
 #include <sstream>
 
-#include "tensor/test_util.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {
