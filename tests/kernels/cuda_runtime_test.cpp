@@ -10,7 +10,7 @@
 
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
-#include "tensor/test_util.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {
