@@ -241,8 +241,7 @@ struct MaxMinFn {
 template <bool kMax>
 void maxmin_cuda(OpCall& c) {
   visit_dtype(binary_common_dtype(c, 0), [&]<typename T>(TypeTag<T>) {
-    binary_loop<T, T, ScalarRead::kOpmath>(c.outputs[0], c.input(0), c.input(1),
-                                           MaxMinFn<kMax>{});
+    binary_loop<T, T, ScalarRead::kOpmath>(c.outputs[0], c.input(0), c.input(1), MaxMinFn<kMax>{});
   });
 }
 

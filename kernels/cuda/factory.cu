@@ -14,8 +14,8 @@ __global__ void arange_kernel(T* out, int64_t n, bool exact_int, int64_t istart,
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     if (exact_int) {
-      out[i] = static_cast<T>(static_cast<int64_t>(static_cast<uint64_t>(istart) +
-                                                   static_cast<uint64_t>(i) * static_cast<uint64_t>(istep)));
+      out[i] = static_cast<T>(static_cast<int64_t>(
+          static_cast<uint64_t>(istart) + static_cast<uint64_t>(i) * static_cast<uint64_t>(istep)));
     } else {
       const double v = __dadd_rn(start, __dmul_rn(static_cast<double>(i), step));
       if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {

@@ -52,8 +52,9 @@ void visit_index(ScalarType dtype, F&& f) {
 // kernels need the coordinate along a given dim).
 template <int N>
 Geometry<N> raw_geometry(IntArrayRef sizes, const Shape (&strides)[N], const char* op) {
-  KILN_CHECK(static_cast<int>(sizes.size()) <= kMaxDims, "[", op, "] the CUDA kernel handles at most ",
-             kMaxDims, " dimensions, got shape ", shape_str(sizes));
+  KILN_CHECK(static_cast<int>(sizes.size()) <= kMaxDims, "[", op,
+             "] the CUDA kernel handles at most ", kMaxDims, " dimensions, got shape ",
+             shape_str(sizes));
   Geometry<N> g;
   g.ndim = static_cast<int>(sizes.size());
   for (int d = 0; d < g.ndim; ++d) {
@@ -103,7 +104,7 @@ void throw_if_raised(const ErrorFlag& flag, const char* op, int64_t dim, int64_t
 
 unsigned int grid(int64_t n) { return loops::grid_for(n); }
 
-#define KILN_GRID_STRIDE(i, n)                                                              \
+#define KILN_GRID_STRIDE(i, n)                                                           \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -238,8 +239,7 @@ void gather_cuda(OpCall& c) {
   visit_bytes(self.dtype(), [&]<typename U>(TypeTag<U>) {
     gather_kernel<U><<<grid(n), loops::kThreads, 0, current_stream()>>>(
         static_cast<U*>(out.data_ptr()), static_cast<const U*>(self.data_ptr()),
-        static_cast<const int64_t*>(idx.data_ptr()), n, g, sl.sizes[d], sl.strides[d],
-        flag.view());
+        static_cast<const int64_t*>(idx.data_ptr()), n, g, sl.sizes[d], sl.strides[d], flag.view());
     KILN_CUDA_LAUNCH_CHECK("gather_kernel");
   });
   throw_if_raised(flag, "gather", d, sl.sizes[d]);
@@ -320,8 +320,9 @@ void scatter_cuda(OpCall& c) {
       Shape row_sizes = il.sizes;
       row_sizes[d] = 1;
       const int64_t rows = numel_of(row_sizes);
-      const Shape strides[3] = {il.strides, ol.strides,
-                                kMode == ScatterMode::kValue ? Shape(il.strides.size(), 0) : sl.strides};
+      const Shape strides[3] = {
+          il.strides, ol.strides,
+          kMode == ScatterMode::kValue ? Shape(il.strides.size(), 0) : sl.strides};
       const Geometry<3> g = raw_geometry<3>(row_sizes, strides, op);
       const T value = kMode == ScatterMode::kValue ? c.attr<Scalar>(1).to<T>() : T();
       const T* s = kMode == ScatterMode::kValue ? nullptr : static_cast<const T*>(src.data_ptr());

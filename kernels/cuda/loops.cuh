@@ -366,33 +366,35 @@ void elementwise(const Tensor& out, const F& f, TensorFor<Ins>... in) {
   if (dense) {
     constexpr int V = static_cast<int>(16 / max_size_of<Out, Ins...>());
     bool aligned = reinterpret_cast<uintptr_t>(o) % (sizeof(Out) * V) == 0;
-    std::apply([&](const auto&... x) { ((aligned = aligned && aligned_to(x, sizeof(x.value) * V)), ...); },
-               ops);
+    std::apply(
+        [&](const auto&... x) { ((aligned = aligned && aligned_to(x, sizeof(x.value) * V)), ...); },
+        ops);
     std::apply(
         [&](const auto&... x) {
           if (aligned && V > 1) {
             contiguous_kernel<V, Out, F, Ins...>
                 <<<grid_for((n + V - 1) / V), kThreads, 0, stream>>>(o, n, f, x...);
           } else {
-            contiguous_kernel<1, Out, F, Ins...><<<grid_for(n), kThreads, 0, stream>>>(o, n, f, x...);
+            contiguous_kernel<1, Out, F, Ins...>
+                <<<grid_for(n), kThreads, 0, stream>>>(o, n, f, x...);
           }
         },
         ops);
     KILN_CUDA_LAUNCH_CHECK("contiguous_kernel");
     return;
   }
-  const Shape strides[N] = {to_shape(out.strides()),
-                            (is_host_scalar(in) ? Shape(out.dim(), 0)
-                                                : broadcast_strides(in, out.sizes()))...};
+  const Shape strides[N] = {
+      to_shape(out.strides()),
+      (is_host_scalar(in) ? Shape(out.dim(), 0) : broadcast_strides(in, out.sizes()))...};
   const Geometry<N> g = make_geometry<N>(out.sizes(), strides, op);
   std::apply(
       [&](const auto&... x) {
         if (fits_int32(g, n)) {
-          strided_kernel<int32_t, Out, F, Ins...><<<grid_for(n), kThreads, 0, stream>>>(
-              o, static_cast<int32_t>(n), g, f, x...);
+          strided_kernel<int32_t, Out, F, Ins...>
+              <<<grid_for(n), kThreads, 0, stream>>>(o, static_cast<int32_t>(n), g, f, x...);
         } else {
-          strided_kernel<int64_t, Out, F, Ins...><<<grid_for(n), kThreads, 0, stream>>>(
-              o, n, g, f, x...);
+          strided_kernel<int64_t, Out, F, Ins...>
+              <<<grid_for(n), kThreads, 0, stream>>>(o, n, g, f, x...);
         }
       },
       ops);
@@ -422,8 +424,8 @@ class ErrorFlag {
   // Waits for the device; true (and the recorded value) when a kernel raised the flag.
   bool raised(int64_t* value = nullptr) const {
     int64_t host[2] = {0, 0};
-    KILN_CUDA_CHECK(cudaMemcpyAsync(host, buffer_.data_ptr(), sizeof(host),
-                                    cudaMemcpyDeviceToHost, current_stream()));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(host, buffer_.data_ptr(), sizeof(host), cudaMemcpyDeviceToHost,
+                                    current_stream()));
     KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
     if (value != nullptr) *value = host[1];
     return host[0] != 0;

@@ -87,7 +87,8 @@ struct UniformDouble {
   __device__ void operator()(uint64_t b, double* v, int64_t, int count) const {
     const philox::Words w = s.block(b);
     for (int k = 0; k < count; ++k) {
-      const double x = __dadd_rn(from, __dmul_rn(range, philox::uniform53(w.w[2 * k], w.w[2 * k + 1])));
+      const double x =
+          __dadd_rn(from, __dmul_rn(range, philox::uniform53(w.w[2 * k], w.w[2 * k + 1])));
       v[k] = x >= to ? from : x;
     }
   }
@@ -118,7 +119,8 @@ void uniform_cuda(OpCall& c) {
       fill_blocks<double, 2>(out, UniformDouble{s, from, to, to - from});
     } else {
       const float from_f = static_cast<float>(from);
-      fill_blocks<T, 4>(out, UniformFloat<T>{s, from_f, static_cast<float>(to - from), to, T(from_f)});
+      fill_blocks<T, 4>(out,
+                        UniformFloat<T>{s, from_f, static_cast<float>(to - from), to, T(from_f)});
     }
   });
 }
@@ -162,7 +164,8 @@ void normal_cuda(OpCall& c) {
     if constexpr (std::is_same_v<T, double>) {
       fill_blocks<double, 2>(out, NormalDouble{s, mean, stdev});
     } else {
-      fill_blocks<T, 4>(out, NormalFloat<T>{s, static_cast<float>(mean), static_cast<float>(stdev)});
+      fill_blocks<T, 4>(out,
+                        NormalFloat<T>{s, static_cast<float>(mean), static_cast<float>(stdev)});
     }
   });
 }
@@ -244,8 +247,8 @@ void bernoulli_cuda(OpCall& c) {
   const Tensor probs = loops::as_dtype(on_device, kDouble).expand(out.sizes()).contiguous();
   const ErrorFlag flag(out.device());
   visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
-    fill_blocks<T, 4>(out, BernoulliTensor<T>{s, static_cast<const double*>(probs.data_ptr()),
-                                              flag.view()});
+    fill_blocks<T, 4>(
+        out, BernoulliTensor<T>{s, static_cast<const double*>(probs.data_ptr()), flag.view()});
   });
   int64_t at = 0;
   if (flag.raised(&at)) {

@@ -199,8 +199,8 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
   int64_t splits = 1;
   if ((K > 1 || R > kWarpRowMax) && natural < 2 * sms) {
     const int64_t min_chunk = 4096;
-    splits = std::clamp<int64_t>(std::min((R + min_chunk - 1) / min_chunk, 4 * sms / natural), 1,
-                                 65535);
+    splits =
+        std::clamp<int64_t>(std::min((R + min_chunk - 1) / min_chunk, 4 * sms / natural), 1, 65535);
   }
   const int64_t chunk = (R + splits - 1) / splits;
   splits = (R + chunk - 1) / chunk;
@@ -213,8 +213,8 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
   }
   if (K == 1 && R <= kWarpRowMax) {
     const int warps_per_block = loops::kThreads / kWarp;
-    rows_warp_kernel<<<loops::grid_for(A, warps_per_block), loops::kThreads, 0, stream>>>(red, x,
-                                                                                          A, R);
+    rows_warp_kernel<<<loops::grid_for(A, warps_per_block), loops::kThreads, 0, stream>>>(red, x, A,
+                                                                                          R);
     KILN_CUDA_LAUNCH_CHECK("rows_warp_kernel");
   } else if (K == 1) {
     KILN_CHECK(A < (int64_t{1} << 31), "[reduce] too many rows for the CUDA kernel: ", A);
@@ -224,14 +224,15 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
   } else {
     const int64_t kblocks = (K + kColX - 1) / kColX;
     KILN_CHECK(kblocks < (int64_t{1} << 31), "[reduce] too many columns for the CUDA kernel: ", K);
-    const dim3 grid(static_cast<unsigned>(kblocks), static_cast<unsigned>(std::min<int64_t>(A, 65535)),
+    const dim3 grid(static_cast<unsigned>(kblocks),
+                    static_cast<unsigned>(std::min<int64_t>(A, 65535)),
                     static_cast<unsigned>(splits));
     columns_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk, partial);
     KILN_CUDA_LAUNCH_CHECK("columns_kernel");
   }
   if (splits > 1) {
     finalize_kernel<<<loops::grid_for(outputs), loops::kThreads, 0, stream>>>(red, partial, splits,
-                                                                             outputs);
+                                                                              outputs);
     KILN_CUDA_LAUNCH_CHECK("finalize_kernel");
   }
 }
@@ -348,7 +349,8 @@ struct ExtremumReducer {
     } else if constexpr (std::is_integral_v<T>) {
       return kMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
     } else {
-      return kMax ? -std::numeric_limits<acc_t>::infinity() : std::numeric_limits<acc_t>::infinity();
+      return kMax ? -std::numeric_limits<acc_t>::infinity()
+                  : std::numeric_limits<acc_t>::infinity();
     }
   }
   __device__ void step(acc_t& a, T x, int64_t) const { a = pick<kMax>(a, static_cast<acc_t>(x)); }
@@ -474,9 +476,9 @@ void var_cuda(OpCall& c) {
   const Shape dims = dims_attr(c, 0);
   const double correction = static_cast<double>(c.attr<int64_t>(1));
   visit_floating(x.dtype(), c.name(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims,
-                     VarReducer<T, kStd>{c.outputs[0].data_ptr<T>(),
-                                         static_cast<float_acc_t<T>>(correction)});
+    run_reduction<T>(
+        x, dims,
+        VarReducer<T, kStd>{c.outputs[0].data_ptr<T>(), static_cast<float_acc_t<T>>(correction)});
   });
 }
 
@@ -711,8 +713,7 @@ void cumsum_cuda(OpCall& c) {
                            stream>>>(in, o, A, R);
       KILN_CUDA_LAUNCH_CHECK("cumsum_rows_kernel");
     } else {
-      cumsum_columns_kernel<<<loops::grid_for(A * K), loops::kThreads, 0, stream>>>(in, o, A, R,
-                                                                                    K);
+      cumsum_columns_kernel<<<loops::grid_for(A * K), loops::kThreads, 0, stream>>>(in, o, A, R, K);
       KILN_CUDA_LAUNCH_CHECK("cumsum_columns_kernel");
     }
   });

@@ -155,8 +155,9 @@ void softmax_cuda(OpCall& c) {
     const T* in = static_cast<const T*>(x.data_ptr());
     T* o = static_cast<T*>(out.data_ptr());
     if (K == 1 && R <= kWarpRowMax) {
-      softmax_warp_kernel<T, kLog><<<loops::grid_for(A, loops::kThreads / kWarp), loops::kThreads,
-                                     0, stream>>>(in, o, A, R);
+      softmax_warp_kernel<T, kLog>
+          <<<loops::grid_for(A, loops::kThreads / kWarp), loops::kThreads, 0, stream>>>(in, o, A,
+                                                                                        R);
       KILN_CUDA_LAUNCH_CHECK("softmax_warp_kernel");
     } else if (K == 1) {
       KILN_CHECK(A < (int64_t{1} << 31), "[", c.name(), "] too many rows for the CUDA kernel: ", A);

@@ -20,12 +20,12 @@ constexpr double kSqrt1_2 = 0.70710678118654752440;  // 1/sqrt(2)
 constexpr double kSqrt2OverPi = 0.79788456080286535588;
 constexpr double kGeluTanhCoeff = 0.044715;
 
-#define KILN_CUDA_FLOAT_OP(Name, expr)                \
-  struct Name {                                       \
-    template <typename M>                             \
+#define KILN_CUDA_FLOAT_OP(Name, expr)               \
+  struct Name {                                      \
+    template <typename M>                            \
     __device__ __forceinline__ static M apply(M x) { \
-      return expr;                                    \
-    }                                                 \
+      return expr;                                   \
+    }                                                \
   }
 
 KILN_CUDA_FLOAT_OP(Exp, dm::exp(x));
@@ -43,7 +43,8 @@ KILN_CUDA_FLOAT_OP(Erf, dm::erf(x));
 KILN_CUDA_FLOAT_OP(Reciprocal, M(1) / x);
 KILN_CUDA_FLOAT_OP(GeluExact, M(0.5) * x * (M(1) + dm::erf(x * M(kSqrt1_2))));
 KILN_CUDA_FLOAT_OP(GeluTanh,
-                   M(0.5) * x * (M(1) + dm::tanh(M(kSqrt2OverPi) * (x + M(kGeluTanhCoeff) * x * x * x))));
+                   M(0.5) * x *
+                       (M(1) + dm::tanh(M(kSqrt2OverPi) * (x + M(kGeluTanhCoeff) * x * x * x))));
 #undef KILN_CUDA_FLOAT_OP
 
 template <typename T, typename Op>
@@ -57,9 +58,8 @@ struct FloatFn {
 template <typename Op>
 void float_unary(const Tensor& out, const Tensor& input, std::string_view name) {
   const Tensor in = as_dtype(input, out.dtype());
-  visit_floating(out.dtype(), name, [&]<typename T>(TypeTag<T>) {
-    elementwise<T, T>(out, FloatFn<T, Op>{}, in);
-  });
+  visit_floating(out.dtype(), name,
+                 [&]<typename T>(TypeTag<T>) { elementwise<T, T>(out, FloatFn<T, Op>{}, in); });
 }
 
 // Serves the functional op and its in-place form (where outputs[0] is inputs[0]).
@@ -99,12 +99,12 @@ __device__ __forceinline__ T wrapping_mul(T x, T y) {
   }
 }
 
-#define KILN_CUDA_NUMERIC_OP(Name, expr)              \
-  struct Name {                                       \
-    template <typename T>                             \
+#define KILN_CUDA_NUMERIC_OP(Name, expr)             \
+  struct Name {                                      \
+    template <typename T>                            \
     __device__ __forceinline__ static T apply(T x) { \
-      return expr;                                    \
-    }                                                 \
+      return expr;                                   \
+    }                                                \
   }
 
 // Integers are already whole: floor, ceil and round return them unchanged.

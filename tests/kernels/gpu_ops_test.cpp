@@ -119,9 +119,9 @@ void expect_match(const Tensor& actual_any, const Tensor& expected, Tol tol,
       ++bad;
     }
   }
-  EXPECT_EQ(bad, 0) << "first mismatch at " << first << " of " << n << " ("
-                    << dtype_name(a.dtype()) << "): gpu " << (first >= 0 ? pa[first] : 0.0)
-                    << " cpu " << (first >= 0 ? pe[first] : 0.0);
+  EXPECT_EQ(bad, 0) << "first mismatch at " << first << " of " << n << " (" << dtype_name(a.dtype())
+                    << "): gpu " << (first >= 0 ? pa[first] : 0.0) << " cpu "
+                    << (first >= 0 ? pe[first] : 0.0);
 }
 
 void expect_same(const Tensor& actual, const Tensor& expected, const std::string& what) {
@@ -232,7 +232,8 @@ TEST_F(GpuUnary, SpecialValues) {
              [](const Tensor& t) { return t.sqrt(); }, [](const Tensor& t) { return t.sigmoid(); },
              [](const Tensor& t) { return t.tanh(); }, [](const Tensor& t) { return t.round(); },
              [](const Tensor& t) { return t.sign(); }, [](const Tensor& t) { return t.relu(); },
-             [](const Tensor& t) { return t.abs(); }, [](const Tensor& t) { return t.reciprocal(); },
+             [](const Tensor& t) { return t.abs(); },
+             [](const Tensor& t) { return t.reciprocal(); },
              [](const Tensor& t) { return t.silu(); }}) {
       expect_match(fn(g), fn(xd), tol_for(dt), std::string("special ") + dtype_name(dt).data());
     }
@@ -297,10 +298,13 @@ std::vector<BinaryCase> binary_cases() {
       {"le", [](const Tensor& a, const Tensor& b) { return a.le(b); }, kAllDtypes},
       {"gt", [](const Tensor& a, const Tensor& b) { return a.gt(b); }, kAllDtypes},
       {"ge", [](const Tensor& a, const Tensor& b) { return a.ge(b); }, kAllDtypes},
-      {"logical_and", [](const Tensor& a, const Tensor& b) { return a.logical_and(b); }, kAllDtypes},
+      {"logical_and", [](const Tensor& a, const Tensor& b) { return a.logical_and(b); },
+       kAllDtypes},
       {"logical_or", [](const Tensor& a, const Tensor& b) { return a.logical_or(b); }, kAllDtypes},
-      {"logical_xor", [](const Tensor& a, const Tensor& b) { return a.logical_xor(b); }, kAllDtypes},
-      {"isclose", [](const Tensor& a, const Tensor& b) { return isclose(a, b.to(a.dtype()), 0.3, 0.1); },
+      {"logical_xor", [](const Tensor& a, const Tensor& b) { return a.logical_xor(b); },
+       kAllDtypes},
+      {"isclose",
+       [](const Tensor& a, const Tensor& b) { return isclose(a, b.to(a.dtype()), 0.3, 0.1); },
        kAllDtypes},
       {"lerp", [](const Tensor& a, const Tensor& b) { return a.lerp(b, 0.3); }, kFloatDtypes},
       {"lerp 0.8", [](const Tensor& a, const Tensor& b) { return a.lerp(b, 0.8); }, kFloatDtypes},
@@ -312,9 +316,8 @@ std::vector<BinaryCase> binary_cases() {
 
 // Shape pairs: same shape, broadcast both ways, 0-d with n-d.
 const std::vector<std::pair<Shape, Shape>> kShapePairs = {
-    {{1}, {1}},       {{7}, {7}},          {{65537}, {65537}}, {{1000}, {}},
-    {{}, {1000}},     {{7, 1, 5}, {3, 1}}, {{33, 17}, {17}},   {{}, {}},
-    {{4, 1}, {1, 9}},
+    {{1}, {1}},          {{7}, {7}},       {{65537}, {65537}}, {{1000}, {}},     {{}, {1000}},
+    {{7, 1, 5}, {3, 1}}, {{33, 17}, {17}}, {{}, {}},           {{4, 1}, {1, 9}},
 };
 
 Tensor random_operand(IntArrayRef shape, ScalarType dt, uint64_t seed, bool nonzero) {
@@ -348,7 +351,7 @@ TEST_F(GpuBinary, EveryOpEveryDtypeShapeAndLayout) {
 
 TEST_F(GpuBinary, MixedDtypesPromote) {
   const std::vector<std::pair<ScalarType, ScalarType>> pairs = {
-      {kFloat, kHalf},  {kHalf, kBFloat16}, {kInt32, kFloat}, {kBool, kInt64},
+      {kFloat, kHalf},  {kHalf, kBFloat16},   {kInt32, kFloat}, {kBool, kInt64},
       {kInt32, kInt64}, {kBFloat16, kDouble}, {kBool, kHalf}};
   uint64_t seed = 500;
   for (const auto& [ta, tb] : pairs) {
@@ -478,12 +481,12 @@ const std::vector<ReduceShape> kReduceShapes = {
     {{1}, {{}, {0}}},
     {{7}, {{0}}},
     {{1000}, {{}}},
-    {{65537}, {{}}},                        // one long row: the multi-block path
-    {{3, 65537}, {{1}, {0}}},               // few long rows; long columns of width 65537
-    {{65537, 3}, {{0}, {1}}},               // narrow columns over a long R (split), short rows
-    {{37, 129}, {{1}, {0}, {}}},            // warp rows, columns
-    {{5, 7, 9}, {{1}, {0, 2}, {2}, {0, 1}}}, // middle dim, interleaved dims (copied)
-    {{4, 5000}, {{1}}},                     // block rows without a split
+    {{65537}, {{}}},                          // one long row: the multi-block path
+    {{3, 65537}, {{1}, {0}}},                 // few long rows; long columns of width 65537
+    {{65537, 3}, {{0}, {1}}},                 // narrow columns over a long R (split), short rows
+    {{37, 129}, {{1}, {0}, {}}},              // warp rows, columns
+    {{5, 7, 9}, {{1}, {0, 2}, {2}, {0, 1}}},  // middle dim, interleaved dims (copied)
+    {{4, 5000}, {{1}}},                       // block rows without a split
 };
 
 TEST_F(GpuReduce, SumMeanProdExtremaEveryDtype) {
@@ -495,8 +498,8 @@ TEST_F(GpuReduce, SumMeanProdExtremaEveryDtype) {
         const Tensor g = to_gpu_like(layout, x);
         for (const Shape& dims : rs.dims) {
           for (bool keepdim : {false, true}) {
-            const std::string what = name_of("", dt, rs.shape, layout) + " dims " + shape_str(dims) +
-                                     (keepdim ? " keepdim" : "");
+            const std::string what = name_of("", dt, rs.shape, layout) + " dims " +
+                                     shape_str(dims) + (keepdim ? " keepdim" : "");
             int64_t reduced = 1;
             for (int64_t d : dims) reduced *= x.size(d);
             if (dims.empty()) reduced = x.numel();
@@ -547,7 +550,8 @@ TEST_F(GpuReduce, ProdAndDtypeArgument) {
                                            : random_cpu({9, 61}, dt, seed++, -2, 2);
     for (int64_t d : {0, 1}) {
       const Tensor e = x.prod(d);
-      expect_match(x.cuda().prod(d), e, reduce_tol(e.dtype(), 61), "prod " + std::string(dtype_name(dt)));
+      expect_match(x.cuda().prod(d), e, reduce_tol(e.dtype(), 61),
+                   "prod " + std::string(dtype_name(dt)));
     }
     const Tensor e = x.prod();
     expect_match(x.cuda().prod(), e, {1e-3, 1e-6}, "prod() " + std::string(dtype_name(dt)));
@@ -555,10 +559,10 @@ TEST_F(GpuReduce, ProdAndDtypeArgument) {
   const Tensor i = random_cpu({1000}, kInt32, 2600, -100, 100);
   expect_same(i.cuda().sum({0}, false, kInt32), i.sum({0}, false, kInt32), "sum int32 dtype");
   const Tensor h = random_cpu({1000}, kHalf, 2601);
-  expect_match(h.cuda().sum({0}, false, kFloat), h.sum({0}, false, kFloat), reduce_tol(kFloat, 1000),
-               "sum half as float");
-  expect_match(h.cuda().mean({}, false, kDouble), h.mean({}, false, kDouble), reduce_tol(kDouble, 1000),
-               "mean half as double");
+  expect_match(h.cuda().sum({0}, false, kFloat), h.sum({0}, false, kFloat),
+               reduce_tol(kFloat, 1000), "sum half as float");
+  expect_match(h.cuda().mean({}, false, kDouble), h.mean({}, false, kDouble),
+               reduce_tol(kDouble, 1000), "mean half as double");
 }
 
 TEST_F(GpuReduce, VarStdNormLogsumexp) {
@@ -594,9 +598,9 @@ TEST_F(GpuReduce, VarStdNormLogsumexp) {
   }
   // Infinities and NaN in logsumexp and the extrema.
   const double inf = std::numeric_limits<double>::infinity();
-  const Tensor s = tensor({{-inf, -inf, -inf}, {1.0, inf, 2.0}, {1.0, std::nan(""), 3.0},
-                           {-inf, 0.5, -inf}},
-                          TensorOptions(kFloat));
+  const Tensor s =
+      tensor({{-inf, -inf, -inf}, {1.0, inf, 2.0}, {1.0, std::nan(""), 3.0}, {-inf, 0.5, -inf}},
+             TensorOptions(kFloat));
   expect_match(s.cuda().logsumexp({1}), s.logsumexp({1}), tol_for(kFloat), "logsumexp inf/nan");
   expect_same(s.cuda().amax({1}), s.amax({1}), "amax nan");
   expect_same(s.cuda().argmax(1), s.argmax(1), "argmax nan");
@@ -632,8 +636,8 @@ TEST_F(GpuReduce, Cumsum) {
 TEST_F(GpuSoftmax, RowsColumnsAndDtypes) {
   uint64_t seed = 4000;
   const std::vector<std::pair<Shape, int64_t>> cases = {
-      {{}, 0},          {{1}, 0},          {{7}, 0},      {{9, 1000}, -1}, {{3, 5000}, 1},
-      {{2, 70000}, -1}, {{4, 33, 5}, 1},   {{33, 17}, 0}, {{65537}, 0},    {{6, 1024}, 1}};
+      {{}, 0},          {{1}, 0},        {{7}, 0},      {{9, 1000}, -1}, {{3, 5000}, 1},
+      {{2, 70000}, -1}, {{4, 33, 5}, 1}, {{33, 17}, 0}, {{65537}, 0},    {{6, 1024}, 1}};
   for (ScalarType dt : kFloatDtypes) {
     for (const auto& [shape, dim] : cases) {
       const Tensor x = random_cpu(shape, dt, seed++, -8, 8);
@@ -680,55 +684,76 @@ TEST_F(GpuRandom, SameNumbersAsTheCpu) {
   for (const Shape& shape : shapes) {
     for (ScalarType dt : kFloatDtypes) {
       const std::string what = std::string(dtype_name(dt)) + " " + shape_str(shape);
-      same_stream(seed++, [&](Device d) {
-        return empty(shape, TensorOptions(dt).device(d)).uniform_(-2, 3);
-      }, "uniform_ " + what);
-      same_stream(seed++, [&](Device d) {
-        return rand(shape, TensorOptions(dt).device(d));
-      }, "rand " + what);
+      same_stream(
+          seed++,
+          [&](Device d) { return empty(shape, TensorOptions(dt).device(d)).uniform_(-2, 3); },
+          "uniform_ " + what);
+      same_stream(
+          seed++, [&](Device d) { return rand(shape, TensorOptions(dt).device(d)); },
+          "rand " + what);
       // normal_ uses log, sin and cos from different libraries: within float ulps.
-      const Tol ntol = dt == kDouble ? Tol{1e-13, 1e-13} : dt == kFloat ? Tol{1e-5, 1e-5} : tol_for(dt);
-      same_stream(seed++, [&](Device d) {
-        return empty(shape, TensorOptions(dt).device(d)).normal_(0.5, 2);
-      }, "normal_ " + what, ntol);
+      const Tol ntol = dt == kDouble  ? Tol{1e-13, 1e-13}
+                       : dt == kFloat ? Tol{1e-5, 1e-5}
+                                      : tol_for(dt);
+      same_stream(
+          seed++,
+          [&](Device d) { return empty(shape, TensorOptions(dt).device(d)).normal_(0.5, 2); },
+          "normal_ " + what, ntol);
     }
     for (ScalarType dt : kAllDtypes) {
       const std::string what = std::string(dtype_name(dt)) + " " + shape_str(shape);
-      same_stream(seed++, [&](Device d) {
-        return empty(shape, TensorOptions(dt).device(d)).bernoulli_(0.3);
-      }, "bernoulli_ " + what);
+      same_stream(
+          seed++,
+          [&](Device d) { return empty(shape, TensorOptions(dt).device(d)).bernoulli_(0.3); },
+          "bernoulli_ " + what);
       if (dt != kBool) {
-        same_stream(seed++, [&](Device d) {
-          return randint(-5, 17, shape, TensorOptions(dt).device(d));
-        }, "randint " + what);
+        same_stream(
+            seed++, [&](Device d) { return randint(-5, 17, shape, TensorOptions(dt).device(d)); },
+            "randint " + what);
       }
     }
-    same_stream(seed++, [&](Device d) {
-      return randint(-(int64_t{1} << 40), int64_t{1} << 41, shape, TensorOptions(kInt64).device(d));
-    }, "randint wide " + shape_str(shape));
-    same_stream(seed++, [&](Device d) {
-      const Tensor p = rand(shape, TensorOptions(kFloat)).to(d);
-      return bernoulli(p);
-    }, "bernoulli(p) " + shape_str(shape));
+    same_stream(
+        seed++,
+        [&](Device d) {
+          return randint(-(int64_t{1} << 40), int64_t{1} << 41, shape,
+                         TensorOptions(kInt64).device(d));
+        },
+        "randint wide " + shape_str(shape));
+    same_stream(
+        seed++,
+        [&](Device d) {
+          const Tensor p = rand(shape, TensorOptions(kFloat)).to(d);
+          return bernoulli(p);
+        },
+        "bernoulli(p) " + shape_str(shape));
   }
 }
 
 TEST_F(GpuRandom, StridedTargetsGetLogicalOrder) {
-  same_stream(5500, [](Device d) {
-    Tensor base = zeros({8, 9}, TensorOptions(kFloat).device(d));
-    base.t().uniform_(0, 1);
-    return base;
-  }, "uniform_ transposed");
-  same_stream(5501, [](Device d) {
-    Tensor base = zeros({10, 12}, TensorOptions(kInt64).device(d));
-    Tensor v = base.slice(1, 1, std::nullopt, 2);
-    v.bernoulli_(0.5);
-    return base;
-  }, "bernoulli_ strided");
-  same_stream(5502, [](Device d) {
-    const Tensor p = rand({4, 1}, TensorOptions(kDouble)).to(d);
-    return bernoulli(p.expand({4, 6}).contiguous());
-  }, "bernoulli broadcast p");
+  same_stream(
+      5500,
+      [](Device d) {
+        Tensor base = zeros({8, 9}, TensorOptions(kFloat).device(d));
+        base.t().uniform_(0, 1);
+        return base;
+      },
+      "uniform_ transposed");
+  same_stream(
+      5501,
+      [](Device d) {
+        Tensor base = zeros({10, 12}, TensorOptions(kInt64).device(d));
+        Tensor v = base.slice(1, 1, std::nullopt, 2);
+        v.bernoulli_(0.5);
+        return base;
+      },
+      "bernoulli_ strided");
+  same_stream(
+      5502,
+      [](Device d) {
+        const Tensor p = rand({4, 1}, TensorOptions(kDouble)).to(d);
+        return bernoulli(p.expand({4, 6}).contiguous());
+      },
+      "bernoulli broadcast p");
   const Tensor bad = tensor({0.5, 1.5}, TensorOptions(kFloat)).cuda();
   EXPECT_KILN_ERROR(bernoulli(bad), "expected all probabilities in [0, 1]");
 }
@@ -740,7 +765,8 @@ TEST_F(GpuFactory, ArangeLinspaceEye) {
   for (ScalarType dt : kNumericDtypes) {
     const TensorOptions c = TensorOptions(dt);
     const TensorOptions gd = TensorOptions(dt).device(Device(kCUDA));
-    expect_same(arange(0, 1000, 3, gd), arange(0, 1000, 3, c), "arange int " + std::string(dtype_name(dt)));
+    expect_same(arange(0, 1000, 3, gd), arange(0, 1000, 3, c),
+                "arange int " + std::string(dtype_name(dt)));
     expect_same(arange(-2.5, 7.25, 0.37, gd), arange(-2.5, 7.25, 0.37, c),
                 "arange float " + std::string(dtype_name(dt)));
     expect_same(arange(65537, gd), arange(65537, c), "arange n " + std::string(dtype_name(dt)));
@@ -769,11 +795,13 @@ TEST_F(GpuIndex, IndexSelectAndEmbedding) {
         const Tensor idx = random_cpu({29}, it, seed++, 0, static_cast<double>(n - 1));
         const std::string what = std::string(dtype_name(dt)) + " idx " +
                                  std::string(dtype_name(it)) + " dim " + std::to_string(d);
-        expect_same(x.cuda().index_select(d, idx.cuda()), x.index_select(d, idx), "index_select " + what);
+        expect_same(x.cuda().index_select(d, idx.cuda()), x.index_select(d, idx),
+                    "index_select " + what);
         // A non-contiguous source and index.
         const Tensor xt = x.transpose(0, 2);
         const Tensor gt = x.cuda().transpose(0, 2);
-        const Tensor idx2 = random_cpu({2, 17}, it, seed++, 0, static_cast<double>(xt.size(d) - 1)).t();
+        const Tensor idx2 =
+            random_cpu({2, 17}, it, seed++, 0, static_cast<double>(xt.size(d) - 1)).t();
         expect_same(gt.index_select(d, idx2.cuda().reshape({-1})),
                     xt.index_select(d, idx2.reshape({-1})), "index_select view " + what);
       }
@@ -830,7 +858,8 @@ TEST_F(GpuIndex, GatherScatter) {
       // Repeated indices: the last write wins along each row, as on the CPU.
       expect_same(x.cuda().scatter(d, idx.cuda(), src.cuda()), x.scatter(d, idx, src),
                   "scatter " + what);
-      expect_same(x.cuda().scatter(d, idx.cuda(), 2), x.scatter(d, idx, 2), "scatter value " + what);
+      expect_same(x.cuda().scatter(d, idx.cuda(), 2), x.scatter(d, idx, 2),
+                  "scatter value " + what);
       const Tensor ea = x.scatter_add(d, idx, src);
       expect_match(x.cuda().scatter_add(d, idx.cuda(), src.cuda()), ea, accumulate_tol(dt),
                    "scatter_add " + what);
@@ -847,7 +876,8 @@ TEST_F(GpuIndex, GatherScatter) {
   const Tensor x = random_cpu({4, 5}, kFloat, 7100).cuda();
   EXPECT_KILN_ERROR(x.gather(1, tensor({{5}}, TensorOptions(kInt64)).cuda()),
                     "index 5 is out of bounds for dimension 1 with size 5");
-  EXPECT_KILN_ERROR(x.scatter(0, tensor({{4}}, TensorOptions(kInt64)).cuda(), 1.0), "out of bounds");
+  EXPECT_KILN_ERROR(x.scatter(0, tensor({{4}}, TensorOptions(kInt64)).cuda(), 1.0),
+                    "out of bounds");
 }
 
 TEST_F(GpuIndex, IndexAdd) {
@@ -871,8 +901,10 @@ TEST_F(GpuIndex, IndexAdd) {
         }
         Tensor c = x.clone(), g = x.cuda();
         c.transpose(0, 1).index_add_(d == 0 ? 1 : d == 1 ? 0 : 2, idx, src.transpose(0, 1));
-        g.transpose(0, 1).index_add_(d == 0 ? 1 : d == 1 ? 0 : 2, idx.cuda(),
-                                     src.cuda().transpose(0, 1));
+        g.transpose(0, 1).index_add_(d == 0   ? 1
+                                     : d == 1 ? 0
+                                              : 2,
+                                     idx.cuda(), src.cuda().transpose(0, 1));
         expect_match(g, c, tol, "index_add_ views " + what);
       }
     }
@@ -938,23 +970,37 @@ std::pair<Tensor, Tensor> grads(const Tensor& x0, const Tensor& y0, Device devic
 }
 
 TEST_F(GpuAutograd, BackwardMatchesTheCpu) {
-  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>> losses = {
-      {"mul sum", [](const Tensor& x, const Tensor& y) { return (x * y).sum(); }},
-      {"broadcast div mean",
-       [](const Tensor& x, const Tensor& y) { return (x / (y.sum({0}, true).abs() + 1)).mean(); }},
-      {"softmax", [](const Tensor& x, const Tensor& y) { return (x.softmax(1) * y).sum(); }},
-      {"log_softmax", [](const Tensor& x, const Tensor& y) { return (x.log_softmax(0) * y).sum(); }},
-      {"exp tanh sigmoid",
-       [](const Tensor& x, const Tensor& y) { return (x.exp() + y.tanh() * x.sigmoid()).sum(); }},
-      {"gelu silu", [](const Tensor& x, const Tensor& y) { return (x.gelu() * y.silu()).sum(); }},
-      {"var norm", [](const Tensor& x, const Tensor& y) { return x.var({1}).sum() + y.norm(); }},
-      {"where clamp",
-       [](const Tensor& x, const Tensor& y) { return where(x.gt(y), x, y.clamp(-0.5, 0.5)).sum(); }},
-      {"amax logsumexp",
-       [](const Tensor& x, const Tensor& y) { return x.amax({1}).sum() + y.logsumexp({0}).sum(); }},
-      {"cat cumsum",
-       [](const Tensor& x, const Tensor& y) { return cat({x, y}, 0).cumsum(1).pow(2).mean(); }},
-  };
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>>
+      losses = {
+          {"mul sum", [](const Tensor& x, const Tensor& y) { return (x * y).sum(); }},
+          {"broadcast div mean",
+           [](const Tensor& x, const Tensor& y) {
+             return (x / (y.sum({0}, true).abs() + 1)).mean();
+           }},
+          {"softmax", [](const Tensor& x, const Tensor& y) { return (x.softmax(1) * y).sum(); }},
+          {"log_softmax",
+           [](const Tensor& x, const Tensor& y) { return (x.log_softmax(0) * y).sum(); }},
+          {"exp tanh sigmoid",
+           [](const Tensor& x, const Tensor& y) {
+             return (x.exp() + y.tanh() * x.sigmoid()).sum();
+           }},
+          {"gelu silu",
+           [](const Tensor& x, const Tensor& y) { return (x.gelu() * y.silu()).sum(); }},
+          {"var norm",
+           [](const Tensor& x, const Tensor& y) { return x.var({1}).sum() + y.norm(); }},
+          {"where clamp",
+           [](const Tensor& x, const Tensor& y) {
+             return where(x.gt(y), x, y.clamp(-0.5, 0.5)).sum();
+           }},
+          {"amax logsumexp",
+           [](const Tensor& x, const Tensor& y) {
+             return x.amax({1}).sum() + y.logsumexp({0}).sum();
+           }},
+          {"cat cumsum",
+           [](const Tensor& x, const Tensor& y) {
+             return cat({x, y}, 0).cumsum(1).pow(2).mean();
+           }},
+      };
   const Tensor x = random_cpu({37, 129}, kFloat, 10000, -1, 1);
   const Tensor y = random_cpu({37, 129}, kFloat, 10001, -1, 1);
   for (const auto& [name, loss] : losses) {
