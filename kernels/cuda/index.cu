@@ -1,0 +1,464 @@
+// CUDA kernels of the indexing ops index_select, embedding, gather, scatter (src and value),
+// scatter_add, index_add, masked_fill and triu/tril (CPU: kernels/cpu/index.cpp; rules in
+// tensor/ops/index.cpp).
+//
+// Ops that only move elements dispatch on the element size (1, 2, 4 or 8 bytes), as on the CPU,
+// and work on any strides: each thread finds its element's offsets by decomposing its row-major
+// index over the shape it walks, with one stride array per tensor it touches. Every index is
+// checked before it is used; a bad one raises the device-side error flag and the host throws
+// kiln::Error with the CPU kernel's message (which waits for the device).
+//
+// Writes to repeated positions: scatter (src, value) gives each row along `dim` to one thread
+// that walks it in order, so the last write wins as on the CPU; scatter_add and index_add
+// accumulate with atomics (exact for integers; for floats the order of the additions, and so the
+// last bits, may differ from the CPU's, as in PyTorch's CUDA kernels).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/loops.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+using loops::ErrorFlag;
+using loops::FlagView;
+using loops::Geometry;
+using loops::kMaxDims;
+
+// Calls f(TypeTag<U>) with an unsigned integer type as wide as one element of `dtype`.
+template <typename F>
+void visit_bytes(ScalarType dtype, F&& f) {
+  switch (element_size(dtype)) {
+    case 1:
+      return f(TypeTag<uint8_t>{});
+    case 2:
+      return f(TypeTag<uint16_t>{});
+    case 4:
+      return f(TypeTag<uint32_t>{});
+    case 8:
+      return f(TypeTag<uint64_t>{});
+    default:
+      KILN_FAIL("[index] unsupported element size ", element_size(dtype));
+  }
+}
+
+template <typename F>
+void visit_index(ScalarType dtype, F&& f) {
+  if (dtype == kInt32) return f(TypeTag<int32_t>{});
+  return f(TypeTag<int64_t>{});
+}
+
+// The loop geometry of `sizes` with one stride array per operand, without merging dims (the
+// kernels need the coordinate along a given dim).
+template <int N>
+Geometry<N> raw_geometry(IntArrayRef sizes, const Shape (&strides)[N], const char* op) {
+  KILN_CHECK(static_cast<int>(sizes.size()) <= kMaxDims, "[", op,
+             "] the CUDA kernel handles at most ", kMaxDims, " dimensions, got shape ",
+             shape_str(sizes));
+  Geometry<N> g;
+  g.ndim = static_cast<int>(sizes.size());
+  for (int d = 0; d < g.ndim; ++d) {
+    g.sizes[d] = sizes[d];
+    for (int k = 0; k < N; ++k) g.strides[k][d] = strides[k][d];
+  }
+  return g;
+}
+
+// A stride array that is 1 along `dim` and 0 elsewhere: its offset is the coordinate along dim.
+Shape unit_at(size_t ndim, int64_t dim) {
+  Shape s(ndim, 0);
+  s[dim] = 1;
+  return s;
+}
+
+// `strides` with dim `dim` zeroed (its contribution comes from an index value instead).
+Shape without(IntArrayRef strides, int64_t dim) {
+  Shape s = to_shape(strides);
+  s[dim] = 0;
+  return s;
+}
+
+// Sizes and strides with a 0-d tensor read as shape [1] (gather/scatter treat it so).
+struct Layout {
+  Shape sizes, strides;
+};
+Layout layout_1d(const Tensor& t) {
+  if (t.dim() == 0) return {Shape{1}, Shape{1}};
+  return {to_shape(t.sizes()), to_shape(t.strides())};
+}
+
+// Reads index value v for a dim of `size`; a bad one raises the flag (and 0 is used).
+__device__ __forceinline__ int64_t checked(int64_t v, int64_t size, const FlagView& flag) {
+  if (v < 0 || v >= size) {
+    flag.raise(v);
+    return 0;
+  }
+  return v;
+}
+
+void throw_if_raised(const ErrorFlag& flag, const char* op, int64_t dim, int64_t size) {
+  int64_t v = 0;
+  KILN_CHECK(!flag.raised(&v), "[", op, "] index ", v, " is out of bounds for dimension ", dim,
+             " with size ", size);
+}
+
+unsigned int grid(int64_t n) { return loops::grid_for(n); }
+
+#define KILN_GRID_STRIDE(i, n)                                                           \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// --- Atomic accumulation ----------------------------------------------------------------------
+
+// *p = T(M(*p) + add) atomically, the CPU's add_values with alpha folded into `add` (for bool:
+// *p = *p || add).
+template <typename T>
+__device__ __forceinline__ void atomic_accumulate(T* p, opmath_t<T> add) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (add) *p = true;  // every writer stores the same value
+  } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    atomicAdd(p, add);
+  } else if constexpr (std::is_same_v<T, int32_t>) {
+    atomicAdd(reinterpret_cast<int*>(p), static_cast<int>(add));
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(add));
+  } else {
+    // Half, BFloat16: a compare-and-swap loop on the aligned 32-bit word holding the element,
+    // rounding M(old) + add once, as the CPU does.
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+    unsigned int* word = reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3});
+    const unsigned int shift = (addr & 2) ? 16u : 0u;
+    unsigned int old = *word, assumed;
+    do {
+      assumed = old;
+      const T cur = T::from_bits(static_cast<uint16_t>((assumed >> shift) & 0xffffu));
+      const T next = T(static_cast<float>(cur) + add);
+      const unsigned int updated =
+          (assumed & ~(0xffffu << shift)) | (static_cast<unsigned int>(next.x) << shift);
+      old = atomicCAS(word, assumed, updated);
+    } while (old != assumed);
+  }
+}
+
+// --- index_select, embedding, gather ----------------------------------------------------------
+
+// out (contiguous) element i: self at offset s + idx[j] * dim_stride, where (s, j) are the
+// offsets of i in the geometry {self strides without dim, unit at dim} over out's shape.
+template <typename U, typename I>
+__global__ void index_select_kernel(U* out, const U* self, const I* idx, int64_t n, Geometry<2> g,
+                                    int64_t dim_size, int64_t dim_stride, FlagView flag) {
+  KILN_GRID_STRIDE(i, n) {
+    int64_t off[2];
+    loops::offsets<int64_t, 2>(g, i, off);
+    const int64_t v = checked(static_cast<int64_t>(idx[off[1]]), dim_size, flag);
+    out[i] = self[off[0] + v * dim_stride];
+  }
+}
+
+void index_select_cuda(OpCall& c) {
+  const Tensor& self = c.input(0);
+  const Tensor& out = c.outputs[0];
+  DeviceGuard guard(out.device().index());
+  const Tensor idx = c.input(1).reshape({-1}).contiguous();
+  const Layout sl = layout_1d(self);
+  const int64_t d = self.dim() == 0 ? 0 : wrap_dim(c.attr<int64_t>(0), self.dim(), "index_select");
+  Shape walk = sl.sizes;
+  walk[d] = idx.numel();
+  const int64_t n = numel_of(walk);
+  if (n == 0) return;
+  const Shape strides[2] = {without(sl.strides, d), unit_at(walk.size(), d)};
+  const Geometry<2> g = raw_geometry<2>(walk, strides, "index_select");
+  const ErrorFlag flag(out.device());
+  visit_bytes(self.dtype(), [&]<typename U>(TypeTag<U>) {
+    visit_index(idx.dtype(), [&]<typename I>(TypeTag<I>) {
+      index_select_kernel<U, I><<<grid(n), loops::kThreads, 0, current_stream()>>>(
+          static_cast<U*>(out.data_ptr()), static_cast<const U*>(self.data_ptr()),
+          static_cast<const I*>(idx.data_ptr()), n, g, sl.sizes[d], sl.strides[d], flag.view());
+      KILN_CUDA_LAUNCH_CHECK("index_select_kernel");
+    });
+  });
+  throw_if_raised(flag, "index_select", d, sl.sizes[d]);
+}
+
+// out [N, D] (contiguous) = weight rows idx[n].
+template <typename U, typename I>
+__global__ void embedding_kernel(U* out, const U* weight, const I* idx, int64_t n, int64_t D,
+                                 int64_t V, int64_t ws0, int64_t ws1, FlagView flag) {
+  KILN_GRID_STRIDE(i, n) {
+    const int64_t row = i / D, col = i % D;
+    const int64_t v = checked(static_cast<int64_t>(idx[row]), V, flag);
+    out[i] = weight[v * ws0 + col * ws1];
+  }
+}
+
+void embedding_cuda(OpCall& c) {
+  const Tensor& weight = c.input(0);
+  const Tensor& out = c.outputs[0];
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  DeviceGuard guard(out.device().index());
+  const Tensor idx = c.input(1).contiguous();
+  const int64_t V = weight.sizes()[0], D = weight.sizes()[1];
+  const ErrorFlag flag(out.device());
+  visit_bytes(weight.dtype(), [&]<typename U>(TypeTag<U>) {
+    visit_index(idx.dtype(), [&]<typename I>(TypeTag<I>) {
+      embedding_kernel<U, I><<<grid(n), loops::kThreads, 0, current_stream()>>>(
+          static_cast<U*>(out.data_ptr()), static_cast<const U*>(weight.data_ptr()),
+          static_cast<const I*>(idx.data_ptr()), n, D, V, weight.strides()[0], weight.strides()[1],
+          flag.view());
+      KILN_CUDA_LAUNCH_CHECK("embedding_kernel");
+    });
+  });
+  throw_if_raised(flag, "embedding", 0, V);
+}
+
+// Walks idx's shape: offsets {idx, self without dim, out}.
+template <typename U>
+__global__ void gather_kernel(U* out, const U* self, const int64_t* idx, int64_t n, Geometry<3> g,
+                              int64_t dim_size, int64_t dim_stride, FlagView flag) {
+  KILN_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    loops::offsets<int64_t, 3>(g, i, off);
+    const int64_t v = checked(idx[off[0]], dim_size, flag);
+    out[off[2]] = self[off[1] + v * dim_stride];
+  }
+}
+
+void gather_cuda(OpCall& c) {
+  const Tensor& self = c.input(0);
+  const Tensor& idx = c.input(1);
+  const Tensor& out = c.outputs[0];
+  const int64_t n = idx.numel();
+  if (n == 0) return;
+  DeviceGuard guard(out.device().index());
+  const int64_t d = wrap_dim(c.attr<int64_t>(0), self.dim(), "gather");
+  const Layout il = layout_1d(idx), sl = layout_1d(self), ol = layout_1d(out);
+  const Shape strides[3] = {il.strides, without(sl.strides, d), ol.strides};
+  const Geometry<3> g = raw_geometry<3>(il.sizes, strides, "gather");
+  const ErrorFlag flag(out.device());
+  visit_bytes(self.dtype(), [&]<typename U>(TypeTag<U>) {
+    gather_kernel<U><<<grid(n), loops::kThreads, 0, current_stream()>>>(
+        static_cast<U*>(out.data_ptr()), static_cast<const U*>(self.data_ptr()),
+        static_cast<const int64_t*>(idx.data_ptr()), n, g, sl.sizes[d], sl.strides[d], flag.view());
+    KILN_CUDA_LAUNCH_CHECK("gather_kernel");
+  });
+  throw_if_raised(flag, "gather", d, sl.sizes[d]);
+}
+
+// --- scatter, scatter_add, index_add ----------------------------------------------------------
+
+enum class ScatterMode { kSrc, kValue, kAdd };
+
+// scatter (src, value): one thread per row along dim of idx's shape, in order. Geometry over the
+// rows (idx's shape with dim set to 1): offsets {idx, out, src}.
+template <typename T, ScatterMode kMode>
+__global__ void scatter_rows_kernel(T* out, const T* src, T value, const int64_t* idx, int64_t rows,
+                                    Geometry<3> g, int64_t len, int64_t idx_stride,
+                                    int64_t out_stride, int64_t src_stride, int64_t dim_size,
+                                    FlagView flag) {
+  KILN_GRID_STRIDE(row, rows) {
+    int64_t off[3];
+    loops::offsets<int64_t, 3>(g, row, off);
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t v = idx[off[0] + j * idx_stride];
+      if (v < 0 || v >= dim_size) {
+        flag.raise(v);
+        continue;
+      }
+      T& to = out[off[1] + v * out_stride];
+      if constexpr (kMode == ScatterMode::kValue) {
+        to = value;
+      } else {
+        to = src[off[2] + j * src_stride];
+      }
+    }
+  }
+}
+
+// scatter_add: one thread per index element, accumulating atomically. Offsets {idx, out
+// without dim, src}.
+template <typename T>
+__global__ void scatter_add_kernel(T* out, const T* src, const int64_t* idx, int64_t n,
+                                   Geometry<3> g, int64_t out_stride, int64_t dim_size,
+                                   FlagView flag) {
+  KILN_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    loops::offsets<int64_t, 3>(g, i, off);
+    const int64_t v = idx[off[0]];
+    if (v < 0 || v >= dim_size) {
+      flag.raise(v);
+      continue;
+    }
+    atomic_accumulate<T>(out + off[1] + v * out_stride, static_cast<opmath_t<T>>(src[off[2]]));
+  }
+}
+
+template <ScatterMode kMode, bool kInplace>
+void scatter_cuda(OpCall& c) {
+  const char* op = c.name().c_str();
+  const Tensor& out = c.outputs[0];
+  const Tensor& idx = c.input(1);
+  DeviceGuard guard(out.device().index());
+  if constexpr (!kInplace) loops::copy_into(out, c.input(0));
+  if (idx.numel() == 0) return;
+  const int64_t d = wrap_dim(c.attr<int64_t>(0), out.dim(), op);
+  const Tensor src = kMode == ScatterMode::kValue ? idx : c.input(2);
+  const Layout il = layout_1d(idx), ol = layout_1d(out), sl = layout_1d(src);
+  const ErrorFlag flag(out.device());
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    T* o = static_cast<T*>(out.data_ptr());
+    const int64_t* ip = static_cast<const int64_t*>(idx.data_ptr());
+    if constexpr (kMode == ScatterMode::kAdd) {
+      const int64_t n = idx.numel();
+      const Shape strides[3] = {il.strides, without(ol.strides, d), sl.strides};
+      const Geometry<3> g = raw_geometry<3>(il.sizes, strides, op);
+      scatter_add_kernel<T><<<grid(n), loops::kThreads, 0, current_stream()>>>(
+          o, static_cast<const T*>(src.data_ptr()), ip, n, g, ol.strides[d], ol.sizes[d],
+          flag.view());
+      KILN_CUDA_LAUNCH_CHECK("scatter_add_kernel");
+    } else {
+      Shape row_sizes = il.sizes;
+      row_sizes[d] = 1;
+      const int64_t rows = numel_of(row_sizes);
+      const Shape strides[3] = {
+          il.strides, ol.strides,
+          kMode == ScatterMode::kValue ? Shape(il.strides.size(), 0) : sl.strides};
+      const Geometry<3> g = raw_geometry<3>(row_sizes, strides, op);
+      const T value = kMode == ScatterMode::kValue ? c.attr<Scalar>(1).to<T>() : T();
+      const T* s = kMode == ScatterMode::kValue ? nullptr : static_cast<const T*>(src.data_ptr());
+      scatter_rows_kernel<T, kMode><<<grid(rows), loops::kThreads, 0, current_stream()>>>(
+          o, s, value, ip, rows, g, il.sizes[d], il.strides[d], ol.strides[d],
+          kMode == ScatterMode::kValue ? 0 : sl.strides[d], ol.sizes[d], flag.view());
+      KILN_CUDA_LAUNCH_CHECK("scatter_rows_kernel");
+    }
+  });
+  throw_if_raised(flag, op, d, ol.sizes[d]);
+}
+
+// index_add: one thread per source element. Geometry over source's shape: offsets {src, out
+// without dim, position along dim}.
+template <typename T, typename I>
+__global__ void index_add_kernel(T* out, const T* src, const I* idx, int64_t n, Geometry<3> g,
+                                 int64_t out_stride, int64_t dim_size, opmath_t<T> alpha,
+                                 FlagView flag) {
+  KILN_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    loops::offsets<int64_t, 3>(g, i, off);
+    const int64_t v = static_cast<int64_t>(idx[off[2]]);
+    if (v < 0 || v >= dim_size) {
+      flag.raise(v);
+      continue;
+    }
+    const opmath_t<T> s = static_cast<opmath_t<T>>(src[off[0]]);
+    if constexpr (std::is_same_v<T, bool>) {
+      atomic_accumulate<T>(out + off[1] + v * out_stride, alpha && s);
+    } else {
+      atomic_accumulate<T>(out + off[1] + v * out_stride, alpha * s);
+    }
+  }
+}
+
+template <bool kInplace>
+void index_add_cuda(OpCall& c) {
+  const char* op = c.name().c_str();
+  const Tensor& out = c.outputs[0];
+  DeviceGuard guard(out.device().index());
+  const Tensor idx = c.input(1).reshape({-1}).contiguous();
+  const Tensor& src = c.input(2);
+  if constexpr (!kInplace) loops::copy_into(out, c.input(0));
+  const int64_t d = wrap_dim(c.attr<int64_t>(0), out.dim(), op);
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  const Layout ol = layout_1d(out), sl = layout_1d(src);
+  const Shape strides[3] = {sl.strides, without(ol.strides, d), unit_at(sl.sizes.size(), d)};
+  const Geometry<3> g = raw_geometry<3>(sl.sizes, strides, op);
+  const ErrorFlag flag(out.device());
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    using M = opmath_t<T>;
+    const M alpha = c.attr<Scalar>(1).to<M>();
+    visit_index(idx.dtype(), [&]<typename I>(TypeTag<I>) {
+      index_add_kernel<T, I><<<grid(n), loops::kThreads, 0, current_stream()>>>(
+          static_cast<T*>(out.data_ptr()), static_cast<const T*>(src.data_ptr()),
+          static_cast<const I*>(idx.data_ptr()), n, g, ol.strides[d], ol.sizes[d], alpha,
+          flag.view());
+      KILN_CUDA_LAUNCH_CHECK("index_add_kernel");
+    });
+  });
+  throw_if_raised(flag, op, d, ol.sizes[d]);
+}
+
+// --- masked_fill ------------------------------------------------------------------------------
+
+template <typename T>
+struct MaskedFillFn {
+  T value;
+  __device__ T operator()(T x, bool m) const { return m ? value : x; }
+};
+
+void masked_fill_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    loops::elementwise<T, T, bool>(out, MaskedFillFn<T>{c.attr<Scalar>(0).to<T>()}, c.input(0),
+                                   c.input(1));
+  });
+}
+
+// --- triu, tril -------------------------------------------------------------------------------
+
+// out (contiguous) element i at (batch, row, col): self's element there when kept, else zero
+// bits (zero in every dtype).
+template <typename U, bool kUpper>
+__global__ void triangle_kernel(U* out, const U* self, int64_t n, Geometry<1> g, int64_t rows,
+                                int64_t cols, int64_t diag) {
+  KILN_GRID_STRIDE(i, n) {
+    const int64_t col = i % cols, row = (i / cols) % rows;
+    const bool keep = kUpper ? col - row >= diag : col - row <= diag;
+    if (keep) {
+      int64_t off[1];
+      loops::offsets<int64_t, 1>(g, i, off);
+      out[i] = self[off[0]];
+    } else {
+      out[i] = U(0);
+    }
+  }
+}
+
+template <bool kUpper>
+void triangle_cuda(OpCall& c) {
+  const Tensor& self = c.input(0);
+  const Tensor& out = c.outputs[0];
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  DeviceGuard guard(out.device().index());
+  const int64_t nd = self.dim();
+  const Shape strides[1] = {to_shape(self.strides())};
+  const Geometry<1> g = loops::make_geometry<1>(self.sizes(), strides, c.name());
+  visit_bytes(self.dtype(), [&]<typename U>(TypeTag<U>) {
+    triangle_kernel<U, kUpper><<<grid(n), loops::kThreads, 0, current_stream()>>>(
+        static_cast<U*>(out.data_ptr()), static_cast<const U*>(self.data_ptr()), n, g,
+        self.sizes()[nd - 2], self.sizes()[nd - 1], c.attr<int64_t>(0));
+    KILN_CUDA_LAUNCH_CHECK("triangle_kernel");
+  });
+}
+
+#undef KILN_GRID_STRIDE
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(index_select, kCUDA, index_select_cuda);
+KILN_REGISTER_KERNEL(embedding, kCUDA, embedding_cuda);
+KILN_REGISTER_KERNEL(gather, kCUDA, gather_cuda);
+KILN_REGISTER_KERNEL(scatter, kCUDA, (scatter_cuda<ScatterMode::kSrc, false>));
+KILN_REGISTER_KERNEL(scatter_, kCUDA, (scatter_cuda<ScatterMode::kSrc, true>));
+KILN_REGISTER_KERNEL(scatter_value, kCUDA, (scatter_cuda<ScatterMode::kValue, false>));
+KILN_REGISTER_KERNEL(scatter_value_, kCUDA, (scatter_cuda<ScatterMode::kValue, true>));
+KILN_REGISTER_KERNEL(scatter_add, kCUDA, (scatter_cuda<ScatterMode::kAdd, false>));
+KILN_REGISTER_KERNEL(scatter_add_, kCUDA, (scatter_cuda<ScatterMode::kAdd, true>));
+KILN_REGISTER_KERNEL(index_add, kCUDA, index_add_cuda<false>);
+KILN_REGISTER_KERNEL(index_add_, kCUDA, index_add_cuda<true>);
+KILN_REGISTER_KERNEL(masked_fill, kCUDA, masked_fill_cuda);
+KILN_REGISTER_KERNEL(masked_fill_, kCUDA, masked_fill_cuda);
+KILN_REGISTER_KERNEL(triu, kCUDA, triangle_cuda<true>);
+KILN_REGISTER_KERNEL(tril, kCUDA, triangle_cuda<false>);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,465 @@
+// Device-side elementwise machinery for kiln's CUDA kernels: broadcasting through strides, a
+// contiguous fast path with 16-byte vectorised loads and stores, and a strided path for views.
+//
+//   // out[i] = f(a[i], b[i]) with a and b broadcast to out's shape, both of element type T:
+//   struct AddOp { __device__ float operator()(T x, T y) const { return float(x) + float(y); } };
+//   cuda::loops::elementwise<T, T, T>(out, AddOp{}, a, b);
+//
+// As kernels/cpu/loops.h: inputs must already have the element types the functor takes (the
+// first template arguments after Out), except for 0-d CPU tensors (wrapped Scalars and other
+// CPU scalars, which the dispatcher lets join GPU inputs): those are read on the host, converted
+// to the functor's type as kernels/cpu/binary.cpp converts them, and passed to the kernel by
+// value. The output may have any strides (in-place ops write into views). Functors are structs
+// with a __device__ operator() (kiln builds without nvcc's --extended-lambda).
+//
+// Also here: device math overloads for float and double, the 16-bit float conversions, a
+// device-side error flag (for index checks and integer division by zero, which must raise
+// kiln::Error like the CPU kernels), and launch helpers. Internal to kernels/cuda/.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "kernels/cuda/check.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+
+namespace kiln::cuda::loops {
+
+inline constexpr int kMaxDims = 16;
+inline constexpr int kThreads = 256;
+
+// --- Host-side helpers ----------------------------------------------------------------------
+
+// Blocks for a grid-stride loop over `work` items with `threads` per block: enough to fill the
+// GPU several times over, and no more (each thread then loops).
+inline unsigned int grid_for(int64_t work, int threads = kThreads) {
+  const int64_t blocks = (work + threads - 1) / threads;
+  return static_cast<unsigned int>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 16));
+}
+
+// The number of multiprocessors of the current device (cached per device).
+inline int multiprocessor_count() {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) device = kMaxDevices - 1;
+  if (cached[device] == 0) {
+    int count = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    cached[device] = std::max(count, 1);
+  }
+  return cached[device];
+}
+
+// `t` converted to dtype (a no-op when it already has it), on its own device.
+inline Tensor as_dtype(const Tensor& t, ScalarType dtype) {
+  return t.dtype() == dtype ? t : t.to(dtype);
+}
+
+// A 0-d CPU tensor: read on the host and passed by value.
+inline bool is_host_scalar(const Tensor& t) { return t.is_cpu() && t.dim() == 0; }
+
+// dst = src (converted, broadcast) through the CUDA copy_ kernel, without the dispatcher (we are
+// already inside a kernel; the write must not be recorded by autograd).
+inline void copy_into(const Tensor& dst, const Tensor& src) {
+  static const OpDef& op = KILN_OP(copy_);
+  const KernelFn kernel = op.kernels[static_cast<int>(kCUDA)];
+  KILN_CHECK(kernel != nullptr, "[copy_] the CUDA kernel is not registered");
+  OpCall call;
+  call.op = &op;
+  call.inputs = {dst, src};
+  kernel(call);
+}
+
+// A fresh contiguous tensor on `device`.
+inline Tensor empty_on(IntArrayRef sizes, ScalarType dtype, Device device) {
+  return empty(sizes, TensorOptions(dtype).device(device));
+}
+
+// t's strides (in elements) when read as if broadcast to `sizes`.
+inline Shape broadcast_strides(const Tensor& t, IntArrayRef sizes) {
+  Shape out(sizes.size(), 0);
+  const size_t lead = sizes.size() - static_cast<size_t>(t.dim());
+  for (size_t d = 0; d < static_cast<size_t>(t.dim()); ++d) {
+    out[lead + d] = t.sizes()[d] == 1 ? 0 : t.strides()[d];
+  }
+  return out;
+}
+
+// v (of element type S) as a D, through S's arithmetic type (float for f16/bf16): the
+// conversion of kernels/cpu/binary.cpp, usable on both sides.
+template <typename D, typename S>
+__host__ __device__ __forceinline__ D convert(S v) {
+  const opmath_t<S> m = static_cast<opmath_t<S>>(v);
+  if constexpr (std::is_same_v<D, bool>) {
+    return m != opmath_t<S>(0);
+  } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
+    return D(static_cast<float>(m));
+  } else {
+    return static_cast<D>(m);
+  }
+}
+
+// The value of a 0-d CPU tensor as a T.
+template <typename T>
+T read_host_scalar(const Tensor& t) {
+  return visit_dtype(t.dtype(), [&]<typename S>(TypeTag<S>) -> T {
+    return convert<T>(*static_cast<const S*>(t.data_ptr()));
+  });
+}
+
+// --- Geometry: the index arithmetic of an N-operand loop -------------------------------------
+
+// Sizes and per-operand strides (in elements) after dropping size-1 dims and merging dims that
+// are contiguous for every operand.
+template <int N>
+struct Geometry {
+  int ndim = 0;
+  int64_t sizes[kMaxDims];
+  int64_t strides[N][kMaxDims];
+};
+
+template <int N>
+Geometry<N> make_geometry(IntArrayRef sizes, const Shape (&strides)[N], std::string_view op) {
+  Geometry<N> g;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    bool merge = g.ndim > 0;
+    for (int k = 0; k < N && merge; ++k) {
+      merge = g.strides[k][g.ndim - 1] == strides[k][d] * sizes[d];
+    }
+    if (merge) {
+      g.sizes[g.ndim - 1] *= sizes[d];
+      for (int k = 0; k < N; ++k) g.strides[k][g.ndim - 1] = strides[k][d];
+      continue;
+    }
+    KILN_CHECK(g.ndim < kMaxDims, "[", op, "] the CUDA kernel handles at most ", kMaxDims,
+               " non-mergeable dimensions, got shape ", shape_str(sizes));
+    g.sizes[g.ndim] = sizes[d];
+    for (int k = 0; k < N; ++k) g.strides[k][g.ndim] = strides[k][d];
+    ++g.ndim;
+  }
+  return g;
+}
+
+// Whether every offset of the geometry (and n) fits a 32-bit index, which makes the div/mod of
+// the strided path several times cheaper.
+template <int N>
+bool fits_int32(const Geometry<N>& g, int64_t n) {
+  if (n >= (int64_t{1} << 31)) return false;
+  for (int k = 0; k < N; ++k) {
+    int64_t extent = 0;
+    for (int d = 0; d < g.ndim; ++d) extent += (g.sizes[d] - 1) * std::abs(g.strides[k][d]);
+    if (extent >= (int64_t{1} << 31)) return false;
+  }
+  return true;
+}
+
+// Element offsets of linear index i (row-major over the geometry's sizes) for each operand.
+template <typename I, int N>
+__device__ __forceinline__ void offsets(const Geometry<N>& g, I i, I (&off)[N]) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) off[k] = 0;
+  for (int d = g.ndim - 1; d >= 0; --d) {
+    const I size = static_cast<I>(g.sizes[d]);
+    const I idx = i % size;
+    i /= size;
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] += idx * static_cast<I>(g.strides[k][d]);
+  }
+}
+
+// --- Device math ----------------------------------------------------------------------------
+
+namespace dmath {
+__device__ __forceinline__ float exp(float x) { return ::expf(x); }
+__device__ __forceinline__ double exp(double x) { return ::exp(x); }
+__device__ __forceinline__ float log(float x) { return ::logf(x); }
+__device__ __forceinline__ double log(double x) { return ::log(x); }
+__device__ __forceinline__ float log1p(float x) { return ::log1pf(x); }
+__device__ __forceinline__ double log1p(double x) { return ::log1p(x); }
+__device__ __forceinline__ float expm1(float x) { return ::expm1f(x); }
+__device__ __forceinline__ double expm1(double x) { return ::expm1(x); }
+__device__ __forceinline__ float sqrt(float x) { return ::sqrtf(x); }
+__device__ __forceinline__ double sqrt(double x) { return ::sqrt(x); }
+__device__ __forceinline__ float sin(float x) { return ::sinf(x); }
+__device__ __forceinline__ double sin(double x) { return ::sin(x); }
+__device__ __forceinline__ float cos(float x) { return ::cosf(x); }
+__device__ __forceinline__ double cos(double x) { return ::cos(x); }
+__device__ __forceinline__ float tanh(float x) { return ::tanhf(x); }
+__device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
+__device__ __forceinline__ float erf(float x) { return ::erff(x); }
+__device__ __forceinline__ double erf(double x) { return ::erf(x); }
+__device__ __forceinline__ float pow(float x, float y) { return ::powf(x, y); }
+__device__ __forceinline__ double pow(double x, double y) { return ::pow(x, y); }
+__device__ __forceinline__ float atan2(float y, float x) { return ::atan2f(y, x); }
+__device__ __forceinline__ double atan2(double y, double x) { return ::atan2(y, x); }
+__device__ __forceinline__ float fmod(float x, float y) { return ::fmodf(x, y); }
+__device__ __forceinline__ double fmod(double x, double y) { return ::fmod(x, y); }
+__device__ __forceinline__ float floor(float x) { return ::floorf(x); }
+__device__ __forceinline__ double floor(double x) { return ::floor(x); }
+__device__ __forceinline__ float ceil(float x) { return ::ceilf(x); }
+__device__ __forceinline__ double ceil(double x) { return ::ceil(x); }
+__device__ __forceinline__ float trunc(float x) { return ::truncf(x); }
+__device__ __forceinline__ double trunc(double x) { return ::trunc(x); }
+__device__ __forceinline__ float rint(float x) { return ::rintf(x); }
+__device__ __forceinline__ double rint(double x) { return ::rint(x); }
+__device__ __forceinline__ float abs(float x) { return ::fabsf(x); }
+__device__ __forceinline__ double abs(double x) { return ::fabs(x); }
+__device__ __forceinline__ float copysign(float x, float y) { return ::copysignf(x, y); }
+__device__ __forceinline__ double copysign(double x, double y) { return ::copysign(x, y); }
+template <typename M>
+__host__ __device__ __forceinline__ bool is_nan(M v) {
+  if constexpr (std::is_floating_point_v<M>) {
+    return v != v;
+  } else {
+    return false;
+  }
+}
+template <typename M>
+__device__ __forceinline__ bool is_finite(M v) {
+  if constexpr (std::is_same_v<M, float>) {
+    return ::isfinite(v);
+  } else if constexpr (std::is_same_v<M, double>) {
+    return ::isfinite(v);
+  } else {
+    return true;
+  }
+}
+}  // namespace dmath
+
+// --- Operands -------------------------------------------------------------------------------
+
+// One input of a loop: device memory, or (ptr == nullptr) a value read on the host.
+template <typename T>
+struct Operand {
+  const T* ptr = nullptr;
+  T value{};
+};
+
+template <typename T, typename I>
+__device__ __forceinline__ T load(const Operand<T>& op, I off) {
+  return op.ptr != nullptr ? op.ptr[off] : op.value;
+}
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+// --- Kernels --------------------------------------------------------------------------------
+
+template <typename I, typename Out, typename F, typename... Ins, size_t... K>
+__device__ __forceinline__ void apply_strided(Out* out, const F& f, const I* off,
+                                              std::index_sequence<K...>,
+                                              const Operand<Ins>&... in) {
+  out[off[0]] = static_cast<Out>(f(load(in, off[K + 1])...));
+}
+
+template <typename I, typename Out, typename F, typename... Ins>
+__global__ void __launch_bounds__(kThreads)
+    strided_kernel(Out* out, I n, Geometry<sizeof...(Ins) + 1> g, F f, Operand<Ins>... in) {
+  constexpr int N = sizeof...(Ins) + 1;
+  const I step = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    I off[N];
+    offsets<I, N>(g, i, off);
+    apply_strided<I, Out>(out, f, off, std::index_sequence_for<Ins...>{}, in...);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> load_vec(const Operand<T>& op, int64_t base) {
+  if (op.ptr != nullptr) return *reinterpret_cast<const Vec<T, V>*>(op.ptr + base);
+  Vec<T, V> r;
+#pragma unroll
+  for (int j = 0; j < V; ++j) r.v[j] = op.value;
+  return r;
+}
+
+template <int V, typename Out, typename F, typename... Ins>
+__device__ __forceinline__ void apply_vec(Out* out, int64_t base, const F& f,
+                                          const Vec<Ins, V>&... v) {
+  Vec<Out, V> r;
+#pragma unroll
+  for (int j = 0; j < V; ++j) r.v[j] = static_cast<Out>(f(v.v[j]...));
+  *reinterpret_cast<Vec<Out, V>*>(out + base) = r;
+}
+
+// Every operand dense with out's shape: V elements per thread and step with one aligned load
+// per input and one store (V * sizeof = 16 bytes for the widest type); the tail is scalar.
+template <int V, typename Out, typename F, typename... Ins>
+__global__ void __launch_bounds__(kThreads)
+    contiguous_kernel(Out* out, int64_t n, F f, Operand<Ins>... in) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nvec = n / V;
+  for (int64_t t = tid; t < nvec; t += step) {
+    apply_vec<V>(out, t * V, f, load_vec<Ins, V>(in, t * V)...);
+  }
+  for (int64_t i = nvec * V + tid; i < n; i += step) {
+    out[i] = static_cast<Out>(f(load(in, i)...));
+  }
+}
+
+// --- The host-side entry point --------------------------------------------------------------
+
+template <typename T>
+using TensorFor = const Tensor&;
+
+template <typename T>
+constexpr size_t max_size_of() {
+  return sizeof(T);
+}
+template <typename T, typename U, typename... Rest>
+constexpr size_t max_size_of() {
+  return std::max(sizeof(T), max_size_of<U, Rest...>());
+}
+
+template <typename T>
+Operand<T> make_operand(const Tensor& t, const char* op) {
+  Operand<T> o;
+  if (is_host_scalar(t)) {
+    o.value = read_host_scalar<T>(t);
+    return o;
+  }
+  KILN_CHECK(t.is_cuda(), "[", op, "] expected a CUDA tensor, got one on ", t.device().str());
+  KILN_CHECK(t.dtype() == dtype_of<T>(), "[", op, "] internal: operand of dtype ",
+             dtype_name(t.dtype()), " where ", dtype_name(dtype_of<T>()), " was expected");
+  o.ptr = static_cast<const T*>(t.data_ptr());
+  return o;
+}
+
+template <typename T>
+bool aligned_to(const Operand<T>& o, size_t bytes) {
+  return o.ptr == nullptr || reinterpret_cast<uintptr_t>(o.ptr) % bytes == 0;
+}
+
+// out[i] = f(in[i]...) with the inputs broadcast to out's shape (see the top of the file).
+template <typename Out, typename... Ins, typename F>
+void elementwise(const Tensor& out, const F& f, TensorFor<Ins>... in) {
+  constexpr int N = sizeof...(Ins) + 1;
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const char* op = "elementwise";
+  KILN_CHECK(out.is_cuda() && out.dtype() == dtype_of<Out>(),
+             "[elementwise] internal: unexpected output ", out.device().str(), " ",
+             dtype_name(out.dtype()));
+  DeviceGuard guard(out.device().index());
+  const cudaStream_t stream = current_stream();
+  Out* o = static_cast<Out*>(out.data_ptr());
+  const std::tuple<Operand<Ins>...> ops{make_operand<Ins>(in, op)...};
+
+  bool dense = out.is_contiguous();
+  ((dense = dense && (is_host_scalar(in) || (in.sizes() == out.sizes() && in.is_contiguous()))),
+   ...);
+  if (dense) {
+    constexpr int V = static_cast<int>(16 / max_size_of<Out, Ins...>());
+    bool aligned = reinterpret_cast<uintptr_t>(o) % (sizeof(Out) * V) == 0;
+    std::apply(
+        [&](const auto&... x) { ((aligned = aligned && aligned_to(x, sizeof(x.value) * V)), ...); },
+        ops);
+    std::apply(
+        [&](const auto&... x) {
+          if (aligned && V > 1) {
+            contiguous_kernel<V, Out, F, Ins...>
+                <<<grid_for((n + V - 1) / V), kThreads, 0, stream>>>(o, n, f, x...);
+          } else {
+            contiguous_kernel<1, Out, F, Ins...>
+                <<<grid_for(n), kThreads, 0, stream>>>(o, n, f, x...);
+          }
+        },
+        ops);
+    KILN_CUDA_LAUNCH_CHECK("contiguous_kernel");
+    return;
+  }
+  const Shape strides[N] = {
+      to_shape(out.strides()),
+      (is_host_scalar(in) ? Shape(out.dim(), 0) : broadcast_strides(in, out.sizes()))...};
+  const Geometry<N> g = make_geometry<N>(out.sizes(), strides, op);
+  std::apply(
+      [&](const auto&... x) {
+        if (fits_int32(g, n)) {
+          strided_kernel<int32_t, Out, F, Ins...>
+              <<<grid_for(n), kThreads, 0, stream>>>(o, static_cast<int32_t>(n), g, f, x...);
+        } else {
+          strided_kernel<int64_t, Out, F, Ins...>
+              <<<grid_for(n), kThreads, 0, stream>>>(o, n, g, f, x...);
+        }
+      },
+      ops);
+  KILN_CUDA_LAUNCH_CHECK("strided_kernel");
+}
+
+// --- A device-side error flag ----------------------------------------------------------------
+
+// Kernels that find a bad argument (an out-of-range index, an integer division by zero) record
+// it here; the host reads it after the kernel (waiting for the device) and raises kiln::Error,
+// so GPU and CPU kernels fail on the same inputs with comparable messages.
+struct FlagView {
+  int64_t* p;  // [set, value]
+  __device__ void raise(int64_t value) const {
+    p[1] = value;
+    __threadfence();
+    p[0] = 1;
+  }
+};
+
+class ErrorFlag {
+ public:
+  explicit ErrorFlag(Device device) : buffer_(empty_on({2}, kInt64, device)) {
+    KILN_CUDA_CHECK(cudaMemsetAsync(buffer_.data_ptr(), 0, 2 * sizeof(int64_t), current_stream()));
+  }
+  FlagView view() const { return {static_cast<int64_t*>(buffer_.data_ptr())}; }
+  // Waits for the device; true (and the recorded value) when a kernel raised the flag.
+  bool raised(int64_t* value = nullptr) const {
+    int64_t host[2] = {0, 0};
+    KILN_CUDA_CHECK(cudaMemcpyAsync(host, buffer_.data_ptr(), sizeof(host), cudaMemcpyDeviceToHost,
+                                    current_stream()));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+    if (value != nullptr) *value = host[1];
+    return host[0] != 0;
+  }
+
+ private:
+  Tensor buffer_;
+};
+
+// --- Reductions across a warp ----------------------------------------------------------------
+
+// __shfl_down_sync of any trivially copyable value, word by word.
+template <typename T>
+__device__ __forceinline__ T shfl_down(const T& v, int delta) {
+  constexpr int kWords = (sizeof(T) + 3) / 4;
+  int words[kWords] = {};
+  memcpy(words, &v, sizeof(T));
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) words[w] = __shfl_down_sync(0xffffffffu, words[w], delta);
+  T out;
+  memcpy(&out, words, sizeof(T));
+  return out;
+}
+
+template <typename T>
+__device__ __forceinline__ T shfl_xor(const T& v, int mask) {
+  constexpr int kWords = (sizeof(T) + 3) / 4;
+  int words[kWords] = {};
+  memcpy(words, &v, sizeof(T));
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) words[w] = __shfl_xor_sync(0xffffffffu, words[w], mask);
+  T out;
+  memcpy(&out, words, sizeof(T));
+  return out;
+}
+
+}  // namespace kiln::cuda::loops

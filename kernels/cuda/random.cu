@@ -1,0 +1,269 @@
+// CUDA kernels of the random fills uniform_, normal_, random_ and bernoulli_ (CPU:
+// kernels/cpu/random.cpp). Each thread computes one Philox block with the functions of
+// tensor/random.h and writes the elements of that block, following the mapping documented
+// there, so a tensor filled on the GPU holds the same numbers as one filled on the CPU with
+// the same seed: bit for bit for uniform_, random_ and bernoulli_ (the arithmetic is spelled
+// with round-to-nearest intrinsics so that nvcc does not contract it into fused multiply-adds,
+// which the CPU does not use), and within an ulp or two for normal_, whose log, sin and cos
+// come from CUDA's math library rather than glibc's.
+#include "kernels/cuda/loops.cuh"
+#include "tensor/random.h"
+
+namespace kiln::cuda {
+namespace {
+
+using loops::ErrorFlag;
+using loops::FlagView;
+using loops::Geometry;
+
+constexpr double kTwoPi = 6.283185307179586;
+
+struct Stream {
+  uint64_t seed;
+  uint64_t offset;
+  __device__ philox::Words block(uint64_t b) const { return philox::block(seed, offset + b); }
+};
+
+// The seed and offset are the last two attributes of every random op.
+Stream stream_of(const OpCall& c) {
+  const size_t n = c.attrs.size();
+  return {static_cast<uint64_t>(c.attr<int64_t>(n - 2)),
+          static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
+}
+
+template <typename T>
+__device__ __forceinline__ T from_int(int64_t v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v != 0;
+  } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// One thread per Philox block: gen(block, vals, first_index, count) makes the `count` (<= K)
+// values of elements first_index..; they go to row-major positions of `out` (any strides).
+template <typename T, int K, typename Gen>
+__global__ void fill_blocks_kernel(T* out, int64_t n, bool dense, Geometry<1> g, Gen gen) {
+  const int64_t nblocks = (n + K - 1) / K;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < nblocks;
+       b += step) {
+    const int64_t i0 = b * K;
+    const int count = static_cast<int>(n - i0 < K ? n - i0 : K);
+    T vals[K];
+    gen(static_cast<uint64_t>(b), vals, i0, count);
+    for (int k = 0; k < count; ++k) {
+      int64_t off = i0 + k;
+      if (!dense) {
+        int64_t o[1];
+        loops::offsets<int64_t, 1>(g, i0 + k, o);
+        off = o[0];
+      }
+      out[off] = vals[k];
+    }
+  }
+}
+
+template <typename T, int K, typename Gen>
+void fill_blocks(const Tensor& out, const Gen& gen) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  DeviceGuard guard(out.device().index());
+  const Shape strides[1] = {to_shape(out.strides())};
+  const Geometry<1> g = loops::make_geometry<1>(out.sizes(), strides, "random");
+  const int64_t nblocks = (n + K - 1) / K;
+  fill_blocks_kernel<T, K><<<loops::grid_for(nblocks), loops::kThreads, 0, current_stream()>>>(
+      static_cast<T*>(out.data_ptr()), n, out.is_contiguous(), g, gen);
+  KILN_CUDA_LAUNCH_CHECK("fill_blocks_kernel");
+}
+
+// --- uniform_ ---------------------------------------------------------------------------------
+
+struct UniformDouble {
+  Stream s;
+  double from, to, range;
+  __device__ void operator()(uint64_t b, double* v, int64_t, int count) const {
+    const philox::Words w = s.block(b);
+    for (int k = 0; k < count; ++k) {
+      const double x =
+          __dadd_rn(from, __dmul_rn(range, philox::uniform53(w.w[2 * k], w.w[2 * k + 1])));
+      v[k] = x >= to ? from : x;
+    }
+  }
+};
+
+template <typename T>
+struct UniformFloat {
+  Stream s;
+  float from_f, range;
+  double to;
+  T from_t;
+  __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
+    const philox::Words w = s.block(b);
+    for (int k = 0; k < count; ++k) {
+      const T x = T(__fadd_rn(from_f, __fmul_rn(range, philox::uniform24(w.w[k]))));
+      // Rounding to the dtype may reach `to`: wrap to `from`, as PyTorch's CUDA kernel.
+      v[k] = static_cast<double>(static_cast<float>(x)) >= to ? from_t : x;
+    }
+  }
+};
+
+void uniform_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const double from = c.attr<double>(0), to = c.attr<double>(1);
+  const Stream s = stream_of(c);
+  visit_floating(out.dtype(), "uniform_", [&]<typename T>(TypeTag<T>) {
+    if constexpr (std::is_same_v<T, double>) {
+      fill_blocks<double, 2>(out, UniformDouble{s, from, to, to - from});
+    } else {
+      const float from_f = static_cast<float>(from);
+      fill_blocks<T, 4>(out,
+                        UniformFloat<T>{s, from_f, static_cast<float>(to - from), to, T(from_f)});
+    }
+  });
+}
+
+// --- normal_ ----------------------------------------------------------------------------------
+
+struct NormalDouble {
+  Stream s;
+  double mean, stdev;
+  __device__ void operator()(uint64_t b, double* v, int64_t, int count) const {
+    const philox::Words w = s.block(b);
+    const double r = ::sqrt(__dmul_rn(-2.0, ::log(philox::open53(w.w[0], w.w[1]))));
+    const double t = __dmul_rn(kTwoPi, philox::uniform53(w.w[2], w.w[3]));
+    v[0] = __dadd_rn(mean, __dmul_rn(stdev, __dmul_rn(r, ::cos(t))));
+    if (count > 1) v[1] = __dadd_rn(mean, __dmul_rn(stdev, __dmul_rn(r, ::sin(t))));
+  }
+};
+
+template <typename T>
+struct NormalFloat {
+  Stream s;
+  float mean, stdev;
+  __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
+    const philox::Words w = s.block(b);
+    float z[4];
+    for (int pair = 0; pair < 2; ++pair) {
+      const float r = ::sqrtf(__fmul_rn(-2.0f, ::logf(philox::open24(w.w[2 * pair]))));
+      const float t = __fmul_rn(static_cast<float>(kTwoPi), philox::uniform24(w.w[2 * pair + 1]));
+      z[2 * pair] = __fmul_rn(r, ::cosf(t));
+      z[2 * pair + 1] = __fmul_rn(r, ::sinf(t));
+    }
+    for (int k = 0; k < count; ++k) v[k] = T(__fadd_rn(mean, __fmul_rn(stdev, z[k])));
+  }
+};
+
+void normal_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const double mean = c.attr<double>(0), stdev = c.attr<double>(1);
+  const Stream s = stream_of(c);
+  visit_floating(out.dtype(), "normal_", [&]<typename T>(TypeTag<T>) {
+    if constexpr (std::is_same_v<T, double>) {
+      fill_blocks<double, 2>(out, NormalDouble{s, mean, stdev});
+    } else {
+      fill_blocks<T, 4>(out,
+                        NormalFloat<T>{s, static_cast<float>(mean), static_cast<float>(stdev)});
+    }
+  });
+}
+
+// --- random_ ----------------------------------------------------------------------------------
+
+// low + x mod range, in unsigned arithmetic so that the full int64 range does not overflow.
+template <typename T, bool kWide>
+struct RandomInt {
+  Stream s;
+  int64_t low;
+  uint64_t range;
+  __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
+    const philox::Words w = s.block(b);
+    for (int k = 0; k < count; ++k) {
+      const uint64_t x = kWide ? philox::bits64(w.w[2 * k], w.w[2 * k + 1]) : uint64_t{w.w[k]};
+      v[k] = from_int<T>(static_cast<int64_t>(static_cast<uint64_t>(low) + x % range));
+    }
+  }
+};
+
+void random_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const int64_t low = c.attr<int64_t>(0), high = c.attr<int64_t>(1);
+  const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  const Stream s = stream_of(c);
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    if (range <= (uint64_t{1} << 32)) {
+      fill_blocks<T, 4>(out, RandomInt<T, false>{s, low, range});
+    } else {
+      fill_blocks<T, 2>(out, RandomInt<T, true>{s, low, range});
+    }
+  });
+}
+
+// --- bernoulli_ -------------------------------------------------------------------------------
+
+template <typename T>
+struct BernoulliScalar {
+  Stream s;
+  double p;
+  __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
+    const philox::Words w = s.block(b);
+    for (int k = 0; k < count; ++k) v[k] = from_int<T>(philox::uniform32(w.w[k]) < p ? 1 : 0);
+  }
+};
+
+// Probabilities per element: `probs` is a contiguous double tensor of out's shape.
+template <typename T>
+struct BernoulliTensor {
+  Stream s;
+  const double* probs;
+  FlagView flag;
+  __device__ void operator()(uint64_t b, T* v, int64_t i0, int count) const {
+    const philox::Words w = s.block(b);
+    for (int k = 0; k < count; ++k) {
+      const double q = probs[i0 + k];
+      if (!(q >= 0.0 && q <= 1.0)) flag.raise(i0 + k);
+      v[k] = from_int<T>(philox::uniform32(w.w[k]) < q ? 1 : 0);
+    }
+  }
+};
+
+void bernoulli_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const Stream s = stream_of(c);
+  if (c.inputs.size() == 1) {
+    const double p = c.attr<double>(0);
+    visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+      fill_blocks<T, 4>(out, BernoulliScalar<T>{s, p});
+    });
+    return;
+  }
+  if (out.numel() == 0) return;
+  DeviceGuard guard(out.device().index());
+  // p as double, as the CPU reads it (through opmath_t), laid out like out.
+  const Tensor& p = c.input(1);
+  const Tensor on_device = p.is_cuda() ? p : p.to(out.device());
+  const Tensor probs = loops::as_dtype(on_device, kDouble).expand(out.sizes()).contiguous();
+  const ErrorFlag flag(out.device());
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    fill_blocks<T, 4>(
+        out, BernoulliTensor<T>{s, static_cast<const double*>(probs.data_ptr()), flag.view()});
+  });
+  int64_t at = 0;
+  if (flag.raised(&at)) {
+    double q = 0;
+    KILN_CUDA_CHECK(cudaMemcpy(&q, static_cast<const double*>(probs.data_ptr()) + at, sizeof(q),
+                               cudaMemcpyDeviceToHost));
+    KILN_FAIL("[bernoulli_] expected all probabilities in [0, 1], got ", q, " at element ", at);
+  }
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(uniform_, kCUDA, uniform_cuda);
+KILN_REGISTER_KERNEL(normal_, kCUDA, normal_cuda);
+KILN_REGISTER_KERNEL(random_, kCUDA, random_cuda);
+KILN_REGISTER_KERNEL(bernoulli_, kCUDA, bernoulli_cuda);
+
+}  // namespace kiln::cuda

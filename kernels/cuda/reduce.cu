@@ -1,0 +1,743 @@
+// CUDA kernels of the reductions (sum, mean, prod, amax/amin, max/min, max_dim/min_dim,
+// argmax/argmin, var/std, norm, logsumexp, all/any) and of cumsum. Semantics, dtypes and
+// argument rules are those of the CPU kernels (kernels/cpu/reduce.cpp, tensor/ops/reduce.cpp).
+//
+// Every reduction is brought to a contiguous [A, R, K] block whose middle dim is reduced by the
+// CPU's own reduce_block (no copy for contiguous inputs reduced over inner or outer dims). Then:
+//   - K == 1, short rows: one warp per row, lanes striding along it, a shuffle tree at the end;
+//   - K == 1, long rows: one block per row (block-wide tree through shared memory), and when
+//     there are too few rows to fill the GPU, several blocks per row that write partial
+//     accumulators, merged by a second kernel (the multi-block path);
+//   - K > 1: blocks of 32 columns x 8 row slices (coalesced along K), split along R the same way
+//     when there are few columns.
+// Accumulators: float for f32, f16 and bf16, double for f64, int64 for integers (wrapping, as
+// PyTorch). Reducers are the device twins of the CPU's: init/step/merge/finish, where merge
+// must not depend on which side covers lower indices except through explicit indices (argmax).
+#include <limits>
+#include <type_traits>
+
+#include "kernels/cpu/reduce.h"
+#include "kernels/cuda/loops.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+using loops::as_dtype;
+namespace dm = loops::dmath;
+
+constexpr int kWarp = 32;
+constexpr int kRowThreads = 512;       // threads of a block that reduces one (long) row
+constexpr int64_t kWarpRowMax = 4096;  // rows up to this length get one warp each
+constexpr int kColX = 32, kColY = 8;   // the column kernel's block
+
+template <typename T>
+using float_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <typename T>
+using acc_t = std::conditional_t<std::is_integral_v<T>, int64_t, float_acc_t<T>>;
+
+template <typename T>
+__device__ __forceinline__ acc_t<T> to_acc(T x) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<int64_t>(x);
+  } else {
+    return static_cast<acc_t<T>>(static_cast<opmath_t<T>>(x));
+  }
+}
+
+template <typename T, typename V>
+__device__ __forceinline__ T from_acc(V v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+__device__ __forceinline__ int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+__device__ __forceinline__ int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+
+// --- The reduction kernels ------------------------------------------------------------------
+
+template <typename Red>
+using red_acc_t = typename Red::acc_t;
+
+template <typename Red>
+__device__ __forceinline__ red_acc_t<Red> warp_reduce(const Red& red, red_acc_t<Red> a) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) a = red.merge(a, loops::shfl_down(a, o));
+  return a;
+}
+
+// The merged accumulator of the whole block, valid in thread 0.
+template <typename Red>
+__device__ __forceinline__ red_acc_t<Red> block_reduce(const Red& red, red_acc_t<Red> a) {
+  using Acc = red_acc_t<Red>;
+  __shared__ alignas(16) unsigned char smem[kWarp * sizeof(Acc)];
+  Acc* s = reinterpret_cast<Acc*>(smem);
+  const int tid = threadIdx.x + threadIdx.y * blockDim.x;
+  const int nthreads = blockDim.x * blockDim.y;
+  const int lane = tid % kWarp, warp = tid / kWarp, nwarps = (nthreads + kWarp - 1) / kWarp;
+  a = warp_reduce(red, a);
+  if (lane == 0) s[warp] = a;
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < nwarps ? s[lane] : red.init();
+    a = warp_reduce(red, a);
+  }
+  __syncthreads();
+  return a;
+}
+
+template <typename Red>
+__global__ void empty_kernel(Red red, int64_t outputs) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < outputs;
+       i += step) {
+    red.finish(red.init(), i);
+  }
+}
+
+template <typename T, typename Red>
+__global__ void rows_warp_kernel(Red red, const T* x, int64_t A, int64_t R) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t a = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+       a < A; a += warps) {
+    red_acc_t<Red> acc = red.init();
+    const T* row = x + a * R;
+    for (int64_t r = lane; r < R; r += kWarp) red.step(acc, row[r], r);
+    acc = warp_reduce(red, acc);
+    if (lane == 0) red.finish(acc, a);
+  }
+}
+
+// Block (row blockIdx.x, chunk blockIdx.y of `chunk` elements); with `partial`, writes the
+// chunk's accumulator there instead of finishing.
+template <typename T, typename Red>
+__global__ void __launch_bounds__(kRowThreads)
+    rows_block_kernel(Red red, const T* x, int64_t R, int64_t chunk, red_acc_t<Red>* partial,
+                      int64_t outputs) {
+  const int64_t a = blockIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;
+  const T* row = x + a * R;
+  red_acc_t<Red> acc = red.init();
+  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) red.step(acc, row[r], r);
+  acc = block_reduce(red, acc);
+  if (threadIdx.x == 0) {
+    if (partial != nullptr) {
+      partial[static_cast<int64_t>(blockIdx.y) * outputs + a] = acc;
+    } else {
+      red.finish(acc, a);
+    }
+  }
+}
+
+template <typename T, typename Red>
+__global__ void __launch_bounds__(kColX* kColY)
+    columns_kernel(Red red, const T* x, int64_t A, int64_t R, int64_t K, int64_t chunk,
+                   red_acc_t<Red>* partial) {
+  using Acc = red_acc_t<Red>;
+  __shared__ alignas(16) unsigned char smem[kColX * kColY * sizeof(Acc)];
+  Acc* s = reinterpret_cast<Acc*>(smem);
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * kColX + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.z) * chunk;
+  const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;
+  const int64_t outputs = A * K;
+  for (int64_t a = blockIdx.y; a < A; a += gridDim.y) {
+    Acc acc = red.init();
+    if (k < K) {
+      const T* base = x + a * R * K + k;
+      for (int64_t r = r0 + threadIdx.y; r < r1; r += kColY) red.step(acc, base[r * K], r);
+    }
+    s[threadIdx.y * kColX + threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && k < K) {
+      for (int y = 1; y < kColY; ++y) acc = red.merge(acc, s[y * kColX + threadIdx.x]);
+      if (partial != nullptr) {
+        partial[static_cast<int64_t>(blockIdx.z) * outputs + a * K + k] = acc;
+      } else {
+        red.finish(acc, a * K + k);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <typename Red>
+__global__ void finalize_kernel(Red red, const red_acc_t<Red>* partial, int64_t splits,
+                                int64_t outputs) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < outputs;
+       i += step) {
+    red_acc_t<Red> acc = partial[i];
+    for (int64_t s = 1; s < splits; ++s) acc = red.merge(acc, partial[s * outputs + i]);
+    red.finish(acc, i);
+  }
+}
+
+// Reduces the contiguous [A, R, K] block `x` with `red`, calling red.finish once per output.
+template <typename T, typename Red>
+void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, Device device) {
+  using Acc = red_acc_t<Red>;
+  const int64_t outputs = A * K;
+  if (outputs == 0) return;
+  const cudaStream_t stream = current_stream();
+  if (R == 0) {
+    empty_kernel<<<loops::grid_for(outputs), loops::kThreads, 0, stream>>>(red, outputs);
+    KILN_CUDA_LAUNCH_CHECK("empty_kernel");
+    return;
+  }
+  const int64_t sms = loops::multiprocessor_count();
+  // Blocks without a split, and the split of R that gives about 4 blocks per multiprocessor
+  // when those are too few (each chunk at least 4096 elements long).
+  const int64_t natural = K == 1 ? A : ((K + kColX - 1) / kColX) * std::min<int64_t>(A, 65535);
+  int64_t splits = 1;
+  if ((K > 1 || R > kWarpRowMax) && natural < 2 * sms) {
+    const int64_t min_chunk = 4096;
+    splits =
+        std::clamp<int64_t>(std::min((R + min_chunk - 1) / min_chunk, 4 * sms / natural), 1, 65535);
+  }
+  const int64_t chunk = (R + splits - 1) / splits;
+  splits = (R + chunk - 1) / chunk;
+  Tensor workspace;
+  Acc* partial = nullptr;
+  if (splits > 1) {
+    const int64_t bytes = splits * outputs * static_cast<int64_t>(sizeof(Acc));
+    workspace = loops::empty_on({(bytes + 7) / 8}, kInt64, device);
+    partial = static_cast<Acc*>(workspace.data_ptr());
+  }
+  if (K == 1 && R <= kWarpRowMax) {
+    const int warps_per_block = loops::kThreads / kWarp;
+    rows_warp_kernel<<<loops::grid_for(A, warps_per_block), loops::kThreads, 0, stream>>>(red, x, A,
+                                                                                          R);
+    KILN_CUDA_LAUNCH_CHECK("rows_warp_kernel");
+  } else if (K == 1) {
+    KILN_CHECK(A < (int64_t{1} << 31), "[reduce] too many rows for the CUDA kernel: ", A);
+    const dim3 grid(static_cast<unsigned>(A), static_cast<unsigned>(splits));
+    rows_block_kernel<<<grid, kRowThreads, 0, stream>>>(red, x, R, chunk, partial, outputs);
+    KILN_CUDA_LAUNCH_CHECK("rows_block_kernel");
+  } else {
+    const int64_t kblocks = (K + kColX - 1) / kColX;
+    KILN_CHECK(kblocks < (int64_t{1} << 31), "[reduce] too many columns for the CUDA kernel: ", K);
+    const dim3 grid(static_cast<unsigned>(kblocks),
+                    static_cast<unsigned>(std::min<int64_t>(A, 65535)),
+                    static_cast<unsigned>(splits));
+    columns_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk, partial);
+    KILN_CUDA_LAUNCH_CHECK("columns_kernel");
+  }
+  if (splits > 1) {
+    finalize_kernel<<<loops::grid_for(outputs), loops::kThreads, 0, stream>>>(red, partial, splits,
+                                                                              outputs);
+    KILN_CUDA_LAUNCH_CHECK("finalize_kernel");
+  }
+}
+
+Shape dims_attr(const OpCall& c, size_t i) {
+  return reduction_dims(c.attr<Shape>(i), c.input(0).dim(), c.name().c_str());
+}
+
+// Runs `red` over `x` (already of dtype T) reduced over `dims`.
+template <typename T, typename Red>
+void run_reduction(const Tensor& x, IntArrayRef dims, const Red& red, bool index_order = false) {
+  DeviceGuard guard(x.device().index());
+  const cpu::ReduceBlock b = cpu::reduce_block(x, dims, index_order);
+  const T* p = b.input.numel() == 0 ? nullptr : static_cast<const T*>(b.input.data_ptr());
+  reduce_loop<T>(red, p, b.outer, b.reduced, b.inner, x.device());
+}
+
+// --- sum, mean, prod --------------------------------------------------------------------------
+
+template <typename T>
+struct SumReducer {
+  using acc_t = cuda::acc_t<T>;
+  T* out;
+  acc_t scale;  // 1 for sum, 1 / count for mean (floating types only)
+  __device__ acc_t init() const { return 0; }
+  __device__ void step(acc_t& a, T x, int64_t) const { a = merge(a, to_acc(x)); }
+  __device__ acc_t merge(acc_t a, acc_t b) const {
+    if constexpr (std::is_integral_v<T>) {
+      return wrap_add(a, b);
+    } else {
+      return a + b;
+    }
+  }
+  __device__ void finish(acc_t a, int64_t i) const {
+    if constexpr (std::is_integral_v<T>) {
+      out[i] = static_cast<T>(a);
+    } else {
+      out[i] = from_acc<T>(a * scale);
+    }
+  }
+};
+
+template <typename T>
+struct ProdReducer {
+  using acc_t = cuda::acc_t<T>;
+  T* out;
+  __device__ acc_t init() const { return 1; }
+  __device__ void step(acc_t& a, T x, int64_t) const { a = merge(a, to_acc(x)); }
+  __device__ acc_t merge(acc_t a, acc_t b) const {
+    if constexpr (std::is_integral_v<T>) {
+      return wrap_mul(a, b);
+    } else {
+      return a * b;
+    }
+  }
+  __device__ void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
+};
+
+void sum_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const Tensor x = as_dtype(c.input(0), out.dtype());
+  const Shape dims = dims_attr(c, 0);
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    run_reduction<T>(x, dims, SumReducer<T>{out.data_ptr<T>(), acc_t<T>(1)});
+  });
+}
+
+void mean_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const Tensor x = as_dtype(c.input(0), out.dtype());
+  const Shape dims = dims_attr(c, 0);
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x.sizes()[d];
+  visit_floating(out.dtype(), "mean", [&]<typename T>(TypeTag<T>) {
+    // An empty reduction gives 0 * (1 / 0) = nan, as PyTorch's mean.
+    const double scale = count == 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / count;
+    run_reduction<T>(x, dims, SumReducer<T>{out.data_ptr<T>(), static_cast<acc_t<T>>(scale)});
+  });
+}
+
+void prod_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const Tensor x = as_dtype(c.input(0), out.dtype());
+  const Shape dims = dims_attr(c, 0);
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    run_reduction<T>(x, dims, ProdReducer<T>{out.data_ptr<T>()});
+  });
+}
+
+// --- amax, amin, max, min ---------------------------------------------------------------------
+
+// The larger (kMax) or smaller of a and b; NaN wins.
+template <bool kMax, typename V>
+__device__ __forceinline__ V pick(V a, V b) {
+  if (dm::is_nan(a)) return a;
+  if (dm::is_nan(b)) return b;
+  if constexpr (kMax) {
+    return b > a ? b : a;
+  } else {
+    return b < a ? b : a;
+  }
+}
+
+template <typename T>
+using value_t = std::conditional_t<std::is_same_v<T, bool>, bool, opmath_t<T>>;
+
+template <typename T, bool kMax>
+struct ExtremumReducer {
+  using acc_t = value_t<T>;
+  T* out;
+  __device__ acc_t init() const {
+    if constexpr (std::is_same_v<T, bool>) {
+      return !kMax;
+    } else if constexpr (std::is_integral_v<T>) {
+      return kMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
+    } else {
+      return kMax ? -std::numeric_limits<acc_t>::infinity()
+                  : std::numeric_limits<acc_t>::infinity();
+    }
+  }
+  __device__ void step(acc_t& a, T x, int64_t) const { a = pick<kMax>(a, static_cast<acc_t>(x)); }
+  __device__ acc_t merge(acc_t a, acc_t b) const { return pick<kMax>(a, b); }
+  __device__ void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
+};
+
+template <bool kMax>
+void extremum_cuda(OpCall& c) {
+  const Tensor& x = c.input(0);
+  const Shape dims = dims_attr(c, 0);
+  visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    run_reduction<T>(x, dims, ExtremumReducer<T, kMax>{c.outputs[0].data_ptr<T>()});
+  });
+}
+
+// --- max/min with indices, argmax/argmin -------------------------------------------------------
+
+// Value and index of the best element so far; index -1 means none yet. Ties keep the lowest
+// index and the first NaN beats everything, as PyTorch.
+template <typename T>
+struct ArgAcc {
+  value_t<T> value;
+  int64_t index;
+};
+
+template <typename T, bool kMax>
+struct ArgReducer {
+  using acc_t = ArgAcc<T>;
+  using V = value_t<T>;
+  T* values;  // may be null (argmax)
+  int64_t* indices;
+
+  __device__ static bool better(V x, V than) {
+    if (dm::is_nan(than)) return false;
+    if (dm::is_nan(x)) return true;
+    if constexpr (kMax) {
+      return x > than;
+    } else {
+      return x < than;
+    }
+  }
+  __device__ acc_t init() const { return {V{}, -1}; }
+  __device__ void step(acc_t& a, T x, int64_t r) const {
+    const V v = static_cast<V>(x);
+    if (a.index < 0 || better(v, a.value)) a = {v, r};
+  }
+  __device__ acc_t merge(const acc_t& a, const acc_t& b) const {
+    if (a.index < 0) return b;
+    if (b.index < 0) return a;
+    if (better(b.value, a.value)) return b;
+    if (better(a.value, b.value)) return a;
+    return a.index <= b.index ? a : b;
+  }
+  __device__ void finish(const acc_t& a, int64_t i) const {
+    if (values != nullptr) values[i] = from_acc<T>(a.value);
+    indices[i] = a.index;
+  }
+};
+
+template <bool kMax>
+void max_dim_cuda(OpCall& c) {
+  const Tensor& x = c.input(0);
+  const Shape dims = reduction_dims({c.attr<int64_t>(0)}, x.dim(), c.name().c_str());
+  visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    run_reduction<T>(
+        x, dims, ArgReducer<T, kMax>{c.outputs[0].data_ptr<T>(), c.outputs[1].data_ptr<int64_t>()},
+        /*index_order=*/true);
+  });
+}
+
+template <bool kMax>
+void argmax_cuda(OpCall& c) {
+  const Tensor& x = c.input(0);
+  const Shape dims = c.has_attr(0) ? reduction_dims({c.attr<int64_t>(0)}, x.dim(), c.name().c_str())
+                                   : reduction_dims({}, x.dim(), c.name().c_str());
+  visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    run_reduction<T>(x, dims, ArgReducer<T, kMax>{nullptr, c.outputs[0].data_ptr<int64_t>()},
+                     /*index_order=*/true);
+  });
+}
+
+// --- var, std ---------------------------------------------------------------------------------
+
+// Welford's running mean and sum of squared deviations, merged with Chan's formula.
+template <typename F>
+struct Moments {
+  F n, mean, m2;
+};
+
+template <typename T, bool kStd>
+struct VarReducer {
+  using F = float_acc_t<T>;
+  using acc_t = Moments<F>;
+  T* out;
+  F correction;
+  __device__ acc_t init() const { return {0, 0, 0}; }
+  __device__ void step(acc_t& a, T x, int64_t) const {
+    const F v = static_cast<F>(static_cast<opmath_t<T>>(x));
+    a.n += 1;
+    const F delta = v - a.mean;
+    a.mean += delta / a.n;
+    a.m2 += delta * (v - a.mean);
+  }
+  __device__ acc_t merge(const acc_t& a, const acc_t& b) const {
+    if (a.n == 0) return b;
+    if (b.n == 0) return a;
+    const F n = a.n + b.n;
+    const F delta = b.mean - a.mean;
+    return {n, a.mean + delta * (b.n / n), a.m2 + b.m2 + delta * delta * (a.n * b.n / n)};
+  }
+  __device__ void finish(const acc_t& a, int64_t i) const {
+    // PyTorch divides by max(0, N - correction): inf or nan when nothing is left.
+    const F dof = a.n - correction;
+    const F var = a.m2 / (dof > F(0) ? dof : F(0));
+    out[i] = from_acc<T>(kStd ? dm::sqrt(var) : var);
+  }
+};
+
+template <bool kStd>
+void var_cuda(OpCall& c) {
+  const Tensor& x = c.input(0);
+  const Shape dims = dims_attr(c, 0);
+  const double correction = static_cast<double>(c.attr<int64_t>(1));
+  visit_floating(x.dtype(), c.name(), [&]<typename T>(TypeTag<T>) {
+    run_reduction<T>(
+        x, dims,
+        VarReducer<T, kStd>{c.outputs[0].data_ptr<T>(), static_cast<float_acc_t<T>>(correction)});
+  });
+}
+
+// --- norm -------------------------------------------------------------------------------------
+
+enum class NormKind { kZero, kOne, kTwo, kInf, kNegInf, kGeneral };
+
+template <typename T, NormKind kKind>
+struct NormReducer {
+  using acc_t = float_acc_t<T>;
+  T* out;
+  acc_t p;
+  __device__ acc_t init() const {
+    return kKind == NormKind::kNegInf ? std::numeric_limits<acc_t>::infinity() : acc_t(0);
+  }
+  __device__ void step(acc_t& a, T x, int64_t) const {
+    const acc_t v = static_cast<acc_t>(static_cast<opmath_t<T>>(x));
+    if constexpr (kKind == NormKind::kZero) {
+      a += v != acc_t(0) ? acc_t(1) : acc_t(0);
+    } else if constexpr (kKind == NormKind::kOne) {
+      a += dm::abs(v);
+    } else if constexpr (kKind == NormKind::kTwo) {
+      a += v * v;
+    } else if constexpr (kKind == NormKind::kInf) {
+      a = pick<true>(a, dm::abs(v));
+    } else if constexpr (kKind == NormKind::kNegInf) {
+      a = pick<false>(a, dm::abs(v));
+    } else {
+      a += dm::pow(dm::abs(v), p);
+    }
+  }
+  __device__ acc_t merge(acc_t a, acc_t b) const {
+    if constexpr (kKind == NormKind::kInf) {
+      return pick<true>(a, b);
+    } else if constexpr (kKind == NormKind::kNegInf) {
+      return pick<false>(a, b);
+    } else {
+      return a + b;
+    }
+  }
+  __device__ void finish(acc_t a, int64_t i) const {
+    if constexpr (kKind == NormKind::kTwo) {
+      a = dm::sqrt(a);
+    } else if constexpr (kKind == NormKind::kGeneral) {
+      a = dm::pow(a, acc_t(1) / p);
+    }
+    out[i] = from_acc<T>(a);
+  }
+};
+
+void norm_cuda(OpCall& c) {
+  const Tensor& x = c.input(0);
+  const double p = c.attr<Scalar>(0).toDouble();
+  const Shape dims = dims_attr(c, 1);
+  visit_floating(x.dtype(), "norm", [&]<typename T>(TypeTag<T>) {
+    T* out = c.outputs[0].data_ptr<T>();
+    const float_acc_t<T> pa = static_cast<float_acc_t<T>>(p);
+    auto run = [&]<NormKind kKind>() { run_reduction<T>(x, dims, NormReducer<T, kKind>{out, pa}); };
+    if (p == 0) {
+      run.template operator()<NormKind::kZero>();
+    } else if (p == 1) {
+      run.template operator()<NormKind::kOne>();
+    } else if (p == 2) {
+      run.template operator()<NormKind::kTwo>();
+    } else if (std::isinf(p)) {
+      if (p > 0) {
+        run.template operator()<NormKind::kInf>();
+      } else {
+        run.template operator()<NormKind::kNegInf>();
+      }
+    } else {
+      run.template operator()<NormKind::kGeneral>();
+    }
+  });
+}
+
+// --- logsumexp --------------------------------------------------------------------------------
+
+// Online log-sum-exp: the running maximum m and sum s of exp(x - m). Rows of -inf give -inf,
+// a +inf gives +inf, NaN propagates; the maximum is never subtracted from itself when infinite.
+template <typename F>
+struct LseAcc {
+  F m, s;
+};
+
+template <typename T>
+struct LogSumExpReducer {
+  using F = float_acc_t<T>;
+  using acc_t = LseAcc<F>;
+  T* out;
+  __device__ static acc_t nan_acc() { return {std::numeric_limits<F>::quiet_NaN(), F(1)}; }
+  __device__ acc_t init() const { return {-std::numeric_limits<F>::infinity(), F(0)}; }
+  __device__ void step(acc_t& a, T x, int64_t) const {
+    const F v = static_cast<F>(static_cast<opmath_t<T>>(x));
+    if (v == -std::numeric_limits<F>::infinity()) return;  // contributes exp(-inf) = 0
+    if (dm::is_nan(v) || dm::is_nan(a.m)) {
+      a = nan_acc();
+    } else if (a.s == 0) {
+      a = {v, F(1)};
+    } else if (v == a.m) {
+      a.s += 1;
+    } else if (v > a.m) {
+      a = {v, a.s * dm::exp(a.m - v) + 1};
+    } else {
+      a.s += dm::exp(v - a.m);
+    }
+  }
+  __device__ acc_t merge(const acc_t& a, const acc_t& b) const {
+    if (dm::is_nan(a.m) || dm::is_nan(b.m)) return nan_acc();
+    if (a.s == 0) return b;
+    if (b.s == 0) return a;
+    if (a.m == b.m) return {a.m, a.s + b.s};
+    if (a.m > b.m) return {a.m, a.s + b.s * dm::exp(b.m - a.m)};
+    return {b.m, b.s + a.s * dm::exp(a.m - b.m)};
+  }
+  __device__ void finish(const acc_t& a, int64_t i) const {
+    out[i] = from_acc<T>(a.s == 0 ? -std::numeric_limits<F>::infinity() : dm::log(a.s) + a.m);
+  }
+};
+
+void logsumexp_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const Tensor x = as_dtype(c.input(0), out.dtype());
+  const Shape dims = dims_attr(c, 0);
+  visit_floating(out.dtype(), "logsumexp", [&]<typename T>(TypeTag<T>) {
+    run_reduction<T>(x, dims, LogSumExpReducer<T>{out.data_ptr<T>()});
+  });
+}
+
+// --- all, any ---------------------------------------------------------------------------------
+
+template <typename T, bool kAll>
+struct LogicalReducer {
+  using acc_t = bool;
+  bool* out;
+  __device__ acc_t init() const { return kAll; }
+  __device__ void step(acc_t& a, T x, int64_t) const {
+    const bool v = static_cast<opmath_t<T>>(x) != opmath_t<T>(0);
+    a = kAll ? (a && v) : (a || v);
+  }
+  __device__ acc_t merge(acc_t a, acc_t b) const { return kAll ? (a && b) : (a || b); }
+  __device__ void finish(acc_t a, int64_t i) const { out[i] = a; }
+};
+
+template <bool kAll>
+void logical_reduce_cuda(OpCall& c) {
+  const Tensor& x = c.input(0);
+  const Shape dims = dims_attr(c, 0);
+  visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    run_reduction<T>(x, dims, LogicalReducer<T, kAll>{c.outputs[0].data_ptr<bool>()});
+  });
+}
+
+// --- cumsum -----------------------------------------------------------------------------------
+
+// The running sum in double for floating types (as the CPU kernel) and int64 for integers.
+template <typename T>
+using scan_t = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+
+template <typename T>
+__device__ __forceinline__ scan_t<T> scan_add(scan_t<T> a, scan_t<T> b) {
+  if constexpr (std::is_integral_v<T>) {
+    return wrap_add(a, b);
+  } else {
+    return a + b;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ scan_t<T> to_scan(T x) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<int64_t>(x);
+  } else {
+    return static_cast<double>(static_cast<opmath_t<T>>(x));
+  }
+}
+
+// K == 1: one warp per row, 32 elements at a time (a shuffle scan plus the running carry).
+template <typename T>
+__global__ void cumsum_rows_kernel(const T* x, T* y, int64_t A, int64_t R) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t a = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+       a < A; a += warps) {
+    scan_t<T> carry = 0;
+    for (int64_t r0 = 0; r0 < R; r0 += kWarp) {
+      const int64_t r = r0 + lane;
+      scan_t<T> v = r < R ? to_scan(x[a * R + r]) : scan_t<T>(0);
+#pragma unroll
+      for (int o = 1; o < kWarp; o <<= 1) {
+        const scan_t<T> u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v = scan_add<T>(u, v);
+      }
+      v = scan_add<T>(carry, v);
+      if (r < R) y[a * R + r] = from_acc<T>(v);
+      carry = __shfl_sync(0xffffffffu, v, kWarp - 1);
+    }
+  }
+}
+
+// K > 1: one thread per column (a, k), walking R; neighbouring threads read neighbouring k.
+template <typename T>
+__global__ void cumsum_columns_kernel(const T* x, T* y, int64_t A, int64_t R, int64_t K) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < A * K;
+       i += step) {
+    const int64_t a = i / K, k = i % K;
+    scan_t<T> acc = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t off = (a * R + r) * K + k;
+      acc = scan_add<T>(acc, to_scan(x[off]));
+      y[off] = from_acc<T>(acc);
+    }
+  }
+}
+
+void cumsum_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  if (out.numel() == 0) return;
+  DeviceGuard guard(out.device().index());
+  const Tensor x = as_dtype(c.input(0), out.dtype()).contiguous();
+  const int64_t dim = wrap_dim(c.attr<int64_t>(0), x.dim(), "cumsum");
+  const int64_t R = x.dim() == 0 ? 1 : x.sizes()[dim];
+  const int64_t K = x.dim() == 0 ? 1 : numel_of(x.sizes().subspan(dim + 1));
+  const int64_t A = x.numel() / (R * K);
+  const cudaStream_t stream = current_stream();
+  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+    const T* in = static_cast<const T*>(x.data_ptr());
+    T* o = static_cast<T*>(out.data_ptr());
+    if (K == 1) {
+      cumsum_rows_kernel<<<loops::grid_for(A, loops::kThreads / kWarp), loops::kThreads, 0,
+                           stream>>>(in, o, A, R);
+      KILN_CUDA_LAUNCH_CHECK("cumsum_rows_kernel");
+    } else {
+      cumsum_columns_kernel<<<loops::grid_for(A * K), loops::kThreads, 0, stream>>>(in, o, A, R, K);
+      KILN_CUDA_LAUNCH_CHECK("cumsum_columns_kernel");
+    }
+  });
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(sum, kCUDA, sum_cuda);
+KILN_REGISTER_KERNEL(mean, kCUDA, mean_cuda);
+KILN_REGISTER_KERNEL(prod, kCUDA, prod_cuda);
+KILN_REGISTER_KERNEL(amax, kCUDA, extremum_cuda<true>);
+KILN_REGISTER_KERNEL(amin, kCUDA, extremum_cuda<false>);
+KILN_REGISTER_KERNEL(max, kCUDA, extremum_cuda<true>);
+KILN_REGISTER_KERNEL(min, kCUDA, extremum_cuda<false>);
+KILN_REGISTER_KERNEL(max_dim, kCUDA, max_dim_cuda<true>);
+KILN_REGISTER_KERNEL(min_dim, kCUDA, max_dim_cuda<false>);
+KILN_REGISTER_KERNEL(argmax, kCUDA, argmax_cuda<true>);
+KILN_REGISTER_KERNEL(argmin, kCUDA, argmax_cuda<false>);
+KILN_REGISTER_KERNEL(var, kCUDA, var_cuda<false>);
+KILN_REGISTER_KERNEL(std, kCUDA, var_cuda<true>);
+KILN_REGISTER_KERNEL(norm, kCUDA, norm_cuda);
+KILN_REGISTER_KERNEL(logsumexp, kCUDA, logsumexp_cuda);
+KILN_REGISTER_KERNEL(all, kCUDA, logical_reduce_cuda<true>);
+KILN_REGISTER_KERNEL(any, kCUDA, logical_reduce_cuda<false>);
+KILN_REGISTER_KERNEL(cumsum, kCUDA, cumsum_cuda);
+
+}  // namespace kiln::cuda
