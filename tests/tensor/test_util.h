@@ -1,0 +1,3 @@
+// Forwarding header: suites outside tests/tensor include the shared helper by this path.
+#pragma once
+#include "../test_util.h"
