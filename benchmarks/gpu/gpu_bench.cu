@@ -1,7 +1,7 @@
 // kiln's GPU benchmark harness: cuBLASLt GEMMs at the Llama training shapes, the fused RMSNorm
 // and cross-entropy kernels, and a device-to-device copy as the bandwidth ceiling.
 //
-//   kiln_gpu_bench [results.json]     # then: python3 benchmarks/gpu/torch_reference.py \
+//   kiln_gpu_bench [results.json] [--no-gemm]   # then: python3 benchmarks/gpu/torch_reference.py \
 //                                     #         --kiln results.json   (same run, same GPU)
 //
 // Method (../shared/GPU.md): inputs are fresh random values written on the GPU (never zeros);
@@ -154,7 +154,9 @@ int main(int argc, char** argv) {
     report("d2d copy 1GiB", ms, 0, 2.0 * bytes);
   }
 
-  bench_gemm({"ref", 8192, 8192, 8192}, false);
+  bool gemm = true;
+  for (int i = 1; i < argc; ++i) gemm = gemm && std::string(argv[i]) != "--no-gemm";
+  if (gemm) bench_gemm({"ref", 8192, 8192, 8192}, false);
   const std::vector<Gemm> gemms = {
       {"1b-qkv", 8192, 3072, 2048},     {"1b-attn_out", 8192, 2048, 2048},
       {"1b-gate_up", 8192, 16384, 2048}, {"1b-down", 8192, 2048, 8192},
@@ -162,8 +164,10 @@ int main(int argc, char** argv) {
       {"160m-gate_up", 16384, 4096, 768}, {"160m-down", 16384, 768, 2048},
       {"160m-head", 16384, 32000, 768},
   };
-  for (const Gemm& g : gemms) bench_gemm(g, true);
-  bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise
+  for (const Gemm& g : gemms) {
+    if (gemm) bench_gemm(g, true);
+  }
+  if (gemm) bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise
 
   {  // RMSNorm 8192 x 2048 bf16 (bf16 weight), 4 input sets in rotation (each 32 MiB).
     const int64_t rows = 8192, d = 2048;
@@ -204,7 +208,7 @@ int main(int argc, char** argv) {
            0, 2 * bytes);
   }
 
-  if (argc > 1) {
+  if (argc > 1 && std::string(argv[1]) != "--no-gemm") {
     FILE* f = std::fopen(argv[1], "w");
     if (f == nullptr) {
       std::perror(argv[1]);

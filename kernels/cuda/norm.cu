@@ -1,9 +1,10 @@
 // CUDA kernels of rms_norm and rms_norm_backward (tensor/ops/norm.cpp; reference:
 // kernels/cpu/norm.cpp). Arithmetic in f32 for f16/bf16 (f64 for f64).
 //
-// Forward: one block per row; each thread reads its 16-byte packs of the row once, keeps them
-// in registers (up to kCache packs) across the block sum of squares, and writes y: one read of
-// x and one write of y, the floor.
+// Forward: rows of up to 512 16-byte packs (bf16: 4096 elements) take one warp each, every lane
+// loading its packs up front and reducing with shuffles; longer rows take one block each, each
+// thread keeping its packs in registers (up to kCache) across the block sum of squares. Either
+// way one read of x and one write of y, the floor.
 // Backward: a grid of about one wave of blocks, each looping over rows with a fixed thread ->
 // column mapping, so every thread accumulates dweight for its columns in registers across all
 // the rows of its block; dx is written per row. The per-block partials [grid, D] (f32) are then
@@ -89,6 +90,57 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
       for (int i = 0; i < N; ++i) t[i] = t[i] * r * wv[i];
       store_pack<N>(yr + v * N, t);
+    }
+  }
+}
+
+// Rows of at most 32 * P packs: one warp per row. Each lane issues its P 16-byte loads up front
+// (independent, all in flight together), keeps the raw packs in registers and reduces with
+// shuffles only (no block barrier). The bandwidth-bound case of Llama's hidden sizes.
+template <typename T, typename W, int N, int P>
+__global__ void __launch_bounds__(256)
+    rms_norm_fwd_warp_kernel(T* __restrict__ y, opmath_t<T>* __restrict__ rstd,
+                             const T* __restrict__ x, const W* __restrict__ w, int64_t rows,
+                             int64_t d, opmath_t<T> eps) {
+  using Acc = opmath_t<T>;
+  using internal::Pack;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  const int64_t nvec = d / N;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       row < rows; row += warps) {
+    const T* xr = x + row * d;
+    T* yr = y + row * d;
+    Pack<T, N> raw[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t v = lane + p * 32;
+      if (v < nvec) raw[p] = *reinterpret_cast<const Pack<T, N>*>(xr + v * N);
+    }
+    Acc ss = 0;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (lane + p * 32 < nvec) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const Acc f = static_cast<Acc>(raw[p].v[i]);
+          ss += f * f;
+        }
+      }
+    }
+    ss = internal::warp_sum(ss);
+    const Acc r = rsqrt_of(ss / static_cast<Acc>(d) + eps);
+    if (lane == 0) rstd[row] = r;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t v = lane + p * 32;
+      if (v < nvec) {
+        Acc wv[N], o[N];
+        load_pack<N>(w + v * N, wv);
+#pragma unroll
+        for (int i = 0; i < N; ++i) o[i] = static_cast<Acc>(raw[p].v[i]) * r * wv[i];
+        store_pack<N>(yr + v * N, o);
+      }
     }
   }
 }
@@ -263,7 +315,28 @@ void rms_norm_cuda(OpCall& c) {
           static_cast<const T*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rows, d, eps);
       KILN_CUDA_LAUNCH_CHECK("rms_norm_fwd_kernel");
     };
-    if (packable<T, W>(d, {x.data_ptr(), y.data_ptr()}, w.data_ptr())) {
+    const bool packed = packable<T, W>(d, {x.data_ptr(), y.data_ptr()}, w.data_ptr());
+    const int64_t nvec = d / kPack;
+    auto launch_warp = [&]<int P>(std::integral_constant<int, P>) {
+      constexpr int kRowsPerBlock = 8;
+      const unsigned blocks = static_cast<unsigned>(
+          std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1 << 20));
+      rms_norm_fwd_warp_kernel<T, W, kPack, P><<<blocks, 32 * kRowsPerBlock, 0, current_stream()>>>(
+          static_cast<T*>(y.data_ptr()), static_cast<Acc*>(rstd.data_ptr()),
+          static_cast<const T*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rows, d, eps);
+      KILN_CUDA_LAUNCH_CHECK("rms_norm_fwd_warp_kernel");
+    };
+    if (packed && d > 0 && nvec <= 32) {
+      launch_warp(std::integral_constant<int, 1>{});
+    } else if (packed && d > 0 && nvec <= 64) {
+      launch_warp(std::integral_constant<int, 2>{});
+    } else if (packed && d > 0 && nvec <= 128) {
+      launch_warp(std::integral_constant<int, 4>{});
+    } else if (packed && d > 0 && nvec <= 256) {
+      launch_warp(std::integral_constant<int, 8>{});
+    } else if (packed && d > 0 && nvec <= 512) {
+      launch_warp(std::integral_constant<int, 16>{});
+    } else if (packed) {
       launch(std::integral_constant<int, kPack>{});
     } else {
       launch(std::integral_constant<int, 1>{});
