@@ -174,4 +174,15 @@ Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false, bool 
 Tensor softmax(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
 Tensor log_softmax(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
 
+// --- Fused ops (tensor/ops/norm.cpp, tensor/ops/cross_entropy.cpp) -------------------------
+// RMSNorm over the trailing dims that `weight` spans: x * rsqrt(mean(x^2) + eps) * weight, in
+// f32 for f16/bf16 (f64 for f64), returned in x's dtype. weight has x's dtype, or f32 for a
+// f16/bf16 x. One kernel forward, one backward ("rms_norm_backward": dx and dweight).
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+// Mean cross-entropy of logits [N, V] (any floating dtype) against int64 targets [N], rows whose
+// target is ignore_index left out of sum and count. Returns a 0-d f32 loss (f64 for f64 logits).
+// Never materialises an f32 copy of the logits; the backward writes dlogits in one pass.
+Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets,
+                           int64_t ignore_index = -100);
+
 }  // namespace kiln

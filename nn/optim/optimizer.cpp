@@ -193,7 +193,7 @@ TensorMap Optimizer::state_dict(SafetensorsMetadata* metadata) const {
 }
 
 void Optimizer::load_state_dict(const TensorMap& tensors, const SafetensorsMetadata& metadata) {
-  const std::string& saved_name = metadata_at(metadata, "kiln.optimizer");
+  const std::string saved_name = metadata_at(metadata, "kiln.optimizer");
   KILN_CHECK(saved_name == name_, "[", name_, "::load] the checkpoint holds the state of ",
              saved_name, ", not ", name_);
   const int64_t num_groups = parse_int(metadata_at(metadata, "param_groups"), "param_groups");

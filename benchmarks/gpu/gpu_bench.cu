@@ -1,0 +1,227 @@
+// kiln's GPU benchmark harness: cuBLASLt GEMMs at the Llama training shapes, the fused RMSNorm
+// and cross-entropy kernels, and a device-to-device copy as the bandwidth ceiling.
+//
+//   kiln_gpu_bench [results.json] [--no-gemm]   # then: python3 benchmarks/gpu/torch_reference.py \
+//                                     #         --kiln results.json   (same run, same GPU)
+//
+// Method (../shared/GPU.md): inputs are fresh random values written on the GPU (never zeros);
+// every case is warmed up, then a long sleep kernel is queued so that the host enqueues all
+// 20 samples before the GPU reaches them (the timings are GPU time, not launch overhead); each
+// sample is bracketed by CUDA events and the median is reported. Memory-bound cases rotate
+// among several input sets so that L2 does not hold the inputs.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/check.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+
+namespace {
+
+using kiln::Tensor;
+
+constexpr int kSamples = 20;
+
+__global__ void sleep_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+// Uniform values in [-scale, scale) from a hash of the index and seed.
+template <typename T>
+__global__ void random_fill_kernel(T* p, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    const float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);  // [0, 1)
+    p[i] = T((2.0f * u - 1.0f) * scale);
+  }
+}
+
+__global__ void random_targets_kernel(int64_t* p, int64_t n, int64_t v, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 31;
+    p[i] = static_cast<int64_t>(h % static_cast<uint64_t>(v));
+  }
+}
+
+uint32_t g_seed = 1;
+
+Tensor random(kiln::IntArrayRef sizes, kiln::ScalarType dtype, float scale = 1.7f) {
+  Tensor t = kiln::empty(sizes, kiln::TensorOptions(dtype).device(kiln::Device(kiln::kCUDA, 0)));
+  kiln::visit_floating(dtype, "random", [&]<typename T>(kiln::TypeTag<T>) {
+    random_fill_kernel<T><<<4096, 256>>>(static_cast<T*>(t.data_ptr()), t.numel(), ++g_seed * 7919u,
+                                         scale);
+  });
+  KILN_CUDA_LAUNCH_CHECK("random_fill_kernel");
+  return t;
+}
+
+Tensor random_targets(int64_t n, int64_t v) {
+  Tensor t = kiln::empty({n}, kiln::TensorOptions(kiln::kInt64).device(kiln::Device(kiln::kCUDA, 0)));
+  random_targets_kernel<<<256, 256>>>(static_cast<int64_t*>(t.data_ptr()), n, v, ++g_seed);
+  KILN_CUDA_LAUNCH_CHECK("random_targets_kernel");
+  return t;
+}
+
+// Median GPU milliseconds of one call of fn(i) (i counts calls, for rotating inputs).
+double time_ms(const std::function<void(int)>& fn, int reps = 1) {
+  for (int i = 0; i < 3; ++i) fn(i);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * kSamples);
+  for (auto& e : ev) KILN_CUDA_CHECK(cudaEventCreate(&e));
+  sleep_kernel<<<1, 1>>>(200'000'000);  // ~100 ms: the host queues everything meanwhile
+  int call = 0;
+  for (int s = 0; s < kSamples; ++s) {
+    KILN_CUDA_CHECK(cudaEventRecord(ev[2 * s]));
+    for (int r = 0; r < reps; ++r) fn(call++);
+    KILN_CUDA_CHECK(cudaEventRecord(ev[2 * s + 1]));
+  }
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> ms;
+  for (int s = 0; s < kSamples; ++s) {
+    float t = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&t, ev[2 * s], ev[2 * s + 1]));
+    ms.push_back(static_cast<double>(t) / reps);
+  }
+  for (auto& e : ev) KILN_CUDA_CHECK(cudaEventDestroy(e));
+  std::sort(ms.begin(), ms.end());
+  return 0.5 * (ms[kSamples / 2 - 1] + ms[kSamples / 2]);
+}
+
+struct Row {
+  std::string name;
+  double ms, tflops, gbs;
+};
+std::vector<Row> g_rows;
+
+void report(const std::string& name, double ms, double flops, double bytes) {
+  const Row r{name, ms, flops > 0 ? flops / ms / 1e9 : 0, bytes > 0 ? bytes / ms / 1e6 : 0};
+  g_rows.push_back(r);
+  std::printf("%-34s %10.4f ms", name.c_str(), ms);
+  if (flops > 0) std::printf("  %8.1f TFLOP/s", r.tflops);
+  if (bytes > 0) std::printf("  %8.1f GB/s", r.gbs);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+struct Gemm {
+  const char* name;
+  int64_t m, n, k;
+};
+
+// out[M, N] = x[M, K] @ w[N, K]^T (forward), dx = dy @ w (dgrad), dw = dy^T @ x (wgrad): the
+// three GEMMs of a Linear layer in a training step, each read in place (no transposed copies).
+void bench_gemm(const Gemm& g, bool with_backward) {
+  const Tensor x = random({g.m, g.k}, kiln::kBFloat16);
+  const Tensor w = random({g.n, g.k}, kiln::kBFloat16);
+  const double flops = 2.0 * g.m * g.n * g.k;
+  const std::string base = std::string("gemm ") + g.name + " " + std::to_string(g.m) + "x" +
+                           std::to_string(g.n) + "x" + std::to_string(g.k);
+  report(base + " fwd", time_ms([&](int) { (void)kiln::mm(x, w.t()); }), flops, 0);
+  if (!with_backward) return;
+  const Tensor dy = random({g.m, g.n}, kiln::kBFloat16);
+  report(base + " dgrad", time_ms([&](int) { (void)kiln::mm(dy, w); }), flops, 0);
+  report(base + " wgrad", time_ms([&](int) { (void)kiln::mm(dy.t(), x); }), flops, 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cudaDeviceProp prop{};
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("kiln GPU benchmark on %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+
+  {  // The bandwidth ceiling: a 1 GiB device-to-device copy (bytes read + written).
+    const int64_t bytes = int64_t{1} << 30;
+    const Tensor a = random({bytes / 2}, kiln::kBFloat16), b = random({bytes / 2}, kiln::kBFloat16);
+    const double ms = time_ms([&](int) {
+      KILN_CUDA_CHECK(cudaMemcpyAsync(b.data_ptr(), a.data_ptr(), bytes, cudaMemcpyDeviceToDevice));
+    });
+    report("d2d copy 1GiB", ms, 0, 2.0 * bytes);
+  }
+
+  bool gemm = true;
+  for (int i = 1; i < argc; ++i) gemm = gemm && std::string(argv[i]) != "--no-gemm";
+  if (gemm) bench_gemm({"ref", 8192, 8192, 8192}, false);
+  const std::vector<Gemm> gemms = {
+      {"1b-qkv", 8192, 3072, 2048},     {"1b-attn_out", 8192, 2048, 2048},
+      {"1b-gate_up", 8192, 16384, 2048}, {"1b-down", 8192, 2048, 8192},
+      {"1b-head", 8192, 128256, 2048},   {"160m-qkv", 16384, 2304, 768},
+      {"160m-gate_up", 16384, 4096, 768}, {"160m-down", 16384, 768, 2048},
+      {"160m-head", 16384, 32000, 768},
+  };
+  for (const Gemm& g : gemms) {
+    if (gemm) bench_gemm(g, true);
+  }
+  if (gemm) bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise
+
+  {  // RMSNorm 8192 x 2048 bf16 (bf16 weight), 4 input sets in rotation (each 32 MiB).
+    const int64_t rows = 8192, d = 2048;
+    std::vector<Tensor> xs, dys, rstds;
+    const Tensor w = random({d}, kiln::kBFloat16);
+    static const kiln::OpDef& fwd = KILN_OP(rms_norm);
+    static const kiln::OpDef& bwd = KILN_OP(rms_norm_backward);
+    for (int i = 0; i < 4; ++i) {
+      xs.push_back(random({rows, d}, kiln::kBFloat16));
+      dys.push_back(random({rows, d}, kiln::kBFloat16));
+      rstds.push_back(kiln::call_op(fwd, {xs.back(), w}, {1e-6})[1]);
+    }
+    const double tensor_bytes = static_cast<double>(rows * d * 2);
+    report("rmsnorm 8192x2048 bf16 fwd",
+           time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0, 2 * tensor_bytes);
+    report("rmsnorm 8192x2048 bf16 bwd", time_ms([&](int i) {
+             (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
+           }),
+           0, 3 * tensor_bytes);
+  }
+
+  {  // Cross-entropy 8192 x 128256 bf16 logits (2 GiB).
+    const int64_t n = 8192, v = 128256;
+    const Tensor logits = random({n, v}, kiln::kBFloat16, 8.0f);
+    const Tensor targets = random_targets(n, v);
+    static const kiln::OpDef& fwd = KILN_OP(cross_entropy_fused);
+    static const kiln::OpDef& bwd = KILN_OP(cross_entropy_fused_backward);
+    const kiln::TensorVec out = kiln::call_op(fwd, {logits, targets}, {int64_t{-100}});
+    const Tensor g = kiln::full({}, 1.0, kiln::TensorOptions(kiln::kFloat).device(logits.device()));
+    const double bytes = static_cast<double>(n * v * 2);
+    std::printf("  (cross-entropy loss on uniform[-8, 8) logits: %.4f)\n", out[0].item<double>());
+    report("cross_entropy 8192x128256 bf16 fwd",
+           time_ms([&](int) { (void)kiln::call_op(fwd, {logits, targets}, {int64_t{-100}}); }), 0,
+           bytes);
+    report("cross_entropy 8192x128256 bf16 bwd", time_ms([&](int) {
+             (void)kiln::call_op1(bwd, {g, logits, targets, out[1]}, {int64_t{-100}});
+           }),
+           0, 2 * bytes);
+  }
+
+  if (argc > 1 && std::string(argv[1]) != "--no-gemm") {
+    FILE* f = std::fopen(argv[1], "w");
+    if (f == nullptr) {
+      std::perror(argv[1]);
+      return 1;
+    }
+    std::fprintf(f, "{\"device\": \"%s\", \"results\": [\n", prop.name);
+    for (size_t i = 0; i < g_rows.size(); ++i) {
+      const Row& r = g_rows[i];
+      std::fprintf(f, "  {\"name\": \"%s\", \"ms\": %.6f, \"tflops\": %.3f, \"gbs\": %.3f}%s\n",
+                   r.name.c_str(), r.ms, r.tflops, r.gbs, i + 1 < g_rows.size() ? "," : "");
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
+  return 0;
+}

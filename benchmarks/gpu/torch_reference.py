@@ -1,0 +1,168 @@
+"""PyTorch timings of the operations kiln_gpu_bench times, for a side-by-side table.
+
+    kiln_gpu_bench kiln.json && python3 benchmarks/gpu/torch_reference.py --kiln kiln.json \
+        --out torch.json
+
+Same method as the kiln harness: fresh random inputs (never zeros), warm-up, a sleep kernel
+queued first so that the host enqueues every sample before the GPU reaches them, CUDA events
+around each sample, the median of 20. Memory-bound cases rotate among 4 input sets. With
+--kiln, prints both columns and kiln / PyTorch speed ratios (> 1: kiln faster).
+"""
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+SAMPLES = 20
+DEV = "cuda"
+
+
+def time_ms(fn, reps=1, setup=None):
+    """Median GPU ms of fn(i); setup(i) (untimed, queued before the start event) may prepare."""
+    for i in range(3):
+        if setup:
+            setup(i)
+        fn(i)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(SAMPLES)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(SAMPLES)]
+    torch.cuda._sleep(200_000_000)
+    call = 0
+    for s in range(SAMPLES):
+        if setup:
+            setup(call)
+        starts[s].record()
+        for _ in range(reps):
+            fn(call)
+            call += 1
+        stops[s].record()
+    torch.cuda.synchronize()
+    ms = sorted(a.elapsed_time(b) / reps for a, b in zip(starts, stops))
+    return 0.5 * (ms[SAMPLES // 2 - 1] + ms[SAMPLES // 2])
+
+
+rows = []
+
+
+def report(name, ms, flops=0.0, nbytes=0.0):
+    r = {"name": name, "ms": ms, "tflops": flops / ms / 1e9 if flops else 0.0,
+         "gbs": nbytes / ms / 1e6 if nbytes else 0.0}
+    rows.append(r)
+    line = f"{name:<34} {ms:10.4f} ms"
+    if flops:
+        line += f"  {r['tflops']:8.1f} TFLOP/s"
+    if nbytes:
+        line += f"  {r['gbs']:8.1f} GB/s"
+    print(line, flush=True)
+
+
+def rand(*shape, dtype=torch.bfloat16, scale=1.7):
+    return ((torch.rand(*shape, device=DEV, dtype=torch.float32) * 2 - 1) * scale).to(dtype)
+
+
+def bench_gemm(name, m, n, k, backward=True):
+    x, w = rand(m, k), rand(n, k)
+    flops = 2.0 * m * n * k
+    base = f"gemm {name} {m}x{n}x{k}"
+    report(base + " fwd", time_ms(lambda i: torch.mm(x, w.t())), flops)
+    if not backward:
+        return
+    dy = rand(m, n)
+    report(base + " dgrad", time_ms(lambda i: torch.mm(dy, w)), flops)
+    report(base + " wgrad", time_ms(lambda i: torch.mm(dy.t(), x)), flops)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kiln", help="kiln_gpu_bench's JSON, for the side-by-side table")
+    ap.add_argument("--out", help="write PyTorch's results as JSON")
+    ap.add_argument("--no-gemm", action="store_true", help="skip the GEMMs")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}")
+
+    nbytes = 1 << 30
+    a, b = rand(nbytes // 2), rand(nbytes // 2)
+    report("d2d copy 1GiB", time_ms(lambda i: b.copy_(a)), nbytes=2.0 * nbytes)
+    del a, b
+
+    gemms = [] if args.no_gemm else [
+        ("ref", 8192, 8192, 8192, False)]
+    for g in gemms:
+        bench_gemm(*g)
+    for g in [] if args.no_gemm else [("1b-qkv", 8192, 3072, 2048), ("1b-attn_out", 8192, 2048, 2048),
+              ("1b-gate_up", 8192, 16384, 2048), ("1b-down", 8192, 2048, 8192),
+              ("1b-head", 8192, 128256, 2048), ("160m-qkv", 16384, 2304, 768),
+              ("160m-gate_up", 16384, 4096, 768), ("160m-down", 16384, 768, 2048),
+              ("160m-head", 16384, 32000, 768)]:
+        bench_gemm(*g)
+    if not args.no_gemm:
+        bench_gemm("ref2", 8192, 8192, 8192, backward=False)
+
+    rows_, d = 8192, 2048
+    w = rand(d).requires_grad_(True)
+    xs = [rand(rows_, d).requires_grad_(True) for _ in range(4)]
+    dys = [rand(rows_, d) for _ in range(4)]
+    tb = rows_ * d * 2.0
+    report("rmsnorm 8192x2048 bf16 fwd",
+           time_ms(lambda i: F.rms_norm(xs[i % 4], (d,), w, 1e-6)), nbytes=2 * tb)
+    ys = {}
+
+    def rms_setup(i):
+        ys[i] = F.rms_norm(xs[i % 4], (d,), w, 1e-6)
+
+    def rms_bwd(i):
+        torch.autograd.grad(ys.pop(i), (xs[i % 4], w), dys[i % 4])
+
+    report("rmsnorm 8192x2048 bf16 bwd", time_ms(rms_bwd, setup=rms_setup), nbytes=3 * tb)
+    del xs, dys, ys
+
+    n, v = 8192, 128256
+    logits = rand(n, v, scale=8.0).requires_grad_(True)
+    targets = torch.randint(0, v, (n,), device=DEV)
+    cb = n * v * 2.0
+    print(f"  (cross-entropy loss on uniform[-8, 8) logits: "
+          f"{F.cross_entropy(logits.float(), targets).item():.4f})")
+    for label, prep in [("", lambda t: t), (" upcast-f32", lambda t: t.float())]:
+        with torch.no_grad():
+            report(f"cross_entropy 8192x128256 bf16{label} fwd",
+                   time_ms(lambda i: F.cross_entropy(prep(logits), targets)), nbytes=cb)
+        losses = {}
+
+        def ce_setup(i):
+            losses[i] = F.cross_entropy(prep(logits), targets)
+
+        def ce_bwd(i):
+            torch.autograd.grad(losses.pop(i), logits)
+
+        report(f"cross_entropy 8192x128256 bf16{label} bwd", time_ms(ce_bwd, setup=ce_setup),
+               nbytes=2 * cb)
+
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "results": rows}, f, indent=1)
+    if args.kiln:
+        with open(args.kiln) as f:
+            kiln = {r["name"]: r for r in json.load(f)["results"]}
+        torch_rows = {r["name"]: r for r in rows}
+        ref = max([r["tflops"] for n_, r in kiln.items() if n_.startswith("gemm ref")] + [1e-9])
+        print(f"\n{'case':<34} {'kiln ms':>9} {'torch ms':>9} {'kiln/torch speed':>16}  kiln rate")
+        names = list(kiln) + [n for n in torch_rows if n not in kiln]
+        for name in names:
+            k = kiln.get(name)
+            t = torch_rows.get(name)
+            ks = f"{k['ms']:9.4f}" if k else f"{'-':>9}"
+            ts = f"{t['ms']:9.4f}" if t else f"{'-':>9}"
+            ratio = f"{t['ms'] / k['ms']:16.2f}" if k and t else f"{'-':>16}"
+            rate = ""
+            if k and k["tflops"]:
+                rate = f"{k['tflops']:.0f} TFLOP/s ({100 * k['tflops'] / ref:.0f}% of 8192^3)"
+            elif k and k["gbs"]:
+                rate = f"{k['gbs']:.0f} GB/s"
+            print(f"{name:<34} {ks} {ts} {ratio}  {rate}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+// Matrix products on the GPU through cuBLASLt: what kiln's mm, bmm and addmm CUDA kernels
+// (kernels/cuda/linalg.cu) call.
+//
+//   kiln::cuda::set_allow_tf32(true);   // f32 products on the tensor cores (TF32), as PyTorch's
+//                                       // torch.backends.cuda.matmul.allow_tf32
+//
+// The public part is set_allow_tf32/allow_tf32; it compiles in every build (a CPU-only build
+// keeps the flag, which nothing reads). The rest is internal to kernels/cuda/:
+//
+//   internal::Matrix a = ..., b = ...;         // row-major views: pointer, strides, batch
+//   internal::gemm(out_desc, a, b, {.alpha = 1, .beta = 0});
+//
+// - bf16 and f16 multiply with f32 accumulation and f32 scaling; f32 runs in full precision
+//   unless allow_tf32() is set; f64 in f64.
+// - Transposed operands are not copied: a row-major view with stride 1 in either matrix dim is
+//   a column-major matrix for cuBLASLt, read with the matching op flag. Batches are strided
+//   batches (any batch stride, 0 included for a broadcast operand).
+// - Views need not be 256-byte aligned (cuBLASLt's default assumption): the alignment of every
+//   pointer goes into the heuristic query (and into the cache key), so offset views get an
+//   algorithm that is valid for them.
+// - Epilogue: a bias vector added to every row of the result (addmm's self of shape [N]), and a
+//   C matrix scaled by beta (addmm's residual: beta = 1 adds it).
+// - One cuBLASLt handle and one 32 MiB workspace per device; the chosen algorithm and the
+//   descriptors are cached per shape (dtypes, sizes, strides, transposes, batch, epilogue,
+//   alignments), so a training step's repeated shapes query the heuristic once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace kiln::cuda {
+
+namespace internal {
+inline std::atomic<bool>& allow_tf32_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+}  // namespace internal
+
+// Whether f32 matrix products may use TF32 tensor cores (10-bit mantissa products, f32 sums).
+// Off by default, as PyTorch's matmul default since 1.12.
+inline bool allow_tf32() { return internal::allow_tf32_flag().load(std::memory_order_relaxed); }
+inline void set_allow_tf32(bool enabled) {
+  internal::allow_tf32_flag().store(enabled, std::memory_order_relaxed);
+}
+
+namespace internal {
+
+// The element types the wrapper multiplies (kiln's floating dtypes).
+enum class GemmType : uint8_t { kF32, kF64, kF16, kBF16 };
+
+// A batch of row-major [rows, cols] matrices: element (b, i, j) lives at
+// data + b * batch_stride + i * row_stride + j * col_stride (strides in elements). Either
+// row_stride or col_stride must be 1 (or the dim must have size 1), which the caller arranges.
+struct Matrix {
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  int64_t row_stride = 0, col_stride = 1;
+  int64_t batch_stride = 0;
+};
+
+struct GemmArgs {
+  GemmType type = GemmType::kF32;
+  int64_t batch = 1;
+  double alpha = 1.0;
+  double beta = 0.0;
+  // C, read when beta != 0: a contiguous row-major [batch, m, n] matrix; may be `out` itself.
+  const void* c = nullptr;
+  // A contiguous vector of n elements added to every row of the product (after alpha).
+  const void* bias = nullptr;
+};
+
+// out[b] = alpha * a[b] @ b[b] (+ bias) (+ beta * c[b]) for every batch b, with `out` a
+// contiguous row-major [batch, m, n] buffer. Returns false when cuBLASLt has no algorithm for
+// this problem (the caller falls back); throws kiln::Error on a failing cuBLASLt call.
+bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args);
+
+}  // namespace internal
+}  // namespace kiln::cuda

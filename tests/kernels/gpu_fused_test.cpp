@@ -1,0 +1,209 @@
+// The fused CUDA kernels rms_norm(+backward) and cross_entropy_fused(+backward)
+// (kernels/cuda/norm.cu, cross_entropy.cu) against their CPU kernels on the same fresh random
+// inputs: every floating dtype, packed (16-byte) and unpacked row lengths, rows longer than the
+// register cache, many rows per block, non-contiguous inputs, ignore_index, and gradients
+// through autograd on the GPU.
+//
+// Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "kernels/cuda/runtime.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+class GpuFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  }
+};
+class GpuRmsNorm : public GpuFixture {};
+class GpuCrossEntropy : public GpuFixture {};
+
+const Device kGpu(kCUDA, 0);
+
+double rel_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  EXPECT_EQ(g.size(), w.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    if (std::isnan(g[i]) != std::isnan(w[i])) return INFINITY;
+    if (std::isnan(g[i])) continue;
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// GPU vs CPU on the same inputs: the same algorithm in the same precision, so the error is
+// rounding of the output dtype (and fast exp on the GPU).
+double tolerance(ScalarType t) {
+  switch (t) {
+    case kDouble:
+      return 1e-12;
+    case kFloat:
+      return 1e-5;
+    default:
+      return 8e-3;
+  }
+}
+
+void expect_match(const Tensor& gpu, const Tensor& cpu, double tol) {
+  ASSERT_TRUE(gpu.is_cuda());
+  EXPECT_EQ(gpu.dtype(), cpu.dtype());
+  ASSERT_EQ(to_shape(gpu.sizes()), to_shape(cpu.sizes()));
+  EXPECT_LE(rel_error(gpu, cpu), tol);
+}
+
+// Forward and backward of rms_norm on x ([..., d] on the CPU) and w, on both devices.
+void check_rms(const Tensor& x, const Tensor& w, double eps = 1e-5) {
+  SCOPED_TRACE(std::string(dtype_name(x.dtype())) + " x " + shape_str(x.sizes()) + ", " +
+               std::string(dtype_name(w.dtype())) + " w");
+  static const OpDef& fwd = KILN_OP(rms_norm);
+  static const OpDef& bwd = KILN_OP(rms_norm_backward);
+  const TensorVec c = call_op(fwd, {x, w}, {eps});
+  const TensorVec g = call_op(fwd, {x.to(kGpu), w.to(kGpu)}, {eps});
+  const double tol = tolerance(x.dtype());
+  expect_match(g[0], c[0], tol);
+  expect_match(g[1], c[1], x.dtype() == kDouble ? 1e-12 : 1e-5);
+  const Tensor dy = randn(x.sizes()).to(x.dtype());
+  const TensorVec dc = call_op(bwd, {dy, x, w, c[1]});
+  const TensorVec dg = call_op(bwd, {dy.to(kGpu), x.to(kGpu), w.to(kGpu), g[1]});
+  expect_match(dg[0], dc[0], tol);
+  expect_match(dg[1], dc[1], w.dtype() == kDouble ? 1e-10 : std::max(tol, 1e-4));
+}
+
+TEST_F(GpuRmsNorm, EveryDtypePackedAndUnpacked) {
+  manual_seed(21);
+  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
+    check_rms(randn({37, 64}).to(dt), randn({64}).to(dt));    // 16-byte packs
+    check_rms(randn({19, 37}).to(dt), randn({37}).to(dt));    // odd length: one element each
+    check_rms(randn({7, 3, 40}).to(dt), randn({3, 40}).to(dt));  // two normalised dims
+  }
+  check_rms(randn({33, 96}).to(kBFloat16), randn({96}));  // f32 weight
+  check_rms(randn({33, 96}).to(kHalf), randn({96}));
+  // One warp per row, 1 to 16 packs per lane, with and without idle lanes.
+  for (int64_t d : {2048, 4096, 1000, 3000, 264}) {
+    check_rms(randn({70, d}).to(kBFloat16), randn({d}).to(kBFloat16));
+    check_rms(randn({21, d}).to(kBFloat16), randn({d}));
+    check_rms(randn({13, d}), randn({d}));
+  }
+}
+
+TEST_F(GpuRmsNorm, LongRowsManyRowsAndLayouts) {
+  manual_seed(22);
+  // Longer than the register cache (forward: 2 packs x 1024 threads; backward: 1 pack).
+  check_rms(randn({6, 16392}).to(kBFloat16), randn({16392}).to(kBFloat16));
+  check_rms(randn({5, 9000}), randn({9000}));
+  // Many rows per block in the backward (its grid is about one wave).
+  check_rms(randn({5000, 128}).to(kBFloat16), randn({128}).to(kBFloat16));
+  // A 1-D input and a transposed one.
+  check_rms(randn({48}), randn({48}));
+  check_rms(randn({64, 24}).t(), randn({64}));
+}
+
+TEST_F(GpuRmsNorm, AutogradUsesTheFusedBackward) {
+  manual_seed(23);
+  Tensor x = randn({64, 256}).to(kBFloat16).to(kGpu).requires_grad_(true);
+  Tensor w = randn({256}).to(kBFloat16).to(kGpu).requires_grad_(true);
+  const Tensor dy = randn({64, 256}).to(kBFloat16);
+  const Tensor y = rms_norm(x, w, 1e-6);
+  const autograd::variable_list g = autograd::grad({y}, {x, w}, {dy.to(kGpu)});
+  static const OpDef& fwd = KILN_OP(rms_norm);
+  static const OpDef& bwd = KILN_OP(rms_norm_backward);
+  const Tensor xc = x.detach().cpu(), wc = w.detach().cpu();
+  const TensorVec c = call_op(fwd, {xc, wc}, {1e-6});
+  const TensorVec dc = call_op(bwd, {dy, xc, wc, c[1]});
+  expect_match(y.detach(), c[0], 8e-3);
+  expect_match(g[0], dc[0], 8e-3);
+  expect_match(g[1], dc[1], 8e-3);
+}
+
+// Forward (loss, lse) and backward of cross_entropy_fused on both devices.
+void check_ce(const Tensor& logits, const Tensor& targets, int64_t ignore = -100) {
+  SCOPED_TRACE(std::string(dtype_name(logits.dtype())) + " " + shape_str(logits.sizes()));
+  static const OpDef& fwd = KILN_OP(cross_entropy_fused);
+  static const OpDef& bwd = KILN_OP(cross_entropy_fused_backward);
+  const TensorVec c = call_op(fwd, {logits, targets}, {ignore});
+  const TensorVec g = call_op(fwd, {logits.to(kGpu), targets.to(kGpu)}, {ignore});
+  // Loss and lse against the f64 reference (the CPU kernel's sequential f32 sum over a long row
+  // is itself ~1e-5 off; the GPU's per-thread sums and tree merge are closer).
+  const TensorVec r = call_op(fwd, {logits.to(kDouble), targets}, {ignore});
+  const double tol = logits.dtype() == kDouble ? 1e-12 : 1e-5;
+  EXPECT_LE(rel_error(g[0], r[0]), tol);
+  EXPECT_LE(rel_error(g[1], r[1]), tol);
+  EXPECT_EQ(g[0].dtype(), c[0].dtype());
+  const ScalarType ct = c[0].dtype();
+  const Tensor grad = full({}, 1.7, TensorOptions(ct));
+  const Tensor dc = call_op1(bwd, {grad, logits, targets, c[1]}, {ignore});
+  const Tensor dg = call_op1(bwd, {grad.to(kGpu), logits.to(kGpu), targets.to(kGpu), g[1]}, {ignore});
+  expect_match(dg, dc, tolerance(logits.dtype()));
+}
+
+Tensor targets_for(int64_t n, int64_t v, int64_t ignore_every = 0) {
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < n; ++i) {
+    t.push_back(ignore_every > 0 && i % ignore_every == 1 ? -100 : (i * 7919 + 13) % v);
+  }
+  return from_blob(t.data(), {n}, kInt64).clone();
+}
+
+TEST_F(GpuCrossEntropy, EveryDtypePackedAndUnpacked) {
+  manual_seed(24);
+  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
+    check_ce((randn({64, 4096}) * 4).to(dt), targets_for(64, 4096, 5));  // packed
+    check_ce((randn({37, 1001}) * 4).to(dt), targets_for(37, 1001, 3));  // odd V
+    check_ce((randn({5, 3}) * 4).to(dt), targets_for(5, 3));             // tiny V
+  }
+}
+
+TEST_F(GpuCrossEntropy, LargeVocabularyAndLayouts) {
+  manual_seed(25);
+  // The Llama-3 vocabulary, bf16 logits.
+  check_ce((randn({96, 128256}) * 3).to(kBFloat16), targets_for(96, 128256, 7));
+  // Rows with a stride larger than V (a column slice): read in place.
+  const Tensor wide = (randn({40, 1040}) * 3).to(kBFloat16);
+  check_ce(wide.narrow(1, 0, 1024), targets_for(40, 1024));
+  check_ce(wide.narrow(1, 8, 1000), targets_for(40, 1000));
+  // Transposed logits: copied to rows first.
+  check_ce((randn({300, 20}) * 2).t(), targets_for(20, 300));
+  // Extreme values and a custom ignore_index.
+  const Tensor big = from_blob(std::vector<float>{1000, -1000, 999, 0, -1e4, 50}.data(), {2, 3},
+                               kFloat).clone();
+  check_ce(big, from_blob(std::vector<int64_t>{0, 2}.data(), {2}, kInt64).clone(), 0);
+}
+
+TEST_F(GpuCrossEntropy, NanForAllIgnoredAndOutOfRangeTargets) {
+  const Tensor logits = randn({3, 8}).to(kGpu);
+  const Tensor ignored = full({3}, int64_t{-100}, TensorOptions(kInt64)).to(kGpu);
+  EXPECT_TRUE(std::isnan(cross_entropy_fused(logits, ignored).item<double>()));
+  const Tensor bad = from_blob(std::vector<int64_t>{0, 8, 1}.data(), {3}, kInt64).clone().to(kGpu);
+  EXPECT_TRUE(std::isnan(cross_entropy_fused(logits, bad).item<double>()));
+}
+
+TEST_F(GpuCrossEntropy, AutogradUsesTheFusedBackward) {
+  manual_seed(26);
+  Tensor logits = (randn({32, 5000}) * 3).to(kBFloat16).to(kGpu).requires_grad_(true);
+  const Tensor t = targets_for(32, 5000, 4);
+  const Tensor loss = cross_entropy_fused(logits, t.to(kGpu));
+  const autograd::variable_list g = autograd::grad({loss}, {logits});
+  static const OpDef& fwd = KILN_OP(cross_entropy_fused);
+  static const OpDef& bwd = KILN_OP(cross_entropy_fused_backward);
+  const Tensor lc = logits.detach().cpu();
+  const TensorVec c = call_op(fwd, {lc, t}, {int64_t{-100}});
+  const Tensor dc = call_op1(bwd, {full({}, 1.0, TensorOptions(kFloat)), lc, t, c[1]}, {int64_t{-100}});
+  EXPECT_NEAR(loss.item<double>(), c[0].item<double>(), 1e-5);
+  EXPECT_EQ(g[0].dtype(), kBFloat16);
+  expect_match(g[0], dc, 8e-3);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,209 @@
+// mm, bmm, addmm, matmul and linear on the GPU (cuBLASLt, kernels/cuda/linalg.cu) against an f64
+// CPU reference on fresh random inputs: every dtype, odd sizes, transposed, sliced (unaligned)
+// and broadcast operands, every addmm epilogue path, k == 0, the TF32 flag.
+//
+// Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cuda/cublaslt.h"
+#include "kernels/cuda/runtime.h"
+#include "tensor/ops.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+class GpuFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  }
+};
+class GpuLinalg : public GpuFixture {};
+
+const Device kGpu(kCUDA, 0);
+
+// Relative L2 error of `got` (any device) against `want` (f64 CPU); NaN never passes.
+double rel_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  EXPECT_EQ(g.size(), w.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    if (std::isnan(g[i]) != std::isnan(w[i])) return INFINITY;
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+double tolerance(ScalarType t) {
+  switch (t) {
+    case kDouble:
+      return 1e-12;
+    case kFloat:
+      return 2e-6;  // TF32 off: full f32 products
+    case kHalf:
+      return 2e-3;
+    case kBFloat16:
+      return 1e-2;
+    default:
+      return 0;  // integers: exact
+  }
+}
+
+Tensor rand_cpu(IntArrayRef sizes, ScalarType dt) {
+  if (is_integral(dt, false)) return randint(-5, 6, sizes, TensorOptions(dt));
+  return randn(sizes).to(dt);
+}
+
+// The f64 reference of op on CPU copies of the inputs (rounded to the dtype first).
+Tensor ref64(const Tensor& t) { return t.cpu().to(kDouble); }
+
+void expect_gpu_close(const Tensor& got, const Tensor& want, ScalarType dt) {
+  ASSERT_TRUE(got.is_cuda());
+  EXPECT_EQ(got.dtype(), dt);
+  ASSERT_EQ(to_shape(got.sizes()), to_shape(want.sizes()));
+  EXPECT_LE(rel_error(got, want), tolerance(dt)) << dtype_name(dt);
+}
+
+const std::vector<ScalarType> kGemmDtypes = {kFloat, kDouble, kHalf, kBFloat16, kInt32, kInt64};
+
+TEST_F(GpuLinalg, MmEveryDtypeAndTransposes) {
+  manual_seed(11);
+  for (ScalarType dt : kGemmDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t m = 37, k = 53, n = 29;
+    const Tensor a = rand_cpu({m, k}, dt).to(kGpu), b = rand_cpu({k, n}, dt).to(kGpu);
+    const Tensor at = rand_cpu({k, m}, dt).to(kGpu).t(), bt = rand_cpu({n, k}, dt).to(kGpu).t();
+    expect_gpu_close(mm(a, b), ref64(a).mm(ref64(b)), dt);
+    expect_gpu_close(mm(at, b), ref64(at).mm(ref64(b)), dt);
+    expect_gpu_close(mm(a, bt), ref64(a).mm(ref64(bt)), dt);
+    expect_gpu_close(mm(at, bt), ref64(at).mm(ref64(bt)), dt);
+  }
+}
+
+TEST_F(GpuLinalg, SlicedUnalignedAndStridedViews) {
+  manual_seed(12);
+  for (ScalarType dt : {kFloat, kHalf, kBFloat16, kDouble}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // Column slices starting one element in: the data pointer is only element-aligned.
+    const Tensor big_a = rand_cpu({40, 70}, dt).to(kGpu), big_b = rand_cpu({70, 90}, dt).to(kGpu);
+    const Tensor a = big_a.narrow(1, 1, 65), b = big_b.narrow(0, 3, 65).narrow(1, 1, 81);
+    expect_gpu_close(mm(a, b), ref64(a).mm(ref64(b)), dt);
+    // Neither dim has unit stride: copied once, still right.
+    const Tensor as = big_a.slice(0, 0, 40, 2).slice(1, 0, 70, 2);  // [20, 35]
+    const Tensor bs = big_b.slice(0, 0, 70, 2).slice(1, 0, 90, 3);  // [35, 30]
+    expect_gpu_close(mm(as, bs), ref64(as).mm(ref64(bs)), dt);
+    // Row and column vectors.
+    const Tensor row = rand_cpu({1, 65}, dt).to(kGpu), col = rand_cpu({65, 1}, dt).to(kGpu);
+    expect_gpu_close(mm(row, b), ref64(row).mm(ref64(b)), dt);
+    expect_gpu_close(mm(a, col), ref64(a).mm(ref64(col)), dt);
+  }
+}
+
+TEST_F(GpuLinalg, LargeBf16AndF16AgainstF64) {
+  manual_seed(13);
+  for (ScalarType dt : {kBFloat16, kHalf}) {
+    const Tensor a = rand_cpu({512, 768}, dt).to(kGpu), w = rand_cpu({1024, 768}, dt).to(kGpu);
+    // The Linear layer's product: x @ w^T with w read in place.
+    expect_gpu_close(mm(a, w.t()), ref64(a).mm(ref64(w).t()), dt);
+  }
+}
+
+TEST_F(GpuLinalg, BmmStridedTransposedAndBroadcast) {
+  manual_seed(14);
+  for (ScalarType dt : kGemmDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = rand_cpu({5, 17, 23}, dt).to(kGpu), b = rand_cpu({5, 23, 19}, dt).to(kGpu);
+    expect_gpu_close(bmm(a, b), ref64(a).bmm(ref64(b)), dt);
+    const Tensor at = rand_cpu({5, 23, 17}, dt).to(kGpu).transpose(1, 2);
+    expect_gpu_close(bmm(at, b), ref64(at).bmm(ref64(b)), dt);
+    // Broadcast right operand: batch stride 0, never materialised.
+    const Tensor shared = rand_cpu({1, 23, 19}, dt).to(kGpu).expand({5, 23, 19});
+    expect_gpu_close(bmm(a, shared), ref64(a).bmm(ref64(shared)), dt);
+    // matmul: [B, T, K] @ [K, N] folds into one GEMM; [B, T, K] @ [B, K, N] is a bmm.
+    const Tensor w = rand_cpu({23, 11}, dt).to(kGpu);
+    expect_gpu_close(matmul(a, w), ref64(a).matmul(ref64(w)), dt);
+    expect_gpu_close(matmul(a, b), ref64(a).matmul(ref64(b)), dt);
+  }
+}
+
+TEST_F(GpuLinalg, AddmmEveryPath) {
+  manual_seed(15);
+  for (ScalarType dt : kGemmDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const bool integral = is_integral(dt, false);
+    const int64_t m = 33, k = 40, n = 24;
+    const Tensor a = rand_cpu({m, k}, dt).to(kGpu), b = rand_cpu({n, k}, dt).to(kGpu).t();
+    const Tensor bias = rand_cpu({n}, dt).to(kGpu);
+    const Tensor full = rand_cpu({m, n}, dt).to(kGpu);
+    const Tensor column = rand_cpu({m, 1}, dt).to(kGpu);
+    const Scalar two = integral ? Scalar(int64_t{2}) : Scalar(2.0);
+    const Scalar three = integral ? Scalar(int64_t{3}) : Scalar(0.5);
+    auto ref = [&](const Tensor& self, const Scalar& beta, const Scalar& alpha) {
+      return ref64(self) * beta.toDouble() + ref64(a).mm(ref64(b)) * alpha.toDouble();
+    };
+    // Bias epilogue (beta = alpha = 1), scaled bias (C path), full residual (C = self),
+    // broadcast column, beta = 0 (self ignored), a CPU 0-d self.
+    expect_gpu_close(addmm(bias, a, b), ref(bias, 1, 1), dt);
+    expect_gpu_close(addmm(bias, a, b, three, two), ref(bias, three, two), dt);
+    expect_gpu_close(addmm(full, a, b), ref(full, 1, 1), dt);
+    expect_gpu_close(addmm(full, a, b, three, two), ref(full, three, two), dt);
+    expect_gpu_close(addmm(column, a, b), ref(column, 1, 1), dt);
+    expect_gpu_close(addmm(full.t().contiguous().t(), a, b), ref(full, 1, 1), dt);
+    const Tensor cpu_scalar = rand_cpu({}, dt);
+    expect_gpu_close(addmm(cpu_scalar, a, b), ref(cpu_scalar, 1, 1), dt);
+    if (!integral) {
+      const Tensor nan_self = full_like(full, NAN);
+      expect_gpu_close(addmm(nan_self, a, b, 0, 1), ref64(a).mm(ref64(b)), dt);
+      // The bias of a sliced view (offset pointer): not 16-byte aligned, so not the epilogue.
+      const Tensor odd_bias = rand_cpu({n + 1}, dt).to(kGpu).narrow(0, 1, n);
+      expect_gpu_close(addmm(odd_bias, a, b), ref(odd_bias, 1, 1), dt);
+      const Tensor x3 = rand_cpu({2, 5, k}, dt).to(kGpu);
+      const Tensor w = rand_cpu({n, k}, dt).to(kGpu);
+      expect_gpu_close(linear(x3, w, bias), ref64(x3).matmul(ref64(w).t()) + ref64(bias), dt);
+    }
+  }
+}
+
+TEST_F(GpuLinalg, EmptyInnerDimension) {
+  for (ScalarType dt : {kFloat, kBFloat16, kInt64}) {
+    const Tensor a = empty({3, 0}, TensorOptions(dt).device(kGpu));
+    const Tensor b = empty({0, 4}, TensorOptions(dt).device(kGpu));
+    expect_gpu_close(mm(a, b), zeros({3, 4}, kDouble), dt);
+    const Tensor self = rand_cpu({4}, dt);
+    expect_gpu_close(addmm(self.to(kGpu), a, b, 2, 1), (ref64(self) * 2).expand({3, 4}), dt);
+    EXPECT_EQ(mm(empty({0, 5}, TensorOptions(dt).device(kGpu)),
+                 empty({5, 2}, TensorOptions(dt).device(kGpu)))
+                  .numel(),
+              0);
+  }
+}
+
+TEST_F(GpuLinalg, Tf32FlagTradesPrecisionForSpeed) {
+  manual_seed(16);
+  EXPECT_FALSE(cuda::allow_tf32());  // PyTorch's matmul default
+  const Tensor a = randn({256, 512}).to(kGpu), b = randn({512, 256}).to(kGpu);
+  const Tensor want = ref64(a).mm(ref64(b));
+  const double exact = rel_error(mm(a, b), want);
+  cuda::set_allow_tf32(true);
+  const double tf32 = rel_error(mm(a, b), want);
+  cuda::set_allow_tf32(false);
+  EXPECT_LT(exact, 2e-6);
+  EXPECT_LT(tf32, 5e-3);
+  EXPECT_GT(tf32, exact);  // the flag really switched to the TF32 path
+  EXPECT_LT(rel_error(mm(a, b), want), 2e-6);  // and back (a separate cached plan)
+}
+
+TEST_F(GpuLinalg, ErrorsStillComeFromMeta) {
+  const Tensor a = randn({2, 3}).to(kGpu);
+  EXPECT_KILN_ERROR(mm(a, randn({4, 2}).to(kGpu)), "[mm] shapes");
+  EXPECT_KILN_ERROR(mm(a, randn({3, 2}).to(kGpu).to(kDouble)), "[mm] expected both operands");
+  EXPECT_KILN_ERROR(mm(a, randn({3, 2})), "[mm] expected all tensors on the same device");
+}
+
+}  // namespace
+}  // namespace kiln

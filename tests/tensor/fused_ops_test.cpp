@@ -1,0 +1,241 @@
+// The fused ops rms_norm and cross_entropy_fused on the CPU (their kernels are the reference
+// for the CUDA ones): forward against f64 loops written here, gradients by gradcheck (f64) and
+// against the f64 analytic gradient (f32/f16/bf16), and misuse errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/gradcheck.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using autograd::variable_list;
+
+// Relative L2 error ||got - want|| / ||want||, got converted to f64.
+double rel_error(const Tensor& got, const std::vector<double>& want) {
+  const std::vector<double> g = got.to_vector<double>();
+  EXPECT_EQ(g.size(), want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size() && i < want.size(); ++i) {
+    num += (g[i] - want[i]) * (g[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+double tolerance(ScalarType t) {
+  switch (t) {
+    case kDouble:
+      return 1e-12;
+    case kFloat:
+      return 1e-6;
+    default:
+      return 1e-2;
+  }
+}
+
+struct RmsRef {
+  std::vector<double> y, dx, dw;
+};
+
+// y, dx and dw of RMSNorm over rows of length d in f64, for upstream gradient dy.
+RmsRef rms_reference(const std::vector<double>& x, const std::vector<double>& w,
+                     const std::vector<double>& dy, int64_t d, double eps) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / d;
+  RmsRef r{std::vector<double>(x.size()), std::vector<double>(x.size()),
+           std::vector<double>(static_cast<size_t>(d), 0.0)};
+  for (int64_t i = 0; i < rows; ++i) {
+    double ss = 0, dot = 0;
+    for (int64_t j = 0; j < d; ++j) ss += x[i * d + j] * x[i * d + j];
+    const double rs = 1 / std::sqrt(ss / d + eps);
+    for (int64_t j = 0; j < d; ++j) dot += dy[i * d + j] * w[j] * x[i * d + j];
+    for (int64_t j = 0; j < d; ++j) {
+      const size_t k = i * d + j;
+      r.y[k] = x[k] * rs * w[j];
+      r.dx[k] = rs * dy[k] * w[j] - x[k] * rs * rs * rs * dot / d;
+      r.dw[j] += dy[k] * x[k] * rs;
+    }
+  }
+  return r;
+}
+
+void check_rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
+  SCOPED_TRACE("x " + std::string(dtype_name(x_in.dtype())) + " " + shape_str(x_in.sizes()) +
+               ", w " + std::string(dtype_name(w_in.dtype())));
+  Tensor x = x_in.detach().requires_grad_(true);
+  Tensor w = w_in.detach().requires_grad_(true);
+  const Tensor y = rms_norm(x, w, eps);
+  EXPECT_EQ(y.dtype(), x.dtype());
+  EXPECT_EQ(to_shape(y.sizes()), to_shape(x.sizes()));
+  const Tensor dy = randn(x.sizes(), TensorOptions(x.dtype()));
+  const variable_list g = autograd::grad({y}, {x, w}, {dy});
+  const RmsRef ref = rms_reference(x.to_vector<double>(), w.to_vector<double>(),
+                                   dy.to_vector<double>(), w.numel(), eps);
+  const double tol = tolerance(x.dtype());
+  EXPECT_LT(rel_error(y, ref.y), tol);
+  EXPECT_LT(rel_error(g[0], ref.dx), tol);
+  EXPECT_LT(rel_error(g[1], ref.dw), w.dtype() == kFloat && tol > 1e-3 ? 2e-3 : tol);
+  EXPECT_EQ(g[0].dtype(), x.dtype());
+  EXPECT_EQ(g[1].dtype(), w.dtype());
+}
+
+TEST(FusedRmsNorm, MatchesReferenceEveryDtype) {
+  manual_seed(3);
+  for (ScalarType t : {kDouble, kFloat, kHalf, kBFloat16}) {
+    check_rms_norm(randn({5, 7}, TensorOptions(t)), randn({7}, TensorOptions(t)), 1e-6);
+  }
+  // f16/bf16 activations with f32 weights (autocast's f32 norms).
+  check_rms_norm(randn({4, 3, 24}, TensorOptions(kBFloat16)), randn({24}), 1e-5);
+  check_rms_norm(randn({6, 16}, TensorOptions(kHalf)), randn({16}), 1e-5);
+}
+
+TEST(FusedRmsNorm, ShapesAndLayouts) {
+  manual_seed(4);
+  // Normalised over two trailing dims.
+  check_rms_norm(randn({3, 4, 5}, TensorOptions(kDouble)), randn({4, 5}, TensorOptions(kDouble)),
+                 1e-5);
+  // A 1-D input (one row, 0-d rstd) and a transposed (non-contiguous) one.
+  check_rms_norm(randn({9}, TensorOptions(kFloat)), randn({9}), 1e-5);
+  check_rms_norm(randn({6, 10}, TensorOptions(kFloat)).t(), randn({6}), 1e-5);
+  // Multi-threaded: more than 32768 elements.
+  check_rms_norm(randn({300, 257}, TensorOptions(kFloat)), randn({257}), 1e-5);
+  // Empty rows.
+  const Tensor y = rms_norm(randn({0, 8}), randn({8}), 1e-5);
+  EXPECT_EQ(to_shape(y.sizes()), (Shape{0, 8}));
+}
+
+TEST(FusedRmsNorm, Gradcheck) {
+  manual_seed(5);
+  Tensor x = randn({3, 6}, TensorOptions(kDouble).requires_grad(true));
+  Tensor w = randn({6}, TensorOptions(kDouble).requires_grad(true));
+  EXPECT_TRUE(
+      autograd::gradcheck([](const variable_list& in) { return rms_norm(in[0], in[1], 1e-3); },
+                          {x, w}));
+}
+
+TEST(FusedRmsNorm, Errors) {
+  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({4}), 1e-5), "[rms_norm] weight of shape");
+  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({2, 3, 3}), 1e-5), "[rms_norm]");
+  EXPECT_KILN_ERROR(rms_norm(ones({2, 3}, kInt64), ones({3}, kInt64), 1e-5),
+                    "[rms_norm] expected a floating-point input");
+  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({3}, TensorOptions(kDouble)), 1e-5),
+                    "[rms_norm] expected weight of dtype float32");
+  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({3}), -1.0), "[rms_norm] eps");
+  static const OpDef& bwd = KILN_OP(rms_norm_backward);
+  EXPECT_KILN_ERROR(call_op(bwd, {randn({2, 3}), randn({2, 3}), randn({3}), randn({3})}),
+                    "[rms_norm_backward] rstd");
+}
+
+// f64 reference: per-row logsumexp and the mean loss over non-ignored rows.
+struct CeRef {
+  std::vector<double> lse, dlogits;
+  double loss = 0;
+};
+
+CeRef ce_reference(const std::vector<double>& x, const std::vector<int64_t>& t, int64_t v,
+                   int64_t ignore, double g) {
+  const int64_t n = static_cast<int64_t>(t.size());
+  CeRef r;
+  r.dlogits.assign(x.size(), 0.0);
+  int64_t count = 0;
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double m = -std::numeric_limits<double>::infinity(), s = 0;
+    for (int64_t j = 0; j < v; ++j) m = std::max(m, x[i * v + j]);
+    for (int64_t j = 0; j < v; ++j) s += std::exp(x[i * v + j] - m);
+    r.lse.push_back(m + std::log(s));
+    if (t[i] == ignore) continue;
+    sum += r.lse[i] - x[i * v + t[i]];
+    ++count;
+  }
+  r.loss = sum / static_cast<double>(count);
+  for (int64_t i = 0; i < n; ++i) {
+    if (t[i] == ignore) continue;
+    for (int64_t j = 0; j < v; ++j) {
+      const double p = std::exp(x[i * v + j] - r.lse[i]);
+      r.dlogits[i * v + j] = (p - (j == t[i] ? 1.0 : 0.0)) * g / static_cast<double>(count);
+    }
+  }
+  return r;
+}
+
+Tensor targets_of(const std::vector<int64_t>& t) {
+  return from_blob(const_cast<int64_t*>(t.data()), {static_cast<int64_t>(t.size())}, kInt64)
+      .clone();
+}
+
+void check_cross_entropy(const Tensor& logits_in, const std::vector<int64_t>& t, int64_t ignore) {
+  SCOPED_TRACE(std::string(dtype_name(logits_in.dtype())) + " " + shape_str(logits_in.sizes()));
+  Tensor logits = logits_in.detach().requires_grad_(true);
+  const Tensor loss = cross_entropy_fused(logits, targets_of(t), ignore);
+  const ScalarType ct = logits.dtype() == kDouble ? kDouble : kFloat;
+  EXPECT_EQ(loss.dim(), 0);
+  EXPECT_EQ(loss.dtype(), ct);
+  const double g = 0.75;
+  const variable_list grads = autograd::grad({loss}, {logits}, {full({}, g, TensorOptions(ct))});
+  const CeRef ref = ce_reference(logits.to_vector<double>(), t, logits.size(1), ignore, g);
+  const double tol = logits.dtype() == kDouble ? 1e-12 : 1e-5;
+  EXPECT_NEAR(loss.item<double>(), ref.loss, tol * (1 + std::abs(ref.loss)));
+  EXPECT_EQ(grads[0].dtype(), logits.dtype());
+  EXPECT_LT(rel_error(grads[0], ref.dlogits), tolerance(logits.dtype()) * 5);
+}
+
+TEST(FusedCrossEntropy, MatchesReferenceEveryDtype) {
+  manual_seed(6);
+  const std::vector<int64_t> t = {0, 6, 3, -100, 2};
+  for (ScalarType dt : {kDouble, kFloat, kHalf, kBFloat16}) {
+    check_cross_entropy((randn({5, 7}) * 3).to(dt), t, -100);
+  }
+}
+
+TEST(FusedCrossEntropy, LargeVocabularyNonContiguousAndIgnoreIndex) {
+  manual_seed(7);
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < 8; ++i) t.push_back((i * 7919) % 5003);
+  t[3] = 5;  // a custom ignore_index that is also a valid class elsewhere
+  check_cross_entropy(randn({8, 5003}) * 4, t, 5);
+  // Transposed logits (stride 1 along rows).
+  check_cross_entropy((randn({9, 4}) * 2).t(), {1, 0, 8, 3}, -100);
+  // Extreme logits: the running max must keep exp() finite.
+  const Tensor big = from_blob(std::vector<double>{1000, -1000, 999, 0, -1e4, 50}.data(), {2, 3},
+                               kDouble).clone();
+  check_cross_entropy(big, {0, 2}, -100);
+}
+
+TEST(FusedCrossEntropy, AllIgnoredIsNan) {
+  const Tensor loss = cross_entropy_fused(randn({3, 4}), targets_of({-100, -100, -100}));
+  EXPECT_TRUE(std::isnan(loss.item<double>()));
+}
+
+TEST(FusedCrossEntropy, Gradcheck) {
+  manual_seed(8);
+  Tensor x = randn({4, 5}, TensorOptions(kDouble).requires_grad(true));
+  const Tensor t = targets_of({4, -1, 0, 2});
+  EXPECT_TRUE(autograd::gradcheck(
+      [&](const variable_list& in) { return cross_entropy_fused(in[0], t, -1); }, {x}));
+}
+
+TEST(FusedCrossEntropy, Errors) {
+  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0, 3})),
+                    "[cross_entropy_fused] target 3 is out of bounds for 3 classes");
+  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0})),
+                    "[cross_entropy_fused] targets of shape");
+  EXPECT_KILN_ERROR(cross_entropy_fused(randn({3}), targets_of({0})),
+                    "[cross_entropy_fused] expected logits of shape [N, V]");
+  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), ones({2}, kInt32)),
+                    "[cross_entropy_fused] expected int64 targets");
+  EXPECT_KILN_ERROR(cross_entropy_fused(ones({2, 3}, kInt64), targets_of({0, 1})),
+                    "[cross_entropy_fused] expected floating-point logits");
+  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 0}), targets_of({0, 1})),
+                    "[cross_entropy_fused] logits need at least one class");
+}
+
+}  // namespace
+}  // namespace kiln
