@@ -18,7 +18,8 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
           dst,
           [](S v) -> D {
             if constexpr (std::is_same_v<D, bool>) {
-              return static_cast<float>(v) != 0.0f;
+              // Through S's own arithmetic type: a float64 1e-300 is true, as in PyTorch.
+              return static_cast<opmath_t<S>>(v) != opmath_t<S>(0);
             } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
               return D(static_cast<float>(v));
             } else {

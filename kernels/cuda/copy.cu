@@ -17,74 +17,20 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/loops.cuh"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
 namespace kiln::cuda {
 namespace {
 
-constexpr int kMaxDims = 16;
-constexpr int kThreads = 256;
-
-// The index arithmetic of a loop over `sizes` for N operands (strides in elements), after
-// dropping size-1 dims and merging dims that are contiguous for every operand.
-template <int N>
-struct Geometry {
-  int ndim = 0;
-  int64_t sizes[kMaxDims];
-  int64_t strides[N][kMaxDims];
-};
-
-template <int N>
-Geometry<N> make_geometry(IntArrayRef sizes, const std::array<Shape, N>& strides, const char* op) {
-  Geometry<N> g;
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] == 1) continue;
-    bool merge = g.ndim > 0;
-    for (int k = 0; k < N && merge; ++k) {
-      merge = g.strides[k][g.ndim - 1] == strides[k][d] * sizes[d];
-    }
-    if (merge) {
-      g.sizes[g.ndim - 1] *= sizes[d];
-      for (int k = 0; k < N; ++k) g.strides[k][g.ndim - 1] = strides[k][d];
-      continue;
-    }
-    KILN_CHECK(g.ndim < kMaxDims, "[", op, "] the CUDA kernel handles at most ", kMaxDims,
-               " non-mergeable dimensions, got shape ", shape_str(sizes));
-    g.sizes[g.ndim] = sizes[d];
-    for (int k = 0; k < N; ++k) g.strides[k][g.ndim] = strides[k][d];
-    ++g.ndim;
-  }
-  return g;
-}
-
-// Element offsets of linear index i (row-major over the geometry's sizes) for each operand.
-template <int N>
-__device__ __forceinline__ void offsets(const Geometry<N>& g, int64_t i, int64_t (&off)[N]) {
-  for (int k = 0; k < N; ++k) off[k] = 0;
-  if (g.ndim == 1) {
-    for (int k = 0; k < N; ++k) off[k] = i * g.strides[k][0];
-    return;
-  }
-  for (int d = g.ndim - 1; d >= 0; --d) {
-    const int64_t size = g.sizes[d];
-    const int64_t idx = i % size;
-    i /= size;
-    for (int k = 0; k < N; ++k) off[k] += idx * g.strides[k][d];
-  }
-}
-
-// The conversion of kernels/cpu/copy.cpp, element by element.
-template <typename D, typename S>
-__device__ __forceinline__ D convert(S v) {
-  if constexpr (std::is_same_v<D, bool>) {
-    return static_cast<float>(v) != 0.0f;
-  } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
-    return D(static_cast<float>(v));
-  } else {
-    return static_cast<D>(static_cast<opmath_t<S>>(v));
-  }
-}
+using loops::broadcast_strides;
+using loops::convert;
+using loops::Geometry;
+using loops::grid_for;
+using loops::kThreads;
+using loops::make_geometry;
+using loops::offsets;
 
 template <typename D, typename S>
 __global__ void convert_kernel(D* dst, const S* src, int64_t n, Geometry<2> g) {
@@ -107,21 +53,6 @@ __global__ void fill_kernel(T* dst, T bits, int64_t n, Geometry<1> g) {
   }
 }
 
-unsigned int blocks_for(int64_t n) {
-  // Grid-stride loops: a few hundred thousand threads keep the GPU busy; more add nothing.
-  return static_cast<unsigned int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 16));
-}
-
-// t's strides (in elements) when read as if broadcast to `sizes`.
-Shape broadcast_strides(const Tensor& t, IntArrayRef sizes) {
-  Shape out(sizes.size(), 0);
-  const size_t lead = sizes.size() - static_cast<size_t>(t.dim());
-  for (size_t d = 0; d < static_cast<size_t>(t.dim()); ++d) {
-    out[lead + d] = t.sizes()[d] == 1 ? 0 : t.strides()[d];
-  }
-  return out;
-}
-
 // Same dtype, sizes and contiguous on both sides: the bytes can be moved as they are.
 bool bytewise(const Tensor& dst, const Tensor& src) {
   return dst.dtype() == src.dtype() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
@@ -140,11 +71,11 @@ void convert_on_device(const Tensor& dst, const Tensor& src) {
     internal::sync_if_debug("cudaMemcpyAsync (device to device)", __FILE__, __LINE__);
     return;
   }
-  const Geometry<2> g = make_geometry<2>(
-      dst.sizes(), {to_shape(dst.strides()), broadcast_strides(src, dst.sizes())}, "copy_");
+  const Shape strides[2] = {to_shape(dst.strides()), broadcast_strides(src, dst.sizes())};
+  const Geometry<2> g = make_geometry<2>(dst.sizes(), strides, "copy_");
   visit_dtype(dst.dtype(), [&]<typename D>(TypeTag<D>) {
     visit_dtype(src.dtype(), [&]<typename S>(TypeTag<S>) {
-      convert_kernel<D, S><<<blocks_for(n), kThreads, 0, stream>>>(
+      convert_kernel<D, S><<<grid_for(n), kThreads, 0, stream>>>(
           static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()), n, g);
       KILN_CUDA_LAUNCH_CHECK("convert_kernel");
     });
@@ -270,9 +201,10 @@ void fill(const Tensor& t, const Scalar& value) {
     internal::sync_if_debug("cudaMemsetAsync", __FILE__, __LINE__);
     return;
   }
-  const Geometry<1> g = make_geometry<1>(t.sizes(), {to_shape(t.strides())}, "fill_");
+  const Shape strides[1] = {to_shape(t.strides())};
+  const Geometry<1> g = make_geometry<1>(t.sizes(), strides, "fill_");
   auto launch = [&]<typename U>(TypeTag<U>) {
-    fill_kernel<U><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<U*>(t.data_ptr()),
+    fill_kernel<U><<<grid_for(n), kThreads, 0, stream>>>(static_cast<U*>(t.data_ptr()),
                                                            static_cast<U>(bits), n, g);
     KILN_CUDA_LAUNCH_CHECK("fill_kernel");
   };

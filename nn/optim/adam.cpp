@@ -191,34 +191,18 @@ std::unique_ptr<OptimizerOptions> AdamOptions::clone() const {
 }
 
 std::map<std::string, double> AdamOptions::to_values() const {
-  return {{"lr", lr_},
-          {"beta1", std::get<0>(betas_)},
-          {"beta2", std::get<1>(betas_)},
-          {"eps", eps_},
-          {"weight_decay", weight_decay_},
-          {"amsgrad", amsgrad_ ? 1.0 : 0.0}};
+  return internal::adam_to_values(*this);
 }
 
 void AdamOptions::from_values(const std::map<std::string, double>& v) {
-  lr_ = v.at("lr");
-  betas_ = {v.at("beta1"), v.at("beta2")};
-  eps_ = v.at("eps");
-  weight_decay_ = v.at("weight_decay");
-  amsgrad_ = v.at("amsgrad") != 0;
+  internal::adam_from_values(*this, v);
 }
-
-namespace {
-void check(const AdamOptions& o) {
-  internal::check_adam_options("Adam", o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
-                               o.eps(), o.weight_decay());
-}
-}  // namespace
 
 Adam::Adam(const std::vector<OptimizerParamGroup>& param_groups, const AdamOptions& defaults)
     : Optimizer("Adam", param_groups, defaults.clone()) {
-  check(defaults);
+  internal::check_adam("Adam", defaults);
   for (const OptimizerParamGroup& g : this->param_groups()) {
-    check(internal::options_as<AdamOptions>(g.options(), "Adam"));
+    internal::check_adam("Adam", internal::options_as<AdamOptions>(g.options(), "Adam"));
   }
 }
 
@@ -227,10 +211,8 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& defaults)
 
 void Adam::update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) {
   const auto& o = internal::options_as<AdamOptions>(options, "Adam");
-  check(o);
-  internal::adam_update(param, {o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
-                                o.weight_decay(), o.amsgrad(), /*decoupled_weight_decay=*/false},
-                        state);
+  internal::check_adam("Adam", o);
+  internal::adam_update(param, internal::adam_step(o, /*decoupled_weight_decay=*/false), state);
 }
 
 }  // namespace kiln::optim

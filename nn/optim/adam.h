@@ -68,6 +68,39 @@ void check_adam_options(const char* name, double lr, double beta1, double beta2,
 // One Adam/AdamW update of `param` (grad defined) and its state.
 void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state);
 
+// What AdamOptions and AdamWOptions share (they differ only in the weight-decay default and in
+// how the decay is applied): checkpoint values, checks and the step's hyper-parameters.
+template <typename O>
+std::map<std::string, double> adam_to_values(const O& o) {
+  return {{"lr", o.lr()},
+          {"beta1", std::get<0>(o.betas())},
+          {"beta2", std::get<1>(o.betas())},
+          {"eps", o.eps()},
+          {"weight_decay", o.weight_decay()},
+          {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
+}
+
+template <typename O>
+void adam_from_values(O& o, const std::map<std::string, double>& v) {
+  o.lr(v.at("lr"));
+  o.betas({v.at("beta1"), v.at("beta2")});
+  o.eps(v.at("eps"));
+  o.weight_decay(v.at("weight_decay"));
+  o.amsgrad(v.at("amsgrad") != 0);
+}
+
+template <typename O>
+void check_adam(const char* name, const O& o) {
+  check_adam_options(name, o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
+                     o.weight_decay());
+}
+
+template <typename O>
+AdamStep adam_step(const O& o, bool decoupled_weight_decay) {
+  return {o.lr(),          std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
+          o.weight_decay(), o.amsgrad(),           decoupled_weight_decay};
+}
+
 }  // namespace internal
 
 }  // namespace kiln::optim

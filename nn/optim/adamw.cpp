@@ -12,34 +12,18 @@ std::unique_ptr<OptimizerOptions> AdamWOptions::clone() const {
 }
 
 std::map<std::string, double> AdamWOptions::to_values() const {
-  return {{"lr", lr_},
-          {"beta1", std::get<0>(betas_)},
-          {"beta2", std::get<1>(betas_)},
-          {"eps", eps_},
-          {"weight_decay", weight_decay_},
-          {"amsgrad", amsgrad_ ? 1.0 : 0.0}};
+  return internal::adam_to_values(*this);
 }
 
 void AdamWOptions::from_values(const std::map<std::string, double>& v) {
-  lr_ = v.at("lr");
-  betas_ = {v.at("beta1"), v.at("beta2")};
-  eps_ = v.at("eps");
-  weight_decay_ = v.at("weight_decay");
-  amsgrad_ = v.at("amsgrad") != 0;
+  internal::adam_from_values(*this, v);
 }
-
-namespace {
-void check(const AdamWOptions& o) {
-  internal::check_adam_options("AdamW", o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
-                               o.eps(), o.weight_decay());
-}
-}  // namespace
 
 AdamW::AdamW(const std::vector<OptimizerParamGroup>& param_groups, const AdamWOptions& defaults)
     : Optimizer("AdamW", param_groups, defaults.clone()) {
-  check(defaults);
+  internal::check_adam("AdamW", defaults);
   for (const OptimizerParamGroup& g : this->param_groups()) {
-    check(internal::options_as<AdamWOptions>(g.options(), "AdamW"));
+    internal::check_adam("AdamW", internal::options_as<AdamWOptions>(g.options(), "AdamW"));
   }
 }
 
@@ -48,10 +32,8 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& defaults)
 
 void AdamW::update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) {
   const auto& o = internal::options_as<AdamWOptions>(options, "AdamW");
-  check(o);
-  internal::adam_update(param, {o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
-                                o.weight_decay(), o.amsgrad(), /*decoupled_weight_decay=*/true},
-                        state);
+  internal::check_adam("AdamW", o);
+  internal::adam_update(param, internal::adam_step(o, /*decoupled_weight_decay=*/true), state);
 }
 
 }  // namespace kiln::optim

@@ -184,6 +184,8 @@ TEST(CopyTest, ConvertsDtypesAndLayouts) {
   Tensor t = tensor({{1.7, -2.2}, {3.5, 0.0}});
   EXPECT_EQ(t.to(kInt64).to_vector<int64_t>(), (std::vector<int64_t>{1, -2, 3, 0}));
   EXPECT_EQ(t.to(kBool).to_vector<bool>(), (std::vector<bool>{true, true, true, false}));
+  // Conversion to bool happens in the source's own precision.
+  EXPECT_TRUE(tensor({1e-300}, kDouble).to(kBool).item<bool>());
   EXPECT_EQ(t.to(kHalf).to(kDouble).to_vector<double>()[0], static_cast<double>(Half(1.7f)));
   EXPECT_EQ(t.to(kBFloat16).dtype(), kBFloat16);
   EXPECT_TRUE(t.to(kFloat).is_same(t));  // no copy without need
