@@ -14,17 +14,17 @@ class OpNode final : public Node {
   OpNode(const OpCall& call, const Tensor& original_self)
       : op_(call.op), attrs_(call.attrs) {
     const OpDef& op = *call.op;
+    inputs_.reserve(call.inputs.size());
+    next_edges_.reserve(call.inputs.size());
     for (size_t i = 0; i < call.inputs.size(); ++i) {
       const Tensor& in = call.inputs[i];
       const bool save = i < 32 && (op.saved_inputs >> i) & 1u;
       const Tensor& value = (i == 0 && original_self.defined()) ? original_self : in;
-      inputs_.emplace_back(save ? value : Tensor(), false);
-      input_defined_.push_back(in.defined());
-      input_metas_.push_back(in.defined() ? InputMeta{in.impl()->sizes(), in.dtype(), in.device()}
-                                          : InputMeta{{}, kFloat, Device(kCPU)});
-      const Edge e = internal::gradient_edge(in);
-      needs_grad_.push_back(e.is_valid());
-      next_edges_.push_back(e);
+      inputs_.push_back({SavedVariable(save ? value : Tensor(), false),
+                         in.defined() ? InputMeta{in.impl()->sizes(), in.dtype(), in.device()}
+                                      : InputMeta{{}, kFloat, Device(kCPU)},
+                         in.defined()});
+      next_edges_.push_back(internal::gradient_edge(in));
     }
   }
 
@@ -42,36 +42,33 @@ class OpNode final : public Node {
                name(), " were freed by the first backward. Pass retain_graph=true to the "
                "first backward() or autograd::grad() call to keep them.");
     auto self = shared_from_this();
+    // Tensors the rule does not read arrive as meta tensors carrying shape and dtype.
+    auto meta_tensor = [](const InputMeta& m) {
+      return empty(m.sizes, TensorOptions(m.dtype).device(Device(kMeta)));
+    };
     OpCall fwd;
     fwd.op = op_;
     fwd.attrs = attrs_;
+    absl::InlinedVector<bool, 4> needs_grad;
     for (size_t i = 0; i < inputs_.size(); ++i) {
-      if (inputs_[i].defined()) {
-        fwd.inputs.push_back(inputs_[i].unpack(self, name()));
-      } else if (input_defined_[i]) {
-        const InputMeta& m = input_metas_[i];
-        fwd.inputs.push_back(empty(m.sizes, TensorOptions(m.dtype).device(Device(kMeta))));
-      } else {
-        fwd.inputs.push_back(Tensor());
-      }
+      const Input& in = inputs_[i];
+      fwd.inputs.push_back(in.saved.defined() ? in.saved.unpack(self, name())
+                           : in.defined       ? meta_tensor(in.meta)
+                                              : Tensor());
+      needs_grad.push_back(next_edges_[i].is_valid());
     }
     for (size_t i = 0; i < outputs_.size(); ++i) {
-      if (outputs_[i].defined()) {
-        fwd.outputs.push_back(outputs_[i].unpack(self, name()));
-      } else {
-        const InputMeta& m = output_metas_[i];
-        fwd.outputs.push_back(empty(m.sizes, TensorOptions(m.dtype).device(Device(kMeta))));
-      }
+      fwd.outputs.push_back(outputs_[i].defined() ? outputs_[i].unpack(self, name())
+                                                  : meta_tensor(output_metas_[i]));
     }
-    absl::InlinedVector<bool, 4> needs_b(needs_grad_.begin(), needs_grad_.end());
     BackwardCall call{fwd, TensorList(grads.data(), grads.size()),
-                      absl::Span<const bool>(needs_b.data(), needs_b.size())};
+                      absl::Span<const bool>(needs_grad.data(), needs_grad.size())};
     TensorVec result = op_->backward(call);
     variable_list out(inputs_.size());
     for (size_t i = 0; i < inputs_.size() && i < result.size(); ++i) {
-      if (!needs_grad_[i] || !result[i].defined()) continue;
+      if (!needs_grad[i] || !result[i].defined()) continue;
       Tensor g = std::move(result[i]);
-      const InputMeta& m = input_metas_[i];
+      const InputMeta& m = inputs_[i].meta;
       KILN_CHECK(g.impl()->sizes() == m.sizes, "[", op_->name, "] the backward rule returned a "
                  "gradient of shape ", shape_str(g.sizes()), " for input ", i, " of shape ",
                  shape_str(m.sizes));
@@ -85,20 +82,24 @@ class OpNode final : public Node {
   std::string name() const override { return backward_node_name(op_->name); }
 
   void release_variables() override {
-    for (auto& v : inputs_) v.reset();
-    for (auto& v : outputs_) v.reset();
-    released_ = !inputs_.empty() || !outputs_.empty();
-    released_ = released_ && (op_->saved_inputs != 0 || op_->saved_outputs);
+    // A node that saved nothing can run again; one that did fails clearly after this.
+    for (auto& in : inputs_) released_ |= in.saved.defined();
+    for (auto& out : outputs_) released_ |= out.defined();
+    for (auto& in : inputs_) in.saved.reset();
+    for (auto& out : outputs_) out.reset();
   }
 
  private:
+  struct Input {
+    SavedVariable saved;  // undefined unless the rule reads this input
+    InputMeta meta;
+    bool defined;  // optional inputs (e.g. no bias) are undefined tensors
+  };
+
   const OpDef* op_;
   absl::InlinedVector<Attr, 4> attrs_;
-  std::vector<SavedVariable> inputs_;
+  std::vector<Input> inputs_;
   std::vector<SavedVariable> outputs_;
-  std::vector<bool> input_defined_;
-  std::vector<InputMeta> input_metas_;
-  std::vector<bool> needs_grad_;
   bool released_ = false;
 };
 
