@@ -19,9 +19,6 @@
 
 namespace kiln::cpu {
 
-// Defined in kernels/cpu/copy.cpp.
-void copy_elements(const Tensor& dst, const Tensor& src);
-
 namespace {
 
 using internal::binary_common_dtype;

@@ -135,6 +135,10 @@ void elementwise(const Tensor& out, F&& f, const Tensors&... in) {
   elementwise_typed<Out, std::conditional_t<true, T, Tensors>...>(out, std::forward<F>(f), in...);
 }
 
+// dst[i] = src[i] converted to dst's dtype, src broadcast to dst's shape, any strides on both
+// sides (kernels/cpu/copy.cpp: the kernel of copy_ and to).
+void copy_elements(const Tensor& dst, const Tensor& src);
+
 // `t` converted to dtype (a no-op when it already has it).
 inline Tensor as_dtype(const Tensor& t, ScalarType dtype) {
   return t.dtype() == dtype ? t : t.to(dtype);
