@@ -85,6 +85,11 @@ void select_backward_kernel(OpCall& c) {
 
 KILN_REGISTER_KERNEL(slice_backward, kCPU, slice_backward_kernel);
 KILN_REGISTER_KERNEL(select_backward, kCPU, select_backward_kernel);
+#if defined(KILN_WITH_CUDA)
+// Composite kernels: registered for CUDA too, where the ops they call run CUDA kernels.
+KILN_REGISTER_KERNEL(slice_backward, kCUDA, slice_backward_kernel);
+KILN_REGISTER_KERNEL(select_backward, kCUDA, select_backward_kernel);
+#endif
 KILN_REGISTER_KERNEL(to_copy, kCPU, to_copy_cpu);
 KILN_REGISTER_KERNEL(copy_, kCPU, copy_cpu);
 KILN_REGISTER_KERNEL(fill_, kCPU, fill_cpu);

@@ -15,38 +15,19 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/index_util.cuh"
 #include "kernels/cuda/loops.cuh"
 
 namespace kiln::cuda {
 namespace {
 
+using internal::atomic_accumulate;
+using internal::visit_bytes;
+using internal::visit_index;
 using loops::ErrorFlag;
 using loops::FlagView;
 using loops::Geometry;
 using loops::kMaxDims;
-
-// Calls f(TypeTag<U>) with an unsigned integer type as wide as one element of `dtype`.
-template <typename F>
-void visit_bytes(ScalarType dtype, F&& f) {
-  switch (element_size(dtype)) {
-    case 1:
-      return f(TypeTag<uint8_t>{});
-    case 2:
-      return f(TypeTag<uint16_t>{});
-    case 4:
-      return f(TypeTag<uint32_t>{});
-    case 8:
-      return f(TypeTag<uint64_t>{});
-    default:
-      KILN_FAIL("[index] unsupported element size ", element_size(dtype));
-  }
-}
-
-template <typename F>
-void visit_index(ScalarType dtype, F&& f) {
-  if (dtype == kInt32) return f(TypeTag<int32_t>{});
-  return f(TypeTag<int64_t>{});
-}
 
 // The loop geometry of `sizes` with one stride array per operand, without merging dims (the
 // kernels need the coordinate along a given dim).
@@ -107,38 +88,6 @@ unsigned int grid(int64_t n) { return loops::grid_for(n); }
 #define KILN_GRID_STRIDE(i, n)                                                           \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-// --- Atomic accumulation ----------------------------------------------------------------------
-
-// *p = T(M(*p) + add) atomically, the CPU's add_values with alpha folded into `add` (for bool:
-// *p = *p || add).
-template <typename T>
-__device__ __forceinline__ void atomic_accumulate(T* p, opmath_t<T> add) {
-  if constexpr (std::is_same_v<T, bool>) {
-    if (add) *p = true;  // every writer stores the same value
-  } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    atomicAdd(p, add);
-  } else if constexpr (std::is_same_v<T, int32_t>) {
-    atomicAdd(reinterpret_cast<int*>(p), static_cast<int>(add));
-  } else if constexpr (std::is_same_v<T, int64_t>) {
-    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(add));
-  } else {
-    // Half, BFloat16: a compare-and-swap loop on the aligned 32-bit word holding the element,
-    // rounding M(old) + add once, as the CPU does.
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
-    unsigned int* word = reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3});
-    const unsigned int shift = (addr & 2) ? 16u : 0u;
-    unsigned int old = *word, assumed;
-    do {
-      assumed = old;
-      const T cur = T::from_bits(static_cast<uint16_t>((assumed >> shift) & 0xffffu));
-      const T next = T(static_cast<float>(cur) + add);
-      const unsigned int updated =
-          (assumed & ~(0xffffu << shift)) | (static_cast<unsigned int>(next.x) << shift);
-      old = atomicCAS(word, assumed, updated);
-    } while (old != assumed);
-  }
-}
 
 // --- index_select, embedding, gather ----------------------------------------------------------
 
