@@ -365,7 +365,7 @@ Tensor tricky_values(IntArrayRef sizes, ScalarType dt, uint64_t seed) {
   Tensor x = random_cpu(sizes, dt, seed, -3, 3);
   if (!is_floating_point(dt)) return x;
   x = x.round();  // ties
-  const Tensor flat = x.reshape({-1});
+  Tensor flat = x.reshape({-1});
   const int64_t n = flat.numel();
   const double specials[] = {-0.0,
                              0.0,
