@@ -310,9 +310,10 @@ int64_t scan_flags(Tensor& flags, int64_t n, Device device, const Launch& flag_k
   KILN_CUDA_CHECK(cudaMemsetAsync(f + n, 0, sizeof(int64_t), stream));
   flag_kernel(f);
   size_t bytes = 0;
-  KILN_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, bytes, f, f, n + 1, stream));
+  // In place: the overload that reads and writes one array.
+  KILN_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, bytes, f, n + 1, stream));
   Tensor temp = internal::device_bytes(static_cast<int64_t>(bytes), device);
-  KILN_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.data_ptr(), bytes, f, f, n + 1, stream));
+  KILN_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.data_ptr(), bytes, f, n + 1, stream));
   int64_t count = 0;
   KILN_CUDA_CHECK(cudaMemcpyAsync(&count, f + n, sizeof(count), cudaMemcpyDeviceToHost, stream));
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
