@@ -117,20 +117,23 @@ HfConfigJson parse_config_json(const std::string& text) {
   while (auto key = r.next_key()) {
     const std::string& k = *key;
     auto opt_int = [&](std::optional<int64_t>& out) {
-      if (!take_null(r)) out = r.read_int64(k);
+      out = take_null(r) ? std::nullopt : std::optional<int64_t>(r.read_int64(k));
     };
     auto opt_double = [&](std::optional<double>& out) {
-      if (!take_null(r)) out = r.read_double(k);
+      out = take_null(r) ? std::nullopt : std::optional<double>(r.read_double(k));
     };
     auto opt_bool = [&](std::optional<bool>& out) {
-      if (!take_null(r)) out = r.read_bool(k);
+      out = take_null(r) ? std::nullopt : std::optional<bool>(r.read_bool(k));
     };
     auto opt_string = [&](std::optional<std::string>& out) {
+      out.reset();
       if (take_null(r)) return;
       if (r.peek_kind() != '"') r.fail(k + " is not a string");
       out = r.read_string();
     };
+    // A repeated key overrides the earlier one, as in Python's json.
     if (k == "architectures") {
+      c.architecture.reset();
       if (take_null(r)) continue;
       r.begin_array();
       while (r.next_element()) {
@@ -163,9 +166,11 @@ HfConfigJson parse_config_json(const std::string& text) {
     } else if (k == "query_pre_attn_scalar") {
       opt_double(c.query_pre_attn_scalar);
     } else if (k == "rope_scaling" || k == "rope_parameters") {
+      std::optional<RopeSpec>& spec = k == "rope_scaling" ? c.rope_scaling : c.rope_parameters;
+      spec.reset();
       if (take_null(r)) continue;
       if (r.peek_kind() != '{') r.fail(k + " is not an object");
-      (k == "rope_scaling" ? c.rope_scaling : c.rope_parameters) = parse_rope(r, k);
+      spec = parse_rope(r, k);
     } else if (k == "tie_word_embeddings") {
       opt_bool(c.tie_word_embeddings);
     } else if (k == "attention_bias") {
@@ -176,6 +181,7 @@ HfConfigJson parse_config_json(const std::string& text) {
       c.sliding_window_present = true;
       opt_int(c.sliding_window);
     } else if (k == "layer_types") {
+      c.layer_types.reset();
       if (take_null(r)) continue;
       std::vector<std::string> types;
       r.begin_array();
