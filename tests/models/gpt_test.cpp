@@ -33,6 +33,8 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return (a.to(kFloat64) - b.to(kFloat64)).abs().max().item<double>();
 }
 
+using Vec = std::vector<double>;
+
 double max_abs(const Tensor& a) { return a.to(kFloat64).abs().max().item<double>(); }
 
 class GPTTiny : public ::testing::TestWithParam<std::string> {
@@ -244,9 +246,48 @@ TEST(GPT, InitialisationAndReproducibility) {
   }
 }
 
-// --- One block against an f64 loop reference --------------------------------------------------
+TEST(GPT, DefaultConfigForward) {
+  manual_seed(12);
+  const ModelConfig c = ModelConfig::from_name(kDefaultConfig);
+  GPT model(c);
+  NoGradGuard no_grad;
+  const Tensor logits = model(kiln::randint(256, {1, 8}, kInt64));
+  EXPECT_EQ(logits.sizes(), Shape({1, 8, c.padded_vocab()}));
+  EXPECT_EQ(model->num_parameters(), c.num_parameters());
+}
 
-using Vec = std::vector<double>;
+TEST(GPT, HandBuiltLayerNormConfig) {
+  // padded_vocab_size and head_size left at 0, LayerNorm instead of RMSNorm.
+  ModelConfig c;
+  c.name = "hand-layernorm";
+  c.vocab_size = 50;
+  c.n_layer = 1;
+  c.n_embd = 24;
+  c.n_head = 3;
+  c.n_query_groups = 3;
+  c.intermediate_size = 40;
+  c.block_size = 16;
+  c.norm_kind = NormKind::kLayerNorm;
+  manual_seed(13);
+  GPT model(c, TensorOptions().dtype(kFloat64));
+  EXPECT_EQ(model(kiln::randint(50, {2, 5}, kInt64)).sizes(), Shape({2, 5, 50}));
+  NoGradGuard no_grad;
+  model->ln_f->weight.copy_(kiln::randn({24}, kFloat64));
+  const Tensor x = kiln::randn({3, 24}, kFloat64) * 2 + 1;
+  const Vec got = model->ln_f(x).to_vector<double>();
+  const Vec xv = x.to_vector<double>(), w = model->ln_f->weight.to_vector<double>();
+  for (int64_t r = 0; r < 3; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < 24; ++i) mean += xv[r * 24 + i] / 24;
+    for (int64_t i = 0; i < 24; ++i) var += (xv[r * 24 + i] - mean) * (xv[r * 24 + i] - mean) / 24;
+    for (int64_t i = 0; i < 24; ++i) {
+      const double want = (xv[r * 24 + i] - mean) / std::sqrt(var + c.norm_eps) * w[i];
+      EXPECT_NEAR(got[r * 24 + i], want, 1e-10);
+    }
+  }
+}
+
+// --- One block against an f64 loop reference --------------------------------------------------
 
 Vec ref_norm(const Vec& x, int64_t rows, int64_t d, const Vec& w, const ModelConfig& c) {
   Vec y(x.size());
