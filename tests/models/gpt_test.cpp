@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
+#include "kernels/cuda/runtime.h"
 #include "nn/optim/adamw.h"
 #include "nn/serialize.h"
 #include "tensor/ops.h"
@@ -486,6 +487,9 @@ TEST(GPT, Errors) {
   EXPECT_KILN_ERROR(model(kiln::zeros({1, 2, 4}, kInt64)), "[GPT] expected idx of shape");
   EXPECT_KILN_ERROR(model(kiln::zeros({1, 129}, kInt64)), "more than block_size 128");
   EXPECT_KILN_ERROR(model(Tensor()), "[GPT] idx is undefined");
+  // Another device (meta tensors carry no data, so no GPU is needed to see the check).
+  EXPECT_KILN_ERROR(model(kiln::empty({1, 4}, TensorOptions(kInt64).device(kMeta))),
+                    "[GPT] idx is on meta but the model is on cpu");
   EXPECT_KILN_ERROR(model->loss(kiln::zeros({1, 4}, kInt64), kiln::zeros({1, 5}, kInt64)),
                     "[GPT] targets of shape [1, 5] do not match idx of shape [1, 4]");
   EXPECT_KILN_ERROR(model->loss(kiln::zeros({1, 4}, kInt64), kiln::zeros({1, 4}, kInt32)),
@@ -509,6 +513,80 @@ TEST(GPT, Errors) {
   EXPECT_KILN_ERROR(GPT(ModelConfig::from_name("tiny-llama"), TensorOptions().dtype(kInt64)),
                     "[GPT] the model's dtype must be floating");
 }
+
+// --- CUDA against the CPU ----------------------------------------------------------------------
+
+// The same weights (loaded from the CPU model's state_dict) on the GPU: logits, loss, gradients
+// and the KV cache must match the CPU model's; bf16 on the GPU stays within bf16 tolerance.
+class GpuGPT : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  }
+};
+
+TEST_P(GpuGPT, MatchesTheCpuModel) {
+  const ModelConfig c = ModelConfig::from_name(GetParam());
+  manual_seed(41);
+  GPT cpu(c);
+  GPT gpu(c, TensorOptions().device(Device(kCUDA)));
+  gpu->load_state_dict(cpu->state_dict());
+  EXPECT_TRUE(gpu->wte->weight.is_cuda());
+  const Tensor idx = random_tokens(c, 2, 20), targets = random_tokens(c, 2, 20);
+
+  const Tensor want = cpu(idx).detach();
+  const double scale = std::max(1.0, max_abs(want));
+  const Tensor got = gpu(idx.cuda());
+  ASSERT_TRUE(got.is_cuda());
+  EXPECT_LE(max_abs_diff(got.cpu(), want), 1e-4 * scale);
+
+  const Tensor lc = cpu->loss(idx, targets), lg = gpu->loss(idx.cuda(), targets.cuda());
+  EXPECT_NEAR(lg.cpu().item<double>(), lc.item<double>(), 1e-4);
+  lc.backward();
+  lg.backward();
+  const auto gp = gpu->named_parameters();
+  for (const auto& p : cpu->named_parameters()) {
+    const Tensor gc = p.value().grad(), gg = gp[p.key()].grad();
+    ASSERT_TRUE(gg.defined()) << p.key();
+    EXPECT_LE(max_abs_diff(gg.cpu(), gc), 1e-3 * std::max(1e-6, max_abs(gc))) << p.key();
+  }
+
+  NoGradGuard no_grad;
+  const Tensor full = gpu(idx.cuda());
+  KVCache cache = gpu->make_kv_cache(2, 24);
+  EXPECT_TRUE(cache.k[0].is_cuda());
+  std::vector<Tensor> parts = {gpu->forward(idx.cuda().narrow(1, 0, 5), cache)};
+  for (int64_t t = 5; t < 20; ++t) parts.push_back(gpu->forward(idx.cuda().narrow(1, t, 1), cache));
+  EXPECT_LE(max_abs_diff(kiln::cat(parts, 1).cpu(), full.cpu()), 1e-4 * scale);
+}
+
+TEST_P(GpuGPT, BFloat16MatchesTheCpuModel) {
+  const ModelConfig c = ModelConfig::from_name(GetParam());
+  manual_seed(42);
+  GPT cpu(c);
+  GPT gpu(c, TensorOptions().device(Device(kCUDA)).dtype(kBFloat16));
+  gpu->load_state_dict(cpu->state_dict());
+  const Tensor idx = random_tokens(c, 2, 16);
+  const Tensor want = cpu(idx).detach();
+  const Tensor got = gpu(idx.cuda());
+  EXPECT_EQ(got.dtype(), kBFloat16);
+  EXPECT_LE(max_abs_diff(got.cpu(), want), 0.05 * std::max(1.0, max_abs(want)));
+  const Tensor loss = gpu->loss(idx.cuda(), random_tokens(c, 2, 16).cuda());
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.cpu().item<double>()));
+  for (const auto& p : gpu->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(std::isfinite(max_abs(p.value().grad()))) << p.key();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, GpuGPT, ::testing::ValuesIn(kTinyConfigs), [](const auto& info) {
+  std::string s = info.param;
+  for (char& ch : s) {
+    if (ch == '-') ch = '_';
+  }
+  return s;
+});
 
 }  // namespace
 }  // namespace kiln::models
