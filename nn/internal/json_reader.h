@@ -1,4 +1,5 @@
-// A strict pull parser for JSON (RFC 8259), just enough for the safetensors header.
+// A strict pull parser for JSON (RFC 8259), just enough for the safetensors header and the
+// Hugging Face config.json / index.json files.
 //
 // The caller drives it with the shape it expects (begin_object, next_key, read_string, ...), so
 // nothing is built that the schema does not need: a hostile header cannot make it allocate
