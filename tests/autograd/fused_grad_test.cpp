@@ -12,13 +12,14 @@ using gradtest::variable_list;
 TEST(FusedGradTest, RmsNorm) {
   Tensor x = leaf({3, 5}, 1.0, 0.2);
   Tensor w = leaf({5}, 0.5, 1.0);
-  EXPECT_TRUE(check_grad(
-      {"rms_norm"}, [](const variable_list& in) { return rms_norm(in[0], in[1], 1e-6); }, {x, w}));
+  EXPECT_TRUE(check_grad({"rms_norm"},
+                         [](const variable_list& in) { return rms_norm(in[0], in[1], 1e-6); },
+                         {x, w}));
   // Through a non-contiguous input.
   Tensor xt = leaf({5, 3}, 1.0, -0.3);
-  EXPECT_TRUE(check_grad({"rms_norm"},
-                         [](const variable_list& in) { return rms_norm(in[0].t(), in[1], 1e-5); },
-                         {xt, w}));
+  EXPECT_TRUE(check_grad(
+      {"rms_norm"},
+      [](const variable_list& in) { return rms_norm(in[0].t(), in[1], 1e-5); }, {xt, w}));
 }
 
 TEST(FusedGradTest, CrossEntropyFused) {
