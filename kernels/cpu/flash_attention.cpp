@@ -40,8 +40,8 @@ Geometry geometry(const OpCall& c, const Tensor& q, const Tensor& k) {
   g.s = k.size(2);
   g.rep = g.h / g.hkv;
   g.scale = c.attr<double>(0);
-  g.causal = c.attr<bool>(1);
   g.window = c.attr<int64_t>(2);
+  g.causal = c.attr<bool>(1) || g.window > 0;  // a window is causal (as the composite)
   g.softcap = c.attr<double>(3);
   return g;
 }

@@ -620,8 +620,8 @@ Params make_params(const OpCall& c, const Tensor& q, const Tensor& k, const Tens
   p.t = static_cast<int>(q.size(2));
   p.s = static_cast<int>(k.size(2));
   p.scale = static_cast<float>(c.attr<double>(0));
-  p.causal = c.attr<bool>(1);
   const int64_t window = c.attr<int64_t>(2);
+  p.causal = c.attr<bool>(1) || window > 0;  // a window is causal (as the composite)
   p.window = static_cast<int>(std::min<int64_t>(window, int64_t{1} << 30));
   p.softcap = static_cast<float>(c.attr<double>(3));
   return p;

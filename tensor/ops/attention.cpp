@@ -9,9 +9,9 @@
 //   h / (H / H_kv), as repeat_interleave in F::scaled_dot_product_attention with enable_gqa).
 //   s_ij = scale * q_i . k_j, capped to softcap * tanh(s_ij / softcap) when softcap > 0; key j is
 //   visible to query i when (!causal || j <= i) and (sliding_window == 0 || j > i - window)
-//   (top-left aligned, as the composite). out_i = softmax_j(s_i) @ v, lse_i = logsumexp_j(s_ij),
-//   in the compute dtype (f32; f64 for f64 inputs). A row that sees no key gets out 0 and
-//   lse -inf.
+//   (top-left aligned); as in the composite, a sliding window implies causal. out_i =
+//   softmax_j(s_i) @ v, lse_i = logsumexp_j(s_ij), in the compute dtype (f32; f64 for f64 inputs).
+//   A row that sees no key gets out 0 and lse -inf.
 // flash_attention_backward(dout, q, k, v, out, lse, dlse; the same attributes) -> (dq, dk, dv):
 //   dlse is the gradient of lse (zeros when lse is unused); dk and dv sum over the query heads
 //   of each kv group.

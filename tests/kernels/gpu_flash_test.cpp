@@ -141,7 +141,7 @@ TEST_F(GpuFlashAttention, GqaMqaAndF16) {
 TEST_F(GpuFlashAttention, WindowsSoftcapAndTNotS) {
   manual_seed(43);
   check_case({1, 4, 2, 257, 257, 64, true, 37});        // window crossing block edges
-  check_case({1, 2, 2, 200, 200, 64, false, 64});       // window without causal
+  check_case({1, 2, 2, 200, 200, 64, false, 64});       // a window alone (implies causal)
   check_case({1, 4, 4, 150, 150, 64, true, 0, 5.0});    // softcap
   check_case({1, 4, 2, 100, 100, 128, true, 20, 3.0});  // window + softcap, D 128
   check_case({1, 2, 2, 100, 257, 64, true});            // S > T (top-left causal)

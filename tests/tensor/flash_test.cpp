@@ -49,7 +49,7 @@ Tensor ref_lse(const Tensor& q, const Tensor& k, const Case& c, double scale) {
   const TensorOptions o(kInt64);
   const Tensor i = arange(c.t, o).view({c.t, 1}), j = arange(c.s, o).view({1, c.s});
   Tensor allowed = ones({c.t, c.s}, TensorOptions(kBool));
-  if (c.causal) allowed = allowed & (j <= i);
+  if (c.causal || c.window > 0) allowed = allowed & (j <= i);  // a window is causal
   if (c.window > 0) allowed = allowed & (j > i - c.window);
   s = where(allowed, s, Scalar(-std::numeric_limits<double>::infinity()));
   return s.logsumexp({-1});
@@ -107,7 +107,7 @@ TEST(FlashAttentionCpu, MatchesCompositeF64) {
   check_case({1, 4, 1, 9, 13, 8, true});            // MQA, S > T (top-left causal)
   check_case({1, 4, 2, 13, 9, 8, true});            // GQA 2:1, T > S
   check_case({2, 8, 2, 19, 19, 8, true, 5});        // GQA 4:1 with a window
-  check_case({1, 2, 2, 11, 11, 8, false, 4});       // a window without causal
+  check_case({1, 2, 2, 11, 11, 8, false, 4});       // a window alone (implies causal)
   check_case({1, 2, 1, 12, 12, 16, true, 0, 2.0});  // softcap
   check_case({1, 3, 3, 1, 1, 8, true});             // T = S = 1
   check_case({1, 2, 1, 7, 3, 8, false, 0, 5.0});    // softcap, no mask
