@@ -75,8 +75,8 @@ std::string describe(const Case& c) {
   return "B" + std::to_string(c.b) + " H" + std::to_string(c.h) + "/" + std::to_string(c.hkv) +
          " T" + std::to_string(c.t) + " S" + std::to_string(c.s) + " D" + std::to_string(c.d) +
          (c.causal ? " causal" : "") + " window " + std::to_string(c.window) + " softcap " +
-         std::to_string(c.softcap) + " " + dtype_name(c.dtype) + (c.strided ? " strided" : "") +
-         (c.dlse ? " dlse" : "");
+         std::to_string(c.softcap) + " " + std::string(dtype_name(c.dtype)) +
+         (c.strided ? " strided" : "") + (c.dlse ? " dlse" : "");
 }
 
 // q, k, v on the GPU (in c.dtype; views of one projection when c.strided).
