@@ -3,6 +3,8 @@
 // differentiable ops, scores and softmax in f32 for f16/bf16 inputs; the full
 // [.., T, S] score matrix is materialised.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numbers>
 
@@ -24,6 +26,26 @@ Tensor repeat_kv(const Tensor &t, int64_t rep) {
   Shape merged(t.sizes().begin(), t.sizes().end());
   merged[merged.size() - 3] *= rep;
   return t.unsqueeze(-3).expand(expanded).reshape(merged);
+}
+
+// Whether the fused flash_attention op (tensor/ops/attention.cpp) computes this call: on CUDA,
+// bf16/f16, [B, H, T, D] with D in {64, 128}, no explicit mask, no dropout, H a multiple of
+// H_kv. KILN_SDPA=math forces the composite below (debugging, comparisons).
+bool use_flash(const Tensor &q, const Tensor &k, const Tensor &v,
+               const Tensor &attn_mask, double dropout_p, bool enable_gqa) {
+  if (!q.is_cuda() || attn_mask.defined() || dropout_p != 0.0 || q.dim() != 4)
+    return false;
+  if (q.dtype() != kBFloat16 && q.dtype() != kHalf)
+    return false;
+  const int64_t d = q.size(-1);
+  if ((d != 64 && d != 128) || v.sizes() != k.sizes() ||
+      k.size(0) != q.size(0) || k.size(1) == 0 || q.size(1) % k.size(1) != 0)
+    return false;
+  // Without enable_gqa the composite only broadcasts a single kv head.
+  if (!enable_gqa && k.size(1) != q.size(1) && k.size(1) != 1)
+    return false;
+  const char *env = std::getenv("KILN_SDPA");
+  return env == nullptr || std::strcmp(env, "math") != 0;
 }
 
 } // namespace
@@ -72,6 +94,12 @@ Tensor scaled_dot_product_attention(const Tensor &query, const Tensor &key,
                dtype_name(attn_mask.dtype()));
   }
 
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
+  if (use_flash(query, key, value, attn_mask, dropout_p, enable_gqa)) {
+    return std::get<0>(kiln::flash_attention(query, key, value, sc, is_causal,
+                                             sliding_window, softcap));
+  }
+
   Tensor k = key, v = value;
   if (query.dim() >= 3) {
     const int64_t hq = query.size(-3), hkv = key.size(-3);
@@ -94,7 +122,6 @@ Tensor scaled_dot_product_attention(const Tensor &query, const Tensor &key,
   const ScalarType dtype = query.dtype();
   const ScalarType ct =
       (dtype == kFloat16 || dtype == kBFloat16) ? kFloat32 : dtype;
-  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
   Tensor scores = query.to(ct).matmul(k.to(ct).transpose(-2, -1)) * sc;
   if (softcap > 0.0)
     scores = (scores / softcap).tanh() * softcap;

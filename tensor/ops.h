@@ -185,4 +185,14 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets,
                            int64_t ignore_index = -100);
 
+// Fused attention (tensor/ops/attention.cpp): q [B, H, T, D], k and v [B, H_kv, S, D] (H a
+// multiple of H_kv), softmax(scale * q k^T) v with causal (top-left aligned) and sliding-window
+// masks and tanh softcapping as F::scaled_dot_product_attention, never materialising the T x S
+// scores on CUDA. Returns (out [B, H, T, D], logsumexp [B, H, T] in f32, f64 for f64 inputs).
+// CUDA: bf16/f16, D in {64, 128}, last dim contiguous (other strides free). CPU: any floating
+// dtype (the f64 reference). Backward: one fused op, "flash_attention_backward".
+std::tuple<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           double scale, bool causal = false,
+                                           int64_t sliding_window = 0, double softcap = 0.0);
+
 }  // namespace kiln

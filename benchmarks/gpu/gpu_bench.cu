@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -138,6 +139,36 @@ void bench_gemm(const Gemm& g, bool with_backward) {
   report(base + " wgrad", time_ms([&](int) { (void)kiln::mm(dy.t(), x); }), flops, 0);
 }
 
+// --- flash attention (kernels/cuda/flash_attention.cu) ---------------------------------------
+// Causal SDPA forward and backward at the Llama training shapes; FLOPs counted as FlashAttention
+// does: forward 4 B H T^2 D, backward 10 B H T^2 D (the five GEMMs), halved for causal.
+void bench_flash_attention() {
+  struct Shape {
+    const char* name;
+    int64_t b, h, hkv, t, d;
+  };
+  static const kiln::OpDef& fwd = KILN_OP(flash_attention);
+  static const kiln::OpDef& bwd = KILN_OP(flash_attention_backward);
+  for (const Shape& s : {Shape{"160m", 16, 12, 12, 1024, 64}, Shape{"1b", 4, 32, 8, 2048, 64}}) {
+    const Tensor q = random({s.b, s.h, s.t, s.d}, kiln::kBFloat16);
+    const Tensor k = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
+    const Tensor v = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
+    const Tensor dout = random({s.b, s.h, s.t, s.d}, kiln::kBFloat16);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+    const absl::InlinedVector<kiln::Attr, 4> attrs = {scale, true, int64_t{0}, 0.0};
+    const kiln::TensorVec out = kiln::call_op(fwd, {q, k, v}, attrs);
+    const Tensor dlse = kiln::zeros(out[1].sizes(), kiln::TensorOptions(kiln::kFloat).device(q.device()));
+    const double flops = 4.0 * s.b * s.h * s.t * s.t * s.d / 2;
+    const std::string base = std::string("sdpa causal ") + s.name;
+    report(base + " fwd", time_ms([&](int) { (void)kiln::call_op(fwd, {q, k, v}, attrs); }), flops,
+           0);
+    report(base + " bwd", time_ms([&](int) {
+             (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
+           }),
+           2.5 * flops, 0);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -207,6 +238,8 @@ int main(int argc, char** argv) {
            }),
            0, 2 * bytes);
   }
+
+  bench_flash_attention();
 
   if (argc > 1 && std::string(argv[1]) != "--no-gemm") {
     FILE* f = std::fopen(argv[1], "w");

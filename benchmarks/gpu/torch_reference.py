@@ -73,6 +73,40 @@ def bench_gemm(name, m, n, k, backward=True):
     report(base + " wgrad", time_ms(lambda i: torch.mm(dy.t(), x)), flops)
 
 
+def bench_flash_attention():
+    """Causal SDPA through torch's flash backend at the Llama training shapes (kiln:
+    bench_flash_attention in gpu_bench.cu; same FLOP counts: fwd 4 B H T^2 D / 2, bwd 2.5x)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for name, b, h, hkv, t, d in [("160m", 16, 12, 12, 1024, 64), ("1b", 4, 32, 8, 2048, 64)]:
+        q = rand(b, h, t, d).requires_grad_(True)
+        k = rand(b, hkv, t, d).requires_grad_(True)
+        v = rand(b, hkv, t, d).requires_grad_(True)
+        dout = rand(b, h, t, d)
+        flops = 4.0 * b * h * t * t * d / 2
+        gqa = h != hkv
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            if gqa:
+                try:
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                except RuntimeError:  # no GQA in this flash build: repeated kv heads instead
+                    print(f"  (sdpa {name}: flash without enable_gqa, kv heads repeated)")
+                    k = k.detach().repeat_interleave(h // hkv, 1).requires_grad_(True)
+                    v = v.detach().repeat_interleave(h // hkv, 1).requires_grad_(True)
+                    gqa = False
+            with torch.no_grad():
+                report(f"sdpa causal {name} fwd", time_ms(lambda i: F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, enable_gqa=gqa)), flops)
+            outs = {}
+
+            def setup(i):
+                outs[i] = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+            def bwd(i):
+                torch.autograd.grad(outs.pop(i), (q, k, v), dout)
+
+            report(f"sdpa causal {name} bwd", time_ms(bwd, setup=setup), 2.5 * flops)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", help="kiln_gpu_bench's JSON, for the side-by-side table")
@@ -138,6 +172,8 @@ def main():
 
         report(f"cross_entropy 8192x128256 bf16{label} bwd", time_ms(ce_bwd, setup=ce_setup),
                nbytes=2 * cb)
+
+    bench_flash_attention()
 
     if args.out:
         with open(args.out, "w") as f:

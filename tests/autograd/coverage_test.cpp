@@ -46,6 +46,7 @@ const std::set<std::string> kNonDifferentiable = {
     // backward through them fails with a clear error.
     "rms_norm_backward",
     "cross_entropy_fused_backward",
+    "flash_attention_backward",
 };
 
 // Differentiable ops and the test that gradchecks each (a name check_grad asserts is in the
@@ -138,6 +139,7 @@ const std::set<std::string> kGradchecked = {
     "sort",
     "topk",
     "rms_norm",
+    "flash_attention",
     "cross_entropy_fused",
     // view_grad_test.cpp
     "view",

@@ -31,5 +31,35 @@ TEST(FusedGradTest, CrossEntropyFused) {
       {logits}));
 }
 
+// flash_attention (tensor/ops/attention.cpp): both outputs (out, and lse through a broadcast
+// add), with GQA, causal with T != S, a window and softcap, and a strided q.
+TEST(FusedGradTest, FlashAttention) {
+  Tensor q = leaf({1, 4, 5, 3}, 0.8);
+  Tensor k = leaf({1, 2, 4, 3}, 0.8);
+  Tensor v = leaf({1, 2, 4, 3});
+  EXPECT_TRUE(check_grad({"flash_attention"},
+                         [](const variable_list& in) {
+                           auto [o, lse] =
+                               flash_attention(in[0], in[1], in[2], 0.7, /*causal=*/true);
+                           return o + lse.unsqueeze(-1);
+                         },
+                         {q, k, v}));
+  EXPECT_TRUE(check_grad({"flash_attention"},
+                         [](const variable_list& in) {
+                           auto [o, lse] =
+                               flash_attention(in[0], in[1], in[2], 0.6, true, /*sliding_window=*/2,
+                                               /*softcap=*/1.5);
+                           return o * 2.0 + lse.unsqueeze(-1);
+                         },
+                         {q, k, v}));
+  Tensor qt = leaf({1, 5, 4, 3}, 0.8);  // transposed to [1, 4, 5, 3]
+  EXPECT_TRUE(check_grad({"flash_attention"},
+                         [](const variable_list& in) {
+                           return std::get<0>(
+                               flash_attention(in[0].transpose(1, 2), in[1], in[2], 0.5));
+                         },
+                         {qt, k, v}));
+}
+
 }  // namespace
 }  // namespace kiln

@@ -1,0 +1,720 @@
+// CUDA kernels of flash_attention and flash_attention_backward (tensor/ops/attention.cpp;
+// reference: kernels/cpu/flash_attention.cpp). bf16/f16 operands on the tensor cores, f32
+// accumulation and softmax; D in {64, 128}; the T x S scores never leave registers and shared
+// memory.
+//
+// Tensor-core instruction: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} (sm_80+). With
+// lane = 4 * g + t (g = lane / 4 in 0..7, t = lane % 4), each register holding two 16-bit
+// elements, the lower-indexed one in the low half, the fragments are (PTX ISA, "Matrix
+// fragments for mma.m16n8k16"):
+//   A 16x16 (row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 =
+//   A[g+8][2t+8..] B 16x8  ("col"):     b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g] C 16x8  (f32):
+//   c0, c1 = C[g][2t], C[g][2t+1];  c2, c3 = C[g+8][2t], C[g+8][2t+1]
+// Consequences used below:
+//   - B = K^T for S = Q K^T is K stored [key][d] with b0 = K[n0 + g][k0 + 2t..]: one 32-bit
+//     shared load per register; A = Q likewise.
+//   - The C fragments of two adjacent n8 tiles (columns 16 kk .. 16 kk + 15) are, packed to
+//     16 bits, exactly the A fragment of those 16 columns: a0 = (c0, c1) of tile 2kk, a1 = (c2, c3)
+//     of tile 2kk, a2 = (c0, c1) of tile 2kk+1, a3 = (c2, c3) of tile 2kk+1. So P (or dS) goes from
+//     the score accumulators to the next MMA's A operand without shared memory.
+//   - B operands whose k index runs along the rows of a row-major tile (V for P V, dO and Q in
+//     the backward) come from ldmatrix.x4.trans: lane l addresses row (l & 15), column block
+//     (l >> 4) * 8 of a 16x16 sub-tile; matrix i (rows 8 (i & 1) .., columns 8 (i >> 1) ..)
+//     arrives transposed, so thread (g, t) gets rows 2t, 2t+1 of column g: registers 0, 1 are
+//     b0, b1 of the first n8 tile, registers 2, 3 of the second.
+// Shared-memory rows are padded by 8 elements (16 bytes): with a row stride of D + 8 elements
+// the 8 rows x 4 words of a fragment load, and the 8 rows of an ldmatrix, hit distinct banks.
+//
+// Forward: one CTA of 4 warps per (batch * head, 64-row query block), each warp 16 query rows;
+// key blocks of 64, K and V double-buffered through cp.async (the next block loads while this
+// one computes); online softmax in the exp2 domain in registers; key blocks entirely outside
+// the causal/window band are skipped, and masking is applied only to blocks that straddle it.
+// Query blocks are issued heaviest (latest, for causal) first.
+// Backward (FA2): Delta = rowsum(dO * O) - dlse in a small kernel; then one CTA per (batch,
+// kv head, 64-key block), looping over the query heads of the group and their 64-row query
+// blocks: each warp owns 16 keys and recomputes S^T = K Q^T and P^T = exp(S^T - lse), dP^T =
+// V dO^T, dS^T = P^T (dP^T - Delta); dV += P^T dO and dK += dS^T Q stay in registers (summed
+// over the group: no atomics for dk/dv); dS goes through shared memory for dQ = dS K, which
+// each warp (16 query rows) adds into an f32 buffer with atomics, converted to the dtype at
+// the end.
+//
+// FLOPs (causal halves both): forward 4 B H T S D (two GEMMs), backward 10 B H T S D (five:
+// S recomputed, dP, dV, dK, dQ). On the H100 (GPU.md) torch's flash reaches 175-207 TFLOP/s
+// forward and 242-284 backward at the Llama shapes. These kernels use mma.sync (not Hopper's
+// wgmma) with 64 x 64 tiles and 4 warps: expected about 50-70% of those figures (forward
+// ~100-140, backward ~100-150 TFLOP/s), still far ahead of the composite, which writes and
+// reads the f32 T x S scores several times.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cuda/check.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockM = 16 * kWarps;  // query rows per CTA (forward) / per step (backward)
+constexpr int kBlockN = 64;           // keys per step (forward) / per CTA (backward)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// --- Device helpers ---------------------------------------------------------------------------
+
+template <typename E>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  }
+  return r;
+}
+
+template <typename E>
+__device__ __forceinline__ float to_f32(E x) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else {
+    return __half2float(x);
+  }
+}
+
+template <typename E>
+__device__ __forceinline__ E from_f32(float x) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+
+// c += a b for one m16n8k16 tile (fragment layouts in the header comment).
+template <typename E>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename E>
+__device__ __forceinline__ uint32_t ld32(const E* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// A 16x16 A fragment from a row-major shared tile (rows r0.., columns c0..; stride ld).
+template <typename E>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const E* s, int ld, int r0, int c0) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  a[0] = ld32(s + (r0 + g) * ld + c0 + 2 * t);
+  a[1] = ld32(s + (r0 + g + 8) * ld + c0 + 2 * t);
+  a[2] = ld32(s + (r0 + g) * ld + c0 + 8 + 2 * t);
+  a[3] = ld32(s + (r0 + g + 8) * ld + c0 + 8 + 2 * t);
+}
+
+// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Rows [row0, row0 + ROWS) of a [*, D] matrix with row stride ld (elements) into a shared tile
+// of stride D + 8; rows at or past `rows` are zero-filled.
+template <typename E, int D, int ROWS>
+__device__ __forceinline__ void load_tile(E* s, const E* g, int64_t ld, int row0, int rows) {
+  constexpr int kChunks = D / 8;
+  for (int c = threadIdx.x; c < ROWS * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool ok = row0 + r < rows;
+    cp_async16(s + r * (D + 8) + col, ok ? g + static_cast<int64_t>(row0 + r) * ld + col : g, ok);
+  }
+}
+
+struct Strides {
+  int64_t b, h, t;  // elements; the last dim is contiguous
+};
+
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* dout;    // backward
+  void* out;           // forward: out [B, H, T, D] contiguous
+  float* lse;          // [B, H, T]
+  const float* delta;  // backward: rowsum(dO * O) - dlse
+  float* dq_acc;       // backward: f32 [B, H, T, D]
+  void* dk;            // backward: [B, H_kv, S, D] contiguous
+  void* dv;
+  Strides sq, sk, sv, sdo;
+  int h, hkv, t, s;
+  float scale, softcap;
+  bool causal;
+  int window;
+};
+
+// The score of query i, key j (f32 accumulator x), scaled, capped and in the log2 domain; -inf
+// where masked. `dcap` gets d(capped)/d(scaled), for the backward.
+template <bool kCap>
+__device__ __forceinline__ float score(const Params& p, float x, int i, int j, bool mask,
+                                       float& dcap) {
+  x *= p.scale;
+  if constexpr (kCap) {
+    const float th = tanhf(x / p.softcap);
+    x = p.softcap * th;
+    dcap = 1.0f - th * th;
+  }
+  x *= kLog2e;
+  if (mask && !(j < p.s && (!p.causal || j <= i) && (p.window == 0 || j > i - p.window))) {
+    x = -INFINITY;
+  }
+  return x;
+}
+
+// --- Forward ----------------------------------------------------------------------------------
+
+template <typename E, int D, bool kCap>
+__global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
+  constexpr int SD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* sq = reinterpret_cast<E*>(smem);
+  E* sk = sq + kBlockM * SD;      // 2 buffers
+  E* sv = sk + 2 * kBlockN * SD;  // 2 buffers
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int mb = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int bh = blockIdx.y, b = bh / p.h, h = bh % p.h, kvh = h / (p.h / p.hkv);
+  const int m0 = mb * kBlockM;
+  const E* q = static_cast<const E*>(p.q) + b * p.sq.b + h * p.sq.h;
+  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
+  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
+
+  int kend = p.s, kbeg = 0;
+  if (p.causal) kend = min(kend, m0 + kBlockM);
+  if (p.window > 0) kbeg = max(0, m0 - p.window + 1);
+  const int nb0 = kbeg / kBlockN;
+  const int nb1 = kend > kbeg ? (kend + kBlockN - 1) / kBlockN : nb0;
+
+  load_tile<E, D, kBlockM>(sq, q, p.sq.t, m0, p.t);
+  if (nb0 < nb1) {
+    load_tile<E, D, kBlockN>(sk, k, p.sk.t, nb0 * kBlockN, p.s);
+    load_tile<E, D, kBlockN>(sv, v, p.sv.t, nb0 * kBlockN, p.s);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) load_a(qf[kk], sq, SD, w * 16, kk * 16);
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+  const int row[2] = {m0 + w * 16 + g, m0 + w * 16 + g + 8};
+
+  for (int nb = nb0; nb < nb1; ++nb) {
+    const int buf = (nb - nb0) & 1;
+    if (nb + 1 < nb1) {
+      load_tile<E, D, kBlockN>(sk + (buf ^ 1) * kBlockN * SD, k, p.sk.t, (nb + 1) * kBlockN, p.s);
+      load_tile<E, D, kBlockN>(sv + (buf ^ 1) * kBlockN * SD, v, p.sv.t, (nb + 1) * kBlockN, p.s);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const E* kb = sk + buf * kBlockN * SD;
+    const E* vb = sv + buf * kBlockN * SD;
+
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const E* kr = kb + (nt * 8 + g) * SD + kk * 16 + 2 * t;
+        mma<E>(s[nt], qf[kk], ld32(kr), ld32(kr + 8));
+      }
+    }
+    const int n0 = nb * kBlockN;
+    const bool mask = n0 + kBlockN > p.s || (p.causal && n0 + kBlockN - 1 > m0) ||
+                      (p.window > 0 && n0 <= m0 + kBlockM - 1 - p.window);
+    float dcap = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = score<kCap>(p, s[nt][e], row[e >> 1], n0 + nt * 8 + 2 * t + (e & 1), mask, dcap);
+      }
+    }
+    // Online softmax: rows g (r = 0) and g + 8 (r = 1), each spread over the 4 lanes of a quad.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(mrow[r], mx);
+      const float muse = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet
+      const float alpha = exp2f(mrow[r] - muse);
+      mrow[r] = mnew;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        s[nt][2 * r] = exp2f(s[nt][2 * r] - muse);
+        s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - muse);
+        sum += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+      lrow[r] = lrow[r] * alpha + sum;  // this lane's share; the quad is summed at the end
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][2 * r] *= alpha;
+        o[dt][2 * r + 1] *= alpha;
+      }
+    }
+    // O += P V.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {pack2<E>(s[2 * kk][0], s[2 * kk][1]),
+                             pack2<E>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < D / 16; ++dt) {
+        uint32_t bf[4];
+        ldsm_x4_trans(bf, vb + (kk * 16 + (lane & 15)) * SD + dt * 16 + (lane >> 4) * 8);
+        mma<E>(o[2 * dt], a, bf[0], bf[1]);
+        mma<E>(o[2 * dt + 1], a, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
+  }
+
+  E* out = static_cast<E*>(p.out) + static_cast<int64_t>(bh) * p.t * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int i = row[r];
+    if (i < p.t) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
+            pack2<E>(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+      }
+      if (t == 0) {
+        p.lse[static_cast<int64_t>(bh) * p.t + i] = l > 0.0f ? mrow[r] * kLn2 + logf(l) : -INFINITY;
+      }
+    }
+  }
+}
+
+// --- Backward ---------------------------------------------------------------------------------
+
+// delta[row] = sum_d dout[row, d] * out[row, d] - dlse[row]; one warp per row.
+template <typename E>
+__global__ void flash_bwd_delta_kernel(float* __restrict__ delta, const E* __restrict__ dout,
+                                       Strides sdo, const E* __restrict__ out,
+                                       const float* __restrict__ dlse, int h, int t, int d,
+                                       int64_t rows) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t b = r / (static_cast<int64_t>(h) * t), hh = (r / t) % h, i = r % t;
+  const E* dr = dout + b * sdo.b + hh * sdo.h + i * sdo.t;
+  const E* orow = out + r * d;
+  float acc = 0.0f;
+  for (int c = lane; c < d; c += 32) acc += to_f32(dr[c]) * to_f32(orow[c]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) delta[r] = acc - dlse[r];
+}
+
+template <typename E>
+__global__ void flash_bwd_convert_kernel(E* __restrict__ dst, const float* __restrict__ src,
+                                         int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = from_f32<E>(src[i]);
+  }
+}
+
+template <typename E, int D, bool kCap>
+__global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const Params p) {
+  constexpr int SD = D + 8, SDS = kBlockN + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* sk = reinterpret_cast<E*>(smem);
+  E* sv = sk + kBlockN * SD;
+  E* sq = sv + kBlockN * SD;
+  E* sdo = sq + kBlockM * SD;
+  E* sds = sdo + kBlockM * SD;  // dS [query][key]
+  float* slse = reinterpret_cast<float*>(sds + kBlockM * SDS);
+  float* sdelta = slse + kBlockM;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * kBlockN;
+  const int bk = blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
+  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
+  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
+  load_tile<E, D, kBlockN>(sk, k, p.sk.t, n0, p.s);
+  load_tile<E, D, kBlockN>(sv, v, p.sv.t, n0, p.s);
+  cp_async_commit();
+
+  // Query rows that see some key of this block: causal, i >= n0; window, i < n0 + 64 - 1 + w.
+  const int qbeg = p.causal ? n0 : 0;
+  const int qend = p.window > 0 ? min(p.t, n0 + kBlockN - 1 + p.window) : p.t;
+  const int mb0 = qbeg / kBlockM;
+  const int mb1 = qend > qbeg ? (qend + kBlockM - 1) / kBlockM : mb0;
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
+  }
+  const int key[2] = {n0 + w * 16 + g, n0 + w * 16 + g + 8};
+
+  for (int hh = kvh * rep; hh < (kvh + 1) * rep; ++hh) {
+    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
+    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
+    const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
+    for (int mb = mb0; mb < mb1; ++mb) {
+      const int m0 = mb * kBlockM;
+      load_tile<E, D, kBlockM>(sq, q, p.sq.t, m0, p.t);
+      load_tile<E, D, kBlockM>(sdo, dout, p.sdo.t, m0, p.t);
+      cp_async_commit();
+      if (threadIdx.x < kBlockM) {
+        const int i = m0 + threadIdx.x;
+        const float l = i < p.t ? p.lse[bh * p.t + i] : -INFINITY;
+        // Rows past T and rows that see no key: +inf makes every probability exp2(x - inf) = 0.
+        slse[threadIdx.x] = l == -INFINITY ? INFINITY : l * kLog2e;
+        sdelta[threadIdx.x] = i < p.t ? p.delta[bh * p.t + i] : 0.0f;
+      }
+      cp_async_wait<0>();
+      __syncthreads();
+
+      // S^T (this warp's 16 keys x 64 queries) and dP^T = V dO^T.
+      float st[8][4], dpt[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ka[4], va[4];
+        load_a(ka, sk, SD, w * 16, kk * 16);
+        load_a(va, sv, SD, w * 16, kk * 16);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const E* qr = sq + (nt * 8 + g) * SD + kk * 16 + 2 * t;
+          const E* dr = sdo + (nt * 8 + g) * SD + kk * 16 + 2 * t;
+          mma<E>(st[nt], ka, ld32(qr), ld32(qr + 8));
+          mma<E>(dpt[nt], va, ld32(dr), ld32(dr + 8));
+        }
+      }
+      const bool mask = n0 + kBlockN > p.s || (p.causal && n0 + kBlockN - 1 > m0) ||
+                        (p.window > 0 && n0 <= m0 + kBlockM - 1 - p.window);
+      // P^T into st, dS^T into dpt.
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int il = nt * 8 + 2 * t + (e & 1);
+          float dcap = 1.0f;
+          const float x = score<kCap>(p, st[nt][e], m0 + il, key[e >> 1], mask, dcap);
+          const float pr = exp2f(x - slse[il]);
+          st[nt][e] = pr;
+          float ds = pr * (dpt[nt][e] - sdelta[il]);
+          if constexpr (kCap) ds *= dcap;
+          dpt[nt][e] = ds;
+        }
+      }
+      // dV += P^T dO, dK += dS^T Q (k index: queries, 16 per step).
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const uint32_t pa[4] = {pack2<E>(st[2 * kk][0], st[2 * kk][1]),
+                                pack2<E>(st[2 * kk][2], st[2 * kk][3]),
+                                pack2<E>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                pack2<E>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+        const uint32_t da[4] = {pack2<E>(dpt[2 * kk][0], dpt[2 * kk][1]),
+                                pack2<E>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                                pack2<E>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                                pack2<E>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < D / 16; ++dt) {
+          const int off = (kk * 16 + (lane & 15)) * SD + dt * 16 + (lane >> 4) * 8;
+          uint32_t bf[4];
+          ldsm_x4_trans(bf, sdo + off);
+          mma<E>(dv[2 * dt], pa, bf[0], bf[1]);
+          mma<E>(dv[2 * dt + 1], pa, bf[2], bf[3]);
+          ldsm_x4_trans(bf, sq + off);
+          mma<E>(dk[2 * dt], da, bf[0], bf[1]);
+          mma<E>(dk[2 * dt + 1], da, bf[2], bf[3]);
+        }
+      }
+      // dS [query][key] to shared memory for dQ.
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sds[(nt * 8 + 2 * t + (e & 1)) * SDS + w * 16 + g + 8 * (e >> 1)] =
+              from_f32<E>(dpt[nt][e]);
+        }
+      }
+      __syncthreads();
+      // dQ (this warp's 16 query rows x D) = dS K, added into the f32 buffer.
+      float dq[D / 8][4];
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t a[4];
+        load_a(a, sds, SDS, w * 16, kk * 16);
+#pragma unroll
+        for (int dt = 0; dt < D / 16; ++dt) {
+          uint32_t bf[4];
+          ldsm_x4_trans(bf, sk + (kk * 16 + (lane & 15)) * SD + dt * 16 + (lane >> 4) * 8);
+          mma<E>(dq[2 * dt], a, bf[0], bf[1]);
+          mma<E>(dq[2 * dt + 1], a, bf[2], bf[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = m0 + w * 16 + g + 8 * r;
+        if (i < p.t) {
+          float* dst = p.dq_acc + (bh * p.t + i) * D + 2 * t;
+#pragma unroll
+          for (int dt = 0; dt < D / 8; ++dt) {
+            atomicAdd(dst + dt * 8, dq[dt][2 * r] * p.scale);
+            atomicAdd(dst + dt * 8 + 1, dq[dt][2 * r + 1] * p.scale);
+          }
+        }
+      }
+      __syncthreads();  // sq, sdo, sds are refilled by the next step
+    }
+  }
+  cp_async_wait<0>();  // no query block at all: K and V were still in flight
+
+  E* dkp = static_cast<E*>(p.dk) + static_cast<int64_t>(bk) * p.s * D;
+  E* dvp = static_cast<E*>(p.dv) + static_cast<int64_t>(bk) * p.s * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = key[r];
+    if (j < p.s) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int64_t off = static_cast<int64_t>(j) * D + dt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(dkp + off) =
+            pack2<E>(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvp + off) = pack2<E>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// --- Host side --------------------------------------------------------------------------------
+
+// t itself when its last dim is contiguous and every other stride and the base allow 16-byte
+// rows (the views of a qkv projection split + transpose qualify); a contiguous copy otherwise.
+Tensor kernel_operand(const Tensor& t) {
+  bool ok = t.stride(3) == 1 || t.size(3) <= 1;
+  for (int d = 0; d < 3 && ok; ++d) ok = t.stride(d) % 8 == 0 || t.size(d) <= 1;
+  ok = ok && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  return ok ? t : t.contiguous();
+}
+
+Strides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+void check_supported(const char* op, const Tensor& q) {
+  KILN_CHECK(q.dtype() == kBFloat16 || q.dtype() == kHalf, "[", op,
+             "] the CUDA kernel takes bfloat16 or float16, got ", dtype_name(q.dtype()),
+             " (F::scaled_dot_product_attention falls back to the composite for other dtypes)");
+  KILN_CHECK(q.size(3) == 64 || q.size(3) == 128, "[", op,
+             "] the CUDA kernel takes head sizes 64 and 128, got q ", shape_str(q.sizes()));
+  KILN_CHECK(q.size(0) * q.size(1) <= 65535 && q.size(2) < (int64_t{1} << 30), "[", op,
+             "] too many heads or rows for the CUDA kernel: q ", shape_str(q.sizes()));
+}
+
+template <typename Kernel>
+void launch(Kernel kernel, dim3 grid, size_t smem, const Params& p, const char* name) {
+  // Shared memory beyond 48 KB must be opted into, once per kernel.
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+  kernel<<<grid, kThreads, smem, current_stream()>>>(p);
+  KILN_CUDA_LAUNCH_CHECK(name);
+}
+
+template <typename F>
+void visit_e(ScalarType dt, F&& f) {
+  if (dt == kBFloat16) {
+    f(TypeTag<__nv_bfloat16>{});
+  } else {
+    f(TypeTag<__half>{});
+  }
+}
+
+template <typename F>
+void visit_d_cap(int64_t d, bool cap, F&& f) {
+  if (d == 64) {
+    cap ? f(std::integral_constant<int, 64>{}, std::true_type{})
+        : f(std::integral_constant<int, 64>{}, std::false_type{});
+  } else {
+    cap ? f(std::integral_constant<int, 128>{}, std::true_type{})
+        : f(std::integral_constant<int, 128>{}, std::false_type{});
+  }
+}
+
+Params make_params(const OpCall& c, const Tensor& q, const Tensor& k, const Tensor& v) {
+  Params p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.sq = strides_of(q);
+  p.sk = strides_of(k);
+  p.sv = strides_of(v);
+  p.h = static_cast<int>(q.size(1));
+  p.hkv = static_cast<int>(k.size(1));
+  p.t = static_cast<int>(q.size(2));
+  p.s = static_cast<int>(k.size(2));
+  p.scale = static_cast<float>(c.attr<double>(0));
+  const int64_t window = c.attr<int64_t>(2);
+  p.causal = c.attr<bool>(1) || window > 0;  // a window is causal (as the composite)
+  p.window = static_cast<int>(std::min<int64_t>(window, int64_t{1} << 30));
+  p.softcap = static_cast<float>(c.attr<double>(3));
+  return p;
+}
+
+void flash_attention_cuda(OpCall& c) {
+  const Tensor q = kernel_operand(c.input(0));
+  const Tensor k = kernel_operand(c.input(1));
+  const Tensor v = kernel_operand(c.input(2));
+  check_supported("flash_attention", q);
+  KILN_CHECK(k.size(2) < (int64_t{1} << 30), "[flash_attention] too many keys: k ",
+             shape_str(k.sizes()));
+  const Tensor& out = c.outputs[0];
+  const Tensor& lse = c.outputs[1];
+  if (q.numel() == 0) return;
+  DeviceGuard guard(q.device().index());
+  Params p = make_params(c, q, k, v);
+  p.out = out.data_ptr();
+  p.lse = static_cast<float*>(lse.data_ptr());
+  const dim3 grid(static_cast<unsigned>((q.size(2) + kBlockM - 1) / kBlockM),
+                  static_cast<unsigned>(q.size(0) * q.size(1)));
+  visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
+    visit_d_cap(q.size(3), p.softcap > 0,
+                [&]<int D, bool kCap>(std::integral_constant<int, D>, std::bool_constant<kCap>) {
+                  const size_t smem = sizeof(E) * (D + 8) * (kBlockM + 4 * kBlockN);
+                  launch(flash_fwd_kernel<E, D, kCap>, grid, smem, p, "flash_fwd_kernel");
+                });
+  });
+}
+
+void flash_attention_backward_cuda(OpCall& c) {
+  const Tensor dout = kernel_operand(c.input(0));
+  const Tensor q = kernel_operand(c.input(1));
+  const Tensor k = kernel_operand(c.input(2));
+  const Tensor v = kernel_operand(c.input(3));
+  const Tensor out = c.input(4).contiguous();
+  const Tensor lse = c.input(5).contiguous();
+  const Tensor dlse = c.input(6).contiguous();
+  check_supported("flash_attention_backward", q);
+  const Tensor& dq = c.outputs[0];
+  const Tensor& dk = c.outputs[1];
+  const Tensor& dv = c.outputs[2];
+  DeviceGuard guard(q.device().index());
+  const cudaStream_t stream = current_stream();
+  if (k.numel() == 0) {  // no keys (or no kv heads): nothing reaches q
+    if (dq.numel() > 0) KILN_CUDA_CHECK(cudaMemsetAsync(dq.data_ptr(), 0, dq.nbytes(), stream));
+    return;
+  }
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2);
+  const TensorOptions f32 = TensorOptions(kFloat).device(q.device());
+  const Tensor delta = empty({std::max<int64_t>(rows, 1)}, f32);
+  const Tensor dq_acc = empty({std::max<int64_t>(q.numel(), 1)}, f32);
+  KILN_CUDA_CHECK(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), stream));
+  Params p = make_params(c, q, k, v);
+  p.dout = dout.data_ptr();
+  p.sdo = strides_of(dout);
+  p.lse = static_cast<float*>(lse.data_ptr());
+  p.delta = static_cast<const float*>(delta.data_ptr());
+  p.dq_acc = static_cast<float*>(dq_acc.data_ptr());
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
+    if (rows > 0) {
+      constexpr int kRowsPerBlock = 8;
+      flash_bwd_delta_kernel<E><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                                  32 * kRowsPerBlock, 0, stream>>>(
+          static_cast<float*>(delta.data_ptr()), static_cast<const E*>(dout.data_ptr()), p.sdo,
+          static_cast<const E*>(out.data_ptr()), static_cast<const float*>(dlse.data_ptr()), p.h,
+          p.t, static_cast<int>(q.size(3)), rows);
+      KILN_CUDA_LAUNCH_CHECK("flash_bwd_delta_kernel");
+    }
+    const dim3 grid(static_cast<unsigned>((k.size(2) + kBlockN - 1) / kBlockN),
+                    static_cast<unsigned>(k.size(0) * k.size(1)));
+    visit_d_cap(q.size(3), p.softcap > 0,
+                [&]<int D, bool kCap>(std::integral_constant<int, D>, std::bool_constant<kCap>) {
+                  const size_t smem = sizeof(E) * ((D + 8) * (2 * kBlockN + 2 * kBlockM) +
+                                                   kBlockM * (kBlockN + 8)) +
+                                      sizeof(float) * 2 * kBlockM;
+                  launch(flash_bwd_kernel<E, D, kCap>, grid, smem, p, "flash_bwd_kernel");
+                });
+    if (q.numel() > 0) {
+      const int64_t n = q.numel();
+      flash_bwd_convert_kernel<E>
+          <<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)), 256, 0, stream>>>(
+              static_cast<E*>(dq.data_ptr()), static_cast<const float*>(dq_acc.data_ptr()), n);
+      KILN_CUDA_LAUNCH_CHECK("flash_bwd_convert_kernel");
+    }
+  });
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(flash_attention, kCUDA, flash_attention_cuda);
+KILN_REGISTER_KERNEL(flash_attention_backward, kCUDA, flash_attention_backward_cuda);
+
+}  // namespace kiln::cuda

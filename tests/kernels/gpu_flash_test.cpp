@@ -1,0 +1,226 @@
+// The flash-attention CUDA kernels (kernels/cuda/flash_attention.cu) against the CPU kernel
+// (kernels/cpu/flash_attention.cpp, f64 loops) on the same bf16/f16 inputs, and the routed
+// F::scaled_dot_product_attention against the composite (KILN_SDPA=math): odd lengths, T != S,
+// causal, windows, softcap, GQA 4:1 and MQA, D 64 and 128, strided q/k/v from a qkv split, rows
+// that see no key, forward out/lse and backward dq/dk/dv (with and without a gradient on lse).
+//
+// Tolerances (relative L2 error against the f64 reference on identical inputs): the kernels
+// round P (and dS in the backward) to the input dtype before the second GEMM and round the
+// outputs once; each rounding is a relative error of at most 2^-9 (bf16) / 2^-12 (f16) per
+// element, about a third of that in RMS, so the outputs land near 2e-3 (bf16) / 3e-4 (f16);
+// gradients chain two such roundings and a cancellation (dP - Delta). Hence 1e-2 / 2e-3 for
+// out, 2e-2 / 4e-3 for the gradients; lse is f32 throughout (1e-4 covers exp2f/logf).
+//
+// Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "kernels/cuda/runtime.h"
+#include "nn/functional.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace F = nn::functional;
+
+class GpuFlashAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  }
+};
+
+const Device kGpu(kCUDA, 0);
+
+// Relative L2 error; -inf entries must agree exactly, NaN never passes.
+double rel_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.to(kCPU).to_vector<double>();
+  const std::vector<double> w = want.to(kCPU).to_vector<double>();
+  EXPECT_EQ(g.size(), w.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    if (std::isnan(g[i]) || std::isnan(w[i])) return INFINITY;
+    if (std::isinf(w[i]) || std::isinf(g[i])) {
+      if (g[i] != w[i]) return INFINITY;
+      continue;
+    }
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+double out_tol(ScalarType t) { return t == kBFloat16 ? 1e-2 : 2e-3; }
+double grad_tol(ScalarType t) { return t == kBFloat16 ? 2e-2 : 4e-3; }
+
+struct Case {
+  int64_t b, h, hkv, t, s, d;
+  bool causal = false;
+  int64_t window = 0;
+  double softcap = 0;
+  ScalarType dtype = kBFloat16;
+  bool strided = false;  // q, k, v as views of one [B, T, H + 2 H_kv, D] projection
+  bool dlse = false;     // a gradient on lse too
+};
+
+std::string describe(const Case& c) {
+  return "B" + std::to_string(c.b) + " H" + std::to_string(c.h) + "/" + std::to_string(c.hkv) +
+         " T" + std::to_string(c.t) + " S" + std::to_string(c.s) + " D" + std::to_string(c.d) +
+         (c.causal ? " causal" : "") + " window " + std::to_string(c.window) + " softcap " +
+         std::to_string(c.softcap) + " " + std::string(dtype_name(c.dtype)) +
+         (c.strided ? " strided" : "") + (c.dlse ? " dlse" : "");
+}
+
+// q, k, v on the GPU (in c.dtype; views of one projection when c.strided).
+void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
+  if (c.strided) {
+    const Tensor qkv = randn({c.b, c.t, c.h + 2 * c.hkv, c.d}).to(c.dtype).to(kGpu);
+    q = qkv.narrow(2, 0, c.h).transpose(1, 2);
+    k = qkv.narrow(2, c.h, c.hkv).transpose(1, 2);
+    v = qkv.narrow(2, c.h + c.hkv, c.hkv).transpose(1, 2);
+  } else {
+    q = randn({c.b, c.h, c.t, c.d}).to(c.dtype).to(kGpu);
+    k = randn({c.b, c.hkv, c.s, c.d}).to(c.dtype).to(kGpu);
+    v = randn({c.b, c.hkv, c.s, c.d}).to(c.dtype).to(kGpu);
+  }
+}
+
+void check_case(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  Tensor q, k, v;
+  make_inputs(c, q, k, v);
+  const double scale = 1.5 / std::sqrt(static_cast<double>(c.d));
+  static const OpDef& fwd = KILN_OP(flash_attention);
+  static const OpDef& bwd = KILN_OP(flash_attention_backward);
+  const absl::InlinedVector<Attr, 4> attrs = {scale, c.causal, c.window, c.softcap};
+  const TensorVec g = call_op(fwd, {q, k, v}, attrs);
+  const TensorVec r = call_op(fwd, {q.to(kCPU), k.to(kCPU), v.to(kCPU)}, attrs);
+  ASSERT_TRUE(g[0].is_cuda());
+  EXPECT_EQ(g[0].dtype(), c.dtype);
+  EXPECT_EQ(g[1].dtype(), kFloat);
+  EXPECT_LE(rel_error(g[0], r[0]), out_tol(c.dtype)) << "out";
+  EXPECT_LE(rel_error(g[1], r[1]), 1e-4) << "lse";
+
+  const Tensor dout = randn(q.sizes()).to(c.dtype);
+  const Tensor dlse = c.dlse ? randn(g[1].sizes()) : zeros(g[1].sizes());
+  const TensorVec dg = call_op(bwd, {dout.to(kGpu), q, k, v, g[0], g[1], dlse.to(kGpu)}, attrs);
+  const TensorVec dr =
+      call_op(bwd, {dout, q.to(kCPU), k.to(kCPU), v.to(kCPU), r[0], r[1], dlse}, attrs);
+  EXPECT_LE(rel_error(dg[0], dr[0]), grad_tol(c.dtype)) << "dq";
+  EXPECT_LE(rel_error(dg[1], dr[1]), grad_tol(c.dtype)) << "dk";
+  EXPECT_LE(rel_error(dg[2], dr[2]), grad_tol(c.dtype)) << "dv";
+}
+
+TEST_F(GpuFlashAttention, OddLengthsCausalAndNot) {
+  manual_seed(41);
+  for (int64_t t : {1, 17, 100, 257}) {
+    for (bool causal : {false, true}) {
+      check_case({2, 3, 3, t, t, 64, causal});
+      check_case({1, 2, 2, t, t, 128, causal});
+    }
+  }
+}
+
+TEST_F(GpuFlashAttention, GqaMqaAndF16) {
+  manual_seed(42);
+  check_case({2, 8, 2, 100, 100, 64, true});  // GQA 4:1
+  check_case({1, 4, 1, 257, 257, 64, true});  // MQA
+  check_case({1, 8, 2, 77, 77, 128, false});
+  check_case({2, 4, 1, 130, 130, 64, true, 0, 0, kHalf});  // f16
+  check_case({1, 2, 2, 65, 65, 128, false, 0, 0, kHalf});
+}
+
+TEST_F(GpuFlashAttention, WindowsSoftcapAndTNotS) {
+  manual_seed(43);
+  check_case({1, 4, 2, 257, 257, 64, true, 37});        // window crossing block edges
+  check_case({1, 2, 2, 200, 200, 64, false, 64});       // a window alone (implies causal)
+  check_case({1, 4, 4, 150, 150, 64, true, 0, 5.0});    // softcap
+  check_case({1, 4, 2, 100, 100, 128, true, 20, 3.0});  // window + softcap, D 128
+  check_case({1, 2, 2, 100, 257, 64, true});            // S > T (top-left causal)
+  check_case({1, 2, 2, 257, 100, 64, true});            // T > S
+  check_case({1, 2, 1, 200, 50, 64, true, 30});         // rows >= 79 see no key
+  check_case({1, 2, 2, 33, 130, 64, false, 0, 0, kHalf, false, true});  // lse gradient
+  check_case({1, 2, 2, 100, 100, 64, true, 0, 2.0, kBFloat16, false, true});
+}
+
+TEST_F(GpuFlashAttention, StridedQkvSplitAndUnalignedViews) {
+  manual_seed(44);
+  check_case({2, 4, 2, 100, 100, 64, true, 0, 0, kBFloat16, true});
+  check_case({1, 8, 8, 257, 257, 128, false, 0, 0, kBFloat16, true});
+  check_case({1, 6, 2, 64, 64, 64, true, 0, 0, kHalf, true});
+  // Views whose base is not 16-byte aligned take a contiguous copy first.
+  const Tensor big = randn({1, 2, 40, 65}).to(kBFloat16).to(kGpu);
+  const Tensor q = big.narrow(3, 1, 64), k = big.narrow(3, 0, 64);
+  auto [o, l] = flash_attention(q, k, k, 0.125, true);
+  auto [oc, lc] = flash_attention(q.to(kCPU), k.to(kCPU), k.to(kCPU), 0.125, true);
+  EXPECT_LE(rel_error(o, oc), out_tol(kBFloat16));
+  EXPECT_LE(rel_error(l, lc), 1e-4);
+}
+
+TEST_F(GpuFlashAttention, LongerSequencesManyBlocks) {
+  manual_seed(45);
+  check_case({1, 4, 2, 1024, 1024, 64, true});
+  check_case({1, 2, 2, 600, 600, 128, true, 256});
+}
+
+TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
+  manual_seed(46);
+  struct R {
+    int64_t h, hkv, t, d;
+    bool causal;
+    int64_t window;
+    double softcap;
+  };
+  for (const R& r : {R{4, 2, 77, 64, true, 0, 0.0}, R{4, 4, 130, 128, false, 0, 0.0},
+                     R{8, 2, 100, 64, true, 33, 4.0}}) {
+    SCOPED_TRACE(::testing::Message() << "H" << r.h << "/" << r.hkv << " T" << r.t << " D" << r.d);
+    const Tensor q = randn({2, r.h, r.t, r.d}).to(kBFloat16).to(kGpu);
+    const Tensor k = randn({2, r.hkv, r.t, r.d}).to(kBFloat16).to(kGpu);
+    const Tensor v = randn({2, r.hkv, r.t, r.d}).to(kBFloat16).to(kGpu);
+    const Tensor dout = randn({2, r.h, r.t, r.d}).to(kBFloat16).to(kGpu);
+    auto run = [&](bool math) {
+      if (math) {
+        setenv("KILN_SDPA", "math", 1);
+      } else {
+        unsetenv("KILN_SDPA");
+      }
+      const Tensor ql = q.detach().requires_grad_(true), kl = k.detach().requires_grad_(true),
+                   vl = v.detach().requires_grad_(true);
+      const Tensor o = F::scaled_dot_product_attention(ql, kl, vl, {}, 0.0, r.causal, 0.1,
+                                                       /*enable_gqa=*/true, r.window, r.softcap);
+      autograd::variable_list g = autograd::grad({o}, {ql, kl, vl}, {dout});
+      g.insert(g.begin(), o);
+      return g;
+    };
+    const autograd::variable_list fused = run(false);
+    const autograd::variable_list math = run(true);
+    unsetenv("KILN_SDPA");
+    // Both round to bf16 at different points (the composite rounds the probabilities to bf16
+    // before P V as well): the same tolerances as against the f64 loops, doubled.
+    EXPECT_LE(rel_error(fused[0], math[0]), 2 * out_tol(kBFloat16)) << "out";
+    EXPECT_LE(rel_error(fused[1], math[1]), 2 * grad_tol(kBFloat16)) << "dq";
+    EXPECT_LE(rel_error(fused[2], math[2]), 2 * grad_tol(kBFloat16)) << "dk";
+    EXPECT_LE(rel_error(fused[3], math[3]), 2 * grad_tol(kBFloat16)) << "dv";
+  }
+}
+
+TEST_F(GpuFlashAttention, UnsupportedHeadSizeAndDtypeErrors) {
+  const Tensor q = randn({1, 2, 8, 32}).to(kBFloat16).to(kGpu);
+  EXPECT_KILN_ERROR(flash_attention(q, q, q, 0.1), "head sizes 64 and 128");
+  const Tensor q32 = randn({1, 2, 8, 64}).to(kGpu);
+  EXPECT_KILN_ERROR(flash_attention(q32, q32, q32, 0.1), "bfloat16 or float16");
+  // The router sends these to the composite instead.
+  const Tensor o = F::scaled_dot_product_attention(q, q, q, {}, 0.0, true);
+  EXPECT_EQ(to_shape(o.sizes()), to_shape(q.sizes()));
+}
+
+}  // namespace
+}  // namespace kiln

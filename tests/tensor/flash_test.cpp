@@ -1,0 +1,167 @@
+// flash_attention and flash_attention_backward on the CPU (kernels/cpu/flash_attention.cpp, the
+// reference of the CUDA kernels) against the composite F::scaled_dot_product_attention in f64:
+// outputs, logsumexp (from the composite's masked scores) and the gradients autograd takes
+// through the composite, over causal/window/softcap/GQA/MQA, T != S, dead rows and strided
+// inputs; plus misuse errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "nn/functional.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace F = nn::functional;
+
+double rel_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  EXPECT_EQ(g.size(), w.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    if (std::isinf(w[i]) && g[i] == w[i]) continue;  // dead rows: lse -inf on both sides
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+struct Case {
+  int64_t b, h, hkv, t, s, d;
+  bool causal = false;
+  int64_t window = 0;
+  double softcap = 0;
+};
+
+// logsumexp over the visible keys of each row, from the composite's own building blocks.
+Tensor ref_lse(const Tensor& q, const Tensor& k, const Case& c, double scale) {
+  const int64_t rep = c.h / c.hkv;
+  const Tensor kr =
+      k.unsqueeze(2).expand({c.b, c.hkv, rep, c.s, c.d}).reshape({c.b, c.h, c.s, c.d});
+  Tensor s = q.matmul(kr.transpose(-2, -1)) * scale;
+  if (c.softcap > 0) s = (s / c.softcap).tanh() * c.softcap;
+  const TensorOptions o(kInt64);
+  const Tensor i = arange(c.t, o).view({c.t, 1}), j = arange(c.s, o).view({1, c.s});
+  Tensor allowed = ones({c.t, c.s}, TensorOptions(kBool));
+  if (c.causal || c.window > 0) allowed = allowed & (j <= i);  // a window is causal
+  if (c.window > 0) allowed = allowed & (j > i - c.window);
+  s = where(allowed, s, Scalar(-std::numeric_limits<double>::infinity()));
+  return s.logsumexp({-1});
+}
+
+void check_case(const Case& c, bool strided = false) {
+  SCOPED_TRACE(::testing::Message()
+               << "B" << c.b << " H" << c.h << "/" << c.hkv << " T" << c.t << " S" << c.s << " D"
+               << c.d << " causal " << c.causal << " window " << c.window << " softcap "
+               << c.softcap << (strided ? " strided" : ""));
+  Tensor q, k, v;
+  if (strided) {  // q, k, v as a fused projection split + transpose: [B, T, H, D] memory
+    ASSERT_EQ(c.t, c.s);
+    const Tensor qkv = randn({c.b, c.t, c.h + 2 * c.hkv, c.d}, TensorOptions(kDouble));
+    q = qkv.narrow(2, 0, c.h).transpose(1, 2);
+    k = qkv.narrow(2, c.h, c.hkv).transpose(1, 2);
+    v = qkv.narrow(2, c.h + c.hkv, c.hkv).transpose(1, 2);
+  } else {
+    q = randn({c.b, c.h, c.t, c.d}, TensorOptions(kDouble));
+    k = randn({c.b, c.hkv, c.s, c.d}, TensorOptions(kDouble));
+    v = randn({c.b, c.hkv, c.s, c.d}, TensorOptions(kDouble));
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d)) * 1.3;
+  auto [out, lse] = flash_attention(q, k, v, scale, c.causal, c.window, c.softcap);
+  ASSERT_EQ(out.dtype(), kDouble);
+  ASSERT_EQ(lse.dtype(), kDouble);
+
+  const Tensor ql = q.detach().requires_grad_(true), kl = k.detach().requires_grad_(true),
+               vl = v.detach().requires_grad_(true);
+  const Tensor want = F::scaled_dot_product_attention(ql, kl, vl, {}, 0.0, c.causal, scale,
+                                                      /*enable_gqa=*/true, c.window, c.softcap);
+  EXPECT_LE(rel_error(out, want), 1e-12);
+  const Tensor want_lse = ref_lse(ql, kl, c, scale);
+  EXPECT_LE(rel_error(lse, want_lse), 1e-12);
+
+  // Gradients of sum(out * dout) + sum(lse * dlse).
+  const Tensor dout = randn(out.sizes(), TensorOptions(kDouble));
+  const Tensor dlse = randn(lse.sizes(), TensorOptions(kDouble));
+  const Tensor live = where(want_lse == Scalar(-std::numeric_limits<double>::infinity()),
+                            Scalar(0.0), want_lse);  // no -inf * 0
+  const Tensor obj = (want * dout).sum() + (live * dlse).sum();
+  const autograd::variable_list g = autograd::grad({obj}, {ql, kl, vl});
+  static const OpDef& bwd = KILN_OP(flash_attention_backward);
+  const TensorVec got =
+      call_op(bwd, {dout, q, k, v, out, lse, dlse}, {scale, c.causal, c.window, c.softcap});
+  EXPECT_LE(rel_error(got[0], g[0]), 1e-10) << "dq";
+  EXPECT_LE(rel_error(got[1], g[1]), 1e-10) << "dk";
+  EXPECT_LE(rel_error(got[2], g[2]), 1e-10) << "dv";
+}
+
+TEST(FlashAttentionCpu, MatchesCompositeF64) {
+  manual_seed(31);
+  check_case({1, 2, 2, 5, 5, 8});
+  check_case({2, 2, 2, 17, 17, 16, true});
+  check_case({1, 4, 1, 9, 13, 8, true});            // MQA, S > T (top-left causal)
+  check_case({1, 4, 2, 13, 9, 8, true});            // GQA 2:1, T > S
+  check_case({2, 8, 2, 19, 19, 8, true, 5});        // GQA 4:1 with a window
+  check_case({1, 2, 2, 11, 11, 8, false, 4});       // a window alone (implies causal)
+  check_case({1, 2, 1, 12, 12, 16, true, 0, 2.0});  // softcap
+  check_case({1, 3, 3, 1, 1, 8, true});             // T = S = 1
+  check_case({1, 2, 1, 7, 3, 8, false, 0, 5.0});    // softcap, no mask
+}
+
+TEST(FlashAttentionCpu, StridedQkvSplit) {
+  manual_seed(32);
+  check_case({2, 4, 2, 10, 10, 8, true}, /*strided=*/true);
+  check_case({1, 2, 2, 7, 7, 16, false, 3}, /*strided=*/true);
+}
+
+TEST(FlashAttentionCpu, DeadRowsGiveZerosAndMinusInfinity) {
+  manual_seed(33);
+  // T > S with a window: rows i >= S + window - 1 see no key.
+  check_case({1, 2, 2, 9, 3, 8, true, 2});
+  const Tensor q = randn({1, 1, 6, 4}, TensorOptions(kDouble));
+  const Tensor k = randn({1, 1, 2, 4}, TensorOptions(kDouble));
+  auto [out, lse] = flash_attention(q, k, k, 0.5, true, 2);
+  const std::vector<double> l = lse.to_vector<double>();
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(l[i], -std::numeric_limits<double>::infinity()) << i;
+  EXPECT_EQ(out.narrow(2, 3, 3).abs().sum().item<double>(), 0.0);
+}
+
+TEST(FlashAttentionCpu, ReducedPrecisionCloseToF64) {
+  manual_seed(34);
+  const Tensor q = randn({1, 4, 33, 16}), k = randn({1, 2, 33, 16}), v = randn({1, 2, 33, 16});
+  auto [o64, l64] = flash_attention(q.to(kDouble), k.to(kDouble), v.to(kDouble), 0.25, true);
+  for (ScalarType dt : {kFloat, kBFloat16, kHalf}) {
+    auto [o, l] = flash_attention(q.to(dt), k.to(dt), v.to(dt), 0.25, true);
+    EXPECT_EQ(o.dtype(), dt);
+    EXPECT_EQ(l.dtype(), kFloat);
+    // Inputs rounded to the dtype (bf16: 2^-9 relative) move the output by about that much.
+    const double tol = dt == kFloat ? 1e-6 : dt == kHalf ? 4e-3 : 2e-2;
+    EXPECT_LE(rel_error(o, o64), tol) << dtype_name(dt);
+    EXPECT_LE(rel_error(l, l64), tol) << dtype_name(dt);
+  }
+}
+
+TEST(FlashAttentionCpu, Errors) {
+  const Tensor q = randn({1, 4, 5, 8}), k = randn({1, 2, 5, 8});
+  EXPECT_KILN_ERROR(flash_attention(q.view({4, 5, 8}), k, k, 1.0), "[flash_attention]");
+  EXPECT_KILN_ERROR(flash_attention(q, randn({1, 3, 5, 8}), randn({1, 3, 5, 8}), 1.0),
+                    "multiple of the key/value heads");
+  EXPECT_KILN_ERROR(flash_attention(q, k, randn({1, 2, 6, 8}), 1.0), "same shape");
+  EXPECT_KILN_ERROR(flash_attention(q, randn({1, 2, 5, 4}), randn({1, 2, 5, 4}), 1.0), "head size");
+  EXPECT_KILN_ERROR(flash_attention(q, k.to(kDouble), k, 1.0), "one dtype");
+  EXPECT_KILN_ERROR(flash_attention(q, k, k, 1.0, true, -1), "sliding_window");
+  EXPECT_KILN_ERROR(flash_attention(q, k, k, 1.0, true, 0, -2.0), "softcap");
+  static const OpDef& bwd = KILN_OP(flash_attention_backward);
+  const Tensor lse = randn({1, 4, 5});
+  EXPECT_KILN_ERROR(
+      call_op(bwd, {q, q, k, k, q, lse, randn({1, 4, 4})}, {1.0, false, int64_t{0}, 0.0}),
+      "[flash_attention_backward] lse and dlse");
+}
+
+}  // namespace
+}  // namespace kiln
