@@ -116,6 +116,16 @@ TEST_F(GpuRmsNorm, LongRowsManyRowsAndLayouts) {
   check_rms(randn({64, 24}).t(), randn({64}));
 }
 
+TEST_F(GpuRmsNorm, PersistentPrefetchingForward) {
+  manual_seed(27);
+  // Enough rows that every resident warp loops over several (the prefetching forward), with
+  // idle lanes (1000, 264) and f32 weights.
+  check_rms(randn({6000, 2048}).to(kBFloat16), randn({2048}).to(kBFloat16));
+  check_rms(randn({6001, 1000}).to(kBFloat16), randn({1000}));
+  check_rms(randn({9000, 264}).to(kHalf), randn({264}).to(kHalf));
+  check_rms(randn({7000, 512}), randn({512}));
+}
+
 TEST_F(GpuRmsNorm, AutogradUsesTheFusedBackward) {
   manual_seed(23);
   Tensor x = randn({64, 256}).to(kBFloat16).to(kGpu).requires_grad_(true);
