@@ -393,9 +393,13 @@ void rms_norm_cuda(OpCall& c) {
       // packs plus the weights fit in registers: P <= 8); one wave of warp-per-row blocks
       // otherwise.
       if constexpr (P <= 8) {
-        int per_sm = 0;
-        KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, rms_norm_fwd_warp_prefetch_kernel<T, W, kPack, P>, 32 * kRowsPerBlock, 0));
+        // Blocks per SM depend only on the kernel and the architecture: asked once.
+        static const int per_sm = [] {
+          int n = 0;
+          KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+              &n, rms_norm_fwd_warp_prefetch_kernel<T, W, kPack, P>, 32 * kRowsPerBlock, 0));
+          return n;
+        }();
         const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
         if (rows >= 2 * resident * kRowsPerBlock) {
           rms_norm_fwd_warp_prefetch_kernel<T, W, kPack, P>
