@@ -394,7 +394,7 @@ void rms_norm_cuda(OpCall& c) {
       // otherwise.
       if constexpr (P <= 8) {
         // Blocks per SM depend only on the kernel and the architecture: asked once.
-        static const int per_sm = [] {
+        static const int per_sm = [&] {
           int n = 0;
           KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
               &n, rms_norm_fwd_warp_prefetch_kernel<T, W, kPack, P>, 32 * kRowsPerBlock, 0));
