@@ -182,6 +182,12 @@ Tensor rms_norm(const Tensor &input, IntArrayRef normalized_shape,
       e = std::numeric_limits<float>::epsilon();
     }
   }
+  // The fused op when it fits: a weight of the input's dtype (or f32 for a
+  // f16/bf16 input) on the input's device; same math, one kernel each way.
+  if (weight.defined() && weight.device() == input.device() && e >= 0 &&
+      (weight.dtype() == input.dtype() ||
+       (is_reduced_float(input.dtype()) && weight.dtype() == kFloat32)))
+    return kiln::rms_norm(input, weight, e);
   const Tensor x = is_reduced_float(input.dtype()) ? input.to(kFloat32) : input;
   Tensor y = x * (x.square().mean(dims, /*keepdim=*/true) + e).rsqrt();
   if (weight.defined()) {
@@ -194,6 +200,12 @@ Tensor gelu(const Tensor &input, const GELUFuncOptions &options) {
   return kiln::gelu(input, options.approximate());
 }
 Tensor silu(const Tensor &input) { return kiln::silu(input); }
+Tensor swiglu(const Tensor &gate, const Tensor &up) {
+  return kiln::swiglu(gate, up);
+}
+Tensor geglu_tanh(const Tensor &gate, const Tensor &up) {
+  return kiln::geglu_tanh(gate, up);
+}
 Tensor relu(const Tensor &input, bool inplace) {
   if (inplace) {
     Tensor self = input;

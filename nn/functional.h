@@ -167,7 +167,9 @@ struct RMSNormFuncOptions {
   KILN_ARG(std::optional<double>, eps) = std::nullopt;
 };
 // x * rsqrt(mean(x^2 over normalized_shape) + eps) * weight, computed in f32
-// for f16/bf16 and returned in the input's dtype.
+// for f16/bf16 and returned in the input's dtype. With a weight of the input's
+// dtype (or f32 for a f16/bf16 input) this is one fused kernel (kiln::rms_norm)
+// forward and one backward; otherwise it is composed of plain ops.
 Tensor rms_norm(const Tensor &input, const RMSNormFuncOptions &options);
 Tensor rms_norm(const Tensor &input, IntArrayRef normalized_shape,
                 const Tensor &weight = {},
@@ -178,6 +180,10 @@ struct GELUFuncOptions {
 };
 Tensor gelu(const Tensor &input, const GELUFuncOptions &options = {});
 Tensor silu(const Tensor &input);
+// The gated MLP activations, fused (kiln::swiglu / kiln::geglu_tanh): silu(gate)
+// * up (Llama) and gelu(gate, "tanh") * up (Gemma), gate and up of one shape.
+Tensor swiglu(const Tensor &gate, const Tensor &up);
+Tensor geglu_tanh(const Tensor &gate, const Tensor &up);
 Tensor relu(const Tensor &input, bool inplace = false);
 
 struct PadFuncOptions {
@@ -388,8 +394,15 @@ rope_cache(int64_t seq_len, int64_t head_size, double base = 10000.0,
 
 // x * cos + cat(-x2, x1) * sin where x1, x2 are the halves of the last dim of x
 // [..., T, D]; cos/sin broadcast to x (e.g. [T, D] from rope_cache, sliced to
-// the positions of x).
+// the positions of x). When cos/sin are [T, D] (leading size-1 dims allowed) of
+// x's dtype, or f32 for a f16/bf16 x, this is the fused kiln::rotary_emb (x read
+// in place through its strides, f32 arithmetic); otherwise plain ops.
 Tensor apply_rotary_emb(const Tensor &x, const Tensor &cos, const Tensor &sin);
+// apply_rotary_emb of q and of k; one fused launch for both (kiln::rotary_emb_qk)
+// when both fit the fused op.
+std::tuple<Tensor, Tensor> apply_rotary_emb_qk(const Tensor &q, const Tensor &k,
+                                               const Tensor &cos,
+                                               const Tensor &sin);
 
 } // namespace nn::functional
 

@@ -224,6 +224,30 @@ std::tuple<Tensor, Tensor> rope_cache(int64_t seq_len, int64_t head_size,
   return {make(cos_v), make(sin_v)};
 }
 
+namespace {
+
+// cos/sin as the [T, D] tables of the fused rotary_emb op for x, or undefined
+// when the call does not fit it (broadcast positions, other dtypes, devices).
+std::tuple<Tensor, Tensor> fused_tables(const Tensor &x, const Tensor &cos,
+                                        const Tensor &sin) {
+  if (x.dim() < 2 || cos.dim() < 2 || cos.sizes() != sin.sizes() ||
+      cos.dtype() != sin.dtype() || cos.size(-2) != x.size(-2) ||
+      cos.size(-1) != x.size(-1) || cos.device() != x.device() ||
+      sin.device() != x.device())
+    return {};
+  if (cos.dtype() != x.dtype() &&
+      !(is_reduced_float(x.dtype()) && cos.dtype() == kFloat32))
+    return {};
+  for (int64_t d = 0; d + 2 < cos.dim(); ++d) {
+    if (cos.size(d) != 1)
+      return {};
+  }
+  const Shape table{x.size(-2), x.size(-1)};
+  return {cos.reshape(table), sin.reshape(table)};
+}
+
+} // namespace
+
 Tensor apply_rotary_emb(const Tensor &x, const Tensor &cos, const Tensor &sin) {
   KILN_CHECK(x.defined() && cos.defined() && sin.defined(),
              "[apply_rotary_emb] x, cos and sin must be defined");
@@ -245,11 +269,27 @@ Tensor apply_rotary_emb(const Tensor &x, const Tensor &cos, const Tensor &sin) {
   KILN_CHECK(fits, "[apply_rotary_emb] cos/sin of shape ",
              shape_str(cos.sizes()), " must broadcast to x of shape ",
              shape_str(x.sizes()));
+  if (auto [c, s] = fused_tables(x, cos, sin); c.defined())
+    return kiln::rotary_emb(x, c, s);
   const int64_t half = x.size(-1) / 2;
   const Tensor x1 = x.narrow(-1, 0, half);
   const Tensor x2 = x.narrow(-1, half, half);
   const Tensor rotated = cat({-x2, x1}, -1);
   return (x * cos + rotated * sin).to(x.dtype());
+}
+
+std::tuple<Tensor, Tensor> apply_rotary_emb_qk(const Tensor &q, const Tensor &k,
+                                               const Tensor &cos,
+                                               const Tensor &sin) {
+  KILN_CHECK(q.defined() && k.defined() && cos.defined() && sin.defined(),
+             "[apply_rotary_emb_qk] q, k, cos and sin must be defined");
+  if (q.dim() >= 2 && k.dim() >= 2 && q.dtype() == k.dtype() &&
+      q.is_floating_point() && q.size(-1) % 2 == 0 &&
+      k.size(-2) == q.size(-2) && k.size(-1) == q.size(-1)) {
+    if (auto [c, s] = fused_tables(q, cos, sin); c.defined())
+      return kiln::rotary_emb_qk(q, k, c, s);
+  }
+  return {apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)};
 }
 
 } // namespace kiln::nn::functional

@@ -1,5 +1,6 @@
 // kiln::nn::functional losses: mse, l1, smooth_l1, nll, cross_entropy (indices
-// or probabilities, ignore_index, label smoothing, class weights), binary cross
+// or probabilities, ignore_index, label smoothing, class weights; the fused
+// kiln::cross_entropy_fused for [N, V] logits with a mean), binary cross
 // entropy (with and without logits) and kl_div, written in differentiable ops
 // with PyTorch's reductions.
 #include <cmath>
@@ -160,6 +161,18 @@ Tensor cross_entropy(const Tensor &input, const Tensor &target,
   const int64_t classes = input.size(cdim);
   const Tensor &weight = options.weight();
   check_class_weight(weight, classes, "cross_entropy");
+  // The fused kernel when the call fits it (the LM-training case): logits
+  // [N, V], int64 targets [N], no class weight, no smoothing, mean. One pass
+  // forward and one backward, no log-softmax tensor. Out-of-range targets
+  // raise the same error as below on the CPU; on a GPU the loss is NaN.
+  if (input.dim() == 2 && classes >= 1 && target.dtype() == kInt64 &&
+      target.dim() == 1 && target.size(0) == input.size(0) &&
+      target.device() == input.device() && !weight.defined() && ls == 0 &&
+      options.reduction() == Reduction::Mean) {
+    check_class_targets(input, target, options.ignore_index(), "nll_loss");
+    return kiln::cross_entropy_fused(input, target, options.ignore_index())
+        .to(input.dtype());
+  }
   const Tensor lsm = kiln::log_softmax(input, cdim);
   // The class weight as [C, 1, ...], broadcasting against the input over dim 1.
   Tensor wb;

@@ -174,7 +174,7 @@ Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false, bool 
 Tensor softmax(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
 Tensor log_softmax(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
 
-// --- Fused ops (tensor/ops/norm.cpp, tensor/ops/cross_entropy.cpp) -------------------------
+// --- Fused ops (tensor/ops/{norm,cross_entropy,rotary,glu}.cpp) ---------------------------
 // RMSNorm over the trailing dims that `weight` spans: x * rsqrt(mean(x^2) + eps) * weight, in
 // f32 for f16/bf16 (f64 for f64), returned in x's dtype. weight has x's dtype, or f32 for a
 // f16/bf16 x. One kernel forward, one backward ("rms_norm_backward": dx and dweight).
@@ -184,6 +184,20 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 // Never materialises an f32 copy of the logits; the backward writes dlogits in one pass.
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets,
                            int64_t ignore_index = -100);
+// Rotary position embedding (tensor/ops/rotary.cpp), rotate-half layout: x * cos +
+// rotate_half(x) * sin with rotate_half(x) = [-x2, x1] over the halves of the last dim. x is
+// [..., T, D] (any strides, read in place: the q/k views of a fused qkv projection), cos and sin
+// [T, D] (F::rope_cache) of x's dtype, or f32 for a f16/bf16 x. f32 arithmetic for f16/bf16,
+// result contiguous in x's dtype. The backward is the transposed rotation, one kernel.
+Tensor rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin);
+// rotary_emb of q and of k (same T, D and dtype; the head counts may differ) in one launch.
+std::tuple<Tensor, Tensor> rotary_emb_qk(const Tensor& q, const Tensor& k, const Tensor& cos,
+                                         const Tensor& sin);
+// Gated MLP activations (tensor/ops/glu.cpp): silu(gate) * up and gelu(gate, "tanh") * up for
+// gate and up of one shape and dtype (any strides), in f32 for f16/bf16. One kernel forward,
+// one backward writing dgate and dup together.
+Tensor swiglu(const Tensor& gate, const Tensor& up);
+Tensor geglu_tanh(const Tensor& gate, const Tensor& up);
 
 // Fused attention (tensor/ops/attention.cpp): q [B, H, T, D], k and v [B, H_kv, S, D] (H a
 // multiple of H_kv), softmax(scale * q k^T) v with causal (top-left aligned) and sliding-window

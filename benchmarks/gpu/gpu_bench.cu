@@ -1,5 +1,7 @@
-// kiln's GPU benchmark harness: cuBLASLt GEMMs at the Llama training shapes, the fused RMSNorm
-// and cross-entropy kernels, and a device-to-device copy as the bandwidth ceiling.
+// kiln's GPU benchmark harness: cuBLASLt GEMMs at the Llama training shapes, the fused RMSNorm,
+// cross-entropy, RoPE and SwiGLU/GeGLU kernels, elementwise ops, reductions and softmax, and a
+// device-to-device copy as the bandwidth ceiling (memory-bound rows also print their fraction of
+// it).
 //
 //   kiln_gpu_bench [results.json] [--no-gemm]   # then: python3 benchmarks/gpu/torch_reference.py \
 //                                     #         --kiln results.json   (same run, same GPU)
@@ -64,15 +66,16 @@ uint32_t g_seed = 1;
 Tensor random(kiln::IntArrayRef sizes, kiln::ScalarType dtype, float scale = 1.7f) {
   Tensor t = kiln::empty(sizes, kiln::TensorOptions(dtype).device(kiln::Device(kiln::kCUDA, 0)));
   kiln::visit_floating(dtype, "random", [&]<typename T>(kiln::TypeTag<T>) {
-    random_fill_kernel<T><<<4096, 256>>>(static_cast<T*>(t.data_ptr()), t.numel(), ++g_seed * 7919u,
-                                         scale);
+    random_fill_kernel<T>
+        <<<4096, 256>>>(static_cast<T*>(t.data_ptr()), t.numel(), ++g_seed * 7919u, scale);
   });
   KILN_CUDA_LAUNCH_CHECK("random_fill_kernel");
   return t;
 }
 
 Tensor random_targets(int64_t n, int64_t v) {
-  Tensor t = kiln::empty({n}, kiln::TensorOptions(kiln::kInt64).device(kiln::Device(kiln::kCUDA, 0)));
+  Tensor t =
+      kiln::empty({n}, kiln::TensorOptions(kiln::kInt64).device(kiln::Device(kiln::kCUDA, 0)));
   random_targets_kernel<<<256, 256>>>(static_cast<int64_t*>(t.data_ptr()), n, v, ++g_seed);
   KILN_CUDA_LAUNCH_CHECK("random_targets_kernel");
   return t;
@@ -108,6 +111,7 @@ struct Row {
   double ms, tflops, gbs;
 };
 std::vector<Row> g_rows;
+double g_copy_gbs = 0;  // the measured device-to-device copy, the bandwidth ceiling
 
 void report(const std::string& name, double ms, double flops, double bytes) {
   const Row r{name, ms, flops > 0 ? flops / ms / 1e9 : 0, bytes > 0 ? bytes / ms / 1e6 : 0};
@@ -115,6 +119,7 @@ void report(const std::string& name, double ms, double flops, double bytes) {
   std::printf("%-34s %10.4f ms", name.c_str(), ms);
   if (flops > 0) std::printf("  %8.1f TFLOP/s", r.tflops);
   if (bytes > 0) std::printf("  %8.1f GB/s", r.gbs);
+  if (bytes > 0 && g_copy_gbs > 0) std::printf("  %5.1f%% of copy", 100 * r.gbs / g_copy_gbs);
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -169,6 +174,81 @@ void bench_flash_attention() {
   }
 }
 
+// RoPE at llama-3.2-1b's shape: B 4, T 2048, 32 q heads and 8 kv heads of 64, bf16. q and k are
+// the [B, H, T, D] views of one [B, T, (32 + 2 * 8) * 64] qkv projection, read in place; cos/sin
+// are bf16 [T, D] tables (as Hugging Face's Llama keeps them). 3 projections in rotation (each
+// 50 MiB). Bytes: q and k read and written. The backward rotates contiguous dq, dk (the
+// transposed rotation).
+void bench_rope() {
+  const int64_t b = 4, t = 2048, hq = 32, hkv = 8, d = 64;
+  std::vector<Tensor> qs, ks, dqs, dks;
+  for (int i = 0; i < 3; ++i) {
+    const Tensor qkv = random({b, t, (hq + 2 * hkv) * d}, kiln::kBFloat16);
+    qs.push_back(qkv.narrow(-1, 0, hq * d).view({b, t, hq, d}).transpose(1, 2));
+    ks.push_back(qkv.narrow(-1, hq * d, hkv * d).view({b, t, hkv, d}).transpose(1, 2));
+    dqs.push_back(random({b, hq, t, d}, kiln::kBFloat16));
+    dks.push_back(random({b, hkv, t, d}, kiln::kBFloat16));
+  }
+  const Tensor cos = random({t, d}, kiln::kBFloat16), sin = random({t, d}, kiln::kBFloat16);
+  const double bytes = 2.0 * static_cast<double>((hq + hkv) * b * t * d * 2);
+  static const kiln::OpDef& qk = KILN_OP(rotary_emb_qk);
+  report("rope 1b q+k bf16 fwd",
+         time_ms([&](int i) { (void)kiln::rotary_emb_qk(qs[i % 3], ks[i % 3], cos, sin); }), 0,
+         bytes);
+  report("rope 1b q+k bf16 fwd (2 launches)", time_ms([&](int i) {
+           (void)kiln::rotary_emb(qs[i % 3], cos, sin);
+           (void)kiln::rotary_emb(ks[i % 3], cos, sin);
+         }),
+         0, bytes);
+  report("rope 1b q+k bf16 bwd", time_ms([&](int i) {
+           (void)kiln::call_op(qk, {dqs[i % 3], dks[i % 3], cos, sin}, {true});
+         }),
+         0, bytes);
+}
+
+// SwiGLU and tanh-GeGLU over 8192 x 8192 bf16 gate and up (128 MiB each: no rotation needed).
+// Bytes: forward gate, up read and y written; backward dy, gate, up read, dgate and dup written.
+void bench_glu() {
+  const int64_t n = 8192, f = 8192;
+  const Tensor gate = random({n, f}, kiln::kBFloat16, 4.0f), up = random({n, f}, kiln::kBFloat16);
+  const Tensor dy = random({n, f}, kiln::kBFloat16);
+  const double tb = static_cast<double>(n * f * 2);
+  static const kiln::OpDef& swb = KILN_OP(swiglu_backward);
+  static const kiln::OpDef& geb = KILN_OP(geglu_tanh_backward);
+  report("swiglu 8192x8192 bf16 fwd", time_ms([&](int) { (void)kiln::swiglu(gate, up); }), 0,
+         3 * tb);
+  report("swiglu 8192x8192 bf16 bwd", time_ms([&](int) {
+           (void)kiln::call_op(swb, {dy, gate, up});
+         }),
+         0, 5 * tb);
+  report("geglu_tanh 8192x8192 bf16 fwd", time_ms([&](int) { (void)kiln::geglu_tanh(gate, up); }),
+         0, 3 * tb);
+  report("geglu_tanh 8192x8192 bf16 bwd", time_ms([&](int) {
+           (void)kiln::call_op(geb, {dy, gate, up});
+         }),
+         0, 5 * tb);
+}
+
+// The generic kernels: elementwise add/mul over 64M elements (bf16 and f32, 2 reads + 1 write),
+// the row sum of an 8192 x 8192 matrix (sum over the last dim) and the sum of all of it (64M
+// elements read), and softmax over the last dim of 8192 x 32768 bf16 (read + write).
+void bench_generic() {
+  const int64_t n = int64_t{64} << 20;
+  for (kiln::ScalarType dt : {kiln::kBFloat16, kiln::kFloat}) {
+    const std::string tn = dt == kiln::kFloat ? "f32" : "bf16";
+    const double eb = static_cast<double>(kiln::element_size(dt));
+    const Tensor a = random({n}, dt), b = random({n}, dt);
+    report("add 64M " + tn, time_ms([&](int) { (void)kiln::add(a, b); }), 0, 3 * n * eb);
+    report("mul 64M " + tn, time_ms([&](int) { (void)kiln::mul(a, b); }), 0, 3 * n * eb);
+    const Tensor m = a.view({8192, 8192});
+    report("sum rows 8192x8192 " + tn, time_ms([&](int) { (void)kiln::sum(m, {1}); }), 0, n * eb);
+    report("sum all 64M " + tn, time_ms([&](int) { (void)kiln::sum(a); }), 0, n * eb);
+  }
+  const Tensor x = random({8192, 32768}, kiln::kBFloat16, 8.0f);
+  report("softmax 8192x32768 bf16", time_ms([&](int) { (void)kiln::softmax(x, -1); }), 0,
+         2.0 * static_cast<double>(x.nbytes()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,22 +263,24 @@ int main(int argc, char** argv) {
       KILN_CUDA_CHECK(cudaMemcpyAsync(b.data_ptr(), a.data_ptr(), bytes, cudaMemcpyDeviceToDevice));
     });
     report("d2d copy 1GiB", ms, 0, 2.0 * bytes);
+    g_copy_gbs = g_rows.back().gbs;
   }
 
   bool gemm = true;
   for (int i = 1; i < argc; ++i) gemm = gemm && std::string(argv[i]) != "--no-gemm";
   if (gemm) bench_gemm({"ref", 8192, 8192, 8192}, false);
   const std::vector<Gemm> gemms = {
-      {"1b-qkv", 8192, 3072, 2048},     {"1b-attn_out", 8192, 2048, 2048},
-      {"1b-gate_up", 8192, 16384, 2048}, {"1b-down", 8192, 2048, 8192},
-      {"1b-head", 8192, 128256, 2048},   {"160m-qkv", 16384, 2304, 768},
+      {"1b-qkv", 8192, 3072, 2048},       {"1b-attn_out", 8192, 2048, 2048},
+      {"1b-gate_up", 8192, 16384, 2048},  {"1b-down", 8192, 2048, 8192},
+      {"1b-head", 8192, 128256, 2048},    {"160m-qkv", 16384, 2304, 768},
       {"160m-gate_up", 16384, 4096, 768}, {"160m-down", 16384, 768, 2048},
       {"160m-head", 16384, 32000, 768},
   };
   for (const Gemm& g : gemms) {
     if (gemm) bench_gemm(g, true);
   }
-  if (gemm) bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise
+  if (gemm)
+    bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise
 
   {  // RMSNorm 8192 x 2048 bf16 (bf16 weight), 4 input sets in rotation (each 32 MiB).
     const int64_t rows = 8192, d = 2048;
@@ -230,9 +312,10 @@ int main(int argc, char** argv) {
     const Tensor g = kiln::full({}, 1.0, kiln::TensorOptions(kiln::kFloat).device(logits.device()));
     const double bytes = static_cast<double>(n * v * 2);
     std::printf("  (cross-entropy loss on uniform[-8, 8) logits: %.4f)\n", out[0].item<double>());
-    report("cross_entropy 8192x128256 bf16 fwd",
-           time_ms([&](int) { (void)kiln::call_op(fwd, {logits, targets}, {int64_t{-100}}); }), 0,
-           bytes);
+    report("cross_entropy 8192x128256 bf16 fwd", time_ms([&](int) {
+             (void)kiln::call_op(fwd, {logits, targets}, {int64_t{-100}});
+           }),
+           0, bytes);
     report("cross_entropy 8192x128256 bf16 bwd", time_ms([&](int) {
              (void)kiln::call_op1(bwd, {g, logits, targets, out[1]}, {int64_t{-100}});
            }),
@@ -240,6 +323,9 @@ int main(int argc, char** argv) {
   }
 
   bench_flash_attention();
+  bench_rope();
+  bench_glu();
+  bench_generic();
 
   if (argc > 1 && std::string(argv[1]) != "--no-gemm") {
     FILE* f = std::fopen(argv[1], "w");
@@ -250,8 +336,11 @@ int main(int argc, char** argv) {
     std::fprintf(f, "{\"device\": \"%s\", \"results\": [\n", prop.name);
     for (size_t i = 0; i < g_rows.size(); ++i) {
       const Row& r = g_rows[i];
-      std::fprintf(f, "  {\"name\": \"%s\", \"ms\": %.6f, \"tflops\": %.3f, \"gbs\": %.3f}%s\n",
-                   r.name.c_str(), r.ms, r.tflops, r.gbs, i + 1 < g_rows.size() ? "," : "");
+      std::fprintf(f,
+                   "  {\"name\": \"%s\", \"ms\": %.6f, \"tflops\": %.3f, \"gbs\": %.3f, "
+                   "\"copy_frac\": %.4f}%s\n",
+                   r.name.c_str(), r.ms, r.tflops, r.gbs, g_copy_gbs > 0 ? r.gbs / g_copy_gbs : 0.0,
+                   i + 1 < g_rows.size() ? "," : "");
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);

@@ -1,5 +1,8 @@
 """PyTorch timings of the operations kiln_gpu_bench times, for a side-by-side table.
 
+Memory-bound rows also print their fraction of the device-to-device copy measured in the same
+run (the kiln column against kiln's copy, the torch one against torch's).
+
     kiln_gpu_bench kiln.json && python3 benchmarks/gpu/torch_reference.py --kiln kiln.json \
         --out torch.json
 
@@ -43,17 +46,21 @@ def time_ms(fn, reps=1, setup=None):
 
 
 rows = []
+copy_gbs = [0.0]  # the measured device-to-device copy, the bandwidth ceiling
 
 
 def report(name, ms, flops=0.0, nbytes=0.0):
     r = {"name": name, "ms": ms, "tflops": flops / ms / 1e9 if flops else 0.0,
          "gbs": nbytes / ms / 1e6 if nbytes else 0.0}
+    r["copy_frac"] = r["gbs"] / copy_gbs[0] if copy_gbs[0] else 0.0
     rows.append(r)
     line = f"{name:<34} {ms:10.4f} ms"
     if flops:
         line += f"  {r['tflops']:8.1f} TFLOP/s"
     if nbytes:
         line += f"  {r['gbs']:8.1f} GB/s"
+    if nbytes and copy_gbs[0]:
+        line += f"  {100 * r['copy_frac']:5.1f}% of copy"
     print(line, flush=True)
 
 
@@ -105,6 +112,79 @@ def bench_flash_attention():
                 torch.autograd.grad(outs.pop(i), (q, k, v), dout)
 
             report(f"sdpa causal {name} bwd", time_ms(bwd, setup=setup), 2.5 * flops)
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope(x, cos, sin):
+    """Hugging Face Llama's apply_rotary_pos_emb for one tensor (eager)."""
+    return x * cos + rotate_half(x) * sin
+
+
+def bench_rope():
+    """llama-3.2-1b: q and k as [B, H, T, D] views of one qkv projection, bf16 tables."""
+    b, t, hq, hkv, d = 4, 2048, 32, 8, 64
+    qs, ks = [], []
+    for _ in range(3):
+        qkv = rand(b, t, (hq + 2 * hkv) * d)
+        qs.append(qkv[..., :hq * d].view(b, t, hq, d).transpose(1, 2))
+        ks.append(qkv[..., hq * d:(hq + hkv) * d].view(b, t, hkv, d).transpose(1, 2))
+    cos, sin = rand(t, d), rand(t, d)
+    nbytes = 2.0 * (hq + hkv) * b * t * d * 2
+    with torch.no_grad():
+        report("rope 1b q+k bf16 fwd",
+               time_ms(lambda i: (rope(qs[i % 3], cos, sin), rope(ks[i % 3], cos, sin))),
+               nbytes=nbytes)
+    # Backward: autograd through the same ops, from contiguous leaves.
+    ql = [rand(b, hq, t, d).requires_grad_(True) for _ in range(3)]
+    kl = [rand(b, hkv, t, d).requires_grad_(True) for _ in range(3)]
+    dq, dk = rand(b, hq, t, d), rand(b, hkv, t, d)
+    outs = {}
+
+    def setup(i):
+        outs[i] = (rope(ql[i % 3], cos, sin), rope(kl[i % 3], cos, sin))
+
+    def bwd(i):
+        torch.autograd.grad(outs.pop(i), (ql[i % 3], kl[i % 3]), (dq, dk))
+
+    report("rope 1b q+k bf16 bwd", time_ms(bwd, setup=setup), nbytes=nbytes)
+
+
+def bench_glu():
+    n = f = 8192
+    gate = rand(n, f, scale=4.0).requires_grad_(True)
+    up = rand(n, f).requires_grad_(True)
+    dy = rand(n, f)
+    tb = n * f * 2.0
+    for name, act in [("swiglu", F.silu), ("geglu_tanh", lambda g: F.gelu(g, approximate="tanh"))]:
+        with torch.no_grad():
+            report(f"{name} 8192x8192 bf16 fwd", time_ms(lambda i: act(gate) * up), nbytes=3 * tb)
+        outs = {}
+
+        def setup(i):
+            outs[i] = act(gate) * up
+
+        def bwd(i):
+            torch.autograd.grad(outs.pop(i), (gate, up), dy)
+
+        report(f"{name} 8192x8192 bf16 bwd", time_ms(bwd, setup=setup), nbytes=5 * tb)
+
+
+def bench_generic():
+    n = 64 << 20
+    for dt, tn in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
+        eb = torch.tensor([], dtype=dt).element_size()
+        a, b = rand(n, dtype=dt), rand(n, dtype=dt)
+        report(f"add 64M {tn}", time_ms(lambda i: torch.add(a, b)), nbytes=3.0 * n * eb)
+        report(f"mul 64M {tn}", time_ms(lambda i: torch.mul(a, b)), nbytes=3.0 * n * eb)
+        m = a.view(8192, 8192)
+        report(f"sum rows 8192x8192 {tn}", time_ms(lambda i: m.sum(dim=1)), nbytes=1.0 * n * eb)
+        report(f"sum all 64M {tn}", time_ms(lambda i: a.sum()), nbytes=1.0 * n * eb)
+        del a, b, m
+    x = rand(8192, 32768, scale=8.0)
+    report("softmax 8192x32768 bf16", time_ms(lambda i: torch.softmax(x, dim=-1)),
+           nbytes=2.0 * x.numel() * x.element_size())
 
 
 def main():
@@ -119,6 +199,7 @@ def main():
     nbytes = 1 << 30
     a, b = rand(nbytes // 2), rand(nbytes // 2)
     report("d2d copy 1GiB", time_ms(lambda i: b.copy_(a)), nbytes=2.0 * nbytes)
+    copy_gbs[0] = rows[-1]["gbs"]
     del a, b
 
     gemms = [] if args.no_gemm else [
@@ -174,6 +255,9 @@ def main():
                nbytes=2 * cb)
 
     bench_flash_attention()
+    bench_rope()
+    bench_glu()
+    bench_generic()
 
     if args.out:
         with open(args.out, "w") as f:
@@ -184,6 +268,7 @@ def main():
             kiln = {r["name"]: r for r in json.load(f)["results"]}
         torch_rows = {r["name"]: r for r in rows}
         ref = max([r["tflops"] for n_, r in kiln.items() if n_.startswith("gemm ref")] + [1e-9])
+        kiln_copy = kiln["d2d copy 1GiB"]["gbs"] if "d2d copy 1GiB" in kiln else 0.0
         print(f"\n{'case':<34} {'kiln ms':>9} {'torch ms':>9} {'kiln/torch speed':>16}  kiln rate")
         names = list(kiln) + [n for n in torch_rows if n not in kiln]
         for name in names:
@@ -197,6 +282,11 @@ def main():
                 rate = f"{k['tflops']:.0f} TFLOP/s ({100 * k['tflops'] / ref:.0f}% of 8192^3)"
             elif k and k["gbs"]:
                 rate = f"{k['gbs']:.0f} GB/s"
+                if kiln_copy and name != "d2d copy 1GiB":
+                    rate += f" ({100 * k['gbs'] / kiln_copy:.0f}% of copy"
+                    if t and copy_gbs[0]:
+                        rate += f"; torch {100 * t['gbs'] / copy_gbs[0]:.0f}%"
+                    rate += ")"
             print(f"{name:<34} {ks} {ts} {ratio}  {rate}")
 
 

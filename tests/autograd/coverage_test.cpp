@@ -41,12 +41,14 @@ const std::set<std::string> kNonDifferentiable = {
     // Factories: no tensor inputs.
     "arange",
     "eye",
-    // The fused backward kernels behind rms_norm's and cross_entropy_fused's rules: their own
-    // derivatives (double backward through the fused ops) are not implemented yet, and
+    // The fused backward kernels behind the rules of rms_norm, cross_entropy_fused, swiglu and
+    // geglu_tanh: their own derivatives (double backward through the fused ops) are not implemented yet, and
     // backward through them fails with a clear error.
     "rms_norm_backward",
     "cross_entropy_fused_backward",
     "flash_attention_backward",
+    "swiglu_backward",
+    "geglu_tanh_backward",
 };
 
 // Differentiable ops and the test that gradchecks each (a name check_grad asserts is in the
@@ -141,6 +143,11 @@ const std::set<std::string> kGradchecked = {
     "rms_norm",
     "flash_attention",
     "cross_entropy_fused",
+    // fused_grad_test.cpp
+    "rotary_emb",
+    "rotary_emb_qk",
+    "swiglu",
+    "geglu_tanh",
     // view_grad_test.cpp
     "view",
     "permute",

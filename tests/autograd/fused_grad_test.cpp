@@ -1,5 +1,5 @@
-// Gradients of the fused ops (tensor/ops/norm.cpp, tensor/ops/cross_entropy.cpp), whose
-// backward rules call fused backward kernels.
+// Gradients of the fused ops (tensor/ops/{norm,cross_entropy,rotary,glu}.cpp), whose backward
+// rules call fused backward kernels.
 #include "grad_test_util.h"
 
 namespace kiln {
@@ -12,14 +12,13 @@ using gradtest::variable_list;
 TEST(FusedGradTest, RmsNorm) {
   Tensor x = leaf({3, 5}, 1.0, 0.2);
   Tensor w = leaf({5}, 0.5, 1.0);
-  EXPECT_TRUE(check_grad({"rms_norm"},
-                         [](const variable_list& in) { return rms_norm(in[0], in[1], 1e-6); },
-                         {x, w}));
+  EXPECT_TRUE(check_grad(
+      {"rms_norm"}, [](const variable_list& in) { return rms_norm(in[0], in[1], 1e-6); }, {x, w}));
   // Through a non-contiguous input.
   Tensor xt = leaf({5, 3}, 1.0, -0.3);
-  EXPECT_TRUE(check_grad(
-      {"rms_norm"},
-      [](const variable_list& in) { return rms_norm(in[0].t(), in[1], 1e-5); }, {xt, w}));
+  EXPECT_TRUE(check_grad({"rms_norm"},
+                         [](const variable_list& in) { return rms_norm(in[0].t(), in[1], 1e-5); },
+                         {xt, w}));
 }
 
 TEST(FusedGradTest, CrossEntropyFused) {
@@ -59,6 +58,68 @@ TEST(FusedGradTest, FlashAttention) {
                                flash_attention(in[0].transpose(1, 2), in[1], in[2], 0.5));
                          },
                          {qt, k, v}));
+}
+
+TEST(FusedGradTest, RotaryEmb) {
+  // Every input differentiable, cos/sin with unequal halves (nothing assumes rope_cache's
+  // layout); the leading dims of x are summed into the tables' gradients.
+  Tensor x = leaf({2, 3, 4, 6});
+  Tensor cos = leaf({4, 6});
+  Tensor sin = leaf({4, 6});
+  EXPECT_TRUE(check_grad(
+      {"rotary_emb"}, [](const variable_list& in) { return rotary_emb(in[0], in[1], in[2]); },
+      {x, cos, sin},
+      /*gradgrad=*/true));
+  // A strided view of x (the q part of a fused qkv projection, transposed to [B, H, T, D]).
+  Tensor qkv = leaf({2, 4, 3 * 2 * 6});
+  EXPECT_TRUE(check_grad({"rotary_emb"},
+                         [](const variable_list& in) {
+                           return rotary_emb(
+                               in[0].narrow(-1, 12, 12).view({2, 4, 2, 6}).transpose(1, 2), in[1],
+                               in[2]);
+                         },
+                         {qkv, cos, sin}));
+}
+
+TEST(FusedGradTest, RotaryEmbQk) {
+  Tensor q = leaf({2, 4, 3, 4});
+  Tensor k = leaf({2, 2, 3, 4});
+  Tensor cos = leaf({3, 4});
+  Tensor sin = leaf({3, 4});
+  EXPECT_TRUE(check_grad(
+      {"rotary_emb_qk"},
+      [](const variable_list& in) {
+        auto [q2, k2] = rotary_emb_qk(in[0], in[1], in[2], in[3]);
+        return cat({q2.flatten(), (k2 * 1.5).flatten()});
+      },
+      {q, k, cos, sin}, /*gradgrad=*/true));
+  // Only one output used: the other's gradient is zero.
+  EXPECT_TRUE(check_grad({"rotary_emb_qk"},
+                         [](const variable_list& in) {
+                           return std::get<1>(rotary_emb_qk(in[0], in[1], in[2], in[3]));
+                         },
+                         {q, k, cos, sin}));
+}
+
+TEST(FusedGradTest, SwigluAndGegluTanh) {
+  Tensor gate = leaf({3, 7}, 2.0);
+  Tensor up = leaf({3, 7});
+  EXPECT_TRUE(check_grad({"swiglu"}, [](const variable_list& in) { return swiglu(in[0], in[1]); },
+                         {gate, up}));
+  EXPECT_TRUE(check_grad({"geglu_tanh"},
+                         [](const variable_list& in) { return geglu_tanh(in[0], in[1]); },
+                         {gate, up}));
+  // gate and up as the two halves of one projection (strided views).
+  Tensor both = leaf({4, 10}, 2.0);
+  EXPECT_TRUE(check_grad(
+      {"swiglu"},
+      [](const variable_list& in) { return swiglu(in[0].narrow(1, 0, 5), in[0].narrow(1, 5, 5)); },
+      {both}));
+  EXPECT_TRUE(check_grad({"geglu_tanh"},
+                         [](const variable_list& in) {
+                           return geglu_tanh(in[0].narrow(1, 0, 5).t(), in[0].narrow(1, 5, 5).t());
+                         },
+                         {both}));
 }
 
 }  // namespace

@@ -1,17 +1,21 @@
-// The fused CUDA kernels rms_norm(+backward) and cross_entropy_fused(+backward)
-// (kernels/cuda/norm.cu, cross_entropy.cu) against their CPU kernels on the same fresh random
-// inputs: every floating dtype, packed (16-byte) and unpacked row lengths, rows longer than the
-// register cache, many rows per block, non-contiguous inputs, ignore_index, and gradients
-// through autograd on the GPU.
+// The fused CUDA kernels rms_norm(+backward), cross_entropy_fused(+backward), rotary_emb(_qk)
+// and swiglu/geglu_tanh(+backward) (kernels/cuda/{norm,cross_entropy,rotary,glu}.cu) against
+// their CPU kernels on the same fresh random inputs: every floating dtype, packed (16-byte) and
+// unpacked row lengths, rows longer than the register cache, many rows per block,
+// non-contiguous inputs (built on the GPU from the same base as on the CPU), ignore_index, and
+// gradients through autograd on the GPU.
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "autograd/engine.h"
 #include "kernels/cuda/runtime.h"
+#include "nn/functional.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 #include "test_util.h"
@@ -27,6 +31,8 @@ class GpuFixture : public ::testing::Test {
 };
 class GpuRmsNorm : public GpuFixture {};
 class GpuCrossEntropy : public GpuFixture {};
+class GpuRotaryEmb : public GpuFixture {};
+class GpuGlu : public GpuFixture {};
 
 const Device kGpu(kCUDA, 0);
 
@@ -84,8 +90,8 @@ void check_rms(const Tensor& x, const Tensor& w, double eps = 1e-5) {
 TEST_F(GpuRmsNorm, EveryDtypePackedAndUnpacked) {
   manual_seed(21);
   for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
-    check_rms(randn({37, 64}).to(dt), randn({64}).to(dt));    // 16-byte packs
-    check_rms(randn({19, 37}).to(dt), randn({37}).to(dt));    // odd length: one element each
+    check_rms(randn({37, 64}).to(dt), randn({64}).to(dt));       // 16-byte packs
+    check_rms(randn({19, 37}).to(dt), randn({37}).to(dt));       // odd length: one element each
     check_rms(randn({7, 3, 40}).to(dt), randn({3, 40}).to(dt));  // two normalised dims
   }
   check_rms(randn({33, 96}).to(kBFloat16), randn({96}));  // f32 weight
@@ -108,6 +114,17 @@ TEST_F(GpuRmsNorm, LongRowsManyRowsAndLayouts) {
   // A 1-D input and a transposed one.
   check_rms(randn({48}), randn({48}));
   check_rms(randn({64, 24}).t(), randn({64}));
+}
+
+TEST_F(GpuRmsNorm, PersistentPrefetchingForward) {
+  manual_seed(27);
+  // Enough rows that every resident warp loops over several (the prefetching forward), with
+  // idle lanes (1000, 264) and f32 weights.
+  // (At most 8 blocks of 8 warps per SM on 132 SMs: 16896 rows always give two per warp.)
+  check_rms(randn({10000, 2048}).to(kBFloat16), randn({2048}).to(kBFloat16));
+  check_rms(randn({9001, 1000}).to(kBFloat16), randn({1000}));
+  check_rms(randn({17000, 264}).to(kHalf), randn({264}).to(kHalf));
+  check_rms(randn({17000, 512}), randn({512}));
 }
 
 TEST_F(GpuRmsNorm, AutogradUsesTheFusedBackward) {
@@ -144,7 +161,8 @@ void check_ce(const Tensor& logits, const Tensor& targets, int64_t ignore = -100
   const ScalarType ct = c[0].dtype();
   const Tensor grad = full({}, 1.7, TensorOptions(ct));
   const Tensor dc = call_op1(bwd, {grad, logits, targets, c[1]}, {ignore});
-  const Tensor dg = call_op1(bwd, {grad.to(kGpu), logits.to(kGpu), targets.to(kGpu), g[1]}, {ignore});
+  const Tensor dg =
+      call_op1(bwd, {grad.to(kGpu), logits.to(kGpu), targets.to(kGpu), g[1]}, {ignore});
   expect_match(dg, dc, tolerance(logits.dtype()));
 }
 
@@ -176,8 +194,8 @@ TEST_F(GpuCrossEntropy, LargeVocabularyAndLayouts) {
   // Transposed logits: copied to rows first.
   check_ce((randn({300, 20}) * 2).t(), targets_for(20, 300));
   // Extreme values and a custom ignore_index.
-  const Tensor big = from_blob(std::vector<float>{1000, -1000, 999, 0, -1e4, 50}.data(), {2, 3},
-                               kFloat).clone();
+  const Tensor big =
+      from_blob(std::vector<float>{1000, -1000, 999, 0, -1e4, 50}.data(), {2, 3}, kFloat).clone();
   check_ce(big, from_blob(std::vector<int64_t>{0, 2}.data(), {2}, kInt64).clone(), 0);
 }
 
@@ -199,10 +217,184 @@ TEST_F(GpuCrossEntropy, AutogradUsesTheFusedBackward) {
   static const OpDef& bwd = KILN_OP(cross_entropy_fused_backward);
   const Tensor lc = logits.detach().cpu();
   const TensorVec c = call_op(fwd, {lc, t}, {int64_t{-100}});
-  const Tensor dc = call_op1(bwd, {full({}, 1.0, TensorOptions(kFloat)), lc, t, c[1]}, {int64_t{-100}});
+  const Tensor dc =
+      call_op1(bwd, {full({}, 1.0, TensorOptions(kFloat)), lc, t, c[1]}, {int64_t{-100}});
   EXPECT_NEAR(loss.item<double>(), c[0].item<double>(), 1e-5);
   EXPECT_EQ(g[0].dtype(), kBFloat16);
   expect_match(g[0], dc, 8e-3);
+}
+
+// --- rotary_emb(_qk), swiglu, geglu_tanh ------------------------------------------------------
+
+using ViewFn = std::function<TensorVec(const TensorVec&)>;
+
+TensorVec no_view(const TensorVec& t) { return t; }
+
+// Runs op(view(bases), attrs) on the CPU and on view(bases copied to the GPU) (so that strided
+// views have the same layout on both devices) and compares every output.
+void check_both(const OpDef& op, const TensorVec& bases, const ViewFn& view,
+                absl::InlinedVector<Attr, 4> attrs, double tol) {
+  TensorVec gpu_bases;
+  for (const Tensor& b : bases) gpu_bases.push_back(b.to(kGpu));
+  const TensorVec cin = view(bases), gin = view(gpu_bases);
+  for (size_t i = 0; i < cin.size(); ++i) {
+    ASSERT_EQ(to_shape(cin[i].strides()), to_shape(gin[i].strides())) << "input " << i;
+  }
+  const TensorVec c = call_op(op, cin, attrs);
+  const TensorVec g = call_op(op, gin, attrs);
+  ASSERT_EQ(c.size(), g.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    SCOPED_TRACE(op.name + " output " + std::to_string(i));
+    expect_match(g[i], c[i], tol);
+  }
+}
+
+// rotary_emb forward and transposed (the backward) on view(x, cos, sin).
+void check_rope(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                const ViewFn& view = no_view) {
+  SCOPED_TRACE(std::string(dtype_name(x.dtype())) + " x " + shape_str(x.sizes()) + ", " +
+               std::string(dtype_name(cos.dtype())) + " tables");
+  static const OpDef& op = KILN_OP(rotary_emb);
+  for (bool transpose : {false, true}) {
+    check_both(op, {x, cos, sin}, view, {transpose}, tolerance(x.dtype()));
+  }
+}
+
+TEST_F(GpuRotaryEmb, EveryDtypePackedAndUnpacked) {
+  manual_seed(41);
+  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
+    // Tables with unequal halves (the kernel reads both).
+    check_rope(randn({2, 3, 37, 64}).to(dt), randn({37, 64}).to(dt), randn({37, 64}).to(dt));
+    check_rope(randn({5, 9, 10}).to(dt), randn({9, 10}).to(dt), randn({9, 10}).to(dt));
+    check_rope(randn({7, 2}).to(dt), randn({7, 2}).to(dt), randn({7, 2}).to(dt));
+  }
+  for (ScalarType dt : {kHalf, kBFloat16}) {  // f32 tables
+    check_rope(randn({3, 4, 33, 128}).to(dt), randn({33, 128}), randn({33, 128}));
+    check_rope(randn({3, 11, 6}).to(dt), randn({11, 6}), randn({11, 6}));
+  }
+}
+
+TEST_F(GpuRotaryEmb, StridedViewsAndQkForm) {
+  manual_seed(42);
+  // q, k as views of one [B, T, (H + 2 Hkv) * D] projection, [B, H, T, D] (llama-3.2-1b's
+  // grouping at a small size): read in place, packed.
+  const int64_t b = 2, t = 19, h = 8, hkv = 2, d = 64;
+  for (ScalarType dt : {kBFloat16, kFloat}) {
+    const Tensor qkv = randn({b, t, (h + 2 * hkv) * d}).to(dt);
+    const Tensor cos = randn({t, d}), sin = randn({t, d});
+    const Tensor c = cos.to(dt), s = sin.to(dt);
+    auto qk_view = [=](int64_t offset) {
+      return [=](const TensorVec& in) -> TensorVec {
+        return {in[0].narrow(-1, offset, h * d).view({b, t, h, d}).transpose(1, 2),
+                in[0].narrow(-1, offset + h * d, hkv * d).view({b, t, hkv, d}).transpose(1, 2),
+                in[1], in[2]};
+      };
+    };
+    static const OpDef& qk = KILN_OP(rotary_emb_qk);
+    for (bool transpose : {false, true}) {
+      check_both(qk, {qkv, c, s}, qk_view(0), {transpose}, tolerance(dt));
+      // Shifted by one element: no 16-byte packs.
+      check_both(qk, {qkv, c, s}, qk_view(1), {transpose}, tolerance(dt));
+    }
+    check_rope(qkv, c, s, [=](const TensorVec& in) -> TensorVec {
+      return {in[0].narrow(-1, h * d, hkv * d).view({b, t, hkv, d}).transpose(1, 2), in[1], in[2]};
+    });
+    // A last dim that is not dense (copied first), and a 2-D x.
+    check_rope(randn({3, d, t}).to(dt), c, s, [](const TensorVec& in) -> TensorVec {
+      return {in[0].transpose(1, 2), in[1], in[2]};
+    });
+    check_rope(randn({t, d}).to(dt), c, s);
+  }
+  // rope_cache tables, a long sequence.
+  auto [c, s] = nn::functional::rope_cache(2048, 64, 500000.0);
+  check_rope(randn({1, 4, 2048, 64}).to(kBFloat16), c, s);
+}
+
+TEST_F(GpuRotaryEmb, AutogradUsesTheFusedKernels) {
+  manual_seed(43);
+  const Tensor qkv = randn({2, 7, 6 * 16}).to(kBFloat16);
+  auto [c, s] = nn::functional::rope_cache(7, 16);
+  auto grads_on = [&](Device dev) {
+    Tensor base = qkv.to(dev).requires_grad_(true);
+    const Tensor q = base.narrow(-1, 0, 64).view({2, 7, 4, 16}).transpose(1, 2);
+    const Tensor k = base.narrow(-1, 64, 16).view({2, 7, 1, 16}).transpose(1, 2);
+    auto [q2, k2] = rotary_emb_qk(q, k, c.to(dev), s.to(dev));
+    const Tensor loss = (q2.to(kFloat) * q2.to(kFloat)).sum() + (k2.to(kFloat) * 3).sum();
+    return autograd::grad({loss}, {base})[0];
+  };
+  expect_match(grads_on(kGpu), grads_on(Device(kCPU)), 8e-3);
+}
+
+// swiglu / geglu_tanh forward and backward on view(gate, up) (and a dy of the output's shape).
+void check_glu(const Tensor& gate, const Tensor& up, const ViewFn& view = no_view) {
+  SCOPED_TRACE(std::string(dtype_name(gate.dtype())) + " " + shape_str(gate.sizes()));
+  static const OpDef& sw = KILN_OP(swiglu);
+  static const OpDef& swb = KILN_OP(swiglu_backward);
+  static const OpDef& ge = KILN_OP(geglu_tanh);
+  static const OpDef& geb = KILN_OP(geglu_tanh_backward);
+  const double tol = tolerance(gate.dtype());
+  check_both(sw, {gate, up}, view, {}, tol);
+  check_both(ge, {gate, up}, view, {}, tol);
+  const Tensor shaped = view({gate, up})[0];
+  const Tensor dy = randn(shaped.sizes()).to(gate.dtype());
+  const ViewFn bwd_view = [&](const TensorVec& in) -> TensorVec {
+    const TensorVec v = view({in[1], in[2]});
+    return {in[0], v[0], v[1]};
+  };
+  check_both(swb, {dy, gate, up}, bwd_view, {}, tol);
+  check_both(geb, {dy, gate, up}, bwd_view, {}, tol);
+}
+
+TEST_F(GpuGlu, EveryDtypePackedAndUnpacked) {
+  manual_seed(44);
+  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
+    check_glu((randn({64, 128}) * 3).to(dt), randn({64, 128}).to(dt));    // 16-byte packs
+    check_glu((randn({1000, 37}) * 3).to(dt), randn({1000, 37}).to(dt));  // odd: one element
+    check_glu((randn({}) * 3).to(dt), randn({}).to(dt));                  // 0-d
+  }
+  // Saturation: large arguments give no NaN on either device.
+  const Tensor g =
+      from_blob(std::vector<float>{-200, -30, -5, 0, 5, 30, 200, 1e-3}.data(), {8}, kFloat).clone();
+  check_glu(g, randn({8}));
+  check_glu(g.to(kBFloat16), randn({8}).to(kBFloat16));
+  // A large input (many blocks).
+  check_glu(randn({3000, 4104}).to(kBFloat16), randn({3000, 4104}).to(kBFloat16));
+}
+
+TEST_F(GpuGlu, StridedLayouts) {
+  manual_seed(45);
+  for (ScalarType dt : {kBFloat16, kFloat}) {
+    // gate and up as the halves of one [N, 2F] projection: packed rows at a pitch (F % 8 == 0),
+    // then unpacked (F odd).
+    for (int64_t f : {64, 35}) {
+      const Tensor both = randn({33, 2 * f}).to(dt);
+      check_glu(both, both, [f](const TensorVec& in) -> TensorVec {
+        return {in[0].narrow(1, 0, f), in[1].narrow(1, f, f)};
+      });
+    }
+    // Transposed, and broadcast (stride 0) inputs.
+    check_glu(randn({40, 24}).to(dt), randn({40, 24}).to(dt), [](const TensorVec& in) -> TensorVec {
+      return {in[0].t(), in[1].t()};
+    });
+    check_glu(randn({1, 48}).to(dt), randn({16, 48}).to(dt), [](const TensorVec& in) -> TensorVec {
+      return {in[0].expand({16, 48}), in[1]};
+    });
+  }
+}
+
+TEST_F(GpuGlu, AutogradUsesTheFusedKernels) {
+  manual_seed(46);
+  const Tensor both = randn({128, 2 * 256}).to(kBFloat16);
+  for (bool gelu_variant : {false, true}) {
+    auto grads_on = [&](Device dev) {
+      Tensor base = both.to(dev).requires_grad_(true);
+      const Tensor g = base.narrow(1, 0, 256), u = base.narrow(1, 256, 256);
+      const Tensor y = gelu_variant ? geglu_tanh(g, u) : swiglu(g, u);
+      const Tensor loss = (y.to(kFloat) * y.to(kFloat)).sum();
+      return autograd::grad({loss}, {base})[0];
+    };
+    expect_match(grads_on(kGpu), grads_on(Device(kCPU)), 8e-3);
+  }
 }
 
 }  // namespace

@@ -1,14 +1,18 @@
-// The fused ops rms_norm and cross_entropy_fused on the CPU (their kernels are the reference
-// for the CUDA ones): forward against f64 loops written here, gradients by gradcheck (f64) and
-// against the f64 analytic gradient (f32/f16/bf16), and misuse errors.
+// The fused ops rms_norm, cross_entropy_fused, rotary_emb(_qk), swiglu and geglu_tanh on the CPU
+// (their kernels are the reference for the CUDA ones): forward against f64 loops or f64
+// compositions of plain ops written here, gradients by gradcheck (f64) and against the f64
+// gradient of the composition (f32/f16/bf16), and misuse errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "autograd/engine.h"
 #include "autograd/gradcheck.h"
+#include "nn/functional.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 #include "test_util.h"
@@ -115,9 +119,8 @@ TEST(FusedRmsNorm, Gradcheck) {
   manual_seed(5);
   Tensor x = randn({3, 6}, TensorOptions(kDouble).requires_grad(true));
   Tensor w = randn({6}, TensorOptions(kDouble).requires_grad(true));
-  EXPECT_TRUE(
-      autograd::gradcheck([](const variable_list& in) { return rms_norm(in[0], in[1], 1e-3); },
-                          {x, w}));
+  EXPECT_TRUE(autograd::gradcheck(
+      [](const variable_list& in) { return rms_norm(in[0], in[1], 1e-3); }, {x, w}));
 }
 
 TEST(FusedRmsNorm, Errors) {
@@ -204,8 +207,8 @@ TEST(FusedCrossEntropy, LargeVocabularyNonContiguousAndIgnoreIndex) {
   // Transposed logits (stride 1 along rows).
   check_cross_entropy((randn({9, 4}) * 2).t(), {1, 0, 8, 3}, -100);
   // Extreme logits: the running max must keep exp() finite.
-  const Tensor big = from_blob(std::vector<double>{1000, -1000, 999, 0, -1e4, 50}.data(), {2, 3},
-                               kDouble).clone();
+  const Tensor big =
+      from_blob(std::vector<double>{1000, -1000, 999, 0, -1e4, 50}.data(), {2, 3}, kDouble).clone();
   check_cross_entropy(big, {0, 2}, -100);
 }
 
@@ -235,6 +238,215 @@ TEST(FusedCrossEntropy, Errors) {
                     "[cross_entropy_fused] expected floating-point logits");
   EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 0}), targets_of({0, 1})),
                     "[cross_entropy_fused] logits need at least one class");
+}
+
+// --- rotary_emb, swiglu, geglu_tanh against f64 compositions of plain ops ----------------------
+
+using Fn = std::function<Tensor(const variable_list&)>;
+
+// Runs `fused` on leaves with the dtypes of `values` and `reference` on f64 copies; compares
+// the outputs and, for a random upstream gradient (rounded to the output dtype), the gradients
+// of the inputs flagged in `grads`.
+void check_against_reference(const Fn& fused, const Fn& reference,
+                             const std::vector<Tensor>& values, const std::vector<bool>& grads,
+                             double tol) {
+  variable_list lo, hi, lo_req, hi_req;
+  for (size_t i = 0; i < values.size(); ++i) {
+    lo.push_back(values[i].detach().clone().requires_grad_(grads[i]));
+    hi.push_back(values[i].detach().to(kDouble).requires_grad_(grads[i]));
+    if (grads[i]) {
+      lo_req.push_back(lo.back());
+      hi_req.push_back(hi.back());
+    }
+  }
+  const Tensor y = fused(lo);
+  const Tensor r = reference(hi);
+  EXPECT_EQ(y.dtype(), values[0].dtype());
+  ASSERT_EQ(to_shape(y.sizes()), to_shape(r.sizes()));
+  EXPECT_LT(rel_error(y, r.to_vector<double>()), tol);
+  const Tensor dy = randn(y.sizes(), TensorOptions(kDouble)).to(y.dtype());
+  const variable_list g = autograd::grad({y}, lo_req, {dy});
+  const variable_list gr = autograd::grad({r}, hi_req, {dy.to(kDouble)});
+  for (size_t i = 0; i < g.size(); ++i) {
+    SCOPED_TRACE("gradient " + std::to_string(i));
+    EXPECT_EQ(g[i].dtype(), lo_req[i].dtype());
+    EXPECT_LT(rel_error(g[i], gr[i].to_vector<double>()), tol);
+  }
+}
+
+Tensor rotate_half_ref(const Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+
+Tensor rope_ref(const variable_list& in) { return in[0] * in[1] + rotate_half_ref(in[0]) * in[2]; }
+
+// rotary_emb(view(x), cos, sin) against the f64 composition, gradients of x (and of the tables
+// when `table_grads`).
+void check_rope(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                const std::function<Tensor(const Tensor&)>& view, bool table_grads) {
+  SCOPED_TRACE(std::string(dtype_name(x.dtype())) + " x " + shape_str(x.sizes()) + ", " +
+               std::string(dtype_name(cos.dtype())) + " tables");
+  check_against_reference(
+      [&](const variable_list& in) { return rotary_emb(view(in[0]), in[1], in[2]); },
+      [&](const variable_list& in) {
+        return rope_ref({view(in[0]), in[1], in[2]});
+      },
+      {x, cos, sin}, {true, table_grads, table_grads}, tolerance(x.dtype()) * 2);
+}
+
+Tensor same(const Tensor& t) { return t; }
+
+TEST(FusedRotaryEmb, MatchesReferenceEveryDtype) {
+  manual_seed(31);
+  for (ScalarType t : {kDouble, kFloat, kHalf, kBFloat16}) {
+    // Tables with unequal halves: the op must not assume rope_cache's layout.
+    check_rope(randn({2, 3, 5, 8}).to(t), randn({5, 8}).to(t), randn({5, 8}).to(t), same,
+               !is_reduced_float(t));
+  }
+  // f32 tables on f16/bf16 activations, from rope_cache.
+  auto [c, s] = nn::functional::rope_cache(7, 16, 500000.0);
+  check_rope(randn({2, 4, 7, 16}).to(kBFloat16), c, s, same, false);
+  check_rope(randn({3, 7, 16}).to(kHalf), c, s, same, false);
+}
+
+TEST(FusedRotaryEmb, StridedViewsAndShapes) {
+  manual_seed(32);
+  // q, k and v as views of one [B, T, (H + 2 Hkv) * D] projection, moved to [B, H, T, D]: read in
+  // place.
+  const int64_t b = 2, t = 6, h = 4, hkv = 2, d = 8;
+  const Tensor qkv = randn({b, t, (h + 2 * hkv) * d});
+  const Tensor cos = randn({t, d}), sin = randn({t, d});
+  check_rope(
+      qkv, cos, sin,
+      [=](const Tensor& x) {
+        return x.narrow(-1, 0, h * d).view({b, t, h, d}).transpose(1, 2);
+      },
+      true);
+  check_rope(
+      qkv, cos, sin,
+      [=](const Tensor& x) {
+        return x.narrow(-1, h * d, hkv * d).view({b, t, hkv, d}).transpose(1, 2);
+      },
+      true);
+  // A last dim that is not dense (a transposed [D, T] input), a 2-D x, and enough rows for
+  // several threads.
+  check_rope(
+      randn({3, 8, 6}), cos, sin, [](const Tensor& x) { return x.transpose(1, 2); }, true);
+  check_rope(randn({6, 8}), cos, sin, same, true);
+  const Tensor long_cos = randn({512, 64}), long_sin = randn({512, 64});
+  check_rope(randn({2, 512, 64}), long_cos, long_sin, same, false);
+  // Empty leading dims.
+  EXPECT_EQ(to_shape(rotary_emb(randn({0, 6, 8}), cos, sin).sizes()), (Shape{0, 6, 8}));
+}
+
+TEST(FusedRotaryEmb, QkFormEqualsTwoCalls) {
+  manual_seed(33);
+  const Tensor qkv = randn({2, 5, 6 * 4}).to(kBFloat16);
+  const Tensor q = qkv.narrow(-1, 0, 16).view({2, 5, 4, 4}).transpose(1, 2);
+  const Tensor k = qkv.narrow(-1, 16, 4).view({2, 5, 1, 4}).transpose(1, 2);
+  auto [c, s] = nn::functional::rope_cache(5, 4);
+  auto [q2, k2] = rotary_emb_qk(q, k, c, s);
+  EXPECT_TRUE(equal(q2, rotary_emb(q, c, s)));
+  EXPECT_TRUE(equal(k2, rotary_emb(k, c, s)));
+  EXPECT_EQ(to_shape(k2.sizes()), (Shape{2, 1, 5, 4}));
+  // Gradients through the qk form against the f64 composition.
+  check_against_reference(
+      [](const variable_list& in) {
+        auto [a, b] = rotary_emb_qk(in[0], in[1], in[2], in[3]);
+        return cat({a.flatten(), (b * 2).flatten()});
+      },
+      [](const variable_list& in) {
+        return cat({rope_ref({in[0], in[2], in[3]}).flatten(),
+                    (rope_ref({in[1], in[2], in[3]}) * 2).flatten()});
+      },
+      {randn({2, 3, 5, 4}), randn({2, 1, 5, 4}), randn({5, 4}), randn({5, 4})},
+      {true, true, true, true}, 1e-5);
+}
+
+TEST(FusedRotaryEmb, Errors) {
+  const Tensor c = randn({5, 8}), s = randn({5, 8});
+  EXPECT_KILN_ERROR(rotary_emb(randn({5, 7}), randn({5, 7}), randn({5, 7})),
+                    "[rotary_emb] expected x of shape [..., T, D] with D even");
+  EXPECT_KILN_ERROR(rotary_emb(randn({8}), c, s), "[rotary_emb] expected x of shape");
+  EXPECT_KILN_ERROR(rotary_emb(randn({2, 4, 8}), c, s),
+                    "[rotary_emb] expected cos/sin of shape [T, D] = [4, 8]");
+  EXPECT_KILN_ERROR(rotary_emb(randn({5, 8}), c, s.to(kDouble)),
+                    "[rotary_emb] cos (float32 [5, 8]) and sin");
+  EXPECT_KILN_ERROR(rotary_emb(randn({5, 8}), c.to(kDouble), s.to(kDouble)),
+                    "[rotary_emb] expected cos/sin of dtype float32, got float64");
+  EXPECT_KILN_ERROR(rotary_emb(randn({5, 8}).to(kBFloat16), c.to(kHalf), s.to(kHalf)),
+                    "[rotary_emb] expected cos/sin of dtype bfloat16 or float32");
+  EXPECT_KILN_ERROR(rotary_emb(ones({5, 8}, kInt64), c, s),
+                    "[rotary_emb] expected a floating-point x");
+  EXPECT_KILN_ERROR(rotary_emb_qk(randn({5, 8}), randn({5, 8}).to(kDouble), c, s),
+                    "[rotary_emb_qk]");
+  EXPECT_KILN_ERROR(rotary_emb_qk(randn({5, 8}), randn({4, 8}), c, s),
+                    "[rotary_emb_qk] expected cos/sin of shape [T, D] = [4, 8] for k");
+}
+
+Tensor swiglu_ref(const variable_list& in) { return silu(in[0]) * in[1]; }
+Tensor geglu_ref(const variable_list& in) { return gelu(in[0], "tanh") * in[1]; }
+
+void check_glu(const Tensor& gate, const Tensor& up,
+               const std::function<Tensor(const Tensor&)>& view = same) {
+  SCOPED_TRACE(std::string(dtype_name(gate.dtype())) + " " + shape_str(gate.sizes()));
+  const double tol = tolerance(gate.dtype()) * 2;
+  check_against_reference([&](const variable_list& in) { return swiglu(view(in[0]), view(in[1])); },
+                          [&](const variable_list& in) {
+                            return swiglu_ref({view(in[0]), view(in[1])});
+                          },
+                          {gate, up}, {true, true}, tol);
+  check_against_reference(
+      [&](const variable_list& in) { return geglu_tanh(view(in[0]), view(in[1])); },
+      [&](const variable_list& in) {
+        return geglu_ref({view(in[0]), view(in[1])});
+      },
+      {gate, up}, {true, true}, tol);
+}
+
+TEST(FusedGlu, MatchesReferenceEveryDtype) {
+  manual_seed(34);
+  for (ScalarType t : {kDouble, kFloat, kHalf, kBFloat16}) {
+    check_glu((randn({7, 33}) * 3).to(t), randn({7, 33}).to(t));
+  }
+  // Large arguments: silu and gelu saturate without NaN (exp overflow, tanh at +-1).
+  const Tensor g =
+      from_blob(std::vector<double>{-200, -30, -5, 0, 5, 30, 200, 1e-3}.data(), {8}, kDouble)
+          .clone();
+  check_glu(g, randn({8}, TensorOptions(kDouble)));
+  check_glu(g.to(kFloat), randn({8}));
+}
+
+TEST(FusedGlu, StridedShapes) {
+  manual_seed(35);
+  // gate and up as the two halves of one fused projection output (read in place), transposed
+  // views, a 0-d pair, many elements (threads), and empty inputs.
+  const Tensor both = randn({6, 2 * 20}).to(kBFloat16);
+  check_against_reference(
+      [](const variable_list& in) {
+        return swiglu(in[0].narrow(1, 0, 20), in[0].narrow(1, 20, 20));
+      },
+      [](const variable_list& in) {
+        return swiglu_ref({in[0].narrow(1, 0, 20), in[0].narrow(1, 20, 20)});
+      },
+      {both}, {true}, 2e-2);
+  check_glu(randn({9, 5}), randn({9, 5}), [](const Tensor& t) { return t.t(); });
+  check_glu(randn({}), randn({}));
+  check_glu(randn({301, 257}), randn({301, 257}));
+  EXPECT_EQ(to_shape(swiglu(randn({0, 4}), randn({0, 4})).sizes()), (Shape{0, 4}));
+}
+
+TEST(FusedGlu, Errors) {
+  EXPECT_KILN_ERROR(swiglu(randn({2, 3}), randn({3, 2})),
+                    "[swiglu] gate (float32 [2, 3]) and up (float32 [3, 2])");
+  EXPECT_KILN_ERROR(geglu_tanh(randn({2, 3}), randn({2, 3}).to(kDouble)),
+                    "[geglu_tanh] gate (float32 [2, 3]) and up (float64 [2, 3])");
+  EXPECT_KILN_ERROR(swiglu(ones({3}, kInt64), ones({3}, kInt64)),
+                    "[swiglu] expected a floating-point gate");
+  static const OpDef& bwd = KILN_OP(swiglu_backward);
+  EXPECT_KILN_ERROR(call_op(bwd, {randn({2}), randn({3}), randn({3})}),
+                    "[swiglu_backward] gate (float32 [3]) and dy (float32 [2])");
 }
 
 }  // namespace

@@ -1,0 +1,70 @@
+// CPU kernels of rotary_emb and rotary_emb_qk (tensor/ops/rotary.cpp): the reference the CUDA
+// kernels are tested against. Rows (positions of every leading index) run in parallel; the
+// arithmetic is in the compute type (f32 for f16/bf16, f64 for f64) with one rounding to x's
+// dtype, the formulas of tensor/ops/rotary.cpp.
+#include "kernels/cpu/loops.h"
+#include "tensor/ops.h"
+#include "tensor/parallel.h"
+#include "tensor/registry.h"
+
+namespace kiln::cpu {
+namespace {
+
+// out = rotary_emb(x; transpose), out contiguous of x's shape.
+void rotate(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, const Tensor& out,
+            bool transpose) {
+  const Tensor x = x_in.contiguous();
+  const Tensor cos = cos_in.contiguous();
+  const Tensor sin = sin_in.contiguous();
+  const int64_t d = x.size(-1), t_len = x.size(-2), h = d / 2;
+  const int64_t rows = d == 0 ? 0 : x.numel() / d;
+  if (rows == 0) return;
+  visit_floating(x.dtype(), "rotary_emb", [&]<typename T>(TypeTag<T>) {
+    using Acc = opmath_t<T>;
+    auto run = [&]<typename C>(TypeTag<C>) {
+      const T* px = x.data_ptr<T>();
+      const C* pc = cos.data_ptr<C>();
+      const C* ps = sin.data_ptr<C>();
+      T* py = out.data_ptr<T>();
+      internal::parallel_for(0, rows, std::max<int64_t>(1, 16384 / d), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const T* xr = px + r * d;
+          T* yr = py + r * d;
+          const C* cr = pc + (r % t_len) * d;
+          const C* sr = ps + (r % t_len) * d;
+          for (int64_t i = 0; i < h; ++i) {
+            const Acc x1 = static_cast<Acc>(xr[i]), x2 = static_cast<Acc>(xr[i + h]);
+            const Acc c1 = static_cast<Acc>(cr[i]), c2 = static_cast<Acc>(cr[i + h]);
+            const Acc s1 = static_cast<Acc>(sr[i]), s2 = static_cast<Acc>(sr[i + h]);
+            const Acc a1 = transpose ? s2 : -s1, a2 = transpose ? -s1 : s2;
+            yr[i] = T(x1 * c1 + x2 * a1);
+            yr[i + h] = T(x2 * c2 + x1 * a2);
+          }
+        }
+      });
+    };
+    if (cos.dtype() == x.dtype()) {
+      run(TypeTag<T>{});
+    } else if constexpr (!std::is_same_v<T, double> && !std::is_same_v<T, float>) {
+      run(TypeTag<float>{});
+    } else {
+      KILN_FAIL("[rotary_emb] unsupported cos/sin dtype ", dtype_name(cos.dtype()));
+    }
+  });
+}
+
+void rotary_emb_cpu(OpCall& c) {
+  rotate(c.input(0), c.input(1), c.input(2), c.outputs[0], c.attr<bool>(0));
+}
+
+void rotary_emb_qk_cpu(OpCall& c) {
+  rotate(c.input(0), c.input(2), c.input(3), c.outputs[0], c.attr<bool>(0));
+  rotate(c.input(1), c.input(2), c.input(3), c.outputs[1], c.attr<bool>(0));
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(rotary_emb, kCPU, rotary_emb_cpu);
+KILN_REGISTER_KERNEL(rotary_emb_qk, kCPU, rotary_emb_qk_cpu);
+
+}  // namespace kiln::cpu
