@@ -118,10 +118,9 @@ struct Install {
 
 }  // namespace
 
-AutocastGuard::AutocastGuard(DeviceType device, ScalarType dtype, bool enabled)
-    : device_(device) {
-  KILN_CHECK(device == kCPU || device == kCUDA, "[autocast] expected the cpu or cuda device type, got ",
-             device_type_name(device));
+AutocastGuard::AutocastGuard(DeviceType device, ScalarType dtype, bool enabled) : device_(device) {
+  KILN_CHECK(device == kCPU || device == kCUDA,
+             "[autocast] expected the cpu or cuda device type, got ", device_type_name(device));
   KILN_CHECK(!enabled || dtype == kBFloat16 || dtype == kHalf,
              "[autocast] the autocast dtype must be bfloat16 or float16, got ", dtype_name(dtype));
   State& s = t_state.devices[static_cast<int>(device)];

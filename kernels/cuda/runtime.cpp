@@ -263,16 +263,16 @@ class PinnedCache {
       }
       if (err == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
-        KILN_FAIL("[pin_memory] out of pinned host memory: tried to allocate ", mib(static_cast<int64_t>(size)), "; ",
-                  mib(cached_bytes()), " pinned by kiln");
+        KILN_FAIL("[pin_memory] out of pinned host memory: tried to allocate ",
+                  mib(static_cast<int64_t>(size)), "; ", mib(cached_bytes()), " pinned by kiln");
       }
       KILN_CUDA_CHECK(err);
       std::lock_guard<std::mutex> lock(mu_);
       sizes_[p] = size;
       total_ += static_cast<int64_t>(size);
     }
-    auto storage = std::make_shared<StorageImpl>(p, nbytes, Device(kCPU),
-                                                 [this](void* q) { release(q); });
+    auto storage =
+        std::make_shared<StorageImpl>(p, nbytes, Device(kCPU), [this](void* q) { release(q); });
     storage->set_pinned(true);
     return storage;
   }
@@ -460,7 +460,8 @@ Event::~Event() {
 }
 
 Event::Event(Event&& other) noexcept
-    : event_(std::exchange(other.event_, nullptr)), device_(other.device_),
+    : event_(std::exchange(other.event_, nullptr)),
+      device_(other.device_),
       timing_(other.timing_) {}
 
 Event& Event::operator=(Event&& other) noexcept {

@@ -37,8 +37,8 @@ class GpuBf16True : public GpuOptimTest {};
 std::vector<Tensor> make_params(ScalarType dtype, uint64_t seed, int extra_small = 0) {
   manual_seed(seed);
   std::vector<Tensor> ps;
-  for (const Shape& s : std::vector<Shape>{{1}, {7}, {1000}, {8192}, {3 * 8192 + 5}, {0},
-                                           {33, 17}, {65537}}) {
+  for (const Shape& s :
+       std::vector<Shape>{{1}, {7}, {1000}, {8192}, {3 * 8192 + 5}, {0}, {33, 17}, {65537}}) {
     ps.push_back(randn(s).to(dtype));
   }
   ps.push_back(randn({1001}).to(dtype).narrow(0, 1, 1000));  // offset 1: the scalar path
@@ -119,9 +119,8 @@ void run_case(const Case& c, ScalarType dtype, int extra_small, double p_rtol, d
     cpu_opt->step();
     gpu_opt->step();
   }
-  const std::string name = std::string(c.adamw ? "AdamW" : "Adam") +
-                           (c.amsgrad ? " amsgrad" : "") + " " +
-                           std::string(dtype_name(dtype));
+  const std::string name = std::string(c.adamw ? "AdamW" : "Adam") + (c.amsgrad ? " amsgrad" : "") +
+                           " " + std::string(dtype_name(dtype));
   for (size_t i = 0; i < cpu.size(); ++i) {
     const std::string what = name + " parameter " + std::to_string(i);
     expect_close(gpu[i], cpu[i], p_rtol, p_atol, what);
@@ -137,11 +136,11 @@ void run_case(const Case& c, ScalarType dtype, int extra_small, double p_rtol, d
 }
 
 const std::vector<Case> kCases = {
-    {true, false, 0.1, 0.9},   // AdamW
-    {true, true, 0.1, 0.9},    // AdamW, amsgrad
-    {false, false, 0.05, 0.9}, // Adam with L2 decay
-    {false, true, 0.0, 0.9},   // Adam, amsgrad, no decay
-    {true, false, 0.0, 0.2},   // lerp from the far end (1 - beta1 >= 0.5)
+    {true, false, 0.1, 0.9},    // AdamW
+    {true, true, 0.1, 0.9},     // AdamW, amsgrad
+    {false, false, 0.05, 0.9},  // Adam with L2 decay
+    {false, true, 0.0, 0.9},    // Adam, amsgrad, no decay
+    {true, false, 0.0, 0.2},    // lerp from the far end (1 - beta1 >= 0.5)
 };
 
 TEST_F(GpuAdamW, MatchesCpuF32) {
