@@ -31,6 +31,10 @@ TEST(Autocast, DtypesInsideAndOutside) {
     EXPECT_EQ(addmm(bias, a, b).dtype(), kBFloat16);
     EXPECT_EQ(F::linear(a, b.t(), bias).dtype(), kBFloat16);
     const Tensor low = mm(a, b);
+    // Mixed operands (a bf16 activation, f32 weights) are cast alike.
+    EXPECT_EQ(matmul(low.t(), zeros({5, 2})).dtype(), kBFloat16);
+    EXPECT_EQ(F::linear(low, zeros({2, 3}), zeros({2})).dtype(), kBFloat16);
+    EXPECT_EQ(F::linear(batch.to(kBFloat16), b.t()).dtype(), kBFloat16);
     // f32: softmax, reductions, lossy pointwise ops, norms, losses.
     EXPECT_EQ(softmax(low, 1).dtype(), kFloat32);
     EXPECT_EQ(log_softmax(low, 1).dtype(), kFloat32);
