@@ -184,7 +184,7 @@ TEST(Autocast, SmallModelLossCloseToF32) {
       full = F::cross_entropy(net->forward(x), target);
     }
     const double m = mixed.item<double>(), f = full.item<double>();
-    EXPECT_NEAR(m, f, 2e-2 * std::abs(f) + 1e-3) << "step " << step;
+    EXPECT_NEAR(m, f, 5e-2 * std::abs(f) + 5e-3) << "step " << step;
     if (step == 0) first = m;
     last = m;
     opt.zero_grad();
