@@ -7,6 +7,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "kernels/cuda/runtime.h"
+#include "nn/autocast.h"
 #include "nn/optim/adam.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/lr_scheduler.h"

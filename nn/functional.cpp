@@ -6,6 +6,8 @@
 
 #include <limits>
 
+#include "nn/autocast.h"
+
 namespace kiln {
 namespace nn {
 
@@ -147,7 +149,8 @@ Tensor layer_norm(const Tensor &input, IntArrayRef normalized_shape,
     y = y * weight;
   if (bias.defined())
     y = y + bias;
-  return y.to(input.dtype());
+  // Under autocast norms run and return in f32, as torch.autocast's layer_norm.
+  return is_autocast_enabled(input.device().type()) ? y : y.to(input.dtype());
 }
 
 Tensor rms_norm(const Tensor &input, const RMSNormFuncOptions &options) {
@@ -193,7 +196,7 @@ Tensor rms_norm(const Tensor &input, IntArrayRef normalized_shape,
   if (weight.defined()) {
     y = y * (is_reduced_float(weight.dtype()) ? weight.to(kFloat32) : weight);
   }
-  return y.to(input.dtype());
+  return is_autocast_enabled(input.device().type()) ? y : y.to(input.dtype());
 }
 
 Tensor gelu(const Tensor &input, const GELUFuncOptions &options) {

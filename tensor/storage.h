@@ -28,6 +28,10 @@ class StorageImpl {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // Page-locked host memory (Tensor::pin_memory): copies to and from a GPU can be asynchronous.
+  bool is_pinned() const { return pinned_; }
+  void set_pinned(bool pinned) { pinned_ = pinned; }
+
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -36,6 +40,7 @@ class StorageImpl {
   size_t nbytes_;
   Device device_;
   Deleter deleter_;
+  bool pinned_ = false;
   std::atomic<uint64_t> version_{0};
 };
 

@@ -138,10 +138,22 @@ class Tensor {
 
   // --- Conversion and copies --------------------------------------------------------------
   Tensor to(ScalarType dtype, bool copy = false) const;
-  Tensor to(Device device, bool copy = false) const;
-  Tensor to(Device device, ScalarType dtype, bool copy = false) const;
+  // A copy to another device returns once it is queued when non_blocking is true and the
+  // host side is pinned (pin_memory(); a GPU-to-CPU copy then lands in fresh pinned memory):
+  // synchronise (kiln::cuda::synchronize, an Event or the stream) before reading the result.
+  // Otherwise copies that touch the host wait for the device, as PyTorch's blocking copies.
+  Tensor to(Device device, bool non_blocking = false, bool copy = false) const;
+  Tensor to(Device device, ScalarType dtype, bool non_blocking = false, bool copy = false) const;
   Tensor to(const TensorOptions& options, bool copy = false) const;
-  Tensor to(DeviceType device, bool copy = false) const { return to(Device(device), copy); }
+  Tensor to(const TensorOptions& options, bool non_blocking, bool copy) const;
+  Tensor to(DeviceType device, bool non_blocking = false, bool copy = false) const {
+    return to(Device(device), non_blocking, copy);
+  }
+  // A copy of this CPU tensor in page-locked (pinned) host memory, from which copies to and
+  // from a GPU can run asynchronously; the tensor itself when it is pinned already. Needs a
+  // CUDA build with a GPU. The memory returns to a cache when the tensor dies.
+  Tensor pin_memory() const;
+  bool is_pinned() const;
   Tensor cpu() const { return to(Device(kCPU)); }
   Tensor cuda() const { return to(Device(kCUDA)); }
   Tensor contiguous() const;

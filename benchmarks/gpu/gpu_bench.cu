@@ -1,7 +1,7 @@
 // kiln's GPU benchmark harness: cuBLASLt GEMMs at the Llama training shapes, the fused RMSNorm,
-// cross-entropy, RoPE and SwiGLU/GeGLU kernels, elementwise ops, reductions and softmax, and a
-// device-to-device copy as the bandwidth ceiling (memory-bound rows also print their fraction of
-// it).
+// cross-entropy, RoPE, SwiGLU/GeGLU and flash-attention kernels, the multi-tensor AdamW step,
+// elementwise ops, reductions and softmax, and a device-to-device copy as the bandwidth ceiling
+// (memory-bound rows also print their fraction of it).
 //
 //   kiln_gpu_bench [results.json] [--no-gemm]   # then: python3 benchmarks/gpu/torch_reference.py \
 //                                     #         --kiln results.json   (same run, same GPU)
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "nn/optim/adamw.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -249,6 +250,36 @@ void bench_generic() {
          2.0 * static_cast<double>(x.nbytes()));
 }
 
+// --- AdamW over the parameters of llama-3.2-1b (1.24 B) ----------------------------------------
+// One optimizer step of the multi-tensor kernel over the model's 146 tensors (tied embedding,
+// 16 layers of q/k/v/o, gate/up/down and two norms, the final norm). Bytes per parameter: f32
+// params read p, g, m, v and write p, m, v (28 B); bf16 params with f32 state 22 B.
+std::vector<kiln::Shape> llama_1b_shapes() {
+  const std::vector<kiln::Shape> layer = {{2048, 2048}, {512, 2048},  {512, 2048},
+                                          {2048, 2048}, {8192, 2048}, {8192, 2048},
+                                          {2048, 8192}, {2048},       {2048}};
+  std::vector<kiln::Shape> shapes = {{128256, 2048}, {2048}};
+  for (int i = 0; i < 16; ++i) shapes.insert(shapes.end(), layer.begin(), layer.end());
+  return shapes;
+}
+
+void bench_adamw(kiln::ScalarType dtype, const std::string& name) {
+  std::vector<Tensor> params;
+  int64_t n = 0;
+  for (const kiln::Shape& s : llama_1b_shapes()) {
+    Tensor p = random(s, dtype, 0.5f);
+    p.mutable_grad() = random(s, dtype, 1e-2f);
+    p.requires_grad_(true);
+    n += p.numel();
+    params.push_back(p);
+  }
+  kiln::optim::AdamW opt(params, kiln::optim::AdamWOptions(1e-4).weight_decay(0.1));
+  const double bytes_per_param = dtype == kiln::kFloat ? 28.0 : 22.0;
+  std::printf("  (adamw over %.3f B parameters in %zu tensors)\n", static_cast<double>(n) / 1e9,
+              params.size());
+  report(name, time_ms([&](int) { opt.step(); }), 0, bytes_per_param * static_cast<double>(n));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -326,6 +357,8 @@ int main(int argc, char** argv) {
   bench_rope();
   bench_glu();
   bench_generic();
+  bench_adamw(kiln::kFloat, "adamw 1.24B f32");
+  bench_adamw(kiln::kBFloat16, "adamw 1.24B bf16 params");
 
   if (argc > 1 && std::string(argv[1]) != "--no-gemm") {
     FILE* f = std::fopen(argv[1], "w");

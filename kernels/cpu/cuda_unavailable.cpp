@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/runtime.h"
 #include "tensor/error.h"
+#include "tensor/tensor.h"
 
 namespace kiln::cuda {
 namespace {
@@ -27,6 +28,37 @@ MemoryStats memory_stats(int) { unavailable("memory_stats"); }
 void reset_peak_memory_stats(int) { unavailable("reset_peak_memory_stats"); }
 void empty_cache(int) { unavailable("empty_cache"); }
 
+// Streams and events need a device.
+Stream::Stream() { unavailable("Stream"); }
+Stream Stream::create(int) { unavailable("Stream::create"); }
+Stream Stream::default_stream(int) { unavailable("default_stream"); }
+int Stream::device() const { unavailable("Stream::device"); }
+void Stream::synchronize() const { unavailable("Stream::synchronize"); }
+bool Stream::query() const { unavailable("Stream::query"); }
+void Stream::wait(const Event&) const { unavailable("Stream::wait"); }
+void Stream::wait_stream(const Stream&) const { unavailable("Stream::wait_stream"); }
+Stream current_stream(int) { unavailable("current_stream"); }
+StreamGuard::StreamGuard(const Stream& stream) : previous_stream_(stream) {
+  unavailable("StreamGuard");
+}
+StreamGuard::~StreamGuard() = default;
+Event::Event(bool enable_timing) : timing_(enable_timing) {}
+Event::~Event() = default;
+Event::Event(Event&& other) noexcept = default;
+Event& Event::operator=(Event&& other) noexcept = default;
+void Event::record() { unavailable("Event::record"); }
+void Event::record(const Stream&) { unavailable("Event::record"); }
+void Event::synchronize() const { unavailable("Event::synchronize"); }
+bool Event::query() const { unavailable("Event::query"); }
+float Event::elapsed_time(const Event&) const { unavailable("Event::elapsed_time"); }
+
+namespace internal {
+Storage allocate_pinned(size_t) { unavailable("pin_memory"); }
+void record_pinned_use(const StorageImpl&, CUstream_st*) { unavailable("pin_memory"); }
+int64_t pinned_cached_bytes() { return 0; }
+void empty_pinned_cache() {}
+}  // namespace internal
+
 // The flag is kept so that code setting it runs unchanged; nothing launches in this build.
 namespace {
 std::atomic<bool> g_launch_sync{false};
@@ -35,3 +67,11 @@ bool launch_sync() { return g_launch_sync.load(std::memory_order_relaxed); }
 void set_launch_sync(bool enabled) { g_launch_sync.store(enabled, std::memory_order_relaxed); }
 
 }  // namespace kiln::cuda
+
+namespace kiln {
+
+// Nothing can be pinned without CUDA.
+Tensor Tensor::pin_memory() const { KILN_FAIL("[pin_memory] no CUDA device: ", cuda::kReason); }
+bool Tensor::is_pinned() const { return false; }
+
+}  // namespace kiln

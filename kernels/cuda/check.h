@@ -28,10 +28,8 @@ void check_launch(const char* kernel, const char* file, int line);
 void sync_if_debug(const char* what, const char* file, int line);
 }  // namespace internal
 
-// The stream kiln's eager ops run on. For now every op uses each device's legacy default
-// stream, which orders all work on the device; callers go through this function so that
-// streams can be introduced (for graph capture and overlap) without touching every kernel.
-inline cudaStream_t current_stream() { return nullptr; }
+// The stream kiln's eager ops run on is current_stream() (runtime.h): the default stream
+// unless a StreamGuard picked another; a Stream converts to cudaStream_t.
 
 // Makes `index` the current device for the scope (no-op when it already is, or index < 0).
 // Restoring never throws: a destructor must not.

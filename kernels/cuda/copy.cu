@@ -7,8 +7,9 @@
 // otherwise moves the source's bytes as they are and converts on the destination GPU.
 // Conversions round exactly as the CPU kernels do (the same Half/BFloat16 code runs on the GPU).
 //
-// Copies that touch the host wait for the device (like PyTorch's blocking copies); copies
-// between GPUs are ordered against both devices' streams with events.
+// Copies that touch the host wait for the device (like PyTorch's blocking copies) unless
+// to(..., non_blocking=true) moves them through pinned host memory; copies between GPUs are
+// ordered against both devices' streams with events.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -96,7 +97,8 @@ class Event {
 };
 
 // Moves the bytes of src into dst: same dtype and sizes, both contiguous, different devices.
-void transfer(const Tensor& dst, const Tensor& src) {
+// With non_blocking and a pinned host side, returns once the copy is queued.
+void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
   const size_t nbytes = dst.nbytes();
   if (nbytes == 0) return;
   if (dst.is_cuda() && src.is_cuda()) {
@@ -123,6 +125,13 @@ void transfer(const Tensor& dst, const Tensor& src) {
   const cudaStream_t stream = current_stream();
   KILN_CUDA_CHECK(
       cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, cudaMemcpyDefault, stream));
+  const Tensor& host = dst.is_cuda() ? src : dst;
+  if (non_blocking && host.is_pinned()) {
+    // The pinned block is not reused before the copy is done, even if its tensor dies first.
+    internal::record_pinned_use(*host.impl()->storage(), stream);
+    internal::sync_if_debug("cudaMemcpyAsync", __FILE__, __LINE__);
+    return;
+  }
   // The host side is ordinary (pageable) memory that the caller may read or free as soon as
   // the copy returns.
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -145,7 +154,7 @@ Tensor empty_on(IntArrayRef sizes, ScalarType dtype, Device device) {
 }
 
 // dst = convert(broadcast(src)) where at least one side is a GPU.
-void copy_tensor(const Tensor& dst, const Tensor& src, const char* op) {
+void copy_tensor(const Tensor& dst, const Tensor& src, const char* op, bool non_blocking = false) {
   if (dst.numel() == 0 || dst.is_meta()) return;  // a meta tensor carries no data
   KILN_CHECK(!src.is_meta(), "[", op, "] cannot copy from a meta tensor into ", dst.device().str(),
              ": it has no data");
@@ -154,14 +163,14 @@ void copy_tensor(const Tensor& dst, const Tensor& src, const char* op) {
     return;
   }
   if (bytewise(dst, src)) {
-    transfer(dst, src);
+    transfer(dst, src, non_blocking);
     return;
   }
   if (src.is_cuda() &&
       !(src.dtype() == dst.dtype() && src.sizes() == dst.sizes() && src.is_contiguous())) {
     Tensor staged = empty_on(dst.sizes(), dst.dtype(), src.device());
     convert_on_device(staged, src);
-    copy_tensor(dst, staged, op);
+    copy_tensor(dst, staged, op, non_blocking);
     return;
   }
   // src is on the CPU, or already has dst's dtype and sizes: move its bytes as they are, then
@@ -172,7 +181,7 @@ void copy_tensor(const Tensor& dst, const Tensor& src, const char* op) {
     copy_on_cpu(packed, src);
   }
   Tensor landed = empty_on(src.sizes(), src.dtype(), dst.device());
-  transfer(landed, packed);
+  transfer(landed, packed, non_blocking && dst.is_cuda());
   if (dst.is_cuda()) {
     convert_on_device(dst, landed);
   } else {
@@ -226,7 +235,18 @@ void fill(const Tensor& t, const Scalar& value) {
   }
 }
 
-void to_copy_cuda(OpCall& c) { copy_tensor(c.outputs[0], c.input(0), "to"); }
+// attrs (dtype, device, non_blocking?). A non-blocking copy to the host lands in fresh pinned
+// memory, as PyTorch's, so that it can be asynchronous.
+void to_copy_cuda(OpCall& c) {
+  const bool non_blocking = c.has_attr(2) && c.attr<bool>(2);
+  Tensor& out = c.outputs[0];
+  if (non_blocking && out.is_cpu() && !out.is_pinned() && out.nbytes() > 0) {
+    out = Tensor(std::make_shared<TensorImpl>(internal::allocate_pinned(out.nbytes()),
+                                              out.impl()->sizes(), out.impl()->strides(), 0,
+                                              out.dtype()));
+  }
+  copy_tensor(out, c.input(0), "to", non_blocking);
+}
 void copy_cuda(OpCall& c) { copy_tensor(c.input(0), c.input(1), "copy_"); }
 void fill_cuda(OpCall& c) { fill(c.input(0), c.attr<Scalar>(0)); }
 

@@ -1,18 +1,25 @@
-// The CUDA runtime: devices, error checks, the stream-ordered allocator and memory statistics.
+// The CUDA runtime: devices, error checks, the stream-ordered allocator, memory statistics,
+// streams and events, and the pinned host memory cache.
 #include "kernels/cuda/runtime.h"
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/check.h"
 #include "tensor/error.h"
 #include "tensor/storage.h"
+#include "tensor/tensor.h"
+#include "tensor/tensor_impl.h"
 
 namespace kiln::cuda {
 
@@ -189,7 +196,323 @@ const bool g_registered = [] {
   return true;
 }();
 
+// --- Streams ------------------------------------------------------------------------------
+
+constexpr int kMaxDevices = 64;
+constexpr int kPoolSize = 32;
+
+// This thread's current stream per device (null: the default stream), and how many devices
+// have a non-default one, so that current_stream() is one thread-local test in the common case.
+struct ThreadStreams {
+  std::array<cudaStream_t, kMaxDevices> current{};
+  int non_default = 0;
+};
+thread_local ThreadStreams t_streams;
+
+void set_current_stream(int device, cudaStream_t stream) {
+  cudaStream_t& slot = t_streams.current[device];
+  t_streams.non_default += (stream != nullptr) - (slot != nullptr);
+  slot = stream;
+}
+
+// Streams handed out by Stream::create(): created on first use, never destroyed.
+struct StreamPool {
+  std::once_flag init;
+  std::array<cudaStream_t, kPoolSize> streams{};
+  std::atomic<uint32_t> next{0};
+};
+
+cudaStream_t pool_stream(int device) {
+  static std::array<StreamPool, kMaxDevices>* pools = new std::array<StreamPool, kMaxDevices>();
+  StreamPool& p = (*pools)[device];
+  std::call_once(p.init, [&] {
+    DeviceGuard guard(device);
+    for (cudaStream_t& s : p.streams) {
+      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    }
+  });
+  return p.streams[p.next.fetch_add(1) % kPoolSize];
+}
+
+// --- Pinned host memory --------------------------------------------------------------------
+
+// Blocks from cudaHostAlloc, rounded up to a power of two and kept after their tensor dies for
+// the next request of that size. A block an asynchronous copy still uses (events recorded by
+// record_pinned_use) is reused only once those events have completed.
+class PinnedCache {
+ public:
+  Storage allocate(size_t nbytes) {
+    check_device(0, "pin_memory");
+    const size_t size = round(nbytes);
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      collect_locked();
+      auto it = free_.find(size);
+      if (it != free_.end()) {
+        p = it->second;
+        free_.erase(it);
+      }
+    }
+    if (p == nullptr) {
+      cudaError_t err = cudaHostAlloc(&p, size, cudaHostAllocDefault);
+      if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        release_free();
+        err = cudaHostAlloc(&p, size, cudaHostAllocDefault);
+      }
+      if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        KILN_FAIL("[pin_memory] out of pinned host memory: tried to allocate ",
+                  mib(static_cast<int64_t>(size)), "; ", mib(cached_bytes()), " pinned by kiln");
+      }
+      KILN_CUDA_CHECK(err);
+      std::lock_guard<std::mutex> lock(mu_);
+      sizes_[p] = size;
+      total_ += static_cast<int64_t>(size);
+    }
+    auto storage =
+        std::make_shared<StorageImpl>(p, nbytes, Device(kCPU), [this](void* q) { release(q); });
+    storage->set_pinned(true);
+    return storage;
+  }
+
+  void record_use(const void* ptr, cudaStream_t stream) {
+    cudaEvent_t ev = nullptr;
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    KILN_CUDA_CHECK(cudaEventRecord(ev, stream));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& events = uses_[const_cast<void*>(ptr)];
+    prune(events);
+    events.push_back(ev);
+  }
+
+  int64_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return total_;
+  }
+
+  // Frees the blocks no tensor and no queued copy uses.
+  void release_free() {
+    std::lock_guard<std::mutex> lock(mu_);
+    collect_locked();
+    for (auto& [size, p] : free_) {
+      if (cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+      sizes_.erase(p);
+      total_ -= static_cast<int64_t>(size);
+    }
+    free_.clear();
+  }
+
+ private:
+  static size_t round(size_t n) {
+    size_t size = 512;
+    while (size < n) size <<= 1;
+    return size;
+  }
+
+  // Drops the completed events of one block's list; true when none is left.
+  static bool prune(std::vector<cudaEvent_t>& events) {
+    size_t kept = 0;
+    for (cudaEvent_t ev : events) {
+      const cudaError_t q = cudaEventQuery(ev);
+      if (q == cudaErrorNotReady) {
+        events[kept++] = ev;
+      } else {
+        if (q != cudaSuccess) (void)cudaGetLastError();
+        (void)cudaEventDestroy(ev);
+      }
+    }
+    events.resize(kept);
+    return kept == 0;
+  }
+
+  // Moves dead blocks whose copies are done to the free list.
+  void collect_locked() {
+    size_t kept = 0;
+    for (void* p : dying_) {
+      auto it = uses_.find(p);
+      if (it == uses_.end() || prune(it->second)) {
+        if (it != uses_.end()) uses_.erase(it);
+        free_.emplace(sizes_[p], p);
+      } else {
+        dying_[kept++] = p;
+      }
+    }
+    dying_.resize(kept);
+  }
+
+  // The deleter of a pinned storage: never throws.
+  void release(void* p) {
+    try {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = uses_.find(p);
+      if (it != uses_.end() && !prune(it->second)) {
+        dying_.push_back(p);
+        return;
+      }
+      if (it != uses_.end()) uses_.erase(it);
+      free_.emplace(sizes_[p], p);
+    } catch (...) {
+    }
+  }
+
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+  std::unordered_map<void*, size_t> sizes_;  // every block, by address
+  std::unordered_map<void*, std::vector<cudaEvent_t>> uses_;
+  std::vector<void*> dying_;
+  int64_t total_ = 0;
+};
+
+PinnedCache& pinned_cache() {
+  static PinnedCache* cache = new PinnedCache();  // never destroyed, like the device states
+  return *cache;
+}
+
 }  // namespace
+
+namespace internal {
+
+Storage allocate_pinned(size_t nbytes) { return pinned_cache().allocate(nbytes); }
+
+void record_pinned_use(const StorageImpl& storage, CUstream_st* stream) {
+  pinned_cache().record_use(storage.data(), stream);
+}
+
+int64_t pinned_cached_bytes() { return pinned_cache().cached_bytes(); }
+
+void empty_pinned_cache() { pinned_cache().release_free(); }
+
+}  // namespace internal
+
+Stream::Stream() : handle_(nullptr), device_(current_device()) {}
+
+Stream Stream::create(int device) {
+  const int index = resolve(device, "Stream::create");
+  KILN_CHECK(index < kMaxDevices, "[Stream::create] cuda:", index, " is beyond the ", kMaxDevices,
+             " devices kiln supports");
+  return Stream(pool_stream(index), index);
+}
+
+Stream Stream::default_stream(int device) {
+  return Stream(nullptr, resolve(device, "default_stream"));
+}
+
+int Stream::device() const { return device_ >= 0 ? device_ : current_device(); }
+
+void Stream::synchronize() const {
+  DeviceGuard guard(device());
+  KILN_CUDA_CHECK(cudaStreamSynchronize(handle_));
+}
+
+bool Stream::query() const {
+  DeviceGuard guard(device());
+  const cudaError_t err = cudaStreamQuery(handle_);
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  KILN_CUDA_CHECK(err);
+  return true;
+}
+
+void Stream::wait(const Event& event) const {
+  if (!event.is_recorded()) return;
+  DeviceGuard guard(device());
+  KILN_CUDA_CHECK(cudaStreamWaitEvent(handle_, event.handle(), 0));
+}
+
+void Stream::wait_stream(const Stream& other) const {
+  if (other == *this) return;
+  Event e;
+  e.record(other);
+  wait(e);
+}
+
+Stream current_stream(int device) {
+  if (t_streams.non_default == 0) return Stream(nullptr, device);
+  if (device < 0) KILN_CUDA_CHECK(cudaGetDevice(&device));
+  return Stream(t_streams.current[device], device);
+}
+
+StreamGuard::StreamGuard(const Stream& stream) : previous_stream_(stream) {
+  const int index = stream.device();
+  check_device(index, "StreamGuard");
+  KILN_CUDA_CHECK(cudaGetDevice(&previous_device_));
+  if (previous_device_ != index) KILN_CUDA_CHECK(cudaSetDevice(index));
+  previous_stream_ = current_stream(index);
+  set_current_stream(index, stream.handle());
+}
+
+StreamGuard::~StreamGuard() {
+  const int index = previous_stream_.device();
+  set_current_stream(index, previous_stream_.handle());
+  if (previous_device_ != index && cudaSetDevice(previous_device_) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+}
+
+Event::Event(bool enable_timing) : timing_(enable_timing) {}
+
+Event::~Event() {
+  if (event_ != nullptr && cudaEventDestroy(event_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+Event::Event(Event&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)),
+      device_(other.device_),
+      timing_(other.timing_) {}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (event_ != nullptr && cudaEventDestroy(event_) != cudaSuccess) (void)cudaGetLastError();
+    event_ = std::exchange(other.event_, nullptr);
+    device_ = other.device_;
+    timing_ = other.timing_;
+  }
+  return *this;
+}
+
+void Event::record() { record(current_stream()); }
+
+void Event::record(const Stream& stream) {
+  const int index = stream.device();
+  DeviceGuard guard(index);
+  if (event_ == nullptr) {
+    KILN_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, timing_ ? cudaEventDefault : cudaEventDisableTiming));
+    device_ = index;
+  }
+  KILN_CHECK(device_ == index, "[Event::record] the event belongs to cuda:", device_,
+             " and cannot record a stream of cuda:", index);
+  KILN_CUDA_CHECK(cudaEventRecord(event_, stream.handle()));
+}
+
+void Event::synchronize() const {
+  if (event_ == nullptr) return;
+  KILN_CUDA_CHECK(cudaEventSynchronize(event_));
+}
+
+bool Event::query() const {
+  if (event_ == nullptr) return true;
+  const cudaError_t err = cudaEventQuery(event_);
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  KILN_CUDA_CHECK(err);
+  return true;
+}
+
+float Event::elapsed_time(const Event& end) const {
+  KILN_CHECK(timing_ && end.timing_, "[Event::elapsed_time] both events need enable_timing=true");
+  KILN_CHECK(event_ != nullptr && end.event_ != nullptr,
+             "[Event::elapsed_time] both events must be recorded first");
+  float ms = 0;
+  KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, event_, end.event_));
+  return ms;
+}
 
 DeviceGuard::DeviceGuard(int index) {
   if (index < 0) return;
@@ -248,6 +571,7 @@ void empty_cache(int device) {
   // Memory whose free is still queued is not released by a trim: finish the queue first.
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   KILN_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+  internal::empty_pinned_cache();
 }
 
 bool launch_sync() { return launch_sync_flag().load(std::memory_order_relaxed); }
@@ -255,3 +579,22 @@ bool launch_sync() { return launch_sync_flag().load(std::memory_order_relaxed); 
 void set_launch_sync(bool enabled) { launch_sync_flag().store(enabled, std::memory_order_relaxed); }
 
 }  // namespace kiln::cuda
+
+namespace kiln {
+
+Tensor Tensor::pin_memory() const {
+  KILN_CHECK(defined(), "[pin_memory] the tensor is undefined");
+  KILN_CHECK(is_cpu(), "[pin_memory] expected a cpu tensor, got one on ", device().str());
+  if (is_pinned()) return *this;
+  const Shape& sizes = impl()->sizes();
+  Tensor out(std::make_shared<TensorImpl>(cuda::internal::allocate_pinned(nbytes()), sizes,
+                                          contiguous_strides(sizes), 0, dtype()));
+  out.copy_(*this);
+  return out;
+}
+
+bool Tensor::is_pinned() const {
+  return defined() && impl()->storage() != nullptr && impl()->storage()->is_pinned();
+}
+
+}  // namespace kiln

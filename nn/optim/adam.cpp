@@ -2,10 +2,17 @@
 #include "nn/optim/adam.h"
 
 #include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
+#ifdef KILN_WITH_CUDA
+#include "kernels/cuda/optim.h"
+#endif
 
 namespace kiln::optim {
 
@@ -15,9 +22,9 @@ namespace {
 
 // The scalars of one step, derived in double as PyTorch derives them in Python.
 struct StepScalars {
-  double decay;       // AdamW: 1 - lr * weight_decay
-  double step_size;   // lr / (1 - beta1^t)
-  double bc2_sqrt;    // sqrt(1 - beta2^t)
+  double decay;      // AdamW: 1 - lr * weight_decay
+  double step_size;  // lr / (1 - beta1^t)
+  double bc2_sqrt;   // sqrt(1 - beta2^t)
 };
 
 StepScalars step_scalars(const AdamStep& s, int64_t t) {
@@ -130,7 +137,10 @@ void check_adam_options(const char* name, double lr, double beta1, double beta2,
   KILN_CHECK(weight_decay >= 0, "[", name, "] invalid weight_decay value: ", weight_decay);
 }
 
-void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state) {
+namespace {
+
+// Creates the state buffers on the parameter's first step.
+void ensure_state(const Tensor& param, const AdamStep& s, OptimizerParamState& state) {
   auto& bufs = state.buffers;
   if (bufs.find("exp_avg") == bufs.end()) {
     bufs["exp_avg"] = Optimizer::zero_state(param);
@@ -139,6 +149,88 @@ void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state) {
   if (s.amsgrad && bufs.find("max_exp_avg_sq") == bufs.end()) {
     bufs["max_exp_avg_sq"] = Optimizer::zero_state(param);
   }
+}
+
+#ifdef KILN_WITH_CUDA
+// Whether the multi-tensor kernel can update `param`: a contiguous f32/bf16/f16 GPU tensor
+// whose state buffers are contiguous f32 on its device (loaded state may be otherwise).
+bool multi_tensor_eligible(const Tensor& param, const OptimizerParamState& state, bool amsgrad) {
+  const ScalarType dt = param.dtype();
+  if (!param.is_cuda() || !param.is_contiguous() ||
+      !(dt == kFloat || dt == kBFloat16 || dt == kHalf)) {
+    return false;
+  }
+  if (param.grad().device() != param.device()) return false;
+  for (const char* name : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+    if (!amsgrad && std::string(name) == "max_exp_avg_sq") continue;
+    const auto it = state.buffers.find(name);
+    if (it == state.buffers.end()) return false;
+    const Tensor& b = it->second;
+    if (b.dtype() != kFloat || !b.is_contiguous() || b.device() != param.device() ||
+        b.numel() != param.numel()) {
+      return false;
+    }
+  }
+  return true;
+}
+#endif
+
+}  // namespace
+
+void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
+                       std::unordered_map<const TensorImpl*, OptimizerParamState>& states) {
+#ifdef KILN_WITH_CUDA
+  std::map<std::pair<int, ScalarType>, std::vector<cuda::internal::AdamTensor>> batches;
+  std::vector<Tensor> updated;
+  std::vector<Tensor> grads;  // converted or packed grads, alive until their launch is queued
+#endif
+  for (Tensor& p : params) {
+    if (!p.grad().defined()) continue;
+    OptimizerParamState& state = states[p.impl()];
+#ifdef KILN_WITH_CUDA
+    if (p.is_cuda()) {
+      ensure_state(p, s, state);
+      if (multi_tensor_eligible(p, state, s.amsgrad)) {
+        Tensor g = p.grad();
+        if (g.dtype() != p.dtype() || !g.is_contiguous()) {
+          g = g.to(p.dtype()).contiguous();
+          grads.push_back(g);
+        }
+        const int64_t t = ++state.step;
+        const StepScalars k = step_scalars(s, t);
+        auto& bufs = state.buffers;
+        batches[{p.device().index(), p.dtype()}].push_back(
+            {p.data_ptr(), g.data_ptr(), bufs["exp_avg"].data_ptr<float>(),
+             bufs["exp_avg_sq"].data_ptr<float>(),
+             s.amsgrad ? bufs["max_exp_avg_sq"].data_ptr<float>() : nullptr, p.numel(),
+             static_cast<float>(-k.step_size), static_cast<float>(k.bc2_sqrt)});
+        updated.push_back(p);
+        continue;
+      }
+    }
+#endif
+    adam_update(p, s, state);
+  }
+#ifdef KILN_WITH_CUDA
+  if (batches.empty()) return;
+  const cuda::internal::AdamHyper hyper{static_cast<float>(1 - s.lr * s.weight_decay),
+                                        static_cast<float>(s.weight_decay),
+                                        static_cast<float>(1 - s.beta1),
+                                        static_cast<float>(s.beta2),
+                                        static_cast<float>(1 - s.beta2),
+                                        static_cast<float>(s.eps),
+                                        s.decoupled_weight_decay,
+                                        s.amsgrad};
+  for (const auto& [key, tensors] : batches) {
+    cuda::internal::multi_tensor_adam(key.second, key.first, tensors, hyper);
+  }
+  for (Tensor& p : updated) p.impl()->bump_version();
+#endif
+}
+
+void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state) {
+  ensure_state(param, s, state);
+  auto& bufs = state.buffers;
   Tensor& m = bufs["exp_avg"];
   Tensor& v = bufs["exp_avg_sq"];
   Tensor* vmax = s.amsgrad ? &bufs["max_exp_avg_sq"] : nullptr;
@@ -208,6 +300,13 @@ Adam::Adam(const std::vector<OptimizerParamGroup>& param_groups, const AdamOptio
 
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& defaults)
     : Adam(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, defaults) {}
+
+void Adam::update_group(OptimizerParamGroup& group) {
+  const auto& o = internal::options_as<AdamOptions>(group.options(), "Adam");
+  internal::check_adam("Adam", o);
+  internal::adam_update_group(group.params(),
+                              internal::adam_step(o, /*decoupled_weight_decay=*/false), state());
+}
 
 void Adam::update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) {
   const auto& o = internal::options_as<AdamOptions>(options, "Adam");

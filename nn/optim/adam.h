@@ -10,9 +10,13 @@
 //   kiln::optim::Adam opt(model->parameters(),
 //                         kiln::optim::AdamOptions(1e-3).betas({0.9, 0.999}).eps(1e-8));
 //
-// State: step, "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad. Contiguous f32
-// parameters on the CPU are updated by one fused, multi-threaded pass per tensor (the same
-// float arithmetic as the op-by-op path, which serves every other case).
+// State: step, "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad, in f32 for f32,
+// bf16 and f16 parameters (f64 for f64): a bf16-true model keeps f32 moments, unlike
+// torch.optim.Adam, whose state takes the parameter's dtype. Contiguous f32 parameters on the
+// CPU are updated by one fused, multi-threaded pass per tensor; contiguous f32/bf16/f16
+// parameters on a GPU by a multi-tensor kernel that updates a whole group in a few launches
+// (kernels/cuda/optim.cu). Both do the float arithmetic of the op-by-op path, which serves
+// every other case, so CPU and GPU give the same bits.
 #pragma once
 
 #include <tuple>
@@ -45,8 +49,8 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, const AdamOptions& defaults = {});
 
  protected:
-  void update(Tensor& param, const OptimizerOptions& options,
-              OptimizerParamState& state) override;
+  void update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) override;
+  void update_group(OptimizerParamGroup& group) override;
 };
 
 namespace internal {
@@ -68,16 +72,18 @@ void check_adam_options(const char* name, double lr, double beta1, double beta2,
 // One Adam/AdamW update of `param` (grad defined) and its state.
 void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state);
 
+// The update of every parameter of `params` that has a gradient: CUDA parameters in batches
+// per device and dtype through the multi-tensor kernel, the others one by one (adam_update).
+void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
+                       std::unordered_map<const TensorImpl*, OptimizerParamState>& states);
+
 // What AdamOptions and AdamWOptions share (they differ only in the weight-decay default and in
 // how the decay is applied): checkpoint values, checks and the step's hyper-parameters.
 template <typename O>
 std::map<std::string, double> adam_to_values(const O& o) {
-  return {{"lr", o.lr()},
-          {"beta1", std::get<0>(o.betas())},
-          {"beta2", std::get<1>(o.betas())},
-          {"eps", o.eps()},
-          {"weight_decay", o.weight_decay()},
-          {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
+  return {
+      {"lr", o.lr()},   {"beta1", std::get<0>(o.betas())},  {"beta2", std::get<1>(o.betas())},
+      {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
 }
 
 template <typename O>
@@ -97,8 +103,8 @@ void check_adam(const char* name, const O& o) {
 
 template <typename O>
 AdamStep adam_step(const O& o, bool decoupled_weight_decay) {
-  return {o.lr(),          std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
-          o.weight_decay(), o.amsgrad(),           decoupled_weight_decay};
+  return {o.lr(),      std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+          o.amsgrad(), decoupled_weight_decay};
 }
 
 }  // namespace internal

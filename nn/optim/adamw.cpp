@@ -37,3 +37,14 @@ void AdamW::update(Tensor& param, const OptimizerOptions& options, OptimizerPara
 }
 
 }  // namespace kiln::optim
+
+namespace kiln::optim {
+
+void AdamW::update_group(OptimizerParamGroup& group) {
+  const auto& o = internal::options_as<AdamWOptions>(group.options(), "AdamW");
+  internal::check_adam("AdamW", o);
+  internal::adam_update_group(group.params(),
+                              internal::adam_step(o, /*decoupled_weight_decay=*/true), state());
+}
+
+}  // namespace kiln::optim

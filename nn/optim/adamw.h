@@ -6,7 +6,8 @@
 //   kiln::optim::AdamW opt(model->parameters(), kiln::optim::AdamWOptions(1e-3).weight_decay(0.1));
 //
 // Defaults as PyTorch: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2, no amsgrad.
-// Contiguous f32 CPU parameters take the fused loop of adam.cpp (one pass per tensor).
+// Contiguous f32 CPU parameters take the fused loop of adam.cpp (one pass per tensor), CUDA
+// parameters the multi-tensor kernel (a few launches per group); state is f32 (see adam.h).
 #pragma once
 
 #include <tuple>
@@ -41,6 +42,7 @@ class AdamW : public Optimizer {
  protected:
   void update(Tensor& param, const OptimizerOptions& options,
               OptimizerParamState& state) override;
+  void update_group(OptimizerParamGroup& group) override;
 };
 
 }  // namespace kiln::optim

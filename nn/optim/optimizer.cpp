@@ -123,13 +123,15 @@ Tensor Optimizer::step(const LossClosure& closure) {
     loss = closure();
   }
   NoGradGuard no_grad;
-  for (OptimizerParamGroup& group : param_groups_) {
-    for (Tensor& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      update(p, group.options(), state_[p.impl()]);
-    }
-  }
+  for (OptimizerParamGroup& group : param_groups_) update_group(group);
   return loss;
+}
+
+void Optimizer::update_group(OptimizerParamGroup& group) {
+  for (Tensor& p : group.params()) {
+    if (!p.grad().defined()) continue;
+    update(p, group.options(), state_[p.impl()]);
+  }
 }
 
 std::vector<Tensor> Optimizer::parameters() const {
@@ -233,7 +235,7 @@ void Optimizer::load_state_dict(const TensorMap& tensors, const SafetensorsMetad
                    shape_str(t.sizes()), " but its parameter has shape ", shape_str(p.sizes()));
         // Own the data (the loaded tensor may alias a file mapping), on the parameter's device.
         st.buffers[it->first.substr(sp.size())] =
-            t.to(p.device(), state_dtype(p), /*copy=*/true).contiguous();
+            t.to(p.device(), state_dtype(p), /*non_blocking=*/false, /*copy=*/true).contiguous();
         used.insert(it->first);
       }
       loaded.emplace_back(p.impl(), std::move(st));

@@ -164,6 +164,11 @@ class Optimizer {
   virtual void update(Tensor& param, const OptimizerOptions& options,
                       OptimizerParamState& state) = 0;
 
+  // Updates every parameter of `group` that has a gradient (under NoGradGuard). The default
+  // calls update() for each; Adam and AdamW override it to update CUDA parameters with
+  // multi-tensor kernels (a few launches per group instead of several ops per parameter).
+  virtual void update_group(OptimizerParamGroup& group);
+
 
  private:
   std::string name_;

@@ -26,22 +26,29 @@ KILN_DEFINE_OP(to_copy, OpKind::kFunctional, to_copy_meta, OpFlags{.cross_device
 KILN_DEFINE_OP(copy_, OpKind::kInplace, copy_meta, OpFlags{.cross_device = true});
 KILN_DEFINE_OP(fill_, OpKind::kInplace, fill_meta);
 
-Tensor Tensor::to(const TensorOptions& options, bool copy) const {
+Tensor Tensor::to(const TensorOptions& options, bool non_blocking, bool copy) const {
   const ScalarType dt = options.has_dtype() ? options.dtype() : dtype();
   const Device dev = options.has_device() ? options.device() : device();
   Tensor out = *this;
   if (copy || dt != dtype() || !(dev == device())) {
     static const OpDef& op = KILN_OP(to_copy);
-    out = call_op1(op, {*this}, {dt, dev});
+    // attrs (dtype, device, non_blocking?): the device kernels read the flag.
+    out = non_blocking && !(dev == device()) ? call_op1(op, {*this}, {dt, dev, true})
+                                             : call_op1(op, {*this}, {dt, dev});
   }
   if (options.requires_grad()) out.requires_grad_(true);
   return out;
 }
 
-Tensor Tensor::to(ScalarType dt, bool copy) const { return to(TensorOptions(dt), copy); }
-Tensor Tensor::to(Device dev, bool copy) const { return to(TensorOptions(dev), copy); }
-Tensor Tensor::to(Device dev, ScalarType dt, bool copy) const {
-  return to(TensorOptions(dt).device(dev), copy);
+Tensor Tensor::to(const TensorOptions& options, bool copy) const {
+  return to(options, /*non_blocking=*/false, copy);
+}
+Tensor Tensor::to(ScalarType dt, bool copy) const { return to(TensorOptions(dt), false, copy); }
+Tensor Tensor::to(Device dev, bool non_blocking, bool copy) const {
+  return to(TensorOptions(dev), non_blocking, copy);
+}
+Tensor Tensor::to(Device dev, ScalarType dt, bool non_blocking, bool copy) const {
+  return to(TensorOptions(dt).device(dev), non_blocking, copy);
 }
 
 Tensor Tensor::clone() const { return to(options(), /*copy=*/true); }

@@ -6,6 +6,7 @@
 // the batch dims of a left operand that can be viewed as [rows, k] fold into the GEMM's M
 // ([B, T, K] @ [K, N] is one GEMM), and a broadcast operand of a batched product is an
 // expanded view (batch stride 0) that bmm reads without materialising.
+#include "nn/autocast.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -122,7 +123,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   KILN_CHECK(da >= 1 && db >= 1, "[matmul] both arguments need to be at least 1-D, got ", da,
              "-D and ", db, "-D (shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()),
              ")");
-  check_operand_dtypes("matmul", a, b);
+  // Under autocast the mm/bmm below cast both operands to the autocast dtype (nn/autocast.h).
+  if (!is_autocast_enabled(a.device().type())) check_operand_dtypes("matmul", a, b);
   const int64_t k = a.size(-1);
   check_inner("matmul", a, b, k, db == 1 ? b.size(0) : b.size(-2));
 
@@ -168,11 +170,14 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   KILN_CHECK(input.size(-1) == in, "[linear] input of shape ", shape_str(input.sizes()),
              " does not match weight of shape ", shape_str(weight.sizes()),
              ": the last input dim must equal in_features (", in, ")");
-  check_operand_dtypes("linear", input, weight);
+  // Under autocast the addmm/mm below cast input, weight and bias alike (nn/autocast.h).
+  const bool autocast = is_autocast_enabled(input.device().type());
+  if (!autocast) check_operand_dtypes("linear", input, weight);
   const Tensor wt = weight.t();  // read in place by the GEMM (column-major), no copy
   if (!bias.defined()) return matmul(input, wt);
-  KILN_CHECK(bias.dtype() == input.dtype(), "[linear] expected bias to have the input's dtype ",
-             dtype_name(input.dtype()), ", got ", dtype_name(bias.dtype()));
+  KILN_CHECK(autocast || bias.dtype() == input.dtype(),
+             "[linear] expected bias to have the input's dtype ", dtype_name(input.dtype()),
+             ", got ", dtype_name(bias.dtype()));
   KILN_CHECK(
       bias.dim() == 0 || (bias.dim() == 1 && (bias.size(0) == out_features || bias.size(0) == 1)),
       "[linear] bias of shape ", shape_str(bias.sizes()), " does not match out_features (",

@@ -1,0 +1,47 @@
+// Multi-tensor optimizer kernels: one launch updates many parameters of one device and dtype.
+//
+//   std::vector<kiln::cuda::internal::AdamTensor> ts = ...;  // one entry per parameter
+//   kiln::cuda::internal::multi_tensor_adam(kBFloat16, /*device=*/0, ts, hyper);
+//
+// Internal to kiln (called by nn/optim/adam.cpp in CUDA builds); includes no CUDA header.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace kiln::cuda::internal {
+
+// One parameter of an Adam/AdamW step: contiguous param and grad of the batch's dtype, f32
+// state of the same numel, and the per-parameter scalars that depend on its step count.
+struct AdamTensor {
+  void* param;
+  const void* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  float* max_exp_avg_sq;  // null unless amsgrad
+  int64_t numel;
+  float neg_step_size;  // -lr / (1 - beta1^t)
+  float bc2_sqrt;       // sqrt(1 - beta2^t)
+};
+
+// The scalars shared by a group, as float: the CPU loop's FusedArgs.
+struct AdamHyper {
+  float decay;  // 1 - lr * weight_decay (decoupled)
+  float wd;     // weight_decay (L2, Adam)
+  float w1;     // 1 - beta1
+  float b2;     // beta2
+  float w2;     // 1 - beta2
+  float eps;
+  bool decoupled;  // AdamW
+  bool amsgrad;
+};
+
+// Updates every tensor of `tensors` (all on cuda:`device`, parameters and grads of
+// `param_dtype`: f32, bf16 or f16) with the arithmetic of the CPU fused loop, on the current
+// stream, in ceil(count / kMaxTensorsPerLaunch) launches.
+void multi_tensor_adam(ScalarType param_dtype, int device, const std::vector<AdamTensor>& tensors,
+                       const AdamHyper& hyper);
+
+}  // namespace kiln::cuda::internal

@@ -1,0 +1,149 @@
+// Autocast: the thread-local guard state and the dispatch handler at DispatchKey::Autocast.
+#include "nn/autocast.h"
+
+#include <array>
+#include <string_view>
+
+#include "absl/container/flat_hash_map.h"
+#include "tensor/error.h"
+#include "tensor/registry.h"
+
+namespace kiln {
+namespace {
+
+struct State {
+  bool enabled = false;
+  ScalarType dtype = kBFloat16;
+};
+
+struct ThreadState {
+  std::array<State, kNumDeviceTypes> devices{};
+  int enabled_count = 0;  // how many device types are enabled: the handler's fast test
+};
+
+thread_local ThreadState t_state;
+
+enum class Policy : uint8_t { kLower, kFloat32, kPromote };
+
+// Op name -> policy (see autocast.h for why each list holds what it holds).
+const absl::flat_hash_map<const OpDef*, Policy>& policies() {
+  static const auto* table = [] {
+    auto* t = new absl::flat_hash_map<const OpDef*, Policy>();
+    auto add = [&](std::initializer_list<std::string_view> names, Policy p) {
+      for (std::string_view n : names) {
+        const OpDef& def = Registry::get().entry(n);
+        if (def.meta != nullptr) (*t)[&def] = p;
+      }
+    };
+    add({"mm", "bmm", "addmm"}, Policy::kLower);
+    add({"softmax", "log_softmax", "rms_norm", "sum", "mean", "prod", "var", "std", "norm",
+         "logsumexp", "cumsum", "exp", "log", "log1p", "expm1", "rsqrt", "reciprocal", "pow",
+         "pow_tensor_scalar"},
+        Policy::kFloat32);
+    add({"cat", "where", "lerp", "atan2", "maximum", "minimum", "scatter_add", "index_add"},
+        Policy::kPromote);
+    return t;
+  }();
+  return *table;
+}
+
+bool eligible_float(const Tensor& t) {
+  return t.defined() && is_floating_point(t.dtype()) && t.dtype() != kDouble;
+}
+
+// The device type the call runs on: that of its first defined input.
+bool call_device(const OpCall& call, DeviceType* type) {
+  for (const Tensor& t : call.inputs) {
+    if (t.defined()) {
+      *type = t.device().type();
+      return true;
+    }
+  }
+  return false;
+}
+
+bool autocast_active(const OpCall& call) {
+  if (t_state.enabled_count == 0) return false;
+  if (call.op->kind != OpKind::kFunctional) return false;  // in-place ops and views run as is
+  DeviceType type;
+  if (!call_device(call, &type) || !t_state.devices[static_cast<int>(type)].enabled) return false;
+  if (!policies().contains(call.op)) return false;
+  for (const Attr& a : call.attrs) {
+    if (std::holds_alternative<ScalarType>(a)) return false;  // an explicit dtype wins
+  }
+  return true;
+}
+
+void autocast_handle(OpCall& call) {
+  DeviceType type = kCPU;
+  call_device(call, &type);
+  const Policy policy = policies().at(call.op);
+  ScalarType target = t_state.devices[static_cast<int>(type)].dtype;
+  if (policy == Policy::kPromote) {
+    bool any = false;
+    for (const Tensor& t : call.inputs) {
+      if (!t.defined() || !is_floating_point(t.dtype())) continue;
+      target = any ? promote_types(target, t.dtype()) : t.dtype();
+      any = true;
+    }
+    if (!any) {
+      dispatch_after(call, DispatchKey::Autocast);
+      return;
+    }
+  }
+  for (Tensor& t : call.inputs) {
+    if (!eligible_float(t)) continue;
+    // CPU 0-d tensors joining GPU inputs stay where they are (they are read as scalars).
+    if (t.device().type() != type) continue;
+    switch (policy) {
+      case Policy::kLower:
+        if (t.dtype() != target) t = t.to(target);
+        break;
+      case Policy::kFloat32:
+        if (is_reduced_float(t.dtype())) t = t.to(kFloat);
+        break;
+      case Policy::kPromote:
+        if (t.dtype() != target) t = t.to(target);
+        break;
+    }
+  }
+  dispatch_after(call, DispatchKey::Autocast);
+}
+
+const DispatchHandler kAutocastHandler{autocast_active, autocast_handle};
+
+struct Install {
+  Install() { set_dispatch_handler(DispatchKey::Autocast, &kAutocastHandler); }
+} install;
+
+}  // namespace
+
+AutocastGuard::AutocastGuard(DeviceType device, ScalarType dtype, bool enabled) : device_(device) {
+  KILN_CHECK(device == kCPU || device == kCUDA,
+             "[autocast] expected the cpu or cuda device type, got ", device_type_name(device));
+  KILN_CHECK(!enabled || dtype == kBFloat16 || dtype == kHalf,
+             "[autocast] the autocast dtype must be bfloat16 or float16, got ", dtype_name(dtype));
+  State& s = t_state.devices[static_cast<int>(device)];
+  prev_enabled_ = s.enabled;
+  prev_dtype_ = s.dtype;
+  t_state.enabled_count += static_cast<int>(enabled) - static_cast<int>(s.enabled);
+  s.enabled = enabled;
+  if (enabled) s.dtype = dtype;
+}
+
+AutocastGuard::~AutocastGuard() {
+  State& s = t_state.devices[static_cast<int>(device_)];
+  t_state.enabled_count += static_cast<int>(prev_enabled_) - static_cast<int>(s.enabled);
+  s.enabled = prev_enabled_;
+  s.dtype = prev_dtype_;
+}
+
+bool is_autocast_enabled(DeviceType device) {
+  return t_state.devices[static_cast<int>(device)].enabled;
+}
+
+ScalarType autocast_dtype(DeviceType device) {
+  return t_state.devices[static_cast<int>(device)].dtype;
+}
+
+}  // namespace kiln
