@@ -83,8 +83,7 @@ int64_t TokenDataset::size(Split split) const {
 }
 
 std::pair<Tensor, Tensor> TokenDataset::batch(Split split, int64_t batch, int64_t seq_len,
-                                              Device device, uint64_t seed,
-                                              uint64_t index) const {
+                                              Device device, uint64_t seed, uint64_t index) const {
   const char* split_name = split == Split::kTrain ? "training" : "validation";
   KILN_CHECK(batch > 0 && seq_len > 0, "[TokenDataset] batch and seq_len must be positive, got ",
              batch, " and ", seq_len);

@@ -13,18 +13,24 @@
 namespace kiln::models {
 namespace {
 
-// Restores the global RNG state on scope exit; with a seed, switches to the stream (seed, 0).
+// With a seed, switches the global generator to the stream (seed, offset 0) and restores the
+// previous state on scope exit; without, leaves the global stream to be drawn from.
 class ScopedRngStream {
  public:
-  explicit ScopedRngStream(const std::optional<uint64_t>& seed) : saved_(get_rng_state()) {
-    if (seed) set_rng_state(RngState{*seed, 0});
+  explicit ScopedRngStream(const std::optional<uint64_t>& seed) {
+    if (seed) {
+      saved_ = get_rng_state();
+      set_rng_state(RngState{*seed, 0});
+    }
   }
-  ~ScopedRngStream() { set_rng_state(saved_); }
+  ~ScopedRngStream() {
+    if (saved_) set_rng_state(*saved_);
+  }
   ScopedRngStream(const ScopedRngStream&) = delete;
   ScopedRngStream& operator=(const ScopedRngStream&) = delete;
 
  private:
-  RngState saved_;
+  std::optional<RngState> saved_;
 };
 
 // The filtered distribution of one row: probabilities over the row's V entries.
@@ -116,9 +122,8 @@ std::vector<int64_t> generate(GPTImpl& model, const std::vector<int64_t>& prompt
   KILN_CHECK(static_cast<int64_t>(prompt.size()) <= cfg.block_size, "[generate] the prompt has ",
              prompt.size(), " tokens, more than the model's block_size ", cfg.block_size);
   for (size_t i = 0; i < prompt.size(); ++i) {
-    KILN_CHECK(prompt[i] >= 0 && prompt[i] < cfg.vocab_size, "[generate] prompt token ",
-               prompt[i], " at position ", i, " is outside the vocabulary [0, ", cfg.vocab_size,
-               ")");
+    KILN_CHECK(prompt[i] >= 0 && prompt[i] < cfg.vocab_size, "[generate] prompt token ", prompt[i],
+               " at position ", i, " is outside the vocabulary [0, ", cfg.vocab_size, ")");
   }
   NoGradGuard no_grad;
   ScopedRngStream stream(options.seed);
@@ -156,8 +161,7 @@ std::vector<int64_t> generate(GPTImpl& model, const std::vector<int64_t>& prompt
     if (options.use_kv_cache) {
       logits = last_logits(model.forward(as_input(&next, 1), cache));
     } else {
-      logits = last_logits(
-          model.forward(as_input(out.data(), static_cast<int64_t>(out.size()))));
+      logits = last_logits(model.forward(as_input(out.data(), static_cast<int64_t>(out.size()))));
     }
   }
   return out;

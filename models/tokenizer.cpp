@@ -15,8 +15,8 @@ std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
   std::string text;
   text.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    KILN_CHECK(ids[i] >= 0 && ids[i] < kVocabSize, "[ByteTokenizer] id ", ids[i],
-               " at position ", i, " is not a byte (ids are 0..255)");
+    KILN_CHECK(ids[i] >= 0 && ids[i] < kVocabSize, "[ByteTokenizer] id ", ids[i], " at position ",
+               i, " is not a byte (ids are 0..255)");
     text.push_back(static_cast<char>(static_cast<unsigned char>(ids[i])));
   }
   return text;

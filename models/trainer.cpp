@@ -112,8 +112,8 @@ std::vector<Tensor> params_where(const GPT& model, bool two_d) {
 }
 
 std::unique_ptr<optim::AdamW> make_optimizer(const GPT& model, const PretrainOptions& o) {
-  const auto defaults = optim::AdamWOptions(o.lr).betas(o.betas).eps(o.eps).weight_decay(
-      o.weight_decay);
+  const auto defaults =
+      optim::AdamWOptions(o.lr).betas(o.betas).eps(o.eps).weight_decay(o.weight_decay);
   std::vector<optim::OptimizerParamGroup> groups;
   groups.emplace_back(params_where(model, true));
   std::vector<Tensor> no_decay = params_where(model, false);
@@ -126,8 +126,10 @@ std::unique_ptr<optim::AdamW> make_optimizer(const GPT& model, const PretrainOpt
 
 std::string format_number(double v, int precision, bool scientific = false) {
   std::ostringstream s;
-  if (scientific) s << std::scientific;
-  else s << std::fixed;
+  if (scientific)
+    s << std::scientific;
+  else
+    s << std::fixed;
   s << std::setprecision(precision) << v;
   return s.str();
 }
@@ -182,8 +184,10 @@ void PretrainOptions::validate() const {
   KILN_CHECK(seq_len > 0, "[pretrain] seq_len must be positive, got ", seq_len);
   KILN_CHECK(max_steps > 0, "[pretrain] max_steps must be positive, got ", max_steps);
   KILN_CHECK(lr_decay_steps >= 0, "[pretrain] lr_decay_steps must be >= 0, got ", lr_decay_steps);
-  KILN_CHECK(lr > 0 && min_lr >= 0 && min_lr <= lr, "[pretrain] need 0 <= min_lr <= lr and lr > 0, "
-             "got lr ", lr, " min_lr ", min_lr);
+  KILN_CHECK(lr > 0 && min_lr >= 0 && min_lr <= lr,
+             "[pretrain] need 0 <= min_lr <= lr and lr > 0, "
+             "got lr ",
+             lr, " min_lr ", min_lr);
   KILN_CHECK(warmup_steps >= 0, "[pretrain] warmup_steps must be >= 0, got ", warmup_steps);
   KILN_CHECK(weight_decay >= 0, "[pretrain] weight_decay must be >= 0, got ", weight_decay);
   KILN_CHECK(grad_clip >= 0, "[pretrain] grad_clip must be >= 0 (0 = off), got ", grad_clip);
@@ -214,8 +218,8 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
   const std::string step = need("step");
   char* end = nullptr;
   info.step = std::strtoll(step.c_str(), &end, 10);
-  KILN_CHECK(end != step.c_str() && *end == '\0' && info.step >= 0, "[checkpoint] ",
-             path.string(), ": bad step '", step, "'");
+  KILN_CHECK(end != step.c_str() && *end == '\0' && info.step >= 0, "[checkpoint] ", path.string(),
+             ": bad step '", step, "'");
   info.precision = need("precision");
   info.model_file = need("model");
   info.optimizer_file = need("optimizer");
@@ -244,16 +248,18 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
   KILN_CHECK(data.max_token() < cfg.vocab_size, "[pretrain] ", o.data_path, " holds token id ",
              data.max_token(), ", outside the vocabulary of ", cfg.name, " (vocab_size ",
              cfg.vocab_size, ")");
-  KILN_CHECK(data.size(Split::kTrain) >= o.seq_len + 1, "[pretrain] ", o.data_path, " is too short: ",
-             data.size(Split::kTrain), " training tokens for windows of seq_len + 1 = ",
-             o.seq_len + 1);
+  KILN_CHECK(data.size(Split::kTrain) >= o.seq_len + 1, "[pretrain] ", o.data_path,
+             " is too short: ", data.size(Split::kTrain),
+             " training tokens for windows of seq_len + 1 = ", o.seq_len + 1);
 
   manual_seed(o.seed);
   GPT model(cfg, TensorOptions().device(device).dtype(param_dtype(o.precision)));
   model->train();
   auto opt = make_optimizer(model, o);
   const int64_t decay_steps = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.max_steps;
-  optim::CosineAnnealingWithWarmup sched(*opt, o.warmup_steps, decay_steps, o.min_lr);
+  // A run shorter than its warm-up warms up over the whole run.
+  const int64_t warmup = std::min(o.warmup_steps, decay_steps);
+  optim::CosineAnnealingWithWarmup sched(*opt, warmup, decay_steps, o.min_lr);
 
   PretrainSummary summary;
   if (o.resume) {
@@ -278,11 +284,10 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
   log << "pretraining " << cfg.name << " (" << model->num_parameters() << " parameters) on "
       << o.data_path << " (" << data.size(Split::kTrain) << " training, "
       << data.size(Split::kValidation) << " validation tokens)\n"
-      << "device " << device.str() << ", precision " << o.precision << ", batch "
-      << o.batch_size << " x seq " << o.seq_len << " x accum " << o.grad_accum_steps << " = "
-      << tokens_per_step << " tokens/step, steps " << summary.start_step + 1 << ".."
-      << o.max_steps << ", lr " << o.lr << " -> " << o.min_lr << " (warmup " << o.warmup_steps
-      << ")\n";
+      << "device " << device.str() << ", precision " << o.precision << ", batch " << o.batch_size
+      << " x seq " << o.seq_len << " x accum " << o.grad_accum_steps << " = " << tokens_per_step
+      << " tokens/step, steps " << summary.start_step + 1 << ".." << o.max_steps << ", lr " << o.lr
+      << " -> " << o.min_lr << " (warmup " << warmup << ")\n";
 
   const std::vector<Tensor> params = model->parameters();
   const double clip = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
@@ -339,7 +344,8 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
     if ((o.eval_interval > 0 && step % o.eval_interval == 0) || last) {
       summary.final_val_loss = evaluate(model, data, o, device);
       log << "eval step " << step << " | val loss " << format_number(summary.final_val_loss, 4)
-          << "\n" << std::flush;
+          << "\n"
+          << std::flush;
     }
     if (!o.out_dir.empty() &&
         ((o.checkpoint_interval > 0 && step % o.checkpoint_interval == 0) || last)) {
@@ -360,8 +366,8 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
              "[bench] batch, seq, steps must be positive and warmup >= 0");
   check_precision(o.precision, "bench");
   const ModelConfig cfg = ModelConfig::from_name(o.config_name);
-  KILN_CHECK(o.seq_len <= cfg.block_size, "[bench] seq_len ", o.seq_len,
-             " exceeds the block_size ", cfg.block_size, " of ", cfg.name);
+  KILN_CHECK(o.seq_len <= cfg.block_size, "[bench] seq_len ", o.seq_len, " exceeds the block_size ",
+             cfg.block_size, " of ", cfg.name);
   const Device device = o.device.value_or(default_device());
   const bool on_cuda = device.is_cuda();
   manual_seed(o.seed);
@@ -374,9 +380,9 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   const std::vector<Tensor> params = model->parameters();
   BenchResult r;
   r.num_parameters = model->num_parameters();
-  log << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device "
-      << device.str() << ", precision " << o.precision << ", batch " << o.batch_size << " x seq "
-      << o.seq_len << ", " << o.warmup_steps << " warm-up + " << o.steps << " timed steps\n"
+  log << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device " << device.str()
+      << ", precision " << o.precision << ", batch " << o.batch_size << " x seq " << o.seq_len
+      << ", " << o.warmup_steps << " warm-up + " << o.steps << " timed steps\n"
       << std::flush;
   Tensor last_loss;
   auto train_step = [&]() {

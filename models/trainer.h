@@ -54,23 +54,23 @@ struct PretrainOptions {
   std::optional<ModelConfig> config;  // when set, used instead of config_name
   std::string data_path;              // text (byte tokens) or .bin/.u16/.u32 (models/data.h)
   int64_t batch_size = 16;
-  int64_t seq_len = 128;        // <= the config's block_size
-  int64_t max_steps = 300;      // the run ends after this step
-  int64_t lr_decay_steps = 0;   // the schedule's total steps; 0 = max_steps
+  int64_t seq_len = 128;       // <= the config's block_size
+  int64_t max_steps = 300;     // the run ends after this step
+  int64_t lr_decay_steps = 0;  // the schedule's total steps; 0 = max_steps
   double lr = 3e-3;
   double min_lr = 3e-4;
-  int64_t warmup_steps = 30;
+  int64_t warmup_steps = 30;  // capped at the schedule's length
   double weight_decay = 0.1;
   std::tuple<double, double> betas = {0.9, 0.95};
   double eps = 1e-8;
-  double grad_clip = 1.0;       // 0 = no clipping (the norm is still logged)
+  double grad_clip = 1.0;  // 0 = no clipping (the norm is still logged)
   int64_t grad_accum_steps = 1;
   std::string precision = "f32";  // "f32" | "bf16-true" | "bf16-mixed"
   std::optional<Device> device;   // default: default_device()
   int64_t log_interval = 10;
-  int64_t eval_interval = 100;    // 0 = only at the end
+  int64_t eval_interval = 100;  // 0 = only at the end
   int64_t eval_batches = 8;
-  std::string out_dir;            // empty = no checkpoints
+  std::string out_dir;              // empty = no checkpoints
   int64_t checkpoint_interval = 0;  // 0 = only at the end
   bool resume = false;
   uint64_t seed = 1337;
@@ -80,13 +80,13 @@ struct PretrainOptions {
 };
 
 struct PretrainSummary {
-  int64_t start_step = 0;        // > 0 when resumed
-  int64_t steps = 0;             // the last step done
-  double final_train_loss = 0;   // the last step's loss
-  double final_val_loss = 0;     // the last evaluation's (NaN when the split is empty)
-  double tokens_per_s = 0;       // training steps only, the first step excluded when possible
-  std::optional<double> mfu;     // on CUDA only
-  double seconds = 0;            // wall time of the whole call
+  int64_t start_step = 0;            // > 0 when resumed
+  int64_t steps = 0;                 // the last step done
+  double final_train_loss = 0;       // the last step's loss
+  double final_val_loss = 0;         // the last evaluation's (NaN when the split is empty)
+  double tokens_per_s = 0;           // training steps only, the first step excluded when possible
+  std::optional<double> mfu;         // on CUDA only
+  double seconds = 0;                // wall time of the whole call
   std::vector<double> train_losses;  // per step done in this call
 };
 
@@ -102,7 +102,7 @@ struct CheckpointInfo {
   std::string config;
   int64_t step = 0;
   std::string precision;
-  std::string model_file;      // absolute or relative to the directory, as written
+  std::string model_file;  // absolute or relative to the directory, as written
   std::string optimizer_file;
 };
 // Reads <dir>/trainer_state.json; nullopt when there is none. Errors on a malformed one.
@@ -127,8 +127,8 @@ struct BenchResult {
   int64_t num_parameters = 0;
   double step_ms = 0;
   double tokens_per_s = 0;
-  std::optional<double> mfu;             // on CUDA
-  std::optional<int64_t> peak_memory;    // bytes, on CUDA (peak allocated during timed steps)
+  std::optional<double> mfu;           // on CUDA
+  std::optional<int64_t> peak_memory;  // bytes, on CUDA (peak allocated during timed steps)
   double final_loss = 0;
 };
 BenchResult bench(const BenchOptions& options, std::ostream& log);

@@ -39,8 +39,8 @@ using kiln::models::PretrainOptions;
 
 // The defaults of `kiln pretrain`: kiln-tiny on tiny Shakespeare, sized so that the loss falls
 // visibly (from ~5.5 to under 2.5) in a few minutes on a 2-core CPU.
-constexpr int64_t kDefaultSteps = 300;
-constexpr int64_t kDefaultBatch = 16;
+constexpr int64_t kDefaultSteps = 200;
+constexpr int64_t kDefaultBatch = 8;
 constexpr int64_t kDefaultSeq = 128;
 constexpr double kDefaultLr = 3e-3;
 
@@ -52,8 +52,8 @@ commands:
       --config NAME            model config (default: kiln-tiny)
       --data FILE              text file (byte tokens) or .bin/.u16/.u32 token file
                                (default: the bundled data/tinyshakespeare.txt)
-      --steps N                optimizer steps (default: 300)
-      --batch B                sequences per step (default: 16)
+      --steps N                optimizer steps (default: 200)
+      --batch B                sequences per step (default: 8)
       --seq T                  tokens per sequence (default: 128)
       --lr X                   peak learning rate (default: 3e-3; cosine to lr/10)
       --precision P            f32 | bf16-true | bf16-mixed (default: f32)
@@ -190,8 +190,8 @@ int cmd_configs(const std::vector<std::string>& args) {
   for (const std::string& name : kiln::models::config_names()) {
     const auto cfg = kiln::models::ModelConfig::from_name(name);
     const int64_t n = cfg.num_parameters();
-    std::cout << std::left << std::setw(20) << name << std::right << std::setw(10)
-              << human_count(n) << "  (" << n << " parameters)"
+    std::cout << std::left << std::setw(20) << name << std::right << std::setw(10) << human_count(n)
+              << "  (" << n << " parameters)"
               << (name == kiln::models::kDefaultConfig ? "  [default]" : "") << "\n";
   }
   return 0;
@@ -203,8 +203,8 @@ int cmd_pretrain(const std::vector<std::string>& args) {
       {"resume"});
   PretrainOptions o;
   o.config_name = f.contains("config") ? f.at("config") : kiln::models::kDefaultConfig;
-  o.data_path =
-      f.contains("data") ? f.at("data") : std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt";
+  o.data_path = f.contains("data") ? f.at("data")
+                                   : std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt";
   o.max_steps = f.contains("steps") ? parse_int("steps", f.at("steps")) : kDefaultSteps;
   o.batch_size = f.contains("batch") ? parse_int("batch", f.at("batch")) : kDefaultBatch;
   o.seq_len = f.contains("seq") ? parse_int("seq", f.at("seq")) : kDefaultSeq;
@@ -221,8 +221,8 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   const auto s = kiln::models::pretrain(o, std::cout);
   std::cout << "done: " << s.steps << " steps in " << std::fixed << std::setprecision(1)
             << s.seconds << " s | train loss " << std::setprecision(4) << s.final_train_loss
-            << " | val loss " << s.final_val_loss << " | " << std::setprecision(0)
-            << s.tokens_per_s << " tok/s";
+            << " | val loss " << s.final_val_loss << " | " << std::setprecision(0) << s.tokens_per_s
+            << " tok/s";
   if (s.mfu) std::cout << " | MFU " << std::setprecision(1) << 100 * *s.mfu << "%";
   std::cout << "\ncheckpoint: " << o.out_dir << "  (try: kiln generate --checkpoint " << o.out_dir
             << " --text \"ROMEO:\")\n";
@@ -243,7 +243,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   kiln::models::GenerateOptions g;
   g.max_new_tokens =
       f.contains("max-new-tokens") ? parse_int("max-new-tokens", f.at("max-new-tokens")) : 100;
-  g.temperature = f.contains("temperature") ? parse_double("temperature", f.at("temperature")) : 0.8;
+  g.temperature =
+      f.contains("temperature") ? parse_double("temperature", f.at("temperature")) : 0.8;
   g.top_k = f.contains("top-k") ? parse_int("top-k", f.at("top-k")) : 0;
   g.top_p = f.contains("top-p") ? parse_double("top-p", f.at("top-p")) : 1.0;
   const uint64_t seed = f.contains("seed") ? parse_uint("seed", f.at("seed")) : 0;
@@ -275,8 +276,7 @@ int cmd_generate(const std::vector<std::string>& args) {
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
-  const Flags f =
-      parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device"}, {});
+  const Flags f = parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device"}, {});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");
@@ -288,8 +288,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   b.seq_len = f.contains("seq") ? parse_int("seq", f.at("seq")) : seq;
   b.steps = f.contains("steps") ? parse_int("steps", f.at("steps")) : 10;
   b.device = f.contains("device") ? parse_device(f.at("device")) : kiln::models::default_device();
-  b.precision = f.contains("precision") ? f.at("precision")
-                                        : (b.device->is_cuda() ? "bf16-true" : "f32");
+  b.precision =
+      f.contains("precision") ? f.at("precision") : (b.device->is_cuda() ? "bf16-true" : "f32");
   const auto r = kiln::models::bench(b, std::cout);
   std::cout << std::fixed << std::setprecision(1) << "step " << r.step_ms << " ms | "
             << std::setprecision(0) << r.tokens_per_s << " tok/s";
