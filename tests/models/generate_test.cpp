@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
+#include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 #include "tensor/tensor_data.h"
@@ -275,6 +276,33 @@ TEST(GenerateTest, Errors) {
   EXPECT_KILN_ERROR(sample_next_token(tensor({{1, 2}}), GenerateOptions()), "floating point");
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EXPECT_KILN_ERROR(sample_next_token(tensor({{1.0f, nan}}), GenerateOptions()), "NaN");
+}
+
+// The same weights on the GPU generate the same tokens: greedy, and seeded sampling (sampling
+// runs on the CPU in f32, so only logits differences at rounding level could change a draw).
+TEST(GpuGenerateTest, CudaMatchesCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  GPT cpu = make_model("tiny-llama", 3);
+  GPT gpu = make_model("tiny-llama", 3);
+  gpu->to(Device(kCUDA));
+  ASSERT_TRUE(gpu->parameters().front().is_cuda());
+  const auto expected = generate(cpu, kPrompt, greedy(16));
+  EXPECT_EQ(generate(gpu, kPrompt, greedy(16)), expected);
+  GenerateOptions o = greedy(16);
+  o.use_kv_cache = false;
+  EXPECT_EQ(generate(gpu, kPrompt, o), expected);
+  o = GenerateOptions();
+  o.max_new_tokens = 16;
+  o.temperature = 1.0;
+  o.top_k = 50;
+  o.seed = 9;
+  EXPECT_EQ(generate(gpu, kPrompt, o), generate(cpu, kPrompt, o));
+  // sample_next_token returns the token on the logits' device.
+  Tensor logits = randn({3, 40});
+  const auto on_cpu = sample_next_token(logits, o);
+  const auto on_gpu = sample_next_token(logits.to(Device(kCUDA)), o);
+  EXPECT_TRUE(on_gpu.is_cuda());
+  EXPECT_EQ(on_gpu.to_vector<int64_t>(), on_cpu.to_vector<int64_t>());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
+#include "kernels/cuda/runtime.h"
 #include "models/generate.h"
 #include "nn/safetensors.h"
 #include "tensor/ops.h"
@@ -207,6 +208,79 @@ TEST_F(TrainerTest, Errors) {
   o = tiny_options();
   o.config = small;
   EXPECT_KILN_ERROR(pretrain(o, log), "outside the vocabulary of tiny-vocab-64");
+}
+
+// On the GPU: the same run as on the CPU (same init, same batches) gives the same losses up to
+// f32 rounding (and TF32 matmuls, if used); MFU is logged; bf16-true trains; bench reports
+// MFU and peak memory.
+// Suites named Gpu* are labelled gpu (tests/CMakeLists.txt).
+class GpuTrainerTest : public TrainerTest {};
+
+TEST_F(GpuTrainerTest, PretrainMatchesCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  std::ostringstream cpu_log, gpu_log;
+  PretrainOptions o = tiny_options();
+  o.max_steps = 5;
+  const auto cpu = pretrain(o, cpu_log);
+  o.device = Device(kCUDA);
+  o.out_dir = dir_.string();
+  const auto gpu = pretrain(o, gpu_log);
+  ASSERT_EQ(gpu.train_losses.size(), cpu.train_losses.size());
+  for (size_t i = 0; i < cpu.train_losses.size(); ++i) {
+    EXPECT_NEAR(gpu.train_losses[i], cpu.train_losses[i], 2e-2) << "step " << i + 1;
+  }
+  EXPECT_NEAR(gpu.final_val_loss, cpu.final_val_loss, 2e-2);
+  ASSERT_TRUE(gpu.mfu.has_value());
+  EXPECT_GT(*gpu.mfu, 0.0);
+  EXPECT_NE(gpu_log.str().find("| MFU "), std::string::npos) << gpu_log.str();
+  // The checkpoint written from the GPU loads on the CPU.
+  GPT back = load_checkpoint(dir_.string(), kCPU);
+  EXPECT_TRUE(back->parameters().front().is_cpu());
+}
+
+TEST_F(GpuTrainerTest, Bf16TrueAndBench) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  std::ostringstream log;
+  PretrainOptions o = tiny_options();
+  o.max_steps = 10;
+  o.precision = "bf16-true";
+  o.device = Device(kCUDA);
+  const auto s = pretrain(o, log);
+  for (double l : s.train_losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_LT(s.train_losses.back(), s.train_losses.front() - 0.5);
+  BenchOptions b;
+  b.config_name = "tiny-llama";
+  b.batch_size = 4;
+  b.seq_len = 64;
+  b.steps = 3;
+  b.device = Device(kCUDA);
+  const auto r = bench(b, log);
+  EXPECT_GT(r.tokens_per_s, 0);
+  ASSERT_TRUE(r.mfu.has_value());
+  ASSERT_TRUE(r.peak_memory.has_value());
+  EXPECT_GT(*r.peak_memory, 0);
+  EXPECT_TRUE(std::isfinite(r.final_loss));
+}
+
+TEST_F(TrainerTest, BenchOnCpu) {
+  std::ostringstream log;
+  BenchOptions b;
+  b.config_name = "tiny-llama";
+  b.batch_size = 2;
+  b.seq_len = 16;
+  b.steps = 2;
+  b.warmup_steps = 1;
+  b.precision = "f32";
+  b.device = Device(kCPU);
+  const auto r = bench(b, log);
+  EXPECT_EQ(r.num_parameters, ModelConfig::from_name("tiny-llama").num_parameters());
+  EXPECT_GT(r.tokens_per_s, 0);
+  EXPECT_GT(r.step_ms, 0);
+  EXPECT_FALSE(r.mfu.has_value());
+  EXPECT_FALSE(r.peak_memory.has_value());
+  EXPECT_NEAR(r.final_loss, std::log(320.0), 1.0);
+  b.seq_len = 1000;
+  EXPECT_KILN_ERROR(bench(b, log), "seq_len 1000 exceeds the block_size 128");
 }
 
 }  // namespace
