@@ -524,7 +524,8 @@ void write_safetensors(const std::vector<Planned>& plan, const SafetensorsMetada
 // A temporary file beside the target, removed unless commit() renamed it into place.
 class AtomicFile {
  public:
-  explicit AtomicFile(const std::string& path) : path_(path) {
+  explicit AtomicFile(const std::string& path, std::string op = "save_safetensors")
+      : path_(path), op_(std::move(op)) {
     std::random_device rd;
     const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
     char suffix[40];
@@ -574,10 +575,11 @@ class AtomicFile {
  private:
   [[noreturn]] void fail(const std::string& what) const {
     const int err = errno;
-    KILN_FAIL("[save_safetensors] ", path_, ": ", what, ": ", std::strerror(err));
+    KILN_FAIL("[", op_, "] ", path_, ": ", what, ": ", std::strerror(err));
   }
 
   std::string path_;
+  std::string op_;
   std::string tmp_;
   int fd_ = -1;
   bool committed_ = false;
@@ -590,6 +592,12 @@ void save_safetensors(const TensorMap& tensors, const std::string& path,
   const std::vector<Planned> plan = plan_layout(tensors, metadata, path + ": ");
   AtomicFile file(path);
   write_safetensors(plan, metadata, [&](const void* p, size_t n) { file.write(p, n); });
+  file.commit();
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes, const std::string& op) {
+  AtomicFile file(path, op);
+  file.write(bytes.data(), bytes.size());
   file.commit();
 }
 

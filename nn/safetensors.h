@@ -47,6 +47,12 @@ using SafetensorsMetadata = std::map<std::string, std::string>;
 void save_safetensors(const TensorMap& tensors, const std::string& path,
                       const SafetensorsMetadata& metadata = {});
 
+// Writes `bytes` to `path` the same atomic way (temporary file beside it, fsync, rename,
+// fsync of the directory); for the JSON files that accompany safetensors checkpoints. Errors
+// start with "[<op>] <path>: ".
+void write_file_atomically(const std::string& path, std::string_view bytes,
+                           const std::string& op = "write_file_atomically");
+
 // Reads every tensor of the file at `path` onto `device`; fills `*metadata` when given.
 TensorMap load_safetensors(const std::string& path, SafetensorsMetadata* metadata = nullptr,
                            Device device = kCPU);

@@ -1,4 +1,5 @@
-// A strict pull parser for JSON (RFC 8259), just enough for the safetensors header.
+// A strict pull parser for JSON (RFC 8259), just enough for the safetensors header and the
+// Hugging Face config.json / index.json files.
 //
 // The caller drives it with the shape it expects (begin_object, next_key, read_string, ...), so
 // nothing is built that the schema does not need: a hostile header cannot make it allocate
@@ -12,6 +13,7 @@
 //   r.end_document();
 #pragma once
 
+#include <charconv>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -179,6 +181,45 @@ class JsonReader {
       v = v * 10 + d;
     }
     return v;
+  }
+
+  // A JSON number that must be an integer fitting in int64 (may be negative).
+  int64_t read_int64(std::string_view what) {
+    skip_ws();
+    const size_t start = pos_;
+    const std::string_view tok = scan_number();
+    if (tok.find_first_of(".eE") != std::string_view::npos) {
+      pos_ = start;
+      fail(std::string(what) + " is not an integer (" + std::string(tok) + ")");
+    }
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+    if (ec != std::errc() || end != tok.data() + tok.size()) {
+      pos_ = start;
+      fail(std::string(what) + " does not fit in int64 (" + std::string(tok) + ")");
+    }
+    return v;
+  }
+
+  // Any JSON number as the nearest double (locale-independent); out-of-range values fail.
+  double read_double(std::string_view what) {
+    skip_ws();
+    const size_t start = pos_;
+    const std::string_view tok = scan_number();
+    double v = 0;
+    const auto [end, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+    if (ec != std::errc() || end != tok.data() + tok.size()) {
+      pos_ = start;
+      fail(std::string(what) + " is out of range for a double (" + std::string(tok) + ")");
+    }
+    return v;
+  }
+
+  bool read_bool(std::string_view what) {
+    const char k = peek_kind();
+    if (k != 't' && k != 'f') fail(std::string(what) + " is not a boolean");
+    expect_word(k == 't' ? "true" : "false");
+    return k == 't';
   }
 
   // Checks and skips one value of any type.
