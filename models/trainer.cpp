@@ -1,0 +1,418 @@
+#include "models/trainer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "autograd/grad_mode.h"
+#include "kernels/cuda/runtime.h"
+#include "models/data.h"
+#include "nn/optim/adamw.h"
+#include "nn/optim/lr_scheduler.h"
+#include "nn/serialize.h"
+#include "nn/utils/clip_grad.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+
+namespace kiln::models {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kStateFile = "trainer_state.json";
+// The validation batches are drawn from their own Philox stream, the same at every evaluation.
+constexpr uint64_t kEvalSeedSalt = 0x9E3779B97F4A7C15ull;
+
+ScalarType param_dtype(const std::string& precision) {
+  if (precision == "bf16-true") return kBFloat16;
+  return kFloat;
+}
+
+void check_precision(const std::string& precision, const char* who) {
+  KILN_CHECK(precision == "f32" || precision == "bf16-true" || precision == "bf16-mixed", "[", who,
+             "] precision must be f32, bf16-true or bf16-mixed, got '", precision, "'");
+  // bf16-mixed runs the matmuls in bf16 under an autocast guard, which this build lacks;
+  // running it in f32 under that name would report numbers that are not what was asked for.
+  KILN_CHECK(precision != "bf16-mixed", "[", who,
+             "] precision bf16-mixed needs kiln's autocast guard (nn/autocast.h), which is not "
+             "in this build yet; use f32 or bf16-true");
+}
+
+// Writes `text` to `path` atomically: a temporary file in the same directory, fsync, rename.
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  KILN_CHECK(fd >= 0, "[pretrain] cannot create ", tmp);
+  size_t done = 0;
+  bool ok = true;
+  while (ok && done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ok && ::fsync(fd) == 0;
+  ok = (::close(fd) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    KILN_FAIL("[pretrain] cannot write ", path);
+  }
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+// The value of "key" in a flat JSON object of strings and integers (what write_state writes).
+std::optional<std::string> json_field(const std::string& text, const std::string& key) {
+  const std::string needle = "\"" + key + "\"";
+  size_t pos = text.find(needle);
+  if (pos == std::string::npos) return std::nullopt;
+  pos = text.find(':', pos + needle.size());
+  if (pos == std::string::npos) return std::nullopt;
+  ++pos;
+  while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
+  if (pos >= text.size()) return std::nullopt;
+  std::string value;
+  if (text[pos] == '"') {
+    for (++pos; pos < text.size() && text[pos] != '"'; ++pos) {
+      if (text[pos] == '\\' && pos + 1 < text.size()) ++pos;
+      value.push_back(text[pos]);
+    }
+    if (pos >= text.size()) return std::nullopt;
+    return value;
+  }
+  while (pos < text.size() && text[pos] != ',' && text[pos] != '}' &&
+         !std::isspace(static_cast<unsigned char>(text[pos]))) {
+    value.push_back(text[pos++]);
+  }
+  return value;
+}
+
+std::vector<Tensor> params_where(const GPT& model, bool two_d) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : model->parameters()) {
+    if ((p.dim() >= 2) == two_d) out.push_back(p);
+  }
+  return out;
+}
+
+std::unique_ptr<optim::AdamW> make_optimizer(const GPT& model, const PretrainOptions& o) {
+  const auto defaults =
+      optim::AdamWOptions(o.lr).betas(o.betas).eps(o.eps).weight_decay(o.weight_decay);
+  std::vector<optim::OptimizerParamGroup> groups;
+  groups.emplace_back(params_where(model, true));
+  std::vector<Tensor> no_decay = params_where(model, false);
+  if (!no_decay.empty()) {
+    groups.emplace_back(no_decay, std::make_unique<optim::AdamWOptions>(
+                                      optim::AdamWOptions(defaults).weight_decay(0.0)));
+  }
+  return std::make_unique<optim::AdamW>(groups, defaults);
+}
+
+std::string format_number(double v, int precision, bool scientific = false) {
+  std::ostringstream s;
+  if (scientific)
+    s << std::scientific;
+  else
+    s << std::fixed;
+  s << std::setprecision(precision) << v;
+  return s.str();
+}
+
+void save_checkpoint(const std::string& dir, const GPT& model, const optim::AdamW& opt,
+                     const std::string& config, const PretrainOptions& o, int64_t step) {
+  fs::create_directories(dir);
+  std::ostringstream id;
+  id << std::setw(8) << std::setfill('0') << step;
+  const std::string model_file = "model-" + id.str() + ".safetensors";
+  const std::string opt_file = "optimizer-" + id.str() + ".safetensors";
+  const auto previous = read_checkpoint_info(dir);
+  save(model, (fs::path(dir) / model_file).string());
+  opt.save((fs::path(dir) / opt_file).string());
+  std::ostringstream js;
+  js << "{\n  \"config\": \"" << json_escape(config) << "\",\n  \"step\": " << step
+     << ",\n  \"precision\": \"" << o.precision << "\",\n  \"model\": \"" << model_file
+     << "\",\n  \"optimizer\": \"" << opt_file << "\",\n  \"seed\": " << o.seed
+     << ",\n  \"batch_size\": " << o.batch_size << ",\n  \"seq_len\": " << o.seq_len
+     << ",\n  \"grad_accum_steps\": " << o.grad_accum_steps << ",\n  \"data\": \""
+     << json_escape(o.data_path) << "\"\n}\n";
+  write_file_atomically((fs::path(dir) / kStateFile).string(), js.str());
+  // The new checkpoint is complete; the previous one's files can go.
+  if (previous && previous->model_file != model_file) {
+    std::error_code ec;
+    fs::remove(fs::path(dir) / previous->model_file, ec);
+    fs::remove(fs::path(dir) / previous->optimizer_file, ec);
+  }
+}
+
+double evaluate(GPT& model, const TokenDataset& data, const PretrainOptions& o, Device device) {
+  if (data.size(Split::kValidation) < o.seq_len + 1) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  NoGradGuard no_grad;
+  double sum = 0;
+  for (int64_t i = 0; i < o.eval_batches; ++i) {
+    auto [x, y] = data.batch(Split::kValidation, o.batch_size, o.seq_len, device,
+                             o.seed ^ kEvalSeedSalt, static_cast<uint64_t>(i));
+    sum += model->loss(x, y).item<double>();
+  }
+  return sum / static_cast<double>(o.eval_batches);
+}
+
+}  // namespace
+
+Device default_device() { return cuda::is_available() ? Device(kCUDA) : Device(kCPU); }
+
+void PretrainOptions::validate() const {
+  KILN_CHECK(!data_path.empty(), "[pretrain] no data file given (data_path)");
+  KILN_CHECK(batch_size > 0, "[pretrain] batch_size must be positive, got ", batch_size);
+  KILN_CHECK(seq_len > 0, "[pretrain] seq_len must be positive, got ", seq_len);
+  KILN_CHECK(max_steps > 0, "[pretrain] max_steps must be positive, got ", max_steps);
+  KILN_CHECK(lr_decay_steps >= 0, "[pretrain] lr_decay_steps must be >= 0, got ", lr_decay_steps);
+  KILN_CHECK(lr > 0 && min_lr >= 0 && min_lr <= lr,
+             "[pretrain] need 0 <= min_lr <= lr and lr > 0, "
+             "got lr ",
+             lr, " min_lr ", min_lr);
+  KILN_CHECK(warmup_steps >= 0, "[pretrain] warmup_steps must be >= 0, got ", warmup_steps);
+  KILN_CHECK(weight_decay >= 0, "[pretrain] weight_decay must be >= 0, got ", weight_decay);
+  KILN_CHECK(grad_clip >= 0, "[pretrain] grad_clip must be >= 0 (0 = off), got ", grad_clip);
+  KILN_CHECK(grad_accum_steps > 0, "[pretrain] grad_accum_steps must be positive, got ",
+             grad_accum_steps);
+  KILN_CHECK(log_interval > 0, "[pretrain] log_interval must be positive, got ", log_interval);
+  KILN_CHECK(eval_interval >= 0 && eval_batches > 0,
+             "[pretrain] eval_interval must be >= 0 and eval_batches positive");
+  KILN_CHECK(checkpoint_interval >= 0, "[pretrain] checkpoint_interval must be >= 0");
+  KILN_CHECK(!resume || !out_dir.empty(), "[pretrain] resume needs out_dir (the checkpoint)");
+  check_precision(precision, "pretrain");
+}
+
+std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
+  const fs::path path = fs::path(dir) / kStateFile;
+  std::ifstream in(path);
+  if (!in.good()) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  CheckpointInfo info;
+  auto need = [&](const char* key) {
+    auto v = json_field(text, key);
+    KILN_CHECK(v.has_value(), "[checkpoint] ", path.string(), ": no \"", key, "\" field");
+    return *v;
+  };
+  info.config = need("config");
+  const std::string step = need("step");
+  char* end = nullptr;
+  info.step = std::strtoll(step.c_str(), &end, 10);
+  KILN_CHECK(end != step.c_str() && *end == '\0' && info.step >= 0, "[checkpoint] ", path.string(),
+             ": bad step '", step, "'");
+  info.precision = need("precision");
+  info.model_file = need("model");
+  info.optimizer_file = need("optimizer");
+  return info;
+}
+
+GPT load_checkpoint(const std::string& dir, Device device) {
+  auto info = read_checkpoint_info(dir);
+  KILN_CHECK(info.has_value(), "[checkpoint] ", dir, ": no ", kStateFile,
+             " (not a kiln pretrain checkpoint directory)");
+  GPT model(ModelConfig::from_name(info->config),
+            TensorOptions().device(device).dtype(param_dtype(info->precision)));
+  load(model, (fs::path(dir) / info->model_file).string());
+  return model;
+}
+
+PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
+  const auto t_start = Clock::now();
+  o.validate();
+  const ModelConfig cfg = o.config ? *o.config : ModelConfig::from_name(o.config_name);
+  cfg.validate();
+  KILN_CHECK(o.seq_len <= cfg.block_size, "[pretrain] seq_len ", o.seq_len,
+             " exceeds the block_size ", cfg.block_size, " of ", cfg.name);
+  const Device device = o.device.value_or(default_device());
+  const TokenDataset data = TokenDataset::from_file(o.data_path);
+  KILN_CHECK(data.max_token() < cfg.vocab_size, "[pretrain] ", o.data_path, " holds token id ",
+             data.max_token(), ", outside the vocabulary of ", cfg.name, " (vocab_size ",
+             cfg.vocab_size, ")");
+  KILN_CHECK(data.size(Split::kTrain) >= o.seq_len + 1, "[pretrain] ", o.data_path,
+             " is too short: ", data.size(Split::kTrain),
+             " training tokens for windows of seq_len + 1 = ", o.seq_len + 1);
+
+  manual_seed(o.seed);
+  GPT model(cfg, TensorOptions().device(device).dtype(param_dtype(o.precision)));
+  model->train();
+  auto opt = make_optimizer(model, o);
+  const int64_t decay_steps = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.max_steps;
+  // A run shorter than its warm-up warms up over the whole run.
+  const int64_t warmup = std::min(o.warmup_steps, decay_steps);
+  optim::CosineAnnealingWithWarmup sched(*opt, warmup, decay_steps, o.min_lr);
+
+  PretrainSummary summary;
+  if (o.resume) {
+    if (auto info = read_checkpoint_info(o.out_dir)) {
+      KILN_CHECK(info->config == cfg.name, "[pretrain] the checkpoint in ", o.out_dir,
+                 " is of config ", info->config, ", not ", cfg.name);
+      KILN_CHECK(info->precision == o.precision, "[pretrain] the checkpoint in ", o.out_dir,
+                 " was trained in ", info->precision, ", not ", o.precision);
+      load(model, (fs::path(o.out_dir) / info->model_file).string());
+      opt->load((fs::path(o.out_dir) / info->optimizer_file).string());
+      sched.set_last_epoch(info->step);
+      summary.start_step = info->step;
+      log << "resumed from " << o.out_dir << " at step " << info->step << "\n";
+    } else {
+      log << "no checkpoint in " << o.out_dir << ": starting from step 0\n";
+    }
+  }
+
+  const int64_t tokens_per_step = o.batch_size * o.seq_len * o.grad_accum_steps;
+  const double flops_per_token = cfg.flops_per_token(o.seq_len);
+  const bool on_cuda = device.is_cuda();
+  log << "pretraining " << cfg.name << " (" << model->num_parameters() << " parameters) on "
+      << o.data_path << " (" << data.size(Split::kTrain) << " training, "
+      << data.size(Split::kValidation) << " validation tokens)\n"
+      << "device " << device.str() << ", precision " << o.precision << ", batch " << o.batch_size
+      << " x seq " << o.seq_len << " x accum " << o.grad_accum_steps << " = " << tokens_per_step
+      << " tokens/step, steps " << summary.start_step + 1 << ".." << o.max_steps << ", lr " << o.lr
+      << " -> " << o.min_lr << " (warmup " << warmup << ")\n";
+
+  const std::vector<Tensor> params = model->parameters();
+  const double clip = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
+  double timed_seconds = 0, window_seconds = 0;
+  int64_t timed_steps = 0, window_steps = 0;
+  summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  summary.steps = summary.start_step;
+  for (int64_t step = summary.start_step + 1; step <= o.max_steps; ++step) {
+    const auto t0 = Clock::now();
+    const double lr = opt->get_lr();
+    opt->zero_grad();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
+      const auto index = static_cast<uint64_t>((step - 1) * o.grad_accum_steps + micro);
+      auto [x, y] = data.batch(Split::kTrain, o.batch_size, o.seq_len, device, o.seed, index);
+      Tensor loss = model->loss(x, y);
+      if (o.grad_accum_steps > 1) loss = loss / static_cast<double>(o.grad_accum_steps);
+      loss.backward();
+      loss_sum += loss.item<double>();
+    }
+    const double grad_norm = nn::utils::clip_grad_norm_(params, clip);
+    opt->step();
+    sched.step();
+    if (on_cuda) cuda::synchronize();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    // The first step of a run pays for one-time setup (allocations, kernel loading).
+    if (step > summary.start_step + 1 || o.max_steps == summary.start_step + 1) {
+      timed_seconds += dt;
+      ++timed_steps;
+    }
+    window_seconds += dt;
+    ++window_steps;
+    const double loss_value = loss_sum;
+    summary.train_losses.push_back(loss_value);
+    summary.final_train_loss = loss_value;
+    summary.steps = step;
+    KILN_CHECK(std::isfinite(loss_value), "[pretrain] the loss became ", loss_value, " at step ",
+               step, " (try a lower lr)");
+
+    if (step % o.log_interval == 0 || step == o.max_steps || step == summary.start_step + 1) {
+      const double tok_s = static_cast<double>(window_steps * tokens_per_step) / window_seconds;
+      log << "step " << step << "/" << o.max_steps << " | loss " << format_number(loss_value, 4)
+          << " | lr " << format_number(lr, 2, true) << " | grad norm "
+          << format_number(grad_norm, 3) << " | " << static_cast<int64_t>(tok_s) << " tok/s";
+      if (on_cuda) {
+        log << " | MFU " << format_number(100 * flops_per_token * tok_s / kPeakFlopsH100Bf16, 1)
+            << "%";
+      }
+      log << "\n" << std::flush;
+      window_seconds = 0;
+      window_steps = 0;
+    }
+    const bool last = step == o.max_steps;
+    if ((o.eval_interval > 0 && step % o.eval_interval == 0) || last) {
+      summary.final_val_loss = evaluate(model, data, o, device);
+      log << "eval step " << step << " | val loss " << format_number(summary.final_val_loss, 4)
+          << "\n"
+          << std::flush;
+    }
+    if (!o.out_dir.empty() &&
+        ((o.checkpoint_interval > 0 && step % o.checkpoint_interval == 0) || last)) {
+      save_checkpoint(o.out_dir, model, *opt, cfg.name, o, step);
+      log << "checkpoint step " << step << " -> " << o.out_dir << "\n" << std::flush;
+    }
+  }
+  if (timed_steps > 0) {
+    summary.tokens_per_s = static_cast<double>(timed_steps * tokens_per_step) / timed_seconds;
+    if (on_cuda) summary.mfu = flops_per_token * summary.tokens_per_s / kPeakFlopsH100Bf16;
+  }
+  summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  return summary;
+}
+
+BenchResult bench(const BenchOptions& o, std::ostream& log) {
+  KILN_CHECK(o.batch_size > 0 && o.seq_len > 0 && o.steps > 0 && o.warmup_steps >= 0,
+             "[bench] batch, seq, steps must be positive and warmup >= 0");
+  check_precision(o.precision, "bench");
+  const ModelConfig cfg = ModelConfig::from_name(o.config_name);
+  KILN_CHECK(o.seq_len <= cfg.block_size, "[bench] seq_len ", o.seq_len, " exceeds the block_size ",
+             cfg.block_size, " of ", cfg.name);
+  const Device device = o.device.value_or(default_device());
+  const bool on_cuda = device.is_cuda();
+  manual_seed(o.seed);
+  GPT model(cfg, TensorOptions().device(device).dtype(param_dtype(o.precision)));
+  model->train();
+  PretrainOptions po;
+  po.lr = 1e-4;
+  po.weight_decay = 0.1;
+  auto opt = make_optimizer(model, po);
+  const std::vector<Tensor> params = model->parameters();
+  BenchResult r;
+  r.num_parameters = model->num_parameters();
+  log << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device " << device.str()
+      << ", precision " << o.precision << ", batch " << o.batch_size << " x seq " << o.seq_len
+      << ", " << o.warmup_steps << " warm-up + " << o.steps << " timed steps\n"
+      << std::flush;
+  Tensor last_loss;
+  auto train_step = [&]() {
+    Tensor tokens = randint(0, cfg.vocab_size, {o.batch_size, o.seq_len + 1},
+                            TensorOptions().dtype(kInt64).device(device));
+    Tensor x = tokens.narrow(1, 0, o.seq_len).contiguous();
+    Tensor y = tokens.narrow(1, 1, o.seq_len).contiguous();
+    opt->zero_grad();
+    last_loss = model->loss(x, y);
+    last_loss.backward();
+    nn::utils::clip_grad_norm_(params, 1.0);
+    opt->step();
+  };
+  for (int64_t i = 0; i < o.warmup_steps; ++i) train_step();
+  if (on_cuda) {
+    cuda::synchronize();
+    cuda::reset_peak_memory_stats();
+  }
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < o.steps; ++i) train_step();
+  r.final_loss = last_loss.item<double>();  // waits for the device
+  if (on_cuda) cuda::synchronize();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.step_ms = 1e3 * seconds / static_cast<double>(o.steps);
+  r.tokens_per_s = static_cast<double>(o.steps * o.batch_size * o.seq_len) / seconds;
+  if (on_cuda) {
+    r.mfu = cfg.flops_per_token(o.seq_len) * r.tokens_per_s / kPeakFlopsH100Bf16;
+    r.peak_memory = cuda::memory_stats().peak;
+  }
+  return r;
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,136 @@
+// Pretraining a GPT on a token file, checkpoints, resuming, and the training-step benchmark:
+// what `kiln pretrain` and `kiln bench` run.
+//
+//   kiln::models::PretrainOptions opts;
+//   opts.config_name = "kiln-tiny";
+//   opts.data_path = "data/tinyshakespeare.txt";
+//   opts.max_steps = 300;
+//   opts.out_dir = "out/kiln-tiny";              // checkpoints; empty = none
+//   auto summary = kiln::models::pretrain(opts, std::cout);
+//   std::cout << summary.final_val_loss << "\n";
+//
+//   auto model = kiln::models::load_checkpoint("out/kiln-tiny", kiln::kCPU);  // for generating
+//
+// The loop: AdamW (decoupled weight decay on the 2-D weights only; norms get none), the lr
+// schedule CosineAnnealingWithWarmup(warmup_steps, lr_decay_steps, min_lr), gradient
+// accumulation over grad_accum_steps micro-batches (each loss divided by their number),
+// clip_grad_norm_ to grad_clip. Batches come from TokenDataset::batch with the run's seed and
+// index step * grad_accum_steps + micro, so they do not depend on the global RNG; the model is
+// initialised after kiln::manual_seed(seed). Every log_interval steps it logs the step, loss
+// (mean over the micro-batches), lr, gradient norm (before clipping), tokens/s and, on CUDA,
+// MFU = flops_per_token(seq_len) * tokens/s / 989 TFLOP/s (H100 bf16 dense peak). Every
+// eval_interval steps and at the end it logs the mean loss over eval_batches fixed validation
+// batches.
+//
+// Precision: "f32"; "bf16-true" (the model's parameters and activations in bf16; AdamW keeps
+// its state in f32); "bf16-mixed" (f32 parameters, matmuls in bf16 under an autocast guard) is
+// not available yet: kiln has no autocast guard in this build, and pretrain says so.
+//
+// Checkpoints (out_dir, every checkpoint_interval steps and at the end): model-<step>.safetensors
+// (kiln::save of the model), optimizer-<step>.safetensors (Optimizer::save: moments, step counts,
+// lrs), then trainer_state.json ({"config", "step", "precision", "model", "optimizer", ...}),
+// each written atomically. The json is written last and names the files it goes with, so a crash
+// at any point leaves the previous complete checkpoint; older files are removed after it.
+// With resume, a run restores the model, the optimizer and the step from out_dir and continues
+// bit-exactly as an uninterrupted run (same batches, same schedule; the checkpoint's config
+// must match). A checkpoint of a config that is not in the registry cannot be reloaded by name.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "models/config.h"
+#include "models/gpt.h"
+#include "tensor/device.h"
+
+namespace kiln::models {
+
+struct PretrainOptions {
+  std::string config_name = kDefaultConfig;
+  std::optional<ModelConfig> config;  // when set, used instead of config_name
+  std::string data_path;              // text (byte tokens) or .bin/.u16/.u32 (models/data.h)
+  int64_t batch_size = 16;
+  int64_t seq_len = 128;       // <= the config's block_size
+  int64_t max_steps = 300;     // the run ends after this step
+  int64_t lr_decay_steps = 0;  // the schedule's total steps; 0 = max_steps
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t warmup_steps = 30;  // capped at the schedule's length
+  double weight_decay = 0.1;
+  std::tuple<double, double> betas = {0.9, 0.95};
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 = no clipping (the norm is still logged)
+  int64_t grad_accum_steps = 1;
+  std::string precision = "f32";  // "f32" | "bf16-true" | "bf16-mixed"
+  std::optional<Device> device;   // default: default_device()
+  int64_t log_interval = 10;
+  int64_t eval_interval = 100;  // 0 = only at the end
+  int64_t eval_batches = 8;
+  std::string out_dir;              // empty = no checkpoints
+  int64_t checkpoint_interval = 0;  // 0 = only at the end
+  bool resume = false;
+  uint64_t seed = 1337;
+
+  // Throws "[pretrain] ..." naming the first bad option.
+  void validate() const;
+};
+
+struct PretrainSummary {
+  int64_t start_step = 0;            // > 0 when resumed
+  int64_t steps = 0;                 // the last step done
+  double final_train_loss = 0;       // the last step's loss
+  double final_val_loss = 0;         // the last evaluation's (NaN when the split is empty)
+  double tokens_per_s = 0;           // training steps only, the first step excluded when possible
+  std::optional<double> mfu;         // on CUDA only
+  double seconds = 0;                // wall time of the whole call
+  std::vector<double> train_losses;  // per step done in this call
+};
+
+// cuda if kiln::cuda::is_available(), else cpu.
+Device default_device();
+// The H100's dense bf16 peak used for MFU.
+inline constexpr double kPeakFlopsH100Bf16 = 989e12;
+
+PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log);
+
+// What trainer_state.json says.
+struct CheckpointInfo {
+  std::string config;
+  int64_t step = 0;
+  std::string precision;
+  std::string model_file;  // absolute or relative to the directory, as written
+  std::string optimizer_file;
+};
+// Reads <dir>/trainer_state.json; nullopt when there is none. Errors on a malformed one.
+std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir);
+// The checkpoint's model (config from the registry by name) on `device`, in f32 or, for a
+// bf16-true checkpoint, bf16.
+GPT load_checkpoint(const std::string& dir, Device device);
+
+// Training-step throughput on random tokens (what `kiln bench` prints): warmup_steps steps
+// first (not timed), then `steps` timed steps of forward, backward and AdamW.
+struct BenchOptions {
+  std::string config_name;
+  int64_t batch_size = 4;
+  int64_t seq_len = 256;
+  int64_t steps = 10;
+  int64_t warmup_steps = 3;
+  std::string precision = "bf16-true";
+  std::optional<Device> device;
+  uint64_t seed = 0;
+};
+struct BenchResult {
+  int64_t num_parameters = 0;
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  std::optional<double> mfu;           // on CUDA
+  std::optional<int64_t> peak_memory;  // bytes, on CUDA (peak allocated during timed steps)
+  double final_loss = 0;
+};
+BenchResult bench(const BenchOptions& options, std::ostream& log);
+
+}  // namespace kiln::models
