@@ -1,11 +1,13 @@
 // kiln::models::GPT: Proj, Norm, CausalSelfAttention, MLP, Block and the model, built from
-// registry ops (matmul, the fused RMSNorm and cross-entropy, F::scaled_dot_product_attention,
-// F::apply_rotary_emb) so that autograd and every backend work without model-specific kernels.
+// registry ops (matmul, the fused RMSNorm, RoPE, SwiGLU/GeGLU and cross-entropy ops, and
+// F::scaled_dot_product_attention, which takes the flash-attention kernel on CUDA) so that
+// autograd and every backend work without model-specific code.
 #include "models/gpt.h"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include "autograd/grad_mode.h"
 #include "nn/functional.h"
@@ -99,8 +101,7 @@ Tensor CausalSelfAttentionImpl::forward(const Tensor& x, const Tensor& cos, cons
   Tensor q = qkv_out.narrow(2, 0, H).transpose(1, 2);  // [B, H, T, hs]
   Tensor k = qkv_out.narrow(2, H, G).transpose(1, 2);  // [B, G, T, hs]
   Tensor v = qkv_out.narrow(2, H + G, G).transpose(1, 2);
-  q = F::apply_rotary_emb(q, cos, sin);
-  k = F::apply_rotary_emb(k, cos, sin);
+  std::tie(q, k) = F::apply_rotary_emb_qk(q, k, cos, sin);  // one fused launch for both
 
   const int64_t window = config_.uses_sliding_window(layer_) ? config_.sliding_window : 0;
   const bool gqa = H != G;
@@ -146,11 +147,9 @@ MLPImpl::MLPImpl(const ModelConfig& config, const TensorOptions& options) : kind
 }
 
 Tensor MLPImpl::forward(const Tensor& x) {
-  const Tensor gate = fc_1(x);
-  const Tensor act = kind_ == MLPKind::kSwiGLU
-                         ? F::silu(gate)
-                         : F::gelu(gate, F::GELUFuncOptions().approximate("tanh"));
-  return proj(act * fc_2(x));
+  // act(gate) * up in one fused pass (and one fused backward).
+  const Tensor gate = fc_1(x), up = fc_2(x);
+  return proj(kind_ == MLPKind::kSwiGLU ? F::swiglu(gate, up) : F::geglu_tanh(gate, up));
 }
 
 // --- Block ------------------------------------------------------------------------------------

@@ -23,8 +23,9 @@
 // batches.
 //
 // Precision: "f32"; "bf16-true" (the model's parameters and activations in bf16; AdamW keeps
-// its state in f32); "bf16-mixed" (f32 parameters, matmuls in bf16 under an autocast guard) is
-// not available yet: kiln has no autocast guard in this build, and pretrain says so.
+// its state in f32); "bf16-mixed" (f32 master weights; the forward runs under
+// kiln::AutocastGuard, nn/autocast.h: matmuls and attention in bf16, norms, softmax and the loss
+// in f32).
 //
 // Checkpoints (out_dir, every checkpoint_interval steps and at the end): model-<step>.safetensors
 // (kiln::save of the model), optimizer-<step>.safetensors (Optimizer::save: moments, step counts,

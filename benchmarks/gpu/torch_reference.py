@@ -112,6 +112,8 @@ def bench_flash_attention():
                 torch.autograd.grad(outs.pop(i), (q, k, v), dout)
 
             report(f"sdpa causal {name} bwd", time_ms(bwd, setup=setup), 2.5 * flops)
+
+
 def rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
@@ -185,6 +187,8 @@ def bench_generic():
     x = rand(8192, 32768, scale=8.0)
     report("softmax 8192x32768 bf16", time_ms(lambda i: torch.softmax(x, dim=-1)),
            nbytes=2.0 * x.numel() * x.element_size())
+
+
 def llama_1b_shapes():
     """The parameter shapes of llama-3.2-1b (tied embedding), as kiln_gpu_bench's AdamW case."""
     shapes = [(128256, 2048), (2048,)]
