@@ -2,9 +2,7 @@
 // kernels/cpu/norm.cpp). Arithmetic in f32 for f16/bf16 (f64 for f64).
 //
 // Forward: rows of up to 512 16-byte packs (bf16: 4096 elements) take one warp each, every lane
-// loading its packs up front and reducing with shuffles (with at least two rows per resident
-// warp, a persistent grid whose warps prefetch their next row before storing the current one);
-// longer rows take one block each, each
+// loading its packs up front and reducing with shuffles; longer rows take one block each, each
 // thread keeping its packs in registers (up to kCache) across the block sum of squares. Either
 // way one read of x and one write of y, the floor.
 // Backward: a grid of about one wave of blocks, each looping over rows with a fixed thread ->
@@ -144,74 +142,6 @@ __global__ void __launch_bounds__(256)
         store_pack<N>(yr + v * N, o);
       }
     }
-  }
-}
-
-// The same warp-per-row computation in a persistent grid (about as many warps as fit on the GPU
-// at once), each warp looping over rows: before it reduces and stores row r it issues the loads
-// of its next row, so that every warp keeps a row of reads in flight while its stores drain and
-// the load and store phases of different rows overlap (the single-wave kernel above runs them one
-// after the other). The weight packs stay in registers across rows.
-template <typename T, typename W, int N, int P>
-__global__ void __launch_bounds__(256)
-    rms_norm_fwd_warp_prefetch_kernel(T* __restrict__ y, opmath_t<T>* __restrict__ rstd,
-                                      const T* __restrict__ x, const W* __restrict__ w,
-                                      int64_t rows, int64_t d, opmath_t<T> eps) {
-  using Acc = opmath_t<T>;
-  using internal::Pack;
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  const int64_t nvec = d / N;
-  int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  Pack<W, N> wp[P];
-  Pack<T, N> cur[P], nxt[P];
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int64_t v = lane + p * 32;
-    if (v < nvec) {
-      wp[p] = *reinterpret_cast<const Pack<W, N>*>(w + v * N);
-      cur[p] = *reinterpret_cast<const Pack<T, N>*>(x + row * d + v * N);
-    }
-  }
-  for (; row < rows; row += warps) {
-    const int64_t next = row + warps;
-    if (next < rows) {
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const int64_t v = lane + p * 32;
-        if (v < nvec) nxt[p] = *reinterpret_cast<const Pack<T, N>*>(x + next * d + v * N);
-      }
-    }
-    Acc ss = 0;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (lane + p * 32 < nvec) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const Acc f = static_cast<Acc>(cur[p].v[i]);
-          ss += f * f;
-        }
-      }
-    }
-    ss = internal::warp_sum(ss);
-    const Acc r = rsqrt_of(ss / static_cast<Acc>(d) + eps);
-    if (lane == 0) rstd[row] = r;
-    T* yr = y + row * d;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int64_t v = lane + p * 32;
-      if (v < nvec) {
-        Acc o[N];
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          o[i] = static_cast<Acc>(cur[p].v[i]) * r * static_cast<Acc>(wp[p].v[i]);
-        }
-        store_pack<N>(yr + v * N, o);
-      }
-    }
-#pragma unroll
-    for (int p = 0; p < P; ++p) cur[p] = nxt[p];
   }
 }
 
@@ -389,28 +319,6 @@ void rms_norm_cuda(OpCall& c) {
     const int64_t nvec = d / kPack;
     auto launch_warp = [&]<int P>(std::integral_constant<int, P>) {
       constexpr int kRowsPerBlock = 8;
-      // Persistent and prefetching when every warp gets at least two rows (and two rows of
-      // packs plus the weights fit in registers: P <= 8); one wave of warp-per-row blocks
-      // otherwise.
-      if constexpr (P <= 8) {
-        // Blocks per SM depend only on the kernel and the architecture: asked once.
-        static const int per_sm = [&] {
-          int n = 0;
-          KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-              &n, rms_norm_fwd_warp_prefetch_kernel<T, W, kPack, P>, 32 * kRowsPerBlock, 0));
-          return n;
-        }();
-        const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
-        if (rows >= 2 * resident * kRowsPerBlock) {
-          rms_norm_fwd_warp_prefetch_kernel<T, W, kPack, P>
-              <<<static_cast<unsigned>(resident), 32 * kRowsPerBlock, 0, current_stream()>>>(
-                  static_cast<T*>(y.data_ptr()), static_cast<Acc*>(rstd.data_ptr()),
-                  static_cast<const T*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rows,
-                  d, eps);
-          KILN_CUDA_LAUNCH_CHECK("rms_norm_fwd_warp_prefetch_kernel");
-          return;
-        }
-      }
       const unsigned blocks = static_cast<unsigned>(
           std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1 << 20));
       rms_norm_fwd_warp_kernel<T, W, kPack, P><<<blocks, 32 * kRowsPerBlock, 0, current_stream()>>>(
