@@ -279,6 +279,32 @@ TEST_F(GpuTrainerTest, Bf16TrueAndBench) {
   EXPECT_TRUE(std::isfinite(r.final_loss));
 }
 
+// bf16-mixed on the GPU: the autocast guard of the GPU's device type; tracks the f32 GPU run
+// (head dims 16 of tiny-llama keep the attention on the composite path in both).
+TEST_F(GpuTrainerTest, Bf16MixedTracksF32) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  std::ostringstream log;
+  PretrainOptions o = tiny_options();
+  o.max_steps = 8;
+  o.device = Device(kCUDA);
+  const auto f32 = pretrain(o, log);
+  o.precision = "bf16-mixed";
+  const auto mixed = pretrain(o, log);
+  ASSERT_EQ(mixed.train_losses.size(), f32.train_losses.size());
+  for (size_t i = 0; i < f32.train_losses.size(); ++i) {
+    EXPECT_NEAR(mixed.train_losses[i], f32.train_losses[i], 0.05) << "step " << i + 1;
+  }
+  EXPECT_LT(mixed.train_losses.back(), mixed.train_losses.front());
+  BenchOptions b;
+  b.config_name = "tiny-llama";
+  b.batch_size = 4;
+  b.seq_len = 64;
+  b.steps = 2;
+  b.precision = "bf16-mixed";
+  b.device = Device(kCUDA);
+  EXPECT_TRUE(std::isfinite(bench(b, log).final_loss));
+}
+
 TEST_F(TrainerTest, BenchOnCpu) {
   std::ostringstream log;
   BenchOptions b;
