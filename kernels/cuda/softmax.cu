@@ -12,6 +12,7 @@
 //   - K > 1: one thread per column (a, k), neighbouring threads on neighbouring k.
 // A row of -inf gives nan, as on the CPU and in PyTorch.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 
@@ -358,6 +359,26 @@ inline int64_t max_row_smem() {
   return cached[device];
 }
 
+// Lets softmax_smem_kernel<T, kLog> use all of max_row_smem() on the current device, and asks
+// for the largest shared-memory carveout (the kernel does not use L1 beyond it); once per
+// device and instantiation.
+template <typename T, bool kLog>
+void prepare_smem_kernel() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> done[kMaxDevices] = {};
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) device = kMaxDevices - 1;
+  if (done[device].load(std::memory_order_acquire)) return;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(softmax_smem_kernel<T, kLog>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(max_row_smem())));
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(softmax_smem_kernel<T, kLog>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
+  done[device].store(true, std::memory_order_release);
+}
+
 // Threads for a row of nv 16-byte vectors: about 16 vectors (four unrolled rounds) per thread.
 // Small blocks let several rows share a multiprocessor (32768 bf16: 256 threads, 64 KiB, three
 // blocks), so that one block's loads overlap another's arithmetic and barriers.
@@ -412,11 +433,7 @@ void softmax_cuda(OpCall& c) {
       // Room for the row and the shift that aligns its vectorised body.
       const int64_t smem = ((R + kVec<T>)*static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
       if (smem <= max_row_smem()) {
-        if (smem > 48 * 1024) {
-          KILN_CUDA_CHECK(cudaFuncSetAttribute(softmax_smem_kernel<T, kLog>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem)));
-        }
+        prepare_smem_kernel<T, kLog>();
         softmax_smem_kernel<T, kLog><<<blocks, row_threads(R / kVec<T>), smem, stream>>>(in, o, R);
         KILN_CUDA_LAUNCH_CHECK("softmax_smem_kernel");
       } else {
