@@ -10,6 +10,10 @@
 //     accumulators, merged by a second kernel (the multi-block path);
 //   - K > 1: blocks of 32 columns x 8 row slices (coalesced along K), split along R the same way
 //     when there are few columns.
+// Rows (K == 1) are read with 16-byte loads after a scalar head up to the first 16-byte boundary.
+// A split reduction (a full reduction: A == 1) uses one wave of blocks and a second kernel that
+// merges the partials in a fixed order, with one block per output when there are few outputs:
+// the result is deterministic.
 // Accumulators: float for f32, f16 and bf16, double for f64, int64 for integers (wrapping, as
 // PyTorch). Reducers are the device twins of the CPU's: init/step/merge/finish, where merge
 // must not depend on which side covers lower indices except through explicit indices (argmax).
@@ -101,6 +105,47 @@ __global__ void empty_kernel(Red red, int64_t outputs) {
   }
 }
 
+constexpr int kRowUnroll = 4;  // 16-byte loads each thread keeps in flight
+
+// The number of elements of p before its first 16-byte boundary, at most n (tensor data is always
+// aligned to its element size).
+template <typename T>
+__device__ __forceinline__ int64_t head_of(const T* p, int64_t n) {
+  const auto mis = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) % 16);
+  const int64_t h = mis == 0 ? 0 : static_cast<int64_t>((16 - mis) / sizeof(T));
+  return h < n ? h : n;
+}
+
+// Steps acc over row[r0, r1) as thread t of nt: a scalar head up to the first 16-byte boundary,
+// then 16-byte vectors (kRowUnroll loads issued before their use), then a scalar tail. Each
+// thread meets its elements in increasing index order, as the reducers' step expects.
+template <typename T, typename Red>
+__device__ __forceinline__ void step_range(const Red& red, red_acc_t<Red>& acc, const T* row,
+                                           int64_t r0, int64_t r1, int64_t t, int64_t nt) {
+  constexpr int V = static_cast<int>(16 / sizeof(T));
+  using Vt = loops::Vec<T, V>;
+  const int64_t h = r0 + head_of(row + r0, r1 - r0);
+  const int64_t nv = (r1 - h) / V;
+  for (int64_t r = r0 + t; r < h; r += nt) red.step(acc, row[r], r);
+  const Vt* v = reinterpret_cast<const Vt*>(row + h);
+  for (int64_t i0 = t; i0 < nv; i0 += kRowUnroll * nt) {
+    Vt buf[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      if (i0 + u * nt < nv) buf[u] = v[i0 + u * nt];
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t i = i0 + u * nt;
+      if (i < nv) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) red.step(acc, buf[u].v[j], h + i * V + j);
+      }
+    }
+  }
+  for (int64_t r = h + nv * V + t; r < r1; r += nt) red.step(acc, row[r], r);
+}
+
 template <typename T, typename Red>
 __global__ void rows_warp_kernel(Red red, const T* x, int64_t A, int64_t R) {
   const int lane = threadIdx.x % kWarp;
@@ -108,8 +153,7 @@ __global__ void rows_warp_kernel(Red red, const T* x, int64_t A, int64_t R) {
   for (int64_t a = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
        a < A; a += warps) {
     red_acc_t<Red> acc = red.init();
-    const T* row = x + a * R;
-    for (int64_t r = lane; r < R; r += kWarp) red.step(acc, row[r], r);
+    step_range(red, acc, x + a * R, 0, R, lane, kWarp);
     acc = warp_reduce(red, acc);
     if (lane == 0) red.finish(acc, a);
   }
@@ -124,9 +168,8 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t a = blockIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk;
   const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;
-  const T* row = x + a * R;
   red_acc_t<Red> acc = red.init();
-  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) red.step(acc, row[r], r);
+  step_range(red, acc, x + a * R, r0, r1, threadIdx.x, blockDim.x);
   acc = block_reduce(red, acc);
   if (threadIdx.x == 0) {
     if (partial != nullptr) {
@@ -180,6 +223,29 @@ __global__ void finalize_kernel(Red red, const red_acc_t<Red>* partial, int64_t 
   }
 }
 
+// One block per output for few outputs: a long partial list is merged by many threads (in a
+// fixed order: the result does not depend on timing).
+constexpr int kFinalizeThreads = 256;
+template <typename Red>
+__global__ void __launch_bounds__(kFinalizeThreads)
+    finalize_block_kernel(Red red, const red_acc_t<Red>* partial, int64_t splits, int64_t outputs) {
+  const int64_t i = blockIdx.x;
+  red_acc_t<Red> acc = red.init();
+  for (int64_t s = threadIdx.x; s < splits; s += blockDim.x) {
+    acc = red.merge(acc, partial[s * outputs + i]);
+  }
+  acc = block_reduce(red, acc);
+  if (threadIdx.x == 0) red.finish(acc, i);
+}
+
+// Blocks of `kernel` with `threads` threads that fit on one multiprocessor at once.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int threads) {
+  int n = 0;
+  KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
+  return std::max(n, 1);
+}
+
 // Reduces the contiguous [A, R, K] block `x` with `red`, calling red.finish once per output.
 template <typename T, typename Red>
 void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, Device device) {
@@ -193,16 +259,20 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
     return;
   }
   const int64_t sms = loops::multiprocessor_count();
-  // Blocks without a split, and the split of R that gives about 4 blocks per multiprocessor
-  // when those are too few (each chunk at least 4096 elements long).
+  // Blocks without a split, and the split of R that fills the GPU in one wave (the blocks that
+  // fit on a multiprocessor at once, on each; about 4 for the column kernel) when those are too
+  // few, each chunk at least 4096 elements long. Row chunks are a multiple of 16 elements so
+  // that they share the row's alignment (the same scalar head, then 16-byte loads).
   const int64_t natural = K == 1 ? A : ((K + kColX - 1) / kColX) * std::min<int64_t>(A, 65535);
   int64_t splits = 1;
   if ((K > 1 || R > kWarpRowMax) && natural < 2 * sms) {
     const int64_t min_chunk = 4096;
-    splits =
-        std::clamp<int64_t>(std::min((R + min_chunk - 1) / min_chunk, 4 * sms / natural), 1, 65535);
+    const int64_t per_sm = K == 1 ? resident_blocks(rows_block_kernel<T, Red>, kRowThreads) : 4;
+    splits = std::clamp<int64_t>(std::min((R + min_chunk - 1) / min_chunk, per_sm * sms / natural),
+                                 1, 65535);
   }
-  const int64_t chunk = (R + splits - 1) / splits;
+  int64_t chunk = (R + splits - 1) / splits;
+  if (K == 1 && splits > 1) chunk = (chunk + 15) / 16 * 16;
   splits = (R + chunk - 1) / chunk;
   Tensor workspace;
   Acc* partial = nullptr;
@@ -230,7 +300,11 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
     columns_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk, partial);
     KILN_CUDA_LAUNCH_CHECK("columns_kernel");
   }
-  if (splits > 1) {
+  if (splits > 1 && outputs <= 1024) {
+    finalize_block_kernel<<<static_cast<unsigned>(outputs), kFinalizeThreads, 0, stream>>>(
+        red, partial, splits, outputs);
+    KILN_CUDA_LAUNCH_CHECK("finalize_block_kernel");
+  } else if (splits > 1) {
     finalize_kernel<<<loops::grid_for(outputs), loops::kThreads, 0, stream>>>(red, partial, splits,
                                                                               outputs);
     KILN_CUDA_LAUNCH_CHECK("finalize_kernel");

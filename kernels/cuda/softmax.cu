@@ -3,9 +3,17 @@
 // (float for f16/bf16). The input is a contiguous [A, R, K] block with the softmax dim in the
 // middle:
 //   - K == 1 and R <= 1024: one warp per row (shuffle reductions for m and s);
-//   - K == 1, longer rows: one block per row (warp shuffles, then shared memory);
+//   - K == 1, longer rows that fit in shared memory (32768 bf16 = 64 KiB): one block per row;
+//     the row is read from global memory once with 16-byte loads into shared memory, m and s
+//     come from that copy (warp shuffles, then one exchange through shared memory) and y is
+//     written with 16-byte stores: one read and one write of global memory, as a copy;
+//   - K == 1, rows too long for shared memory: one block per row, a first pass computing m and s
+//     together (online: s is rescaled when m grows), a second pass writing y (two reads);
 //   - K > 1: one thread per column (a, k), neighbouring threads on neighbouring k.
 // A row of -inf gives nan, as on the CPU and in PyTorch.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <limits>
 
 #include "kernels/cuda/loops.cuh"
@@ -16,7 +24,6 @@ namespace {
 namespace dm = loops::dmath;
 
 constexpr int kWarp = 32;
-constexpr int kBlockRowThreads = 512;
 constexpr int64_t kWarpRowMax = 1024;
 
 template <typename M>
@@ -55,6 +62,18 @@ __device__ __forceinline__ M block_all_reduce(M v, M* smem) {
   return r;
 }
 
+// exp(x) for the values of T's rows: for f16/bf16 through exp2f, which is the hardware's ex2 (2
+// ulp in float) after one multiply, an error far below the result's rounding to 16 bits and
+// fewer instructions than expf (long rows are close to issue-bound otherwise); expf/exp else.
+template <typename T>
+__device__ __forceinline__ opmath_t<T> exp_for(opmath_t<T> x) {
+  if constexpr (sizeof(T) == 2) {
+    return exp2f(x * 1.4426950408889634f);
+  } else {
+    return dm::exp(x);
+  }
+}
+
 template <typename T, bool kLog>
 __device__ __forceinline__ T softmax_value(T x, opmath_t<T> m, opmath_t<T> s_or_log) {
   using M = opmath_t<T>;
@@ -63,7 +82,7 @@ __device__ __forceinline__ T softmax_value(T x, opmath_t<T> m, opmath_t<T> s_or_
     // (x - m) - log(s), not x - (m + log(s)): m may be large next to log(s).
     return T((v - m) - s_or_log);
   } else {
-    return T(dm::exp(v - m) * s_or_log);
+    return T(exp_for<T>(v - m) * s_or_log);
   }
 }
 
@@ -93,30 +112,279 @@ __global__ void softmax_warp_kernel(const T* x, T* y, int64_t A, int64_t R) {
     }
     m = warp_max(m);
     M s = 0;
-    for (int64_t r = lane; r < R; r += kWarp) s += dm::exp(static_cast<M>(xr[r]) - m);
+    for (int64_t r = lane; r < R; r += kWarp) s += exp_for<T>(static_cast<M>(xr[r]) - m);
     s = finish_sum<kLog>(warp_sum(s));
     for (int64_t r = lane; r < R; r += kWarp) yr[r] = softmax_value<T, kLog>(xr[r], m, s);
   }
 }
 
+// --- Long rows ----------------------------------------------------------------------------------
+
+constexpr int kMaxRowThreads = 1024;
+constexpr int kRowUnroll = 4;  // 16-byte loads each thread keeps in flight
+
+template <typename T>
+inline constexpr int kVec = static_cast<int>(16 / sizeof(T));
+
+template <typename T>
+using VecOf = loops::Vec<T, kVec<T>>;
+
+// The number of elements of p before its first 16-byte boundary, at most n: the scalar head of
+// a vectorised pass (tensor data is always aligned to its element size).
+template <typename T>
+__device__ __forceinline__ int64_t head_of(const T* p, int64_t n) {
+  const auto mis = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) % 16);
+  const int64_t h = mis == 0 ? 0 : static_cast<int64_t>((16 - mis) / sizeof(T));
+  return h < n ? h : n;
+}
+
+template <typename M>
+__device__ __forceinline__ M max_of(M m, M v) {
+  return v > m ? v : m;
+}
+
+// One block per row, the row cached in (dynamic) shared memory: global memory is read once with
+// 16-byte loads (kRowUnroll of them in flight per thread) and written once with 16-byte stores.
+// Shared memory holds element e at row[e], with row shifted so that row + hx is 16-byte aligned
+// like xr + hx (hx: the scalar head of xr).
 template <typename T, bool kLog>
-__global__ void __launch_bounds__(kBlockRowThreads)
-    softmax_block_kernel(const T* x, T* y, int64_t R) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    softmax_smem_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t R) {
   using M = opmath_t<T>;
-  __shared__ M smem[kWarp];
-  const int64_t a = blockIdx.x;
-  const T* xr = x + a * R;
-  T* yr = y + a * R;
+  using Vt = VecOf<T>;
+  constexpr int V = kVec<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ M red[kWarp];
+  const T* xr = x + static_cast<int64_t>(blockIdx.x) * R;
+  T* yr = y + static_cast<int64_t>(blockIdx.x) * R;
+  const int64_t hx = head_of(xr, R);
+  T* row = reinterpret_cast<T*>(smem_raw) + (V - hx) % V;
+  const int64_t nv = (R - hx) / V;
+  const int64_t tail = hx + nv * V;
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
+
   M m = -std::numeric_limits<M>::infinity();
-  for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
-    const M v = static_cast<M>(xr[r]);
-    m = v > m ? v : m;
+  for (int64_t e = tid; e < hx; e += nt) {
+    const T v = xr[e];
+    row[e] = v;
+    m = max_of(m, static_cast<M>(v));
   }
-  m = block_all_reduce<true>(m, smem);
+  const Vt* xv = reinterpret_cast<const Vt*>(xr + hx);
+  Vt* sv = reinterpret_cast<Vt*>(row + hx);
+  for (int64_t i0 = tid; i0 < nv; i0 += kRowUnroll * nt) {
+    Vt v[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t i = i0 + u * nt;
+      if (i < nv) v[u] = xv[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t i = i0 + u * nt;
+      if (i < nv) {
+        sv[i] = v[u];
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = max_of(m, static_cast<M>(v[u].v[j]));
+      }
+    }
+  }
+  for (int64_t e = tail + tid; e < R; e += nt) {
+    const T v = xr[e];
+    row[e] = v;
+    m = max_of(m, static_cast<M>(v));
+  }
+  m = block_all_reduce<true>(m, red);  // its barriers also publish `row`
+
   M s = 0;
-  for (int64_t r = threadIdx.x; r < R; r += blockDim.x) s += dm::exp(static_cast<M>(xr[r]) - m);
-  s = finish_sum<kLog>(block_all_reduce<false>(s, smem));
-  for (int64_t r = threadIdx.x; r < R; r += blockDim.x) yr[r] = softmax_value<T, kLog>(xr[r], m, s);
+  for (int64_t e = tid; e < hx; e += nt) s += exp_for<T>(static_cast<M>(row[e]) - m);
+  for (int64_t i = tid; i < nv; i += nt) {
+    const Vt v = sv[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) s += exp_for<T>(static_cast<M>(v.v[j]) - m);
+  }
+  for (int64_t e = tail + tid; e < R; e += nt) s += exp_for<T>(static_cast<M>(row[e]) - m);
+  s = finish_sum<kLog>(block_all_reduce<false>(s, red));
+
+  // y may be aligned differently from x (x can be a view at any element offset).
+  const int64_t hy = head_of(yr, R);
+  const int64_t nvy = (R - hy) / V;
+  for (int64_t e = tid; e < hy; e += nt) yr[e] = softmax_value<T, kLog>(row[e], m, s);
+  Vt* yv = reinterpret_cast<Vt*>(yr + hy);
+  if (hy == hx) {
+    for (int64_t i = tid; i < nvy; i += nt) {
+      const Vt v = sv[i];
+      Vt o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = softmax_value<T, kLog>(v.v[j], m, s);
+      yv[i] = o;
+    }
+  } else {
+    for (int64_t i = tid; i < nvy; i += nt) {
+      const T* src = row + hy + i * V;
+      Vt o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = softmax_value<T, kLog>(src[j], m, s);
+      yv[i] = o;
+    }
+  }
+  for (int64_t e = hy + nvy * V + tid; e < R; e += nt) {
+    yr[e] = softmax_value<T, kLog>(row[e], m, s);
+  }
+}
+
+// Online maximum and sum: (m, s) with s = sum exp(v - m) over the values seen. A +inf value
+// makes s nan, as exp(inf - inf) does in the two-pass form (and on the CPU).
+template <typename M>
+__device__ __forceinline__ void online_step(M& m, M& s, M v) {
+  constexpr M kInf = std::numeric_limits<M>::infinity();
+  if (v > m) {
+    s = s * dm::exp(m - v) + (v == kInf ? std::numeric_limits<M>::quiet_NaN() : M(1));
+    m = v;
+  } else {
+    s += v == -kInf ? M(0) : dm::exp(v - m);  // -inf adds 0 (also while m is still -inf); nan, nan
+  }
+}
+
+template <typename M>
+__device__ __forceinline__ void online_merge(M& m, M& s, M m2, M s2) {
+  const M mm = max_of(m, m2);
+  const M a = m == mm ? s : s * dm::exp(m - mm);  // m == mm also covers m == mm == +-inf
+  const M b = m2 == mm ? s2 : s2 * dm::exp(m2 - mm);
+  m = mm;
+  s = a + b;
+}
+
+// All threads of the block get the merged (m, s).
+template <typename M>
+__device__ __forceinline__ void block_all_reduce_online(M& m, M& s, M* sm, M* ss) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int nwarps = (blockDim.x + kWarp - 1) / kWarp;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const M m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const M s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    online_merge(m, s, m2, s2);
+  }
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < nwarps ? sm[lane] : -std::numeric_limits<M>::infinity();
+    s = lane < nwarps ? ss[lane] : M(0);
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o >>= 1) {
+      const M m2 = __shfl_xor_sync(0xffffffffu, m, o);
+      const M s2 = __shfl_xor_sync(0xffffffffu, s, o);
+      online_merge(m, s, m2, s2);
+    }
+    if (lane == 0) {
+      sm[0] = m;
+      ss[0] = s;
+    }
+  }
+  __syncthreads();
+  m = sm[0];
+  s = ss[0];
+}
+
+// One block per row for rows too long for shared memory: pass 1 reads the row once for m and s
+// together (online), pass 2 reads it again and writes y; 16-byte accesses where x and y share
+// their alignment.
+template <typename T, bool kLog>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    softmax_online_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t R) {
+  using M = opmath_t<T>;
+  using Vt = VecOf<T>;
+  constexpr int V = kVec<T>;
+  __shared__ M sm[kWarp], ss[kWarp];
+  const T* xr = x + static_cast<int64_t>(blockIdx.x) * R;
+  T* yr = y + static_cast<int64_t>(blockIdx.x) * R;
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
+  const int64_t hx = head_of(xr, R);
+  const bool vec = hx == head_of(yr, R);
+  const int64_t h = vec ? hx : R;  // without a common alignment, everything is "head"
+  const int64_t nv = (R - h) / V;
+  const int64_t tail = h + nv * V;
+
+  M m = -std::numeric_limits<M>::infinity(), s = 0;
+  for (int64_t e = tid; e < h; e += nt) online_step(m, s, static_cast<M>(xr[e]));
+  const Vt* xv = reinterpret_cast<const Vt*>(xr + h);
+  for (int64_t i0 = tid; i0 < nv; i0 += kRowUnroll * nt) {
+    Vt v[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t i = i0 + u * nt;
+      if (i < nv) v[u] = xv[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      if (i0 + u * nt < nv) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) online_step(m, s, static_cast<M>(v[u].v[j]));
+      }
+    }
+  }
+  for (int64_t e = tail + tid; e < R; e += nt) online_step(m, s, static_cast<M>(xr[e]));
+  block_all_reduce_online(m, s, sm, ss);
+  s = finish_sum<kLog>(s);
+
+  for (int64_t e = tid; e < h; e += nt) yr[e] = softmax_value<T, kLog>(xr[e], m, s);
+  Vt* yv = reinterpret_cast<Vt*>(yr + h);
+  for (int64_t i = tid; i < nv; i += nt) {
+    const Vt v = xv[i];
+    Vt o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = softmax_value<T, kLog>(v.v[j], m, s);
+    yv[i] = o;
+  }
+  for (int64_t e = tail + tid; e < R; e += nt) yr[e] = softmax_value<T, kLog>(xr[e], m, s);
+}
+
+// Dynamic shared memory a block may use on the current device (cached per device), less room
+// for the kernels' static shared memory.
+inline int64_t max_row_smem() {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) device = kMaxDevices - 1;
+  if (cached[device] == 0) {
+    int bytes = 0;
+    KILN_CUDA_CHECK(
+        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cached[device] = std::max(bytes - 1024, 1);
+  }
+  return cached[device];
+}
+
+// Lets softmax_smem_kernel<T, kLog> use all of max_row_smem() on the current device, and asks
+// for the largest shared-memory carveout (the kernel does not use L1 beyond it); once per
+// device and instantiation.
+template <typename T, bool kLog>
+void prepare_smem_kernel() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> done[kMaxDevices] = {};
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) device = kMaxDevices - 1;
+  if (done[device].load(std::memory_order_acquire)) return;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(softmax_smem_kernel<T, kLog>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(max_row_smem())));
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(softmax_smem_kernel<T, kLog>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
+  done[device].store(true, std::memory_order_release);
+}
+
+// Threads for a row of nv 16-byte vectors: about 16 vectors (four unrolled rounds) per thread.
+// Small blocks let several rows share a multiprocessor (32768 bf16: 256 threads, 64 KiB, three
+// blocks), so that one block's loads overlap another's arithmetic and barriers.
+inline int row_threads(int64_t nv) {
+  const int64_t t = ((nv + 15) / 16 + kWarp - 1) / kWarp * kWarp;
+  return static_cast<int>(std::clamp<int64_t>(t, 128, kMaxRowThreads));
 }
 
 template <typename T, bool kLog>
@@ -134,7 +402,7 @@ __global__ void softmax_columns_kernel(const T* x, T* y, int64_t A, int64_t R, i
       m = v > m ? v : m;
     }
     M s = 0;
-    for (int64_t r = 0; r < R; ++r) s += dm::exp(static_cast<M>(xc[r * K]) - m);
+    for (int64_t r = 0; r < R; ++r) s += exp_for<T>(static_cast<M>(xc[r * K]) - m);
     s = finish_sum<kLog>(s);
     for (int64_t r = 0; r < R; ++r) yc[r * K] = softmax_value<T, kLog>(xc[r * K], m, s);
   }
@@ -161,9 +429,17 @@ void softmax_cuda(OpCall& c) {
       KILN_CUDA_LAUNCH_CHECK("softmax_warp_kernel");
     } else if (K == 1) {
       KILN_CHECK(A < (int64_t{1} << 31), "[", c.name(), "] too many rows for the CUDA kernel: ", A);
-      softmax_block_kernel<T, kLog>
-          <<<static_cast<unsigned>(A), kBlockRowThreads, 0, stream>>>(in, o, R);
-      KILN_CUDA_LAUNCH_CHECK("softmax_block_kernel");
+      const auto blocks = static_cast<unsigned>(A);
+      // Room for the row and the shift that aligns its vectorised body.
+      const int64_t smem = ((R + kVec<T>)*static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
+      if (smem <= max_row_smem()) {
+        prepare_smem_kernel<T, kLog>();
+        softmax_smem_kernel<T, kLog><<<blocks, row_threads(R / kVec<T>), smem, stream>>>(in, o, R);
+        KILN_CUDA_LAUNCH_CHECK("softmax_smem_kernel");
+      } else {
+        softmax_online_kernel<T, kLog><<<blocks, kMaxRowThreads, 0, stream>>>(in, o, R);
+        KILN_CUDA_LAUNCH_CHECK("softmax_online_kernel");
+      }
     } else {
       softmax_columns_kernel<T, kLog>
           <<<loops::grid_for(A * K), loops::kThreads, 0, stream>>>(in, o, A, R, K);

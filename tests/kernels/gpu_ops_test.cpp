@@ -631,6 +631,55 @@ TEST_F(GpuReduce, Cumsum) {
   }
 }
 
+// Full reductions (one wave of blocks over 16-byte-aligned chunks, merged by one block) and long
+// row reductions read with 16-byte loads after a scalar head: odd lengths and views at odd
+// element offsets, against the CPU; argmax/argmin ties must keep the lowest index. The sum of a
+// full reduction is deterministic: two runs agree bit for bit.
+TEST_F(GpuReduce, VectorisedRowsAndFullReductions) {
+  uint64_t seed = 5200;
+  const std::vector<Shape> shapes = {
+      {1, (int64_t{1} << 22) + 5}, {1, 1000003}, {64, 8193}, {300, 5001}, {100, 4095}, {7, 33}};
+  for (ScalarType dt : kAllDtypes) {
+    for (const Shape& shape : shapes) {
+      const int64_t A = shape[0], R = shape[1];
+      for (int64_t offset : {int64_t{0}, int64_t{1}, int64_t{5}}) {
+        // Few distinct values for the 16-bit types and integers: many ties for argmax.
+        const Tensor base = random_cpu({A * R + offset}, dt, seed++, -2, 2);
+        const Tensor x = base.slice(0, offset, offset + A * R).reshape({A, R});
+        const Tensor g = base.cuda().slice(0, offset, offset + A * R).reshape({A, R});
+        ASSERT_EQ(g.storage_offset(), offset);
+        const std::string what = name_of("", dt, shape, "offset " + std::to_string(offset));
+        const Tensor all_sum = x.sum();
+        expect_match(g.sum(), all_sum, reduce_tol(all_sum.dtype(), A * R), "sum() " + what);
+        const Tensor row_sum = x.sum({1});
+        expect_match(g.sum({1}), row_sum, reduce_tol(row_sum.dtype(), R), "sum rows " + what);
+        expect_same(g.amax({}), x.amax({}), "amax() " + what);
+        expect_same(g.amin({1}), x.amin({1}), "amin rows " + what);
+        expect_same(g.any(1), x.any(1), "any rows " + what);
+        expect_same(g.all(), x.all(), "all() " + what);
+        if (dt != kBool) {
+          expect_same(g.argmax(), x.argmax(), "argmax() " + what);
+          expect_same(g.argmin(), x.argmin(), "argmin() " + what);
+          expect_same(g.argmax(1), x.argmax(1), "argmax rows " + what);
+          const auto [gv, gi] = g.min(1);
+          const auto [cv, ci] = x.min(1);
+          expect_same(gv, cv, "min values " + what);
+          expect_same(gi, ci, "min indices " + what);
+        }
+        if (is_floating_point(dt)) {
+          const Tol tol = reduce_tol(dt, A * R);
+          const Tol loose = {tol.rtol * 10, tol.atol * 10};
+          expect_match(g.mean(), x.mean(), tol, "mean() " + what);
+          expect_match(g.var({}, 1), x.var({}, 1), loose, "var() " + what);
+          expect_match(g.norm(2.0, {1}), x.norm(2.0, {1}), loose, "norm rows " + what);
+          expect_match(g.logsumexp({1}), x.logsumexp({1}), loose, "logsumexp rows " + what);
+          expect_same(g.sum(), g.sum().cpu(), "sum() deterministic " + what);
+        }
+      }
+    }
+  }
+}
+
 // --- Softmax -----------------------------------------------------------------------------------
 
 TEST_F(GpuSoftmax, RowsColumnsAndDtypes) {
@@ -663,6 +712,55 @@ TEST_F(GpuSoftmax, RowsColumnsAndDtypes) {
   const Tensor s = tensor({{-inf, -inf, -inf}, {1.0, -inf, 2.0}}, TensorOptions(kFloat));
   expect_match(s.cuda().softmax(1), s.softmax(1), {1e-6, 1e-7}, "softmax -inf");
   expect_match(s.cuda().log_softmax(1), s.log_softmax(1), {1e-6, 1e-7}, "log_softmax -inf");
+}
+
+// Long rows: rows cached in shared memory (up to about 100000 16-bit elements), longer rows in
+// two passes (online max and sum); 16-byte accesses after a scalar head, so rows of odd length
+// and views at odd element offsets (every row aligned differently from the output) matter.
+// Entries of -inf, +inf and nan, and whole rows of -inf, as on the CPU.
+TEST_F(GpuSoftmax, LongRowsAlignmentAndInfinities) {
+  uint64_t seed = 4200;
+  const double inf = std::numeric_limits<double>::infinity();
+  // 16-bit rows up to 100003 elements are cached in shared memory, f32 up to 32768 and more (the
+  // device's limit); 150001 elements take the online path in every dtype.
+  const std::vector<Shape> shapes = {{3, 32768}, {3, 100003}, {5, 4097},  {4, 1025},
+                                     {3, 32769}, {2, 60001},  {5, 150001}};
+  for (ScalarType dt : kFloatDtypes) {
+    for (const Shape& shape : shapes) {
+      const int64_t A = shape[0], R = shape[1];
+      for (int64_t offset : {int64_t{0}, int64_t{1}, int64_t{3}}) {
+        // Values in double with special entries, then the dtype; the rows are a view at
+        // `offset` elements into a larger buffer (on the CPU and on the GPU alike).
+        Tensor base = random_cpu({A * R + offset}, kDouble, seed++, -12, 12).contiguous();
+        double* p = base.data_ptr<double>() + offset;
+        p[R / 3] = -inf;  // row 0: one -inf
+        if (A > 1) {
+          for (int64_t r = 0; r < R; r += 7) p[R + r] = -inf;  // row 1: many -inf
+        }
+        if (A > 2) {
+          for (int64_t r = 0; r < R; ++r) p[2 * R + r] = -inf;  // row 2: all -inf (nan)
+        }
+        if (A > 3) p[3 * R + R - 1] = inf;  // row 3: +inf (nan)
+        if (A > 4) p[4 * R + 5] = std::nan("");
+        const Tensor cpu_base = base.to(dt);
+        const Tensor gpu_base = cpu_base.cuda();
+        const Tensor x = cpu_base.slice(0, offset, offset + A * R).reshape({A, R});
+        const Tensor g = gpu_base.slice(0, offset, offset + A * R).reshape({A, R});
+        ASSERT_EQ(g.storage_offset(), offset);
+        const std::string what = name_of("", dt, shape, "offset " + std::to_string(offset));
+        Tol tol = tol_for(dt);
+        if (dt == kFloat) tol = {1e-5, 1e-7};
+        expect_match(g.softmax(1), x.softmax(1), tol, "softmax " + what);
+        Tol ltol = tol_for(dt);
+        if (dt == kFloat) ltol = {1e-5, 1e-5};
+        expect_match(g.log_softmax(-1), x.log_softmax(-1), ltol, "log_softmax " + what);
+      }
+    }
+  }
+  // A half input computed as float over long rows (the kernel sees the float copy).
+  const Tensor h = random_cpu({3, 40000}, kHalf, 4300, -8, 8);
+  expect_match(h.cuda().softmax(1, kFloat), h.softmax(1, kFloat), {1e-5, 1e-7},
+               "half as float, long rows");
 }
 
 // --- Random ------------------------------------------------------------------------------------
