@@ -58,7 +58,7 @@
 //   - Both passes: B fragments whose rows are the n index (K in Q K^T; Q and dO in the
 //     backward's K Q^T and V dO^T) and all A fragments come from one ldmatrix.x4 per two n8 tiles
 //     (per 16x16 A tile) instead of four 32-bit shared loads: 4x fewer shared-load instructions
-//     in the GEMM loops, which were issue-bound on them.
+//     competing with the MMAs for issue slots in the GEMM loops.
 //   - Forward, D 64: 8 warps and 128 query rows per CTA, so each K / V tile loaded into shared
 //     memory serves twice the rows (half the K / V traffic and barriers per FLOP); capped at 128
 //     registers for 2 CTAs (16 warps) per SM. A warp skips the MMAs of a causal key block that lies
@@ -71,7 +71,9 @@
 //     CTA idle. Two barriers per step instead of three. dQ still goes through f32 atomics (as
 //     FA2's; a separate dQ kernel would recompute S and dP: 7 GEMMs instead of 5), but as
 //     float2 vector atomics (sm_90): half the atomic instructions.
-// Expected: backward ~1.3-1.6x, forward ~1.2-1.4x at the shapes above (unmeasured when written).
+// Expected (an estimate, not measured when written: no GPU here): backward ~1.3-1.6x, forward
+// ~1.2-1.4x at the shapes above. Registers (ptxas, sm_90a): fwd v2 D 64 8 warps 128 with a
+// 40-68 byte spill (KILN_FLASH_FWD_WARPS=4 avoids it), fwd v2 D 128 219, bwd v2 D 64 234, no spill.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
