@@ -44,11 +44,43 @@
 // wgmma) with 64 x 64 tiles and 4 warps: expected about 50-70% of those figures (forward
 // ~100-140, backward ~100-150 TFLOP/s), still far ahead of the composite, which writes and
 // reads the f32 T x S scores several times.
+//
+// v2 kernels (the default; the v1 kernels above them stay compiled and selectable):
+//   KILN_FLASH_KERNEL=v1      both passes on v1;  =fwd_v1 / =bwd_v1: only that pass on v1.
+//   KILN_FLASH_FWD_WARPS=4    the D 64 forward v2 with 4 warps / 64 rows instead of 8 / 128.
+// What changed and why it should be faster (measured on v1 at B16 H12 T1024 and B4 H32/8 T2048,
+// causal bf16 D 64: fwd 127 TFLOP/s and bwd 93, against torch's flash 195 and ~180):
+//   - Both passes: the block index of the sequence (query blocks forward, key blocks backward)
+//     is grid.y and the (batch, head) index grid.x. CTAs are issued x-fastest, so for causal
+//     attention every head's heaviest blocks start before any lighter one (v1 issued heavy..light
+//     per head, leaving a tail of long blocks). Grids with more than 65535 blocks along the
+//     sequence fall back to v1.
+//   - Both passes: B fragments whose rows are the n index (K in Q K^T; Q and dO in the
+//     backward's K Q^T and V dO^T) and all A fragments come from one ldmatrix.x4 per two n8 tiles
+//     (per 16x16 A tile) instead of four 32-bit shared loads: 4x fewer shared-load instructions
+//     competing with the MMAs for issue slots in the GEMM loops.
+//   - Forward, D 64: 8 warps and 128 query rows per CTA, so each K / V tile loaded into shared
+//     memory serves twice the rows (half the K / V traffic and barriers per FLOP); capped at 128
+//     registers for 2 CTAs (16 warps) per SM. A warp skips the MMAs of a causal key block that lies
+//     entirely after its own 16 rows (the first warps on the diagonal), and masks only blocks
+//     that straddle its own rows. D 128 keeps 4 warps (its registers allow no more).
+//   - Backward, D 64 (D 128 stays on v1: double buffers would take it past half the SM's shared
+//     memory): the (query head of the group, query block) steps of a CTA are one flattened loop
+//     whose next Q / dO tiles (cp.async into a second buffer) and lse / Delta (registers) are
+//     fetched while the current step computes; v1 waited for every step's loads with the whole
+//     CTA idle. Two barriers per step instead of three. dQ still goes through f32 atomics (as
+//     FA2's; a separate dQ kernel would recompute S and dP: 7 GEMMs instead of 5), but as
+//     float2 vector atomics (sm_90): half the atomic instructions.
+// Expected (an estimate, not measured when written: no GPU here): backward ~1.3-1.6x, forward
+// ~1.2-1.4x at the shapes above. Registers (ptxas, sm_90a): fwd v2 D 64 8 warps 128 with a
+// 40-68 byte spill (KILN_FLASH_FWD_WARPS=4: 159, no spill, 3 CTAs per SM), fwd v2 D 128 219,
+// bwd v2 D 64 234 (2 CTAs per SM, as v1), no spills.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -554,6 +586,410 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const Params p) {
   }
 }
 
+// --- v2 kernels (the default; KILN_FLASH_KERNEL=v1 selects the kernels above) ----------------
+
+// ldmatrix.x4 without transpose: lane l addresses row (l & 15), column block (l >> 4) * 8 of a
+// 16x16 sub-tile at (r0, c0): matrix i (rows 8 (i & 1) .., columns 8 (i >> 1) ..) arrives with
+// thread (g, t) holding row g, columns 2t, 2t+1 — exactly a0..a3 of the A fragment.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// The A fragment of the 16x16 sub-tile at (r0, c0) of a row-major shared tile, in one ldmatrix.
+template <typename E>
+__device__ __forceinline__ void ldsm_a(uint32_t (&a)[4], const E* s, int ld, int r0, int c0) {
+  const int lane = threadIdx.x & 31;
+  ldsm_x4(a, s + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8);
+}
+
+// B fragments of two adjacent n8 tiles (rows n0 .. n0 + 15 of a row-major [n][k] tile, k columns
+// c0 .. c0 + 15), the "B = X^T" case (K for Q K^T, Q and dO in the backward): lane l addresses
+// row n0 + 8 (l >> 4) + (l & 7), column c0 + 8 ((l >> 3) & 1), so matrix i holds rows
+// 8 (i >> 1) .., columns 8 (i & 1) ..: b[0], b[1] are b0, b1 of tile n0, b[2], b[3] of n0 + 8.
+template <typename E>
+__device__ __forceinline__ void ldsm_b2(uint32_t (&b)[4], const E* s, int ld, int n0, int c0) {
+  const int lane = threadIdx.x & 31;
+  ldsm_x4(b, s + (n0 + ((lane >> 4) << 3) + (lane & 7)) * ld + c0 + ((lane >> 3) & 1) * 8);
+}
+
+// load_tile for a CTA of NT threads.
+template <typename E, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile_nt(E* s, const E* g, int64_t ld, int row0, int rows) {
+  constexpr int kChunks = D / 8;
+  for (int c = threadIdx.x; c < ROWS * kChunks; c += NT) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool ok = row0 + r < rows;
+    cp_async16(s + r * (D + 8) + col, ok ? g + static_cast<int64_t>(row0 + r) * ld + col : g, ok);
+  }
+}
+
+// CTAs per SM the forward v2 is compiled for (a register cap of 64K / (32 KW x this)): 8 warps
+// at D 64 fit 2 CTAs in 128 registers; 4 warps at D 64 fit 3 (v1 used 133 registers); D 128
+// needs ~176 and keeps 2.
+template <int D, int KW>
+constexpr int kFwdMinBlocks = KW == 8 ? (D == 64 ? 2 : 1) : (D == 64 ? 3 : 2);
+
+// Forward v2: KW warps (16 query rows each) per CTA; grid (B * H, query blocks) with the query
+// block index in y, reversed, so that the heaviest (latest, for causal) blocks of every head are
+// issued before any lighter one; K fragments by ldmatrix (4x fewer shared loads than ld32).
+template <typename E, int D, bool kCap, int KW>
+__global__ void __launch_bounds__(KW * 32, kFwdMinBlocks<D, KW>)
+    flash_fwd_kernel_v2(const Params p) {
+  constexpr int SD = D + 8, BM = 16 * KW, NT = KW * 32;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* sq = reinterpret_cast<E*>(smem);
+  E* sk = sq + BM * SD;           // 2 buffers
+  E* sv = sk + 2 * kBlockN * SD;  // 2 buffers
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int mb = static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y);
+  const int bh = blockIdx.x, b = bh / p.h, h = bh % p.h, kvh = h / (p.h / p.hkv);
+  const int m0 = mb * BM;
+  const E* q = static_cast<const E*>(p.q) + b * p.sq.b + h * p.sq.h;
+  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
+  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
+
+  int kend = p.s, kbeg = 0;
+  if (p.causal) kend = min(kend, m0 + BM);
+  if (p.window > 0) kbeg = max(0, m0 - p.window + 1);
+  const int nb0 = kbeg / kBlockN;
+  const int nb1 = kend > kbeg ? (kend + kBlockN - 1) / kBlockN : nb0;
+
+  load_tile_nt<E, D, BM, NT>(sq, q, p.sq.t, m0, p.t);
+  if (nb0 < nb1) {
+    load_tile_nt<E, D, kBlockN, NT>(sk, k, p.sk.t, nb0 * kBlockN, p.s);
+    load_tile_nt<E, D, kBlockN, NT>(sv, v, p.sv.t, nb0 * kBlockN, p.s);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) ldsm_a(qf[kk], sq, SD, w * 16, kk * 16);
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+  const int row[2] = {m0 + w * 16 + g, m0 + w * 16 + g + 8};
+  // The last row of this warp: key blocks entirely past it (causal) are skipped by the warp.
+  const int wlast = m0 + w * 16 + 15;
+
+  for (int nb = nb0; nb < nb1; ++nb) {
+    const int buf = (nb - nb0) & 1;
+    if (nb + 1 < nb1) {
+      load_tile_nt<E, D, kBlockN, NT>(sk + (buf ^ 1) * kBlockN * SD, k, p.sk.t, (nb + 1) * kBlockN,
+                                      p.s);
+      load_tile_nt<E, D, kBlockN, NT>(sv + (buf ^ 1) * kBlockN * SD, v, p.sv.t, (nb + 1) * kBlockN,
+                                      p.s);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const E* kb = sk + buf * kBlockN * SD;
+    const E* vb = sv + buf * kBlockN * SD;
+    const int n0 = nb * kBlockN;
+    // Warp-uniform: with 8 warps the first warps of the diagonal block see none of its keys.
+    // (Windows: the block-level range already excludes blocks no row of the CTA sees; a warp
+    // that sees none of a block's keys just computes zeros, as in v1.)
+    if (!(p.causal && n0 > wlast)) {
+      float s[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bf[4];
+          ldsm_b2(bf, kb, SD, np * 16, kk * 16);
+          mma<E>(s[2 * np], qf[kk], bf[0], bf[1]);
+          mma<E>(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+        }
+      }
+      const bool mask = n0 + kBlockN > p.s || (p.causal && n0 + kBlockN - 1 > m0 + w * 16) ||
+                        (p.window > 0 && n0 <= wlast - p.window);
+      float dcap = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] =
+              score<kCap>(p, s[nt][e], row[e >> 1], n0 + nt * 8 + 2 * t + (e & 1), mask, dcap);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(mrow[r], mx);
+        const float muse = mnew == -INFINITY ? 0.0f : mnew;
+        const float alpha = exp2f(mrow[r] - muse);
+        mrow[r] = mnew;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          s[nt][2 * r] = exp2f(s[nt][2 * r] - muse);
+          s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - muse);
+          sum += s[nt][2 * r] + s[nt][2 * r + 1];
+        }
+        lrow[r] = lrow[r] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          o[dt][2 * r] *= alpha;
+          o[dt][2 * r + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const uint32_t a[4] = {pack2<E>(s[2 * kk][0], s[2 * kk][1]),
+                               pack2<E>(s[2 * kk][2], s[2 * kk][3]),
+                               pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < D / 16; ++dt) {
+          uint32_t bf[4];
+          ldsm_x4_trans(bf, vb + (kk * 16 + (lane & 15)) * SD + dt * 16 + (lane >> 4) * 8);
+          mma<E>(o[2 * dt], a, bf[0], bf[1]);
+          mma<E>(o[2 * dt + 1], a, bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
+  }
+
+  E* out = static_cast<E*>(p.out) + static_cast<int64_t>(bh) * p.t * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int i = row[r];
+    if (i < p.t) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
+            pack2<E>(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+      }
+      if (t == 0) {
+        p.lse[static_cast<int64_t>(bh) * p.t + i] = l > 0.0f ? mrow[r] * kLn2 + logf(l) : -INFINITY;
+      }
+    }
+  }
+}
+
+// Backward v2 (D 64): as v1, plus
+//   - grid (B * H_kv, key blocks) with the key block in y: for causal the heaviest (first) key
+//     blocks of every head are issued before any lighter one, so the long blocks do not trail;
+//   - the (query head, query block) steps of a CTA are flattened into one loop whose next Q / dO
+//     tiles (cp.async) and lse / Delta (registers) are fetched while this step computes (double
+//     buffers), instead of waiting for every load;
+//   - Q and dO B fragments and all A fragments by ldmatrix (4x fewer shared loads than ld32).
+template <typename E, int D, bool kCap>
+__global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params p) {
+  constexpr int SD = D + 8, SDS = kBlockN + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* sk = reinterpret_cast<E*>(smem);
+  E* sv = sk + kBlockN * SD;
+  E* sq = sv + kBlockN * SD;                                    // 2 buffers
+  E* sdo = sq + 2 * kBlockM * SD;                               // 2 buffers
+  E* sds = sdo + 2 * kBlockM * SD;                              // dS [query][key]
+  float* slse = reinterpret_cast<float*>(sds + kBlockM * SDS);  // 2 buffers
+  float* sdelta = slse + 2 * kBlockM;                           // 2 buffers
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.y * kBlockN;
+  const int bk = blockIdx.x, b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
+  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
+  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
+  load_tile<E, D, kBlockN>(sk, k, p.sk.t, n0, p.s);
+  load_tile<E, D, kBlockN>(sv, v, p.sv.t, n0, p.s);
+
+  const int qbeg = p.causal ? n0 : 0;
+  const int qend = p.window > 0 ? min(p.t, n0 + kBlockN - 1 + p.window) : p.t;
+  const int mb0 = qbeg / kBlockM;
+  const int mb1 = qend > qbeg ? (qend + kBlockM - 1) / kBlockM : mb0;
+  const int nmb = mb1 - mb0, nit = rep * nmb;
+
+  // Step it: query head kvh * rep + it / nmb, query block mb0 + it % nmb.
+  auto issue = [&](int it, int buf) {
+    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * kBlockM;
+    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
+    const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
+    load_tile<E, D, kBlockM>(sq + buf * kBlockM * SD, q, p.sq.t, m0, p.t);
+    load_tile<E, D, kBlockM>(sdo + buf * kBlockM * SD, dout, p.sdo.t, m0, p.t);
+  };
+  // lse (log2 domain; +inf for rows past T and rows that see no key, so that every probability
+  // is exp2(x - inf) = 0) and Delta of row threadIdx.x (< kBlockM) of step it.
+  auto fetch = [&](int it, float& l2, float& dl) {
+    const int hh = kvh * rep + it / nmb, i = (mb0 + it % nmb) * kBlockM + threadIdx.x;
+    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
+    const float l = i < p.t ? p.lse[bh * p.t + i] : -INFINITY;
+    l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+    dl = i < p.t ? p.delta[bh * p.t + i] : 0.0f;
+  };
+  if (nit > 0) {
+    issue(0, 0);
+    if (threadIdx.x < kBlockM) fetch(0, slse[threadIdx.x], sdelta[threadIdx.x]);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
+  }
+  const int key[2] = {n0 + w * 16 + g, n0 + w * 16 + g + 8};
+
+  for (int it = 0; it < nit; ++it) {
+    const int buf = it & 1;
+    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * kBlockM;
+    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
+    // Prefetch step it + 1 into the other buffers (last read in step it - 1, before its final
+    // barrier).
+    float nl = 0.0f, nd = 0.0f;
+    if (it + 1 < nit) {
+      issue(it + 1, buf ^ 1);
+      cp_async_commit();
+      if (threadIdx.x < kBlockM) fetch(it + 1, nl, nd);
+    }
+    const E* qb = sq + buf * kBlockM * SD;
+    const E* dob = sdo + buf * kBlockM * SD;
+    const float* lb = slse + buf * kBlockM;
+    const float* db = sdelta + buf * kBlockM;
+
+    float st[8][4], dpt[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ka[4], va[4];
+      ldsm_a(ka, sk, SD, w * 16, kk * 16);
+      ldsm_a(va, sv, SD, w * 16, kk * 16);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t qf[4], df[4];
+        ldsm_b2(qf, qb, SD, np * 16, kk * 16);
+        ldsm_b2(df, dob, SD, np * 16, kk * 16);
+        mma<E>(st[2 * np], ka, qf[0], qf[1]);
+        mma<E>(st[2 * np + 1], ka, qf[2], qf[3]);
+        mma<E>(dpt[2 * np], va, df[0], df[1]);
+        mma<E>(dpt[2 * np + 1], va, df[2], df[3]);
+      }
+    }
+    const bool mask = n0 + kBlockN > p.s || (p.causal && n0 + kBlockN - 1 > m0) ||
+                      (p.window > 0 && n0 <= m0 + kBlockM - 1 - p.window);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int il = nt * 8 + 2 * t + (e & 1);
+        float dcap = 1.0f;
+        const float x = score<kCap>(p, st[nt][e], m0 + il, key[e >> 1], mask, dcap);
+        const float pr = exp2f(x - lb[il]);
+        st[nt][e] = pr;
+        float ds = pr * (dpt[nt][e] - db[il]);
+        if constexpr (kCap) ds *= dcap;
+        dpt[nt][e] = ds;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const uint32_t pa[4] = {pack2<E>(st[2 * kk][0], st[2 * kk][1]),
+                              pack2<E>(st[2 * kk][2], st[2 * kk][3]),
+                              pack2<E>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                              pack2<E>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+      const uint32_t da[4] = {pack2<E>(dpt[2 * kk][0], dpt[2 * kk][1]),
+                              pack2<E>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                              pack2<E>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                              pack2<E>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < D / 16; ++dt) {
+        const int off = (kk * 16 + (lane & 15)) * SD + dt * 16 + (lane >> 4) * 8;
+        uint32_t bf[4];
+        ldsm_x4_trans(bf, dob + off);
+        mma<E>(dv[2 * dt], pa, bf[0], bf[1]);
+        mma<E>(dv[2 * dt + 1], pa, bf[2], bf[3]);
+        ldsm_x4_trans(bf, qb + off);
+        mma<E>(dk[2 * dt], da, bf[0], bf[1]);
+        mma<E>(dk[2 * dt + 1], da, bf[2], bf[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sds[(nt * 8 + 2 * t + (e & 1)) * SDS + w * 16 + g + 8 * (e >> 1)] = from_f32<E>(dpt[nt][e]);
+      }
+    }
+    __syncthreads();
+    float dq[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t a[4];
+      ldsm_a(a, sds, SDS, w * 16, kk * 16);
+#pragma unroll
+      for (int dt = 0; dt < D / 16; ++dt) {
+        uint32_t bf[4];
+        ldsm_x4_trans(bf, sk + (kk * 16 + (lane & 15)) * SD + dt * 16 + (lane >> 4) * 8);
+        mma<E>(dq[2 * dt], a, bf[0], bf[1]);
+        mma<E>(dq[2 * dt + 1], a, bf[2], bf[3]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + w * 16 + g + 8 * r;
+      if (i < p.t) {
+        float* dst = p.dq_acc + (bh * p.t + i) * D + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          // One 8-byte vector atomic (sm_90) per pair: half the atomics of v1; dst is even.
+          atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
+                    make_float2(dq[dt][2 * r] * p.scale, dq[dt][2 * r + 1] * p.scale));
+        }
+      }
+    }
+    if (it + 1 < nit && threadIdx.x < kBlockM) {
+      slse[(buf ^ 1) * kBlockM + threadIdx.x] = nl;
+      sdelta[(buf ^ 1) * kBlockM + threadIdx.x] = nd;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the next step's tiles are visible; sds and this step's buffers are free
+  }
+
+  E* dkp = static_cast<E*>(p.dk) + static_cast<int64_t>(bk) * p.s * D;
+  E* dvp = static_cast<E*>(p.dv) + static_cast<int64_t>(bk) * p.s * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = key[r];
+    if (j < p.s) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int64_t off = static_cast<int64_t>(j) * D + dt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(dkp + off) =
+            pack2<E>(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvp + off) = pack2<E>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+      }
+    }
+  }
+}
+
 // --- Host side --------------------------------------------------------------------------------
 
 // t itself when its last dim is contiguous and every other stride and the base allow 16-byte
@@ -578,12 +1014,13 @@ void check_supported(const char* op, const Tensor& q) {
 }
 
 template <typename Kernel>
-void launch(Kernel kernel, dim3 grid, size_t smem, const Params& p, const char* name) {
+void launch(Kernel kernel, dim3 grid, size_t smem, const Params& p, const char* name,
+            int threads = kThreads) {
   // Shared memory beyond 48 KB must be opted into, once per kernel.
   KILN_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
-  kernel<<<grid, kThreads, smem, current_stream()>>>(p);
+  kernel<<<grid, threads, smem, current_stream()>>>(p);
   KILN_CUDA_LAUNCH_CHECK(name);
 }
 
@@ -605,6 +1042,20 @@ void visit_d_cap(int64_t d, bool cap, F&& f) {
     cap ? f(std::integral_constant<int, 128>{}, std::true_type{})
         : f(std::integral_constant<int, 128>{}, std::false_type{});
   }
+}
+
+// KILN_FLASH_KERNEL=v1 selects the v1 kernels for both passes, fwd_v1 / bwd_v1 for one pass
+// only (read at every call, so tests can switch).
+bool use_v1_kernels(bool forward) {
+  const char* e = std::getenv("KILN_FLASH_KERNEL");
+  if (e == nullptr) return false;
+  return std::strcmp(e, "v1") == 0 || std::strcmp(e, forward ? "fwd_v1" : "bwd_v1") == 0;
+}
+
+// Warps per CTA of the forward v2 at D 64: 8 (128 query rows) unless KILN_FLASH_FWD_WARPS=4.
+int fwd_warps_d64() {
+  const char* e = std::getenv("KILN_FLASH_FWD_WARPS");
+  return e != nullptr && std::strcmp(e, "4") == 0 ? 4 : 8;
 }
 
 Params make_params(const OpCall& c, const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -641,6 +1092,32 @@ void flash_attention_cuda(OpCall& c) {
   Params p = make_params(c, q, k, v);
   p.out = out.data_ptr();
   p.lse = static_cast<float*>(lse.data_ptr());
+  // v2 (the default) puts the query blocks in grid.y (at most 65535 of them).
+  const int kw = q.size(3) == 64 ? fwd_warps_d64() : kWarps;
+  const int64_t nqb = (q.size(2) + 16 * kw - 1) / (16 * kw);
+  if (!use_v1_kernels(true) && nqb <= 65535) {
+    const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)), static_cast<unsigned>(nqb));
+    visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
+      visit_d_cap(q.size(3), p.softcap > 0,
+                  [&]<int D, bool kCap>(std::integral_constant<int, D>, std::bool_constant<kCap>) {
+                    auto go = [&]<int KW>(std::integral_constant<int, KW>) {
+                      const size_t smem = sizeof(E) * (D + 8) * (16 * KW + 4 * kBlockN);
+                      launch(flash_fwd_kernel_v2<E, D, kCap, KW>, grid, smem, p,
+                             "flash_fwd_kernel_v2", 32 * KW);
+                    };
+                    if constexpr (D == 64) {
+                      if (kw == 8) {
+                        go(std::integral_constant<int, 8>{});
+                      } else {
+                        go(std::integral_constant<int, 4>{});
+                      }
+                    } else {
+                      go(std::integral_constant<int, kWarps>{});
+                    }
+                  });
+    });
+    return;
+  }
   const dim3 grid(static_cast<unsigned>((q.size(2) + kBlockM - 1) / kBlockM),
                   static_cast<unsigned>(q.size(0) * q.size(1)));
   visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
@@ -693,15 +1170,30 @@ void flash_attention_backward_cuda(OpCall& c) {
           p.t, static_cast<int>(q.size(3)), rows);
       KILN_CUDA_LAUNCH_CHECK("flash_bwd_delta_kernel");
     }
-    const dim3 grid(static_cast<unsigned>((k.size(2) + kBlockN - 1) / kBlockN),
-                    static_cast<unsigned>(k.size(0) * k.size(1)));
-    visit_d_cap(q.size(3), p.softcap > 0,
-                [&]<int D, bool kCap>(std::integral_constant<int, D>, std::bool_constant<kCap>) {
-                  const size_t smem = sizeof(E) * ((D + 8) * (2 * kBlockN + 2 * kBlockM) +
-                                                   kBlockM * (kBlockN + 8)) +
-                                      sizeof(float) * 2 * kBlockM;
-                  launch(flash_bwd_kernel<E, D, kCap>, grid, smem, p, "flash_bwd_kernel");
-                });
+    const int64_t nkb = (k.size(2) + kBlockN - 1) / kBlockN;
+    if (!use_v1_kernels(false) && q.size(3) == 64 && nkb <= 65535) {
+      // v2 (the default for D 64): key blocks in grid.y, Q / dO double-buffered.
+      const dim3 grid2(static_cast<unsigned>(k.size(0) * k.size(1)), static_cast<unsigned>(nkb));
+      constexpr int D = 64;
+      const size_t smem =
+          sizeof(E) * ((D + 8) * (2 * kBlockN + 4 * kBlockM) + kBlockM * (kBlockN + 8)) +
+          sizeof(float) * 4 * kBlockM;
+      if (p.softcap > 0) {
+        launch(flash_bwd_kernel_v2<E, D, true>, grid2, smem, p, "flash_bwd_kernel_v2");
+      } else {
+        launch(flash_bwd_kernel_v2<E, D, false>, grid2, smem, p, "flash_bwd_kernel_v2");
+      }
+    } else {
+      const dim3 grid(static_cast<unsigned>((k.size(2) + kBlockN - 1) / kBlockN),
+                      static_cast<unsigned>(k.size(0) * k.size(1)));
+      visit_d_cap(q.size(3), p.softcap > 0,
+                  [&]<int D, bool kCap>(std::integral_constant<int, D>, std::bool_constant<kCap>) {
+                    const size_t smem = sizeof(E) * ((D + 8) * (2 * kBlockN + 2 * kBlockM) +
+                                                     kBlockM * (kBlockN + 8)) +
+                                        sizeof(float) * 2 * kBlockM;
+                    launch(flash_bwd_kernel<E, D, kCap>, grid, smem, p, "flash_bwd_kernel");
+                  });
+    }
     if (q.numel() > 0) {
       const int64_t n = q.numel();
       flash_bwd_convert_kernel<E>

@@ -11,12 +11,16 @@
 // gradients chain two such roundings and a cancellation (dP - Delta). Hence 1e-2 / 2e-3 for
 // out, 2e-2 / 4e-3 for the gradients; lse is f32 throughout (1e-4 covers exp2f/logf).
 //
+// Every case runs on each kernel path (kernel_paths(): v1, the default v2, v2 with the 4-warp
+// D 64 forward) against one CPU reference.
+//
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -93,6 +97,37 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
   }
 }
 
+// The kernel paths of kernels/cuda/flash_attention.cu, chosen by environment variables read at
+// every call: v1 (KILN_FLASH_KERNEL=v1), the default v2 (8-warp forward at D 64), and v2 with
+// the 4-warp forward at D 64 (KILN_FLASH_FWD_WARPS=4). D 128 backward is v1 on every path.
+const std::vector<std::string>& kernel_paths() {
+  static const std::vector<std::string> paths = {"v1", "v2", "v2-fwd4"};
+  return paths;
+}
+
+// Selects a path for its lifetime, then restores the default.
+class KernelPath {
+ public:
+  explicit KernelPath(const std::string& path) {
+    if (path == "v1") {
+      setenv("KILN_FLASH_KERNEL", "v1", 1);
+    } else {
+      unsetenv("KILN_FLASH_KERNEL");
+    }
+    if (path == "v2-fwd4") {
+      setenv("KILN_FLASH_FWD_WARPS", "4", 1);
+    } else {
+      unsetenv("KILN_FLASH_FWD_WARPS");
+    }
+  }
+  ~KernelPath() {
+    unsetenv("KILN_FLASH_KERNEL");
+    unsetenv("KILN_FLASH_FWD_WARPS");
+  }
+  KernelPath(const KernelPath&) = delete;
+  KernelPath& operator=(const KernelPath&) = delete;
+};
+
 void check_case(const Case& c) {
   SCOPED_TRACE(describe(c));
   Tensor q, k, v;
@@ -101,22 +136,28 @@ void check_case(const Case& c) {
   static const OpDef& fwd = KILN_OP(flash_attention);
   static const OpDef& bwd = KILN_OP(flash_attention_backward);
   const absl::InlinedVector<Attr, 4> attrs = {scale, c.causal, c.window, c.softcap};
-  const TensorVec g = call_op(fwd, {q, k, v}, attrs);
   const TensorVec r = call_op(fwd, {q.to(kCPU), k.to(kCPU), v.to(kCPU)}, attrs);
-  ASSERT_TRUE(g[0].is_cuda());
-  EXPECT_EQ(g[0].dtype(), c.dtype);
-  EXPECT_EQ(g[1].dtype(), kFloat);
-  EXPECT_LE(rel_error(g[0], r[0]), out_tol(c.dtype)) << "out";
-  EXPECT_LE(rel_error(g[1], r[1]), 1e-4) << "lse";
-
   const Tensor dout = randn(q.sizes()).to(c.dtype);
-  const Tensor dlse = c.dlse ? randn(g[1].sizes()) : zeros(g[1].sizes());
-  const TensorVec dg = call_op(bwd, {dout.to(kGpu), q, k, v, g[0], g[1], dlse.to(kGpu)}, attrs);
+  const Tensor dlse = c.dlse ? randn(r[1].sizes()) : zeros(r[1].sizes());
   const TensorVec dr =
       call_op(bwd, {dout, q.to(kCPU), k.to(kCPU), v.to(kCPU), r[0], r[1], dlse}, attrs);
-  EXPECT_LE(rel_error(dg[0], dr[0]), grad_tol(c.dtype)) << "dq";
-  EXPECT_LE(rel_error(dg[1], dr[1]), grad_tol(c.dtype)) << "dk";
-  EXPECT_LE(rel_error(dg[2], dr[2]), grad_tol(c.dtype)) << "dv";
+  for (const std::string& path : kernel_paths()) {
+    SCOPED_TRACE("kernel path " + path);
+    const KernelPath scope(path);
+    const TensorVec g = call_op(fwd, {q, k, v}, attrs);
+    ASSERT_TRUE(g[0].is_cuda());
+    EXPECT_EQ(g[0].dtype(), c.dtype);
+    EXPECT_EQ(g[1].dtype(), kFloat);
+    EXPECT_LE(rel_error(g[0], r[0]), out_tol(c.dtype)) << "out";
+    EXPECT_LE(rel_error(g[1], r[1]), 1e-4) << "lse";
+    // The backward takes the CPU reference's out and lse (as the forward's own are checked
+    // above), so that its error is its own.
+    const TensorVec dg =
+        call_op(bwd, {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), dlse.to(kGpu)}, attrs);
+    EXPECT_LE(rel_error(dg[0], dr[0]), grad_tol(c.dtype)) << "dq";
+    EXPECT_LE(rel_error(dg[1], dr[1]), grad_tol(c.dtype)) << "dk";
+    EXPECT_LE(rel_error(dg[2], dr[2]), grad_tol(c.dtype)) << "dv";
+  }
 }
 
 TEST_F(GpuFlashAttention, OddLengthsCausalAndNot) {
@@ -159,16 +200,26 @@ TEST_F(GpuFlashAttention, StridedQkvSplitAndUnalignedViews) {
   // Views whose base is not 16-byte aligned take a contiguous copy first.
   const Tensor big = randn({1, 2, 40, 65}).to(kBFloat16).to(kGpu);
   const Tensor q = big.narrow(3, 1, 64), k = big.narrow(3, 0, 64);
-  auto [o, l] = flash_attention(q, k, k, 0.125, true);
   auto [oc, lc] = flash_attention(q.to(kCPU), k.to(kCPU), k.to(kCPU), 0.125, true);
-  EXPECT_LE(rel_error(o, oc), out_tol(kBFloat16));
-  EXPECT_LE(rel_error(l, lc), 1e-4);
+  for (const std::string& path : kernel_paths()) {
+    SCOPED_TRACE("kernel path " + path);
+    const KernelPath scope(path);
+    auto [o, l] = flash_attention(q, k, k, 0.125, true);
+    EXPECT_LE(rel_error(o, oc), out_tol(kBFloat16));
+    EXPECT_LE(rel_error(l, lc), 1e-4);
+  }
 }
 
 TEST_F(GpuFlashAttention, LongerSequencesManyBlocks) {
   manual_seed(45);
   check_case({1, 4, 2, 1024, 1024, 64, true});
   check_case({1, 2, 2, 600, 600, 128, true, 256});
+  // Several batches and kv heads (the v2 grids put heads in x, blocks in y), lengths that are
+  // not multiples of the 128-row forward block, GQA 4:1, a window spanning several blocks.
+  check_case({3, 8, 2, 333, 333, 64, true});
+  check_case({2, 4, 4, 200, 200, 64, false});
+  check_case({2, 4, 1, 450, 450, 64, true, 150, 0, kHalf});
+  check_case({2, 4, 2, 320, 320, 64, true, 0, 0, kBFloat16, false, true});
 }
 
 TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
@@ -200,15 +251,19 @@ TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
       g.insert(g.begin(), o);
       return g;
     };
-    const autograd::variable_list fused = run(false);
     const autograd::variable_list math = run(true);
+    for (const std::string& path : kernel_paths()) {
+      SCOPED_TRACE("kernel path " + path);
+      const KernelPath scope(path);
+      const autograd::variable_list fused = run(false);
+      // Both round to bf16 at different points (the composite rounds the probabilities to bf16
+      // before P V as well): the same tolerances as against the f64 loops, doubled.
+      EXPECT_LE(rel_error(fused[0], math[0]), 2 * out_tol(kBFloat16)) << "out";
+      EXPECT_LE(rel_error(fused[1], math[1]), 2 * grad_tol(kBFloat16)) << "dq";
+      EXPECT_LE(rel_error(fused[2], math[2]), 2 * grad_tol(kBFloat16)) << "dk";
+      EXPECT_LE(rel_error(fused[3], math[3]), 2 * grad_tol(kBFloat16)) << "dv";
+    }
     unsetenv("KILN_SDPA");
-    // Both round to bf16 at different points (the composite rounds the probabilities to bf16
-    // before P V as well): the same tolerances as against the f64 loops, doubled.
-    EXPECT_LE(rel_error(fused[0], math[0]), 2 * out_tol(kBFloat16)) << "out";
-    EXPECT_LE(rel_error(fused[1], math[1]), 2 * grad_tol(kBFloat16)) << "dq";
-    EXPECT_LE(rel_error(fused[2], math[2]), 2 * grad_tol(kBFloat16)) << "dk";
-    EXPECT_LE(rel_error(fused[3], math[3]), 2 * grad_tol(kBFloat16)) << "dv";
   }
 }
 
