@@ -1,7 +1,5 @@
 #include "models/trainer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -18,6 +16,7 @@
 #include "nn/autocast.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/lr_scheduler.h"
+#include "nn/safetensors.h"
 #include "nn/serialize.h"
 #include "nn/utils/clip_grad.h"
 #include "tensor/error.h"
@@ -50,26 +49,6 @@ void check_precision(const std::string& precision, const char* who) {
 Tensor precision_loss(GPT& model, const Tensor& x, const Tensor& y, const std::string& precision) {
   AutocastGuard autocast(x.device().type(), kBFloat16, /*enabled=*/precision == "bf16-mixed");
   return model->loss(x, y);
-}
-
-// Writes `text` to `path` atomically: a temporary file in the same directory, fsync, rename.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  KILN_CHECK(fd >= 0, "[pretrain] cannot create ", tmp);
-  size_t done = 0;
-  bool ok = true;
-  while (ok && done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    ok = n > 0;
-    if (ok) done += static_cast<size_t>(n);
-  }
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    KILN_FAIL("[pretrain] cannot write ", path);
-  }
 }
 
 std::string json_escape(const std::string& s) {
@@ -155,7 +134,7 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
      << ",\n  \"batch_size\": " << o.batch_size << ",\n  \"seq_len\": " << o.seq_len
      << ",\n  \"grad_accum_steps\": " << o.grad_accum_steps << ",\n  \"data\": \""
      << json_escape(o.data_path) << "\"\n}\n";
-  write_file_atomically((fs::path(dir) / kStateFile).string(), js.str());
+  write_file_atomically((fs::path(dir) / kStateFile).string(), js.str(), "pretrain");
   // The new checkpoint is complete; the previous one's files can go.
   if (previous && previous->model_file != model_file) {
     std::error_code ec;

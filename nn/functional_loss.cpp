@@ -5,6 +5,7 @@
 // with PyTorch's reductions.
 #include <cmath>
 
+#include "nn/autocast.h"
 #include "nn/functional.h"
 
 namespace kiln::nn::functional {
@@ -170,8 +171,12 @@ Tensor cross_entropy(const Tensor &input, const Tensor &target,
       target.device() == input.device() && !weight.defined() && ls == 0 &&
       options.reduction() == Reduction::Mean) {
     check_class_targets(input, target, options.ignore_index(), "nll_loss");
-    return kiln::cross_entropy_fused(input, target, options.ignore_index())
-        .to(input.dtype());
+    const Tensor loss =
+        kiln::cross_entropy_fused(input, target, options.ignore_index());
+    // The op's loss is f32 (f64 for f64 logits); PyTorch returns the logits'
+    // dtype, except under autocast, where losses stay f32.
+    return is_autocast_enabled(input.device().type()) ? loss
+                                                      : loss.to(input.dtype());
   }
   const Tensor lsm = kiln::log_softmax(input, cdim);
   // The class weight as [C, 1, ...], broadcasting against the input over dim 1.

@@ -25,6 +25,7 @@
 
 #include "autograd/engine.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/gpu_test_util.h"
 #include "nn/functional.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -33,16 +34,11 @@
 namespace kiln {
 namespace {
 
+using test::kGpu;
+
 namespace F = nn::functional;
 
-class GpuFlashAttention : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
-  }
-};
-
-const Device kGpu(kCUDA, 0);
+class GpuFlashAttention : public test::GpuTest {};
 
 // Relative L2 error; -inf entries must agree exactly, NaN never passes.
 double rel_error(const Tensor& got, const Tensor& want) {

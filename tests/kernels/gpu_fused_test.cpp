@@ -15,6 +15,7 @@
 
 #include "autograd/engine.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/gpu_test_util.h"
 #include "nn/functional.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -23,18 +24,13 @@
 namespace kiln {
 namespace {
 
-class GpuFixture : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
-  }
-};
+using test::kGpu;
+
+class GpuFixture : public test::GpuTest {};
 class GpuRmsNorm : public GpuFixture {};
 class GpuCrossEntropy : public GpuFixture {};
 class GpuRotaryEmb : public GpuFixture {};
 class GpuGlu : public GpuFixture {};
-
-const Device kGpu(kCUDA, 0);
 
 double rel_error(const Tensor& got, const Tensor& want) {
   const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();

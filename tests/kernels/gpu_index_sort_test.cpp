@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/gpu_test_util.h"
 #include "tensor/indexing.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -25,19 +26,15 @@
 namespace kiln {
 namespace {
 
+using test::kAllDtypes;
+using test::kFloatDtypes;
+using test::kGpu;
+using test::random_cpu;
+
 using indexing::Slice;
 using indexing::TensorIndex;
 
-const std::vector<ScalarType> kAllDtypes = {kFloat, kDouble, kHalf, kBFloat16,
-                                            kInt64, kInt32,  kBool};
-const std::vector<ScalarType> kFloatDtypes = {kFloat, kDouble, kHalf, kBFloat16};
-
-class GpuIndexSortTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
-  }
-};
+class GpuIndexSortTest : public test::GpuTest {};
 
 class GpuAdvancedIndex : public GpuIndexSortTest {};
 class GpuNonzero : public GpuIndexSortTest {};
@@ -48,20 +45,6 @@ class GpuTopk : public GpuIndexSortTest {};
 class GpuMultinomial : public GpuIndexSortTest {};
 class GpuRandperm : public GpuIndexSortTest {};
 class GpuIndexSortBackward : public GpuIndexSortTest {};
-
-const Device kGpu(kCUDA);
-
-// Random CPU values of `dtype`: floats uniform in [lo, hi), integers in [lo, hi], bools 50/50.
-Tensor random_cpu(IntArrayRef sizes, ScalarType dtype, uint64_t seed, double lo = -3,
-                  double hi = 3) {
-  manual_seed(seed);
-  if (dtype == kBool) return randint(0, 2, sizes, TensorOptions(kInt64)).to(kBool);
-  if (!is_floating_point(dtype)) {
-    return randint(static_cast<int64_t>(lo), static_cast<int64_t>(hi) + 1, sizes,
-                   TensorOptions(dtype));
-  }
-  return rand(sizes, TensorOptions(kDouble)).mul(hi - lo).add(lo).to(dtype);
-}
 
 // Random integers in [lo, hi] of `dtype` (the index dtypes).
 Tensor random_index(IntArrayRef sizes, int64_t lo, int64_t hi, uint64_t seed,

@@ -10,21 +10,17 @@
 
 #include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/gpu_test_util.h"
 #include "tensor/ops.h"
 #include "test_util.h"
 
 namespace kiln {
 namespace {
 
-class GpuFixture : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
-  }
-};
-class GpuLinalg : public GpuFixture {};
+using test::kGpu;
 
-const Device kGpu(kCUDA, 0);
+class GpuFixture : public test::GpuTest {};
+class GpuLinalg : public GpuFixture {};
 
 // Relative L2 error of `got` (any device) against `want` (f64 CPU); NaN never passes.
 double rel_error(const Tensor& got, const Tensor& want) {
@@ -194,7 +190,7 @@ TEST_F(GpuLinalg, Tf32FlagTradesPrecisionForSpeed) {
   cuda::set_allow_tf32(false);
   EXPECT_LT(exact, 2e-6);
   EXPECT_LT(tf32, 5e-3);
-  EXPECT_GT(tf32, exact);  // the flag really switched to the TF32 path
+  EXPECT_GT(tf32, exact);                      // the flag really switched to the TF32 path
   EXPECT_LT(rel_error(mm(a, b), want), 2e-6);  // and back (a separate cached plan)
 }
 

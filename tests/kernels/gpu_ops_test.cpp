@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/gpu_test_util.h"
 #include "tensor/ops.h"
 #include "tensor/tensor_data.h"
 #include "test_util.h"
@@ -21,17 +22,12 @@
 namespace kiln {
 namespace {
 
-const std::vector<ScalarType> kFloatDtypes = {kFloat, kDouble, kHalf, kBFloat16};
-const std::vector<ScalarType> kAllDtypes = {kFloat, kDouble, kHalf, kBFloat16,
-                                            kInt64, kInt32,  kBool};
-const std::vector<ScalarType> kNumericDtypes = {kFloat, kDouble, kHalf, kBFloat16, kInt64, kInt32};
+using test::kAllDtypes;
+using test::kFloatDtypes;
+using test::kNumericDtypes;
+using test::random_cpu;
 
-class GpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
-  }
-};
+using test::GpuTest;
 
 class GpuUnary : public GpuTest {};
 class GpuBinary : public GpuTest {};
@@ -42,18 +38,6 @@ class GpuFactory : public GpuTest {};
 class GpuIndex : public GpuTest {};
 class GpuJoin : public GpuTest {};
 class GpuAutograd : public GpuTest {};
-
-// Random CPU values of `dtype`: floats uniform in [lo, hi), integers in [lo, hi], bools 50/50.
-Tensor random_cpu(IntArrayRef sizes, ScalarType dtype, uint64_t seed, double lo = -3,
-                  double hi = 3) {
-  manual_seed(seed);
-  if (dtype == kBool) return randint(0, 2, sizes, TensorOptions(kInt64)).to(kBool);
-  if (!is_floating_point(dtype)) {
-    return randint(static_cast<int64_t>(lo), static_cast<int64_t>(hi) + 1, sizes,
-                   TensorOptions(dtype));
-  }
-  return rand(sizes, TensorOptions(kDouble)).mul(hi - lo).add(lo).to(dtype);
-}
 
 struct Tol {
   double rtol, atol;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/gpu_test_util.h"
 #include "nn/functional.h"
 #include "nn/modules/activation.h"
 #include "nn/modules/container.h"
@@ -22,12 +23,7 @@
 namespace kiln {
 namespace {
 
-class GpuOptimTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
-  }
-};
+class GpuOptimTest : public test::GpuTest {};
 class GpuAdamW : public GpuOptimTest {};
 class GpuAdam : public GpuOptimTest {};
 class GpuBf16True : public GpuOptimTest {};

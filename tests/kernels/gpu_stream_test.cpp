@@ -8,18 +8,14 @@
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/gpu_test_util.h"
 #include "tensor/ops.h"
 #include "test_util.h"
 
 namespace kiln {
 namespace {
 
-class GpuStreamTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
-  }
-};
+class GpuStreamTest : public test::GpuTest {};
 class GpuStream : public GpuStreamTest {};
 class GpuEvent : public GpuStreamTest {};
 class GpuPinned : public GpuStreamTest {};
