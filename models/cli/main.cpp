@@ -24,6 +24,7 @@
 #include "models/config.h"
 #include "models/generate.h"
 #include "models/gpt.h"
+#include "models/hf.h"
 #include "models/tokenizer.h"
 #include "models/trainer.h"
 #include "tensor/error.h"
@@ -63,6 +64,7 @@ commands:
       --seed S                 seed of the initialisation and the batches (default: 1337)
   generate [flags]             generate tokens from a checkpoint or a freshly initialised model
       --checkpoint DIR         a `kiln pretrain` output directory
+      --hf DIR                 ... or a Hugging Face checkpoint (config.json + safetensors)
       --config NAME            ... or a config, randomly initialised (with --seed)
       --prompt "1 2 3"         prompt token ids (spaces or commas)
       --text "..."             ... or a text prompt, byte tokens; prints the decoded text too
@@ -231,11 +233,11 @@ int cmd_pretrain(const std::vector<std::string>& args) {
 
 int cmd_generate(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
-                              {"checkpoint", "config", "prompt", "text", "max-new-tokens",
+                              {"checkpoint", "hf", "config", "prompt", "text", "max-new-tokens",
                                "temperature", "top-k", "top-p", "seed", "stop", "device"},
                               {});
-  if (f.contains("checkpoint") == f.contains("config")) {
-    throw UsageError{"generate needs exactly one of --checkpoint and --config"};
+  if (f.contains("checkpoint") + f.contains("hf") + f.contains("config") != 1) {
+    throw UsageError{"generate needs exactly one of --checkpoint, --hf and --config"};
   }
   if (f.contains("prompt") == f.contains("text")) {
     throw UsageError{"generate needs exactly one of --prompt and --text"};
@@ -259,6 +261,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::optional<kiln::models::GPT> model;
   if (f.contains("checkpoint")) {
     model = kiln::models::load_checkpoint(f.at("checkpoint"), device);
+  } else if (f.contains("hf")) {
+    model = kiln::models::load_hf_checkpoint(f.at("hf"), kiln::TensorOptions().device(device));
   } else {
     kiln::manual_seed(seed);
     model = kiln::models::GPT(kiln::models::ModelConfig::from_name(f.at("config")),
