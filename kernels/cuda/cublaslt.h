@@ -30,12 +30,13 @@
 //   off the first is used. With it on, the first call of a shape outside CUDA graph capture
 //   times every candidate on the real operands with CUDA events on the current stream (a
 //   warm-up and 3 timed runs each; the host waits for them once), keeps the fastest for the
-//   shape, and then computes the real result with it. Timing runs write the output buffer
-//   only where that cannot change the result (beta = 0, or a C that is not the output);
-//   an accumulation into the output itself (C == out) is timed into a scratch buffer. Off by
-//   default because the first call of every shape blocks the host (about 30 runs of the
-//   product) and because the algorithm then depends on timing noise, so two runs of a
-//   program may differ in the last bits; cuDNN's benchmark mode is off in PyTorch likewise.
+//   shape (the heuristic's first unless another is more than 1% faster), and then computes the real
+//   result with it. Timing runs write the output buffer only where that cannot change the result
+//   (beta = 0, or a C that is not the output); an accumulation into the output itself (C == out) is
+//   timed into a scratch buffer. Off by default because the first call of every shape blocks the
+//   host (about 30 runs of the product) and because the algorithm then depends on timing noise, so
+//   two runs of a program may differ in the last bits; cuDNN's benchmark mode is off in PyTorch
+//   likewise.
 #pragma once
 
 #include <atomic>
