@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cublaslt.h"
 #include "nn/optim/adamw.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -132,17 +133,34 @@ struct Gemm {
 
 // out[M, N] = x[M, K] @ w[N, K]^T (forward), dx = dy @ w (dgrad), dw = dy^T @ x (wgrad): the
 // three GEMMs of a Linear layer in a training step, each read in place (no transposed copies).
-void bench_gemm(const Gemm& g, bool with_backward) {
+// `suffix` ends every row name (the autotuned re-run's " [autotune]").
+void bench_gemm(const Gemm& g, bool with_backward, const std::string& suffix = "") {
   const Tensor x = random({g.m, g.k}, kiln::kBFloat16);
   const Tensor w = random({g.n, g.k}, kiln::kBFloat16);
   const double flops = 2.0 * g.m * g.n * g.k;
   const std::string base = std::string("gemm ") + g.name + " " + std::to_string(g.m) + "x" +
                            std::to_string(g.n) + "x" + std::to_string(g.k);
-  report(base + " fwd", time_ms([&](int) { (void)kiln::mm(x, w.t()); }), flops, 0);
+  report(base + " fwd" + suffix, time_ms([&](int) { (void)kiln::mm(x, w.t()); }), flops, 0);
   if (!with_backward) return;
   const Tensor dy = random({g.m, g.n}, kiln::kBFloat16);
-  report(base + " dgrad", time_ms([&](int) { (void)kiln::mm(dy, w); }), flops, 0);
-  report(base + " wgrad", time_ms([&](int) { (void)kiln::mm(dy.t(), x); }), flops, 0);
+  report(base + " dgrad" + suffix, time_ms([&](int) { (void)kiln::mm(dy, w); }), flops, 0);
+  report(base + " wgrad" + suffix, time_ms([&](int) { (void)kiln::mm(dy.t(), x); }), flops, 0);
+}
+
+// The training GEMMs again with per-shape autotuning (kernels/cuda/cublaslt.h): time_ms's
+// warm-up call of each shape times the heuristic's candidates, the samples then run the
+// fastest. kiln-only rows (named as the plain ones plus " [autotune]"); the 8192^3 reference is
+// left out so that the comparison's reference rate stays the plain one.
+void bench_gemm_autotune(const std::vector<Gemm>& gemms) {
+  const bool previous = kiln::cuda::matmul_autotune();
+  kiln::cuda::set_matmul_autotune(true);
+  const kiln::cuda::MatmulAutotuneStats before = kiln::cuda::matmul_autotune_stats();
+  for (const Gemm& g : gemms) bench_gemm(g, true, " [autotune]");
+  const kiln::cuda::MatmulAutotuneStats after = kiln::cuda::matmul_autotune_stats();
+  std::printf("  (autotune: %lld shapes tuned, %lld candidates timed)\n",
+              static_cast<long long>(after.tuned_shapes - before.tuned_shapes),
+              static_cast<long long>(after.candidates_timed - before.candidates_timed));
+  kiln::cuda::set_matmul_autotune(previous);
 }
 
 // --- flash attention (kernels/cuda/flash_attention.cu) ---------------------------------------
@@ -312,6 +330,7 @@ int main(int argc, char** argv) {
   }
   if (gemm)
     bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise
+  if (gemm) bench_gemm_autotune(gemms);
 
   {  // RMSNorm 8192 x 2048 bf16 (bf16 weight), 4 input sets in rotation (each 32 MiB).
     const int64_t rows = 8192, d = 2048;

@@ -6,6 +6,11 @@
 // kiln's b, its second kiln's a. A row-major view with unit column stride is, read
 // column-major, the transpose (op N on the transposed shape); one with unit row stride is the
 // matrix itself (op T).
+//
+// Autotuning (matmul_autotune()): a plan keeps the heuristic's candidates in its order; the
+// first autotuned call of the plan outside graph capture times them all on the real operands
+// (tune()) and remembers the fastest. Calls without autotune keep using the first candidate,
+// so switching it off restores the heuristic's choice.
 #include "kernels/cuda/cublaslt.h"
 
 #include <cublasLt.h>
@@ -13,25 +18,26 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "kernels/cuda/check.h"
 #include "tensor/error.h"
 
-#define KILN_CUBLAS_CHECK(expr)                                                          \
-  do {                                                                                   \
-    const cublasStatus_t kiln_cublas_status_ = (expr);                                   \
-    if (kiln_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                     \
-      KILN_FAIL("[cublasLt] ", #expr, " failed: ", cublasLtGetStatusName(kiln_cublas_status_), \
-                ": ", cublasLtGetStatusString(kiln_cublas_status_), " (", __FILE__, ":",      \
-                __LINE__, ")");                                                          \
-    }                                                                                    \
+#define KILN_CUBLAS_CHECK(expr)                                                                    \
+  do {                                                                                             \
+    const cublasStatus_t kiln_cublas_status_ = (expr);                                             \
+    if (kiln_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                               \
+      KILN_FAIL("[cublasLt] ", #expr, " failed: ", cublasLtGetStatusName(kiln_cublas_status_),     \
+                ": ", cublasLtGetStatusString(kiln_cublas_status_), " (", __FILE__, ":", __LINE__, \
+                ")");                                                                              \
+    }                                                                                              \
   } while (0)
 
 namespace kiln::cuda::internal {
@@ -39,6 +45,9 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kMaxDevices = 64;
+// Candidates asked of the heuristic, and timed runs per candidate when autotuning.
+constexpr int kMaxCandidates = 8;
+constexpr int kTimedRuns = 3;
 
 // One operand as cuBLASLt sees it.
 struct Operand {
@@ -89,13 +98,15 @@ struct Key {
   }
 };
 
-// Descriptors and the chosen algorithm for one Key. `found` is false when the heuristic had
-// nothing: remembered too, so the fallback is not re-queried every call.
+// Descriptors and the heuristic's candidates for one Key. No candidates when the heuristic had
+// nothing: remembered too, so the fallback is not re-queried every call. `tuned` once the
+// autotuner has chosen `best` among them.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  bool found = false;
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's order, best guess first
+  cublasLtMatmulAlgo_t best{};
+  bool tuned = false;
 
   ~Plan() {
     if (lc != nullptr) cublasLtMatrixLayoutDestroy(lc);
@@ -175,10 +186,10 @@ std::unique_ptr<Plan> make_plan(const Key& key, cublasLtHandle_t handle) {
   }
   // cuBLASLt's A is kiln's b ([n, k] after its op), its B is kiln's a ([k, m] after its op).
   const bool na = key.op_a == CUBLAS_OP_N, nb = key.op_b == CUBLAS_OP_N;
-  plan->la = make_layout(type, na ? key.n : key.k, na ? key.k : key.n, key.lda, key.batch,
-                         key.stride_a);
-  plan->lb = make_layout(type, nb ? key.k : key.m, nb ? key.m : key.k, key.ldb, key.batch,
-                         key.stride_b);
+  plan->la =
+      make_layout(type, na ? key.n : key.k, na ? key.k : key.n, key.lda, key.batch, key.stride_a);
+  plan->lb =
+      make_layout(type, nb ? key.k : key.m, nb ? key.m : key.k, key.ldb, key.batch, key.stride_b);
   plan->lc = make_layout(type, key.n, key.m, key.n, key.batch, key.m * key.n);
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -197,18 +208,151 @@ std::unique_ptr<Plan> make_plan(const Key& key, cublasLtHandle_t handle) {
       status = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
     }
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, kMaxCandidates> results{};
   int found = 0;
   if (status == CUBLAS_STATUS_SUCCESS) {
     status = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->la, plan->lb, plan->lc,
-                                            plan->lc, pref, 1, &result, &found);
+                                            plan->lc, pref, kMaxCandidates, results.data(), &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   // A failing query (CUBLAS_STATUS_NOT_SUPPORTED, or INVALID_VALUE for an epilogue this type
   // lacks) means no algorithm for this problem, which the caller handles with its fallback.
-  plan->found = status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-  if (plan->found) plan->algo = result.algo;
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < std::min(found, kMaxCandidates); ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i].algo);
+    }
+  }
   return plan;
+}
+
+// One cublasLtMatmul of a plan; alpha and beta point to doubles for f64, floats otherwise.
+struct Launch {
+  cublasLtHandle_t handle;
+  void* workspace;
+  cudaStream_t stream;
+  const Plan* plan;
+  const void* alpha;
+  const void* beta;
+  const void* a;  // cuBLASLt's A and B (kiln's b and a)
+  const void* b;
+  const void* c;
+
+  cublasStatus_t operator()(const cublasLtMatmulAlgo_t& algo, void* d) const {
+    return cublasLtMatmul(handle, plan->desc, alpha, a, plan->la, b, plan->lb, beta, c, plan->lc, d,
+                          plan->lc, &algo, workspace, kWorkspaceBytes, stream);
+  }
+};
+
+// Whether work queued on `stream` now would be captured into a CUDA graph (an error from the
+// query, as for the legacy stream while another stream captures globally, counts as yes).
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Events created once per tuning and destroyed on every exit path.
+class TimingEvents {
+ public:
+  explicit TimingEvents(size_t n) : events_(n, nullptr) {
+    for (cudaEvent_t& e : events_) KILN_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~TimingEvents() {
+    for (cudaEvent_t e : events_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  }
+  TimingEvents(const TimingEvents&) = delete;
+  TimingEvents& operator=(const TimingEvents&) = delete;
+  cudaEvent_t operator[](size_t i) const { return events_[i]; }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+// Scratch device memory for timing runs whose output must not land in the real output.
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes) {
+    if (cudaMalloc(&p_, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // out of memory is not sticky: clear it and go without
+      p_ = nullptr;
+    }
+  }
+  ~Scratch() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
+
+size_t element_bytes(GemmType t) {
+  switch (t) {
+    case GemmType::kF64:
+      return 8;
+    case GemmType::kF32:
+      return 4;
+    case GemmType::kF16:
+    case GemmType::kBF16:
+      return 2;
+  }
+  return 4;
+}
+
+// Chooses plan.best: every candidate runs once to warm up and kTimedRuns times between two
+// events, all queued on the launch's stream before the host waits once. Timing runs write `d`:
+// the real output when the caller's final run overwrites it without reading it, else a
+// scratch buffer (C == out: the output holds the addend). A candidate that fails to launch is
+// dropped; with no scratch memory the heuristic's first choice is kept untimed.
+void tune(Plan& plan, const Launch& launch, void* out, bool c_is_out, size_t out_bytes) {
+  AutotuneCounters& counters = autotune_counters();
+  plan.tuned = true;
+  plan.best = plan.candidates.front();
+  counters.tuned_shapes.fetch_add(1, std::memory_order_relaxed);
+  const size_t n = plan.candidates.size();
+  if (n < 2) return;
+  std::optional<Scratch> scratch;
+  void* d = out;
+  if (c_is_out) {
+    scratch.emplace(out_bytes);
+    d = scratch->get();
+    if (d == nullptr) return;
+  }
+  TimingEvents events(2 * n);
+  std::vector<bool> ran(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    if (launch(plan.candidates[i], d) != CUBLAS_STATUS_SUCCESS) continue;
+    KILN_CUDA_CHECK(cudaEventRecord(events[2 * i], launch.stream));
+    bool ok = true;
+    for (int r = 0; r < kTimedRuns && ok; ++r) {
+      ok = launch(plan.candidates[i], d) == CUBLAS_STATUS_SUCCESS;
+    }
+    KILN_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], launch.stream));
+    ran[i] = ok;
+  }
+  KILN_CUDA_CHECK(cudaStreamSynchronize(launch.stream));
+  // Another candidate replaces the heuristic's first choice only when it is faster by more
+  // than kMargin: candidates within timing noise of each other keep the heuristic's order.
+  constexpr float kMargin = 0.01f;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < n; ++i) {
+    if (!ran[i]) continue;
+    counters.candidates_timed.fetch_add(1, std::memory_order_relaxed);
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
+    if (i == 0) ms *= 1.0f - kMargin;
+    if (ms < best_ms) {
+      best_ms = ms;
+      plan.best = plan.candidates[i];
+    }
+  }
 }
 
 }  // namespace
@@ -259,24 +403,39 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
   auto it = s.plans.find(key);
   if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(key, s.handle)).first;
   Plan& plan = *it->second;
-  if (!plan.found) return false;
+  if (plan.candidates.empty()) return false;
   if (key.has_bias) {
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &args.bias, sizeof(args.bias)));
   }
-  const void* c = has_c ? args.c : out;
-  if (args.type == GemmType::kF64) {
-    const double alpha = args.alpha, beta = has_c ? args.beta : 0.0;
-    KILN_CUBLAS_CHECK(cublasLtMatmul(s.handle, plan.desc, &alpha, b.data, plan.la, a.data,
-                                     plan.lb, &beta, c, plan.lc, out, plan.lc, &plan.algo,
-                                     s.workspace, kWorkspaceBytes, current_stream()));
-  } else {
-    const float alpha = static_cast<float>(args.alpha);
-    const float beta = has_c ? static_cast<float>(args.beta) : 0.0f;
-    KILN_CUBLAS_CHECK(cublasLtMatmul(s.handle, plan.desc, &alpha, b.data, plan.la, a.data,
-                                     plan.lb, &beta, c, plan.lc, out, plan.lc, &plan.algo,
-                                     s.workspace, kWorkspaceBytes, current_stream()));
+  const double alpha64 = args.alpha, beta64 = has_c ? args.beta : 0.0;
+  const float alpha32 = static_cast<float>(alpha64), beta32 = static_cast<float>(beta64);
+  const bool f64 = args.type == GemmType::kF64;
+  const Launch launch{s.handle,
+                      s.workspace,
+                      current_stream(),
+                      &plan,
+                      f64 ? static_cast<const void*>(&alpha64) : &alpha32,
+                      f64 ? static_cast<const void*>(&beta64) : &beta32,
+                      b.data,
+                      a.data,
+                      has_c ? args.c : out};
+
+  const cublasLtMatmulAlgo_t* algo = &plan.candidates.front();
+  if (matmul_autotune()) {
+    if (plan.tuned) {
+      autotune_counters().cache_hits.fetch_add(1, std::memory_order_relaxed);
+    } else if (is_capturing(launch.stream)) {
+      // Timing needs the host to wait for the GPU, which a capture forbids: the heuristic's
+      // choice goes into the graph and the shape is tuned at its first eager call.
+      autotune_counters().skipped_in_capture.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      const size_t out_bytes = static_cast<size_t>(args.batch * m * n) * element_bytes(args.type);
+      tune(plan, launch, out, has_c && args.c == out, out_bytes);
+    }
+    if (plan.tuned) algo = &plan.best;
   }
+  KILN_CUBLAS_CHECK(launch(*algo, out));
   sync_if_debug("cublasLtMatmul", __FILE__, __LINE__);
   return true;
 }

@@ -1,11 +1,14 @@
 // mm, bmm, addmm, matmul and linear on the GPU (cuBLASLt, kernels/cuda/linalg.cu) against an f64
 // CPU reference on fresh random inputs: every dtype, odd sizes, transposed, sliced (unaligned)
-// and broadcast operands, every addmm epilogue path, k == 0, the TF32 flag.
+// and broadcast operands, every addmm epilogue path, k == 0, the TF32 flag, and per-shape
+// autotuning (same results as the heuristic's choice, chosen once per shape).
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cublaslt.h"
@@ -192,6 +195,139 @@ TEST_F(GpuLinalg, Tf32FlagTradesPrecisionForSpeed) {
   EXPECT_LT(tf32, 5e-3);
   EXPECT_GT(tf32, exact);                      // the flag really switched to the TF32 path
   EXPECT_LT(rel_error(mm(a, b), want), 2e-6);  // and back (a separate cached plan)
+}
+
+// Sets the autotune flag for a scope and restores it (KILN_MATMUL_AUTOTUNE may have set it).
+class AutotuneScope {
+ public:
+  explicit AutotuneScope(bool enabled) : previous_(cuda::matmul_autotune()) {
+    cuda::set_matmul_autotune(enabled);
+  }
+  ~AutotuneScope() { cuda::set_matmul_autotune(previous_); }
+  AutotuneScope(const AutotuneScope&) = delete;
+  AutotuneScope& operator=(const AutotuneScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Every cuBLASLt path with autotuning on, on shapes no other test uses (so each key is tuned
+// here): the first call times the candidates, the second reuses the choice; both agree with the
+// f64 reference and with the heuristic's choice (autotune off). The accumulating paths catch a
+// timing run that wrote into the output: C == out (broadcast or transposed self written into
+// the output first) would then have added the product several times.
+TEST_F(GpuLinalg, AutotuneMatchesHeuristicOnEveryPath) {
+  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    manual_seed(21);
+    const int64_t m = 72, k = 104, n = 88, batch = 3;
+    const Tensor a = rand_cpu({m, k}, dt).to(kGpu), b = rand_cpu({k, n}, dt).to(kGpu);
+    const Tensor at = rand_cpu({k, m}, dt).to(kGpu).t(), bt = rand_cpu({n, k}, dt).to(kGpu).t();
+    const Tensor ba = rand_cpu({batch, m, k}, dt).to(kGpu),
+                 bb = rand_cpu({batch, k, n}, dt).to(kGpu);
+    const Tensor shared = rand_cpu({1, k, n}, dt).to(kGpu).expand({batch, k, n});
+    const Tensor bias = rand_cpu({n}, dt).to(kGpu), full = rand_cpu({m, n}, dt).to(kGpu);
+    const Tensor column = rand_cpu({m, 1}, dt).to(kGpu);
+    const Tensor full_t = full.t().contiguous().t();
+    // Each entry: the GPU op and its f64 reference.
+    const std::vector<std::pair<std::function<Tensor()>, Tensor>> cases = {
+        {[&] { return mm(a, b); }, ref64(a).mm(ref64(b))},
+        {[&] { return mm(at, b); }, ref64(at).mm(ref64(b))},
+        {[&] { return mm(a, bt); }, ref64(a).mm(ref64(bt))},
+        {[&] { return mm(at, bt); }, ref64(at).mm(ref64(bt))},
+        {[&] { return bmm(ba, bb); }, ref64(ba).bmm(ref64(bb))},
+        {[&] { return bmm(ba, shared); }, ref64(ba).bmm(ref64(shared))},
+        {[&] { return bmm(ba.transpose(1, 2).contiguous().transpose(1, 2), bb); },
+         ref64(ba).bmm(ref64(bb))},
+        // Bias epilogue, separate C (scaled and beta = 1), C == out (broadcast column,
+        // transposed self, scaled bias).
+        {[&] { return addmm(bias, a, bt); }, ref64(bias) + ref64(a).mm(ref64(bt))},
+        {[&] { return addmm(full, a, b, 0.5, 2.0); },
+         ref64(full) * 0.5 + ref64(a).mm(ref64(b)) * 2},
+        {[&] { return addmm(full, at, b); }, ref64(full) + ref64(at).mm(ref64(b))},
+        {[&] { return addmm(column, a, b); }, ref64(column) + ref64(a).mm(ref64(b))},
+        {[&] { return addmm(full_t, a, bt); }, ref64(full) + ref64(a).mm(ref64(bt))},
+        {[&] { return addmm(bias, at, b, 0.5, 2.0); },
+         ref64(bias) * 0.5 + ref64(at).mm(ref64(b)) * 2},
+    };
+    std::vector<Tensor> heuristic;
+    {
+      AutotuneScope off(false);
+      const cuda::MatmulAutotuneStats before = cuda::matmul_autotune_stats();
+      for (const auto& [op, want] : cases) {
+        heuristic.push_back(op());
+        expect_gpu_close(heuristic.back(), want, dt);
+      }
+      const cuda::MatmulAutotuneStats after = cuda::matmul_autotune_stats();
+      EXPECT_EQ(after.tuned_shapes, before.tuned_shapes);  // off: nothing timed or cached
+      EXPECT_EQ(after.cache_hits, before.cache_hits);
+    }
+    AutotuneScope on(true);
+    const cuda::MatmulAutotuneStats s0 = cuda::matmul_autotune_stats();
+    for (int pass = 0; pass < 2; ++pass) {
+      SCOPED_TRACE(pass == 0 ? "tuning call" : "cached call");
+      for (size_t i = 0; i < cases.size(); ++i) {
+        SCOPED_TRACE(i);
+        const Tensor got = cases[i].first();
+        expect_gpu_close(got, cases[i].second, dt);
+        EXPECT_LE(rel_error(got, ref64(heuristic[i])), tolerance(dt));
+      }
+      if (pass == 0) {
+        const cuda::MatmulAutotuneStats s1 = cuda::matmul_autotune_stats();
+        EXPECT_GE(s1.tuned_shapes - s0.tuned_shapes, static_cast<int64_t>(cases.size()) - 1);
+      }
+    }
+    const cuda::MatmulAutotuneStats s2 = cuda::matmul_autotune_stats();
+    EXPECT_GE(s2.cache_hits - s0.cache_hits, static_cast<int64_t>(cases.size()));
+  }
+}
+
+TEST_F(GpuLinalg, AutotuneTimesOnceThenHitsTheCache) {
+  manual_seed(22);
+  // A product with several candidate algorithms, on a shape no other test uses.
+  const Tensor a = rand_cpu({264, 520}, kBFloat16).to(kGpu);
+  const Tensor w = rand_cpu({392, 520}, kBFloat16).to(kGpu);
+  const Tensor want = ref64(a).mm(ref64(w).t());
+  {
+    AutotuneScope off(false);
+    cuda::reset_matmul_autotune_stats();
+    expect_gpu_close(mm(a, w.t()), want, kBFloat16);  // plan made, heuristic's first choice
+    const cuda::MatmulAutotuneStats s = cuda::matmul_autotune_stats();
+    EXPECT_EQ(s.tuned_shapes, 0);
+    EXPECT_EQ(s.cache_hits, 0);
+    EXPECT_EQ(s.candidates_timed, 0);
+  }
+  AutotuneScope on(true);
+  EXPECT_TRUE(cuda::matmul_autotune());
+  cuda::reset_matmul_autotune_stats();
+  expect_gpu_close(mm(a, w.t()), want, kBFloat16);
+  cuda::MatmulAutotuneStats s = cuda::matmul_autotune_stats();
+  EXPECT_EQ(s.tuned_shapes, 1);
+  EXPECT_EQ(s.cache_hits, 0);
+  EXPECT_GE(s.candidates_timed, 2);  // the heuristic offers several algorithms for this shape
+  EXPECT_EQ(s.skipped_in_capture, 0);
+  const int64_t timed = s.candidates_timed;
+  for (int i = 1; i <= 3; ++i) {
+    expect_gpu_close(mm(a, w.t()), want, kBFloat16);
+    s = cuda::matmul_autotune_stats();
+    EXPECT_EQ(s.tuned_shapes, 1);
+    EXPECT_EQ(s.cache_hits, i);
+    EXPECT_EQ(s.candidates_timed, timed);  // nothing timed again
+  }
+  // Another layout of the same sizes is another key: tuned on its own.
+  const Tensor wt = w.t().contiguous();
+  expect_gpu_close(mm(a, wt), want, kBFloat16);
+  EXPECT_EQ(cuda::matmul_autotune_stats().tuned_shapes, 2);
+}
+
+// The switch itself needs no GPU (it compiles and runs in CPU builds too).
+TEST(CublasLtFlags, AutotuneSwitch) {
+  const bool initial = cuda::matmul_autotune();
+  cuda::set_matmul_autotune(true);
+  EXPECT_TRUE(cuda::matmul_autotune());
+  cuda::set_matmul_autotune(false);
+  EXPECT_FALSE(cuda::matmul_autotune());
+  cuda::set_matmul_autotune(initial);
 }
 
 TEST_F(GpuLinalg, ErrorsStillComeFromMeta) {
