@@ -334,6 +334,117 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// Backward variants for timing side by side (KILN_RMSNORM_BWD, see backward_variant()): one row
+// per block of TPR threads (at most 256), R rows at a time, for rows of at most TPR * P packs.
+// Each thread keeps its columns' weight (loaded once) and dweight partial sums in registers for
+// all the rows of its block, and issues the loads of x and dy of all R rows before the block
+// sum (one barrier pair for the R sums). The loop is uniform over the block (masked rows).
+template <typename T, typename W, int N, int P, int TPR, int R>
+__global__ void __launch_bounds__(256)
+    rms_norm_bwd_group_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ partial,
+                              const T* __restrict__ dy, const T* __restrict__ x,
+                              const W* __restrict__ w, const opmath_t<T>* __restrict__ rstd,
+                              int64_t rows, int64_t d) {
+  using Acc = opmath_t<T>;
+  using internal::Pack;
+  constexpr int kWarps = TPR / 32;
+  __shared__ Acc smem[kWarps][R];
+  const int t = static_cast<int>(threadIdx.x);
+  const int warp = t >> 5, lane = t & 31;
+  const int64_t nvec = d / N;
+  Acc wv[P][N], dw[P][N];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int64_t v = t + p * TPR;
+    if (v < nvec) load_pack<N>(w + v * N, wv[p]);
+#pragma unroll
+    for (int i = 0; i < N; ++i) dw[p][i] = 0;
+  }
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * R; base < rows;
+       base += static_cast<int64_t>(gridDim.x) * R) {
+    Pack<T, N> xr[R][P], gr[R][P];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (base + r < rows) {
+        const int64_t off = (base + r) * d;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const int64_t v = t + p * TPR;
+          if (v < nvec) {
+            xr[r][p] = *reinterpret_cast<const Pack<T, N>*>(x + off + v * N);
+            gr[r][p] = *reinterpret_cast<const Pack<T, N>*>(dy + off + v * N);
+          }
+        }
+      }
+    }
+    Acc rs[R], dot[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      dot[r] = 0;
+      rs[r] = base + r < rows ? rstd[base + r] : Acc(0);
+      if (base + r < rows) {
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          if (t + p * TPR < nvec) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+              const Acc xv = static_cast<Acc>(xr[r][p].v[i]);
+              const Acc gv = static_cast<Acc>(gr[r][p].v[i]);
+              dot[r] += gv * wv[p][i] * xv;
+              dw[p][i] += gv * xv * rs[r];
+            }
+          }
+        }
+      }
+      dot[r] = internal::warp_sum(dot[r]);
+    }
+    if constexpr (kWarps > 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) smem[warp][r] = dot[r];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        Acc sum = 0;
+#pragma unroll
+        for (int k = 0; k < kWarps; ++k) sum += smem[k][r];
+        dot[r] = sum;
+      }
+      __syncthreads();  // smem is written again by the next iteration
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (base + r < rows) {
+        const Acc k = rs[r] * rs[r] * rs[r] * dot[r] / static_cast<Acc>(d);
+        T* dr = dx + (base + r) * d;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const int64_t v = t + p * TPR;
+          if (v < nvec) {
+            Acc o[N];
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+              o[i] = rs[r] * static_cast<Acc>(gr[r][p].v[i]) * wv[p][i] -
+                     static_cast<Acc>(xr[r][p].v[i]) * k;
+            }
+            store_pack<N>(dr + v * N, o);
+          }
+        }
+      }
+    }
+  }
+  Acc* part = partial + blockIdx.x * d;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int64_t v = t + p * TPR;
+    if (v < nvec) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) part[v * N + i] = dw[p][i];
+    }
+  }
+}
+
 // out[j] = sum over b of partial[b, j]; blocks of 32 columns x 32 partial rows.
 template <typename Acc, typename W>
 __global__ void column_sum_kernel(W* __restrict__ out, const Acc* __restrict__ partial, int64_t nb,
@@ -529,6 +640,70 @@ void rms_norm_cuda(OpCall& c) {
   });
 }
 
+// The backward kernel chosen by KILN_RMSNORM_BWD, read on every call (as KILN_RMSNORM_FWD).
+// Unset, empty or "0": the default kernel. Variants apply to packable rows of at most 4 packs
+// per thread; other rows take the default kernel. Blocks per SM: 2048 / TPR (one wave).
+//   1: 256 threads per row, 1 row at a time, weight and dweight in registers
+//   2: 256 threads per row, 2 rows at a time (both rows' loads before the block sum)
+//   3: 128 threads per row, 2 rows at a time
+//   4: 128 threads per row, 4 rows at a time
+int backward_variant() {
+  const char* v = std::getenv("KILN_RMSNORM_BWD");
+  if (v == nullptr || *v == '\0') return 0;
+  const int n = std::atoi(v);
+  KILN_CHECK(n >= 0 && n <= 4, "[rms_norm_backward] KILN_RMSNORM_BWD must be 0 to 4, got '", v,
+             "'");
+  return n;
+}
+
+// Backward variant with TPR threads per row and R rows at a time: launches the row kernel and
+// the column sum of its partials; false (nothing launched) where a row needs more than 4 packs
+// per thread (bf16: 8192 elements for 256 threads per row).
+template <typename T, typename W, int TPR, int R>
+bool launch_backward_group(T* dx, W* dw, const T* dy, const T* x, const W* w,
+                           const opmath_t<T>* rstd, int64_t rows, int64_t d, Device device) {
+  using Acc = opmath_t<T>;
+  constexpr int N = 16 / sizeof(T);
+  const int64_t nvec = d / N;
+  if (nvec > 4 * TPR) return false;
+  const cudaStream_t stream = current_stream();
+  const int64_t grid = std::min<int64_t>((rows + R - 1) / R, sm_count() * (2048 / TPR));
+  const Tensor partial = empty({grid, d}, TensorOptions(dtype_of<Acc>()).device(device));
+  auto go = [&]<int P>(std::integral_constant<int, P>) {
+    rms_norm_bwd_group_kernel<T, W, N, P, TPR, R><<<static_cast<unsigned>(grid), TPR, 0, stream>>>(
+        dx, static_cast<Acc*>(partial.data_ptr()), dy, x, w, rstd, rows, d);
+    KILN_CUDA_LAUNCH_CHECK("rms_norm_bwd_group_kernel");
+  };
+  if (nvec <= TPR) {
+    go(std::integral_constant<int, 1>{});
+  } else if (nvec <= 2 * TPR) {
+    go(std::integral_constant<int, 2>{});
+  } else {
+    go(std::integral_constant<int, 4>{});
+  }
+  column_sum_kernel<Acc, W><<<static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, stream>>>(
+      dw, static_cast<const Acc*>(partial.data_ptr()), grid, d);
+  KILN_CUDA_LAUNCH_CHECK("column_sum_kernel");
+  return true;
+}
+
+template <typename T, typename W>
+bool launch_backward_variant(int variant, T* dx, W* dw, const T* dy, const T* x, const W* w,
+                             const opmath_t<T>* rstd, int64_t rows, int64_t d, Device device) {
+  switch (variant) {
+    case 1:
+      return launch_backward_group<T, W, 256, 1>(dx, dw, dy, x, w, rstd, rows, d, device);
+    case 2:
+      return launch_backward_group<T, W, 256, 2>(dx, dw, dy, x, w, rstd, rows, d, device);
+    case 3:
+      return launch_backward_group<T, W, 128, 2>(dx, dw, dy, x, w, rstd, rows, d, device);
+    case 4:
+      return launch_backward_group<T, W, 128, 4>(dx, dw, dy, x, w, rstd, rows, d, device);
+    default:
+      return false;
+  }
+}
+
 void rms_norm_backward_cuda(OpCall& c) {
   const Tensor dy = c.input(0).contiguous();
   const Tensor x = c.input(1).contiguous();
@@ -544,11 +719,20 @@ void rms_norm_backward_cuda(OpCall& c) {
     KILN_CUDA_CHECK(cudaMemsetAsync(dw.data_ptr(), 0, dw.nbytes(), stream));
     return;
   }
+  const int variant = backward_variant();
   visit_x_weight(x.dtype(), w.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
     using Acc = opmath_t<T>;
     constexpr int kPack = 16 / sizeof(T);
     const bool packed =
         packable<T, W>(d, {x.data_ptr(), dy.data_ptr(), dx.data_ptr()}, w.data_ptr());
+    if (packed && variant != 0 &&
+        launch_backward_variant<T, W>(
+            variant, static_cast<T*>(dx.data_ptr()), static_cast<W*>(dw.data_ptr()),
+            static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+            static_cast<const W*>(w.data_ptr()), static_cast<const Acc*>(rstd.data_ptr()), rows, d,
+            x.device())) {
+      return;
+    }
     const int n = packed ? kPack : 1;
     const int threads = threads_for(d / n, kCacheBwd);
     const int64_t grid = std::min<int64_t>(rows, sm_count() * std::max(1, 2048 / threads));
