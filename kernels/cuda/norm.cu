@@ -11,6 +11,9 @@
 // summed by column in a second small kernel, in a fixed order (deterministic).
 // Rows whose length or pointers do not allow 16-byte packs run the same kernels with packs of
 // one element.
+// Alternative forward and backward kernels, for timing side by side in one process, are chosen
+// by the environment variables KILN_RMSNORM_FWD (1 to 6) and KILN_RMSNORM_BWD (1 to 4), read on
+// every call (forward_variant(), backward_variant()); unset or 0: the kernels above.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -525,9 +528,11 @@ bool packable(int64_t d, std::initializer_list<const void*> t_ptrs, const void* 
 int forward_variant() {
   const char* v = std::getenv("KILN_RMSNORM_FWD");
   if (v == nullptr || *v == '\0') return 0;
-  const int n = std::atoi(v);
-  KILN_CHECK(n >= 0 && n <= 6, "[rms_norm] KILN_RMSNORM_FWD must be 0 to 6, got '", v, "'");
-  return n;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  KILN_CHECK(*end == '\0' && n >= 0 && n <= 6, "[rms_norm] KILN_RMSNORM_FWD must be 0 to 6, got '",
+             v, "'");
+  return static_cast<int>(n);
 }
 
 // Launches rms_norm_fwd_group_kernel with TPR threads per row, R rows per group and blocks of
@@ -650,10 +655,11 @@ void rms_norm_cuda(OpCall& c) {
 int backward_variant() {
   const char* v = std::getenv("KILN_RMSNORM_BWD");
   if (v == nullptr || *v == '\0') return 0;
-  const int n = std::atoi(v);
-  KILN_CHECK(n >= 0 && n <= 4, "[rms_norm_backward] KILN_RMSNORM_BWD must be 0 to 4, got '", v,
-             "'");
-  return n;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  KILN_CHECK(*end == '\0' && n >= 0 && n <= 4,
+             "[rms_norm_backward] KILN_RMSNORM_BWD must be 0 to 4, got '", v, "'");
+  return static_cast<int>(n);
 }
 
 // Backward variant with TPR threads per row and R rows at a time: launches the row kernel and
@@ -667,12 +673,21 @@ bool launch_backward_group(T* dx, W* dw, const T* dy, const T* x, const W* w,
   const int64_t nvec = d / N;
   if (nvec > 4 * TPR) return false;
   const cudaStream_t stream = current_stream();
-  const int64_t grid = std::min<int64_t>((rows + R - 1) / R, sm_count() * (2048 / TPR));
-  const Tensor partial = empty({grid, d}, TensorOptions(dtype_of<Acc>()).device(device));
+  // One wave: as many blocks as are resident at once (registers may allow fewer than 2048 / TPR
+  // per SM), so that every block's dweight partial is written once, at its end.
   auto go = [&]<int P>(std::integral_constant<int, P>) {
-    rms_norm_bwd_group_kernel<T, W, N, P, TPR, R><<<static_cast<unsigned>(grid), TPR, 0, stream>>>(
+    const auto kernel = rms_norm_bwd_group_kernel<T, W, N, P, TPR, R>;
+    int per_sm = 0;
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TPR, 0));
+    const int64_t grid = std::min<int64_t>((rows + R - 1) / R,
+                                           static_cast<int64_t>(sm_count()) * std::max(1, per_sm));
+    const Tensor partial = empty({grid, d}, TensorOptions(dtype_of<Acc>()).device(device));
+    kernel<<<static_cast<unsigned>(grid), TPR, 0, stream>>>(
         dx, static_cast<Acc*>(partial.data_ptr()), dy, x, w, rstd, rows, d);
     KILN_CUDA_LAUNCH_CHECK("rms_norm_bwd_group_kernel");
+    column_sum_kernel<Acc, W><<<static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, stream>>>(
+        dw, static_cast<const Acc*>(partial.data_ptr()), grid, d);
+    KILN_CUDA_LAUNCH_CHECK("column_sum_kernel");
   };
   if (nvec <= TPR) {
     go(std::integral_constant<int, 1>{});
@@ -681,9 +696,6 @@ bool launch_backward_group(T* dx, W* dw, const T* dy, const T* x, const W* w,
   } else {
     go(std::integral_constant<int, 4>{});
   }
-  column_sum_kernel<Acc, W><<<static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, stream>>>(
-      dw, static_cast<const Acc*>(partial.data_ptr()), grid, d);
-  KILN_CUDA_LAUNCH_CHECK("column_sum_kernel");
   return true;
 }
 
