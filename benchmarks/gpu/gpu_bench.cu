@@ -16,8 +16,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/check.h"
@@ -350,6 +352,56 @@ int main(int argc, char** argv) {
              (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
            }),
            0, 3 * tensor_bytes);
+  }
+
+  // RMSNorm forward and backward variants side by side (KILN_RMSNORM_FWD and KILN_RMSNORM_BWD,
+  // kernels/cuda/norm.cu; kiln-only rows), at the Llama-1B (8192 x 2048) and llama-160m
+  // (16384 x 768) shapes, bf16 x and weight, 4 input sets in rotation. [v0] is the default kernel
+  // again, timed in the same loop. Each variant's output is compared with [v0]'s (max |difference|:
+  // rounding of the sums' order).
+  for (const auto& [rows, d] :
+       std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {16384, 768}}) {
+    std::vector<Tensor> xs;
+    const Tensor w = random({d}, kiln::kBFloat16);
+    for (int i = 0; i < 4; ++i) xs.push_back(random({rows, d}, kiln::kBFloat16));
+    const double tensor_bytes = static_cast<double>(rows * d * 2);
+    unsetenv("KILN_RMSNORM_FWD");
+    const Tensor y0 = kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat);
+    for (int v = 0; v <= 6; ++v) {
+      setenv("KILN_RMSNORM_FWD", std::to_string(v).c_str(), 1);
+      const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
+                               " bf16 fwd [v" + std::to_string(v) + "]";
+      report(name, time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0,
+             2 * tensor_bytes);
+      const double diff =
+          kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat).sub(y0).abs().max().item<double>();
+      std::printf("  (max |y - y[v0]| = %g)\n", diff);
+    }
+    unsetenv("KILN_RMSNORM_FWD");
+    // Backward variants (KILN_RMSNORM_BWD), compared with [v0] likewise.
+    static const kiln::OpDef& fwd = KILN_OP(rms_norm);
+    static const kiln::OpDef& bwd = KILN_OP(rms_norm_backward);
+    std::vector<Tensor> dys, rstds;
+    for (int i = 0; i < 4; ++i) {
+      dys.push_back(random({rows, d}, kiln::kBFloat16));
+      rstds.push_back(kiln::call_op(fwd, {xs[i], w}, {1e-6})[1]);
+    }
+    unsetenv("KILN_RMSNORM_BWD");
+    const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
+    for (int v = 0; v <= 4; ++v) {
+      setenv("KILN_RMSNORM_BWD", std::to_string(v).c_str(), 1);
+      const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
+                               " bf16 bwd [v" + std::to_string(v) + "]";
+      report(name, time_ms([&](int i) {
+               (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
+             }),
+             0, 3 * tensor_bytes);
+      const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
+      std::printf("  (max |dx - dx[v0]| = %g, max |dw - dw[v0]| = %g)\n",
+                  g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
+                  g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
+    }
+    unsetenv("KILN_RMSNORM_BWD");
   }
 
   {  // Cross-entropy 8192 x 128256 bf16 logits (2 GiB).

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -119,6 +120,111 @@ TEST_F(GpuRmsNorm, ManyRows) {
   check_rms(randn({9001, 1000}).to(kBFloat16), randn({1000}));
   check_rms(randn({17000, 264}).to(kHalf), randn({264}).to(kHalf));
   check_rms(randn({17000, 512}), randn({512}));
+}
+
+// Sets an environment variable for its lifetime (norm.cu reads KILN_RMSNORM_FWD and
+// KILN_RMSNORM_BWD on every call), unset afterwards.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& v) : name_(name) { setenv(name, v.c_str(), 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// Every forward variant (0 = the default kernels) against the CPU kernel: each register-cache
+// size (1 to 16 packs per thread), idle threads, partial last blocks, rows too long for a variant
+// (it falls back), unpacked lengths, misaligned rows, f32 weights and strided inputs.
+TEST_F(GpuRmsNorm, EveryForwardVariant) {
+  for (const char* v : {"", "0", "1", "2", "3", "4", "5", "6"}) {
+    SCOPED_TRACE(std::string("KILN_RMSNORM_FWD=") + v);
+    const ScopedEnv scoped("KILN_RMSNORM_FWD", v);
+    manual_seed(31);
+    for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
+      check_rms(randn({37, 64}).to(dt), randn({64}).to(dt));
+      check_rms(randn({19, 37}).to(dt), randn({37}).to(dt));  // unpacked
+      check_rms(randn({11, 1000}).to(dt), randn({1000}).to(dt));
+      check_rms(randn({3, 3, 40}).to(dt), randn({3, 40}).to(dt));
+      if (dt == kHalf || dt == kBFloat16) check_rms(randn({9, 768}).to(dt), randn({768}));
+    }
+    for (int64_t d : {8, 24, 256, 768, 1032, 2048, 4096, 8192, 16392, 40000}) {
+      check_rms(randn({13, d}).to(kBFloat16), randn({d}).to(kBFloat16));
+    }
+    for (int64_t d : {128, 2048, 4104}) {
+      check_rms(randn({1, d}).to(kBFloat16), randn({d}));
+      check_rms(randn({7, d}), randn({d}));
+      check_rms(randn({5, d}).to(kDouble), randn({d}).to(kDouble));
+    }
+    check_rms(randn({1025, 2048}).to(kBFloat16), randn({2048}).to(kBFloat16));
+    check_rms(randn({2049, 768}).to(kBFloat16), randn({768}).to(kBFloat16));
+    check_rms(randn({301, 768}).to(kHalf), randn({768}));
+    // Strided (transposed, sliced) inputs.
+    check_rms(randn({64, 40}).t().to(kBFloat16), randn({64}).to(kBFloat16));
+    check_rms(randn({50, 2 * 512}).to(kBFloat16).slice(1, 0, 512), randn({512}).to(kBFloat16));
+    // Rows one element off 16-byte alignment on the GPU (a contiguous view at offset 1) take the
+    // one-element kernels.
+    const Tensor flat = randn({1 + 21 * 256}).to(kBFloat16), wb = randn({256}).to(kBFloat16);
+    const Tensor xg = flat.to(kGpu).slice(0, 1, 1 + 21 * 256).view({21, 256});
+    const TensorVec got = call_op(KILN_OP(rms_norm), {xg, wb.to(kGpu)}, {1e-5});
+    const TensorVec want =
+        call_op(KILN_OP(rms_norm), {flat.slice(0, 1, 1 + 21 * 256).view({21, 256}), wb}, {1e-5});
+    expect_match(got[0], want[0], tolerance(kBFloat16));
+    expect_match(got[1], want[1], 1e-5);
+  }
+}
+
+TEST_F(GpuRmsNorm, UnknownForwardVariantIsAnError) {
+  const ScopedEnv scoped("KILN_RMSNORM_FWD", "7");
+  const Tensor x = randn({4, 64}).to(kGpu), w = randn({64}).to(kGpu);
+  EXPECT_KILN_ERROR((void)call_op(KILN_OP(rms_norm), {x, w}, {1e-5}), "KILN_RMSNORM_FWD");
+}
+
+// Every backward variant (0 = the default kernel) against the CPU kernel: 1 to 4 packs per
+// thread, idle threads, row counts not a multiple of the rows per step, several steps per block,
+// rows too long for a variant (it falls back), unpacked and misaligned rows, f32 weights.
+TEST_F(GpuRmsNorm, EveryBackwardVariant) {
+  for (const char* v : {"", "0", "1", "2", "3", "4"}) {
+    SCOPED_TRACE(std::string("KILN_RMSNORM_BWD=") + v);
+    const ScopedEnv scoped("KILN_RMSNORM_BWD", v);
+    manual_seed(32);
+    for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
+      check_rms(randn({37, 64}).to(dt), randn({64}).to(dt));
+      check_rms(randn({19, 37}).to(dt), randn({37}).to(dt));  // unpacked
+      check_rms(randn({11, 1000}).to(dt), randn({1000}).to(dt));
+      check_rms(randn({3, 3, 40}).to(dt), randn({3, 40}).to(dt));
+      if (dt == kHalf || dt == kBFloat16) check_rms(randn({9, 768}).to(dt), randn({768}));
+    }
+    for (int64_t d : {8, 24, 256, 768, 1032, 2048, 4096, 8192, 8200}) {
+      check_rms(randn({13, d}).to(kBFloat16), randn({d}).to(kBFloat16));
+    }
+    check_rms(randn({5, 2048}), randn({2048}));
+    check_rms(randn({5, 1024}).to(kDouble), randn({1024}).to(kDouble));
+    check_rms(randn({5003, 128}).to(kBFloat16), randn({128}).to(kBFloat16));
+    check_rms(randn({1025, 2048}).to(kBFloat16), randn({2048}).to(kBFloat16));
+    check_rms(randn({2049, 768}).to(kBFloat16), randn({768}));
+    check_rms(randn({64, 40}).t().to(kBFloat16), randn({64}).to(kBFloat16));
+    // dy one element off 16-byte alignment on the GPU: the one-element kernel.
+    const Tensor x = randn({21, 256}).to(kBFloat16), w = randn({256}).to(kBFloat16);
+    const Tensor flat = randn({1 + 21 * 256}).to(kBFloat16);
+    const Tensor dy = flat.slice(0, 1, 1 + 21 * 256).view({21, 256});
+    const TensorVec f = call_op(KILN_OP(rms_norm), {x, w}, {1e-5});
+    const TensorVec want = call_op(KILN_OP(rms_norm_backward), {dy, x, w, f[1]});
+    const TensorVec got = call_op(KILN_OP(rms_norm_backward),
+                                  {flat.to(kGpu).slice(0, 1, 1 + 21 * 256).view({21, 256}),
+                                   x.to(kGpu), w.to(kGpu), f[1].to(kGpu)});
+    expect_match(got[0], want[0], tolerance(kBFloat16));
+    expect_match(got[1], want[1], tolerance(kBFloat16));
+  }
+}
+
+TEST_F(GpuRmsNorm, UnknownBackwardVariantIsAnError) {
+  const ScopedEnv scoped("KILN_RMSNORM_BWD", "5");
+  const Tensor x = randn({4, 64}).to(kGpu), w = randn({64}).to(kGpu);
+  const TensorVec f = call_op(KILN_OP(rms_norm), {x, w}, {1e-5});
+  EXPECT_KILN_ERROR((void)call_op(KILN_OP(rms_norm_backward), {x, x, w, f[1]}), "KILN_RMSNORM_BWD");
 }
 
 TEST_F(GpuRmsNorm, AutogradUsesTheFusedBackward) {
