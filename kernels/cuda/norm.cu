@@ -13,7 +13,9 @@
 // one element.
 // Alternative forward and backward kernels, for timing side by side in one process, are chosen
 // by the environment variables KILN_RMSNORM_FWD (1 to 6) and KILN_RMSNORM_BWD (1 to 4), read on
-// every call (forward_variant(), backward_variant()); unset or 0: the kernels above.
+// every call (forward_variant(), backward_variant()); 0: the kernels above. Unset, the measured
+// fastest: forward variant 2 for rows of 2048 and more (the kernels above below that), backward
+// variant 3.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -516,8 +518,8 @@ bool packable(int64_t d, std::initializer_list<const void*> t_ptrs, const void* 
 }
 
 // The forward kernel chosen by the environment variable KILN_RMSNORM_FWD, read on every call so
-// that one process can time every variant (benchmarks/gpu/gpu_bench.cu). Unset, empty or "0":
-// the default kernels above. Each variant applies to 16-byte-packable rows that fit its register
+// that one process can time every variant (benchmarks/gpu/gpu_bench.cu). "0": the kernels
+// above; unset or empty: the measured default (see rms_norm_forward_cuda). Each variant applies to 16-byte-packable rows that fit its register
 // cache; other rows take the default kernels.
 //   1: one warp per 2 rows (both rows' loads issued before either reduction), 4-warp blocks
 //   2: one 128-thread block (4 warps) per row, shared-memory exchange of the warp sums
@@ -527,7 +529,7 @@ bool packable(int64_t d, std::initializer_list<const void*> t_ptrs, const void* 
 //   6: the default one warp per row (8-warp blocks), with the weight loaded before the reduction
 int forward_variant() {
   const char* v = std::getenv("KILN_RMSNORM_FWD");
-  if (v == nullptr || *v == '\0') return 0;
+  if (v == nullptr || *v == '\0') return -1;  // the measured default (rms_norm_forward_cuda)
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
   KILN_CHECK(*end == '\0' && n >= 0 && n <= 6, "[rms_norm] KILN_RMSNORM_FWD must be 0 to 6, got '",
@@ -596,7 +598,11 @@ void rms_norm_cuda(OpCall& c) {
   const Tensor& rstd = c.outputs[1];
   const int64_t d = w.numel(), rows = rstd.numel();
   if (rows == 0) return;
-  const int variant = forward_variant();
+  // Default, from the variants timed side by side on the H100 (benchmarks/RESULTS.md): a
+  // 128-thread block per row for rows of 2048 and more (28.9 us against 32.0 at 8192 x 2048
+  // bf16), one warp per row below (21.9 us against 24.4 at 16384 x 768).
+  int variant = forward_variant();
+  if (variant < 0) variant = d >= 2048 ? 2 : 0;
   DeviceGuard guard(x.device().index());
   visit_x_weight(x.dtype(), w.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
     using Acc = opmath_t<T>;
@@ -646,15 +652,17 @@ void rms_norm_cuda(OpCall& c) {
 }
 
 // The backward kernel chosen by KILN_RMSNORM_BWD, read on every call (as KILN_RMSNORM_FWD).
-// Unset, empty or "0": the default kernel. Variants apply to packable rows of at most 4 packs
-// per thread; other rows take the default kernel. Blocks per SM: 2048 / TPR (one wave).
+// "0": the kernel above; unset or empty: variant 3 (measured fastest). Variants apply to
+// packable rows of at most 4 packs per thread; other rows take the default kernel. Blocks per SM: 2048 / TPR (one wave).
 //   1: 256 threads per row, 1 row at a time, weight and dweight in registers
 //   2: 256 threads per row, 2 rows at a time (both rows' loads before the block sum)
 //   3: 128 threads per row, 2 rows at a time
 //   4: 128 threads per row, 4 rows at a time
 int backward_variant() {
   const char* v = std::getenv("KILN_RMSNORM_BWD");
-  if (v == nullptr || *v == '\0') return 0;
+  // The measured default: 128 threads per row, 2 rows at a time (53.1 us against 60.0 at
+  // 8192 x 2048 bf16 and 41.0 against 46.6 at 16384 x 768; benchmarks/RESULTS.md).
+  if (v == nullptr || *v == '\0') return 3;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
   KILN_CHECK(*end == '\0' && n >= 0 && n <= 4,
