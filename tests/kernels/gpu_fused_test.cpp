@@ -76,7 +76,9 @@ void check_rms(const Tensor& x, const Tensor& w, double eps = 1e-5) {
   const TensorVec g = call_op(fwd, {x.to(kGpu), w.to(kGpu)}, {eps});
   const double tol = tolerance(x.dtype());
   expect_match(g[0], c[0], tol);
-  expect_match(g[1], c[1], x.dtype() == kDouble ? 1e-12 : 1e-5);
+  // rstd: f32 sums of squares added in another order; the rounding grows with the row length
+  // (1.2e-5 measured at 40000 elements on the H100).
+  expect_match(g[1], c[1], x.dtype() == kDouble ? 1e-12 : 5e-5);
   const Tensor dy = randn(x.sizes()).to(x.dtype());
   const TensorVec dc = call_op(bwd, {dy, x, w, c[1]});
   const TensorVec dg = call_op(bwd, {dy.to(kGpu), x.to(kGpu), w.to(kGpu), g[1]});
