@@ -26,6 +26,8 @@
 namespace kiln {
 namespace {
 
+using test::expect_match;
+using test::expect_same;
 using test::kAllDtypes;
 using test::kFloatDtypes;
 using test::kGpu;
@@ -51,53 +53,6 @@ Tensor random_index(IntArrayRef sizes, int64_t lo, int64_t hi, uint64_t seed,
                     ScalarType dtype = kInt64) {
   manual_seed(seed);
   return randint(lo, hi + 1, sizes, TensorOptions(dtype));
-}
-
-// actual (any device) against expected (CPU): same dtype and shape; bit for bit when
-// rtol == atol == 0 or the dtype is not floating, else within the tolerance (NaNs alike).
-void expect_match(const Tensor& actual_any, const Tensor& expected, double rtol, double atol,
-                  const std::string& what) {
-  SCOPED_TRACE(what);
-  ASSERT_TRUE(actual_any.defined());
-  const Tensor actual = actual_any.cpu();
-  ASSERT_EQ(actual.dtype(), expected.dtype());
-  ASSERT_EQ(to_shape(actual.sizes()), to_shape(expected.sizes()));
-  const Tensor a = actual.contiguous(), e = expected.contiguous();
-  const int64_t n = a.numel();
-  int64_t bad = 0, first = -1;
-  if (!is_floating_point(a.dtype()) || (rtol == 0 && atol == 0)) {
-    const size_t w = element_size(a.dtype());
-    for (int64_t i = 0; i < n; ++i) {
-      if (std::memcmp(static_cast<const char*>(a.data_ptr()) + i * w,
-                      static_cast<const char*>(e.data_ptr()) + i * w, w) != 0) {
-        if (first < 0) first = i;
-        ++bad;
-      }
-    }
-    EXPECT_EQ(bad, 0) << "first mismatch at " << first << " of " << n << " ("
-                      << dtype_name(a.dtype()) << ")";
-    return;
-  }
-  const Tensor ad = a.to(kDouble), ed = e.to(kDouble);
-  const double* pa = ad.data_ptr<double>();
-  const double* pe = ed.data_ptr<double>();
-  for (int64_t i = 0; i < n; ++i) {
-    const double x = pa[i], y = pe[i];
-    const bool ok = std::isnan(y)
-                        ? std::isnan(x)
-                        : (std::isinf(y) ? x == y : std::abs(x - y) <= atol + rtol * std::abs(y));
-    if (!ok) {
-      if (first < 0) first = i;
-      ++bad;
-    }
-  }
-  EXPECT_EQ(bad, 0) << "first mismatch at " << first << " of " << n << " (" << dtype_name(a.dtype())
-                    << "): gpu " << (first >= 0 ? pa[first] : 0.0) << " cpu "
-                    << (first >= 0 ? pe[first] : 0.0);
-}
-
-void expect_same(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  expect_match(actual, expected, 0, 0, what);
 }
 
 // Tolerance of a sum whose terms are added in another order (atomics).

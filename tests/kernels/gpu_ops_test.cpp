@@ -22,10 +22,13 @@
 namespace kiln {
 namespace {
 
+using test::expect_match;
+using test::expect_same;
 using test::kAllDtypes;
 using test::kFloatDtypes;
 using test::kNumericDtypes;
 using test::random_cpu;
+using test::Tol;
 
 using test::GpuTest;
 
@@ -38,10 +41,6 @@ class GpuFactory : public GpuTest {};
 class GpuIndex : public GpuTest {};
 class GpuJoin : public GpuTest {};
 class GpuAutograd : public GpuTest {};
-
-struct Tol {
-  double rtol, atol;
-};
 
 // Tolerances of float math that CUDA's library computes within an ulp or two of glibc's.
 Tol tol_for(ScalarType dtype) {
@@ -57,59 +56,6 @@ Tol tol_for(ScalarType dtype) {
     default:
       return {0, 0};
   }
-}
-
-// actual (any device) against expected (CPU): same dtype and shape; integers and bools bit for
-// bit, floats within `tol` (NaNs in the same places, infinities equal).
-void expect_match(const Tensor& actual_any, const Tensor& expected, Tol tol,
-                  const std::string& what) {
-  SCOPED_TRACE(what);
-  ASSERT_TRUE(actual_any.defined());
-  const Tensor actual = actual_any.cpu();
-  ASSERT_EQ(actual.dtype(), expected.dtype());
-  ASSERT_EQ(to_shape(actual.sizes()), to_shape(expected.sizes()));
-  const Tensor a = actual.contiguous(), e = expected.contiguous();
-  const int64_t n = a.numel();
-  if (!is_floating_point(a.dtype()) || (tol.rtol == 0 && tol.atol == 0)) {
-    const size_t w = element_size(a.dtype());
-    int64_t bad = 0, first = -1;
-    for (int64_t i = 0; i < n; ++i) {
-      if (std::memcmp(static_cast<const char*>(a.data_ptr()) + i * w,
-                      static_cast<const char*>(e.data_ptr()) + i * w, w) != 0) {
-        if (first < 0) first = i;
-        ++bad;
-      }
-    }
-    EXPECT_EQ(bad, 0) << "first mismatch at " << first << " of " << n << " ("
-                      << dtype_name(a.dtype()) << ")";
-    return;
-  }
-  const Tensor ad = a.to(kDouble), ed = e.to(kDouble);
-  const double* pa = ad.data_ptr<double>();
-  const double* pe = ed.data_ptr<double>();
-  int64_t bad = 0, first = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    const double x = pa[i], y = pe[i];
-    bool ok;
-    if (std::isnan(y)) {
-      ok = std::isnan(x);
-    } else if (std::isinf(y)) {
-      ok = x == y;
-    } else {
-      ok = std::abs(x - y) <= tol.atol + tol.rtol * std::abs(y);
-    }
-    if (!ok) {
-      if (first < 0) first = i;
-      ++bad;
-    }
-  }
-  EXPECT_EQ(bad, 0) << "first mismatch at " << first << " of " << n << " (" << dtype_name(a.dtype())
-                    << "): gpu " << (first >= 0 ? pa[first] : 0.0) << " cpu "
-                    << (first >= 0 ? pe[first] : 0.0);
-}
-
-void expect_same(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  expect_match(actual, expected, {0, 0}, what);
 }
 
 // x (CPU) in several layouts with the same values: contiguous, and for 1-d and 2-d tensors a

@@ -8,11 +8,16 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
+#include "tensor/tensor_data.h"
+#include "test_util.h"
 
 namespace kiln::test {
 
@@ -41,6 +46,61 @@ inline Tensor random_cpu(IntArrayRef sizes, ScalarType dtype, uint64_t seed, dou
                    TensorOptions(dtype));
   }
   return rand(sizes, TensorOptions(kDouble)).mul(hi - lo).add(lo).to(dtype);
+}
+
+struct Tol {
+  double rtol, atol;
+};
+
+// actual (any device) against expected (CPU): same dtype and shape; integers and bools, or any
+// dtype when rtol == atol == 0, bit for bit; floats within |x - y| <= atol + rtol |y| (NaNs in
+// the same places, infinities equal).
+inline void expect_match(const Tensor& actual_any, const Tensor& expected, Tol tol,
+                         const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(actual_any.defined());
+  const Tensor actual = actual_any.cpu();
+  ASSERT_EQ(actual.dtype(), expected.dtype());
+  ASSERT_EQ(to_shape(actual.sizes()), to_shape(expected.sizes()));
+  const Tensor a = actual.contiguous(), e = expected.contiguous();
+  const int64_t n = a.numel();
+  int64_t bad = 0, first = -1;
+  if (!is_floating_point(a.dtype()) || (tol.rtol == 0 && tol.atol == 0)) {
+    const size_t w = element_size(a.dtype());
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::memcmp(static_cast<const char*>(a.data_ptr()) + i * w,
+                      static_cast<const char*>(e.data_ptr()) + i * w, w) != 0) {
+        if (first < 0) first = i;
+        ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0) << "first mismatch at " << first << " of " << n << " ("
+                      << dtype_name(a.dtype()) << ")";
+    return;
+  }
+  const Tensor ad = a.to(kDouble), ed = e.to(kDouble);
+  const double* pa = ad.data_ptr<double>();
+  const double* pe = ed.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = pa[i], y = pe[i];
+    const bool ok = std::isnan(y)   ? std::isnan(x)
+                    : std::isinf(y) ? x == y
+                                    : std::abs(x - y) <= tol.atol + tol.rtol * std::abs(y);
+    if (!ok) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "first mismatch at " << first << " of " << n << " (" << dtype_name(a.dtype())
+                    << "): gpu " << (first >= 0 ? pa[first] : 0.0) << " cpu "
+                    << (first >= 0 ? pe[first] : 0.0);
+}
+inline void expect_match(const Tensor& actual, const Tensor& expected, double rtol, double atol,
+                         const std::string& what) {
+  expect_match(actual, expected, Tol{rtol, atol}, what);
+}
+inline void expect_same(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  expect_match(actual, expected, Tol{0, 0}, what);
 }
 
 }  // namespace kiln::test
