@@ -24,6 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using nn::internal::JsonError;
 using nn::internal::JsonReader;
+using nn::internal::json_string;
 
 enum class Family { kLlama, kMistral, kGemma, kGemma2 };
 
@@ -383,23 +384,6 @@ std::string json_double(double v) {
   const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
   KILN_CHECK(ec == std::errc(), "[to_hf_config_json] cannot format ", v);
   return std::string(buf, end);
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (ch == '"' || ch == '\\') {
-      out += '\\', out += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
 }
 
 const char* torch_dtype_name(ScalarType t) {

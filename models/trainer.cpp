@@ -1,6 +1,5 @@
 #include "models/trainer.h"
 
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include "kernels/cuda/runtime.h"
 #include "models/data.h"
 #include "nn/autocast.h"
+#include "nn/internal/json_reader.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/safetensors.h"
@@ -49,41 +49,6 @@ void check_precision(const std::string& precision, const char* who) {
 Tensor precision_loss(GPT& model, const Tensor& x, const Tensor& y, const std::string& precision) {
   AutocastGuard autocast(x.device().type(), kBFloat16, /*enabled=*/precision == "bf16-mixed");
   return model->loss(x, y);
-}
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out.push_back('\\');
-    out.push_back(c);
-  }
-  return out;
-}
-
-// The value of "key" in a flat JSON object of strings and integers (what write_state writes).
-std::optional<std::string> json_field(const std::string& text, const std::string& key) {
-  const std::string needle = "\"" + key + "\"";
-  size_t pos = text.find(needle);
-  if (pos == std::string::npos) return std::nullopt;
-  pos = text.find(':', pos + needle.size());
-  if (pos == std::string::npos) return std::nullopt;
-  ++pos;
-  while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
-  if (pos >= text.size()) return std::nullopt;
-  std::string value;
-  if (text[pos] == '"') {
-    for (++pos; pos < text.size() && text[pos] != '"'; ++pos) {
-      if (text[pos] == '\\' && pos + 1 < text.size()) ++pos;
-      value.push_back(text[pos]);
-    }
-    if (pos >= text.size()) return std::nullopt;
-    return value;
-  }
-  while (pos < text.size() && text[pos] != ',' && text[pos] != '}' &&
-         !std::isspace(static_cast<unsigned char>(text[pos]))) {
-    value.push_back(text[pos++]);
-  }
-  return value;
 }
 
 std::vector<Tensor> params_where(const GPT& model, bool two_d) {
@@ -128,12 +93,12 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
   save(model, (fs::path(dir) / model_file).string());
   opt.save((fs::path(dir) / opt_file).string());
   std::ostringstream js;
-  js << "{\n  \"config\": \"" << json_escape(config) << "\",\n  \"step\": " << step
+  js << "{\n  \"config\": " << nn::internal::json_string(config) << ",\n  \"step\": " << step
      << ",\n  \"precision\": \"" << o.precision << "\",\n  \"model\": \"" << model_file
      << "\",\n  \"optimizer\": \"" << opt_file << "\",\n  \"seed\": " << o.seed
      << ",\n  \"batch_size\": " << o.batch_size << ",\n  \"seq_len\": " << o.seq_len
-     << ",\n  \"grad_accum_steps\": " << o.grad_accum_steps << ",\n  \"data\": \""
-     << json_escape(o.data_path) << "\"\n}\n";
+     << ",\n  \"grad_accum_steps\": " << o.grad_accum_steps
+     << ",\n  \"data\": " << nn::internal::json_string(o.data_path) << "\n}\n";
   write_file_atomically((fs::path(dir) / kStateFile).string(), js.str(), "pretrain");
   // The new checkpoint is complete; the previous one's files can go.
   if (previous && previous->model_file != model_file) {
@@ -192,20 +157,37 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
   ss << in.rdbuf();
   const std::string text = ss.str();
   CheckpointInfo info;
-  auto need = [&](const char* key) {
-    auto v = json_field(text, key);
-    KILN_CHECK(v.has_value(), "[checkpoint] ", path.string(), ": no \"", key, "\" field");
-    return *v;
-  };
-  info.config = need("config");
-  const std::string step = need("step");
-  char* end = nullptr;
-  info.step = std::strtoll(step.c_str(), &end, 10);
-  KILN_CHECK(end != step.c_str() && *end == '\0' && info.step >= 0, "[checkpoint] ", path.string(),
-             ": bad step '", step, "'");
-  info.precision = need("precision");
-  info.model_file = need("model");
-  info.optimizer_file = need("optimizer");
+  std::optional<int64_t> step;
+  try {
+    nn::internal::JsonReader r(text);
+    r.begin_object();
+    while (auto key = r.next_key()) {
+      if (*key == "config") {
+        info.config = r.read_string();
+      } else if (*key == "step") {
+        step = r.read_int64("step");
+      } else if (*key == "precision") {
+        info.precision = r.read_string();
+      } else if (*key == "model") {
+        info.model_file = r.read_string();
+      } else if (*key == "optimizer") {
+        info.optimizer_file = r.read_string();
+      } else {
+        r.skip_value();
+      }
+    }
+    r.end_document();
+  } catch (const nn::internal::JsonError& e) {
+    KILN_FAIL("[checkpoint] ", path.string(), ": ", e.what());
+  }
+  for (const auto& [key, missing] :
+       {std::pair{"config", info.config.empty()}, std::pair{"step", !step.has_value()},
+        std::pair{"precision", info.precision.empty()}, std::pair{"model", info.model_file.empty()},
+        std::pair{"optimizer", info.optimizer_file.empty()}}) {
+    KILN_CHECK(!missing, "[checkpoint] ", path.string(), ": no \"", key, "\" field");
+  }
+  KILN_CHECK(*step >= 0, "[checkpoint] ", path.string(), ": bad step ", *step);
+  info.step = *step;
   return info;
 }
 

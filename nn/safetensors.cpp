@@ -29,6 +29,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace kiln {
 namespace {
 
+using nn::internal::append_json_string;
 using nn::internal::is_valid_utf8;
 using nn::internal::JsonError;
 using nn::internal::JsonReader;
@@ -394,24 +395,6 @@ TensorMap load_safetensors_from_bytes(std::string_view bytes, SafetensorsMetadat
 // --- Writing ------------------------------------------------------------------------------
 
 namespace {
-
-void append_json_string(std::string& out, std::string_view s) {
-  out.push_back('"');
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\u00";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    } else {
-      out.push_back(c);  // UTF-8 passes through (checked by the caller)
-    }
-  }
-  out.push_back('"');
-}
 
 struct Planned {
   const std::string* name;

@@ -61,6 +61,33 @@ inline bool is_valid_utf8(std::string_view s) {
   return true;
 }
 
+// Appends `s` to `out` as a JSON string literal: quotes, backslash escapes for '"' and '\\',
+// \u00XX for control characters; other bytes (UTF-8) pass through. The writer side of the
+// files whose JSON JsonReader reads back (safetensors headers, config.json, trainer state).
+inline void append_json_string(std::string& out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out.push_back('"');
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (u < 0x20) {
+      out += "\\u00";
+      out.push_back(kHex[u >> 4]);
+      out.push_back(kHex[u & 15]);
+    } else {
+      out.push_back(c);
+    }
+  }
+  out.push_back('"');
+}
+inline std::string json_string(std::string_view s) {
+  std::string out;
+  append_json_string(out, s);
+  return out;
+}
+
 class JsonReader {
  public:
   static constexpr int kMaxDepth = 64;

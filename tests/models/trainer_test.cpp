@@ -218,6 +218,19 @@ TEST_F(TrainerTest, Errors) {
   o.max_steps = 2;
   EXPECT_KILN_ERROR(pretrain(o, log), "is of config tiny-llama, not tiny-mistral");
   EXPECT_KILN_ERROR(load_checkpoint((dir_ / "missing").string(), kCPU), "trainer_state.json");
+  // Damaged trainer_state.json files: a missing field, a negative step, not JSON.
+  const std::filesystem::path bad = dir_ / "bad";
+  std::filesystem::create_directories(bad);
+  for (const auto& [text, message] :
+       {std::pair{R"({"config": "tiny-llama", "precision": "f32", "model": "m", "optimizer": "o"})",
+                  R"(no "step" field)"},
+        std::pair{
+            R"({"config": "x", "step": -1, "precision": "f32", "model": "m", "optimizer": "o"})",
+            "bad step -1"},
+        std::pair{"{\"config\": ", "trainer_state.json: "}}) {
+    write_file_atomically((bad / "trainer_state.json").string(), text);
+    EXPECT_KILN_ERROR(read_checkpoint_info(bad.string()), message);
+  }
   // A text with bytes beyond a small vocabulary.
   ModelConfig small = ModelConfig::from_name("tiny-llama");
   small.name = "tiny-vocab-64";
