@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -46,19 +47,25 @@ inline unsigned int grid_for(int64_t work, int threads = kThreads) {
   return static_cast<unsigned int>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 16));
 }
 
-// The number of multiprocessors of the current device (cached per device).
-inline int multiprocessor_count() {
+// A device attribute of the current device, queried once per device and attribute.
+template <cudaDeviceAttr kAttr>
+int device_attribute() {
   constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
+  static std::atomic<int> cached[kMaxDevices] = {};
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   if (device >= kMaxDevices) device = kMaxDevices - 1;
-  if (cached[device] == 0) {
-    int count = 0;
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    cached[device] = std::max(count, 1);
+  int value = cached[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttr, device));
+    cached[device].store(value, std::memory_order_relaxed);
   }
-  return cached[device];
+  return value;
+}
+
+// The number of multiprocessors of the current device (cached per device).
+inline int multiprocessor_count() {
+  return std::max(device_attribute<cudaDevAttrMultiProcessorCount>(), 1);
 }
 
 // `t` converted to dtype (a no-op when it already has it), on its own device.

@@ -23,6 +23,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
+#include "kernels/cuda/loops.cuh"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -33,6 +34,7 @@ using internal::aligned_to;
 using internal::block_sum;
 using internal::load_pack;
 using internal::store_pack;
+using loops::multiprocessor_count;
 
 constexpr int kCache = 2;     // packs per thread held in registers (forward)
 constexpr int kCacheBwd = 1;  // backward: x, dy * w and dweight for one pack (64 registers)
@@ -469,17 +471,6 @@ __global__ void column_sum_kernel(W* __restrict__ out, const Acc* __restrict__ p
   }
 }
 
-int sm_count() {
-  static int counts[64] = {};
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && counts[dev] > 0) return counts[dev];
-  int n = 0;
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  if (dev < 64) counts[dev] = n;
-  return n;
-}
-
 // Threads per row: one pack per thread up to 256 threads, more threads (up to 1024) before a
 // thread holds more than kCache packs.
 int threads_for(int64_t nvec, int cache) {
@@ -519,8 +510,8 @@ bool packable(int64_t d, std::initializer_list<const void*> t_ptrs, const void* 
 
 // The forward kernel chosen by the environment variable KILN_RMSNORM_FWD, read on every call so
 // that one process can time every variant (benchmarks/gpu/gpu_bench.cu). "0": the kernels
-// above; unset or empty: the measured default (see rms_norm_forward_cuda). Each variant applies to 16-byte-packable rows that fit its register
-// cache; other rows take the default kernels.
+// above; unset or empty: the measured default (see rms_norm_forward_cuda). Each variant applies to
+// 16-byte-packable rows that fit its register cache; other rows take the default kernels.
 //   1: one warp per 2 rows (both rows' loads issued before either reduction), 4-warp blocks
 //   2: one 128-thread block (4 warps) per row, shared-memory exchange of the warp sums
 //   3: one 256-thread block (8 warps) per row
@@ -653,7 +644,8 @@ void rms_norm_cuda(OpCall& c) {
 
 // The backward kernel chosen by KILN_RMSNORM_BWD, read on every call (as KILN_RMSNORM_FWD).
 // "0": the kernel above; unset or empty: variant 3 (measured fastest). Variants apply to
-// packable rows of at most 4 packs per thread; other rows take the default kernel. Blocks per SM: 2048 / TPR (one wave).
+// packable rows of at most 4 packs per thread; other rows take the default kernel. Blocks per SM:
+// 2048 / TPR (one wave).
 //   1: 256 threads per row, 1 row at a time, weight and dweight in registers
 //   2: 256 threads per row, 2 rows at a time (both rows' loads before the block sum)
 //   3: 128 threads per row, 2 rows at a time
@@ -687,8 +679,8 @@ bool launch_backward_group(T* dx, W* dw, const T* dy, const T* x, const W* w,
     const auto kernel = rms_norm_bwd_group_kernel<T, W, N, P, TPR, R>;
     int per_sm = 0;
     KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TPR, 0));
-    const int64_t grid = std::min<int64_t>((rows + R - 1) / R,
-                                           static_cast<int64_t>(sm_count()) * std::max(1, per_sm));
+    const int64_t grid = std::min<int64_t>(
+        (rows + R - 1) / R, static_cast<int64_t>(multiprocessor_count()) * std::max(1, per_sm));
     const Tensor partial = empty({grid, d}, TensorOptions(dtype_of<Acc>()).device(device));
     kernel<<<static_cast<unsigned>(grid), TPR, 0, stream>>>(
         dx, static_cast<Acc*>(partial.data_ptr()), dy, x, w, rstd, rows, d);
@@ -755,7 +747,8 @@ void rms_norm_backward_cuda(OpCall& c) {
     }
     const int n = packed ? kPack : 1;
     const int threads = threads_for(d / n, kCacheBwd);
-    const int64_t grid = std::min<int64_t>(rows, sm_count() * std::max(1, 2048 / threads));
+    const int64_t grid =
+        std::min<int64_t>(rows, multiprocessor_count() * std::max(1, 2048 / threads));
     const Tensor partial = empty({grid, d}, TensorOptions(dtype_of<Acc>()).device(x.device()));
     auto launch = [&]<int N>(std::integral_constant<int, N>) {
       rms_norm_bwd_kernel<T, W, N><<<static_cast<unsigned>(grid), threads, 0, stream>>>(

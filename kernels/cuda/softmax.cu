@@ -345,18 +345,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 // Dynamic shared memory a block may use on the current device (cached per device), less room
 // for the kernels' static shared memory.
 inline int64_t max_row_smem() {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
-  int device = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= kMaxDevices) device = kMaxDevices - 1;
-  if (cached[device] == 0) {
-    int bytes = 0;
-    KILN_CUDA_CHECK(
-        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cached[device] = std::max(bytes - 1024, 1);
-  }
-  return cached[device];
+  return std::max(loops::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>() - 1024, 1);
 }
 
 // Lets softmax_smem_kernel<T, kLog> use all of max_row_smem() on the current device, and asks
