@@ -104,24 +104,12 @@ const std::vector<std::string>& kernel_paths() {
 // Selects a path for its lifetime, then restores the default.
 class KernelPath {
  public:
-  explicit KernelPath(const std::string& path) {
-    if (path == "v1") {
-      setenv("KILN_FLASH_KERNEL", "v1", 1);
-    } else {
-      unsetenv("KILN_FLASH_KERNEL");
-    }
-    if (path == "v2-fwd4") {
-      setenv("KILN_FLASH_FWD_WARPS", "4", 1);
-    } else {
-      unsetenv("KILN_FLASH_FWD_WARPS");
-    }
-  }
-  ~KernelPath() {
-    unsetenv("KILN_FLASH_KERNEL");
-    unsetenv("KILN_FLASH_FWD_WARPS");
-  }
-  KernelPath(const KernelPath&) = delete;
-  KernelPath& operator=(const KernelPath&) = delete;
+  explicit KernelPath(const std::string& path)
+      : kernel_("KILN_FLASH_KERNEL", path == "v1" ? "v1" : ""),
+        warps_("KILN_FLASH_FWD_WARPS", path == "v2-fwd4" ? "4" : "") {}
+
+ private:
+  test::ScopedEnv kernel_, warps_;
 };
 
 void check_case(const Case& c) {
@@ -234,11 +222,7 @@ TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
     const Tensor v = randn({2, r.hkv, r.t, r.d}).to(kBFloat16).to(kGpu);
     const Tensor dout = randn({2, r.h, r.t, r.d}).to(kBFloat16).to(kGpu);
     auto run = [&](bool math) {
-      if (math) {
-        setenv("KILN_SDPA", "math", 1);
-      } else {
-        unsetenv("KILN_SDPA");
-      }
+      const test::ScopedEnv sdpa("KILN_SDPA", math ? "math" : "");
       const Tensor ql = q.detach().requires_grad_(true), kl = k.detach().requires_grad_(true),
                    vl = v.detach().requires_grad_(true);
       const Tensor o = F::scaled_dot_product_attention(ql, kl, vl, {}, 0.0, r.causal, 0.1,
@@ -259,7 +243,6 @@ TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
       EXPECT_LE(rel_error(fused[2], math[2]), 2 * grad_tol(kBFloat16)) << "dk";
       EXPECT_LE(rel_error(fused[3], math[3]), 2 * grad_tol(kBFloat16)) << "dv";
     }
-    unsetenv("KILN_SDPA");
   }
 }
 

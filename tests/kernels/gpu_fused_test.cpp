@@ -26,6 +26,7 @@ namespace kiln {
 namespace {
 
 using test::kGpu;
+using test::ScopedEnv;
 
 class GpuFixture : public test::GpuTest {};
 class GpuRmsNorm : public GpuFixture {};
@@ -123,19 +124,6 @@ TEST_F(GpuRmsNorm, ManyRows) {
   check_rms(randn({17000, 264}).to(kHalf), randn({264}).to(kHalf));
   check_rms(randn({17000, 512}), randn({512}));
 }
-
-// Sets an environment variable for its lifetime (norm.cu reads KILN_RMSNORM_FWD and
-// KILN_RMSNORM_BWD on every call), unset afterwards.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& v) : name_(name) { setenv(name, v.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
 
 // Every forward variant (0 = the default kernels) against the CPU kernel: each register-cache
 // size (1 to 16 packs per thread), idle threads, partial last blocks, rows too long for a variant

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -47,6 +48,22 @@ inline Tensor random_cpu(IntArrayRef sizes, ScalarType dtype, uint64_t seed, dou
   }
   return rand(sizes, TensorOptions(kDouble)).mul(hi - lo).add(lo).to(dtype);
 }
+
+// Sets an environment variable for its lifetime, then unsets it: for the kernel switches the
+// CUDA code reads on every call (KILN_RMSNORM_FWD/BWD, KILN_FLASH_KERNEL, KILN_SDPA, ...). An
+// empty value selects the default as unset does.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 struct Tol {
   double rtol, atol;
