@@ -25,6 +25,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt.h"
 #include "nn/optim/adamw.h"
+#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -300,6 +301,17 @@ void bench_adamw(kiln::ScalarType dtype, const std::string& name) {
   report(name, time_ms([&](int) { opt.step(); }), 0, bytes_per_param * static_cast<double>(n));
 }
 
+// Sets a kernel switch (nullptr: unsets it) and makes the switches re-read the environment:
+// they cache what they read (tensor/env_switch.h).
+void set_switch(const char* name, const char* value) {
+  if (value == nullptr) {
+    unsetenv(name);
+  } else {
+    setenv(name, value, 1);
+  }
+  kiln::internal::reload_env_switches();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -366,10 +378,10 @@ int main(int argc, char** argv) {
     const Tensor w = random({d}, kiln::kBFloat16);
     for (int i = 0; i < 4; ++i) xs.push_back(random({rows, d}, kiln::kBFloat16));
     const double tensor_bytes = static_cast<double>(rows * d * 2);
-    unsetenv("KILN_RMSNORM_FWD");
+    set_switch("KILN_RMSNORM_FWD", nullptr);
     const Tensor y0 = kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat);
     for (int v = 0; v <= 6; ++v) {
-      setenv("KILN_RMSNORM_FWD", std::to_string(v).c_str(), 1);
+      set_switch("KILN_RMSNORM_FWD", std::to_string(v).c_str());
       const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
                                " bf16 fwd [v" + std::to_string(v) + "]";
       report(name, time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0,
@@ -378,7 +390,7 @@ int main(int argc, char** argv) {
           kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat).sub(y0).abs().max().item<double>();
       std::printf("  (max |y - y[default]| = %g)\n", diff);
     }
-    unsetenv("KILN_RMSNORM_FWD");
+    set_switch("KILN_RMSNORM_FWD", nullptr);
     // Backward variants (KILN_RMSNORM_BWD), compared with [v0] likewise.
     static const kiln::OpDef& fwd = KILN_OP(rms_norm);
     static const kiln::OpDef& bwd = KILN_OP(rms_norm_backward);
@@ -387,10 +399,10 @@ int main(int argc, char** argv) {
       dys.push_back(random({rows, d}, kiln::kBFloat16));
       rstds.push_back(kiln::call_op(fwd, {xs[i], w}, {1e-6})[1]);
     }
-    unsetenv("KILN_RMSNORM_BWD");
+    set_switch("KILN_RMSNORM_BWD", nullptr);
     const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
     for (int v = 0; v <= 4; ++v) {
-      setenv("KILN_RMSNORM_BWD", std::to_string(v).c_str(), 1);
+      set_switch("KILN_RMSNORM_BWD", std::to_string(v).c_str());
       const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
                                " bf16 bwd [v" + std::to_string(v) + "]";
       report(name, time_ms([&](int i) {
@@ -402,7 +414,7 @@ int main(int argc, char** argv) {
                   g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
                   g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
     }
-    unsetenv("KILN_RMSNORM_BWD");
+    set_switch("KILN_RMSNORM_BWD", nullptr);
   }
 
   {  // Cross-entropy 8192 x 128256 bf16 logits (2 GiB).

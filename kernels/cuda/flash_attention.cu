@@ -85,6 +85,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
+#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -1047,15 +1048,15 @@ void visit_d_cap(int64_t d, bool cap, F&& f) {
 // KILN_FLASH_KERNEL=v1 selects the v1 kernels for both passes, fwd_v1 / bwd_v1 for one pass
 // only (read at every call, so tests can switch).
 bool use_v1_kernels(bool forward) {
-  const char* e = std::getenv("KILN_FLASH_KERNEL");
-  if (e == nullptr) return false;
-  return std::strcmp(e, "v1") == 0 || std::strcmp(e, forward ? "fwd_v1" : "bwd_v1") == 0;
+  static const kiln::internal::EnvChoice kernel("KILN_FLASH_KERNEL", {"v1", "fwd_v1", "bwd_v1"});
+  const int choice = kernel.get();
+  return choice == 0 || choice == (forward ? 1 : 2);
 }
 
 // Warps per CTA of the forward v2 at D 64: 8 (128 query rows) unless KILN_FLASH_FWD_WARPS=4.
 int fwd_warps_d64() {
-  const char* e = std::getenv("KILN_FLASH_FWD_WARPS");
-  return e != nullptr && std::strcmp(e, "4") == 0 ? 4 : 8;
+  static const kiln::internal::EnvChoice warps("KILN_FLASH_FWD_WARPS", {"4", "8"});
+  return warps.get() == 0 ? 4 : 8;
 }
 
 Params make_params(const OpCall& c, const Tensor& q, const Tensor& k, const Tensor& v) {

@@ -24,6 +24,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/loops.cuh"
+#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -519,13 +520,9 @@ bool packable(int64_t d, std::initializer_list<const void*> t_ptrs, const void* 
 //   5: as 2, with the weight loaded with x before the reduction
 //   6: the default one warp per row (8-warp blocks), with the weight loaded before the reduction
 int forward_variant() {
-  const char* v = std::getenv("KILN_RMSNORM_FWD");
-  if (v == nullptr || *v == '\0') return -1;  // the measured default (rms_norm_forward_cuda)
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  KILN_CHECK(*end == '\0' && n >= 0 && n <= 6, "[rms_norm] KILN_RMSNORM_FWD must be 0 to 6, got '",
-             v, "'");
-  return static_cast<int>(n);
+  // Unset or empty: -1, the measured default (rms_norm_forward_cuda).
+  static const kiln::internal::EnvInt variant("KILN_RMSNORM_FWD", -1, 0, 6);
+  return static_cast<int>(variant.get());
 }
 
 // Launches rms_norm_fwd_group_kernel with TPR threads per row, R rows per group and blocks of
@@ -651,15 +648,10 @@ void rms_norm_cuda(OpCall& c) {
 //   3: 128 threads per row, 2 rows at a time
 //   4: 128 threads per row, 4 rows at a time
 int backward_variant() {
-  const char* v = std::getenv("KILN_RMSNORM_BWD");
   // The measured default: 128 threads per row, 2 rows at a time (53.1 us against 60.0 at
   // 8192 x 2048 bf16 and 41.0 against 46.6 at 16384 x 768; benchmarks/RESULTS.md).
-  if (v == nullptr || *v == '\0') return 3;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  KILN_CHECK(*end == '\0' && n >= 0 && n <= 4,
-             "[rms_norm_backward] KILN_RMSNORM_BWD must be 0 to 4, got '", v, "'");
-  return static_cast<int>(n);
+  static const kiln::internal::EnvInt variant("KILN_RMSNORM_BWD", 3, 0, 4);
+  return static_cast<int>(variant.get());
 }
 
 // Backward variant with TPR threads per row and R rows at a time: launches the row kernel and
