@@ -12,7 +12,7 @@
 //
 // Changing a switch in-process (tests, the GPU benchmark timing every variant): setenv, then
 // kiln::internal::reload_env_switches(); every switch re-reads the environment at its next get().
-// Without the reload a switch keeps the value it read first.
+// Without the reload a switch keeps the value it last read.
 //
 // A bad value raises a kiln::Error naming the variable, the allowed values and the value, at
 // every get() until the environment is fixed and reloaded. get() is safe from several threads at
