@@ -1,9 +1,9 @@
 #include "tensor/storage.h"
 
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <cstdlib>
 #include <new>
 
 #include "tensor/env_switch.h"
@@ -31,8 +31,8 @@ class CpuAllocator final : public Allocator {
 
   // KILN_CPU_CACHE_MB is read once, when the first CPU block is allocated.
   CpuAllocator() {
-    const internal::EnvInt cache_mb("KILN_CPU_CACHE_MB", static_cast<int64_t>(max_cached_ >> 20),
-                                    0, int64_t{1} << 24);
+    const internal::EnvInt cache_mb("KILN_CPU_CACHE_MB", static_cast<int64_t>(max_cached_ >> 20), 0,
+                                    int64_t{1} << 24);
     max_cached_ = static_cast<size_t>(cache_mb.get()) << 20;
   }
   ~CpuAllocator() override { release_all(); }
