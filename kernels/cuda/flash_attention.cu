@@ -75,6 +75,15 @@
 // ~1.2-1.4x at the shapes above. Registers (ptxas, sm_90a): fwd v2 D 64 8 warps 128 with a
 // 40-68 byte spill (KILN_FLASH_FWD_WARPS=4: 159, no spill, 3 CTAs per SM), fwd v2 D 128 219,
 // bwd v2 D 64 234 (2 CTAs per SM, as v1), no spills.
+//
+// Forward v3 (the default at D 64 with scale > 0; KILN_FLASH_KERNEL=fwd_v2 selects v2): v2 gave
+// every warp 16 query rows, so each K / V fragment read from shared memory fed one MMA and the
+// shared-memory reads, not the tensor cores, set the pace (an m16n8k16 MMA consumes 512 bytes
+// of B fragments per 4096 FLOPs). v3 gives each of 4 warps 32 rows (two m16 tiles): every
+// fragment feeds two MMAs. Its softmax keeps the raw scores and folds the scale into the
+// exponent (one FFMA and one ex2.approx per probability). 255 registers, no spill, 2 CTAs per
+// SM. Measured on the H200 (benchmarks/RESULTS.md): 1.30x v2 at the 160m shape, 1.32x at 1b.
+// The v2 backward computes its probabilities the same way (without softcap).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -222,6 +231,11 @@ struct Params {
   int window;
 };
 
+// Whether query i sees key j (key range, causal and window masks).
+__device__ __forceinline__ bool visible(const Params& p, int i, int j) {
+  return j < p.s && (!p.causal || j <= i) && (p.window == 0 || j > i - p.window);
+}
+
 // The score of query i, key j (f32 accumulator x), scaled, capped and in the log2 domain; -inf
 // where masked. `dcap` gets d(capped)/d(scaled), for the backward.
 template <bool kCap>
@@ -234,9 +248,7 @@ __device__ __forceinline__ float score(const Params& p, float x, int i, int j, b
     dcap = 1.0f - th * th;
   }
   x *= kLog2e;
-  if (mask && !(j < p.s && (!p.causal || j <= i) && (p.window == 0 || j > i - p.window))) {
-    x = -INFINITY;
-  }
+  if (mask && !visible(p, i, j)) x = -INFINITY;
   return x;
 }
 
@@ -908,8 +920,7 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
               const int i = wfirst + mi * 16 + g + 8 * (e >> 1), j = n0 + nt * 8 + 2 * t + (e & 1);
               float x = s[mi][nt][e];
               if constexpr (kCap) x = p.softcap * tanhf(x * p.scale / p.softcap) * kLog2e;
-              if (mask && !(j < p.s && (!p.causal || j <= i) && (p.window == 0 || j > i - p.window)))
-                x = -INFINITY;
+              if (mask && !visible(p, i, j)) x = -INFINITY;
               s[mi][nt][e] = x;
             }
           }
@@ -1013,6 +1024,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params 
   float* sdelta = slse + 2 * kBlockM;                           // 2 buffers
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.y * kBlockN;
+  const float sl = p.scale * kLog2e;  // accumulator -> log2 domain (without softcap)
   const int bk = blockIdx.x, b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
@@ -1104,9 +1116,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int il = nt * 8 + 2 * t + (e & 1);
-        float dcap = 1.0f;
-        const float x = score<kCap>(p, st[nt][e], m0 + il, key[e >> 1], mask, dcap);
-        const float pr = exp2f(x - lb[il]);
+        float dcap = 1.0f, pr;
+        if constexpr (kCap) {
+          pr = exp2f(score<kCap>(p, st[nt][e], m0 + il, key[e >> 1], mask, dcap) - lb[il]);
+        } else {  // one FFMA and one ex2 (as the forward v3)
+          pr = fast_exp2(fmaf(st[nt][e], sl, -lb[il]));
+          if (mask && !visible(p, m0 + il, key[e >> 1])) pr = 0.0f;
+        }
         st[nt][e] = pr;
         float ds = pr * (dpt[nt][e] - db[il]);
         if constexpr (kCap) ds *= dcap;
