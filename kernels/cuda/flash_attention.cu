@@ -1275,7 +1275,7 @@ int flash_kernel_switch() {
 }
 
 // KILN_FLASH_KERNEL=v1 selects the v1 kernels for both passes, fwd_v1 / bwd_v1 for one pass
-// only (read at every call, so tests can switch).
+// only (cached; tests call kiln::internal::reload_env_switches() after setenv).
 bool use_v1_kernels(bool forward) {
   const int choice = flash_kernel_switch();
   return choice == 0 || choice == (forward ? 1 : 2);

@@ -12,8 +12,9 @@
 // Rows whose length or pointers do not allow 16-byte packs run the same kernels with packs of
 // one element.
 // Alternative forward and backward kernels, for timing side by side in one process, are chosen
-// by the environment variables KILN_RMSNORM_FWD (1 to 6) and KILN_RMSNORM_BWD (1 to 4), read on
-// every call (forward_variant(), backward_variant()); 0: the kernels above. Unset, the measured
+// by the environment variables KILN_RMSNORM_FWD (1 to 6) and KILN_RMSNORM_BWD (1 to 4), cached
+// (forward_variant(), backward_variant(); reload_env_switches() after a setenv); 0: the kernels
+// above. Unset, the measured
 // fastest: forward variant 2 for rows of 2048 and more (the kernels above below that), backward
 // variant 1 for rows longer than 2048, variant 3 otherwise.
 #include <cuda_runtime_api.h>
@@ -509,8 +510,8 @@ bool packable(int64_t d, std::initializer_list<const void*> t_ptrs, const void* 
   return aligned_to(w_ptr, static_cast<int64_t>(sizeof(W)) * kPack);
 }
 
-// The forward kernel chosen by the environment variable KILN_RMSNORM_FWD, read on every call so
-// that one process can time every variant (benchmarks/gpu/gpu_bench.cu). "0": the kernels
+// The forward kernel chosen by the environment variable KILN_RMSNORM_FWD (cached; the GPU
+// benchmark reloads it to time every variant in one process). "0": the kernels
 // above; unset or empty: the measured default (see rms_norm_forward_cuda). Each variant applies to
 // 16-byte-packable rows that fit its register cache; other rows take the default kernels.
 //   1: one warp per 2 rows (both rows' loads issued before either reduction), 4-warp blocks
@@ -639,7 +640,7 @@ void rms_norm_cuda(OpCall& c) {
   });
 }
 
-// The backward kernel chosen by KILN_RMSNORM_BWD, read on every call (as KILN_RMSNORM_FWD).
+// The backward kernel chosen by KILN_RMSNORM_BWD (cached, as KILN_RMSNORM_FWD).
 // "0": the kernel above; unset or empty: the measured fastest (see rms_norm_backward_cuda).
 // Variants apply to packable rows of at most 4 packs per thread; other rows take the default
 // kernel. Blocks per SM: 2048 / TPR (one wave).
