@@ -1,7 +1,7 @@
-// Autocast: the thread-local guard state and the dispatch handler at DispatchKey::Autocast.
+// Autocast: the guard (setting tensor/autocast_state.h) and the dispatch handler at
+// DispatchKey::Autocast.
 #include "nn/autocast.h"
 
-#include <array>
 #include <string_view>
 
 #include "absl/container/flat_hash_map.h"
@@ -10,18 +10,6 @@
 
 namespace kiln {
 namespace {
-
-struct State {
-  bool enabled = false;
-  ScalarType dtype = kBFloat16;
-};
-
-struct ThreadState {
-  std::array<State, kNumDeviceTypes> devices{};
-  int enabled_count = 0;  // how many device types are enabled: the handler's fast test
-};
-
-thread_local ThreadState t_state;
 
 enum class Policy : uint8_t { kLower, kFloat32, kPromote };
 
@@ -64,10 +52,10 @@ bool call_device(const OpCall& call, DeviceType* type) {
 }
 
 bool autocast_active(const OpCall& call) {
-  if (t_state.enabled_count == 0) return false;
+  if (!internal::any_autocast_enabled()) return false;
   if (call.op->kind != OpKind::kFunctional) return false;  // in-place ops and views run as is
   DeviceType type;
-  if (!call_device(call, &type) || !t_state.devices[static_cast<int>(type)].enabled) return false;
+  if (!call_device(call, &type) || !is_autocast_enabled(type)) return false;
   if (!policies().contains(call.op)) return false;
   for (const Attr& a : call.attrs) {
     if (std::holds_alternative<ScalarType>(a)) return false;  // an explicit dtype wins
@@ -79,7 +67,7 @@ void autocast_handle(OpCall& call) {
   DeviceType type = kCPU;
   call_device(call, &type);
   const Policy policy = policies().at(call.op);
-  ScalarType target = t_state.devices[static_cast<int>(type)].dtype;
+  ScalarType target = autocast_dtype(type);
   if (policy == Policy::kPromote) {
     bool any = false;
     for (const Tensor& t : call.inputs) {
@@ -124,27 +112,13 @@ AutocastGuard::AutocastGuard(DeviceType device, ScalarType dtype, bool enabled) 
              "[autocast] expected the cpu or cuda device type, got ", device_type_name(device));
   KILN_CHECK(!enabled || dtype == kBFloat16 || dtype == kHalf,
              "[autocast] the autocast dtype must be bfloat16 or float16, got ", dtype_name(dtype));
-  State& s = t_state.devices[static_cast<int>(device)];
-  prev_enabled_ = s.enabled;
-  prev_dtype_ = s.dtype;
-  t_state.enabled_count += static_cast<int>(enabled) - static_cast<int>(s.enabled);
-  s.enabled = enabled;
-  if (enabled) s.dtype = dtype;
+  prev_enabled_ = is_autocast_enabled(device);
+  prev_dtype_ = autocast_dtype(device);
+  internal::set_autocast_state(device, enabled, enabled ? dtype : prev_dtype_);
 }
 
 AutocastGuard::~AutocastGuard() {
-  State& s = t_state.devices[static_cast<int>(device_)];
-  t_state.enabled_count += static_cast<int>(prev_enabled_) - static_cast<int>(s.enabled);
-  s.enabled = prev_enabled_;
-  s.dtype = prev_dtype_;
-}
-
-bool is_autocast_enabled(DeviceType device) {
-  return t_state.devices[static_cast<int>(device)].enabled;
-}
-
-ScalarType autocast_dtype(DeviceType device) {
-  return t_state.devices[static_cast<int>(device)].dtype;
+  internal::set_autocast_state(device_, prev_enabled_, prev_dtype_);
 }
 
 }  // namespace kiln

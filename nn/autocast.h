@@ -36,6 +36,7 @@
 // AdamW optimizers keep their moments in f32 for bf16 parameters (see nn/optim/adam.h).
 #pragma once
 
+#include "tensor/autocast_state.h"  // is_autocast_enabled, autocast_dtype
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 
@@ -56,9 +57,7 @@ class AutocastGuard {
   ScalarType prev_dtype_;
 };
 
-// Whether autocast is on for ops on `device` tensors in this thread.
-bool is_autocast_enabled(DeviceType device);
-// The dtype the lower-precision ops run in on `device` (kBFloat16 when no guard set one).
-ScalarType autocast_dtype(DeviceType device);
+// is_autocast_enabled(device) and autocast_dtype(device) (tensor/autocast_state.h) read the
+// state the guards set.
 
 }  // namespace kiln

@@ -3,12 +3,11 @@
 // differentiable ops, scores and softmax in f32 for f16/bf16 inputs; the full
 // [.., T, S] score matrix is materialised.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <numbers>
 
 #include "nn/functional.h"
+#include "tensor/env_switch.h"
 
 namespace kiln::nn::functional {
 namespace {
@@ -30,7 +29,8 @@ Tensor repeat_kv(const Tensor &t, int64_t rep) {
 
 // Whether the fused flash_attention op (tensor/ops/attention.cpp) computes this call: on CUDA,
 // bf16/f16, [B, H, T, D] with D in {64, 128}, no explicit mask, no dropout, H a multiple of
-// H_kv. KILN_SDPA=math forces the composite below (debugging, comparisons).
+// H_kv. KILN_SDPA=math forces the composite below (debugging, comparisons); unset, empty or
+// "flash" leaves the choice to these conditions.
 bool use_flash(const Tensor &q, const Tensor &k, const Tensor &v,
                const Tensor &attn_mask, double dropout_p, bool enable_gqa) {
   if (!q.is_cuda() || attn_mask.defined() || dropout_p != 0.0 || q.dim() != 4)
@@ -44,8 +44,8 @@ bool use_flash(const Tensor &q, const Tensor &k, const Tensor &v,
   // Without enable_gqa the composite only broadcasts a single kv head.
   if (!enable_gqa && k.size(1) != q.size(1) && k.size(1) != 1)
     return false;
-  const char *env = std::getenv("KILN_SDPA");
-  return env == nullptr || std::strcmp(env, "math") != 0;
+  static const kiln::internal::EnvChoice sdpa("KILN_SDPA", {"flash", "math"});
+  return sdpa.get() != 1;
 }
 
 } // namespace

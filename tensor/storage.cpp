@@ -1,11 +1,12 @@
 #include "tensor/storage.h"
 
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <cstdlib>
 #include <new>
 
+#include "tensor/env_switch.h"
 #include "tensor/error.h"
 
 namespace kiln {
@@ -28,10 +29,11 @@ class CpuAllocator final : public Allocator {
   static constexpr size_t kAlign = 64;
   static constexpr size_t kCacheMin = size_t{1} << 20;  // below this malloc is cheap enough
 
+  // KILN_CPU_CACHE_MB is read once, when the first CPU block is allocated.
   CpuAllocator() {
-    if (const char* env = std::getenv("KILN_CPU_CACHE_MB")) {
-      max_cached_ = static_cast<size_t>(std::strtoull(env, nullptr, 10)) << 20;
-    }
+    const internal::EnvInt cache_mb("KILN_CPU_CACHE_MB", static_cast<int64_t>(max_cached_ >> 20), 0,
+                                    int64_t{1} << 24);
+    max_cached_ = static_cast<size_t>(cache_mb.get()) << 20;
   }
   ~CpuAllocator() override { release_all(); }
 

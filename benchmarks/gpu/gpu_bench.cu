@@ -25,10 +25,22 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt.h"
 #include "nn/optim/adamw.h"
+#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
 namespace {
+
+// Sets a kernel switch (nullptr: unsets it) and makes the switches re-read the environment:
+// they cache what they read (tensor/env_switch.h).
+void set_switch(const char* name, const char* value) {
+  if (value == nullptr) {
+    unsetenv(name);
+  } else {
+    setenv(name, value, 1);
+  }
+  kiln::internal::reload_env_switches();
+}
 
 using kiln::Tensor;
 
@@ -192,16 +204,20 @@ void bench_flash_attention() {
              (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
            }),
            2.5 * flops, 0);
+    set_switch("KILN_FLASH_KERNEL", "fwd_v2");  // the previous default forward, for comparison
+    report(base + " fwd [v2]", time_ms([&](int) { (void)kiln::call_op(fwd, {q, k, v}, attrs); }),
+           flops, 0);
+    set_switch("KILN_FLASH_KERNEL", nullptr);
   }
 }
 
-// RoPE at llama-3.2-1b's shape: B 4, T 2048, 32 q heads and 8 kv heads of 64, bf16. q and k are
-// the [B, H, T, D] views of one [B, T, (32 + 2 * 8) * 64] qkv projection, read in place; cos/sin
-// are bf16 [T, D] tables (as Hugging Face's Llama keeps them). 3 projections in rotation (each
-// 50 MiB). Bytes: q and k read and written. The backward rotates contiguous dq, dk (the
-// transposed rotation).
-void bench_rope() {
-  const int64_t b = 4, t = 2048, hq = 32, hkv = 8, d = 64;
+// RoPE at llama-3.2-1b's shape: B 4 ("1b"; 16 for "1b x4", the large size), T 2048, 32 q heads
+// and 8 kv heads of 64, bf16. q and k are the [B, H, T, D] views of one
+// [B, T, (32 + 2 * 8) * 64] qkv projection, read in place; cos/sin are bf16 [T, D] tables (as
+// Hugging Face's Llama keeps them). 3 projections in rotation (each 50 MiB at B 4). Bytes: q and
+// k read and written. The backward rotates contiguous dq, dk (the transposed rotation).
+void bench_rope(int64_t b, const std::string& name) {
+  const int64_t t = 2048, hq = 32, hkv = 8, d = 64;
   std::vector<Tensor> qs, ks, dqs, dks;
   for (int i = 0; i < 3; ++i) {
     const Tensor qkv = random({b, t, (hq + 2 * hkv) * d}, kiln::kBFloat16);
@@ -213,15 +229,17 @@ void bench_rope() {
   const Tensor cos = random({t, d}, kiln::kBFloat16), sin = random({t, d}, kiln::kBFloat16);
   const double bytes = 2.0 * static_cast<double>((hq + hkv) * b * t * d * 2);
   static const kiln::OpDef& qk = KILN_OP(rotary_emb_qk);
-  report("rope 1b q+k bf16 fwd",
+  report("rope " + name + " q+k bf16 fwd",
          time_ms([&](int i) { (void)kiln::rotary_emb_qk(qs[i % 3], ks[i % 3], cos, sin); }), 0,
          bytes);
-  report("rope 1b q+k bf16 fwd (2 launches)", time_ms([&](int i) {
-           (void)kiln::rotary_emb(qs[i % 3], cos, sin);
-           (void)kiln::rotary_emb(ks[i % 3], cos, sin);
-         }),
-         0, bytes);
-  report("rope 1b q+k bf16 bwd", time_ms([&](int i) {
+  if (b == 4) {
+    report("rope " + name + " q+k bf16 fwd (2 launches)", time_ms([&](int i) {
+             (void)kiln::rotary_emb(qs[i % 3], cos, sin);
+             (void)kiln::rotary_emb(ks[i % 3], cos, sin);
+           }),
+           0, bytes);
+  }
+  report("rope " + name + " q+k bf16 bwd", time_ms([&](int i) {
            (void)kiln::call_op(qk, {dqs[i % 3], dks[i % 3], cos, sin}, {true});
          }),
          0, bytes);
@@ -334,8 +352,11 @@ int main(int argc, char** argv) {
     bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise
   if (gemm) bench_gemm_autotune(gemms);
 
-  {  // RMSNorm 8192 x 2048 bf16 (bf16 weight), 4 input sets in rotation (each 32 MiB).
-    const int64_t rows = 8192, d = 2048;
+  // RMSNorm bf16 (bf16 weight) at llama-3.2-1b's training shape (8192 x 2048, 32 MiB) and a
+  // large one (32768 x 4096, 256 MiB), 4 input sets in rotation. The same-size copy beside each
+  // shows how much of the gap to the 1 GiB copy is the size (launch and tail) alone.
+  for (const auto& [rows, d] :
+       std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {32768, 4096}}) {
     std::vector<Tensor> xs, dys, rstds;
     const Tensor w = random({d}, kiln::kBFloat16);
     static const kiln::OpDef& fwd = KILN_OP(rms_norm);
@@ -346,9 +367,17 @@ int main(int argc, char** argv) {
       rstds.push_back(kiln::call_op(fwd, {xs.back(), w}, {1e-6})[1]);
     }
     const double tensor_bytes = static_cast<double>(rows * d * 2);
-    report("rmsnorm 8192x2048 bf16 fwd",
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(d);
+    const Tensor copy_dst = kiln::empty_like(xs[0]);
+    report("d2d copy " + shape + " bf16", time_ms([&](int i) {
+             KILN_CUDA_CHECK(cudaMemcpyAsync(copy_dst.data_ptr(), xs[i % 4].data_ptr(),
+                                             static_cast<size_t>(tensor_bytes),
+                                             cudaMemcpyDeviceToDevice));
+           }),
+           0, 2 * tensor_bytes);
+    report("rmsnorm " + shape + " bf16 fwd",
            time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0, 2 * tensor_bytes);
-    report("rmsnorm 8192x2048 bf16 bwd", time_ms([&](int i) {
+    report("rmsnorm " + shape + " bf16 bwd", time_ms([&](int i) {
              (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
            }),
            0, 3 * tensor_bytes);
@@ -388,15 +417,15 @@ int main(int argc, char** argv) {
   // default). Each variant's output is compared with the default's (max |difference|: rounding
   // of the sums' order).
   for (const auto& [rows, d] :
-       std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {16384, 768}}) {
+       std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {16384, 768}, {32768, 4096}}) {
     std::vector<Tensor> xs;
     const Tensor w = random({d}, kiln::kBFloat16);
     for (int i = 0; i < 4; ++i) xs.push_back(random({rows, d}, kiln::kBFloat16));
     const double tensor_bytes = static_cast<double>(rows * d * 2);
-    unsetenv("KILN_RMSNORM_FWD");
+    set_switch("KILN_RMSNORM_FWD", nullptr);
     const Tensor y0 = kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat);
     for (int v = 0; v <= 6; ++v) {
-      setenv("KILN_RMSNORM_FWD", std::to_string(v).c_str(), 1);
+      set_switch("KILN_RMSNORM_FWD", std::to_string(v).c_str());
       const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
                                " bf16 fwd [v" + std::to_string(v) + "]";
       report(name, time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0,
@@ -405,7 +434,7 @@ int main(int argc, char** argv) {
           kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat).sub(y0).abs().max().item<double>();
       std::printf("  (max |y - y[default]| = %g)\n", diff);
     }
-    unsetenv("KILN_RMSNORM_FWD");
+    set_switch("KILN_RMSNORM_FWD", nullptr);
     // Backward variants (KILN_RMSNORM_BWD), compared with [v0] likewise.
     static const kiln::OpDef& fwd = KILN_OP(rms_norm);
     static const kiln::OpDef& bwd = KILN_OP(rms_norm_backward);
@@ -414,10 +443,10 @@ int main(int argc, char** argv) {
       dys.push_back(random({rows, d}, kiln::kBFloat16));
       rstds.push_back(kiln::call_op(fwd, {xs[i], w}, {1e-6})[1]);
     }
-    unsetenv("KILN_RMSNORM_BWD");
+    set_switch("KILN_RMSNORM_BWD", nullptr);
     const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
     for (int v = 0; v <= 4; ++v) {
-      setenv("KILN_RMSNORM_BWD", std::to_string(v).c_str(), 1);
+      set_switch("KILN_RMSNORM_BWD", std::to_string(v).c_str());
       const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
                                " bf16 bwd [v" + std::to_string(v) + "]";
       report(name, time_ms([&](int i) {
@@ -429,7 +458,7 @@ int main(int argc, char** argv) {
                   g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
                   g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
     }
-    unsetenv("KILN_RMSNORM_BWD");
+    set_switch("KILN_RMSNORM_BWD", nullptr);
   }
 
   {  // Cross-entropy 8192 x 128256 bf16 logits (2 GiB).
@@ -453,7 +482,8 @@ int main(int argc, char** argv) {
   }
 
   bench_flash_attention();
-  bench_rope();
+  bench_rope(4, "1b");
+  bench_rope(16, "1b x4");
   bench_glu();
   bench_generic();
   bench_adamw(kiln::kFloat, "adamw 1.24B f32");

@@ -124,9 +124,10 @@ def rope(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 
-def bench_rope():
-    """llama-3.2-1b: q and k as [B, H, T, D] views of one qkv projection, bf16 tables."""
-    b, t, hq, hkv, d = 4, 2048, 32, 8, 64
+def bench_rope(b, name):
+    """llama-3.2-1b (B 4; 16: the large size): q and k as [B, H, T, D] views of one qkv
+    projection, bf16 tables."""
+    t, hq, hkv, d = 2048, 32, 8, 64
     qs, ks = [], []
     for _ in range(3):
         qkv = rand(b, t, (hq + 2 * hkv) * d)
@@ -135,7 +136,7 @@ def bench_rope():
     cos, sin = rand(t, d), rand(t, d)
     nbytes = 2.0 * (hq + hkv) * b * t * d * 2
     with torch.no_grad():
-        report("rope 1b q+k bf16 fwd",
+        report(f"rope {name} q+k bf16 fwd",
                time_ms(lambda i: (rope(qs[i % 3], cos, sin), rope(ks[i % 3], cos, sin))),
                nbytes=nbytes)
     # Backward: autograd through the same ops, from contiguous leaves.
@@ -150,7 +151,7 @@ def bench_rope():
     def bwd(i):
         torch.autograd.grad(outs.pop(i), (ql[i % 3], kl[i % 3]), (dq, dk))
 
-    report("rope 1b q+k bf16 bwd", time_ms(bwd, setup=setup), nbytes=nbytes)
+    report(f"rope {name} q+k bf16 bwd", time_ms(bwd, setup=setup), nbytes=nbytes)
 
 
 def bench_glu():
@@ -244,23 +245,28 @@ def main():
     if not args.no_gemm:
         bench_gemm("ref2", 8192, 8192, 8192, backward=False)
 
-    rows_, d = 8192, 2048
-    w = rand(d).requires_grad_(True)
-    xs = [rand(rows_, d).requires_grad_(True) for _ in range(4)]
-    dys = [rand(rows_, d) for _ in range(4)]
-    tb = rows_ * d * 2.0
-    report("rmsnorm 8192x2048 bf16 fwd",
-           time_ms(lambda i: F.rms_norm(xs[i % 4], (d,), w, 1e-6)), nbytes=2 * tb)
-    ys = {}
+    for rows_, d in [(8192, 2048), (32768, 4096)]:
+        w = rand(d).requires_grad_(True)
+        xs = [rand(rows_, d).requires_grad_(True) for _ in range(4)]
+        dys = [rand(rows_, d) for _ in range(4)]
+        tb = rows_ * d * 2.0
+        shape = f"{rows_}x{d}"
+        dst = torch.empty_like(xs[0])
+        with torch.no_grad():
+            report(f"d2d copy {shape} bf16", time_ms(lambda i: dst.copy_(xs[i % 4])),
+                   nbytes=2 * tb)
+        report(f"rmsnorm {shape} bf16 fwd",
+               time_ms(lambda i: F.rms_norm(xs[i % 4], (d,), w, 1e-6)), nbytes=2 * tb)
+        ys = {}
 
-    def rms_setup(i):
-        ys[i] = F.rms_norm(xs[i % 4], (d,), w, 1e-6)
+        def rms_setup(i):
+            ys[i] = F.rms_norm(xs[i % 4], (d,), w, 1e-6)
 
-    def rms_bwd(i):
-        torch.autograd.grad(ys.pop(i), (xs[i % 4], w), dys[i % 4])
+        def rms_bwd(i):
+            torch.autograd.grad(ys.pop(i), (xs[i % 4], w), dys[i % 4])
 
-    report("rmsnorm 8192x2048 bf16 bwd", time_ms(rms_bwd, setup=rms_setup), nbytes=3 * tb)
-    del xs, dys, ys
+        report(f"rmsnorm {shape} bf16 bwd", time_ms(rms_bwd, setup=rms_setup), nbytes=3 * tb)
+        del xs, dys, ys, dst
 
     for rows_, d in [(8192, 2048), (32768, 4096)]:
         w = rand(d).requires_grad_(True)
@@ -305,7 +311,8 @@ def main():
                nbytes=2 * cb)
 
     bench_flash_attention()
-    bench_rope()
+    bench_rope(4, "1b")
+    bench_rope(16, "1b x4")
     bench_glu()
     bench_generic()
     del logits

@@ -75,6 +75,15 @@
 // ~1.2-1.4x at the shapes above. Registers (ptxas, sm_90a): fwd v2 D 64 8 warps 128 with a
 // 40-68 byte spill (KILN_FLASH_FWD_WARPS=4: 159, no spill, 3 CTAs per SM), fwd v2 D 128 219,
 // bwd v2 D 64 234 (2 CTAs per SM, as v1), no spills.
+//
+// Forward v3 (the default at D 64 with scale > 0; KILN_FLASH_KERNEL=fwd_v2 selects v2): v2 gave
+// every warp 16 query rows, so each K / V fragment read from shared memory fed one MMA and the
+// shared-memory reads, not the tensor cores, set the pace (an m16n8k16 MMA consumes 512 bytes
+// of B fragments per 4096 FLOPs). v3 gives each of 4 warps 32 rows (two m16 tiles): every
+// fragment feeds two MMAs. Its softmax keeps the raw scores and folds the scale into the
+// exponent (one FFMA and one ex2.approx per probability). 255 registers, no spill, 2 CTAs per
+// SM. Measured on the H200 (benchmarks/RESULTS.md): 1.30x v2 at the 160m shape, 1.32x at 1b.
+// The v2 backward computes its probabilities the same way (without softcap).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -85,6 +94,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
+#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -222,6 +232,11 @@ struct Params {
   int window;
 };
 
+// Whether query i sees key j (key range, causal and window masks).
+__device__ __forceinline__ bool visible(const Params& p, int i, int j) {
+  return j < p.s && (!p.causal || j <= i) && (p.window == 0 || j > i - p.window);
+}
+
 // The score of query i, key j (f32 accumulator x), scaled, capped and in the log2 domain; -inf
 // where masked. `dcap` gets d(capped)/d(scaled), for the backward.
 template <bool kCap>
@@ -234,9 +249,7 @@ __device__ __forceinline__ float score(const Params& p, float x, int i, int j, b
     dcap = 1.0f - th * th;
   }
   x *= kLog2e;
-  if (mask && !(j < p.s && (!p.causal || j <= i) && (p.window == 0 || j > i - p.window))) {
-    x = -INFINITY;
-  }
+  if (mask && !visible(p, i, j)) x = -INFINITY;
   return x;
 }
 
@@ -787,6 +800,211 @@ __global__ void __launch_bounds__(KW * 32, kFwdMinBlocks<D, KW>)
   }
 }
 
+// exp2 on the special-function unit, subnormal results flushed to zero (exp2f adds a range
+// fix-up around the same instruction; the probabilities here are in [0, 1] and a subnormal one
+// is below bf16's resolution of the sum anyway).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Forward v3 (the default for D 64): 4 warps, each owning MI = 2 m16 tiles (32 consecutive query
+// rows) of a 128-row query block. Every K / V fragment loaded from shared memory (ldmatrix)
+// feeds MI MMAs instead of one, halving the shared-memory traffic per FLOP, the limit of v2
+// (16 rows per warp). The softmax runs on raw scores: the row maximum of the raw scores times
+// scale log2(e) is the maximum of the scaled ones (scale > 0), so each probability is one FFMA
+// and one ex2 (v2: two multiplies, a subtraction and exp2f's fix-up). Soft-capped scores are
+// mapped to the log2 domain first (factor 1). Key blocks entirely after a warp's last row are
+// skipped by that warp; only blocks straddling the causal edge, the window edge or the end of
+// the keys are masked. Requires scale > 0 (otherwise v2 runs).
+template <typename E, int D, bool kCap>
+__global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
+  constexpr int MI = 2, KW = 4, NT = KW * 32, BM = 16 * MI * KW, SD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* sq = reinterpret_cast<E*>(smem);
+  E* sk = sq + BM * SD;           // 2 buffers
+  E* sv = sk + 2 * kBlockN * SD;  // 2 buffers
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int mb = static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y);
+  const int bh = blockIdx.x, b = bh / p.h, h = bh % p.h, kvh = h / (p.h / p.hkv);
+  const int m0 = mb * BM;
+  const int wfirst = m0 + w * 16 * MI, wlast = wfirst + 16 * MI - 1;
+  const E* q = static_cast<const E*>(p.q) + b * p.sq.b + h * p.sq.h;
+  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
+  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
+
+  int kend = p.s, kbeg = 0;
+  if (p.causal) kend = min(kend, m0 + BM);
+  if (p.window > 0) kbeg = max(0, m0 - p.window + 1);
+  const int nb0 = kbeg / kBlockN;
+  const int nb1 = kend > kbeg ? (kend + kBlockN - 1) / kBlockN : nb0;
+
+  load_tile_nt<E, D, BM, NT>(sq, q, p.sq.t, m0, p.t);
+  if (nb0 < nb1) {
+    load_tile_nt<E, D, kBlockN, NT>(sk, k, p.sk.t, nb0 * kBlockN, p.s);
+    load_tile_nt<E, D, kBlockN, NT>(sv, v, p.sv.t, nb0 * kBlockN, p.s);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  uint32_t qf[MI][D / 16][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldsm_a(qf[mi][kk], sq, SD, w * 16 * MI + mi * 16, kk * 16);
+  }
+
+  float o[MI][D / 8][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[mi][i][0] = o[mi][i][1] = o[mi][i][2] = o[mi][i][3] = 0.0f;
+  }
+  // Per row (2 per m16 tile): the running maximum in the exp2 domain and this thread's share of
+  // the running sum (the quad's shares are added at the end).
+  float mrow[MI][2], lrow[MI][2];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+    mrow[mi][0] = mrow[mi][1] = -INFINITY;
+    lrow[mi][0] = lrow[mi][1] = 0.0f;
+  }
+  // Factor from the accumulator to the exp2 domain (soft-capped scores are converted in place).
+  const float sl = kCap ? 1.0f : p.scale * kLog2e;
+
+  for (int nb = nb0; nb < nb1; ++nb) {
+    const int buf = (nb - nb0) & 1;
+    if (nb + 1 < nb1) {
+      load_tile_nt<E, D, kBlockN, NT>(sk + (buf ^ 1) * kBlockN * SD, k, p.sk.t, (nb + 1) * kBlockN,
+                                      p.s);
+      load_tile_nt<E, D, kBlockN, NT>(sv + (buf ^ 1) * kBlockN * SD, v, p.sv.t, (nb + 1) * kBlockN,
+                                      p.s);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const E* kb = sk + buf * kBlockN * SD;
+    const E* vb = sv + buf * kBlockN * SD;
+    const int n0 = nb * kBlockN;
+    if (!(p.causal && n0 > wlast)) {  // warp-uniform
+      float s[MI][8][4];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0;
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bf[4];
+          ldsm_b2(bf, kb, SD, np * 16, kk * 16);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            mma<E>(s[mi][2 * np], qf[mi][kk], bf[0], bf[1]);
+            mma<E>(s[mi][2 * np + 1], qf[mi][kk], bf[2], bf[3]);
+          }
+        }
+      }
+      const bool mask = n0 + kBlockN > p.s || (p.causal && n0 + kBlockN - 1 > wfirst) ||
+                        (p.window > 0 && n0 <= wlast - p.window);
+      if (kCap || mask) {
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = wfirst + mi * 16 + g + 8 * (e >> 1), j = n0 + nt * 8 + 2 * t + (e & 1);
+              float x = s[mi][nt][e];
+              if constexpr (kCap) x = p.softcap * tanhf(x * p.scale / p.softcap) * kLog2e;
+              if (mask && !visible(p, i, j)) x = -INFINITY;
+              s[mi][nt][e] = x;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float mnew = fmaxf(mrow[mi][r], mx * sl);
+          const float muse = mnew == -INFINITY ? 0.0f : mnew;
+          const float alpha = fast_exp2(mrow[mi][r] - muse);
+          mrow[mi][r] = mnew;
+          float sum = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            s[mi][nt][2 * r] = fast_exp2(fmaf(s[mi][nt][2 * r], sl, -muse));
+            s[mi][nt][2 * r + 1] = fast_exp2(fmaf(s[mi][nt][2 * r + 1], sl, -muse));
+            sum += s[mi][nt][2 * r] + s[mi][nt][2 * r + 1];
+          }
+          lrow[mi][r] = lrow[mi][r] * alpha + sum;
+#pragma unroll
+          for (int dt = 0; dt < D / 8; ++dt) {
+            o[mi][dt][2 * r] *= alpha;
+            o[mi][dt][2 * r + 1] *= alpha;
+          }
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t a[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+          a[mi][0] = pack2<E>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+          a[mi][1] = pack2<E>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+          a[mi][2] = pack2<E>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+          a[mi][3] = pack2<E>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 16; ++dt) {
+          uint32_t bf[4];
+          ldsm_x4_trans(bf, vb + (kk * 16 + (lane & 15)) * SD + dt * 16 + (lane >> 4) * 8);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            mma<E>(o[mi][2 * dt], a[mi], bf[0], bf[1]);
+            mma<E>(o[mi][2 * dt + 1], a[mi], bf[2], bf[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
+  }
+
+  E* out = static_cast<E*>(p.out) + static_cast<int64_t>(bh) * p.t * D;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = lrow[mi][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int i = wfirst + mi * 16 + g + 8 * r;
+      if (i < p.t) {
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
+              pack2<E>(o[mi][dt][2 * r] * inv, o[mi][dt][2 * r + 1] * inv);
+        }
+        if (t == 0) {
+          p.lse[static_cast<int64_t>(bh) * p.t + i] =
+              l > 0.0f ? mrow[mi][r] * kLn2 + logf(l) : -INFINITY;
+        }
+      }
+    }
+  }
+}
+
 // Backward v2 (D 64): as v1, plus
 //   - grid (B * H_kv, key blocks) with the key block in y: for causal the heaviest (first) key
 //     blocks of every head are issued before any lighter one, so the long blocks do not trail;
@@ -807,6 +1025,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params 
   float* sdelta = slse + 2 * kBlockM;                           // 2 buffers
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.y * kBlockN;
+  const float sl = p.scale * kLog2e;  // accumulator -> log2 domain (without softcap)
   const int bk = blockIdx.x, b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
@@ -898,9 +1117,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int il = nt * 8 + 2 * t + (e & 1);
-        float dcap = 1.0f;
-        const float x = score<kCap>(p, st[nt][e], m0 + il, key[e >> 1], mask, dcap);
-        const float pr = exp2f(x - lb[il]);
+        float dcap = 1.0f, pr;
+        if constexpr (kCap) {
+          pr = exp2f(score<kCap>(p, st[nt][e], m0 + il, key[e >> 1], mask, dcap) - lb[il]);
+        } else {  // one FFMA and one ex2 (as the forward v3)
+          pr = fast_exp2(fmaf(st[nt][e], sl, -lb[il]));
+          if (mask && !visible(p, m0 + il, key[e >> 1])) pr = 0.0f;
+        }
         st[nt][e] = pr;
         float ds = pr * (dpt[nt][e] - db[il]);
         if constexpr (kCap) ds *= dcap;
@@ -1044,18 +1267,27 @@ void visit_d_cap(int64_t d, bool cap, F&& f) {
   }
 }
 
+// KILN_FLASH_KERNEL: -1 unset or empty, else the index of its value among these.
+int flash_kernel_switch() {
+  static const kiln::internal::EnvChoice kernel("KILN_FLASH_KERNEL",
+                                                {"v1", "fwd_v1", "bwd_v1", "fwd_v2"});
+  return kernel.get();
+}
+
 // KILN_FLASH_KERNEL=v1 selects the v1 kernels for both passes, fwd_v1 / bwd_v1 for one pass
 // only (read at every call, so tests can switch).
 bool use_v1_kernels(bool forward) {
-  const char* e = std::getenv("KILN_FLASH_KERNEL");
-  if (e == nullptr) return false;
-  return std::strcmp(e, "v1") == 0 || std::strcmp(e, forward ? "fwd_v1" : "bwd_v1") == 0;
+  const int choice = flash_kernel_switch();
+  return choice == 0 || choice == (forward ? 1 : 2);
 }
+
+// KILN_FLASH_KERNEL=fwd_v2 runs the forward v2 where v3 would be the default.
+bool use_fwd_v2() { return flash_kernel_switch() == 3; }
 
 // Warps per CTA of the forward v2 at D 64: 8 (128 query rows) unless KILN_FLASH_FWD_WARPS=4.
 int fwd_warps_d64() {
-  const char* e = std::getenv("KILN_FLASH_FWD_WARPS");
-  return e != nullptr && std::strcmp(e, "4") == 0 ? 4 : 8;
+  static const kiln::internal::EnvChoice warps("KILN_FLASH_FWD_WARPS", {"4", "8"});
+  return warps.get() == 0 ? 4 : 8;
 }
 
 Params make_params(const OpCall& c, const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -1092,7 +1324,23 @@ void flash_attention_cuda(OpCall& c) {
   Params p = make_params(c, q, k, v);
   p.out = out.data_ptr();
   p.lse = static_cast<float*>(lse.data_ptr());
-  // v2 (the default) puts the query blocks in grid.y (at most 65535 of them).
+  // v3 (the default at D 64 with a positive scale) and v2 put the query blocks in grid.y (at
+  // most 65535 of them).
+  const int64_t nqb3 = (q.size(2) + 127) / 128;
+  if (!use_v1_kernels(true) && !use_fwd_v2() && q.size(3) == 64 && p.scale > 0 &&
+      nqb3 <= 65535) {
+    const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)), static_cast<unsigned>(nqb3));
+    visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
+      constexpr int D = 64;
+      const size_t smem = sizeof(E) * (D + 8) * (128 + 4 * kBlockN);
+      if (p.softcap > 0) {
+        launch(flash_fwd_kernel_v3<E, D, true>, grid, smem, p, "flash_fwd_kernel_v3", 128);
+      } else {
+        launch(flash_fwd_kernel_v3<E, D, false>, grid, smem, p, "flash_fwd_kernel_v3", 128);
+      }
+    });
+    return;
+  }
   const int kw = q.size(3) == 64 ? fwd_warps_d64() : kWarps;
   const int64_t nqb = (q.size(2) + 16 * kw - 1) / (16 * kw);
   if (!use_v1_kernels(true) && nqb <= 65535) {

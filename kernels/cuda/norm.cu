@@ -15,7 +15,7 @@
 // by the environment variables KILN_RMSNORM_FWD (1 to 6) and KILN_RMSNORM_BWD (1 to 4), read on
 // every call (forward_variant(), backward_variant()); 0: the kernels above. Unset, the measured
 // fastest: forward variant 2 for rows of 2048 and more (the kernels above below that), backward
-// variant 3.
+// variant 1 for rows longer than 2048, variant 3 otherwise.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -24,6 +24,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/loops.cuh"
+#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -519,13 +520,9 @@ bool packable(int64_t d, std::initializer_list<const void*> t_ptrs, const void* 
 //   5: as 2, with the weight loaded with x before the reduction
 //   6: the default one warp per row (8-warp blocks), with the weight loaded before the reduction
 int forward_variant() {
-  const char* v = std::getenv("KILN_RMSNORM_FWD");
-  if (v == nullptr || *v == '\0') return -1;  // the measured default (rms_norm_forward_cuda)
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  KILN_CHECK(*end == '\0' && n >= 0 && n <= 6, "[rms_norm] KILN_RMSNORM_FWD must be 0 to 6, got '",
-             v, "'");
-  return static_cast<int>(n);
+  // Unset or empty: -1, the measured default (rms_norm_forward_cuda).
+  static const kiln::internal::EnvInt variant("KILN_RMSNORM_FWD", -1, 0, 6);
+  return static_cast<int>(variant.get());
 }
 
 // Launches rms_norm_fwd_group_kernel with TPR threads per row, R rows per group and blocks of
@@ -643,23 +640,17 @@ void rms_norm_cuda(OpCall& c) {
 }
 
 // The backward kernel chosen by KILN_RMSNORM_BWD, read on every call (as KILN_RMSNORM_FWD).
-// "0": the kernel above; unset or empty: variant 3 (measured fastest). Variants apply to
-// packable rows of at most 4 packs per thread; other rows take the default kernel. Blocks per SM:
-// 2048 / TPR (one wave).
+// "0": the kernel above; unset or empty: the measured fastest (see rms_norm_backward_cuda).
+// Variants apply to packable rows of at most 4 packs per thread; other rows take the default
+// kernel. Blocks per SM: 2048 / TPR (one wave).
 //   1: 256 threads per row, 1 row at a time, weight and dweight in registers
 //   2: 256 threads per row, 2 rows at a time (both rows' loads before the block sum)
 //   3: 128 threads per row, 2 rows at a time
 //   4: 128 threads per row, 4 rows at a time
 int backward_variant() {
-  const char* v = std::getenv("KILN_RMSNORM_BWD");
-  // The measured default: 128 threads per row, 2 rows at a time (53.1 us against 60.0 at
-  // 8192 x 2048 bf16 and 41.0 against 46.6 at 16384 x 768; benchmarks/RESULTS.md).
-  if (v == nullptr || *v == '\0') return 3;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  KILN_CHECK(*end == '\0' && n >= 0 && n <= 4,
-             "[rms_norm_backward] KILN_RMSNORM_BWD must be 0 to 4, got '", v, "'");
-  return static_cast<int>(n);
+  // Unset or empty: -1, the measured default (rms_norm_backward_cuda).
+  static const kiln::internal::EnvInt variant("KILN_RMSNORM_BWD", -1, 0, 4);
+  return static_cast<int>(variant.get());
 }
 
 // Backward variant with TPR threads per row and R rows at a time: launches the row kernel and
@@ -731,7 +722,12 @@ void rms_norm_backward_cuda(OpCall& c) {
     KILN_CUDA_CHECK(cudaMemsetAsync(dw.data_ptr(), 0, dw.nbytes(), stream));
     return;
   }
-  const int variant = backward_variant();
+  // The measured default (benchmarks/RESULTS.md): 256 threads per row, one row at a time, for
+  // rows longer than 2048 elements (0.236 ms against 0.302 for variant 3 at 32768 x 4096 bf16 on
+  // the H200); 128 threads per row, 2 rows at a time, up to 2048 (16384 x 768: 36.6 us against
+  // 45.6; 8192 x 2048: within 3% of variants 1 and 2).
+  int variant = backward_variant();
+  if (variant < 0) variant = d > 2048 ? 1 : 3;
   visit_x_weight(x.dtype(), w.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
     using Acc = opmath_t<T>;
     constexpr int kPack = 16 / sizeof(T);

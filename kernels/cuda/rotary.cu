@@ -6,12 +6,15 @@
 // halves), so every element of x is read once and every element of y written once, in 16-byte
 // packs when the row layout allows. x is read in place through its strides: the rows of x (every
 // dim but the last, which must be dense) are decomposed with one div/mod per non-mergeable dim,
-// so the [B, H, T, D] views of a fused qkv projection cost no copy. cos/sin ([T, D], 1 MiB at
+// in x's memory order (see RowGeometry), so the [B, H, T, D] views of a fused qkv projection
+// cost no copy and are read sequentially. cos/sin ([T, D], 1 MiB at
 // most for Llama shapes) stay in L2. The q-and-k form runs both tensors in one grid: threads
 // below q's share of the work rotate q, the rest k.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <utility>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
@@ -30,11 +33,17 @@ constexpr int kMaxRowDims = 8;
 constexpr int kThreads = 256;
 
 // The rows of x: sizes and strides (elements) of every dim but the last, size-1 dims dropped and
-// contiguous neighbours merged; the row of linear index r sits at sum(idx_d * strides_d).
+// contiguous neighbours merged, then ordered by decreasing |stride| (x's memory order); `rows`
+// are the strides of the same dims in rows of the contiguous output (the logical row index).
+// Work item r decomposes over these dims (the last fastest), so consecutive threads read
+// consecutive memory of x: for the [B, H, T, D] view of a [B, T, H, D] projection, the heads of
+// one position (one contiguous run, sharing their cos/sin rows) rather than the positions of
+// one head (rows a whole projection row apart).
 struct RowGeometry {
   int ndim = 0;
   int64_t sizes[kMaxRowDims];
   int64_t strides[kMaxRowDims];
+  int64_t rows[kMaxRowDims];
 };
 
 // Builds the row geometry of x (x.stride(-1) == 1); false when it has too many dims.
@@ -52,6 +61,19 @@ bool make_rows(const Tensor& x, RowGeometry& g) {
     g.strides[g.ndim] = stride;
     ++g.ndim;
   }
+  int64_t rows = 1;
+  for (int d = g.ndim - 1; d >= 0; --d) {
+    g.rows[d] = rows;
+    rows *= g.sizes[d];
+  }
+  // Insertion sort by decreasing |stride| (stable: equal strides keep the logical order).
+  for (int i = 1; i < g.ndim; ++i) {
+    for (int j = i; j > 0 && std::abs(g.strides[j]) > std::abs(g.strides[j - 1]); --j) {
+      std::swap(g.sizes[j], g.sizes[j - 1]);
+      std::swap(g.strides[j], g.strides[j - 1]);
+      std::swap(g.rows[j], g.rows[j - 1]);
+    }
+  }
   return true;
 }
 
@@ -64,15 +86,18 @@ struct Job {
   int64_t work;  // rows * packs per half row
 };
 
+// Work row r (in x's memory order): its offset in x and its logical row (the output's row).
 template <typename I>
-__device__ __forceinline__ I row_offset(const RowGeometry& g, I r) {
-  I off = 0;
+__device__ __forceinline__ void row_at(const RowGeometry& g, I r, I& x_off, I& row) {
+  x_off = 0;
+  row = 0;
   for (int d = g.ndim - 1; d >= 0; --d) {
     const I size = static_cast<I>(g.sizes[d]);
-    off += (r % size) * static_cast<I>(g.strides[d]);
+    const I idx = r % size;
+    x_off += idx * static_cast<I>(g.strides[d]);
+    row += idx * static_cast<I>(g.rows[d]);
     r /= size;
   }
-  return off;
 }
 
 // Work item w of a job: row w / hp, pack w % hp of each half.
@@ -88,17 +113,19 @@ __global__ void __launch_bounds__(kThreads)
     // Branches rather than a reference to one of the jobs, which would copy both to local memory.
     const T* xr;
     T* yr;
-    I row, col;
+    I row, col, x_off;
     if (w < static_cast<I>(j0.work)) {
-      row = w / hp;
-      col = (w - row * hp) * N;
-      xr = j0.x + row_offset<I>(j0.rows, row) + col;
+      const I r = w / hp;
+      col = (w - r * hp) * N;
+      row_at<I>(j0.rows, r, x_off, row);
+      xr = j0.x + x_off + col;
       yr = j0.y + row * d + col;
     } else {
       const I item = w - static_cast<I>(j0.work);
-      row = item / hp;
-      col = (item - row * hp) * N;
-      xr = j1.x + row_offset<I>(j1.rows, row) + col;
+      const I r = item / hp;
+      col = (item - r * hp) * N;
+      row_at<I>(j1.rows, r, x_off, row);
+      xr = j1.x + x_off + col;
       yr = j1.y + row * d + col;
     }
     const I tab = (row % t_len) * d + col;

@@ -6,7 +6,7 @@
 // the batch dims of a left operand that can be viewed as [rows, k] fold into the GEMM's M
 // ([B, T, K] @ [K, N] is one GEMM), and a broadcast operand of a batched product is an
 // expanded view (batch stride 0) that bmm reads without materialising.
-#include "nn/autocast.h"
+#include "tensor/autocast_state.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 

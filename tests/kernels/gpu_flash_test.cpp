@@ -94,10 +94,11 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
 }
 
 // The kernel paths of kernels/cuda/flash_attention.cu, chosen by environment variables read at
-// every call: v1 (KILN_FLASH_KERNEL=v1), the default v2 (8-warp forward at D 64), and v2 with
-// the 4-warp forward at D 64 (KILN_FLASH_FWD_WARPS=4). D 128 backward is v1 on every path.
+// every call: v1 (KILN_FLASH_KERNEL=v1), the default (v3 forward at D 64, v2 elsewhere), the v2
+// forward with 8 warps (KILN_FLASH_KERNEL=fwd_v2) and with 4 warps (and KILN_FLASH_FWD_WARPS=4).
+// D 128 backward is v1 on every path.
 const std::vector<std::string>& kernel_paths() {
-  static const std::vector<std::string> paths = {"v1", "v2", "v2-fwd4"};
+  static const std::vector<std::string> paths = {"v1", "default", "fwd_v2", "fwd_v2-4warps"};
   return paths;
 }
 
@@ -105,8 +106,10 @@ const std::vector<std::string>& kernel_paths() {
 class KernelPath {
  public:
   explicit KernelPath(const std::string& path)
-      : kernel_("KILN_FLASH_KERNEL", path == "v1" ? "v1" : ""),
-        warps_("KILN_FLASH_FWD_WARPS", path == "v2-fwd4" ? "4" : "") {}
+      : kernel_("KILN_FLASH_KERNEL", path == "v1"                 ? "v1"
+                                     : path.starts_with("fwd_v2") ? "fwd_v2"
+                                                                  : ""),
+        warps_("KILN_FLASH_FWD_WARPS", path == "fwd_v2-4warps" ? "4" : "") {}
 
  private:
   test::ScopedEnv kernel_, warps_;
@@ -174,6 +177,19 @@ TEST_F(GpuFlashAttention, WindowsSoftcapAndTNotS) {
   check_case({1, 2, 1, 200, 50, 64, true, 30});         // rows >= 79 see no key
   check_case({1, 2, 2, 33, 130, 64, false, 0, 0, kHalf, false, true});  // lse gradient
   check_case({1, 2, 2, 100, 100, 64, true, 0, 2.0, kBFloat16, false, true});
+}
+
+// A negative scale (v3 assumes a positive one and hands such calls to v2).
+TEST_F(GpuFlashAttention, NegativeScale) {
+  manual_seed(46);
+  const Tensor q = randn({1, 2, 70, 64}).to(kBFloat16), k = randn({1, 2, 70, 64}).to(kBFloat16);
+  const Tensor v = randn({1, 2, 70, 64}).to(kBFloat16);
+  for (bool causal : {false, true}) {
+    auto [oc, lc] = flash_attention(q, k, v, -0.2, causal);
+    auto [o, l] = flash_attention(q.to(kGpu), k.to(kGpu), v.to(kGpu), -0.2, causal);
+    EXPECT_LE(rel_error(o, oc), out_tol(kBFloat16));
+    EXPECT_LE(rel_error(l, lc), 1e-4);
+  }
 }
 
 TEST_F(GpuFlashAttention, StridedQkvSplitAndUnalignedViews) {

@@ -195,6 +195,7 @@ TEST_F(GpuRmsNorm, EveryBackwardVariant) {
     check_rms(randn({5003, 128}).to(kBFloat16), randn({128}).to(kBFloat16));
     check_rms(randn({1025, 2048}).to(kBFloat16), randn({2048}).to(kBFloat16));
     check_rms(randn({2049, 768}).to(kBFloat16), randn({768}));
+    check_rms(randn({40000, 264}).to(kBFloat16), randn({264}).to(kBFloat16));  // many rows a warp
     check_rms(randn({64, 40}).t().to(kBFloat16), randn({64}).to(kBFloat16));
     // dy one element off 16-byte alignment on the GPU: the one-element kernel.
     const Tensor x = randn({21, 256}).to(kBFloat16), w = randn({256}).to(kBFloat16);
@@ -395,6 +396,11 @@ TEST_F(GpuRotaryEmb, StridedViewsAndQkForm) {
     });
     check_rope(randn({t, d}).to(dt), c, s);
   }
+  // 24 head rows per position: groups of 8 rows sharing a position, the second group crossing
+  // from batch 0 into batch 1, read through a [B, T, H, D] -> [B, H, T, D] transpose.
+  check_rope(randn({2, 37, 12, 64}).to(kBFloat16), randn({37, 64}).to(kBFloat16),
+             randn({37, 64}).to(kBFloat16),
+             [](const TensorVec& in) -> TensorVec { return {in[0].transpose(1, 2), in[1], in[2]}; });
   // rope_cache tables, a long sequence.
   auto [c, s] = nn::functional::rope_cache(2048, 64, 500000.0);
   check_rope(randn({1, 4, 2048, 64}).to(kBFloat16), c, s);
