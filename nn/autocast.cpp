@@ -28,6 +28,7 @@ const absl::flat_hash_map<const OpDef*, Policy>& policies() {
          "logsumexp", "cumsum", "exp", "log", "log1p", "expm1", "rsqrt", "reciprocal", "pow",
          "pow_tensor_scalar"},
         Policy::kFloat32);
+    add({"layer_norm"}, Policy::kFloat32);
     add({"cat", "where", "lerp", "atan2", "maximum", "minimum", "scatter_add", "index_add"},
         Policy::kPromote);
     return t;

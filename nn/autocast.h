@@ -12,8 +12,8 @@
 // reference):
 //   - lower precision: mm, bmm, addmm (so matmul, linear, conv and attention's matmuls) cast
 //     their f32/f16/bf16 inputs to the autocast dtype.
-//   - f32: softmax, log_softmax, rms_norm, reductions (sum, mean, prod, var, std, norm,
-//     logsumexp, cumsum) and pointwise ops that lose accuracy in low precision (exp, log,
+//   - f32: softmax, log_softmax, rms_norm, layer_norm, reductions (sum, mean, prod, var, std,
+//     norm, logsumexp, cumsum) and pointwise ops that lose accuracy in low precision (exp, log,
 //     log1p, expm1, rsqrt, reciprocal, pow) cast f16/bf16 inputs to f32, so their results are
 //     f32. Composite norms and losses (F::layer_norm, F::rms_norm, F::cross_entropy, ...)
 //     follow from their parts, and F::layer_norm / F::rms_norm return f32 under autocast.

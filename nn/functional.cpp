@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "nn/autocast.h"
+#include "tensor/registry.h"
 
 namespace kiln {
 namespace nn {
@@ -141,6 +142,23 @@ Tensor layer_norm(const Tensor &input, IntArrayRef normalized_shape,
       trailing_dims(input, normalized_shape, "layer_norm");
   check_affine(weight, normalized_shape, "layer_norm", "weight");
   check_affine(bias, normalized_shape, "layer_norm", "bias");
+  // The fused op when it fits: weight and bias (each optional) of the input's
+  // dtype, or f32 for a f16/bf16 input, of one dtype, on the input's device.
+  // Same math, one kernel each way; under autocast the op's f32 policy casts
+  // the input up, so it returns f32 as the composite does.
+  auto fits = [&](const Tensor &p) {
+    return !p.defined() ||
+           (p.device() == input.device() &&
+            (p.dtype() == input.dtype() ||
+             (is_reduced_float(input.dtype()) && p.dtype() == kFloat32)));
+  };
+  if (eps >= 0 && fits(weight) && fits(bias) &&
+      (!weight.defined() || !bias.defined() ||
+       weight.dtype() == bias.dtype())) {
+    static const OpDef &op = KILN_OP(layer_norm);
+    return call_op(op, {input, weight, bias},
+                   {to_shape(normalized_shape), eps})[0];
+  }
   const Tensor x = is_reduced_float(input.dtype()) ? input.to(kFloat32) : input;
   const Tensor mean = x.mean(dims, /*keepdim=*/true);
   const Tensor var = x.var(dims, /*correction=*/0, /*keepdim=*/true);

@@ -152,7 +152,9 @@ struct LayerNormFuncOptions {
 };
 // Normalises over the trailing dims `normalized_shape` (biased variance), then
 // * weight + bias. f16/bf16 inputs are computed in f32 and returned in their
-// dtype.
+// dtype. With weight and bias (each optional) of the input's dtype (or f32 for
+// a f16/bf16 input) this is one fused kernel (the layer_norm op) forward and
+// one backward; otherwise it is composed of plain ops.
 Tensor layer_norm(const Tensor &input, const LayerNormFuncOptions &options);
 Tensor layer_norm(const Tensor &input, IntArrayRef normalized_shape,
                   const Tensor &weight = {}, const Tensor &bias = {},

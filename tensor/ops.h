@@ -179,6 +179,13 @@ Tensor log_softmax(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype
 // f32 for f16/bf16 (f64 for f64), returned in x's dtype. weight has x's dtype, or f32 for a
 // f16/bf16 x. One kernel forward, one backward ("rms_norm_backward": dx and dweight).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+// LayerNorm over the trailing dims that `weight` (or, without a weight, `bias`) spans:
+// (x - mean) * rsqrt(var + eps) * weight + bias with the biased variance, in f32 for f16/bf16
+// (f64 for f64), returned in x's dtype. weight and bias are optional (undefined: 1 and 0, at
+// least one given; nn::functional::layer_norm takes a normalized_shape and neither); they have
+// x's dtype, or f32 for a f16/bf16 x, and one dtype when both are given. One kernel forward, one
+// backward ("layer_norm_backward": dx, dweight and dbias).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 // Mean cross-entropy of logits [N, V] (any floating dtype) against int64 targets [N], rows whose
 // target is ignore_index left out of sum and count. Returns a 0-d f32 loss (f64 for f64 logits).
 // Never materialises an f32 copy of the logits; the backward writes dlogits in one pass.

@@ -1,7 +1,7 @@
 // kiln's GPU benchmark harness: cuBLASLt GEMMs at the Llama training shapes, the fused RMSNorm,
-// cross-entropy, RoPE, SwiGLU/GeGLU and flash-attention kernels, the multi-tensor AdamW step,
-// elementwise ops, reductions and softmax, and a device-to-device copy as the bandwidth ceiling
-// (memory-bound rows also print their fraction of it).
+// LayerNorm, cross-entropy, RoPE, SwiGLU/GeGLU and flash-attention kernels, the multi-tensor
+// AdamW step, elementwise ops, reductions and softmax, and a device-to-device copy as the
+// bandwidth ceiling (memory-bound rows also print their fraction of it).
 //
 //   kiln_gpu_bench [results.json] [--no-gemm]   # then: python3 benchmarks/gpu/torch_reference.py \
 //                                     #         --kiln results.json   (same run, same GPU)
@@ -379,6 +379,33 @@ int main(int argc, char** argv) {
            time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0, 2 * tensor_bytes);
     report("rmsnorm " + shape + " bf16 bwd", time_ms([&](int i) {
              (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
+           }),
+           0, 3 * tensor_bytes);
+  }
+
+  // LayerNorm (weight and bias) at the Llama-1B activation shape and a large one, bf16 x and
+  // parameters, 4 input sets in rotation (32 MiB and 256 MiB each). Forward: x read, y written;
+  // backward: x and dy read, dx written (the parameters and statistics are small).
+  for (const auto& [rows, d] :
+       std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {32768, 4096}}) {
+    std::vector<Tensor> xs, dys, means, rstds;
+    const Tensor w = random({d}, kiln::kBFloat16), b = random({d}, kiln::kBFloat16);
+    static const kiln::OpDef& fwd = KILN_OP(layer_norm);
+    static const kiln::OpDef& bwd = KILN_OP(layer_norm_backward);
+    for (int i = 0; i < 4; ++i) {
+      xs.push_back(random({rows, d}, kiln::kBFloat16));
+      dys.push_back(random({rows, d}, kiln::kBFloat16));
+      const kiln::TensorVec f = kiln::call_op(fwd, {xs.back(), w, b}, {kiln::Shape{d}, 1e-5});
+      means.push_back(f[1]);
+      rstds.push_back(f[2]);
+    }
+    const double tensor_bytes = static_cast<double>(rows * d * 2);
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(d);
+    report("layernorm " + shape + " bf16 fwd",
+           time_ms([&](int i) { (void)kiln::layer_norm(xs[i % 4], w, b, 1e-5); }), 0,
+           2 * tensor_bytes);
+    report("layernorm " + shape + " bf16 bwd", time_ms([&](int i) {
+             (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
            }),
            0, 3 * tensor_bytes);
   }

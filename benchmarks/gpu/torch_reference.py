@@ -268,6 +268,27 @@ def main():
         report(f"rmsnorm {shape} bf16 bwd", time_ms(rms_bwd, setup=rms_setup), nbytes=3 * tb)
         del xs, dys, ys, dst
 
+    for rows_, d in [(8192, 2048), (32768, 4096)]:
+        w = rand(d).requires_grad_(True)
+        b = rand(d).requires_grad_(True)
+        xs = [rand(rows_, d).requires_grad_(True) for _ in range(4)]
+        dys = [rand(rows_, d) for _ in range(4)]
+        tb = rows_ * d * 2.0
+        shape = f"{rows_}x{d}"
+        with torch.no_grad():
+            report(f"layernorm {shape} bf16 fwd",
+                   time_ms(lambda i: F.layer_norm(xs[i % 4], (d,), w, b, 1e-5)), nbytes=2 * tb)
+        ys = {}
+
+        def ln_setup(i):
+            ys[i] = F.layer_norm(xs[i % 4], (d,), w, b, 1e-5)
+
+        def ln_bwd(i):
+            torch.autograd.grad(ys.pop(i), (xs[i % 4], w, b), dys[i % 4])
+
+        report(f"layernorm {shape} bf16 bwd", time_ms(ln_bwd, setup=ln_setup), nbytes=3 * tb)
+        del xs, dys, ys
+
     n, v = 8192, 128256
     logits = rand(n, v, scale=8.0).requires_grad_(True)
     targets = torch.randint(0, v, (n,), device=DEV)

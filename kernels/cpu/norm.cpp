@@ -1,10 +1,16 @@
-// CPU kernels of rms_norm and rms_norm_backward (tensor/ops/norm.cpp): the reference the CUDA
-// kernels are tested against. Rows run in parallel; all arithmetic is in the compute type
+// CPU kernels of rms_norm, layer_norm and their backwards (tensor/ops/norm.cpp): the reference
+// the CUDA kernels are tested against. Rows run in parallel; all arithmetic is in the compute type
 // (f32 for f16/bf16, f64 for f64), with one rounding to the output dtype.
 //
 // With r = rstd of a row, g = dy * w and D the row length:
 //   y = x * r * w,   dx = r * g - x * r^3 * sum(g * x) / D,   dw = sum over rows of dy * x * r.
 // dweight sums per-chunk partials in a fixed order, so the result does not depend on threads.
+//
+// layer_norm and layer_norm_backward likewise, with m = mean, r = rstd, xh = (x - m) * r,
+// g = dy * w (w = 1 and b = 0 where absent):
+//   y = xh * w + b,   dx = r * (g - sum(g) / D - xh * sum(g * xh) / D),
+//   dw = sum over rows of dy * xh,   db = sum over rows of dy.
+// The mean and variance are two passes over the row (no cancellation of E[x^2] - E[x]^2).
 #include <cmath>
 #include <vector>
 
@@ -56,8 +62,8 @@ void rms_norm_cpu(OpCall& c) {
                                const Acc r = Acc(1) / std::sqrt(mean + static_cast<Acc>(eps));
                                pr[i] = r;
                                for (int64_t j = 0; j < d; ++j) {
-                                 py[i * d + j] = T(static_cast<Acc>(xr[j]) * r *
-                                                   static_cast<Acc>(pw[j]));
+                                 py[i * d + j] =
+                                     T(static_cast<Acc>(xr[j]) * r * static_cast<Acc>(pw[j]));
                                }
                              }
                            });
@@ -112,9 +118,124 @@ void rms_norm_backward_cpu(OpCall& c) {
   });
 }
 
+// layer_norm's parameter dtype: weight's, else bias's, else x's (then no parameter is read).
+ScalarType param_dtype(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return w.defined() ? w.dtype() : b.defined() ? b.dtype() : x.dtype();
+}
+
+void layer_norm_cpu(OpCall& c) {
+  const Tensor x = c.input(0).contiguous();
+  const Tensor w = c.input(1).defined() ? c.input(1).contiguous() : Tensor();
+  const Tensor b = c.input(2).defined() ? c.input(2).contiguous() : Tensor();
+  const Tensor& y = c.outputs[0];
+  const Tensor& mean = c.outputs[1];
+  const Tensor& rstd = c.outputs[2];
+  const double eps = c.attr<double>(1);
+  const int64_t rows = mean.numel(), d = rows == 0 ? 0 : x.numel() / rows;
+  visit_x_weight(x.dtype(), param_dtype(x, w, b),
+                 [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
+                   using Acc = opmath_t<T>;
+                   const T* px = x.data_ptr<T>();
+                   const W* pw = w.defined() ? w.data_ptr<W>() : nullptr;
+                   const W* pb = b.defined() ? b.data_ptr<W>() : nullptr;
+                   T* py = y.data_ptr<T>();
+                   Acc* pm = mean.data_ptr<Acc>();
+                   Acc* pr = rstd.data_ptr<Acc>();
+                   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1));
+                   internal::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+                     for (int64_t i = begin; i < end; ++i) {
+                       const T* xr = px + i * d;
+                       Acc s = 0;
+                       for (int64_t j = 0; j < d; ++j) s += static_cast<Acc>(xr[j]);
+                       const Acc m = d > 0 ? s / static_cast<Acc>(d) : Acc(0);
+                       Acc ss = 0;
+                       for (int64_t j = 0; j < d; ++j) {
+                         const Acc v = static_cast<Acc>(xr[j]) - m;
+                         ss += v * v;
+                       }
+                       const Acc var = d > 0 ? ss / static_cast<Acc>(d) : Acc(0);
+                       const Acc r = Acc(1) / std::sqrt(var + static_cast<Acc>(eps));
+                       pm[i] = m;
+                       pr[i] = r;
+                       for (int64_t j = 0; j < d; ++j) {
+                         Acc o = (static_cast<Acc>(xr[j]) - m) * r;
+                         if (pw != nullptr) o *= static_cast<Acc>(pw[j]);
+                         if (pb != nullptr) o += static_cast<Acc>(pb[j]);
+                         py[i * d + j] = T(o);
+                       }
+                     }
+                   });
+                 });
+}
+
+void layer_norm_backward_cpu(OpCall& c) {
+  const Tensor dy = c.input(0).contiguous();
+  const Tensor x = c.input(1).contiguous();
+  const Tensor w = c.input(2).defined() ? c.input(2).contiguous() : Tensor();
+  const Tensor mean = c.input(3).contiguous();
+  const Tensor rstd = c.input(4).contiguous();
+  const Tensor& dx = c.outputs[0];
+  const Tensor& dw = c.outputs[1];
+  const Tensor& db = c.outputs[2];
+  const int64_t d = dw.numel(), rows = rstd.numel();
+  visit_x_weight(x.dtype(), dw.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
+    using Acc = opmath_t<T>;
+    const T* px = x.data_ptr<T>();
+    const T* pdy = dy.data_ptr<T>();
+    const W* pw = w.defined() ? w.data_ptr<W>() : nullptr;
+    const Acc* pm = mean.data_ptr<Acc>();
+    const Acc* pr = rstd.data_ptr<Acc>();
+    T* pdx = dx.data_ptr<T>();
+    // Fixed chunks of rows, each with its own dweight and dbias partials, summed in chunk order.
+    const int64_t chunks = std::min<int64_t>(rows, 64);
+    const size_t part_size = static_cast<size_t>(std::max<int64_t>(chunks, 1) * d);
+    std::vector<Acc> part_w(part_size, Acc(0)), part_b(part_size, Acc(0));
+    internal::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t chunk = cb; chunk < ce; ++chunk) {
+        Acc* pwc = part_w.data() + chunk * d;
+        Acc* pbc = part_b.data() + chunk * d;
+        const int64_t r0 = rows * chunk / chunks, r1 = rows * (chunk + 1) / chunks;
+        for (int64_t i = r0; i < r1; ++i) {
+          const T* xr = px + i * d;
+          const T* gr = pdy + i * d;
+          const Acc m = pm[i], r = pr[i];
+          Acc sum_g = 0, sum_gx = 0;
+          for (int64_t j = 0; j < d; ++j) {
+            const Acc g = static_cast<Acc>(gr[j]) * (pw != nullptr ? static_cast<Acc>(pw[j]) : 1);
+            sum_g += g;
+            sum_gx += g * (static_cast<Acc>(xr[j]) - m) * r;
+          }
+          const Acc a = sum_g / static_cast<Acc>(d), k = sum_gx / static_cast<Acc>(d);
+          for (int64_t j = 0; j < d; ++j) {
+            const Acc gv = static_cast<Acc>(gr[j]);
+            const Acc xh = (static_cast<Acc>(xr[j]) - m) * r;
+            const Acc g = gv * (pw != nullptr ? static_cast<Acc>(pw[j]) : 1);
+            pdx[i * d + j] = T(r * (g - a - xh * k));
+            pwc[j] += gv * xh;
+            pbc[j] += gv;
+          }
+        }
+      }
+    });
+    W* pdw = dw.data_ptr<W>();
+    W* pdb = db.data_ptr<W>();
+    for (int64_t j = 0; j < d; ++j) {
+      Acc sw = 0, sb = 0;
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        sw += part_w[chunk * d + j];
+        sb += part_b[chunk * d + j];
+      }
+      pdw[j] = W(sw);
+      pdb[j] = W(sb);
+    }
+  });
+}
+
 }  // namespace
 
 KILN_REGISTER_KERNEL(rms_norm, kCPU, rms_norm_cpu);
 KILN_REGISTER_KERNEL(rms_norm_backward, kCPU, rms_norm_backward_cpu);
+KILN_REGISTER_KERNEL(layer_norm, kCPU, layer_norm_cpu);
+KILN_REGISTER_KERNEL(layer_norm_backward, kCPU, layer_norm_backward_cpu);
 
 }  // namespace kiln::cpu

@@ -41,10 +41,11 @@ const std::set<std::string> kNonDifferentiable = {
     // Factories: no tensor inputs.
     "arange",
     "eye",
-    // The fused backward kernels behind the rules of rms_norm, cross_entropy_fused, swiglu and
-    // geglu_tanh: their own derivatives (double backward through the fused ops) are not implemented yet, and
-    // backward through them fails with a clear error.
+    // The fused backward kernels behind the rules of rms_norm, layer_norm, cross_entropy_fused,
+    // swiglu and geglu_tanh: their own derivatives (double backward through the fused ops) are not
+    // implemented yet, and backward through them fails with a clear error.
     "rms_norm_backward",
+    "layer_norm_backward",
     "cross_entropy_fused_backward",
     "flash_attention_backward",
     "swiglu_backward",
@@ -144,6 +145,7 @@ const std::set<std::string> kGradchecked = {
     "flash_attention",
     "cross_entropy_fused",
     // fused_grad_test.cpp
+    "layer_norm",
     "rotary_emb",
     "rotary_emb_qk",
     "swiglu",

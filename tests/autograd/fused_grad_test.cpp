@@ -1,6 +1,7 @@
 // Gradients of the fused ops (tensor/ops/{norm,cross_entropy,rotary,glu}.cpp), whose backward
 // rules call fused backward kernels.
 #include "grad_test_util.h"
+#include "tensor/registry.h"
 
 namespace kiln {
 namespace {
@@ -19,6 +20,40 @@ TEST(FusedGradTest, RmsNorm) {
   EXPECT_TRUE(check_grad({"rms_norm"},
                          [](const variable_list& in) { return rms_norm(in[0].t(), in[1], 1e-5); },
                          {xt, w}));
+}
+
+// layer_norm with weight and bias, with either alone and with neither (through the op call
+// with a normalized shape), over two trailing dims, and through a non-contiguous input.
+TEST(FusedGradTest, LayerNorm) {
+  Tensor x = leaf({3, 5}, 1.0, 0.2);
+  Tensor w = leaf({5}, 0.5, 1.0);
+  Tensor b = leaf({5}, 0.5);
+  EXPECT_TRUE(check_grad(
+      {"layer_norm"}, [](const variable_list& in) { return layer_norm(in[0], in[1], in[2], 1e-6); },
+      {x, w, b}));
+  EXPECT_TRUE(check_grad(
+      {"layer_norm"},
+      [](const variable_list& in) { return layer_norm(in[0], in[1], Tensor(), 1e-6); }, {x, w}));
+  EXPECT_TRUE(check_grad(
+      {"layer_norm"},
+      [](const variable_list& in) { return layer_norm(in[0], Tensor(), in[1], 1e-6); }, {x, b}));
+  EXPECT_TRUE(check_grad({"layer_norm"},
+                         [](const variable_list& in) {
+                           static const OpDef& op = KILN_OP(layer_norm);
+                           return call_op(op, {in[0], Tensor(), Tensor()}, {Shape{5}, 1e-6})[0];
+                         },
+                         {x}));
+  Tensor x3 = leaf({2, 3, 4}, 1.0, -0.5);
+  Tensor w2 = leaf({3, 4}, 0.5, 1.0);
+  Tensor b2 = leaf({3, 4});
+  EXPECT_TRUE(check_grad(
+      {"layer_norm"}, [](const variable_list& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
+      {x3, w2, b2}));
+  Tensor xt = leaf({5, 3}, 1.0, -0.3);
+  EXPECT_TRUE(
+      check_grad({"layer_norm"},
+                 [](const variable_list& in) { return layer_norm(in[0].t(), in[1], in[2], 1e-5); },
+                 {xt, w, b}));
 }
 
 TEST(FusedGradTest, CrossEntropyFused) {

@@ -1,18 +1,22 @@
 // The routing of nn::functional calls to the fused ops (F::rms_norm -> kiln::rms_norm,
-// F::cross_entropy -> kiln::cross_entropy_fused, F::apply_rotary_emb -> kiln::rotary_emb,
-// F::swiglu/geglu_tanh): calls that fit take the fused op (its node is in the graph), give the
-// composite's answer and gradients, and calls that do not fit keep the composite path.
+// F::layer_norm -> the layer_norm op, F::cross_entropy -> kiln::cross_entropy_fused,
+// F::apply_rotary_emb -> kiln::rotary_emb, F::swiglu/geglu_tanh): calls that fit take the fused op
+// (its node is in the graph), give the composite's answer and gradients, and calls that do not fit
+// keep the composite path.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/engine.h"
 #include "autograd/node.h"
+#include "nn/autocast.h"
 #include "nn/functional.h"
+#include "nn/nn.h"
 #include "tensor/tensor_data.h"
 #include "test_util.h"
 
@@ -87,6 +91,82 @@ TEST(FusedRoute, RmsNormKeepsTheCompositeOtherwise) {
   const Tensor y = F::rms_norm(x, {8}, wb, 1e-6);
   EXPECT_FALSE(uses(y, "rms_norm"));
   EXPECT_EQ(y.dtype(), kDouble);
+}
+
+// LayerNorm as the composite computes it, written here (biased variance).
+Tensor layer_norm_composite(const Tensor& x, std::vector<int64_t> dims, const Tensor& w,
+                            const Tensor& b, double eps) {
+  Tensor y = (x - x.mean(dims, true)) * (x.var(dims, 0, true) + eps).rsqrt();
+  if (w.defined()) y = y * w;
+  if (b.defined()) y = y + b;
+  return y;
+}
+
+TEST(FusedRoute, LayerNormTakesTheFusedOpWhenItFits) {
+  manual_seed(58);
+  Tensor x = leaf({4, 3, 8}), w = leaf({3, 8}), b = leaf({3, 8});
+  const Tensor y = F::layer_norm(x, {3, 8}, w, b, 1e-5);
+  EXPECT_TRUE(uses(y, "layer_norm"));
+  Tensor x2 = x.detach().requires_grad_(true), w2 = w.detach().requires_grad_(true),
+         b2 = b.detach().requires_grad_(true);
+  const Tensor ref = layer_norm_composite(x2, {1, 2}, w2, b2, 1e-5);
+  expect_close(y, ref, 1e-12);
+  const Tensor dy = randn({4, 3, 8}, TensorOptions(kDouble));
+  const variable_list g = autograd::grad({y}, {x, w, b}, {dy});
+  const variable_list gr = autograd::grad({ref}, {x2, w2, b2}, {dy});
+  for (size_t i = 0; i < 3; ++i) expect_close(g[i], gr[i], 1e-10);
+  // Without parameters, with either one, through the options and the module.
+  for (const auto& [wi, bi] :
+       std::vector<std::pair<Tensor, Tensor>>{{Tensor(), Tensor()}, {w, Tensor()}, {Tensor(), b}}) {
+    const Tensor yi = F::layer_norm(x, {3, 8}, wi, bi, 1e-5);
+    EXPECT_TRUE(uses(yi, "layer_norm"));
+    const Tensor ri = layer_norm_composite(x2, {1, 2}, wi.defined() ? w2 : Tensor(),
+                                           bi.defined() ? b2 : Tensor(), 1e-5);
+    expect_close(yi, ri, 1e-12);
+    expect_close(autograd::grad({yi}, {x}, {dy})[0], autograd::grad({ri}, {x2}, {dy})[0], 1e-10);
+  }
+  EXPECT_TRUE(
+      uses(F::layer_norm(x, F::LayerNormFuncOptions({8}).weight(w.select(0, 0))), "layer_norm"));
+  nn::LayerNorm ln(nn::LayerNormOptions({8}));
+  EXPECT_TRUE(uses(ln->forward(randn({2, 8})), "layer_norm"));
+  // bf16 input with f32 parameters is fused too, and returns bf16.
+  const Tensor xb = randn({5, 16}).to(kBFloat16), wf = randn({16}), bf = randn({16});
+  const Tensor yb = F::layer_norm(xb, {16}, wf, bf, 1e-5);
+  EXPECT_EQ(yb.dtype(), kBFloat16);
+  expect_close(yb.to(kDouble), layer_norm(xb, wf, bf, 1e-5).to(kDouble), 0);
+  expect_close(yb.to(kFloat),
+               layer_norm_composite(xb.to(kFloat), {1}, wf, bf, 1e-5).to(kBFloat16).to(kFloat),
+               1e-2);
+  // Under autocast the op's f32 policy makes it compute and return f32, as the composite did.
+  {
+    AutocastGuard guard(kCPU, kBFloat16);
+    const Tensor ya = F::layer_norm(xb, {16}, wf.to(kBFloat16), bf.to(kBFloat16), 1e-5);
+    EXPECT_EQ(ya.dtype(), kFloat);
+    expect_close(ya,
+                 layer_norm_composite(xb.to(kFloat), {1}, wf.to(kBFloat16).to(kFloat),
+                                      bf.to(kBFloat16).to(kFloat), 1e-5),
+                 1e-5);
+  }
+}
+
+TEST(FusedRoute, LayerNormKeepsTheCompositeOtherwise) {
+  manual_seed(59);
+  Tensor x = leaf({3, 8});
+  // A weight of another dtype than the input (and not the f32-for-bf16 case).
+  Tensor wb = leaf({8}, kBFloat16);
+  const Tensor y = F::layer_norm(x, {8}, wb, Tensor(), 1e-6);
+  EXPECT_FALSE(uses(y, "layer_norm"));
+  EXPECT_EQ(y.dtype(), kDouble);
+  expect_close(y, layer_norm_composite(x, {1}, wb.to(kDouble), Tensor(), 1e-6), 1e-12);
+  // Weight and bias of different dtypes (f32 and bf16 on a bf16 input).
+  Tensor xb = randn({3, 8}).to(kBFloat16);
+  const Tensor y2 = F::layer_norm(xb.requires_grad_(true), {8}, randn({8}).requires_grad_(true),
+                                  randn({8}).to(kBFloat16).requires_grad_(true), 1e-5);
+  EXPECT_FALSE(uses(y2, "layer_norm"));
+  EXPECT_EQ(y2.dtype(), kBFloat16);
+  // Bad shapes keep the composite's errors.
+  EXPECT_KILN_ERROR(F::layer_norm(x, {3}), "[layer_norm] given normalized_shape=[3]");
+  EXPECT_KILN_ERROR(F::layer_norm(x, {8}, leaf({3})), "[layer_norm] expected weight of shape [8]");
 }
 
 TEST(FusedRoute, CrossEntropyTakesTheFusedOpWhenItFits) {

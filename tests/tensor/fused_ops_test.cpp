@@ -1,5 +1,5 @@
-// The fused ops rms_norm, cross_entropy_fused, rotary_emb(_qk), swiglu and geglu_tanh on the CPU
-// (their kernels are the reference for the CUDA ones): forward against f64 loops or f64
+// The fused ops rms_norm, layer_norm, cross_entropy_fused, rotary_emb(_qk), swiglu and geglu_tanh
+// on the CPU (their kernels are the reference for the CUDA ones): forward against f64 loops or f64
 // compositions of plain ops written here, gradients by gradcheck (f64) and against the f64
 // gradient of the composition (f32/f16/bf16), and misuse errors.
 #include <gtest/gtest.h>
@@ -134,6 +134,193 @@ TEST(FusedRmsNorm, Errors) {
   static const OpDef& bwd = KILN_OP(rms_norm_backward);
   EXPECT_KILN_ERROR(call_op(bwd, {randn({2, 3}), randn({2, 3}), randn({3}), randn({3})}),
                     "[rms_norm_backward] rstd");
+}
+
+struct LnRef {
+  std::vector<double> y, mean, rstd, dx, dw, db;
+};
+
+// LayerNorm over rows of length d in f64 (two-pass mean and biased variance), with w and b
+// empty for "absent", and its gradients for upstream gradient dy.
+LnRef ln_reference(const std::vector<double>& x, const std::vector<double>& w,
+                   const std::vector<double>& b, const std::vector<double>& dy, int64_t d,
+                   double eps) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / d;
+  const size_t n = x.size(), nd = static_cast<size_t>(d);
+  LnRef r{std::vector<double>(n),      {}, {}, std::vector<double>(n), std::vector<double>(nd, 0.0),
+          std::vector<double>(nd, 0.0)};
+  for (int64_t i = 0; i < rows; ++i) {
+    double s = 0, ss = 0, sg = 0, sgx = 0;
+    for (int64_t j = 0; j < d; ++j) s += x[i * d + j];
+    const double m = s / d;
+    for (int64_t j = 0; j < d; ++j) ss += (x[i * d + j] - m) * (x[i * d + j] - m);
+    const double rs = 1 / std::sqrt(ss / d + eps);
+    r.mean.push_back(m);
+    r.rstd.push_back(rs);
+    for (int64_t j = 0; j < d; ++j) {
+      const size_t k = i * d + j;
+      const double xh = (x[k] - m) * rs, wj = w.empty() ? 1.0 : w[j];
+      r.y[k] = xh * wj + (b.empty() ? 0.0 : b[j]);
+      sg += dy[k] * wj;
+      sgx += dy[k] * wj * xh;
+      r.dw[j] += dy[k] * xh;
+      r.db[j] += dy[k];
+    }
+    for (int64_t j = 0; j < d; ++j) {
+      const size_t k = i * d + j;
+      const double xh = (x[k] - m) * rs, wj = w.empty() ? 1.0 : w[j];
+      r.dx[k] = rs * (dy[k] * wj - sg / d - xh * sgx / d);
+    }
+  }
+  return r;
+}
+
+std::vector<double> values_or_empty(const Tensor& t) {
+  return t.defined() ? t.to_vector<double>() : std::vector<double>{};
+}
+
+// The layer_norm op and its backward op on x with weight w and bias b (either may be
+// undefined), normalised over `normalized`, against the f64 reference; and autograd through
+// the op reaching the backward op.
+void check_layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Shape normalized,
+                      double eps) {
+  SCOPED_TRACE("x " + std::string(dtype_name(x_in.dtype())) + " " + shape_str(x_in.sizes()) +
+               (w_in.defined() ? ", w " + std::string(dtype_name(w_in.dtype())) : ", no w") +
+               (b_in.defined() ? ", b " + std::string(dtype_name(b_in.dtype())) : ", no b"));
+  static const OpDef& op = KILN_OP(layer_norm);
+  Tensor x = x_in.detach().requires_grad_(true);
+  Tensor w = w_in.defined() ? w_in.detach().requires_grad_(true) : Tensor();
+  Tensor b = b_in.defined() ? b_in.detach().requires_grad_(true) : Tensor();
+  const TensorVec out = call_op(op, {x, w, b}, {normalized, eps});
+  const Tensor& y = out[0];
+  EXPECT_EQ(y.dtype(), x.dtype());
+  EXPECT_EQ(to_shape(y.sizes()), to_shape(x.sizes()));
+  const ScalarType acc = x.dtype() == kDouble ? kDouble : kFloat;
+  EXPECT_EQ(out[1].dtype(), acc);
+  EXPECT_EQ(out[2].dtype(), acc);
+  EXPECT_EQ(to_shape(out[1].sizes()),
+            Shape(x.sizes().begin(), x.sizes().end() - static_cast<int64_t>(normalized.size())));
+  const Tensor dy = randn(x.sizes(), TensorOptions(x.dtype()));
+  autograd::variable_list inputs = {x};
+  if (w.defined()) inputs.push_back(w);
+  if (b.defined()) inputs.push_back(b);
+  const variable_list g = autograd::grad({y}, inputs, {dy});
+  const int64_t d = numel_of(normalized);
+  const LnRef ref = ln_reference(x.to_vector<double>(), values_or_empty(w), values_or_empty(b),
+                                 dy.to_vector<double>(), d, eps);
+  const double tol = tolerance(x.dtype());
+  EXPECT_LT(rel_error(y, ref.y), tol);
+  EXPECT_LT(rel_error(out[1], ref.mean), x.dtype() == kDouble ? 1e-12 : 1e-5);
+  EXPECT_LT(rel_error(out[2], ref.rstd), x.dtype() == kDouble ? 1e-12 : 1e-5);
+  EXPECT_LT(rel_error(g[0], ref.dx), tol);
+  EXPECT_EQ(g[0].dtype(), x.dtype());
+  size_t k = 1;
+  const auto param_tol = [&](const Tensor& p) {
+    return p.dtype() == kFloat && tol > 1e-3 ? 2e-3 : tol;
+  };
+  if (w.defined()) {
+    EXPECT_LT(rel_error(g[k], ref.dw), param_tol(w));
+    EXPECT_EQ(g[k++].dtype(), w.dtype());
+  }
+  if (b.defined()) {
+    EXPECT_LT(rel_error(g[k], ref.db), param_tol(b));
+    EXPECT_EQ(g[k].dtype(), b.dtype());
+  }
+  // The backward op itself returns dweight and dbias even without the parameters.
+  static const OpDef& bwd = KILN_OP(layer_norm_backward);
+  const TensorVec gb = call_op(
+      bwd, {dy, x.detach(), w.defined() ? w.detach() : Tensor(), out[1].detach(), out[2].detach()});
+  EXPECT_LT(rel_error(gb[0], ref.dx), tol);
+  EXPECT_LT(rel_error(gb[1], ref.dw), w.defined() ? param_tol(w) : 1e-5);
+  EXPECT_LT(rel_error(gb[2], ref.db), w.defined() ? param_tol(w) : 1e-5);
+  EXPECT_EQ(gb[1].dtype(), w.defined() ? w.dtype() : acc);
+}
+
+TEST(FusedLayerNorm, MatchesReferenceEveryDtype) {
+  manual_seed(11);
+  for (ScalarType t : {kDouble, kFloat, kHalf, kBFloat16}) {
+    const TensorOptions o(t);
+    // Rows with a mean far from zero: the two-pass variance keeps its accuracy.
+    check_layer_norm(randn({5, 7}, o).add(3.0), randn({7}, o), randn({7}, o), {7}, 1e-5);
+    check_layer_norm(randn({5, 7}, o), randn({7}, o), Tensor(), {7}, 1e-6);
+    check_layer_norm(randn({5, 7}, o), Tensor(), randn({7}, o), {7}, 1e-6);
+    check_layer_norm(randn({5, 7}, o), Tensor(), Tensor(), {7}, 1e-6);
+  }
+  // f16/bf16 activations with f32 parameters (autocast's f32 norms).
+  check_layer_norm(randn({4, 3, 24}, TensorOptions(kBFloat16)), randn({24}), randn({24}), {24},
+                   1e-5);
+  check_layer_norm(randn({6, 16}, TensorOptions(kHalf)), randn({16}), randn({16}), {16}, 1e-5);
+  check_layer_norm(randn({6, 16}, TensorOptions(kBFloat16)), Tensor(), randn({16}), {16}, 1e-5);
+}
+
+TEST(FusedLayerNorm, ShapesAndLayouts) {
+  manual_seed(12);
+  // Normalised over two trailing dims.
+  const TensorOptions f64(kDouble);
+  check_layer_norm(randn({3, 4, 5}, f64), randn({4, 5}, f64), randn({4, 5}, f64), {4, 5}, 1e-5);
+  // Over every dim (one row, 0-d statistics), a 1-D input, and a transposed (non-contiguous) one.
+  check_layer_norm(randn({3, 4}), randn({3, 4}), randn({3, 4}), {3, 4}, 1e-5);
+  check_layer_norm(randn({9}), randn({9}), randn({9}), {9}, 1e-5);
+  check_layer_norm(randn({6, 10}).t(), randn({6}), randn({6}), {6}, 1e-5);
+  // Rows of one element (y = bias), and multi-threaded (more than 32768 elements).
+  check_layer_norm(randn({4, 1}), randn({1}), randn({1}), {1}, 1e-5);
+  check_layer_norm(randn({300, 257}), randn({257}), randn({257}), {257}, 1e-5);
+  // Empty rows.
+  const Tensor y = layer_norm(randn({0, 8}), randn({8}), randn({8}), 1e-5);
+  EXPECT_EQ(to_shape(y.sizes()), (Shape{0, 8}));
+  static const OpDef& bwd = KILN_OP(layer_norm_backward);
+  const TensorVec g =
+      call_op(bwd, {randn({0, 8}), randn({0, 8}), randn({8}), randn({0}), randn({0})});
+  EXPECT_EQ(g[1].to_vector<double>(), std::vector<double>(8, 0.0));
+  EXPECT_EQ(g[2].to_vector<double>(), std::vector<double>(8, 0.0));
+  // A constant row: var = 0, y = bias (rstd = rsqrt(eps) times zero deviations).
+  const Tensor c = layer_norm(full({2, 4}, 1.5), ones({4}), full({4}, 0.25), 1e-5);
+  EXPECT_EQ(c.to_vector<double>(), std::vector<double>(8, 0.25));
+}
+
+TEST(FusedLayerNorm, Gradcheck) {
+  manual_seed(13);
+  Tensor x = randn({3, 6}, TensorOptions(kDouble).requires_grad(true));
+  Tensor w = randn({6}, TensorOptions(kDouble).requires_grad(true));
+  Tensor b = randn({6}, TensorOptions(kDouble).requires_grad(true));
+  EXPECT_TRUE(autograd::gradcheck(
+      [](const variable_list& in) { return layer_norm(in[0], in[1], in[2], 1e-3); }, {x, w, b}));
+}
+
+TEST(FusedLayerNorm, Errors) {
+  static const OpDef& op = KILN_OP(layer_norm);
+  EXPECT_KILN_ERROR(layer_norm(randn({2, 3}), randn({4}), Tensor(), 1e-5),
+                    "[layer_norm] normalized shape [4] does not match the trailing dims of "
+                    "input of shape [2, 3]");
+  EXPECT_KILN_ERROR(layer_norm(randn({2, 3}), randn({3}), randn({2}), 1e-5),
+                    "[layer_norm] bias of shape [2] does not match");
+  EXPECT_KILN_ERROR(layer_norm(randn({2, 3}), Tensor(), Tensor(), 1e-5),
+                    "[layer_norm] without weight and bias");
+  EXPECT_KILN_ERROR(call_op(op, {randn({2, 3}), Tensor(), Tensor()}, {Shape{2}, 1e-5}),
+                    "[layer_norm] normalized shape [2] does not match the trailing dims");
+  EXPECT_KILN_ERROR(call_op(op, {randn({2, 3}), Tensor(), Tensor()}, {Shape{}, 1e-5}),
+                    "[layer_norm] normalized shape [] does not match");
+  EXPECT_KILN_ERROR(layer_norm(ones({2, 3}, kInt64), ones({3}, kInt64), Tensor(), 1e-5),
+                    "[layer_norm] expected a floating-point input");
+  EXPECT_KILN_ERROR(layer_norm(randn({2, 3}), randn({3}, TensorOptions(kDouble)), Tensor(), 1e-5),
+                    "[layer_norm] expected weight of dtype float32, got float64");
+  EXPECT_KILN_ERROR(
+      layer_norm(randn({2, 3}).to(kBFloat16), randn({3}, TensorOptions(kHalf)), Tensor(), 1e-5),
+      "[layer_norm] expected weight of dtype bfloat16 or float32, got float16");
+  EXPECT_KILN_ERROR(
+      layer_norm(randn({2, 3}).to(kBFloat16), randn({3}), randn({3}).to(kBFloat16), 1e-5),
+      "[layer_norm] weight (float32) and bias (bfloat16) must have one dtype");
+  EXPECT_KILN_ERROR(layer_norm(randn({2, 3}), randn({3}), randn({3}), -1.0), "[layer_norm] eps");
+  static const OpDef& bwd = KILN_OP(layer_norm_backward);
+  const Tensor x = randn({2, 3});
+  EXPECT_KILN_ERROR(call_op(bwd, {x, x, randn({3}), randn({3}), randn({2})}),
+                    "[layer_norm_backward] mean (float32 [3]) must be float32 of the leading dims");
+  EXPECT_KILN_ERROR(call_op(bwd, {x, x, randn({3}), randn({2}), randn({3})}),
+                    "[layer_norm_backward] rstd");
+  EXPECT_KILN_ERROR(call_op(bwd, {randn({2, 4}), x, randn({3}), randn({2}), randn({2})}),
+                    "[layer_norm_backward] dy (float32 [2, 4]) must match x (float32 [2, 3])");
+  EXPECT_KILN_ERROR(call_op(bwd, {x, x, randn({4}), randn({2}), randn({2})}),
+                    "[layer_norm_backward] weight of shape [4]");
 }
 
 // f64 reference: per-row logsumexp and the mean loss over non-ignored rows.

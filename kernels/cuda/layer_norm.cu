@@ -1,0 +1,588 @@
+// CUDA kernels of layer_norm and layer_norm_backward (tensor/ops/norm.cpp; reference:
+// kernels/cpu/norm.cpp). Arithmetic in f32 for f16/bf16 (f64 for f64).
+//
+// Forward: a group of TPR threads per row (one warp for rows under 2048 elements, else 128
+// threads, or 512 for very long rows), every thread holding P 16-byte packs of its row in
+// registers: x is read once, the mean and then the variance about it are two passes over the
+// registers (no E[x^2] - E[x]^2 cancellation), y is written once.
+// Backward: the same row groups over a grid of about one wave of blocks, each group looping over
+// rows with a fixed thread -> column mapping, so that every thread accumulates dweight and dbias
+// of its columns in f32 registers across all the rows of its group. x and dy are read once; dx
+// is written per row from the registers. The groups of a block add their sums into the block's
+// partial row in group order; the per-block partials [grid, D] are then summed by column in a
+// second small kernel, in a fixed order (deterministic, no atomics).
+// Rows whose length or pointers do not allow 16-byte packs run the same kernels with packs of
+// one element. Rows too long for the register kernels, and f64, take block-per-row kernels that
+// loop over the row (x is read three times forward, twice backward; L1/L2 serve the repeats).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <utility>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/fused_util.cuh"
+#include "kernels/cuda/loops.cuh"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+
+namespace kiln::cuda {
+namespace {
+
+using internal::aligned_to;
+using internal::block_sum;
+using internal::load_pack;
+using internal::Pack;
+using internal::store_pack;
+using internal::warp_sum;
+using loops::multiprocessor_count;
+
+template <typename Acc>
+__device__ __forceinline__ Acc rsqrt_of(Acc v) {
+  if constexpr (std::is_same_v<Acc, double>) {
+    return ::rsqrt(v);
+  } else {
+    return rsqrtf(v);
+  }
+}
+
+// Sums each of v[0..K) over the TPR threads of a group (TPR a multiple of 32; the groups of a
+// block are consecutive runs of TPR threads), every thread receiving its group's sums. Groups
+// wider than a warp exchange their warp sums through `smem` ([warps of the block][K]), with
+// barriers: every thread of the block must call it.
+template <int TPR, int K, typename Acc>
+__device__ __forceinline__ void group_sum(Acc (&v)[K], Acc* smem) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
+  if constexpr (TPR > 32) {
+    constexpr int kWarps = TPR / 32;
+    const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+    const int first = warp / kWarps * kWarps;
+    __syncthreads();  // the previous call's readers are done with smem
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) smem[warp * K + k] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      Acc s = 0;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) s += smem[(first + i) * K + k];
+      v[k] = s;
+    }
+  }
+}
+
+// Forward for rows of at most TPR * P packs of N elements: groups of TPR threads, one row per
+// group at a time, BLOCK / TPR groups per block. The loop is uniform over the block (rows past
+// the end are masked) so that group_sum's barriers are safe. w and b may be null (1 and 0).
+template <typename T, typename W, int N, int P, int TPR, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    layer_norm_fwd_kernel(T* __restrict__ y, opmath_t<T>* __restrict__ mean,
+                          opmath_t<T>* __restrict__ rstd, const T* __restrict__ x,
+                          const W* __restrict__ w, const W* __restrict__ b, int64_t rows, int64_t d,
+                          opmath_t<T> eps) {
+  using Acc = opmath_t<T>;
+  constexpr int kGroups = BLOCK / TPR;
+  __shared__ Acc smem[BLOCK / 32];
+  const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
+  const int64_t nvec = d / N;
+  const Acc inv_d = Acc(1) / static_cast<Acc>(d);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups; base < rows;
+       base += static_cast<int64_t>(gridDim.x) * kGroups) {
+    const int64_t row = base + g;
+    const bool active = row < rows;
+    const T* xr = x + row * d;
+    Pack<T, N> raw[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t v = t + p * TPR;
+      if (active && v < nvec) raw[p] = *reinterpret_cast<const Pack<T, N>*>(xr + v * N);
+    }
+    Acc s[1] = {0};
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (active && t + p * TPR < nvec) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) s[0] += static_cast<Acc>(raw[p].v[i]);
+      }
+    }
+    group_sum<TPR>(s, smem);
+    const Acc m = s[0] * inv_d;
+    Acc ss[1] = {0};
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (active && t + p * TPR < nvec) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const Acc c = static_cast<Acc>(raw[p].v[i]) - m;
+          ss[0] += c * c;
+        }
+      }
+    }
+    group_sum<TPR>(ss, smem);
+    const Acc r = rsqrt_of(ss[0] * inv_d + eps);
+    if (!active) continue;  // after the last barrier of the iteration
+    if (t == 0) {
+      mean[row] = m;
+      rstd[row] = r;
+    }
+    T* yr = y + row * d;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t v = t + p * TPR;
+      if (v < nvec) {
+        Acc o[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) o[i] = (static_cast<Acc>(raw[p].v[i]) - m) * r;
+        if (w != nullptr) {
+          Acc wv[N];
+          load_pack<N>(w + v * N, wv);
+#pragma unroll
+          for (int i = 0; i < N; ++i) o[i] *= wv[i];
+        }
+        if (b != nullptr) {
+          Acc bv[N];
+          load_pack<N>(b + v * N, bv);
+#pragma unroll
+          for (int i = 0; i < N; ++i) o[i] += bv[i];
+        }
+        store_pack<N>(yr + v * N, o);
+      }
+    }
+  }
+}
+
+// Forward for any row: one block per row, looping over it (sum, squared deviations, output).
+template <typename T, typename W>
+__global__ void __launch_bounds__(256)
+    layer_norm_fwd_loop_kernel(T* __restrict__ y, opmath_t<T>* __restrict__ mean,
+                               opmath_t<T>* __restrict__ rstd, const T* __restrict__ x,
+                               const W* __restrict__ w, const W* __restrict__ b, int64_t rows,
+                               int64_t d, opmath_t<T> eps) {
+  using Acc = opmath_t<T>;
+  __shared__ Acc smem[32];
+  const int tid = static_cast<int>(threadIdx.x), bd = static_cast<int>(blockDim.x);
+  const Acc inv_d = d > 0 ? Acc(1) / static_cast<Acc>(d) : Acc(0);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * d;
+    Acc s = 0;
+    for (int64_t j = tid; j < d; j += bd) s += static_cast<Acc>(xr[j]);
+    const Acc m = block_sum(s, smem) * inv_d;
+    Acc ss = 0;
+    for (int64_t j = tid; j < d; j += bd) {
+      const Acc c = static_cast<Acc>(xr[j]) - m;
+      ss += c * c;
+    }
+    const Acc r = rsqrt_of(block_sum(ss, smem) * inv_d + eps);
+    if (tid == 0) {
+      mean[row] = m;
+      rstd[row] = r;
+    }
+    T* yr = y + row * d;
+    for (int64_t j = tid; j < d; j += bd) {
+      Acc o = (static_cast<Acc>(xr[j]) - m) * r;
+      if (w != nullptr) o *= static_cast<Acc>(w[j]);
+      if (b != nullptr) o += static_cast<Acc>(b[j]);
+      yr[j] = T(o);
+    }
+  }
+}
+
+// Adds a thread's column sums (dweight and dbias of its P packs) into its block's partial rows,
+// group after group (a fixed order), the first group writing over whatever was there. Every
+// thread of the block calls it.
+template <typename Acc, int N, int P, int TPR, int BLOCK>
+__device__ __forceinline__ void add_partials(Acc* pw, Acc* pb, const Acc (&dw)[P][N],
+                                             const Acc (&db)[P][N], int64_t nvec) {
+  constexpr int kGroups = BLOCK / TPR;
+  const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
+#pragma unroll 1
+  for (int turn = 0; turn < kGroups; ++turn) {
+    if (g == turn) {
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int64_t v = t + p * TPR;
+        if (v < nvec) {
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            const int64_t j = v * N + i;
+            pw[j] = (turn == 0 ? Acc(0) : pw[j]) + dw[p][i];
+            pb[j] = (turn == 0 ? Acc(0) : pb[j]) + db[p][i];
+          }
+        }
+      }
+    }
+    // Global writes before the barrier are visible to the whole block after it.
+    if constexpr (kGroups > 1) __syncthreads();
+  }
+}
+
+// Backward for rows of at most TPR * P packs (layout as the forward kernel). Each thread keeps
+// its columns' dweight and dbias sums for all the rows of its group in registers, and writes
+// them to the block's partial rows [blockIdx.x] at the end.
+template <typename T, typename W, int N, int P, int TPR, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    layer_norm_bwd_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ part_w,
+                          opmath_t<T>* __restrict__ part_b, const T* __restrict__ dy,
+                          const T* __restrict__ x, const W* __restrict__ w,
+                          const opmath_t<T>* __restrict__ mean,
+                          const opmath_t<T>* __restrict__ rstd, int64_t rows, int64_t d) {
+  using Acc = opmath_t<T>;
+  constexpr int kGroups = BLOCK / TPR;
+  __shared__ Acc smem[BLOCK / 32 * 2];
+  const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
+  const int64_t nvec = d / N;
+  const Acc inv_d = Acc(1) / static_cast<Acc>(d);
+  Acc dw[P][N], db[P][N];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dw[p][i] = db[p][i] = 0;
+  }
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups; base < rows;
+       base += static_cast<int64_t>(gridDim.x) * kGroups) {
+    const int64_t row = base + g;
+    const bool active = row < rows;
+    Pack<T, N> xr[P], gr[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t v = t + p * TPR;
+      if (active && v < nvec) {
+        xr[p] = *reinterpret_cast<const Pack<T, N>*>(x + row * d + v * N);
+        gr[p] = *reinterpret_cast<const Pack<T, N>*>(dy + row * d + v * N);
+      }
+    }
+    const Acc m = active ? mean[row] : Acc(0), r = active ? rstd[row] : Acc(0);
+    // sums[0] = sum of g = dy * w, sums[1] = sum of g * xh, xh = (x - mean) * rstd.
+    Acc sums[2] = {0, 0};
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t v = t + p * TPR;
+      if (active && v < nvec) {
+        Acc wv[N];
+        if (w != nullptr) {
+          load_pack<N>(w + v * N, wv);
+        } else {
+#pragma unroll
+          for (int i = 0; i < N; ++i) wv[i] = 1;
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const Acc gv = static_cast<Acc>(gr[p].v[i]);
+          const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
+          sums[0] += gv * wv[i];
+          sums[1] += gv * wv[i] * xh;
+          dw[p][i] += gv * xh;
+          db[p][i] += gv;
+        }
+      }
+    }
+    group_sum<TPR>(sums, smem);
+    if (!active) continue;  // after the last barrier of the iteration
+    const Acc a = sums[0] * inv_d, k = sums[1] * inv_d;
+    T* dr = dx + row * d;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t v = t + p * TPR;
+      if (v < nvec) {
+        Acc wv[N], o[N];
+        if (w != nullptr) {
+          load_pack<N>(w + v * N, wv);
+        } else {
+#pragma unroll
+          for (int i = 0; i < N; ++i) wv[i] = 1;
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
+          o[i] = r * (static_cast<Acc>(gr[p].v[i]) * wv[i] - a - xh * k);
+        }
+        store_pack<N>(dr + v * N, o);
+      }
+    }
+  }
+  add_partials<Acc, N, P, TPR, BLOCK>(part_w + blockIdx.x * d, part_b + blockIdx.x * d, dw, db,
+                                      nvec);
+}
+
+// Backward for any row: one block at a time per row, looping over it; each thread owns the
+// columns tid, tid + blockDim, ... of its block's partial rows and accumulates into them there.
+template <typename T, typename W>
+__global__ void __launch_bounds__(256)
+    layer_norm_bwd_loop_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ part_w,
+                               opmath_t<T>* __restrict__ part_b, const T* __restrict__ dy,
+                               const T* __restrict__ x, const W* __restrict__ w,
+                               const opmath_t<T>* __restrict__ mean,
+                               const opmath_t<T>* __restrict__ rstd, int64_t rows, int64_t d) {
+  using Acc = opmath_t<T>;
+  __shared__ Acc smem[32];
+  const int tid = static_cast<int>(threadIdx.x), bd = static_cast<int>(blockDim.x);
+  const Acc inv_d = Acc(1) / static_cast<Acc>(d);
+  Acc* pw = part_w + blockIdx.x * d;
+  Acc* pb = part_b + blockIdx.x * d;
+  for (int64_t j = tid; j < d; j += bd) pw[j] = pb[j] = 0;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * d;
+    const T* gr = dy + row * d;
+    const Acc m = mean[row], r = rstd[row];
+    Acc sg = 0, sgx = 0;
+    for (int64_t j = tid; j < d; j += bd) {
+      const Acc gv = static_cast<Acc>(gr[j]);
+      const Acc xh = (static_cast<Acc>(xr[j]) - m) * r;
+      const Acc gw = w != nullptr ? gv * static_cast<Acc>(w[j]) : gv;
+      sg += gw;
+      sgx += gw * xh;
+      pw[j] += gv * xh;
+      pb[j] += gv;
+    }
+    const Acc a = block_sum(sg, smem) * inv_d;
+    const Acc k = block_sum(sgx, smem) * inv_d;
+    T* dr = dx + row * d;
+    for (int64_t j = tid; j < d; j += bd) {
+      const Acc gv = static_cast<Acc>(gr[j]);
+      const Acc xh = (static_cast<Acc>(xr[j]) - m) * r;
+      const Acc gw = w != nullptr ? gv * static_cast<Acc>(w[j]) : gv;
+      dr[j] = T(r * (gw - a - xh * k));
+    }
+  }
+}
+
+// out_w[j] = sum over rows q of part_w[q, j] (blockIdx.y == 0), out_b likewise (blockIdx.y == 1);
+// blocks of 32 columns x 32 partial rows, summed in a fixed order.
+template <typename Acc, typename W>
+__global__ void layer_norm_column_sum_kernel(W* __restrict__ out_w, W* __restrict__ out_b,
+                                             const Acc* __restrict__ part_w,
+                                             const Acc* __restrict__ part_b, int64_t nb,
+                                             int64_t d) {
+  __shared__ Acc s[32][33];
+  const Acc* part = blockIdx.y == 0 ? part_w : part_b;
+  W* out = blockIdx.y == 0 ? out_w : out_b;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  Acc acc = 0;
+  if (j < d) {
+    for (int64_t q = threadIdx.y; q < nb; q += 32) acc += part[q * d + j];
+  }
+  s[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < d) {
+    Acc sum = 0;
+    for (int i = 0; i < 32; ++i) sum += s[i][threadIdx.x];
+    out[j] = W(sum);
+  }
+}
+
+// Calls f(TypeTag<T>, TypeTag<W>) for x's dtype T and the parameters' dtype W (T, or float).
+template <typename F>
+void visit_x_param(ScalarType xt, ScalarType wt, F&& f) {
+  visit_floating(xt, "layer_norm", [&]<typename T>(TypeTag<T>) {
+    if (wt == xt) {
+      f(TypeTag<T>{}, TypeTag<T>{});
+    } else if constexpr (!std::is_same_v<T, double> && !std::is_same_v<T, float>) {
+      f(TypeTag<T>{}, TypeTag<float>{});
+    } else {
+      KILN_FAIL("[layer_norm] unsupported parameter dtype ", dtype_name(wt));
+    }
+  });
+}
+
+// Whether rows of length d can be accessed in 16-byte packs of T through every row pointer, and
+// the (possibly null) parameter pointers in packs of the same element count.
+template <typename T, typename W>
+bool packable(int64_t d, std::initializer_list<const void*> t_ptrs,
+              std::initializer_list<const void*> w_ptrs) {
+  constexpr int kPack = 16 / sizeof(T);
+  if (d % kPack != 0) return false;
+  for (const void* p : t_ptrs) {
+    if (!aligned_to(p, 16)) return false;
+  }
+  for (const void* p : w_ptrs) {
+    if (p != nullptr && !aligned_to(p, static_cast<int64_t>(sizeof(W)) * kPack)) return false;
+  }
+  return true;
+}
+
+// The smallest P of `Ps` (ascending) with TPR * P >= nvec; calls f(integral_constant<P>) and
+// returns true, or returns false where none is large enough.
+template <int TPR, int... Ps, typename F>
+bool with_packs(int64_t nvec, std::integer_sequence<int, Ps...>, F&& f) {
+  bool done = false;
+  ((!done && nvec <= static_cast<int64_t>(TPR) * Ps
+        ? (f(std::integral_constant<int, Ps>{}), done = true)
+        : false),
+   ...);
+  return done;
+}
+
+// Threads per row of the register kernels: a warp for rows under 2048 elements whose packs fit
+// `max_p` per lane (several rows per block), then 128 threads (the RMSNorm measurements:
+// benchmarks/RESULTS.md), then 512; 0: too long for the register kernels.
+int threads_per_row(int64_t d, int64_t nvec, int max_p) {
+  if (d < 2048 && nvec <= 32 * max_p) return 32;
+  if (nvec <= 128 * max_p) return 128;
+  if (nvec <= 512 * max_p) return 512;
+  return 0;
+}
+
+void layer_norm_cuda(OpCall& c) {
+  const Tensor x = c.input(0).contiguous();
+  const Tensor w = c.input(1).defined() ? c.input(1).contiguous() : Tensor();
+  const Tensor b = c.input(2).defined() ? c.input(2).contiguous() : Tensor();
+  const Tensor& y = c.outputs[0];
+  const Tensor& mean = c.outputs[1];
+  const Tensor& rstd = c.outputs[2];
+  const int64_t rows = mean.numel();
+  if (rows == 0) return;
+  const int64_t d = x.numel() / rows;
+  DeviceGuard guard(x.device().index());
+  const cudaStream_t stream = current_stream();
+  const ScalarType pt = w.defined() ? w.dtype() : b.defined() ? b.dtype() : x.dtype();
+  visit_x_param(x.dtype(), pt, [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
+    using Acc = opmath_t<T>;
+    const Acc eps = static_cast<Acc>(c.attr<double>(1));
+    T* py = static_cast<T*>(y.data_ptr());
+    Acc* pm = static_cast<Acc*>(mean.data_ptr());
+    Acc* pr = static_cast<Acc*>(rstd.data_ptr());
+    const T* px = static_cast<const T*>(x.data_ptr());
+    const W* pw = w.defined() ? static_cast<const W*>(w.data_ptr()) : nullptr;
+    const W* pb = b.defined() ? static_cast<const W*>(b.data_ptr()) : nullptr;
+    if constexpr (!std::is_same_v<T, double>) {
+      constexpr int kPack = 16 / sizeof(T);
+      const bool packed = packable<T, W>(d, {px, py}, {pw, pb});
+      auto run = [&]<int N>(std::integral_constant<int, N>) {
+        const int64_t nvec = d / N;
+        const int tpr = d == 0 ? 0 : threads_per_row(d, nvec, 16);
+        auto go = [&]<int TPR, int BLOCK>(std::integral_constant<int, TPR>,
+                                          std::integral_constant<int, BLOCK>) {
+          constexpr int kGroups = BLOCK / TPR;
+          const unsigned grid = static_cast<unsigned>(
+              std::min<int64_t>((rows + kGroups - 1) / kGroups, int64_t{1} << 30));
+          return with_packs<TPR>(nvec, std::integer_sequence<int, 1, 2, 4, 8, 16>{},
+                                 [&]<int P>(std::integral_constant<int, P>) {
+                                   layer_norm_fwd_kernel<T, W, N, P, TPR, BLOCK>
+                                       <<<grid, BLOCK, 0, stream>>>(py, pm, pr, px, pw, pb, rows, d,
+                                                                    eps);
+                                   KILN_CUDA_LAUNCH_CHECK("layer_norm_fwd_kernel");
+                                 });
+        };
+        switch (tpr) {
+          case 32:
+            return go(std::integral_constant<int, 32>{}, std::integral_constant<int, 256>{});
+          case 128:
+            return go(std::integral_constant<int, 128>{}, std::integral_constant<int, 128>{});
+          case 512:
+            return go(std::integral_constant<int, 512>{}, std::integral_constant<int, 512>{});
+          default:
+            return false;
+        }
+      };
+      if (packed ? run(std::integral_constant<int, kPack>{})
+                 : run(std::integral_constant<int, 1>{})) {
+        return;
+      }
+    }
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
+    layer_norm_fwd_loop_kernel<T, W>
+        <<<grid, 256, 0, stream>>>(py, pm, pr, px, pw, pb, rows, d, eps);
+    KILN_CUDA_LAUNCH_CHECK("layer_norm_fwd_loop_kernel");
+  });
+}
+
+void layer_norm_backward_cuda(OpCall& c) {
+  const Tensor dy = c.input(0).contiguous();
+  const Tensor x = c.input(1).contiguous();
+  const Tensor w = c.input(2).defined() ? c.input(2).contiguous() : Tensor();
+  const Tensor mean = c.input(3).contiguous();
+  const Tensor rstd = c.input(4).contiguous();
+  const Tensor& dx = c.outputs[0];
+  const Tensor& dw = c.outputs[1];
+  const Tensor& db = c.outputs[2];
+  const int64_t d = dw.numel(), rows = rstd.numel();
+  if (d == 0) return;
+  DeviceGuard guard(x.device().index());
+  const cudaStream_t stream = current_stream();
+  if (rows == 0) {
+    KILN_CUDA_CHECK(cudaMemsetAsync(dw.data_ptr(), 0, dw.nbytes(), stream));
+    KILN_CUDA_CHECK(cudaMemsetAsync(db.data_ptr(), 0, db.nbytes(), stream));
+    return;
+  }
+  visit_x_param(x.dtype(), dw.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
+    using Acc = opmath_t<T>;
+    T* pdx = static_cast<T*>(dx.data_ptr());
+    const T* pdy = static_cast<const T*>(dy.data_ptr());
+    const T* px = static_cast<const T*>(x.data_ptr());
+    const W* pw = w.defined() ? static_cast<const W*>(w.data_ptr()) : nullptr;
+    const Acc* pm = static_cast<const Acc*>(mean.data_ptr());
+    const Acc* pr = static_cast<const Acc*>(rstd.data_ptr());
+    // Sums the per-block partials [nb, d] into dweight and dbias.
+    auto column_sums = [&](const Tensor& part, int64_t nb) {
+      const Acc* p = static_cast<const Acc*>(part.data_ptr());
+      layer_norm_column_sum_kernel<Acc, W>
+          <<<dim3(static_cast<unsigned>((d + 31) / 32), 2), dim3(32, 32), 0, stream>>>(
+              static_cast<W*>(dw.data_ptr()), static_cast<W*>(db.data_ptr()), p, p + nb * d, nb, d);
+      KILN_CUDA_LAUNCH_CHECK("layer_norm_column_sum_kernel");
+    };
+    auto partials = [&](int64_t nb) {
+      return empty({2, nb, d}, TensorOptions(dtype_of<Acc>()).device(x.device()));
+    };
+    if constexpr (!std::is_same_v<T, double>) {
+      constexpr int kPack = 16 / sizeof(T);
+      const bool packed = packable<T, W>(d, {px, pdy, pdx}, {pw});
+      auto run = [&]<int N>(std::integral_constant<int, N>) {
+        const int64_t nvec = d / N;
+        auto go = [&]<int TPR, int BLOCK>(std::integral_constant<int, TPR>,
+                                          std::integral_constant<int, BLOCK>) {
+          constexpr int kGroups = BLOCK / TPR;
+          return with_packs<TPR>(
+              nvec, std::integer_sequence<int, 1, 2, 4>{},
+              [&]<int P>(std::integral_constant<int, P>) {
+                const auto kernel = layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK>;
+                // One wave: as many blocks as are resident at once, so that each block's
+                // partials are written once, at its end.
+                int per_sm = 0;
+                KILN_CUDA_CHECK(
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BLOCK, 0));
+                const int64_t nb = std::min<int64_t>(
+                    (rows + kGroups - 1) / kGroups,
+                    static_cast<int64_t>(multiprocessor_count()) * std::max(1, per_sm));
+                const Tensor part = partials(nb);
+                Acc* pp = static_cast<Acc*>(part.data_ptr());
+                kernel<<<static_cast<unsigned>(nb), BLOCK, 0, stream>>>(pdx, pp, pp + nb * d, pdy,
+                                                                        px, pw, pm, pr, rows, d);
+                KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_kernel");
+                column_sums(part, nb);
+              });
+        };
+        switch (threads_per_row(d, nvec, 4)) {
+          case 32:
+            return go(std::integral_constant<int, 32>{}, std::integral_constant<int, 256>{});
+          case 128:
+            return go(std::integral_constant<int, 128>{}, std::integral_constant<int, 256>{});
+          case 512:
+            return go(std::integral_constant<int, 512>{}, std::integral_constant<int, 512>{});
+          default:
+            return false;
+        }
+      };
+      if (packed ? run(std::integral_constant<int, kPack>{})
+                 : run(std::integral_constant<int, 1>{})) {
+        return;
+      }
+    }
+    const int64_t nb = std::min<int64_t>(rows, static_cast<int64_t>(multiprocessor_count()) * 8);
+    const Tensor part = partials(nb);
+    Acc* pp = static_cast<Acc*>(part.data_ptr());
+    layer_norm_bwd_loop_kernel<T, W><<<static_cast<unsigned>(nb), 256, 0, stream>>>(
+        pdx, pp, pp + nb * d, pdy, px, pw, pm, pr, rows, d);
+    KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_loop_kernel");
+    column_sums(part, nb);
+  });
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL(layer_norm, kCUDA, layer_norm_cuda);
+KILN_REGISTER_KERNEL(layer_norm_backward, kCUDA, layer_norm_backward_cuda);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,243 @@
+// The fused CUDA kernels of layer_norm and layer_norm_backward (kernels/cuda/layer_norm.cu)
+// against their CPU kernels (kernels/cpu/norm.cpp) on the same fresh random inputs: every
+// floating dtype, f32 parameters on f16/bf16 inputs, either parameter or none, row lengths from
+// 1 to past the register kernels (packed, unpacked, one warp, 128 and 512 threads per row, the
+// looping kernels), 1 to 17000 rows, non-contiguous and misaligned inputs, bitwise repeatable
+// parameter gradients, and F::layer_norm through autograd and autocast on the GPU.
+//
+// Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "kernels/gpu_test_util.h"
+#include "nn/autocast.h"
+#include "nn/functional.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using test::kGpu;
+
+class GpuLayerNorm : public test::GpuTest {};
+
+// Relative L2 error ||got - want|| / ||want|| (the absolute L2 error where want is all zeros).
+double rel_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.cpu().to_vector<double>(), w = want.to_vector<double>();
+  EXPECT_EQ(g.size(), w.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    if (std::isnan(g[i]) != std::isnan(w[i])) return INFINITY;
+    if (std::isnan(g[i])) continue;
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// GPU vs CPU on the same inputs: the same two-pass algorithm in the same precision, so the
+// error is the rounding of the output dtype and of sums taken in another order (f32: up to
+// 70000 terms per row, whose order changes rstd by a few 1e-6).
+double tolerance(ScalarType t) {
+  switch (t) {
+    case kDouble:
+      return 1e-12;
+    case kFloat:
+      return 3e-5;
+    default:
+      return 8e-3;
+  }
+}
+
+void expect_near_cpu(const Tensor& gpu, const Tensor& cpu, double tol, const char* what) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(gpu.defined());
+  EXPECT_TRUE(gpu.is_cuda());
+  EXPECT_EQ(gpu.dtype(), cpu.dtype());
+  ASSERT_EQ(to_shape(gpu.sizes()), to_shape(cpu.sizes()));
+  EXPECT_LE(rel_error(gpu, cpu), tol);
+}
+
+Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(kGpu) : Tensor(); }
+
+// Forward and backward of layer_norm, normalised over `normalized`, on the CPU inputs x, w, b
+// (w and b may be undefined) and on xg, the same values on the GPU (by default x copied there;
+// tests pass strided or misaligned GPU views of the same base).
+void check_ln(const Tensor& x, const Tensor& w, const Tensor& b, const Shape& normalized,
+              const Tensor& xg_in = Tensor(), double eps = 1e-5) {
+  SCOPED_TRACE(std::string(dtype_name(x.dtype())) + " x " + shape_str(x.sizes()) +
+               (w.defined() ? ", " + std::string(dtype_name(w.dtype())) + " w" : ", no w") +
+               (b.defined() ? ", " + std::string(dtype_name(b.dtype())) + " b" : ", no b"));
+  static const OpDef& fwd = KILN_OP(layer_norm);
+  static const OpDef& bwd = KILN_OP(layer_norm_backward);
+  const Tensor xg = xg_in.defined() ? xg_in : x.to(kGpu);
+  const Tensor wg = on_gpu(w), bg = on_gpu(b);
+  const TensorVec c = call_op(fwd, {x, w, b}, {normalized, eps});
+  const TensorVec g = call_op(fwd, {xg, wg, bg}, {normalized, eps});
+  const double tol = tolerance(x.dtype());
+  expect_near_cpu(g[0], c[0], tol, "y");
+  // The statistics: f32 sums added in another order (rms_norm's rstd measured 1.2e-5 at 40000
+  // elements on the H100). A row's mean is near 0 for zero-mean data, so its error is measured
+  // against the spread of x (about 1), elementwise.
+  const bool f64 = x.dtype() == kDouble;
+  test::expect_match(g[1], c[1], f64 ? 1e-12 : 1e-5, f64 ? 1e-13 : 1e-6, "mean");
+  expect_near_cpu(g[2], c[2], f64 ? 1e-12 : 5e-5, "rstd");
+  const Tensor dy = randn(x.sizes()).to(x.dtype());
+  const TensorVec dc = call_op(bwd, {dy, x, w, c[1], c[2]});
+  const TensorVec dg = call_op(bwd, {dy.to(kGpu), xg, wg, g[1], g[2]});
+  expect_near_cpu(dg[0], dc[0], tol, "dx");
+  const double ptol = dc[1].dtype() == kDouble ? 1e-10 : std::max(tolerance(dc[1].dtype()), 1e-4);
+  expect_near_cpu(dg[1], dc[1], ptol, "dweight");
+  expect_near_cpu(dg[2], dc[2], ptol, "dbias");
+}
+
+// The common case: weight and bias of dtype pt over the last dim of x.
+void check_ln2(int64_t rows, int64_t d, ScalarType xt, ScalarType pt) {
+  check_ln(randn({rows, d}).to(xt), randn({d}).to(pt), randn({d}).to(pt), {d});
+}
+
+TEST_F(GpuLayerNorm, EveryDtypePackedAndUnpacked) {
+  manual_seed(61);
+  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
+    check_ln2(37, 64, dt, dt);  // 16-byte packs
+    check_ln2(19, 37, dt, dt);  // odd length: one element each
+    check_ln(randn({7, 3, 40}).to(dt), randn({3, 40}).to(dt), randn({3, 40}).to(dt), {3, 40});
+    // Rows with a large mean: the two-pass variance on both devices.
+    check_ln(randn({9, 96}).add(50.0).to(dt), randn({96}).to(dt), randn({96}).to(dt), {96});
+  }
+  check_ln2(33, 96, kBFloat16, kFloat);  // f32 parameters
+  check_ln2(33, 96, kHalf, kFloat);
+}
+
+TEST_F(GpuLayerNorm, OptionalParameters) {
+  manual_seed(62);
+  for (ScalarType dt : {kFloat, kBFloat16, kDouble}) {
+    for (int64_t d : {64, 37, 2048, 20000}) {
+      check_ln(randn({5, d}).to(dt), randn({d}).to(dt), Tensor(), {d});
+      check_ln(randn({5, d}).to(dt), Tensor(), randn({d}).to(dt), {d});
+      check_ln(randn({5, d}).to(dt), Tensor(), Tensor(), {d});
+    }
+  }
+  check_ln(randn({6, 128}).to(kBFloat16), Tensor(), randn({128}), {128});  // f32 bias alone
+  check_ln(randn({6, 128}).to(kHalf), randn({128}), Tensor(), {128});
+}
+
+// Row lengths across every kernel: d = 1, 7, 33 (unpacked, one warp), 768 (one warp, idle
+// lanes), 2048 (128 threads per row), 4100 (unpacked, 512 threads), 8192 (512 threads in the
+// backward), 16384, 20000 and 70000 (past the register kernels: the looping ones); 1, 3 and 257
+// rows.
+TEST_F(GpuLayerNorm, OddSizes) {
+  manual_seed(63);
+  for (int64_t d : {1, 7, 33, 768, 2048, 4100, 8192, 16384, 20000, 70000}) {
+    for (int64_t rows : {1, 3, 257}) {
+      check_ln2(rows, d, kBFloat16, kBFloat16);
+      check_ln2(rows, d, kBFloat16, kFloat);
+    }
+    check_ln2(3, d, kFloat, kFloat);
+    check_ln2(3, d, kHalf, kHalf);
+  }
+  // Every pack count of the register kernels (1 to 16 per thread), with idle threads.
+  for (int64_t d : {8, 24, 256, 264, 1000, 1032, 3000, 4096, 6000, 12000, 32768, 40000}) {
+    check_ln2(13, d, kBFloat16, kBFloat16);
+    check_ln2(5, d, kFloat, kFloat);
+  }
+}
+
+TEST_F(GpuLayerNorm, ManyRows) {
+  manual_seed(64);
+  // More rows than resident groups (the backward's grid is about one wave, so every block
+  // loops), with idle lanes and f32 parameters.
+  check_ln2(10000, 2048, kBFloat16, kBFloat16);
+  check_ln2(9001, 1000, kBFloat16, kFloat);
+  check_ln2(17000, 264, kHalf, kHalf);
+  check_ln2(17000, 512, kFloat, kFloat);
+  check_ln2(5003, 128, kBFloat16, kBFloat16);
+  check_ln2(2049, 8192, kBFloat16, kBFloat16);
+  check_ln2(300, 20000, kBFloat16, kFloat);
+}
+
+TEST_F(GpuLayerNorm, StridedAndMisalignedInputs) {
+  manual_seed(65);
+  // Transposed and sliced inputs, built on the GPU from the same base as on the CPU.
+  const Tensor base = randn({64, 40}).to(kBFloat16);
+  const Tensor w = randn({64}).to(kBFloat16), b = randn({64}).to(kBFloat16);
+  check_ln(base.t(), w, b, {64}, base.to(kGpu).t());
+  const Tensor wide = randn({50, 1024}).to(kBFloat16);
+  const Tensor w5 = randn({512}).to(kBFloat16), b5 = randn({512}).to(kBFloat16);
+  check_ln(wide.slice(1, 0, 512), w5, b5, {512}, wide.to(kGpu).slice(1, 0, 512));
+  const Tensor wide32 = randn({30, 2 * 2048});
+  check_ln(wide32.slice(1, 2048, 4096), randn({2048}), randn({2048}), {2048},
+           wide32.to(kGpu).slice(1, 2048, 4096));
+  // Rows one element off 16-byte alignment on the GPU (a contiguous view at offset 1): the
+  // one-element kernels, forward and backward.
+  const Tensor flat = randn({1 + 21 * 256}).to(kBFloat16);
+  const Tensor w2 = randn({256}).to(kBFloat16), b2 = randn({256}).to(kBFloat16);
+  const Tensor xc = flat.slice(0, 1, 1 + 21 * 256).view({21, 256});
+  check_ln(xc, w2, b2, {256}, flat.to(kGpu).slice(0, 1, 1 + 21 * 256).view({21, 256}));
+  // A misaligned dy with aligned x.
+  static const OpDef& fwd = KILN_OP(layer_norm);
+  static const OpDef& bwd = KILN_OP(layer_norm_backward);
+  const Tensor x = randn({21, 256}).to(kBFloat16);
+  const TensorVec f = call_op(fwd, {x, w2, b2}, {Shape{256}, 1e-5});
+  const TensorVec want = call_op(bwd, {xc, x, w2, f[1], f[2]});
+  const TensorVec got = call_op(bwd, {flat.to(kGpu).slice(0, 1, 1 + 21 * 256).view({21, 256}),
+                                      x.to(kGpu), w2.to(kGpu), f[1].to(kGpu), f[2].to(kGpu)});
+  expect_near_cpu(got[0], want[0], tolerance(kBFloat16), "dx");
+  expect_near_cpu(got[1], want[1], tolerance(kBFloat16), "dweight");
+  expect_near_cpu(got[2], want[2], tolerance(kBFloat16), "dbias");
+}
+
+// The parameter gradients are sums of per-block partials in a fixed order: bitwise the same on
+// every run.
+TEST_F(GpuLayerNorm, ParameterGradientsAreRepeatable) {
+  manual_seed(66);
+  static const OpDef& fwd = KILN_OP(layer_norm);
+  static const OpDef& bwd = KILN_OP(layer_norm_backward);
+  for (int64_t d : {768, 2048, 20000}) {
+    const Tensor x = randn({3001, d}).to(kBFloat16).to(kGpu), dy = randn({3001, d}).to(kGpu);
+    const Tensor w = randn({d}).to(kGpu), b = randn({d}).to(kGpu);
+    const TensorVec f = call_op(fwd, {x, w, b}, {Shape{d}, 1e-5});
+    const TensorVec g1 = call_op(bwd, {dy.to(kBFloat16), x, w, f[1], f[2]});
+    const TensorVec g2 = call_op(bwd, {dy.to(kBFloat16), x, w, f[1], f[2]});
+    test::expect_same(g2[0], g1[0].cpu(), "dx");
+    test::expect_same(g2[1], g1[1].cpu(), "dweight");
+    test::expect_same(g2[2], g1[2].cpu(), "dbias");
+  }
+}
+
+TEST_F(GpuLayerNorm, FunctionalUsesTheFusedOpsThroughAutograd) {
+  manual_seed(67);
+  namespace F = nn::functional;
+  Tensor x = randn({64, 256}).to(kBFloat16).to(kGpu).requires_grad_(true);
+  Tensor w = randn({256}).to(kGpu).requires_grad_(true);
+  Tensor b = randn({256}).to(kGpu).requires_grad_(true);
+  const Tensor dy = randn({64, 256}).to(kBFloat16);
+  const Tensor y = F::layer_norm(x, {256}, w, b, 1e-6);
+  EXPECT_EQ(y.dtype(), kBFloat16);
+  const autograd::variable_list g = autograd::grad({y}, {x, w, b}, {dy.to(kGpu)});
+  static const OpDef& fwd = KILN_OP(layer_norm);
+  static const OpDef& bwd = KILN_OP(layer_norm_backward);
+  const Tensor xc = x.detach().cpu(), wc = w.detach().cpu(), bc = b.detach().cpu();
+  const TensorVec c = call_op(fwd, {xc, wc, bc}, {Shape{256}, 1e-6});
+  const TensorVec dc = call_op(bwd, {dy, xc, wc, c[1], c[2]});
+  expect_near_cpu(y.detach(), c[0], 8e-3, "y");
+  expect_near_cpu(g[0], dc[0], 8e-3, "dx");
+  expect_near_cpu(g[1], dc[1], 1e-4, "dweight");
+  expect_near_cpu(g[2], dc[2], 1e-4, "dbias");
+  // Under autocast on the GPU: computed and returned in f32, as the composite did.
+  AutocastGuard guard(kCUDA, kBFloat16);
+  const Tensor ya = F::layer_norm(x.detach(), {256}, w.detach().to(kBFloat16), Tensor(), 1e-6);
+  EXPECT_EQ(ya.dtype(), kFloat);
+  const TensorVec ca =
+      call_op(fwd, {xc.to(kFloat), wc.to(kBFloat16).to(kFloat), Tensor()}, {Shape{256}, 1e-6});
+  expect_near_cpu(ya, ca[0], 1e-5, "y under autocast");
+}
+
+}  // namespace
+}  // namespace kiln
