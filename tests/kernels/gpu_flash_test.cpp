@@ -35,28 +35,11 @@ namespace kiln {
 namespace {
 
 using test::kGpu;
+using test::rel_error;
 
 namespace F = nn::functional;
 
 class GpuFlashAttention : public test::GpuTest {};
-
-// Relative L2 error; -inf entries must agree exactly, NaN never passes.
-double rel_error(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.to(kCPU).to_vector<double>();
-  const std::vector<double> w = want.to(kCPU).to_vector<double>();
-  EXPECT_EQ(g.size(), w.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
-    if (std::isnan(g[i]) || std::isnan(w[i])) return INFINITY;
-    if (std::isinf(w[i]) || std::isinf(g[i])) {
-      if (g[i] != w[i]) return INFINITY;
-      continue;
-    }
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
 
 double out_tol(ScalarType t) { return t == kBFloat16 ? 1e-2 : 2e-3; }
 double grad_tol(ScalarType t) { return t == kBFloat16 ? 2e-2 : 4e-3; }

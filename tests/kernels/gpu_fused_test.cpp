@@ -26,6 +26,7 @@ namespace kiln {
 namespace {
 
 using test::kGpu;
+using test::rel_error;
 using test::ScopedEnv;
 
 class GpuFixture : public test::GpuTest {};
@@ -33,19 +34,6 @@ class GpuRmsNorm : public GpuFixture {};
 class GpuCrossEntropy : public GpuFixture {};
 class GpuRotaryEmb : public GpuFixture {};
 class GpuGlu : public GpuFixture {};
-
-double rel_error(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  EXPECT_EQ(g.size(), w.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
-    if (std::isnan(g[i]) != std::isnan(w[i])) return INFINITY;
-    if (std::isnan(g[i])) continue;
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
 
 // GPU vs CPU on the same inputs: the same algorithm in the same precision, so the error is
 // rounding of the output dtype (and fast exp on the GPU).

@@ -24,22 +24,9 @@ namespace kiln {
 namespace {
 
 using test::kGpu;
+using test::rel_error;
 
 class GpuLayerNorm : public test::GpuTest {};
-
-// Relative L2 error ||got - want|| / ||want|| (the absolute L2 error where want is all zeros).
-double rel_error(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.cpu().to_vector<double>(), w = want.to_vector<double>();
-  EXPECT_EQ(g.size(), w.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
-    if (std::isnan(g[i]) != std::isnan(w[i])) return INFINITY;
-    if (std::isnan(g[i])) continue;
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
 
 // GPU vs CPU on the same inputs: the same two-pass algorithm in the same precision, so the
 // error is the rounding of the output dtype and of sums taken in another order (f32: up to

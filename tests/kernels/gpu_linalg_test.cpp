@@ -21,22 +21,10 @@ namespace kiln {
 namespace {
 
 using test::kGpu;
+using test::rel_error;
 
 class GpuFixture : public test::GpuTest {};
 class GpuLinalg : public GpuFixture {};
-
-// Relative L2 error of `got` (any device) against `want` (f64 CPU); NaN never passes.
-double rel_error(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  EXPECT_EQ(g.size(), w.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
-    if (std::isnan(g[i]) != std::isnan(w[i])) return INFINITY;
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
 
 double tolerance(ScalarType t) {
   switch (t) {

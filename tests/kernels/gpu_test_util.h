@@ -129,6 +129,29 @@ inline void expect_match(const Tensor& actual, const Tensor& expected, double rt
                          const std::string& what) {
   expect_match(actual, expected, Tol{rtol, atol}, what);
 }
+// Relative L2 error ||got - want|| / ||want|| over the elements (the absolute L2 error where want
+// is all zeros), both read on the CPU. NaN must meet NaN and an infinity the same infinity (those
+// elements are then left out); otherwise the error is infinite.
+inline double rel_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.to(kCPU).to_vector<double>();
+  const std::vector<double> w = want.to(kCPU).to_vector<double>();
+  EXPECT_EQ(g.size(), w.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    if (std::isnan(g[i]) || std::isnan(w[i])) {
+      if (std::isnan(g[i]) != std::isnan(w[i])) return INFINITY;
+      continue;
+    }
+    if (std::isinf(w[i]) || std::isinf(g[i])) {
+      if (g[i] != w[i]) return INFINITY;
+      continue;
+    }
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
 inline void expect_same(const Tensor& actual, const Tensor& expected, const std::string& what) {
   expect_match(actual, expected, Tol{0, 0}, what);
 }
