@@ -23,6 +23,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/loops.cuh"
+#include "kernels/cuda/norm_util.cuh"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -31,9 +32,12 @@ namespace {
 
 using internal::aligned_to;
 using internal::block_sum;
+using internal::launch_column_sums;
 using internal::load_pack;
 using internal::Pack;
+using internal::packable;
 using internal::store_pack;
+using internal::visit_x_weight;
 using internal::warp_sum;
 using loops::multiprocessor_count;
 
@@ -349,60 +353,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// out_w[j] = sum over rows q of part_w[q, j] (blockIdx.y == 0), out_b likewise (blockIdx.y == 1);
-// blocks of 32 columns x 32 partial rows, summed in a fixed order.
-template <typename Acc, typename W>
-__global__ void layer_norm_column_sum_kernel(W* __restrict__ out_w, W* __restrict__ out_b,
-                                             const Acc* __restrict__ part_w,
-                                             const Acc* __restrict__ part_b, int64_t nb,
-                                             int64_t d) {
-  __shared__ Acc s[32][33];
-  const Acc* part = blockIdx.y == 0 ? part_w : part_b;
-  W* out = blockIdx.y == 0 ? out_w : out_b;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  Acc acc = 0;
-  if (j < d) {
-    for (int64_t q = threadIdx.y; q < nb; q += 32) acc += part[q * d + j];
-  }
-  s[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < d) {
-    Acc sum = 0;
-    for (int i = 0; i < 32; ++i) sum += s[i][threadIdx.x];
-    out[j] = W(sum);
-  }
-}
-
-// Calls f(TypeTag<T>, TypeTag<W>) for x's dtype T and the parameters' dtype W (T, or float).
-template <typename F>
-void visit_x_param(ScalarType xt, ScalarType wt, F&& f) {
-  visit_floating(xt, "layer_norm", [&]<typename T>(TypeTag<T>) {
-    if (wt == xt) {
-      f(TypeTag<T>{}, TypeTag<T>{});
-    } else if constexpr (!std::is_same_v<T, double> && !std::is_same_v<T, float>) {
-      f(TypeTag<T>{}, TypeTag<float>{});
-    } else {
-      KILN_FAIL("[layer_norm] unsupported parameter dtype ", dtype_name(wt));
-    }
-  });
-}
-
-// Whether rows of length d can be accessed in 16-byte packs of T through every row pointer, and
-// the (possibly null) parameter pointers in packs of the same element count.
-template <typename T, typename W>
-bool packable(int64_t d, std::initializer_list<const void*> t_ptrs,
-              std::initializer_list<const void*> w_ptrs) {
-  constexpr int kPack = 16 / sizeof(T);
-  if (d % kPack != 0) return false;
-  for (const void* p : t_ptrs) {
-    if (!aligned_to(p, 16)) return false;
-  }
-  for (const void* p : w_ptrs) {
-    if (p != nullptr && !aligned_to(p, static_cast<int64_t>(sizeof(W)) * kPack)) return false;
-  }
-  return true;
-}
-
 // The smallest P of `Ps` (ascending) with TPR * P >= nvec; calls f(integral_constant<P>) and
 // returns true, or returns false where none is large enough.
 template <int TPR, int... Ps, typename F>
@@ -438,7 +388,7 @@ void layer_norm_cuda(OpCall& c) {
   DeviceGuard guard(x.device().index());
   const cudaStream_t stream = current_stream();
   const ScalarType pt = w.defined() ? w.dtype() : b.defined() ? b.dtype() : x.dtype();
-  visit_x_param(x.dtype(), pt, [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
+  visit_x_weight("layer_norm", x.dtype(), pt, [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
     using Acc = opmath_t<T>;
     const Acc eps = static_cast<Acc>(c.attr<double>(1));
     T* py = static_cast<T*>(y.data_ptr());
@@ -507,77 +457,77 @@ void layer_norm_backward_cuda(OpCall& c) {
     KILN_CUDA_CHECK(cudaMemsetAsync(db.data_ptr(), 0, db.nbytes(), stream));
     return;
   }
-  visit_x_param(x.dtype(), dw.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
-    using Acc = opmath_t<T>;
-    T* pdx = static_cast<T*>(dx.data_ptr());
-    const T* pdy = static_cast<const T*>(dy.data_ptr());
-    const T* px = static_cast<const T*>(x.data_ptr());
-    const W* pw = w.defined() ? static_cast<const W*>(w.data_ptr()) : nullptr;
-    const Acc* pm = static_cast<const Acc*>(mean.data_ptr());
-    const Acc* pr = static_cast<const Acc*>(rstd.data_ptr());
-    // Sums the per-block partials [nb, d] into dweight and dbias.
-    auto column_sums = [&](const Tensor& part, int64_t nb) {
-      const Acc* p = static_cast<const Acc*>(part.data_ptr());
-      layer_norm_column_sum_kernel<Acc, W>
-          <<<dim3(static_cast<unsigned>((d + 31) / 32), 2), dim3(32, 32), 0, stream>>>(
-              static_cast<W*>(dw.data_ptr()), static_cast<W*>(db.data_ptr()), p, p + nb * d, nb, d);
-      KILN_CUDA_LAUNCH_CHECK("layer_norm_column_sum_kernel");
-    };
-    auto partials = [&](int64_t nb) {
-      return empty({2, nb, d}, TensorOptions(dtype_of<Acc>()).device(x.device()));
-    };
-    if constexpr (!std::is_same_v<T, double>) {
-      constexpr int kPack = 16 / sizeof(T);
-      const bool packed = packable<T, W>(d, {px, pdy, pdx}, {pw});
-      auto run = [&]<int N>(std::integral_constant<int, N>) {
-        const int64_t nvec = d / N;
-        auto go = [&]<int TPR, int BLOCK>(std::integral_constant<int, TPR>,
-                                          std::integral_constant<int, BLOCK>) {
-          constexpr int kGroups = BLOCK / TPR;
-          return with_packs<TPR>(
-              nvec, std::integer_sequence<int, 1, 2, 4>{},
-              [&]<int P>(std::integral_constant<int, P>) {
-                const auto kernel = layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK>;
-                // One wave: as many blocks as are resident at once, so that each block's
-                // partials are written once, at its end.
-                int per_sm = 0;
-                KILN_CUDA_CHECK(
-                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BLOCK, 0));
-                const int64_t nb = std::min<int64_t>(
-                    (rows + kGroups - 1) / kGroups,
-                    static_cast<int64_t>(multiprocessor_count()) * std::max(1, per_sm));
-                const Tensor part = partials(nb);
-                Acc* pp = static_cast<Acc*>(part.data_ptr());
-                kernel<<<static_cast<unsigned>(nb), BLOCK, 0, stream>>>(pdx, pp, pp + nb * d, pdy,
-                                                                        px, pw, pm, pr, rows, d);
-                KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_kernel");
-                column_sums(part, nb);
-              });
+  visit_x_weight(
+      "layer_norm", x.dtype(), dw.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
+        using Acc = opmath_t<T>;
+        T* pdx = static_cast<T*>(dx.data_ptr());
+        const T* pdy = static_cast<const T*>(dy.data_ptr());
+        const T* px = static_cast<const T*>(x.data_ptr());
+        const W* pw = w.defined() ? static_cast<const W*>(w.data_ptr()) : nullptr;
+        const Acc* pm = static_cast<const Acc*>(mean.data_ptr());
+        const Acc* pr = static_cast<const Acc*>(rstd.data_ptr());
+        // Sums the per-block partials [nb, d] into dweight and dbias.
+        auto column_sums = [&](const Tensor& part, int64_t nb) {
+          const Acc* p = static_cast<const Acc*>(part.data_ptr());
+          launch_column_sums<Acc, W>(static_cast<W*>(dw.data_ptr()), p,
+                                     static_cast<W*>(db.data_ptr()), p + nb * d, nb, d, stream);
         };
-        switch (threads_per_row(d, nvec, 4)) {
-          case 32:
-            return go(std::integral_constant<int, 32>{}, std::integral_constant<int, 256>{});
-          case 128:
-            return go(std::integral_constant<int, 128>{}, std::integral_constant<int, 256>{});
-          case 512:
-            return go(std::integral_constant<int, 512>{}, std::integral_constant<int, 512>{});
-          default:
-            return false;
+        auto partials = [&](int64_t nb) {
+          return empty({2, nb, d}, TensorOptions(dtype_of<Acc>()).device(x.device()));
+        };
+        if constexpr (!std::is_same_v<T, double>) {
+          constexpr int kPack = 16 / sizeof(T);
+          const bool packed = packable<T, W>(d, {px, pdy, pdx}, {pw});
+          auto run = [&]<int N>(std::integral_constant<int, N>) {
+            const int64_t nvec = d / N;
+            auto go = [&]<int TPR, int BLOCK>(std::integral_constant<int, TPR>,
+                                              std::integral_constant<int, BLOCK>) {
+              constexpr int kGroups = BLOCK / TPR;
+              return with_packs<TPR>(
+                  nvec, std::integer_sequence<int, 1, 2, 4>{},
+                  [&]<int P>(std::integral_constant<int, P>) {
+                    const auto kernel = layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK>;
+                    // One wave: as many blocks as are resident at once, so that each block's
+                    // partials are written once, at its end.
+                    int per_sm = 0;
+                    KILN_CUDA_CHECK(
+                        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BLOCK, 0));
+                    const int64_t nb = std::min<int64_t>(
+                        (rows + kGroups - 1) / kGroups,
+                        static_cast<int64_t>(multiprocessor_count()) * std::max(1, per_sm));
+                    const Tensor part = partials(nb);
+                    Acc* pp = static_cast<Acc*>(part.data_ptr());
+                    kernel<<<static_cast<unsigned>(nb), BLOCK, 0, stream>>>(
+                        pdx, pp, pp + nb * d, pdy, px, pw, pm, pr, rows, d);
+                    KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_kernel");
+                    column_sums(part, nb);
+                  });
+            };
+            switch (threads_per_row(d, nvec, 4)) {
+              case 32:
+                return go(std::integral_constant<int, 32>{}, std::integral_constant<int, 256>{});
+              case 128:
+                return go(std::integral_constant<int, 128>{}, std::integral_constant<int, 256>{});
+              case 512:
+                return go(std::integral_constant<int, 512>{}, std::integral_constant<int, 512>{});
+              default:
+                return false;
+            }
+          };
+          if (packed ? run(std::integral_constant<int, kPack>{})
+                     : run(std::integral_constant<int, 1>{})) {
+            return;
+          }
         }
-      };
-      if (packed ? run(std::integral_constant<int, kPack>{})
-                 : run(std::integral_constant<int, 1>{})) {
-        return;
-      }
-    }
-    const int64_t nb = std::min<int64_t>(rows, static_cast<int64_t>(multiprocessor_count()) * 8);
-    const Tensor part = partials(nb);
-    Acc* pp = static_cast<Acc*>(part.data_ptr());
-    layer_norm_bwd_loop_kernel<T, W><<<static_cast<unsigned>(nb), 256, 0, stream>>>(
-        pdx, pp, pp + nb * d, pdy, px, pw, pm, pr, rows, d);
-    KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_loop_kernel");
-    column_sums(part, nb);
-  });
+        const int64_t nb =
+            std::min<int64_t>(rows, static_cast<int64_t>(multiprocessor_count()) * 8);
+        const Tensor part = partials(nb);
+        Acc* pp = static_cast<Acc*>(part.data_ptr());
+        layer_norm_bwd_loop_kernel<T, W><<<static_cast<unsigned>(nb), 256, 0, stream>>>(
+            pdx, pp, pp + nb * d, pdy, px, pw, pm, pr, rows, d);
+        KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_loop_kernel");
+        column_sums(part, nb);
+      });
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/loops.cuh"
+#include "kernels/cuda/norm_util.cuh"
 #include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -34,8 +35,11 @@ namespace {
 
 using internal::aligned_to;
 using internal::block_sum;
+using internal::launch_column_sums;
 using internal::load_pack;
+using internal::packable;
 using internal::store_pack;
+using internal::visit_x_weight;
 using loops::multiprocessor_count;
 
 constexpr int kCache = 2;     // packs per thread held in registers (forward)
@@ -454,25 +458,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// out[j] = sum over b of partial[b, j]; blocks of 32 columns x 32 partial rows.
-template <typename Acc, typename W>
-__global__ void column_sum_kernel(W* __restrict__ out, const Acc* __restrict__ partial, int64_t nb,
-                                  int64_t d) {
-  __shared__ Acc s[32][33];
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  Acc acc = 0;
-  if (j < d) {
-    for (int64_t b = threadIdx.y; b < nb; b += 32) acc += partial[b * d + j];
-  }
-  s[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < d) {
-    Acc sum = 0;
-    for (int i = 0; i < 32; ++i) sum += s[i][threadIdx.x];
-    out[j] = W(sum);
-  }
-}
-
 // Threads per row: one pack per thread up to 256 threads, more threads (up to 1024) before a
 // thread holds more than kCache packs.
 int threads_for(int64_t nvec, int cache) {
@@ -482,32 +467,6 @@ int threads_for(int64_t nvec, int cache) {
   const int one_each = std::min(round32(nvec), 256);
   const int cached = std::min(round32((nvec + cache - 1) / cache), 1024);
   return std::max(one_each, cached);
-}
-
-// Calls f(TypeTag<T>, TypeTag<W>) for x's dtype T and weight's dtype W (T, or float).
-template <typename F>
-void visit_x_weight(ScalarType xt, ScalarType wt, F&& f) {
-  visit_floating(xt, "rms_norm", [&]<typename T>(TypeTag<T>) {
-    if (wt == xt) {
-      f(TypeTag<T>{}, TypeTag<T>{});
-    } else if constexpr (!std::is_same_v<T, double> && !std::is_same_v<T, float>) {
-      f(TypeTag<T>{}, TypeTag<float>{});
-    } else {
-      KILN_FAIL("[rms_norm] unsupported weight dtype ", dtype_name(wt));
-    }
-  });
-}
-
-// Whether rows of length d can be accessed in packs of kPack elements of T through every
-// pointer (W pointers in packs of the same element count).
-template <typename T, typename W>
-bool packable(int64_t d, std::initializer_list<const void*> t_ptrs, const void* w_ptr) {
-  constexpr int kPack = 16 / sizeof(T);
-  if (d % kPack != 0) return false;
-  for (const void* p : t_ptrs) {
-    if (!aligned_to(p, 16)) return false;
-  }
-  return aligned_to(w_ptr, static_cast<int64_t>(sizeof(W)) * kPack);
 }
 
 // The forward kernel chosen by the environment variable KILN_RMSNORM_FWD (cached; the GPU
@@ -593,51 +552,55 @@ void rms_norm_cuda(OpCall& c) {
   int variant = forward_variant();
   if (variant < 0) variant = d >= 2048 ? 2 : 0;
   DeviceGuard guard(x.device().index());
-  visit_x_weight(x.dtype(), w.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
-    using Acc = opmath_t<T>;
-    constexpr int kPack = 16 / sizeof(T);
-    const Acc eps = static_cast<Acc>(c.attr<double>(0));
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20));
-    auto launch = [&]<int N>(std::integral_constant<int, N>) {
-      rms_norm_fwd_kernel<T, W, N><<<grid, threads_for(d / N, kCache), 0, current_stream()>>>(
-          static_cast<T*>(y.data_ptr()), static_cast<Acc*>(rstd.data_ptr()),
-          static_cast<const T*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rows, d, eps);
-      KILN_CUDA_LAUNCH_CHECK("rms_norm_fwd_kernel");
-    };
-    const bool packed = packable<T, W>(d, {x.data_ptr(), y.data_ptr()}, w.data_ptr());
-    const int64_t nvec = d / kPack;
-    auto launch_warp = [&]<int P>(std::integral_constant<int, P>) {
-      constexpr int kRowsPerBlock = 8;
-      const unsigned blocks = static_cast<unsigned>(
-          std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1 << 20));
-      rms_norm_fwd_warp_kernel<T, W, kPack, P><<<blocks, 32 * kRowsPerBlock, 0, current_stream()>>>(
-          static_cast<T*>(y.data_ptr()), static_cast<Acc*>(rstd.data_ptr()),
-          static_cast<const T*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rows, d, eps);
-      KILN_CUDA_LAUNCH_CHECK("rms_norm_fwd_warp_kernel");
-    };
-    if (packed && d > 0 && variant != 0 &&
-        launch_forward_variant<T, W>(variant, static_cast<T*>(y.data_ptr()),
-                                     static_cast<Acc*>(rstd.data_ptr()),
-                                     static_cast<const T*>(x.data_ptr()),
-                                     static_cast<const W*>(w.data_ptr()), rows, d, eps)) {
-      return;
-    }
-    if (packed && d > 0 && nvec <= 32) {
-      launch_warp(std::integral_constant<int, 1>{});
-    } else if (packed && d > 0 && nvec <= 64) {
-      launch_warp(std::integral_constant<int, 2>{});
-    } else if (packed && d > 0 && nvec <= 128) {
-      launch_warp(std::integral_constant<int, 4>{});
-    } else if (packed && d > 0 && nvec <= 256) {
-      launch_warp(std::integral_constant<int, 8>{});
-    } else if (packed && d > 0 && nvec <= 512) {
-      launch_warp(std::integral_constant<int, 16>{});
-    } else if (packed) {
-      launch(std::integral_constant<int, kPack>{});
-    } else {
-      launch(std::integral_constant<int, 1>{});
-    }
-  });
+  visit_x_weight(
+      "rms_norm", x.dtype(), w.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
+        using Acc = opmath_t<T>;
+        constexpr int kPack = 16 / sizeof(T);
+        const Acc eps = static_cast<Acc>(c.attr<double>(0));
+        const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20));
+        auto launch = [&]<int N>(std::integral_constant<int, N>) {
+          rms_norm_fwd_kernel<T, W, N><<<grid, threads_for(d / N, kCache), 0, current_stream()>>>(
+              static_cast<T*>(y.data_ptr()), static_cast<Acc*>(rstd.data_ptr()),
+              static_cast<const T*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rows, d,
+              eps);
+          KILN_CUDA_LAUNCH_CHECK("rms_norm_fwd_kernel");
+        };
+        const bool packed = packable<T, W>(d, {x.data_ptr(), y.data_ptr()}, {w.data_ptr()});
+        const int64_t nvec = d / kPack;
+        auto launch_warp = [&]<int P>(std::integral_constant<int, P>) {
+          constexpr int kRowsPerBlock = 8;
+          const unsigned blocks = static_cast<unsigned>(
+              std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1 << 20));
+          rms_norm_fwd_warp_kernel<T, W, kPack, P>
+              <<<blocks, 32 * kRowsPerBlock, 0, current_stream()>>>(
+                  static_cast<T*>(y.data_ptr()), static_cast<Acc*>(rstd.data_ptr()),
+                  static_cast<const T*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rows, d,
+                  eps);
+          KILN_CUDA_LAUNCH_CHECK("rms_norm_fwd_warp_kernel");
+        };
+        if (packed && d > 0 && variant != 0 &&
+            launch_forward_variant<T, W>(variant, static_cast<T*>(y.data_ptr()),
+                                         static_cast<Acc*>(rstd.data_ptr()),
+                                         static_cast<const T*>(x.data_ptr()),
+                                         static_cast<const W*>(w.data_ptr()), rows, d, eps)) {
+          return;
+        }
+        if (packed && d > 0 && nvec <= 32) {
+          launch_warp(std::integral_constant<int, 1>{});
+        } else if (packed && d > 0 && nvec <= 64) {
+          launch_warp(std::integral_constant<int, 2>{});
+        } else if (packed && d > 0 && nvec <= 128) {
+          launch_warp(std::integral_constant<int, 4>{});
+        } else if (packed && d > 0 && nvec <= 256) {
+          launch_warp(std::integral_constant<int, 8>{});
+        } else if (packed && d > 0 && nvec <= 512) {
+          launch_warp(std::integral_constant<int, 16>{});
+        } else if (packed) {
+          launch(std::integral_constant<int, kPack>{});
+        } else {
+          launch(std::integral_constant<int, 1>{});
+        }
+      });
 }
 
 // The backward kernel chosen by KILN_RMSNORM_BWD (cached, as KILN_RMSNORM_FWD).
@@ -677,9 +640,8 @@ bool launch_backward_group(T* dx, W* dw, const T* dy, const T* x, const W* w,
     kernel<<<static_cast<unsigned>(grid), TPR, 0, stream>>>(
         dx, static_cast<Acc*>(partial.data_ptr()), dy, x, w, rstd, rows, d);
     KILN_CUDA_LAUNCH_CHECK("rms_norm_bwd_group_kernel");
-    column_sum_kernel<Acc, W><<<static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, stream>>>(
-        dw, static_cast<const Acc*>(partial.data_ptr()), grid, d);
-    KILN_CUDA_LAUNCH_CHECK("column_sum_kernel");
+    launch_column_sums<Acc, W>(dw, static_cast<const Acc*>(partial.data_ptr()), nullptr, nullptr,
+                               grid, d, stream);
   };
   if (nvec <= TPR) {
     go(std::integral_constant<int, 1>{});
@@ -729,40 +691,42 @@ void rms_norm_backward_cuda(OpCall& c) {
   // 45.6; 8192 x 2048: within 3% of variants 1 and 2).
   int variant = backward_variant();
   if (variant < 0) variant = d > 2048 ? 1 : 3;
-  visit_x_weight(x.dtype(), w.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
-    using Acc = opmath_t<T>;
-    constexpr int kPack = 16 / sizeof(T);
-    const bool packed =
-        packable<T, W>(d, {x.data_ptr(), dy.data_ptr(), dx.data_ptr()}, w.data_ptr());
-    if (packed && variant != 0 &&
-        launch_backward_variant<T, W>(
-            variant, static_cast<T*>(dx.data_ptr()), static_cast<W*>(dw.data_ptr()),
-            static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
-            static_cast<const W*>(w.data_ptr()), static_cast<const Acc*>(rstd.data_ptr()), rows, d,
-            x.device())) {
-      return;
-    }
-    const int n = packed ? kPack : 1;
-    const int threads = threads_for(d / n, kCacheBwd);
-    const int64_t grid =
-        std::min<int64_t>(rows, multiprocessor_count() * std::max(1, 2048 / threads));
-    const Tensor partial = empty({grid, d}, TensorOptions(dtype_of<Acc>()).device(x.device()));
-    auto launch = [&]<int N>(std::integral_constant<int, N>) {
-      rms_norm_bwd_kernel<T, W, N><<<static_cast<unsigned>(grid), threads, 0, stream>>>(
-          static_cast<T*>(dx.data_ptr()), static_cast<Acc*>(partial.data_ptr()),
-          static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
-          static_cast<const W*>(w.data_ptr()), static_cast<const Acc*>(rstd.data_ptr()), rows, d);
-      KILN_CUDA_LAUNCH_CHECK("rms_norm_bwd_kernel");
-    };
-    if (packed) {
-      launch(std::integral_constant<int, kPack>{});
-    } else {
-      launch(std::integral_constant<int, 1>{});
-    }
-    column_sum_kernel<Acc, W><<<static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, stream>>>(
-        static_cast<W*>(dw.data_ptr()), static_cast<const Acc*>(partial.data_ptr()), grid, d);
-    KILN_CUDA_LAUNCH_CHECK("column_sum_kernel");
-  });
+  visit_x_weight(
+      "rms_norm", x.dtype(), w.dtype(), [&]<typename T, typename W>(TypeTag<T>, TypeTag<W>) {
+        using Acc = opmath_t<T>;
+        constexpr int kPack = 16 / sizeof(T);
+        const bool packed =
+            packable<T, W>(d, {x.data_ptr(), dy.data_ptr(), dx.data_ptr()}, {w.data_ptr()});
+        if (packed && variant != 0 &&
+            launch_backward_variant<T, W>(
+                variant, static_cast<T*>(dx.data_ptr()), static_cast<W*>(dw.data_ptr()),
+                static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                static_cast<const W*>(w.data_ptr()), static_cast<const Acc*>(rstd.data_ptr()), rows,
+                d, x.device())) {
+          return;
+        }
+        const int n = packed ? kPack : 1;
+        const int threads = threads_for(d / n, kCacheBwd);
+        const int64_t grid =
+            std::min<int64_t>(rows, multiprocessor_count() * std::max(1, 2048 / threads));
+        const Tensor partial = empty({grid, d}, TensorOptions(dtype_of<Acc>()).device(x.device()));
+        auto launch = [&]<int N>(std::integral_constant<int, N>) {
+          rms_norm_bwd_kernel<T, W, N><<<static_cast<unsigned>(grid), threads, 0, stream>>>(
+              static_cast<T*>(dx.data_ptr()), static_cast<Acc*>(partial.data_ptr()),
+              static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+              static_cast<const W*>(w.data_ptr()), static_cast<const Acc*>(rstd.data_ptr()), rows,
+              d);
+          KILN_CUDA_LAUNCH_CHECK("rms_norm_bwd_kernel");
+        };
+        if (packed) {
+          launch(std::integral_constant<int, kPack>{});
+        } else {
+          launch(std::integral_constant<int, 1>{});
+        }
+        launch_column_sums<Acc, W>(static_cast<W*>(dw.data_ptr()),
+                                   static_cast<const Acc*>(partial.data_ptr()), nullptr, nullptr,
+                                   grid, d, stream);
+      });
 }
 
 }  // namespace
