@@ -195,17 +195,22 @@ void bench_flash_attention() {
     const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
     const absl::InlinedVector<kiln::Attr, 4> attrs = {scale, true, int64_t{0}, 0.0};
     const kiln::TensorVec out = kiln::call_op(fwd, {q, k, v}, attrs);
-    const Tensor dlse = kiln::zeros(out[1].sizes(), kiln::TensorOptions(kiln::kFloat).device(q.device()));
+    const Tensor dlse =
+        kiln::zeros(out[1].sizes(), kiln::TensorOptions(kiln::kFloat).device(q.device()));
     const double flops = 4.0 * s.b * s.h * s.t * s.t * s.d / 2;
     const std::string base = std::string("sdpa causal ") + s.name;
-    report(base + " fwd", time_ms([&](int) { (void)kiln::call_op(fwd, {q, k, v}, attrs); }), flops,
-           0);
+    report(base + " fwd", time_ms([&](int) {
+             (void)kiln::call_op(fwd, {q, k, v}, attrs);
+           }),
+           flops, 0);
     report(base + " bwd", time_ms([&](int) {
              (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
            }),
            2.5 * flops, 0);
     set_switch("KILN_FLASH_KERNEL", "fwd_v2");  // the previous default forward, for comparison
-    report(base + " fwd [v2]", time_ms([&](int) { (void)kiln::call_op(fwd, {q, k, v}, attrs); }),
+    report(base + " fwd [v2]", time_ms([&](int) {
+             (void)kiln::call_op(fwd, {q, k, v}, attrs);
+           }),
            flops, 0);
     set_switch("KILN_FLASH_KERNEL", nullptr);
   }
@@ -243,6 +248,14 @@ void bench_rope(int64_t b, const std::string& name) {
            (void)kiln::call_op(qk, {dqs[i % 3], dks[i % 3], cos, sin}, {true});
          }),
          0, bytes);
+  // Position tiles side by side (KILN_ROPE_TILE, kernels/cuda/rotary.cu; kiln-only rows).
+  for (const char* tile : {"1", "4", "8", "16", "32", "64"}) {
+    set_switch("KILN_ROPE_TILE", tile);
+    report("rope " + name + " q+k bf16 fwd [tile " + tile + "]",
+           time_ms([&](int i) { (void)kiln::rotary_emb_qk(qs[i % 3], ks[i % 3], cos, sin); }), 0,
+           bytes);
+  }
+  set_switch("KILN_ROPE_TILE", nullptr);
 }
 
 // SwiGLU and tanh-GeGLU over 8192 x 8192 bf16 gate and up (128 MiB each: no rotation needed).
@@ -408,6 +421,28 @@ int main(int argc, char** argv) {
              (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
            }),
            0, 3 * tensor_bytes);
+    // Threads per row side by side (KILN_LAYERNORM_THREADS, kernels/cuda/layer_norm.cu; kiln-only
+    // rows), each output compared with the default's.
+    const Tensor y0 = kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat);
+    const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
+    for (const char* tpr : {"128", "256", "512"}) {
+      set_switch("KILN_LAYERNORM_THREADS", tpr);
+      const std::string tag = std::string(" [") + tpr + " threads]";
+      report("layernorm " + shape + " bf16 fwd" + tag,
+             time_ms([&](int i) { (void)kiln::layer_norm(xs[i % 4], w, b, 1e-5); }), 0,
+             2 * tensor_bytes);
+      report("layernorm " + shape + " bf16 bwd" + tag, time_ms([&](int i) {
+               (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
+             }),
+             0, 3 * tensor_bytes);
+      const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
+      std::printf(
+          "  (max |y - y[default]| = %g, |dx - dx[default]| = %g, |dw - dw[default]| = %g)\n",
+          kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat).sub(y0).abs().max().item<double>(),
+          g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
+          g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
+    }
+    set_switch("KILN_LAYERNORM_THREADS", nullptr);
   }
 
   // RMSNorm forward and backward variants side by side (KILN_RMSNORM_FWD and KILN_RMSNORM_BWD,

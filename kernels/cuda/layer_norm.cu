@@ -4,13 +4,17 @@
 // Forward: a group of TPR threads per row (one warp for rows under 2048 elements, else 128
 // threads, or 512 for very long rows), every thread holding P 16-byte packs of its row in
 // registers: x is read once, the mean and then the variance about it are two passes over the
-// registers (no E[x^2] - E[x]^2 cancellation), y is written once.
-// Backward: the same row groups over a grid of about one wave of blocks, each group looping over
-// rows with a fixed thread -> column mapping, so that every thread accumulates dweight and dbias
-// of its columns in f32 registers across all the rows of its group. x and dy are read once; dx
-// is written per row from the registers. The groups of a block add their sums into the block's
+// registers (no E[x^2] - E[x]^2 cancellation), y is written once. The grid is one wave of blocks
+// looping over rows, every thread holding its columns of weight and bias in registers, read once.
+// Backward: the same row groups (one warp under 2048 elements, else 256 threads per row, or 512)
+// over a grid of one wave of blocks, each group looping over rows with a fixed thread -> column
+// mapping, so that every thread keeps its columns' weight (read once) and accumulates dweight
+// and dbias in f32 registers across all the rows of its group. x and dy are read once; dx is
+// written per row from the registers. The groups of a block add their sums into the block's
 // partial row in group order; the per-block partials [grid, D] are then summed by column in a
 // second small kernel, in a fixed order (deterministic, no atomics).
+// KILN_LAYERNORM_THREADS (32, 128, 256 or 512; cached, see threads_switch()) forces the threads
+// per row of both passes where the row fits, for timing side by side (benchmarks/gpu).
 // Rows whose length or pointers do not allow 16-byte packs run the same kernels with packs of
 // one element. Rows too long for the register kernels, and f64, take block-per-row kernels that
 // loop over the row (x is read three times forward, twice backward; L1/L2 serve the repeats).
@@ -24,6 +28,7 @@
 #include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/norm_util.cuh"
+#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -93,6 +98,16 @@ __global__ void __launch_bounds__(BLOCK)
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
   const int64_t nvec = d / N;
   const Acc inv_d = Acc(1) / static_cast<Acc>(d);
+  // The thread's columns of weight and bias, read once for all the rows of its group.
+  Pack<W, N> wr[P], br[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int64_t v = t + p * TPR;
+    if (v < nvec) {
+      if (w != nullptr) wr[p] = *reinterpret_cast<const Pack<W, N>*>(w + v * N);
+      if (b != nullptr) br[p] = *reinterpret_cast<const Pack<W, N>*>(b + v * N);
+    }
+  }
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups; base < rows;
        base += static_cast<int64_t>(gridDim.x) * kGroups) {
     const int64_t row = base + g;
@@ -141,16 +156,12 @@ __global__ void __launch_bounds__(BLOCK)
 #pragma unroll
         for (int i = 0; i < N; ++i) o[i] = (static_cast<Acc>(raw[p].v[i]) - m) * r;
         if (w != nullptr) {
-          Acc wv[N];
-          load_pack<N>(w + v * N, wv);
 #pragma unroll
-          for (int i = 0; i < N; ++i) o[i] *= wv[i];
+          for (int i = 0; i < N; ++i) o[i] *= static_cast<Acc>(wr[p].v[i]);
         }
         if (b != nullptr) {
-          Acc bv[N];
-          load_pack<N>(b + v * N, bv);
 #pragma unroll
-          for (int i = 0; i < N; ++i) o[i] += bv[i];
+          for (int i = 0; i < N; ++i) o[i] += static_cast<Acc>(br[p].v[i]);
         }
         store_pack<N>(yr + v * N, o);
       }
@@ -239,11 +250,16 @@ __global__ void __launch_bounds__(BLOCK)
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
   const int64_t nvec = d / N;
   const Acc inv_d = Acc(1) / static_cast<Acc>(d);
-  Acc dw[P][N], db[P][N];
+  Acc dw[P][N], db[P][N], wv[P][N];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
+    const int64_t v = t + p * TPR;
 #pragma unroll
-    for (int i = 0; i < N; ++i) dw[p][i] = db[p][i] = 0;
+    for (int i = 0; i < N; ++i) {
+      dw[p][i] = db[p][i] = 0;
+      wv[p][i] = 1;
+    }
+    if (w != nullptr && v < nvec) load_pack<N>(w + v * N, wv[p]);  // read once, for every row
   }
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups; base < rows;
        base += static_cast<int64_t>(gridDim.x) * kGroups) {
@@ -265,19 +281,12 @@ __global__ void __launch_bounds__(BLOCK)
     for (int p = 0; p < P; ++p) {
       const int64_t v = t + p * TPR;
       if (active && v < nvec) {
-        Acc wv[N];
-        if (w != nullptr) {
-          load_pack<N>(w + v * N, wv);
-        } else {
-#pragma unroll
-          for (int i = 0; i < N; ++i) wv[i] = 1;
-        }
 #pragma unroll
         for (int i = 0; i < N; ++i) {
           const Acc gv = static_cast<Acc>(gr[p].v[i]);
           const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
-          sums[0] += gv * wv[i];
-          sums[1] += gv * wv[i] * xh;
+          sums[0] += gv * wv[p][i];
+          sums[1] += gv * wv[p][i] * xh;
           dw[p][i] += gv * xh;
           db[p][i] += gv;
         }
@@ -291,17 +300,11 @@ __global__ void __launch_bounds__(BLOCK)
     for (int p = 0; p < P; ++p) {
       const int64_t v = t + p * TPR;
       if (v < nvec) {
-        Acc wv[N], o[N];
-        if (w != nullptr) {
-          load_pack<N>(w + v * N, wv);
-        } else {
-#pragma unroll
-          for (int i = 0; i < N; ++i) wv[i] = 1;
-        }
+        Acc o[N];
 #pragma unroll
         for (int i = 0; i < N; ++i) {
           const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
-          o[i] = r * (static_cast<Acc>(gr[p].v[i]) * wv[i] - a - xh * k);
+          o[i] = r * (static_cast<Acc>(gr[p].v[i]) * wv[p][i] - a - xh * k);
         }
         store_pack<N>(dr + v * N, o);
       }
@@ -365,14 +368,38 @@ bool with_packs(int64_t nvec, std::integer_sequence<int, Ps...>, F&& f) {
   return done;
 }
 
+// KILN_LAYERNORM_THREADS (cached; reload_env_switches() after a setenv): the threads per row of
+// the register kernels, forward and backward, for timing side by side; unset: the default of
+// threads_per_row. A value whose packs do not fit (or a warp for a row too long) falls back to
+// the default.
+int threads_switch() {
+  static const kiln::internal::EnvChoice choice("KILN_LAYERNORM_THREADS",
+                                                {"32", "128", "256", "512"});
+  constexpr int kThreads[] = {32, 128, 256, 512};
+  const int i = choice.get();
+  return i < 0 ? 0 : kThreads[i];
+}
+
 // Threads per row of the register kernels: a warp for rows under 2048 elements whose packs fit
-// `max_p` per lane (several rows per block), then 128 threads (the RMSNorm measurements:
-// benchmarks/RESULTS.md), then 512; 0: too long for the register kernels.
-int threads_per_row(int64_t d, int64_t nvec, int max_p) {
+// `max_p` per lane (several rows per block), then `long_rows` threads (forward 128, backward 256:
+// the RMSNorm and LayerNorm measurements in benchmarks/RESULTS.md), then 512; 0: too long for
+// the register kernels. KILN_LAYERNORM_THREADS overrides where its value fits.
+int threads_per_row(int64_t d, int64_t nvec, int max_p, int long_rows) {
+  const int forced = threads_switch();
+  if (forced > 0 && nvec <= static_cast<int64_t>(forced) * max_p) return forced;
   if (d < 2048 && nvec <= 32 * max_p) return 32;
-  if (nvec <= 128 * max_p) return 128;
+  if (nvec <= static_cast<int64_t>(long_rows) * max_p) return long_rows;
   if (nvec <= 512 * max_p) return 512;
   return 0;
+}
+
+// Blocks of `kernel` (BLOCK threads) resident at once on the device, at least one per SM: the
+// register kernels loop over rows in a grid of one wave, reading the parameters once per block.
+template <typename Kernel>
+int64_t one_wave(Kernel kernel, int block) {
+  int per_sm = 0;
+  KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, 0));
+  return static_cast<int64_t>(multiprocessor_count()) * std::max(1, per_sm);
 }
 
 void layer_norm_cuda(OpCall& c) {
@@ -402,17 +429,18 @@ void layer_norm_cuda(OpCall& c) {
       const bool packed = packable<T, W>(d, {px, py}, {pw, pb});
       auto run = [&]<int N>(std::integral_constant<int, N>) {
         const int64_t nvec = d / N;
-        const int tpr = d == 0 ? 0 : threads_per_row(d, nvec, 16);
+        const int tpr = d == 0 ? 0 : threads_per_row(d, nvec, 16, 128);
         auto go = [&]<int TPR, int BLOCK>(std::integral_constant<int, TPR>,
                                           std::integral_constant<int, BLOCK>) {
           constexpr int kGroups = BLOCK / TPR;
-          const unsigned grid = static_cast<unsigned>(
-              std::min<int64_t>((rows + kGroups - 1) / kGroups, int64_t{1} << 30));
           return with_packs<TPR>(nvec, std::integer_sequence<int, 1, 2, 4, 8, 16>{},
                                  [&]<int P>(std::integral_constant<int, P>) {
-                                   layer_norm_fwd_kernel<T, W, N, P, TPR, BLOCK>
-                                       <<<grid, BLOCK, 0, stream>>>(py, pm, pr, px, pw, pb, rows, d,
-                                                                    eps);
+                                   const auto kernel =
+                                       layer_norm_fwd_kernel<T, W, N, P, TPR, BLOCK>;
+                                   const int64_t grid = std::min((rows + kGroups - 1) / kGroups,
+                                                                 one_wave(kernel, BLOCK));
+                                   kernel<<<static_cast<unsigned>(grid), BLOCK, 0, stream>>>(
+                                       py, pm, pr, px, pw, pb, rows, d, eps);
                                    KILN_CUDA_LAUNCH_CHECK("layer_norm_fwd_kernel");
                                  });
         };
@@ -421,6 +449,8 @@ void layer_norm_cuda(OpCall& c) {
             return go(std::integral_constant<int, 32>{}, std::integral_constant<int, 256>{});
           case 128:
             return go(std::integral_constant<int, 128>{}, std::integral_constant<int, 128>{});
+          case 256:
+            return go(std::integral_constant<int, 256>{}, std::integral_constant<int, 256>{});
           case 512:
             return go(std::integral_constant<int, 512>{}, std::integral_constant<int, 512>{});
           default:
@@ -483,31 +513,29 @@ void layer_norm_backward_cuda(OpCall& c) {
             auto go = [&]<int TPR, int BLOCK>(std::integral_constant<int, TPR>,
                                               std::integral_constant<int, BLOCK>) {
               constexpr int kGroups = BLOCK / TPR;
-              return with_packs<TPR>(
-                  nvec, std::integer_sequence<int, 1, 2, 4>{},
-                  [&]<int P>(std::integral_constant<int, P>) {
-                    const auto kernel = layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK>;
-                    // One wave: as many blocks as are resident at once, so that each block's
-                    // partials are written once, at its end.
-                    int per_sm = 0;
-                    KILN_CUDA_CHECK(
-                        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BLOCK, 0));
-                    const int64_t nb = std::min<int64_t>(
-                        (rows + kGroups - 1) / kGroups,
-                        static_cast<int64_t>(multiprocessor_count()) * std::max(1, per_sm));
-                    const Tensor part = partials(nb);
-                    Acc* pp = static_cast<Acc*>(part.data_ptr());
-                    kernel<<<static_cast<unsigned>(nb), BLOCK, 0, stream>>>(
-                        pdx, pp, pp + nb * d, pdy, px, pw, pm, pr, rows, d);
-                    KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_kernel");
-                    column_sums(part, nb);
-                  });
+              return with_packs<TPR>(nvec, std::integer_sequence<int, 1, 2, 4>{},
+                                     [&]<int P>(std::integral_constant<int, P>) {
+                                       const auto kernel =
+                                           layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK>;
+                                       // One wave, so that each block's partials are written once,
+                                       // at its end.
+                                       const int64_t nb = std::min((rows + kGroups - 1) / kGroups,
+                                                                   one_wave(kernel, BLOCK));
+                                       const Tensor part = partials(nb);
+                                       Acc* pp = static_cast<Acc*>(part.data_ptr());
+                                       kernel<<<static_cast<unsigned>(nb), BLOCK, 0, stream>>>(
+                                           pdx, pp, pp + nb * d, pdy, px, pw, pm, pr, rows, d);
+                                       KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_kernel");
+                                       column_sums(part, nb);
+                                     });
             };
-            switch (threads_per_row(d, nvec, 4)) {
+            switch (threads_per_row(d, nvec, 4, 256)) {
               case 32:
                 return go(std::integral_constant<int, 32>{}, std::integral_constant<int, 256>{});
               case 128:
                 return go(std::integral_constant<int, 128>{}, std::integral_constant<int, 256>{});
+              case 256:
+                return go(std::integral_constant<int, 256>{}, std::integral_constant<int, 256>{});
               case 512:
                 return go(std::integral_constant<int, 512>{}, std::integral_constant<int, 512>{});
               default:

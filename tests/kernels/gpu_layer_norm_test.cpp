@@ -1,9 +1,10 @@
 // The fused CUDA kernels of layer_norm and layer_norm_backward (kernels/cuda/layer_norm.cu)
 // against their CPU kernels (kernels/cpu/norm.cpp) on the same fresh random inputs: every
 // floating dtype, f32 parameters on f16/bf16 inputs, either parameter or none, row lengths from
-// 1 to past the register kernels (packed, unpacked, one warp, 128 and 512 threads per row, the
-// looping kernels), 1 to 17000 rows, non-contiguous and misaligned inputs, bitwise repeatable
-// parameter gradients, and F::layer_norm through autograd and autocast on the GPU.
+// 1 to past the register kernels (packed, unpacked, one warp, 128, 256 and 512 threads per row,
+// every KILN_LAYERNORM_THREADS choice, the looping kernels), 1 to 17000 rows, non-contiguous and
+// misaligned inputs, bitwise repeatable parameter gradients, and F::layer_norm through autograd and
+// autocast on the GPU.
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
@@ -116,9 +117,9 @@ TEST_F(GpuLayerNorm, OptionalParameters) {
 }
 
 // Row lengths across every kernel: d = 1, 7, 33 (unpacked, one warp), 768 (one warp, idle
-// lanes), 2048 (128 threads per row), 4100 (unpacked, 512 threads), 8192 (512 threads in the
-// backward), 16384, 20000 and 70000 (past the register kernels: the looping ones); 1, 3 and 257
-// rows.
+// lanes), 2048 (forward 128 threads per row, backward 256), 4100 (unpacked, 512 threads), 8192
+// (backward 256 threads, 4 packs each), 16384, 20000 and 70000 (past the register kernels: the
+// looping ones); 1, 3 and 257 rows.
 TEST_F(GpuLayerNorm, OddSizes) {
   manual_seed(63);
   for (int64_t d : {1, 7, 33, 768, 2048, 4100, 8192, 16384, 20000, 70000}) {
@@ -178,6 +179,27 @@ TEST_F(GpuLayerNorm, StridedAndMisalignedInputs) {
   expect_near_cpu(got[0], want[0], tolerance(kBFloat16), "dx");
   expect_near_cpu(got[1], want[1], tolerance(kBFloat16), "dweight");
   expect_near_cpu(got[2], want[2], tolerance(kBFloat16), "dbias");
+}
+
+// Every threads-per-row choice of KILN_LAYERNORM_THREADS (the benchmark times them side by
+// side) on rows it fits: one pack per thread or several, idle threads, more rows than the one-wave
+// grid holds, f32 parameters, optional parameters; a value that does not fit a row (a warp for
+// 20000 elements) falls back to the default kernels. A bad value is an error naming the switch.
+TEST_F(GpuLayerNorm, EveryThreadsPerRowSwitch) {
+  manual_seed(68);
+  for (const char* tpr : {"32", "128", "256", "512"}) {
+    SCOPED_TRACE(std::string("KILN_LAYERNORM_THREADS=") + tpr);
+    test::ScopedEnv env("KILN_LAYERNORM_THREADS", tpr);
+    check_ln2(3001, 2048, kBFloat16, kBFloat16);
+    check_ln2(257, 4096, kBFloat16, kBFloat16);
+    check_ln2(700, 1000, kBFloat16, kFloat);
+    check_ln2(65, 768, kFloat, kFloat);
+    check_ln2(9, 20000, kBFloat16, kBFloat16);
+    check_ln(randn({33, 4096}).to(kBFloat16), Tensor(), randn({4096}).to(kBFloat16), {4096});
+  }
+  test::ScopedEnv bad("KILN_LAYERNORM_THREADS", "64");
+  const Tensor x = randn({4, 256}).to(kGpu);
+  EXPECT_KILN_ERROR((void)layer_norm(x, Tensor(), Tensor(), 1e-5), "KILN_LAYERNORM_THREADS");
 }
 
 // The parameter gradients are sums of per-block partials in a fixed order: bitwise the same on
