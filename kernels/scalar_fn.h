@@ -15,7 +15,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
+
+#include "tensor/dtype.h"
 
 #if defined(__CUDACC__)
 #define KILN_SCALAR_HD __host__ __device__ __forceinline__
@@ -104,6 +107,22 @@ KILN_SCALAR_HD bool is_finite(M v) {
   }
 }
 }  // namespace math
+
+// --- Conversions ------------------------------------------------------------------------------
+
+// v (of element type S) as a D, through S's arithmetic type (float for f16/bf16): how the
+// binary kernels convert a 0-d operand.
+template <typename D, typename S>
+KILN_SCALAR_HD D convert(S v) {
+  const opmath_t<S> m = static_cast<opmath_t<S>>(v);
+  if constexpr (std::is_same_v<D, bool>) {
+    return m != opmath_t<S>(0);
+  } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
+    return D(static_cast<float>(m));
+  } else {
+    return static_cast<D>(m);
+  }
+}
 
 // --- Integer helpers -------------------------------------------------------------------------
 
@@ -337,6 +356,25 @@ template <bool kMax, typename M>
 KILN_SCALAR_HD M max_min(M x, M y) {
   const bool pick_x = kMax ? x > y : x < y;
   return (pick_x || math::is_nan(x)) ? x : y;
+}
+
+// The bounds that an absent clamp limit stands for: the type's extremes (infinities for floats),
+// so that one loop serves every case.
+template <typename M>
+constexpr M clamp_lowest() {
+  if constexpr (std::is_floating_point_v<M>) {
+    return -std::numeric_limits<M>::infinity();
+  } else {
+    return std::numeric_limits<M>::lowest();
+  }
+}
+template <typename M>
+constexpr M clamp_highest() {
+  if constexpr (std::is_floating_point_v<M>) {
+    return std::numeric_limits<M>::infinity();
+  } else {
+    return std::numeric_limits<M>::max();
+  }
 }
 
 // min(max(x, lo), hi) with std::max/std::min's comparisons: NaN in x propagates.

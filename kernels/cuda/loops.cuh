@@ -104,19 +104,8 @@ inline Shape broadcast_strides(const Tensor& t, IntArrayRef sizes) {
   return out;
 }
 
-// v (of element type S) as a D, through S's arithmetic type (float for f16/bf16): the
-// conversion of kernels/cpu/binary.cpp, usable on both sides.
-template <typename D, typename S>
-__host__ __device__ __forceinline__ D convert(S v) {
-  const opmath_t<S> m = static_cast<opmath_t<S>>(v);
-  if constexpr (std::is_same_v<D, bool>) {
-    return m != opmath_t<S>(0);
-  } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
-    return D(static_cast<float>(m));
-  } else {
-    return static_cast<D>(m);
-  }
-}
+// v (of element type S) as a D: the conversion of the CPU's binary kernels (kernels/scalar_fn.h).
+using ::kiln::scalar::convert;
 
 // The value of a 0-d CPU tensor as a T.
 template <typename T>
