@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <type_traits>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/scalar_fn.h"
 #include "tensor/ops.h"
 #include "tensor/ops/elementwise_meta.h"
 #include "tensor/registry.h"
@@ -22,31 +22,10 @@ namespace kiln::cpu {
 namespace {
 
 using internal::binary_common_dtype;
+using scalar::convert;
 
 template <typename T>
 constexpr bool kIsFloat = std::is_floating_point_v<opmath_t<T>>;
-
-template <typename M>
-bool is_nan(M v) {
-  if constexpr (std::is_floating_point_v<M>) {
-    return std::isnan(v);
-  } else {
-    return false;
-  }
-}
-
-// v (of element type S) as a D, through S's arithmetic type (float for f16/bf16).
-template <typename D, typename S>
-D convert(S v) {
-  const opmath_t<S> m = static_cast<opmath_t<S>>(v);
-  if constexpr (std::is_same_v<D, bool>) {
-    return m != opmath_t<S>(0);
-  } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
-    return D(static_cast<float>(m));
-  } else {
-    return static_cast<D>(m);
-  }
-}
 
 enum class ScalarRead { kOpmath, kRounded };
 
@@ -125,41 +104,6 @@ void mul_cpu(OpCall& c) {
   });
 }
 
-// Python's float floor division: the quotient of fmod's truncated division, stepped down when
-// the remainder's sign differs from the divisor's, then snapped to the nearest integer.
-template <typename M>
-M floor_div_float(M a, M b) {
-  if (b == 0) return a / b;  // IEEE: +-inf or nan
-  const M rem = std::fmod(a, b);
-  M q = (a - rem) / b;
-  if (rem != 0 && ((rem < 0) != (b < 0))) q -= 1;
-  if (q == 0) return std::copysign(M(0), a / b);
-  const M fq = std::floor(q);
-  return q - fq > M(0.5) ? fq + 1 : fq;
-}
-
-// Integer division that never traps: a zero divisor raises `zero` (the caller throws after the
-// loop), and x / -1 wraps like two's complement instead of overflowing.
-template <typename M, bool kFloor>
-M int_div(M x, M y, std::atomic<bool>& zero) {
-  if constexpr (std::is_same_v<M, bool>) {
-    if (!y) zero.store(true, std::memory_order_relaxed);
-    return x;
-  } else {
-    if (y == 0) [[unlikely]] {
-      zero.store(true, std::memory_order_relaxed);
-      return 0;
-    }
-    using U = std::make_unsigned_t<M>;
-    if (y == -1) return static_cast<M>(U(0) - static_cast<U>(x));
-    M q = x / y;
-    if constexpr (kFloor) {
-      if (x % y != 0 && ((x < 0) != (y < 0))) --q;
-    }
-    return q;
-  }
-}
-
 void div_cpu(OpCall& c) {
   const Tensor& out = c.outputs[0];
   const Tensor& a = c.input(0);
@@ -181,20 +125,27 @@ void div_cpu(OpCall& c) {
     write_as(out, common, [&](const Tensor& o) {
       if constexpr (kIsFloat<T>) {
         if (floor) {
-          binary_loop<T, T, ScalarRead::kOpmath>(o, a, b,
-                                                 [](M x, M y) { return floor_div_float(x, y); });
+          binary_loop<T, T, ScalarRead::kOpmath>(
+              o, a, b, [](M x, M y) { return scalar::floor_div_float(x, y); });
         } else {
-          binary_loop<T, T, ScalarRead::kOpmath>(o, a, b,
-                                                 [](M x, M y) { return std::trunc(x / y); });
+          binary_loop<T, T, ScalarRead::kOpmath>(
+              o, a, b, [](M x, M y) { return scalar::math::trunc(x / y); });
         }
       } else {
         std::atomic<bool> zero{false};
+        auto run = [&]<bool kFloor>() {
+          binary_loop<T, T, ScalarRead::kOpmath>(o, a, b, [&zero](M x, M y) {
+            bool by_zero = false;
+            const M q = scalar::int_div<kFloor>(x, y, by_zero);
+            if (by_zero) [[unlikely]]
+              zero.store(true, std::memory_order_relaxed);
+            return q;
+          });
+        };
         if (floor) {
-          binary_loop<T, T, ScalarRead::kOpmath>(
-              o, a, b, [&zero](M x, M y) { return int_div<M, true>(x, y, zero); });
+          run.template operator()<true>();
         } else {
-          binary_loop<T, T, ScalarRead::kOpmath>(
-              o, a, b, [&zero](M x, M y) { return int_div<M, false>(x, y, zero); });
+          run.template operator()<false>();
         }
         KILN_CHECK(!zero.load(), "[div] integer division by zero (", dtype_name(common),
                    " tensors of shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()), ")");
@@ -203,33 +154,15 @@ void div_cpu(OpCall& c) {
   });
 }
 
-// Integer power by squaring, wrapping on overflow; negative exponents give 0 except for bases
-// 1 and -1, as PyTorch.
-template <typename M>
-M int_pow(M base, M exp) {
-  if (exp < 0) {
-    if (base == 1) return 1;
-    if (base == -1) return (exp & 1) ? -1 : 1;
-    return 0;
-  }
-  using U = std::make_unsigned_t<M>;
-  U result = 1, b = static_cast<U>(base);
-  for (U e = static_cast<U>(exp); e != 0; e >>= 1) {
-    if (e & 1) result *= b;
-    b *= b;
-  }
-  return static_cast<M>(result);
-}
-
 void pow_cpu(OpCall& c) {
   visit_dtype(binary_common_dtype(c, 0), [&]<typename T>(TypeTag<T>) {
     using M = opmath_t<T>;
     if constexpr (kIsFloat<T>) {
       binary_loop<T, T, ScalarRead::kOpmath>(c.outputs[0], c.input(0), c.input(1),
-                                             [](M x, M y) { return std::pow(x, y); });
+                                             [](M x, M y) { return scalar::math::pow(x, y); });
     } else if constexpr (!std::is_same_v<T, bool>) {  // bool is rejected by the meta rule
       binary_loop<T, T, ScalarRead::kOpmath>(c.outputs[0], c.input(0), c.input(1),
-                                             [](M x, M y) { return int_pow(x, y); });
+                                             [](M x, M y) { return scalar::int_pow(x, y); });
     }
   });
 }
@@ -239,10 +172,8 @@ template <bool kMax>
 void maxmin_cpu(OpCall& c) {
   visit_dtype(binary_common_dtype(c, 0), [&]<typename T>(TypeTag<T>) {
     using M = opmath_t<T>;
-    binary_loop<T, T, ScalarRead::kOpmath>(c.outputs[0], c.input(0), c.input(1), [](M x, M y) {
-      const bool pick_x = kMax ? x > y : x < y;
-      return (pick_x || is_nan(x)) ? x : y;
-    });
+    binary_loop<T, T, ScalarRead::kOpmath>(c.outputs[0], c.input(0), c.input(1),
+                                           [](M x, M y) { return scalar::max_min<kMax>(x, y); });
   });
 }
 
@@ -252,35 +183,30 @@ void atan2_cpu(OpCall& c) {
   visit_floating(dt, "atan2", [&]<typename T>(TypeTag<T>) {
     using M = opmath_t<T>;
     binary_loop<T, T, ScalarRead::kOpmath>(c.outputs[0], c.input(0), c.input(1),
-                                           [](M y, M x) { return std::atan2(y, x); });
+                                           [](M y, M x) { return scalar::math::atan2(y, x); });
   });
 }
 
 // --- Comparisons and logical ops ----------------------------------------------------------------
 
-template <typename Cmp>
+using scalar::Cmp;
+using scalar::Logical;
+
+template <Cmp C>
 void compare_cpu(OpCall& c) {
   visit_dtype(binary_common_dtype(c, 0), [&]<typename T>(TypeTag<T>) {
-    binary_loop<T, bool, ScalarRead::kRounded>(c.outputs[0], c.input(0), c.input(1), Cmp{});
+    using M = opmath_t<T>;
+    binary_loop<T, bool, ScalarRead::kRounded>(c.outputs[0], c.input(0), c.input(1),
+                                               [](M x, M y) { return scalar::compare<C>(x, y); });
   });
 }
-
-enum class Logical { kAnd, kOr, kXor };
 
 template <Logical L>
 void logical_cpu(OpCall& c) {
   visit_dtype(binary_common_dtype(c, 0), [&]<typename T>(TypeTag<T>) {
     using M = opmath_t<T>;
-    binary_loop<T, bool, ScalarRead::kRounded>(c.outputs[0], c.input(0), c.input(1), [](M x, M y) {
-      const bool p = x != M(0), q = y != M(0);
-      if constexpr (L == Logical::kAnd) {
-        return static_cast<bool>(p & q);
-      } else if constexpr (L == Logical::kOr) {
-        return static_cast<bool>(p | q);
-      } else {
-        return p != q;
-      }
-    });
+    binary_loop<T, bool, ScalarRead::kRounded>(c.outputs[0], c.input(0), c.input(1),
+                                               [](M x, M y) { return scalar::logical<L>(x, y); });
   });
 }
 
@@ -306,27 +232,14 @@ void clamp_cpu(OpCall& c) {
   visit_dtype(dt, [&]<typename T>(TypeTag<T>) {
     if constexpr (!std::is_same_v<T, bool>) {  // bool is rejected by the meta rule
       using M = opmath_t<T>;
-      // An absent bound is the type's extreme, so one loop serves every case.
-      constexpr M kLowest =
-          kIsFloat<T> ? -std::numeric_limits<M>::infinity() : std::numeric_limits<M>::lowest();
-      constexpr M kHighest =
-          kIsFloat<T> ? std::numeric_limits<M>::infinity() : std::numeric_limits<M>::max();
-      const M lo = c.has_attr(0) ? M(c.attr<Scalar>(0).to<T>()) : kLowest;
-      const M hi = c.has_attr(1) ? M(c.attr<Scalar>(1).to<T>()) : kHighest;
+      const M lo = c.has_attr(0) ? M(c.attr<Scalar>(0).to<T>()) : scalar::clamp_lowest<M>();
+      const M hi = c.has_attr(1) ? M(c.attr<Scalar>(1).to<T>()) : scalar::clamp_highest<M>();
       write_as(c.outputs[0], dt, [&](const Tensor& o) {
-        // std::max(NaN, lo) and std::min(NaN, hi) return the NaN: NaN propagates.
         elementwise_typed<T, T>(
-            o, [=](T v) { return std::min(std::max(M(v), lo), hi); }, as_dtype(self, dt));
+            o, [=](T v) { return scalar::clamp(M(v), lo, hi); }, as_dtype(self, dt));
       });
     }
   });
-}
-
-// start + w * (end - start), from whichever end is nearer for accuracy at w close to 1.
-template <typename M>
-M lerp_value(M start, M end, M w) {
-  const M diff = end - start;
-  return std::abs(w) < M(0.5) ? start + w * diff : end - diff * (M(1) - w);
 }
 
 void lerp_cpu(OpCall& c) {
@@ -335,12 +248,13 @@ void lerp_cpu(OpCall& c) {
     using M = opmath_t<T>;
     if (c.inputs.size() == 3) {
       elementwise_typed<T, T, T, T>(
-          c.outputs[0], [](T s, T e, T w) { return lerp_value<M>(M(s), M(e), M(w)); }, start,
+          c.outputs[0], [](T s, T e, T w) { return scalar::lerp<M>(M(s), M(e), M(w)); }, start,
           c.input(1), c.input(2));
     } else {
       const M w = c.attr<Scalar>(0).to<M>();
       elementwise_typed<T, T, T>(
-          c.outputs[0], [w](T s, T e) { return lerp_value<M>(M(s), M(e), w); }, start, c.input(1));
+          c.outputs[0], [w](T s, T e) { return scalar::lerp<M>(M(s), M(e), w); }, start,
+          c.input(1));
     }
   });
 }
@@ -353,21 +267,13 @@ void isclose_cpu(OpCall& c) {
     using M = opmath_t<T>;
     if constexpr (kIsFloat<T>) {
       const M rt = static_cast<M>(rtol), at = static_cast<M>(atol);
-      auto rnd = [](M v) { return static_cast<M>(T(v)); };
       binary_loop<T, bool, ScalarRead::kRounded>(
-          c.outputs[0], c.input(0), c.input(1), [=](M x, M y) {
-            if (x == y) return true;
-            if (equal_nan && is_nan(x) && is_nan(y)) return true;
-            const M actual = std::abs(rnd(x - y));
-            const M allowed = rnd(at + rnd(std::abs(rnd(rt * y))));
-            return std::isfinite(actual) && actual <= allowed;
-          });
+          c.outputs[0], c.input(0), c.input(1),
+          [=](M x, M y) { return scalar::isclose_float<T>(x, y, rt, at, equal_nan); });
     } else {
       binary_loop<T, bool, ScalarRead::kRounded>(
-          c.outputs[0], c.input(0), c.input(1), [=](M x, M y) {
-            const double dx = static_cast<double>(x), dy = static_cast<double>(y);
-            return dx == dy || std::abs(dx - dy) <= atol + std::abs(rtol * dy);
-          });
+          c.outputs[0], c.input(0), c.input(1),
+          [=](M x, M y) { return scalar::isclose_int(x, y, rtol, atol); });
     }
   });
 }
@@ -386,12 +292,12 @@ KILN_REGISTER_KERNEL(pow, kCPU, pow_cpu);
 KILN_REGISTER_KERNEL(maximum, kCPU, maxmin_cpu<true>);
 KILN_REGISTER_KERNEL(minimum, kCPU, maxmin_cpu<false>);
 KILN_REGISTER_KERNEL(atan2, kCPU, atan2_cpu);
-KILN_REGISTER_KERNEL(eq, kCPU, compare_cpu<std::equal_to<>>);
-KILN_REGISTER_KERNEL(ne, kCPU, compare_cpu<std::not_equal_to<>>);
-KILN_REGISTER_KERNEL(lt, kCPU, compare_cpu<std::less<>>);
-KILN_REGISTER_KERNEL(le, kCPU, compare_cpu<std::less_equal<>>);
-KILN_REGISTER_KERNEL(gt, kCPU, compare_cpu<std::greater<>>);
-KILN_REGISTER_KERNEL(ge, kCPU, compare_cpu<std::greater_equal<>>);
+KILN_REGISTER_KERNEL(eq, kCPU, compare_cpu<Cmp::kEq>);
+KILN_REGISTER_KERNEL(ne, kCPU, compare_cpu<Cmp::kNe>);
+KILN_REGISTER_KERNEL(lt, kCPU, compare_cpu<Cmp::kLt>);
+KILN_REGISTER_KERNEL(le, kCPU, compare_cpu<Cmp::kLe>);
+KILN_REGISTER_KERNEL(gt, kCPU, compare_cpu<Cmp::kGt>);
+KILN_REGISTER_KERNEL(ge, kCPU, compare_cpu<Cmp::kGe>);
 KILN_REGISTER_KERNEL(logical_and, kCPU, logical_cpu<Logical::kAnd>);
 KILN_REGISTER_KERNEL(logical_or, kCPU, logical_cpu<Logical::kOr>);
 KILN_REGISTER_KERNEL(logical_xor, kCPU, logical_cpu<Logical::kXor>);

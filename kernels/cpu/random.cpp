@@ -9,35 +9,20 @@
 #include <vector>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/random_fn.h"
 #include "tensor/registry.h"
 
 namespace kiln::cpu {
 namespace {
 
-constexpr double kTwoPi = 6.283185307179586;
-
-struct Stream {
-  uint64_t seed;
-  uint64_t offset;
-  philox::Words block(uint64_t b) const { return philox::block(seed, offset + b); }
-};
+using scalar::from_int;
+using Stream = scalar::PhiloxStream;
 
 // The seed and offset are the last two attributes of every random op.
 Stream stream_of(const OpCall& c) {
   const size_t n = c.attrs.size();
   return {static_cast<uint64_t>(c.attr<int64_t>(n - 2)),
           static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
-}
-
-template <typename T>
-T from_int(int64_t v) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return v != 0;
-  } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return T(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
 }
 
 // Walks the elements of a tensor in row-major order from a starting index, tracking the
@@ -113,8 +98,7 @@ void uniform_cpu(OpCall& c) {
       fill_blocks<double, 2>(out, [&](int64_t b, double* v, int64_t, int count) {
         const philox::Words w = s.block(static_cast<uint64_t>(b));
         for (int k = 0; k < count; ++k) {
-          const double x = from + range * philox::uniform53(w.w[2 * k], w.w[2 * k + 1]);
-          v[k] = x >= to ? from : x;
+          v[k] = scalar::uniform_double(w.w[2 * k], w.w[2 * k + 1], from, to, range);
         }
       });
     } else {
@@ -124,9 +108,7 @@ void uniform_cpu(OpCall& c) {
       fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
         const philox::Words w = s.block(static_cast<uint64_t>(b));
         for (int k = 0; k < count; ++k) {
-          const T x = T(from_f + range * philox::uniform24(w.w[k]));
-          // Rounding to the dtype may reach `to`: wrap to `from`, as PyTorch's CUDA kernel.
-          v[k] = static_cast<double>(static_cast<float>(x)) >= to ? from_t : x;
+          v[k] = scalar::uniform_float<T>(w.w[k], from_f, range, to, from_t);
         }
       });
     }
@@ -140,24 +122,12 @@ void normal_cpu(OpCall& c) {
   visit_floating(out.dtype(), "normal_", [&]<typename T>(TypeTag<T>) {
     if constexpr (std::is_same_v<T, double>) {
       fill_blocks<double, 2>(out, [&](int64_t b, double* v, int64_t, int count) {
-        const philox::Words w = s.block(static_cast<uint64_t>(b));
-        const double r = std::sqrt(-2.0 * std::log(philox::open53(w.w[0], w.w[1])));
-        const double t = kTwoPi * philox::uniform53(w.w[2], w.w[3]);
-        v[0] = mean + stdev * (r * std::cos(t));
-        if (count > 1) v[1] = mean + stdev * (r * std::sin(t));
+        scalar::normal_double(s.block(static_cast<uint64_t>(b)), mean, stdev, v, count);
       });
     } else {
       const float mean_f = static_cast<float>(mean), std_f = static_cast<float>(stdev);
       fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
-        const philox::Words w = s.block(static_cast<uint64_t>(b));
-        float z[4];
-        for (int pair = 0; pair < 2; ++pair) {
-          const float r = std::sqrt(-2.0f * std::log(philox::open24(w.w[2 * pair])));
-          const float t = static_cast<float>(kTwoPi) * philox::uniform24(w.w[2 * pair + 1]);
-          z[2 * pair] = r * std::cos(t);
-          z[2 * pair + 1] = r * std::sin(t);
-        }
-        for (int k = 0; k < count; ++k) v[k] = T(mean_f + std_f * z[k]);
+        scalar::normal_float<T>(s.block(static_cast<uint64_t>(b)), mean_f, std_f, v, count);
       });
     }
   });
@@ -168,10 +138,7 @@ void random_cpu(OpCall& c) {
   const int64_t low = c.attr<int64_t>(0), high = c.attr<int64_t>(1);
   const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
   const Stream s = stream_of(c);
-  // low + x mod range, in unsigned arithmetic so that the full int64 range does not overflow.
-  auto value = [low, range](uint64_t x) {
-    return static_cast<int64_t>(static_cast<uint64_t>(low) + x % range);
-  };
+  auto value = [low, range](uint64_t x) { return scalar::random_int(x, low, range); };
   visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
     if (range <= (uint64_t{1} << 32)) {
       fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
@@ -198,7 +165,7 @@ void bernoulli_cpu(OpCall& c) {
       const T one = from_int<T>(1), zero = from_int<T>(0);
       fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
         const philox::Words w = s.block(static_cast<uint64_t>(b));
-        for (int k = 0; k < count; ++k) v[k] = philox::uniform32(w.w[k]) < p ? one : zero;
+        for (int k = 0; k < count; ++k) v[k] = scalar::bernoulli(w.w[k], p) ? one : zero;
       });
     });
     return;
@@ -225,18 +192,10 @@ void bernoulli_cpu(OpCall& c) {
     fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t i0, int count) {
       const philox::Words w = s.block(static_cast<uint64_t>(b));
       for (int k = 0; k < count; ++k) {
-        v[k] = philox::uniform32(w.w[k]) < probs[static_cast<size_t>(i0 + k)] ? one : zero;
+        v[k] = scalar::bernoulli(w.w[k], probs[static_cast<size_t>(i0 + k)]) ? one : zero;
       }
     });
   });
-}
-
-// Draw j's 53-bit uniform: word pair j % 2 of block j / 2.
-double uniform_draw(const Stream& s, int64_t j, bool open) {
-  const philox::Words w = s.block(static_cast<uint64_t>(j / 2));
-  const int k = static_cast<int>(j % 2);
-  return open ? philox::open53(w.w[2 * k], w.w[2 * k + 1])
-              : philox::uniform53(w.w[2 * k], w.w[2 * k + 1]);
 }
 
 void multinomial_cpu(OpCall& c) {
@@ -280,7 +239,8 @@ void multinomial_cpu(OpCall& c) {
         int64_t* row_out = dst + r * num_samples;
         if (replacement) {
           for (int64_t smp = 0; smp < num_samples; ++smp) {
-            const double target = uniform_draw(s, r * num_samples + smp, false) * total;
+            const double target =
+                scalar::mul_rn(scalar::draw53(s, r * num_samples + smp, false), total);
             const int64_t k = std::upper_bound(cdf.begin(), cdf.end(), target) - cdf.begin();
             row_out[smp] = std::min(k, last_positive);
           }
@@ -296,8 +256,7 @@ void multinomial_cpu(OpCall& c) {
         for (int64_t k = 0; k < cats; ++k) {
           const double q = pv[static_cast<size_t>(k)];
           if (q == 0.0) continue;  // never drawn
-          const double e = -std::log(uniform_draw(s, r * cats + k, true));
-          scores.emplace_back(q / e, k);
+          scores.emplace_back(scalar::exp_key(q, scalar::draw53(s, r * cats + k, true)), k);
         }
         auto better = [](const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& b) {
           return a.first > b.first || (a.first == b.first && a.second < b.second);

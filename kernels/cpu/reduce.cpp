@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/reduce_fn.h"
 #include "tensor/registry.h"
 
 namespace kiln::cpu {
@@ -82,42 +83,16 @@ ReduceBlock reduce_block(const Tensor& t, IntArrayRef dims, bool index_order) {
 
 namespace {
 
+// Floating types accumulate in double, integers in int64.
 template <typename T>
-using acc_t = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+using acc_t = scalar::sum_acc_t<T, double>;
+
+using scalar::from_acc;
+using scalar::NormKind;
 
 template <typename T>
 acc_t<T> to_acc(T x) {
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<int64_t>(x);
-  } else {
-    return static_cast<double>(static_cast<opmath_t<T>>(x));
-  }
-}
-
-template <typename T, typename V>
-T from_acc(V v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return T(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
-}
-
-template <typename T>
-bool is_nan(T x) {
-  if constexpr (std::is_integral_v<T>) {
-    return false;
-  } else {
-    return std::isnan(static_cast<double>(x));
-  }
-}
-
-// Integer arithmetic wraps (two's complement), as PyTorch's does in practice.
-inline int64_t wrap_add(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-inline int64_t wrap_mul(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+  return scalar::to_acc<acc_t<T>>(x);
 }
 
 Shape dims_attr(const OpCall& c, size_t i) {
@@ -135,50 +110,12 @@ void run_reduction(const Tensor& x, IntArrayRef dims, const Red& red, bool index
 
 // --- sum, mean, prod --------------------------------------------------------------------------
 
+// The reducers are those of kernels/reduce_fn.h (shared with the CUDA kernels), accumulating
+// floats in double.
 template <typename T>
-struct SumReducer {
-  using acc_t = cpu::acc_t<T>;
-  T* out;
-  double scale;  // 1 for sum, 1 / count for mean
-  acc_t init() const { return 0; }
-  void step(acc_t& a, T x, int64_t) const {
-    if constexpr (std::is_integral_v<T>) {
-      a = wrap_add(a, to_acc(x));
-    } else {
-      a += to_acc(x);
-    }
-  }
-  acc_t merge(acc_t a, acc_t b) const {
-    if constexpr (std::is_integral_v<T>) {
-      return wrap_add(a, b);
-    } else {
-      return a + b;
-    }
-  }
-  void finish(acc_t a, int64_t i) const {
-    if constexpr (std::is_integral_v<T>) {
-      out[i] = static_cast<T>(a);
-    } else {
-      out[i] = from_acc<T>(a * scale);
-    }
-  }
-};
-
+using SumReducer = scalar::SumReducer<T, double>;
 template <typename T>
-struct ProdReducer {
-  using acc_t = cpu::acc_t<T>;
-  T* out;
-  acc_t init() const { return 1; }
-  void step(acc_t& a, T x, int64_t) const { a = merge(a, to_acc(x)); }
-  acc_t merge(acc_t a, acc_t b) const {
-    if constexpr (std::is_integral_v<T>) {
-      return wrap_mul(a, b);
-    } else {
-      return a * b;
-    }
-  }
-  void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
-};
+using ProdReducer = scalar::ProdReducer<T, double>;
 
 void sum_cpu(OpCall& c) {
   const Tensor& out = c.outputs[0];
@@ -213,34 +150,12 @@ void prod_cpu(OpCall& c) {
 
 // --- amax, amin, max, min ---------------------------------------------------------------------
 
-// The larger (kMax) or smaller of a and b; NaN wins.
-template <bool kMax, typename V>
-V pick(V a, V b) {
-  if (is_nan(a)) return a;
-  if (is_nan(b)) return b;
-  if constexpr (kMax) {
-    return b > a ? b : a;
-  } else {
-    return b < a ? b : a;
-  }
-}
-
+// scalar::ExtremumReducer with a branch-free step, so that the row loop vectorises; a NaN in `a`
+// stays (both tests fail).
 template <typename T, bool kMax>
-struct ExtremumReducer {
-  using acc_t = std::conditional_t<std::is_same_v<T, bool>, bool, opmath_t<T>>;
-  T* out;
-  acc_t init() const {
-    if constexpr (std::is_same_v<T, bool>) {
-      return !kMax;
-    } else if constexpr (std::is_integral_v<T>) {
-      return kMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
-    } else {
-      return kMax ? -std::numeric_limits<acc_t>::infinity()
-                  : std::numeric_limits<acc_t>::infinity();
-    }
-  }
+struct ExtremumReducer : scalar::ExtremumReducer<T, kMax> {
+  using acc_t = typename scalar::ExtremumReducer<T, kMax>::acc_t;
   void step(acc_t& a, T x, int64_t) const {
-    // Branch-free so that the row loop vectorises; a NaN in `a` stays (both tests fail).
     const acc_t v = static_cast<acc_t>(x);
     if constexpr (std::is_floating_point_v<acc_t>) {
       a = ((kMax ? v > a : v < a) || v != v) ? v : a;
@@ -248,8 +163,6 @@ struct ExtremumReducer {
       a = (kMax ? v > a : v < a) ? v : a;
     }
   }
-  acc_t merge(acc_t a, acc_t b) const { return pick<kMax>(a, b); }
-  void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
 };
 
 template <bool kMax>
@@ -257,50 +170,13 @@ void extremum_cpu(OpCall& c) {
   const Tensor& x = c.input(0);
   const Shape dims = dims_attr(c, 0);
   visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, ExtremumReducer<T, kMax>{c.outputs[0].data_ptr<T>()});
+    run_reduction<T>(x, dims, ExtremumReducer<T, kMax>{{c.outputs[0].data_ptr<T>()}});
   });
 }
 
 // --- max/min with indices, argmax/argmin -------------------------------------------------------
 
-// Value and index of the best element so far; index -1 means none yet. Ties keep the lowest
-// index and the first NaN beats everything, as PyTorch.
-template <typename T, bool kMax>
-struct ArgReducer {
-  using value_t = std::conditional_t<std::is_same_v<T, bool>, bool, opmath_t<T>>;
-  struct acc_t {
-    value_t value;
-    int64_t index;
-  };
-  T* values;  // may be null (argmax)
-  int64_t* indices;
-
-  static bool better(value_t x, value_t than) {
-    if (is_nan(than)) return false;
-    if (is_nan(x)) return true;
-    if constexpr (kMax) {
-      return x > than;
-    } else {
-      return x < than;
-    }
-  }
-  acc_t init() const { return {value_t{}, -1}; }
-  void step(acc_t& a, T x, int64_t r) const {
-    const value_t v = static_cast<value_t>(x);
-    if (a.index < 0 || better(v, a.value)) a = {v, r};
-  }
-  acc_t merge(const acc_t& a, const acc_t& b) const {
-    if (a.index < 0) return b;
-    if (b.index < 0) return a;
-    if (better(b.value, a.value)) return b;
-    if (better(a.value, b.value)) return a;
-    return a.index <= b.index ? a : b;
-  }
-  void finish(const acc_t& a, int64_t i) const {
-    if (values != nullptr) values[i] = from_acc<T>(a.value);
-    indices[i] = a.index;
-  }
-};
+using scalar::ArgReducer;
 
 template <bool kMax>
 void max_dim_cpu(OpCall& c) {
@@ -327,94 +203,18 @@ void argmax_cpu(OpCall& c) {
 
 // --- var, std ---------------------------------------------------------------------------------
 
-// Welford's running mean and sum of squared deviations, merged with Chan's formula.
-struct Moments {
-  double n = 0, mean = 0, m2 = 0;
-};
-
-template <typename T, bool kStd>
-struct VarReducer {
-  using acc_t = Moments;
-  T* out;
-  double correction;
-  acc_t init() const { return {}; }
-  void step(acc_t& a, T x, int64_t) const {
-    const double v = to_acc(x);
-    a.n += 1;
-    const double delta = v - a.mean;
-    a.mean += delta / a.n;
-    a.m2 += delta * (v - a.mean);
-  }
-  acc_t merge(const acc_t& a, const acc_t& b) const {
-    if (a.n == 0) return b;
-    if (b.n == 0) return a;
-    const double n = a.n + b.n;
-    const double delta = b.mean - a.mean;
-    return {n, a.mean + delta * (b.n / n), a.m2 + b.m2 + delta * delta * (a.n * b.n / n)};
-  }
-  void finish(const acc_t& a, int64_t i) const {
-    // PyTorch divides by max(0, N - correction): inf or nan when nothing is left.
-    const double var = a.m2 / std::max(0.0, a.n - correction);
-    out[i] = from_acc<T>(kStd ? std::sqrt(var) : var);
-  }
-};
-
 template <bool kStd>
 void var_cpu(OpCall& c) {
   const Tensor& x = c.input(0);
   const Shape dims = dims_attr(c, 0);
   const double correction = static_cast<double>(c.attr<int64_t>(1));
   visit_floating(x.dtype(), c.name(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, VarReducer<T, kStd>{c.outputs[0].data_ptr<T>(), correction});
+    run_reduction<T>(x, dims,
+                     scalar::VarReducer<T, double, kStd>{c.outputs[0].data_ptr<T>(), correction});
   });
 }
 
 // --- norm -------------------------------------------------------------------------------------
-
-enum class NormKind { kZero, kOne, kTwo, kInf, kNegInf, kGeneral };
-
-template <typename T, NormKind kKind>
-struct NormReducer {
-  using acc_t = double;
-  T* out;
-  double p;
-  acc_t init() const {
-    return kKind == NormKind::kNegInf ? std::numeric_limits<double>::infinity() : 0.0;
-  }
-  void step(acc_t& a, T x, int64_t) const {
-    const double v = to_acc(x);
-    if constexpr (kKind == NormKind::kZero) {
-      a += v != 0.0 ? 1.0 : 0.0;
-    } else if constexpr (kKind == NormKind::kOne) {
-      a += std::abs(v);
-    } else if constexpr (kKind == NormKind::kTwo) {
-      a += v * v;
-    } else if constexpr (kKind == NormKind::kInf) {
-      a = pick<true>(a, std::abs(v));
-    } else if constexpr (kKind == NormKind::kNegInf) {
-      a = pick<false>(a, std::abs(v));
-    } else {
-      a += std::pow(std::abs(v), p);
-    }
-  }
-  acc_t merge(acc_t a, acc_t b) const {
-    if constexpr (kKind == NormKind::kInf) {
-      return pick<true>(a, b);
-    } else if constexpr (kKind == NormKind::kNegInf) {
-      return pick<false>(a, b);
-    } else {
-      return a + b;
-    }
-  }
-  void finish(acc_t a, int64_t i) const {
-    if constexpr (kKind == NormKind::kTwo) {
-      a = std::sqrt(a);
-    } else if constexpr (kKind == NormKind::kGeneral) {
-      a = std::pow(a, 1.0 / p);
-    }
-    out[i] = from_acc<T>(a);
-  }
-};
 
 void norm_cpu(OpCall& c) {
   const Tensor& x = c.input(0);
@@ -422,99 +222,31 @@ void norm_cpu(OpCall& c) {
   const Shape dims = dims_attr(c, 1);
   visit_floating(x.dtype(), "norm", [&]<typename T>(TypeTag<T>) {
     T* out = c.outputs[0].data_ptr<T>();
-    auto run = [&]<NormKind kKind>() { run_reduction<T>(x, dims, NormReducer<T, kKind>{out, p}); };
-    if (p == 0) {
-      run.template operator()<NormKind::kZero>();
-    } else if (p == 1) {
-      run.template operator()<NormKind::kOne>();
-    } else if (p == 2) {
-      run.template operator()<NormKind::kTwo>();
-    } else if (std::isinf(p)) {
-      if (p > 0) {
-        run.template operator()<NormKind::kInf>();
-      } else {
-        run.template operator()<NormKind::kNegInf>();
-      }
-    } else {
-      run.template operator()<NormKind::kGeneral>();
-    }
+    scalar::visit_norm_kind(p, [&]<NormKind kKind>() {
+      run_reduction<T>(x, dims, scalar::NormReducer<T, double, kKind>{out, p});
+    });
   });
 }
 
 // --- logsumexp --------------------------------------------------------------------------------
-
-// Online log-sum-exp: the running maximum m and sum s of exp(x - m). Rows of -inf give -inf,
-// a +inf gives +inf, NaN propagates; the maximum is never subtracted from itself when infinite.
-struct LseAcc {
-  double m = -std::numeric_limits<double>::infinity();
-  double s = 0;
-};
-
-inline LseAcc lse_merge(const LseAcc& a, const LseAcc& b) {
-  if (std::isnan(a.m) || std::isnan(b.m)) return {std::numeric_limits<double>::quiet_NaN(), 1};
-  if (a.s == 0) return b;
-  if (b.s == 0) return a;
-  if (a.m == b.m) return {a.m, a.s + b.s};
-  if (a.m > b.m) return {a.m, a.s + b.s * std::exp(b.m - a.m)};
-  return {b.m, b.s + a.s * std::exp(a.m - b.m)};
-}
-
-template <typename T>
-struct LogSumExpReducer {
-  using acc_t = LseAcc;
-  T* out;
-  acc_t init() const { return {}; }
-  void step(acc_t& a, T x, int64_t) const {
-    const double v = to_acc(x);
-    if (v == -std::numeric_limits<double>::infinity()) return;  // contributes exp(-inf) = 0
-    if (std::isnan(v) || std::isnan(a.m)) {
-      a = {std::numeric_limits<double>::quiet_NaN(), 1};
-    } else if (a.s == 0) {
-      a = {v, 1};
-    } else if (v == a.m) {
-      a.s += 1;
-    } else if (v > a.m) {
-      a = {v, a.s * std::exp(a.m - v) + 1};
-    } else {
-      a.s += std::exp(v - a.m);
-    }
-  }
-  acc_t merge(const acc_t& a, const acc_t& b) const { return lse_merge(a, b); }
-  void finish(const acc_t& a, int64_t i) const {
-    out[i] = from_acc<T>(a.s == 0 ? -std::numeric_limits<double>::infinity() : std::log(a.s) + a.m);
-  }
-};
 
 void logsumexp_cpu(OpCall& c) {
   const Tensor& out = c.outputs[0];
   const Tensor x = as_dtype(c.input(0), out.dtype());
   const Shape dims = dims_attr(c, 0);
   visit_floating(out.dtype(), "logsumexp", [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, LogSumExpReducer<T>{out.data_ptr<T>()});
+    run_reduction<T>(x, dims, scalar::LogSumExpReducer<T, double>{out.data_ptr<T>()});
   });
 }
 
 // --- all, any ---------------------------------------------------------------------------------
-
-template <typename T, bool kAll>
-struct LogicalReducer {
-  using acc_t = bool;
-  bool* out;
-  acc_t init() const { return kAll; }
-  void step(acc_t& a, T x, int64_t) const {
-    const bool v = static_cast<opmath_t<T>>(x) != opmath_t<T>(0);
-    a = kAll ? (a && v) : (a || v);
-  }
-  acc_t merge(acc_t a, acc_t b) const { return kAll ? (a && b) : (a || b); }
-  void finish(acc_t a, int64_t i) const { out[i] = a; }
-};
 
 template <bool kAll>
 void logical_reduce_cpu(OpCall& c) {
   const Tensor& x = c.input(0);
   const Shape dims = dims_attr(c, 0);
   visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, LogicalReducer<T, kAll>{c.outputs[0].data_ptr<bool>()});
+    run_reduction<T>(x, dims, scalar::LogicalReducer<T, kAll>{c.outputs[0].data_ptr<bool>()});
   });
 }
 
@@ -546,7 +278,7 @@ void cumsum_cpu(OpCall& c) {
               const int64_t off = (a * R + r) * K + k0;
               for (int64_t kk = 0; kk < kn; ++kk) {
                 if constexpr (std::is_integral_v<T>) {
-                  acc[kk] = wrap_add(acc[kk], to_acc(in[off + kk]));
+                  acc[kk] = scalar::wrap_add(acc[kk], to_acc(in[off + kk]));
                   o[off + kk] = static_cast<T>(acc[kk]);
                 } else {
                   acc[kk] += to_acc(in[off + kk]);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/loops.cuh"
+#include "kernels/scalar_fn.h"
 #include "tensor/ops/elementwise_meta.h"
 
 namespace kiln::cuda {
@@ -18,7 +19,6 @@ using loops::as_dtype;
 using loops::elementwise;
 using loops::ErrorFlag;
 using loops::FlagView;
-namespace dm = loops::dmath;
 
 template <typename T>
 constexpr bool kIsFloat = std::is_floating_point_v<opmath_t<T>>;
@@ -115,47 +115,28 @@ struct TrueDivFn {
 struct TruncDivFn {
   template <typename M>
   __device__ M operator()(M x, M y) const {
-    return dm::trunc(x / y);
+    return scalar::math::trunc(x / y);
   }
 };
 
-// Python's float floor division, as kernels/cpu/binary.cpp computes it.
 struct FloorDivFn {
   template <typename M>
   __device__ M operator()(M a, M b) const {
-    if (b == 0) return a / b;  // IEEE: +-inf or nan
-    const M rem = dm::fmod(a, b);
-    M q = (a - rem) / b;
-    if (rem != 0 && ((rem < 0) != (b < 0))) q -= 1;
-    if (q == 0) return dm::copysign(M(0), a / b);
-    const M fq = dm::floor(q);
-    return q - fq > M(0.5) ? fq + 1 : fq;
+    return scalar::floor_div_float(a, b);
   }
 };
 
 // Integer division that never traps: a zero divisor raises the flag (the host throws after the
-// kernel), and x / -1 wraps like two's complement instead of overflowing.
+// kernel).
 template <bool kFloor>
 struct IntDivFn {
   FlagView flag;
   template <typename M>
   __device__ M operator()(M x, M y) const {
-    if constexpr (std::is_same_v<M, bool>) {
-      if (!y) flag.raise(0);
-      return x;
-    } else {
-      if (y == 0) {
-        flag.raise(0);
-        return 0;
-      }
-      using U = std::make_unsigned_t<M>;
-      if (y == -1) return static_cast<M>(U(0) - static_cast<U>(x));
-      M q = x / y;
-      if constexpr (kFloor) {
-        if (x % y != 0 && ((x < 0) != (y < 0))) --q;
-      }
-      return q;
-    }
+    bool by_zero = false;
+    const M q = scalar::int_div<kFloor>(x, y, by_zero);
+    if (by_zero) flag.raise(0);
+    return q;
   }
 };
 
@@ -196,26 +177,14 @@ void div_cuda(OpCall& c) {
   });
 }
 
-// Integer power by squaring, wrapping on overflow; negative exponents give 0 except for bases
-// 1 and -1, as PyTorch.
+// Integer powers: scalar::int_pow (negative exponents give 0 except for bases 1 and -1).
 struct PowFn {
   template <typename M>
   __device__ M operator()(M base, M exp) const {
     if constexpr (std::is_floating_point_v<M>) {
-      return dm::pow(base, exp);
+      return scalar::math::pow(base, exp);
     } else {
-      if (exp < 0) {
-        if (base == 1) return 1;
-        if (base == -1) return (exp & 1) ? -1 : 1;
-        return 0;
-      }
-      using U = std::make_unsigned_t<M>;
-      U result = 1, b = static_cast<U>(base);
-      for (U e = static_cast<U>(exp); e != 0; e >>= 1) {
-        if (e & 1) result *= b;
-        b *= b;
-      }
-      return static_cast<M>(result);
+      return scalar::int_pow(base, exp);
     }
   }
 };
@@ -233,8 +202,7 @@ template <bool kMax>
 struct MaxMinFn {
   template <typename M>
   __device__ M operator()(M x, M y) const {
-    const bool pick_x = kMax ? x > y : x < y;
-    return (pick_x || dm::is_nan(x)) ? x : y;
+    return scalar::max_min<kMax>(x, y);
   }
 };
 
@@ -248,7 +216,7 @@ void maxmin_cuda(OpCall& c) {
 struct Atan2Fn {
   template <typename M>
   __device__ M operator()(M y, M x) const {
-    return dm::atan2(y, x);
+    return scalar::math::atan2(y, x);
   }
 };
 
@@ -262,25 +230,14 @@ void atan2_cuda(OpCall& c) {
 
 // --- Comparisons and logical ops ----------------------------------------------------------------
 
-enum class Cmp { kEq, kNe, kLt, kLe, kGt, kGe };
+using scalar::Cmp;
+using scalar::Logical;
 
 template <Cmp C>
 struct CompareFn {
   template <typename M>
   __device__ bool operator()(M x, M y) const {
-    if constexpr (C == Cmp::kEq) {
-      return x == y;
-    } else if constexpr (C == Cmp::kNe) {
-      return x != y;
-    } else if constexpr (C == Cmp::kLt) {
-      return x < y;
-    } else if constexpr (C == Cmp::kLe) {
-      return x <= y;
-    } else if constexpr (C == Cmp::kGt) {
-      return x > y;
-    } else {
-      return x >= y;
-    }
+    return scalar::compare<C>(x, y);
   }
 };
 
@@ -292,20 +249,11 @@ void compare_cuda(OpCall& c) {
   });
 }
 
-enum class Logical { kAnd, kOr, kXor };
-
 template <Logical L>
 struct LogicalFn {
   template <typename M>
   __device__ bool operator()(M x, M y) const {
-    const bool p = x != M(0), q = y != M(0);
-    if constexpr (L == Logical::kAnd) {
-      return p && q;
-    } else if constexpr (L == Logical::kOr) {
-      return p || q;
-    } else {
-      return p != q;
-    }
+    return scalar::logical<L>(x, y);
   }
 };
 
@@ -332,15 +280,11 @@ void where_cuda(OpCall& c) {
   });
 }
 
-// std::min(std::max(v, lo), hi) spelled out: NaN propagates as on the CPU.
 template <typename T>
 struct ClampFn {
   opmath_t<T> lo, hi;
   __device__ T operator()(T v) const {
-    using M = opmath_t<T>;
-    const M x = static_cast<M>(v);
-    const M a = x < lo ? lo : x;
-    return T(hi < a ? hi : a);
+    return T(scalar::clamp(static_cast<opmath_t<T>>(v), lo, hi));
   }
 };
 
@@ -354,12 +298,8 @@ void clamp_cuda(OpCall& c) {
   visit_dtype(dt, [&]<typename T>(TypeTag<T>) {
     if constexpr (!std::is_same_v<T, bool>) {  // bool is rejected by the meta rule
       using M = opmath_t<T>;
-      constexpr M kLowest =
-          kIsFloat<T> ? -std::numeric_limits<M>::infinity() : std::numeric_limits<M>::lowest();
-      constexpr M kHighest =
-          kIsFloat<T> ? std::numeric_limits<M>::infinity() : std::numeric_limits<M>::max();
-      const M lo = c.has_attr(0) ? M(c.attr<Scalar>(0).to<T>()) : kLowest;
-      const M hi = c.has_attr(1) ? M(c.attr<Scalar>(1).to<T>()) : kHighest;
+      const M lo = c.has_attr(0) ? M(c.attr<Scalar>(0).to<T>()) : scalar::clamp_lowest<M>();
+      const M hi = c.has_attr(1) ? M(c.attr<Scalar>(1).to<T>()) : scalar::clamp_highest<M>();
       write_as(c.outputs[0], dt, [&](const Tensor& o) {
         elementwise<T, T>(o, ClampFn<T>{lo, hi}, as_dtype(self, dt));
       });
@@ -367,18 +307,11 @@ void clamp_cuda(OpCall& c) {
   });
 }
 
-// start + w * (end - start), from whichever end is nearer for accuracy at w close to 1.
-template <typename M>
-__device__ __forceinline__ M lerp_value(M start, M end, M w) {
-  const M diff = end - start;
-  return dm::abs(w) < M(0.5) ? start + w * diff : end - diff * (M(1) - w);
-}
-
 template <typename T>
 struct LerpTensorFn {
   __device__ T operator()(T s, T e, T w) const {
     using M = opmath_t<T>;
-    return T(lerp_value<M>(M(s), M(e), M(w)));
+    return T(scalar::lerp<M>(M(s), M(e), M(w)));
   }
 };
 
@@ -387,7 +320,7 @@ struct LerpScalarFn {
   opmath_t<T> w;
   __device__ T operator()(T s, T e) const {
     using M = opmath_t<T>;
-    return T(lerp_value<M>(M(s), M(e), w));
+    return T(scalar::lerp<M>(M(s), M(e), w));
   }
 };
 
@@ -404,18 +337,13 @@ void lerp_cuda(OpCall& c) {
   });
 }
 
-// |a - b| <= atol + rtol * |b|, with each step rounded to T as PyTorch's composite computes it.
+// |a - b| <= atol + rtol * |b| (scalar::isclose_float and isclose_int).
 template <typename T>
 struct IsCloseFloatFn {
   opmath_t<T> rt, at;
   bool equal_nan;
-  __device__ static opmath_t<T> rnd(opmath_t<T> v) { return static_cast<opmath_t<T>>(T(v)); }
   __device__ bool operator()(opmath_t<T> x, opmath_t<T> y) const {
-    if (x == y) return true;
-    if (equal_nan && dm::is_nan(x) && dm::is_nan(y)) return true;
-    const opmath_t<T> actual = dm::abs(rnd(x - y));
-    const opmath_t<T> allowed = rnd(at + rnd(dm::abs(rnd(rt * y))));
-    return dm::is_finite(actual) && actual <= allowed;
+    return scalar::isclose_float<T>(x, y, rt, at, equal_nan);
   }
 };
 
@@ -423,8 +351,7 @@ struct IsCloseIntFn {
   double rtol, atol;
   template <typename M>
   __device__ bool operator()(M x, M y) const {
-    const double dx = static_cast<double>(x), dy = static_cast<double>(y);
-    return dx == dy || ::fabs(dx - dy) <= atol + ::fabs(rtol * dy);
+    return scalar::isclose_int(x, y, rtol, atol);
   }
 };
 

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "kernels/cuda/check.h"
+#include "kernels/scalar_fn.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -103,19 +104,8 @@ inline Shape broadcast_strides(const Tensor& t, IntArrayRef sizes) {
   return out;
 }
 
-// v (of element type S) as a D, through S's arithmetic type (float for f16/bf16): the
-// conversion of kernels/cpu/binary.cpp, usable on both sides.
-template <typename D, typename S>
-__host__ __device__ __forceinline__ D convert(S v) {
-  const opmath_t<S> m = static_cast<opmath_t<S>>(v);
-  if constexpr (std::is_same_v<D, bool>) {
-    return m != opmath_t<S>(0);
-  } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
-    return D(static_cast<float>(m));
-  } else {
-    return static_cast<D>(m);
-  }
-}
+// v (of element type S) as a D: the conversion of the CPU's binary kernels (kernels/scalar_fn.h).
+using ::kiln::scalar::convert;
 
 // The value of a 0-d CPU tensor as a T.
 template <typename T>
@@ -188,62 +178,9 @@ __device__ __forceinline__ void offsets(const Geometry<N>& g, I i, I (&off)[N]) 
 
 // --- Device math ----------------------------------------------------------------------------
 
-namespace dmath {
-__device__ __forceinline__ float exp(float x) { return ::expf(x); }
-__device__ __forceinline__ double exp(double x) { return ::exp(x); }
-__device__ __forceinline__ float log(float x) { return ::logf(x); }
-__device__ __forceinline__ double log(double x) { return ::log(x); }
-__device__ __forceinline__ float log1p(float x) { return ::log1pf(x); }
-__device__ __forceinline__ double log1p(double x) { return ::log1p(x); }
-__device__ __forceinline__ float expm1(float x) { return ::expm1f(x); }
-__device__ __forceinline__ double expm1(double x) { return ::expm1(x); }
-__device__ __forceinline__ float sqrt(float x) { return ::sqrtf(x); }
-__device__ __forceinline__ double sqrt(double x) { return ::sqrt(x); }
-__device__ __forceinline__ float sin(float x) { return ::sinf(x); }
-__device__ __forceinline__ double sin(double x) { return ::sin(x); }
-__device__ __forceinline__ float cos(float x) { return ::cosf(x); }
-__device__ __forceinline__ double cos(double x) { return ::cos(x); }
-__device__ __forceinline__ float tanh(float x) { return ::tanhf(x); }
-__device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
-__device__ __forceinline__ float erf(float x) { return ::erff(x); }
-__device__ __forceinline__ double erf(double x) { return ::erf(x); }
-__device__ __forceinline__ float pow(float x, float y) { return ::powf(x, y); }
-__device__ __forceinline__ double pow(double x, double y) { return ::pow(x, y); }
-__device__ __forceinline__ float atan2(float y, float x) { return ::atan2f(y, x); }
-__device__ __forceinline__ double atan2(double y, double x) { return ::atan2(y, x); }
-__device__ __forceinline__ float fmod(float x, float y) { return ::fmodf(x, y); }
-__device__ __forceinline__ double fmod(double x, double y) { return ::fmod(x, y); }
-__device__ __forceinline__ float floor(float x) { return ::floorf(x); }
-__device__ __forceinline__ double floor(double x) { return ::floor(x); }
-__device__ __forceinline__ float ceil(float x) { return ::ceilf(x); }
-__device__ __forceinline__ double ceil(double x) { return ::ceil(x); }
-__device__ __forceinline__ float trunc(float x) { return ::truncf(x); }
-__device__ __forceinline__ double trunc(double x) { return ::trunc(x); }
-__device__ __forceinline__ float rint(float x) { return ::rintf(x); }
-__device__ __forceinline__ double rint(double x) { return ::rint(x); }
-__device__ __forceinline__ float abs(float x) { return ::fabsf(x); }
-__device__ __forceinline__ double abs(double x) { return ::fabs(x); }
-__device__ __forceinline__ float copysign(float x, float y) { return ::copysignf(x, y); }
-__device__ __forceinline__ double copysign(double x, double y) { return ::copysign(x, y); }
-template <typename M>
-__host__ __device__ __forceinline__ bool is_nan(M v) {
-  if constexpr (std::is_floating_point_v<M>) {
-    return v != v;
-  } else {
-    return false;
-  }
-}
-template <typename M>
-__device__ __forceinline__ bool is_finite(M v) {
-  if constexpr (std::is_same_v<M, float>) {
-    return ::isfinite(v);
-  } else if constexpr (std::is_same_v<M, double>) {
-    return ::isfinite(v);
-  } else {
-    return true;
-  }
-}
-}  // namespace dmath
+// exp, log, sqrt, ..., is_nan, is_finite for float and double: the host+device overloads of
+// kernels/scalar_fn.h, which the CPU kernels call too.
+namespace dmath = ::kiln::scalar::math;
 
 // --- Operands -------------------------------------------------------------------------------
 

@@ -1,11 +1,11 @@
 // CUDA kernels of the random fills uniform_, normal_, random_ and bernoulli_, and of
 // multinomial and randperm (CPU: kernels/cpu/random.cpp). Each thread of a fill computes one
-// Philox block with the functions of tensor/random.h and writes the elements of that block, following the mapping documented
-// there, so a tensor filled on the GPU holds the same numbers as one filled on the CPU with
-// the same seed: bit for bit for uniform_, random_ and bernoulli_ (the arithmetic is spelled
-// with round-to-nearest intrinsics so that nvcc does not contract it into fused multiply-adds,
-// which the CPU does not use), and within an ulp or two for normal_, whose log, sin and cos
-// come from CUDA's math library rather than glibc's.
+// Philox block with the functions of tensor/random.h and writes the elements of that block,
+// following the mapping documented there, so a tensor filled on the GPU holds the same numbers as
+// one filled on the CPU with the same seed: bit for bit for uniform_, random_ and bernoulli_ (the
+// arithmetic is spelled with round-to-nearest intrinsics so that nvcc does not contract it into
+// fused multiply-adds, which the CPU does not use), and within an ulp or two for normal_, whose
+// log, sin and cos come from CUDA's math library rather than glibc's.
 //
 // multinomial and randperm follow the same table: multinomial with replacement builds each
 // row's running sum in the CPU's order (one thread per row, in double) and binary-searches it
@@ -16,6 +16,7 @@
 // (key, index) order, bit for bit.
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/sort.cuh"
+#include "kernels/random_fn.h"
 #include "tensor/random.h"
 
 namespace kiln::cuda {
@@ -25,30 +26,14 @@ using loops::ErrorFlag;
 using loops::FlagView;
 using loops::Geometry;
 
-constexpr double kTwoPi = 6.283185307179586;
-
-struct Stream {
-  uint64_t seed;
-  uint64_t offset;
-  __device__ philox::Words block(uint64_t b) const { return philox::block(seed, offset + b); }
-};
+using scalar::from_int;
+using Stream = scalar::PhiloxStream;
 
 // The seed and offset are the last two attributes of every random op.
 Stream stream_of(const OpCall& c) {
   const size_t n = c.attrs.size();
   return {static_cast<uint64_t>(c.attr<int64_t>(n - 2)),
           static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
-}
-
-template <typename T>
-__device__ __forceinline__ T from_int(int64_t v) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return v != 0;
-  } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return T(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
 }
 
 // One thread per Philox block: gen(block, vals, first_index, count) makes the `count` (<= K)
@@ -96,9 +81,7 @@ struct UniformDouble {
   __device__ void operator()(uint64_t b, double* v, int64_t, int count) const {
     const philox::Words w = s.block(b);
     for (int k = 0; k < count; ++k) {
-      const double x =
-          __dadd_rn(from, __dmul_rn(range, philox::uniform53(w.w[2 * k], w.w[2 * k + 1])));
-      v[k] = x >= to ? from : x;
+      v[k] = scalar::uniform_double(w.w[2 * k], w.w[2 * k + 1], from, to, range);
     }
   }
 };
@@ -112,9 +95,7 @@ struct UniformFloat {
   __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
     const philox::Words w = s.block(b);
     for (int k = 0; k < count; ++k) {
-      const T x = T(__fadd_rn(from_f, __fmul_rn(range, philox::uniform24(w.w[k]))));
-      // Rounding to the dtype may reach `to`: wrap to `from`, as PyTorch's CUDA kernel.
-      v[k] = static_cast<double>(static_cast<float>(x)) >= to ? from_t : x;
+      v[k] = scalar::uniform_float<T>(w.w[k], from_f, range, to, from_t);
     }
   }
 };
@@ -140,11 +121,7 @@ struct NormalDouble {
   Stream s;
   double mean, stdev;
   __device__ void operator()(uint64_t b, double* v, int64_t, int count) const {
-    const philox::Words w = s.block(b);
-    const double r = ::sqrt(__dmul_rn(-2.0, ::log(philox::open53(w.w[0], w.w[1]))));
-    const double t = __dmul_rn(kTwoPi, philox::uniform53(w.w[2], w.w[3]));
-    v[0] = __dadd_rn(mean, __dmul_rn(stdev, __dmul_rn(r, ::cos(t))));
-    if (count > 1) v[1] = __dadd_rn(mean, __dmul_rn(stdev, __dmul_rn(r, ::sin(t))));
+    scalar::normal_double(s.block(b), mean, stdev, v, count);
   }
 };
 
@@ -153,15 +130,7 @@ struct NormalFloat {
   Stream s;
   float mean, stdev;
   __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
-    const philox::Words w = s.block(b);
-    float z[4];
-    for (int pair = 0; pair < 2; ++pair) {
-      const float r = ::sqrtf(__fmul_rn(-2.0f, ::logf(philox::open24(w.w[2 * pair]))));
-      const float t = __fmul_rn(static_cast<float>(kTwoPi), philox::uniform24(w.w[2 * pair + 1]));
-      z[2 * pair] = __fmul_rn(r, ::cosf(t));
-      z[2 * pair + 1] = __fmul_rn(r, ::sinf(t));
-    }
-    for (int k = 0; k < count; ++k) v[k] = T(__fadd_rn(mean, __fmul_rn(stdev, z[k])));
+    scalar::normal_float<T>(s.block(b), mean, stdev, v, count);
   }
 };
 
@@ -181,7 +150,7 @@ void normal_cuda(OpCall& c) {
 
 // --- random_ ----------------------------------------------------------------------------------
 
-// low + x mod range, in unsigned arithmetic so that the full int64 range does not overflow.
+// scalar::random_int of one word (ranges up to 2^32) or of a word pair.
 template <typename T, bool kWide>
 struct RandomInt {
   Stream s;
@@ -191,7 +160,7 @@ struct RandomInt {
     const philox::Words w = s.block(b);
     for (int k = 0; k < count; ++k) {
       const uint64_t x = kWide ? philox::bits64(w.w[2 * k], w.w[2 * k + 1]) : uint64_t{w.w[k]};
-      v[k] = from_int<T>(static_cast<int64_t>(static_cast<uint64_t>(low) + x % range));
+      v[k] = from_int<T>(scalar::random_int(x, low, range));
     }
   }
 };
@@ -218,7 +187,7 @@ struct BernoulliScalar {
   double p;
   __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
     const philox::Words w = s.block(b);
-    for (int k = 0; k < count; ++k) v[k] = from_int<T>(philox::uniform32(w.w[k]) < p ? 1 : 0);
+    for (int k = 0; k < count; ++k) v[k] = from_int<T>(scalar::bernoulli(w.w[k], p) ? 1 : 0);
   }
 };
 
@@ -233,7 +202,7 @@ struct BernoulliTensor {
     for (int k = 0; k < count; ++k) {
       const double q = probs[i0 + k];
       if (!(q >= 0.0 && q <= 1.0)) flag.raise(i0 + k);
-      v[k] = from_int<T>(philox::uniform32(w.w[k]) < q ? 1 : 0);
+      v[k] = from_int<T>(scalar::bernoulli(w.w[k], q) ? 1 : 0);
     }
   }
 };
@@ -304,7 +273,7 @@ __global__ void multinomial_scan_kernel(ProbRows<P> probs, int64_t rows, int64_t
         ++positive;
         last = k;
       }
-      total = __dadd_rn(total, q);
+      total = scalar::add_rn(total, q);
       if (replacement) cdf[r * cats + k] = total;
     }
     if (bad) {
@@ -329,9 +298,7 @@ __global__ void multinomial_draw_kernel(int64_t* out, Stream s, int64_t rows, in
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += step) {
     const int64_t r = j / num_samples;
-    const philox::Words w = s.block(static_cast<uint64_t>(j / 2));
-    const int k2 = static_cast<int>(j % 2);
-    const double target = __dmul_rn(philox::uniform53(w.w[2 * k2], w.w[2 * k2 + 1]), totals[r]);
+    const double target = scalar::mul_rn(scalar::draw53(s, j, false), totals[r]);
     // upper_bound: the first k with cdf[k] > target (cats when there is none).
     const double* row = cdf + r * cats;
     int64_t lo = 0, hi = cats;
@@ -360,10 +327,7 @@ __global__ void multinomial_keys_kernel(uint64_t* keys, ProbRows<P> probs, Strea
       keys[j] = 0;
       continue;
     }
-    const philox::Words w = s.block(static_cast<uint64_t>(j / 2));
-    const int k2 = static_cast<int>(j % 2);
-    const double e = -::log(philox::open53(w.w[2 * k2], w.w[2 * k2 + 1]));
-    keys[j] = internal::ordered_key(__ddiv_rn(q, e));
+    keys[j] = internal::ordered_key(scalar::exp_key(q, scalar::draw53(s, j, true)));
   }
 }
 

@@ -15,19 +15,19 @@
 // merges the partials in a fixed order, with one block per output when there are few outputs:
 // the result is deterministic.
 // Accumulators: float for f32, f16 and bf16, double for f64, int64 for integers (wrapping, as
-// PyTorch). Reducers are the device twins of the CPU's: init/step/merge/finish, where merge
+// PyTorch). The reducers are the CPU's (kernels/reduce_fn.h): init/step/merge/finish, where merge
 // must not depend on which side covers lower indices except through explicit indices (argmax).
 #include <limits>
 #include <type_traits>
 
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/loops.cuh"
+#include "kernels/reduce_fn.h"
 
 namespace kiln::cuda {
 namespace {
 
 using loops::as_dtype;
-namespace dm = loops::dmath;
 
 constexpr int kWarp = 32;
 constexpr int kRowThreads = 512;       // threads of a block that reduces one (long) row
@@ -37,32 +37,11 @@ constexpr int kColX = 32, kColY = 8;   // the column kernel's block
 template <typename T>
 using float_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <typename T>
-using acc_t = std::conditional_t<std::is_integral_v<T>, int64_t, float_acc_t<T>>;
+using acc_t = scalar::sum_acc_t<T, float_acc_t<T>>;
 
-template <typename T>
-__device__ __forceinline__ acc_t<T> to_acc(T x) {
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<int64_t>(x);
-  } else {
-    return static_cast<acc_t<T>>(static_cast<opmath_t<T>>(x));
-  }
-}
-
-template <typename T, typename V>
-__device__ __forceinline__ T from_acc(V v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return T(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
-}
-
-__device__ __forceinline__ int64_t wrap_add(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-__device__ __forceinline__ int64_t wrap_mul(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
-}
+using scalar::from_acc;
+using scalar::NormKind;
+using scalar::wrap_add;
 
 // --- The reduction kernels ------------------------------------------------------------------
 
@@ -326,44 +305,11 @@ void run_reduction(const Tensor& x, IntArrayRef dims, const Red& red, bool index
 
 // --- sum, mean, prod --------------------------------------------------------------------------
 
+// The reducers are the CPU's (kernels/reduce_fn.h), accumulating in float_acc_t.
 template <typename T>
-struct SumReducer {
-  using acc_t = cuda::acc_t<T>;
-  T* out;
-  acc_t scale;  // 1 for sum, 1 / count for mean (floating types only)
-  __device__ acc_t init() const { return 0; }
-  __device__ void step(acc_t& a, T x, int64_t) const { a = merge(a, to_acc(x)); }
-  __device__ acc_t merge(acc_t a, acc_t b) const {
-    if constexpr (std::is_integral_v<T>) {
-      return wrap_add(a, b);
-    } else {
-      return a + b;
-    }
-  }
-  __device__ void finish(acc_t a, int64_t i) const {
-    if constexpr (std::is_integral_v<T>) {
-      out[i] = static_cast<T>(a);
-    } else {
-      out[i] = from_acc<T>(a * scale);
-    }
-  }
-};
-
+using SumReducer = scalar::SumReducer<T, float_acc_t<T>>;
 template <typename T>
-struct ProdReducer {
-  using acc_t = cuda::acc_t<T>;
-  T* out;
-  __device__ acc_t init() const { return 1; }
-  __device__ void step(acc_t& a, T x, int64_t) const { a = merge(a, to_acc(x)); }
-  __device__ acc_t merge(acc_t a, acc_t b) const {
-    if constexpr (std::is_integral_v<T>) {
-      return wrap_mul(a, b);
-    } else {
-      return a * b;
-    }
-  }
-  __device__ void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
-};
+using ProdReducer = scalar::ProdReducer<T, float_acc_t<T>>;
 
 void sum_cuda(OpCall& c) {
   const Tensor& out = c.outputs[0];
@@ -398,39 +344,7 @@ void prod_cuda(OpCall& c) {
 
 // --- amax, amin, max, min ---------------------------------------------------------------------
 
-// The larger (kMax) or smaller of a and b; NaN wins.
-template <bool kMax, typename V>
-__device__ __forceinline__ V pick(V a, V b) {
-  if (dm::is_nan(a)) return a;
-  if (dm::is_nan(b)) return b;
-  if constexpr (kMax) {
-    return b > a ? b : a;
-  } else {
-    return b < a ? b : a;
-  }
-}
-
-template <typename T>
-using value_t = std::conditional_t<std::is_same_v<T, bool>, bool, opmath_t<T>>;
-
-template <typename T, bool kMax>
-struct ExtremumReducer {
-  using acc_t = value_t<T>;
-  T* out;
-  __device__ acc_t init() const {
-    if constexpr (std::is_same_v<T, bool>) {
-      return !kMax;
-    } else if constexpr (std::is_integral_v<T>) {
-      return kMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
-    } else {
-      return kMax ? -std::numeric_limits<acc_t>::infinity()
-                  : std::numeric_limits<acc_t>::infinity();
-    }
-  }
-  __device__ void step(acc_t& a, T x, int64_t) const { a = pick<kMax>(a, static_cast<acc_t>(x)); }
-  __device__ acc_t merge(acc_t a, acc_t b) const { return pick<kMax>(a, b); }
-  __device__ void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
-};
+using scalar::ExtremumReducer;
 
 template <bool kMax>
 void extremum_cuda(OpCall& c) {
@@ -443,47 +357,7 @@ void extremum_cuda(OpCall& c) {
 
 // --- max/min with indices, argmax/argmin -------------------------------------------------------
 
-// Value and index of the best element so far; index -1 means none yet. Ties keep the lowest
-// index and the first NaN beats everything, as PyTorch.
-template <typename T>
-struct ArgAcc {
-  value_t<T> value;
-  int64_t index;
-};
-
-template <typename T, bool kMax>
-struct ArgReducer {
-  using acc_t = ArgAcc<T>;
-  using V = value_t<T>;
-  T* values;  // may be null (argmax)
-  int64_t* indices;
-
-  __device__ static bool better(V x, V than) {
-    if (dm::is_nan(than)) return false;
-    if (dm::is_nan(x)) return true;
-    if constexpr (kMax) {
-      return x > than;
-    } else {
-      return x < than;
-    }
-  }
-  __device__ acc_t init() const { return {V{}, -1}; }
-  __device__ void step(acc_t& a, T x, int64_t r) const {
-    const V v = static_cast<V>(x);
-    if (a.index < 0 || better(v, a.value)) a = {v, r};
-  }
-  __device__ acc_t merge(const acc_t& a, const acc_t& b) const {
-    if (a.index < 0) return b;
-    if (b.index < 0) return a;
-    if (better(b.value, a.value)) return b;
-    if (better(a.value, b.value)) return a;
-    return a.index <= b.index ? a : b;
-  }
-  __device__ void finish(const acc_t& a, int64_t i) const {
-    if (values != nullptr) values[i] = from_acc<T>(a.value);
-    indices[i] = a.index;
-  }
-};
+using scalar::ArgReducer;
 
 template <bool kMax>
 void max_dim_cuda(OpCall& c) {
@@ -509,99 +383,19 @@ void argmax_cuda(OpCall& c) {
 
 // --- var, std ---------------------------------------------------------------------------------
 
-// Welford's running mean and sum of squared deviations, merged with Chan's formula.
-template <typename F>
-struct Moments {
-  F n, mean, m2;
-};
-
-template <typename T, bool kStd>
-struct VarReducer {
-  using F = float_acc_t<T>;
-  using acc_t = Moments<F>;
-  T* out;
-  F correction;
-  __device__ acc_t init() const { return {0, 0, 0}; }
-  __device__ void step(acc_t& a, T x, int64_t) const {
-    const F v = static_cast<F>(static_cast<opmath_t<T>>(x));
-    a.n += 1;
-    const F delta = v - a.mean;
-    a.mean += delta / a.n;
-    a.m2 += delta * (v - a.mean);
-  }
-  __device__ acc_t merge(const acc_t& a, const acc_t& b) const {
-    if (a.n == 0) return b;
-    if (b.n == 0) return a;
-    const F n = a.n + b.n;
-    const F delta = b.mean - a.mean;
-    return {n, a.mean + delta * (b.n / n), a.m2 + b.m2 + delta * delta * (a.n * b.n / n)};
-  }
-  __device__ void finish(const acc_t& a, int64_t i) const {
-    // PyTorch divides by max(0, N - correction): inf or nan when nothing is left.
-    const F dof = a.n - correction;
-    const F var = a.m2 / (dof > F(0) ? dof : F(0));
-    out[i] = from_acc<T>(kStd ? dm::sqrt(var) : var);
-  }
-};
-
 template <bool kStd>
 void var_cuda(OpCall& c) {
   const Tensor& x = c.input(0);
   const Shape dims = dims_attr(c, 0);
   const double correction = static_cast<double>(c.attr<int64_t>(1));
   visit_floating(x.dtype(), c.name(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(
-        x, dims,
-        VarReducer<T, kStd>{c.outputs[0].data_ptr<T>(), static_cast<float_acc_t<T>>(correction)});
+    run_reduction<T>(x, dims,
+                     scalar::VarReducer<T, float_acc_t<T>, kStd>{
+                         c.outputs[0].data_ptr<T>(), static_cast<float_acc_t<T>>(correction)});
   });
 }
 
 // --- norm -------------------------------------------------------------------------------------
-
-enum class NormKind { kZero, kOne, kTwo, kInf, kNegInf, kGeneral };
-
-template <typename T, NormKind kKind>
-struct NormReducer {
-  using acc_t = float_acc_t<T>;
-  T* out;
-  acc_t p;
-  __device__ acc_t init() const {
-    return kKind == NormKind::kNegInf ? std::numeric_limits<acc_t>::infinity() : acc_t(0);
-  }
-  __device__ void step(acc_t& a, T x, int64_t) const {
-    const acc_t v = static_cast<acc_t>(static_cast<opmath_t<T>>(x));
-    if constexpr (kKind == NormKind::kZero) {
-      a += v != acc_t(0) ? acc_t(1) : acc_t(0);
-    } else if constexpr (kKind == NormKind::kOne) {
-      a += dm::abs(v);
-    } else if constexpr (kKind == NormKind::kTwo) {
-      a += v * v;
-    } else if constexpr (kKind == NormKind::kInf) {
-      a = pick<true>(a, dm::abs(v));
-    } else if constexpr (kKind == NormKind::kNegInf) {
-      a = pick<false>(a, dm::abs(v));
-    } else {
-      a += dm::pow(dm::abs(v), p);
-    }
-  }
-  __device__ acc_t merge(acc_t a, acc_t b) const {
-    if constexpr (kKind == NormKind::kInf) {
-      return pick<true>(a, b);
-    } else if constexpr (kKind == NormKind::kNegInf) {
-      return pick<false>(a, b);
-    } else {
-      return a + b;
-    }
-  }
-  __device__ void finish(acc_t a, int64_t i) const {
-    if constexpr (kKind == NormKind::kTwo) {
-      a = dm::sqrt(a);
-    } else if constexpr (kKind == NormKind::kGeneral) {
-      a = dm::pow(a, acc_t(1) / p);
-    }
-    out[i] = from_acc<T>(a);
-  }
-};
 
 void norm_cuda(OpCall& c) {
   const Tensor& x = c.input(0);
@@ -610,99 +404,31 @@ void norm_cuda(OpCall& c) {
   visit_floating(x.dtype(), "norm", [&]<typename T>(TypeTag<T>) {
     T* out = c.outputs[0].data_ptr<T>();
     const float_acc_t<T> pa = static_cast<float_acc_t<T>>(p);
-    auto run = [&]<NormKind kKind>() { run_reduction<T>(x, dims, NormReducer<T, kKind>{out, pa}); };
-    if (p == 0) {
-      run.template operator()<NormKind::kZero>();
-    } else if (p == 1) {
-      run.template operator()<NormKind::kOne>();
-    } else if (p == 2) {
-      run.template operator()<NormKind::kTwo>();
-    } else if (std::isinf(p)) {
-      if (p > 0) {
-        run.template operator()<NormKind::kInf>();
-      } else {
-        run.template operator()<NormKind::kNegInf>();
-      }
-    } else {
-      run.template operator()<NormKind::kGeneral>();
-    }
+    scalar::visit_norm_kind(p, [&]<NormKind kKind>() {
+      run_reduction<T>(x, dims, scalar::NormReducer<T, float_acc_t<T>, kKind>{out, pa});
+    });
   });
 }
 
 // --- logsumexp --------------------------------------------------------------------------------
-
-// Online log-sum-exp: the running maximum m and sum s of exp(x - m). Rows of -inf give -inf,
-// a +inf gives +inf, NaN propagates; the maximum is never subtracted from itself when infinite.
-template <typename F>
-struct LseAcc {
-  F m, s;
-};
-
-template <typename T>
-struct LogSumExpReducer {
-  using F = float_acc_t<T>;
-  using acc_t = LseAcc<F>;
-  T* out;
-  __device__ static acc_t nan_acc() { return {std::numeric_limits<F>::quiet_NaN(), F(1)}; }
-  __device__ acc_t init() const { return {-std::numeric_limits<F>::infinity(), F(0)}; }
-  __device__ void step(acc_t& a, T x, int64_t) const {
-    const F v = static_cast<F>(static_cast<opmath_t<T>>(x));
-    if (v == -std::numeric_limits<F>::infinity()) return;  // contributes exp(-inf) = 0
-    if (dm::is_nan(v) || dm::is_nan(a.m)) {
-      a = nan_acc();
-    } else if (a.s == 0) {
-      a = {v, F(1)};
-    } else if (v == a.m) {
-      a.s += 1;
-    } else if (v > a.m) {
-      a = {v, a.s * dm::exp(a.m - v) + 1};
-    } else {
-      a.s += dm::exp(v - a.m);
-    }
-  }
-  __device__ acc_t merge(const acc_t& a, const acc_t& b) const {
-    if (dm::is_nan(a.m) || dm::is_nan(b.m)) return nan_acc();
-    if (a.s == 0) return b;
-    if (b.s == 0) return a;
-    if (a.m == b.m) return {a.m, a.s + b.s};
-    if (a.m > b.m) return {a.m, a.s + b.s * dm::exp(b.m - a.m)};
-    return {b.m, b.s + a.s * dm::exp(a.m - b.m)};
-  }
-  __device__ void finish(const acc_t& a, int64_t i) const {
-    out[i] = from_acc<T>(a.s == 0 ? -std::numeric_limits<F>::infinity() : dm::log(a.s) + a.m);
-  }
-};
 
 void logsumexp_cuda(OpCall& c) {
   const Tensor& out = c.outputs[0];
   const Tensor x = as_dtype(c.input(0), out.dtype());
   const Shape dims = dims_attr(c, 0);
   visit_floating(out.dtype(), "logsumexp", [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, LogSumExpReducer<T>{out.data_ptr<T>()});
+    run_reduction<T>(x, dims, scalar::LogSumExpReducer<T, float_acc_t<T>>{out.data_ptr<T>()});
   });
 }
 
 // --- all, any ---------------------------------------------------------------------------------
-
-template <typename T, bool kAll>
-struct LogicalReducer {
-  using acc_t = bool;
-  bool* out;
-  __device__ acc_t init() const { return kAll; }
-  __device__ void step(acc_t& a, T x, int64_t) const {
-    const bool v = static_cast<opmath_t<T>>(x) != opmath_t<T>(0);
-    a = kAll ? (a && v) : (a || v);
-  }
-  __device__ acc_t merge(acc_t a, acc_t b) const { return kAll ? (a && b) : (a || b); }
-  __device__ void finish(acc_t a, int64_t i) const { out[i] = a; }
-};
 
 template <bool kAll>
 void logical_reduce_cuda(OpCall& c) {
   const Tensor& x = c.input(0);
   const Shape dims = dims_attr(c, 0);
   visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, LogicalReducer<T, kAll>{c.outputs[0].data_ptr<bool>()});
+    run_reduction<T>(x, dims, scalar::LogicalReducer<T, kAll>{c.outputs[0].data_ptr<bool>()});
   });
 }
 
@@ -710,7 +436,7 @@ void logical_reduce_cuda(OpCall& c) {
 
 // The running sum in double for floating types (as the CPU kernel) and int64 for integers.
 template <typename T>
-using scan_t = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+using scan_t = scalar::sum_acc_t<T, double>;
 
 template <typename T>
 __device__ __forceinline__ scan_t<T> scan_add(scan_t<T> a, scan_t<T> b) {
@@ -723,11 +449,7 @@ __device__ __forceinline__ scan_t<T> scan_add(scan_t<T> a, scan_t<T> b) {
 
 template <typename T>
 __device__ __forceinline__ scan_t<T> to_scan(T x) {
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<int64_t>(x);
-  } else {
-    return static_cast<double>(static_cast<opmath_t<T>>(x));
-  }
+  return scalar::to_acc<scan_t<T>>(x);
 }
 
 // K == 1: one warp per row, 32 elements at a time (a shuffle scan plus the running carry).

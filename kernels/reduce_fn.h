@@ -1,0 +1,341 @@
+// The reducers of the reductions (sum, mean, prod, amax/amin, max/min with indices,
+// argmax/argmin, var/std, norm, logsumexp, all/any), shared by the CPU kernels
+// (kernels/cpu/reduce.cpp, through the loop of kernels/cpu/reduce.h) and the CUDA kernels
+// (kernels/cuda/reduce.cu) so that both fold, merge and finish with the same rules.
+//
+//   // F: the floating accumulator (double on the CPU; float for f32/f16/bf16 on the GPU)
+//   using Red = scalar::SumReducer<T, F>;
+//   Red red{out_ptr, F(1)};
+//   Red::acc_t a = red.init();
+//   red.step(a, x, r);         // r: the index along the reduced dim
+//   a = red.merge(a, b);       // a covers lower indices than b (only argmax looks)
+//   red.finish(a, out_index);  // writes the output
+//
+// Integer sums and products accumulate in int64 and wrap (two's complement), as PyTorch's.
+// Internal to kernels/.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/scalar_fn.h"
+#include "tensor/dtype.h"
+
+namespace kiln::scalar {
+
+// Integer arithmetic wraps (two's complement), as PyTorch's does in practice.
+KILN_SCALAR_HD int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+KILN_SCALAR_HD int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+
+// The accumulator of sums and products: int64 for integers, F for floating types.
+template <typename T, typename F>
+using sum_acc_t = std::conditional_t<std::is_integral_v<T>, int64_t, F>;
+
+// x as an accumulator of type A, through T's arithmetic type (float for f16/bf16).
+template <typename A, typename T>
+KILN_SCALAR_HD A to_acc(T x) {
+  return static_cast<A>(static_cast<opmath_t<T>>(x));
+}
+
+// An accumulated value stored as a T.
+template <typename T, typename V>
+KILN_SCALAR_HD T from_acc(V v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// The larger (kMax) or smaller of a and b; NaN wins.
+template <bool kMax, typename V>
+KILN_SCALAR_HD V pick(V a, V b) {
+  if (math::is_nan(a)) return a;
+  if (math::is_nan(b)) return b;
+  if constexpr (kMax) {
+    return b > a ? b : a;
+  } else {
+    return b < a ? b : a;
+  }
+}
+
+// --- sum, mean, prod ----------------------------------------------------------------------------
+
+template <typename T, typename F>
+struct SumReducer {
+  using acc_t = sum_acc_t<T, F>;
+  T* out;
+  F scale;  // 1 for sum, 1 / count for mean (floating types only)
+  KILN_SCALAR_HD acc_t init() const { return 0; }
+  KILN_SCALAR_HD void step(acc_t& a, T x, int64_t) const { a = merge(a, to_acc<acc_t>(x)); }
+  KILN_SCALAR_HD acc_t merge(acc_t a, acc_t b) const {
+    if constexpr (std::is_integral_v<T>) {
+      return wrap_add(a, b);
+    } else {
+      return a + b;
+    }
+  }
+  KILN_SCALAR_HD void finish(acc_t a, int64_t i) const {
+    if constexpr (std::is_integral_v<T>) {
+      out[i] = static_cast<T>(a);
+    } else {
+      out[i] = from_acc<T>(a * scale);
+    }
+  }
+};
+
+template <typename T, typename F>
+struct ProdReducer {
+  using acc_t = sum_acc_t<T, F>;
+  T* out;
+  KILN_SCALAR_HD acc_t init() const { return 1; }
+  KILN_SCALAR_HD void step(acc_t& a, T x, int64_t) const { a = merge(a, to_acc<acc_t>(x)); }
+  KILN_SCALAR_HD acc_t merge(acc_t a, acc_t b) const {
+    if constexpr (std::is_integral_v<T>) {
+      return wrap_mul(a, b);
+    } else {
+      return a * b;
+    }
+  }
+  KILN_SCALAR_HD void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
+};
+
+// --- amax, amin, max, min
+// -------------------------------------------------------------------------
+
+// The value type of extrema: bool for bool, T's arithmetic type otherwise.
+template <typename T>
+using value_t = std::conditional_t<std::is_same_v<T, bool>, bool, opmath_t<T>>;
+
+template <typename T, bool kMax>
+struct ExtremumReducer {
+  using acc_t = value_t<T>;
+  T* out;
+  KILN_SCALAR_HD acc_t init() const {
+    if constexpr (std::is_same_v<T, bool>) {
+      return !kMax;
+    } else if constexpr (std::is_integral_v<T>) {
+      return kMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
+    } else {
+      return kMax ? -std::numeric_limits<acc_t>::infinity()
+                  : std::numeric_limits<acc_t>::infinity();
+    }
+  }
+  KILN_SCALAR_HD void step(acc_t& a, T x, int64_t) const {
+    a = pick<kMax>(a, static_cast<acc_t>(x));
+  }
+  KILN_SCALAR_HD acc_t merge(acc_t a, acc_t b) const { return pick<kMax>(a, b); }
+  KILN_SCALAR_HD void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
+};
+
+// --- max/min with indices, argmax/argmin ------------------------------------------------------
+
+template <typename T>
+struct ArgAcc {
+  value_t<T> value;
+  int64_t index;
+};
+
+// Value and index of the best element so far; index -1 means none yet. Ties keep the lowest
+// index and the first NaN beats everything, as PyTorch.
+template <typename T, bool kMax>
+struct ArgReducer {
+  using acc_t = ArgAcc<T>;
+  using V = value_t<T>;
+  T* values;  // may be null (argmax)
+  int64_t* indices;
+
+  static KILN_SCALAR_HD bool better(V x, V than) {
+    if (math::is_nan(than)) return false;
+    if (math::is_nan(x)) return true;
+    if constexpr (kMax) {
+      return x > than;
+    } else {
+      return x < than;
+    }
+  }
+  KILN_SCALAR_HD acc_t init() const { return {V{}, -1}; }
+  KILN_SCALAR_HD void step(acc_t& a, T x, int64_t r) const {
+    const V v = static_cast<V>(x);
+    if (a.index < 0 || better(v, a.value)) a = {v, r};
+  }
+  KILN_SCALAR_HD acc_t merge(const acc_t& a, const acc_t& b) const {
+    if (a.index < 0) return b;
+    if (b.index < 0) return a;
+    if (better(b.value, a.value)) return b;
+    if (better(a.value, b.value)) return a;
+    return a.index <= b.index ? a : b;
+  }
+  KILN_SCALAR_HD void finish(const acc_t& a, int64_t i) const {
+    if (values != nullptr) values[i] = from_acc<T>(a.value);
+    indices[i] = a.index;
+  }
+};
+
+// --- var, std ---------------------------------------------------------------------------------
+
+// Welford's running mean and sum of squared deviations, merged with Chan's formula.
+template <typename F>
+struct Moments {
+  F n, mean, m2;
+};
+
+template <typename T, typename F, bool kStd>
+struct VarReducer {
+  using acc_t = Moments<F>;
+  T* out;
+  F correction;
+  KILN_SCALAR_HD acc_t init() const { return {0, 0, 0}; }
+  KILN_SCALAR_HD void step(acc_t& a, T x, int64_t) const {
+    const F v = to_acc<F>(x);
+    a.n += 1;
+    const F delta = v - a.mean;
+    a.mean += delta / a.n;
+    a.m2 += delta * (v - a.mean);
+  }
+  KILN_SCALAR_HD acc_t merge(const acc_t& a, const acc_t& b) const {
+    if (a.n == 0) return b;
+    if (b.n == 0) return a;
+    const F n = a.n + b.n;
+    const F delta = b.mean - a.mean;
+    return {n, a.mean + delta * (b.n / n), a.m2 + b.m2 + delta * delta * (a.n * b.n / n)};
+  }
+  KILN_SCALAR_HD void finish(const acc_t& a, int64_t i) const {
+    // PyTorch divides by max(0, N - correction): inf or nan when nothing is left.
+    const F dof = a.n - correction;
+    const F var = a.m2 / (F(0) < dof ? dof : F(0));
+    out[i] = from_acc<T>(kStd ? math::sqrt(var) : var);
+  }
+};
+
+// --- norm -------------------------------------------------------------------------------------
+
+enum class NormKind { kZero, kOne, kTwo, kInf, kNegInf, kGeneral };
+
+// Calls f.template operator()<kind>() with the NormKind of order p as a constant.
+template <typename Fn>
+void visit_norm_kind(double p, Fn&& f) {
+  if (p == 0) {
+    f.template operator()<NormKind::kZero>();
+  } else if (p == 1) {
+    f.template operator()<NormKind::kOne>();
+  } else if (p == 2) {
+    f.template operator()<NormKind::kTwo>();
+  } else if (std::isinf(p)) {
+    if (p > 0) {
+      f.template operator()<NormKind::kInf>();
+    } else {
+      f.template operator()<NormKind::kNegInf>();
+    }
+  } else {
+    f.template operator()<NormKind::kGeneral>();
+  }
+}
+
+template <typename T, typename F, NormKind kKind>
+struct NormReducer {
+  using acc_t = F;
+  T* out;
+  F p;
+  KILN_SCALAR_HD acc_t init() const {
+    return kKind == NormKind::kNegInf ? std::numeric_limits<F>::infinity() : F(0);
+  }
+  KILN_SCALAR_HD void step(acc_t& a, T x, int64_t) const {
+    const F v = to_acc<F>(x);
+    if constexpr (kKind == NormKind::kZero) {
+      a += v != F(0) ? F(1) : F(0);
+    } else if constexpr (kKind == NormKind::kOne) {
+      a += math::abs(v);
+    } else if constexpr (kKind == NormKind::kTwo) {
+      a += v * v;
+    } else if constexpr (kKind == NormKind::kInf) {
+      a = pick<true>(a, math::abs(v));
+    } else if constexpr (kKind == NormKind::kNegInf) {
+      a = pick<false>(a, math::abs(v));
+    } else {
+      a += math::pow(math::abs(v), p);
+    }
+  }
+  KILN_SCALAR_HD acc_t merge(acc_t a, acc_t b) const {
+    if constexpr (kKind == NormKind::kInf) {
+      return pick<true>(a, b);
+    } else if constexpr (kKind == NormKind::kNegInf) {
+      return pick<false>(a, b);
+    } else {
+      return a + b;
+    }
+  }
+  KILN_SCALAR_HD void finish(acc_t a, int64_t i) const {
+    if constexpr (kKind == NormKind::kTwo) {
+      a = math::sqrt(a);
+    } else if constexpr (kKind == NormKind::kGeneral) {
+      a = math::pow(a, F(1) / p);
+    }
+    out[i] = from_acc<T>(a);
+  }
+};
+
+// --- logsumexp --------------------------------------------------------------------------------
+
+// Online log-sum-exp: the running maximum m and sum s of exp(x - m). Rows of -inf give -inf,
+// a +inf gives +inf, NaN propagates; the maximum is never subtracted from itself when infinite.
+template <typename F>
+struct LseAcc {
+  F m, s;
+};
+
+template <typename T, typename F>
+struct LogSumExpReducer {
+  using acc_t = LseAcc<F>;
+  T* out;
+  static KILN_SCALAR_HD acc_t nan_acc() { return {std::numeric_limits<F>::quiet_NaN(), F(1)}; }
+  KILN_SCALAR_HD acc_t init() const { return {-std::numeric_limits<F>::infinity(), F(0)}; }
+  KILN_SCALAR_HD void step(acc_t& a, T x, int64_t) const {
+    const F v = to_acc<F>(x);
+    if (v == -std::numeric_limits<F>::infinity()) return;  // contributes exp(-inf) = 0
+    if (math::is_nan(v) || math::is_nan(a.m)) {
+      a = nan_acc();
+    } else if (a.s == 0) {
+      a = {v, F(1)};
+    } else if (v == a.m) {
+      a.s += 1;
+    } else if (v > a.m) {
+      a = {v, a.s * math::exp(a.m - v) + 1};
+    } else {
+      a.s += math::exp(v - a.m);
+    }
+  }
+  KILN_SCALAR_HD acc_t merge(const acc_t& a, const acc_t& b) const {
+    if (math::is_nan(a.m) || math::is_nan(b.m)) return nan_acc();
+    if (a.s == 0) return b;
+    if (b.s == 0) return a;
+    if (a.m == b.m) return {a.m, a.s + b.s};
+    if (a.m > b.m) return {a.m, a.s + b.s * math::exp(b.m - a.m)};
+    return {b.m, b.s + a.s * math::exp(a.m - b.m)};
+  }
+  KILN_SCALAR_HD void finish(const acc_t& a, int64_t i) const {
+    out[i] = from_acc<T>(a.s == 0 ? -std::numeric_limits<F>::infinity() : math::log(a.s) + a.m);
+  }
+};
+
+// --- all, any ---------------------------------------------------------------------------------
+
+template <typename T, bool kAll>
+struct LogicalReducer {
+  using acc_t = bool;
+  bool* out;
+  KILN_SCALAR_HD acc_t init() const { return kAll; }
+  KILN_SCALAR_HD void step(acc_t& a, T x, int64_t) const {
+    const bool v = static_cast<opmath_t<T>>(x) != opmath_t<T>(0);
+    a = kAll ? (a && v) : (a || v);
+  }
+  KILN_SCALAR_HD acc_t merge(acc_t a, acc_t b) const { return kAll ? (a && b) : (a || b); }
+  KILN_SCALAR_HD void finish(acc_t a, int64_t i) const { out[i] = a; }
+};
+
+}  // namespace kiln::scalar
