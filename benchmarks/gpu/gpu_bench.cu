@@ -248,14 +248,6 @@ void bench_rope(int64_t b, const std::string& name) {
            (void)kiln::call_op(qk, {dqs[i % 3], dks[i % 3], cos, sin}, {true});
          }),
          0, bytes);
-  // Position tiles side by side (KILN_ROPE_TILE, kernels/cuda/rotary.cu; kiln-only rows).
-  for (const char* tile : {"1", "4", "8", "16", "32", "64"}) {
-    set_switch("KILN_ROPE_TILE", tile);
-    report("rope " + name + " q+k bf16 fwd [tile " + tile + "]",
-           time_ms([&](int i) { (void)kiln::rotary_emb_qk(qs[i % 3], ks[i % 3], cos, sin); }), 0,
-           bytes);
-  }
-  set_switch("KILN_ROPE_TILE", nullptr);
 }
 
 // SwiGLU and tanh-GeGLU over 8192 x 8192 bf16 gate and up (128 MiB each: no rotation needed).

@@ -4,12 +4,11 @@
 // Forward: a group of TPR threads per row (one warp for rows under 2048 elements, else 128
 // threads, or 512 for very long rows), every thread holding P 16-byte packs of its row in
 // registers: x is read once, the mean and then the variance about it are two passes over the
-// registers (no E[x^2] - E[x]^2 cancellation), y is written once. The grid is one wave of blocks
-// looping over rows, every thread holding its columns of weight and bias in registers, read once.
+// registers (no E[x^2] - E[x]^2 cancellation), y is written once.
 // Backward: the same row groups (one warp under 2048 elements, else 256 threads per row, or 512)
 // over a grid of one wave of blocks, each group looping over rows with a fixed thread -> column
-// mapping, so that every thread keeps its columns' weight (read once) and accumulates dweight
-// and dbias in f32 registers across all the rows of its group. x and dy are read once; dx is
+// mapping, so that every thread accumulates dweight and dbias of its columns in f32 registers
+// across all the rows of its group. x and dy are read once; dx is
 // written per row from the registers. The groups of a block add their sums into the block's
 // partial row in group order; the per-block partials [grid, D] are then summed by column in a
 // second small kernel, in a fixed order (deterministic, no atomics).
@@ -86,8 +85,18 @@ __device__ __forceinline__ void group_sum(Acc (&v)[K], Acc* smem) {
 // Forward for rows of at most TPR * P packs of N elements: groups of TPR threads, one row per
 // group at a time, BLOCK / TPR groups per block. The loop is uniform over the block (rows past
 // the end are masked) so that group_sum's barriers are safe. w and b may be null (1 and 0).
+// Register caps of the register kernels (as resident blocks per SM for __launch_bounds__): a
+// memory-bound kernel needs many rows in flight, and without a cap the compiler keeps f32 copies
+// of the row (125 registers at 4 packs forward, 115 at 2 packs backward: 4 and 2 resident
+// blocks). Forward up to 4 packs: 64 registers; backward up to 2 packs (dweight, dbias and the
+// two rows' packs): 85.
+template <int P, int BLOCK>
+constexpr int kFwdMinBlocks = P <= 4 ? 65536 / (BLOCK * 64) : 1;
+template <int P, int BLOCK>
+constexpr int kBwdMinBlocks = P <= 2 ? 65536 / (BLOCK * 85) : 1;
+
 template <typename T, typename W, int N, int P, int TPR, int BLOCK>
-__global__ void __launch_bounds__(BLOCK)
+__global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
     layer_norm_fwd_kernel(T* __restrict__ y, opmath_t<T>* __restrict__ mean,
                           opmath_t<T>* __restrict__ rstd, const T* __restrict__ x,
                           const W* __restrict__ w, const W* __restrict__ b, int64_t rows, int64_t d,
@@ -98,16 +107,6 @@ __global__ void __launch_bounds__(BLOCK)
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
   const int64_t nvec = d / N;
   const Acc inv_d = Acc(1) / static_cast<Acc>(d);
-  // The thread's columns of weight and bias, read once for all the rows of its group.
-  Pack<W, N> wr[P], br[P];
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int64_t v = t + p * TPR;
-    if (v < nvec) {
-      if (w != nullptr) wr[p] = *reinterpret_cast<const Pack<W, N>*>(w + v * N);
-      if (b != nullptr) br[p] = *reinterpret_cast<const Pack<W, N>*>(b + v * N);
-    }
-  }
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups; base < rows;
        base += static_cast<int64_t>(gridDim.x) * kGroups) {
     const int64_t row = base + g;
@@ -156,12 +155,16 @@ __global__ void __launch_bounds__(BLOCK)
 #pragma unroll
         for (int i = 0; i < N; ++i) o[i] = (static_cast<Acc>(raw[p].v[i]) - m) * r;
         if (w != nullptr) {
+          Acc wv[N];
+          load_pack<N>(w + v * N, wv);
 #pragma unroll
-          for (int i = 0; i < N; ++i) o[i] *= static_cast<Acc>(wr[p].v[i]);
+          for (int i = 0; i < N; ++i) o[i] *= wv[i];
         }
         if (b != nullptr) {
+          Acc bv[N];
+          load_pack<N>(b + v * N, bv);
 #pragma unroll
-          for (int i = 0; i < N; ++i) o[i] += static_cast<Acc>(br[p].v[i]);
+          for (int i = 0; i < N; ++i) o[i] += bv[i];
         }
         store_pack<N>(yr + v * N, o);
       }
@@ -238,7 +241,7 @@ __device__ __forceinline__ void add_partials(Acc* pw, Acc* pb, const Acc (&dw)[P
 // its columns' dweight and dbias sums for all the rows of its group in registers, and writes
 // them to the block's partial rows [blockIdx.x] at the end.
 template <typename T, typename W, int N, int P, int TPR, int BLOCK>
-__global__ void __launch_bounds__(BLOCK)
+__global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<P, BLOCK>)
     layer_norm_bwd_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ part_w,
                           opmath_t<T>* __restrict__ part_b, const T* __restrict__ dy,
                           const T* __restrict__ x, const W* __restrict__ w,
@@ -250,17 +253,22 @@ __global__ void __launch_bounds__(BLOCK)
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
   const int64_t nvec = d / N;
   const Acc inv_d = Acc(1) / static_cast<Acc>(d);
-  Acc dw[P][N], db[P][N], wv[P][N];
+  Acc dw[P][N], db[P][N];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    const int64_t v = t + p * TPR;
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      dw[p][i] = db[p][i] = 0;
-      wv[p][i] = 1;
-    }
-    if (w != nullptr && v < nvec) load_pack<N>(w + v * N, wv[p]);  // read once, for every row
+    for (int i = 0; i < N; ++i) dw[p][i] = db[p][i] = 0;
   }
+  // The weight of pack p (1 without one), read per use from L1: holding it in registers costs
+  // resident blocks.
+  auto weight = [&](int p, Acc(&wv)[N]) {
+    if (w != nullptr) {
+      load_pack<N>(w + (t + p * TPR) * N, wv);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) wv[i] = 1;
+    }
+  };
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups; base < rows;
        base += static_cast<int64_t>(gridDim.x) * kGroups) {
     const int64_t row = base + g;
@@ -281,12 +289,14 @@ __global__ void __launch_bounds__(BLOCK)
     for (int p = 0; p < P; ++p) {
       const int64_t v = t + p * TPR;
       if (active && v < nvec) {
+        Acc wv[N];
+        weight(p, wv);
 #pragma unroll
         for (int i = 0; i < N; ++i) {
           const Acc gv = static_cast<Acc>(gr[p].v[i]);
           const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
-          sums[0] += gv * wv[p][i];
-          sums[1] += gv * wv[p][i] * xh;
+          sums[0] += gv * wv[i];
+          sums[1] += gv * wv[i] * xh;
           dw[p][i] += gv * xh;
           db[p][i] += gv;
         }
@@ -300,11 +310,12 @@ __global__ void __launch_bounds__(BLOCK)
     for (int p = 0; p < P; ++p) {
       const int64_t v = t + p * TPR;
       if (v < nvec) {
-        Acc o[N];
+        Acc wv[N], o[N];
+        weight(p, wv);
 #pragma unroll
         for (int i = 0; i < N; ++i) {
           const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
-          o[i] = r * (static_cast<Acc>(gr[p].v[i]) * wv[p][i] - a - xh * k);
+          o[i] = r * (static_cast<Acc>(gr[p].v[i]) * wv[i] - a - xh * k);
         }
         store_pack<N>(dr + v * N, o);
       }
@@ -394,7 +405,7 @@ int threads_per_row(int64_t d, int64_t nvec, int max_p, int long_rows) {
 }
 
 // Blocks of `kernel` (BLOCK threads) resident at once on the device, at least one per SM: the
-// register kernels loop over rows in a grid of one wave, reading the parameters once per block.
+// backward's grid, so that every block writes its parameter partials once, at its end.
 template <typename Kernel>
 int64_t one_wave(Kernel kernel, int block) {
   int per_sm = 0;
@@ -435,12 +446,11 @@ void layer_norm_cuda(OpCall& c) {
           constexpr int kGroups = BLOCK / TPR;
           return with_packs<TPR>(nvec, std::integer_sequence<int, 1, 2, 4, 8, 16>{},
                                  [&]<int P>(std::integral_constant<int, P>) {
-                                   const auto kernel =
-                                       layer_norm_fwd_kernel<T, W, N, P, TPR, BLOCK>;
-                                   const int64_t grid = std::min((rows + kGroups - 1) / kGroups,
-                                                                 one_wave(kernel, BLOCK));
-                                   kernel<<<static_cast<unsigned>(grid), BLOCK, 0, stream>>>(
-                                       py, pm, pr, px, pw, pb, rows, d, eps);
+                                   const int64_t grid = std::min<int64_t>(
+                                       (rows + kGroups - 1) / kGroups, int64_t{1} << 30);
+                                   layer_norm_fwd_kernel<T, W, N, P, TPR, BLOCK>
+                                       <<<static_cast<unsigned>(grid), BLOCK, 0, stream>>>(
+                                           py, pm, pr, px, pw, pb, rows, d, eps);
                                    KILN_CUDA_LAUNCH_CHECK("layer_norm_fwd_kernel");
                                  });
         };

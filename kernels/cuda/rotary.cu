@@ -6,9 +6,8 @@
 // halves), so every element of x is read once and every element of y written once, in 16-byte
 // packs when the row layout allows. x is read in place through its strides: the rows of x (every
 // dim but the last, which must be dense) are decomposed with one div/mod per non-mergeable dim,
-// in x's memory order (see RowGeometry), tiled over positions (make_rows), so the [B, H, T, D]
-// views of a fused qkv projection cost no copy, are read in runs of whole projection rows and
-// written in runs of a tile's positions. cos/sin ([T, D], 1 MiB at
+// in x's memory order (see RowGeometry), so the [B, H, T, D] views of a fused qkv projection
+// cost no copy and are read sequentially. cos/sin ([T, D], 1 MiB at
 // most for Llama shapes) stay in L2. The q-and-k form runs both tensors in one grid: threads
 // below q's share of the work rotate q, the rest k.
 #include <cuda_runtime_api.h>
@@ -20,7 +19,6 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/loops.cuh"
-#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -33,12 +31,10 @@ using internal::store_pack;
 
 constexpr int kMaxRowDims = 8;
 constexpr int kThreads = 256;
-constexpr int kDefaultTile = 16;  // positions per tile of make_rows (KILN_ROPE_TILE)
 
 // The rows of x: sizes and strides (elements) of every dim but the last, size-1 dims dropped and
 // contiguous neighbours merged, then ordered by decreasing |stride| (x's memory order); `rows`
-// are the strides of the same dims in rows of the contiguous output (the logical row index);
-// the logical fastest dim may then be split into tiles (make_rows).
+// are the strides of the same dims in rows of the contiguous output (the logical row index).
 // Work item r decomposes over these dims (the last fastest), so consecutive threads read
 // consecutive memory of x: for the [B, H, T, D] view of a [B, T, H, D] projection, the heads of
 // one position (one contiguous run, sharing their cos/sin rows) rather than the positions of
@@ -49,14 +45,6 @@ struct RowGeometry {
   int64_t strides[kMaxRowDims];
   int64_t rows[kMaxRowDims];
 };
-
-// KILN_ROPE_TILE (cached; reload_env_switches() after a setenv): the positions per tile of
-// make_rows, for timing side by side (benchmarks/gpu); unset: kDefaultTile; 1: no tiles.
-int rope_tile() {
-  static const kiln::internal::EnvInt tile("KILN_ROPE_TILE", -1, 1, 1024);
-  const int64_t v = tile.get();
-  return v < 0 ? kDefaultTile : static_cast<int>(v);
-}
 
 // Builds the row geometry of x (x.stride(-1) == 1); false when it has too many dims.
 bool make_rows(const Tensor& x, RowGeometry& g) {
@@ -85,27 +73,6 @@ bool make_rows(const Tensor& x, RowGeometry& g) {
       std::swap(g.strides[j], g.strides[j - 1]);
       std::swap(g.rows[j], g.rows[j - 1]);
     }
-  }
-  // In memory order alone, the output (rows in logical order) would be written in scattered
-  // rows: for the [B, H, T, D] view of a [B, T, H, D] projection, one row per head of each
-  // position, a whole head's T x D apart. Tiles of `tile` positions (the logical fastest dim, when
-  // it is not the memory-fastest one) make the work run over (..., tile, other dims, position in
-  // tile): every head's rows of a tile are written as one contiguous run, while the blocks in
-  // flight still read whole projection rows of the tile's positions.
-  const int tile = rope_tile();
-  for (int f = 0; f + 1 < g.ndim; ++f) {
-    if (g.rows[f] != 1 || tile <= 1 || g.sizes[f] <= tile || g.sizes[f] % tile != 0 ||
-        g.ndim == kMaxRowDims) {
-      continue;
-    }
-    g.sizes[g.ndim] = tile;
-    g.strides[g.ndim] = g.strides[f];
-    g.rows[g.ndim] = 1;
-    g.sizes[f] /= tile;
-    g.strides[f] *= tile;
-    g.rows[f] = tile;
-    ++g.ndim;
-    break;
   }
   return true;
 }

@@ -387,45 +387,11 @@ TEST_F(GpuRotaryEmb, StridedViewsAndQkForm) {
   // 24 head rows per position: groups of 8 rows sharing a position, the second group crossing
   // from batch 0 into batch 1, read through a [B, T, H, D] -> [B, H, T, D] transpose.
   check_rope(randn({2, 37, 12, 64}).to(kBFloat16), randn({37, 64}).to(kBFloat16),
-             randn({37, 64}).to(kBFloat16), [](const TensorVec& in) -> TensorVec {
-               return {in[0].transpose(1, 2), in[1], in[2]};
-             });
+             randn({37, 64}).to(kBFloat16),
+             [](const TensorVec& in) -> TensorVec { return {in[0].transpose(1, 2), in[1], in[2]}; });
   // rope_cache tables, a long sequence.
   auto [c, s] = nn::functional::rope_cache(2048, 64, 500000.0);
   check_rope(randn({1, 4, 2048, 64}).to(kBFloat16), c, s);
-}
-
-// Every position tile of KILN_ROPE_TILE (the benchmark times them side by side): 1 (memory
-// order), tiles dividing T (the work runs tile by tile, heads inside), and tiles that do not
-// divide T or exceed it (no tiles), on the strided q, k views of a projection and on contiguous
-// x; a bad value is an error naming the switch.
-TEST_F(GpuRotaryEmb, EveryPositionTile) {
-  manual_seed(45);
-  const int64_t b = 3, t = 48, h = 8, hkv = 2, d = 64;
-  const Tensor qkv = randn({b, t, (h + 2 * hkv) * d}).to(kBFloat16);
-  const Tensor c = randn({t, d}).to(kBFloat16), s = randn({t, d}).to(kBFloat16);
-  const ViewFn qk_view = [=](const TensorVec& in) -> TensorVec {
-    return {in[0].narrow(-1, 0, h * d).view({b, t, h, d}).transpose(1, 2),
-            in[0].narrow(-1, h * d, hkv * d).view({b, t, hkv, d}).transpose(1, 2), in[1], in[2]};
-  };
-  static const OpDef& qk = KILN_OP(rotary_emb_qk);
-  for (const char* tile : {"1", "2", "5", "16", "48", "100"}) {
-    SCOPED_TRACE(std::string("KILN_ROPE_TILE=") + tile);
-    const ScopedEnv env("KILN_ROPE_TILE", tile);
-    for (bool transpose : {false, true}) {
-      check_both(qk, {qkv, c, s}, qk_view, {transpose}, tolerance(kBFloat16));
-    }
-    check_rope(randn({2, 5, t, d}).to(kBFloat16), c, s);
-    // Unpacked (odd head size) through a transpose.
-    check_rope(randn({2, t, 3, 10}).to(kFloat), randn({t, 10}), randn({t, 10}),
-               [](const TensorVec& in) -> TensorVec {
-                 return {in[0].transpose(1, 2), in[1], in[2]};
-               });
-  }
-  const ScopedEnv bad("KILN_ROPE_TILE", "0");
-  EXPECT_KILN_ERROR((void)rotary_emb(qkv.to(kGpu).narrow(-1, 0, h * d).view({b, t, h, d}),
-                                     c.to(kGpu), s.to(kGpu)),
-                    "KILN_ROPE_TILE");
 }
 
 TEST_F(GpuRotaryEmb, AutogradUsesTheFusedKernels) {

@@ -199,7 +199,8 @@ TEST_F(GpuLayerNorm, EveryThreadsPerRowSwitch) {
   }
   test::ScopedEnv bad("KILN_LAYERNORM_THREADS", "64");
   const Tensor x = randn({4, 256}).to(kGpu);
-  EXPECT_KILN_ERROR((void)layer_norm(x, Tensor(), Tensor(), 1e-5), "KILN_LAYERNORM_THREADS");
+  EXPECT_KILN_ERROR((void)layer_norm(x, randn({256}).to(kGpu), Tensor(), 1e-5),
+                    "KILN_LAYERNORM_THREADS");
 }
 
 // The parameter gradients are sums of per-block partials in a fixed order: bitwise the same on
