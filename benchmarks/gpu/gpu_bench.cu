@@ -253,13 +253,6 @@ void bench_rope(int64_t b, const std::string& name) {
            (void)kiln::call_op(qk, {dqs[i % 3], dks[i % 3], cos, sin}, {true});
          }),
          0, bytes);
-  // The forward without the merged q-and-k form (KILN_ROPE_QK_MERGE=0, kernels/cuda/rotary.cu):
-  // a pass over q's heads, then one over k's (kiln-only, for comparison with the first row).
-  set_switch("KILN_ROPE_QK_MERGE", "0");
-  report("rope " + name + " q+k bf16 fwd [no merge]",
-         time_ms([&](int i) { (void)kiln::rotary_emb_qk(qs[i % 3], ks[i % 3], cos, sin); }), 0,
-         bytes);
-  set_switch("KILN_ROPE_QK_MERGE", nullptr);
 }
 
 // SwiGLU and tanh-GeGLU over 8192 x 8192 bf16 gate and up (128 MiB each: no rotation needed).

@@ -387,100 +387,11 @@ TEST_F(GpuRotaryEmb, StridedViewsAndQkForm) {
   // 24 head rows per position: groups of 8 rows sharing a position, the second group crossing
   // from batch 0 into batch 1, read through a [B, T, H, D] -> [B, H, T, D] transpose.
   check_rope(randn({2, 37, 12, 64}).to(kBFloat16), randn({37, 64}).to(kBFloat16),
-             randn({37, 64}).to(kBFloat16), [](const TensorVec& in) -> TensorVec {
-               return {in[0].transpose(1, 2), in[1], in[2]};
-             });
+             randn({37, 64}).to(kBFloat16),
+             [](const TensorVec& in) -> TensorVec { return {in[0].transpose(1, 2), in[1], in[2]}; });
   // rope_cache tables, a long sequence.
   auto [c, s] = nn::functional::rope_cache(2048, 64, 500000.0);
   check_rope(randn({1, 4, 2048, 64}).to(kBFloat16), c, s);
-}
-
-// rotary_emb_qk forward and transposed on view(bases) = (q, k, cos, sin), with the merged
-// q-and-k form allowed (KILN_ROPE_QK_MERGE empty, as unset) and disabled ("0"); the merged form
-// applies where k's heads continue q's in memory, the two-job form elsewhere, and both must
-// match the CPU kernel.
-void check_qk(const TensorVec& bases, const ViewFn& view, double tol) {
-  static const OpDef& qk = KILN_OP(rotary_emb_qk);
-  for (const char* merge : {"", "0"}) {
-    SCOPED_TRACE(std::string("KILN_ROPE_QK_MERGE='") + merge + "'");
-    ScopedEnv env("KILN_ROPE_QK_MERGE", merge);
-    for (bool transpose : {false, true}) {
-      SCOPED_TRACE(transpose ? "transpose" : "forward");
-      check_both(qk, bases, view, {transpose}, tol);
-    }
-  }
-}
-
-TEST_F(GpuRotaryEmb, QkOfOneProjectionMergedAndNot) {
-  manual_seed(44);
-  const int64_t b = 2, t = 13;
-  // q, k (and v) views of one [B, T, (H + 2 Hkv) * D] projection starting `offset` elements in.
-  auto proj_view = [=](int64_t h, int64_t hkv, int64_t d, int64_t q_at, int64_t k_at) {
-    return [=](const TensorVec& in) -> TensorVec {
-      return {in[0].narrow(-1, q_at, h * d).view({b, t, h, d}).transpose(1, 2),
-              in[0].narrow(-1, k_at, hkv * d).view({b, t, hkv, d}).transpose(1, 2), in[1], in[2]};
-    };
-  };
-  struct Heads {
-    int64_t h, hkv;
-  };
-  for (ScalarType dt : {kBFloat16, kFloat}) {
-    for (const Heads& g : {Heads{8, 2}, Heads{4, 1}, Heads{3, 3}}) {
-      // d 64: packed at offset 0, unpacked shifted by one element; d 10: half rows of 5 elements
-      // (never packed).
-      for (int64_t d : {int64_t{64}, int64_t{10}}) {
-        SCOPED_TRACE(std::string(dtype_name(dt)) + " heads " + std::to_string(g.h) + "/" +
-                     std::to_string(g.hkv) + " d " + std::to_string(d));
-        const int64_t width = (g.h + 2 * g.hkv) * d;
-        // 8 spare elements per row: rows stay a multiple of the 16-byte packs.
-        const Tensor qkv = randn({b, t, width + 8}).to(dt);
-        const Tensor c = randn({t, d}).to(dt), s = randn({t, d}).to(dt);
-        const double tol = tolerance(dt);
-        for (int64_t offset : {int64_t{0}, int64_t{1}}) {
-          SCOPED_TRACE("offset " + std::to_string(offset));
-          // k right after q (merged), k taken from the v part (not adjacent: two jobs).
-          check_qk({qkv, c, s}, proj_view(g.h, g.hkv, d, offset, offset + g.h * d), tol);
-          check_qk({qkv, c, s}, proj_view(g.h, g.hkv, d, offset, offset + (g.h + g.hkv) * d), tol);
-        }
-        if (dt == kBFloat16) {  // f32 tables with bf16 q and k
-          check_qk({qkv, randn({t, d}), randn({t, d})}, proj_view(g.h, g.hkv, d, 0, g.h * d), tol);
-        }
-      }
-    }
-    const int64_t h = 8, hkv = 2, d = 64;
-    const Tensor c = randn({t, d}).to(dt), s = randn({t, d}).to(dt);
-    const double tol = tolerance(dt);
-    // q and k from different tensors (two jobs).
-    check_qk(
-        {randn({b, t, h * d}).to(dt), randn({b, t, hkv * d}).to(dt), c, s},
-        [=](const TensorVec& in) -> TensorVec {
-          return {in[0].view({b, t, h, d}).transpose(1, 2),
-                  in[1].view({b, t, hkv, d}).transpose(1, 2), in[2], in[3]};
-        },
-        tol);
-    // Head-major [B, H + Hkv, T, D]: q the first heads, k the rest (merged; per batch one run).
-    check_qk(
-        {randn({b, h + hkv, t, d}).to(dt), c, s},
-        [=](const TensorVec& in) -> TensorVec {
-          return {in[0].narrow(1, 0, h), in[0].narrow(1, h, hkv), in[1], in[2]};
-        },
-        tol);
-    // k before q in memory (not adjacent in the required order: two jobs).
-    check_qk(
-        {randn({b, h + hkv, t, d}).to(dt), c, s},
-        [=](const TensorVec& in) -> TensorVec {
-          return {in[0].narrow(1, hkv, h), in[0].narrow(1, 0, hkv), in[1], in[2]};
-        },
-        tol);
-    // 3-D q and k ([H, T, D], no batch dim) of one [T, (H + Hkv) * D] projection (merged).
-    check_qk(
-        {randn({t, (h + hkv) * d}).to(dt), c, s},
-        [=](const TensorVec& in) -> TensorVec {
-          return {in[0].narrow(-1, 0, h * d).view({t, h, d}).transpose(0, 1),
-                  in[0].narrow(-1, h * d, hkv * d).view({t, hkv, d}).transpose(0, 1), in[1], in[2]};
-        },
-        tol);
-  }
 }
 
 TEST_F(GpuRotaryEmb, AutogradUsesTheFusedKernels) {
