@@ -894,8 +894,7 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0;
+        for (int nt = 0; nt < 8; ++nt) s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0;
       }
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -934,8 +933,7 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
         for (int r = 0; r < 2; ++r) {
           float mx = -INFINITY;
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            mx = fmaxf(mx, fmaxf(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
+          for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float mnew = fmaxf(mrow[mi][r], mx * sl);
@@ -1215,250 +1213,6 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params 
   }
 }
 
-// Backward v3 (the default at D 64; KILN_FLASH_KERNEL=bwd_v2 selects v2): v2 gave every warp 16
-// keys, so each Q / dO fragment read from shared memory fed one MMA (per n8 tile) and the
-// shared-memory reads set the pace, as in the forward v2. v3 gives each of 4 warps MI = 2 m16
-// tiles (32 keys) of a 128-key block and steps over 32 query rows at a time: every Q / dO
-// fragment of S^T = K Q^T and dP^T = V dO^T feeds two MMAs, every dO / Q fragment of dV += P^T dO
-// and dK += dS^T Q feeds two, and each query row's dQ gets one atomic contribution per 128 keys
-// instead of per 64. dQ = dS K (32 rows x D) is split over the 4 warps as 2 x 2 (16 rows x 32
-// columns each). About 22% fewer shared-memory fragment loads per FLOP than v2; dK and dV stay in
-// registers (128 of them), summed over the query heads of the group.
-template <typename E, int D, bool kCap>
-__global__ void __launch_bounds__(128, 2) flash_bwd_kernel_v3(const Params p) {
-  constexpr int MI = 2, KW = 4, BN = 16 * MI * KW, BM = 32, SD = D + 8, SDS = BN + 8;
-  extern __shared__ __align__(16) unsigned char smem[];
-  E* sk = reinterpret_cast<E*>(smem);
-  E* sv = sk + BN * SD;
-  E* sq = sv + BN * SD;                                    // 2 buffers
-  E* sdo = sq + 2 * BM * SD;                               // 2 buffers
-  E* sds = sdo + 2 * BM * SD;                              // dS [query][key]
-  float* slse = reinterpret_cast<float*>(sds + BM * SDS);  // 2 buffers
-  float* sdelta = slse + 2 * BM;                           // 2 buffers
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.y * BN;
-  const float sl = p.scale * kLog2e;  // accumulator -> log2 domain (without softcap)
-  const int bk = blockIdx.x, b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
-  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
-  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
-  load_tile<E, D, BN>(sk, k, p.sk.t, n0, p.s);
-  load_tile<E, D, BN>(sv, v, p.sv.t, n0, p.s);
-
-  const int qbeg = p.causal ? n0 : 0;
-  const int qend = p.window > 0 ? min(p.t, n0 + BN - 1 + p.window) : p.t;
-  const int mb0 = qbeg / BM;
-  const int mb1 = qend > qbeg ? (qend + BM - 1) / BM : mb0;
-  const int nmb = mb1 - mb0, nit = rep * nmb;
-
-  // Step it: query head kvh * rep + it / nmb, query block mb0 + it % nmb.
-  auto issue = [&](int it, int buf) {
-    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BM;
-    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
-    const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
-    load_tile<E, D, BM>(sq + buf * BM * SD, q, p.sq.t, m0, p.t);
-    load_tile<E, D, BM>(sdo + buf * BM * SD, dout, p.sdo.t, m0, p.t);
-  };
-  // lse (log2 domain; +inf for rows past T and rows that see no key) and Delta of row
-  // threadIdx.x (< BM) of step it.
-  auto fetch = [&](int it, float& l2, float& dl) {
-    const int hh = kvh * rep + it / nmb, i = (mb0 + it % nmb) * BM + threadIdx.x;
-    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
-    const float l = i < p.t ? p.lse[bh * p.t + i] : -INFINITY;
-    l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-    dl = i < p.t ? p.delta[bh * p.t + i] : 0.0f;
-  };
-  if (nit > 0) {
-    issue(0, 0);
-    if (threadIdx.x < BM) fetch(0, slse[threadIdx.x], sdelta[threadIdx.x]);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-
-  float dk[MI][D / 8][4], dv[MI][D / 8][4];
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[mi][i][e] = dv[mi][i][e] = 0.0f;
-    }
-  }
-  const int wkey = n0 + w * 16 * MI;  // the warp's first key
-  // dQ: this warp's 16 query rows (wq) and 32 columns (wd) of the step's 32 x D block.
-  const int wq = w & 1, wd = w >> 1;
-
-  for (int it = 0; it < nit; ++it) {
-    const int buf = it & 1;
-    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BM;
-    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
-    float nl = 0.0f, nd = 0.0f;
-    if (it + 1 < nit) {
-      issue(it + 1, buf ^ 1);
-      cp_async_commit();
-      if (threadIdx.x < BM) fetch(it + 1, nl, nd);
-    }
-    const E* qb = sq + buf * BM * SD;
-    const E* dob = sdo + buf * BM * SD;
-    const float* lb = slse + buf * BM;
-    const float* db = sdelta + buf * BM;
-
-    float st[MI][BM / 8][4], dpt[MI][BM / 8][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-      for (int nt = 0; nt < BM / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[mi][nt][e] = dpt[mi][nt][e] = 0.0f;
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ka[MI][4], va[MI][4];
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        ldsm_a(ka[mi], sk, SD, w * 16 * MI + mi * 16, kk * 16);
-        ldsm_a(va[mi], sv, SD, w * 16 * MI + mi * 16, kk * 16);
-      }
-#pragma unroll
-      for (int np = 0; np < BM / 16; ++np) {
-        uint32_t qf[4], df[4];
-        ldsm_b2(qf, qb, SD, np * 16, kk * 16);
-        ldsm_b2(df, dob, SD, np * 16, kk * 16);
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
-          mma<E>(st[mi][2 * np], ka[mi], qf[0], qf[1]);
-          mma<E>(st[mi][2 * np + 1], ka[mi], qf[2], qf[3]);
-          mma<E>(dpt[mi][2 * np], va[mi], df[0], df[1]);
-          mma<E>(dpt[mi][2 * np + 1], va[mi], df[2], df[3]);
-        }
-      }
-    }
-    const bool mask = wkey + 16 * MI > p.s || (p.causal && wkey + 16 * MI - 1 > m0) ||
-                      (p.window > 0 && wkey <= m0 + BM - 1 - p.window);
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-      for (int nt = 0; nt < BM / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int il = nt * 8 + 2 * t + (e & 1), j = wkey + mi * 16 + g + 8 * (e >> 1);
-          float dcap = 1.0f, pr;
-          if constexpr (kCap) {
-            pr = exp2f(score<kCap>(p, st[mi][nt][e], m0 + il, j, mask, dcap) - lb[il]);
-          } else {
-            pr = fast_exp2(fmaf(st[mi][nt][e], sl, -lb[il]));
-            if (mask && !visible(p, m0 + il, j)) pr = 0.0f;
-          }
-          st[mi][nt][e] = pr;
-          float ds = pr * (dpt[mi][nt][e] - db[il]);
-          if constexpr (kCap) ds *= dcap;
-          dpt[mi][nt][e] = ds;
-        }
-      }
-    }
-    // dV += P^T dO and dK += dS^T Q (the query rows are the k index: BM / 16 steps).
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      uint32_t pa[MI][4], da[MI][4];
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        pa[mi][0] = pack2<E>(st[mi][2 * kk][0], st[mi][2 * kk][1]);
-        pa[mi][1] = pack2<E>(st[mi][2 * kk][2], st[mi][2 * kk][3]);
-        pa[mi][2] = pack2<E>(st[mi][2 * kk + 1][0], st[mi][2 * kk + 1][1]);
-        pa[mi][3] = pack2<E>(st[mi][2 * kk + 1][2], st[mi][2 * kk + 1][3]);
-        da[mi][0] = pack2<E>(dpt[mi][2 * kk][0], dpt[mi][2 * kk][1]);
-        da[mi][1] = pack2<E>(dpt[mi][2 * kk][2], dpt[mi][2 * kk][3]);
-        da[mi][2] = pack2<E>(dpt[mi][2 * kk + 1][0], dpt[mi][2 * kk + 1][1]);
-        da[mi][3] = pack2<E>(dpt[mi][2 * kk + 1][2], dpt[mi][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dt = 0; dt < D / 16; ++dt) {
-        const int off = (kk * 16 + (lane & 15)) * SD + dt * 16 + (lane >> 4) * 8;
-        uint32_t bf[4];
-        ldsm_x4_trans(bf, dob + off);
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
-          mma<E>(dv[mi][2 * dt], pa[mi], bf[0], bf[1]);
-          mma<E>(dv[mi][2 * dt + 1], pa[mi], bf[2], bf[3]);
-        }
-        ldsm_x4_trans(bf, qb + off);
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
-          mma<E>(dk[mi][2 * dt], da[mi], bf[0], bf[1]);
-          mma<E>(dk[mi][2 * dt + 1], da[mi], bf[2], bf[3]);
-        }
-      }
-    }
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-      for (int nt = 0; nt < BM / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sds[(nt * 8 + 2 * t + (e & 1)) * SDS + w * 16 * MI + mi * 16 + g + 8 * (e >> 1)] =
-              from_f32<E>(dpt[mi][nt][e]);
-        }
-      }
-    }
-    __syncthreads();
-    // dQ rows wq * 16 .., columns wd * 32 .. of this step: dS (16 x BN) times K (BN x 32).
-    float dq[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      uint32_t a[4];
-      ldsm_a(a, sds, SDS, wq * 16, kk * 16);
-#pragma unroll
-      for (int dt = 0; dt < 2; ++dt) {
-        uint32_t bf[4];
-        ldsm_x4_trans(bf, sk + (kk * 16 + (lane & 15)) * SD + wd * 32 + dt * 16 + (lane >> 4) * 8);
-        mma<E>(dq[2 * dt], a, bf[0], bf[1]);
-        mma<E>(dq[2 * dt + 1], a, bf[2], bf[3]);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = m0 + wq * 16 + g + 8 * r;
-      if (i < p.t) {
-        float* dst = p.dq_acc + (bh * p.t + i) * D + wd * 32 + 2 * t;
-#pragma unroll
-        for (int dt = 0; dt < 4; ++dt) {
-          atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
-                    make_float2(dq[dt][2 * r] * p.scale, dq[dt][2 * r + 1] * p.scale));
-        }
-      }
-    }
-    if (it + 1 < nit && threadIdx.x < BM) {
-      slse[(buf ^ 1) * BM + threadIdx.x] = nl;
-      sdelta[(buf ^ 1) * BM + threadIdx.x] = nd;
-    }
-    cp_async_wait<0>();
-    __syncthreads();  // the next step's tiles are visible; sds and this step's buffers are free
-  }
-
-  E* dkp = static_cast<E*>(p.dk) + static_cast<int64_t>(bk) * p.s * D;
-  E* dvp = static_cast<E*>(p.dv) + static_cast<int64_t>(bk) * p.s * D;
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int j = wkey + mi * 16 + g + 8 * r;
-      if (j < p.s) {
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          const int64_t off = static_cast<int64_t>(j) * D + dt * 8 + 2 * t;
-          *reinterpret_cast<uint32_t*>(dkp + off) =
-              pack2<E>(dk[mi][dt][2 * r] * p.scale, dk[mi][dt][2 * r + 1] * p.scale);
-          *reinterpret_cast<uint32_t*>(dvp + off) =
-              pack2<E>(dv[mi][dt][2 * r], dv[mi][dt][2 * r + 1]);
-        }
-      }
-    }
-  }
-}
-
 // --- Host side --------------------------------------------------------------------------------
 
 // t itself when its last dim is contiguous and every other stride and the base allow 16-byte
@@ -1516,7 +1270,7 @@ void visit_d_cap(int64_t d, bool cap, F&& f) {
 // KILN_FLASH_KERNEL: -1 unset or empty, else the index of its value among these.
 int flash_kernel_switch() {
   static const kiln::internal::EnvChoice kernel("KILN_FLASH_KERNEL",
-                                                {"v1", "fwd_v1", "bwd_v1", "fwd_v2", "bwd_v2"});
+                                                {"v1", "fwd_v1", "bwd_v1", "fwd_v2"});
   return kernel.get();
 }
 
@@ -1527,10 +1281,8 @@ bool use_v1_kernels(bool forward) {
   return choice == 0 || choice == (forward ? 1 : 2);
 }
 
-// KILN_FLASH_KERNEL=fwd_v2 runs the forward v2 where v3 would be the default; bwd_v2 the backward
-// v2 likewise.
+// KILN_FLASH_KERNEL=fwd_v2 runs the forward v2 where v3 would be the default.
 bool use_fwd_v2() { return flash_kernel_switch() == 3; }
-bool use_bwd_v2() { return flash_kernel_switch() == 4; }
 
 // Warps per CTA of the forward v2 at D 64: 8 (128 query rows) unless KILN_FLASH_FWD_WARPS=4.
 int fwd_warps_d64() {
@@ -1575,7 +1327,8 @@ void flash_attention_cuda(OpCall& c) {
   // v3 (the default at D 64 with a positive scale) and v2 put the query blocks in grid.y (at
   // most 65535 of them).
   const int64_t nqb3 = (q.size(2) + 127) / 128;
-  if (!use_v1_kernels(true) && !use_fwd_v2() && q.size(3) == 64 && p.scale > 0 && nqb3 <= 65535) {
+  if (!use_v1_kernels(true) && !use_fwd_v2() && q.size(3) == 64 && p.scale > 0 &&
+      nqb3 <= 65535) {
     const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)), static_cast<unsigned>(nqb3));
     visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
       constexpr int D = 64;
@@ -1666,20 +1419,7 @@ void flash_attention_backward_cuda(OpCall& c) {
       KILN_CUDA_LAUNCH_CHECK("flash_bwd_delta_kernel");
     }
     const int64_t nkb = (k.size(2) + kBlockN - 1) / kBlockN;
-    constexpr int kBlockN3 = 128;  // keys per CTA of the backward v3
-    const int64_t nkb3 = (k.size(2) + kBlockN3 - 1) / kBlockN3;
-    if (!use_v1_kernels(false) && !use_bwd_v2() && q.size(3) == 64 && nkb3 <= 65535) {
-      // v3 (the default for D 64): 32 keys per warp, 32-row query steps.
-      const dim3 grid3(static_cast<unsigned>(k.size(0) * k.size(1)), static_cast<unsigned>(nkb3));
-      constexpr int D = 64, BM = 32;
-      const size_t smem = sizeof(E) * ((D + 8) * (2 * kBlockN3 + 4 * BM) + BM * (kBlockN3 + 8)) +
-                          sizeof(float) * 4 * BM;
-      if (p.softcap > 0) {
-        launch(flash_bwd_kernel_v3<E, D, true>, grid3, smem, p, "flash_bwd_kernel_v3");
-      } else {
-        launch(flash_bwd_kernel_v3<E, D, false>, grid3, smem, p, "flash_bwd_kernel_v3");
-      }
-    } else if (!use_v1_kernels(false) && q.size(3) == 64 && nkb <= 65535) {
+    if (!use_v1_kernels(false) && q.size(3) == 64 && nkb <= 65535) {
       // v2 (the default for D 64): key blocks in grid.y, Q / dO double-buffered.
       const dim3 grid2(static_cast<unsigned>(k.size(0) * k.size(1)), static_cast<unsigned>(nkb));
       constexpr int D = 64;

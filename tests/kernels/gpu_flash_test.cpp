@@ -77,13 +77,11 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
 }
 
 // The kernel paths of kernels/cuda/flash_attention.cu, chosen by environment variables read at
-// every call: v1 (KILN_FLASH_KERNEL=v1), the default (v3 forward and backward at D 64, v2
-// forward elsewhere), the v2 forward with 8 warps (KILN_FLASH_KERNEL=fwd_v2) and with 4 warps
-// (and KILN_FLASH_FWD_WARPS=4), and the v2 backward (KILN_FLASH_KERNEL=bwd_v2). D 128 backward
-// is v1 on every path.
+// every call: v1 (KILN_FLASH_KERNEL=v1), the default (v3 forward at D 64, v2 elsewhere), the v2
+// forward with 8 warps (KILN_FLASH_KERNEL=fwd_v2) and with 4 warps (and KILN_FLASH_FWD_WARPS=4).
+// D 128 backward is v1 on every path.
 const std::vector<std::string>& kernel_paths() {
-  static const std::vector<std::string> paths = {"v1", "default", "fwd_v2", "fwd_v2-4warps",
-                                                 "bwd_v2"};
+  static const std::vector<std::string> paths = {"v1", "default", "fwd_v2", "fwd_v2-4warps"};
   return paths;
 }
 
@@ -93,7 +91,6 @@ class KernelPath {
   explicit KernelPath(const std::string& path)
       : kernel_("KILN_FLASH_KERNEL", path == "v1"                 ? "v1"
                                      : path.starts_with("fwd_v2") ? "fwd_v2"
-                                     : path == "bwd_v2"           ? "bwd_v2"
                                                                   : ""),
         warps_("KILN_FLASH_FWD_WARPS", path == "fwd_v2-4warps" ? "4" : "") {}
 
