@@ -8,15 +8,15 @@
 // Backward: the same row groups (one warp under 2048 elements, else 256 threads per row, or 512)
 // over a grid of one wave of blocks, each group looping over rows with a fixed thread -> column
 // mapping, so that every thread accumulates dweight and dbias of its columns in f32 registers
-// across all the rows of its group. x and dy are read once; dx is
-// written per row from the registers. The groups of a block add their sums into the block's
-// partial row in group order; the per-block partials [grid, D] are then summed by column in a
-// second small kernel, in a fixed order (deterministic, no atomics).
-// KILN_LAYERNORM_THREADS (32, 128, 256 or 512; cached, see threads_switch()) forces the threads
-// per row of both passes where the row fits, for timing side by side (benchmarks/gpu).
-// Rows whose length or pointers do not allow 16-byte packs run the same kernels with packs of
-// one element. Rows too long for the register kernels, and f64, take block-per-row kernels that
-// loop over the row (x is read three times forward, twice backward; L1/L2 serve the repeats).
+// across all the rows of its group. x and dy are read once; dx is written per row from the
+// registers. The groups of a block add their sums into the block's partial row in group order; the
+// per-block partials [grid, D] are then summed by column in a second small kernel, in a fixed order
+// (deterministic, no atomics). KILN_LAYERNORM_THREADS (32, 128, 256 or 512; cached, see
+// threads_switch()) forces the threads per row of both passes where the row fits, for timing side
+// by side (benchmarks/gpu). Rows whose length or pointers do not allow 16-byte packs run the same
+// kernels with packs of one element. Rows too long for the register kernels, and f64, take
+// block-per-row kernels that loop over the row (x is read three times forward, twice backward;
+// L1/L2 serve the repeats).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -82,9 +82,6 @@ __device__ __forceinline__ void group_sum(Acc (&v)[K], Acc* smem) {
   }
 }
 
-// Forward for rows of at most TPR * P packs of N elements: groups of TPR threads, one row per
-// group at a time, BLOCK / TPR groups per block. The loop is uniform over the block (rows past
-// the end are masked) so that group_sum's barriers are safe. w and b may be null (1 and 0).
 // Register caps of the register kernels (as resident blocks per SM for __launch_bounds__): a
 // memory-bound kernel needs many rows in flight, and without a cap the compiler keeps f32 copies
 // of the row (125 registers at 4 packs forward, 115 at 2 packs backward: 4 and 2 resident
@@ -95,6 +92,9 @@ constexpr int kFwdMinBlocks = P <= 4 ? 65536 / (BLOCK * 64) : 1;
 template <int P, int BLOCK>
 constexpr int kBwdMinBlocks = P <= 2 ? 65536 / (BLOCK * 85) : 1;
 
+// Forward for rows of at most TPR * P packs of N elements: groups of TPR threads, one row per
+// group at a time, BLOCK / TPR groups per block. The loop is uniform over the block (rows past
+// the end are masked) so that group_sum's barriers are safe. w and b may be null (1 and 0).
 template <typename T, typename W, int N, int P, int TPR, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
     layer_norm_fwd_kernel(T* __restrict__ y, opmath_t<T>* __restrict__ mean,
@@ -444,13 +444,13 @@ void layer_norm_cuda(OpCall& c) {
         auto go = [&]<int TPR, int BLOCK>(std::integral_constant<int, TPR>,
                                           std::integral_constant<int, BLOCK>) {
           constexpr int kGroups = BLOCK / TPR;
+          const unsigned grid = static_cast<unsigned>(
+              std::min<int64_t>((rows + kGroups - 1) / kGroups, int64_t{1} << 30));
           return with_packs<TPR>(nvec, std::integer_sequence<int, 1, 2, 4, 8, 16>{},
                                  [&]<int P>(std::integral_constant<int, P>) {
-                                   const int64_t grid = std::min<int64_t>(
-                                       (rows + kGroups - 1) / kGroups, int64_t{1} << 30);
                                    layer_norm_fwd_kernel<T, W, N, P, TPR, BLOCK>
-                                       <<<static_cast<unsigned>(grid), BLOCK, 0, stream>>>(
-                                           py, pm, pr, px, pw, pb, rows, d, eps);
+                                       <<<grid, BLOCK, 0, stream>>>(py, pm, pr, px, pw, pb, rows, d,
+                                                                    eps);
                                    KILN_CUDA_LAUNCH_CHECK("layer_norm_fwd_kernel");
                                  });
         };

@@ -189,7 +189,7 @@ TEST_F(GpuLayerNorm, EveryThreadsPerRowSwitch) {
   manual_seed(68);
   for (const char* tpr : {"32", "128", "256", "512"}) {
     SCOPED_TRACE(std::string("KILN_LAYERNORM_THREADS=") + tpr);
-    test::ScopedEnv env("KILN_LAYERNORM_THREADS", tpr);
+    const test::ScopedEnv env("KILN_LAYERNORM_THREADS", tpr);
     check_ln2(3001, 2048, kBFloat16, kBFloat16);
     check_ln2(257, 4096, kBFloat16, kBFloat16);
     check_ln2(700, 1000, kBFloat16, kFloat);
@@ -197,7 +197,7 @@ TEST_F(GpuLayerNorm, EveryThreadsPerRowSwitch) {
     check_ln2(9, 20000, kBFloat16, kBFloat16);
     check_ln(randn({33, 4096}).to(kBFloat16), Tensor(), randn({4096}).to(kBFloat16), {4096});
   }
-  test::ScopedEnv bad("KILN_LAYERNORM_THREADS", "64");
+  const test::ScopedEnv bad("KILN_LAYERNORM_THREADS", "64");
   const Tensor x = randn({4, 256}).to(kGpu);
   EXPECT_KILN_ERROR((void)layer_norm(x, randn({256}).to(kGpu), Tensor(), 1e-5),
                     "KILN_LAYERNORM_THREADS");
