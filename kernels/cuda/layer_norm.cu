@@ -40,19 +40,11 @@ using internal::launch_column_sums;
 using internal::load_pack;
 using internal::Pack;
 using internal::packable;
+using internal::rsqrt_of;
 using internal::store_pack;
 using internal::visit_x_weight;
 using internal::warp_sum;
 using loops::multiprocessor_count;
-
-template <typename Acc>
-__device__ __forceinline__ Acc rsqrt_of(Acc v) {
-  if constexpr (std::is_same_v<Acc, double>) {
-    return ::rsqrt(v);
-  } else {
-    return rsqrtf(v);
-  }
-}
 
 // Sums each of v[0..K) over the TPR threads of a group (TPR a multiple of 32; the groups of a
 // block are consecutive runs of TPR threads), every thread receiving its group's sums. Groups
@@ -404,6 +396,25 @@ int threads_per_row(int64_t d, int64_t nvec, int max_p, int long_rows) {
   return 0;
 }
 
+// Calls go(integral_constant<TPR>, integral_constant<BLOCK>) for the threads per row `tpr` of
+// threads_per_row: a warp in 256-thread blocks, 128 threads in blocks of kBlock128, 256 and 512
+// alone in their blocks; false (nothing launched) for 0.
+template <int kBlock128, typename F>
+bool with_row_threads(int tpr, F&& go) {
+  switch (tpr) {
+    case 32:
+      return go(std::integral_constant<int, 32>{}, std::integral_constant<int, 256>{});
+    case 128:
+      return go(std::integral_constant<int, 128>{}, std::integral_constant<int, kBlock128>{});
+    case 256:
+      return go(std::integral_constant<int, 256>{}, std::integral_constant<int, 256>{});
+    case 512:
+      return go(std::integral_constant<int, 512>{}, std::integral_constant<int, 512>{});
+    default:
+      return false;
+  }
+}
+
 // Blocks of `kernel` (BLOCK threads) resident at once on the device, at least one per SM: the
 // backward's grid, so that every block writes its parameter partials once, at its end.
 template <typename Kernel>
@@ -454,18 +465,7 @@ void layer_norm_cuda(OpCall& c) {
                                    KILN_CUDA_LAUNCH_CHECK("layer_norm_fwd_kernel");
                                  });
         };
-        switch (tpr) {
-          case 32:
-            return go(std::integral_constant<int, 32>{}, std::integral_constant<int, 256>{});
-          case 128:
-            return go(std::integral_constant<int, 128>{}, std::integral_constant<int, 128>{});
-          case 256:
-            return go(std::integral_constant<int, 256>{}, std::integral_constant<int, 256>{});
-          case 512:
-            return go(std::integral_constant<int, 512>{}, std::integral_constant<int, 512>{});
-          default:
-            return false;
-        }
+        return with_row_threads<128>(tpr, go);
       };
       if (packed ? run(std::integral_constant<int, kPack>{})
                  : run(std::integral_constant<int, 1>{})) {
@@ -539,18 +539,7 @@ void layer_norm_backward_cuda(OpCall& c) {
                                        column_sums(part, nb);
                                      });
             };
-            switch (threads_per_row(d, nvec, 4, 256)) {
-              case 32:
-                return go(std::integral_constant<int, 32>{}, std::integral_constant<int, 256>{});
-              case 128:
-                return go(std::integral_constant<int, 128>{}, std::integral_constant<int, 256>{});
-              case 256:
-                return go(std::integral_constant<int, 256>{}, std::integral_constant<int, 256>{});
-              case 512:
-                return go(std::integral_constant<int, 512>{}, std::integral_constant<int, 512>{});
-              default:
-                return false;
-            }
+            return with_row_threads<256>(threads_per_row(d, nvec, 4, 256), go);
           };
           if (packed ? run(std::integral_constant<int, kPack>{})
                      : run(std::integral_constant<int, 1>{})) {

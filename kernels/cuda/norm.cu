@@ -38,21 +38,13 @@ using internal::block_sum;
 using internal::launch_column_sums;
 using internal::load_pack;
 using internal::packable;
+using internal::rsqrt_of;
 using internal::store_pack;
 using internal::visit_x_weight;
 using loops::multiprocessor_count;
 
 constexpr int kCache = 2;     // packs per thread held in registers (forward)
 constexpr int kCacheBwd = 1;  // backward: x, dy * w and dweight for one pack (64 registers)
-
-template <typename Acc>
-__device__ __forceinline__ Acc rsqrt_of(Acc v) {
-  if constexpr (std::is_same_v<Acc, double>) {
-    return ::rsqrt(v);
-  } else {
-    return rsqrtf(v);
-  }
-}
 
 template <typename T, typename W, int N>
 __global__ void __launch_bounds__(1024)

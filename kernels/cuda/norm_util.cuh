@@ -38,6 +38,16 @@ void visit_x_weight(const char* op, ScalarType xt, ScalarType wt, F&& f) {
   });
 }
 
+// 1 / sqrt(v) in the accumulator type (rsqrtf for float, rsqrt for double).
+template <typename Acc>
+__device__ __forceinline__ Acc rsqrt_of(Acc v) {
+  if constexpr (std::is_same_v<Acc, double>) {
+    return ::rsqrt(v);
+  } else {
+    return rsqrtf(v);
+  }
+}
+
 // Whether rows of length d can be accessed in 16-byte packs of T through every row pointer, and
 // the parameter pointers (null ones skipped) in packs of the same element count.
 template <typename T, typename W>
