@@ -98,8 +98,19 @@ void dispatch_from(OpCall& call, int key) {
 
 Tensor allocate(const TensorSpec& spec) {
   const size_t nbytes = static_cast<size_t>(numel_of(spec.sizes)) * element_size(spec.dtype);
-  return Tensor(std::make_shared<TensorImpl>(allocate_storage(nbytes, spec.device), spec.sizes,
-                                             contiguous_strides(spec.sizes), 0, spec.dtype));
+  if (!spec.strides.empty() && numel_of(spec.sizes) > 0) {  // every offset inside the allocation
+    int64_t last = 0;
+    bool ok = spec.strides.size() == spec.sizes.size();
+    for (size_t d = 0; ok && d < spec.sizes.size(); ++d) {
+      ok = spec.strides[d] >= 0;
+      last += spec.sizes[d] > 0 ? (spec.sizes[d] - 1) * spec.strides[d] : 0;
+    }
+    KILN_CHECK(ok && last < numel_of(spec.sizes), "[allocate] strides ", shape_str(spec.strides),
+               " are not a dense layout of sizes ", shape_str(spec.sizes));
+  }
+  return Tensor(std::make_shared<TensorImpl>(
+      allocate_storage(nbytes, spec.device), spec.sizes,
+      spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides, 0, spec.dtype));
 }
 
 }  // namespace
@@ -124,8 +135,8 @@ Device common_device(const OpCall& call) {
       first = &t;
     } else {
       KILN_CHECK(t.device() == first->device(), "[", call.name(),
-                 "] expected all tensors on the same device, got ", first->device().str(),
-                 " and ", t.device().str());
+                 "] expected all tensors on the same device, got ", first->device().str(), " and ",
+                 t.device().str());
     }
   }
   if (first != nullptr) return first->device();

@@ -36,6 +36,8 @@ struct TensorSpec {
   Shape sizes;
   ScalarType dtype;
   Device device;
+  // The output's strides, dense over `sizes` (dense_strides_like); empty: contiguous.
+  Shape strides = {};
 };
 using SpecList = absl::InlinedVector<TensorSpec, 2>;
 using TensorVec = absl::InlinedVector<Tensor, 4>;

@@ -1,13 +1,16 @@
 #include "tensor/shape.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_join.h"
 #include "tensor/error.h"
 
 namespace kiln {
 
-std::string shape_str(IntArrayRef sizes) { return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"); }
+std::string shape_str(IntArrayRef sizes) {
+  return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]");
+}
 
 int64_t numel_of(IntArrayRef sizes) {
   int64_t n = 1;
@@ -23,6 +26,30 @@ Shape contiguous_strides(IntArrayRef sizes) {
     stride *= std::max<int64_t>(sizes[i], 1);
   }
   return strides;
+}
+
+Shape dense_strides_like(IntArrayRef sizes, IntArrayRef strides) {
+  const size_t n = sizes.size();
+  std::vector<size_t> order;  // the dims of size > 1, outermost first
+  for (size_t d = 0; d < n; ++d) {
+    if (sizes[d] == 1) continue;
+    if (strides[d] < 0 || strides[d] == 0) return contiguous_strides(sizes);
+    order.push_back(d);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return strides[a] > strides[b]; });
+  Shape out(n, 0);
+  int64_t stride = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    out[*it] = stride;
+    stride *= std::max<int64_t>(sizes[*it], 1);
+  }
+  // Size-1 dims: the stride of the next dim times its size, as contiguous_strides gives.
+  for (size_t i = n; i-- > 0;) {
+    if (sizes[i] != 1) continue;
+    out[i] = i + 1 < n ? out[i + 1] * std::max<int64_t>(sizes[i + 1], 1) : 1;
+  }
+  return out;
 }
 
 bool is_contiguous_layout(IntArrayRef sizes, IntArrayRef strides) {
@@ -61,7 +88,8 @@ Shape infer_size(IntArrayRef sizes, int64_t numel, const char* op) {
   int infer = -1;
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] == -1) {
-      KILN_CHECK(infer < 0, "[", op, "] only one dimension can be inferred, got ", shape_str(sizes));
+      KILN_CHECK(infer < 0, "[", op, "] only one dimension can be inferred, got ",
+                 shape_str(sizes));
       infer = static_cast<int>(i);
     } else {
       KILN_CHECK(sizes[i] >= 0, "[", op, "] invalid size ", sizes[i], " in ", shape_str(sizes));

@@ -74,6 +74,13 @@ inline Shape to_shape(IntArrayRef s) { return Shape(s.begin(), s.end()); }
 std::string shape_str(IntArrayRef sizes);
 int64_t numel_of(IntArrayRef sizes);
 Shape contiguous_strides(IntArrayRef sizes);
+// The strides of a dense tensor of `sizes` whose dims are laid out in the memory order of
+// `strides` (PyTorch's preserve_format for outputs of elementwise ops): dims by decreasing
+// stride, ties in their logical order, size-1 dims with the stride they would have in that
+// place. A layout with a broadcast dim (stride 0 on a dim of size > 1) or a negative stride gives
+// contiguous strides. The [B, H, T, D] view of a [B, T, H, D] tensor gives [B, T, H, D]'s dense
+// strides permuted back: {T*H*D, D, H*D, 1}.
+Shape dense_strides_like(IntArrayRef sizes, IntArrayRef strides);
 // True when (sizes, strides) describe a C-contiguous layout (size-1 dims may have any stride).
 bool is_contiguous_layout(IntArrayRef sizes, IntArrayRef strides);
 // Maps a possibly negative dim into [0, ndim); fails naming `op` when out of range. A 0-d

@@ -3,8 +3,13 @@
 // AdamW step, elementwise ops, reductions and softmax, and a device-to-device copy as the
 // bandwidth ceiling (memory-bound rows also print their fraction of it).
 //
-//   kiln_gpu_bench [results.json] [--no-gemm]   # then: python3 benchmarks/gpu/torch_reference.py \
-//                                     #         --kiln results.json   (same run, same GPU)
+//   kiln_gpu_bench [results.json] [--no-gemm] [--only SECTIONS]
+//   # then: python3 benchmarks/gpu/torch_reference.py --kiln results.json   (same run, same GPU)
+//
+// --only takes a comma-separated list of sections (gemm, rmsnorm, layernorm, rmsnorm-variants,
+// cross-entropy, flash, rope, glu, generic, adamw) and runs only those, after the copy that sets
+// the bandwidth ceiling; for profiling one family (ncu) or a quick rerun. Unknown names are an
+// error. --no-gemm is --only with every section but gemm.
 //
 // Method (../shared/GPU.md): inputs are fresh random values written on the GPU (never zeros);
 // every case is warmed up, then a long sleep kernel is queued so that the host enqueues all
@@ -326,6 +331,38 @@ void bench_adamw(kiln::ScalarType dtype, const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> sections = {
+      "gemm",  "rmsnorm", "layernorm", "rmsnorm-variants", "cross-entropy",
+      "flash", "rope",    "glu",       "generic",          "adamw"};
+  std::vector<std::string> selected = sections;
+  const char* json_path = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--no-gemm") {
+      selected.erase(std::remove(selected.begin(), selected.end(), "gemm"), selected.end());
+    } else if (arg == "--only" && i + 1 < argc) {
+      selected.clear();
+      std::string list = argv[++i];
+      for (size_t start = 0; start <= list.size();) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        const std::string name = list.substr(start, end - start);
+        if (std::find(sections.begin(), sections.end(), name) == sections.end()) {
+          std::fprintf(stderr, "kiln_gpu_bench: unknown section '%s' in --only\n", name.c_str());
+          return 2;
+        }
+        selected.push_back(name);
+        start = end + 1;
+      }
+    } else if (arg.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "usage: kiln_gpu_bench [results.json] [--no-gemm] [--only SECTIONS]\n");
+      return 2;
+    } else {
+      json_path = argv[i];
+    }
+  }
+  auto want = [&](const char* section) {
+    return std::find(selected.begin(), selected.end(), section) != selected.end();
+  };
   cudaDeviceProp prop{};
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("kiln GPU benchmark on %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
@@ -340,8 +377,7 @@ int main(int argc, char** argv) {
     g_copy_gbs = g_rows.back().gbs;
   }
 
-  bool gemm = true;
-  for (int i = 1; i < argc; ++i) gemm = gemm && std::string(argv[i]) != "--no-gemm";
+  const bool gemm = want("gemm");
   if (gemm) bench_gemm({"ref", 8192, 8192, 8192}, false);
   const std::vector<Gemm> gemms = {
       {"1b-qkv", 8192, 3072, 2048},       {"1b-attn_out", 8192, 2048, 2048},
@@ -360,82 +396,85 @@ int main(int argc, char** argv) {
   // RMSNorm bf16 (bf16 weight) at llama-3.2-1b's training shape (8192 x 2048, 32 MiB) and a
   // large one (32768 x 4096, 256 MiB), 4 input sets in rotation. The same-size copy beside each
   // shows how much of the gap to the 1 GiB copy is the size (launch and tail) alone.
-  for (const auto& [rows, d] :
-       std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {32768, 4096}}) {
-    std::vector<Tensor> xs, dys, rstds;
-    const Tensor w = random({d}, kiln::kBFloat16);
-    static const kiln::OpDef& fwd = KILN_OP(rms_norm);
-    static const kiln::OpDef& bwd = KILN_OP(rms_norm_backward);
-    for (int i = 0; i < 4; ++i) {
-      xs.push_back(random({rows, d}, kiln::kBFloat16));
-      dys.push_back(random({rows, d}, kiln::kBFloat16));
-      rstds.push_back(kiln::call_op(fwd, {xs.back(), w}, {1e-6})[1]);
+  if (want("rmsnorm"))
+    for (const auto& [rows, d] :
+         std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {32768, 4096}}) {
+      std::vector<Tensor> xs, dys, rstds;
+      const Tensor w = random({d}, kiln::kBFloat16);
+      static const kiln::OpDef& fwd = KILN_OP(rms_norm);
+      static const kiln::OpDef& bwd = KILN_OP(rms_norm_backward);
+      for (int i = 0; i < 4; ++i) {
+        xs.push_back(random({rows, d}, kiln::kBFloat16));
+        dys.push_back(random({rows, d}, kiln::kBFloat16));
+        rstds.push_back(kiln::call_op(fwd, {xs.back(), w}, {1e-6})[1]);
+      }
+      const double tensor_bytes = static_cast<double>(rows * d * 2);
+      const std::string shape = std::to_string(rows) + "x" + std::to_string(d);
+      const Tensor copy_dst = kiln::empty_like(xs[0]);
+      report("d2d copy " + shape + " bf16", time_ms([&](int i) {
+               KILN_CUDA_CHECK(cudaMemcpyAsync(copy_dst.data_ptr(), xs[i % 4].data_ptr(),
+                                               static_cast<size_t>(tensor_bytes),
+                                               cudaMemcpyDeviceToDevice));
+             }),
+             0, 2 * tensor_bytes);
+      report("rmsnorm " + shape + " bf16 fwd",
+             time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0,
+             2 * tensor_bytes);
+      report("rmsnorm " + shape + " bf16 bwd", time_ms([&](int i) {
+               (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
+             }),
+             0, 3 * tensor_bytes);
     }
-    const double tensor_bytes = static_cast<double>(rows * d * 2);
-    const std::string shape = std::to_string(rows) + "x" + std::to_string(d);
-    const Tensor copy_dst = kiln::empty_like(xs[0]);
-    report("d2d copy " + shape + " bf16", time_ms([&](int i) {
-             KILN_CUDA_CHECK(cudaMemcpyAsync(copy_dst.data_ptr(), xs[i % 4].data_ptr(),
-                                             static_cast<size_t>(tensor_bytes),
-                                             cudaMemcpyDeviceToDevice));
-           }),
-           0, 2 * tensor_bytes);
-    report("rmsnorm " + shape + " bf16 fwd",
-           time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0, 2 * tensor_bytes);
-    report("rmsnorm " + shape + " bf16 bwd", time_ms([&](int i) {
-             (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
-           }),
-           0, 3 * tensor_bytes);
-  }
 
   // LayerNorm (weight and bias) at the Llama-1B activation shape and a large one, bf16 x and
   // parameters, 4 input sets in rotation (32 MiB and 256 MiB each). Forward: x read, y written;
   // backward: x and dy read, dx written (the parameters and statistics are small).
-  for (const auto& [rows, d] :
-       std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {32768, 4096}}) {
-    std::vector<Tensor> xs, dys, means, rstds;
-    const Tensor w = random({d}, kiln::kBFloat16), b = random({d}, kiln::kBFloat16);
-    static const kiln::OpDef& fwd = KILN_OP(layer_norm);
-    static const kiln::OpDef& bwd = KILN_OP(layer_norm_backward);
-    for (int i = 0; i < 4; ++i) {
-      xs.push_back(random({rows, d}, kiln::kBFloat16));
-      dys.push_back(random({rows, d}, kiln::kBFloat16));
-      const kiln::TensorVec f = kiln::call_op(fwd, {xs.back(), w, b}, {kiln::Shape{d}, 1e-5});
-      means.push_back(f[1]);
-      rstds.push_back(f[2]);
-    }
-    const double tensor_bytes = static_cast<double>(rows * d * 2);
-    const std::string shape = std::to_string(rows) + "x" + std::to_string(d);
-    report("layernorm " + shape + " bf16 fwd",
-           time_ms([&](int i) { (void)kiln::layer_norm(xs[i % 4], w, b, 1e-5); }), 0,
-           2 * tensor_bytes);
-    report("layernorm " + shape + " bf16 bwd", time_ms([&](int i) {
-             (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
-           }),
-           0, 3 * tensor_bytes);
-    // Threads per row side by side (KILN_LAYERNORM_THREADS, kernels/cuda/layer_norm.cu; kiln-only
-    // rows), each output compared with the default's.
-    const Tensor y0 = kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat);
-    const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
-    for (const char* tpr : {"128", "256", "512"}) {
-      set_switch("KILN_LAYERNORM_THREADS", tpr);
-      const std::string tag = std::string(" [") + tpr + " threads]";
-      report("layernorm " + shape + " bf16 fwd" + tag,
+  if (want("layernorm"))
+    for (const auto& [rows, d] :
+         std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {32768, 4096}}) {
+      std::vector<Tensor> xs, dys, means, rstds;
+      const Tensor w = random({d}, kiln::kBFloat16), b = random({d}, kiln::kBFloat16);
+      static const kiln::OpDef& fwd = KILN_OP(layer_norm);
+      static const kiln::OpDef& bwd = KILN_OP(layer_norm_backward);
+      for (int i = 0; i < 4; ++i) {
+        xs.push_back(random({rows, d}, kiln::kBFloat16));
+        dys.push_back(random({rows, d}, kiln::kBFloat16));
+        const kiln::TensorVec f = kiln::call_op(fwd, {xs.back(), w, b}, {kiln::Shape{d}, 1e-5});
+        means.push_back(f[1]);
+        rstds.push_back(f[2]);
+      }
+      const double tensor_bytes = static_cast<double>(rows * d * 2);
+      const std::string shape = std::to_string(rows) + "x" + std::to_string(d);
+      report("layernorm " + shape + " bf16 fwd",
              time_ms([&](int i) { (void)kiln::layer_norm(xs[i % 4], w, b, 1e-5); }), 0,
              2 * tensor_bytes);
-      report("layernorm " + shape + " bf16 bwd" + tag, time_ms([&](int i) {
+      report("layernorm " + shape + " bf16 bwd", time_ms([&](int i) {
                (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
              }),
              0, 3 * tensor_bytes);
-      const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
-      std::printf(
-          "  (max |y - y[default]| = %g, |dx - dx[default]| = %g, |dw - dw[default]| = %g)\n",
-          kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat).sub(y0).abs().max().item<double>(),
-          g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
-          g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
+      // Threads per row side by side (KILN_LAYERNORM_THREADS, kernels/cuda/layer_norm.cu; kiln-only
+      // rows), each output compared with the default's.
+      const Tensor y0 = kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat);
+      const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
+      for (const char* tpr : {"128", "256", "512"}) {
+        set_switch("KILN_LAYERNORM_THREADS", tpr);
+        const std::string tag = std::string(" [") + tpr + " threads]";
+        report("layernorm " + shape + " bf16 fwd" + tag,
+               time_ms([&](int i) { (void)kiln::layer_norm(xs[i % 4], w, b, 1e-5); }), 0,
+               2 * tensor_bytes);
+        report("layernorm " + shape + " bf16 bwd" + tag, time_ms([&](int i) {
+                 (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
+               }),
+               0, 3 * tensor_bytes);
+        const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
+        std::printf(
+            "  (max |y - y[default]| = %g, |dx - dx[default]| = %g, |dw - dw[default]| = %g)\n",
+            kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat).sub(y0).abs().max().item<double>(),
+            g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
+            g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
+      }
+      set_switch("KILN_LAYERNORM_THREADS", nullptr);
     }
-    set_switch("KILN_LAYERNORM_THREADS", nullptr);
-  }
 
   // RMSNorm forward and backward variants side by side (KILN_RMSNORM_FWD and KILN_RMSNORM_BWD,
   // kernels/cuda/norm.cu; kiln-only rows), at the Llama-1B (8192 x 2048) and llama-160m
@@ -443,52 +482,53 @@ int main(int argc, char** argv) {
   // (the default before these variants were measured; the unsuffixed rows above time today's
   // default). Each variant's output is compared with the default's (max |difference|: rounding
   // of the sums' order).
-  for (const auto& [rows, d] :
-       std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {16384, 768}, {32768, 4096}}) {
-    std::vector<Tensor> xs;
-    const Tensor w = random({d}, kiln::kBFloat16);
-    for (int i = 0; i < 4; ++i) xs.push_back(random({rows, d}, kiln::kBFloat16));
-    const double tensor_bytes = static_cast<double>(rows * d * 2);
-    set_switch("KILN_RMSNORM_FWD", nullptr);
-    const Tensor y0 = kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat);
-    for (int v = 0; v <= 6; ++v) {
-      set_switch("KILN_RMSNORM_FWD", std::to_string(v).c_str());
-      const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
-                               " bf16 fwd [v" + std::to_string(v) + "]";
-      report(name, time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0,
-             2 * tensor_bytes);
-      const double diff =
-          kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat).sub(y0).abs().max().item<double>();
-      std::printf("  (max |y - y[default]| = %g)\n", diff);
+  if (want("rmsnorm-variants"))
+    for (const auto& [rows, d] :
+         std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {16384, 768}, {32768, 4096}}) {
+      std::vector<Tensor> xs;
+      const Tensor w = random({d}, kiln::kBFloat16);
+      for (int i = 0; i < 4; ++i) xs.push_back(random({rows, d}, kiln::kBFloat16));
+      const double tensor_bytes = static_cast<double>(rows * d * 2);
+      set_switch("KILN_RMSNORM_FWD", nullptr);
+      const Tensor y0 = kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat);
+      for (int v = 0; v <= 6; ++v) {
+        set_switch("KILN_RMSNORM_FWD", std::to_string(v).c_str());
+        const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
+                                 " bf16 fwd [v" + std::to_string(v) + "]";
+        report(name, time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0,
+               2 * tensor_bytes);
+        const double diff =
+            kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat).sub(y0).abs().max().item<double>();
+        std::printf("  (max |y - y[default]| = %g)\n", diff);
+      }
+      set_switch("KILN_RMSNORM_FWD", nullptr);
+      // Backward variants (KILN_RMSNORM_BWD), compared with [v0] likewise.
+      static const kiln::OpDef& fwd = KILN_OP(rms_norm);
+      static const kiln::OpDef& bwd = KILN_OP(rms_norm_backward);
+      std::vector<Tensor> dys, rstds;
+      for (int i = 0; i < 4; ++i) {
+        dys.push_back(random({rows, d}, kiln::kBFloat16));
+        rstds.push_back(kiln::call_op(fwd, {xs[i], w}, {1e-6})[1]);
+      }
+      set_switch("KILN_RMSNORM_BWD", nullptr);
+      const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
+      for (int v = 0; v <= 4; ++v) {
+        set_switch("KILN_RMSNORM_BWD", std::to_string(v).c_str());
+        const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
+                                 " bf16 bwd [v" + std::to_string(v) + "]";
+        report(name, time_ms([&](int i) {
+                 (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
+               }),
+               0, 3 * tensor_bytes);
+        const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
+        std::printf("  (max |dx - dx[default]| = %g, max |dw - dw[default]| = %g)\n",
+                    g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
+                    g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
+      }
+      set_switch("KILN_RMSNORM_BWD", nullptr);
     }
-    set_switch("KILN_RMSNORM_FWD", nullptr);
-    // Backward variants (KILN_RMSNORM_BWD), compared with [v0] likewise.
-    static const kiln::OpDef& fwd = KILN_OP(rms_norm);
-    static const kiln::OpDef& bwd = KILN_OP(rms_norm_backward);
-    std::vector<Tensor> dys, rstds;
-    for (int i = 0; i < 4; ++i) {
-      dys.push_back(random({rows, d}, kiln::kBFloat16));
-      rstds.push_back(kiln::call_op(fwd, {xs[i], w}, {1e-6})[1]);
-    }
-    set_switch("KILN_RMSNORM_BWD", nullptr);
-    const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
-    for (int v = 0; v <= 4; ++v) {
-      set_switch("KILN_RMSNORM_BWD", std::to_string(v).c_str());
-      const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
-                               " bf16 bwd [v" + std::to_string(v) + "]";
-      report(name, time_ms([&](int i) {
-               (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
-             }),
-             0, 3 * tensor_bytes);
-      const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
-      std::printf("  (max |dx - dx[default]| = %g, max |dw - dw[default]| = %g)\n",
-                  g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
-                  g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
-    }
-    set_switch("KILN_RMSNORM_BWD", nullptr);
-  }
 
-  {  // Cross-entropy 8192 x 128256 bf16 logits (2 GiB).
+  if (want("cross-entropy")) {  // Cross-entropy 8192 x 128256 bf16 logits (2 GiB).
     const int64_t n = 8192, v = 128256;
     const Tensor logits = random({n, v}, kiln::kBFloat16, 8.0f);
     const Tensor targets = random_targets(n, v);
@@ -508,18 +548,22 @@ int main(int argc, char** argv) {
            0, 2 * bytes);
   }
 
-  bench_flash_attention();
-  bench_rope(4, "1b");
-  bench_rope(16, "1b x4");
-  bench_glu();
-  bench_generic();
-  bench_adamw(kiln::kFloat, "adamw 1.24B f32");
-  bench_adamw(kiln::kBFloat16, "adamw 1.24B bf16 params");
+  if (want("flash")) bench_flash_attention();
+  if (want("rope")) {
+    bench_rope(4, "1b");
+    bench_rope(16, "1b x4");
+  }
+  if (want("glu")) bench_glu();
+  if (want("generic")) bench_generic();
+  if (want("adamw")) {
+    bench_adamw(kiln::kFloat, "adamw 1.24B f32");
+    bench_adamw(kiln::kBFloat16, "adamw 1.24B bf16 params");
+  }
 
-  if (argc > 1 && std::string(argv[1]) != "--no-gemm") {
-    FILE* f = std::fopen(argv[1], "w");
+  if (json_path != nullptr) {
+    FILE* f = std::fopen(json_path, "w");
     if (f == nullptr) {
-      std::perror(argv[1]);
+      std::perror(json_path);
       return 1;
     }
     std::fprintf(f, "{\"device\": \"%s\", \"results\": [\n", prop.name);

@@ -10,7 +10,17 @@
 namespace kiln::cpu {
 namespace {
 
-// out = rotary_emb(x; transpose), out contiguous of x's shape.
+// The element offset of row r of `t` (rows: every index but the last, in logical order).
+int64_t row_offset(const Tensor& t, int64_t r) {
+  int64_t off = 0;
+  for (int64_t d = t.dim() - 2; d >= 0 && r > 0; --d) {
+    off += r % t.size(d) * t.stride(d);
+    r /= t.size(d);
+  }
+  return off;
+}
+
+// out = rotary_emb(x; transpose); out has x's shape and a dense last dim (any row order).
 void rotate(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, const Tensor& out,
             bool transpose) {
   const Tensor x = x_in.contiguous();
@@ -19,6 +29,9 @@ void rotate(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, cons
   const int64_t d = x.size(-1), t_len = x.size(-2), h = d / 2;
   const int64_t rows = d == 0 ? 0 : x.numel() / d;
   if (rows == 0) return;
+  KILN_CHECK(out.stride(-1) == 1,
+             "[rotary_emb] expected an output with a dense last dim, got strides ",
+             shape_str(out.strides()));
   visit_floating(x.dtype(), "rotary_emb", [&]<typename T>(TypeTag<T>) {
     using Acc = opmath_t<T>;
     auto run = [&]<typename C>(TypeTag<C>) {
@@ -29,7 +42,7 @@ void rotate(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, cons
       internal::parallel_for(0, rows, std::max<int64_t>(1, 16384 / d), [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
           const T* xr = px + r * d;
-          T* yr = py + r * d;
+          T* yr = py + row_offset(out, r);
           const C* cr = pc + (r % t_len) * d;
           const C* sr = ps + (r % t_len) * d;
           for (int64_t i = 0; i < h; ++i) {

@@ -111,6 +111,7 @@ Plan<K> make_plan(const Tensor (&ops)[K], int vec, const char* name) {
     for (int k = 0; k < K; ++k) {
       for (int d = 0; d + 1 < g.ndim; ++d) g.strides[k][d] /= vec;
     }
+    loops::update_divs(g);
   }
   p.n = out.numel() / p.pack;
   p.dense = g.ndim == 0 || g.ndim == 1;

@@ -42,6 +42,7 @@ Geometry<N> raw_geometry(IntArrayRef sizes, const Shape (&strides)[N], const cha
     g.sizes[d] = sizes[d];
     for (int k = 0; k < N; ++k) g.strides[k][d] = strides[k][d];
   }
+  loops::update_divs(g);
   return g;
 }
 

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "kernels/cuda/check.h"
+#include "kernels/int_div.h"
 #include "kernels/scalar_fn.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -118,13 +119,25 @@ T read_host_scalar(const Tensor& t) {
 // --- Geometry: the index arithmetic of an N-operand loop -------------------------------------
 
 // Sizes and per-operand strides (in elements) after dropping size-1 dims and merging dims that
-// are contiguous for every operand.
+// are contiguous for every operand; `divs` divide by the sizes (kernels/int_div.h) in the 32-bit
+// index path: code that changes `sizes` after make_geometry calls update_divs.
 template <int N>
 struct Geometry {
   int ndim = 0;
   int64_t sizes[kMaxDims];
   int64_t strides[N][kMaxDims];
+  ::kiln::internal::IntDivider divs[kMaxDims];
 };
+
+// Sets g.divs from g.sizes (sizes past 2^31 keep a placeholder: they never take 32-bit indices).
+template <int N>
+void update_divs(Geometry<N>& g) {
+  for (int d = 0; d < g.ndim; ++d) {
+    g.divs[d] = g.sizes[d] >= 1 && g.sizes[d] <= (int64_t{1} << 31)
+                    ? ::kiln::internal::IntDivider(g.sizes[d])
+                    : ::kiln::internal::IntDivider();
+  }
+}
 
 template <int N>
 Geometry<N> make_geometry(IntArrayRef sizes, const Shape (&strides)[N], std::string_view op) {
@@ -146,6 +159,7 @@ Geometry<N> make_geometry(IntArrayRef sizes, const Shape (&strides)[N], std::str
     for (int k = 0; k < N; ++k) g.strides[k][g.ndim] = strides[k][d];
     ++g.ndim;
   }
+  update_divs(g);
   return g;
 }
 
@@ -162,15 +176,24 @@ bool fits_int32(const Geometry<N>& g, int64_t n) {
   return true;
 }
 
-// Element offsets of linear index i (row-major over the geometry's sizes) for each operand.
+// Element offsets of linear index i (row-major over the geometry's sizes) for each operand. With
+// 32-bit indices (fits_int32: i < 2^31) the div/mod are multiply-shifts (IntDivider).
 template <typename I, int N>
 __device__ __forceinline__ void offsets(const Geometry<N>& g, I i, I (&off)[N]) {
 #pragma unroll
   for (int k = 0; k < N; ++k) off[k] = 0;
   for (int d = g.ndim - 1; d >= 0; --d) {
-    const I size = static_cast<I>(g.sizes[d]);
-    const I idx = i % size;
-    i /= size;
+    I idx;
+    if constexpr (sizeof(I) == 4) {
+      uint32_t q, r;
+      g.divs[d].divmod(static_cast<uint32_t>(i), q, r);
+      idx = static_cast<I>(r);
+      i = static_cast<I>(q);
+    } else {
+      const I size = static_cast<I>(g.sizes[d]);
+      idx = i % size;
+      i /= size;
+    }
 #pragma unroll
     for (int k = 0; k < N; ++k) off[k] += idx * static_cast<I>(g.strides[k][d]);
   }

@@ -4,17 +4,20 @@
 // One thread per pair of packs: N elements of the first half of a row and the N elements half a
 // row further, which is all a rotated element needs (x1 and x2 at the same offset within their
 // halves), so every element of x is read once and every element of y written once, in 16-byte
-// packs when the row layout allows. x is read in place through its strides: the rows of x (every
-// dim but the last, which must be dense) are decomposed with one div/mod per non-mergeable dim,
-// in x's memory order (see RowGeometry), so the [B, H, T, D] views of a fused qkv projection
-// cost no copy and are read sequentially. cos/sin ([T, D], 1 MiB at
-// most for Llama shapes) stay in L2. The q-and-k form runs both tensors in one grid: threads
-// below q's share of the work rotate q, the rest k.
+// packs when the row layout allows. x is read and y written in place through their strides: the
+// rows (every dim but the last, which is dense) are walked in x's memory order (see
+// make_rows), which is also y's (tensor/ops/rotary.cpp lays y out so), so the [B, H, T, D] views
+// of a fused qkv projection cost no copy and both streams are sequential. The index arithmetic
+// uses multiply-shift division (kernels/int_div.h) in the 32-bit path: with hardware division it
+// was the busiest pipe (ncu: ALU 72% of peak, DRAM 61%). cos/sin ([T, D], 1 MiB at most for Llama
+// shapes) stay in L2. The q-and-k form runs both tensors in one grid: threads below q's share of
+// the work rotate q, the rest k.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
@@ -29,82 +32,67 @@ using internal::aligned_to;
 using internal::load_pack;
 using internal::store_pack;
 
-constexpr int kMaxRowDims = 8;
+using ::kiln::internal::IntDivider;
+using loops::Geometry;
+
 constexpr int kThreads = 256;
 
-// The rows of x: sizes and strides (elements) of every dim but the last, size-1 dims dropped and
-// contiguous neighbours merged, then ordered by decreasing |stride| (x's memory order); `rows`
-// are the strides of the same dims in rows of the contiguous output (the logical row index).
-// Work item r decomposes over these dims (the last fastest), so consecutive threads read
-// consecutive memory of x: for the [B, H, T, D] view of a [B, T, H, D] projection, the heads of
-// one position (one contiguous run, sharing their cos/sin rows) rather than the positions of
-// one head (rows a whole projection row apart).
-struct RowGeometry {
-  int ndim = 0;
-  int64_t sizes[kMaxRowDims];
-  int64_t strides[kMaxRowDims];
-  int64_t rows[kMaxRowDims];
-};
-
-// Builds the row geometry of x (x.stride(-1) == 1); false when it has too many dims.
-bool make_rows(const Tensor& x, RowGeometry& g) {
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) {
-    const int64_t size = x.size(d), stride = x.stride(d);
-    if (size == 1) continue;
-    if (g.ndim > 0 && g.strides[g.ndim - 1] == stride * size) {
-      g.sizes[g.ndim - 1] *= size;
-      g.strides[g.ndim - 1] = stride;
-      continue;
-    }
-    if (g.ndim == kMaxRowDims) return false;
-    g.sizes[g.ndim] = size;
-    g.strides[g.ndim] = stride;
-    ++g.ndim;
+// The row geometry of x and y (both with a dense last dim): the dims but the last, ordered by
+// decreasing |x stride| (x's memory order; ties keep the logical order), size-1 dims dropped and
+// neighbours merged where contiguous for all three operands: x's strides, y's strides, and the
+// position operand (stride 1 along dim -2, 0 elsewhere), whose offset is the row's position t.
+Geometry<3> make_rows(const Tensor& x, const Tensor& y) {
+  const int64_t n = x.dim() - 1;
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t d = 0; d < n; ++d) order[static_cast<size_t>(d)] = d;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return std::abs(x.stride(a)) > std::abs(x.stride(b));
+  });
+  Shape sizes;
+  Shape strides[3];
+  for (int64_t d : order) {
+    sizes.push_back(x.size(d));
+    strides[0].push_back(x.stride(d));
+    strides[1].push_back(y.stride(d));
+    strides[2].push_back(d == n - 1 ? 1 : 0);
   }
-  int64_t rows = 1;
-  for (int d = g.ndim - 1; d >= 0; --d) {
-    g.rows[d] = rows;
-    rows *= g.sizes[d];
-  }
-  // Insertion sort by decreasing |stride| (stable: equal strides keep the logical order).
-  for (int i = 1; i < g.ndim; ++i) {
-    for (int j = i; j > 0 && std::abs(g.strides[j]) > std::abs(g.strides[j - 1]); --j) {
-      std::swap(g.sizes[j], g.sizes[j - 1]);
-      std::swap(g.strides[j], g.strides[j - 1]);
-      std::swap(g.rows[j], g.rows[j - 1]);
-    }
-  }
-  return true;
+  return loops::make_geometry<3>(sizes, strides, "rotary_emb");
 }
 
-// One rotated tensor: x read through `rows`, y contiguous.
+// One rotated tensor: x read and y written through `rows`.
 template <typename T>
 struct Job {
   const T* x;
   T* y;
-  RowGeometry rows;
+  Geometry<3> rows;
   int64_t work;  // rows * packs per half row
 };
 
-// Work row r (in x's memory order): its offset in x and its logical row (the output's row).
-template <typename I>
-__device__ __forceinline__ void row_at(const RowGeometry& g, I r, I& x_off, I& row) {
-  x_off = 0;
-  row = 0;
-  for (int d = g.ndim - 1; d >= 0; --d) {
-    const I size = static_cast<I>(g.sizes[d]);
-    const I idx = r % size;
-    x_off += idx * static_cast<I>(g.strides[d]);
-    row += idx * static_cast<I>(g.rows[d]);
-    r /= size;
+// Work item w of a job: row w / hp (in x's memory order), pack w % hp of each half.
+template <typename T, typename I>
+__device__ __forceinline__ void locate(const Job<T>& j, I w, const IntDivider& hp, I hp_n, I& x_off,
+                                       I& y_off, I& pos, I& col) {
+  I r;
+  if constexpr (sizeof(I) == 4) {
+    uint32_t q, m;
+    hp.divmod(static_cast<uint32_t>(w), q, m);
+    r = static_cast<I>(q);
+    col = static_cast<I>(m);
+  } else {
+    r = w / hp_n;
+    col = w - r * hp_n;
   }
+  I off[3];
+  loops::offsets<I, 3>(j.rows, r, off);
+  x_off = off[0];
+  y_off = off[1];
+  pos = off[2];
 }
 
-// Work item w of a job: row w / hp, pack w % hp of each half.
 template <typename T, typename C, int N, typename I>
 __global__ void __launch_bounds__(kThreads)
-    rotary_kernel(Job<T> j0, Job<T> j1, const C* __restrict__ cos, const C* __restrict__ sin,
-                  I t_len, I d, I hp, bool transpose) {
+    rotary_kernel(Job<T> j0, Job<T> j1, const C* __restrict__ cos, const C* __restrict__ sin, I d,
+                  IntDivider hp, I hp_n, bool transpose) {
   using Acc = opmath_t<T>;
   const I total = static_cast<I>(j0.work + j1.work);
   const I step = static_cast<I>(gridDim.x) * blockDim.x;
@@ -113,22 +101,19 @@ __global__ void __launch_bounds__(kThreads)
     // Branches rather than a reference to one of the jobs, which would copy both to local memory.
     const T* xr;
     T* yr;
-    I row, col, x_off;
+    I x_off, y_off, pos, col;
     if (w < static_cast<I>(j0.work)) {
-      const I r = w / hp;
-      col = (w - r * hp) * N;
-      row_at<I>(j0.rows, r, x_off, row);
+      locate<T, I>(j0, w, hp, hp_n, x_off, y_off, pos, col);
+      col *= N;
       xr = j0.x + x_off + col;
-      yr = j0.y + row * d + col;
+      yr = j0.y + y_off + col;
     } else {
-      const I item = w - static_cast<I>(j0.work);
-      const I r = item / hp;
-      col = (item - r * hp) * N;
-      row_at<I>(j1.rows, r, x_off, row);
+      locate<T, I>(j1, w - static_cast<I>(j0.work), hp, hp_n, x_off, y_off, pos, col);
+      col *= N;
       xr = j1.x + x_off + col;
-      yr = j1.y + row * d + col;
+      yr = j1.y + y_off + col;
     }
-    const I tab = (row % t_len) * d + col;
+    const I tab = pos * d + col;
     Acc x1[N], x2[N], c1[N], c2[N], s1[N], s2[N], y1[N], y2[N];
     load_pack<N>(xr, x1);
     load_pack<N>(xr + h, x2);
@@ -147,38 +132,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// x with a dense last dim and a row geometry the kernel takes (a copy otherwise).
-Tensor readable(const Tensor& x, RowGeometry& g) {
-  g = RowGeometry{};
-  if (x.dim() >= 1 && (x.stride(-1) == 1 || x.size(-1) <= 1) && make_rows(x, g)) return x;
-  g = RowGeometry{};
-  const Tensor c = x.contiguous();
-  make_rows(c, g);
-  return c;
-}
-
-// Largest element offset of x's rows plus one row: whether 32-bit indices suffice.
-int64_t extent(const Tensor& x, const RowGeometry& g) {
-  int64_t e = x.size(-1);
-  for (int d = 0; d < g.ndim; ++d) e += (g.sizes[d] - 1) * std::abs(g.strides[d]);
-  return std::max(e, x.numel());
+// Largest element offset of operand k (x 0, y 1) over the rows, plus one row.
+int64_t extent(const Geometry<3>& g, int k, int64_t d) {
+  int64_t e = d;
+  for (int i = 0; i < g.ndim; ++i) e += (g.sizes[i] - 1) * std::abs(g.strides[k][i]);
+  return e;
 }
 
 // Rotates xs[i] into ys[i] (one or two tensors) in one launch.
 void rotary_cuda_impl(const std::vector<Tensor>& xs_in, const std::vector<Tensor>& ys,
                       const Tensor& cos_in, const Tensor& sin_in, bool transpose) {
   const Tensor& x0 = xs_in[0];
-  const int64_t d = x0.size(-1), t_len = x0.size(-2), h = d / 2;
+  const int64_t d = x0.size(-1), h = d / 2;
   if (h == 0) return;
   DeviceGuard guard(x0.device().index());
   const cudaStream_t stream = current_stream();
   const Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
   std::vector<Tensor> xs;
-  std::vector<RowGeometry> geos(2);
+  std::vector<Geometry<3>> geos;
   int64_t max_extent = 0;
   for (size_t i = 0; i < xs_in.size(); ++i) {
-    xs.push_back(readable(xs_in[i], geos[i]));
-    max_extent = std::max(max_extent, extent(xs[i], geos[i]));
+    KILN_CHECK(ys[i].stride(-1) == 1,
+               "[rotary_emb] expected an output with a dense last dim, got strides ",
+               shape_str(ys[i].strides()));
+    xs.push_back(xs_in[i].stride(-1) == 1 ? xs_in[i] : xs_in[i].contiguous());
+    geos.push_back(make_rows(xs[i], ys[i]));
+    max_extent = std::max({max_extent, extent(geos[i], 0, d), extent(geos[i], 1, d)});
   }
   visit_floating(x0.dtype(), "rotary_emb", [&]<typename T>(TypeTag<T>) {
     auto run = [&]<typename C>(TypeTag<C>) {
@@ -187,7 +166,10 @@ void rotary_cuda_impl(const std::vector<Tensor>& xs_in, const std::vector<Tensor
                     aligned_to(sin.data_ptr(), sizeof(C) * kPack);
       for (size_t i = 0; i < xs.size(); ++i) {
         packed = packed && aligned_to(xs[i].data_ptr(), 16) && aligned_to(ys[i].data_ptr(), 16);
-        for (int k = 0; k < geos[i].ndim; ++k) packed = packed && geos[i].strides[k] % kPack == 0;
+        for (int k = 0; k < geos[i].ndim; ++k) {
+          packed =
+              packed && geos[i].strides[0][k] % kPack == 0 && geos[i].strides[1][k] % kPack == 0;
+        }
       }
       auto launch = [&]<int N, typename I>(std::integral_constant<int, N>, TypeTag<I>) {
         Job<T> jobs[2] = {};
@@ -199,12 +181,13 @@ void rotary_cuda_impl(const std::vector<Tensor>& xs_in, const std::vector<Tensor
         if (total == 0) return;
         rotary_kernel<T, C, N, I><<<loops::grid_for(total, kThreads), kThreads, 0, stream>>>(
             jobs[0], jobs[1], static_cast<const C*>(cos.data_ptr()),
-            static_cast<const C*>(sin.data_ptr()), static_cast<I>(t_len), static_cast<I>(d),
+            static_cast<const C*>(sin.data_ptr()), static_cast<I>(d), IntDivider(h / N),
             static_cast<I>(h / N), transpose);
         KILN_CUDA_LAUNCH_CHECK("rotary_kernel");
       };
       // 2^30: the grid-stride index must not overflow after its last step either.
-      const bool small = max_extent < (int64_t{1} << 30) && cos.numel() < (int64_t{1} << 30);
+      const bool small = max_extent < (int64_t{1} << 30) && cos.numel() < (int64_t{1} << 30) &&
+                         x0.numel() + (xs.size() > 1 ? xs[1].numel() : 0) < (int64_t{1} << 30);
       if (packed && small) {
         launch(std::integral_constant<int, kPack>{}, TypeTag<int32_t>{});
       } else if (packed) {

@@ -11,8 +11,11 @@
 //   transpose = true:   y = x * cos + rotate_half^T(x * sin)   (the backward of the above)
 //                       y1 = x1 c1 + x2 s2,   y2 = x2 c2 - x1 s1
 // Nothing assumes that the halves of cos/sin are equal (rope_cache's layout has them equal).
-// Arithmetic in f32 for f16/bf16 (f64 for f64); y is contiguous, in x's dtype. x may be any
-// strided view (the q/k/v split of a fused projection) and is read in place.
+// Arithmetic in f32 for f16/bf16 (f64 for f64); y is in x's dtype. x may be any strided view
+// (the q/k/v split of a fused projection) and is read in place. y is dense and laid out in x's
+// memory order where x's last dim is dense (as PyTorch's elementwise ops lay out their outputs):
+// the [B, H, T, D] view of a [B, T, 3 H D] projection gives a y of shape [B, H, T, D] stored as
+// [B, T, H, D], so both the reads and the writes are sequential. Otherwise y is contiguous.
 // rotary_emb_qk(q, k, cos, sin; transpose) -> (rotary_emb(q), rotary_emb(k)) in one kernel; q
 // and k may have different leading shapes (grouped-query attention: fewer k heads).
 #include "tensor/ops.h"
@@ -43,13 +46,20 @@ void check_rotary(const char* op, const char* what, const Tensor& x, const Tenso
              x.device().str());
 }
 
+// The output of x: x's shape and dtype, strides in x's memory order (see above).
+TensorSpec rotary_out(const Tensor& x) {
+  TensorSpec spec{to_shape(x.sizes()), x.dtype(), x.device()};
+  if (x.stride(-1) == 1) spec.strides = dense_strides_like(x.sizes(), x.strides());
+  return spec;
+}
+
 // Attributes: 0 transpose (bool).
 SpecList rotary_emb_meta(const OpCall& c) {
   KILN_CHECK(c.inputs.size() == 3, "[rotary_emb] expected inputs (x, cos, sin)");
   const Tensor& x = c.input(0);
   check_rotary("rotary_emb", "x", x, c.input(1), c.input(2));
   (void)c.attr<bool>(0);
-  return {{to_shape(x.sizes()), x.dtype(), x.device()}};
+  return {rotary_out(x)};
 }
 
 SpecList rotary_emb_qk_meta(const OpCall& c) {
@@ -61,8 +71,7 @@ SpecList rotary_emb_qk_meta(const OpCall& c) {
   KILN_CHECK(q.dtype() == k.dtype(), "[rotary_emb_qk] q (", dtype_name(q.dtype()), ") and k (",
              dtype_name(k.dtype()), ") must have the same dtype");
   (void)c.attr<bool>(0);
-  return {{to_shape(q.sizes()), q.dtype(), q.device()},
-          {to_shape(k.sizes()), k.dtype(), k.device()}};
+  return {rotary_out(q), rotary_out(k)};
 }
 
 }  // namespace

@@ -324,6 +324,7 @@ void check_both(const OpDef& op, const TensorVec& bases, const ViewFn& view,
   ASSERT_EQ(c.size(), g.size());
   for (size_t i = 0; i < c.size(); ++i) {
     SCOPED_TRACE(op.name + " output " + std::to_string(i));
+    EXPECT_EQ(to_shape(g[i].strides()), to_shape(c[i].strides()));  // the same layout
     expect_match(g[i], c[i], tol);
   }
 }
@@ -387,8 +388,9 @@ TEST_F(GpuRotaryEmb, StridedViewsAndQkForm) {
   // 24 head rows per position: groups of 8 rows sharing a position, the second group crossing
   // from batch 0 into batch 1, read through a [B, T, H, D] -> [B, H, T, D] transpose.
   check_rope(randn({2, 37, 12, 64}).to(kBFloat16), randn({37, 64}).to(kBFloat16),
-             randn({37, 64}).to(kBFloat16),
-             [](const TensorVec& in) -> TensorVec { return {in[0].transpose(1, 2), in[1], in[2]}; });
+             randn({37, 64}).to(kBFloat16), [](const TensorVec& in) -> TensorVec {
+               return {in[0].transpose(1, 2), in[1], in[2]};
+             });
   // rope_cache tables, a long sequence.
   auto [c, s] = nn::functional::rope_cache(2048, 64, 500000.0);
   check_rope(randn({1, 4, 2048, 64}).to(kBFloat16), c, s);

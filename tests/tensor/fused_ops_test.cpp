@@ -527,6 +527,43 @@ TEST(FusedRotaryEmb, StridedViewsAndShapes) {
   EXPECT_EQ(to_shape(rotary_emb(randn({0, 6, 8}), cos, sin).sizes()), (Shape{0, 6, 8}));
 }
 
+// The output follows x's memory order where x's last dim is dense (PyTorch's layout for
+// elementwise outputs), so the [B, H, T, D] view of a projection gives a y stored [B, T, H, D].
+TEST(FusedRotaryEmb, OutputLayoutFollowsTheInput) {
+  manual_seed(33);
+  const int64_t b = 2, t = 6, h = 4, hkv = 2, d = 8;
+  const Tensor qkv = randn({b, t, (h + 2 * hkv) * d});
+  const Tensor cos = randn({t, d}), sin = randn({t, d});
+  const Tensor q = qkv.narrow(-1, 0, h * d).view({b, t, h, d}).transpose(1, 2);
+  const Tensor y = rotary_emb(q, cos, sin);
+  EXPECT_EQ(to_shape(y.sizes()), (Shape{b, h, t, d}));
+  EXPECT_EQ(to_shape(y.strides()), (Shape{t * h * d, d, h * d, 1}));
+  EXPECT_TRUE(y.transpose(1, 2).is_contiguous());
+  EXPECT_TRUE(equal(y, rotary_emb(q.contiguous(), cos, sin)));
+  auto [q2, k2] = rotary_emb_qk(
+      q, qkv.narrow(-1, h * d, hkv * d).view({b, t, hkv, d}).transpose(1, 2), cos, sin);
+  EXPECT_EQ(to_shape(q2.strides()), (Shape{t * h * d, d, h * d, 1}));
+  EXPECT_EQ(to_shape(k2.strides()), (Shape{t * hkv * d, d, hkv * d, 1}));
+  // Contiguous x, and x whose last dim is not dense: contiguous y.
+  EXPECT_TRUE(rotary_emb(randn({b, h, t, d}), cos, sin).is_contiguous());
+  EXPECT_TRUE(rotary_emb(randn({b, d, t}).transpose(1, 2), cos, sin).is_contiguous());
+}
+
+TEST(DenseStridesLike, PermutesToTheMemoryOrder) {
+  EXPECT_EQ(dense_strides_like(Shape{2, 3, 4}, Shape{12, 4, 1}), (Shape{12, 4, 1}));
+  // [B, H, T, D] view of [B, T, H, D]; of a narrowed [B, T, 3 H D] projection likewise.
+  EXPECT_EQ(dense_strides_like(Shape{2, 4, 6, 8}, Shape{192, 8, 32, 1}), (Shape{192, 8, 32, 1}));
+  EXPECT_EQ(dense_strides_like(Shape{2, 4, 6, 8}, Shape{576, 8, 96, 1}), (Shape{192, 8, 32, 1}));
+  // A transposed matrix; size-1 dims take their contiguous place; ties keep the logical order.
+  EXPECT_EQ(dense_strides_like(Shape{3, 5}, Shape{1, 3}), (Shape{1, 3}));
+  EXPECT_EQ(dense_strides_like(Shape{3, 1, 5}, Shape{1, 7, 3}), (Shape{1, 15, 3}));
+  EXPECT_EQ(dense_strides_like(Shape{2, 3}, Shape{1, 1}), (Shape{3, 1}));
+  // Broadcast or negative strides: contiguous.
+  EXPECT_EQ(dense_strides_like(Shape{4, 3}, Shape{0, 1}), (Shape{3, 1}));
+  EXPECT_EQ(dense_strides_like(Shape{4, 3}, Shape{-3, 1}), (Shape{3, 1}));
+  EXPECT_EQ(dense_strides_like(Shape{}, Shape{}), (Shape{}));
+}
+
 TEST(FusedRotaryEmb, QkFormEqualsTwoCalls) {
   manual_seed(33);
   const Tensor qkv = randn({2, 5, 6 * 4}).to(kBFloat16);
