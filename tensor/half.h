@@ -2,12 +2,23 @@
 //
 // Both are plain 16-bit values that convert to and from float; arithmetic happens in float.
 // Conversions from float round to nearest even, as PyTorch and the hardware do. NaN stays NaN.
+// In CUDA device code the conversions are the hardware's single instructions (cvt.rn.bf16.f32,
+// cvt.rn.f16.f32, cvt.f32.f16), which round the same way (NaN payloads aside): the software
+// rounding below cost every bf16/f16 kernel about six instructions per element written, and
+// made memory-bound kernels issue-bound (ncu on the RoPE kernel: 387 instructions per warp for
+// 512 elements).
 #pragma once
 
 #include <bit>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
 
 namespace kiln {
 
@@ -25,6 +36,9 @@ struct BFloat16 {
 
  private:
   static constexpr uint16_t round(float f) {
+#if defined(__CUDA_ARCH__)
+    if (!std::is_constant_evaluated()) return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#endif
     uint32_t u = std::bit_cast<uint32_t>(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
     u += 0x7fffu + ((u >> 16) & 1u);
@@ -46,6 +60,9 @@ struct Half {
 
  private:
   static constexpr uint16_t from_float(float f) {
+#if defined(__CUDA_ARCH__)
+    if (!std::is_constant_evaluated()) return __half_as_ushort(__float2half_rn(f));
+#endif
     const uint32_t u = std::bit_cast<uint32_t>(f);
     const uint32_t sign = (u >> 16) & 0x8000u;
     const uint32_t abs = u & 0x7fffffffu;
@@ -62,6 +79,9 @@ struct Half {
     return static_cast<uint16_t>(sign | (rounded >> 13));
   }
   static constexpr float to_float(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+    if (!std::is_constant_evaluated()) return __half2float(__ushort_as_half(h));
+#endif
     const uint32_t sign = uint32_t{h & 0x8000u} << 16;
     const uint32_t exp = (h >> 10) & 0x1fu;
     const uint32_t mant = h & 0x3ffu;

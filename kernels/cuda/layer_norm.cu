@@ -74,54 +74,6 @@ __device__ __forceinline__ void group_sum(Acc (&v)[K], Acc* smem) {
   }
 }
 
-// Row statistics (count n, mean m, sum of squared deviations about the mean q) of two disjoint
-// parts merged into those of their union (Chan, Golub and LeVeque's pairwise update). Symmetric
-// in its operands, bit for bit, so that both lanes of a shuffle pair hold the same result.
-template <typename Acc>
-__device__ __forceinline__ void merge_stats(Acc& n, Acc& m, Acc& q, Acc nb, Acc mb, Acc qb) {
-  const Acc total = n + nb;
-  if (total == Acc(0)) return;
-  const Acc delta = mb - m;
-  const Acc mean = (n * m + nb * mb) / total;
-  q = q + qb + delta * delta * (n * nb / total);
-  m = mean;
-  n = total;
-}
-
-// merge_stats over the TPR threads of a group (as group_sum: TPR a multiple of 32, every thread
-// of the block calls it, each receiving its group's statistics). One exchange where the two-pass
-// form (sum, then squared deviations about the mean) needed two: half the barriers per row.
-template <int TPR, typename Acc>
-__device__ __forceinline__ void group_stats(Acc& n, Acc& m, Acc& q, Acc* smem) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const Acc nb = __shfl_xor_sync(0xffffffffu, n, off);
-    const Acc mb = __shfl_xor_sync(0xffffffffu, m, off);
-    const Acc qb = __shfl_xor_sync(0xffffffffu, q, off);
-    merge_stats(n, m, q, nb, mb, qb);
-  }
-  if constexpr (TPR > 32) {
-    constexpr int kWarps = TPR / 32;
-    const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-    const int first = warp / kWarps * kWarps;
-    __syncthreads();  // the previous call's readers are done with smem
-    if (lane == 0) {
-      smem[warp * 3] = n;
-      smem[warp * 3 + 1] = m;
-      smem[warp * 3 + 2] = q;
-    }
-    __syncthreads();
-    n = smem[first * 3];
-    m = smem[first * 3 + 1];
-    q = smem[first * 3 + 2];
-#pragma unroll
-    for (int i = 1; i < kWarps; ++i) {
-      merge_stats(n, m, q, smem[(first + i) * 3], smem[(first + i) * 3 + 1],
-                  smem[(first + i) * 3 + 2]);
-    }
-  }
-}
-
 // Register caps of the register kernels (as resident blocks per SM for __launch_bounds__): a
 // memory-bound kernel needs many rows in flight, and without a cap the compiler keeps f32 copies
 // of the row (125 registers at 4 packs forward, 115 at 2 packs backward: 4 and 2 resident
@@ -143,7 +95,7 @@ __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
                           opmath_t<T> eps) {
   using Acc = opmath_t<T>;
   constexpr int kGroups = BLOCK / TPR;
-  __shared__ Acc smem[BLOCK / 32 * 3];
+  __shared__ Acc smem[BLOCK / 32];
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
   const int64_t nvec = d / N;
   const Acc inv_d = Acc(1) / static_cast<Acc>(d);
@@ -158,30 +110,29 @@ __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
       const int64_t v = t + p * TPR;
       if (active && v < nvec) raw[p] = *reinterpret_cast<const Pack<T, N>*>(xr + v * N);
     }
-    // This thread's statistics over its packs (two passes over registers: exact), then the
-    // row's, merged across the group.
-    Acc n = 0, m = 0, q = 0;
+    Acc s[1] = {0};
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (active && t + p * TPR < nvec) {
 #pragma unroll
-        for (int i = 0; i < N; ++i) m += static_cast<Acc>(raw[p].v[i]);
-        n += N;
+        for (int i = 0; i < N; ++i) s[0] += static_cast<Acc>(raw[p].v[i]);
       }
     }
-    if (n > 0) m /= n;
+    group_sum<TPR>(s, smem);
+    const Acc m = s[0] * inv_d;
+    Acc ss[1] = {0};
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (active && t + p * TPR < nvec) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
           const Acc c = static_cast<Acc>(raw[p].v[i]) - m;
-          q += c * c;
+          ss[0] += c * c;
         }
       }
     }
-    group_stats<TPR>(n, m, q, smem);
-    const Acc r = rsqrt_of(q * inv_d + eps);
+    group_sum<TPR>(ss, smem);
+    const Acc r = rsqrt_of(ss[0] * inv_d + eps);
     if (!active) continue;  // after the last barrier of the iteration
     if (t == 0) {
       mean[row] = m;
