@@ -7,11 +7,12 @@
 // registers (no E[x^2] - E[x]^2 cancellation), y is written once.
 // Backward: the same row groups (one warp under 2048 elements, else 256 threads per row, or 512)
 // over a grid of one wave of blocks, each group looping over rows with a fixed thread -> column
-// mapping, so that every thread accumulates dweight and dbias of its columns in f32 registers
-// across all the rows of its group. x and dy are read once; dx is written per row from the
-// registers. The groups of a block add their sums into the block's partial row in group order; the
-// per-block partials [grid, D] are then summed by column in a second small kernel, in a fixed order
-// (deterministic, no atomics). KILN_LAYERNORM_THREADS (32, 128, 256 or 512; cached, see
+// mapping, so that every thread accumulates dweight and dbias of its columns in f32 across all
+// the rows of its group (in private shared-memory slots, with the weight in registers, where
+// they fit: kSumsInShared; else in registers). x and dy are read once; dx is written per row
+// from the registers. The groups of a block add their sums into the block's partial row in group
+// order; the per-block partials [grid, D] are then summed by column in a second small kernel, in a
+// fixed order (deterministic, no atomics). KILN_LAYERNORM_THREADS (32, 128, 256 or 512; cached, see
 // threads_switch()) forces the threads per row of both passes where the row fits, for timing side
 // by side (benchmarks/gpu). Rows whose length or pointers do not allow 16-byte packs run the same
 // kernels with packs of one element. Rows too long for the register kernels, and f64, take
@@ -74,15 +75,12 @@ __device__ __forceinline__ void group_sum(Acc (&v)[K], Acc* smem) {
   }
 }
 
-// Register caps of the register kernels (as resident blocks per SM for __launch_bounds__): a
-// memory-bound kernel needs many rows in flight, and without a cap the compiler keeps f32 copies
-// of the row (125 registers at 4 packs forward, 115 at 2 packs backward: 4 and 2 resident
-// blocks). Forward up to 4 packs: 64 registers; backward up to 2 packs (dweight, dbias and the
-// two rows' packs): 85.
+// Register cap of the forward register kernel (as resident blocks per SM for
+// __launch_bounds__): a memory-bound kernel needs many rows in flight, and without a cap the
+// compiler keeps f32 copies of the row (125 registers at 4 packs: 4 resident blocks). Up to 4
+// packs: 64 registers. The backward's caps are below its kernel (kBwdMinBlocks).
 template <int P, int BLOCK>
 constexpr int kFwdMinBlocks = P <= 4 ? 65536 / (BLOCK * 64) : 1;
-template <int P, int BLOCK>
-constexpr int kBwdMinBlocks = P <= 2 ? 65536 / (BLOCK * 85) : 1;
 
 // Forward for rows of at most TPR * P packs of N elements: groups of TPR threads, one row per
 // group at a time, BLOCK / TPR groups per block. The loop is uniform over the block (rows past
@@ -200,12 +198,11 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Adds a thread's column sums (dweight and dbias of its P packs) into its block's partial rows,
-// group after group (a fixed order), the first group writing over whatever was there. Every
-// thread of the block calls it.
-template <typename Acc, int N, int P, int TPR, int BLOCK>
-__device__ __forceinline__ void add_partials(Acc* pw, Acc* pb, const Acc (&dw)[P][N],
-                                             const Acc (&db)[P][N], int64_t nvec) {
+// Adds a thread's column sums (dw(p, i) and db(p, i): dweight and dbias of element i of its pack
+// p) into its block's partial rows, group after group (a fixed order), the first group writing
+// over whatever was there. Every thread of the block calls it.
+template <typename Acc, int N, int P, int TPR, int BLOCK, typename Dw, typename Db>
+__device__ __forceinline__ void add_partials(Acc* pw, Acc* pb, Dw&& dw, Db&& db, int64_t nvec) {
   constexpr int kGroups = BLOCK / TPR;
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
 #pragma unroll 1
@@ -218,8 +215,8 @@ __device__ __forceinline__ void add_partials(Acc* pw, Acc* pb, const Acc (&dw)[P
 #pragma unroll
           for (int i = 0; i < N; ++i) {
             const int64_t j = v * N + i;
-            pw[j] = (turn == 0 ? Acc(0) : pw[j]) + dw[p][i];
-            pb[j] = (turn == 0 ? Acc(0) : pb[j]) + db[p][i];
+            pw[j] = (turn == 0 ? Acc(0) : pw[j]) + dw(p, i);
+            pb[j] = (turn == 0 ? Acc(0) : pb[j]) + db(p, i);
           }
         }
       }
@@ -229,11 +226,29 @@ __device__ __forceinline__ void add_partials(Acc* pw, Acc* pb, const Acc (&dw)[P
   }
 }
 
-// Backward for rows of at most TPR * P packs (layout as the forward kernel). Each thread keeps
-// its columns' dweight and dbias sums for all the rows of its group in registers, and writes
-// them to the block's partial rows [blockIdx.x] at the end.
+// Whether the backward keeps its dweight and dbias sums in shared memory (private slots, one per
+// thread and column: 2 P N BLOCK values) and the weight in registers, rather than the sums in
+// registers and the weight read from L1 per use: where the slots fit in 32 KiB (rows up to 4096
+// bf16 elements at 256 threads per row).
+template <typename Acc, int N, int P, int BLOCK>
+constexpr bool kSumsInShared = 2 * P* N* BLOCK * sizeof(Acc) <= 32768;
+
+// Register caps of the backward (resident blocks per SM for __launch_bounds__): one pack per
+// thread with the sums in shared memory, 64 registers (4 blocks of 256 threads); up to 2 packs,
+// 85 (3 blocks: at 64 the 2-pack kernel spills); more packs, none.
+template <typename Acc, int N, int P, int BLOCK>
+constexpr int kBwdMinBlocks = kSumsInShared<Acc, N, P, BLOCK>&& P == 1 ? 65536 / (BLOCK * 64)
+                              : P <= 2                                 ? 65536 / (BLOCK * 85)
+                                                                       : 1;
+
+// Backward for rows of at most TPR * P packs (layout as the forward kernel). Each thread
+// accumulates its columns' dweight and dbias sums over all the rows of its group, and writes
+// them to the block's partial rows [blockIdx.x] at the end. Where kSumsInShared the sums live in
+// shared memory and the weight in registers: with sums and weight in registers the kernel spilled
+// at its register cap, and reading the weight per use put an L1 round trip on every row's
+// critical path.
 template <typename T, typename W, int N, int P, int TPR, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<P, BLOCK>)
+__global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK>)
     layer_norm_bwd_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ part_w,
                           opmath_t<T>* __restrict__ part_b, const T* __restrict__ dy,
                           const T* __restrict__ x, const W* __restrict__ w,
@@ -241,26 +256,55 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<P, BLOCK>)
                           const opmath_t<T>* __restrict__ rstd, int64_t rows, int64_t d) {
   using Acc = opmath_t<T>;
   constexpr int kGroups = BLOCK / TPR;
+  constexpr bool kShared = kSumsInShared<Acc, N, P, BLOCK>;
+  constexpr int kSlots = kShared ? P * N * BLOCK : 1;
   __shared__ Acc smem[BLOCK / 32 * 2];
+  __shared__ Acc sums_w[kSlots], sums_b[kSlots];  // [p * N + i][threadIdx.x]
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
   const int64_t nvec = d / N;
   const Acc inv_d = Acc(1) / static_cast<Acc>(d);
-  Acc dw[P][N], db[P][N];
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) dw[p][i] = db[p][i] = 0;
-  }
-  // The weight of pack p (1 without one), read per use from L1: holding it in registers costs
-  // resident blocks.
+  // Registers: the weight where the sums are shared, the sums otherwise.
+  Acc wreg[kShared ? P : 1][N], dwreg[kShared ? 1 : P][N], dbreg[kShared ? 1 : P][N];
+  auto dw = [&](int p, int i) -> Acc& {
+    if constexpr (kShared) {
+      return sums_w[(p * N + i) * BLOCK + threadIdx.x];
+    } else {
+      return dwreg[p][i];
+    }
+  };
+  auto db = [&](int p, int i) -> Acc& {
+    if constexpr (kShared) {
+      return sums_b[(p * N + i) * BLOCK + threadIdx.x];
+    } else {
+      return dbreg[p][i];
+    }
+  };
+  // The weight of pack p (1 without one).
   auto weight = [&](int p, Acc(&wv)[N]) {
-    if (w != nullptr) {
+    if constexpr (kShared) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) wv[i] = wreg[p][i];
+    } else if (w != nullptr) {
       load_pack<N>(w + (t + p * TPR) * N, wv);
     } else {
 #pragma unroll
       for (int i = 0; i < N; ++i) wv[i] = 1;
     }
   };
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    if constexpr (kShared) {
+      const int64_t v = t + p * TPR;
+      if (w != nullptr && v < nvec) {
+        load_pack<N>(w + v * N, wreg[p]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) wreg[p][i] = 1;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) dw(p, i) = db(p, i) = 0;
+  }
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups; base < rows;
        base += static_cast<int64_t>(gridDim.x) * kGroups) {
     const int64_t row = base + g;
@@ -289,8 +333,8 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<P, BLOCK>)
           const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
           sums[0] += gv * wv[i];
           sums[1] += gv * wv[i] * xh;
-          dw[p][i] += gv * xh;
-          db[p][i] += gv;
+          dw(p, i) += gv * xh;
+          db(p, i) += gv;
         }
       }
     }
