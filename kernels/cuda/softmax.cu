@@ -154,8 +154,8 @@ __device__ __forceinline__ M max_of(M m, M v) {
 
 // exp(x) for the sum s = sum exp(x - m) of 16-bit rows: the hardware's ex2 alone
 // (ex2.approx.ftz: one instruction, where exp2f adds three to keep results below 2^-126
-// subnormal). Flushing those to zero leaves s unchanged: s >= 1 (the maximum contributes
-// exp(0)), so terms below 2^-126 vanish in its rounding whatever the summation order. The values
+// subnormal). Flushing those to zero moves s by less than R * 2^-126, while s >= 1 (the maximum
+// contributes exp(0)) is rounded to 2^-24: far below the summation-order rounding. The values
 // written, which can be that small, keep exp_for.
 template <typename T>
 __device__ __forceinline__ opmath_t<T> exp_for_sum(opmath_t<T> x) {
