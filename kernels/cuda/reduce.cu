@@ -5,12 +5,16 @@
 // Every reduction is brought to a contiguous [A, R, K] block whose middle dim is reduced by the
 // CPU's own reduce_block (no copy for contiguous inputs reduced over inner or outer dims). Then:
 //   - K == 1, short rows: one warp per row, lanes striding along it, a shuffle tree at the end;
-//   - K == 1, long rows: one block per row (block-wide tree through shared memory), and when
-//     there are too few rows to fill the GPU, several blocks per row that write partial
-//     accumulators, merged by a second kernel (the multi-block path);
+//   - K == 1, long rows: one block per row (block-wide tree through shared memory), sized so that
+//     each thread has a full round of 16-byte loads (block_threads), and when there are too few
+//     rows to fill the GPU, several blocks per row that write partial accumulators, merged by a
+//     second kernel (the multi-block path);
 //   - K > 1: blocks of 32 columns x 8 row slices (coalesced along K), split along R the same way
 //     when there are few columns.
-// Rows (K == 1) are read with 16-byte loads after a scalar head up to the first 16-byte boundary.
+// Rows (K == 1) are read with 16-byte loads (8 bf16/f16, 4 f32) after a scalar head up to the
+// first 16-byte boundary, and a scalar tail, for every reducer (argmax/argmin included: each
+// thread meets its elements in increasing index order); 32-bit offsets within a row, and a
+// 32-register cap for the plain sums so that a multiprocessor holds 2048 threads of loads.
 // A split reduction (a full reduction: A == 1) uses one wave of blocks and a second kernel that
 // merges the partials in a fixed order, with one block per output when there are few outputs:
 // the result is deterministic.
@@ -23,6 +27,7 @@
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/reduce_fn.h"
+#include "tensor/env_switch.h"
 
 namespace kiln::cuda {
 namespace {
@@ -89,25 +94,43 @@ constexpr int kRowUnroll = 4;  // 16-byte loads each thread keeps in flight
 // The number of elements of p before its first 16-byte boundary, at most n (tensor data is always
 // aligned to its element size).
 template <typename T>
-__device__ __forceinline__ int64_t head_of(const T* p, int64_t n) {
+__device__ __forceinline__ int head_of(const T* p, int n) {
   const auto mis = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) % 16);
-  const int64_t h = mis == 0 ? 0 : static_cast<int64_t>((16 - mis) / sizeof(T));
+  const int h = mis == 0 ? 0 : static_cast<int>((16 - mis) / sizeof(T));
   return h < n ? h : n;
 }
 
-// Steps acc over row[r0, r1) as thread t of nt: a scalar head up to the first 16-byte boundary,
-// then 16-byte vectors (kRowUnroll loads issued before their use), then a scalar tail. Each
-// thread meets its elements in increasing index order, as the reducers' step expects.
+// Steps acc over p[0, n) (the elements r0 + 0 ... r0 + n - 1 of a row; n < 2^31) as thread t of
+// nt: a scalar head up to the first 16-byte boundary, then 16-byte packs (V = 16 / sizeof(T)
+// elements: 8 bf16/f16, 4 f32, 2 f64), kRowUnroll of them loaded before their use, then a scalar
+// tail. Offsets are 32-bit (fewer instructions per pack: the kernels are issue-bound at 16-bit
+// widths), and the full rounds run without bounds checks. Each thread meets its elements in
+// increasing index order, as the reducers' step expects (argmax keeps the first of equal values;
+// the index r0 + e is computed only by reducers that read it).
 template <typename T, typename Red>
-__device__ __forceinline__ void step_range(const Red& red, red_acc_t<Red>& acc, const T* row,
-                                           int64_t r0, int64_t r1, int64_t t, int64_t nt) {
+__device__ __forceinline__ void step_range(const Red& red, red_acc_t<Red>& acc, const T* p,
+                                           int64_t r0, int n, int t, int nt) {
   constexpr int V = static_cast<int>(16 / sizeof(T));
   using Vt = loops::Vec<T, V>;
-  const int64_t h = r0 + head_of(row + r0, r1 - r0);
-  const int64_t nv = (r1 - h) / V;
-  for (int64_t r = r0 + t; r < h; r += nt) red.step(acc, row[r], r);
-  const Vt* v = reinterpret_cast<const Vt*>(row + h);
-  for (int64_t i0 = t; i0 < nv; i0 += kRowUnroll * nt) {
+  const int h = head_of(p, n);
+  const int nv = (n - h) / V;
+  for (int e = t; e < h; e += nt) red.step(acc, p[e], r0 + e);
+  const Vt* v = reinterpret_cast<const Vt*>(p + h);
+  const int64_t rv = r0 + h;
+  int i0 = t;
+#pragma unroll 1
+  for (; i0 + (kRowUnroll - 1) * nt < nv; i0 += kRowUnroll * nt) {
+    Vt buf[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) buf[u] = v[i0 + u * nt];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t e = rv + static_cast<int64_t>(i0 + u * nt) * V;
+#pragma unroll
+      for (int j = 0; j < V; ++j) red.step(acc, buf[u].v[j], e + j);
+    }
+  }
+  if (i0 < nv) {  // the last, partial round: its loads also issued before their use
     Vt buf[kRowUnroll];
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
@@ -115,18 +138,46 @@ __device__ __forceinline__ void step_range(const Red& red, red_acc_t<Red>& acc, 
     }
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
-      const int64_t i = i0 + u * nt;
-      if (i < nv) {
+      if (i0 + u * nt < nv) {
+        const int64_t e = rv + static_cast<int64_t>(i0 + u * nt) * V;
 #pragma unroll
-        for (int j = 0; j < V; ++j) red.step(acc, buf[u].v[j], h + i * V + j);
+        for (int j = 0; j < V; ++j) red.step(acc, buf[u].v[j], e + j);
       }
     }
   }
-  for (int64_t r = h + nv * V + t; r < r1; r += nt) red.step(acc, row[r], r);
+  for (int e = h + nv * V + t; e < n; e += nt) red.step(acc, p[e], r0 + e);
 }
 
+// Register caps. At 32 registers a multiprocessor holds 2048 threads, each with kRowUnroll 16-byte
+// loads in flight (128 KiB per multiprocessor); uncapped, the row kernels of the sums took 37-52
+// registers, which left a quarter to a half of that (the 512-thread block of a 16-bit row sum
+// fitted 3 per multiprocessor). The caps are for the reducers whose kernels fit 32 registers
+// without spilling (ptxas -v, sm_90a): the plain sums (sum, mean, prod, the 0-, 1- and 2-norms)
+// over elements of 2 to 8 bytes in the block kernel, of 2 bytes in the warp kernel. The others
+// (extrema with indices, var, logsumexp, ...) keep the compiler's choice.
+template <typename Red>
+struct IsPlainSum : std::false_type {};
+template <typename T, typename F>
+struct IsPlainSum<scalar::SumReducer<T, F>> : std::true_type {};
+template <typename T, typename F>
+struct IsPlainSum<scalar::ProdReducer<T, F>> : std::true_type {};
+template <typename T, typename F, NormKind kKind>
+struct IsPlainSum<scalar::NormReducer<T, F, kKind>>
+    : std::bool_constant<kKind == NormKind::kZero || kKind == NormKind::kOne ||
+                         kKind == NormKind::kTwo> {};
+
 template <typename T, typename Red>
-__global__ void rows_warp_kernel(Red red, const T* x, int64_t A, int64_t R) {
+inline constexpr int kWarpRowMinBlocks = IsPlainSum<Red>::value && sizeof(T) == 2
+                                             ? 2048 / loops::kThreads
+                                             : 1;
+template <typename T, typename Red>
+inline constexpr int kRowMinBlocks = IsPlainSum<Red>::value && sizeof(T) >= 2 ? 2048 / kRowThreads
+                                                                              : 1;
+
+// One warp per row (any length below 2^31).
+template <typename T, typename Red>
+__global__ void __launch_bounds__(loops::kThreads, kWarpRowMinBlocks<T, Red>)
+    rows_warp_kernel(Red red, const T* x, int64_t A, int R) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
   for (int64_t a = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
@@ -138,17 +189,19 @@ __global__ void rows_warp_kernel(Red red, const T* x, int64_t A, int64_t R) {
   }
 }
 
-// Block (row blockIdx.x, chunk blockIdx.y of `chunk` elements); with `partial`, writes the
-// chunk's accumulator there instead of finishing.
+// Block (row blockIdx.x, chunk blockIdx.y of `chunk` elements, chunk < 2^31); with `partial`,
+// writes the chunk's accumulator there instead of finishing. Any block size that is a multiple
+// of 32 up to kRowThreads (row_threads picks it).
 template <typename T, typename Red>
-__global__ void __launch_bounds__(kRowThreads)
-    rows_block_kernel(Red red, const T* x, int64_t R, int64_t chunk, red_acc_t<Red>* partial,
+__global__ void __launch_bounds__(kRowThreads, kRowMinBlocks<T, Red>)
+    rows_block_kernel(Red red, const T* x, int64_t R, int chunk, red_acc_t<Red>* partial,
                       int64_t outputs) {
   const int64_t a = blockIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk;
-  const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;
+  const int n = static_cast<int>(r0 + chunk < R ? chunk : R - r0);
   red_acc_t<Red> acc = red.init();
-  step_range(red, acc, x + a * R, r0, r1, threadIdx.x, blockDim.x);
+  step_range(red, acc, x + a * R + r0, r0, n, static_cast<int>(threadIdx.x),
+             static_cast<int>(blockDim.x));
   acc = block_reduce(red, acc);
   if (threadIdx.x == 0) {
     if (partial != nullptr) {
@@ -225,6 +278,35 @@ int64_t resident_blocks(Kernel kernel, int threads) {
   return std::max(n, 1);
 }
 
+// KILN_REDUCE_ROW_THREADS (cached; reload_env_switches() after a setenv): the threads that
+// reduce one row of a K == 1 reduction, for timing side by side and for the tests: 32 takes the
+// warp kernel at any row length (where the rows are not split), 64-512 the block kernel with that
+// many threads (also for short rows, and for the chunks of split rows); unset: row_threads.
+int row_threads_switch() {
+  static const kiln::internal::EnvChoice choice("KILN_REDUCE_ROW_THREADS",
+                                                {"32", "64", "128", "256", "512"});
+  constexpr int kThreadsOf[] = {32, 64, 128, 256, 512};
+  const int i = choice.get();
+  return i < 0 ? 0 : kThreadsOf[i];
+}
+
+// Threads of the block kernel for a row (or chunk) of n elements of `elem` bytes: each thread gets
+// at least a full round of kRowUnroll 16-byte packs, from 64 to kRowThreads threads. A row of
+// 8192 bf16 (1024 packs) gets 256 threads, 8192 f32 512: with 512 threads a 16-bit row gave each
+// thread only two loads, and half the bytes in flight of the f32 row.
+int block_threads(int64_t n, size_t elem) {
+  const int64_t packs = n * static_cast<int64_t>(elem) / 16;
+  int t = 64;
+  while (t < kRowThreads && int64_t{2} * t * kRowUnroll <= packs) t *= 2;
+  return t;
+}
+
+// Threads per row: a warp up to kWarpRowMax elements (several rows per block, no barrier), else
+// block_threads.
+int row_threads(int64_t n, size_t elem) {
+  return n <= kWarpRowMax ? kWarp : block_threads(n, elem);
+}
+
 // Reduces the contiguous [A, R, K] block `x` with `red`, calling red.finish once per output.
 template <typename T, typename Red>
 void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, Device device) {
@@ -238,21 +320,28 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
     return;
   }
   const int64_t sms = loops::multiprocessor_count();
+  const int forced = K == 1 ? row_threads_switch() : 0;
+  // Row kernels index a row (chunk) with 32-bit offsets.
+  constexpr int64_t kMaxChunk = int64_t{1} << 30;
+  int row_thr = forced > 0 ? forced : row_threads(R, sizeof(T));
+  if (R > kMaxChunk && row_thr == kWarp) row_thr = kRowThreads;
   // Blocks without a split, and the split of R that fills the GPU in one wave (the blocks that
   // fit on a multiprocessor at once, on each; about 4 for the column kernel) when those are too
   // few, each chunk at least 4096 elements long. Row chunks are a multiple of 16 elements so
   // that they share the row's alignment (the same scalar head, then 16-byte loads).
   const int64_t natural = K == 1 ? A : ((K + kColX - 1) / kColX) * std::min<int64_t>(A, 65535);
   int64_t splits = 1;
-  if ((K > 1 || R > kWarpRowMax) && natural < 2 * sms) {
+  if ((K > 1 || row_thr > kWarp) && natural < 2 * sms) {
     const int64_t min_chunk = 4096;
-    const int64_t per_sm = K == 1 ? resident_blocks(rows_block_kernel<T, Red>, kRowThreads) : 4;
+    const int64_t per_sm = K == 1 ? resident_blocks(rows_block_kernel<T, Red>, row_thr) : 4;
     splits = std::clamp<int64_t>(std::min((R + min_chunk - 1) / min_chunk, per_sm * sms / natural),
                                  1, 65535);
   }
+  if (K == 1 && row_thr > kWarp) splits = std::max(splits, (R + kMaxChunk - 1) / kMaxChunk);
   int64_t chunk = (R + splits - 1) / splits;
   if (K == 1 && splits > 1) chunk = (chunk + 15) / 16 * 16;
   splits = (R + chunk - 1) / chunk;
+  if (K == 1 && row_thr > kWarp && forced == 0) row_thr = block_threads(chunk, sizeof(T));
   Tensor workspace;
   Acc* partial = nullptr;
   if (splits > 1) {
@@ -260,15 +349,16 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
     workspace = loops::empty_on({(bytes + 7) / 8}, kInt64, device);
     partial = static_cast<Acc*>(workspace.data_ptr());
   }
-  if (K == 1 && R <= kWarpRowMax) {
+  if (K == 1 && row_thr == kWarp) {
     const int warps_per_block = loops::kThreads / kWarp;
-    rows_warp_kernel<<<loops::grid_for(A, warps_per_block), loops::kThreads, 0, stream>>>(red, x, A,
-                                                                                          R);
+    rows_warp_kernel<<<loops::grid_for(A, warps_per_block), loops::kThreads, 0, stream>>>(
+        red, x, A, static_cast<int>(R));
     KILN_CUDA_LAUNCH_CHECK("rows_warp_kernel");
   } else if (K == 1) {
     KILN_CHECK(A < (int64_t{1} << 31), "[reduce] too many rows for the CUDA kernel: ", A);
     const dim3 grid(static_cast<unsigned>(A), static_cast<unsigned>(splits));
-    rows_block_kernel<<<grid, kRowThreads, 0, stream>>>(red, x, R, chunk, partial, outputs);
+    rows_block_kernel<<<grid, row_thr, 0, stream>>>(red, x, R, static_cast<int>(chunk), partial,
+                                                    outputs);
     KILN_CUDA_LAUNCH_CHECK("rows_block_kernel");
   } else {
     const int64_t kblocks = (K + kColX - 1) / kColX;

@@ -4,9 +4,10 @@
 // middle:
 //   - K == 1 and R <= 1024: one warp per row (shuffle reductions for m and s);
 //   - K == 1, longer rows that fit in shared memory (32768 bf16 = 64 KiB): one block per row;
-//     the row is read from global memory once with 16-byte loads into shared memory, m and s
-//     come from that copy (warp shuffles, then one exchange through shared memory) and y is
-//     written with 16-byte stores: one read and one write of global memory, as a copy;
+//     the row is read from global memory once into shared memory (on sm_90 by one bulk copy of
+//     the TMA unit, the whole row in flight at once; else 16-byte loads), m and s come from that
+//     copy (warp shuffles, then one exchange through shared memory) and y is written with
+//     16-byte stores: one read and one write of global memory, as a copy;
 //   - K == 1, rows too long for shared memory: one block per row, a first pass computing m and s
 //     together (online: s is rescaled when m grows), a second pass writing y (two reads);
 //   - K > 1: one thread per column (a, k), neighbouring threads on neighbouring k.
@@ -17,6 +18,7 @@
 #include <limits>
 
 #include "kernels/cuda/loops.cuh"
+#include "tensor/env_switch.h"
 
 namespace kiln::cuda {
 namespace {
@@ -122,6 +124,13 @@ __global__ void softmax_warp_kernel(const T* x, T* y, int64_t A, int64_t R) {
 
 constexpr int kMaxRowThreads = 1024;
 constexpr int kRowUnroll = 4;  // 16-byte loads each thread keeps in flight
+// The shared-memory kernel: at most 512 threads, capped at 40 registers so that three blocks fit a
+// multiprocessor (three 64 KiB rows of 32768 bf16 fill its shared memory): 48 warps to hide the
+// latency of the passes over shared memory, where 256-thread blocks gave 24. Not for f64, whose
+// exp spills at 40 registers and whose rows fill shared memory at a third of the length.
+constexpr int kSmemRowThreads = 512;
+template <typename T>
+inline constexpr int kSmemRowMinBlocks = sizeof(T) <= 4 ? 3 : 1;
 
 template <typename T>
 inline constexpr int kVec = static_cast<int>(16 / sizeof(T));
@@ -131,10 +140,10 @@ using VecOf = loops::Vec<T, kVec<T>>;
 
 // The number of elements of p before its first 16-byte boundary, at most n: the scalar head of
 // a vectorised pass (tensor data is always aligned to its element size).
-template <typename T>
-__device__ __forceinline__ int64_t head_of(const T* p, int64_t n) {
+template <typename T, typename I>
+__device__ __forceinline__ I head_of(const T* p, I n) {
   const auto mis = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) % 16);
-  const int64_t h = mis == 0 ? 0 : static_cast<int64_t>((16 - mis) / sizeof(T));
+  const I h = mis == 0 ? 0 : static_cast<I>((16 - mis) / sizeof(T));
   return h < n ? h : n;
 }
 
@@ -143,13 +152,80 @@ __device__ __forceinline__ M max_of(M m, M v) {
   return v > m ? v : m;
 }
 
-// One block per row, the row cached in (dynamic) shared memory: global memory is read once with
-// 16-byte loads (kRowUnroll of them in flight per thread) and written once with 16-byte stores.
-// Shared memory holds element e at row[e], with row shifted so that row + hx is 16-byte aligned
-// like xr + hx (hx: the scalar head of xr).
+// exp(x) for the sum s = sum exp(x - m) of 16-bit rows: the hardware's ex2 alone
+// (ex2.approx.ftz: one instruction, where exp2f adds three to keep results below 2^-126
+// subnormal). Flushing those to zero moves s by less than R * 2^-126, while s >= 1 (the maximum
+// contributes exp(0)) is rounded to 2^-24: far below the summation-order rounding. The values
+// written, which can be that small, keep exp_for.
+template <typename T>
+__device__ __forceinline__ opmath_t<T> exp_for_sum(opmath_t<T> x) {
+  if constexpr (sizeof(T) == 2) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    return r;
+  } else {
+    return dm::exp(x);
+  }
+}
+
+// The bulk copy (sm_90's TMA unit) of the 16-byte-aligned body of a row into shared memory,
+// completing on an mbarrier: the whole row is in flight at once, without registers, where
+// 16-byte loads through registers (kRowUnroll per thread) took four round trips per row.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KILN_SOFTMAX_BULK_COPY 1
+#endif
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(KILN_SOFTMAX_BULK_COPY)
+// Starts the copy of `bytes` (a multiple of 16; src and dst 16-byte aligned) on the barrier `bar`
+// (initialised for one arrival): one thread arrives, announcing the bytes, and issues the copies.
+__device__ __forceinline__ void bulk_load_start(void* dst, const void* src, uint32_t bytes,
+                                                uint64_t* bar) {
+  constexpr uint32_t kChunk = 16384;
+  const uint32_t b = smem_address(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
+               : "memory");
+  for (uint32_t off = 0; off < bytes; off += kChunk) {
+    const uint32_t n = bytes - off < kChunk ? bytes - off : kChunk;
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"(smem_address(static_cast<char*>(dst) + off)),
+        "l"(static_cast<const char*>(src) + off), "r"(n), "r"(b)
+        : "memory");
+  }
+}
+
+// Waits until phase 0 of `bar` has completed (the copy has landed and is visible).
+__device__ __forceinline__ void bulk_load_wait(uint64_t* bar) {
+  const uint32_t b = smem_address(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(b), "r"(0u)
+        : "memory");
+  } while (done == 0);
+}
+#endif
+
+// One block per row, the row cached in (dynamic) shared memory: global memory is read once and
+// written once with 16-byte stores. On sm_90 the row's aligned body comes in by one bulk copy
+// (bulk_load_start) while the threads fetch the scalar head and tail; elsewhere by 16-byte loads
+// through registers (kRowUnroll in flight per thread). Then three passes over shared memory: the
+// maximum m, the sum s of exp(x - m), and y. Shared memory holds element e at row[e], with row
+// shifted so that row + hx is 16-byte aligned like xr + hx (hx: the scalar head of xr). Offsets
+// are 32-bit (the row fits in shared memory).
 template <typename T, bool kLog>
-__global__ void __launch_bounds__(kMaxRowThreads)
-    softmax_smem_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t R) {
+__global__ void __launch_bounds__(kSmemRowThreads, kSmemRowMinBlocks<T>)
+    softmax_smem_kernel(const T* __restrict__ x, T* __restrict__ y, int R, bool bulk) {
   using M = opmath_t<T>;
   using Vt = VecOf<T>;
   constexpr int V = kVec<T>;
@@ -157,61 +233,90 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   __shared__ M red[kWarp];
   const T* xr = x + static_cast<int64_t>(blockIdx.x) * R;
   T* yr = y + static_cast<int64_t>(blockIdx.x) * R;
-  const int64_t hx = head_of(xr, R);
+  const int hx = head_of(xr, R);
   T* row = reinterpret_cast<T*>(smem_raw) + (V - hx) % V;
-  const int64_t nv = (R - hx) / V;
-  const int64_t tail = hx + nv * V;
-  const int64_t tid = threadIdx.x, nt = blockDim.x;
-
-  M m = -std::numeric_limits<M>::infinity();
-  for (int64_t e = tid; e < hx; e += nt) {
-    const T v = xr[e];
-    row[e] = v;
-    m = max_of(m, static_cast<M>(v));
-  }
+  const int nv = (R - hx) / V;
+  const int tail = hx + nv * V;
+  const int tid = threadIdx.x, nt = blockDim.x;
   const Vt* xv = reinterpret_cast<const Vt*>(xr + hx);
   Vt* sv = reinterpret_cast<Vt*>(row + hx);
-  for (int64_t i0 = tid; i0 < nv; i0 += kRowUnroll * nt) {
-    Vt v[kRowUnroll];
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      const int64_t i = i0 + u * nt;
-      if (i < nv) v[u] = xv[i];
+
+  M m = -std::numeric_limits<M>::infinity();
+  static_cast<void>(bulk);  // without sm_90, always the loads through registers
+#if defined(KILN_SOFTMAX_BULK_COPY)
+  __shared__ alignas(8) uint64_t bar;
+  if (bulk) {
+    if (tid == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_address(&bar)) : "memory");
+      // The initialised barrier visible to the async proxy (the copy engine) before its use.
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      if (nv > 0) bulk_load_start(sv, xv, static_cast<uint32_t>(nv) * 16u, &bar);
     }
+    for (int e = tid; e < hx; e += nt) row[e] = xr[e];
+    for (int e = tail + tid; e < R; e += nt) row[e] = xr[e];
+    __syncthreads();  // the head and tail (and the barrier's initialisation) visible
+    if (nv > 0) bulk_load_wait(&bar);
+    for (int e = tid; e < hx; e += nt) m = max_of(m, static_cast<M>(row[e]));
+#pragma unroll 4
+    for (int i = tid; i < nv; i += nt) {
+      const Vt v = sv[i];
 #pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      const int64_t i = i0 + u * nt;
-      if (i < nv) {
-        sv[i] = v[u];
+      for (int j = 0; j < V; ++j) m = max_of(m, static_cast<M>(v.v[j]));
+    }
+    for (int e = tail + tid; e < R; e += nt) m = max_of(m, static_cast<M>(row[e]));
+  } else  // the loads through registers
+#endif
+  {
+    for (int e = tid; e < hx; e += nt) {
+      const T v = xr[e];
+      row[e] = v;
+      m = max_of(m, static_cast<M>(v));
+    }
+    for (int i0 = tid; i0 < nv; i0 += kRowUnroll * nt) {
+      Vt v[kRowUnroll];
 #pragma unroll
-        for (int j = 0; j < V; ++j) m = max_of(m, static_cast<M>(v[u].v[j]));
+      for (int u = 0; u < kRowUnroll; ++u) {
+        const int i = i0 + u * nt;
+        if (i < nv) v[u] = xv[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        const int i = i0 + u * nt;
+        if (i < nv) {
+          sv[i] = v[u];
+#pragma unroll
+          for (int j = 0; j < V; ++j) m = max_of(m, static_cast<M>(v[u].v[j]));
+        }
       }
     }
-  }
-  for (int64_t e = tail + tid; e < R; e += nt) {
-    const T v = xr[e];
-    row[e] = v;
-    m = max_of(m, static_cast<M>(v));
+    for (int e = tail + tid; e < R; e += nt) {
+      const T v = xr[e];
+      row[e] = v;
+      m = max_of(m, static_cast<M>(v));
+    }
   }
   m = block_all_reduce<true>(m, red);  // its barriers also publish `row`
 
   M s = 0;
-  for (int64_t e = tid; e < hx; e += nt) s += exp_for<T>(static_cast<M>(row[e]) - m);
-  for (int64_t i = tid; i < nv; i += nt) {
+  for (int e = tid; e < hx; e += nt) s += exp_for_sum<T>(static_cast<M>(row[e]) - m);
+#pragma unroll 4
+  for (int i = tid; i < nv; i += nt) {
     const Vt v = sv[i];
 #pragma unroll
-    for (int j = 0; j < V; ++j) s += exp_for<T>(static_cast<M>(v.v[j]) - m);
+    for (int j = 0; j < V; ++j) s += exp_for_sum<T>(static_cast<M>(v.v[j]) - m);
   }
-  for (int64_t e = tail + tid; e < R; e += nt) s += exp_for<T>(static_cast<M>(row[e]) - m);
+  for (int e = tail + tid; e < R; e += nt) s += exp_for_sum<T>(static_cast<M>(row[e]) - m);
   s = finish_sum<kLog>(block_all_reduce<false>(s, red));
 
   // y may be aligned differently from x (x can be a view at any element offset).
-  const int64_t hy = head_of(yr, R);
-  const int64_t nvy = (R - hy) / V;
-  for (int64_t e = tid; e < hy; e += nt) yr[e] = softmax_value<T, kLog>(row[e], m, s);
+  const int hy = head_of(yr, R);
+  const int nvy = (R - hy) / V;
+  for (int e = tid; e < hy; e += nt) yr[e] = softmax_value<T, kLog>(row[e], m, s);
   Vt* yv = reinterpret_cast<Vt*>(yr + hy);
   if (hy == hx) {
-    for (int64_t i = tid; i < nvy; i += nt) {
+#pragma unroll 2
+    for (int i = tid; i < nvy; i += nt) {
       const Vt v = sv[i];
       Vt o;
 #pragma unroll
@@ -219,7 +324,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       yv[i] = o;
     }
   } else {
-    for (int64_t i = tid; i < nvy; i += nt) {
+    for (int i = tid; i < nvy; i += nt) {
       const T* src = row + hy + i * V;
       Vt o;
 #pragma unroll
@@ -227,7 +332,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       yv[i] = o;
     }
   }
-  for (int64_t e = hy + nvy * V + tid; e < R; e += nt) {
+  for (int e = hy + nvy * V + tid; e < R; e += nt) {
     yr[e] = softmax_value<T, kLog>(row[e], m, s);
   }
 }
@@ -368,12 +473,29 @@ void prepare_smem_kernel() {
   done[device].store(true, std::memory_order_release);
 }
 
-// Threads for a row of nv 16-byte vectors: about 16 vectors (four unrolled rounds) per thread.
-// Small blocks let several rows share a multiprocessor (32768 bf16: 256 threads, 64 KiB, three
-// blocks), so that one block's loads overlap another's arithmetic and barriers.
+// KILN_SOFTMAX_SMEM (cached; reload_env_switches() after a setenv): how the shared-memory kernel
+// reads its row and how many threads share it, for timing side by side and for the tests:
+// "bulk" or "registers" (the load path; bulk needs sm_90, elsewhere it reads through registers),
+// optionally followed by ",128", ",256" or ",512" threads; unset: bulk, row_threads.
+struct SmemConfig {
+  bool bulk = true;
+  int threads = 0;  // 0: row_threads
+};
+SmemConfig smem_switch() {
+  static const kiln::internal::EnvChoice choice(
+      "KILN_SOFTMAX_SMEM", {"bulk", "registers", "bulk,128", "bulk,256", "bulk,512",
+                            "registers,128", "registers,256", "registers,512"});
+  constexpr int kThreadsOf[] = {0, 0, 128, 256, 512, 128, 256, 512};
+  const int i = choice.get();
+  if (i < 0) return {};
+  return {i == 0 || (i >= 2 && i <= 4), kThreadsOf[i]};
+}
+
+// Threads for a row of nv 16-byte vectors in shared memory: about 8 vectors per thread, from 128
+// to kSmemRowThreads (32768 bf16: 512 threads, three blocks of 64 KiB per multiprocessor).
 inline int row_threads(int64_t nv) {
-  const int64_t t = ((nv + 15) / 16 + kWarp - 1) / kWarp * kWarp;
-  return static_cast<int>(std::clamp<int64_t>(t, 128, kMaxRowThreads));
+  const int64_t t = ((nv + 7) / 8 + kWarp - 1) / kWarp * kWarp;
+  return static_cast<int>(std::clamp<int64_t>(t, 128, kSmemRowThreads));
 }
 
 template <typename T, bool kLog>
@@ -423,7 +545,10 @@ void softmax_cuda(OpCall& c) {
       const int64_t smem = ((R + kVec<T>)*static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
       if (smem <= max_row_smem()) {
         prepare_smem_kernel<T, kLog>();
-        softmax_smem_kernel<T, kLog><<<blocks, row_threads(R / kVec<T>), smem, stream>>>(in, o, R);
+        const SmemConfig cfg = smem_switch();
+        const int threads = cfg.threads > 0 ? cfg.threads : row_threads(R / kVec<T>);
+        softmax_smem_kernel<T, kLog>
+            <<<blocks, threads, smem, stream>>>(in, o, static_cast<int>(R), cfg.bulk);
         KILN_CUDA_LAUNCH_CHECK("softmax_smem_kernel");
       } else {
         softmax_online_kernel<T, kLog><<<blocks, kMaxRowThreads, 0, stream>>>(in, o, R);

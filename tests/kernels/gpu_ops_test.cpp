@@ -610,6 +610,134 @@ TEST_F(GpuReduce, VectorisedRowsAndFullReductions) {
   }
 }
 
+// Row reductions read in 16-byte packs (8 bf16/f16, 4 f32, 2 f64, 16 bool) after a scalar head,
+// with a scalar tail, for every reducer: rows whose length is and is not a multiple of the pack
+// (every row then starts at another alignment), views at odd element offsets, a non-contiguous
+// view (copied first) and a transposed one, each kernel: the warp kernel and the block kernel at
+// each thread count (KILN_REDUCE_ROW_THREADS; unset: the default, e.g. 256 threads for 8192
+// bf16), on 300 rows (no split) and on few rows (split into chunks). NaN, +inf and -inf sit in
+// the head, the tail and the middle of some rows for the reducers whose results they define
+// (extrema, argmax/argmin: the first NaN and the lowest index of equal values win); prod and
+// var/std get clean inputs. The CPU results are computed once per input.
+TEST_F(GpuReduce, PackedRowsEveryReducerAndThreadCount) {
+  using test::ScopedEnv;
+  struct Check {
+    std::string what;
+    std::function<Tensor(const Tensor&)> fn;  // applied to the CPU and the GPU input
+    Tol tol;                                  // {0, 0}: bit for bit
+  };
+  struct Case {
+    int64_t A, R;
+  };
+  // 300 rows fill a GPU of up to 150 multiprocessors without a split; fewer rows of the block
+  // kernel are split when longer than 4096 (40 x 4101: two chunks; 3 x 70001: about 18).
+  const std::vector<Case> cases = {{300, 8192}, {300, 8199}, {40, 4096},
+                                   {40, 4101},  {300, 37},   {3, 70001}};
+  const std::vector<std::string> thread_counts = {"", "32", "64", "256", "512"};
+  const double inf = std::numeric_limits<double>::infinity();
+  uint64_t seed = 6000;
+  for (ScalarType dt : kAllDtypes) {
+    const bool fp = is_floating_point(dt);
+    for (const Case& c : cases) {
+      const int64_t A = c.A, R = c.R;
+      for (int64_t offset : {int64_t{0}, int64_t{1}, int64_t{3}}) {
+        // A flat buffer viewed at `offset` elements as [A, R], with special values for floats.
+        auto make = [&](double lo, double hi, bool special) {
+          Tensor base = random_cpu({A * R + offset}, fp ? kDouble : dt, seed++, lo, hi);
+          if (fp && special) {
+            double* p = base.data_ptr<double>() + offset;
+            p[1 * R + R - 1] = std::nan("");  // row 1: NaN in the tail
+            p[2 * R + 0] = inf;               // row 2: +inf in the head
+            p[0 * R + R / 2] = -inf;          // row 0: -inf in the middle
+            p[0 * R + R / 3] = std::nan("");  // and a NaN before it
+          }
+          return fp ? base.to(dt) : base;
+        };
+        const Tensor xbase = make(-2, 2, true);
+        const Tensor gbase = xbase.cuda();
+        const Tensor x = xbase.slice(0, offset, offset + A * R).reshape({A, R});
+        const Tensor g = gbase.slice(0, offset, offset + A * R).reshape({A, R});
+        ASSERT_EQ(g.storage_offset(), offset);
+        const std::string name = name_of("", dt, {A, R}, "offset " + std::to_string(offset));
+        const Tol sum_tol = reduce_tol(fp ? dt : kInt64, R);
+        // Extrema are exact, but a 16-bit NaN may come back with another payload (the GPU's cvt
+        // writes the canonical NaN): floats are compared as values, NaN matching NaN.
+        const Tol exact = fp ? Tol{0, 1e-300} : Tol{0, 0};
+        std::vector<Check> checks = {
+            {"sum", [](const Tensor& t) { return t.sum({1}); }, sum_tol},
+            {"amax", [](const Tensor& t) { return t.amax({1}); }, exact},
+            {"amin", [](const Tensor& t) { return t.amin({1}, true); }, exact},
+            {"max values", [](const Tensor& t) { return std::get<0>(t.max(1)); }, exact},
+            {"max indices", [](const Tensor& t) { return std::get<1>(t.max(1)); }, {0, 0}},
+            {"min values", [](const Tensor& t) { return std::get<0>(t.min(1)); }, exact},
+            {"min indices", [](const Tensor& t) { return std::get<1>(t.min(1)); }, {0, 0}},
+            {"all", [](const Tensor& t) { return t.all(1); }, {0, 0}},
+            {"any", [](const Tensor& t) { return t.any(1); }, {0, 0}},
+        };
+        if (dt != kBool) {
+          checks.push_back({"argmax", [](const Tensor& t) { return t.argmax(1); }, {0, 0}});
+          checks.push_back({"argmin", [](const Tensor& t) { return t.argmin(1, true); }, {0, 0}});
+        }
+        if (fp) {
+          const Tol loose = {sum_tol.rtol * 10, sum_tol.atol * 10};
+          checks.push_back({"mean", [](const Tensor& t) { return t.mean({1}); }, sum_tol});
+          checks.push_back({"logsumexp", [](const Tensor& t) { return t.logsumexp({1}); }, loose});
+          for (double p : {0.0, 1.0, 2.0, 3.0, inf, -inf}) {
+            checks.push_back({"norm " + std::to_string(p),
+                              [p](const Tensor& t) { return t.norm(p, {1}); }, loose});
+          }
+        }
+        // The CPU results, once.
+        std::vector<Tensor> expected;
+        for (const Check& ch : checks) expected.push_back(ch.fn(x));
+        // prod over values near 1 (no overflow in float), var/std over clean values.
+        Tensor xp, gp, xv, gv, ep, evar, estd;
+        if (fp) {
+          const Tensor pbase = make(0.97, 1.03, false), vbase = make(-2, 2, false);
+          xp = pbase.slice(0, offset, offset + A * R).reshape({A, R});
+          gp = pbase.cuda().slice(0, offset, offset + A * R).reshape({A, R});
+          xv = vbase.slice(0, offset, offset + A * R).reshape({A, R});
+          gv = vbase.cuda().slice(0, offset, offset + A * R).reshape({A, R});
+          ep = xp.prod(1);
+          evar = xv.var({1}, 1);
+          estd = xv.std({1}, 0, true);
+        }
+        // A non-contiguous view (every row a prefix of a longer row; copied before the kernel)
+        // and a transposed one (reduced over its dim 0, which is contiguous in memory).
+        const Tensor wide = random_cpu({A, R + 3}, dt, seed++, -2, 2);
+        const Tensor xn = wide.narrow(1, 1, R);
+        const Tensor gn = wide.cuda().narrow(1, 1, R);
+        const Tensor en = xn.sum({1}), en_max = xn.amax({1}), et = x.t().sum({0});
+        const Tensor en_arg = dt == kBool ? Tensor() : xn.argmax(1);
+        const Tensor et_arg = dt == kBool ? Tensor() : x.t().argmin(0);
+
+        for (const std::string& threads : thread_counts) {
+          const ScopedEnv env("KILN_REDUCE_ROW_THREADS", threads);
+          const std::string what = name + " threads " + (threads.empty() ? "default" : threads);
+          for (size_t i = 0; i < checks.size(); ++i) {
+            expect_match(checks[i].fn(g), expected[i], checks[i].tol, checks[i].what + " " + what);
+          }
+          if (fp) {
+            Tol ptol = sum_tol;
+            if (dt == kFloat) ptol = {1e-4, 1e-6};
+            expect_match(gp.prod(1), ep, ptol, "prod " + what);
+            const Tol vtol = {sum_tol.rtol * 10, sum_tol.atol * 10};
+            expect_match(gv.var({1}, 1), evar, vtol, "var " + what);
+            expect_match(gv.std({1}, 0, true), estd, vtol, "std " + what);
+          }
+          expect_match(gn.sum({1}), en, sum_tol, "sum narrow " + what);
+          expect_same(gn.amax({1}), en_max, "amax narrow " + what);
+          expect_match(g.t().sum({0}), et, sum_tol, "sum transposed " + what);
+          if (dt != kBool) {
+            expect_same(gn.argmax(1), en_arg, "argmax narrow " + what);
+            expect_same(g.t().argmin(0), et_arg, "argmin transposed " + what);
+          }
+        }
+      }
+    }
+  }
+}
+
 // --- Softmax -----------------------------------------------------------------------------------
 
 TEST_F(GpuSoftmax, RowsColumnsAndDtypes) {
@@ -691,6 +819,70 @@ TEST_F(GpuSoftmax, LongRowsAlignmentAndInfinities) {
   const Tensor h = random_cpu({3, 40000}, kHalf, 4300, -8, 8);
   expect_match(h.cuda().softmax(1, kFloat), h.softmax(1, kFloat), {1e-5, 1e-7},
                "half as float, long rows");
+}
+
+// The shared-memory kernel (the row read once: on sm_90 by a bulk copy of its 16-byte-aligned
+// body, the scalar head and tail by the threads): many rows at once (several blocks per
+// multiprocessor), row lengths that are and are not a multiple of the 16-byte pack (every row
+// then starts at another alignment), views at odd element offsets (x aligned differently from
+// y), the row maximum in the scalar head or in the tail, rows of equal values, values more than
+// 87 below the maximum (exp under 2^-126), -inf entries, and a non-contiguous input (copied
+// first), against the CPU; both load paths and several thread counts (KILN_SOFTMAX_SMEM). f64
+// rows of 32768 and more take the online kernel.
+TEST_F(GpuSoftmax, SharedMemoryRowsPackedAndScalarEnds) {
+  using test::ScopedEnv;
+  uint64_t seed = 4400;
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    int64_t A, R;
+    std::vector<ScalarType> dtypes;
+  };
+  const std::vector<Case> cases = {
+      {400, 32768, {kBFloat16, kHalf}},  // three 64 KiB rows per multiprocessor
+      {9, 32771, kFloatDtypes},         {12, 2056, kFloatDtypes},
+      {7, 1031, kFloatDtypes},          {6, 12345, kFloatDtypes},
+  };
+  for (const Case& c : cases) {
+    const int64_t A = c.A, R = c.R;
+    for (ScalarType dt : c.dtypes) {
+      for (int64_t offset : {int64_t{0}, int64_t{1}, int64_t{5}}) {
+        if (A > 100 && offset == 5) continue;  // the large case: aligned and one misaligned view
+        Tensor base = random_cpu({A * R + offset}, kDouble, seed++, -12, 12).contiguous();
+        double* p = base.data_ptr<double>() + offset;
+        p[0] = 40;                                               // row 0: maximum first (head)
+        p[1 * R + R - 1] = 40;                                   // row 1: maximum last (tail)
+        for (int64_t r = 0; r < R; ++r) p[2 * R + r] = 1.5;      // row 2: all equal
+        p[3 * R + 1] = 100;                                      // row 3: others far below
+        for (int64_t r = 2; r < R; r += 5) p[4 * R + r] = -inf;  // row 4: many -inf
+        const Tensor cpu_base = base.to(dt);
+        const Tensor x = cpu_base.slice(0, offset, offset + A * R).reshape({A, R});
+        const Tensor g = cpu_base.cuda().slice(0, offset, offset + A * R).reshape({A, R});
+        ASSERT_EQ(g.storage_offset(), offset);
+        const std::string what = name_of("", dt, {A, R}, "offset " + std::to_string(offset));
+        Tol tol = tol_for(dt);
+        if (dt == kFloat) tol = {1e-5, 1e-7};
+        Tol ltol = tol_for(dt);
+        if (dt == kFloat) ltol = {1e-5, 1e-5};
+        const Tensor es = x.softmax(1), el = x.log_softmax(-1);
+        // Rows that are not contiguous: each a prefix of a longer row.
+        const bool narrow = offset == 1 && A < 100;
+        const Tensor xn = x.narrow(1, 0, R - 2), gn = g.narrow(1, 0, R - 2);
+        const Tensor ens = narrow ? xn.softmax(1) : Tensor();
+        const Tensor enl = narrow ? xn.log_softmax(1) : Tensor();
+        // Both load paths of the shared-memory kernel and other thread counts.
+        for (const std::string smem : {"", "registers", "bulk,128", "registers,256"}) {
+          const ScopedEnv env("KILN_SOFTMAX_SMEM", smem);
+          const std::string how = what + " smem " + (smem.empty() ? "default" : smem);
+          expect_match(g.softmax(1), es, tol, "softmax " + how);
+          expect_match(g.log_softmax(-1), el, ltol, "log_softmax " + how);
+          if (narrow) {
+            expect_match(gn.softmax(1), ens, tol, "softmax narrow " + how);
+            expect_match(gn.log_softmax(1), enl, ltol, "log_softmax narrow " + how);
+          }
+        }
+      }
+    }
+  }
 }
 
 // --- Random ------------------------------------------------------------------------------------
