@@ -291,11 +291,28 @@ void bench_generic() {
     report("mul 64M " + tn, time_ms([&](int) { (void)kiln::mul(a, b); }), 0, 3 * n * eb);
     const Tensor m = a.view({8192, 8192});
     report("sum rows 8192x8192 " + tn, time_ms([&](int) { (void)kiln::sum(m, {1}); }), 0, n * eb);
+    // Threads per row side by side (KILN_REDUCE_ROW_THREADS, kernels/cuda/reduce.cu; kiln-only
+    // rows; 32: the warp-per-row kernel).
+    for (const char* threads : {"32", "128", "512"}) {
+      set_switch("KILN_REDUCE_ROW_THREADS", threads);
+      report("sum rows 8192x8192 " + tn + " [" + threads + " threads]",
+             time_ms([&](int) { (void)kiln::sum(m, {1}); }), 0, n * eb);
+    }
+    set_switch("KILN_REDUCE_ROW_THREADS", nullptr);
     report("sum all 64M " + tn, time_ms([&](int) { (void)kiln::sum(a); }), 0, n * eb);
   }
   const Tensor x = random({8192, 32768}, kiln::kBFloat16, 8.0f);
   report("softmax 8192x32768 bf16", time_ms([&](int) { (void)kiln::softmax(x, -1); }), 0,
          2.0 * static_cast<double>(x.nbytes()));
+  // Row loads side by side (KILN_SOFTMAX_SMEM, kernels/cuda/softmax.cu; kiln-only rows): one bulk
+  // copy (the default on sm_90) against 16-byte loads through registers, and thread counts.
+  for (const char* mode : {"registers", "bulk,256", "registers,256"}) {
+    set_switch("KILN_SOFTMAX_SMEM", mode);
+    report(std::string("softmax 8192x32768 bf16 [") + mode + "]",
+           time_ms([&](int) { (void)kiln::softmax(x, -1); }), 0,
+           2.0 * static_cast<double>(x.nbytes()));
+  }
+  set_switch("KILN_SOFTMAX_SMEM", nullptr);
 }
 
 // --- AdamW over the parameters of llama-3.2-1b (1.24 B) ----------------------------------------
