@@ -259,22 +259,51 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK>
   constexpr bool kShared = kSumsInShared<Acc, N, P, BLOCK>;
   constexpr int kSlots = kShared ? P * N * BLOCK : 1;
   __shared__ Acc smem[BLOCK / 32 * 2];
-  __shared__ Acc sums_w[kSlots], sums_b[kSlots];  // [p * N + i][threadIdx.x]
+  __shared__ __align__(16) Acc sums_w[kSlots], sums_b[kSlots];  // see slot()
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
   const int64_t nvec = d / N;
   const Acc inv_d = Acc(1) / static_cast<Acc>(d);
   // Registers: the weight where the sums are shared, the sums otherwise.
   Acc wreg[kShared ? P : 1][N], dwreg[kShared ? 1 : P][N], dbreg[kShared ? 1 : P][N];
+  // The shared slot of element i of pack p of this thread: groups of 4 consecutive elements in
+  // one 16-byte slot where N % 4 == 0 (a warp's 16-byte accesses are then conflict-free and a
+  // pack's sums take N / 4 loads), one element per 4-byte slot otherwise.
+  constexpr bool kQuads = N % 4 == 0;
+  auto slot = [](int p, int i) {
+    const int tid = static_cast<int>(threadIdx.x);
+    return kQuads ? ((p * (N / 4) + i / 4) * BLOCK + tid) * 4 + i % 4 : (p * N + i) * BLOCK + tid;
+  };
+  // Elements per group of slots (G consecutive elements of a pack share one 16-byte slot where
+  // kQuads), and a group's sums from their slots into registers and back.
+  constexpr int G = kQuads ? 4 : 1;
+  auto load_group = [&](const Acc* sums, int p, int q, Acc(&v)[G]) {
+    if constexpr (kQuads) {
+      const float4 f = *reinterpret_cast<const float4*>(sums + slot(p, 4 * q));
+      v[0] = f.x;
+      v[1] = f.y;
+      v[2] = f.z;
+      v[3] = f.w;
+    } else {
+      v[0] = sums[slot(p, q)];
+    }
+  };
+  auto store_group = [&](Acc* sums, int p, int q, const Acc(&v)[G]) {
+    if constexpr (kQuads) {
+      *reinterpret_cast<float4*>(sums + slot(p, 4 * q)) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      sums[slot(p, q)] = v[0];
+    }
+  };
   auto dw = [&](int p, int i) -> Acc& {
     if constexpr (kShared) {
-      return sums_w[(p * N + i) * BLOCK + threadIdx.x];
+      return sums_w[slot(p, i)];
     } else {
       return dwreg[p][i];
     }
   };
   auto db = [&](int p, int i) -> Acc& {
     if constexpr (kShared) {
-      return sums_b[(p * N + i) * BLOCK + threadIdx.x];
+      return sums_b[slot(p, i)];
     } else {
       return dbreg[p][i];
     }
@@ -327,14 +356,40 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK>
       if (active && v < nvec) {
         Acc wv[N];
         weight(p, wv);
+        // One group of G elements at a time: its sums in registers only meanwhile.
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const Acc gv = static_cast<Acc>(gr[p].v[i]);
-          const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
-          sums[0] += gv * wv[i];
-          sums[1] += gv * wv[i] * xh;
-          dw(p, i) += gv * xh;
-          db(p, i) += gv;
+        for (int q = 0; q < N / G; ++q) {
+          Acc dws[G], dbs[G];
+          if constexpr (kShared) {
+            load_group(sums_w, p, q, dws);
+            load_group(sums_b, p, q, dbs);
+          } else {
+#pragma unroll
+            for (int e = 0; e < G; ++e) {
+              dws[e] = dwreg[p][q * G + e];
+              dbs[e] = dbreg[p][q * G + e];
+            }
+          }
+#pragma unroll
+          for (int e = 0; e < G; ++e) {
+            const int i = q * G + e;
+            const Acc gv = static_cast<Acc>(gr[p].v[i]);
+            const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
+            sums[0] += gv * wv[i];
+            sums[1] += gv * wv[i] * xh;
+            dws[e] += gv * xh;
+            dbs[e] += gv;
+          }
+          if constexpr (kShared) {
+            store_group(sums_w, p, q, dws);
+            store_group(sums_b, p, q, dbs);
+          } else {
+#pragma unroll
+            for (int e = 0; e < G; ++e) {
+              dwreg[p][q * G + e] = dws[e];
+              dbreg[p][q * G + e] = dbs[e];
+            }
+          }
         }
       }
     }
