@@ -237,9 +237,9 @@ constexpr bool kSumsInShared = 2 * P* N* BLOCK * sizeof(Acc) <= 32768;
 // thread with the sums in shared memory, 64 registers (4 blocks of 256 threads); up to 2 packs,
 // 85 (3 blocks: at 64 the 2-pack kernel spills); more packs, none.
 template <typename Acc, int N, int P, int BLOCK>
-constexpr int kBwdMinBlocks = kSumsInShared<Acc, N, P, BLOCK>&& P == 1 ? 65536 / (BLOCK * 64)
-                              : P <= 2                                 ? 65536 / (BLOCK * 85)
-                                                                       : 1;
+constexpr int kBwdMinBlocks = (kSumsInShared<Acc, N, P, BLOCK> && P == 1) ? 65536 / (BLOCK * 64)
+                              : P <= 2                                    ? 65536 / (BLOCK * 85)
+                                                                          : 1;
 
 // Backward for rows of at most TPR * P packs (layout as the forward kernel). Each thread
 // accumulates its columns' dweight and dbias sums over all the rows of its group, and writes

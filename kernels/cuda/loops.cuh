@@ -219,6 +219,15 @@ __device__ __forceinline__ T load(const Operand<T>& op, I off) {
   return op.ptr != nullptr ? op.ptr[off] : op.value;
 }
 
+// The number of elements of p before its first 16-byte boundary, at most n: the scalar head of
+// a pass in 16-byte Vecs (tensor data is always aligned to its element size). I: the index type.
+template <typename T, typename I>
+__device__ __forceinline__ I head_of(const T* p, I n) {
+  const auto mis = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) % 16);
+  const I h = mis == 0 ? 0 : static_cast<I>((16 - mis) / sizeof(T));
+  return h < n ? h : n;
+}
+
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Vec {
   T v[V];

@@ -91,15 +91,6 @@ __global__ void empty_kernel(Red red, int64_t outputs) {
 
 constexpr int kRowUnroll = 4;  // 16-byte loads each thread keeps in flight
 
-// The number of elements of p before its first 16-byte boundary, at most n (tensor data is always
-// aligned to its element size).
-template <typename T>
-__device__ __forceinline__ int head_of(const T* p, int n) {
-  const auto mis = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) % 16);
-  const int h = mis == 0 ? 0 : static_cast<int>((16 - mis) / sizeof(T));
-  return h < n ? h : n;
-}
-
 // Steps acc over p[0, n) (the elements r0 + 0 ... r0 + n - 1 of a row; n < 2^31) as thread t of
 // nt: a scalar head up to the first 16-byte boundary, then 16-byte packs (V = 16 / sizeof(T)
 // elements: 8 bf16/f16, 4 f32, 2 f64), kRowUnroll of them loaded before their use, then a scalar
@@ -112,7 +103,7 @@ __device__ __forceinline__ void step_range(const Red& red, red_acc_t<Red>& acc, 
                                            int64_t r0, int n, int t, int nt) {
   constexpr int V = static_cast<int>(16 / sizeof(T));
   using Vt = loops::Vec<T, V>;
-  const int h = head_of(p, n);
+  const int h = loops::head_of(p, n);
   const int nv = (n - h) / V;
   for (int e = t; e < h; e += nt) red.step(acc, p[e], r0 + e);
   const Vt* v = reinterpret_cast<const Vt*>(p + h);

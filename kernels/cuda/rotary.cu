@@ -70,7 +70,7 @@ struct Job {
 
 // Work item w of a job: row w / hp (in x's memory order), pack w % hp of each half.
 template <typename T, typename I>
-__device__ __forceinline__ void locate(const Job<T>& j, I w, const IntDivider& hp, I hp_n, I& x_off,
+__device__ __forceinline__ void locate(const Job<T>& j, I w, const IntDivider& hp, I& x_off,
                                        I& y_off, I& pos, I& col) {
   I r;
   if constexpr (sizeof(I) == 4) {
@@ -79,8 +79,9 @@ __device__ __forceinline__ void locate(const Job<T>& j, I w, const IntDivider& h
     r = static_cast<I>(q);
     col = static_cast<I>(m);
   } else {
-    r = w / hp_n;
-    col = w - r * hp_n;
+    const I n = static_cast<I>(hp.divisor);
+    r = w / n;
+    col = w - r * n;
   }
   I off[3];
   loops::offsets<I, 3>(j.rows, r, off);
@@ -92,7 +93,7 @@ __device__ __forceinline__ void locate(const Job<T>& j, I w, const IntDivider& h
 template <typename T, typename C, int N, typename I>
 __global__ void __launch_bounds__(kThreads)
     rotary_kernel(Job<T> j0, Job<T> j1, const C* __restrict__ cos, const C* __restrict__ sin, I d,
-                  IntDivider hp, I hp_n, bool transpose) {
+                  IntDivider hp, bool transpose) {
   using Acc = opmath_t<T>;
   const I total = static_cast<I>(j0.work + j1.work);
   const I step = static_cast<I>(gridDim.x) * blockDim.x;
@@ -103,12 +104,12 @@ __global__ void __launch_bounds__(kThreads)
     T* yr;
     I x_off, y_off, pos, col;
     if (w < static_cast<I>(j0.work)) {
-      locate<T, I>(j0, w, hp, hp_n, x_off, y_off, pos, col);
+      locate<T, I>(j0, w, hp, x_off, y_off, pos, col);
       col *= N;
       xr = j0.x + x_off + col;
       yr = j0.y + y_off + col;
     } else {
-      locate<T, I>(j1, w - static_cast<I>(j0.work), hp, hp_n, x_off, y_off, pos, col);
+      locate<T, I>(j1, w - static_cast<I>(j0.work), hp, x_off, y_off, pos, col);
       col *= N;
       xr = j1.x + x_off + col;
       yr = j1.y + y_off + col;
@@ -181,8 +182,7 @@ void rotary_cuda_impl(const std::vector<Tensor>& xs_in, const std::vector<Tensor
         if (total == 0) return;
         rotary_kernel<T, C, N, I><<<loops::grid_for(total, kThreads), kThreads, 0, stream>>>(
             jobs[0], jobs[1], static_cast<const C*>(cos.data_ptr()),
-            static_cast<const C*>(sin.data_ptr()), static_cast<I>(d), IntDivider(h / N),
-            static_cast<I>(h / N), transpose);
+            static_cast<const C*>(sin.data_ptr()), static_cast<I>(d), IntDivider(h / N), transpose);
         KILN_CUDA_LAUNCH_CHECK("rotary_kernel");
       };
       // 2^30: the grid-stride index must not overflow after its last step either.

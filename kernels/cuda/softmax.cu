@@ -138,14 +138,7 @@ inline constexpr int kVec = static_cast<int>(16 / sizeof(T));
 template <typename T>
 using VecOf = loops::Vec<T, kVec<T>>;
 
-// The number of elements of p before its first 16-byte boundary, at most n: the scalar head of
-// a vectorised pass (tensor data is always aligned to its element size).
-template <typename T, typename I>
-__device__ __forceinline__ I head_of(const T* p, I n) {
-  const auto mis = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) % 16);
-  const I h = mis == 0 ? 0 : static_cast<I>((16 - mis) / sizeof(T));
-  return h < n ? h : n;
-}
+using loops::head_of;
 
 template <typename M>
 __device__ __forceinline__ M max_of(M m, M v) {
