@@ -491,6 +491,19 @@ int main(int argc, char** argv) {
             g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
       }
       set_switch("KILN_LAYERNORM_THREADS", nullptr);
+      // Rows per iteration of the backward side by side (KILN_LAYERNORM_BWD_ROWS; kiln-only rows).
+      for (const char* r : {"1", "2", "1p"}) {
+        set_switch("KILN_LAYERNORM_BWD_ROWS", r);
+        report("layernorm " + shape + " bf16 bwd [" + r + " rows]", time_ms([&](int i) {
+                 (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
+               }),
+               0, 3 * tensor_bytes);
+        const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
+        std::printf("  (max |dx - dx[default]| = %g, |dw - dw[default]| = %g)\n",
+                    g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
+                    g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
+      }
+      set_switch("KILN_LAYERNORM_BWD_ROWS", nullptr);
     }
 
   // RMSNorm forward and backward variants side by side (KILN_RMSNORM_FWD and KILN_RMSNORM_BWD,

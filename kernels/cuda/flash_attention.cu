@@ -398,31 +398,43 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
 
 // --- Backward ---------------------------------------------------------------------------------
 
-// delta[row] = sum_d dout[row, d] * out[row, d] - dlse[row]; one warp per row.
-template <typename E>
-__global__ void flash_bwd_delta_kernel(float* __restrict__ delta, const E* __restrict__ dout,
-                                       Strides sdo, const E* __restrict__ out,
-                                       const float* __restrict__ dlse, int h, int t, int d,
-                                       int64_t rows) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  const int lane = threadIdx.x & 31;
+// delta[row] = sum_d dout[row, d] * out[row, d] - dlse[row], and the row's D f32 of the dQ
+// accumulator zeroed (the memset the backward kernels need, fused into this pass). D / 8 threads
+// per row, each one 16-byte pack of dout and out (rows of both are 16-byte aligned:
+// kernel_operand, a contiguous out) and two float4 of zeros.
+template <typename E, int D>
+__global__ void __launch_bounds__(256)
+    flash_bwd_delta_kernel(float* __restrict__ delta, float* __restrict__ dq_acc,
+                           const E* __restrict__ dout, Strides sdo, const E* __restrict__ out,
+                           const float* __restrict__ dlse, int h, int t, int64_t rows) {
+  constexpr int TPR = D / 8;
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / TPR;
+  const int c = static_cast<int>(threadIdx.x % TPR);
+  if (r >= rows) return;  // whole row groups leave together (TPR divides the block)
   const int64_t b = r / (static_cast<int64_t>(h) * t), hh = (r / t) % h, i = r % t;
-  const E* dr = dout + b * sdo.b + hh * sdo.h + i * sdo.t;
-  const E* orow = out + r * d;
+  const uint4 dv =
+      *reinterpret_cast<const uint4*>(dout + b * sdo.b + hh * sdo.h + i * sdo.t + c * 8);
+  const uint4 ov = *reinterpret_cast<const uint4*>(out + r * D + c * 8);
+  const E* de = reinterpret_cast<const E*>(&dv);
+  const E* oe = reinterpret_cast<const E*>(&ov);
   float acc = 0.0f;
-  for (int c = lane; c < d; c += 32) acc += to_f32(dr[c]) * to_f32(orow[c]);
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) delta[r] = acc - dlse[r];
+  for (int e = 0; e < 8; ++e) acc += to_f32(de[e]) * to_f32(oe[e]);
+#pragma unroll
+  for (int off = TPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (c == 0) delta[r] = acc - dlse[r];
+  float4* z = reinterpret_cast<float4*>(dq_acc + r * D) + 2 * c;
+  z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
+// dst = src rounded to E, four elements per step (n a multiple of 4, both 16-byte aligned).
 template <typename E>
 __global__ void flash_bwd_convert_kernel(E* __restrict__ dst, const float* __restrict__ src,
-                                         int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+                                         int64_t n4) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = from_f32<E>(src[i]);
+    const float4 f = reinterpret_cast<const float4*>(src)[i];
+    reinterpret_cast<uint2*>(dst)[i] = make_uint2(pack2<E>(f.x, f.y), pack2<E>(f.z, f.w));
   }
 }
 
@@ -894,7 +906,8 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0;
+        for (int nt = 0; nt < 8; ++nt)
+          s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0;
       }
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -933,7 +946,8 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
         for (int r = 0; r < 2; ++r) {
           float mx = -INFINITY;
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
+          for (int nt = 0; nt < 8; ++nt)
+            mx = fmaxf(mx, fmaxf(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float mnew = fmaxf(mrow[mi][r], mx * sl);
@@ -1327,8 +1341,7 @@ void flash_attention_cuda(OpCall& c) {
   // v3 (the default at D 64 with a positive scale) and v2 put the query blocks in grid.y (at
   // most 65535 of them).
   const int64_t nqb3 = (q.size(2) + 127) / 128;
-  if (!use_v1_kernels(true) && !use_fwd_v2() && q.size(3) == 64 && p.scale > 0 &&
-      nqb3 <= 65535) {
+  if (!use_v1_kernels(true) && !use_fwd_v2() && q.size(3) == 64 && p.scale > 0 && nqb3 <= 65535) {
     const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)), static_cast<unsigned>(nqb3));
     visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
       constexpr int D = 64;
@@ -1398,8 +1411,7 @@ void flash_attention_backward_cuda(OpCall& c) {
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);
   const TensorOptions f32 = TensorOptions(kFloat).device(q.device());
   const Tensor delta = empty({std::max<int64_t>(rows, 1)}, f32);
-  const Tensor dq_acc = empty({std::max<int64_t>(q.numel(), 1)}, f32);
-  KILN_CUDA_CHECK(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), stream));
+  const Tensor dq_acc = empty({std::max<int64_t>(q.numel(), 1)}, f32);  // zeroed by the delta pass
   Params p = make_params(c, q, k, v);
   p.dout = dout.data_ptr();
   p.sdo = strides_of(dout);
@@ -1410,13 +1422,21 @@ void flash_attention_backward_cuda(OpCall& c) {
   p.dv = dv.data_ptr();
   visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
     if (rows > 0) {
-      constexpr int kRowsPerBlock = 8;
-      flash_bwd_delta_kernel<E><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                                  32 * kRowsPerBlock, 0, stream>>>(
-          static_cast<float*>(delta.data_ptr()), static_cast<const E*>(dout.data_ptr()), p.sdo,
-          static_cast<const E*>(out.data_ptr()), static_cast<const float*>(dlse.data_ptr()), p.h,
-          p.t, static_cast<int>(q.size(3)), rows);
-      KILN_CUDA_LAUNCH_CHECK("flash_bwd_delta_kernel");
+      auto delta_pass = [&]<int D>(std::integral_constant<int, D>) {
+        constexpr int kRowsPerBlock = 256 / (D / 8);
+        flash_bwd_delta_kernel<E, D>
+            <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0, stream>>>(
+                static_cast<float*>(delta.data_ptr()), static_cast<float*>(dq_acc.data_ptr()),
+                static_cast<const E*>(dout.data_ptr()), p.sdo,
+                static_cast<const E*>(out.data_ptr()), static_cast<const float*>(dlse.data_ptr()),
+                p.h, p.t, rows);
+        KILN_CUDA_LAUNCH_CHECK("flash_bwd_delta_kernel");
+      };
+      if (q.size(3) == 64) {
+        delta_pass(std::integral_constant<int, 64>{});
+      } else {
+        delta_pass(std::integral_constant<int, 128>{});
+      }
     }
     const int64_t nkb = (k.size(2) + kBlockN - 1) / kBlockN;
     if (!use_v1_kernels(false) && q.size(3) == 64 && nkb <= 65535) {
@@ -1443,10 +1463,10 @@ void flash_attention_backward_cuda(OpCall& c) {
                   });
     }
     if (q.numel() > 0) {
-      const int64_t n = q.numel();
+      const int64_t n4 = q.numel() / 4;  // D is 64 or 128
       flash_bwd_convert_kernel<E>
-          <<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)), 256, 0, stream>>>(
-              static_cast<E*>(dq.data_ptr()), static_cast<const float*>(dq_acc.data_ptr()), n);
+          <<<static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 65536)), 256, 0, stream>>>(
+              static_cast<E*>(dq.data_ptr()), static_cast<const float*>(dq_acc.data_ptr()), n4);
       KILN_CUDA_LAUNCH_CHECK("flash_bwd_convert_kernel");
     }
   });

@@ -236,10 +236,13 @@ constexpr bool kSumsInShared = 2 * P* N* BLOCK * sizeof(Acc) <= 32768;
 // Register caps of the backward (resident blocks per SM for __launch_bounds__): one pack per
 // thread with the sums in shared memory, 64 registers (4 blocks of 256 threads); up to 2 packs,
 // 85 (3 blocks: at 64 the 2-pack kernel spills); more packs, none.
-template <typename Acc, int N, int P, int BLOCK>
-constexpr int kBwdMinBlocks = (kSumsInShared<Acc, N, P, BLOCK> && P == 1) ? 65536 / (BLOCK * 64)
-                              : P <= 2                                    ? 65536 / (BLOCK * 85)
-                                                                          : 1;
+template <typename Acc, int N, int P, int BLOCK, int R, bool kPipe>
+constexpr int kBwdMinBlocks = R > 1 || kPipe ? (P == 1   ? 65536 / (BLOCK * 85)
+                                                : P == 2 ? 65536 / (BLOCK * 128)
+                                                         : 1)
+                              : (kSumsInShared<Acc, N, P, BLOCK>&& P == 1) ? 65536 / (BLOCK * 64)
+                              : P <= 2                                     ? 65536 / (BLOCK * 85)
+                                                                           : 1;
 
 // Backward for rows of at most TPR * P packs (layout as the forward kernel). Each thread
 // accumulates its columns' dweight and dbias sums over all the rows of its group, and writes
@@ -247,8 +250,8 @@ constexpr int kBwdMinBlocks = (kSumsInShared<Acc, N, P, BLOCK> && P == 1) ? 6553
 // shared memory and the weight in registers: with sums and weight in registers the kernel spilled
 // at its register cap, and reading the weight per use put an L1 round trip on every row's
 // critical path.
-template <typename T, typename W, int N, int P, int TPR, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK>)
+template <typename T, typename W, int N, int P, int TPR, int BLOCK, int R, bool kPipe>
+__global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK, R, kPipe>)
     layer_norm_bwd_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ part_w,
                           opmath_t<T>* __restrict__ part_b, const T* __restrict__ dy,
                           const T* __restrict__ x, const W* __restrict__ w,
@@ -258,7 +261,7 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK>
   constexpr int kGroups = BLOCK / TPR;
   constexpr bool kShared = kSumsInShared<Acc, N, P, BLOCK>;
   constexpr int kSlots = kShared ? P * N * BLOCK : 1;
-  __shared__ Acc smem[BLOCK / 32 * 2];
+  __shared__ Acc smem[BLOCK / 32 * 2 * R];
   __shared__ __align__(16) Acc sums_w[kSlots], sums_b[kSlots];  // see slot()
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
   const int64_t nvec = d / N;
@@ -334,26 +337,62 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK>
 #pragma unroll
     for (int i = 0; i < N; ++i) dw(p, i) = db(p, i) = 0;
   }
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups; base < rows;
-       base += static_cast<int64_t>(gridDim.x) * kGroups) {
-    const int64_t row = base + g;
-    const bool active = row < rows;
-    Pack<T, N> xr[P], gr[P];
+  // The packs and statistics of the R rows of this group in the iteration at `base`: rows
+  // row0 + j, row0 = base + g R.
+  auto fetch = [&](int64_t base, Pack<T, N>(&xr)[R][P], Pack<T, N>(&gr)[R][P], Acc(&m)[R],
+                   Acc(&r)[R]) {
+    const int64_t row0 = base + static_cast<int64_t>(g) * R;
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int64_t v = t + p * TPR;
-      if (active && v < nvec) {
-        xr[p] = *reinterpret_cast<const Pack<T, N>*>(x + row * d + v * N);
-        gr[p] = *reinterpret_cast<const Pack<T, N>*>(dy + row * d + v * N);
+    for (int j = 0; j < R; ++j) {
+      const bool active = row0 + j < rows;
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int64_t v = t + p * TPR;
+        if (active && v < nvec) {
+          xr[j][p] = *reinterpret_cast<const Pack<T, N>*>(x + (row0 + j) * d + v * N);
+          gr[j][p] = *reinterpret_cast<const Pack<T, N>*>(dy + (row0 + j) * d + v * N);
+        }
       }
+      m[j] = active ? mean[row0 + j] : Acc(0);
+      r[j] = active ? rstd[row0 + j] : Acc(0);
     }
-    const Acc m = active ? mean[row] : Acc(0), r = active ? rstd[row] : Acc(0);
-    // sums[0] = sum of g = dy * w, sums[1] = sum of g * xh, xh = (x - mean) * rstd.
-    Acc sums[2] = {0, 0};
+  };
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups * R;
+  // kPipe: the next iteration's loads are issued before this one computes (in flight across
+  // its barriers), at the cost of a second set of pack registers.
+  Pack<T, N> xn[kPipe ? R : 1][P], gn[kPipe ? R : 1][P];
+  Acc mn[kPipe ? R : 1], rn[kPipe ? R : 1];
+  if constexpr (kPipe) fetch(static_cast<int64_t>(blockIdx.x) * kGroups * R, xn, gn, mn, rn);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups * R; base < rows; base += step) {
+    // All loads of the R rows are issued before any use, and each shared sum is read and
+    // written once per R rows.
+    const int64_t row0 = base + static_cast<int64_t>(g) * R;
+    Pack<T, N> xr[R][P], gr[R][P];
+    Acc m[R], r[R];
+    if constexpr (kPipe) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          xr[j][p] = xn[j][p];
+          gr[j][p] = gn[j][p];
+        }
+        m[j] = mn[j];
+        r[j] = rn[j];
+      }
+      if (base + step < rows) fetch(base + step, xn, gn, mn, rn);
+    } else {
+      fetch(base, xr, gr, m, r);
+    }
+    // sums[2 j] = sum of g = dy * w over row j, sums[2 j + 1] = sum of g * xh, with
+    // xh = (x - mean) * rstd.
+    Acc sums[2 * R];
+#pragma unroll
+    for (int k = 0; k < 2 * R; ++k) sums[k] = 0;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int64_t v = t + p * TPR;
-      if (active && v < nvec) {
+      if (row0 < rows && v < nvec) {
         Acc wv[N];
         weight(p, wv);
         // One group of G elements at a time: its sums in registers only meanwhile.
@@ -371,14 +410,18 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK>
             }
           }
 #pragma unroll
-          for (int e = 0; e < G; ++e) {
-            const int i = q * G + e;
-            const Acc gv = static_cast<Acc>(gr[p].v[i]);
-            const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
-            sums[0] += gv * wv[i];
-            sums[1] += gv * wv[i] * xh;
-            dws[e] += gv * xh;
-            dbs[e] += gv;
+          for (int j = 0; j < R; ++j) {
+            if (j > 0 && row0 + j >= rows) break;
+#pragma unroll
+            for (int e = 0; e < G; ++e) {
+              const int i = q * G + e;
+              const Acc gv = static_cast<Acc>(gr[j][p].v[i]);
+              const Acc xh = (static_cast<Acc>(xr[j][p].v[i]) - m[j]) * r[j];
+              sums[2 * j] += gv * wv[i];
+              sums[2 * j + 1] += gv * wv[i] * xh;
+              dws[e] += gv * xh;
+              dbs[e] += gv;
+            }
           }
           if constexpr (kShared) {
             store_group(sums_w, p, q, dws);
@@ -393,22 +436,26 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK>
         }
       }
     }
-    group_sum<TPR>(sums, smem);
-    if (!active) continue;  // after the last barrier of the iteration
-    const Acc a = sums[0] * inv_d, k = sums[1] * inv_d;
-    T* dr = dx + row * d;
+    group_sum<TPR>(sums, smem);  // the last barrier of the iteration
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int64_t v = t + p * TPR;
-      if (v < nvec) {
-        Acc wv[N], o[N];
-        weight(p, wv);
+    for (int j = 0; j < R; ++j) {
+      const int64_t row = row0 + j;
+      if (row >= rows) break;
+      const Acc a = sums[2 * j] * inv_d, k = sums[2 * j + 1] * inv_d;
+      T* dr = dx + row * d;
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const Acc xh = (static_cast<Acc>(xr[p].v[i]) - m) * r;
-          o[i] = r * (static_cast<Acc>(gr[p].v[i]) * wv[i] - a - xh * k);
+      for (int p = 0; p < P; ++p) {
+        const int64_t v = t + p * TPR;
+        if (v < nvec) {
+          Acc wv[N], o[N];
+          weight(p, wv);
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            const Acc xh = (static_cast<Acc>(xr[j][p].v[i]) - m[j]) * r[j];
+            o[i] = r[j] * (static_cast<Acc>(gr[j][p].v[i]) * wv[i] - a - xh * k);
+          }
+          store_pack<N>(dr + v * N, o);
         }
-        store_pack<N>(dr + v * N, o);
       }
     }
   }
@@ -480,6 +527,15 @@ int threads_switch() {
   constexpr int kThreads[] = {32, 128, 256, 512};
   const int i = choice.get();
   return i < 0 ? 0 : kThreads[i];
+}
+
+// KILN_LAYERNORM_BWD_ROWS (cached; reload_env_switches() after a setenv): the rows each group of
+// the backward register kernel takes per iteration, 1 or 2, or "1p": one row, with the next
+// iteration's loads issued before this one computes; for timing side by side; unset: "1".
+// Returns the index of the choice in {1, 2, 1p}.
+int bwd_rows() {
+  static const kiln::internal::EnvChoice choice("KILN_LAYERNORM_BWD_ROWS", {"1", "2", "1p"});
+  return std::max(choice.get(), 0);
 }
 
 // Threads per row of the register kernels: a warp for rows under 2048 elements whose packs fit
@@ -614,6 +670,31 @@ void layer_norm_backward_cuda(OpCall& c) {
         auto partials = [&](int64_t nb) {
           return empty({2, nb, d}, TensorOptions(dtype_of<Acc>()).device(x.device()));
         };
+        // Launches kernel_of(R, kPipe) for the rows per iteration and prefetch of bwd_rows() and
+        // sums its partials.
+        auto launch_rows = [&](auto kernel_of, int block, int groups) {
+          auto go = [&](auto kernel, int r) {
+            // One wave, so that each block's partials are written once, at its end.
+            const int64_t per_iter = static_cast<int64_t>(groups) * r;
+            const int64_t nb = std::min((rows + per_iter - 1) / per_iter, one_wave(kernel, block));
+            const Tensor part = partials(nb);
+            Acc* pp = static_cast<Acc*>(part.data_ptr());
+            kernel<<<static_cast<unsigned>(nb), block, 0, stream>>>(pdx, pp, pp + nb * d, pdy, px,
+                                                                    pw, pm, pr, rows, d);
+            KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_kernel");
+            column_sums(part, nb);
+          };
+          using One = std::integral_constant<int, 1>;
+          using Two = std::integral_constant<int, 2>;
+          switch (bwd_rows()) {
+            case 1:
+              return go(kernel_of(Two{}, std::false_type{}), 2);
+            case 2:
+              return go(kernel_of(One{}, std::true_type{}), 1);
+            default:
+              return go(kernel_of(One{}, std::false_type{}), 1);
+          }
+        };
         if constexpr (!std::is_same_v<T, double>) {
           constexpr int kPack = 16 / sizeof(T);
           const bool packed = packable<T, W>(d, {px, pdy, pdx}, {pw});
@@ -622,21 +703,16 @@ void layer_norm_backward_cuda(OpCall& c) {
             auto go = [&]<int TPR, int BLOCK>(std::integral_constant<int, TPR>,
                                               std::integral_constant<int, BLOCK>) {
               constexpr int kGroups = BLOCK / TPR;
-              return with_packs<TPR>(nvec, std::integer_sequence<int, 1, 2, 4>{},
-                                     [&]<int P>(std::integral_constant<int, P>) {
-                                       const auto kernel =
-                                           layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK>;
-                                       // One wave, so that each block's partials are written once,
-                                       // at its end.
-                                       const int64_t nb = std::min((rows + kGroups - 1) / kGroups,
-                                                                   one_wave(kernel, BLOCK));
-                                       const Tensor part = partials(nb);
-                                       Acc* pp = static_cast<Acc*>(part.data_ptr());
-                                       kernel<<<static_cast<unsigned>(nb), BLOCK, 0, stream>>>(
-                                           pdx, pp, pp + nb * d, pdy, px, pw, pm, pr, rows, d);
-                                       KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_kernel");
-                                       column_sums(part, nb);
-                                     });
+              return with_packs<TPR>(
+                  nvec, std::integer_sequence<int, 1, 2, 4>{},
+                  [&]<int P>(std::integral_constant<int, P>) {
+                    launch_rows(
+                        [&]<int R, bool kPipe>(std::integral_constant<int, R>,
+                                               std::bool_constant<kPipe>) {
+                          return layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK, R, kPipe>;
+                        },
+                        BLOCK, kGroups);
+                  });
             };
             return with_row_threads<256>(threads_per_row(d, nvec, 4, 256), go);
           };

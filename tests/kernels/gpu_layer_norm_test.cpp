@@ -203,6 +203,30 @@ TEST_F(GpuLayerNorm, EveryThreadsPerRowSwitch) {
                     "KILN_LAYERNORM_THREADS");
 }
 
+// Every rows-per-iteration choice of the backward (KILN_LAYERNORM_BWD_ROWS) with every
+// threads-per-row choice: odd row counts (a group whose second row is past the end), fewer rows
+// than groups, one to four packs per thread, f32 parameters, no weight.
+TEST_F(GpuLayerNorm, BackwardRowsPerIterationSwitch) {
+  manual_seed(69);
+  for (const char* rows : {"1", "2", "1p"}) {
+    const test::ScopedEnv env_rows("KILN_LAYERNORM_BWD_ROWS", rows);
+    for (const char* tpr : {"32", "128", "256", "512"}) {
+      SCOPED_TRACE(std::string("KILN_LAYERNORM_BWD_ROWS=") + rows +
+                   " KILN_LAYERNORM_THREADS=" + tpr);
+      const test::ScopedEnv env("KILN_LAYERNORM_THREADS", tpr);
+      check_ln2(3001, 2048, kBFloat16, kBFloat16);
+      check_ln2(257, 4096, kBFloat16, kBFloat16);
+      check_ln2(3, 8192, kBFloat16, kBFloat16);
+      check_ln2(701, 1000, kBFloat16, kFloat);
+      check_ln2(65, 768, kFloat, kFloat);
+      check_ln2(1, 512, kHalf, kHalf);
+      check_ln(randn({33, 4096}).to(kBFloat16), Tensor(), randn({4096}).to(kBFloat16), {4096});
+    }
+  }
+  const test::ScopedEnv bad("KILN_LAYERNORM_BWD_ROWS", "3");
+  EXPECT_KILN_ERROR(check_ln2(4, 256, kFloat, kFloat), "KILN_LAYERNORM_BWD_ROWS");
+}
+
 // The parameter gradients are sums of per-block partials in a fixed order: bitwise the same on
 // every run.
 TEST_F(GpuLayerNorm, ParameterGradientsAreRepeatable) {
