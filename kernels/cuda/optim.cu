@@ -91,7 +91,8 @@ __device__ __forceinline__ void adam_scalar(T* p, const T* g, S* m, S* v, S* vma
                                             const AdamHyper& h, float neg_step, float bc2_sqrt) {
   float mf = loops::convert<float>(m[k]);
   float vf = loops::convert<float>(v[k]);
-  float xf = kAmsgrad ? loops::convert<float>(vmax[k]) : 0.0f;
+  float xf = 0.0f;
+  if constexpr (kAmsgrad) xf = loops::convert<float>(vmax[k]);
   p[k] = loops::convert<T>(adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
       loops::convert<float>(p[k]), loops::convert<float>(g[k]), mf, vf, &xf, h, neg_step,
       bc2_sqrt));
