@@ -377,17 +377,17 @@ TEST(OptimAdamStateInParamDtype, MatchesRoundedReference) {
   for (ScalarType dtype : {kBFloat16, kHalf}) {
     for (const C& c : cases) {
       manual_seed(21);
-      Tensor dense = randn({40, 33}).to(dtype).requires_grad_();  // 1320: not a multiple of 8
+      Tensor dense = randn({41, 33}).to(dtype).requires_grad_();  // 1353: not a multiple of 8
       Tensor strided = dense.detach().t().contiguous().t().requires_grad_();
       ASSERT_FALSE(strided.is_contiguous());
       auto a = make_adam(c.decoupled, {dense}, c.wd, c.amsgrad, true, c.beta1);
       auto b = make_adam(c.decoupled, {strided}, c.wd, c.amsgrad, true, c.beta1);
       Tensor p = dense.detach().to(kFloat64);
-      Tensor m = zeros({40, 33}, kFloat64), v = zeros({40, 33}, kFloat64);
-      Tensor vmax = zeros({40, 33}, kFloat64);
+      Tensor m = zeros({41, 33}, kFloat64), v = zeros({41, 33}, kFloat64);
+      Tensor vmax = zeros({41, 33}, kFloat64);
       for (int t = 1; t <= 5; ++t) {
         // Later steps smaller gradients, so that v_max keeps earlier values (amsgrad matters).
-        const Tensor g16 = (randn({40, 33}) * (t <= 2 ? 1.0 : 0.2)).to(dtype);
+        const Tensor g16 = (randn({41, 33}) * (t <= 2 ? 1.0 : 0.2)).to(dtype);
         dense.mutable_grad() = g16;
         strided.mutable_grad() = g16.clone();
         a->step();
