@@ -318,7 +318,8 @@ void bench_generic() {
 // --- AdamW over the parameters of llama-3.2-1b (1.24 B) ----------------------------------------
 // One optimizer step of the multi-tensor kernel over the model's 146 tensors (tied embedding,
 // 16 layers of q/k/v/o, gate/up/down and two norms, the final norm). Bytes per parameter: f32
-// params read p, g, m, v and write p, m, v (28 B); bf16 params with f32 state 22 B.
+// params read p, g, m, v and write p, m, v (28 B); bf16 params with f32 state 22 B; bf16 params
+// with bf16 state (state_in_param_dtype, as torch.optim.AdamW keeps it) 14 B.
 std::vector<kiln::Shape> llama_1b_shapes() {
   const std::vector<kiln::Shape> layer = {{2048, 2048}, {512, 2048},  {512, 2048},
                                           {2048, 2048}, {8192, 2048}, {8192, 2048},
@@ -328,7 +329,7 @@ std::vector<kiln::Shape> llama_1b_shapes() {
   return shapes;
 }
 
-void bench_adamw(kiln::ScalarType dtype, const std::string& name) {
+void bench_adamw(kiln::ScalarType dtype, const std::string& name, bool state_in_param_dtype) {
   std::vector<Tensor> params;
   int64_t n = 0;
   for (const kiln::Shape& s : llama_1b_shapes()) {
@@ -338,8 +339,13 @@ void bench_adamw(kiln::ScalarType dtype, const std::string& name) {
     n += p.numel();
     params.push_back(p);
   }
-  kiln::optim::AdamW opt(params, kiln::optim::AdamWOptions(1e-4).weight_decay(0.1));
-  const double bytes_per_param = dtype == kiln::kFloat ? 28.0 : 22.0;
+  kiln::optim::AdamW opt(
+      params,
+      kiln::optim::AdamWOptions(1e-4).weight_decay(0.1).state_in_param_dtype(state_in_param_dtype));
+  // p, g, m, v read and p, m, v written: 4 + 3 elements of the parameter or state dtype.
+  const double param_bytes = static_cast<double>(kiln::element_size(dtype));
+  const double state_bytes = state_in_param_dtype ? param_bytes : 4.0;
+  const double bytes_per_param = 3 * param_bytes + 4 * state_bytes;
   std::printf("  (adamw over %.3f B parameters in %zu tensors)\n", static_cast<double>(n) / 1e9,
               params.size());
   report(name, time_ms([&](int) { opt.step(); }), 0, bytes_per_param * static_cast<double>(n));
@@ -586,8 +592,9 @@ int main(int argc, char** argv) {
   if (want("glu")) bench_glu();
   if (want("generic")) bench_generic();
   if (want("adamw")) {
-    bench_adamw(kiln::kFloat, "adamw 1.24B f32");
-    bench_adamw(kiln::kBFloat16, "adamw 1.24B bf16 params");
+    bench_adamw(kiln::kFloat, "adamw 1.24B f32", false);
+    bench_adamw(kiln::kBFloat16, "adamw 1.24B bf16 params", false);
+    bench_adamw(kiln::kBFloat16, "adamw 1.24B bf16 params bf16 state", true);
   }
 
   if (json_path != nullptr) {

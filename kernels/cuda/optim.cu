@@ -4,13 +4,16 @@
 // host-to-device copy of a pointer list). Each parameter is cut into chunks of kChunk
 // elements, one block per chunk; block b finds its parameter by scanning the table's block
 // offsets (uniform across the block, read from the constant bank). Within a chunk each thread
-// moves 4 elements per access (16-byte loads of f32 state, 8- or 16-byte loads of the
-// parameter and grad) when the pointers allow it.
+// moves 16 / sizeof(state) elements per access when the pointers allow it: 4 with f32 state
+// (16-byte loads of the state, 8- or 16-byte loads of the parameter and grad), 8 with 16-bit
+// state (state_in_param_dtype: 16-byte loads of everything).
 //
 // The arithmetic is the CPU fused loop's (nn/optim/adam.cpp), operation by operation, with
 // explicitly rounded intrinsics so that nvcc does not contract a*b+c into an FMA: the GPU
 // gives the CPU optimizer's bits for f32 parameters, and for bf16/f16 parameters the same
-// f32 update rounded once into the parameter.
+// f32 update rounded once into the parameter. 16-bit moments are read as f32 and rounded once
+// when stored; the amsgrad maximum is taken in f32 (stored v_max against the unrounded new v)
+// and feeds the denominator unrounded, as the CPU path on f32 copies does.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,20 +29,23 @@ namespace kiln::cuda::internal {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVec = 4;
-constexpr int64_t kChunk = kThreads * kVec * 8;  // 8192 elements per block
+constexpr int64_t kChunk = kThreads * 4 * 8;  // 8192 elements per block
 constexpr int kMaxTensors = 36;
+
+// Elements per vectorised access: 16 bytes of state.
+template <typename S>
+constexpr int kVecOf = 16 / static_cast<int>(sizeof(S));
 
 struct Entry {
   void* param;
   const void* grad;
-  float* m;
-  float* v;
-  float* vmax;
+  void* m;
+  void* v;
+  void* vmax;
   int64_t numel;
   float neg_step;
   float bc2_sqrt;
-  int64_t vectorised;  // 1 when every pointer allows 4-element accesses
+  int64_t vectorised;  // 1 when every pointer allows kVecOf<S>-element accesses
 };
 
 struct Table {
@@ -79,9 +85,27 @@ __device__ __forceinline__ float adam_element(float pv, float g, float& m, float
   return __fadd_rn(pv, __fmul_rn(neg_step, __fdiv_rn(mi, denom)));
 }
 
-template <typename T, bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
+// One element through adam_element, state of type S read as f32 and rounded when stored.
+template <typename T, typename S, bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
+__device__ __forceinline__ void adam_scalar(T* p, const T* g, S* m, S* v, S* vmax, int64_t k,
+                                            const AdamHyper& h, float neg_step, float bc2_sqrt) {
+  float mf = loops::convert<float>(m[k]);
+  float vf = loops::convert<float>(v[k]);
+  float xf = 0.0f;
+  if constexpr (kAmsgrad) xf = loops::convert<float>(vmax[k]);
+  p[k] = loops::convert<T>(adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
+      loops::convert<float>(p[k]), loops::convert<float>(g[k]), mf, vf, &xf, h, neg_step,
+      bc2_sqrt));
+  m[k] = loops::convert<S>(mf);
+  v[k] = loops::convert<S>(vf);
+  if constexpr (kAmsgrad) vmax[k] = loops::convert<S>(xf);
+}
+
+template <typename T, typename S, bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
 __global__ void __launch_bounds__(kThreads)
     adam_kernel(const __grid_constant__ Table table, const AdamHyper h) {
+  constexpr int kVec = kVecOf<S>;
+  static_assert(kChunk % kVec == 0, "a chunk holds whole vectors");
   const int64_t block = blockIdx.x;
   int i = 0;
   while (i + 1 < table.count && block >= table.block_start[i + 1]) ++i;
@@ -90,42 +114,47 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = min(begin + kChunk, e.numel);
   T* p = static_cast<T*>(e.param);
   const T* g = static_cast<const T*>(e.grad);
-  float* m = e.m;
-  float* v = e.v;
-  float* vmax = e.vmax;
+  S* m = static_cast<S*>(e.m);
+  S* v = static_cast<S*>(e.v);
+  S* vmax = static_cast<S*>(e.vmax);
   if (e.vectorised) {
     for (int64_t j = begin + threadIdx.x * kVec; j < end; j += kThreads * kVec) {
       if (j + kVec <= end) {
         Pack<T, kVec> pp = *reinterpret_cast<const Pack<T, kVec>*>(p + j);
         const Pack<T, kVec> gp = *reinterpret_cast<const Pack<T, kVec>*>(g + j);
-        Pack<float, kVec> mp = *reinterpret_cast<const Pack<float, kVec>*>(m + j);
-        Pack<float, kVec> vp = *reinterpret_cast<const Pack<float, kVec>*>(v + j);
-        Pack<float, kVec> xp;
-        if constexpr (kAmsgrad) xp = *reinterpret_cast<const Pack<float, kVec>*>(vmax + j);
+        Pack<S, kVec> mp = *reinterpret_cast<const Pack<S, kVec>*>(m + j);
+        Pack<S, kVec> vp = *reinterpret_cast<const Pack<S, kVec>*>(v + j);
+        Pack<S, kVec> xp;
+        if constexpr (kAmsgrad) xp = *reinterpret_cast<const Pack<S, kVec>*>(vmax + j);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
+          float mf = loops::convert<float>(mp.v[k]);
+          float vf = loops::convert<float>(vp.v[k]);
+          float xf = 0.0f;
+          if constexpr (kAmsgrad) xf = loops::convert<float>(xp.v[k]);
           const float r = adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
-              loops::convert<float>(pp.v[k]), loops::convert<float>(gp.v[k]), mp.v[k], vp.v[k],
-              &xp.v[k], h, e.neg_step, e.bc2_sqrt);
+              loops::convert<float>(pp.v[k]), loops::convert<float>(gp.v[k]), mf, vf, &xf, h,
+              e.neg_step, e.bc2_sqrt);
           pp.v[k] = loops::convert<T>(r);
+          mp.v[k] = loops::convert<S>(mf);
+          vp.v[k] = loops::convert<S>(vf);
+          if constexpr (kAmsgrad) xp.v[k] = loops::convert<S>(xf);
         }
         *reinterpret_cast<Pack<T, kVec>*>(p + j) = pp;
-        *reinterpret_cast<Pack<float, kVec>*>(m + j) = mp;
-        *reinterpret_cast<Pack<float, kVec>*>(v + j) = vp;
-        if constexpr (kAmsgrad) *reinterpret_cast<Pack<float, kVec>*>(vmax + j) = xp;
+        *reinterpret_cast<Pack<S, kVec>*>(m + j) = mp;
+        *reinterpret_cast<Pack<S, kVec>*>(v + j) = vp;
+        if constexpr (kAmsgrad) *reinterpret_cast<Pack<S, kVec>*>(vmax + j) = xp;
       } else {
         for (int64_t k = j; k < end; ++k) {
-          p[k] = loops::convert<T>(adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
-              loops::convert<float>(p[k]), loops::convert<float>(g[k]), m[k], v[k],
-              kAmsgrad ? vmax + k : nullptr, h, e.neg_step, e.bc2_sqrt));
+          adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h,
+                                                                   e.neg_step, e.bc2_sqrt);
         }
       }
     }
   } else {
     for (int64_t k = begin + threadIdx.x; k < end; k += kThreads) {
-      p[k] = loops::convert<T>(adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
-          loops::convert<float>(p[k]), loops::convert<float>(g[k]), m[k], v[k],
-          kAmsgrad ? vmax + k : nullptr, h, e.neg_step, e.bc2_sqrt));
+      adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h, e.neg_step,
+                                                               e.bc2_sqrt);
     }
   }
 }
@@ -134,36 +163,42 @@ bool aligned(const void* ptr, size_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
 
-// Launches adam_kernel<T, flags...> for the runtime flags.
-template <typename T, bool... kFlags, typename... Rest>
+// Launches adam_kernel<T, S, flags...> for the runtime flags.
+template <typename T, typename S, bool... kFlags, typename... Rest>
 void launch(const Table& table, const AdamHyper& h, cudaStream_t stream, bool flag, Rest... rest) {
   if constexpr (sizeof...(Rest) == 0) {
     const unsigned grid = static_cast<unsigned>(table.block_start[table.count]);
     if (flag) {
-      adam_kernel<T, kFlags..., true><<<grid, kThreads, 0, stream>>>(table, h);
+      adam_kernel<T, S, kFlags..., true><<<grid, kThreads, 0, stream>>>(table, h);
     } else {
-      adam_kernel<T, kFlags..., false><<<grid, kThreads, 0, stream>>>(table, h);
+      adam_kernel<T, S, kFlags..., false><<<grid, kThreads, 0, stream>>>(table, h);
     }
     KILN_CUDA_LAUNCH_CHECK("adam_kernel");
   } else {
-    flag ? launch<T, kFlags..., true>(table, h, stream, rest...)
-         : launch<T, kFlags..., false>(table, h, stream, rest...);
+    flag ? launch<T, S, kFlags..., true>(table, h, stream, rest...)
+         : launch<T, S, kFlags..., false>(table, h, stream, rest...);
   }
 }
 
 }  // namespace
 
-void multi_tensor_adam(ScalarType param_dtype, int device, const std::vector<AdamTensor>& tensors,
-                       const AdamHyper& h) {
+void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int device,
+                       const std::vector<AdamTensor>& tensors, const AdamHyper& h) {
   KILN_CHECK(param_dtype == kFloat || param_dtype == kBFloat16 || param_dtype == kHalf,
              "[adam] the multi-tensor CUDA kernel takes f32, bf16 or f16 parameters, got ",
              dtype_name(param_dtype));
+  KILN_CHECK(state_dtype == kFloat || state_dtype == param_dtype,
+             "[adam] the multi-tensor CUDA kernel keeps the state in f32 or in the parameters' "
+             "dtype (",
+             dtype_name(param_dtype), "), got ", dtype_name(state_dtype));
   DeviceGuard guard(device);
   const cudaStream_t stream = current_stream();
   const bool decay = h.decoupled && h.wd != 0;
   const bool l2 = !h.decoupled && h.wd != 0;
   const bool from_start = std::abs(h.w1) < 0.5f;
   const size_t elem = element_size(param_dtype);
+  const size_t state_elem = element_size(state_dtype);
+  const size_t vec = 16 / state_elem;  // kVecOf<S>
   // The grid of one launch stays below 2^31 blocks.
   constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;
   Table table{};
@@ -172,7 +207,11 @@ void multi_tensor_adam(ScalarType param_dtype, int device, const std::vector<Ada
     visit_dtype(param_dtype, [&]<typename T>(TypeTag<T>) {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16> ||
                     std::is_same_v<T, Half>) {
-        launch<T>(table, h, stream, decay, l2, h.amsgrad, from_start);
+        if (state_dtype == kFloat) {
+          launch<T, float>(table, h, stream, decay, l2, h.amsgrad, from_start);
+        } else if constexpr (!std::is_same_v<T, float>) {
+          launch<T, T>(table, h, stream, decay, l2, h.amsgrad, from_start);
+        }
       }
     });
     table = Table{};
@@ -194,10 +233,11 @@ void multi_tensor_adam(ScalarType param_dtype, int device, const std::vector<Ada
     e.numel = a.numel;
     e.neg_step = a.neg_step_size;
     e.bc2_sqrt = a.bc2_sqrt;
-    const bool vec = aligned(a.param, elem * kVec) && aligned(a.grad, elem * kVec) &&
-                     aligned(a.exp_avg, 16) && aligned(a.exp_avg_sq, 16) &&
-                     (a.max_exp_avg_sq == nullptr || aligned(a.max_exp_avg_sq, 16));
-    e.vectorised = vec ? 1 : 0;
+    const size_t state_bytes = state_elem * vec;  // 16
+    const bool vectorised = aligned(a.param, elem * vec) && aligned(a.grad, elem * vec) &&
+                            aligned(a.exp_avg, state_bytes) && aligned(a.exp_avg_sq, state_bytes) &&
+                            (a.max_exp_avg_sq == nullptr || aligned(a.max_exp_avg_sq, state_bytes));
+    e.vectorised = vectorised ? 1 : 0;
     table.block_start[table.count + 1] = table.block_start[table.count] + blocks;
     ++table.count;
   }

@@ -1,7 +1,8 @@
 // Multi-tensor optimizer kernels: one launch updates many parameters of one device and dtype.
 //
 //   std::vector<kiln::cuda::internal::AdamTensor> ts = ...;  // one entry per parameter
-//   kiln::cuda::internal::multi_tensor_adam(kBFloat16, /*device=*/0, ts, hyper);
+//   kiln::cuda::internal::multi_tensor_adam(kBFloat16, /*state_dtype=*/kFloat, /*device=*/0, ts,
+//                                           hyper);
 //
 // Internal to kiln (called by nn/optim/adam.cpp in CUDA builds); includes no CUDA header.
 #pragma once
@@ -13,14 +14,15 @@
 
 namespace kiln::cuda::internal {
 
-// One parameter of an Adam/AdamW step: contiguous param and grad of the batch's dtype, f32
-// state of the same numel, and the per-parameter scalars that depend on its step count.
+// One parameter of an Adam/AdamW step: contiguous param and grad of the batch's dtype, state
+// of the batch's state dtype (f32, or the parameter's dtype) of the same numel, and the
+// per-parameter scalars that depend on its step count.
 struct AdamTensor {
   void* param;
   const void* grad;
-  float* exp_avg;
-  float* exp_avg_sq;
-  float* max_exp_avg_sq;  // null unless amsgrad
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* max_exp_avg_sq;  // null unless amsgrad
   int64_t numel;
   float neg_step_size;  // -lr / (1 - beta1^t)
   float bc2_sqrt;       // sqrt(1 - beta2^t)
@@ -39,9 +41,10 @@ struct AdamHyper {
 };
 
 // Updates every tensor of `tensors` (all on cuda:`device`, parameters and grads of
-// `param_dtype`: f32, bf16 or f16) with the arithmetic of the CPU fused loop, on the current
+// `param_dtype`: f32, bf16 or f16; state of `state_dtype`: f32 or `param_dtype`) with the
+// arithmetic of the CPU fused loop in f32, each value rounded once when stored, on the current
 // stream, in ceil(count / kMaxTensorsPerLaunch) launches.
-void multi_tensor_adam(ScalarType param_dtype, int device, const std::vector<AdamTensor>& tensors,
-                       const AdamHyper& hyper);
+void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int device,
+                       const std::vector<AdamTensor>& tensors, const AdamHyper& hyper);
 
 }  // namespace kiln::cuda::internal

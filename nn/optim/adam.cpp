@@ -1,9 +1,11 @@
-// Adam and AdamW's update: a fused CPU loop for contiguous f32 parameters, kiln ops otherwise.
+// Adam and AdamW's update: a fused CPU loop for contiguous f32 parameters (and f32 copies of
+// 16-bit state), kiln ops otherwise; CUDA parameters through the multi-tensor kernel.
 #include "nn/optim/adam.h"
 
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -128,6 +130,10 @@ bool fusable(const Tensor& param, const Tensor& grad) {
 
 }  // namespace
 
+ScalarType adam_state_dtype(const Tensor& param, bool state_in_param_dtype) {
+  return state_in_param_dtype ? param.dtype() : Optimizer::state_dtype(param);
+}
+
 void check_adam_options(const char* name, double lr, double beta1, double beta2, double eps,
                         double weight_decay) {
   KILN_CHECK(lr >= 0, "[", name, "] invalid learning rate: ", lr);
@@ -139,34 +145,60 @@ void check_adam_options(const char* name, double lr, double beta1, double beta2,
 
 namespace {
 
-// Creates the state buffers on the parameter's first step.
+// Creates the state buffers on the parameter's first step, in the dtype the options ask for.
+// Buffers of another dtype (created under the other setting of state_in_param_dtype, or set by
+// hand) are converted to it, as load() converts a checkpoint's.
 void ensure_state(const Tensor& param, const AdamStep& s, OptimizerParamState& state) {
+  const ScalarType dtype = adam_state_dtype(param, s.state_in_param_dtype);
+  const TensorOptions options = TensorOptions().dtype(dtype).device(param.device());
   auto& bufs = state.buffers;
   if (bufs.find("exp_avg") == bufs.end()) {
-    bufs["exp_avg"] = Optimizer::zero_state(param);
-    bufs["exp_avg_sq"] = Optimizer::zero_state(param);
+    bufs["exp_avg"] = zeros(param.sizes(), options);
+    bufs["exp_avg_sq"] = zeros(param.sizes(), options);
   }
   if (s.amsgrad && bufs.find("max_exp_avg_sq") == bufs.end()) {
-    bufs["max_exp_avg_sq"] = Optimizer::zero_state(param);
+    bufs["max_exp_avg_sq"] = zeros(param.sizes(), options);
+  }
+  for (const char* name : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+    const auto it = bufs.find(name);
+    if (it != bufs.end() && it->second.dtype() != dtype) {
+      it->second = it->second.to(dtype).contiguous();
+    }
   }
 }
 
 #ifdef KILN_WITH_CUDA
+// The scalars shared by a group, as the kernel takes them (the CPU loop's FusedArgs).
+cuda::internal::AdamHyper adam_hyper(const AdamStep& s) {
+  return {static_cast<float>(1 - s.lr * s.weight_decay),
+          static_cast<float>(s.weight_decay),
+          static_cast<float>(1 - s.beta1),
+          static_cast<float>(s.beta2),
+          static_cast<float>(1 - s.beta2),
+          static_cast<float>(s.eps),
+          s.decoupled_weight_decay,
+          s.amsgrad};
+}
+
 // Whether the multi-tensor kernel can update `param`: a contiguous f32/bf16/f16 GPU tensor
-// whose state buffers are contiguous f32 on its device (loaded state may be otherwise).
-bool multi_tensor_eligible(const Tensor& param, const OptimizerParamState& state, bool amsgrad) {
+// whose state buffers are contiguous on its device, in `state_dtype` (f32, or the parameter's
+// dtype with state_in_param_dtype); anything else (say, state changed by hand) takes the op
+// path rather than being misread.
+bool multi_tensor_eligible(const Tensor& param, const OptimizerParamState& state, bool amsgrad,
+                           ScalarType state_dtype) {
   const ScalarType dt = param.dtype();
   if (!param.is_cuda() || !param.is_contiguous() ||
       !(dt == kFloat || dt == kBFloat16 || dt == kHalf)) {
     return false;
   }
+  if (state_dtype != kFloat && state_dtype != dt) return false;
   if (param.grad().device() != param.device()) return false;
   for (const char* name : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
     if (!amsgrad && std::string(name) == "max_exp_avg_sq") continue;
     const auto it = state.buffers.find(name);
     if (it == state.buffers.end()) return false;
     const Tensor& b = it->second;
-    if (b.dtype() != kFloat || !b.is_contiguous() || b.device() != param.device() ||
+    if (b.dtype() != state_dtype || !b.is_contiguous() || b.device() != param.device() ||
         b.numel() != param.numel()) {
       return false;
     }
@@ -180,7 +212,9 @@ bool multi_tensor_eligible(const Tensor& param, const OptimizerParamState& state
 void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
                        std::unordered_map<const TensorImpl*, OptimizerParamState>& states) {
 #ifdef KILN_WITH_CUDA
-  std::map<std::pair<int, ScalarType>, std::vector<cuda::internal::AdamTensor>> batches;
+  // One batch per device, parameter dtype and state dtype.
+  std::map<std::tuple<int, ScalarType, ScalarType>, std::vector<cuda::internal::AdamTensor>>
+      batches;
   std::vector<Tensor> updated;
   std::vector<Tensor> grads;  // converted or packed grads, alive until their launch is queued
 #endif
@@ -190,7 +224,8 @@ void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
 #ifdef KILN_WITH_CUDA
     if (p.is_cuda()) {
       ensure_state(p, s, state);
-      if (multi_tensor_eligible(p, state, s.amsgrad)) {
+      const ScalarType state_dtype = adam_state_dtype(p, s.state_in_param_dtype);
+      if (multi_tensor_eligible(p, state, s.amsgrad, state_dtype)) {
         Tensor g = p.grad();
         if (g.dtype() != p.dtype() || !g.is_contiguous()) {
           g = g.to(p.dtype()).contiguous();
@@ -199,10 +234,9 @@ void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
         const int64_t t = ++state.step;
         const StepScalars k = step_scalars(s, t);
         auto& bufs = state.buffers;
-        batches[{p.device().index(), p.dtype()}].push_back(
-            {p.data_ptr(), g.data_ptr(), bufs["exp_avg"].data_ptr<float>(),
-             bufs["exp_avg_sq"].data_ptr<float>(),
-             s.amsgrad ? bufs["max_exp_avg_sq"].data_ptr<float>() : nullptr, p.numel(),
+        batches[{p.device().index(), p.dtype(), state_dtype}].push_back(
+            {p.data_ptr(), g.data_ptr(), bufs["exp_avg"].data_ptr(), bufs["exp_avg_sq"].data_ptr(),
+             s.amsgrad ? bufs["max_exp_avg_sq"].data_ptr() : nullptr, p.numel(),
              static_cast<float>(-k.step_size), static_cast<float>(k.bc2_sqrt)});
         updated.push_back(p);
         continue;
@@ -213,16 +247,10 @@ void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
   }
 #ifdef KILN_WITH_CUDA
   if (batches.empty()) return;
-  const cuda::internal::AdamHyper hyper{static_cast<float>(1 - s.lr * s.weight_decay),
-                                        static_cast<float>(s.weight_decay),
-                                        static_cast<float>(1 - s.beta1),
-                                        static_cast<float>(s.beta2),
-                                        static_cast<float>(1 - s.beta2),
-                                        static_cast<float>(s.eps),
-                                        s.decoupled_weight_decay,
-                                        s.amsgrad};
+  const cuda::internal::AdamHyper hyper = adam_hyper(s);
   for (const auto& [key, tensors] : batches) {
-    cuda::internal::multi_tensor_adam(key.second, key.first, tensors, hyper);
+    const auto& [device, param_dtype, state_dtype] = key;
+    cuda::internal::multi_tensor_adam(param_dtype, state_dtype, device, tensors, hyper);
   }
   for (Tensor& p : updated) p.impl()->bump_version();
 #endif
@@ -248,8 +276,45 @@ void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state) {
     return;
   }
 
-  // Op by op, in the state dtype (f32 for f16/bf16 parameters, copied back at the end).
+  // 16-bit state (state_in_param_dtype): the f32 arithmetic of the fused pass (or, on a GPU,
+  // of the multi-tensor kernel) on f32 copies of everything, each value rounded once when
+  // copied back, so CPU and GPU give the same bits. The op path below would round every
+  // intermediate to the state dtype.
   const ScalarType dtype = m.dtype();
+  if (dtype == kBFloat16 || dtype == kHalf) {
+    const Device device = param.device();
+    auto f32 = [&](const Tensor& x) {
+      KILN_CHECK(x.numel() == param.numel(), "[adam] a state buffer of shape ",
+                 shape_str(x.sizes()), " does not match its parameter of shape ",
+                 shape_str(param.sizes()));
+      return x.to(device, kFloat32, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    };
+    Tensor p32 = f32(param), g32 = f32(grad), m32 = f32(m), v32 = f32(v);
+    Tensor x32 = vmax != nullptr ? f32(*vmax) : Tensor();
+    float* x = vmax != nullptr ? x32.data_ptr<float>() : nullptr;
+    if (device.is_cpu()) {
+      fused_adam_f32(p32.data_ptr<float>(), g32.data_ptr<float>(), m32.data_ptr<float>(),
+                     v32.data_ptr<float>(), x, p32.numel(), s, k);
+    } else {
+#ifdef KILN_WITH_CUDA
+      KILN_CHECK(device.is_cuda(), "[adam] no update for parameters on ", device.str());
+      cuda::internal::multi_tensor_adam(
+          kFloat, kFloat, device.index(),
+          {{p32.data_ptr(), g32.data_ptr(), m32.data_ptr(), v32.data_ptr(), x, p32.numel(),
+            static_cast<float>(-k.step_size), static_cast<float>(k.bc2_sqrt)}},
+          adam_hyper(s));
+#else
+      KILN_CHECK(false, "[adam] no update for parameters on ", device.str());
+#endif
+    }
+    param.copy_(p32);
+    m.copy_(m32);
+    v.copy_(v32);
+    if (vmax != nullptr) vmax->copy_(x32);
+    return;
+  }
+
+  // Op by op, in the state dtype (f32 for f16/bf16 parameters, copied back at the end).
   const bool same = param.dtype() == dtype;
   Tensor p = same ? param : param.to(dtype);
   Tensor g = grad.to(dtype);
@@ -290,6 +355,10 @@ void AdamOptions::from_values(const std::map<std::string, double>& v) {
   internal::adam_from_values(*this, v);
 }
 
+std::map<std::string, double> AdamOptions::optional_values() const {
+  return internal::adam_optional_values();
+}
+
 Adam::Adam(const std::vector<OptimizerParamGroup>& param_groups, const AdamOptions& defaults)
     : Optimizer("Adam", param_groups, defaults.clone()) {
   internal::check_adam("Adam", defaults);
@@ -306,6 +375,11 @@ void Adam::update_group(OptimizerParamGroup& group) {
   internal::check_adam("Adam", o);
   internal::adam_update_group(group.params(),
                               internal::adam_step(o, /*decoupled_weight_decay=*/false), state());
+}
+
+ScalarType Adam::state_dtype_for(const Tensor& param, const OptimizerOptions& options) const {
+  return internal::adam_state_dtype(
+      param, internal::options_as<AdamOptions>(options, "Adam").state_in_param_dtype());
 }
 
 void Adam::update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) {

@@ -10,13 +10,29 @@
 //   kiln::optim::Adam opt(model->parameters(),
 //                         kiln::optim::AdamOptions(1e-3).betas({0.9, 0.999}).eps(1e-8));
 //
-// State: step, "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad, in f32 for f32,
-// bf16 and f16 parameters (f64 for f64): a bf16-true model keeps f32 moments, unlike
-// torch.optim.Adam, whose state takes the parameter's dtype. Contiguous f32 parameters on the
-// CPU are updated by one fused, multi-threaded pass per tensor; contiguous f32/bf16/f16
-// parameters on a GPU by a multi-tensor kernel that updates a whole group in a few launches
-// (kernels/cuda/optim.cu). Both do the float arithmetic of the op-by-op path, which serves
-// every other case, so CPU and GPU give the same bits.
+// State: step, "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad, by default in f32
+// for f32, bf16 and f16 parameters (f64 for f64): a bf16-true model keeps f32 moments (22 bytes
+// moved per bf16 parameter and step), unlike torch.optim.Adam, whose state takes the
+// parameter's dtype.
+//
+//   kiln::optim::AdamOptions(1e-3).state_in_param_dtype(true)
+//
+// true keeps exp_avg, exp_avg_sq and max_exp_avg_sq in the parameter's dtype, as
+// torch.optim.Adam(W) does (bf16 moments for a bf16 parameter: 14 bytes per step); the update
+// arithmetic stays f32 and each moment is rounded to the parameter dtype when stored. With
+// amsgrad, v_max is the f32 maximum of the stored (rounded) v_max and the new, unrounded v; the
+// denominator uses that f32 value and v_max is rounded when stored. The option may differ per
+// parameter group and is saved in checkpoints (older checkpoints load as false); state created
+// or loaded under the other setting is converted to the dtype the option asks for (on load, and
+// at the next step when the option is changed), as torch casts loaded state to the parameter's
+// dtype.
+//
+// Contiguous f32 parameters on the CPU are updated by one fused, multi-threaded pass per
+// tensor; contiguous f32/bf16/f16 parameters on a GPU by a multi-tensor kernel that updates a
+// whole group in a few launches (kernels/cuda/optim.cu). Both do the float arithmetic of the
+// op-by-op path, which serves every other case, so CPU and GPU give the same bits. 16-bit state
+// on the CPU runs the fused f32 pass on f32 copies, rounded when copied back, so it too gives
+// the GPU kernel's bits.
 #pragma once
 
 #include <tuple>
@@ -34,6 +50,8 @@ class AdamOptions : public OptimizerOptions {
   KILN_OPTIM_ARG(double, eps) = 1e-8;
   KILN_OPTIM_ARG(double, weight_decay) = 0;
   KILN_OPTIM_ARG(bool, amsgrad) = false;
+  // Moments in the parameter's dtype (torch's behaviour) instead of f32; see the banner.
+  KILN_OPTIM_ARG(bool, state_in_param_dtype) = false;
 
  public:
   std::unique_ptr<OptimizerOptions> clone() const override;
@@ -41,6 +59,7 @@ class AdamOptions : public OptimizerOptions {
   void set_lr(double lr) override { lr_ = lr; }
   std::map<std::string, double> to_values() const override;
   void from_values(const std::map<std::string, double>& values) override;
+  std::map<std::string, double> optional_values() const override;
 };
 
 class Adam : public Optimizer {
@@ -51,6 +70,7 @@ class Adam : public Optimizer {
  protected:
   void update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) override;
   void update_group(OptimizerParamGroup& group) override;
+  ScalarType state_dtype_for(const Tensor& param, const OptimizerOptions& options) const override;
 };
 
 namespace internal {
@@ -64,7 +84,12 @@ struct AdamStep {
   double weight_decay;
   bool amsgrad;
   bool decoupled_weight_decay;  // AdamW: p *= 1 - lr * weight_decay, gradient untouched
+  bool state_in_param_dtype;    // moments in the parameter's dtype (else f32, f64 for f64)
 };
+
+// The dtype of a parameter's moments: the parameter's with state_in_param_dtype, else
+// Optimizer::state_dtype (f64 for f64 parameters, f32 otherwise).
+ScalarType adam_state_dtype(const Tensor& param, bool state_in_param_dtype);
 
 void check_adam_options(const char* name, double lr, double beta1, double beta2, double eps,
                         double weight_decay);
@@ -81,9 +106,18 @@ void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
 // how the decay is applied): checkpoint values, checks and the step's hyper-parameters.
 template <typename O>
 std::map<std::string, double> adam_to_values(const O& o) {
-  return {
-      {"lr", o.lr()},   {"beta1", std::get<0>(o.betas())},  {"beta2", std::get<1>(o.betas())},
-      {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
+  return {{"lr", o.lr()},
+          {"beta1", std::get<0>(o.betas())},
+          {"beta2", std::get<1>(o.betas())},
+          {"eps", o.eps()},
+          {"weight_decay", o.weight_decay()},
+          {"amsgrad", o.amsgrad() ? 1.0 : 0.0},
+          {"state_in_param_dtype", o.state_in_param_dtype() ? 1.0 : 0.0}};
+}
+
+// Keys that checkpoints written before they existed lack, with the value to assume.
+inline std::map<std::string, double> adam_optional_values() {
+  return {{"state_in_param_dtype", 0.0}};
 }
 
 template <typename O>
@@ -93,6 +127,8 @@ void adam_from_values(O& o, const std::map<std::string, double>& v) {
   o.eps(v.at("eps"));
   o.weight_decay(v.at("weight_decay"));
   o.amsgrad(v.at("amsgrad") != 0);
+  const auto it = v.find("state_in_param_dtype");
+  o.state_in_param_dtype(it != v.end() && it->second != 0);
 }
 
 template <typename O>
@@ -103,8 +139,8 @@ void check_adam(const char* name, const O& o) {
 
 template <typename O>
 AdamStep adam_step(const O& o, bool decoupled_weight_decay) {
-  return {o.lr(),      std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-          o.amsgrad(), decoupled_weight_decay};
+  return {o.lr(),      std::get<0>(o.betas()), std::get<1>(o.betas()),  o.eps(), o.weight_decay(),
+          o.amsgrad(), decoupled_weight_decay, o.state_in_param_dtype()};
 }
 
 }  // namespace internal

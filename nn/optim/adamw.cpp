@@ -19,6 +19,10 @@ void AdamWOptions::from_values(const std::map<std::string, double>& v) {
   internal::adam_from_values(*this, v);
 }
 
+std::map<std::string, double> AdamWOptions::optional_values() const {
+  return internal::adam_optional_values();
+}
+
 AdamW::AdamW(const std::vector<OptimizerParamGroup>& param_groups, const AdamWOptions& defaults)
     : Optimizer("AdamW", param_groups, defaults.clone()) {
   internal::check_adam("AdamW", defaults);
@@ -45,6 +49,11 @@ void AdamW::update_group(OptimizerParamGroup& group) {
   internal::check_adam("AdamW", o);
   internal::adam_update_group(group.params(),
                               internal::adam_step(o, /*decoupled_weight_decay=*/true), state());
+}
+
+ScalarType AdamW::state_dtype_for(const Tensor& param, const OptimizerOptions& options) const {
+  return internal::adam_state_dtype(
+      param, internal::options_as<AdamWOptions>(options, "AdamW").state_in_param_dtype());
 }
 
 }  // namespace kiln::optim

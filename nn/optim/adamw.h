@@ -7,7 +7,15 @@
 //
 // Defaults as PyTorch: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2, no amsgrad.
 // Contiguous f32 CPU parameters take the fused loop of adam.cpp (one pass per tensor), CUDA
-// parameters the multi-tensor kernel (a few launches per group); state is f32 (see adam.h).
+// parameters the multi-tensor kernel (a few launches per group); state is f32 (f64 for f64
+// parameters) by default. state_in_param_dtype (default false):
+//
+//   kiln::optim::AdamWOptions(1e-3).weight_decay(0.1).state_in_param_dtype(true)
+//
+// true keeps exp_avg, exp_avg_sq and max_exp_avg_sq in the parameter's dtype, as
+// torch.optim.AdamW does (14 bytes moved per bf16 parameter and step instead of 22); the update
+// arithmetic stays f32 and each moment is rounded to the parameter dtype when stored. CPU and
+// GPU give the same bits either way; amsgrad, checkpoints and per-group use as in adam.h.
 #pragma once
 
 #include <tuple>
@@ -25,6 +33,8 @@ class AdamWOptions : public OptimizerOptions {
   KILN_OPTIM_ARG(double, eps) = 1e-8;
   KILN_OPTIM_ARG(double, weight_decay) = 1e-2;
   KILN_OPTIM_ARG(bool, amsgrad) = false;
+  // Moments in the parameter's dtype (torch's behaviour) instead of f32; see the banner.
+  KILN_OPTIM_ARG(bool, state_in_param_dtype) = false;
 
  public:
   std::unique_ptr<OptimizerOptions> clone() const override;
@@ -32,6 +42,7 @@ class AdamWOptions : public OptimizerOptions {
   void set_lr(double lr) override { lr_ = lr; }
   std::map<std::string, double> to_values() const override;
   void from_values(const std::map<std::string, double>& values) override;
+  std::map<std::string, double> optional_values() const override;
 };
 
 class AdamW : public Optimizer {
@@ -40,9 +51,9 @@ class AdamW : public Optimizer {
   AdamW(std::vector<Tensor> params, const AdamWOptions& defaults = {});
 
  protected:
-  void update(Tensor& param, const OptimizerOptions& options,
-              OptimizerParamState& state) override;
+  void update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) override;
   void update_group(OptimizerParamGroup& group) override;
+  ScalarType state_dtype_for(const Tensor& param, const OptimizerOptions& options) const override;
 };
 
 }  // namespace kiln::optim

@@ -161,6 +161,11 @@ ScalarType Optimizer::state_dtype(const Tensor& param) {
   return param.dtype() == kFloat64 ? kFloat64 : kFloat32;
 }
 
+ScalarType Optimizer::state_dtype_for(const Tensor& param, const OptimizerOptions& options) const {
+  (void)options;
+  return state_dtype(param);
+}
+
 Tensor Optimizer::zero_state(const Tensor& param) {
   return zeros(param.sizes(), TensorOptions().dtype(state_dtype(param)).device(param.device()));
 }
@@ -205,6 +210,7 @@ void Optimizer::load_state_dict(const TensorMap& tensors, const SafetensorsMetad
   // Check everything before changing anything, so that a failed load leaves the optimizer
   // as it was.
   std::vector<std::map<std::string, double>> group_values(param_groups_.size());
+  std::vector<std::unique_ptr<OptimizerOptions>> loaded_options;
   int64_t index = 0;
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const std::string prefix = "param_groups." + std::to_string(g) + ".";
@@ -212,17 +218,28 @@ void Optimizer::load_state_dict(const TensorMap& tensors, const SafetensorsMetad
     KILN_CHECK(n == static_cast<int64_t>(param_groups_[g].params().size()), "[", name_,
                "::load] group ", g, " has ", n, " parameters in the checkpoint, ",
                param_groups_[g].params().size(), " in the optimizer");
-    for (const auto& [key, unused] : param_groups_[g].options().to_values()) {
+    const OptimizerOptions& options = param_groups_[g].options();
+    const std::map<std::string, double> optional = options.optional_values();
+    for (const auto& [key, unused] : options.to_values()) {
+      const auto opt = optional.find(key);
+      if (opt != optional.end() && metadata.find(prefix + key) == metadata.end()) {
+        group_values[g][key] = opt->second;  // a checkpoint written before the key existed
+        continue;
+      }
       group_values[g][key] = parse_double(metadata_at(metadata, prefix + key), prefix + key);
     }
+    // The group's options as the load will set them: they decide the state's dtype.
+    loaded_options.push_back(options.clone());
+    loaded_options.back()->from_values(group_values[g]);
     index += n;
   }
   const int64_t num_params = index;
   std::vector<std::pair<const TensorImpl*, OptimizerParamState>> loaded;
   std::unordered_set<std::string> used;
   index = 0;
-  for (const OptimizerParamGroup& group : param_groups_) {
-    for (const Tensor& p : group.params()) {
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    for (const Tensor& p : param_groups_[g].params()) {
+      const ScalarType dtype = state_dtype_for(p, *loaded_options[g]);
       const std::string sp = "state." + std::to_string(index++) + ".";
       auto step_it = metadata.find(sp + "step");
       if (step_it == metadata.end()) continue;
@@ -233,9 +250,10 @@ void Optimizer::load_state_dict(const TensorMap& tensors, const SafetensorsMetad
         const Tensor& t = it->second;
         KILN_CHECK(t.sizes() == p.sizes(), "[", name_, "::load] \"", it->first, "\" has shape ",
                    shape_str(t.sizes()), " but its parameter has shape ", shape_str(p.sizes()));
-        // Own the data (the loaded tensor may alias a file mapping), on the parameter's device.
+        // Own the data (the loaded tensor may alias a file mapping), on the parameter's device,
+        // in the dtype the group's options ask for (converted when saved in another).
         st.buffers[it->first.substr(sp.size())] =
-            t.to(p.device(), state_dtype(p), /*non_blocking=*/false, /*copy=*/true).contiguous();
+            t.to(p.device(), dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
         used.insert(it->first);
       }
       loaded.emplace_back(p.impl(), std::move(st));

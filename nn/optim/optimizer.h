@@ -19,10 +19,11 @@
 //   kiln::optim::AdamW opt(groups, kiln::optim::AdamWOptions(1e-3).weight_decay(0.1));
 //
 // State: per parameter, a step count and named buffers ("momentum_buffer"; "exp_avg",
-// "exp_avg_sq", "max_exp_avg_sq"), kept in f32 (f64 for f64 parameters), created on the
-// parameter's first step. The checkpoint is a safetensors file: tensors
-// "state.<index>.<buffer>" where <index> counts parameters over all groups in order (as
-// PyTorch's state_dict), and metadata holding the step counts and every group's options.
+// "exp_avg_sq", "max_exp_avg_sq"), kept in f32 (f64 for f64 parameters; Adam and AdamW with
+// state_in_param_dtype: the parameter's dtype), created on the parameter's first step. The
+// checkpoint is a safetensors file: tensors "state.<index>.<buffer>" where <index> counts
+// parameters over all groups in order (as PyTorch's state_dict), and metadata holding the step
+// counts and every group's options.
 //
 // Pitfalls:
 // - State is keyed by the parameter's TensorImpl: replacing a parameter by a new tensor (rather
@@ -70,6 +71,9 @@ class OptimizerOptions {
   // Every hyper-parameter as a number (bools as 0/1), by name; read back by from_values.
   virtual std::map<std::string, double> to_values() const = 0;
   virtual void from_values(const std::map<std::string, double>& values) = 0;
+  // The keys of to_values that checkpoints written before the key existed lack, with the value
+  // load() assumes for them (any other missing key is an error).
+  virtual std::map<std::string, double> optional_values() const { return {}; }
 };
 
 // A list of parameters with, optionally, its own options (else the optimizer's defaults).
@@ -169,6 +173,10 @@ class Optimizer {
   // multi-tensor kernels (a few launches per group instead of several ops per parameter).
   virtual void update_group(OptimizerParamGroup& group);
 
+  // The dtype of `param`'s state buffers under `options` (its group's): state_dtype by default.
+  // load_state_dict converts loaded buffers to it, as torch casts floating state to the
+  // parameter's dtype.
+  virtual ScalarType state_dtype_for(const Tensor& param, const OptimizerOptions& options) const;
 
  private:
   std::string name_;

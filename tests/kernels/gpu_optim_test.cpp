@@ -1,14 +1,16 @@
 // The multi-tensor Adam/AdamW CUDA kernel (kernels/cuda/optim.cu) against the CPU optimizer:
 // the same parameters and gradients, several steps, f32, bf16 and f16 parameters, AdamW and
 // Adam (L2), amsgrad, more tensors than one launch takes, unaligned and empty parameters,
-// parameters that miss a step; and bf16-true training on the GPU. Suites are Gpu* (ctest
-// label gpu) and skip without a GPU.
+// parameters that miss a step; and bf16-true training on the GPU. With state_in_param_dtype
+// (16-bit moments, f32 arithmetic) the GPU gives the CPU's bits exactly. Suites are Gpu*
+// (ctest label gpu) and skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/optim.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/gpu_test_util.h"
 #include "nn/functional.h"
@@ -78,27 +80,44 @@ struct Case {
   double beta1;
 };
 
-std::unique_ptr<optim::Optimizer> make_opt(const Case& c, std::vector<Tensor> ps) {
+// `in_param`: state_in_param_dtype (moments in the parameters' dtype).
+std::unique_ptr<optim::Optimizer> make_opt(const Case& c, std::vector<Tensor> ps,
+                                           bool in_param = false) {
   if (c.adamw) {
     return std::make_unique<optim::AdamW>(std::move(ps), optim::AdamWOptions(3e-2)
                                                              .betas({c.beta1, 0.95})
                                                              .weight_decay(c.weight_decay)
-                                                             .amsgrad(c.amsgrad));
+                                                             .amsgrad(c.amsgrad)
+                                                             .state_in_param_dtype(in_param));
   }
   return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions(3e-2)
                                                           .betas({c.beta1, 0.95})
                                                           .weight_decay(c.weight_decay)
-                                                          .amsgrad(c.amsgrad));
+                                                          .amsgrad(c.amsgrad)
+                                                          .state_in_param_dtype(in_param));
+}
+
+// The GPU result equals the CPU one bit for bit (same dtype, shape and values).
+void expect_same_bits(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  ASSERT_TRUE(gpu.is_cuda()) << what;
+  ASSERT_EQ(gpu.dtype(), cpu.dtype()) << what;
+  ASSERT_EQ(gpu.sizes(), cpu.sizes()) << what;
+  EXPECT_TRUE(equal(gpu.cpu(), cpu))
+      << what << ": max abs diff "
+      << (gpu.cpu().to(kDouble) - cpu.to(kDouble)).abs().max().item<double>();
 }
 
 // Runs `steps` steps of the optimizer of `c` on CPU and GPU copies of the same parameters
 // with the same gradients (parameter 1 gets none on step 2, so step counts differ), then
 // compares parameters and every state buffer.
-void run_case(const Case& c, ScalarType dtype, int extra_small, double p_rtol, double p_atol) {
+// With `in_param` (state_in_param_dtype) the moments take the parameters' dtype and every
+// parameter and buffer must equal the CPU's bit for bit (the tolerances are unused).
+void run_case(const Case& c, ScalarType dtype, int extra_small, double p_rtol, double p_atol,
+              bool in_param = false) {
   const std::vector<Tensor> cpu = make_params(dtype, 11, extra_small);
   const std::vector<Tensor> gpu = to_gpu(cpu);
-  auto cpu_opt = make_opt(c, cpu);
-  auto gpu_opt = make_opt(c, gpu);
+  auto cpu_opt = make_opt(c, cpu, in_param);
+  auto gpu_opt = make_opt(c, gpu, in_param);
   for (int step = 0; step < 4; ++step) {
     manual_seed(100 + step);
     for (size_t i = 0; i < cpu.size(); ++i) {
@@ -116,17 +135,28 @@ void run_case(const Case& c, ScalarType dtype, int extra_small, double p_rtol, d
     gpu_opt->step();
   }
   const std::string name = std::string(c.adamw ? "AdamW" : "Adam") + (c.amsgrad ? " amsgrad" : "") +
-                           " " + std::string(dtype_name(dtype));
+                           " " + std::string(dtype_name(dtype)) +
+                           (in_param ? " state_in_param_dtype" : "");
+  const ScalarType state_dtype = in_param ? dtype : kFloat;
   for (size_t i = 0; i < cpu.size(); ++i) {
     const std::string what = name + " parameter " + std::to_string(i);
-    expect_close(gpu[i], cpu[i], p_rtol, p_atol, what);
+    if (in_param) {
+      expect_same_bits(gpu[i], cpu[i], what);
+    } else {
+      expect_close(gpu[i], cpu[i], p_rtol, p_atol, what);
+    }
     const auto& sc = cpu_opt->state().at(cpu[i].impl());
     const auto& sg = gpu_opt->state().at(gpu[i].impl());
     EXPECT_EQ(sc.step, sg.step) << what;
     ASSERT_EQ(sc.buffers.size(), sg.buffers.size()) << what;
     for (const auto& [key, buf] : sc.buffers) {
-      EXPECT_EQ(sg.buffers.at(key).dtype(), kFloat) << what << " " << key;
-      expect_close(sg.buffers.at(key), buf, 1e-5, 1e-7, what + " " + key);
+      EXPECT_EQ(sg.buffers.at(key).dtype(), state_dtype) << what << " " << key;
+      EXPECT_EQ(buf.dtype(), state_dtype) << what << " " << key;
+      if (in_param) {
+        expect_same_bits(sg.buffers.at(key), buf, what + " " + key);
+      } else {
+        expect_close(sg.buffers.at(key), buf, 1e-5, 1e-7, what + " " + key);
+      }
     }
   }
 }
@@ -156,6 +186,160 @@ TEST_F(GpuAdamW, ManyTensorsNeedSeveralLaunches) {
 }
 
 TEST_F(GpuAdam, MatchesCpuF32) { run_case(kCases[2], kFloat, 5, 2e-6, 1e-7); }
+
+// state_in_param_dtype: bf16/f16 moments, 8 elements (16 bytes of each of p, g, m, v, v_max)
+// per vectorised access, odd sizes with tails, an unaligned parameter (the scalar path), empty
+// parameters and missed steps; bit for bit the CPU's f32 arithmetic rounded when stored.
+TEST_F(GpuAdamW, ParamDtypeStateMatchesCpuBf16) {
+  for (const Case& c : kCases) run_case(c, kBFloat16, 3, 0, 0, /*in_param=*/true);
+}
+
+TEST_F(GpuAdamW, ParamDtypeStateMatchesCpuF16) {
+  for (const Case& c : kCases) run_case(c, kHalf, 3, 0, 0, /*in_param=*/true);
+}
+
+// More parameters than one launch's table holds (36): several launches.
+TEST_F(GpuAdamW, ParamDtypeStateManyTensorsNeedSeveralLaunches) {
+  run_case(kCases[0], kBFloat16, 80, 0, 0, /*in_param=*/true);
+  run_case(kCases[1], kHalf, 80, 0, 0, /*in_param=*/true);
+  run_case(kCases[3], kBFloat16, 80, 0, 0, /*in_param=*/true);  // Adam, amsgrad
+}
+
+// f32 parameters with the option keep f32 state: the f32 kernel, the CPU's bits.
+TEST_F(GpuAdamW, ParamDtypeStateF32ParamsKeepF32State) {
+  run_case(kCases[1], kFloat, 3, 0, 0, /*in_param=*/true);
+  run_case(kCases[2], kFloat, 3, 0, 0, /*in_param=*/true);
+}
+
+// One group of f32, bf16 and f16 parameters with the option: one batch per (dtype, state
+// dtype), f32 state for the f32 parameters, 16-bit for the others; a non-contiguous bf16
+// parameter takes the op path (f32 copies through the kernel, rounded when copied back).
+void run_mixed_group(bool adamw, bool amsgrad) {
+  manual_seed(8);
+  std::vector<Tensor> cpu = {randn({1001}),
+                             randn({8193}).to(kBFloat16),
+                             randn({77}).to(kHalf),
+                             randn({3, 8192 + 3}).to(kBFloat16),
+                             randn({5}),
+                             randn({31, 9}).to(kBFloat16)};
+  for (Tensor& p : cpu) p = p.detach().requires_grad_(true);
+  std::vector<Tensor> gpu;
+  for (const Tensor& p : cpu) gpu.push_back(p.detach().cuda().requires_grad_(true));
+  // The last one transposed on both sides: a non-contiguous parameter.
+  cpu.back() = cpu.back().detach().t().contiguous().t().requires_grad_(true);
+  gpu.back() = gpu.back().detach().t().contiguous().t().requires_grad_(true);
+  ASSERT_FALSE(gpu.back().is_contiguous());
+  const Case c{adamw, amsgrad, 0.1, 0.9};
+  auto cpu_opt = make_opt(c, cpu, /*in_param=*/true);
+  auto gpu_opt = make_opt(c, gpu, /*in_param=*/true);
+  for (int step = 0; step < 4; ++step) {
+    manual_seed(200 + step);
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      const Tensor g = randn(cpu[i].sizes()).to(cpu[i].dtype());
+      cpu[i].mutable_grad() = g;
+      gpu[i].mutable_grad() = g.cuda();
+    }
+    cpu_opt->step();
+    gpu_opt->step();
+  }
+  const std::string name = std::string(adamw ? "AdamW" : "Adam") + (amsgrad ? " amsgrad" : "");
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const std::string what = name + " parameter " + std::to_string(i);
+    expect_same_bits(gpu[i], cpu[i], what);
+    const auto& sc = cpu_opt->state().at(cpu[i].impl()).buffers;
+    const auto& sg = gpu_opt->state().at(gpu[i].impl()).buffers;
+    ASSERT_EQ(sc.size(), amsgrad ? 3u : 2u) << what;
+    for (const auto& [key, buf] : sc) {
+      EXPECT_EQ(buf.dtype(), cpu[i].dtype()) << what << " " << key;
+      expect_same_bits(sg.at(key), buf, what + " " + key);
+    }
+  }
+}
+
+TEST_F(GpuAdamW, ParamDtypeStateMixedGroup) {
+  run_mixed_group(/*adamw=*/true, /*amsgrad=*/false);
+  run_mixed_group(/*adamw=*/true, /*amsgrad=*/true);
+}
+
+TEST_F(GpuAdam, ParamDtypeStateMixedGroup) {
+  run_mixed_group(/*adamw=*/false, /*amsgrad=*/false);
+  run_mixed_group(/*adamw=*/false, /*amsgrad=*/true);
+}
+
+// A checkpoint of bf16 state written on the GPU resumes on the CPU (and back) bit-exactly.
+TEST_F(GpuAdamW, ParamDtypeStateCheckpointAcrossDevices) {
+  manual_seed(9);
+  const Tensor init = randn({4099}).to(kBFloat16);
+  Tensor g_param = init.cuda().requires_grad_(true);
+  Tensor c_param = init.clone().requires_grad_(true);
+  const Case c{true, true, 0.1, 0.9};
+  auto gpu_opt = make_opt(c, {g_param}, true);
+  auto cpu_opt = make_opt(c, {c_param}, true);
+  std::vector<Tensor> grads;
+  for (int s = 0; s < 4; ++s) grads.push_back(randn({4099}).to(kBFloat16));
+  for (int s = 0; s < 2; ++s) {
+    g_param.mutable_grad() = grads[s].cuda();
+    gpu_opt->step();
+  }
+  SafetensorsMetadata meta;
+  const TensorMap tensors = gpu_opt->state_dict(&meta);
+  c_param.detach().copy_(g_param.detach().cpu());
+  cpu_opt->load_state_dict(tensors, meta);
+  EXPECT_EQ(cpu_opt->state().at(c_param.impl()).buffers.at("exp_avg").dtype(), kBFloat16);
+  EXPECT_TRUE(cpu_opt->state().at(c_param.impl()).buffers.at("exp_avg").is_cpu());
+  for (int s = 2; s < 4; ++s) {
+    g_param.mutable_grad() = grads[s].cuda();
+    c_param.mutable_grad() = grads[s];
+    gpu_opt->step();
+    cpu_opt->step();
+  }
+  expect_same_bits(g_param, c_param, "parameter");
+  for (const auto& [key, buf] : cpu_opt->state().at(c_param.impl()).buffers) {
+    expect_same_bits(gpu_opt->state().at(g_param.impl()).buffers.at(key), buf, key);
+  }
+}
+
+// The kernel refuses state that is neither f32 nor the parameters' dtype rather than misread it.
+TEST_F(GpuAdamW, ParamDtypeStateKernelRejectsOtherStateDtypes) {
+#if defined(KILN_WITH_CUDA)
+  Tensor p = zeros({8}, TensorOptions(kBFloat16).device(Device(kCUDA)));
+  Tensor m = zeros({8}, TensorOptions(kHalf).device(Device(kCUDA)));
+  const std::vector<cuda::internal::AdamTensor> ts = {
+      {p.data_ptr(), p.data_ptr(), m.data_ptr(), m.data_ptr(), nullptr, 8, -1e-3f, 1.0f}};
+  const cuda::internal::AdamHyper h{1.0f, 0.0f, 0.1f, 0.999f, 0.001f, 1e-8f, true, false};
+  EXPECT_KILN_ERROR(cuda::internal::multi_tensor_adam(kBFloat16, kHalf, 0, ts, h),
+                    "[adam] the multi-tensor CUDA kernel keeps the state in f32 or in the "
+                    "parameters' dtype (bfloat16), got float16");
+  EXPECT_KILN_ERROR(cuda::internal::multi_tensor_adam(kFloat, kBFloat16, 0, ts, h),
+                    "keeps the state in f32 or in the parameters' dtype");
+  EXPECT_KILN_ERROR(cuda::internal::multi_tensor_adam(kDouble, kDouble, 0, ts, h),
+                    "takes f32, bf16 or f16 parameters");
+#endif
+  // A hand-made f16 state for a bf16 parameter is converted at the step (the option decides the
+  // dtype), never read as bf16.
+  Tensor q = randn({8}).to(kBFloat16).cuda().requires_grad_(true);
+  Tensor q_cpu = q.detach().cpu().requires_grad_(true);
+  optim::AdamW opt({q}, optim::AdamWOptions(1e-2).state_in_param_dtype(true));
+  optim::AdamW ref({q_cpu}, optim::AdamWOptions(1e-2).state_in_param_dtype(true));
+  const Tensor m16 = randn({8}).abs();
+  for (optim::Optimizer* o :
+       {static_cast<optim::Optimizer*>(&opt), static_cast<optim::Optimizer*>(&ref)}) {
+    const Tensor& param = o == &opt ? q : q_cpu;
+    auto& st = o->state()[param.impl()];
+    st.step = 1;
+    st.buffers["exp_avg"] = m16.to(param.device(), kHalf);
+    st.buffers["exp_avg_sq"] = m16.to(param.device(), kHalf);
+  }
+  const Tensor g = randn({8}).to(kBFloat16);
+  q.mutable_grad() = g.cuda();
+  q_cpu.mutable_grad() = g;
+  opt.step();
+  ref.step();
+  EXPECT_EQ(opt.state().at(q.impl()).buffers.at("exp_avg").dtype(), kBFloat16);
+  expect_same_bits(q, q_cpu, "parameter");
+  expect_same_bits(opt.state().at(q.impl()).buffers.at("exp_avg_sq"),
+                   ref.state().at(q_cpu.impl()).buffers.at("exp_avg_sq"), "exp_avg_sq");
+}
 
 // Parameters on the GPU and on the CPU in one group: each takes its own path.
 TEST_F(GpuAdamW, MixedDevicesInOneGroup) {

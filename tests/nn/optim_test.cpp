@@ -317,6 +317,192 @@ TEST(OptimAdamW, LowPrecisionParamsKeepF32State) {
   EXPECT_TRUE(allclose(half.to(kFloat32), ref32, 1e-2, 1e-2));
 }
 
+// --- state_in_param_dtype: moments in the parameter's dtype (torch's behaviour) ------------------
+
+std::unique_ptr<optim::Optimizer> make_adam(bool decoupled, std::vector<Tensor> params,
+                                            double weight_decay, bool amsgrad, bool in_param,
+                                            double beta1 = 0.8) {
+  if (decoupled) {
+    return std::make_unique<AdamW>(std::move(params), AdamWOptions(0.02)
+                                                          .betas({beta1, 0.95})
+                                                          .weight_decay(weight_decay)
+                                                          .amsgrad(amsgrad)
+                                                          .state_in_param_dtype(in_param));
+  }
+  return std::make_unique<Adam>(std::move(params), AdamOptions(0.02)
+                                                       .betas({beta1, 0.95})
+                                                       .weight_decay(weight_decay)
+                                                       .amsgrad(amsgrad)
+                                                       .state_in_param_dtype(in_param));
+}
+
+Tensor round_to(const Tensor& x, ScalarType dtype) { return x.to(dtype).to(kFloat64); }
+
+TEST(OptimAdamStateInParamDtype, StateTakesTheParamDtype) {
+  for (bool decoupled : {false, true}) {
+    for (ScalarType dtype : {kBFloat16, kHalf, kFloat32, kFloat64}) {
+      for (bool in_param : {false, true}) {
+        Tensor p = randn({5, 3}).to(dtype).requires_grad_();
+        auto opt = make_adam(decoupled, {p}, 0.1, /*amsgrad=*/true, in_param);
+        p.mutable_grad() = randn({5, 3}).to(dtype);
+        opt->step();
+        const ScalarType want =
+            in_param ? dtype : (dtype == kFloat64 ? kFloat64 : kFloat32);  // the default: f32
+        for (const char* name : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+          const Tensor& b = opt->state().at(p.impl()).buffers.at(name);
+          EXPECT_EQ(b.dtype(), want) << name << " " << dtype_name(dtype) << " " << in_param;
+          EXPECT_EQ(b.sizes(), p.sizes());
+        }
+        EXPECT_EQ(p.dtype(), dtype);
+      }
+    }
+  }
+  EXPECT_FALSE(AdamOptions().state_in_param_dtype());  // the defaults keep f32 state
+  EXPECT_FALSE(AdamWOptions().state_in_param_dtype());
+}
+
+// Several steps against the rule in f64 with the same rounding: moments and parameter rounded
+// to the parameter's dtype after each step, the amsgrad maximum of the stored v_max and the
+// unrounded v feeding the denominator. A non-contiguous copy of the parameter (the op-path
+// layout) gives the same bits as the contiguous one.
+TEST(OptimAdamStateInParamDtype, MatchesRoundedReference) {
+  struct C {
+    bool decoupled, amsgrad;
+    double wd, beta1;
+  };
+  const std::vector<C> cases = {
+      {true, false, 0.1, 0.8}, {true, true, 0.1, 0.8},  {false, false, 0.05, 0.8},
+      {false, true, 0.0, 0.8}, {true, false, 0.0, 0.3},  // lerp from the far end
+  };
+  for (ScalarType dtype : {kBFloat16, kHalf}) {
+    for (const C& c : cases) {
+      manual_seed(21);
+      Tensor dense = randn({41, 33}).to(dtype).requires_grad_();  // 1353: not a multiple of 8
+      Tensor strided = dense.detach().t().contiguous().t().requires_grad_();
+      ASSERT_FALSE(strided.is_contiguous());
+      auto a = make_adam(c.decoupled, {dense}, c.wd, c.amsgrad, true, c.beta1);
+      auto b = make_adam(c.decoupled, {strided}, c.wd, c.amsgrad, true, c.beta1);
+      Tensor p = dense.detach().to(kFloat64);
+      Tensor m = zeros({41, 33}, kFloat64), v = zeros({41, 33}, kFloat64);
+      Tensor vmax = zeros({41, 33}, kFloat64);
+      for (int t = 1; t <= 5; ++t) {
+        // Later steps smaller gradients, so that v_max keeps earlier values (amsgrad matters).
+        const Tensor g16 = (randn({41, 33}) * (t <= 2 ? 1.0 : 0.2)).to(dtype);
+        dense.mutable_grad() = g16;
+        strided.mutable_grad() = g16.clone();
+        a->step();
+        b->step();
+        Tensor g = g16.to(kFloat64);
+        if (c.decoupled) {
+          p = p * (1 - 0.02 * c.wd);
+        } else {
+          g = g + c.wd * p;
+        }
+        // The step uses the new moments unrounded; they are rounded when stored.
+        const Tensor m_new = c.beta1 * m + (1 - c.beta1) * g;
+        const Tensor v_new = 0.95 * v + 0.05 * g * g;
+        m = round_to(m_new, dtype);
+        v = round_to(v_new, dtype);
+        Tensor v_used = v_new;
+        if (c.amsgrad) {
+          v_used = maximum(vmax, v_new);
+          vmax = round_to(v_used, dtype);
+        }
+        const double bc1 = 1 - std::pow(c.beta1, t), bc2 = 1 - std::pow(0.95, t);
+        p = round_to(p - 0.02 / bc1 * m_new / (v_used.sqrt() / std::sqrt(bc2) + 1e-8), dtype);
+      }
+      const std::string what = std::string(dtype_name(dtype)) + (c.decoupled ? " AdamW" : " Adam") +
+                               (c.amsgrad ? " amsgrad" : "") + " beta1 " + std::to_string(c.beta1);
+      const auto& st = a->state().at(dense.impl()).buffers;
+      // One or two units in the last place of the 16-bit dtype: the reference's f64 values may
+      // round to the neighbour of the f32 ones.
+      const double rtol = dtype == kBFloat16 ? 1.6e-2 : 2e-3;
+      EXPECT_TRUE(allclose(dense.to(kFloat64), p, rtol, 1e-4)) << what;
+      ASSERT_EQ(st.at("exp_avg").dtype(), dtype) << what;
+      EXPECT_TRUE(allclose(st.at("exp_avg").to(kFloat64), m, rtol, 1e-6)) << what;
+      EXPECT_TRUE(allclose(st.at("exp_avg_sq").to(kFloat64), v, rtol, 1e-7)) << what;
+      if (c.amsgrad) {
+        EXPECT_TRUE(allclose(st.at("max_exp_avg_sq").to(kFloat64), vmax, rtol, 1e-7)) << what;
+        // v_max holds the early, larger second moments.
+        EXPECT_GT((st.at("max_exp_avg_sq").to(kFloat64) - st.at("exp_avg_sq").to(kFloat64))
+                      .min()
+                      .item<double>(),
+                  -1e-12)
+            << what;
+        EXPECT_GT(st.at("max_exp_avg_sq").to(kFloat64).sum().item<double>(),
+                  1.08 * st.at("exp_avg_sq").to(kFloat64).sum().item<double>())
+            << what;
+      } else {
+        EXPECT_EQ(st.count("max_exp_avg_sq"), 0u);
+      }
+      // The strided parameter (op-path layout) gives the same bits.
+      EXPECT_TRUE(equal(dense, strided)) << what;
+      const auto& sb = b->state().at(strided.impl()).buffers;
+      for (const auto& [key, buf] : st) EXPECT_TRUE(equal(buf, sb.at(key))) << what << " " << key;
+    }
+  }
+}
+
+// The 16-bit state takes f32 arithmetic: bit for bit the f32 optimizer (fused f32 loop) whose
+// parameter and moments are rounded to the 16-bit dtype after every step, not the op path in
+// bf16 (which would round every intermediate).
+TEST(OptimAdamStateInParamDtype, ArithmeticIsF32RoundedOncePerStep) {
+  for (ScalarType dtype : {kBFloat16, kHalf}) {
+    for (bool decoupled : {false, true}) {
+      manual_seed(4);
+      Tensor p = randn({257}).to(dtype).requires_grad_();
+      Tensor ref = p.detach().to(kFloat32).requires_grad_();  // the same values, in f32
+      auto a = make_adam(decoupled, {p}, 0.1, /*amsgrad=*/true, /*in_param=*/true);
+      auto b = make_adam(decoupled, {ref}, 0.1, /*amsgrad=*/true, /*in_param=*/false);
+      for (int t = 0; t < 4; ++t) {
+        const Tensor g = (randn({257}) * (t < 2 ? 1.0 : 0.1)).to(dtype);
+        p.mutable_grad() = g;
+        ref.mutable_grad() = g.to(kFloat32);
+        a->step();
+        b->step();
+        ref.detach().copy_(ref.detach().to(dtype));
+        for (auto& [key, buf] : b->state().at(ref.impl()).buffers) buf.copy_(buf.to(dtype));
+      }
+      const std::string what = std::string(dtype_name(dtype)) + (decoupled ? " AdamW" : " Adam");
+      EXPECT_TRUE(equal(p, ref.to(dtype))) << what;
+      const auto& sa = a->state().at(p.impl()).buffers;
+      const auto& sb = b->state().at(ref.impl()).buffers;
+      ASSERT_EQ(sa.size(), 3u) << what;
+      for (const auto& [key, buf] : sa) {
+        EXPECT_EQ(buf.dtype(), dtype) << what << " " << key;
+        EXPECT_TRUE(equal(buf, sb.at(key).to(dtype))) << what << " " << key;
+      }
+    }
+  }
+}
+
+// Groups may differ: one keeps f32 state, the other the parameters' dtype; changing the option
+// between steps converts the state at the next step.
+TEST(OptimAdamStateInParamDtype, PerGroupAndChangedBetweenSteps) {
+  Tensor w = randn({9}).to(kBFloat16).requires_grad_();
+  Tensor b = randn({9}).to(kBFloat16).requires_grad_();
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<Tensor>{w});  // the defaults: bf16 state
+  groups.emplace_back(std::vector<Tensor>{b}, AdamWOptions(0.01).clone());  // f32 state
+  AdamW opt(groups, AdamWOptions(0.01).state_in_param_dtype(true));
+  w.mutable_grad() = randn({9}).to(kBFloat16);
+  b.mutable_grad() = randn({9}).to(kBFloat16);
+  opt.step();
+  EXPECT_EQ(opt.state().at(w.impl()).buffers.at("exp_avg").dtype(), kBFloat16);
+  EXPECT_EQ(opt.state().at(b.impl()).buffers.at("exp_avg").dtype(), kFloat32);
+  const Tensor m_b = opt.state().at(b.impl()).buffers.at("exp_avg").clone();
+  static_cast<AdamWOptions&>(opt.param_groups()[1].options()).state_in_param_dtype(true);
+  static_cast<AdamWOptions&>(opt.param_groups()[0].options()).state_in_param_dtype(false);
+  opt.step();  // the grads are still set
+  const auto& sw = opt.state().at(w.impl()).buffers;
+  const auto& sb = opt.state().at(b.impl()).buffers;
+  EXPECT_EQ(sw.at("exp_avg").dtype(), kFloat32);
+  EXPECT_EQ(sw.at("exp_avg_sq").dtype(), kFloat32);
+  EXPECT_EQ(sb.at("exp_avg").dtype(), kBFloat16);
+  EXPECT_EQ(sb.at("exp_avg_sq").dtype(), kBFloat16);
+  EXPECT_FALSE(equal(sb.at("exp_avg").to(kFloat32), m_b));  // converted, then updated
+}
+
 // --- Groups, zero_grad, step ---------------------------------------------------------------------
 
 TEST(Optim, ParamGroupsWithTheirOwnOptions) {
@@ -517,6 +703,120 @@ TEST(OptimCheckpoint, LoadErrors) {
   EXPECT_EQ(reshaped.get_lr(), 0.5);  // a failed load changes nothing
   EXPECT_TRUE(reshaped.state().empty());
   std::filesystem::remove(path);
+}
+
+// bf16 parameters (a multi-threaded one, a small one), an f32 one and one without a gradient:
+// group 0 keeps its moments in bf16, group 1 in f32.
+std::vector<Tensor> make_bf16_params() {
+  manual_seed(12);
+  return {randn({40000}).to(kBFloat16), randn({3, 5}).to(kBFloat16), randn({7}),
+          randn({4}).to(kBFloat16)};
+}
+
+TEST(OptimCheckpoint, StateInParamDtypeRoundTrips) {
+  const AdamWOptions first_options =
+      AdamWOptions(0.01).weight_decay(0.1).state_in_param_dtype(true);
+  const AdamWOptions second_options = AdamWOptions(0.002).amsgrad(true);
+  std::vector<Tensor> straight = make_bf16_params();
+  AdamW a(two_groups(straight, second_options.clone()), first_options);
+  train_steps(a, straight, 0, 6);
+
+  std::vector<Tensor> first = make_bf16_params();
+  AdamW b(two_groups(first, second_options.clone()), first_options);
+  train_steps(b, first, 0, 3);
+  SafetensorsMetadata meta;
+  const TensorMap tensors = b.state_dict(&meta);
+  EXPECT_EQ(meta.at("param_groups.0.state_in_param_dtype"), "1");
+  EXPECT_EQ(meta.at("param_groups.1.state_in_param_dtype"), "0");
+  EXPECT_EQ(tensors.at("state.0.exp_avg").dtype(), kBFloat16);
+  EXPECT_EQ(tensors.at("state.1.exp_avg_sq").dtype(), kBFloat16);
+  EXPECT_EQ(tensors.at("state.2.max_exp_avg_sq").dtype(), kFloat32);
+  const std::string path = temp_file("bf16_state.safetensors");
+  b.save(path);
+
+  // A fresh optimizer whose options say the opposite: load restores them and the state's dtype.
+  std::vector<Tensor> resumed;
+  for (const Tensor& p : first) resumed.push_back(p.detach().clone());
+  AdamW c(two_groups(resumed, AdamWOptions(0.5).state_in_param_dtype(true).clone()),
+          AdamWOptions(0.5));
+  c.load(path);
+  EXPECT_TRUE(static_cast<AdamWOptions&>(c.param_groups()[0].options()).state_in_param_dtype());
+  EXPECT_FALSE(static_cast<AdamWOptions&>(c.param_groups()[1].options()).state_in_param_dtype());
+  for (int i = 0; i < 2; ++i) {
+    const auto& bufs = c.state().at(resumed[i].impl()).buffers;
+    EXPECT_EQ(bufs.at("exp_avg").dtype(), kBFloat16);
+    EXPECT_TRUE(equal(bufs.at("exp_avg"), b.state().at(first[i].impl()).buffers.at("exp_avg")));
+  }
+  EXPECT_EQ(c.state().at(resumed[2].impl()).buffers.at("exp_avg").dtype(), kFloat32);
+  train_steps(c, resumed, 3, 6);
+  for (size_t i = 0; i < straight.size(); ++i) {
+    EXPECT_TRUE(equal(straight[i], resumed[i])) << "parameter " << i;
+  }
+  std::filesystem::remove(path);
+}
+
+// A checkpoint written before the option existed has no key: it loads as false (f32 state).
+TEST(OptimCheckpoint, OlderCheckpointLoadsWithF32State) {
+  for (bool decoupled : {false, true}) {
+    std::vector<Tensor> p = make_bf16_params();
+    auto a = make_adam(decoupled, {p[0], p[1], p[2]}, 0.1, true, /*in_param=*/false);
+    train_steps(*a, {p[0], p[1], p[2], p[3]}, 0, 2);
+    std::vector<Tensor> q;
+    for (const Tensor& t : p) q.push_back(t.detach().clone().requires_grad_());
+    auto b = make_adam(decoupled, {q[0], q[1], q[2]}, 0.1, true, /*in_param=*/true);
+    SafetensorsMetadata meta;
+    const TensorMap tensors = a->state_dict(&meta);
+    ASSERT_EQ(meta.erase("param_groups.0.state_in_param_dtype"), 1u);
+    b->load_state_dict(tensors, meta);
+    const optim::OptimizerOptions& o = b->param_groups()[0].options();
+    EXPECT_FALSE(decoupled ? static_cast<const AdamWOptions&>(o).state_in_param_dtype()
+                           : static_cast<const AdamOptions&>(o).state_in_param_dtype());
+    EXPECT_EQ(b->state().at(q[0].impl()).buffers.at("exp_avg").dtype(), kFloat32);
+    // Resumes as the optimizer that wrote it.
+    train_steps(*a, {p[0], p[1], p[2], p[3]}, 2, 4);
+    train_steps(*b, {q[0], q[1], q[2], q[3]}, 2, 4);
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(equal(p[i], q[i])) << i;
+    // Any other missing key is still an error.
+    SafetensorsMetadata broken = meta;
+    broken.erase("param_groups.0.amsgrad");
+    EXPECT_KILN_ERROR(b->load_state_dict(tensors, broken),
+                      "has no metadata entry \"param_groups.0.amsgrad\"");
+    broken = meta;
+    broken["param_groups.0.state_in_param_dtype"] = "yes";
+    EXPECT_KILN_ERROR(b->load_state_dict(tensors, broken),
+                      "\"param_groups.0.state_in_param_dtype\" is not a number: \"yes\"");
+  }
+}
+
+// As torch casts loaded floating state to the parameter's dtype, load converts the moments to
+// the dtype the loaded options ask for: bf16 moments saved under the option load as f32 when
+// the checkpoint says false (say, state written by another tool), f32 ones as bf16 when true.
+TEST(OptimCheckpoint, LoadConvertsTheStateToTheOptionsDtype) {
+  std::vector<Tensor> p = make_bf16_params();
+  AdamW a({p[0], p[1]}, AdamWOptions(0.01).state_in_param_dtype(true).amsgrad(true));
+  train_steps(a, {p[0], p[1], p[3]}, 0, 2);
+  SafetensorsMetadata meta;
+  const TensorMap bf16_state = a.state_dict(&meta);
+  ASSERT_EQ(bf16_state.at("state.0.exp_avg").dtype(), kBFloat16);
+  meta["param_groups.0.state_in_param_dtype"] = "0";
+  AdamW b({p[0].detach().clone().requires_grad_(), p[1].detach().clone().requires_grad_()},
+          AdamWOptions(0.01));
+  b.load_state_dict(bf16_state, meta);
+  for (const auto& [key, buf] : b.state().at(b.parameters()[1].impl()).buffers) {
+    EXPECT_EQ(buf.dtype(), kFloat32) << key;
+    EXPECT_TRUE(equal(buf, bf16_state.at("state.1." + key).to(kFloat32))) << key;
+  }
+
+  AdamW f32({p[0], p[1]}, AdamWOptions(0.01).amsgrad(true));
+  train_steps(f32, {p[0], p[1], p[3]}, 0, 2);
+  const TensorMap f32_state = f32.state_dict(&meta);
+  ASSERT_EQ(f32_state.at("state.0.exp_avg").dtype(), kFloat32);
+  meta["param_groups.0.state_in_param_dtype"] = "1";
+  b.load_state_dict(f32_state, meta);
+  for (const auto& [key, buf] : b.state().at(b.parameters()[0].impl()).buffers) {
+    EXPECT_EQ(buf.dtype(), kBFloat16) << key;
+    EXPECT_TRUE(equal(buf, f32_state.at("state.0." + key).to(kBFloat16))) << key;
+  }
 }
 
 }  // namespace
