@@ -497,10 +497,10 @@ int main(int argc, char** argv) {
             g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
       }
       set_switch("KILN_LAYERNORM_THREADS", nullptr);
-      // Rows per iteration of the backward side by side (KILN_LAYERNORM_BWD_ROWS; kiln-only rows).
-      for (const char* r : {"1", "2", "1p"}) {
-        set_switch("KILN_LAYERNORM_BWD_ROWS", r);
-        report("layernorm " + shape + " bf16 bwd [" + r + " rows]", time_ms([&](int i) {
+      // The backward's rows per iteration side by side (KILN_LAYERNORM_BWD; kiln-only rows).
+      for (const char* scheme : {"rows1", "rows2"}) {
+        set_switch("KILN_LAYERNORM_BWD", scheme);
+        report("layernorm " + shape + " bf16 bwd [" + scheme + "]", time_ms([&](int i) {
                  (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
                }),
                0, 3 * tensor_bytes);
@@ -509,7 +509,7 @@ int main(int argc, char** argv) {
                     g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
                     g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
       }
-      set_switch("KILN_LAYERNORM_BWD_ROWS", nullptr);
+      set_switch("KILN_LAYERNORM_BWD", nullptr);
     }
 
   // RMSNorm forward and backward variants side by side (KILN_RMSNORM_FWD and KILN_RMSNORM_BWD,

@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "tensor/dtype.h"
+#include "tensor/half.h"
 
 namespace kiln::cuda::internal {
 
@@ -15,6 +17,32 @@ template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
+
+// A 16-byte pack kept as its raw words (uint4) where N * sizeof(T) == 16, else as Pack<T, N>.
+// Raw words are not default-initialised (BFloat16 and Half members are zeroed on default
+// construction, which costs an instruction per element where a pack is loaded conditionally),
+// and raw_elem widens an element straight from its word (one shift or mask for bf16) instead of
+// first unpacking every 16-bit element into a register of its own.
+template <typename T, int N>
+using RawPack = std::conditional_t<sizeof(T) * N == 16, uint4, Pack<T, N>>;
+
+// Element i (a compile-time index after unrolling) of raw pack r, as f32 (or T's opmath type).
+template <typename T, int N, typename Acc>
+__device__ __forceinline__ Acc raw_elem(const RawPack<T, N>& r, int i) {
+  if constexpr (sizeof(T) * N == 16 && sizeof(T) == 2) {
+    const uint32_t w = reinterpret_cast<const uint32_t*>(&r)[i / 2];
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      return __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xffff0000u);
+    } else {
+      return static_cast<Acc>(T::from_bits(static_cast<uint16_t>(i % 2 == 0 ? w : w >> 16)));
+    }
+  } else if constexpr (sizeof(T) * N == 16 && std::is_same_v<T, float>) {
+    return __uint_as_float(reinterpret_cast<const uint32_t*>(&r)[i]);
+  } else {
+    static_assert(sizeof(T) * N != 16, "raw 16-byte packs of f32, bf16 and f16 only");
+    return static_cast<Acc>(r.v[i]);
+  }
+}
 
 template <int N, typename T, typename Acc>
 __device__ __forceinline__ void load_pack(const T* p, Acc (&out)[N]) {

@@ -9,15 +9,18 @@
 // over a grid of one wave of blocks, each group looping over rows with a fixed thread -> column
 // mapping, so that every thread accumulates dweight and dbias of its columns in f32 across all
 // the rows of its group (in private shared-memory slots, with the weight in registers, where
-// they fit: kSumsInShared; else in registers). x and dy are read once; dx is written per row
-// from the registers. The groups of a block add their sums into the block's partial row in group
-// order; the per-block partials [grid, D] are then summed by column in a second small kernel, in a
-// fixed order (deterministic, no atomics). KILN_LAYERNORM_THREADS (32, 128, 256 or 512; cached, see
-// threads_switch()) forces the threads per row of both passes where the row fits, for timing side
-// by side (benchmarks/gpu). Rows whose length or pointers do not allow 16-byte packs run the same
-// kernels with packs of one element. Rows too long for the register kernels, and f64, take
-// block-per-row kernels that loop over the row (x is read three times forward, twice backward;
-// L1/L2 serve the repeats).
+// they fit: kSumsInShared; else in registers). A group of 256 or 512 threads takes two rows per
+// iteration (both rows' loads in flight together, one exchange of the four row sums, one update
+// of the shared sums; KILN_LAYERNORM_BWD, see bwd_rows()). x and dy are read once; dx is written
+// per row from the registers. Packs stay raw 16-byte words in registers (RawPack) and each
+// element is widened where it is used. The groups of a block add their sums into the block's
+// partial row in group order; the per-block partials [grid, D] are then summed by column in a
+// second small kernel, in a fixed order (deterministic, no atomics). KILN_LAYERNORM_THREADS (32,
+// 128, 256 or 512; cached, see threads_switch()) forces the threads per row of both passes where
+// the row fits, for timing side by side (benchmarks/gpu). Rows whose length or pointers do not
+// allow 16-byte packs run the same kernels with packs of one element. Rows too long for the
+// register kernels, and f64, take block-per-row kernels that loop over the row (x is read three
+// times forward, twice backward; L1/L2 serve the repeats).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -41,6 +44,8 @@ using internal::launch_column_sums;
 using internal::load_pack;
 using internal::Pack;
 using internal::packable;
+using internal::raw_elem;
+using internal::RawPack;
 using internal::rsqrt_of;
 using internal::store_pack;
 using internal::visit_x_weight;
@@ -102,18 +107,18 @@ __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
     const int64_t row = base + g;
     const bool active = row < rows;
     const T* xr = x + row * d;
-    Pack<T, N> raw[P];
+    RawPack<T, N> raw[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int64_t v = t + p * TPR;
-      if (active && v < nvec) raw[p] = *reinterpret_cast<const Pack<T, N>*>(xr + v * N);
+      if (active && v < nvec) raw[p] = *reinterpret_cast<const RawPack<T, N>*>(xr + v * N);
     }
     Acc s[1] = {0};
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (active && t + p * TPR < nvec) {
 #pragma unroll
-        for (int i = 0; i < N; ++i) s[0] += static_cast<Acc>(raw[p].v[i]);
+        for (int i = 0; i < N; ++i) s[0] += raw_elem<T, N, Acc>(raw[p], i);
       }
     }
     group_sum<TPR>(s, smem);
@@ -124,7 +129,7 @@ __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
       if (active && t + p * TPR < nvec) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
-          const Acc c = static_cast<Acc>(raw[p].v[i]) - m;
+          const Acc c = raw_elem<T, N, Acc>(raw[p], i) - m;
           ss[0] += c * c;
         }
       }
@@ -143,7 +148,7 @@ __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
       if (v < nvec) {
         Acc o[N];
 #pragma unroll
-        for (int i = 0; i < N; ++i) o[i] = (static_cast<Acc>(raw[p].v[i]) - m) * r;
+        for (int i = 0; i < N; ++i) o[i] = (raw_elem<T, N, Acc>(raw[p], i) - m) * r;
         if (w != nullptr) {
           Acc wv[N];
           load_pack<N>(w + v * N, wv);
@@ -235,23 +240,25 @@ constexpr bool kSumsInShared = 2 * P* N* BLOCK * sizeof(Acc) <= 32768;
 
 // Register caps of the backward (resident blocks per SM for __launch_bounds__): one pack per
 // thread with the sums in shared memory, 64 registers (4 blocks of 256 threads); up to 2 packs,
-// 85 (3 blocks: at 64 the 2-pack kernel spills); more packs, none.
-template <typename Acc, int N, int P, int BLOCK, int R, bool kPipe>
-constexpr int kBwdMinBlocks = R > 1 || kPipe ? (P == 1   ? 65536 / (BLOCK * 85)
-                                                : P == 2 ? 65536 / (BLOCK * 128)
-                                                         : 1)
+// 85 (3 blocks: at 64 the 2-pack kernel spills); more packs, none. Two rows per iteration: 85
+// for one pack, 128 for two.
+template <typename Acc, int N, int P, int BLOCK, int R>
+constexpr int kBwdMinBlocks = R > 1 ? (P == 1   ? 65536 / (BLOCK * 85)
+                                       : P == 2 ? 65536 / (BLOCK * 128)
+                                                : 1)
                               : (kSumsInShared<Acc, N, P, BLOCK>&& P == 1) ? 65536 / (BLOCK * 64)
                               : P <= 2                                     ? 65536 / (BLOCK * 85)
                                                                            : 1;
 
-// Backward for rows of at most TPR * P packs (layout as the forward kernel). Each thread
+// Backward for rows of at most TPR * P packs (layout as the forward kernel), R rows per group
+// and iteration. Each thread
 // accumulates its columns' dweight and dbias sums over all the rows of its group, and writes
 // them to the block's partial rows [blockIdx.x] at the end. Where kSumsInShared the sums live in
 // shared memory and the weight in registers: with sums and weight in registers the kernel spilled
 // at its register cap, and reading the weight per use put an L1 round trip on every row's
 // critical path.
-template <typename T, typename W, int N, int P, int TPR, int BLOCK, int R, bool kPipe>
-__global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK, R, kPipe>)
+template <typename T, typename W, int N, int P, int TPR, int BLOCK, int R>
+__global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK, R>)
     layer_norm_bwd_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ part_w,
                           opmath_t<T>* __restrict__ part_b, const T* __restrict__ dy,
                           const T* __restrict__ x, const W* __restrict__ w,
@@ -339,7 +346,7 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK,
   }
   // The packs and statistics of the R rows of this group in the iteration at `base`: rows
   // row0 + j, row0 = base + g R.
-  auto fetch = [&](int64_t base, Pack<T, N>(&xr)[R][P], Pack<T, N>(&gr)[R][P], Acc(&m)[R],
+  auto fetch = [&](int64_t base, RawPack<T, N>(&xr)[R][P], RawPack<T, N>(&gr)[R][P], Acc(&m)[R],
                    Acc(&r)[R]) {
     const int64_t row0 = base + static_cast<int64_t>(g) * R;
 #pragma unroll
@@ -349,8 +356,8 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK,
       for (int p = 0; p < P; ++p) {
         const int64_t v = t + p * TPR;
         if (active && v < nvec) {
-          xr[j][p] = *reinterpret_cast<const Pack<T, N>*>(x + (row0 + j) * d + v * N);
-          gr[j][p] = *reinterpret_cast<const Pack<T, N>*>(dy + (row0 + j) * d + v * N);
+          xr[j][p] = *reinterpret_cast<const RawPack<T, N>*>(x + (row0 + j) * d + v * N);
+          gr[j][p] = *reinterpret_cast<const RawPack<T, N>*>(dy + (row0 + j) * d + v * N);
         }
       }
       m[j] = active ? mean[row0 + j] : Acc(0);
@@ -358,32 +365,13 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK,
     }
   };
   const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups * R;
-  // kPipe: the next iteration's loads are issued before this one computes (in flight across
-  // its barriers), at the cost of a second set of pack registers.
-  Pack<T, N> xn[kPipe ? R : 1][P], gn[kPipe ? R : 1][P];
-  Acc mn[kPipe ? R : 1], rn[kPipe ? R : 1];
-  if constexpr (kPipe) fetch(static_cast<int64_t>(blockIdx.x) * kGroups * R, xn, gn, mn, rn);
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups * R; base < rows; base += step) {
     // All loads of the R rows are issued before any use, and each shared sum is read and
     // written once per R rows.
     const int64_t row0 = base + static_cast<int64_t>(g) * R;
-    Pack<T, N> xr[R][P], gr[R][P];
+    RawPack<T, N> xr[R][P], gr[R][P];
     Acc m[R], r[R];
-    if constexpr (kPipe) {
-#pragma unroll
-      for (int j = 0; j < R; ++j) {
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-          xr[j][p] = xn[j][p];
-          gr[j][p] = gn[j][p];
-        }
-        m[j] = mn[j];
-        r[j] = rn[j];
-      }
-      if (base + step < rows) fetch(base + step, xn, gn, mn, rn);
-    } else {
-      fetch(base, xr, gr, m, r);
-    }
+    fetch(base, xr, gr, m, r);
     // sums[2 j] = sum of g = dy * w over row j, sums[2 j + 1] = sum of g * xh, with
     // xh = (x - mean) * rstd.
     Acc sums[2 * R];
@@ -415,8 +403,8 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK,
 #pragma unroll
             for (int e = 0; e < G; ++e) {
               const int i = q * G + e;
-              const Acc gv = static_cast<Acc>(gr[j][p].v[i]);
-              const Acc xh = (static_cast<Acc>(xr[j][p].v[i]) - m[j]) * r[j];
+              const Acc gv = raw_elem<T, N, Acc>(gr[j][p], i);
+              const Acc xh = (raw_elem<T, N, Acc>(xr[j][p], i) - m[j]) * r[j];
               sums[2 * j] += gv * wv[i];
               sums[2 * j + 1] += gv * wv[i] * xh;
               dws[e] += gv * xh;
@@ -451,8 +439,8 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK,
           weight(p, wv);
 #pragma unroll
           for (int i = 0; i < N; ++i) {
-            const Acc xh = (static_cast<Acc>(xr[j][p].v[i]) - m[j]) * r[j];
-            o[i] = r[j] * (static_cast<Acc>(gr[j][p].v[i]) * wv[i] - a - xh * k);
+            const Acc xh = (raw_elem<T, N, Acc>(xr[j][p], i) - m[j]) * r[j];
+            o[i] = r[j] * (raw_elem<T, N, Acc>(gr[j][p], i) * wv[i] - a - xh * k);
           }
           store_pack<N>(dr + v * N, o);
         }
@@ -529,13 +517,14 @@ int threads_switch() {
   return i < 0 ? 0 : kThreads[i];
 }
 
-// KILN_LAYERNORM_BWD_ROWS (cached; reload_env_switches() after a setenv): the rows each group of
-// the backward register kernel takes per iteration, 1 or 2, or "1p": one row, with the next
-// iteration's loads issued before this one computes; for timing side by side; unset: "1".
-// Returns the index of the choice in {1, 2, 1p}.
+// KILN_LAYERNORM_BWD (cached; reload_env_switches() after a setenv): the rows each group of the
+// backward register kernel takes per iteration, "rows1" or "rows2", for timing side by side.
+// Unset: two where a block is one row group (256 and 512 threads per row: 1.07x at 32768 x 4096,
+// 1.14x at 8192 x 2048 bf16 on the H200, benchmarks/RESULTS.md), else one. Returns the rows, 0
+// where unset.
 int bwd_rows() {
-  static const kiln::internal::EnvChoice choice("KILN_LAYERNORM_BWD_ROWS", {"1", "2", "1p"});
-  return std::max(choice.get(), 0);
+  static const kiln::internal::EnvChoice choice("KILN_LAYERNORM_BWD", {"rows1", "rows2"});
+  return choice.get() + 1;
 }
 
 // Threads per row of the register kernels: a warp for rows under 2048 elements whose packs fit
@@ -670,7 +659,7 @@ void layer_norm_backward_cuda(OpCall& c) {
         auto partials = [&](int64_t nb) {
           return empty({2, nb, d}, TensorOptions(dtype_of<Acc>()).device(x.device()));
         };
-        // Launches kernel_of(R, kPipe) for the rows per iteration and prefetch of bwd_rows() and
+        // Launches kernel_of(R) for the rows per iteration of bwd_rows() (or the default) and
         // sums its partials.
         auto launch_rows = [&](auto kernel_of, int block, int groups) {
           auto go = [&](auto kernel, int r) {
@@ -684,16 +673,10 @@ void layer_norm_backward_cuda(OpCall& c) {
             KILN_CUDA_LAUNCH_CHECK("layer_norm_bwd_kernel");
             column_sums(part, nb);
           };
-          using One = std::integral_constant<int, 1>;
-          using Two = std::integral_constant<int, 2>;
-          switch (bwd_rows()) {
-            case 1:
-              return go(kernel_of(Two{}, std::false_type{}), 2);
-            case 2:
-              return go(kernel_of(One{}, std::true_type{}), 1);
-            default:
-              return go(kernel_of(One{}, std::false_type{}), 1);
-          }
+          int r = bwd_rows();
+          if (r == 0) r = groups == 1 ? 2 : 1;
+          if (r == 2) return go(kernel_of(std::integral_constant<int, 2>{}), 2);
+          return go(kernel_of(std::integral_constant<int, 1>{}), 1);
         };
         if constexpr (!std::is_same_v<T, double>) {
           constexpr int kPack = 16 / sizeof(T);
@@ -707,9 +690,8 @@ void layer_norm_backward_cuda(OpCall& c) {
                   nvec, std::integer_sequence<int, 1, 2, 4>{},
                   [&]<int P>(std::integral_constant<int, P>) {
                     launch_rows(
-                        [&]<int R, bool kPipe>(std::integral_constant<int, R>,
-                                               std::bool_constant<kPipe>) {
-                          return layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK, R, kPipe>;
+                        [&]<int R>(std::integral_constant<int, R>) {
+                          return layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK, R>;
                         },
                         BLOCK, kGroups);
                   });
