@@ -26,7 +26,7 @@ struct alignas(sizeof(T) * N) Pack {
 template <typename T, int N>
 using RawPack = std::conditional_t<sizeof(T) * N == 16, uint4, Pack<T, N>>;
 
-// Element i (a compile-time index after unrolling) of raw pack r, as f32 (or T's opmath type).
+// Element i (a compile-time index after unrolling) of raw pack r, as Acc (T's opmath type).
 template <typename T, int N, typename Acc>
 __device__ __forceinline__ Acc raw_elem(const RawPack<T, N>& r, int i) {
   if constexpr (sizeof(T) * N == 16 && sizeof(T) == 2) {
@@ -36,10 +36,9 @@ __device__ __forceinline__ Acc raw_elem(const RawPack<T, N>& r, int i) {
     } else {
       return static_cast<Acc>(T::from_bits(static_cast<uint16_t>(i % 2 == 0 ? w : w >> 16)));
     }
-  } else if constexpr (sizeof(T) * N == 16 && std::is_same_v<T, float>) {
-    return __uint_as_float(reinterpret_cast<const uint32_t*>(&r)[i]);
+  } else if constexpr (sizeof(T) * N == 16) {  // f32, f64
+    return static_cast<Acc>(reinterpret_cast<const T*>(&r)[i]);
   } else {
-    static_assert(sizeof(T) * N != 16, "raw 16-byte packs of f32, bf16 and f16 only");
     return static_cast<Acc>(r.v[i]);
   }
 }

@@ -109,6 +109,8 @@ __global__ void __launch_bounds__(256)
                              int64_t d, opmath_t<T> eps) {
   using Acc = opmath_t<T>;
   using internal::Pack;
+  using internal::raw_elem;
+  using internal::RawPack;
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
   const int64_t nvec = d / N;
@@ -116,11 +118,11 @@ __global__ void __launch_bounds__(256)
        row < rows; row += warps) {
     const T* xr = x + row * d;
     T* yr = y + row * d;
-    Pack<T, N> raw[P];
+    RawPack<T, N> raw[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int64_t v = lane + p * 32;
-      if (v < nvec) raw[p] = *reinterpret_cast<const Pack<T, N>*>(xr + v * N);
+      if (v < nvec) raw[p] = *reinterpret_cast<const RawPack<T, N>*>(xr + v * N);
     }
     Acc ss = 0;
 #pragma unroll
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(256)
       if (lane + p * 32 < nvec) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
-          const Acc f = static_cast<Acc>(raw[p].v[i]);
+          const Acc f = raw_elem<T, N, Acc>(raw[p], i);
           ss += f * f;
         }
       }
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(256)
         Acc wv[N], o[N];
         load_pack<N>(w + v * N, wv);
 #pragma unroll
-        for (int i = 0; i < N; ++i) o[i] = static_cast<Acc>(raw[p].v[i]) * r * wv[i];
+        for (int i = 0; i < N; ++i) o[i] = raw_elem<T, N, Acc>(raw[p], i) * r * wv[i];
         store_pack<N>(yr + v * N, o);
       }
     }
@@ -164,6 +166,8 @@ __global__ void __launch_bounds__(256)
                               int64_t d, opmath_t<T> eps) {
   using Acc = opmath_t<T>;
   using internal::Pack;
+  using internal::raw_elem;
+  using internal::RawPack;
   constexpr int kWarpsPerGroup = TPR / 32;
   const int groups = static_cast<int>(blockDim.x) / TPR;
   const int g = static_cast<int>(threadIdx.x) / TPR, t = static_cast<int>(threadIdx.x) % TPR;
@@ -173,7 +177,7 @@ __global__ void __launch_bounds__(256)
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
        base += static_cast<int64_t>(gridDim.x) * per_block) {
     const int64_t row0 = base + static_cast<int64_t>(g) * R;
-    Pack<T, N> raw[R][P];
+    RawPack<T, N> raw[R][P];
     Pack<W, N> wraw[kWFirst ? P : 1];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -182,7 +186,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int p = 0; p < P; ++p) {
           const int64_t v = t + p * TPR;
-          if (v < nvec) raw[r][p] = *reinterpret_cast<const Pack<T, N>*>(xr + v * N);
+          if (v < nvec) raw[r][p] = *reinterpret_cast<const RawPack<T, N>*>(xr + v * N);
         }
       }
     }
@@ -203,7 +207,7 @@ __global__ void __launch_bounds__(256)
           if (t + p * TPR < nvec) {
 #pragma unroll
             for (int i = 0; i < N; ++i) {
-              const Acc f = static_cast<Acc>(raw[r][p].v[i]);
+              const Acc f = raw_elem<T, N, Acc>(raw[r][p], i);
               ss[r] += f * f;
             }
           }
@@ -245,7 +249,7 @@ __global__ void __launch_bounds__(256)
               load_pack<N>(w + v * N, wv);
             }
 #pragma unroll
-            for (int i = 0; i < N; ++i) o[i] = static_cast<Acc>(raw[r][p].v[i]) * rs * wv[i];
+            for (int i = 0; i < N; ++i) o[i] = raw_elem<T, N, Acc>(raw[r][p], i) * rs * wv[i];
             store_pack<N>(yr + v * N, o);
           }
         }
@@ -352,6 +356,8 @@ __global__ void __launch_bounds__(256)
                               int64_t rows, int64_t d) {
   using Acc = opmath_t<T>;
   using internal::Pack;
+  using internal::raw_elem;
+  using internal::RawPack;
   constexpr int kWarps = TPR / 32;
   __shared__ Acc smem[kWarps][R];
   const int t = static_cast<int>(threadIdx.x);
@@ -367,7 +373,7 @@ __global__ void __launch_bounds__(256)
   }
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * R; base < rows;
        base += static_cast<int64_t>(gridDim.x) * R) {
-    Pack<T, N> xr[R][P], gr[R][P];
+    RawPack<T, N> xr[R][P], gr[R][P];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (base + r < rows) {
@@ -376,8 +382,8 @@ __global__ void __launch_bounds__(256)
         for (int p = 0; p < P; ++p) {
           const int64_t v = t + p * TPR;
           if (v < nvec) {
-            xr[r][p] = *reinterpret_cast<const Pack<T, N>*>(x + off + v * N);
-            gr[r][p] = *reinterpret_cast<const Pack<T, N>*>(dy + off + v * N);
+            xr[r][p] = *reinterpret_cast<const RawPack<T, N>*>(x + off + v * N);
+            gr[r][p] = *reinterpret_cast<const RawPack<T, N>*>(dy + off + v * N);
           }
         }
       }
@@ -393,8 +399,8 @@ __global__ void __launch_bounds__(256)
           if (t + p * TPR < nvec) {
 #pragma unroll
             for (int i = 0; i < N; ++i) {
-              const Acc xv = static_cast<Acc>(xr[r][p].v[i]);
-              const Acc gv = static_cast<Acc>(gr[r][p].v[i]);
+              const Acc xv = raw_elem<T, N, Acc>(xr[r][p], i);
+              const Acc gv = raw_elem<T, N, Acc>(gr[r][p], i);
               dot[r] += gv * wv[p][i] * xv;
               dw[p][i] += gv * xv * rs[r];
             }
@@ -430,8 +436,8 @@ __global__ void __launch_bounds__(256)
             Acc o[N];
 #pragma unroll
             for (int i = 0; i < N; ++i) {
-              o[i] = rs[r] * static_cast<Acc>(gr[r][p].v[i]) * wv[p][i] -
-                     static_cast<Acc>(xr[r][p].v[i]) * k;
+              o[i] = rs[r] * raw_elem<T, N, Acc>(gr[r][p], i) * wv[p][i] -
+                     raw_elem<T, N, Acc>(xr[r][p], i) * k;
             }
             store_pack<N>(dr + v * N, o);
           }
