@@ -1229,13 +1229,20 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params 
 
 // --- Host side --------------------------------------------------------------------------------
 
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
 // t itself when its last dim is contiguous and every other stride and the base allow 16-byte
-// rows (the views of a qkv projection split + transpose qualify); a contiguous copy otherwise.
+// rows (the views of a qkv projection split + transpose qualify); a fresh contiguous copy
+// otherwise (clone, not contiguous(): a contiguous view at a misaligned offset stays one).
 Tensor kernel_operand(const Tensor& t) {
   bool ok = t.stride(3) == 1 || t.size(3) <= 1;
   for (int d = 0; d < 3 && ok; ++d) ok = t.stride(d) % 8 == 0 || t.size(d) <= 1;
-  ok = ok && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  return ok ? t : t.contiguous();
+  return ok && aligned16(t) ? t : t.clone();
+}
+
+// t itself when contiguous with a 16-byte aligned base, else a fresh contiguous copy.
+Tensor aligned_contiguous(const Tensor& t) {
+  return t.is_contiguous() && aligned16(t) ? t : t.clone();
 }
 
 Strides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
@@ -1395,7 +1402,7 @@ void flash_attention_backward_cuda(OpCall& c) {
   const Tensor q = kernel_operand(c.input(1));
   const Tensor k = kernel_operand(c.input(2));
   const Tensor v = kernel_operand(c.input(3));
-  const Tensor out = c.input(4).contiguous();
+  const Tensor out = aligned_contiguous(c.input(4));  // read in 16-byte packs by the delta pass
   const Tensor lse = c.input(5).contiguous();
   const Tensor dlse = c.input(6).contiguous();
   check_supported("flash_attention_backward", q);

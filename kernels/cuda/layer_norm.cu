@@ -9,15 +9,16 @@
 // over a grid of one wave of blocks, each group looping over rows with a fixed thread -> column
 // mapping, so that every thread accumulates dweight and dbias of its columns in f32 across all
 // the rows of its group (in private shared-memory slots, with the weight in registers, where
-// they fit: kSumsInShared; else in registers). A group of 256 or 512 threads takes two rows per
-// iteration (both rows' loads in flight together, one exchange of the four row sums, one update
-// of the shared sums; KILN_LAYERNORM_BWD, see bwd_rows()). x and dy are read once; dx is written
-// per row from the registers. Packs stay raw 16-byte words in registers (RawPack) and each
-// element is widened where it is used. The groups of a block add their sums into the block's
-// partial row in group order; the per-block partials [grid, D] are then summed by column in a
-// second small kernel, in a fixed order (deterministic, no atomics). KILN_LAYERNORM_THREADS (32,
-// 128, 256 or 512; cached, see threads_switch()) forces the threads per row of both passes where
-// the row fits, for timing side by side (benchmarks/gpu). Rows whose length or pointers do not
+// they fit: kSumsInShared; else in registers). A group of 256 threads takes two rows per
+// iteration where a thread holds at most 2 packs (both rows' loads in flight together, one
+// exchange of the four row sums, one update of the shared sums; KILN_LAYERNORM_BWD, see
+// bwd_rows()). x and dy are read once; dx is written per row from the registers. Packs stay
+// raw 16-byte words in registers (RawPack) and each element is widened where it is used. The
+// groups of a block add their sums into the block's partial row in group order; the per-block
+// partials [grid, D] are then summed by column in a second small kernel, in a fixed order
+// (deterministic, no atomics). KILN_LAYERNORM_THREADS (32, 128, 256 or 512; cached, see
+// threads_switch()) forces the threads per row of both passes where the row fits, for timing
+// side by side (benchmarks/gpu). Rows whose length or pointers do not
 // allow 16-byte packs run the same kernels with packs of one element. Rows too long for the
 // register kernels, and f64, take block-per-row kernels that loop over the row (x is read three
 // times forward, twice backward; L1/L2 serve the repeats).
@@ -240,23 +241,23 @@ constexpr bool kSumsInShared = 2 * P* N* BLOCK * sizeof(Acc) <= 32768;
 
 // Register caps of the backward (resident blocks per SM for __launch_bounds__): one pack per
 // thread with the sums in shared memory, 64 registers (4 blocks of 256 threads); up to 2 packs,
-// 85 (3 blocks: at 64 the 2-pack kernel spills); more packs, none. Two rows per iteration: 85
-// for one pack, 128 for two.
+// 85 (3 blocks: at 64 the 2-pack kernel spills); more packs, none. Two rows per iteration (at
+// most 2 packs): 85 for one pack, 128 for two (at 256 threads: 3 and 2 blocks).
 template <typename Acc, int N, int P, int BLOCK, int R>
-constexpr int kBwdMinBlocks = R > 1 ? (P == 1   ? 65536 / (BLOCK * 85)
-                                       : P == 2 ? 65536 / (BLOCK * 128)
-                                                : 1)
-                              : (kSumsInShared<Acc, N, P, BLOCK>&& P == 1) ? 65536 / (BLOCK * 64)
-                              : P <= 2                                     ? 65536 / (BLOCK * 85)
-                                                                           : 1;
+constexpr int bwd_min_blocks() {
+  if (P > 2) return 1;
+  if (R > 1) return 65536 / (BLOCK * (P == 1 ? 85 : 128));
+  return 65536 / (BLOCK * (P == 1 && kSumsInShared<Acc, N, P, BLOCK> ? 64 : 85));
+}
+template <typename Acc, int N, int P, int BLOCK, int R>
+constexpr int kBwdMinBlocks = bwd_min_blocks<Acc, N, P, BLOCK, R>();
 
 // Backward for rows of at most TPR * P packs (layout as the forward kernel), R rows per group
-// and iteration. Each thread
-// accumulates its columns' dweight and dbias sums over all the rows of its group, and writes
-// them to the block's partial rows [blockIdx.x] at the end. Where kSumsInShared the sums live in
-// shared memory and the weight in registers: with sums and weight in registers the kernel spilled
-// at its register cap, and reading the weight per use put an L1 round trip on every row's
-// critical path.
+// and iteration. Each thread accumulates its columns' dweight and dbias sums over all the rows
+// of its group, and writes them to the block's partial rows [blockIdx.x] at the end. Where
+// kSumsInShared the sums live in shared memory and the weight in registers: with sums and weight in
+// registers the kernel spilled at its register cap, and reading the weight per use put an L1 round
+// trip on every row's critical path.
 template <typename T, typename W, int N, int P, int TPR, int BLOCK, int R>
 __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK, R>)
     layer_norm_bwd_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ part_w,
@@ -518,10 +519,11 @@ int threads_switch() {
 }
 
 // KILN_LAYERNORM_BWD (cached; reload_env_switches() after a setenv): the rows each group of the
-// backward register kernel takes per iteration, "rows1" or "rows2", for timing side by side.
-// Unset: two where a block is one row group (256 and 512 threads per row: 1.07x at 32768 x 4096,
-// 1.14x at 8192 x 2048 bf16 on the H200, benchmarks/RESULTS.md), else one. Returns the rows, 0
-// where unset.
+// backward register kernel takes per iteration, "rows1" or "rows2", for timing side by side;
+// rows of more than 2 packs per thread always take one (two would spill). Unset: two for
+// 256-thread groups (1.07x at 32768 x 4096, 1.14x at 8192 x 2048 bf16 on the H200; at 512
+// threads two rows were slower: benchmarks/RESULTS.md), else one. Returns the rows, 0 where
+// unset.
 int bwd_rows() {
   static const kiln::internal::EnvChoice choice("KILN_LAYERNORM_BWD", {"rows1", "rows2"});
   return choice.get() + 1;
@@ -661,7 +663,7 @@ void layer_norm_backward_cuda(OpCall& c) {
         };
         // Launches kernel_of(R) for the rows per iteration of bwd_rows() (or the default) and
         // sums its partials.
-        auto launch_rows = [&](auto kernel_of, int block, int groups) {
+        auto launch_rows = [&](auto kernel_of, int block, int groups, int packs) {
           auto go = [&](auto kernel, int r) {
             // One wave, so that each block's partials are written once, at its end.
             const int64_t per_iter = static_cast<int64_t>(groups) * r;
@@ -674,7 +676,8 @@ void layer_norm_backward_cuda(OpCall& c) {
             column_sums(part, nb);
           };
           int r = bwd_rows();
-          if (r == 0) r = groups == 1 ? 2 : 1;
+          if (r == 0) r = groups == 1 && block == 256 ? 2 : 1;
+          if (packs > 2) r = 1;  // two rows of 3-4 packs per thread would spill
           if (r == 2) return go(kernel_of(std::integral_constant<int, 2>{}), 2);
           return go(kernel_of(std::integral_constant<int, 1>{}), 1);
         };
@@ -686,15 +689,15 @@ void layer_norm_backward_cuda(OpCall& c) {
             auto go = [&]<int TPR, int BLOCK>(std::integral_constant<int, TPR>,
                                               std::integral_constant<int, BLOCK>) {
               constexpr int kGroups = BLOCK / TPR;
-              return with_packs<TPR>(
-                  nvec, std::integer_sequence<int, 1, 2, 4>{},
-                  [&]<int P>(std::integral_constant<int, P>) {
-                    launch_rows(
-                        [&]<int R>(std::integral_constant<int, R>) {
-                          return layer_norm_bwd_kernel<T, W, N, P, TPR, BLOCK, R>;
-                        },
-                        BLOCK, kGroups);
-                  });
+              return with_packs<TPR>(nvec, std::integer_sequence<int, 1, 2, 4>{},
+                                     [&]<int P>(std::integral_constant<int, P>) {
+                                       launch_rows(
+                                           [&]<int R>(std::integral_constant<int, R>) {
+                                             return layer_norm_bwd_kernel < T, W, N, P, TPR, BLOCK,
+                                                    P <= 2 ? R : 1 > ;
+                                           },
+                                           BLOCK, kGroups, P);
+                                     });
             };
             return with_row_threads<256>(threads_per_row(d, nvec, 4, 256), go);
           };

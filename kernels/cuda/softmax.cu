@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <limits>
 
-#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/loops.cuh"
 #include "tensor/env_switch.h"
 
@@ -162,16 +161,64 @@ __device__ __forceinline__ opmath_t<T> exp_for_sum(opmath_t<T> x) {
   }
 }
 
+// The bulk copy (sm_90's TMA unit) of the 16-byte-aligned body of a row into shared memory,
+// completing on an mbarrier: the whole row is in flight at once, without registers, where
+// 16-byte loads through registers (kRowUnroll per thread) took four round trips per row.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KILN_SOFTMAX_BULK_COPY 1
+#endif
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(KILN_SOFTMAX_BULK_COPY)
+// Starts the copy of `bytes` (a multiple of 16; src and dst 16-byte aligned) on the barrier `bar`
+// (initialised for one arrival): one thread arrives, announcing the bytes, and issues the copies.
+__device__ __forceinline__ void bulk_load_start(void* dst, const void* src, uint32_t bytes,
+                                                uint64_t* bar) {
+  constexpr uint32_t kChunk = 16384;
+  const uint32_t b = smem_address(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
+               : "memory");
+  for (uint32_t off = 0; off < bytes; off += kChunk) {
+    const uint32_t n = bytes - off < kChunk ? bytes - off : kChunk;
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"(smem_address(static_cast<char*>(dst) + off)),
+        "l"(static_cast<const char*>(src) + off), "r"(n), "r"(b)
+        : "memory");
+  }
+}
+
+// Waits until phase 0 of `bar` has completed (the copy has landed and is visible).
+__device__ __forceinline__ void bulk_load_wait(uint64_t* bar) {
+  const uint32_t b = smem_address(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(b), "r"(0u)
+        : "memory");
+  } while (done == 0);
+}
+#endif
+
 // One block per row, the row cached in (dynamic) shared memory: global memory is read once and
 // written once with 16-byte stores. On sm_90 the row's aligned body comes in by one bulk copy
-// (bulk::copy) while the threads fetch the scalar head and tail; elsewhere by 16-byte loads
+// (bulk_load_start) while the threads fetch the scalar head and tail; elsewhere by 16-byte loads
 // through registers (kRowUnroll in flight per thread). Then three passes over shared memory: the
 // maximum m, the sum s of exp(x - m), and y. Shared memory holds element e at row[e], with row
 // shifted so that row + hx is 16-byte aligned like xr + hx (hx: the scalar head of xr). Offsets
 // are 32-bit (the row fits in shared memory).
 template <typename T, bool kLog>
 __global__ void __launch_bounds__(kSmemRowThreads, kSmemRowMinBlocks<T>)
-    softmax_smem_kernel(const T* __restrict__ x, T* __restrict__ y, int R, bool use_bulk) {
+    softmax_smem_kernel(const T* __restrict__ x, T* __restrict__ y, int R, bool bulk) {
   using M = opmath_t<T>;
   using Vt = VecOf<T>;
   constexpr int V = kVec<T>;
@@ -188,21 +235,21 @@ __global__ void __launch_bounds__(kSmemRowThreads, kSmemRowMinBlocks<T>)
   Vt* sv = reinterpret_cast<Vt*>(row + hx);
 
   M m = -std::numeric_limits<M>::infinity();
-  static_cast<void>(use_bulk);  // without sm_90, always the loads through registers
-#if defined(KILN_BULK_COPY)
+  static_cast<void>(bulk);  // without sm_90, always the loads through registers
+#if defined(KILN_SOFTMAX_BULK_COPY)
   __shared__ alignas(8) uint64_t bar;
-  if (use_bulk) {
+  if (bulk) {
     if (tid == 0) {
-      bulk::init(&bar);
-      if (nv > 0) {
-        bulk::expect(&bar, static_cast<uint32_t>(nv) * 16u);
-        bulk::copy(sv, xv, static_cast<uint32_t>(nv) * 16u, &bar);
-      }
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_address(&bar)) : "memory");
+      // The initialised barrier visible to the async proxy (the copy engine) before its use.
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      if (nv > 0) bulk_load_start(sv, xv, static_cast<uint32_t>(nv) * 16u, &bar);
     }
     for (int e = tid; e < hx; e += nt) row[e] = xr[e];
     for (int e = tail + tid; e < R; e += nt) row[e] = xr[e];
     __syncthreads();  // the head and tail (and the barrier's initialisation) visible
-    if (nv > 0) bulk::wait(&bar, 0);
+    if (nv > 0) bulk_load_wait(&bar);
     for (int e = tid; e < hx; e += nt) m = max_of(m, static_cast<M>(row[e]));
 #pragma unroll 4
     for (int i = tid; i < nv; i += nt) {

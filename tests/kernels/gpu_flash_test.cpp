@@ -193,6 +193,44 @@ TEST_F(GpuFlashAttention, StridedQkvSplitAndUnalignedViews) {
   }
 }
 
+// Contiguous views at an offset of one element (2 bytes off 16-byte alignment) for every
+// operand of the forward and the backward, out included (the backward's delta pass reads dout
+// and out in 16-byte packs): the kernels take aligned copies.
+TEST_F(GpuFlashAttention, ContiguousMisalignedViews) {
+  manual_seed(47);
+  const Shape shape = {1, 2, 70, 64};
+  const int64_t n = 2 * 70 * 64;
+  auto misaligned = [&](const Tensor& cpu) {
+    Tensor flat = empty({n + 1}, TensorOptions(kBFloat16).device(kGpu));
+    Tensor view = flat.slice(0, 1, n + 1).view(shape);
+    view.copy_(cpu.to(kGpu));
+    EXPECT_TRUE(view.is_contiguous());
+    return view;
+  };
+  const Tensor q = randn(shape).to(kBFloat16), k = randn(shape).to(kBFloat16),
+               v = randn(shape).to(kBFloat16), dout = randn(shape).to(kBFloat16);
+  static const OpDef& fwd = KILN_OP(flash_attention);
+  static const OpDef& bwd = KILN_OP(flash_attention_backward);
+  const absl::InlinedVector<Attr, 4> attrs = {0.125, true, int64_t{0}, 0.0};
+  const TensorVec r = call_op(fwd, {q, k, v}, attrs);
+  const Tensor dlse = zeros(r[1].sizes());
+  const TensorVec dr = call_op(bwd, {dout, q, k, v, r[0], r[1], dlse}, attrs);
+  for (const std::string& path : kernel_paths()) {
+    SCOPED_TRACE("kernel path " + path);
+    const KernelPath scope(path);
+    const TensorVec g = call_op(fwd, {misaligned(q), misaligned(k), misaligned(v)}, attrs);
+    EXPECT_LE(rel_error(g[0], r[0]), out_tol(kBFloat16)) << "out";
+    EXPECT_LE(rel_error(g[1], r[1]), 1e-4) << "lse";
+    const TensorVec dg = call_op(bwd,
+                                 {misaligned(dout), misaligned(q), misaligned(k), misaligned(v),
+                                  misaligned(r[0]), r[1].to(kGpu), dlse.to(kGpu)},
+                                 attrs);
+    EXPECT_LE(rel_error(dg[0], dr[0]), grad_tol(kBFloat16)) << "dq";
+    EXPECT_LE(rel_error(dg[1], dr[1]), grad_tol(kBFloat16)) << "dk";
+    EXPECT_LE(rel_error(dg[2], dr[2]), grad_tol(kBFloat16)) << "dv";
+  }
+}
+
 TEST_F(GpuFlashAttention, LongerSequencesManyBlocks) {
   manual_seed(45);
   check_case({1, 4, 2, 1024, 1024, 64, true});
