@@ -479,35 +479,36 @@ int main(int argc, char** argv) {
       // rows), each output compared with the default's.
       const Tensor y0 = kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat);
       const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
+      // Times the backward under the current switches as "bwd" + tag; returns max |difference|
+      // of dx and dweight against the default's.
+      auto time_bwd = [&](const std::string& tag) {
+        report("layernorm " + shape + " bf16 bwd" + tag, time_ms([&](int i) {
+                 (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
+               }),
+               0, 3 * tensor_bytes);
+        const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
+        return std::pair<double, double>{
+            g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
+            g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>()};
+      };
       for (const char* tpr : {"128", "256", "512"}) {
         set_switch("KILN_LAYERNORM_THREADS", tpr);
         const std::string tag = std::string(" [") + tpr + " threads]";
         report("layernorm " + shape + " bf16 fwd" + tag,
                time_ms([&](int i) { (void)kiln::layer_norm(xs[i % 4], w, b, 1e-5); }), 0,
                2 * tensor_bytes);
-        report("layernorm " + shape + " bf16 bwd" + tag, time_ms([&](int i) {
-                 (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
-               }),
-               0, 3 * tensor_bytes);
-        const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
+        const auto [ddx, ddw] = time_bwd(tag);
         std::printf(
             "  (max |y - y[default]| = %g, |dx - dx[default]| = %g, |dw - dw[default]| = %g)\n",
             kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat).sub(y0).abs().max().item<double>(),
-            g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
-            g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
+            ddx, ddw);
       }
       set_switch("KILN_LAYERNORM_THREADS", nullptr);
       // The backward's rows per iteration side by side (KILN_LAYERNORM_BWD; kiln-only rows).
       for (const char* scheme : {"rows1", "rows2"}) {
         set_switch("KILN_LAYERNORM_BWD", scheme);
-        report("layernorm " + shape + " bf16 bwd [" + scheme + "]", time_ms([&](int i) {
-                 (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
-               }),
-               0, 3 * tensor_bytes);
-        const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
-        std::printf("  (max |dx - dx[default]| = %g, |dw - dw[default]| = %g)\n",
-                    g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
-                    g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
+        const auto [ddx, ddw] = time_bwd(std::string(" [") + scheme + "]");
+        std::printf("  (max |dx - dx[default]| = %g, |dw - dw[default]| = %g)\n", ddx, ddw);
       }
       set_switch("KILN_LAYERNORM_BWD", nullptr);
     }

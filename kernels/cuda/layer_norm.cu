@@ -345,11 +345,13 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK,
 #pragma unroll
     for (int i = 0; i < N; ++i) dw(p, i) = db(p, i) = 0;
   }
-  // The packs and statistics of the R rows of this group in the iteration at `base`: rows
-  // row0 + j, row0 = base + g R.
-  auto fetch = [&](int64_t base, RawPack<T, N>(&xr)[R][P], RawPack<T, N>(&gr)[R][P], Acc(&m)[R],
-                   Acc(&r)[R]) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups * R;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups * R; base < rows; base += step) {
+    // This group's R rows, row0 + j: all their loads are issued before any use, and each shared
+    // sum is read and written once per R rows.
     const int64_t row0 = base + static_cast<int64_t>(g) * R;
+    RawPack<T, N> xr[R][P], gr[R][P];
+    Acc m[R], r[R];
 #pragma unroll
     for (int j = 0; j < R; ++j) {
       const bool active = row0 + j < rows;
@@ -364,15 +366,6 @@ __global__ void __launch_bounds__(BLOCK, kBwdMinBlocks<opmath_t<T>, N, P, BLOCK,
       m[j] = active ? mean[row0 + j] : Acc(0);
       r[j] = active ? rstd[row0 + j] : Acc(0);
     }
-  };
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups * R;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups * R; base < rows; base += step) {
-    // All loads of the R rows are issued before any use, and each shared sum is read and
-    // written once per R rows.
-    const int64_t row0 = base + static_cast<int64_t>(g) * R;
-    RawPack<T, N> xr[R][P], gr[R][P];
-    Acc m[R], r[R];
-    fetch(base, xr, gr, m, r);
     // sums[2 j] = sum of g = dy * w over row j, sums[2 j + 1] = sum of g * xh, with
     // xh = (x - mean) * rstd.
     Acc sums[2 * R];

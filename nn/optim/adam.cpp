@@ -191,7 +191,6 @@ bool multi_tensor_eligible(const Tensor& param, const OptimizerParamState& state
       !(dt == kFloat || dt == kBFloat16 || dt == kHalf)) {
     return false;
   }
-  if (state_dtype != kFloat && state_dtype != dt) return false;
   if (param.grad().device() != param.device()) return false;
   for (const char* name : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
     if (!amsgrad && std::string(name) == "max_exp_avg_sq") continue;
