@@ -212,8 +212,18 @@ void bench_flash_attention() {
              (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
            }),
            2.5 * flops, 0);
-    set_switch("KILN_FLASH_KERNEL", "fwd_v2");  // the previous default forward, for comparison
-    report(base + " fwd [v2]", time_ms([&](int) {
+    // The forward's other configurations side by side: v4 (wgmma) with other warpgroup counts
+    // and key-block sizes (the default is 2x64), and the previous default v3 (mma.sync).
+    for (const char* config : {"1x64", "4x64", "2x128", "3x128"}) {
+      set_switch("KILN_FLASH_WGMMA", config);
+      report(base + " fwd [wgmma " + config + "]", time_ms([&](int) {
+               (void)kiln::call_op(fwd, {q, k, v}, attrs);
+             }),
+             flops, 0);
+    }
+    set_switch("KILN_FLASH_WGMMA", nullptr);
+    set_switch("KILN_FLASH_KERNEL", "fwd_v3");
+    report(base + " fwd [v3]", time_ms([&](int) {
              (void)kiln::call_op(fwd, {q, k, v}, attrs);
            }),
            flops, 0);

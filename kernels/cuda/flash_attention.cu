@@ -94,6 +94,8 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/loops.cuh"
+#include "kernels/cuda/wgmma.cuh"
 #include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -1019,6 +1021,193 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
   }
 }
 
+// Forward v4 (Hopper, sm_90a; the default at D 64 with scale > 0 on a compute-capability-9 GPU):
+// the two GEMMs of every key block run as warpgroup MMAs (wgmma) instead of per-warp mma.sync.
+// A CTA is NWG warpgroups of 128 threads, each owning 64 query rows of a 64 NWG-row query block;
+// K and V blocks of BN keys are double-buffered in shared memory through cp.async (every thread
+// copies), in the 128-byte-swizzled layout wgmma reads directly (wgmma.cuh), so no shared-memory
+// fragment loads are issued: S = Q K^T is BN / ... m64nBNk16 steps with Q and K from shared memory,
+// and O += P V takes P from the S accumulators in registers (their layout is wgmma's A fragment
+// layout) and V from shared memory read N-major (transposed). The softmax is v3's: raw scores,
+// the scale folded into one FFMA per probability before ex2. Each warpgroup skips the key blocks
+// entirely after its own last row, and masks only the blocks straddling the causal edge, the
+// window edge or the end of the keys.
+// Configurations (KILN_FLASH_WGMMA=NWGxBN, measured in benchmarks/RESULTS.md): 2x64 (the
+// default: 2 CTAs, so 4 warpgroups, per SM, up to 128 registers), 1x64 (4 CTAs per SM), 4x64,
+// 2x128 and 3x128 (1 CTA per SM). What matters is warpgroups per SM: while one computes its
+// softmax, the tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.29x slower
+// than 2x64 on the H200).
+template <int NWG, int BN>
+constexpr int kWgmmaMinBlocks = BN == 128 ? 1 : (NWG == 1 ? 4 : NWG == 2 ? 2 : 1);
+
+template <typename E, bool kCap, int NWG, int BN>
+__global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
+    flash_fwd_kernel_wgmma(const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace kiln::cuda::internal;
+  constexpr int D = 64, NT = 128 * NWG, BM = 64 * NWG;
+  constexpr uint32_t kRowBytes = D * 2, kTileQ = BM * kRowBytes, kTileKV = BN * kRowBytes;
+  extern __shared__ unsigned char smem_raw[];
+  // wgmma's swizzle repeats every 1024 bytes: tiles start on a 1024-byte boundary.
+  const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t sq = (sraw + 1023) & ~1023u, sk = sq + kTileQ, sv = sk + 2 * kTileKV;
+  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int mb = static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y);
+  const int bh = blockIdx.x, b = bh / p.h, h = bh % p.h, kvh = h / (p.h / p.hkv);
+  const int m0 = mb * BM, wfirst = m0 + 64 * wg, wlast = wfirst + 63;
+  const E* q = static_cast<const E*>(p.q) + b * p.sq.b + h * p.sq.h;
+  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
+  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
+
+  int kend = p.s, kbeg = 0;
+  if (p.causal) kend = min(kend, m0 + BM);
+  if (p.window > 0) kbeg = max(0, m0 - p.window + 1);
+  const int nb0 = kbeg / BN;
+  const int nb1 = kend > kbeg ? (kend + BN - 1) / BN : nb0;
+
+  // Rows [row0, row0 + ROWS) of a [*, 64] matrix (row stride ld) into a swizzled tile at shared
+  // address dst; rows at or past `rows` are zero-filled.
+  auto load = [&]<int ROWS>(uint32_t dst, const E* src, int64_t ld, int row0, int rows) {
+#pragma unroll
+    for (int c = tid; c < ROWS * 8; c += NT) {
+      const int r = c >> 3, ch = c & 7;
+      const bool ok = row0 + r < rows;
+      const E* from = ok ? src + static_cast<int64_t>(row0 + r) * ld + ch * 8 : src;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                       dst + swizzle_offset(r, ch * 8)),
+                   "l"(from), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+  };
+  load.template operator()<BM>(sq, q, p.sq.t, m0, p.t);
+  if (nb0 < nb1) {
+    load.template operator()<BN>(sk, k, p.sk.t, nb0 * BN, p.s);
+    load.template operator()<BN>(sv, v, p.sv.t, nb0 * BN, p.s);
+  }
+  cp_async_commit();
+
+  float o[D / 2], s[BN / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+  // Rows g and g + 8 of this warp's 16: the running maximum (exp2 domain) and this thread's
+  // share of the running sum (the quad's shares are added at the end).
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+  const float sl = kCap ? 1.0f : p.scale * kLog2e;
+  const uint32_t sq_wg = sq + wg * 64 * kRowBytes;
+
+  for (int nb = nb0; nb < nb1; ++nb) {
+    const int buf = (nb - nb0) & 1;
+    if (nb + 1 < nb1) {
+      load.template operator()<BN>(sk + (buf ^ 1) * kTileKV, k, p.sk.t, (nb + 1) * BN, p.s);
+      load.template operator()<BN>(sv + (buf ^ 1) * kTileKV, v, p.sv.t, (nb + 1) * BN, p.s);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async();  // this thread's cp.async writes, before wgmma (async proxy) reads them
+    __syncthreads();
+    const uint32_t kb = sk + buf * kTileKV, vb = sv + buf * kTileKV;
+    const int n0 = nb * BN;
+    if (!(p.causal && n0 > wlast)) {  // warpgroup-uniform
+      acc_fence(s);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wgmma_ss<E, BN, 0>(s, smem_desc(sq_wg + kk * 32, 16, 1024),
+                           smem_desc(kb + kk * 32, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      acc_fence(s);
+      const bool mask = n0 + BN > p.s || (p.causal && n0 + BN - 1 > wfirst) ||
+                        (p.window > 0 && n0 <= wlast - p.window);
+      if (kCap || mask) {
+#pragma unroll
+        for (int e = 0; e < BN / 2; ++e) {
+          const int i = wfirst + 16 * w + g + 8 * ((e >> 1) & 1);
+          const int j = n0 + 8 * (e >> 2) + 2 * t + (e & 1);
+          float x = s[e];
+          if constexpr (kCap) x = p.softcap * tanhf(x * p.scale / p.softcap) * kLog2e;
+          if (mask && !visible(p, i, j)) x = -INFINITY;
+          s[e] = x;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+          mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(mrow[r], mx * sl);
+        const float muse = mnew == -INFINITY ? 0.0f : mnew;
+        const float alpha = fast_exp2(mrow[r] - muse);
+        mrow[r] = mnew;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+          s[4 * nt + 2 * r] = fast_exp2(fmaf(s[4 * nt + 2 * r], sl, -muse));
+          s[4 * nt + 2 * r + 1] = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], sl, -muse));
+          sum += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
+        }
+        lrow[r] = lrow[r] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          o[4 * dt + 2 * r] *= alpha;
+          o[4 * dt + 2 * r + 1] *= alpha;
+        }
+      }
+      uint32_t a[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        a[kk][0] = pack2<E>(s[8 * kk + 0], s[8 * kk + 1]);
+        a[kk][1] = pack2<E>(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = pack2<E>(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = pack2<E>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      acc_fence(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        wgmma_rs<E, D, 1>(o, a[kk], smem_desc(vb + kk * 16 * kRowBytes, BN * kRowBytes, 1024),
+                          true);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      acc_fence(o);
+    }
+    __syncthreads();  // every warpgroup is done with this buffer before it is refilled
+  }
+
+  E* out = static_cast<E*>(p.out) + static_cast<int64_t>(bh) * p.t * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int i = wfirst + 16 * w + g + 8 * r;
+    if (i < p.t) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
+            pack2<E>(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
+      }
+      if (t == 0) {
+        p.lse[static_cast<int64_t>(bh) * p.t + i] = l > 0.0f ? mrow[r] * kLn2 + logf(l) : -INFINITY;
+      }
+    }
+  }
+#else
+  __trap();  // launched only where the sm_90a code exists (kWgmmaBuilt, compute capability 9)
+#endif
+}
+
 // Backward v2 (D 64): as v1, plus
 //   - grid (B * H_kv, key blocks) with the key block in y: for causal the heaviest (first) key
 //     blocks of every head are issued before any lighter one, so the long blocks do not trail;
@@ -1291,8 +1480,31 @@ void visit_d_cap(int64_t d, bool cap, F&& f) {
 // KILN_FLASH_KERNEL: -1 unset or empty, else the index of its value among these.
 int flash_kernel_switch() {
   static const kiln::internal::EnvChoice kernel("KILN_FLASH_KERNEL",
-                                                {"v1", "fwd_v1", "bwd_v1", "fwd_v2"});
+                                                {"v1", "fwd_v1", "bwd_v1", "fwd_v2", "fwd_v3"});
   return kernel.get();
+}
+
+// Whether this build holds the sm_90a code of the wgmma kernels (CMake defines KILN_CUDA_SM90A
+// when 90a is among CMAKE_CUDA_ARCHITECTURES).
+#if defined(KILN_CUDA_SM90A)
+constexpr bool kWgmmaBuilt = true;
+#else
+constexpr bool kWgmmaBuilt = false;
+#endif
+
+// The forward v4 (wgmma) runs unless another forward is selected, the build lacks sm_90a code
+// or the device is not compute capability 9.x.
+bool use_fwd_wgmma() {
+  const int choice = flash_kernel_switch();
+  return kWgmmaBuilt && choice != 0 && choice != 1 && choice != 3 && choice != 4 &&
+         loops::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
+}
+
+// KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size (default 2x64).
+int fwd_wgmma_config() {
+  static const kiln::internal::EnvChoice config("KILN_FLASH_WGMMA",
+                                                {"2x64", "1x64", "4x64", "2x128", "3x128"});
+  return std::max(config.get(), 0);
 }
 
 // KILN_FLASH_KERNEL=v1 selects the v1 kernels for both passes, fwd_v1 / bwd_v1 for one pass
@@ -1345,8 +1557,33 @@ void flash_attention_cuda(OpCall& c) {
   Params p = make_params(c, q, k, v);
   p.out = out.data_ptr();
   p.lse = static_cast<float*>(lse.data_ptr());
-  // v3 (the default at D 64 with a positive scale) and v2 put the query blocks in grid.y (at
-  // most 65535 of them).
+  // v4 (the default at D 64 with a positive scale on Hopper), v3 (elsewhere) and v2 put the
+  // query blocks in grid.y (at most 65535 of them).
+  if (q.size(3) == 64 && p.scale > 0 && use_fwd_wgmma()) {
+    auto go = [&]<int NWG, int BN>() {
+      const int64_t nqb = (q.size(2) + 64 * NWG - 1) / (64 * NWG);
+      if (nqb > 65535) return false;
+      const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)), static_cast<unsigned>(nqb));
+      const size_t smem = 1024 + 128 * (64 * NWG + 4 * BN);  // alignment slack, Q, 2 x (K, V)
+      visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
+        if (p.softcap > 0) {
+          launch(flash_fwd_kernel_wgmma<E, true, NWG, BN>, grid, smem, p, "flash_fwd_kernel_wgmma",
+                 128 * NWG);
+        } else {
+          launch(flash_fwd_kernel_wgmma<E, false, NWG, BN>, grid, smem, p,
+                 "flash_fwd_kernel_wgmma", 128 * NWG);
+        }
+      });
+      return true;
+    };
+    const int config = fwd_wgmma_config();
+    const bool done = config == 0   ? go.template operator()<2, 64>()
+                      : config == 1 ? go.template operator()<1, 64>()
+                      : config == 2 ? go.template operator()<4, 64>()
+                      : config == 3 ? go.template operator()<2, 128>()
+                                    : go.template operator()<3, 128>();
+    if (done) return;
+  }
   const int64_t nqb3 = (q.size(2) + 127) / 128;
   if (!use_v1_kernels(true) && !use_fwd_v2() && q.size(3) == 64 && p.scale > 0 && nqb3 <= 65535) {
     const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)), static_cast<unsigned>(nqb3));

@@ -11,8 +11,7 @@
 // gradients chain two such roundings and a cancellation (dP - Delta). Hence 1e-2 / 2e-3 for
 // out, 2e-2 / 4e-3 for the gradients; lse is f32 throughout (1e-4 covers exp2f/logf).
 //
-// Every case runs on each kernel path (kernel_paths(): v1, the default v2, v2 with the 4-warp
-// D 64 forward) against one CPU reference.
+// Every case runs on each kernel path (kernel_paths()) against one CPU reference.
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
@@ -77,11 +76,15 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
 }
 
 // The kernel paths of kernels/cuda/flash_attention.cu, chosen by environment variables read at
-// every call: v1 (KILN_FLASH_KERNEL=v1), the default (v3 forward at D 64, v2 elsewhere), the v2
-// forward with 8 warps (KILN_FLASH_KERNEL=fwd_v2) and with 4 warps (and KILN_FLASH_FWD_WARPS=4).
-// D 128 backward is v1 on every path.
+// every call: v1 (KILN_FLASH_KERNEL=v1), the default (at D 64 the v4 wgmma forward with 2
+// warpgroups and 64-key blocks on Hopper, else v3; v2 at D 128), v4's other configurations
+// (KILN_FLASH_WGMMA=1x64, 4x64, 2x128, 3x128), the v3 forward (KILN_FLASH_KERNEL=fwd_v3), the v2 forward with
+// 8 warps (KILN_FLASH_KERNEL=fwd_v2) and with 4 warps (and KILN_FLASH_FWD_WARPS=4). D 128
+// backward is v1 on every path.
 const std::vector<std::string>& kernel_paths() {
-  static const std::vector<std::string> paths = {"v1", "default", "fwd_v2", "fwd_v2-4warps"};
+  static const std::vector<std::string> paths = {
+      "v1",          "default", "wgmma-1x64", "wgmma-4x64",   "wgmma-2x128",
+      "wgmma-3x128", "fwd_v3",  "fwd_v2",     "fwd_v2-4warps"};
   return paths;
 }
 
@@ -90,12 +93,14 @@ class KernelPath {
  public:
   explicit KernelPath(const std::string& path)
       : kernel_("KILN_FLASH_KERNEL", path == "v1"                 ? "v1"
+                                     : path == "fwd_v3"           ? "fwd_v3"
                                      : path.starts_with("fwd_v2") ? "fwd_v2"
                                                                   : ""),
-        warps_("KILN_FLASH_FWD_WARPS", path == "fwd_v2-4warps" ? "4" : "") {}
+        warps_("KILN_FLASH_FWD_WARPS", path == "fwd_v2-4warps" ? "4" : ""),
+        wgmma_("KILN_FLASH_WGMMA", path.starts_with("wgmma-") ? path.substr(6) : "") {}
 
  private:
-  test::ScopedEnv kernel_, warps_;
+  test::ScopedEnv kernel_, warps_, wgmma_;
 };
 
 void check_case(const Case& c) {
