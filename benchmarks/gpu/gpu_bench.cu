@@ -227,6 +227,17 @@ void bench_flash_attention() {
              (void)kiln::call_op(fwd, {q, k, v}, attrs);
            }),
            flops, 0);
+    set_switch("KILN_FLASH_WGMMA_BWD", "2x64");
+    report(base + " bwd [wgmma 2x64]", time_ms([&](int) {
+             (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
+           }),
+           2.5 * flops, 0);
+    set_switch("KILN_FLASH_WGMMA_BWD", nullptr);
+    set_switch("KILN_FLASH_KERNEL", "bwd_v2");  // the previous default backward (mma.sync)
+    report(base + " bwd [v2]", time_ms([&](int) {
+             (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
+           }),
+           2.5 * flops, 0);
     set_switch("KILN_FLASH_KERNEL", nullptr);
   }
 }

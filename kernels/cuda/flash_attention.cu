@@ -125,6 +125,18 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
+// The two 16-bit elements of a pack2 word, widened (low half first).
+template <typename E>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  } else {
+    __half2 h;
+    memcpy(&h, &w, 4);
+    return __half22float2(h);
+  }
+}
+
 template <typename E>
 __device__ __forceinline__ float to_f32(E x) {
   if constexpr (std::is_same_v<E, __nv_bfloat16>) {
@@ -1037,6 +1049,24 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
 // 2x128 and 3x128 (1 CTA per SM). What matters is warpgroups per SM: while one computes its
 // softmax, the tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.29x slower
 // than 2x64 on the H200).
+// Rows [row0, row0 + ROWS) of a [*, 64] matrix (row stride ld elements) into the
+// 128-byte-swizzled tile at shared address dst (wgmma.cuh), by the NT threads of the CTA through
+// cp.async; rows at or past `rows` are zero-filled.
+template <typename E, int ROWS, int NT>
+__device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_t ld, int row0,
+                                              int rows) {
+#pragma unroll
+  for (int c = threadIdx.x; c < ROWS * 8; c += NT) {
+    const int r = c >> 3, ch = c & 7;
+    const bool ok = row0 + r < rows;
+    const E* from = ok ? src + static_cast<int64_t>(row0 + r) * ld + ch * 8 : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     dst + internal::swizzle_offset(r, ch * 8)),
+                 "l"(from), "r"(ok ? 16 : 0)
+                 : "memory");
+  }
+}
+
 template <int NWG, int BN>
 constexpr int kWgmmaMinBlocks = BN == 128 ? 1 : (NWG == 1 ? 4 : NWG == 2 ? 2 : 1);
 
@@ -1066,24 +1096,10 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
   const int nb0 = kbeg / BN;
   const int nb1 = kend > kbeg ? (kend + BN - 1) / BN : nb0;
 
-  // Rows [row0, row0 + ROWS) of a [*, 64] matrix (row stride ld) into a swizzled tile at shared
-  // address dst; rows at or past `rows` are zero-filled.
-  auto load = [&]<int ROWS>(uint32_t dst, const E* src, int64_t ld, int row0, int rows) {
-#pragma unroll
-    for (int c = tid; c < ROWS * 8; c += NT) {
-      const int r = c >> 3, ch = c & 7;
-      const bool ok = row0 + r < rows;
-      const E* from = ok ? src + static_cast<int64_t>(row0 + r) * ld + ch * 8 : src;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                       dst + swizzle_offset(r, ch * 8)),
-                   "l"(from), "r"(ok ? 16 : 0)
-                   : "memory");
-    }
-  };
-  load.template operator()<BM>(sq, q, p.sq.t, m0, p.t);
+  load_swizzled<E, BM, NT>(sq, q, p.sq.t, m0, p.t);
   if (nb0 < nb1) {
-    load.template operator()<BN>(sk, k, p.sk.t, nb0 * BN, p.s);
-    load.template operator()<BN>(sv, v, p.sv.t, nb0 * BN, p.s);
+    load_swizzled<E, BN, NT>(sk, k, p.sk.t, nb0 * BN, p.s);
+    load_swizzled<E, BN, NT>(sv, v, p.sv.t, nb0 * BN, p.s);
   }
   cp_async_commit();
 
@@ -1101,8 +1117,8 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
   for (int nb = nb0; nb < nb1; ++nb) {
     const int buf = (nb - nb0) & 1;
     if (nb + 1 < nb1) {
-      load.template operator()<BN>(sk + (buf ^ 1) * kTileKV, k, p.sk.t, (nb + 1) * BN, p.s);
-      load.template operator()<BN>(sv + (buf ^ 1) * kTileKV, v, p.sv.t, (nb + 1) * BN, p.s);
+      load_swizzled<E, BN, NT>(sk + (buf ^ 1) * kTileKV, k, p.sk.t, (nb + 1) * BN, p.s);
+      load_swizzled<E, BN, NT>(sv + (buf ^ 1) * kTileKV, v, p.sv.t, (nb + 1) * BN, p.s);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -1117,7 +1133,7 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        wgmma_ss<E, BN, 0>(s, smem_desc(sq_wg + kk * 32, 16, 1024),
+        wgmma_ss<E, BN, 0, 0>(s, smem_desc(sq_wg + kk * 32, 16, 1024),
                            smem_desc(kb + kk * 32, 16, 1024), kk > 0);
       }
       wgmma_commit();
@@ -1200,6 +1216,236 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
       }
       if (t == 0) {
         p.lse[static_cast<int64_t>(bh) * p.t + i] = l > 0.0f ? mrow[r] * kLn2 + logf(l) : -INFINITY;
+      }
+    }
+  }
+#else
+  __trap();  // launched only where the sm_90a code exists (kWgmmaBuilt, compute capability 9)
+#endif
+}
+
+// Backward v3 (Hopper, sm_90a; the default at D 64 on a compute-capability-9 GPU): v2's
+// algorithm on warpgroup MMAs. A CTA is 2 warpgroups for 128 keys of one (batch, kv head), each
+// warpgroup owning 64 keys; it loops over (query head of the group, 64-row query block) steps
+// whose Q / dO tiles (128-byte-swizzled, cp.async) and lse / Delta are double-buffered, with one
+// CTA barrier per step. Per step and warpgroup, issued asynchronously so that the tensor cores
+// work while the warpgroup computes:
+//   S^T = K Q^T and dP^T = V dO^T (m64n64k16, K / V and Q / dO K-major from shared memory), two
+//   commit groups; once S^T has landed, P^T = exp2(S^T scale log2(e) - lse) in registers and
+//   dV += P^T dO issued (P^T from registers, dO read N-major); once dP^T has landed,
+//   dS^T = P^T (dP^T - Delta), dK += dS^T Q issued, and dS^T stored to the warpgroup's own
+//   swizzled [key][query] tile, from which dQ_part = dS K (A read M-major, K N-major) over its 64
+//   keys is issued; dQ_part goes to the f32 dQ accumulator with float2 atomics (the same count
+//   per key as v2). dK and dV stay in registers across the steps.
+// 1 CTA (8 warps) per SM: the accumulators alone take 128 registers a thread.
+template <typename E, bool kCap, int NWG>
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
+    flash_bwd_kernel_wgmma(const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace kiln::cuda::internal;
+  constexpr int D = 64, NT = 128 * NWG, BK = 64 * NWG, BQ = 64;
+  constexpr uint32_t kRow = D * 2, kTileK = BK * kRow, kTileQ = BQ * kRow;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t sk = (sraw + 1023) & ~1023u, sv = sk + kTileK;
+  const uint32_t sq = sv + kTileK, sdo = sq + 2 * kTileQ;  // 2 buffers each
+  const uint32_t sds = sdo + 2 * kTileQ;                     // one per warpgroup
+  float* slse = reinterpret_cast<float*>(smem_raw + (sds + NWG * kTileQ - sraw));  // 2 x BQ
+  float* sdelta = slse + 2 * BQ;                                                   // 2 x BQ
+  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.y * BK, k0 = n0 + 64 * wg;  // the CTA's and the warpgroup's first key
+  const float sl = p.scale * kLog2e;  // accumulator -> log2 domain (without softcap)
+  const int bk = blockIdx.x, b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
+  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
+  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
+  load_swizzled<E, BK, NT>(sk, k, p.sk.t, n0, p.s);
+  load_swizzled<E, BK, NT>(sv, v, p.sv.t, n0, p.s);
+
+  const int qbeg = p.causal ? n0 : 0;
+  const int qend = p.window > 0 ? min(p.t, n0 + BK - 1 + p.window) : p.t;
+  const int mb0 = qbeg / BQ;
+  const int mb1 = qend > qbeg ? (qend + BQ - 1) / BQ : mb0;
+  const int nmb = mb1 - mb0, nit = rep * nmb;
+
+  // Step it: query head kvh * rep + it / nmb, query block mb0 + it % nmb.
+  auto issue = [&](int it, int buf) {
+    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BQ;
+    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
+    const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
+    load_swizzled<E, BQ, NT>(sq + buf * kTileQ, q, p.sq.t, m0, p.t);
+    load_swizzled<E, BQ, NT>(sdo + buf * kTileQ, dout, p.sdo.t, m0, p.t);
+  };
+  // lse (log2 domain; +inf for rows past T and rows that see no key, so that every probability
+  // is exp2(x - inf) = 0) and Delta of row tid (< BQ) of step it.
+  auto fetch = [&](int it, float& l2, float& dl) {
+    const int hh = kvh * rep + it / nmb, i = (mb0 + it % nmb) * BQ + tid;
+    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
+    const float l = i < p.t ? p.lse[bh * p.t + i] : -INFINITY;
+    l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+    dl = i < p.t ? p.delta[bh * p.t + i] : 0.0f;
+  };
+  if (nit > 0) {
+    issue(0, 0);
+    if (tid < BQ) fetch(0, slse[tid], sdelta[tid]);
+  }
+  cp_async_commit();
+
+  float dk[D / 2], dv[D / 2], st[BQ / 2], dpt[BQ / 2], dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = dq[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BQ / 2; ++i) st[i] = dpt[i] = 0.0f;
+  // This thread's keys (rows of S^T): k0 + 16 w + g and + 8.
+  const int key[2] = {k0 + 16 * w + g, k0 + 16 * w + g + 8};
+  const uint32_t kw = sk + wg * 64 * kRow, vw = sv + wg * 64 * kRow, dsw = sds + wg * kTileQ;
+
+  for (int it = 0; it < nit; ++it) {
+    const int buf = it & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // step it's tiles are visible; every thread is done with step it - 1
+    float nl = 0.0f, nd = 0.0f;
+    if (it + 1 < nit) {
+      issue(it + 1, buf ^ 1);
+      if (tid < BQ) fetch(it + 1, nl, nd);
+    }
+    cp_async_commit();
+    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BQ;
+    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
+    const uint32_t qb = sq + buf * kTileQ, dob = sdo + buf * kTileQ;
+    const float* lb = slse + buf * BQ;
+    const float* db = sdelta + buf * BQ;
+    // Warpgroup-uniform: whether any of its keys is visible from any of these queries.
+    const bool skip = k0 >= p.s || (p.causal && k0 > m0 + BQ - 1) ||
+                      (p.window > 0 && k0 + 63 < m0 - p.window + 1);
+    if (!skip) {
+      acc_fence(st);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wgmma_ss<E, BQ, 0, 0>(st, smem_desc(kw + kk * 32, 16, 1024),
+                              smem_desc(qb + kk * 32, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      acc_fence(st);
+      const bool mask = k0 + 64 > p.s || (p.causal && k0 + 63 > m0) ||
+                        (p.window > 0 && k0 <= m0 + BQ - 1 - p.window);
+      float dcap[kCap ? BQ / 2 : 1];
+#pragma unroll
+      for (int e = 0; e < BQ / 2; ++e) {
+        const int il = 8 * (e >> 2) + 2 * t + (e & 1), j = key[(e >> 1) & 1];
+        float pr;
+        if constexpr (kCap) {
+          pr = exp2f(score<kCap>(p, st[e], m0 + il, j, mask, dcap[e]) - lb[il]);
+        } else {  // one FFMA and one ex2 (as the forward)
+          pr = fast_exp2(fmaf(st[e], sl, -lb[il]));
+          if (mask && !visible(p, m0 + il, j)) pr = 0.0f;
+        }
+        st[e] = pr;
+      }
+      // P^T, rounded to the dtype: dV's A operand, and (widened again) dS^T's factor, so that
+      // S^T's f32 registers are free for dP^T.
+      uint32_t pa[BQ / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pa[kk][i] = pack2<E>(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+      }
+      acc_fence(dpt);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wgmma_ss<E, BQ, 0, 0>(dpt, smem_desc(vw + kk * 32, 16, 1024),
+                              smem_desc(dob + kk * 32, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        wgmma_rs<E, D, 1>(dv, pa[kk], smem_desc(dob + kk * 16 * kRow, kTileQ, 1024), true);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T (dV may still run: it only reads pa, as dS^T does)
+      acc_fence(dpt);
+      uint32_t da[BQ / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int e = 8 * kk + 2 * i, il = 8 * (e >> 2) + 2 * t;
+          const float2 pr = unpack2<E>(pa[kk][i]);
+          float ds0 = pr.x * (dpt[e] - db[il]), ds1 = pr.y * (dpt[e + 1] - db[il + 1]);
+          if constexpr (kCap) {
+            ds0 *= dcap[e];
+            ds1 *= dcap[e + 1];
+          }
+          da[kk][i] = pack2<E>(ds0, ds1);
+        }
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        wgmma_rs<E, D, 1>(dk, da[kk], smem_desc(qb + kk * 16 * kRow, kTileQ, 1024), true);
+      }
+      wgmma_commit();
+      // dS^T into this warpgroup's [key][query] tile: register da[kk][i] holds keys
+      // 16 w + g + 8 (i & 1), queries 16 kk + 8 (i >> 1) + 2 t, + 1.
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = 16 * w + g + 8 * (i & 1), c = 16 * kk + 8 * (i >> 1) + 2 * t;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dsw + swizzle_offset(r, c)),
+                       "r"(da[kk][i])
+                       : "memory");
+        }
+      }
+      fence_proxy_async();
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // this warpgroup's dS^T
+      acc_fence(dq);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 64 / 16; ++kk) {
+        wgmma_ss<E, D, 1, 1>(dq, smem_desc(dsw + kk * 16 * kRow, kTileQ, 1024),
+                             smem_desc(kw + kk * 16 * kRow, kTileK, 1024), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      acc_fence(dq);
+      acc_fence(dk);
+      acc_fence(dv);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = m0 + 16 * w + g + 8 * r;
+        if (i < p.t) {
+          float* dst = p.dq_acc + (bh * p.t + i) * D + 2 * t;
+#pragma unroll
+          for (int dt = 0; dt < D / 8; ++dt) {
+            atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
+                      make_float2(dq[4 * dt + 2 * r] * p.scale, dq[4 * dt + 2 * r + 1] * p.scale));
+          }
+        }
+      }
+    }
+    if (it + 1 < nit && tid < BQ) {
+      slse[(buf ^ 1) * BQ + tid] = nl;
+      sdelta[(buf ^ 1) * BQ + tid] = nd;
+    }
+  }
+
+  E* dkp = static_cast<E*>(p.dk) + static_cast<int64_t>(bk) * p.s * D;
+  E* dvp = static_cast<E*>(p.dv) + static_cast<int64_t>(bk) * p.s * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = key[r];
+    if (j < p.s) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int64_t off = static_cast<int64_t>(j) * D + dt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(dkp + off) =
+            pack2<E>(dk[4 * dt + 2 * r] * p.scale, dk[4 * dt + 2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvp + off) = pack2<E>(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
       }
     }
   }
@@ -1480,7 +1726,7 @@ void visit_d_cap(int64_t d, bool cap, F&& f) {
 // KILN_FLASH_KERNEL: -1 unset or empty, else the index of its value among these.
 int flash_kernel_switch() {
   static const kiln::internal::EnvChoice kernel("KILN_FLASH_KERNEL",
-                                                {"v1", "fwd_v1", "bwd_v1", "fwd_v2", "fwd_v3"});
+                                                {"v1", "fwd_v1", "bwd_v1", "fwd_v2", "fwd_v3", "bwd_v2"});
   return kernel.get();
 }
 
@@ -1498,6 +1744,21 @@ bool use_fwd_wgmma() {
   const int choice = flash_kernel_switch();
   return kWgmmaBuilt && choice != 0 && choice != 1 && choice != 3 && choice != 4 &&
          loops::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
+}
+
+// The backward v3 (wgmma) runs unless another backward is selected (v1, bwd_v1, bwd_v2), the
+// build lacks sm_90a code or the device is not compute capability 9.x.
+bool use_bwd_wgmma() {
+  const int choice = flash_kernel_switch();
+  return kWgmmaBuilt && choice != 0 && choice != 2 && choice != 5 &&
+         loops::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
+}
+
+// KILN_FLASH_WGMMA_BWD: the backward v3's warpgroups per CTA x 64 keys: 1x64 (the default, 3
+// CTAs per SM) or 2x64 (1 CTA per SM).
+int bwd_wgmma_config() {
+  static const kiln::internal::EnvChoice config("KILN_FLASH_WGMMA_BWD", {"1x64", "2x64"});
+  return std::max(config.get(), 0);
 }
 
 // KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size (default 2x64).
@@ -1683,7 +1944,28 @@ void flash_attention_backward_cuda(OpCall& c) {
       }
     }
     const int64_t nkb = (k.size(2) + kBlockN - 1) / kBlockN;
-    if (!use_v1_kernels(false) && q.size(3) == 64 && nkb <= 65535) {
+    if (q.size(3) == 64 && nkb <= 65535 && use_bwd_wgmma()) {
+      // v3 (the default at D 64 on Hopper): key blocks of 64 per warpgroup in grid.y.
+      auto go = [&]<int NWG>() {
+        const dim3 grid3(static_cast<unsigned>(k.size(0) * k.size(1)),
+                         static_cast<unsigned>((k.size(2) + 64 * NWG - 1) / (64 * NWG)));
+        // Alignment slack, K and V (64 NWG rows), 2 x (Q, dO), NWG x dS^T (64 rows each),
+        // 2 x (lse, Delta).
+        const size_t smem = 1024 + 128 * 64 * (2 * NWG + 4 + NWG) + sizeof(float) * 4 * 64;
+        if (p.softcap > 0) {
+          launch(flash_bwd_kernel_wgmma<E, true, NWG>, grid3, smem, p, "flash_bwd_kernel_wgmma",
+                 128 * NWG);
+        } else {
+          launch(flash_bwd_kernel_wgmma<E, false, NWG>, grid3, smem, p, "flash_bwd_kernel_wgmma",
+                 128 * NWG);
+        }
+      };
+      if (bwd_wgmma_config() == 0) {
+        go.template operator()<1>();
+      } else {
+        go.template operator()<2>();
+      }
+    } else if (!use_v1_kernels(false) && q.size(3) == 64 && nkb <= 65535) {
       // v2 (the default for D 64): key blocks in grid.y, Q / dO double-buffered.
       const dim3 grid2(static_cast<unsigned>(k.size(0) * k.size(1)), static_cast<unsigned>(nkb));
       constexpr int D = 64;

@@ -76,15 +76,17 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
 }
 
 // The kernel paths of kernels/cuda/flash_attention.cu, chosen by environment variables read at
-// every call: v1 (KILN_FLASH_KERNEL=v1), the default (at D 64 the v4 wgmma forward with 2
-// warpgroups and 64-key blocks on Hopper, else v3; v2 at D 128), v4's other configurations
-// (KILN_FLASH_WGMMA=1x64, 4x64, 2x128, 3x128), the v3 forward (KILN_FLASH_KERNEL=fwd_v3), the v2 forward with
-// 8 warps (KILN_FLASH_KERNEL=fwd_v2) and with 4 warps (and KILN_FLASH_FWD_WARPS=4). D 128
-// backward is v1 on every path.
+// every call: v1 (KILN_FLASH_KERNEL=v1), the default (at D 64 on Hopper the wgmma kernels: the
+// v4 forward with 2 warpgroups and 64-key blocks and the v3 backward; elsewhere the v3 forward
+// and the v2 backward; v2 forward and v1 backward at D 128), v4's other configurations
+// (KILN_FLASH_WGMMA=1x64, 4x64, 2x128, 3x128), the v3 forward (KILN_FLASH_KERNEL=fwd_v3, which
+// leaves the backward at its default), the v3 backward with 2 warpgroups per CTA
+// (KILN_FLASH_WGMMA_BWD=2x64), the v2 backward (bwd_v2), the v2 forward with 8 warps (fwd_v2)
+// and with 4 warps (and KILN_FLASH_FWD_WARPS=4).
 const std::vector<std::string>& kernel_paths() {
   static const std::vector<std::string> paths = {
-      "v1",          "default", "wgmma-1x64", "wgmma-4x64",   "wgmma-2x128",
-      "wgmma-3x128", "fwd_v3",  "fwd_v2",     "fwd_v2-4warps"};
+      "v1",     "default",        "wgmma-1x64", "wgmma-4x64", "wgmma-2x128",  "wgmma-3x128",
+      "fwd_v3", "wgmma_bwd-2x64", "bwd_v2",     "fwd_v2",     "fwd_v2-4warps"};
   return paths;
 }
 
@@ -94,13 +96,15 @@ class KernelPath {
   explicit KernelPath(const std::string& path)
       : kernel_("KILN_FLASH_KERNEL", path == "v1"                 ? "v1"
                                      : path == "fwd_v3"           ? "fwd_v3"
+                                     : path == "bwd_v2"           ? "bwd_v2"
                                      : path.starts_with("fwd_v2") ? "fwd_v2"
                                                                   : ""),
         warps_("KILN_FLASH_FWD_WARPS", path == "fwd_v2-4warps" ? "4" : ""),
-        wgmma_("KILN_FLASH_WGMMA", path.starts_with("wgmma-") ? path.substr(6) : "") {}
+        wgmma_("KILN_FLASH_WGMMA", path.starts_with("wgmma-") ? path.substr(6) : ""),
+        wgmma_bwd_("KILN_FLASH_WGMMA_BWD", path.starts_with("wgmma_bwd-") ? path.substr(10) : "") {}
 
  private:
-  test::ScopedEnv kernel_, warps_, wgmma_;
+  test::ScopedEnv kernel_, warps_, wgmma_, wgmma_bwd_;
 };
 
 void check_case(const Case& c) {
