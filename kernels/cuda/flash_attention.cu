@@ -1225,19 +1225,21 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
 }
 
 // Backward v3 (Hopper, sm_90a; the default at D 64 on a compute-capability-9 GPU): v2's
-// algorithm on warpgroup MMAs. A CTA is 2 warpgroups for 128 keys of one (batch, kv head), each
-// warpgroup owning 64 keys; it loops over (query head of the group, 64-row query block) steps
-// whose Q / dO tiles (128-byte-swizzled, cp.async) and lse / Delta are double-buffered, with one
-// CTA barrier per step. Per step and warpgroup, issued asynchronously so that the tensor cores
-// work while the warpgroup computes:
-//   S^T = K Q^T and dP^T = V dO^T (m64n64k16, K / V and Q / dO K-major from shared memory), two
-//   commit groups; once S^T has landed, P^T = exp2(S^T scale log2(e) - lse) in registers and
-//   dV += P^T dO issued (P^T from registers, dO read N-major); once dP^T has landed,
-//   dS^T = P^T (dP^T - Delta), dK += dS^T Q issued, and dS^T stored to the warpgroup's own
-//   swizzled [key][query] tile, from which dQ_part = dS K (A read M-major, K N-major) over its 64
-//   keys is issued; dQ_part goes to the f32 dQ accumulator with float2 atomics (the same count
-//   per key as v2). dK and dV stay in registers across the steps.
-// 1 CTA (8 warps) per SM: the accumulators alone take 128 registers a thread.
+// algorithm on warpgroup MMAs. A CTA is NWG warpgroups for 64 NWG keys of one (batch, kv head),
+// each warpgroup owning 64 keys; it loops over (query head of the group, 64-row query block)
+// steps whose Q / dO tiles (128-byte-swizzled, cp.async) and lse / Delta are double-buffered,
+// with one CTA barrier per step. Per step and warpgroup (m64n64k16 steps throughout):
+//   - S^T = K Q^T (K and Q K-major from shared memory); P^T = exp2(S^T scale log2(e) - lse),
+//     rounded to the dtype in registers (pa);
+//   - dP^T = V dO^T and dV += P^T dO (P^T from registers, dO read N-major) issued together;
+//     once dP^T has landed (dV may still run), dS^T = P^T (dP^T - Delta) with P^T widened from
+//     pa, so that S^T's f32 registers are free for dP^T's;
+//   - dK += dS^T Q issued, dS^T stored to the warpgroup's own swizzled [key][query] tile, and
+//     dQ_part = dS K over its 64 keys issued (dS read M-major, K N-major); dQ_part goes to the
+//     f32 dQ accumulator with float2 atomics (the same count per key as v2).
+// dK and dV stay in registers across the steps. Configurations (KILN_FLASH_WGMMA_BWD): 1x64
+// (the default: 3 CTAs, so 3 warpgroups, per SM in 168 registers) and 2x64 (1 CTA per SM); as
+// in the forward, warpgroups per SM decide (2x64 was 1.18-1.25x slower on the H200).
 template <typename E, bool kCap, int NWG>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
     flash_bwd_kernel_wgmma(const Params p) {
@@ -1254,9 +1256,14 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
   float* sdelta = slse + 2 * BQ;                                                   // 2 x BQ
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.y * BK, k0 = n0 + 64 * wg;  // the CTA's and the warpgroup's first key
+  // Grid (B * H_kv, key blocks) with the key block in y, as v2: for causal attention every head's
+  // heaviest (first) key blocks are issued before any lighter one. (Walking chunks of heads key
+  // block by key block instead, so that the CTAs in flight share the Q, dO and dQ rows of fewer
+  // heads in L2, was 1.04x faster at the 160m shape but 1.23-1.27x slower at 1b, whose 4-head
+  // GQA CTAs are long: a chunk's heaviest CTAs started late and trailed.)
+  const int bk = blockIdx.x, n0 = blockIdx.y * BK, k0 = n0 + 64 * wg;  // first keys: CTA, warpgroup
   const float sl = p.scale * kLog2e;  // accumulator -> log2 domain (without softcap)
-  const int bk = blockIdx.x, b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
+  const int b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
   load_swizzled<E, BK, NT>(sk, k, p.sk.t, n0, p.s);
