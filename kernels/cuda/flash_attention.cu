@@ -1033,22 +1033,6 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
   }
 }
 
-// Forward v4 (Hopper, sm_90a; the default at D 64 with scale > 0 on a compute-capability-9 GPU):
-// the two GEMMs of every key block run as warpgroup MMAs (wgmma) instead of per-warp mma.sync.
-// A CTA is NWG warpgroups of 128 threads, each owning 64 query rows of a 64 NWG-row query block;
-// K and V blocks of BN keys are double-buffered in shared memory through cp.async (every thread
-// copies), in the 128-byte-swizzled layout wgmma reads directly (wgmma.cuh), so no shared-memory
-// fragment loads are issued: S = Q K^T is BN / ... m64nBNk16 steps with Q and K from shared memory,
-// and O += P V takes P from the S accumulators in registers (their layout is wgmma's A fragment
-// layout) and V from shared memory read N-major (transposed). The softmax is v3's: raw scores,
-// the scale folded into one FFMA per probability before ex2. Each warpgroup skips the key blocks
-// entirely after its own last row, and masks only the blocks straddling the causal edge, the
-// window edge or the end of the keys.
-// Configurations (KILN_FLASH_WGMMA=NWGxBN, measured in benchmarks/RESULTS.md): 2x64 (the
-// default: 2 CTAs, so 4 warpgroups, per SM, up to 128 registers), 1x64 (4 CTAs per SM), 4x64,
-// 2x128 and 3x128 (1 CTA per SM). What matters is warpgroups per SM: while one computes its
-// softmax, the tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.29x slower
-// than 2x64 on the H200).
 // Rows [row0, row0 + ROWS) of a [*, 64] matrix (row stride ld elements) into the
 // 128-byte-swizzled tile at shared address dst (wgmma.cuh), by the NT threads of the CTA through
 // cp.async; rows at or past `rows` are zero-filled.
@@ -1067,6 +1051,22 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
   }
 }
 
+// Forward v4 (Hopper, sm_90a; the default at D 64 with scale > 0 on a compute-capability-9 GPU):
+// the two GEMMs of every key block run as warpgroup MMAs (wgmma) instead of per-warp mma.sync.
+// A CTA is NWG warpgroups of 128 threads, each owning 64 query rows of a 64 NWG-row query block;
+// K and V blocks of BN keys are double-buffered in shared memory through cp.async (every thread
+// copies), in the 128-byte-swizzled layout wgmma reads directly (wgmma.cuh), so no shared-memory
+// fragment loads are issued: S = Q K^T is 4 m64nBNk16 steps with Q and K from shared memory, and
+// O += P V takes P from the S accumulators in registers (their layout is wgmma's A fragment
+// layout) and V from shared memory read N-major (transposed). The softmax is v3's: raw scores,
+// the scale folded into one FFMA per probability before ex2. Each warpgroup skips the key blocks
+// entirely after its own last row, and masks only the blocks straddling the causal edge, the
+// window edge or the end of the keys.
+// Configurations (KILN_FLASH_WGMMA=NWGxBN, measured in benchmarks/RESULTS.md): 1x64 (the
+// default: 4 CTAs, so 4 warpgroups, per SM, up to 128 registers), 2x64 (2 CTAs per SM), 4x64,
+// 2x128 and 3x128 (1 CTA per SM). What matters is warpgroups per SM: while one computes its
+// softmax, the tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.24-1.30x
+// slower than 1x64 on the H200 and the H100; 1x64 and 2x64 are within 3% of each other).
 template <int NWG, int BN>
 constexpr int kWgmmaMinBlocks = BN == 128 ? 1 : (NWG == 1 ? 4 : NWG == 2 ? 2 : 1);
 
@@ -1768,10 +1768,10 @@ int bwd_wgmma_config() {
   return std::max(config.get(), 0);
 }
 
-// KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size (default 2x64).
+// KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size (default 1x64).
 int fwd_wgmma_config() {
   static const kiln::internal::EnvChoice config("KILN_FLASH_WGMMA",
-                                                {"2x64", "1x64", "4x64", "2x128", "3x128"});
+                                                {"1x64", "2x64", "4x64", "2x128", "3x128"});
   return std::max(config.get(), 0);
 }
 
@@ -1845,8 +1845,8 @@ void flash_attention_cuda(OpCall& c) {
       return true;
     };
     const int config = fwd_wgmma_config();
-    const bool done = config == 0   ? go.template operator()<2, 64>()
-                      : config == 1 ? go.template operator()<1, 64>()
+    const bool done = config == 0   ? go.template operator()<1, 64>()
+                      : config == 1 ? go.template operator()<2, 64>()
                       : config == 2 ? go.template operator()<4, 64>()
                       : config == 3 ? go.template operator()<2, 128>()
                                     : go.template operator()<3, 128>();
