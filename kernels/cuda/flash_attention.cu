@@ -76,7 +76,8 @@
 // 40-68 byte spill (KILN_FLASH_FWD_WARPS=4: 159, no spill, 3 CTAs per SM), fwd v2 D 128 219,
 // bwd v2 D 64 234 (2 CTAs per SM, as v1), no spills.
 //
-// Forward v3 (the default at D 64 with scale > 0; KILN_FLASH_KERNEL=fwd_v2 selects v2): v2 gave
+// Forward v3 (the default at D 64 with scale > 0 off Hopper; KILN_FLASH_KERNEL=fwd_v3 selects it
+// on Hopper, fwd_v2 selects v2): v2 gave
 // every warp 16 query rows, so each K / V fragment read from shared memory fed one MMA and the
 // shared-memory reads, not the tensor cores, set the pace (an m16n8k16 MMA consumes 512 bytes
 // of B fragments per 4096 FLOPs). v3 gives each of 4 warps 32 rows (two m16 tiles): every
@@ -84,6 +85,16 @@
 // exponent (one FFMA and one ex2.approx per probability). 255 registers, no spill, 2 CTAs per
 // SM. Measured on the H200 (benchmarks/RESULTS.md): 1.30x v2 at the 160m shape, 1.32x at 1b.
 // The v2 backward computes its probabilities the same way (without softcap).
+//
+// Hopper (sm_90a code and a compute-capability-9 device; kWgmmaBuilt): at D 64 the forward v4
+// and the backward v3 run both passes' GEMMs as warpgroup MMAs (wgmma, primitives in wgmma.cuh)
+// on 128-byte-swizzled shared-memory tiles filled by cp.async, so that no fragment is loaded from
+// shared memory by the threads (the limit of the mma.sync kernels above). Both use one warpgroup
+// per CTA, 64 query rows (forward) or 64 keys (backward), and several CTAs per SM: while one
+// warpgroup computes its softmax or dS, another's MMAs run. Measured (benchmarks/RESULTS.md,
+// session 7), against PyTorch's flash kernels in the same run: forward 1.12x / 1.03x at the
+// 160m / 1b shapes on the H200 (v3 was 0.94 / 0.92), backward 1.07x / 1.03x (v2 0.93 / 0.94).
+// KILN_FLASH_KERNEL=fwd_v3 / bwd_v2 select the mma.sync kernels on Hopper.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
