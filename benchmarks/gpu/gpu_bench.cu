@@ -214,10 +214,29 @@ void bench_flash_attention() {
              (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
            }),
            2.5 * flops, 0);
-    if (s.d != 64) continue;  // the switches below select among head-size-64 kernels
+    if (s.d != 64) {  // head size 128: the other wgmma forward, the mma.sync kernels
+      set_switch("KILN_FLASH_WGMMA", "1x64");
+      report(base + " fwd [wgmma 1x64]", time_ms([&](int) {
+               (void)kiln::call_op(fwd, {q, k, v}, attrs);
+             }),
+             flops, 0);
+      set_switch("KILN_FLASH_WGMMA", nullptr);
+      set_switch("KILN_FLASH_KERNEL", "fwd_v2");
+      report(base + " fwd [v2]", time_ms([&](int) {
+               (void)kiln::call_op(fwd, {q, k, v}, attrs);
+             }),
+             flops, 0);
+      set_switch("KILN_FLASH_KERNEL", "bwd_v2");  // v1 at this head size
+      report(base + " bwd [v1]", time_ms([&](int) {
+               (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
+             }),
+             2.5 * flops, 0);
+      set_switch("KILN_FLASH_KERNEL", nullptr);
+      continue;
+    }
     // The forward's other configurations side by side: v4 (wgmma) with other warpgroup counts
-    // and key-block sizes (the default is 1x64), and the previous default v3 (mma.sync).
-    for (const char* config : {"2x64", "4x64", "2x128", "3x128"}) {
+    // and key-block sizes (the default is 2x64), and the previous default v3 (mma.sync).
+    for (const char* config : {"1x64", "1x32", "4x64", "2x128", "3x128"}) {
       set_switch("KILN_FLASH_WGMMA", config);
       report(base + " fwd [wgmma " + config + "]", time_ms([&](int) {
                (void)kiln::call_op(fwd, {q, k, v}, attrs);

@@ -1044,19 +1044,23 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
   }
 }
 
-// Rows [row0, row0 + ROWS) of a [*, 64] matrix (row stride ld elements) into the
-// 128-byte-swizzled tile at shared address dst (wgmma.cuh), by the NT threads of the CTA through
+// Rows [row0, row0 + ROWS) of a [*, D] matrix (row stride ld elements) into 128-byte-swizzled
+// shared memory at dst (wgmma.cuh): D / 64 tiles of ROWS x 64 elements, one after the other
+// (columns 64 s .. 64 s + 63 in tile s, at dst + s ROWS 128), by the NT threads of the CTA through
 // cp.async; rows at or past `rows` are zero-filled.
-template <typename E, int ROWS, int NT>
+template <typename E, int D, int ROWS, int NT>
 __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_t ld, int row0,
                                               int rows) {
+  constexpr unsigned kChunks = D / 8;
+  // Unsigned: the divisions by kChunks are shifts, and ch >> 3 is 0 at D 64 (as signed ints they
+  // cost 4 registers and 2.5-8% of the flash kernels' time).
 #pragma unroll
-  for (int c = threadIdx.x; c < ROWS * 8; c += NT) {
-    const int r = c >> 3, ch = c & 7;
+  for (unsigned c = threadIdx.x; c < ROWS * kChunks; c += NT) {
+    const int r = static_cast<int>(c / kChunks), ch = static_cast<int>(c % kChunks);
     const bool ok = row0 + r < rows;
     const E* from = ok ? src + static_cast<int64_t>(row0 + r) * ld + ch * 8 : src;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     dst + internal::swizzle_offset(r, ch * 8)),
+                     dst + (ch >> 3) * ROWS * 128 + internal::swizzle_offset(r, (ch & 7) * 8)),
                  "l"(from), "r"(ok ? 16 : 0)
                  : "memory");
   }
@@ -1073,21 +1077,27 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
 // the scale folded into one FFMA per probability before ex2. Each warpgroup skips the key blocks
 // entirely after its own last row, and masks only the blocks straddling the causal edge, the
 // window edge or the end of the keys.
-// Configurations (KILN_FLASH_WGMMA=NWGxBN, measured in benchmarks/RESULTS.md): 1x64 (the
-// default: 4 CTAs, so 4 warpgroups, per SM, up to 128 registers), 2x64 (2 CTAs per SM), 4x64,
-// 2x128 and 3x128 (1 CTA per SM). What matters is warpgroups per SM: while one computes its
-// softmax, the tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.24-1.30x
-// slower than 1x64 on the H200 and the H100; 1x64 and 2x64 are within 3% of each other).
-template <int NWG, int BN>
-constexpr int kWgmmaMinBlocks = BN == 128 ? 1 : (NWG == 1 ? 4 : NWG == 2 ? 2 : 1);
+// Configurations (KILN_FLASH_WGMMA=NWGxBN, measured in benchmarks/RESULTS.md): at D 64, 2x64 (the
+// default: 2 CTAs, so 4 warpgroups, per SM, up to 128 registers), 1x64 (4 CTAs per SM), 1x32,
+// 4x64, 2x128 and 3x128 (1 CTA per SM); at D 128, 1x32 (the default, 4 CTAs per SM) and 1x64 (2,
+// by shared memory). What matters is warpgroups per SM: while one computes its softmax, the
+// tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.4x slower than 2x64 on
+// the H200; 2x64 was 1.05-1.10x faster than 1x64).
+template <int D, int NWG, int BN>
+constexpr int kWgmmaMinBlocks = D == 128 ? (BN == 32 ? 4 : 2)
+                                         : (BN == 128 ? 1
+                                                      : (NWG == 1   ? 4
+                                                         : NWG == 2 ? 2
+                                                                    : 1));
 
-template <typename E, bool kCap, int NWG, int BN>
-__global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
+template <typename E, int D, bool kCap, int NWG, int BN>
+__global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<D, NWG, BN>)
     flash_fwd_kernel_wgmma(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace kiln::cuda::internal;
-  constexpr int D = 64, NT = 128 * NWG, BM = 64 * NWG;
-  constexpr uint32_t kRowBytes = D * 2, kTileQ = BM * kRowBytes, kTileKV = BN * kRowBytes;
+  constexpr int NT = 128 * NWG, BM = 64 * NWG;
+  // Tiles of 64-column sub-tiles (load_swizzled): 128 bytes per row and sub-tile.
+  constexpr uint32_t kRowBytes = 128, kTileQ = BM * D * 2, kTileKV = BN * D * 2;
   extern __shared__ unsigned char smem_raw[];
   // wgmma's swizzle repeats every 1024 bytes: tiles start on a 1024-byte boundary.
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -1107,10 +1117,10 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
   const int nb0 = kbeg / BN;
   const int nb1 = kend > kbeg ? (kend + BN - 1) / BN : nb0;
 
-  load_swizzled<E, BM, NT>(sq, q, p.sq.t, m0, p.t);
+  load_swizzled<E, D, BM, NT>(sq, q, p.sq.t, m0, p.t);
   if (nb0 < nb1) {
-    load_swizzled<E, BN, NT>(sk, k, p.sk.t, nb0 * BN, p.s);
-    load_swizzled<E, BN, NT>(sv, v, p.sv.t, nb0 * BN, p.s);
+    load_swizzled<E, D, BN, NT>(sk, k, p.sk.t, nb0 * BN, p.s);
+    load_swizzled<E, D, BN, NT>(sv, v, p.sv.t, nb0 * BN, p.s);
   }
   cp_async_commit();
 
@@ -1128,8 +1138,8 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
   for (int nb = nb0; nb < nb1; ++nb) {
     const int buf = (nb - nb0) & 1;
     if (nb + 1 < nb1) {
-      load_swizzled<E, BN, NT>(sk + (buf ^ 1) * kTileKV, k, p.sk.t, (nb + 1) * BN, p.s);
-      load_swizzled<E, BN, NT>(sv + (buf ^ 1) * kTileKV, v, p.sv.t, (nb + 1) * BN, p.s);
+      load_swizzled<E, D, BN, NT>(sk + (buf ^ 1) * kTileKV, k, p.sk.t, (nb + 1) * BN, p.s);
+      load_swizzled<E, D, BN, NT>(sv + (buf ^ 1) * kTileKV, v, p.sv.t, (nb + 1) * BN, p.s);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -1143,9 +1153,10 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
       acc_fence(s);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wgmma_ss<E, BN, 0, 0>(s, smem_desc(sq_wg + kk * 32, 16, 1024),
-                           smem_desc(kb + kk * 32, 16, 1024), kk > 0);
+      for (int kk = 0; kk < D / 16; ++kk) {  // k step kk: sub-tile kk / 4, 32 bytes per step
+        wgmma_ss<E, BN, 0, 0>(
+            s, smem_desc(sq_wg + (kk >> 2) * BM * kRowBytes + (kk & 3) * 32, 16, 1024),
+            smem_desc(kb + (kk >> 2) * BN * kRowBytes + (kk & 3) * 32, 16, 1024), kk > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -1201,6 +1212,7 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
+        // V read N-major: 16 key rows per step; LBO steps to the next 64 columns (sub-tile).
         wgmma_rs<E, D, 1>(o, a[kk], smem_desc(vb + kk * 16 * kRowBytes, BN * kRowBytes, 1024),
                           true);
       }
@@ -1251,20 +1263,22 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<NWG, BN>)
 // dK and dV stay in registers across the steps. Configurations (KILN_FLASH_WGMMA_BWD): 1x64
 // (the default: 3 CTAs, so 3 warpgroups, per SM in 168 registers) and 2x64 (1 CTA per SM); as
 // in the forward, warpgroups per SM decide (2x64 was 1.18-1.25x slower on the H200).
-template <typename E, bool kCap, int NWG>
-__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
+template <typename E, int D, bool kCap, int NWG>
+__global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
     flash_bwd_kernel_wgmma(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace kiln::cuda::internal;
-  constexpr int D = 64, NT = 128 * NWG, BK = 64 * NWG, BQ = 64;
-  constexpr uint32_t kRow = D * 2, kTileK = BK * kRow, kTileQ = BQ * kRow;
+  constexpr int NT = 128 * NWG, BK = 64 * NWG, BQ = 64;
+  // K, V, Q and dO tiles are D / 64 sub-tiles of 64 columns (load_swizzled), 128 bytes per row
+  // and sub-tile; dS^T is one 64 x 64 tile per warpgroup.
+  constexpr uint32_t kRow = 128, kTileK = BK * D * 2, kTileQ = BQ * D * 2, kTileDs = 64 * kRow;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t sk = (sraw + 1023) & ~1023u, sv = sk + kTileK;
   const uint32_t sq = sv + kTileK, sdo = sq + 2 * kTileQ;  // 2 buffers each
-  const uint32_t sds = sdo + 2 * kTileQ;                     // one per warpgroup
-  float* slse = reinterpret_cast<float*>(smem_raw + (sds + NWG * kTileQ - sraw));  // 2 x BQ
-  float* sdelta = slse + 2 * BQ;                                                   // 2 x BQ
+  const uint32_t sds = sdo + 2 * kTileQ;                   // one per warpgroup
+  float* slse = reinterpret_cast<float*>(smem_raw + (sds + NWG * kTileDs - sraw));  // 2 x BQ
+  float* sdelta = slse + 2 * BQ;                                                    // 2 x BQ
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   // Grid (B * H_kv, key blocks) with the key block in y, as v2: for causal attention every head's
@@ -1277,8 +1291,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
   const int b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
-  load_swizzled<E, BK, NT>(sk, k, p.sk.t, n0, p.s);
-  load_swizzled<E, BK, NT>(sv, v, p.sv.t, n0, p.s);
+  load_swizzled<E, D, BK, NT>(sk, k, p.sk.t, n0, p.s);
+  load_swizzled<E, D, BK, NT>(sv, v, p.sv.t, n0, p.s);
 
   const int qbeg = p.causal ? n0 : 0;
   const int qend = p.window > 0 ? min(p.t, n0 + BK - 1 + p.window) : p.t;
@@ -1291,8 +1305,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
     const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BQ;
     const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
     const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
-    load_swizzled<E, BQ, NT>(sq + buf * kTileQ, q, p.sq.t, m0, p.t);
-    load_swizzled<E, BQ, NT>(sdo + buf * kTileQ, dout, p.sdo.t, m0, p.t);
+    load_swizzled<E, D, BQ, NT>(sq + buf * kTileQ, q, p.sq.t, m0, p.t);
+    load_swizzled<E, D, BQ, NT>(sdo + buf * kTileQ, dout, p.sdo.t, m0, p.t);
   };
   // lse (log2 domain; +inf for rows past T and rows that see no key, so that every probability
   // is exp2(x - inf) = 0) and Delta of row tid (< BQ) of step it.
@@ -1316,7 +1330,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
   for (int i = 0; i < BQ / 2; ++i) st[i] = dpt[i] = 0.0f;
   // This thread's keys (rows of S^T): k0 + 16 w + g and + 8.
   const int key[2] = {k0 + 16 * w + g, k0 + 16 * w + g + 8};
-  const uint32_t kw = sk + wg * 64 * kRow, vw = sv + wg * 64 * kRow, dsw = sds + wg * kTileQ;
+  const uint32_t kw = sk + wg * 64 * kRow, vw = sv + wg * 64 * kRow, dsw = sds + wg * kTileDs;
 
   for (int it = 0; it < nit; ++it) {
     const int buf = it & 1;
@@ -1341,9 +1355,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
       acc_fence(st);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wgmma_ss<E, BQ, 0, 0>(st, smem_desc(kw + kk * 32, 16, 1024),
-                              smem_desc(qb + kk * 32, 16, 1024), kk > 0);
+      for (int kk = 0; kk < D / 16; ++kk) {  // k step kk: sub-tile kk / 4, 32 bytes per step
+        wgmma_ss<E, BQ, 0, 0>(st, smem_desc(kw + (kk >> 2) * BK * kRow + (kk & 3) * 32, 16, 1024),
+                              smem_desc(qb + (kk >> 2) * BQ * kRow + (kk & 3) * 32, 16, 1024),
+                              kk > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -1369,19 +1384,21 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) pa[kk][i] = pack2<E>(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+        for (int i = 0; i < 4; ++i)
+          pa[kk][i] = pack2<E>(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
       }
       acc_fence(dpt);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        wgmma_ss<E, BQ, 0, 0>(dpt, smem_desc(vw + kk * 32, 16, 1024),
-                              smem_desc(dob + kk * 32, 16, 1024), kk > 0);
+        wgmma_ss<E, BQ, 0, 0>(dpt, smem_desc(vw + (kk >> 2) * BK * kRow + (kk & 3) * 32, 16, 1024),
+                              smem_desc(dob + (kk >> 2) * BQ * kRow + (kk & 3) * 32, 16, 1024),
+                              kk > 0);
       }
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
-        wgmma_rs<E, D, 1>(dv, pa[kk], smem_desc(dob + kk * 16 * kRow, kTileQ, 1024), true);
+        wgmma_rs<E, D, 1>(dv, pa[kk], smem_desc(dob + kk * 16 * kRow, BQ * kRow, 1024), true);
       }
       wgmma_commit();
       wgmma_wait<1>();  // dP^T (dV may still run: it only reads pa, as dS^T does)
@@ -1404,7 +1421,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
-        wgmma_rs<E, D, 1>(dk, da[kk], smem_desc(qb + kk * 16 * kRow, kTileQ, 1024), true);
+        wgmma_rs<E, D, 1>(dk, da[kk], smem_desc(qb + kk * 16 * kRow, BQ * kRow, 1024), true);
       }
       wgmma_commit();
       // dS^T into this warpgroup's [key][query] tile: register da[kk][i] holds keys
@@ -1414,8 +1431,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int r = 16 * w + g + 8 * (i & 1), c = 16 * kk + 8 * (i >> 1) + 2 * t;
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dsw + swizzle_offset(r, c)),
-                       "r"(da[kk][i])
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dsw + swizzle_offset(r, c)), "r"(da[kk][i])
                        : "memory");
         }
       }
@@ -1425,8 +1441,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 64 / 16; ++kk) {
-        wgmma_ss<E, D, 1, 1>(dq, smem_desc(dsw + kk * 16 * kRow, kTileQ, 1024),
-                             smem_desc(kw + kk * 16 * kRow, kTileK, 1024), kk > 0);
+        wgmma_ss<E, D, 1, 1>(dq, smem_desc(dsw + kk * 16 * kRow, kTileDs, 1024),
+                             smem_desc(kw + kk * 16 * kRow, BK * kRow, 1024), kk > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -1463,7 +1479,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 1)
         const int64_t off = static_cast<int64_t>(j) * D + dt * 8 + 2 * t;
         *reinterpret_cast<uint32_t*>(dkp + off) =
             pack2<E>(dk[4 * dt + 2 * r] * p.scale, dk[4 * dt + 2 * r + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dvp + off) = pack2<E>(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(dvp + off) =
+            pack2<E>(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
       }
     }
   }
@@ -1743,8 +1760,8 @@ void visit_d_cap(int64_t d, bool cap, F&& f) {
 
 // KILN_FLASH_KERNEL: -1 unset or empty, else the index of its value among these.
 int flash_kernel_switch() {
-  static const kiln::internal::EnvChoice kernel("KILN_FLASH_KERNEL",
-                                                {"v1", "fwd_v1", "bwd_v1", "fwd_v2", "fwd_v3", "bwd_v2"});
+  static const kiln::internal::EnvChoice kernel(
+      "KILN_FLASH_KERNEL", {"v1", "fwd_v1", "bwd_v1", "fwd_v2", "fwd_v3", "bwd_v2"});
   return kernel.get();
 }
 
@@ -1779,11 +1796,13 @@ int bwd_wgmma_config() {
   return std::max(config.get(), 0);
 }
 
-// KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size (default 1x64).
+// KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size (default 2x64 at head size 64;
+// -1 when unset). Head size 128 takes 1x32 (the default there) or 1x64; any other value selects
+// its default.
 int fwd_wgmma_config() {
   static const kiln::internal::EnvChoice config("KILN_FLASH_WGMMA",
-                                                {"1x64", "2x64", "4x64", "2x128", "3x128"});
-  return std::max(config.get(), 0);
+                                                {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32"});
+  return config.get();
 }
 
 // KILN_FLASH_KERNEL=v1 selects the v1 kernels for both passes, fwd_v1 / bwd_v1 for one pass
@@ -1836,31 +1855,38 @@ void flash_attention_cuda(OpCall& c) {
   Params p = make_params(c, q, k, v);
   p.out = out.data_ptr();
   p.lse = static_cast<float*>(lse.data_ptr());
-  // v4 (the default at D 64 with a positive scale on Hopper), v3 (elsewhere) and v2 put the
+  // v4 (the default with a positive scale on Hopper), v3 (elsewhere at D 64) and v2 put the
   // query blocks in grid.y (at most 65535 of them).
-  if (q.size(3) == 64 && p.scale > 0 && use_fwd_wgmma()) {
-    auto go = [&]<int NWG, int BN>() {
+  if (p.scale > 0 && use_fwd_wgmma()) {
+    auto go = [&]<int D, int NWG, int BN>() {
       const int64_t nqb = (q.size(2) + 64 * NWG - 1) / (64 * NWG);
       if (nqb > 65535) return false;
       const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)), static_cast<unsigned>(nqb));
-      const size_t smem = 1024 + 128 * (64 * NWG + 4 * BN);  // alignment slack, Q, 2 x (K, V)
+      const size_t smem = 1024 + 2 * D * (64 * NWG + 4 * BN);  // alignment slack, Q, 2 x (K, V)
       visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
         if (p.softcap > 0) {
-          launch(flash_fwd_kernel_wgmma<E, true, NWG, BN>, grid, smem, p, "flash_fwd_kernel_wgmma",
-                 128 * NWG);
+          launch(flash_fwd_kernel_wgmma<E, D, true, NWG, BN>, grid, smem, p,
+                 "flash_fwd_kernel_wgmma", 128 * NWG);
         } else {
-          launch(flash_fwd_kernel_wgmma<E, false, NWG, BN>, grid, smem, p,
+          launch(flash_fwd_kernel_wgmma<E, D, false, NWG, BN>, grid, smem, p,
                  "flash_fwd_kernel_wgmma", 128 * NWG);
         }
       });
       return true;
     };
     const int config = fwd_wgmma_config();
-    const bool done = config == 0   ? go.template operator()<1, 64>()
-                      : config == 1 ? go.template operator()<2, 64>()
-                      : config == 2 ? go.template operator()<4, 64>()
-                      : config == 3 ? go.template operator()<2, 128>()
-                                    : go.template operator()<3, 128>();
+    bool done;
+    if (q.size(3) == 64) {
+      done = config == 0   ? go.template operator()<64, 1, 64>()
+             : config == 2 ? go.template operator()<64, 4, 64>()
+             : config == 3 ? go.template operator()<64, 2, 128>()
+             : config == 4 ? go.template operator()<64, 3, 128>()
+             : config == 5 ? go.template operator()<64, 1, 32>()
+                           : go.template operator()<64, 2, 64>();
+    } else {
+      done =
+          config == 0 ? go.template operator()<128, 1, 64>() : go.template operator()<128, 1, 32>();
+    }
     if (done) return;
   }
   const int64_t nqb3 = (q.size(2) + 127) / 128;
@@ -1962,26 +1988,29 @@ void flash_attention_backward_cuda(OpCall& c) {
       }
     }
     const int64_t nkb = (k.size(2) + kBlockN - 1) / kBlockN;
-    if (q.size(3) == 64 && nkb <= 65535 && use_bwd_wgmma()) {
-      // v3 (the default at D 64 on Hopper): key blocks of 64 per warpgroup in grid.y.
-      auto go = [&]<int NWG>() {
+    if (nkb <= 65535 && use_bwd_wgmma()) {
+      // v3 (the default on Hopper): key blocks of 64 per warpgroup in grid.y.
+      auto go = [&]<int D, int NWG>() {
         const dim3 grid3(static_cast<unsigned>(k.size(0) * k.size(1)),
                          static_cast<unsigned>((k.size(2) + 64 * NWG - 1) / (64 * NWG)));
-        // Alignment slack, K and V (64 NWG rows), 2 x (Q, dO), NWG x dS^T (64 rows each),
+        // Alignment slack, K and V (64 NWG rows), 2 x (Q, dO) (64 rows), NWG x dS^T (64 x 64),
         // 2 x (lse, Delta).
-        const size_t smem = 1024 + 128 * 64 * (2 * NWG + 4 + NWG) + sizeof(float) * 4 * 64;
+        const size_t smem =
+            1024 + 2 * D * 64 * (2 * NWG + 4) + 128 * 64 * NWG + sizeof(float) * 4 * 64;
         if (p.softcap > 0) {
-          launch(flash_bwd_kernel_wgmma<E, true, NWG>, grid3, smem, p, "flash_bwd_kernel_wgmma",
+          launch(flash_bwd_kernel_wgmma<E, D, true, NWG>, grid3, smem, p, "flash_bwd_kernel_wgmma",
                  128 * NWG);
         } else {
-          launch(flash_bwd_kernel_wgmma<E, false, NWG>, grid3, smem, p, "flash_bwd_kernel_wgmma",
+          launch(flash_bwd_kernel_wgmma<E, D, false, NWG>, grid3, smem, p, "flash_bwd_kernel_wgmma",
                  128 * NWG);
         }
       };
-      if (bwd_wgmma_config() == 0) {
-        go.template operator()<1>();
+      if (q.size(3) == 128) {
+        go.template operator()<128, 1>();
+      } else if (bwd_wgmma_config() == 0) {
+        go.template operator()<64, 1>();
       } else {
-        go.template operator()<2>();
+        go.template operator()<64, 2>();
       }
     } else if (!use_v1_kernels(false) && q.size(3) == 64 && nkb <= 65535) {
       // v2 (the default for D 64): key blocks in grid.y, Q / dO double-buffered.
