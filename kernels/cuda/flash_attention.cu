@@ -86,15 +86,17 @@
 // SM. Measured on the H200 (benchmarks/RESULTS.md): 1.30x v2 at the 160m shape, 1.32x at 1b.
 // The v2 backward computes its probabilities the same way (without softcap).
 //
-// Hopper (sm_90a code and a compute-capability-9 device; kWgmmaBuilt): at D 64 the forward v4
-// and the backward v3 run both passes' GEMMs as warpgroup MMAs (wgmma, primitives in wgmma.cuh)
-// on 128-byte-swizzled shared-memory tiles filled by cp.async, so that no fragment is loaded from
-// shared memory by the threads (the limit of the mma.sync kernels above). Both use one warpgroup
-// per CTA, 64 query rows (forward) or 64 keys (backward), and several CTAs per SM: while one
-// warpgroup computes its softmax or dS, another's MMAs run. Measured (benchmarks/RESULTS.md,
-// session 7), against PyTorch's flash kernels in the same run: forward 1.12x / 1.03x at the
-// 160m / 1b shapes on the H200 (v3 was 0.94 / 0.92), backward 1.07x / 1.03x (v2 0.93 / 0.94).
-// KILN_FLASH_KERNEL=fwd_v3 / bwd_v2 select the mma.sync kernels on Hopper.
+// Hopper (sm_90a code and a compute-capability-9 device; kWgmmaBuilt): the forward v4 and the
+// backward v3 run both passes' GEMMs as warpgroup MMAs (wgmma, primitives in wgmma.cuh) on
+// 128-byte-swizzled shared-memory tiles filled by cp.async, so that no fragment is loaded from
+// shared memory by the threads (the limit of the mma.sync kernels above), at head sizes 64 and
+// 128. 64 query rows (forward) or 64 keys (backward) per warpgroup, and several CTAs per SM:
+// while one warpgroup computes its softmax or dS, another's MMAs run. Measured against PyTorch's
+// flash kernels in the same run (benchmarks/RESULTS.md, session 7), H200 / H100: forward
+// 1.16x / 1.13x at the 160m shape and 1.12x / 1.11x at 1b (v3 was 0.94 / 0.92), backward
+// 1.07x / 1.00x and 1.04x / 1.03x (v2 0.93 / 0.94); at Mistral-7B's head size 128, forward
+// 0.88 / 0.87 and backward 0.94 / 0.91 (v2 / v1 0.62 / 0.55). KILN_FLASH_KERNEL=fwd_v3 / bwd_v2
+// select the mma.sync kernels on Hopper.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -1066,7 +1068,7 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
   }
 }
 
-// Forward v4 (Hopper, sm_90a; the default at D 64 with scale > 0 on a compute-capability-9 GPU):
+// Forward v4 (Hopper, sm_90a; the default with scale > 0 on a compute-capability-9 GPU):
 // the two GEMMs of every key block run as warpgroup MMAs (wgmma) instead of per-warp mma.sync.
 // A CTA is NWG warpgroups of 128 threads, each owning 64 query rows of a 64 NWG-row query block;
 // K and V blocks of BN keys are double-buffered in shared memory through cp.async (every thread
@@ -1247,11 +1249,11 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<D, NWG, BN>)
 #endif
 }
 
-// Backward v3 (Hopper, sm_90a; the default at D 64 on a compute-capability-9 GPU): v2's
+// Backward v3 (Hopper, sm_90a; the default on a compute-capability-9 GPU): v2's
 // algorithm on warpgroup MMAs. A CTA is NWG warpgroups for 64 NWG keys of one (batch, kv head),
 // each warpgroup owning 64 keys; it loops over (query head of the group, 64-row query block)
 // steps whose Q / dO tiles (128-byte-swizzled, cp.async) and lse / Delta are double-buffered,
-// with one CTA barrier per step. Per step and warpgroup (m64n64k16 steps throughout):
+// with one CTA barrier per step. Per step and warpgroup (m64nNk16 steps, N = 64 or D):
 //   - S^T = K Q^T (K and Q K-major from shared memory); P^T = exp2(S^T scale log2(e) - lse),
 //     rounded to the dtype in registers (pa);
 //   - dP^T = V dO^T and dV += P^T dO (P^T from registers, dO read N-major) issued together;
@@ -1260,9 +1262,10 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<D, NWG, BN>)
 //   - dK += dS^T Q issued, dS^T stored to the warpgroup's own swizzled [key][query] tile, and
 //     dQ_part = dS K over its 64 keys issued (dS read M-major, K N-major); dQ_part goes to the
 //     f32 dQ accumulator with float2 atomics (the same count per key as v2).
-// dK and dV stay in registers across the steps. Configurations (KILN_FLASH_WGMMA_BWD): 1x64
-// (the default: 3 CTAs, so 3 warpgroups, per SM in 168 registers) and 2x64 (1 CTA per SM); as
-// in the forward, warpgroups per SM decide (2x64 was 1.18-1.25x slower on the H200).
+// dK and dV stay in registers across the steps. Configurations (KILN_FLASH_WGMMA_BWD, D 64):
+// 1x64 (the default: 3 CTAs, so 3 warpgroups, per SM in 168 registers) and 2x64 (1 CTA per SM);
+// as in the forward, warpgroups per SM decide (2x64 was 1.14-1.25x slower on the H200). D 128
+// takes 1x64 at 2 CTAs per SM (dK and dV alone take 128 registers a thread).
 template <typename E, int D, bool kCap, int NWG>
 __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
     flash_bwd_kernel_wgmma(const Params p) {
