@@ -1055,7 +1055,7 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
                                               int rows) {
   constexpr unsigned kChunks = D / 8;
   // Unsigned: the divisions by kChunks are shifts, and ch >> 3 is 0 at D 64 (as signed ints they
-  // cost 4 registers and 2.5-8% of the flash kernels' time).
+  // cost 2-4 registers and 2.5-8% of the flash kernels' time).
 #pragma unroll
   for (unsigned c = threadIdx.x; c < ROWS * kChunks; c += NT) {
     const int r = static_cast<int>(c / kChunks), ch = static_cast<int>(c % kChunks);
@@ -1073,8 +1073,8 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
 // A CTA is NWG warpgroups of 128 threads, each owning 64 query rows of a 64 NWG-row query block;
 // K and V blocks of BN keys are double-buffered in shared memory through cp.async (every thread
 // copies), in the 128-byte-swizzled layout wgmma reads directly (wgmma.cuh), so no shared-memory
-// fragment loads are issued: S = Q K^T is 4 m64nBNk16 steps with Q and K from shared memory, and
-// O += P V takes P from the S accumulators in registers (their layout is wgmma's A fragment
+// fragment loads are issued: S = Q K^T is D / 16 m64nBNk16 steps with Q and K from shared memory,
+// and O += P V takes P from the S accumulators in registers (their layout is wgmma's A fragment
 // layout) and V from shared memory read N-major (transposed). The softmax is v3's: raw scores,
 // the scale folded into one FFMA per probability before ex2. Each warpgroup skips the key blocks
 // entirely after its own last row, and masks only the blocks straddling the causal edge, the
