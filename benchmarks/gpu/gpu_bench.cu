@@ -206,60 +206,48 @@ void bench_flash_attention() {
         kiln::zeros(out[1].sizes(), kiln::TensorOptions(kiln::kFloat).device(q.device()));
     const double flops = 4.0 * s.b * s.h * s.t * s.t * s.d / 2;
     const std::string base = std::string("sdpa causal ") + s.name;
-    report(base + " fwd", time_ms([&](int) {
-             (void)kiln::call_op(fwd, {q, k, v}, attrs);
-           }),
-           flops, 0);
-    report(base + " bwd", time_ms([&](int) {
-             (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
-           }),
-           2.5 * flops, 0);
-    if (s.d != 64) {  // head size 128: the other wgmma forward, the mma.sync kernels
-      set_switch("KILN_FLASH_WGMMA", "1x64");
-      report(base + " fwd [wgmma 1x64]", time_ms([&](int) {
+    // One row per pass, under the kernel switches set at the time; tag names the variant.
+    const auto fwd_row = [&](const std::string& tag) {
+      report(base + " fwd" + tag, time_ms([&](int) {
                (void)kiln::call_op(fwd, {q, k, v}, attrs);
              }),
              flops, 0);
-      set_switch("KILN_FLASH_WGMMA", nullptr);
-      set_switch("KILN_FLASH_KERNEL", "fwd_v2");
-      report(base + " fwd [v2]", time_ms([&](int) {
-               (void)kiln::call_op(fwd, {q, k, v}, attrs);
-             }),
-             flops, 0);
-      set_switch("KILN_FLASH_KERNEL", "bwd_v2");  // v1 at this head size
-      report(base + " bwd [v1]", time_ms([&](int) {
+    };
+    const auto bwd_row = [&](const std::string& tag) {
+      report(base + " bwd" + tag, time_ms([&](int) {
                (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
              }),
              2.5 * flops, 0);
+    };
+    fwd_row("");
+    bwd_row("");
+    if (s.d != 64) {  // head size 128: the other wgmma forward, the mma.sync kernels
+      set_switch("KILN_FLASH_WGMMA", "1x64");
+      fwd_row(" [wgmma 1x64]");
+      set_switch("KILN_FLASH_WGMMA", nullptr);
+      set_switch("KILN_FLASH_KERNEL", "fwd_v2");
+      fwd_row(" [v2]");
+      set_switch("KILN_FLASH_KERNEL", "bwd_v2");  // v1 at this head size
+      bwd_row(" [v1]");
       set_switch("KILN_FLASH_KERNEL", nullptr);
       continue;
     }
     // The forward's other configurations side by side: v4 (wgmma) with other warpgroup counts
-    // and key-block sizes (the default is 2x64), and the previous default v3 (mma.sync).
+    // and key-block sizes (the default is 2x64), and the previous default v3 (mma.sync); the
+    // backward with 2 warpgroups per CTA, and the previous default v2 (mma.sync).
     for (const char* config : {"1x64", "1x32", "4x64", "2x128", "3x128"}) {
       set_switch("KILN_FLASH_WGMMA", config);
-      report(base + " fwd [wgmma " + config + "]", time_ms([&](int) {
-               (void)kiln::call_op(fwd, {q, k, v}, attrs);
-             }),
-             flops, 0);
+      fwd_row(std::string(" [wgmma ") + config + "]");
     }
     set_switch("KILN_FLASH_WGMMA", nullptr);
     set_switch("KILN_FLASH_KERNEL", "fwd_v3");
-    report(base + " fwd [v3]", time_ms([&](int) {
-             (void)kiln::call_op(fwd, {q, k, v}, attrs);
-           }),
-           flops, 0);
+    fwd_row(" [v3]");
+    set_switch("KILN_FLASH_KERNEL", nullptr);
     set_switch("KILN_FLASH_WGMMA_BWD", "2x64");
-    report(base + " bwd [wgmma 2x64]", time_ms([&](int) {
-             (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
-           }),
-           2.5 * flops, 0);
+    bwd_row(" [wgmma 2x64]");
     set_switch("KILN_FLASH_WGMMA_BWD", nullptr);
-    set_switch("KILN_FLASH_KERNEL", "bwd_v2");  // the previous default backward (mma.sync)
-    report(base + " bwd [v2]", time_ms([&](int) {
-             (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
-           }),
-           2.5 * flops, 0);
+    set_switch("KILN_FLASH_KERNEL", "bwd_v2");
+    bwd_row(" [v2]");
     set_switch("KILN_FLASH_KERNEL", nullptr);
   }
 }

@@ -138,7 +138,8 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
-// The two 16-bit elements of a pack2 word, widened (low half first).
+// The two 16-bit elements of a pack2 word, widened (low half first). bf16 by a shift and a mask
+// of the word (__bfloat1622float2 emits a cvt per element instead).
 template <typename E>
 __device__ __forceinline__ float2 unpack2(uint32_t w) {
   if constexpr (std::is_same_v<E, __nv_bfloat16>) {
@@ -211,11 +212,14 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const E* s, int ld, int
 }
 
 // 16 bytes global -> shared, zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+// (dst as a shared-window address)
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
                : "memory");
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, valid);
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -280,6 +284,36 @@ __device__ __forceinline__ float score(const Params& p, float x, int i, int j, b
   return x;
 }
 
+// Key blocks [nb0, nb1) of BN keys that the ROWS query rows from m0 can see (causal: keys up to
+// the last row; window: keys after the first row's window start).
+template <int ROWS, int BN>
+__device__ __forceinline__ void key_blocks(const Params& p, int m0, int& nb0, int& nb1) {
+  int kend = p.s, kbeg = 0;
+  if (p.causal) kend = min(kend, m0 + ROWS);
+  if (p.window > 0) kbeg = max(0, m0 - p.window + 1);
+  nb0 = kbeg / BN;
+  nb1 = kend > kbeg ? (kend + BN - 1) / BN : nb0;
+}
+
+// Query blocks [mb0, mb1) of BQ rows that see some of the KEYS keys from n0 (causal: rows from
+// n0; window: rows before the last key plus the window).
+template <int KEYS, int BQ>
+__device__ __forceinline__ void query_blocks(const Params& p, int n0, int& mb0, int& mb1) {
+  const int qbeg = p.causal ? n0 : 0;
+  const int qend = p.window > 0 ? min(p.t, n0 + KEYS - 1 + p.window) : p.t;
+  mb0 = qbeg / BQ;
+  mb1 = qend > qbeg ? (qend + BQ - 1) / BQ : mb0;
+}
+
+// lse of row i of (batch, head) bh in the log2 domain, +inf for rows past T and rows that see no
+// key (so that every probability exp2(x - inf) is 0), and its Delta (0 past T).
+__device__ __forceinline__ void lse_delta_row(const Params& p, int64_t bh, int i, float& l2,
+                                              float& dl) {
+  const float l = i < p.t ? p.lse[bh * p.t + i] : -INFINITY;
+  l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+  dl = i < p.t ? p.delta[bh * p.t + i] : 0.0f;
+}
+
 // --- Forward ----------------------------------------------------------------------------------
 
 template <typename E, int D, bool kCap>
@@ -297,11 +331,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
 
-  int kend = p.s, kbeg = 0;
-  if (p.causal) kend = min(kend, m0 + kBlockM);
-  if (p.window > 0) kbeg = max(0, m0 - p.window + 1);
-  const int nb0 = kbeg / kBlockN;
-  const int nb1 = kend > kbeg ? (kend + kBlockN - 1) / kBlockN : nb0;
+  int nb0, nb1;
+  key_blocks<kBlockM, kBlockN>(p, m0, nb0, nb1);
 
   load_tile<E, D, kBlockM>(sq, q, p.sq.t, m0, p.t);
   if (nb0 < nb1) {
@@ -485,11 +516,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const Params p) {
   load_tile<E, D, kBlockN>(sv, v, p.sv.t, n0, p.s);
   cp_async_commit();
 
-  // Query rows that see some key of this block: causal, i >= n0; window, i < n0 + 64 - 1 + w.
-  const int qbeg = p.causal ? n0 : 0;
-  const int qend = p.window > 0 ? min(p.t, n0 + kBlockN - 1 + p.window) : p.t;
-  const int mb0 = qbeg / kBlockM;
-  const int mb1 = qend > qbeg ? (qend + kBlockM - 1) / kBlockM : mb0;
+  int mb0, mb1;
+  query_blocks<kBlockN, kBlockM>(p, n0, mb0, mb1);
 
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -509,11 +537,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const Params p) {
       load_tile<E, D, kBlockM>(sdo, dout, p.sdo.t, m0, p.t);
       cp_async_commit();
       if (threadIdx.x < kBlockM) {
-        const int i = m0 + threadIdx.x;
-        const float l = i < p.t ? p.lse[bh * p.t + i] : -INFINITY;
-        // Rows past T and rows that see no key: +inf makes every probability exp2(x - inf) = 0.
-        slse[threadIdx.x] = l == -INFINITY ? INFINITY : l * kLog2e;
-        sdelta[threadIdx.x] = i < p.t ? p.delta[bh * p.t + i] : 0.0f;
+        lse_delta_row(p, bh, m0 + threadIdx.x, slse[threadIdx.x], sdelta[threadIdx.x]);
       }
       cp_async_wait<0>();
       __syncthreads();
@@ -704,11 +728,8 @@ __global__ void __launch_bounds__(KW * 32, kFwdMinBlocks<D, KW>)
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
 
-  int kend = p.s, kbeg = 0;
-  if (p.causal) kend = min(kend, m0 + BM);
-  if (p.window > 0) kbeg = max(0, m0 - p.window + 1);
-  const int nb0 = kbeg / kBlockN;
-  const int nb1 = kend > kbeg ? (kend + kBlockN - 1) / kBlockN : nb0;
+  int nb0, nb1;
+  key_blocks<BM, kBlockN>(p, m0, nb0, nb1);
 
   load_tile_nt<E, D, BM, NT>(sq, q, p.sq.t, m0, p.t);
   if (nb0 < nb1) {
@@ -873,11 +894,8 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
 
-  int kend = p.s, kbeg = 0;
-  if (p.causal) kend = min(kend, m0 + BM);
-  if (p.window > 0) kbeg = max(0, m0 - p.window + 1);
-  const int nb0 = kbeg / kBlockN;
-  const int nb1 = kend > kbeg ? (kend + kBlockN - 1) / kBlockN : nb0;
+  int nb0, nb1;
+  key_blocks<BM, kBlockN>(p, m0, nb0, nb1);
 
   load_tile_nt<E, D, BM, NT>(sq, q, p.sq.t, m0, p.t);
   if (nb0 < nb1) {
@@ -1061,10 +1079,7 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
     const int r = static_cast<int>(c / kChunks), ch = static_cast<int>(c % kChunks);
     const bool ok = row0 + r < rows;
     const E* from = ok ? src + static_cast<int64_t>(row0 + r) * ld + ch * 8 : src;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     dst + (ch >> 3) * ROWS * 128 + internal::swizzle_offset(r, (ch & 7) * 8)),
-                 "l"(from), "r"(ok ? 16 : 0)
-                 : "memory");
+    cp_async16(dst + (ch >> 3) * ROWS * 128 + internal::swizzle_offset(r, (ch & 7) * 8), from, ok);
   }
 }
 
@@ -1085,15 +1100,16 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
 // by shared memory). What matters is warpgroups per SM: while one computes its softmax, the
 // tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.4x slower than 2x64 on
 // the H200; 2x64 was 1.05-1.10x faster than 1x64).
+// CTAs per SM the forward v4 is compiled for (its register cap: 64K / (128 NWG x this)).
 template <int D, int NWG, int BN>
-constexpr int kWgmmaMinBlocks = D == 128 ? (BN == 32 ? 4 : 2)
-                                         : (BN == 128 ? 1
-                                                      : (NWG == 1   ? 4
-                                                         : NWG == 2 ? 2
-                                                                    : 1));
+constexpr int wgmma_fwd_min_blocks() {
+  if (D == 128) return BN == 32 ? 4 : 2;  // 1x64 is held to 2 by shared memory anyway
+  if (BN == 128) return 1;
+  return NWG == 1 ? 4 : NWG == 2 ? 2 : 1;  // 16 warps per SM in 128 registers
+}
 
 template <typename E, int D, bool kCap, int NWG, int BN>
-__global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<D, NWG, BN>)
+__global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN>())
     flash_fwd_kernel_wgmma(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace kiln::cuda::internal;
@@ -1113,11 +1129,8 @@ __global__ void __launch_bounds__(128 * NWG, kWgmmaMinBlocks<D, NWG, BN>)
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
 
-  int kend = p.s, kbeg = 0;
-  if (p.causal) kend = min(kend, m0 + BM);
-  if (p.window > 0) kbeg = max(0, m0 - p.window + 1);
-  const int nb0 = kbeg / BN;
-  const int nb1 = kend > kbeg ? (kend + BN - 1) / BN : nb0;
+  int nb0, nb1;
+  key_blocks<BM, BN>(p, m0, nb0, nb1);
 
   load_swizzled<E, D, BM, NT>(sq, q, p.sq.t, m0, p.t);
   if (nb0 < nb1) {
@@ -1297,10 +1310,8 @@ __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
   load_swizzled<E, D, BK, NT>(sk, k, p.sk.t, n0, p.s);
   load_swizzled<E, D, BK, NT>(sv, v, p.sv.t, n0, p.s);
 
-  const int qbeg = p.causal ? n0 : 0;
-  const int qend = p.window > 0 ? min(p.t, n0 + BK - 1 + p.window) : p.t;
-  const int mb0 = qbeg / BQ;
-  const int mb1 = qend > qbeg ? (qend + BQ - 1) / BQ : mb0;
+  int mb0, mb1;
+  query_blocks<BK, BQ>(p, n0, mb0, mb1);
   const int nmb = mb1 - mb0, nit = rep * nmb;
 
   // Step it: query head kvh * rep + it / nmb, query block mb0 + it % nmb.
@@ -1311,14 +1322,10 @@ __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
     load_swizzled<E, D, BQ, NT>(sq + buf * kTileQ, q, p.sq.t, m0, p.t);
     load_swizzled<E, D, BQ, NT>(sdo + buf * kTileQ, dout, p.sdo.t, m0, p.t);
   };
-  // lse (log2 domain; +inf for rows past T and rows that see no key, so that every probability
-  // is exp2(x - inf) = 0) and Delta of row tid (< BQ) of step it.
+  // lse (log2 domain) and Delta of row tid (< BQ) of step it.
   auto fetch = [&](int it, float& l2, float& dl) {
-    const int hh = kvh * rep + it / nmb, i = (mb0 + it % nmb) * BQ + tid;
-    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
-    const float l = i < p.t ? p.lse[bh * p.t + i] : -INFINITY;
-    l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-    dl = i < p.t ? p.delta[bh * p.t + i] : 0.0f;
+    const int hh = kvh * rep + it / nmb;
+    lse_delta_row(p, static_cast<int64_t>(b) * p.h + hh, (mb0 + it % nmb) * BQ + tid, l2, dl);
   };
   if (nit > 0) {
     issue(0, 0);
@@ -1519,10 +1526,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params 
   load_tile<E, D, kBlockN>(sk, k, p.sk.t, n0, p.s);
   load_tile<E, D, kBlockN>(sv, v, p.sv.t, n0, p.s);
 
-  const int qbeg = p.causal ? n0 : 0;
-  const int qend = p.window > 0 ? min(p.t, n0 + kBlockN - 1 + p.window) : p.t;
-  const int mb0 = qbeg / kBlockM;
-  const int mb1 = qend > qbeg ? (qend + kBlockM - 1) / kBlockM : mb0;
+  int mb0, mb1;
+  query_blocks<kBlockN, kBlockM>(p, n0, mb0, mb1);
   const int nmb = mb1 - mb0, nit = rep * nmb;
 
   // Step it: query head kvh * rep + it / nmb, query block mb0 + it % nmb.
@@ -1533,14 +1538,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params 
     load_tile<E, D, kBlockM>(sq + buf * kBlockM * SD, q, p.sq.t, m0, p.t);
     load_tile<E, D, kBlockM>(sdo + buf * kBlockM * SD, dout, p.sdo.t, m0, p.t);
   };
-  // lse (log2 domain; +inf for rows past T and rows that see no key, so that every probability
-  // is exp2(x - inf) = 0) and Delta of row threadIdx.x (< kBlockM) of step it.
+  // lse (log2 domain) and Delta of row threadIdx.x (< kBlockM) of step it.
   auto fetch = [&](int it, float& l2, float& dl) {
-    const int hh = kvh * rep + it / nmb, i = (mb0 + it % nmb) * kBlockM + threadIdx.x;
-    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
-    const float l = i < p.t ? p.lse[bh * p.t + i] : -INFINITY;
-    l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-    dl = i < p.t ? p.delta[bh * p.t + i] : 0.0f;
+    const int hh = kvh * rep + it / nmb;
+    lse_delta_row(p, static_cast<int64_t>(b) * p.h + hh, (mb0 + it % nmb) * kBlockM + threadIdx.x,
+                  l2, dl);
   };
   if (nit > 0) {
     issue(0, 0);
@@ -1761,11 +1763,13 @@ void visit_d_cap(int64_t d, bool cap, F&& f) {
   }
 }
 
-// KILN_FLASH_KERNEL: -1 unset or empty, else the index of its value among these.
-int flash_kernel_switch() {
+// KILN_FLASH_KERNEL's values, in the order EnvChoice numbers them (kDefault: unset or empty).
+enum class FlashKernel { kDefault = -1, kV1, kFwdV1, kBwdV1, kFwdV2, kFwdV3, kBwdV2 };
+
+FlashKernel flash_kernel_switch() {
   static const kiln::internal::EnvChoice kernel(
       "KILN_FLASH_KERNEL", {"v1", "fwd_v1", "bwd_v1", "fwd_v2", "fwd_v3", "bwd_v2"});
-  return kernel.get();
+  return static_cast<FlashKernel>(kernel.get());
 }
 
 // Whether this build holds the sm_90a code of the wgmma kernels (CMake defines KILN_CUDA_SM90A
@@ -1776,20 +1780,15 @@ constexpr bool kWgmmaBuilt = true;
 constexpr bool kWgmmaBuilt = false;
 #endif
 
-// The forward v4 (wgmma) runs unless another forward is selected, the build lacks sm_90a code
-// or the device is not compute capability 9.x.
-bool use_fwd_wgmma() {
-  const int choice = flash_kernel_switch();
-  return kWgmmaBuilt && choice != 0 && choice != 1 && choice != 3 && choice != 4 &&
-         loops::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
-}
-
-// The backward v3 (wgmma) runs unless another backward is selected (v1, bwd_v1, bwd_v2), the
-// build lacks sm_90a code or the device is not compute capability 9.x.
-bool use_bwd_wgmma() {
-  const int choice = flash_kernel_switch();
-  return kWgmmaBuilt && choice != 0 && choice != 2 && choice != 5 &&
-         loops::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
+// The wgmma kernel of a pass (forward v4, backward v3) runs unless KILN_FLASH_KERNEL selects
+// another kernel for that pass, the build lacks sm_90a code or the device is not compute
+// capability 9.x.
+bool use_wgmma(bool forward) {
+  using enum FlashKernel;
+  const FlashKernel k = flash_kernel_switch();
+  const bool other = k == kV1 || (forward ? k == kFwdV1 || k == kFwdV2 || k == kFwdV3
+                                          : k == kBwdV1 || k == kBwdV2);
+  return kWgmmaBuilt && !other && loops::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
 }
 
 // KILN_FLASH_WGMMA_BWD: the backward v3's warpgroups per CTA x 64 keys: 1x64 (the default, 3
@@ -1811,12 +1810,12 @@ int fwd_wgmma_config() {
 // KILN_FLASH_KERNEL=v1 selects the v1 kernels for both passes, fwd_v1 / bwd_v1 for one pass
 // only (cached; tests call kiln::internal::reload_env_switches() after setenv).
 bool use_v1_kernels(bool forward) {
-  const int choice = flash_kernel_switch();
-  return choice == 0 || choice == (forward ? 1 : 2);
+  const FlashKernel k = flash_kernel_switch();
+  return k == FlashKernel::kV1 || k == (forward ? FlashKernel::kFwdV1 : FlashKernel::kBwdV1);
 }
 
 // KILN_FLASH_KERNEL=fwd_v2 runs the forward v2 where v3 would be the default.
-bool use_fwd_v2() { return flash_kernel_switch() == 3; }
+bool use_fwd_v2() { return flash_kernel_switch() == FlashKernel::kFwdV2; }
 
 // Warps per CTA of the forward v2 at D 64: 8 (128 query rows) unless KILN_FLASH_FWD_WARPS=4.
 int fwd_warps_d64() {
@@ -1860,7 +1859,7 @@ void flash_attention_cuda(OpCall& c) {
   p.lse = static_cast<float*>(lse.data_ptr());
   // v4 (the default with a positive scale on Hopper), v3 (elsewhere at D 64) and v2 put the
   // query blocks in grid.y (at most 65535 of them).
-  if (p.scale > 0 && use_fwd_wgmma()) {
+  if (p.scale > 0 && use_wgmma(true)) {
     auto go = [&]<int D, int NWG, int BN>() {
       const int64_t nqb = (q.size(2) + 64 * NWG - 1) / (64 * NWG);
       if (nqb > 65535) return false;
@@ -1991,7 +1990,7 @@ void flash_attention_backward_cuda(OpCall& c) {
       }
     }
     const int64_t nkb = (k.size(2) + kBlockN - 1) / kBlockN;
-    if (nkb <= 65535 && use_bwd_wgmma()) {
+    if (nkb <= 65535 && use_wgmma(false)) {
       // v3 (the default on Hopper): key blocks of 64 per warpgroup in grid.y.
       auto go = [&]<int D, int NWG>() {
         const dim3 grid3(static_cast<unsigned>(k.size(0) * k.size(1)),
