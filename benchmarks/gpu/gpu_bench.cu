@@ -222,9 +222,14 @@ void bench_flash_attention() {
     fwd_row("");
     bwd_row("");
     if (s.d != 64) {  // head size 128: the other wgmma forward, the mma.sync kernels
-      set_switch("KILN_FLASH_WGMMA", "1x64");
-      fwd_row(" [wgmma 1x64]");
+      for (const char* config : {"1x64", "1x64r"}) {
+        set_switch("KILN_FLASH_WGMMA", config);
+        fwd_row(std::string(" [wgmma ") + config + "]");
+      }
       set_switch("KILN_FLASH_WGMMA", nullptr);
+      set_switch("KILN_FLASH_WGMMA_BWD", "2x64");
+      bwd_row(" [wgmma 2x64]");
+      set_switch("KILN_FLASH_WGMMA_BWD", nullptr);
       set_switch("KILN_FLASH_KERNEL", "fwd_v2");
       fwd_row(" [v2]");
       set_switch("KILN_FLASH_KERNEL", "bwd_v2");  // v1 at this head size
@@ -235,7 +240,7 @@ void bench_flash_attention() {
     // The forward's other configurations side by side: v4 (wgmma) with other warpgroup counts
     // and key-block sizes (the default is 2x64), and the previous default v3 (mma.sync); the
     // backward with 2 warpgroups per CTA, and the previous default v2 (mma.sync).
-    for (const char* config : {"1x64", "1x32", "4x64", "2x128", "3x128"}) {
+    for (const char* config : {"1x64", "1x32", "4x64", "2x128", "3x128", "1x64r", "2x64r"}) {
       set_switch("KILN_FLASH_WGMMA", config);
       fwd_row(std::string(" [wgmma ") + config + "]");
     }

@@ -1101,21 +1101,25 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
 // tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.4x slower than 2x64 on
 // the H200; 2x64 was 1.05-1.10x faster than 1x64).
 // CTAs per SM the forward v4 is compiled for (its register cap: 64K / (128 NWG x this)).
-template <int D, int NWG, int BN>
+// How far (log2 domain) a block's maximum score may exceed the forward v4's running maximum before
+// the running maximum moves: probabilities stay at most 2^8.
+constexpr float kStaleMax = 8.0f;
+
+template <int D, int NWG, int BN, bool QR>
 constexpr int wgmma_fwd_min_blocks() {
-  if (D == 128) return BN == 32 ? 4 : 2;  // 1x64 is held to 2 by shared memory anyway
+  if (D == 128) return BN == 32 ? 4 : QR ? 3 : 2;  // 1x64 with Q: held to 2 by shared memory
   if (BN == 128) return 1;
   return NWG == 1 ? 4 : NWG == 2 ? 2 : 1;  // 16 warps per SM in 128 registers
 }
 
-template <typename E, int D, bool kCap, int NWG, int BN>
-__global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN>())
+template <typename E, int D, bool kCap, int NWG, int BN, bool QR>
+__global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR>())
     flash_fwd_kernel_wgmma(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace kiln::cuda::internal;
   constexpr int NT = 128 * NWG, BM = 64 * NWG;
   // Tiles of 64-column sub-tiles (load_swizzled): 128 bytes per row and sub-tile.
-  constexpr uint32_t kRowBytes = 128, kTileQ = BM * D * 2, kTileKV = BN * D * 2;
+  constexpr uint32_t kRowBytes = 128, kTileQ = QR ? 0 : BM * D * 2, kTileKV = BN * D * 2;
   extern __shared__ unsigned char smem_raw[];
   // wgmma's swizzle repeats every 1024 bytes: tiles start on a 1024-byte boundary.
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -1132,7 +1136,7 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN>())
   int nb0, nb1;
   key_blocks<BM, BN>(p, m0, nb0, nb1);
 
-  load_swizzled<E, D, BM, NT>(sq, q, p.sq.t, m0, p.t);
+  if constexpr (!QR) load_swizzled<E, D, BM, NT>(sq, q, p.sq.t, m0, p.t);
   if (nb0 < nb1) {
     load_swizzled<E, D, BN, NT>(sk, k, p.sk.t, nb0 * BN, p.s);
     load_swizzled<E, D, BN, NT>(sv, v, p.sv.t, nb0 * BN, p.s);
@@ -1148,7 +1152,26 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN>())
   // share of the running sum (the quad's shares are added at the end).
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
   const float sl = kCap ? 1.0f : p.scale * kLog2e;
+  constexpr bool kLazy = D == 128;
   const uint32_t sq_wg = sq + wg * 64 * kRowBytes;
+  // QR: this thread's Q fragments (the A operand of S = Q K^T, k16 step kk) straight from global
+  // memory into registers: rows 16 w + g (+ 8), columns 16 kk + 2 t (+ 8), + 1; zero past the end.
+  uint32_t qa[QR ? D / 16 : 1][4];
+  if constexpr (QR) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = wfirst + 16 * w + g + 8 * r;
+      const E* qrow = q + static_cast<int64_t>(i) * p.sq.t + 2 * t;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          qa[kk][r + 2 * c] =
+              i < p.t ? __ldg(reinterpret_cast<const unsigned int*>(qrow + 16 * kk + 8 * c)) : 0u;
+        }
+      }
+    }
+  }
 
   for (int nb = nb0; nb < nb1; ++nb) {
     const int buf = (nb - nb0) & 1;
@@ -1169,9 +1192,14 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN>())
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {  // k step kk: sub-tile kk / 4, 32 bytes per step
-        wgmma_ss<E, BN, 0, 0>(
-            s, smem_desc(sq_wg + (kk >> 2) * BM * kRowBytes + (kk & 3) * 32, 16, 1024),
-            smem_desc(kb + (kk >> 2) * BN * kRowBytes + (kk & 3) * 32, 16, 1024), kk > 0);
+        const uint64_t kd = smem_desc(kb + (kk >> 2) * BN * kRowBytes + (kk & 3) * 32, 16, 1024);
+        if constexpr (QR) {
+          wgmma_rs<E, BN, 0>(s, qa[kk], kd, kk > 0);
+        } else {
+          wgmma_ss<E, BN, 0, 0>(
+              s, smem_desc(sq_wg + (kk >> 2) * BM * kRowBytes + (kk & 3) * 32, 16, 1024), kd,
+              kk > 0);
+        }
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -1189,6 +1217,13 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN>())
           s[e] = x;
         }
       }
+      // At D 128 (kLazy) the running maximum only moves when a block's maximum exceeds it by
+      // more than kStaleMax (log2 domain): the probabilities stay below 2^kStaleMax, exact in f32
+      // and as precise in the dtype, and O's D / 2 rescaling multiplies are skipped for the warp
+      // unless one of its rows moved (a row's first visible block always moves it). At D 64 the
+      // vote cost more than the multiplies it saved (2-3%): the maximum moves every block.
+      float alpha[2];
+      bool moved = false;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float mx = -INFINITY;
@@ -1197,10 +1232,15 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN>())
           mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(mrow[r], mx * sl);
-        const float muse = mnew == -INFINITY ? 0.0f : mnew;
-        const float alpha = fast_exp2(mrow[r] - muse);
-        mrow[r] = mnew;
+        alpha[r] = 1.0f;
+        // (False while both are -inf: nothing visible yet.)
+        if (!kLazy || mx * sl > mrow[r] + kStaleMax) {
+          const float mnew = fmaxf(mrow[r], mx * sl);
+          alpha[r] = fast_exp2(mrow[r] - (mnew == -INFINITY ? 0.0f : mnew));  // 0 from -inf
+          mrow[r] = mnew;
+          moved = true;
+        }
+        const float muse = mrow[r] == -INFINITY ? 0.0f : mrow[r];
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
@@ -1208,11 +1248,16 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN>())
           s[4 * nt + 2 * r + 1] = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], sl, -muse));
           sum += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
         }
-        lrow[r] = lrow[r] * alpha + sum;
+        lrow[r] = lrow[r] * alpha[r] + sum;
+      }
+      if (!kLazy || __any_sync(0xffffffffu, moved)) {
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
-          o[4 * dt + 2 * r] *= alpha;
-          o[4 * dt + 2 * r + 1] *= alpha;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            o[4 * dt + 2 * r] *= alpha[r];
+            o[4 * dt + 2 * r + 1] *= alpha[r];
+          }
         }
       }
       uint32_t a[BN / 16][4];
@@ -1280,11 +1325,14 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN>())
 // as in the forward, warpgroups per SM decide (2x64 was 1.14-1.25x slower on the H200). D 128
 // takes 1x64 at 2 CTAs per SM (dK and dV alone take 128 registers a thread).
 template <typename E, int D, bool kCap, int NWG>
-__global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
+__global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : D == 128 ? 2 : 3)
     flash_bwd_kernel_wgmma(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace kiln::cuda::internal;
   constexpr int NT = 128 * NWG, BK = 64 * NWG, BQ = 64;
+  // dP^T issued with S^T, so that it runs while P^T is computed: with 2 warpgroups (1 CTA per SM,
+  // room for S^T and dP^T in registers together; the softcapped kernel would spill).
+  constexpr bool kEarlyDp = NWG == 2 && !kCap;
   // K, V, Q and dO tiles are D / 64 sub-tiles of 64 columns (load_swizzled), 128 bytes per row
   // and sub-tile; dS^T is one 64 x 64 tile per warpgroup.
   constexpr uint32_t kRow = 128, kTileK = BK * D * 2, kTileQ = BQ * D * 2, kTileDs = 64 * kRow;
@@ -1295,7 +1343,7 @@ __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
   const uint32_t sds = sdo + 2 * kTileQ;                   // one per warpgroup
   float* slse = reinterpret_cast<float*>(smem_raw + (sds + NWG * kTileDs - sraw));  // 2 x BQ
   float* sdelta = slse + 2 * BQ;                                                    // 2 x BQ
-  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
+  const int tid = threadIdx.x, wg = NWG == 1 ? 0 : tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   // Grid (B * H_kv, key blocks) with the key block in y, as v2: for causal attention every head's
   // heaviest (first) key blocks are issued before any lighter one. (Walking chunks of heads key
@@ -1333,9 +1381,11 @@ __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
   }
   cp_async_commit();
 
-  float dk[D / 2], dv[D / 2], st[BQ / 2], dpt[BQ / 2], dq[D / 2];
+  float dk[D / 2], dv[D / 2], st[BQ / 2], dpt[BQ / 2], dq[D / 2 / NWG];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = dq[i] = 0.0f;
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < D / 2 / NWG; ++i) dq[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < BQ / 2; ++i) st[i] = dpt[i] = 0.0f;
   // This thread's keys (rows of S^T): k0 + 16 w + g and + 8.
@@ -1358,10 +1408,16 @@ __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
     const uint32_t qb = sq + buf * kTileQ, dob = sdo + buf * kTileQ;
     const float* lb = slse + buf * BQ;
     const float* db = sdelta + buf * BQ;
-    // Warpgroup-uniform: whether any of its keys is visible from any of these queries.
-    const bool skip = k0 >= p.s || (p.causal && k0 > m0 + BQ - 1) ||
-                      (p.window > 0 && k0 + 63 < m0 - p.window + 1);
-    if (!skip) {
+    // Whether no key of the 64 from kb0 is visible from any of these queries (uniform across the
+    // warpgroup that owns them).
+    const auto skipped = [&](int kb0) {
+      return kb0 >= p.s || (p.causal && kb0 > m0 + BQ - 1) ||
+             (p.window > 0 && kb0 + 63 < m0 - p.window + 1);
+    };
+    bool live[NWG];
+#pragma unroll
+    for (int j = 0; j < NWG; ++j) live[j] = !skipped(n0 + 64 * j);
+    if (wg == 0 ? live[0] : live[NWG - 1]) {
       acc_fence(st);
       wgmma_fence();
 #pragma unroll
@@ -1371,7 +1427,24 @@ __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
                               kk > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+      // dP^T = V dO^T, issued before P^T is computed (kEarlyDp) or after it.
+      const auto issue_dpt = [&] {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          wgmma_ss<E, BQ, 0, 0>(dpt,
+                                smem_desc(vw + (kk >> 2) * BK * kRow + (kk & 3) * 32, 16, 1024),
+                                smem_desc(dob + (kk >> 2) * BQ * kRow + (kk & 3) * 32, 16, 1024),
+                                kk > 0);
+        }
+        wgmma_commit();
+      };
+      if constexpr (kEarlyDp) {
+        acc_fence(dpt);
+        issue_dpt();
+        wgmma_wait<1>();  // S^T
+      } else {
+        wgmma_wait<0>();
+      }
       acc_fence(st);
       const bool mask = k0 + 64 > p.s || (p.causal && k0 + 63 > m0) ||
                         (p.window > 0 && k0 <= m0 + BQ - 1 - p.window);
@@ -1397,15 +1470,11 @@ __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
         for (int i = 0; i < 4; ++i)
           pa[kk][i] = pack2<E>(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
       }
-      acc_fence(dpt);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wgmma_ss<E, BQ, 0, 0>(dpt, smem_desc(vw + (kk >> 2) * BK * kRow + (kk & 3) * 32, 16, 1024),
-                              smem_desc(dob + (kk >> 2) * BQ * kRow + (kk & 3) * 32, 16, 1024),
-                              kk > 0);
+      wgmma_fence();  // pa
+      if constexpr (!kEarlyDp) {
+        acc_fence(dpt);
+        issue_dpt();
       }
-      wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
         wgmma_rs<E, D, 1>(dv, pa[kk], smem_desc(dob + kk * 16 * kRow, BQ * kRow, 1024), true);
@@ -1446,13 +1515,32 @@ __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
         }
       }
       fence_proxy_async();
-      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // this warpgroup's dS^T
+    }
+    // dQ_part = dS K over the CTA's keys: with one warpgroup, its 64 keys and every column; with
+    // two, both warpgroups' dS^T tiles (after a CTA barrier) and column half wg, so that each dQ
+    // element gets one atomic per 128 keys. Tiles of skipped warpgroups are left out; a step that
+    // skips every warpgroup adds nothing (uniform across the CTA).
+    if (live[0] || live[NWG - 1]) {
+      if constexpr (NWG == 1) {
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // this warpgroup's dS^T
+      } else {
+        __syncthreads();  // both warpgroups' dS^T
+      }
+      constexpr int kCols = D / NWG;  // columns wg kCols .. + kCols - 1 of dQ
+      const uint32_t kcol = sk + (wg * kCols / 64) * BK * kRow + (wg * kCols % 64) * 2;
       acc_fence(dq);
       wgmma_fence();
+      bool acc = false;
 #pragma unroll
-      for (int kk = 0; kk < 64 / 16; ++kk) {
-        wgmma_ss<E, D, 1, 1>(dq, smem_desc(dsw + kk * 16 * kRow, kTileDs, 1024),
-                             smem_desc(kw + kk * 16 * kRow, BK * kRow, 1024), kk > 0);
+      for (int j = 0; j < NWG; ++j) {
+        if (!live[j]) continue;
+#pragma unroll
+        for (int kk = 0; kk < 64 / 16; ++kk) {
+          wgmma_ss<E, kCols, 1, 1>(dq, smem_desc(sds + j * kTileDs + kk * 16 * kRow, kTileDs, 1024),
+                                   smem_desc(kcol + (4 * j + kk) * 16 * kRow, BK * kRow, 1024),
+                                   acc);
+          acc = true;
+        }
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -1463,9 +1551,9 @@ __global__ void __launch_bounds__(128 * NWG, D == 128 ? 2 : (NWG == 1 ? 3 : 1))
       for (int r = 0; r < 2; ++r) {
         const int i = m0 + 16 * w + g + 8 * r;
         if (i < p.t) {
-          float* dst = p.dq_acc + (bh * p.t + i) * D + 2 * t;
+          float* dst = p.dq_acc + (bh * p.t + i) * D + wg * kCols + 2 * t;
 #pragma unroll
-          for (int dt = 0; dt < D / 8; ++dt) {
+          for (int dt = 0; dt < kCols / 8; ++dt) {
             atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
                       make_float2(dq[4 * dt + 2 * r] * p.scale, dq[4 * dt + 2 * r + 1] * p.scale));
           }
@@ -1791,19 +1879,21 @@ bool use_wgmma(bool forward) {
   return kWgmmaBuilt && !other && loops::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
 }
 
-// KILN_FLASH_WGMMA_BWD: the backward v3's warpgroups per CTA x 64 keys: 1x64 (the default, 3
-// CTAs per SM) or 2x64 (1 CTA per SM).
+// KILN_FLASH_WGMMA_BWD: the backward v3's warpgroups per CTA x 64 keys (-1 when unset): 1x64 (the
+// default at head size 64: 3 CTAs per SM, 2 at head size 128) or 2x64 (1 CTA per SM; the default
+// at head size 128).
 int bwd_wgmma_config() {
   static const kiln::internal::EnvChoice config("KILN_FLASH_WGMMA_BWD", {"1x64", "2x64"});
-  return std::max(config.get(), 0);
+  return config.get();
 }
 
-// KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size (default 2x64 at head size 64;
-// -1 when unset). Head size 128 takes 1x32 (the default there) or 1x64; any other value selects
-// its default.
+// KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size, "r" for Q in registers (-1 when
+// unset). Head size 64 takes every configuration (default 2x64); head size 128 takes 1x64, 1x32
+// and 1x64r (the default there), any other value selecting its default.
 int fwd_wgmma_config() {
   static const kiln::internal::EnvChoice config("KILN_FLASH_WGMMA",
-                                                {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32"});
+                                                {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32",
+                                                 "1x64r", "2x64r"});
   return config.get();
 }
 
@@ -1860,18 +1950,23 @@ void flash_attention_cuda(OpCall& c) {
   // v4 (the default with a positive scale on Hopper), v3 (elsewhere at D 64) and v2 put the
   // query blocks in grid.y (at most 65535 of them).
   if (p.scale > 0 && use_wgmma(true)) {
-    auto go = [&]<int D, int NWG, int BN>() {
+    auto go = [&]<int D, int NWG, int BN, bool QR = false>() {
       const int64_t nqb = (q.size(2) + 64 * NWG - 1) / (64 * NWG);
       if (nqb > 65535) return false;
       const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)), static_cast<unsigned>(nqb));
-      const size_t smem = 1024 + 2 * D * (64 * NWG + 4 * BN);  // alignment slack, Q, 2 x (K, V)
       visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
+        auto run = [&]<bool kCap, bool kQR>() {
+          // Alignment slack, Q (unless in registers), 2 x (K, V).
+          const size_t smem = 1024 + 2 * D * ((kQR ? 0 : 64 * NWG) + 4 * BN);
+          launch(flash_fwd_kernel_wgmma<E, D, kCap, NWG, BN, kQR>, grid, smem, p,
+                 "flash_fwd_kernel_wgmma", 128 * NWG);
+        };
         if (p.softcap > 0) {
-          launch(flash_fwd_kernel_wgmma<E, D, true, NWG, BN>, grid, smem, p,
-                 "flash_fwd_kernel_wgmma", 128 * NWG);
+          // With Q in registers the softcapped kernel at D 128 runs short of registers (ptxas
+          // serializes its wgmma): it keeps Q in shared memory.
+          run.template operator()<true, QR && D == 64>();
         } else {
-          launch(flash_fwd_kernel_wgmma<E, D, false, NWG, BN>, grid, smem, p,
-                 "flash_fwd_kernel_wgmma", 128 * NWG);
+          run.template operator()<false, QR>();
         }
       });
       return true;
@@ -1884,10 +1979,13 @@ void flash_attention_cuda(OpCall& c) {
              : config == 3 ? go.template operator()<64, 2, 128>()
              : config == 4 ? go.template operator()<64, 3, 128>()
              : config == 5 ? go.template operator()<64, 1, 32>()
+             : config == 6 ? go.template operator()<64, 1, 64, true>()
+             : config == 7 ? go.template operator()<64, 2, 64, true>()
                            : go.template operator()<64, 2, 64>();
     } else {
-      done =
-          config == 0 ? go.template operator()<128, 1, 64>() : go.template operator()<128, 1, 32>();
+      done = config == 0   ? go.template operator()<128, 1, 64>()
+             : config == 5 ? go.template operator()<128, 1, 32>()
+                           : go.template operator()<128, 1, 64, true>();
     }
     if (done) return;
   }
@@ -2007,12 +2105,17 @@ void flash_attention_backward_cuda(OpCall& c) {
                  128 * NWG);
         }
       };
+      const int config = bwd_wgmma_config();
       if (q.size(3) == 128) {
-        go.template operator()<128, 1>();
-      } else if (bwd_wgmma_config() == 0) {
-        go.template operator()<64, 1>();
-      } else {
+        if (config == 0) {
+          go.template operator()<128, 1>();
+        } else {
+          go.template operator()<128, 2>();
+        }
+      } else if (config == 1) {
         go.template operator()<64, 2>();
+      } else {
+        go.template operator()<64, 1>();
       }
     } else if (!use_v1_kernels(false) && q.size(3) == 64 && nkb <= 65535) {
       // v2 (the default for D 64): key blocks in grid.y, Q / dO double-buffered.

@@ -80,14 +80,15 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
 // forward with 2 warpgroups and 64-key blocks at D 64, 1 warpgroup and 32-key blocks at D 128,
 // and the v3 backward; elsewhere the v3 forward and v2 backward at D 64, the v2 forward and v1
 // backward at D 128); v4's other configurations (KILN_FLASH_WGMMA=1x64, also 64-key blocks at
-// D 128; 4x64, 2x128, 1x32 and 3x128 at D 64); the v3 forward
+// D 128; 1x64r, Q in registers, at both; 4x64, 2x128, 1x32, 3x128 and 2x64r at D 64); the v3 forward
 // (KILN_FLASH_KERNEL=fwd_v3: v2 at D 128; the backward stays at its default); the v3 backward
-// with 2 warpgroups per CTA at D 64 (KILN_FLASH_WGMMA_BWD=2x64); the v2 backward (bwd_v2: v1 at
+// with 2 warpgroups per CTA (KILN_FLASH_WGMMA_BWD=2x64); the v2 backward (bwd_v2: v1 at
 // D 128); the v2 forward with 8 warps (fwd_v2) and with 4 warps (and KILN_FLASH_FWD_WARPS=4).
 const std::vector<std::string>& kernel_paths() {
   static const std::vector<std::string> paths = {
       "v1",         "default", "wgmma-1x64",     "wgmma-4x64", "wgmma-2x128", "wgmma-3x128",
-      "wgmma-1x32", "fwd_v3",  "wgmma_bwd-2x64", "bwd_v2",     "fwd_v2",      "fwd_v2-4warps"};
+      "wgmma-1x32", "wgmma-1x64r", "wgmma-2x64r", "fwd_v3",  "wgmma_bwd-2x64", "bwd_v2",
+      "fwd_v2",      "fwd_v2-4warps"};
   return paths;
 }
 
