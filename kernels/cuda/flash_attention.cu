@@ -1088,23 +1088,27 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
 // A CTA is NWG warpgroups of 128 threads, each owning 64 query rows of a 64 NWG-row query block;
 // K and V blocks of BN keys are double-buffered in shared memory through cp.async (every thread
 // copies), in the 128-byte-swizzled layout wgmma reads directly (wgmma.cuh), so no shared-memory
-// fragment loads are issued: S = Q K^T is D / 16 m64nBNk16 steps with Q and K from shared memory,
-// and O += P V takes P from the S accumulators in registers (their layout is wgmma's A fragment
-// layout) and V from shared memory read N-major (transposed). The softmax is v3's: raw scores,
-// the scale folded into one FFMA per probability before ex2. Each warpgroup skips the key blocks
+// fragment loads are issued: S = Q K^T is D / 16 m64nBNk16 steps with K from shared memory and Q
+// from shared memory or (QR, the "r" configurations) from registers, loaded once from global
+// memory in wgmma's A fragment layout; O += P V takes P from the S accumulators in registers
+// (their layout is wgmma's A fragment layout) and V from shared memory read N-major (transposed).
+// The softmax is v3's: raw scores, the scale folded into one FFMA per probability before ex2; at
+// D 128 the running maximum moves lazily (kStaleMax). Each warpgroup skips the key blocks
 // entirely after its own last row, and masks only the blocks straddling the causal edge, the
 // window edge or the end of the keys.
-// Configurations (KILN_FLASH_WGMMA=NWGxBN, measured in benchmarks/RESULTS.md): at D 64, 2x64 (the
-// default: 2 CTAs, so 4 warpgroups, per SM, up to 128 registers), 1x64 (4 CTAs per SM), 1x32,
-// 4x64, 2x128 and 3x128 (1 CTA per SM); at D 128, 1x32 (the default, 4 CTAs per SM) and 1x64 (2,
-// by shared memory). What matters is warpgroups per SM: while one computes its softmax, the
-// tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.4x slower than 2x64 on
-// the H200; 2x64 was 1.05-1.10x faster than 1x64).
-// CTAs per SM the forward v4 is compiled for (its register cap: 64K / (128 NWG x this)).
+// Configurations (KILN_FLASH_WGMMA=NWGxBN[r], measured in benchmarks/RESULTS.md): at D 64, 2x64
+// (the default: 2 CTAs, so 4 warpgroups, per SM, up to 128 registers), 1x64 (4 CTAs per SM),
+// 1x32, 4x64, 2x128 and 3x128 (1 CTA per SM), 1x64r and 2x64r; at D 128, 1x64r (the default: 3
+// CTAs per SM in 168 registers, shared memory holding only K and V), 1x32 (4 CTAs per SM) and
+// 1x64 (2, by shared memory). What matters is warpgroups per SM: while one computes its softmax,
+// the tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.4x slower than 2x64
+// on the H200; 2x64 was 1.05-1.10x faster than 1x64). At D 128, Q in registers also halves the
+// shared-memory reads per key block, which bound 1x32 (1x64r is 1.13x faster than 1x32).
 // How far (log2 domain) a block's maximum score may exceed the forward v4's running maximum before
 // the running maximum moves: probabilities stay at most 2^8.
 constexpr float kStaleMax = 8.0f;
 
+// CTAs per SM the forward v4 is compiled for (its register cap: 64K / (128 NWG x this)).
 template <int D, int NWG, int BN, bool QR>
 constexpr int wgmma_fwd_min_blocks() {
   if (D == 128) return BN == 32 ? 4 : QR ? 3 : 2;  // 1x64 with Q: held to 2 by shared memory
@@ -1318,12 +1322,15 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
 //     once dP^T has landed (dV may still run), dS^T = P^T (dP^T - Delta) with P^T widened from
 //     pa, so that S^T's f32 registers are free for dP^T's;
 //   - dK += dS^T Q issued, dS^T stored to the warpgroup's own swizzled [key][query] tile, and
-//     dQ_part = dS K over its 64 keys issued (dS read M-major, K N-major); dQ_part goes to the
-//     f32 dQ accumulator with float2 atomics (the same count per key as v2).
-// dK and dV stay in registers across the steps. Configurations (KILN_FLASH_WGMMA_BWD, D 64):
-// 1x64 (the default: 3 CTAs, so 3 warpgroups, per SM in 168 registers) and 2x64 (1 CTA per SM);
-// as in the forward, warpgroups per SM decide (2x64 was 1.14-1.25x slower on the H200). D 128
-// takes 1x64 at 2 CTAs per SM (dK and dV alone take 128 registers a thread).
+//     dQ_part = dS K issued (dS read M-major, K N-major): with one warpgroup over its 64 keys and
+//     every column, with two (after a CTA barrier) over the CTA's 128 keys and column half wg;
+//     dQ_part goes to the f32 dQ accumulator with float2 atomics, one per dQ element and 64 NWG
+//     keys.
+// dK and dV stay in registers across the steps. Configurations (KILN_FLASH_WGMMA_BWD): 1x64 (the
+// default at D 64: 3 CTAs, so 3 warpgroups, per SM in 168 registers; 2 CTAs per SM at D 128,
+// where dK and dV alone take 128 registers a thread) and 2x64 (1 CTA per SM; the default at
+// D 128, where it issues dP^T with S^T and halves the dQ atomics: 1.15-1.22x faster than 1x64
+// there). At D 64 warpgroups per SM decide, as in the forward: 2x64 is 1.19-1.27x slower.
 template <typename E, int D, bool kCap, int NWG>
 __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : D == 128 ? 2 : 3)
     flash_bwd_kernel_wgmma(const Params p) {
