@@ -1329,8 +1329,8 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
 // dK and dV stay in registers across the steps. Configurations (KILN_FLASH_WGMMA_BWD): 1x64 (the
 // default at D 64: 3 CTAs, so 3 warpgroups, per SM in 168 registers; 2 CTAs per SM at D 128,
 // where dK and dV alone take 128 registers a thread) and 2x64 (1 CTA per SM; the default at
-// D 128, where it issues dP^T with S^T and halves the dQ atomics: 1.15-1.22x faster than 1x64
-// there). At D 64 warpgroups per SM decide, as in the forward: 2x64 is 1.19-1.27x slower.
+// D 128, where it issues dP^T with S^T and halves the dQ atomics: 1.12-1.18x faster than 1x64
+// there). At D 64 warpgroups per SM decide, as in the forward: 2x64 is 1.19-1.28x slower.
 template <typename E, int D, bool kCap, int NWG>
 __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : D == 128 ? 2 : 3)
     flash_bwd_kernel_wgmma(const Params p) {

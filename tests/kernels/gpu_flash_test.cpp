@@ -51,6 +51,7 @@ struct Case {
   ScalarType dtype = kBFloat16;
   bool strided = false;  // q, k, v as views of one [B, T, H + 2 H_kv, D] projection
   bool dlse = false;     // a gradient on lse too
+  bool growing = false;  // key j scaled by 1 + j / 16: scores grow along the keys
 };
 
 std::string describe(const Case& c) {
@@ -58,7 +59,7 @@ std::string describe(const Case& c) {
          " T" + std::to_string(c.t) + " S" + std::to_string(c.s) + " D" + std::to_string(c.d) +
          (c.causal ? " causal" : "") + " window " + std::to_string(c.window) + " softcap " +
          std::to_string(c.softcap) + " " + std::string(dtype_name(c.dtype)) +
-         (c.strided ? " strided" : "") + (c.dlse ? " dlse" : "");
+         (c.strided ? " strided" : "") + (c.dlse ? " dlse" : "") + (c.growing ? " growing" : "");
 }
 
 // q, k, v on the GPU (in c.dtype; views of one projection when c.strided).
@@ -70,17 +71,19 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
     v = qkv.narrow(2, c.h + c.hkv, c.hkv).transpose(1, 2);
   } else {
     q = randn({c.b, c.h, c.t, c.d}).to(c.dtype).to(kGpu);
-    k = randn({c.b, c.hkv, c.s, c.d}).to(c.dtype).to(kGpu);
+    Tensor kf = randn({c.b, c.hkv, c.s, c.d});
+    if (c.growing) kf = kf * (arange(c.s, TensorOptions(kFloat)) / 16.0 + 1.0).reshape({c.s, 1});
+    k = kf.to(c.dtype).to(kGpu);
     v = randn({c.b, c.hkv, c.s, c.d}).to(c.dtype).to(kGpu);
   }
 }
 
 // The kernel paths of kernels/cuda/flash_attention.cu, chosen by environment variables read at
 // every call: v1 (KILN_FLASH_KERNEL=v1); the default (on Hopper the wgmma kernels: the v4
-// forward with 2 warpgroups and 64-key blocks at D 64, 1 warpgroup and 32-key blocks at D 128,
-// and the v3 backward; elsewhere the v3 forward and v2 backward at D 64, the v2 forward and v1
+// forward with 2 warpgroups and 64-key blocks at D 64, 1 warpgroup, 64-key blocks and Q in
+// registers at D 128, and the v3 backward with 1 warpgroup per CTA at D 64, 2 at D 128; elsewhere the v3 forward and v2 backward at D 64, the v2 forward and v1
 // backward at D 128); v4's other configurations (KILN_FLASH_WGMMA=1x64, also 64-key blocks at
-// D 128; 1x64r, Q in registers, at both; 4x64, 2x128, 1x32, 3x128 and 2x64r at D 64); the v3 forward
+// D 128; 1x32 and 1x64r at both; 4x64, 2x128, 3x128 and 2x64r at D 64); the v3 forward
 // (KILN_FLASH_KERNEL=fwd_v3: v2 at D 128; the backward stays at its default); the v3 backward
 // with 2 warpgroups per CTA (KILN_FLASH_WGMMA_BWD=2x64); the v2 backward (bwd_v2: v1 at
 // D 128); the v2 forward with 8 warps (fwd_v2) and with 4 warps (and KILN_FLASH_FWD_WARPS=4).
@@ -252,6 +255,18 @@ TEST_F(GpuFlashAttention, LongerSequencesManyBlocks) {
   check_case({2, 4, 4, 200, 200, 64, false});
   check_case({2, 4, 1, 450, 450, 64, true, 150, 0, kHalf});
   check_case({2, 4, 2, 320, 320, 64, true, 0, 0, kBFloat16, false, true});
+}
+
+// Scores that grow along the keys (key j scaled by 1 + j / 16), so that a row's running maximum
+// keeps rising from block to block, by more than 2^8 in the log2 domain at some blocks and less
+// at others: both branches of the forward v4's lazily moved maximum at D 128 (and the rescaling
+// of every other path).
+TEST_F(GpuFlashAttention, RunningMaximumRisesAcrossBlocks) {
+  manual_seed(46);
+  for (const int64_t d : {64, 128}) {
+    check_case({1, 4, 2, 300, 300, d, true, 0, 0, kBFloat16, false, false, true});
+    check_case({1, 2, 2, 200, 200, d, false, 0, 0, kHalf, false, false, true});
+  }
 }
 
 TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
