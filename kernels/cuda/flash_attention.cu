@@ -1332,7 +1332,7 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
 // D 128, where it issues dP^T with S^T and halves the dQ atomics: 1.12-1.18x faster than 1x64
 // there). At D 64 warpgroups per SM decide, as in the forward: 2x64 is 1.19-1.28x slower.
 template <typename E, int D, bool kCap, int NWG>
-__global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : D == 128 ? 2 : 3)
+__global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : (D == 128 ? 2 : 3))
     flash_bwd_kernel_wgmma(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace kiln::cuda::internal;
@@ -1438,10 +1438,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : D == 128 ? 2 : 3)
       const auto issue_dpt = [&] {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          wgmma_ss<E, BQ, 0, 0>(dpt,
-                                smem_desc(vw + (kk >> 2) * BK * kRow + (kk & 3) * 32, 16, 1024),
-                                smem_desc(dob + (kk >> 2) * BQ * kRow + (kk & 3) * 32, 16, 1024),
-                                kk > 0);
+          wgmma_ss<E, BQ, 0, 0>(
+              dpt, smem_desc(vw + (kk >> 2) * BK * kRow + (kk & 3) * 32, 16, 1024),
+              smem_desc(dob + (kk >> 2) * BQ * kRow + (kk & 3) * 32, 16, 1024), kk > 0);
         }
         wgmma_commit();
       };
@@ -1898,9 +1897,8 @@ int bwd_wgmma_config() {
 // unset). Head size 64 takes every configuration (default 2x64); head size 128 takes 1x64, 1x32
 // and 1x64r (the default there), any other value selecting its default.
 int fwd_wgmma_config() {
-  static const kiln::internal::EnvChoice config("KILN_FLASH_WGMMA",
-                                                {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32",
-                                                 "1x64r", "2x64r"});
+  static const kiln::internal::EnvChoice config(
+      "KILN_FLASH_WGMMA", {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32", "1x64r", "2x64r"});
   return config.get();
 }
 
