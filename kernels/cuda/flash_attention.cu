@@ -314,6 +314,34 @@ __device__ __forceinline__ void lse_delta_row(const Params& p, int64_t bh, int i
   dl = i < p.t ? p.delta[bh * p.t + i] : 0.0f;
 }
 
+// The forwards' epilogue for one m16 row tile: rows i0 (r = 0) and i0 + 8 (r = 1), with their
+// running maxima mrow (log2 domain) and this thread's shares lrow of the row sums (added across
+// the quad here). Writes out = O / l at this thread's columns 8 dt + 2 t, + 1 (o(dt, c) is O's
+// accumulator for n8 tile dt, element c of the m16n8 C fragment) and, from t == 0, lse (-inf for
+// a row that saw no key).
+template <typename E, int D, typename Acc>
+__device__ __forceinline__ void store_out_lse(const Params& p, int64_t bh, int i0, int t,
+                                              const float (&mrow)[2], const float (&lrow)[2],
+                                              Acc o) {
+  E* out = static_cast<E*>(p.out) + bh * p.t * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int i = i0 + 8 * r;
+    if (i < p.t) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
+            pack2<E>(o(dt, 2 * r) * inv, o(dt, 2 * r + 1) * inv);
+      }
+      if (t == 0) p.lse[bh * p.t + i] = l > 0.0f ? mrow[r] * kLn2 + logf(l) : -INFINITY;
+    }
+  }
+}
+
 // --- Forward ----------------------------------------------------------------------------------
 
 template <typename E, int D, bool kCap>
@@ -433,25 +461,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
-  E* out = static_cast<E*>(p.out) + static_cast<int64_t>(bh) * p.t * D;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = lrow[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int i = row[r];
-    if (i < p.t) {
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
-            pack2<E>(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-      }
-      if (t == 0) {
-        p.lse[static_cast<int64_t>(bh) * p.t + i] = l > 0.0f ? mrow[r] * kLn2 + logf(l) : -INFINITY;
-      }
-    }
-  }
+  store_out_lse<E, D>(p, bh, row[0], t, mrow, lrow, [&](int dt, int c) { return o[dt][c]; });
 }
 
 // --- Backward ---------------------------------------------------------------------------------
@@ -839,25 +849,7 @@ __global__ void __launch_bounds__(KW * 32, kFwdMinBlocks<D, KW>)
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
-  E* out = static_cast<E*>(p.out) + static_cast<int64_t>(bh) * p.t * D;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = lrow[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int i = row[r];
-    if (i < p.t) {
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
-            pack2<E>(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-      }
-      if (t == 0) {
-        p.lse[static_cast<int64_t>(bh) * p.t + i] = l > 0.0f ? mrow[r] * kLn2 + logf(l) : -INFINITY;
-      }
-    }
-  }
+  store_out_lse<E, D>(p, bh, row[0], t, mrow, lrow, [&](int dt, int c) { return o[dt][c]; });
 }
 
 // exp2 on the special-function unit, subnormal results flushed to zero (exp2f adds a range
@@ -1039,28 +1031,10 @@ __global__ void __launch_bounds__(128, 2) flash_fwd_kernel_v3(const Params p) {
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
-  E* out = static_cast<E*>(p.out) + static_cast<int64_t>(bh) * p.t * D;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float l = lrow[mi][r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int i = wfirst + mi * 16 + g + 8 * r;
-      if (i < p.t) {
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
-              pack2<E>(o[mi][dt][2 * r] * inv, o[mi][dt][2 * r + 1] * inv);
-        }
-        if (t == 0) {
-          p.lse[static_cast<int64_t>(bh) * p.t + i] =
-              l > 0.0f ? mrow[mi][r] * kLn2 + logf(l) : -INFINITY;
-        }
-      }
-    }
+    store_out_lse<E, D>(p, bh, wfirst + mi * 16 + g, t, mrow[mi], lrow[mi],
+                        [&](int dt, int c) { return o[mi][dt][c]; });
   }
 }
 
@@ -1287,25 +1261,8 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
     __syncthreads();  // every warpgroup is done with this buffer before it is refilled
   }
 
-  E* out = static_cast<E*>(p.out) + static_cast<int64_t>(bh) * p.t * D;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = lrow[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int i = wfirst + 16 * w + g + 8 * r;
-    if (i < p.t) {
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
-            pack2<E>(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
-      }
-      if (t == 0) {
-        p.lse[static_cast<int64_t>(bh) * p.t + i] = l > 0.0f ? mrow[r] * kLn2 + logf(l) : -INFINITY;
-      }
-    }
-  }
+  store_out_lse<E, D>(p, bh, wfirst + 16 * w + g, t, mrow, lrow,
+                      [&](int dt, int c) { return o[4 * dt + c]; });
 #else
   __trap();  // launched only where the sm_90a code exists (kWgmmaBuilt, compute capability 9)
 #endif
