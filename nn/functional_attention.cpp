@@ -6,6 +6,7 @@
 #include <limits>
 #include <numbers>
 
+#include "kernels/cuda/runtime.h"
 #include "nn/functional.h"
 #include "tensor/env_switch.h"
 
@@ -28,21 +29,28 @@ Tensor repeat_kv(const Tensor &t, int64_t rep) {
 }
 
 // Whether the fused flash_attention op (tensor/ops/attention.cpp) computes this call: on CUDA,
-// bf16/f16, [B, H, T, D] with D in {64, 128}, no explicit mask, no dropout, H a multiple of
-// H_kv. KILN_SDPA=math forces the composite below (debugging, comparisons); unset, empty or
-// "flash" leaves the choice to these conditions.
+// bf16/f16, [B, H, T, D] with D in {64, 128} (256 with a positive scale where
+// kiln::cuda::flash_attention_supports_head_size says so: Hopper), no explicit mask, no
+// dropout, H a multiple of H_kv. KILN_SDPA=math forces the composite below (debugging,
+// comparisons); unset, empty or "flash" leaves the choice to these conditions.
 bool use_flash(const Tensor &q, const Tensor &k, const Tensor &v,
-               const Tensor &attn_mask, double dropout_p, bool enable_gqa) {
+               const Tensor &attn_mask, double dropout_p, bool enable_gqa,
+               double scale) {
   if (!q.is_cuda() || attn_mask.defined() || dropout_p != 0.0 || q.dim() != 4)
     return false;
   if (q.dtype() != kBFloat16 && q.dtype() != kHalf)
     return false;
   const int64_t d = q.size(-1);
-  if ((d != 64 && d != 128) || v.sizes() != k.sizes() ||
+  if (v.sizes() != k.sizes() ||
       k.size(0) != q.size(0) || k.size(1) == 0 || q.size(1) % k.size(1) != 0)
     return false;
   // Without enable_gqa the composite only broadcasts a single kv head.
   if (!enable_gqa && k.size(1) != q.size(1) && k.size(1) != 1)
+    return false;
+  // Head size 256 needs the Hopper kernels and a positive scale.
+  if (d != 64 && d != 128 &&
+      (d != 256 || scale <= 0 ||
+       !cuda::flash_attention_supports_head_size(d, q.device().index())))
     return false;
   static const kiln::internal::EnvChoice sdpa("KILN_SDPA", {"flash", "math"});
   return sdpa.get() != 1;
@@ -95,7 +103,7 @@ Tensor scaled_dot_product_attention(const Tensor &query, const Tensor &key,
   }
 
   const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
-  if (use_flash(query, key, value, attn_mask, dropout_p, enable_gqa)) {
+  if (use_flash(query, key, value, attn_mask, dropout_p, enable_gqa, sc)) {
     return std::get<0>(kiln::flash_attention(query, key, value, sc, is_causal,
                                              sliding_window, softcap));
   }

@@ -192,9 +192,11 @@ void bench_flash_attention() {
   };
   static const kiln::OpDef& fwd = KILN_OP(flash_attention);
   static const kiln::OpDef& bwd = KILN_OP(flash_attention_backward);
-  // "7b": Mistral-7B's attention (32 query and 8 kv heads of 128) at 1b's tokens per step.
+  // "7b": Mistral-7B's attention (32 query and 8 kv heads of 128) at 1b's tokens per step; "g2b":
+  // gemma-2b's (8 query heads and 1 kv head of 256, Hopper only) at the same tokens.
   for (const Shape& s : {Shape{"160m", 16, 12, 12, 1024, 64}, Shape{"1b", 4, 32, 8, 2048, 64},
-                         Shape{"7b", 4, 32, 8, 2048, 128}}) {
+                         Shape{"7b", 4, 32, 8, 2048, 128}, Shape{"g2b", 4, 8, 1, 2048, 256}}) {
+    if (!kiln::cuda::flash_attention_supports_head_size(s.d)) continue;
     const Tensor q = random({s.b, s.h, s.t, s.d}, kiln::kBFloat16);
     const Tensor k = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
     const Tensor v = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
@@ -221,6 +223,12 @@ void bench_flash_attention() {
     };
     fwd_row("");
     bwd_row("");
+    if (s.d == 256) {  // the other forward configuration (the default is 1x32)
+      set_switch("KILN_FLASH_WGMMA", "1x64");
+      fwd_row(" [wgmma 1x64]");
+      set_switch("KILN_FLASH_WGMMA", nullptr);
+      continue;
+    }
     if (s.d != 64) {  // head size 128: the other wgmma forward, the mma.sync kernels
       for (const char* config : {"1x64", "1x64r"}) {
         set_switch("KILN_FLASH_WGMMA", config);

@@ -82,11 +82,11 @@ def bench_gemm(name, m, n, k, backward=True):
 
 def bench_flash_attention():
     """Causal SDPA through torch's flash backend at the Llama training shapes and Mistral-7B's
-    attention (head size 128) at 1b's tokens (kiln:
+    attention (head size 128) and gemma-2b's (head size 256) at 1b's tokens (kiln:
     bench_flash_attention in gpu_bench.cu; same FLOP counts: fwd 4 B H T^2 D / 2, bwd 2.5x)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     for name, b, h, hkv, t, d in [("160m", 16, 12, 12, 1024, 64), ("1b", 4, 32, 8, 2048, 64),
-                                  ("7b", 4, 32, 8, 2048, 128)]:
+                                  ("7b", 4, 32, 8, 2048, 128), ("g2b", 4, 8, 1, 2048, 256)]:
         q = rand(b, h, t, d).requires_grad_(True)
         k = rand(b, hkv, t, d).requires_grad_(True)
         v = rand(b, hkv, t, d).requires_grad_(True)

@@ -1085,6 +1085,7 @@ constexpr float kStaleMax = 8.0f;
 // CTAs per SM the forward v4 is compiled for (its register cap: 64K / (128 NWG x this)).
 template <int D, int NWG, int BN, bool QR>
 constexpr int wgmma_fwd_min_blocks() {
+  if (D == 256) return BN == 32 ? 2 : 1;           // by shared memory (96 / 160 KiB)
   if (D == 128) return BN == 32 ? 4 : QR ? 3 : 2;  // 1x64 with Q: held to 2 by shared memory
   if (BN == 128) return 1;
   return NWG == 1 ? 4 : NWG == 2 ? 2 : 1;  // 16 warps per SM in 128 registers
@@ -1130,7 +1131,7 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
   // share of the running sum (the quad's shares are added at the end).
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
   const float sl = kCap ? 1.0f : p.scale * kLog2e;
-  constexpr bool kLazy = D == 128;
+  constexpr bool kLazy = D >= 128;
   const uint32_t sq_wg = sq + wg * 64 * kRowBytes;
   // QR: this thread's Q fragments (the A operand of S = Q K^T, k16 step kk) straight from global
   // memory into registers: rows 16 w + g (+ 8), columns 16 kk + 2 t (+ 8), + 1; zero past the end.
@@ -1550,6 +1551,217 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : (D == 128 ? 2 : 3))
 #endif
 }
 
+// Backward v3 at head size 256 (Hopper, sm_90a; the only backward there). One warpgroup's dK and
+// dV over 64 keys and 256 columns would take 256 registers a thread, so a CTA of 2 warpgroups
+// shares its 64 keys and splits the work: per (query head, 64-row query block) step, warpgroup wg
+//   - computes S^T and dP^T for the 64 keys and its 32 queries 32 wg .. 32 wg + 31 (m64n32k16
+//     steps, K / V and Q / dO K-major from shared memory, both issued before P^T is computed),
+//     then P^T and dS^T (as v3), and stores both, rounded to the dtype, into two shared
+//     [key][query] tiles;
+//   - after a CTA barrier, accumulates columns DW wg .. DW wg + DW - 1 (DW = D / 2) of dV += P^T dO
+//     and dK += dS^T Q (P^T and dS^T K-major from shared memory, dO and Q N-major), and computes
+//     the same columns of dQ_part = dS K (dS M-major, K N-major), added into the f32 dQ
+//     accumulator with float2 atomics.
+// Registers: dK and dV 64 each, dQ_part 64, S^T and dP^T 16 each. Shared memory: K, V (32 KiB
+// each), 2 x (Q, dO) (128 KiB), the P^T and dS^T tiles (16 KiB): 1 CTA of 8 warps per SM.
+template <typename E, int D, bool kCap>
+__global__ void __launch_bounds__(256, 1) flash_bwd_kernel_wgmma_split(const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace kiln::cuda::internal;
+  constexpr int NT = 256, BK = 64, BQ = 64, QW = BQ / 2, DW = D / 2;
+  constexpr uint32_t kRow = 128, kTileK = BK * D * 2, kTileQ = BQ * D * 2, kTileP = 64 * kRow;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t sk = (sraw + 1023) & ~1023u, sv = sk + kTileK;
+  const uint32_t sq = sv + kTileK, sdo = sq + 2 * kTileQ;  // 2 buffers each
+  const uint32_t sp = sdo + 2 * kTileQ, sds = sp + kTileP;
+  float* slse = reinterpret_cast<float*>(smem_raw + (sds + kTileP - sraw));  // 2 x BQ
+  float* sdelta = slse + 2 * BQ;                                             // 2 x BQ
+  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int bk = blockIdx.x, n0 = blockIdx.y * BK;
+  const float sl = p.scale * kLog2e;
+  const int b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
+  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
+  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
+  load_swizzled<E, D, BK, NT>(sk, k, p.sk.t, n0, p.s);
+  load_swizzled<E, D, BK, NT>(sv, v, p.sv.t, n0, p.s);
+
+  int mb0, mb1;
+  query_blocks<BK, BQ>(p, n0, mb0, mb1);
+  const int nmb = mb1 - mb0, nit = rep * nmb;
+  auto issue = [&](int it, int buf) {
+    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BQ;
+    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
+    const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
+    load_swizzled<E, D, BQ, NT>(sq + buf * kTileQ, q, p.sq.t, m0, p.t);
+    load_swizzled<E, D, BQ, NT>(sdo + buf * kTileQ, dout, p.sdo.t, m0, p.t);
+  };
+  auto fetch = [&](int it, float& l2, float& dl) {
+    const int hh = kvh * rep + it / nmb;
+    lse_delta_row(p, static_cast<int64_t>(b) * p.h + hh, (mb0 + it % nmb) * BQ + tid, l2, dl);
+  };
+  if (nit > 0) {
+    issue(0, 0);
+    if (tid < BQ) fetch(0, slse[tid], sdelta[tid]);
+  }
+  cp_async_commit();
+
+  float dk[DW / 2], dv[DW / 2];
+#pragma unroll
+  for (int i = 0; i < DW / 2; ++i) dk[i] = dv[i] = 0.0f;
+  // This thread's keys (rows of S^T, local to the CTA): 16 w + g and + 8.
+  const int kl[2] = {16 * w + g, 16 * w + g + 8};
+  // Column offsets of this warpgroup's 32 queries in the Q / dO tiles, and of its DW columns
+  // (DW / 64 sub-tiles) in the K, Q and dO tiles.
+  const uint32_t qrow = wg * QW * kRow, kcol = wg * (DW / 64) * BK * kRow,
+                 qcol = wg * (DW / 64) * BQ * kRow;
+
+  for (int it = 0; it < nit; ++it) {
+    const int buf = it & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // step it's tiles are visible; every thread is done with step it - 1
+    float nl = 0.0f, nd = 0.0f;
+    if (it + 1 < nit) {
+      issue(it + 1, buf ^ 1);
+      if (tid < BQ) fetch(it + 1, nl, nd);
+    }
+    cp_async_commit();
+    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BQ;
+    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
+    const uint32_t qb = sq + buf * kTileQ, dob = sdo + buf * kTileQ;
+    const float* lb = slse + buf * BQ;
+    const float* db = sdelta + buf * BQ;
+    // CTA-uniform: whether some key of the block is visible from some query of the step.
+    const bool live = !(n0 >= p.s || (p.causal && n0 > m0 + BQ - 1) ||
+                        (p.window > 0 && n0 + BK - 1 < m0 - p.window + 1));
+    if (live) {
+      // Declared per step (and zeroed), so that their registers are not held across steps.
+      float st[QW / 2], dpt[QW / 2], dq[DW / 2];
+#pragma unroll
+      for (int i = 0; i < QW / 2; ++i) st[i] = dpt[i] = 0.0f;
+      acc_fence(st);
+      acc_fence(dpt);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {  // k step kk: sub-tile kk / 4, 32 bytes per step
+        wgmma_ss<E, QW, 0, 0>(
+            st, smem_desc(sk + (kk >> 2) * BK * kRow + (kk & 3) * 32, 16, 1024),
+            smem_desc(qb + (kk >> 2) * BQ * kRow + qrow + (kk & 3) * 32, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wgmma_ss<E, QW, 0, 0>(
+            dpt, smem_desc(sv + (kk >> 2) * BK * kRow + (kk & 3) * 32, 16, 1024),
+            smem_desc(dob + (kk >> 2) * BQ * kRow + qrow + (kk & 3) * 32, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // S^T
+      acc_fence(st);
+      const bool mask = n0 + BK > p.s || (p.causal && n0 + BK - 1 > m0) ||
+                        (p.window > 0 && n0 <= m0 + BQ - 1 - p.window);
+      float dcap[kCap ? QW / 2 : 1];
+#pragma unroll
+      for (int e = 0; e < QW / 2; ++e) {
+        const int il = wg * QW + 8 * (e >> 2) + 2 * t + (e & 1), j = n0 + kl[(e >> 1) & 1];
+        float pr;
+        if constexpr (kCap) {
+          pr = exp2f(score<kCap>(p, st[e], m0 + il, j, mask, dcap[e]) - lb[il]);
+        } else {
+          pr = fast_exp2(fmaf(st[e], sl, -lb[il]));
+          if (mask && !visible(p, m0 + il, j)) pr = 0.0f;
+        }
+        st[e] = pr;
+      }
+      wgmma_wait<0>();  // dP^T
+      acc_fence(dpt);
+      // P^T and dS^T (rounded to the dtype; dS^T from the rounded P^T, as v3) into the shared
+      // [key][query] tiles: elements e, e + 1 are key kl[(e >> 1) & 1], queries il, il + 1.
+#pragma unroll
+      for (int e = 0; e < QW / 2; e += 2) {
+        const int il = wg * QW + 8 * (e >> 2) + 2 * t;
+        const uint32_t pa = pack2<E>(st[e], st[e + 1]);
+        const float2 pr = unpack2<E>(pa);
+        float ds0 = pr.x * (dpt[e] - db[il]), ds1 = pr.y * (dpt[e + 1] - db[il + 1]);
+        if constexpr (kCap) {
+          ds0 *= dcap[e];
+          ds1 *= dcap[e + 1];
+        }
+        const uint32_t off = swizzle_offset(kl[(e >> 1) & 1], il);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sp + off), "r"(pa) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sds + off), "r"(pack2<E>(ds0, ds1))
+                     : "memory");
+      }
+      fence_proxy_async();
+      __syncthreads();  // both warpgroups' halves of P^T and dS^T
+#pragma unroll
+      for (int i = 0; i < DW / 2; ++i) dq[i] = 0.0f;
+      acc_fence(dv);
+      acc_fence(dk);
+      acc_fence(dq);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {  // k16 steps over the queries
+        wgmma_ss<E, DW, 0, 1>(dv, smem_desc(sp + kk * 32, 16, 1024),
+                              smem_desc(dob + qcol + kk * 16 * kRow, BQ * kRow, 1024), true);
+      }
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        wgmma_ss<E, DW, 0, 1>(dk, smem_desc(sds + kk * 32, 16, 1024),
+                              smem_desc(qb + qcol + kk * 16 * kRow, BQ * kRow, 1024), true);
+      }
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {  // k16 steps over the keys
+        wgmma_ss<E, DW, 1, 1>(dq, smem_desc(sds + kk * 16 * kRow, kTileP, 1024),
+                              smem_desc(sk + kcol + kk * 16 * kRow, BK * kRow, 1024), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      acc_fence(dq);
+      acc_fence(dk);
+      acc_fence(dv);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = m0 + 16 * w + g + 8 * r;
+        if (i < p.t) {
+          float* dst = p.dq_acc + (bh * p.t + i) * D + wg * DW + 2 * t;
+#pragma unroll
+          for (int dt = 0; dt < DW / 8; ++dt) {
+            atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
+                      make_float2(dq[4 * dt + 2 * r] * p.scale, dq[4 * dt + 2 * r + 1] * p.scale));
+          }
+        }
+      }
+    }
+    if (it + 1 < nit && tid < BQ) {
+      slse[(buf ^ 1) * BQ + tid] = nl;
+      sdelta[(buf ^ 1) * BQ + tid] = nd;
+    }
+  }
+
+  E* dkp = static_cast<E*>(p.dk) + static_cast<int64_t>(bk) * p.s * D;
+  E* dvp = static_cast<E*>(p.dv) + static_cast<int64_t>(bk) * p.s * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = n0 + kl[r];
+    if (j < p.s) {
+#pragma unroll
+      for (int dt = 0; dt < DW / 8; ++dt) {
+        const int64_t off = static_cast<int64_t>(j) * D + wg * DW + dt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(dkp + off) =
+            pack2<E>(dk[4 * dt + 2 * r] * p.scale, dk[4 * dt + 2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvp + off) =
+            pack2<E>(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
+      }
+    }
+  }
+#else
+  __trap();  // launched only where the sm_90a code exists (kWgmmaBuilt, compute capability 9)
+#endif
+}
+
 // Backward v2 (D 64): as v1, plus
 //   - grid (B * H_kv, key blocks) with the key block in y: for causal the heaviest (first) key
 //     blocks of every head are issued before any lighter one, so the long blocks do not trail;
@@ -1755,6 +1967,19 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_kernel_v2(const Params 
 
 // --- Host side --------------------------------------------------------------------------------
 
+// Whether this build holds the sm_90a code of the wgmma kernels (CMake defines KILN_CUDA_SM90A
+// when 90a is among CMAKE_CUDA_ARCHITECTURES).
+#if defined(KILN_CUDA_SM90A)
+constexpr bool kWgmmaBuilt = true;
+#else
+constexpr bool kWgmmaBuilt = false;
+#endif
+
+// Whether the wgmma kernels can run: sm_90a code in the build and a compute-capability-9 device.
+bool wgmma_device() {
+  return kWgmmaBuilt && loops::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
+}
+
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // t itself when its last dim is contiguous and every other stride and the base allow 16-byte
@@ -1773,14 +1998,27 @@ Tensor aligned_contiguous(const Tensor& t) {
 
 Strides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-void check_supported(const char* op, const Tensor& q) {
+void check_supported(const char* op, const Tensor& q, double scale) {
   KILN_CHECK(q.dtype() == kBFloat16 || q.dtype() == kHalf, "[", op,
              "] the CUDA kernel takes bfloat16 or float16, got ", dtype_name(q.dtype()),
              " (F::scaled_dot_product_attention falls back to the composite for other dtypes)");
-  KILN_CHECK(q.size(3) == 64 || q.size(3) == 128, "[", op,
-             "] the CUDA kernel takes head sizes 64 and 128, got q ", shape_str(q.sizes()));
+  const int64_t d = q.size(3);
+  KILN_CHECK(d == 64 || d == 128 || d == 256, "[", op,
+             "] the CUDA kernel takes head sizes 64, 128 and (on Hopper) 256, got q ",
+             shape_str(q.sizes()));
   KILN_CHECK(q.size(0) * q.size(1) <= 65535 && q.size(2) < (int64_t{1} << 30), "[", op,
              "] too many heads or rows for the CUDA kernel: q ", shape_str(q.sizes()));
+  if (d == 256) {
+    KILN_CHECK(wgmma_device(), "[", op,
+               "] head size 256 runs only on the Hopper (sm_90a) kernels, and this ",
+               kWgmmaBuilt ? "GPU is not compute capability 9.x" : "build holds no sm_90a code",
+               ": q ", shape_str(q.sizes()),
+               " (F::scaled_dot_product_attention falls back to the composite)");
+    KILN_CHECK(scale > 0, "[", op, "] head size 256 takes a positive scale, got ", scale, ": q ",
+               shape_str(q.sizes()));
+    KILN_CHECK(q.size(2) <= int64_t{65535} * 64, "[", op,
+               "] too many rows for the head-size-256 kernel: q ", shape_str(q.sizes()));
+  }
 }
 
 template <typename Kernel>
@@ -1823,23 +2061,15 @@ FlashKernel flash_kernel_switch() {
   return static_cast<FlashKernel>(kernel.get());
 }
 
-// Whether this build holds the sm_90a code of the wgmma kernels (CMake defines KILN_CUDA_SM90A
-// when 90a is among CMAKE_CUDA_ARCHITECTURES).
-#if defined(KILN_CUDA_SM90A)
-constexpr bool kWgmmaBuilt = true;
-#else
-constexpr bool kWgmmaBuilt = false;
-#endif
-
 // The wgmma kernel of a pass (forward v4, backward v3) runs unless KILN_FLASH_KERNEL selects
-// another kernel for that pass, the build lacks sm_90a code or the device is not compute
-// capability 9.x.
+// another kernel for that pass, or the build or the device cannot run it (wgmma_device). Head
+// size 256 has no other kernel: it ignores KILN_FLASH_KERNEL.
 bool use_wgmma(bool forward) {
   using enum FlashKernel;
   const FlashKernel k = flash_kernel_switch();
   const bool other = k == kV1 || (forward ? k == kFwdV1 || k == kFwdV2 || k == kFwdV3
                                           : k == kBwdV1 || k == kBwdV2);
-  return kWgmmaBuilt && !other && loops::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
+  return !other && wgmma_device();
 }
 
 // KILN_FLASH_WGMMA_BWD: the backward v3's warpgroups per CTA x 64 keys (-1 when unset): 1x64 (the
@@ -1899,7 +2129,7 @@ void flash_attention_cuda(OpCall& c) {
   const Tensor q = kernel_operand(c.input(0));
   const Tensor k = kernel_operand(c.input(1));
   const Tensor v = kernel_operand(c.input(2));
-  check_supported("flash_attention", q);
+  check_supported("flash_attention", q, c.attr<double>(0));
   KILN_CHECK(k.size(2) < (int64_t{1} << 30), "[flash_attention] too many keys: k ",
              shape_str(k.sizes()));
   const Tensor& out = c.outputs[0];
@@ -1911,7 +2141,8 @@ void flash_attention_cuda(OpCall& c) {
   p.lse = static_cast<float*>(lse.data_ptr());
   // v4 (the default with a positive scale on Hopper), v3 (elsewhere at D 64) and v2 put the
   // query blocks in grid.y (at most 65535 of them).
-  if (p.scale > 0 && use_wgmma(true)) {
+  // Head size 256 runs only here (check_supported: a positive scale, a Hopper device).
+  if (q.size(3) == 256 || (p.scale > 0 && use_wgmma(true))) {
     auto go = [&]<int D, int NWG, int BN, bool QR = false>() {
       const int64_t nqb = (q.size(2) + 64 * NWG - 1) / (64 * NWG);
       if (nqb > 65535) return false;
@@ -1944,12 +2175,16 @@ void flash_attention_cuda(OpCall& c) {
              : config == 6 ? go.template operator()<64, 1, 64, true>()
              : config == 7 ? go.template operator()<64, 2, 64, true>()
                            : go.template operator()<64, 2, 64>();
-    } else {
+    } else if (q.size(3) == 128) {
       done = config == 0   ? go.template operator()<128, 1, 64>()
              : config == 5 ? go.template operator()<128, 1, 32>()
                            : go.template operator()<128, 1, 64, true>();
+    } else {
+      done =
+          config == 0 ? go.template operator()<256, 1, 64>() : go.template operator()<256, 1, 32>();
     }
     if (done) return;
+    KILN_CHECK(q.size(3) != 256, "[flash_attention] internal: no head-size-256 kernel ran");
   }
   const int64_t nqb3 = (q.size(2) + 127) / 128;
   if (!use_v1_kernels(true) && !use_fwd_v2() && q.size(3) == 64 && p.scale > 0 && nqb3 <= 65535) {
@@ -2009,7 +2244,7 @@ void flash_attention_backward_cuda(OpCall& c) {
   const Tensor out = aligned_contiguous(c.input(4));  // read in 16-byte packs by the delta pass
   const Tensor lse = c.input(5).contiguous();
   const Tensor dlse = c.input(6).contiguous();
-  check_supported("flash_attention_backward", q);
+  check_supported("flash_attention_backward", q, c.attr<double>(0));
   const Tensor& dq = c.outputs[0];
   const Tensor& dk = c.outputs[1];
   const Tensor& dv = c.outputs[2];
@@ -2045,12 +2280,30 @@ void flash_attention_backward_cuda(OpCall& c) {
       };
       if (q.size(3) == 64) {
         delta_pass(std::integral_constant<int, 64>{});
-      } else {
+      } else if (q.size(3) == 128) {
         delta_pass(std::integral_constant<int, 128>{});
+      } else {
+        delta_pass(std::integral_constant<int, 256>{});
       }
     }
     const int64_t nkb = (k.size(2) + kBlockN - 1) / kBlockN;
-    if (nkb <= 65535 && use_wgmma(false)) {
+    KILN_CHECK(nkb <= 65535 || q.size(3) != 256,
+               "[flash_attention_backward] too many keys for the head-size-256 kernel: k ",
+               shape_str(k.sizes()));
+    if (q.size(3) == 256) {
+      // Head size 256: 2 warpgroups share 64 keys (grid.y), splitting the columns of dK and dV.
+      constexpr int D = 256;
+      const dim3 grid(static_cast<unsigned>(k.size(0) * k.size(1)), static_cast<unsigned>(nkb));
+      // Alignment slack, K and V, 2 x (Q, dO), the P^T and dS^T tiles, 2 x (lse, Delta).
+      const size_t smem = 1024 + 2 * D * 64 * 6 + 2 * 128 * 64 + sizeof(float) * 4 * 64;
+      if (p.softcap > 0) {
+        launch(flash_bwd_kernel_wgmma_split<E, D, true>, grid, smem, p,
+               "flash_bwd_kernel_wgmma_split", 256);
+      } else {
+        launch(flash_bwd_kernel_wgmma_split<E, D, false>, grid, smem, p,
+               "flash_bwd_kernel_wgmma_split", 256);
+      }
+    } else if (nkb <= 65535 && use_wgmma(false)) {
       // v3 (the default on Hopper): key blocks of 64 per warpgroup in grid.y.
       auto go = [&]<int D, int NWG>() {
         const dim3 grid3(static_cast<unsigned>(k.size(0) * k.size(1)),
@@ -2103,7 +2356,7 @@ void flash_attention_backward_cuda(OpCall& c) {
                   });
     }
     if (q.numel() > 0) {
-      const int64_t n4 = q.numel() / 4;  // D is 64 or 128
+      const int64_t n4 = q.numel() / 4;  // D is 64, 128 or 256
       flash_bwd_convert_kernel<E>
           <<<static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 65536)), 256, 0, stream>>>(
               static_cast<E*>(dq.data_ptr()), static_cast<const float*>(dq_acc.data_ptr()), n4);
@@ -2113,6 +2366,13 @@ void flash_attention_backward_cuda(OpCall& c) {
 }
 
 }  // namespace
+
+bool flash_attention_supports_head_size(int64_t head_size, int device) {
+  if (head_size == 64 || head_size == 128) return true;
+  if (head_size != 256) return false;
+  DeviceGuard guard(device < 0 ? current_device() : device);
+  return wgmma_device();
+}
 
 KILN_REGISTER_KERNEL(flash_attention, kCUDA, flash_attention_cuda);
 KILN_REGISTER_KERNEL(flash_attention_backward, kCUDA, flash_attention_backward_cuda);

@@ -1,8 +1,9 @@
 // The flash-attention CUDA kernels (kernels/cuda/flash_attention.cu) against the CPU kernel
 // (kernels/cpu/flash_attention.cpp, f64 loops) on the same bf16/f16 inputs, and the routed
 // F::scaled_dot_product_attention against the composite (KILN_SDPA=math): odd lengths, T != S,
-// causal, windows, softcap, GQA 4:1 and MQA, D 64 and 128, strided q/k/v from a qkv split, rows
-// that see no key, forward out/lse and backward dq/dk/dv (with and without a gradient on lse).
+// causal, windows, softcap, GQA 4:1 and MQA, D 64, 128 and 256 (Hopper), strided q/k/v from a qkv
+// split, rows that see no key, forward out/lse and backward dq/dk/dv (with and without a gradient
+// on lse).
 //
 // Tolerances (relative L2 error against the f64 reference on identical inputs): the kernels
 // round P (and dS in the backward) to the input dtype before the second GEMM and round the
@@ -113,6 +114,15 @@ class KernelPath {
   test::ScopedEnv kernel_, warps_, wgmma_, wgmma_bwd_;
 };
 
+// Head size 256 has one forward (v4, 1x32 by default, 1x64 under KILN_FLASH_WGMMA=1x64) and one
+// backward (2 warpgroups sharing 64 keys): the other paths would run the same kernels again.
+const std::vector<std::string>& kernel_paths_d256() {
+  static const std::vector<std::string> paths = {"default", "wgmma-1x64"};
+  return paths;
+}
+
+bool takes_d256() { return cuda::flash_attention_supports_head_size(256); }
+
 void check_case(const Case& c) {
   SCOPED_TRACE(describe(c));
   Tensor q, k, v;
@@ -126,7 +136,7 @@ void check_case(const Case& c) {
   const Tensor dlse = c.dlse ? randn(r[1].sizes()) : zeros(r[1].sizes());
   const TensorVec dr =
       call_op(bwd, {dout, q.to(kCPU), k.to(kCPU), v.to(kCPU), r[0], r[1], dlse}, attrs);
-  for (const std::string& path : kernel_paths()) {
+  for (const std::string& path : c.d == 256 ? kernel_paths_d256() : kernel_paths()) {
     SCOPED_TRACE("kernel path " + path);
     const KernelPath scope(path);
     const TensorVec g = call_op(fwd, {q, k, v}, attrs);
@@ -270,6 +280,23 @@ TEST_F(GpuFlashAttention, RunningMaximumRisesAcrossBlocks) {
   }
 }
 
+// Head size 256 (Gemma): the Hopper kernels only (elsewhere the router takes the composite, and
+// the op says why: UnsupportedHeadSizeAndDtypeErrors).
+TEST_F(GpuFlashAttention, HeadSize256) {
+  if (!takes_d256()) GTEST_SKIP() << "head size 256 runs on Hopper (sm_90a) GPUs only";
+  manual_seed(48);
+  for (int64_t t : {1, 70, 257}) {
+    for (bool causal : {false, true}) check_case({1, 2, 2, t, t, 256, causal});
+  }
+  check_case({2, 8, 1, 130, 130, 256, true});                         // MQA (gemma-2b)
+  check_case({1, 4, 2, 300, 300, 256, true, 100, 5.0});               // window + softcap (gemma-2)
+  check_case({1, 2, 2, 100, 230, 256, true, 0, 0, kHalf});            // S > T, f16
+  check_case({1, 2, 2, 230, 100, 256, true, 0, 3.0, kHalf});          // T > S, softcap, f16
+  check_case({1, 4, 2, 150, 150, 256, true, 0, 0, kBFloat16, true});  // strided qkv
+  check_case({1, 2, 2, 90, 90, 256, false, 0, 0, kBFloat16, false, true});          // lse gradient
+  check_case({1, 2, 2, 300, 300, 256, true, 0, 0, kBFloat16, false, false, true});  // growing
+}
+
 TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
   manual_seed(46);
   struct R {
@@ -279,7 +306,8 @@ TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
     double softcap;
   };
   for (const R& r : {R{4, 2, 77, 64, true, 0, 0.0}, R{4, 4, 130, 128, false, 0, 0.0},
-                     R{8, 2, 100, 64, true, 33, 4.0}}) {
+                     R{8, 2, 100, 64, true, 33, 4.0}, R{4, 1, 90, 256, true, 40, 5.0}}) {
+    if (r.d == 256 && !takes_d256()) continue;  // the composite on both sides
     SCOPED_TRACE(::testing::Message() << "H" << r.h << "/" << r.hkv << " T" << r.t << " D" << r.d);
     const Tensor q = randn({2, r.h, r.t, r.d}).to(kBFloat16).to(kGpu);
     const Tensor k = randn({2, r.hkv, r.t, r.d}).to(kBFloat16).to(kGpu);
@@ -296,7 +324,7 @@ TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
       return g;
     };
     const autograd::variable_list math = run(true);
-    for (const std::string& path : kernel_paths()) {
+    for (const std::string& path : r.d == 256 ? kernel_paths_d256() : kernel_paths()) {
       SCOPED_TRACE("kernel path " + path);
       const KernelPath scope(path);
       const autograd::variable_list fused = run(false);
@@ -312,7 +340,16 @@ TEST_F(GpuFlashAttention, RoutedSdpaEqualsCompositeWithGradients) {
 
 TEST_F(GpuFlashAttention, UnsupportedHeadSizeAndDtypeErrors) {
   const Tensor q = randn({1, 2, 8, 32}).to(kBFloat16).to(kGpu);
-  EXPECT_KILN_ERROR(flash_attention(q, q, q, 0.1), "head sizes 64 and 128");
+  EXPECT_KILN_ERROR(flash_attention(q, q, q, 0.1), "head sizes 64, 128 and (on Hopper) 256");
+  // Head size 256: a Hopper GPU and a positive scale.
+  const Tensor q256 = randn({1, 2, 8, 256}).to(kBFloat16).to(kGpu);
+  if (takes_d256()) {
+    EXPECT_KILN_ERROR(flash_attention(q256, q256, q256, -0.1), "positive scale");
+  } else {
+    EXPECT_KILN_ERROR(flash_attention(q256, q256, q256, 0.1), "Hopper");
+  }
+  const Tensor o256 = F::scaled_dot_product_attention(q256, q256, q256, {}, 0.0, true, -0.1);
+  EXPECT_EQ(to_shape(o256.sizes()), to_shape(q256.sizes()));
   const Tensor q32 = randn({1, 2, 8, 64}).to(kGpu);
   EXPECT_KILN_ERROR(flash_attention(q32, q32, q32, 0.1), "bfloat16 or float16");
   // The router sends these to the composite instead.
