@@ -223,10 +223,15 @@ void bench_flash_attention() {
     };
     fwd_row("");
     bwd_row("");
-    if (s.d == 256) {  // the other forward configuration (the default is 1x32)
-      set_switch("KILN_FLASH_WGMMA", "1x64");
-      fwd_row(" [wgmma 1x64]");
+    if (s.d == 256) {  // the other forward configurations (the default is 1x32), no head split
+      for (const char* config : {"1x64", "1x32r"}) {
+        set_switch("KILN_FLASH_WGMMA", config);
+        fwd_row(std::string(" [wgmma ") + config + "]");
+      }
       set_switch("KILN_FLASH_WGMMA", nullptr);
+      set_switch("KILN_FLASH_BWD_HSPLIT", "1");
+      bwd_row(" [no head split]");
+      set_switch("KILN_FLASH_BWD_HSPLIT", nullptr);
       continue;
     }
     if (s.d != 64) {  // head size 128: the other wgmma forward, the mma.sync kernels

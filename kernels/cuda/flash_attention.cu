@@ -256,6 +256,11 @@ struct Params {
   float* dq_acc;       // backward: f32 [B, H, T, D]
   void* dk;            // backward: [B, H_kv, S, D] contiguous
   void* dv;
+  // Backward at head size 256: the query heads of a kv head are split over `hsplit` CTAs, which
+  // then add their dK and dV into these f32 [B, H_kv, S, D] accumulators (null when hsplit is 1).
+  float* dk_acc;
+  float* dv_acc;
+  int hsplit;
   Strides sq, sk, sv, sdo;
   int h, hkv, t, s;
   float scale, softcap;
@@ -1579,9 +1584,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_kernel_wgmma_split(const Par
   float* sdelta = slse + 2 * BQ;                                             // 2 x BQ
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int bk = blockIdx.x, n0 = blockIdx.y * BK;
+  // grid.x: (batch, kv head, part): part takes query heads part * rep .. + rep - 1 of the group.
+  const int bk = blockIdx.x / p.hsplit, part = blockIdx.x % p.hsplit, n0 = blockIdx.y * BK;
   const float sl = p.scale * kLog2e;
-  const int b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv;
+  const int b = bk / p.hkv, kvh = bk % p.hkv, rep = p.h / p.hkv / p.hsplit;
+  const int h0 = kvh * rep * p.hsplit + part * rep;  // first query head
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + kvh * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + kvh * p.sv.h;
   load_swizzled<E, D, BK, NT>(sk, k, p.sk.t, n0, p.s);
@@ -1591,14 +1598,14 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_kernel_wgmma_split(const Par
   query_blocks<BK, BQ>(p, n0, mb0, mb1);
   const int nmb = mb1 - mb0, nit = rep * nmb;
   auto issue = [&](int it, int buf) {
-    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BQ;
+    const int hh = h0 + it / nmb, m0 = (mb0 + it % nmb) * BQ;
     const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
     const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
     load_swizzled<E, D, BQ, NT>(sq + buf * kTileQ, q, p.sq.t, m0, p.t);
     load_swizzled<E, D, BQ, NT>(sdo + buf * kTileQ, dout, p.sdo.t, m0, p.t);
   };
   auto fetch = [&](int it, float& l2, float& dl) {
-    const int hh = kvh * rep + it / nmb;
+    const int hh = h0 + it / nmb;
     lse_delta_row(p, static_cast<int64_t>(b) * p.h + hh, (mb0 + it % nmb) * BQ + tid, l2, dl);
   };
   if (nit > 0) {
@@ -1628,7 +1635,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_kernel_wgmma_split(const Par
       if (tid < BQ) fetch(it + 1, nl, nd);
     }
     cp_async_commit();
-    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BQ;
+    const int hh = h0 + it / nmb, m0 = (mb0 + it % nmb) * BQ;
     const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
     const uint32_t qb = sq + buf * kTileQ, dob = sdo + buf * kTileQ;
     const float* lb = slse + buf * BQ;
@@ -1741,8 +1748,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_kernel_wgmma_split(const Par
     }
   }
 
-  E* dkp = static_cast<E*>(p.dk) + static_cast<int64_t>(bk) * p.s * D;
-  E* dvp = static_cast<E*>(p.dv) + static_cast<int64_t>(bk) * p.s * D;
+  const int64_t base = static_cast<int64_t>(bk) * p.s * D;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int j = n0 + kl[r];
@@ -1750,10 +1756,16 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_kernel_wgmma_split(const Par
 #pragma unroll
       for (int dt = 0; dt < DW / 8; ++dt) {
         const int64_t off = static_cast<int64_t>(j) * D + wg * DW + dt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(dkp + off) =
-            pack2<E>(dk[4 * dt + 2 * r] * p.scale, dk[4 * dt + 2 * r + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dvp + off) =
-            pack2<E>(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
+        const float2 kv =
+            make_float2(dk[4 * dt + 2 * r] * p.scale, dk[4 * dt + 2 * r + 1] * p.scale);
+        const float2 vv = make_float2(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
+        if (p.dk_acc != nullptr) {
+          atomicAdd(reinterpret_cast<float2*>(p.dk_acc + base + off), kv);
+          atomicAdd(reinterpret_cast<float2*>(p.dv_acc + base + off), vv);
+        } else {
+          *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dk) + base + off) = pack2<E>(kv.x, kv.y);
+          *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dv) + base + off) = pack2<E>(vv.x, vv.y);
+        }
       }
     }
   }
@@ -2081,11 +2093,13 @@ int bwd_wgmma_config() {
 }
 
 // KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size, "r" for Q in registers (-1 when
-// unset). Head size 64 takes every configuration (default 2x64); head size 128 takes 1x64, 1x32
-// and 1x64r (the default there), any other value selecting its default.
+// unset). Head size 64 takes every configuration but 1x32r (default 2x64); head size 128 takes
+// 1x64, 1x32 and 1x64r (the default there); head size 256 takes 1x64, 1x32 (the default) and
+// 1x32r; any other value selects the head size's default.
 int fwd_wgmma_config() {
   static const kiln::internal::EnvChoice config(
-      "KILN_FLASH_WGMMA", {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32", "1x64r", "2x64r"});
+      "KILN_FLASH_WGMMA",
+      {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32", "1x64r", "2x64r", "1x32r"});
   return config.get();
 }
 
@@ -2122,6 +2136,7 @@ Params make_params(const OpCall& c, const Tensor& q, const Tensor& k, const Tens
   p.causal = c.attr<bool>(1) || window > 0;  // a window is causal (as the composite)
   p.window = static_cast<int>(std::min<int64_t>(window, int64_t{1} << 30));
   p.softcap = static_cast<float>(c.attr<double>(3));
+  p.hsplit = 1;
   return p;
 }
 
@@ -2180,8 +2195,9 @@ void flash_attention_cuda(OpCall& c) {
              : config == 5 ? go.template operator()<128, 1, 32>()
                            : go.template operator()<128, 1, 64, true>();
     } else {
-      done =
-          config == 0 ? go.template operator()<256, 1, 64>() : go.template operator()<256, 1, 32>();
+      done = config == 0   ? go.template operator()<256, 1, 64>()
+             : config == 8 ? go.template operator()<256, 1, 32, true>()
+                           : go.template operator()<256, 1, 32>();
     }
     if (done) return;
     KILN_CHECK(q.size(3) != 256, "[flash_attention] internal: no head-size-256 kernel ran");
@@ -2290,10 +2306,37 @@ void flash_attention_backward_cuda(OpCall& c) {
     KILN_CHECK(nkb <= 65535 || q.size(3) != 256,
                "[flash_attention_backward] too many keys for the head-size-256 kernel: k ",
                shape_str(k.sizes()));
+    // The convert pass: src (f32, n elements, a multiple of 4) rounded into dst.
+    const auto convert = [&](void* dst, const float* src, int64_t n) {
+      const int64_t n4 = n / 4;
+      flash_bwd_convert_kernel<E>
+          <<<static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 65536)), 256, 0, stream>>>(
+              static_cast<E*>(dst), src, n4);
+      KILN_CUDA_LAUNCH_CHECK("flash_bwd_convert_kernel");
+    };
+    Tensor dkv_acc;
     if (q.size(3) == 256) {
       // Head size 256: 2 warpgroups share 64 keys (grid.y), splitting the columns of dK and dV.
+      // With few kv heads (gemma-2b has 1) the (batch, kv head, key block) CTAs are too few and
+      // too unequal (causal) to fill the GPU: the query heads of a group are split over hsplit
+      // CTAs (the smallest divisor of the group size giving 3 CTAs per SM, else the group size),
+      // which add dK and dV into f32 accumulators. KILN_FLASH_BWD_HSPLIT=1 turns the split off.
       constexpr int D = 256;
-      const dim3 grid(static_cast<unsigned>(k.size(0) * k.size(1)), static_cast<unsigned>(nkb));
+      const int64_t rep = q.size(1) / k.size(1), ctas = k.size(0) * k.size(1) * nkb;
+      static const kiln::internal::EnvChoice no_split("KILN_FLASH_BWD_HSPLIT", {"1"});
+      for (int64_t n = 1; n <= (no_split.get() == 0 ? 1 : rep); ++n) {
+        if (rep % n != 0) continue;
+        p.hsplit = static_cast<int>(n);
+        if (ctas * n >= 3 * loops::multiprocessor_count()) break;
+      }
+      if (p.hsplit > 1) {
+        dkv_acc = empty({2 * k.numel()}, f32);
+        KILN_CUDA_CHECK(cudaMemsetAsync(dkv_acc.data_ptr(), 0, dkv_acc.nbytes(), stream));
+        p.dk_acc = static_cast<float*>(dkv_acc.data_ptr());
+        p.dv_acc = p.dk_acc + k.numel();
+      }
+      const dim3 grid(static_cast<unsigned>(k.size(0) * k.size(1) * p.hsplit),
+                      static_cast<unsigned>(nkb));
       // Alignment slack, K and V, 2 x (Q, dO), the P^T and dS^T tiles, 2 x (lse, Delta).
       const size_t smem = 1024 + 2 * D * 64 * 6 + 2 * 128 * 64 + sizeof(float) * 4 * 64;
       if (p.softcap > 0) {
@@ -2355,12 +2398,10 @@ void flash_attention_backward_cuda(OpCall& c) {
                     launch(flash_bwd_kernel<E, D, kCap>, grid, smem, p, "flash_bwd_kernel");
                   });
     }
-    if (q.numel() > 0) {
-      const int64_t n4 = q.numel() / 4;  // D is 64, 128 or 256
-      flash_bwd_convert_kernel<E>
-          <<<static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 65536)), 256, 0, stream>>>(
-              static_cast<E*>(dq.data_ptr()), static_cast<const float*>(dq_acc.data_ptr()), n4);
-      KILN_CUDA_LAUNCH_CHECK("flash_bwd_convert_kernel");
+    if (q.numel() > 0) convert(dq.data_ptr(), p.dq_acc, q.numel());  // D: a multiple of 4
+    if (p.dk_acc != nullptr) {
+      convert(dk.data_ptr(), p.dk_acc, k.numel());
+      convert(dv.data_ptr(), p.dv_acc, k.numel());
     }
   });
 }

@@ -108,16 +108,20 @@ class KernelPath {
                                                                   : ""),
         warps_("KILN_FLASH_FWD_WARPS", path == "fwd_v2-4warps" ? "4" : ""),
         wgmma_("KILN_FLASH_WGMMA", path.starts_with("wgmma-") ? path.substr(6) : ""),
-        wgmma_bwd_("KILN_FLASH_WGMMA_BWD", path.starts_with("wgmma_bwd-") ? path.substr(10) : "") {}
+        wgmma_bwd_("KILN_FLASH_WGMMA_BWD", path.starts_with("wgmma_bwd-") ? path.substr(10) : ""),
+        hsplit_("KILN_FLASH_BWD_HSPLIT", path == "no-hsplit" ? "1" : "") {}
 
  private:
-  test::ScopedEnv kernel_, warps_, wgmma_, wgmma_bwd_;
+  test::ScopedEnv kernel_, warps_, wgmma_, wgmma_bwd_, hsplit_;
 };
 
-// Head size 256 has one forward (v4, 1x32 by default, 1x64 under KILN_FLASH_WGMMA=1x64) and one
-// backward (2 warpgroups sharing 64 keys): the other paths would run the same kernels again.
+// Head size 256 has one forward kernel (v4: 1x32 by default, 1x64 and 1x32r under
+// KILN_FLASH_WGMMA) and one backward (2 warpgroups sharing 64 keys; its query heads split over
+// CTAs where the grid is small, which every GQA / MQA case here is, unless
+// KILN_FLASH_BWD_HSPLIT=1): the other paths would run the same kernels again.
 const std::vector<std::string>& kernel_paths_d256() {
-  static const std::vector<std::string> paths = {"default", "wgmma-1x64"};
+  static const std::vector<std::string> paths = {"default", "wgmma-1x64", "wgmma-1x32r",
+                                                 "no-hsplit"};
   return paths;
 }
 
