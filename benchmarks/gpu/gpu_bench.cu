@@ -224,7 +224,7 @@ void bench_flash_attention() {
     fwd_row("");
     bwd_row("");
     if (s.d == 256) {  // the other forward configurations (the default is 1x32), no head split
-      for (const char* config : {"1x64", "1x32r"}) {
+      for (const char* config : {"1x64", "1x32", "1x32r", "2x32r"}) {
         set_switch("KILN_FLASH_WGMMA", config);
         fwd_row(std::string(" [wgmma ") + config + "]");
       }
@@ -235,7 +235,7 @@ void bench_flash_attention() {
       continue;
     }
     if (s.d != 64) {  // head size 128: the other wgmma forward, the mma.sync kernels
-      for (const char* config : {"1x64", "1x64r"}) {
+      for (const char* config : {"1x64", "1x64r", "2x64r", "3x64r"}) {
         set_switch("KILN_FLASH_WGMMA", config);
         fwd_row(std::string(" [wgmma ") + config + "]");
       }

@@ -1090,7 +1090,8 @@ constexpr float kStaleMax = 8.0f;
 // CTAs per SM the forward v4 is compiled for (its register cap: 64K / (128 NWG x this)).
 template <int D, int NWG, int BN, bool QR>
 constexpr int wgmma_fwd_min_blocks() {
-  if (D == 256) return BN == 32 ? 2 : 1;           // by shared memory (96 / 160 KiB)
+  if (D == 256) return NWG == 1 && BN == 32 ? 2 : 1;  // by shared memory (1x32: 96 KiB)
+  if (D == 128 && NWG > 1) return 1;
   if (D == 128) return BN == 32 ? 4 : QR ? 3 : 2;  // 1x64 with Q: held to 2 by shared memory
   if (BN == 128) return 1;
   return NWG == 1 ? 4 : NWG == 2 ? 2 : 1;  // 16 warps per SM in 128 registers
@@ -1387,7 +1388,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : (D == 128 ? 2 : 3))
     bool live[NWG];
 #pragma unroll
     for (int j = 0; j < NWG; ++j) live[j] = !skipped(n0 + 64 * j);
-    if (wg == 0 ? live[0] : live[NWG - 1]) {
+    // A warpgroup whose keys are all hidden computes its (zero) P^T and dS^T all the same: a
+    // branch on the warpgroup index, which ptxas cannot prove uniform across the warpgroup, made
+    // it serialise every wgmma of the kernel.
+    if (live[0] || live[NWG - 1]) {
       acc_fence(st);
       wgmma_fence();
 #pragma unroll
@@ -1499,16 +1503,15 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : (D == 128 ? 2 : 3))
       const uint32_t kcol = sk + (wg * kCols / 64) * BK * kRow + (wg * kCols % 64) * 2;
       acc_fence(dq);
       wgmma_fence();
-      bool acc = false;
+      // Every warpgroup's tile, with a fixed accumulate flag: skipping a hidden warpgroup's tile
+      // (a branch ptxas cannot prove uniform) made ptxas serialise the wgmma of the kernel.
 #pragma unroll
       for (int j = 0; j < NWG; ++j) {
-        if (!live[j]) continue;
 #pragma unroll
         for (int kk = 0; kk < 64 / 16; ++kk) {
           wgmma_ss<E, kCols, 1, 1>(dq, smem_desc(sds + j * kTileDs + kk * 16 * kRow, kTileDs, 1024),
                                    smem_desc(kcol + (4 * j + kk) * 16 * kRow, BK * kRow, 1024),
-                                   acc);
-          acc = true;
+                                   4 * j + kk > 0);
         }
       }
       wgmma_commit();
@@ -2098,8 +2101,8 @@ int bwd_wgmma_config() {
 // 1x32r; any other value selects the head size's default.
 int fwd_wgmma_config() {
   static const kiln::internal::EnvChoice config(
-      "KILN_FLASH_WGMMA",
-      {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32", "1x64r", "2x64r", "1x32r"});
+      "KILN_FLASH_WGMMA", {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32", "1x64r", "2x64r",
+                           "1x32r", "2x32", "2x32r", "3x64r"});
   return config.get();
 }
 
@@ -2193,11 +2196,15 @@ void flash_attention_cuda(OpCall& c) {
     } else if (q.size(3) == 128) {
       done = config == 0   ? go.template operator()<128, 1, 64>()
              : config == 5 ? go.template operator()<128, 1, 32>()
-                           : go.template operator()<128, 1, 64, true>();
+             : config == 6 ? go.template operator()<128, 1, 64, true>()
+             : config == 7 ? go.template operator()<128, 2, 64, true>()
+                           : go.template operator()<128, 3, 64, true>();
     } else {
-      done = config == 0   ? go.template operator()<256, 1, 64>()
-             : config == 8 ? go.template operator()<256, 1, 32, true>()
-                           : go.template operator()<256, 1, 32>();
+      done = config == 0    ? go.template operator()<256, 1, 64>()
+             : config == 5  ? go.template operator()<256, 1, 32>()
+             : config == 8  ? go.template operator()<256, 1, 32, true>()
+             : config == 10 ? go.template operator()<256, 2, 32, true>()
+                            : go.template operator()<256, 2, 32>();
     }
     if (done) return;
     KILN_CHECK(q.size(3) != 256, "[flash_attention] internal: no head-size-256 kernel ran");

@@ -91,9 +91,9 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
 // D 128); the v2 forward with 8 warps (fwd_v2) and with 4 warps (and KILN_FLASH_FWD_WARPS=4).
 const std::vector<std::string>& kernel_paths() {
   static const std::vector<std::string> paths = {
-      "v1",         "default",      "wgmma-1x64",  "wgmma-4x64", "wgmma-2x128",    "wgmma-3x128",
-      "wgmma-1x32", "wgmma-1x64r",  "wgmma-2x64r", "fwd_v3",     "wgmma_bwd-2x64", "bwd_v2",
-      "fwd_v2",     "fwd_v2-4warps"};
+      "v1",         "default",       "wgmma-1x64",  "wgmma-4x64", "wgmma-2x128",    "wgmma-3x128",
+      "wgmma-1x32", "wgmma-1x64r",   "wgmma-2x64r", "fwd_v3",     "wgmma_bwd-2x64", "bwd_v2",
+      "fwd_v2",     "fwd_v2-4warps", "wgmma-3x64r"};
   return paths;
 }
 
@@ -120,8 +120,8 @@ class KernelPath {
 // CTAs where the grid is small, which every GQA / MQA case here is, unless
 // KILN_FLASH_BWD_HSPLIT=1): the other paths would run the same kernels again.
 const std::vector<std::string>& kernel_paths_d256() {
-  static const std::vector<std::string> paths = {"default", "wgmma-1x64", "wgmma-1x32r",
-                                                 "no-hsplit"};
+  static const std::vector<std::string> paths = {"default",     "wgmma-1x64",  "wgmma-1x32",
+                                                 "wgmma-1x32r", "wgmma-2x32r", "no-hsplit"};
   return paths;
 }
 
