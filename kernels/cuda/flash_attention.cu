@@ -1,7 +1,7 @@
 // CUDA kernels of flash_attention and flash_attention_backward (tensor/ops/attention.cpp;
 // reference: kernels/cpu/flash_attention.cpp). bf16/f16 operands on the tensor cores, f32
-// accumulation and softmax; D in {64, 128}; the T x S scores never leave registers and shared
-// memory.
+// accumulation and softmax; D in {64, 128} (and 256 on Hopper); the T x S scores never leave
+// registers and shared memory.
 //
 // Tensor-core instruction: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} (sm_80+). With
 // lane = 4 * g + t (g = lane / 4 in 0..7, t = lane % 4), each register holding two 16-bit
@@ -96,7 +96,9 @@
 // 1.16x / 1.13x at the 160m shape and 1.12x / 1.11x at 1b (v3 was 0.94 / 0.92), backward
 // 1.07x / 1.00x and 1.04x / 1.03x (v2 0.93 / 0.94); at Mistral-7B's head size 128, forward
 // 0.88 / 0.87 and backward 0.94 / 0.91 (v2 / v1 0.62 / 0.55). KILN_FLASH_KERNEL=fwd_v3 / bwd_v2
-// select the mma.sync kernels on Hopper.
+// select the mma.sync kernels on Hopper. Head size 256 (Gemma) runs only on these: the forward v4
+// at D 256 and flash_bwd_kernel_wgmma_split (session 9: forward 1.07 / 1.06, backward 1.16 /
+// 1.17 at gemma-2b's shape, H100 / H200).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -1072,17 +1074,21 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
 // memory in wgmma's A fragment layout; O += P V takes P from the S accumulators in registers
 // (their layout is wgmma's A fragment layout) and V from shared memory read N-major (transposed).
 // The softmax is v3's: raw scores, the scale folded into one FFMA per probability before ex2; at
-// D 128 the running maximum moves lazily (kStaleMax). Each warpgroup skips the key blocks
+// D 128 and 256 the running maximum moves lazily (kStaleMax). Each warpgroup skips the key blocks
 // entirely after its own last row, and masks only the blocks straddling the causal edge, the
 // window edge or the end of the keys.
 // Configurations (KILN_FLASH_WGMMA=NWGxBN[r], measured in benchmarks/RESULTS.md): at D 64, 2x64
 // (the default: 2 CTAs, so 4 warpgroups, per SM, up to 128 registers), 1x64 (4 CTAs per SM),
-// 1x32, 4x64, 2x128 and 3x128 (1 CTA per SM), 1x64r and 2x64r; at D 128, 1x64r (the default: 3
-// CTAs per SM in 168 registers, shared memory holding only K and V), 1x32 (4 CTAs per SM) and
-// 1x64 (2, by shared memory). What matters is warpgroups per SM: while one computes its softmax,
-// the tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.4x slower than 2x64
-// on the H200; 2x64 was 1.05-1.10x faster than 1x64). At D 128, Q in registers also halves the
-// shared-memory reads per key block, which bound 1x32 (1x64r is 1.13x faster than 1x32).
+// 1x32, 4x64, 2x128 and 3x128 (1 CTA per SM), 1x64r and 2x64r; at D 128, 3x64r (the default: 1
+// CTA of 3 warpgroups per SM in 168 registers, shared memory holding only K and V), 1x64r (3
+// CTAs per SM), 2x64r, 1x32 (4 CTAs per SM) and 1x64 (2, by shared memory); at D 256 (O alone
+// takes 128 registers), 2x32 (the default: 1 CTA per SM, 191 registers), 2x32r, 1x32 and 1x32r
+// (2 CTAs per SM) and 1x64 (1). What matters is warpgroups per SM: while one computes its
+// softmax, the tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.4x slower
+// than 2x64 on the H200; 2x64 was 1.05-1.10x faster than 1x64); then the K / V bytes loaded per
+// query row (3x64r is 1.02x faster than 1x64r at the same 3 warpgroups per SM, 2x32 1.10x faster
+// than 1x32 at D 256). At D 128, Q in registers also halves the shared-memory reads per key
+// block, which bound 1x32 (1x64r is 1.13x faster than 1x32).
 // How far (log2 domain) a block's maximum score may exceed the forward v4's running maximum before
 // the running maximum moves: probabilities stay at most 2^8.
 constexpr float kStaleMax = 8.0f;
@@ -1202,11 +1208,11 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
           s[e] = x;
         }
       }
-      // At D 128 (kLazy) the running maximum only moves when a block's maximum exceeds it by
-      // more than kStaleMax (log2 domain): the probabilities stay below 2^kStaleMax, exact in f32
-      // and as precise in the dtype, and O's D / 2 rescaling multiplies are skipped for the warp
-      // unless one of its rows moved (a row's first visible block always moves it). At D 64 the
-      // vote cost more than the multiplies it saved (2-3%): the maximum moves every block.
+      // At D 128 and 256 (kLazy) the running maximum only moves when a block's maximum exceeds it
+      // by more than kStaleMax (log2 domain): the probabilities stay below 2^kStaleMax, exact in
+      // f32 and as precise in the dtype, and O's D / 2 rescaling multiplies are skipped for the
+      // warp unless one of its rows moved (a row's first visible block always moves it). At D 64
+      // the vote cost more than the multiplies it saved (2-3%): the maximum moves every block.
       float alpha[2];
       bool moved = false;
 #pragma unroll

@@ -81,11 +81,11 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
 
 // The kernel paths of kernels/cuda/flash_attention.cu, chosen by environment variables read at
 // every call: v1 (KILN_FLASH_KERNEL=v1); the default (on Hopper the wgmma kernels: the v4
-// forward with 2 warpgroups and 64-key blocks at D 64, 1 warpgroup, 64-key blocks and Q in
+// forward with 2 warpgroups and 64-key blocks at D 64, 3 warpgroups, 64-key blocks and Q in
 // registers at D 128, and the v3 backward with 1 warpgroup per CTA at D 64, 2 at D 128;
 // elsewhere the v3 forward and v2 backward at D 64, the v2 forward and v1 backward at D 128);
-// v4's other configurations (KILN_FLASH_WGMMA=1x64, also 64-key blocks at D 128; 1x32 and 1x64r
-// at both; 4x64, 2x128, 3x128 and 2x64r at D 64); the v3 forward
+// v4's other configurations (KILN_FLASH_WGMMA=1x64, also 64-key blocks at D 128; 1x32, 1x64r
+// and 2x64r at both; 4x64, 2x128 and 3x128 at D 64; 3x64r, the D-128 default); the v3 forward
 // (KILN_FLASH_KERNEL=fwd_v3: v2 at D 128; the backward stays at its default); the v3 backward
 // with 2 warpgroups per CTA (KILN_FLASH_WGMMA_BWD=2x64); the v2 backward (bwd_v2: v1 at
 // D 128); the v2 forward with 8 warps (fwd_v2) and with 4 warps (and KILN_FLASH_FWD_WARPS=4).
