@@ -1281,6 +1281,81 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
 #endif
 }
 
+// The step pipeline of the wgmma backwards: step it (< nit = heads x nmb) is query head
+// h0 + it / nmb and query block mb0 + it % nmb; its Q and dO tiles (128-byte-swizzled, cp.async)
+// and the lse (log2 domain) and Delta of its BQ rows (in shared memory, filled by threads < BQ)
+// are double-buffered, so that step it + 1's loads run while step it computes.
+template <typename E, int D, int BQ, int NT>
+struct WgmmaBwdSteps {
+  static constexpr uint32_t kTile = BQ * D * 2;  // bytes of a Q or dO tile
+  const Params& p;
+  int b, h0, mb0, nmb, nit;
+  uint32_t sq, sdo;      // 2 tiles each
+  float *slse, *sdelta;  // 2 x BQ each
+
+  __device__ int head(int it) const { return h0 + it / nmb; }
+  __device__ int row0(int it) const { return (mb0 + it % nmb) * BQ; }
+  __device__ void issue(int it, int buf) const {
+    const int hh = head(it), m0 = row0(it);
+    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
+    const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
+    load_swizzled<E, D, BQ, NT>(sq + buf * kTile, q, p.sq.t, m0, p.t);
+    load_swizzled<E, D, BQ, NT>(sdo + buf * kTile, dout, p.sdo.t, m0, p.t);
+  }
+  __device__ void fetch(int it, float& l2, float& dl) const {
+    lse_delta_row(p, static_cast<int64_t>(b) * p.h + head(it),
+                  row0(it) + static_cast<int>(threadIdx.x), l2, dl);
+  }
+  // Before the loop: step 0's loads.
+  __device__ void start() const {
+    if (nit > 0) {
+      issue(0, 0);
+      if (threadIdx.x < BQ) fetch(0, slse[threadIdx.x], sdelta[threadIdx.x]);
+    }
+    cp_async_commit();
+  }
+  // At the top of step it: its tiles visible to every thread (and every thread done with step
+  // it - 1), step it + 1's loads issued and its lse / Delta fetched into nl, nd.
+  __device__ void begin(int it, float& nl, float& nd) const {
+    cp_async_wait<0>();
+    internal::fence_proxy_async();
+    __syncthreads();
+    nl = nd = 0.0f;
+    if (it + 1 < nit) {
+      issue(it + 1, (it & 1) ^ 1);
+      if (threadIdx.x < BQ) fetch(it + 1, nl, nd);
+    }
+    cp_async_commit();
+  }
+  // At the end of step it: step it + 1's lse / Delta into the other buffer.
+  __device__ void end(int it, float nl, float nd) const {
+    if (it + 1 < nit && threadIdx.x < BQ) {
+      slse[((it & 1) ^ 1) * BQ + threadIdx.x] = nl;
+      sdelta[((it & 1) ^ 1) * BQ + threadIdx.x] = nd;
+    }
+  }
+};
+
+// The wgmma backwards' dQ_part (an m64nN accumulator, N = NC) times the scale into the f32 dQ
+// accumulator with float2 atomics: this thread's rows i0, i0 + 8 (skipped past T) of (batch,
+// head) bh, columns c0 + 8 dt, + 1.
+template <int D, int NC>
+__device__ __forceinline__ void add_dq_part(const Params& p, int64_t bh, int i0, int c0,
+                                            const float (&dq)[NC / 2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + 8 * r;
+    if (i < p.t) {
+      float* dst = p.dq_acc + (bh * p.t + i) * D + c0;
+#pragma unroll
+      for (int dt = 0; dt < NC / 8; ++dt) {
+        atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
+                  make_float2(dq[4 * dt + 2 * r] * p.scale, dq[4 * dt + 2 * r + 1] * p.scale));
+      }
+    }
+  }
+}
+
 // Backward v3 (Hopper, sm_90a; the default on a compute-capability-9 GPU): v2's
 // algorithm on warpgroup MMAs. A CTA is NWG warpgroups for 64 NWG keys of one (batch, kv head),
 // each warpgroup owning 64 keys; it loops over (query head of the group, 64-row query block)
@@ -1338,25 +1413,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : (D == 128 ? 2 : 3))
   int mb0, mb1;
   query_blocks<BK, BQ>(p, n0, mb0, mb1);
   const int nmb = mb1 - mb0, nit = rep * nmb;
-
-  // Step it: query head kvh * rep + it / nmb, query block mb0 + it % nmb.
-  auto issue = [&](int it, int buf) {
-    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BQ;
-    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
-    const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
-    load_swizzled<E, D, BQ, NT>(sq + buf * kTileQ, q, p.sq.t, m0, p.t);
-    load_swizzled<E, D, BQ, NT>(sdo + buf * kTileQ, dout, p.sdo.t, m0, p.t);
-  };
-  // lse (log2 domain) and Delta of row tid (< BQ) of step it.
-  auto fetch = [&](int it, float& l2, float& dl) {
-    const int hh = kvh * rep + it / nmb;
-    lse_delta_row(p, static_cast<int64_t>(b) * p.h + hh, (mb0 + it % nmb) * BQ + tid, l2, dl);
-  };
-  if (nit > 0) {
-    issue(0, 0);
-    if (tid < BQ) fetch(0, slse[tid], sdelta[tid]);
-  }
-  cp_async_commit();
+  const WgmmaBwdSteps<E, D, BQ, NT> steps{p, b, kvh * rep, mb0, nmb, nit, sq, sdo, slse, sdelta};
+  steps.start();
 
   float dk[D / 2], dv[D / 2], st[BQ / 2], dpt[BQ / 2], dq[D / 2 / NWG];
 #pragma unroll
@@ -1371,17 +1429,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : (D == 128 ? 2 : 3))
 
   for (int it = 0; it < nit; ++it) {
     const int buf = it & 1;
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // step it's tiles are visible; every thread is done with step it - 1
-    float nl = 0.0f, nd = 0.0f;
-    if (it + 1 < nit) {
-      issue(it + 1, buf ^ 1);
-      if (tid < BQ) fetch(it + 1, nl, nd);
-    }
-    cp_async_commit();
-    const int hh = kvh * rep + it / nmb, m0 = (mb0 + it % nmb) * BQ;
-    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
+    float nl, nd;  // step it + 1's lse and Delta (threads < BQ)
+    steps.begin(it, nl, nd);
+    const int m0 = steps.row0(it);
+    const int64_t bh = static_cast<int64_t>(b) * p.h + steps.head(it);
     const uint32_t qb = sq + buf * kTileQ, dob = sdo + buf * kTileQ;
     const float* lb = slse + buf * BQ;
     const float* db = sdelta + buf * BQ;
@@ -1525,23 +1576,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : (D == 128 ? 2 : 3))
       acc_fence(dq);
       acc_fence(dk);
       acc_fence(dv);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = m0 + 16 * w + g + 8 * r;
-        if (i < p.t) {
-          float* dst = p.dq_acc + (bh * p.t + i) * D + wg * kCols + 2 * t;
-#pragma unroll
-          for (int dt = 0; dt < kCols / 8; ++dt) {
-            atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
-                      make_float2(dq[4 * dt + 2 * r] * p.scale, dq[4 * dt + 2 * r + 1] * p.scale));
-          }
-        }
-      }
+      add_dq_part<D, kCols>(p, bh, m0 + 16 * w + g, wg * kCols + 2 * t, dq);
     }
-    if (it + 1 < nit && tid < BQ) {
-      slse[(buf ^ 1) * BQ + tid] = nl;
-      sdelta[(buf ^ 1) * BQ + tid] = nd;
-    }
+    steps.end(it, nl, nd);
   }
 
   E* dkp = static_cast<E*>(p.dk) + static_cast<int64_t>(bk) * p.s * D;
@@ -1606,22 +1643,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_kernel_wgmma_split(const Par
   int mb0, mb1;
   query_blocks<BK, BQ>(p, n0, mb0, mb1);
   const int nmb = mb1 - mb0, nit = rep * nmb;
-  auto issue = [&](int it, int buf) {
-    const int hh = h0 + it / nmb, m0 = (mb0 + it % nmb) * BQ;
-    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + hh * p.sq.h;
-    const E* dout = static_cast<const E*>(p.dout) + b * p.sdo.b + hh * p.sdo.h;
-    load_swizzled<E, D, BQ, NT>(sq + buf * kTileQ, q, p.sq.t, m0, p.t);
-    load_swizzled<E, D, BQ, NT>(sdo + buf * kTileQ, dout, p.sdo.t, m0, p.t);
-  };
-  auto fetch = [&](int it, float& l2, float& dl) {
-    const int hh = h0 + it / nmb;
-    lse_delta_row(p, static_cast<int64_t>(b) * p.h + hh, (mb0 + it % nmb) * BQ + tid, l2, dl);
-  };
-  if (nit > 0) {
-    issue(0, 0);
-    if (tid < BQ) fetch(0, slse[tid], sdelta[tid]);
-  }
-  cp_async_commit();
+  const WgmmaBwdSteps<E, D, BQ, NT> steps{p, b, h0, mb0, nmb, nit, sq, sdo, slse, sdelta};
+  steps.start();
 
   float dk[DW / 2], dv[DW / 2];
 #pragma unroll
@@ -1635,17 +1658,10 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_kernel_wgmma_split(const Par
 
   for (int it = 0; it < nit; ++it) {
     const int buf = it & 1;
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // step it's tiles are visible; every thread is done with step it - 1
-    float nl = 0.0f, nd = 0.0f;
-    if (it + 1 < nit) {
-      issue(it + 1, buf ^ 1);
-      if (tid < BQ) fetch(it + 1, nl, nd);
-    }
-    cp_async_commit();
-    const int hh = h0 + it / nmb, m0 = (mb0 + it % nmb) * BQ;
-    const int64_t bh = static_cast<int64_t>(b) * p.h + hh;
+    float nl, nd;  // step it + 1's lse and Delta (threads < BQ)
+    steps.begin(it, nl, nd);
+    const int m0 = steps.row0(it);
+    const int64_t bh = static_cast<int64_t>(b) * p.h + steps.head(it);
     const uint32_t qb = sq + buf * kTileQ, dob = sdo + buf * kTileQ;
     const float* lb = slse + buf * BQ;
     const float* db = sdelta + buf * BQ;
@@ -1738,23 +1754,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_kernel_wgmma_split(const Par
       acc_fence(dq);
       acc_fence(dk);
       acc_fence(dv);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = m0 + 16 * w + g + 8 * r;
-        if (i < p.t) {
-          float* dst = p.dq_acc + (bh * p.t + i) * D + wg * DW + 2 * t;
-#pragma unroll
-          for (int dt = 0; dt < DW / 8; ++dt) {
-            atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
-                      make_float2(dq[4 * dt + 2 * r] * p.scale, dq[4 * dt + 2 * r + 1] * p.scale));
-          }
-        }
-      }
+      add_dq_part<D, DW>(p, bh, m0 + 16 * w + g, wg * DW + 2 * t, dq);
     }
-    if (it + 1 < nit && tid < BQ) {
-      slse[(buf ^ 1) * BQ + tid] = nl;
-      sdelta[(buf ^ 1) * BQ + tid] = nd;
-    }
+    steps.end(it, nl, nd);
   }
 
   const int64_t base = static_cast<int64_t>(bk) * p.s * D;
