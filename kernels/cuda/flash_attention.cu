@@ -1548,8 +1548,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 1 : (D == 128 ? 2 : 3))
     }
     // dQ_part = dS K over the CTA's keys: with one warpgroup, its 64 keys and every column; with
     // two, both warpgroups' dS^T tiles (after a CTA barrier) and column half wg, so that each dQ
-    // element gets one atomic per 128 keys. Tiles of skipped warpgroups are left out; a step that
-    // skips every warpgroup adds nothing (uniform across the CTA).
+    // element gets one atomic per 128 keys. A hidden warpgroup's tile holds zeros (see above); a
+    // step in which every key is hidden adds nothing (uniform across the CTA).
     if (live[0] || live[NWG - 1]) {
       if constexpr (NWG == 1) {
         asm volatile("bar.sync 1, 128;\n" ::: "memory");  // this warpgroup's dS^T
