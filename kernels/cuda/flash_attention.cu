@@ -1103,6 +1103,15 @@ constexpr int wgmma_fwd_min_blocks() {
   return NWG == 1 ? 4 : NWG == 2 ? 2 : 1;  // 16 warps per SM in 128 registers
 }
 
+// K / V stages in shared memory of the forward v4: 3 where several warpgroups share a CTA at
+// D 128 and 256, so that one CTA barrier per key block suffices (the buffer refilled at block n
+// was last read at block n - 1, before that block's barrier), and the warpgroups may drift up to
+// a block apart; 2 otherwise (a second barrier per block guards the refill).
+template <int D, int NWG>
+constexpr int wgmma_fwd_stages() {
+  return NWG > 1 && D >= 128 ? 3 : 2;
+}
+
 template <typename E, int D, bool kCap, int NWG, int BN, bool QR>
 __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR>())
     flash_fwd_kernel_wgmma(const Params p) {
@@ -1114,7 +1123,8 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
   extern __shared__ unsigned char smem_raw[];
   // wgmma's swizzle repeats every 1024 bytes: tiles start on a 1024-byte boundary.
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const uint32_t sq = (sraw + 1023) & ~1023u, sk = sq + kTileQ, sv = sk + 2 * kTileKV;
+  constexpr int kStages = wgmma_fwd_stages<D, NWG>();
+  const uint32_t sq = (sraw + 1023) & ~1023u, sk = sq + kTileQ, sv = sk + kStages * kTileKV;
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int mb = static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y);
@@ -1133,6 +1143,14 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
     load_swizzled<E, D, BN, NT>(sv, v, p.sv.t, nb0 * BN, p.s);
   }
   cp_async_commit();
+  if constexpr (kStages == 3) {  // block nb0 + 1 into stage 1 (a group of its own, maybe empty)
+    if (nb0 + 1 < nb1) {
+      load_swizzled<E, D, BN, NT>(sk + kTileKV, k, p.sk.t, (nb0 + 1) * BN, p.s);
+      load_swizzled<E, D, BN, NT>(sv + kTileKV, v, p.sv.t, (nb0 + 1) * BN, p.s);
+    }
+    cp_async_commit();
+  }
+  int stage = 0;  // of block nb (3 stages)
 
   float o[D / 2], s[BN / 2];
 #pragma unroll
@@ -1165,17 +1183,34 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
   }
 
   for (int nb = nb0; nb < nb1; ++nb) {
-    const int buf = (nb - nb0) & 1;
-    if (nb + 1 < nb1) {
-      load_swizzled<E, D, BN, NT>(sk + (buf ^ 1) * kTileKV, k, p.sk.t, (nb + 1) * BN, p.s);
-      load_swizzled<E, D, BN, NT>(sv + (buf ^ 1) * kTileKV, v, p.sv.t, (nb + 1) * BN, p.s);
-      cp_async_commit();
+    int buf;
+    if constexpr (kStages == 3) {
+      // One group per block: the most recent is block nb + 1's, so waiting for all but one
+      // leaves block nb's landed.
+      buf = stage;
       cp_async_wait<1>();
+      fence_proxy_async();
+      __syncthreads();  // block nb visible; every warpgroup is done with block nb - 1's stage
+      const int refill = stage == 0 ? 2 : stage - 1;
+      if (nb + 2 < nb1) {
+        load_swizzled<E, D, BN, NT>(sk + refill * kTileKV, k, p.sk.t, (nb + 2) * BN, p.s);
+        load_swizzled<E, D, BN, NT>(sv + refill * kTileKV, v, p.sv.t, (nb + 2) * BN, p.s);
+      }
+      cp_async_commit();
+      stage = stage == 2 ? 0 : stage + 1;
     } else {
-      cp_async_wait<0>();
+      buf = (nb - nb0) & 1;
+      if (nb + 1 < nb1) {
+        load_swizzled<E, D, BN, NT>(sk + (buf ^ 1) * kTileKV, k, p.sk.t, (nb + 1) * BN, p.s);
+        load_swizzled<E, D, BN, NT>(sv + (buf ^ 1) * kTileKV, v, p.sv.t, (nb + 1) * BN, p.s);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      fence_proxy_async();  // this thread's cp.async writes, before wgmma (async proxy) reads them
+      __syncthreads();
     }
-    fence_proxy_async();  // this thread's cp.async writes, before wgmma (async proxy) reads them
-    __syncthreads();
     const uint32_t kb = sk + buf * kTileKV, vb = sv + buf * kTileKV;
     const int n0 = nb * BN;
     if (!(p.causal && n0 > wlast)) {  // warpgroup-uniform
@@ -1271,7 +1306,9 @@ __global__ void __launch_bounds__(128 * NWG, wgmma_fwd_min_blocks<D, NWG, BN, QR
       wgmma_wait<0>();
       acc_fence(o);
     }
-    __syncthreads();  // every warpgroup is done with this buffer before it is refilled
+    // Every warpgroup is done with this buffer before it is refilled (3 stages: the next
+    // block's barrier orders that).
+    if constexpr (kStages == 2) __syncthreads();
   }
 
   store_out_lse<E, D>(p, bh, wfirst + 16 * w + g, t, mrow, lrow,
@@ -2104,9 +2141,10 @@ int bwd_wgmma_config() {
 }
 
 // KILN_FLASH_WGMMA: the forward v4's warpgroups x key-block size, "r" for Q in registers (-1 when
-// unset). Head size 64 takes every configuration but 1x32r (default 2x64); head size 128 takes
-// 1x64, 1x32 and 1x64r (the default there); head size 256 takes 1x64, 1x32 (the default) and
-// 1x32r; any other value selects the head size's default.
+// unset). Head size 64 takes 1x64, 2x64 (the default), 4x64, 2x128, 3x128, 1x32, 1x64r and
+// 2x64r; head size 128 takes 1x64, 1x32, 1x64r, 2x64r and 3x64r (the default); head size 256
+// takes 1x64, 1x32, 1x32r, 2x32 and 2x32r (the default); any other value selects the head
+// size's default.
 int fwd_wgmma_config() {
   static const kiln::internal::EnvChoice config(
       "KILN_FLASH_WGMMA", {"1x64", "2x64", "4x64", "2x128", "3x128", "1x32", "1x64r", "2x64r",
@@ -2175,8 +2213,9 @@ void flash_attention_cuda(OpCall& c) {
       const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)), static_cast<unsigned>(nqb));
       visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
         auto run = [&]<bool kCap, bool kQR>() {
-          // Alignment slack, Q (unless in registers), 2 x (K, V).
-          const size_t smem = 1024 + 2 * D * ((kQR ? 0 : 64 * NWG) + 4 * BN);
+          // Alignment slack, Q (unless in registers), 2 or 3 x (K, V).
+          const size_t smem =
+              1024 + 2 * D * ((kQR ? 0 : 64 * NWG) + 2 * wgmma_fwd_stages<D, NWG>() * BN);
           launch(flash_fwd_kernel_wgmma<E, D, kCap, NWG, BN, kQR>, grid, smem, p,
                  "flash_fwd_kernel_wgmma", 128 * NWG);
         };
@@ -2208,11 +2247,11 @@ void flash_attention_cuda(OpCall& c) {
              : config == 7 ? go.template operator()<128, 2, 64, true>()
                            : go.template operator()<128, 3, 64, true>();
     } else {
-      done = config == 0    ? go.template operator()<256, 1, 64>()
-             : config == 5  ? go.template operator()<256, 1, 32>()
-             : config == 8  ? go.template operator()<256, 1, 32, true>()
-             : config == 10 ? go.template operator()<256, 2, 32, true>()
-                            : go.template operator()<256, 2, 32>();
+      done = config == 0   ? go.template operator()<256, 1, 64>()
+             : config == 5 ? go.template operator()<256, 1, 32>()
+             : config == 8 ? go.template operator()<256, 1, 32, true>()
+             : config == 9 ? go.template operator()<256, 2, 32>()
+                           : go.template operator()<256, 2, 32, true>();
     }
     if (done) return;
     KILN_CHECK(q.size(3) != 256, "[flash_attention] internal: no head-size-256 kernel ran");

@@ -115,13 +115,13 @@ class KernelPath {
   test::ScopedEnv kernel_, warps_, wgmma_, wgmma_bwd_, hsplit_;
 };
 
-// Head size 256 has one forward kernel (v4: 2x32 by default, 1x64, 1x32, 1x32r and 2x32r under
+// Head size 256 has one forward kernel (v4: 2x32r by default, 1x64, 1x32, 1x32r and 2x32 under
 // KILN_FLASH_WGMMA) and one backward (2 warpgroups sharing 64 keys; its query heads split over
 // CTAs where the grid is small, which every GQA / MQA case here is, unless
 // KILN_FLASH_BWD_HSPLIT=1): the other paths would run the same kernels again.
 const std::vector<std::string>& kernel_paths_d256() {
-  static const std::vector<std::string> paths = {"default",     "wgmma-1x64",  "wgmma-1x32",
-                                                 "wgmma-1x32r", "wgmma-2x32r", "no-hsplit"};
+  static const std::vector<std::string> paths = {"default",     "wgmma-1x64", "wgmma-1x32",
+                                                 "wgmma-1x32r", "wgmma-2x32", "no-hsplit"};
   return paths;
 }
 
