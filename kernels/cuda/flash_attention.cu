@@ -97,8 +97,8 @@
 // 1.07x / 1.00x and 1.04x / 1.03x (v2 0.93 / 0.94); at Mistral-7B's head size 128, forward
 // 0.88 / 0.87 and backward 0.94 / 0.91 (v2 / v1 0.62 / 0.55). KILN_FLASH_KERNEL=fwd_v3 / bwd_v2
 // select the mma.sync kernels on Hopper. Head size 256 (Gemma) runs only on these: the forward v4
-// at D 256 and flash_bwd_kernel_wgmma_split (session 9: forward 1.07 / 1.06, backward 1.16 /
-// 1.17 at gemma-2b's shape, H100 / H200).
+// at D 256 and flash_bwd_kernel_wgmma_split (session 9: forward 1.13 / 1.13, backward 1.16 /
+// 1.17 of PyTorch at gemma-2b's shape, H100 / H200).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -1082,13 +1082,16 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const E* src, int64_
 // 1x32, 4x64, 2x128 and 3x128 (1 CTA per SM), 1x64r and 2x64r; at D 128, 3x64r (the default: 1
 // CTA of 3 warpgroups per SM in 168 registers, shared memory holding only K and V), 1x64r (3
 // CTAs per SM), 2x64r, 1x32 (4 CTAs per SM) and 1x64 (2, by shared memory); at D 256 (O alone
-// takes 128 registers), 2x32 (the default: 1 CTA per SM, 191 registers), 2x32r, 1x32 and 1x32r
-// (2 CTAs per SM) and 1x64 (1). What matters is warpgroups per SM: while one computes its
-// softmax, the tensor cores run another's MMAs (2x128, at 2 warpgroups per SM, was 1.4x slower
-// than 2x64 on the H200; 2x64 was 1.05-1.10x faster than 1x64); then the K / V bytes loaded per
-// query row (3x64r is 1.02x faster than 1x64r at the same 3 warpgroups per SM, 2x32 1.10x faster
-// than 1x32 at D 256). At D 128, Q in registers also halves the shared-memory reads per key
-// block, which bound 1x32 (1x64r is 1.13x faster than 1x32).
+// takes 128 registers), 2x32r (the default: 1 CTA per SM, 253 registers; the softcapped kernel
+// keeps Q in shared memory, as 2x32), 2x32, 1x32 and 1x32r (2 CTAs per SM) and 1x64 (1). What
+// matters is warpgroups per SM: while one computes its softmax, the tensor cores run another's
+// MMAs (2x128, at 2 warpgroups per SM, was 1.4x slower than 2x64 on the H200; 2x64 was
+// 1.05-1.10x faster than 1x64); then the K / V bytes loaded per query row, and the barriers:
+// with several warpgroups per CTA at D 128 and 256, 3 K / V stages leave one CTA barrier per
+// key block (wgmma_fwd_stages), and 3x64r is 1.13x faster than 1x64r at the same 3 warpgroups
+// per SM (with 2 stages, 1.02x), 2x32r 1.15x faster than 1x32r. At D 128, Q in registers also
+// halves the shared-memory reads per key block, which bound 1x32 (1x64r is 1.13x faster than
+// 1x32).
 // How far (log2 domain) a block's maximum score may exceed the forward v4's running maximum before
 // the running maximum moves: probabilities stay at most 2^8.
 constexpr float kStaleMax = 8.0f;
