@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -223,50 +224,36 @@ void bench_flash_attention() {
     };
     fwd_row("");
     bwd_row("");
+    // One row of a pass with one kernel switch set, then unset; the forward under each of the
+    // KILN_FLASH_WGMMA configurations given.
+    const auto row_with = [&](bool forward, const char* name, const char* value,
+                              const std::string& tag) {
+      set_switch(name, value);
+      forward ? fwd_row(" [" + tag + "]") : bwd_row(" [" + tag + "]");
+      set_switch(name, nullptr);
+    };
+    const auto wgmma_fwd_rows = [&](std::initializer_list<const char*> configs) {
+      for (const char* config : configs) {
+        row_with(true, "KILN_FLASH_WGMMA", config, std::string("wgmma ") + config);
+      }
+    };
     if (s.d == 256) {  // the other forward configurations (the default is 2x32r), no head split
-      for (const char* config : {"1x64", "1x32", "1x32r", "2x32"}) {
-        set_switch("KILN_FLASH_WGMMA", config);
-        fwd_row(std::string(" [wgmma ") + config + "]");
-      }
-      set_switch("KILN_FLASH_WGMMA", nullptr);
-      set_switch("KILN_FLASH_BWD_HSPLIT", "1");
-      bwd_row(" [no head split]");
-      set_switch("KILN_FLASH_BWD_HSPLIT", nullptr);
-      continue;
+      wgmma_fwd_rows({"1x64", "1x32", "1x32r", "2x32"});
+      row_with(false, "KILN_FLASH_BWD_HSPLIT", "1", "no head split");
+    } else if (s.d == 128) {  // the other wgmma forwards and backward, the mma.sync kernels
+      wgmma_fwd_rows({"1x64", "1x64r", "2x64r", "3x64r"});
+      row_with(false, "KILN_FLASH_WGMMA_BWD", "2x64", "wgmma 2x64");
+      row_with(true, "KILN_FLASH_KERNEL", "fwd_v2", "v2");
+      row_with(false, "KILN_FLASH_KERNEL", "bwd_v2", "v1");  // v1 at this head size
+    } else {
+      // The forward's other configurations side by side: v4 (wgmma) with other warpgroup counts
+      // and key-block sizes (the default is 2x64), and the previous default v3 (mma.sync); the
+      // backward with 2 warpgroups per CTA, and the previous default v2 (mma.sync).
+      wgmma_fwd_rows({"1x64", "1x32", "4x64", "2x128", "3x128", "1x64r", "2x64r"});
+      row_with(true, "KILN_FLASH_KERNEL", "fwd_v3", "v3");
+      row_with(false, "KILN_FLASH_WGMMA_BWD", "2x64", "wgmma 2x64");
+      row_with(false, "KILN_FLASH_KERNEL", "bwd_v2", "v2");
     }
-    if (s.d != 64) {  // head size 128: the other wgmma forward, the mma.sync kernels
-      for (const char* config : {"1x64", "1x64r", "2x64r", "3x64r"}) {
-        set_switch("KILN_FLASH_WGMMA", config);
-        fwd_row(std::string(" [wgmma ") + config + "]");
-      }
-      set_switch("KILN_FLASH_WGMMA", nullptr);
-      set_switch("KILN_FLASH_WGMMA_BWD", "2x64");
-      bwd_row(" [wgmma 2x64]");
-      set_switch("KILN_FLASH_WGMMA_BWD", nullptr);
-      set_switch("KILN_FLASH_KERNEL", "fwd_v2");
-      fwd_row(" [v2]");
-      set_switch("KILN_FLASH_KERNEL", "bwd_v2");  // v1 at this head size
-      bwd_row(" [v1]");
-      set_switch("KILN_FLASH_KERNEL", nullptr);
-      continue;
-    }
-    // The forward's other configurations side by side: v4 (wgmma) with other warpgroup counts
-    // and key-block sizes (the default is 2x64), and the previous default v3 (mma.sync); the
-    // backward with 2 warpgroups per CTA, and the previous default v2 (mma.sync).
-    for (const char* config : {"1x64", "1x32", "4x64", "2x128", "3x128", "1x64r", "2x64r"}) {
-      set_switch("KILN_FLASH_WGMMA", config);
-      fwd_row(std::string(" [wgmma ") + config + "]");
-    }
-    set_switch("KILN_FLASH_WGMMA", nullptr);
-    set_switch("KILN_FLASH_KERNEL", "fwd_v3");
-    fwd_row(" [v3]");
-    set_switch("KILN_FLASH_KERNEL", nullptr);
-    set_switch("KILN_FLASH_WGMMA_BWD", "2x64");
-    bwd_row(" [wgmma 2x64]");
-    set_switch("KILN_FLASH_WGMMA_BWD", nullptr);
-    set_switch("KILN_FLASH_KERNEL", "bwd_v2");
-    bwd_row(" [v2]");
-    set_switch("KILN_FLASH_KERNEL", nullptr);
   }
 }
 

@@ -2155,6 +2155,19 @@ int fwd_wgmma_config() {
   return config.get();
 }
 
+// Parts over which the head-size-256 backward splits a kv head's rep query heads (Params::hsplit).
+// With few kv heads (gemma-2b has 1) its `ctas` (batch, kv head, key block) CTAs are too few and
+// too unequal (causal) to fill the GPU; split, they add dK and dV into f32 accumulators. The
+// smallest divisor of rep that gives 3 CTAs per SM, else rep; 1 under KILN_FLASH_BWD_HSPLIT=1.
+int bwd_head_split(int64_t rep, int64_t ctas) {
+  static const kiln::internal::EnvChoice no_split("KILN_FLASH_BWD_HSPLIT", {"1"});
+  if (no_split.get() == 0) return 1;
+  for (int64_t n = 1; n < rep; ++n) {
+    if (rep % n == 0 && ctas * n >= 3 * loops::multiprocessor_count()) return static_cast<int>(n);
+  }
+  return static_cast<int>(rep);
+}
+
 // KILN_FLASH_KERNEL=v1 selects the v1 kernels for both passes, fwd_v1 / bwd_v1 for one pass
 // only (cached; tests call kiln::internal::reload_env_switches() after setenv).
 bool use_v1_kernels(bool forward) {
@@ -2223,8 +2236,8 @@ void flash_attention_cuda(OpCall& c) {
                  "flash_fwd_kernel_wgmma", 128 * NWG);
         };
         if (p.softcap > 0) {
-          // With Q in registers the softcapped kernel at D 128 runs short of registers (ptxas
-          // serializes its wgmma): it keeps Q in shared memory.
+          // With Q in registers the softcapped kernel at D 128 and 256 runs short of registers
+          // (ptxas serializes its wgmma or spills): it keeps Q in shared memory.
           run.template operator()<true, QR && D == 64>();
         } else {
           run.template operator()<false, QR>();
@@ -2373,19 +2386,10 @@ void flash_attention_backward_cuda(OpCall& c) {
     };
     Tensor dkv_acc;
     if (q.size(3) == 256) {
-      // Head size 256: 2 warpgroups share 64 keys (grid.y), splitting the columns of dK and dV.
-      // With few kv heads (gemma-2b has 1) the (batch, kv head, key block) CTAs are too few and
-      // too unequal (causal) to fill the GPU: the query heads of a group are split over hsplit
-      // CTAs (the smallest divisor of the group size giving 3 CTAs per SM, else the group size),
-      // which add dK and dV into f32 accumulators. KILN_FLASH_BWD_HSPLIT=1 turns the split off.
+      // Head size 256: 2 warpgroups share 64 keys (grid.y), splitting the columns of dK and dV;
+      // a kv head's query heads split over p.hsplit CTAs (bwd_head_split).
       constexpr int D = 256;
-      const int64_t rep = q.size(1) / k.size(1), ctas = k.size(0) * k.size(1) * nkb;
-      static const kiln::internal::EnvChoice no_split("KILN_FLASH_BWD_HSPLIT", {"1"});
-      for (int64_t n = 1; n <= (no_split.get() == 0 ? 1 : rep); ++n) {
-        if (rep % n != 0) continue;
-        p.hsplit = static_cast<int>(n);
-        if (ctas * n >= 3 * loops::multiprocessor_count()) break;
-      }
+      p.hsplit = bwd_head_split(q.size(1) / k.size(1), k.size(0) * k.size(1) * nkb);
       if (p.hsplit > 1) {
         dkv_acc = empty({2 * k.numel()}, f32);
         KILN_CUDA_CHECK(cudaMemsetAsync(dkv_acc.data_ptr(), 0, dkv_acc.nbytes(), stream));
