@@ -52,15 +52,64 @@ std::vector<std::string> Registry::names() const {
   return out;
 }
 
+void Registry::set_kernel_order(std::string_view op, DeviceType device,
+                                const std::vector<std::string>& names) {
+  OpDef& def = entry(op);
+  KILN_CHECK(def.meta != nullptr, "[set_kernel_order] no op named '", op, "' is defined");
+  KernelList& list = def.kernels[static_cast<int>(device)];
+  KernelList ordered;
+  for (const std::string& n : names) {
+    auto it = std::find_if(list.begin(), list.end(), [&](const KernelDef& k) { return k.name == n; });
+    KILN_CHECK(it != list.end(), "[set_kernel_order] ", op, " has no ", device_type_name(device),
+               " kernel named '", n, "'");
+    ordered.push_back(*it);
+    list.erase(it);
+  }
+  for (KernelDef& k : list) ordered.push_back(std::move(k));
+  std::lock_guard<std::mutex> lock(impl().mu);
+  list = std::move(ordered);
+}
+
+const KernelDef* OpDef::select_kernel(DeviceType device, const OpCall& call) const {
+  for (const KernelDef& k : kernels[static_cast<int>(device)]) {
+    if (k.accepts(call)) return &k;
+  }
+  return nullptr;
+}
+
+const KernelDef* OpDef::find_kernel(DeviceType device, std::string_view kernel_name) const {
+  for (const KernelDef& k : kernels[static_cast<int>(device)]) {
+    if (k.name == kernel_name) return &k;
+  }
+  return nullptr;
+}
+
+KernelFn OpDef::first_kernel(DeviceType device) const {
+  const KernelList& list = kernels[static_cast<int>(device)];
+  return list.empty() ? nullptr : list.front().fn;
+}
+
 OpRegistrar::OpRegistrar(std::string_view name, OpKind kind, MetaFn meta, OpFlags flags) {
   OpDef& d = Registry::get().entry(name);
   d.kind = kind;
   d.meta = meta;
   d.allow_cpu_scalars = flags.allow_cpu_scalars;
   d.cross_device = flags.cross_device;
+  d.mutated = flags.mutated;
 }
-OpRegistrar::OpRegistrar(std::string_view name, DeviceType device, KernelFn kernel) {
-  Registry::get().entry(name).kernels[static_cast<int>(device)] = kernel;
+OpRegistrar::OpRegistrar(std::string_view name, DeviceType device, KernelFn kernel)
+    : OpRegistrar(name, device, "", kernel, nullptr, 0) {}
+OpRegistrar::OpRegistrar(std::string_view name, DeviceType device, std::string_view kernel_name,
+                         KernelFn kernel, SupportFn supports, int priority) {
+  KernelList& list = Registry::get().entry(name).kernels[static_cast<int>(device)];
+  for (const KernelDef& k : list) {
+    KILN_CHECK(k.name != kernel_name, "[", name, "] two ", device_type_name(device),
+               " kernels are registered as '", kernel_name, "'");
+  }
+  // Stable insertion by priority: equal priorities keep registration order.
+  auto pos = std::find_if(list.begin(), list.end(),
+                          [&](const KernelDef& k) { return k.priority > priority; });
+  list.insert(pos, KernelDef{std::string(kernel_name), kernel, supports, priority});
 }
 OpRegistrar::OpRegistrar(std::string_view name, BackwardFn backward, uint32_t saved_inputs,
                          bool saved_outputs) {
@@ -83,10 +132,30 @@ const std::string& OpCall::name() const {
 namespace {
 
 constexpr int kNumKeys = static_cast<int>(DispatchKey::kCount);
+constexpr int kAutogradKey = static_cast<int>(DispatchKey::Autograd);
 std::array<std::atomic<const DispatchHandler*>, kNumKeys> g_handlers{};
+
+// For an op with a decomposition, above autograd: chooses the kernel that will run the call, or,
+// when no kernel of the device supports it, runs the decomposition in its place (its ops go
+// through the whole chain, so autograd records them and the op's own backward rule is not
+// needed). Returns true when the decomposition ran. Meta tensors (tracing) keep the op whole.
+bool decompose_unsupported(OpCall& call) {
+  const OpDef& op = *call.op;
+  const Device device = common_device(call);
+  if (device.is_meta()) return false;
+  (void)op.meta(call);  // the checks come first: support rules may assume a valid call
+  call.kernel = op.select_kernel(device.type(), call);
+  if (call.kernel != nullptr) return false;
+  call.outputs = op.decomposition(call);
+  return true;
+}
 
 void dispatch_from(OpCall& call, int key) {
   for (int k = key; k < kNumKeys; ++k) {
+    if (k == kAutogradKey && call.op->decomposition != nullptr && call.kernel == nullptr &&
+        decompose_unsupported(call)) {
+      return;
+    }
     const DispatchHandler* h = g_handlers[k].load(std::memory_order_acquire);
     if (h != nullptr && h->active(call)) {
       h->handle(call);
@@ -157,7 +226,19 @@ void run_backend(OpCall& call) {
   }
   const Device device = common_device(call);
   const SpecList specs = op.meta(call);
-  KernelFn kernel = op.kernels[static_cast<int>(device.type())];
+  const KernelDef* chosen = call.kernel;
+  if (op.kind == OpKind::kView) {
+    chosen = nullptr;  // views are device-agnostic: the CPU entry builds them
+  } else if (chosen == nullptr && !device.is_meta()) {
+    chosen = op.select_kernel(device.type(), call);
+    if (chosen == nullptr && op.decomposition != nullptr) {
+      call.outputs = op.decomposition(call);
+      return;
+    }
+    KILN_CHECK(chosen != nullptr || op.kernels[static_cast<int>(device.type())].empty(), "[",
+               op.name, "] no ", device_type_name(device.type()), " kernel supports this call");
+  }
+  KernelFn kernel = chosen != nullptr ? chosen->fn : nullptr;
   switch (op.kind) {
     case OpKind::kFunctional:
       call.outputs.clear();
@@ -165,11 +246,16 @@ void run_backend(OpCall& call) {
       if (device.is_meta()) return;  // proxies carry no data
       break;
     case OpKind::kInplace:
-      call.outputs.assign({call.inputs[0]});
+      call.outputs.clear();
+      if (op.mutated != nullptr) {
+        op.mutated(call, call.outputs);
+      } else {
+        call.outputs.push_back(call.inputs[0]);
+      }
       if (device.is_meta()) return;
       break;
     case OpKind::kView:
-      kernel = op.kernels[static_cast<int>(kCPU)];  // views are device-agnostic
+      kernel = op.first_kernel(kCPU);
       break;
     case OpKind::kDynamic:
       KILN_CHECK(!device.is_meta(), "[", op.name,
@@ -178,7 +264,9 @@ void run_backend(OpCall& call) {
   }
   KILN_CHECK(kernel != nullptr, "[", op.name, "] is not implemented for device ", device.str());
   kernel(call);
-  if (op.kind == OpKind::kInplace) call.inputs[0].impl()->bump_version();
+  if (op.kind == OpKind::kInplace) {
+    for (const Tensor& t : call.outputs) t.impl()->bump_version();
+  }
 }
 
 TensorVec call_op(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> attrs) {
@@ -188,6 +276,35 @@ TensorVec call_op(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4
   call.attrs = std::move(attrs);
   dispatch(call);
   return std::move(call.outputs);
+}
+
+TensorVec call_op_with_kernel(const OpDef& op, std::string_view kernel, TensorVec inputs,
+                              absl::InlinedVector<Attr, 4> attrs) {
+  OpCall call;
+  call.op = &op;
+  call.inputs = std::move(inputs);
+  call.attrs = std::move(attrs);
+  const Device device = common_device(call);
+  call.kernel = op.find_kernel(device.type(), kernel);
+  KILN_CHECK(call.kernel != nullptr, "[", op.name, "] has no ", device_type_name(device.type()),
+             " kernel named '", kernel, "'");
+  (void)op.meta(call);
+  KILN_CHECK(call.kernel->accepts(call), "[", op.name, "] the ", device_type_name(device.type()),
+             " kernel '", kernel, "' does not support this call");
+  dispatch(call);
+  return std::move(call.outputs);
+}
+
+TensorVec call_decomposition(const OpDef& op, TensorVec inputs,
+                             absl::InlinedVector<Attr, 4> attrs) {
+  KILN_CHECK(op.decomposition != nullptr, "[", op.name, "] has no decomposition");
+  OpCall call;
+  call.op = &op;
+  call.inputs = std::move(inputs);
+  call.attrs = std::move(attrs);
+  (void)common_device(call);
+  (void)op.meta(call);
+  return op.decomposition(call);
 }
 
 Tensor call_op1(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> attrs) {

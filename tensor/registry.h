@@ -1,18 +1,30 @@
 // The op registry and dispatcher: every op is defined once, here, and every consumer (eager
 // kernels per device, autograd, autocast, the compiler's tracer) plugs into its entry.
 //
-// An OpDef holds:
-//   - name, kind and meta rule: from input shapes/dtypes/devices and attributes, the output
-//     specs (shape, dtype, device), with all argument checking. Defined in tensor/ops/.
-//   - one kernel per device type: computes outputs from an OpCall. Registered from
-//     kernels/cpu/ and kernels/cuda/.
-//   - a backward rule, written in kiln ops (registered from autograd/), and an optional
-//     decomposition into other ops (for the compiler).
+// An OpDef answers the four questions the compiler asks of every op:
+//   - what does it produce: the meta rule, from input shapes/dtypes/devices and attributes the
+//     output specs (shape, dtype, device), with all argument checking. Defined in tensor/ops/.
+//   - which kernel can run this call: per device type, a list of kernels in preference order,
+//     each with a support rule ("can this kernel run this call?"). Registered from kernels/cpu/
+//     and kernels/cuda/. A device may hold several kernels for one op (a hand kernel and a
+//     library call); the first whose rule accepts the call runs.
+//   - what is it made of: for fused ops, a decomposition into other ops, registered beside the
+//     meta rule. When no kernel of the device supports a call, the op runs its decomposition
+//     (before autograd, so the gradient comes from the decomposition's ops).
+//   - how does it differentiate: a backward rule, written in kiln ops (registered from
+//     autograd/).
 //
 // A call runs through the dispatch chain: each DispatchKey (Trace, Autocast, Autograd) may
 // have a handler installed by its layer; a handler sees the call and either handles it or
 // passes it on with `next`. The last step, run_backend(), checks devices, runs meta, allocates
-// outputs and calls the kernel of the inputs' device. Modes hook in without touching any op.
+// outputs and calls the chosen kernel of the inputs' device. Modes hook in without touching any
+// op.
+//
+//   KILN_DEFINE_OP(rms_norm, OpKind::kFunctional, rms_norm_meta);          // tensor/ops/norm.cpp
+//   KILN_REGISTER_DECOMPOSITION(rms_norm, rms_norm_decomposition);         // tensor/ops/norm.cpp
+//   KILN_REGISTER_KERNEL(rms_norm, kCPU, rms_norm_cpu);                    // kernels/cpu/norm.cpp
+//   KILN_REGISTER_KERNEL_IF(rms_norm, kCUDA, "fused", rms_norm_cuda, rms_norm_cuda_supports);
+//   KILN_REGISTER_BACKWARD(rms_norm, rms_norm_backward_rule);              // autograd/
 //
 // Adding an op: see docs/adding_an_op.md.
 #pragma once
@@ -22,6 +34,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "tensor/tensor.h"
@@ -43,6 +56,7 @@ using SpecList = absl::InlinedVector<TensorSpec, 2>;
 using TensorVec = absl::InlinedVector<Tensor, 4>;
 
 struct OpDef;
+struct KernelDef;
 
 // One invocation of an op: its inputs, attributes and (once run) outputs. Kernels read inputs
 // and attributes and write into the preallocated outputs.
@@ -51,6 +65,9 @@ struct OpCall {
   TensorVec inputs;
   absl::InlinedVector<Attr, 4> attrs;
   TensorVec outputs;
+  // The kernel that runs the call: chosen by the dispatcher (the first of the device's kernels
+  // whose support rule accepts the call), or named by call_op_with_kernel.
+  const KernelDef* kernel = nullptr;
 
   const Tensor& input(size_t i) const { return inputs[i]; }
   template <typename T>
@@ -71,6 +88,22 @@ enum class OpKind : uint8_t {
 
 using MetaFn = SpecList (*)(const OpCall& call);
 using KernelFn = void (*)(OpCall& call);
+// A kernel's support rule: whether it can run this call (which the meta rule has accepted). It
+// reads shapes, dtypes, strides, attributes and device properties, never tensor data, and is
+// cheap: it runs on every call of the op.
+using SupportFn = bool (*)(const OpCall& call);
+// The inputs an in-place op writes (default: input 0), in the order of the call's outputs.
+using MutatedFn = void (*)(const OpCall& call, TensorVec& mutated);
+
+// One kernel of an op on one device type.
+struct KernelDef {
+  std::string name;              // unique per op and device ("flash_hopper"); "" for the only one
+  KernelFn fn = nullptr;
+  SupportFn supports = nullptr;  // nullptr: every call the meta rule accepts
+  int priority = 0;              // lower is tried first (registration order breaks ties)
+  bool accepts(const OpCall& call) const { return supports == nullptr || supports(call); }
+};
+using KernelList = absl::InlinedVector<KernelDef, 1>;
 
 // What a backward rule receives: the forward call (inputs, attributes, outputs; inputs the
 // rule does not save arrive as meta tensors carrying only shape, dtype and device) and the
@@ -90,14 +123,17 @@ struct BackwardCall {
 // Gradients for each input (undefined where not needed or not differentiable), written in
 // kiln ops so that they are differentiable themselves (higher-order gradients) and traceable.
 using BackwardFn = TensorVec (*)(const BackwardCall& call);
-// The op written as other ops, for the compiler's decompose pass.
+// A fused op written as other ops: what runs when no kernel of the device supports a call, and
+// what the compiler's decompose pass substitutes. Returns the op's outputs (same count, shapes
+// and dtypes as the meta rule's; for an in-place op, the inputs it wrote).
 using DecompositionFn = TensorVec (*)(const OpCall& call);
 
 struct OpDef {
   std::string name;
   OpKind kind = OpKind::kFunctional;
   MetaFn meta = nullptr;
-  std::array<KernelFn, kNumDeviceTypes> kernels{};
+  // Per device type, in preference order (set_kernel_order changes it).
+  std::array<KernelList, kNumDeviceTypes> kernels{};
   BackwardFn backward = nullptr;
   // Which forward tensors the backward rule reads (bit i: input i; saved_outputs: all outputs).
   // Autograd keeps only these alive; the rest become meta tensors in the BackwardCall.
@@ -108,11 +144,21 @@ struct OpDef {
   bool allow_cpu_scalars = true;
   // Inputs may live on different devices (copies); the op runs on input 0's device.
   bool cross_device = false;
+  // kInplace ops that write several inputs (the multi-tensor optimizer update) name them here.
+  MutatedFn mutated = nullptr;
+
+  // The first kernel of `device` that supports the call, or nullptr.
+  const KernelDef* select_kernel(DeviceType device, const OpCall& call) const;
+  // The kernel of `device` named `name` ("" for an op's unnamed kernel), or nullptr.
+  const KernelDef* find_kernel(DeviceType device, std::string_view name) const;
+  // The first kernel of `device` regardless of support rules (views, copies), or nullptr.
+  KernelFn first_kernel(DeviceType device) const;
 };
 
 struct OpFlags {
   bool allow_cpu_scalars = true;
   bool cross_device = false;
+  MutatedFn mutated = nullptr;
 };
 
 class Registry {
@@ -123,6 +169,13 @@ class Registry {
   // The entry for `name`; fails unless its meta rule was defined.
   const OpDef& op(std::string_view name);
   std::vector<std::string> names() const;
+
+  // Sets the preference order of `op`'s kernels on `device`: the kernels named come first, in
+  // this order; the others follow in their registered order. For the results of measurement
+  // (which kernel wins on this GPU); call it before the op runs on other threads. An unknown op
+  // or kernel name is an error.
+  void set_kernel_order(std::string_view op, DeviceType device,
+                        const std::vector<std::string>& names);
 
  private:
   Registry() = default;
@@ -137,6 +190,8 @@ class Registry {
 struct OpRegistrar {
   OpRegistrar(std::string_view name, OpKind kind, MetaFn meta, OpFlags flags = {});
   OpRegistrar(std::string_view name, DeviceType device, KernelFn kernel);
+  OpRegistrar(std::string_view name, DeviceType device, std::string_view kernel_name,
+              KernelFn kernel, SupportFn supports, int priority = 0);
   OpRegistrar(std::string_view name, BackwardFn backward, uint32_t saved_inputs = ~0u,
               bool saved_outputs = true);
   OpRegistrar(std::string_view name, DecompositionFn decomposition);
@@ -147,6 +202,13 @@ struct OpRegistrar {
   static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_def_, __COUNTER__)(#name, kind, __VA_ARGS__)
 #define KILN_REGISTER_KERNEL(name, device, fn) \
   static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_kernel_, __COUNTER__)(#name, device, fn)
+// A kernel that runs only the calls its support rule accepts; kernels of one device are tried
+// by priority (lower first), then registration order:
+//   KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "flash_hopper", fwd_hopper, hopper_supports);
+//   KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "flash_sm80", fwd_sm80, sm80_supports, 1);
+#define KILN_REGISTER_KERNEL_IF(name, device, kernel_name, fn, supports, ...)          \
+  static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_kernel_, __COUNTER__)( \
+      #name, device, kernel_name, fn, supports __VA_OPT__(, ) __VA_ARGS__)
 //   KILN_REGISTER_BACKWARD(add, add_backward, kSaveNone, false);  // what the rule reads
 #define KILN_REGISTER_BACKWARD(name, fn, ...)                               \
   static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_bwd_, __COUNTER__)( \
@@ -188,6 +250,16 @@ Device common_device(const OpCall& call);
 // Convenience for op wrappers: builds the call, dispatches it, returns the outputs.
 TensorVec call_op(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> attrs = {});
 Tensor call_op1(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> attrs = {});
+
+// For tests and the kernel lab: the call through the dispatch chain (autograd included), run by
+// the kernel named `kernel` of the inputs' device, which must exist and support the call.
+TensorVec call_op_with_kernel(const OpDef& op, std::string_view kernel, TensorVec inputs,
+                              absl::InlinedVector<Attr, 4> attrs = {});
+// For tests and the compiler: the op's decomposition run on the inputs (its ops dispatched as
+// any others, so autograd records them), after the meta rule's checks. Fails for an op without
+// a decomposition.
+TensorVec call_decomposition(const OpDef& op, TensorVec inputs,
+                             absl::InlinedVector<Attr, 4> attrs = {});
 
 // Resolves an op once per call site: `static const OpDef& op = KILN_OP(add);`
 #define KILN_OP(name) ::kiln::Registry::get().op(#name)

@@ -11,11 +11,8 @@
 // the bandwidth ceiling; for profiling one family (ncu) or a quick rerun. Unknown names are an
 // error. --no-gemm is --only with every section but gemm.
 //
-// Method (../shared/GPU.md): inputs are fresh random values written on the GPU (never zeros);
-// every case is warmed up, then a long sleep kernel is queued so that the host enqueues all
-// 20 samples before the GPU reaches them (the timings are GPU time, not launch overhead); each
-// sample is bracketed by CUDA events and the median is reported. Memory-bound cases rotate
-// among several input sets so that L2 does not hold the inputs.
+// Method: gpu/bench_util.h (fresh random inputs, warm-up, CUDA events, medians of 20). Kernel
+// variants that lost to the library's kernels are timed beside them in the kernel lab (lab/).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu/bench_util.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt.h"
 #include "nn/optim/adamw.h"
@@ -36,6 +34,11 @@
 #include "tensor/registry.h"
 
 namespace {
+
+using kiln::bench::random;
+using kiln::bench::random_targets;
+using kiln::bench::report;
+using kiln::bench::time_ms;
 
 // Sets a kernel switch (nullptr: unsets it) and makes the switches re-read the environment:
 // they cache what they read (tensor/env_switch.h).
@@ -49,102 +52,6 @@ void set_switch(const char* name, const char* value) {
 }
 
 using kiln::Tensor;
-
-constexpr int kSamples = 20;
-
-__global__ void sleep_kernel(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
-
-// Uniform values in [-scale, scale) from a hash of the index and seed.
-template <typename T>
-__global__ void random_fill_kernel(T* p, int64_t n, uint32_t seed, float scale) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    const float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);  // [0, 1)
-    p[i] = T((2.0f * u - 1.0f) * scale);
-  }
-}
-
-__global__ void random_targets_kernel(int64_t* p, int64_t n, int64_t v, uint32_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
-    h ^= h >> 31;
-    p[i] = static_cast<int64_t>(h % static_cast<uint64_t>(v));
-  }
-}
-
-uint32_t g_seed = 1;
-
-Tensor random(kiln::IntArrayRef sizes, kiln::ScalarType dtype, float scale = 1.7f) {
-  Tensor t = kiln::empty(sizes, kiln::TensorOptions(dtype).device(kiln::Device(kiln::kCUDA, 0)));
-  kiln::visit_floating(dtype, "random", [&]<typename T>(kiln::TypeTag<T>) {
-    random_fill_kernel<T>
-        <<<4096, 256>>>(static_cast<T*>(t.data_ptr()), t.numel(), ++g_seed * 7919u, scale);
-  });
-  KILN_CUDA_LAUNCH_CHECK("random_fill_kernel");
-  return t;
-}
-
-Tensor random_targets(int64_t n, int64_t v) {
-  Tensor t =
-      kiln::empty({n}, kiln::TensorOptions(kiln::kInt64).device(kiln::Device(kiln::kCUDA, 0)));
-  random_targets_kernel<<<256, 256>>>(static_cast<int64_t*>(t.data_ptr()), n, v, ++g_seed);
-  KILN_CUDA_LAUNCH_CHECK("random_targets_kernel");
-  return t;
-}
-
-// Median GPU milliseconds of one call of fn(i) (i counts calls, for rotating inputs).
-double time_ms(const std::function<void(int)>& fn, int reps = 1) {
-  for (int i = 0; i < 3; ++i) fn(i);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * kSamples);
-  for (auto& e : ev) KILN_CUDA_CHECK(cudaEventCreate(&e));
-  sleep_kernel<<<1, 1>>>(200'000'000);  // ~100 ms: the host queues everything meanwhile
-  int call = 0;
-  for (int s = 0; s < kSamples; ++s) {
-    KILN_CUDA_CHECK(cudaEventRecord(ev[2 * s]));
-    for (int r = 0; r < reps; ++r) fn(call++);
-    KILN_CUDA_CHECK(cudaEventRecord(ev[2 * s + 1]));
-  }
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<double> ms;
-  for (int s = 0; s < kSamples; ++s) {
-    float t = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&t, ev[2 * s], ev[2 * s + 1]));
-    ms.push_back(static_cast<double>(t) / reps);
-  }
-  for (auto& e : ev) KILN_CUDA_CHECK(cudaEventDestroy(e));
-  std::sort(ms.begin(), ms.end());
-  return 0.5 * (ms[kSamples / 2 - 1] + ms[kSamples / 2]);
-}
-
-struct Row {
-  std::string name;
-  double ms, tflops, gbs;
-};
-std::vector<Row> g_rows;
-double g_copy_gbs = 0;  // the measured device-to-device copy, the bandwidth ceiling
-
-void report(const std::string& name, double ms, double flops, double bytes) {
-  const Row r{name, ms, flops > 0 ? flops / ms / 1e9 : 0, bytes > 0 ? bytes / ms / 1e6 : 0};
-  g_rows.push_back(r);
-  std::printf("%-34s %10.4f ms", name.c_str(), ms);
-  if (flops > 0) std::printf("  %8.1f TFLOP/s", r.tflops);
-  if (bytes > 0) std::printf("  %8.1f GB/s", r.gbs);
-  if (bytes > 0 && g_copy_gbs > 0) std::printf("  %5.1f%% of copy", 100 * r.gbs / g_copy_gbs);
-  std::printf("\n");
-  std::fflush(stdout);
-}
 
 struct Gemm {
   const char* name;
@@ -433,7 +340,7 @@ int main(int argc, char** argv) {
       KILN_CUDA_CHECK(cudaMemcpyAsync(b.data_ptr(), a.data_ptr(), bytes, cudaMemcpyDeviceToDevice));
     });
     report("d2d copy 1GiB", ms, 0, 2.0 * bytes);
-    g_copy_gbs = g_rows.back().gbs;
+    kiln::bench::copy_gbs() = kiln::bench::rows().back().gbs;
   }
 
   const bool gemm = want("gemm");
@@ -634,23 +541,6 @@ int main(int argc, char** argv) {
     bench_adamw(kiln::kBFloat16, "adamw 1.24B bf16 params bf16 state", true);
   }
 
-  if (json_path != nullptr) {
-    FILE* f = std::fopen(json_path, "w");
-    if (f == nullptr) {
-      std::perror(json_path);
-      return 1;
-    }
-    std::fprintf(f, "{\"device\": \"%s\", \"results\": [\n", prop.name);
-    for (size_t i = 0; i < g_rows.size(); ++i) {
-      const Row& r = g_rows[i];
-      std::fprintf(f,
-                   "  {\"name\": \"%s\", \"ms\": %.6f, \"tflops\": %.3f, \"gbs\": %.3f, "
-                   "\"copy_frac\": %.4f}%s\n",
-                   r.name.c_str(), r.ms, r.tflops, r.gbs, g_copy_gbs > 0 ? r.gbs / g_copy_gbs : 0.0,
-                   i + 1 < g_rows.size() ? "," : "");
-    }
-    std::fprintf(f, "]}\n");
-    std::fclose(f);
-  }
+  if (json_path != nullptr && !kiln::bench::write_json(json_path, prop.name)) return 1;
   return 0;
 }

@@ -36,7 +36,7 @@ namespace {
 // to_copy runs on the source's device and copy_ on the destination's, so a copy between the
 // CPU and a GPU can land here: the other device's kernel of the same op does it.
 void run_on_other_device(OpCall& c, Device other, std::string_view op, const std::string& what) {
-  const KernelFn kernel = c.op->kernels[static_cast<int>(other.type())];
+  const KernelFn kernel = c.op->first_kernel(other.type());
   KILN_CHECK(kernel != nullptr, "[", op, "] copying ", what, " needs the ",
              device_type_name(other.type()), " backend");
   kernel(c);

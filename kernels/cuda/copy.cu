@@ -141,7 +141,7 @@ void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
 // dispatcher: this is already inside a kernel).
 void copy_on_cpu(const Tensor& dst, const Tensor& src) {
   static const OpDef& op = KILN_OP(copy_);
-  const KernelFn kernel = op.kernels[static_cast<int>(kCPU)];
+  const KernelFn kernel = op.first_kernel(kCPU);
   KILN_CHECK(kernel != nullptr, "[copy_] the CPU kernel is not registered");
   OpCall call;
   call.op = &op;

@@ -27,7 +27,7 @@ const std::set<std::string> kNoCudaKernelNeeded = {
 };
 
 bool has_kernel(const OpDef& op, DeviceType device) {
-  return op.kernels[static_cast<int>(device)] != nullptr;
+  return op.first_kernel(device) != nullptr;
 }
 
 TEST(CudaKernelCoverage, EveryCpuKernelHasACudaKernel) {
