@@ -82,7 +82,7 @@ inline bool is_host_scalar(const Tensor& t) { return t.is_cpu() && t.dim() == 0;
 // already inside a kernel; the write must not be recorded by autograd).
 inline void copy_into(const Tensor& dst, const Tensor& src) {
   static const OpDef& op = KILN_OP(copy_);
-  const KernelFn kernel = op.kernels[static_cast<int>(kCUDA)];
+  const KernelFn kernel = op.first_kernel(kCUDA);
   KILN_CHECK(kernel != nullptr, "[copy_] the CUDA kernel is not registered");
   OpCall call;
   call.op = &op;
