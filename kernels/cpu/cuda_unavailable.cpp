@@ -21,8 +21,6 @@ bool is_available() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return kReason; }
 
-bool flash_attention_supports_head_size(int64_t, int) { return false; }
-
 int current_device() { unavailable("current_device"); }
 void set_device(int) { unavailable("set_device"); }
 void synchronize(int) { unavailable("synchronize"); }

@@ -79,11 +79,6 @@ void reset_peak_memory_stats(int device = -1);
 // Returns the pool's unused memory to the driver (after waiting for the device).
 void empty_cache(int device = -1);
 
-// Whether the CUDA kernels of flash_attention take this head size on `device` (-1: the current
-// device): 64 and 128 on every GPU, 256 on compute capability 9.x when the build holds sm_90a
-// code (kernels/cuda/flash_attention.cu). F::scaled_dot_product_attention asks before routing.
-bool flash_attention_supports_head_size(int64_t head_size, int device = -1);
-
 // The KILN_CUDA_SYNC debug mode: synchronise after every launch and copy.
 bool launch_sync();
 void set_launch_sync(bool enabled);
