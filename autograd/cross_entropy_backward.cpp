@@ -7,8 +7,10 @@
 namespace kiln::autograd {
 namespace {
 
+// Recorded only for calls a fused kernel ran (the others run the decomposition, whose ops
+// autograd records): [N, V] logits, int64 targets, no weight or smoothing, the mean.
 TensorVec cross_entropy_fused_backward_rule(const BackwardCall& c) {
-  if (!c.needs_grad(0)) return internal::no_grads(2);
+  if (!c.needs_grad(0)) return internal::no_grads(c.forward.inputs.size());
   static const OpDef& op = KILN_OP(cross_entropy_fused_backward);
   return {call_op1(op, {c.grad(0), c.input(0), c.input(1), c.output(1)}, {c.attr<int64_t>(0)}),
           Tensor()};

@@ -67,16 +67,11 @@ NormImpl::NormImpl(const ModelConfig& config, const TensorOptions& options)
 Tensor NormImpl::forward(const Tensor& x) {
   Tensor w = weight;
   if (unit_offset_) {
-    // Gemma multiplies by (1 + w) in f32 (HF: `* (1.0 + self.weight.float())`); the fused op
-    // takes an f32 weight for f16/bf16 inputs.
+    // Gemma multiplies by (1 + w) in f32 (HF: `* (1.0 + self.weight.float())`); the norms'
+    // kernels take an f32 weight for f16/bf16 inputs.
     w = (is_half(w.dtype()) ? w.to(kFloat32) : w) + 1.0;
   }
-  if (kind_ == NormKind::kRMSNorm) return kiln::rms_norm(x, w, eps_);
-  const ScalarType dt = x.dtype();
-  if (is_half(dt)) {
-    // layer_norm wants the weight in the input's dtype: normalise in f32 and round once.
-    return F::layer_norm(x.to(kFloat32), {x.size(-1)}, w.to(kFloat32), {}, eps_).to(dt);
-  }
+  if (kind_ == NormKind::kRMSNorm) return F::rms_norm(x, {x.size(-1)}, w, eps_);
   return F::layer_norm(x, {x.size(-1)}, w, {}, eps_);
 }
 

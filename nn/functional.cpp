@@ -31,36 +31,6 @@ std::string_view reduction_name(Reduction r) {
 namespace nn::functional {
 namespace {
 
-// Checks that the trailing dims of `input` are `normalized_shape` and returns
-// their indices.
-std::vector<int64_t> trailing_dims(const Tensor &input,
-                                   IntArrayRef normalized_shape,
-                                   const char *op) {
-  const int64_t k = static_cast<int64_t>(normalized_shape.size());
-  KILN_CHECK(k >= 1, "[", op, "] normalized_shape must have at least one dim");
-  bool ok = input.dim() >= k;
-  for (int64_t i = 0; ok && i < k; ++i) {
-    ok = input.size(input.dim() - k + i) == normalized_shape[i];
-  }
-  KILN_CHECK(
-      ok, "[", op, "] given normalized_shape=", shape_str(normalized_shape),
-      ", expected input with shape [*, ", shape_str(normalized_shape).substr(1),
-      " but got input of shape ", shape_str(input.sizes()));
-  std::vector<int64_t> dims;
-  for (int64_t i = input.dim() - k; i < input.dim(); ++i)
-    dims.push_back(i);
-  return dims;
-}
-
-void check_affine(const Tensor &t, IntArrayRef normalized_shape, const char *op,
-                  const char *what) {
-  if (!t.defined())
-    return;
-  KILN_CHECK(t.sizes() == normalized_shape, "[", op, "] expected ", what,
-             " of shape ", shape_str(normalized_shape), ", got ",
-             shape_str(t.sizes()));
-}
-
 } // namespace
 
 Tensor linear(const Tensor &input, const Tensor &weight, const Tensor &bias) {
@@ -134,41 +104,7 @@ Tensor layer_norm(const Tensor &input, const LayerNormFuncOptions &options) {
 
 Tensor layer_norm(const Tensor &input, IntArrayRef normalized_shape,
                   const Tensor &weight, const Tensor &bias, double eps) {
-  KILN_CHECK(input.defined(), "[layer_norm] input is undefined");
-  KILN_CHECK(input.is_floating_point(),
-             "[layer_norm] expected a floating-point input, got ",
-             dtype_name(input.dtype()));
-  const std::vector<int64_t> dims =
-      trailing_dims(input, normalized_shape, "layer_norm");
-  check_affine(weight, normalized_shape, "layer_norm", "weight");
-  check_affine(bias, normalized_shape, "layer_norm", "bias");
-  // The fused op when it fits: weight and bias (each optional) of the input's
-  // dtype, or f32 for a f16/bf16 input, of one dtype, on the input's device.
-  // Same math, one kernel each way; under autocast the op's f32 policy casts
-  // the input up, so it returns f32 as the composite does.
-  auto fits = [&](const Tensor &p) {
-    return !p.defined() ||
-           (p.device() == input.device() &&
-            (p.dtype() == input.dtype() ||
-             (is_reduced_float(input.dtype()) && p.dtype() == kFloat32)));
-  };
-  if (eps >= 0 && fits(weight) && fits(bias) &&
-      (!weight.defined() || !bias.defined() ||
-       weight.dtype() == bias.dtype())) {
-    static const OpDef &op = KILN_OP(layer_norm);
-    return call_op(op, {input, weight, bias},
-                   {to_shape(normalized_shape), eps})[0];
-  }
-  const Tensor x = is_reduced_float(input.dtype()) ? input.to(kFloat32) : input;
-  const Tensor mean = x.mean(dims, /*keepdim=*/true);
-  const Tensor var = x.var(dims, /*correction=*/0, /*keepdim=*/true);
-  Tensor y = (x - mean) * (var + eps).rsqrt();
-  if (weight.defined())
-    y = y * weight;
-  if (bias.defined())
-    y = y + bias;
-  // Under autocast norms run and return in f32, as torch.autocast's layer_norm.
-  return is_autocast_enabled(input.device().type()) ? y : y.to(input.dtype());
+  return kiln::layer_norm(input, normalized_shape, weight, bias, eps);
 }
 
 Tensor rms_norm(const Tensor &input, const RMSNormFuncOptions &options) {
@@ -178,43 +114,7 @@ Tensor rms_norm(const Tensor &input, const RMSNormFuncOptions &options) {
 
 Tensor rms_norm(const Tensor &input, IntArrayRef normalized_shape,
                 const Tensor &weight, std::optional<double> eps) {
-  KILN_CHECK(input.defined(), "[rms_norm] input is undefined");
-  KILN_CHECK(input.is_floating_point(),
-             "[rms_norm] expected a floating-point input, got ",
-             dtype_name(input.dtype()));
-  const std::vector<int64_t> dims =
-      trailing_dims(input, normalized_shape, "rms_norm");
-  check_affine(weight, normalized_shape, "rms_norm", "weight");
-  double e = 0;
-  if (eps) {
-    e = *eps;
-  } else {
-    switch (input.dtype()) {
-    case kFloat16:
-      e = 0.0009765625; // 2^-10
-      break;
-    case kBFloat16:
-      e = 0.0078125; // 2^-7
-      break;
-    case kFloat64:
-      e = std::numeric_limits<double>::epsilon();
-      break;
-    default:
-      e = std::numeric_limits<float>::epsilon();
-    }
-  }
-  // The fused op when it fits: a weight of the input's dtype (or f32 for a
-  // f16/bf16 input) on the input's device; same math, one kernel each way.
-  if (weight.defined() && weight.device() == input.device() && e >= 0 &&
-      (weight.dtype() == input.dtype() ||
-       (is_reduced_float(input.dtype()) && weight.dtype() == kFloat32)))
-    return kiln::rms_norm(input, weight, e);
-  const Tensor x = is_reduced_float(input.dtype()) ? input.to(kFloat32) : input;
-  Tensor y = x * (x.square().mean(dims, /*keepdim=*/true) + e).rsqrt();
-  if (weight.defined()) {
-    y = y * (is_reduced_float(weight.dtype()) ? weight.to(kFloat32) : weight);
-  }
-  return is_autocast_enabled(input.device().type()) ? y : y.to(input.dtype());
+  return kiln::rms_norm(input, normalized_shape, weight, eps);
 }
 
 Tensor gelu(const Tensor &input, const GELUFuncOptions &options) {
@@ -351,16 +251,6 @@ Tensor batch_norm(const Tensor &input, const Tensor &weight, const Tensor &bias,
                            .training(training)
                            .momentum(momentum)
                            .eps(eps));
-}
-
-Tensor layer_norm(const Tensor &input, IntArrayRef normalized_shape,
-                  const Tensor &weight, const Tensor &bias, double eps) {
-  return F::layer_norm(input, normalized_shape, weight, bias, eps);
-}
-
-Tensor rms_norm(const Tensor &input, IntArrayRef normalized_shape,
-                const Tensor &weight, std::optional<double> eps) {
-  return F::rms_norm(input, normalized_shape, weight, eps);
 }
 
 Tensor mse_loss(const Tensor &input, const Tensor &target,

@@ -151,10 +151,8 @@ struct LayerNormFuncOptions {
   KILN_ARG(double, eps) = 1e-5;
 };
 // Normalises over the trailing dims `normalized_shape` (biased variance), then
-// * weight + bias. f16/bf16 inputs are computed in f32 and returned in their
-// dtype. With weight and bias (each optional) of the input's dtype (or f32 for
-// a f16/bf16 input) this is one fused kernel (the layer_norm op) forward and
-// one backward; otherwise it is composed of plain ops.
+// * weight + bias: the layer_norm op (tensor/ops/norm.cpp). f16/bf16 inputs are
+// computed in f32 and returned in their dtype.
 Tensor layer_norm(const Tensor &input, const LayerNormFuncOptions &options);
 Tensor layer_norm(const Tensor &input, IntArrayRef normalized_shape,
                   const Tensor &weight = {}, const Tensor &bias = {},
@@ -168,10 +166,9 @@ struct RMSNormFuncOptions {
   // nullopt: the machine epsilon of the input's dtype, as PyTorch.
   KILN_ARG(std::optional<double>, eps) = std::nullopt;
 };
-// x * rsqrt(mean(x^2 over normalized_shape) + eps) * weight, computed in f32
-// for f16/bf16 and returned in the input's dtype. With a weight of the input's
-// dtype (or f32 for a f16/bf16 input) this is one fused kernel (kiln::rms_norm)
-// forward and one backward; otherwise it is composed of plain ops.
+// x * rsqrt(mean(x^2 over normalized_shape) + eps) * weight: the rms_norm op
+// (tensor/ops/norm.cpp), computed in f32 for f16/bf16 and returned in the
+// input's dtype.
 Tensor rms_norm(const Tensor &input, const RMSNormFuncOptions &options);
 Tensor rms_norm(const Tensor &input, IntArrayRef normalized_shape,
                 const Tensor &weight = {},
@@ -428,12 +425,8 @@ Tensor avg_pool2d(const Tensor &input, ExpandingArray<2> kernel_size,
 Tensor batch_norm(const Tensor &input, const Tensor &weight, const Tensor &bias,
                   const Tensor &running_mean, const Tensor &running_var,
                   bool training, double momentum, double eps);
-Tensor layer_norm(const Tensor &input, IntArrayRef normalized_shape,
-                  const Tensor &weight = {}, const Tensor &bias = {},
-                  double eps = 1e-5);
-Tensor rms_norm(const Tensor &input, IntArrayRef normalized_shape,
-                const Tensor &weight = {},
-                std::optional<double> eps = std::nullopt);
+// kiln::layer_norm and kiln::rms_norm with a normalized_shape are the ops'
+// own wrappers (tensor/ops.h).
 Tensor mse_loss(const Tensor &input, const Tensor &target,
                 nn::Reduction reduction = kMean);
 Tensor l1_loss(const Tensor &input, const Tensor &target,

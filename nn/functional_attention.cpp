@@ -1,59 +1,25 @@
-// kiln::nn::functional scaled_dot_product_attention and rotary embeddings: the
-// reference the CUDA attention kernels are checked against. Plain
-// differentiable ops, scores and softmax in f32 for f16/bf16 inputs; the full
-// [.., T, S] score matrix is materialised.
+// kiln::nn::functional scaled_dot_product_attention and rotary embeddings. Both call the
+// fused ops (tensor/ops/attention.cpp, tensor/ops/rotary.cpp), which choose a kernel or run
+// their decomposition; this file only brings the arguments to the ops' forms.
+#include <algorithm>
 #include <cmath>
-#include <limits>
 #include <numbers>
 
-#include "kernels/cuda/runtime.h"
 #include "nn/functional.h"
-#include "tensor/env_switch.h"
 
 namespace kiln::nn::functional {
 namespace {
 
 constexpr const char *kSdpa = "scaled_dot_product_attention";
 
-// [.., H_kv, S, D] -> [.., H_kv * rep, S, D]: kv head g serves query heads
-// g*rep .. g*rep+rep-1 (repeat_interleave over the head dim, as PyTorch's
-// enable_gqa).
-Tensor repeat_kv(const Tensor &t, int64_t rep) {
-  if (rep == 1)
-    return t;
-  Shape expanded(t.sizes().begin(), t.sizes().end());
-  expanded.insert(expanded.end() - 2, rep);
-  Shape merged(t.sizes().begin(), t.sizes().end());
-  merged[merged.size() - 3] *= rep;
-  return t.unsqueeze(-3).expand(expanded).reshape(merged);
-}
-
-// Whether the fused flash_attention op (tensor/ops/attention.cpp) computes this call: on CUDA,
-// bf16/f16, [B, H, T, D] with D in {64, 128} (256 with a positive scale where
-// kiln::cuda::flash_attention_supports_head_size says so: Hopper), no explicit mask, no
-// dropout, H a multiple of H_kv. KILN_SDPA=math forces the composite below (debugging,
-// comparisons); unset, empty or "flash" leaves the choice to these conditions.
-bool use_flash(const Tensor &q, const Tensor &k, const Tensor &v,
-               const Tensor &attn_mask, double dropout_p, bool enable_gqa,
-               double scale) {
-  if (!q.is_cuda() || attn_mask.defined() || dropout_p != 0.0 || q.dim() != 4)
-    return false;
-  if (q.dtype() != kBFloat16 && q.dtype() != kHalf)
-    return false;
-  const int64_t d = q.size(-1);
-  if (v.sizes() != k.sizes() ||
-      k.size(0) != q.size(0) || k.size(1) == 0 || q.size(1) % k.size(1) != 0)
-    return false;
-  // Without enable_gqa the composite only broadcasts a single kv head.
-  if (!enable_gqa && k.size(1) != q.size(1) && k.size(1) != 1)
-    return false;
-  // Head size 256 needs the Hopper kernels and a positive scale.
-  if (d != 64 && d != 128 &&
-      (d != 256 || scale <= 0 ||
-       !cuda::flash_attention_supports_head_size(d, q.device().index())))
-    return false;
-  static const kiln::internal::EnvChoice sdpa("KILN_SDPA", {"flash", "math"});
-  return sdpa.get() != 1;
+// t [batch..., tail...] (tail: its last `keep` dims) expanded over `batch` and viewed as
+// [prod(batch), tail...].
+Tensor flatten_batch(const Tensor &t, const Shape &batch, int64_t keep) {
+  Shape full = batch;
+  full.insert(full.end(), t.sizes().end() - keep, t.sizes().end());
+  Shape flat{numel_of(batch)};
+  flat.insert(flat.end(), t.sizes().end() - keep, t.sizes().end());
+  return t.expand(full).reshape(flat);
 }
 
 } // namespace
@@ -72,106 +38,63 @@ Tensor scaled_dot_product_attention(const Tensor &query, const Tensor &key,
              "] expected query, key and value of the same rank >= 2, got ",
              shape_str(query.sizes()), ", ", shape_str(key.sizes()), ", ",
              shape_str(value.sizes()));
-  KILN_CHECK(
-      query.is_floating_point() && key.dtype() == query.dtype() &&
-          value.dtype() == query.dtype(),
-      "[", kSdpa,
-      "] expected floating-point query, key and value of one dtype, got ",
-      dtype_name(query.dtype()), ", ", dtype_name(key.dtype()), ", ",
-      dtype_name(value.dtype()));
-  const int64_t t_len = query.size(-2), s_len = key.size(-2),
-                d = query.size(-1);
-  KILN_CHECK(key.size(-1) == d, "[", kSdpa,
-             "] query and key must have the same head size, got ",
-             shape_str(query.sizes()), " and ", shape_str(key.sizes()));
-  KILN_CHECK(value.size(-2) == s_len, "[", kSdpa,
-             "] key and value must have the same sequence length, got ",
-             shape_str(key.sizes()), " and ", shape_str(value.sizes()));
-  KILN_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "[", kSdpa,
-             "] dropout_p must be in [0, 1), got ", dropout_p);
-  KILN_CHECK(sliding_window >= 0, "[", kSdpa,
-             "] sliding_window must be >= 0 (0 = off), got ", sliding_window);
-  KILN_CHECK(softcap >= 0.0, "[", kSdpa,
-             "] softcap must be >= 0 (0 = off), got ", softcap);
-  KILN_CHECK(!(is_causal && attn_mask.defined()), "[", kSdpa,
-             "] an explicit attn_mask should not be set when is_causal=true");
+  // The op takes [B, H, T, D] with H a multiple of H_kv: leading dims are
+  // broadcast and flattened into B, a missing head dim is 1, and without
+  // enable_gqa only equal head counts or a single head on either side
+  // broadcast (as PyTorch).
+  const int64_t rank = query.dim();
+  const int64_t hq = rank >= 3 ? query.size(-3) : 1;
+  const int64_t hkv = rank >= 3 ? key.size(-3) : 1;
+  KILN_CHECK(enable_gqa || hq == hkv || hkv == 1 || hq == 1, "[", kSdpa,
+             "] query has ", hq, " heads but key/value have ", hkv,
+             "; pass enable_gqa=true for grouped-query attention");
+  // The leading dims before [H, T, D] (none below rank 4), broadcast.
+  const int64_t lead = std::max<int64_t>(rank - 3, 0);
+  Shape batch(query.sizes().begin(), query.sizes().begin() + lead);
+  for (const Tensor *t : {&key, &value}) {
+    batch = broadcast_shapes(
+        batch, t->sizes().subspan(0, static_cast<size_t>(lead)), kSdpa);
+  }
+  // [batch..., H, T, D] (or [T, D]) -> [prod(batch), heads, T, D].
+  auto as_4d = [&](const Tensor &t, int64_t heads) {
+    Tensor h = rank >= 3 ? t : t.unsqueeze(0);
+    if (h.size(-3) != heads) {
+      Shape s = to_shape(h.sizes());
+      s[s.size() - 3] = heads;
+      h = h.expand(s);
+    }
+    return flatten_batch(h, batch, 3);
+  };
+  // One query head against several kv heads: the query broadcasts.
+  const int64_t heads = std::max(hq, hkv);
+  const Tensor q = as_4d(query, hq == 1 ? heads : hq);
+  const Tensor k = as_4d(key, hkv);
+  const Tensor v = as_4d(value, hkv);
+  Tensor mask;
   if (attn_mask.defined()) {
-    KILN_CHECK(attn_mask.dtype() == kBool ||
-                   is_floating_point(attn_mask.dtype()),
-               "[", kSdpa, "] attn_mask must be bool or floating, got ",
-               dtype_name(attn_mask.dtype()));
-  }
-
-  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
-  if (use_flash(query, key, value, attn_mask, dropout_p, enable_gqa, sc)) {
-    return std::get<0>(kiln::flash_attention(query, key, value, sc, is_causal,
-                                             sliding_window, softcap));
-  }
-
-  Tensor k = key, v = value;
-  if (query.dim() >= 3) {
-    const int64_t hq = query.size(-3), hkv = key.size(-3);
-    KILN_CHECK(value.size(-3) == hkv, "[", kSdpa,
-               "] key and value must have the same heads, ", "got ",
-               shape_str(key.sizes()), " and ", shape_str(value.sizes()));
-    if (enable_gqa && hq != hkv) {
-      KILN_CHECK(hkv > 0 && hq % hkv == 0, "[", kSdpa,
-                 "] with enable_gqa, the query heads (", hq,
-                 ") must be a multiple of the key/value heads (", hkv, ")");
-      k = repeat_kv(key, hq / hkv);
-      v = repeat_kv(value, hq / hkv);
+    KILN_CHECK(attn_mask.dim() <= rank, "[", kSdpa, "] attn_mask of shape ",
+               shape_str(attn_mask.sizes()), " has more dims than the query ",
+               shape_str(query.sizes()));
+    Tensor m = attn_mask;
+    while (m.dim() < std::max<int64_t>(rank, 3))
+      m = m.unsqueeze(0);
+    if (rank <= 4) {
+      mask = rank == 4 ? m : m.unsqueeze(0);
     } else {
-      KILN_CHECK(hq == hkv || hkv == 1 || hq == 1, "[", kSdpa, "] query has ",
-                 hq, " heads but key/value have ", hkv,
-                 "; pass enable_gqa=true for grouped-query ", "attention");
+      Shape full = batch;
+      full.insert(full.end(), {heads, q.size(2), k.size(2)});
+      mask = flatten_batch(m.expand(full), batch, 3);
     }
   }
-
-  const ScalarType dtype = query.dtype();
-  const ScalarType ct =
-      (dtype == kFloat16 || dtype == kBFloat16) ? kFloat32 : dtype;
-  Tensor scores = query.to(ct).matmul(k.to(ct).transpose(-2, -1)) * sc;
-  if (softcap > 0.0)
-    scores = (scores / softcap).tanh() * softcap;
-
-  // Which keys each query may attend (bool, broadcast against the scores).
-  Tensor allowed;
-  if (is_causal || sliding_window > 0) {
-    const TensorOptions o = TensorOptions(kInt64).device(query.device());
-    const Tensor i = arange(t_len, o).view({t_len, 1});
-    const Tensor j = arange(s_len, o).view({1, s_len});
-    allowed = j <= i;
-    if (sliding_window > 0)
-      allowed = allowed & (j > i - sliding_window);
-  }
-  if (attn_mask.defined()) {
-    if (attn_mask.dtype() == kBool) {
-      allowed = allowed.defined() ? (allowed & attn_mask) : attn_mask;
-    } else {
-      scores = scores + attn_mask.to(ct);
-    }
-  }
-  if (allowed.defined()) {
-    scores = kiln::where(allowed, scores,
-                         Scalar(-std::numeric_limits<double>::infinity()));
-  }
-  Tensor probs;
-  if (allowed.defined() || attn_mask.defined()) {
-    // A row with every key masked attends nothing (zeros, as PyTorch's math
-    // backend); its scores are replaced before the softmax so that no NaN
-    // enters the graph.
-    const Tensor dead = scores.detach().amax({-1}, /*keepdim=*/true) ==
-                        Scalar(-std::numeric_limits<double>::infinity());
-    probs =
-        kiln::where(dead, Scalar(0.0),
-                    kiln::softmax(kiln::where(dead, Scalar(0.0), scores), -1));
-  } else {
-    probs = kiln::softmax(scores, -1);
-  }
-  if (dropout_p > 0.0)
-    probs = functional::dropout(
-        probs, DropoutFuncOptions().p(dropout_p).training(true));
-  return probs.to(dtype).matmul(v);
+  const double sc =
+      scale.value_or(1.0 / std::sqrt(static_cast<double>(query.size(-1))));
+  Tensor out = std::get<0>(kiln::flash_attention(
+      q, k, v, mask, sc, is_causal, sliding_window, softcap, dropout_p));
+  Shape out_shape = batch;
+  if (rank >= 3)
+    out_shape.push_back(heads);
+  out_shape.insert(out_shape.end(), {query.size(-2), value.size(-1)});
+  return out.view(out_shape);
 }
 
 std::tuple<Tensor, Tensor> rope_cache(int64_t seq_len, int64_t head_size,
@@ -232,72 +155,14 @@ std::tuple<Tensor, Tensor> rope_cache(int64_t seq_len, int64_t head_size,
   return {make(cos_v), make(sin_v)};
 }
 
-namespace {
-
-// cos/sin as the [T, D] tables of the fused rotary_emb op for x, or undefined
-// when the call does not fit it (broadcast positions, other dtypes, devices).
-std::tuple<Tensor, Tensor> fused_tables(const Tensor &x, const Tensor &cos,
-                                        const Tensor &sin) {
-  if (x.dim() < 2 || cos.dim() < 2 || cos.sizes() != sin.sizes() ||
-      cos.dtype() != sin.dtype() || cos.size(-2) != x.size(-2) ||
-      cos.size(-1) != x.size(-1) || cos.device() != x.device() ||
-      sin.device() != x.device())
-    return {};
-  if (cos.dtype() != x.dtype() &&
-      !(is_reduced_float(x.dtype()) && cos.dtype() == kFloat32))
-    return {};
-  for (int64_t d = 0; d + 2 < cos.dim(); ++d) {
-    if (cos.size(d) != 1)
-      return {};
-  }
-  const Shape table{x.size(-2), x.size(-1)};
-  return {cos.reshape(table), sin.reshape(table)};
-}
-
-} // namespace
-
 Tensor apply_rotary_emb(const Tensor &x, const Tensor &cos, const Tensor &sin) {
-  KILN_CHECK(x.defined() && cos.defined() && sin.defined(),
-             "[apply_rotary_emb] x, cos and sin must be defined");
-  KILN_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0,
-             "[apply_rotary_emb] the last dim of x must ",
-             "be even (the two rotated halves), got shape ",
-             shape_str(x.sizes()));
-  KILN_CHECK(x.is_floating_point(),
-             "[apply_rotary_emb] expected a floating-point x, got ",
-             dtype_name(x.dtype()));
-  KILN_CHECK(cos.sizes() == sin.sizes(), "[apply_rotary_emb] cos ",
-             shape_str(cos.sizes()), " and sin ", shape_str(sin.sizes()),
-             " must have the same shape");
-  bool fits =
-      cos.dim() >= 1 && cos.dim() <= x.dim() && cos.size(-1) == x.size(-1);
-  for (int64_t i = 1; fits && i <= cos.dim(); ++i) {
-    fits = cos.size(-i) == x.size(-i) || cos.size(-i) == 1;
-  }
-  KILN_CHECK(fits, "[apply_rotary_emb] cos/sin of shape ",
-             shape_str(cos.sizes()), " must broadcast to x of shape ",
-             shape_str(x.sizes()));
-  if (auto [c, s] = fused_tables(x, cos, sin); c.defined())
-    return kiln::rotary_emb(x, c, s);
-  const int64_t half = x.size(-1) / 2;
-  const Tensor x1 = x.narrow(-1, 0, half);
-  const Tensor x2 = x.narrow(-1, half, half);
-  const Tensor rotated = cat({-x2, x1}, -1);
-  return (x * cos + rotated * sin).to(x.dtype());
+  return kiln::rotary_emb(x, cos, sin);
 }
 
 std::tuple<Tensor, Tensor> apply_rotary_emb_qk(const Tensor &q, const Tensor &k,
                                                const Tensor &cos,
                                                const Tensor &sin) {
-  KILN_CHECK(q.defined() && k.defined() && cos.defined() && sin.defined(),
-             "[apply_rotary_emb_qk] q, k, cos and sin must be defined");
-  if (q.dim() >= 2 && k.dim() >= 2 && q.dtype() == k.dtype() &&
-      q.is_floating_point() && q.size(-1) % 2 == 0 &&
-      k.size(-2) == q.size(-2) && k.size(-1) == q.size(-1)) {
-    if (auto [c, s] = fused_tables(q, cos, sin); c.defined())
-      return kiln::rotary_emb_qk(q, k, c, s);
-  }
-  return {apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)};
+  return kiln::rotary_emb_qk(q, k, cos, sin);
 }
 
 } // namespace kiln::nn::functional

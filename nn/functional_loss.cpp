@@ -1,6 +1,5 @@
-// kiln::nn::functional losses: mse, l1, smooth_l1, nll, cross_entropy (indices
-// or probabilities, ignore_index, label smoothing, class weights; the fused
-// kiln::cross_entropy_fused for [N, V] logits with a mean), binary cross
+// kiln::nn::functional losses: mse, l1, smooth_l1, nll, cross_entropy (class
+// indices through the kiln::cross_entropy_fused op; probabilities), binary cross
 // entropy (with and without logits) and kl_div, written in differentiable ops
 // with PyTorch's reductions.
 #include <cmath>
@@ -150,87 +149,48 @@ Tensor nll_loss(const Tensor &input, const Tensor &target,
 Tensor cross_entropy(const Tensor &input, const Tensor &target,
                      const CrossEntropyFuncOptions &options) {
   check_pair(input, target, "cross_entropy");
-  KILN_CHECK(input.dim() >= 1,
-             "[cross_entropy] input must have at least one dim (the classes)");
-  const double ls = options.label_smoothing();
-  KILN_CHECK(ls >= 0.0 && ls <= 1.0,
-             "[cross_entropy] label_smoothing must be in [0, 1], got ", ls);
   KILN_CHECK(
       options.reduction() != Reduction::BatchMean,
       "[cross_entropy] reduction 'batchmean' is only supported by kl_div");
+  const double ls = options.label_smoothing();
+  if (!is_floating_point(target.dtype())) {
+    // Class indices: the cross_entropy_fused op (tensor/ops/cross_entropy.cpp),
+    // a fused kernel for [N, V] logits with a plain mean, its decomposition
+    // otherwise. Its loss is f32 (f64 for f64 logits); PyTorch returns the
+    // logits' dtype, except under autocast, where losses stay f32.
+    const Tensor loss = kiln::cross_entropy_fused(
+        input, target, options.weight(), options.ignore_index(),
+        reduction_name(options.reduction()), ls);
+    return is_autocast_enabled(input.device().type()) ? loss
+                                                      : loss.to(input.dtype());
+  }
+  // Class probabilities: the composite.
+  KILN_CHECK(input.dim() >= 1,
+             "[cross_entropy] input must have at least one dim (the classes)");
+  KILN_CHECK(ls >= 0.0 && ls <= 1.0,
+             "[cross_entropy] label_smoothing must be in [0, 1], got ", ls);
+  check_same_shape(input, target, "cross_entropy");
   const int64_t cdim = input.dim() == 1 ? 0 : 1;
   const int64_t classes = input.size(cdim);
   const Tensor &weight = options.weight();
   check_class_weight(weight, classes, "cross_entropy");
-  // The fused kernel when the call fits it (the LM-training case): logits
-  // [N, V], int64 targets [N], no class weight, no smoothing, mean. One pass
-  // forward and one backward, no log-softmax tensor. Out-of-range targets
-  // raise the same error as below on the CPU; on a GPU the loss is NaN.
-  if (input.dim() == 2 && classes >= 1 && target.dtype() == kInt64 &&
-      target.dim() == 1 && target.size(0) == input.size(0) &&
-      target.device() == input.device() && !weight.defined() && ls == 0 &&
-      options.reduction() == Reduction::Mean) {
-    check_class_targets(input, target, options.ignore_index(), "nll_loss");
-    const Tensor loss =
-        kiln::cross_entropy_fused(input, target, options.ignore_index());
-    // The op's loss is f32 (f64 for f64 logits); PyTorch returns the logits'
-    // dtype, except under autocast, where losses stay f32.
-    return is_autocast_enabled(input.device().type()) ? loss
-                                                      : loss.to(input.dtype());
-  }
   const Tensor lsm = kiln::log_softmax(input, cdim);
-  // The class weight as [C, 1, ...], broadcasting against the input over dim 1.
-  Tensor wb;
+  Tensor p = target;
+  if (ls > 0)
+    p = p * (1.0 - ls) + ls / static_cast<double>(classes);
+  Tensor terms = lsm * p;
   if (weight.defined()) {
+    // The class weight as [C, 1, ...], broadcasting against the input.
     Shape ws(input.dim() - cdim, 1);
     ws[0] = classes;
-    wb = weight.to(input.dtype()).view(ws);
+    terms = terms * weight.to(input.dtype()).view(ws);
   }
-
-  if (is_floating_point(target.dtype())) {
-    check_same_shape(input, target, "cross_entropy");
-    Tensor p = target;
-    if (ls > 0)
-      p = p * (1.0 - ls) + ls / static_cast<double>(classes);
-    Tensor terms = lsm * p;
-    if (wb.defined())
-      terms = terms * wb;
-    const Tensor loss = -terms.sum({cdim});
-    if (options.reduction() != Reduction::Mean)
-      return reduce(loss, options.reduction(), "");
-    // Mean over the batch elements (not the weights), as PyTorch.
-    return loss.sum() /
-           static_cast<double>(input.numel() / std::max<int64_t>(classes, 1));
-  }
-
-  Tensor nll = functional::nll_loss(lsm, target,
-                                    NLLLossFuncOptions()
-                                        .weight(weight)
-                                        .ignore_index(options.ignore_index())
-                                        .reduction(options.reduction()));
-  if (ls == 0)
-    return nll;
-  // Smoothing spreads ls over all classes: ls / C * sum_c -w_c log p_c,
-  // normalised as nll.
-  const Tensor t = target.to(kInt64);
-  const Tensor valid = t != Scalar(options.ignore_index());
-  const Tensor safe = kiln::where(valid, t, Scalar(int64_t{0}));
-  const Tensor smooth_terms = wb.defined() ? lsm * wb : lsm;
-  const Tensor smooth =
-      kiln::where(valid, -smooth_terms.sum({cdim}), Scalar(0.0));
-  Tensor smooth_red;
-  switch (options.reduction()) {
-  case Reduction::None:
-    smooth_red = smooth;
-    break;
-  case Reduction::Sum:
-    smooth_red = smooth.sum();
-    break;
-  default:
-    smooth_red =
-        smooth.sum() / target_weights(input, safe, valid, weight).sum();
-  }
-  return nll * (1.0 - ls) + smooth_red * (ls / static_cast<double>(classes));
+  const Tensor loss = -terms.sum({cdim});
+  if (options.reduction() != Reduction::Mean)
+    return reduce(loss, options.reduction(), "");
+  // Mean over the batch elements (not the weights), as PyTorch.
+  return loss.sum() /
+         static_cast<double>(input.numel() / std::max<int64_t>(classes, 1));
 }
 
 Tensor binary_cross_entropy(const Tensor &input, const Tensor &target,

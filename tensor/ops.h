@@ -174,30 +174,46 @@ Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false, bool 
 Tensor softmax(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
 Tensor log_softmax(const Tensor& a, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
 
-// --- Fused ops (tensor/ops/{norm,cross_entropy,rotary,glu}.cpp) ---------------------------
-// RMSNorm over the trailing dims that `weight` spans: x * rsqrt(mean(x^2) + eps) * weight, in
-// f32 for f16/bf16 (f64 for f64), returned in x's dtype. weight has x's dtype, or f32 for a
-// f16/bf16 x. One kernel forward, one backward ("rms_norm_backward": dx and dweight).
+// --- Fused ops (tensor/ops/{norm,cross_entropy,rotary,glu,attention}.cpp) -------------------
+// Each is one registry op with a decomposition into the ops above: its kernels take the common
+// cases (support rules: kernels/fused_support.h, kernels/cuda/flash_attention.cu) and the
+// decomposition runs the rest, so every call the op accepts works on every device.
+//
+// RMSNorm over the trailing dims that `weight` spans (or normalized_shape, without a weight):
+// x * rsqrt(mean(x^2) + eps) * weight, in f32 for f16/bf16 (f64 for f64), returned in x's dtype.
+// One kernel forward, one backward ("rms_norm_backward": dx and dweight) for a weight of x's
+// dtype or f32 for a f16/bf16 x.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
-// LayerNorm over the trailing dims that `weight` (or, without a weight, `bias`) spans:
-// (x - mean) * rsqrt(var + eps) * weight + bias with the biased variance, in f32 for f16/bf16
-// (f64 for f64), returned in x's dtype. weight and bias are optional (undefined: 1 and 0, at
-// least one given; nn::functional::layer_norm takes a normalized_shape and neither); they have
-// x's dtype, or f32 for a f16/bf16 x, and one dtype when both are given. One kernel forward, one
-// backward ("layer_norm_backward": dx, dweight and dbias).
+// With a normalized_shape (libtorch's spelling): eps defaults to the machine epsilon of x's dtype.
+Tensor rms_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight = {},
+                std::optional<double> eps = std::nullopt);
+// LayerNorm over the trailing dims that `weight` (or, without a weight, `bias`) spans, or
+// normalized_shape: (x - mean) * rsqrt(var + eps) * weight + bias with the biased variance, in
+// f32 for f16/bf16 (f64 for f64), returned in x's dtype. weight and bias are optional
+// (undefined: 1 and 0). One kernel forward, one backward ("layer_norm_backward": dx, dweight and
+// dbias) for parameters of x's dtype, or f32 for a f16/bf16 x, of one dtype.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
-// Mean cross-entropy of logits [N, V] (any floating dtype) against int64 targets [N], rows whose
-// target is ignore_index left out of sum and count. Returns a 0-d f32 loss (f64 for f64 logits).
-// Never materialises an f32 copy of the logits; the backward writes dlogits in one pass.
+Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+// Cross-entropy of logits [N, C, d...] (or [C]) against integer class indices [N, d...] (or []),
+// as F::cross_entropy with class-index targets: an optional class weight [C] (undefined: none),
+// targets equal to ignore_index left out, reduction "mean", "sum" or "none", label smoothing.
+// Returns the loss in f32 (f64 for f64 logits). The fused kernels take [N, V] logits with int64
+// targets and the plain mean (LM training): they never materialise an f32 copy of the logits,
+// and the backward writes dlogits in one pass.
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets,
                            int64_t ignore_index = -100);
+Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, const Tensor& weight,
+                           int64_t ignore_index, std::string_view reduction,
+                           double label_smoothing);
 // Rotary position embedding (tensor/ops/rotary.cpp), rotate-half layout: x * cos +
 // rotate_half(x) * sin with rotate_half(x) = [-x2, x1] over the halves of the last dim. x is
 // [..., T, D] (any strides, read in place: the q/k views of a fused qkv projection), cos and sin
-// [T, D] (F::rope_cache) of x's dtype, or f32 for a f16/bf16 x. f32 arithmetic for f16/bf16,
-// result contiguous in x's dtype. The backward is the transposed rotation, one kernel.
+// broadcast to x. f32 arithmetic for f16/bf16, result in x's dtype. The kernels take [T, D]
+// tables (F::rope_cache) of x's dtype, or f32 for a f16/bf16 x; the backward is the transposed
+// rotation, one kernel.
 Tensor rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin);
-// rotary_emb of q and of k (same T, D and dtype; the head counts may differ) in one launch.
+// rotary_emb of q and of k (same T and D; the head counts may differ) in one launch.
 std::tuple<Tensor, Tensor> rotary_emb_qk(const Tensor& q, const Tensor& k, const Tensor& cos,
                                          const Tensor& sin);
 // Gated MLP activations (tensor/ops/glu.cpp): silu(gate) * up and gelu(gate, "tanh") * up for
@@ -206,14 +222,42 @@ std::tuple<Tensor, Tensor> rotary_emb_qk(const Tensor& q, const Tensor& k, const
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 Tensor geglu_tanh(const Tensor& gate, const Tensor& up);
 
-// Fused attention (tensor/ops/attention.cpp): q [B, H, T, D], k and v [B, H_kv, S, D] (H a
-// multiple of H_kv), softmax(scale * q k^T) v with causal (top-left aligned) and sliding-window
-// masks and tanh softcapping as F::scaled_dot_product_attention, never materialising the T x S
-// scores on CUDA. Returns (out [B, H, T, D], logsumexp [B, H, T] in f32, f64 for f64 inputs).
-// CUDA: bf16/f16, D in {64, 128}, last dim contiguous (other strides free). CPU: any floating
-// dtype (the f64 reference). Backward: one fused op, "flash_attention_backward".
+// Fused attention (tensor/ops/attention.cpp): q [B, H, T, D], k [B, H_kv, S, D] and v
+// [B, H_kv, S, Dv] (H a multiple of H_kv), softmax(scale * q k^T) v with causal (top-left
+// aligned) and sliding-window masks and tanh softcapping as F::scaled_dot_product_attention.
+// Returns (out [B, H, T, Dv], logsumexp [B, H, T] in f32, f64 for f64 inputs). The flash kernels
+// never materialise the T x S scores (CUDA: bf16/f16 and the head sizes of
+// kernels/cuda/flash_attention.cu; CPU: the f64 reference); an attn_mask (bool: true attends;
+// floating: added to the scores) or dropout_p > 0 runs the decomposition. Backward: one fused
+// op, "flash_attention_backward".
 std::tuple<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            double scale, bool causal = false,
                                            int64_t sliding_window = 0, double softcap = 0.0);
+
+// --- Optimizer updates (tensor/ops/optim.cpp) ---------------------------------------------------
+// Multi-tensor, in place, as torch._fused_adam_ / _fused_adamw_ / _fused_sgd_: what
+// kiln::optim's Adam, AdamW and SGD step() run, one call per device and dtype. Call them under
+// NoGradGuard (they have no backward). Lists are parallel: entry i of each belongs to params[i].
+// Parameters of one floating dtype and device; grads of their dtype and shape; state of one
+// dtype, the parameters' or f32 for bf16/f16 parameters. Arithmetic in f32 (f64 for f64), each
+// stored value rounded once.
+//
+// Adam (L2 decay added to the gradient) or, with decoupled_weight_decay, AdamW (p *= 1 - lr *
+// weight_decay). steps[i] is params[i]'s step count t after this step (1 on the first);
+// max_exp_avg_sqs is empty unless amsgrad.
+void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs,
+                  TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, IntArrayRef steps,
+                  double lr, double beta1, double beta2, double weight_decay, double eps,
+                  bool amsgrad, bool decoupled_weight_decay);
+// SGD with momentum, dampening, Nesterov momentum and L2 weight decay (torch.optim.SGD).
+// momentum_buffers and new_buffers are empty when momentum == 0; new_buffers[i] is 1 where
+// momentum_buffers[i] is new (it is set to the gradient; its values are not read), else 0.
+void sgd_update_(TensorList params, TensorList grads, TensorList momentum_buffers,
+                 IntArrayRef new_buffers, double lr, double momentum, double dampening,
+                 double weight_decay, bool nesterov);
+std::tuple<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& attn_mask, double scale, bool causal,
+                                           int64_t sliding_window, double softcap,
+                                           double dropout_p);
 
 }  // namespace kiln

@@ -8,6 +8,7 @@
 
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
+#include "kernels/fused_support.h"
 #include "tensor/registry.h"
 
 namespace kiln::cpu {
@@ -97,7 +98,8 @@ void cross_entropy_backward_cpu(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(cross_entropy_fused, kCPU, cross_entropy_cpu);
+KILN_REGISTER_KERNEL_IF(cross_entropy_fused, kCPU, "fused", cross_entropy_cpu,
+                        cross_entropy_supported);
 KILN_REGISTER_KERNEL(cross_entropy_fused_backward, kCPU, cross_entropy_backward_cpu);
 
 }  // namespace kiln::cpu

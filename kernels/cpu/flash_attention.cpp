@@ -190,7 +190,14 @@ void flash_attention_backward_cpu(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(flash_attention, kCPU, flash_attention_cpu);
+// The reference takes what the CUDA kernels take: no mask, no dropout, one head size for k and v.
+bool flash_attention_cpu_supports(const OpCall& c) {
+  return (c.inputs.size() < 4 || !c.input(3).defined()) &&
+         (!c.has_attr(4) || c.attr<double>(4) == 0.0) && c.input(2).size(3) == c.input(0).size(3);
+}
+
+KILN_REGISTER_KERNEL_IF(flash_attention, kCPU, "reference", flash_attention_cpu,
+                        flash_attention_cpu_supports);
 KILN_REGISTER_KERNEL(flash_attention_backward, kCPU, flash_attention_backward_cpu);
 
 }  // namespace kiln::cpu

@@ -51,9 +51,10 @@ void glu_backward_cpu(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(swiglu, kCPU, glu_cpu<gated::SiluAct>);
+// Every call the meta rule accepts (any strides and floating dtype).
+KILN_REGISTER_KERNEL_IF(swiglu, kCPU, "fused", glu_cpu<gated::SiluAct>, nullptr);
 KILN_REGISTER_KERNEL(swiglu_backward, kCPU, glu_backward_cpu<gated::SiluAct>);
-KILN_REGISTER_KERNEL(geglu_tanh, kCPU, glu_cpu<gated::GeluTanhAct>);
+KILN_REGISTER_KERNEL_IF(geglu_tanh, kCPU, "fused", glu_cpu<gated::GeluTanhAct>, nullptr);
 KILN_REGISTER_KERNEL(geglu_tanh_backward, kCPU, glu_backward_cpu<gated::GeluTanhAct>);
 
 }  // namespace kiln::cpu

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/fused_support.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 #include "tensor/registry.h"
@@ -233,9 +234,9 @@ void layer_norm_backward_cpu(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(rms_norm, kCPU, rms_norm_cpu);
+KILN_REGISTER_KERNEL_IF(rms_norm, kCPU, "fused", rms_norm_cpu, rms_norm_supported);
 KILN_REGISTER_KERNEL(rms_norm_backward, kCPU, rms_norm_backward_cpu);
-KILN_REGISTER_KERNEL(layer_norm, kCPU, layer_norm_cpu);
+KILN_REGISTER_KERNEL_IF(layer_norm, kCPU, "fused", layer_norm_cpu, layer_norm_supported);
 KILN_REGISTER_KERNEL(layer_norm_backward, kCPU, layer_norm_backward_cpu);
 
 }  // namespace kiln::cpu

@@ -3,6 +3,7 @@
 // arithmetic is in the compute type (f32 for f16/bf16, f64 for f64) with one rounding to x's
 // dtype, the formulas of tensor/ops/rotary.cpp.
 #include "kernels/cpu/loops.h"
+#include "kernels/fused_support.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 #include "tensor/registry.h"
@@ -77,7 +78,7 @@ void rotary_emb_qk_cpu(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(rotary_emb, kCPU, rotary_emb_cpu);
-KILN_REGISTER_KERNEL(rotary_emb_qk, kCPU, rotary_emb_qk_cpu);
+KILN_REGISTER_KERNEL_IF(rotary_emb, kCPU, "fused", rotary_emb_cpu, rotary_emb_supported);
+KILN_REGISTER_KERNEL_IF(rotary_emb_qk, kCPU, "fused", rotary_emb_qk_cpu, rotary_emb_qk_supported);
 
 }  // namespace kiln::cpu

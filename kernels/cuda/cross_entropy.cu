@@ -17,6 +17,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
 #include "tensor/ops.h"
+#include "kernels/fused_support.h"
 #include "tensor/registry.h"
 
 namespace kiln::cuda {
@@ -306,7 +307,8 @@ void cross_entropy_backward_cuda(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(cross_entropy_fused, kCUDA, cross_entropy_cuda);
+KILN_REGISTER_KERNEL_IF(cross_entropy_fused, kCUDA, "fused", cross_entropy_cuda,
+                        cross_entropy_supported);
 KILN_REGISTER_KERNEL(cross_entropy_fused_backward, kCUDA, cross_entropy_backward_cuda);
 
 }  // namespace kiln::cuda

@@ -193,9 +193,10 @@ void glu_backward_cuda(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(swiglu, kCUDA, glu_cuda<gated::SiluAct>);
+// Every call the meta rule accepts (any strides and floating dtype).
+KILN_REGISTER_KERNEL_IF(swiglu, kCUDA, "fused", glu_cuda<gated::SiluAct>, nullptr);
 KILN_REGISTER_KERNEL(swiglu_backward, kCUDA, glu_backward_cuda<gated::SiluAct>);
-KILN_REGISTER_KERNEL(geglu_tanh, kCUDA, glu_cuda<gated::GeluTanhAct>);
+KILN_REGISTER_KERNEL_IF(geglu_tanh, kCUDA, "fused", glu_cuda<gated::GeluTanhAct>, nullptr);
 KILN_REGISTER_KERNEL(geglu_tanh_backward, kCUDA, glu_backward_cuda<gated::GeluTanhAct>);
 
 }  // namespace kiln::cuda

@@ -22,6 +22,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/loops.cuh"
+#include "kernels/fused_support.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -219,7 +220,8 @@ void rotary_emb_qk_cuda(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(rotary_emb, kCUDA, rotary_emb_cuda);
-KILN_REGISTER_KERNEL(rotary_emb_qk, kCUDA, rotary_emb_qk_cuda);
+KILN_REGISTER_KERNEL_IF(rotary_emb, kCUDA, "fused", rotary_emb_cuda, rotary_emb_supported);
+KILN_REGISTER_KERNEL_IF(rotary_emb_qk, kCUDA, "fused", rotary_emb_qk_cuda,
+                        rotary_emb_qk_supported);
 
 }  // namespace kiln::cuda

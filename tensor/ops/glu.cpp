@@ -1,5 +1,7 @@
-// swiglu and geglu_tanh, fused registry ops (kernels: kernels/cpu/glu.cpp, kernels/cuda/glu.cu;
-// backward rules: autograd/glu_backward.cpp), and their fused backward ops.
+// swiglu and geglu_tanh, fused registry ops with their decompositions (kernels:
+// kernels/cpu/glu.cpp, kernels/cuda/glu.cu, both taking every call; backward rules:
+// autograd/glu_backward.cpp; tests: tests/tensor/fused_ops_test.cpp,
+// tests/kernels/gpu_fused_test.cpp), and their fused backward ops.
 //
 //   Tensor h = kiln::swiglu(gate, up);        // silu(gate) * up, the Llama MLP
 //   Tensor h = kiln::geglu_tanh(gate, up);    // gelu(gate, "tanh") * up, the Gemma MLP
@@ -45,6 +47,16 @@ SpecList glu_backward_meta(const OpCall& c) {
   return {{s, gate.dtype(), gate.device()}, {s, gate.dtype(), gate.device()}};
 }
 
+// act(gate) * up in the compute dtype (f32 for f16/bf16), returned in gate's dtype.
+template <bool kGelu>
+TensorVec glu_decomposition(const OpCall& c) {
+  const Tensor& gate = c.input(0);
+  const ScalarType ct = gate.dtype() == kDouble ? kDouble : kFloat;
+  const Tensor g = gate.to(ct);
+  const Tensor act = kGelu ? gelu(g, "tanh") : silu(g);
+  return {(act * c.input(1).to(ct)).to(gate.dtype())};
+}
+
 constexpr char kSwiglu[] = "swiglu";
 constexpr char kSwigluBackward[] = "swiglu_backward";
 constexpr char kGeglu[] = "geglu_tanh";
@@ -53,8 +65,10 @@ constexpr char kGegluBackward[] = "geglu_tanh_backward";
 }  // namespace
 
 KILN_DEFINE_OP(swiglu, OpKind::kFunctional, glu_meta<kSwiglu>);
+KILN_REGISTER_DECOMPOSITION(swiglu, glu_decomposition<false>);
 KILN_DEFINE_OP(swiglu_backward, OpKind::kFunctional, glu_backward_meta<kSwigluBackward>);
 KILN_DEFINE_OP(geglu_tanh, OpKind::kFunctional, glu_meta<kGeglu>);
+KILN_REGISTER_DECOMPOSITION(geglu_tanh, glu_decomposition<true>);
 KILN_DEFINE_OP(geglu_tanh_backward, OpKind::kFunctional, glu_backward_meta<kGegluBackward>);
 
 Tensor swiglu(const Tensor& gate, const Tensor& up) {

@@ -1,19 +1,29 @@
-// rms_norm, a fused registry op (kernels: kernels/cpu/norm.cpp, kernels/cuda/norm.cu; backward
-// rule: autograd/norm_backward.cpp), and its fused backward rms_norm_backward.
+// rms_norm and layer_norm, fused registry ops with their decompositions (kernels:
+// kernels/cpu/norm.cpp, kernels/cuda/norm.cu and layer_norm.cu, support rules in
+// kernels/fused_support.h; backward rules: autograd/norm_backward.cpp; tests:
+// tests/tensor/fused_ops_test.cpp, tests/kernels/gpu_fused_test.cpp), and their fused backward
+// ops rms_norm_backward and layer_norm_backward.
 //
-// rms_norm(x, weight; eps) -> (y, rstd): weight's shape is the normalised (trailing) shape of x;
-// rstd = rsqrt(mean(x^2) + eps) per row, kept in the compute dtype (f32, or f64 for f64 x) for
-// the backward. y has x's dtype. The public kiln::rms_norm returns y.
+// rms_norm(x, weight; eps, normalized_shape) -> (y, rstd): weight (optional) has the normalised
+// (trailing) shape of x; without one, the attribute normalized_shape gives it. rstd =
+// rsqrt(mean(x^2) + eps) per row, kept in the compute dtype (f32, or f64 for f64 x) for the
+// backward. y = x * rstd * weight, computed in the compute dtype, has x's dtype. The public
+// kiln::rms_norm returns y.
 // rms_norm_backward(dy, x, weight, rstd) -> (dx, dweight).
 //
 // layer_norm(x, weight, bias; normalized_shape, eps) -> (y, mean, rstd): the same over the
 // trailing dims normalized_shape, y = (x - mean) * rstd * weight + bias with
-// rstd = rsqrt(var + eps) (biased variance); weight and bias are optional (undefined tensors),
-// of normalized_shape and of x's dtype or f32 for f16/bf16 x (one dtype when both are given).
-// mean and rstd have the row shape and the compute dtype. The public kiln::layer_norm returns y.
+// rstd = rsqrt(var + eps) (biased variance); weight and bias are optional (undefined tensors) of
+// normalized_shape. mean and rstd have the row shape and the compute dtype. The public
+// kiln::layer_norm returns y.
 // layer_norm_backward(dy, x, weight, mean, rstd) -> (dx, dweight, dbias): the normalised shape
 // is x's shape after mean's dims; dweight and dbias have weight's dtype (the compute dtype
 // without a weight), and are computed whether or not the parameters exist.
+//
+// The parameters may have any floating dtype; the kernels take those of x's dtype, or f32 for
+// f16/bf16 x (fused_support.h), and the decomposition runs the rest.
+#include <limits>
+
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -22,34 +32,76 @@ namespace {
 
 ScalarType compute_dtype(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
 
-// Checks x and weight; returns the leading (row) shape of x.
-Shape check_x_weight(const char* op, const Tensor& x, const Tensor& w) {
-  KILN_CHECK(is_floating_point(x.dtype()), "[", op, "] expected a floating-point input, got ",
-             dtype_name(x.dtype()));
-  KILN_CHECK(w.dtype() == x.dtype() || (is_reduced_float(x.dtype()) && w.dtype() == kFloat), "[",
-             op, "] expected weight of dtype ", dtype_name(x.dtype()),
-             is_reduced_float(x.dtype()) ? " or float32" : "", ", got ", dtype_name(w.dtype()));
-  KILN_CHECK(w.dim() >= 1 && w.dim() <= x.dim(), "[", op, "] weight of shape ",
-             shape_str(w.sizes()), " does not match the trailing dims of input of shape ",
-             shape_str(x.sizes()));
-  const int64_t lead = x.dim() - w.dim();
-  for (int64_t d = 0; d < w.dim(); ++d) {
-    KILN_CHECK(x.size(lead + d) == w.size(d), "[", op, "] weight of shape ", shape_str(w.sizes()),
-               " does not match the trailing dims of input of shape ", shape_str(x.sizes()));
-  }
-  KILN_CHECK(w.device() == x.device(), "[", op, "] weight is on ", w.device().str(),
-             " but input is on ", x.device().str());
-  return Shape(x.sizes().begin(), x.sizes().begin() + lead);
+// Checks that `normalized` is the trailing shape of x; returns the leading (row) shape.
+Shape check_trailing(const char* op, const Tensor& x, IntArrayRef normalized) {
+  const int64_t nd = static_cast<int64_t>(normalized.size());
+  bool fits = nd >= 1 && nd <= x.dim();
+  for (int64_t d = 0; fits && d < nd; ++d) fits = x.size(x.dim() - nd + d) == normalized[d];
+  KILN_CHECK(fits, "[", op, "] normalized shape ", shape_str(normalized),
+             " does not match the trailing dims of input of shape ", shape_str(x.sizes()));
+  return Shape(x.sizes().begin(), x.sizes().end() - nd);
 }
 
+// Checks an optional affine parameter (weight or bias) against x and the normalised shape.
+void check_affine(const char* op, const char* what, const Tensor& p, const Tensor& x,
+                  IntArrayRef normalized) {
+  if (!p.defined()) return;
+  KILN_CHECK(is_floating_point(p.dtype()), "[", op, "] expected a floating-point ", what,
+             ", got ", dtype_name(p.dtype()));
+  KILN_CHECK(to_shape(p.sizes()) == to_shape(normalized), "[", op, "] ", what, " of shape ",
+             shape_str(p.sizes()), " does not match the normalized shape ", shape_str(normalized),
+             " of input of shape ", shape_str(x.sizes()));
+  KILN_CHECK(p.device() == x.device(), "[", op, "] ", what, " is on ", p.device().str(),
+             " but input is on ", x.device().str());
+}
+
+void check_input(const char* op, const Tensor& x) {
+  KILN_CHECK(x.defined(), "[", op, "] the input is undefined");
+  KILN_CHECK(is_floating_point(x.dtype()), "[", op, "] expected a floating-point input, got ",
+             dtype_name(x.dtype()));
+}
+
+// The normalised shape of an rms_norm call: the attribute's, else the weight's.
+Shape rms_normalized(const OpCall& c) {
+  if (c.has_attr(1)) return c.attr<Shape>(1);
+  KILN_CHECK(c.input(1).defined(), "[rms_norm] without a weight the normalized shape must be given");
+  return to_shape(c.input(1).sizes());
+}
+
+// Inputs (x, weight), weight optional; attributes (eps, normalized_shape), the shape optional
+// when there is a weight.
 SpecList rms_norm_meta(const OpCall& c) {
   KILN_CHECK(c.inputs.size() == 2, "[rms_norm] expected inputs (x, weight)");
   const Tensor& x = c.input(0);
-  const Shape rows = check_x_weight("rms_norm", x, c.input(1));
+  check_input("rms_norm", x);
+  const Shape normalized = rms_normalized(c);
+  const Shape rows = check_trailing("rms_norm", x, normalized);
+  check_affine("rms_norm", "weight", c.input(1), x, normalized);
   const double eps = c.attr<double>(0);
   KILN_CHECK(eps >= 0, "[rms_norm] eps must be non-negative, got ", eps);
   return {{to_shape(x.sizes()), x.dtype(), x.device()},
           {rows, compute_dtype(x.dtype()), x.device()}};
+}
+
+// The trailing dims of x that `normalized` covers, as dims of x.
+std::vector<int64_t> trailing_dims(const Tensor& x, size_t normalized) {
+  std::vector<int64_t> dims;
+  for (int64_t d = x.dim() - static_cast<int64_t>(normalized); d < x.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+TensorVec rms_norm_decomposition(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  const Tensor& w = c.input(1);
+  const ScalarType ct = compute_dtype(x.dtype());
+  const Tensor xc = x.to(ct);
+  const std::vector<int64_t> dims = trailing_dims(x, rms_normalized(c).size());
+  const Tensor rstd = (xc.square().mean(dims) + c.attr<double>(0)).rsqrt();
+  Shape kept = to_shape(rstd.sizes());
+  kept.insert(kept.end(), dims.size(), 1);
+  Tensor y = xc * rstd.view(kept);
+  if (w.defined()) y = y * w.to(ct);
+  return {y.to(x.dtype()), rstd};
 }
 
 SpecList rms_norm_backward_meta(const OpCall& c) {
@@ -58,7 +110,10 @@ SpecList rms_norm_backward_meta(const OpCall& c) {
   const Tensor& x = c.input(1);
   const Tensor& w = c.input(2);
   const Tensor& rstd = c.input(3);
-  const Shape rows = check_x_weight("rms_norm_backward", x, w);
+  check_input("rms_norm_backward", x);
+  KILN_CHECK(w.defined(), "[rms_norm_backward] expected a weight");
+  const Shape rows = check_trailing("rms_norm_backward", x, w.sizes());
+  check_affine("rms_norm_backward", "weight", w, x, w.sizes());
   KILN_CHECK(dy.dtype() == x.dtype() && dy.sizes() == x.sizes(), "[rms_norm_backward] dy (",
              dtype_name(dy.dtype()), " ", shape_str(dy.sizes()), ") must match x (",
              dtype_name(x.dtype()), " ", shape_str(x.sizes()), ")");
@@ -69,42 +124,18 @@ SpecList rms_norm_backward_meta(const OpCall& c) {
           {to_shape(w.sizes()), w.dtype(), w.device()}};
 }
 
-// Checks an optional affine parameter (weight or bias) of layer_norm against x and the
-// normalised shape.
-void check_affine(const char* op, const char* what, const Tensor& p, const Tensor& x,
-                  IntArrayRef normalized) {
-  if (!p.defined()) return;
-  KILN_CHECK(p.dtype() == x.dtype() || (is_reduced_float(x.dtype()) && p.dtype() == kFloat), "[",
-             op, "] expected ", what, " of dtype ", dtype_name(x.dtype()),
-             is_reduced_float(x.dtype()) ? " or float32" : "", ", got ", dtype_name(p.dtype()));
-  KILN_CHECK(to_shape(p.sizes()) == to_shape(normalized), "[", op, "] ", what, " of shape ",
-             shape_str(p.sizes()), " does not match the normalized shape ", shape_str(normalized),
-             " of input of shape ", shape_str(x.sizes()));
-  KILN_CHECK(p.device() == x.device(), "[", op, "] ", what, " is on ", p.device().str(),
-             " but input is on ", x.device().str());
-}
-
 SpecList layer_norm_meta(const OpCall& c) {
   KILN_CHECK(c.inputs.size() == 3, "[layer_norm] expected inputs (x, weight, bias)");
   const Tensor& x = c.input(0);
   const Tensor& w = c.input(1);
   const Tensor& b = c.input(2);
-  KILN_CHECK(x.defined(), "[layer_norm] the input is undefined");
-  KILN_CHECK(is_floating_point(x.dtype()), "[layer_norm] expected a floating-point input, got ",
-             dtype_name(x.dtype()));
+  check_input("layer_norm", x);
   const Shape& normalized = c.attr<Shape>(0);
-  const int64_t nd = static_cast<int64_t>(normalized.size());
-  bool fits = nd >= 1 && nd <= x.dim();
-  for (int64_t d = 0; fits && d < nd; ++d) fits = x.size(x.dim() - nd + d) == normalized[d];
-  KILN_CHECK(fits, "[layer_norm] normalized shape ", shape_str(normalized),
-             " does not match the trailing dims of input of shape ", shape_str(x.sizes()));
+  const Shape rows = check_trailing("layer_norm", x, normalized);
   check_affine("layer_norm", "weight", w, x, normalized);
   check_affine("layer_norm", "bias", b, x, normalized);
-  KILN_CHECK(!w.defined() || !b.defined() || w.dtype() == b.dtype(), "[layer_norm] weight (",
-             dtype_name(w.dtype()), ") and bias (", dtype_name(b.dtype()), ") must have one dtype");
   const double eps = c.attr<double>(1);
   KILN_CHECK(eps >= 0, "[layer_norm] eps must be non-negative, got ", eps);
-  const Shape rows(x.sizes().begin(), x.sizes().end() - nd);
   return {{to_shape(x.sizes()), x.dtype(), x.device()},
           {rows, compute_dtype(x.dtype()), x.device()},
           {rows, compute_dtype(x.dtype()), x.device()}};
@@ -146,18 +177,60 @@ SpecList layer_norm_backward_meta(const OpCall& c) {
           {normalized, pt, x.device()}};
 }
 
+TensorVec layer_norm_decomposition(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  const Tensor& w = c.input(1);
+  const Tensor& b = c.input(2);
+  const ScalarType ct = compute_dtype(x.dtype());
+  const Tensor xc = x.to(ct);
+  const std::vector<int64_t> dims = trailing_dims(x, c.attr<Shape>(0).size());
+  const Tensor mean = xc.mean(dims, /*keepdim=*/true);
+  const Tensor rstd = (xc.var(dims, /*correction=*/0, /*keepdim=*/true) + c.attr<double>(1)).rsqrt();
+  Tensor y = (xc - mean) * rstd;
+  if (w.defined()) y = y * w.to(ct);
+  if (b.defined()) y = y + b.to(ct);
+  const Shape rows(x.sizes().begin(), x.sizes().end() - dims.size());
+  return {y.to(x.dtype()), mean.view(rows), rstd.view(rows)};
+}
+
 }  // namespace
 
 KILN_DEFINE_OP(rms_norm, OpKind::kFunctional, rms_norm_meta);
+KILN_REGISTER_DECOMPOSITION(rms_norm, rms_norm_decomposition);
 KILN_DEFINE_OP(rms_norm_backward, OpKind::kFunctional, rms_norm_backward_meta);
 // Inputs (x, weight, bias), weight and bias optional; attributes (normalized_shape, eps).
 KILN_DEFINE_OP(layer_norm, OpKind::kFunctional, layer_norm_meta);
+KILN_REGISTER_DECOMPOSITION(layer_norm, layer_norm_decomposition);
 // Inputs (dy, x, weight, mean, rstd), weight optional.
 KILN_DEFINE_OP(layer_norm_backward, OpKind::kFunctional, layer_norm_backward_meta);
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   static const OpDef& op = KILN_OP(rms_norm);
   return call_op(op, {x, weight}, {eps})[0];
+}
+
+Tensor rms_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight,
+                std::optional<double> eps) {
+  static const OpDef& op = KILN_OP(rms_norm);
+  KILN_CHECK(x.defined(), "[rms_norm] the input is undefined");
+  // PyTorch's default: the machine epsilon of x's dtype.
+  double e = std::numeric_limits<float>::epsilon();
+  if (eps) {
+    e = *eps;
+  } else if (x.dtype() == kHalf) {
+    e = 0.0009765625;  // 2^-10
+  } else if (x.dtype() == kBFloat16) {
+    e = 0.0078125;  // 2^-7
+  } else if (x.dtype() == kDouble) {
+    e = std::numeric_limits<double>::epsilon();
+  }
+  return call_op(op, {x, weight}, {e, to_shape(normalized_shape)})[0];
+}
+
+Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps) {
+  static const OpDef& op = KILN_OP(layer_norm);
+  return call_op(op, {x, weight, bias}, {to_shape(normalized_shape), eps})[0];
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {

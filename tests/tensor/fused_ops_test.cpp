@@ -124,12 +124,17 @@ TEST(FusedRmsNorm, Gradcheck) {
 }
 
 TEST(FusedRmsNorm, Errors) {
-  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({4}), 1e-5), "[rms_norm] weight of shape");
+  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({4}), 1e-5),
+                    "[rms_norm] normalized shape [4] does not match the trailing dims");
+  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), {3}, randn({4}), 1e-5),
+                    "[rms_norm] weight of shape [4] does not match the normalized shape [3]");
+  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), Tensor(), 1e-5),
+                    "[rms_norm] without a weight the normalized shape must be given");
   EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({2, 3, 3}), 1e-5), "[rms_norm]");
   EXPECT_KILN_ERROR(rms_norm(ones({2, 3}, kInt64), ones({3}, kInt64), 1e-5),
                     "[rms_norm] expected a floating-point input");
-  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({3}, TensorOptions(kDouble)), 1e-5),
-                    "[rms_norm] expected weight of dtype float32");
+  EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), ones({3}, kInt64), 1e-5),
+                    "[rms_norm] expected a floating-point weight, got int64");
   EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({3}), -1.0), "[rms_norm] eps");
   static const OpDef& bwd = KILN_OP(rms_norm_backward);
   EXPECT_KILN_ERROR(call_op(bwd, {randn({2, 3}), randn({2, 3}), randn({3}), randn({3})}),
@@ -302,14 +307,8 @@ TEST(FusedLayerNorm, Errors) {
                     "[layer_norm] normalized shape [] does not match");
   EXPECT_KILN_ERROR(layer_norm(ones({2, 3}, kInt64), ones({3}, kInt64), Tensor(), 1e-5),
                     "[layer_norm] expected a floating-point input");
-  EXPECT_KILN_ERROR(layer_norm(randn({2, 3}), randn({3}, TensorOptions(kDouble)), Tensor(), 1e-5),
-                    "[layer_norm] expected weight of dtype float32, got float64");
-  EXPECT_KILN_ERROR(
-      layer_norm(randn({2, 3}).to(kBFloat16), randn({3}, TensorOptions(kHalf)), Tensor(), 1e-5),
-      "[layer_norm] expected weight of dtype bfloat16 or float32, got float16");
-  EXPECT_KILN_ERROR(
-      layer_norm(randn({2, 3}).to(kBFloat16), randn({3}), randn({3}).to(kBFloat16), 1e-5),
-      "[layer_norm] weight (float32) and bias (bfloat16) must have one dtype");
+  EXPECT_KILN_ERROR(layer_norm(randn({2, 3}), ones({3}, kInt64), Tensor(), 1e-5),
+                    "[layer_norm] expected a floating-point weight, got int64");
   EXPECT_KILN_ERROR(layer_norm(randn({2, 3}), randn({3}), randn({3}), -1.0), "[layer_norm] eps");
   static const OpDef& bwd = KILN_OP(layer_norm_backward);
   const Tensor x = randn({2, 3});
@@ -416,15 +415,28 @@ TEST(FusedCrossEntropy, Errors) {
   EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0, 3})),
                     "[cross_entropy_fused] target 3 is out of bounds for 3 classes");
   EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0})),
-                    "[cross_entropy_fused] targets of shape");
+                    "[cross_entropy_fused] expected targets of shape [2] for logits of shape [2, 3]");
   EXPECT_KILN_ERROR(cross_entropy_fused(randn({3}), targets_of({0})),
-                    "[cross_entropy_fused] expected logits of shape [N, V]");
-  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), ones({2}, kInt32)),
-                    "[cross_entropy_fused] expected int64 targets");
+                    "[cross_entropy_fused] expected targets of shape [] for logits of shape [3]");
+  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), ones({2}, kFloat)),
+                    "[cross_entropy_fused] expected integer class indices as targets");
   EXPECT_KILN_ERROR(cross_entropy_fused(ones({2, 3}, kInt64), targets_of({0, 1})),
                     "[cross_entropy_fused] expected floating-point logits");
-  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 0}), targets_of({0, 1})),
-                    "[cross_entropy_fused] logits need at least one class");
+  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0, 1}), randn({2}), -100,
+                                        "mean", 0.0),
+                    "[cross_entropy_fused] expected a floating-point weight of shape [3]");
+  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0, 1}), Tensor(), -100,
+                                        "batchmean", 0.0),
+                    "[cross_entropy_fused] reduction must be 'mean', 'sum' or 'none'");
+  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0, 1}), Tensor(), -100,
+                                        "mean", 1.5),
+                    "[cross_entropy_fused] label_smoothing must be in [0, 1]");
+  // Outside the fused kernels (int32 targets, one sample): the decomposition, same loss.
+  const Tensor logits = randn({2, 3});
+  EXPECT_TRUE(allclose(cross_entropy_fused(logits, targets_of({2, 1}).to(kInt32)),
+                       cross_entropy_fused(logits, targets_of({2, 1}))));
+  EXPECT_TRUE(allclose(cross_entropy_fused(logits[1], targets_of({1})[0]),
+                       cross_entropy_fused(logits.narrow(0, 1, 1), targets_of({1}))));
 }
 
 // --- rotary_emb, swiglu, geglu_tanh against f64 compositions of plain ops ----------------------
@@ -591,22 +603,30 @@ TEST(FusedRotaryEmb, QkFormEqualsTwoCalls) {
 TEST(FusedRotaryEmb, Errors) {
   const Tensor c = randn({5, 8}), s = randn({5, 8});
   EXPECT_KILN_ERROR(rotary_emb(randn({5, 7}), randn({5, 7}), randn({5, 7})),
-                    "[rotary_emb] expected x of shape [..., T, D] with D even");
-  EXPECT_KILN_ERROR(rotary_emb(randn({8}), c, s), "[rotary_emb] expected x of shape");
+                    "[rotary_emb] the last dim of x must be even");
+  EXPECT_KILN_ERROR(rotary_emb(randn({8}), c, s),
+                    "[rotary_emb] cos/sin of shape [5, 8] must broadcast to x of shape [8]");
   EXPECT_KILN_ERROR(rotary_emb(randn({2, 4, 8}), c, s),
-                    "[rotary_emb] expected cos/sin of shape [T, D] = [4, 8]");
+                    "[rotary_emb] cos/sin of shape [5, 8] must broadcast to x of shape [2, 4, 8]");
   EXPECT_KILN_ERROR(rotary_emb(randn({5, 8}), c, s.to(kDouble)),
                     "[rotary_emb] cos (float32 [5, 8]) and sin");
-  EXPECT_KILN_ERROR(rotary_emb(randn({5, 8}), c.to(kDouble), s.to(kDouble)),
-                    "[rotary_emb] expected cos/sin of dtype float32, got float64");
-  EXPECT_KILN_ERROR(rotary_emb(randn({5, 8}).to(kBFloat16), c.to(kHalf), s.to(kHalf)),
-                    "[rotary_emb] expected cos/sin of dtype bfloat16 or float32");
+  EXPECT_KILN_ERROR(rotary_emb(randn({5, 8}), ones({5, 8}, kInt64), ones({5, 8}, kInt64)),
+                    "[rotary_emb] expected floating-point cos/sin, got int64");
   EXPECT_KILN_ERROR(rotary_emb(ones({5, 8}, kInt64), c, s),
                     "[rotary_emb] expected a floating-point x");
-  EXPECT_KILN_ERROR(rotary_emb_qk(randn({5, 8}), randn({5, 8}).to(kDouble), c, s),
-                    "[rotary_emb_qk]");
   EXPECT_KILN_ERROR(rotary_emb_qk(randn({5, 8}), randn({4, 8}), c, s),
-                    "[rotary_emb_qk] expected cos/sin of shape [T, D] = [4, 8] for k");
+                    "[rotary_emb_qk] cos/sin of shape [5, 8] must broadcast to k of shape [4, 8]");
+  // Outside the kernels (tables of another dtype, q and k of two dtypes, a table per batch):
+  // the decomposition, in the compute dtype.
+  const Tensor x = randn({2, 5, 8});
+  const Tensor want = rotary_emb(x, c, s);
+  EXPECT_TRUE(allclose(rotary_emb(x, c.to(kDouble), s.to(kDouble)), want, 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(rotary_emb(x, c.expand({2, 5, 8}).contiguous(),
+                                  s.expand({2, 5, 8}).contiguous()),
+                       want, 1e-5, 1e-6));
+  const auto [q2, k2] = rotary_emb_qk(x, x.to(kDouble), c, s);
+  EXPECT_EQ(k2.dtype(), kDouble);
+  EXPECT_TRUE(allclose(k2.to(kFloat), want, 1e-5, 1e-6));
 }
 
 Tensor swiglu_ref(const variable_list& in) { return silu(in[0]) * in[1]; }

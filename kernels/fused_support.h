@@ -1,0 +1,68 @@
+// Support rules of the fused ops' kernels: which calls (already accepted by the op's meta rule)
+// a kernel can run. The CPU and CUDA kernels of these ops take the same calls, so each rule is
+// written once here and registered with both (KILN_REGISTER_KERNEL_IF in kernels/cpu/ and
+// kernels/cuda/). A call no kernel supports runs the op's decomposition (tensor/ops/).
+//
+//   KILN_REGISTER_KERNEL_IF(rms_norm, kCUDA, "fused", rms_norm_cuda, kiln::rms_norm_supported);
+//
+// Flash attention's rules follow the GPU's properties and live with its kernels
+// (kernels/cuda/flash_attention.cu).
+#pragma once
+
+#include "tensor/registry.h"
+
+namespace kiln {
+
+// A norm parameter the kernels read: absent, or of x's dtype, or f32 for a f16/bf16 x.
+inline bool norm_param_supported(const Tensor& p, const Tensor& x) {
+  return !p.defined() || p.dtype() == x.dtype() ||
+         (is_reduced_float(x.dtype()) && p.dtype() == kFloat);
+}
+
+// rms_norm(x, weight): a weight is given, of a dtype the kernels read.
+inline bool rms_norm_supported(const OpCall& c) {
+  return c.input(1).defined() && norm_param_supported(c.input(1), c.input(0));
+}
+
+// layer_norm(x, weight, bias): each parameter of a dtype the kernels read, one dtype for both.
+inline bool layer_norm_supported(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  const Tensor& w = c.input(1);
+  const Tensor& b = c.input(2);
+  return norm_param_supported(w, x) && norm_param_supported(b, x) &&
+         (!w.defined() || !b.defined() || w.dtype() == b.dtype());
+}
+
+// One rotary table (cos or sin) against x: a [T, D] table for x's positions (leading dims of 1
+// allowed: the kernels read it as [T, D]) of x's dtype, or f32 for a f16/bf16 x.
+inline bool rotary_table_supported(const Tensor& table, const Tensor& x) {
+  if (x.dim() < 2 || table.dim() < 2 || table.size(-2) != x.size(-2)) return false;
+  for (int64_t d = 0; d + 2 < table.dim(); ++d) {
+    if (table.size(d) != 1) return false;
+  }
+  return table.dtype() == x.dtype() || (is_reduced_float(x.dtype()) && table.dtype() == kFloat);
+}
+
+// rotary_emb(x, cos, sin) (meta: cos and sin have one shape and dtype).
+inline bool rotary_emb_supported(const OpCall& c) {
+  return rotary_table_supported(c.input(1), c.input(0));
+}
+
+// rotary_emb_qk(q, k, cos, sin): q and k of one dtype and T.
+inline bool rotary_emb_qk_supported(const OpCall& c) {
+  const Tensor& q = c.input(0);
+  const Tensor& k = c.input(1);
+  return q.dtype() == k.dtype() && rotary_table_supported(c.input(2), q) &&
+         rotary_table_supported(c.input(2), k);
+}
+
+// cross_entropy_fused(logits, targets, weight; ignore_index, reduction, label_smoothing): the
+// LM-training case, [N, V] logits, int64 targets, no weight, no smoothing, the mean.
+inline bool cross_entropy_supported(const OpCall& c) {
+  return c.input(0).dim() == 2 && c.input(1).dtype() == kInt64 &&
+         (c.inputs.size() < 3 || !c.input(2).defined()) &&
+         (!c.has_attr(1) || c.attr<std::string>(1) == "mean") &&
+         (!c.has_attr(2) || c.attr<double>(2) == 0.0);
+}
+
+}  // namespace kiln
