@@ -223,22 +223,23 @@ TEST(Attention, Errors) {
   Tensor q = rand64({1, 4, 3, 8}), k = rand64({1, 3, 3, 8});
   EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, k, k, {}, 0, false,
                                                     std::nullopt, true),
-                    "[scaled_dot_product_attention] with enable_gqa");
+                    "[flash_attention] the query heads (4) must be a multiple of the "
+                    "key/value heads (3)");
   Tensor k2 = rand64({1, 2, 3, 8});
   EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, k2, k2),
                     "pass enable_gqa=true");
   EXPECT_KILN_ERROR(
       F::scaled_dot_product_attention(q, q, q, ones({3, 3}, kBool), 0, true),
-      "[scaled_dot_product_attention] an explicit attn_mask");
+      "[flash_attention] an explicit attn_mask should not be set when is_causal=true");
   EXPECT_KILN_ERROR(
       F::scaled_dot_product_attention(q, q, q, ones({3, 3}, kInt64)),
-      "[scaled_dot_product_attention] attn_mask must be bool or floating");
+      "[flash_attention] attn_mask must be bool or floating");
   EXPECT_KILN_ERROR(
       F::scaled_dot_product_attention(q, q.to(kFloat32), q),
-      "[scaled_dot_product_attention] expected floating-point query");
+      "[flash_attention] expected floating-point q, k and v of one dtype");
   EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, rand64({1, 4, 3, 4}), q),
-                    "[scaled_dot_product_attention] query and key must have "
-                    "the same head size");
+                    "[flash_attention] q [1, 4, 3, 8] and k [1, 4, 3, 4] must agree in "
+                    "batch and head size");
   EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, q, q, {}, 1.0),
                     "dropout_p");
 }
@@ -330,10 +331,10 @@ TEST(Rope, ApplyRotaryEmbMatchesLoopsAndGradcheck) {
   EXPECT_EQ(F::apply_rotary_emb(x.detach().to(kBFloat16), c32, s32).dtype(),
             kBFloat16);
   EXPECT_KILN_ERROR(F::apply_rotary_emb(rand64({2, 3}), cos, sin),
-                    "[apply_rotary_emb]");
+                    "[rotary_emb] the last dim of x must be even");
   EXPECT_KILN_ERROR(
       F::apply_rotary_emb(x, cos.slice(0, 0, 2), sin.slice(0, 0, 2)),
-      "[apply_rotary_emb] cos/sin of shape [2, 4]");
+      "[rotary_emb] cos/sin of shape [2, 4] must broadcast to x");
 }
 
 } // namespace

@@ -143,9 +143,11 @@ TEST(FunctionalLayerNorm, MatchesLoopsGradcheckAndBf16) {
   EXPECT_EQ(y16.dtype(), kBFloat16);
   expect_close(y16, ref, 3e-2);
   EXPECT_KILN_ERROR(F::layer_norm(x, {4, 3}),
-                    "[layer_norm] given normalized_shape=[4, 3]");
+                    "[layer_norm] normalized shape [4, 3] does not match the "
+                    "trailing dims of input of shape [2, 3, 4]");
   EXPECT_KILN_ERROR(F::layer_norm(x, {4}, rand64({3})),
-                    "[layer_norm] expected weight");
+                    "[layer_norm] weight of shape [3] does not match the "
+                    "normalized shape [4]");
 }
 
 TEST(FunctionalRmsNorm, MatchesLoopsGradcheckAndComputesInF32) {

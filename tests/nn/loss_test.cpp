@@ -227,7 +227,7 @@ TEST(LossCrossEntropy, ProbabilityTargets) {
       F::cross_entropy(x, p, F::CrossEntropyFuncOptions().label_smoothing(1.5)),
       "[cross_entropy] label_smoothing");
   EXPECT_KILN_ERROR(F::cross_entropy(x, ints({0, 5, 1}, {3})),
-                    "[nll_loss] target 5");
+                    "[cross_entropy_fused] target 5");
 }
 
 TEST(LossBinary, BceAndWithLogitsMatchFormulasAndAreStable) {
