@@ -111,12 +111,19 @@ LaunchInfo launch_info(const Tensor& q) {
 // --- Support rules -----------------------------------------------------------------------------
 // One rule per family, shared by its forward and its backward: it accepts a call only when both
 // passes can run it, since flash_attention's backward rule calls flash_attention_backward with
-// the same q, k, v and attributes. The meta rules have checked the rest (4-d q [B, H, T, D] and
-// k, v [B, H_kv, S, D] of one floating dtype on one device, H a multiple of H_kv, the attributes).
+// the same q, k, v and attributes. The meta rules have checked the rest (4-d q [B, H, T, D],
+// k [B, H_kv, S, D] and v [B, H_kv, S, Dv] of one floating dtype on one device, H a multiple of
+// H_kv, the attributes).
 
-// q and k of a flash_attention (q, k, v) or flash_attention_backward (dout, q, k, v, ...) call.
-const Tensor& query_of(const OpCall& c) { return c.input(c.inputs.size() == 3 ? 0 : 1); }
-const Tensor& keys_of(const OpCall& c) { return c.input(c.inputs.size() == 3 ? 1 : 2); }
+bool is_forward(const OpCall& c) {
+  static const OpDef* const forward = &KILN_OP(flash_attention);
+  return c.op == forward;
+}
+// q, k and v of a flash_attention (q, k, v[, attn_mask]) or flash_attention_backward
+// (dout, q, k, v, out, lse, dlse) call.
+const Tensor& query_of(const OpCall& c) { return c.input(is_forward(c) ? 0 : 1); }
+const Tensor& keys_of(const OpCall& c) { return c.input(is_forward(c) ? 1 : 2); }
+const Tensor& values_of(const OpCall& c) { return c.input(is_forward(c) ? 2 : 3); }
 
 int capability_major(const Tensor& t) {
   DeviceGuard guard(t.device().index());
@@ -124,6 +131,8 @@ int capability_major(const Tensor& t) {
 }
 
 // What every kernel of both families needs:
+//   - no attn_mask and no dropout (the forward's optional 4th input and 5th attribute), and one
+//     head size for q, k and v;
 //   - bf16 or f16 operands (the tensor-core instructions);
 //   - query and key blocks of 64 (the smallest block of any kernel) at most 65535, the grids'
 //     y limit: every kernel puts its query (forward) or key (backward) blocks in grid.y or, the
@@ -131,11 +140,15 @@ int capability_major(const Tensor& t) {
 //   - B H (forward grids' x) and the backward's Delta pass grid (B H T D / 2048 blocks) at most
 //     2^31 - 1.
 bool takes_call(const OpCall& c) {
+  if (is_forward(c) && ((c.inputs.size() > 3 && c.input(3).defined()) ||
+                        (c.has_attr(4) && c.attr<double>(4) != 0.0))) {
+    return false;
+  }
   const Tensor& q = query_of(c);
   const Tensor& k = keys_of(c);
   constexpr int64_t kMaxLength = int64_t{65535} * 64;
-  return (q.dtype() == kBFloat16 || q.dtype() == kHalf) && q.size(2) <= kMaxLength &&
-         k.size(2) <= kMaxLength && q.size(0) * q.size(1) <= INT_MAX &&
+  return values_of(c).size(3) == q.size(3) && (q.dtype() == kBFloat16 || q.dtype() == kHalf) &&
+         q.size(2) <= kMaxLength && k.size(2) <= kMaxLength && q.size(0) * q.size(1) <= INT_MAX &&
          (q.numel() + 2047) / 2048 <= INT_MAX;
 }
 

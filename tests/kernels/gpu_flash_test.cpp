@@ -306,8 +306,8 @@ TEST_F(GpuFlashAttention, ManyHeads) {
   }
 }
 
-// The support rules: which calls each family takes (the same for both passes), and a call no
-// family takes (the dispatcher then runs the op's decomposition).
+// The support rules: which calls each family takes (the same for both passes), and calls no family
+// takes (the dispatcher then runs the op's decomposition).
 TEST_F(GpuFlashAttention, SupportRules) {
   const Attrs attrs = {0.125, true, int64_t{0}, 0.0};
   const Attrs negative = {-0.125, true, int64_t{0}, 0.0};
@@ -333,6 +333,20 @@ TEST_F(GpuFlashAttention, SupportRules) {
   const Tensor q32 = randn({1, 2, 8, 32}).to(kBFloat16).to(kGpu);
   EXPECT_KILN_ERROR(call_op_with_kernel(fwd_op(), "flash_sm80", {q32, q32, q32}, attrs),
                     "does not support this call");
+  // The forward's optional attn_mask and dropout, and a value head size other than q's: no flash
+  // kernel (the decomposition runs them); an undefined mask and dropout 0 change nothing.
+  const Tensor q = randn({1, 2, 8, 64}).to(kBFloat16).to(kGpu);
+  const Tensor mask = ones({1, 1, 8, 8}, TensorOptions(kBool).device(kGpu));
+  const Attrs no_dropout = {0.125, false, int64_t{0}, 0.0, 0.0};
+  const Attrs dropout = {0.125, false, int64_t{0}, 0.0, 0.1};
+  for (const std::string& family : families()) {
+    SCOPED_TRACE(family);
+    EXPECT_FALSE(accepts(fwd_op(), family, {q, q, q, mask}, no_dropout));
+    EXPECT_FALSE(accepts(fwd_op(), family, {q, q, q, Tensor()}, dropout));
+    EXPECT_FALSE(accepts(fwd_op(), family, {q, q, q32}, attrs));
+    EXPECT_EQ(accepts(fwd_op(), family, {q, q, q, Tensor()}, no_dropout),
+              accepts(fwd_op(), family, {q, q, q}, {0.125, false, int64_t{0}, 0.0}));
+  }
 }
 
 // F::scaled_dot_product_attention on the GPU (the flash kernels the dispatcher chooses, through
