@@ -1,13 +1,16 @@
 // Optimizer and training-step costs on the CPU (results: benchmarks/RESULTS.md).
 //
-// - AdamW step over 10M f32 parameters (10 tensors of 1M, as a model's layers): the fused
-//   loop of nn/optim/adam.cpp against the same update written as separate kiln ops (the
-//   fallback path), on the same contiguous tensors. Bytes counted: p, g, m, v read and p, m, v
-//   written, 28 bytes per parameter.
+// - AdamW step over 10M f32 parameters (10 tensors of 1M, as a model's layers): the adam_update_
+//   op's fused CPU kernel (kernels/cpu/optim.cpp) against the same update written as separate
+//   kiln ops (the op's decomposition), on the same contiguous tensors. Bytes counted: p, g, m, v
+//   read and p, m, v written, 28 bytes per parameter.
+// - SGD step with momentum over the same parameters: the sgd_update_ op's fused CPU kernel
+//   against its decomposition (kiln ops). Bytes: p, g, buf read and p, buf written, 20 per
+//   parameter.
 // - Linear forward + backward, x [256, 1024] @ W^T [1024, 1024] + b, loss = sum, gradients of
 //   x, W and b: 3 GEMMs of 2 * 256 * 1024 * 1024 flops.
 //
-//   build/benchmarks/kiln_bench --benchmark_filter='AdamW|Linear'
+//   build/benchmarks/kiln_bench --benchmark_filter='AdamW|SGD|Linear'
 // Argument: the thread count (kiln::set_num_threads).
 #include <benchmark/benchmark.h>
 
@@ -17,6 +20,8 @@
 #include <vector>
 
 #include "nn/optim/adamw.h"
+#include "nn/optim/sgd.h"
+#include "tensor/registry.h"
 
 namespace {
 
@@ -34,8 +39,8 @@ std::vector<kiln::Tensor> make_params() {
   return params;
 }
 
-void set_counters(benchmark::State& state) {
-  state.SetBytesProcessed(state.iterations() * kTensors * kPerTensor * 28);
+void set_counters(benchmark::State& state, int64_t bytes_per_param = 28) {
+  state.SetBytesProcessed(state.iterations() * kTensors * kPerTensor * bytes_per_param);
   state.counters["ns_per_param"] = benchmark::Counter(
       static_cast<double>(kTensors * kPerTensor) * static_cast<double>(state.iterations()),
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
@@ -51,7 +56,7 @@ void BM_AdamWStep10M(benchmark::State& state) {
 }
 BENCHMARK(BM_AdamWStep10M)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// The yardstick: AdamW as the op-by-op path computes it, one kiln op per line.
+// The yardstick: AdamW as the op's decomposition computes it, one kiln op per line.
 void BM_AdamWStep10MOps(benchmark::State& state) {
   kiln::set_num_threads(static_cast<int>(state.range(0)));
   std::vector<kiln::Tensor> params = make_params();
@@ -81,6 +86,37 @@ void BM_AdamWStep10MOps(benchmark::State& state) {
   set_counters(state);
 }
 BENCHMARK(BM_AdamWStep10MOps)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_SGDMomentumStep10M(benchmark::State& state) {
+  kiln::set_num_threads(static_cast<int>(state.range(0)));
+  std::vector<kiln::Tensor> params = make_params();
+  kiln::optim::SGD opt(params, kiln::optim::SGDOptions(1e-2).momentum(0.9).weight_decay(1e-4));
+  opt.step();  // creates the momentum buffers outside the timed loop
+  for (auto _ : state) opt.step();
+  set_counters(state, 20);
+}
+BENCHMARK(BM_SGDMomentumStep10M)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The yardstick: the same sgd_update_ call through the op's decomposition (kiln ops).
+void BM_SGDMomentumStep10MDecomposition(benchmark::State& state) {
+  kiln::set_num_threads(static_cast<int>(state.range(0)));
+  std::vector<kiln::Tensor> params = make_params();
+  kiln::TensorVec inputs(params.begin(), params.end());
+  for (const kiln::Tensor& p : params) inputs.push_back(p.grad());
+  for (const kiln::Tensor& p : params) inputs.push_back(kiln::zeros_like(p));
+  const kiln::Shape fresh(params.size(), 0);
+  static const kiln::OpDef& op = KILN_OP(sgd_update_);
+  kiln::NoGradGuard no_grad;
+  for (auto _ : state) {
+    kiln::call_decomposition(op, inputs, {kTensors, 1e-2, 0.9, 0.0, 1e-4, false, fresh});
+  }
+  set_counters(state, 20);
+}
+BENCHMARK(BM_SGDMomentumStep10MDecomposition)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_LinearForwardBackward(benchmark::State& state) {
   kiln::set_num_threads(static_cast<int>(state.range(0)));

@@ -228,10 +228,11 @@ void bench_generic() {
 }
 
 // --- AdamW over the parameters of llama-3.2-1b (1.24 B) ----------------------------------------
-// One optimizer step of the multi-tensor kernel over the model's 146 tensors (tied embedding,
-// 16 layers of q/k/v/o, gate/up/down and two norms, the final norm). Bytes per parameter: f32
-// params read p, g, m, v and write p, m, v (28 B); bf16 params with f32 state 22 B; bf16 params
-// with bf16 state (state_in_param_dtype, as torch.optim.AdamW keeps it) 14 B.
+// One optimizer step (the adam_update_ op's multi-tensor CUDA kernel, kernels/cuda/optim.cu)
+// over the model's 146 tensors (tied embedding, 16 layers of q/k/v/o, gate/up/down and two
+// norms, the final norm). Bytes per parameter: f32 params read p, g, m, v and write p, m, v
+// (28 B); bf16 params with f32 state 22 B; bf16 params with bf16 state (state_in_param_dtype, as
+// torch.optim.AdamW keeps it) 14 B.
 std::vector<kiln::Shape> llama_1b_shapes() {
   const std::vector<kiln::Shape> layer = {{2048, 2048}, {512, 2048},  {512, 2048},
                                           {2048, 2048}, {8192, 2048}, {8192, 2048},

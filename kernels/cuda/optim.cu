@@ -1,4 +1,5 @@
-// Multi-tensor Adam/AdamW (kernels/cuda/optim.h): every parameter of a group in a few launches.
+// The CUDA kernel of adam_update_ (tensor/ops/optim.cpp): every parameter of a call in a few
+// launches of a multi-tensor kernel (the launcher multi_tensor_adam, kernels/cuda/optim.h).
 //
 // A launch carries a table of up to kMaxTensors parameters in its kernel arguments (no
 // host-to-device copy of a pointer list). Each parameter is cut into chunks of kChunk
@@ -8,22 +9,30 @@
 // (16-byte loads of the state, 8- or 16-byte loads of the parameter and grad), 8 with 16-bit
 // state (state_in_param_dtype: 16-byte loads of everything).
 //
-// The arithmetic is the CPU fused loop's (nn/optim/adam.cpp), operation by operation, with
+// The arithmetic is the CPU kernel's (kernels/cpu/optim.cpp), operation by operation, with
 // explicitly rounded intrinsics so that nvcc does not contract a*b+c into an FMA: the GPU
 // gives the CPU optimizer's bits for f32 parameters, and for bf16/f16 parameters the same
 // f32 update rounded once into the parameter. 16-bit moments are read as f32 and rounded once
 // when stored; the amsgrad maximum is taken in f32 (stored v_max against the unrounded new v)
-// and feeds the denominator unrounded, as the CPU path on f32 copies does.
+// and feeds the denominator unrounded, as the CPU kernel on f32 copies does.
+//
+// The registered kernel takes f32, bf16 and f16 parameters (f64 runs the decomposition): the
+// contiguous ones in place, the others (strided views) through contiguous f32 copies that are
+// stored back afterwards, so that every call gets the CPU's arithmetic.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/optim.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
+#include "tensor/ops/optim.h"
+#include "tensor/registry.h"
 
 namespace kiln::cuda::internal {
 namespace {
@@ -243,5 +252,73 @@ void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int devic
   }
   flush();
 }
+
+namespace {
+
+// The call's scalars shared by all its parameters, as the kernel takes them (the CPU kernel's).
+AdamHyper adam_hyper(const kiln::internal::AdamUpdateCall& a) {
+  return {static_cast<float>(1 - a.lr * a.weight_decay),
+          static_cast<float>(a.weight_decay),
+          static_cast<float>(1 - a.beta1),
+          static_cast<float>(a.beta2),
+          static_cast<float>(1 - a.beta2),
+          static_cast<float>(a.eps),
+          a.decoupled_weight_decay,
+          a.amsgrad};
+}
+
+// The kernel computes in f32: f32, bf16 and f16 parameters (a call holds one dtype).
+bool adam_update_cuda_supports(const OpCall& c) {
+  return kiln::internal::optim_compute_dtype(c) == kFloat;
+}
+
+void adam_update_cuda(OpCall& c) {
+  const kiln::internal::AdamUpdateCall a(c);
+  if (a.params.empty()) return;
+  const ScalarType param_dtype = a.params[0].dtype();
+  const ScalarType state_dtype = a.exp_avgs[0].dtype();
+  const int device = a.params[0].device().index();
+  std::vector<AdamTensor> direct;  // contiguous: updated in place
+  std::vector<AdamTensor> copied;  // strided: contiguous f32 copies, stored back afterwards
+  std::vector<Tensor> alive;       // grads made contiguous, alive until their launch is queued
+  std::vector<std::pair<Tensor, Tensor>> stores;  // (target, f32 copy)
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    const kiln::internal::AdamStepScalars k = a.step_scalars(i);
+    const float neg_step = static_cast<float>(-k.step_size);
+    const float bc2_sqrt = static_cast<float>(k.bc2_sqrt);
+    const Tensor& p = a.params[i];
+    const Tensor* vmax = a.amsgrad ? &a.max_exp_avg_sqs[i] : nullptr;
+    if (p.is_contiguous() && a.exp_avgs[i].is_contiguous() && a.exp_avg_sqs[i].is_contiguous() &&
+        (vmax == nullptr || vmax->is_contiguous())) {
+      const Tensor g = a.grads[i].contiguous();
+      alive.push_back(g);
+      direct.push_back({p.data_ptr(), g.data_ptr(), a.exp_avgs[i].data_ptr(),
+                        a.exp_avg_sqs[i].data_ptr(), vmax != nullptr ? vmax->data_ptr() : nullptr,
+                        p.numel(), neg_step, bc2_sqrt});
+      continue;
+    }
+    auto f32 = [&](const Tensor& t) {
+      Tensor copy = t.to(t.device(), kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+      stores.emplace_back(t, copy);
+      return copy.data_ptr();
+    };
+    const Tensor g = a.grads[i].to(kFloat).contiguous();
+    alive.push_back(g);
+    void* pp = f32(p);
+    void* mp = f32(a.exp_avgs[i]);
+    void* vp = f32(a.exp_avg_sqs[i]);
+    void* xp = vmax != nullptr ? f32(*vmax) : nullptr;
+    copied.push_back({pp, g.data_ptr(), mp, vp, xp, p.numel(), neg_step, bc2_sqrt});
+  }
+  const AdamHyper h = adam_hyper(a);
+  multi_tensor_adam(param_dtype, state_dtype, device, direct, h);
+  multi_tensor_adam(kFloat, kFloat, device, copied, h);
+  for (auto& [target, copy] : stores) target.copy_(copy);
+}
+
+}  // namespace
+
+KILN_REGISTER_KERNEL_IF(adam_update_, kCUDA, "multi_tensor", adam_update_cuda,
+                        adam_update_cuda_supports);
 
 }  // namespace kiln::cuda::internal

@@ -1,10 +1,12 @@
-// Multi-tensor optimizer kernels: one launch updates many parameters of one device and dtype.
+// The multi-tensor Adam/AdamW launcher behind adam_update_'s CUDA kernel (kernels/cuda/optim.cu):
+// one launch updates many parameters of one device and dtype.
 //
 //   std::vector<kiln::cuda::internal::AdamTensor> ts = ...;  // one entry per parameter
 //   kiln::cuda::internal::multi_tensor_adam(kBFloat16, /*state_dtype=*/kFloat, /*device=*/0, ts,
 //                                           hyper);
 //
-// Internal to kiln (called by nn/optim/adam.cpp in CUDA builds); includes no CUDA header.
+// Internal to kiln's kernels (and their tests): the library calls the op, kiln::adam_update_
+// (tensor/ops.h). Includes no CUDA header.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +30,7 @@ struct AdamTensor {
   float bc2_sqrt;       // sqrt(1 - beta2^t)
 };
 
-// The scalars shared by a group, as float: the CPU loop's FusedArgs.
+// The scalars shared by a call, as float: the CPU kernel's (kernels/cpu/optim.cpp).
 struct AdamHyper {
   float decay;  // 1 - lr * weight_decay (decoupled)
   float wd;     // weight_decay (L2, Adam)
@@ -42,7 +44,7 @@ struct AdamHyper {
 
 // Updates every tensor of `tensors` (all on cuda:`device`, parameters and grads of
 // `param_dtype`: f32, bf16 or f16; state of `state_dtype`: f32 or `param_dtype`) with the
-// arithmetic of the CPU fused loop in f32, each value rounded once when stored, on the current
+// arithmetic of the CPU kernel in f32, each value rounded once when stored, on the current
 // stream, in ceil(count / kMaxTensorsPerLaunch) launches.
 void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int device,
                        const std::vector<AdamTensor>& tensors, const AdamHyper& hyper);

@@ -27,12 +27,11 @@
 // at the next step when the option is changed), as torch casts loaded state to the parameter's
 // dtype.
 //
-// Contiguous f32 parameters on the CPU are updated by one fused, multi-threaded pass per
-// tensor; contiguous f32/bf16/f16 parameters on a GPU by a multi-tensor kernel that updates a
-// whole group in a few launches (kernels/cuda/optim.cu). Both do the float arithmetic of the
-// op-by-op path, which serves every other case, so CPU and GPU give the same bits. 16-bit state
-// on the CPU runs the fused f32 pass on f32 copies, rounded when copied back, so it too gives
-// the GPU kernel's bits.
+// step() runs one kiln::adam_update_ op per device, parameter dtype and state dtype
+// (tensor/ops/optim.cpp): on the CPU a fused, multi-threaded pass per tensor, on a GPU a
+// multi-tensor kernel that updates a whole group in a few launches; f64 parameters take the op's
+// decomposition into kiln ops. All do the same float arithmetic, so CPU and GPU give the same
+// bits, for 16-bit state too.
 #pragma once
 
 #include <tuple>
@@ -94,11 +93,12 @@ ScalarType adam_state_dtype(const Tensor& param, bool state_in_param_dtype);
 void check_adam_options(const char* name, double lr, double beta1, double beta2, double eps,
                         double weight_decay);
 
-// One Adam/AdamW update of `param` (grad defined) and its state.
+// One Adam/AdamW update of `param` (grad defined) and its state: its step count incremented,
+// its state created (or converted to the options' dtype), then one adam_update_ op.
 void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state);
 
-// The update of every parameter of `params` that has a gradient: CUDA parameters in batches
-// per device and dtype through the multi-tensor kernel, the others one by one (adam_update).
+// The update of every parameter of `params` that has a gradient: one adam_update_ op call per
+// device, parameter dtype and state dtype.
 void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
                        std::unordered_map<const TensorImpl*, OptimizerParamState>& states);
 

@@ -6,9 +6,8 @@
 //   kiln::optim::AdamW opt(model->parameters(), kiln::optim::AdamWOptions(1e-3).weight_decay(0.1));
 //
 // Defaults as PyTorch: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2, no amsgrad.
-// Contiguous f32 CPU parameters take the fused loop of adam.cpp (one pass per tensor), CUDA
-// parameters the multi-tensor kernel (a few launches per group); state is f32 (f64 for f64
-// parameters) by default. state_in_param_dtype (default false):
+// step() runs the kiln::adam_update_ op (fused CPU and multi-tensor CUDA kernels, see adam.h);
+// state is f32 (f64 for f64 parameters) by default. state_in_param_dtype (default false):
 //
 //   kiln::optim::AdamWOptions(1e-3).weight_decay(0.1).state_in_param_dtype(true)
 //

@@ -169,8 +169,8 @@ class Optimizer {
                       OptimizerParamState& state) = 0;
 
   // Updates every parameter of `group` that has a gradient (under NoGradGuard). The default
-  // calls update() for each; Adam and AdamW override it to update CUDA parameters with
-  // multi-tensor kernels (a few launches per group instead of several ops per parameter).
+  // calls update() for each; SGD, Adam and AdamW override it to update the group with one
+  // multi-tensor op call (sgd_update_, adam_update_) per device and dtype.
   virtual void update_group(OptimizerParamGroup& group);
 
   // The dtype of `param`'s state buffers under `options` (its group's): state_dtype by default.

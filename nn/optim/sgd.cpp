@@ -1,6 +1,12 @@
-// SGD's update, in kiln ops (in place, under the NoGradGuard of Optimizer::step).
+// SGD's step: the momentum buffers and one sgd_update_ op call per device, parameter dtype and
+// buffer dtype (tensor/ops/optim.cpp, whose kernel and decomposition do the arithmetic).
 #include "nn/optim/sgd.h"
 
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "autograd/grad_mode.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -16,6 +22,38 @@ void check_options(const SGDOptions& o) {
              "[SGD] Nesterov momentum requires a momentum and zero dampening (momentum ",
              o.momentum(), ", dampening ", o.dampening(), ")");
 }
+
+// The lists of one sgd_update_ call.
+struct SgdLists {
+  std::vector<Tensor> params, grads, momentum_buffers;
+  std::vector<int64_t> new_buffers;
+
+  // Adds `param` (grad defined): its momentum buffer (new ones, and buffers of another dtype
+  // than the state's, are created in the state dtype) and its step count incremented.
+  void add(const Tensor& param, const SGDOptions& o, OptimizerParamState& state) {
+    params.push_back(param);
+    const Tensor& g = param.grad();
+    grads.push_back(g.dtype() == param.dtype() ? g : g.to(param.dtype()));
+    if (o.momentum() != 0) {
+      auto it = state.buffers.find("momentum_buffer");
+      const bool fresh = it == state.buffers.end();
+      if (fresh) {
+        it = state.buffers.emplace("momentum_buffer", Optimizer::zero_state(param)).first;
+      } else if (it->second.dtype() != Optimizer::state_dtype(param)) {
+        it->second = it->second.to(Optimizer::state_dtype(param)).contiguous();
+      }
+      momentum_buffers.push_back(it->second);
+      new_buffers.push_back(fresh ? 1 : 0);
+    }
+    ++state.step;
+  }
+
+  void run(const SGDOptions& o) const {
+    NoGradGuard no_grad;
+    sgd_update_(params, grads, momentum_buffers, new_buffers, o.lr(), o.momentum(), o.dampening(),
+                o.weight_decay(), o.nesterov());
+  }
+};
 
 }  // namespace
 
@@ -55,31 +93,22 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& defaults)
 void SGD::update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) {
   const auto& o = internal::options_as<SGDOptions>(options, "SGD");
   check_options(o);  // options may have been changed through param_groups()
-  const ScalarType dtype = state_dtype(param);
-  // Computed in the state dtype; `g` is always a fresh tensor, never the grad itself.
-  Tensor g = param.grad().to(dtype, /*copy=*/true);
-  const Tensor p = param.dtype() == dtype ? param : param.to(dtype);
-  if (o.weight_decay() != 0) g.add_(p, o.weight_decay());
-  if (o.momentum() != 0) {
-    auto it = state.buffers.find("momentum_buffer");
-    if (it == state.buffers.end()) {
-      it = state.buffers.emplace("momentum_buffer", g.clone()).first;
-    } else {
-      it->second.mul_(o.momentum()).add_(g, 1 - o.dampening());
-    }
-    const Tensor& buf = it->second;
-    if (o.nesterov()) {
-      g.add_(buf, o.momentum());
-    } else {
-      g = buf;
-    }
+  SgdLists lists;
+  lists.add(param, o, state);
+  lists.run(o);
+}
+
+void SGD::update_group(OptimizerParamGroup& group) {
+  const auto& o = internal::options_as<SGDOptions>(group.options(), "SGD");
+  check_options(o);
+  // One call per device, parameter dtype and buffer dtype.
+  std::map<std::tuple<DeviceType, int, ScalarType, ScalarType>, SgdLists> calls;
+  for (Tensor& p : group.params()) {
+    if (!p.grad().defined()) continue;
+    const Device d = p.device();
+    calls[{d.type(), d.index(), p.dtype(), Optimizer::state_dtype(p)}].add(p, o, state()[p.impl()]);
   }
-  ++state.step;
-  if (param.dtype() == dtype) {
-    param.add_(g, -o.lr());
-  } else {
-    param.copy_(p.add(g, -o.lr()));
-  }
+  for (const auto& [key, lists] : calls) lists.run(o);
 }
 
 }  // namespace kiln::optim

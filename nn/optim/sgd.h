@@ -10,8 +10,10 @@
 //   kiln::optim::SGD opt(model->parameters(),
 //                        kiln::optim::SGDOptions(0.01).momentum(0.9).nesterov(true));
 //
-// State: "momentum_buffer" (only when momentum != 0). Nesterov needs momentum > 0 and zero
-// dampening.
+// State: "momentum_buffer" (only when momentum != 0), f32 (f64 for f64 parameters). Nesterov
+// needs momentum > 0 and zero dampening. step() runs one kiln::sgd_update_ op per device and
+// dtype (tensor/ops/optim.cpp): a fused pass per tensor on the CPU, the op's decomposition into
+// kiln ops on a GPU.
 #pragma once
 
 #include "nn/optim/optimizer.h"
@@ -41,8 +43,8 @@ class SGD : public Optimizer {
   SGD(std::vector<Tensor> params, const SGDOptions& defaults);
 
  protected:
-  void update(Tensor& param, const OptimizerOptions& options,
-              OptimizerParamState& state) override;
+  void update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) override;
+  void update_group(OptimizerParamGroup& group) override;
 };
 
 }  // namespace kiln::optim

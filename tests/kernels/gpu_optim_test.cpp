@@ -3,7 +3,9 @@
 // Adam (L2), amsgrad, more tensors than one launch takes, unaligned and empty parameters,
 // parameters that miss a step; and bf16-true training on the GPU. With state_in_param_dtype
 // (16-bit moments, f32 arithmetic) the GPU gives the CPU's bits exactly. Suites are Gpu*
-// (ctest label gpu) and skip without a GPU.
+// (ctest label gpu) and skip without a GPU. The ops themselves (tensor/ops/optim.cpp): the CUDA
+// kernel of adam_update_ against the CPU kernel (bit for bit) and against the decomposition on
+// the GPU; sgd_update_ (its decomposition on the GPU) against the CPU kernel.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -20,6 +22,7 @@
 #include "nn/optim/adam.h"
 #include "nn/optim/adamw.h"
 #include "tensor/ops.h"
+#include "tensor/registry.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -29,6 +32,8 @@ class GpuOptimTest : public test::GpuTest {};
 class GpuAdamW : public GpuOptimTest {};
 class GpuAdam : public GpuOptimTest {};
 class GpuBf16True : public GpuOptimTest {};
+class GpuAdamUpdateOp : public GpuOptimTest {};
+class GpuSgdUpdateOp : public GpuOptimTest {};
 
 // Leaf parameters of many sizes: odd, a chunk boundary (8192), several chunks plus a tail,
 // empty, 2-D, and one whose data starts 1 element into its storage (not 16-byte aligned).
@@ -387,6 +392,193 @@ TEST_F(GpuBf16True, ModuleTrainsWithAdamW) {
     const auto& bufs = opt.state().at(p.impl()).buffers;
     EXPECT_EQ(bufs.at("exp_avg").dtype(), kFloat32);
     EXPECT_TRUE(bufs.at("exp_avg_sq").is_cuda());
+  }
+}
+
+// --- The ops: adam_update_ and sgd_update_ -------------------------------------------------------
+
+using Attrs = absl::InlinedVector<Attr, 4>;
+
+// `values` in a fresh tensor of `dtype` on `device`: contiguous, or strided (transposed for 2-D,
+// every other element of a larger buffer for 1-D).
+Tensor op_layout(const Tensor& values, ScalarType dtype, Device device, bool strided) {
+  const Tensor v = values.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
+  if (!strided || v.numel() < 2) return v;
+  if (v.dim() == 2) return v.t().contiguous().t();
+  Tensor t = zeros({v.numel(), 2}, TensorOptions(dtype).device(device)).select(1, 0);
+  t.copy_(v);
+  return t;
+}
+
+// Lists of one tensor per shape (list k in dtypes[k], values abs() where positive[k]) on
+// `device`; the same values for the same seed on every device.
+std::vector<std::vector<Tensor>> op_lists(const std::vector<ScalarType>& dtypes,
+                                          const std::vector<bool>& positive, Device device,
+                                          bool strided, uint64_t seed) {
+  manual_seed(seed);
+  std::vector<std::vector<Tensor>> lists(dtypes.size());
+  for (const Shape& s : std::vector<Shape>{{0}, {}, {7}, {33, 17}, {3 * 8192 + 5}, {150, 201}}) {
+    for (size_t k = 0; k < dtypes.size(); ++k) {
+      const Tensor v = positive[k] ? randn(s).abs() : randn(s);
+      lists[k].push_back(op_layout(v, dtypes[k], device, strided));
+    }
+  }
+  return lists;
+}
+
+TensorVec flatten(const std::vector<std::vector<Tensor>>& lists) {
+  TensorVec in;
+  for (const auto& l : lists) in.insert(in.end(), l.begin(), l.end());
+  return in;
+}
+
+// How a GPU run is checked against the CPU one: bit for bit, or within a tolerance.
+void expect_lists(const std::vector<std::vector<Tensor>>& gpu,
+                  const std::vector<std::vector<Tensor>>& cpu, bool same_bits,
+                  const std::string& what) {
+  for (size_t k = 0; k < gpu.size(); ++k) {
+    for (size_t i = 0; i < gpu[k].size(); ++i) {
+      const std::string w = what + " list " + std::to_string(k) + " tensor " + std::to_string(i);
+      if (same_bits) {
+        expect_same_bits(gpu[k][i], cpu[k][i], w);
+      } else {
+        const ScalarType dt = cpu[k][i].dtype();
+        const double tol = dt == kDouble ? 1e-12 : dt == kFloat ? 1e-5 : 1e-2;
+        expect_close(gpu[k][i], cpu[k][i], tol, tol * 1e-2, w);
+      }
+    }
+  }
+}
+
+struct OpCase {
+  bool decoupled, amsgrad;
+  double weight_decay, beta1;
+};
+const std::vector<OpCase> kOpCases = {
+    {true, false, 0.1, 0.9}, {true, true, 0.1, 0.9},  {false, false, 0.05, 0.9},
+    {false, true, 0.0, 0.9}, {true, false, 0.0, 0.2},
+};
+
+Attrs op_adam_attrs(const OpCase& c, int64_t n, const Shape& steps) {
+  return {n, 0.02, c.beta1, 0.95, 1e-8, c.weight_decay, c.decoupled, c.amsgrad, steps};
+}
+
+// Three steps of adam_update_ on GPU and CPU lists of the same values, the GPU through
+// `gpu_path` ("multi_tensor" for the CUDA kernel, "" for the decomposition), the CPU through its
+// fused kernel (or, for f64, its decomposition); parameter i is at step t + i.
+void run_adam_op(ScalarType dtype, ScalarType state, bool strided, const std::string& gpu_path,
+                 bool same_bits) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  for (const OpCase& c : kOpCases) {
+    std::vector<ScalarType> dtypes = {dtype, dtype, state, state};
+    std::vector<bool> positive = {false, false, false, true};
+    if (c.amsgrad) {
+      dtypes.push_back(state);
+      positive.push_back(true);
+    }
+    auto gpu = op_lists(dtypes, positive, test::kGpu, strided, 12);
+    auto cpu = op_lists(dtypes, positive, Device(kCPU), strided, 12);
+    const int64_t n = static_cast<int64_t>(cpu[0].size());
+    for (int64_t t = 1; t <= 3; ++t) {
+      manual_seed(40 + t);
+      Shape steps;
+      for (int64_t i = 0; i < n; ++i) {
+        const Tensor g = randn(cpu[0][i].sizes()).to(dtype);
+        cpu[1][i] = g;
+        gpu[1][i] = g.cuda();
+        steps.push_back(t + i);
+      }
+      if (dtype == kDouble) {
+        call_op(op, flatten(cpu), op_adam_attrs(c, n, steps));
+      } else {
+        call_op_with_kernel(op, "fused", flatten(cpu), op_adam_attrs(c, n, steps));
+      }
+      if (gpu_path.empty()) {
+        call_decomposition(op, flatten(gpu), op_adam_attrs(c, n, steps));
+      } else {
+        call_op_with_kernel(op, gpu_path, flatten(gpu), op_adam_attrs(c, n, steps));
+      }
+    }
+    const std::string what = std::string(dtype_name(dtype)) + " params, " +
+                             std::string(dtype_name(state)) + " state" +
+                             (strided ? ", strided" : "") + (c.decoupled ? ", AdamW" : ", Adam") +
+                             (c.amsgrad ? " amsgrad" : "");
+    expect_lists(gpu, cpu, same_bits, what);
+  }
+}
+
+// The CUDA kernel gives the CPU kernel's bits, contiguous or strided (f32 copies).
+TEST_F(GpuAdamUpdateOp, KernelMatchesCpuKernel) {
+  for (bool strided : {false, true}) {
+    run_adam_op(kFloat, kFloat, strided, "multi_tensor", true);
+    run_adam_op(kBFloat16, kFloat, strided, "multi_tensor", true);
+    run_adam_op(kBFloat16, kBFloat16, strided, "multi_tensor", true);
+    run_adam_op(kHalf, kHalf, strided, "multi_tensor", true);
+  }
+  run_adam_op(kHalf, kFloat, false, "multi_tensor", true);
+}
+
+// The decomposition on the GPU (kiln's CUDA elementwise ops, which may contract a * b + c into an
+// FMA) computes the same update.
+TEST_F(GpuAdamUpdateOp, DecompositionMatchesCpuKernel) {
+  run_adam_op(kFloat, kFloat, false, "", false);
+  run_adam_op(kFloat, kFloat, true, "", false);
+  run_adam_op(kBFloat16, kFloat, false, "", false);
+  run_adam_op(kBFloat16, kBFloat16, true, "", false);
+}
+
+// f64 has no CUDA kernel: the op runs its decomposition, as on the CPU.
+TEST_F(GpuAdamUpdateOp, F64RunsTheDecomposition) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  const Tensor p = zeros({4}, TensorOptions(kDouble).device(test::kGpu));
+  EXPECT_KILN_ERROR(
+      call_op_with_kernel(op, "multi_tensor", {p, p, p, p}, op_adam_attrs(kOpCases[0], 1, {1})),
+      "[adam_update_] the cuda kernel 'multi_tensor' does not support this call");
+  run_adam_op(kDouble, kDouble, false, "", false);
+}
+
+TEST_F(GpuAdamUpdateOp, OneDevicePerCall) {
+  const Tensor p = zeros({4}, TensorOptions(kFloat).device(test::kGpu));
+  const Tensor g = zeros({4});
+  EXPECT_KILN_ERROR(adam_update_({p}, {g}, {p.clone()}, {p.clone()}, {}, {1}, 0.1, 0.9, 0.999, 0,
+                                 1e-8, false, true),
+                    "[adam_update_] expected all tensors on the same device");
+}
+
+// sgd_update_ has no CUDA kernel: on the GPU it runs its decomposition.
+TEST_F(GpuSgdUpdateOp, DecompositionMatchesCpuKernel) {
+  static const OpDef& op = KILN_OP(sgd_update_);
+  struct C {
+    double momentum, dampening, weight_decay;
+    bool nesterov;
+  };
+  for (const C& c :
+       std::vector<C>{{0, 0, 0.1, false}, {0.9, 0.25, 0.01, false}, {0.9, 0, 0.01, true}}) {
+    for (ScalarType dtype : {kFloat, kBFloat16}) {
+      const bool momentum = c.momentum != 0;
+      std::vector<ScalarType> dtypes = {dtype, dtype};
+      if (momentum) dtypes.push_back(kFloat);
+      const std::vector<bool> positive(dtypes.size(), false);
+      auto gpu = op_lists(dtypes, positive, test::kGpu, false, 13);
+      auto cpu = op_lists(dtypes, positive, Device(kCPU), false, 13);
+      const int64_t n = static_cast<int64_t>(cpu[0].size());
+      for (int64_t t = 1; t <= 3; ++t) {
+        manual_seed(60 + t);
+        Shape fresh;
+        for (int64_t i = 0; i < n; ++i) {
+          const Tensor g = randn(cpu[0][i].sizes()).to(dtype);
+          cpu[1][i] = g;
+          gpu[1][i] = g.cuda();
+          if (momentum) fresh.push_back(t == 1 ? 1 : 0);
+        }
+        const Attrs attrs = {n, 0.05, c.momentum, c.dampening, c.weight_decay, c.nesterov, fresh};
+        call_op_with_kernel(op, "fused", flatten(cpu), attrs);
+        call_op(op, flatten(gpu), attrs);
+      }
+      expect_lists(gpu, cpu, false,
+                   "SGD " + std::string(dtype_name(dtype)) + " momentum " +
+                       std::to_string(c.momentum) + (c.nesterov ? " nesterov" : ""));
+    }
   }
 }
 

@@ -1,0 +1,380 @@
+// adam_update_ and sgd_update_, the optimizer updates as multi-tensor in-place registry ops (as
+// torch._fused_adam_ / _fused_adamw_ / _fused_sgd_), with their decompositions (call layout:
+// tensor/ops/optim.h; kernels: kernels/cpu/optim.cpp and kernels/cuda/optim.cu, which compute
+// in f32; callers: nn/optim/adam.cpp, adamw.cpp, sgd.cpp; tests: tests/nn/optim_op_test.cpp,
+// tests/kernels/gpu_optim_test.cpp). They have no backward: optimizers call them under
+// NoGradGuard.
+//
+// adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs; n, lr, beta1, beta2, eps,
+// weight_decay, decoupled_weight_decay, amsgrad, steps) writes params, exp_avgs, exp_avg_sqs and
+// max_exp_avg_sqs. For each parameter, with t its step count:
+//   p = p * (1 - lr * weight_decay)        (decoupled: AdamW)    g = g + weight_decay * p  (Adam)
+//   m = lerp(m, g, 1 - beta1),  v = beta2 * v + (1 - beta2) * g * g,  v_max = max(v_max, v)
+//   p = p - lr / (1 - beta1^t) * m / (sqrt(v or v_max) / sqrt(1 - beta2^t) + eps)
+// sgd_update_(params, grads, momentum_buffers; n, lr, momentum, dampening, weight_decay,
+// nesterov, new_buffers) writes params and momentum_buffers:
+//   g = g + weight_decay * p,  b = g (new buffer) or momentum * b + (1 - dampening) * g,
+//   g = nesterov ? g + momentum * b : b,  p = p - lr * g
+//
+// One call holds parameters of one dtype on one device, grads of their dtype and shape, and
+// state of one dtype: the parameters' (f32 for f32, f64 for f64, or bf16/f16 with
+// state_in_param_dtype) or f32 for bf16/f16 parameters. The arithmetic is in the compute dtype
+// (f32, f64 for f64), each stored value rounded once into its tensor's dtype; any strides.
+#include "tensor/ops/optim.h"
+
+#include <cmath>
+#include <string>
+
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+
+namespace kiln {
+
+namespace internal {
+
+namespace {
+
+// Attribute indices.
+enum AdamAttr : size_t { kAdamN, kLr, kBeta1, kBeta2, kEps, kAdamWd, kDecoupled, kAmsgrad, kSteps };
+enum SgdAttr : size_t { kSgdN, kSgdLr, kMomentum, kDampening, kSgdWd, kNesterov, kNewBuffers };
+
+int64_t list_length(const OpCall& c, size_t attr) {
+  const int64_t n = c.attr<int64_t>(attr);
+  KILN_CHECK(n >= 0, "[", c.name(), "] the list length n must be non-negative, got ", n);
+  return n;
+}
+
+TensorList list(const OpCall& c, int64_t index, int64_t n) {
+  return TensorList(c.inputs.data() + index * n, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+ScalarType optim_compute_dtype(const OpCall& call) {
+  return !call.inputs.empty() && call.input(0).dtype() == kDouble ? kDouble : kFloat;
+}
+
+AdamUpdateCall::AdamUpdateCall(const OpCall& c)
+    : lr(c.attr<double>(kLr)),
+      beta1(c.attr<double>(kBeta1)),
+      beta2(c.attr<double>(kBeta2)),
+      eps(c.attr<double>(kEps)),
+      weight_decay(c.attr<double>(kAdamWd)),
+      decoupled_weight_decay(c.attr<bool>(kDecoupled)),
+      amsgrad(c.attr<bool>(kAmsgrad)) {
+  const int64_t n = list_length(c, kAdamN);
+  const int64_t lists = amsgrad ? 5 : 4;
+  KILN_CHECK(static_cast<int64_t>(c.inputs.size()) == lists * n, "[adam_update_] expected ",
+             lists * n, " tensors for n = ", n, " (params, grads, exp_avgs, exp_avg_sqs",
+             amsgrad ? ", max_exp_avg_sqs" : "", "), got ", c.inputs.size());
+  const Shape& s = c.attr<Shape>(kSteps);
+  KILN_CHECK(static_cast<int64_t>(s.size()) == n, "[adam_update_] expected ", n,
+             " step counts, got ", s.size());
+  params = list(c, 0, n);
+  grads = list(c, 1, n);
+  exp_avgs = list(c, 2, n);
+  exp_avg_sqs = list(c, 3, n);
+  max_exp_avg_sqs = amsgrad ? list(c, 4, n) : TensorList();
+  steps = IntArrayRef(s.data(), s.size());
+}
+
+AdamStepScalars AdamUpdateCall::step_scalars(size_t i) const {
+  const double t = static_cast<double>(steps[i]);
+  const double bc1 = 1 - std::pow(beta1, t);
+  const double bc2 = 1 - std::pow(beta2, t);
+  return {1 - lr * weight_decay, lr / bc1, std::sqrt(bc2)};
+}
+
+SgdUpdateCall::SgdUpdateCall(const OpCall& c)
+    : lr(c.attr<double>(kSgdLr)),
+      momentum(c.attr<double>(kMomentum)),
+      dampening(c.attr<double>(kDampening)),
+      weight_decay(c.attr<double>(kSgdWd)),
+      nesterov(c.attr<bool>(kNesterov)) {
+  const int64_t n = list_length(c, kSgdN);
+  const int64_t lists = momentum != 0 ? 3 : 2;
+  KILN_CHECK(static_cast<int64_t>(c.inputs.size()) == lists * n, "[sgd_update_] expected ",
+             lists * n, " tensors for n = ", n, " (params, grads",
+             momentum != 0 ? ", momentum_buffers" : "", "), got ", c.inputs.size());
+  const Shape& fresh = c.attr<Shape>(kNewBuffers);
+  const int64_t flags = momentum != 0 ? n : 0;
+  KILN_CHECK(static_cast<int64_t>(fresh.size()) == flags, "[sgd_update_] expected ", flags,
+             " new_buffers flags (one per momentum buffer), got ", fresh.size());
+  params = list(c, 0, n);
+  grads = list(c, 1, n);
+  momentum_buffers = momentum != 0 ? list(c, 2, n) : TensorList();
+  new_buffers = IntArrayRef(fresh.data(), fresh.size());
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::AdamUpdateCall;
+using internal::SgdUpdateCall;
+
+// "params[3]": entry i of a list, for messages.
+std::string entry(const char* list, size_t i) {
+  return std::string(list) + "[" + std::to_string(i) + "]";
+}
+
+// Parameters of one floating dtype and device; grads of their dtype and shape on their device.
+void check_params_and_grads(const char* op, TensorList params, TensorList grads) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    const Tensor& g = grads[i];
+    KILN_CHECK(p.defined(), "[", op, "] ", entry("params", i), " is undefined");
+    KILN_CHECK(g.defined(), "[", op, "] ", entry("grads", i), " is undefined");
+    KILN_CHECK(is_floating_point(p.dtype()), "[", op, "] expected floating-point params, got ",
+               dtype_name(p.dtype()), " for ", entry("params", i));
+    const Tensor& p0 = params[0];
+    KILN_CHECK(p.dtype() == p0.dtype(), "[", op, "] ", entry("params", i), " has dtype ",
+               dtype_name(p.dtype()), " but params[0] has ", dtype_name(p0.dtype()),
+               ": one call takes parameters of one dtype");
+    KILN_CHECK(p.device() == p0.device(), "[", op, "] ", entry("params", i), " is on ",
+               p.device().str(), " but params[0] is on ", p0.device().str());
+    KILN_CHECK(g.sizes() == p.sizes(), "[", op, "] ", entry("grads", i), " has shape ",
+               shape_str(g.sizes()), " but ", entry("params", i), " has shape ",
+               shape_str(p.sizes()));
+    KILN_CHECK(g.dtype() == p.dtype(), "[", op, "] ", entry("grads", i), " has dtype ",
+               dtype_name(g.dtype()), " but ", entry("params", i), " has dtype ",
+               dtype_name(p.dtype()));
+    KILN_CHECK(g.device() == p.device(), "[", op, "] ", entry("grads", i), " is on ",
+               g.device().str(), " but ", entry("params", i), " is on ", p.device().str());
+  }
+}
+
+// A state list (exp_avgs, ...): one dtype for all the call's state (the parameters', or f32 for
+// bf16/f16 parameters), each tensor shaped like its parameter, on its device.
+void check_state(const char* op, const char* name, TensorList state, TensorList params,
+                 ScalarType state_dtype) {
+  for (size_t i = 0; i < state.size(); ++i) {
+    const Tensor& s = state[i];
+    const Tensor& p = params[i];
+    KILN_CHECK(s.defined(), "[", op, "] ", entry(name, i), " is undefined");
+    KILN_CHECK(s.dtype() == state_dtype, "[", op, "] ", entry(name, i), " has dtype ",
+               dtype_name(s.dtype()), " but the call's state has ", dtype_name(state_dtype),
+               ": one call takes state of one dtype");
+    KILN_CHECK(s.sizes() == p.sizes(), "[", op, "] ", entry(name, i), " has shape ",
+               shape_str(s.sizes()), " but ", entry("params", i), " has shape ",
+               shape_str(p.sizes()));
+    KILN_CHECK(s.device() == p.device(), "[", op, "] ", entry(name, i), " is on ", s.device().str(),
+               " but ", entry("params", i), " is on ", p.device().str());
+  }
+}
+
+void check_state_dtype(const char* op, const char* name, ScalarType state, ScalarType param) {
+  KILN_CHECK(state == param || (state == kFloat && is_reduced_float(param)), "[", op, "] ", name,
+             "[0] has dtype ", dtype_name(state), ": the state takes the params' dtype (",
+             dtype_name(param), ")", is_reduced_float(param) ? " or float32" : "");
+}
+
+// The mutated tensors' specs, in the order of the call's outputs.
+SpecList mutated_specs(const TensorVec& mutated) {
+  SpecList specs;
+  for (const Tensor& t : mutated) specs.push_back({to_shape(t.sizes()), t.dtype(), t.device()});
+  return specs;
+}
+
+// --- adam_update_ -------------------------------------------------------------------------------
+
+void adam_mutated(const OpCall& c, TensorVec& out) {
+  const AdamUpdateCall a(c);
+  for (TensorList l : {a.params, a.exp_avgs, a.exp_avg_sqs, a.max_exp_avg_sqs}) {
+    out.insert(out.end(), l.begin(), l.end());
+  }
+}
+
+SpecList adam_update_meta(const OpCall& c) {
+  const AdamUpdateCall a(c);
+  KILN_CHECK(a.lr >= 0, "[adam_update_] invalid learning rate: ", a.lr);
+  KILN_CHECK(a.eps >= 0, "[adam_update_] invalid epsilon value: ", a.eps);
+  KILN_CHECK(a.beta1 >= 0 && a.beta1 < 1, "[adam_update_] invalid beta1: ", a.beta1);
+  KILN_CHECK(a.beta2 >= 0 && a.beta2 < 1, "[adam_update_] invalid beta2: ", a.beta2);
+  KILN_CHECK(a.weight_decay >= 0, "[adam_update_] invalid weight_decay value: ", a.weight_decay);
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    KILN_CHECK(a.steps[i] >= 1, "[adam_update_] steps[", i, "] is ", a.steps[i],
+               ": step counts start at 1");
+  }
+  check_params_and_grads("adam_update_", a.params, a.grads);
+  if (!a.params.empty()) {
+    const ScalarType sd = a.exp_avgs[0].defined() ? a.exp_avgs[0].dtype() : a.params[0].dtype();
+    check_state_dtype("adam_update_", "exp_avgs", sd, a.params[0].dtype());
+    check_state("adam_update_", "exp_avgs", a.exp_avgs, a.params, sd);
+    check_state("adam_update_", "exp_avg_sqs", a.exp_avg_sqs, a.params, sd);
+    check_state("adam_update_", "max_exp_avg_sqs", a.max_exp_avg_sqs, a.params, sd);
+  }
+  TensorVec mutated;
+  adam_mutated(c, mutated);
+  return mutated_specs(mutated);
+}
+
+// Today's op-by-op update, per parameter, in the compute dtype: on the tensors themselves where
+// they have it (any strides), else on copies stored back (rounded once). The f32 kernels do the
+// same float operations in the same order, so for f32 arithmetic this gives their bits on the
+// CPU (tests/nn/optim_op_test.cpp); CUDA's elementwise ops may contract a * b + c into an FMA.
+TensorVec adam_update_decomposition(const OpCall& c) {
+  const AdamUpdateCall a(c);
+  const ScalarType ct = internal::optim_compute_dtype(c);
+  auto in_ct = [ct](const Tensor& t) { return t.dtype() == ct ? t : t.to(ct); };
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    const internal::AdamStepScalars k = a.step_scalars(i);
+    Tensor p = in_ct(a.params[i]);
+    Tensor g = a.grads[i].to(ct);
+    Tensor m = in_ct(a.exp_avgs[i]);
+    Tensor v = in_ct(a.exp_avg_sqs[i]);
+    Tensor vmax = a.amsgrad ? in_ct(a.max_exp_avg_sqs[i]) : Tensor();
+    if (a.weight_decay != 0) {
+      if (a.decoupled_weight_decay) {
+        p.mul_(k.decay);
+      } else {
+        g = g.add(p, a.weight_decay);
+      }
+    }
+    m.lerp_(g, 1 - a.beta1);
+    v.mul_(a.beta2).add_(g * g, 1 - a.beta2);
+    Tensor denom;
+    if (a.amsgrad) {
+      vmax.copy_(maximum(vmax, v));
+      denom = vmax.sqrt();
+    } else {
+      denom = v.sqrt();
+    }
+    denom.div_(k.bc2_sqrt).add_(a.eps);
+    p.add_(m / denom, -k.step_size);
+    auto store = [](Tensor target, const Tensor& value) {
+      if (target.impl() != value.impl()) target.copy_(value);
+    };
+    store(a.params[i], p);
+    store(a.exp_avgs[i], m);
+    store(a.exp_avg_sqs[i], v);
+    if (a.amsgrad) store(a.max_exp_avg_sqs[i], vmax);
+  }
+  TensorVec mutated;
+  adam_mutated(c, mutated);
+  return mutated;
+}
+
+// --- sgd_update_ --------------------------------------------------------------------------------
+
+void sgd_mutated(const OpCall& c, TensorVec& out) {
+  const SgdUpdateCall s(c);
+  for (TensorList l : {s.params, s.momentum_buffers}) out.insert(out.end(), l.begin(), l.end());
+}
+
+SpecList sgd_update_meta(const OpCall& c) {
+  const SgdUpdateCall s(c);
+  KILN_CHECK(s.lr >= 0, "[sgd_update_] invalid learning rate: ", s.lr);
+  KILN_CHECK(s.momentum >= 0, "[sgd_update_] invalid momentum value: ", s.momentum);
+  KILN_CHECK(s.weight_decay >= 0, "[sgd_update_] invalid weight_decay value: ", s.weight_decay);
+  KILN_CHECK(!s.nesterov || (s.momentum > 0 && s.dampening == 0),
+             "[sgd_update_] Nesterov momentum requires a momentum and zero dampening (momentum ",
+             s.momentum, ", dampening ", s.dampening, ")");
+  for (size_t i = 0; i < s.new_buffers.size(); ++i) {
+    KILN_CHECK(s.new_buffers[i] == 0 || s.new_buffers[i] == 1, "[sgd_update_] new_buffers[", i,
+               "] is ", s.new_buffers[i], ", expected 0 or 1");
+  }
+  check_params_and_grads("sgd_update_", s.params, s.grads);
+  if (!s.momentum_buffers.empty()) {
+    const Tensor& b0 = s.momentum_buffers[0];
+    const ScalarType sd = b0.defined() ? b0.dtype() : s.params[0].dtype();
+    check_state_dtype("sgd_update_", "momentum_buffers", sd, s.params[0].dtype());
+    check_state("sgd_update_", "momentum_buffers", s.momentum_buffers, s.params, sd);
+  }
+  TensorVec mutated;
+  sgd_mutated(c, mutated);
+  return mutated_specs(mutated);
+}
+
+// Today's op-by-op update (bit for bit the CPU kernel's, see above), per parameter.
+TensorVec sgd_update_decomposition(const OpCall& c) {
+  const SgdUpdateCall s(c);
+  const ScalarType ct = internal::optim_compute_dtype(c);
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    Tensor param = s.params[i];
+    Tensor g = s.grads[i].to(ct, /*copy=*/true);  // a fresh tensor, never the grad itself
+    const Tensor p = param.dtype() == ct ? param : param.to(ct);
+    if (s.weight_decay != 0) g.add_(p, s.weight_decay);
+    if (s.momentum != 0) {
+      Tensor target = s.momentum_buffers[i];
+      Tensor buf = target.dtype() == ct ? target : target.to(ct);
+      if (s.new_buffers[i] != 0) {
+        buf.copy_(g);
+      } else {
+        buf.mul_(s.momentum).add_(g, 1 - s.dampening);
+      }
+      if (buf.impl() != target.impl()) target.copy_(buf);
+      if (s.nesterov) {
+        g.add_(buf, s.momentum);
+      } else {
+        g = buf;
+      }
+    }
+    if (param.dtype() == ct) {
+      param.add_(g, -s.lr);
+    } else {
+      param.copy_(p.add(g, -s.lr));
+    }
+  }
+  TensorVec mutated;
+  sgd_mutated(c, mutated);
+  return mutated;
+}
+
+}  // namespace
+
+// Attributes: 0 n (int64), 1 lr, 2 beta1, 3 beta2, 4 eps, 5 weight_decay (double),
+// 6 decoupled_weight_decay, 7 amsgrad (bool), 8 steps (Shape).
+KILN_DEFINE_OP(adam_update_, OpKind::kInplace, adam_update_meta,
+               OpFlags{.allow_cpu_scalars = false, .mutated = adam_mutated});
+KILN_REGISTER_DECOMPOSITION(adam_update_, adam_update_decomposition);
+// Attributes: 0 n (int64), 1 lr, 2 momentum, 3 dampening, 4 weight_decay (double), 5 nesterov
+// (bool), 6 new_buffers (Shape).
+KILN_DEFINE_OP(sgd_update_, OpKind::kInplace, sgd_update_meta,
+               OpFlags{.allow_cpu_scalars = false, .mutated = sgd_mutated});
+KILN_REGISTER_DECOMPOSITION(sgd_update_, sgd_update_decomposition);
+
+namespace {
+void append(TensorVec& inputs, TensorList list) {
+  inputs.insert(inputs.end(), list.begin(), list.end());
+}
+}  // namespace
+
+void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs, TensorList exp_avg_sqs,
+                  TensorList max_exp_avg_sqs, IntArrayRef steps, double lr, double beta1,
+                  double beta2, double weight_decay, double eps, bool amsgrad,
+                  bool decoupled_weight_decay) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  KILN_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
+                 exp_avg_sqs.size() == params.size() &&
+                 max_exp_avg_sqs.size() == (amsgrad ? params.size() : 0),
+             "[adam_update_] expected ", params.size(), " grads, exp_avgs and exp_avg_sqs and ",
+             amsgrad ? params.size() : 0, " max_exp_avg_sqs, got ", grads.size(), ", ",
+             exp_avgs.size(), ", ", exp_avg_sqs.size(), " and ", max_exp_avg_sqs.size());
+  TensorVec inputs;
+  inputs.reserve(params.size() * (amsgrad ? 5 : 4));
+  for (TensorList l : {params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs}) append(inputs, l);
+  call_op(op, std::move(inputs),
+          {static_cast<int64_t>(params.size()), lr, beta1, beta2, eps, weight_decay,
+           decoupled_weight_decay, amsgrad, Shape(steps.begin(), steps.end())});
+}
+
+void sgd_update_(TensorList params, TensorList grads, TensorList momentum_buffers,
+                 IntArrayRef new_buffers, double lr, double momentum, double dampening,
+                 double weight_decay, bool nesterov) {
+  static const OpDef& op = KILN_OP(sgd_update_);
+  const size_t buffers = momentum != 0 ? params.size() : 0;
+  KILN_CHECK(grads.size() == params.size() && momentum_buffers.size() == buffers &&
+                 new_buffers.size() == buffers,
+             "[sgd_update_] expected ", params.size(), " grads and ", buffers,
+             " momentum_buffers and new_buffers flags, got ", grads.size(), ", ",
+             momentum_buffers.size(), " and ", new_buffers.size());
+  TensorVec inputs;
+  inputs.reserve(params.size() + grads.size() + buffers);
+  for (TensorList l : {params, grads, momentum_buffers}) append(inputs, l);
+  call_op(op, std::move(inputs),
+          {static_cast<int64_t>(params.size()), lr, momentum, dampening, weight_decay, nesterov,
+           Shape(new_buffers.begin(), new_buffers.end())});
+}
+
+}  // namespace kiln

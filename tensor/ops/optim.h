@@ -1,0 +1,60 @@
+// The call layout of the optimizer-update ops adam_update_ and sgd_update_ (tensor/ops/optim.cpp),
+// decoded in one place for their meta rules, decompositions and kernels (kernels/cpu/optim.cpp,
+// kernels/cuda/optim.cu). Internal to kiln's op families.
+//
+//   const internal::AdamUpdateCall a(call);        // the lists and the hyper-parameters
+//   for (size_t i = 0; i < a.params.size(); ++i) {
+//     const internal::AdamStepScalars k = a.step_scalars(i);   // from tensor i's step count
+//     ... a.params[i], a.grads[i], a.exp_avgs[i], a.exp_avg_sqs[i], k.step_size ...
+//   }
+//
+// Decoding checks the layout (attribute types, list lengths); the meta rules check the tensors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/registry.h"
+#include "tensor/tensor.h"
+
+namespace kiln::internal {
+
+// The dtype the update computes in: f64 for f64 parameters, f32 for f32, bf16 and f16 ones (a
+// call holds parameters of one dtype). The kernels compute in f32; f64 runs the decomposition.
+ScalarType optim_compute_dtype(const OpCall& call);
+
+// The scalars of one parameter's Adam step t, derived in double as PyTorch derives them in
+// Python; every kernel and the decomposition round them to the compute dtype the same way.
+struct AdamStepScalars {
+  double decay;      // AdamW: 1 - lr * weight_decay
+  double step_size;  // lr / (1 - beta1^t)
+  double bc2_sqrt;   // sqrt(1 - beta2^t)
+};
+
+// adam_update_(params[n], grads[n], exp_avgs[n], exp_avg_sqs[n], max_exp_avg_sqs[n, amsgrad
+// only]; n, lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, steps[n]).
+struct AdamUpdateCall {
+  explicit AdamUpdateCall(const OpCall& call);
+  AdamStepScalars step_scalars(size_t i) const;
+
+  TensorList params, grads, exp_avgs, exp_avg_sqs;
+  TensorList max_exp_avg_sqs;  // empty unless amsgrad
+  IntArrayRef steps;           // each parameter's step count t, already incremented (t >= 1)
+  double lr, beta1, beta2, eps, weight_decay;
+  bool decoupled_weight_decay;  // AdamW
+  bool amsgrad;
+};
+
+// sgd_update_(params[n], grads[n], momentum_buffers[n, momentum != 0 only]; n, lr, momentum,
+// dampening, weight_decay, nesterov, new_buffers[n, momentum != 0 only]).
+struct SgdUpdateCall {
+  explicit SgdUpdateCall(const OpCall& call);
+
+  TensorList params, grads;
+  TensorList momentum_buffers;  // empty when momentum == 0
+  IntArrayRef new_buffers;      // 1: the buffer is new and takes the gradient; 0: it carries over
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+};
+
+}  // namespace kiln::internal

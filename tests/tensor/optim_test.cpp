@@ -1,0 +1,393 @@
+// The optimizer-update ops adam_update_ and sgd_update_ (tensor/ops/optim.cpp) on the CPU: the
+// fused kernel against the decomposition, bit for bit (both do the same float operations in the
+// same order), for f32, bf16 and f16 parameters with f32 or 16-bit state, contiguous and strided
+// tensors, empty and 0-d ones, one large enough for several threads, several steps and every
+// option; f64 (which only the decomposition runs) against an f64 reference; and every misuse.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+#include "tensor/tensor_data.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using Attrs = absl::InlinedVector<Attr, 4>;
+
+// Shapes: empty, 0-d, odd, 2-D, and one above the fused loop's grain (several threads).
+const std::vector<Shape> kShapes = {{0}, {}, {7}, {33, 17}, {150, 201}};
+
+// `values` in a fresh tensor of `dtype`: contiguous, or strided (transposed for 2-D, every other
+// element of a larger buffer for 1-D).
+Tensor laid_out(const Tensor& values, ScalarType dtype, bool strided) {
+  const Tensor v = values.to(dtype);
+  if (!strided || v.numel() < 2) return v.clone();
+  if (v.dim() == 2) return v.t().contiguous().t();
+  Tensor t = zeros({v.numel(), 2}, dtype).select(1, 0);
+  t.copy_(v);
+  return t;
+}
+
+// One list per input of an optimizer-update op, built twice from the same values: the same call
+// for the kernel and for the decomposition.
+struct Lists {
+  std::vector<std::vector<Tensor>> lists;
+
+  TensorVec inputs() const {
+    TensorVec in;
+    for (const auto& l : lists) in.insert(in.end(), l.begin(), l.end());
+    return in;
+  }
+};
+
+// Lists of `count` tensors per shape: list k in dtypes[k], random values (abs for `positive`).
+Lists make_lists(const std::vector<ScalarType>& dtypes, const std::vector<bool>& positive,
+                 bool strided, uint64_t seed) {
+  manual_seed(seed);
+  Lists out;
+  out.lists.resize(dtypes.size());
+  for (const Shape& s : kShapes) {
+    for (size_t k = 0; k < dtypes.size(); ++k) {
+      const Tensor v = positive[k] ? randn(s).abs() : randn(s);
+      out.lists[k].push_back(laid_out(v, dtypes[k], strided));
+    }
+  }
+  return out;
+}
+
+// Every tensor of `a` equals its peer in `b`, bit for bit.
+void expect_same_bits(const Lists& a, const Lists& b, const std::string& what) {
+  for (size_t k = 0; k < a.lists.size(); ++k) {
+    for (size_t i = 0; i < a.lists[k].size(); ++i) {
+      const Tensor& x = a.lists[k][i];
+      const Tensor& y = b.lists[k][i];
+      EXPECT_TRUE(equal(x, y)) << what << ": list " << k << " tensor " << i << " max abs diff "
+                               << (x.to(kDouble) - y.to(kDouble)).abs().max().item<double>();
+    }
+  }
+}
+
+// --- adam_update_ ------------------------------------------------------------------------------
+
+struct AdamCase {
+  bool decoupled, amsgrad;
+  double weight_decay, beta1;
+};
+
+const std::vector<AdamCase> kAdamCases = {
+    {true, false, 0.1, 0.9},  {true, true, 0.1, 0.9},  {false, false, 0.05, 0.9},
+    {false, true, 0.0, 0.9},  {true, false, 0.0, 0.3},  // lerp from the far end (1 - beta1 >= 0.5)
+    {false, true, 0.02, 0.2},
+};
+
+Attrs adam_attrs(const AdamCase& c, int64_t n, const Shape& steps) {
+  return {n, 0.02, c.beta1, 0.95, 1e-8, c.weight_decay, c.decoupled, c.amsgrad, steps};
+}
+
+// Lists (params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs]) with grads replaced per step.
+Lists make_adam(ScalarType dtype, ScalarType state, bool amsgrad, bool strided) {
+  std::vector<ScalarType> dtypes = {dtype, dtype, state, state};
+  std::vector<bool> positive = {false, false, false, true};
+  if (amsgrad) {
+    dtypes.push_back(state);
+    positive.push_back(true);
+  }
+  return make_lists(dtypes, positive, strided, 3);
+}
+
+// Three steps through the CPU kernel and through the decomposition on copies of the same lists;
+// parameter i is at step t + i (step counts differ per parameter).
+void check_adam_kernel_matches_decomposition(ScalarType dtype, ScalarType state, bool strided) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  for (const AdamCase& c : kAdamCases) {
+    Lists a = make_adam(dtype, state, c.amsgrad, strided);
+    Lists b = make_adam(dtype, state, c.amsgrad, strided);
+    const int64_t n = static_cast<int64_t>(a.lists[0].size());
+    for (int64_t t = 1; t <= 3; ++t) {
+      manual_seed(50 + t);
+      Shape steps;
+      for (int64_t i = 0; i < n; ++i) {
+        const Tensor g = randn(a.lists[0][i].sizes()).to(dtype);
+        a.lists[1][i] = g;
+        b.lists[1][i] = g.clone();
+        steps.push_back(t + i);
+      }
+      call_op_with_kernel(op, "fused", a.inputs(), adam_attrs(c, n, steps));
+      call_decomposition(op, b.inputs(), adam_attrs(c, n, steps));
+    }
+    const std::string what = std::string(dtype_name(dtype)) + " params, " +
+                             std::string(dtype_name(state)) + " state" +
+                             (strided ? ", strided" : "") + (c.decoupled ? ", AdamW" : ", Adam") +
+                             (c.amsgrad ? " amsgrad" : "") + " wd " +
+                             std::to_string(c.weight_decay) + " beta1 " + std::to_string(c.beta1);
+    expect_same_bits(a, b, what);
+    EXPECT_FALSE(equal(a.lists[0][4], make_adam(dtype, state, c.amsgrad, strided).lists[0][4]))
+        << what << ": the parameters moved";
+  }
+}
+
+TEST(OptimOpAdam, KernelMatchesDecompositionF32) {
+  check_adam_kernel_matches_decomposition(kFloat, kFloat, false);
+  check_adam_kernel_matches_decomposition(kFloat, kFloat, true);
+}
+
+TEST(OptimOpAdam, KernelMatchesDecompositionBf16ParamsF32State) {
+  check_adam_kernel_matches_decomposition(kBFloat16, kFloat, false);
+  check_adam_kernel_matches_decomposition(kBFloat16, kFloat, true);
+}
+
+TEST(OptimOpAdam, KernelMatchesDecomposition16BitState) {
+  for (ScalarType dtype : {kBFloat16, kHalf}) {
+    check_adam_kernel_matches_decomposition(dtype, dtype, false);
+    check_adam_kernel_matches_decomposition(dtype, dtype, true);
+  }
+  check_adam_kernel_matches_decomposition(kHalf, kFloat, false);
+}
+
+// f64 has no kernel (the kernels compute in f32): the op runs its decomposition, which follows
+// the rule in f64.
+TEST(OptimOpAdam, F64RunsTheDecomposition) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  for (const AdamCase& c : kAdamCases) {
+    const std::vector<double> p0 = {1.5, -0.25, 3.0}, g = {0.5, -1.25, 2.0};
+    const std::vector<double> m0 = {0.1, 0.2, -0.3}, v0 = {0.04, 0.5, 0.01}, x0 = {0.05, 0.1, 1.0};
+    Tensor p = tensor(p0, kDouble), m = tensor(m0, kDouble), v = tensor(v0, kDouble);
+    Tensor x = tensor(x0, kDouble);
+    const Tensor grad = tensor(g, kDouble);
+    EXPECT_KILN_ERROR(
+        call_op_with_kernel(op, "fused",
+                            c.amsgrad ? TensorVec{p, grad, m, v, x} : TensorVec{p, grad, m, v},
+                            adam_attrs(c, 1, {4})),
+        "[adam_update_] the cpu kernel 'fused' does not support this call");
+    adam_update_({p}, {grad}, {m}, {v}, c.amsgrad ? std::vector<Tensor>{x} : std::vector<Tensor>{},
+                 {4}, 0.02, c.beta1, 0.95, c.weight_decay, 1e-8, c.amsgrad, c.decoupled);
+    for (size_t i = 0; i < 3; ++i) {
+      double pi = p0[i], gi = g[i];
+      if (c.decoupled) {
+        pi *= 1 - 0.02 * c.weight_decay;
+      } else {
+        gi += c.weight_decay * pi;
+      }
+      const double mi = c.beta1 * m0[i] + (1 - c.beta1) * gi;
+      const double vi = 0.95 * v0[i] + 0.05 * gi * gi;
+      const double used = c.amsgrad ? std::max(x0[i], vi) : vi;
+      const double denom = std::sqrt(used) / std::sqrt(1 - std::pow(0.95, 4)) + 1e-8;
+      pi -= 0.02 / (1 - std::pow(c.beta1, 4)) * mi / denom;
+      EXPECT_NEAR(p.to_vector<double>()[i], pi, 1e-14) << i;
+      EXPECT_NEAR(m.to_vector<double>()[i], mi, 1e-15) << i;
+      EXPECT_NEAR(v.to_vector<double>()[i], vi, 1e-15) << i;
+      if (c.amsgrad) {
+        EXPECT_NEAR(x.to_vector<double>()[i], used, 1e-15) << i;
+      }
+    }
+  }
+}
+
+// The op writes params and state in place and bumps their versions; grads stay untouched.
+TEST(OptimOpAdam, WritesInPlaceAndBumpsVersions) {
+  Tensor p = randn({5}), g = randn({5}), m = zeros({5}), v = zeros({5}), x = zeros({5});
+  const Tensor g0 = g.clone(), p0 = p.clone();
+  const uint64_t pv = p._version(), mv = m._version(), xv = x._version(), gv = g._version();
+  adam_update_({p}, {g}, {m}, {v}, {x}, {1}, 0.1, 0.9, 0.999, 0.0, 1e-8, true, true);
+  EXPECT_GT(p._version(), pv);
+  EXPECT_GT(m._version(), mv);
+  EXPECT_GT(x._version(), xv);
+  EXPECT_EQ(g._version(), gv);
+  EXPECT_TRUE(equal(g, g0));
+  // First step from zero state: m = 0.1 g, v = 0.001 g^2, p moves by lr * g / (|g| + eps).
+  EXPECT_TRUE(allclose(m, g * 0.1, 1e-6, 1e-7));
+  EXPECT_TRUE(allclose(p, p0 - 0.1 * g / (g.abs() + 1e-8), 1e-6, 1e-7));
+  adam_update_({}, {}, {}, {}, {}, {}, 0.1, 0.9, 0.999, 0.0, 1e-8, false, false);  // nothing to do
+}
+
+TEST(OptimOpAdam, Errors) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  auto f = [](IntArrayRef s, ScalarType d = kFloat) { return zeros(s, d); };
+  const Tensor p = f({4}), g = f({4}), m = f({4}), v = f({4});
+  auto run = [&](TensorVec in, const Shape& steps = {1}, double lr = 0.1, double beta1 = 0.9,
+                 double beta2 = 0.999, double eps = 1e-8, double wd = 0.0, bool amsgrad = false,
+                 int64_t n = 1) {
+    call_op(op, std::move(in), {n, lr, beta1, beta2, eps, wd, false, amsgrad, steps});
+  };
+  // The wrapper's list lengths.
+  EXPECT_KILN_ERROR(
+      adam_update_({p}, {}, {m}, {v}, {}, {1}, 0.1, 0.9, 0.999, 0, 1e-8, false, false),
+      "[adam_update_] expected 1 grads, exp_avgs and exp_avg_sqs and 0 "
+      "max_exp_avg_sqs, got 0, 1, 1 and 0");
+  EXPECT_KILN_ERROR(
+      adam_update_({p}, {g}, {m}, {v}, {}, {1}, 0.1, 0.9, 0.999, 0, 1e-8, true, false),
+      "and 1 max_exp_avg_sqs, got 1, 1, 1 and 0");
+  // The call's layout.
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, 0.999, 1e-8, 0, false, -1),
+                    "[adam_update_] the list length n must be non-negative, got -1");
+  EXPECT_KILN_ERROR(run({p, g, m}),
+                    "[adam_update_] expected 4 tensors for n = 1 (params, grads, "
+                    "exp_avgs, exp_avg_sqs), got 3");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, 0.999, 1e-8, 0, true),
+                    "expected 5 tensors for n = 1 (params, grads, exp_avgs, exp_avg_sqs, "
+                    "max_exp_avg_sqs), got 4");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1, 2}), "[adam_update_] expected 1 step counts, got 2");
+  EXPECT_KILN_ERROR(call_op(op, {p, g, m, v}, {int64_t{1}, 0.1}),
+                    "[adam_update_] missing attribute 2");
+  // Hyper-parameters and step counts.
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, -0.1), "[adam_update_] invalid learning rate: -0.1");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 1.0), "[adam_update_] invalid beta1: 1");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, -0.5), "[adam_update_] invalid beta2: -0.5");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, 0.999, -1),
+                    "[adam_update_] invalid epsilon value: -1");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, 0.999, 1e-8, -0.5),
+                    "[adam_update_] invalid weight_decay value: -0.5");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {0}), "[adam_update_] steps[0] is 0: step counts start at 1");
+  // Parameters and grads.
+  EXPECT_KILN_ERROR(run({Tensor(), g, m, v}), "[adam_update_] params[0] is undefined");
+  EXPECT_KILN_ERROR(run({p, g, m, Tensor()}), "[adam_update_] exp_avg_sqs[0] is undefined");
+  EXPECT_KILN_ERROR(run({f({4}, kInt64), f({4}, kInt64), m, v}),
+                    "[adam_update_] expected floating-point params, got int64 for params[0]");
+  EXPECT_KILN_ERROR(
+      run({p, f({4}, kDouble), g, g, m, m, v, v}, {1, 1}, 0.1, 0.9, 0.999, 1e-8, 0, false, 2),
+      "[adam_update_] params[1] has dtype float64 but params[0] has float32: one "
+      "call takes parameters of one dtype");
+  EXPECT_KILN_ERROR(run({p, f({3}), m, v}),
+                    "[adam_update_] grads[0] has shape [3] but params[0] has shape [4]");
+  EXPECT_KILN_ERROR(run({p, f({4}, kBFloat16), m, v}),
+                    "[adam_update_] grads[0] has dtype bfloat16 but params[0] has dtype float32");
+  // State.
+  EXPECT_KILN_ERROR(run({p, g, f({4}, kBFloat16), f({4}, kBFloat16)}),
+                    "[adam_update_] exp_avgs[0] has dtype bfloat16: the state takes the params' "
+                    "dtype (float32)");
+  const Tensor pb = f({4}, kBFloat16);
+  EXPECT_KILN_ERROR(run({pb, pb, f({4}, kHalf), f({4}, kHalf)}),
+                    "exp_avgs[0] has dtype float16: the state takes the params' dtype (bfloat16) "
+                    "or float32");
+  EXPECT_KILN_ERROR(run({p, g, m, f({4}, kDouble)}),
+                    "[adam_update_] exp_avg_sqs[0] has dtype float64 but the call's state has "
+                    "float32: one call takes state of one dtype");
+  EXPECT_KILN_ERROR(run({p, g, m, v, f({2, 2})}, {1}, 0.1, 0.9, 0.999, 1e-8, 0, true),
+                    "[adam_update_] max_exp_avg_sqs[0] has shape [2, 2] but params[0] has shape "
+                    "[4]");
+  // One device per call.
+  const Tensor meta = empty({4}, TensorOptions().device(Device(kMeta)));
+  EXPECT_KILN_ERROR(run({p, meta, m, v}), "[adam_update_] expected all tensors on the same device");
+  // A 0-d CPU parameter does not join a call as a scalar would.
+  EXPECT_KILN_ERROR(run({f({}), meta, m, v}), "expected all tensors on the same device");
+}
+
+// --- sgd_update_ -------------------------------------------------------------------------------
+
+struct SgdCase {
+  double momentum, dampening, weight_decay;
+  bool nesterov;
+};
+
+const std::vector<SgdCase> kSgdCases = {
+    {0, 0, 0, false},         {0, 0, 0.1, false},   {0.9, 0, 0, false},
+    {0.9, 0.25, 0.01, false}, {0.9, 0, 0.01, true},
+};
+
+Attrs sgd_attrs(const SgdCase& c, int64_t n, const Shape& fresh) {
+  return {n, 0.05, c.momentum, c.dampening, c.weight_decay, c.nesterov, fresh};
+}
+
+Lists make_sgd(ScalarType dtype, ScalarType state, bool momentum, bool strided) {
+  std::vector<ScalarType> dtypes = {dtype, dtype};
+  if (momentum) dtypes.push_back(state);
+  return make_lists(dtypes, std::vector<bool>(dtypes.size(), false), strided, 4);
+}
+
+// Three steps; on the first, every other buffer is new (its values are not read).
+void check_sgd_kernel_matches_decomposition(ScalarType dtype, ScalarType state, bool strided) {
+  static const OpDef& op = KILN_OP(sgd_update_);
+  for (const SgdCase& c : kSgdCases) {
+    const bool momentum = c.momentum != 0;
+    Lists a = make_sgd(dtype, state, momentum, strided);
+    Lists b = make_sgd(dtype, state, momentum, strided);
+    const int64_t n = static_cast<int64_t>(a.lists[0].size());
+    for (int64_t t = 1; t <= 3; ++t) {
+      manual_seed(70 + t);
+      Shape fresh;
+      for (int64_t i = 0; i < n; ++i) {
+        const Tensor g = randn(a.lists[0][i].sizes()).to(dtype);
+        a.lists[1][i] = g;
+        b.lists[1][i] = g.clone();
+        if (momentum) fresh.push_back(t == 1 && i % 2 == 0 ? 1 : 0);
+      }
+      call_op_with_kernel(op, "fused", a.inputs(), sgd_attrs(c, n, fresh));
+      call_decomposition(op, b.inputs(), sgd_attrs(c, n, fresh));
+    }
+    const std::string what =
+        std::string(dtype_name(dtype)) + " params, " + std::string(dtype_name(state)) + " state" +
+        (strided ? ", strided" : "") + " momentum " + std::to_string(c.momentum) + " dampening " +
+        std::to_string(c.dampening) + " wd " + std::to_string(c.weight_decay) +
+        (c.nesterov ? " nesterov" : "");
+    expect_same_bits(a, b, what);
+  }
+}
+
+TEST(OptimOpSgd, KernelMatchesDecompositionF32) {
+  check_sgd_kernel_matches_decomposition(kFloat, kFloat, false);
+  check_sgd_kernel_matches_decomposition(kFloat, kFloat, true);
+}
+
+TEST(OptimOpSgd, KernelMatchesDecompositionLowPrecision) {
+  for (ScalarType dtype : {kBFloat16, kHalf}) {
+    check_sgd_kernel_matches_decomposition(dtype, kFloat, false);
+    check_sgd_kernel_matches_decomposition(dtype, kFloat, true);
+    check_sgd_kernel_matches_decomposition(dtype, dtype, false);
+  }
+}
+
+// A new buffer takes the (decayed) gradient; an old one is decayed and accumulates it.
+TEST(OptimOpSgd, NewBuffersTakeTheGradient) {
+  for (ScalarType dtype : {kFloat, kDouble}) {
+    Tensor p1 = full({3}, 1.0, dtype), p2 = full({3}, 1.0, dtype);
+    const Tensor g = full({3}, 2.0, dtype);
+    Tensor b1 = full({3}, 123.0, dtype), b2 = full({3}, 10.0, dtype);
+    sgd_update_({p1, p2}, {g, g}, {b1, b2}, {1, 0}, 0.1, 0.5, 0.0, 0.25, false);
+    // g + 0.25 p = 2.25; b1 = 2.25, b2 = 0.5 * 10 + 2.25 = 7.25.
+    EXPECT_TRUE(allclose(b1, full({3}, 2.25, dtype))) << dtype_name(dtype);
+    EXPECT_TRUE(allclose(b2, full({3}, 7.25, dtype))) << dtype_name(dtype);
+    EXPECT_TRUE(allclose(p1, full({3}, 1 - 0.225, dtype))) << dtype_name(dtype);
+    EXPECT_TRUE(allclose(p2, full({3}, 1 - 0.725, dtype))) << dtype_name(dtype);
+  }
+}
+
+TEST(OptimOpSgd, Errors) {
+  static const OpDef& op = KILN_OP(sgd_update_);
+  const Tensor p = zeros({4}), g = zeros({4}), b = zeros({4});
+  auto run = [&](TensorVec in, double momentum, const Shape& fresh, bool nesterov = false,
+                 double dampening = 0, double lr = 0.1, double wd = 0) {
+    call_op(op, std::move(in), {int64_t{1}, lr, momentum, dampening, wd, nesterov, fresh});
+  };
+  EXPECT_KILN_ERROR(sgd_update_({p}, {g}, {}, {}, 0.1, 0.9, 0, 0, false),
+                    "[sgd_update_] expected 1 grads and 1 momentum_buffers and new_buffers flags, "
+                    "got 1, 0 and 0");
+  EXPECT_KILN_ERROR(run({p, g}, 0.9, {}),
+                    "[sgd_update_] expected 3 tensors for n = 1 (params, "
+                    "grads, momentum_buffers), got 2");
+  EXPECT_KILN_ERROR(run({p, g, b}, 0, {}), "[sgd_update_] expected 2 tensors for n = 1");
+  EXPECT_KILN_ERROR(run({p, g, b}, 0.9, {}),
+                    "[sgd_update_] expected 1 new_buffers flags (one per momentum buffer), got 0");
+  EXPECT_KILN_ERROR(run({p, g, b}, 0.9, {2}), "[sgd_update_] new_buffers[0] is 2, expected 0 or 1");
+  EXPECT_KILN_ERROR(run({p, g}, 0, {}, false, 0, -1), "[sgd_update_] invalid learning rate: -1");
+  EXPECT_KILN_ERROR(run({p, g, b}, -0.5, {0}), "[sgd_update_] invalid momentum value: -0.5");
+  EXPECT_KILN_ERROR(run({p, g}, 0, {}, false, 0, 0.1, -1),
+                    "[sgd_update_] invalid weight_decay value: -1");
+  EXPECT_KILN_ERROR(run({p, g}, 0, {}, true), "[sgd_update_] Nesterov momentum requires");
+  EXPECT_KILN_ERROR(run({p, g, b}, 0.9, {0}, true, 0.1),
+                    "[sgd_update_] Nesterov momentum requires");
+  EXPECT_KILN_ERROR(run({p, zeros({5}), b}, 0.9, {0}),
+                    "[sgd_update_] grads[0] has shape [5] but params[0] has shape [4]");
+  EXPECT_KILN_ERROR(run({p, g, zeros({4}, kBFloat16)}, 0.9, {0}),
+                    "[sgd_update_] momentum_buffers[0] has dtype bfloat16: the state takes the "
+                    "params' dtype (float32)");
+  EXPECT_KILN_ERROR(run({p, g, zeros({2})}, 0.9, {0}),
+                    "[sgd_update_] momentum_buffers[0] has shape [2] but params[0] has shape [4]");
+}
+
+}  // namespace
+}  // namespace kiln
