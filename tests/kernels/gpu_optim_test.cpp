@@ -218,7 +218,7 @@ TEST_F(GpuAdamW, ParamDtypeStateF32ParamsKeepF32State) {
 
 // One group of f32, bf16 and f16 parameters with the option: one batch per (dtype, state
 // dtype), f32 state for the f32 parameters, 16-bit for the others; a non-contiguous bf16
-// parameter takes the op path (f32 copies through the kernel, rounded when copied back).
+// parameter takes the kernel on f32 copies, rounded when copied back.
 void run_mixed_group(bool adamw, bool amsgrad) {
   manual_seed(8);
   std::vector<Tensor> cpu = {randn({1001}),

@@ -1,6 +1,7 @@
 // Optimizers: the first steps of SGD, Adam and AdamW against their published update rules
-// (written out in double below), parameter groups, zero_grad, the fused CPU path against the
-// op-by-op path, and checkpoints that resume bit-exactly.
+// (written out in double below), parameter groups, zero_grad, contiguous against strided
+// parameters, and checkpoints that resume bit-exactly. The update ops themselves (kernel against
+// decomposition, errors): tests/tensor/optim_test.cpp.
 #include <gtest/gtest.h>
 #include <kiln/kiln.h>
 
@@ -261,8 +262,8 @@ TEST(OptimAdam, Errors) {
   EXPECT_KILN_ERROR(AdamW(groups, AdamWOptions()), "[AdamW] a parameter group has the options");
 }
 
-// The fused loop (contiguous f32 on the CPU, multi-threaded above 8K elements) against the
-// op-by-op path on the same values (a transposed, non-contiguous parameter).
+// A contiguous f32 parameter (the fused loop in place, multi-threaded above 8K elements) against
+// a transposed, non-contiguous one on the same values (the loop on f32 copies).
 TEST(OptimAdamW, FusedMatchesOps) {
   for (bool amsgrad : {false, true}) {
     for (bool decoupled : {false, true}) {
