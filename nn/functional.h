@@ -34,20 +34,20 @@
 // Declares an option `name` of type T with a fluent setter `name(value)`
 // returning *this and a getter `name()`, as libtorch's TORCH_ARG.
 #ifndef KILN_ARG
-#define KILN_ARG(T, name)                                                      \
-public:                                                                        \
-  inline auto name(const T &new_##name)->decltype(*this) {                     \
-    this->name##_ = new_##name;                                                \
-    return *this;                                                              \
-  }                                                                            \
-  inline auto name(T &&new_##name)->decltype(*this) {                          \
-    this->name##_ = std::move(new_##name);                                     \
-    return *this;                                                              \
-  }                                                                            \
-  inline const T &name() const noexcept { return this->name##_; }              \
-  inline T &name() noexcept { return this->name##_; }                          \
-                                                                               \
-private:                                                                       \
+#define KILN_ARG(T, name)                                         \
+ public:                                                          \
+  inline auto name(const T &new_##name)->decltype(*this) {        \
+    this->name##_ = new_##name;                                   \
+    return *this;                                                 \
+  }                                                               \
+  inline auto name(T &&new_##name)->decltype(*this) {             \
+    this->name##_ = std::move(new_##name);                        \
+    return *this;                                                 \
+  }                                                               \
+  inline const T &name() const noexcept { return this->name##_; } \
+  inline T &name() noexcept { return this->name##_; }             \
+                                                                  \
+ private:                                                         \
   T name##_
 #endif
 
@@ -55,33 +55,28 @@ namespace kiln {
 
 // D integers given as one value (repeated) or as exactly D values: `3`, `{3,
 // 5}`.
-template <size_t D, typename T = int64_t> class ExpandingArray {
-public:
-  ExpandingArray(T value) {
-    values_.fill(value);
-  } // NOLINT: implicit, as libtorch's
+template <size_t D, typename T = int64_t>
+class ExpandingArray {
+ public:
+  ExpandingArray(T value) { values_.fill(value); }  // NOLINT: implicit, as libtorch's
   ExpandingArray(std::initializer_list<T> list) {
-    KILN_CHECK(list.size() == D, "[ExpandingArray] expected ", D,
-               " values, got ", list.size());
+    KILN_CHECK(list.size() == D, "[ExpandingArray] expected ", D, " values, got ", list.size());
     std::copy(list.begin(), list.end(), values_.begin());
   }
-  ExpandingArray(const std::vector<T> &list) { // NOLINT
-    KILN_CHECK(list.size() == D, "[ExpandingArray] expected ", D,
-               " values, got ", list.size());
+  ExpandingArray(const std::vector<T> &list) {  // NOLINT
+    KILN_CHECK(list.size() == D, "[ExpandingArray] expected ", D, " values, got ", list.size());
     std::copy(list.begin(), list.end(), values_.begin());
   }
-  ExpandingArray(const std::array<T, D> &values) : values_(values) {} // NOLINT
+  ExpandingArray(const std::array<T, D> &values) : values_(values) {}  // NOLINT
   T &operator[](size_t i) { return values_[i]; }
   const T &operator[](size_t i) const { return values_[i]; }
   static constexpr size_t size() { return D; }
   const T *data() const { return values_.data(); }
   const std::array<T, D> &operator*() const { return values_; }
-  std::vector<T> vec() const {
-    return std::vector<T>(values_.begin(), values_.end());
-  }
+  std::vector<T> vec() const { return std::vector<T>(values_.begin(), values_.end()); }
   bool operator==(const ExpandingArray &) const = default;
 
-private:
+ private:
   std::array<T, D> values_{};
 };
 
@@ -92,7 +87,7 @@ namespace nn {
 enum class Reduction { None, Mean, Sum, BatchMean };
 std::string_view reduction_name(Reduction r);
 
-} // namespace nn
+}  // namespace nn
 
 // libtorch's spellings: `.reduction(kiln::kSum)`.
 inline constexpr nn::Reduction kNone = nn::Reduction::None;
@@ -106,8 +101,7 @@ namespace nn::functional {
 // =====================================
 
 // y = x W^T + b, W of shape [out, in].
-Tensor linear(const Tensor &input, const Tensor &weight,
-              const Tensor &bias = {});
+Tensor linear(const Tensor &input, const Tensor &weight, const Tensor &bias = {});
 
 struct EmbeddingFuncOptions {
   // Row padding_idx (negative counts from the end) is looked up but gets no
@@ -120,15 +114,14 @@ Tensor embedding(const Tensor &input, const Tensor &weight,
                  const EmbeddingFuncOptions &options = {});
 
 struct SoftmaxFuncOptions {
-  SoftmaxFuncOptions(int64_t dim) : dim_(dim) {} // NOLINT
+  SoftmaxFuncOptions(int64_t dim) : dim_(dim) {}  // NOLINT
   KILN_ARG(int64_t, dim);
   KILN_ARG(std::optional<ScalarType>, dtype) = std::nullopt;
 };
 using LogSoftmaxFuncOptions = SoftmaxFuncOptions;
 using SoftminFuncOptions = SoftmaxFuncOptions;
 Tensor softmax(const Tensor &input, const SoftmaxFuncOptions &options);
-Tensor softmax(const Tensor &input, int64_t dim,
-               std::optional<ScalarType> dtype = std::nullopt);
+Tensor softmax(const Tensor &input, int64_t dim, std::optional<ScalarType> dtype = std::nullopt);
 Tensor log_softmax(const Tensor &input, const LogSoftmaxFuncOptions &options);
 Tensor log_softmax(const Tensor &input, int64_t dim,
                    std::optional<ScalarType> dtype = std::nullopt);
@@ -143,7 +136,7 @@ struct DropoutFuncOptions {
 Tensor dropout(const Tensor &input, const DropoutFuncOptions &options = {});
 
 struct LayerNormFuncOptions {
-  LayerNormFuncOptions(std::vector<int64_t> normalized_shape) // NOLINT
+  LayerNormFuncOptions(std::vector<int64_t> normalized_shape)  // NOLINT
       : normalized_shape_(std::move(normalized_shape)) {}
   KILN_ARG(std::vector<int64_t>, normalized_shape);
   KILN_ARG(Tensor, weight) = {};
@@ -154,12 +147,11 @@ struct LayerNormFuncOptions {
 // * weight + bias: the layer_norm op (tensor/ops/norm.cpp). f16/bf16 inputs are
 // computed in f32 and returned in their dtype.
 Tensor layer_norm(const Tensor &input, const LayerNormFuncOptions &options);
-Tensor layer_norm(const Tensor &input, IntArrayRef normalized_shape,
-                  const Tensor &weight = {}, const Tensor &bias = {},
-                  double eps = 1e-5);
+Tensor layer_norm(const Tensor &input, IntArrayRef normalized_shape, const Tensor &weight = {},
+                  const Tensor &bias = {}, double eps = 1e-5);
 
 struct RMSNormFuncOptions {
-  RMSNormFuncOptions(std::vector<int64_t> normalized_shape) // NOLINT
+  RMSNormFuncOptions(std::vector<int64_t> normalized_shape)  // NOLINT
       : normalized_shape_(std::move(normalized_shape)) {}
   KILN_ARG(std::vector<int64_t>, normalized_shape);
   KILN_ARG(Tensor, weight) = {};
@@ -170,12 +162,11 @@ struct RMSNormFuncOptions {
 // (tensor/ops/norm.cpp), computed in f32 for f16/bf16 and returned in the
 // input's dtype.
 Tensor rms_norm(const Tensor &input, const RMSNormFuncOptions &options);
-Tensor rms_norm(const Tensor &input, IntArrayRef normalized_shape,
-                const Tensor &weight = {},
+Tensor rms_norm(const Tensor &input, IntArrayRef normalized_shape, const Tensor &weight = {},
                 std::optional<double> eps = std::nullopt);
 
 struct GELUFuncOptions {
-  KILN_ARG(std::string, approximate) = "none"; // "none" (erf) or "tanh"
+  KILN_ARG(std::string, approximate) = "none";  // "none" (erf) or "tanh"
 };
 Tensor gelu(const Tensor &input, const GELUFuncOptions &options = {});
 Tensor silu(const Tensor &input);
@@ -186,11 +177,11 @@ Tensor geglu_tanh(const Tensor &gate, const Tensor &up);
 Tensor relu(const Tensor &input, bool inplace = false);
 
 struct PadFuncOptions {
-  PadFuncOptions(std::vector<int64_t> pad) : pad_(std::move(pad)) {} // NOLINT
+  PadFuncOptions(std::vector<int64_t> pad) : pad_(std::move(pad)) {}  // NOLINT
   // (left, right) pairs starting from the last dim, as PyTorch; negative values
   // crop.
   KILN_ARG(std::vector<int64_t>, pad);
-  KILN_ARG(std::string, mode) = "constant"; // only "constant" is supported
+  KILN_ARG(std::string, mode) = "constant";  // only "constant" is supported
   KILN_ARG(double, value) = 0;
 };
 Tensor pad(const Tensor &input, const PadFuncOptions &options);
@@ -214,21 +205,20 @@ Tensor one_hot(const Tensor &tensor, int64_t num_classes = -1);
 struct Conv2dFuncOptions {
   KILN_ARG(Tensor, bias) = {};
   KILN_ARG(ExpandingArray<2>, stride) = 1;
-  KILN_ARG(ExpandingArray<2>, padding) = 0; // zeros on both sides
+  KILN_ARG(ExpandingArray<2>, padding) = 0;  // zeros on both sides
   KILN_ARG(ExpandingArray<2>, dilation) = 1;
   KILN_ARG(int64_t, groups) = 1;
 };
 // weight [out, in / groups, kh, kw] (cross-correlation, as PyTorch).
-Tensor conv2d(const Tensor &input, const Tensor &weight,
-              const Conv2dFuncOptions &options = {});
+Tensor conv2d(const Tensor &input, const Tensor &weight, const Conv2dFuncOptions &options = {});
 
 struct MaxPool2dFuncOptions {
-  MaxPool2dFuncOptions(ExpandingArray<2> kernel_size) // NOLINT
+  MaxPool2dFuncOptions(ExpandingArray<2> kernel_size)  // NOLINT
       : kernel_size_(kernel_size), stride_(kernel_size) {}
   KILN_ARG(ExpandingArray<2>, kernel_size);
-  KILN_ARG(ExpandingArray<2>, stride); // defaults to kernel_size
+  KILN_ARG(ExpandingArray<2>, stride);  // defaults to kernel_size
   KILN_ARG(ExpandingArray<2>,
-           padding) = 0; // implicit -inf, at most half the kernel
+           padding) = 0;  // implicit -inf, at most half the kernel
   KILN_ARG(ExpandingArray<2>, dilation) = 1;
   KILN_ARG(bool, ceil_mode) = false;
 };
@@ -237,15 +227,14 @@ struct MaxPool2dFuncOptions {
 Tensor max_pool2d(const Tensor &input, const MaxPool2dFuncOptions &options);
 // (values, flat indices into each input plane of H * W), as
 // max_pool2d_with_indices.
-std::tuple<Tensor, Tensor>
-max_pool2d_with_indices(const Tensor &input,
-                        const MaxPool2dFuncOptions &options);
+std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor &input,
+                                                   const MaxPool2dFuncOptions &options);
 
 struct AvgPool2dFuncOptions {
-  AvgPool2dFuncOptions(ExpandingArray<2> kernel_size) // NOLINT
+  AvgPool2dFuncOptions(ExpandingArray<2> kernel_size)  // NOLINT
       : kernel_size_(kernel_size), stride_(kernel_size) {}
   KILN_ARG(ExpandingArray<2>, kernel_size);
-  KILN_ARG(ExpandingArray<2>, stride); // defaults to kernel_size
+  KILN_ARG(ExpandingArray<2>, stride);  // defaults to kernel_size
   KILN_ARG(ExpandingArray<2>, padding) = 0;
   KILN_ARG(bool, ceil_mode) = false;
   KILN_ARG(bool, count_include_pad) = true;
@@ -265,8 +254,7 @@ struct BatchNormFuncOptions {
 // Input [N, C, *]. Training normalises with the batch statistics over all dims
 // but 1 and updates running_mean/var in place (when defined); eval uses the
 // running statistics.
-Tensor batch_norm(const Tensor &input, const Tensor &running_mean,
-                  const Tensor &running_var,
+Tensor batch_norm(const Tensor &input, const Tensor &running_mean, const Tensor &running_var,
                   const BatchNormFuncOptions &options = {});
 
 // ================================ Losses
@@ -276,33 +264,30 @@ Tensor batch_norm(const Tensor &input, const Tensor &running_mean,
 struct MSELossFuncOptions {
   KILN_ARG(nn::Reduction, reduction) = nn::Reduction::Mean;
 };
-Tensor mse_loss(const Tensor &input, const Tensor &target,
-                const MSELossFuncOptions &options = {});
+Tensor mse_loss(const Tensor &input, const Tensor &target, const MSELossFuncOptions &options = {});
 
 struct L1LossFuncOptions {
   KILN_ARG(nn::Reduction, reduction) = nn::Reduction::Mean;
 };
-Tensor l1_loss(const Tensor &input, const Tensor &target,
-               const L1LossFuncOptions &options = {});
+Tensor l1_loss(const Tensor &input, const Tensor &target, const L1LossFuncOptions &options = {});
 
 struct SmoothL1LossFuncOptions {
   KILN_ARG(nn::Reduction, reduction) = nn::Reduction::Mean;
-  KILN_ARG(double, beta) = 1.0; // 0 gives l1_loss
+  KILN_ARG(double, beta) = 1.0;  // 0 gives l1_loss
 };
 // 0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere.
 Tensor smooth_l1_loss(const Tensor &input, const Tensor &target,
                       const SmoothL1LossFuncOptions &options = {});
 
 struct NLLLossFuncOptions {
-  KILN_ARG(Tensor, weight) = {}; // per class, [C]
+  KILN_ARG(Tensor, weight) = {};  // per class, [C]
   KILN_ARG(int64_t, ignore_index) = -100;
   KILN_ARG(nn::Reduction, reduction) = nn::Reduction::Mean;
 };
 // input: log-probabilities [N, C] / [N, C, d1, ...] / [C]; target: class
 // indices [N] / [N, d1, ...] / []. Mean divides by the summed weights of the
 // non-ignored targets.
-Tensor nll_loss(const Tensor &input, const Tensor &target,
-                const NLLLossFuncOptions &options = {});
+Tensor nll_loss(const Tensor &input, const Tensor &target, const NLLLossFuncOptions &options = {});
 
 struct CrossEntropyFuncOptions {
   KILN_ARG(Tensor, weight) = {};
@@ -317,7 +302,7 @@ Tensor cross_entropy(const Tensor &input, const Tensor &target,
                      const CrossEntropyFuncOptions &options = {});
 
 struct BinaryCrossEntropyFuncOptions {
-  KILN_ARG(Tensor, weight) = {}; // broadcast to input
+  KILN_ARG(Tensor, weight) = {};  // broadcast to input
   KILN_ARG(nn::Reduction, reduction) = nn::Reduction::Mean;
 };
 // input: probabilities in [0, 1]; log terms are clamped at -100, as PyTorch.
@@ -327,8 +312,7 @@ Tensor binary_cross_entropy(const Tensor &input, const Tensor &target,
 struct BinaryCrossEntropyWithLogitsFuncOptions {
   KILN_ARG(Tensor, weight) = {};
   KILN_ARG(nn::Reduction, reduction) = nn::Reduction::Mean;
-  KILN_ARG(Tensor, pos_weight) =
-      {}; // weight of positive examples, broadcast over classes
+  KILN_ARG(Tensor, pos_weight) = {};  // weight of positive examples, broadcast over classes
 };
 // Numerically stable: uses log(sigmoid(x)) = -softplus(-x) without forming
 // sigmoid(x).
@@ -338,13 +322,12 @@ Tensor binary_cross_entropy_with_logits(
 
 struct KLDivFuncOptions {
   KILN_ARG(nn::Reduction,
-           reduction) = nn::Reduction::Mean; // BatchMean is the true KL
+           reduction) = nn::Reduction::Mean;  // BatchMean is the true KL
   KILN_ARG(bool, log_target) = false;
 };
 // input: log-probabilities; target: probabilities (log-probabilities when
 // log_target). Pointwise target * (log target - input), 0 where target is 0.
-Tensor kl_div(const Tensor &input, const Tensor &target,
-              const KLDivFuncOptions &options = {});
+Tensor kl_div(const Tensor &input, const Tensor &target, const KLDivFuncOptions &options = {});
 
 // ================================ Attention and rotary embeddings
 // ============================
@@ -365,11 +348,12 @@ Tensor kl_div(const Tensor &input, const Tensor &target,
 // Rows whose keys are all masked give zeros (as PyTorch's math backend), not
 // NaN. Dropout with probability dropout_p applies to the attention weights
 // whenever it is > 0.
-Tensor scaled_dot_product_attention(
-    const Tensor &query, const Tensor &key, const Tensor &value,
-    const Tensor &attn_mask = {}, double dropout_p = 0.0,
-    bool is_causal = false, std::optional<double> scale = std::nullopt,
-    bool enable_gqa = false, int64_t sliding_window = 0, double softcap = 0.0);
+Tensor scaled_dot_product_attention(const Tensor &query, const Tensor &key, const Tensor &value,
+                                    const Tensor &attn_mask = {}, double dropout_p = 0.0,
+                                    bool is_causal = false,
+                                    std::optional<double> scale = std::nullopt,
+                                    bool enable_gqa = false, int64_t sliding_window = 0,
+                                    double softcap = 0.0);
 
 // Llama 3 ("llama3" rope_type) frequency scaling: wavelengths above
 // original_max_seq_len / low_freq_factor are divided by factor, those below
@@ -386,10 +370,9 @@ struct RopeScaling {
 // = t * theta_i with theta_i = base^(-2i / head_size) for i < head_size / 2,
 // repeated for the second half. Computed in f64 and converted to options' dtype
 // (default float32).
-std::tuple<Tensor, Tensor>
-rope_cache(int64_t seq_len, int64_t head_size, double base = 10000.0,
-           std::optional<RopeScaling> scaling = std::nullopt,
-           const TensorOptions &options = {});
+std::tuple<Tensor, Tensor> rope_cache(int64_t seq_len, int64_t head_size, double base = 10000.0,
+                                      std::optional<RopeScaling> scaling = std::nullopt,
+                                      const TensorOptions &options = {});
 
 // x * cos + cat(-x2, x1) * sin where x1, x2 are the halves of the last dim of x
 // [..., T, D]; cos/sin broadcast to x (e.g. [T, D] from rope_cache, sliced to
@@ -399,20 +382,18 @@ rope_cache(int64_t seq_len, int64_t head_size, double base = 10000.0,
 Tensor apply_rotary_emb(const Tensor &x, const Tensor &cos, const Tensor &sin);
 // apply_rotary_emb of q and of k; one fused launch for both (kiln::rotary_emb_qk)
 // when both fit the fused op.
-std::tuple<Tensor, Tensor> apply_rotary_emb_qk(const Tensor &q, const Tensor &k,
-                                               const Tensor &cos,
+std::tuple<Tensor, Tensor> apply_rotary_emb_qk(const Tensor &q, const Tensor &k, const Tensor &cos,
                                                const Tensor &sin);
 
-} // namespace nn::functional
+}  // namespace nn::functional
 
 // ================================ libtorch's top-level spellings
 // =============================
 
 Tensor dropout(const Tensor &input, double p, bool train);
-Tensor conv2d(const Tensor &input, const Tensor &weight,
-              const Tensor &bias = {}, ExpandingArray<2> stride = 1,
-              ExpandingArray<2> padding = 0, ExpandingArray<2> dilation = 1,
-              int64_t groups = 1);
+Tensor conv2d(const Tensor &input, const Tensor &weight, const Tensor &bias = {},
+              ExpandingArray<2> stride = 1, ExpandingArray<2> padding = 0,
+              ExpandingArray<2> dilation = 1, int64_t groups = 1);
 Tensor max_pool2d(const Tensor &input, ExpandingArray<2> kernel_size,
                   std::optional<ExpandingArray<2>> stride = std::nullopt,
                   ExpandingArray<2> padding = 0, ExpandingArray<2> dilation = 1,
@@ -423,40 +404,30 @@ Tensor avg_pool2d(const Tensor &input, ExpandingArray<2> kernel_size,
                   bool count_include_pad = true,
                   std::optional<int64_t> divisor_override = std::nullopt);
 Tensor batch_norm(const Tensor &input, const Tensor &weight, const Tensor &bias,
-                  const Tensor &running_mean, const Tensor &running_var,
-                  bool training, double momentum, double eps);
+                  const Tensor &running_mean, const Tensor &running_var, bool training,
+                  double momentum, double eps);
 // kiln::layer_norm and kiln::rms_norm with a normalized_shape are the ops'
 // own wrappers (tensor/ops.h).
-Tensor mse_loss(const Tensor &input, const Tensor &target,
-                nn::Reduction reduction = kMean);
-Tensor l1_loss(const Tensor &input, const Tensor &target,
-               nn::Reduction reduction = kMean);
-Tensor smooth_l1_loss(const Tensor &input, const Tensor &target,
-                      nn::Reduction reduction = kMean, double beta = 1.0);
-Tensor nll_loss(const Tensor &input, const Tensor &target,
-                const Tensor &weight = {}, nn::Reduction reduction = kMean,
-                int64_t ignore_index = -100);
-Tensor cross_entropy_loss(const Tensor &input, const Tensor &target,
-                          const Tensor &weight = {},
-                          nn::Reduction reduction = kMean,
-                          int64_t ignore_index = -100,
+Tensor mse_loss(const Tensor &input, const Tensor &target, nn::Reduction reduction = kMean);
+Tensor l1_loss(const Tensor &input, const Tensor &target, nn::Reduction reduction = kMean);
+Tensor smooth_l1_loss(const Tensor &input, const Tensor &target, nn::Reduction reduction = kMean,
+                      double beta = 1.0);
+Tensor nll_loss(const Tensor &input, const Tensor &target, const Tensor &weight = {},
+                nn::Reduction reduction = kMean, int64_t ignore_index = -100);
+Tensor cross_entropy_loss(const Tensor &input, const Tensor &target, const Tensor &weight = {},
+                          nn::Reduction reduction = kMean, int64_t ignore_index = -100,
                           double label_smoothing = 0.0);
-Tensor binary_cross_entropy(const Tensor &input, const Tensor &target,
-                            const Tensor &weight = {},
+Tensor binary_cross_entropy(const Tensor &input, const Tensor &target, const Tensor &weight = {},
                             nn::Reduction reduction = kMean);
-Tensor binary_cross_entropy_with_logits(const Tensor &input,
-                                        const Tensor &target,
-                                        const Tensor &weight = {},
-                                        const Tensor &pos_weight = {},
+Tensor binary_cross_entropy_with_logits(const Tensor &input, const Tensor &target,
+                                        const Tensor &weight = {}, const Tensor &pos_weight = {},
                                         nn::Reduction reduction = kMean);
-Tensor kl_div(const Tensor &input, const Tensor &target,
-              nn::Reduction reduction = kMean, bool log_target = false);
-Tensor scaled_dot_product_attention(const Tensor &query, const Tensor &key,
-                                    const Tensor &value,
-                                    const Tensor &attn_mask = {},
-                                    double dropout_p = 0.0,
+Tensor kl_div(const Tensor &input, const Tensor &target, nn::Reduction reduction = kMean,
+              bool log_target = false);
+Tensor scaled_dot_product_attention(const Tensor &query, const Tensor &key, const Tensor &value,
+                                    const Tensor &attn_mask = {}, double dropout_p = 0.0,
                                     bool is_causal = false,
                                     std::optional<double> scale = std::nullopt,
                                     bool enable_gqa = false);
 
-} // namespace kiln
+}  // namespace kiln

@@ -233,53 +233,31 @@ Tensor geglu_tanh(const Tensor& gate, const Tensor& up);
 std::tuple<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            double scale, bool causal = false,
                                            int64_t sliding_window = 0, double softcap = 0.0);
-
-// --- Optimizer updates (tensor/ops/optim.cpp) ---------------------------------------------------
-// Multi-tensor, in place, as torch._fused_adam_ / _fused_adamw_ / _fused_sgd_: what
-// kiln::optim's Adam, AdamW and SGD step() run, one call per device and dtype. Call them under
-// NoGradGuard (they have no backward). Lists are parallel: entry i of each belongs to params[i].
-// Parameters of one floating dtype and device; grads of their dtype and shape; state of one
-// dtype, the parameters' or f32 for bf16/f16 parameters. Arithmetic in f32 (f64 for f64), each
-// stored value rounded once.
-//
-// Adam (L2 decay added to the gradient) or, with decoupled_weight_decay, AdamW (p *= 1 - lr *
-// weight_decay). steps[i] is params[i]'s step count t after this step (1 on the first);
-// max_exp_avg_sqs is empty unless amsgrad.
-void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs,
-                  TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, IntArrayRef steps,
-                  double lr, double beta1, double beta2, double weight_decay, double eps,
-                  bool amsgrad, bool decoupled_weight_decay);
-// SGD with momentum, dampening, Nesterov momentum and L2 weight decay (torch.optim.SGD).
-// momentum_buffers and new_buffers are empty when momentum == 0; new_buffers[i] is 1 where
-// momentum_buffers[i] is new (it is set to the gradient; its values are not read), else 0.
-void sgd_update_(TensorList params, TensorList grads, TensorList momentum_buffers,
-                 IntArrayRef new_buffers, double lr, double momentum, double dampening,
-                 double weight_decay, bool nesterov);
-
-// --- Optimizer updates (tensor/ops/optim.cpp) ---------------------------------------------------
-// Multi-tensor, in place, as torch._fused_adam_ / _fused_adamw_ / _fused_sgd_: what
-// kiln::optim's Adam, AdamW and SGD step() run, one call per device and dtype. Call them under
-// NoGradGuard (they have no backward). Lists are parallel: entry i of each belongs to params[i].
-// Parameters of one floating dtype and device; grads of their dtype and shape; state of one
-// dtype, the parameters' or f32 for bf16/f16 parameters. Arithmetic in f32 (f64 for f64), each
-// stored value rounded once.
-//
-// Adam (L2 decay added to the gradient) or, with decoupled_weight_decay, AdamW (p *= 1 - lr *
-// weight_decay). steps[i] is params[i]'s step count t after this step (1 on the first);
-// max_exp_avg_sqs is empty unless amsgrad.
-void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs,
-                  TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, IntArrayRef steps,
-                  double lr, double beta1, double beta2, double weight_decay, double eps,
-                  bool amsgrad, bool decoupled_weight_decay);
-// SGD with momentum, dampening, Nesterov momentum and L2 weight decay (torch.optim.SGD).
-// momentum_buffers and new_buffers are empty when momentum == 0; new_buffers[i] is 1 where
-// momentum_buffers[i] is new (it is set to the gradient; its values are not read), else 0.
-void sgd_update_(TensorList params, TensorList grads, TensorList momentum_buffers,
-                 IntArrayRef new_buffers, double lr, double momentum, double dampening,
-                 double weight_decay, bool nesterov);
 std::tuple<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& attn_mask, double scale, bool causal,
                                            int64_t sliding_window, double softcap,
                                            double dropout_p);
+
+// --- Optimizer updates (tensor/ops/optim.cpp) ---------------------------------------------------
+// Multi-tensor, in place, as torch._fused_adam_ / _fused_adamw_ / _fused_sgd_: what
+// kiln::optim's Adam, AdamW and SGD step() run, one call per device and dtype. Call them under
+// NoGradGuard (they have no backward). Lists are parallel: entry i of each belongs to params[i].
+// Parameters of one floating dtype and device; grads of their dtype and shape; state of one
+// dtype, the parameters' or f32 for bf16/f16 parameters. Arithmetic in f32 (f64 for f64), each
+// stored value rounded once.
+//
+// Adam (L2 decay added to the gradient) or, with decoupled_weight_decay, AdamW (p *= 1 - lr *
+// weight_decay). steps[i] is params[i]'s step count t after this step (1 on the first);
+// max_exp_avg_sqs is empty unless amsgrad.
+void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs,
+                  TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, IntArrayRef steps,
+                  double lr, double beta1, double beta2, double weight_decay, double eps,
+                  bool amsgrad, bool decoupled_weight_decay);
+// SGD with momentum, dampening, Nesterov momentum and L2 weight decay (torch.optim.SGD).
+// momentum_buffers and new_buffers are empty when momentum == 0; new_buffers[i] is 1 where
+// momentum_buffers[i] is new (it is set to the gradient; its values are not read), else 0.
+void sgd_update_(TensorList params, TensorList grads, TensorList momentum_buffers,
+                 IntArrayRef new_buffers, double lr, double momentum, double dampening,
+                 double weight_decay, bool nesterov);
 
 }  // namespace kiln

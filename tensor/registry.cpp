@@ -59,7 +59,8 @@ void Registry::set_kernel_order(std::string_view op, DeviceType device,
   KernelList& list = def.kernels[static_cast<int>(device)];
   KernelList ordered;
   for (const std::string& n : names) {
-    auto it = std::find_if(list.begin(), list.end(), [&](const KernelDef& k) { return k.name == n; });
+    auto it =
+        std::find_if(list.begin(), list.end(), [&](const KernelDef& k) { return k.name == n; });
     KILN_CHECK(it != list.end(), "[set_kernel_order] ", op, " has no ", device_type_name(device),
                " kernel named '", n, "'");
     ordered.push_back(*it);

@@ -97,7 +97,7 @@ using MutatedFn = void (*)(const OpCall& call, TensorVec& mutated);
 
 // One kernel of an op on one device type.
 struct KernelDef {
-  std::string name;              // unique per op and device ("flash_hopper"); "" for the only one
+  std::string name;  // unique per op and device ("flash_hopper"); "" for the only one
   KernelFn fn = nullptr;
   SupportFn supports = nullptr;  // nullptr: every call the meta rule accepts
   int priority = 0;              // lower is tried first (registration order breaks ties)
@@ -118,7 +118,9 @@ struct BackwardCall {
   const Tensor& grad(size_t i = 0) const { return grad_outputs[i]; }
   bool needs_grad(size_t i) const { return i < needs_input_grad.size() && needs_input_grad[i]; }
   template <typename T>
-  const T& attr(size_t i) const { return forward.attr<T>(i); }
+  const T& attr(size_t i) const {
+    return forward.attr<T>(i);
+  }
 };
 // Gradients for each input (undefined where not needed or not differentiable), written in
 // kiln ops so that they are differentiable themselves (higher-order gradients) and traceable.
@@ -206,7 +208,7 @@ struct OpRegistrar {
 // by priority (lower first), then registration order:
 //   KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "flash_hopper", fwd_hopper, hopper_supports);
 //   KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "flash_sm80", fwd_sm80, sm80_supports, 1);
-#define KILN_REGISTER_KERNEL_IF(name, device, kernel_name, fn, supports, ...)          \
+#define KILN_REGISTER_KERNEL_IF(name, device, kernel_name, fn, supports, ...)  \
   static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_kernel_, __COUNTER__)( \
       #name, device, kernel_name, fn, supports __VA_OPT__(, ) __VA_ARGS__)
 //   KILN_REGISTER_BACKWARD(add, add_backward, kSaveNone, false);  // what the rule reads
@@ -220,7 +222,7 @@ constexpr uint32_t save_inputs(std::initializer_list<int> which) {
   for (int i : which) m |= 1u << i;
   return m;
 }
-#define KILN_REGISTER_DECOMPOSITION(name, fn)                                           \
+#define KILN_REGISTER_DECOMPOSITION(name, fn)                                  \
   static const ::kiln::OpRegistrar KILN_REG_CONCAT(kiln_decomp_, __COUNTER__)( \
       #name, static_cast<::kiln::DecompositionFn>(fn))
 

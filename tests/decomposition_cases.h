@@ -56,8 +56,8 @@ inline TensorVec leaves(const TensorVec& inputs, Device device) {
 // and the same input gradients.
 inline void expect_decomposition_matches(const FusedCase& c, std::string_view kernel,
                                          Device device) {
-  SCOPED_TRACE(c.name + " [" + c.op + ", kernel '" + std::string(kernel) + "' on " +
-               device.str() + "]");
+  SCOPED_TRACE(c.name + " [" + c.op + ", kernel '" + std::string(kernel) + "' on " + device.str() +
+               "]");
   const OpDef& op = Registry::get().op(c.op);
   ASSERT_NE(op.decomposition, nullptr) << c.op << " registers no decomposition";
   const TensorVec fin = leaves(c.inputs, device);
@@ -161,14 +161,30 @@ inline std::vector<FusedCase> attention_cases(ScalarType dtype, int64_t head_siz
   auto qkv = [&](int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t s) {
     return TensorVec{randn({b, h, t, d}, o), randn({b, hkv, s, d}, o), randn({b, hkv, s, d}, o)};
   };
-  cases.push_back({"attention", "flash_attention", qkv(2, 2, 2, 19, 19),
-                   {scale, false, int64_t{0}, 0.0}, 2, tol});
-  cases.push_back({"attention causal gqa", "flash_attention", qkv(1, 4, 2, 33, 33),
-                   {scale, true, int64_t{0}, 0.0}, 2, tol});
-  cases.push_back({"attention window softcap", "flash_attention", qkv(1, 2, 1, 40, 40),
-                   {scale, true, int64_t{9}, 5.0}, 2, tol});
-  cases.push_back({"attention T > S causal", "flash_attention", qkv(1, 2, 2, 21, 13),
-                   {scale, true, int64_t{0}, 0.0}, 2, tol});
+  cases.push_back({"attention",
+                   "flash_attention",
+                   qkv(2, 2, 2, 19, 19),
+                   {scale, false, int64_t{0}, 0.0},
+                   2,
+                   tol});
+  cases.push_back({"attention causal gqa",
+                   "flash_attention",
+                   qkv(1, 4, 2, 33, 33),
+                   {scale, true, int64_t{0}, 0.0},
+                   2,
+                   tol});
+  cases.push_back({"attention window softcap",
+                   "flash_attention",
+                   qkv(1, 2, 1, 40, 40),
+                   {scale, true, int64_t{9}, 5.0},
+                   2,
+                   tol});
+  cases.push_back({"attention T > S causal",
+                   "flash_attention",
+                   qkv(1, 2, 2, 21, 13),
+                   {scale, true, int64_t{0}, 0.0},
+                   2,
+                   tol});
   return cases;
 }
 

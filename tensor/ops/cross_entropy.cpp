@@ -42,8 +42,9 @@ int64_t class_dim(const Tensor& logits) { return logits.dim() == 1 ? 0 : 1; }
 
 SpecList cross_entropy_fused_meta(const OpCall& c) {
   constexpr const char* kOp = "cross_entropy_fused";
-  KILN_CHECK(c.inputs.size() == 2 || c.inputs.size() == 3,
-             "[cross_entropy_fused] expected inputs (logits, targets) or (logits, targets, weight)");
+  KILN_CHECK(
+      c.inputs.size() == 2 || c.inputs.size() == 3,
+      "[cross_entropy_fused] expected inputs (logits, targets) or (logits, targets, weight)");
   const Tensor& logits = c.input(0);
   const Tensor& targets = c.input(1);
   KILN_CHECK(logits.defined() && targets.defined(), "[", kOp,
@@ -88,8 +89,8 @@ SpecList cross_entropy_fused_meta(const OpCall& c) {
 // On the CPU, that every target is a class or ignore_index (a device check would sync).
 void check_target_values(const Tensor& targets, int64_t classes, int64_t ignore_index) {
   if (!targets.is_cpu() || targets.numel() == 0) return;
-  const Tensor bad = (targets != Scalar(ignore_index)) &
-                     ((targets < Scalar(0)) | (targets >= Scalar(classes)));
+  const Tensor bad =
+      (targets != Scalar(ignore_index)) & ((targets < Scalar(0)) | (targets >= Scalar(classes)));
   if (bad.any().item<bool>()) {
     KILN_FAIL("[cross_entropy_fused] target ", targets.masked_select(bad)[0].item<int64_t>(),
               " is out of bounds for ", classes, " classes");
@@ -142,14 +143,14 @@ TensorVec cross_entropy_fused_decomposition(const OpCall& c) {
 void check_logits_targets(const char* op, const Tensor& logits, const Tensor& targets) {
   KILN_CHECK(logits.dim() == 2, "[", op, "] expected logits of shape [N, V], got ",
              shape_str(logits.sizes()));
-  KILN_CHECK(is_floating_point(logits.dtype()), "[", op,
-             "] expected floating-point logits, got ", dtype_name(logits.dtype()));
+  KILN_CHECK(is_floating_point(logits.dtype()), "[", op, "] expected floating-point logits, got ",
+             dtype_name(logits.dtype()));
   KILN_CHECK(logits.size(1) >= 1, "[", op, "] logits need at least one class, got shape ",
              shape_str(logits.sizes()));
   KILN_CHECK(targets.dtype() == kInt64, "[", op, "] expected int64 targets, got ",
              dtype_name(targets.dtype()));
-  KILN_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), "[", op, "] targets of shape ",
-             shape_str(targets.sizes()), " do not match logits of shape ",
+  KILN_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), "[", op,
+             "] targets of shape ", shape_str(targets.sizes()), " do not match logits of shape ",
              shape_str(logits.sizes()));
   KILN_CHECK(targets.device() == logits.device(), "[", op, "] targets are on ",
              targets.device().str(), " but logits are on ", logits.device().str());
@@ -162,12 +163,12 @@ SpecList cross_entropy_fused_backward_meta(const OpCall& c) {
   check_logits_targets("cross_entropy_fused_backward", logits, c.input(2));
   (void)c.attr<int64_t>(0);
   const ScalarType ct = compute_dtype(logits.dtype());
-  KILN_CHECK(grad.dim() == 0 && grad.dtype() == ct, "[cross_entropy_fused_backward] expected a 0-d ",
-             dtype_name(ct), " grad, got ", dtype_name(grad.dtype()), " ",
-             shape_str(grad.sizes()));
+  KILN_CHECK(grad.dim() == 0 && grad.dtype() == ct,
+             "[cross_entropy_fused_backward] expected a 0-d ", dtype_name(ct), " grad, got ",
+             dtype_name(grad.dtype()), " ", shape_str(grad.sizes()));
   KILN_CHECK(lse.dtype() == ct && lse.dim() == 1 && lse.size(0) == logits.size(0),
-             "[cross_entropy_fused_backward] expected lse ", dtype_name(ct), " [",
-             logits.size(0), "], got ", dtype_name(lse.dtype()), " ", shape_str(lse.sizes()));
+             "[cross_entropy_fused_backward] expected lse ", dtype_name(ct), " [", logits.size(0),
+             "], got ", dtype_name(lse.dtype()), " ", shape_str(lse.sizes()));
   return {{to_shape(logits.sizes()), logits.dtype(), logits.device()}};
 }
 

@@ -46,8 +46,8 @@ Shape check_trailing(const char* op, const Tensor& x, IntArrayRef normalized) {
 void check_affine(const char* op, const char* what, const Tensor& p, const Tensor& x,
                   IntArrayRef normalized) {
   if (!p.defined()) return;
-  KILN_CHECK(is_floating_point(p.dtype()), "[", op, "] expected a floating-point ", what,
-             ", got ", dtype_name(p.dtype()));
+  KILN_CHECK(is_floating_point(p.dtype()), "[", op, "] expected a floating-point ", what, ", got ",
+             dtype_name(p.dtype()));
   KILN_CHECK(to_shape(p.sizes()) == to_shape(normalized), "[", op, "] ", what, " of shape ",
              shape_str(p.sizes()), " does not match the normalized shape ", shape_str(normalized),
              " of input of shape ", shape_str(x.sizes()));
@@ -64,7 +64,8 @@ void check_input(const char* op, const Tensor& x) {
 // The normalised shape of an rms_norm call: the attribute's, else the weight's.
 Shape rms_normalized(const OpCall& c) {
   if (c.has_attr(1)) return c.attr<Shape>(1);
-  KILN_CHECK(c.input(1).defined(), "[rms_norm] without a weight the normalized shape must be given");
+  KILN_CHECK(c.input(1).defined(),
+             "[rms_norm] without a weight the normalized shape must be given");
   return to_shape(c.input(1).sizes());
 }
 
@@ -185,7 +186,8 @@ TensorVec layer_norm_decomposition(const OpCall& c) {
   const Tensor xc = x.to(ct);
   const std::vector<int64_t> dims = trailing_dims(x, c.attr<Shape>(0).size());
   const Tensor mean = xc.mean(dims, /*keepdim=*/true);
-  const Tensor rstd = (xc.var(dims, /*correction=*/0, /*keepdim=*/true) + c.attr<double>(1)).rsqrt();
+  const Tensor rstd =
+      (xc.var(dims, /*correction=*/0, /*keepdim=*/true) + c.attr<double>(1)).rsqrt();
   Tensor y = (xc - mean) * rstd;
   if (w.defined()) y = y * w.to(ct);
   if (b.defined()) y = y + b.to(ct);

@@ -44,8 +44,8 @@ void check_rotary(const char* op, const char* what, const Tensor& x, const Tenso
   for (int64_t i = 2; fits && i <= cos.dim(); ++i) {
     fits = cos.size(-i) == x.size(-i) || cos.size(-i) == 1;
   }
-  KILN_CHECK(fits, "[", op, "] cos/sin of shape ", shape_str(cos.sizes()),
-             " must broadcast to ", what, " of shape ", shape_str(x.sizes()));
+  KILN_CHECK(fits, "[", op, "] cos/sin of shape ", shape_str(cos.sizes()), " must broadcast to ",
+             what, " of shape ", shape_str(x.sizes()));
   KILN_CHECK(is_floating_point(cos.dtype()), "[", op, "] expected floating-point cos/sin, got ",
              dtype_name(cos.dtype()));
   KILN_CHECK(cos.device() == x.device() && sin.device() == x.device(), "[", op, "] cos/sin are on ",

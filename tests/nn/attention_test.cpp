@@ -23,8 +23,7 @@ Tensor rand64(IntArrayRef sizes, bool grad = false) {
   return randn(sizes, dtype(kFloat64).requires_grad(grad));
 }
 
-void expect_close(const Tensor &got, const std::vector<double> &want,
-                  double tol = 1e-10) {
+void expect_close(const Tensor &got, const std::vector<double> &want, double tol = 1e-10) {
   const std::vector<double> g = got.to_vector<double>();
   ASSERT_EQ(g.size(), want.size());
   for (size_t i = 0; i < g.size(); ++i) {
@@ -33,7 +32,7 @@ void expect_close(const Tensor &got, const std::vector<double> &want,
 }
 
 struct AttnArgs {
-  Tensor mask; // [T, S], bool or float
+  Tensor mask;  // [T, S], bool or float
   bool causal = false;
   std::optional<double> scale;
   int64_t window = 0;
@@ -42,13 +41,11 @@ struct AttnArgs {
 
 // q [B, H, T, D], k/v [B, Hkv, S, D]: one query at a time, the way the formulas
 // read.
-std::vector<double> naive_attention(const Tensor &q, const Tensor &k,
-                                    const Tensor &v, const AttnArgs &a) {
-  const int64_t b_n = q.size(0), h_n = q.size(1), t_n = q.size(2),
-                d_n = q.size(3);
+std::vector<double> naive_attention(const Tensor &q, const Tensor &k, const Tensor &v,
+                                    const AttnArgs &a) {
+  const int64_t b_n = q.size(0), h_n = q.size(1), t_n = q.size(2), d_n = q.size(3);
   const int64_t hkv = k.size(1), s_n = k.size(2);
-  const std::vector<double> qv = q.to_vector<double>(),
-                            kv = k.to_vector<double>(),
+  const std::vector<double> qv = q.to_vector<double>(), kv = k.to_vector<double>(),
                             vv = v.to_vector<double>();
   std::vector<double> mv;
   bool bool_mask = false;
@@ -56,8 +53,7 @@ std::vector<double> naive_attention(const Tensor &q, const Tensor &k,
     bool_mask = a.mask.dtype() == kBool;
     mv = a.mask.to_vector<double>();
   }
-  const double scale =
-      a.scale.value_or(1.0 / std::sqrt(static_cast<double>(d_n)));
+  const double scale = a.scale.value_or(1.0 / std::sqrt(static_cast<double>(d_n)));
   std::vector<double> out;
   for (int64_t b = 0; b < b_n; ++b) {
     for (int64_t h = 0; h < h_n; ++h) {
@@ -68,39 +64,30 @@ std::vector<double> naive_attention(const Tensor &q, const Tensor &k,
         for (int64_t j = 0; j < s_n; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < d_n; ++d) {
-            dot += qv[((b * h_n + h) * t_n + i) * d_n + d] *
-                   kv[((b * hkv + g) * s_n + j) * d_n + d];
+            dot +=
+                qv[((b * h_n + h) * t_n + i) * d_n + d] * kv[((b * hkv + g) * s_n + j) * d_n + d];
           }
           s[j] = dot * scale;
-          if (a.softcap > 0)
-            s[j] = std::tanh(s[j] / a.softcap) * a.softcap;
-          if (a.causal && j > i)
-            ok[j] = false;
-          if (a.window > 0 && (j > i || j <= i - a.window))
-            ok[j] = false;
-          if (bool_mask && mv[i * s_n + j] == 0)
-            ok[j] = false;
-          if (!bool_mask && !mv.empty())
-            s[j] += mv[i * s_n + j];
-          if (std::isinf(s[j]) && s[j] < 0)
-            ok[j] = false;
+          if (a.softcap > 0) s[j] = std::tanh(s[j] / a.softcap) * a.softcap;
+          if (a.causal && j > i) ok[j] = false;
+          if (a.window > 0 && (j > i || j <= i - a.window)) ok[j] = false;
+          if (bool_mask && mv[i * s_n + j] == 0) ok[j] = false;
+          if (!bool_mask && !mv.empty()) s[j] += mv[i * s_n + j];
+          if (std::isinf(s[j]) && s[j] < 0) ok[j] = false;
         }
         double mx = -INFINITY;
         for (int64_t j = 0; j < s_n; ++j) {
-          if (ok[j])
-            mx = std::max(mx, s[j]);
+          if (ok[j]) mx = std::max(mx, s[j]);
         }
         double z = 0;
         std::vector<double> p(s_n, 0.0);
         for (int64_t j = 0; j < s_n; ++j) {
-          if (ok[j])
-            z += (p[j] = std::exp(s[j] - mx));
+          if (ok[j]) z += (p[j] = std::exp(s[j] - mx));
         }
         for (int64_t d = 0; d < v.size(3); ++d) {
           double acc = 0;
           for (int64_t j = 0; j < s_n; ++j) {
-            if (ok[j])
-              acc += p[j] / z * vv[((b * hkv + g) * s_n + j) * v.size(3) + d];
+            if (ok[j]) acc += p[j] / z * vv[((b * hkv + g) * s_n + j) * v.size(3) + d];
           }
           out.push_back(acc);
         }
@@ -110,18 +97,15 @@ std::vector<double> naive_attention(const Tensor &q, const Tensor &k,
   return out;
 }
 
-Tensor sdpa(const Tensor &q, const Tensor &k, const Tensor &v,
-            const AttnArgs &a, bool gqa) {
-  return F::scaled_dot_product_attention(q, k, v, a.mask, 0.0, a.causal,
-                                         a.scale, gqa, a.window, a.softcap);
+Tensor sdpa(const Tensor &q, const Tensor &k, const Tensor &v, const AttnArgs &a, bool gqa) {
+  return F::scaled_dot_product_attention(q, k, v, a.mask, 0.0, a.causal, a.scale, gqa, a.window,
+                                         a.softcap);
 }
 
 TEST(Attention, PlainAndCausalTopLeftAligned) {
   manual_seed(1);
-  Tensor q = rand64({2, 2, 3, 4}), k = rand64({2, 2, 5, 4}),
-         v = rand64({2, 2, 5, 3});
-  expect_close(kiln::scaled_dot_product_attention(q, k, v),
-               naive_attention(q, k, v, {}));
+  Tensor q = rand64({2, 2, 3, 4}), k = rand64({2, 2, 5, 4}), v = rand64({2, 2, 5, 3});
+  expect_close(kiln::scaled_dot_product_attention(q, k, v), naive_attention(q, k, v, {}));
   AttnArgs causal;
   causal.causal = true;
   // T=3 < S=5: query i sees keys 0..i (PyTorch's tril(ones(T, S))).
@@ -130,11 +114,10 @@ TEST(Attention, PlainAndCausalTopLeftAligned) {
 
 TEST(Attention, BoolAndFloatMasksGqaAndDeadRows) {
   manual_seed(2);
-  Tensor q = rand64({1, 4, 4, 8}), k = rand64({1, 2, 6, 8}),
-         v = rand64({1, 2, 6, 8});
+  Tensor q = rand64({1, 4, 4, 8}), k = rand64({1, 2, 6, 8}), v = rand64({1, 2, 6, 8});
   AttnArgs a;
   a.mask = rand(IntArrayRef{4, 6}) > 0.4;
-  a.mask[2] = false; // a query row with no key: zeros, not NaN
+  a.mask[2] = false;  // a query row with no key: zeros, not NaN
   expect_close(sdpa(q, k, v, a, true), naive_attention(q, k, v, a));
   Tensor out = sdpa(q, k, v, a, true);
   EXPECT_EQ(out.select(2, 2).abs().sum().item<double>(), 0.0);
@@ -147,14 +130,13 @@ TEST(Attention, BoolAndFloatMasksGqaAndDeadRows) {
 
 TEST(Attention, SlidingWindowSoftcapScale) {
   manual_seed(3);
-  Tensor q = rand64({2, 2, 7, 4}) * 3, k = rand64({2, 1, 7, 4}) * 3,
-         v = rand64({2, 1, 7, 4});
+  Tensor q = rand64({2, 2, 7, 4}) * 3, k = rand64({2, 1, 7, 4}) * 3, v = rand64({2, 1, 7, 4});
   AttnArgs a;
   a.window = 3;
   a.softcap = 2.0;
   a.scale = 0.7;
   expect_close(sdpa(q, k, v, a, true), naive_attention(q, k, v, a));
-  a.causal = true; // the window already implies the causal bound
+  a.causal = true;  // the window already implies the causal bound
   expect_close(sdpa(q, k, v, a, true), naive_attention(q, k, v, a));
 }
 
@@ -164,47 +146,40 @@ TEST(Attention, Gradcheck) {
          v = rand64({1, 1, 4, 2}, true);
   EXPECT_TRUE(gradcheck(
       [](const auto &in) {
-        return F::scaled_dot_product_attention(
-            in[0], in[1], in[2], {}, 0.0, true, std::nullopt, true, 2, 1.5);
+        return F::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, true, std::nullopt,
+                                               true, 2, 1.5);
       },
       {q, k, v}));
   Tensor mask = ones({3, 4}, kBool);
-  mask[1] = false; // a dead row: gradients stay finite (and zero through it)
+  mask[1] = false;  // a dead row: gradients stay finite (and zero through it)
   mask[0][2] = false;
   EXPECT_TRUE(gradcheck(
       [&](const auto &in) {
-        return F::scaled_dot_product_attention(in[0], in[1], in[2], mask, 0.0,
-                                               false, 0.5, true);
+        return F::scaled_dot_product_attention(in[0], in[1], in[2], mask, 0.0, false, 0.5, true);
       },
       {q, k, v}));
   Tensor fmask = rand64({3, 4}, true);
   EXPECT_TRUE(gradcheck(
-      [](const auto &in) {
-        return F::scaled_dot_product_attention(in[0], in[1], in[2], in[3]);
-      },
+      [](const auto &in) { return F::scaled_dot_product_attention(in[0], in[1], in[2], in[3]); },
       {q, k, v, fmask}));
 }
 
 TEST(Attention, Bf16ComputesSoftmaxInF32) {
   manual_seed(5);
-  Tensor q = rand64({1, 2, 5, 8}), k = rand64({1, 2, 5, 8}),
-         v = rand64({1, 2, 5, 8});
+  Tensor q = rand64({1, 2, 5, 8}), k = rand64({1, 2, 5, 8}), v = rand64({1, 2, 5, 8});
   AttnArgs a;
   a.causal = true;
-  Tensor out = F::scaled_dot_product_attention(q.to(kBFloat16), k.to(kBFloat16),
-                                               v.to(kBFloat16), {}, 0.0, true);
+  Tensor out = F::scaled_dot_product_attention(q.to(kBFloat16), k.to(kBFloat16), v.to(kBFloat16),
+                                               {}, 0.0, true);
   EXPECT_EQ(out.dtype(), kBFloat16);
   const Tensor r = q.to(kBFloat16).to(kFloat64);
-  expect_close(out,
-               naive_attention(r, k.to(kBFloat16).to(kFloat64),
-                               v.to(kBFloat16).to(kFloat64), a),
-               2e-2);
+  expect_close(
+      out, naive_attention(r, k.to(kBFloat16).to(kFloat64), v.to(kBFloat16).to(kFloat64), a), 2e-2);
 }
 
 TEST(Attention, DropoutIsSeededAndScalesWeights) {
   Tensor q = rand64({1, 1, 4, 4}), k = rand64({1, 1, 4, 4});
-  Tensor v =
-      eye(4, kFloat64).view({1, 1, 4, 4}); // output = the attention weights
+  Tensor v = eye(4, kFloat64).view({1, 1, 4, 4});  // output = the attention weights
   manual_seed(6);
   Tensor a = F::scaled_dot_product_attention(q, k, v, {}, 0.5);
   manual_seed(6);
@@ -212,8 +187,7 @@ TEST(Attention, DropoutIsSeededAndScalesWeights) {
   EXPECT_TRUE(equal(a, b));
   const Tensor p = F::scaled_dot_product_attention(q, k, v);
   // Each weight is dropped (0) or doubled.
-  const std::vector<double> av = a.to_vector<double>(),
-                            pv = p.to_vector<double>();
+  const std::vector<double> av = a.to_vector<double>(), pv = p.to_vector<double>();
   for (size_t i = 0; i < av.size(); ++i) {
     EXPECT_TRUE(av[i] == 0.0 || std::abs(av[i] - 2 * pv[i]) < 1e-12) << i;
   }
@@ -221,27 +195,22 @@ TEST(Attention, DropoutIsSeededAndScalesWeights) {
 
 TEST(Attention, Errors) {
   Tensor q = rand64({1, 4, 3, 8}), k = rand64({1, 3, 3, 8});
-  EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, k, k, {}, 0, false,
-                                                    std::nullopt, true),
+  EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, k, k, {}, 0, false, std::nullopt, true),
                     "[flash_attention] the query heads (4) must be a multiple of the "
                     "key/value heads (3)");
   Tensor k2 = rand64({1, 2, 3, 8});
-  EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, k2, k2),
-                    "pass enable_gqa=true");
+  EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, k2, k2), "pass enable_gqa=true");
   EXPECT_KILN_ERROR(
       F::scaled_dot_product_attention(q, q, q, ones({3, 3}, kBool), 0, true),
       "[flash_attention] an explicit attn_mask should not be set when is_causal=true");
-  EXPECT_KILN_ERROR(
-      F::scaled_dot_product_attention(q, q, q, ones({3, 3}, kInt64)),
-      "[flash_attention] attn_mask must be bool or floating");
-  EXPECT_KILN_ERROR(
-      F::scaled_dot_product_attention(q, q.to(kFloat32), q),
-      "[flash_attention] expected floating-point q, k and v of one dtype");
+  EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, q, q, ones({3, 3}, kInt64)),
+                    "[flash_attention] attn_mask must be bool or floating");
+  EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, q.to(kFloat32), q),
+                    "[flash_attention] expected floating-point q, k and v of one dtype");
   EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, rand64({1, 4, 3, 4}), q),
                     "[flash_attention] q [1, 4, 3, 8] and k [1, 4, 3, 4] must agree in "
                     "batch and head size");
-  EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, q, q, {}, 1.0),
-                    "dropout_p");
+  EXPECT_KILN_ERROR(F::scaled_dot_product_attention(q, q, q, {}, 1.0), "dropout_p");
 }
 
 // --- Rotary embeddings
@@ -262,8 +231,7 @@ TEST(Rope, CacheMatchesTheFormula) {
   expect_close(sin, sr);
   auto [c32, s32] = F::rope_cache(3, 4);
   EXPECT_EQ(c32.dtype(), kFloat32);
-  EXPECT_KILN_ERROR(F::rope_cache(3, 5),
-                    "[rope_cache] head_size must be positive and even");
+  EXPECT_KILN_ERROR(F::rope_cache(3, 5), "[rope_cache] head_size must be positive and even");
 }
 
 TEST(Rope, Llama3ScalingMatchesThePublishedRule) {
@@ -273,8 +241,7 @@ TEST(Rope, Llama3ScalingMatchesThePublishedRule) {
   auto [cos, sin] = F::rope_cache(2, 64, 500000.0, s, kFloat64);
   // Row t=1 holds angle = inv_freq: recover it with atan2 (exact for small
   // angles).
-  const std::vector<double> c = cos[1].to_vector<double>(),
-                            sn = sin[1].to_vector<double>();
+  const std::vector<double> c = cos[1].to_vector<double>(), sn = sin[1].to_vector<double>();
   int kept = 0, divided = 0, blended = 0;
   for (int i = 0; i < 32; ++i) {
     const double f = std::pow(500000.0, -i / 32.0);
@@ -286,13 +253,12 @@ TEST(Rope, Llama3ScalingMatchesThePublishedRule) {
       want = f / 32.0, ++divided;
     } else {
       // Linear in the context-to-wavelength ratio between the two bounds.
-      const double ratio = 8192.0 / wavelen; // in [1, 4]
+      const double ratio = 8192.0 / wavelen;  // in [1, 4]
       const double alpha = (ratio - 1.0) / (4.0 - 1.0);
       want = f * (alpha + (1.0 - alpha) / 32.0), ++blended;
     }
     EXPECT_NEAR(std::atan2(sn[i], c[i]), want, 1e-12 * want + 1e-15) << i;
-    EXPECT_NEAR(std::atan2(sn[i + 32], c[i + 32]), want, 1e-12 * want + 1e-15)
-        << i;
+    EXPECT_NEAR(std::atan2(sn[i + 32], c[i + 32]), want, 1e-12 * want + 1e-15) << i;
   }
   EXPECT_GT(kept, 0);
   EXPECT_GT(divided, 0);
@@ -309,8 +275,7 @@ TEST(Rope, ApplyRotaryEmbMatchesLoopsAndGradcheck) {
   manual_seed(7);
   Tensor x = rand64({1, 2, 3, 4}, true);
   auto [cos, sin] = F::rope_cache(3, 4, 10000.0, std::nullopt, kFloat64);
-  const std::vector<double> xv = x.to_vector<double>(),
-                            cv = cos.to_vector<double>(),
+  const std::vector<double> xv = x.to_vector<double>(), cv = cos.to_vector<double>(),
                             sv = sin.to_vector<double>();
   std::vector<double> ref;
   for (int h = 0; h < 2; ++h) {
@@ -323,19 +288,15 @@ TEST(Rope, ApplyRotaryEmbMatchesLoopsAndGradcheck) {
     }
   }
   expect_close(F::apply_rotary_emb(x, cos, sin), ref);
-  EXPECT_TRUE(gradcheck(
-      [&](const auto &in) { return F::apply_rotary_emb(in[0], cos, sin); },
-      {x}));
+  EXPECT_TRUE(gradcheck([&](const auto &in) { return F::apply_rotary_emb(in[0], cos, sin); }, {x}));
   // f32 tables on a bf16 input keep the input's dtype.
   auto [c32, s32] = F::rope_cache(3, 4);
-  EXPECT_EQ(F::apply_rotary_emb(x.detach().to(kBFloat16), c32, s32).dtype(),
-            kBFloat16);
+  EXPECT_EQ(F::apply_rotary_emb(x.detach().to(kBFloat16), c32, s32).dtype(), kBFloat16);
   EXPECT_KILN_ERROR(F::apply_rotary_emb(rand64({2, 3}), cos, sin),
                     "[rotary_emb] the last dim of x must be even");
-  EXPECT_KILN_ERROR(
-      F::apply_rotary_emb(x, cos.slice(0, 0, 2), sin.slice(0, 0, 2)),
-      "[rotary_emb] cos/sin of shape [2, 4] must broadcast to x");
+  EXPECT_KILN_ERROR(F::apply_rotary_emb(x, cos.slice(0, 0, 2), sin.slice(0, 0, 2)),
+                    "[rotary_emb] cos/sin of shape [2, 4] must broadcast to x");
 }
 
-} // namespace
-} // namespace kiln
+}  // namespace
+}  // namespace kiln

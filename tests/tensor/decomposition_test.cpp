@@ -59,8 +59,7 @@ TEST(Decomposition, RunsWhereNoKernelSupportsTheCall) {
   y.sum().backward();
   EXPECT_TRUE(x.grad().defined());
   const Tensor wb = randn({8}).to(kBFloat16);
-  EXPECT_LE(test::scaled_error(kiln::rms_norm(x.detach(), wb, 1e-6),
-                               ref.detach() * wb.to(kFloat)),
+  EXPECT_LE(test::scaled_error(kiln::rms_norm(x.detach(), wb, 1e-6), ref.detach() * wb.to(kFloat)),
             1e-5);
 
   // Rotary tables per batch ([B, 1, T, D]) and attention with a mask or dropout.
@@ -88,8 +87,8 @@ TEST(Decomposition, RunsWhereNoKernelSupportsTheCall) {
   for (nn::Reduction reduction : {kiln::kMean, kiln::kSum, kiln::kNone}) {
     const Tensor got = F::cross_entropy(
         logits, targets, F::CrossEntropyFuncOptions().weight(weight).reduction(reduction));
-    const Tensor want = F::nll_loss(
-        log_softmax(logits, 1), targets, F::NLLLossFuncOptions().weight(weight).reduction(reduction));
+    const Tensor want = F::nll_loss(log_softmax(logits, 1), targets,
+                                    F::NLLLossFuncOptions().weight(weight).reduction(reduction));
     EXPECT_LE(test::scaled_error(got, want), 1e-6);
   }
 }

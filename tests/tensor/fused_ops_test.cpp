@@ -414,23 +414,24 @@ TEST(FusedCrossEntropy, Gradcheck) {
 TEST(FusedCrossEntropy, Errors) {
   EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0, 3})),
                     "[cross_entropy_fused] target 3 is out of bounds for 3 classes");
-  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0})),
-                    "[cross_entropy_fused] expected targets of shape [2] for logits of shape [2, 3]");
+  EXPECT_KILN_ERROR(
+      cross_entropy_fused(randn({2, 3}), targets_of({0})),
+      "[cross_entropy_fused] expected targets of shape [2] for logits of shape [2, 3]");
   EXPECT_KILN_ERROR(cross_entropy_fused(randn({3}), targets_of({0})),
                     "[cross_entropy_fused] expected targets of shape [] for logits of shape [3]");
   EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), ones({2}, kFloat)),
                     "[cross_entropy_fused] expected integer class indices as targets");
   EXPECT_KILN_ERROR(cross_entropy_fused(ones({2, 3}, kInt64), targets_of({0, 1})),
                     "[cross_entropy_fused] expected floating-point logits");
-  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0, 1}), randn({2}), -100,
-                                        "mean", 0.0),
-                    "[cross_entropy_fused] expected a floating-point weight of shape [3]");
-  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0, 1}), Tensor(), -100,
-                                        "batchmean", 0.0),
-                    "[cross_entropy_fused] reduction must be 'mean', 'sum' or 'none'");
-  EXPECT_KILN_ERROR(cross_entropy_fused(randn({2, 3}), targets_of({0, 1}), Tensor(), -100,
-                                        "mean", 1.5),
-                    "[cross_entropy_fused] label_smoothing must be in [0, 1]");
+  EXPECT_KILN_ERROR(
+      cross_entropy_fused(randn({2, 3}), targets_of({0, 1}), randn({2}), -100, "mean", 0.0),
+      "[cross_entropy_fused] expected a floating-point weight of shape [3]");
+  EXPECT_KILN_ERROR(
+      cross_entropy_fused(randn({2, 3}), targets_of({0, 1}), Tensor(), -100, "batchmean", 0.0),
+      "[cross_entropy_fused] reduction must be 'mean', 'sum' or 'none'");
+  EXPECT_KILN_ERROR(
+      cross_entropy_fused(randn({2, 3}), targets_of({0, 1}), Tensor(), -100, "mean", 1.5),
+      "[cross_entropy_fused] label_smoothing must be in [0, 1]");
   // Outside the fused kernels (int32 targets, one sample): the decomposition, same loss.
   const Tensor logits = randn({2, 3});
   EXPECT_TRUE(allclose(cross_entropy_fused(logits, targets_of({2, 1}).to(kInt32)),
@@ -621,9 +622,9 @@ TEST(FusedRotaryEmb, Errors) {
   const Tensor x = randn({2, 5, 8});
   const Tensor want = rotary_emb(x, c, s);
   EXPECT_TRUE(allclose(rotary_emb(x, c.to(kDouble), s.to(kDouble)), want, 1e-5, 1e-6));
-  EXPECT_TRUE(allclose(rotary_emb(x, c.expand({2, 5, 8}).contiguous(),
-                                  s.expand({2, 5, 8}).contiguous()),
-                       want, 1e-5, 1e-6));
+  EXPECT_TRUE(
+      allclose(rotary_emb(x, c.expand({2, 5, 8}).contiguous(), s.expand({2, 5, 8}).contiguous()),
+               want, 1e-5, 1e-6));
   const auto [q2, k2] = rotary_emb_qk(x, x.to(kDouble), c, s);
   EXPECT_EQ(k2.dtype(), kDouble);
   EXPECT_TRUE(allclose(k2.to(kFloat), want, 1e-5, 1e-6));
