@@ -443,8 +443,10 @@ void expect_lists(const std::vector<std::vector<Tensor>>& gpu,
         expect_same_bits(gpu[k][i], cpu[k][i], w);
       } else {
         const ScalarType dt = cpu[k][i].dtype();
+        // rtol, and an atol for the entries near zero (momentum buffers): the decomposition's
+        // CUDA ops may contract a * b + c into one FMA where the CPU kernel rounds twice.
         const double tol = dt == kDouble ? 1e-12 : dt == kFloat ? 1e-5 : 1e-2;
-        expect_close(gpu[k][i], cpu[k][i], tol, tol * 1e-2, w);
+        expect_close(gpu[k][i], cpu[k][i], tol, tol * 1e-1, w);
       }
     }
   }
