@@ -34,6 +34,7 @@
 #include "kernels/cuda/norm_util.cuh"
 #include "tensor/env_switch.h"
 #include "tensor/ops.h"
+#include "kernels/fused_support.h"
 #include "tensor/registry.h"
 
 namespace kiln::cuda {
@@ -712,7 +713,7 @@ void layer_norm_backward_cuda(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(layer_norm, kCUDA, layer_norm_cuda);
+KILN_REGISTER_KERNEL_IF(layer_norm, kCUDA, "fused", layer_norm_cuda, layer_norm_supported);
 KILN_REGISTER_KERNEL(layer_norm_backward, kCUDA, layer_norm_backward_cuda);
 
 }  // namespace kiln::cuda

@@ -28,6 +28,7 @@
 #include "kernels/cuda/norm_util.cuh"
 #include "tensor/env_switch.h"
 #include "tensor/ops.h"
+#include "kernels/fused_support.h"
 #include "tensor/registry.h"
 
 namespace kiln::cuda {
@@ -729,7 +730,7 @@ void rms_norm_backward_cuda(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(rms_norm, kCUDA, rms_norm_cuda);
+KILN_REGISTER_KERNEL_IF(rms_norm, kCUDA, "fused", rms_norm_cuda, rms_norm_supported);
 KILN_REGISTER_KERNEL(rms_norm_backward, kCUDA, rms_norm_backward_cuda);
 
 }  // namespace kiln::cuda
