@@ -50,6 +50,9 @@ const std::set<std::string> kNonDifferentiable = {
     "flash_attention_backward",
     "swiglu_backward",
     "geglu_tanh_backward",
+    // The optimizer updates: in place on parameters and state, run under NoGradGuard.
+    "adam_update_",
+    "sgd_update_",
 };
 
 // Differentiable ops and the test that gradchecks each (a name check_grad asserts is in the

@@ -151,7 +151,8 @@ TEST(FlashAttentionCpu, Errors) {
   EXPECT_KILN_ERROR(flash_attention(q.view({4, 5, 8}), k, k, 1.0), "[flash_attention]");
   EXPECT_KILN_ERROR(flash_attention(q, randn({1, 3, 5, 8}), randn({1, 3, 5, 8}), 1.0),
                     "multiple of the key/value heads");
-  EXPECT_KILN_ERROR(flash_attention(q, k, randn({1, 2, 6, 8}), 1.0), "same shape");
+  EXPECT_KILN_ERROR(flash_attention(q, k, randn({1, 2, 6, 8}), 1.0),
+                    "must agree in batch, heads and keys");
   EXPECT_KILN_ERROR(flash_attention(q, randn({1, 2, 5, 4}), randn({1, 2, 5, 4}), 1.0), "head size");
   EXPECT_KILN_ERROR(flash_attention(q, k.to(kDouble), k, 1.0), "one dtype");
   EXPECT_KILN_ERROR(flash_attention(q, k, k, 1.0, true, -1), "sliding_window");
