@@ -10,10 +10,10 @@
 #include <sstream>
 
 #include "autograd/grad_mode.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda.h"
 #include "models/data.h"
 #include "nn/autocast.h"
-#include "nn/internal/json_reader.h"
+#include "nn/json.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/safetensors.h"
@@ -93,12 +93,12 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
   save(model, (fs::path(dir) / model_file).string());
   opt.save((fs::path(dir) / opt_file).string());
   std::ostringstream js;
-  js << "{\n  \"config\": " << nn::internal::json_string(config) << ",\n  \"step\": " << step
+  js << "{\n  \"config\": " << nn::json_string(config) << ",\n  \"step\": " << step
      << ",\n  \"precision\": \"" << o.precision << "\",\n  \"model\": \"" << model_file
      << "\",\n  \"optimizer\": \"" << opt_file << "\",\n  \"seed\": " << o.seed
      << ",\n  \"batch_size\": " << o.batch_size << ",\n  \"seq_len\": " << o.seq_len
      << ",\n  \"grad_accum_steps\": " << o.grad_accum_steps
-     << ",\n  \"data\": " << nn::internal::json_string(o.data_path) << "\n}\n";
+     << ",\n  \"data\": " << nn::json_string(o.data_path) << "\n}\n";
   write_file_atomically((fs::path(dir) / kStateFile).string(), js.str(), "pretrain");
   // The new checkpoint is complete; the previous one's files can go.
   if (previous && previous->model_file != model_file) {
@@ -159,7 +159,7 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
   CheckpointInfo info;
   std::optional<int64_t> step;
   try {
-    nn::internal::JsonReader r(text);
+    nn::JsonReader r(text);
     r.begin_object();
     while (auto key = r.next_key()) {
       if (*key == "config") {
@@ -177,7 +177,7 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
       }
     }
     r.end_document();
-  } catch (const nn::internal::JsonError& e) {
+  } catch (const nn::JsonError& e) {
     KILN_FAIL("[checkpoint] ", path.string(), ": ", e.what());
   }
   for (const auto& [key, missing] :

@@ -1,7 +1,7 @@
 // kiln::cuda in a build without CUDA: no device is available, and the functions that need one
 // say so. Compiled instead of kernels/cuda/runtime.cpp when KILN_WITH_CUDA is off (CMake
-// leaves this file out of CUDA builds).
-#include <atomic>
+// leaves this file out of CUDA builds). The knobs (launch_sync, matmul_autotune, allow_tf32) are
+// kernels/cuda.cpp's in both builds.
 #include <string>
 
 #include "kernels/cuda/runtime.h"
@@ -58,13 +58,6 @@ void record_pinned_use(const StorageImpl&, CUstream_st*) { unavailable("pin_memo
 int64_t pinned_cached_bytes() { return 0; }
 void empty_pinned_cache() {}
 }  // namespace internal
-
-// The flag is kept so that code setting it runs unchanged; nothing launches in this build.
-namespace {
-std::atomic<bool> g_launch_sync{false};
-}  // namespace
-bool launch_sync() { return g_launch_sync.load(std::memory_order_relaxed); }
-void set_launch_sync(bool enabled) { g_launch_sync.store(enabled, std::memory_order_relaxed); }
 
 }  // namespace kiln::cuda
 

@@ -9,7 +9,7 @@
 //   KILN_CUDA_LAUNCH_CHECK("my_kernel");
 //
 // Internal to kiln (includes the CUDA runtime header, which users of kiln need not have):
-// the public part is kernels/cuda/runtime.h.
+// the public part is kernels/cuda.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,7 +28,7 @@ void check_launch(const char* kernel, const char* file, int line);
 void sync_if_debug(const char* what, const char* file, int line);
 }  // namespace internal
 
-// The stream kiln's eager ops run on is current_stream() (runtime.h): the default stream
+// The stream kiln's eager ops run on is current_stream() (kernels/cuda.h): the default stream
 // unless a StreamGuard picked another; a Stream converts to cudaStream_t.
 
 // Makes `index` the current device for the scope (no-op when it already is, or index < 0).

@@ -1,12 +1,13 @@
 // The CUDA runtime: devices, error checks, the stream-ordered allocator, memory statistics,
-// streams and events, and the pinned host memory cache.
+// streams and events, and the pinned host memory cache (public API: kernels/cuda.h; internals:
+// kernels/cuda/runtime.h; the knobs, in every build: kernels/cuda.cpp; the CPU-only stand-in:
+// kernels/cpu/cuda_unavailable.cpp).
 #include "kernels/cuda/runtime.h"
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,14 +51,6 @@ void check_launch(const char* kernel, const char* file, int line) {
 }  // namespace internal
 
 namespace {
-
-std::atomic<bool>& launch_sync_flag() {
-  static std::atomic<bool> flag = [] {
-    const char* env = std::getenv("KILN_CUDA_SYNC");
-    return env != nullptr && env[0] != '\0' && std::string(env) != "0";
-  }();
-  return flag;
-}
 
 struct DeviceInfo {
   int count = 0;
@@ -573,10 +566,6 @@ void empty_cache(int device) {
   KILN_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
   internal::empty_pinned_cache();
 }
-
-bool launch_sync() { return launch_sync_flag().load(std::memory_order_relaxed); }
-
-void set_launch_sync(bool enabled) { launch_sync_flag().store(enabled, std::memory_order_relaxed); }
 
 }  // namespace kiln::cuda
 

@@ -1,14 +1,17 @@
-// Tests of the CUDA runtime (kernels/cuda/runtime.h) and the CUDA copy and fill kernels.
+// Tests of the CUDA runtime (kernels/cuda.h) and the CUDA copy and fill kernels.
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip themselves, with the reason, when no
 // GPU can be used; CudaAvailability runs everywhere.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <vector>
 
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda.h"
 #include "tensor/ops.h"
 #include "test_util.h"
 
@@ -83,12 +86,67 @@ TEST(CudaAvailability, ConsistentEverywhere) {
   }
 }
 
-TEST(CudaAvailability, LaunchSyncFlagRoundTrips) {
-  const bool before = cuda::launch_sync();
-  cuda::set_launch_sync(!before);
-  EXPECT_EQ(cuda::launch_sync(), !before);
-  cuda::set_launch_sync(before);
-  EXPECT_EQ(cuda::launch_sync(), before);
+// The knobs of kernels/cuda.h: a getter and a setter each, in every build.
+TEST(CudaKnobs, SettersRoundTrip) {
+  struct Knob {
+    bool (*get)();
+    void (*set)(bool);
+  };
+  for (const Knob& k : {Knob{cuda::launch_sync, cuda::set_launch_sync},
+                        Knob{cuda::matmul_autotune, cuda::set_matmul_autotune},
+                        Knob{cuda::allow_tf32, cuda::set_allow_tf32}}) {
+    const bool before = k.get();
+    k.set(!before);
+    EXPECT_EQ(k.get(), !before);
+    k.set(before);
+    EXPECT_EQ(k.get(), before);
+  }
+  EXPECT_FALSE(cuda::allow_tf32());  // PyTorch's default
+}
+
+// Sets an environment variable for the scope and restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A knob's environment variable gives its initial value, read at its first use: a fresh process
+// (the threadsafe death-test style re-runs the test binary up to the EXPECT_EXIT) sees it. Nothing
+// in this test may read a knob outside the EXPECT_EXIT.
+TEST(CudaKnobs, InitialValueFromTheEnvironment) {
+  const std::string style = GTEST_FLAG_GET(death_test_style);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const char* value : {"1", "0", ""}) {
+    const bool on = std::string(value) == "1";
+    const ScopedEnv env_sync("KILN_CUDA_SYNC", value), env_tune("KILN_MATMUL_AUTOTUNE", value);
+    EXPECT_EXIT(std::exit(cuda::launch_sync() == on && cuda::matmul_autotune() == on ? 0 : 1),
+                ::testing::ExitedWithCode(0), "")
+        << "value \"" << value << "\"";
+  }
+  GTEST_FLAG_SET(death_test_style, style);
+}
+
+// ... and only then: a later change of the environment is not seen.
+TEST(CudaKnobs, EnvironmentReadOnce) {
+  const bool sync = cuda::launch_sync(), autotune = cuda::matmul_autotune();
+  const ScopedEnv env_sync("KILN_CUDA_SYNC", sync ? "0" : "1");
+  const ScopedEnv env_tune("KILN_MATMUL_AUTOTUNE", autotune ? "0" : "1");
+  EXPECT_EQ(cuda::launch_sync(), sync);
+  EXPECT_EQ(cuda::matmul_autotune(), autotune);
 }
 
 // --- GPU tests ------------------------------------------------------------------------------

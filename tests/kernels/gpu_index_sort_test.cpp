@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda.h"
 #include "kernels/gpu_test_util.h"
 #include "tensor/indexing.h"
 #include "tensor/ops.h"

@@ -11,8 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/cublaslt.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda.h"
 #include "kernels/gpu_test_util.h"
 #include "tensor/ops.h"
 #include "test_util.h"

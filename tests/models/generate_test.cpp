@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 #include "tensor/tensor_data.h"

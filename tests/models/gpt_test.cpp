@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda.h"
 #include "nn/optim/adamw.h"
 #include "nn/serialize.h"
 #include "tensor/ops.h"

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda.h"
 #include "nn/safetensors.h"
 #include "tensor/ops.h"
 #include "test_util.h"

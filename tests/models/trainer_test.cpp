@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda.h"
 #include "models/generate.h"
 #include "nn/safetensors.h"
 #include "tensor/ops.h"
