@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
-#include "nn/internal/json_reader.h"
+#include "nn/json.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -22,9 +22,9 @@ namespace kiln::models {
 namespace {
 
 namespace fs = std::filesystem;
-using nn::internal::JsonError;
-using nn::internal::JsonReader;
-using nn::internal::json_string;
+using nn::json_string;
+using nn::JsonError;
+using nn::JsonReader;
 
 enum class Family { kLlama, kMistral, kGemma, kGemma2 };
 

@@ -20,7 +20,7 @@
 #include <limits>
 #include <random>
 
-#include "nn/internal/json_reader.h"
+#include "nn/json.h"
 #include "tensor/ops.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -29,10 +29,10 @@ static_assert(std::endian::native == std::endian::little,
 namespace kiln {
 namespace {
 
-using nn::internal::append_json_string;
-using nn::internal::is_valid_utf8;
-using nn::internal::JsonError;
-using nn::internal::JsonReader;
+using nn::append_json_string;
+using nn::is_valid_utf8;
+using nn::JsonError;
+using nn::JsonReader;
 
 // The header is JSON that the reader keeps in memory while validating; the reference
 // implementation caps it at 100 MB as well.

@@ -1,16 +1,37 @@
-// A strict pull parser for JSON (RFC 8259), just enough for the safetensors header and the
-// Hugging Face config.json / index.json files.
+// JSON for kiln's own files: a strict pull parser (RFC 8259) and string literal writers, enough
+// for safetensors headers, Hugging Face config.json / model.safetensors.index.json files and the
+// trainer's state file. kiln::nn::JsonReader is what nn/safetensors.cpp, models/hf.cpp and
+// models/trainer.cpp read them with; it serves any small JSON document whose shape the reader
+// knows.
 //
-// The caller drives it with the shape it expects (begin_object, next_key, read_string, ...), so
-// nothing is built that the schema does not need: a hostile header cannot make it allocate
-// more than the strings and integers it returns. Values the caller does not want are checked
-// and skipped by skip_value(). Nesting deeper than kMaxDepth is rejected, which bounds the
-// recursion. Errors throw JsonError with the byte offset; the caller adds the file name.
-//
-//   JsonReader r(text);
+//   // {"n": 3, "name": "tiny", ...}
+//   kiln::nn::JsonReader r(text);
 //   r.begin_object();
-//   while (auto key = r.next_key()) { if (*key == "n") n = r.read_uint64(); else r.skip_value(); }
-//   r.end_document();
+//   while (auto key = r.next_key()) {
+//     if (*key == "n") {
+//       n = r.read_uint64("n");
+//     } else if (*key == "name") {
+//       name = r.read_string();
+//     } else {
+//       r.skip_value();   // checked, not kept
+//     }
+//   }
+//   r.end_document();     // nothing but white space may follow
+//
+//   std::string out = "{\"name\": " + kiln::nn::json_string(name) + "}";
+//
+// The caller drives the reader with the shape it expects (begin_object, next_key, read_string,
+// ...), so nothing is built that the schema does not need: a hostile document cannot make it
+// allocate more than the strings and integers it returns. Values the caller does not want are
+// checked and skipped by skip_value().
+//
+// Pitfalls:
+// - Errors throw JsonError (a std::runtime_error, not a kiln::Error) with the byte offset; the
+//   caller catches it and adds the file name.
+// - Nesting deeper than JsonReader::kMaxDepth is rejected, which bounds the recursion.
+// - read_string() resolves escapes but passes other bytes through unchecked: check the whole
+//   document with is_valid_utf8() first where it must be UTF-8 (safetensors does).
+// - There is no DOM: to read a value twice, or out of order, parse the document again.
 #pragma once
 
 #include <charconv>
@@ -20,7 +41,7 @@
 #include <string>
 #include <string_view>
 
-namespace kiln::nn::internal {
+namespace kiln::nn {
 
 class JsonError : public std::runtime_error {
  public:
@@ -396,4 +417,4 @@ class JsonReader {
   bool first_ = false;
 };
 
-}  // namespace kiln::nn::internal
+}  // namespace kiln::nn
