@@ -3,6 +3,7 @@
 #include "nn/autocast.h"
 
 #include <string_view>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "tensor/error.h"
@@ -13,24 +14,37 @@ namespace {
 
 enum class Policy : uint8_t { kLower, kFloat32, kPromote };
 
-// Op name -> policy (see autocast.h for why each list holds what it holds).
+// The ops of each policy (see autocast.h for why each list holds what it holds).
+constexpr std::string_view kLowerOps[] = {"mm", "bmm", "addmm"};
+constexpr std::string_view kFloat32Ops[] = {
+    "softmax", "log_softmax", "rms_norm",  "layer_norm",       "sum", "mean", "prod",  "var",
+    "std",     "norm",        "logsumexp", "cumsum",           "exp", "log",  "log1p", "expm1",
+    "rsqrt",   "reciprocal",  "pow",       "pow_tensor_scalar"};
+constexpr std::string_view kPromoteOps[] = {"cat",     "where",   "lerp",        "atan2",
+                                            "maximum", "minimum", "scatter_add", "index_add"};
+
+// Calls f(op name, policy) for every op of the table.
+template <typename F>
+void for_each_policy(F&& f) {
+  for (std::string_view op : kLowerOps) f(op, Policy::kLower);
+  for (std::string_view op : kFloat32Ops) f(op, Policy::kFloat32);
+  for (std::string_view op : kPromoteOps) f(op, Policy::kPromote);
+}
+
+// The table keyed by op entry, built when the first guard enables autocast: every name must be a
+// defined op, so that a misspelled or removed one fails there instead of being skipped.
 const absl::flat_hash_map<const OpDef*, Policy>& policies() {
   static const auto* table = [] {
     auto* t = new absl::flat_hash_map<const OpDef*, Policy>();
-    auto add = [&](std::initializer_list<std::string_view> names, Policy p) {
-      for (std::string_view n : names) {
-        const OpDef& def = Registry::get().entry(n);
-        if (def.meta != nullptr) (*t)[&def] = p;
+    for_each_policy([&](std::string_view op, Policy p) {
+      const OpDef* def = nullptr;
+      try {
+        def = &Registry::get().op(op);
+      } catch (const Error& e) {
+        KILN_FAIL("[autocast] the policy table names an op the registry lacks: ", e.what());
       }
-    };
-    add({"mm", "bmm", "addmm"}, Policy::kLower);
-    add({"softmax", "log_softmax", "rms_norm", "sum", "mean", "prod", "var", "std", "norm",
-         "logsumexp", "cumsum", "exp", "log", "log1p", "expm1", "rsqrt", "reciprocal", "pow",
-         "pow_tensor_scalar"},
-        Policy::kFloat32);
-    add({"layer_norm"}, Policy::kFloat32);
-    add({"cat", "where", "lerp", "atan2", "maximum", "minimum", "scatter_add", "index_add"},
-        Policy::kPromote);
+      (*t)[def] = p;
+    });
     return t;
   }();
   return *table;
@@ -107,11 +121,21 @@ struct Install {
 
 }  // namespace
 
+namespace internal {
+std::vector<std::string_view> autocast_policy_ops() {
+  std::vector<std::string_view> names;
+  for_each_policy([&](std::string_view op, Policy) { names.push_back(op); });
+  return names;
+}
+size_t resolved_autocast_policies() { return policies().size(); }
+}  // namespace internal
+
 AutocastGuard::AutocastGuard(DeviceType device, ScalarType dtype, bool enabled) : device_(device) {
   KILN_CHECK(device == kCPU || device == kCUDA,
              "[autocast] expected the cpu or cuda device type, got ", device_type_name(device));
   KILN_CHECK(!enabled || dtype == kBFloat16 || dtype == kHalf,
              "[autocast] the autocast dtype must be bfloat16 or float16, got ", dtype_name(dtype));
+  if (enabled) (void)policies();  // a bad table fails here, before the first op runs
   prev_enabled_ = is_autocast_enabled(device);
   prev_dtype_ = autocast_dtype(device);
   internal::set_autocast_state(device, enabled, enabled ? dtype : prev_dtype_);

@@ -36,6 +36,10 @@
 // AdamW optimizers keep their moments in f32 for bf16 parameters (see nn/optim/adam.h).
 #pragma once
 
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
 #include "tensor/autocast_state.h"  // is_autocast_enabled, autocast_dtype
 #include "tensor/device.h"
 #include "tensor/dtype.h"
@@ -59,5 +63,13 @@ class AutocastGuard {
 
 // is_autocast_enabled(device) and autocast_dtype(device) (tensor/autocast_state.h) read the
 // state the guards set.
+
+namespace internal {
+// The ops of the policy table above, by name (for tests).
+std::vector<std::string_view> autocast_policy_ops();
+// Builds the policy table if no guard has yet (resolving every name to its registry entry; a
+// name without a defined op is a kiln::Error) and returns its number of ops.
+size_t resolved_autocast_policies();
+}  // namespace internal
 
 }  // namespace kiln

@@ -5,8 +5,11 @@
 #include <kiln/kiln.h>
 
 #include <cmath>
+#include <string_view>
 #include <thread>
+#include <vector>
 
+#include "tensor/registry.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -130,6 +133,18 @@ TEST(Autocast, ThreadLocal) {
 TEST(Autocast, RejectsBadArguments) {
   EXPECT_KILN_ERROR(AutocastGuard(kCPU, kFloat32), "[autocast]");
   EXPECT_KILN_ERROR(AutocastGuard(DeviceType::Meta, kBFloat16), "[autocast]");
+}
+
+// Every op the policy table names is a defined op: the table resolves (a misspelled name would
+// make every enabled guard throw, naming the op).
+TEST(Autocast, PolicyTableNamesDefinedOps) {
+  const std::vector<std::string_view> ops = internal::autocast_policy_ops();
+  ASSERT_FALSE(ops.empty());
+  for (std::string_view op : ops) {
+    const OpDef& def = Registry::get().op(op);
+    EXPECT_NE(def.meta, nullptr) << op;
+  }
+  EXPECT_EQ(internal::resolved_autocast_policies(), ops.size());
 }
 
 TEST(Autocast, GradientsReachF32Parameters) {
