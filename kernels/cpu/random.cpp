@@ -1,6 +1,8 @@
-// CPU kernels of the random ops. Each element's value depends only on (seed, offset, its
-// row-major index), through the mapping documented in tensor/random.h, so the results do not
-// depend on the thread count and match the CUDA kernels that follow the same table.
+// CPU kernels of the random ops (CUDA: kernels/cuda/random.cu; what both share, the fills'
+// generators and the ops' attributes included: kernels/random_fn.h). Each element's value depends
+// only on (seed, offset, its row-major index), through the mapping documented in tensor/random.h,
+// so the results do not depend on the thread count and match the CUDA kernels that follow the
+// same table.
 #include "tensor/random.h"
 
 #include <algorithm>
@@ -17,13 +19,6 @@ namespace {
 
 using scalar::from_int;
 using Stream = scalar::PhiloxStream;
-
-// The seed and offset are the last two attributes of every random op.
-Stream stream_of(const OpCall& c) {
-  const size_t n = c.attrs.size();
-  return {static_cast<uint64_t>(c.attr<int64_t>(n - 2)),
-          static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
-}
 
 // Walks the elements of a tensor in row-major order from a starting index, tracking the
 // element offset (in elements, not bytes) for any strides.
@@ -88,126 +83,52 @@ void fill_blocks(const Tensor& out, Gen&& gen) {
   });
 }
 
-void uniform_cpu(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const double from = c.attr<double>(0), to = c.attr<double>(1);
-  const Stream s = stream_of(c);
-  visit_floating(out.dtype(), "uniform_", [&]<typename T>(TypeTag<T>) {
-    if constexpr (std::is_same_v<T, double>) {
-      const double range = to - from;
-      fill_blocks<double, 2>(out, [&](int64_t b, double* v, int64_t, int count) {
-        const philox::Words w = s.block(static_cast<uint64_t>(b));
-        for (int k = 0; k < count; ++k) {
-          v[k] = scalar::uniform_double(w.w[2 * k], w.w[2 * k + 1], from, to, range);
-        }
-      });
-    } else {
-      const float from_f = static_cast<float>(from);
-      const float range = static_cast<float>(to - from);
-      const T from_t = T(from_f);
-      fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
-        const philox::Words w = s.block(static_cast<uint64_t>(b));
-        for (int k = 0; k < count; ++k) {
-          v[k] = scalar::uniform_float<T>(w.w[k], from_f, range, to, from_t);
-        }
-      });
-    }
-  });
-}
-
-void normal_cpu(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const double mean = c.attr<double>(0), stdev = c.attr<double>(1);
-  const Stream s = stream_of(c);
-  visit_floating(out.dtype(), "normal_", [&]<typename T>(TypeTag<T>) {
-    if constexpr (std::is_same_v<T, double>) {
-      fill_blocks<double, 2>(out, [&](int64_t b, double* v, int64_t, int count) {
-        scalar::normal_double(s.block(static_cast<uint64_t>(b)), mean, stdev, v, count);
-      });
-    } else {
-      const float mean_f = static_cast<float>(mean), std_f = static_cast<float>(stdev);
-      fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
-        scalar::normal_float<T>(s.block(static_cast<uint64_t>(b)), mean_f, std_f, v, count);
-      });
-    }
-  });
-}
-
-void random_cpu(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const int64_t low = c.attr<int64_t>(0), high = c.attr<int64_t>(1);
-  const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
-  const Stream s = stream_of(c);
-  auto value = [low, range](uint64_t x) { return scalar::random_int(x, low, range); };
-  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
-    if (range <= (uint64_t{1} << 32)) {
-      fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
-        const philox::Words w = s.block(static_cast<uint64_t>(b));
-        for (int k = 0; k < count; ++k) v[k] = from_int<T>(value(w.w[k]));
-      });
-    } else {
-      fill_blocks<T, 2>(out, [&](int64_t b, T* v, int64_t, int count) {
-        const philox::Words w = s.block(static_cast<uint64_t>(b));
-        for (int k = 0; k < count; ++k) {
-          v[k] = from_int<T>(value(philox::bits64(w.w[2 * k], w.w[2 * k + 1])));
-        }
-      });
-    }
-  });
-}
-
-void bernoulli_cpu(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const Stream s = stream_of(c);
-  if (c.inputs.size() == 1) {
-    const double p = c.attr<double>(0);
-    visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
-      const T one = from_int<T>(1), zero = from_int<T>(0);
-      fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t, int count) {
-        const philox::Words w = s.block(static_cast<uint64_t>(b));
-        for (int k = 0; k < count; ++k) v[k] = scalar::bernoulli(w.w[k], p) ? one : zero;
-      });
-    });
-    return;
+// The device half of scalar::RandomKernels (kernels/random_fn.h).
+struct CpuRandom {
+  template <typename T, int K, typename Gen>
+  static void fill(const Tensor& out, const Gen& gen) {
+    fill_blocks<T, K>(out, gen);
   }
-  // Probabilities per element: read p (broadcast to out's shape) as double, checking range.
-  const Tensor& p = c.input(1);
-  KILN_CHECK(p.is_cpu(), "[bernoulli_] expected probabilities on cpu, got ", p.device().str());
-  const int64_t n = out.numel();
-  std::vector<double> probs(static_cast<size_t>(n));
-  visit_floating(p.dtype(), "bernoulli_", [&]<typename P>(TypeTag<P>) {
-    const P* pp = p.data_ptr<P>();
-    Shape strides = broadcast_byte_strides(p, out.sizes());
-    for (int64_t& st : strides) st /= static_cast<int64_t>(sizeof(P));
-    Cursor cur(out.sizes(), strides, 0);
-    for (int64_t i = 0; i < n; ++i, cur.next()) {
-      const double q = static_cast<double>(static_cast<opmath_t<P>>(pp[cur.offset()]));
-      KILN_CHECK(q >= 0.0 && q <= 1.0, "[bernoulli_] expected all probabilities in [0, 1], got ", q,
-                 " at element ", i);
-      probs[static_cast<size_t>(i)] = q;
-    }
-  });
-  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
-    const T one = from_int<T>(1), zero = from_int<T>(0);
-    fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t i0, int count) {
-      const philox::Words w = s.block(static_cast<uint64_t>(b));
-      for (int k = 0; k < count; ++k) {
-        v[k] = scalar::bernoulli(w.w[k], probs[static_cast<size_t>(i0 + k)]) ? one : zero;
+
+  // Probabilities per element: p (broadcast to out's shape) read as double, checking range.
+  static void bernoulli_tensor(OpCall& c, Stream s) {
+    const Tensor& out = c.outputs[0];
+    const Tensor& p = c.input(1);
+    KILN_CHECK(p.is_cpu(), "[bernoulli_] expected probabilities on cpu, got ", p.device().str());
+    const int64_t n = out.numel();
+    std::vector<double> probs(static_cast<size_t>(n));
+    visit_floating(p.dtype(), "bernoulli_", [&]<typename P>(TypeTag<P>) {
+      const P* pp = p.data_ptr<P>();
+      Shape strides = broadcast_byte_strides(p, out.sizes());
+      for (int64_t& st : strides) st /= static_cast<int64_t>(sizeof(P));
+      Cursor cur(out.sizes(), strides, 0);
+      for (int64_t i = 0; i < n; ++i, cur.next()) {
+        const double q = static_cast<double>(static_cast<opmath_t<P>>(pp[cur.offset()]));
+        if (!(q >= 0.0 && q <= 1.0)) scalar::fail_bernoulli_probability(q, i);
+        probs[static_cast<size_t>(i)] = q;
       }
     });
-  });
-}
+    visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+      const T one = from_int<T>(1), zero = from_int<T>(0);
+      fill_blocks<T, 4>(out, [&](int64_t b, T* v, int64_t i0, int count) {
+        const philox::Words w = s.block(static_cast<uint64_t>(b));
+        for (int k = 0; k < count; ++k) {
+          v[k] = scalar::bernoulli(w.w[k], probs[static_cast<size_t>(i0 + k)]) ? one : zero;
+        }
+      });
+    });
+  }
 
-void multinomial_cpu(OpCall& c) {
+  static void multinomial(OpCall& c, const scalar::MultinomialArgs& args);
+  static void randperm(OpCall& c, Stream s);
+};
+
+void CpuRandom::multinomial(OpCall& c, const scalar::MultinomialArgs& args) {
   const Tensor& probs = c.input(0);
   const Tensor& out = c.outputs[0];
-  const int64_t num_samples = c.attr<int64_t>(0);
-  const bool replacement = c.attr<bool>(1);
-  const Stream s = stream_of(c);
-  const bool batched = probs.dim() == 2;
-  const int64_t rows = batched ? probs.size(0) : 1;
-  const int64_t cats = probs.size(-1);
-  const int64_t row_stride = batched ? probs.stride(0) : 0;
+  const int64_t num_samples = args.num_samples, rows = args.rows, cats = args.cats;
+  const Stream s = args.s;
+  const int64_t row_stride = args.batched ? probs.stride(0) : 0;
   const int64_t cat_stride = probs.stride(-1);
   int64_t* dst = out.data_ptr<int64_t>();
   visit_floating(probs.dtype(), "multinomial", [&]<typename P>(TypeTag<P>) {
@@ -222,8 +143,7 @@ void multinomial_cpu(OpCall& c) {
         for (int64_t k = 0; k < cats; ++k) {
           const double q =
               static_cast<double>(static_cast<opmath_t<P>>(src[r * row_stride + k * cat_stride]));
-          KILN_CHECK(std::isfinite(q) && q >= 0.0,
-                     "[multinomial] probability tensor contains either inf, nan or element < 0");
+          if (!(std::isfinite(q) && q >= 0.0)) scalar::fail_multinomial_probability();
           if (q > 0) {
             ++positive;
             last_positive = k;
@@ -232,12 +152,9 @@ void multinomial_cpu(OpCall& c) {
           pv[static_cast<size_t>(k)] = q;
           cdf[static_cast<size_t>(k)] = total;
         }
-        KILN_CHECK(total > 0.0,
-                   "[multinomial] invalid multinomial distribution (sum of "
-                   "probabilities <= 0) in row ",
-                   r);
+        if (!(total > 0.0)) scalar::fail_multinomial_sum(r);
         int64_t* row_out = dst + r * num_samples;
-        if (replacement) {
+        if (args.replacement) {
           for (int64_t smp = 0; smp < num_samples; ++smp) {
             const double target =
                 scalar::mul_rn(scalar::draw53(s, r * num_samples + smp, false), total);
@@ -246,10 +163,7 @@ void multinomial_cpu(OpCall& c) {
           }
           continue;
         }
-        KILN_CHECK(positive >= num_samples,
-                   "[multinomial] invalid multinomial distribution "
-                   "(with replacement=False, not enough non-negative category to sample): ",
-                   positive, " categories with nonzero probability, ", num_samples, " samples");
+        if (positive < num_samples) scalar::fail_multinomial_too_few(positive, num_samples);
         // Sampling without replacement: the categories with the largest p / Exp(1) keys, in
         // order, have the distribution of successive draws without replacement.
         scores.clear();
@@ -270,10 +184,9 @@ void multinomial_cpu(OpCall& c) {
   });
 }
 
-void randperm_cpu(OpCall& c) {
+void CpuRandom::randperm(OpCall& c, Stream s) {
   const Tensor& out = c.outputs[0];
   const int64_t n = out.numel();
-  const Stream s = stream_of(c);
   std::vector<uint64_t> keys(static_cast<size_t>(n));
   internal::parallel_for(0, (n + 1) / 2, internal::kGrainSize / 2, [&](int64_t bb, int64_t be) {
     for (int64_t b = bb; b < be; ++b) {
@@ -296,11 +209,9 @@ void randperm_cpu(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(uniform_, kCPU, uniform_cpu);
-KILN_REGISTER_KERNEL(normal_, kCPU, normal_cpu);
-KILN_REGISTER_KERNEL(random_, kCPU, random_cpu);
-KILN_REGISTER_KERNEL(bernoulli_, kCPU, bernoulli_cpu);
-KILN_REGISTER_KERNEL(multinomial, kCPU, multinomial_cpu);
-KILN_REGISTER_KERNEL(randperm, kCPU, randperm_cpu);
+#define KILN_REGISTER_RANDOM(op, fn) \
+  KILN_REGISTER_KERNEL(op, kCPU, scalar::RandomKernels<CpuRandom>::fn);
+KILN_RANDOM_OPS(KILN_REGISTER_RANDOM)
+#undef KILN_REGISTER_RANDOM
 
 }  // namespace kiln::cpu

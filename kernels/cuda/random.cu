@@ -1,5 +1,6 @@
 // CUDA kernels of the random fills uniform_, normal_, random_ and bernoulli_, and of
-// multinomial and randperm (CPU: kernels/cpu/random.cpp). Each thread of a fill computes one
+// multinomial and randperm (CPU: kernels/cpu/random.cpp; what both share, the fills' generators
+// and the ops' attributes included: kernels/random_fn.h). Each thread of a fill computes one
 // Philox block with the functions of tensor/random.h and writes the elements of that block,
 // following the mapping documented there, so a tensor filled on the GPU holds the same numbers as
 // one filled on the CPU with the same seed: bit for bit for uniform_, random_ and bernoulli_ (the
@@ -28,13 +29,6 @@ using loops::Geometry;
 
 using scalar::from_int;
 using Stream = scalar::PhiloxStream;
-
-// The seed and offset are the last two attributes of every random op.
-Stream stream_of(const OpCall& c) {
-  const size_t n = c.attrs.size();
-  return {static_cast<uint64_t>(c.attr<int64_t>(n - 2)),
-          static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
-}
 
 // One thread per Philox block: gen(block, vals, first_index, count) makes the `count` (<= K)
 // values of elements first_index..; they go to row-major positions of `out` (any strides).
@@ -73,123 +67,18 @@ void fill_blocks(const Tensor& out, const Gen& gen) {
   KILN_CUDA_LAUNCH_CHECK("fill_blocks_kernel");
 }
 
-// --- uniform_ ---------------------------------------------------------------------------------
-
-struct UniformDouble {
-  Stream s;
-  double from, to, range;
-  __device__ void operator()(uint64_t b, double* v, int64_t, int count) const {
-    const philox::Words w = s.block(b);
-    for (int k = 0; k < count; ++k) {
-      v[k] = scalar::uniform_double(w.w[2 * k], w.w[2 * k + 1], from, to, range);
-    }
+// The device half of scalar::RandomKernels (kernels/random_fn.h).
+struct CudaRandom {
+  template <typename T, int K, typename Gen>
+  static void fill(const Tensor& out, const Gen& gen) {
+    fill_blocks<T, K>(out, gen);
   }
+  static void bernoulli_tensor(OpCall& c, Stream s);
+  static void multinomial(OpCall& c, const scalar::MultinomialArgs& args);
+  static void randperm(OpCall& c, Stream s);
 };
 
-template <typename T>
-struct UniformFloat {
-  Stream s;
-  float from_f, range;
-  double to;
-  T from_t;
-  __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
-    const philox::Words w = s.block(b);
-    for (int k = 0; k < count; ++k) {
-      v[k] = scalar::uniform_float<T>(w.w[k], from_f, range, to, from_t);
-    }
-  }
-};
-
-void uniform_cuda(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const double from = c.attr<double>(0), to = c.attr<double>(1);
-  const Stream s = stream_of(c);
-  visit_floating(out.dtype(), "uniform_", [&]<typename T>(TypeTag<T>) {
-    if constexpr (std::is_same_v<T, double>) {
-      fill_blocks<double, 2>(out, UniformDouble{s, from, to, to - from});
-    } else {
-      const float from_f = static_cast<float>(from);
-      fill_blocks<T, 4>(out,
-                        UniformFloat<T>{s, from_f, static_cast<float>(to - from), to, T(from_f)});
-    }
-  });
-}
-
-// --- normal_ ----------------------------------------------------------------------------------
-
-struct NormalDouble {
-  Stream s;
-  double mean, stdev;
-  __device__ void operator()(uint64_t b, double* v, int64_t, int count) const {
-    scalar::normal_double(s.block(b), mean, stdev, v, count);
-  }
-};
-
-template <typename T>
-struct NormalFloat {
-  Stream s;
-  float mean, stdev;
-  __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
-    scalar::normal_float<T>(s.block(b), mean, stdev, v, count);
-  }
-};
-
-void normal_cuda(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const double mean = c.attr<double>(0), stdev = c.attr<double>(1);
-  const Stream s = stream_of(c);
-  visit_floating(out.dtype(), "normal_", [&]<typename T>(TypeTag<T>) {
-    if constexpr (std::is_same_v<T, double>) {
-      fill_blocks<double, 2>(out, NormalDouble{s, mean, stdev});
-    } else {
-      fill_blocks<T, 4>(out,
-                        NormalFloat<T>{s, static_cast<float>(mean), static_cast<float>(stdev)});
-    }
-  });
-}
-
-// --- random_ ----------------------------------------------------------------------------------
-
-// scalar::random_int of one word (ranges up to 2^32) or of a word pair.
-template <typename T, bool kWide>
-struct RandomInt {
-  Stream s;
-  int64_t low;
-  uint64_t range;
-  __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
-    const philox::Words w = s.block(b);
-    for (int k = 0; k < count; ++k) {
-      const uint64_t x = kWide ? philox::bits64(w.w[2 * k], w.w[2 * k + 1]) : uint64_t{w.w[k]};
-      v[k] = from_int<T>(scalar::random_int(x, low, range));
-    }
-  }
-};
-
-void random_cuda(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const int64_t low = c.attr<int64_t>(0), high = c.attr<int64_t>(1);
-  const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
-  const Stream s = stream_of(c);
-  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
-    if (range <= (uint64_t{1} << 32)) {
-      fill_blocks<T, 4>(out, RandomInt<T, false>{s, low, range});
-    } else {
-      fill_blocks<T, 2>(out, RandomInt<T, true>{s, low, range});
-    }
-  });
-}
-
-// --- bernoulli_ -------------------------------------------------------------------------------
-
-template <typename T>
-struct BernoulliScalar {
-  Stream s;
-  double p;
-  __device__ void operator()(uint64_t b, T* v, int64_t, int count) const {
-    const philox::Words w = s.block(b);
-    for (int k = 0; k < count; ++k) v[k] = from_int<T>(scalar::bernoulli(w.w[k], p) ? 1 : 0);
-  }
-};
+// --- bernoulli_ with a tensor of probabilities ------------------------------------------------
 
 // Probabilities per element: `probs` is a contiguous double tensor of out's shape.
 template <typename T>
@@ -207,16 +96,8 @@ struct BernoulliTensor {
   }
 };
 
-void bernoulli_cuda(OpCall& c) {
+void CudaRandom::bernoulli_tensor(OpCall& c, Stream s) {
   const Tensor& out = c.outputs[0];
-  const Stream s = stream_of(c);
-  if (c.inputs.size() == 1) {
-    const double p = c.attr<double>(0);
-    visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
-      fill_blocks<T, 4>(out, BernoulliScalar<T>{s, p});
-    });
-    return;
-  }
   if (out.numel() == 0) return;
   DeviceGuard guard(out.device().index());
   // p as double, as the CPU reads it (through opmath_t), laid out like out.
@@ -233,7 +114,7 @@ void bernoulli_cuda(OpCall& c) {
     double q = 0;
     KILN_CUDA_CHECK(cudaMemcpy(&q, static_cast<const double*>(probs.data_ptr()) + at, sizeof(q),
                                cudaMemcpyDeviceToHost));
-    KILN_FAIL("[bernoulli_] expected all probabilities in [0, 1], got ", q, " at element ", at);
+    scalar::fail_bernoulli_probability(q, at);
   }
 }
 
@@ -342,15 +223,12 @@ __global__ void first_columns_kernel(int64_t* out, const C* columns, int64_t row
   }
 }
 
-void multinomial_cuda(OpCall& c) {
+void CudaRandom::multinomial(OpCall& c, const scalar::MultinomialArgs& args) {
   const Tensor& probs = c.input(0);
   const Tensor& out = c.outputs[0];
-  const int64_t num_samples = c.attr<int64_t>(0);
-  const bool replacement = c.attr<bool>(1);
-  const Stream s = stream_of(c);
-  const bool batched = probs.dim() == 2;
-  const int64_t rows = batched ? probs.size(0) : 1;
-  const int64_t cats = probs.size(-1);
+  const int64_t num_samples = args.num_samples, rows = args.rows, cats = args.cats;
+  const bool replacement = args.replacement, batched = args.batched;
+  const Stream s = args.s;
   if (rows == 0) return;
   DeviceGuard guard(out.device().index());
   const cudaStream_t stream = current_stream();
@@ -374,16 +252,9 @@ void multinomial_cuda(OpCall& c) {
     KILN_CUDA_LAUNCH_CHECK("multinomial_scan_kernel");
     int64_t code = 0;
     if (flag.raised(&code)) {
-      KILN_CHECK(code % 4 != kBadProbability,
-                 "[multinomial] probability tensor contains either inf, nan or element < 0");
-      KILN_CHECK(code % 4 != kZeroSum,
-                 "[multinomial] invalid multinomial distribution (sum of probabilities <= 0) in "
-                 "row ",
-                 code / 4);
-      KILN_FAIL(
-          "[multinomial] invalid multinomial distribution (with replacement=False, not enough "
-          "non-negative category to sample): ",
-          code / 4, " categories with nonzero probability, ", num_samples, " samples");
+      if (code % 4 == kBadProbability) scalar::fail_multinomial_probability();
+      if (code % 4 == kZeroSum) scalar::fail_multinomial_sum(code / 4);
+      scalar::fail_multinomial_too_few(code / 4, num_samples);
     }
     if (replacement) {
       const int64_t n = rows * num_samples;
@@ -433,11 +304,10 @@ __global__ void randperm_write_kernel(T* out, const C* order, int64_t n) {
   }
 }
 
-void randperm_cuda(OpCall& c) {
+void CudaRandom::randperm(OpCall& c, Stream s) {
   const Tensor& out = c.outputs[0];
   const int64_t n = out.numel();
   if (n == 0) return;
-  const Stream s = stream_of(c);
   DeviceGuard guard(out.device().index());
   const cudaStream_t stream = current_stream();
   Tensor keys = internal::device_bytes(n * 8, out.device());
@@ -460,11 +330,9 @@ void randperm_cuda(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(uniform_, kCUDA, uniform_cuda);
-KILN_REGISTER_KERNEL(normal_, kCUDA, normal_cuda);
-KILN_REGISTER_KERNEL(random_, kCUDA, random_cuda);
-KILN_REGISTER_KERNEL(bernoulli_, kCUDA, bernoulli_cuda);
-KILN_REGISTER_KERNEL(multinomial, kCUDA, multinomial_cuda);
-KILN_REGISTER_KERNEL(randperm, kCUDA, randperm_cuda);
+#define KILN_REGISTER_RANDOM(op, fn) \
+  KILN_REGISTER_KERNEL(op, kCUDA, scalar::RandomKernels<CudaRandom>::fn);
+KILN_RANDOM_OPS(KILN_REGISTER_RANDOM)
+#undef KILN_REGISTER_RANDOM
 
 }  // namespace kiln::cuda
