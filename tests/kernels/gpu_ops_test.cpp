@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda.h"
 #include "kernels/gpu_test_util.h"
 #include "tensor/ops.h"
 #include "tensor/tensor_data.h"
