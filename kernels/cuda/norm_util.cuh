@@ -1,6 +1,7 @@
-// Pieces the fused norm kernels share (kernels/cuda/norm.cu: rms_norm, kernels/cuda/layer_norm.cu:
-// layer_norm): the dtype dispatch of (x, parameter), the 16-byte-pack test, and the
-// deterministic column sum of per-block parameter-gradient partials.
+// Pieces the fused norm kernels share (kernels/cuda/norm.cuh: rms_norm,
+// kernels/cuda/layer_norm.cuh: layer_norm): the dtype dispatch of (x, parameter), the 16-byte-pack
+// test, the choice of the packs per thread of a register kernel, and the deterministic column sum
+// of per-block parameter-gradient partials.
 //
 //   visit_x_weight("rms_norm", x.dtype(), w.dtype(), [&]<typename T, typename W>(TypeTag<T>,
 //                                                                               TypeTag<W>) {
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
@@ -62,6 +64,19 @@ bool packable(int64_t d, std::initializer_list<const void*> t_ptrs,
     if (p != nullptr && !aligned_to(p, static_cast<int64_t>(sizeof(W)) * kPack)) return false;
   }
   return true;
+}
+
+// The smallest P of `Ps` (ascending) with TPR * P >= nvec: calls f(integral_constant<P>) and
+// returns true, or returns false where none is large enough (the row is too long for a kernel
+// that holds TPR * P packs in registers).
+template <int TPR, int... Ps, typename F>
+bool with_packs(int64_t nvec, std::integer_sequence<int, Ps...>, F&& f) {
+  bool done = false;
+  ((!done && nvec <= static_cast<int64_t>(TPR) * Ps
+        ? (f(std::integral_constant<int, Ps>{}), done = true)
+        : false),
+   ...);
+  return done;
 }
 
 // out0[j] = sum over rows q of part0[q, j] (blockIdx.y == 0), out1 from part1 likewise

@@ -3,7 +3,8 @@
 // their CPU kernels on the same fresh random inputs: every floating dtype, packed (16-byte) and
 // unpacked row lengths, rows longer than the register cache, many rows per block,
 // non-contiguous inputs (built on the GPU from the same base as on the CPU), ignore_index, and
-// gradients through autograd on the GPU.
+// gradients through autograd on the GPU. Every RMSNorm kernel is also run directly, through the
+// launchers of kernels/cuda/norm.h, on rows the op would send to another kernel.
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
@@ -12,9 +13,11 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/engine.h"
+#include "kernels/cuda/norm.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/gpu_test_util.h"
 #include "nn/functional.h"
@@ -27,7 +30,6 @@ namespace {
 
 using test::kGpu;
 using test::rel_error;
-using test::ScopedEnv;
 
 class GpuFixture : public test::GpuTest {};
 class GpuRmsNorm : public GpuFixture {};
@@ -113,98 +115,119 @@ TEST_F(GpuRmsNorm, ManyRows) {
   check_rms(randn({17000, 512}), randn({512}));
 }
 
-// Every forward variant (0 = the default kernels) against the CPU kernel: each register-cache
-// size (1 to 16 packs per thread), idle threads, partial last blocks, rows too long for a variant
-// (it falls back), unpacked lengths, misaligned rows, f32 weights and strided inputs.
-TEST_F(GpuRmsNorm, EveryForwardVariant) {
-  for (const char* v : {"", "0", "1", "2", "3", "4", "5", "6"}) {
-    SCOPED_TRACE(std::string("KILN_RMSNORM_FWD=") + v);
-    const ScopedEnv scoped("KILN_RMSNORM_FWD", v);
-    manual_seed(31);
+// Rows one element off 16-byte alignment on the GPU (a contiguous view at offset 1): the
+// one-element loop kernels, forward and backward (x, then dy misaligned).
+TEST_F(GpuRmsNorm, MisalignedRows) {
+  manual_seed(31);
+  const Tensor flat = randn({1 + 21 * 256}).to(kBFloat16), wb = randn({256}).to(kBFloat16);
+  const Tensor xc = flat.slice(0, 1, 1 + 21 * 256).view({21, 256});
+  const Tensor xg = flat.to(kGpu).slice(0, 1, 1 + 21 * 256).view({21, 256});
+  const TensorVec got = call_op(KILN_OP(rms_norm), {xg, wb.to(kGpu)}, {1e-5});
+  const TensorVec want = call_op(KILN_OP(rms_norm), {xc, wb}, {1e-5});
+  expect_match(got[0], want[0], tolerance(kBFloat16));
+  expect_match(got[1], want[1], 1e-5);
+  const Tensor x = randn({21, 256}).to(kBFloat16);
+  const TensorVec f = call_op(KILN_OP(rms_norm), {x, wb}, {1e-5});
+  const TensorVec dwant = call_op(KILN_OP(rms_norm_backward), {xc, x, wb, f[1]});
+  const TensorVec dgot =
+      call_op(KILN_OP(rms_norm_backward), {xg, x.to(kGpu), wb.to(kGpu), f[1].to(kGpu)});
+  expect_match(dgot[0], dwant[0], tolerance(kBFloat16));
+  expect_match(dgot[1], dwant[1], tolerance(kBFloat16));
+}
+
+#if defined(KILN_WITH_CUDA)
+using cuda::internal::RmsNormBackward;
+using cuda::internal::RmsNormForward;
+
+// Forward and backward through the internal launchers with the kernels given (kernels/cuda/norm.h)
+// against the CPU kernels, on x ([..., d] on the CPU) and w.
+void check_rms_kernels(const Tensor& x, const Tensor& w, RmsNormForward fk, RmsNormBackward bk) {
+  SCOPED_TRACE(std::string(dtype_name(x.dtype())) + " x " + shape_str(x.sizes()) + ", " +
+               std::string(dtype_name(w.dtype())) + " w, kernels " +
+               std::to_string(static_cast<int>(fk)) + "/" + std::to_string(static_cast<int>(bk)));
+  const double eps = 1e-5;
+  const TensorVec c = call_op(KILN_OP(rms_norm), {x, w}, {eps});
+  const Tensor xg = x.to(kGpu), wg = w.to(kGpu);
+  const Tensor y = empty(x.sizes(), TensorOptions(x.dtype()).device(kGpu));
+  const Tensor rstd = empty(c[1].sizes(), TensorOptions(c[1].dtype()).device(kGpu));
+  cuda::internal::rms_norm_forward(xg, wg, eps, y, rstd, fk);
+  const double tol = tolerance(x.dtype());
+  expect_match(y, c[0], tol);
+  expect_match(rstd, c[1], x.dtype() == kDouble ? 1e-12 : 5e-5);
+  const Tensor dy = randn(x.sizes()).to(x.dtype());
+  const TensorVec dc = call_op(KILN_OP(rms_norm_backward), {dy, x, w, c[1]});
+  const Tensor dx = empty(x.sizes(), TensorOptions(x.dtype()).device(kGpu));
+  const Tensor dw = empty(w.sizes(), TensorOptions(w.dtype()).device(kGpu));
+  cuda::internal::rms_norm_backward(dy.to(kGpu), xg, wg, rstd, dx, dw, bk);
+  expect_match(dx, dc[0], tol);
+  expect_match(dw, dc[1], w.dtype() == kDouble ? 1e-10 : std::max(tol, 1e-4));
+}
+
+// Whether rows of d elements of x's dtype fit a register kernel of `threads` threads per row and
+// at most `packs` 16-byte packs per thread (fresh tensors are aligned).
+bool fits(int64_t d, ScalarType dt, int64_t threads, int64_t packs) {
+  const int64_t n = 16 / static_cast<int64_t>(element_size(dt));
+  return d % n == 0 && d / n <= threads * packs;
+}
+
+// Every kernel of the library, forward (a warp per row, a group of 128 threads per row, the loop
+// kernel) and backward (the row groups, the loop kernel), on every row it fits, also rows that the
+// op sends to another kernel: each pack count per thread (1 to 16 forward, 1 to 4 backward), idle
+// threads, partial last blocks and steps, several steps per block, unpacked lengths, f32 weights,
+// f64, and strided inputs. A kernel that cannot run a call is an error.
+TEST_F(GpuRmsNorm, EveryKernel) {
+  const std::vector<std::pair<RmsNormForward, RmsNormBackward>> kernels = {
+      {RmsNormForward::kWarp, RmsNormBackward::kRows},
+      {RmsNormForward::kGroup, RmsNormBackward::kLoop},
+      {RmsNormForward::kLoop, RmsNormBackward::kAuto}};
+  for (const auto& [fk, bk] : kernels) {
+    manual_seed(33);
+    const int64_t fwd_threads = fk == RmsNormForward::kWarp ? 32 : 128;
+    // The kernels given where they fit the row, else the op's choice.
+    auto check = [&](const Tensor& x, const Tensor& w) {
+      const int64_t d = w.numel();
+      const bool fwd_fits = fk == RmsNormForward::kLoop || fits(d, x.dtype(), fwd_threads, 16);
+      const bool bwd_fits = bk != RmsNormBackward::kRows || fits(d, x.dtype(), 128, 4) ||
+                            (d > 2048 && fits(d, x.dtype(), 256, 4));
+      check_rms_kernels(x, w, fwd_fits ? fk : RmsNormForward::kAuto,
+                        bwd_fits ? bk : RmsNormBackward::kAuto);
+    };
     for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
-      check_rms(randn({37, 64}).to(dt), randn({64}).to(dt));
-      check_rms(randn({19, 37}).to(dt), randn({37}).to(dt));  // unpacked
-      check_rms(randn({11, 1000}).to(dt), randn({1000}).to(dt));
-      check_rms(randn({3, 3, 40}).to(dt), randn({3, 40}).to(dt));
-      if (dt == kHalf || dt == kBFloat16) check_rms(randn({9, 768}).to(dt), randn({768}));
+      check(randn({37, 64}).to(dt), randn({64}).to(dt));
+      check(randn({19, 37}).to(dt), randn({37}).to(dt));  // unpacked: the loop kernels alone
+      check(randn({11, 1000}).to(dt), randn({1000}).to(dt));
+      check(randn({3, 3, 40}).to(dt), randn({3, 40}).to(dt));
+      if (dt == kHalf || dt == kBFloat16) check(randn({9, 768}).to(dt), randn({768}));
     }
-    for (int64_t d : {8, 24, 256, 768, 1032, 2048, 4096, 8192, 16392, 40000}) {
-      check_rms(randn({13, d}).to(kBFloat16), randn({d}).to(kBFloat16));
+    for (int64_t d : {8, 24, 256, 264, 768, 1032, 2048, 3000, 4096, 8192, 8200, 16384, 16392}) {
+      check(randn({13, d}).to(kBFloat16), randn({d}).to(kBFloat16));
     }
     for (int64_t d : {128, 2048, 4104}) {
-      check_rms(randn({1, d}).to(kBFloat16), randn({d}));
-      check_rms(randn({7, d}), randn({d}));
-      check_rms(randn({5, d}).to(kDouble), randn({d}).to(kDouble));
+      check(randn({1, d}).to(kBFloat16), randn({d}));
+      check(randn({7, d}), randn({d}));
+      check(randn({5, d}).to(kDouble), randn({d}).to(kDouble));
     }
-    check_rms(randn({1025, 2048}).to(kBFloat16), randn({2048}).to(kBFloat16));
-    check_rms(randn({2049, 768}).to(kBFloat16), randn({768}).to(kBFloat16));
-    check_rms(randn({301, 768}).to(kHalf), randn({768}));
-    // Strided (transposed, sliced) inputs.
-    check_rms(randn({64, 40}).t().to(kBFloat16), randn({64}).to(kBFloat16));
-    check_rms(randn({50, 2 * 512}).to(kBFloat16).slice(1, 0, 512), randn({512}).to(kBFloat16));
-    // Rows one element off 16-byte alignment on the GPU (a contiguous view at offset 1) take the
-    // one-element kernels.
-    const Tensor flat = randn({1 + 21 * 256}).to(kBFloat16), wb = randn({256}).to(kBFloat16);
-    const Tensor xg = flat.to(kGpu).slice(0, 1, 1 + 21 * 256).view({21, 256});
-    const TensorVec got = call_op(KILN_OP(rms_norm), {xg, wb.to(kGpu)}, {1e-5});
-    const TensorVec want =
-        call_op(KILN_OP(rms_norm), {flat.slice(0, 1, 1 + 21 * 256).view({21, 256}), wb}, {1e-5});
-    expect_match(got[0], want[0], tolerance(kBFloat16));
-    expect_match(got[1], want[1], 1e-5);
+    check(randn({1025, 2048}).to(kBFloat16), randn({2048}).to(kBFloat16));
+    check(randn({2049, 768}).to(kBFloat16), randn({768}).to(kBFloat16));
+    check(randn({301, 768}).to(kHalf), randn({768}));
+    check(randn({5003, 128}).to(kBFloat16), randn({128}).to(kBFloat16));
+    check(randn({40000, 264}).to(kBFloat16), randn({264}).to(kBFloat16));
+    check(randn({64, 40}).t().to(kBFloat16), randn({64}).to(kBFloat16));
+    check(randn({50, 2 * 512}).to(kBFloat16).slice(1, 0, 512), randn({512}).to(kBFloat16));
   }
+  const Tensor x = randn({4, 37}).to(kGpu), w = randn({37}).to(kGpu);
+  const Tensor y = empty_like(x), rstd = empty({4}, TensorOptions(kFloat).device(kGpu));
+  EXPECT_KILN_ERROR(cuda::internal::rms_norm_forward(x, w, 1e-5, y, rstd, RmsNormForward::kWarp),
+                    "[rms_norm] the warp kernel cannot run rows of 37 unpackable elements");
+  const Tensor xl = randn({2, 40000}).to(kGpu), wl = randn({40000}).to(kGpu);
+  const Tensor yl = empty_like(xl), rl = empty({2}, TensorOptions(kFloat).device(kGpu));
+  EXPECT_KILN_ERROR(cuda::internal::rms_norm_forward(xl, wl, 1e-5, yl, rl, RmsNormForward::kGroup),
+                    "[rms_norm] the group kernel cannot run rows of 40000 elements");
+  EXPECT_KILN_ERROR(cuda::internal::rms_norm_backward(xl, xl, wl, rl, empty_like(xl),
+                                                      empty_like(wl), RmsNormBackward::kRows),
+                    "[rms_norm_backward] the row-group kernel cannot run rows of 40000 elements");
 }
-
-TEST_F(GpuRmsNorm, UnknownForwardVariantIsAnError) {
-  const ScopedEnv scoped("KILN_RMSNORM_FWD", "7");
-  const Tensor x = randn({4, 64}).to(kGpu), w = randn({64}).to(kGpu);
-  EXPECT_KILN_ERROR((void)call_op(KILN_OP(rms_norm), {x, w}, {1e-5}), "KILN_RMSNORM_FWD");
-}
-
-// Every backward variant (0 = the default kernel) against the CPU kernel: 1 to 4 packs per
-// thread, idle threads, row counts not a multiple of the rows per step, several steps per block,
-// rows too long for a variant (it falls back), unpacked and misaligned rows, f32 weights.
-TEST_F(GpuRmsNorm, EveryBackwardVariant) {
-  for (const char* v : {"", "0", "1", "2", "3", "4"}) {
-    SCOPED_TRACE(std::string("KILN_RMSNORM_BWD=") + v);
-    const ScopedEnv scoped("KILN_RMSNORM_BWD", v);
-    manual_seed(32);
-    for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
-      check_rms(randn({37, 64}).to(dt), randn({64}).to(dt));
-      check_rms(randn({19, 37}).to(dt), randn({37}).to(dt));  // unpacked
-      check_rms(randn({11, 1000}).to(dt), randn({1000}).to(dt));
-      check_rms(randn({3, 3, 40}).to(dt), randn({3, 40}).to(dt));
-      if (dt == kHalf || dt == kBFloat16) check_rms(randn({9, 768}).to(dt), randn({768}));
-    }
-    for (int64_t d : {8, 24, 256, 768, 1032, 2048, 4096, 8192, 8200}) {
-      check_rms(randn({13, d}).to(kBFloat16), randn({d}).to(kBFloat16));
-    }
-    check_rms(randn({5, 2048}), randn({2048}));
-    check_rms(randn({5, 1024}).to(kDouble), randn({1024}).to(kDouble));
-    check_rms(randn({5003, 128}).to(kBFloat16), randn({128}).to(kBFloat16));
-    check_rms(randn({1025, 2048}).to(kBFloat16), randn({2048}).to(kBFloat16));
-    check_rms(randn({2049, 768}).to(kBFloat16), randn({768}));
-    check_rms(randn({40000, 264}).to(kBFloat16), randn({264}).to(kBFloat16));  // many rows a warp
-    check_rms(randn({64, 40}).t().to(kBFloat16), randn({64}).to(kBFloat16));
-    // dy one element off 16-byte alignment on the GPU: the one-element kernel.
-    const Tensor x = randn({21, 256}).to(kBFloat16), w = randn({256}).to(kBFloat16);
-    const Tensor flat = randn({1 + 21 * 256}).to(kBFloat16);
-    const Tensor dy = flat.slice(0, 1, 1 + 21 * 256).view({21, 256});
-    const TensorVec f = call_op(KILN_OP(rms_norm), {x, w}, {1e-5});
-    const TensorVec want = call_op(KILN_OP(rms_norm_backward), {dy, x, w, f[1]});
-    const TensorVec got = call_op(KILN_OP(rms_norm_backward),
-                                  {flat.to(kGpu).slice(0, 1, 1 + 21 * 256).view({21, 256}),
-                                   x.to(kGpu), w.to(kGpu), f[1].to(kGpu)});
-    expect_match(got[0], want[0], tolerance(kBFloat16));
-    expect_match(got[1], want[1], tolerance(kBFloat16));
-  }
-}
-
-TEST_F(GpuRmsNorm, UnknownBackwardVariantIsAnError) {
-  const ScopedEnv scoped("KILN_RMSNORM_BWD", "5");
-  const Tensor x = randn({4, 64}).to(kGpu), w = randn({64}).to(kGpu);
-  const TensorVec f = call_op(KILN_OP(rms_norm), {x, w}, {1e-5});
-  EXPECT_KILN_ERROR((void)call_op(KILN_OP(rms_norm_backward), {x, x, w, f[1]}), "KILN_RMSNORM_BWD");
-}
+#endif
 
 TEST_F(GpuRmsNorm, AutogradUsesTheFusedBackward) {
   manual_seed(23);
