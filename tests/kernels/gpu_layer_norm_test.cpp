@@ -2,9 +2,10 @@
 // against their CPU kernels (kernels/cpu/norm.cpp) on the same fresh random inputs: every
 // floating dtype, f32 parameters on f16/bf16 inputs, either parameter or none, row lengths from
 // 1 to past the register kernels (packed, unpacked, one warp, 128, 256 and 512 threads per row,
-// every KILN_LAYERNORM_THREADS and KILN_LAYERNORM_BWD choice, the looping kernels), 1 to 17000
-// rows, non-contiguous and misaligned inputs, bitwise repeatable parameter gradients, and
-// F::layer_norm through autograd and autocast on the GPU.
+// one and two rows per iteration, the looping kernels), 1 to 17000 rows, non-contiguous and
+// misaligned inputs, bitwise repeatable parameter gradients, and F::layer_norm through autograd
+// and autocast on the GPU. (The threads per row and rows per iteration the library does not
+// choose: the kernel lab, benchmarks/lab/layer_norm_lab.cu.)
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
@@ -181,37 +182,23 @@ TEST_F(GpuLayerNorm, StridedAndMisalignedInputs) {
   expect_near_cpu(got[2], want[2], tolerance(kBFloat16), "dbias");
 }
 
-// Every threads-per-row choice of KILN_LAYERNORM_THREADS with both rows-per-iteration choices of
-// the backward, KILN_LAYERNORM_BWD (the benchmark times them side by side), on rows they fit:
-// one to four packs per thread, idle threads, more rows than the one-wave grid holds, odd row
-// counts (a group whose second row is past the end), fewer rows than blocks, f32 parameters,
-// optional parameters; a value that does not fit a row (a warp for 20000 elements) falls back
-// to the default kernels. A bad value is an error naming the switch.
-TEST_F(GpuLayerNorm, EveryThreadsPerRowAndRowsPerIterationSwitch) {
+// The register kernels at the row lengths of their configurations (forward 128 threads per row
+// from 2048 elements; backward 256 threads, two rows per iteration up to 2 packs per thread and
+// one row at 4 packs): one to four packs per thread, idle threads, more rows than the one-wave grid
+// holds, odd row counts (a group whose second row is past the end), fewer rows than blocks, f32
+// parameters, optional parameters, and rows past them (a warp under 2048 elements, 512 threads
+// for 20000).
+TEST_F(GpuLayerNorm, RegisterKernelsAtManyRowCounts) {
   manual_seed(68);
-  for (const char* rows : {"rows1", "rows2"}) {
-    const test::ScopedEnv env_rows("KILN_LAYERNORM_BWD", rows);
-    for (const char* tpr : {"32", "128", "256", "512"}) {
-      SCOPED_TRACE(std::string("KILN_LAYERNORM_BWD=") + rows + " KILN_LAYERNORM_THREADS=" + tpr);
-      const test::ScopedEnv env("KILN_LAYERNORM_THREADS", tpr);
-      check_ln2(3001, 2048, kBFloat16, kBFloat16);
-      check_ln2(2999, 4096, kBFloat16, kBFloat16);
-      check_ln2(3, 8192, kBFloat16, kBFloat16);
-      check_ln2(701, 1000, kBFloat16, kFloat);
-      check_ln2(65, 768, kFloat, kFloat);
-      check_ln2(1, 512, kHalf, kHalf);
-      check_ln2(9, 20000, kBFloat16, kBFloat16);
-      check_ln(randn({33, 4096}).to(kBFloat16), Tensor(), randn({4096}).to(kBFloat16), {4096});
-    }
-  }
-  const Tensor x = randn({4, 256}).to(kGpu);
-  {
-    const test::ScopedEnv bad("KILN_LAYERNORM_THREADS", "64");
-    EXPECT_KILN_ERROR((void)layer_norm(x, randn({256}).to(kGpu), Tensor(), 1e-5),
-                      "KILN_LAYERNORM_THREADS");
-  }
-  const test::ScopedEnv bad("KILN_LAYERNORM_BWD", "rows3");
-  EXPECT_KILN_ERROR(check_ln2(4, 256, kFloat, kFloat), "KILN_LAYERNORM_BWD");
+  check_ln2(3001, 2048, kBFloat16, kBFloat16);
+  check_ln2(2999, 4096, kBFloat16, kBFloat16);
+  check_ln2(3, 8192, kBFloat16, kBFloat16);
+  check_ln2(701, 1000, kBFloat16, kFloat);
+  check_ln2(65, 768, kFloat, kFloat);
+  check_ln2(1, 512, kHalf, kHalf);
+  check_ln2(9, 20000, kBFloat16, kBFloat16);
+  check_ln(randn({33, 4096}).to(kBFloat16), Tensor(), randn({4096}).to(kBFloat16), {4096});
+  check_ln(randn({2001, 3000}).to(kBFloat16), randn({3000}).to(kBFloat16), Tensor(), {3000});
 }
 
 // The parameter gradients are sums of per-block partials in a fixed order: bitwise the same on
