@@ -1,7 +1,9 @@
 // The reducers of the reductions (sum, mean, prod, amax/amin, max/min with indices,
 // argmax/argmin, var/std, norm, logsumexp, all/any), shared by the CPU kernels
 // (kernels/cpu/reduce.cpp, through the loop of kernels/cpu/reduce.h) and the CUDA kernels
-// (kernels/cuda/reduce.cu) so that both fold, merge and finish with the same rules.
+// (kernels/cuda/reduce.cu) so that both fold, merge and finish with the same rules; and the op
+// kernels around them (ReduceOps: attributes decoded, reducer chosen, registration list), written
+// once for both devices.
 //
 //   // F: the floating accumulator (double on the CPU; float for f32/f16/bf16 on the GPU)
 //   using Red = scalar::SumReducer<T, F>;
@@ -21,6 +23,9 @@
 
 #include "kernels/scalar_fn.h"
 #include "tensor/dtype.h"
+#include "tensor/registry.h"
+#include "tensor/shape.h"
+#include "tensor/tensor.h"
 
 namespace kiln::scalar {
 
@@ -338,4 +343,168 @@ struct LogicalReducer {
   KILN_SCALAR_HD void finish(acc_t a, int64_t i) const { out[i] = a; }
 };
 
+// --- The op kernels, for either device -----------------------------------------------------------
+
+// A tensor's elements as a contiguous [A, R, K] block around `dim` (the ops that walk along one
+// dim: cumsum, softmax); a 0-d tensor is [1, 1, 1].
+struct DimBlock {
+  int64_t A, R, K;
+};
+inline DimBlock dim_block(const Tensor& x, int64_t dim) {
+  const int64_t R = x.dim() == 0 ? 1 : x.sizes()[dim];
+  const int64_t K = x.dim() == 0 ? 1 : numel_of(x.sizes().subspan(dim + 1));
+  return {x.numel() / (R * K), R, K};
+}
+
+// The kernels of the reduction ops (all but cumsum) for one device: each decodes the op's
+// attributes, picks the reducer and binds its outputs; Loop, the device's side
+// (kernels/cpu/reduce.cpp, kernels/cuda/reduce.cu), supplies the rest:
+//
+//   struct Loop {
+//     template <typename T> using float_acc = double;  // the floating accumulator of T
+//     template <typename T, bool kMax> static Red extremum(T* out);  // the amax/amin reducer
+//     // Runs red over x (of dtype T) reduced over dims (index_order: as for reduce_block).
+//     template <typename T, typename Red>
+//     static void run(const Tensor& x, IntArrayRef dims, const Red& red, bool index_order);
+//   };
+//   KILN_REGISTER_REDUCE_KERNELS(kCPU, Loop);
+template <typename Loop>
+struct ReduceOps {
+  template <typename T>
+  using F = typename Loop::template float_acc<T>;
+
+  static Tensor as_dtype(const Tensor& t, ScalarType dtype) {
+    return t.dtype() == dtype ? t : t.to(dtype);
+  }
+  static Shape dims_attr(const OpCall& c, size_t i) {
+    return reduction_dims(c.attr<Shape>(i), c.input(0).dim(), c.name().c_str());
+  }
+  // The one dim of max_dim/argmax (attribute 0), or every dim where argmax has none.
+  static Shape dim_attr(const OpCall& c) {
+    const int64_t ndim = c.input(0).dim();
+    return c.has_attr(0) ? reduction_dims({c.attr<int64_t>(0)}, ndim, c.name().c_str())
+                         : reduction_dims({}, ndim, c.name().c_str());
+  }
+
+  static void sum(OpCall& c) {
+    const Tensor& out = c.outputs[0];
+    const Tensor x = as_dtype(c.input(0), out.dtype());
+    const Shape dims = dims_attr(c, 0);
+    visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+      Loop::template run<T>(x, dims, SumReducer<T, F<T>>{out.data_ptr<T>(), F<T>(1)}, false);
+    });
+  }
+
+  static void mean(OpCall& c) {
+    const Tensor& out = c.outputs[0];
+    const Tensor x = as_dtype(c.input(0), out.dtype());
+    const Shape dims = dims_attr(c, 0);
+    int64_t count = 1;
+    for (int64_t d : dims) count *= x.sizes()[d];
+    visit_floating(out.dtype(), "mean", [&]<typename T>(TypeTag<T>) {
+      // An empty reduction gives 0 * (1 / 0) = nan, as PyTorch's mean.
+      const double scale = count == 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / count;
+      Loop::template run<T>(
+          x, dims, SumReducer<T, F<T>>{out.data_ptr<T>(), static_cast<F<T>>(scale)}, false);
+    });
+  }
+
+  static void prod(OpCall& c) {
+    const Tensor& out = c.outputs[0];
+    const Tensor x = as_dtype(c.input(0), out.dtype());
+    const Shape dims = dims_attr(c, 0);
+    visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
+      Loop::template run<T>(x, dims, ProdReducer<T, F<T>>{out.data_ptr<T>()}, false);
+    });
+  }
+
+  template <bool kMax>
+  static void extremum(OpCall& c) {
+    const Shape dims = dims_attr(c, 0);
+    visit_dtype(c.input(0).dtype(), [&]<typename T>(TypeTag<T>) {
+      Loop::template run<T>(c.input(0), dims,
+                            Loop::template extremum<T, kMax>(c.outputs[0].data_ptr<T>()), false);
+    });
+  }
+
+  // max/min with indices (max_dim, min_dim) and argmax/argmin: indices along the reduced dims in
+  // row-major order.
+  template <bool kMax>
+  static void max_dim(OpCall& c) {
+    const Shape dims = dim_attr(c);
+    visit_dtype(c.input(0).dtype(), [&]<typename T>(TypeTag<T>) {
+      const ArgReducer<T, kMax> red{c.outputs[0].data_ptr<T>(), c.outputs[1].data_ptr<int64_t>()};
+      Loop::template run<T>(c.input(0), dims, red, true);
+    });
+  }
+  template <bool kMax>
+  static void argmax(OpCall& c) {
+    const Shape dims = dim_attr(c);
+    visit_dtype(c.input(0).dtype(), [&]<typename T>(TypeTag<T>) {
+      const ArgReducer<T, kMax> red{nullptr, c.outputs[0].data_ptr<int64_t>()};
+      Loop::template run<T>(c.input(0), dims, red, true);
+    });
+  }
+
+  template <bool kStd>
+  static void var(OpCall& c) {
+    const Shape dims = dims_attr(c, 0);
+    const double correction = static_cast<double>(c.attr<int64_t>(1));
+    visit_floating(c.input(0).dtype(), c.name(), [&]<typename T>(TypeTag<T>) {
+      const VarReducer<T, F<T>, kStd> red{c.outputs[0].data_ptr<T>(),
+                                          static_cast<F<T>>(correction)};
+      Loop::template run<T>(c.input(0), dims, red, false);
+    });
+  }
+
+  static void norm(OpCall& c) {
+    const double p = c.attr<Scalar>(0).toDouble();
+    const Shape dims = dims_attr(c, 1);
+    visit_floating(c.input(0).dtype(), "norm", [&]<typename T>(TypeTag<T>) {
+      visit_norm_kind(p, [&]<NormKind kKind>() {
+        const NormReducer<T, F<T>, kKind> red{c.outputs[0].data_ptr<T>(), static_cast<F<T>>(p)};
+        Loop::template run<T>(c.input(0), dims, red, false);
+      });
+    });
+  }
+
+  static void logsumexp(OpCall& c) {
+    const Tensor& out = c.outputs[0];
+    const Tensor x = as_dtype(c.input(0), out.dtype());
+    const Shape dims = dims_attr(c, 0);
+    visit_floating(out.dtype(), "logsumexp", [&]<typename T>(TypeTag<T>) {
+      Loop::template run<T>(x, dims, LogSumExpReducer<T, F<T>>{out.data_ptr<T>()}, false);
+    });
+  }
+
+  template <bool kAll>
+  static void logical(OpCall& c) {
+    const Shape dims = dims_attr(c, 0);
+    visit_dtype(c.input(0).dtype(), [&]<typename T>(TypeTag<T>) {
+      Loop::template run<T>(c.input(0), dims,
+                            LogicalReducer<T, kAll>{c.outputs[0].data_ptr<bool>()}, false);
+    });
+  }
+};
+
 }  // namespace kiln::scalar
+
+// Registers ReduceOps<Loop>'s kernels of every reduction op (all but cumsum) for `device`.
+#define KILN_REGISTER_REDUCE_KERNELS(device, Loop)                                        \
+  KILN_REGISTER_KERNEL(sum, device, ::kiln::scalar::ReduceOps<Loop>::sum);                \
+  KILN_REGISTER_KERNEL(mean, device, ::kiln::scalar::ReduceOps<Loop>::mean);              \
+  KILN_REGISTER_KERNEL(prod, device, ::kiln::scalar::ReduceOps<Loop>::prod);              \
+  KILN_REGISTER_KERNEL(amax, device, ::kiln::scalar::ReduceOps<Loop>::extremum<true>);    \
+  KILN_REGISTER_KERNEL(amin, device, ::kiln::scalar::ReduceOps<Loop>::extremum<false>);   \
+  KILN_REGISTER_KERNEL(max, device, ::kiln::scalar::ReduceOps<Loop>::extremum<true>);     \
+  KILN_REGISTER_KERNEL(min, device, ::kiln::scalar::ReduceOps<Loop>::extremum<false>);    \
+  KILN_REGISTER_KERNEL(max_dim, device, ::kiln::scalar::ReduceOps<Loop>::max_dim<true>);  \
+  KILN_REGISTER_KERNEL(min_dim, device, ::kiln::scalar::ReduceOps<Loop>::max_dim<false>); \
+  KILN_REGISTER_KERNEL(argmax, device, ::kiln::scalar::ReduceOps<Loop>::argmax<true>);    \
+  KILN_REGISTER_KERNEL(argmin, device, ::kiln::scalar::ReduceOps<Loop>::argmax<false>);   \
+  KILN_REGISTER_KERNEL(var, device, ::kiln::scalar::ReduceOps<Loop>::var<false>);         \
+  KILN_REGISTER_KERNEL(std, device, ::kiln::scalar::ReduceOps<Loop>::var<true>);          \
+  KILN_REGISTER_KERNEL(norm, device, ::kiln::scalar::ReduceOps<Loop>::norm);              \
+  KILN_REGISTER_KERNEL(logsumexp, device, ::kiln::scalar::ReduceOps<Loop>::logsumexp);    \
+  KILN_REGISTER_KERNEL(all, device, ::kiln::scalar::ReduceOps<Loop>::logical<true>);      \
+  KILN_REGISTER_KERNEL(any, device, ::kiln::scalar::ReduceOps<Loop>::logical<false>)

@@ -1,7 +1,9 @@
 // CPU kernels of the reductions (sum, mean, prod, amax/amin, max/min with indices, argmax/argmin,
 // var/std, norm, logsumexp, all/any) and of cumsum. Floating types accumulate in double and
 // integers in int64 (wrapping on overflow, as PyTorch); the meta rules in tensor/ops/reduce.cpp
-// have already checked the arguments and chosen the output dtypes.
+// have already checked the arguments and chosen the output dtypes. The op kernels themselves
+// (attributes, reducers, registration) are kernels/reduce_fn.h's ReduceOps, shared with the CUDA
+// kernels; this file holds the CPU's side of them (CpuLoop), the [A, R, K] block and cumsum.
 #include "kernels/cpu/reduce.h"
 
 #include <algorithm>
@@ -88,67 +90,11 @@ template <typename T>
 using acc_t = scalar::sum_acc_t<T, double>;
 
 using scalar::from_acc;
-using scalar::NormKind;
 
 template <typename T>
 acc_t<T> to_acc(T x) {
   return scalar::to_acc<acc_t<T>>(x);
 }
-
-Shape dims_attr(const OpCall& c, size_t i) {
-  return reduction_dims(c.attr<Shape>(i), c.input(0).dim(), c.name().c_str());
-}
-
-// Runs `red` over `x` (already of dtype T) reduced over `dims`. index_order: the reducer needs
-// the index along R to be the row-major index over the reduced dims (argmax).
-template <typename T, typename Red>
-void run_reduction(const Tensor& x, IntArrayRef dims, const Red& red, bool index_order = false) {
-  const ReduceBlock b = reduce_block(x, dims, index_order);
-  const T* p = b.input.numel() == 0 ? nullptr : b.input.template data_ptr<T>();
-  reduce_loop<T>(red, p, b.outer, b.reduced, b.inner);
-}
-
-// --- sum, mean, prod --------------------------------------------------------------------------
-
-// The reducers are those of kernels/reduce_fn.h (shared with the CUDA kernels), accumulating
-// floats in double.
-template <typename T>
-using SumReducer = scalar::SumReducer<T, double>;
-template <typename T>
-using ProdReducer = scalar::ProdReducer<T, double>;
-
-void sum_cpu(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const Tensor x = as_dtype(c.input(0), out.dtype());
-  const Shape dims = dims_attr(c, 0);
-  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, SumReducer<T>{out.data_ptr<T>(), 1.0});
-  });
-}
-
-void mean_cpu(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const Tensor x = as_dtype(c.input(0), out.dtype());
-  const Shape dims = dims_attr(c, 0);
-  int64_t count = 1;
-  for (int64_t d : dims) count *= x.sizes()[d];
-  visit_floating(out.dtype(), "mean", [&]<typename T>(TypeTag<T>) {
-    // An empty reduction gives 0 * (1 / 0) = nan, as PyTorch's mean.
-    const double scale = count == 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / count;
-    run_reduction<T>(x, dims, SumReducer<T>{out.data_ptr<T>(), scale});
-  });
-}
-
-void prod_cpu(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const Tensor x = as_dtype(c.input(0), out.dtype());
-  const Shape dims = dims_attr(c, 0);
-  visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, ProdReducer<T>{out.data_ptr<T>()});
-  });
-}
-
-// --- amax, amin, max, min ---------------------------------------------------------------------
 
 // scalar::ExtremumReducer with a branch-free step, so that the row loop vectorises; a NaN in `a`
 // stays (both tests fail).
@@ -165,90 +111,22 @@ struct ExtremumReducer : scalar::ExtremumReducer<T, kMax> {
   }
 };
 
-template <bool kMax>
-void extremum_cpu(OpCall& c) {
-  const Tensor& x = c.input(0);
-  const Shape dims = dims_attr(c, 0);
-  visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, ExtremumReducer<T, kMax>{{c.outputs[0].data_ptr<T>()}});
-  });
-}
-
-// --- max/min with indices, argmax/argmin -------------------------------------------------------
-
-using scalar::ArgReducer;
-
-template <bool kMax>
-void max_dim_cpu(OpCall& c) {
-  const Tensor& x = c.input(0);
-  const Shape dims = reduction_dims({c.attr<int64_t>(0)}, x.dim(), c.name().c_str());
-  visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(
-        x, dims, ArgReducer<T, kMax>{c.outputs[0].data_ptr<T>(), c.outputs[1].data_ptr<int64_t>()},
-        /*index_order=*/true);
-  });
-}
-
-template <bool kMax>
-void argmax_cpu(OpCall& c) {
-  const Tensor& x = c.input(0);
-  // No dim: over the flattened tensor, whose element order reduce_block keeps.
-  const Shape dims = c.has_attr(0) ? reduction_dims({c.attr<int64_t>(0)}, x.dim(), c.name().c_str())
-                                   : reduction_dims({}, x.dim(), c.name().c_str());
-  visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, ArgReducer<T, kMax>{nullptr, c.outputs[0].data_ptr<int64_t>()},
-                     /*index_order=*/true);
-  });
-}
-
-// --- var, std ---------------------------------------------------------------------------------
-
-template <bool kStd>
-void var_cpu(OpCall& c) {
-  const Tensor& x = c.input(0);
-  const Shape dims = dims_attr(c, 0);
-  const double correction = static_cast<double>(c.attr<int64_t>(1));
-  visit_floating(x.dtype(), c.name(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims,
-                     scalar::VarReducer<T, double, kStd>{c.outputs[0].data_ptr<T>(), correction});
-  });
-}
-
-// --- norm -------------------------------------------------------------------------------------
-
-void norm_cpu(OpCall& c) {
-  const Tensor& x = c.input(0);
-  const double p = c.attr<Scalar>(0).toDouble();
-  const Shape dims = dims_attr(c, 1);
-  visit_floating(x.dtype(), "norm", [&]<typename T>(TypeTag<T>) {
-    T* out = c.outputs[0].data_ptr<T>();
-    scalar::visit_norm_kind(p, [&]<NormKind kKind>() {
-      run_reduction<T>(x, dims, scalar::NormReducer<T, double, kKind>{out, p});
-    });
-  });
-}
-
-// --- logsumexp --------------------------------------------------------------------------------
-
-void logsumexp_cpu(OpCall& c) {
-  const Tensor& out = c.outputs[0];
-  const Tensor x = as_dtype(c.input(0), out.dtype());
-  const Shape dims = dims_attr(c, 0);
-  visit_floating(out.dtype(), "logsumexp", [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, scalar::LogSumExpReducer<T, double>{out.data_ptr<T>()});
-  });
-}
-
-// --- all, any ---------------------------------------------------------------------------------
-
-template <bool kAll>
-void logical_reduce_cpu(OpCall& c) {
-  const Tensor& x = c.input(0);
-  const Shape dims = dims_attr(c, 0);
-  visit_dtype(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    run_reduction<T>(x, dims, scalar::LogicalReducer<T, kAll>{c.outputs[0].data_ptr<bool>()});
-  });
-}
+// The CPU side of the reduction ops (scalar::ReduceOps): floats accumulate in double, and the
+// loop of kernels/cpu/reduce.h runs the reducer.
+struct CpuLoop {
+  template <typename T>
+  using float_acc = double;
+  template <typename T, bool kMax>
+  static ExtremumReducer<T, kMax> extremum(T* out) {
+    return {{out}};
+  }
+  template <typename T, typename Red>
+  static void run(const Tensor& x, IntArrayRef dims, const Red& red, bool index_order) {
+    const ReduceBlock b = reduce_block(x, dims, index_order);
+    const T* p = b.input.numel() == 0 ? nullptr : b.input.template data_ptr<T>();
+    reduce_loop<T>(red, p, b.outer, b.reduced, b.inner);
+  }
+};
 
 // --- cumsum -----------------------------------------------------------------------------------
 
@@ -256,11 +134,10 @@ void cumsum_cpu(OpCall& c) {
   const Tensor& out = c.outputs[0];
   if (out.numel() == 0) return;
   const Tensor x = as_dtype(c.input(0), out.dtype()).contiguous();
-  const int64_t dim = wrap_dim(c.attr<int64_t>(0), x.dim(), "cumsum");
   // [A, R, K] with the scanned dim in the middle; both tensors contiguous.
-  const int64_t R = x.dim() == 0 ? 1 : x.sizes()[dim];
-  const int64_t K = x.dim() == 0 ? 1 : numel_of(x.sizes().subspan(dim + 1));
-  const int64_t A = x.numel() / (R * K);
+  const scalar::DimBlock blk =
+      scalar::dim_block(x, wrap_dim(c.attr<int64_t>(0), x.dim(), "cumsum"));
+  const int64_t A = blk.A, R = blk.R, K = blk.K;
   visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
     const T* in = x.data_ptr<T>();
     T* o = out.data_ptr<T>();
@@ -293,23 +170,7 @@ void cumsum_cpu(OpCall& c) {
 
 }  // namespace
 
-KILN_REGISTER_KERNEL(sum, kCPU, sum_cpu);
-KILN_REGISTER_KERNEL(mean, kCPU, mean_cpu);
-KILN_REGISTER_KERNEL(prod, kCPU, prod_cpu);
-KILN_REGISTER_KERNEL(amax, kCPU, extremum_cpu<true>);
-KILN_REGISTER_KERNEL(amin, kCPU, extremum_cpu<false>);
-KILN_REGISTER_KERNEL(max, kCPU, extremum_cpu<true>);
-KILN_REGISTER_KERNEL(min, kCPU, extremum_cpu<false>);
-KILN_REGISTER_KERNEL(max_dim, kCPU, max_dim_cpu<true>);
-KILN_REGISTER_KERNEL(min_dim, kCPU, max_dim_cpu<false>);
-KILN_REGISTER_KERNEL(argmax, kCPU, argmax_cpu<true>);
-KILN_REGISTER_KERNEL(argmin, kCPU, argmax_cpu<false>);
-KILN_REGISTER_KERNEL(var, kCPU, var_cpu<false>);
-KILN_REGISTER_KERNEL(std, kCPU, var_cpu<true>);
-KILN_REGISTER_KERNEL(norm, kCPU, norm_cpu);
-KILN_REGISTER_KERNEL(logsumexp, kCPU, logsumexp_cpu);
-KILN_REGISTER_KERNEL(all, kCPU, logical_reduce_cpu<true>);
-KILN_REGISTER_KERNEL(any, kCPU, logical_reduce_cpu<false>);
+KILN_REGISTER_REDUCE_KERNELS(kCPU, CpuLoop);
 KILN_REGISTER_KERNEL(cumsum, kCPU, cumsum_cpu);
 
 }  // namespace kiln::cpu
