@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda.h"
+#include "kernels/cuda/softmax.h"
 #include "kernels/gpu_test_util.h"
 #include "tensor/ops.h"
 #include "tensor/tensor_data.h"
@@ -613,14 +614,15 @@ TEST_F(GpuReduce, VectorisedRowsAndFullReductions) {
 // Row reductions read in 16-byte packs (8 bf16/f16, 4 f32, 2 f64, 16 bool) after a scalar head,
 // with a scalar tail, for every reducer: rows whose length is and is not a multiple of the pack
 // (every row then starts at another alignment), views at odd element offsets, a non-contiguous
-// view (copied first) and a transposed one, each kernel: the warp kernel and the block kernel at
-// each thread count (KILN_REDUCE_ROW_THREADS; unset: the default, e.g. 256 threads for 8192
-// bf16), on 300 rows (no split) and on few rows (split into chunks). NaN, +inf and -inf sit in
-// the head, the tail and the middle of some rows for the reducers whose results they define
-// (extrema, argmax/argmin: the first NaN and the lowest index of equal values win); prod and
-// var/std get clean inputs. The CPU results are computed once per input.
-TEST_F(GpuReduce, PackedRowsEveryReducerAndThreadCount) {
-  using test::ScopedEnv;
+// view (copied first) and a transposed one, each row kernel: the warp kernel (rows up to 4096) and
+// the block kernel at each of its thread counts (64 to 512, chosen by the bytes of a row or chunk:
+// 5000 bf16 128 threads, 8192 bf16 256, 8192 f32 512, the chunks of split rows 64 and more), on
+// 300 rows (no split) and on few rows (split into chunks). NaN, +inf and -inf sit in the head, the
+// tail and the middle of some rows for the reducers whose results they define (extrema,
+// argmax/argmin: the first NaN and the lowest index of equal values win); prod and var/std get
+// clean inputs. The CPU results are computed once per input. (Other thread counts per row length:
+// the kernel lab, benchmarks/lab/reduce_lab.cu.)
+TEST_F(GpuReduce, PackedRowsEveryReducerAndRowKernel) {
   struct Check {
     std::string what;
     std::function<Tensor(const Tensor&)> fn;  // applied to the CPU and the GPU input
@@ -631,9 +633,8 @@ TEST_F(GpuReduce, PackedRowsEveryReducerAndThreadCount) {
   };
   // 300 rows fill a GPU of up to 150 multiprocessors without a split; fewer rows of the block
   // kernel are split when longer than 4096 (40 x 4101: two chunks; 3 x 70001: about 18).
-  const std::vector<Case> cases = {{300, 8192}, {300, 8199}, {40, 4096},
+  const std::vector<Case> cases = {{300, 8192}, {300, 8199}, {300, 5000}, {40, 4096},
                                    {40, 4101},  {300, 37},   {3, 70001}};
-  const std::vector<std::string> thread_counts = {"", "32", "64", "256", "512"};
   const double inf = std::numeric_limits<double>::infinity();
   uint64_t seed = 6000;
   for (ScalarType dt : kAllDtypes) {
@@ -711,27 +712,24 @@ TEST_F(GpuReduce, PackedRowsEveryReducerAndThreadCount) {
         const Tensor en_arg = dt == kBool ? Tensor() : xn.argmax(1);
         const Tensor et_arg = dt == kBool ? Tensor() : x.t().argmin(0);
 
-        for (const std::string& threads : thread_counts) {
-          const ScopedEnv env("KILN_REDUCE_ROW_THREADS", threads);
-          const std::string what = name + " threads " + (threads.empty() ? "default" : threads);
-          for (size_t i = 0; i < checks.size(); ++i) {
-            expect_match(checks[i].fn(g), expected[i], checks[i].tol, checks[i].what + " " + what);
-          }
-          if (fp) {
-            Tol ptol = sum_tol;
-            if (dt == kFloat) ptol = {1e-4, 1e-6};
-            expect_match(gp.prod(1), ep, ptol, "prod " + what);
-            const Tol vtol = {sum_tol.rtol * 10, sum_tol.atol * 10};
-            expect_match(gv.var({1}, 1), evar, vtol, "var " + what);
-            expect_match(gv.std({1}, 0, true), estd, vtol, "std " + what);
-          }
-          expect_match(gn.sum({1}), en, sum_tol, "sum narrow " + what);
-          expect_same(gn.amax({1}), en_max, "amax narrow " + what);
-          expect_match(g.t().sum({0}), et, sum_tol, "sum transposed " + what);
-          if (dt != kBool) {
-            expect_same(gn.argmax(1), en_arg, "argmax narrow " + what);
-            expect_same(g.t().argmin(0), et_arg, "argmin transposed " + what);
-          }
+        const std::string& what = name;
+        for (size_t i = 0; i < checks.size(); ++i) {
+          expect_match(checks[i].fn(g), expected[i], checks[i].tol, checks[i].what + " " + what);
+        }
+        if (fp) {
+          Tol ptol = sum_tol;
+          if (dt == kFloat) ptol = {1e-4, 1e-6};
+          expect_match(gp.prod(1), ep, ptol, "prod " + what);
+          const Tol vtol = {sum_tol.rtol * 10, sum_tol.atol * 10};
+          expect_match(gv.var({1}, 1), evar, vtol, "var " + what);
+          expect_match(gv.std({1}, 0, true), estd, vtol, "std " + what);
+        }
+        expect_match(gn.sum({1}), en, sum_tol, "sum narrow " + what);
+        expect_same(gn.amax({1}), en_max, "amax narrow " + what);
+        expect_match(g.t().sum({0}), et, sum_tol, "sum transposed " + what);
+        if (dt != kBool) {
+          expect_same(gn.argmax(1), en_arg, "argmax narrow " + what);
+          expect_same(g.t().argmin(0), et_arg, "argmin transposed " + what);
         }
       }
     }
@@ -832,10 +830,11 @@ TEST_F(GpuSoftmax, LongRowsAlignmentAndInfinities) {
 // then starts at another alignment), views at odd element offsets (x aligned differently from
 // y), the row maximum in the scalar head or in the tail, rows of equal values, values more than
 // 87 below the maximum (exp under 2^-126), -inf entries, and a non-contiguous input (copied
-// first), against the CPU; both load paths and several thread counts (KILN_SOFTMAX_SMEM). f64
-// rows of 32768 and more take the online kernel.
+// first), against the CPU; both load paths (the bulk copy of the ops on sm_90, and the loads
+// through registers of earlier GPUs, through kernels/cuda/softmax.h), with the threads per row
+// the row length gives (128 to 512; other counts: the kernel lab). f64 rows of 32768 and more
+// take the online kernel.
 TEST_F(GpuSoftmax, SharedMemoryRowsPackedAndScalarEnds) {
-  using test::ScopedEnv;
   uint64_t seed = 4400;
   const double inf = std::numeric_limits<double>::infinity();
   struct Case {
@@ -879,17 +878,29 @@ TEST_F(GpuSoftmax, SharedMemoryRowsPackedAndScalarEnds) {
         const Tensor xn = x.narrow(1, 0, R - 2), gn = g.narrow(1, 0, R - 2);
         const Tensor ens = narrow ? xn.softmax(1) : Tensor();
         const Tensor enl = narrow ? xn.log_softmax(1) : Tensor();
-        // Both load paths of the shared-memory kernel and other thread counts.
-        for (const std::string smem : {"", "registers", "bulk,128", "registers,256"}) {
-          const ScopedEnv env("KILN_SOFTMAX_SMEM", smem);
-          const std::string how = what + " smem " + (smem.empty() ? "default" : smem);
-          expect_match(g.softmax(1), es, tol, "softmax " + how);
-          expect_match(g.log_softmax(-1), el, ltol, "log_softmax " + how);
-          if (narrow) {
-            expect_match(gn.softmax(1), ens, tol, "softmax narrow " + how);
-            expect_match(gn.log_softmax(1), enl, ltol, "log_softmax narrow " + how);
-          }
+        // The ops (the bulk copy on sm_90).
+        expect_match(g.softmax(1), es, tol, "softmax " + what);
+        expect_match(g.log_softmax(-1), el, ltol, "log_softmax " + what);
+        if (narrow) {
+          expect_match(gn.softmax(1), ens, tol, "softmax narrow " + what);
+          expect_match(gn.log_softmax(1), enl, ltol, "log_softmax narrow " + what);
         }
+#if defined(KILN_WITH_CUDA)
+        // The loads through registers.
+        using cuda::internal::SoftmaxRowLoad;
+        auto by_registers = [&](const Tensor& t, bool log) {
+          const Tensor out = empty(t.sizes(), TensorOptions(t.dtype()).device(t.device()));
+          cuda::internal::softmax_forward(t, 1, log, out, SoftmaxRowLoad::kRegisters);
+          return out;
+        };
+        const std::string how = what + " registers";
+        expect_match(by_registers(g, false), es, tol, "softmax " + how);
+        expect_match(by_registers(g, true), el, ltol, "log_softmax " + how);
+        if (narrow) {
+          expect_match(by_registers(gn, false), ens, tol, "softmax narrow " + how);
+          expect_match(by_registers(gn, true), enl, ltol, "log_softmax narrow " + how);
+        }
+#endif
       }
     }
   }
