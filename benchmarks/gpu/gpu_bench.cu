@@ -6,10 +6,10 @@
 //   kiln_gpu_bench [results.json] [--no-gemm] [--only SECTIONS]
 //   # then: python3 benchmarks/gpu/torch_reference.py --kiln results.json   (same run, same GPU)
 //
-// --only takes a comma-separated list of sections (gemm, rmsnorm, layernorm, rmsnorm-variants,
-// cross-entropy, flash, rope, glu, generic, adamw) and runs only those, after the copy that sets
-// the bandwidth ceiling; for profiling one family (ncu) or a quick rerun. Unknown names are an
-// error. --no-gemm is --only with every section but gemm.
+// --only takes a comma-separated list of sections (gemm, rmsnorm, layernorm, cross-entropy, flash,
+// rope, glu, generic, adamw) and runs only those, after the copy that sets the bandwidth ceiling;
+// for profiling one family (ncu) or a quick rerun. Unknown names are an error. --no-gemm is --only
+// with every section but gemm.
 //
 // Method: gpu/bench_util.h (fresh random inputs, warm-up, CUDA events, medians of 20). Kernel
 // variants that lost to the library's kernels are timed beside them in the kernel lab (lab/).
@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -29,7 +28,6 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt.h"
 #include "nn/optim/adamw.h"
-#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -39,17 +37,6 @@ using kiln::bench::random;
 using kiln::bench::random_targets;
 using kiln::bench::report;
 using kiln::bench::time_ms;
-
-// Sets a kernel switch (nullptr: unsets it) and makes the switches re-read the environment:
-// they cache what they read (tensor/env_switch.h).
-void set_switch(const char* name, const char* value) {
-  if (value == nullptr) {
-    unsetenv(name);
-  } else {
-    setenv(name, value, 1);
-  }
-  kiln::internal::reload_env_switches();
-}
 
 using kiln::Tensor;
 
@@ -203,28 +190,11 @@ void bench_generic() {
     report("mul 64M " + tn, time_ms([&](int) { (void)kiln::mul(a, b); }), 0, 3 * n * eb);
     const Tensor m = a.view({8192, 8192});
     report("sum rows 8192x8192 " + tn, time_ms([&](int) { (void)kiln::sum(m, {1}); }), 0, n * eb);
-    // Threads per row side by side (KILN_REDUCE_ROW_THREADS, kernels/cuda/reduce.cu; kiln-only
-    // rows; 32: the warp-per-row kernel).
-    for (const char* threads : {"32", "128", "512"}) {
-      set_switch("KILN_REDUCE_ROW_THREADS", threads);
-      report("sum rows 8192x8192 " + tn + " [" + threads + " threads]",
-             time_ms([&](int) { (void)kiln::sum(m, {1}); }), 0, n * eb);
-    }
-    set_switch("KILN_REDUCE_ROW_THREADS", nullptr);
     report("sum all 64M " + tn, time_ms([&](int) { (void)kiln::sum(a); }), 0, n * eb);
   }
   const Tensor x = random({8192, 32768}, kiln::kBFloat16, 8.0f);
   report("softmax 8192x32768 bf16", time_ms([&](int) { (void)kiln::softmax(x, -1); }), 0,
          2.0 * static_cast<double>(x.nbytes()));
-  // Row loads side by side (KILN_SOFTMAX_SMEM, kernels/cuda/softmax.cu; kiln-only rows): one bulk
-  // copy (the default on sm_90) against 16-byte loads through registers, and thread counts.
-  for (const char* mode : {"registers", "bulk,256", "registers,256"}) {
-    set_switch("KILN_SOFTMAX_SMEM", mode);
-    report(std::string("softmax 8192x32768 bf16 [") + mode + "]",
-           time_ms([&](int) { (void)kiln::softmax(x, -1); }), 0,
-           2.0 * static_cast<double>(x.nbytes()));
-  }
-  set_switch("KILN_SOFTMAX_SMEM", nullptr);
 }
 
 // --- AdamW over the parameters of llama-3.2-1b (1.24 B) ----------------------------------------
@@ -268,8 +238,7 @@ void bench_adamw(kiln::ScalarType dtype, const std::string& name, bool state_in_
 
 int main(int argc, char** argv) {
   const std::vector<std::string> sections = {
-      "gemm",  "rmsnorm", "layernorm", "rmsnorm-variants", "cross-entropy",
-      "flash", "rope",    "glu",       "generic",          "adamw"};
+      "gemm", "rmsnorm", "layernorm", "cross-entropy", "flash", "rope", "glu", "generic", "adamw"};
   std::vector<std::string> selected = sections;
   const char* json_path = nullptr;
   for (int i = 1; i < argc; ++i) {
@@ -388,94 +357,6 @@ int main(int argc, char** argv) {
                (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
              }),
              0, 3 * tensor_bytes);
-      // Threads per row side by side (KILN_LAYERNORM_THREADS, kernels/cuda/layer_norm.cu; kiln-only
-      // rows), each output compared with the default's.
-      const Tensor y0 = kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat);
-      const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
-      // Times the backward under the current switches as "bwd" + tag; returns max |difference|
-      // of dx and dweight against the default's.
-      auto time_bwd = [&](const std::string& tag) {
-        report("layernorm " + shape + " bf16 bwd" + tag, time_ms([&](int i) {
-                 (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, means[i % 4], rstds[i % 4]});
-               }),
-               0, 3 * tensor_bytes);
-        const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, means[0], rstds[0]});
-        return std::pair<double, double>{
-            g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
-            g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>()};
-      };
-      for (const char* tpr : {"128", "256", "512"}) {
-        set_switch("KILN_LAYERNORM_THREADS", tpr);
-        const std::string tag = std::string(" [") + tpr + " threads]";
-        report("layernorm " + shape + " bf16 fwd" + tag,
-               time_ms([&](int i) { (void)kiln::layer_norm(xs[i % 4], w, b, 1e-5); }), 0,
-               2 * tensor_bytes);
-        const auto [ddx, ddw] = time_bwd(tag);
-        std::printf(
-            "  (max |y - y[default]| = %g, |dx - dx[default]| = %g, |dw - dw[default]| = %g)\n",
-            kiln::layer_norm(xs[0], w, b, 1e-5).to(kiln::kFloat).sub(y0).abs().max().item<double>(),
-            ddx, ddw);
-      }
-      set_switch("KILN_LAYERNORM_THREADS", nullptr);
-      // The backward's rows per iteration side by side (KILN_LAYERNORM_BWD; kiln-only rows).
-      for (const char* scheme : {"rows1", "rows2"}) {
-        set_switch("KILN_LAYERNORM_BWD", scheme);
-        const auto [ddx, ddw] = time_bwd(std::string(" [") + scheme + "]");
-        std::printf("  (max |dx - dx[default]| = %g, |dw - dw[default]| = %g)\n", ddx, ddw);
-      }
-      set_switch("KILN_LAYERNORM_BWD", nullptr);
-    }
-
-  // RMSNorm forward and backward variants side by side (KILN_RMSNORM_FWD and KILN_RMSNORM_BWD,
-  // kernels/cuda/norm.cu; kiln-only rows), at the Llama-1B (8192 x 2048) and llama-160m
-  // (16384 x 768) shapes, bf16 x and weight, 4 input sets in rotation. [v0] is the original kernel
-  // (the default before these variants were measured; the unsuffixed rows above time today's
-  // default). Each variant's output is compared with the default's (max |difference|: rounding
-  // of the sums' order).
-  if (want("rmsnorm-variants"))
-    for (const auto& [rows, d] :
-         std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {16384, 768}, {32768, 4096}}) {
-      std::vector<Tensor> xs;
-      const Tensor w = random({d}, kiln::kBFloat16);
-      for (int i = 0; i < 4; ++i) xs.push_back(random({rows, d}, kiln::kBFloat16));
-      const double tensor_bytes = static_cast<double>(rows * d * 2);
-      set_switch("KILN_RMSNORM_FWD", nullptr);
-      const Tensor y0 = kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat);
-      for (int v = 0; v <= 6; ++v) {
-        set_switch("KILN_RMSNORM_FWD", std::to_string(v).c_str());
-        const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
-                                 " bf16 fwd [v" + std::to_string(v) + "]";
-        report(name, time_ms([&](int i) { (void)kiln::rms_norm(xs[i % 4], w, 1e-6); }), 0,
-               2 * tensor_bytes);
-        const double diff =
-            kiln::rms_norm(xs[0], w, 1e-6).to(kiln::kFloat).sub(y0).abs().max().item<double>();
-        std::printf("  (max |y - y[default]| = %g)\n", diff);
-      }
-      set_switch("KILN_RMSNORM_FWD", nullptr);
-      // Backward variants (KILN_RMSNORM_BWD), compared with [v0] likewise.
-      static const kiln::OpDef& fwd = KILN_OP(rms_norm);
-      static const kiln::OpDef& bwd = KILN_OP(rms_norm_backward);
-      std::vector<Tensor> dys, rstds;
-      for (int i = 0; i < 4; ++i) {
-        dys.push_back(random({rows, d}, kiln::kBFloat16));
-        rstds.push_back(kiln::call_op(fwd, {xs[i], w}, {1e-6})[1]);
-      }
-      set_switch("KILN_RMSNORM_BWD", nullptr);
-      const kiln::TensorVec g0 = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
-      for (int v = 0; v <= 4; ++v) {
-        set_switch("KILN_RMSNORM_BWD", std::to_string(v).c_str());
-        const std::string name = "rmsnorm " + std::to_string(rows) + "x" + std::to_string(d) +
-                                 " bf16 bwd [v" + std::to_string(v) + "]";
-        report(name, time_ms([&](int i) {
-                 (void)kiln::call_op(bwd, {dys[i % 4], xs[i % 4], w, rstds[i % 4]});
-               }),
-               0, 3 * tensor_bytes);
-        const kiln::TensorVec g = kiln::call_op(bwd, {dys[0], xs[0], w, rstds[0]});
-        std::printf("  (max |dx - dx[default]| = %g, max |dw - dw[default]| = %g)\n",
-                    g[0].to(kiln::kFloat).sub(g0[0].to(kiln::kFloat)).abs().max().item<double>(),
-                    g[1].to(kiln::kFloat).sub(g0[1].to(kiln::kFloat)).abs().max().item<double>());
-      }
-      set_switch("KILN_RMSNORM_BWD", nullptr);
     }
 
   if (want("cross-entropy")) {  // Cross-entropy 8192 x 128256 bf16 logits (2 GiB).
