@@ -1,6 +1,7 @@
 // Shared pieces of the GPU test suites in tests/kernels: the fixture every Gpu* suite derives
-// from (it skips, with the reason, where there is no usable GPU), the device, the dtype lists
-// and random CPU inputs. Each test runs an op on CPU inputs and on their GPU copies and compares.
+// from (it skips, with the reason, where there is no usable GPU), the device, the dtype lists,
+// random CPU inputs, tolerances, the layouts a CPU input is tried in and their GPU copies, and
+// the comparisons. Each test runs an op on CPU inputs and on their GPU copies and compares.
 //
 //   class GpuThing : public kiln::test::GpuTest {};
 //   TEST_F(GpuThing, MatchesCpu) { Tensor x = random_cpu({7, 33}, kBFloat16, 1); ... }
@@ -81,6 +82,51 @@ class ScopedEnv {
 struct Tol {
   double rtol, atol;
 };
+
+// Tolerances of float math that CUDA's library computes within an ulp or two of glibc's.
+inline Tol tol_for(ScalarType dtype) {
+  switch (dtype) {
+    case kFloat:
+      return {2e-5, 1e-6};
+    case kDouble:
+      return {1e-12, 1e-13};
+    case kHalf:
+      return {2e-3, 1e-3};
+    case kBFloat16:
+      return {1.6e-2, 1e-2};
+    default:
+      return {0, 0};
+  }
+}
+
+// x (CPU) in several layouts with the same values: contiguous, and for 1-d and 2-d tensors a
+// strided view (every other element of a larger tensor) or a transposed one.
+inline std::vector<std::pair<std::string, Tensor>> layouts(const Tensor& x) {
+  std::vector<std::pair<std::string, Tensor>> out = {{"contiguous", x}};
+  if (x.dim() == 2) out.push_back({"transposed", x.t().contiguous().t()});
+  if (x.dim() == 1 && x.numel() > 1) {
+    const Tensor wide = cat({x.unsqueeze(1), x.unsqueeze(1)}, 1).reshape({-1});
+    out.push_back({"strided", wide.slice(0, 0, std::nullopt, 2)});
+  }
+  return out;
+}
+
+// A CPU tensor's GPU copy with the same layout (the CUDA copy of a strided view is contiguous,
+// so views are re-made on the GPU from a copy of their base when the layout matters).
+inline Tensor to_gpu_like(const std::string& layout, const Tensor& x) {
+  if (layout == "transposed") return x.t().contiguous().cuda().t();
+  if (layout == "strided") {
+    const Tensor wide = cat({x.unsqueeze(1), x.unsqueeze(1)}, 1).reshape({-1}).cuda();
+    return wide.slice(0, 0, std::nullopt, 2);
+  }
+  return x.cuda();
+}
+
+// "op dtype shape layout", naming a case in a failure message.
+inline std::string name_of(const std::string& op, ScalarType dt, const Shape& shape,
+                           const std::string& layout) {
+  return op + " " + std::string(dtype_name(dt)) + " " + shape_str(shape) + " " + layout;
+}
 
 // actual (any device) against expected (CPU): same dtype and shape; integers and bools, or any
 // dtype when rtol == atol == 0, bit for bit; floats within |x - y| <= atol + rtol |y| (NaNs in
