@@ -45,7 +45,7 @@ const char* kernel_name(RmsNormForward k) {
     case RmsNormForward::kWarp:
       return "warp";
     case RmsNormForward::kGroup:
-      return "block";
+      return "group";
     case RmsNormForward::kLoop:
       return "loop";
     default:
