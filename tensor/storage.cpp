@@ -1,12 +1,13 @@
 #include "tensor/storage.h"
 
 #include <array>
+#include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
 
-#include "tensor/env_switch.h"
 #include "tensor/error.h"
 
 namespace kiln {
@@ -20,24 +21,34 @@ StorageImpl::~StorageImpl() {
 
 namespace {
 
+// The CPU cache's limit in MiB: KILN_CPU_CACHE_MB, an integer from 0 (no cache) to 2^24, or
+// `fallback` when the variable is unset or empty.
+size_t cpu_cache_limit_mb(size_t fallback) {
+  const char* value = std::getenv("KILN_CPU_CACHE_MB");
+  if (value == nullptr || *value == '\0') return fallback;
+  constexpr size_t kMax = size_t{1} << 24;
+  const char* end = value + std::strlen(value);
+  size_t mb = 0;
+  const auto [ptr, ec] = std::from_chars(value, end, mb);
+  KILN_CHECK(ec == std::errc() && ptr == end && mb <= kMax,
+             "[allocate] KILN_CPU_CACHE_MB must be an integer from 0 to ", kMax,
+             " (unset or empty for the default), got '", value, "'");
+  return mb;
+}
+
 // Large CPU blocks are cached after free and reused for requests of the same rounded size:
 // glibc returns big blocks to the OS (munmap) and hands out fresh pages that fault on first
 // touch, which costs more than the elementwise loops writing into them. The cache holds at
-// most kMaxCachedBytes (KILN_CPU_CACHE_MB overrides); empty_cpu_cache() releases it.
+// most 1 GiB (KILN_CPU_CACHE_MB overrides); empty_cpu_cache() releases it.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kAlign = 64;
   static constexpr size_t kCacheMin = size_t{1} << 20;  // below this malloc is cheap enough
 
-  // KILN_CPU_CACHE_MB is read once, when the first CPU block is allocated.
-  CpuAllocator() {
-    const internal::EnvInt cache_mb("KILN_CPU_CACHE_MB", static_cast<int64_t>(max_cached_ >> 20), 0,
-                                    int64_t{1} << 24);
-    max_cached_ = static_cast<size_t>(cache_mb.get()) << 20;
-  }
   ~CpuAllocator() override { release_all(); }
 
   Storage allocate(size_t nbytes, Device device) override {
+    max_cached();  // reads KILN_CPU_CACHE_MB at the first allocation: a bad value fails here
     const size_t rounded = round(nbytes);
     void* p = nullptr;
     if (rounded >= kCacheMin) {
@@ -58,7 +69,7 @@ class CpuAllocator final : public Allocator {
   void release(void* p, size_t rounded) {
     if (rounded >= kCacheMin) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (cached_bytes_ + rounded <= max_cached_) {
+      if (cached_bytes_ + rounded <= max_cached()) {
         cache_.emplace(rounded, p);
         cached_bytes_ += rounded;
         return;
@@ -80,6 +91,14 @@ class CpuAllocator final : public Allocator {
   }
 
  private:
+  // The cache's limit in bytes. KILN_CPU_CACHE_MB is read once, at the first CPU allocation
+  // (the allocator itself is built at load time, where an error could not be caught); while it
+  // is malformed every allocation fails.
+  static size_t max_cached() {
+    static const size_t limit = cpu_cache_limit_mb(size_t{1} << 10) << 20;
+    return limit;
+  }
+
   static size_t round(size_t nbytes) {
     // Big blocks round to 64 KiB so that sizes that differ a little still share entries.
     const size_t unit = nbytes >= kCacheMin ? size_t{1} << 16 : kAlign;
@@ -89,7 +108,6 @@ class CpuAllocator final : public Allocator {
   std::mutex mu_;
   std::multimap<size_t, void*> cache_;
   size_t cached_bytes_ = 0;
-  size_t max_cached_ = size_t{1} << 30;
 };
 
 CpuAllocator& cpu_allocator() {

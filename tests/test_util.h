@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "tensor/error.h"
@@ -18,3 +20,36 @@
           << "message: " << e.what();                                                     \
     }                                                                                     \
   } while (0)
+
+namespace kiln::test {
+
+// Sets an environment variable (unsets it when `value` is nullptr) for its lifetime, then
+// restores it. For the variables kiln reads once (the CUDA knobs, KILN_CPU_CACHE_MB), a test sees
+// its value in a fresh process: the threadsafe death-test style re-runs the binary up to the
+// EXPECT_EXIT.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value == nullptr) {
+      unsetenv(name);
+    } else {
+      setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace kiln::test

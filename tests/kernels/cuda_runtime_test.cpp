@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,25 +103,7 @@ TEST(CudaKnobs, SettersRoundTrip) {
   EXPECT_FALSE(cuda::allow_tf32());  // PyTorch's default
 }
 
-// Sets an environment variable for the scope and restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 // A knob's environment variable gives its initial value, read at its first use: a fresh process
 // (the threadsafe death-test style re-runs the test binary up to the EXPECT_EXIT) sees it. Nothing

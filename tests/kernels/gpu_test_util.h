@@ -11,14 +11,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
-#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 #include "tensor/tensor_data.h"
 #include "test_util.h"
@@ -51,33 +49,6 @@ inline Tensor random_cpu(IntArrayRef sizes, ScalarType dtype, uint64_t seed, dou
   }
   return rand(sizes, TensorOptions(kDouble)).mul(hi - lo).add(lo).to(dtype);
 }
-
-// Sets an environment variable for its lifetime, then restores it (unset if it was unset): for
-// the kernel switches (KILN_RMSNORM_FWD/BWD, KILN_FLASH_KERNEL, KILN_SDPA, ...). The switches
-// cache what they read (tensor/env_switch.h), so both ends reload them. An empty value selects
-// the default as unset does.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-    kiln::internal::reload_env_switches();
-  }
-  ~ScopedEnv() {
-    if (old_.has_value()) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-    kiln::internal::reload_env_switches();
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 struct Tol {
   double rtol, atol;
