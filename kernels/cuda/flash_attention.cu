@@ -125,9 +125,9 @@ const Tensor& query_of(const OpCall& c) { return c.input(is_forward(c) ? 0 : 1);
 const Tensor& keys_of(const OpCall& c) { return c.input(is_forward(c) ? 1 : 2); }
 const Tensor& values_of(const OpCall& c) { return c.input(is_forward(c) ? 2 : 3); }
 
+// The compute capability major of t's device, queried once per device (no device switch).
 int capability_major(const Tensor& t) {
-  DeviceGuard guard(t.device().index());
-  return loops::device_attribute<cudaDevAttrComputeCapabilityMajor>();
+  return loops::device_attribute<cudaDevAttrComputeCapabilityMajor>(t.device().index());
 }
 
 // What every kernel of both families needs:

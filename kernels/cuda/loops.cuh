@@ -49,15 +49,19 @@ inline unsigned int grid_for(int64_t work, int threads = kThreads) {
   return static_cast<unsigned int>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 16));
 }
 
-// A device attribute of the current device, queried once per device and attribute.
+// A device attribute of `device` (-1: the current device), queried once per device and
+// attribute. Threads racing on the first query store the same value.
 template <cudaDeviceAttr kAttr>
-int device_attribute() {
+int device_attribute(int device = -1) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};
-  int device = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= kMaxDevices) device = kMaxDevices - 1;
-  int value = cached[device].load(std::memory_order_relaxed);
+  int value = 0;
+  if (device < 0) KILN_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) {  // beyond the cache: queried at every call
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttr, device));
+    return value;
+  }
+  value = cached[device].load(std::memory_order_relaxed);
   if (value == 0) {
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttr, device));
     cached[device].store(value, std::memory_order_relaxed);
