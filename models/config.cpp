@@ -1,5 +1,5 @@
 // ModelConfig: validation, derived numbers (scale, parameters, FLOPs) and the named registry.
-// The Hugging Face config.json parsers live in models/hf.cpp.
+// The Hugging Face config.json parsers live in models/hf_config.cpp.
 #include "models/config.h"
 
 #include <cmath>

@@ -95,7 +95,7 @@ struct ModelConfig {
   // known ones.
   static ModelConfig from_name(const std::string& name);
   // Parses a Hugging Face config.json (a file path) of a LlamaForCausalLM,
-  // MistralForCausalLM, GemmaForCausalLM or Gemma2ForCausalLM (defined in models/hf.cpp).
+  // MistralForCausalLM, GemmaForCausalLM or Gemma2ForCausalLM (defined in models/hf_config.cpp).
   static ModelConfig from_hf_config(const std::string& path);
   static ModelConfig from_hf_config_json(const std::string& json_text,
                                          const std::string& name = "hf");

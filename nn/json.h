@@ -1,8 +1,8 @@
 // JSON for kiln's own files: a strict pull parser (RFC 8259) and string literal writers, enough
 // for safetensors headers, Hugging Face config.json / model.safetensors.index.json files and the
-// trainer's state file. kiln::nn::JsonReader is what nn/safetensors.cpp, models/hf.cpp and
-// models/trainer.cpp read them with; it serves any small JSON document whose shape the reader
-// knows.
+// trainer's state file. kiln::nn::JsonReader is what nn/safetensors.cpp, models/hf_config.cpp,
+// models/hf_weights.cpp and models/trainer.cpp read them with; it serves any small JSON document
+// whose shape the reader knows.
 //
 //   // {"n": 3, "name": "tiny", ...}
 //   kiln::nn::JsonReader r(text);

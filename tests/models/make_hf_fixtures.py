@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face parity fixtures for kiln's models (tests/models/hf_test.cpp).
+"""Hugging Face parity fixtures for kiln's models (tests/models/hf_weights_test.cpp).
 
 Needs torch, transformers and safetensors (the GPU machine has them; everything runs on the
 CPU in f32, so the numbers do not depend on the GPU).

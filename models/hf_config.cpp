@@ -1,27 +1,29 @@
-// Hugging Face interop: config.json <-> ModelConfig, HF <-> kiln tensor names, and the
-// single-file / sharded safetensors checkpoints of transformers.
-#include "models/hf.h"
-
+// Hugging Face config.json <-> ModelConfig: the four families (Llama, Mistral, Gemma, Gemma 2),
+// config.json parsing with each family's defaults (legacy rope_scaling and transformers 5
+// rope_parameters, layer_types), and the export that picks the architecture expressing a
+// ModelConfig. Tensor names and checkpoint files: models/hf_weights.cpp; API: models/hf.h.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
+#include <optional>
 #include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
-#include "autograd/grad_mode.h"
+#include "models/hf.h"
+#include "models/hf_internal.h"
 #include "nn/json.h"
 #include "tensor/error.h"
-#include "tensor/ops.h"
 
 namespace kiln::models {
 namespace {
 
 namespace fs = std::filesystem;
+using internal::read_text_file;
 using nn::json_string;
 using nn::JsonError;
 using nn::JsonReader;
@@ -362,15 +364,6 @@ ModelConfig config_from_json(const HfConfigJson& c, const std::string& name) {
   return cfg;
 }
 
-std::string read_text_file(const std::string& path, const char* op) {
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in.good(), "[", op, "] ", path, ": cannot open the file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  KILN_CHECK(!in.bad(), "[", op, "] ", path, ": cannot read the file");
-  return ss.str();
-}
-
 // ================================ ModelConfig -> config.json ================================
 
 // Numbers as Python's json writes them: integral doubles keep a ".0", others the shortest
@@ -447,232 +440,20 @@ Family export_family(const ModelConfig& cfg) {
   return f;
 }
 
-// ================================ tensor names ================================
-
-// One kiln tensor and the HF tensors it is made of (row blocks, in order). A vocab entry has
-// vocab_size rows in HF and padded_vocab rows in kiln.
-struct Entry {
-  std::string kiln;
-  std::vector<std::string> hf;
-  std::vector<Shape> hf_shapes;
-  bool vocab_rows = false;
-};
-
-std::vector<Entry> name_plan(const ModelConfig& cfg, const char* op) {
-  KILN_CHECK(cfg.post_attention_norm == cfg.post_mlp_norm, "[", op, "] ", cfg.name,
-             ": Hugging Face checkpoints have both post norms (Gemma 2) or neither");
-  const int64_t d = cfg.n_embd, hs = cfg.head_dim(), ffn = cfg.intermediate_size;
-  const Shape vec{d};
-  std::vector<Entry> plan;
-  plan.push_back(
-      {"transformer.wte.weight", {"model.embed_tokens.weight"}, {{cfg.vocab_size, d}}, true});
-  for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    const std::string k = "transformer.h." + std::to_string(i) + ".";
-    const std::string h = "model.layers." + std::to_string(i) + ".";
-    plan.push_back({k + "norm_1.weight", {h + "input_layernorm.weight"}, {vec}});
-    plan.push_back(
-        {k + "attn.qkv.weight",
-         {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight",
-          h + "self_attn.v_proj.weight"},
-         {{cfg.n_head * hs, d}, {cfg.n_query_groups * hs, d}, {cfg.n_query_groups * hs, d}}});
-    plan.push_back(
-        {k + "attn.proj.weight", {h + "self_attn.o_proj.weight"}, {{d, cfg.n_head * hs}}});
-    if (cfg.post_attention_norm) {
-      plan.push_back(
-          {k + "post_attention_norm.weight", {h + "post_attention_layernorm.weight"}, {vec}});
-      plan.push_back({k + "norm_2.weight", {h + "pre_feedforward_layernorm.weight"}, {vec}});
-      plan.push_back(
-          {k + "post_mlp_norm.weight", {h + "post_feedforward_layernorm.weight"}, {vec}});
-    } else {
-      plan.push_back({k + "norm_2.weight", {h + "post_attention_layernorm.weight"}, {vec}});
-    }
-    plan.push_back({k + "mlp.fc_1.weight", {h + "mlp.gate_proj.weight"}, {{ffn, d}}});
-    plan.push_back({k + "mlp.fc_2.weight", {h + "mlp.up_proj.weight"}, {{ffn, d}}});
-    plan.push_back({k + "mlp.proj.weight", {h + "mlp.down_proj.weight"}, {{d, ffn}}});
-  }
-  plan.push_back({"transformer.ln_f.weight", {"model.norm.weight"}, {vec}});
-  if (!cfg.tie_embeddings) {
-    plan.push_back({"lm_head.weight", {"lm_head.weight"}, {{cfg.vocab_size, d}}, true});
-  }
-  return plan;
-}
-
-// Tensors a checkpoint may carry that kiln does not need.
-bool ignorable(const std::string& hf_name, const ModelConfig& cfg) {
-  const std::string inv = "rotary_emb.inv_freq";
-  if (hf_name.size() >= inv.size() && hf_name.ends_with(inv)) return true;
-  return cfg.tie_embeddings && hf_name == "lm_head.weight";
-}
-
-// Checks a checkpoint's names and shapes against the plan; "" when it fits, else a message
-// listing every problem.
-std::string check_names(const std::vector<Entry>& plan, const std::map<std::string, Shape>& have,
-                        const ModelConfig& cfg) {
-  std::vector<std::string> missing, mis_shaped, unexpected;
-  std::set<std::string> used;
-  for (const Entry& e : plan) {
-    for (size_t j = 0; j < e.hf.size(); ++j) {
-      used.insert(e.hf[j]);
-      auto it = have.find(e.hf[j]);
-      if (it == have.end()) {
-        missing.push_back(e.hf[j]);
-      } else if (it->second != e.hf_shapes[j]) {
-        mis_shaped.push_back(e.hf[j] + " is " + shape_str(it->second) + ", expected " +
-                             shape_str(e.hf_shapes[j]));
-      }
-    }
-  }
-  for (const auto& [name, shape] : have) {
-    if (!used.contains(name) && !ignorable(name, cfg)) unexpected.push_back(name);
-  }
-  std::string msg;
-  auto list = [&](const char* what, const std::vector<std::string>& names) {
-    if (names.empty()) return;
-    msg +=
-        std::string(msg.empty() ? "" : "; ") + what + " (" + std::to_string(names.size()) + "): ";
-    for (size_t i = 0; i < names.size(); ++i) msg += (i ? ", " : "") + names[i];
-  };
-  list("missing tensors", missing);
-  list("unexpected tensors", unexpected);
-  list("mis-shaped tensors", mis_shaped);
-  return msg;
-}
-
-std::map<std::string, Tensor> parameters_of(const GPTImpl& model) {
-  std::map<std::string, Tensor> params;
-  for (const auto& item : model.named_parameters()) params.emplace(item.key(), item.value());
-  return params;
-}
-
-// The model's tensors under HF names, in plan order (layer by layer, for contiguous shards).
-std::vector<std::pair<std::string, Tensor>> hf_tensors(const GPTImpl& model, const char* op) {
-  const ModelConfig& cfg = model.config();
-  const std::map<std::string, Tensor> params = parameters_of(model);
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (const Entry& e : name_plan(cfg, op)) {
-    auto it = params.find(e.kiln);
-    KILN_CHECK(it != params.end(), "[", op, "] ", cfg.name, ": the model has no parameter ",
-               e.kiln);
-    const Tensor t = it->second.detach();
-    int64_t row = 0;
-    for (size_t j = 0; j < e.hf.size(); ++j) {
-      const int64_t rows = e.hf_shapes[j][0];
-      out.emplace_back(e.hf[j], t.narrow(0, row, rows));
-      row += rows;
-    }
-  }
-  return out;
-}
-
-// ================================ checkpoint files ================================
-
-struct IndexJson {
-  std::vector<std::pair<std::string, std::string>> weight_map;  // tensor -> shard file
-};
-
-IndexJson parse_index(const std::string& text) {
-  IndexJson index;
-  bool has_map = false;
-  JsonReader r(text);
-  r.begin_object();
-  while (auto key = r.next_key()) {
-    if (*key != "weight_map") {
-      r.skip_value();
-      continue;
-    }
-    has_map = true;
-    r.begin_object();
-    while (auto name = r.next_key()) {
-      if (r.peek_kind() != '"') r.fail("weight_map['" + *name + "'] is not a string");
-      index.weight_map.emplace_back(*name, r.read_string());
-    }
-  }
-  r.end_document();
-  if (!has_map) r.fail("no 'weight_map' object");
-  return index;
-}
-
-// The safetensors files of a checkpoint and which tensor lives where.
-struct Checkpoint {
-  std::vector<SafetensorsFile> files;
-  std::map<std::string, size_t> where;  // tensor -> index into files
-};
-
-Checkpoint open_checkpoint(const std::string& path) {
-  constexpr const char* op = "load_hf_weights";
-  fs::path p(path);
-  std::error_code ec;
-  std::optional<fs::path> index_path;
-  Checkpoint ck;
-  if (fs::is_directory(p, ec)) {
-    if (fs::exists(p / "model.safetensors", ec)) {
-      p = p / "model.safetensors";
-    } else if (fs::exists(p / "model.safetensors.index.json", ec)) {
-      index_path = p / "model.safetensors.index.json";
-    } else {
-      KILN_FAIL("[", op, "] ", path,
-                ": no model.safetensors or model.safetensors.index.json in this directory");
-    }
-  } else if (p.extension() == ".json") {
-    index_path = p;
-  }
-  if (!index_path) {
-    KILN_CHECK(fs::exists(p, ec), "[", op, "] ", p.string(), ": no such file");
-    ck.files.emplace_back(p.string());
-    for (const std::string& k : ck.files[0].keys()) ck.where.emplace(k, 0);
-    return ck;
-  }
-
-  const std::string ipath = index_path->string();
-  IndexJson index;
-  try {
-    index = parse_index(read_text_file(ipath, op));
-  } catch (const JsonError& e) {
-    KILN_FAIL("[", op, "] ", ipath, ": malformed index: ", e.what());
-  }
-  std::map<std::string, size_t> file_of_name;
-  for (const auto& [tensor, file] : index.weight_map) {
-    // Shards live beside the index: a hostile index must not name files elsewhere.
-    KILN_CHECK(!file.empty() && file.find('/') == std::string::npos &&
-                   file.find('\\') == std::string::npos && file != "." && file != "..",
-               "[", op, "] ", ipath, ": weight_map['", tensor, "'] names '", file,
-               "', which is not a file name beside the index");
-    if (!file_of_name.contains(file)) {
-      const fs::path shard = index_path->parent_path() / file;
-      KILN_CHECK(fs::exists(shard, ec), "[", op, "] ", ipath, ": names the shard '", file,
-                 "', which does not exist");
-      file_of_name.emplace(file, ck.files.size());
-      ck.files.emplace_back(shard.string());
-    }
-  }
-  KILN_CHECK(!ck.files.empty(), "[", op, "] ", ipath, ": the weight_map is empty");
-  for (size_t f = 0; f < ck.files.size(); ++f) {
-    for (const std::string& k : ck.files[f].keys()) {
-      auto [it, fresh] = ck.where.emplace(k, f);
-      KILN_CHECK(fresh, "[", op, "] ", ipath, ": tensor ", k, " is in both ",
-                 ck.files[it->second].name(), " and ", ck.files[f].name());
-    }
-  }
-  for (const auto& [tensor, file] : index.weight_map) {
-    const size_t f = file_of_name.at(file);
-    KILN_CHECK(ck.files[f].contains(tensor), "[", op, "] ", ipath, ": weight_map puts ", tensor,
-               " in ", file, ", which does not contain it");
-  }
-  return ck;
-}
-
-void remove_stale_weights(const fs::path& dir, const std::set<std::string>& keep) {
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string n = entry.path().filename().string();
-    const bool ours = n == "model.safetensors" || n == "model.safetensors.index.json" ||
-                      (n.starts_with("model-") && n.ends_with(".safetensors") &&
-                       n.find("-of-") != std::string::npos);
-    if (ours && !keep.contains(n)) fs::remove(entry.path(), ec);
-  }
-}
-
 }  // namespace
+
+namespace internal {
+
+std::string read_text_file(const std::string& path, const char* op) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), "[", op, "] ", path, ": cannot open the file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  KILN_CHECK(!in.bad(), "[", op, "] ", path, ": cannot read the file");
+  return ss.str();
+}
+
+}  // namespace internal
 
 // ================================ public API ================================
 
@@ -777,143 +558,6 @@ std::string to_hf_config_json(const ModelConfig& config, std::optional<ScalarTyp
     first = false;
   }
   return out + "\n}\n";
-}
-
-TensorMap from_hf_state_dict(const TensorMap& hf, const ModelConfig& config) {
-  config.validate();
-  const std::vector<Entry> plan = name_plan(config, "from_hf_state_dict");
-  std::map<std::string, Shape> have;
-  for (const auto& [name, t] : hf) have.emplace(name, to_shape(t.sizes()));
-  const std::string problems = check_names(plan, have, config);
-  KILN_CHECK(problems.empty(), "[from_hf_state_dict] ", config.name, ": ", problems);
-  TensorMap out;
-  for (const Entry& e : plan) {
-    Tensor t;
-    if (e.hf.size() == 1) {
-      t = hf.at(e.hf[0]);
-    } else {
-      std::vector<Tensor> parts;
-      for (const std::string& n : e.hf) parts.push_back(hf.at(n).to(hf.at(e.hf[0]).dtype()));
-      t = cat(parts, 0);
-    }
-    if (e.vocab_rows && config.padded_vocab() > config.vocab_size) {
-      t = cat({t, zeros({config.padded_vocab() - config.vocab_size, config.n_embd}, t.options())},
-              0);
-    }
-    out.emplace(e.kiln, t);
-  }
-  return out;
-}
-
-TensorMap to_hf_state_dict(const GPTImpl& model) {
-  TensorMap out;
-  for (auto& [name, t] : hf_tensors(model, "to_hf_state_dict")) out.emplace(name, t);
-  return out;
-}
-
-void load_hf_weights(GPTImpl& model, const std::string& path) {
-  constexpr const char* op = "load_hf_weights";
-  const ModelConfig& cfg = model.config();
-  const std::vector<Entry> plan = name_plan(cfg, op);
-  Checkpoint ck = open_checkpoint(path);
-  std::map<std::string, Shape> have;
-  for (const auto& [name, f] : ck.where) have.emplace(name, ck.files[f].info(name).shape);
-  const std::string problems = check_names(plan, have, cfg);
-  KILN_CHECK(problems.empty(), "[", op, "] ", path, ": does not fit ", cfg.name, ": ", problems);
-
-  std::map<std::string, Tensor> params = parameters_of(model);
-  // Where each HF tensor goes: a row block of one parameter.
-  struct Target {
-    Tensor dst;
-    std::string hf;
-  };
-  std::vector<std::vector<Target>> by_file(ck.files.size());
-  for (const Entry& e : plan) {
-    auto it = params.find(e.kiln);
-    KILN_CHECK(it != params.end(), "[", op, "] ", cfg.name, ": the model has no parameter ",
-               e.kiln);
-    const Tensor& p = it->second;
-    int64_t row = 0;
-    for (size_t j = 0; j < e.hf.size(); ++j) {
-      const int64_t rows = e.hf_shapes[j][0];
-      by_file[ck.where.at(e.hf[j])].push_back({p.narrow(0, row, rows), e.hf[j]});
-      row += rows;
-    }
-  }
-  NoGradGuard no_grad;
-  for (size_t f = 0; f < ck.files.size(); ++f) {
-    for (Target& t : by_file[f]) {
-      t.dst.copy_(ck.files[f].get(t.hf).to(t.dst.device(), t.dst.dtype()));
-    }
-  }
-  if (cfg.padded_vocab() > cfg.vocab_size) {
-    const int64_t pad = cfg.padded_vocab() - cfg.vocab_size;
-    params.at("transformer.wte.weight").narrow(0, cfg.vocab_size, pad).zero_();
-    if (!cfg.tie_embeddings) params.at("lm_head.weight").narrow(0, cfg.vocab_size, pad).zero_();
-  }
-}
-
-GPT load_hf_checkpoint(const std::string& dir, const TensorOptions& options) {
-  const ModelConfig cfg = ModelConfig::from_hf_config((fs::path(dir) / "config.json").string());
-  GPT model(cfg, options);
-  load_hf_weights(*model, dir);
-  return model;
-}
-
-void save_hf_checkpoint(const GPTImpl& model, const std::string& dir, int64_t max_shard_bytes) {
-  constexpr const char* op = "save_hf_checkpoint";
-  KILN_CHECK(max_shard_bytes > 0, "[", op, "] max_shard_bytes must be positive, got ",
-             max_shard_bytes);
-  const std::vector<std::pair<std::string, Tensor>> tensors = hf_tensors(model, op);
-  const ScalarType dtype = tensors.front().second.dtype();
-  const std::string config_json = to_hf_config_json(model.config(), dtype);
-  std::error_code ec;
-  const fs::path d(dir);
-  fs::create_directories(d, ec);
-  KILN_CHECK(fs::is_directory(d, ec), "[", op, "] ", dir, ": cannot create the directory");
-
-  // Greedy shards in layer order, as transformers' save_pretrained: a tensor larger than
-  // max_shard_bytes gets a shard of its own.
-  std::vector<TensorMap> shards(1);
-  int64_t shard_bytes = 0, total = 0;
-  for (const auto& [name, t] : tensors) {
-    const auto bytes = static_cast<int64_t>(t.nbytes());
-    if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().emplace(name, t);
-    shard_bytes += bytes;
-    total += bytes;
-  }
-  const SafetensorsMetadata meta{{"format", "pt"}};
-  std::set<std::string> written;
-  if (shards.size() == 1) {
-    save_safetensors(shards[0], (d / "model.safetensors").string(), meta);
-    written.insert("model.safetensors");
-  } else {
-    std::map<std::string, std::string> weight_map;
-    char buf[64];
-    for (size_t s = 0; s < shards.size(); ++s) {
-      std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-      save_safetensors(shards[s], (d / buf).string(), meta);
-      written.insert(buf);
-      for (const auto& [name, t] : shards[s]) weight_map.emplace(name, buf);
-    }
-    std::string index = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(total) +
-                        "\n  },\n  \"weight_map\": {";
-    bool first = true;
-    for (const auto& [name, file] : weight_map) {
-      index +=
-          std::string(first ? "" : ",") + "\n    " + json_string(name) + ": " + json_string(file);
-      first = false;
-    }
-    index += "\n  }\n}\n";
-    write_file_atomically((d / "model.safetensors.index.json").string(), index, op);
-    written.insert("model.safetensors.index.json");
-  }
-  write_file_atomically((d / "config.json").string(), config_json, op);
-  remove_stale_weights(d, written);
 }
 
 }  // namespace kiln::models

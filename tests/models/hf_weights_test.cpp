@@ -1,13 +1,9 @@
-// Hugging Face interop (models/hf.h): config.json parsing of each family field by field and
-// its errors, config export, the kiln <-> HF name mapping on every toy config (padded vocab
-// included), save_hf_checkpoint -> load_hf_checkpoint (single file, sharded, bf16), hostile
-// checkpoints, and parity with transformers' logits on the fixtures that
+// Hugging Face weights (models/hf_weights.cpp): the kiln <-> HF name mapping on every toy config
+// (padded vocab included), save_hf_checkpoint -> load_hf_checkpoint (single file, sharded,
+// bf16), hostile checkpoints, and parity with transformers' logits on the fixtures that
 // tests/models/make_hf_fixtures.py writes into tests/models/data/hf/<family>/ (CPU, and
 // GpuHfParity on CUDA).
-#include "models/hf.h"
-
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,12 +11,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "autograd/grad_mode.h"
 #include "kernels/cuda.h"
+#include "models/hf.h"
+#include "models/hf_test_util.h"
 #include "nn/safetensors.h"
 #include "tensor/ops.h"
 #include "test_util.h"
@@ -29,6 +27,9 @@ namespace kiln::models {
 namespace {
 
 namespace fs = std::filesystem;
+using hftest::expect_same_model;
+using hftest::TempDir;
+using hftest::write_text;
 
 const std::vector<std::string> kTinyConfigs = {"tiny-llama", "tiny-llama3", "tiny-mistral",
                                                "tiny-gemma", "tiny-gemma2", "kiln-tiny"};
@@ -39,401 +40,11 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 }
 double max_abs(const Tensor& a) { return a.to(kFloat64).abs().max().item<double>(); }
 
-// A fresh empty directory, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = "kiln_hf_" + std::string(info->test_suite_name()) + "_" + info->name() +
-                       "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
-    std::replace(name.begin(), name.end(), '/', '_');
-    path_ = fs::temp_directory_path() / name;
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-  fs::path operator/(const std::string& s) const { return path_ / s; }
-
- private:
-  fs::path path_;
-};
-
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary);
-  out << text;
-}
-
 std::vector<std::string> files_in(const TempDir& d) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(d.str())) names.push_back(e.path().filename());
   std::sort(names.begin(), names.end());
   return names;
-}
-
-// ==================================== config.json ====================================
-
-// A Llama 2 7B config as published, plus keys kiln ignores.
-constexpr const char* kLlama2Json = R"({
-  "architectures": ["LlamaForCausalLM"],
-  "attention_bias": false,
-  "bos_token_id": 1,
-  "eos_token_id": 2,
-  "hidden_act": "silu",
-  "hidden_size": 4096,
-  "initializer_range": 0.02,
-  "intermediate_size": 11008,
-  "max_position_embeddings": 4096,
-  "model_type": "llama",
-  "num_attention_heads": 32,
-  "num_hidden_layers": 32,
-  "num_key_value_heads": 32,
-  "pretraining_tp": 1,
-  "rms_norm_eps": 1e-05,
-  "rope_scaling": null,
-  "rope_theta": 10000.0,
-  "tie_word_embeddings": false,
-  "torch_dtype": "float16",
-  "transformers_version": "4.31.0.dev0",
-  "use_cache": true,
-  "vocab_size": 32000,
-  "quantization_config": {"nested": [1, 2, {"x": null}]}
-})";
-
-TEST(HfConfig, LlamaFieldByField) {
-  const ModelConfig c = ModelConfig::from_hf_config_json(kLlama2Json, "llama2");
-  EXPECT_EQ(c.name, "llama2");
-  EXPECT_EQ(c.vocab_size, 32000);
-  EXPECT_EQ(c.padded_vocab(), 32000);
-  EXPECT_EQ(c.n_layer, 32);
-  EXPECT_EQ(c.n_embd, 4096);
-  EXPECT_EQ(c.n_head, 32);
-  EXPECT_EQ(c.n_query_groups, 32);
-  EXPECT_EQ(c.head_dim(), 128);
-  EXPECT_EQ(c.intermediate_size, 11008);
-  EXPECT_EQ(c.block_size, 4096);
-  EXPECT_EQ(c.mlp_kind, MLPKind::kSwiGLU);
-  EXPECT_EQ(c.norm_kind, NormKind::kRMSNorm);
-  EXPECT_DOUBLE_EQ(c.norm_eps, 1e-5);
-  EXPECT_FALSE(c.norm_unit_offset);
-  EXPECT_FALSE(c.post_attention_norm);
-  EXPECT_FALSE(c.post_mlp_norm);
-  EXPECT_DOUBLE_EQ(c.rope_base, 10000.0);
-  EXPECT_FALSE(c.rope_scaling.has_value());
-  EXPECT_EQ(c.sliding_window, 0);
-  EXPECT_EQ(c.attention_softcap, 0.0);
-  EXPECT_FALSE(c.attention_scale.has_value());
-  EXPECT_FALSE(c.scale_embeddings);
-  EXPECT_FALSE(c.tie_embeddings);
-  EXPECT_EQ(c.final_softcap, 0.0);
-  // The same numbers as the registry's llama-2-7b.
-  const ModelConfig reg = ModelConfig::from_name("llama-2-7b");
-  EXPECT_EQ(c.num_parameters(), reg.num_parameters());
-}
-
-TEST(HfConfig, Llama32WithRopeScalingAndTiedEmbeddings) {
-  const std::string json = R"({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-    "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
-    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "tie_word_embeddings": true, "hidden_act": "silu", "mlp_bias": false})";
-  const ModelConfig c = ModelConfig::from_hf_config_json(json);
-  EXPECT_EQ(c.name, "hf");
-  EXPECT_EQ(c.n_query_groups, 8);
-  EXPECT_EQ(c.head_dim(), 64);
-  EXPECT_EQ(c.block_size, 131072);
-  EXPECT_DOUBLE_EQ(c.rope_base, 500000.0);
-  ASSERT_TRUE(c.rope_scaling.has_value());
-  EXPECT_DOUBLE_EQ(c.rope_scaling->factor, 32.0);
-  EXPECT_DOUBLE_EQ(c.rope_scaling->low_freq_factor, 1.0);
-  EXPECT_DOUBLE_EQ(c.rope_scaling->high_freq_factor, 4.0);
-  EXPECT_EQ(c.rope_scaling->original_max_seq_len, 8192);
-  EXPECT_TRUE(c.tie_embeddings);
-  EXPECT_EQ(c.num_parameters(), ModelConfig::from_name("llama-3.2-1b").num_parameters());
-}
-
-TEST(HfConfig, TransformersFiveRopeParameters) {
-  // transformers 5 moves rope_theta and the scaling into rope_parameters; the legacy "type"
-  // key spells rope_type in older configs.
-  const std::string json = R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 32,
-    "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-      "original_max_position_embeddings": 8192}})";
-  const ModelConfig c = ModelConfig::from_hf_config_json(json);
-  EXPECT_DOUBLE_EQ(c.rope_base, 500000.0);
-  ASSERT_TRUE(c.rope_scaling.has_value());
-  EXPECT_DOUBLE_EQ(c.rope_scaling->factor, 8.0);
-  // Llama's defaults for the keys left out.
-  EXPECT_EQ(c.n_query_groups, 2);
-  EXPECT_EQ(c.head_dim(), 16);
-  EXPECT_EQ(c.block_size, 2048);
-  EXPECT_DOUBLE_EQ(c.norm_eps, 1e-6);
-  EXPECT_FALSE(c.tie_embeddings);
-
-  const ModelConfig d = ModelConfig::from_hf_config_json(
-      R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
-          "num_hidden_layers": 1, "num_attention_heads": 2,
-          "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0}})");
-  EXPECT_DOUBLE_EQ(d.rope_base, 1000.0);
-  EXPECT_FALSE(d.rope_scaling.has_value());
-}
-
-TEST(HfConfig, MistralSlidingWindow) {
-  const std::string base = R"({"architectures": ["MistralForCausalLM"], "vocab_size": 32000,
-    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false)";
-  const ModelConfig c = ModelConfig::from_hf_config_json(base + R"(, "sliding_window": 4096})");
-  EXPECT_EQ(c.sliding_window, 4096);
-  EXPECT_EQ(c.sliding_window_period, 1);
-  EXPECT_TRUE(c.uses_sliding_window(0));
-  EXPECT_TRUE(c.uses_sliding_window(31));
-  EXPECT_EQ(c.n_query_groups, 8);
-  EXPECT_EQ(c.block_size, 32768);
-  EXPECT_EQ(c.mlp_kind, MLPKind::kSwiGLU);
-  EXPECT_EQ(c.num_parameters(), ModelConfig::from_name("mistral-7b-v0.1").num_parameters());
-  // Mistral v0.2+ write null: no window.
-  EXPECT_EQ(ModelConfig::from_hf_config_json(base + R"(, "sliding_window": null})").sliding_window,
-            0);
-  // Absent: transformers' default, 4096.
-  EXPECT_EQ(ModelConfig::from_hf_config_json(base + "}").sliding_window, 4096);
-}
-
-TEST(HfConfig, GemmaFieldByField) {
-  const std::string json = R"({"architectures": ["GemmaForCausalLM"], "model_type": "gemma",
-    "vocab_size": 256000, "hidden_size": 2048, "intermediate_size": 16384,
-    "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1,
-    "head_dim": 256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-06,
-    "rope_theta": 10000.0, "hidden_act": "gelu", "hidden_activation": "gelu_pytorch_tanh",
-    "tie_word_embeddings": true, "torch_dtype": "bfloat16"})";
-  const ModelConfig c = ModelConfig::from_hf_config_json(json);
-  EXPECT_EQ(c.mlp_kind, MLPKind::kGeGLUTanh);
-  EXPECT_TRUE(c.norm_unit_offset);
-  EXPECT_TRUE(c.scale_embeddings);
-  EXPECT_TRUE(c.tie_embeddings);
-  EXPECT_EQ(c.n_query_groups, 1);
-  EXPECT_EQ(c.head_dim(), 256);
-  EXPECT_DOUBLE_EQ(c.norm_eps, 1e-6);
-  EXPECT_FALSE(c.post_attention_norm);
-  EXPECT_EQ(c.sliding_window, 0);
-  EXPECT_EQ(c.attention_softcap, 0.0);
-  EXPECT_FALSE(c.attention_scale.has_value());
-  EXPECT_EQ(c.num_parameters(), ModelConfig::from_name("gemma-2b").num_parameters());
-
-  // head_dim defaults to 256 for Gemma (not hidden / heads); an unset hidden_activation makes
-  // transformers run the tanh approximation even when hidden_act says "gelu".
-  const ModelConfig d = ModelConfig::from_hf_config_json(
-      R"({"model_type": "gemma", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
-          "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_act": "gelu",
-          "hidden_activation": null})");
-  EXPECT_EQ(d.head_dim(), 256);
-  EXPECT_EQ(d.mlp_kind, MLPKind::kGeGLUTanh);
-  EXPECT_TRUE(d.tie_embeddings);
-}
-
-constexpr const char* kGemma2Json = R"({
-  "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
-  "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
-  "cache_implementation": "hybrid", "head_dim": 256,
-  "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
-  "hidden_size": 2304, "intermediate_size": 9216, "max_position_embeddings": 8192,
-  "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4,
-  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
-  "sliding_window": 4096, "vocab_size": 256000)";
-
-TEST(HfConfig, Gemma2FieldByField) {
-  const ModelConfig c = ModelConfig::from_hf_config_json(std::string(kGemma2Json) + "}");
-  EXPECT_EQ(c.mlp_kind, MLPKind::kGeGLUTanh);
-  EXPECT_TRUE(c.norm_unit_offset);
-  EXPECT_TRUE(c.scale_embeddings);
-  EXPECT_TRUE(c.tie_embeddings);
-  EXPECT_TRUE(c.post_attention_norm);
-  EXPECT_TRUE(c.post_mlp_norm);
-  EXPECT_DOUBLE_EQ(c.attention_softcap, 50.0);
-  EXPECT_DOUBLE_EQ(c.final_softcap, 30.0);
-  ASSERT_TRUE(c.attention_scale.has_value());
-  EXPECT_DOUBLE_EQ(*c.attention_scale, 1.0 / 16.0);
-  EXPECT_EQ(c.sliding_window, 4096);
-  EXPECT_EQ(c.sliding_window_period, 2);
-  EXPECT_TRUE(c.uses_sliding_window(0));
-  EXPECT_FALSE(c.uses_sliding_window(1));
-  EXPECT_TRUE(c.uses_sliding_window(24));
-  EXPECT_EQ(c.head_dim(), 256);
-  EXPECT_EQ(c.n_query_groups, 4);
-  EXPECT_EQ(c.num_parameters(), ModelConfig::from_name("gemma-2-2b").num_parameters());
-
-  // Null softcaps switch them off; query_pre_attn_scalar need not be head_dim.
-  const ModelConfig d = ModelConfig::from_hf_config_json(
-      std::string(kGemma2Json) +
-      R"(, "attn_logit_softcapping": null, "final_logit_softcapping": null,
-          "query_pre_attn_scalar": 224})");
-  EXPECT_EQ(d.attention_softcap, 0.0);
-  EXPECT_EQ(d.final_softcap, 0.0);
-  EXPECT_DOUBLE_EQ(*d.attention_scale, 1.0 / std::sqrt(224.0));
-}
-
-TEST(HfConfig, Gemma2LayerTypes) {
-  std::string types = R"(, "num_hidden_layers": 4, "layer_types": [)";
-  auto with = [&](const std::vector<std::string>& t) {
-    std::string j = std::string(kGemma2Json) + R"(, "num_hidden_layers": 4, "layer_types": [)";
-    for (size_t i = 0; i < t.size(); ++i) j += (i ? ", \"" : "\"") + t[i] + "\"";
-    return j + "]}";
-  };
-  const std::string s = "sliding_attention", f = "full_attention";
-  const ModelConfig even = ModelConfig::from_hf_config_json(with({s, f, s, f}));
-  EXPECT_EQ(even.sliding_window_period, 2);
-  EXPECT_EQ(even.sliding_window, 4096);
-  const ModelConfig all = ModelConfig::from_hf_config_json(with({s, s, s, s}));
-  EXPECT_EQ(all.sliding_window_period, 1);
-  const ModelConfig none = ModelConfig::from_hf_config_json(with({f, f, f, f}));
-  EXPECT_EQ(none.sliding_window, 0);
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(with({f, s, f, s})),
-                    "unsupported layer_types pattern");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(with({s, f})), "layer_types has 2 entries");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(with({s, f, s, "chunked_attention"})),
-                    "unsupported layer type 'chunked_attention'");
-}
-
-TEST(HfConfig, Errors) {
-  const std::string tail = R"("vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4)";
-  auto llama = [&](const std::string& extra) {
-    return std::string(R"({"architectures": ["LlamaForCausalLM"], )") + tail + extra + "}";
-  };
-  EXPECT_NO_THROW(ModelConfig::from_hf_config_json(llama("")));
-  EXPECT_KILN_ERROR(
-      ModelConfig::from_hf_config_json(R"({"architectures": ["GPT2LMHeadModel"], )" + tail + "}",
-                                       "gpt2"),
-      "[from_hf_config] gpt2: unsupported architecture 'GPT2LMHeadModel' (kiln loads: "
-      "LlamaForCausalLM, MistralForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM)");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(R"({"model_type": "qwen2", )" + tail + "}"),
-                    "unsupported model_type 'qwen2'");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json("{" + tail + "}"),
-                    "neither 'architectures' nor 'model_type'");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(R"({"model_type": "llama", "vocab_size": 100,
-          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})"),
-                    "[from_hf_config] hf: missing required key 'hidden_size'");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "rope_scaling": {"type": "linear",
-          "factor": 2.0})")),
-                    "unsupported rope_type 'linear'");
-  EXPECT_KILN_ERROR(
-      ModelConfig::from_hf_config_json(llama(R"(, "rope_scaling": {"rope_type": "yarn",
-          "factor": 4.0, "original_max_position_embeddings": 4096})")),
-      "unsupported rope_type 'yarn'");
-  EXPECT_KILN_ERROR(
-      ModelConfig::from_hf_config_json(llama(R"(, "rope_scaling": {"rope_type": "llama3",
-          "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})")),
-      "missing required key 'rope_scaling.original_max_position_embeddings'");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "hidden_act": "gelu")")),
-                    "unsupported activation 'gelu'");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "attention_bias": true)")),
-                    "attention_bias is true");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "num_key_value_heads": 3)")),
-                    "[from_hf_config] hf: [ModelConfig]");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "hidden_size": "64")")),
-                    "malformed config.json");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "num_hidden_layers": 2.5)")),
-                    "num_hidden_layers is not an integer");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "tie_word_embeddings": 1)")),
-                    "tie_word_embeddings is not a boolean");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama("").substr(0, 40)),
-                    "malformed config.json");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(R"({"architectures": ["GemmaForCausalLM"], )" +
-                                                     tail + R"(, "hidden_activation": "gelu"})"),
-                    "unsupported activation 'gelu'");
-
-  // From a file: the error names the file.
-  TempDir dir;
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config((dir / "config.json").string()),
-                    "[from_hf_config] " + (dir / "config.json").string() + ": cannot open");
-  write_text(dir / "config.json", R"({"architectures": ["BertModel"]})");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config(dir.str()),
-                    "[from_hf_config] " + (dir / "config.json").string() +
-                        ": unsupported architecture 'BertModel'");
-  write_text(dir / "config.json", llama(""));
-  const ModelConfig c = ModelConfig::from_hf_config(dir.str());  // a directory works too
-  EXPECT_EQ(c.name, dir.str().substr(dir.str().rfind('/') + 1));
-}
-
-// The fields a config.json carries (not the name, and padded vocab is kiln's own).
-void expect_same_model(const ModelConfig& a, const ModelConfig& b) {
-  EXPECT_EQ(a.vocab_size, b.vocab_size);
-  EXPECT_EQ(a.n_layer, b.n_layer);
-  EXPECT_EQ(a.n_embd, b.n_embd);
-  EXPECT_EQ(a.n_head, b.n_head);
-  EXPECT_EQ(a.n_query_groups, b.n_query_groups);
-  EXPECT_EQ(a.head_dim(), b.head_dim());
-  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
-  EXPECT_EQ(a.block_size, b.block_size);
-  EXPECT_EQ(a.mlp_kind, b.mlp_kind);
-  EXPECT_EQ(a.norm_kind, b.norm_kind);
-  EXPECT_DOUBLE_EQ(a.norm_eps, b.norm_eps);
-  EXPECT_EQ(a.norm_unit_offset, b.norm_unit_offset);
-  EXPECT_EQ(a.post_attention_norm, b.post_attention_norm);
-  EXPECT_EQ(a.post_mlp_norm, b.post_mlp_norm);
-  EXPECT_DOUBLE_EQ(a.rope_base, b.rope_base);
-  ASSERT_EQ(a.rope_scaling.has_value(), b.rope_scaling.has_value());
-  if (a.rope_scaling) {
-    EXPECT_DOUBLE_EQ(a.rope_scaling->factor, b.rope_scaling->factor);
-    EXPECT_DOUBLE_EQ(a.rope_scaling->low_freq_factor, b.rope_scaling->low_freq_factor);
-    EXPECT_DOUBLE_EQ(a.rope_scaling->high_freq_factor, b.rope_scaling->high_freq_factor);
-    EXPECT_EQ(a.rope_scaling->original_max_seq_len, b.rope_scaling->original_max_seq_len);
-  }
-  EXPECT_EQ(a.sliding_window, b.sliding_window);
-  for (int64_t l = 0; l < a.n_layer; ++l) {
-    EXPECT_EQ(a.uses_sliding_window(l), b.uses_sliding_window(l)) << "layer " << l;
-  }
-  EXPECT_DOUBLE_EQ(a.attention_softcap, b.attention_softcap);
-  EXPECT_NEAR(a.attn_scale(), b.attn_scale(), 1e-15);
-  EXPECT_EQ(a.scale_embeddings, b.scale_embeddings);
-  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
-  EXPECT_DOUBLE_EQ(a.final_softcap, b.final_softcap);
-}
-
-TEST(HfConfig, ExportParsesBackForEveryRegisteredConfig) {
-  for (const std::string& name : config_names()) {
-    SCOPED_TRACE(name);
-    const ModelConfig c = ModelConfig::from_name(name);
-    const std::string json = to_hf_config_json(c, kBFloat16);
-    EXPECT_NE(json.find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
-    expect_same_model(c, ModelConfig::from_hf_config_json(json, name));
-  }
-  const auto arch = [](const std::string& name) {
-    const std::string j = to_hf_config_json(ModelConfig::from_name(name));
-    return j.substr(j.find("For") - 10, 30);
-  };
-  EXPECT_NE(arch("llama-3.2-1b").find("\"LlamaForCausalLM\""), std::string::npos);
-  EXPECT_NE(arch("mistral-7b-v0.1").find("\"MistralForCausalLM\""), std::string::npos);
-  EXPECT_NE(arch("gemma-2b").find("\"GemmaForCausalLM\""), std::string::npos);
-  EXPECT_NE(arch("gemma-2-2b").find("\"Gemma2ForCausalLM\""), std::string::npos);
-}
-
-TEST(HfConfig, ExportRejectsWhatNoArchitectureExpresses) {
-  ModelConfig ln = ModelConfig::from_name("tiny-llama");
-  ln.norm_kind = NormKind::kLayerNorm;
-  EXPECT_KILN_ERROR(to_hf_config_json(ln), "every family uses RMSNorm");
-  ModelConfig cap = ModelConfig::from_name("tiny-llama");
-  cap.final_softcap = 30;
-  EXPECT_KILN_ERROR(to_hf_config_json(cap),
-                    "[to_hf_config_json] tiny-llama: no Hugging Face architecture matches "
-                    "(closest LlamaForCausalLM): Llama/Mistral have no logit softcaps");
-  ModelConfig geglu = ModelConfig::from_name("tiny-llama");
-  geglu.mlp_kind = MLPKind::kGeGLUTanh;
-  EXPECT_KILN_ERROR(to_hf_config_json(geglu), "Gemma's norms use the unit offset");
-  ModelConfig half_sandwich = ModelConfig::from_name("tiny-gemma2");
-  half_sandwich.post_mlp_norm = false;
-  EXPECT_KILN_ERROR(to_hf_config_json(half_sandwich), "both post-attention and post-MLP norms");
-  ModelConfig every_layer = ModelConfig::from_name("tiny-gemma2");
-  every_layer.sliding_window_period = 1;
-  EXPECT_KILN_ERROR(to_hf_config_json(every_layer), "Gemma 2 windows the even layers");
 }
 
 // ==================================== names ====================================
