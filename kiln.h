@@ -6,6 +6,8 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
+#include "compiler/compile.h"
+#include "compiler/executor.h"
 #include "kernels/cuda.h"
 #include "models/config.h"
 #include "models/data.h"

@@ -73,7 +73,19 @@ const Tensor& Tensor::grad() const {
   return m != nullptr ? m->grad : undefined;
 }
 
-Tensor& Tensor::mutable_grad() { return meta(*this).grad; }
+namespace autograd::internal {
+namespace {
+std::atomic<GradWriteHook> g_grad_write_hook{nullptr};
+}  // namespace
+void set_grad_write_hook(GradWriteHook hook) { g_grad_write_hook.store(hook); }
+}  // namespace autograd::internal
+
+Tensor& Tensor::mutable_grad() {
+  if (auto hook = autograd::internal::g_grad_write_hook.load(std::memory_order_relaxed)) {
+    hook(*this);
+  }
+  return meta(*this).grad;
+}
 
 const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
   static const std::shared_ptr<autograd::Node> none;

@@ -39,6 +39,11 @@ Edge gradient_edge(const Tensor& t);
 void set_history(const Tensor& t, const std::shared_ptr<Node>& node, uint32_t nr);
 std::shared_ptr<Node> grad_accumulator(const Tensor& t);
 unsigned next_hook_handle();
+// Called with a tensor whose grad is about to be written through mutable_grad(), before the
+// write (kiln::compile's tracer captures the tensor, so that zero_grad() inside a traced step
+// is recorded instead of clearing the real gradient). At most one hook; nullptr removes it.
+using GradWriteHook = void (*)(const Tensor& t);
+void set_grad_write_hook(GradWriteHook hook);
 }  // namespace internal
 
 }  // namespace kiln::autograd

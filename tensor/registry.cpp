@@ -97,6 +97,7 @@ OpRegistrar::OpRegistrar(std::string_view name, OpKind kind, MetaFn meta, OpFlag
   d.allow_cpu_scalars = flags.allow_cpu_scalars;
   d.cross_device = flags.cross_device;
   d.mutated = flags.mutated;
+  d.random = flags.random;
 }
 OpRegistrar::OpRegistrar(std::string_view name, DeviceType device, KernelFn kernel)
     : OpRegistrar(name, device, "", kernel, nullptr, 0) {}
@@ -133,6 +134,7 @@ const std::string& OpCall::name() const {
 namespace {
 
 constexpr int kNumKeys = static_cast<int>(DispatchKey::kCount);
+thread_local bool t_proxy_mode = false;
 constexpr int kAutogradKey = static_cast<int>(DispatchKey::Autograd);
 std::array<std::atomic<const DispatchHandler*>, kNumKeys> g_handlers{};
 
@@ -143,7 +145,7 @@ std::array<std::atomic<const DispatchHandler*>, kNumKeys> g_handlers{};
 bool decompose_unsupported(OpCall& call) {
   const OpDef& op = *call.op;
   const Device device = common_device(call);
-  if (device.is_meta()) return false;
+  if (device.is_meta() || t_proxy_mode) return false;
   (void)op.meta(call);  // the checks come first: support rules may assume a valid call
   call.kernel = op.select_kernel(device.type(), call);
   if (call.kernel != nullptr) return false;
@@ -166,7 +168,7 @@ void dispatch_from(OpCall& call, int key) {
   run_backend(call);
 }
 
-Tensor allocate(const TensorSpec& spec) {
+Tensor allocate(const TensorSpec& spec, bool proxy) {
   const size_t nbytes = static_cast<size_t>(numel_of(spec.sizes)) * element_size(spec.dtype);
   if (!spec.strides.empty() && numel_of(spec.sizes) > 0) {  // every offset inside the allocation
     int64_t last = 0;
@@ -179,11 +181,42 @@ Tensor allocate(const TensorSpec& spec) {
                " are not a dense layout of sizes ", shape_str(spec.sizes));
   }
   return Tensor(std::make_shared<TensorImpl>(
-      allocate_storage(nbytes, spec.device), spec.sizes,
+      proxy ? proxy_storage(nbytes, spec.device) : allocate_storage(nbytes, spec.device), spec.sizes,
       spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides, 0, spec.dtype));
 }
 
+// run_backend in proxy mode: outputs carry shapes, dtypes and devices, and no kernel runs.
+void run_on_proxies(OpCall& call, const SpecList& specs) {
+  const OpDef& op = *call.op;
+  switch (op.kind) {
+    case OpKind::kFunctional:
+      call.outputs.clear();
+      for (const TensorSpec& s : specs) call.outputs.push_back(allocate(s, /*proxy=*/true));
+      return;
+    case OpKind::kInplace:
+      call.outputs.clear();
+      if (op.mutated != nullptr) {
+        op.mutated(call, call.outputs);
+      } else {
+        call.outputs.push_back(call.inputs[0]);
+      }
+      for (const Tensor& t : call.outputs) t.impl()->bump_version();
+      return;
+    case OpKind::kView:
+      op.first_kernel(kCPU)(call);
+      return;
+    case OpKind::kDynamic:
+      KILN_FAIL("[", op.name, "] the shape of its output depends on the values of its inputs, ",
+                "which are not known while kiln::compile traces the function: call ", op.name,
+                " outside the compiled function and pass its result in as an argument");
+  }
+}
+
 }  // namespace
+
+ProxyModeGuard::ProxyModeGuard() : previous_(t_proxy_mode) { t_proxy_mode = true; }
+ProxyModeGuard::~ProxyModeGuard() { t_proxy_mode = previous_; }
+bool in_proxy_mode() { return t_proxy_mode; }
 
 void set_dispatch_handler(DispatchKey key, const DispatchHandler* handler) {
   g_handlers[static_cast<int>(key)].store(handler, std::memory_order_release);
@@ -227,6 +260,10 @@ void run_backend(OpCall& call) {
   }
   const Device device = common_device(call);
   const SpecList specs = op.meta(call);
+  if (t_proxy_mode) {
+    run_on_proxies(call, specs);
+    return;
+  }
   const KernelDef* chosen = call.kernel;
   if (op.kind == OpKind::kView) {
     chosen = nullptr;  // views are device-agnostic: the CPU entry builds them
@@ -243,7 +280,7 @@ void run_backend(OpCall& call) {
   switch (op.kind) {
     case OpKind::kFunctional:
       call.outputs.clear();
-      for (const TensorSpec& s : specs) call.outputs.push_back(allocate(s));
+      for (const TensorSpec& s : specs) call.outputs.push_back(allocate(s, /*proxy=*/false));
       if (device.is_meta()) return;  // proxies carry no data
       break;
     case OpKind::kInplace:

@@ -148,6 +148,9 @@ struct OpDef {
   bool cross_device = false;
   // kInplace ops that write several inputs (the multi-tensor optimizer update) name them here.
   MutatedFn mutated = nullptr;
+  // A random op: its last two attributes are the Philox seed and base offset it reserved
+  // (tensor/ops/random.cpp); the compiler re-bases them on every run of a compiled program.
+  bool random = false;
 
   // The first kernel of `device` that supports the call, or nullptr.
   const KernelDef* select_kernel(DeviceType device, const OpCall& call) const;
@@ -161,6 +164,7 @@ struct OpFlags {
   bool allow_cpu_scalars = true;
   bool cross_device = false;
   MutatedFn mutated = nullptr;
+  bool random = false;
 };
 
 class Registry {
@@ -239,6 +243,22 @@ struct DispatchHandler {
   void (*handle)(OpCall& call) = nullptr;
 };
 void set_dispatch_handler(DispatchKey key, const DispatchHandler* handler);
+
+// Proxy mode, for kiln::compile's tracer: while a ProxyModeGuard lives on this thread,
+// run_backend gives functional ops proxy outputs (no memory: StorageImpl::is_proxy) and runs no
+// kernel; in-place ops only bump versions; view ops build their views as usual; ops whose
+// output shape depends on data fail, naming the op. Ops with a decomposition stay whole.
+class ProxyModeGuard {
+ public:
+  ProxyModeGuard();
+  ~ProxyModeGuard();
+  ProxyModeGuard(const ProxyModeGuard&) = delete;
+  ProxyModeGuard& operator=(const ProxyModeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+bool in_proxy_mode();
 
 // Runs `call` through the dispatch chain; on return call.outputs holds the results.
 void dispatch(OpCall& call);

@@ -32,6 +32,10 @@ class StorageImpl {
   bool is_pinned() const { return pinned_; }
   void set_pinned(bool pinned) { pinned_ = pinned; }
 
+  // A proxy (kiln::compile's tracer): a storage of `nbytes` on `device` that has no memory,
+  // so that ops run on it for their shapes, dtypes and devices only (data() is null).
+  bool is_proxy() const { return proxy_; }
+  void set_proxy(bool proxy) { proxy_ = proxy; }
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -41,6 +45,7 @@ class StorageImpl {
   Device device_;
   Deleter deleter_;
   bool pinned_ = false;
+  bool proxy_ = false;
   std::atomic<uint64_t> version_{0};
 };
 
@@ -61,5 +66,11 @@ void empty_cpu_cache();
 
 // Allocates `nbytes` on `device` (64-byte aligned on the CPU); fails if no backend is built.
 Storage allocate_storage(size_t nbytes, Device device);
+// A proxy storage (StorageImpl::is_proxy): no memory, any device, even one not built or present.
+inline Storage proxy_storage(size_t nbytes, Device device) {
+  auto s = std::make_shared<StorageImpl>(nullptr, nbytes, device, nullptr);
+  s->set_proxy(true);
+  return s;
+}
 
 }  // namespace kiln

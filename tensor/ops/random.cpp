@@ -194,12 +194,12 @@ void bernoulli_tensor_(Tensor& self, const Tensor& p) {
 
 }  // namespace
 
-KILN_DEFINE_OP(uniform_, OpKind::kInplace, uniform_meta);
-KILN_DEFINE_OP(normal_, OpKind::kInplace, normal_meta);
-KILN_DEFINE_OP(random_, OpKind::kInplace, random_meta);
-KILN_DEFINE_OP(bernoulli_, OpKind::kInplace, bernoulli_meta);
-KILN_DEFINE_OP(multinomial, OpKind::kFunctional, multinomial_meta);
-KILN_DEFINE_OP(randperm, OpKind::kFunctional, randperm_meta);
+KILN_DEFINE_OP(uniform_, OpKind::kInplace, uniform_meta, OpFlags{.random = true});
+KILN_DEFINE_OP(normal_, OpKind::kInplace, normal_meta, OpFlags{.random = true});
+KILN_DEFINE_OP(random_, OpKind::kInplace, random_meta, OpFlags{.random = true});
+KILN_DEFINE_OP(bernoulli_, OpKind::kInplace, bernoulli_meta, OpFlags{.random = true});
+KILN_DEFINE_OP(multinomial, OpKind::kFunctional, multinomial_meta, OpFlags{.random = true});
+KILN_DEFINE_OP(randperm, OpKind::kFunctional, randperm_meta, OpFlags{.random = true});
 
 Tensor& Tensor::uniform_(double from, double to) {
   static const OpDef& op = KILN_OP(uniform_);

@@ -1,0 +1,459 @@
+#include "compiler/compile.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "autograd/autograd_meta.h"
+#include "autograd/grad_mode.h"
+#include "compiler/passes.h"
+#include "compiler/program.h"
+#include "compiler/tracer.h"
+#include "tensor/autocast_state.h"
+#include "tensor/ops.h"
+
+namespace kiln {
+
+CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
+  for (const std::string& n : names) (void)compiler::find_executor(n);  // fails for unknown
+  executors_ = std::move(names);
+  if (std::find(executors_.begin(), executors_.end(), "eager") == executors_.end()) {
+    executors_.push_back("eager");
+  }
+  return *this;
+}
+CompileOptions& CompileOptions::skip_pass(std::string name) {
+  KILN_CHECK(name == "dce" || name == "cse", "[CompileOptions] no pass is named '", name,
+             "' (passes that can be skipped: dce, cse)");
+  skipped_.push_back(std::move(name));
+  return *this;
+}
+CompileOptions& CompileOptions::debug(bool on) {
+  debug_ = on;
+  return *this;
+}
+CompileOptions& CompileOptions::trace_dir(std::string dir) {
+  trace_dir_ = std::move(dir);
+  return *this;
+}
+CompileOptions& CompileOptions::recompile_limit(int limit) {
+  KILN_CHECK(limit >= 1, "[CompileOptions] recompile_limit must be at least 1, got ", limit);
+  recompile_limit_ = limit;
+  return *this;
+}
+CompileOptions& CompileOptions::name(std::string name) {
+  name_ = std::move(name);
+  return *this;
+}
+
+namespace compiler {
+namespace {
+
+// The signature of a call: a hashable key, and the same facts readable for recompile reasons.
+struct Signature {
+  std::vector<int64_t> key;
+  // Labels and values: ("argument 0", "f32[4, 8] cpu strides [8, 1]"), ("grad mode", "on").
+  std::vector<std::pair<std::string, std::string>> parts;
+};
+
+std::string tensor_part(const Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::string s = spec_str(spec_of(t));
+  if (!t.is_contiguous()) s += " strides " + shape_str(t.strides());
+  if (t.requires_grad()) s += " requires_grad";
+  return s;
+}
+
+Signature signature(const FlatArgs& args) {
+  Signature s;
+  auto add_tensor = [&](const Tensor& t) {
+    s.key.push_back(t.defined());
+    if (!t.defined()) return;
+    s.key.push_back(static_cast<int64_t>(t.dtype()));
+    s.key.push_back(static_cast<int64_t>(t.device().type()));
+    s.key.push_back(t.device().index());
+    s.key.push_back(t.requires_grad());
+    s.key.push_back(t.dim());
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      s.key.push_back(t.size(d));
+      s.key.push_back(t.stride(d));
+    }
+  };
+  for (size_t i = 0; i < args.tensors.size(); ++i) {
+    add_tensor(args.tensors[i]);
+    s.parts.emplace_back("argument " + std::to_string(i), tensor_part(args.tensors[i]));
+  }
+  for (size_t i = 0; i < args.scalars.size(); ++i) {
+    int64_t bits;
+    static_assert(sizeof(bits) == sizeof(double));
+    std::memcpy(&bits, &args.scalars[i], sizeof(bits));
+    s.key.push_back(bits);
+    std::ostringstream os;
+    os << args.scalars[i];
+    s.parts.emplace_back("scalar argument " + std::to_string(i), os.str());
+  }
+  const bool grad = GradMode::is_enabled();
+  s.key.push_back(grad);
+  s.parts.emplace_back("grad mode", grad ? "on" : "off");
+  for (DeviceType d : {kCPU, kCUDA}) {
+    const bool on = is_autocast_enabled(d);
+    s.key.push_back(on);
+    s.key.push_back(on ? static_cast<int64_t>(autocast_dtype(d)) : -1);
+    s.parts.emplace_back("autocast " + std::string(device_type_name(d)),
+                         on ? std::string(dtype_name(autocast_dtype(d))) : "off");
+  }
+  return s;
+}
+
+// What a cached program checks about each captured tensor.
+struct ExternalGuard {
+  Shape sizes, strides;
+  int64_t offset;
+  ScalarType dtype;
+  Device device;
+  bool requires_grad;
+  bool has_grad;
+};
+
+ExternalGuard guard_of(const Tensor& t) {
+  const TensorImpl* i = t.impl();
+  return {i->sizes(),  i->strides(),      i->storage_offset(), i->dtype(),
+          i->device(), t.requires_grad(), t.grad().defined()};
+}
+
+bool operator==(const ExternalGuard& a, const ExternalGuard& b) {
+  return a.sizes == b.sizes && a.strides == b.strides && a.offset == b.offset &&
+         a.dtype == b.dtype && a.device == b.device && a.requires_grad == b.requires_grad &&
+         a.has_grad == b.has_grad;
+}
+
+std::string guard_str(const ExternalGuard& g) {
+  return spec_str({g.sizes, g.dtype, g.device, {}}) + (g.requires_grad ? " requires_grad" : "") +
+         (g.has_grad ? " with a grad" : " without a grad");
+}
+
+// The backward half of a joint trace, and how its gradients map to the call's tensors.
+struct BackwardPlan {
+  std::shared_ptr<const Program> program;  // arguments: saved values, then output gradients
+  size_t user_outputs = 0;                 // the forward program's outputs before the saved ones
+  std::vector<int> grad_outputs;           // per user output: its gradient's position, or -1
+  std::vector<TensorSpec> grad_specs;      // per differentiable output
+  // Per gradient the backward returns: the argument index (>= 0) or -1 - external index.
+  std::vector<int> targets;
+};
+
+// The grad_fn of a compiled function's outputs: runs the compiled backward.
+class CompiledBackward final : public autograd::Node {
+ public:
+  CompiledBackward(std::shared_ptr<const BackwardPlan> plan, std::vector<Tensor> saved)
+      : plan_(std::move(plan)), saved_(std::move(saved)) {}
+
+  autograd::variable_list apply(autograd::variable_list&& grads) override {
+    KILN_CHECK(!released_,
+               "[backward] trying to backward through a compiled function a second "
+               "time: its saved tensors were freed; pass retain_graph=true to the first call");
+    std::vector<Tensor> args = saved_;
+    for (size_t k = 0; k < plan_->grad_specs.size(); ++k) {
+      const TensorSpec& s = plan_->grad_specs[k];
+      Tensor g = k < grads.size() ? grads[k] : Tensor();
+      if (!g.defined()) g = zeros(s.sizes, TensorOptions(s.dtype).device(s.device));
+      args.push_back(g.is_contiguous() ? g : g.contiguous());
+    }
+    return plan_->program->run(args);
+  }
+  std::string name() const override { return "CompiledFunctionBackward"; }
+  void release_variables() override {
+    released_ = !saved_.empty();
+    saved_.clear();
+  }
+
+ private:
+  std::shared_ptr<const BackwardPlan> plan_;
+  std::vector<Tensor> saved_;
+  bool released_ = false;
+};
+
+// Splits a joint trace at `traced.backward_begin` into a forward trace (returning the user's
+// outputs, then what the backward reads) and a backward trace (reading those saved values and
+// the output gradients, returning the gradients of traced.grad_targets).
+std::pair<Trace, Trace> split_joint(const Trace& joint, const TraceResult& traced,
+                                    std::vector<int>& saved) {
+  const size_t begin = static_cast<size_t>(traced.backward_begin);
+  std::vector<bool> forward_value(joint.values.size(), false);
+  for (int v : joint.arguments) {
+    if (v >= 0) forward_value[static_cast<size_t>(v)] = true;
+  }
+  for (size_t i = 0; i < begin; ++i) {
+    for (int v : joint.ops[i].outputs) {
+      if (v >= 0) forward_value[static_cast<size_t>(v)] = true;
+    }
+  }
+  std::vector<bool> is_saved(joint.values.size(), false);
+  auto save = [&](int v) {
+    if (v >= 0 && forward_value[static_cast<size_t>(v)] && !is_saved[static_cast<size_t>(v)]) {
+      is_saved[static_cast<size_t>(v)] = true;
+      saved.push_back(v);
+    }
+  };
+  for (size_t i = begin; i < joint.ops.size(); ++i) {
+    for (int v : joint.ops[i].inputs) save(v);
+  }
+  for (int v : traced.grads) save(v);
+
+  Trace fwd = joint;
+  fwd.stage = "forward";
+  fwd.ops.assign(joint.ops.begin(), joint.ops.begin() + static_cast<std::ptrdiff_t>(begin));
+  fwd.outputs.insert(fwd.outputs.end(), saved.begin(), saved.end());
+
+  Trace bwd = joint;
+  bwd.stage = "backward";
+  bwd.fn_name = joint.fn_name + "_backward";
+  bwd.ops.assign(joint.ops.begin() + static_cast<std::ptrdiff_t>(begin), joint.ops.end());
+  bwd.arguments = saved;
+  for (int v : traced.grad_outputs) {
+    if (v >= 0) bwd.arguments.push_back(v);
+  }
+  for (int v : bwd.arguments) bwd.roles[static_cast<size_t>(v)] = ValueRole::kArgument;
+  bwd.outputs = traced.grads;
+  bwd.grad_effects.clear();
+  bwd.rng_blocks = 0;
+  return {std::move(fwd), std::move(bwd)};
+}
+
+struct Entry {
+  std::vector<ExternalGuard> guards;  // taken before the traced call, in Trace::externals order
+  std::unique_ptr<Program> program;
+  std::shared_ptr<const BackwardPlan> backward;  // joint programs only
+
+  // Empty when the captured tensors still match; else why not.
+  std::string mismatch() const {
+    const std::vector<Tensor>& ext = program->externals();
+    for (size_t i = 0; i < ext.size(); ++i) {
+      const ExternalGuard now = guard_of(ext[i]);
+      if (!(now == guards[i])) {
+        return "captured tensor " + program->trace().value(program->trace().externals[i]).name +
+               ": " + guard_str(guards[i]) + " -> " + guard_str(now);
+      }
+    }
+    return "";
+  }
+};
+
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// Runs an entry's program; for a joint program, gives the differentiable outputs a
+// CompiledBackward grad_fn whose edges lead to the arguments and captured tensors.
+std::vector<Tensor> run_entry(const Entry& e, const std::vector<Tensor>& args) {
+  std::vector<Tensor> outputs = e.program->run(args);
+  if (!e.backward) return outputs;
+  const BackwardPlan& plan = *e.backward;
+  std::vector<Tensor> saved(outputs.begin() + static_cast<std::ptrdiff_t>(plan.user_outputs),
+                            outputs.end());
+  outputs.resize(plan.user_outputs);
+  if (!GradMode::is_enabled()) return outputs;
+  auto node = std::make_shared<CompiledBackward>(e.backward, std::move(saved));
+  bool any = false;
+  for (int t : plan.targets) {
+    const Tensor& target =
+        t >= 0 ? args[static_cast<size_t>(t)] : e.program->externals()[static_cast<size_t>(-1 - t)];
+    node->mutable_next_edges().push_back(autograd::internal::gradient_edge(target));
+    any |= node->next_edges().back().is_valid();
+  }
+  if (!any) return outputs;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const int k = plan.grad_outputs[i];
+    if (k < 0) continue;
+    const TensorSpec& s = plan.grad_specs[static_cast<size_t>(k)];
+    node->output_metas().push_back({s.sizes, s.dtype, s.device});
+    autograd::internal::set_history(outputs[i], node, static_cast<uint32_t>(k));
+  }
+  return outputs;
+}
+
+}  // namespace
+
+struct CompiledCore::Impl {
+  CompileOptions options;
+  std::vector<std::shared_ptr<const Executor>> executors;
+  absl::flat_hash_map<std::vector<int64_t>, std::vector<Entry>> cache;
+  CompileStats stats;
+  std::vector<Trace> traces;
+  std::vector<std::pair<std::string, std::string>> last_parts;
+  int compilations = 0;
+  std::string trace_dir;
+
+  void write_stage(const Trace& t) {
+    if (std::as_const(options).debug()) std::fprintf(stderr, "%s\n", t.str().c_str());
+    if (trace_dir.empty()) return;
+    std::filesystem::create_directories(trace_dir);
+    const std::string path = trace_dir + "/" + options.name() + "." + std::to_string(compilations) +
+                             "." + std::to_string(traces.size()) + "." + t.stage + ".txt";
+    std::ofstream(path) << t.str();
+  }
+
+  // Why this call compiles again: the first part of the signature that changed.
+  std::string reason(const Signature& sig, const std::string& guard_mismatch) {
+    if (!guard_mismatch.empty()) return guard_mismatch;
+    for (size_t i = 0; i < sig.parts.size() && i < last_parts.size(); ++i) {
+      if (sig.parts[i] != last_parts[i]) {
+        return sig.parts[i].first + ": " + last_parts[i].second + " -> " + sig.parts[i].second;
+      }
+    }
+    if (sig.parts.size() != last_parts.size()) {
+      return "the number of arguments changed (" + std::to_string(last_parts.size()) + " -> " +
+             std::to_string(sig.parts.size()) + " signature parts)";
+    }
+    return "the previous call created state that outlives it (traced again now that it exists)";
+  }
+};
+
+CompiledCore::CompiledCore(CompileOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  for (const std::string& n : impl_->options.executors()) {
+    impl_->executors.push_back(find_executor(n));
+  }
+  impl_->trace_dir = impl_->options.trace_dir();
+  if (impl_->trace_dir.empty()) {
+    if (const char* dir = std::getenv("KILN_TRACE_DIR")) impl_->trace_dir = dir;
+  }
+}
+
+CompiledCore::~CompiledCore() = default;
+
+const CompileStats& CompiledCore::stats() const { return impl_->stats; }
+const std::vector<Trace>& CompiledCore::traces() const { return impl_->traces; }
+
+std::vector<Tensor> CompiledCore::call(
+    const FlatArgs& args,
+    const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& body) {
+  Impl& m = *impl_;
+  ++m.stats.calls;
+  if (m.stats.fell_back_to_eager) return body(args.tensors);
+  Signature sig = signature(args);
+  std::string mismatch;
+  auto it = m.cache.find(sig.key);
+  if (it != m.cache.end()) {
+    for (Entry& e : it->second) {
+      std::string why = e.mismatch();
+      if (why.empty()) {
+        ++m.stats.hits;
+        return run_entry(e, args.tensors);
+      }
+      mismatch = std::move(why);
+    }
+  }
+  // A miss: trace, transform, lower.
+  if (m.compilations > 0) {
+    m.stats.recompile_reasons.push_back(m.reason(sig, mismatch));
+  }
+  if (m.compilations >= m.options.recompile_limit()) {
+    m.stats.fell_back_to_eager = true;
+    std::fprintf(stderr,
+                 "kiln::compile: '%s' was compiled %d times (recompile_limit); running it eagerly "
+                 "from now on. Last reason: %s\n",
+                 m.options.name().c_str(), m.compilations,
+                 m.stats.recompile_reasons.back().c_str());
+    return body(args.tensors);
+  }
+  ++m.compilations;
+  ++m.stats.misses;
+  m.last_parts = sig.parts;
+  m.traces.clear();
+  m.stats.stage_ms.clear();
+
+  auto start = std::chrono::steady_clock::now();
+  TraceResult traced = trace_callable(body, args.tensors, m.options.name(), /*joint=*/true);
+  m.stats.stage_ms.emplace_back("trace", ms_since(start));
+  // The captured tensors are as they were before the call again (the tracer restored them).
+  std::vector<ExternalGuard> guards;
+  for (const Tensor& t : traced.externals) guards.push_back(guard_of(t));
+  Trace trace = std::move(traced.trace);
+  const size_t user_outputs = trace.outputs.size();
+  for (const auto& [weak, value] : traced.escaped) trace.outputs.push_back(value);
+  m.traces.push_back(trace);
+  m.write_stage(trace);
+  std::shared_ptr<BackwardPlan> plan;
+  Trace backward_trace;
+  if (traced.backward_begin >= 0 && traced.escaped.empty()) {
+    plan = std::make_shared<BackwardPlan>();
+    std::vector<int> saved;
+    auto [fwd, bwd] = split_joint(trace, traced, saved);
+    plan->user_outputs = user_outputs;
+    int k = 0;
+    for (int v : traced.grad_outputs) {
+      plan->grad_outputs.push_back(v >= 0 ? k++ : -1);
+      if (v >= 0) plan->grad_specs.push_back(trace.value(v).spec);
+    }
+    for (int v : traced.grad_targets) {
+      const auto arg = std::find(trace.arguments.begin(), trace.arguments.end(), v);
+      if (arg != trace.arguments.end()) {
+        plan->targets.push_back(static_cast<int>(arg - trace.arguments.begin()));
+      } else {
+        const auto ext = std::find(trace.externals.begin(), trace.externals.end(), v);
+        plan->targets.push_back(-1 - static_cast<int>(ext - trace.externals.begin()));
+      }
+    }
+    trace = std::move(fwd);
+    backward_trace = std::move(bwd);
+    m.traces.push_back(trace);
+    m.write_stage(trace);
+    m.traces.push_back(backward_trace);
+    m.write_stage(backward_trace);
+  }
+  auto transform = [&](Trace& t) {
+    auto run_pass = [&](const std::string& name, Trace (*pass)(const Trace&)) {
+      const auto& skipped = m.options.skipped_passes();
+      if (std::find(skipped.begin(), skipped.end(), name) != skipped.end()) return;
+      const auto t0 = std::chrono::steady_clock::now();
+      t = pass(t);
+      m.stats.stage_ms.emplace_back(name, ms_since(t0));
+      m.traces.push_back(t);
+      m.write_stage(t);
+    };
+    run_pass("dce", &dce);
+    run_pass("cse", &cse);
+    const auto t0 = std::chrono::steady_clock::now();
+    t = assign_executors(t, m.executors);
+    m.stats.stage_ms.emplace_back("executors", ms_since(t0));
+    m.traces.push_back(t);
+    m.write_stage(t);
+  };
+  transform(trace);
+  if (plan) transform(backward_trace);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (plan) {
+    plan->program =
+        std::make_shared<const Program>(std::move(backward_trace), traced.externals, m.executors);
+  }
+  auto program =
+      std::make_unique<Program>(std::move(trace), std::move(traced.externals), m.executors);
+  m.stats.stage_ms.emplace_back("lower", ms_since(t0));
+  Entry entry{std::move(guards), std::move(program), std::move(plan)};
+  std::vector<Tensor> outputs = run_entry(entry, args.tensors);
+  if (!traced.escaped.empty()) {
+    // The callable kept proxies in its own state: give them their values, and do not cache a
+    // program that would create that state again.
+    for (size_t i = 0; i < traced.escaped.size(); ++i) {
+      if (auto impl = traced.escaped[i].first.lock()) {
+        const Tensor& real = outputs[user_outputs + i];
+        if (real.defined()) impl->set_data(*real.impl());
+      }
+    }
+    outputs.resize(user_outputs);
+    return outputs;
+  }
+  m.cache[sig.key].push_back(std::move(entry));
+  return outputs;
+}
+
+}  // namespace compiler
+}  // namespace kiln

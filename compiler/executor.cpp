@@ -1,0 +1,142 @@
+#include "compiler/executor.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace kiln::compiler {
+namespace {
+
+// Runs every op through the dispatcher below the Trace key: autocast and the device's kernel
+// choice (support rules, decompositions) as in eager code.
+class EagerExecutor final : public Executor {
+ public:
+  const std::string& name() const override {
+    static const std::string n = "eager";
+    return n;
+  }
+  bool claims(const Trace&, const BoundOp&) const override { return true; }
+  Step lower(const Trace&, const BoundOp& op) const override {
+    return [&op](Frame& frame) {
+      OpCall call = bind_call(op, frame);
+      dispatch_after(call, DispatchKey::Trace);
+      store_outputs(op, call, frame);
+    };
+  }
+};
+
+class OpExecutor final : public Executor {
+ public:
+  OpExecutor(std::string name, std::vector<std::pair<std::string, OpImpl>> impls)
+      : name_(std::move(name)) {
+    for (auto& [op, fn] : impls) {
+      (void)Registry::get().op(op);  // a misspelled op name fails here
+      impls_[op] = std::move(fn);
+    }
+  }
+  const std::string& name() const override { return name_; }
+  bool claims(const Trace&, const BoundOp& op) const override { return impls_.contains(op.name()); }
+  Step lower(const Trace& trace, const BoundOp& op) const override {
+    const OpImpl& fn = impls_.at(op.name());
+    std::vector<TensorSpec> specs;
+    for (int v : op.outputs)
+      specs.push_back(v >= 0 ? trace.value(v).spec : TensorSpec{{}, kFloat, Device(kCPU)});
+    return [&op, &fn, specs = std::move(specs), name = name_](Frame& frame) {
+      OpCall call = bind_call(op, frame);
+      call.outputs.clear();
+      fn(call);
+      KILN_CHECK(call.outputs.size() == specs.size(), "[", op.name(), "] the executor '", name,
+                 "' returned ", call.outputs.size(), " outputs, the op has ", specs.size());
+      for (size_t i = 0; i < specs.size(); ++i) {
+        const Tensor& out = call.outputs[i];
+        KILN_CHECK(
+            !out.defined() || (out.sizes() == specs[i].sizes && out.dtype() == specs[i].dtype), "[",
+            op.name(), "] the executor '", name, "' returned output ", i, " as ",
+            out.defined() ? spec_str(spec_of(out)) : "undefined", ", the trace expects ",
+            spec_str(specs[i]));
+      }
+      store_outputs(op, call, frame);
+    };
+  }
+
+ private:
+  std::string name_;
+  absl::flat_hash_map<std::string, OpImpl> impls_;
+};
+
+struct ExecutorTable {
+  std::mutex mu;
+  std::vector<std::shared_ptr<const Executor>> executors{std::make_shared<EagerExecutor>()};
+};
+ExecutorTable& table() {
+  static ExecutorTable t;
+  return t;
+}
+
+}  // namespace
+
+void register_executor(std::shared_ptr<const Executor> executor) {
+  KILN_CHECK(executor != nullptr, "[register_executor] the executor is null");
+  KILN_CHECK(executor->name() != "eager", "[register_executor] 'eager' is built in");
+  ExecutorTable& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = std::find_if(t.executors.begin(), t.executors.end(),
+                         [&](const auto& e) { return e->name() == executor->name(); });
+  if (it != t.executors.end()) {
+    *it = std::move(executor);
+  } else {
+    t.executors.push_back(std::move(executor));
+  }
+}
+
+std::vector<std::string> executor_names() {
+  ExecutorTable& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  std::vector<std::string> names;
+  for (const auto& e : t.executors) names.push_back(e->name());
+  return names;
+}
+
+std::shared_ptr<const Executor> find_executor(std::string_view name) {
+  ExecutorTable& t = table();
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    for (const auto& e : t.executors) {
+      if (e->name() == name) return e;
+    }
+  }
+  std::string known;
+  for (const std::string& n : executor_names()) known += (known.empty() ? "" : ", ") + n;
+  KILN_FAIL("[compile] no executor is named '", name, "' (registered: ", known, ")");
+}
+
+std::shared_ptr<const Executor> make_op_executor(
+    std::string name, std::vector<std::pair<std::string, OpImpl>> impls) {
+  KILN_CHECK(!name.empty(), "[make_op_executor] the executor needs a name");
+  return std::make_shared<OpExecutor>(std::move(name), std::move(impls));
+}
+
+OpCall bind_call(const BoundOp& op, const Frame& frame) {
+  OpCall call;
+  call.op = op.op;
+  call.inputs.reserve(op.inputs.size());
+  for (int v : op.inputs)
+    call.inputs.push_back(v >= 0 ? frame.slots[static_cast<size_t>(v)] : Tensor());
+  call.attrs = op.attrs;
+  if (op.rng_offset >= 0) {
+    const size_t n = call.attrs.size();
+    if (op.rng_seed_from_entry) call.attrs[n - 2] = static_cast<int64_t>(frame.rng_seed);
+    call.attrs[n - 1] = static_cast<int64_t>(frame.rng_base + static_cast<uint64_t>(op.rng_offset));
+  }
+  return call;
+}
+
+void store_outputs(const BoundOp& op, OpCall& call, Frame& frame) {
+  for (size_t i = 0; i < op.outputs.size() && i < call.outputs.size(); ++i) {
+    if (op.outputs[i] >= 0)
+      frame.slots[static_cast<size_t>(op.outputs[i])] = std::move(call.outputs[i]);
+  }
+}
+
+}  // namespace kiln::compiler

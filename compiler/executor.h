@@ -1,0 +1,66 @@
+// Executors: what runs a trace's ops. An executor has a name, a checker that claims bound ops,
+// and a lowering that turns a claimed op into a step of the compiled program. Executors are
+// tried in priority order (CompileOptions::executors); "eager" (the op's registered kernels
+// through the dispatcher, below the Trace key) is always there as the fallback.
+//
+// A user can register an executor that claims ops by name, as Thunder's pluggable executors:
+//
+//   auto mine = kiln::compiler::make_op_executor("my_relu", {
+//       {"relu", [](kiln::OpCall& call) {                 // fills call.outputs
+//          call.outputs = {kiln::clamp_min(call.input(0), 0.0)};
+//        }}});
+//   kiln::compiler::register_executor(mine);
+//   auto f = kiln::compile(fn, kiln::CompileOptions().executors({"my_relu", "eager"}));
+//
+// A lowered op reads its inputs from the program's value slots and writes its outputs there.
+// Steps run with grad mode off: a compiled program's gradient comes from its own backward ops.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "compiler/trace.h"
+
+namespace kiln::compiler {
+
+// The tensors of one run of a program, indexed by value id, and the run's random base.
+struct Frame {
+  std::vector<Tensor> slots;
+  uint64_t rng_seed = 0;
+  uint64_t rng_base = 0;
+};
+using Step = std::function<void(Frame&)>;
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual const std::string& name() const = 0;
+  // Whether this executor runs `op` (of `trace`).
+  virtual bool claims(const Trace& trace, const BoundOp& op) const = 0;
+  // The step that runs `op`; called only for ops this executor claimed.
+  virtual Step lower(const Trace& trace, const BoundOp& op) const = 0;
+};
+
+// Registers an executor under its name (replacing one of the same name, "eager" excepted).
+void register_executor(std::shared_ptr<const Executor> executor);
+// The executor named `name`; fails naming the registered ones when there is none.
+std::shared_ptr<const Executor> find_executor(std::string_view name);
+std::vector<std::string> executor_names();
+
+// An executor for ops named in `impls`: each function receives the call (inputs and attributes
+// set, outputs empty) and fills call.outputs with tensors of the meta rule's shapes and dtypes.
+using OpImpl = std::function<void(OpCall& call)>;
+std::shared_ptr<const Executor> make_op_executor(std::string name,
+                                                 std::vector<std::pair<std::string, OpImpl>> impls);
+
+// The OpCall a bound op makes in this frame: inputs from the slots, the attributes, and for
+// random ops the Philox seed and offset of this run.
+OpCall bind_call(const BoundOp& op, const Frame& frame);
+// Stores a finished call's outputs into the frame's slots.
+void store_outputs(const BoundOp& op, OpCall& call, Frame& frame);
+
+}  // namespace kiln::compiler

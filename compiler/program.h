@@ -1,0 +1,37 @@
+// A compiled program: a trace after its passes, lowered op by op to the steps of the executors
+// that claimed them, ready to run on real tensors.
+//
+// A run fills the value slots with the arguments and the captured tensors, reserves the
+// trace's Philox blocks from the global generator, runs the steps in order with grad mode off,
+// drops every intermediate after its last use, applies the grad effects (external.grad = value)
+// and returns the outputs.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "compiler/executor.h"
+#include "compiler/trace.h"
+
+namespace kiln::compiler {
+
+class Program {
+ public:
+  Program(Trace trace, std::vector<Tensor> externals,
+          const std::vector<std::shared_ptr<const Executor>>& executors);
+
+  // Runs the program; `arguments` as the trace's arguments (shapes as traced).
+  std::vector<Tensor> run(const std::vector<Tensor>& arguments) const;
+
+  const Trace& trace() const { return *trace_; }
+  const std::vector<Tensor>& externals() const { return externals_; }
+
+ private:
+  std::shared_ptr<const Trace> trace_;  // the steps point into it: never moved
+  std::vector<Tensor> externals_;
+  std::vector<std::shared_ptr<const Executor>> executors_;  // keeps the lowered steps' owners
+  std::vector<Step> steps_;
+  std::vector<std::vector<int>> free_after_;  // values dropped after each step
+};
+
+}  // namespace kiln::compiler

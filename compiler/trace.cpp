@@ -1,0 +1,177 @@
+#include "compiler/trace.h"
+
+#include <sstream>
+
+namespace kiln::compiler {
+namespace {
+
+std::string_view short_dtype(ScalarType t) {
+  switch (t) {
+    case kBool:
+      return "b8";
+    case kInt32:
+      return "i32";
+    case kInt64:
+      return "i64";
+    case kHalf:
+      return "f16";
+    case kBFloat16:
+      return "bf16";
+    case kFloat:
+      return "f32";
+    case kDouble:
+      return "f64";
+  }
+  return "?";
+}
+
+std::string value_ref(const Trace& t, int id) { return id < 0 ? "_" : t.value(id).name; }
+
+// "t3, t4 = " / "t3 = " / "" (an op without outputs).
+std::string lhs(const Trace& t, const BoundOp& op) {
+  std::string s;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += value_ref(t, op.outputs[i]);
+  }
+  return s.empty() ? s : s + " = ";
+}
+
+std::string op_line(const Trace& t, const BoundOp& op) {
+  std::ostringstream os;
+  os << lhs(t, op) << op.name() << "(";
+  for (size_t i = 0; i < op.inputs.size(); ++i)
+    os << (i > 0 ? ", " : "") << value_ref(t, op.inputs[i]);
+  if (!op.attrs.empty()) {
+    os << (op.inputs.empty() ? "" : "; ");
+    for (size_t i = 0; i < op.attrs.size(); ++i) {
+      os << (i > 0 ? ", " : "");
+      if (op.rng_offset >= 0 && i + 2 >= op.attrs.size()) {
+        os << (i + 2 == op.attrs.size() ? (op.rng_seed_from_entry ? "seed" : attr_str(op.attrs[i]))
+                                        : "offset+" + std::to_string(op.rng_offset));
+      } else {
+        os << attr_str(op.attrs[i]);
+      }
+    }
+  }
+  os << ")";
+  std::string line = os.str();
+  std::string comment;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    if (i > 0) comment += ", ";
+    comment += op.outputs[i] < 0 ? "_" : spec_str(t.value(op.outputs[i]).spec);
+  }
+  if (!op.executor.empty()) comment += (comment.empty() ? "" : " ") + ("[" + op.executor + "]");
+  if (comment.empty()) return line;
+  if (line.size() < 52) line.resize(52, ' ');
+  return line + "  # " + comment;
+}
+
+std::string param_list(const Trace& t, const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const ValueInfo& v = t.value(ids[i]);
+    s += (i > 0 ? ", " : "") + v.name + ": " + spec_str(v.spec) +
+         (v.requires_grad ? " requires_grad" : "");
+  }
+  return s;
+}
+
+}  // namespace
+
+TensorSpec spec_of(const Tensor& t) {
+  const TensorImpl* i = t.impl();
+  return TensorSpec{i->sizes(), i->dtype(), i->device(), i->strides()};
+}
+
+std::string spec_str(const TensorSpec& spec) {
+  std::string s(short_dtype(spec.dtype));
+  s += shape_str(spec.sizes);
+  s += " " + spec.device.str();
+  return s;
+}
+
+std::string attr_str(const Attr& attr) {
+  std::ostringstream os;
+  std::visit(
+      [&]<typename T>(const T& v) {
+        if constexpr (std::is_same_v<T, std::monostate>) {
+          os << "none";
+        } else if constexpr (std::is_same_v<T, bool>) {
+          os << (v ? "true" : "false");
+        } else if constexpr (std::is_same_v<T, Shape>) {
+          os << shape_str(v);
+        } else if constexpr (std::is_same_v<T, ScalarType>) {
+          os << short_dtype(v);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          os << "'" << v << "'";
+        } else if constexpr (std::is_same_v<T, Device>) {
+          os << v.str();
+        } else {
+          os << v;
+        }
+      },
+      attr);
+  return os.str();
+}
+
+int Trace::add_value(TensorSpec spec, ValueRole role, bool requires_grad) {
+  const int id = static_cast<int>(values.size());
+  const char* prefix = role == ValueRole::kArgument   ? "a"
+                       : role == ValueRole::kExternal ? "p"
+                                                      : "t";
+  values.push_back({std::move(spec), requires_grad, prefix + std::to_string(id)});
+  roles.push_back(role);
+  return id;
+}
+
+std::vector<int> Trace::use_counts() const {
+  std::vector<int> uses(values.size(), 0);
+  for (const BoundOp& op : ops) {
+    for (int v : op.inputs) {
+      if (v >= 0) ++uses[static_cast<size_t>(v)];
+    }
+  }
+  for (int v : outputs) {
+    if (v >= 0) ++uses[static_cast<size_t>(v)];
+  }
+  for (const GradEffect& e : grad_effects) {
+    if (e.value >= 0) ++uses[static_cast<size_t>(e.value)];
+  }
+  return uses;
+}
+
+std::string Trace::str() const {
+  std::ostringstream os;
+  os << "# " << stage << ": " << ops.size() << " ops";
+  if (rng_blocks > 0) os << ", " << rng_blocks << " Philox blocks per run";
+  os << "\n";
+  os << "def " << fn_name << "(" << param_list(*this, arguments);
+  if (!externals.empty())
+    os << (arguments.empty() ? "; " : ";\n    ") << param_list(*this, externals);
+  os << ")\n";
+  int open_region = -1;
+  for (const BoundOp& op : ops) {
+    if (op.region != open_region) {
+      if (op.region >= 0) {
+        const std::string& n = region_names[static_cast<size_t>(op.region)];
+        os << "  " << n << ":  # region";
+        if (!op.executor.empty()) os << " [" << op.executor << "]";
+        os << "\n";
+      }
+      open_region = op.region;
+    }
+    os << (op.region >= 0 ? "    " : "  ") << op_line(*this, op) << "\n";
+  }
+  os << "  return ";
+  for (size_t i = 0; i < outputs.size(); ++i)
+    os << (i > 0 ? ", " : "") << value_ref(*this, outputs[i]);
+  os << "\n";
+  for (const GradEffect& e : grad_effects) {
+    os << "  " << value(externals[static_cast<size_t>(e.external)]).name
+       << ".grad = " << value_ref(*this, e.value) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace kiln::compiler

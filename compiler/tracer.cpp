@@ -1,0 +1,320 @@
+#include "compiler/tracer.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "autograd/autograd_meta.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "tensor/random.h"
+
+namespace kiln::compiler {
+namespace {
+
+// A captured tensor turned into a proxy for the duration of the trace.
+struct Converted {
+  Tensor tensor;                                        // the user's tensor (now a proxy)
+  std::shared_ptr<TensorImpl> real;                     // its real data, restored at the end
+  std::shared_ptr<autograd::AutogradMeta> meta;         // its autograd state, restored at the end
+  std::shared_ptr<autograd::AutogradMeta> traced_meta;  // the state used while tracing
+  Tensor grad_at_entry;
+  int external = -1;  // index into Trace::externals
+};
+
+// A known value on a proxy storage, to resolve aliases made outside the registry (detach()).
+struct Placed {
+  int value;
+  Shape sizes, strides;
+  int64_t offset;
+  ScalarType dtype;
+};
+
+class Tracer {
+ public:
+  Trace trace;
+  std::vector<Converted> converted;
+  int depth = 0;  // > 0 while a recorded call runs below the Trace key
+  RngState rng_at_entry;
+
+  // The value of `t`, converting a real tensor into an external on first sight.
+  int resolve(const Tensor& t) {
+    const TensorImpl* impl = t.impl();
+    if (auto it = by_impl_.find(impl); it != by_impl_.end() && !it->second.first.expired()) {
+      return it->second.second;
+    }
+    const StorageImpl* storage = impl->storage().get();
+    if (storage->is_proxy()) {
+      if (auto it = by_storage_.find(storage); it != by_storage_.end()) {
+        for (auto p_it = it->second.rbegin(); p_it != it->second.rend(); ++p_it) {  // latest first
+          const Placed& p = *p_it;
+          if (p.sizes == impl->sizes() && p.strides == impl->strides() &&
+              p.offset == impl->storage_offset() && p.dtype == impl->dtype()) {
+            const int id = p.value;  // remember() may grow the vector p is in
+            remember(t, id);
+            return id;
+          }
+        }
+      }
+      KILN_FAIL("[compile] a tensor of shape ", shape_str(t.sizes()),
+                " aliases a traced value but was made outside the op registry (a view built "
+                "from raw strides?); make it with a view op such as view, slice or as_strided");
+    }
+    return capture(t);
+  }
+
+  // Registers an op's output (a proxy) as a new value.
+  int add_output(const Tensor& t) {
+    const int id = trace.add_value(spec_of(t), ValueRole::kOp, t.requires_grad());
+    remember(t, id);
+    return id;
+  }
+
+  int add_argument(const Tensor& proxy) {
+    const int id = trace.add_value(spec_of(proxy), ValueRole::kArgument, proxy.requires_grad());
+    trace.arguments.push_back(id);
+    remember(proxy, id);
+    return id;
+  }
+
+  // The value a tensor handle names (undefined: -1).
+  int lookup(const Tensor& t) {
+    if (!t.defined()) return -1;
+    return resolve(t);
+  }
+
+  // Whether the callable changed a captured tensor's grad so far.
+  bool grads_changed() const {
+    for (const Converted& c : converted) {
+      const Tensor& g = c.traced_meta->grad;
+      if (g.defined() != c.grad_at_entry.defined() ||
+          (g.defined() && g.impl() != c.grad_at_entry.impl())) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Joint mode: traces the backward of `outputs` (see trace_callable).
+  void trace_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& arguments,
+                      TraceResult& result) {
+    std::vector<Tensor> diff_outputs, grad_proxies, targets;
+    for (const Tensor& out : outputs) {
+      if (!out.defined() || !out.requires_grad() || !is_floating_point(out.dtype())) {
+        result.grad_outputs.push_back(-1);
+        continue;
+      }
+      Tensor g(std::make_shared<TensorImpl>(
+          proxy_storage(static_cast<size_t>(out.numel()) * element_size(out.dtype()), out.device()),
+          out.impl()->sizes(), contiguous_strides(out.impl()->sizes()), 0, out.dtype()));
+      const int id = trace.add_value(spec_of(g), ValueRole::kArgument);
+      trace.values[static_cast<size_t>(id)].name = "g" + std::to_string(id);
+      remember(g, id);
+      result.grad_outputs.push_back(id);
+      diff_outputs.push_back(out);
+      grad_proxies.push_back(std::move(g));
+    }
+    for (const Tensor& a : arguments) {
+      if (a.defined() && a.requires_grad()) targets.push_back(a);
+    }
+    for (const Converted& c : converted) {
+      if (c.tensor.requires_grad()) targets.push_back(c.tensor);
+    }
+    if (diff_outputs.empty() || targets.empty()) {
+      result.grad_outputs.clear();
+      return;
+    }
+    for (const Tensor& t : targets) result.grad_targets.push_back(lookup(t));
+    result.backward_begin = static_cast<int>(trace.ops.size());
+    const std::vector<Tensor> grads = autograd::grad(diff_outputs, targets, grad_proxies,
+                                                     /*retain_graph=*/false,
+                                                     /*create_graph=*/false,
+                                                     /*allow_unused=*/true);
+    ++depth;  // reading the results records nothing
+    for (const Tensor& g : grads) result.grads.push_back(lookup(g));
+    --depth;
+  }
+
+  // Gives every captured tensor its real data and autograd state back; records grad effects.
+  void restore(std::vector<Tensor>& externals) {
+    // By index: resolving a grad the callable assigned may capture one more tensor.
+    for (size_t i = 0; i < converted.size(); ++i) {
+      const Tensor grad = converted[i].traced_meta->grad;
+      const Tensor& entry = converted[i].grad_at_entry;
+      const bool same = grad.defined() && entry.defined() && grad.impl() == entry.impl();
+      if (!same && (grad.defined() || entry.defined())) {
+        const int value = grad.defined() ? resolve(grad) : -1;
+        trace.grad_effects.push_back({converted[i].external, value});
+      }
+    }
+    for (Converted& c : converted) {
+      c.tensor.impl()->set_data(*c.real);
+      c.tensor.impl()->set_autograd_meta(std::move(c.meta));
+      c.traced_meta.reset();
+    }
+    externals.clear();
+    externals.resize(trace.externals.size());
+    for (Converted& c : converted) externals[static_cast<size_t>(c.external)] = c.tensor;
+    converted.clear();
+  }
+
+  // Proxies made while tracing that are still alive after everything the tracer held is gone
+  // (captured tensors, real again, are not among them), each with its latest value.
+  std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> escaped() {
+    std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> out;
+    for (auto& [impl, entry] : by_impl_) {
+      const std::shared_ptr<TensorImpl> alive = entry.first.lock();
+      if (alive && alive->storage()->is_proxy()) out.emplace_back(alive, entry.second);
+    }
+    return out;
+  }
+
+ private:
+  void remember(const Tensor& t, int id) {
+    const TensorImpl* impl = t.impl();
+    by_impl_[impl] = {t.impl_ptr(), id};
+    by_storage_[impl->storage().get()].push_back(
+        {id, impl->sizes(), impl->strides(), impl->storage_offset(), impl->dtype()});
+  }
+
+  // Turns the real tensor `t` into a proxy external (see tracer.h).
+  int capture(const Tensor& t) {
+    TensorImpl* impl = t.impl();
+    const StorageImpl* real_storage = impl->storage().get();
+    Storage& proxy = proxy_of_[real_storage];
+    if (!proxy) proxy = proxy_storage(real_storage->nbytes(), real_storage->device());
+    Converted c;
+    c.tensor = t;
+    c.real = std::make_shared<TensorImpl>(impl->storage(), impl->sizes(), impl->strides(),
+                                          impl->storage_offset(), impl->dtype());
+    c.meta = impl->autograd_meta();
+    c.traced_meta = std::make_shared<autograd::AutogradMeta>();
+    if (c.meta) c.grad_at_entry = c.meta->grad;
+    c.traced_meta->grad = c.grad_at_entry;
+    impl->set_data(
+        TensorImpl(proxy, impl->sizes(), impl->strides(), impl->storage_offset(), impl->dtype()));
+    impl->set_autograd_meta(c.traced_meta);
+    const int id = trace.add_value(spec_of(t), ValueRole::kExternal, t.requires_grad());
+    c.external = static_cast<int>(trace.externals.size());
+    trace.externals.push_back(id);
+    converted.push_back(std::move(c));
+    remember(t, id);
+    return id;
+  }
+
+  absl::flat_hash_map<const TensorImpl*, std::pair<std::weak_ptr<TensorImpl>, int>> by_impl_;
+  absl::flat_hash_map<const StorageImpl*, std::vector<Placed>> by_storage_;
+  absl::flat_hash_map<const StorageImpl*, Storage> proxy_of_;
+};
+
+thread_local Tracer* t_tracer = nullptr;
+
+bool trace_active(const OpCall&) { return t_tracer != nullptr && t_tracer->depth == 0; }
+
+void trace_handle(OpCall& call) {
+  Tracer& tr = *t_tracer;
+  const OpDef& op = *call.op;
+  BoundOp bound;
+  bound.op = &op;
+  bound.inputs.reserve(call.inputs.size());
+  for (const Tensor& t : call.inputs) bound.inputs.push_back(t.defined() ? tr.resolve(t) : -1);
+  bound.attrs = call.attrs;
+  if (op.random && call.attrs.size() >= 2) {
+    const auto* seed = std::get_if<int64_t>(&call.attrs[call.attrs.size() - 2]);
+    const auto* offset = std::get_if<int64_t>(&call.attrs.back());
+    KILN_CHECK(seed != nullptr && offset != nullptr, "[compile] the random op ", op.name,
+               " does not end its attributes with its Philox seed and offset");
+    bound.rng_offset = *offset - static_cast<int64_t>(tr.rng_at_entry.offset);
+    bound.rng_seed_from_entry = static_cast<uint64_t>(*seed) == tr.rng_at_entry.seed;
+  }
+  {
+    ++tr.depth;
+    struct Leave {
+      Tracer& tr;
+      ~Leave() { --tr.depth; }
+    } leave{tr};
+    ProxyModeGuard proxies;
+    dispatch_after(call, DispatchKey::Trace);
+  }
+  for (const Tensor& out : call.outputs)
+    bound.outputs.push_back(out.defined() ? tr.add_output(out) : -1);
+  tr.trace.ops.push_back(std::move(bound));
+}
+
+const DispatchHandler kTraceHandler{&trace_active, &trace_handle};
+
+// A grad about to be written (zero_grad) belongs to a tensor the trace must capture first.
+void on_grad_write(const Tensor& t) {
+  if (t_tracer != nullptr && t_tracer->depth == 0 && t.defined() &&
+      !t.impl()->storage()->is_proxy()) {
+    (void)t_tracer->resolve(t);
+  }
+}
+
+// Makes a proxy with `real`'s geometry, dtype, device and requires_grad.
+Tensor proxy_like(const Tensor& real) {
+  const TensorImpl* impl = real.impl();
+  Tensor p(std::make_shared<TensorImpl>(proxy_storage(impl->storage()->nbytes(), impl->device()),
+                                        impl->sizes(), impl->strides(), impl->storage_offset(),
+                                        impl->dtype()));
+  if (real.requires_grad()) p.requires_grad_(true);
+  return p;
+}
+
+}  // namespace
+
+bool is_tracing() { return t_tracer != nullptr; }
+
+TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arguments,
+                           const std::string& fn_name, bool joint) {
+  KILN_CHECK(t_tracer == nullptr,
+             "[compile] a compiled function was called while another one "
+             "is being traced; compile the outer function only");
+  Tracer tr;
+  tr.trace.fn_name = fn_name;
+  tr.rng_at_entry = get_rng_state();
+  TraceResult result;
+  {
+    std::vector<Tensor> proxies;
+    proxies.reserve(arguments.size());
+    for (const Tensor& a : arguments) {
+      if (!a.defined()) {
+        proxies.emplace_back();
+        tr.trace.arguments.push_back(-1);
+        continue;
+      }
+      proxies.push_back(proxy_like(a));
+      tr.add_argument(proxies.back());
+    }
+    set_dispatch_handler(DispatchKey::Trace, &kTraceHandler);
+    autograd::internal::set_grad_write_hook(&on_grad_write);
+    t_tracer = &tr;
+    struct Stop {
+      Tracer& tr;
+      std::vector<Tensor>& externals;
+      ~Stop() {
+        t_tracer = nullptr;
+        set_rng_state(tr.rng_at_entry);
+        if (!tr.converted.empty()) tr.restore(externals);
+      }
+    } stop{tr, result.externals};
+    const RngState before = get_rng_state();
+    std::vector<Tensor> outputs = body(proxies);
+    tr.trace.rng_blocks = get_rng_state().offset - before.offset;
+    ++tr.depth;  // no more recording: what follows only reads the handles
+    for (const Tensor& out : outputs) tr.trace.outputs.push_back(tr.lookup(out));
+    if (joint && GradMode::is_enabled() && !tr.grads_changed()) {
+      --tr.depth;
+      tr.trace_backward(outputs, proxies, result);
+      ++tr.depth;
+    }
+    outputs.clear();
+    proxies.clear();
+    tr.restore(result.externals);
+  }
+  result.ran_backward = !tr.trace.grad_effects.empty();
+  result.escaped = tr.escaped();
+  result.trace = std::move(tr.trace);
+  return result;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,77 @@
+// The tracer: runs a callable once on proxy tensors (shape, dtype and device, no memory) and
+// records every op it dispatches as a bound op of a Trace (compiler/trace.h).
+//
+// How it sees the op stream: a handler at the dispatcher's Trace key (the top of the chain)
+// records each call the callable makes, then runs it below the key in proxy mode
+// (tensor/registry.h: ProxyModeGuard), so autocast and autograd behave as in eager code and
+// the outputs are proxies. Calls made inside a recorded call (autocast's casts, a fused op's
+// decomposition) are not recorded: the recorded op stands for them. backward() inside the
+// callable runs the registered backward rules on proxies, so their ops are recorded too, and
+// optimizer.step() records the optimizer-update op.
+//
+// What enters the trace as an input:
+//   - the callable's tensor arguments, as proxies made by the tracer (values a0, a1, ...);
+//   - every other real tensor the callable's ops read (parameters, buffers, optimizer state,
+//     constants it captured): an "external" (p0, p1, ...), by identity. While tracing, the
+//     tensor itself is turned into a proxy (TensorImpl::set_data), so that every handle to it,
+//     p.grad() included, sees the traced state; all of it is restored when tracing ends.
+//
+// What the callable leaves behind is recorded as well: the .grad of each external after the
+// call (backward() and zero_grad() set them) as grad effects, and the proxies that outlived the
+// call in the callable's own state (a lazily created optimizer state) as escapes: the caller
+// runs the program once to give them real values, and traces again on the next call.
+//
+// Random ops: the Philox offsets they reserved become offsets from the program's base, which
+// every run reserves afresh, so a compiled program draws what eager code would have drawn. The
+// global generator is left as it was before tracing.
+//
+// Reading values while tracing (item(), printing, data_ptr(), an op whose output shape depends
+// on data such as nonzero) fails with an error that names the op and says what to do instead.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compiler/trace.h"
+
+namespace kiln::compiler {
+
+// The callable as the tracer runs it: proxies of the tensor arguments in, tensors out.
+using TraceBody = std::function<std::vector<Tensor>(const std::vector<Tensor>& arguments)>;
+
+struct TraceResult {
+  Trace trace;
+  // The captured tensors, real again, in the order of Trace::externals.
+  std::vector<Tensor> externals;
+  // Proxies still held by the callable's state after it returned, and their values: the
+  // caller gives each the real tensor of its value (TensorImpl::set_data) after running.
+  std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> escaped;
+  // Whether the callable changed a captured tensor's grad (ran a backward pass).
+  bool ran_backward = false;
+
+  // Joint mode (see trace_callable): the ops from `backward_begin` on are the backward of the
+  // ops before it. `grad_outputs` has one value per output of the callable: the proxy gradient
+  // that the backward reads for it (-1: the output is not differentiable). `grad_targets`
+  // lists what is differentiated (argument and external values that require grad) and
+  // `grads` their gradients (-1: the outputs do not depend on it).
+  int backward_begin = -1;
+  std::vector<int> grad_outputs;
+  std::vector<int> grad_targets;
+  std::vector<int> grads;
+};
+
+// Traces `body` on proxies of `arguments`. Not reentrant: tracing inside a traced callable is
+// an error. With `joint`, when grad mode is on, the callable ran no backward of its own and
+// some of its outputs require grad, the backward of those outputs with respect to every
+// argument and captured tensor that requires grad is traced as well, after the forward ops
+// (the joint trace that compile() splits into a forward and a backward program).
+TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arguments,
+                           const std::string& fn_name = "fn", bool joint = false);
+
+// Whether this thread is tracing now (for errors that should name the compiler).
+bool is_tracing();
+
+}  // namespace kiln::compiler

@@ -1,0 +1,229 @@
+// kiln::compile end to end on the CPU: compiled == eager for functions, modules and training
+// steps; the cache, guards and recompile reasons; the errors for reading data while tracing.
+#include "compiler/compile.h"
+
+#include <gtest/gtest.h>
+
+#include "compiler/executor.h"
+#include "kiln.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace F = nn::functional;
+
+void expect_equal(const Tensor& a, const Tensor& b) {
+  ASSERT_TRUE(a.defined() && b.defined());
+  ASSERT_EQ(a.sizes(), b.sizes());
+  ASSERT_EQ(a.dtype(), b.dtype());
+  EXPECT_TRUE(equal(a, b)) << "compiled:\n" << a << "\neager:\n" << b;
+}
+
+TEST(Compile, FunctionMatchesEagerAndIsCached) {
+  auto fn = [](const Tensor& x, const Tensor& w) { return relu(matmul(x, w)).sum(1) * 2.0; };
+  auto f = compile(fn);
+  manual_seed(1);
+  const Tensor x = randn({4, 8}), w = randn({8, 3});
+  expect_equal(f(x, w), fn(x, w));
+  expect_equal(f(x, w), fn(x, w));
+  EXPECT_EQ(f.stats().misses, 1);
+  EXPECT_EQ(f.stats().hits, 1);
+  const std::string listing = f.traces().front().str();
+  EXPECT_NE(listing.find("= mm(a0, a1)"), std::string::npos) << listing;
+  EXPECT_NE(listing.find("relu("), std::string::npos) << listing;
+  EXPECT_NE(f.traces().back().str().find("[eager]"), std::string::npos);
+}
+
+TEST(Compile, NewShapeRecompilesAndSaysWhy) {
+  auto f = compile([](const Tensor& x) { return x * 3.0 + 1.0; });
+  const Tensor a = randn({4, 8}), b = randn({4, 16});
+  expect_equal(f(a), a * 3.0 + 1.0);
+  expect_equal(f(b), b * 3.0 + 1.0);
+  expect_equal(f(a), a * 3.0 + 1.0);
+  EXPECT_EQ(f.stats().misses, 2);
+  EXPECT_EQ(f.stats().hits, 1);
+  ASSERT_EQ(f.stats().recompile_reasons.size(), 1u);
+  EXPECT_NE(f.stats().recompile_reasons[0].find("argument 0: f32[4, 8] cpu -> f32[4, 16] cpu"),
+            std::string::npos)
+      << f.stats().recompile_reasons[0];
+}
+
+TEST(Compile, ScalarArgumentsAreGuarded) {
+  auto f = compile([](const Tensor& x, double s) { return x * s; });
+  const Tensor x = randn({3});
+  expect_equal(f(x, 2.0), x * 2.0);
+  expect_equal(f(x, 3.0), x * 3.0);
+  EXPECT_EQ(f.stats().misses, 2);
+}
+
+TEST(Compile, RecompileLimitFallsBackToEager) {
+  auto f = compile([](const Tensor& x) { return x + 1.0; }, CompileOptions().recompile_limit(2));
+  for (int64_t n = 1; n <= 4; ++n) {
+    const Tensor x = randn({n});
+    expect_equal(f(x), x + 1.0);
+  }
+  EXPECT_TRUE(f.stats().fell_back_to_eager);
+  EXPECT_EQ(f.stats().misses, 2);
+}
+
+TEST(Compile, ModuleForwardUsesParametersByIdentity) {
+  manual_seed(3);
+  nn::Linear fc(8, 4);
+  auto f = compile(fc);
+  const Tensor x = randn({2, 8});
+  {
+    NoGradGuard no_grad;
+    expect_equal(f(x), fc(x));
+    // The program reads the parameter itself: an in-place change is seen by the next call.
+    fc->weight.mul_(2.0);
+    expect_equal(f(x), fc(x));
+  }
+  EXPECT_EQ(f.stats().misses, 1);
+  EXPECT_NE(f.traces().front().str().find("p"), std::string::npos);
+}
+
+TEST(Compile, ReturnsVectorsAndTuplesAndTakesVectors) {
+  auto f = compile([](const std::vector<Tensor>& xs) {
+    return std::make_tuple(xs[0] + xs[1], std::vector<Tensor>{xs[0] * xs[1]}[0]);
+  });
+  const Tensor a = randn({3}), b = randn({3});
+  auto [s, p] = f(std::vector<Tensor>{a, b});
+  expect_equal(s, a + b);
+  expect_equal(p, a * b);
+}
+
+TEST(Compile, ReadingValuesWhileTracingIsAClearError) {
+  auto f = compile([](const Tensor& x) { return x * x.sum().item<double>(); });
+  EXPECT_KILN_ERROR(f(randn({3})), "[item] reads a tensor's value while kiln::compile traces");
+  auto g = compile([](const Tensor& x) { return x.masked_select(x > 0.0); });
+  EXPECT_KILN_ERROR(g(randn({3})), "[masked_select] the shape of its output depends on the values");
+  auto h = compile([](const Tensor& x) {
+    std::ostringstream os;
+    os << x;
+    return x;
+  });
+  EXPECT_KILN_ERROR(h(randn({3})), "[print] prints the values of a tensor");
+  // A failed trace leaves nothing behind: the captured tensors are real again.
+  nn::Linear fc(3, 3);
+  auto k = compile([&](const Tensor& x) { return fc(x) * fc(x).sum().item<double>(); });
+  EXPECT_THROW(k(randn({1, 3})), Error);
+  NoGradGuard no_grad;
+  EXPECT_NO_THROW((void)fc->weight.sum().item<double>());
+}
+
+TEST(Compile, RandomOpsDrawWhatEagerDraws) {
+  auto fn = [](const Tensor& x) {
+    return F::dropout(x, F::DropoutFuncOptions().p(0.5).training(true));
+  };
+  auto f = compile(fn);
+  const Tensor x = ones({64});
+  for (int i = 0; i < 3; ++i) {
+    manual_seed(7 + i);
+    const Tensor got = f(x);
+    const RngState after_compiled = get_rng_state();
+    manual_seed(7 + i);
+    const Tensor want = fn(x);
+    expect_equal(got, want);
+    EXPECT_EQ(get_rng_state().offset, after_compiled.offset);
+  }
+  EXPECT_EQ(f.stats().misses, 1);
+  EXPECT_NE(f.traces().front().str().find("offset+0"), std::string::npos)
+      << f.traces().front().str();
+}
+
+TEST(Compile, UserExecutorClaimsOpsByName) {
+  int calls = 0;
+  compiler::register_executor(
+      compiler::make_op_executor("test_relu", {{"relu", [&](OpCall& call) {
+                                                  ++calls;
+                                                  call.outputs = {call.input(0).clamp_min(0.0)};
+                                                }}}));
+  auto f = compile([](const Tensor& x) { return relu(x) + 1.0; },
+                   CompileOptions().executors({"test_relu"}));
+  const Tensor x = randn({5});
+  expect_equal(f(x), relu(x) + 1.0);
+  EXPECT_EQ(calls, 1);
+  EXPECT_NE(f.traces().back().str().find("[test_relu]"), std::string::npos);
+  EXPECT_KILN_ERROR(CompileOptions().executors({"no_such"}), "no executor is named 'no_such'");
+}
+
+TEST(Compile, GradientsFlowThroughOneCompiledBackwardNode) {
+  manual_seed(9);
+  nn::Linear fc(5, 4);
+  auto fn = [&](const Tensor& x) { return (F::gelu(fc(x)) * x.sum(1, true)).tanh(); };
+  auto f = compile(fn);
+  const Tensor x0 = randn({3, 5});
+  Tensor xc = x0.clone().requires_grad_(true), xe = x0.clone().requires_grad_(true);
+  const Tensor yc = f(xc);
+  ASSERT_TRUE(yc.requires_grad());
+  EXPECT_EQ(yc.grad_fn()->name(), "CompiledFunctionBackward");
+  const Tensor go = randn({3, 4});
+  autograd::backward({yc}, {go});
+  const Tensor gw = fc->weight.grad().clone(), gb = fc->bias.grad().clone();
+  fc->zero_grad();
+  const Tensor ye = fn(xe);
+  autograd::backward({ye}, {go});
+  EXPECT_TRUE(allclose(yc, ye, 1e-6, 1e-6));
+  EXPECT_TRUE(allclose(xc.grad(), xe.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(gw, fc->weight.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(gb, fc->bias.grad(), 1e-5, 1e-6));
+  // The joint trace was split: a forward that saves, a backward that reads.
+  bool has_backward = false;
+  for (const auto& t : f.traces()) has_backward |= t.stage == "backward";
+  EXPECT_TRUE(has_backward);
+  // Without grad mode, the same signature but another program: no backward is traced.
+  NoGradGuard no_grad;
+  EXPECT_FALSE(f(x0).requires_grad());
+}
+
+// A small MLP's training step, compiled and eager, from the same initial weights.
+struct Mlp {
+  nn::Linear a{nullptr}, b{nullptr};
+  explicit Mlp(uint64_t seed) {
+    manual_seed(seed);
+    a = nn::Linear(6, 16);
+    b = nn::Linear(16, 3);
+  }
+  std::vector<Tensor> parameters() const { return {a->weight, a->bias, b->weight, b->bias}; }
+  Tensor loss(const Tensor& x, const Tensor& y) const { return F::cross_entropy(b(relu(a(x))), y); }
+};
+
+TEST(Compile, TrainingStepMatchesEager) {
+  Mlp eager(11), compiled(11);
+  optim::SGD opt_e(eager.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD opt_c(compiled.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  auto step_fn = [](Mlp& m, optim::SGD& opt, const Tensor& x, const Tensor& y) {
+    opt.zero_grad();
+    Tensor loss = m.loss(x, y);
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  auto step =
+      compile([&](const Tensor& x, const Tensor& y) { return step_fn(compiled, opt_c, x, y); });
+  manual_seed(5);
+  const Tensor x = randn({8, 6}), y = randint(0, 3, {8});
+  for (int i = 0; i < 5; ++i) {
+    const Tensor want = step_fn(eager, opt_e, x, y);
+    const Tensor got = step(x, y);
+    expect_equal(got, want);
+    for (size_t p = 0; p < 4; ++p) {
+      expect_equal(compiled.parameters()[p], eager.parameters()[p]);
+      expect_equal(compiled.parameters()[p].grad(), eager.parameters()[p].grad());
+    }
+  }
+  // Step 1 ran without gradients and created the momentum buffers; step 2 is traced again
+  // (the parameters now have gradients); steps 3-5 replay step 2's program.
+  EXPECT_EQ(step.stats().misses, 2);
+  EXPECT_EQ(step.stats().hits, 3);
+  ASSERT_EQ(step.stats().recompile_reasons.size(), 1u);
+  EXPECT_NE(step.stats().recompile_reasons[0].find("captured tensor"), std::string::npos)
+      << step.stats().recompile_reasons[0];
+  const std::string listing = step.traces().front().str();
+  EXPECT_NE(listing.find("sgd_update_("), std::string::npos) << listing;
+  EXPECT_NE(listing.find(".grad = "), std::string::npos) << listing;
+}
+
+}  // namespace
+}  // namespace kiln
