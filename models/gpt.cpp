@@ -11,6 +11,7 @@
 
 #include "autograd/grad_mode.h"
 #include "nn/functional.h"
+#include "tensor/half.h"
 #include "tensor/ops.h"
 
 namespace kiln::models {
@@ -39,6 +40,14 @@ double out_proj_std(const ModelConfig& c) {
 }
 
 bool is_half(ScalarType t) { return t == kFloat16 || t == kBFloat16; }
+
+// `v` as a 0-d tensor of `dtype` holds it (kiln::scalar_tensor(v, dtype).item<double>()).
+double round_to_dtype(double v, ScalarType dtype) {
+  if (dtype == kBFloat16) return static_cast<float>(BFloat16(static_cast<float>(v)));
+  if (dtype == kFloat16) return static_cast<float>(Half(static_cast<float>(v)));
+  if (dtype == kFloat32) return static_cast<float>(v);
+  return v;
+}
 
 }  // namespace
 
@@ -240,10 +249,9 @@ Tensor GPTImpl::run(const Tensor& idx, KVCache* cache) {
 
   Tensor x = kiln::embedding(table, idx);  // [B, T, d]
   if (config_.scale_embeddings) {
-    // HF multiplies by sqrt(d) as a tensor of the activations' dtype: round the factor first.
-    const double s = kiln::scalar_tensor(std::sqrt(static_cast<double>(config_.n_embd)), x.dtype())
-                         .item<double>();
-    x = x * s;
+    // HF multiplies by sqrt(d) as a tensor of the activations' dtype: round the factor first
+    // (on the host, not through a tensor whose value kiln::compile could not read).
+    x = x * round_to_dtype(std::sqrt(static_cast<double>(config_.n_embd)), x.dtype());
   }
   const auto [cos, sin] = rope(start, T, x);
   for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x, cos, sin, cache);

@@ -1,0 +1,144 @@
+// Each GPT family's training step (the tiny configs of Llama, Mistral, Gemma and Gemma 2),
+// compiled against eager from the same initial weights: zero_grad, forward, cross-entropy,
+// backward and the optimizer step, traced whole by kiln::compile. The compiled program replays
+// the kernels eager code runs, so losses, gradients and updated weights are equal bit for bit.
+// The lr changes between steps (a schedule), which a replayed step must see.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/grad_mode.h"
+#include "compiler/compile.h"
+#include "models/gpt.h"
+#include "nn/optim/adamw.h"
+#include "nn/optim/sgd.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+
+namespace kiln {
+namespace {
+
+using models::GPT;
+using models::ModelConfig;
+
+constexpr int kSteps = 4;
+constexpr int64_t kBatch = 2, kSeq = 16;
+
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+std::unique_ptr<optim::Optimizer> make_sgd(std::vector<Tensor> params) {
+  return std::make_unique<optim::SGD>(std::move(params),
+                                      optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.01));
+}
+
+std::unique_ptr<optim::Optimizer> make_adamw(std::vector<Tensor> params) {
+  return std::make_unique<optim::AdamW>(std::move(params),
+                                        optim::AdamWOptions(3e-3).weight_decay(0.1));
+}
+
+// One model and its optimizer, initialised from kiln::manual_seed(0).
+struct Run {
+  GPT model{nullptr};
+  std::unique_ptr<optim::Optimizer> opt;
+  Run(const ModelConfig& config, const MakeOptimizer& make) {
+    manual_seed(0);
+    model = GPT(config);
+    model->train();
+    opt = make(model->parameters());
+    // The RoPE tables are built on the first forward from a from_blob over a temporary buffer;
+    // built inside a traced call, the program would read that buffer after it is freed (see
+    // DISABLED_FromBlobInsideTheCallableIsReadAtRunTime below). Building them here, eagerly,
+    // changes no number: the tables are a pure function of the config.
+    NoGradGuard no_grad;
+    (void)model(zeros({1, 1}, kInt64));
+  }
+};
+
+Tensor train_step(Run& r, const Tensor& x, const Tensor& y) {
+  r.opt->zero_grad();
+  Tensor loss = r.model->loss(x, y);
+  loss.backward();
+  r.opt->step();
+  return loss;
+}
+
+void expect_bitwise(const Tensor& compiled, const Tensor& eager, const std::string& what) {
+  ASSERT_EQ(compiled.defined(), eager.defined()) << what;
+  if (!eager.defined()) return;
+  ASSERT_EQ(compiled.sizes(), eager.sizes()) << what;
+  EXPECT_TRUE(equal(compiled, eager))
+      << what << ": max |compiled - eager| = " << (compiled - eager).abs().max().item<double>();
+}
+
+void check_family(const std::string& name, const MakeOptimizer& make) {
+  const ModelConfig config = ModelConfig::from_name(name);
+  Run eager(config, make), compiled(config, make);
+  auto step = compile([&](const Tensor& x, const Tensor& y) { return train_step(compiled, x, y); },
+                      CompileOptions().name("train_step"));
+  const auto names = eager.model->named_parameters().keys();
+  for (int i = 0; i < kSteps; ++i) {
+    SCOPED_TRACE(name + ", step " + std::to_string(i + 1));
+    manual_seed(100 + i);
+    const Tensor tokens = randint(config.vocab_size, {kBatch, kSeq + 1}, kInt64);
+    const Tensor x = tokens.narrow(1, 0, kSeq).contiguous();
+    const Tensor y = tokens.narrow(1, 1, kSeq).contiguous();
+    const Tensor want = train_step(eager, x, y);
+    const Tensor got = step(x, y);
+    expect_bitwise(got, want, "loss");
+    const std::vector<Tensor> pe = eager.model->parameters(), pc = compiled.model->parameters();
+    ASSERT_EQ(pe.size(), pc.size());
+    for (size_t p = 0; p < pe.size(); ++p) {
+      expect_bitwise(pc[p], pe[p], names[p]);
+      expect_bitwise(pc[p].grad(), pe[p].grad(), names[p] + ".grad");
+    }
+    // A schedule: the next step's lr differs, and the replayed program must read it.
+    const double lr = eager.opt->param_groups()[0].options().get_lr() * 0.7;
+    eager.opt->set_lr(lr);
+    compiled.opt->set_lr(lr);
+  }
+  // Step 1 runs without gradients and creates the optimizer state (state that outlives the
+  // call), so step 2 is traced again; the later steps replay step 2's program.
+  EXPECT_EQ(step.stats().misses, 2);
+  EXPECT_EQ(step.stats().hits, kSteps - 2);
+  EXPECT_FALSE(step.stats().fell_back_to_eager);
+}
+
+class CompiledTraining : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CompiledTraining, SgdMomentumStepMatchesEager) { check_family(GetParam(), make_sgd); }
+
+TEST_P(CompiledTraining, AdamWStepMatchesEager) { check_family(GetParam(), make_adamw); }
+
+INSTANTIATE_TEST_SUITE_P(Families, CompiledTraining,
+                         ::testing::Values("tiny-llama", "tiny-mistral", "tiny-gemma",
+                                           "tiny-gemma2"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = c == '-' ? '_' : c;
+                           return n;
+                         });
+
+// Compiler bug (reported with this file): a tensor that the callable makes with from_blob over
+// its own buffer is captured by identity, like a parameter, so the program reads the buffer when
+// it runs, not the values it held while tracing; once the buffer is freed (rope_cache's
+// std::vector, models/gpt.cpp's RoPE tables built in a traced call) it reads freed memory.
+// Expected: a tensor created during the trace from outside the registry is a constant,
+// snapshotted when traced.
+TEST(CompiledConstants, DISABLED_FromBlobInsideTheCallableIsReadAtRunTime) {
+  auto fn = [](const Tensor& x) {
+    std::vector<float> buffer(4, 1.0f);
+    Tensor out = x + from_blob(buffer.data(), {4}, kFloat);
+    std::fill(buffer.begin(), buffer.end(), 100.0f);  // as if freed and reused
+    return out;
+  };
+  auto f = compile(fn);
+  const Tensor x = zeros({4});
+  EXPECT_TRUE(equal(f(x), fn(x))) << f(x);  // compiled: 100s; eager: 1s
+}
+
+}  // namespace
+}  // namespace kiln
