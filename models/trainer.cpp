@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "autograd/grad_mode.h"
+#include "compiler/compile.h"
 #include "kernels/cuda.h"
 #include "models/data.h"
 #include "nn/autocast.h"
@@ -18,7 +19,6 @@
 #include "nn/optim/lr_scheduler.h"
 #include "nn/safetensors.h"
 #include "nn/serialize.h"
-#include "nn/utils/clip_grad.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -30,6 +30,11 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kStateFile = "trainer_state.json";
+// An AutocastGuard inside a compiled callable is not replayed yet (the DISABLED_ CompiledAutocast
+// tests of tests/compiler/models_test.cpp).
+constexpr const char* kCompileMixedError =
+    "compile does not support precision bf16-mixed yet (autocast inside a compiled "
+    "step is not replayed); use f32 or bf16-true, or run bf16-mixed eagerly";
 // The validation batches are drawn from their own Philox stream, the same at every evaluation.
 constexpr uint64_t kEvalSeedSalt = 0x9E3779B97F4A7C15ull;
 
@@ -49,6 +54,99 @@ void check_precision(const std::string& precision, const char* who) {
 Tensor precision_loss(GPT& model, const Tensor& x, const Tensor& y, const std::string& precision) {
   AutocastGuard autocast(x.device().type(), kBFloat16, /*enabled=*/precision == "bf16-mixed");
   return model->loss(x, y);
+}
+
+// Clipping as tensors, so that a compiled step can run it (clip_grad_norm_ reads each norm with
+// item()): the total 2-norm of the gradients (per-gradient norms combined in f64), and every
+// gradient scaled in place by min(1, max_norm / (total + 1e-6)), as torch's clip_grad_norm_.
+// Returns the total, a 0-d f64 tensor.
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads, norms;
+  for (const Tensor& p : params) {
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    norms.push_back(p.grad().norm(2.0).to(kFloat64));
+  }
+  if (grads.empty()) return zeros({}, kFloat64);
+  const Tensor total = stack(norms).square().sum().sqrt();
+  const Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (Tensor g : grads) g.mul_(coef.to(g.device()));
+  return total;
+}
+
+// One optimizer step over the micro-batches xs[i], ys[i]: zero_grad, forward and backward of
+// each (its loss divided by their number), clipping to `clip`, the update. Returns the
+// micro-batches' losses, then the gradient norm before clipping: tensors, read by the caller,
+// so that the same function runs eagerly or through kiln::compile (PretrainOptions::compile).
+std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vector<Tensor>& params,
+                               const std::vector<Tensor>& xs, const std::vector<Tensor>& ys,
+                               const std::string& precision, double clip) {
+  opt.zero_grad();
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    Tensor loss = precision_loss(model, xs[i], ys[i], precision);
+    if (xs.size() > 1) loss = loss / static_cast<double>(xs.size());
+    loss.backward();
+    out.push_back(loss.detach());
+  }
+  out.push_back(clip_grad_norm(params, clip));
+  opt.step();
+  return out;
+}
+
+// The training step of pretrain and bench, eager or compiled.
+class TrainStep {
+ public:
+  TrainStep(GPT& model, optim::Optimizer& opt, std::string precision, double clip, bool compiled)
+      : fn_{model, opt, model->parameters(), std::move(precision), clip} {
+    if (!compiled) return;
+    compiled_.emplace(fn_, CompileOptions().name("train_step"));
+    // The RoPE tables are built eagerly, before the first traced call: built inside it they are
+    // a from_blob constant, which the compiler once read after its buffer was freed
+    // (CompiledConstants in tests/compiler/models_test.cpp). No number changes.
+    NoGradGuard no_grad;
+    const Device device = fn_.params.front().device();
+    (void)model(zeros({1, 1}, TensorOptions(kInt64).device(device)));
+  }
+
+  std::vector<Tensor> operator()(const std::vector<Tensor>& xs, const std::vector<Tensor>& ys) {
+    return compiled_ ? (*compiled_)(xs, ys) : fn_(xs, ys);
+  }
+  // Nullptr when eager.
+  const compiler::CompileStats* stats() const { return compiled_ ? &compiled_->stats() : nullptr; }
+
+ private:
+  struct Fn {
+    GPT model;
+    optim::Optimizer& opt;
+    std::vector<Tensor> params;
+    std::string precision;
+    double clip;
+    std::vector<Tensor> operator()(const std::vector<Tensor>& xs, const std::vector<Tensor>& ys) {
+      return train_step(model, opt, params, xs, ys, precision, clip);
+    }
+  };
+  Fn fn_;
+  std::optional<CompiledFunction<Fn>> compiled_;
+};
+
+// "compile: 2 traces (trace 812 ms, ...), 98 replays": what the compiled step cost.
+void log_compile_stats(const TrainStep& step, std::ostream& log) {
+  const compiler::CompileStats* s = step.stats();
+  if (s == nullptr) return;
+  log << "compile: " << s->misses << " traces, " << s->hits << " replays";
+  if (!s->stage_ms.empty()) {
+    log << "; the last compilation:";
+    for (const auto& [stage, ms] : s->stage_ms) {
+      std::ostringstream t;
+      t << std::fixed << std::setprecision(1) << ms;
+      log << " " << stage << " " << t.str() << " ms";
+    }
+  }
+  for (const std::string& why : s->recompile_reasons) log << "\n  traced again: " << why;
+  if (s->fell_back_to_eager) log << "\n  fell back to eager (recompile limit)";
+  log << "\n" << std::flush;
 }
 
 std::vector<Tensor> params_where(const GPT& model, bool two_d) {
@@ -147,6 +245,7 @@ void PretrainOptions::validate() const {
   KILN_CHECK(checkpoint_interval >= 0, "[pretrain] checkpoint_interval must be >= 0");
   KILN_CHECK(!resume || !out_dir.empty(), "[pretrain] resume needs out_dir (the checkpoint)");
   check_precision(precision, "pretrain");
+  KILN_CHECK(!compile || precision != "bf16-mixed", "[pretrain] ", kCompileMixedError);
 }
 
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
@@ -254,8 +353,9 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
       << " tokens/step, steps " << summary.start_step + 1 << ".." << o.max_steps << ", lr " << o.lr
       << " -> " << o.min_lr << " (warmup " << warmup << ")\n";
 
-  const std::vector<Tensor> params = model->parameters();
+  if (o.compile) log << "the training step runs through kiln::compile\n";
   const double clip = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
+  TrainStep train(model, *opt, o.precision, clip, o.compile);
   double timed_seconds = 0, window_seconds = 0;
   int64_t timed_steps = 0, window_steps = 0;
   summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
@@ -263,18 +363,17 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
   for (int64_t step = summary.start_step + 1; step <= o.max_steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = opt->get_lr();
-    opt->zero_grad();
-    double loss_sum = 0;
+    std::vector<Tensor> xs, ys;
     for (int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
       const auto index = static_cast<uint64_t>((step - 1) * o.grad_accum_steps + micro);
       auto [x, y] = data.batch(Split::kTrain, o.batch_size, o.seq_len, device, o.seed, index);
-      Tensor loss = precision_loss(model, x, y, o.precision);
-      if (o.grad_accum_steps > 1) loss = loss / static_cast<double>(o.grad_accum_steps);
-      loss.backward();
-      loss_sum += loss.item<double>();
+      xs.push_back(std::move(x));
+      ys.push_back(std::move(y));
     }
-    const double grad_norm = nn::utils::clip_grad_norm_(params, clip);
-    opt->step();
+    const std::vector<Tensor> out = train(xs, ys);  // micro-batch losses, then the grad norm
+    double loss_sum = 0;
+    for (size_t i = 0; i + 1 < out.size(); ++i) loss_sum += out[i].item<double>();
+    const double grad_norm = out.back().item<double>();
     sched.step();
     if (on_cuda) cuda::synchronize();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -318,6 +417,11 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
       log << "checkpoint step " << step << " -> " << o.out_dir << "\n" << std::flush;
     }
   }
+  log_compile_stats(train, log);
+  if (const compiler::CompileStats* s = train.stats()) {
+    summary.compile_traces = s->misses;
+    summary.compile_replays = s->hits;
+  }
   if (timed_steps > 0) {
     summary.tokens_per_s = static_cast<double>(timed_steps * tokens_per_step) / timed_seconds;
     if (on_cuda) summary.mfu = flops_per_token * summary.tokens_per_s / kPeakFlopsH100Bf16;
@@ -330,6 +434,7 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   KILN_CHECK(o.batch_size > 0 && o.seq_len > 0 && o.steps > 0 && o.warmup_steps >= 0,
              "[bench] batch, seq, steps must be positive and warmup >= 0");
   check_precision(o.precision, "bench");
+  KILN_CHECK(!o.compile || o.precision != "bf16-mixed", "[bench] ", kCompileMixedError);
   const ModelConfig cfg = ModelConfig::from_name(o.config_name);
   KILN_CHECK(o.seq_len <= cfg.block_size, "[bench] seq_len ", o.seq_len, " exceeds the block_size ",
              cfg.block_size, " of ", cfg.name);
@@ -342,12 +447,13 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   po.lr = 1e-4;
   po.weight_decay = 0.1;
   auto opt = make_optimizer(model, po);
-  const std::vector<Tensor> params = model->parameters();
+  TrainStep train(model, *opt, o.precision, /*clip=*/1.0, o.compile);
   BenchResult r;
   r.num_parameters = model->num_parameters();
   log << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device " << device.str()
       << ", precision " << o.precision << ", batch " << o.batch_size << " x seq " << o.seq_len
-      << ", " << o.warmup_steps << " warm-up + " << o.steps << " timed steps\n"
+      << ", " << o.warmup_steps << " warm-up + " << o.steps << " timed steps"
+      << (o.compile ? ", compiled" : "") << "\n"
       << std::flush;
   Tensor last_loss;
   auto train_step = [&]() {
@@ -355,11 +461,7 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
                             TensorOptions().dtype(kInt64).device(device));
     Tensor x = tokens.narrow(1, 0, o.seq_len).contiguous();
     Tensor y = tokens.narrow(1, 1, o.seq_len).contiguous();
-    opt->zero_grad();
-    last_loss = precision_loss(model, x, y, o.precision);
-    last_loss.backward();
-    nn::utils::clip_grad_norm_(params, 1.0);
-    opt->step();
+    last_loss = train({x}, {y}).front();
   };
   for (int64_t i = 0; i < o.warmup_steps; ++i) train_step();
   if (on_cuda) {
@@ -377,6 +479,7 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     r.mfu = cfg.flops_per_token(o.seq_len) * r.tokens_per_s / kPeakFlopsH100Bf16;
     r.peak_memory = cuda::memory_stats().peak;
   }
+  log_compile_stats(train, log);
   return r;
 }
 

@@ -14,7 +14,10 @@
 // The loop: AdamW (decoupled weight decay on the 2-D weights only; norms get none), the lr
 // schedule CosineAnnealingWithWarmup(warmup_steps, lr_decay_steps, min_lr), gradient
 // accumulation over grad_accum_steps micro-batches (each loss divided by their number),
-// clip_grad_norm_ to grad_clip. Batches come from TokenDataset::batch with the run's seed and
+// clipping of the total gradient norm to grad_clip (as clip_grad_norm_, computed in tensors so
+// that the step can be compiled). With compile, the whole step (zero_grad, the micro-batches'
+// forward and backward, clipping, AdamW) runs through kiln::compile; the loop reads the losses
+// and the norm it returns. Batches come from TokenDataset::batch with the run's seed and
 // index step * grad_accum_steps + micro, so they do not depend on the global RNG; the model is
 // initialised after kiln::manual_seed(seed). Every log_interval steps it logs the step, loss
 // (mean over the micro-batches), lr, gradient norm (before clipping), tokens/s and, on CUDA,
@@ -75,6 +78,9 @@ struct PretrainOptions {
   int64_t checkpoint_interval = 0;  // 0 = only at the end
   bool resume = false;
   uint64_t seed = 1337;
+  // Runs the training step through kiln::compile (docs/compiler.md): traced on steps 1 and 2,
+  // replayed after; the same kernels, so the same losses as eager. Not with bf16-mixed yet.
+  bool compile = false;
 
   // Throws "[pretrain] ..." naming the first bad option.
   void validate() const;
@@ -89,6 +95,8 @@ struct PretrainSummary {
   std::optional<double> mfu;         // on CUDA only
   double seconds = 0;                // wall time of the whole call
   std::vector<double> train_losses;  // per step done in this call
+  int64_t compile_traces = 0;        // with compile: steps that traced, and steps that replayed
+  int64_t compile_replays = 0;
 };
 
 // cuda if kiln::cuda::is_available(), else cpu.
@@ -123,6 +131,7 @@ struct BenchOptions {
   std::string precision = "bf16-true";
   std::optional<Device> device;
   uint64_t seed = 0;
+  bool compile = false;  // as PretrainOptions::compile
 };
 struct BenchResult {
   int64_t num_parameters = 0;

@@ -2,9 +2,9 @@
 // training throughput, lists the configs.
 //
 //   kiln configs
-//   kiln pretrain [--config NAME] [--data FILE] [--steps N] [--batch B] [--seq T] [--lr X] ...
+//   kiln pretrain [--config NAME] [--data FILE] [--steps N] [--batch B] [--seq T] [--compile] ...
 //   kiln generate (--checkpoint DIR | --config NAME) (--prompt "1 2 3" | --text "...") ...
-//   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--device D]
+//   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
 //   kiln help
 //
 // Arguments are parsed by hand, strictly: every flag must belong to the subcommand, every value
@@ -62,6 +62,8 @@ commands:
       --out DIR                checkpoint directory (default: out/<config>)
       --resume                 continue from the checkpoint in --out
       --seed S                 seed of the initialisation and the batches (default: 1337)
+      --compile                run the training step through kiln::compile (traced on steps
+                               1 and 2, replayed after; the same losses as eager)
   generate [flags]             generate tokens from a checkpoint or a freshly initialised model
       --checkpoint DIR         a `kiln pretrain` output directory
       --hf DIR                 ... or a Hugging Face checkpoint (config.json + safetensors)
@@ -82,6 +84,7 @@ commands:
       --steps N                timed steps (default: 10, after 3 warm-up steps)
       --precision P            (default: bf16-true on cuda, f32 on cpu)
       --device D               cpu | cuda (default: cuda when available)
+      --compile                time the training step compiled with kiln::compile
   help                         this message
 )";
 
@@ -202,7 +205,7 @@ int cmd_configs(const std::vector<std::string>& args) {
 int cmd_pretrain(const std::vector<std::string>& args) {
   const Flags f = parse_flags(
       args, {"config", "data", "steps", "batch", "seq", "lr", "precision", "device", "out", "seed"},
-      {"resume"});
+      {"resume", "compile"});
   PretrainOptions o;
   o.config_name = f.contains("config") ? f.at("config") : kiln::models::kDefaultConfig;
   o.data_path = f.contains("data") ? f.at("data")
@@ -219,6 +222,7 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   if (f.contains("device")) o.device = parse_device(f.at("device"));
   o.out_dir = f.contains("out") ? f.at("out") : "out/" + o.config_name;
   o.resume = f.contains("resume");
+  o.compile = f.contains("compile");
   if (f.contains("seed")) o.seed = parse_uint("seed", f.at("seed"));
   const auto s = kiln::models::pretrain(o, std::cout);
   std::cout << "done: " << s.steps << " steps in " << std::fixed << std::setprecision(1)
@@ -280,7 +284,8 @@ int cmd_generate(const std::vector<std::string>& args) {
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
-  const Flags f = parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device"}, {});
+  const Flags f =
+      parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device"}, {"compile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");
@@ -291,6 +296,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   b.batch_size = f.contains("batch") ? parse_int("batch", f.at("batch")) : batch;
   b.seq_len = f.contains("seq") ? parse_int("seq", f.at("seq")) : seq;
   b.steps = f.contains("steps") ? parse_int("steps", f.at("steps")) : 10;
+  b.compile = f.contains("compile");
   b.device = f.contains("device") ? parse_device(f.at("device")) : kiln::models::default_device();
   b.precision =
       f.contains("precision") ? f.at("precision") : (b.device->is_cuda() ? "bf16-true" : "f32");
