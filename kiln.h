@@ -2,6 +2,7 @@
 // <torch/torch.h> does for libtorch.
 #pragma once
 
+#include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"

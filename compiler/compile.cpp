@@ -29,9 +29,24 @@ CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
   return *this;
 }
 CompileOptions& CompileOptions::skip_pass(std::string name) {
-  KILN_CHECK(name == "dce" || name == "cse", "[CompileOptions] no pass is named '", name,
-             "' (passes that can be skipped: dce, cse)");
+  KILN_CHECK(name == "decompose" || name == "dce" || name == "cse",
+             "[CompileOptions] no pass is named '", name,
+             "' (passes that can be skipped: decompose, dce, cse)");
   skipped_.push_back(std::move(name));
+  return *this;
+}
+CompileOptions& CompileOptions::decompose(std::vector<std::string> op_names) {
+  for (const std::string& n : op_names) {
+    KILN_CHECK(Registry::get().op(n).decomposition != nullptr, "[CompileOptions] ", n,
+               " has no decomposition to expand");
+  }
+  decomposed_ = std::move(op_names);
+  return *this;
+}
+CompileOptions& CompileOptions::dynamic(int argument, int64_t dim) {
+  KILN_CHECK(argument >= 0 && dim >= 0, "[CompileOptions] dynamic(", argument, ", ", dim,
+             "): the argument and dimension must be non-negative");
+  dynamic_.emplace_back(argument, dim);
   return *this;
 }
 CompileOptions& CompileOptions::debug(bool on) {
@@ -70,7 +85,8 @@ std::string tensor_part(const Tensor& t) {
   return s;
 }
 
-Signature signature(const FlatArgs& args) {
+// The key always; the readable parts only when `readable` (a miss): a hit builds no strings.
+Signature signature(const FlatArgs& args, bool readable) {
   Signature s;
   auto add_tensor = [&](const Tensor& t) {
     s.key.push_back(t.defined());
@@ -87,26 +103,30 @@ Signature signature(const FlatArgs& args) {
   };
   for (size_t i = 0; i < args.tensors.size(); ++i) {
     add_tensor(args.tensors[i]);
-    s.parts.emplace_back("argument " + std::to_string(i), tensor_part(args.tensors[i]));
+    if (readable)
+      s.parts.emplace_back("argument " + std::to_string(i), tensor_part(args.tensors[i]));
   }
   for (size_t i = 0; i < args.scalars.size(); ++i) {
     int64_t bits;
     static_assert(sizeof(bits) == sizeof(double));
     std::memcpy(&bits, &args.scalars[i], sizeof(bits));
     s.key.push_back(bits);
+    if (!readable) continue;
     std::ostringstream os;
     os << args.scalars[i];
     s.parts.emplace_back("scalar argument " + std::to_string(i), os.str());
   }
   const bool grad = GradMode::is_enabled();
   s.key.push_back(grad);
-  s.parts.emplace_back("grad mode", grad ? "on" : "off");
+  if (readable) s.parts.emplace_back("grad mode", grad ? "on" : "off");
   for (DeviceType d : {kCPU, kCUDA}) {
     const bool on = is_autocast_enabled(d);
     s.key.push_back(on);
     s.key.push_back(on ? static_cast<int64_t>(autocast_dtype(d)) : -1);
-    s.parts.emplace_back("autocast " + std::string(device_type_name(d)),
-                         on ? std::string(dtype_name(autocast_dtype(d))) : "off");
+    if (readable) {
+      s.parts.emplace_back("autocast " + std::string(device_type_name(d)),
+                           on ? std::string(dtype_name(autocast_dtype(d))) : "off");
+    }
   }
   return s;
 }
@@ -234,7 +254,7 @@ struct Entry {
   // Empty when the captured tensors still match; else why not.
   std::string mismatch() const {
     const std::vector<Tensor>& ext = program->externals();
-    for (size_t i = 0; i < ext.size(); ++i) {
+    for (size_t i = 0; i < guards.size(); ++i) {  // constants a pass added need no guard
       const ExternalGuard now = guard_of(ext[i]);
       if (!(now == guards[i])) {
         return "captured tensor " + program->trace().value(program->trace().externals[i]).name +
@@ -288,21 +308,63 @@ struct CompiledCore::Impl {
   CompileStats stats;
   std::vector<Trace> traces;
   std::vector<std::pair<std::string, std::string>> last_parts;
-  int compilations = 0;
+  std::vector<Shape> last_sizes;  // the tensor arguments' sizes at the last compilation
+  int compilations = 0;           // counted against recompile_limit
+  bool dynamic_only = false;      // the last reason was only a dynamic dimension's size
   std::string trace_dir;
 
   void write_stage(const Trace& t) {
     if (std::as_const(options).debug()) std::fprintf(stderr, "%s\n", t.str().c_str());
     if (trace_dir.empty()) return;
-    std::filesystem::create_directories(trace_dir);
-    const std::string path = trace_dir + "/" + options.name() + "." + std::to_string(compilations) +
+    const std::string path = trace_dir + "/" + options.name() + "." + std::to_string(stats.misses) +
                              "." + std::to_string(traces.size()) + "." + t.stage + ".txt";
-    std::ofstream(path) << t.str();
+    std::error_code ec;
+    std::filesystem::create_directories(trace_dir, ec);
+    {
+      std::ofstream out(path + ".tmp");
+      out << t.str();
+      out.close();
+      KILN_CHECK(!ec && out, "[compile] cannot write the trace to ", path,
+                 " (trace_dir / KILN_TRACE_DIR): ", ec ? ec.message() : "write failed");
+    }
+    std::filesystem::rename(path + ".tmp", path, ec);  // whole files only
+    KILN_CHECK(!ec, "[compile] cannot write the trace to ", path, ": ", ec.message());
+  }
+
+  // Whether the arguments differ from the last compilation's only in dimensions marked dynamic.
+  bool only_dynamic_changed(const FlatArgs& args) const {
+    if (options.dynamic_dims().empty() || args.tensors.size() != last_sizes.size()) return false;
+    bool changed = false;
+    for (size_t i = 0; i < args.tensors.size(); ++i) {
+      const Tensor& t = args.tensors[i];
+      const Shape now = t.defined() ? Shape(t.sizes().begin(), t.sizes().end()) : Shape{};
+      if (now.size() != last_sizes[i].size()) return false;
+      for (size_t d = 0; d < now.size(); ++d) {
+        if (now[d] == last_sizes[i][d]) continue;
+        const auto& dyn = options.dynamic_dims();
+        if (std::find(dyn.begin(), dyn.end(),
+                      std::pair<int, int64_t>(static_cast<int>(i), static_cast<int64_t>(d))) ==
+            dyn.end()) {
+          return false;
+        }
+        changed = true;
+      }
+    }
+    return changed;
   }
 
   // Why this call compiles again: the first part of the signature that changed.
   std::string reason(const Signature& sig, const std::string& guard_mismatch) {
     if (!guard_mismatch.empty()) return guard_mismatch;
+    if (dynamic_only) {
+      for (size_t i = 0; i < sig.parts.size() && i < last_parts.size(); ++i) {
+        if (sig.parts[i] != last_parts[i]) {
+          return sig.parts[i].first + ": " + last_parts[i].second + " -> " + sig.parts[i].second +
+                 " (a dimension marked dynamic: programs are not shared across sizes yet, so "
+                 "this size is compiled on its own)";
+        }
+      }
+    }
     for (size_t i = 0; i < sig.parts.size() && i < last_parts.size(); ++i) {
       if (sig.parts[i] != last_parts[i]) {
         return sig.parts[i].first + ": " + last_parts[i].second + " -> " + sig.parts[i].second;
@@ -338,7 +400,7 @@ std::vector<Tensor> CompiledCore::call(
   Impl& m = *impl_;
   ++m.stats.calls;
   if (m.stats.fell_back_to_eager) return body(args.tensors);
-  Signature sig = signature(args);
+  Signature sig = signature(args, /*readable=*/false);
   std::string mismatch;
   auto it = m.cache.find(sig.key);
   if (it != m.cache.end()) {
@@ -352,10 +414,12 @@ std::vector<Tensor> CompiledCore::call(
     }
   }
   // A miss: trace, transform, lower.
-  if (m.compilations > 0) {
+  sig = signature(args, /*readable=*/true);
+  m.dynamic_only = mismatch.empty() && m.only_dynamic_changed(args);
+  if (m.stats.misses > 0) {
     m.stats.recompile_reasons.push_back(m.reason(sig, mismatch));
   }
-  if (m.compilations >= m.options.recompile_limit()) {
+  if (!m.dynamic_only && m.compilations >= m.options.recompile_limit()) {
     m.stats.fell_back_to_eager = true;
     std::fprintf(stderr,
                  "kiln::compile: '%s' was compiled %d times (recompile_limit); running it eagerly "
@@ -364,9 +428,13 @@ std::vector<Tensor> CompiledCore::call(
                  m.stats.recompile_reasons.back().c_str());
     return body(args.tensors);
   }
-  ++m.compilations;
+  if (!m.dynamic_only) ++m.compilations;
   ++m.stats.misses;
   m.last_parts = sig.parts;
+  m.last_sizes.clear();
+  for (const Tensor& t : args.tensors) {
+    m.last_sizes.push_back(t.defined() ? Shape(t.sizes().begin(), t.sizes().end()) : Shape{});
+  }
   m.traces.clear();
   m.stats.stage_ms.clear();
 
@@ -409,34 +477,54 @@ std::vector<Tensor> CompiledCore::call(
     m.traces.push_back(backward_trace);
     m.write_stage(backward_trace);
   }
-  auto transform = [&](Trace& t) {
-    auto run_pass = [&](const std::string& name, Trace (*pass)(const Trace&)) {
-      const auto& skipped = m.options.skipped_passes();
-      if (std::find(skipped.begin(), skipped.end(), name) != skipped.end()) return;
-      const auto t0 = std::chrono::steady_clock::now();
-      t = pass(t);
+  auto transform = [&](Trace& t, std::vector<Tensor>& externals) {
+    const auto& skipped = m.options.skipped_passes();
+    auto skip = [&](const std::string& name) {
+      return std::find(skipped.begin(), skipped.end(), name) != skipped.end();
+    };
+    auto record = [&](const std::string& name, std::chrono::steady_clock::time_point t0) {
       m.stats.stage_ms.emplace_back(name, ms_since(t0));
       m.traces.push_back(t);
       m.write_stage(t);
     };
-    run_pass("dce", &dce);
-    run_pass("cse", &cse);
+    if (!skip("decompose")) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto& forced = m.options.decomposed_ops();
+      t = decompose(t, externals, [&](const Trace& now, const BoundOp& op) {
+        if (std::find(forced.begin(), forced.end(), op.name()) != forced.end()) return true;
+        for (const auto& e : m.executors) {
+          if (e->name() != "eager" && e->claims(now, op)) return false;  // claimed whole
+        }
+        return !device_kernel_supports(now, op);
+      });
+      record("decompose", t0);
+    }
+    for (auto [name, pass] : {std::pair{"dce", &dce}, std::pair{"cse", &cse}}) {
+      if (skip(name)) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      t = pass(t);
+      record(name, t0);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     t = assign_executors(t, m.executors);
-    m.stats.stage_ms.emplace_back("executors", ms_since(t0));
-    m.traces.push_back(t);
-    m.write_stage(t);
+    record("executors", t0);
   };
-  transform(trace);
-  if (plan) transform(backward_trace);
+  std::vector<Tensor> externals = std::move(traced.externals);
+  std::vector<Tensor> backward_externals = externals;
+  transform(trace, externals);
+  if (plan) transform(backward_trace, backward_externals);
   const auto t0 = std::chrono::steady_clock::now();
   if (plan) {
-    plan->program =
-        std::make_shared<const Program>(std::move(backward_trace), traced.externals, m.executors);
+    plan->program = std::make_shared<const Program>(std::move(backward_trace),
+                                                    std::move(backward_externals), m.executors);
   }
-  auto program =
-      std::make_unique<Program>(std::move(trace), std::move(traced.externals), m.executors);
+  auto program = std::make_unique<Program>(std::move(trace), std::move(externals), m.executors);
   m.stats.stage_ms.emplace_back("lower", ms_since(t0));
+  m.stats.planned_peak_bytes = program->planned_peak_bytes();
+  if (plan) {
+    m.stats.planned_peak_bytes =
+        std::max(m.stats.planned_peak_bytes, plan->program->planned_peak_bytes());
+  }
   Entry entry{std::move(guards), std::move(program), std::move(plan)};
   std::vector<Tensor> outputs = run_entry(entry, args.tensors);
   if (!traced.escaped.empty()) {

@@ -49,8 +49,16 @@ class CompileOptions {
  public:
   // Executors in priority order (compiler/executor.h); "eager" is appended when missing.
   CompileOptions& executors(std::vector<std::string> names);
-  // Skips a pass by name: "dce", "cse".
+  // Skips a pass by name: "decompose", "dce", "cse".
   CompileOptions& skip_pass(std::string name);
+  // Ops the decompose pass always expands into their decompositions (besides those no executor
+  // claims whole and no kernel supports), e.g. {"rms_norm"} to see its primitives.
+  CompileOptions& decompose(std::vector<std::string> op_names);
+  // Marks dimension `dim` of tensor argument `argument` (counting tensors in the flattened
+  // argument list) as dynamic, e.g. the sequence length. Programs are not shared across sizes
+  // yet (meta rules are not evaluated on symbolic sizes): a new size compiles again, the reason
+  // says so, and such compilations do not count against recompile_limit.
+  CompileOptions& dynamic(int argument, int64_t dim);
   // Prints every stage's trace to stderr when compiling.
   CompileOptions& debug(bool on = true);
   // Writes every stage's trace to `dir`/<name>.<n>.<stage>.txt (also set by KILN_TRACE_DIR).
@@ -62,6 +70,8 @@ class CompileOptions {
 
   const std::vector<std::string>& executors() const { return executors_; }
   const std::vector<std::string>& skipped_passes() const { return skipped_; }
+  const std::vector<std::string>& decomposed_ops() const { return decomposed_; }
+  const std::vector<std::pair<int, int64_t>>& dynamic_dims() const { return dynamic_; }
   bool debug() const { return debug_; }
   const std::string& trace_dir() const { return trace_dir_; }
   int recompile_limit() const { return recompile_limit_; }
@@ -70,6 +80,8 @@ class CompileOptions {
  private:
   std::vector<std::string> executors_{"eager"};
   std::vector<std::string> skipped_;
+  std::vector<std::string> decomposed_;
+  std::vector<std::pair<int, int64_t>> dynamic_;
   bool debug_ = false;
   std::string trace_dir_;
   int recompile_limit_ = 8;
@@ -88,6 +100,9 @@ struct CompileStats {
   std::vector<std::string> recompile_reasons;
   // The last compilation's time per stage, in milliseconds ("trace", "dce", ...).
   std::vector<std::pair<std::string, double>> stage_ms;
+  // The last compiled program's planned peak of intermediate memory (Program::
+  // planned_peak_bytes; for a forward/backward pair, the larger of the two).
+  int64_t planned_peak_bytes = 0;
 };
 
 // The arguments of one call, flattened: the tensors, and everything else of the signature.

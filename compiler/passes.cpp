@@ -4,6 +4,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
+#include "autograd/grad_mode.h"
+#include "compiler/tracer.h"
 
 namespace kiln::compiler {
 namespace {
@@ -25,7 +27,103 @@ std::string op_key(const BoundOp& op) {
   return key;
 }
 
+// A proxy tensor with a value's spec.
+Tensor proxy_of(const TensorSpec& spec) {
+  const Shape strides = spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides;
+  int64_t extent = numel_of(spec.sizes) > 0 ? 1 : 0;
+  for (size_t d = 0; d < spec.sizes.size() && extent > 0; ++d) {
+    extent += (spec.sizes[d] - 1) * strides[d];
+  }
+  return Tensor(std::make_shared<TensorImpl>(
+      proxy_storage(static_cast<size_t>(extent) * element_size(spec.dtype), spec.device),
+      spec.sizes, strides, 0, spec.dtype));
+}
+
+std::vector<Tensor> input_proxies(const Trace& trace, const BoundOp& op) {
+  std::vector<Tensor> in;
+  in.reserve(op.inputs.size());
+  for (int v : op.inputs) in.push_back(v >= 0 ? proxy_of(trace.value(v).spec) : Tensor());
+  return in;
+}
+
 }  // namespace
+
+bool device_kernel_supports(const Trace& trace, const BoundOp& op) {
+  OpCall call;
+  call.op = op.op;
+  for (const Tensor& t : input_proxies(trace, op)) call.inputs.push_back(t);
+  call.attrs = op.attrs;
+  const Device device = common_device(call);
+  (void)op.op->meta(call);  // support rules may assume a call the meta rule accepted
+  return op.op->select_kernel(device.type(), call) != nullptr;
+}
+
+Trace decompose(const Trace& trace, std::vector<Tensor>& externals,
+                const std::function<bool(const Trace& trace, const BoundOp& op)>& expand) {
+  Trace out = trace;
+  out.stage = "decompose";
+  out.ops.clear();
+  std::vector<int> to(trace.values.size());
+  for (size_t v = 0; v < to.size(); ++v) to[v] = static_cast<int>(v);
+  for (const BoundOp& original : trace.ops) {
+    BoundOp op = original;
+    rename(op.inputs, to);
+    if (op.op->decomposition == nullptr || op.rng_offset >= 0 || !expand(out, op)) {
+      out.ops.push_back(std::move(op));
+      continue;
+    }
+    NoGradGuard no_grad;
+    const OpDef& def = *op.op;
+    const auto attrs = op.attrs;
+    TraceResult sub = trace_callable(
+        [&def, &attrs](const std::vector<Tensor>& in) {
+          const TensorVec outs = call_decomposition(def, TensorVec(in.begin(), in.end()), attrs);
+          return std::vector<Tensor>(outs.begin(), outs.end());
+        },
+        input_proxies(out, op), op.name() + "_decomposition");
+    if (sub.trace.rng_blocks > 0 || !sub.escaped.empty()) {  // keep random draws in order
+      out.ops.push_back(std::move(op));
+      continue;
+    }
+    // Splice: the sub-trace's arguments are the op's inputs; its captured constants become new
+    // externals; its ops' results new values; its outputs replace the op's outputs.
+    std::vector<int> map(sub.trace.values.size(), -1);
+    for (size_t i = 0; i < sub.trace.arguments.size(); ++i) {
+      if (sub.trace.arguments[i] >= 0)
+        map[static_cast<size_t>(sub.trace.arguments[i])] = op.inputs[i];
+    }
+    for (size_t j = 0; j < sub.trace.externals.size(); ++j) {
+      const int id =
+          out.add_value(sub.trace.value(sub.trace.externals[j]).spec, ValueRole::kExternal);
+      out.externals.push_back(id);
+      externals.push_back(sub.externals[j]);
+      map[static_cast<size_t>(sub.trace.externals[j])] = id;
+    }
+    for (const BoundOp& sop : sub.trace.ops) {
+      BoundOp copy = sop;
+      for (int& v : copy.inputs) {
+        if (v >= 0) v = map[static_cast<size_t>(v)];
+      }
+      for (int& v : copy.outputs) {
+        if (v < 0) continue;
+        const int id = out.add_value(sub.trace.value(v).spec, ValueRole::kOp);
+        map[static_cast<size_t>(v)] = id;
+        v = id;
+      }
+      out.ops.push_back(std::move(copy));
+    }
+    for (size_t k = 0; k < op.outputs.size() && k < sub.trace.outputs.size(); ++k) {
+      const int sv = sub.trace.outputs[k];
+      if (op.outputs[k] >= 0 && sv >= 0)
+        to[static_cast<size_t>(op.outputs[k])] = map[static_cast<size_t>(sv)];
+    }
+  }
+  rename(out.outputs, to);
+  for (GradEffect& e : out.grad_effects) {
+    if (e.value >= 0) e.value = to[static_cast<size_t>(e.value)];
+  }
+  return out;
+}
 
 Trace dce(const Trace& trace) {
   std::vector<bool> live(trace.values.size(), false);

@@ -10,6 +10,7 @@
 // never merged (two draws differ).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,19 @@ Trace dce(const Trace& trace);
 // Common-subexpression elimination over functional, non-random ops: a second op with the same
 // inputs and attributes is dropped and its outputs renamed to the first one's.
 Trace cse(const Trace& trace);
+
+// Decomposition: each op with a registered decomposition for which `expand(trace, op)` holds is
+// replaced by the ops of its decomposition (traced on proxies of its inputs), so that later
+// passes and executors see primitives. Tensors the decomposition captures (constants made
+// outside the registry) are appended to `externals` as new captured values. compile() expands
+// the ops that no executor claims whole and no kernel of their device supports. `expand` sees
+// the trace being built (the op's inputs name its values).
+Trace decompose(const Trace& trace, std::vector<Tensor>& externals,
+                const std::function<bool(const Trace& trace, const BoundOp& op)>& expand);
+
+// Whether a kernel of the op's device supports the call the bound op makes (support rules read
+// shapes, dtypes, strides and device properties only, so proxies answer them).
+bool device_kernel_supports(const Trace& trace, const BoundOp& op);
 
 // Executor assignment: each op goes to the first executor in `executors` that claims it (the
 // last should be "eager", which claims everything). Sets BoundOp::executor.

@@ -1,5 +1,7 @@
 #include "compiler/program.h"
 
+#include <algorithm>
+
 #include "autograd/grad_mode.h"
 #include "tensor/random.h"
 
@@ -47,6 +49,25 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
     if (t.roles[v] == ValueRole::kOp && last_use[v] >= 0) {
       free_after_[static_cast<size_t>(last_use[v])].push_back(static_cast<int>(v));
     }
+  }
+  // The planned peak: allocations of functional ops, released where free_after_ says.
+  auto bytes = [&](int v) {
+    const TensorSpec& s = t.value(v).spec;
+    return numel_of(s.sizes) * static_cast<int64_t>(element_size(s.dtype));
+  };
+  std::vector<bool> allocated(t.values.size(), false);
+  int64_t live = 0;
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    const OpKind kind = t.ops[i].op->kind;
+    if (kind == OpKind::kFunctional || kind == OpKind::kDynamic) {
+      for (int v : t.ops[i].outputs) {
+        if (v < 0) continue;
+        allocated[static_cast<size_t>(v)] = true;
+        live += bytes(v);
+      }
+    }
+    planned_peak_bytes_ = std::max(planned_peak_bytes_, live);
+    for (int v : free_after_[i]) live -= allocated[static_cast<size_t>(v)] ? bytes(v) : 0;
   }
 }
 

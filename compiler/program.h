@@ -24,6 +24,9 @@ class Program {
   std::vector<Tensor> run(const std::vector<Tensor>& arguments) const;
 
   const Trace& trace() const { return *trace_; }
+  // The most bytes of intermediates (outputs of functional ops: views and in-place results
+  // share memory) alive at once during a run, with every value dropped after its last use.
+  int64_t planned_peak_bytes() const { return planned_peak_bytes_; }
   const std::vector<Tensor>& externals() const { return externals_; }
 
  private:
@@ -32,6 +35,7 @@ class Program {
   std::vector<std::shared_ptr<const Executor>> executors_;  // keeps the lowered steps' owners
   std::vector<Step> steps_;
   std::vector<std::vector<int>> free_after_;  // values dropped after each step
+  int64_t planned_peak_bytes_ = 0;
 };
 
 }  // namespace kiln::compiler

@@ -6,6 +6,7 @@
 #include "autograd/autograd_meta.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "tensor/borrowed.h"
 #include "tensor/random.h"
 
 namespace kiln::compiler {
@@ -18,6 +19,9 @@ struct Converted {
   std::shared_ptr<autograd::AutogradMeta> meta;         // its autograd state, restored at the end
   std::shared_ptr<autograd::AutogradMeta> traced_meta;  // the state used while tracing
   Tensor grad_at_entry;
+  // For a tensor over borrowed memory (from_blob): its values when captured, which the
+  // program reads instead (the memory may be gone when the program runs).
+  Tensor snapshot;
   int external = -1;  // index into Trace::externals
 };
 
@@ -33,7 +37,8 @@ class Tracer {
  public:
   Trace trace;
   std::vector<Converted> converted;
-  int depth = 0;  // > 0 while a recorded call runs below the Trace key
+  int depth = 0;   // > 0 while a recorded call runs below the Trace key
+  int paused = 0;  // > 0 while the tracer's own calls run (nothing is recorded)
   RngState rng_at_entry;
 
   // The value of `t`, converting a real tensor into an external on first sight.
@@ -129,9 +134,9 @@ class Tracer {
                                                      /*retain_graph=*/false,
                                                      /*create_graph=*/false,
                                                      /*allow_unused=*/true);
-    ++depth;  // reading the results records nothing
+    ++paused;  // reading the results records nothing
     for (const Tensor& g : grads) result.grads.push_back(lookup(g));
-    --depth;
+    --paused;
   }
 
   // Gives every captured tensor its real data and autograd state back; records grad effects.
@@ -153,7 +158,9 @@ class Tracer {
     }
     externals.clear();
     externals.resize(trace.externals.size());
-    for (Converted& c : converted) externals[static_cast<size_t>(c.external)] = c.tensor;
+    for (Converted& c : converted) {
+      externals[static_cast<size_t>(c.external)] = c.snapshot.defined() ? c.snapshot : c.tensor;
+    }
     converted.clear();
   }
 
@@ -184,6 +191,12 @@ class Tracer {
     if (!proxy) proxy = proxy_storage(real_storage->nbytes(), real_storage->device());
     Converted c;
     c.tensor = t;
+    if (internal::is_borrowed(real_storage)) {
+      ++paused;  // the copy is not part of the trace
+      NoGradGuard no_grad;
+      c.snapshot = t.detach().clone();
+      --paused;
+    }
     c.real = std::make_shared<TensorImpl>(impl->storage(), impl->sizes(), impl->strides(),
                                           impl->storage_offset(), impl->dtype());
     c.meta = impl->autograd_meta();
@@ -208,11 +221,28 @@ class Tracer {
 
 thread_local Tracer* t_tracer = nullptr;
 
-bool trace_active(const OpCall&) { return t_tracer != nullptr && t_tracer->depth == 0; }
+// Calls the callable makes are recorded; so are the functional calls made inside a recorded call
+// (autocast's casts, the copy autograd keeps of an in-place op's input): replaying the outer op
+// repeats the casts, so those go unused and dce drops them, but autograd's copy runs only while
+// recording a graph, and its value is what the traced backward reads.
+bool trace_active(const OpCall& call) {
+  return t_tracer != nullptr && t_tracer->paused == 0 &&
+         (t_tracer->depth == 0 || call.op->kind == OpKind::kFunctional);
+}
 
 void trace_handle(OpCall& call) {
   Tracer& tr = *t_tracer;
   const OpDef& op = *call.op;
+  // As in eager code: an op whose device has no kernel supporting the call runs its
+  // decomposition, whose ops are recorded instead (and give the gradient).
+  if (tr.depth == 0 && op.decomposition != nullptr && call.kernel == nullptr) {
+    const Device device = common_device(call);
+    (void)op.meta(call);
+    if (!device.is_meta() && op.select_kernel(device.type(), call) == nullptr) {
+      call.outputs = op.decomposition(call);
+      return;
+    }
+  }
   BoundOp bound;
   bound.op = &op;
   bound.inputs.reserve(call.inputs.size());
@@ -244,7 +274,7 @@ const DispatchHandler kTraceHandler{&trace_active, &trace_handle};
 
 // A grad about to be written (zero_grad) belongs to a tensor the trace must capture first.
 void on_grad_write(const Tensor& t) {
-  if (t_tracer != nullptr && t_tracer->depth == 0 && t.defined() &&
+  if (t_tracer != nullptr && t_tracer->depth == 0 && t_tracer->paused == 0 && t.defined() &&
       !t.impl()->storage()->is_proxy()) {
     (void)t_tracer->resolve(t);
   }
@@ -300,12 +330,12 @@ TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arg
     const RngState before = get_rng_state();
     std::vector<Tensor> outputs = body(proxies);
     tr.trace.rng_blocks = get_rng_state().offset - before.offset;
-    ++tr.depth;  // no more recording: what follows only reads the handles
+    ++tr.paused;  // no more recording: what follows only reads the handles
     for (const Tensor& out : outputs) tr.trace.outputs.push_back(tr.lookup(out));
     if (joint && GradMode::is_enabled() && !tr.grads_changed()) {
-      --tr.depth;
+      --tr.paused;
       tr.trace_backward(outputs, proxies, result);
-      ++tr.depth;
+      ++tr.paused;
     }
     outputs.clear();
     proxies.clear();

@@ -1,6 +1,7 @@
 // Factories: empty, zeros, ones, full, arange, linspace, eye, from_blob, tensor, *_like.
 #include <cmath>
 
+#include "tensor/borrowed.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 #include "tensor/tensor_data.h"
@@ -125,6 +126,7 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, const Tenso
   const ScalarType dt = options.dtype();
   auto storage = std::make_shared<StorageImpl>(data, extent * element_size(dt), options.device(),
                                                nullptr);
+  internal::note_borrowed(storage);  // the caller owns the memory (kiln::compile copies it)
   Tensor t(std::make_shared<TensorImpl>(std::move(storage), to_shape(sizes), to_shape(strides), 0, dt));
   return finish(t, options);
 }

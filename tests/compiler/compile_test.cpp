@@ -3,6 +3,9 @@
 #include "compiler/compile.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "compiler/executor.h"
 #include "kiln.h"
@@ -29,6 +32,8 @@ TEST(Compile, FunctionMatchesEagerAndIsCached) {
   expect_equal(f(x, w), fn(x, w));
   EXPECT_EQ(f.stats().misses, 1);
   EXPECT_EQ(f.stats().hits, 1);
+  // mm's [4, 3] and relu's [4, 3] live together, then sum's [4] replaces them: 2 * 48 bytes.
+  EXPECT_EQ(f.stats().planned_peak_bytes, 96);
   const std::string listing = f.traces().front().str();
   EXPECT_NE(listing.find("= mm(a0, a1)"), std::string::npos) << listing;
   EXPECT_NE(listing.find("relu("), std::string::npos) << listing;
@@ -49,12 +54,47 @@ TEST(Compile, NewShapeRecompilesAndSaysWhy) {
       << f.stats().recompile_reasons[0];
 }
 
+TEST(Compile, TraceDirGetsEveryStage) {
+  const std::string dir = testing::TempDir() + "/kiln_traces_" + std::to_string(::getpid());
+  auto f = compile([](const Tensor& x) { return x.exp() + x.exp(); },
+                   CompileOptions().trace_dir(dir).name("twice"));
+  const Tensor x = randn({3});
+  expect_equal(f(x), x.exp() + x.exp());
+  int files = 0;
+  bool cse_file = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    ++files;
+    cse_file |= e.path().filename().string() == "twice.1.4.cse.txt";
+  }
+  EXPECT_EQ(files, static_cast<int>(f.traces().size()));
+  EXPECT_TRUE(cse_file);
+  // cse merged the two exps.
+  int exps = 0;
+  for (const auto& op : f.traces().back().ops) exps += op.name() == "exp";
+  EXPECT_EQ(exps, 1);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Compile, ScalarArgumentsAreGuarded) {
   auto f = compile([](const Tensor& x, double s) { return x * s; });
   const Tensor x = randn({3});
   expect_equal(f(x, 2.0), x * 2.0);
   expect_equal(f(x, 3.0), x * 3.0);
   EXPECT_EQ(f.stats().misses, 2);
+}
+
+TEST(Compile, DynamicDimensionsSayWhyTheyCompileAgain) {
+  auto f = compile([](const Tensor& x) { return x.exp().sum(1); },
+                   CompileOptions().dynamic(0, 1).recompile_limit(1));
+  for (int64_t t : {3, 5, 7}) {
+    const Tensor x = randn({2, t});
+    expect_equal(f(x), x.exp().sum(1));
+  }
+  EXPECT_FALSE(f.stats().fell_back_to_eager);  // sizes of a dynamic dimension do not count
+  ASSERT_EQ(f.stats().recompile_reasons.size(), 2u);
+  EXPECT_NE(f.stats().recompile_reasons[0].find("marked dynamic"), std::string::npos)
+      << f.stats().recompile_reasons[0];
+  EXPECT_KILN_ERROR(CompileOptions().dynamic(-1, 0), "must be non-negative");
 }
 
 TEST(Compile, RecompileLimitFallsBackToEager) {
@@ -175,6 +215,26 @@ TEST(Compile, GradientsFlowThroughOneCompiledBackwardNode) {
   // Without grad mode, the same signature but another program: no backward is traced.
   NoGradGuard no_grad;
   EXPECT_FALSE(f(x0).requires_grad());
+}
+
+TEST(Compile, DecomposePassExpandsFusedOps) {
+  manual_seed(13);
+  const Tensor x = randn({4, 16}), w = randn({16});
+  auto fn = [](const Tensor& a, const Tensor& b) {
+    return F::rms_norm(a, F::RMSNormFuncOptions({16}).weight(b).eps(1e-6)) + 1.0;
+  };
+  auto whole = compile(fn);
+  auto expanded = compile(fn, CompileOptions().decompose({"rms_norm"}));
+  EXPECT_TRUE(allclose(expanded(x, w), whole(x, w), 1e-5, 1e-6));
+  auto count = [](const compiler::Trace& t, const std::string& name) {
+    int n = 0;
+    for (const auto& op : t.ops) n += op.name() == name;
+    return n;
+  };
+  EXPECT_EQ(count(whole.traces().back(), "rms_norm"), 1);
+  EXPECT_EQ(count(expanded.traces().back(), "rms_norm"), 0) << expanded.traces().back().str();
+  EXPECT_GT(expanded.traces().back().ops.size(), 3u);
+  EXPECT_KILN_ERROR(CompileOptions().decompose({"add"}), "add has no decomposition");
 }
 
 // A small MLP's training step, compiled and eager, from the same initial weights.
