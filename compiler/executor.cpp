@@ -4,9 +4,40 @@
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
+#include "tensor/autocast_state.h"
 
 namespace kiln::compiler {
 namespace {
+
+// Sets this thread's autocast state to the one an op was traced under, and back afterwards
+// (when they differ: the common case, all off, costs two tests).
+class AutocastScope {
+ public:
+  explicit AutocastScope(const BoundOp::Autocast& want) {
+    BoundOp::Autocast now;
+    if (internal::any_autocast_enabled()) {
+      now = {is_autocast_enabled(kCPU), is_autocast_enabled(kCUDA), autocast_dtype(kCPU),
+             autocast_dtype(kCUDA)};
+    }
+    if (now == want) return;
+    saved_ = now;
+    changed_ = true;
+    set(want);
+  }
+  ~AutocastScope() {
+    if (changed_) set(saved_);
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  static void set(const BoundOp::Autocast& s) {
+    internal::set_autocast_state(kCPU, s.cpu, s.cpu_dtype);
+    internal::set_autocast_state(kCUDA, s.cuda, s.cuda_dtype);
+  }
+  BoundOp::Autocast saved_;
+  bool changed_ = false;
+};
 
 // Runs every op through the dispatcher below the Trace key: autocast and the device's kernel
 // choice (support rules, decompositions) as in eager code.
@@ -20,6 +51,7 @@ class EagerExecutor final : public Executor {
   Step lower(const Trace&, const BoundOp& op) const override {
     return [&op](Frame& frame) {
       OpCall call = bind_call(op, frame);
+      AutocastScope autocast(op.autocast);
       dispatch_after(call, DispatchKey::Trace);
       store_outputs(op, call, frame);
     };

@@ -101,6 +101,7 @@ Trace decompose(const Trace& trace, std::vector<Tensor>& externals,
     }
     for (const BoundOp& sop : sub.trace.ops) {
       BoundOp copy = sop;
+      copy.autocast = op.autocast;  // eager code runs a decomposition under the op's autocast
       for (int& v : copy.inputs) {
         if (v >= 0) v = map[static_cast<size_t>(v)];
       }

@@ -61,6 +61,15 @@ std::string op_line(const Trace& t, const BoundOp& op) {
     if (i > 0) comment += ", ";
     comment += op.outputs[i] < 0 ? "_" : spec_str(t.value(op.outputs[i]).spec);
   }
+  if (op.autocast.any()) {
+    comment += " autocast(";
+    if (op.autocast.cpu)
+      comment += std::string("cpu: ") + std::string(short_dtype(op.autocast.cpu_dtype));
+    if (op.autocast.cpu && op.autocast.cuda) comment += ", ";
+    if (op.autocast.cuda)
+      comment += std::string("cuda: ") + std::string(short_dtype(op.autocast.cuda_dtype));
+    comment += ")";
+  }
   if (!op.executor.empty()) comment += (comment.empty() ? "" : " ") + ("[" + op.executor + "]");
   if (comment.empty()) return line;
   if (line.size() < 52) line.resize(52, ' ');

@@ -50,6 +50,14 @@ struct BoundOp {
   // whether its seed is the generator's at entry (else the recorded seed is kept).
   int64_t rng_offset = -1;
   bool rng_seed_from_entry = true;
+  // The autocast state the op was called under (replayed with it): per device type, whether
+  // autocast was on and its dtype. Default: off everywhere.
+  struct Autocast {
+    bool cpu = false, cuda = false;
+    ScalarType cpu_dtype = kBFloat16, cuda_dtype = kBFloat16;
+    bool any() const { return cpu || cuda; }
+    bool operator==(const Autocast&) const = default;
+  } autocast;
   std::string executor;  // set by executor assignment
   int region = -1;       // the fusion region this op belongs to (-1: none)
 

@@ -6,6 +6,7 @@
 #include "autograd/autograd_meta.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "tensor/autocast_state.h"
 #include "tensor/borrowed.h"
 #include "tensor/random.h"
 
@@ -248,6 +249,12 @@ void trace_handle(OpCall& call) {
   bound.inputs.reserve(call.inputs.size());
   for (const Tensor& t : call.inputs) bound.inputs.push_back(t.defined() ? tr.resolve(t) : -1);
   bound.attrs = call.attrs;
+  if (internal::any_autocast_enabled()) {
+    bound.autocast.cpu = is_autocast_enabled(kCPU);
+    bound.autocast.cuda = is_autocast_enabled(kCUDA);
+    bound.autocast.cpu_dtype = autocast_dtype(kCPU);
+    bound.autocast.cuda_dtype = autocast_dtype(kCUDA);
+  }
   if (op.random && call.attrs.size() >= 2) {
     const auto* seed = std::get_if<int64_t>(&call.attrs[call.attrs.size() - 2]);
     const auto* offset = std::get_if<int64_t>(&call.attrs.back());

@@ -172,6 +172,23 @@ TEST(Compile, RandomOpsDrawWhatEagerDraws) {
       << f.traces().front().str();
 }
 
+TEST(Compile, AutocastInsideTheCallableIsReplayed) {
+  auto fn = [](const Tensor& a, const Tensor& b) {
+    AutocastGuard guard(kCPU, kBFloat16);
+    return matmul(a, b).relu();
+  };
+  auto f = compile(fn);
+  const Tensor a = randn({4, 8}), b = randn({8, 4});
+  for (int i = 0; i < 2; ++i) {
+    const Tensor got = f(a, b);
+    EXPECT_EQ(got.dtype(), kBFloat16);
+    expect_equal(got, fn(a, b));
+  }
+  EXPECT_EQ(f.stats().hits, 1);
+  EXPECT_NE(f.traces().front().str().find("autocast(cpu: bf16)"), std::string::npos)
+      << f.traces().front().str();
+}
+
 TEST(Compile, UserExecutorClaimsOpsByName) {
   int calls = 0;
   compiler::register_executor(
