@@ -30,11 +30,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kStateFile = "trainer_state.json";
-// An AutocastGuard inside a compiled callable is not replayed yet (the DISABLED_ CompiledAutocast
-// tests of tests/compiler/models_test.cpp).
-constexpr const char* kCompileMixedError =
-    "compile does not support precision bf16-mixed yet (autocast inside a compiled "
-    "step is not replayed); use f32 or bf16-true, or run bf16-mixed eagerly";
 // The validation batches are drawn from their own Philox stream, the same at every evaluation.
 constexpr uint64_t kEvalSeedSalt = 0x9E3779B97F4A7C15ull;
 
@@ -245,7 +240,6 @@ void PretrainOptions::validate() const {
   KILN_CHECK(checkpoint_interval >= 0, "[pretrain] checkpoint_interval must be >= 0");
   KILN_CHECK(!resume || !out_dir.empty(), "[pretrain] resume needs out_dir (the checkpoint)");
   check_precision(precision, "pretrain");
-  KILN_CHECK(!compile || precision != "bf16-mixed", "[pretrain] ", kCompileMixedError);
 }
 
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
@@ -434,7 +428,6 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   KILN_CHECK(o.batch_size > 0 && o.seq_len > 0 && o.steps > 0 && o.warmup_steps >= 0,
              "[bench] batch, seq, steps must be positive and warmup >= 0");
   check_precision(o.precision, "bench");
-  KILN_CHECK(!o.compile || o.precision != "bf16-mixed", "[bench] ", kCompileMixedError);
   const ModelConfig cfg = ModelConfig::from_name(o.config_name);
   KILN_CHECK(o.seq_len <= cfg.block_size, "[bench] seq_len ", o.seq_len, " exceeds the block_size ",
              cfg.block_size, " of ", cfg.name);

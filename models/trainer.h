@@ -79,7 +79,7 @@ struct PretrainOptions {
   bool resume = false;
   uint64_t seed = 1337;
   // Runs the training step through kiln::compile (docs/compiler.md): traced on steps 1 and 2,
-  // replayed after; the same kernels, so the same losses as eager. Not with bf16-mixed yet.
+  // replayed after; the same kernels, so the same losses as eager.
   bool compile = false;
 
   // Throws "[pretrain] ..." naming the first bad option.

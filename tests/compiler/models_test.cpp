@@ -2,7 +2,8 @@
 // compiled against eager from the same initial weights: zero_grad, forward, cross-entropy,
 // backward and the optimizer step, traced whole by kiln::compile. The compiled program replays
 // the kernels eager code runs, so losses, gradients and updated weights are equal bit for bit.
-// The lr changes between steps (a schedule), which a replayed step must see.
+// The lr changes between steps (a schedule), which a replayed step must see. At the end, the
+// compiler bugs found while compiling the models, as regression tests.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "autograd/grad_mode.h"
 #include "compiler/compile.h"
 #include "models/gpt.h"
+#include "nn/autocast.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/sgd.h"
 #include "tensor/ops.h"
@@ -49,10 +51,9 @@ struct Run {
     model = GPT(config);
     model->train();
     opt = make(model->parameters());
-    // The RoPE tables are built on the first forward from a from_blob over a temporary buffer;
-    // built inside a traced call, the program would read that buffer after it is freed (see
-    // DISABLED_FromBlobInsideTheCallableIsReadAtRunTime below). Building them here, eagerly,
-    // changes no number: the tables are a pure function of the config.
+    // The RoPE tables are built on the first forward from a from_blob over a temporary buffer
+    // (copied when traced, see FromBlobInsideTheCallableIsCopiedWhenTraced below); building
+    // them here, eagerly, keeps the compiled and eager runs' first steps alike.
     NoGradGuard no_grad;
     (void)model(zeros({1, 1}, kInt64));
   }
@@ -122,13 +123,10 @@ INSTANTIATE_TEST_SUITE_P(Families, CompiledTraining,
                            return n;
                          });
 
-// Compiler bug (reported with this file): a tensor that the callable makes with from_blob over
-// its own buffer is captured by identity, like a parameter, so the program reads the buffer when
-// it runs, not the values it held while tracing; once the buffer is freed (rope_cache's
-// std::vector, models/gpt.cpp's RoPE tables built in a traced call) it reads freed memory.
-// Expected: a tensor created during the trace from outside the registry is a constant,
-// snapshotted when traced.
-TEST(CompiledConstants, DISABLED_FromBlobInsideTheCallableIsReadAtRunTime) {
+// A tensor that the callable makes with from_blob over its own buffer is copied when the trace
+// captures it (tensor/borrowed.h): the program reads the values the buffer held while tracing,
+// not the buffer, which may be freed by the time the program runs (rope_cache's std::vector).
+TEST(CompiledConstants, FromBlobInsideTheCallableIsCopiedWhenTraced) {
   auto fn = [](const Tensor& x) {
     std::vector<float> buffer(4, 1.0f);
     Tensor out = x + from_blob(buffer.data(), {4}, kFloat);
@@ -138,6 +136,49 @@ TEST(CompiledConstants, DISABLED_FromBlobInsideTheCallableIsReadAtRunTime) {
   auto f = compile(fn);
   const Tensor x = zeros({4});
   EXPECT_TRUE(equal(f(x), fn(x))) << f(x);  // compiled: 100s; eager: 1s
+}
+
+// An AutocastGuard inside the compiled callable is replayed: each bound op keeps the autocast
+// state it was traced under (the program used to run every op under the caller's state, off,
+// and returned f32 where eager code gives bf16).
+TEST(CompiledAutocast, GuardInsideTheCallableIsReplayed) {
+  manual_seed(0);
+  const Tensor w = randn({3, 4}), x = randn({2, 4});
+  auto fn = [&](const Tensor& a) {
+    AutocastGuard autocast(kCPU, kBFloat16);
+    return linear(a, w);
+  };
+  auto f = compile(fn);
+  const Tensor want = fn(x);
+  ASSERT_EQ(want.dtype(), kBFloat16);
+  const Tensor got = f(x);
+  EXPECT_EQ(got.dtype(), kBFloat16);
+  EXPECT_TRUE(got.dtype() == want.dtype() && equal(got, want));
+}
+
+// With backward() inside the callable as well (what bf16-mixed training does): tracing used to
+// fail with "[compile] a tensor of shape [2, 4] aliases a traced value but was made outside the
+// op registry" (the backward of linear read a cast that autocast made inside the recorded call).
+TEST(CompiledAutocast, GuardAndBackwardInsideTheCallable) {
+  manual_seed(0);
+  Tensor w = randn({3, 4}).requires_grad_(true);
+  const Tensor x = randn({2, 4});
+  auto fn = [&](const Tensor& a) {
+    Tensor y;
+    {
+      AutocastGuard autocast(kCPU, kBFloat16);
+      y = linear(a, w);
+    }
+    Tensor loss = y.sum();
+    loss.backward();
+    return loss;
+  };
+  auto f = compile(fn);
+  const Tensor got = f(x);
+  const Tensor got_grad = w.grad().clone();
+  w.mutable_grad() = Tensor();
+  EXPECT_TRUE(equal(got, fn(x)));
+  EXPECT_TRUE(equal(got_grad, w.grad()));
 }
 
 }  // namespace

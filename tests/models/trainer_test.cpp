@@ -193,7 +193,7 @@ TEST_F(TrainerTest, Bf16Mixed) {
 // program replays the same kernels. Steps 1 and 2 trace (step 1 creates AdamW's state), the
 // rest replay; the lr and the step counts are tensors that the replays read.
 TEST_F(TrainerTest, CompiledStepGivesTheEagerLosses) {
-  for (const std::string precision : {"f32", "bf16-true"}) {
+  for (const std::string precision : {"f32", "bf16-true", "bf16-mixed"}) {
     SCOPED_TRACE(precision);
     std::ostringstream eager_log, compiled_log;
     PretrainOptions o = tiny_options();
@@ -251,10 +251,6 @@ TEST_F(TrainerTest, Errors) {
   o = tiny_options();
   o.resume = true;
   EXPECT_KILN_ERROR(pretrain(o, log), "resume needs out_dir");
-  o = tiny_options();
-  o.compile = true;
-  o.precision = "bf16-mixed";
-  EXPECT_KILN_ERROR(pretrain(o, log), "compile does not support precision bf16-mixed yet");
   o = tiny_options();
   o.lr = 0;
   EXPECT_KILN_ERROR(pretrain(o, log), "lr > 0");
