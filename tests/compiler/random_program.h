@@ -75,6 +75,7 @@ struct Node {
 
 struct Program {
   uint64_t seed = 0;
+  bool no_grad = false;  // run (eager and compiled) under NoGradGuard
   std::vector<Node> nodes;
   std::vector<int> outputs;
 
@@ -114,7 +115,10 @@ inline int64_t wrap(int64_t d, int64_t rank) { return d < 0 ? d + rank : d; }
 
 class Generator {
  public:
-  explicit Generator(uint64_t seed) : rng_(seed) { p_.seed = seed; }
+  explicit Generator(uint64_t seed) : rng_(seed) {
+    p_.seed = seed;
+    p_.no_grad = chance(0.1);
+  }
 
   Program build() {
     const int num_ops = uniform(3, 12);

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "compiler/compile.h"
@@ -157,7 +158,7 @@ std::string spec(const Node& n) { return std::string(dtype_name(n.dtype)) + shap
 
 std::string source(const Program& p) {
   std::ostringstream os;
-  os << "// random program, seed " << p.seed << "\n"
+  os << "// random program, seed " << p.seed << (p.no_grad ? ", run under NoGradGuard" : "") << "\n"
      << "std::vector<Tensor> args;\n";
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     const Node& n = p.nodes[i];
@@ -245,6 +246,7 @@ struct Outcome {
 
 // sum_i (out_i * w_i).sum() over the outputs that require grad, backpropagated.
 bool backward_loss(const Program& p, const std::vector<Tensor>& outs) {
+  if (!GradMode::is_enabled()) return false;
   Tensor loss;
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!outs[i].requires_grad()) continue;
@@ -259,6 +261,8 @@ bool backward_loss(const Program& p, const std::vector<Tensor>& outs) {
 
 Outcome check(const Program& p) {
   Outcome r;
+  std::optional<NoGradGuard> no_grad;
+  if (p.no_grad) no_grad.emplace();
   // Eager, and the generator's predictions.
   const std::vector<Tensor> ea = make_inputs(p);
   std::vector<Tensor> oe;
