@@ -139,6 +139,7 @@ struct ExternalGuard {
   Device device;
   bool requires_grad;
   bool has_grad;
+  bool check_grad = true;  // whether has_grad is part of the guard
 };
 
 ExternalGuard guard_of(const Tensor& t) {
@@ -150,7 +151,7 @@ ExternalGuard guard_of(const Tensor& t) {
 bool operator==(const ExternalGuard& a, const ExternalGuard& b) {
   return a.sizes == b.sizes && a.strides == b.strides && a.offset == b.offset &&
          a.dtype == b.dtype && a.device == b.device && a.requires_grad == b.requires_grad &&
-         a.has_grad == b.has_grad;
+         (!a.check_grad || a.has_grad == b.has_grad);
 }
 
 std::string guard_str(const ExternalGuard& g) {
@@ -256,7 +257,7 @@ struct Entry {
     const std::vector<Tensor>& ext = program->externals();
     for (size_t i = 0; i < guards.size(); ++i) {  // constants a pass added need no guard
       const ExternalGuard now = guard_of(ext[i]);
-      if (!(now == guards[i])) {
+      if (!(guards[i] == now)) {
         return "captured tensor " + program->trace().value(program->trace().externals[i]).name +
                ": " + guard_str(guards[i]) + " -> " + guard_str(now);
       }
@@ -443,7 +444,10 @@ std::vector<Tensor> CompiledCore::call(
   m.stats.stage_ms.emplace_back("trace", ms_since(start));
   // The captured tensors are as they were before the call again (the tracer restored them).
   std::vector<ExternalGuard> guards;
-  for (const Tensor& t : traced.externals) guards.push_back(guard_of(t));
+  for (size_t i = 0; i < traced.externals.size(); ++i) {
+    guards.push_back(guard_of(traced.externals[i]));
+    guards.back().check_grad = i < traced.grad_guarded.size() && traced.grad_guarded[i];
+  }
   Trace trace = std::move(traced.trace);
   const size_t user_outputs = trace.outputs.size();
   for (const auto& [weak, value] : traced.escaped) trace.outputs.push_back(value);

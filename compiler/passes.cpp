@@ -152,6 +152,21 @@ Trace dce(const Trace& trace) {
 }
 
 Trace cse(const Trace& trace) {
+  // Values some in-place op writes (conservatively: every tensor input of an in-place op), and
+  // through views the values they alias: an op producing one is never merged with another,
+  // since the two results would no longer be two tensors.
+  std::vector<bool> written(trace.values.size(), false);
+  for (size_t i = trace.ops.size(); i-- > 0;) {
+    const BoundOp& op = trace.ops[i];
+    bool mark = op.op->kind == OpKind::kInplace;
+    if (op.op->kind == OpKind::kView) {
+      for (int v : op.outputs) mark |= v >= 0 && written[static_cast<size_t>(v)];
+    }
+    if (!mark) continue;
+    for (int v : op.inputs) {
+      if (v >= 0) written[static_cast<size_t>(v)] = true;
+    }
+  }
   Trace out = trace;
   out.stage = "cse";
   out.ops.clear();
@@ -166,7 +181,9 @@ Trace cse(const Trace& trace) {
       out.ops.push_back(std::move(op));
       continue;
     }
-    if (op.op->kind == OpKind::kFunctional && !op.op->random) {
+    bool writable = false;
+    for (int v : op.outputs) writable |= v >= 0 && written[static_cast<size_t>(v)];
+    if (op.op->kind == OpKind::kFunctional && !op.op->random && !writable) {
       const std::string key = op_key(op);
       if (auto it = seen.find(key); it != seen.end()) {
         const BoundOp& first = out.ops[it->second];

@@ -25,7 +25,8 @@ namespace kiln::compiler {
 Trace dce(const Trace& trace);
 
 // Common-subexpression elimination over functional, non-random ops: a second op with the same
-// inputs and attributes is dropped and its outputs renamed to the first one's.
+// inputs and attributes is dropped and its outputs renamed to the first one's. Ops whose results
+// an in-place op later writes (directly or through a view) are never merged.
 Trace cse(const Trace& trace);
 
 // Decomposition: each op with a registered decomposition for which `expand(trace, op)` holds is

@@ -9,6 +9,7 @@
 #include "tensor/autocast_state.h"
 #include "tensor/borrowed.h"
 #include "tensor/random.h"
+#include "tensor/traced_factories.h"
 
 namespace kiln::compiler {
 namespace {
@@ -23,7 +24,8 @@ struct Converted {
   // For a tensor over borrowed memory (from_blob): its values when captured, which the
   // program reads instead (the memory may be gone when the program runs).
   Tensor snapshot;
-  int external = -1;  // index into Trace::externals
+  int external = -1;          // index into Trace::externals
+  bool grad_written = false;  // the callable wrote its grad through mutable_grad (zero_grad)
 };
 
 // A known value on a proxy storage, to resolve aliases made outside the registry (detach()).
@@ -38,8 +40,9 @@ class Tracer {
  public:
   Trace trace;
   std::vector<Converted> converted;
-  int depth = 0;   // > 0 while a recorded call runs below the Trace key
-  int paused = 0;  // > 0 while the tracer's own calls run (nothing is recorded)
+  std::vector<bool> grad_guarded;  // per external, set by restore()
+  int depth = 0;                   // > 0 while a recorded call runs below the Trace key
+  int paused = 0;                  // > 0 while the tracer's own calls run (nothing is recorded)
   RngState rng_at_entry;
 
   // The value of `t`, converting a real tensor into an external on first sight.
@@ -86,6 +89,14 @@ class Tracer {
   int lookup(const Tensor& t) {
     if (!t.defined()) return -1;
     return resolve(t);
+  }
+
+  // A grad about to be written through mutable_grad: captures its tensor (a real one) first.
+  void note_grad_write(const Tensor& t) {
+    if (!t.impl()->storage()->is_proxy()) (void)resolve(t);
+    for (Converted& c : converted) {
+      if (c.tensor.impl() == t.impl()) c.grad_written = true;
+    }
   }
 
   // Whether the callable changed a captured tensor's grad so far.
@@ -147,10 +158,23 @@ class Tracer {
       const Tensor grad = converted[i].traced_meta->grad;
       const Tensor& entry = converted[i].grad_at_entry;
       const bool same = grad.defined() && entry.defined() && grad.impl() == entry.impl();
-      if (!same && (grad.defined() || entry.defined())) {
+      // A grad the callable cleared is cleared by the program whatever the entry state was.
+      const bool cleared = !grad.defined() && converted[i].grad_written;
+      if (!same && (grad.defined() || entry.defined() || cleared)) {
         const int value = grad.defined() ? resolve(grad) : -1;
         trace.grad_effects.push_back({converted[i].external, value});
       }
+    }
+    // Whether the program depends on the grad the tensor had at entry: it read that grad (the
+    // grad tensor itself was captured), or it left a grad behind without first writing it
+    // (backward without zero_grad: eager code would have accumulated into an existing one).
+    grad_guarded.assign(trace.externals.size(), false);
+    for (const Converted& c : converted) {
+      bool depends = c.grad_at_entry.defined() && by_impl_.contains(c.grad_at_entry.impl());
+      for (const GradEffect& e : trace.grad_effects) {
+        depends |= e.external == c.external && !c.grad_written;
+      }
+      grad_guarded[static_cast<size_t>(c.external)] = depends;
     }
     for (Converted& c : converted) {
       c.tensor.impl()->set_data(*c.real);
@@ -281,10 +305,8 @@ const DispatchHandler kTraceHandler{&trace_active, &trace_handle};
 
 // A grad about to be written (zero_grad) belongs to a tensor the trace must capture first.
 void on_grad_write(const Tensor& t) {
-  if (t_tracer != nullptr && t_tracer->depth == 0 && t_tracer->paused == 0 && t.defined() &&
-      !t.impl()->storage()->is_proxy()) {
-    (void)t_tracer->resolve(t);
-  }
+  if (t_tracer == nullptr || t_tracer->depth != 0 || t_tracer->paused != 0 || !t.defined()) return;
+  t_tracer->note_grad_write(t);
 }
 
 // Makes a proxy with `real`'s geometry, dtype, device and requires_grad.
@@ -335,7 +357,11 @@ TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arg
       }
     } stop{tr, result.externals};
     const RngState before = get_rng_state();
-    std::vector<Tensor> outputs = body(proxies);
+    std::vector<Tensor> outputs;
+    {
+      internal::TracedFactoriesScope factories;  // empty() and zeros() record an op
+      outputs = body(proxies);
+    }
     tr.trace.rng_blocks = get_rng_state().offset - before.offset;
     ++tr.paused;  // no more recording: what follows only reads the handles
     for (const Tensor& out : outputs) tr.trace.outputs.push_back(tr.lookup(out));
@@ -349,6 +375,7 @@ TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arg
     tr.restore(result.externals);
   }
   result.ran_backward = !tr.trace.grad_effects.empty();
+  result.grad_guarded = std::move(tr.grad_guarded);
   result.escaped = tr.escaped();
   result.trace = std::move(tr.trace);
   return result;

@@ -51,6 +51,9 @@ struct TraceResult {
   std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> escaped;
   // Whether the callable changed a captured tensor's grad (ran a backward pass).
   bool ran_backward = false;
+  // Per external: whether the program depends on whether it had a grad when called (see
+  // Tracer::restore); the cache guards that only for these.
+  std::vector<bool> grad_guarded;
 
   // Joint mode (see trace_callable): the ops from `backward_begin` on are the backward of the
   // ops before it. `grad_outputs` has one value per output of the callable: the proxy gradient

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
+#include "tensor/traced_factories.h"
 
 namespace kiln::internal {
 namespace {
@@ -39,5 +40,15 @@ bool is_borrowed(const StorageImpl* storage) {
   const std::shared_ptr<StorageImpl> alive = it->second.lock();
   return alive.get() == storage;
 }
+
+namespace {
+thread_local bool t_factories_traced = false;
+}  // namespace
+
+bool factories_traced() { return t_factories_traced; }
+TracedFactoriesScope::TracedFactoriesScope() : previous_(t_factories_traced) {
+  t_factories_traced = true;
+}
+TracedFactoriesScope::~TracedFactoriesScope() { t_factories_traced = previous_; }
 
 }  // namespace kiln::internal

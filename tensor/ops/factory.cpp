@@ -5,6 +5,7 @@
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 #include "tensor/tensor_data.h"
+#include "tensor/traced_factories.h"
 
 namespace kiln {
 namespace {
@@ -19,6 +20,14 @@ SpecList eye_meta(const OpCall& c) {
   return {{Shape{n, m}, c.attr<ScalarType>(2), c.attr<Device>(3)}};
 }
 
+SpecList empty_meta(const OpCall& c) {
+  const Shape& sizes = c.attr<Shape>(0);
+  for (int64_t s : sizes) {
+    KILN_CHECK(s >= 0, "[empty] negative dimension in ", shape_str(sizes));
+  }
+  return {{sizes, c.attr<ScalarType>(1), c.attr<Device>(2)}};
+}
+
 Tensor finish(Tensor t, const TensorOptions& options) {
   if (options.requires_grad()) t.requires_grad_(true);
   return t;
@@ -30,6 +39,11 @@ Tensor finish(Tensor t, const TensorOptions& options) {
 // unused, count, dtype, device). linspace passes step = (end - start) / (steps - 1).
 KILN_DEFINE_OP(arange, OpKind::kFunctional, arange_meta);
 KILN_DEFINE_OP(eye, OpKind::kFunctional, eye_meta);
+// empty(sizes; dtype, device): uninitialised memory. Eager code allocates directly (empty()
+// below); full() (zeros, ones) dispatches it while kiln::compile traces, so that the tracer
+// records the allocation (tensor/traced_factories.h). empty() itself stays a real allocation:
+// code that writes host values into it (tensor(), scalar wrapping) makes constants.
+KILN_DEFINE_OP(empty, OpKind::kFunctional, empty_meta);
 
 Tensor empty(IntArrayRef sizes, const TensorOptions& options) {
   for (int64_t s : sizes) {
@@ -45,7 +59,13 @@ Tensor empty(IntArrayRef sizes, const TensorOptions& options) {
 Tensor full(IntArrayRef sizes, const Scalar& value, const TensorOptions& options) {
   TensorOptions o = options;
   if (!o.has_dtype()) o = o.dtype(value.dtype());
-  Tensor t = empty(sizes, o.requires_grad(false));
+  Tensor t;
+  if (internal::factories_traced()) {  // kiln::compile records the allocation (a proxy)
+    static const OpDef& op = KILN_OP(empty);
+    t = call_op1(op, {}, {to_shape(sizes), o.dtype(), o.device()});
+  } else {
+    t = empty(sizes, o.requires_grad(false));
+  }
   t.fill_(value);
   return finish(t, options);
 }

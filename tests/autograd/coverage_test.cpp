@@ -40,6 +40,7 @@ const std::set<std::string> kNonDifferentiable = {
     "randperm",
     // Factories: no tensor inputs.
     "arange",
+    "empty",
     "eye",
     // The fused backward kernels behind the rules of rms_norm, layer_norm, cross_entropy_fused,
     // swiglu and geglu_tanh: their own derivatives (double backward through the fused ops) are not

@@ -321,14 +321,12 @@ TEST(CompiledRegistryOptim, AdamStepMatchesEager) {
   EXPECT_EQ(step.stats().hits, 2);
 }
 
-// --- Compiler bugs the samples found. Each DISABLED_ test is the smallest reproducer and passes
-// once its bug is fixed (run them with --gtest_also_run_disabled_tests); the samples it affects
-// skip the failing part and name it.
+// --- Compiler bugs the samples found, kept as regression tests.
 
-// The cse pass merges two clones of one tensor although one of them is then written in place,
-// so the other reads the new contents: compiled 2x + 2, eager 2x + 1. (adam_update_ with
-// max_exp_avg_sqs and exp_avg_sqs cloned from one tensor met it.)
-TEST(CompiledRegistryBugs, DISABLED_CseMergesClonesWrittenInPlace) {
+// cse must not merge two clones of one tensor when one of them is then written in place (the
+// other would read the new contents: 2x + 2 instead of 2x + 1). adam_update_ with
+// max_exp_avg_sqs and exp_avg_sqs cloned from one tensor met it.
+TEST(CompiledRegistryBugs, CseKeepsClonesWrittenInPlaceApart) {
   auto fn = [](const Tensor& x) {
     Tensor p = x.clone(), q = x.clone();
     p.add_(1.0);
