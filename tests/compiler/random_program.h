@@ -29,7 +29,9 @@
 namespace kiln::test {
 
 enum class OpKind : uint8_t {
-  kInput,       // a tensor argument: randn / randint / bool data, from the node's own seed
+  // A tensor argument: randn / randint / bool data from the node's own seed, passed transposed
+  // when ints is {1}; with in {j}, the same tensor as input j (an aliased argument).
+  kInput,
   kIndexInput,  // an int64 index argument of length shape[0], values in [0, ints[0])
   kUnary,
   kBinary,   // broadcasting, dtype promotion
@@ -54,6 +56,7 @@ enum class OpKind : uint8_t {
   kSoftmax,
   kLogSoftmax,
   kSwiglu,  // nn::functional::swiglu(in0, in1)
+  kCat,     // cat({in0, in1}, ints[0])
 };
 
 enum UnaryFn { kExp, kTanh, kRelu, kNeg, kAbs, kSigmoid, kSin, kSquare, kSilu, kLogicalNot };
@@ -308,6 +311,17 @@ class Generator {
   }
 
   void add_op() {
+    if (chance(0.03)) {  // an argument passed twice (node 0 is always an input)
+      std::vector<int> inputs;
+      for (int i = 0; i < static_cast<int>(p_.nodes.size()); ++i) {
+        if (node(i).op == OpKind::kInput && node(i).in.empty()) inputs.push_back(i);
+      }
+      const int j = inputs[static_cast<size_t>(uniform(0, static_cast<int>(inputs.size()) - 1))];
+      Node alias = node(j);
+      alias.in = {j};
+      add_node(std::move(alias));
+      return;
+    }
     const int x = pick_source();
     const Shape s = node(x).shape;
     const ScalarType t = node(x).dtype;
@@ -318,7 +332,7 @@ class Generator {
     n.shape = s;
     n.dtype = t;
     const auto kind = static_cast<OpKind>(
-        uniform(static_cast<int>(OpKind::kUnary), static_cast<int>(OpKind::kSwiglu)));
+        uniform(static_cast<int>(OpKind::kUnary), static_cast<int>(OpKind::kCat)));
     switch (kind) {
       case OpKind::kUnary:
         n = unary_node(x);
@@ -510,6 +524,17 @@ class Generator {
         n.ints = {chance(0.3) ? d - rank : d};
         break;
       }
+      case OpKind::kCat: {
+        if (rank < 1) return;
+        const int64_t d = uniform(0, static_cast<int>(rank) - 1);
+        Shape ys = s;
+        ys[static_cast<size_t>(d)] = pick<int64_t>({0, 1, 2});
+        const int y = chance(0.4) ? x : add_input(ys, t);
+        n.in.push_back(y);
+        n.ints = {chance(0.3) ? d - rank : d};
+        n.shape[static_cast<size_t>(d)] += node(y).shape[static_cast<size_t>(d)];
+        break;
+      }
       case OpKind::kSwiglu: {
         if (!fl) return;
         int up = -1;
@@ -557,10 +582,24 @@ inline Tensor make_input(const Node& n) {
   return is_floating_point(n.dtype) ? t.requires_grad_(n.flag) : t;
 }
 
+// Each input node's argument index.
+inline std::vector<int> argument_indices(const Program& p) {
+  std::vector<int> arg(p.nodes.size(), -1);
+  int next = 0;
+  for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) {
+    if (p.is_input(i)) arg[static_cast<size_t>(i)] = next++;
+  }
+  return arg;
+}
+
 inline std::vector<Tensor> make_inputs(const Program& p) {
+  const std::vector<int> arg = argument_indices(p);
   std::vector<Tensor> args;
   for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) {
-    if (p.is_input(i)) args.push_back(make_input(p.nodes[static_cast<size_t>(i)]));
+    const Node& n = p.nodes[static_cast<size_t>(i)];
+    if (!p.is_input(i)) continue;
+    args.push_back(n.in.empty() ? make_input(n)
+                                : args[static_cast<size_t>(arg[static_cast<size_t>(n.in[0])])]);
   }
   return args;
 }
@@ -737,6 +776,9 @@ inline std::vector<Tensor> run_nodes(const Program& p, const std::vector<Tensor>
         break;
       case OpKind::kSwiglu:
         r = F::swiglu(in(0), in(1));
+        break;
+      case OpKind::kCat:
+        r = cat({in(0), in(1)}, n.ints[0]);
         break;
     }
     v.push_back(std::move(r));

@@ -132,6 +132,8 @@ std::string expr(const Program& p, const Node& n) {
       return "F::log_softmax(" + v(0) + ", " + std::to_string(n.ints[0]) + ")";
     case OpKind::kSwiglu:
       return "F::swiglu(" + v(0) + ", " + v(1) + ")";
+    case OpKind::kCat:
+      return "cat({" + v(0) + ", " + v(1) + "}, " + std::to_string(n.ints[0]) + ")";
   }
   return "?";
 }
@@ -160,9 +162,15 @@ std::string source(const Program& p) {
   std::ostringstream os;
   os << "// random program, seed " << p.seed << (p.no_grad ? ", run under NoGradGuard" : "") << "\n"
      << "std::vector<Tensor> args;\n";
+  const std::vector<int> arg = argument_indices(p);
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     const Node& n = p.nodes[i];
     if (!p.is_input(static_cast<int>(i))) continue;
+    if (!n.in.empty()) {
+      os << "args.push_back(args[" << arg[static_cast<size_t>(n.in[0])] << "]);  // "
+         << var(static_cast<int>(i)) << ": the same tensor as " << var(n.in[0]) << "\n";
+      continue;
+    }
     os << "manual_seed(" << n.seed << "ULL); args.push_back(" << input_cpp(n) << ");  // "
        << var(static_cast<int>(i)) << "\n";
   }
@@ -212,8 +220,13 @@ Match compare(const Tensor& got, const Tensor& want, std::string& why) {
   const bool fl = is_floating_point(got.dtype());
   const std::vector<double> a = got.detach().to_vector<double>();
   const std::vector<double> b = want.detach().to_vector<double>();
+  // The absolute tolerance scales with the tensor's largest value: a gradient summed in another
+  // order than eager's, then cancelled (layer_norm over 2 elements), keeps the error of the
+  // largest terms, not of its own size.
+  double scale = 1;
+  for (double x : b) scale = std::isfinite(x) ? std::max(scale, std::abs(x)) : scale;
   const double rtol = got.dtype() == kDouble ? 1e-11 : 1e-5;
-  const double atol = got.dtype() == kDouble ? 1e-12 : 1e-6;
+  const double atol = (got.dtype() == kDouble ? 1e-11 : 1e-5) * scale;
   Match m = Match::kBitwise;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) continue;
@@ -409,7 +422,7 @@ std::vector<Program> candidates(const Program& p) {
     out.push_back(q);
   }
   for (size_t i = 0; i < p.nodes.size(); ++i) {
-    if (p.nodes[i].op == OpKind::kInput && p.nodes[i].flag) {
+    if (p.nodes[i].op == OpKind::kInput && p.nodes[i].flag && p.nodes[i].in.empty()) {
       Program q = p;
       q.nodes[i].flag = false;
       out.push_back(q);
@@ -445,7 +458,7 @@ constexpr int kMaxReported = 3;
 
 struct Summary {
   int programs = 0, grads = 0, close = 0, close_seeds = 0, invalid = 0, failures = 0;
-  std::array<int, static_cast<size_t>(OpKind::kSwiglu) + 1> kinds{};
+  std::array<int, static_cast<size_t>(OpKind::kCat) + 1> kinds{};
 };
 
 Summary run_programs(uint64_t base_seed, int count) {
@@ -513,7 +526,7 @@ TEST(RandomProgram, ShrinkKeepsTheFailureAndDropsTheRest) {
                        [](const Node& n) { return n.op == OpKind::kMatmul; });
   };
   uint64_t seed = 1;
-  while (!(has_matmul(generate(seed)) && generate(seed).nodes.size() >= 8)) ++seed;
+  while (!(has_matmul(prune(generate(seed))) && generate(seed).nodes.size() >= 8)) ++seed;
   const Program p = generate(seed);
   const Program small = shrink(p, has_matmul);
   ASSERT_EQ(small.outputs.size(), 1u) << source(small);
