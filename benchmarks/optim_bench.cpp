@@ -104,11 +104,12 @@ void BM_SGDMomentumStep10MDecomposition(benchmark::State& state) {
   kiln::TensorVec inputs(params.begin(), params.end());
   for (const kiln::Tensor& p : params) inputs.push_back(p.grad());
   for (const kiln::Tensor& p : params) inputs.push_back(kiln::zeros_like(p));
+  inputs.push_back(kiln::scalar_tensor(1e-2, kiln::kDouble));  // the lr
   const kiln::Shape fresh(params.size(), 0);
   static const kiln::OpDef& op = KILN_OP(sgd_update_);
   kiln::NoGradGuard no_grad;
   for (auto _ : state) {
-    kiln::call_decomposition(op, inputs, {kTensors, 1e-2, 0.9, 0.0, 1e-4, false, fresh});
+    kiln::call_decomposition(op, inputs, {kTensors, 0.9, 0.0, 1e-4, false, fresh});
   }
   set_counters(state, 20);
 }

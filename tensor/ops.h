@@ -246,18 +246,25 @@ std::tuple<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, con
 // dtype, the parameters' or f32 for bf16/f16 parameters. Arithmetic in f32 (f64 for f64), each
 // stored value rounded once.
 //
+// What changes from step to step is a tensor, so that a recorded step (kiln::compile) replays
+// with the current values: `lr` is a 0-d f64 CPU tensor (an optimizer passes its parameter
+// group's, which set_lr writes in place) and each step count a 0-d int64 CPU tensor (the
+// parameter's optimizer state), on the CPU whatever the parameters' device.
+//
+// Adds 1 to each tensor: 0-d int64 CPU tensors (step counts; one call for all of a step's).
+void increment_(TensorList tensors);
 // Adam (L2 decay added to the gradient) or, with decoupled_weight_decay, AdamW (p *= 1 - lr *
-// weight_decay). steps[i] is params[i]'s step count t after this step (1 on the first);
-// max_exp_avg_sqs is empty unless amsgrad.
-void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs,
-                  TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, IntArrayRef steps,
-                  double lr, double beta1, double beta2, double weight_decay, double eps,
-                  bool amsgrad, bool decoupled_weight_decay);
+// weight_decay). state_steps[i] holds params[i]'s step count t after this step (1 on the first:
+// increment_ them before the call); max_exp_avg_sqs is empty unless amsgrad.
+void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs, TensorList exp_avg_sqs,
+                  TensorList max_exp_avg_sqs, TensorList state_steps, const Tensor& lr,
+                  double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
+                  bool decoupled_weight_decay);
 // SGD with momentum, dampening, Nesterov momentum and L2 weight decay (torch.optim.SGD).
 // momentum_buffers and new_buffers are empty when momentum == 0; new_buffers[i] is 1 where
 // momentum_buffers[i] is new (it is set to the gradient; its values are not read), else 0.
 void sgd_update_(TensorList params, TensorList grads, TensorList momentum_buffers,
-                 IntArrayRef new_buffers, double lr, double momentum, double dampening,
+                 IntArrayRef new_buffers, const Tensor& lr, double momentum, double dampening,
                  double weight_decay, bool nesterov);
 
 }  // namespace kiln

@@ -2,7 +2,8 @@
 // fused, multi-threaded pass per parameter over contiguous f32 memory, for f32, bf16 and f16
 // parameters (f64 runs the decomposition). Tensors that are not contiguous f32 (16-bit
 // parameters or state, strided views) are copied to f32 first and stored back afterwards, each
-// value rounded once.
+// value rounded once. The lr and step counts are 0-d CPU tensors, decoded by AdamUpdateCall and
+// SgdUpdateCall. And increment_, which advances the step counts (the only device they live on).
 //
 // Each line of a loop rounds to float where the decomposition's kiln ops do (every kiln op
 // rounds its result to f32 and reads its scalars as float), in the same order, and nothing
@@ -211,8 +212,15 @@ void sgd_update_cpu(OpCall& c) {
   }
 }
 
+// --- increment_ ----------------------------------------------------------------------------------
+
+void increment_cpu(OpCall& c) {
+  for (const Tensor& t : c.outputs) ++*t.data_ptr<int64_t>();
+}
+
 }  // namespace
 
+KILN_REGISTER_KERNEL(increment_, kCPU, increment_cpu);
 KILN_REGISTER_KERNEL_IF(adam_update_, kCPU, "fused", adam_update_cpu, computes_in_f32);
 KILN_REGISTER_KERNEL_IF(sgd_update_, kCPU, "fused", sgd_update_cpu, computes_in_f32);
 

@@ -1,6 +1,7 @@
-// Adam and AdamW's step: the state (created, or converted to the dtype the options ask for) and
-// one adam_update_ op call per device, parameter dtype and state dtype (tensor/ops/optim.cpp,
-// whose kernels and decomposition do the arithmetic).
+// Adam and AdamW's step: the state (created, or converted to the dtype the options ask for) and,
+// per device, parameter dtype and state dtype, one increment_ call for the step counts and one
+// adam_update_ call with the group's lr tensor (tensor/ops/optim.cpp, whose kernels and
+// decomposition do the arithmetic).
 #include "nn/optim/adam.h"
 
 #include <map>
@@ -55,10 +56,10 @@ void ensure_state(const Tensor& param, const AdamStep& s, OptimizerParamState& s
 
 // The lists of one adam_update_ call.
 struct AdamLists {
-  std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
-  std::vector<int64_t> steps;
+  std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
 
-  // Adds `param` (grad defined), its state created or converted, its step count incremented.
+  // Adds `param` (grad defined), its state created or converted, and its step count (run
+  // increments it).
   void add(const Tensor& param, const AdamStep& s, OptimizerParamState& state) {
     ensure_state(param, s, state);
     auto& bufs = state.buffers;
@@ -68,11 +69,13 @@ struct AdamLists {
     exp_avgs.push_back(bufs.at("exp_avg"));
     exp_avg_sqs.push_back(bufs.at("exp_avg_sq"));
     if (s.amsgrad) max_exp_avg_sqs.push_back(bufs.at("max_exp_avg_sq"));
-    steps.push_back(++state.step);
+    steps.push_back(state.step_tensor());
   }
 
+  // One increment_ call for every step count, then the update, which reads the counts.
   void run(const AdamStep& s) const {
     NoGradGuard no_grad;
+    increment_(steps);
     adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, s.lr, s.beta1,
                  s.beta2, s.weight_decay, s.eps, s.amsgrad, s.decoupled_weight_decay);
   }

@@ -10,7 +10,8 @@
 //   kiln::optim::Adam opt(model->parameters(),
 //                         kiln::optim::AdamOptions(1e-3).betas({0.9, 0.999}).eps(1e-8));
 //
-// State: step, "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad, by default in f32
+// State: step (a 0-d int64 CPU tensor, see optimizer.h), "exp_avg", "exp_avg_sq", and
+// "max_exp_avg_sq" with amsgrad, by default in f32
 // for f32, bf16 and f16 parameters (f64 for f64): a bf16-true model keeps f32 moments (22 bytes
 // moved per bf16 parameter and step), unlike torch.optim.Adam, whose state takes the
 // parameter's dtype.
@@ -27,8 +28,9 @@
 // at the next step when the option is changed), as torch casts loaded state to the parameter's
 // dtype.
 //
-// step() runs one kiln::adam_update_ op per device, parameter dtype and state dtype
-// (tensor/ops/optim.cpp): on the CPU a fused, multi-threaded pass per tensor, on a GPU a
+// step() runs, per device, parameter dtype and state dtype, one kiln::increment_ op (the step
+// counts t) and one kiln::adam_update_ op, which takes the counts and the group's lr tensor as
+// inputs (tensor/ops/optim.cpp): on the CPU a fused, multi-threaded pass per tensor, on a GPU a
 // multi-tensor kernel that updates a whole group in a few launches; f64 parameters take the op's
 // decomposition into kiln ops. All do the same float arithmetic, so CPU and GPU give the same
 // bits, for 16-bit state too.
@@ -44,7 +46,8 @@ class AdamOptions : public OptimizerOptions {
  public:
   using betas_t = std::tuple<double, double>;
   AdamOptions(double lr = 1e-3);  // NOLINT: implicit, as in libtorch
-  KILN_OPTIM_ARG(double, lr);
+  // The lr, in a tensor that the update ops take (see optimizer.h).
+  KILN_OPTIM_LR_ARG();
   KILN_OPTIM_ARG(betas_t, betas) = {0.9, 0.999};
   KILN_OPTIM_ARG(double, eps) = 1e-8;
   KILN_OPTIM_ARG(double, weight_decay) = 0;
@@ -54,8 +57,9 @@ class AdamOptions : public OptimizerOptions {
 
  public:
   std::unique_ptr<OptimizerOptions> clone() const override;
-  double get_lr() const override { return lr_; }
-  void set_lr(double lr) override { lr_ = lr; }
+  double get_lr() const override { return lr_.get(); }
+  void set_lr(double lr) override { lr_.set(lr); }
+  const Tensor& lr_tensor() const override { return lr_.tensor(); }
   std::map<std::string, double> to_values() const override;
   void from_values(const std::map<std::string, double>& values) override;
   std::map<std::string, double> optional_values() const override;
@@ -76,7 +80,7 @@ namespace internal {
 
 // The hyper-parameters of one Adam or AdamW step.
 struct AdamStep {
-  double lr;
+  Tensor lr;  // the group's lr tensor (OptimizerOptions::lr_tensor)
   double beta1;
   double beta2;
   double eps;
@@ -93,12 +97,13 @@ ScalarType adam_state_dtype(const Tensor& param, bool state_in_param_dtype);
 void check_adam_options(const char* name, double lr, double beta1, double beta2, double eps,
                         double weight_decay);
 
-// One Adam/AdamW update of `param` (grad defined) and its state: its step count incremented,
-// its state created (or converted to the options' dtype), then one adam_update_ op.
+// One Adam/AdamW update of `param` (grad defined) and its state: its state created (or
+// converted to the options' dtype), then an increment_ op of its step count and an adam_update_
+// op.
 void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state);
 
-// The update of every parameter of `params` that has a gradient: one adam_update_ op call per
-// device, parameter dtype and state dtype.
+// The update of every parameter of `params` that has a gradient: one increment_ op call (the
+// step counts) and one adam_update_ op call per device, parameter dtype and state dtype.
 void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
                        std::unordered_map<const TensorImpl*, OptimizerParamState>& states);
 
@@ -139,8 +144,8 @@ void check_adam(const char* name, const O& o) {
 
 template <typename O>
 AdamStep adam_step(const O& o, bool decoupled_weight_decay) {
-  return {o.lr(),      std::get<0>(o.betas()), std::get<1>(o.betas()),  o.eps(), o.weight_decay(),
-          o.amsgrad(), decoupled_weight_decay, o.state_in_param_dtype()};
+  return {o.lr_tensor(), std::get<0>(o.betas()), std::get<1>(o.betas()),  o.eps(), o.weight_decay(),
+          o.amsgrad(),   decoupled_weight_decay, o.state_in_param_dtype()};
 }
 
 }  // namespace internal

@@ -27,7 +27,8 @@ class AdamWOptions : public OptimizerOptions {
  public:
   using betas_t = std::tuple<double, double>;
   AdamWOptions(double lr = 1e-3);  // NOLINT: implicit, as in libtorch
-  KILN_OPTIM_ARG(double, lr);
+  // The lr, in a tensor that the update ops take (see optimizer.h).
+  KILN_OPTIM_LR_ARG();
   KILN_OPTIM_ARG(betas_t, betas) = {0.9, 0.999};
   KILN_OPTIM_ARG(double, eps) = 1e-8;
   KILN_OPTIM_ARG(double, weight_decay) = 1e-2;
@@ -37,8 +38,9 @@ class AdamWOptions : public OptimizerOptions {
 
  public:
   std::unique_ptr<OptimizerOptions> clone() const override;
-  double get_lr() const override { return lr_; }
-  void set_lr(double lr) override { lr_ = lr; }
+  double get_lr() const override { return lr_.get(); }
+  void set_lr(double lr) override { lr_.set(lr); }
+  const Tensor& lr_tensor() const override { return lr_.tensor(); }
   std::map<std::string, double> to_values() const override;
   void from_values(const std::map<std::string, double>& values) override;
   std::map<std::string, double> optional_values() const override;

@@ -46,7 +46,40 @@ const std::string& metadata_at(const SafetensorsMetadata& metadata, const std::s
   return it->second;
 }
 
+// A 0-d CPU tensor holding `value`, made without an op call (options may be made anywhere).
+template <typename T>
+Tensor host_scalar(T value) {
+  Tensor t = empty(IntArrayRef(), TensorOptions().dtype(dtype_of<T>()));
+  *t.data_ptr<T>() = value;
+  return t;
+}
+
 }  // namespace
+
+// --- LrTensor, OptimizerParamState -------------------------------------------------------------
+
+LrTensor::LrTensor(double lr) : tensor_(host_scalar(lr)) {}
+
+LrTensor& LrTensor::operator=(const LrTensor& other) {
+  set(other.get());
+  return *this;
+}
+
+double LrTensor::get() const { return *tensor_.data_ptr<double>(); }
+
+void LrTensor::set(double lr) {
+  *tensor_.data_ptr<double>() = lr;
+  tensor_.impl()->bump_version();
+}
+
+int64_t OptimizerParamState::step_count() const {
+  return step.defined() ? step.item<int64_t>() : 0;
+}
+
+const Tensor& OptimizerParamState::step_tensor() {
+  if (!step.defined()) step = host_scalar(int64_t{0});
+  return step;
+}
 
 // --- OptimizerParamGroup -----------------------------------------------------------------------
 
@@ -190,7 +223,7 @@ TensorMap Optimizer::state_dict(SafetensorsMetadata* metadata) const {
       auto it = state_.find(p.impl());
       if (it != state_.end()) {
         const std::string sp = "state." + std::to_string(index) + ".";
-        meta[sp + "step"] = std::to_string(it->second.step);
+        meta[sp + "step"] = std::to_string(it->second.step_count());
         for (const auto& [name, buffer] : it->second.buffers) tensors[sp + name] = buffer;
       }
       ++index;
@@ -244,7 +277,7 @@ void Optimizer::load_state_dict(const TensorMap& tensors, const SafetensorsMetad
       auto step_it = metadata.find(sp + "step");
       if (step_it == metadata.end()) continue;
       OptimizerParamState st;
-      st.step = parse_int(step_it->second, sp + "step");
+      st.step = host_scalar(parse_int(step_it->second, sp + "step"));
       for (auto it = tensors.lower_bound(sp); it != tensors.end() && it->first.starts_with(sp);
            ++it) {
         const Tensor& t = it->second;

@@ -25,6 +25,16 @@
 // parameters over all groups in order (as PyTorch's state_dict), and metadata holding the step
 // counts and every group's options.
 //
+// What changes from step to step lives in tensors that the update ops take as inputs (as
+// PyTorch's capturable Adam keeps state['step'] and a tensor lr), so that a recorded training
+// step (kiln::compile) replays with the current values rather than step 1's:
+// - each parameter's step count is a 0-d int64 CPU tensor (OptimizerParamState::step), advanced
+//   by one increment_ op call per update call;
+// - each group's learning rate is a 0-d f64 CPU tensor owned by the group's options
+//   (lr_tensor()); set_lr and lr(v) write it in place, so the tensor a recorded step holds stays
+//   the group's. Copying options copies the value into a new tensor (see LrTensor): groups never
+//   share one.
+//
 // Pitfalls:
 // - State is keyed by the parameter's TensorImpl: replacing a parameter by a new tensor (rather
 //   than updating it in place) loses its state.
@@ -58,16 +68,55 @@
  private:                                              \
   T name##_
 
+// Declares the learning rate of an options class, in a tensor (LrTensor): `opts.lr(v)` writes it
+// and returns the options, `opts.lr()` reads it; the class's get_lr, set_lr and lr_tensor
+// overrides use lr_.
+#define KILN_OPTIM_LR_ARG()                    \
+ public:                                       \
+  auto lr(double new_lr) -> decltype(*this) {  \
+    lr_.set(new_lr);                           \
+    return *this;                              \
+  }                                            \
+  double lr() const { return lr_.get(); }      \
+                                               \
+ private:                                      \
+  ::kiln::optim::LrTensor lr_
+
 namespace kiln::optim {
 
+// A learning rate held in a 0-d f64 CPU tensor, which the update ops take as an input: set()
+// writes the value in place and never replaces the tensor. Copies are deep: a copy (and so
+// OptimizerOptions::clone, and the options every parameter group gets) has its own tensor
+// holding the same value, so that changing one group's lr never changes another's or the
+// defaults'. Assignment writes the other's value into this tensor, keeping its identity.
+class LrTensor {
+ public:
+  explicit LrTensor(double lr);
+  LrTensor(const LrTensor& other) : LrTensor(other.get()) {}
+  LrTensor& operator=(const LrTensor& other);
+
+  double get() const;
+  void set(double lr);
+  const Tensor& tensor() const { return tensor_; }
+
+ private:
+  Tensor tensor_;
+};
+
 // The options of one optimizer (and of one parameter group). Derived options add their
-// hyper-parameters with KILN_OPTIM_ARG and say how they are written to a checkpoint.
+// hyper-parameters with KILN_OPTIM_ARG, their lr with KILN_OPTIM_LR_ARG, and say how they are
+// written to a checkpoint.
 class OptimizerOptions {
  public:
   virtual ~OptimizerOptions() = default;
+  // A copy with its own lr tensor (LrTensor).
   virtual std::unique_ptr<OptimizerOptions> clone() const = 0;
   virtual double get_lr() const = 0;
+  // Writes the lr tensor in place.
   virtual void set_lr(double lr) = 0;
+  // The 0-d f64 CPU tensor holding the lr, which the update ops take: the same tensor for the
+  // options' whole life.
+  virtual const Tensor& lr_tensor() const = 0;
   // Every hyper-parameter as a number (bools as 0/1), by name; read back by from_values.
   virtual std::map<std::string, double> to_values() const = 0;
   virtual void from_values(const std::map<std::string, double>& values) = 0;
@@ -102,8 +151,15 @@ class OptimizerParamGroup {
 
 // What an optimizer keeps for one parameter.
 struct OptimizerParamState {
-  int64_t step = 0;
+  // The number of steps taken: a 0-d int64 CPU tensor (on the CPU whatever the parameter's
+  // device), created on the first step and advanced in place by the increment_ op of each step;
+  // undefined (0 steps) before. load() creates it from the checkpoint.
+  Tensor step;
   std::map<std::string, Tensor> buffers;
+
+  int64_t step_count() const;
+  // The step tensor, created (0) if undefined: what an update call increments.
+  const Tensor& step_tensor();
 };
 
 class Optimizer {

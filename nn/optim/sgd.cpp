@@ -1,5 +1,6 @@
-// SGD's step: the momentum buffers and one sgd_update_ op call per device, parameter dtype and
-// buffer dtype (tensor/ops/optim.cpp, whose kernel and decomposition do the arithmetic).
+// SGD's step: the momentum buffers and, per device, parameter dtype and buffer dtype, one
+// increment_ call for the step counts and one sgd_update_ call with the group's lr tensor
+// (tensor/ops/optim.cpp, whose kernel and decomposition do the arithmetic).
 #include "nn/optim/sgd.h"
 
 #include <map>
@@ -25,11 +26,11 @@ void check_options(const SGDOptions& o) {
 
 // The lists of one sgd_update_ call.
 struct SgdLists {
-  std::vector<Tensor> params, grads, momentum_buffers;
+  std::vector<Tensor> params, grads, momentum_buffers, steps;
   std::vector<int64_t> new_buffers;
 
   // Adds `param` (grad defined): its momentum buffer (new ones, and buffers of another dtype
-  // than the state's, are created in the state dtype) and its step count incremented.
+  // than the state's, are created in the state dtype) and its step count (run increments it).
   void add(const Tensor& param, const SGDOptions& o, OptimizerParamState& state) {
     params.push_back(param);
     const Tensor& g = param.grad();
@@ -45,13 +46,14 @@ struct SgdLists {
       momentum_buffers.push_back(it->second);
       new_buffers.push_back(fresh ? 1 : 0);
     }
-    ++state.step;
+    steps.push_back(state.step_tensor());
   }
 
   void run(const SGDOptions& o) const {
     NoGradGuard no_grad;
-    sgd_update_(params, grads, momentum_buffers, new_buffers, o.lr(), o.momentum(), o.dampening(),
-                o.weight_decay(), o.nesterov());
+    increment_(steps);
+    sgd_update_(params, grads, momentum_buffers, new_buffers, o.lr_tensor(), o.momentum(),
+                o.dampening(), o.weight_decay(), o.nesterov());
   }
 };
 
@@ -64,7 +66,7 @@ std::unique_ptr<OptimizerOptions> SGDOptions::clone() const {
 }
 
 std::map<std::string, double> SGDOptions::to_values() const {
-  return {{"lr", lr_},
+  return {{"lr", lr()},
           {"momentum", momentum_},
           {"dampening", dampening_},
           {"weight_decay", weight_decay_},
@@ -72,7 +74,7 @@ std::map<std::string, double> SGDOptions::to_values() const {
 }
 
 void SGDOptions::from_values(const std::map<std::string, double>& v) {
-  lr_ = v.at("lr");
+  lr_.set(v.at("lr"));
   momentum_ = v.at("momentum");
   dampening_ = v.at("dampening");
   weight_decay_ = v.at("weight_decay");

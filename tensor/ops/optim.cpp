@@ -1,17 +1,30 @@
 // adam_update_ and sgd_update_, the optimizer updates as multi-tensor in-place registry ops (as
-// torch._fused_adam_ / _fused_adamw_ / _fused_sgd_), with their decompositions (call layout:
-// tensor/ops/optim.h; kernels: kernels/cpu/optim.cpp and kernels/cuda/optim.cu, which compute
-// in f32; callers: nn/optim/adam.cpp, adamw.cpp, sgd.cpp; tests: tests/nn/optim_op_test.cpp,
+// torch._fused_adam_ / _fused_adamw_ / _fused_sgd_), with their decompositions, and increment_,
+// which advances the optimizers' step counts (call layout: tensor/ops/optim.h; kernels:
+// kernels/cpu/optim.cpp and kernels/cuda/optim.cu, which compute in f32; callers:
+// nn/optim/adam.cpp, adamw.cpp, sgd.cpp; tests: tests/tensor/optim_test.cpp,
 // tests/kernels/gpu_optim_test.cpp). They have no backward: optimizers call them under
 // NoGradGuard.
 //
-// adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs; n, lr, beta1, beta2, eps,
-// weight_decay, decoupled_weight_decay, amsgrad, steps) writes params, exp_avgs, exp_avg_sqs and
-// max_exp_avg_sqs. For each parameter, with t its step count:
+// What changes from step to step is an input, never an attribute, so that a recorded training
+// step (kiln::compile freezes attributes) replays with the current values: the learning rate is
+// a 0-d f64 CPU tensor (the parameter group's, which set_lr writes in place), each parameter's
+// step count a 0-d int64 CPU tensor (its optimizer state, advanced by increment_). Both join
+// inputs on any device (allow_cpu_scalars); kernels read them on the host. The meta rules check
+// their dtype, shape and device and never read them (tracing runs on data-less proxies); the
+// values are checked (lr >= 0, counts >= 1) where kernels and decompositions decode them.
+//
+// increment_(tensors[n]; n) adds 1 to each 0-d int64 CPU tensor (one call for all the step counts
+// of an update call).
+//
+// adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr; n, beta1,
+// beta2, eps, weight_decay, decoupled_weight_decay, amsgrad) writes params, exp_avgs,
+// exp_avg_sqs and max_exp_avg_sqs. For each parameter, with t its step count (state_steps[i],
+// already incremented):
 //   p = p * (1 - lr * weight_decay)        (decoupled: AdamW)    g = g + weight_decay * p  (Adam)
 //   m = lerp(m, g, 1 - beta1),  v = beta2 * v + (1 - beta2) * g * g,  v_max = max(v_max, v)
 //   p = p - lr / (1 - beta1^t) * m / (sqrt(v or v_max) / sqrt(1 - beta2^t) + eps)
-// sgd_update_(params, grads, momentum_buffers; n, lr, momentum, dampening, weight_decay,
+// sgd_update_(params, grads, momentum_buffers, lr; n, momentum, dampening, weight_decay,
 // nesterov, new_buffers) writes params and momentum_buffers:
 //   g = g + weight_decay * p,  b = g (new buffer) or momentum * b + (1 - dampening) * g,
 //   g = nesterov ? g + momentum * b : b,  p = p - lr * g
@@ -23,6 +36,7 @@
 #include "tensor/ops/optim.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "tensor/ops.h"
@@ -35,8 +49,10 @@ namespace internal {
 namespace {
 
 // Attribute indices.
-enum AdamAttr : size_t { kAdamN, kLr, kBeta1, kBeta2, kEps, kAdamWd, kDecoupled, kAmsgrad, kSteps };
-enum SgdAttr : size_t { kSgdN, kSgdLr, kMomentum, kDampening, kSgdWd, kNesterov, kNewBuffers };
+enum AdamAttr : size_t { kAdamN, kBeta1, kBeta2, kEps, kAdamWd, kDecoupled, kAmsgrad };
+enum SgdAttr : size_t { kSgdN, kMomentum, kDampening, kSgdWd, kNesterov, kNewBuffers };
+
+constexpr double kUndecoded = std::numeric_limits<double>::quiet_NaN();
 
 int64_t list_length(const OpCall& c, size_t attr) {
   const int64_t n = c.attr<int64_t>(attr);
@@ -48,14 +64,27 @@ TensorList list(const OpCall& c, int64_t index, int64_t n) {
   return TensorList(c.inputs.data() + index * n, static_cast<size_t>(n));
 }
 
+// The value of a 0-d CPU tensor the meta rule accepted (a proxy has none: a clear error).
+template <typename T>
+T host_value(const Tensor& t) {
+  return *t.const_data_ptr<T>();
+}
+
+double decode_lr(const OpCall& c, const Tensor& lr_tensor) {
+  const double lr = host_value<double>(lr_tensor);
+  KILN_CHECK(lr >= 0, "[", c.name(), "] invalid learning rate: ", lr);
+  return lr;
+}
+
 }  // namespace
 
 ScalarType optim_compute_dtype(const OpCall& call) {
-  return !call.inputs.empty() && call.input(0).dtype() == kDouble ? kDouble : kFloat;
+  // Input 0 is params[0] when the call has parameters (n > 0, attribute 0 of both updates).
+  return call.attr<int64_t>(0) > 0 && call.input(0).dtype() == kDouble ? kDouble : kFloat;
 }
 
-AdamUpdateCall::AdamUpdateCall(const OpCall& c)
-    : lr(c.attr<double>(kLr)),
+AdamUpdateCall::AdamUpdateCall(const OpCall& c, OptimDecode decode)
+    : lr(kUndecoded),
       beta1(c.attr<double>(kBeta1)),
       beta2(c.attr<double>(kBeta2)),
       eps(c.attr<double>(kEps)),
@@ -64,38 +93,48 @@ AdamUpdateCall::AdamUpdateCall(const OpCall& c)
       amsgrad(c.attr<bool>(kAmsgrad)) {
   const int64_t n = list_length(c, kAdamN);
   const int64_t lists = amsgrad ? 5 : 4;
-  KILN_CHECK(static_cast<int64_t>(c.inputs.size()) == lists * n, "[adam_update_] expected ",
-             lists * n, " tensors for n = ", n, " (params, grads, exp_avgs, exp_avg_sqs",
-             amsgrad ? ", max_exp_avg_sqs" : "", "), got ", c.inputs.size());
-  const Shape& s = c.attr<Shape>(kSteps);
-  KILN_CHECK(static_cast<int64_t>(s.size()) == n, "[adam_update_] expected ", n,
-             " step counts, got ", s.size());
+  KILN_CHECK(static_cast<int64_t>(c.inputs.size()) == (lists + 1) * n + 1,
+             "[adam_update_] expected ", (lists + 1) * n + 1, " tensors for n = ", n,
+             " (params, grads, exp_avgs, exp_avg_sqs", amsgrad ? ", max_exp_avg_sqs" : "",
+             ", state_steps, then lr), got ", c.inputs.size());
   params = list(c, 0, n);
   grads = list(c, 1, n);
   exp_avgs = list(c, 2, n);
   exp_avg_sqs = list(c, 3, n);
   max_exp_avg_sqs = amsgrad ? list(c, 4, n) : TensorList();
-  steps = IntArrayRef(s.data(), s.size());
+  state_steps = list(c, lists, n);
+  lr_tensor = c.inputs.back();
+  if (decode == OptimDecode::kLayout) return;
+  lr = decode_lr(c, lr_tensor);
+  step_values_.reserve(state_steps.size());
+  for (size_t i = 0; i < state_steps.size(); ++i) {
+    const int64_t t = host_value<int64_t>(state_steps[i]);
+    KILN_CHECK(t >= 1, "[adam_update_] state_steps[", i, "] is ", t, ": step counts start at 1");
+    step_values_.push_back(t);
+  }
+  steps = IntArrayRef(step_values_.data(), step_values_.size());
 }
 
 AdamStepScalars AdamUpdateCall::step_scalars(size_t i) const {
+  KILN_CHECK(i < steps.size(), "[adam_update_] step_scalars(", i,
+             ") of a call decoded without its values (OptimDecode::kLayout)");
   const double t = static_cast<double>(steps[i]);
   const double bc1 = 1 - std::pow(beta1, t);
   const double bc2 = 1 - std::pow(beta2, t);
   return {1 - lr * weight_decay, lr / bc1, std::sqrt(bc2)};
 }
 
-SgdUpdateCall::SgdUpdateCall(const OpCall& c)
-    : lr(c.attr<double>(kSgdLr)),
+SgdUpdateCall::SgdUpdateCall(const OpCall& c, OptimDecode decode)
+    : lr(kUndecoded),
       momentum(c.attr<double>(kMomentum)),
       dampening(c.attr<double>(kDampening)),
       weight_decay(c.attr<double>(kSgdWd)),
       nesterov(c.attr<bool>(kNesterov)) {
   const int64_t n = list_length(c, kSgdN);
   const int64_t lists = momentum != 0 ? 3 : 2;
-  KILN_CHECK(static_cast<int64_t>(c.inputs.size()) == lists * n, "[sgd_update_] expected ",
-             lists * n, " tensors for n = ", n, " (params, grads",
-             momentum != 0 ? ", momentum_buffers" : "", "), got ", c.inputs.size());
+  KILN_CHECK(static_cast<int64_t>(c.inputs.size()) == lists * n + 1, "[sgd_update_] expected ",
+             lists * n + 1, " tensors for n = ", n, " (params, grads",
+             momentum != 0 ? ", momentum_buffers" : "", ", then lr), got ", c.inputs.size());
   const Shape& fresh = c.attr<Shape>(kNewBuffers);
   const int64_t flags = momentum != 0 ? n : 0;
   KILN_CHECK(static_cast<int64_t>(fresh.size()) == flags, "[sgd_update_] expected ", flags,
@@ -103,7 +142,9 @@ SgdUpdateCall::SgdUpdateCall(const OpCall& c)
   params = list(c, 0, n);
   grads = list(c, 1, n);
   momentum_buffers = momentum != 0 ? list(c, 2, n) : TensorList();
+  lr_tensor = c.inputs.back();
   new_buffers = IntArrayRef(fresh.data(), fresh.size());
+  if (decode == OptimDecode::kValues) lr = decode_lr(c, lr_tensor);
 }
 
 }  // namespace internal
@@ -111,11 +152,21 @@ SgdUpdateCall::SgdUpdateCall(const OpCall& c)
 namespace {
 
 using internal::AdamUpdateCall;
+using internal::OptimDecode;
 using internal::SgdUpdateCall;
 
 // "params[3]": entry i of a list, for messages.
 std::string entry(const char* list, size_t i) {
   return std::string(list) + "[" + std::to_string(i) + "]";
+}
+
+// A tensor the kernels read on the host: 0-d, of `dtype`, on the CPU (or a meta proxy of one,
+// while tracing: a proxy cannot join real tensors, common_device sees to that). Never reads it.
+void check_host_scalar(const char* op, const std::string& name, const Tensor& t, ScalarType dtype) {
+  KILN_CHECK(t.defined(), "[", op, "] ", name, " is undefined");
+  KILN_CHECK(t.dtype() == dtype && t.dim() == 0 && (t.is_cpu() || t.is_meta()), "[", op, "] ", name,
+             " must be a 0-d ", dtype_name(dtype), " CPU tensor, got a ", dtype_name(t.dtype()),
+             " tensor of shape ", shape_str(t.sizes()), " on ", t.device().str());
 }
 
 // Parameters of one floating dtype and device; grads of their dtype and shape on their device.
@@ -176,25 +227,42 @@ SpecList mutated_specs(const TensorVec& mutated) {
   return specs;
 }
 
+// --- increment_ ----------------------------------------------------------------------------------
+
+void increment_mutated(const OpCall& c, TensorVec& out) {
+  out.insert(out.end(), c.inputs.begin(), c.inputs.end());
+}
+
+SpecList increment_meta(const OpCall& c) {
+  const int64_t n = internal::list_length(c, 0);
+  KILN_CHECK(static_cast<int64_t>(c.inputs.size()) == n, "[increment_] expected ", n,
+             " tensors for n = ", n, ", got ", c.inputs.size());
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    check_host_scalar("increment_", entry("tensors", i), c.inputs[i], kInt64);
+  }
+  TensorVec mutated;
+  increment_mutated(c, mutated);
+  return mutated_specs(mutated);
+}
+
 // --- adam_update_ -------------------------------------------------------------------------------
 
 void adam_mutated(const OpCall& c, TensorVec& out) {
-  const AdamUpdateCall a(c);
+  const AdamUpdateCall a(c, OptimDecode::kLayout);
   for (TensorList l : {a.params, a.exp_avgs, a.exp_avg_sqs, a.max_exp_avg_sqs}) {
     out.insert(out.end(), l.begin(), l.end());
   }
 }
 
 SpecList adam_update_meta(const OpCall& c) {
-  const AdamUpdateCall a(c);
-  KILN_CHECK(a.lr >= 0, "[adam_update_] invalid learning rate: ", a.lr);
+  const AdamUpdateCall a(c, OptimDecode::kLayout);
   KILN_CHECK(a.eps >= 0, "[adam_update_] invalid epsilon value: ", a.eps);
   KILN_CHECK(a.beta1 >= 0 && a.beta1 < 1, "[adam_update_] invalid beta1: ", a.beta1);
   KILN_CHECK(a.beta2 >= 0 && a.beta2 < 1, "[adam_update_] invalid beta2: ", a.beta2);
   KILN_CHECK(a.weight_decay >= 0, "[adam_update_] invalid weight_decay value: ", a.weight_decay);
-  for (size_t i = 0; i < a.steps.size(); ++i) {
-    KILN_CHECK(a.steps[i] >= 1, "[adam_update_] steps[", i, "] is ", a.steps[i],
-               ": step counts start at 1");
+  check_host_scalar("adam_update_", "lr", a.lr_tensor, kDouble);
+  for (size_t i = 0; i < a.state_steps.size(); ++i) {
+    check_host_scalar("adam_update_", entry("state_steps", i), a.state_steps[i], kInt64);
   }
   check_params_and_grads("adam_update_", a.params, a.grads);
   if (!a.params.empty()) {
@@ -212,7 +280,8 @@ SpecList adam_update_meta(const OpCall& c) {
 // Today's op-by-op update, per parameter, in the compute dtype: on the tensors themselves where
 // they have it (any strides), else on copies stored back (rounded once). The f32 kernels do the
 // same float operations in the same order, so for f32 arithmetic this gives their bits on the
-// CPU (tests/nn/optim_op_test.cpp); CUDA's elementwise ops may contract a * b + c into an FMA.
+// CPU (tests/tensor/optim_test.cpp); CUDA's elementwise ops may contract a * b + c into an FMA.
+// It reads the lr and step counts when it runs, as the kernels do.
 TensorVec adam_update_decomposition(const OpCall& c) {
   const AdamUpdateCall a(c);
   const ScalarType ct = internal::optim_compute_dtype(c);
@@ -258,13 +327,12 @@ TensorVec adam_update_decomposition(const OpCall& c) {
 // --- sgd_update_ --------------------------------------------------------------------------------
 
 void sgd_mutated(const OpCall& c, TensorVec& out) {
-  const SgdUpdateCall s(c);
+  const SgdUpdateCall s(c, OptimDecode::kLayout);
   for (TensorList l : {s.params, s.momentum_buffers}) out.insert(out.end(), l.begin(), l.end());
 }
 
 SpecList sgd_update_meta(const OpCall& c) {
-  const SgdUpdateCall s(c);
-  KILN_CHECK(s.lr >= 0, "[sgd_update_] invalid learning rate: ", s.lr);
+  const SgdUpdateCall s(c, OptimDecode::kLayout);
   KILN_CHECK(s.momentum >= 0, "[sgd_update_] invalid momentum value: ", s.momentum);
   KILN_CHECK(s.weight_decay >= 0, "[sgd_update_] invalid weight_decay value: ", s.weight_decay);
   KILN_CHECK(!s.nesterov || (s.momentum > 0 && s.dampening == 0),
@@ -274,6 +342,7 @@ SpecList sgd_update_meta(const OpCall& c) {
     KILN_CHECK(s.new_buffers[i] == 0 || s.new_buffers[i] == 1, "[sgd_update_] new_buffers[", i,
                "] is ", s.new_buffers[i], ", expected 0 or 1");
   }
+  check_host_scalar("sgd_update_", "lr", s.lr_tensor, kDouble);
   check_params_and_grads("sgd_update_", s.params, s.grads);
   if (!s.momentum_buffers.empty()) {
     const Tensor& b0 = s.momentum_buffers[0];
@@ -323,15 +392,15 @@ TensorVec sgd_update_decomposition(const OpCall& c) {
 
 }  // namespace
 
-// Attributes: 0 n (int64), 1 lr, 2 beta1, 3 beta2, 4 eps, 5 weight_decay (double),
-// 6 decoupled_weight_decay, 7 amsgrad (bool), 8 steps (Shape).
-KILN_DEFINE_OP(adam_update_, OpKind::kInplace, adam_update_meta,
-               OpFlags{.allow_cpu_scalars = false, .mutated = adam_mutated});
+// Attributes: 0 n (int64).
+KILN_DEFINE_OP(increment_, OpKind::kInplace, increment_meta, OpFlags{.mutated = increment_mutated});
+// Attributes: 0 n (int64), 1 beta1, 2 beta2, 3 eps, 4 weight_decay (double),
+// 5 decoupled_weight_decay, 6 amsgrad (bool). The lr and the step counts are inputs.
+KILN_DEFINE_OP(adam_update_, OpKind::kInplace, adam_update_meta, OpFlags{.mutated = adam_mutated});
 KILN_REGISTER_DECOMPOSITION(adam_update_, adam_update_decomposition);
-// Attributes: 0 n (int64), 1 lr, 2 momentum, 3 dampening, 4 weight_decay (double), 5 nesterov
-// (bool), 6 new_buffers (Shape).
-KILN_DEFINE_OP(sgd_update_, OpKind::kInplace, sgd_update_meta,
-               OpFlags{.allow_cpu_scalars = false, .mutated = sgd_mutated});
+// Attributes: 0 n (int64), 1 momentum, 2 dampening, 3 weight_decay (double), 4 nesterov (bool),
+// 5 new_buffers (Shape). The lr is an input.
+KILN_DEFINE_OP(sgd_update_, OpKind::kInplace, sgd_update_meta, OpFlags{.mutated = sgd_mutated});
 KILN_REGISTER_DECOMPOSITION(sgd_update_, sgd_update_decomposition);
 
 namespace {
@@ -340,27 +409,37 @@ void append(TensorVec& inputs, TensorList list) {
 }
 }  // namespace
 
+void increment_(TensorList tensors) {
+  static const OpDef& op = KILN_OP(increment_);
+  call_op(op, TensorVec(tensors.begin(), tensors.end()), {static_cast<int64_t>(tensors.size())});
+}
+
 void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs, TensorList exp_avg_sqs,
-                  TensorList max_exp_avg_sqs, IntArrayRef steps, double lr, double beta1,
-                  double beta2, double weight_decay, double eps, bool amsgrad,
+                  TensorList max_exp_avg_sqs, TensorList state_steps, const Tensor& lr,
+                  double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
                   bool decoupled_weight_decay) {
   static const OpDef& op = KILN_OP(adam_update_);
   KILN_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
                  exp_avg_sqs.size() == params.size() &&
-                 max_exp_avg_sqs.size() == (amsgrad ? params.size() : 0),
-             "[adam_update_] expected ", params.size(), " grads, exp_avgs and exp_avg_sqs and ",
-             amsgrad ? params.size() : 0, " max_exp_avg_sqs, got ", grads.size(), ", ",
-             exp_avgs.size(), ", ", exp_avg_sqs.size(), " and ", max_exp_avg_sqs.size());
+                 max_exp_avg_sqs.size() == (amsgrad ? params.size() : 0) &&
+                 state_steps.size() == params.size(),
+             "[adam_update_] expected ", params.size(),
+             " grads, exp_avgs, exp_avg_sqs and state_steps and ", amsgrad ? params.size() : 0,
+             " max_exp_avg_sqs, got ", grads.size(), ", ", exp_avgs.size(), ", ",
+             exp_avg_sqs.size(), ", ", state_steps.size(), " and ", max_exp_avg_sqs.size());
   TensorVec inputs;
-  inputs.reserve(params.size() * (amsgrad ? 5 : 4));
-  for (TensorList l : {params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs}) append(inputs, l);
+  inputs.reserve(params.size() * (amsgrad ? 6 : 5) + 1);
+  for (TensorList l : {params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps}) {
+    append(inputs, l);
+  }
+  inputs.push_back(lr);
   call_op(op, std::move(inputs),
-          {static_cast<int64_t>(params.size()), lr, beta1, beta2, eps, weight_decay,
-           decoupled_weight_decay, amsgrad, Shape(steps.begin(), steps.end())});
+          {static_cast<int64_t>(params.size()), beta1, beta2, eps, weight_decay,
+           decoupled_weight_decay, amsgrad});
 }
 
 void sgd_update_(TensorList params, TensorList grads, TensorList momentum_buffers,
-                 IntArrayRef new_buffers, double lr, double momentum, double dampening,
+                 IntArrayRef new_buffers, const Tensor& lr, double momentum, double dampening,
                  double weight_decay, bool nesterov) {
   static const OpDef& op = KILN_OP(sgd_update_);
   const size_t buffers = momentum != 0 ? params.size() : 0;
@@ -370,10 +449,11 @@ void sgd_update_(TensorList params, TensorList grads, TensorList momentum_buffer
              " momentum_buffers and new_buffers flags, got ", grads.size(), ", ",
              momentum_buffers.size(), " and ", new_buffers.size());
   TensorVec inputs;
-  inputs.reserve(params.size() + grads.size() + buffers);
+  inputs.reserve(params.size() + grads.size() + buffers + 1);
   for (TensorList l : {params, grads, momentum_buffers}) append(inputs, l);
+  inputs.push_back(lr);
   call_op(op, std::move(inputs),
-          {static_cast<int64_t>(params.size()), lr, momentum, dampening, weight_decay, nesterov,
+          {static_cast<int64_t>(params.size()), momentum, dampening, weight_decay, nesterov,
            Shape(new_buffers.begin(), new_buffers.end())});
 }
 

@@ -2,17 +2,24 @@
 // decoded in one place for their meta rules, decompositions and kernels (kernels/cpu/optim.cpp,
 // kernels/cuda/optim.cu). Internal to kiln's op families.
 //
-//   const internal::AdamUpdateCall a(call);        // the lists and the hyper-parameters
+//   const internal::AdamUpdateCall a(call);        // the lists, hyper-parameters, lr and steps
 //   for (size_t i = 0; i < a.params.size(); ++i) {
 //     const internal::AdamStepScalars k = a.step_scalars(i);   // from tensor i's step count
 //     ... a.params[i], a.grads[i], a.exp_avgs[i], a.exp_avg_sqs[i], k.step_size ...
 //   }
 //
-// Decoding checks the layout (attribute types, list lengths); the meta rules check the tensors.
+// The learning rate and the step counts change from step to step, so they are inputs, not
+// attributes: 0-d CPU tensors (f64 lr, int64 counts) that a recorded step (kiln::compile) reads
+// afresh each time it replays. Decoding them reads tensor data, which a meta rule must never do
+// (it runs on data-less proxies while tracing): meta rules decode with OptimDecode::kLayout,
+// kernels and the decompositions with kValues (the default), which also checks the values
+// (lr >= 0, counts >= 1). Decoding checks the layout (attribute types, list lengths); the meta
+// rules check the tensors.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "tensor/registry.h"
 #include "tensor/tensor.h"
@@ -23,6 +30,10 @@ namespace kiln::internal {
 // call holds parameters of one dtype). The kernels compute in f32; f64 runs the decomposition.
 ScalarType optim_compute_dtype(const OpCall& call);
 
+// What a decoder reads: the layout and attributes only (meta rules), or also the values of the
+// lr and step-count tensors (kernels and decompositions).
+enum class OptimDecode { kValues, kLayout };
+
 // The scalars of one parameter's Adam step t, derived in double as PyTorch derives them in
 // Python; every kernel and the decomposition round them to the compute dtype the same way.
 struct AdamStepScalars {
@@ -32,28 +43,41 @@ struct AdamStepScalars {
 };
 
 // adam_update_(params[n], grads[n], exp_avgs[n], exp_avg_sqs[n], max_exp_avg_sqs[n, amsgrad
-// only]; n, lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, steps[n]).
+// only], state_steps[n], lr; n, beta1, beta2, eps, weight_decay, decoupled_weight_decay,
+// amsgrad).
 struct AdamUpdateCall {
-  explicit AdamUpdateCall(const OpCall& call);
-  AdamStepScalars step_scalars(size_t i) const;
+  explicit AdamUpdateCall(const OpCall& call, OptimDecode decode = OptimDecode::kValues);
+  AdamUpdateCall(const AdamUpdateCall&) = delete;  // steps points into this object
+  AdamUpdateCall& operator=(const AdamUpdateCall&) = delete;
+  AdamStepScalars step_scalars(size_t i) const;  // kValues only
 
   TensorList params, grads, exp_avgs, exp_avg_sqs;
   TensorList max_exp_avg_sqs;  // empty unless amsgrad
-  IntArrayRef steps;           // each parameter's step count t, already incremented (t >= 1)
-  double lr, beta1, beta2, eps, weight_decay;
+  TensorList state_steps;      // each parameter's step count: 0-d int64 CPU tensors
+  Tensor lr_tensor;            // 0-d f64 CPU
+  // Decoded from state_steps (kValues; empty for kLayout): each parameter's step count t,
+  // already incremented (t >= 1).
+  IntArrayRef steps;
+  double lr;  // decoded from lr_tensor (kValues; NaN for kLayout)
+  double beta1, beta2, eps, weight_decay;
   bool decoupled_weight_decay;  // AdamW
   bool amsgrad;
+
+ private:
+  std::vector<int64_t> step_values_;  // what steps points to
 };
 
-// sgd_update_(params[n], grads[n], momentum_buffers[n, momentum != 0 only]; n, lr, momentum,
+// sgd_update_(params[n], grads[n], momentum_buffers[n, momentum != 0 only], lr; n, momentum,
 // dampening, weight_decay, nesterov, new_buffers[n, momentum != 0 only]).
 struct SgdUpdateCall {
-  explicit SgdUpdateCall(const OpCall& call);
+  explicit SgdUpdateCall(const OpCall& call, OptimDecode decode = OptimDecode::kValues);
 
   TensorList params, grads;
   TensorList momentum_buffers;  // empty when momentum == 0
+  Tensor lr_tensor;             // 0-d f64 CPU
   IntArrayRef new_buffers;      // 1: the buffer is new and takes the gradient; 0: it carries over
-  double lr, momentum, dampening, weight_decay;
+  double lr;                    // decoded from lr_tensor (kValues; NaN for kLayout)
+  double momentum, dampening, weight_decay;
   bool nesterov;
 };
 

@@ -51,9 +51,11 @@ const std::set<std::string> kNonDifferentiable = {
     "flash_attention_backward",
     "swiglu_backward",
     "geglu_tanh_backward",
-    // The optimizer updates: in place on parameters and state, run under NoGradGuard.
+    // The optimizer updates: in place on parameters and state, run under NoGradGuard; and
+    // increment_, which advances their int64 step counts.
     "adam_update_",
     "sgd_update_",
+    "increment_",
 };
 
 // Differentiable ops and the test that gradchecks each (a name check_grad asserts is in the

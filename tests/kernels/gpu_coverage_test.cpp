@@ -21,9 +21,9 @@ namespace {
 // left out automatically: the dispatcher runs their CPU kernel for every device, because a view
 // only computes sizes and strides over the input's storage.
 const std::set<std::string> kNoCudaKernelNeeded = {
-    // None today: every op with a CPU kernel has a CUDA one. Candidates would be ops whose CPU
-    // kernel is written in other ops (and so serves every device when registered for it), or
-    // dynamic ops that move their inputs to the CPU themselves.
+    // The optimizers' step counts: its meta rule takes only 0-d int64 CPU tensors (the update
+    // kernels read the counts on the host, whatever the parameters' device).
+    "increment_",
 };
 
 bool has_kernel(const OpDef& op, DeviceType device) {

@@ -152,7 +152,8 @@ void run_case(const Case& c, ScalarType dtype, int extra_small, double p_rtol, d
     }
     const auto& sc = cpu_opt->state().at(cpu[i].impl());
     const auto& sg = gpu_opt->state().at(gpu[i].impl());
-    EXPECT_EQ(sc.step, sg.step) << what;
+    EXPECT_EQ(sc.step_count(), sg.step_count()) << what;
+    EXPECT_TRUE(sg.step.is_cpu()) << what;  // the counts stay on the host
     ASSERT_EQ(sc.buffers.size(), sg.buffers.size()) << what;
     for (const auto& [key, buf] : sc.buffers) {
       EXPECT_EQ(sg.buffers.at(key).dtype(), state_dtype) << what << " " << key;
@@ -331,7 +332,7 @@ TEST_F(GpuAdamW, ParamDtypeStateKernelRejectsOtherStateDtypes) {
        {static_cast<optim::Optimizer*>(&opt), static_cast<optim::Optimizer*>(&ref)}) {
     const Tensor& param = o == &opt ? q : q_cpu;
     auto& st = o->state()[param.impl()];
-    st.step = 1;
+    st.step = scalar_tensor(int64_t{1}, kInt64);
     st.buffers["exp_avg"] = m16.to(param.device(), kHalf);
     st.buffers["exp_avg_sq"] = m16.to(param.device(), kHalf);
   }
@@ -461,8 +462,16 @@ const std::vector<OpCase> kOpCases = {
     {false, true, 0.0, 0.9}, {true, false, 0.0, 0.2},
 };
 
-Attrs op_adam_attrs(const OpCase& c, int64_t n, const Shape& steps) {
-  return {n, 0.02, c.beta1, 0.95, 1e-8, c.weight_decay, c.decoupled, c.amsgrad, steps};
+Attrs op_adam_attrs(const OpCase& c, int64_t n) {
+  return {n, c.beta1, 0.95, 1e-8, c.weight_decay, c.decoupled, c.amsgrad};
+}
+
+// `inputs` followed by the step counts `steps` (Adam; none for SGD) and the lr: 0-d CPU tensors,
+// whatever the device of the other inputs.
+TensorVec with_scalars(TensorVec inputs, const Shape& steps, double lr) {
+  for (int64_t t : steps) inputs.push_back(scalar_tensor(t, kInt64));
+  inputs.push_back(scalar_tensor(lr, kDouble));
+  return inputs;
 }
 
 // Three steps of adam_update_ on GPU and CPU lists of the same values, the GPU through
@@ -490,15 +499,17 @@ void run_adam_op(ScalarType dtype, ScalarType state, bool strided, const std::st
         gpu[1][i] = g.cuda();
         steps.push_back(t + i);
       }
+      const TensorVec cpu_in = with_scalars(flatten(cpu), steps, 0.02);
+      const TensorVec gpu_in = with_scalars(flatten(gpu), steps, 0.02);
       if (dtype == kDouble) {
-        call_op(op, flatten(cpu), op_adam_attrs(c, n, steps));
+        call_op(op, cpu_in, op_adam_attrs(c, n));
       } else {
-        call_op_with_kernel(op, "fused", flatten(cpu), op_adam_attrs(c, n, steps));
+        call_op_with_kernel(op, "fused", cpu_in, op_adam_attrs(c, n));
       }
       if (gpu_path.empty()) {
-        call_decomposition(op, flatten(gpu), op_adam_attrs(c, n, steps));
+        call_decomposition(op, gpu_in, op_adam_attrs(c, n));
       } else {
-        call_op_with_kernel(op, gpu_path, flatten(gpu), op_adam_attrs(c, n, steps));
+        call_op_with_kernel(op, gpu_path, gpu_in, op_adam_attrs(c, n));
       }
     }
     const std::string what = std::string(dtype_name(dtype)) + " params, " +
@@ -533,18 +544,26 @@ TEST_F(GpuAdamUpdateOp, DecompositionMatchesCpuKernel) {
 TEST_F(GpuAdamUpdateOp, F64RunsTheDecomposition) {
   static const OpDef& op = KILN_OP(adam_update_);
   const Tensor p = zeros({4}, TensorOptions(kDouble).device(test::kGpu));
-  EXPECT_KILN_ERROR(
-      call_op_with_kernel(op, "multi_tensor", {p, p, p, p}, op_adam_attrs(kOpCases[0], 1, {1})),
-      "[adam_update_] the cuda kernel 'multi_tensor' does not support this call");
+  EXPECT_KILN_ERROR(call_op_with_kernel(op, "multi_tensor", with_scalars({p, p, p, p}, {1}, 0.02),
+                                        op_adam_attrs(kOpCases[0], 1)),
+                    "[adam_update_] the cuda kernel 'multi_tensor' does not support this call");
   run_adam_op(kDouble, kDouble, false, "", false);
 }
 
 TEST_F(GpuAdamUpdateOp, OneDevicePerCall) {
   const Tensor p = zeros({4}, TensorOptions(kFloat).device(test::kGpu));
   const Tensor g = zeros({4});
-  EXPECT_KILN_ERROR(adam_update_({p}, {g}, {p.clone()}, {p.clone()}, {}, {1}, 0.1, 0.9, 0.999, 0,
+  const Tensor step = scalar_tensor(int64_t{1}, kInt64), lr = scalar_tensor(0.1, kDouble);
+  EXPECT_KILN_ERROR(adam_update_({p}, {g}, {p.clone()}, {p.clone()}, {}, {step}, lr, 0.9, 0.999, 0,
                                  1e-8, false, true),
                     "[adam_update_] expected all tensors on the same device");
+  // The step counts and the lr live on the host: on the GPU they are refused.
+  EXPECT_KILN_ERROR(adam_update_({p}, {p.clone()}, {p.clone()}, {p.clone()}, {}, {step.cuda()}, lr,
+                                 0.9, 0.999, 0, 1e-8, false, true),
+                    "[adam_update_] state_steps[0] must be a 0-d int64 CPU tensor");
+  EXPECT_KILN_ERROR(adam_update_({p}, {p.clone()}, {p.clone()}, {p.clone()}, {}, {step}, lr.cuda(),
+                                 0.9, 0.999, 0, 1e-8, false, true),
+                    "[adam_update_] lr must be a 0-d float64 CPU tensor");
 }
 
 // sgd_update_ has no CUDA kernel: on the GPU it runs its decomposition.
@@ -573,9 +592,9 @@ TEST_F(GpuSgdUpdateOp, DecompositionMatchesCpuKernel) {
           gpu[1][i] = g.cuda();
           if (momentum) fresh.push_back(t == 1 ? 1 : 0);
         }
-        const Attrs attrs = {n, 0.05, c.momentum, c.dampening, c.weight_decay, c.nesterov, fresh};
-        call_op_with_kernel(op, "fused", flatten(cpu), attrs);
-        call_op(op, flatten(gpu), attrs);
+        const Attrs attrs = {n, c.momentum, c.dampening, c.weight_decay, c.nesterov, fresh};
+        call_op_with_kernel(op, "fused", with_scalars(flatten(cpu), {}, 0.05), attrs);
+        call_op(op, with_scalars(flatten(gpu), {}, 0.05), attrs);
       }
       expect_lists(gpu, cpu, false,
                    "SGD " + std::string(dtype_name(dtype)) + " momentum " +

@@ -177,7 +177,7 @@ TEST(OptimAdam, HandComputedConstantGradient) {
     EXPECT_NEAR(p.item<double>(), 1.0 - i * 0.1 * 2.0 / (2.0 + 1e-8), 1e-14);
   }
   const auto& st = opt.state().at(p.impl());
-  EXPECT_EQ(st.step, 3);
+  EXPECT_EQ(st.step_count(), 3);
   EXPECT_NEAR(st.buffers.at("exp_avg").item<double>(), 2.0 * (1 - 0.9 * 0.9 * 0.9), 1e-14);
   EXPECT_NEAR(st.buffers.at("exp_avg_sq").item<double>(), 4.0 * (1 - std::pow(0.999, 3)), 1e-14);
   EXPECT_EQ(st.buffers.count("max_exp_avg_sq"), 0u);

@@ -3,6 +3,9 @@
 // same order), for f32, bf16 and f16 parameters with f32 or 16-bit state, contiguous and strided
 // tensors, empty and 0-d ones, one large enough for several threads, several steps and every
 // option; f64 (which only the decomposition runs) against an f64 reference; and every misuse.
+// The lr and the step counts are 0-d CPU tensor inputs: a call replayed with its attributes
+// frozen follows their values, and the meta rules never read them. increment_, which advances
+// the step counts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,6 +63,17 @@ Lists make_lists(const std::vector<ScalarType>& dtypes, const std::vector<bool>&
   return out;
 }
 
+// The 0-d CPU tensors an update call reads on the host: the lr and the step counts.
+Tensor lr_tensor(double lr) { return scalar_tensor(lr, kDouble); }
+Tensor step_tensor(int64_t t) { return scalar_tensor(t, kInt64); }
+
+// `inputs` followed by the step counts `steps` (Adam; none for SGD) and the lr.
+TensorVec with_scalars(TensorVec inputs, const Shape& steps, double lr) {
+  for (int64_t t : steps) inputs.push_back(step_tensor(t));
+  inputs.push_back(lr_tensor(lr));
+  return inputs;
+}
+
 // Every tensor of `a` equals its peer in `b`, bit for bit.
 void expect_same_bits(const Lists& a, const Lists& b, const std::string& what) {
   for (size_t k = 0; k < a.lists.size(); ++k) {
@@ -85,8 +99,8 @@ const std::vector<AdamCase> kAdamCases = {
     {false, true, 0.02, 0.2},
 };
 
-Attrs adam_attrs(const AdamCase& c, int64_t n, const Shape& steps) {
-  return {n, 0.02, c.beta1, 0.95, 1e-8, c.weight_decay, c.decoupled, c.amsgrad, steps};
+Attrs adam_attrs(const AdamCase& c, int64_t n) {
+  return {n, c.beta1, 0.95, 1e-8, c.weight_decay, c.decoupled, c.amsgrad};
 }
 
 // Lists (params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs]) with grads replaced per step.
@@ -117,8 +131,8 @@ void check_adam_kernel_matches_decomposition(ScalarType dtype, ScalarType state,
         b.lists[1][i] = g.clone();
         steps.push_back(t + i);
       }
-      call_op_with_kernel(op, "fused", a.inputs(), adam_attrs(c, n, steps));
-      call_decomposition(op, b.inputs(), adam_attrs(c, n, steps));
+      call_op_with_kernel(op, "fused", with_scalars(a.inputs(), steps, 0.02), adam_attrs(c, n));
+      call_decomposition(op, with_scalars(b.inputs(), steps, 0.02), adam_attrs(c, n));
     }
     const std::string what = std::string(dtype_name(dtype)) + " params, " +
                              std::string(dtype_name(state)) + " state" +
@@ -159,13 +173,15 @@ TEST(OptimOpAdam, F64RunsTheDecomposition) {
     Tensor p = tensor(p0, kDouble), m = tensor(m0, kDouble), v = tensor(v0, kDouble);
     Tensor x = tensor(x0, kDouble);
     const Tensor grad = tensor(g, kDouble);
-    EXPECT_KILN_ERROR(
-        call_op_with_kernel(op, "fused",
-                            c.amsgrad ? TensorVec{p, grad, m, v, x} : TensorVec{p, grad, m, v},
-                            adam_attrs(c, 1, {4})),
-        "[adam_update_] the cpu kernel 'fused' does not support this call");
+    EXPECT_KILN_ERROR(call_op_with_kernel(op, "fused",
+                                          with_scalars(c.amsgrad ? TensorVec{p, grad, m, v, x}
+                                                                 : TensorVec{p, grad, m, v},
+                                                       {4}, 0.02),
+                                          adam_attrs(c, 1)),
+                      "[adam_update_] the cpu kernel 'fused' does not support this call");
     adam_update_({p}, {grad}, {m}, {v}, c.amsgrad ? std::vector<Tensor>{x} : std::vector<Tensor>{},
-                 {4}, 0.02, c.beta1, 0.95, c.weight_decay, 1e-8, c.amsgrad, c.decoupled);
+                 {step_tensor(4)}, lr_tensor(0.02), c.beta1, 0.95, c.weight_decay, 1e-8, c.amsgrad,
+                 c.decoupled);
     for (size_t i = 0; i < 3; ++i) {
       double pi = p0[i], gi = g[i];
       if (c.decoupled) {
@@ -192,49 +208,58 @@ TEST(OptimOpAdam, F64RunsTheDecomposition) {
 TEST(OptimOpAdam, WritesInPlaceAndBumpsVersions) {
   Tensor p = randn({5}), g = randn({5}), m = zeros({5}), v = zeros({5}), x = zeros({5});
   const Tensor g0 = g.clone(), p0 = p.clone();
+  const Tensor t = step_tensor(1), lr = lr_tensor(0.1);
   const uint64_t pv = p._version(), mv = m._version(), xv = x._version(), gv = g._version();
-  adam_update_({p}, {g}, {m}, {v}, {x}, {1}, 0.1, 0.9, 0.999, 0.0, 1e-8, true, true);
+  const uint64_t tv = t._version(), lv = lr._version();
+  adam_update_({p}, {g}, {m}, {v}, {x}, {t}, lr, 0.9, 0.999, 0.0, 1e-8, true, true);
   EXPECT_GT(p._version(), pv);
   EXPECT_GT(m._version(), mv);
   EXPECT_GT(x._version(), xv);
   EXPECT_EQ(g._version(), gv);
   EXPECT_TRUE(equal(g, g0));
+  // The step count and the lr are read, not written.
+  EXPECT_EQ(t._version(), tv);
+  EXPECT_EQ(lr._version(), lv);
+  EXPECT_EQ(t.item<int64_t>(), 1);
   // First step from zero state: m = 0.1 g, v = 0.001 g^2, p moves by lr * g / (|g| + eps).
   EXPECT_TRUE(allclose(m, g * 0.1, 1e-6, 1e-7));
   EXPECT_TRUE(allclose(p, p0 - 0.1 * g / (g.abs() + 1e-8), 1e-6, 1e-7));
-  adam_update_({}, {}, {}, {}, {}, {}, 0.1, 0.9, 0.999, 0.0, 1e-8, false, false);  // nothing to do
+  adam_update_({}, {}, {}, {}, {}, {}, lr, 0.9, 0.999, 0.0, 1e-8, false, false);  // nothing to do
 }
 
 TEST(OptimOpAdam, Errors) {
   static const OpDef& op = KILN_OP(adam_update_);
   auto f = [](IntArrayRef s, ScalarType d = kFloat) { return zeros(s, d); };
   const Tensor p = f({4}), g = f({4}), m = f({4}), v = f({4});
+  const Tensor t1 = step_tensor(1), lr = lr_tensor(0.1);
   auto run = [&](TensorVec in, const Shape& steps = {1}, double lr = 0.1, double beta1 = 0.9,
                  double beta2 = 0.999, double eps = 1e-8, double wd = 0.0, bool amsgrad = false,
                  int64_t n = 1) {
-    call_op(op, std::move(in), {n, lr, beta1, beta2, eps, wd, false, amsgrad, steps});
+    call_op(op, with_scalars(std::move(in), steps, lr), {n, beta1, beta2, eps, wd, false, amsgrad});
   };
   // The wrapper's list lengths.
   EXPECT_KILN_ERROR(
-      adam_update_({p}, {}, {m}, {v}, {}, {1}, 0.1, 0.9, 0.999, 0, 1e-8, false, false),
-      "[adam_update_] expected 1 grads, exp_avgs and exp_avg_sqs and 0 "
-      "max_exp_avg_sqs, got 0, 1, 1 and 0");
+      adam_update_({p}, {}, {m}, {v}, {}, {t1}, lr, 0.9, 0.999, 0, 1e-8, false, false),
+      "[adam_update_] expected 1 grads, exp_avgs, exp_avg_sqs and state_steps and 0 "
+      "max_exp_avg_sqs, got 0, 1, 1, 1 and 0");
   EXPECT_KILN_ERROR(
-      adam_update_({p}, {g}, {m}, {v}, {}, {1}, 0.1, 0.9, 0.999, 0, 1e-8, true, false),
-      "and 1 max_exp_avg_sqs, got 1, 1, 1 and 0");
+      adam_update_({p}, {g}, {m}, {v}, {}, {t1}, lr, 0.9, 0.999, 0, 1e-8, true, false),
+      "and 1 max_exp_avg_sqs, got 1, 1, 1, 1 and 0");
+  EXPECT_KILN_ERROR(adam_update_({p}, {g}, {m}, {v}, {}, {}, lr, 0.9, 0.999, 0, 1e-8, false, false),
+                    "got 1, 1, 1, 0 and 0");
   // The call's layout.
   EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, 0.999, 1e-8, 0, false, -1),
                     "[adam_update_] the list length n must be non-negative, got -1");
   EXPECT_KILN_ERROR(run({p, g, m}),
-                    "[adam_update_] expected 4 tensors for n = 1 (params, grads, "
-                    "exp_avgs, exp_avg_sqs), got 3");
+                    "[adam_update_] expected 6 tensors for n = 1 (params, grads, exp_avgs, "
+                    "exp_avg_sqs, state_steps, then lr), got 5");
   EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, 0.999, 1e-8, 0, true),
-                    "expected 5 tensors for n = 1 (params, grads, exp_avgs, exp_avg_sqs, "
-                    "max_exp_avg_sqs), got 4");
-  EXPECT_KILN_ERROR(run({p, g, m, v}, {1, 2}), "[adam_update_] expected 1 step counts, got 2");
-  EXPECT_KILN_ERROR(call_op(op, {p, g, m, v}, {int64_t{1}, 0.1}),
+                    "expected 7 tensors for n = 1 (params, grads, exp_avgs, exp_avg_sqs, "
+                    "max_exp_avg_sqs, state_steps, then lr), got 6");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1, 2}), "[adam_update_] expected 6 tensors for n = 1");
+  EXPECT_KILN_ERROR(call_op(op, {p, g, m, v, t1, lr}, {int64_t{1}, 0.9}),
                     "[adam_update_] missing attribute 2");
-  // Hyper-parameters and step counts.
+  // Hyper-parameters; the lr and step counts are checked where they are read (the kernel).
   EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, -0.1), "[adam_update_] invalid learning rate: -0.1");
   EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 1.0), "[adam_update_] invalid beta1: 1");
   EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, -0.5), "[adam_update_] invalid beta2: -0.5");
@@ -242,7 +267,24 @@ TEST(OptimOpAdam, Errors) {
                     "[adam_update_] invalid epsilon value: -1");
   EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, 0.999, 1e-8, -0.5),
                     "[adam_update_] invalid weight_decay value: -0.5");
-  EXPECT_KILN_ERROR(run({p, g, m, v}, {0}), "[adam_update_] steps[0] is 0: step counts start at 1");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {0}),
+                    "[adam_update_] state_steps[0] is 0: step counts start at 1");
+  // The lr and step counts: 0-d CPU tensors of f64 and int64.
+  const Attrs attrs = {int64_t{1}, 0.9, 0.999, 1e-8, 0.0, false, false};
+  EXPECT_KILN_ERROR(call_op(op, {p, g, m, v, t1, scalar_tensor(0.1, kFloat)}, attrs),
+                    "[adam_update_] lr must be a 0-d float64 CPU tensor, got a float32 tensor of "
+                    "shape [] on cpu");
+  EXPECT_KILN_ERROR(call_op(op, {p, g, m, v, t1, full({1}, 0.1, kDouble)}, attrs),
+                    "lr must be a 0-d float64 CPU tensor, got a float64 tensor of shape [1]");
+  EXPECT_KILN_ERROR(call_op(op, {p, g, m, v, scalar_tensor(1, kInt32), lr}, attrs),
+                    "[adam_update_] state_steps[0] must be a 0-d int64 CPU tensor, got a int32 "
+                    "tensor of shape []");
+  EXPECT_KILN_ERROR(call_op(op, {p, g, m, v, full({1}, 1, kInt64), lr}, attrs),
+                    "state_steps[0] must be a 0-d int64 CPU tensor");
+  EXPECT_KILN_ERROR(call_op(op, {p, g, m, v, Tensor(), lr}, attrs),
+                    "[adam_update_] state_steps[0] is undefined");
+  EXPECT_KILN_ERROR(call_op(op, {p, g, m, v, t1, Tensor()}, attrs),
+                    "[adam_update_] lr is undefined");
   // Parameters and grads.
   EXPECT_KILN_ERROR(run({Tensor(), g, m, v}), "[adam_update_] params[0] is undefined");
   EXPECT_KILN_ERROR(run({p, g, m, Tensor()}), "[adam_update_] exp_avg_sqs[0] is undefined");
@@ -271,10 +313,94 @@ TEST(OptimOpAdam, Errors) {
                     "[adam_update_] max_exp_avg_sqs[0] has shape [2, 2] but params[0] has shape "
                     "[4]");
   // One device per call.
-  const Tensor meta = empty({4}, TensorOptions().device(Device(kMeta)));
+  const TensorOptions on_meta = TensorOptions().device(Device(kMeta));
+  const Tensor meta = empty({4}, on_meta);
   EXPECT_KILN_ERROR(run({p, meta, m, v}), "[adam_update_] expected all tensors on the same device");
-  // A 0-d CPU parameter does not join a call as a scalar would.
-  EXPECT_KILN_ERROR(run({f({}), meta, m, v}), "expected all tensors on the same device");
+  // A 0-d CPU parameter passes the device check as the lr and step counts do
+  // (allow_cpu_scalars), but the meta rule keeps every list on the parameters' device.
+  const Tensor meta0 = empty(IntArrayRef(), on_meta);
+  EXPECT_KILN_ERROR(run({f({}), meta0, meta0, meta0}),
+                    "[adam_update_] grads[0] is on meta but params[0] is on cpu");
+}
+
+// The meta rule never reads the lr or the step counts (tracing runs on proxies without data):
+// a call on meta tensors passes it whatever the values, which the kernels check when they read
+// them.
+TEST(OptimOpAdam, MetaRuleReadsNoValues) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  const TensorOptions on_meta = TensorOptions().device(Device(kMeta));
+  const Tensor p = empty({4}, on_meta);
+  const Attrs attrs = {int64_t{1}, 0.9, 0.999, 1e-8, 0.0, false, false};
+  const Tensor meta_step = empty(IntArrayRef(), on_meta.dtype(kInt64));
+  const Tensor meta_lr = empty(IntArrayRef(), on_meta.dtype(kDouble));
+  EXPECT_EQ(call_op(op, {p, p, p, p, meta_step, meta_lr}, attrs).size(), 3u);
+  // CPU step counts and lr that a kernel would refuse (step 0, lr < 0) join meta parameters.
+  EXPECT_EQ(call_op(op, {p, p, p, p, step_tensor(0), lr_tensor(-1)}, attrs).size(), 3u);
+  EXPECT_KILN_ERROR(call_op(op, {p, p, p, p, empty(IntArrayRef(), on_meta), meta_lr}, attrs),
+                    "state_steps[0] must be a 0-d int64 CPU tensor, got a float32 tensor of "
+                    "shape [] on meta");
+}
+
+// What kiln::compile relies on: a call replayed with the attributes it was recorded with reads
+// the lr and step counts afresh, so that changing them in place changes the update.
+TEST(OptimOpAdam, ReplayedCallReadsTheCurrentLrAndSteps) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  const AdamCase c = kAdamCases[0];
+  Lists replayed = make_adam(kFloat, kFloat, false, false);
+  Lists fresh = make_adam(kFloat, kFloat, false, false);
+  const int64_t n = static_cast<int64_t>(replayed.lists[0].size());
+  TensorVec steps;
+  for (int64_t i = 0; i < n; ++i) steps.push_back(step_tensor(0));
+  const Tensor lr = lr_tensor(0.02);
+  TensorVec recorded = replayed.inputs();
+  recorded.insert(recorded.end(), steps.begin(), steps.end());
+  recorded.push_back(lr);
+  const Attrs recorded_attrs = adam_attrs(c, n);
+  const std::vector<double> lrs = {0.02, 0.005, 0.1};
+  for (int64_t t = 1; t <= 3; ++t) {
+    increment_(steps);
+    *lr.data_ptr<double>() = lrs[t - 1];  // as set_lr writes it
+    call_op(op, recorded, recorded_attrs);
+    Shape counts(static_cast<size_t>(n), t);
+    call_op(op, with_scalars(fresh.inputs(), counts, lrs[t - 1]), adam_attrs(c, n));
+  }
+  for (const Tensor& s : steps) EXPECT_EQ(s.item<int64_t>(), 3);
+  expect_same_bits(replayed, fresh, "replayed against fresh calls");
+}
+
+// --- increment_ --------------------------------------------------------------------------------
+
+TEST(OptimOpIncrement, AddsOneToEachCountInPlace) {
+  const Tensor a = step_tensor(0), b = step_tensor(41);
+  const uint64_t av = a._version(), bv = b._version();
+  increment_({a, b});
+  EXPECT_EQ(a.item<int64_t>(), 1);
+  EXPECT_EQ(b.item<int64_t>(), 42);
+  EXPECT_GT(a._version(), av);
+  EXPECT_GT(b._version(), bv);
+  increment_({a});
+  EXPECT_EQ(a.item<int64_t>(), 2);
+  EXPECT_EQ(b.item<int64_t>(), 42);
+  increment_({});  // nothing to do
+  // On meta proxies (tracing) the call checks and changes nothing.
+  const Tensor proxy = empty(IntArrayRef(), TensorOptions().device(Device(kMeta)).dtype(kInt64));
+  static const OpDef& op = KILN_OP(increment_);
+  EXPECT_EQ(call_op(op, {proxy}, {int64_t{1}}).size(), 1u);
+  EXPECT_EQ(op.backward, nullptr);
+}
+
+TEST(OptimOpIncrement, Errors) {
+  static const OpDef& op = KILN_OP(increment_);
+  const Tensor a = step_tensor(0);
+  EXPECT_KILN_ERROR(call_op(op, {a}, {int64_t{2}}),
+                    "[increment_] expected 2 tensors for n = 2, got 1");
+  EXPECT_KILN_ERROR(increment_({scalar_tensor(1.0, kDouble)}),
+                    "[increment_] tensors[0] must be a 0-d int64 CPU tensor, got a float64 tensor "
+                    "of shape [] on cpu");
+  EXPECT_KILN_ERROR(increment_({a, zeros({2}, kInt64)}),
+                    "[increment_] tensors[1] must be a 0-d int64 CPU tensor, got a int64 tensor "
+                    "of shape [2]");
+  EXPECT_EQ(a.item<int64_t>(), 0);  // a failed call writes nothing
 }
 
 // --- sgd_update_ -------------------------------------------------------------------------------
@@ -290,7 +416,7 @@ const std::vector<SgdCase> kSgdCases = {
 };
 
 Attrs sgd_attrs(const SgdCase& c, int64_t n, const Shape& fresh) {
-  return {n, 0.05, c.momentum, c.dampening, c.weight_decay, c.nesterov, fresh};
+  return {n, c.momentum, c.dampening, c.weight_decay, c.nesterov, fresh};
 }
 
 Lists make_sgd(ScalarType dtype, ScalarType state, bool momentum, bool strided) {
@@ -316,8 +442,8 @@ void check_sgd_kernel_matches_decomposition(ScalarType dtype, ScalarType state, 
         b.lists[1][i] = g.clone();
         if (momentum) fresh.push_back(t == 1 && i % 2 == 0 ? 1 : 0);
       }
-      call_op_with_kernel(op, "fused", a.inputs(), sgd_attrs(c, n, fresh));
-      call_decomposition(op, b.inputs(), sgd_attrs(c, n, fresh));
+      call_op_with_kernel(op, "fused", with_scalars(a.inputs(), {}, 0.05), sgd_attrs(c, n, fresh));
+      call_decomposition(op, with_scalars(b.inputs(), {}, 0.05), sgd_attrs(c, n, fresh));
     }
     const std::string what =
         std::string(dtype_name(dtype)) + " params, " + std::string(dtype_name(state)) + " state" +
@@ -347,7 +473,7 @@ TEST(OptimOpSgd, NewBuffersTakeTheGradient) {
     Tensor p1 = full({3}, 1.0, dtype), p2 = full({3}, 1.0, dtype);
     const Tensor g = full({3}, 2.0, dtype);
     Tensor b1 = full({3}, 123.0, dtype), b2 = full({3}, 10.0, dtype);
-    sgd_update_({p1, p2}, {g, g}, {b1, b2}, {1, 0}, 0.1, 0.5, 0.0, 0.25, false);
+    sgd_update_({p1, p2}, {g, g}, {b1, b2}, {1, 0}, lr_tensor(0.1), 0.5, 0.0, 0.25, false);
     // g + 0.25 p = 2.25; b1 = 2.25, b2 = 0.5 * 10 + 2.25 = 7.25.
     EXPECT_TRUE(allclose(b1, full({3}, 2.25, dtype))) << dtype_name(dtype);
     EXPECT_TRUE(allclose(b2, full({3}, 7.25, dtype))) << dtype_name(dtype);
@@ -361,15 +487,16 @@ TEST(OptimOpSgd, Errors) {
   const Tensor p = zeros({4}), g = zeros({4}), b = zeros({4});
   auto run = [&](TensorVec in, double momentum, const Shape& fresh, bool nesterov = false,
                  double dampening = 0, double lr = 0.1, double wd = 0) {
-    call_op(op, std::move(in), {int64_t{1}, lr, momentum, dampening, wd, nesterov, fresh});
+    call_op(op, with_scalars(std::move(in), {}, lr),
+            {int64_t{1}, momentum, dampening, wd, nesterov, fresh});
   };
-  EXPECT_KILN_ERROR(sgd_update_({p}, {g}, {}, {}, 0.1, 0.9, 0, 0, false),
+  EXPECT_KILN_ERROR(sgd_update_({p}, {g}, {}, {}, lr_tensor(0.1), 0.9, 0, 0, false),
                     "[sgd_update_] expected 1 grads and 1 momentum_buffers and new_buffers flags, "
                     "got 1, 0 and 0");
   EXPECT_KILN_ERROR(run({p, g}, 0.9, {}),
-                    "[sgd_update_] expected 3 tensors for n = 1 (params, "
-                    "grads, momentum_buffers), got 2");
-  EXPECT_KILN_ERROR(run({p, g, b}, 0, {}), "[sgd_update_] expected 2 tensors for n = 1");
+                    "[sgd_update_] expected 4 tensors for n = 1 (params, "
+                    "grads, momentum_buffers, then lr), got 3");
+  EXPECT_KILN_ERROR(run({p, g, b}, 0, {}), "[sgd_update_] expected 3 tensors for n = 1");
   EXPECT_KILN_ERROR(run({p, g, b}, 0.9, {}),
                     "[sgd_update_] expected 1 new_buffers flags (one per momentum buffer), got 0");
   EXPECT_KILN_ERROR(run({p, g, b}, 0.9, {2}), "[sgd_update_] new_buffers[0] is 2, expected 0 or 1");
@@ -387,6 +514,26 @@ TEST(OptimOpSgd, Errors) {
                     "params' dtype (float32)");
   EXPECT_KILN_ERROR(run({p, g, zeros({2})}, 0.9, {0}),
                     "[sgd_update_] momentum_buffers[0] has shape [2] but params[0] has shape [4]");
+  EXPECT_KILN_ERROR(call_op(op, {p, g, zeros({})}, {int64_t{1}, 0.0, 0.0, 0.0, false, Shape{}}),
+                    "[sgd_update_] lr must be a 0-d float64 CPU tensor, got a float32 tensor of "
+                    "shape [] on cpu");
+}
+
+// A call replayed with its recorded attributes reads the lr afresh (see the Adam test).
+TEST(OptimOpSgd, ReplayedCallReadsTheCurrentLr) {
+  static const OpDef& op = KILN_OP(sgd_update_);
+  const SgdCase c = kSgdCases[3];  // momentum, dampening, weight decay
+  Lists replayed = make_sgd(kFloat, kFloat, true, false);
+  Lists fresh = make_sgd(kFloat, kFloat, true, false);
+  const int64_t n = static_cast<int64_t>(replayed.lists[0].size());
+  const TensorVec recorded = with_scalars(replayed.inputs(), {}, 0.0);
+  const Shape old_buffers(static_cast<size_t>(n), 0);
+  for (double value : {0.05, 0.2, 0.01}) {
+    *recorded.back().data_ptr<double>() = value;  // as set_lr writes it
+    call_op(op, recorded, sgd_attrs(c, n, old_buffers));
+    call_op(op, with_scalars(fresh.inputs(), {}, value), sgd_attrs(c, n, old_buffers));
+  }
+  expect_same_bits(replayed, fresh, "replayed against fresh calls");
 }
 
 }  // namespace
