@@ -1,14 +1,22 @@
 // Random programs for testing kiln::compile against eager (tests/compiler/random_program_test.cpp).
 //
 // A Program is data: a list of nodes, each an op kind, the earlier nodes it reads and its
-// parameters, with the result shape and dtype the generator predicted; the first nodes it reads
-// are inputs (the compiled callable's arguments, in order of appearance). One interpreter, run(),
-// executes a program as kiln ops, eagerly or inside kiln::compile; source() prints it as C++.
+// parameters, with the result shape and dtype the generator predicted. Input nodes (anywhere in
+// the list) are the compiled callable's arguments, in order. One interpreter, run(), executes a
+// program as kiln ops, eagerly or inside kiln::compile; source() prints it as C++.
 //
 //   Program p = generate(seed);
 //   std::vector<Tensor> args = make_inputs(p);
 //   std::vector<Tensor> outs = run(p, args);
-//   std::cout << source(p);
+//   std::cout << source(p);  // defined in random_program_test.cpp
+//
+// What it generates: 3-12 ops (unary, broadcasting binary with dtype promotion, tensor-scalar,
+// compare, where, cast, sum / mean / amax over random dims, reshape / transpose / permute / slice /
+// unsqueeze / expand / select / index_select / cat, matmul, and the fused rms_norm, layer_norm,
+// softmax, log_softmax and swiglu) over f32, f64, int64 and bool tensors of rank 0-4 with size-0
+// and size-1 dims; float arguments require grad at random, some are passed transposed (strided),
+// some twice (one tensor as two arguments); 1-3 outputs, rarely an argument itself or one node
+// twice; one program in ten runs under NoGradGuard.
 //
 // The generator only builds programs eager accepts: it computes every node's shape and dtype
 // (result dtypes of mixed binary ops come from kiln::result_type) and picks parameters that are
@@ -16,6 +24,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <numeric>
 #include <optional>
@@ -604,9 +613,32 @@ inline std::vector<Tensor> make_inputs(const Program& p) {
   return args;
 }
 
+namespace internal {
+
+using UnaryOp = Tensor (*)(const Tensor&);
+using BinaryOp = Tensor (*)(const Tensor&, const Tensor&);
+// Indexed by UnaryFn and BinaryFn.
+inline constexpr std::array<UnaryOp, 10> kUnaryFns = {
+    [](const Tensor& x) { return exp(x); },  [](const Tensor& x) { return tanh(x); },
+    [](const Tensor& x) { return relu(x); }, [](const Tensor& x) { return neg(x); },
+    [](const Tensor& x) { return abs(x); },  [](const Tensor& x) { return sigmoid(x); },
+    [](const Tensor& x) { return sin(x); },  [](const Tensor& x) { return square(x); },
+    [](const Tensor& x) { return silu(x); }, [](const Tensor& x) { return logical_not(x); }};
+inline constexpr std::array<BinaryOp, 6> kBinaryFns = {
+    [](const Tensor& a, const Tensor& b) { return a + b; },
+    [](const Tensor& a, const Tensor& b) { return a - b; },
+    [](const Tensor& a, const Tensor& b) { return a * b; },
+    [](const Tensor& a, const Tensor& b) { return a / b; },
+    [](const Tensor& a, const Tensor& b) { return maximum(a, b); },
+    [](const Tensor& a, const Tensor& b) { return minimum(a, b); }};
+
+}  // namespace internal
+
 // Every node's value (inputs included), in order.
 inline std::vector<Tensor> run_nodes(const Program& p, const std::vector<Tensor>& args) {
   namespace F = nn::functional;
+  using internal::kBinaryFns;
+  using internal::kUnaryFns;
   std::vector<Tensor> v;
   size_t next_arg = 0;
   for (const Node& n : p.nodes) {
@@ -618,66 +650,12 @@ inline std::vector<Tensor> run_nodes(const Program& p, const std::vector<Tensor>
       case OpKind::kIndexInput:
         r = args.at(next_arg++);
         break;
-      case OpKind::kUnary: {
-        const Tensor& x = in(0);
-        switch (n.fn) {
-          case kExp:
-            r = exp(x);
-            break;
-          case kTanh:
-            r = tanh(x);
-            break;
-          case kRelu:
-            r = relu(x);
-            break;
-          case kNeg:
-            r = neg(x);
-            break;
-          case kAbs:
-            r = abs(x);
-            break;
-          case kSigmoid:
-            r = sigmoid(x);
-            break;
-          case kSin:
-            r = sin(x);
-            break;
-          case kSquare:
-            r = square(x);
-            break;
-          case kSilu:
-            r = silu(x);
-            break;
-          default:
-            r = logical_not(x);
-            break;
-        }
+      case OpKind::kUnary:
+        r = kUnaryFns[static_cast<size_t>(n.fn)](in(0));
         break;
-      }
-      case OpKind::kBinary: {
-        const Tensor &a = in(0), &b = in(1);
-        switch (n.fn) {
-          case kAdd:
-            r = a + b;
-            break;
-          case kSub:
-            r = a - b;
-            break;
-          case kMul:
-            r = a * b;
-            break;
-          case kDiv:
-            r = a / b;
-            break;
-          case kMaximum:
-            r = maximum(a, b);
-            break;
-          default:
-            r = minimum(a, b);
-            break;
-        }
+      case OpKind::kBinary:
+        r = kBinaryFns[static_cast<size_t>(n.fn)](in(0), in(1));
         break;
-      }
       case OpKind::kScalar: {
         const Tensor& x = in(0);
         const Scalar s = is_floating_point(x.dtype()) ? Scalar(n.scalar)
