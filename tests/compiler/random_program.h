@@ -516,9 +516,7 @@ class Generator {
         n.scalar = pick({1e-5, 1e-6});
         const Shape ws(s.end() - k, s.end());
         if (kind == OpKind::kRmsNorm) {
-          // Always with a weight: without one, compiling a program where it feeds layer_norm
-          // corrupts memory (RandomProgram.DISABLED_RmsNormWithoutWeightIntoLayerNorm).
-          n.in.push_back(add_input(ws, t));
+          if (chance(0.7)) n.in.push_back(add_input(ws, t));
         } else {
           n.fn = uniform(0, 3);
           if (n.fn & 1) n.in.push_back(add_input(ws, t));
