@@ -8,15 +8,19 @@
 // arguments): they pass within tight tolerances, and the first such programs are printed.
 //
 // The CI test runs kCiPrograms programs from a fixed seed. KILN_COMPILER_SOAK=N runs N programs
-// from a time-based seed, which it prints (KILN_COMPILER_SOAK_SEED=S starts from S instead).
+// from a time-based seed, which it prints (KILN_COMPILER_SOAK_SEED=S starts from S instead; with
+// N = 1 the program is printed before it runs). A crash prints the seed of the running program.
 #include "random_program.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -303,7 +307,7 @@ Outcome check(const Program& p) {
     }
     for (int o : p.outputs) oe.push_back(v[static_cast<size_t>(o)]);
     r.grads = backward_loss(p, oe);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     r.kind = Outcome::kInvalid;
     r.what = std::string("eager raised: ") + e.what();
     return r;
@@ -342,7 +346,7 @@ Outcome check(const Program& p) {
     std::vector<Tensor> oc;
     try {
       oc = f(ca);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       return fail("call " + std::to_string(call + 1) + ": compiled raised: " + e.what());
     }
     if (oc.size() != oe.size()) return fail("compiled returned a wrong number of outputs");
@@ -358,7 +362,7 @@ Outcome check(const Program& p) {
     if (!err.empty()) return fail(err);
     try {
       backward_loss(p, oc);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       return fail("call " + std::to_string(call + 1) + ": compiled backward raised: " + e.what());
     }
     const std::vector<Tensor> gc = grads_of(ca);
@@ -386,8 +390,9 @@ Program prune(const Program& p) {
       for (int j : p.nodes[i].in) live[static_cast<size_t>(j)] = true;
     }
   }
-  Program q;
-  q.seed = p.seed;
+  Program q = p;
+  q.nodes.clear();
+  q.outputs.clear();
   std::vector<int> id(p.nodes.size(), -1);
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     if (!live[i]) continue;
@@ -472,10 +477,36 @@ struct Summary {
   std::array<int, static_cast<size_t>(OpKind::kCat) + 1> kinds{};
 };
 
+// A crash (a compiler bug can corrupt memory) names the program that was running.
+volatile std::sig_atomic_t g_running = 0;
+uint64_t g_seed = 0;
+
+extern "C" void report_crash(int sig) {
+  if (g_running) {
+    char buf[160] = "\n[random programs] crashed in the program of seed ";
+    size_t n = std::strlen(buf);
+    char digits[24];
+    size_t d = 0;
+    for (uint64_t v = g_seed; d == 0 || v > 0; v /= 10)
+      digits[d++] = static_cast<char>('0' + v % 10);
+    while (d > 0) buf[n++] = digits[--d];
+    const char tail[] = ": KILN_COMPILER_SOAK=1 KILN_COMPILER_SOAK_SEED=<seed> prints it\n";
+    std::memcpy(buf + n, tail, sizeof(tail) - 1);
+    (void)!write(2, buf, n + sizeof(tail) - 1);
+  }
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
 Summary run_programs(uint64_t base_seed, int count) {
   Summary s;
+  std::signal(SIGSEGV, report_crash);
+  std::signal(SIGABRT, report_crash);
+  g_running = 1;
+  if (count == 1) std::cout << source(generate(base_seed)) << std::flush;
   for (int i = 0; i < count; ++i) {
     const uint64_t seed = base_seed + static_cast<uint64_t>(i);
+    g_seed = seed;
     const Program p = generate(seed);
     for (const Node& n : p.nodes) ++s.kinds[static_cast<size_t>(n.op)];
     const Outcome r = check(p);
@@ -503,6 +534,7 @@ Summary run_programs(uint64_t base_seed, int count) {
                     << sr.traces;
     }
   }
+  g_running = 0;
   std::cout << "[random programs] " << s.programs << " programs from seed " << base_seed << ", "
             << s.grads << " with gradients, " << s.close
             << " comparisons equal within tolerance but not bitwise, " << s.invalid << " invalid, "
@@ -567,8 +599,8 @@ namespace F = nn::functional;
 
 // rms_norm without a weight (an absent optional input) whose result feeds layer_norm: compiling
 // corrupted memory (std::bad_alloc, "[layer_norm] expected a floating-point input, got bool", or
-// a segfault in decompose -> device_kernel_supports -> input_proxies) with the decompose pass of
-// the working tree before 2d4b001; passes since. Found by seed 20261180.
+// a segfault in decompose -> device_kernel_supports -> input_proxies) with the uncommitted
+// decompose pass of 20:25 on 2026-11-25; passes with 2d4b001 and later. Found by seed 20261180.
 TEST(RandomProgram, RmsNormWithoutWeightIntoLayerNorm) {
   auto fn = [](const Tensor& x) {
     return F::layer_norm(F::rms_norm(x, {4}, {}, 1e-6), {4}, {}, {}, 1e-5);
