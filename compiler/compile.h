@@ -28,7 +28,8 @@
 // Pitfalls: reading a tensor's values inside the callable (item(), printing, data_ptr(), ops such
 // as nonzero whose output shape depends on data) is an error while tracing: return the tensor and
 // read it outside. A callable that creates state on its first call (an optimizer's buffers) runs
-// that first call as traced, and is traced again on the second call.
+// that first call as traced, and is traced again on the second call. A compiled callable keeps
+// its cache unsynchronised: call it from one thread at a time.
 #pragma once
 
 #include <chrono>
