@@ -4,17 +4,23 @@
 // How it sees the op stream: a handler at the dispatcher's Trace key (the top of the chain)
 // records each call the callable makes, then runs it below the key in proxy mode
 // (tensor/registry.h: ProxyModeGuard), so autocast and autograd behave as in eager code and
-// the outputs are proxies. Calls made inside a recorded call (autocast's casts, a fused op's
-// decomposition) are not recorded: the recorded op stands for them. backward() inside the
-// callable runs the registered backward rules on proxies, so their ops are recorded too, and
-// optimizer.step() records the optimizer-update op.
+// the outputs are proxies; each bound op keeps the autocast state it ran under. Functional calls
+// made inside a recorded call are recorded too, before it: autocast's casts (which the replayed
+// outer op repeats, so dce drops them) and the copy autograd keeps of an in-place op's input
+// (which only the traced backward reads). A fused op that no kernel of its device supports is
+// traced as its decomposition, as eager code runs it. backward() inside the callable runs the
+// registered backward rules on proxies, so their ops are recorded too, and optimizer.step()
+// records the optimizer-update op. zeros() / full() record an `empty` op while tracing
+// (tensor/traced_factories.h), so buffers they make are proxies like every other value.
 //
 // What enters the trace as an input:
 //   - the callable's tensor arguments, as proxies made by the tracer (values a0, a1, ...);
 //   - every other real tensor the callable's ops read (parameters, buffers, optimizer state,
 //     constants it captured): an "external" (p0, p1, ...), by identity. While tracing, the
 //     tensor itself is turned into a proxy (TensorImpl::set_data), so that every handle to it,
-//     p.grad() included, sees the traced state; all of it is restored when tracing ends.
+//     p.grad() included, sees the traced state; all of it is restored when tracing ends. A
+//     tensor over borrowed memory (from_blob) is copied when captured: the program reads the
+//     copy. Other tensors made from host values inside the callable are constants by identity.
 //
 // What the callable leaves behind is recorded as well: the .grad of each external after the
 // call (backward() and zero_grad() set them) as grad effects, and the proxies that outlived the
