@@ -451,9 +451,13 @@ inline int64_t max_row_smem() {
 
 // Lets softmax_smem_kernel<T, kLog> use all of max_row_smem() on the current device, and asks
 // for the largest shared-memory carveout (the kernel does not use L1 beyond it); once per
-// device and instantiation.
+// device, instantiation and translation unit. `static`: each binary that launches the kernel
+// (libkiln, the kernel lab) has its own copy of the kernel and must set the attribute on it; a
+// shared "done" flag (what an inline template's static would become across libkiln and an
+// executable that includes this header) let the lab's call skip the library's, whose launch with
+// more than 48 KiB of shared memory then failed with cudaErrorInvalidValue.
 template <typename T, bool kLog>
-void prepare_smem_kernel() {
+static void prepare_smem_kernel() {
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> done[kMaxDevices] = {};
   int device = 0;
