@@ -227,7 +227,8 @@ std::string body_str(const Tensor& t, int indent) {
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "[ Tensor (undefined) ]";
   KILN_CHECK(!t.impl()->storage()->is_proxy(), "[print] prints the values of a tensor of shape ",
-             shape_str(t.sizes()), " while kiln::compile traces the function, when values are "
+             shape_str(t.sizes()),
+             " while kiln::compile traces the function, when values are "
              "not known yet: return the tensor from the compiled function and print it outside");
   const std::string prefix = "tensor(";
   const int indent = static_cast<int>(prefix.size());

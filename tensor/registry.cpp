@@ -181,8 +181,9 @@ Tensor allocate(const TensorSpec& spec, bool proxy) {
                " are not a dense layout of sizes ", shape_str(spec.sizes));
   }
   return Tensor(std::make_shared<TensorImpl>(
-      proxy ? proxy_storage(nbytes, spec.device) : allocate_storage(nbytes, spec.device), spec.sizes,
-      spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides, 0, spec.dtype));
+      proxy ? proxy_storage(nbytes, spec.device) : allocate_storage(nbytes, spec.device),
+      spec.sizes, spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides, 0,
+      spec.dtype));
 }
 
 // run_backend in proxy mode: outputs carry shapes, dtypes and devices, and no kernel runs.

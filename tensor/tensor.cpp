@@ -22,16 +22,17 @@ int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "s
 void* Tensor::data_ptr() const {
   KILN_CHECK(defined(), "[data_ptr] the tensor is undefined");
   KILN_CHECK(!impl()->storage()->is_proxy(), "[data_ptr] reads the values of a tensor of shape ",
-             shape_str(sizes()), " while kiln::compile traces the function, when values are not "
+             shape_str(sizes()),
+             " while kiln::compile traces the function, when values are not "
              "known yet: return the tensor from the compiled function and read it outside");
-  KILN_CHECK(!is_meta(), "[data_ptr] a meta tensor of shape ", shape_str(sizes()),
-             " has no data");
+  KILN_CHECK(!is_meta(), "[data_ptr] a meta tensor of shape ", shape_str(sizes()), " has no data");
   return impl()->data();
 }
 
 Scalar Tensor::item() const {
   KILN_CHECK(defined(), "[item] the tensor is undefined");
-  KILN_CHECK(!impl()->storage()->is_proxy(), "[item] reads a tensor's value while kiln::compile "
+  KILN_CHECK(!impl()->storage()->is_proxy(),
+             "[item] reads a tensor's value while kiln::compile "
              "traces the function, when values are not known yet: return the tensor from the "
              "compiled function and call item() outside it, or keep the computation in tensor ops "
              "(e.g. where/clamp instead of an if on the value)");
