@@ -172,8 +172,9 @@ struct BackwardPlan {
 // The grad_fn of a compiled function's outputs: runs the compiled backward.
 class CompiledBackward final : public autograd::Node {
  public:
-  CompiledBackward(std::shared_ptr<const BackwardPlan> plan, std::vector<Tensor> saved)
-      : plan_(std::move(plan)), saved_(std::move(saved)) {}
+  CompiledBackward(std::shared_ptr<const BackwardPlan> plan, std::vector<Tensor> saved,
+                   RngState rng)
+      : plan_(std::move(plan)), saved_(std::move(saved)), rng_(rng) {}
 
   autograd::variable_list apply(autograd::variable_list&& grads) override {
     KILN_CHECK(!released_,
@@ -186,7 +187,8 @@ class CompiledBackward final : public autograd::Node {
       if (!g.defined()) g = zeros(s.sizes, TensorOptions(s.dtype).device(s.device));
       args.push_back(g.is_contiguous() ? g : g.contiguous());
     }
-    return plan_->program->run(args);
+    // A recomputation in the backward (kiln::checkpoint) draws what its forward drew.
+    return plan_->program->run(args, &rng_);
   }
   std::string name() const override { return "CompiledFunctionBackward"; }
   void release_variables() override {
@@ -197,6 +199,7 @@ class CompiledBackward final : public autograd::Node {
  private:
   std::shared_ptr<const BackwardPlan> plan_;
   std::vector<Tensor> saved_;
+  RngState rng_;  // the forward run's random base
   bool released_ = false;
 };
 
@@ -274,14 +277,15 @@ double ms_since(std::chrono::steady_clock::time_point start) {
 // Runs an entry's program; for a joint program, gives the differentiable outputs a
 // CompiledBackward grad_fn whose edges lead to the arguments and captured tensors.
 std::vector<Tensor> run_entry(const Entry& e, const std::vector<Tensor>& args) {
-  std::vector<Tensor> outputs = e.program->run(args);
+  RngState rng;
+  std::vector<Tensor> outputs = e.program->run(args, nullptr, &rng);
   if (!e.backward) return outputs;
   const BackwardPlan& plan = *e.backward;
   std::vector<Tensor> saved(outputs.begin() + static_cast<std::ptrdiff_t>(plan.user_outputs),
                             outputs.end());
   outputs.resize(plan.user_outputs);
   if (!GradMode::is_enabled()) return outputs;
-  auto node = std::make_shared<CompiledBackward>(e.backward, std::move(saved));
+  auto node = std::make_shared<CompiledBackward>(e.backward, std::move(saved), rng);
   bool any = false;
   for (int t : plan.targets) {
     const Tensor& target =

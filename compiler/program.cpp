@@ -71,7 +71,8 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
   }
 }
 
-std::vector<Tensor> Program::run(const std::vector<Tensor>& arguments) const {
+std::vector<Tensor> Program::run(const std::vector<Tensor>& arguments, const RngState* rng,
+                                 RngState* rng_used) const {
   const Trace& t = *trace_;
   KILN_CHECK(arguments.size() == t.arguments.size(), "[compile] the program takes ",
              t.arguments.size(), " tensor arguments, got ", arguments.size());
@@ -83,13 +84,19 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& arguments) const {
   for (size_t i = 0; i < externals_.size(); ++i) {
     frame.slots[static_cast<size_t>(t.externals[i])] = externals_[i];
   }
-  if (t.rng_blocks > 0) {
+  if (rng != nullptr) {
+    frame.rng_seed = rng->seed;
+    frame.rng_base = rng->offset;
+  } else if (t.rng_blocks > 0) {
     const RngState s = philox_reserve(t.rng_blocks);
     frame.rng_seed = s.seed;
     frame.rng_base = s.offset;
   } else {
-    frame.rng_seed = get_rng_state().seed;
+    const RngState s = get_rng_state();
+    frame.rng_seed = s.seed;
+    frame.rng_base = s.offset;
   }
+  if (rng_used != nullptr) *rng_used = RngState{frame.rng_seed, frame.rng_base};
   {
     NoGradGuard no_grad;
     for (size_t i = 0; i < steps_.size(); ++i) {

@@ -12,6 +12,7 @@
 
 #include "compiler/executor.h"
 #include "compiler/trace.h"
+#include "tensor/random.h"
 
 namespace kiln::compiler {
 
@@ -20,8 +21,11 @@ class Program {
   Program(Trace trace, std::vector<Tensor> externals,
           const std::vector<std::shared_ptr<const Executor>>& executors);
 
-  // Runs the program; `arguments` as the trace's arguments (shapes as traced).
-  std::vector<Tensor> run(const std::vector<Tensor>& arguments) const;
+  // Runs the program; `arguments` as the trace's arguments (shapes as traced). Random ops draw
+  // from `rng` when given (a compiled backward replaying its forward's draws), else from blocks
+  // the run reserves from the global generator; `rng_used` receives the seed and base offset.
+  std::vector<Tensor> run(const std::vector<Tensor>& arguments, const RngState* rng = nullptr,
+                          RngState* rng_used = nullptr) const;
 
   const Trace& trace() const { return *trace_; }
   // The most bytes of intermediates (outputs of functional ops: views and in-place results

@@ -85,5 +85,29 @@ TEST(Checkpoint, CompiledStepHonoursIt) {
   EXPECT_EQ(gelus, 2) << compiled.traces().front().str();
 }
 
+TEST(Checkpoint, CompiledFunctionRecomputesTheSameDropoutInItsBackward) {
+  auto fn = [](const Tensor& x) {
+    return checkpoint(
+        [](const Tensor& h) {
+          return F::dropout(h, F::DropoutFuncOptions().p(0.5).training(true)).tanh();
+        },
+        x);
+  };
+  auto compiled = compile(fn);
+  for (int i = 0; i < 2; ++i) {
+    const Tensor x0 = randn({64});
+    Tensor xc = x0.clone().requires_grad_(true), xe = x0.clone().requires_grad_(true);
+    manual_seed(30 + i);
+    const Tensor yc = compiled(xc);
+    yc.sum().backward();
+    manual_seed(30 + i);
+    const Tensor ye = fn(xe);
+    ye.sum().backward();
+    EXPECT_TRUE(equal(yc.detach(), ye.detach()));
+    EXPECT_TRUE(allclose(xc.grad(), xe.grad(), 1e-6, 1e-7));
+  }
+  EXPECT_EQ(compiled.stats().hits, 1);
+}
+
 }  // namespace
 }  // namespace kiln
