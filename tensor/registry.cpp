@@ -186,6 +186,16 @@ Tensor allocate(const TensorSpec& spec, bool proxy) {
       spec.dtype));
 }
 
+// An in-place op's outputs: the inputs it writes (OpDef::mutated), by default input 0.
+void set_inplace_outputs(OpCall& call) {
+  call.outputs.clear();
+  if (call.op->mutated != nullptr) {
+    call.op->mutated(call, call.outputs);
+  } else {
+    call.outputs.push_back(call.inputs[0]);
+  }
+}
+
 // run_backend in proxy mode: outputs carry shapes, dtypes and devices, and no kernel runs.
 void run_on_proxies(OpCall& call, const SpecList& specs) {
   const OpDef& op = *call.op;
@@ -195,12 +205,7 @@ void run_on_proxies(OpCall& call, const SpecList& specs) {
       for (const TensorSpec& s : specs) call.outputs.push_back(allocate(s, /*proxy=*/true));
       return;
     case OpKind::kInplace:
-      call.outputs.clear();
-      if (op.mutated != nullptr) {
-        op.mutated(call, call.outputs);
-      } else {
-        call.outputs.push_back(call.inputs[0]);
-      }
+      set_inplace_outputs(call);
       for (const Tensor& t : call.outputs) t.impl()->bump_version();
       return;
     case OpKind::kView:
@@ -285,12 +290,7 @@ void run_backend(OpCall& call) {
       if (device.is_meta()) return;  // proxies carry no data
       break;
     case OpKind::kInplace:
-      call.outputs.clear();
-      if (op.mutated != nullptr) {
-        op.mutated(call, call.outputs);
-      } else {
-        call.outputs.push_back(call.inputs[0]);
-      }
+      set_inplace_outputs(call);
       if (device.is_meta()) return;
       break;
     case OpKind::kView:
