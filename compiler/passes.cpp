@@ -27,18 +27,6 @@ std::string op_key(const BoundOp& op) {
   return key;
 }
 
-// A proxy tensor with a value's spec.
-Tensor proxy_of(const TensorSpec& spec) {
-  const Shape strides = spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides;
-  int64_t extent = numel_of(spec.sizes) > 0 ? 1 : 0;
-  for (size_t d = 0; d < spec.sizes.size() && extent > 0; ++d) {
-    extent += (spec.sizes[d] - 1) * strides[d];
-  }
-  return Tensor(std::make_shared<TensorImpl>(
-      proxy_storage(static_cast<size_t>(extent) * element_size(spec.dtype), spec.device),
-      spec.sizes, strides, 0, spec.dtype));
-}
-
 std::vector<Tensor> input_proxies(const Trace& trace, const BoundOp& op) {
   std::vector<Tensor> in;
   in.reserve(op.inputs.size());

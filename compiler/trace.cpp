@@ -134,22 +134,6 @@ int Trace::add_value(TensorSpec spec, ValueRole role, bool requires_grad) {
   return id;
 }
 
-std::vector<int> Trace::use_counts() const {
-  std::vector<int> uses(values.size(), 0);
-  for (const BoundOp& op : ops) {
-    for (int v : op.inputs) {
-      if (v >= 0) ++uses[static_cast<size_t>(v)];
-    }
-  }
-  for (int v : outputs) {
-    if (v >= 0) ++uses[static_cast<size_t>(v)];
-  }
-  for (const GradEffect& e : grad_effects) {
-    if (e.value >= 0) ++uses[static_cast<size_t>(e.value)];
-  }
-  return uses;
-}
-
 std::string Trace::str() const {
   std::ostringstream os;
   os << "# " << stage << ": " << ops.size() << " ops";

@@ -91,8 +91,6 @@ class Trace {
 
   // The listing described at the top of this file.
   std::string str() const;
-  // How many bound ops use each value (inputs, outputs and grad effects count as uses).
-  std::vector<int> use_counts() const;
 };
 
 // A tensor's sizes, dtype, device and strides.

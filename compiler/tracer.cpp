@@ -120,9 +120,7 @@ class Tracer {
         result.grad_outputs.push_back(-1);
         continue;
       }
-      Tensor g(std::make_shared<TensorImpl>(
-          proxy_storage(static_cast<size_t>(out.numel()) * element_size(out.dtype()), out.device()),
-          out.impl()->sizes(), contiguous_strides(out.impl()->sizes()), 0, out.dtype()));
+      Tensor g = proxy_of({out.impl()->sizes(), out.dtype(), out.device()});  // contiguous
       const int id = trace.add_value(spec_of(g), ValueRole::kArgument);
       trace.values[static_cast<size_t>(id)].name = "g" + std::to_string(id);
       remember(g, id);
@@ -309,19 +307,22 @@ void on_grad_write(const Tensor& t) {
   t_tracer->note_grad_write(t);
 }
 
-// Makes a proxy with `real`'s geometry, dtype, device and requires_grad.
-Tensor proxy_like(const Tensor& real) {
-  const TensorImpl* impl = real.impl();
-  Tensor p(std::make_shared<TensorImpl>(proxy_storage(impl->storage()->nbytes(), impl->device()),
-                                        impl->sizes(), impl->strides(), impl->storage_offset(),
-                                        impl->dtype()));
-  if (real.requires_grad()) p.requires_grad_(true);
-  return p;
-}
-
 }  // namespace
 
 bool is_tracing() { return t_tracer != nullptr; }
+
+Tensor proxy_of(const TensorSpec& spec, bool requires_grad) {
+  const Shape strides = spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides;
+  int64_t extent = numel_of(spec.sizes) > 0 ? 1 : 0;
+  for (size_t d = 0; d < spec.sizes.size() && extent > 0; ++d) {
+    extent += (spec.sizes[d] - 1) * strides[d];
+  }
+  Tensor p(std::make_shared<TensorImpl>(
+      proxy_storage(static_cast<size_t>(extent) * element_size(spec.dtype), spec.device),
+      spec.sizes, strides, 0, spec.dtype));
+  if (requires_grad) p.requires_grad_(true);
+  return p;
+}
 
 TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arguments,
                            const std::string& fn_name, bool joint) {
@@ -341,7 +342,7 @@ TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arg
         tr.trace.arguments.push_back(-1);
         continue;
       }
-      proxies.push_back(proxy_like(a));
+      proxies.push_back(proxy_of(spec_of(a), a.requires_grad()));
       tr.add_argument(proxies.back());
     }
     set_dispatch_handler(DispatchKey::Trace, &kTraceHandler);
@@ -374,7 +375,6 @@ TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arg
     proxies.clear();
     tr.restore(result.externals);
   }
-  result.ran_backward = !tr.trace.grad_effects.empty();
   result.grad_guarded = std::move(tr.grad_guarded);
   result.escaped = tr.escaped();
   result.trace = std::move(tr.trace);

@@ -55,8 +55,6 @@ struct TraceResult {
   // Proxies still held by the callable's state after it returned, and their values: the
   // caller gives each the real tensor of its value (TensorImpl::set_data) after running.
   std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> escaped;
-  // Whether the callable changed a captured tensor's grad (ran a backward pass).
-  bool ran_backward = false;
   // Per external: whether the program depends on whether it had a grad when called (see
   // Tracer::restore); the cache guards that only for these.
   std::vector<bool> grad_guarded;
@@ -82,5 +80,9 @@ TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arg
 
 // Whether this thread is tracing now (for errors that should name the compiler).
 bool is_tracing();
+
+// A proxy tensor (no memory: StorageImpl::is_proxy) of `spec`'s sizes, strides (contiguous when
+// empty), dtype and device.
+Tensor proxy_of(const TensorSpec& spec, bool requires_grad = false);
 
 }  // namespace kiln::compiler

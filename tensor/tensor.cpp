@@ -21,12 +21,16 @@ int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "s
 
 void* Tensor::data_ptr() const {
   KILN_CHECK(defined(), "[data_ptr] the tensor is undefined");
-  KILN_CHECK(!impl()->storage()->is_proxy(), "[data_ptr] reads the values of a tensor of shape ",
-             shape_str(sizes()),
-             " while kiln::compile traces the function, when values are not "
-             "known yet: return the tensor from the compiled function and read it outside");
-  KILN_CHECK(!is_meta(), "[data_ptr] a meta tensor of shape ", shape_str(sizes()), " has no data");
-  return impl()->data();
+  void* data = impl()->data();
+  if (data == nullptr) {  // the checks cost nothing on the kernels' path
+    KILN_CHECK(!impl()->storage()->is_proxy(), "[data_ptr] reads the values of a tensor of shape ",
+               shape_str(sizes()),
+               " while kiln::compile traces the function, when values are not "
+               "known yet: return the tensor from the compiled function and read it outside");
+    KILN_CHECK(!is_meta(), "[data_ptr] a meta tensor of shape ", shape_str(sizes()),
+               " has no data");
+  }
+  return data;
 }
 
 Scalar Tensor::item() const {
