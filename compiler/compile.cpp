@@ -12,6 +12,7 @@
 #include "absl/hash/hash.h"
 #include "autograd/autograd_meta.h"
 #include "autograd/grad_mode.h"
+#include "compiler/fuse.h"
 #include "compiler/passes.h"
 #include "compiler/program.h"
 #include "compiler/tracer.h"
@@ -29,9 +30,9 @@ CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
   return *this;
 }
 CompileOptions& CompileOptions::skip_pass(std::string name) {
-  KILN_CHECK(name == "decompose" || name == "dce" || name == "cse",
+  KILN_CHECK(name == "decompose" || name == "dce" || name == "cse" || name == "fuse",
              "[CompileOptions] no pass is named '", name,
-             "' (passes that can be skipped: decompose, dce, cse)");
+             "' (passes that can be skipped: decompose, dce, cse, fuse)");
   skipped_.push_back(std::move(name));
   return *this;
 }
@@ -512,6 +513,12 @@ std::vector<Tensor> CompiledCore::call(
       const auto t0 = std::chrono::steady_clock::now();
       t = pass(t);
       record(name, t0);
+    }
+    if (!skip("fuse")) {
+      // Each executor that fuses, in priority order, groups the ops it runs together.
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const auto& e : m.executors) t = fuse(t, *e);
+      record("fuse", t0);
     }
     const auto t0 = std::chrono::steady_clock::now();
     t = assign_executors(t, m.executors);

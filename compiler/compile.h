@@ -48,9 +48,10 @@ namespace kiln {
 
 class CompileOptions {
  public:
-  // Executors in priority order (compiler/executor.h); "eager" is appended when missing.
+  // Executors in priority order (compiler/executor.h); "eager" is appended when missing. The
+  // default, {"fused_cpu", "eager"}, runs fusion regions of CPU ops with fused_cpu.
   CompileOptions& executors(std::vector<std::string> names);
-  // Skips a pass by name: "decompose", "dce", "cse".
+  // Skips a pass by name: "decompose", "dce", "cse", "fuse".
   CompileOptions& skip_pass(std::string name);
   // Ops the decompose pass always expands into their decompositions (besides those no executor
   // claims whole and no kernel supports), e.g. {"rms_norm"} to see its primitives.
@@ -79,7 +80,7 @@ class CompileOptions {
   const std::string& name() const { return name_; }
 
  private:
-  std::vector<std::string> executors_{"eager"};
+  std::vector<std::string> executors_{"fused_cpu", "eager"};
   std::vector<std::string> skipped_;
   std::vector<std::string> decomposed_;
   std::vector<std::pair<int, int64_t>> dynamic_;

@@ -99,7 +99,8 @@ class OpExecutor final : public Executor {
 
 struct ExecutorTable {
   std::mutex mu;
-  std::vector<std::shared_ptr<const Executor>> executors{std::make_shared<EagerExecutor>()};
+  std::vector<std::shared_ptr<const Executor>> executors{std::make_shared<EagerExecutor>(),
+                                                         make_fused_cpu_executor()};
 };
 ExecutorTable& table() {
   static ExecutorTable t;
@@ -108,9 +109,18 @@ ExecutorTable& table() {
 
 }  // namespace
 
+bool Executor::fuses(const Trace&, const BoundOp&) const { return false; }
+
+Step Executor::lower_region(const Trace& trace, size_t begin, size_t) const {
+  KILN_FAIL("[compile] the executor '", name(), "' was given the fusion region ",
+            trace.region_names[static_cast<size_t>(trace.ops[begin].region)],
+            " but runs no regions (Executor::fuses is false for every op)");
+}
+
 void register_executor(std::shared_ptr<const Executor> executor) {
   KILN_CHECK(executor != nullptr, "[register_executor] the executor is null");
-  KILN_CHECK(executor->name() != "eager", "[register_executor] 'eager' is built in");
+  KILN_CHECK(executor->name() != "eager" && executor->name() != "fused_cpu",
+             "[register_executor] '", executor->name(), "' is built in");
   ExecutorTable& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
   auto it = std::find_if(t.executors.begin(), t.executors.end(),

@@ -43,6 +43,12 @@ class Executor {
   virtual bool claims(const Trace& trace, const BoundOp& op) const = 0;
   // The step that runs `op`; called only for ops this executor claimed.
   virtual Step lower(const Trace& trace, const BoundOp& op) const = 0;
+
+  // Fusion (compiler/fuse.h). Whether `op` may join a region this executor runs whole: the fuse
+  // pass groups such ops into regions (contiguous blocks of the trace), and lower_region turns
+  // the region trace.ops[begin, end) into one step. Executors without fusion keep the defaults.
+  virtual bool fuses(const Trace& trace, const BoundOp& op) const;
+  virtual Step lower_region(const Trace& trace, size_t begin, size_t end) const;
 };
 
 // Registers an executor under its name (replacing one of the same name, "eager" excepted).
@@ -62,5 +68,8 @@ std::shared_ptr<const Executor> make_op_executor(std::string name,
 OpCall bind_call(const BoundOp& op, const Frame& frame);
 // Stores a finished call's outputs into the frame's slots.
 void store_outputs(const BoundOp& op, OpCall& call, Frame& frame);
+
+// The built-in CPU fusion executor, "fused_cpu" (compiler/fused_cpu.cpp; docs/compiler.md).
+std::shared_ptr<const Executor> make_fused_cpu_executor();
 
 }  // namespace kiln::compiler

@@ -196,6 +196,7 @@ Trace assign_executors(const Trace& trace,
   Trace out = trace;
   out.stage = "executors";
   for (BoundOp& op : out.ops) {
+    if (op.region >= 0) continue;  // the fuse pass gave the region to its executor
     op.executor.clear();
     for (const auto& e : executors) {
       if (e->claims(out, op)) {

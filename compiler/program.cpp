@@ -15,42 +15,62 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
   const Trace& t = *trace_;
   KILN_CHECK(externals_.size() == t.externals.size(), "[compile] the program has ",
              t.externals.size(), " captured tensors, got ", externals_.size());
-  steps_.reserve(t.ops.size());
-  for (const BoundOp& op : t.ops) {
+  // One step per op, except that a fusion region (a contiguous block, compiler/fuse.h) is one
+  // step at its last op's place; its other ops get none.
+  steps_.resize(t.ops.size());
+  std::vector<int> at(t.ops.size());  // where each op's work runs
+  for (size_t i = 0; i < t.ops.size();) {
+    const BoundOp& op = t.ops[i];
     const Executor* chosen = nullptr;
     for (const auto& e : executors_) {
       if (e->name() == op.executor) chosen = e.get();
     }
     KILN_CHECK(chosen != nullptr, "[compile] ", op.name(), " is assigned to the executor '",
                op.executor, "', which is not among the program's executors");
-    steps_.push_back(chosen->lower(t, op));
+    size_t end = i + 1;
+    if (op.region >= 0) {
+      while (end < t.ops.size() && t.ops[end].region == op.region) ++end;
+      steps_[end - 1] = chosen->lower_region(t, i, end);
+    } else {
+      steps_[i] = chosen->lower(t, op);
+    }
+    for (size_t k = i; k < end; ++k) at[k] = static_cast<int>(end - 1);
+    i = end;
   }
   // Liveness: an op-produced value is dropped after the last step that reads it, unless the
-  // program returns it or assigns it to a grad.
-  std::vector<int> last_use(t.values.size(), -1);
-  for (size_t i = 0; i < t.ops.size(); ++i) {
-    for (int v : t.ops[i].inputs) {
-      if (v >= 0) last_use[static_cast<size_t>(v)] = static_cast<int>(i);
-    }
-    for (int v : t.ops[i].outputs) {  // an output nothing reads goes right away
-      if (v >= 0 && last_use[static_cast<size_t>(v)] < static_cast<int>(i)) {
-        last_use[static_cast<size_t>(v)] = static_cast<int>(i);
+  // program returns it or assigns it to a grad. `pos[i]` is where op i's reads happen.
+  auto liveness = [&](const std::vector<int>& pos) {
+    std::vector<int> last_use(t.values.size(), -1);
+    for (size_t i = 0; i < t.ops.size(); ++i) {
+      for (int v : t.ops[i].inputs) {
+        if (v >= 0) last_use[static_cast<size_t>(v)] = pos[i];
+      }
+      for (int v : t.ops[i].outputs) {  // an output nothing reads goes right away
+        if (v >= 0 && last_use[static_cast<size_t>(v)] < pos[i]) {
+          last_use[static_cast<size_t>(v)] = pos[i];
+        }
       }
     }
-  }
-  for (int v : t.outputs) {
-    if (v >= 0) last_use[static_cast<size_t>(v)] = -1;
-  }
-  for (const GradEffect& e : t.grad_effects) {
-    if (e.value >= 0) last_use[static_cast<size_t>(e.value)] = -1;
-  }
-  free_after_.resize(t.ops.size());
-  for (size_t v = 0; v < t.values.size(); ++v) {
-    if (t.roles[v] == ValueRole::kOp && last_use[v] >= 0) {
-      free_after_[static_cast<size_t>(last_use[v])].push_back(static_cast<int>(v));
+    for (int v : t.outputs) {
+      if (v >= 0) last_use[static_cast<size_t>(v)] = -1;
     }
-  }
-  // The planned peak: allocations of functional ops, released where free_after_ says.
+    for (const GradEffect& e : t.grad_effects) {
+      if (e.value >= 0) last_use[static_cast<size_t>(e.value)] = -1;
+    }
+    std::vector<std::vector<int>> free_after(t.ops.size());
+    for (size_t v = 0; v < t.values.size(); ++v) {
+      if (t.roles[v] == ValueRole::kOp && last_use[v] >= 0) {
+        free_after[static_cast<size_t>(last_use[v])].push_back(static_cast<int>(v));
+      }
+    }
+    return free_after;
+  };
+  free_after_ = liveness(at);
+  // The planned peak: allocations of functional ops, each released after its last reader, as
+  // a fusion region that runs whole releases them (one that runs in row blocks needs less).
+  std::vector<int> each(t.ops.size());
+  for (size_t i = 0; i < each.size(); ++i) each[i] = static_cast<int>(i);
+  const std::vector<std::vector<int>> released = liveness(each);
   auto bytes = [&](int v) {
     const TensorSpec& s = t.value(v).spec;
     return numel_of(s.sizes) * static_cast<int64_t>(element_size(s.dtype));
@@ -67,7 +87,7 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
       }
     }
     planned_peak_bytes_ = std::max(planned_peak_bytes_, live);
-    for (int v : free_after_[i]) live -= allocated[static_cast<size_t>(v)] ? bytes(v) : 0;
+    for (int v : released[i]) live -= allocated[static_cast<size_t>(v)] ? bytes(v) : 0;
   }
 }
 
@@ -100,7 +120,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& arguments, const Rng
   {
     NoGradGuard no_grad;
     for (size_t i = 0; i < steps_.size(); ++i) {
-      steps_[i](frame);
+      if (steps_[i]) steps_[i](frame);
       for (int v : free_after_[i]) frame.slots[static_cast<size_t>(v)] = Tensor();
     }
   }

@@ -70,7 +70,8 @@ std::string op_line(const Trace& t, const BoundOp& op) {
       comment += std::string("cuda: ") + std::string(short_dtype(op.autocast.cuda_dtype));
     comment += ")";
   }
-  if (!op.executor.empty()) comment += (comment.empty() ? "" : " ") + ("[" + op.executor + "]");
+  if (!op.executor.empty() && op.region < 0)
+    comment += (comment.empty() ? "" : " ") + ("[" + op.executor + "]");
   if (comment.empty()) return line;
   if (line.size() < 52) line.resize(52, ' ');
   return line + "  # " + comment;

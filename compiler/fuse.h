@@ -1,0 +1,46 @@
+// Fusion: the `fuse` pass groups ops that one executor runs together into regions, which the
+// listing prints as named blocks and the program runs as one step of that executor:
+//
+//   fusion0:  # region [fused_cpu]
+//     t5 = mul(t3, t4)                               # f32[64, 256] cpu
+//     t6 = add(t5, p1)                               # f32[64, 256] cpu
+//     t7 = sigmoid(t6)                               # f32[64, 256] cpu
+//     t8 = sum(t7; [1], true, none)                  # f32[64, 1] cpu
+//
+// The region rule, which every executor that runs regions may rely on:
+//   - Members are functional ops the executor fuses (Executor::fuses): pointwise ops (inputs
+//     broadcast to the output) and row ops, which reduce, scan or normalise within dims other
+//     than 0 (sum over dim 1, softmax over the last dim, ...).
+//   - They share one iteration domain: every output has the same leading size N0 (the rows).
+//   - A value produced in the region and read by a member has N0 rows at the rank of the
+//     member's output (a row op reads it whole-row). The region's other inputs either have N0
+//     rows at that rank (sliced by rows) or broadcast along the rows (passed whole).
+// So rows [r0, r1) of every output need only rows [r0, r1) of the region's values: a region runs
+// on any split of its rows, which is how the CPU executor keeps its working set in cache and how
+// a GPU executor would give rows to blocks.
+//
+// Placement: a region runs where its last member was, so the pass moves the other members down
+// to it (the region becomes a contiguous block). That is sound because a region closes before
+// any op outside it reads one of its values, and before any in-place op (which may write what
+// an earlier member read).
+#pragma once
+
+#include "compiler/executor.h"
+#include "compiler/trace.h"
+
+namespace kiln::compiler {
+
+// What an op is to fusion, by the region rule above.
+enum class FuseKind : uint8_t {
+  kNone,       // never fused
+  kPointwise,  // elementwise over its broadcast inputs
+  kRow,        // reduces, scans or normalises input 0 within dims given by an attribute
+};
+FuseKind fuse_kind(const BoundOp& op);
+
+// Groups the ops `executor` fuses into regions (at least 2 ops each) and assigns them to it;
+// ops already in a region stay as they are. Regions are named fusion0, fusion1, ... in the
+// order they end.
+Trace fuse(const Trace& trace, const Executor& executor);
+
+}  // namespace kiln::compiler
