@@ -13,6 +13,7 @@
 #include "autograd/autograd_meta.h"
 #include "autograd/grad_mode.h"
 #include "compiler/fuse.h"
+#include "compiler/memory_plan.h"
 #include "compiler/passes.h"
 #include "compiler/program.h"
 #include "compiler/tracer.h"
@@ -30,9 +31,10 @@ CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
   return *this;
 }
 CompileOptions& CompileOptions::skip_pass(std::string name) {
-  KILN_CHECK(name == "decompose" || name == "dce" || name == "cse" || name == "fuse",
+  KILN_CHECK(name == "decompose" || name == "dce" || name == "cse" || name == "fuse" ||
+                 name == "plan_memory",
              "[CompileOptions] no pass is named '", name,
-             "' (passes that can be skipped: decompose, dce, cse, fuse)");
+             "' (passes that can be skipped: decompose, dce, cse, fuse, plan_memory)");
   skipped_.push_back(std::move(name));
   return *this;
 }
@@ -523,6 +525,11 @@ std::vector<Tensor> CompiledCore::call(
     const auto t0 = std::chrono::steady_clock::now();
     t = assign_executors(t, m.executors);
     record("executors", t0);
+    if (!skip("plan_memory")) {
+      const auto t1 = std::chrono::steady_clock::now();
+      t = plan_memory(t);
+      record("plan_memory", t1);
+    }
   };
   std::vector<Tensor> externals = std::move(traced.externals);
   std::vector<Tensor> backward_externals = externals;
@@ -536,6 +543,13 @@ std::vector<Tensor> CompiledCore::call(
   auto program = std::make_unique<Program>(std::move(trace), std::move(externals), m.executors);
   m.stats.stage_ms.emplace_back("lower", ms_since(t0));
   m.stats.planned_peak_bytes = program->planned_peak_bytes();
+  m.stats.arena_bytes = 0;
+  for (const compiler::Arena& a : program->trace().arenas) m.stats.arena_bytes += a.bytes;
+  if (plan) {
+    int64_t backward = 0;
+    for (const compiler::Arena& a : plan->program->trace().arenas) backward += a.bytes;
+    m.stats.arena_bytes = std::max(m.stats.arena_bytes, backward);
+  }
   if (plan) {
     m.stats.planned_peak_bytes =
         std::max(m.stats.planned_peak_bytes, plan->program->planned_peak_bytes());

@@ -51,7 +51,7 @@ class CompileOptions {
   // Executors in priority order (compiler/executor.h); "eager" is appended when missing. The
   // default, {"fused_cpu", "eager"}, runs fusion regions of CPU ops with fused_cpu.
   CompileOptions& executors(std::vector<std::string> names);
-  // Skips a pass by name: "decompose", "dce", "cse", "fuse".
+  // Skips a pass by name: "decompose", "dce", "cse", "fuse", "plan_memory".
   CompileOptions& skip_pass(std::string name);
   // Ops the decompose pass always expands into their decompositions (besides those no executor
   // claims whole and no kernel supports), e.g. {"rms_norm"} to see its primitives.
@@ -105,6 +105,9 @@ struct CompileStats {
   // The last compiled program's planned peak of intermediate memory (Program::
   // planned_peak_bytes; for a forward/backward pair, the larger of the two).
   int64_t planned_peak_bytes = 0;
+  // The last compiled program's arenas (plan_memory) added up, in bytes; for a forward/backward
+  // pair, the larger program's.
+  int64_t arena_bytes = 0;
 };
 
 // The arguments of one call, flattened: the tensors, and everything else of the signature.

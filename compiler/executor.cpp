@@ -39,6 +39,24 @@ class AutocastScope {
   bool changed_ = false;
 };
 
+// Runs a functional op whose outputs plan_memory placed: the kernel the dispatcher would choose
+// (support rules), writing into the arena's views. False when it is not placed or no kernel of
+// the device supports the call (the dispatcher then runs the decomposition, which allocates).
+bool run_placed(const BoundOp& op, OpCall& call, Frame& frame) {
+  if (frame.placed.empty() || op.outputs.empty()) return false;
+  for (int v : op.outputs) {
+    if (v < 0 || !frame.placed[static_cast<size_t>(v)].defined()) return false;
+  }
+  const KernelDef* kernel = op.op->select_kernel(common_device(call).type(), call);
+  if (kernel == nullptr) return false;
+  call.kernel = kernel;
+  call.outputs.clear();
+  for (int v : op.outputs) call.outputs.push_back(frame.placed[static_cast<size_t>(v)]);
+  kernel->fn(call);
+  store_outputs(op, call, frame);
+  return true;
+}
+
 // Runs every op through the dispatcher below the Trace key: autocast and the device's kernel
 // choice (support rules, decompositions) as in eager code.
 class EagerExecutor final : public Executor {
@@ -51,6 +69,7 @@ class EagerExecutor final : public Executor {
   Step lower(const Trace&, const BoundOp& op) const override {
     return [&op](Frame& frame) {
       OpCall call = bind_call(op, frame);
+      if (run_placed(op, call, frame)) return;
       AutocastScope autocast(op.autocast);
       dispatch_after(call, DispatchKey::Trace);
       store_outputs(op, call, frame);

@@ -30,6 +30,9 @@ namespace kiln::compiler {
 // The tensors of one run of a program, indexed by value id, and the run's random base.
 struct Frame {
   std::vector<Tensor> slots;
+  // Outputs placed in the run's arenas by plan_memory (compiler/memory_plan.h), by value id;
+  // empty when nothing is placed. An executor that writes into given outputs uses them.
+  std::vector<Tensor> placed;
   uint64_t rng_seed = 0;
   uint64_t rng_base = 0;
 };

@@ -4,6 +4,8 @@
 
 #include "autograd/grad_mode.h"
 #include "tensor/random.h"
+#include "tensor/storage.h"
+#include "tensor/tensor_impl.h"
 
 namespace kiln::compiler {
 
@@ -117,6 +119,22 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& arguments, const Rng
     frame.rng_base = s.offset;
   }
   if (rng_used != nullptr) *rng_used = RngState{frame.rng_seed, frame.rng_base};
+  if (!t.arenas.empty()) {
+    // One allocation per arena; each placed value is a view of it (compiler/memory_plan.h).
+    std::vector<Storage> arenas;
+    for (const Arena& a : t.arenas)
+      arenas.push_back(allocate_storage(static_cast<size_t>(a.bytes), a.device));
+    frame.placed.resize(t.values.size());
+    for (size_t v = 0; v < t.values.size(); ++v) {
+      const ValueInfo& info = t.values[v];
+      if (info.arena < 0) continue;
+      const TensorSpec& s = info.spec;
+      frame.placed[v] = Tensor(std::make_shared<TensorImpl>(
+          arenas[static_cast<size_t>(info.arena)], s.sizes,
+          s.strides.empty() ? contiguous_strides(s.sizes) : s.strides,
+          info.arena_offset / static_cast<int64_t>(element_size(s.dtype)), s.dtype));
+    }
+  }
   {
     NoGradGuard no_grad;
     for (size_t i = 0; i < steps_.size(); ++i) {

@@ -59,7 +59,16 @@ std::string op_line(const Trace& t, const BoundOp& op) {
   std::string comment;
   for (size_t i = 0; i < op.outputs.size(); ++i) {
     if (i > 0) comment += ", ";
-    comment += op.outputs[i] < 0 ? "_" : spec_str(t.value(op.outputs[i]).spec);
+    if (op.outputs[i] < 0) {
+      comment += "_";
+      continue;
+    }
+    const ValueInfo& v = t.value(op.outputs[i]);
+    comment += spec_str(v.spec);
+    if (v.arena >= 0) {
+      comment += " @" + (v.arena > 0 ? std::to_string(v.arena) + ":" : std::string()) +
+                 std::to_string(v.arena_offset);
+    }
   }
   if (op.autocast.any()) {
     comment += " autocast(";
@@ -139,6 +148,10 @@ std::string Trace::str() const {
   std::ostringstream os;
   os << "# " << stage << ": " << ops.size() << " ops";
   if (rng_blocks > 0) os << ", " << rng_blocks << " Philox blocks per run";
+  for (size_t a = 0; a < arenas.size(); ++a) {
+    os << ", arena " << (a > 0 ? std::to_string(a) + " " : std::string()) << arenas[a].bytes
+       << " bytes on " << arenas[a].device.str();
+  }
   os << "\n";
   os << "def " << fn_name << "(" << param_list(*this, arguments);
   if (!externals.empty())

@@ -33,6 +33,16 @@ struct ValueInfo {
   TensorSpec spec;
   bool requires_grad = false;
   std::string name;
+  // Set by plan_memory (compiler/memory_plan.h): the arena holding the value (-1: its op
+  // allocates it) and its byte offset there.
+  int arena = -1;
+  int64_t arena_offset = 0;
+};
+
+// One arena of a planned program: a single allocation per run on `device`.
+struct Arena {
+  Device device = Device(kCPU);
+  int64_t bytes = 0;
 };
 
 enum class ValueRole : uint8_t {
@@ -84,6 +94,7 @@ class Trace {
   std::vector<GradEffect> grad_effects;
   uint64_t rng_blocks = 0;  // Philox blocks the program reserves per run
   std::vector<std::string> region_names;
+  std::vector<Arena> arenas;  // set by plan_memory
 
   // Adds a value and returns its id.
   int add_value(TensorSpec spec, ValueRole role, bool requires_grad = false);
