@@ -1,11 +1,11 @@
 // Fusion: the `fuse` pass groups ops that one executor runs together into regions, which the
 // listing prints as named blocks and the program runs as one step of that executor:
 //
-//   fusion0:  # region [fused_cpu]
-//     t5 = mul(t3, t4)                               # f32[64, 256] cpu
-//     t6 = add(t5, p1)                               # f32[64, 256] cpu
-//     t7 = sigmoid(t6)                               # f32[64, 256] cpu
-//     t8 = sum(t7; [1], true, none)                  # f32[64, 1] cpu
+//   fusion0:  # region [fused_cpu]               (sigmoid(x * w + b).sum({1}, true))
+//     t3 = mul(a0, a1)                                    # f32[256, 512] cpu
+//     t4 = add(t3, a2; 1)                                 # f32[256, 512] cpu
+//     t5 = sigmoid(t4)                                    # f32[256, 512] cpu
+//     t6 = sum(t5; [1], true, none)                       # f32[256, 1] cpu
 //
 // The region rule, which every executor that runs regions may rely on:
 //   - Members are functional ops the executor fuses (Executor::fuses): pointwise ops (inputs

@@ -168,7 +168,10 @@ std::string Trace::str() const {
       }
       open_region = op.region;
     }
-    os << (op.region >= 0 ? "    " : "  ") << op_line(*this, op) << "\n";
+    std::string line = op_line(*this, op);
+    // A member is indented two more: keep its comment in the column of the others.
+    if (op.region >= 0 && line.size() > 54 && line.compare(50, 4, "    ") == 0) line.erase(50, 2);
+    os << (op.region >= 0 ? "    " : "  ") << line << "\n";
   }
   os << "  return ";
   for (size_t i = 0; i < outputs.size(); ++i)
