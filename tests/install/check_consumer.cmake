@@ -53,6 +53,12 @@ if(MODE STREQUAL "package")
       message(FATAL_ERROR "[package] ${f} is missing from the install")
     endif()
   endforeach()
+  # The installed tool runs from its prefix (its RPATH is relative to the binary).
+  file(GLOB_RECURSE installed_tool "${prefix}/bin/kiln")
+  if(NOT installed_tool)
+    message(FATAL_ERROR "[package] bin/kiln is missing from the install")
+  endif()
+  run_step("installed tool" "${installed_tool}" help)
   run_step("configure" "${CMAKE_COMMAND}" ${configure_args} "-DCMAKE_PREFIX_PATH=${prefix}"
            -DCMAKE_BUILD_TYPE=Release)
   if(NOT step_output MATCHES "using the kiln package in ([^\n]*)")
