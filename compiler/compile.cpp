@@ -14,6 +14,7 @@
 #include "autograd/grad_mode.h"
 #include "compiler/fuse.h"
 #include "compiler/memory_plan.h"
+#include "compiler/partition.h"
 #include "compiler/passes.h"
 #include "compiler/program.h"
 #include "compiler/tracer.h"
@@ -67,6 +68,16 @@ CompileOptions& CompileOptions::recompile_limit(int limit) {
 }
 CompileOptions& CompileOptions::name(std::string name) {
   name_ = std::move(name);
+  return *this;
+}
+CompileOptions& CompileOptions::remat(compiler::RematPolicy policy) {
+  partition_.policy = policy;
+  return *this;
+}
+CompileOptions& CompileOptions::activation_budget(int64_t bytes) {
+  KILN_CHECK(bytes >= 0, "[CompileOptions] activation_budget must be a non-negative byte count, got ",
+             bytes);
+  partition_.activation_budget = bytes;
   return *this;
 }
 
@@ -205,53 +216,6 @@ class CompiledBackward final : public autograd::Node {
   RngState rng_;  // the forward run's random base
   bool released_ = false;
 };
-
-// Splits a joint trace at `traced.backward_begin` into a forward trace (returning the user's
-// outputs, then what the backward reads) and a backward trace (reading those saved values and
-// the output gradients, returning the gradients of traced.grad_targets).
-std::pair<Trace, Trace> split_joint(const Trace& joint, const TraceResult& traced,
-                                    std::vector<int>& saved) {
-  const size_t begin = static_cast<size_t>(traced.backward_begin);
-  std::vector<bool> forward_value(joint.values.size(), false);
-  for (int v : joint.arguments) {
-    if (v >= 0) forward_value[static_cast<size_t>(v)] = true;
-  }
-  for (size_t i = 0; i < begin; ++i) {
-    for (int v : joint.ops[i].outputs) {
-      if (v >= 0) forward_value[static_cast<size_t>(v)] = true;
-    }
-  }
-  std::vector<bool> is_saved(joint.values.size(), false);
-  auto save = [&](int v) {
-    if (v >= 0 && forward_value[static_cast<size_t>(v)] && !is_saved[static_cast<size_t>(v)]) {
-      is_saved[static_cast<size_t>(v)] = true;
-      saved.push_back(v);
-    }
-  };
-  for (size_t i = begin; i < joint.ops.size(); ++i) {
-    for (int v : joint.ops[i].inputs) save(v);
-  }
-  for (int v : traced.grads) save(v);
-
-  Trace fwd = joint;
-  fwd.stage = "forward";
-  fwd.ops.assign(joint.ops.begin(), joint.ops.begin() + static_cast<std::ptrdiff_t>(begin));
-  fwd.outputs.insert(fwd.outputs.end(), saved.begin(), saved.end());
-
-  Trace bwd = joint;
-  bwd.stage = "backward";
-  bwd.fn_name = joint.fn_name + "_backward";
-  bwd.ops.assign(joint.ops.begin() + static_cast<std::ptrdiff_t>(begin), joint.ops.end());
-  bwd.arguments = saved;
-  for (int v : traced.grad_outputs) {
-    if (v >= 0) bwd.arguments.push_back(v);
-  }
-  for (int v : bwd.arguments) bwd.roles[static_cast<size_t>(v)] = ValueRole::kArgument;
-  bwd.outputs = traced.grads;
-  bwd.grad_effects.clear();
-  bwd.rng_blocks = 0;
-  return {std::move(fwd), std::move(bwd)};
-}
 
 struct Entry {
   std::vector<ExternalGuard> guards;  // taken before the traced call, in Trace::externals order
@@ -445,6 +409,8 @@ std::vector<Tensor> CompiledCore::call(
   }
   m.traces.clear();
   m.stats.stage_ms.clear();
+  m.stats.saved_bytes = 0;
+  m.stats.recomputed_ops = 0;
 
   auto start = std::chrono::steady_clock::now();
   TraceResult traced = trace_callable(body, args.tensors, m.options.name(), /*joint=*/true);
@@ -464,8 +430,11 @@ std::vector<Tensor> CompiledCore::call(
   Trace backward_trace;
   if (traced.backward_begin >= 0 && traced.escaped.empty()) {
     plan = std::make_shared<BackwardPlan>();
-    std::vector<int> saved;
-    auto [fwd, bwd] = split_joint(trace, traced, saved);
+    const auto t0 = std::chrono::steady_clock::now();
+    Partition part = partition_joint(trace, joint_boundary(traced), m.options.partition());
+    m.stats.stage_ms.emplace_back("partition", ms_since(t0));
+    m.stats.saved_bytes = part.saved_bytes;
+    m.stats.recomputed_ops = part.recomputed_ops;
     plan->user_outputs = user_outputs;
     int k = 0;
     for (int v : traced.grad_outputs) {
@@ -481,8 +450,8 @@ std::vector<Tensor> CompiledCore::call(
         plan->targets.push_back(-1 - static_cast<int>(ext - trace.externals.begin()));
       }
     }
-    trace = std::move(fwd);
-    backward_trace = std::move(bwd);
+    trace = std::move(part.forward);
+    backward_trace = std::move(part.backward);
     m.traces.push_back(trace);
     m.write_stage(trace);
     m.traces.push_back(backward_trace);

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "compiler/partition.h"
 #include "compiler/trace.h"
 
 namespace kiln {
@@ -69,6 +70,14 @@ class CompileOptions {
   CompileOptions& recompile_limit(int limit);
   // The name the traces print for the callable.
   CompileOptions& name(std::string name);
+  // What a compiled backward saves (compiler/partition.h): kMinCut (the default) saves a minimum
+  // cut of the forward's values and recomputes cheap ones in the backward; kSaveAll saves every
+  // forward value the backward reads.
+  CompileOptions& remat(compiler::RematPolicy policy);
+  // The most bytes the forward may save for the backward: kMinCut recomputes more (reductions,
+  // then every op but matmuls, attention, random and in-place ops) until the cut fits, and
+  // compiling fails naming the least it can save when nothing fits.
+  CompileOptions& activation_budget(int64_t bytes);
 
   const std::vector<std::string>& executors() const { return executors_; }
   const std::vector<std::string>& skipped_passes() const { return skipped_; }
@@ -78,6 +87,7 @@ class CompileOptions {
   const std::string& trace_dir() const { return trace_dir_; }
   int recompile_limit() const { return recompile_limit_; }
   const std::string& name() const { return name_; }
+  const compiler::PartitionOptions& partition() const { return partition_; }
 
  private:
   std::vector<std::string> executors_{"fused_cpu", "eager"};
@@ -88,6 +98,7 @@ class CompileOptions {
   std::string trace_dir_;
   int recompile_limit_ = 8;
   std::string name_ = "fn";
+  compiler::PartitionOptions partition_;
 };
 
 namespace compiler {
@@ -108,6 +119,10 @@ struct CompileStats {
   // The last compiled program's arenas (plan_memory) added up, in bytes; for a forward/backward
   // pair, the larger program's.
   int64_t arena_bytes = 0;
+  // For a compiled function with a backward: the bytes of the values the forward saves for it,
+  // and the forward ops the backward recomputes instead of saving (CompileOptions::remat).
+  int64_t saved_bytes = 0;
+  int recomputed_ops = 0;
 };
 
 // The arguments of one call, flattened: the tensors, and everything else of the signature.
