@@ -1,10 +1,9 @@
 // The CUDA kernel of adam_update_ (tensor/ops/optim.cpp): every parameter of a call in a few
 // launches of a multi-tensor kernel (the launcher multi_tensor_adam, kernels/cuda/optim.h).
 //
-// A launch carries a table of up to kMaxTensors parameters in its kernel arguments (no
-// host-to-device copy of a pointer list). Each parameter is cut into chunks of kChunk
-// elements, one block per chunk; block b finds its parameter by scanning the table's block
-// offsets (uniform across the block, read from the constant bank). Within a chunk each thread
+// A launch carries a table of up to kMaxTensors parameters in its kernel arguments (the
+// multi-tensor tables of kernels/cuda/multi_tensor.cuh). Each parameter is cut into chunks of
+// kChunk elements, one block per chunk. Within a chunk each thread
 // moves 16 / sizeof(state) elements per access when the pointers allow it: 4 with f32 state
 // (16-byte loads of the state, 8- or 16-byte loads of the parameter and grad), 8 with 16-bit
 // state (state_in_param_dtype: 16-byte loads of everything).
@@ -24,10 +23,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/loops.cuh"
+#include "kernels/cuda/multi_tensor.cuh"
 #include "kernels/cuda/optim.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -57,17 +58,11 @@ struct Entry {
   int64_t vectorised;  // 1 when every pointer allows kVecOf<S>-element accesses
 };
 
-struct Table {
-  Entry t[kMaxTensors];
-  int64_t block_start[kMaxTensors + 1];  // block_start[count] = the launch's grid size
-  int count;
-};
-static_assert(sizeof(Table) + sizeof(AdamHyper) < 4000, "kernel arguments are limited to 4 KiB");
+using Table = multi_tensor::Table<Entry, kMaxTensors>;
+static_assert(sizeof(Table) + sizeof(AdamHyper) < multi_tensor::kMaxArgBytes,
+              "kernel arguments are limited to 4 KiB");
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
+using multi_tensor::Pack;
 
 template <bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
 __device__ __forceinline__ float adam_element(float pv, float g, float& m, float& v, float* vmax,
@@ -116,8 +111,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kVec = kVecOf<S>;
   static_assert(kChunk % kVec == 0, "a chunk holds whole vectors");
   const int64_t block = blockIdx.x;
-  int i = 0;
-  while (i + 1 < table.count && block >= table.block_start[i + 1]) ++i;
+  const int i = multi_tensor::entry_of(table, block);
   const Entry& e = table.t[i];
   const int64_t begin = (block - table.block_start[i]) * kChunk;
   const int64_t end = min(begin + kChunk, e.numel);
@@ -168,15 +162,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool aligned(const void* ptr, size_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-}
-
 // Launches adam_kernel<T, S, flags...> for the runtime flags.
 template <typename T, typename S, bool... kFlags, typename... Rest>
 void launch(const Table& table, const AdamHyper& h, cudaStream_t stream, bool flag, Rest... rest) {
   if constexpr (sizeof...(Rest) == 0) {
-    const unsigned grid = static_cast<unsigned>(table.block_start[table.count]);
+    const unsigned grid = table.grid();
     if (flag) {
       adam_kernel<T, S, kFlags..., true><<<grid, kThreads, 0, stream>>>(table, h);
     } else {
@@ -208,11 +198,7 @@ void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int devic
   const size_t elem = element_size(param_dtype);
   const size_t state_elem = element_size(state_dtype);
   const size_t vec = 16 / state_elem;  // kVecOf<S>
-  // The grid of one launch stays below 2^31 blocks.
-  constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;
-  Table table{};
-  auto flush = [&] {
-    if (table.count == 0) return;
+  auto tables = multi_tensor::table_filler<Table>([&](const Table& table, int64_t) {
     visit_dtype(param_dtype, [&]<typename T>(TypeTag<T>) {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16> ||
                     std::is_same_v<T, Half>) {
@@ -223,17 +209,10 @@ void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int devic
         }
       }
     });
-    table = Table{};
-  };
+  });
   for (const AdamTensor& a : tensors) {
     if (a.numel == 0) continue;
-    const int64_t blocks = (a.numel + kChunk - 1) / kChunk;
-    KILN_CHECK(blocks < kMaxBlocks, "[adam] a parameter of ", a.numel,
-               " elements is too large for one launch");
-    if (table.count == kMaxTensors || table.block_start[table.count] + blocks > kMaxBlocks) {
-      flush();
-    }
-    Entry& e = table.t[table.count];
+    Entry e{};
     e.param = a.param;
     e.grad = a.grad;
     e.m = a.exp_avg;
@@ -243,14 +222,15 @@ void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int devic
     e.neg_step = a.neg_step_size;
     e.bc2_sqrt = a.bc2_sqrt;
     const size_t state_bytes = state_elem * vec;  // 16
-    const bool vectorised = aligned(a.param, elem * vec) && aligned(a.grad, elem * vec) &&
-                            aligned(a.exp_avg, state_bytes) && aligned(a.exp_avg_sq, state_bytes) &&
-                            (a.max_exp_avg_sq == nullptr || aligned(a.max_exp_avg_sq, state_bytes));
+    const bool vectorised =
+        multi_tensor::aligned(a.param, elem * vec) && multi_tensor::aligned(a.grad, elem * vec) &&
+        multi_tensor::aligned(a.exp_avg, state_bytes) &&
+        multi_tensor::aligned(a.exp_avg_sq, state_bytes) &&
+        (a.max_exp_avg_sq == nullptr || multi_tensor::aligned(a.max_exp_avg_sq, state_bytes));
     e.vectorised = vectorised ? 1 : 0;
-    table.block_start[table.count + 1] = table.block_start[table.count] + blocks;
-    ++table.count;
+    tables.add(e, multi_tensor::chunks(a.numel, kChunk));
   }
-  flush();
+  tables.flush();
 }
 
 namespace {
