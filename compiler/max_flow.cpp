@@ -47,7 +47,8 @@ bool MaxFlow::levels(int source, int sink) {
 // what it pushed. Each node's cursor skips edges that are saturated or lead nowhere.
 int64_t MaxFlow::push(int node, int sink, int64_t limit) {
   if (node == sink) return limit;
-  for (int& e = cursor_[static_cast<size_t>(node)]; e >= 0; e = edges_[static_cast<size_t>(e)].next) {
+  for (int& e = cursor_[static_cast<size_t>(node)]; e >= 0;
+       e = edges_[static_cast<size_t>(e)].next) {
     Edge& edge = edges_[static_cast<size_t>(e)];
     if (edge.capacity <= 0 ||
         level_[static_cast<size_t>(edge.to)] != level_[static_cast<size_t>(node)] + 1) {

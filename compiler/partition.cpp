@@ -22,23 +22,24 @@ enum class Cost : uint8_t {
 Cost cost_of(const BoundOp& op, const Trace& trace) {
   static const absl::flat_hash_set<std::string_view> banned = {
       "mm", "bmm", "addmm", "flash_attention", "flash_attention_backward"};
+  // clang-format off
   static const absl::flat_hash_set<std::string_view> cheap = {
-      "abs",         "add",          "sub",         "mul",        "div",         "neg",
-      "relu",        "sigmoid",      "tanh",        "exp",        "log",         "log1p",
-      "expm1",       "erf",          "gelu",        "silu",       "sqrt",        "rsqrt",
-      "reciprocal",  "square",       "pow",         "pow_tensor_scalar",         "clamp",
-      "where",       "lerp",         "maximum",     "minimum",    "eq",          "ne",
-      "gt",          "ge",           "lt",          "le",         "logical_and", "logical_or",
-      "logical_xor", "logical_not",  "bitwise_not", "sign",       "ceil",        "floor",
-      "round",       "sin",          "cos",         "atan2",      "masked_fill", "to_copy",
-      "isclose",     "tril",         "triu",        "rotary_emb", "rotary_emb_qk",
-      "swiglu",      "geglu_tanh",   "cat",         "index",      "index_select",
-      "gather",      "embedding",    "one_hot",     "empty",      "arange",      "eye"};
+      // pointwise
+      "abs", "neg", "relu", "sigmoid", "tanh", "exp", "log", "log1p", "expm1", "erf", "gelu",
+      "silu", "sqrt", "rsqrt", "reciprocal", "square", "sign", "ceil", "floor", "round", "sin",
+      "cos", "add", "sub", "mul", "div", "pow", "pow_tensor_scalar", "atan2", "maximum",
+      "minimum", "clamp", "where", "lerp", "masked_fill", "isclose", "to_copy", "eq", "ne", "gt",
+      "ge", "lt", "le", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_not",
+      "tril", "triu", "rotary_emb", "rotary_emb_qk", "swiglu", "geglu_tanh",
+      // indexing and joining
+      "cat", "index", "index_select", "gather", "embedding", "one_hot",
+      // factories
+      "empty", "arange", "eye"};
   static const absl::flat_hash_set<std::string_view> reductions = {
-      "sum",        "mean",        "amax", "amin",   "max",    "min",     "var",
-      "std",        "logsumexp",   "prod", "argmax", "argmin", "any",     "all",
-      "max_dim",    "min_dim",     "norm", "cumsum", "softmax", "log_softmax",
-      "rms_norm",   "layer_norm"};
+      "sum", "mean", "prod", "amax", "amin", "max", "min", "max_dim", "min_dim", "argmax",
+      "argmin", "any", "all", "var", "std", "norm", "logsumexp", "cumsum", "softmax",
+      "log_softmax", "rms_norm", "layer_norm"};
+  // clang-format on
   const OpDef& def = *op.op;
   if (def.kind == OpKind::kInplace || def.kind == OpKind::kDynamic || def.random ||
       banned.contains(def.name)) {
@@ -74,12 +75,12 @@ struct AliasClasses {
 // The facts about a joint trace that every level's cut shares.
 struct Joint {
   const Trace& trace;
-  size_t begin = 0;                // the first backward op
-  std::vector<int> producer;       // per value: the forward op producing it, or -1
-  std::vector<bool> forward;       // per value: an argument or a forward op's output
-  std::vector<int> needed;         // forward values the backward reads, in first-read order
-  std::vector<bool> memory_safe;   // per forward op: no in-place op writes its memory later
-  std::vector<Cost> cost;          // per forward op
+  size_t begin = 0;               // the first backward op
+  std::vector<int> producer;      // per value: the forward op producing it, or -1
+  std::vector<bool> forward;      // per value: an argument or a forward op's output
+  std::vector<int> needed;        // forward values the backward reads, in first-read order
+  std::vector<bool> memory_safe;  // per forward op: no in-place op writes its memory later
+  std::vector<Cost> cost;         // per forward op
   std::vector<int64_t> out_bytes, in_bytes;  // per forward op: its outputs' and inputs' bytes
 
   Joint(const Trace& t, const JointBoundary& b)
@@ -117,7 +118,8 @@ struct Joint {
       if (op.op->kind == OpKind::kView && !op.inputs.empty()) {
         for (int v : op.outputs) alias.join(v, op.inputs[0]);
       } else if (op.op->kind == OpKind::kInplace) {
-        const size_t written = op.op->mutated ? op.inputs.size() : std::min<size_t>(1, op.inputs.size());
+        const size_t written =
+            op.op->mutated ? op.inputs.size() : std::min<size_t>(1, op.inputs.size());
         for (size_t k = 0; k < written; ++k) {
           for (int v : op.outputs) alias.join(v, op.inputs[k]);
           if (k > 0) alias.join(op.inputs[k], op.inputs[0]);
@@ -201,7 +203,8 @@ struct Joint {
     std::vector<bool> saved(nv, false);
     for (size_t v = 0; v < nv; ++v) {
       if (forward[v]) {
-        saved[v] = !reaches[static_cast<size_t>(node[v])] && reaches[static_cast<size_t>(node[v] + 1)];
+        saved[v] =
+            !reaches[static_cast<size_t>(node[v])] && reaches[static_cast<size_t>(node[v] + 1)];
       }
     }
     return saved;
@@ -229,7 +232,8 @@ Partition assemble(const Trace& joint, const JointBoundary& b, std::vector<int> 
   for (int v : b.grad_outputs) {
     if (v >= 0) p.backward.arguments.push_back(v);
   }
-  for (int v : p.backward.arguments) p.backward.roles[static_cast<size_t>(v)] = ValueRole::kArgument;
+  for (int v : p.backward.arguments)
+    p.backward.roles[static_cast<size_t>(v)] = ValueRole::kArgument;
   p.backward.outputs = b.grads;
   p.backward.grad_effects.clear();
   p.backward.rng_blocks = 0;
@@ -263,7 +267,8 @@ Partition recompute_from_cut(const Joint& j, const JointBoundary& b, RematLevel 
   // A value a redone op produces is not saved (a multi-output op redone for another output).
   std::vector<bool> available(t.values.size(), true);  // backward values, externals, gradients
   for (size_t v = 0; v < t.values.size(); ++v) {
-    if (j.forward[v]) available[v] = cut[v] && !(j.producer[v] >= 0 && redo[static_cast<size_t>(j.producer[v])]);
+    if (j.forward[v])
+      available[v] = cut[v] && !(j.producer[v] >= 0 && redo[static_cast<size_t>(j.producer[v])]);
   }
   std::vector<int> saved;
   std::vector<bool> is_saved(t.values.size(), false);
@@ -322,8 +327,8 @@ Partition partition_joint(const Trace& joint, const JointBoundary& boundary,
                           const PartitionOptions& options) {
   KILN_CHECK(boundary.backward_begin >= 0 &&
                  static_cast<size_t>(boundary.backward_begin) <= joint.ops.size(),
-             "[remat] backward_begin ", boundary.backward_begin, " is not an op of the joint trace (",
-             joint.ops.size(), " ops)");
+             "[remat] backward_begin ", boundary.backward_begin,
+             " is not an op of the joint trace (", joint.ops.size(), " ops)");
   const Joint j(joint, boundary);
   if (options.policy == RematPolicy::kSaveAll) {
     KILN_CHECK(options.activation_budget < 0, "[remat] activation_budget(",

@@ -168,8 +168,7 @@ TEST(Remat, GeluTanhMlpRecomputesActivationsNotMatmuls) {
   EXPECT_LT(min_cut, save_all);
   auto f = compile(mlp);
   (void)run_with_grads(f, in, go);
-  const std::vector<std::string> redo =
-      recomputed(stage_of(f, "forward"), stage_of(f, "backward"));
+  const std::vector<std::string> redo = recomputed(stage_of(f, "forward"), stage_of(f, "backward"));
   EXPECT_TRUE(contains(redo, "gelu"));
   EXPECT_FALSE(contains(redo, "mm"));
 }
@@ -181,11 +180,10 @@ TEST(Remat, SaveAllIsTheSplitAtBackwardBegin) {
   (void)run_with_grads(f, in, randn({8, 6}));
   EXPECT_EQ(f.stats().recomputed_ops, 0);
   EXPECT_TRUE(recomputed(stage_of(f, "forward"), stage_of(f, "backward")).empty());
-  EXPECT_KILN_ERROR(
-      compile(relu_times_sigmoid,
-              CompileOptions().remat(RematPolicy::kSaveAll).activation_budget(1024))(
-          in[0].clone().requires_grad_(true), in[1]),
-      "[remat] activation_budget(1024) needs the min-cut policy");
+  EXPECT_KILN_ERROR(compile(relu_times_sigmoid,
+                            CompileOptions().remat(RematPolicy::kSaveAll).activation_budget(1024))(
+                        in[0].clone().requires_grad_(true), in[1]),
+                    "[remat] activation_budget(1024) needs the min-cut policy");
 }
 
 // h = x @ w; exp(h - amax(h)): amax's backward reads h and its output, exp's its output. At
@@ -211,15 +209,15 @@ TEST(Remat, BudgetRecomputesMoreOrFailsClearly) {
   const compiler::TraceResult traced = joint_trace(shifted_exp, in);
   ASSERT_GE(traced.backward_begin, 0);
   const auto boundary = compiler::joint_boundary(traced);
-  const Partition all = compiler::partition_joint(traced.trace, boundary,
-                                                  {.policy = RematPolicy::kSaveAll});
+  const Partition all =
+      compiler::partition_joint(traced.trace, boundary, {.policy = RematPolicy::kSaveAll});
   const Partition cut = compiler::partition_joint(traced.trace, boundary, {});
   EXPECT_EQ(cut.level, RematLevel::kPointwise);
   EXPECT_LT(cut.saved_bytes, all.saved_bytes);
   const int64_t x_w_h = (16 * 64 + 64 * 64 + 16 * 64) * 4;
   EXPECT_EQ(cut.saved_bytes, x_w_h + 16 * 4);  // and amax's [16, 1]
-  const Partition tight = compiler::partition_joint(
-      traced.trace, boundary, {.activation_budget = cut.saved_bytes - 1});
+  const Partition tight =
+      compiler::partition_joint(traced.trace, boundary, {.activation_budget = cut.saved_bytes - 1});
   EXPECT_EQ(tight.level, RematLevel::kReductions);
   EXPECT_EQ(tight.saved_bytes, x_w_h);
   EXPECT_TRUE(contains(recomputed(tight.forward, tight.backward), "amax"));
@@ -233,9 +231,9 @@ TEST(Remat, BudgetRecomputesMoreOrFailsClearly) {
   int64_t saved = 0;
   expect_same_as_eager(shifted_exp, CompileOptions().activation_budget(x_w_h), in, go, &saved);
   EXPECT_EQ(saved, x_w_h);
-  EXPECT_KILN_ERROR(run_with_grads(compile(shifted_exp, CompileOptions().activation_budget(100)),
-                                   in, go),
-                    "[remat] activation_budget(100 bytes)");
+  EXPECT_KILN_ERROR(
+      run_with_grads(compile(shifted_exp, CompileOptions().activation_budget(100)), in, go),
+      "[remat] activation_budget(100 bytes)");
   EXPECT_KILN_ERROR(CompileOptions().activation_budget(-1), "[CompileOptions] activation_budget");
 }
 
@@ -284,7 +282,8 @@ int64_t saved_view_bytes(const Trace& forward, size_t user_outputs) {
   for (const auto& op : forward.ops) {
     if (op.op->kind != OpKind::kView || op.inputs.empty() || op.inputs[0] < 0) continue;
     for (int v : op.outputs) {
-      if (v >= 0) external_view[static_cast<size_t>(v)] = external_view[static_cast<size_t>(op.inputs[0])];
+      if (v >= 0)
+        external_view[static_cast<size_t>(v)] = external_view[static_cast<size_t>(op.inputs[0])];
     }
   }
   int64_t bytes = 0;
@@ -349,7 +348,8 @@ void check_model(const std::string& name) {
 }
 
 TEST(Remat, ModelLossGradientsMatchEagerWithLessSaved) {
-  for (const char* name : {"kiln-tiny", "tiny-llama", "tiny-mistral", "tiny-gemma", "tiny-gemma2"}) {
+  for (const char* name :
+       {"kiln-tiny", "tiny-llama", "tiny-mistral", "tiny-gemma", "tiny-gemma2"}) {
     SCOPED_TRACE(name);
     check_model(name);
   }
