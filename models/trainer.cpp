@@ -20,6 +20,7 @@
 #include "nn/safetensors.h"
 #include "nn/serialize.h"
 #include "tensor/error.h"
+#include "tensor/foreach.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 
@@ -51,22 +52,29 @@ Tensor precision_loss(GPT& model, const Tensor& x, const Tensor& y, const std::s
   return model->loss(x, y);
 }
 
-// Clipping as tensors, so that a compiled step can run it (clip_grad_norm_ reads each norm with
-// item()): the total 2-norm of the gradients (per-gradient norms combined in f64), and every
-// gradient scaled in place by min(1, max_norm / (total + 1e-6)), as torch's clip_grad_norm_.
+// Clipping as tensors, so that a compiled step can run it (clip_grad_norm_ reads the norm with
+// item()): the total 2-norm of the gradients, their norms (foreach_norm: f32 for f32 and bf16
+// gradients, accumulated in f64 on the CPU and in f32 on the GPU) combined in f64, and every
+// gradient scaled in place by min(1, max_norm / (total + 1e-6)), as torch's clip_grad_norm_, by
+// foreach_mul_ with the coefficient left on the device. One foreach_norm and one foreach_mul_ per
+// dtype and device of the gradients (multi-tensor kernels: a few launches, no host sync).
 // Returns the total, a 0-d f64 tensor.
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   NoGradGuard no_grad;
-  std::vector<Tensor> grads, norms;
+  std::vector<Tensor> grads;
   for (const Tensor& p : params) {
-    if (!p.grad().defined()) continue;
-    grads.push_back(p.grad());
-    norms.push_back(p.grad().norm(2.0).to(kFloat64));
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
   if (grads.empty()) return zeros({}, kFloat64);
-  const Tensor total = stack(norms).square().sum().sqrt();
+  const std::vector<std::vector<Tensor>> groups = foreach_groups(grads);
+  const Device device = groups[0][0].device();
+  std::vector<Tensor> norms;
+  for (const std::vector<Tensor>& g : groups) {
+    norms.push_back(stack(foreach_norm(g, 2.0)).to(device, kFloat64));
+  }
+  const Tensor total = (norms.size() == 1 ? norms[0] : cat(norms)).square().sum().sqrt();
   const Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
-  for (Tensor g : grads) g.mul_(coef.to(g.device()));
+  for (const std::vector<Tensor>& g : groups) foreach_mul_(g, coef.to(g[0].device()));
   return total;
 }
 

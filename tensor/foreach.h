@@ -14,8 +14,8 @@
 // a 0-d floating tensor, on the tensors' device (read there: nothing waits for the GPU) or on the
 // CPU, read in the tensors' arithmetic type (f32 for bf16/f16 tensors).
 //
-// Pitfalls: one call takes floating tensors of one dtype on one device (group a mixed list by
-// dtype and device first); the kernels take contiguous tensors and the others are run one by one
+// Pitfalls: one call takes floating tensors of one dtype on one device (split a mixed list with
+// foreach_groups first); the kernels take contiguous tensors and the others are run one by one
 // (t.norm, t.mul_), with the same results. Neither op has a gradient: call them under
 // NoGradGuard on tensors that do not require grad. Ops: tensor/ops/foreach.cpp.
 #pragma once
@@ -28,5 +28,9 @@ namespace kiln {
 
 std::vector<Tensor> foreach_norm(TensorList tensors, double ord = 2.0);
 void foreach_mul_(TensorList tensors, const Tensor& scale);
+
+// `tensors` split into lists of one dtype and device, each in the order of the input, the lists
+// in the order of their first tensor: what one foreach call takes.
+std::vector<std::vector<Tensor>> foreach_groups(TensorList tensors);
 
 }  // namespace kiln

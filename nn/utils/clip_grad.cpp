@@ -5,6 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "tensor/error.h"
+#include "tensor/foreach.h"
 #include "tensor/ops.h"
 
 namespace kiln::nn::utils {
@@ -19,6 +20,22 @@ std::vector<Tensor> defined_grads(const std::vector<Tensor>& parameters) {
   return grads;
 }
 
+// The total norm of order p of `grads` (none empty), from their per-gradient norms (foreach_norm:
+// f32 for f32/bf16/f16 gradients, f64 for f64) combined in f64 on the first gradient's device,
+// read with one item().
+double total_norm(const std::vector<Tensor>& grads, double p) {
+  const std::vector<std::vector<Tensor>> groups = foreach_groups(grads);
+  const Device device = groups[0][0].device();
+  std::vector<Tensor> parts;
+  for (const std::vector<Tensor>& g : groups) {
+    parts.push_back(stack(foreach_norm(g, p)).to(device, kFloat64));
+  }
+  const Tensor norms = parts.size() == 1 ? parts[0] : cat(parts);
+  if (std::isinf(p)) return (p > 0 ? norms.amax() : norms.amin()).item<double>();
+  if (p == 0) return norms.sum().item<double>();  // counts of non-zero entries add up
+  return norms.pow(p).sum().pow(1.0 / p).item<double>();
+}
+
 }  // namespace
 
 double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type,
@@ -27,23 +44,18 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   NoGradGuard no_grad;
   const std::vector<Tensor> grads = defined_grads(parameters);
   if (grads.empty()) return 0.0;
-  // Per-gradient norms (the kernel accumulates in double), combined in double.
-  const bool inf = std::isinf(norm_type);
-  double total = inf ? (norm_type > 0 ? 0.0 : INFINITY) : 0.0;
+  std::vector<Tensor> nonempty;  // an empty gradient adds nothing (inf norms reject it)
   for (const Tensor& g : grads) {
-    if (g.numel() == 0) continue;  // an empty gradient adds nothing (inf norms reject it)
-    const double n = g.norm(norm_type).item<double>();
-    if (inf) {
-      total = std::isnan(n) || std::isnan(total) ? NAN
-              : norm_type > 0                    ? std::max(total, n)
-                                                 : std::min(total, n);
-    } else if (norm_type == 0) {
-      total += n;  // counts of non-zero entries add up
-    } else {
-      total += std::pow(n, norm_type);
-    }
+    if (g.numel() != 0) nonempty.push_back(g);
   }
-  if (!inf && norm_type != 0) total = std::pow(total, 1.0 / norm_type);
+  const bool inf = std::isinf(norm_type);
+  double total;
+  if (!nonempty.empty()) {
+    total = total_norm(nonempty, norm_type);
+  } else {
+    total = inf ? (norm_type > 0 ? 0.0 : INFINITY) : std::pow(0.0, 1.0 / norm_type);
+    if (norm_type == 0) total = 0.0;
+  }
   if (inf && norm_type < 0 && std::isinf(total)) total = 0.0;  // only empty gradients
   if (!std::isfinite(total)) {
     KILN_CHECK(!error_if_nonfinite, "[clip_grad_norm_] the total norm of order ", norm_type,
@@ -52,10 +64,13 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
                "non-finite norm anyway, set error_if_nonfinite=false");
   }
   // PyTorch's clamp(max_norm / (total + 1e-6), max=1), keeping a nan coefficient.
-  // Multiplying by 1 changes nothing, so only a coefficient below 1 (or nan) is applied.
+  // Multiplying by 1 changes nothing, so only a coefficient below 1 (or nan) is applied: as
+  // g.mul_(coef) would, read as f32 by f32/bf16/f16 gradients (a host scalar: no sync).
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0 || std::isnan(coef)) {
-    for (Tensor g : grads) g.mul_(coef);
+    for (const std::vector<Tensor>& g : foreach_groups(grads)) {
+      foreach_mul_(g, full({}, coef, g[0].dtype() == kDouble ? kDouble : kFloat));
+    }
   }
   return total;
 }

@@ -16,6 +16,7 @@
 // kernels; a call with another goes through the decomposition (the loop of t.norm / t.mul_).
 #include "tensor/ops/foreach.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -194,6 +195,24 @@ void foreach_mul_(TensorList tensors, const Tensor& scale) {
   TensorVec inputs(tensors.begin(), tensors.end());
   inputs.push_back(scale);
   call_op(op, std::move(inputs), {static_cast<int64_t>(tensors.size())});
+}
+
+std::vector<std::vector<Tensor>> foreach_groups(TensorList tensors) {
+  std::vector<std::vector<Tensor>> groups;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    KILN_CHECK(t.defined(), "[foreach_groups] ", entry(i), " is undefined");
+    auto same = [&](const std::vector<Tensor>& g) {
+      return g[0].dtype() == t.dtype() && g[0].device() == t.device();
+    };
+    auto it = std::find_if(groups.begin(), groups.end(), same);
+    if (it == groups.end()) {
+      groups.push_back({t});
+    } else {
+      it->push_back(t);
+    }
+  }
+  return groups;
 }
 
 }  // namespace kiln

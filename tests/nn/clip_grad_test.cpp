@@ -1,12 +1,15 @@
 // clip_grad_norm_ and clip_grad_value_ against hand-computed values, including the inf norm,
-// other p, and non-finite gradients.
+// other p, and non-finite gradients; gradients of several dtypes, empty and 0-d (the foreach ops
+// run per dtype), scaled as g.mul_(coef) scales them.
 #include "nn/utils/clip_grad.h"
 
 #include <gtest/gtest.h>
 #include <kiln/kiln.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "test_util.h"
 
@@ -101,6 +104,46 @@ TEST(ClipGradNorm, NonFiniteNorms) {
     q[1].mutable_grad().view({-1})[0] = std::nan("");
     EXPECT_TRUE(std::isnan(clip_grad_norm_(q, 1.0, kInf)));
     EXPECT_KILN_ERROR(clip_grad_norm_(q, 1.0, 2.0, true), "is non-finite");
+  }
+}
+
+TEST(ClipGradNorm, MixedDtypesEmptyAndZeroDimGradients) {
+  manual_seed(5);
+  const std::vector<Tensor> grads = {
+      randn({5}),    randn({3, 4}).to(kBFloat16), randn({2}, kDouble),
+      zeros({0}),    full({}, -2.5, kBFloat16),   randn({7}).to(kBFloat16),
+      full({}, 0.75)};
+  for (double p : {2.0, 1.0, 3.0, kInf, -kInf, 0.0}) {
+    std::vector<Tensor> params;
+    for (const Tensor& g : grads) {
+      Tensor t = zeros(g.sizes(), g.dtype());
+      t.mutable_grad() = g.clone();
+      params.push_back(t);
+    }
+    // The reference: every element in f64, as if concatenated.
+    std::vector<double> all;
+    for (const Tensor& g : grads) {
+      for (double v : g.to(kDouble).flatten().to_vector<double>()) all.push_back(std::abs(v));
+    }
+    double want = 0;
+    if (std::isinf(p)) {
+      want = p > 0 ? *std::max_element(all.begin(), all.end())
+                   : *std::min_element(all.begin(), all.end());
+    } else if (p == 0) {
+      for (double v : all) want += v != 0 ? 1 : 0;
+    } else {
+      for (double v : all) want += std::pow(v, p);
+      want = std::pow(want, 1 / p);
+    }
+    const double max_norm = 0.5;
+    const double total = clip_grad_norm_(params, max_norm, p);
+    EXPECT_NEAR(total, want, 1e-6 * want) << p;
+    const double coef = max_norm / (total + 1e-6);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      Tensor expected = grads[i].clone();
+      if (coef < 1) expected.mul_(coef);  // the Scalar form: coef read in the grad's opmath
+      EXPECT_TRUE(equal(params[i].grad(), expected)) << "p " << p << " grad " << i;
+    }
   }
 }
 
