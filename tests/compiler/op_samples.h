@@ -289,6 +289,28 @@ inline std::vector<OpSample> reduction_samples() {
           [] {
             return Tensors{f32({3}), f32({4, 5}), nc(5, 3)};
           }),
+      // The multi-tensor ops of gradient clipping (tensor/foreach.h), on contiguous lists (their
+      // kernels; others run the decomposition). No gradients: the ops have no backward.
+      {"foreach_norm",
+       [](const Tensors& x) {
+         const std::vector<Tensor> n = foreach_norm({x[0], x[1], x[2]}, 2.0);
+         return Tensors(n.begin(), n.end());
+       },
+       [] {
+         return Tensors{f32({4, 3}), f32({5}), f32({})};
+       },
+       false},
+      {"foreach_mul_",
+       [](const Tensors& x) {
+         NoGradGuard no_grad;
+         Tensor a = x[0].clone(), b = x[1].clone();
+         foreach_mul_({a, b}, x[2]);
+         return Tensors{a, b};
+       },
+       [] {
+         return Tensors{f32({4, 3}), f32({5}), f32({})};
+       },
+       false},
   };
 }
 
