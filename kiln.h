@@ -28,6 +28,7 @@
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/foreach.h"
 #include "tensor/indexing.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
