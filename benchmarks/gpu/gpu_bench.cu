@@ -1,15 +1,16 @@
 // kiln's GPU benchmark harness: cuBLASLt GEMMs at the Llama training shapes, the fused RMSNorm,
 // LayerNorm, cross-entropy, RoPE, SwiGLU/GeGLU and flash-attention kernels, the multi-tensor
-// AdamW step, elementwise ops, reductions and softmax, and a device-to-device copy as the
-// bandwidth ceiling (memory-bound rows also print their fraction of it).
+// AdamW step, gradient clipping (per-tensor ops vs the foreach ops), elementwise ops, reductions
+// and softmax, and a device-to-device copy as the bandwidth ceiling (memory-bound rows also print
+// their fraction of it).
 //
 //   kiln_gpu_bench [results.json] [--no-gemm] [--only SECTIONS]
 //   # then: python3 benchmarks/gpu/torch_reference.py --kiln results.json   (same run, same GPU)
 //
 // --only takes a comma-separated list of sections (gemm, rmsnorm, layernorm, cross-entropy, flash,
-// rope, glu, generic, adamw) and runs only those, after the copy that sets the bandwidth ceiling;
-// for profiling one family (ncu) or a quick rerun. Unknown names are an error. --no-gemm is --only
-// with every section but gemm.
+// rope, glu, generic, clip, adamw) and runs only those, after the copy that sets the bandwidth
+// ceiling; for profiling one family (ncu) or a quick rerun. Unknown names are an error. --no-gemm
+// is --only with every section but gemm.
 //
 // Method: gpu/bench_util.h (fresh random inputs, warm-up, CUDA events, medians of 20). Kernel
 // variants that lost to the library's kernels are timed beside them in the kernel lab (lab/).
@@ -24,10 +25,13 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/grad_mode.h"
 #include "gpu/bench_util.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt.h"
 #include "nn/optim/adamw.h"
+#include "nn/utils/clip_grad.h"
+#include "tensor/foreach.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -234,11 +238,72 @@ void bench_adamw(kiln::ScalarType dtype, const std::string& name, bool state_in_
   report(name, time_ms([&](int) { opt.step(); }), 0, bytes_per_param * static_cast<double>(n));
 }
 
+// --- Gradient clipping (clip_grad_norm) over llama gradient lists
+// --------------------------------- The total 2-norm of a model's gradients and their scaling by
+// min(1, max_norm / (total + 1e-6)), as models/trainer.cpp's clip_grad_norm computes it in tensors
+// (no host sync): the per-tensor way it had (per gradient norm, .to(f64), then stack, and mul_ per
+// gradient: ~4 launches per tensor) against the foreach ops (tensor/foreach.h: foreach_norm, stack,
+// one f64 norm, foreach_mul_). Also the two foreach ops alone, and nn::utils::clip_grad_norm_ (one
+// item()). Bytes: the gradients read twice and written once (6 B per bf16 element). The coefficient
+// is below 1 (max_norm 1e-3), so every row scales the gradients.
+std::vector<kiln::Shape> llama_160m_shapes() {  // 768 hidden, 3072 MLP, 12 layers, tied 32000
+  const std::vector<kiln::Shape> layer = {{768, 768},  {768, 768},  {768, 768},
+                                          {768, 768},  {3072, 768}, {3072, 768},
+                                          {768, 3072}, {768},       {768}};
+  std::vector<kiln::Shape> shapes = {{32000, 768}, {768}};
+  for (int i = 0; i < 12; ++i) shapes.insert(shapes.end(), layer.begin(), layer.end());
+  return shapes;
+}
+
+void bench_clip(const std::vector<kiln::Shape>& shapes, const std::string& model) {
+  kiln::NoGradGuard no_grad;
+  constexpr double kMaxNorm = 1e-3;
+  std::vector<Tensor> grads;
+  int64_t n = 0;
+  for (const kiln::Shape& s : shapes) {
+    grads.push_back(random(s, kiln::kBFloat16, 1e-2f));
+    n += grads.back().numel();
+  }
+  std::printf("  (clipping %.1f M bf16 gradients in %zu tensors)\n", static_cast<double>(n) / 1e6,
+              grads.size());
+  const double bytes = 6.0 * static_cast<double>(n);
+  const std::string base = "clip " + model + " bf16 ";
+  report(base + "per-tensor (norm, stack, mul_)", time_ms([&](int) {
+           std::vector<Tensor> norms;
+           for (const Tensor& g : grads) norms.push_back(g.norm(2.0).to(kiln::kFloat64));
+           const Tensor total = kiln::stack(norms).square().sum().sqrt();
+           const Tensor coef = (kMaxNorm / (total + 1e-6)).clamp_max(1.0);
+           for (Tensor g : grads) g.mul_(coef);
+         }),
+         0, bytes);
+  report(base + "foreach (foreach_norm, stack, foreach_mul_)", time_ms([&](int) {
+           const Tensor total =
+               kiln::stack(kiln::foreach_norm(grads)).to(kiln::kFloat64).square().sum().sqrt();
+           kiln::foreach_mul_(grads, (kMaxNorm / (total + 1e-6)).clamp_max(1.0));
+         }),
+         0, bytes);
+  report(base + "foreach_norm alone", time_ms([&](int) { (void)kiln::foreach_norm(grads); }), 0,
+         2.0 * static_cast<double>(n));
+  const Tensor scale =
+      kiln::full({}, 0.999, kiln::TensorOptions(kiln::kFloat64).device(kiln::Device(kiln::kCUDA)));
+  report(base + "foreach_mul_ alone", time_ms([&](int) { kiln::foreach_mul_(grads, scale); }), 0,
+         4.0 * static_cast<double>(n));
+  std::vector<Tensor> params;
+  for (const Tensor& g : grads) {
+    Tensor p = kiln::zeros(g.sizes(), kiln::TensorOptions(kiln::kBFloat16).device(g.device()));
+    p.mutable_grad() = g;
+    params.push_back(p);
+  }
+  report(base + "nn::utils::clip_grad_norm_ (one item())",
+         time_ms([&](int) { (void)kiln::nn::utils::clip_grad_norm_(params, kMaxNorm); }), 0, bytes);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> sections = {
-      "gemm", "rmsnorm", "layernorm", "cross-entropy", "flash", "rope", "glu", "generic", "adamw"};
+  const std::vector<std::string> sections = {"gemm",  "rmsnorm", "layernorm", "cross-entropy",
+                                             "flash", "rope",    "glu",       "generic",
+                                             "clip",  "adamw"};
   std::vector<std::string> selected = sections;
   const char* json_path = nullptr;
   for (int i = 1; i < argc; ++i) {
@@ -386,6 +451,10 @@ int main(int argc, char** argv) {
   }
   if (want("glu")) bench_glu();
   if (want("generic")) bench_generic();
+  if (want("clip")) {
+    bench_clip(llama_160m_shapes(), "llama-160m");
+    bench_clip(llama_1b_shapes(), "llama-3.2-1b");
+  }
   if (want("adamw")) {
     bench_adamw(kiln::kFloat, "adamw 1.24B f32", false);
     bench_adamw(kiln::kBFloat16, "adamw 1.24B bf16 params", false);
