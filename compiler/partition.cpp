@@ -112,15 +112,18 @@ struct Joint {
 
     // An op may be redone only if the memory it reads and writes holds the same contents in the
     // backward: no in-place op of the joint trace (forward or backward) writes it afterwards.
+    // Views of memory that in-place ops write are not redone either: the backward reads the
+    // forward's own view, aliased as in eager code.
     AliasClasses alias{std::vector<int>(nv)};
     std::iota(alias.parent.begin(), alias.parent.end(), 0);
+    auto written = [](const BoundOp& op) {  // the inputs an in-place op writes
+      return op.op->mutated ? op.inputs.size() : std::min<size_t>(1, op.inputs.size());
+    };
     for (const BoundOp& op : t.ops) {
       if (op.op->kind == OpKind::kView && !op.inputs.empty()) {
         for (int v : op.outputs) alias.join(v, op.inputs[0]);
       } else if (op.op->kind == OpKind::kInplace) {
-        const size_t written =
-            op.op->mutated ? op.inputs.size() : std::min<size_t>(1, op.inputs.size());
-        for (size_t k = 0; k < written; ++k) {
+        for (size_t k = 0; k < written(op); ++k) {
           for (int v : op.outputs) alias.join(v, op.inputs[k]);
           if (k > 0) alias.join(op.inputs[k], op.inputs[0]);
         }
@@ -128,9 +131,12 @@ struct Joint {
     }
     std::vector<int> last_write(nv, -1);  // per alias root
     for (size_t i = 0; i < t.ops.size(); ++i) {
-      if (t.ops[i].op->kind != OpKind::kInplace) continue;
-      for (int v : t.ops[i].outputs) {
-        if (v >= 0) last_write[static_cast<size_t>(alias.find(v))] = static_cast<int>(i);
+      const BoundOp& op = t.ops[i];
+      if (op.op->kind != OpKind::kInplace) continue;
+      for (size_t k = 0; k < written(op); ++k) {
+        if (op.inputs[k] >= 0) {
+          last_write[static_cast<size_t>(alias.find(op.inputs[k]))] = static_cast<int>(i);
+        }
       }
     }
     memory_safe.assign(begin, true);
@@ -148,6 +154,10 @@ struct Joint {
       };
       for (int v : op.inputs) check(v, in_bytes[i]);
       for (int v : op.outputs) check(v, out_bytes[i]);
+      if (op.op->kind == OpKind::kView && !op.inputs.empty() && op.inputs[0] >= 0 &&
+          last_write[static_cast<size_t>(alias.find(op.inputs[0]))] >= 0) {
+        memory_safe[i] = false;
+      }
       cost[i] = cost_of(op, t);
     }
   }

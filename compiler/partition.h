@@ -18,8 +18,9 @@
 // the minimum cuts the one nearest the sink is taken (the least recomputation).
 //
 // Never recomputed: matmuls (mm, bmm, addmm), attention (flash_attention), random ops (a second
-// draw would differ), kDynamic ops, in-place ops, and any op reading or writing memory that an
-// in-place op of the joint trace writes after it (the recomputation would see other contents).
+// draw would differ), kDynamic ops, in-place ops, any op reading or writing memory that an
+// in-place op of the joint trace writes after it (the recomputation would see other contents),
+// and views of memory that in-place ops write (the backward keeps the forward's own alias).
 // Recomputed by default (RematLevel::kPointwise): pointwise ops, views, indexing and factories,
 // and reductions and norms whose output is not much smaller than their inputs (a reduction to a
 // quarter or less is cheap to save and costly to redo). An activation budget raises the level

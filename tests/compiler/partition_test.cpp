@@ -261,17 +261,40 @@ TEST(Remat, RandomOpsAreNeverRecomputed) {
 }
 
 // An op whose memory an in-place op writes later is never redone (the redone op would read or
-// make other contents): here z = h + 1 is scaled in place by h, and mul_'s backward reads the
-// copy of z that autograd keeps, which must be saved, not recomputed from the scaled z.
-TEST(Remat, InPlaceWritesKeepTheirInputsSaved) {
+// make other contents), nor a view of memory that an in-place op writes: here z = h + 1 is
+// scaled in place by h; mul_'s backward reads the copy of z that autograd keeps, and the last
+// mul's backward reads z's view, both saved, not recomputed from the scaled z.
+Tensor scaled_in_place(const Tensor& x, const Tensor& w) {
+  const Tensor h = matmul(x, w);
+  Tensor z = h + 1.0;
+  z.mul_(h);
+  return (sigmoid(z) * h).view({-1}) + z.view({-1}) * h.view({-1}).exp();
+}
+
+TEST(Remat, InPlaceWritesKeepTheirInputsAndViewsSaved) {
   manual_seed(7);
-  auto fn = [](const Tensor& x, const Tensor& w) {
-    const Tensor h = matmul(x, w);
-    Tensor z = h + 1.0;
-    z.mul_(h);
-    return sigmoid(z) * h;
-  };
-  expect_same_as_eager(fn, CompileOptions(), {randn({8, 16}), randn({16, 8})}, randn({8, 8}));
+  const std::vector<Tensor> in = {randn({8, 16}), randn({16, 8})};
+  const Tensor go = randn({64});
+  expect_same_as_eager([](const Tensor& x, const Tensor& w) { return scaled_in_place(x, w); },
+                       CompileOptions(), in, go);
+  auto f = compile(scaled_in_place);
+  (void)run_with_grads(f, in, go);
+  const Trace& fwd = stage_of(f, "forward");
+  const Trace& bwd = stage_of(f, "backward");
+  std::set<int> written;  // mul_'s input and output: z before and after
+  for (const auto& op : fwd.ops) {
+    if (op.name() != "mul_") continue;
+    written.insert(op.inputs[0]);
+    written.insert(op.outputs[0]);
+  }
+  ASSERT_EQ(written.size(), 2u) << fwd.str();
+  std::set<int> made;
+  for (const auto& op : fwd.ops) made.insert(op.outputs.begin(), op.outputs.end());
+  for (const auto& op : bwd.ops) {
+    if (!made.count(op.outputs[0])) continue;  // not recomputed
+    for (int v : op.inputs) EXPECT_FALSE(written.count(v)) << op.name() << " in\n" << bwd.str();
+    for (int v : op.outputs) EXPECT_FALSE(written.count(v)) << op.name() << " in\n" << bwd.str();
+  }
 }
 
 // The bytes of the saved values (the forward's outputs after the first `user_outputs`) that are
