@@ -1,7 +1,8 @@
 // kiln::compile on the CPU: the kiln-tiny training step (zero_grad, forward, cross-entropy,
 // backward, AdamW) compiled against eager on the same batch, the compile time per stage
-// (CompiledFunction::stats().stage_ms), and what a cache hit adds to a call (one add, compiled
-// against eager).
+// (CompiledFunction::stats().stage_ms), what a cache hit adds to a call (one add, compiled
+// against eager), and remat: kiln-tiny's loss compiled with its backward node, the forward saving
+// every value the backward reads (kSaveAll) or a minimum cut (kMinCut, recomputing the rest).
 //
 //   OMP_NUM_THREADS=1 build/benchmarks/kiln_bench --benchmark_filter=Compile
 //
@@ -109,6 +110,35 @@ BENCHMARK(BM_CompileTinyTrainStepCompileTime)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(3);
+
+// kiln-tiny's loss compiled as a function with a backward node (forward program, then the
+// compiled backward through loss.backward()), per remat policy (0: kSaveAll, 1: kMinCut). The
+// counters are what the forward saves for the backward and the ops the backward recomputes.
+void BM_CompileTinyLossRemat(benchmark::State& state) {
+  TinyStep step;
+  {
+    kiln::NoGradGuard no_grad;  // builds the RoPE tables eagerly: no state escapes the trace
+    (void)step.model->loss(step.x, step.y);
+  }
+  const auto policy = state.range(0) == 0 ? kiln::compiler::RematPolicy::kSaveAll
+                                          : kiln::compiler::RematPolicy::kMinCut;
+  auto loss = kiln::compile(
+      [&](const kiln::Tensor& x, const kiln::Tensor& y) { return step.model->loss(x, y); },
+      kiln::CompileOptions().remat(policy));
+  auto run = [&] {
+    step.model->zero_grad();
+    kiln::Tensor l = loss(step.x, step.y);
+    l.backward();
+    return l;
+  };
+  run();  // traces and compiles
+  for (auto _ : state) benchmark::DoNotOptimize(run().impl());
+  if (loss.stats().misses != 1) state.SkipWithError("the compiled loss was traced again");
+  state.counters["saved_MB"] = static_cast<double>(loss.stats().saved_bytes) / 1e6;
+  state.counters["recomputed_ops"] = loss.stats().recomputed_ops;
+  set_tokens_counter(state);
+}
+BENCHMARK(BM_CompileTinyLossRemat)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // A cache hit's cost: one add of two [1] tensors, compiled (signature, guards, the program's
 // frame and one eager step) against the add called eagerly.
