@@ -12,6 +12,8 @@
 #include "absl/hash/hash.h"
 #include "autograd/autograd_meta.h"
 #include "autograd/grad_mode.h"
+#include "compiler/autocast_pass.h"
+#include "compiler/functionalize.h"
 #include "compiler/fuse.h"
 #include "compiler/memory_plan.h"
 #include "compiler/partition.h"
@@ -32,10 +34,11 @@ CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
   return *this;
 }
 CompileOptions& CompileOptions::skip_pass(std::string name) {
-  KILN_CHECK(name == "decompose" || name == "dce" || name == "cse" || name == "fuse" ||
-                 name == "plan_memory",
+  KILN_CHECK(name == "autocast" || name == "decompose" || name == "functionalize" ||
+                 name == "dce" || name == "cse" || name == "fuse" || name == "plan_memory",
              "[CompileOptions] no pass is named '", name,
-             "' (passes that can be skipped: decompose, dce, cse, fuse, plan_memory)");
+             "' (passes that can be skipped: autocast, decompose, functionalize, dce, cse, fuse, "
+             "plan_memory)");
   skipped_.push_back(std::move(name));
   return *this;
 }
@@ -467,6 +470,11 @@ std::vector<Tensor> CompiledCore::call(
       m.traces.push_back(t);
       m.write_stage(t);
     };
+    if (!skip("autocast")) {  // first: decompose's support checks read the cast inputs
+      const auto t0 = std::chrono::steady_clock::now();
+      t = autocast(t);
+      record("autocast", t0);
+    }
     if (!skip("decompose")) {
       const auto t0 = std::chrono::steady_clock::now();
       const auto& forced = m.options.decomposed_ops();
@@ -479,7 +487,8 @@ std::vector<Tensor> CompiledCore::call(
       });
       record("decompose", t0);
     }
-    for (auto [name, pass] : {std::pair{"dce", &dce}, std::pair{"cse", &cse}}) {
+    for (auto [name, pass] : {std::pair{"functionalize", &functionalize}, std::pair{"dce", &dce},
+                              std::pair{"cse", &cse}}) {
       if (skip(name)) continue;
       const auto t0 = std::chrono::steady_clock::now();
       t = pass(t);

@@ -52,7 +52,8 @@ class CompileOptions {
   // Executors in priority order (compiler/executor.h); "eager" is appended when missing. The
   // default, {"fused_cpu", "eager"}, runs fusion regions of CPU ops with fused_cpu.
   CompileOptions& executors(std::vector<std::string> names);
-  // Skips a pass by name: "decompose", "dce", "cse", "fuse", "plan_memory".
+  // Skips a pass by name: "autocast", "decompose", "functionalize", "dce", "cse", "fuse",
+  // "plan_memory" (the order they run in).
   CompileOptions& skip_pass(std::string name);
   // Ops the decompose pass always expands into their decompositions (besides those no executor
   // claims whole and no kernel supports), e.g. {"rms_norm"} to see its primitives.

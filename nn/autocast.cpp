@@ -50,8 +50,18 @@ const absl::flat_hash_map<const OpDef*, Policy>& policies() {
   return *table;
 }
 
-bool eligible_float(const Tensor& t) {
-  return t.defined() && is_floating_point(t.dtype()) && t.dtype() != kDouble;
+bool eligible_float(const internal::AutocastInput& t) {
+  return t.defined && is_floating_point(t.dtype) && t.dtype != kDouble;
+}
+
+// Whether the op has a policy for this call: a functional op of the table without an explicit
+// dtype attribute (in-place ops and views run as they are; an explicit dtype wins).
+bool has_policy(const OpDef& op, const absl::InlinedVector<Attr, 4>& attrs) {
+  if (op.kind != OpKind::kFunctional || !policies().contains(&op)) return false;
+  for (const Attr& a : attrs) {
+    if (std::holds_alternative<ScalarType>(a)) return false;
+  }
+  return true;
 }
 
 // The device type the call runs on: that of its first defined input.
@@ -67,48 +77,25 @@ bool call_device(const OpCall& call, DeviceType* type) {
 
 bool autocast_active(const OpCall& call) {
   if (!internal::any_autocast_enabled()) return false;
-  if (call.op->kind != OpKind::kFunctional) return false;  // in-place ops and views run as is
+  if (call.op->kind != OpKind::kFunctional) return false;
   DeviceType type;
   if (!call_device(call, &type) || !is_autocast_enabled(type)) return false;
-  if (!policies().contains(call.op)) return false;
-  for (const Attr& a : call.attrs) {
-    if (std::holds_alternative<ScalarType>(a)) return false;  // an explicit dtype wins
-  }
-  return true;
+  return has_policy(*call.op, call.attrs);
 }
 
 void autocast_handle(OpCall& call) {
   DeviceType type = kCPU;
   call_device(call, &type);
-  const Policy policy = policies().at(call.op);
-  ScalarType target = autocast_dtype(type);
-  if (policy == Policy::kPromote) {
-    bool any = false;
-    for (const Tensor& t : call.inputs) {
-      if (!t.defined() || !is_floating_point(t.dtype())) continue;
-      target = any ? promote_types(target, t.dtype()) : t.dtype();
-      any = true;
-    }
-    if (!any) {
-      dispatch_after(call, DispatchKey::Autocast);
-      return;
-    }
+  std::vector<internal::AutocastInput> inputs;
+  inputs.reserve(call.inputs.size());
+  for (const Tensor& t : call.inputs) {
+    inputs.push_back(t.defined() ? internal::AutocastInput{true, t.dtype(), t.device().type()}
+                                 : internal::AutocastInput{});
   }
-  for (Tensor& t : call.inputs) {
-    if (!eligible_float(t)) continue;
-    // CPU 0-d tensors joining GPU inputs stay where they are (they are read as scalars).
-    if (t.device().type() != type) continue;
-    switch (policy) {
-      case Policy::kLower:
-        if (t.dtype() != target) t = t.to(target);
-        break;
-      case Policy::kFloat32:
-        if (is_reduced_float(t.dtype())) t = t.to(kFloat);
-        break;
-      case Policy::kPromote:
-        if (t.dtype() != target) t = t.to(target);
-        break;
-    }
+  const auto casts =
+      internal::autocast_input_casts(*call.op, inputs, call.attrs, autocast_dtype(type));
+  for (size_t i = 0; i < casts.size(); ++i) {
+    if (casts[i]) call.inputs[i] = call.inputs[i].to(*casts[i]);
   }
   dispatch_after(call, DispatchKey::Autocast);
 }
@@ -128,6 +115,48 @@ std::vector<std::string_view> autocast_policy_ops() {
   return names;
 }
 size_t resolved_autocast_policies() { return policies().size(); }
+
+std::vector<std::optional<ScalarType>> autocast_input_casts(
+    const OpDef& op, const std::vector<AutocastInput>& inputs,
+    const absl::InlinedVector<Attr, 4>& attrs, ScalarType dtype) {
+  std::vector<std::optional<ScalarType>> casts;
+  if (!has_policy(op, attrs)) return casts;
+  DeviceType type = kCPU;
+  for (const AutocastInput& t : inputs) {
+    if (t.defined) {
+      type = t.device;
+      break;
+    }
+  }
+  const Policy policy = policies().at(&op);
+  ScalarType target = dtype;
+  if (policy == Policy::kPromote) {
+    bool any = false;
+    for (const AutocastInput& t : inputs) {
+      if (!t.defined || !is_floating_point(t.dtype)) continue;
+      target = any ? promote_types(target, t.dtype) : t.dtype;
+      any = true;
+    }
+    if (!any) return casts;
+  }
+  casts.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const AutocastInput& t = inputs[i];
+    if (!eligible_float(t)) continue;
+    // CPU 0-d tensors joining GPU inputs stay where they are (they are read as scalars).
+    if (t.device != type) continue;
+    switch (policy) {
+      case Policy::kLower:
+      case Policy::kPromote:
+        if (t.dtype != target) casts[i] = target;
+        break;
+      case Policy::kFloat32:
+        if (is_reduced_float(t.dtype)) casts[i] = kFloat;
+        break;
+    }
+  }
+  return casts;
+}
 }  // namespace internal
 
 AutocastGuard::AutocastGuard(DeviceType device, ScalarType dtype, bool enabled) : device_(device) {

@@ -37,12 +37,14 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include "tensor/autocast_state.h"  // is_autocast_enabled, autocast_dtype
 #include "tensor/device.h"
 #include "tensor/dtype.h"
+#include "tensor/registry.h"
 
 namespace kiln {
 
@@ -70,6 +72,21 @@ std::vector<std::string_view> autocast_policy_ops();
 // Builds the policy table if no guard has yet (resolving every name to its registry entry; a
 // name without a defined op is a kiln::Error) and returns its number of ops.
 size_t resolved_autocast_policies();
+
+// One input of a call as the policy sees it (defined = false: an absent optional input).
+struct AutocastInput {
+  bool defined = false;
+  ScalarType dtype = kFloat;
+  DeviceType device = kCPU;
+};
+// The policy for one call of `op`, autocast being on at `dtype` for the call's device type (that
+// of its first defined input; the caller checks it is on): per input, the dtype autocast casts
+// it to with to(), or nullopt where it stays as it is (no entry at all when the op runs as it
+// is). The dispatch handler and the compiler's autocast pass (compiler/autocast_pass.h) both
+// apply it, so the two cannot disagree.
+std::vector<std::optional<ScalarType>> autocast_input_casts(
+    const OpDef& op, const std::vector<AutocastInput>& inputs,
+    const absl::InlinedVector<Attr, 4>& attrs, ScalarType dtype);
 }  // namespace internal
 
 }  // namespace kiln

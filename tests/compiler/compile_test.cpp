@@ -64,7 +64,7 @@ TEST(Compile, TraceDirGetsEveryStage) {
   bool cse_file = false;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     ++files;
-    cse_file |= e.path().filename().string() == "twice.1.4.cse.txt";
+    cse_file |= e.path().filename().string() == "twice.1.6.cse.txt";
   }
   EXPECT_EQ(files, static_cast<int>(f.traces().size()));
   EXPECT_TRUE(cse_file);
