@@ -63,7 +63,11 @@ class Loader {
     const JsonValue& m = member(v, "pattern", what);
     if (const JsonValue* s = m.find("String"); s && s->is_string()) return {s->string, nullptr};
     if (const JsonValue* r = m.find("Regex"); r && r->is_string()) {
-      return {"", std::make_shared<const Regex>(r->string)};
+      try {
+        return {"", std::make_shared<const Regex>(r->string)};
+      } catch (const kiln::Error& e) {
+        fail(what, ": ", e.what());
+      }
     }
     fail(what, ": \"pattern\" is neither {\"String\": ...} nor {\"Regex\": ...}");
   }
