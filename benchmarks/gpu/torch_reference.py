@@ -221,6 +221,58 @@ def bench_adamw(dtype, name, nbytes_per_param):
     torch.cuda.empty_cache()
 
 
+def llama_160m_shapes():
+    """llama-160m-like gradients (768 hidden, 3072 MLP, 12 layers, tied 32000 vocab), as
+    kiln_gpu_bench's clip case."""
+    shapes = [(32000, 768), (768,)]
+    for _ in range(12):
+        shapes += [(768, 768), (768, 768), (768, 768), (768, 768), (3072, 768), (3072, 768),
+                   (768, 3072), (768,), (768,)]
+    return shapes
+
+
+def bench_clip(shapes, model):
+    """Gradient clipping of bf16 gradient lists, the rows of kiln_gpu_bench's clip section: the
+    per-tensor loop, torch._foreach_norm + stack + torch._foreach_mul_ (kiln's foreach row), each
+    foreach op alone, and torch.nn.utils.clip_grad_norm_(foreach=True) (no item(): torch returns
+    the norm as a tensor; kiln's row of that name includes its one item())."""
+    max_norm = 1e-3
+    grads = [rand(*s, dtype=torch.bfloat16, scale=1e-2) for s in shapes]
+    n = sum(g.numel() for g in grads)
+    base = f"clip {model} bf16 "
+
+    def per_tensor(i):
+        norms = [g.norm(2.0).to(torch.float64) for g in grads]
+        total = torch.stack(norms).square().sum().sqrt()
+        coef = (max_norm / (total + 1e-6)).clamp_max(1.0)
+        for g in grads:
+            g.mul_(coef)
+
+    def foreach(i):
+        total = torch.stack(torch._foreach_norm(grads)).to(torch.float64).square().sum().sqrt()
+        torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp_max(1.0))
+
+    scale = torch.tensor(0.999, dtype=torch.float64, device=DEV)
+    params = []
+    for g in grads:
+        p = torch.zeros_like(g, requires_grad=True)
+        p.grad = g
+        params.append(p)
+    with torch.no_grad():
+        report(base + "per-tensor (norm, stack, mul_)", time_ms(per_tensor), nbytes=6.0 * n)
+        report(base + "foreach (foreach_norm, stack, foreach_mul_)", time_ms(foreach),
+               nbytes=6.0 * n)
+        report(base + "foreach_norm alone", time_ms(lambda i: torch._foreach_norm(grads)),
+               nbytes=2.0 * n)
+        report(base + "foreach_mul_ alone", time_ms(lambda i: torch._foreach_mul_(grads, scale)),
+               nbytes=4.0 * n)
+        report(base + "nn::utils::clip_grad_norm_ (one item())",
+               time_ms(lambda i: torch.nn.utils.clip_grad_norm_(
+                   params, max_norm * 0.9 ** i, foreach=True)), nbytes=6.0 * n)
+    del grads, params
+    torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", help="kiln_gpu_bench's JSON, for the side-by-side table")
@@ -321,6 +373,8 @@ def main():
     bench_generic()
     del logits
     torch.cuda.empty_cache()
+    bench_clip(llama_160m_shapes(), "llama-160m")
+    bench_clip(llama_1b_shapes(), "llama-3.2-1b")
     bench_adamw(torch.float32, "adamw 1.24B f32", 28.0)
     bench_adamw(torch.bfloat16, "adamw 1.24B bf16 params", 22.0)
     bench_adamw(torch.bfloat16, "adamw 1.24B bf16 params bf16 state", 14.0)
