@@ -56,6 +56,15 @@ bool same_result(const Trace& trace, const BoundOp& op, const OpDef& functional)
 
 }  // namespace
 
+// Whether `v` is a row-major reinterpretation of all of `b`'s storage (a contiguous view of the
+// same dtype and element count as the storage's allocating value b, so at offset 0).
+bool full_contiguous(const Trace& trace, int v, int b) {
+  const TensorSpec& s = trace.value(v).spec;
+  const TensorSpec& base = trace.value(b).spec;
+  return s.dtype == base.dtype && numel_of(s.sizes) == numel_of(base.sizes) &&
+         strides_of(s) == contiguous_strides(s.sizes);
+}
+
 Trace functionalize(const Trace& trace) {
   const size_t n = trace.values.size();
   // The last op reading each value (kAtEnd: returned, or assigned to a grad).
@@ -98,56 +107,90 @@ Trace functionalize(const Trace& trace) {
       if (v >= 0) owned[static_cast<size_t>(base[static_cast<size_t>(v)])] = false;
     }
   };
+  // Reads after a rewritten write of values that name the old storage go to views of the new
+  // result (`to`, followed to its end).
+  std::vector<int> to(n);
+  for (size_t v = 0; v < n; ++v) to[v] = static_cast<int>(v);
+  auto renamed = [&](int v) {
+    while (v >= 0 && to[static_cast<size_t>(v)] != v) v = to[static_cast<size_t>(v)];
+    return v;
+  };
+  static const OpDef& view = Registry::get().op("view");
 
   Trace out = trace;
   out.stage = "functionalize";
-  for (size_t i = 0; i < out.ops.size(); ++i) {
-    BoundOp& op = out.ops[i];
-    switch (op.op->kind) {
-      case OpKind::kFunctional:
-        for (int v : op.outputs) {
-          if (v >= 0) own(v);
-        }
-        continue;
-      case OpKind::kDynamic:  // the kernel allocates its outputs: unknown storage
-        disown_inputs(op);
-        continue;
-      case OpKind::kView:
-        for (int v : op.outputs) {
-          if (v >= 0 && op.inputs[0] >= 0) join(v, base[static_cast<size_t>(op.inputs[0])]);
-        }
-        continue;
-      case OpKind::kInplace:
-        break;
-    }
-    const bool single = op.op->mutated == nullptr && !op.op->random && op.outputs.size() == 1 &&
-                        op.outputs[0] >= 0 && !op.inputs.empty() && op.inputs[0] >= 0;
-    if (!single) {  // multi-tensor writes (outputs name several inputs), random fills
+  out.ops.clear();
+  out.ops.reserve(trace.ops.size());
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    BoundOp op = trace.ops[i];
+    for (int& v : op.inputs) v = renamed(v);
+    const OpKind kind = op.op->kind;
+    if (kind == OpKind::kFunctional) {
+      for (int v : op.outputs) {
+        if (v >= 0) own(v);
+      }
+    } else if (kind == OpKind::kDynamic) {  // the kernel allocates its outputs: unknown storage
       disown_inputs(op);
+    } else if (kind == OpKind::kView) {
+      for (int v : op.outputs) {
+        if (v >= 0 && op.inputs[0] >= 0) join(v, base[static_cast<size_t>(op.inputs[0])]);
+      }
+    }
+    const bool single = kind == OpKind::kInplace && op.op->mutated == nullptr && !op.op->random &&
+                        op.outputs.size() == 1 && op.outputs[0] >= 0 && !op.inputs.empty() &&
+                        op.inputs[0] >= 0;
+    if (kind == OpKind::kInplace && !single) disown_inputs(op);  // multi-tensor writes, fills
+    if (!single) {
+      out.ops.push_back(std::move(op));
       continue;
     }
     const int written = op.inputs[0];
+    const int result = op.outputs[0];
     const int b = base[static_cast<size_t>(written)];
     bool safe = owned[static_cast<size_t>(b)];
     for (size_t k = 1; k < op.inputs.size() && safe; ++k) {
       safe = op.inputs[k] < 0 || base[static_cast<size_t>(op.inputs[k])] != b;
     }
-    if (safe) {
-      for (int m : members[b]) {
-        if (read[static_cast<size_t>(m)] && last_read[static_cast<size_t>(m)] > i) {
-          safe = false;
-          break;
-        }
-      }
+    // Values of the storage read after the op: each must be rebuilt from the result, which
+    // needs a write over all of the storage and a row-major reinterpretation of it to read.
+    std::vector<int> later;
+    for (int m : members[b]) {
+      if (read[static_cast<size_t>(m)] && last_read[static_cast<size_t>(m)] > i) later.push_back(m);
+    }
+    if (safe && !later.empty()) {
+      safe = full_contiguous(out, written, b);
+      for (int m : later) safe = safe && full_contiguous(out, m, b);
     }
     const OpDef* functional = safe ? functional_counterpart(*op.op) : nullptr;
-    if (functional != nullptr && same_result(out, op, *functional)) {
-      op.op = functional;
-      own(op.outputs[0]);
-    } else {
-      join(op.outputs[0], b);
+    if (functional == nullptr || !same_result(out, op, *functional)) {
+      join(result, b);
+      out.ops.push_back(std::move(op));
+      continue;
+    }
+    op.op = functional;
+    own(result);
+    out.ops.push_back(std::move(op));
+    for (int m : later) {
+      const ValueInfo old = out.value(m);
+      const int id = out.add_value(old.spec, ValueRole::kOp, old.requires_grad);
+      base.push_back(result);
+      owned.push_back(false);
+      read.push_back(true);
+      last_read.push_back(last_read[static_cast<size_t>(m)]);
+      to.push_back(id);
+      members[result].push_back(id);
+      read[static_cast<size_t>(m)] = false;  // its reads from here on are the new value's
+      to[static_cast<size_t>(m)] = id;
+      BoundOp rebuild;
+      rebuild.op = &view;
+      rebuild.inputs = {result};
+      rebuild.attrs = {Shape(old.spec.sizes.begin(), old.spec.sizes.end())};
+      rebuild.outputs = {id};
+      out.ops.push_back(std::move(rebuild));
     }
   }
+  for (int& v : out.outputs) v = renamed(v);
+  for (GradEffect& e : out.grad_effects) e.value = renamed(e.value);
   return out;
 }
 
