@@ -1,6 +1,7 @@
 #include "compiler/functionalize.h"
 
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -16,7 +17,9 @@ constexpr size_t kAtEnd = std::numeric_limits<size_t>::max();
 // X for X_ when the registry defines X as a functional, non-random op; else nullptr. Looked up
 // with Registry::op (Registry::entry would create an empty entry for a missing name).
 const OpDef* functional_counterpart(const OpDef& inplace) {
-  static absl::flat_hash_map<const OpDef*, const OpDef*> memo;  // compile() runs on one thread
+  static std::mutex mu;  // compiled functions may be traced on several threads
+  static absl::flat_hash_map<const OpDef*, const OpDef*> memo;
+  std::lock_guard<std::mutex> lock(mu);
   if (auto it = memo.find(&inplace); it != memo.end()) return it->second;
   const OpDef* found = nullptr;
   const std::string& name = inplace.name;
