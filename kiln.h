@@ -37,3 +37,5 @@
 #include "tensor/tensor.h"
 #include "tensor/tensor_data.h"
 #include "tensor/tensor_options.h"
+#include "text/bpe_trainer.h"
+#include "text/tokenizer.h"
