@@ -18,7 +18,9 @@ bool is_word_char(uint32_t cp) {
     return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
            cp == '_';
   }
-  static const Regex word("^\\w$");
+  // Rust's \w (what the library's single_word check uses): Alphabetic, marks, decimal digits,
+  // connector punctuation and the joiners. PCRE2's \w leaves marks out before 10.43.
+  static const Regex word("^[\\p{L}\\p{Nl}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]$");
   std::string s;
   append_utf8(cp, s);
   return word.search(s);

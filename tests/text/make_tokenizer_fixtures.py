@@ -11,11 +11,13 @@ real models, each with the ids the tokenizers library gives for a set of texts:
                      its regex, ignore_merges, <|begin_of_text|> by TemplateProcessing inside a
                      Sequence post-processor, merges as ["a", "b"] arrays
     gpt2.json        the same model with GPT-2's ByteLevel pre-tokenizer (its built-in regex),
-                     the ByteLevel post-processor, an lstrip added token
+                     the ByteLevel post-processor, added tokens with lstrip, rstrip,
+                     single_word and normalized set
     llama2.json      SentencePiece-style BPE as Llama 2 / Mistral ship it: normalizer
                      Prepend("▁") + Replace(" ", "▁"), byte_fallback, fuse_unk, no
                      pre-tokenizer, decoder Replace/ByteFallback/Fuse/Strip, "<s> $A",
-                     merges as "a b" strings
+                     merges as "a b" strings; added "hello" (normalized) and "<mask>"
+                     (special, single_word, rstrip)
     metaspace.json   the same model behind the Metaspace pre-tokenizer (prepend_scheme "first",
                      split false) and decoder Sequence[ByteFallback, Metaspace]
     expected.json    {"<name>": [{"text", "ids" (add_special_tokens), "ids_plain" (without),
@@ -63,6 +65,10 @@ EXTRA_TEXTS = [
     "____▁▁ metaspace ▁ chars",
     "<0x41> looks like a byte token",
     "x" * 300,
+    "hello Hello hellothere say hello",
+    "thee, thee' é thee e\u0301 thee_thee",
+    "[B]  x  [B]y[B]",
+    "a<mask>b <mask>  c é<mask> e\u0301<mask>",
     "supercalifragilisticexpialidocious antidisestablishmentarianism",
 ]
 
@@ -104,7 +110,9 @@ def gpt2_from(llama3):
                               "trim_offsets": False, "use_regex": True}
     tok = Tokenizer.from_str(json.dumps(spec))
     tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True, normalized=False)])
-    tok.add_tokens([AddedToken(" ROMEO", normalized=False)])
+    tok.add_tokens([AddedToken(" ROMEO", normalized=False),
+                    AddedToken(" thee", normalized=True, single_word=True),
+                    AddedToken("[B]", lstrip=True, rstrip=True, normalized=False)])
     return tok
 
 
@@ -129,6 +137,12 @@ def train_sentencepiece(corpus_path):
     added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False,
               "rstrip": False, "normalized": False, "special": True}
              for t in ["<unk>", "<s>", "</s>"]]
+    # Beyond Llama 2's own: a normalized added token (matched as "▁hello" after the normalizer)
+    # and a special one that must stand alone as a word and takes the spaces after it.
+    added.append({"id": len(vocab), "content": "hello", "single_word": False, "lstrip": False,
+                  "rstrip": False, "normalized": True, "special": False})
+    added.append({"id": len(vocab) + 1, "content": "<mask>", "single_word": True,
+                  "lstrip": False, "rstrip": True, "normalized": False, "special": True})
     return {
         "version": "1.0",
         "truncation": None,

@@ -133,11 +133,11 @@ TEST(TokenizerTest, VocabularyAndSpecialTokens) {
   EXPECT_EQ(llama3.id_to_token(123456), std::nullopt);
 
   const Tokenizer gpt2 = Tokenizer::from_file(fixture("gpt2"));
-  EXPECT_EQ(gpt2.vocab_size(), 1502);
+  EXPECT_EQ(gpt2.vocab_size(), 1504);
   EXPECT_EQ(gpt2.token_to_id("<mask>"), 1500);
 
   const Tokenizer llama2 = Tokenizer::from_file(fixture("llama2"));
-  EXPECT_EQ(llama2.vocab_size(), 1456);
+  EXPECT_EQ(llama2.vocab_size(), 1458);
   EXPECT_EQ(llama2.bos_id(), 1);
   EXPECT_EQ(llama2.eos_id(), 2);
   EXPECT_EQ(llama2.token_to_id("<0x0A>"), 3 + 0x0A);
