@@ -22,13 +22,63 @@ pcre2_match_data* thread_match_data() {
   return holder.data;
 }
 
+// Unicode's White_Space, what \s matches in the library's engines (Oniguruma, Rust's regex).
+// PCRE2's own \s also takes U+180E (MONGOLIAN VOWEL SEPARATOR), which is no longer White_Space.
+constexpr const char* kWhiteSpace =
+    "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
+    "\\x{202F}\\x{205F}\\x{3000}";
+
+// The pattern with \s (and \S outside character classes) spelled as White_Space, so that PCRE2
+// splits where the tokenizers library does. Escapes and classes are tracked, nothing else.
+std::string with_white_space(const std::string& p) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char e = p[i + 1];
+      if (e == 's') {
+        out += in_class ? std::string(kWhiteSpace) : "[" + std::string(kWhiteSpace) + "]";
+      } else if (e == 'S' && !in_class) {
+        out += "[^" + std::string(kWhiteSpace) + "]";
+      } else {
+        out.push_back(c);
+        out.push_back(e);
+      }
+      ++i;
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out.push_back(c);
+      // A ']' right after '[' or '[^' is a literal.
+      if (i + 1 < p.size() && p[i + 1] == '^') out.push_back(p[++i]);
+      if (i + 1 < p.size() && p[i + 1] == ']') out.push_back(p[++i]);
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:]
+      const size_t end = p.find(":]", i + 2);
+      if (end != std::string::npos) {
+        out.append(p, i, end + 2 - i);
+        i = end + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
 }  // namespace
 
 Regex::Regex(const std::string& pattern) : pattern_(pattern) {
   int error = 0;
   PCRE2_SIZE offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  const std::string translated = with_white_space(pattern);
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                    PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));

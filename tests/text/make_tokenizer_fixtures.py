@@ -62,6 +62,9 @@ EXTRA_TEXTS = [
     "\u00a0non-breaking\u3000ideographic\u2003em space",
     "tab\tinside\x0bvertical\x0cform",
     "zero\u200bwidth and combining e\u0301",
+    # White space as Unicode defines it (what the library's regex \s matches): U+0085 is,
+    # U+180E, U+200B and U+FEFF are not.
+    "nel\u0085'll mongolian\u180e'll \u2028line \ufeffbom \u1680ogham\u205f'd",
     "____▁▁ metaspace ▁ chars",
     "<0x41> looks like a byte token",
     "x" * 300,
