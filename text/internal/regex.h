@@ -1,6 +1,7 @@
 // kiln::text::internal::Regex: a PCRE2 pattern compiled for UTF-8 with Unicode properties
-// (PCRE2_UTF | PCRE2_UCP, so \s, \w and \d are Unicode-aware as in the Oniguruma engine the
-// tokenizers library uses) and JIT-compiled when PCRE2 has a JIT for this machine.
+// (PCRE2_UTF | PCRE2_UCP, so \p{L}, \w and \d are Unicode-aware as in the Oniguruma engine the
+// tokenizers library uses; \s is rewritten to Unicode's White_Space, which is what Oniguruma
+// matches) and JIT-compiled when PCRE2 has a JIT for this machine.
 //
 //   Regex re("\\p{L}+");
 //   std::vector<Span> spans;
