@@ -200,8 +200,21 @@ TEST(TokenizerTest, Errors) {
       error_of([&] { Tokenizer::from_json(bad_regex, "re.json"); }).find("cannot compile '('"),
       std::string::npos);
 
+  const std::string unk = with("\"unk_token\": \"<unk>\"", "\"unk_token\": \"<nope>\"");
+  EXPECT_NE(error_of([&] {
+              Tokenizer::from_json(unk, "unk.json");
+            }).find("[Tokenizer] unk.json: model BPE: unk_token '<nope>' is not in the vocabulary"),
+            std::string::npos);
+  const std::string merge = with("\"merges\": [\"", "\"merges\": [\"a b c\", \"");
+  EXPECT_NE(
+      error_of([&] { Tokenizer::from_json(merge, "m.json"); }).find("'a b c' is not two tokens"),
+      std::string::npos);
+
   const Tokenizer tok = Tokenizer::from_file(fixture("llama3"));
   EXPECT_NE(error_of([&] { tok.encode("\xFF"); }).find("not valid UTF-8"), std::string::npos);
+  // An error on one of the batch's threads reaches the caller.
+  const std::vector<std::string> batch = {"fine", "also fine", "bad \xC3", "fine again"};
+  EXPECT_NE(error_of([&] { tok.encode_batch(batch); }).find("not valid UTF-8"), std::string::npos);
 }
 
 }  // namespace
