@@ -27,17 +27,17 @@ void Bpe::finish() {
 
 void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
-  if (ignore_merges) {
-    const auto it = vocab.find(key(word));
+  if (word.size() >= kMaxCachedLength) {
+    const auto it = ignore_merges ? vocab.find(key(word)) : vocab.end();
     if (it != vocab.end()) {
       out.push_back(it->second);
-      return;
+    } else {
+      merge_word(word, out);
     }
-  }
-  if (word.size() >= kMaxCachedLength) {
-    merge_word(word, out);
     return;
   }
+  // The cache holds every word seen (with ignore_merges, a word of the vocabulary as its one
+  // id), so a hit costs one lookup.
   const size_t hash = std::hash<std::string_view>()(word);
   Shard& shard = shards_[hash % kShards];
   {
@@ -49,7 +49,12 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
     }
   }
   const size_t first = out.size();
-  merge_word(word, out);
+  const auto it = ignore_merges ? vocab.find(key(word)) : vocab.end();
+  if (it != vocab.end()) {
+    out.push_back(it->second);
+  } else {
+    merge_word(word, out);
+  }
   std::lock_guard<std::mutex> lock(shard.mu);
   if (shard.words.size() < kShardCapacity) {
     shard.words.try_emplace(std::string(word), out.begin() + first, out.end());
