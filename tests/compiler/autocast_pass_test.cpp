@@ -205,5 +205,34 @@ TEST(AutocastPass, TinyTrainingStepUnderAutocastIsBitIdentical) {
   EXPECT_TRUE(any_autocast(step_off.traces().back()));
 }
 
+// On CUDA tensors under a kCUDA guard (skips without a GPU): compiled with the pass on and off
+// == eager, and the policy applied to an f32 trace == eager under the guard. A CPU 0-d tensor
+// joining CUDA inputs is not cast (the policy reads it as a scalar).
+TEST(GpuAutocastPass, CudaProgramsMatchEager) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  manual_seed(9);
+  const Tensor a = randn({33, 64}).cuda(), w = randn({64, 48}).cuda(), s = full({}, 0.5);
+  auto body = [&](const Tensor& x) {
+    Tensor h = matmul(x, w).relu();
+    return F::log_softmax(h * s, 1) + x.sum() + F::layer_norm(h, {48}, Tensor(), Tensor(), 1e-5);
+  };
+  auto fn = [&](const Tensor& x) {
+    AutocastGuard guard(kCUDA, kBFloat16);
+    return body(x);
+  };
+  const Tensor want = fn(a);
+  auto on = compile(fn);
+  auto off = compile(fn, CompileOptions().skip_pass("autocast"));
+  for (int call = 0; call < 2; ++call) {
+    expect_bitwise(on(a), want, "pass on");
+    expect_bitwise(off(a), want, "pass off");
+  }
+  EXPECT_FALSE(any_autocast(on.traces().back())) << on.traces().back().str();
+  const compiler::TraceResult f32 = trace_no_grad(
+      [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{body(in[0])}; }, {a});
+  const Trace cast = compiler::autocast(f32.trace, kCUDA, kBFloat16);
+  expect_bitwise(run_trace(cast, f32.externals, {a})[0], want, "f32 trace, policy applied");
+}
+
 }  // namespace
 }  // namespace kiln
