@@ -78,8 +78,8 @@ CompileOptions& CompileOptions::remat(compiler::RematPolicy policy) {
   return *this;
 }
 CompileOptions& CompileOptions::activation_budget(int64_t bytes) {
-  KILN_CHECK(bytes >= 0, "[CompileOptions] activation_budget must be a non-negative byte count, got ",
-             bytes);
+  KILN_CHECK(bytes >= 0,
+             "[CompileOptions] activation_budget must be a non-negative byte count, got ", bytes);
   partition_.activation_budget = bytes;
   return *this;
 }
@@ -179,9 +179,12 @@ std::string guard_str(const ExternalGuard& g) {
 // The backward half of a joint trace, and how its gradients map to the call's tensors.
 struct BackwardPlan {
   std::shared_ptr<const Program> program;  // arguments: saved values, then output gradients
-  size_t user_outputs = 0;                 // the forward program's outputs before the saved ones
-  std::vector<int> grad_outputs;           // per user output: its gradient's position, or -1
-  std::vector<TensorSpec> grad_specs;      // per differentiable output
+  size_t user_outputs = 0;                 // the forward program's outputs of the callable
+  // Then values the callable kept in its own state (a first call creating it), then the saved
+  // values.
+  size_t escaped = 0;
+  std::vector<int> grad_outputs;       // per user output: its gradient's position, or -1
+  std::vector<TensorSpec> grad_specs;  // per differentiable output
   // Per gradient the backward returns: the argument index (>= 0) or -1 - external index.
   std::vector<int> targets;
 };
@@ -251,9 +254,9 @@ std::vector<Tensor> run_entry(const Entry& e, const std::vector<Tensor>& args) {
   std::vector<Tensor> outputs = e.program->run(args, nullptr, &rng);
   if (!e.backward) return outputs;
   const BackwardPlan& plan = *e.backward;
-  std::vector<Tensor> saved(outputs.begin() + static_cast<std::ptrdiff_t>(plan.user_outputs),
-                            outputs.end());
-  outputs.resize(plan.user_outputs);
+  const size_t kept = plan.user_outputs + plan.escaped;  // returned; the caller drops escaped
+  std::vector<Tensor> saved(outputs.begin() + static_cast<std::ptrdiff_t>(kept), outputs.end());
+  outputs.resize(kept);
   if (!GradMode::is_enabled()) return outputs;
   auto node = std::make_shared<CompiledBackward>(e.backward, std::move(saved), rng);
   bool any = false;
@@ -264,7 +267,7 @@ std::vector<Tensor> run_entry(const Entry& e, const std::vector<Tensor>& args) {
     any |= node->next_edges().back().is_valid();
   }
   if (!any) return outputs;
-  for (size_t i = 0; i < outputs.size(); ++i) {
+  for (size_t i = 0; i < plan.user_outputs; ++i) {
     const int k = plan.grad_outputs[i];
     if (k < 0) continue;
     const TensorSpec& s = plan.grad_specs[static_cast<size_t>(k)];
@@ -431,7 +434,7 @@ std::vector<Tensor> CompiledCore::call(
   m.write_stage(trace);
   std::shared_ptr<BackwardPlan> plan;
   Trace backward_trace;
-  if (traced.backward_begin >= 0 && traced.escaped.empty()) {
+  if (traced.backward_begin >= 0) {
     plan = std::make_shared<BackwardPlan>();
     const auto t0 = std::chrono::steady_clock::now();
     Partition part = partition_joint(trace, joint_boundary(traced), m.options.partition());
@@ -439,6 +442,7 @@ std::vector<Tensor> CompiledCore::call(
     m.stats.saved_bytes = part.saved_bytes;
     m.stats.recomputed_ops = part.recomputed_ops;
     plan->user_outputs = user_outputs;
+    plan->escaped = traced.escaped.size();
     int k = 0;
     for (int v : traced.grad_outputs) {
       plan->grad_outputs.push_back(v >= 0 ? k++ : -1);

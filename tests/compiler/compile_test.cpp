@@ -295,11 +295,37 @@ TEST(Compile, TrainingStepMatchesEager) {
   EXPECT_EQ(step.stats().misses, 2);
   EXPECT_EQ(step.stats().hits, 3);
   ASSERT_EQ(step.stats().recompile_reasons.size(), 1u);
-  EXPECT_NE(step.stats().recompile_reasons[0].find("created state that outlives it"), std::string::npos)
+  EXPECT_NE(step.stats().recompile_reasons[0].find("created state that outlives it"),
+            std::string::npos)
       << step.stats().recompile_reasons[0];
   const std::string listing = step.traces().front().str();
   EXPECT_NE(listing.find("sgd_update_("), std::string::npos) << listing;
   EXPECT_NE(listing.find(".grad = "), std::string::npos) << listing;
+}
+
+// A first call that creates state the callable keeps (a lazily built table, as a model's RoPE
+// cache) still gives outputs with a compiled backward, and so does every later call.
+TEST(Compile, FirstCallCreatingStateStillHasAGradFn) {
+  Tensor table;  // built on the first call, kept afterwards
+  auto fn = [&](const Tensor& x) {
+    if (!table.defined()) table = arange(0, 8, kFloat) * 0.5 + 1.0;
+    return (x * table).sigmoid().sum();
+  };
+  auto f = compile(fn);
+  const Tensor x0 = randn({4, 8});
+  Tensor eager_table = arange(0, 8, kFloat) * 0.5 + 1.0;
+  for (int call = 0; call < 3; ++call) {
+    Tensor xc = x0.clone().requires_grad_(true), xe = x0.clone().requires_grad_(true);
+    Tensor yc = f(xc);
+    ASSERT_TRUE(yc.requires_grad()) << "call " << call;
+    yc.backward();
+    Tensor ye = (xe * eager_table).sigmoid().sum();
+    ye.backward();
+    expect_equal(yc, ye);
+    expect_equal(xc.grad(), xe.grad());
+  }
+  ASSERT_TRUE(table.defined());
+  expect_equal(table, eager_table);
 }
 
 }  // namespace
