@@ -39,10 +39,9 @@ void expect_bits(const Tensor& got, const Tensor& want, const std::string& what)
 }
 
 // The first trace of the last compilation at `stage` ("forward", "backward": before the passes).
+// `stage` is not a std::string: GCC 13 would warn of a dangling reference at every caller.
 template <typename Fn>
-const Trace& stage_of(
-    const CompiledFunction<Fn>& f,
-    const char* stage) {  // not a std::string: GCC 13 would warn of a dangling reference
+const Trace& stage_of(const CompiledFunction<Fn>& f, const char* stage) {
   for (const Trace& t : f.traces()) {
     if (t.stage == stage) return t;
   }
