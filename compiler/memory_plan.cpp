@@ -64,7 +64,9 @@ Trace plan_memory(const Trace& trace) {
                            op.executor == "eager" && !op.autocast.any() && !op.op->cross_device;
     for (int v : op.outputs) {
       if (v < 0) continue;
-      if (!placeable) excluded[static_cast<size_t>(v)] = true;
+      // CUDA values keep the caching allocator: see memory_plan.h.
+      if (!placeable || !trace.value(v).spec.device.is_cpu())
+        excluded[static_cast<size_t>(v)] = true;
       first[static_cast<size_t>(v)] = at[i];
       last[static_cast<size_t>(v)] = std::max(last[static_cast<size_t>(v)], at[i]);
     }

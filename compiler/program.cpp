@@ -19,6 +19,9 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
              t.externals.size(), " captured tensors, got ", externals_.size());
   // One step per op, except that a fusion region (a contiguous block, compiler/fuse.h) is one
   // step at its last op's place; its other ops get none.
+  for (const Tensor& e : externals_) {
+    if (e.defined()) external_storages_.insert(e.impl()->storage().get());
+  }
   steps_.resize(t.ops.size());
   std::vector<int> at(t.ops.size());  // where each op's work runs
   for (size_t i = 0; i < t.ops.size();) {
@@ -119,6 +122,16 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& arguments, const Rng
     frame.rng_base = s.offset;
   }
   if (rng_used != nullptr) *rng_used = RngState{frame.rng_seed, frame.rng_base};
+  // A gradient the program replaces without reading it (the step's zero_grad() was traced) is
+  // dropped now, as zero_grad() drops it in eager code, instead of living until the new one
+  // is assigned at the end: a training step would otherwise hold two sets of gradients.
+  for (const GradEffect& e : t.grad_effects) {
+    Tensor external = externals_[static_cast<size_t>(e.external)];
+    const Tensor& old = external.grad();
+    if (old.defined() && !external_storages_.contains(old.impl()->storage().get())) {
+      external.mutable_grad() = Tensor();
+    }
+  }
   if (!t.arenas.empty()) {
     // One allocation per arena; each placed value is a view of it (compiler/memory_plan.h).
     std::vector<Storage> arenas;

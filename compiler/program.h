@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "compiler/executor.h"
 #include "compiler/trace.h"
 #include "tensor/random.h"
@@ -39,6 +40,8 @@ class Program {
   std::vector<std::shared_ptr<const Executor>> executors_;  // keeps the lowered steps' owners
   std::vector<Step> steps_;
   std::vector<std::vector<int>> free_after_;  // values dropped after each step
+  // The captured tensors' storages: a gradient outside them is not read by the program.
+  absl::flat_hash_set<const void*> external_storages_;
   int64_t planned_peak_bytes_ = 0;
 };
 

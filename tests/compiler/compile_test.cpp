@@ -328,5 +328,42 @@ TEST(Compile, FirstCallCreatingStateStillHasAGradFn) {
   expect_equal(table, eager_table);
 }
 
+// A step that starts with zero_grad() drops the previous gradients when its program starts, as
+// eager code does, rather than holding them until the new ones are assigned at its end (a whole
+// second set of gradients in memory).
+TEST(Compile, ReplacedGradientsAreDroppedWhenTheRunStarts) {
+  Mlp m(13);
+  optim::SGD opt(m.parameters(), optim::SGDOptions(0.1));
+  static bool grads_seen = false;
+  static int probes = 0;
+  static std::vector<Tensor>* params = nullptr;
+  std::vector<Tensor> ps = m.parameters();
+  params = &ps;
+  compiler::register_executor(compiler::make_op_executor(
+      "grad_probe", {{"mm", [](OpCall& call) {
+                        ++probes;
+                        for (const Tensor& p : *params) grads_seen |= p.grad().defined();
+                        call.outputs = {mm(call.input(0), call.input(1))};
+                      }}}));
+  auto step = compile(
+      [&](const Tensor& x, const Tensor& y) {
+        opt.zero_grad();
+        Tensor loss = m.loss(x, y);
+        loss.backward();
+        opt.step();
+        return loss;
+      },
+      CompileOptions().executors({"grad_probe", "eager"}));
+  const Tensor x = randn({8, 6}), y = randint(0, 3, {8});
+  for (int i = 0; i < 4; ++i) {
+    grads_seen = false;
+    step(x, y);
+    EXPECT_FALSE(grads_seen) << "call " << i;
+    for (const Tensor& p : ps) EXPECT_TRUE(p.grad().defined());
+  }
+  EXPECT_EQ(step.stats().hits, 3);
+  EXPECT_GT(probes, 4);  // the probe ran in every call
+}
+
 }  // namespace
 }  // namespace kiln
