@@ -56,6 +56,10 @@ const std::set<std::string> kNonDifferentiable = {
     "adam_update_",
     "sgd_update_",
     "increment_",
+    // Gradient clipping's multi-tensor ops (tensor/foreach.h): they run on gradients under
+    // NoGradGuard, as torch's _foreach_norm / _foreach_mul_ in clip_grad_norm_.
+    "foreach_norm",
+    "foreach_mul_",
 };
 
 // Differentiable ops and the test that gradchecks each (a name check_grad asserts is in the
