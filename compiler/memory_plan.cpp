@@ -32,17 +32,7 @@ Trace plan_memory(const Trace& trace) {
   for (ValueInfo& v : out.values) v.arena = -1;
   const size_t n = trace.ops.size();
   const size_t nv = trace.values.size();
-
-  // Where each op's work runs: a region at its last op.
-  std::vector<int> at(n);
-  for (size_t i = 0; i < n;) {
-    size_t end = i + 1;
-    if (trace.ops[i].region >= 0) {
-      while (end < n && trace.ops[end].region == trace.ops[i].region) ++end;
-    }
-    for (size_t k = i; k < end; ++k) at[k] = static_cast<int>(end - 1);
-    i = end;
-  }
+  const std::vector<int> at = step_positions(trace);
   // Candidates and their lifetimes [first, last].
   std::vector<bool> excluded(nv, false);
   for (int v : trace.outputs) {

@@ -23,8 +23,8 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
     if (e.defined()) external_storages_.insert(e.impl()->storage().get());
   }
   steps_.resize(t.ops.size());
-  std::vector<int> at(t.ops.size());  // where each op's work runs
-  for (size_t i = 0; i < t.ops.size();) {
+  const std::vector<int> at = step_positions(t);
+  for (size_t i = 0; i < t.ops.size(); i = static_cast<size_t>(at[i]) + 1) {
     const BoundOp& op = t.ops[i];
     const Executor* chosen = nullptr;
     for (const auto& e : executors_) {
@@ -32,15 +32,8 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
     }
     KILN_CHECK(chosen != nullptr, "[compile] ", op.name(), " is assigned to the executor '",
                op.executor, "', which is not among the program's executors");
-    size_t end = i + 1;
-    if (op.region >= 0) {
-      while (end < t.ops.size() && t.ops[end].region == op.region) ++end;
-      steps_[end - 1] = chosen->lower_region(t, i, end);
-    } else {
-      steps_[i] = chosen->lower(t, op);
-    }
-    for (size_t k = i; k < end; ++k) at[k] = static_cast<int>(end - 1);
-    i = end;
+    const size_t last = static_cast<size_t>(at[i]);
+    steps_[last] = op.region >= 0 ? chosen->lower_region(t, i, last + 1) : chosen->lower(t, op);
   }
   // Liveness: an op-produced value is dropped after the last step that reads it, unless the
   // program returns it or assigns it to a grad. `pos[i]` is where op i's reads happen.

@@ -134,6 +134,20 @@ std::string attr_str(const Attr& attr) {
   return os.str();
 }
 
+std::vector<int> step_positions(const Trace& trace) {
+  const size_t n = trace.ops.size();
+  std::vector<int> at(n);
+  for (size_t i = 0; i < n;) {
+    size_t end = i + 1;
+    if (trace.ops[i].region >= 0) {
+      while (end < n && trace.ops[end].region == trace.ops[i].region) ++end;
+    }
+    for (size_t k = i; k < end; ++k) at[k] = static_cast<int>(end - 1);
+    i = end;
+  }
+  return at;
+}
+
 int Trace::add_value(TensorSpec spec, ValueRole role, bool requires_grad) {
   const int id = static_cast<int>(values.size());
   const char* prefix = role == ValueRole::kArgument   ? "a"

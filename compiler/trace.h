@@ -104,6 +104,10 @@ class Trace {
   std::string str() const;
 };
 
+// Where each op's work runs, by op index: a fusion region (a contiguous block of ops with the
+// same BoundOp::region, compiler/fuse.h) runs as one step at its last op; other ops at their own.
+std::vector<int> step_positions(const Trace& trace);
+
 // A tensor's sizes, dtype, device and strides.
 TensorSpec spec_of(const Tensor& t);
 // "f32[4, 8] cpu": a value's spec as the listing prints it.

@@ -25,15 +25,7 @@ void expect_bits(const Tensor& got, const Tensor& want, const std::string& what)
 // placed value lies inside its arena.
 void expect_valid_plan(const compiler::Trace& t) {
   const size_t n = t.ops.size();
-  std::vector<int> at(n);
-  for (size_t i = 0; i < n;) {
-    size_t end = i + 1;
-    if (t.ops[i].region >= 0) {
-      while (end < n && t.ops[end].region == t.ops[i].region) ++end;
-    }
-    for (size_t k = i; k < end; ++k) at[k] = static_cast<int>(end - 1);
-    i = end;
-  }
+  const std::vector<int> at = compiler::step_positions(t);
   std::vector<int> first(t.values.size(), -1), last(t.values.size(), -1);
   for (size_t i = 0; i < n; ++i) {
     for (int v : t.ops[i].outputs) {

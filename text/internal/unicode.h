@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "nn/json.h"
+
 namespace kiln::text::internal {
 
 // The length of the UTF-8 sequence that starts with byte `lead` (1 for continuation bytes, so
@@ -20,7 +22,7 @@ inline size_t utf8_length(unsigned char lead) {
 
 // Decodes the code point at s[i] (valid UTF-8); sets `len` to its byte length.
 uint32_t decode_utf8(std::string_view s, size_t i, size_t* len);
-void append_utf8(uint32_t cp, std::string& out);
+using nn::append_utf8;  // nn/json.h: code point -> UTF-8
 
 // Rust's String::from_utf8_lossy: each maximal invalid subsequence becomes one U+FFFD.
 std::string utf8_lossy(std::string_view bytes);
