@@ -9,36 +9,6 @@
 namespace kiln::compiler {
 namespace {
 
-// Sets this thread's autocast state to the one an op was traced under, and back afterwards
-// (when they differ: the common case, all off, costs two tests).
-class AutocastScope {
- public:
-  explicit AutocastScope(const BoundOp::Autocast& want) {
-    BoundOp::Autocast now;
-    if (internal::any_autocast_enabled()) {
-      now = {is_autocast_enabled(kCPU), is_autocast_enabled(kCUDA), autocast_dtype(kCPU),
-             autocast_dtype(kCUDA)};
-    }
-    if (now == want) return;
-    saved_ = now;
-    changed_ = true;
-    set(want);
-  }
-  ~AutocastScope() {
-    if (changed_) set(saved_);
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
-
- private:
-  static void set(const BoundOp::Autocast& s) {
-    internal::set_autocast_state(kCPU, s.cpu, s.cpu_dtype);
-    internal::set_autocast_state(kCUDA, s.cuda, s.cuda_dtype);
-  }
-  BoundOp::Autocast saved_;
-  bool changed_ = false;
-};
-
 // Runs a functional op whose outputs plan_memory placed: the kernel the dispatcher would choose
 // (support rules), writing into the arena's views. False when it is not placed or no kernel of
 // the device supports the call (the dispatcher then runs the decomposition, which allocates).
@@ -127,6 +97,27 @@ ExecutorTable& table() {
 }
 
 }  // namespace
+
+AutocastScope::AutocastScope(const BoundOp::Autocast& want) {
+  BoundOp::Autocast now;
+  if (internal::any_autocast_enabled()) {
+    now = {is_autocast_enabled(kCPU), is_autocast_enabled(kCUDA), autocast_dtype(kCPU),
+           autocast_dtype(kCUDA)};
+  }
+  if (now == want) return;
+  saved_ = now;
+  changed_ = true;
+  set(want);
+}
+
+AutocastScope::~AutocastScope() {
+  if (changed_) set(saved_);
+}
+
+void AutocastScope::set(const BoundOp::Autocast& s) {
+  internal::set_autocast_state(kCPU, s.cpu, s.cpu_dtype);
+  internal::set_autocast_state(kCUDA, s.cuda, s.cuda_dtype);
+}
 
 bool Executor::fuses(const Trace&, const BoundOp&) const { return false; }
 

@@ -72,6 +72,21 @@ OpCall bind_call(const BoundOp& op, const Frame& frame);
 // Stores a finished call's outputs into the frame's slots.
 void store_outputs(const BoundOp& op, OpCall& call, Frame& frame);
 
+// Sets this thread's autocast state to the one an op was traced under, and back afterwards
+// (when they differ: the common case, all off, costs two tests).
+class AutocastScope {
+ public:
+  explicit AutocastScope(const BoundOp::Autocast& want);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  static void set(const BoundOp::Autocast& s);
+  BoundOp::Autocast saved_;
+  bool changed_ = false;
+};
+
 // The built-in CPU fusion executor, "fused_cpu" (compiler/fused_cpu.cpp; docs/compiler.md).
 std::shared_ptr<const Executor> make_fused_cpu_executor();
 

@@ -236,6 +236,9 @@ class FusedCpuExecutor final : public Executor {
     return [plan](Frame& frame) {
       const RegionPlan& p = *plan;
       const int64_t blocks = p.blocks();
+      // Members carry no autocast state (fuse_kind): run them with autocast off, as the eager
+      // executor would, whatever the caller's state.
+      const AutocastScope no_autocast(BoundOp::Autocast{});
       if (blocks == 1) {
         std::vector<Tensor> slots(p.num_slots);
         p.run(frame, 0, p.rows, /*whole=*/true, slots);
@@ -247,7 +250,8 @@ class FusedCpuExecutor final : public Executor {
       outs.reserve(p.outputs.size());
       for (const TensorSpec& spec : p.output_specs) outs.push_back(empty_as(spec));
       internal::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
-        NoGradGuard no_grad;  // grad mode is per thread
+        NoGradGuard no_grad;  // grad mode and autocast are per thread
+        const AutocastScope off(BoundOp::Autocast{});
         std::vector<Tensor> slots(p.num_slots);
         for (int64_t blk = b; blk < e; ++blk) {
           const int64_t r0 = blk * p.rows / blocks, r1 = (blk + 1) * p.rows / blocks;

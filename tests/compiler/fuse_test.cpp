@@ -239,6 +239,20 @@ TEST(Fuse, LongRowReductionsKeepEagersSummationOrder) {
   }
 }
 
+// Called under autocast: the autocast pass makes the casts ops of the trace, the region's ops
+// carry no autocast state, and the region runs them with autocast off, as eager code ran them.
+TEST(Fuse, RegionsUnderAutocastMatchEager) {
+  auto fn = [](const Tensor& x, const Tensor& w) {
+    return (matmul(x, w) * 0.5 + 1.0).softmax(1).sum({1}, true);
+  };
+  manual_seed(9);
+  const Tensor x = randn({256, 64}), w = randn({64, 128});
+  auto f = compile(fn);
+  AutocastGuard autocast(kCPU, kBFloat16);
+  for (int call = 0; call < 2; ++call) expect_bits(f(x, w), fn(x, w), "autocast");
+  EXPECT_NE(final_listing(f).find("region"), std::string::npos) << final_listing(f);
+}
+
 TEST(Fuse, RegisteredExecutorNamesAreReserved) {
   EXPECT_THROW(compiler::register_executor(compiler::make_fused_cpu_executor()), Error);
 }
