@@ -11,26 +11,18 @@
 //   Batch/N:    encode_batch over the lines on N threads
 #include <benchmark/benchmark.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "nn/safetensors.h"
 #include "tensor/parallel.h"
 #include "text/tokenizer.h"
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 const std::string& corpus() {
   static const std::string text =
-      read_file(std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt");
+      kiln::read_file(std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt");
   return text;
 }
 

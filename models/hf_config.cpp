@@ -6,16 +6,14 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "models/hf.h"
-#include "models/hf_internal.h"
+#include "nn/safetensors.h"
 #include "nn/json.h"
 #include "tensor/error.h"
 
@@ -23,7 +21,6 @@ namespace kiln::models {
 namespace {
 
 namespace fs = std::filesystem;
-using internal::read_text_file;
 using nn::json_string;
 using nn::JsonError;
 using nn::JsonReader;
@@ -442,19 +439,6 @@ Family export_family(const ModelConfig& cfg) {
 
 }  // namespace
 
-namespace internal {
-
-std::string read_text_file(const std::string& path, const char* op) {
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in.good(), "[", op, "] ", path, ": cannot open the file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  KILN_CHECK(!in.bad(), "[", op, "] ", path, ": cannot read the file");
-  return ss.str();
-}
-
-}  // namespace internal
-
 // ================================ public API ================================
 
 ModelConfig ModelConfig::from_hf_config_json(const std::string& json_text,
@@ -474,7 +458,7 @@ ModelConfig ModelConfig::from_hf_config(const std::string& path) {
   fs::path p(path);
   std::error_code ec;
   if (fs::is_directory(p, ec)) p /= "config.json";
-  const std::string text = read_text_file(p.string(), "from_hf_config");
+  const std::string text = read_file(p.string(), "from_hf_config");
   std::string name = p.parent_path().filename().string();
   if (name.empty() || name == ".") name = "hf";
   try {

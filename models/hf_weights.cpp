@@ -13,7 +13,7 @@
 
 #include "autograd/grad_mode.h"
 #include "models/hf.h"
-#include "models/hf_internal.h"
+#include "nn/safetensors.h"
 #include "nn/json.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -22,7 +22,6 @@ namespace kiln::models {
 namespace {
 
 namespace fs = std::filesystem;
-using internal::read_text_file;
 using nn::json_string;
 using nn::JsonError;
 using nn::JsonReader;
@@ -206,7 +205,7 @@ Checkpoint open_checkpoint(const std::string& path) {
   const std::string ipath = index_path->string();
   IndexJson index;
   try {
-    index = parse_index(read_text_file(ipath, op));
+    index = parse_index(read_file(ipath, op));
   } catch (const JsonError& e) {
     KILN_FAIL("[", op, "] ", ipath, ": malformed index: ", e.what());
   }

@@ -17,8 +17,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include "nn/json.h"
 #include "tensor/ops.h"
@@ -576,6 +578,15 @@ void save_safetensors(const TensorMap& tensors, const std::string& path,
   AtomicFile file(path);
   write_safetensors(plan, metadata, [&](const void* p, size_t n) { file.write(p, n); });
   file.commit();
+}
+
+std::string read_file(const std::string& path, const std::string& op) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), "[", op, "] ", path, ": cannot open the file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  KILN_CHECK(!in.bad(), "[", op, "] ", path, ": cannot read the file");
+  return ss.str();
 }
 
 void write_file_atomically(const std::string& path, std::string_view bytes, const std::string& op) {

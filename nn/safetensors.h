@@ -53,6 +53,10 @@ void save_safetensors(const TensorMap& tensors, const std::string& path,
 void write_file_atomically(const std::string& path, std::string_view bytes,
                            const std::string& op = "write_file_atomically");
 
+// Reads the whole file at `path`. Errors start with "[<op>] <path>: " (cannot open, cannot
+// read); for the JSON files read beside checkpoints and tokenizers.
+std::string read_file(const std::string& path, const std::string& op = "read_file");
+
 // Reads every tensor of the file at `path` onto `device`; fills `*metadata` when given.
 TensorMap load_safetensors(const std::string& path, SafetensorsMetadata* metadata = nullptr,
                            Device device = kCPU);

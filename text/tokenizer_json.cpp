@@ -1,10 +1,9 @@
 // Loading a tokenizer.json into the pipeline of text/internal/pipeline.h. The model (nearly
 // all of the file) is read straight from the JsonReader; the small components through
 // JsonValue, since their keys may come in any order.
-#include <fstream>
-#include <sstream>
 
 #include "nn/json.h"
+#include "nn/safetensors.h"
 #include "tensor/error.h"
 #include "text/internal/json_value.h"
 #include "text/internal/pipeline.h"
@@ -363,11 +362,7 @@ int32_t find_special(const Pipeline& p, std::initializer_list<const char*> names
 }  // namespace internal
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in.good(), "[Tokenizer] ", path, ": cannot open the file");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return from_json(buffer.str(), path);
+  return from_json(read_file(path, "Tokenizer"), path);
 }
 
 Tokenizer Tokenizer::from_json(std::string_view json, const std::string& name) {

@@ -2,11 +2,11 @@
 // tests/text/data/expected.json (written by make_tokenizer_fixtures.py with the library), for
 // the byte-level (Llama 3, GPT-2) and SentencePiece-style (Llama 2, Metaspace) fixtures; the
 // bundled corpus round trip; encode_batch; and the errors.
+#include "nn/safetensors.h"
 #include "text/tokenizer.h"
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,13 +17,6 @@
 
 namespace kiln::text {
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string fixture(const std::string& name) {
   return std::string(KILN_TEXT_TEST_DATA) + "/" + name + ".json";
