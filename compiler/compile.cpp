@@ -1,5 +1,6 @@
 #include "compiler/compile.h"
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,11 +35,16 @@ CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
   return *this;
 }
 CompileOptions& CompileOptions::skip_pass(std::string name) {
-  KILN_CHECK(name == "autocast" || name == "decompose" || name == "functionalize" ||
-                 name == "dce" || name == "cse" || name == "fuse" || name == "plan_memory",
-             "[CompileOptions] no pass is named '", name,
-             "' (passes that can be skipped: autocast, decompose, functionalize, dce, cse, fuse, "
-             "plan_memory)");
+  // The passes compile runs, in order (CompiledCore::call).
+  static constexpr std::array<std::string_view, 7> kPasses = {
+      "autocast", "decompose", "functionalize", "dce", "cse", "fuse", "plan_memory"};
+  if (std::find(kPasses.begin(), kPasses.end(), name) == kPasses.end()) {
+    std::string known;
+    for (std::string_view p : kPasses)
+      known += std::string(known.empty() ? "" : ", ") + std::string(p);
+    KILN_FAIL("[CompileOptions] no pass is named '", name, "' (passes that can be skipped: ", known,
+              ")");
+  }
   skipped_.push_back(std::move(name));
   return *this;
 }

@@ -97,6 +97,20 @@ TEST(Compile, DynamicDimensionsSayWhyTheyCompileAgain) {
   EXPECT_KILN_ERROR(CompileOptions().dynamic(-1, 0), "must be non-negative");
 }
 
+TEST(Compile, SkipPassNamesThePasses) {
+  EXPECT_KILN_ERROR(CompileOptions().skip_pass("fusion"),
+                    "no pass is named 'fusion' (passes that can be skipped: autocast, decompose, "
+                    "functionalize, dce, cse, fuse, plan_memory)");
+  for (const char* pass :
+       {"autocast", "decompose", "functionalize", "dce", "cse", "fuse", "plan_memory"}) {
+    auto f =
+        compile([](const Tensor& x) { return (x * 2.0).relu(); }, CompileOptions().skip_pass(pass));
+    const Tensor x = randn({4, 4});
+    expect_equal(f(x), (x * 2.0).relu());
+    for (const compiler::Trace& t : f.traces()) EXPECT_NE(t.stage, pass);
+  }
+}
+
 TEST(Compile, RecompileLimitFallsBackToEager) {
   auto f = compile([](const Tensor& x) { return x + 1.0; }, CompileOptions().recompile_limit(2));
   for (int64_t n = 1; n <= 4; ++n) {
