@@ -9,6 +9,7 @@
 #include "autograd/gradcheck.h"
 #include "compiler/compile.h"
 #include "compiler/executor.h"
+#include "datasets/data.h"
 #include "kernels/cuda.h"
 #include "models/config.h"
 #include "models/data.h"

@@ -34,6 +34,12 @@ namespace kiln {
 
 class Tensor;
 using TensorList = absl::Span<const Tensor>;
+// libtorch's spellings of a read-only array view and of an optional value: kiln::ArrayRef<size_t>
+// (a vector, a {1, 2} list or a span converts to it) and kiln::optional / kiln::nullopt.
+template <typename T>
+using ArrayRef = absl::Span<const T>;
+using std::nullopt;
+using std::optional;
 
 namespace indexing {
 class TensorIndex;
