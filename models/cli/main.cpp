@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "models/cli/prepare.h"
 #include "models/config.h"
 #include "models/generate.h"
 #include "models/gpt.h"
@@ -100,6 +101,8 @@ commands:
       --special A,B,...        special tokens, the first is bos
                                (default: <|begin_of_text|>,<|end_of_text|>)
       --out FILE               (default: out/tokenizer.json)
+  prepare INPUT... --out DIR   text and JSONL files -> token shards for pretrain --data
+                               (kiln prepare --help lists its flags)
   help                         this message
 )";
 
@@ -400,6 +403,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return cmd_generate(args);
     if (command == "bench") return cmd_bench(args);
     if (command == "tokenizer") return cmd_tokenizer(args);
+    if (command == "prepare") return kiln::cli::run_prepare_command(args);
     throw UsageError{"unknown command '" + command + "'"};
   } catch (const UsageError& e) {
     std::cerr << "kiln: " << e.message << "\n\n" << kUsage;
