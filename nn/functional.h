@@ -94,6 +94,8 @@ inline constexpr nn::Reduction kNone = nn::Reduction::None;
 inline constexpr nn::Reduction kMean = nn::Reduction::Mean;
 inline constexpr nn::Reduction kSum = nn::Reduction::Sum;
 inline constexpr nn::Reduction kBatchMean = nn::Reduction::BatchMean;
+// kiln::Reduction::Sum, as libtorch's torch::Reduction::Sum.
+using nn::Reduction;
 
 namespace nn::functional {
 

@@ -19,6 +19,7 @@
 #include <concepts>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "nn/module.h"
 #include "nn/safetensors.h"
@@ -53,5 +54,33 @@ nn::LoadStateDictResult load(const nn::ModuleHolder<M>& module, const std::strin
 // copy-on-write views of the mapped file where aligned).
 void save(const TensorMap& tensors, const std::string& path);
 void load(TensorMap& tensors, const std::string& path);
+
+// One tensor (stored under the name "tensor") or a list of tensors (under "0", "1", ...), as
+// torch::save(tensor, path) and torch::save(tensors, path). load replaces `tensor` (`tensors`)
+// with the file's, on the CPU; a file of the other kind is an error that names it.
+void save(const Tensor& tensor, const std::string& path);
+void load(Tensor& tensor, const std::string& path);
+void save(const std::vector<Tensor>& tensors, const std::string& path);
+void load(std::vector<Tensor>& tensors, const std::string& path);
+
+// An optimizer's state and options (Optimizer::save / load), as torch::save(optimizer, path).
+template <typename O>
+  requires requires(const O& o, O& m, const std::string& p) {
+    o.save(p);
+    m.load(p);
+    o.param_groups();
+  }
+void save(const O& optimizer, const std::string& path) {
+  optimizer.save(path);
+}
+template <typename O>
+  requires requires(const O& o, O& m, const std::string& p) {
+    o.save(p);
+    m.load(p);
+    o.param_groups();
+  }
+void load(O& optimizer, const std::string& path) {
+  optimizer.load(path);
+}
 
 }  // namespace kiln

@@ -32,6 +32,12 @@ inline constexpr ScalarType kFloat32 = ScalarType::Float;
 inline constexpr ScalarType kFloat = ScalarType::Float;
 inline constexpr ScalarType kFloat64 = ScalarType::Double;
 inline constexpr ScalarType kDouble = ScalarType::Double;
+// libtorch's short names.
+inline constexpr ScalarType kF16 = ScalarType::Half;
+inline constexpr ScalarType kF32 = ScalarType::Float;
+inline constexpr ScalarType kF64 = ScalarType::Double;
+inline constexpr ScalarType kI32 = ScalarType::Int32;
+inline constexpr ScalarType kI64 = ScalarType::Int64;
 
 size_t element_size(ScalarType t);
 // "float32", "bfloat16", "int64", "bool" ...: the names PyTorch prints.

@@ -31,6 +31,12 @@ std::string str_cat(const Args&... args) {
 }
 }  // namespace internal
 
+// The arguments streamed into one string, as c10::str: kiln::str("got ", n, " items").
+template <typename... Args>
+std::string str(const Args&... args) {
+  return internal::str_cat(args...);
+}
+
 }  // namespace kiln
 
 #define KILN_CHECK(cond, ...)                                      \

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <variant>
 
 #include "tensor/tensor.h"
@@ -22,11 +23,27 @@ struct EllipsisIndexType {};
 inline constexpr NoneIndexType None{};
 inline constexpr EllipsisIndexType Ellipsis{};
 
+// A bound of a Slice: an integer, or None / nullopt for "from the start" / "to the end", as
+// Python's t[1:] is Slice(1, None).
+class SliceBound {
+ public:
+  SliceBound(std::nullopt_t) {}   // NOLINT: implicit by design
+  SliceBound(NoneIndexType) {}    // NOLINT
+  template <typename I>
+    requires(std::is_integral_v<I> && !std::is_same_v<I, bool>)
+  SliceBound(I v) : v_(static_cast<int64_t>(v)) {}  // NOLINT
+  SliceBound(std::optional<int64_t> v) : v_(v) {}   // NOLINT
+  const std::optional<int64_t>& value() const { return v_; }
+
+ private:
+  std::optional<int64_t> v_;
+};
+
 class Slice {
  public:
-  Slice(std::optional<int64_t> start = std::nullopt, std::optional<int64_t> stop = std::nullopt,
-        std::optional<int64_t> step = std::nullopt)
-      : start_(start), stop_(stop), step_(step.value_or(1)) {}
+  Slice(SliceBound start = std::nullopt, SliceBound stop = std::nullopt,
+        SliceBound step = std::nullopt)
+      : start_(start.value()), stop_(stop.value()), step_(step.value().value_or(1)) {}
   std::optional<int64_t> start() const { return start_; }
   std::optional<int64_t> stop() const { return stop_; }
   int64_t step() const { return step_; }

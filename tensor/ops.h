@@ -13,6 +13,24 @@
 
 namespace kiln {
 
+// --- Free-function spellings of Tensor methods (libtorch has both) ----------------------------
+inline Tensor reshape(const Tensor& a, IntArrayRef sizes) { return a.reshape(sizes); }
+inline Tensor flatten(const Tensor& a, int64_t start_dim = 0, int64_t end_dim = -1) {
+  return a.flatten(start_dim, end_dim);
+}
+inline Tensor transpose(const Tensor& a, int64_t dim0, int64_t dim1) {
+  return a.transpose(dim0, dim1);
+}
+inline Tensor permute(const Tensor& a, IntArrayRef dims) { return a.permute(dims); }
+inline Tensor unsqueeze(const Tensor& a, int64_t dim) { return a.unsqueeze(dim); }
+inline Tensor squeeze(const Tensor& a) { return a.squeeze(); }
+inline Tensor squeeze(const Tensor& a, int64_t dim) { return a.squeeze(dim); }
+inline Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
+  return a.narrow(dim, start, length);
+}
+inline Tensor select(const Tensor& a, int64_t dim, int64_t index) { return a.select(dim, index); }
+inline Tensor clone(const Tensor& a) { return a.clone(); }
+
 // --- Factories ----------------------------------------------------------------------------------
 Tensor empty(IntArrayRef sizes, const TensorOptions& options = {});
 Tensor zeros(IntArrayRef sizes, const TensorOptions& options = {});
@@ -221,6 +239,12 @@ std::tuple<Tensor, Tensor> rotary_emb_qk(const Tensor& q, const Tensor& k, const
 // one backward writing dgate and dup together.
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 Tensor geglu_tanh(const Tensor& gate, const Tensor& up);
+// Fused recurrent cells (tensor/ops/rnn.cpp), the pointwise part of one LSTM / GRU step in one
+// kernel: lstm_cell_fused(gates [B, 4H], cx [B, H]) -> (hy, cy) with gates i, f, g, o summed
+// over the input and hidden projections; gru_cell_fused(igates [B, 3H], hgates [B, 3H], hx) -> hy
+// with gates r, z, n (the hidden projection's n is gated by r). nn::LSTM and nn::GRU use them.
+std::tuple<Tensor, Tensor> lstm_cell_fused(const Tensor& gates, const Tensor& cx);
+Tensor gru_cell_fused(const Tensor& igates, const Tensor& hgates, const Tensor& hx);
 
 // Fused attention (tensor/ops/attention.cpp): q [B, H, T, D], k [B, H_kv, S, D] and v
 // [B, H_kv, S, Dv] (H a multiple of H_kv), softmax(scale * q k^T) v with causal (top-left

@@ -6,6 +6,7 @@
 #include <concepts>
 #include <cstdint>
 #include <initializer_list>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,10 @@ class IntArrayRef {
 inline Shape to_shape(IntArrayRef s) { return Shape(s.begin(), s.end()); }
 // "[2, 3]"
 std::string shape_str(IntArrayRef sizes);
+// `std::cout << t.sizes()` prints "[2, 3]", as libtorch.
+inline std::ostream& operator<<(std::ostream& os, IntArrayRef sizes) {
+  return os << shape_str(sizes);
+}
 int64_t numel_of(IntArrayRef sizes);
 Shape contiguous_strides(IntArrayRef sizes);
 // The strides of a dense tensor of `sizes` whose dims are laid out in the memory order of

@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "tensor/accessor.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/scalar.h"
@@ -95,6 +96,16 @@ class Tensor {
   T* data_ptr() const;
   template <typename T>
   const T* const_data_ptr() const { return data_ptr<T>(); }
+  // libtorch's older spelling of data_ptr<T>().
+  template <typename T>
+  T* data() const {
+    return data_ptr<T>();
+  }
+  // Element access by index on a CPU tensor of dtype T and N dims (tensor/accessor.h).
+  template <typename T, size_t N>
+  TensorAccessor<T, N> accessor() const&;
+  template <typename T, size_t N>
+  TensorAccessor<T, N> accessor() && = delete;
   // The single value of a one-element tensor (copied to the host if needed).
   Scalar item() const;
   template <typename T>
@@ -307,6 +318,74 @@ class Tensor {
   Tensor& lerp_(const Tensor& end, const Scalar& weight);
   Tensor& zero_();
   Tensor& fill_(const Scalar& value);
+  // In-place comparisons: self = (self op other), in self's dtype (1 or 0, true or false).
+  Tensor& eq_(const Tensor& other) { return copy_(eq(other)); }
+  Tensor& eq_(const Scalar& other) { return copy_(eq(other)); }
+  Tensor& ne_(const Tensor& other) { return copy_(ne(other)); }
+  Tensor& ne_(const Scalar& other) { return copy_(ne(other)); }
+  Tensor& lt_(const Tensor& other) { return copy_(lt(other)); }
+  Tensor& lt_(const Scalar& other) { return copy_(lt(other)); }
+  Tensor& le_(const Tensor& other) { return copy_(le(other)); }
+  Tensor& le_(const Scalar& other) { return copy_(le(other)); }
+  Tensor& gt_(const Tensor& other) { return copy_(gt(other)); }
+  Tensor& gt_(const Scalar& other) { return copy_(gt(other)); }
+  Tensor& ge_(const Tensor& other) { return copy_(ge(other)); }
+  Tensor& ge_(const Scalar& other) { return copy_(ge(other)); }
+
+  // --- In-place ops on a const handle -------------------------------------------------------
+  // As libtorch's, in-place methods are callable on a `const Tensor&` (`x.grad().zero_()`): a
+  // Tensor is a handle, and const on the handle does not make the shared data read-only.
+#define KILN_CONST_INPLACE(name, params, args) \
+  const Tensor& name params const { return const_cast<Tensor&>(*this).name args; }
+  KILN_CONST_INPLACE(neg_, (), ())
+  KILN_CONST_INPLACE(exp_, (), ())
+  KILN_CONST_INPLACE(relu_, (), ())
+  KILN_CONST_INPLACE(sqrt_, (), ())
+  KILN_CONST_INPLACE(zero_, (), ())
+  KILN_CONST_INPLACE(fill_, (const Scalar& v), (v))
+  KILN_CONST_INPLACE(copy_, (const Tensor& src), (src))
+  KILN_CONST_INPLACE(add_, (const Tensor& o, const Scalar& alpha = 1), (o, alpha))
+  KILN_CONST_INPLACE(add_, (const Scalar& o, const Scalar& alpha = 1), (o, alpha))
+  KILN_CONST_INPLACE(sub_, (const Tensor& o, const Scalar& alpha = 1), (o, alpha))
+  KILN_CONST_INPLACE(sub_, (const Scalar& o, const Scalar& alpha = 1), (o, alpha))
+  KILN_CONST_INPLACE(mul_, (const Tensor& o), (o))
+  KILN_CONST_INPLACE(mul_, (const Scalar& o), (o))
+  KILN_CONST_INPLACE(div_, (const Tensor& o), (o))
+  KILN_CONST_INPLACE(div_, (const Scalar& o), (o))
+  KILN_CONST_INPLACE(clamp_, (std::optional<Scalar> lo, std::optional<Scalar> hi = std::nullopt),
+                     (lo, hi))
+  KILN_CONST_INPLACE(lerp_, (const Tensor& end, const Scalar& w), (end, w))
+  KILN_CONST_INPLACE(uniform_, (double from = 0, double to = 1), (from, to))
+  KILN_CONST_INPLACE(normal_, (double mean = 0, double std = 1), (mean, std))
+  KILN_CONST_INPLACE(bernoulli_, (double p = 0.5), (p))
+  KILN_CONST_INPLACE(masked_fill_, (const Tensor& mask, const Scalar& v), (mask, v))
+  KILN_CONST_INPLACE(scatter_, (int64_t dim, const Tensor& index, const Tensor& src),
+                     (dim, index, src))
+  KILN_CONST_INPLACE(scatter_, (int64_t dim, const Tensor& index, const Scalar& v),
+                     (dim, index, v))
+  KILN_CONST_INPLACE(scatter_add_, (int64_t dim, const Tensor& index, const Tensor& src),
+                     (dim, index, src))
+  KILN_CONST_INPLACE(index_add_,
+                     (int64_t dim, const Tensor& index, const Tensor& s, const Scalar& alpha = 1),
+                     (dim, index, s, alpha))
+  KILN_CONST_INPLACE(index_put_,
+                     (std::initializer_list<indexing::TensorIndex> i, const Tensor& v), (i, v))
+  KILN_CONST_INPLACE(index_put_,
+                     (std::initializer_list<indexing::TensorIndex> i, const Scalar& v), (i, v))
+  KILN_CONST_INPLACE(requires_grad_, (bool r = true), (r))
+  KILN_CONST_INPLACE(eq_, (const Tensor& o), (o))
+  KILN_CONST_INPLACE(eq_, (const Scalar& o), (o))
+  KILN_CONST_INPLACE(ne_, (const Tensor& o), (o))
+  KILN_CONST_INPLACE(ne_, (const Scalar& o), (o))
+  KILN_CONST_INPLACE(lt_, (const Tensor& o), (o))
+  KILN_CONST_INPLACE(lt_, (const Scalar& o), (o))
+  KILN_CONST_INPLACE(le_, (const Tensor& o), (o))
+  KILN_CONST_INPLACE(le_, (const Scalar& o), (o))
+  KILN_CONST_INPLACE(gt_, (const Tensor& o), (o))
+  KILN_CONST_INPLACE(gt_, (const Scalar& o), (o))
+  KILN_CONST_INPLACE(ge_, (const Tensor& o), (o))
+  KILN_CONST_INPLACE(ge_, (const Scalar& o), (o))
+#undef KILN_CONST_INPLACE
 
   // --- Reductions (dims empty = all dims) -------------------------------------------------
   Tensor sum(std::optional<ScalarType> dtype = std::nullopt) const;
@@ -406,6 +485,16 @@ Tensor operator^(const Tensor& a, const Tensor& b);
 
 // Prints in PyTorch's format: tensor([[1., 2.], [3., 4.]]) with dtype/device suffixes.
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+template <typename T, size_t N>
+TensorAccessor<T, N> Tensor::accessor() const& {
+  static_assert(N > 0, "accessor is used for indexing a tensor; for a 0-d one use item()");
+  KILN_CHECK(defined() && is_cpu(), "[accessor] expected a CPU tensor",
+             defined() ? ", got one on " : "", defined() ? device().str() : std::string());
+  KILN_CHECK(dim() == static_cast<int64_t>(N), "[accessor] expected a ", N,
+             "-D tensor, got one of shape ", shape_str(sizes()));
+  return TensorAccessor<T, N>(data_ptr<T>(), impl()->sizes().data(), impl()->strides().data());
+}
 
 template <typename T>
 T* Tensor::data_ptr() const {
