@@ -1,0 +1,423 @@
+#include "dist/process_group_nccl.h"
+
+#include "tensor/error.h"
+
+#if KILN_WITH_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "autograd/grad_mode.h"
+#include "kernels/cuda.h"
+#include "tensor/ops.h"
+#endif
+
+namespace kiln::dist {
+
+#if !KILN_WITH_NCCL
+
+bool nccl_available() { return false; }
+
+struct ProcessGroupNCCL::Impl {};
+
+namespace {
+[[noreturn]] void unavailable() {
+  KILN_FAIL("[ProcessGroupNCCL] this build of kiln has no NCCL backend (it needs a CUDA build "
+            "with NCCL installed); use the \"gloo\" backend for CPU tensors");
+}
+}  // namespace
+
+ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store>, int rank, int size, Options)
+    : ProcessGroup(rank, size) {
+  unavailable();
+}
+ProcessGroupNCCL::~ProcessGroupNCCL() = default;
+std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(Tensor&, ReduceOp) { unavailable(); }
+std::shared_ptr<Work> ProcessGroupNCCL::broadcast(Tensor&, int) { unavailable(); }
+std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor(Tensor&, const Tensor&) {
+  unavailable();
+}
+std::shared_ptr<Work> ProcessGroupNCCL::all_gather(std::vector<Tensor>&, const Tensor&) {
+  unavailable();
+}
+std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter_tensor(Tensor&, const Tensor&, ReduceOp) {
+  unavailable();
+}
+std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(Tensor&, const std::vector<Tensor>&,
+                                                       ReduceOp) {
+  unavailable();
+}
+std::shared_ptr<Work> ProcessGroupNCCL::barrier() { unavailable(); }
+std::shared_ptr<Work> ProcessGroupNCCL::send(const Tensor&, int, int) { unavailable(); }
+std::shared_ptr<Work> ProcessGroupNCCL::recv(Tensor&, int, int) { unavailable(); }
+
+#else  // KILN_WITH_NCCL
+
+bool nccl_available() { return true; }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(const char* op, ScalarType t) {
+  switch (t) {
+    case kFloat: return ncclFloat32;
+    case kDouble: return ncclFloat64;
+    case kHalf: return ncclFloat16;
+    case kBFloat16: return ncclBfloat16;
+    case kInt32: return ncclInt32;
+    case kInt64: return ncclInt64;
+    case kBool: return ncclUint8;
+  }
+  KILN_FAIL("[", op, "] unsupported dtype ", t);
+}
+
+ncclRedOp_t nccl_op(ReduceOp op, ScalarType t) {
+  if (t == kBool) {  // or / and on 0-1 bytes
+    return (op == ReduceOp::kSum || op == ReduceOp::kMax) ? ncclMax : ncclMin;
+  }
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kProduct: return ncclProd;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+}  // namespace
+
+struct ProcessGroupNCCL::Impl {
+  int rank = 0;
+  int size = 1;
+  int device = 0;
+  Milliseconds timeout{kDefaultStoreTimeout};
+  ncclComm_t comm = nullptr;
+  cuda::Stream stream;
+  std::atomic<bool> aborted{false};
+
+  // Waits while the non-blocking communicator reports ncclInProgress; fails on an error or
+  // after the timeout (aborting the communicator, which unblocks every pending call).
+  void settle(const char* op, ncclResult_t r) {
+    const auto deadline = Clock::now() + timeout;
+    while (r == ncclInProgress) {
+      if (Clock::now() > deadline) {
+        abort();
+        KILN_FAIL("[", op, "] rank ", rank, " of ", size, ": NCCL did not finish within ",
+                  timeout.count(), " ms; the communicator was aborted");
+      }
+      std::this_thread::yield();
+      ncclCommGetAsyncError(comm, &r);
+    }
+    check(op, r);
+  }
+
+  void check(const char* op, ncclResult_t r) {
+    if (r == ncclSuccess) return;
+    KILN_FAIL("[", op, "] rank ", rank, " of ", size, ": NCCL error: ", ncclGetErrorString(r),
+              " (", ncclGetLastError(comm), ")");
+  }
+
+  void abort() {
+    if (!aborted.exchange(true) && comm != nullptr) ncclCommAbort(comm);
+  }
+
+  void check_tensor(const char* op, const Tensor& t, const char* what) const {
+    KILN_CHECK(t.defined(), "[", op, "] ", what, " is undefined");
+    KILN_CHECK(t.is_cuda(), "[", op, "] the NCCL backend takes CUDA tensors, but ", what,
+               " is on ", t.device(), " (use the \"gloo\" backend for CPU tensors)");
+    const int idx = t.device().index() < 0 ? cuda::current_device() : t.device().index();
+    KILN_CHECK(idx == device, "[", op, "] ", what, " is on cuda:", idx,
+               " but this rank's group uses cuda:", device);
+    KILN_CHECK(!aborted.load(), "[", op, "] the NCCL communicator of rank ", rank,
+               " was aborted after an earlier timeout");
+  }
+};
+
+namespace {
+
+// A collective queued on the group's stream: `done` is recorded after it.
+class NCCLWork final : public Work {
+ public:
+  NCCLWork(const char* op, ProcessGroupNCCL::Impl* pg, std::vector<Tensor> keep, bool blocking)
+      : Work(op), pg_(pg), keep_(std::move(keep)), blocking_(blocking) {
+    done_event_.record(pg->stream);
+    set_result(keep_);
+  }
+  ~NCCLWork() override {
+    // Memory is freed in the order of the stream that allocated it (usually the current one):
+    // make that stream wait for the collective before the tensors can be released.
+    if (!waited_) {
+      try {
+        cuda::current_stream(pg_->device).wait(done_event_);
+      } catch (...) {
+      }
+    }
+  }
+  bool is_completed() override { return done_event_.query(); }
+  bool wait(std::optional<Milliseconds> timeout) override {
+    if (timeout || blocking_) {
+      const auto deadline = Clock::now() + timeout.value_or(pg_->timeout);
+      while (!done_event_.query()) {
+        if (Clock::now() > deadline) {
+          pg_->abort();
+          KILN_FAIL("[", op_, "] rank ", pg_->rank, " of ", pg_->size,
+                    ": the collective did not finish within ",
+                    timeout.value_or(pg_->timeout).count(),
+                    " ms (a rank died or issued a different collective); the NCCL communicator "
+                    "was aborted");
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      ncclResult_t r = ncclSuccess;
+      ncclCommGetAsyncError(pg_->comm, &r);
+      pg_->check(op_.c_str(), r);
+    }
+    cuda::current_stream(pg_->device).wait(done_event_);
+    waited_ = true;
+    finish();
+    return true;
+  }
+
+ private:
+  ProcessGroupNCCL::Impl* pg_;
+  std::vector<Tensor> keep_;
+  bool blocking_;
+  bool waited_ = false;
+  cuda::Event done_event_;
+};
+
+// Runs `enqueue` (the NCCL calls) on the group's stream after the caller's current stream.
+template <typename F>
+std::shared_ptr<Work> launch(ProcessGroupNCCL::Impl& pg, const char* op, std::vector<Tensor> keep,
+                             F&& enqueue, bool blocking = false) {
+  pg.stream.wait_stream(cuda::current_stream(pg.device));
+  {
+    cuda::StreamGuard guard(pg.stream);
+    NoGradGuard no_grad;
+    enqueue();
+  }
+  return std::make_shared<NCCLWork>(op, &pg, std::move(keep), blocking);
+}
+
+}  // namespace
+
+ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size,
+                                   Options options)
+    : ProcessGroup(rank, size), impl_(std::make_unique<Impl>()) {
+  KILN_CHECK(store != nullptr, "[ProcessGroupNCCL] the store is null");
+  KILN_CHECK(size >= 1 && rank >= 0 && rank < size, "[ProcessGroupNCCL] rank ", rank,
+             " is outside [0, ", size, ")");
+  KILN_CHECK(cuda::is_available(), "[ProcessGroupNCCL] no usable GPU: ",
+             cuda::unavailable_reason());
+  KILN_CHECK(options.device_index >= 0 && options.device_index < cuda::device_count(),
+             "[ProcessGroupNCCL] device_index ", options.device_index, " but there are ",
+             cuda::device_count(), " GPUs (is LOCAL_RANK or --nproc-per-node too large?)");
+  timeout_ = options.timeout;
+  store_ = store;
+  Impl& p = *impl_;
+  p.rank = rank;
+  p.size = size;
+  p.device = options.device_index;
+  p.timeout = options.timeout;
+  cuda::set_device(p.device);
+  p.stream = cuda::Stream::create(p.device);
+
+  // Rank 0 makes the communicator's id and shares it through the store.
+  static std::atomic<int> groups{0};
+  const std::string key = "kiln/nccl/" + std::to_string(groups++) + "/id";
+  ncclUniqueId id;
+  if (rank == 0) {
+    p.check("ProcessGroupNCCL", ncclGetUniqueId(&id));
+    store->set(key, std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id),
+                                         reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
+  } else {
+    const auto bytes = store->get(key);
+    KILN_CHECK(bytes.size() == sizeof(id), "[ProcessGroupNCCL] malformed communicator id");
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  // Non-blocking: initialisation and every call can be bounded by the timeout.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclCommInitRankConfig(&p.comm, size, id, rank, &config);
+  if (r == ncclSuccess || r == ncclInProgress) {
+    ncclCommGetAsyncError(p.comm, &r);
+  }
+  p.settle("ProcessGroupNCCL", r);
+}
+
+ProcessGroupNCCL::~ProcessGroupNCCL() {
+  if (impl_->comm == nullptr) return;
+  try {
+    impl_->stream.synchronize();
+  } catch (...) {
+  }
+  if (impl_->aborted.load()) return;
+  ncclCommFinalize(impl_->comm);
+  ncclResult_t r = ncclInProgress;
+  const auto deadline = Clock::now() + impl_->timeout;
+  while (r == ncclInProgress && Clock::now() < deadline) {
+    ncclCommGetAsyncError(impl_->comm, &r);
+    std::this_thread::yield();
+  }
+  if (r == ncclSuccess) {
+    ncclCommDestroy(impl_->comm);
+  } else {
+    ncclCommAbort(impl_->comm);
+  }
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(Tensor& tensor, ReduceOp op) {
+  Impl& p = *impl_;
+  p.check_tensor("all_reduce", tensor, "the tensor");
+  KILN_CHECK(op != ReduceOp::kAvg || tensor.is_floating_point(),
+             "[all_reduce] ReduceOp::kAvg needs a floating-point tensor, got ", tensor.dtype());
+  Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  return launch(p, "all_reduce", {tensor, work}, [&] {
+    p.settle("all_reduce", ncclAllReduce(work.data_ptr(), work.data_ptr(), work.numel(),
+                                         nccl_type("all_reduce", work.dtype()),
+                                         nccl_op(op, work.dtype()), p.comm, p.stream));
+    if (!work.is_same(tensor)) tensor.copy_(work);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::broadcast(Tensor& tensor, int root) {
+  Impl& p = *impl_;
+  p.check_tensor("broadcast", tensor, "the tensor");
+  internal::check_rank("broadcast", root, size_, "root");
+  Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  return launch(p, "broadcast", {tensor, work}, [&] {
+    p.settle("broadcast", ncclBroadcast(work.data_ptr(), work.data_ptr(), work.numel(),
+                                        nccl_type("broadcast", work.dtype()), root, p.comm,
+                                        p.stream));
+    if (!work.is_same(tensor)) tensor.copy_(work);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor(Tensor& output,
+                                                               const Tensor& input) {
+  Impl& p = *impl_;
+  p.check_tensor("all_gather_into_tensor", input, "the input");
+  p.check_tensor("all_gather_into_tensor", output, "the output");
+  KILN_CHECK(output.dtype() == input.dtype(), "[all_gather_into_tensor] the output has dtype ",
+             output.dtype(), " but the input has ", input.dtype());
+  KILN_CHECK(output.numel() == input.numel() * size_, "[all_gather_into_tensor] the output has ",
+             output.numel(), " elements but needs world size (", size_, ") x the input's ",
+             input.numel());
+  Tensor src = input.contiguous();
+  Tensor out = output.is_contiguous() ? output : output.contiguous();
+  return launch(p, "all_gather_into_tensor", {output, out, src}, [&] {
+    p.settle("all_gather_into_tensor",
+             ncclAllGather(src.data_ptr(), out.data_ptr(), src.numel(),
+                           nccl_type("all_gather_into_tensor", src.dtype()), p.comm, p.stream));
+    if (!out.is_same(output)) output.copy_(out);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::all_gather(std::vector<Tensor>& outputs,
+                                                   const Tensor& input) {
+  Impl& p = *impl_;
+  p.check_tensor("all_gather", input, "the input");
+  KILN_CHECK(static_cast<int>(outputs.size()) == size_, "[all_gather] expected ", size_,
+             " output tensors (the world size), got ", outputs.size());
+  for (const auto& o : outputs) {
+    internal::check_same_shape_dtype("all_gather", input, o, "an output tensor");
+  }
+  Tensor src = input.contiguous();
+  std::vector<int64_t> shape{size_};
+  for (int64_t s : input.sizes()) shape.push_back(s);
+  Tensor flat = empty(shape, input.options());
+  std::vector<Tensor> keep = outputs;
+  keep.push_back(src);
+  keep.push_back(flat);
+  return launch(p, "all_gather", keep, [&] {
+    p.settle("all_gather", ncclAllGather(src.data_ptr(), flat.data_ptr(), src.numel(),
+                                         nccl_type("all_gather", src.dtype()), p.comm, p.stream));
+    for (int r = 0; r < size_; ++r) outputs[r].copy_(flat[r]);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter_tensor(Tensor& output, const Tensor& input,
+                                                              ReduceOp op) {
+  Impl& p = *impl_;
+  p.check_tensor("reduce_scatter_tensor", input, "the input");
+  p.check_tensor("reduce_scatter_tensor", output, "the output");
+  KILN_CHECK(output.dtype() == input.dtype(), "[reduce_scatter_tensor] the output has dtype ",
+             output.dtype(), " but the input has ", input.dtype());
+  KILN_CHECK(input.numel() == output.numel() * size_, "[reduce_scatter_tensor] the input has ",
+             input.numel(), " elements but needs world size (", size_, ") x the output's ",
+             output.numel());
+  KILN_CHECK(op != ReduceOp::kAvg || input.is_floating_point(),
+             "[reduce_scatter_tensor] ReduceOp::kAvg needs a floating-point tensor, got ",
+             input.dtype());
+  Tensor src = input.contiguous();
+  Tensor out = output.is_contiguous() ? output : output.contiguous();
+  return launch(p, "reduce_scatter_tensor", {output, out, src}, [&] {
+    p.settle("reduce_scatter_tensor",
+             ncclReduceScatter(src.data_ptr(), out.data_ptr(), out.numel(),
+                               nccl_type("reduce_scatter_tensor", src.dtype()),
+                               nccl_op(op, src.dtype()), p.comm, p.stream));
+    if (!out.is_same(output)) output.copy_(out);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(Tensor& output,
+                                                       const std::vector<Tensor>& inputs,
+                                                       ReduceOp op) {
+  impl_->check_tensor("reduce_scatter", output, "the output");
+  KILN_CHECK(static_cast<int>(inputs.size()) == size_, "[reduce_scatter] expected ", size_,
+             " input tensors (the world size), got ", inputs.size());
+  for (const auto& i : inputs) {
+    internal::check_same_shape_dtype("reduce_scatter", output, i, "an input tensor");
+  }
+  Tensor flat = stack(inputs, 0);
+  return reduce_scatter_tensor(output, flat, op);
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::barrier() {
+  Impl& p = *impl_;
+  cuda::set_device(p.device);
+  Tensor one = ones({1}, TensorOptions().dtype(kFloat).device(Device(kCUDA, p.device)));
+  return launch(
+      p, "barrier", {one},
+      [&] {
+        p.settle("barrier", ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum,
+                                          p.comm, p.stream));
+      },
+      /*blocking=*/true);
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::send(const Tensor& tensor, int dst, int tag) {
+  Impl& p = *impl_;
+  p.check_tensor("send", tensor, "the tensor");
+  internal::check_rank("send", dst, size_, "destination rank");
+  KILN_CHECK(dst != rank_, "[send] rank ", rank_, " cannot send to itself");
+  KILN_CHECK(tag >= 0, "[send] the tag must be >= 0, got ", tag);
+  Tensor src = tensor.contiguous();
+  return launch(p, "send", {tensor, src}, [&] {
+    p.settle("send", ncclSend(src.data_ptr(), src.numel(), nccl_type("send", src.dtype()), dst,
+                              p.comm, p.stream));
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::recv(Tensor& tensor, int src, int tag) {
+  Impl& p = *impl_;
+  p.check_tensor("recv", tensor, "the tensor");
+  internal::check_rank("recv", src, size_, "source rank");
+  KILN_CHECK(src != rank_, "[recv] rank ", rank_, " cannot receive from itself");
+  KILN_CHECK(tag >= 0, "[recv] the tag must be >= 0, got ", tag);
+  Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  return launch(p, "recv", {tensor, buf}, [&] {
+    p.settle("recv", ncclRecv(buf.data_ptr(), buf.numel(), nccl_type("recv", buf.dtype()), src,
+                              p.comm, p.stream));
+    if (!buf.is_same(tensor)) tensor.copy_(buf);
+  });
+}
+
+#endif  // KILN_WITH_NCCL
+
+}  // namespace kiln::dist

@@ -1,0 +1,232 @@
+// dist_worker SCENARIO: one rank of a multi-process test (tests/dist/*_test.cpp start it through
+// spawn.h or `kiln run`). Reads RANK, WORLD_SIZE, ... from the environment, runs the scenario and
+// exits 0 when every check held; a failed check prints what differed and exits 1.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "dist/dist.h"
+#include "kiln.h"
+
+namespace {
+
+using namespace kiln;
+using namespace kiln::dist;
+using std::chrono::milliseconds;
+
+struct CheckFailed {
+  std::string what;
+};
+
+#define WCHECK(cond, ...)                                                             \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      throw CheckFailed{::kiln::internal::str_cat(__FILE__, ":", __LINE__, ": ", #cond, \
+                                                  " failed: ", __VA_ARGS__)};         \
+    }                                                                                 \
+  } while (0)
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  WCHECK(got.sizes() == want.sizes(), what, ": shape ", shape_str(got.sizes()), " vs ",
+         shape_str(want.sizes()));
+  const auto g = got.to_vector<double>();
+  const auto w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) {
+    WCHECK(std::abs(g[i] - w[i]) <= tol * (1 + std::abs(w[i])), what, ": element ", i, " is ",
+           g[i], ", expected ", w[i]);
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+InitOptions short_timeout(int ms) {
+  InitOptions o;
+  o.timeout = milliseconds(ms);
+  return o;
+}
+
+// Every collective of ProcessGroup, checked against values each rank can compute itself.
+void collectives() {
+  auto pg = init_process_group("gloo", short_timeout(10000));
+  const int r = pg->rank(), n = pg->size();
+  WCHECK(n >= 2, "needs 2 or more ranks, got ", n);
+  const double tri = n * (n + 1) / 2.0;  // 1 + 2 + ... + n
+
+  // all_reduce: every op, several dtypes; rank r holds (r + 1) * [1, 2, 3, 4, 5].
+  Tensor base = arange(1, 6, kDouble);
+  for (ScalarType dt : {kFloat, kDouble, kInt64, kInt32}) {
+    Tensor t = (base * (r + 1)).to(dt);
+    pg->all_reduce(t)->wait();
+    expect_close(t, base * tri, 1e-6, "all_reduce sum");
+    t = (base * (r + 1)).to(dt);
+    pg->all_reduce(t, ReduceOp::kMax)->wait();
+    expect_close(t, base * n, 0, "all_reduce max");
+    t = (base * (r + 1)).to(dt);
+    pg->all_reduce(t, ReduceOp::kMin)->wait();
+    expect_close(t, base, 0, "all_reduce min");
+    t = (base * (r + 1)).to(dt);
+    pg->all_reduce(t, ReduceOp::kProduct)->wait();
+    double fact = 1;
+    for (int i = 1; i <= n; ++i) fact *= i;
+    expect_close(t, base.pow(n) * fact, 1e-6, "all_reduce product");
+  }
+  Tensor avg = base * (r + 1);
+  pg->all_reduce(avg, ReduceOp::kAvg)->wait();
+  expect_close(avg, base * (tri / n), 1e-12, "all_reduce avg");
+  Tensor bf = (base * (r + 1)).to(kBFloat16);
+  pg->all_reduce(bf)->wait();
+  expect_close(bf, base * tri, 1e-2, "all_reduce bfloat16");
+  Tensor flag = full({3}, r == 1 ? 1 : 0, kInt64).to(kBool);
+  pg->all_reduce(flag, ReduceOp::kMax)->wait();
+  WCHECK(flag.all().item<bool>(), "bool max (or)");
+  flag = full({3}, r == 1 ? 1 : 0, kInt64).to(kBool);
+  pg->all_reduce(flag, ReduceOp::kMin)->wait();
+  WCHECK(!flag.any().item<bool>(), "bool min (and)");
+  // A non-contiguous tensor (a transposed view) is reduced in place through its view.
+  Tensor m = (arange(0, 6, kDouble).view({2, 3}) * (r + 1));
+  Tensor mt = m.t();
+  pg->all_reduce(mt)->wait();
+  expect_close(m, arange(0, 6, kDouble).view({2, 3}) * tri, 0, "all_reduce of a view");
+  std::string e = error_of([&] {
+    Tensor i = ones({2}, kInt64);
+    pg->all_reduce(i, ReduceOp::kAvg);
+  });
+  WCHECK(e.find("kAvg needs a floating-point tensor") != std::string::npos, e);
+
+  // broadcast from the last rank.
+  Tensor b = full({2, 2}, r, kFloat);
+  pg->broadcast(b, n - 1)->wait();
+  expect_close(b, full({2, 2}, n - 1, kFloat), 0, "broadcast");
+  e = error_of([&] { pg->broadcast(b, n); });
+  WCHECK(e.find("[broadcast] root " + std::to_string(n) + " is outside") != std::string::npos, e);
+
+  // all_gather into one tensor and into a list.
+  Tensor mine = full({2, 3}, r, kFloat) + arange(0, 6, kFloat).view({2, 3});
+  Tensor gathered = empty({2 * n, 3}, kFloat);
+  pg->all_gather_into_tensor(gathered, mine)->wait();
+  for (int q = 0; q < n; ++q) {
+    expect_close(gathered.narrow(0, 2 * q, 2), full({2, 3}, q, kFloat) + arange(0, 6, kFloat).view({2, 3}), 0,
+                 "all_gather_into_tensor");
+  }
+  std::vector<Tensor> list;
+  for (int q = 0; q < n; ++q) list.push_back(empty({2, 3}, kFloat));
+  pg->all_gather(list, mine)->wait();
+  for (int q = 0; q < n; ++q) {
+    expect_close(list[q], full({2, 3}, q, kFloat) + arange(0, 6, kFloat).view({2, 3}), 0, "all_gather");
+  }
+  e = error_of([&] {
+    Tensor wrong = empty({2 * n + 1, 3}, kFloat);
+    pg->all_gather_into_tensor(wrong, mine);
+  });
+  WCHECK(e.find("[all_gather_into_tensor] the output has") != std::string::npos, e);
+
+  // reduce_scatter: rank r's input chunk q is (r + 1) * (q + 1) * ones(3).
+  Tensor in = empty({n * 3}, kDouble);
+  std::vector<Tensor> inputs;
+  for (int q = 0; q < n; ++q) {
+    in.narrow(0, 3 * q, 3).fill_((r + 1) * (q + 1));
+    inputs.push_back(full({3}, (r + 1) * (q + 1), kDouble));
+  }
+  Tensor out = empty({3}, kDouble);
+  pg->reduce_scatter_tensor(out, in)->wait();
+  expect_close(out, full({3}, tri * (r + 1), kDouble), 0, "reduce_scatter_tensor");
+  Tensor out2 = empty({3}, kDouble);
+  pg->reduce_scatter(out2, inputs, ReduceOp::kAvg)->wait();
+  expect_close(out2, full({3}, tri * (r + 1) / n, kDouble), 1e-12, "reduce_scatter avg");
+
+  // send/recv around a ring, both posted before either is waited for.
+  Tensor msg = full({4}, 100 + r, kFloat);
+  Tensor got = empty({4}, kFloat);
+  auto s = pg->send(msg, (r + 1) % n, /*tag=*/7);
+  auto rv = pg->recv(got, (r + n - 1) % n, /*tag=*/7);
+  s->wait();
+  rv->wait();
+  expect_close(got, full({4}, 100 + (r + n - 1) % n, kFloat), 0, "recv");
+
+  // Several collectives in flight at once, waited for in reverse order.
+  std::vector<Tensor> ts;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int i = 0; i < 8; ++i) {
+    ts.push_back(full({1000}, i + r, kFloat));
+    works.push_back(pg->all_reduce(ts.back()));
+  }
+  for (int i = 7; i >= 0; --i) {
+    works[i]->wait();
+    WCHECK(works[i]->is_completed() && works[i]->is_success(), "work ", i);
+    expect_close(ts[i], full({1000}, n * i + tri - n, kFloat), 0, "async all_reduce");
+    WCHECK(works[i]->result().at(0).is_same(ts[i]), "result() is the reduced tensor");
+  }
+  pg->barrier()->wait();
+  std::cout << "rank " << r << ": collectives ok\n";
+}
+
+// A rank that never joins the collective: the others time out with a clear error.
+void collective_timeout() {
+  auto pg = init_process_group("gloo", short_timeout(1000));
+  if (pg->rank() == 0) {
+    Tensor t = ones({4});
+    auto w = pg->all_reduce(t);
+    // Work::wait with its own, shorter bound; then the group's timeout ends the collective.
+    const std::string e1 = error_of([&] { w->wait(milliseconds(100)); });
+    WCHECK(e1.find("[all_reduce] Work::wait timed out after 100 ms") != std::string::npos, e1);
+    const std::string e2 = error_of([&] { w->wait(); });
+    std::cout << "rank 0 error: " << e2 << "\n";
+    WCHECK(e2.find("[all_reduce] rank 0 of 2: timed out after 1000 ms") != std::string::npos, e2);
+    WCHECK(w->is_completed() && !w->is_success() && w->exception() != nullptr, "failed work");
+  }
+  // Rank 1 stays alive (without joining) until rank 0 has seen its errors.
+  if (pg->rank() == 1) std::this_thread::sleep_for(milliseconds(2500));
+}
+
+// Rank 1 exits right after joining: rank 0's collective fails instead of hanging.
+void peer_exits() {
+  auto pg = init_process_group("gloo", short_timeout(5000));
+  if (pg->rank() == 1) ::_exit(3);
+  Tensor t = ones({1 << 16});
+  const std::string e = error_of([&] { pg->all_reduce(t)->wait(); });
+  std::cout << "rank 0 error: " << e << "\n";
+  WCHECK(e.find("[all_reduce] rank 0 of 2") != std::string::npos, e);
+}
+
+const std::map<std::string, std::function<void()>>& scenarios() {
+  static const std::map<std::string, std::function<void()>> m = {
+      {"collectives", collectives},
+      {"collective_timeout", collective_timeout},
+      {"peer_exits", peer_exits},
+  };
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !scenarios().contains(argv[1])) {
+    std::cerr << "usage: dist_worker SCENARIO (";
+    for (const auto& [name, f] : scenarios()) std::cerr << name << " ";
+    std::cerr << ")\n";
+    return 2;
+  }
+  try {
+    scenarios().at(argv[1])();
+  } catch (const CheckFailed& c) {
+    std::cerr << "CHECK FAILED: " << c.what << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ERROR: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
