@@ -16,23 +16,6 @@ namespace {
 // The autocast state an op runs under: (on, dtype) for its device type.
 using StateOf = std::function<std::pair<bool, ScalarType>(const BoundOp& op, DeviceType type)>;
 
-// The output specs `op` gives on inputs of the specs `trace` holds: the op run in proxy mode
-// below every handler, as the dispatcher's last step runs it (meta rule; views built).
-std::vector<TensorSpec> derive_specs(const Trace& trace, const BoundOp& op) {
-  OpCall call;
-  call.op = op.op;
-  for (int v : op.inputs) call.inputs.push_back(v >= 0 ? proxy_of(trace.value(v).spec) : Tensor());
-  call.attrs = op.attrs;
-  KILN_CHECK(op.op->kind != OpKind::kDynamic, "[autocast] the output shape of ", op.name(),
-             " depends on data, so its outputs cannot be re-derived for inputs of new dtypes");
-  NoGradGuard no_grad;
-  ProxyModeGuard proxies;
-  run_backend(call);
-  std::vector<TensorSpec> specs;
-  for (const Tensor& t : call.outputs) specs.push_back(spec_of(t));
-  return specs;
-}
-
 bool same_spec(const TensorSpec& a, const TensorSpec& b) {
   return a.sizes == b.sizes && a.dtype == b.dtype && a.device == b.device && a.strides == b.strides;
 }

@@ -59,9 +59,11 @@ class CompileOptions {
   // claims whole and no kernel supports), e.g. {"rms_norm"} to see its primitives.
   CompileOptions& decompose(std::vector<std::string> op_names);
   // Marks dimension `dim` of tensor argument `argument` (counting tensors in the flattened
-  // argument list) as dynamic, e.g. the sequence length. Programs are not shared across sizes
-  // yet (meta rules are not evaluated on symbolic sizes): a new size compiles again, the reason
-  // says so, and such compilations do not count against recompile_limit.
+  // argument list) as dynamic, e.g. the sequence length. The first two sizes compile; from the
+  // two programs one is fitted that every further size shares without tracing or passes, its
+  // shapes derived again by the meta rules (compiler/symbolic.h). Where the programs cannot be
+  // shared, or the meta rules reject a size, that size compiles on its own and the recompile
+  // reason says why; compilations for a dynamic dimension do not count against recompile_limit.
   CompileOptions& dynamic(int argument, int64_t dim);
   // Prints every stage's trace to stderr when compiling.
   CompileOptions& debug(bool on = true);
@@ -109,6 +111,10 @@ struct CompileStats {
   int64_t calls = 0;
   int64_t hits = 0;    // calls that ran a cached program
   int64_t misses = 0;  // calls that traced and compiled
+  // Calls that gave a new size of a dynamic dimension to the shared program (no trace, no
+  // passes: CompileOptions::dynamic), and the last such instantiation's time in milliseconds.
+  int64_t dynamic_instances = 0;
+  double instantiate_ms = 0;
   bool fell_back_to_eager = false;
   // Why each compilation after the first happened ("argument 0: shape [4, 8] -> [4, 16]").
   std::vector<std::string> recompile_reasons;

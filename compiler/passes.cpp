@@ -36,6 +36,22 @@ std::vector<Tensor> input_proxies(const Trace& trace, const BoundOp& op) {
 
 }  // namespace
 
+std::vector<TensorSpec> derive_specs(const Trace& trace, const BoundOp& op) {
+  KILN_CHECK(op.op->kind != OpKind::kDynamic, "[compile] the output shape of ", op.name(),
+             " depends on data, so its outputs cannot be derived again for new input specs");
+  OpCall call;
+  call.op = op.op;
+  for (const Tensor& t : input_proxies(trace, op)) call.inputs.push_back(t);
+  call.attrs = op.attrs;
+  NoGradGuard no_grad;
+  ProxyModeGuard proxies;
+  run_backend(call);
+  std::vector<TensorSpec> specs;
+  specs.reserve(call.outputs.size());
+  for (const Tensor& t : call.outputs) specs.push_back(spec_of(t));
+  return specs;
+}
+
 bool device_kernel_supports(const Trace& trace, const BoundOp& op) {
   OpCall call;
   call.op = op.op;

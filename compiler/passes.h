@@ -42,6 +42,11 @@ Trace decompose(const Trace& trace, std::vector<Tensor>& externals,
 // shapes, dtypes, strides and device properties only, so proxies answer them).
 bool device_kernel_supports(const Trace& trace, const BoundOp& op);
 
+// The output specs `op` gives on inputs of the specs `trace` holds: the op run in proxy mode
+// below every handler, as the dispatcher's last step runs it (meta rule; views built on
+// proxies). Throws the meta rule's error when it rejects the inputs.
+std::vector<TensorSpec> derive_specs(const Trace& trace, const BoundOp& op);
+
 // Executor assignment: each op goes to the first executor in `executors` that claims it (the
 // last should be "eager", which claims everything). Sets BoundOp::executor.
 Trace assign_executors(const Trace& trace,

@@ -1,0 +1,212 @@
+#include "compiler/symbolic.h"
+
+#include <utility>
+
+#include "compiler/passes.h"
+#include "tensor/error.h"
+
+namespace kiln::compiler {
+namespace {
+
+// Whether attribute `i` of `op` is one of a random op's Philox seed and offset, which every run
+// re-bases (executor.cpp) rather than reading: the offset always, the seed when it is the
+// generator's at entry.
+bool rebased(const BoundOp& op, size_t i) {
+  if (op.rng_offset < 0) return false;
+  const size_t n = op.attrs.size();
+  return i + 1 == n || (i + 2 == n && op.rng_seed_from_entry);
+}
+
+// Calls f(op index, attribute index, element index (-1: a scalar int), value) for every integer
+// of the trace's attributes that may move with the size, in a fixed order.
+template <typename F>
+void for_each_size_attr(const Trace& t, F&& f) {
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    const BoundOp& op = t.ops[i];
+    for (size_t a = 0; a < op.attrs.size(); ++a) {
+      if (rebased(op, a)) continue;
+      if (const auto* x = std::get_if<int64_t>(&op.attrs[a])) {
+        f(i, a, -1, *x);
+      } else if (const auto* shape = std::get_if<Shape>(&op.attrs[a])) {
+        for (size_t k = 0; k < shape->size(); ++k) f(i, a, static_cast<int>(k), (*shape)[k]);
+      }
+    }
+  }
+}
+
+std::string op_where(const Trace& t, size_t i) {
+  const BoundOp& op = t.ops[i];
+  std::string out = op.outputs.empty() || op.outputs[0] < 0 ? "_" : t.value(op.outputs[0]).name;
+  return out + " = " + op.name() + "(...) (op " + std::to_string(i) + ")";
+}
+
+// Why `a` and `b` differ in something other than sizes and integer attributes, or "".
+std::string structure_difference(const Trace& a, const Trace& b) {
+  if (a.values.size() != b.values.size() || a.ops.size() != b.ops.size()) {
+    return "the programs differ in length (" + std::to_string(a.ops.size()) + " and " +
+           std::to_string(b.ops.size()) + " ops)";
+  }
+  if (a.arguments != b.arguments) return "the programs' arguments differ";
+  if (a.externals != b.externals) {
+    return "the programs capture different tensors (" + std::to_string(a.externals.size()) +
+           " and " + std::to_string(b.externals.size()) + ")";
+  }
+  if (a.outputs != b.outputs) return "the programs' outputs differ";
+  if (a.roles != b.roles) return "the programs' values differ";
+  if (a.rng_blocks != b.rng_blocks) {
+    return "the program draws " + std::to_string(a.rng_blocks) + " and " +
+           std::to_string(b.rng_blocks) +
+           " Philox blocks: random ops whose draws depend on the size are not shared";
+  }
+  if (a.grad_effects.size() != b.grad_effects.size()) return "the programs' grad effects differ";
+  for (size_t i = 0; i < a.grad_effects.size(); ++i) {
+    if (a.grad_effects[i].external != b.grad_effects[i].external ||
+        a.grad_effects[i].value != b.grad_effects[i].value) {
+      return "the programs' grad effects differ";
+    }
+  }
+  for (size_t v = 0; v < a.values.size(); ++v) {
+    const ValueInfo& x = a.values[v];
+    const ValueInfo& y = b.values[v];
+    if (x.spec.dtype != y.spec.dtype || x.spec.device != y.spec.device ||
+        x.requires_grad != y.requires_grad) {
+      return "value " + y.name + " is " + spec_str(x.spec) + " at one size and " +
+             spec_str(y.spec) + " at the other";
+    }
+    if (a.roles[v] == ValueRole::kExternal && x.spec.sizes != y.spec.sizes) {
+      return "the captured tensor " + y.name + " has a size-dependent shape (" +
+             spec_str(x.spec) + " and " + spec_str(y.spec) + ")";
+    }
+  }
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    const BoundOp& x = a.ops[i];
+    const BoundOp& y = b.ops[i];
+    if (x.op != y.op || x.inputs != y.inputs || x.outputs != y.outputs ||
+        x.executor != y.executor || x.region != y.region || x.attrs.size() != y.attrs.size()) {
+      return "the programs differ at " + op_where(b, i) + " (" + x.name() + " at the other size)";
+    }
+    if (y.autocast.any()) {
+      return op_where(b, i) + " keeps an autocast state (see compiler/autocast_pass.h)";
+    }
+    if (x.rng_offset != y.rng_offset || x.rng_seed_from_entry != y.rng_seed_from_entry) {
+      return op_where(b, i) +
+             " draws at a size-dependent Philox offset: random ops whose draws depend on the "
+             "size are not shared";
+    }
+    for (size_t k = 0; k < x.attrs.size(); ++k) {
+      if (rebased(y, k)) continue;
+      const Attr& p = x.attrs[k];
+      const Attr& q = y.attrs[k];
+      if (p.index() != q.index()) return "attribute " + std::to_string(k) + " of " + op_where(b, i) + " changes type";
+      if (std::holds_alternative<int64_t>(q)) continue;
+      if (const auto* s = std::get_if<Shape>(&q)) {
+        if (std::get<Shape>(p).size() != s->size()) {
+          return "attribute " + std::to_string(k) + " of " + op_where(b, i) +
+                 " changes length: " + attr_str(p) + " and " + attr_str(q);
+        }
+        continue;
+      }
+      if (attr_str(p) != attr_str(q)) {
+        return "attribute " + std::to_string(k) + " of " + op_where(b, i) + " is " +
+               attr_str(p) + " at one size and " + attr_str(q) +
+               " at the other (only integer attributes may follow the size)";
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string fit_sizes(const Trace& a, int64_t sa, const Trace& b, int64_t sb, SizeFit& fit) {
+  KILN_CHECK(sa != sb, "[compile] fit_sizes needs two different sizes, got ", sa, " twice");
+  std::string why = structure_difference(a, b);
+  if (!why.empty()) return why;
+  std::vector<int64_t> xa;
+  for_each_size_attr(a, [&](size_t, size_t, int, int64_t x) { xa.push_back(x); });
+  SizeFit out;
+  out.at = sb;
+  size_t n = 0;
+  for_each_size_attr(b, [&](size_t i, size_t k, int e, int64_t y) {
+    const int64_t x = xa[n++];
+    if (!why.empty()) return;
+    if ((y - x) % (sb - sa) != 0) {
+      why = "attribute " + std::to_string(k) + (e >= 0 ? "[" + std::to_string(e) + "]" : "") +
+            " of " + op_where(b, i) + " is " + std::to_string(x) + " at size " +
+            std::to_string(sa) + " and " + std::to_string(y) + " at size " + std::to_string(sb) +
+            ": not an integer multiple of the size plus a constant";
+      return;
+    }
+    out.slopes.push_back((y - x) / (sb - sa));
+  });
+  if (!why.empty()) return why;
+  fit = std::move(out);
+  return "";
+}
+
+std::string instantiate(const Trace& b, const SizeFit& fit, int64_t s,
+                        const std::vector<TensorSpec>& argument_specs, Trace& out) {
+  KILN_CHECK(argument_specs.size() == b.arguments.size(), "[compile] instantiate: ",
+             argument_specs.size(), " argument specs for a program of ", b.arguments.size(),
+             " arguments");
+  Trace t = b;
+  t.arenas.clear();
+  for (ValueInfo& v : t.values) {
+    v.arena = -1;
+    v.arena_offset = 0;
+  }
+  for (size_t i = 0; i < b.arguments.size(); ++i) {
+    if (b.arguments[i] < 0) continue;
+    TensorSpec& spec = t.values[static_cast<size_t>(b.arguments[i])].spec;
+    if (argument_specs[i].dtype != spec.dtype || argument_specs[i].device != spec.device) {
+      return "argument " + std::to_string(i) + " is " + spec_str(argument_specs[i]) +
+             ", the program takes " + spec_str(spec);
+    }
+    spec = argument_specs[i];
+  }
+  // The fitted attributes, written in visiting order.
+  std::vector<int64_t> values;
+  values.reserve(fit.slopes.size());
+  size_t n = 0;
+  for_each_size_attr(b, [&](size_t, size_t, int, int64_t x) {
+    values.push_back(x + fit.slopes[n++] * (s - fit.at));
+  });
+  KILN_CHECK(n == fit.slopes.size(), "[compile] instantiate: the fit does not match the trace");
+  n = 0;
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    BoundOp& op = t.ops[i];
+    for (size_t a = 0; a < op.attrs.size(); ++a) {
+      if (rebased(op, a)) continue;
+      if (auto* x = std::get_if<int64_t>(&op.attrs[a])) {
+        *x = values[n++];
+      } else if (auto* shape = std::get_if<Shape>(&op.attrs[a])) {
+        for (int64_t& d : *shape) d = values[n++];
+      }
+    }
+    std::vector<TensorSpec> specs;
+    try {
+      specs = derive_specs(t, op);
+    } catch (const Error& e) {
+      return op_where(t, i) + " rejects the size " + std::to_string(s) + ": " + e.what();
+    }
+    if (specs.size() < op.outputs.size()) {
+      return op_where(t, i) + " gives " + std::to_string(specs.size()) + " outputs at size " +
+             std::to_string(s) + ", " + std::to_string(op.outputs.size()) + " when traced";
+    }
+    for (size_t k = 0; k < op.outputs.size(); ++k) {
+      const int v = op.outputs[k];
+      if (v < 0) continue;
+      TensorSpec& spec = t.values[static_cast<size_t>(v)].spec;
+      if (specs[k].dtype != spec.dtype || specs[k].device != spec.device) {
+        return op_where(t, i) + " gives " + spec_str(specs[k]) + " at size " + std::to_string(s) +
+               ", " + spec_str(spec) + " when traced";
+      }
+      spec = specs[k];
+    }
+  }
+  t.stage = b.stage;
+  out = std::move(t);
+  return "";
+}
+
+}  // namespace kiln::compiler

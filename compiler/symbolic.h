@@ -1,0 +1,61 @@
+// Dynamic dimensions: one compiled trace serving every size of a dimension marked dynamic
+// (CompileOptions::dynamic), instead of a compilation per size.
+//
+// kiln's sizes are plain integers (Tensor::size returns int64_t, as libtorch's does), so the
+// tracer cannot record a size as a symbol the way torch.compile's SymInt does: a callable that
+// computes `x.size(1) * 4` hands the op the product. What is symbolic is recovered from two
+// compilations instead. When a call differs from the last compiled one only in dimensions
+// marked dynamic (size s1, now s2), the callable is compiled again and the two programs are
+// compared:
+//
+//   - Their structure must be the same: ops, inputs, outputs, executors, regions, dtypes,
+//     devices, random draws (fit_sizes says what differs otherwise).
+//   - Every integer attribute (a reshape's sizes, a slice's end, ...) must be an affine
+//     function of the size with an integer slope: x(s) = x(s2) + k (s - s2).
+//
+// A third size s then instantiates the template without tracing or running the passes: the
+// arguments take their new specs, each integer attribute its fitted value, and every op's
+// output specs are derived again by its meta rule (and view kernels, on proxies) from the new
+// input specs, in order. So value shapes and strides are never guessed: they are what the meta
+// rules compute on the new sizes. An attribute that is not affine in the size (a reshape to
+// [T * T]) is caught by the meta rule it breaks (reshape checks the element count); a meta rule
+// that rejects the new sizes makes that size compile on its own, and the recompile reason says
+// which op refused.
+//
+// Pitfalls:
+//   - A size-dependent attribute that is affine at the two compiled sizes but not elsewhere,
+//     and that no meta rule checks, would be instantiated wrongly (min(T, 512) with T = 1024
+//     and 2048 reads as the constant 512; a later op's meta rule usually rejects the result).
+//   - Random ops whose number of Philox blocks depends on the size (dropout on a dynamic
+//     dimension) are not shared: their offsets would have to be re-derived per op.
+//   - Ops that kept an autocast state (compiler/autocast_pass.h's pitfall) are not shared.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/trace.h"
+
+namespace kiln::compiler {
+
+// How each integer attribute of a trace moves with the dynamic size, in the order
+// for_each_size_attr visits them: x(s) = x(at) + slope * (s - at).
+struct SizeFit {
+  int64_t at = 0;  // the size the template trace was compiled for
+  std::vector<int64_t> slopes;
+};
+
+// Compares `a` (compiled for size `sa`) with `b` (for size `sb != sa`): returns why they
+// cannot share one trace, or "" and sets `fit` (relative to b).
+std::string fit_sizes(const Trace& a, int64_t sa, const Trace& b, int64_t sb, SizeFit& fit);
+
+// `b` instantiated for size `s`: `argument_specs` (one per Trace::arguments entry) replace the
+// argument values' specs, attributes take their fitted values and every op's output specs are
+// derived again, in order. Returns why the size cannot use the template (a meta rule's error,
+// an output whose dtype or device changed), or "" and sets `out`. Arenas are cleared: run
+// plan_memory again.
+std::string instantiate(const Trace& b, const SizeFit& fit, int64_t s,
+                        const std::vector<TensorSpec>& argument_specs, Trace& out);
+
+}  // namespace kiln::compiler
