@@ -6,6 +6,7 @@
 //   kiln generate (--checkpoint DIR | --config NAME) (--prompt "1 2 3" | --text "...") ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
 //   kiln tokenizer train [--data FILE] [--vocab-size N] [--out FILE] [--special A,B]
+//   kiln run --nproc-per-node N [--nnodes M --node-rank R --master-addr A] program args...
 //   kiln help
 //
 // Arguments are parsed by hand, strictly: every flag must belong to the subcommand, every value
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "models/cli/prepare.h"
+#include "dist/launcher.h"
 #include "models/config.h"
 #include "models/generate.h"
 #include "models/gpt.h"
@@ -103,6 +105,7 @@ commands:
       --out FILE               (default: out/tokenizer.json)
   prepare INPUT... --out DIR   text and JSONL files -> token shards for pretrain --data
                                (kiln prepare --help lists its flags)
+  run --nproc-per-node N PROG  start the ranks of a distributed job (kiln run --help)
   help                         this message
 )";
 
@@ -403,6 +406,8 @@ int main(int argc, char** argv) {
     if (command == "generate") return cmd_generate(args);
     if (command == "bench") return cmd_bench(args);
     if (command == "tokenizer") return cmd_tokenizer(args);
+    // The launcher of distributed jobs (dist/launcher.h) parses its own arguments.
+    if (command == "run") return kiln::dist::launcher_main(args);
     if (command == "prepare") return kiln::cli::run_prepare_command(args);
     throw UsageError{"unknown command '" + command + "'"};
   } catch (const UsageError& e) {

@@ -1,6 +1,7 @@
 // dist_worker SCENARIO: one rank of a multi-process test (tests/dist/*_test.cpp start it through
 // spawn.h or `kiln run`). Reads RANK, WORLD_SIZE, ... from the environment, runs the scenario and
 // exits 0 when every check held; a failed check prints what differed and exits 1.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -201,11 +202,23 @@ void peer_exits() {
   WCHECK(e.find("[all_reduce] rank 0 of 2") != std::string::npos, e);
 }
 
+// Rank 1 is killed (SIGKILL) in the middle of a run of all_reduces: under `kiln run`, the
+// launcher names it and stops the others.
+void killed_mid_step() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  for (int step = 0; step < 100000; ++step) {
+    Tensor t = ones({1000});
+    pg->all_reduce(t)->wait();
+    if (step == 5 && pg->rank() == 1) ::raise(SIGKILL);
+  }
+}
+
 const std::map<std::string, std::function<void()>>& scenarios() {
   static const std::map<std::string, std::function<void()>> m = {
       {"collectives", collectives},
       {"collective_timeout", collective_timeout},
       {"peer_exits", peer_exits},
+      {"killed_mid_step", killed_mid_step},
   };
   return m;
 }
