@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
+#include "pretrain/shard.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -25,6 +28,20 @@ TokenFormat resolve_format(const std::string& path, TokenFormat format) {
 }
 
 }  // namespace
+
+bool is_shard_data(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return true;
+  if (path.empty()) return false;
+  std::stringstream parts(path);
+  for (std::string part; std::getline(parts, part, ',');) {
+    const std::string ext = pretrain::kShardExtension;
+    if (part.size() < ext.size() || part.compare(part.size() - ext.size(), ext.size(), ext) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
 
 TokenDataset TokenDataset::from_file(const std::string& path, TokenFormat format,
                                      double val_fraction) {

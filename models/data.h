@@ -13,6 +13,10 @@
 // Split: the last `val_fraction` (default 10%) of the tokens are the validation part, the rest
 // the training part; windows never cross from one into the other.
 //
+// Token shards (pretrain/shard.h, written by `kiln prepare`) are not read here: pretrain streams
+// them through kiln::pretrain::ShardLoader (pretrain/loader.h); is_shard_data tells which a
+// --data value names.
+//
 // Batches are a pure function of (seed, index): row b of batch `index` starts at a position
 // drawn from Philox block (index * batch + b) keyed by `seed`, uniformly over every window that
 // fits in the split. So a resumed run sees exactly the batches an uninterrupted one would, and
@@ -30,6 +34,10 @@ namespace kiln::models {
 
 enum class TokenFormat { kAuto, kText, kUint16, kUint32 };
 enum class Split { kTrain, kValidation };
+
+// Whether `path` names token shards: a directory, or shard files (*.tokens) separated by commas.
+// Anything else is a file for TokenDataset.
+bool is_shard_data(const std::string& path);
 
 class TokenDataset {
  public:

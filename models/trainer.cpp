@@ -9,6 +9,8 @@
 #include <limits>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "autograd/grad_mode.h"
 #include "compiler/compile.h"
 #include "kernels/cuda.h"
@@ -19,6 +21,7 @@
 #include "nn/optim/lr_scheduler.h"
 #include "nn/safetensors.h"
 #include "nn/serialize.h"
+#include "pretrain/progress.h"
 #include "tensor/error.h"
 #include "tensor/foreach.h"
 #include "tensor/ops.h"
@@ -177,7 +180,8 @@ std::string format_number(double v, int precision, bool scientific = false) {
 }
 
 void save_checkpoint(const std::string& dir, const GPT& model, const optim::AdamW& opt,
-                     const std::string& config, const PretrainOptions& o, int64_t step) {
+                     const std::string& config, const PretrainOptions& o, int64_t step,
+                     const std::optional<pretrain::LoaderState>& loader) {
   fs::create_directories(dir);
   std::ostringstream id;
   id << std::setw(8) << std::setfill('0') << step;
@@ -192,7 +196,9 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
      << "\",\n  \"optimizer\": \"" << opt_file << "\",\n  \"seed\": " << o.seed
      << ",\n  \"batch_size\": " << o.batch_size << ",\n  \"seq_len\": " << o.seq_len
      << ",\n  \"grad_accum_steps\": " << o.grad_accum_steps
-     << ",\n  \"data\": " << nn::json_string(o.data_path) << "\n}\n";
+     << ",\n  \"data\": " << nn::json_string(o.data_path);
+  if (loader) js << ",\n  \"loader\": " << loader->to_json();
+  js << "\n}\n";
   write_file_atomically((fs::path(dir) / kStateFile).string(), js.str(), "pretrain");
   // The new checkpoint is complete; the previous one's files can go.
   if (previous && previous->model_file != model_file) {
@@ -202,18 +208,133 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
   }
 }
 
-double evaluate(GPT& model, const TokenDataset& data, const PretrainOptions& o, Device device) {
-  if (data.size(Split::kValidation) < o.seq_len + 1) {
-    return std::numeric_limits<double>::quiet_NaN();
+// The run's data: a text or token file (TokenDataset, batches a pure function of the step), or
+// token shards (a ShardLoader, whose position goes into checkpoints).
+class TrainData {
+ public:
+  TrainData(const PretrainOptions& o, const ModelConfig& cfg) : o_(o) {
+    if (is_shard_data(o.data_path)) {
+      auto set = std::make_shared<pretrain::ShardSet>(pretrain::ShardSet::open(o.data_path));
+      KILN_CHECK(set->vocab_size() <= cfg.vocab_size, "[pretrain] ", o.data_path,
+                 ": the shards come from a tokenizer of ", set->vocab_size(),
+                 " ids, more than the vocab_size ", cfg.vocab_size, " of ", cfg.name);
+      pretrain::LoaderOptions lo;
+      lo.seq_len = o.seq_len;
+      lo.batch_size = o.batch_size;
+      lo.seed = o.seed;
+      lo.val_fraction = 0.1;
+      lo.max_val_sequences = 1024;
+      loader_.emplace(std::move(set), lo);
+      return;
+    }
+    text_.emplace(TokenDataset::from_file(o.data_path));
+    KILN_CHECK(text_->max_token() < cfg.vocab_size, "[pretrain] ", o.data_path, " holds token id ",
+               text_->max_token(), ", outside the vocabulary of ", cfg.name, " (vocab_size ",
+               cfg.vocab_size, ")");
+    KILN_CHECK(text_->size(Split::kTrain) >= o.seq_len + 1, "[pretrain] ", o.data_path,
+               " is too short: ", text_->size(Split::kTrain),
+               " training tokens for windows of seq_len + 1 = ", o.seq_len + 1);
   }
+
+  std::string describe() const {
+    std::ostringstream s;
+    if (loader_) {
+      s << loader_->shards().describe() << ": " << loader_->num_train_sequences()
+        << " training and " << loader_->num_val_sequences() << " validation sequences";
+    } else {
+      s << o_.data_path << " (" << text_->size(Split::kTrain) << " training, "
+        << text_->size(Split::kValidation) << " validation tokens)";
+    }
+    return s.str();
+  }
+
+  std::pair<Tensor, Tensor> train_batch(int64_t step, int64_t micro, Device device) {
+    if (loader_) return loader_->next(device);
+    const auto index = static_cast<uint64_t>((step - 1) * o_.grad_accum_steps + micro);
+    return text_->batch(Split::kTrain, o_.batch_size, o_.seq_len, device, o_.seed, index);
+  }
+
+  bool has_validation() const {
+    return loader_ ? loader_->num_val_sequences() > 0
+                   : text_->size(Split::kValidation) >= o_.seq_len + 1;
+  }
+  // The same fixed batches at every evaluation.
+  std::pair<Tensor, Tensor> validation_batch(int64_t i, Device device) const {
+    if (loader_) return loader_->validation_batch(i, o_.batch_size, device);
+    return text_->batch(Split::kValidation, o_.batch_size, o_.seq_len, device,
+                        o_.seed ^ kEvalSeedSalt, static_cast<uint64_t>(i));
+  }
+
+  void resume(const CheckpointInfo& info, const std::string& dir) {
+    if (loader_) {
+      KILN_CHECK(info.loader.has_value(), "[pretrain] the checkpoint in ", dir,
+                 " has no loader position: it was trained on a text or token file, not on the "
+                 "shards ",
+                 o_.data_path);
+      loader_->load_state(*info.loader);
+    } else {
+      KILN_CHECK(!info.loader.has_value(), "[pretrain] the checkpoint in ", dir,
+                 " was trained on token shards, not on ", o_.data_path);
+    }
+  }
+  std::optional<pretrain::LoaderState> loader_state() const {
+    if (loader_) return loader_->state();
+    return std::nullopt;
+  }
+
+ private:
+  const PretrainOptions& o_;
+  std::optional<TokenDataset> text_;
+  std::optional<pretrain::ShardLoader> loader_;
+};
+
+// Creates `dir` and checks that files can be created in it, before any training.
+void check_output_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec, "[pretrain] ", dir, ": cannot create the output directory: ", ec.message());
+  KILN_CHECK(fs::is_directory(dir), "[pretrain] ", dir, ": the output path is not a directory");
+  const fs::path probe = fs::path(dir) / (".kiln-write-test-" + std::to_string(::getpid()));
+  {
+    std::ofstream f(probe);
+    KILN_CHECK(f.good(), "[pretrain] ", dir, ": the output directory is not writable");
+  }
+  fs::remove(probe, ec);
+}
+
+// "312 MiB" / "1.25 GiB": tensors on the GPU, the resident set on the CPU.
+std::string format_memory(Device device) {
+  int64_t bytes = 0;
+  if (device.is_cuda()) {
+    bytes = cuda::memory_stats().allocated;
+  } else {
+    std::ifstream statm("/proc/self/statm");
+    int64_t size = 0, resident = 0;
+    if (statm >> size >> resident) bytes = resident * ::sysconf(_SC_PAGESIZE);
+  }
+  const double mib = static_cast<double>(bytes) / (1 << 20);
+  return mib >= 1024 ? format_number(mib / 1024, 2) + " GiB" : format_number(mib, 0) + " MiB";
+}
+
+double evaluate(GPT& model, const TrainData& data, const PretrainOptions& o, Device device) {
+  if (!data.has_validation()) return std::numeric_limits<double>::quiet_NaN();
   NoGradGuard no_grad;
   double sum = 0;
   for (int64_t i = 0; i < o.eval_batches; ++i) {
-    auto [x, y] = data.batch(Split::kValidation, o.batch_size, o.seq_len, device,
-                             o.seed ^ kEvalSeedSalt, static_cast<uint64_t>(i));
+    auto [x, y] = data.validation_batch(i, device);
     sum += precision_loss(model, x, y, o.precision).item<double>();
   }
   return sum / static_cast<double>(o.eval_batches);
+}
+
+}  // namespace
+
+namespace {
+
+// A file name with no directory part: what trainer_state.json may name.
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\\') == std::string::npos && name.find('\0') == std::string::npos;
 }
 
 }  // namespace
@@ -266,6 +387,8 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
         info.model_file = r.read_string();
       } else if (*key == "optimizer") {
         info.optimizer_file = r.read_string();
+      } else if (*key == "loader") {
+        info.loader = pretrain::LoaderState::read_json(r, path.string());
       } else {
         r.skip_value();
       }
@@ -281,6 +404,13 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
     KILN_CHECK(!missing, "[checkpoint] ", path.string(), ": no \"", key, "\" field");
   }
   KILN_CHECK(*step >= 0, "[checkpoint] ", path.string(), ": bad step ", *step);
+  // The files must be inside the directory: the trainer reads them, and removes them when the
+  // next checkpoint replaces this one.
+  for (const auto& [key, name] : {std::pair{"model", &info.model_file},
+                                  std::pair{"optimizer", &info.optimizer_file}}) {
+    KILN_CHECK(is_plain_file_name(*name), "[checkpoint] ", path.string(), ": \"", key, "\" is \"",
+               *name, "\", not a file name inside the checkpoint directory (no '/', no '..')");
+  }
   info.step = *step;
   return info;
 }
@@ -303,13 +433,14 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
   KILN_CHECK(o.seq_len <= cfg.block_size, "[pretrain] seq_len ", o.seq_len,
              " exceeds the block_size ", cfg.block_size, " of ", cfg.name);
   const Device device = o.device.value_or(default_device());
-  const TokenDataset data = TokenDataset::from_file(o.data_path);
-  KILN_CHECK(data.max_token() < cfg.vocab_size, "[pretrain] ", o.data_path, " holds token id ",
-             data.max_token(), ", outside the vocabulary of ", cfg.name, " (vocab_size ",
-             cfg.vocab_size, ")");
-  KILN_CHECK(data.size(Split::kTrain) >= o.seq_len + 1, "[pretrain] ", o.data_path,
-             " is too short: ", data.size(Split::kTrain),
-             " training tokens for windows of seq_len + 1 = ", o.seq_len + 1);
+  // Everything that can fail before training does so now: the output directory, an existing
+  // state file in it (read even without resume: the first save would read it), the data.
+  std::optional<CheckpointInfo> existing;
+  if (!o.out_dir.empty()) {
+    check_output_dir(o.out_dir);
+    existing = read_checkpoint_info(o.out_dir);
+  }
+  TrainData data(o, cfg);
 
   manual_seed(o.seed);
   GPT model(cfg, TensorOptions().device(device).dtype(param_dtype(o.precision)));
@@ -322,11 +453,12 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
 
   PretrainSummary summary;
   if (o.resume) {
-    if (auto info = read_checkpoint_info(o.out_dir)) {
+    if (const auto& info = existing) {
       KILN_CHECK(info->config == cfg.name, "[pretrain] the checkpoint in ", o.out_dir,
                  " is of config ", info->config, ", not ", cfg.name);
       KILN_CHECK(info->precision == o.precision, "[pretrain] the checkpoint in ", o.out_dir,
                  " was trained in ", info->precision, ", not ", o.precision);
+      data.resume(*info, o.out_dir);
       load(model, (fs::path(o.out_dir) / info->model_file).string());
       opt->load((fs::path(o.out_dir) / info->optimizer_file).string());
       sched.set_last_epoch(info->step);
@@ -341,16 +473,19 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
   const double flops_per_token = cfg.flops_per_token(o.seq_len);
   const bool on_cuda = device.is_cuda();
   log << "pretraining " << cfg.name << " (" << model->num_parameters() << " parameters) on "
-      << o.data_path << " (" << data.size(Split::kTrain) << " training, "
-      << data.size(Split::kValidation) << " validation tokens)\n"
+      << data.describe() << "\n"
       << "device " << device.str() << ", precision " << o.precision << ", batch " << o.batch_size
       << " x seq " << o.seq_len << " x accum " << o.grad_accum_steps << " = " << tokens_per_step
       << " tokens/step, steps " << summary.start_step + 1 << ".." << o.max_steps << ", lr " << o.lr
       << " -> " << o.min_lr << " (warmup " << warmup << ")\n";
 
   if (o.compile) log << "the training step runs through kiln::compile\n";
+  log << std::flush;
   const double clip = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
   TrainStep train(model, *opt, o.precision, clip, o.compile);
+  pretrain::Progress progress(log, o.progress_bar.value_or(pretrain::Progress::is_terminal(log)),
+                              static_cast<double>(o.max_steps), "step",
+                              static_cast<double>(summary.start_step));
   double timed_seconds = 0, window_seconds = 0;
   int64_t timed_steps = 0, window_steps = 0;
   summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
@@ -360,8 +495,7 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
     const double lr = opt->get_lr();
     std::vector<Tensor> xs, ys;
     for (int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
-      const auto index = static_cast<uint64_t>((step - 1) * o.grad_accum_steps + micro);
-      auto [x, y] = data.batch(Split::kTrain, o.batch_size, o.seq_len, device, o.seed, index);
+      auto [x, y] = data.train_batch(step, micro, device);
       xs.push_back(std::move(x));
       ys.push_back(std::move(y));
     }
@@ -386,32 +520,38 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
     KILN_CHECK(std::isfinite(loss_value), "[pretrain] the loss became ", loss_value, " at step ",
                step, " (try a lower lr)");
 
-    if (step % o.log_interval == 0 || step == o.max_steps || step == summary.start_step + 1) {
-      const double tok_s = static_cast<double>(window_steps * tokens_per_step) / window_seconds;
-      log << "step " << step << "/" << o.max_steps << " | loss " << format_number(loss_value, 4)
-          << " | lr " << format_number(lr, 2, true) << " | grad norm "
-          << format_number(grad_norm, 3) << " | " << static_cast<int64_t>(tok_s) << " tok/s";
-      if (on_cuda) {
-        log << " | MFU " << format_number(100 * flops_per_token * tok_s / kPeakFlopsH100Bf16, 1)
+    // The values of this step; the throughput over the steps since the last logged line.
+    const double tok_s = static_cast<double>(window_steps * tokens_per_step) / window_seconds;
+    std::ostringstream values, speed;
+    values << "loss " << format_number(loss_value, 4) << " | lr " << format_number(lr, 2, true)
+           << " | grad norm " << format_number(grad_norm, 3);
+    speed << static_cast<int64_t>(tok_s) << " tok/s";
+    if (on_cuda) {
+      speed << ", MFU " << format_number(100 * flops_per_token * tok_s / kPeakFlopsH100Bf16, 1)
             << "%";
-      }
-      log << "\n" << std::flush;
+    }
+    speed << ", mem " << format_memory(device);
+    progress.update(static_cast<double>(step), values.str() + " | " + speed.str());
+    if (step % o.log_interval == 0 || step == o.max_steps || step == summary.start_step + 1) {
+      progress.line("step " + std::to_string(step) + "/" + std::to_string(o.max_steps) + " | " +
+                    values.str() + " | " + speed.str() + ", ETA " +
+                    pretrain::Progress::format_duration(progress.eta_seconds(static_cast<double>(step))));
       window_seconds = 0;
       window_steps = 0;
     }
     const bool last = step == o.max_steps;
     if ((o.eval_interval > 0 && step % o.eval_interval == 0) || last) {
       summary.final_val_loss = evaluate(model, data, o, device);
-      log << "eval step " << step << " | val loss " << format_number(summary.final_val_loss, 4)
-          << "\n"
-          << std::flush;
+      progress.line("eval step " + std::to_string(step) + " | val loss " +
+                    format_number(summary.final_val_loss, 4));
     }
     if (!o.out_dir.empty() &&
         ((o.checkpoint_interval > 0 && step % o.checkpoint_interval == 0) || last)) {
-      save_checkpoint(o.out_dir, model, *opt, cfg.name, o, step);
-      log << "checkpoint step " << step << " -> " << o.out_dir << "\n" << std::flush;
+      save_checkpoint(o.out_dir, model, *opt, cfg.name, o, step, data.loader_state());
+      progress.line("checkpoint step " + std::to_string(step) + " -> " + o.out_dir);
     }
   }
+  progress.finish();
   log_compile_stats(train, log);
   if (const compiler::CompileStats* s = train.stats()) {
     summary.compile_traces = s->misses;

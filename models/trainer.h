@@ -17,11 +17,21 @@
 // clipping of the total gradient norm to grad_clip (as clip_grad_norm_, computed in tensors so
 // that the step can be compiled). With compile, the whole step (zero_grad, the micro-batches'
 // forward and backward, clipping, AdamW) runs through kiln::compile; the loop reads the losses
-// and the norm it returns. Batches come from TokenDataset::batch with the run's seed and
-// index step * grad_accum_steps + micro, so they do not depend on the global RNG; the model is
-// initialised after kiln::manual_seed(seed). Every log_interval steps it logs the step, loss
-// (mean over the micro-batches), lr, gradient norm (before clipping), tokens/s and, on CUDA,
-// MFU = flops_per_token(seq_len) * tokens/s / 989 TFLOP/s (H100 bf16 dense peak). Every
+// and the norm it returns. The model is initialised after kiln::manual_seed(seed).
+//
+// Data (data_path): a text or token file (models/data.h): batches come from TokenDataset::batch
+// with the run's seed and index step * grad_accum_steps + micro; or token shards, a directory or
+// *.tokens files separated by commas (`kiln prepare`, docs/data.md): batches come from a
+// kiln::pretrain::ShardLoader (pretrain/loader.h) seeded with the run's seed, whose position is
+// saved in every checkpoint and restored on resume, so that a resumed run reads the sequences
+// an uninterrupted one would; its validation part is the last 10% of the windows, at most 1024.
+// Neither reads the global RNG.
+//
+// Progress: on a terminal (progress_bar unset and `log` is a terminal's std::cout) a bar with
+// the ETA is redrawn after every step; otherwise, and always every log_interval steps, a line:
+// step, loss (mean over the micro-batches), lr, gradient norm (before clipping), then tokens/s,
+// on CUDA MFU = flops_per_token(seq_len) * tokens/s / 989 TFLOP/s (H100 bf16 dense peak), the
+// memory (CUDA: allocated by tensors; CPU: the process's resident set) and the ETA. Every
 // eval_interval steps and at the end it logs the mean loss over eval_batches fixed validation
 // batches.
 //
@@ -32,12 +42,17 @@
 //
 // Checkpoints (out_dir, every checkpoint_interval steps and at the end): model-<step>.safetensors
 // (kiln::save of the model), optimizer-<step>.safetensors (Optimizer::save: moments, step counts,
-// lrs), then trainer_state.json ({"config", "step", "precision", "model", "optimizer", ...}),
+// lrs), then trainer_state.json ({"config", "step", "precision", "model", "optimizer", ...,
+// "loader": the shard loader's position when training on shards}),
 // each written atomically. The json is written last and names the files it goes with, so a crash
 // at any point leaves the previous complete checkpoint; older files are removed after it.
 // With resume, a run restores the model, the optimizer and the step from out_dir and continues
 // bit-exactly as an uninterrupted run (same batches, same schedule; the checkpoint's config
 // must match). A checkpoint of a config that is not in the registry cannot be reloaded by name.
+// The file names in trainer_state.json must be plain names inside the directory (no '/', no
+// ".."): a crafted state file cannot make the trainer read or delete files elsewhere. The output
+// directory is created and checked writable, and an existing trainer_state.json read, before the
+// first step, so that such errors come at the start of a run, not at its end.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +64,7 @@
 
 #include "models/config.h"
 #include "models/gpt.h"
+#include "pretrain/loader.h"
 #include "tensor/device.h"
 
 namespace kiln::models {
@@ -56,7 +72,9 @@ namespace kiln::models {
 struct PretrainOptions {
   std::string config_name = kDefaultConfig;
   std::optional<ModelConfig> config;  // when set, used instead of config_name
-  std::string data_path;              // text (byte tokens) or .bin/.u16/.u32 (models/data.h)
+  // Text (byte tokens), .bin/.u16/.u32 (models/data.h), or token shards: a directory or
+  // *.tokens files separated by commas (docs/data.md).
+  std::string data_path;
   int64_t batch_size = 16;
   int64_t seq_len = 128;       // <= the config's block_size
   int64_t max_steps = 300;     // the run ends after this step
@@ -81,6 +99,9 @@ struct PretrainOptions {
   // Runs the training step through kiln::compile (docs/compiler.md): traced on steps 1 and 2,
   // replayed after; the same kernels, so the same losses as eager.
   bool compile = false;
+  // nullopt: a progress bar when `log` is a terminal (pretrain::Progress::is_terminal), else
+  // plain lines; true / false force one.
+  std::optional<bool> progress_bar;
 
   // Throws "[pretrain] ..." naming the first bad option.
   void validate() const;
@@ -113,8 +134,10 @@ struct CheckpointInfo {
   std::string precision;
   std::string model_file;  // absolute or relative to the directory, as written
   std::string optimizer_file;
+  std::optional<pretrain::LoaderState> loader;  // when the run trained on token shards
 };
-// Reads <dir>/trainer_state.json; nullopt when there is none. Errors on a malformed one.
+// Reads <dir>/trainer_state.json; nullopt when there is none. Errors on a malformed one, and on
+// file names that are not plain names inside `dir`.
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir);
 // The checkpoint's model (config from the registry by name) on `device`, in f32 or, for a
 // bf16-true checkpoint, bf16.

@@ -1,0 +1,173 @@
+// `kiln pretrain` on token shards (models/trainer.h with pretrain/loader.h): the loader position
+// goes into trainer_state.json and a resume continues bit-exactly; errors come before the first
+// step (a crafted state file naming files outside the checkpoint, an unwritable output, shards of
+// a larger vocabulary, a checkpoint of other data); the progress bar on a terminal.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "models/trainer.h"
+#include "nn/safetensors.h"
+#include "pretrain/loader.h"
+#include "pretrain/shard.h"
+#include "pretrain_test_util.h"
+#include "tensor/ops.h"
+#include "test_util.h"
+
+namespace kiln::models {
+namespace {
+
+namespace fs = std::filesystem;
+
+class PretrainShardsTest : public test::TempDirTest {
+ protected:
+  void SetUp() override {
+    test::TempDirTest::SetUp();
+    // Two byte-token shards of the bundled text's first 24 KB.
+    const std::string text =
+        test::read_bytes(std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt").substr(0, 24000);
+    fs::create_directories(dir() / "shards");
+    for (int s = 0; s < 2; ++s) {
+      pretrain::ShardWriter w(file("shards/shard-0000" + std::to_string(s) + ".tokens"),
+                              {.vocab_size = 256, .tokenizer_fingerprint = pretrain::kByteTokenizerFingerprint});
+      const std::string part = text.substr(static_cast<size_t>(s) * 12000, 12000);
+      std::vector<int64_t> ids(part.begin(), part.end());
+      for (auto& v : ids) v &= 0xff;
+      w.append_document(ids);
+      w.finish();
+    }
+  }
+  PretrainOptions options() const {
+    PretrainOptions o;
+    o.config_name = "tiny-llama";
+    o.data_path = file("shards");
+    o.batch_size = 4;
+    o.seq_len = 32;
+    o.max_steps = 6;
+    o.warmup_steps = 2;
+    o.log_interval = 2;
+    o.eval_interval = 0;
+    o.eval_batches = 2;
+    o.grad_accum_steps = 2;
+    o.device = Device(kCPU);
+    o.seed = 11;
+    o.progress_bar = false;
+    return o;
+  }
+};
+
+TEST_F(PretrainShardsTest, ResumeRestoresTheLoaderPositionAndIsBitExact) {
+  std::ostringstream log;
+  PretrainOptions o = options();
+  o.out_dir = file("straight");
+  const auto straight = pretrain(o, log);
+  EXPECT_TRUE(std::isfinite(straight.final_val_loss));
+  EXPECT_NE(log.str().find("2 shards, 24000 tokens"), std::string::npos) << log.str();
+
+  o.out_dir = file("resumed");
+  o.max_steps = 3;
+  o.lr_decay_steps = 6;
+  const auto first = pretrain(o, log);
+  const auto mid = read_checkpoint_info(o.out_dir);
+  ASSERT_TRUE(mid && mid->loader);
+  EXPECT_EQ(mid->loader->position, 3u * 2 * 4);  // steps x micro-batches x batch
+  EXPECT_EQ(mid->loader->seed, 11u);
+  o.max_steps = 6;
+  o.resume = true;
+  const auto second = pretrain(o, log);
+  EXPECT_EQ(second.start_step, 3);
+
+  std::vector<double> resumed = first.train_losses;
+  resumed.insert(resumed.end(), second.train_losses.begin(), second.train_losses.end());
+  ASSERT_EQ(resumed, straight.train_losses);
+  EXPECT_EQ(second.final_val_loss, straight.final_val_loss);
+  const auto a = read_checkpoint_info(file("straight"));
+  const auto b = read_checkpoint_info(file("resumed"));
+  EXPECT_EQ(a->loader->position, 6u * 2 * 4);
+  EXPECT_EQ(*a->loader, *b->loader);
+  const TensorMap ma = load_safetensors(file("straight/" + a->model_file));
+  const TensorMap mb = load_safetensors(file("resumed/" + b->model_file));
+  for (const auto& [name, t] : ma) EXPECT_TRUE(equal(t, mb.at(name))) << name;
+
+  // Resuming with another seed is refused by the loader (the position is in another order).
+  o.seed = 12;
+  o.max_steps = 8;
+  EXPECT_KILN_ERROR(pretrain(o, log), "the saved position is for seed 11, not 12");
+}
+
+TEST_F(PretrainShardsTest, ACraftedStateFileCannotReachOutsideTheCheckpoint) {
+  test::write_bytes(file("victim.txt"), "keep me");
+  fs::create_directories(dir() / "run");
+  for (const std::string& name : {std::string("../victim.txt"), file("victim.txt")}) {
+    test::write_bytes(file("run/trainer_state.json"),
+                      "{\"config\": \"tiny-llama\", \"step\": 1, \"precision\": \"f32\", "
+                      "\"model\": \"m.safetensors\", \"optimizer\": \"" + name + "\"}");
+    PretrainOptions o = options();
+    o.out_dir = file("run");
+    std::ostringstream log;
+    // Without --resume too: the run would remove the previous checkpoint's files at its first save.
+    EXPECT_KILN_ERROR(pretrain(o, log), "\"optimizer\" is \"" + name + "\", not a file name inside");
+    EXPECT_EQ(log.str().find("step 1/"), std::string::npos) << "failed after training started";
+  }
+  EXPECT_EQ(test::read_bytes(file("victim.txt")), "keep me");
+}
+
+TEST_F(PretrainShardsTest, ErrorsComeBeforeTheFirstStep) {
+  std::ostringstream log;
+  PretrainOptions o = options();
+  test::write_bytes(file("a_file"), "x");
+  o.out_dir = file("a_file");
+  EXPECT_KILN_ERROR(pretrain(o, log), "cannot create the output directory");
+
+  o.out_dir = file("out");
+  o.data_path = file("nowhere");
+  EXPECT_KILN_ERROR(pretrain(o, log), "cannot open the file");
+  o.data_path = file("nowhere.tokens");
+  EXPECT_KILN_ERROR(pretrain(o, log), "nowhere.tokens: no such file or directory");
+  fs::create_directories(dir() / "empty");
+  o.data_path = file("empty");
+  EXPECT_KILN_ERROR(pretrain(o, log), "a directory without token shards");
+
+  test::write_counting_shard(file("big.tokens"), 0, 1000, /*vocab_size=*/1000);
+  o.data_path = file("big.tokens");
+  EXPECT_KILN_ERROR(pretrain(o, log), "the shards come from a tokenizer of 1000 ids, more than the "
+                                      "vocab_size 320 of tiny-llama");
+
+  // A checkpoint of the bundled text cannot be resumed on shards, nor the other way round.
+  o.data_path = std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt";
+  o.max_steps = 1;
+  pretrain(o, log);
+  o.data_path = file("shards");
+  o.resume = true;
+  o.max_steps = 2;
+  EXPECT_KILN_ERROR(pretrain(o, log), "has no loader position");
+  o.out_dir = file("on_shards");
+  o.resume = false;
+  o.max_steps = 1;
+  pretrain(o, log);
+  o.resume = true;
+  o.max_steps = 2;
+  o.data_path = std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt";
+  EXPECT_KILN_ERROR(pretrain(o, log), "was trained on token shards");
+}
+
+TEST_F(PretrainShardsTest, ProgressBarOnATerminalKeepsTheLoggedLines) {
+  std::ostringstream log;
+  PretrainOptions o = options();
+  o.max_steps = 4;
+  o.progress_bar = true;
+  pretrain(o, log);
+  const std::string text = log.str();
+  EXPECT_NE(text.find("\r\033[2Kstep 4/4 [########################] 100% | loss "),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tok/s, mem "), std::string::npos);
+  EXPECT_NE(text.find("| ETA "), std::string::npos);
+  EXPECT_NE(text.find("step 2/4 | loss "), std::string::npos);
+  EXPECT_NE(text.find("eval step 4 | val loss "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::models
