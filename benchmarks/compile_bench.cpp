@@ -1,7 +1,8 @@
 // kiln::compile on the CPU: the kiln-tiny training step (zero_grad, forward, cross-entropy,
 // backward, AdamW) compiled against eager on the same batch, the compile time per stage
 // (CompiledFunction::stats().stage_ms), what a cache hit adds to a call (one add, compiled
-// against eager), and remat: kiln-tiny's loss compiled with its backward node, the forward saving
+// against eager), a new size of a dynamic dimension (shared program against a compilation), and
+// remat: kiln-tiny's loss compiled with its backward node, the forward saving
 // every value the backward reads (kSaveAll) or a minimum cut (kMinCut, recomputing the rest).
 //
 //   OMP_NUM_THREADS=1 build/benchmarks/kiln_bench --benchmark_filter=Compile
@@ -110,6 +111,50 @@ BENCHMARK(BM_CompileTinyTrainStepCompileTime)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(3);
+
+// A new sequence length for the compiled step: with the batch's dimension 1 marked dynamic
+// (Arg 1), sizes after the first two share one fitted program (compiler/symbolic.h), so T = 96
+// costs an instantiation; unmarked (Arg 0), it traces and compiles again. Setup (steps at
+// T = 128, 128 and 64) is not timed; the time is the call at T = 96 with its kernels, and
+// `prepare_ms` the instantiation's or the compilation's own time.
+void BM_CompileTinyTrainStepNewSize(benchmark::State& state) {
+  const bool dynamic = state.range(0) != 0;
+  double prepare = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto step = std::make_unique<TinyStep>();
+    kiln::CompileOptions options;
+    if (dynamic) options.dynamic(0, 1).dynamic(1, 1);
+    auto compiled = kiln::compile(
+        [&](const kiln::Tensor& x, const kiln::Tensor& y) { return (*step)(x, y); }, options);
+    auto batch = [&](int64_t t) {
+      return std::pair{step->x.narrow(1, 0, t).contiguous(), step->y.narrow(1, 0, t).contiguous()};
+    };
+    for (int64_t t : {kSeq, kSeq, kSeq / 2}) {
+      const auto [x, y] = batch(t);
+      compiled(x, y);
+    }
+    const auto [x, y] = batch(kSeq * 3 / 4);
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(compiled(x, y).impl());
+    state.PauseTiming();
+    const auto& stats = compiled.stats();
+    if (dynamic) {
+      if (stats.dynamic_instances != 1) state.SkipWithError("the new size did not share");
+      prepare += stats.instantiate_ms;
+    } else {
+      for (const auto& [stage, ms] : stats.stage_ms) prepare += ms;
+    }
+    state.ResumeTiming();
+  }
+  state.counters["prepare_ms"] = prepare / static_cast<double>(state.iterations());
+}
+BENCHMARK(BM_CompileTinyTrainStepNewSize)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(5);
 
 // kiln-tiny's loss compiled as a function with a backward node (forward program, then the
 // compiled backward through loss.backward()), per remat policy (0: kSaveAll, 1: kMinCut). The
