@@ -117,6 +117,20 @@ Tensor relu(const Tensor &input, bool inplace) {
   return kiln::relu(input);
 }
 
+Tensor leaky_relu(const Tensor &input, const LeakyReLUFuncOptions &options) {
+  KILN_CHECK(input.defined(), "[leaky_relu] input is undefined");
+  KILN_CHECK(input.is_floating_point(), "[leaky_relu] expected a floating-point input, got ",
+             dtype_name(input.dtype()), " with shape ", shape_str(input.sizes()));
+  const double slope = options.negative_slope();
+  if (options.inplace()) {
+    // x * (x > 0 ? 1 : slope): the same values as the out-of-place form, written through mul_
+    // so that autograd records the in-place write (the factor is computed before it).
+    Tensor self = input;
+    return self.mul_(kiln::where(input > Scalar(0), kiln::ones_like(input), Scalar(slope)));
+  }
+  return kiln::where(input > Scalar(0), input, input * slope);
+}
+
 Tensor pad(const Tensor &input, const PadFuncOptions &options) {
   KILN_CHECK(options.mode() == "constant", "[pad] mode '", options.mode(),
              "' is not supported (only 'constant')");
@@ -187,6 +201,43 @@ Tensor conv2d(const Tensor &input, const Tensor &weight, const Tensor &bias,
       input, weight,
       F::Conv2dFuncOptions().bias(bias).stride(stride).padding(padding).dilation(dilation).groups(
           groups));
+}
+
+Tensor conv_transpose2d(const Tensor &input, const Tensor &weight, const Tensor &bias,
+                        ExpandingArray<2> stride, ExpandingArray<2> padding,
+                        ExpandingArray<2> output_padding, int64_t groups,
+                        ExpandingArray<2> dilation) {
+  return F::conv_transpose2d(input, weight,
+                             F::ConvTranspose2dFuncOptions()
+                                 .bias(bias)
+                                 .stride(stride)
+                                 .padding(padding)
+                                 .output_padding(output_padding)
+                                 .groups(groups)
+                                 .dilation(dilation));
+}
+
+Tensor conv_transpose1d(const Tensor &input, const Tensor &weight, const Tensor &bias,
+                        ExpandingArray<1> stride, ExpandingArray<1> padding,
+                        ExpandingArray<1> output_padding, int64_t groups,
+                        ExpandingArray<1> dilation) {
+  return F::conv_transpose1d(input, weight,
+                             F::ConvTranspose1dFuncOptions()
+                                 .bias(bias)
+                                 .stride(stride)
+                                 .padding(padding)
+                                 .output_padding(output_padding)
+                                 .groups(groups)
+                                 .dilation(dilation));
+}
+
+Tensor leaky_relu(const Tensor &input, double negative_slope) {
+  return F::leaky_relu(input, F::LeakyReLUFuncOptions().negative_slope(negative_slope));
+}
+
+Tensor &leaky_relu_(Tensor &input, double negative_slope) {
+  F::leaky_relu(input, F::LeakyReLUFuncOptions().negative_slope(negative_slope).inplace(true));
+  return input;
 }
 
 Tensor max_pool2d(const Tensor &input, ExpandingArray<2> kernel_size,

@@ -178,6 +178,14 @@ Tensor swiglu(const Tensor &gate, const Tensor &up);
 Tensor geglu_tanh(const Tensor &gate, const Tensor &up);
 Tensor relu(const Tensor &input, bool inplace = false);
 
+struct LeakyReLUFuncOptions {
+  KILN_ARG(double, negative_slope) = 1e-2;
+  KILN_ARG(bool, inplace) = false;
+};
+// x where x > 0, negative_slope * x elsewhere (the gradient at 0 is negative_slope, as
+// PyTorch's). inplace writes the result into input and returns it.
+Tensor leaky_relu(const Tensor &input, const LeakyReLUFuncOptions &options = {});
+
 struct PadFuncOptions {
   PadFuncOptions(std::vector<int64_t> pad) : pad_(std::move(pad)) {}  // NOLINT
   // (left, right) pairs starting from the last dim, as PyTorch; negative values
@@ -213,6 +221,35 @@ struct Conv2dFuncOptions {
 };
 // weight [out, in / groups, kh, kw] (cross-correlation, as PyTorch).
 Tensor conv2d(const Tensor &input, const Tensor &weight, const Conv2dFuncOptions &options = {});
+
+// Transposed convolution ("deconvolution"), the adjoint of conv2d with the same stride,
+// padding, dilation and groups: weight [in, out / groups, kh, kw] (PyTorch's layout), output
+// size (in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1.
+// output_padding (each < stride or < dilation, as PyTorch) adds rows/columns at the end.
+struct ConvTranspose2dFuncOptions {
+  KILN_ARG(Tensor, bias) = {};
+  KILN_ARG(ExpandingArray<2>, stride) = 1;
+  KILN_ARG(ExpandingArray<2>, padding) = 0;
+  KILN_ARG(ExpandingArray<2>, output_padding) = 0;
+  KILN_ARG(int64_t, groups) = 1;
+  KILN_ARG(ExpandingArray<2>, dilation) = 1;
+};
+// input [N, C_in, H, W] or [C_in, H, W].
+Tensor conv_transpose2d(const Tensor &input, const Tensor &weight,
+                        const ConvTranspose2dFuncOptions &options = {});
+
+struct ConvTranspose1dFuncOptions {
+  KILN_ARG(Tensor, bias) = {};
+  KILN_ARG(ExpandingArray<1>, stride) = 1;
+  KILN_ARG(ExpandingArray<1>, padding) = 0;
+  KILN_ARG(ExpandingArray<1>, output_padding) = 0;
+  KILN_ARG(int64_t, groups) = 1;
+  KILN_ARG(ExpandingArray<1>, dilation) = 1;
+};
+// input [N, C_in, L] or [C_in, L]; weight [in, out / groups, k]: conv_transpose2d over a
+// height of 1.
+Tensor conv_transpose1d(const Tensor &input, const Tensor &weight,
+                        const ConvTranspose1dFuncOptions &options = {});
 
 struct MaxPool2dFuncOptions {
   MaxPool2dFuncOptions(ExpandingArray<2> kernel_size)  // NOLINT
@@ -396,6 +433,16 @@ Tensor dropout(const Tensor &input, double p, bool train);
 Tensor conv2d(const Tensor &input, const Tensor &weight, const Tensor &bias = {},
               ExpandingArray<2> stride = 1, ExpandingArray<2> padding = 0,
               ExpandingArray<2> dilation = 1, int64_t groups = 1);
+Tensor conv_transpose2d(const Tensor &input, const Tensor &weight, const Tensor &bias = {},
+                        ExpandingArray<2> stride = 1, ExpandingArray<2> padding = 0,
+                        ExpandingArray<2> output_padding = 0, int64_t groups = 1,
+                        ExpandingArray<2> dilation = 1);
+Tensor conv_transpose1d(const Tensor &input, const Tensor &weight, const Tensor &bias = {},
+                        ExpandingArray<1> stride = 1, ExpandingArray<1> padding = 0,
+                        ExpandingArray<1> output_padding = 0, int64_t groups = 1,
+                        ExpandingArray<1> dilation = 1);
+Tensor leaky_relu(const Tensor &input, double negative_slope = 1e-2);
+Tensor &leaky_relu_(Tensor &input, double negative_slope = 1e-2);
 Tensor max_pool2d(const Tensor &input, ExpandingArray<2> kernel_size,
                   std::optional<ExpandingArray<2>> stride = std::nullopt,
                   ExpandingArray<2> padding = 0, ExpandingArray<2> dilation = 1,

@@ -1,4 +1,4 @@
-// kiln::nn::functional conv2d, max_pool2d, avg_pool2d and batch_norm.
+// kiln::nn::functional conv2d, conv_transpose2d/1d, max_pool2d, avg_pool2d and batch_norm.
 //
 // Convolution and pooling gather each output's input window with two
 // index_selects (rows, then columns) from the padded input: [N, C, OH, KH, OW,
@@ -95,7 +95,107 @@ std::pair<Window, Window> pool_windows(const Tensor &x, const ExpandingArray<2> 
   return {h, w};
 }
 
+// Transposed convolution of x [N, C_in, H, W] with w [C_in, C_out / g, KH, KW], as the adjoint
+// of conv2d's im2col: each input pixel's contribution to its output window is one GEMM per group
+// ([N, G, H*W, Cg] @ [G, Cg, Og*KH*KW]), and the windows are scatter-added into the output plane
+// with index_add along columns, then rows (the adjoint of gather_windows' two index_selects).
+// No multiplications by inserted zeros, unlike conv2d over a dilated input. `shown` is the
+// caller's input (for messages), `op` its name.
+Tensor conv_transpose(const Tensor &x, const Tensor &weight, const Tensor &bias,
+                      const ExpandingArray<2> &stride, const ExpandingArray<2> &padding,
+                      const ExpandingArray<2> &output_padding, int64_t groups,
+                      const ExpandingArray<2> &dilation, const Tensor &shown, const char *op) {
+  KILN_CHECK(weight.dtype() == x.dtype(), "[", op, "] input (", dtype_name(x.dtype()),
+             ") and weight (", dtype_name(weight.dtype()), ") must have the same dtype");
+  KILN_CHECK(groups > 0, "[", op, "] groups must be positive, got ", groups);
+  const int64_t n = x.size(0), c = x.size(1);
+  KILN_CHECK(weight.size(0) == c, "[", op, "] input of shape ", shape_str(shown.sizes()), " has ",
+             c, " channels, but weight of shape ", shape_str(weight.sizes()), " expects ",
+             weight.size(0), " (weight is [in_channels, out_channels / groups, *kernel])");
+  KILN_CHECK(c % groups == 0, "[", op, "] in_channels ", c, " must be divisible by groups ",
+             groups);
+  const int64_t og = weight.size(1), out_c = og * groups, cg = c / groups;
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == out_c), "[", op,
+             "] expected a bias of shape [", out_c, "], got ",
+             bias.defined() ? shape_str(bias.sizes()) : std::string());
+  KILN_CHECK(!bias.defined() || bias.dtype() == x.dtype(), "[", op, "] input (",
+             dtype_name(x.dtype()), ") and bias (", dtype_name(bias.dtype()),
+             ") must have the same dtype");
+  const ExpandingArray<2> kernel({weight.size(2), weight.size(3)});
+  check_window_args(kernel, stride, padding, dilation, op);
+  int64_t out[2], full[2];
+  for (size_t i = 0; i < 2; ++i) {
+    const int64_t opad = output_padding[i];
+    KILN_CHECK(opad >= 0 && (opad < stride[i] || opad < dilation[i]), "[", op,
+               "] output_padding must be non-negative and smaller than either stride or ",
+               "dilation, got output_padding ", opad, ", stride ", stride[i], ", dilation ",
+               dilation[i]);
+    // The plane every window lands in (before cropping `padding` from both sides).
+    full[i] = (x.size(2 + i) - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1 + opad;
+    out[i] = full[i] - 2 * padding[i];
+    KILN_CHECK(out[i] > 0, "[", op, "] input of shape ", shape_str(shown.sizes()),
+               " with kernel ", shape_str(kernel.vec()), " and padding ",
+               shape_str(padding.vec()), " gives a non-positive output size ", out[i]);
+  }
+  const int64_t h = x.size(2), w = x.size(3), kh = kernel[0], kw = kernel[1];
+  const Tensor cols = x.reshape({n, groups, cg, h * w})
+                          .transpose(2, 3)
+                          .matmul(weight.reshape({groups, cg, og * kh * kw}))
+                          .view({n, groups, h, w, og, kh, kw})
+                          .permute({0, 1, 4, 2, 5, 3, 6})
+                          .reshape({n, out_c, h * kh, w * kw});
+  const TensorOptions io = TensorOptions(kInt64).device(x.device());
+  const auto index = [&](int64_t in, int64_t k, size_t i) {
+    return (arange(in, io).mul(stride[i]).unsqueeze(1) +
+            arange(k, io).mul(dilation[i]).unsqueeze(0))
+        .flatten();
+  };
+  const TensorOptions xo = TensorOptions(x.dtype()).device(x.device());
+  const Tensor rows = zeros({n, out_c, h * kh, full[1]}, xo).index_add(3, index(w, kw, 1), cols);
+  Tensor y = zeros({n, out_c, full[0], full[1]}, xo)
+                 .index_add(2, index(h, kh, 0), rows)
+                 .narrow(2, padding[0], out[0])
+                 .narrow(3, padding[1], out[1]);
+  if (bias.defined()) y = y + bias.view({1, out_c, 1, 1});
+  return y;
+}
+
 }  // namespace
+
+Tensor conv_transpose2d(const Tensor &input, const Tensor &weight,
+                        const ConvTranspose2dFuncOptions &options) {
+  const Tensor x = as_batched(input, "conv_transpose2d");
+  KILN_CHECK(weight.defined() && weight.dim() == 4, "[conv_transpose2d] expected a 4-D weight ",
+             "[in, out / groups, kh, kw], got ",
+             weight.defined() ? shape_str(weight.sizes()) : std::string("undefined"));
+  const Tensor y = conv_transpose(x, weight, options.bias(), options.stride(), options.padding(),
+                                  options.output_padding(), options.groups(), options.dilation(),
+                                  input, "conv_transpose2d");
+  return input.dim() == 3 ? y.squeeze(0) : y;
+}
+
+Tensor conv_transpose1d(const Tensor &input, const Tensor &weight,
+                        const ConvTranspose1dFuncOptions &options) {
+  const char *op = "conv_transpose1d";
+  KILN_CHECK(input.defined(), "[", op, "] input is undefined");
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3, "[", op,
+             "] expected a 2-D (unbatched) or 3-D (batched) input, got shape ",
+             shape_str(input.sizes()));
+  KILN_CHECK(input.is_floating_point(), "[", op, "] expected a floating-point input, got ",
+             dtype_name(input.dtype()));
+  KILN_CHECK(weight.defined() && weight.dim() == 3, "[", op, "] expected a 3-D weight ",
+             "[in, out / groups, k], got ",
+             weight.defined() ? shape_str(weight.sizes()) : std::string("undefined"));
+  const Tensor x = (input.dim() == 2 ? input.unsqueeze(0) : input).unsqueeze(2);
+  const auto as2 = [](int64_t ones, const ExpandingArray<1> &a) {
+    return ExpandingArray<2>({ones, a[0]});
+  };
+  const Tensor y = conv_transpose(x, weight.unsqueeze(2), options.bias(), as2(1, options.stride()),
+                                  as2(0, options.padding()), as2(0, options.output_padding()),
+                                  options.groups(), as2(1, options.dilation()), input, op)
+                       .squeeze(2);
+  return input.dim() == 2 ? y.squeeze(0) : y;
+}
 
 Tensor conv2d(const Tensor &input, const Tensor &weight, const Conv2dFuncOptions &options) {
   const Tensor x = as_batched(input, "conv2d");

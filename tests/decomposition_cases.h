@@ -139,6 +139,16 @@ inline std::vector<FusedCase> fused_cases(ScalarType dtype) {
   for (const char* glu : {"swiglu", "geglu_tanh"}) {
     cases.push_back({glu, glu, {randn({5, 48}, o) * 3.0, randn({5, 48}, o)}, {}, 1, tol});
   }
+  // The recurrent cells: LSTM gates [B, 4H] with cx (both outputs differentiated), GRU gates.
+  cases.push_back(
+      {"lstm_cell_fused", "lstm_cell_fused", {randn({5, 24}, o) * 2.0, randn({5, 6}, o)}, {}, 2,
+       tol});
+  cases.push_back({"gru_cell_fused",
+                   "gru_cell_fused",
+                   {randn({5, 18}, o) * 2.0, randn({5, 18}, o) * 2.0, randn({5, 6}, o)},
+                   {},
+                   1,
+                   tol});
   // Cross-entropy: [N, V] logits, int64 targets with an ignored row, the mean.
   const Tensor targets = tensor(std::vector<int64_t>{3, 0, -100, 7, 9, 1});
   cases.push_back({"cross_entropy_fused",

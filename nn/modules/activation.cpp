@@ -13,6 +13,18 @@ void ReLUImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
+Tensor LeakyReLUImpl::forward(const Tensor& input) {
+  return functional::leaky_relu(input, functional::LeakyReLUFuncOptions()
+                                           .negative_slope(options.negative_slope())
+                                           .inplace(options.inplace()));
+}
+
+void LeakyReLUImpl::pretty_print(std::ostream& stream) const {
+  stream << "kiln::nn::LeakyReLU(negative_slope=" << options.negative_slope();
+  if (options.inplace()) stream << ", inplace=true";
+  stream << ")";
+}
+
 GELUImpl::GELUImpl(GELUOptions options_) : options(std::move(options_)) {
   KILN_CHECK(options.approximate() == "none" || options.approximate() == "tanh",
              "[GELU] approximate must be \"none\" or \"tanh\", got \"", options.approximate(),

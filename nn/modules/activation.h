@@ -1,4 +1,4 @@
-// Activation modules: ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LogSoftmax.
+// Activation modules: ReLU, LeakyReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LogSoftmax.
 //
 //   kiln::nn::Sequential mlp(kiln::nn::Linear(4, 16),
 //                            kiln::nn::GELU(kiln::nn::GELUOptions().approximate("tanh")),
@@ -30,6 +30,22 @@ class ReLUImpl : public Module {
   ReLUOptions options;
 };
 KILN_MODULE(ReLU);
+
+struct LeakyReLUOptions {
+  KILN_ARG(double, negative_slope) = 1e-2;
+  KILN_ARG(bool, inplace) = false;
+};
+
+// x where x > 0, negative_slope * x elsewhere (F::leaky_relu).
+class LeakyReLUImpl : public Module {
+ public:
+  explicit LeakyReLUImpl(const LeakyReLUOptions& options = {}) : options(options) {}
+  Tensor forward(const Tensor& input);
+  void pretty_print(std::ostream& stream) const override;
+
+  LeakyReLUOptions options;
+};
+KILN_MODULE(LeakyReLU);
 
 struct GELUOptions {
   KILN_ARG(std::string, approximate) = "none";  // "none" (erf) or "tanh"

@@ -43,7 +43,7 @@ const std::set<std::string> kNonDifferentiable = {
     "empty",
     "eye",
     // The fused backward kernels behind the rules of rms_norm, layer_norm, cross_entropy_fused,
-    // swiglu and geglu_tanh: their own derivatives (double backward through the fused ops) are not
+    // swiglu, geglu_tanh, lstm_cell_fused and gru_cell_fused: their own derivatives (double backward through the fused ops) are not
     // implemented yet, and backward through them fails with a clear error.
     "rms_norm_backward",
     "layer_norm_backward",
@@ -51,6 +51,8 @@ const std::set<std::string> kNonDifferentiable = {
     "flash_attention_backward",
     "swiglu_backward",
     "geglu_tanh_backward",
+    "lstm_cell_fused_backward",
+    "gru_cell_fused_backward",
     // The optimizer updates: in place on parameters and state, run under NoGradGuard; and
     // increment_, which advances their int64 step counts.
     "adam_update_",
@@ -160,6 +162,9 @@ const std::set<std::string> kGradchecked = {
     "rotary_emb_qk",
     "swiglu",
     "geglu_tanh",
+    // tests/nn/rnn_test.cpp
+    "lstm_cell_fused",
+    "gru_cell_fused",
     // view_grad_test.cpp
     "view",
     "permute",

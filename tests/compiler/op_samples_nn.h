@@ -239,6 +239,24 @@ inline std::vector<OpSample> fused_samples() {
           [] {
             return Tensors{f32({2, 1, 6}), f32({2, 1, 6})};
           }),
+      // The recurrent cells (tensor/ops/rnn.cpp): gates as a strided view; a whole LSTM/GRU step.
+      {"lstm_cell_fused",
+       [two](const Tensors& x) { return two(lstm_cell_fused(x[0].t(), x[1])); },
+       [] {
+         return Tensors{f32({12, 2}), f32({2, 3})};
+       }},
+      one(
+          "gru_cell_fused", [](const Tensors& x) { return gru_cell_fused(x[0], x[1], x[2]); },
+          [] {
+            return Tensors{f32({2, 9}), nc(2, 9), f32({2, 3})};
+          }),
+      {"lstm_step",
+       [two](const Tensors& x) {
+         return two(lstm_cell_fused(addmm(x[0], x[1], x[2].t()), x[3]));
+       },
+       [] {
+         return Tensors{f32({2, 8}), f32({2, 2}), f32({8, 2}), f32({2, 2})};
+       }},
       one(
           "cross_entropy_fused", [](const Tensors& x) { return cross_entropy_fused(x[0], x[1]); },
           [] {
