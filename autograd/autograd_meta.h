@@ -24,6 +24,12 @@ struct AutogradMeta {
     std::function<Tensor(const Tensor&)> fn;
   };
   std::vector<LeafHook> leaf_hooks;
+  // Hooks of a leaf run after its AccumulateGrad has updated grad (autograd/hooks.h).
+  struct PostAccumulateHook {
+    unsigned handle;
+    std::function<void(const Tensor&)> fn;
+  };
+  std::vector<PostAccumulateHook> post_accumulate_hooks;
   std::mutex mu;  // guards grad when several backward passes accumulate into one leaf
 };
 

@@ -39,17 +39,8 @@ void Node::run_pre_hooks(variable_list& grads) {
 
 AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
 
-variable_list AccumulateGrad::apply(variable_list&& grads) {
-  Tensor g = std::move(grads[0]);
-  if (!g.defined()) return {};
-  Tensor leaf(leaf_);
-  AutogradMeta& m = internal::meta(leaf);
-  for (const auto& hook : m.leaf_hooks) {
-    Tensor replaced = hook.fn(g);
-    if (replaced.defined()) g = std::move(replaced);
-  }
-  KILN_CHECK(g.sizes() == leaf.sizes(), "[backward] gradient of shape ", shape_str(g.sizes()),
-             " does not match the leaf's shape ", shape_str(leaf.sizes()));
+namespace {
+void accumulate(AutogradMeta& m, const Tensor& leaf, const Tensor& g) {
   std::lock_guard<std::mutex> lock(m.mu);
   if (!GradMode::is_enabled()) {
     // Plain accumulation: the first gradient is taken over (copied when someone else still
@@ -66,8 +57,26 @@ variable_list AccumulateGrad::apply(variable_list&& grads) {
     // create_graph: keep the gradient's own history so it can be differentiated again.
     m.grad = m.grad.defined() ? m.grad + g : g;
   }
+}
+}  // namespace
+
+variable_list AccumulateGrad::apply(variable_list&& grads) {
+  Tensor g = std::move(grads[0]);
+  if (!g.defined()) return {};
+  Tensor leaf(leaf_);
+  AutogradMeta& m = internal::meta(leaf);
+  for (const auto& hook : m.leaf_hooks) {
+    Tensor replaced = hook.fn(g);
+    if (replaced.defined()) g = std::move(replaced);
+  }
+  KILN_CHECK(g.sizes() == leaf.sizes(), "[backward] gradient of shape ", shape_str(g.sizes()),
+             " does not match the leaf's shape ", shape_str(leaf.sizes()));
+  accumulate(m, leaf, g);
+  // After the lock: a hook may read or rewrite grad (DDP copies it out and back).
+  for (const auto& hook : m.post_accumulate_hooks) hook.fn(leaf);
   return {};
 }
+
 
 variable_list NotImplementedNode::apply(variable_list&&) {
   KILN_FAIL("[", op_, "] the derivative of ", op_,

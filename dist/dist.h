@@ -11,6 +11,7 @@
 // docs/distributed.md is the guide.
 #pragma once
 
+#include "dist/ddp.h"
 #include "dist/launcher.h"
 #include "dist/process_group.h"
 #include "dist/process_group_gloo.h"

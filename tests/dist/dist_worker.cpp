@@ -213,12 +213,141 @@ void killed_mid_step() {
   }
 }
 
+// --- DDP -----------------------------------------------------------------------------------
+
+struct MlpImpl : nn::Module {
+  MlpImpl() {
+    fc1 = register_module("fc1", nn::Linear(8, 16));
+    fc2 = register_module("fc2", nn::Linear(16, 4));
+    scale = register_buffer("scale", ones({4}));
+  }
+  Tensor forward(const Tensor& x) { return fc2(fc1(x).tanh()) * scale; }
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+  Tensor scale;
+};
+KILN_MODULE(Mlp);
+
+Mlp make_mlp(uint64_t seed) {
+  manual_seed(seed);
+  Mlp m;
+  m->to(kDouble);
+  return m;
+}
+
+Tensor mse(const Tensor& out, const Tensor& y) { return (out - y).square().mean(); }
+
+// DDP over the ranks == one process on the global batch: losses and weights after every step,
+// with several buckets, SGD with momentum, and in the last steps two micro-batches accumulated
+// under no_sync(). Ranks start from different weights and buffers: DDP takes rank 0's.
+void ddp_equivalence() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t local = 3, global = local * n;
+
+  Mlp ref = make_mlp(100);  // rank 0's initial weights
+  Mlp model = make_mlp(100 + r);
+  model->scale.fill_(r + 1);  // a buffer that differs: rank 0's (ones) wins
+  DDPOptions opts;
+  opts.bucket_cap_mb = 600.0 / (1 << 20);  // 600 bytes: several buckets
+  DistributedDataParallel ddp(model, pg, opts);
+  WCHECK(ddp.reducer().bucket_indices().size() >= 3, "expected several buckets, got ",
+         ddp.reducer().bucket_indices().size());
+  WCHECK(ddp.reducer().bucket_indices().front().front() == 3, "the last parameter comes first");
+  for (auto& [a, b] : std::vector<std::pair<Tensor, Tensor>>{
+           {ddp->fc1->weight, ref->fc1->weight}, {ddp->fc2->bias, ref->fc2->bias}}) {
+    expect_close(a, b, 0, "initial weights are rank 0's");
+  }
+  expect_close(ddp->scale, ones({4}), 0, "buffers are rank 0's");
+
+  auto sgd = [](Mlp& m) {
+    return optim::SGD(m->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  };
+  optim::SGD opt = sgd(model), ref_opt = sgd(ref);
+  manual_seed(7);  // the same global batches on every rank
+  for (int step = 0; step < 5; ++step) {
+    const bool accumulate = step >= 3;
+    const int micro = accumulate ? 2 : 1;
+    std::vector<Tensor> xs, ys;
+    for (int k = 0; k < micro; ++k) {
+      xs.push_back(randn({global, 8}, kDouble));
+      ys.push_back(randn({global, 4}, kDouble));
+    }
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    double loss_sum = 0, ref_sum = 0;
+    for (int k = 0; k < micro; ++k) {
+      Tensor x = xs[k].narrow(0, r * local, local), y = ys[k].narrow(0, r * local, local);
+      if (k + 1 < micro) {
+        auto guard = ddp.no_sync();
+        Tensor loss = mse(ddp(x), y);
+        loss.backward();
+        loss_sum += loss.item<double>();
+      } else {
+        Tensor loss = mse(ddp(x), y);
+        loss.backward();
+        loss_sum += loss.item<double>();
+      }
+      Tensor ref_loss = mse(ref(xs[k]), ys[k]);
+      ref_loss.backward();
+      ref_sum += ref_loss.item<double>();
+    }
+    // The mean of the ranks' losses is the global batch's loss.
+    Tensor l = full({1}, loss_sum, kDouble);
+    pg->all_reduce(l, ReduceOp::kAvg)->wait();
+    WCHECK(std::abs(l.item<double>() - ref_sum) < 1e-12 * (1 + ref_sum), "step ", step,
+           ": loss ", l.item<double>(), " vs one process ", ref_sum);
+    const auto p = ddp->parameters(), q = ref->parameters();
+    for (size_t i = 0; i < p.size(); ++i) {
+      expect_close(p[i].grad(), q[i].grad(), 1e-12, "gradient " + std::to_string(i));
+    }
+    opt.step();
+    ref_opt.step();
+    for (size_t i = 0; i < p.size(); ++i) {
+      expect_close(p[i], q[i], 1e-12, "weight " + std::to_string(i) + " after step " +
+                                          std::to_string(step));
+    }
+  }
+  std::cout << "rank " << r << ": ddp == one process\n";
+}
+
+// A parameter left out of the loss is reported by the next forward, by name.
+void ddp_unused_parameter() {
+  auto pg = init_process_group("gloo", short_timeout(10000));
+  Mlp model = make_mlp(1);
+  DistributedDataParallel ddp(model, pg);
+  Tensor x = randn({2, 8}, kDouble);
+  // fc2 is skipped: its parameters get no gradient.
+  Tensor loss = ddp->fc1(x).square().mean();
+  loss.backward();
+  const std::string e = error_of([&] { ddp(x); });
+  WCHECK(e.find("[DistributedDataParallel] the last backward produced gradients for only 2 of 4 "
+                "parameters") != std::string::npos, e);
+  WCHECK(e.find("no gradient reached 'fc2.weight', 'fc2.bias'") != std::string::npos, e);
+  // The reducer starts over: a full iteration works.
+  Tensor ok = ddp(x).square().mean();
+  ok.backward();
+  pg->barrier()->wait();
+}
+
+// Ranks with different models are refused by the constructor.
+void ddp_mismatch() {
+  auto pg = init_process_group("gloo", short_timeout(10000));
+  manual_seed(1);
+  nn::Linear model(4, pg->rank() == 0 ? 3 : 5);
+  const std::string e = error_of([&] { DistributedDataParallel ddp(model, pg); });
+  WCHECK(e.find("[DistributedDataParallel] the ranks hold different models") != std::string::npos,
+         e);
+}
+
 const std::map<std::string, std::function<void()>>& scenarios() {
   static const std::map<std::string, std::function<void()>> m = {
       {"collectives", collectives},
       {"collective_timeout", collective_timeout},
       {"peer_exits", peer_exits},
       {"killed_mid_step", killed_mid_step},
+      {"ddp_equivalence", ddp_equivalence},
+      {"ddp_unused_parameter", ddp_unused_parameter},
+      {"ddp_mismatch", ddp_mismatch},
   };
   return m;
 }

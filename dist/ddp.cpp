@@ -1,0 +1,215 @@
+#include "dist/ddp.h"
+
+#include <map>
+
+#include "autograd/grad_mode.h"
+#include "autograd/hooks.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace kiln::dist::internal {
+namespace {
+
+// A fingerprint of the parameter list (count, shapes, dtypes), equal on ranks holding the same
+// model.
+int64_t signature(const std::vector<Tensor>& params) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    h ^= v;
+    h *= 1099511628211ull;
+  };
+  mix(params.size());
+  for (const auto& p : params) {
+    mix(static_cast<uint64_t>(p.dtype()));
+    mix(static_cast<uint64_t>(p.dim()));
+    for (int64_t s : p.sizes()) mix(static_cast<uint64_t>(s));
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+}  // namespace
+
+Reducer::Reducer(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> pg,
+                 const DDPOptions& options)
+    : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
+  KILN_CHECK(module_ != nullptr, "[DistributedDataParallel] the module is null");
+  KILN_CHECK(pg_ != nullptr, "[DistributedDataParallel] the process group is null");
+  KILN_CHECK(options_.bucket_cap_mb > 0, "[DistributedDataParallel] bucket_cap_mb must be > 0, got ",
+             options_.bucket_cap_mb);
+  for (auto& item : module_->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    params_.push_back(item.value());
+    names_.push_back(item.key());
+  }
+  KILN_CHECK(!params_.empty(),
+             "[DistributedDataParallel] the module has no parameters that require grad");
+  const Device device = params_[0].device();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    KILN_CHECK(params_[i].device() == device, "[DistributedDataParallel] parameter '", names_[i],
+               "' is on ", params_[i].device(), " but '", names_[0], "' is on ", device,
+               " (one device per rank)");
+  }
+
+  NoGradGuard no_grad;
+  // Every rank must hold the same parameter list.
+  const int64_t sig = signature(params_);
+  Tensor lo = full({1}, sig, kInt64).to(device);
+  Tensor hi = lo.clone();
+  pg_->all_reduce(lo, ReduceOp::kMin)->wait();
+  pg_->all_reduce(hi, ReduceOp::kMax)->wait();
+  KILN_CHECK(lo.item<int64_t>() == sig && hi.item<int64_t>() == sig,
+             "[DistributedDataParallel] the ranks hold different models: rank ", pg_->rank(),
+             " has ", params_.size(), " parameters whose shapes or dtypes differ from another "
+             "rank's (build the same model on every rank)");
+  // Rank 0's parameters and buffers everywhere.
+  std::vector<std::shared_ptr<Work>> works;
+  for (auto& p : params_) works.push_back(pg_->broadcast(p, 0));
+  for (auto b : module_->buffers()) works.push_back(pg_->broadcast(b, 0));
+  for (auto& w : works) w->wait();
+
+  // Buckets, in reverse registration order, one open bucket per (dtype, device).
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> bucket index
+  std::vector<int64_t> bytes;
+  bucket_of_.assign(params_.size(), 0);
+  for (size_t k = params_.size(); k-- > 0;) {
+    const Tensor& p = params_[k];
+    const auto key = std::make_pair(static_cast<int>(p.dtype()), p.device().str());
+    auto it = open.find(key);
+    if (it == open.end() || (bytes[it->second] > 0 && bytes[it->second] + static_cast<int64_t>(
+                                                          p.nbytes()) > cap)) {
+      buckets_.emplace_back();
+      bytes.push_back(0);
+      it = open.insert_or_assign(key, buckets_.size() - 1).first;
+    }
+    Bucket& b = buckets_[it->second];
+    int64_t offset = 0;
+    if (!b.params.empty()) offset = b.offsets.back() + params_[b.params.back()].numel();
+    b.params.push_back(k);
+    b.offsets.push_back(offset);
+    bytes[it->second] += static_cast<int64_t>(p.nbytes());
+    bucket_of_[k] = it->second;
+  }
+  for (Bucket& b : buckets_) {
+    const Tensor& last = params_[b.params.back()];
+    b.flat = zeros({b.offsets.back() + last.numel()}, last.options());
+    b.pending = b.params.size();
+  }
+  ready_.assign(params_.size(), false);
+
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hook_handles_.push_back(autograd::register_post_accumulate_grad_hook(
+        params_[i], [this, i](const Tensor&) { on_grad_ready(i); }));
+  }
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < hook_handles_.size(); ++i) {
+    autograd::remove_post_accumulate_grad_hook(params_[i], hook_handles_[i]);
+  }
+  for (Bucket& b : buckets_) {
+    if (b.work == nullptr) continue;
+    try {
+      b.work->wait();
+    } catch (...) {
+    }
+  }
+}
+
+std::vector<std::vector<size_t>> Reducer::bucket_indices() const {
+  std::vector<std::vector<size_t>> out;
+  for (const Bucket& b : buckets_) out.push_back(b.params);
+  return out;
+}
+
+std::string Reducer::names_of_unready() const {
+  std::string s;
+  int listed = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    if (listed++ == 10) {
+      s += ", ...";
+      break;
+    }
+    s += (s.empty() ? "'" : ", '") + names_[i] + "'";
+  }
+  return s;
+}
+
+void Reducer::on_grad_ready(size_t index) {
+  if (!require_sync_) return;  // no_sync(): accumulate locally
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_CHECK(!ready_[index], "[DistributedDataParallel] parameter '", names_[index],
+             "' got a gradient twice in one synchronised backward (a second backward through "
+             "the same forward? run all but the last micro-batch under no_sync())");
+  ready_[index] = true;
+  ++num_ready_;
+  Bucket& b = buckets_[bucket_of_[index]];
+  size_t pos = 0;
+  while (b.params[pos] != index) ++pos;
+  {
+    NoGradGuard no_grad;
+    const Tensor& g = params_[index].grad();
+    b.flat.narrow(0, b.offsets[pos], g.numel()).copy_(g.reshape({-1}));
+  }
+  if (--b.pending > 0) return;
+  // Launch the full buckets in bucket order: the same sequence of all-reduces on every rank.
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
+    Bucket& next = buckets_[next_to_launch_++];
+    next.work = pg_->all_reduce(next.flat, ReduceOp::kAvg);
+  }
+  if (next_to_launch_ == buckets_.size()) finalize();
+}
+
+void Reducer::finalize() {
+  NoGradGuard no_grad;
+  for (Bucket& b : buckets_) {
+    b.work->wait();
+    b.work = nullptr;
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      Tensor g = params_[b.params[j]].grad();
+      g.copy_(b.flat.narrow(0, b.offsets[j], g.numel()).view(g.sizes()));
+    }
+    b.pending = b.params.size();
+  }
+  ready_.assign(params_.size(), false);
+  num_ready_ = 0;
+  next_to_launch_ = 0;
+}
+
+void Reducer::prepare_for_forward() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (num_ready_ > 0) {
+      const std::string missing = names_of_unready();
+      const size_t got = num_ready_;
+      // Start the next iteration clean, whatever the caller does with the error.
+      for (Bucket& b : buckets_) {
+        if (b.work != nullptr) {
+          try {
+            b.work->wait();
+          } catch (...) {
+          }
+        }
+        b.work = nullptr;
+        b.pending = b.params.size();
+      }
+      ready_.assign(params_.size(), false);
+      num_ready_ = 0;
+      next_to_launch_ = 0;
+      KILN_FAIL("[DistributedDataParallel] the last backward produced gradients for only ", got,
+                " of ", params_.size(), " parameters, so the gradients were not averaged over "
+                "the ranks; no gradient reached ", missing,
+                " (every parameter that requires grad must take part in the loss of every "
+                "synchronised backward; find_unused_parameters is not supported)");
+    }
+  }
+  if (options_.broadcast_buffers && pg_->size() > 1) {
+    NoGradGuard no_grad;
+    std::vector<std::shared_ptr<Work>> works;
+    for (auto b : module_->buffers()) works.push_back(pg_->broadcast(b, 0));
+    for (auto& w : works) w->wait();
+  }
+}
+
+}  // namespace kiln::dist::internal

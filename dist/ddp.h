@@ -1,0 +1,156 @@
+// kiln::dist::DistributedDataParallel: data-parallel training over a ProcessGroup, as PyTorch's
+// DistributedDataParallel. Every rank holds the whole model and a different part of the batch;
+// gradients are averaged over the ranks during backward, so that after loss.backward() every
+// rank has the gradient of the global batch and the optimizers stay in step.
+//
+//   auto pg = kiln::dist::init_process_group("gloo");
+//   Net net(...);                                   // any module holder (KILN_MODULE)
+//   kiln::dist::DistributedDataParallel ddp(net, pg);   // broadcasts rank 0's parameters
+//   kiln::optim::SGD opt(ddp->parameters(), 0.1);
+//   for (...) {
+//     opt.zero_grad();
+//     auto loss = loss_fn(ddp(x_of_this_rank), y_of_this_rank);
+//     loss.backward();                              // buckets all-reduced as they fill
+//     opt.step();
+//   }
+//
+// How: the parameters are grouped into buckets of about bucket_cap_mb, in reverse registration
+// order (roughly the order backward produces their gradients), per dtype and device. A hook on
+// each parameter (autograd/hooks.h) copies its gradient into its bucket once it is accumulated;
+// a full bucket is all-reduced (ReduceOp::kAvg) asynchronously while backward goes on, buckets
+// being launched in the same order on every rank. When the last bucket is launched, the hook
+// waits for all of them and writes the averaged gradients back into grad().
+//
+// Gradient accumulation: inside `auto guard = ddp.no_sync();` backward only accumulates locally;
+// the first backward after the guard is gone all-reduces the accumulated gradients.
+//
+// Pitfalls:
+// - Every parameter that requires grad must get a gradient in every synchronised backward
+//   (find_unused_parameters is not implemented); a backward that leaves some out is reported by
+//   the next forward through ddp, naming the parameters.
+// - Call the model through ddp (ddp(x) or ddp.forward(x)), not the module directly: the forward
+//   checks the previous reduction and broadcasts the buffers (broadcast_buffers).
+// - The loss should be a mean over the rank's batch (as with PyTorch's DDP): the average of the
+//   ranks' gradients is then the gradient of the global batch's mean loss.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "nn/module.h"
+
+namespace kiln::dist {
+
+struct DDPOptions {
+  // Bucket size in MiB (PyTorch's default 25). Smaller buckets start communicating earlier.
+  double bucket_cap_mb = 25;
+  // Broadcast rank 0's buffers (BatchNorm statistics, ...) before every forward.
+  bool broadcast_buffers = true;
+};
+
+namespace internal {
+
+// The gradient bucketing and reduction of DistributedDataParallel (module-type independent).
+class Reducer {
+ public:
+  Reducer(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> pg,
+          const DDPOptions& options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Before each forward: fails if the last synchronised backward left parameters without a
+  // gradient, and broadcasts the buffers.
+  void prepare_for_forward();
+  void set_require_sync(bool sync) { require_sync_ = sync; }
+  bool require_sync() const { return require_sync_; }
+  // Bucket layout, for tests and logs: the parameter indices (registration order) per bucket.
+  std::vector<std::vector<size_t>> bucket_indices() const;
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;    // indices into params_
+    std::vector<int64_t> offsets;  // element offsets in flat
+    Tensor flat;
+    size_t pending = 0;  // parameters whose gradient has not arrived this pass
+    std::shared_ptr<Work> work;
+  };
+  void on_grad_ready(size_t index);
+  void finalize();
+  std::string names_of_unready() const;
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> pg_;
+  DDPOptions options_;
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<unsigned> hook_handles_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<bool> ready_;
+  size_t next_to_launch_ = 0;
+  size_t num_ready_ = 0;
+  bool require_sync_ = true;
+  std::mutex mu_;
+};
+
+}  // namespace internal
+
+// The `ddp.no_sync()` guard: restores synchronisation when it goes out of scope.
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(internal::Reducer* reducer)
+      : reducer_(reducer), previous_(reducer->require_sync()) {
+    reducer_->set_require_sync(false);
+  }
+  ~NoSyncGuard() {
+    if (reducer_ != nullptr) reducer_->set_require_sync(previous_);
+  }
+  NoSyncGuard(NoSyncGuard&& o) noexcept : reducer_(o.reducer_), previous_(o.previous_) {
+    o.reducer_ = nullptr;
+  }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+ private:
+  internal::Reducer* reducer_;
+  bool previous_;
+};
+
+template <typename ModuleHolder>
+class DistributedDataParallel {
+ public:
+  // Broadcasts rank 0's parameters and buffers to every rank (and checks that all ranks hold
+  // the same parameter shapes), then registers the gradient hooks.
+  DistributedDataParallel(ModuleHolder module, std::shared_ptr<ProcessGroup> pg,
+                          DDPOptions options = {})
+      : module_(std::move(module)),
+        reducer_(std::make_unique<internal::Reducer>(module_.ptr(), std::move(pg), options)) {}
+
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    reducer_->prepare_for_forward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  // Backward passes while the guard lives accumulate gradients locally only.
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(reducer_.get()); }
+
+  ModuleHolder& module() { return module_; }
+  auto* operator->() const { return module_.get(); }
+  const internal::Reducer& reducer() const { return *reducer_; }
+
+ private:
+  ModuleHolder module_;
+  std::unique_ptr<internal::Reducer> reducer_;
+};
+
+}  // namespace kiln::dist

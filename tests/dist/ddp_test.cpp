@@ -1,0 +1,114 @@
+// DistributedDataParallel (dist/ddp.h): training over 1, 2 and 4 processes equals one process on
+// the global batch (losses, gradients and weights after every step; several buckets; gradient
+// accumulation under no_sync()); a parameter left out of the loss and ranks with different
+// models are clear errors. In this process: the post-accumulate-grad hook that DDP builds on
+// (autograd/hooks.h), and, with a GPU, the NCCL backend at world size 1 along the DDP path.
+#include <gtest/gtest.h>
+
+#include "autograd/hooks.h"
+#include "dist/dist.h"
+#include "kernels/cuda.h"
+#include "kiln.h"
+#include "spawn.h"
+
+namespace kiln::dist {
+namespace {
+
+using testing::run_workers;
+
+TEST(DdpTest, EqualsOneProcessAtWorldSizeOne) {
+  auto job = run_workers("ddp_equivalence", 1);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, EqualsOneProcessAtWorldSizeTwo) {
+  auto job = run_workers("ddp_equivalence", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, EqualsOneProcessAtWorldSizeFour) {
+  auto job = run_workers("ddp_equivalence", 4);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, UnusedParameterIsNamed) {
+  auto job = run_workers("ddp_unused_parameter", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, DifferentModelsAreRefused) {
+  auto job = run_workers("ddp_mismatch", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(PostAccumulateGradHookTest, RunsAfterAccumulationOncePerBackward) {
+  Tensor w = ones({3}, kDouble).requires_grad_();
+  std::vector<std::vector<double>> seen;
+  const unsigned h = autograd::register_post_accumulate_grad_hook(
+      w, [&seen](const Tensor& p) { seen.push_back(p.grad().to_vector<double>()); });
+  // w is used twice: the hook still runs once, with the summed gradient.
+  ((w * 2).sum() + (w * 3).sum()).backward();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], (std::vector<double>{5, 5, 5}));
+  (w * 1).sum().backward();  // accumulates: the hook sees 6
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1], (std::vector<double>{6, 6, 6}));
+  // A hook may rewrite grad in place.
+  const unsigned h2 = autograd::register_post_accumulate_grad_hook(
+      w, [](const Tensor& p) { Tensor g = p.grad(); g.mul_(10); });
+  w.mutable_grad() = Tensor();
+  (w * 1).sum().backward();
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{10, 10, 10}));
+  EXPECT_TRUE(autograd::remove_post_accumulate_grad_hook(w, h));
+  EXPECT_TRUE(autograd::remove_post_accumulate_grad_hook(w, h2));
+  EXPECT_FALSE(autograd::remove_post_accumulate_grad_hook(w, h));
+  (w * 1).sum().backward();
+  EXPECT_EQ(seen.size(), 3u);  // three backward passes ran it; none after its removal
+  try {
+    autograd::register_post_accumulate_grad_hook(w * 2, [](const Tensor&) {});
+    ADD_FAILURE() << "a non-leaf was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be a leaf that requires grad"), std::string::npos);
+  }
+}
+
+TEST(GpuProcessGroupNCCLTest, WorldSizeOneAlongTheDdpPath) {
+  if (!cuda::is_available() || !nccl_available()) {
+    GTEST_SKIP() << "needs a GPU and a build with NCCL";
+  }
+  TCPStoreOptions o;
+  o.port = 0;
+  o.is_server = true;
+  auto store = std::make_shared<TCPStore>("127.0.0.1", o);
+  ProcessGroupNCCLOptions po;
+  po.device_index = 0;
+  auto pg = std::make_shared<ProcessGroupNCCL>(store, 0, 1, po);
+  const Device gpu(kCUDA, 0);
+  Tensor t = arange(0, 8, kFloat).to(gpu);
+  pg->all_reduce(t, ReduceOp::kAvg)->wait();
+  pg->broadcast(t, 0)->wait();
+  Tensor gathered = empty({8}, TensorOptions().dtype(kFloat).device(gpu));
+  pg->all_gather_into_tensor(gathered, t)->wait();
+  Tensor scattered = empty({8}, TensorOptions().dtype(kFloat).device(gpu));
+  pg->reduce_scatter_tensor(scattered, gathered)->wait();
+  pg->barrier()->wait();
+  EXPECT_EQ(scattered.cpu().to_vector<float>(), arange(0, 8, kFloat).to_vector<float>());
+
+  // DDP on the GPU == plain training, one step.
+  manual_seed(3);
+  nn::Linear a(4, 2);
+  manual_seed(3);
+  nn::Linear b(4, 2);
+  a->to(gpu);
+  b->to(gpu);
+  DistributedDataParallel ddp(a, pg);
+  Tensor x = randn({5, 4}).to(gpu);
+  ddp(x).square().mean().backward();
+  b(x).square().mean().backward();
+  cuda::synchronize();
+  EXPECT_TRUE(allclose(a->weight.grad().cpu(), b->weight.grad().cpu()));
+  EXPECT_TRUE(allclose(a->bias.grad().cpu(), b->bias.grad().cpu()));
+}
+
+}  // namespace
+}  // namespace kiln::dist
