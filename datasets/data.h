@@ -10,7 +10,7 @@
 //   for (auto& batch : *loader) train_step(batch.data, batch.target);
 //
 // Examples (example.h), datasets and MapDataset (dataset.h), transforms (transforms.h),
-// samplers (samplers.h), make_data_loader (dataloader.h), MNIST (mnist.h). docs/data.md is
+// samplers (samplers.h), make_data_loader (dataloader.h), MNIST (mnist.h). docs/datasets.md is
 // the guide. The folder is datasets/ because data/ holds the bundled corpus.
 #pragma once
 
