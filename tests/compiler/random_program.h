@@ -573,18 +573,28 @@ inline bool transposed_input(const Node& n) {
   return n.op == OpKind::kInput && !n.ints.empty() && n.ints[0] == 1;
 }
 
+// The device the programs' arguments are made on (the CPU, or CUDA for the gpu-labelled run):
+// every value of a program follows its arguments' device.
+inline Device& program_device() {
+  static Device device(kCPU);
+  return device;
+}
+
 // The callable's arguments: each input node's tensor, made from its own seed (so dropping nodes
-// while shrinking keeps the others' data).
+// while shrinking keeps the others' data), on program_device().
 inline Tensor make_input(const Node& n) {
   manual_seed(n.seed);
   if (n.op == OpKind::kIndexInput) {
-    return n.ints[0] == 0 ? zeros(n.shape, kInt64) : randint(0, n.ints[0], n.shape, kInt64);
+    const Tensor t =
+        n.ints[0] == 0 ? zeros(n.shape, kInt64) : randint(0, n.ints[0], n.shape, kInt64);
+    return program_device().is_cpu() ? t : t.to(program_device());
   }
   Shape shape = n.shape;
   if (transposed_input(n)) std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
   Tensor t = n.dtype == kInt64  ? randint(-4, 5, shape, kInt64)
              : n.dtype == kBool ? randn(shape) > 0.0
                                 : randn(shape, n.dtype);
+  if (!program_device().is_cpu()) t = t.to(program_device());
   if (transposed_input(n)) t = t.transpose(-1, -2);
   return is_floating_point(n.dtype) ? t.requires_grad_(n.flag) : t;
 }
