@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "tensor/autocast_state.h"
+#include "tensor/profiler.h"
 
 namespace kiln::compiler {
 namespace {
@@ -17,12 +18,17 @@ bool run_placed(const BoundOp& op, OpCall& call, Frame& frame) {
   for (int v : op.outputs) {
     if (v < 0 || !frame.placed[static_cast<size_t>(v)].defined()) return false;
   }
-  const KernelDef* kernel = op.op->select_kernel(common_device(call).type(), call);
+  const Device device = common_device(call);
+  const KernelDef* kernel = op.op->select_kernel(device.type(), call);
   if (kernel == nullptr) return false;
   call.kernel = kernel;
   call.outputs.clear();
   for (int v : op.outputs) call.outputs.push_back(frame.placed[static_cast<size_t>(v)]);
-  kernel->fn(call);
+  if (profiler::internal::active()) {
+    profiler::internal::run_timed(kernel->fn, kernel, call, device);
+  } else {
+    kernel->fn(call);
+  }
   store_outputs(op, call, frame);
   return true;
 }

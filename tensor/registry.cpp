@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
+#include "tensor/profiler.h"
 
 namespace kiln {
 
@@ -302,7 +303,11 @@ void run_backend(OpCall& call) {
       break;
   }
   KILN_CHECK(kernel != nullptr, "[", op.name, "] is not implemented for device ", device.str());
-  kernel(call);
+  if (profiler::internal::active() && op.kind != OpKind::kView && !device.is_meta()) {
+    profiler::internal::run_timed(kernel, chosen, call, device);
+  } else {
+    kernel(call);
+  }
   if (op.kind == OpKind::kInplace) {
     for (const Tensor& t : call.outputs) t.impl()->bump_version();
   }
