@@ -13,6 +13,7 @@
 //   make_data_loader(dataset, options)                        RandomSampler
 //   make_data_loader<samplers::SequentialSampler>(dataset, batch_size or options)
 //   make_data_loader(dataset, sampler, options)               any sampler object
+//   make_data_loader(stateful_dataset, options)              no sampler (StatefulDataLoader)
 // A sampler type given by name is built as Sampler(dataset.size()); the dataset must be sized.
 //
 // DataLoaderOptions: batch_size (1), workers (0: batches are made on the calling thread),
@@ -175,6 +176,134 @@ class Queue {
 
 }  // namespace internal
 
+namespace internal {
+
+// What both loaders share: worker threads that turn requests into batches (each worker with its
+// own `produce` function, made by the factory on the loader's thread), the jobs under way, and
+// the results put back into request order when `ordered`.
+template <typename Request, typename Out>
+class WorkerPool {
+ public:
+  using Produce = std::function<Out(Request)>;
+
+  WorkerPool(size_t workers, const std::function<Produce()>& make_produce, bool ordered,
+             optional<std::chrono::milliseconds> timeout)
+      : ordered_(ordered), timeout_(timeout) {
+    threads_.reserve(workers);
+    for (size_t w = 0; w < workers; ++w) {
+      threads_.emplace_back([this, produce = make_produce()]() mutable { run(produce); });
+    }
+  }
+  ~WorkerPool() { join(); }
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  void push(Request request) {
+    jobs_.push(Job{std::move(request), next_sequence_++});
+    ++in_flight_;
+  }
+
+  // The next result (in request order when ordered), or nullopt when none is under way.
+  // Rethrows what the worker's produce threw.
+  optional<Out> pop() {
+    for (;;) {
+      if (ordered_) {
+        auto it = reorder_.find(expected_sequence_);
+        if (it != reorder_.end()) {
+          Result r = std::move(it->second);
+          reorder_.erase(it);
+          ++expected_sequence_;
+          return deliver(std::move(r));
+        }
+      }
+      if (in_flight_ == 0) return nullopt;
+      Result popped;
+      KILN_CHECK(results_.pop(&popped, timeout_),
+                 "[DataLoader] no batch arrived from the workers within the ",
+                 timeout_->count(), " ms timeout");
+      --in_flight_;
+      if (!ordered_) return deliver(std::move(popped));
+      const size_t sequence = popped.sequence;
+      reorder_.emplace(sequence, std::move(popped));
+    }
+  }
+
+  // Drops queued jobs, waits for those under way and forgets their results.
+  void drain() {
+    in_flight_ -= jobs_.clear();
+    Result dropped;
+    while (in_flight_ > 0) {
+      results_.pop(&dropped, nullopt);
+      --in_flight_;
+    }
+    reorder_.clear();
+    next_sequence_ = 0;
+    expected_sequence_ = 0;
+  }
+
+  void join() {
+    jobs_.clear();
+    for (size_t w = 0; w < threads_.size(); ++w) jobs_.push(Job{});
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  struct Job {
+    optional<Request> request;  // nullopt: stop
+    size_t sequence = 0;
+  };
+  struct Result {
+    std::unique_ptr<Out> out;
+    std::exception_ptr error;
+    size_t sequence = 0;
+  };
+
+  void run(Produce& produce) {
+    for (;;) {
+      Job job;
+      jobs_.pop(&job, nullopt);
+      if (!job.request) return;
+      Result r;
+      r.sequence = job.sequence;
+      try {
+        r.out = std::make_unique<Out>(produce(std::move(*job.request)));
+      } catch (...) {
+        r.error = std::current_exception();
+      }
+      results_.push(std::move(r));
+    }
+  }
+
+  static optional<Out> deliver(Result r) {
+    if (r.error) std::rethrow_exception(r.error);
+    return std::move(*r.out);
+  }
+
+  bool ordered_;
+  optional<std::chrono::milliseconds> timeout_;
+  std::vector<std::thread> threads_;
+  Queue<Job> jobs_;
+  Queue<Result> results_;
+  std::map<size_t, Result> reorder_;  // results that arrived before their turn
+  size_t in_flight_ = 0;              // jobs queued or under way whose result is not taken
+  size_t next_sequence_ = 0;
+  size_t expected_sequence_ = 0;
+};
+
+template <typename T>
+struct IsOptional : std::false_type {};
+template <typename T>
+struct IsOptional<std::optional<T>> : std::true_type {};
+
+}  // namespace internal
+
+// A dataset is stateful when its batches are optional (datasets::StatefulDataset): it decides
+// the batches itself and says when the epoch is over.
+template <typename Dataset>
+concept StatefulDatasetType = requires { typename Dataset::BatchType; } &&
+                              internal::IsOptional<typename Dataset::BatchType>::value;
+
 template <typename Dataset, typename Sampler>
 class StatelessDataLoader {
  public:
@@ -183,64 +312,41 @@ class StatelessDataLoader {
   using IteratorType = Iterator<BatchType>;
 
   StatelessDataLoader(Dataset dataset, Sampler sampler, DataLoaderOptions options)
-      : options_(options), sampler_(std::move(sampler)) {
-    workers_.reserve(options_.workers);
-    for (size_t w = 0; w < options_.workers; ++w) {
-      // Each worker owns a copy of the dataset, as libtorch's loader does.
-      workers_.emplace_back([this, dataset]() mutable { worker_loop(dataset); });
-    }
+      : options_(options),
+        sampler_(std::move(sampler)),
+        // Each worker owns a copy of the dataset, as libtorch's loader does.
+        pool_(options_.workers,
+              [&dataset]() -> typename Pool::Produce {
+                return [d = dataset](BatchRequestType request) mutable {
+                  return d.get_batch(std::move(request));
+                };
+              },
+              options_.enforce_ordering, options_.timeout) {
     if (options_.workers == 0) main_dataset_.emplace(std::move(dataset));
   }
-  ~StatelessDataLoader() { join(); }
   StatelessDataLoader(const StatelessDataLoader&) = delete;
   StatelessDataLoader& operator=(const StatelessDataLoader&) = delete;
 
   // Starts an epoch.
   IteratorType begin() {
     KILN_CHECK(!joined_, "[DataLoader] begin() after join(): the workers are stopped");
-    reset();
+    pool_.drain();
+    sampler_.reset(nullopt);
+    if (options_.workers > 0) prefetch(options_.max_jobs);
     return IteratorType([this] { return next(); });
   }
   IteratorType end() { return IteratorType(); }
 
   // Stops the workers (the destructor does it too). The loader cannot be iterated afterwards.
   void join() {
-    if (joined_) return;
     joined_ = true;
-    jobs_.clear();
-    for (size_t w = 0; w < workers_.size(); ++w) jobs_.push(Job{});
-    for (auto& t : workers_) t.join();
-    workers_.clear();
+    pool_.join();
   }
 
   const FullDataLoaderOptions& options() const noexcept { return options_; }
 
  private:
-  struct Job {
-    optional<BatchRequestType> request;  // nullopt: stop
-    size_t sequence = 0;
-  };
-  struct Result {
-    std::unique_ptr<BatchType> batch;
-    std::exception_ptr error;
-    size_t sequence = 0;
-  };
-
-  void worker_loop(Dataset& dataset) {
-    for (;;) {
-      Job job;
-      jobs_.pop(&job, nullopt);
-      if (!job.request) return;
-      Result r;
-      r.sequence = job.sequence;
-      try {
-        r.batch = std::make_unique<BatchType>(dataset.get_batch(std::move(*job.request)));
-      } catch (...) {
-        r.error = std::current_exception();
-      }
-      results_.push(std::move(r));
-    }
-  }
+  using Pool = internal::WorkerPool<BatchRequestType, BatchType>;
 
   // The sampler's next request, or nullopt at the end of the epoch (a short last batch ends it
   // under drop_last).
@@ -254,24 +360,8 @@ class StatelessDataLoader {
     for (size_t i = 0; i < n; ++i) {
       auto request = next_request();
       if (!request) return;
-      jobs_.push(Job{std::move(request), next_sequence_++});
-      ++in_flight_;
+      pool_.push(std::move(*request));
     }
-  }
-
-  void reset() {
-    // Drop what an unfinished epoch left: queued jobs, then the results of those under way.
-    in_flight_ -= jobs_.clear();
-    Result dropped;
-    while (in_flight_ > 0) {
-      results_.pop(&dropped, nullopt);
-      --in_flight_;
-    }
-    reorder_.clear();
-    sampler_.reset(nullopt);
-    next_sequence_ = 0;
-    expected_sequence_ = 0;
-    prefetch(options_.max_jobs);
   }
 
   optional<BatchType> next() {
@@ -280,47 +370,85 @@ class StatelessDataLoader {
       if (!request) return nullopt;
       return main_dataset_->get_batch(std::move(*request));
     }
-    for (;;) {
-      if (options_.enforce_ordering) {
-        auto it = reorder_.find(expected_sequence_);
-        if (it != reorder_.end()) {
-          Result r = std::move(it->second);
-          reorder_.erase(it);
-          ++expected_sequence_;
-          prefetch(1);
-          return deliver(std::move(r));
-        }
-      }
-      if (in_flight_ == 0) return nullopt;
-      Result popped;
-      KILN_CHECK(results_.pop(&popped, options_.timeout),
-                 "[DataLoader] no batch arrived from the workers within the ",
-                 options_.timeout->count(), " ms timeout");
-      --in_flight_;
-      if (!options_.enforce_ordering) {
-        prefetch(1);
-        return deliver(std::move(popped));
-      }
-      const size_t sequence = popped.sequence;
-      reorder_.emplace(sequence, std::move(popped));
-    }
-  }
-
-  static optional<BatchType> deliver(Result r) {
-    if (r.error) std::rethrow_exception(r.error);
-    return std::move(*r.batch);
+    auto batch = pool_.pop();
+    if (batch) prefetch(1);
+    return batch;
   }
 
   FullDataLoaderOptions options_;
   Sampler sampler_;
   optional<Dataset> main_dataset_;
-  std::vector<std::thread> workers_;
-  internal::Queue<Job> jobs_;
-  internal::Queue<Result> results_;
-  std::map<size_t, Result> reorder_;  // results that arrived before their turn
-  size_t in_flight_ = 0;              // jobs queued or under way whose result is not taken
-  size_t next_sequence_ = 0;
-  size_t expected_sequence_ = 0;
+  Pool pool_;
+  bool joined_ = false;
+};
+
+// The loader of a stateful dataset: every request asks the dataset for the next batch_size
+// examples (get_batch(batch_size)); the epoch ends when the dataset returns nullopt. begin()
+// calls the dataset's reset(). With workers, the threads share the one dataset (as libtorch's):
+// its get_batch must be safe to call from several threads at once. drop_last does not apply:
+// the dataset decides its batches.
+template <typename Dataset>
+class StatefulDataLoader {
+ public:
+  using BatchType = typename Dataset::BatchType::value_type;
+  using BatchRequestType = typename Dataset::BatchRequestType;
+  using IteratorType = Iterator<BatchType>;
+  static_assert(std::is_constructible_v<BatchRequestType, size_t>,
+                "[StatefulDataLoader] the dataset's batch request must be a batch size");
+
+  StatefulDataLoader(Dataset dataset, DataLoaderOptions options)
+      : options_(options),
+        dataset_(std::make_shared<Dataset>(std::move(dataset))),
+        pool_(options_.workers,
+              [this]() -> typename Pool::Produce {
+                return [d = dataset_](BatchRequestType request) {
+                  return d->get_batch(std::move(request));
+                };
+              },
+              options_.enforce_ordering, options_.timeout) {}
+  StatefulDataLoader(const StatefulDataLoader&) = delete;
+  StatefulDataLoader& operator=(const StatefulDataLoader&) = delete;
+
+  IteratorType begin() {
+    KILN_CHECK(!joined_, "[DataLoader] begin() after join(): the workers are stopped");
+    pool_.drain();
+    dataset_->reset();
+    exhausted_ = false;
+    for (size_t i = 0; i < options_.max_jobs; ++i) pool_.push(BatchRequestType(options_.batch_size));
+    return IteratorType([this] { return next(); });
+  }
+  IteratorType end() { return IteratorType(); }
+
+  void join() {
+    joined_ = true;
+    pool_.join();
+  }
+
+  const FullDataLoaderOptions& options() const noexcept { return options_; }
+
+ private:
+  using Pool = internal::WorkerPool<BatchRequestType, typename Dataset::BatchType>;
+
+  optional<BatchType> next() {
+    if (options_.workers == 0) return dataset_->get_batch(BatchRequestType(options_.batch_size));
+    // A worker that found the dataset exhausted ends the requests, but the batches other
+    // workers got before it are still delivered.
+    for (;;) {
+      auto result = pool_.pop();
+      if (!result) return nullopt;
+      if (!*result) {
+        exhausted_ = true;
+        continue;
+      }
+      if (!exhausted_) pool_.push(BatchRequestType(options_.batch_size));
+      return std::move(**result);
+    }
+  }
+
+  FullDataLoaderOptions options_;
+  std::shared_ptr<Dataset> dataset_;
+  Pool pool_;
+  bool exhausted_ = false;
   bool joined_ = false;
 };
 
@@ -343,7 +471,7 @@ concept SamplerType = requires(S s, size_t n) {
 };
 
 template <typename Sampler = samplers::RandomSampler, typename Dataset>
-  requires SamplerType<Sampler>
+  requires(SamplerType<Sampler> && !StatefulDatasetType<Dataset>)
 std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(
     Dataset dataset, Sampler sampler, DataLoaderOptions options = DataLoaderOptions()) {
   return std::make_unique<StatelessDataLoader<Dataset, Sampler>>(
@@ -351,7 +479,7 @@ std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(
 }
 
 template <typename Sampler = samplers::RandomSampler, typename Dataset>
-  requires std::is_constructible_v<Sampler, size_t>
+  requires(std::is_constructible_v<Sampler, size_t> && !StatefulDatasetType<Dataset>)
 std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(
     Dataset dataset, DataLoaderOptions options = DataLoaderOptions()) {
   const size_t size = internal::dataset_size(dataset);
@@ -359,10 +487,18 @@ std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(
 }
 
 template <typename Sampler = samplers::RandomSampler, typename Dataset>
-  requires std::is_constructible_v<Sampler, size_t>
+  requires(std::is_constructible_v<Sampler, size_t> && !StatefulDatasetType<Dataset>)
 std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(Dataset dataset,
                                                                         size_t batch_size) {
   return make_data_loader<Sampler>(std::move(dataset), DataLoaderOptions(batch_size));
+}
+
+// A stateful dataset (datasets::StatefulDataset, or a map of one) needs no sampler.
+template <typename Dataset>
+  requires StatefulDatasetType<Dataset>
+std::unique_ptr<StatefulDataLoader<Dataset>> make_data_loader(
+    Dataset dataset, DataLoaderOptions options = DataLoaderOptions()) {
+  return std::make_unique<StatefulDataLoader<Dataset>>(std::move(dataset), std::move(options));
 }
 
 }  // namespace kiln::data

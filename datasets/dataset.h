@@ -16,6 +16,8 @@
 // - MapDataset<Source, Transform>: get_batch = transform.apply_batch(source.get_batch(request)).
 //   .map() on an lvalue copies the dataset, on an rvalue moves it; maps chain.
 // - TensorDataset: the rows of one tensor, as TensorExample (no target).
+// - StatefulDataset<Self, Batch>: get_batch(batch_size) -> optional<Batch> and reset(); the
+//   dataset keeps its own position (reading a stream, chunks of files) and needs no sampler.
 //
 // A data loader with workers copies the dataset into every worker thread (as libtorch does), so
 // a dataset must be copyable and its get()/get_batch() must be safe to run on several copies at
@@ -24,6 +26,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -80,17 +83,49 @@ class Dataset : public BatchDataset<Self, std::vector<SingleExample>> {
   }
 };
 
+// A dataset that decides its own batches and says when an epoch is over, as
+// torch::data::datasets::StatefulDataset: get_batch(batch_size) returns the next batch of at most
+// batch_size examples, or nullopt once the epoch is exhausted; reset() starts the next epoch.
+// make_data_loader(dataset, options) takes it without a sampler.
+template <typename Self, typename Batch = std::vector<Example<>>, typename BatchRequest = size_t>
+class StatefulDataset : public BatchDataset<Self, optional<Batch>, BatchRequest> {
+ public:
+  virtual void reset() = 0;
+};
+
+namespace internal {
+template <typename T>
+struct Unoptional {
+  using type = T;
+  static constexpr bool optional = false;
+};
+template <typename T>
+struct Unoptional<std::optional<T>> {
+  using type = T;
+  static constexpr bool optional = true;
+};
+// The transform's output, optional when the source's batches are (a stateful source).
+template <typename SourceBatch, typename Transform>
+using MapOutput = std::conditional_t<Unoptional<SourceBatch>::optional,
+                                     optional<typename Transform::OutputBatchType>,
+                                     typename Transform::OutputBatchType>;
+}  // namespace internal
+
 template <typename SourceDataset, typename AppliedTransform>
 class MapDataset
-    : public BatchDataset<MapDataset<SourceDataset, AppliedTransform>,
-                          typename AppliedTransform::OutputBatchType,
-                          typename SourceDataset::BatchRequestType> {
+    : public BatchDataset<
+          MapDataset<SourceDataset, AppliedTransform>,
+          internal::MapOutput<typename SourceDataset::BatchType, AppliedTransform>,
+          typename SourceDataset::BatchRequestType> {
+  using SourceBatch = typename SourceDataset::BatchType;
+  static constexpr bool kStateful = internal::Unoptional<SourceBatch>::optional;
+
  public:
   using DatasetType = SourceDataset;
   using TransformType = AppliedTransform;
   using BatchRequestType = typename SourceDataset::BatchRequestType;
-  using OutputBatchType = typename AppliedTransform::OutputBatchType;
-  static_assert(std::is_same_v<typename SourceDataset::BatchType,
+  using OutputBatchType = internal::MapOutput<SourceBatch, AppliedTransform>;
+  static_assert(std::is_same_v<typename internal::Unoptional<SourceBatch>::type,
                                typename AppliedTransform::InputBatchType>,
                 "[MapDataset] the transform's input batch type must be the dataset's batch type");
 
@@ -98,9 +133,21 @@ class MapDataset
       : dataset_(std::move(dataset)), transform_(std::move(transform)) {}
 
   OutputBatchType get_batch(BatchRequestType request) override {
-    return transform_.apply_batch(dataset_.get_batch(std::move(request)));
+    if constexpr (kStateful) {
+      auto batch = dataset_.get_batch(std::move(request));
+      if (!batch) return nullopt;
+      return transform_.apply_batch(std::move(*batch));
+    } else {
+      return transform_.apply_batch(dataset_.get_batch(std::move(request)));
+    }
   }
   optional<size_t> size() const override { return dataset_.size(); }
+  // Resets a stateful source.
+  void reset()
+    requires kStateful
+  {
+    dataset_.reset();
+  }
 
   const SourceDataset& dataset() const noexcept { return dataset_; }
   const AppliedTransform& transform() const noexcept { return transform_; }

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -125,7 +126,7 @@ TEST(DataLoaderTest, WorkersKeepTheSamplersOrder) {
 
 TEST(DataLoaderTest, WorkersOutOfOrderDeliverEveryBatchOnce) {
   auto loader = data::make_data_loader<data::samplers::SequentialSampler>(
-      Numbers(12).slow_at(0, 100).map(data::transforms::Stack<>()),
+      Numbers(12).slow_at(0, 300).map(data::transforms::Stack<>()),
       data::DataLoaderOptions().batch_size(2).workers(2).enforce_ordering(false));
   const auto epoch = targets_of_epoch(*loader);
   ASSERT_EQ(epoch.size(), 6u);
@@ -213,6 +214,74 @@ TEST(DataLoaderTest, EmptyDatasetYieldsNoBatches) {
   auto loader = data::make_data_loader(Numbers(0).map(data::transforms::Stack<>()),
                                        data::DataLoaderOptions(4).workers(2));
   EXPECT_TRUE(targets_of_epoch(*loader).empty());
+}
+
+
+// A stateful dataset: hands out 0, 1, ..., n - 1 in batches as asked, safe on several threads.
+class Counter : public data::datasets::StatefulDataset<Counter> {
+ public:
+  explicit Counter(size_t n) : state_(std::make_shared<State>()), n_(n) {}
+  kiln::optional<std::vector<data::Example<>>> get_batch(size_t batch_size) override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->next >= n_) return kiln::nullopt;
+    std::vector<data::Example<>> batch;
+    for (; batch.size() < batch_size && state_->next < n_; ++state_->next) {
+      const auto i = static_cast<int64_t>(state_->next);
+      batch.push_back({kiln::full({1}, static_cast<double>(i)), kiln::scalar_tensor(i)});
+    }
+    return batch;
+  }
+  kiln::optional<size_t> size() const override { return n_; }
+  void reset() override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->next = 0;
+    ++state_->resets;
+  }
+  int resets() const { return state_->resets; }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    size_t next = 0;
+    int resets = 0;
+  };
+  std::shared_ptr<State> state_;
+  size_t n_;
+};
+
+TEST(DataLoaderTest, StatefulDatasetWithoutSampler) {
+  for (size_t workers : {0, 3}) {
+    Counter counter(11);
+    auto loader = data::make_data_loader(counter.map(data::transforms::Stack<>()),
+                                         data::DataLoaderOptions().batch_size(4).workers(workers));
+    for (int epoch = 1; epoch <= 2; ++epoch) {
+      std::vector<int64_t> all;
+      size_t batches = 0;
+      for (auto& batch : *loader) {
+        ++batches;
+        for (int64_t t : batch.target.to_vector<int64_t>()) all.push_back(t);
+      }
+      EXPECT_EQ(counter.resets(), epoch) << workers;  // begin() resets the dataset
+      EXPECT_EQ(batches, 3u) << workers;
+      if (workers == 0) {
+        EXPECT_EQ(all, iota(0, 11));
+      } else {  // every example once; the threads share the dataset, so the order may vary
+        std::sort(all.begin(), all.end());
+        EXPECT_EQ(all, iota(0, 11)) << workers;
+      }
+    }
+  }
+}
+
+TEST(DataLoaderTest, StatefulDatasetErrorsReachTheLoop) {
+  class Broken : public data::datasets::StatefulDataset<Broken, Tensor> {
+   public:
+    kiln::optional<Tensor> get_batch(size_t) override { KILN_FAIL("[Broken] no data today"); }
+    kiln::optional<size_t> size() const override { return kiln::nullopt; }
+    void reset() override {}
+  };
+  auto loader = data::make_data_loader(Broken(), data::DataLoaderOptions(2).workers(2));
+  EXPECT_KILN_ERROR(*loader->begin(), "[Broken] no data today");
 }
 
 }  // namespace
