@@ -1,6 +1,8 @@
 #include "models/trainer.h"
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +23,7 @@
 #include "nn/optim/lr_scheduler.h"
 #include "nn/safetensors.h"
 #include "nn/serialize.h"
+#include "pretrain/metrics.h"
 #include "pretrain/progress.h"
 #include "tensor/error.h"
 #include "tensor/foreach.h"
@@ -179,8 +182,15 @@ std::string format_number(double v, int precision, bool scientific = false) {
   return s.str();
 }
 
+std::string exact(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
 void save_checkpoint(const std::string& dir, const GPT& model, const optim::AdamW& opt,
                      const std::string& config, const PretrainOptions& o, int64_t step,
+                     const CheckpointInfo::Schedule& schedule,
                      const std::optional<pretrain::LoaderState>& loader) {
   fs::create_directories(dir);
   std::ostringstream id;
@@ -197,6 +207,9 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
      << ",\n  \"batch_size\": " << o.batch_size << ",\n  \"seq_len\": " << o.seq_len
      << ",\n  \"grad_accum_steps\": " << o.grad_accum_steps
      << ",\n  \"data\": " << nn::json_string(o.data_path);
+  js << ",\n  \"schedule\": {\"lr\": " << exact(schedule.lr) << ", \"min_lr\": " << exact(schedule.min_lr)
+     << ", \"warmup_steps\": " << schedule.warmup_steps
+     << ", \"lr_decay_steps\": " << schedule.lr_decay_steps << "}";
   if (loader) js << ",\n  \"loader\": " << loader->to_json();
   js << "\n}\n";
   write_file_atomically((fs::path(dir) / kStateFile).string(), js.str(), "pretrain");
@@ -302,16 +315,17 @@ void check_output_dir(const std::string& dir) {
   fs::remove(probe, ec);
 }
 
-// "312 MiB" / "1.25 GiB": tensors on the GPU, the resident set on the CPU.
-std::string format_memory(Device device) {
-  int64_t bytes = 0;
-  if (device.is_cuda()) {
-    bytes = cuda::memory_stats().allocated;
-  } else {
-    std::ifstream statm("/proc/self/statm");
-    int64_t size = 0, resident = 0;
-    if (statm >> size >> resident) bytes = resident * ::sysconf(_SC_PAGESIZE);
-  }
+// Bytes held by tensors on the GPU, the process's resident set on the CPU.
+int64_t memory_bytes(Device device) {
+  if (device.is_cuda()) return cuda::memory_stats().allocated;
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (statm >> size >> resident) return resident * ::sysconf(_SC_PAGESIZE);
+  return 0;
+}
+
+// "312 MiB" / "1.25 GiB".
+std::string format_memory(int64_t bytes) {
   const double mib = static_cast<double>(bytes) / (1 << 20);
   return mib >= 1024 ? format_number(mib / 1024, 2) + " GiB" : format_number(mib, 0) + " MiB";
 }
@@ -330,6 +344,38 @@ double evaluate(GPT& model, const TrainData& data, const PretrainOptions& o, Dev
 }  // namespace
 
 namespace {
+
+// SIGINT and SIGTERM during pretrain(): the handler records the signal and puts the default
+// action back (a second Ctrl-C kills at once); the loop checks after every step, saves a
+// checkpoint and returns.
+std::atomic<int> g_stop_signal{0};
+void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  std::signal(sig, SIG_DFL);
+}
+
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int received() const { return g_stop_signal.load(); }
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
 
 // A file name with no directory part: what trainer_state.json may name.
 bool is_plain_file_name(const std::string& name) {
@@ -389,6 +435,36 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
         info.optimizer_file = r.read_string();
       } else if (*key == "loader") {
         info.loader = pretrain::LoaderState::read_json(r, path.string());
+      } else if (*key == "seed") {
+        info.seed = r.read_uint64("seed");
+      } else if (*key == "seq_len") {
+        info.seq_len = r.read_int64("seq_len");
+      } else if (*key == "schedule") {
+        CheckpointInfo::Schedule sc;
+        int seen = 0;
+        r.begin_object();
+        while (auto k = r.next_key()) {
+          if (*k == "lr") {
+            sc.lr = r.read_double("lr"), seen |= 1;
+          } else if (*k == "min_lr") {
+            sc.min_lr = r.read_double("min_lr"), seen |= 2;
+          } else if (*k == "warmup_steps") {
+            sc.warmup_steps = r.read_int64("warmup_steps"), seen |= 4;
+          } else if (*k == "lr_decay_steps") {
+            sc.lr_decay_steps = r.read_int64("lr_decay_steps"), seen |= 8;
+          } else {
+            r.skip_value();
+          }
+        }
+        KILN_CHECK(seen == 15, "[checkpoint] ", path.string(),
+                   ": \"schedule\" needs lr, min_lr, warmup_steps and lr_decay_steps");
+        KILN_CHECK(std::isfinite(sc.lr) && sc.lr > 0 && sc.min_lr >= 0 && sc.min_lr <= sc.lr &&
+                       sc.warmup_steps >= 0 && sc.lr_decay_steps > 0 &&
+                       sc.warmup_steps <= sc.lr_decay_steps,
+                   "[checkpoint] ", path.string(), ": bad schedule (lr ", sc.lr, ", min_lr ",
+                   sc.min_lr, ", warmup_steps ", sc.warmup_steps, ", lr_decay_steps ",
+                   sc.lr_decay_steps, ")");
+        info.schedule = sc;
       } else {
         r.skip_value();
       }
@@ -425,9 +501,10 @@ GPT load_checkpoint(const std::string& dir, Device device) {
   return model;
 }
 
-PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
+PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
   const auto t_start = Clock::now();
-  o.validate();
+  options.validate();
+  PretrainOptions o = options;  // a resume replaces the schedule by the checkpoint's
   const ModelConfig cfg = o.config ? *o.config : ModelConfig::from_name(o.config_name);
   cfg.validate();
   KILN_CHECK(o.seq_len <= cfg.block_size, "[pretrain] seq_len ", o.seq_len,
@@ -439,6 +516,30 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
   if (!o.out_dir.empty()) {
     check_output_dir(o.out_dir);
     existing = read_checkpoint_info(o.out_dir);
+  }
+  if (o.resume && existing) {
+    const CheckpointInfo& info = *existing;
+    KILN_CHECK(!info.seed || *info.seed == o.seed, "[pretrain] the checkpoint in ", o.out_dir,
+               " was trained with seed ", info.seed.value_or(0), ", not ", o.seed,
+               " (the seed shapes the batches)");
+    KILN_CHECK(!info.seq_len || *info.seq_len == o.seq_len, "[pretrain] the checkpoint in ",
+               o.out_dir, " was trained with seq_len ", info.seq_len.value_or(0), ", not ",
+               o.seq_len);
+    if (const auto& sc = info.schedule) {
+      const int64_t asked_decay = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.max_steps;
+      const int64_t asked_warmup = std::min(o.warmup_steps, asked_decay);
+      if (sc->lr != o.lr || sc->min_lr != o.min_lr || sc->warmup_steps != asked_warmup ||
+          sc->lr_decay_steps != asked_decay) {
+        log << "resume keeps the run's schedule: lr " << sc->lr << " -> " << sc->min_lr
+            << ", warmup " << sc->warmup_steps << ", decay over " << sc->lr_decay_steps
+            << " steps (the options asked for lr " << o.lr << " -> " << o.min_lr << ", warmup "
+            << asked_warmup << ", decay over " << asked_decay << ")\n";
+      }
+      o.lr = sc->lr;
+      o.min_lr = sc->min_lr;
+      o.warmup_steps = sc->warmup_steps;
+      o.lr_decay_steps = sc->lr_decay_steps;
+    }
   }
   TrainData data(o, cfg);
 
@@ -486,6 +587,9 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
   pretrain::Progress progress(log, o.progress_bar.value_or(pretrain::Progress::is_terminal(log)),
                               static_cast<double>(o.max_steps), "step",
                               static_cast<double>(summary.start_step));
+  std::optional<pretrain::MetricsLog> metrics;
+  if (!o.out_dir.empty()) metrics.emplace(o.out_dir, summary.start_step);
+  const StopSignals stop;
   double timed_seconds = 0, window_seconds = 0;
   int64_t timed_steps = 0, window_steps = 0;
   summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
@@ -530,7 +634,9 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
       speed << ", MFU " << format_number(100 * flops_per_token * tok_s / kPeakFlopsH100Bf16, 1)
             << "%";
     }
-    speed << ", mem " << format_memory(device);
+    const int64_t mem = memory_bytes(device);
+    speed << ", mem " << format_memory(mem);
+    if (metrics) metrics->train(step, loss_value, lr, grad_norm, tok_s, mem);
     progress.update(static_cast<double>(step), values.str() + " | " + speed.str());
     if (step % o.log_interval == 0 || step == o.max_steps || step == summary.start_step + 1) {
       progress.line("step " + std::to_string(step) + "/" + std::to_string(o.max_steps) + " | " +
@@ -538,19 +644,34 @@ PretrainSummary pretrain(const PretrainOptions& o, std::ostream& log) {
                     pretrain::Progress::format_duration(progress.eta_seconds(static_cast<double>(step))));
       window_seconds = 0;
       window_steps = 0;
+      if (metrics) metrics->write_plot();
     }
     const bool last = step == o.max_steps;
     if ((o.eval_interval > 0 && step % o.eval_interval == 0) || last) {
       summary.final_val_loss = evaluate(model, data, o, device);
       progress.line("eval step " + std::to_string(step) + " | val loss " +
                     format_number(summary.final_val_loss, 4));
+      if (metrics) {
+        metrics->eval(step, summary.final_val_loss);
+        metrics->write_plot();
+      }
     }
+    const int signal = stop.received();
     if (!o.out_dir.empty() &&
-        ((o.checkpoint_interval > 0 && step % o.checkpoint_interval == 0) || last)) {
-      save_checkpoint(o.out_dir, model, *opt, cfg.name, o, step, data.loader_state());
+        ((o.checkpoint_interval > 0 && step % o.checkpoint_interval == 0) || last || signal)) {
+      save_checkpoint(o.out_dir, model, *opt, cfg.name, o, step, {o.lr, o.min_lr, warmup, decay_steps},
+                      data.loader_state());
       progress.line("checkpoint step " + std::to_string(step) + " -> " + o.out_dir);
     }
+    if (signal != 0 && !last) {
+      summary.stop_signal = signal;
+      progress.line(std::string("stopped by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM") +
+                    " after step " + std::to_string(step) +
+                    (o.out_dir.empty() ? "" : "; continue with --resume"));
+      break;
+    }
   }
+  if (metrics) metrics->write_plot();
   progress.finish();
   log_compile_stats(train, log);
   if (const compiler::CompileStats* s = train.stats()) {

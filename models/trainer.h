@@ -46,9 +46,16 @@
 // "loader": the shard loader's position when training on shards}),
 // each written atomically. The json is written last and names the files it goes with, so a crash
 // at any point leaves the previous complete checkpoint; older files are removed after it.
+// Beside the checkpoints: metrics.jsonl (a line per step and per evaluation) and metrics.svg
+// (train and validation loss and the lr against the step), refreshed at every logged line
+// (pretrain/metrics.h). SIGINT or SIGTERM stops the run after the current step, with a
+// checkpoint when out_dir is set (summary.stop_signal says which); a second one kills at once.
 // With resume, a run restores the model, the optimizer and the step from out_dir and continues
 // bit-exactly as an uninterrupted run (same batches, same schedule; the checkpoint's config
-// must match). A checkpoint of a config that is not in the registry cannot be reloaded by name.
+// must match). The schedule (lr, min_lr, warm-up and decay steps, as run) is stored in the state
+// and a resume uses the stored one, whatever the options say (a line says so when they differ):
+// max_steps only says where the resumed run stops. A resume with another seed or seq_len is an
+// error. A checkpoint of a config that is not in the registry cannot be reloaded by name.
 // The file names in trainer_state.json must be plain names inside the directory (no '/', no
 // ".."): a crafted state file cannot make the trainer read or delete files elsewhere. The output
 // directory is created and checked writable, and an existing trainer_state.json read, before the
@@ -118,6 +125,7 @@ struct PretrainSummary {
   std::vector<double> train_losses;  // per step done in this call
   int64_t compile_traces = 0;        // with compile: steps that traced, and steps that replayed
   int64_t compile_replays = 0;
+  int stop_signal = 0;  // SIGINT or SIGTERM when one stopped the run (after a checkpoint)
 };
 
 // cuda if kiln::cuda::is_available(), else cpu.
@@ -132,9 +140,17 @@ struct CheckpointInfo {
   std::string config;
   int64_t step = 0;
   std::string precision;
-  std::string model_file;  // absolute or relative to the directory, as written
+  std::string model_file;  // a file name inside the directory
   std::string optimizer_file;
   std::optional<pretrain::LoaderState> loader;  // when the run trained on token shards
+  // The settings that shape the run (absent in checkpoints of older kilns).
+  std::optional<uint64_t> seed;
+  std::optional<int64_t> seq_len;
+  struct Schedule {
+    double lr = 0, min_lr = 0;
+    int64_t warmup_steps = 0, lr_decay_steps = 0;
+  };
+  std::optional<Schedule> schedule;
 };
 // Reads <dir>/trainer_state.json; nullopt when there is none. Errors on a malformed one, and on
 // file names that are not plain names inside `dir`.

@@ -229,7 +229,7 @@ PrepareSummary prepare(const PrepareOptions& o, std::ostream& log) {
   int64_t batch_bytes = 0, done_bytes = 0;
   auto last_line = Clock::now();
   auto status = [&]() {
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double s = std::max(1e-9, std::chrono::duration<double>(Clock::now() - t0).count());
     std::ostringstream f;
     f << sum.documents << " docs | " << sum.tokens << " tokens | " << std::fixed
       << std::setprecision(1) << static_cast<double>(done_bytes) / 1e6 / s << " MB/s";

@@ -60,8 +60,9 @@ commands:
   configs                      list the registered model configs with their parameter counts
   pretrain [flags]             pretrain a model on a text or token file
       --config NAME            model config (default: kiln-tiny)
-      --data FILE              text file (byte tokens) or .bin/.u16/.u32 token file
-                               (default: the bundled data/tinyshakespeare.txt)
+      --data PATH              text file (byte tokens), .bin/.u16/.u32 token file, or token
+                               shards of `kiln prepare`: a directory or .tokens files
+                               separated by commas (default: data/tinyshakespeare.txt)
       --steps N                optimizer steps (default: 200)
       --batch B                sequences per step (default: 8)
       --seq T                  tokens per sequence (default: 128)
@@ -70,6 +71,11 @@ commands:
       --device D               cpu | cuda (default: cuda when available)
       --out DIR                checkpoint directory (default: out/<config>)
       --resume                 continue from the checkpoint in --out
+      --lr-decay-steps N       the lr schedule's length (default: --steps); a run may stop
+                               earlier and be resumed on the same schedule
+      --save-every N           a checkpoint every N steps too (default: only at the end;
+                               SIGINT/SIGTERM also save one and stop)
+      --no-progress            plain lines even on a terminal (no progress bar)
       --seed S                 seed of the initialisation and the batches (default: 1337)
       --compile                run the training step through kiln::compile (traced on steps
                                1 and 2, replayed after; the same losses as eager)
@@ -225,8 +231,10 @@ int cmd_configs(const std::vector<std::string>& args) {
 
 int cmd_pretrain(const std::vector<std::string>& args) {
   const Flags f = parse_flags(
-      args, {"config", "data", "steps", "batch", "seq", "lr", "precision", "device", "out", "seed"},
-      {"resume", "compile"});
+      args,
+      {"config", "data", "steps", "batch", "seq", "lr", "precision", "device", "out", "seed",
+       "save-every", "lr-decay-steps"},
+      {"resume", "compile", "no-progress"});
   PretrainOptions o;
   o.config_name = f.contains("config") ? f.at("config") : kiln::models::kDefaultConfig;
   o.data_path = f.contains("data") ? f.at("data")
@@ -236,7 +244,13 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   o.seq_len = f.contains("seq") ? parse_int("seq", f.at("seq")) : kDefaultSeq;
   o.lr = f.contains("lr") ? parse_double("lr", f.at("lr")) : kDefaultLr;
   o.min_lr = o.lr / 10;
-  o.warmup_steps = std::min<int64_t>(30, o.max_steps / 10);
+  // The schedule's length: --lr-decay-steps, else --steps. A resume keeps the checkpoint's.
+  if (f.contains("lr-decay-steps")) {
+    o.lr_decay_steps = parse_int("lr-decay-steps", f.at("lr-decay-steps"));
+    if (o.lr_decay_steps <= 0) throw UsageError{"--lr-decay-steps must be positive"};
+  }
+  o.warmup_steps =
+      std::min<int64_t>(30, (o.lr_decay_steps > 0 ? o.lr_decay_steps : o.max_steps) / 10);
   o.log_interval = std::max<int64_t>(1, std::min<int64_t>(10, o.max_steps / 20));
   o.eval_interval = std::max<int64_t>(1, o.max_steps / 3);
   if (f.contains("precision")) o.precision = f.at("precision");
@@ -245,6 +259,11 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   o.resume = f.contains("resume");
   o.compile = f.contains("compile");
   if (f.contains("seed")) o.seed = parse_uint("seed", f.at("seed"));
+  if (f.contains("save-every")) {
+    o.checkpoint_interval = parse_int("save-every", f.at("save-every"));
+    if (o.checkpoint_interval <= 0) throw UsageError{"--save-every must be positive"};
+  }
+  if (f.contains("no-progress")) o.progress_bar = false;
   const auto s = kiln::models::pretrain(o, std::cout);
   std::cout << "done: " << s.steps << " steps in " << std::fixed << std::setprecision(1)
             << s.seconds << " s | train loss " << std::setprecision(4) << s.final_train_loss

@@ -4,9 +4,14 @@
 // a larger vocabulary, a checkpoint of other data); the progress bar on a terminal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "models/trainer.h"
 #include "nn/safetensors.h"
@@ -91,10 +96,13 @@ TEST_F(PretrainShardsTest, ResumeRestoresTheLoaderPositionAndIsBitExact) {
   const TensorMap mb = load_safetensors(file("resumed/" + b->model_file));
   for (const auto& [name, t] : ma) EXPECT_TRUE(equal(t, mb.at(name))) << name;
 
-  // Resuming with another seed is refused by the loader (the position is in another order).
+  // Resuming with another seed or sequence length is refused (the batches would differ).
   o.seed = 12;
   o.max_steps = 8;
-  EXPECT_KILN_ERROR(pretrain(o, log), "the saved position is for seed 11, not 12");
+  EXPECT_KILN_ERROR(pretrain(o, log), "was trained with seed 11, not 12");
+  o.seed = 11;
+  o.seq_len = 16;
+  EXPECT_KILN_ERROR(pretrain(o, log), "was trained with seq_len 32, not 16");
 }
 
 TEST_F(PretrainShardsTest, ACraftedStateFileCannotReachOutsideTheCheckpoint) {
@@ -167,6 +175,86 @@ TEST_F(PretrainShardsTest, ProgressBarOnATerminalKeepsTheLoggedLines) {
   EXPECT_NE(text.find("| ETA "), std::string::npos);
   EXPECT_NE(text.find("step 2/4 | loss "), std::string::npos);
   EXPECT_NE(text.find("eval step 4 | val loss "), std::string::npos);
+}
+
+
+// SIGTERM (or SIGINT) mid-run: the run stops after its current step with a checkpoint of that
+// step, and --resume goes on from it.
+TEST_F(PretrainShardsTest, SigtermSavesACheckpointAndStops) {
+  PretrainOptions o = options();
+  o.max_steps = 1000;
+  o.grad_accum_steps = 1;
+  o.out_dir = file("run");
+  std::atomic<bool> done{false};
+  std::thread killer([&] {
+    // Wait for two logged steps (no timing assumption), then signal the process.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+      const std::string lines = test::read_bytes(file("run/metrics.jsonl"));
+      if (std::count(lines.begin(), lines.end(), '\n') >= 2) {
+        ::kill(::getpid(), SIGTERM);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  std::ostringstream log;
+  const auto s = pretrain(o, log);
+  done = true;
+  killer.join();
+  EXPECT_EQ(s.stop_signal, SIGTERM);
+  EXPECT_GE(s.steps, 2);
+  EXPECT_LT(s.steps, 1000);
+  const auto info = read_checkpoint_info(o.out_dir);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->step, s.steps);
+  EXPECT_EQ(info->loader->position, static_cast<uint64_t>(s.steps * o.batch_size));
+  EXPECT_NE(log.str().find("stopped by SIGTERM after step " + std::to_string(s.steps) +
+                           "; continue with --resume"),
+            std::string::npos)
+      << log.str();
+  o.resume = true;
+  o.max_steps = s.steps + 1;
+  const auto more = pretrain(o, log);
+  EXPECT_EQ(more.start_step, s.steps);
+  EXPECT_EQ(more.stop_signal, 0);
+}
+
+
+// The schedule is part of the run's state: a run of 4 steps (decaying over 4) resumed to 6 steps
+// keeps decaying over 4, as a straight run told so, whatever the options derive from max_steps.
+TEST_F(PretrainShardsTest, ResumeKeepsTheStoredSchedule) {
+  std::ostringstream log;
+  PretrainOptions o = options();
+  o.grad_accum_steps = 1;
+  o.out_dir = file("straight");
+  o.lr_decay_steps = 4;
+  const auto straight = pretrain(o, log);
+
+  o.out_dir = file("resumed");
+  o.lr_decay_steps = 0;  // = max_steps
+  o.max_steps = 4;
+  const auto first = pretrain(o, log);
+  const auto info = read_checkpoint_info(o.out_dir);
+  ASSERT_TRUE(info && info->schedule);
+  EXPECT_EQ(info->schedule->lr_decay_steps, 4);
+  EXPECT_EQ(info->schedule->warmup_steps, 2);
+  EXPECT_EQ(info->schedule->lr, o.lr);
+  o.max_steps = 6;
+  o.resume = true;
+  o.lr = 1e-2;  // asked for, but the run's lr stays
+  const auto second = pretrain(o, log);
+  EXPECT_NE(log.str().find("resume keeps the run's schedule: lr 0.003 -> 0.0003, warmup 2, decay "
+                           "over 4 steps (the options asked for lr 0.01"),
+            std::string::npos)
+      << log.str();
+  std::vector<double> resumed = first.train_losses;
+  resumed.insert(resumed.end(), second.train_losses.begin(), second.train_losses.end());
+  EXPECT_EQ(resumed, straight.train_losses);
+  // The metrics file holds the whole run once, lr included.
+  const std::string jsonl = test::read_bytes(file("resumed/metrics.jsonl"));
+  EXPECT_NE(jsonl.find("{\"step\": 6, \"loss\": "), std::string::npos) << jsonl;
+  EXPECT_EQ(jsonl.find("{\"step\": 5, \"loss\": "), jsonl.rfind("{\"step\": 5, \"loss\": "));
 }
 
 }  // namespace
