@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -219,6 +220,14 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   impl_->rank = rank;
   impl_->size = size;
   impl_->timeout = options.timeout;
+
+  // Gloo writes to its sockets with writev: a peer that died would kill this process with
+  // SIGPIPE instead of failing the collective. Ignore it, as Python (and so PyTorch) does, unless
+  // the program installed its own handler.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
 
   gloo::transport::tcp::attr attr;
   const char* iface = std::getenv("GLOO_SOCKET_IFNAME");

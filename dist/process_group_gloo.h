@@ -9,6 +9,9 @@
 // host's name; set GLOO_SOCKET_IFNAME (as for PyTorch) to choose the network interface on
 // machines whose host name does not resolve to a reachable address.
 //
+// SIGPIPE: the constructor sets it to be ignored (unless the program handles it), so that a
+// peer that died fails the collective with an error instead of killing this process.
+//
 // Supported: float32, float64, float16, bfloat16, int32, int64 and bool tensors (bool: sum and
 // max are "or", product and min are "and"). Half-precision sums accumulate in their own dtype,
 // as PyTorch's Gloo backend. reduce_scatter runs as an all-reduce of the whole input keeping
