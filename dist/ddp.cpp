@@ -1,11 +1,14 @@
 #include "dist/ddp.h"
 
 #include <map>
+#include <unordered_set>
 
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
+#include "autograd/node.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "tensor/tensor_data.h"
 
 namespace kiln::dist::internal {
 namespace {
@@ -139,9 +142,16 @@ std::string Reducer::names_of_unready() const {
 void Reducer::on_grad_ready(size_t index) {
   if (!require_sync_) return;  // no_sync(): accumulate locally
   std::lock_guard<std::mutex> lock(mu_);
+  mark_ready(index, &params_[index].grad());
+}
+
+void Reducer::mark_ready(size_t index, const Tensor* grad) {
   KILN_CHECK(!ready_[index], "[DistributedDataParallel] parameter '", names_[index],
-             "' got a gradient twice in one synchronised backward (a second backward through "
-             "the same forward? run all but the last micro-batch under no_sync())");
+             searched_unused_ && !used_[index]
+                 ? "' was not reached from the forward's outputs but got a gradient (was it used "
+                   "outside the model's forward?)"
+                 : "' got a gradient twice in one synchronised backward (a second backward "
+                   "through the same forward? run all but the last micro-batch under no_sync())");
   ready_[index] = true;
   ++num_ready_;
   Bucket& b = buckets_[bucket_of_[index]];
@@ -149,8 +159,12 @@ void Reducer::on_grad_ready(size_t index) {
   while (b.params[pos] != index) ++pos;
   {
     NoGradGuard no_grad;
-    const Tensor& g = params_[index].grad();
-    b.flat.narrow(0, b.offsets[pos], g.numel()).copy_(g.reshape({-1}));
+    Tensor slot = b.flat.narrow(0, b.offsets[pos], params_[index].numel());
+    if (grad != nullptr && grad->defined()) {
+      slot.copy_(grad->reshape({-1}));
+    } else {
+      slot.zero_();
+    }
   }
   if (--b.pending > 0) return;
   // Launch the full buckets in bucket order: the same sequence of all-reduces on every rank.
@@ -161,17 +175,74 @@ void Reducer::on_grad_ready(size_t index) {
   if (next_to_launch_ == buckets_.size()) finalize();
 }
 
+void Reducer::prepare_for_backward(const std::optional<std::vector<Tensor>>& outputs) {
+  if (!require_sync_ || !GradMode::is_enabled()) return;
+  KILN_CHECK(outputs.has_value(),
+             "[DistributedDataParallel] find_unused_parameters needs forward to return a Tensor, "
+             "or a std::vector or std::tuple of Tensors");
+  // The leaves the outputs depend on: a walk over the graph from their grad_fns.
+  std::unordered_set<const TensorImpl*> reached;
+  std::unordered_set<const autograd::Node*> seen;
+  std::vector<std::shared_ptr<autograd::Node>> stack;
+  for (const Tensor& t : *outputs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    if (t.grad_fn() != nullptr) {
+      stack.push_back(t.grad_fn());
+    } else {
+      reached.insert(t.impl());  // a parameter returned as is
+    }
+  }
+  while (!stack.empty()) {
+    std::shared_ptr<autograd::Node> node = std::move(stack.back());
+    stack.pop_back();
+    if (!seen.insert(node.get()).second) continue;
+    if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(node.get())) {
+      reached.insert(acc->variable().get());
+      continue;
+    }
+    for (const auto& e : node->next_edges()) {
+      if (e.function != nullptr) stack.push_back(e.function);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  searched_unused_ = true;
+  used_.assign(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (reached.contains(params_[i].impl())) {
+      used_[i] = 1;
+    } else {
+      mark_ready(i, nullptr);
+    }
+  }
+}
+
 void Reducer::finalize() {
   NoGradGuard no_grad;
+  // With find_unused_parameters: which parameters some rank used (those no rank used keep their
+  // grad as it is).
+  std::vector<int32_t> used_anywhere(params_.size(), 1);
+  if (searched_unused_) {
+    Tensor used = tensor(used_, kInt32).to(params_[0].device());
+    pg_->all_reduce(used, ReduceOp::kMax)->wait();
+    used_anywhere = used.to_vector<int32_t>();
+  }
   for (Bucket& b : buckets_) {
     b.work->wait();
     b.work = nullptr;
     for (size_t j = 0; j < b.params.size(); ++j) {
-      Tensor g = params_[b.params[j]].grad();
-      g.copy_(b.flat.narrow(0, b.offsets[j], g.numel()).view(g.sizes()));
+      const size_t i = b.params[j];
+      if (!used_anywhere[i]) continue;
+      Tensor reduced = b.flat.narrow(0, b.offsets[j], params_[i].numel()).view(params_[i].sizes());
+      if (params_[i].grad().defined()) {
+        Tensor g = params_[i].grad();
+        g.copy_(reduced);
+      } else {
+        params_[i].mutable_grad() = reduced.clone();  // unused here, used by another rank
+      }
     }
     b.pending = b.params.size();
   }
+  searched_unused_ = false;
   ready_.assign(params_.size(), false);
   num_ready_ = 0;
   next_to_launch_ = 0;
@@ -197,11 +268,12 @@ void Reducer::prepare_for_forward() {
       ready_.assign(params_.size(), false);
       num_ready_ = 0;
       next_to_launch_ = 0;
+      searched_unused_ = false;
       KILN_FAIL("[DistributedDataParallel] the last backward produced gradients for only ", got,
                 " of ", params_.size(), " parameters, so the gradients were not averaged over "
                 "the ranks; no gradient reached ", missing,
                 " (every parameter that requires grad must take part in the loss of every "
-                "synchronised backward; find_unused_parameters is not supported)");
+                "synchronised backward, or set DDPOptions::find_unused_parameters)");
     }
   }
   if (options_.broadcast_buffers && pg_->size() > 1) {

@@ -25,9 +25,9 @@
 // the first backward after the guard is gone all-reduces the accumulated gradients.
 //
 // Pitfalls:
-// - Every parameter that requires grad must get a gradient in every synchronised backward
-//   (find_unused_parameters is not implemented); a backward that leaves some out is reported by
-//   the next forward through ddp, naming the parameters.
+// - Every parameter that requires grad must get a gradient in every synchronised backward,
+//   unless find_unused_parameters is set; a backward that leaves some out is reported by the
+//   next forward through ddp, naming the parameters.
 // - Call the model through ddp (ddp(x) or ddp.forward(x)), not the module directly: the forward
 //   checks the previous reduction and broadcasts the buffers (broadcast_buffers).
 // - The loss should be a mean over the rank's batch (as with PyTorch's DDP): the average of the
@@ -35,6 +35,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +51,12 @@ struct DDPOptions {
   double bucket_cap_mb = 25;
   // Broadcast rank 0's buffers (BatchNorm statistics, ...) before every forward.
   bool broadcast_buffers = true;
+  // Parameters may be left out of the loss: every forward (with grad mode on, outside no_sync)
+  // walks the autograd graph from its outputs and counts the parameters it does not reach as
+  // ready with a zero gradient. A parameter no rank used keeps its grad() as it was (undefined
+  // after zero_grad()), as in PyTorch. Costs a graph walk per forward and a small all-reduce per
+  // backward. forward must return a Tensor, or a std::vector or std::tuple of Tensors.
+  bool find_unused_parameters = false;
 };
 
 namespace internal {
@@ -65,6 +73,10 @@ class Reducer {
   // Before each forward: fails if the last synchronised backward left parameters without a
   // gradient, and broadcasts the buffers.
   void prepare_for_forward();
+  // After a forward, with find_unused_parameters: marks the parameters that `outputs` do not
+  // depend on as ready. `outputs` is nullopt when forward returned something else.
+  void prepare_for_backward(const std::optional<std::vector<Tensor>>& outputs);
+  bool find_unused_parameters() const { return options_.find_unused_parameters; }
   void set_require_sync(bool sync) { require_sync_ = sync; }
   bool require_sync() const { return require_sync_; }
   // Bucket layout, for tests and logs: the parameter indices (registration order) per bucket.
@@ -79,6 +91,8 @@ class Reducer {
     std::shared_ptr<Work> work;
   };
   void on_grad_ready(size_t index);
+  // Puts `grad` (zeros when undefined) into the parameter's bucket slot; launches full buckets.
+  void mark_ready(size_t index, const Tensor* grad);
   void finalize();
   std::string names_of_unready() const;
 
@@ -91,6 +105,8 @@ class Reducer {
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
   std::vector<bool> ready_;
+  std::vector<int32_t> used_;  // find_unused_parameters: this pass's use, per parameter
+  bool searched_unused_ = false;
   size_t next_to_launch_ = 0;
   size_t num_ready_ = 0;
   bool require_sync_ = true;
@@ -121,6 +137,39 @@ class NoSyncGuard {
   bool previous_;
 };
 
+namespace internal {
+// The tensors a forward returned, for find_unused_parameters.
+inline std::optional<std::vector<Tensor>> output_tensors(const Tensor& t) {
+  return std::vector<Tensor>{t};
+}
+inline std::optional<std::vector<Tensor>> output_tensors(const std::vector<Tensor>& v) { return v; }
+template <typename... Ts>
+std::optional<std::vector<Tensor>> output_tensors(const std::tuple<Ts...>& t) {
+  std::vector<Tensor> out;
+  bool ok = true;
+  std::apply(
+      [&](const auto&... e) {
+        (
+            [&] {
+              auto part = output_tensors(e);
+              if (!part) {
+                ok = false;
+                return;
+              }
+              out.insert(out.end(), part->begin(), part->end());
+            }(),
+            ...);
+      },
+      t);
+  if (!ok) return std::nullopt;
+  return out;
+}
+template <typename T>
+std::optional<std::vector<Tensor>> output_tensors(const T&) {
+  return std::nullopt;
+}
+}  // namespace internal
+
 template <typename ModuleHolder>
 class DistributedDataParallel {
  public:
@@ -132,9 +181,13 @@ class DistributedDataParallel {
         reducer_(std::make_unique<internal::Reducer>(module_.ptr(), std::move(pg), options)) {}
 
   template <typename... Args>
-  decltype(auto) forward(Args&&... args) {
+  auto forward(Args&&... args) {
     reducer_->prepare_for_forward();
-    return module_->forward(std::forward<Args>(args)...);
+    auto out = module_->forward(std::forward<Args>(args)...);
+    if (reducer_->find_unused_parameters()) {
+      reducer_->prepare_for_backward(internal::output_tensors(out));
+    }
+    return out;
   }
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {

@@ -1,6 +1,7 @@
 // DistributedDataParallel (dist/ddp.h): training over 1, 2 and 4 processes equals one process on
 // the global batch (losses, gradients and weights after every step; several buckets; gradient
-// accumulation under no_sync()); a parameter left out of the loss and ranks with different
+// accumulation under no_sync()); find_unused_parameters with a branch only some ranks take; a
+// parameter left out of the loss (without find_unused_parameters) and ranks with different
 // models are clear errors. In this process: the post-accumulate-grad hook that DDP builds on
 // (autograd/hooks.h), and, with a GPU, the NCCL backend at world size 1 along the DDP path.
 #include <gtest/gtest.h>
@@ -38,6 +39,16 @@ TEST(DdpTest, UnusedParameterIsNamed) {
 
 TEST(DdpTest, DifferentModelsAreRefused) {
   auto job = run_workers("ddp_mismatch", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, FindUnusedParametersAtWorldSizeOne) {
+  auto job = run_workers("ddp_find_unused", 1);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, FindUnusedParametersAtWorldSizeThree) {
+  auto job = run_workers("ddp_find_unused", 3);
   EXPECT_TRUE(job.all_ok()) << job.describe();
 }
 

@@ -322,11 +322,75 @@ void ddp_unused_parameter() {
   const std::string e = error_of([&] { ddp(x); });
   WCHECK(e.find("[DistributedDataParallel] the last backward produced gradients for only 2 of 4 "
                 "parameters") != std::string::npos, e);
+  WCHECK(e.find("or set DDPOptions::find_unused_parameters") != std::string::npos, e);
   WCHECK(e.find("no gradient reached 'fc2.weight', 'fc2.bias'") != std::string::npos, e);
   // The reducer starts over: a full iteration works.
   Tensor ok = ddp(x).square().mean();
   ok.backward();
   pg->barrier()->wait();
+}
+
+// find_unused_parameters: a branch that only some ranks take. Rank 0 skips fc2 in every step,
+// the others use it: fc2's gradient is the average over the ranks (zeros from rank 0) and equals
+// one process on the global batch where rank 0's rows skip fc2. A parameter no rank uses keeps
+// an undefined grad.
+struct BranchyImpl : nn::Module {
+  BranchyImpl() {
+    fc1 = register_module("fc1", nn::Linear(4, 4));
+    fc2 = register_module("fc2", nn::Linear(4, 4));
+    never = register_module("never", nn::Linear(4, 4));
+  }
+  Tensor forward(const Tensor& x, bool use_fc2) {
+    Tensor h = fc1(x).tanh();
+    return use_fc2 ? fc2(h) : h;
+  }
+  nn::Linear fc1{nullptr}, fc2{nullptr}, never{nullptr};
+};
+KILN_MODULE(Branchy);
+
+void ddp_find_unused() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int r = pg->rank(), n = pg->size();
+  auto make = [] {
+    manual_seed(5);
+    Branchy m;
+    m->to(kDouble);
+    return m;
+  };
+  Branchy model = make(), ref = make();
+  DDPOptions opts;
+  opts.find_unused_parameters = true;
+  opts.bucket_cap_mb = 100.0 / (1 << 20);  // a bucket per parameter or two
+  DistributedDataParallel ddp(model, pg, opts);
+  optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  manual_seed(9);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = randn({2 * n, 4}, kDouble);
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    Tensor mine = x.narrow(0, 2 * r, 2);
+    ddp(mine, r != 0).square().mean().backward();
+    // One process: the mean over the ranks of each rank's mean loss.
+    Tensor total = zeros({}, kDouble);
+    for (int q = 0; q < n; ++q) total = total + ref(x.narrow(0, 2 * q, 2), q != 0).square().mean();
+    (total / n).backward();
+    const auto p = model->named_parameters();
+    const auto q = ref->named_parameters();
+    for (size_t i = 0; i < p.size(); ++i) {
+      const std::string name = p.items()[i].key();
+      const Tensor& g = p.items()[i].value().grad();
+      const Tensor& want = q.items()[i].value().grad();
+      if (name.rfind("never.", 0) == 0 || (n == 1 && name.rfind("fc2.", 0) == 0)) {
+        WCHECK(!g.defined(), name, ": no rank used it, its grad stays undefined");
+        continue;
+      }
+      WCHECK(g.defined(), name, ": grad undefined");
+      expect_close(g, want, 1e-12, name + " step " + std::to_string(step));
+    }
+    opt.step();
+    ref_opt.step();
+  }
+  std::cout << "rank " << r << ": find_unused_parameters ok\n";
 }
 
 // Ranks with different models are refused by the constructor.
@@ -348,6 +412,7 @@ const std::map<std::string, std::function<void()>>& scenarios() {
       {"ddp_equivalence", ddp_equivalence},
       {"ddp_unused_parameter", ddp_unused_parameter},
       {"ddp_mismatch", ddp_mismatch},
+      {"ddp_find_unused", ddp_find_unused},
   };
   return m;
 }
