@@ -170,7 +170,7 @@ void dispatch_from(OpCall& call, int key) {
 }
 
 Tensor allocate(const TensorSpec& spec, bool proxy) {
-  const size_t nbytes = static_cast<size_t>(numel_of(spec.sizes)) * element_size(spec.dtype);
+  const size_t nbytes = nbytes_of(spec.sizes, element_size(spec.dtype), "allocate");
   if (!spec.strides.empty() && numel_of(spec.sizes) > 0) {  // every offset inside the allocation
     int64_t last = 0;
     bool ok = spec.strides.size() == spec.sizes.size();

@@ -14,7 +14,13 @@ std::string shape_str(IntArrayRef sizes) {
 
 int64_t numel_of(IntArrayRef sizes) {
   int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
+  for (int64_t s : sizes) {
+    if (s == 0) return 0;
+  }
+  for (int64_t s : sizes) {
+    KILN_CHECK(!__builtin_mul_overflow(n, s, &n), "[shape] ", shape_str(sizes),
+               " has more elements than an int64 can count");
+  }
   return n;
 }
 
@@ -23,9 +29,37 @@ Shape contiguous_strides(IntArrayRef sizes) {
   int64_t stride = 1;
   for (int64_t i = static_cast<int64_t>(sizes.size()) - 1; i >= 0; --i) {
     strides[i] = stride;
-    stride *= std::max<int64_t>(sizes[i], 1);
+    KILN_CHECK(!__builtin_mul_overflow(stride, std::max<int64_t>(sizes[i], 1), &stride),
+               "[shape] the strides of ", shape_str(sizes), " overflow an int64");
   }
   return strides;
+}
+
+int64_t layout_extent(IntArrayRef sizes, IntArrayRef strides, const char* op) {
+  KILN_CHECK(sizes.size() == strides.size(), "[", op, "] sizes ", shape_str(sizes),
+             " and strides ", shape_str(strides), " have different lengths");
+  int64_t extent = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    KILN_CHECK(sizes[i] >= 0 && strides[i] >= 0, "[", op, "] negative size or stride in ",
+               shape_str(sizes), " / ", shape_str(strides));
+    if (sizes[i] == 0) return 0;
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    int64_t span = 0;
+    KILN_CHECK(!__builtin_mul_overflow(sizes[i] - 1, strides[i], &span) &&
+                   !__builtin_add_overflow(extent, span, &extent),
+               "[", op, "] sizes ", shape_str(sizes), " with strides ", shape_str(strides),
+               " span more elements than an int64 can count");
+  }
+  return extent;
+}
+
+size_t nbytes_of(IntArrayRef sizes, size_t element_size, const char* op) {
+  int64_t bytes = 0;
+  KILN_CHECK(!__builtin_mul_overflow(numel_of(sizes), static_cast<int64_t>(element_size), &bytes),
+             "[", op, "] ", shape_str(sizes), " of ", element_size,
+             "-byte elements is more bytes than an int64 can count");
+  return static_cast<size_t>(bytes);
 }
 
 Shape dense_strides_like(IntArrayRef sizes, IntArrayRef strides) {
@@ -93,7 +127,8 @@ Shape infer_size(IntArrayRef sizes, int64_t numel, const char* op) {
       infer = static_cast<int>(i);
     } else {
       KILN_CHECK(sizes[i] >= 0, "[", op, "] invalid size ", sizes[i], " in ", shape_str(sizes));
-      known *= sizes[i];
+      KILN_CHECK(!__builtin_mul_overflow(known, sizes[i], &known), "[", op, "] shape ",
+                 shape_str(sizes), " has more elements than an int64 can count");
     }
   }
   if (infer >= 0) {

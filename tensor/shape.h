@@ -77,8 +77,16 @@ std::string shape_str(IntArrayRef sizes);
 inline std::ostream& operator<<(std::ostream& os, IntArrayRef sizes) {
   return os << shape_str(sizes);
 }
+// The element count; an error when it overflows int64 (a shape with a 0 has none, whatever the
+// other sizes).
 int64_t numel_of(IntArrayRef sizes);
+// Row-major strides; an error when they overflow int64.
 Shape contiguous_strides(IntArrayRef sizes);
+// The elements a layout spans from its first one, 1 + sum((size - 1) * stride), 0 when empty;
+// an error naming `op` for negative sizes or strides or when the sum overflows int64.
+int64_t layout_extent(IntArrayRef sizes, IntArrayRef strides, const char* op);
+// numel_of(sizes) * element_size in bytes; an error naming `op` when it overflows int64.
+size_t nbytes_of(IntArrayRef sizes, size_t element_size, const char* op);
 // The strides of a dense tensor of `sizes` whose dims are laid out in the memory order of
 // `strides` (PyTorch's preserve_format for outputs of elementwise ops): dims by decreasing
 // stride, ties in their logical order, size-1 dims with the stride they would have in that

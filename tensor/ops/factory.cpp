@@ -50,7 +50,7 @@ Tensor empty(IntArrayRef sizes, const TensorOptions& options) {
     KILN_CHECK(s >= 0, "[empty] negative dimension in ", shape_str(sizes));
   }
   const ScalarType dt = options.dtype();
-  const size_t nbytes = static_cast<size_t>(numel_of(sizes)) * element_size(dt);
+  const size_t nbytes = nbytes_of(sizes, element_size(dt), "empty");
   Tensor t(std::make_shared<TensorImpl>(allocate_storage(nbytes, options.device()),
                                         to_shape(sizes), contiguous_strides(sizes), 0, dt));
   return finish(t, options);
@@ -135,17 +135,10 @@ Tensor eye(int64_t n, int64_t m, const TensorOptions& options) {
 }
 
 Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, const TensorOptions& options) {
-  KILN_CHECK(sizes.size() == strides.size(), "[from_blob] sizes ", shape_str(sizes),
-             " and strides ", shape_str(strides), " have different lengths");
-  int64_t extent = 1;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    KILN_CHECK(sizes[i] >= 0 && strides[i] >= 0, "[from_blob] negative size or stride");
-    if (sizes[i] == 0) extent = 0;
-    if (extent > 0) extent += (sizes[i] - 1) * strides[i];
-  }
+  const int64_t extent = layout_extent(sizes, strides, "from_blob");
   const ScalarType dt = options.dtype();
-  auto storage = std::make_shared<StorageImpl>(data, extent * element_size(dt), options.device(),
-                                               nullptr);
+  auto storage = std::make_shared<StorageImpl>(data, nbytes_of({extent}, element_size(dt), "from_blob"),
+                                               options.device(), nullptr);
   internal::note_borrowed(storage);  // the caller owns the memory (kiln::compile copies it)
   Tensor t(std::make_shared<TensorImpl>(std::move(storage), to_shape(sizes), to_shape(strides), 0, dt));
   return finish(t, options);
@@ -158,7 +151,7 @@ Tensor from_blob(void* data, IntArrayRef sizes, const TensorOptions& options) {
 Tensor from_blob(void* data, IntArrayRef sizes, std::function<void(void*)> deleter,
                  const TensorOptions& options) {
   const ScalarType dt = options.dtype();
-  auto storage = std::make_shared<StorageImpl>(data, numel_of(sizes) * element_size(dt),
+  auto storage = std::make_shared<StorageImpl>(data, nbytes_of(sizes, element_size(dt), "from_blob"),
                                                options.device(), std::move(deleter));
   Tensor t(std::make_shared<TensorImpl>(std::move(storage), to_shape(sizes),
                                         contiguous_strides(sizes), 0, dt));

@@ -174,13 +174,11 @@ Geometry as_strided_geometry(const OpCall& c) {
   KILN_CHECK(sizes.size() == strides.size(), "[as_strided] sizes ", shape_str(sizes),
              " and strides ", shape_str(strides), " have different lengths");
   KILN_CHECK(offset >= 0, "[as_strided] negative storage offset ", offset);
-  int64_t max_index = offset;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    KILN_CHECK(sizes[i] >= 0 && strides[i] >= 0, "[as_strided] negative size or stride in ",
-               shape_str(sizes), " / ", shape_str(strides));
-    if (sizes[i] == 0) max_index = -1;
-    if (max_index >= 0) max_index += (sizes[i] - 1) * strides[i];
-  }
+  const int64_t extent = layout_extent(sizes, strides, "as_strided");
+  int64_t max_index = -1;  // the last element read; -1 when none is
+  KILN_CHECK(extent == 0 || !__builtin_add_overflow(offset, extent - 1, &max_index),
+             "[as_strided] offset ", offset, " plus the extent of ", shape_str(sizes),
+             " overflows an int64");
   const int64_t capacity =
       static_cast<int64_t>(t.impl()->storage()->nbytes() / t.element_size());
   KILN_CHECK(max_index < capacity, "[as_strided] size ", shape_str(sizes), " with stride ",
