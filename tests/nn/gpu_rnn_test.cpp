@@ -81,7 +81,7 @@ TEST_F(GpuRnnLayers, LstmMatchesCpu) {
           auto [out, hc] = lstm(in[0], std::make_tuple(in[1], in[2]));
           return std::vector<Tensor>{out, std::get<0>(hc), std::get<1>(hc)};
         },
-        tol, std::string("LSTM ") + dtype_name(dt));
+        tol, std::string("LSTM ") + std::string(dtype_name(dt)));
     manual_seed(2);
     nn::LSTM proj(nn::LSTMOptions(5, 16).proj_size(4));
     proj->to(dt);
@@ -91,7 +91,7 @@ TEST_F(GpuRnnLayers, LstmMatchesCpu) {
           auto [out, hc] = proj(in[0]);
           return std::vector<Tensor>{out, std::get<1>(hc)};
         },
-        tol, std::string("LSTM proj_size ") + dtype_name(dt));
+        tol, std::string("LSTM proj_size ") + std::string(dtype_name(dt)));
   }
 }
 
@@ -107,7 +107,7 @@ TEST_F(GpuRnnLayers, GruAndRnnMatchCpu) {
           auto [out, h] = gru(in[0], in[1]);
           return std::vector<Tensor>{out, h};
         },
-        tol, std::string("GRU ") + dtype_name(dt));
+        tol, std::string("GRU ") + std::string(dtype_name(dt)));
     for (const auto nl : {kiln::kTanh, kiln::kReLU}) {
       manual_seed(4);
       nn::RNN rnn(nn::RNNOptions(5, 12).num_layers(2).nonlinearity(nl));
@@ -118,7 +118,7 @@ TEST_F(GpuRnnLayers, GruAndRnnMatchCpu) {
             auto [out, h] = rnn(in[0]);
             return std::vector<Tensor>{out, h};
           },
-          tol, std::string("RNN ") + dtype_name(dt));
+          tol, std::string("RNN ") + std::string(dtype_name(dt)));
     }
   }
 }
