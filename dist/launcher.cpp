@@ -351,6 +351,21 @@ int run(const Options& o) {
       }
     }
     if (culprit >= 0 && failed < 0 && !interrupted && !kill_at) {
+      // A rank killed by a signal takes its peers down with it a moment later (their collectives
+      // fail); when the first one seen is not signalled, look for a signalled one a bit longer
+      // so that the report names the cause.
+      const auto look_until = Clock::now() + std::chrono::milliseconds(200);
+      while (!WIFSIGNALED(ranks[culprit].status) && Clock::now() < look_until) {
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          Rank& r = ranks[i];
+          int status = 0;
+          if (!r.running || ::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+          r.running = false;
+          r.status = status;
+          if (WIFSIGNALED(status)) culprit = static_cast<int>(i);
+        }
+        ::poll(nullptr, 0, 10);
+      }
       failed = culprit;
       const Rank& r = ranks[culprit];
       say("rank " + std::to_string(r.rank) + " (local rank " + std::to_string(r.local_rank) +

@@ -78,9 +78,11 @@ TEST(LauncherTest, FailingRankStopsTheOthers) {
 }
 
 TEST(LauncherTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  // Rank 0 fails once rank 1 ignores SIGTERM (the file says so).
   auto job = kiln_run({"--nproc-per-node", "2", "--term-timeout", "0.5", "/bin/sh", "-c",
-                       "if [ \"$RANK\" = 0 ]; then sleep 0.3; exit 1; fi; trap '' TERM; "
-                       "while true; do sleep 0.1; done"},
+                       "f=/tmp/kiln_launcher_trap_$MASTER_PORT; if [ \"$RANK\" = 0 ]; then "
+                       "while [ ! -e $f ]; do sleep 0.02; done; rm -f $f; exit 1; fi; "
+                       "trap '' TERM; touch $f; while true; do sleep 0.1; done"},
                       seconds(20));
   ASSERT_FALSE(job.timed_out) << job.describe();
   const std::string& out = job.ranks[0].output;
