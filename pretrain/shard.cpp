@@ -101,6 +101,14 @@ uint64_t shard_checksum(const void* data, size_t n) {
   return c.value();
 }
 
+uint64_t shard_header_checksum(std::string_view header, uint64_t token_checksum) {
+  KILN_CHECK(header.size() >= 56, "[shard] shard_header_checksum needs the 56 header bytes");
+  ShardChecksum c;
+  c.update(header.data(), 56);
+  c.update(&token_checksum, 8);
+  return c.value();
+}
+
 uint64_t tokenizer_fingerprint(std::string_view tokenizer_json) {
   return shard_checksum(tokenizer_json.data(), tokenizer_json.size());
 }
@@ -187,7 +195,8 @@ void ShardWriter::append_document(std::span<const int64_t> ids) {
 ShardMeta ShardWriter::finish() {
   KILN_CHECK(!done_, "[shard] ", path_, ": finish() called twice");
   flush();
-  meta_.checksum = checksum_.value();
+  meta_.checksum = 0;
+  meta_.checksum = shard_header_checksum(serialize_header(meta_), checksum_.value());
   const std::string header = serialize_header(meta_);
   errno = 0;
   if (::pwrite(fd_, header.data(), header.size(), 0) != static_cast<ssize_t>(header.size())) {
@@ -281,9 +290,11 @@ ShardFile ShardFile::open(const std::string& path, bool verify) {
   f.data_ = bytes + kShardHeaderBytes;
   if (verify) {
     const size_t n = static_cast<size_t>(f.meta_.num_tokens) * f.meta_.token_bytes;
-    const uint64_t sum = shard_checksum(f.data_, n);
+    const uint64_t sum = shard_header_checksum(
+        {reinterpret_cast<const char*>(bytes), kShardHeaderBytes}, shard_checksum(f.data_, n));
     KILN_CHECK(sum == f.meta_.checksum, "[shard] ", path, ": checksum mismatch (the header says ",
-               f.meta_.checksum, ", the tokens hash to ", sum, "): the file is corrupt");
+               f.meta_.checksum, ", the header and tokens hash to ", sum,
+               "): the file is corrupt");
     int64_t max_id = 0;
     if (f.meta_.token_bytes == 2) {
       for (int64_t i = 0; i < f.meta_.num_tokens; ++i) max_id = std::max<int64_t>(max_id, f.u16()[i]);

@@ -12,7 +12,7 @@
 //   0  magic "KILNTOKS"        8  version (u32, 1)        12 token_bytes (u32: 2 or 4)
 //   16 num_tokens (u64)       24 num_documents (u64)     32 vocab_size (u64)
 //   40 eos_id (i64, -1: none) 48 tokenizer fingerprint (u64)
-//   56 checksum (u64, shard_checksum of the token bytes)
+//   56 checksum (u64, shard_header_checksum: of header bytes 0-55 and the tokens' checksum)
 // token_bytes is 2 when every id fits in 16 bits (vocab_size <= 65536), else 4.
 //
 // Pitfalls:
@@ -67,6 +67,10 @@ class ShardChecksum {
   size_t carry_n_ = 0;
 };
 uint64_t shard_checksum(const void* data, size_t n);
+// The header's checksum field: shard_checksum of the header's bytes 0-55 followed by the
+// 8 little-endian bytes of token_checksum (shard_checksum of the token bytes), so that a damaged
+// header field (a count, eos_id, the fingerprint) is caught as surely as a damaged token.
+uint64_t shard_header_checksum(std::string_view header, uint64_t token_checksum);
 
 // A 64-bit hash of a tokenizer.json's bytes (the same hash as shard_checksum); the byte
 // tokenizer's is kByteTokenizerFingerprint.

@@ -70,7 +70,7 @@ TEST_F(ShardTest, LargeVocabulariesUseU32AndTheHeaderIsAsDocumented) {
   EXPECT_EQ(u64(32), 128256u);  // vocab
   EXPECT_EQ(static_cast<int64_t>(u64(40)), -1);  // no eos
   EXPECT_EQ(u64(48), 5u);
-  EXPECT_EQ(u64(56), shard_checksum(bytes.data() + 64, 12));
+  EXPECT_EQ(u64(56), shard_header_checksum(bytes.substr(0, 56), shard_checksum(bytes.data() + 64, 12)));
   EXPECT_EQ(u32(64), 128255u);
   EXPECT_EQ(u32(72), 70000u);
   const ShardFile f = ShardFile::open(path);
@@ -176,11 +176,53 @@ TEST_F(ShardTest, IdsAtOrAboveTheVocabularyAreCaughtByVerification) {
   }());
   const uint16_t bad = 300;
   std::memcpy(bytes.data() + 64, &bad, 2);
-  const uint64_t sum = shard_checksum(bytes.data() + 64, 4);
+  const uint64_t sum = shard_header_checksum(bytes.substr(0, 56), shard_checksum(bytes.data() + 64, 4));
   std::memcpy(bytes.data() + 56, &sum, 8);
   test::write_bytes(file("bad.tokens"), bytes);
   EXPECT_KILN_ERROR(ShardFile::open(file("bad.tokens")),
                     "bad.tokens: token id 300 is outside the vocabulary of 300");
+}
+
+
+TEST_F(ShardTest, TheTokenSizeFollowsTheVocabulary) {
+  EXPECT_EQ(token_bytes_for_vocab(256), 2);
+  EXPECT_EQ(token_bytes_for_vocab(65536), 2);  // ids up to 65535
+  EXPECT_EQ(token_bytes_for_vocab(65537), 4);
+  ShardWriter w(file("edge.tokens"), {.vocab_size = 65536});
+  w.append_document(std::vector<int64_t>{65535, 0});
+  EXPECT_EQ(w.finish().token_bytes, 2);
+  EXPECT_EQ(ShardFile::open(file("edge.tokens")).token(0), 65535);
+}
+
+// Damage anywhere in a shard, a byte at a time (header fields included) or a truncation
+// anywhere: the verifying reader throws kiln::Error naming the file; it never crashes, reads past
+// the end or loads a damaged file.
+TEST_F(ShardTest, RandomDamageIsAlwaysCaught) {
+  ShardWriter w(file("base.tokens"), {.vocab_size = 70000, .eos_id = 3});
+  for (int d = 0; d < 5; ++d) w.append_document(std::vector<int64_t>{d, 69999, 1000 + d});
+  w.finish();
+  const std::string good = test::read_bytes(file("base.tokens"));
+  uint64_t x = 12345;
+  auto next = [&] { return x ^= x << 13, x ^= x >> 7, x ^= x << 17; };
+  int caught = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    std::string bad = good;
+    if (trial % 4 == 0) {
+      bad.resize(next() % good.size());
+    } else {
+      const size_t at = next() % good.size();
+      bad[at] = static_cast<char>(bad[at] ^ (1 + next() % 255));
+    }
+    test::write_bytes(file("bad.tokens"), bad);
+    try {
+      ShardFile::open(file("bad.tokens"));
+      ADD_FAILURE() << "trial " << trial << ": a damaged shard loaded";
+    } catch (const Error& e) {
+      ++caught;
+      EXPECT_NE(std::string(e.what()).find("bad.tokens"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(caught, 400);
 }
 
 }  // namespace
