@@ -50,6 +50,11 @@ void set_data(const Tensor& t, const Tensor& value,
   }
 }
 
+void set_module_tensor(const Tensor& target, const Tensor& value, bool requires_grad) {
+  target.impl()->set_data(*value.impl());
+  if (target.requires_grad() != requires_grad) const_cast<Tensor&>(target).requires_grad_(requires_grad);
+}
+
 }  // namespace internal
 
 namespace {
@@ -62,6 +67,11 @@ std::string join_name(const std::string& prefix, const std::string& name) {
 
 Module::Module(std::string name) : name_(std::move(name)) {}
 Module::Module() = default;
+
+std::shared_ptr<Module> Module::clone(const std::optional<Device>& /*device*/) const {
+  KILN_FAIL("[clone] ", name(), " does not support clone(): derive it from kiln::nn::Cloneable<",
+            name(), "> and give it a reset() that creates its parameters and submodules");
+}
 
 const std::string& Module::name() const noexcept {
   if (!name_) name_ = internal::demangle(typeid(*this));

@@ -234,6 +234,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // Drops (set_to_none) or zeroes the gradient of every parameter.
   virtual void zero_grad(bool set_to_none = true);
 
+  // A deep copy (new parameters and buffers with the same values, on `device` when given), as
+  // libtorch's: modules that derive from Cloneable<Self> have it; others fail naming the type.
+  virtual std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const;
+
   // --- State dict -------------------------------------------------------------------------
   // Parameters and persistent buffers by dotted name, detached (sharing storage).
   std::map<std::string, Tensor> state_dict() const;
@@ -319,6 +323,77 @@ class Module : public std::enable_shared_from_this<Module> {
   OrderedDict<std::string, std::shared_ptr<Module>> children_{"Submodule"};
   mutable std::optional<std::string> name_;
   bool is_training_ = true;
+};
+
+// The base of modules that clone(), as torch::nn::Cloneable: `struct NetImpl :
+// kiln::nn::Cloneable<NetImpl>`, whose reset() (re)creates every parameter, buffer and submodule
+// from the module's plain members (its constructor calls reset() too). clone() copies the module
+// (its plain members; holders and tensors are then replaced), calls reset() on the copy, and copies
+// the values of every parameter and buffer into it, with this module's dtype, device (or
+// `device`) and training mode:
+//
+//   struct NetImpl : kiln::nn::Cloneable<NetImpl> {
+//     explicit NetImpl(int64_t n) : n(n) { reset(); }
+//     void reset() override { fc = register_module("fc", kiln::nn::Linear(n, n)); }
+//     kiln::Tensor forward(const kiln::Tensor& x) { return fc(x); }
+//     int64_t n;
+//     kiln::nn::Linear fc{nullptr};
+//   };
+//   auto copy = std::dynamic_pointer_cast<NetImpl>(net->clone());
+namespace internal {
+// Makes `target` (a registered parameter or buffer) hold `value`'s data, keeping its identity.
+void set_module_tensor(const Tensor& target, const Tensor& value, bool requires_grad);
+}  // namespace internal
+
+template <typename Derived>
+class Cloneable : public Module {
+ public:
+  using Module::Module;
+  Cloneable() = default;
+  // A copy starts as an empty module (no parameters, buffers or children) of the same name:
+  // reset() fills it.
+  Cloneable(const Cloneable& other) : Module(other.name()) {}
+  Cloneable& operator=(const Cloneable&) = delete;
+
+  // (Re)creates the parameters, buffers and submodules.
+  virtual void reset() = 0;
+
+  std::shared_ptr<Module> clone(
+      const std::optional<Device>& device = std::nullopt) const override {
+    auto copy = std::make_shared<Derived>(static_cast<const Derived&>(*this));
+    copy->reset();
+    copy_state_into(*copy, device);
+    return copy;
+  }
+
+ private:
+  // Copies values, dtypes and devices of this module's parameters and buffers into the freshly
+  // reset `copy`, and the training mode.
+  void copy_state_into(Module& copy, const std::optional<Device>& device) const {
+    auto assign = [&](const OrderedDict<std::string, Tensor>& mine,
+                      const OrderedDict<std::string, Tensor>& theirs, const char* what) {
+      KILN_CHECK(mine.size() == theirs.size(), "[clone] ", name(), ": reset() made ",
+                 theirs.size(), " ", what, "s, the module has ", mine.size());
+      for (const auto& item : mine) {
+        const Tensor* target = theirs.find(item.key());
+        KILN_CHECK(target != nullptr, "[clone] ", name(), ": reset() made no ", what, " '",
+                   item.key(), "'");
+        const Tensor& src = item.value();
+        if (!src.defined()) continue;
+        KILN_CHECK(target->defined() && target->sizes() == src.sizes(), "[clone] ", name(), ": ",
+                   what, " '", item.key(), "' has shape ", shape_str(src.sizes()),
+                   " but reset() made ",
+                   target->defined() ? shape_str(target->sizes()) : std::string("none"));
+        internal::set_module_tensor(*target,
+                                    src.detach().to(device.value_or(src.device()), src.dtype(),
+                                                    /*non_blocking=*/false, /*copy=*/true),
+                                    src.requires_grad());
+      }
+    };
+    assign(named_parameters(), copy.named_parameters(), "parameter");
+    assign(named_buffers(), copy.named_buffers(), "buffer");
+    copy.train(is_training());
+  }
 };
 
 // A shared_ptr to a module with the module's call syntax, as torch::nn::ModuleHolder:

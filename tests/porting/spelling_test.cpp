@@ -166,4 +166,57 @@ TEST(SpellingTest, SaveAndLoadTensorsAndOptimizers) {
   fs::remove(of);
 }
 
+
+// A module written as libtorch's Cloneable modules are: reset() builds the layers.
+struct TwoLayerImpl : nn::Cloneable<TwoLayerImpl> {
+  explicit TwoLayerImpl(int64_t width) : width(width) { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", nn::Linear(4, width));
+    norm = register_module("norm", nn::BatchNorm2d(width));
+    fc2 = register_module("fc2", nn::Linear(width, 2));
+  }
+  Tensor forward(const Tensor& x) {
+    return fc2(norm(fc1(x).view({x.size(0), width, 1, 1})).view({x.size(0), width}));
+  }
+  int64_t width;
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+  nn::BatchNorm2d norm{nullptr};
+};
+KILN_MODULE(TwoLayer);
+
+TEST(SpellingTest, ModuleClone) {
+  manual_seed(5);
+  TwoLayer net(8);
+  net(randn({16, 4})).sum().backward();  // running statistics and gradients move on
+  net->fc2->weight.requires_grad_(false);
+  net->to(kF64);
+  net->eval();
+  std::shared_ptr<nn::Module> copy_base = net->clone();
+  auto copy = std::dynamic_pointer_cast<TwoLayerImpl>(copy_base);
+  ASSERT_NE(copy, nullptr);
+  EXPECT_FALSE(copy->is_training());
+  EXPECT_EQ(copy->width, 8);
+  const auto mine = net->state_dict(), theirs = copy->state_dict();
+  ASSERT_EQ(mine.size(), theirs.size());
+  for (const auto& [name, t] : mine) {
+    ASSERT_TRUE(theirs.count(name)) << name;
+    EXPECT_TRUE(equal(theirs.at(name), t)) << name;
+    EXPECT_EQ(theirs.at(name).dtype(), t.dtype()) << name;
+    EXPECT_FALSE(theirs.at(name).is_same(t)) << name;
+  }
+  EXPECT_FALSE(copy->fc2->weight.requires_grad());
+  EXPECT_TRUE(copy->fc1->weight.requires_grad());
+  EXPECT_FALSE(copy->fc1->weight.grad().defined());
+  // The same function, and independent storage.
+  const Tensor x = randn({3, 4}, kF64);
+  EXPECT_TRUE(equal(copy->forward(x), net(x)));
+  {
+    NoGradGuard guard;
+    copy->fc1->weight.add_(1);
+  }
+  EXPECT_FALSE(equal(copy->fc1->weight, net->fc1->weight));
+  // Built-in layers and plain modules say what to do.
+  EXPECT_KILN_ERROR(nn::Linear(2, 2)->clone(), "[clone] kiln::nn::LinearImpl does not support clone()");
+}
+
 }  // namespace
