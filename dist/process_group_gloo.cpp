@@ -253,9 +253,10 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr("127.0.0.1"));
   }
 
-  // Each group of this process gets its own keys (every rank creates groups in the same order).
-  static std::atomic<int> groups{0};
-  auto prefixed = std::make_shared<PrefixStore>("kiln/gloo/" + std::to_string(groups++), store);
+  // Each group gets its own keys: the ranks create their groups in the same order, and each
+  // counts its own in the store (so ranks may also be threads of one process).
+  const int64_t group = store->add("kiln/gloo/groups_of_rank/" + std::to_string(rank), 1);
+  auto prefixed = std::make_shared<PrefixStore>("kiln/gloo/" + std::to_string(group), store);
   GlooStore gloo_store(prefixed);
   impl_->context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   impl_->context->setTimeout(options.timeout);

@@ -228,8 +228,9 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   p.stream = cuda::Stream::create(p.device);
 
   // Rank 0 makes the communicator's id and shares it through the store.
-  static std::atomic<int> groups{0};
-  const std::string key = "kiln/nccl/" + std::to_string(groups++) + "/id";
+  // Each group its key: every rank counts its own groups in the store (see ProcessGroupGloo).
+  const int64_t group = store->add("kiln/nccl/groups_of_rank/" + std::to_string(rank), 1);
+  const std::string key = "kiln/nccl/" + std::to_string(group) + "/id";
   ncclUniqueId id;
   if (rank == 0) {
     p.check("ProcessGroupNCCL", ncclGetUniqueId(&id));

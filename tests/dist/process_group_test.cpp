@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "dist/dist.h"
 #include "spawn.h"
@@ -103,6 +104,35 @@ TEST(ProcessGroupGlooTest, GroupOfOne) {
   Tensor meta = empty({2}, TensorOptions().device(kMeta));
   EXPECT_NE(error_of([&] { pg.all_reduce(meta); }).find("the Gloo backend takes CPU tensors"),
             std::string::npos);
+}
+
+// Ranks may be threads of one process, and a rank may make several groups on one store.
+TEST(ProcessGroupGlooTest, TwoRanksAsThreadsWithTwoGroupsEach) {
+  TCPStoreOptions o;
+  o.port = 0;
+  o.is_server = true;
+  o.timeout = milliseconds(10000);
+  auto server = std::make_shared<TCPStore>("127.0.0.1", o);
+  std::vector<std::vector<float>> results(2);
+  auto rank_main = [&](int rank) {
+    TCPStoreOptions c = o;
+    c.is_server = false;
+    c.port = server->port();
+    auto store = rank == 0 ? std::static_pointer_cast<Store>(server)
+                           : std::make_shared<TCPStore>("127.0.0.1", c);
+    ProcessGroupGloo a(store, rank, 2, {milliseconds(10000), "127.0.0.1"});
+    ProcessGroupGloo b(store, rank, 2, {milliseconds(10000), "127.0.0.1"});
+    Tensor x = full({3}, rank + 1, kFloat), y = full({3}, 10 * (rank + 1), kFloat);
+    auto wb = b.all_reduce(y);  // the groups are independent: b before a
+    a.all_reduce(x)->wait();
+    wb->wait();
+    results[rank] = (x + y).to_vector<float>();
+  };
+  std::thread t1(rank_main, 1);
+  rank_main(0);
+  t1.join();
+  EXPECT_EQ(results[0], (std::vector<float>{33, 33, 33}));
+  EXPECT_EQ(results[1], (std::vector<float>{33, 33, 33}));
 }
 
 TEST(RendezvousTest, EnvironmentErrorsNameTheVariable) {
