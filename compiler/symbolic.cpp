@@ -1,5 +1,6 @@
 #include "compiler/symbolic.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "compiler/passes.h"
@@ -53,11 +54,7 @@ std::string structure_difference(const Trace& a, const Trace& b) {
   }
   if (a.outputs != b.outputs) return "the programs' outputs differ";
   if (a.roles != b.roles) return "the programs' values differ";
-  if (a.rng_blocks != b.rng_blocks) {
-    return "the program draws " + std::to_string(a.rng_blocks) + " and " +
-           std::to_string(b.rng_blocks) +
-           " Philox blocks: random ops whose draws depend on the size are not shared";
-  }
+
   if (a.grad_effects.size() != b.grad_effects.size()) return "the programs' grad effects differ";
   for (size_t i = 0; i < a.grad_effects.size(); ++i) {
     if (a.grad_effects[i].external != b.grad_effects[i].external ||
@@ -88,10 +85,9 @@ std::string structure_difference(const Trace& a, const Trace& b) {
     if (y.autocast.any()) {
       return op_where(b, i) + " keeps an autocast state (see compiler/autocast_pass.h)";
     }
-    if (x.rng_offset != y.rng_offset || x.rng_seed_from_entry != y.rng_seed_from_entry) {
-      return op_where(b, i) +
-             " draws at a size-dependent Philox offset: random ops whose draws depend on the "
-             "size are not shared";
+    if ((x.rng_offset >= 0) != (y.rng_offset >= 0) ||
+        x.rng_seed_from_entry != y.rng_seed_from_entry) {
+      return op_where(b, i) + " draws random numbers differently at the two sizes";
     }
     for (size_t k = 0; k < x.attrs.size(); ++k) {
       if (rebased(y, k)) continue;
@@ -112,6 +108,63 @@ std::string structure_difference(const Trace& a, const Trace& b) {
                " at the other (only integer attributes may follow the size)";
       }
     }
+  }
+  return "";
+}
+
+int64_t numel_of_output(const Trace& t, const BoundOp& op) {
+  return op.outputs.empty() || op.outputs[0] < 0 ? 0 : numel_of(t.value(op.outputs[0]).spec.sizes);
+}
+
+int64_t blocks_of(int64_t numel, int64_t per) { return (numel + per - 1) / per; }
+
+// How the random ops' Philox offsets follow the size (SizeFit::random_ops), or why they do not.
+std::string fit_random(const Trace& a, const Trace& b, SizeFit& fit) {
+  std::vector<size_t> ops;
+  bool same = a.rng_blocks == b.rng_blocks;
+  for (size_t i = 0; i < b.ops.size(); ++i) {
+    if (b.ops[i].rng_offset < 0) continue;
+    ops.push_back(i);
+    same &= a.ops[i].rng_offset == b.ops[i].rng_offset;
+  }
+  if (same) return "";  // draws that do not depend on the size
+  const std::string not_shared =
+      "random ops whose draws depend on the size are shared only when each draws ceil(numel / "
+      "k) Philox blocks one after the other: ";
+  if (b.rng_blocks == 0) {
+    return not_shared + "this program replays the draws of another (a recomputed forward)";
+  }
+  auto by_offset = [](const Trace& t, std::vector<size_t> order) {
+    std::stable_sort(order.begin(), order.end(), [&](size_t p, size_t q) {
+      return t.ops[p].rng_offset < t.ops[q].rng_offset;
+    });
+    return order;
+  };
+  const std::vector<size_t> order = by_offset(b, ops);
+  if (by_offset(a, ops) != order) return not_shared + "the ops draw in another order";
+  if (a.ops[order[0]].rng_offset != b.ops[order[0]].rng_offset)
+    return not_shared + "the first draw's offset changes";
+  fit.first_offset = b.ops[order[0]].rng_offset;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
+    auto blocks = [&](const Trace& t) {
+      const int64_t next = k + 1 < order.size() ? t.ops[order[k + 1]].rng_offset
+                                                : static_cast<int64_t>(t.rng_blocks);
+      return next - t.ops[i].rng_offset;
+    };
+    const int64_t na = numel_of_output(a, a.ops[i]), nb = numel_of_output(b, b.ops[i]);
+    int64_t per = 0;
+    for (int64_t k2 : {1, 2, 4, 8}) {
+      if (blocks_of(na, k2) != blocks(a) || blocks_of(nb, k2) != blocks(b)) continue;
+      if (per != 0) return not_shared + op_where(b, i) + " fits several block sizes";
+      per = k2;
+    }
+    if (per == 0) {
+      return not_shared + op_where(b, i) + " draws " + std::to_string(blocks(a)) + " and " +
+             std::to_string(blocks(b)) + " blocks for " + std::to_string(na) + " and " +
+             std::to_string(nb) + " elements";
+    }
+    fit.random_ops.emplace_back(i, per);
   }
   return "";
 }
@@ -139,6 +192,8 @@ std::string fit_sizes(const Trace& a, int64_t sa, const Trace& b, int64_t sb, Si
     }
     out.slopes.push_back((y - x) / (sb - sa));
   });
+  if (!why.empty()) return why;
+  why = fit_random(a, b, out);
   if (!why.empty()) return why;
   fit = std::move(out);
   return "";
@@ -203,6 +258,14 @@ std::string instantiate(const Trace& b, const SizeFit& fit, int64_t s,
       }
       spec = specs[k];
     }
+  }
+  if (!fit.random_ops.empty()) {  // the offsets eager code would reserve at this size
+    int64_t offset = fit.first_offset;
+    for (const auto& [i, per] : fit.random_ops) {
+      t.ops[i].rng_offset = offset;
+      offset += blocks_of(numel_of_output(t, t.ops[i]), per);
+    }
+    t.rng_blocks = static_cast<uint64_t>(offset);
   }
   t.stage = b.stage;
   out = std::move(t);

@@ -26,8 +26,11 @@
 //   - A size-dependent attribute that is affine at the two compiled sizes but not elsewhere,
 //     and that no meta rule checks, would be instantiated wrongly (min(T, 512) with T = 1024
 //     and 2048 reads as the constant 512; a later op's meta rule usually rejects the result).
-//   - Random ops whose number of Philox blocks depends on the size (dropout on a dynamic
-//     dimension) are not shared: their offsets would have to be re-derived per op.
+//   - Random ops whose number of Philox blocks depends on the size (dropout over the dynamic
+//     dimension) are shared when each op's blocks are ceil(numel / k) of its output at both
+//     sizes for one k in {1, 2, 4, 8}, and the ops' offsets follow one another without gaps:
+//     their offsets are then derived again per size, as eager code would reserve them. A
+//     backward that replays its forward's draws (recomputed dropout) is not shared.
 //   - Ops that kept an autocast state (compiler/autocast_pass.h's pitfall) are not shared.
 #pragma once
 
@@ -44,6 +47,11 @@ namespace kiln::compiler {
 struct SizeFit {
   int64_t at = 0;  // the size the template trace was compiled for
   std::vector<int64_t> slopes;
+  // When random ops draw size-dependent numbers of Philox blocks: each one (op index, in the
+  // order of its offset), with the elements one block serves (ceil(numel / per) blocks for an
+  // output of numel elements), from `first_offset` on.
+  std::vector<std::pair<size_t, int64_t>> random_ops;
+  int64_t first_offset = 0;
 };
 
 // Compares `a` (compiled for size `sa`) with `b` (for size `sb != sa`): returns why they

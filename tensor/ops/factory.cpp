@@ -89,7 +89,14 @@ TensorOptions options_like(const Tensor& t, const TensorOptions& o) {
   return r;
 }
 
-Tensor empty_like(const Tensor& t, const TensorOptions& o) { return empty(t.sizes(), options_like(t, o)); }
+Tensor empty_like(const Tensor& t, const TensorOptions& o) {
+  const TensorOptions r = options_like(t, o);
+  if (internal::factories_traced()) {  // recorded, as full() (bernoulli's output, say)
+    static const OpDef& op = KILN_OP(empty);
+    return finish(call_op1(op, {}, {to_shape(t.sizes()), r.dtype(), r.device()}), r);
+  }
+  return empty(t.sizes(), r);
+}
 Tensor zeros_like(const Tensor& t, const TensorOptions& o) { return zeros(t.sizes(), options_like(t, o)); }
 Tensor ones_like(const Tensor& t, const TensorOptions& o) { return ones(t.sizes(), options_like(t, o)); }
 Tensor full_like(const Tensor& t, const Scalar& v, const TensorOptions& o) {

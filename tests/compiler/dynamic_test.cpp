@@ -1,8 +1,8 @@
 // Dimensions marked dynamic (CompileOptions::dynamic, compiler/symbolic.h): the first two sizes
 // compile, further sizes share one fitted program without tracing, and every result equals
-// eager's. Where sharing is impossible (a random op on the dynamic dimension, a non-integer
-// attribute that follows the size, a meta rule that rejects the fitted attributes), the size
-// compiles on its own and the recompile reason says why.
+// eager's, random draws included. Where sharing is impossible (a constant that follows the size
+// but not as an integer, a meta rule that rejects the fitted attributes, several dimensions
+// changing differently), the size compiles on its own and the recompile reason says why.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -174,20 +174,6 @@ TEST(DynamicShapes, WhatCannotBeSharedSaysWhy) {
                 contains(f.stats().recompile_reasons[0], "0.500000 and 0.333333"))
         << f.stats().recompile_reasons[0];
   }
-  {  // dropout on the dynamic dimension: its Philox blocks depend on the size
-    auto f = compile([](const Tensor& x) { return kiln::dropout(x, 0.5, true); },
-                     CompileOptions().dynamic(0, 0));
-    for (int64_t t : {64, 128, 256}) {
-      manual_seed(3);
-      const Tensor x = ones({t});
-      const Tensor got = f(x);
-      manual_seed(3);
-      expect_equal(got, kiln::dropout(x, 0.5, true));
-    }
-    EXPECT_EQ(f.stats().dynamic_instances, 0);
-    EXPECT_TRUE(contains(f.stats().recompile_reasons[0], "Philox"))
-        << f.stats().recompile_reasons[0];
-  }
   {  // two marked dimensions changing to different sizes: one size at a time is shared
     auto fn = [](const Tensor& x) { return x.sum(0); };
     auto f = compile(fn, CompileOptions().dynamic(0, 0).dynamic(0, 1));
@@ -196,6 +182,32 @@ TEST(DynamicShapes, WhatCannotBeSharedSaysWhy) {
     EXPECT_TRUE(contains(f.stats().recompile_reasons[0], "changed, to different sizes"))
         << f.stats().recompile_reasons[0];
   }
+}
+
+// Dropout over the dynamic dimension: each size's program draws the Philox blocks eager code
+// reserves (offsets derived again per size), so compiled dropout equals eager dropout at sizes
+// the program was never compiled for, sizes not a multiple of a block's 4 elements included.
+TEST(DynamicShapes, RandomOpsDrawWhatEagerDraws) {
+  const Tensor fixed = ones({5});
+  auto fn = [&](const Tensor& x) {
+    Tensor a = kiln::dropout(x, 0.5, true);           // size-dependent blocks
+    Tensor b = kiln::dropout(fixed, 0.3, true);       // fixed blocks, after it
+    Tensor c = kiln::dropout(x * 2.0, 0.25, true);    // size-dependent again
+    return a.sum(-1) + b.sum() + c.sum(-1);
+  };
+  auto f = compile(fn, CompileOptions().dynamic(0, 1));
+  for (int64_t t : {64, 128, 66, 257, 1, 128}) {
+    SCOPED_TRACE("T = " + std::to_string(t));
+    const Tensor x = ones({3, t});
+    manual_seed(7);
+    const Tensor got = f(x);
+    const RngState after_compiled = get_rng_state();
+    manual_seed(7);
+    expect_equal(got, fn(x));
+    EXPECT_EQ(get_rng_state().offset, after_compiled.offset);  // the same blocks reserved
+  }
+  EXPECT_EQ(f.stats().misses, 2) << reasons(f.stats());
+  EXPECT_EQ(f.stats().dynamic_instances, 3);
 }
 
 // fit_sizes and instantiate on their own: the fitted attribute, and shapes and strides derived
