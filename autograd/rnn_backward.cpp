@@ -1,5 +1,6 @@
 // Backward rules of lstm_cell_fused and gru_cell_fused (tensor/ops/rnn.cpp): one call of the
-// fused backward op, which recomputes the gate activations from the saved pre-activations.
+// fused backward op, which recomputes the gate activations from the saved pre-activations; and
+// unbind_copy's (one stack).
 #include "autograd/backward_util.h"
 
 namespace kiln::autograd {
@@ -22,8 +23,19 @@ TensorVec gru_cell_backward_rule(const BackwardCall& c) {
           c.needs_grad(2) ? g[2] : Tensor()};
 }
 
+// One gradient per slice (zeros where a slice got none): stacked back along dim.
+TensorVec unbind_copy_backward_rule(const BackwardCall& c) {
+  if (!c.needs_grad(0)) return internal::no_grads(1);
+  const int64_t d = wrap_dim(c.attr<int64_t>(0), c.input(0).dim(), "unbind_copy");
+  if (c.grad_outputs.empty())
+    return {
+        zeros(c.input(0).sizes(), TensorOptions(c.input(0).dtype()).device(c.input(0).device()))};
+  return {stack(c.grad_outputs, d)};
+}
+
 }  // namespace
 
+KILN_REGISTER_BACKWARD(unbind_copy, unbind_copy_backward_rule, kSaveNone, false);
 KILN_REGISTER_BACKWARD(lstm_cell_fused, lstm_cell_backward_rule, kSaveAll, true);
 KILN_REGISTER_BACKWARD(gru_cell_fused, gru_cell_backward_rule, kSaveAll, false);
 

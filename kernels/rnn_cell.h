@@ -19,6 +19,14 @@
 #define KILN_RNN_HD inline
 #endif
 
+namespace kiln {
+struct OpCall;
+namespace cpu {
+// unbind_copy's kernel (kernels/cpu/rnn.cpp), registered for every device: one copy_ per slice.
+void unbind_copy_kernel(OpCall& c);
+}  // namespace cpu
+}  // namespace kiln
+
 namespace kiln::rnn_cell {
 
 KILN_RNN_HD float sigmoid_of(float x) { return 1.0f / (1.0f + ::expf(-x)); }

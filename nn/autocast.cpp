@@ -20,8 +20,9 @@ constexpr std::string_view kFloat32Ops[] = {
     "softmax", "log_softmax", "rms_norm",  "layer_norm",       "sum", "mean", "prod",  "var",
     "std",     "norm",        "logsumexp", "cumsum",           "exp", "log",  "log1p", "expm1",
     "rsqrt",   "reciprocal",  "pow",       "pow_tensor_scalar"};
-constexpr std::string_view kPromoteOps[] = {"cat",     "where",   "lerp",        "atan2",
-                                            "maximum", "minimum", "scatter_add", "index_add"};
+constexpr std::string_view kPromoteOps[] = {
+    "cat",     "where",       "lerp",      "atan2",           "maximum",
+    "minimum", "scatter_add", "index_add", "lstm_cell_fused", "gru_cell_fused"};
 
 // Calls f(op name, policy) for every op of the table.
 template <typename F>

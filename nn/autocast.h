@@ -17,8 +17,9 @@
 //     log1p, expm1, rsqrt, reciprocal, pow) cast f16/bf16 inputs to f32, so their results are
 //     f32. Composite norms and losses (F::layer_norm, F::rms_norm, F::cross_entropy, ...)
 //     follow from their parts, and F::layer_norm / F::rms_norm return f32 under autocast.
-//   - promote: cat, where, lerp, atan2, maximum, minimum, scatter_add, index_add cast their
-//     floating inputs to the widest floating dtype among them.
+//   - promote: cat, where, lerp, atan2, maximum, minimum, scatter_add, index_add and the fused
+//     recurrent cells (lstm_cell_fused, gru_cell_fused: low-precision gates from addmm meet the
+//     f32 cell state) cast their floating inputs to the widest floating dtype among them.
 //   - everything else runs on its inputs as they are (kiln's binary ops promote by
 //     themselves: a bf16 matmul result plus an f32 residual is f32).
 // f64 and non-floating inputs are never cast; ops given an explicit dtype attribute (softmax

@@ -245,6 +245,9 @@ Tensor geglu_tanh(const Tensor& gate, const Tensor& up);
 // with gates r, z, n (the hidden projection's n is gated by r). nn::LSTM and nn::GRU use them.
 std::tuple<Tensor, Tensor> lstm_cell_fused(const Tensor& gates, const Tensor& cx);
 Tensor gru_cell_fused(const Tensor& igates, const Tensor& hgates, const Tensor& hx);
+// The slices x.select(dim, i) as fresh tensors, whose gradient is one stack (unbind's views each
+// give back a gradient of x's full size): how the recurrent layers split their inputs into steps.
+std::vector<Tensor> unbind_copy(const Tensor& x, int64_t dim = 0);
 
 // Fused attention (tensor/ops/attention.cpp): q [B, H, T, D], k [B, H_kv, S, D] and v
 // [B, H_kv, S, Dv] (H a multiple of H_kv), softmax(scale * q k^T) v with causal (top-left

@@ -1,7 +1,8 @@
 // CPU kernels of lstm_cell_fused, gru_cell_fused and their backward ops (tensor/ops/rnn.cpp; the
 // formulas: kernels/rnn_cell.h, shared with kernels/cuda/rnn.cu). One pass over contiguous
 // copies of the operands (the gate tensors of nn::LSTM / nn::GRU are contiguous already), rows
-// split across threads, arithmetic in f32 for f16/bf16 (f64 for f64).
+// split across threads, arithmetic in f32 for f16/bf16 (f64 for f64). And unbind_copy's kernel.
+#include "autograd/grad_mode.h"
 #include "kernels/rnn_cell.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
@@ -120,6 +121,18 @@ void gru_cell_backward_cpu(OpCall& c) {
 }
 
 }  // namespace
+
+// unbind_copy's kernel, for every device (registered for CUDA in kernels/cuda/rnn.cu): one copy
+// per slice, through copy_ (device-agnostic).
+void unbind_copy_kernel(OpCall& c) {
+  NoGradGuard no_grad;
+  const int64_t d = wrap_dim(c.attr<int64_t>(0), c.input(0).dim(), "unbind_copy");
+  for (size_t i = 0; i < c.outputs.size(); ++i) {
+    c.outputs[i].copy_(c.input(0).select(d, static_cast<int64_t>(i)));
+  }
+}
+
+KILN_REGISTER_KERNEL(unbind_copy, kCPU, unbind_copy_kernel);
 
 // Every call the meta rules accept.
 KILN_REGISTER_KERNEL_IF(lstm_cell_fused, kCPU, "fused", lstm_cell_cpu, nullptr);

@@ -160,6 +160,9 @@ void gru_cell_backward_cuda(OpCall& c) {
 
 }  // namespace
 
+// kernels/cpu/rnn.cpp's: one copy_ per slice, on any device.
+KILN_REGISTER_KERNEL(unbind_copy, kCUDA, ::kiln::cpu::unbind_copy_kernel);
+
 // Every call the meta rules accept.
 KILN_REGISTER_KERNEL_IF(lstm_cell_fused, kCUDA, "fused", lstm_cell_cuda, nullptr);
 KILN_REGISTER_KERNEL(lstm_cell_fused_backward, kCUDA, lstm_cell_backward_cuda);

@@ -139,13 +139,14 @@ std::tuple<Tensor, Tensor, Tensor> RNNImplBase::run(const Tensor& input, const T
       // GRU keeps b_hh with the hidden projection (r gates its n part).
       Tensor bias;
       if (c.bias) bias = c.mode == RnnMode::kGru ? w.b_ih : w.b_ih + w.b_hh;
-      const Tensor xproj = kiln::linear(layer_input, w.w_ih, bias);  // [T, B, G * H]
+      // [T, B, G * H], split into steps by unbind_copy: its gradient is one stack.
+      const std::vector<Tensor> xproj = kiln::unbind_copy(kiln::linear(layer_input, w.w_ih, bias));
       const Tensor w_hh_t = w.w_hh.t();
       Tensor h = h0.select(0, idx), cell = c0.defined() ? c0.select(0, idx) : Tensor();
       std::vector<Tensor> hs(steps);
       for (int64_t s = 0; s < steps; ++s) {
         const int64_t t = dir == 0 ? s : steps - 1 - s;
-        const Tensor xt = xproj.select(0, t);
+        const Tensor& xt = xproj[t];
         switch (c.mode) {
           case RnnMode::kLstm: {
             auto [hy, cy] = kiln::lstm_cell_fused(kiln::addmm(xt, h, w_hh_t), cell);

@@ -13,6 +13,7 @@
 // gru_cell_fused(igates [B, 3H], hgates [B, 3H], hx [B, H]) -> hy [B, H], gates r, z, n:
 //   r = sigmoid(ir + hr), z = sigmoid(iz + hz), n = tanh(in + r hn), hy = (1 - z) n + z hx.
 // gru_cell_fused_backward(grad_hy, igates, hgates, hx) -> (grad_igates, grad_hgates, grad_hx).
+// unbind_copy(x; dim) -> the slices of x along dim as fresh tensors (PyTorch's unbind_copy).
 // All operands of one floating dtype and device, any strides; outputs contiguous, computed in f32
 // for f16/bf16 (f64 for f64). Without the fused ops a step is about ten small ops
 // (chunk, three sigmoids, two tanh, products, sums) and as many autograd nodes.
@@ -104,7 +105,22 @@ TensorVec gru_cell_fused_decomposition(const OpCall& c) {
   return {(n + z * (hx - n)).to(dt)};
 }
 
+// unbind_copy(x; dim) -> x.size(dim) outputs, each x.select(dim, i) as a fresh tensor.
+SpecList unbind_copy_meta(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  KILN_CHECK(x.dim() > 0, "[unbind_copy] cannot unbind a 0-d tensor");
+  const int64_t d = wrap_dim(c.attr<int64_t>(0), x.dim(), "unbind_copy");
+  Shape rest = to_shape(x.sizes());
+  rest.erase(rest.begin() + d);
+  return SpecList(static_cast<size_t>(x.size(d)), TensorSpec{rest, x.dtype(), x.device()});
+}
+
 }  // namespace
+
+// Attribute: 0 dim (int64). The recurrent layers split their hoisted input projection [T, B, G]
+// into steps with it: its backward is one stack of the steps' gradients, where T selects would
+// each give back a zero-filled [T, B, G] tensor to accumulate (quadratic in T).
+KILN_DEFINE_OP(unbind_copy, OpKind::kFunctional, unbind_copy_meta);
 
 KILN_DEFINE_OP(lstm_cell_fused, OpKind::kFunctional, lstm_cell_meta);
 KILN_REGISTER_DECOMPOSITION(lstm_cell_fused, lstm_cell_fused_decomposition);
@@ -117,6 +133,12 @@ std::tuple<Tensor, Tensor> lstm_cell_fused(const Tensor& gates, const Tensor& cx
   static const OpDef& op = KILN_OP(lstm_cell_fused);
   const TensorVec out = call_op(op, {gates, cx});
   return {out[0], out[1]};
+}
+
+std::vector<Tensor> unbind_copy(const Tensor& x, int64_t dim) {
+  static const OpDef& op = KILN_OP(unbind_copy);
+  const TensorVec out = call_op(op, {x}, {dim});
+  return std::vector<Tensor>(out.begin(), out.end());
 }
 
 Tensor gru_cell_fused(const Tensor& igates, const Tensor& hgates, const Tensor& hx) {

@@ -250,6 +250,14 @@ inline std::vector<OpSample> fused_samples() {
           [] {
             return Tensors{f32({2, 9}), nc(2, 9), f32({2, 3})};
           }),
+      {"unbind_copy",
+       [](const Tensors& x) {
+         const std::vector<Tensor> parts = unbind_copy(x[0], 1);
+         return Tensors(parts.begin(), parts.end());
+       },
+       [] {
+         return Tensors{nc(4, 3)};
+       }},
       {"lstm_step",
        [two](const Tensors& x) {
          return two(lstm_cell_fused(addmm(x[0], x[1], x[2].t()), x[3]));
