@@ -52,7 +52,9 @@ void set_data(const Tensor& t, const Tensor& value,
 
 void set_module_tensor(const Tensor& target, const Tensor& value, bool requires_grad) {
   target.impl()->set_data(*value.impl());
-  if (target.requires_grad() != requires_grad) const_cast<Tensor&>(target).requires_grad_(requires_grad);
+  if (target.requires_grad() != requires_grad) {
+    const_cast<Tensor&>(target).requires_grad_(requires_grad);
+  }
 }
 
 }  // namespace internal
