@@ -1,11 +1,13 @@
 #include "models/trainer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iomanip>
 #include <limits>
@@ -182,6 +184,60 @@ std::string format_number(double v, int precision, bool scientific = false) {
   return s.str();
 }
 
+// The step of a checkpoint file the trainer writes ("model-00000040.safetensors",
+// "optimizer-...", "trainer_state-....json"), or -1.
+int64_t checkpoint_file_step(const std::string& name) {
+  for (const auto& [prefix, suffix] : {std::pair{"model-", ".safetensors"},
+                                       std::pair{"optimizer-", ".safetensors"},
+                                       std::pair{"trainer_state-", ".json"}}) {
+    const std::string p = prefix, x = suffix;
+    if (name.size() == p.size() + 8 + x.size() && name.rfind(p, 0) == 0 &&
+        name.compare(name.size() - x.size(), x.size(), x) == 0) {
+      const std::string digits = name.substr(p.size(), 8);
+      if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+      return std::stoll(digits);
+    }
+  }
+  return -1;
+}
+
+// Keeps the checkpoint of `step` and the keep - 1 newest before it; removes the files of every
+// other step (older ones, and newer ones left by an earlier run in the same directory).
+void prune_checkpoints(const std::string& dir, int64_t step, int64_t keep) {
+  std::vector<std::pair<int64_t, fs::path>> files;
+  std::vector<int64_t> older;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const int64_t s = checkpoint_file_step(e.path().filename().string());
+    if (s < 0) continue;
+    files.emplace_back(s, e.path());
+    if (s < step) older.push_back(s);
+  }
+  std::sort(older.begin(), older.end(), std::greater<>());
+  older.erase(std::unique(older.begin(), older.end()), older.end());
+  if (static_cast<int64_t>(older.size()) > keep - 1) older.resize(static_cast<size_t>(keep - 1));
+  for (const auto& [s, path] : files) {
+    if (s == step || std::find(older.begin(), older.end(), s) != older.end()) continue;
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+}
+
+// Temporary files of a save that was killed (write_file_atomically's "<name>.tmp.<pid>.<hex>"
+// beside a checkpoint file, trainer_state.json or a metrics file): removed at the next start.
+void remove_stale_temporaries(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.find(".tmp.");
+    if (at == std::string::npos || !e.is_regular_file()) continue;
+    const std::string base = name.substr(0, at);
+    if (checkpoint_file_step(base) >= 0 || base == kStateFile || base == "metrics.jsonl" ||
+        base == "metrics.svg") {
+      std::error_code ec;
+      fs::remove(e.path(), ec);
+    }
+  }
+}
+
 std::string exact(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.17g", v);
@@ -197,7 +253,6 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
   id << std::setw(8) << std::setfill('0') << step;
   const std::string model_file = "model-" + id.str() + ".safetensors";
   const std::string opt_file = "optimizer-" + id.str() + ".safetensors";
-  const auto previous = read_checkpoint_info(dir);
   save(model, (fs::path(dir) / model_file).string());
   opt.save((fs::path(dir) / opt_file).string());
   std::ostringstream js;
@@ -212,13 +267,14 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
      << ", \"lr_decay_steps\": " << schedule.lr_decay_steps << "}";
   if (loader) js << ",\n  \"loader\": " << loader->to_json();
   js << "\n}\n";
-  write_file_atomically((fs::path(dir) / kStateFile).string(), js.str(), "pretrain");
-  // The new checkpoint is complete; the previous one's files can go.
-  if (previous && previous->model_file != model_file) {
-    std::error_code ec;
-    fs::remove(fs::path(dir) / previous->model_file, ec);
-    fs::remove(fs::path(dir) / previous->optimizer_file, ec);
+  // With several kept, each has its own state file (copy it to trainer_state.json to resume
+  // from it); trainer_state.json, written last, names the newest.
+  if (o.keep_checkpoints > 1) {
+    write_file_atomically((fs::path(dir) / ("trainer_state-" + id.str() + ".json")).string(),
+                          js.str(), "pretrain");
   }
+  write_file_atomically((fs::path(dir) / kStateFile).string(), js.str(), "pretrain");
+  prune_checkpoints(dir, step, o.keep_checkpoints);
 }
 
 // The run's data: a text or token file (TokenDataset, batches a pure function of the step), or
@@ -406,6 +462,8 @@ void PretrainOptions::validate() const {
   KILN_CHECK(eval_interval >= 0 && eval_batches > 0,
              "[pretrain] eval_interval must be >= 0 and eval_batches positive");
   KILN_CHECK(checkpoint_interval >= 0, "[pretrain] checkpoint_interval must be >= 0");
+  KILN_CHECK(keep_checkpoints >= 1, "[pretrain] keep_checkpoints must be >= 1, got ",
+             keep_checkpoints);
   KILN_CHECK(!resume || !out_dir.empty(), "[pretrain] resume needs out_dir (the checkpoint)");
   check_precision(precision, "pretrain");
 }
@@ -515,6 +573,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
   std::optional<CheckpointInfo> existing;
   if (!o.out_dir.empty()) {
     check_output_dir(o.out_dir);
+    remove_stale_temporaries(o.out_dir);
     existing = read_checkpoint_info(o.out_dir);
   }
   if (o.resume && existing) {

@@ -45,7 +45,8 @@
 // lrs), then trainer_state.json ({"config", "step", "precision", "model", "optimizer", ...,
 // "loader": the shard loader's position when training on shards}),
 // each written atomically. The json is written last and names the files it goes with, so a crash
-// at any point leaves the previous complete checkpoint; older files are removed after it.
+// at any point leaves the previous complete checkpoint; files of checkpoints beyond the newest
+// keep_checkpoints are removed after it, and temporary files of a killed save at the next start.
 // Beside the checkpoints: metrics.jsonl (a line per step and per evaluation) and metrics.svg
 // (train and validation loss and the lr against the step), refreshed at every logged line
 // (pretrain/metrics.h). SIGINT or SIGTERM stops the run after the current step, with a
@@ -101,6 +102,9 @@ struct PretrainOptions {
   int64_t eval_batches = 8;
   std::string out_dir;              // empty = no checkpoints
   int64_t checkpoint_interval = 0;  // 0 = only at the end
+  // Checkpoints kept: the newest keep_checkpoints; with more than one, each also has its own
+  // trainer_state-<step>.json (copy it over trainer_state.json to resume from it).
+  int64_t keep_checkpoints = 1;
   bool resume = false;
   uint64_t seed = 1337;
   // Runs the training step through kiln::compile (docs/compiler.md): traced on steps 1 and 2,

@@ -75,6 +75,7 @@ commands:
                                earlier and be resumed on the same schedule
       --save-every N           a checkpoint every N steps too (default: only at the end;
                                SIGINT/SIGTERM also save one and stop)
+      --keep K                 checkpoints kept, the newest (default: 1)
       --no-progress            plain lines even on a terminal (no progress bar)
       --seed S                 seed of the initialisation and the batches (default: 1337)
       --compile                run the training step through kiln::compile (traced on steps
@@ -233,7 +234,7 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   const Flags f = parse_flags(
       args,
       {"config", "data", "steps", "batch", "seq", "lr", "precision", "device", "out", "seed",
-       "save-every", "lr-decay-steps"},
+       "save-every", "lr-decay-steps", "keep"},
       {"resume", "compile", "no-progress"});
   PretrainOptions o;
   o.config_name = f.contains("config") ? f.at("config") : kiln::models::kDefaultConfig;
@@ -264,6 +265,10 @@ int cmd_pretrain(const std::vector<std::string>& args) {
     if (o.checkpoint_interval <= 0) throw UsageError{"--save-every must be positive"};
   }
   if (f.contains("no-progress")) o.progress_bar = false;
+  if (f.contains("keep")) {
+    o.keep_checkpoints = parse_int("keep", f.at("keep"));
+    if (o.keep_checkpoints <= 0) throw UsageError{"--keep must be positive"};
+  }
   const auto s = kiln::models::pretrain(o, std::cout);
   std::cout << "done: " << s.steps << " steps in " << std::fixed << std::setprecision(1)
             << s.seconds << " s | train loss " << std::setprecision(4) << s.final_train_loss

@@ -257,5 +257,45 @@ TEST_F(PretrainShardsTest, ResumeKeepsTheStoredSchedule) {
   EXPECT_EQ(jsonl.find("{\"step\": 5, \"loss\": "), jsonl.rfind("{\"step\": 5, \"loss\": "));
 }
 
+
+// --save-every 1 --keep 2: the two newest checkpoints stay, each with its own state file; a
+// temporary file of a killed save is removed at the next start.
+TEST_F(PretrainShardsTest, KeepsTheNewestCheckpointsAndCleansTemporaries) {
+  std::ostringstream log;
+  PretrainOptions o = options();
+  o.max_steps = 4;
+  o.grad_accum_steps = 1;
+  o.checkpoint_interval = 1;
+  o.keep_checkpoints = 2;
+  o.out_dir = file("run");
+  fs::create_directories(dir() / "run");
+  test::write_bytes(file("run/model-00000009.safetensors.tmp.123.abcdef"), "half a file");
+  test::write_bytes(file("run/notes.txt.tmp.1"), "not ours");
+  pretrain(o, log);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir() / "run")) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "metrics.jsonl", "metrics.svg", "model-00000003.safetensors",
+                       "model-00000004.safetensors", "notes.txt.tmp.1",
+                       "optimizer-00000003.safetensors", "optimizer-00000004.safetensors",
+                       "trainer_state-00000003.json", "trainer_state-00000004.json",
+                       "trainer_state.json"}));
+  EXPECT_EQ(test::read_bytes(file("run/trainer_state-00000004.json")),
+            test::read_bytes(file("run/trainer_state.json")));
+  // The older one resumes as well: its state file names its own files.
+  fs::copy_file(file("run/trainer_state-00000003.json"), file("run/trainer_state.json"),
+                fs::copy_options::overwrite_existing);
+  EXPECT_EQ(read_checkpoint_info(file("run"))->step, 3);
+  o.resume = true;
+  o.keep_checkpoints = 1;
+  const auto s = pretrain(o, log);
+  EXPECT_EQ(s.start_step, 3);
+  EXPECT_FALSE(fs::exists(file("run/model-00000003.safetensors")));  // keep 1: only step 4 now
+  EXPECT_TRUE(fs::exists(file("run/model-00000004.safetensors")));
+}
+
 }  // namespace
 }  // namespace kiln::models
