@@ -42,6 +42,11 @@ TEST(DdpTest, DifferentModelsAreRefused) {
   EXPECT_TRUE(job.all_ok()) << job.describe();
 }
 
+TEST(DdpTest, OneBucketPerDtype) {
+  auto job = run_workers("ddp_two_dtypes", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
 TEST(DdpTest, FindUnusedParametersAtWorldSizeOne) {
   auto job = run_workers("ddp_find_unused", 1);
   EXPECT_TRUE(job.all_ok()) << job.describe();

@@ -393,6 +393,44 @@ void ddp_find_unused() {
   std::cout << "rank " << r << ": find_unused_parameters ok\n";
 }
 
+// Parameters of two dtypes go to separate buckets; the gradients still equal one process.
+struct TwoDtypesImpl : nn::Module {
+  TwoDtypesImpl() {
+    a = register_module("a", nn::Linear(3, 2));
+    b = register_module("b", nn::Linear(3, 2));
+    b->to(kDouble);
+  }
+  Tensor forward(const Tensor& x) {
+    return a(x.to(kFloat)).to(kDouble).square().mean() + b(x).square().mean();
+  }
+  nn::Linear a{nullptr}, b{nullptr};
+};
+KILN_MODULE(TwoDtypes);
+
+void ddp_two_dtypes() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int r = pg->rank(), n = pg->size();
+  manual_seed(11);
+  TwoDtypes model;
+  manual_seed(11);
+  TwoDtypes ref;
+  DistributedDataParallel ddp(model, pg);
+  const auto buckets = ddp.reducer().bucket_indices();
+  WCHECK(buckets.size() == 2, "one bucket per dtype, got ", buckets.size());
+  manual_seed(12);
+  Tensor x = randn({2 * n, 3}, kDouble);
+  ddp(x.narrow(0, 2 * r, 2)).backward();
+  Tensor total = zeros({}, kDouble);
+  for (int q = 0; q < n; ++q) total = total + ref(x.narrow(0, 2 * q, 2));
+  (total / n).backward();
+  const auto p = model->parameters(), q = ref->parameters();
+  for (size_t i = 0; i < p.size(); ++i) {
+    WCHECK(p[i].grad().dtype() == p[i].dtype(), "gradient dtype");
+    expect_close(p[i].grad(), q[i].grad(), p[i].dtype() == kFloat ? 1e-5 : 1e-12,
+                 "gradient " + std::to_string(i));
+  }
+}
+
 // Ranks with different models are refused by the constructor.
 void ddp_mismatch() {
   auto pg = init_process_group("gloo", short_timeout(10000));
@@ -413,6 +451,7 @@ const std::map<std::string, std::function<void()>>& scenarios() {
       {"ddp_unused_parameter", ddp_unused_parameter},
       {"ddp_mismatch", ddp_mismatch},
       {"ddp_find_unused", ddp_find_unused},
+      {"ddp_two_dtypes", ddp_two_dtypes},
   };
   return m;
 }
