@@ -5,7 +5,9 @@
 // stays integral.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <type_traits>
 
@@ -41,6 +43,16 @@ class Scalar {
       return kind_ == Kind::Double ? d_ != 0.0 : i_ != 0;
     } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
       return T(static_cast<float>(to<double>()));
+    } else if constexpr (std::is_integral_v<T>) {
+      if (kind_ != Kind::Double) return static_cast<T>(i_);
+      // A double converts to an integer type when it is finite and its truncation fits (NaN,
+      // infinities and out-of-range values would be undefined behaviour).
+      const double upper = std::ldexp(1.0, std::numeric_limits<T>::digits);
+      KILN_CHECK((std::is_signed_v<T> ? d_ >= -upper : d_ > -1.0) && d_ < upper,
+                 "[Scalar] the value ", d_, " cannot be converted to a ",
+                 std::numeric_limits<T>::digits + (std::is_signed_v<T> ? 1 : 0),
+                 "-bit integer (NaN, infinite or out of range)");
+      return static_cast<T>(d_);
     } else {
       return kind_ == Kind::Double ? static_cast<T>(d_) : static_cast<T>(i_);
     }

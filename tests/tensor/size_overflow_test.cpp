@@ -1,9 +1,11 @@
-// Sizes that overflow int64 (issue 21, point 5): every shape, numel, stride and byte count is
+// Sizes that overflow int64 (issue 21, point 5), and numbers that do not fit the integer they are
+// converted to (point 8): every shape, numel, stride and byte count is
 // checked, so that no overflowing tensor can be made and no out-of-bounds access follows from
 // one. Each case failed before: empty({1 << 62, 4}) returned an empty tensor (2^64 wrapped to
 // 0), and an as_strided view whose extent wrapped negative passed its bounds check.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "kiln.h"
@@ -62,6 +64,26 @@ TEST(SizeOverflow, LayoutHelpers) {
   EXPECT_KILN_ERROR(layout_extent({2}, {1, 1}, "myop"), "different lengths");
   EXPECT_EQ(nbytes_of({2, 3}, 4, "t"), 24u);
   EXPECT_KILN_ERROR(nbytes_of({kHuge, 2}, 1, "myop"), "more elements");
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// item<int64_t>() of NaN, an infinity or an out-of-range value is an error (issue 21, point 8),
+// not the undefined behaviour of a float-to-int cast.
+TEST(ScalarConversion, NonFiniteOrOutOfRangeToIntegerIsAnError) {
+  EXPECT_KILN_ERROR(full({}, std::nan("")).item<int64_t>(), "cannot be converted to a 64-bit");
+  EXPECT_KILN_ERROR(full({}, INFINITY).item<int64_t>(), "NaN, infinite or out of range");
+  EXPECT_KILN_ERROR(full({}, 1e19).item<int64_t>(), "cannot be converted");
+  EXPECT_KILN_ERROR(full({}, 3e9).item<int32_t>(), "cannot be converted to a 32-bit");
+  EXPECT_KILN_ERROR(Scalar(-1.0).to<uint8_t>(), "cannot be converted to a 8-bit");
+  EXPECT_EQ(full({}, -2.75).item<int64_t>(), -2);  // truncation, as a C++ cast
+  EXPECT_EQ(full({}, -9.2233720368547758e18).item<int64_t>(), INT64_MIN);
+  EXPECT_EQ(Scalar(255.5).to<uint8_t>(), 255);
+  EXPECT_TRUE(std::isnan(full({}, std::nan("")).item<double>()));
 }
 
 }  // namespace
