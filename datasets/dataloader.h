@@ -219,8 +219,8 @@ class WorkerPool {
       if (in_flight_ == 0) return nullopt;
       Result popped;
       KILN_CHECK(results_.pop(&popped, timeout_),
-                 "[DataLoader] no batch arrived from the workers within the ",
-                 timeout_->count(), " ms timeout");
+                 "[DataLoader] no batch arrived from the workers within the ", timeout_->count(),
+                 " ms timeout");
       --in_flight_;
       if (!ordered_) return deliver(std::move(popped));
       const size_t sequence = popped.sequence;
@@ -300,9 +300,11 @@ struct IsOptional<std::optional<T>> : std::true_type {};
 
 // A dataset is stateful when its batches are optional (datasets::StatefulDataset): it decides
 // the batches itself and says when the epoch is over.
+// clang-format off
 template <typename Dataset>
 concept StatefulDatasetType = requires { typename Dataset::BatchType; } &&
                               internal::IsOptional<typename Dataset::BatchType>::value;
+// clang-format on
 
 template <typename Dataset, typename Sampler>
 class StatelessDataLoader {
@@ -315,13 +317,14 @@ class StatelessDataLoader {
       : options_(options),
         sampler_(std::move(sampler)),
         // Each worker owns a copy of the dataset, as libtorch's loader does.
-        pool_(options_.workers,
-              [&dataset]() -> typename Pool::Produce {
-                return [d = dataset](BatchRequestType request) mutable {
-                  return d.get_batch(std::move(request));
-                };
-              },
-              options_.enforce_ordering, options_.timeout) {
+        pool_(
+            options_.workers,
+            [&dataset]() -> typename Pool::Produce {
+              return [d = dataset](BatchRequestType request) mutable {
+                return d.get_batch(std::move(request));
+              };
+            },
+            options_.enforce_ordering, options_.timeout) {
     if (options_.workers == 0) main_dataset_.emplace(std::move(dataset));
   }
   StatelessDataLoader(const StatelessDataLoader&) = delete;
@@ -399,13 +402,14 @@ class StatefulDataLoader {
   StatefulDataLoader(Dataset dataset, DataLoaderOptions options)
       : options_(options),
         dataset_(std::make_shared<Dataset>(std::move(dataset))),
-        pool_(options_.workers,
-              [this]() -> typename Pool::Produce {
-                return [d = dataset_](BatchRequestType request) {
-                  return d->get_batch(std::move(request));
-                };
-              },
-              options_.enforce_ordering, options_.timeout) {}
+        pool_(
+            options_.workers,
+            [this]() -> typename Pool::Produce {
+              return [d = dataset_](BatchRequestType request) {
+                return d->get_batch(std::move(request));
+              };
+            },
+            options_.enforce_ordering, options_.timeout) {}
   StatefulDataLoader(const StatefulDataLoader&) = delete;
   StatefulDataLoader& operator=(const StatefulDataLoader&) = delete;
 
@@ -414,7 +418,8 @@ class StatefulDataLoader {
     pool_.drain();
     dataset_->reset();
     exhausted_ = false;
-    for (size_t i = 0; i < options_.max_jobs; ++i) pool_.push(BatchRequestType(options_.batch_size));
+    for (size_t i = 0; i < options_.max_jobs; ++i)
+      pool_.push(BatchRequestType(options_.batch_size));
     return IteratorType([this] { return next(); });
   }
   IteratorType end() { return IteratorType(); }
@@ -471,32 +476,31 @@ concept SamplerType = requires(S s, size_t n) {
 };
 
 template <typename Sampler = samplers::RandomSampler, typename Dataset>
-  requires(SamplerType<Sampler> && !StatefulDatasetType<Dataset>)
-std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(
-    Dataset dataset, Sampler sampler, DataLoaderOptions options = DataLoaderOptions()) {
+requires(SamplerType<Sampler> && !StatefulDatasetType<Dataset>)
+    std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(
+        Dataset dataset, Sampler sampler, DataLoaderOptions options = DataLoaderOptions()) {
   return std::make_unique<StatelessDataLoader<Dataset, Sampler>>(
       std::move(dataset), std::move(sampler), std::move(options));
 }
 
 template <typename Sampler = samplers::RandomSampler, typename Dataset>
-  requires(std::is_constructible_v<Sampler, size_t> && !StatefulDatasetType<Dataset>)
-std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(
-    Dataset dataset, DataLoaderOptions options = DataLoaderOptions()) {
+requires(std::is_constructible_v<Sampler, size_t> && !StatefulDatasetType<Dataset>)
+    std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(
+        Dataset dataset, DataLoaderOptions options = DataLoaderOptions()) {
   const size_t size = internal::dataset_size(dataset);
   return make_data_loader(std::move(dataset), Sampler(size), std::move(options));
 }
 
 template <typename Sampler = samplers::RandomSampler, typename Dataset>
-  requires(std::is_constructible_v<Sampler, size_t> && !StatefulDatasetType<Dataset>)
-std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(Dataset dataset,
-                                                                        size_t batch_size) {
+requires(std::is_constructible_v<Sampler, size_t> && !StatefulDatasetType<Dataset>)
+    std::unique_ptr<StatelessDataLoader<Dataset, Sampler>> make_data_loader(Dataset dataset,
+                                                                            size_t batch_size) {
   return make_data_loader<Sampler>(std::move(dataset), DataLoaderOptions(batch_size));
 }
 
 // A stateful dataset (datasets::StatefulDataset, or a map of one) needs no sampler.
 template <typename Dataset>
-  requires StatefulDatasetType<Dataset>
-std::unique_ptr<StatefulDataLoader<Dataset>> make_data_loader(
+requires StatefulDatasetType<Dataset> std::unique_ptr<StatefulDataLoader<Dataset>> make_data_loader(
     Dataset dataset, DataLoaderOptions options = DataLoaderOptions()) {
   return std::make_unique<StatefulDataLoader<Dataset>>(std::move(dataset), std::move(options));
 }

@@ -113,10 +113,9 @@ using MapOutput = std::conditional_t<Unoptional<SourceBatch>::optional,
 
 template <typename SourceDataset, typename AppliedTransform>
 class MapDataset
-    : public BatchDataset<
-          MapDataset<SourceDataset, AppliedTransform>,
-          internal::MapOutput<typename SourceDataset::BatchType, AppliedTransform>,
-          typename SourceDataset::BatchRequestType> {
+    : public BatchDataset<MapDataset<SourceDataset, AppliedTransform>,
+                          internal::MapOutput<typename SourceDataset::BatchType, AppliedTransform>,
+                          typename SourceDataset::BatchRequestType> {
   using SourceBatch = typename SourceDataset::BatchType;
   static constexpr bool kStateful = internal::Unoptional<SourceBatch>::optional;
 
@@ -143,11 +142,7 @@ class MapDataset
   }
   optional<size_t> size() const override { return dataset_.size(); }
   // Resets a stateful source.
-  void reset()
-    requires kStateful
-  {
-    dataset_.reset();
-  }
+  void reset() requires kStateful { dataset_.reset(); }
 
   const SourceDataset& dataset() const noexcept { return dataset_; }
   const AppliedTransform& transform() const noexcept { return transform_; }
@@ -166,7 +161,8 @@ MapDataset<DatasetType, TransformType> map(DatasetType dataset, TransformType tr
 class TensorDataset : public Dataset<TensorDataset, TensorExample> {
  public:
   // Stacks the tensors (all of one shape) into one.
-  explicit TensorDataset(const std::vector<Tensor>& tensors) : TensorDataset(kiln::stack(tensors)) {}
+  explicit TensorDataset(const std::vector<Tensor>& tensors)
+      : TensorDataset(kiln::stack(tensors)) {}
   explicit TensorDataset(Tensor tensor) : tensor(std::move(tensor)) {
     KILN_CHECK(this->tensor.defined() && this->tensor.dim() >= 1,
                "[TensorDataset] expected a tensor with at least one dimension");

@@ -9,16 +9,16 @@
 // optimizers, and a sample of generated images, in out_dir (a temporary folder by default). The
 // run fails (exit status 1) if a loss is not finite or a checkpoint does not load back to the
 // same generator.
+#include <kiln/kiln.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 #include <vector>
-
-#include <kiln/kiln.h>
 
 namespace {
 
@@ -73,8 +73,7 @@ nn::Sequential make_discriminator(int64_t c) {
       nn::BatchNorm2d(2 * c), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
       nn::Conv2d(nn::Conv2dOptions(2 * c, 4 * c, 4).stride(2).padding(1).bias(false)),
       nn::BatchNorm2d(4 * c), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
-      nn::Conv2d(nn::Conv2dOptions(4 * c, 1, 3).stride(1).padding(0).bias(false)),
-      nn::Sigmoid());
+      nn::Conv2d(nn::Conv2dOptions(4 * c, 1, 3).stride(1).padding(0).bias(false)), nn::Sigmoid());
 }
 
 // Synthetic "digits": a bright bar across a dark 28x28 image, at a random place and
@@ -115,15 +114,15 @@ template <typename Dataset>
 bool train(Dataset dataset, int64_t channels, size_t epochs, const fs::path& out) {
   using namespace kiln::data;
   const size_t batches_per_epoch = dataset.size().value() / kBatchSize;
-  auto loader = make_data_loader(std::move(dataset),
-                                 DataLoaderOptions().batch_size(kBatchSize).workers(2).drop_last(true));
+  auto loader = make_data_loader(
+      std::move(dataset), DataLoaderOptions().batch_size(kBatchSize).workers(2).drop_last(true));
 
   Generator generator(channels);
   nn::Sequential discriminator = make_discriminator(channels);
-  kiln::optim::Adam generator_optimizer(
-      generator->parameters(), kiln::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
-  kiln::optim::Adam discriminator_optimizer(
-      discriminator->parameters(), kiln::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
+  kiln::optim::Adam generator_optimizer(generator->parameters(),
+                                        kiln::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
+  kiln::optim::Adam discriminator_optimizer(discriminator->parameters(),
+                                            kiln::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
 
   for (size_t epoch = 1; epoch <= epochs; ++epoch) {
     size_t batch_index = 0;
@@ -195,26 +194,24 @@ int main(int argc, char** argv) {
   kiln::manual_seed(0);
   const std::string root = argc > 1 ? argv[1] : "";
   const size_t epochs = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : has_mnist(root) ? 30 : 2;
-  fs::path out = argc > 3 ? fs::path(argv[3])
-                          : fs::temp_directory_path() /
-                                ("kiln_dcgan_example_" + std::to_string(::getpid()));
+  fs::path out =
+      argc > 3 ? fs::path(argv[3])
+               : fs::temp_directory_path() / ("kiln_dcgan_example_" + std::to_string(::getpid()));
   fs::create_directories(out);
 
   using namespace kiln::data;
   bool ok;
   if (has_mnist(root)) {
     // Pixels in [0, 1] -> [-1, 1], the generator's tanh range.
-    ok = train(datasets::MNIST(root)
-                   .map(transforms::Normalize<>(0.5, 0.5))
-                   .map(transforms::Stack<>()),
-               /*channels=*/64, epochs, out);
+    ok = train(
+        datasets::MNIST(root).map(transforms::Normalize<>(0.5, 0.5)).map(transforms::Stack<>()),
+        /*channels=*/64, epochs, out);
   } else {
     std::printf("No MNIST files%s%s: training on synthetic images\n", root.empty() ? "" : " in ",
                 root.c_str());
-    ok = train(SyntheticDigits(256)
-                   .map(transforms::Normalize<>(0.5, 0.5))
-                   .map(transforms::Stack<>()),
-               /*channels=*/16, epochs, out);
+    ok = train(
+        SyntheticDigits(256).map(transforms::Normalize<>(0.5, 0.5)).map(transforms::Stack<>()),
+        /*channels=*/16, epochs, out);
   }
   if (argc <= 3) fs::remove_all(out);
   return ok ? 0 : 1;

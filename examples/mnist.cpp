@@ -8,6 +8,9 @@
 // same idx format to a temporary folder and reads that back through the same datasets::MNIST
 // path: ten classes, each a bright 6x6 square at its own place on a noisy 28x28 image, shifted by
 // up to a pixel. Exit status 0 when the test accuracy reaches 90%.
+#include <kiln/kiln.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,10 +20,7 @@
 #include <fstream>
 #include <iostream>
 #include <string>
-#include <unistd.h>
 #include <vector>
-
-#include <kiln/kiln.h>
 
 namespace {
 
@@ -41,7 +41,7 @@ struct NetImpl : kiln::nn::Module {
 
   // [B, 1, 28, 28] -> log-probabilities [B, 10].
   kiln::Tensor forward(kiln::Tensor x) {
-    x = kiln::relu(kiln::max_pool2d(conv1->forward(x), 2));                     // [B, 10, 12, 12]
+    x = kiln::relu(kiln::max_pool2d(conv1->forward(x), 2));                       // [B, 10, 12, 12]
     x = kiln::relu(kiln::max_pool2d(conv2_drop->forward(conv2->forward(x)), 2));  // [B, 20, 4, 4]
     x = x.view({-1, 320});
     x = kiln::relu(fc1->forward(x));
@@ -153,9 +153,8 @@ int main(int argc, char** argv) {
   const size_t epochs = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : synthetic.empty() ? 1 : 4;
 
   using namespace kiln::data;
-  auto train_set = datasets::MNIST(root)
-                       .map(transforms::Normalize<>(0.1307, 0.3081))
-                       .map(transforms::Stack<>());
+  auto train_set =
+      datasets::MNIST(root).map(transforms::Normalize<>(0.1307, 0.3081)).map(transforms::Stack<>());
   const size_t train_size = train_set.size().value();
   auto train_loader = make_data_loader<samplers::RandomSampler>(
       std::move(train_set), DataLoaderOptions().batch_size(64).workers(2));

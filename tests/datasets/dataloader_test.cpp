@@ -178,11 +178,9 @@ TEST(DataLoaderTest, WorkerErrorsReachTheLoop) {
 TEST(DataLoaderTest, TimeoutFailsClearly) {
   auto loader = data::make_data_loader<data::samplers::SequentialSampler>(
       Numbers(4).slow_at(0, 300).map(data::transforms::Stack<>()),
-      data::DataLoaderOptions()
-          .batch_size(2)
-          .workers(1)
-          .timeout(std::chrono::milliseconds(20)));
-  EXPECT_KILN_ERROR(*loader->begin(), "[DataLoader] no batch arrived from the workers within the 20 ms");
+      data::DataLoaderOptions().batch_size(2).workers(1).timeout(std::chrono::milliseconds(20)));
+  EXPECT_KILN_ERROR(*loader->begin(),
+                    "[DataLoader] no batch arrived from the workers within the 20 ms");
 }
 
 TEST(DataLoaderTest, RestartingMidEpochStartsOver) {
@@ -204,7 +202,8 @@ TEST(DataLoaderTest, BadOptionsAndUnsizedDatasets) {
     data::Example<> get(size_t) override { return {}; }
     kiln::optional<size_t> size() const override { return kiln::nullopt; }
   };
-  EXPECT_KILN_ERROR(data::make_data_loader(Unsized(), 2), "[make_data_loader] the dataset has no size()");
+  EXPECT_KILN_ERROR(data::make_data_loader(Unsized(), 2),
+                    "[make_data_loader] the dataset has no size()");
   auto loader = data::make_data_loader(Numbers(3), 1);
   loader->join();
   EXPECT_KILN_ERROR(loader->begin(), "[DataLoader] begin() after join()");
@@ -215,7 +214,6 @@ TEST(DataLoaderTest, EmptyDatasetYieldsNoBatches) {
                                        data::DataLoaderOptions(4).workers(2));
   EXPECT_TRUE(targets_of_epoch(*loader).empty());
 }
-
 
 // A stateful dataset: hands out 0, 1, ..., n - 1 in batches as asked, safe on several threads.
 class Counter : public data::datasets::StatefulDataset<Counter> {

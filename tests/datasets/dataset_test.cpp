@@ -1,7 +1,5 @@
 // Datasets, transforms and samplers of kiln::data, written as a libtorch user would write them:
 // a user Dataset<Self>, .map() chains, Stack/Normalize/Lambda, every sampler's indices.
-#include "datasets/data.h"
-
 #include <gtest/gtest.h>
 #include <kiln/kiln.h>
 
@@ -10,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "datasets/data.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -60,7 +59,7 @@ TEST(DatasetTest, MapOnLvalueCopiesAndChains) {
                      .map(data::transforms::TensorLambda<>([](Tensor t) { return t + 1; }))
                      .map(data::transforms::Stack<>());
   const auto b = doubled.get_batch({2});
-  EXPECT_EQ(b.data.to_vector<float>(), (std::vector<float>{5, -3}));  // 2*2+1, -2*2+1
+  EXPECT_EQ(b.data.to_vector<float>(), (std::vector<float>{5, -3}));            // 2*2+1, -2*2+1
   EXPECT_EQ(base.get(2).data.to_vector<float>(), (std::vector<float>{2, -2}));  // untouched
   EXPECT_EQ(doubled.dataset().dataset().dataset().size().value(), 6u);
 }

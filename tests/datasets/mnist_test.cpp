@@ -41,10 +41,12 @@ void put_be32(std::string& s, uint32_t v) {
 }
 
 void write(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-std::string idx(uint32_t magic, const std::vector<uint32_t>& dims, const std::vector<uint8_t>& body) {
+std::string idx(uint32_t magic, const std::vector<uint32_t>& dims,
+                const std::vector<uint8_t>& body) {
   std::string s;
   put_be32(s, magic);
   for (uint32_t d : dims) put_be32(s, d);
@@ -56,7 +58,8 @@ std::string idx(uint32_t magic, const std::vector<uint32_t>& dims, const std::ve
 std::vector<uint8_t> pixels(uint32_t n, uint32_t rows, uint32_t cols) {
   std::vector<uint8_t> p;
   for (uint32_t i = 0; i < n; ++i)
-    for (uint32_t j = 0; j < rows * cols; ++j) p.push_back(static_cast<uint8_t>((i * 7 + j * 3) % 256));
+    for (uint32_t j = 0; j < rows * cols; ++j)
+      p.push_back(static_cast<uint8_t>((i * 7 + j * 3) % 256));
   return p;
 }
 std::vector<uint8_t> labels(uint32_t n) {
@@ -67,7 +70,8 @@ std::vector<uint8_t> labels(uint32_t n) {
 
 void write_split(const TempDir& dir, const std::string& prefix, uint32_t n, uint32_t rows,
                  uint32_t cols) {
-  write(dir.file(prefix + "-images-idx3-ubyte"), idx(0x803, {n, rows, cols}, pixels(n, rows, cols)));
+  write(dir.file(prefix + "-images-idx3-ubyte"),
+        idx(0x803, {n, rows, cols}, pixels(n, rows, cols)));
   write(dir.file(prefix + "-labels-idx1-ubyte"), idx(0x801, {n}, labels(n)));
 }
 
@@ -146,7 +150,8 @@ TEST(MnistTest, MalformedFiles) {
   auto short_px = pixels(2, 3, 3);
   short_px.pop_back();
   write(images, idx(0x803, {2, 3, 3}, short_px));
-  EXPECT_KILN_ERROR(MNIST(dir.str()), "the header announces [2, 3, 3] = 18 bytes of data, but the file holds 17");
+  EXPECT_KILN_ERROR(MNIST(dir.str()),
+                    "the header announces [2, 3, 3] = 18 bytes of data, but the file holds 17");
   auto long_px = pixels(2, 3, 3);
   long_px.push_back(0);
   write(images, idx(0x803, {2, 3, 3}, long_px));

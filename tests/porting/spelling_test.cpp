@@ -26,10 +26,10 @@ std::string temp_file(const std::string& name) {
 TEST(SpellingTest, SliceTakesNoneAsABound) {
   using namespace indexing;
   Tensor t = arange(12).view({3, 4});
-  EXPECT_TRUE(equal(t.index({Slice(1, None)}), t.slice(0, 1)));            // t[1:]
-  EXPECT_TRUE(equal(t.index({Slice(None, 2)}), t.slice(0, 0, 2)));         // t[:2]
+  EXPECT_TRUE(equal(t.index({Slice(1, None)}), t.slice(0, 1)));                       // t[1:]
+  EXPECT_TRUE(equal(t.index({Slice(None, 2)}), t.slice(0, 0, 2)));                    // t[:2]
   EXPECT_TRUE(equal(t.index({Slice(), Slice(None, None, 2)}), t.slice(1, 0, 4, 2)));  // t[:, ::2]
-  EXPECT_TRUE(equal(t.index({Slice(-2, None), 0}), tensor({4, 8})));       // t[-2:, 0]
+  EXPECT_TRUE(equal(t.index({Slice(-2, None), 0}), tensor({4, 8})));                  // t[-2:, 0]
   t.index_put_({Slice(None, 1)}, 0);
   EXPECT_EQ(t.sum().item<int64_t>(), 66 - 6);
 }
@@ -110,7 +110,8 @@ TEST(SpellingTest, DataAndAccessor) {
   Tensor row = t[1];
   auto a1 = row.accessor<float, 1>();
   EXPECT_EQ(a1[2], 5.0f);
-  EXPECT_KILN_ERROR((t.accessor<float, 3>()), "[accessor] expected a 3-D tensor, got one of shape [2, 3]");
+  EXPECT_KILN_ERROR((t.accessor<float, 3>()),
+                    "[accessor] expected a 3-D tensor, got one of shape [2, 3]");
   EXPECT_KILN_ERROR((t.accessor<double, 2>()), "[data_ptr] expected dtype float64");
 }
 
@@ -166,7 +167,6 @@ TEST(SpellingTest, SaveAndLoadTensorsAndOptimizers) {
   fs::remove(of);
 }
 
-
 // A module written as libtorch's Cloneable modules are: reset() builds the layers.
 struct TwoLayerImpl : nn::Cloneable<TwoLayerImpl> {
   explicit TwoLayerImpl(int64_t width) : width(width) { reset(); }
@@ -216,7 +216,8 @@ TEST(SpellingTest, ModuleClone) {
   }
   EXPECT_FALSE(equal(copy->fc1->weight, net->fc1->weight));
   // Built-in layers and plain modules say what to do.
-  EXPECT_KILN_ERROR(nn::Linear(2, 2)->clone(), "[clone] kiln::nn::LinearImpl does not support clone()");
+  EXPECT_KILN_ERROR(nn::Linear(2, 2)->clone(),
+                    "[clone] kiln::nn::LinearImpl does not support clone()");
 }
 
 }  // namespace
