@@ -431,6 +431,80 @@ void ddp_two_dtypes() {
   }
 }
 
+// The NCCL backend across ranks, one GPU each (run on a machine with N GPUs through
+// `kiln run --nproc-per-node N dist_worker nccl_collectives`): the collectives in f32, bf16 and
+// f64 against values each rank computes itself, DDP on CUDA against one process on the global
+// batch, and all_reduce bus bandwidth from 1 MiB to 1 GiB (CUDA events, printed by rank 0).
+void nccl_collectives() {
+  auto pg = init_process_group("nccl", short_timeout(120000));
+  const int r = pg->rank(), n = pg->size();
+  WCHECK(n >= 2, "needs 2 or more ranks, got ", n);
+  const char* local = std::getenv("LOCAL_RANK");
+  const Device dev(kCUDA, local != nullptr ? std::atoi(local) : 0);
+  const double tri = n * (n + 1) / 2.0;
+  const Tensor base = arange(1, 6, kDouble);
+  for (ScalarType dt : {kFloat, kBFloat16, kDouble}) {
+    Tensor t = (base * (r + 1)).to(dt).to(dev);
+    pg->all_reduce(t)->wait();
+    expect_close(t, base * tri, dt == kBFloat16 ? 1e-2 : 1e-6, "nccl all_reduce sum");
+    t = (base * (r + 1)).to(dt).to(dev);
+    pg->all_reduce(t, ReduceOp::kMax)->wait();
+    expect_close(t, base * n, 0, "nccl all_reduce max");
+  }
+  Tensor avg = (base * (r + 1)).to(kFloat).to(dev);
+  pg->all_reduce(avg, ReduceOp::kAvg)->wait();
+  expect_close(avg, base * (tri / n), 1e-6, "nccl all_reduce avg");
+  Tensor b = full({4}, r + 7.0, TensorOptions(kFloat).device(dev));
+  pg->broadcast(b, 1)->wait();
+  expect_close(b, full({4}, 8.0), 0, "nccl broadcast from rank 1");
+  Tensor gathered = empty({n * 3}, TensorOptions(kFloat).device(dev));
+  pg->all_gather_into_tensor(gathered, full({3}, static_cast<double>(r), TensorOptions(kFloat).device(dev)))->wait();
+  expect_close(gathered, (arange(0, 3 * n, kDouble) / 3).floor(), 0, "nccl all_gather_into_tensor");
+  std::vector<Tensor> list;
+  for (int q = 0; q < n; ++q) list.push_back(empty({2}, TensorOptions(kFloat).device(dev)));
+  pg->all_gather(list, full({2}, r * 10.0, TensorOptions(kFloat).device(dev)))->wait();
+  for (int q = 0; q < n; ++q) expect_close(list[q], full({2}, q * 10.0), 0, "nccl all_gather list");
+  Tensor rs = empty({2}, TensorOptions(kFloat).device(dev));
+  pg->reduce_scatter_tensor(rs, (arange(0, 2 * n, kDouble) * (r + 1)).to(kFloat).to(dev))->wait();
+  expect_close(rs, arange(2 * r, 2 * r + 2, kDouble) * tri, 1e-6, "nccl reduce_scatter_tensor");
+  pg->barrier()->wait();
+
+  // DDP on CUDA == one process on the global batch (f64: exact up to summation order).
+  const int64_t per_rank = 3, global = per_rank * n;
+  Mlp ref = make_mlp(100), model = make_mlp(100 + r);
+  ref->to(dev);
+  model->to(dev);
+  DistributedDataParallel ddp(model, pg);
+  manual_seed(7);
+  const Tensor x = randn({global, 8}, kDouble).to(dev), y = randn({global, 4}, kDouble).to(dev);
+  mse(ddp(x.narrow(0, r * per_rank, per_rank)), y.narrow(0, r * per_rank, per_rank)).backward();
+  mse(ref(x), y).backward();
+  const auto p = model->parameters(), q = ref->parameters();
+  for (size_t i = 0; i < p.size(); ++i)
+    expect_close(p[i].grad(), q[i].grad(), 1e-12, "nccl DDP gradient " + std::to_string(i));
+
+  // Bus bandwidth (nccl-tests' convention: algbw * 2 (n - 1) / n for all_reduce).
+  for (int64_t mib : {1, 16, 256, 1024}) {
+    Tensor t = ones({mib << 18}, TensorOptions(kFloat).device(dev));  // mib MiB of f32
+    for (int w = 0; w < 3; ++w) pg->all_reduce(t)->wait();
+    cuda::synchronize();
+    cuda::Event start(true), stop(true);
+    constexpr int kIters = 10;
+    start.record();
+    for (int it = 0; it < kIters; ++it) pg->all_reduce(t)->wait();
+    stop.record();
+    stop.synchronize();
+    const double ms = start.elapsed_time(stop) / kIters;
+    const double algbw = static_cast<double>(mib << 20) / (ms * 1e-3) / 1e9;
+    if (r == 0) {
+      std::cout << "nccl all_reduce " << mib << " MiB f32 on " << n << " GPUs: " << ms
+                << " ms, algbw " << algbw << " GB/s, busbw " << algbw * 2.0 * (n - 1) / n
+                << " GB/s" << std::endl;
+    }
+  }
+  pg->barrier()->wait();
+}
+
 // Ranks with different models are refused by the constructor.
 void ddp_mismatch() {
   auto pg = init_process_group("gloo", short_timeout(10000));
@@ -451,6 +525,7 @@ const std::map<std::string, std::function<void()>>& scenarios() {
       {"ddp_unused_parameter", ddp_unused_parameter},
       {"ddp_mismatch", ddp_mismatch},
       {"ddp_find_unused", ddp_find_unused},
+      {"nccl_collectives", nccl_collectives},
       {"ddp_two_dtypes", ddp_two_dtypes},
   };
   return m;
