@@ -30,6 +30,7 @@
 #include "tensor/error.h"
 #include "tensor/foreach.h"
 #include "tensor/ops.h"
+#include "tensor/profiler.h"
 #include "tensor/random.h"
 
 namespace kiln::models {
@@ -746,8 +747,9 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
 }
 
 BenchResult bench(const BenchOptions& o, std::ostream& log) {
-  KILN_CHECK(o.batch_size > 0 && o.seq_len > 0 && o.steps > 0 && o.warmup_steps >= 0,
-             "[bench] batch, seq, steps must be positive and warmup >= 0");
+  KILN_CHECK(o.batch_size > 0 && o.seq_len > 0 && o.steps > 0 && o.warmup_steps >= 0 &&
+                 o.profile_steps >= 0,
+             "[bench] batch, seq, steps must be positive and warmup and profile steps >= 0");
   check_precision(o.precision, "bench");
   const ModelConfig cfg = ModelConfig::from_name(o.config_name);
   KILN_CHECK(o.seq_len <= cfg.block_size, "[bench] seq_len ", o.seq_len, " exceeds the block_size ",
@@ -794,6 +796,13 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     r.peak_memory = cuda::memory_stats().peak;
   }
   log_compile_stats(train, log);
+  if (o.profile_steps > 0) {
+    profiler::Profiler prof;
+    prof.start();
+    for (int64_t i = 0; i < o.profile_steps; ++i) train_step();
+    prof.stop();
+    profiler::print_report(prof.results(), o.profile_steps, r.step_ms, log);
+  }
   return r;
 }
 

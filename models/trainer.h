@@ -175,6 +175,9 @@ struct BenchOptions {
   std::optional<Device> device;
   uint64_t seed = 0;
   bool compile = false;  // as PretrainOptions::compile
+  // After the timed steps, this many more run under kiln::profiler and the report (time per
+  // kernel family, the slowest kernels) goes to the log.
+  int64_t profile_steps = 0;
 };
 struct BenchResult {
   int64_t num_parameters = 0;

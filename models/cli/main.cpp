@@ -5,6 +5,7 @@
 //   kiln pretrain [--config NAME] [--data FILE] [--steps N] [--batch B] [--seq T] [--compile] ...
 //   kiln generate (--checkpoint DIR | --config NAME) (--prompt "1 2 3" | --text "...") ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
+//              [--profile]
 //   kiln tokenizer train [--data FILE] [--vocab-size N] [--out FILE] [--special A,B]
 //   kiln run --nproc-per-node N [--nnodes M --node-rank R --master-addr A] program args...
 //   kiln help
@@ -101,6 +102,8 @@ commands:
       --precision P            (default: bf16-true on cuda, f32 on cpu)
       --device D               cpu | cuda (default: cuda when available)
       --compile                time the training step compiled with kiln::compile
+      --profile                then profile 3 more steps: time per kernel family and the
+                               slowest kernels (kiln::profiler; CUDA events on a GPU)
   tokenizer train [flags]      train a byte-level BPE tokenizer (Llama 3 style) and write its
                                tokenizer.json (kiln::text::Tokenizer and Hugging Face load it)
       --data FILE              UTF-8 text (default: the bundled data/tinyshakespeare.txt)
@@ -330,7 +333,8 @@ int cmd_generate(const std::vector<std::string>& args) {
 
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f =
-      parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device"}, {"compile"});
+      parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device"},
+                  {"compile", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");
@@ -342,6 +346,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   b.seq_len = f.contains("seq") ? parse_int("seq", f.at("seq")) : seq;
   b.steps = f.contains("steps") ? parse_int("steps", f.at("steps")) : 10;
   b.compile = f.contains("compile");
+  b.profile_steps = f.contains("profile") ? 3 : 0;
   b.device = f.contains("device") ? parse_device(f.at("device")) : kiln::models::default_device();
   b.precision =
       f.contains("precision") ? f.at("precision") : (b.device->is_cuda() ? "bf16-true" : "f32");
