@@ -1,16 +1,18 @@
 // Backward rules of lstm_cell_fused and gru_cell_fused (tensor/ops/rnn.cpp): one call of the
-// fused backward op, which recomputes the gate activations from the saved pre-activations; and
+// fused backward op: the LSTM's reads the activations its forward kept in a workspace, the GRU's
+// recomputes them from the saved pre-activations; and
 // unbind_copy's (one stack).
 #include "autograd/backward_util.h"
 
 namespace kiln::autograd {
 namespace {
 
-// Inputs (gates, cx); reads them and cy (output 1).
+// Inputs (gates, cx); reads cx and the workspace (output 2). The workspace's own gradient is
+// ignored: it is internal (kiln::lstm_cell_fused returns hy and cy only).
 TensorVec lstm_cell_backward_rule(const BackwardCall& c) {
   if (!c.needs_grad(0) && !c.needs_grad(1)) return internal::no_grads(2);
   static const OpDef& op = KILN_OP(lstm_cell_fused_backward);
-  const TensorVec g = call_op(op, {c.grad(0), c.grad(1), c.input(0), c.input(1), c.output(1)});
+  const TensorVec g = call_op(op, {c.grad(0), c.grad(1), c.output(2), c.input(1)});
   return {c.needs_grad(0) ? g[0] : Tensor(), c.needs_grad(1) ? g[1] : Tensor()};
 }
 
@@ -36,7 +38,7 @@ TensorVec unbind_copy_backward_rule(const BackwardCall& c) {
 }  // namespace
 
 KILN_REGISTER_BACKWARD(unbind_copy, unbind_copy_backward_rule, kSaveNone, false);
-KILN_REGISTER_BACKWARD(lstm_cell_fused, lstm_cell_backward_rule, kSaveAll, true);
+KILN_REGISTER_BACKWARD(lstm_cell_fused, lstm_cell_backward_rule, save_inputs({1}), true);
 KILN_REGISTER_BACKWARD(gru_cell_fused, gru_cell_backward_rule, kSaveAll, false);
 
 }  // namespace kiln::autograd

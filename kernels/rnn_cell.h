@@ -34,16 +34,20 @@ KILN_RNN_HD double sigmoid_of(double x) { return 1.0 / (1.0 + ::exp(-x)); }
 KILN_RNN_HD float tanh_of(float x) { return ::tanhf(x); }
 KILN_RNN_HD double tanh_of(double x) { return ::tanh(x); }
 
+// The cell's outputs and its workspace: the activated gates and tanh(c'), which the backward
+// reads instead of recomputing five transcendentals per unit.
 template <typename M>
 struct LstmOut {
-  M h, c;
+  M h, c, i, f, g, o, tc;
 };
 
 // gates a_i, a_f, a_g, a_o (pre-activation) and the previous cell state.
 template <typename M>
 KILN_RNN_HD LstmOut<M> lstm_forward(M ai, M af, M ag, M ao, M cx) {
-  const M c = sigmoid_of(af) * cx + sigmoid_of(ai) * tanh_of(ag);
-  return {sigmoid_of(ao) * tanh_of(c), c};
+  const M i = sigmoid_of(ai), f = sigmoid_of(af), g = tanh_of(ag), o = sigmoid_of(ao);
+  const M c = f * cx + i * g;
+  const M tc = tanh_of(c);
+  return {o * tc, c, i, f, g, o, tc};
 }
 
 template <typename M>
@@ -51,11 +55,10 @@ struct LstmGrad {
   M ai, af, ag, ao, cx;
 };
 
-// Gradients of the pre-activation gates and of cx from those of h' and c' (c' = cy, saved).
+// Gradients of the pre-activation gates and of cx from those of h' and c', given the workspace
+// (activated gates i, f, g, o and tc = tanh(c')).
 template <typename M>
-KILN_RNN_HD LstmGrad<M> lstm_backward(M ghy, M gcy, M ai, M af, M ag, M ao, M cx, M cy) {
-  const M i = sigmoid_of(ai), f = sigmoid_of(af), g = tanh_of(ag), o = sigmoid_of(ao);
-  const M tc = tanh_of(cy);
+KILN_RNN_HD LstmGrad<M> lstm_backward(M ghy, M gcy, M i, M f, M g, M o, M tc, M cx) {
   const M dc = gcy + ghy * o * (M(1) - tc * tc);
   return {dc * g * i * (M(1) - i), dc * cx * f * (M(1) - f), dc * i * (M(1) - g * g),
           ghy * tc * o * (M(1) - o), dc * f};

@@ -29,13 +29,20 @@ void lstm_cell_cpu(OpCall& c) {
     const T* pc = cx.data_ptr<T>();
     T* phy = c.outputs[0].data_ptr<T>();
     T* pcy = c.outputs[1].data_ptr<T>();
+    T* pws = c.outputs[2].data_ptr<T>();
     for_rows(rows, h, [&](int64_t b) {
       const T* g = pg + b * 4 * h;
+      T* ws = pws + b * 5 * h;
       for (int64_t j = 0; j < h; ++j) {
         const auto o = rnn_cell::lstm_forward<M>(M(g[j]), M(g[h + j]), M(g[2 * h + j]),
                                                  M(g[3 * h + j]), M(pc[b * h + j]));
         phy[b * h + j] = T(o.h);
         pcy[b * h + j] = T(o.c);
+        ws[j] = T(o.i);
+        ws[h + j] = T(o.f);
+        ws[2 * h + j] = T(o.g);
+        ws[3 * h + j] = T(o.o);
+        ws[4 * h + j] = T(o.tc);
       }
     });
   });
@@ -43,23 +50,22 @@ void lstm_cell_cpu(OpCall& c) {
 
 void lstm_cell_backward_cpu(OpCall& c) {
   const Tensor ghy = c.input(0).contiguous(), gcy = c.input(1).contiguous();
-  const Tensor gates = c.input(2).contiguous(), cx = c.input(3).contiguous();
-  const Tensor cy = c.input(4).contiguous();
+  const Tensor ws = c.input(2).contiguous(), cx = c.input(3).contiguous();
   const int64_t rows = cx.size(0), h = cx.size(1);
-  visit_floating(gates.dtype(), c.op->name, [&]<typename T>(TypeTag<T>) {
+  visit_floating(ws.dtype(), c.op->name, [&]<typename T>(TypeTag<T>) {
     using M = opmath_t<T>;
-    const T *pghy = ghy.data_ptr<T>(), *pgcy = gcy.data_ptr<T>(), *pg = gates.data_ptr<T>();
-    const T *pcx = cx.data_ptr<T>(), *pcy = cy.data_ptr<T>();
+    const T *pghy = ghy.data_ptr<T>(), *pgcy = gcy.data_ptr<T>(), *pws = ws.data_ptr<T>();
+    const T* pcx = cx.data_ptr<T>();
     T* pdg = c.outputs[0].data_ptr<T>();
     T* pdcx = c.outputs[1].data_ptr<T>();
     for_rows(rows, h, [&](int64_t b) {
-      const T* g = pg + b * 4 * h;
+      const T* w = pws + b * 5 * h;
       T* dg = pdg + b * 4 * h;
       for (int64_t j = 0; j < h; ++j) {
         const int64_t k = b * h + j;
-        const auto d =
-            rnn_cell::lstm_backward<M>(M(pghy[k]), M(pgcy[k]), M(g[j]), M(g[h + j]),
-                                       M(g[2 * h + j]), M(g[3 * h + j]), M(pcx[k]), M(pcy[k]));
+        const auto d = rnn_cell::lstm_backward<M>(M(pghy[k]), M(pgcy[k]), M(w[j]), M(w[h + j]),
+                                                  M(w[2 * h + j]), M(w[3 * h + j]), M(w[4 * h + j]),
+                                                  M(pcx[k]));
         dg[j] = T(d.ai);
         dg[h + j] = T(d.af);
         dg[2 * h + j] = T(d.ag);

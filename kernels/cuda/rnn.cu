@@ -18,32 +18,38 @@ constexpr int kThreads = 256;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    lstm_fwd_kernel(T* __restrict__ hy, T* __restrict__ cy, const T* __restrict__ gates,
-                    const T* __restrict__ cx, int64_t n, int64_t h) {
+    lstm_fwd_kernel(T* __restrict__ hy, T* __restrict__ cy, T* __restrict__ ws,
+                    const T* __restrict__ gates, const T* __restrict__ cx, int64_t n, int64_t h) {
   using M = opmath_t<T>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += step) {
     const int64_t b = k / h, j = k - b * h;
     const T* g = gates + b * 4 * h + j;
+    T* w = ws + b * 5 * h + j;
     const auto o = rnn_cell::lstm_forward<M>(M(g[0]), M(g[h]), M(g[2 * h]), M(g[3 * h]), M(cx[k]));
     hy[k] = T(o.h);
     cy[k] = T(o.c);
+    w[0] = T(o.i);
+    w[h] = T(o.f);
+    w[2 * h] = T(o.g);
+    w[3 * h] = T(o.o);
+    w[4 * h] = T(o.tc);
   }
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     lstm_bwd_kernel(T* __restrict__ dgates, T* __restrict__ dcx, const T* __restrict__ ghy,
-                    const T* __restrict__ gcy, const T* __restrict__ gates,
-                    const T* __restrict__ cx, const T* __restrict__ cy, int64_t n, int64_t h) {
+                    const T* __restrict__ gcy, const T* __restrict__ ws, const T* __restrict__ cx,
+                    int64_t n, int64_t h) {
   using M = opmath_t<T>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += step) {
     const int64_t b = k / h, j = k - b * h;
-    const T* g = gates + b * 4 * h + j;
+    const T* w = ws + b * 5 * h + j;
     T* dg = dgates + b * 4 * h + j;
-    const auto d = rnn_cell::lstm_backward<M>(M(ghy[k]), M(gcy[k]), M(g[0]), M(g[h]), M(g[2 * h]),
-                                              M(g[3 * h]), M(cx[k]), M(cy[k]));
+    const auto d = rnn_cell::lstm_backward<M>(M(ghy[k]), M(gcy[k]), M(w[0]), M(w[h]), M(w[2 * h]),
+                                              M(w[3 * h]), M(w[4 * h]), M(cx[k]));
     dg[0] = T(d.ai);
     dg[h] = T(d.af);
     dg[2 * h] = T(d.ag);
@@ -110,10 +116,10 @@ void run(const Tensor& out, int64_t n, const char* op, F&& launch) {
 
 void lstm_cell_cuda(OpCall& c) {
   const Tensor gates = c.input(0).contiguous(), cx = c.input(1).contiguous();
-  const Tensor &hy = c.outputs[0], &cy = c.outputs[1];
+  const Tensor &hy = c.outputs[0], &cy = c.outputs[1], &ws = c.outputs[2];
   run(hy, hy.numel(), "lstm_cell_fused",
       [&]<typename T>(TypeTag<T>, cudaStream_t s, unsigned grid) {
-        lstm_fwd_kernel<T><<<grid, kThreads, 0, s>>>(out_ptr<T>(hy), out_ptr<T>(cy),
+        lstm_fwd_kernel<T><<<grid, kThreads, 0, s>>>(out_ptr<T>(hy), out_ptr<T>(cy), out_ptr<T>(ws),
                                                      in_ptr<T>(gates), in_ptr<T>(cx), hy.numel(),
                                                      hy.size(1));
         KILN_CUDA_LAUNCH_CHECK("lstm_fwd_kernel");
@@ -122,14 +128,13 @@ void lstm_cell_cuda(OpCall& c) {
 
 void lstm_cell_backward_cuda(OpCall& c) {
   const Tensor ghy = c.input(0).contiguous(), gcy = c.input(1).contiguous();
-  const Tensor gates = c.input(2).contiguous(), cx = c.input(3).contiguous();
-  const Tensor cy = c.input(4).contiguous();
+  const Tensor ws = c.input(2).contiguous(), cx = c.input(3).contiguous();
   const Tensor &dg = c.outputs[0], &dcx = c.outputs[1];
   run(dcx, dcx.numel(), "lstm_cell_fused_backward",
       [&]<typename T>(TypeTag<T>, cudaStream_t s, unsigned grid) {
-        lstm_bwd_kernel<T><<<grid, kThreads, 0, s>>>(
-            out_ptr<T>(dg), out_ptr<T>(dcx), in_ptr<T>(ghy), in_ptr<T>(gcy), in_ptr<T>(gates),
-            in_ptr<T>(cx), in_ptr<T>(cy), dcx.numel(), dcx.size(1));
+        lstm_bwd_kernel<T><<<grid, kThreads, 0, s>>>(out_ptr<T>(dg), out_ptr<T>(dcx),
+                                                     in_ptr<T>(ghy), in_ptr<T>(gcy), in_ptr<T>(ws),
+                                                     in_ptr<T>(cx), dcx.numel(), dcx.size(1));
         KILN_CUDA_LAUNCH_CHECK("lstm_bwd_kernel");
       });
 }

@@ -7,9 +7,11 @@
 //   auto [hy, cy] = kiln::lstm_cell_fused(gates, cx);  // gates = x W_ih^T + h W_hh^T + biases
 //   Tensor hy = kiln::gru_cell_fused(igates, hgates, hx);  // igates = x W_ih^T + b_ih
 //
-// lstm_cell_fused(gates [B, 4H], cx [B, H]) -> (hy [B, H], cy [B, H]), gates in PyTorch's order
-//   i, f, g, o: cy = sigmoid(f) cx + sigmoid(i) tanh(g), hy = sigmoid(o) tanh(cy).
-// lstm_cell_fused_backward(grad_hy, grad_cy, gates, cx, cy) -> (grad_gates, grad_cx).
+// lstm_cell_fused(gates [B, 4H], cx [B, H]) -> (hy [B, H], cy [B, H], workspace [B, 5H]), gates
+//   in PyTorch's order i, f, g, o: cy = sigmoid(f) cx + sigmoid(i) tanh(g), hy = sigmoid(o)
+//   tanh(cy); the workspace holds sigmoid(i), sigmoid(f), tanh(g), sigmoid(o), tanh(cy) for the
+//   backward (the public function returns hy and cy).
+// lstm_cell_fused_backward(grad_hy, grad_cy, workspace, cx) -> (grad_gates, grad_cx).
 // gru_cell_fused(igates [B, 3H], hgates [B, 3H], hx [B, H]) -> hy [B, H], gates r, z, n:
 //   r = sigmoid(ir + hr), z = sigmoid(iz + hz), n = tanh(in + r hn), hy = (1 - z) n + z hx.
 // gru_cell_fused_backward(grad_hy, igates, hgates, hx) -> (grad_igates, grad_hgates, grad_hx).
@@ -45,22 +47,21 @@ int64_t check_gates(const char* op, const char* name, const Tensor& gates, int64
 SpecList lstm_cell_meta(const OpCall& c) {
   KILN_CHECK(c.inputs.size() == 2, "[lstm_cell_fused] expected inputs (gates, cx)");
   const Tensor& gates = c.input(0);
-  const int64_t h = check_gates("lstm_cell_fused", "gates", gates, 4);
-  check_operand("lstm_cell_fused", "cx", c.input(1), gates, gates.size(0), h);
-  const TensorSpec s{{gates.size(0), h}, gates.dtype(), gates.device()};
-  return {s, s};
+  const int64_t h = check_gates("lstm_cell_fused", "gates", gates, 4), b = gates.size(0);
+  check_operand("lstm_cell_fused", "cx", c.input(1), gates, b, h);
+  const TensorSpec s{{b, h}, gates.dtype(), gates.device()};
+  return {s, s, {{b, 5 * h}, gates.dtype(), gates.device()}};
 }
 
 SpecList lstm_cell_fused_backward_meta(const OpCall& c) {
   const char* op = "lstm_cell_fused_backward";
-  KILN_CHECK(c.inputs.size() == 5, "[", op, "] expected inputs (grad_hy, grad_cy, gates, cx, cy)");
-  const Tensor& gates = c.input(2);
-  const int64_t h = check_gates(op, "gates", gates, 4), b = gates.size(0);
-  check_operand(op, "grad_hy", c.input(0), gates, b, h);
-  check_operand(op, "grad_cy", c.input(1), gates, b, h);
-  check_operand(op, "cx", c.input(3), gates, b, h);
-  check_operand(op, "cy", c.input(4), gates, b, h);
-  return {{{b, 4 * h}, gates.dtype(), gates.device()}, {{b, h}, gates.dtype(), gates.device()}};
+  KILN_CHECK(c.inputs.size() == 4, "[", op, "] expected inputs (grad_hy, grad_cy, workspace, cx)");
+  const Tensor& ws = c.input(2);
+  const int64_t h = check_gates(op, "workspace", ws, 5), b = ws.size(0);
+  check_operand(op, "grad_hy", c.input(0), ws, b, h);
+  check_operand(op, "grad_cy", c.input(1), ws, b, h);
+  check_operand(op, "cx", c.input(3), ws, b, h);
+  return {{{b, 4 * h}, ws.dtype(), ws.device()}, {{b, h}, ws.dtype(), ws.device()}};
 }
 
 SpecList gru_cell_meta(const OpCall& c) {
@@ -90,9 +91,10 @@ ScalarType compute_type(ScalarType t) { return t == kDouble ? kDouble : kFloat; 
 TensorVec lstm_cell_fused_decomposition(const OpCall& c) {
   const ScalarType dt = c.input(0).dtype(), ct = compute_type(dt);
   const std::vector<Tensor> g = c.input(0).to(ct).chunk(4, 1);
-  const Tensor cy = g[1].sigmoid() * c.input(1).to(ct) + g[0].sigmoid() * g[2].tanh();
-  const Tensor hy = g[3].sigmoid() * cy.tanh();
-  return {hy.to(dt), cy.to(dt)};
+  const Tensor i = g[0].sigmoid(), f = g[1].sigmoid(), gg = g[2].tanh(), o = g[3].sigmoid();
+  const Tensor cy = f * c.input(1).to(ct) + i * gg;
+  const Tensor tc = cy.tanh();
+  return {(o * tc).to(dt), cy.to(dt), cat({i, f, gg, o, tc}, 1).to(dt)};
 }
 
 TensorVec gru_cell_fused_decomposition(const OpCall& c) {
