@@ -125,14 +125,17 @@ std::string metrics_svg(const std::vector<MetricsLog::Point>& loss,
     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     << "<rect x=\"" << kLeft << "\" y=\"" << kTop << "\" width=\"" << pw << "\" height=\"" << ph
     << "\" fill=\"none\" stroke=\"#888\"/>\n";
+  int64_t last_tick = -1;
   for (int i = 0; i <= 4; ++i) {
     const double v = lo + (hi - lo) * i / 4, l = lr_hi * i / 4;
     s << "<text x=\"" << kLeft - 6 << "\" y=\"" << y(v) + 4 << "\" text-anchor=\"end\">"
-      << std::setprecision(2) << v << "</text>\n"
+      << std::setprecision(2) << v << std::setprecision(1) << "</text>\n"
       << "<text x=\"" << kLeft + pw + 6 << "\" y=\"" << y(v) + 4 << "\" fill=\"#c60\">"
-      << std::scientific << l << std::fixed << "</text>\n"
-      << std::setprecision(1);
+      << std::scientific << std::setprecision(2) << l << std::fixed << std::setprecision(1)
+      << "</text>\n";
     const int64_t st = min_step + static_cast<int64_t>(std::llround(step_span * i / 4));
+    if (st == last_tick) continue;  // a run of fewer than 4 steps
+    last_tick = st;
     s << "<text x=\"" << x(st) << "\" y=\"" << kTop + ph + 16 << "\" text-anchor=\"middle\">" << st
       << "</text>\n";
   }
