@@ -10,7 +10,6 @@
 //   ShardOpenVerify:         ShardFile::open with verify (checksum and id range) of one 16 M token
 //                            shard: the cost of validating data at the start of a run
 #include <benchmark/benchmark.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -33,7 +32,8 @@ struct Shards {
   fs::path dir;
   std::shared_ptr<const kiln::pretrain::ShardSet> set;
   Shards(int64_t vocab_size, const std::string& tag) {
-    dir = fs::temp_directory_path() / ("kiln_pretrain_bench_" + tag + "_" + std::to_string(::getpid()));
+    dir = fs::temp_directory_path() /
+          ("kiln_pretrain_bench_" + tag + "_" + std::to_string(::getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);
     uint64_t x = 88172645463325252ull;
@@ -71,14 +71,18 @@ void run_loader(benchmark::State& state, bool u32) {
     auto xy = loader.next();
     benchmark::DoNotOptimize(xy);
   }
-  state.counters["tokens/s"] = benchmark::Counter(
-      static_cast<double>(seq * batch) * static_cast<double>(state.iterations()),
-      benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(seq * batch) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
 }
 
 void BM_ShardLoaderNext(benchmark::State& state) { run_loader(state, false); }
 void BM_ShardLoaderNextU32(benchmark::State& state) { run_loader(state, true); }
-BENCHMARK(BM_ShardLoaderNext)->Args({1024, 8})->Args({2048, 4})->Args({4096, 1})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ShardLoaderNext)
+    ->Args({1024, 8})
+    ->Args({2048, 4})
+    ->Args({4096, 1})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ShardLoaderNextU32)->Args({2048, 4})->Unit(benchmark::kMicrosecond);
 
 void BM_ShardOpenVerify(benchmark::State& state) {

@@ -1,19 +1,19 @@
 #include "models/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <limits>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "autograd/grad_mode.h"
 #include "compiler/compile.h"
@@ -188,9 +188,9 @@ std::string format_number(double v, int precision, bool scientific = false) {
 // The step of a checkpoint file the trainer writes ("model-00000040.safetensors",
 // "optimizer-...", "trainer_state-....json"), or -1.
 int64_t checkpoint_file_step(const std::string& name) {
-  for (const auto& [prefix, suffix] : {std::pair{"model-", ".safetensors"},
-                                       std::pair{"optimizer-", ".safetensors"},
-                                       std::pair{"trainer_state-", ".json"}}) {
+  for (const auto& [prefix, suffix] :
+       {std::pair{"model-", ".safetensors"}, std::pair{"optimizer-", ".safetensors"},
+        std::pair{"trainer_state-", ".json"}}) {
     const std::string p = prefix, x = suffix;
     if (name.size() == p.size() + 8 + x.size() && name.rfind(p, 0) == 0 &&
         name.compare(name.size() - x.size(), x.size(), x) == 0) {
@@ -263,7 +263,8 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
      << ",\n  \"batch_size\": " << o.batch_size << ",\n  \"seq_len\": " << o.seq_len
      << ",\n  \"grad_accum_steps\": " << o.grad_accum_steps
      << ",\n  \"data\": " << nn::json_string(o.data_path);
-  js << ",\n  \"schedule\": {\"lr\": " << exact(schedule.lr) << ", \"min_lr\": " << exact(schedule.min_lr)
+  js << ",\n  \"schedule\": {\"lr\": " << exact(schedule.lr)
+     << ", \"min_lr\": " << exact(schedule.min_lr)
      << ", \"warmup_steps\": " << schedule.warmup_steps
      << ", \"lr_decay_steps\": " << schedule.lr_decay_steps << "}";
   if (loader) js << ",\n  \"loader\": " << loader->to_json();
@@ -541,8 +542,8 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
   KILN_CHECK(*step >= 0, "[checkpoint] ", path.string(), ": bad step ", *step);
   // The files must be inside the directory: the trainer reads them, and removes them when the
   // next checkpoint replaces this one.
-  for (const auto& [key, name] : {std::pair{"model", &info.model_file},
-                                  std::pair{"optimizer", &info.optimizer_file}}) {
+  for (const auto& [key, name] :
+       {std::pair{"model", &info.model_file}, std::pair{"optimizer", &info.optimizer_file}}) {
     KILN_CHECK(is_plain_file_name(*name), "[checkpoint] ", path.string(), ": \"", key, "\" is \"",
                *name, "\", not a file name inside the checkpoint directory (no '/', no '..')");
   }
@@ -699,9 +700,10 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     if (metrics) metrics->train(step, loss_value, lr, grad_norm, tok_s, mem);
     progress.update(static_cast<double>(step), values.str() + " | " + speed.str());
     if (step % o.log_interval == 0 || step == o.max_steps || step == summary.start_step + 1) {
-      progress.line("step " + std::to_string(step) + "/" + std::to_string(o.max_steps) + " | " +
-                    values.str() + " | " + speed.str() + ", ETA " +
-                    pretrain::Progress::format_duration(progress.eta_seconds(static_cast<double>(step))));
+      progress.line(
+          "step " + std::to_string(step) + "/" + std::to_string(o.max_steps) + " | " +
+          values.str() + " | " + speed.str() + ", ETA " +
+          pretrain::Progress::format_duration(progress.eta_seconds(static_cast<double>(step))));
       window_seconds = 0;
       window_steps = 0;
       if (metrics) metrics->write_plot();
@@ -719,8 +721,8 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     const int signal = stop.received();
     if (!o.out_dir.empty() &&
         ((o.checkpoint_interval > 0 && step % o.checkpoint_interval == 0) || last || signal)) {
-      save_checkpoint(o.out_dir, model, *opt, cfg.name, o, step, {o.lr, o.min_lr, warmup, decay_steps},
-                      data.loader_state());
+      save_checkpoint(o.out_dir, model, *opt, cfg.name, o, step,
+                      {o.lr, o.min_lr, warmup, decay_steps}, data.loader_state());
       progress.line("checkpoint step " + std::to_string(step) + " -> " + o.out_dir);
     }
     if (signal != 0 && !last) {

@@ -74,12 +74,13 @@ ShardSet ShardSet::open(const std::vector<std::string>& paths, bool verify) {
     if (!set.shards_.empty()) {
       const ShardMeta& a = set.shards_.front().meta();
       const ShardMeta& b = shard.meta();
-      KILN_CHECK(a.tokenizer_fingerprint == b.tokenizer_fingerprint && a.vocab_size == b.vocab_size &&
-                     a.eos_id == b.eos_id,
+      KILN_CHECK(a.tokenizer_fingerprint == b.tokenizer_fingerprint &&
+                     a.vocab_size == b.vocab_size && a.eos_id == b.eos_id,
                  "[loader] ", f, " was written by another tokenizer than ",
-                 set.shards_.front().path(), " (tokenizer fingerprint ", hex64(b.tokenizer_fingerprint),
-                 " vs ", hex64(a.tokenizer_fingerprint), ", vocab_size ", b.vocab_size, " vs ",
-                 a.vocab_size, ", eos_id ", b.eos_id, " vs ", a.eos_id, ")");
+                 set.shards_.front().path(), " (tokenizer fingerprint ",
+                 hex64(b.tokenizer_fingerprint), " vs ", hex64(a.tokenizer_fingerprint),
+                 ", vocab_size ", b.vocab_size, " vs ", a.vocab_size, ", eos_id ", b.eos_id, " vs ",
+                 a.eos_id, ")");
     }
     fp = splitmix64(fp ^ shard.meta().checksum);
     fp = splitmix64(fp ^ static_cast<uint64_t>(shard.num_tokens()));
@@ -131,10 +132,18 @@ LoaderState LoaderState::read_json(nn::JsonReader& r, const std::string& where) 
     KILN_CHECK(!seen[k], "[loader] ", where, ": loader state field \"", *key, "\" given twice");
     seen[k] = true;
     switch (k) {
-      case 0: st.position = r.read_uint64("position"); break;
-      case 1: st.seed = r.read_uint64("seed"); break;
-      case 2: st.seq_len = r.read_int64("seq_len"); break;
-      case 3: st.train_sequences = r.read_int64("train_sequences"); break;
+      case 0:
+        st.position = r.read_uint64("position");
+        break;
+      case 1:
+        st.seed = r.read_uint64("seed");
+        break;
+      case 2:
+        st.seq_len = r.read_int64("seq_len");
+        break;
+      case 3:
+        st.train_sequences = r.read_int64("train_sequences");
+        break;
       default: {
         const std::string hex = r.read_string();
         char* end = nullptr;
@@ -197,8 +206,9 @@ uint64_t Permutation::operator()(uint64_t i) const {
 ShardLoader::ShardLoader(std::shared_ptr<const ShardSet> shards, const LoaderOptions& o)
     : shards_(std::move(shards)), o_(o) {
   KILN_CHECK(shards_ != nullptr && shards_->size() > 0, "[loader] no shards");
-  KILN_CHECK(o.seq_len > 0 && o.batch_size > 0, "[loader] seq_len and batch_size must be positive, got ",
-             o.seq_len, " and ", o.batch_size);
+  KILN_CHECK(o.seq_len > 0 && o.batch_size > 0,
+             "[loader] seq_len and batch_size must be positive, got ", o.seq_len, " and ",
+             o.batch_size);
   KILN_CHECK(o.world_size > 0 && o.rank >= 0 && o.rank < o.world_size, "[loader] rank ", o.rank,
              " is outside a world of ", o.world_size);
   KILN_CHECK(o.val_fraction >= 0 && o.val_fraction < 1 && o.max_val_sequences >= 0,
@@ -211,19 +221,21 @@ ShardLoader::ShardLoader(std::shared_ptr<const ShardSet> shards, const LoaderOpt
     if (n > o.seq_len) w += (n - 1) / o.seq_len;
   }
   first_window_.push_back(w);
-  val_windows_ = std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(w) * o.val_fraction)),
-                                   o.max_val_sequences);
+  val_windows_ =
+      std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(w) * o.val_fraction)),
+                        o.max_val_sequences);
   train_windows_ = w - val_windows_;
-  KILN_CHECK(train_windows_ > 0, "[loader] ", shards_->describe(), ": no training sequence of seq_len + 1 = ",
-             o.seq_len + 1, " tokens (", w, " windows in all, ", val_windows_,
-             " held out for validation)");
+  KILN_CHECK(train_windows_ > 0, "[loader] ", shards_->describe(),
+             ": no training sequence of seq_len + 1 = ", o.seq_len + 1, " tokens (", w,
+             " windows in all, ", val_windows_, " held out for validation)");
 }
 
 int64_t ShardLoader::window_of(uint64_t g) const {
   const auto t = static_cast<uint64_t>(train_windows_);
   const auto epoch = static_cast<int64_t>(g / t);
   if (epoch != perm_epoch_) {
-    perm_ = std::make_unique<Permutation>(t, splitmix64(o_.seed) ^ splitmix64(~static_cast<uint64_t>(epoch)));
+    perm_ = std::make_unique<Permutation>(
+        t, splitmix64(o_.seed) ^ splitmix64(~static_cast<uint64_t>(epoch)));
     perm_epoch_ = epoch;
   }
   return static_cast<int64_t>((*perm_)(g % t));
@@ -301,10 +313,11 @@ void ShardLoader::load_state(const LoaderState& s, bool allow_other_data) {
                o_.seed);
     KILN_CHECK(s.seq_len == o_.seq_len, "[loader] the saved position is for seq_len ", s.seq_len,
                ", not ", o_.seq_len);
-    KILN_CHECK(s.train_sequences == train_windows_ && s.data_fingerprint == shards_->data_fingerprint(),
-               "[loader] the saved position is in other data (", s.train_sequences,
-               " training sequences, fingerprint ", hex64(s.data_fingerprint), "; these shards: ",
-               train_windows_, ", ", hex64(shards_->data_fingerprint()), ")");
+    KILN_CHECK(
+        s.train_sequences == train_windows_ && s.data_fingerprint == shards_->data_fingerprint(),
+        "[loader] the saved position is in other data (", s.train_sequences,
+        " training sequences, fingerprint ", hex64(s.data_fingerprint),
+        "; these shards: ", train_windows_, ", ", hex64(shards_->data_fingerprint()), ")");
   }
   position_ = s.position;
 }

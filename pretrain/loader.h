@@ -84,8 +84,8 @@ struct LoaderOptions {
   int64_t rank = 0;
   int64_t world_size = 1;
   uint64_t seed = 0;
-  double val_fraction = 0.1;          // of the windows, held out (the last ones)
-  int64_t max_val_sequences = 1024;   // ... but at most this many
+  double val_fraction = 0.1;         // of the windows, held out (the last ones)
+  int64_t max_val_sequences = 1024;  // ... but at most this many
 };
 
 // The loader's position and what it is a position in.
@@ -141,7 +141,8 @@ class ShardLoader {
 
   // Validation batch `index`: rows are validation windows (index * batch + b) mod V.
   // Errors when there is no validation part.
-  std::pair<Tensor, Tensor> validation_batch(int64_t index, int64_t batch, Device device = kCPU) const;
+  std::pair<Tensor, Tensor> validation_batch(int64_t index, int64_t batch,
+                                             Device device = kCPU) const;
 
   // Global training sequence g -> its window; a window -> its seq_len + 1 tokens.
   int64_t window_of(uint64_t g) const;

@@ -155,12 +155,14 @@ std::string metrics_svg(const std::vector<MetricsLog::Point>& loss,
   polyline(val, "#2ca02c", false);
   for (const auto& p : val) {
     if (std::isfinite(p.value)) {
-      s << "<circle cx=\"" << x(p.step) << "\" cy=\"" << y(p.value) << "\" r=\"3\" fill=\"#2ca02c\"/>\n";
+      s << "<circle cx=\"" << x(p.step) << "\" cy=\"" << y(p.value)
+        << "\" r=\"3\" fill=\"#2ca02c\"/>\n";
     }
   }
   s << "<text x=\"" << kLeft << "\" y=\"18\" fill=\"#1f77b4\">train loss</text>\n"
     << "<text x=\"" << kLeft + 80 << "\" y=\"18\" fill=\"#2ca02c\">val loss</text>\n"
-    << "<text x=\"" << kLeft + 150 << "\" y=\"18\" fill=\"#c60\">learning rate (right axis)</text>\n"
+    << "<text x=\"" << kLeft + 150
+    << "\" y=\"18\" fill=\"#c60\">learning rate (right axis)</text>\n"
     << "</svg>\n";
   return s.str();
 }

@@ -1,4 +1,5 @@
-// Text and JSONL files -> token shards (pretrain/prepare.h). Tests: tests/pretrain/prepare_test.cpp.
+// Text and JSONL files -> token shards (pretrain/prepare.h). Tests:
+// tests/pretrain/prepare_test.cpp.
 #include "pretrain/prepare.h"
 
 #include <unistd.h>
@@ -84,8 +85,9 @@ class Encoder {
     internal::parallel_for(0, static_cast<int64_t>(docs.size()), 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const std::string& d = docs[static_cast<size_t>(i)];
-        out[static_cast<size_t>(i)].assign(reinterpret_cast<const unsigned char*>(d.data()),
-                                           reinterpret_cast<const unsigned char*>(d.data()) + d.size());
+        out[static_cast<size_t>(i)].assign(
+            reinterpret_cast<const unsigned char*>(d.data()),
+            reinterpret_cast<const unsigned char*>(d.data()) + d.size());
       }
     });
     return out;
@@ -99,7 +101,8 @@ class Encoder {
   std::string name_;
 };
 
-std::string jsonl_field(const std::string& line, const std::string& field, const std::string& where) {
+std::string jsonl_field(const std::string& line, const std::string& field,
+                        const std::string& where) {
   try {
     nn::JsonReader r(line);
     KILN_CHECK(r.peek_kind() == '{', "[prepare] ", where, ": expected a JSON object per line");
@@ -107,8 +110,7 @@ std::string jsonl_field(const std::string& line, const std::string& field, const
     std::optional<std::string> value;
     while (auto key = r.next_key()) {
       if (*key == field && !value) {
-        KILN_CHECK(r.peek_kind() == '"', "[prepare] ", where, ": \"", field,
-                   "\" is not a string");
+        KILN_CHECK(r.peek_kind() == '"', "[prepare] ", where, ": \"", field, "\" is not a string");
         value = r.read_string();
       } else {
         r.skip_value();
@@ -253,7 +255,8 @@ PrepareSummary prepare(const PrepareOptions& o, std::ostream& log) {
                                           : 100.0;
       std::ostringstream l;
       l << "prepare: " << std::fixed << std::setprecision(1) << frac << "% | " << status()
-        << " | ETA " << Progress::format_duration(progress.eta_seconds(static_cast<double>(done_bytes)));
+        << " | ETA "
+        << Progress::format_duration(progress.eta_seconds(static_cast<double>(done_bytes)));
       progress.line(l.str());
     }
   };
@@ -298,12 +301,13 @@ PrepareSummary prepare(const PrepareOptions& o, std::ostream& log) {
 
   std::ostringstream js;
   js << "{\n  \"format\": \"kiln token shards\",\n  \"version\": " << kShardVersion
-     << ",\n  \"tokenizer\": " << nn::json_string(enc.name()) << ",\n  \"tokenizer_fingerprint\": \""
-     << std::hex << std::setw(16) << std::setfill('0') << enc.fingerprint() << std::dec
-     << std::setfill(' ') << "\",\n  \"vocab_size\": " << enc.vocab_size()
-     << ",\n  \"eos_id\": " << eos << ",\n  \"shards\": " << sum.shards
-     << ",\n  \"documents\": " << sum.documents << ",\n  \"tokens\": " << sum.tokens
-     << ",\n  \"input_bytes\": " << sum.bytes << ",\n  \"inputs\": [";
+     << ",\n  \"tokenizer\": " << nn::json_string(enc.name())
+     << ",\n  \"tokenizer_fingerprint\": \"" << std::hex << std::setw(16) << std::setfill('0')
+     << enc.fingerprint() << std::dec << std::setfill(' ')
+     << "\",\n  \"vocab_size\": " << enc.vocab_size() << ",\n  \"eos_id\": " << eos
+     << ",\n  \"shards\": " << sum.shards << ",\n  \"documents\": " << sum.documents
+     << ",\n  \"tokens\": " << sum.tokens << ",\n  \"input_bytes\": " << sum.bytes
+     << ",\n  \"inputs\": [";
   for (size_t i = 0; i < files.size(); ++i) {
     js << (i ? ", " : "") << nn::json_string(files[i].string());
   }
@@ -313,8 +317,8 @@ PrepareSummary prepare(const PrepareOptions& o, std::ostream& log) {
   std::error_code ec;
   if (fs::exists(out)) fs::remove(out, ec);  // empty, checked above
   fs::rename(tmp.path, out, ec);
-  KILN_CHECK(!ec, "[prepare] ", o.out_dir, ": cannot rename ", tmp.path.string(), " to it: ",
-             ec.message());
+  KILN_CHECK(!ec, "[prepare] ", o.out_dir, ": cannot rename ", tmp.path.string(),
+             " to it: ", ec.message());
   tmp.keep = true;
   sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return sum;

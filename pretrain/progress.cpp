@@ -70,8 +70,8 @@ void Progress::draw(double done, const std::string& fields) {
     s << static_cast<int64_t>(done) << "/" << static_cast<int64_t>(total_) << " ";
   }
   s << "[" << std::string(static_cast<size_t>(filled), '#')
-    << std::string(static_cast<size_t>(kWidth - filled), '.') << "] " << static_cast<int>(frac * 100)
-    << "%";
+    << std::string(static_cast<size_t>(kWidth - filled), '.') << "] "
+    << static_cast<int>(frac * 100) << "%";
   if (!fields.empty()) s << " | " << fields;
   s << " | ETA " << format_duration(eta_seconds(done));
   out_ << s.str() << std::flush;

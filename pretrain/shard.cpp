@@ -221,8 +221,8 @@ ShardMeta ShardWriter::finish() {
 // --- reader -----------------------------------------------------------------------------------
 
 ShardMeta parse_shard_header(std::string_view bytes, uint64_t file_bytes, const std::string& name) {
-  KILN_CHECK(bytes.size() >= kShardHeaderBytes && file_bytes >= kShardHeaderBytes, "[shard] ",
-             name, ": ", file_bytes, " bytes is shorter than the ", kShardHeaderBytes,
+  KILN_CHECK(bytes.size() >= kShardHeaderBytes && file_bytes >= kShardHeaderBytes, "[shard] ", name,
+             ": ", file_bytes, " bytes is shorter than the ", kShardHeaderBytes,
              "-byte header (truncated, or not a token shard)");
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   KILN_CHECK(std::memcmp(p, kShardMagic, 8) == 0, "[shard] ", name,
@@ -244,9 +244,9 @@ ShardMeta parse_shard_header(std::string_view bytes, uint64_t file_bytes, const 
   m.checksum = load_u64(p + 56);
   KILN_CHECK(vocab_size >= 1 && vocab_size <= (uint64_t{1} << 32), "[shard] ", name,
              ": vocab_size ", vocab_size, " is outside [1, 2^32]");
-  KILN_CHECK(static_cast<int>(token_bytes) == token_bytes_for_vocab(static_cast<int64_t>(vocab_size)),
-             "[shard] ", name, ": token size ", token_bytes, " does not match vocab_size ",
-             vocab_size);
+  KILN_CHECK(
+      static_cast<int>(token_bytes) == token_bytes_for_vocab(static_cast<int64_t>(vocab_size)),
+      "[shard] ", name, ": token size ", token_bytes, " does not match vocab_size ", vocab_size);
   KILN_CHECK(eos >= -1 && eos < static_cast<int64_t>(vocab_size), "[shard] ", name, ": eos_id ",
              eos, " is outside the vocabulary of ", vocab_size);
   const uint64_t payload = file_bytes - kShardHeaderBytes;
@@ -254,8 +254,8 @@ ShardMeta parse_shard_header(std::string_view bytes, uint64_t file_bytes, const 
              name, ": the header announces ", num_tokens, " tokens (", num_tokens * token_bytes,
              " bytes) but the file holds ", payload, " bytes after the header",
              payload < num_tokens * token_bytes ? " (truncated)" : " (trailing bytes)");
-  KILN_CHECK(num_documents <= num_tokens || (eos == -1 && num_tokens == 0), "[shard] ", name,
-             ": ", num_documents, " documents in ", num_tokens, " tokens");
+  KILN_CHECK(num_documents <= num_tokens || (eos == -1 && num_tokens == 0), "[shard] ", name, ": ",
+             num_documents, " documents in ", num_tokens, " tokens");
   m.num_tokens = static_cast<int64_t>(num_tokens);
   m.num_documents = static_cast<int64_t>(num_documents);
   m.vocab_size = static_cast<int64_t>(vocab_size);
@@ -285,21 +285,22 @@ ShardFile ShardFile::open(const std::string& path, bool verify) {
   f.path_ = path;
   f.map_ = std::shared_ptr<void>(p, [size](void* q) { ::munmap(q, size); });
   const auto* bytes = static_cast<const unsigned char*>(p);
-  f.meta_ = parse_shard_header({reinterpret_cast<const char*>(bytes), kShardHeaderBytes}, size,
-                               path);
+  f.meta_ =
+      parse_shard_header({reinterpret_cast<const char*>(bytes), kShardHeaderBytes}, size, path);
   f.data_ = bytes + kShardHeaderBytes;
   if (verify) {
     const size_t n = static_cast<size_t>(f.meta_.num_tokens) * f.meta_.token_bytes;
     const uint64_t sum = shard_header_checksum(
         {reinterpret_cast<const char*>(bytes), kShardHeaderBytes}, shard_checksum(f.data_, n));
     KILN_CHECK(sum == f.meta_.checksum, "[shard] ", path, ": checksum mismatch (the header says ",
-               f.meta_.checksum, ", the header and tokens hash to ", sum,
-               "): the file is corrupt");
+               f.meta_.checksum, ", the header and tokens hash to ", sum, "): the file is corrupt");
     int64_t max_id = 0;
     if (f.meta_.token_bytes == 2) {
-      for (int64_t i = 0; i < f.meta_.num_tokens; ++i) max_id = std::max<int64_t>(max_id, f.u16()[i]);
+      for (int64_t i = 0; i < f.meta_.num_tokens; ++i)
+        max_id = std::max<int64_t>(max_id, f.u16()[i]);
     } else {
-      for (int64_t i = 0; i < f.meta_.num_tokens; ++i) max_id = std::max<int64_t>(max_id, f.u32()[i]);
+      for (int64_t i = 0; i < f.meta_.num_tokens; ++i)
+        max_id = std::max<int64_t>(max_id, f.u32()[i]);
     }
     KILN_CHECK(f.meta_.num_tokens == 0 || max_id < f.meta_.vocab_size, "[shard] ", path,
                ": token id ", max_id, " is outside the vocabulary of ", f.meta_.vocab_size);

@@ -129,7 +129,7 @@ class ShardFile {
 
   std::string path_;
   ShardMeta meta_;
-  std::shared_ptr<void> map_;  // the mapping, unmapped with the last copy
+  std::shared_ptr<void> map_;            // the mapping, unmapped with the last copy
   const unsigned char* data_ = nullptr;  // the first token
 };
 

@@ -102,11 +102,12 @@ int run_prepare_command(const std::vector<std::string>& args) {
     return 2;
   }
   const pretrain::PrepareSummary s = pretrain::prepare(o, std::cout);
-  std::cout << std::fixed << std::setprecision(1) << "done: " << s.documents << (s.documents == 1 ? " document, " : " documents, ")
-            << s.tokens << " tokens in " << s.shards << (s.shards == 1 ? " shard" : " shards")
-            << " (" << s.files << " files, " << s.bytes << " bytes) in " << s.seconds << " s, "
-            << std::setprecision(0) << static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9)
-            << " tokens/s -> " << o.out_dir << "\n"
+  std::cout << std::fixed << std::setprecision(1) << "done: " << s.documents
+            << (s.documents == 1 ? " document, " : " documents, ") << s.tokens << " tokens in "
+            << s.shards << (s.shards == 1 ? " shard" : " shards") << " (" << s.files << " files, "
+            << s.bytes << " bytes) in " << s.seconds << " s, " << std::setprecision(0)
+            << static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9) << " tokens/s -> "
+            << o.out_dir << "\n"
             << "train on it: kiln pretrain --data " << o.out_dir << "\n";
   return 0;
 }

@@ -104,8 +104,9 @@ TEST_F(LoaderTest, RanksReadDisjointPartsOfEachGlobalStep) {
   auto shards = three_shards();
   std::vector<ShardLoader> ranks;
   for (int64_t r = 0; r < 3; ++r) {
-    ranks.emplace_back(shards, LoaderOptions{.seq_len = 10, .batch_size = 2, .rank = r,
-                                             .world_size = 3, .seed = 9});
+    ranks.emplace_back(
+        shards,
+        LoaderOptions{.seq_len = 10, .batch_size = 2, .rank = r, .world_size = 3, .seed = 9});
   }
   std::set<int64_t> firsts;
   for (int step = 0; step < 4; ++step) {  // 4 steps x 6 sequences = 24 of the 28 windows
@@ -127,7 +128,8 @@ TEST_F(LoaderTest, ResumeWithAnotherWorldSizeNeitherRepeatsNorSkips) {
   std::mt19937 rng(123);
   for (int trial = 0; trial < 20; ++trial) {
     std::map<uint64_t, int64_t> read;  // global sequence -> first token read for it
-    std::string saved = LoaderState{.seed = 5, .seq_len = 10,
+    std::string saved = LoaderState{.seed = 5,
+                                    .seq_len = 10,
                                     .train_sequences = reference.num_train_sequences(),
                                     .data_fingerprint = shards->data_fingerprint()}
                             .to_json();
@@ -137,8 +139,10 @@ TEST_F(LoaderTest, ResumeWithAnotherWorldSizeNeitherRepeatsNorSkips) {
       const int steps = 1 + static_cast<int>(rng() % 6);
       std::vector<ShardLoader> ranks;
       for (int64_t r = 0; r < world; ++r) {
-        ranks.emplace_back(shards, LoaderOptions{.seq_len = 10, .batch_size = batch, .rank = r,
-                                                 .world_size = world, .seed = 5});
+        ranks.emplace_back(
+            shards,
+            LoaderOptions{
+                .seq_len = 10, .batch_size = batch, .rank = r, .world_size = world, .seed = 5});
         ranks.back().load_state(LoaderState::from_json(saved, "state"));
       }
       for (int s = 0; s < steps; ++s) {
@@ -169,8 +173,9 @@ TEST_F(LoaderTest, ResumeWithAnotherWorldSizeNeitherRepeatsNorSkips) {
 
 TEST_F(LoaderTest, ValidationWindowsAreTheTailAndNeverTrainedOn) {
   auto shards = three_shards();
-  ShardLoader loader(shards, {.seq_len = 10, .batch_size = 4, .seed = 1, .val_fraction = 0.2,
-                              .max_val_sequences = 5});
+  ShardLoader loader(
+      shards,
+      {.seq_len = 10, .batch_size = 4, .seed = 1, .val_fraction = 0.2, .max_val_sequences = 5});
   EXPECT_EQ(loader.num_val_sequences(), 5);  // floor(31 * 0.2) = 6, capped at 5
   std::set<int64_t> val;
   for (int64_t i = 0; i < 3; ++i) {

@@ -65,7 +65,8 @@ TEST_F(MetricsTest, AResumeDropsTheLinesAfterItsCheckpoint) {
 }
 
 TEST_F(MetricsTest, ADamagedFileIsAnErrorNamingTheLine) {
-  test::write_bytes(file("metrics.jsonl"), "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": \n");
+  test::write_bytes(file("metrics.jsonl"),
+                    "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": \n");
   EXPECT_KILN_ERROR(MetricsLog(dir().string(), 5), "metrics.jsonl:2: ");
   test::write_bytes(file("metrics.jsonl"), "{\"loss\": 2}\n");
   EXPECT_KILN_ERROR(MetricsLog(dir().string(), 5), "metrics.jsonl:1: no \"step\"");

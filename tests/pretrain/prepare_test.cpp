@@ -42,13 +42,17 @@ class PrepareTest : public test::TempDirTest {
 
 TEST_F(PrepareTest, ByteTokenizerTextAndJsonl) {
   test::write_bytes(file("a.txt"), "To be\n");
-  test::write_bytes(file("b.jsonl"),
-                    "{\"text\": \"or\", \"id\": 1}\n\n{\"meta\": {\"x\": [1]}, \"text\": \"n\\u00e9\"}\n");
-  const PrepareSummary s = run({.inputs = {file("a.txt"), file("b.jsonl")}, .out_dir = file("out")});
+  test::write_bytes(
+      file("b.jsonl"),
+      "{\"text\": \"or\", \"id\": 1}\n\n{\"meta\": {\"x\": [1]}, \"text\": \"n\\u00e9\"}\n");
+  const PrepareSummary s =
+      run({.inputs = {file("a.txt"), file("b.jsonl")}, .out_dir = file("out")});
   EXPECT_EQ(s.documents, 3);
   EXPECT_EQ(s.eos_id, -1);
   EXPECT_EQ(s.shards, 1);
-  const std::string joined = "To be\nor" "n\xc3\xa9";
+  const std::string joined =
+      "To be\nor"
+      "n\xc3\xa9";
   EXPECT_EQ(s.tokens, static_cast<int64_t>(joined.size()));
   std::vector<int64_t> expected(joined.begin(), joined.end());
   for (auto& v : expected) v &= 0xff;
@@ -67,7 +71,8 @@ TEST_F(PrepareTest, TokenizerJsonDocumentsEndWithEosAndShardsCloseAtTheLimit) {
   std::vector<std::string> docs;
   std::string jsonl;
   for (int i = 0; i < 40; ++i) {
-    docs.push_back("Line " + std::to_string(i) + ": the quick brown fox, " + std::string(i % 7, 'z'));
+    docs.push_back("Line " + std::to_string(i) + ": the quick brown fox, " +
+                   std::string(i % 7, 'z'));
     jsonl += "{\"body\": \"" + docs.back() + "\"}\n";
   }
   fs::create_directories(dir() / "in" / "sub");
@@ -84,8 +89,12 @@ TEST_F(PrepareTest, TokenizerJsonDocumentsEndWithEosAndShardsCloseAtTheLimit) {
   for (const auto& d : docs) add(d);
 
   set_num_threads(2);
-  const PrepareSummary s = run({.inputs = {file("in")}, .out_dir = file("out2"), .tokenizer = kLlama3,
-                                .field = "body", .shard_tokens = 100, .batch_bytes = 200});
+  const PrepareSummary s = run({.inputs = {file("in")},
+                                .out_dir = file("out2"),
+                                .tokenizer = kLlama3,
+                                .field = "body",
+                                .shard_tokens = 100,
+                                .batch_bytes = 200});
   EXPECT_EQ(s.documents, 41);
   EXPECT_EQ(s.tokens, static_cast<int64_t>(expected.size()));
   EXPECT_EQ(all_tokens(file("out2")), expected);
@@ -100,8 +109,12 @@ TEST_F(PrepareTest, TokenizerJsonDocumentsEndWithEosAndShardsCloseAtTheLimit) {
   EXPECT_EQ(set.vocab_size(), tok.vocab_size());
 
   set_num_threads(1);
-  run({.inputs = {file("in")}, .out_dir = file("out1"), .tokenizer = kLlama3, .field = "body",
-       .shard_tokens = 100, .batch_bytes = 200});
+  run({.inputs = {file("in")},
+       .out_dir = file("out1"),
+       .tokenizer = kLlama3,
+       .field = "body",
+       .shard_tokens = 100,
+       .batch_bytes = 200});
   set_num_threads(2);
   for (size_t i = 0; i < set.size(); ++i) {
     const std::string name = fs::path(set[i].path()).filename().string();
@@ -121,15 +134,18 @@ TEST_F(PrepareTest, BadInputsGetErrorsNamingTheFileAndLine) {
   EXPECT_KILN_ERROR(run({.inputs = {file("array.jsonl")}, .out_dir = file("o")}),
                     "array.jsonl:1: expected a JSON object per line");
   test::write_bytes(file("broken.jsonl"), "{\"text\": \"a\n");
-  EXPECT_KILN_ERROR(run({.inputs = {file("broken.jsonl")}, .out_dir = file("o")}), "broken.jsonl:1: ");
+  EXPECT_KILN_ERROR(run({.inputs = {file("broken.jsonl")}, .out_dir = file("o")}),
+                    "broken.jsonl:1: ");
   EXPECT_KILN_ERROR(run({.inputs = {file("missing.txt")}, .out_dir = file("o")}),
                     "missing.txt: no such file or directory");
   test::write_bytes(file("latin1.txt"), "caf\xe9");
-  EXPECT_KILN_ERROR(run({.inputs = {file("latin1.txt")}, .out_dir = file("o"), .tokenizer = kLlama3}),
-                    "latin1.txt: not valid UTF-8");
+  EXPECT_KILN_ERROR(
+      run({.inputs = {file("latin1.txt")}, .out_dir = file("o"), .tokenizer = kLlama3}),
+      "latin1.txt: not valid UTF-8");
   test::write_bytes(file("tok.json"), "{\"model\": ");
-  EXPECT_KILN_ERROR(run({.inputs = {file("ok.txt")}, .out_dir = file("o"), .tokenizer = file("tok.json")}),
-                    "tok.json");
+  EXPECT_KILN_ERROR(
+      run({.inputs = {file("ok.txt")}, .out_dir = file("o"), .tokenizer = file("tok.json")}),
+      "tok.json");
   EXPECT_KILN_ERROR(run({.inputs = {file("ok.txt")}, .out_dir = file("o"), .eos_id = 256}),
                     "eos id 256 is outside the vocabulary of byte (256)");
   run({.inputs = {file("ok.txt")}, .out_dir = file("o")});

@@ -32,11 +32,13 @@ class PretrainShardsTest : public test::TempDirTest {
     test::TempDirTest::SetUp();
     // Two byte-token shards of the bundled text's first 24 KB.
     const std::string text =
-        test::read_bytes(std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt").substr(0, 24000);
+        test::read_bytes(std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt")
+            .substr(0, 24000);
     fs::create_directories(dir() / "shards");
     for (int s = 0; s < 2; ++s) {
-      pretrain::ShardWriter w(file("shards/shard-0000" + std::to_string(s) + ".tokens"),
-                              {.vocab_size = 256, .tokenizer_fingerprint = pretrain::kByteTokenizerFingerprint});
+      pretrain::ShardWriter w(
+          file("shards/shard-0000" + std::to_string(s) + ".tokens"),
+          {.vocab_size = 256, .tokenizer_fingerprint = pretrain::kByteTokenizerFingerprint});
       const std::string part = text.substr(static_cast<size_t>(s) * 12000, 12000);
       std::vector<int64_t> ids(part.begin(), part.end());
       for (auto& v : ids) v &= 0xff;
@@ -111,12 +113,14 @@ TEST_F(PretrainShardsTest, ACraftedStateFileCannotReachOutsideTheCheckpoint) {
   for (const std::string& name : {std::string("../victim.txt"), file("victim.txt")}) {
     test::write_bytes(file("run/trainer_state.json"),
                       "{\"config\": \"tiny-llama\", \"step\": 1, \"precision\": \"f32\", "
-                      "\"model\": \"m.safetensors\", \"optimizer\": \"" + name + "\"}");
+                      "\"model\": \"m.safetensors\", \"optimizer\": \"" +
+                          name + "\"}");
     PretrainOptions o = options();
     o.out_dir = file("run");
     std::ostringstream log;
     // Without --resume too: the run would remove the previous checkpoint's files at its first save.
-    EXPECT_KILN_ERROR(pretrain(o, log), "\"optimizer\" is \"" + name + "\", not a file name inside");
+    EXPECT_KILN_ERROR(pretrain(o, log),
+                      "\"optimizer\" is \"" + name + "\", not a file name inside");
     EXPECT_EQ(log.str().find("step 1/"), std::string::npos) << "failed after training started";
   }
   EXPECT_EQ(test::read_bytes(file("victim.txt")), "keep me");
@@ -140,8 +144,9 @@ TEST_F(PretrainShardsTest, ErrorsComeBeforeTheFirstStep) {
 
   test::write_counting_shard(file("big.tokens"), 0, 1000, /*vocab_size=*/1000);
   o.data_path = file("big.tokens");
-  EXPECT_KILN_ERROR(pretrain(o, log), "the shards come from a tokenizer of 1000 ids, more than the "
-                                      "vocab_size 320 of tiny-llama");
+  EXPECT_KILN_ERROR(pretrain(o, log),
+                    "the shards come from a tokenizer of 1000 ids, more than the "
+                    "vocab_size 320 of tiny-llama");
 
   // A checkpoint of the bundled text cannot be resumed on shards, nor the other way round.
   o.data_path = std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt";
@@ -176,7 +181,6 @@ TEST_F(PretrainShardsTest, ProgressBarOnATerminalKeepsTheLoggedLines) {
   EXPECT_NE(text.find("step 2/4 | loss "), std::string::npos);
   EXPECT_NE(text.find("eval step 4 | val loss "), std::string::npos);
 }
-
 
 // SIGTERM (or SIGINT) mid-run: the run stops after its current step with a checkpoint of that
 // step, and --resume goes on from it.
@@ -220,7 +224,6 @@ TEST_F(PretrainShardsTest, SigtermSavesACheckpointAndStops) {
   EXPECT_EQ(more.stop_signal, 0);
 }
 
-
 // The schedule is part of the run's state: a run of 4 steps (decaying over 4) resumed to 6 steps
 // keeps decaying over 4, as a straight run told so, whatever the options derive from max_steps.
 TEST_F(PretrainShardsTest, ResumeKeepsTheStoredSchedule) {
@@ -257,7 +260,6 @@ TEST_F(PretrainShardsTest, ResumeKeepsTheStoredSchedule) {
   EXPECT_EQ(jsonl.find("{\"step\": 5, \"loss\": "), jsonl.rfind("{\"step\": 5, \"loss\": "));
 }
 
-
 // --save-every 1 --keep 2: the two newest checkpoints stay, each with its own state file; a
 // temporary file of a killed save is removed at the next start.
 TEST_F(PretrainShardsTest, KeepsTheNewestCheckpointsAndCleansTemporaries) {
@@ -277,12 +279,12 @@ TEST_F(PretrainShardsTest, KeepsTheNewestCheckpointsAndCleansTemporaries) {
     names.push_back(e.path().filename().string());
   }
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{
-                       "metrics.jsonl", "metrics.svg", "model-00000003.safetensors",
-                       "model-00000004.safetensors", "notes.txt.tmp.1",
-                       "optimizer-00000003.safetensors", "optimizer-00000004.safetensors",
-                       "trainer_state-00000003.json", "trainer_state-00000004.json",
-                       "trainer_state.json"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "metrics.jsonl", "metrics.svg", "model-00000003.safetensors",
+                "model-00000004.safetensors", "notes.txt.tmp.1", "optimizer-00000003.safetensors",
+                "optimizer-00000004.safetensors", "trainer_state-00000003.json",
+                "trainer_state-00000004.json", "trainer_state.json"}));
   EXPECT_EQ(test::read_bytes(file("run/trainer_state-00000004.json")),
             test::read_bytes(file("run/trainer_state.json")));
   // The older one resumes as well: its state file names its own files.

@@ -63,14 +63,15 @@ TEST_F(ShardTest, LargeVocabulariesUseU32AndTheHeaderIsAsDocumented) {
     return v;
   };
   EXPECT_EQ(bytes.substr(0, 8), "KILNTOKS");
-  EXPECT_EQ(u32(8), 1u);        // version
-  EXPECT_EQ(u32(12), 4u);       // token bytes
-  EXPECT_EQ(u64(16), 3u);       // tokens
-  EXPECT_EQ(u64(24), 1u);       // documents
-  EXPECT_EQ(u64(32), 128256u);  // vocab
+  EXPECT_EQ(u32(8), 1u);                         // version
+  EXPECT_EQ(u32(12), 4u);                        // token bytes
+  EXPECT_EQ(u64(16), 3u);                        // tokens
+  EXPECT_EQ(u64(24), 1u);                        // documents
+  EXPECT_EQ(u64(32), 128256u);                   // vocab
   EXPECT_EQ(static_cast<int64_t>(u64(40)), -1);  // no eos
   EXPECT_EQ(u64(48), 5u);
-  EXPECT_EQ(u64(56), shard_header_checksum(bytes.substr(0, 56), shard_checksum(bytes.data() + 64, 12)));
+  EXPECT_EQ(u64(56),
+            shard_header_checksum(bytes.substr(0, 56), shard_checksum(bytes.data() + 64, 12)));
   EXPECT_EQ(u32(64), 128255u);
   EXPECT_EQ(u32(72), 70000u);
   const ShardFile f = ShardFile::open(path);
@@ -176,13 +177,13 @@ TEST_F(ShardTest, IdsAtOrAboveTheVocabularyAreCaughtByVerification) {
   }());
   const uint16_t bad = 300;
   std::memcpy(bytes.data() + 64, &bad, 2);
-  const uint64_t sum = shard_header_checksum(bytes.substr(0, 56), shard_checksum(bytes.data() + 64, 4));
+  const uint64_t sum =
+      shard_header_checksum(bytes.substr(0, 56), shard_checksum(bytes.data() + 64, 4));
   std::memcpy(bytes.data() + 56, &sum, 8);
   test::write_bytes(file("bad.tokens"), bytes);
   EXPECT_KILN_ERROR(ShardFile::open(file("bad.tokens")),
                     "bad.tokens: token id 300 is outside the vocabulary of 300");
 }
-
 
 TEST_F(ShardTest, TheTokenSizeFollowsTheVocabulary) {
   EXPECT_EQ(token_bytes_for_vocab(256), 2);
