@@ -147,6 +147,13 @@ TensorVec cat_backward(const BackwardCall& c) {
   return out;
 }
 
+// split_with_sizes_copy: the slices' gradients (zeros where one got none) joined by one cat.
+TensorVec split_copy_backward(const BackwardCall& c) {
+  if (!c.needs_grad(0)) return internal::no_grads(1);
+  const int64_t dim = wrap_dim(c.attr<int64_t>(1), c.input(0).dim(), "split_with_sizes_copy");
+  return {cat(c.grad_outputs, dim)};
+}
+
 // sort/topk: outputs (values, indices); the value gradient goes back to where each came from.
 TensorVec sort_backward(const BackwardCall& c, int64_t dim) {
   if (c.input(0).dim() == 0) return {c.grad(0)};
@@ -177,6 +184,7 @@ KILN_REGISTER_BACKWARD(masked_select, masked_select_backward, save_inputs({1}), 
 KILN_REGISTER_BACKWARD(triu, triu_backward, kSaveNone, false);
 KILN_REGISTER_BACKWARD(tril, tril_backward, kSaveNone, false);
 KILN_REGISTER_BACKWARD(cat, cat_backward, kSaveNone, false);
+KILN_REGISTER_BACKWARD(split_with_sizes_copy, split_copy_backward, kSaveNone, false);
 KILN_REGISTER_BACKWARD(sort, sort_rule, kSaveNone, true);
 KILN_REGISTER_BACKWARD(topk, topk_rule, kSaveNone, true);
 

@@ -170,6 +170,9 @@ Tensor dot(const Tensor& a, const Tensor& b);
 // --- Joining, indexing, sorting ---------------------------------------------------------------
 Tensor cat(TensorList tensors, int64_t dim = 0);
 Tensor stack(TensorList tensors, int64_t dim = 0);
+// x's consecutive slices of `sizes` along dim as fresh contiguous tensors (PyTorch's
+// split_with_sizes_copy); the gradient is one cat of the slices' gradients.
+std::vector<Tensor> split_with_sizes_copy(const Tensor& x, IntArrayRef sizes, int64_t dim = 0);
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);

@@ -1,4 +1,6 @@
-// Joining ops: cat (a registry op) and stack (unsqueeze each input, then cat).
+// Joining ops: cat (a registry op) and stack (unsqueeze each input, then cat); and their inverse
+// as copies, split_with_sizes_copy, whose gradient is one cat.
+#include "autograd/grad_mode.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -47,9 +49,56 @@ SpecList cat_meta(const OpCall& c) {
   return {{out, dtype, ref->device()}};
 }
 
+// split_with_sizes_copy(x; sizes, dim): x's consecutive slices of `sizes` along dim, each a
+// fresh contiguous tensor.
+SpecList split_copy_meta(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  KILN_CHECK(x.dim() > 0, "[split_with_sizes_copy] cannot split a 0-d tensor");
+  const Shape& sizes = c.attr<Shape>(0);
+  const int64_t d = wrap_dim(c.attr<int64_t>(1), x.dim(), "split_with_sizes_copy");
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    KILN_CHECK(s >= 0, "[split_with_sizes_copy] negative size in ", shape_str(sizes));
+    total += s;
+  }
+  KILN_CHECK(total == x.size(d), "[split_with_sizes_copy] sizes ", shape_str(sizes), " sum to ",
+             total, " but dimension ", d, " of ", shape_str(x.sizes()), " has size ", x.size(d));
+  SpecList out;
+  for (int64_t s : sizes) {
+    Shape shape = to_shape(x.sizes());
+    shape[static_cast<size_t>(d)] = s;
+    out.push_back({shape, x.dtype(), x.device()});
+  }
+  return out;
+}
+
+// One copy_ per slice (copy_ runs on the tensors' device): the kernel of every device.
+void split_copy_kernel(OpCall& c) {
+  NoGradGuard no_grad;
+  const int64_t d = wrap_dim(c.attr<int64_t>(1), c.input(0).dim(), "split_with_sizes_copy");
+  int64_t start = 0;
+  for (Tensor& out : c.outputs) {
+    const int64_t n = out.size(d);
+    out.copy_(c.input(0).narrow(d, start, n));
+    start += n;
+  }
+}
+
 }  // namespace
 
 KILN_DEFINE_OP(cat, OpKind::kFunctional, cat_meta);
+// Attributes: 0 sizes (Shape), 1 dim (int64). The attention layers split their fused qkv
+// projection with it: its backward is one cat of the three gradients, where three narrow views
+// would each give back a zero-filled gradient of the whole projection to add up.
+KILN_DEFINE_OP(split_with_sizes_copy, OpKind::kFunctional, split_copy_meta);
+KILN_REGISTER_KERNEL(split_with_sizes_copy, kCPU, split_copy_kernel);
+KILN_REGISTER_KERNEL(split_with_sizes_copy, kCUDA, split_copy_kernel);
+
+std::vector<Tensor> split_with_sizes_copy(const Tensor& x, IntArrayRef sizes, int64_t dim) {
+  static const OpDef& op = KILN_OP(split_with_sizes_copy);
+  const TensorVec out = call_op(op, {x}, {to_shape(sizes), dim});
+  return std::vector<Tensor>(out.begin(), out.end());
+}
 
 Tensor cat(TensorList tensors, int64_t dim) {
   static const OpDef& op = KILN_OP(cat);

@@ -17,6 +17,19 @@ using indexing::Slice;
 
 Tensor idx(std::vector<int64_t> v) { return tensor(v, kInt64); }
 
+// split_with_sizes_copy: every slice's gradient, one slice's alone (the others' are zeros), and a
+// non-contiguous input.
+TEST(IndexGradTest, SplitWithSizesCopy) {
+  Tensor x = leaf({3, 7});
+  EXPECT_TRUE(check_grad({"split_with_sizes_copy"}, [](const variable_list& in) {
+    const std::vector<Tensor> p = split_with_sizes_copy(in[0], {2, 0, 5}, 1);
+    return p[0].sum(1) * 2.0 + p[2].square().sum(1);
+  }, {x}));
+  EXPECT_TRUE(check_grad({"split_with_sizes_copy"}, [](const variable_list& in) {
+    return split_with_sizes_copy(in[0].t(), {4, 3}, 0)[1];
+  }, {x}));
+}
+
 TEST(IndexGradTest, AdvancedIndex) {
   Tensor x = leaf({4, 3});
   Tensor rows = idx({2, 0, 2, 3});  // row 2 twice: its gradient accumulates

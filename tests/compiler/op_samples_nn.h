@@ -250,6 +250,14 @@ inline std::vector<OpSample> fused_samples() {
           [] {
             return Tensors{f32({2, 9}), nc(2, 9), f32({2, 3})};
           }),
+      {"split_with_sizes_copy",
+       [](const Tensors& x) {
+         const std::vector<Tensor> parts = split_with_sizes_copy(x[0], {1, 2}, 1);
+         return Tensors(parts.begin(), parts.end());
+       },
+       [] {
+         return Tensors{nc(4, 3)};
+       }},
       {"unbind_copy",
        [](const Tensors& x) {
          const std::vector<Tensor> parts = unbind_copy(x[0], 1);

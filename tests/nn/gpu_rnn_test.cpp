@@ -134,10 +134,14 @@ TEST_F(GpuRnnLayers, FusedCellsMatchCpuInEveryDtype) {
     auto [ghy2, gcy2] = lstm_cell_fused(gates.to(kGpu), cx.to(kGpu));
     EXPECT_LE(max_diff(ghy2, hy), tol);
     EXPECT_LE(max_diff(gcy2, cy), tol);
+    // The backward reads the forward's workspace (its output 2: the saved activations).
+    const OpDef& fwd = Registry::get().op("lstm_cell_fused");
     const OpDef& bwd = Registry::get().op("lstm_cell_fused_backward");
-    const TensorVec c = call_op(bwd, {ghy, gcy, gates, cx, cy});
-    const TensorVec g =
-        call_op(bwd, {ghy.to(kGpu), gcy.to(kGpu), gates.to(kGpu), cx.to(kGpu), cy.to(kGpu)});
+    const TensorVec wc = call_op(fwd, {gates, cx});
+    const TensorVec wg = call_op(fwd, {gates.to(kGpu), cx.to(kGpu)});
+    EXPECT_LE(max_diff(wg[2], wc[2]), tol) << "lstm workspace";
+    const TensorVec c = call_op(bwd, {ghy, gcy, wc[2], cx});
+    const TensorVec g = call_op(bwd, {ghy.to(kGpu), gcy.to(kGpu), wg[2], cx.to(kGpu)});
     for (size_t i = 0; i < 2; ++i) EXPECT_LE(max_diff(g[i], c[i]), tol) << "lstm grad " << i;
     // Strided gates (a transposed view) take the copy path.
     const Tensor ig = (randn({3 * 40, 9}) * 2).to(dt).t(), hg = (randn({9, 3 * 40}) * 2).to(dt);

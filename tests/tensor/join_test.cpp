@@ -82,6 +82,23 @@ TEST(CatTest, LargeInputsGoParallel) {
   EXPECT_EQ(vals(r), cat_reference({a, b}, 1));
 }
 
+TEST(SplitCopyTest, SlicesAreFreshContiguousCopies) {
+  const Tensor x = arange(0, 24, kFloat).view({2, 3, 4}).transpose(1, 2);  // [2, 4, 3], strided
+  const std::vector<Tensor> p = split_with_sizes_copy(x, {1, 0, 3}, 1);
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_TRUE(equal(p[0], x.narrow(1, 0, 1)));
+  EXPECT_EQ(p[1].sizes(), IntArrayRef({2, 0, 3}));
+  EXPECT_TRUE(equal(p[2], x.narrow(1, 1, 3)));
+  for (const Tensor& t : p) EXPECT_TRUE(t.is_contiguous());
+  EXPECT_NE(p[2].data_ptr(), x.data_ptr());
+  EXPECT_TRUE(equal(cat({p[0], p[1], p[2]}, 1), x));
+  EXPECT_KILN_ERROR(split_with_sizes_copy(x, {1, 2}, 1),
+                    "[split_with_sizes_copy] sizes [1, 2] sum to 3 but dimension 1 of [2, 4, 3] "
+                    "has size 4");
+  EXPECT_KILN_ERROR(split_with_sizes_copy(x, {5, -1}, 1), "negative size");
+  EXPECT_KILN_ERROR(split_with_sizes_copy(tensor(1.0), {1}, 0), "cannot split a 0-d tensor");
+}
+
 TEST(CatTest, Errors) {
   EXPECT_KILN_ERROR(cat({}), "[cat] expected a non-empty list of tensors");
   EXPECT_KILN_ERROR(cat({tensor(1.0)}),
