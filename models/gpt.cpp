@@ -100,14 +100,14 @@ Tensor CausalSelfAttentionImpl::forward(const Tensor& x, const Tensor& cos, cons
                                         KVCache* cache) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = config_.n_head, G = config_.n_query_groups, hs = config_.head_dim();
-  // One matmul for q, k and v, split by copies: the gradient of the split is then one cat,
-  // where narrow views would each give back a zero-filled gradient of the whole projection
-  // (profiled on llama-160m: 25% of the step's GPU time).
-  const std::vector<Tensor> heads =
-      split_with_sizes_copy(qkv(x).view({B, T, H + 2 * G, hs}), {H, G, G}, 2);
-  Tensor q = heads[0].transpose(1, 2);  // [B, H, T, hs]
-  Tensor k = heads[1].transpose(1, 2);  // [B, G, T, hs]
-  Tensor v = heads[2].transpose(1, 2);
+  // One matmul for q, k and v; the heads are views of its output. (Their gradients come back
+  // as three zero-filled [B, T, H + 2G, hs] tensors added up: a quarter of llama-160m's GPU
+  // step. split_with_sizes_copy, whose gradient is one cat, measured slower with today's
+  // strided copy and cat kernels: benchmarks/RESULTS.md, "Session 13".)
+  const Tensor qkv_out = qkv(x).view({B, T, H + 2 * G, hs});
+  Tensor q = qkv_out.narrow(2, 0, H).transpose(1, 2);  // [B, H, T, hs]
+  Tensor k = qkv_out.narrow(2, H, G).transpose(1, 2);  // [B, G, T, hs]
+  Tensor v = qkv_out.narrow(2, H + G, G).transpose(1, 2);
   std::tie(q, k) = F::apply_rotary_emb_qk(q, k, cos, sin);  // one fused launch for both
 
   const int64_t window = config_.uses_sliding_window(layer_) ? config_.sliding_window : 0;

@@ -87,9 +87,8 @@ void split_copy_kernel(OpCall& c) {
 }  // namespace
 
 KILN_DEFINE_OP(cat, OpKind::kFunctional, cat_meta);
-// Attributes: 0 sizes (Shape), 1 dim (int64). The attention layers split their fused qkv
-// projection with it: its backward is one cat of the three gradients, where three narrow views
-// would each give back a zero-filled gradient of the whole projection to add up.
+// Attributes: 0 sizes (Shape), 1 dim (int64). Its backward is one cat of the slices' gradients,
+// where narrow views each give back a zero-filled gradient of the whole input to add up.
 KILN_DEFINE_OP(split_with_sizes_copy, OpKind::kFunctional, split_copy_meta);
 KILN_REGISTER_KERNEL(split_with_sizes_copy, kCPU, split_copy_kernel);
 KILN_REGISTER_KERNEL(split_with_sizes_copy, kCUDA, split_copy_kernel);
