@@ -546,8 +546,10 @@ struct CompiledCore::Impl {
                                           std::string& why) {
     const SharedProgram& sp = *shared;
     const auto [a0, d0] = sp.dims[0];
-    const Tensor& t0 = args.tensors[static_cast<size_t>(a0)];
-    const int64_t s = t0.defined() && d0 < t0.dim() ? t0.size(d0) : -1;
+    const size_t i0 = static_cast<size_t>(a0);
+    const bool has = i0 < args.tensors.size() && args.tensors[i0].defined() &&
+                     d0 < args.tensors[i0].dim();
+    const int64_t s = has ? args.tensors[i0].size(d0) : -1;
     const int64_t at = sp.forward_fit.at;
     bool fits = s >= 0 && sig.key.size() == sp.key.size();
     for (size_t j = 0; fits && j < sig.key.size(); ++j)
