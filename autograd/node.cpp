@@ -77,7 +77,6 @@ variable_list AccumulateGrad::apply(variable_list&& grads) {
   return {};
 }
 
-
 variable_list NotImplementedNode::apply(variable_list&&) {
   KILN_FAIL("[", op_, "] the derivative of ", op_,
             " is not implemented (no backward rule is registered)");
