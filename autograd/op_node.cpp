@@ -14,11 +14,12 @@ class OpNode final : public Node {
   OpNode(const OpCall& call, const Tensor& original_self)
       : op_(call.op), attrs_(call.attrs) {
     const OpDef& op = *call.op;
+    const uint32_t saved = op.save_inputs_fn != nullptr ? op.save_inputs_fn(call) : op.saved_inputs;
     inputs_.reserve(call.inputs.size());
     next_edges_.reserve(call.inputs.size());
     for (size_t i = 0; i < call.inputs.size(); ++i) {
       const Tensor& in = call.inputs[i];
-      const bool save = i < 32 && (op.saved_inputs >> i) & 1u;
+      const bool save = i < 32 && (saved >> i) & 1u;
       const Tensor& value = (i == 0 && original_self.defined()) ? original_self : in;
       inputs_.push_back({SavedVariable(save ? value : Tensor(), false),
                          in.defined() ? InputMeta{in.impl()->sizes(), in.dtype(), in.device()}

@@ -5,6 +5,10 @@
 // dims:
 //   transpose = false:  dcos = sum(dy * x),  dsin = sum(dy * rotate_half(x))
 //   transpose = true:   dcos = sum(dy * x),  dsin = sum(x * rotate_half(dy))
+// split_qkv_rotary and merge_qkv_rotary are each other's adjoints (with the opposite transpose);
+// their table gradients are those of the q and k rotations. Each saves the tensors it rotates
+// only when a table requires grad, so that the qkv projection's output (or dq and dk) need not
+// live until backward.
 #include "autograd/backward_util.h"
 
 namespace kiln::autograd {
@@ -62,11 +66,68 @@ TensorVec rotary_emb_qk_backward_rule(const BackwardCall& c) {
   return out;
 }
 
+// The [..., heads, T, D] view of heads [first, first + heads) of a [..., T, total * D] tensor.
+Tensor heads_of(const Tensor& qkv, int64_t first, int64_t heads, int64_t total) {
+  return qkv.unflatten(-1, {total, qkv.size(-1) / total})
+      .narrow(-2, first, heads)
+      .transpose(-3, -2);
+}
+
+bool tables_need_grad(const OpCall& c, size_t cos_index) {
+  return c.input(cos_index).requires_grad() || c.input(cos_index + 1).requires_grad();
+}
+
+// split_qkv_rotary(qkv, cos, sin; transpose, H, G) -> (q, k, v).
+TensorVec split_qkv_rotary_backward_rule(const BackwardCall& c) {
+  TensorVec out(3);
+  const bool transpose = c.attr<bool>(0);
+  if (c.needs_grad(0)) {
+    static const OpDef& op = KILN_OP(merge_qkv_rotary);
+    out[0] = call_op1(op, {c.grad(0), c.grad(1), c.grad(2), c.input(1), c.input(2)}, {!transpose});
+  }
+  if (c.needs_grad(1) || c.needs_grad(2)) {
+    const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
+    accumulate_table_grads(c, 1, heads_of(c.input(0), 0, h, n), c.grad(0), out[1], out[2]);
+    accumulate_table_grads(c, 1, heads_of(c.input(0), h, g, n), c.grad(1), out[1], out[2]);
+  }
+  return out;
+}
+uint32_t split_qkv_rotary_saved(const OpCall& c) {
+  return tables_need_grad(c, 1) ? save_inputs({0, 1, 2}) : save_inputs({1, 2});
+}
+
+// merge_qkv_rotary(dq, dk, dv, cos, sin; transpose) -> dqkv.
+TensorVec merge_qkv_rotary_backward_rule(const BackwardCall& c) {
+  TensorVec out(5);
+  const bool transpose = c.attr<bool>(0);
+  const int64_t h = c.input(0).size(-3), g = c.input(1).size(-3), n = h + 2 * g;
+  if (c.needs_grad(0) || c.needs_grad(1) || c.needs_grad(2)) {
+    static const OpDef& op = KILN_OP(split_qkv_rotary);
+    const TensorVec d = call_op(op, {c.grad(0), c.input(3), c.input(4)}, {!transpose, h, g});
+    for (size_t i = 0; i < 3; ++i) {
+      if (c.needs_grad(i)) out[i] = d[i];
+    }
+  }
+  if (c.needs_grad(3) || c.needs_grad(4)) {
+    accumulate_table_grads(c, 3, c.input(0), heads_of(c.grad(0), 0, h, n), out[3], out[4]);
+    accumulate_table_grads(c, 3, c.input(1), heads_of(c.grad(0), h, g, n), out[3], out[4]);
+  }
+  return out;
+}
+uint32_t merge_qkv_rotary_saved(const OpCall& c) {
+  return tables_need_grad(c, 3) ? save_inputs({0, 1, 3, 4}) : save_inputs({3, 4});
+}
+
 }  // namespace
 
 // x is read only for the gradients of cos/sin; the outputs are never needed.
 KILN_REGISTER_BACKWARD(rotary_emb, rotary_emb_backward_rule, save_inputs({0, 1, 2}), false);
 KILN_REGISTER_BACKWARD(rotary_emb_qk, rotary_emb_qk_backward_rule, save_inputs({0, 1, 2, 3}),
+                       false);
+
+KILN_REGISTER_BACKWARD(split_qkv_rotary, split_qkv_rotary_backward_rule, split_qkv_rotary_saved,
+                       false);
+KILN_REGISTER_BACKWARD(merge_qkv_rotary, merge_qkv_rotary_backward_rule, merge_qkv_rotary_saved,
                        false);
 
 }  // namespace kiln::autograd

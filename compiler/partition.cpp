@@ -30,7 +30,8 @@ Cost cost_of(const BoundOp& op, const Trace& trace) {
       "cos", "add", "sub", "mul", "div", "pow", "pow_tensor_scalar", "atan2", "maximum",
       "minimum", "clamp", "where", "lerp", "masked_fill", "isclose", "to_copy", "eq", "ne", "gt",
       "ge", "lt", "le", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_not",
-      "tril", "triu", "rotary_emb", "rotary_emb_qk", "swiglu", "geglu_tanh",
+      "tril", "triu", "rotary_emb", "rotary_emb_qk", "split_qkv_rotary", "merge_qkv_rotary",
+      "swiglu", "geglu_tanh",
       // indexing and joining
       "cat", "index", "index_select", "gather", "embedding", "one_hot",
       // factories

@@ -56,6 +56,15 @@ inline bool rotary_emb_qk_supported(const OpCall& c) {
          rotary_table_supported(c.input(2), k);
 }
 
+// split_qkv_rotary(qkv, cos, sin) and merge_qkv_rotary(dq, dk, dv, cos, sin) (meta: the
+// tables are [T, D] with leading 1s): the tables' dtype.
+inline bool split_qkv_rotary_supported(const OpCall& c) {
+  return rotary_table_supported(c.input(1), c.input(0));
+}
+inline bool merge_qkv_rotary_supported(const OpCall& c) {
+  return rotary_table_supported(c.input(3), c.input(0));
+}
+
 // cross_entropy_fused(logits, targets, weight; ignore_index, reduction, label_smoothing): the
 // LM-training case, [N, V] logits, int64 targets, no weight, no smoothing, the mean.
 inline bool cross_entropy_supported(const OpCall& c) {

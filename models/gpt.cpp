@@ -100,15 +100,10 @@ Tensor CausalSelfAttentionImpl::forward(const Tensor& x, const Tensor& cos, cons
                                         KVCache* cache) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = config_.n_head, G = config_.n_query_groups, hs = config_.head_dim();
-  // One matmul for q, k and v; the heads are views of its output. (Their gradients come back
-  // as three zero-filled [B, T, H + 2G, hs] tensors added up: a quarter of llama-160m's GPU
-  // step. split_with_sizes_copy, whose gradient is one cat, measured slower with today's
-  // strided copy and cat kernels: benchmarks/RESULTS.md, "Session 13".)
-  const Tensor qkv_out = qkv(x).view({B, T, H + 2 * G, hs});
-  Tensor q = qkv_out.narrow(2, 0, H).transpose(1, 2);  // [B, H, T, hs]
-  Tensor k = qkv_out.narrow(2, H, G).transpose(1, 2);  // [B, G, T, hs]
-  Tensor v = qkv_out.narrow(2, H + G, G).transpose(1, 2);
-  std::tie(q, k) = F::apply_rotary_emb_qk(q, k, cos, sin);  // one fused launch for both
+  // One matmul for q, k and v; one kernel splits its heads and applies RoPE to q and k (and its
+  // backward writes the whole qkv gradient at once: narrow views of qkv_out would cost three
+  // zero-filled [B, T, (H + 2G) hs] gradients and their sum, a quarter of llama-160m's GPU step).
+  auto [q, k, v] = kiln::split_qkv_rotary(qkv(x), cos, sin, H, G);  // [B, H|G, T, hs]
 
   const int64_t window = config_.uses_sliding_window(layer_) ? config_.sliding_window : 0;
   const bool gqa = H != G;

@@ -237,6 +237,18 @@ Tensor rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin);
 // rotary_emb of q and of k (same T and D; the head counts may differ) in one launch.
 std::tuple<Tensor, Tensor> rotary_emb_qk(const Tensor& q, const Tensor& k, const Tensor& cos,
                                          const Tensor& sin);
+// The heads of a fused qkv projection, qkv [..., T, (H + 2 G) D], as q [..., H, T, D] and k, v
+// [..., G, T, D] with RoPE applied to q and k: one kernel that reads qkv once and writes three
+// new tensors (stored [..., T, heads, D]). Its backward is merge_qkv_rotary, one kernel writing
+// the whole qkv gradient, where narrow views would cost three zero-filled gradients and their
+// sum. cos/sin are [T, D] tables (as rotary_emb's kernels take them).
+std::tuple<Tensor, Tensor, Tensor> split_qkv_rotary(const Tensor& qkv, const Tensor& cos,
+                                                    const Tensor& sin, int64_t n_head,
+                                                    int64_t n_kv_head);
+// The adjoint of split_qkv_rotary: dq, dk, dv rotated back (transposed RoPE on dq, dk) and
+// laid side by side as one contiguous [..., T, (H + 2 G) D] tensor.
+Tensor merge_qkv_rotary(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& cos,
+                        const Tensor& sin);
 // Gated MLP activations (tensor/ops/glu.cpp): silu(gate) * up and gelu(gate, "tanh") * up for
 // gate and up of one shape and dtype (any strides), in f32 for f16/bf16. One kernel forward,
 // one backward writing dgate and dup together.

@@ -121,6 +121,11 @@ OpRegistrar::OpRegistrar(std::string_view name, BackwardFn backward, uint32_t sa
   d.saved_inputs = saved_inputs;
   d.saved_outputs = saved_outputs;
 }
+OpRegistrar::OpRegistrar(std::string_view name, BackwardFn backward, SaveFn save_inputs,
+                         bool saved_outputs)
+    : OpRegistrar(name, backward, ~0u, saved_outputs) {
+  Registry::get().entry(name).save_inputs_fn = save_inputs;
+}
 OpRegistrar::OpRegistrar(std::string_view name, DecompositionFn decomposition) {
   Registry::get().entry(name).decomposition = decomposition;
 }

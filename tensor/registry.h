@@ -129,6 +129,9 @@ using BackwardFn = TensorVec (*)(const BackwardCall& call);
 // what the compiler's decompose pass substitutes. Returns the op's outputs (same count, shapes
 // and dtypes as the meta rule's; for an in-place op, the inputs it wrote).
 using DecompositionFn = TensorVec (*)(const OpCall& call);
+// Which inputs a call's backward reads (bit i: input i), decided per call when it is recorded:
+// rotary_emb reads x only when its tables require grad, so x need not live until backward.
+using SaveFn = uint32_t (*)(const OpCall& call);
 
 struct OpDef {
   std::string name;
@@ -140,6 +143,7 @@ struct OpDef {
   // Which forward tensors the backward rule reads (bit i: input i; saved_outputs: all outputs).
   // Autograd keeps only these alive; the rest become meta tensors in the BackwardCall.
   uint32_t saved_inputs = ~0u;
+  SaveFn save_inputs_fn = nullptr;  // when set, replaces saved_inputs per call
   bool saved_outputs = true;
   DecompositionFn decomposition = nullptr;
   // Lets a CPU 0-d tensor input join inputs on another device (as PyTorch does for scalars).
@@ -199,6 +203,8 @@ struct OpRegistrar {
   OpRegistrar(std::string_view name, DeviceType device, std::string_view kernel_name,
               KernelFn kernel, SupportFn supports, int priority = 0);
   OpRegistrar(std::string_view name, BackwardFn backward, uint32_t saved_inputs = ~0u,
+              bool saved_outputs = true);
+  OpRegistrar(std::string_view name, BackwardFn backward, SaveFn save_inputs,
               bool saved_outputs = true);
   OpRegistrar(std::string_view name, DecompositionFn decomposition);
 };

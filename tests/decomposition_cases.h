@@ -134,6 +134,20 @@ inline std::vector<FusedCase> fused_cases(ScalarType dtype) {
                      {transpose},
                      2,
                      tol});
+    // The heads of a [B, T, (H + 2G) D] projection with H = 4, G = 2, and back.
+    cases.push_back({"split_qkv_rotary" + t,
+                     "split_qkv_rotary",
+                     {randn({2, 7, 128}, o), cos, sin},
+                     {transpose, int64_t{4}, int64_t{2}},
+                     3,
+                     tol});
+    cases.push_back({"merge_qkv_rotary" + t,
+                     "merge_qkv_rotary",
+                     {randn({2, 4, 7, 16}, o), randn({2, 2, 7, 16}, o), randn({2, 2, 7, 16}, o),
+                      cos.view({1, 7, 16}), sin.view({1, 7, 16})},
+                     {transpose},
+                     1,
+                     tol});
   }
   // Gated activations, gate over a range that reaches both tails of the activations.
   for (const char* glu : {"swiglu", "geglu_tanh"}) {

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "gpu/bench_util.h"
 #include "kernels/cuda/check.h"
@@ -154,6 +155,34 @@ void bench_rope(int64_t b, const std::string& name) {
   }
   report("rope " + name + " q+k bf16 bwd", time_ms([&](int i) {
            (void)kiln::call_op(qk, {dqs[i % 3], dks[i % 3], cos, sin}, {true});
+         }),
+         0, bytes);
+}
+
+// The heads of a qkv projection with RoPE on q and k, forward and backward through autograd, at
+// llama-160m's training shape (B 16, T 1024, 12 + 2 * 12 heads of 64, bf16): split_qkv_rotary
+// (one kernel each way) against narrow views through rotary_emb_qk, whose backward adds three
+// zero-filled qkv-sized gradients. Bytes: qkv read and the heads written, then the heads'
+// gradients read and qkv's written.
+void bench_qkv_heads() {
+  const int64_t b = 16, t = 1024, h = 12, g = 12, d = 64;
+  const Tensor qkv = random({b, t, (h + 2 * g) * d}, kiln::kBFloat16).requires_grad_(true);
+  const Tensor dq = random({b, h, t, d}, kiln::kBFloat16);
+  const Tensor dk = random({b, g, t, d}, kiln::kBFloat16);
+  const Tensor dv = random({b, g, t, d}, kiln::kBFloat16);
+  const Tensor cos = random({t, d}, kiln::kBFloat16), sin = random({t, d}, kiln::kBFloat16);
+  const double bytes = 4.0 * static_cast<double>(qkv.numel() * 2);
+  report("qkv heads 160m bf16 fwd+bwd split_qkv_rotary", time_ms([&](int) {
+           auto [q, k, v] = kiln::split_qkv_rotary(qkv, cos, sin, h, g);
+           (void)kiln::autograd::grad({q, k, v}, {qkv}, {dq, dk, dv});
+         }),
+         0, bytes);
+  report("qkv heads 160m bf16 fwd+bwd views + rotary_emb_qk", time_ms([&](int) {
+           const Tensor heads = qkv.view({b, t, h + 2 * g, d});
+           auto [q, k] = kiln::rotary_emb_qk(heads.narrow(2, 0, h).transpose(1, 2),
+                                             heads.narrow(2, h, g).transpose(1, 2), cos, sin);
+           const Tensor v = heads.narrow(2, h + g, g).transpose(1, 2);
+           (void)kiln::autograd::grad({q, k, v}, {qkv}, {dq, dk, dv});
          }),
          0, bytes);
 }
@@ -304,9 +333,9 @@ void bench_clip(const std::vector<kiln::Shape>& shapes, const std::string& model
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> sections = {"gemm",  "rmsnorm", "layernorm", "cross-entropy",
-                                             "flash", "rope",    "glu",       "generic",
-                                             "clip",  "adamw"};
+  const std::vector<std::string> sections = {"gemm",    "rmsnorm", "layernorm", "cross-entropy",
+                                             "flash",   "rope",    "qkv",       "glu",
+                                             "generic", "clip",    "adamw"};
   std::vector<std::string> selected = sections;
   const char* json_path = nullptr;
   for (int i = 1; i < argc; ++i) {
@@ -452,6 +481,7 @@ int main(int argc, char** argv) {
     bench_rope(4, "1b");
     bench_rope(16, "1b x4");
   }
+  if (want("qkv")) bench_qkv_heads();
   if (want("glu")) bench_glu();
   if (want("generic")) bench_generic();
   if (want("clip")) {

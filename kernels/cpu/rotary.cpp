@@ -1,7 +1,7 @@
-// CPU kernels of rotary_emb and rotary_emb_qk (tensor/ops/rotary.cpp): the reference the CUDA
-// kernels are tested against. Rows (positions of every leading index) run in parallel; the
-// arithmetic is in the compute type (f32 for f16/bf16, f64 for f64) with one rounding to x's
-// dtype, the formulas of tensor/ops/rotary.cpp.
+// CPU kernels of rotary_emb, rotary_emb_qk, split_qkv_rotary and merge_qkv_rotary
+// (tensor/ops/rotary.cpp): the reference the CUDA kernels are tested against. Rows (positions of
+// every leading index) run in parallel; the arithmetic is in the compute type (f32 for f16/bf16,
+// f64 for f64) with one rounding to x's dtype, the formulas of tensor/ops/rotary.cpp.
 #include "kernels/cpu/loops.h"
 #include "kernels/fused_support.h"
 #include "tensor/ops.h"
@@ -21,9 +21,10 @@ int64_t row_offset(const Tensor& t, int64_t r) {
   return off;
 }
 
-// out = rotary_emb(x; transpose); out has x's shape and a dense last dim (any row order).
+// out = rotary_emb(x; transpose), or out = x where !rotation; out has x's shape and a dense last
+// dim (any row order).
 void rotate(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, const Tensor& out,
-            bool transpose) {
+            bool transpose, bool rotation = true) {
   const Tensor x = x_in.contiguous();
   const Tensor cos = cos_in.contiguous();
   const Tensor sin = sin_in.contiguous();
@@ -46,6 +47,10 @@ void rotate(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, cons
           T* yr = py + row_offset(out, r);
           const C* cr = pc + (r % t_len) * d;
           const C* sr = ps + (r % t_len) * d;
+          if (!rotation) {
+            std::copy(xr, xr + d, yr);
+            continue;
+          }
           for (int64_t i = 0; i < h; ++i) {
             const Acc x1 = static_cast<Acc>(xr[i]), x2 = static_cast<Acc>(xr[i + h]);
             const Acc c1 = static_cast<Acc>(cr[i]), c2 = static_cast<Acc>(cr[i + h]);
@@ -76,9 +81,38 @@ void rotary_emb_qk_cpu(OpCall& c) {
   rotate(c.input(1), c.input(2), c.input(3), c.outputs[1], c.attr<bool>(0));
 }
 
+// The [..., heads, T, D] view of heads [first, first + heads) of a [..., T, total * D] tensor.
+Tensor heads_of(const Tensor& qkv, int64_t first, int64_t heads, int64_t total) {
+  return qkv.unflatten(-1, {total, qkv.size(-1) / total})
+      .narrow(-2, first, heads)
+      .transpose(-3, -2);
+}
+
+void split_qkv_rotary_cpu(OpCall& c) {
+  const bool transpose = c.attr<bool>(0);
+  const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
+  const Tensor& qkv = c.input(0);
+  rotate(heads_of(qkv, 0, h, n), c.input(1), c.input(2), c.outputs[0], transpose);
+  rotate(heads_of(qkv, h, g, n), c.input(1), c.input(2), c.outputs[1], transpose);
+  rotate(heads_of(qkv, h + g, g, n), c.input(1), c.input(2), c.outputs[2], transpose, false);
+}
+
+void merge_qkv_rotary_cpu(OpCall& c) {
+  const bool transpose = c.attr<bool>(0);
+  const int64_t h = c.input(0).size(-3), g = c.input(1).size(-3), n = h + 2 * g;
+  const Tensor& out = c.outputs[0];
+  rotate(c.input(0), c.input(3), c.input(4), heads_of(out, 0, h, n), transpose);
+  rotate(c.input(1), c.input(3), c.input(4), heads_of(out, h, g, n), transpose);
+  rotate(c.input(2), c.input(3), c.input(4), heads_of(out, h + g, g, n), transpose, false);
+}
+
 }  // namespace
 
 KILN_REGISTER_KERNEL_IF(rotary_emb, kCPU, "fused", rotary_emb_cpu, rotary_emb_supported);
 KILN_REGISTER_KERNEL_IF(rotary_emb_qk, kCPU, "fused", rotary_emb_qk_cpu, rotary_emb_qk_supported);
+KILN_REGISTER_KERNEL_IF(split_qkv_rotary, kCPU, "fused", split_qkv_rotary_cpu,
+                        split_qkv_rotary_supported);
+KILN_REGISTER_KERNEL_IF(merge_qkv_rotary, kCPU, "fused", merge_qkv_rotary_cpu,
+                        merge_qkv_rotary_supported);
 
 }  // namespace kiln::cpu

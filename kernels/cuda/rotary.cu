@@ -1,4 +1,5 @@
-// CUDA kernels of rotary_emb and rotary_emb_qk (tensor/ops/rotary.cpp; reference:
+// CUDA kernels of rotary_emb, rotary_emb_qk, split_qkv_rotary and merge_qkv_rotary
+// (tensor/ops/rotary.cpp; reference:
 // kernels/cpu/rotary.cpp). Arithmetic in f32 for f16/bf16 (f64 for f64).
 //
 // One thread per pair of packs: N elements of the first half of a row and the N elements half a
@@ -11,7 +12,9 @@
 // uses multiply-shift division (kernels/int_div.h) in the 32-bit path: with hardware division it
 // was the busiest pipe (ncu: ALU 72% of peak, DRAM 61%). cos/sin ([T, D], 1 MiB at most for Llama
 // shapes) stay in L2. The q-and-k form runs both tensors in one grid: threads below q's share of
-// the work rotate q, the rest k.
+// the work rotate q, the rest k. split_qkv_rotary and merge_qkv_rotary run three jobs in one
+// grid (q, k rotated, v copied) between the heads of a qkv projection and three head tensors,
+// each job a strided view of the side with the heads side by side.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -60,13 +63,14 @@ Geometry<3> make_rows(const Tensor& x, const Tensor& y) {
   return loops::make_geometry<3>(sizes, strides, "rotary_emb");
 }
 
-// One rotated tensor: x read and y written through `rows`.
+// One rotated (or, without `rotate`, copied) tensor: x read and y written through `rows`.
 template <typename T>
 struct Job {
   const T* x;
   T* y;
   Geometry<3> rows;
   int64_t work;  // rows * packs per half row
+  bool rotate;
 };
 
 // Work item w of a job: row w / hp (in x's memory order), pack w % hp of each half.
@@ -93,44 +97,60 @@ __device__ __forceinline__ void locate(const Job<T>& j, I w, const IntDivider& h
 
 template <typename T, typename C, int N, typename I>
 __global__ void __launch_bounds__(kThreads)
-    rotary_kernel(Job<T> j0, Job<T> j1, const C* __restrict__ cos, const C* __restrict__ sin, I d,
-                  IntDivider hp, bool transpose) {
+    rotary_kernel(Job<T> j0, Job<T> j1, Job<T> j2, const C* __restrict__ cos,
+                  const C* __restrict__ sin, I d, IntDivider hp, bool transpose) {
   using Acc = opmath_t<T>;
-  const I total = static_cast<I>(j0.work + j1.work);
+  const I w01 = static_cast<I>(j0.work + j1.work);
+  const I total = w01 + static_cast<I>(j2.work);
   const I step = static_cast<I>(gridDim.x) * blockDim.x;
   const I h = d / 2;
   for (I w = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; w < total; w += step) {
-    // Branches rather than a reference to one of the jobs, which would copy both to local memory.
+    // Branches rather than a reference to one of the jobs, which would copy them to local memory.
     const T* xr;
     T* yr;
+    bool rotate;
     I x_off, y_off, pos, col;
     if (w < static_cast<I>(j0.work)) {
       locate<T, I>(j0, w, hp, x_off, y_off, pos, col);
-      col *= N;
-      xr = j0.x + x_off + col;
-      yr = j0.y + y_off + col;
-    } else {
+      xr = j0.x;
+      yr = j0.y;
+      rotate = j0.rotate;
+    } else if (w < w01) {
       locate<T, I>(j1, w - static_cast<I>(j0.work), hp, x_off, y_off, pos, col);
-      col *= N;
-      xr = j1.x + x_off + col;
-      yr = j1.y + y_off + col;
+      xr = j1.x;
+      yr = j1.y;
+      rotate = j1.rotate;
+    } else {
+      locate<T, I>(j2, w - w01, hp, x_off, y_off, pos, col);
+      xr = j2.x;
+      yr = j2.y;
+      rotate = j2.rotate;
     }
-    const I tab = pos * d + col;
-    Acc x1[N], x2[N], c1[N], c2[N], s1[N], s2[N], y1[N], y2[N];
+    col *= N;
+    xr += x_off + col;
+    yr += y_off + col;
+    Acc x1[N], x2[N];
     load_pack<N>(xr, x1);
     load_pack<N>(xr + h, x2);
-    load_pack<N>(cos + tab, c1);
-    load_pack<N>(cos + tab + h, c2);
-    load_pack<N>(sin + tab, s1);
-    load_pack<N>(sin + tab + h, s2);
+    if (rotate) {
+      const I tab = pos * d + col;
+      Acc c1[N], c2[N], s1[N], s2[N], y1[N], y2[N];
+      load_pack<N>(cos + tab, c1);
+      load_pack<N>(cos + tab + h, c2);
+      load_pack<N>(sin + tab, s1);
+      load_pack<N>(sin + tab + h, s2);
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const Acc a1 = transpose ? s2[i] : -s1[i], a2 = transpose ? -s1[i] : s2[i];
-      y1[i] = x1[i] * c1[i] + x2[i] * a1;
-      y2[i] = x2[i] * c2[i] + x1[i] * a2;
+      for (int i = 0; i < N; ++i) {
+        const Acc a1 = transpose ? s2[i] : -s1[i], a2 = transpose ? -s1[i] : s2[i];
+        y1[i] = x1[i] * c1[i] + x2[i] * a1;
+        y2[i] = x2[i] * c2[i] + x1[i] * a2;
+      }
+      store_pack<N>(yr, y1);
+      store_pack<N>(yr + h, y2);
+    } else {
+      store_pack<N>(yr, x1);
+      store_pack<N>(yr + h, x2);
     }
-    store_pack<N>(yr, y1);
-    store_pack<N>(yr + h, y2);
   }
 }
 
@@ -141,9 +161,11 @@ int64_t extent(const Geometry<3>& g, int k, int64_t d) {
   return e;
 }
 
-// Rotates xs[i] into ys[i] (one or two tensors) in one launch.
+// Rotates xs[i] into ys[i] (up to three tensors; copies where !rotate[i]) in one launch. The
+// xs have one T and D.
 void rotary_cuda_impl(const std::vector<Tensor>& xs_in, const std::vector<Tensor>& ys,
-                      const Tensor& cos_in, const Tensor& sin_in, bool transpose) {
+                      const Tensor& cos_in, const Tensor& sin_in, bool transpose,
+                      std::vector<bool> rotate = {true, true}) {
   const Tensor& x0 = xs_in[0];
   const int64_t d = x0.size(-1), h = d / 2;
   if (h == 0) return;
@@ -174,21 +196,23 @@ void rotary_cuda_impl(const std::vector<Tensor>& xs_in, const std::vector<Tensor
         }
       }
       auto launch = [&]<int N, typename I>(std::integral_constant<int, N>, TypeTag<I>) {
-        Job<T> jobs[2] = {};
+        Job<T> jobs[3] = {};
         for (size_t i = 0; i < xs.size(); ++i) {
           jobs[i] = {static_cast<const T*>(xs[i].data_ptr()), static_cast<T*>(ys[i].data_ptr()),
-                     geos[i], xs[i].numel() / d * (h / N)};
+                     geos[i], xs[i].numel() / d * (h / N), rotate[i]};
         }
-        const int64_t total = jobs[0].work + jobs[1].work;
+        const int64_t total = jobs[0].work + jobs[1].work + jobs[2].work;
         if (total == 0) return;
         rotary_kernel<T, C, N, I><<<loops::grid_for(total, kThreads), kThreads, 0, stream>>>(
-            jobs[0], jobs[1], static_cast<const C*>(cos.data_ptr()),
+            jobs[0], jobs[1], jobs[2], static_cast<const C*>(cos.data_ptr()),
             static_cast<const C*>(sin.data_ptr()), static_cast<I>(d), IntDivider(h / N), transpose);
         KILN_CUDA_LAUNCH_CHECK("rotary_kernel");
       };
       // 2^30: the grid-stride index must not overflow after its last step either.
+      int64_t elements = 0;
+      for (const Tensor& x : xs) elements += x.numel();
       const bool small = max_extent < (int64_t{1} << 30) && cos.numel() < (int64_t{1} << 30) &&
-                         x0.numel() + (xs.size() > 1 ? xs[1].numel() : 0) < (int64_t{1} << 30);
+                         elements < (int64_t{1} << 30);
       if (packed && small) {
         launch(std::integral_constant<int, kPack>{}, TypeTag<int32_t>{});
       } else if (packed) {
@@ -218,10 +242,36 @@ void rotary_emb_qk_cuda(OpCall& c) {
                    c.attr<bool>(0));
 }
 
+// The [..., heads, T, D] view of heads [first, first + heads) of a [..., T, total * D] tensor.
+Tensor heads_of(const Tensor& qkv, int64_t first, int64_t heads, int64_t total) {
+  return qkv.unflatten(-1, {total, qkv.size(-1) / total})
+      .narrow(-2, first, heads)
+      .transpose(-3, -2);
+}
+
+void split_qkv_rotary_cuda(OpCall& c) {
+  const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
+  const Tensor& qkv = c.input(0);
+  rotary_cuda_impl({heads_of(qkv, 0, h, n), heads_of(qkv, h, g, n), heads_of(qkv, h + g, g, n)},
+                   {c.outputs[0], c.outputs[1], c.outputs[2]}, c.input(1), c.input(2),
+                   c.attr<bool>(0), {true, true, false});
+}
+
+void merge_qkv_rotary_cuda(OpCall& c) {
+  const int64_t h = c.input(0).size(-3), g = c.input(1).size(-3), n = h + 2 * g;
+  const Tensor& out = c.outputs[0];
+  rotary_cuda_impl({c.input(0), c.input(1), c.input(2)},
+                   {heads_of(out, 0, h, n), heads_of(out, h, g, n), heads_of(out, h + g, g, n)},
+                   c.input(3), c.input(4), c.attr<bool>(0), {true, true, false});
+}
+
 }  // namespace
 
 KILN_REGISTER_KERNEL_IF(rotary_emb, kCUDA, "fused", rotary_emb_cuda, rotary_emb_supported);
-KILN_REGISTER_KERNEL_IF(rotary_emb_qk, kCUDA, "fused", rotary_emb_qk_cuda,
-                        rotary_emb_qk_supported);
+KILN_REGISTER_KERNEL_IF(rotary_emb_qk, kCUDA, "fused", rotary_emb_qk_cuda, rotary_emb_qk_supported);
+KILN_REGISTER_KERNEL_IF(split_qkv_rotary, kCUDA, "fused", split_qkv_rotary_cuda,
+                        split_qkv_rotary_supported);
+KILN_REGISTER_KERNEL_IF(merge_qkv_rotary, kCUDA, "fused", merge_qkv_rotary_cuda,
+                        merge_qkv_rotary_supported);
 
 }  // namespace kiln::cuda

@@ -21,6 +21,16 @@
 // [B, T, H, D], so both the reads and the writes are sequential. Otherwise y is contiguous.
 // rotary_emb_qk(q, k, cos, sin; transpose) -> (rotary_emb(q), rotary_emb(k)) in one kernel; q
 // and k may have different leading shapes (grouped-query attention: fewer k heads).
+//
+// split_qkv_rotary(qkv, cos, sin; transpose, H, G) -> (q, k, v): the heads of a fused qkv
+// projection qkv [..., T, (H + 2G) D], q [..., H, T, D] and k, v [..., G, T, D], with q and k
+// rotated and v copied, in one kernel. Each output is stored [..., T, heads, D] (the read of
+// qkv and the writes are sequential). merge_qkv_rotary(dq, dk, dv, cos, sin; transpose) -> dqkv
+// is its adjoint: dq and dk rotated, laid side by side with dv in one contiguous
+// [..., T, (H + 2G) D]; split's backward is merge with the opposite transpose, and merge's is
+// split. Splitting qkv by narrow views instead costs, in backward, one zero-filled qkv-sized
+// gradient per view and their sum (a quarter of llama-160m's GPU step). cos/sin are [T, D]
+// tables (leading dims of 1 allowed), as the rotary kernels take them.
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -103,12 +113,128 @@ SpecList rotary_emb_qk_meta(const OpCall& c) {
   return {rotary_out(q), rotary_out(k)};
 }
 
+// cos/sin against positions T and head size D: [T, D] with leading dims of 1, one dtype and
+// shape, floating point, on `device`.
+void check_tables(const char* op, const Tensor& cos, const Tensor& sin, int64_t t, int64_t d,
+                  Device device) {
+  KILN_CHECK(cos.defined() && sin.defined(), "[", op, "] cos and sin must be defined");
+  KILN_CHECK(cos.sizes() == sin.sizes() && cos.dtype() == sin.dtype(), "[", op, "] cos (",
+             dtype_name(cos.dtype()), " ", shape_str(cos.sizes()), ") and sin (",
+             dtype_name(sin.dtype()), " ", shape_str(sin.sizes()),
+             ") must have the same shape and dtype");
+  bool fits = cos.dim() >= 2 && cos.size(-1) == d && cos.size(-2) == t;
+  for (int64_t i = 0; fits && i + 2 < cos.dim(); ++i) fits = cos.size(i) == 1;
+  KILN_CHECK(fits, "[", op, "] expected cos/sin of shape [T, D] = [", t, ", ", d,
+             "] (leading dims of 1 allowed), got ", shape_str(cos.sizes()));
+  KILN_CHECK(is_floating_point(cos.dtype()), "[", op, "] expected floating-point cos/sin, got ",
+             dtype_name(cos.dtype()));
+  KILN_CHECK(cos.device() == device && sin.device() == device, "[", op, "] cos/sin are on ",
+             cos.device().str(), "/", sin.device().str(), " but the heads are on ", device.str());
+}
+
+// [lead..., heads, T, D] stored as [lead..., T, heads, D].
+TensorSpec heads_spec(IntArrayRef lead, int64_t heads, int64_t t, int64_t d, ScalarType dtype,
+                      Device device) {
+  Shape sizes(lead.begin(), lead.end());
+  sizes.insert(sizes.end(), {heads, t, d});
+  Shape stored(lead.begin(), lead.end());
+  stored.insert(stored.end(), {t, heads, d});
+  Shape strides = contiguous_strides(stored);
+  const size_t n = strides.size();
+  std::swap(strides[n - 3], strides[n - 2]);
+  TensorSpec spec{std::move(sizes), dtype, device};
+  spec.strides = std::move(strides);
+  return spec;
+}
+
+// Attributes: 0 transpose (bool), 1 n_head H, 2 n_kv_head G.
+SpecList split_qkv_rotary_meta(const OpCall& c) {
+  KILN_CHECK(c.inputs.size() == 3, "[split_qkv_rotary] expected inputs (qkv, cos, sin)");
+  const Tensor& qkv = c.input(0);
+  (void)c.attr<bool>(0);
+  const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2);
+  KILN_CHECK(qkv.defined(), "[split_qkv_rotary] qkv must be defined");
+  KILN_CHECK(is_floating_point(qkv.dtype()),
+             "[split_qkv_rotary] expected a floating-point qkv, got ", dtype_name(qkv.dtype()));
+  KILN_CHECK(h > 0 && g > 0, "[split_qkv_rotary] expected positive head counts, got n_head ", h,
+             " and n_kv_head ", g);
+  KILN_CHECK(
+      qkv.dim() >= 2 && qkv.size(-1) % (h + 2 * g) == 0 && qkv.size(-1) / (h + 2 * g) % 2 == 0,
+      "[split_qkv_rotary] expected qkv [..., T, (n_head + 2 n_kv_head) D] with an even D, "
+      "got shape ",
+      shape_str(qkv.sizes()), " for n_head ", h, " and n_kv_head ", g);
+  const int64_t t = qkv.size(-2), d = qkv.size(-1) / (h + 2 * g);
+  check_tables("split_qkv_rotary", c.input(1), c.input(2), t, d, qkv.device());
+  const IntArrayRef lead = qkv.sizes().subspan(0, static_cast<size_t>(qkv.dim() - 2));
+  return {heads_spec(lead, h, t, d, qkv.dtype(), qkv.device()),
+          heads_spec(lead, g, t, d, qkv.dtype(), qkv.device()),
+          heads_spec(lead, g, t, d, qkv.dtype(), qkv.device())};
+}
+
+// Attributes: 0 transpose (bool).
+SpecList merge_qkv_rotary_meta(const OpCall& c) {
+  KILN_CHECK(c.inputs.size() == 5, "[merge_qkv_rotary] expected inputs (dq, dk, dv, cos, sin)");
+  (void)c.attr<bool>(0);
+  const Tensor& q = c.input(0);
+  const Tensor& k = c.input(1);
+  const Tensor& v = c.input(2);
+  KILN_CHECK(q.defined() && k.defined() && v.defined(),
+             "[merge_qkv_rotary] dq, dk and dv must be defined");
+  KILN_CHECK(is_floating_point(q.dtype()) && k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+             "[merge_qkv_rotary] expected dq, dk, dv of one floating-point dtype, got ",
+             dtype_name(q.dtype()), ", ", dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
+  KILN_CHECK(k.device() == q.device() && v.device() == q.device(),
+             "[merge_qkv_rotary] dq, dk, dv are on ", q.device().str(), ", ", k.device().str(),
+             ", ", v.device().str());
+  bool fits = q.dim() >= 3 && k.dim() == q.dim() && k.sizes() == v.sizes() && q.size(-1) % 2 == 0 &&
+              k.size(-1) == q.size(-1) && k.size(-2) == q.size(-2);
+  for (int64_t i = 0; fits && i + 3 < q.dim(); ++i) fits = k.size(i) == q.size(i);
+  KILN_CHECK(fits,
+             "[merge_qkv_rotary] expected dq [..., H, T, D] and dk, dv [..., G, T, D] with an "
+             "even D, got ",
+             shape_str(q.sizes()), ", ", shape_str(k.sizes()), ", ", shape_str(v.sizes()));
+  const int64_t t = q.size(-2), d = q.size(-1);
+  check_tables("merge_qkv_rotary", c.input(3), c.input(4), t, d, q.device());
+  Shape sizes(q.sizes().begin(), q.sizes().end() - 3);
+  sizes.insert(sizes.end(), {t, (q.size(-3) + 2 * k.size(-3)) * d});
+  return {TensorSpec{std::move(sizes), q.dtype(), q.device()}};
+}
+
+// The [..., heads, T, D] view of qkv's heads [first, first + heads).
+Tensor heads_of(const Tensor& qkv, int64_t first, int64_t heads, int64_t total) {
+  Shape sizes(qkv.sizes().begin(), qkv.sizes().end() - 1);
+  sizes.insert(sizes.end(), {total, qkv.size(-1) / total});
+  return qkv.reshape(sizes).narrow(-2, first, heads).transpose(-3, -2);
+}
+
+TensorVec split_qkv_rotary_decomposition(const OpCall& c) {
+  const bool transpose = c.attr<bool>(0);
+  const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
+  const Tensor& qkv = c.input(0);
+  return {rotate(heads_of(qkv, 0, h, n), c.input(1), c.input(2), transpose),
+          rotate(heads_of(qkv, h, g, n), c.input(1), c.input(2), transpose),
+          heads_of(qkv, h + g, g, n).clone()};
+}
+
+TensorVec merge_qkv_rotary_decomposition(const OpCall& c) {
+  const bool transpose = c.attr<bool>(0);
+  const Tensor q = rotate(c.input(0), c.input(3), c.input(4), transpose);
+  const Tensor k = rotate(c.input(1), c.input(3), c.input(4), transpose);
+  const Tensor merged =
+      cat({q.transpose(-3, -2), k.transpose(-3, -2), c.input(2).transpose(-3, -2)}, -2);
+  return {merged.flatten(-2)};
+}
+
 }  // namespace
 
 KILN_DEFINE_OP(rotary_emb, OpKind::kFunctional, rotary_emb_meta);
 KILN_REGISTER_DECOMPOSITION(rotary_emb, rotary_emb_decomposition);
 KILN_DEFINE_OP(rotary_emb_qk, OpKind::kFunctional, rotary_emb_qk_meta);
 KILN_REGISTER_DECOMPOSITION(rotary_emb_qk, rotary_emb_qk_decomposition);
+KILN_DEFINE_OP(split_qkv_rotary, OpKind::kFunctional, split_qkv_rotary_meta);
+KILN_REGISTER_DECOMPOSITION(split_qkv_rotary, split_qkv_rotary_decomposition);
+KILN_DEFINE_OP(merge_qkv_rotary, OpKind::kFunctional, merge_qkv_rotary_meta);
+KILN_REGISTER_DECOMPOSITION(merge_qkv_rotary, merge_qkv_rotary_decomposition);
 
 Tensor rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   static const OpDef& op = KILN_OP(rotary_emb);
@@ -120,6 +246,20 @@ std::tuple<Tensor, Tensor> rotary_emb_qk(const Tensor& q, const Tensor& k, const
   static const OpDef& op = KILN_OP(rotary_emb_qk);
   TensorVec out = call_op(op, {q, k, cos, sin}, {false});
   return {std::move(out[0]), std::move(out[1])};
+}
+
+std::tuple<Tensor, Tensor, Tensor> split_qkv_rotary(const Tensor& qkv, const Tensor& cos,
+                                                    const Tensor& sin, int64_t n_head,
+                                                    int64_t n_kv_head) {
+  static const OpDef& op = KILN_OP(split_qkv_rotary);
+  TensorVec out = call_op(op, {qkv, cos, sin}, {false, n_head, n_kv_head});
+  return {std::move(out[0]), std::move(out[1]), std::move(out[2])};
+}
+
+Tensor merge_qkv_rotary(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& cos,
+                        const Tensor& sin) {
+  static const OpDef& op = KILN_OP(merge_qkv_rotary);
+  return call_op1(op, {dq, dk, dv, cos, sin}, {true});
 }
 
 }  // namespace kiln

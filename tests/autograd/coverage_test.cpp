@@ -43,7 +43,8 @@ const std::set<std::string> kNonDifferentiable = {
     "empty",
     "eye",
     // The fused backward kernels behind the rules of rms_norm, layer_norm, cross_entropy_fused,
-    // swiglu, geglu_tanh, lstm_cell_fused and gru_cell_fused: their own derivatives (double backward through the fused ops) are not
+    // swiglu, geglu_tanh, lstm_cell_fused and gru_cell_fused: their own derivatives (double
+    // backward through the fused ops) are not
     // implemented yet, and backward through them fails with a clear error.
     "rms_norm_backward",
     "layer_norm_backward",
@@ -160,6 +161,8 @@ const std::set<std::string> kGradchecked = {
     "layer_norm",
     "rotary_emb",
     "rotary_emb_qk",
+    "split_qkv_rotary",
+    "merge_qkv_rotary",
     "swiglu",
     "geglu_tanh",
     // tests/nn/rnn_test.cpp

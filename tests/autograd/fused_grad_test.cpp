@@ -136,6 +136,34 @@ TEST(FusedGradTest, RotaryEmbQk) {
                          {q, k, cos, sin}));
 }
 
+TEST(FusedGradTest, SplitAndMergeQkvRotary) {
+  // qkv [B, T, (H + 2G) D] with H = 4, G = 2, D = 4; tables with unequal halves, requiring grad
+  // (the rules then save the rotated tensors) and not.
+  Tensor qkv = leaf({2, 3, 8 * 4});
+  Tensor cos = leaf({3, 4});
+  Tensor sin = leaf({3, 4});
+  const auto split = [](const variable_list& in) {
+    auto [q, k, v] = split_qkv_rotary(in[0], in[1], in[2], 4, 2);
+    return cat({q.flatten(), (k * 1.5).flatten(), (v * -0.5).flatten()});
+  };
+  EXPECT_TRUE(check_grad({"split_qkv_rotary"}, split, {qkv, cos, sin}, /*gradgrad=*/true));
+  EXPECT_TRUE(check_grad({"split_qkv_rotary"}, split, {qkv, cos.detach(), sin.detach()},
+                         /*gradgrad=*/true));
+  // Only v used: q and k receive zero gradients.
+  EXPECT_TRUE(check_grad({"split_qkv_rotary"},
+                         [](const variable_list& in) {
+                           return std::get<2>(split_qkv_rotary(in[0], in[1], in[2], 4, 2));
+                         },
+                         {qkv, cos, sin}));
+  Tensor dq = leaf({2, 4, 3, 4});
+  Tensor dk = leaf({2, 2, 3, 4});
+  Tensor dv = leaf({2, 2, 3, 4});
+  EXPECT_TRUE(check_grad(
+      {"merge_qkv_rotary"},
+      [](const variable_list& in) { return merge_qkv_rotary(in[0], in[1], in[2], in[3], in[4]); },
+      {dq, dk, dv, cos, sin}, /*gradgrad=*/true));
+}
+
 TEST(FusedGradTest, SwigluAndGegluTanh) {
   Tensor gate = leaf({3, 7}, 2.0);
   Tensor up = leaf({3, 7});

@@ -229,6 +229,24 @@ inline std::vector<OpSample> fused_samples() {
          in.insert(in.begin(), {f32({1, 2, 4, 8}), f32({1, 1, 4, 8})});
          return in;
        }},
+      {"split_qkv_rotary",
+       [](const Tensors& x) {
+         auto [q, k, v] = split_qkv_rotary(x[0], x[1], x[2], 2, 1);
+         return Tensors{q, k, v};
+       },
+       [rope] {
+         Tensors in = rope();
+         in.insert(in.begin(), f32({1, 4, 4 * 8}));  // [B, T, (H + 2G) D], H = 2, G = 1
+         return in;
+       }},
+      one(
+          "merge_qkv_rotary",
+          [](const Tensors& x) { return merge_qkv_rotary(x[0], x[1], x[2], x[3], x[4]); },
+          [rope] {
+            Tensors in = rope();
+            in.insert(in.begin(), {f32({1, 2, 4, 8}), f32({1, 1, 4, 8}), f32({1, 1, 4, 8})});
+            return in;
+          }),
       one(
           "swiglu", [](const Tensors& x) { return swiglu(x[0], x[1]); },
           [] {
@@ -240,8 +258,7 @@ inline std::vector<OpSample> fused_samples() {
             return Tensors{f32({2, 1, 6}), f32({2, 1, 6})};
           }),
       // The recurrent cells (tensor/ops/rnn.cpp): gates as a strided view; a whole LSTM/GRU step.
-      {"lstm_cell_fused",
-       [two](const Tensors& x) { return two(lstm_cell_fused(x[0].t(), x[1])); },
+      {"lstm_cell_fused", [two](const Tensors& x) { return two(lstm_cell_fused(x[0].t(), x[1])); },
        [] {
          return Tensors{f32({12, 2}), f32({2, 3})};
        }},
@@ -255,21 +272,15 @@ inline std::vector<OpSample> fused_samples() {
          const std::vector<Tensor> parts = split_with_sizes_copy(x[0], {1, 2}, 1);
          return Tensors(parts.begin(), parts.end());
        },
-       [] {
-         return Tensors{nc(4, 3)};
-       }},
+       [] { return Tensors{nc(4, 3)}; }},
       {"unbind_copy",
        [](const Tensors& x) {
          const std::vector<Tensor> parts = unbind_copy(x[0], 1);
          return Tensors(parts.begin(), parts.end());
        },
-       [] {
-         return Tensors{nc(4, 3)};
-       }},
+       [] { return Tensors{nc(4, 3)}; }},
       {"lstm_step",
-       [two](const Tensors& x) {
-         return two(lstm_cell_fused(addmm(x[0], x[1], x[2].t()), x[3]));
-       },
+       [two](const Tensors& x) { return two(lstm_cell_fused(addmm(x[0], x[1], x[2].t()), x[3])); },
        [] {
          return Tensors{f32({2, 8}), f32({2, 2}), f32({8, 2}), f32({2, 2})};
        }},

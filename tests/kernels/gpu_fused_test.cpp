@@ -434,6 +434,62 @@ TEST_F(GpuRotaryEmb, AutogradUsesTheFusedKernels) {
   expect_match(grads_on(kGpu), grads_on(Device(kCPU)), 8e-3);
 }
 
+// split_qkv_rotary and merge_qkv_rotary, both directions: llama-3.2-1b's grouping (packed),
+// D = 6 (no 16-byte packs), a qkv whose rows are not dense (a narrowed wider tensor), f32
+// tables on bf16 heads, and dq/dk/dv in flash attention's [B, H, T, D] and in the split's
+// [B, T, H, D] layout.
+TEST_F(GpuRotaryEmb, SplitAndMergeQkv) {
+  manual_seed(44);
+  static const OpDef& split = KILN_OP(split_qkv_rotary);
+  static const OpDef& merge = KILN_OP(merge_qkv_rotary);
+  for (ScalarType dt : {kBFloat16, kFloat}) {
+    for (int64_t d : {64, 6}) {
+      const int64_t b = 2, t = 19, h = 8, g = 2;
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " D " + std::to_string(d));
+      const Tensor c = randn({t, d}).to(dt), s = randn({t, d}).to(dt);
+      const Tensor qkv = randn({b, t, (h + 2 * g) * d}).to(dt);
+      const Tensor wide = randn({b, t, (h + 2 * g) * d + 8}).to(dt);
+      for (bool transpose : {false, true}) {
+        check_both(split, {qkv, c, s}, no_view, {transpose, h, g}, tolerance(dt));
+        check_both(
+            split, {wide, c, s},
+            [&](const TensorVec& in) -> TensorVec {
+              return {in[0].narrow(-1, 8, (h + 2 * g) * d), in[1], in[2]};
+            },
+            {transpose, h, g}, tolerance(dt));
+        const Tensor dq = randn({b, h, t, d}).to(dt), dk = randn({b, g, t, d}).to(dt),
+                     dv = randn({b, g, t, d}).to(dt);
+        check_both(merge, {dq, dk, dv, c, s}, no_view, {transpose}, tolerance(dt));
+        check_both(
+            merge, {dq, dk, dv, c, s},
+            [](const TensorVec& in) -> TensorVec {
+              return {in[0].transpose(1, 2).contiguous().transpose(1, 2),
+                      in[1].transpose(1, 2).contiguous().transpose(1, 2), in[2], in[3], in[4]};
+            },
+            {transpose}, tolerance(dt));
+      }
+    }
+  }
+  // f32 rope_cache tables on bf16 heads, a long sequence (llama-160m's heads).
+  auto [c, s] = nn::functional::rope_cache(1024, 64);
+  check_both(split, {randn({2, 1024, 36 * 64}).to(kBFloat16), c, s}, no_view,
+             {false, int64_t{12}, int64_t{12}}, tolerance(kBFloat16));
+}
+
+TEST_F(GpuRotaryEmb, SplitQkvAutogradUsesTheFusedKernels) {
+  manual_seed(45);
+  const Tensor qkv = randn({2, 7, 6 * 16}).to(kBFloat16);
+  auto [c, s] = nn::functional::rope_cache(7, 16);
+  auto grads_on = [&](Device dev) {
+    Tensor base = qkv.to(dev).requires_grad_(true);
+    auto [q, k, v] = split_qkv_rotary(base, c.to(dev), s.to(dev), 4, 1);
+    const Tensor loss =
+        (q.to(kFloat) * q.to(kFloat)).sum() + (k.to(kFloat) * 3).sum() + (v.to(kFloat) * -2).sum();
+    return autograd::grad({loss}, {base})[0];
+  };
+  expect_match(grads_on(kGpu), grads_on(Device(kCPU)), 8e-3);
+}
+
 // swiglu / geglu_tanh forward and backward on view(gate, up) (and a dy of the output's shape).
 void check_glu(const Tensor& gate, const Tensor& up, const ViewFn& view = no_view) {
   SCOPED_TRACE(std::string(dtype_name(gate.dtype())) + " " + shape_str(gate.sizes()));

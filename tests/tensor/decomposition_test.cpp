@@ -21,9 +21,9 @@ namespace F = nn::functional;
 
 TEST(Decomposition, EveryFusedOpRegistersOne) {
   for (const char* name :
-       {"rms_norm", "layer_norm", "rotary_emb", "rotary_emb_qk", "swiglu", "geglu_tanh",
-        "cross_entropy_fused", "flash_attention", "adam_update_", "sgd_update_", "lstm_cell_fused",
-        "gru_cell_fused"}) {
+       {"rms_norm", "layer_norm", "rotary_emb", "rotary_emb_qk", "split_qkv_rotary",
+        "merge_qkv_rotary", "swiglu", "geglu_tanh", "cross_entropy_fused", "flash_attention",
+        "adam_update_", "sgd_update_", "lstm_cell_fused", "gru_cell_fused"}) {
     EXPECT_NE(Registry::get().op(name).decomposition, nullptr) << name;
   }
 }

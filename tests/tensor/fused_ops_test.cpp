@@ -630,6 +630,88 @@ TEST(FusedRotaryEmb, Errors) {
   EXPECT_TRUE(allclose(k2.to(kFloat), want, 1e-5, 1e-6));
 }
 
+// split_qkv_rotary equals the narrow views of the projection through rotary_emb_qk (bit for bit:
+// one formula), in every dtype, with the outputs stored [B, T, heads, D]; merge_qkv_rotary is
+// its adjoint: <split(x), a> = <x, merge(a)>.
+TEST(FusedQkvRotary, SplitEqualsViewsThroughRotaryEmbQk) {
+  manual_seed(34);
+  const int64_t b = 2, t = 5, h = 4, g = 2, d = 8;
+  for (ScalarType dtype : {kFloat, kDouble, kBFloat16, kHalf}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor qkv = randn({b, t, (h + 2 * g) * d}).to(dtype);
+    const Tensor cos = randn({t, d}).to(dtype), sin = randn({t, d}).to(dtype);
+    const Tensor heads = qkv.view({b, t, h + 2 * g, d});
+    const Tensor q = heads.narrow(2, 0, h).transpose(1, 2);
+    const Tensor k = heads.narrow(2, h, g).transpose(1, 2);
+    const Tensor v = heads.narrow(2, h + g, g).transpose(1, 2);
+    auto [q2, k2] = rotary_emb_qk(q, k, cos, sin);
+    auto [q3, k3, v3] = split_qkv_rotary(qkv, cos, sin, h, g);
+    EXPECT_TRUE(equal(q3, q2));
+    EXPECT_TRUE(equal(k3, k2));
+    EXPECT_TRUE(equal(v3, v));
+    EXPECT_EQ(to_shape(q3.strides()), (Shape{t * h * d, d, h * d, 1}));
+    EXPECT_EQ(to_shape(v3.strides()), (Shape{t * g * d, d, g * d, 1}));
+    // v is a copy, not a view of qkv.
+    EXPECT_NE(v3.data_ptr(), v.data_ptr());
+  }
+  // f32 tables on bf16 heads (rope_cache's tables), and a 2-d qkv (no batch).
+  auto [c, s] = nn::functional::rope_cache(t, d);
+  const Tensor qkv = randn({t, (h + 2 * g) * d}).to(kBFloat16);
+  auto [q, k, v] = split_qkv_rotary(qkv, c, s, h, g);
+  EXPECT_EQ(to_shape(q.sizes()), (Shape{h, t, d}));
+  const Tensor want = rotary_emb(qkv.view({t, h + 2 * g, d}).narrow(1, 0, h).transpose(0, 1), c, s);
+  EXPECT_TRUE(equal(q, want));
+}
+
+TEST(FusedQkvRotary, MergeIsTheAdjointOfSplit) {
+  manual_seed(35);
+  const int64_t b = 2, t = 6, h = 2, g = 1, d = 4;
+  const Tensor x = randn({b, t, (h + 2 * g) * d}, kDouble);
+  const Tensor cos = randn({t, d}, kDouble), sin = randn({t, d}, kDouble);
+  const Tensor aq = randn({b, h, t, d}, kDouble), ak = randn({b, g, t, d}, kDouble),
+               av = randn({b, g, t, d}, kDouble);
+  auto [q, k, v] = split_qkv_rotary(x, cos, sin, h, g);
+  const double lhs = ((q * aq).sum() + (k * ak).sum() + (v * av).sum()).item<double>();
+  const Tensor m = merge_qkv_rotary(aq, ak, av, cos, sin);
+  EXPECT_TRUE(m.is_contiguous());
+  EXPECT_EQ(to_shape(m.sizes()), (Shape{b, t, (h + 2 * g) * d}));
+  EXPECT_NEAR((x * m).sum().item<double>(), lhs, 1e-9 * std::abs(lhs) + 1e-12);
+  // The gradient of split is merge, exactly.
+  const Tensor xl = x.detach().requires_grad_(true);
+  auto [q2, k2, v2] = split_qkv_rotary(xl, cos, sin, h, g);
+  ((q2 * aq).sum() + (k2 * ak).sum() + (v2 * av).sum()).backward();
+  EXPECT_TRUE(equal(xl.grad(), m));
+}
+
+TEST(FusedQkvRotary, Errors) {
+  const Tensor c = randn({5, 8}), s = randn({5, 8});
+  EXPECT_KILN_ERROR(split_qkv_rotary(randn({2, 5, 60}), c, s, 4, 2),
+                    "[split_qkv_rotary] expected qkv [..., T, (n_head + 2 n_kv_head) D] with an "
+                    "even D, got shape [2, 5, 60] for n_head 4 and n_kv_head 2");
+  EXPECT_KILN_ERROR(split_qkv_rotary(randn({2, 5, 64}), c, s, 0, 2),
+                    "[split_qkv_rotary] expected positive head counts, got n_head 0");
+  EXPECT_KILN_ERROR(split_qkv_rotary(randn({2, 4, 64}), c, s, 4, 2),
+                    "[split_qkv_rotary] expected cos/sin of shape [T, D] = [4, 8] (leading dims of "
+                    "1 allowed), got [5, 8]");
+  EXPECT_KILN_ERROR(split_qkv_rotary(ones({2, 5, 64}, kInt64), c, s, 4, 2),
+                    "[split_qkv_rotary] expected a floating-point qkv, got int64");
+  EXPECT_KILN_ERROR(split_qkv_rotary(randn({2, 5, 64}), c, s.to(kDouble), 4, 2),
+                    "[split_qkv_rotary] cos (float32 [5, 8]) and sin (float64 [5, 8])");
+  EXPECT_KILN_ERROR(
+      merge_qkv_rotary(randn({2, 4, 5, 8}), randn({2, 2, 5, 8}), randn({2, 3, 5, 8}), c, s),
+      "[merge_qkv_rotary] expected dq [..., H, T, D] and dk, dv [..., G, T, D] with an even D, "
+      "got [2, 4, 5, 8], [2, 2, 5, 8], [2, 3, 5, 8]");
+  EXPECT_KILN_ERROR(merge_qkv_rotary(randn({2, 4, 5, 8}), randn({2, 2, 5, 8}).to(kDouble),
+                                     randn({2, 2, 5, 8}), c, s),
+                    "[merge_qkv_rotary] expected dq, dk, dv of one floating-point dtype");
+  // Tables of another dtype than the heads' (f64 on f32): the decomposition, in f64.
+  const Tensor qkv = randn({2, 5, 64});
+  auto [q, k, v] = split_qkv_rotary(qkv, c.to(kDouble), s.to(kDouble), 4, 2);
+  auto [q2, k2, v2] = split_qkv_rotary(qkv, c, s, 4, 2);
+  EXPECT_TRUE(allclose(q, q2, 1e-5, 1e-6));
+  EXPECT_TRUE(equal(v, v2));
+}
+
 Tensor swiglu_ref(const variable_list& in) { return silu(in[0]) * in[1]; }
 Tensor geglu_ref(const variable_list& in) { return gelu(in[0], "tanh") * in[1]; }
 
