@@ -6,7 +6,7 @@
 //   transpose = false:  dcos = sum(dy * x),  dsin = sum(dy * rotate_half(x))
 //   transpose = true:   dcos = sum(dy * x),  dsin = sum(x * rotate_half(dy))
 // split_qkv_rotary and merge_qkv_rotary are each other's adjoints (with the opposite transpose);
-// their table gradients are those of the q and k rotations. Each saves the tensors it rotates
+// their table gradients are those of the q and k rotations. Each op saves the tensors it rotates
 // only when a table requires grad, so that the qkv projection's output (or dq and dk) need not
 // live until backward.
 #include "autograd/backward_util.h"
@@ -27,6 +27,8 @@ Tensor rotate_half(const Tensor& v) {
 // Adds the cos/sin gradients of one rotated tensor x (output gradient g) into dcos/dsin.
 void accumulate_table_grads(const BackwardCall& c, size_t cos_index, const Tensor& x,
                             const Tensor& g, Tensor& dcos, Tensor& dsin) {
+  // x is saved only when a table requires grad (a meta tensor otherwise).
+  if (!c.needs_grad(cos_index) && !c.needs_grad(cos_index + 1)) return;
   const Tensor& cos = c.input(cos_index);
   const bool transpose = c.attr<bool>(0);
   const Tensor xc = as_dtype(x, cos.dtype()), gc = as_dtype(g, cos.dtype());
@@ -77,6 +79,13 @@ bool tables_need_grad(const OpCall& c, size_t cos_index) {
   return c.input(cos_index).requires_grad() || c.input(cos_index + 1).requires_grad();
 }
 
+uint32_t rotary_emb_saved(const OpCall& c) {
+  return tables_need_grad(c, 1) ? save_inputs({0, 1, 2}) : save_inputs({1, 2});
+}
+uint32_t rotary_emb_qk_saved(const OpCall& c) {
+  return tables_need_grad(c, 2) ? save_inputs({0, 1, 2, 3}) : save_inputs({2, 3});
+}
+
 // split_qkv_rotary(qkv, cos, sin; transpose, H, G) -> (q, k, v).
 TensorVec split_qkv_rotary_backward_rule(const BackwardCall& c) {
   TensorVec out(3);
@@ -120,11 +129,10 @@ uint32_t merge_qkv_rotary_saved(const OpCall& c) {
 
 }  // namespace
 
-// x is read only for the gradients of cos/sin; the outputs are never needed.
-KILN_REGISTER_BACKWARD(rotary_emb, rotary_emb_backward_rule, save_inputs({0, 1, 2}), false);
-KILN_REGISTER_BACKWARD(rotary_emb_qk, rotary_emb_qk_backward_rule, save_inputs({0, 1, 2, 3}),
-                       false);
-
+// x is read only for the gradients of cos/sin (so saved only when a table requires grad); the
+// outputs are never needed.
+KILN_REGISTER_BACKWARD(rotary_emb, rotary_emb_backward_rule, rotary_emb_saved, false);
+KILN_REGISTER_BACKWARD(rotary_emb_qk, rotary_emb_qk_backward_rule, rotary_emb_qk_saved, false);
 KILN_REGISTER_BACKWARD(split_qkv_rotary, split_qkv_rotary_backward_rule, split_qkv_rotary_saved,
                        false);
 KILN_REGISTER_BACKWARD(merge_qkv_rotary, merge_qkv_rotary_backward_rule, merge_qkv_rotary_saved,
