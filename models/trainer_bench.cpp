@@ -1,0 +1,80 @@
+// `kiln bench` (models/trainer.h): training-step throughput on random tokens.
+#include <chrono>
+
+#include "kernels/cuda.h"
+#include "models/trainer_internal.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+#include "tensor/profiler.h"
+#include "tensor/random.h"
+
+namespace kiln::models {
+
+using internal::check_precision;
+using internal::log_compile_stats;
+using internal::make_optimizer;
+using internal::param_dtype;
+using internal::TrainStep;
+using Clock = std::chrono::steady_clock;
+
+BenchResult bench(const BenchOptions& o, std::ostream& log) {
+  KILN_CHECK(o.batch_size > 0 && o.seq_len > 0 && o.steps > 0 && o.warmup_steps >= 0 &&
+                 o.profile_steps >= 0,
+             "[bench] batch, seq, steps must be positive and warmup and profile steps >= 0");
+  check_precision(o.precision, "bench");
+  const ModelConfig cfg = ModelConfig::from_name(o.config_name);
+  KILN_CHECK(o.seq_len <= cfg.block_size, "[bench] seq_len ", o.seq_len, " exceeds the block_size ",
+             cfg.block_size, " of ", cfg.name);
+  const Device device = o.device.value_or(default_device());
+  const bool on_cuda = device.is_cuda();
+  manual_seed(o.seed);
+  GPT model(cfg, TensorOptions().device(device).dtype(param_dtype(o.precision)));
+  model->train();
+  PretrainOptions po;
+  po.lr = 1e-4;
+  po.weight_decay = 0.1;
+  auto opt = make_optimizer(model, po);
+  TrainStep train(model, *opt, o.precision, /*clip=*/1.0, o.compile);
+  BenchResult r;
+  r.num_parameters = model->num_parameters();
+  log << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device " << device.str()
+      << ", precision " << o.precision << ", batch " << o.batch_size << " x seq " << o.seq_len
+      << ", " << o.warmup_steps << " warm-up + " << o.steps << " timed steps"
+      << (o.compile ? ", compiled" : "") << "\n"
+      << std::flush;
+  Tensor last_loss;
+  auto train_step = [&]() {
+    Tensor tokens = randint(0, cfg.vocab_size, {o.batch_size, o.seq_len + 1},
+                            TensorOptions().dtype(kInt64).device(device));
+    Tensor x = tokens.narrow(1, 0, o.seq_len).contiguous();
+    Tensor y = tokens.narrow(1, 1, o.seq_len).contiguous();
+    last_loss = train({x}, {y}).front();
+  };
+  for (int64_t i = 0; i < o.warmup_steps; ++i) train_step();
+  if (on_cuda) {
+    cuda::synchronize();
+    cuda::reset_peak_memory_stats();
+  }
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < o.steps; ++i) train_step();
+  r.final_loss = last_loss.item<double>();  // waits for the device
+  if (on_cuda) cuda::synchronize();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.step_ms = 1e3 * seconds / static_cast<double>(o.steps);
+  r.tokens_per_s = static_cast<double>(o.steps * o.batch_size * o.seq_len) / seconds;
+  if (on_cuda) {
+    r.mfu = cfg.flops_per_token(o.seq_len) * r.tokens_per_s / kPeakFlopsH100Bf16;
+    r.peak_memory = cuda::memory_stats().peak;
+  }
+  log_compile_stats(train, log);
+  if (o.profile_steps > 0) {
+    profiler::Profiler prof;
+    prof.start();
+    for (int64_t i = 0; i < o.profile_steps; ++i) train_step();
+    prof.stop();
+    profiler::print_report(prof.results(), o.profile_steps, r.step_ms, log);
+  }
+  return r;
+}
+
+}  // namespace kiln::models

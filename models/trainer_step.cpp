@@ -1,0 +1,129 @@
+// The training step of `kiln pretrain` and `kiln bench` (models/trainer_internal.h): the loss in
+// the run's precision, clipping as tensors, the optimizer.
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "autograd/grad_mode.h"
+#include "models/trainer_internal.h"
+#include "nn/autocast.h"
+#include "tensor/error.h"
+#include "tensor/foreach.h"
+#include "tensor/ops.h"
+
+namespace kiln::models::internal {
+
+ScalarType param_dtype(const std::string& precision) {
+  if (precision == "bf16-true") return kBFloat16;
+  return kFloat;
+}
+
+void check_precision(const std::string& precision, const char* who) {
+  KILN_CHECK(precision == "f32" || precision == "bf16-true" || precision == "bf16-mixed", "[", who,
+             "] precision must be f32, bf16-true or bf16-mixed, got '", precision, "'");
+}
+
+Tensor precision_loss(GPT& model, const Tensor& x, const Tensor& y, const std::string& precision) {
+  AutocastGuard autocast(x.device().type(), kBFloat16, /*enabled=*/precision == "bf16-mixed");
+  return model->loss(x, y);
+}
+
+namespace {
+
+// Clipping as tensors, so that a compiled step can run it (clip_grad_norm_ reads the norm with
+// item()): the total 2-norm of the gradients, their norms (foreach_norm: f32 for f32 and bf16
+// gradients, accumulated in f64 on the CPU and in f32 on the GPU) combined in f64, and every
+// gradient scaled in place by min(1, max_norm / (total + 1e-6)), as torch's clip_grad_norm_, by
+// foreach_mul_ with the coefficient left on the device. One foreach_norm and one foreach_mul_ per
+// dtype and device of the gradients (multi-tensor kernels: a few launches, no host sync).
+// Returns the total, a 0-d f64 tensor.
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return zeros({}, kFloat64);
+  const std::vector<std::vector<Tensor>> groups = foreach_groups(grads);
+  const Device device = groups[0][0].device();
+  std::vector<Tensor> norms;
+  for (const std::vector<Tensor>& g : groups) {
+    norms.push_back(stack(foreach_norm(g, 2.0)).to(device, kFloat64));
+  }
+  const Tensor total = (norms.size() == 1 ? norms[0] : cat(norms)).square().sum().sqrt();
+  const Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (const std::vector<Tensor>& g : groups) foreach_mul_(g, coef.to(g[0].device()));
+  return total;
+}
+
+}  // namespace
+
+std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vector<Tensor>& params,
+                               const std::vector<Tensor>& xs, const std::vector<Tensor>& ys,
+                               const std::string& precision, double clip) {
+  opt.zero_grad();
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    Tensor loss = precision_loss(model, xs[i], ys[i], precision);
+    if (xs.size() > 1) loss = loss / static_cast<double>(xs.size());
+    loss.backward();
+    out.push_back(loss.detach());
+  }
+  out.push_back(clip_grad_norm(params, clip));
+  opt.step();
+  return out;
+}
+
+void log_compile_stats(const TrainStep& step, std::ostream& log) {
+  const compiler::CompileStats* s = step.stats();
+  if (s == nullptr) return;
+  log << "compile: " << s->misses << " traces, " << s->hits << " replays";
+  if (!s->stage_ms.empty()) {
+    log << "; the last compilation:";
+    for (const auto& [stage, ms] : s->stage_ms) {
+      std::ostringstream t;
+      t << std::fixed << std::setprecision(1) << ms;
+      log << " " << stage << " " << t.str() << " ms";
+    }
+  }
+  for (const std::string& why : s->recompile_reasons) log << "\n  traced again: " << why;
+  if (s->fell_back_to_eager) log << "\n  fell back to eager (recompile limit)";
+  log << "\n" << std::flush;
+}
+
+namespace {
+
+std::vector<Tensor> params_where(const GPT& model, bool two_d) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : model->parameters()) {
+    if ((p.dim() >= 2) == two_d) out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<optim::AdamW> make_optimizer(const GPT& model, const PretrainOptions& o) {
+  const auto defaults =
+      optim::AdamWOptions(o.lr).betas(o.betas).eps(o.eps).weight_decay(o.weight_decay);
+  std::vector<optim::OptimizerParamGroup> groups;
+  groups.emplace_back(params_where(model, true));
+  std::vector<Tensor> no_decay = params_where(model, false);
+  if (!no_decay.empty()) {
+    groups.emplace_back(no_decay, std::make_unique<optim::AdamWOptions>(
+                                      optim::AdamWOptions(defaults).weight_decay(0.0)));
+  }
+  return std::make_unique<optim::AdamW>(groups, defaults);
+}
+
+std::string format_number(double v, int precision, bool scientific) {
+  std::ostringstream s;
+  if (scientific)
+    s << std::scientific;
+  else
+    s << std::fixed;
+  s << std::setprecision(precision) << v;
+  return s.str();
+}
+
+}  // namespace kiln::models::internal
