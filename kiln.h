@@ -33,6 +33,7 @@
 #include "tensor/error.h"
 #include "tensor/foreach.h"
 #include "tensor/indexing.h"
+#include "tensor/linear_cross_entropy.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 #include "tensor/random.h"

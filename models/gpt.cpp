@@ -12,6 +12,7 @@
 #include "autograd/grad_mode.h"
 #include "nn/functional.h"
 #include "tensor/half.h"
+#include "tensor/linear_cross_entropy.h"
 #include "tensor/ops.h"
 
 namespace kiln::models {
@@ -208,13 +209,19 @@ Tensor GPTImpl::loss(const Tensor& idx, const Tensor& targets, int64_t ignore_in
              idx.defined() ? shape_str(idx.sizes()) : std::string("(undefined)"));
   KILN_CHECK(targets.device() == idx.device(), "[GPT] targets are on ", targets.device().str(),
              " but idx is on ", idx.device().str());
-  const Tensor logits = run(idx, nullptr);
-  const int64_t n = logits.size(0) * logits.size(1);
-  return kiln::cross_entropy_fused(logits.reshape({n, logits.size(2)}), targets.reshape({n}),
-                                   ignore_index);
+  const int64_t n = idx.size(0) * idx.size(1);
+  if (config_.final_softcap > 0) {
+    const Tensor logits = run(idx, nullptr);
+    return kiln::cross_entropy_fused(logits.reshape({n, logits.size(2)}), targets.reshape({n}),
+                                     ignore_index);
+  }
+  // The LM head and the loss in chunks of rows: the [B T, vocab] logits are never held whole.
+  const Tensor x = hidden(idx, nullptr);
+  return kiln::linear_cross_entropy(x.reshape({n, x.size(2)}), head_weight(), targets.reshape({n}),
+                                    ignore_index);
 }
 
-Tensor GPTImpl::run(const Tensor& idx, KVCache* cache) {
+Tensor GPTImpl::hidden(const Tensor& idx, KVCache* cache) {
   const Tensor& table = wte->weight;
   KILN_CHECK(idx.defined(), "[GPT] idx is undefined");
   KILN_CHECK(idx.dtype() == kInt64, "[GPT] expected int64 token ids, got ", dtype_name(idx.dtype()),
@@ -253,12 +260,19 @@ Tensor GPTImpl::run(const Tensor& idx, KVCache* cache) {
   }
   const auto [cos, sin] = rope(start, T, x);
   for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x, cos, sin, cache);
-  x = ln_f(x);
-  Tensor logits = kiln::linear(x, config_.tie_embeddings ? table : lm_head->weight);
+  return ln_f(x);
+}
+
+const Tensor& GPTImpl::head_weight() const {
+  return config_.tie_embeddings ? wte->weight : lm_head->weight;
+}
+
+Tensor GPTImpl::run(const Tensor& idx, KVCache* cache) {
+  Tensor logits = kiln::linear(hidden(idx, cache), head_weight());
   if (config_.final_softcap > 0) {
     logits = (logits / config_.final_softcap).tanh() * config_.final_softcap;
   }
-  if (cache != nullptr) cache->length += T;
+  if (cache != nullptr) cache->length += idx.size(1);
   return logits;
 }
 

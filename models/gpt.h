@@ -162,7 +162,10 @@ class GPTImpl : public nn::Module {
   Proj lm_head{nullptr};
 
  private:
+  // The final hidden states (after ln_f) of idx; the logits; the LM head's weight.
+  Tensor hidden(const Tensor& idx, KVCache* cache);
   Tensor run(const Tensor& idx, KVCache* cache);
+  const Tensor& head_weight() const;
   // cos/sin [T, head_size] for positions [start, start + T), cached per device and dtype.
   std::pair<Tensor, Tensor> rope(int64_t start, int64_t length, const Tensor& like);
 

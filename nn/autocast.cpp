@@ -15,7 +15,7 @@ namespace {
 enum class Policy : uint8_t { kLower, kFloat32, kPromote };
 
 // The ops of each policy (see autocast.h for why each list holds what it holds).
-constexpr std::string_view kLowerOps[] = {"mm", "bmm", "addmm"};
+constexpr std::string_view kLowerOps[] = {"mm", "bmm", "addmm", "linear_cross_entropy"};
 constexpr std::string_view kFloat32Ops[] = {
     "softmax", "log_softmax", "rms_norm",  "layer_norm",       "sum", "mean", "prod",  "var",
     "std",     "norm",        "logsumexp", "cumsum",           "exp", "log",  "log1p", "expm1",

@@ -33,6 +33,7 @@
 #include "nn/optim/adamw.h"
 #include "nn/utils/clip_grad.h"
 #include "tensor/foreach.h"
+#include "tensor/linear_cross_entropy.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -157,6 +158,26 @@ void bench_rope(int64_t b, const std::string& name) {
            (void)kiln::call_op(qk, {dqs[i % 3], dks[i % 3], cos, sin}, {true});
          }),
          0, bytes);
+}
+
+// The LM head and its loss, forward and backward through autograd, bf16: linear then
+// cross_entropy_fused (the [N, V] logits and their gradient whole) against linear_cross_entropy
+// (chunks of about 256 MiB of logits). FLOPs: the three matmuls.
+void bench_linear_cross_entropy(int64_t n, int64_t c, int64_t v, const std::string& name) {
+  const Tensor x = random({n, c}, kiln::kBFloat16).requires_grad_(true);
+  const Tensor w = random({v, c}, kiln::kBFloat16, 0.05f).requires_grad_(true);
+  const Tensor t = random_targets(n, v);
+  const double flops = 6.0 * static_cast<double>(n * c * v);
+  report("lm head + loss " + name + " linear, cross_entropy_fused", time_ms([&](int) {
+           const Tensor loss = kiln::cross_entropy_fused(kiln::mm(x, w.t()), t);
+           (void)kiln::autograd::grad({loss}, {x, w});
+         }),
+         flops, 0);
+  report("lm head + loss " + name + " linear_cross_entropy", time_ms([&](int) {
+           const Tensor loss = kiln::linear_cross_entropy(x, w, t);
+           (void)kiln::autograd::grad({loss}, {x, w});
+         }),
+         flops, 0);
 }
 
 // The heads of a qkv projection with RoPE on q and k, forward and backward through autograd, at
@@ -482,6 +503,10 @@ int main(int argc, char** argv) {
     bench_rope(16, "1b x4");
   }
   if (want("qkv")) bench_qkv_heads();
+  if (want("lm-loss")) {
+    bench_linear_cross_entropy(16384, 768, 32000, "160m");
+    bench_linear_cross_entropy(8192, 2048, 128256, "1b");
+  }
   if (want("glu")) bench_glu();
   if (want("generic")) bench_generic();
   if (want("clip")) {

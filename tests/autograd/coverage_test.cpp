@@ -163,6 +163,7 @@ const std::set<std::string> kGradchecked = {
     "rotary_emb_qk",
     "split_qkv_rotary",
     "merge_qkv_rotary",
+    "linear_cross_entropy",
     "swiglu",
     "geglu_tanh",
     // tests/nn/rnn_test.cpp

@@ -164,6 +164,18 @@ TEST(FusedGradTest, SplitAndMergeQkvRotary) {
       {dq, dk, dv, cos, sin}, /*gradgrad=*/true));
 }
 
+TEST(FusedGradTest, LinearCrossEntropy) {
+  // Rows 2 and 5 ignored; the default chunking (one chunk at this size) and the gradients the
+  // forward stored, scaled by the loss's gradient.
+  Tensor x = leaf({6, 4});
+  Tensor w = leaf({7, 4});
+  const Tensor t = tensor({3, 0, -100, 6, 1, -100}, kInt64);
+  EXPECT_TRUE(check_grad(
+      {"linear_cross_entropy"},
+      [t](const variable_list& in) { return linear_cross_entropy(in[0], in[1], t) * 2.5; },
+      {x, w}));
+}
+
 TEST(FusedGradTest, SwigluAndGegluTanh) {
   Tensor gate = leaf({3, 7}, 2.0);
   Tensor up = leaf({3, 7});

@@ -298,6 +298,16 @@ inline std::vector<OpSample> fused_samples() {
           [] {
             return Tensors{f32({5, 7}), ints(7, {5})};
           }),
+      // The LM head and its loss in one op (chunked; the gradients come from the forward).
+      one(
+          "linear_cross_entropy",
+          [](const Tensors& x) {
+            return linear_cross_entropy(x[0], x[1],
+                                        where(x[2].eq(0), full({6}, -100, kInt64), x[2]));
+          },
+          [] {
+            return Tensors{f32({6, 4}), f32({7, 4}), ints(7, {6})};
+          }),
       // A class weight, smoothing and the sum: no kernel takes it, the decomposition runs.
       one(
           "cross_entropy_weighted",

@@ -490,6 +490,26 @@ TEST_F(GpuRotaryEmb, SplitQkvAutogradUsesTheFusedKernels) {
   expect_match(grads_on(kGpu), grads_on(Device(kCPU)), 8e-3);
 }
 
+// linear_cross_entropy on the GPU (cuBLASLt and the fused cross-entropy kernels per chunk)
+// against the CPU: loss, dx and dweight, with ignored targets and chunks that split the rows
+// unevenly (300 rows in chunks of 128).
+TEST_F(GpuCrossEntropy, LinearCrossEntropyMatchesTheCpu) {
+  manual_seed(46);
+  static const OpDef& op = KILN_OP(linear_cross_entropy);
+  for (ScalarType dt : {kBFloat16, kFloat}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = randn({300, 64}).to(dt), w = (randn({1000, 64}) * 0.2).to(dt);
+    Tensor t = randint(0, 1000, {300});
+    t.narrow(0, 0, 150).masked_fill_(rand({150}) > 0.7, -100);
+    for (int64_t rows : {0, 128}) {
+      const TensorVec c = call_op(op, {x, w, t}, {int64_t{-100}, true, rows});
+      const TensorVec g =
+          call_op(op, {x.to(kGpu), w.to(kGpu), t.to(kGpu)}, {int64_t{-100}, true, rows});
+      for (size_t i = 0; i < 3; ++i) expect_match(g[i], c[i], dt == kFloat ? 1e-4 : 2e-2);
+    }
+  }
+}
+
 // swiglu / geglu_tanh forward and backward on view(gate, up) (and a dy of the output's shape).
 void check_glu(const Tensor& gate, const Tensor& up, const ViewFn& view = no_view) {
   SCOPED_TRACE(std::string(dtype_name(gate.dtype())) + " " + shape_str(gate.sizes()));
