@@ -1,7 +1,6 @@
 #include "compiler/compile.h"
 
 #include <array>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -185,19 +184,6 @@ std::string guard_str(const ExternalGuard& g) {
          (g.has_grad ? " with a grad" : " without a grad");
 }
 
-// The backward half of a joint trace, and how its gradients map to the call's tensors.
-struct BackwardPlan {
-  std::shared_ptr<const Program> program;  // arguments: saved values, then output gradients
-  size_t user_outputs = 0;                 // the forward program's outputs of the callable
-  // Then values the callable kept in its own state (a first call creating it), then the saved
-  // values.
-  size_t escaped = 0;
-  std::vector<int> grad_outputs;       // per user output: its gradient's position, or -1
-  std::vector<TensorSpec> grad_specs;  // per differentiable output
-  // Per gradient the backward returns: the argument index (>= 0) or -1 - external index.
-  std::vector<int> targets;
-};
-
 // The grad_fn of a compiled function's outputs: runs the compiled backward.
 class CompiledBackward final : public autograd::Node {
  public:
@@ -286,130 +272,6 @@ std::vector<Tensor> run_entry(const Entry& e, const std::vector<Tensor>& args) {
   return outputs;
 }
 
-// The backward program's argument specs as the forward program's outputs give them: the saved
-// values, then the output gradients (contiguous, as CompiledBackward passes them). Empty when
-// a saved value is undefined.
-std::vector<TensorSpec> backward_argument_specs(const Trace& forward, const BackwardPlan& plan) {
-  const size_t kept = plan.user_outputs + plan.escaped;
-  std::vector<TensorSpec> specs;
-  for (size_t j = kept; j < forward.outputs.size(); ++j) {
-    if (forward.outputs[j] < 0) return {};
-    specs.push_back(forward.value(forward.outputs[j]).spec);
-  }
-  for (size_t k = 0; k < plan.grad_specs.size(); ++k) {
-    TensorSpec g = plan.grad_specs[k];
-    g.strides = {};
-    for (size_t i = 0; i < plan.grad_outputs.size(); ++i) {
-      if (plan.grad_outputs[i] == static_cast<int>(k) && forward.outputs[i] >= 0)
-        g.sizes = forward.value(forward.outputs[i]).spec.sizes;
-    }
-    specs.push_back(std::move(g));
-  }
-  return specs;
-}
-
-// Why the traced backward's arguments are not those backward_argument_specs derives, or "".
-std::string backward_arguments_differ(const Trace& forward, const BackwardPlan& plan) {
-  const Trace& backward = plan.program->trace();
-  const std::vector<TensorSpec> derived = backward_argument_specs(forward, plan);
-  if (derived.size() != backward.arguments.size())
-    return "the backward's arguments are not the forward's saved values and output gradients";
-  for (size_t i = 0; i < derived.size(); ++i) {
-    const int v = backward.arguments[i];
-    if (v < 0) continue;
-    const TensorSpec& s = backward.value(v).spec;
-    if (s.sizes != derived[i].sizes || s.dtype != derived[i].dtype ||
-        s.device != derived[i].device) {
-      return "the backward's argument " + backward.value(v).name + " is " + spec_str(s) +
-             " where the forward gives " + spec_str(derived[i]);
-    }
-  }
-  return "";
-}
-
-// Why an executor no longer takes an op of an instantiated trace, or "".
-std::string unclaimed(const Trace& t, const std::vector<std::shared_ptr<const Executor>>& executors) {
-  for (const BoundOp& op : t.ops) {
-    if (op.executor == "eager") continue;
-    for (const auto& e : executors) {
-      if (e->name() != op.executor) continue;
-      if (op.region >= 0 ? !e->fuses(t, op) : !e->claims(t, op))
-        return "the executor " + e->name() + " does not take " + op.name() + " at this size";
-    }
-  }
-  return "";
-}
-
-// How the captured tensors of two compilations for sizes sa and sb relate: the same tensor, an
-// equal constant, or a 0-d constant the trace made whose value follows the size (the divisor of
-// a mean's backward), fitted like an integer attribute: value(s) = value(sb) + slope (s - sb).
-struct ExternalFit {
-  std::vector<std::pair<size_t, int64_t>> slopes;  // (index into the externals, slope)
-};
-
-std::string fit_externals(const Program& a, int64_t sa, const Program& b, int64_t sb,
-                          ExternalFit& fit) {
-  const std::vector<Tensor>& ea = a.externals();
-  const std::vector<Tensor>& eb = b.externals();
-  if (ea.size() != eb.size()) return "the programs capture different tensors";
-  for (size_t i = 0; i < ea.size(); ++i) {
-    const Tensor& x = ea[i];
-    const Tensor& y = eb[i];
-    if (x.impl() == y.impl()) continue;
-    const std::string name = b.trace().value(b.trace().externals[i]).name;
-    if (!x.defined() || !y.defined() || x.dtype() != y.dtype() || x.device() != y.device() ||
-        x.sizes() != y.sizes()) {
-      return "the captured tensor " + name + " differs between the sizes";
-    }
-    if (equal(x, y)) continue;  // a constant made again, with the same value
-    if (x.dim() == 0) {
-      const double vx = x.item<double>(), vy = y.item<double>();
-      const double slope = (vy - vx) / static_cast<double>(sb - sa);
-      if (vx == std::floor(vx) && vy == std::floor(vy) && slope == std::floor(slope) &&
-          std::abs(vx) < 0x1p52 && std::abs(vy) < 0x1p52) {
-        fit.slopes.emplace_back(i, static_cast<int64_t>(slope));
-        continue;
-      }
-    }
-    return "the captured constant " + name +
-           " has a value that is not an integer multiple of the size plus a constant (" +
-           (x.dim() == 0 ? std::to_string(x.item<double>()) + " and " +
-                                std::to_string(y.item<double>()) + ")"
-                          : "a tensor)");
-  }
-  return "";
-}
-
-// `b`'s captured tensors for size `s`: the fitted 0-d constants made anew.
-std::vector<Tensor> instantiate_externals(const Program& b, int64_t sb, const ExternalFit& fit,
-                                          int64_t s) {
-  std::vector<Tensor> out = b.externals();
-  for (const auto& [i, slope] : fit.slopes) {
-    const Tensor& old = out[i];
-    const double value = old.item<double>() + static_cast<double>(slope * (s - sb));
-    out[i] = full({}, value, TensorOptions(old.dtype()).device(old.device()));
-  }
-  return out;
-}
-
-// One compiled trace serving the sizes of the dynamic dimensions (compiler/symbolic.h).
-struct SharedProgram {
-  std::vector<std::pair<int, int64_t>> dims;  // the marked dimensions that follow the size
-  std::vector<int64_t> key, key_slopes;       // the signature key at forward_fit.at; its slopes
-  SizeFit forward_fit, backward_fit;
-  ExternalFit forward_externals, backward_externals;
-  std::shared_ptr<const Program> forward;
-  std::shared_ptr<const BackwardPlan> plan;
-  std::vector<ExternalGuard> guards;
-};
-
-// The last compilation that was cached: one side of a fit.
-struct LastCompiled {
-  std::vector<int64_t> key;
-  std::shared_ptr<const Program> program;
-  std::shared_ptr<const BackwardPlan> plan;
-};
-
 }  // namespace
 
 struct CompiledCore::Impl {
@@ -426,8 +288,9 @@ struct CompiledCore::Impl {
   // (empty when they changed to different sizes).
   std::vector<std::pair<int, int64_t>> changed_dims;
   int64_t changed_from = 0, changed_to = 0;
-  LastCompiled last;
+  Compilation last;  // the last compilation that was cached
   std::optional<SharedProgram> shared;
+  std::vector<ExternalGuard> shared_guards;  // the guards of the compilation it was fitted to
   std::string trace_dir;
 
   void write_stage(const Trace& t) {
@@ -476,8 +339,8 @@ struct CompiledCore::Impl {
     changed_dims.clear();
     for (const auto& [a, d] : options.dynamic_dims()) {
       const size_t i = static_cast<size_t>(a);
-      if (i >= args.tensors.size() || !args.tensors[i].defined() ||
-          d >= args.tensors[i].dim() || d >= static_cast<int64_t>(last_sizes[i].size())) {
+      if (i >= args.tensors.size() || !args.tensors[i].defined() || d >= args.tensors[i].dim() ||
+          d >= static_cast<int64_t>(last_sizes[i].size())) {
         continue;
       }
       const int64_t from = last_sizes[i][static_cast<size_t>(d)];
@@ -499,101 +362,25 @@ struct CompiledCore::Impl {
     if (changed_dims.empty())
       return "several dimensions marked dynamic changed, to different sizes";
     if (!last.program) return "";
-    const int64_t sa = changed_from, sb = changed_to;
-    if (last.key.size() != sig.key.size()) return "the signature changed its length";
     SharedProgram sp;
-    sp.dims = changed_dims;
-    sp.key = sig.key;
-    for (size_t j = 0; j < sig.key.size(); ++j) {
-      const int64_t diff = sig.key[j] - last.key[j];
-      if (diff % (sb - sa) != 0)
-        return "the arguments' sizes or strides are not affine in the dynamic size";
-      sp.key_slopes.push_back(diff / (sb - sa));
-    }
-    std::string why =
-        fit_sizes(last.program->trace(), sa, now.program->trace(), sb, sp.forward_fit);
+    const std::string why = compiler::share(changed_dims, last, changed_from,
+                                            {sig.key, now.program, now.backward}, changed_to, sp);
     if (!why.empty()) return why;
-    why = fit_externals(*last.program, sa, *now.program, sb, sp.forward_externals);
-    if (!why.empty()) return why;
-    if (now.backward || last.plan) {
-      if (!now.backward || !last.plan)
-        return "one of the programs has a compiled backward and the other not";
-      const BackwardPlan& pa = *last.plan;
-      const BackwardPlan& pb = *now.backward;
-      if (pa.user_outputs != pb.user_outputs || pa.escaped != pb.escaped ||
-          pa.grad_outputs != pb.grad_outputs || pa.targets != pb.targets ||
-          pa.grad_specs.size() != pb.grad_specs.size()) {
-        return "the compiled backwards differ in their outputs or gradients";
-      }
-      why = fit_sizes(pa.program->trace(), sa, pb.program->trace(), sb, sp.backward_fit);
-      if (why.empty()) {
-        why = fit_externals(*pa.program, sa, *pb.program, sb, sp.backward_externals);
-      }
-      if (why.empty()) why = backward_arguments_differ(last.program->trace(), pa);
-      if (why.empty()) why = backward_arguments_differ(now.program->trace(), pb);
-      if (!why.empty()) return "backward: " + why;
-    }
-    sp.forward = now.program;
-    sp.plan = now.backward;
-    sp.guards = now.guards;
     shared = std::move(sp);
+    shared_guards = now.guards;
     return "";
   }
 
-  // The shared program instantiated for the call (compiler/symbolic.h), or nullopt with `why`
-  // set when it does not serve this call.
+  // The shared program instantiated for the call, or nullopt with `why` set when it does not
+  // serve this call.
   std::optional<Entry> instantiate_shared(const FlatArgs& args, const Signature& sig,
                                           std::string& why) {
-    const SharedProgram& sp = *shared;
-    const auto [a0, d0] = sp.dims[0];
-    const size_t i0 = static_cast<size_t>(a0);
-    const bool has = i0 < args.tensors.size() && args.tensors[i0].defined() &&
-                     d0 < args.tensors[i0].dim();
-    const int64_t s = has ? args.tensors[i0].size(d0) : -1;
-    const int64_t at = sp.forward_fit.at;
-    bool fits = s >= 0 && sig.key.size() == sp.key.size();
-    for (size_t j = 0; fits && j < sig.key.size(); ++j)
-      fits = sig.key[j] == sp.key[j] + sp.key_slopes[j] * (s - at);
-    if (!fits) {
-      why = "the call changes more than the size of the dimensions the shared program follows";
-      return std::nullopt;
-    }
-    const auto skipped = [&](const char* pass) {
-      const auto& k = options.skipped_passes();
-      return std::find(k.begin(), k.end(), pass) != k.end();
-    };
-    std::vector<TensorSpec> specs;
-    for (const Tensor& t : args.tensors)
-      specs.push_back(t.defined() ? spec_of(t) : TensorSpec{{}, kFloat, Device(kCPU)});
-    Trace forward;
-    why = instantiate(sp.forward->trace(), sp.forward_fit, s, specs, forward);
-    if (why.empty()) why = unclaimed(forward, executors);
+    const auto& skipped = options.skipped_passes();
+    const bool plan = std::find(skipped.begin(), skipped.end(), "plan_memory") == skipped.end();
+    Compilation c;
+    why = compiler::instantiate_shared(*shared, args.tensors, sig.key, executors, plan, c);
     if (!why.empty()) return std::nullopt;
-    std::shared_ptr<BackwardPlan> plan;
-    if (sp.plan) {
-      plan = std::make_shared<BackwardPlan>(*sp.plan);
-      const std::vector<TensorSpec> bspecs = backward_argument_specs(forward, *plan);
-      for (size_t k = 0; k < plan->grad_specs.size(); ++k) {
-        plan->grad_specs[k].sizes = bspecs[bspecs.size() - plan->grad_specs.size() + k].sizes;
-      }
-      Trace backward;
-      why = instantiate(sp.plan->program->trace(), sp.backward_fit, s, bspecs, backward);
-      if (why.empty()) why = unclaimed(backward, executors);
-      if (!why.empty()) {
-        why = "backward: " + why;
-        return std::nullopt;
-      }
-      if (!skipped("plan_memory")) backward = plan_memory(backward);
-      plan->program = std::make_shared<const Program>(
-          std::move(backward),
-          instantiate_externals(*sp.plan->program, at, sp.backward_externals, s), executors);
-    }
-    if (!skipped("plan_memory")) forward = plan_memory(forward);
-    Entry e{sp.guards,
-            std::make_shared<const Program>(
-                std::move(forward), instantiate_externals(*sp.forward, at, sp.forward_externals, s),
-                executors),
-            std::move(plan)};
+    Entry e{shared_guards, std::move(c.program), std::move(c.plan)};
     why = e.mismatch();
     if (!why.empty()) return std::nullopt;
     return e;
@@ -809,7 +596,8 @@ std::vector<Tensor> CompiledCore::call(
     plan->program = std::make_shared<const Program>(std::move(backward_trace),
                                                     std::move(backward_externals), m.executors);
   }
-  auto program = std::make_shared<const Program>(std::move(trace), std::move(externals), m.executors);
+  auto program =
+      std::make_shared<const Program>(std::move(trace), std::move(externals), m.executors);
   m.stats.stage_ms.emplace_back("lower", ms_since(t0));
   m.stats.planned_peak_bytes = program->planned_peak_bytes();
   m.stats.arena_bytes = 0;

@@ -1,10 +1,13 @@
 #include "compiler/symbolic.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
+#include "compiler/memory_plan.h"
 #include "compiler/passes.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
 
 namespace kiln::compiler {
 namespace {
@@ -71,8 +74,8 @@ std::string structure_difference(const Trace& a, const Trace& b) {
              spec_str(y.spec) + " at the other";
     }
     if (a.roles[v] == ValueRole::kExternal && x.spec.sizes != y.spec.sizes) {
-      return "the captured tensor " + y.name + " has a size-dependent shape (" +
-             spec_str(x.spec) + " and " + spec_str(y.spec) + ")";
+      return "the captured tensor " + y.name + " has a size-dependent shape (" + spec_str(x.spec) +
+             " and " + spec_str(y.spec) + ")";
     }
   }
   for (size_t i = 0; i < a.ops.size(); ++i) {
@@ -93,7 +96,8 @@ std::string structure_difference(const Trace& a, const Trace& b) {
       if (rebased(y, k)) continue;
       const Attr& p = x.attrs[k];
       const Attr& q = y.attrs[k];
-      if (p.index() != q.index()) return "attribute " + std::to_string(k) + " of " + op_where(b, i) + " changes type";
+      if (p.index() != q.index())
+        return "attribute " + std::to_string(k) + " of " + op_where(b, i) + " changes type";
       if (std::holds_alternative<int64_t>(q)) continue;
       if (const auto* s = std::get_if<Shape>(&q)) {
         if (std::get<Shape>(p).size() != s->size()) {
@@ -103,8 +107,8 @@ std::string structure_difference(const Trace& a, const Trace& b) {
         continue;
       }
       if (attr_str(p) != attr_str(q)) {
-        return "attribute " + std::to_string(k) + " of " + op_where(b, i) + " is " +
-               attr_str(p) + " at one size and " + attr_str(q) +
+        return "attribute " + std::to_string(k) + " of " + op_where(b, i) + " is " + attr_str(p) +
+               " at one size and " + attr_str(q) +
                " at the other (only integer attributes may follow the size)";
       }
     }
@@ -135,9 +139,8 @@ std::string fit_random(const Trace& a, const Trace& b, SizeFit& fit) {
     return not_shared + "this program replays the draws of another (a recomputed forward)";
   }
   auto by_offset = [](const Trace& t, std::vector<size_t> order) {
-    std::stable_sort(order.begin(), order.end(), [&](size_t p, size_t q) {
-      return t.ops[p].rng_offset < t.ops[q].rng_offset;
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t p, size_t q) { return t.ops[p].rng_offset < t.ops[q].rng_offset; });
     return order;
   };
   const std::vector<size_t> order = by_offset(b, ops);
@@ -201,9 +204,9 @@ std::string fit_sizes(const Trace& a, int64_t sa, const Trace& b, int64_t sb, Si
 
 std::string instantiate(const Trace& b, const SizeFit& fit, int64_t s,
                         const std::vector<TensorSpec>& argument_specs, Trace& out) {
-  KILN_CHECK(argument_specs.size() == b.arguments.size(), "[compile] instantiate: ",
-             argument_specs.size(), " argument specs for a program of ", b.arguments.size(),
-             " arguments");
+  KILN_CHECK(argument_specs.size() == b.arguments.size(),
+             "[compile] instantiate: ", argument_specs.size(), " argument specs for a program of ",
+             b.arguments.size(), " arguments");
   Trace t = b;
   t.arenas.clear();
   for (ValueInfo& v : t.values) {
@@ -269,6 +272,196 @@ std::string instantiate(const Trace& b, const SizeFit& fit, int64_t s,
   }
   t.stage = b.stage;
   out = std::move(t);
+  return "";
+}
+
+namespace {
+
+// The backward program's argument specs as the forward program's outputs give them: the saved
+// values, then the output gradients (contiguous, as CompiledBackward passes them). Empty when
+// a saved value is undefined.
+std::vector<TensorSpec> backward_argument_specs(const Trace& forward, const BackwardPlan& plan) {
+  const size_t kept = plan.user_outputs + plan.escaped;
+  std::vector<TensorSpec> specs;
+  for (size_t j = kept; j < forward.outputs.size(); ++j) {
+    if (forward.outputs[j] < 0) return {};
+    specs.push_back(forward.value(forward.outputs[j]).spec);
+  }
+  for (size_t k = 0; k < plan.grad_specs.size(); ++k) {
+    TensorSpec g = plan.grad_specs[k];
+    g.strides = {};
+    for (size_t i = 0; i < plan.grad_outputs.size(); ++i) {
+      if (plan.grad_outputs[i] == static_cast<int>(k) && forward.outputs[i] >= 0)
+        g.sizes = forward.value(forward.outputs[i]).spec.sizes;
+    }
+    specs.push_back(std::move(g));
+  }
+  return specs;
+}
+
+// Why the traced backward's arguments are not those backward_argument_specs derives, or "".
+std::string backward_arguments_differ(const Trace& forward, const BackwardPlan& plan) {
+  const Trace& backward = plan.program->trace();
+  const std::vector<TensorSpec> derived = backward_argument_specs(forward, plan);
+  if (derived.size() != backward.arguments.size())
+    return "the backward's arguments are not the forward's saved values and output gradients";
+  for (size_t i = 0; i < derived.size(); ++i) {
+    const int v = backward.arguments[i];
+    if (v < 0) continue;
+    const TensorSpec& s = backward.value(v).spec;
+    if (s.sizes != derived[i].sizes || s.dtype != derived[i].dtype ||
+        s.device != derived[i].device) {
+      return "the backward's argument " + backward.value(v).name + " is " + spec_str(s) +
+             " where the forward gives " + spec_str(derived[i]);
+    }
+  }
+  return "";
+}
+
+// Why an executor no longer takes an op of an instantiated trace, or "".
+std::string unclaimed(const Trace& t,
+                      const std::vector<std::shared_ptr<const Executor>>& executors) {
+  for (const BoundOp& op : t.ops) {
+    if (op.executor == "eager") continue;
+    for (const auto& e : executors) {
+      if (e->name() != op.executor) continue;
+      if (op.region >= 0 ? !e->fuses(t, op) : !e->claims(t, op))
+        return "the executor " + e->name() + " does not take " + op.name() + " at this size";
+    }
+  }
+  return "";
+}
+
+std::string fit_externals(const Program& a, int64_t sa, const Program& b, int64_t sb,
+                          ExternalFit& fit) {
+  const std::vector<Tensor>& ea = a.externals();
+  const std::vector<Tensor>& eb = b.externals();
+  if (ea.size() != eb.size()) return "the programs capture different tensors";
+  for (size_t i = 0; i < ea.size(); ++i) {
+    const Tensor& x = ea[i];
+    const Tensor& y = eb[i];
+    if (x.impl() == y.impl()) continue;
+    const std::string name = b.trace().value(b.trace().externals[i]).name;
+    if (!x.defined() || !y.defined() || x.dtype() != y.dtype() || x.device() != y.device() ||
+        x.sizes() != y.sizes()) {
+      return "the captured tensor " + name + " differs between the sizes";
+    }
+    if (equal(x, y)) continue;  // a constant made again, with the same value
+    if (x.dim() == 0) {
+      const double vx = x.item<double>(), vy = y.item<double>();
+      const double slope = (vy - vx) / static_cast<double>(sb - sa);
+      if (vx == std::floor(vx) && vy == std::floor(vy) && slope == std::floor(slope) &&
+          std::abs(vx) < 0x1p52 && std::abs(vy) < 0x1p52) {
+        fit.slopes.emplace_back(i, static_cast<int64_t>(slope));
+        continue;
+      }
+    }
+    return "the captured constant " + name +
+           " has a value that is not an integer multiple of the size plus a constant (" +
+           (x.dim() == 0 ? std::to_string(x.item<double>()) + " and " +
+                               std::to_string(y.item<double>()) + ")"
+                         : "a tensor)");
+  }
+  return "";
+}
+
+// `b`'s captured tensors for size `s`: the fitted 0-d constants made anew.
+std::vector<Tensor> instantiate_externals(const Program& b, int64_t sb, const ExternalFit& fit,
+                                          int64_t s) {
+  std::vector<Tensor> out = b.externals();
+  for (const auto& [i, slope] : fit.slopes) {
+    const Tensor& old = out[i];
+    const double value = old.item<double>() + static_cast<double>(slope * (s - sb));
+    out[i] = full({}, value, TensorOptions(old.dtype()).device(old.device()));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string share(const std::vector<std::pair<int, int64_t>>& dims, const Compilation& a,
+                  int64_t sa, const Compilation& b, int64_t sb, SharedProgram& out) {
+  if (a.key.size() != b.key.size()) return "the signature changed its length";
+  SharedProgram sp;
+  sp.dims = dims;
+  sp.key = b.key;
+  for (size_t j = 0; j < b.key.size(); ++j) {
+    const int64_t diff = b.key[j] - a.key[j];
+    if (diff % (sb - sa) != 0)
+      return "the arguments' sizes or strides are not affine in the dynamic size";
+    sp.key_slopes.push_back(diff / (sb - sa));
+  }
+  std::string why = fit_sizes(a.program->trace(), sa, b.program->trace(), sb, sp.forward_fit);
+  if (!why.empty()) return why;
+  why = fit_externals(*a.program, sa, *b.program, sb, sp.forward_externals);
+  if (!why.empty()) return why;
+  if (b.plan || a.plan) {
+    if (!b.plan || !a.plan) return "one of the programs has a compiled backward and the other not";
+    const BackwardPlan& pa = *a.plan;
+    const BackwardPlan& pb = *b.plan;
+    if (pa.user_outputs != pb.user_outputs || pa.escaped != pb.escaped ||
+        pa.grad_outputs != pb.grad_outputs || pa.targets != pb.targets ||
+        pa.grad_specs.size() != pb.grad_specs.size()) {
+      return "the compiled backwards differ in their outputs or gradients";
+    }
+    why = fit_sizes(pa.program->trace(), sa, pb.program->trace(), sb, sp.backward_fit);
+    if (why.empty()) {
+      why = fit_externals(*pa.program, sa, *pb.program, sb, sp.backward_externals);
+    }
+    if (why.empty()) why = backward_arguments_differ(a.program->trace(), pa);
+    if (why.empty()) why = backward_arguments_differ(b.program->trace(), pb);
+    if (!why.empty()) return "backward: " + why;
+  }
+  sp.forward = b.program;
+  sp.plan = b.plan;
+  out = std::move(sp);
+  return "";
+}
+
+std::string instantiate_shared(const SharedProgram& shared, const std::vector<Tensor>& args,
+                               const std::vector<int64_t>& key,
+                               const std::vector<std::shared_ptr<const Executor>>& executors,
+                               bool plan_arenas, Compilation& out) {
+  const SharedProgram& sp = shared;
+  const auto [a0, d0] = sp.dims[0];
+  const size_t i0 = static_cast<size_t>(a0);
+  const bool has = i0 < args.size() && args[i0].defined() && d0 < args[i0].dim();
+  const int64_t s = has ? args[i0].size(d0) : -1;
+  const int64_t at = sp.forward_fit.at;
+  bool fits = s >= 0 && key.size() == sp.key.size();
+  for (size_t j = 0; fits && j < key.size(); ++j)
+    fits = key[j] == sp.key[j] + sp.key_slopes[j] * (s - at);
+  if (!fits)
+    return "the call changes more than the size of the dimensions the shared program follows";
+  std::vector<TensorSpec> specs;
+  for (const Tensor& t : args)
+    specs.push_back(t.defined() ? spec_of(t) : TensorSpec{{}, kFloat, Device(kCPU)});
+  Trace forward;
+  std::string why = instantiate(sp.forward->trace(), sp.forward_fit, s, specs, forward);
+  if (why.empty()) why = unclaimed(forward, executors);
+  if (!why.empty()) return why;
+  std::shared_ptr<BackwardPlan> plan;
+  if (sp.plan) {
+    plan = std::make_shared<BackwardPlan>(*sp.plan);
+    const std::vector<TensorSpec> bspecs = backward_argument_specs(forward, *plan);
+    for (size_t k = 0; k < plan->grad_specs.size(); ++k) {
+      plan->grad_specs[k].sizes = bspecs[bspecs.size() - plan->grad_specs.size() + k].sizes;
+    }
+    Trace backward;
+    why = instantiate(sp.plan->program->trace(), sp.backward_fit, s, bspecs, backward);
+    if (why.empty()) why = unclaimed(backward, executors);
+    if (!why.empty()) return "backward: " + why;
+    if (plan_arenas) backward = plan_memory(backward);
+    plan->program = std::make_shared<const Program>(
+        std::move(backward), instantiate_externals(*sp.plan->program, at, sp.backward_externals, s),
+        executors);
+  }
+  if (plan_arenas) forward = plan_memory(forward);
+  out = {key,
+         std::make_shared<const Program>(
+             std::move(forward), instantiate_externals(*sp.forward, at, sp.forward_externals, s),
+             executors),
+         std::move(plan)};
   return "";
 }
 

@@ -32,12 +32,25 @@
 //     their offsets are then derived again per size, as eager code would reserve them. A
 //     backward that replays its forward's draws (recomputed dropout) is not shared.
 //   - Ops that kept an autocast state (compiler/autocast_pass.h's pitfall) are not shared.
+//
+// CompiledCore (compile.cpp) keeps the cache and decides when to fit; share() fits two
+// compilations into a SharedProgram and instantiate_shared() makes it for a third size:
+//
+//   SharedProgram sp;
+//   if (share(dims, compiled_at_8, 8, compiled_at_16, 16, sp).empty()) {
+//     Compilation at_12;
+//     const std::string why = instantiate_shared(sp, args, key, executors, true, at_12);
+//   }
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "compiler/executor.h"
+#include "compiler/program.h"
 #include "compiler/trace.h"
 
 namespace kiln::compiler {
@@ -65,5 +78,60 @@ std::string fit_sizes(const Trace& a, int64_t sa, const Trace& b, int64_t sb, Si
 // plan_memory again.
 std::string instantiate(const Trace& b, const SizeFit& fit, int64_t s,
                         const std::vector<TensorSpec>& argument_specs, Trace& out);
+
+// ---- One program for every size: what CompiledCore (compile.cpp) builds from two compilations
+// and instantiates per size. compile.cpp decides when (the cache); these say whether and how.
+
+// The backward half of a joint trace, and how its gradients map to the call's tensors.
+struct BackwardPlan {
+  std::shared_ptr<const Program> program;  // arguments: saved values, then output gradients
+  size_t user_outputs = 0;                 // the forward program's outputs of the callable
+  // Then values the callable kept in its own state (a first call creating it), then the saved
+  // values.
+  size_t escaped = 0;
+  std::vector<int> grad_outputs;       // per user output: its gradient's position, or -1
+  std::vector<TensorSpec> grad_specs;  // per differentiable output
+  // Per gradient the backward returns: the argument index (>= 0) or -1 - external index.
+  std::vector<int> targets;
+};
+
+// One compilation for one size: a side of a fit, or a size the shared program instantiated.
+struct Compilation {
+  std::vector<int64_t> key;  // the call's signature key (argument sizes and strides among it)
+  std::shared_ptr<const Program> program;
+  std::shared_ptr<const BackwardPlan> plan;  // joint programs only
+};
+
+// How the captured tensors of two compilations for sizes sa and sb relate: the same tensor, an
+// equal constant, or a 0-d constant the trace made whose value follows the size (the divisor of
+// a mean's backward), fitted like an integer attribute: value(s) = value(sb) + slope (s - sb).
+struct ExternalFit {
+  std::vector<std::pair<size_t, int64_t>> slopes;  // (index into the externals, slope)
+};
+
+// One compiled trace serving the sizes of the dynamic dimensions.
+struct SharedProgram {
+  std::vector<std::pair<int, int64_t>> dims;  // the marked dimensions that follow the size
+  std::vector<int64_t> key, key_slopes;       // the signature key at forward_fit.at; its slopes
+  SizeFit forward_fit, backward_fit;
+  ExternalFit forward_externals, backward_externals;
+  std::shared_ptr<const Program> forward;
+  std::shared_ptr<const BackwardPlan> plan;
+};
+
+// Fits `a` (compiled for size `sa`) to `b` (compiled for a call that changed only `dims`, each
+// from `sa` to `sb`): forward, backward, captured constants and the signature key. Returns why
+// they cannot share one program, or "" and sets `out` (relative to b).
+std::string share(const std::vector<std::pair<int, int64_t>>& dims, const Compilation& a,
+                  int64_t sa, const Compilation& b, int64_t sb, SharedProgram& out);
+
+// `shared` instantiated for a call with tensor arguments `args` and signature key `key`: the
+// traces instantiated, each op still taken by its executor of `executors` at the new size, and
+// the memory planned again when `plan_arenas` (plan_memory is not skipped). Returns why it does
+// not serve the call, or "" and sets `out`. The captured tensors' guards are the caller's.
+std::string instantiate_shared(const SharedProgram& shared, const std::vector<Tensor>& args,
+                               const std::vector<int64_t>& key,
+                               const std::vector<std::shared_ptr<const Executor>>& executors,
+                               bool plan_arenas, Compilation& out);
 
 }  // namespace kiln::compiler
