@@ -21,6 +21,7 @@
 #include "nn/autocast.h"
 #include "nn/optim/adamw.h"
 #include "test_util.h"
+#include "tiny_step.h"
 
 namespace kiln {
 namespace {
@@ -155,31 +156,9 @@ TEST(AutocastPass, PolicyOnAnF32TraceMatchesEagerUnderTheGuard) {
 // backward and AdamW outside), compiled with the autocast pass on and off and run eagerly.
 TEST(AutocastPass, TinyTrainingStepUnderAutocastIsBitIdentical) {
   const models::ModelConfig config = models::ModelConfig::from_name("tiny-llama");
-  struct Run {
-    models::GPT model{nullptr};
-    std::unique_ptr<optim::Optimizer> opt;
-    explicit Run(const models::ModelConfig& c) {
-      manual_seed(0);
-      model = models::GPT(c);
-      model->train();
-      opt = std::make_unique<optim::AdamW>(model->parameters(),
-                                           optim::AdamWOptions(3e-3).weight_decay(0.1));
-      NoGradGuard no_grad;
-      (void)model(zeros({1, 1}, kInt64));  // RoPE tables, built eagerly (see models_test)
-    }
-    Tensor step(const Tensor& x, const Tensor& y) {
-      opt->zero_grad();
-      Tensor loss;
-      {
-        AutocastGuard guard(kCPU, kBFloat16);
-        loss = model->loss(x, y);
-      }
-      loss.backward();
-      opt->step();
-      return loss;
-    }
-  };
-  Run eager(config), on(config), off(config);
+  const test::MakeOptimizer adamw = test::adamw(optim::AdamWOptions(3e-3).weight_decay(0.1));
+  test::TinyStep eager(config, adamw, kBFloat16), on(config, adamw, kBFloat16),
+      off(config, adamw, kBFloat16);
   auto step_on = compile([&](const Tensor& x, const Tensor& y) { return on.step(x, y); },
                          CompileOptions().name("step_on"));
   auto step_off = compile([&](const Tensor& x, const Tensor& y) { return off.step(x, y); },
@@ -188,8 +167,7 @@ TEST(AutocastPass, TinyTrainingStepUnderAutocastIsBitIdentical) {
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE("step " + std::to_string(i + 1));
     manual_seed(100 + i);
-    const Tensor tokens = randint(config.vocab_size, {2, 17}, kInt64);
-    const Tensor x = tokens.narrow(1, 0, 16).contiguous(), y = tokens.narrow(1, 1, 16).contiguous();
+    const auto [x, y] = test::next_token_batch(config.vocab_size, 2, 16);
     const Tensor want = eager.step(x, y);
     expect_bitwise(step_on(x, y), want, "loss, pass on");
     expect_bitwise(step_off(x, y), want, "loss, pass off");

@@ -15,6 +15,7 @@
 #include "models/gpt.h"
 #include "nn/optim/adamw.h"
 #include "test_util.h"
+#include "tiny_step.h"
 
 namespace kiln {
 namespace {
@@ -58,7 +59,7 @@ TEST(DynamicShapes, SizesAfterTheSecondShareOneProgram) {
   }
   const compiler::CompileStats& s = f.stats();
   EXPECT_EQ(s.misses, 2) << reasons(s);  // 8 and 16 compile; 16 again is a cache hit
-  EXPECT_EQ(s.dynamic_instances, 4);  // 12, 5, 40 and 1 share the fitted program
+  EXPECT_EQ(s.dynamic_instances, 4);     // 12, 5, 40 and 1 share the fitted program
   EXPECT_EQ(s.hits, 1);
   EXPECT_FALSE(s.fell_back_to_eager);
   ASSERT_EQ(s.recompile_reasons.size(), 1u);
@@ -96,25 +97,8 @@ TEST(DynamicShapes, GradientsThroughTheSharedProgram) {
 // serves them all, bit for bit equal to eager.
 TEST(DynamicShapes, TrainingStepOverSequenceLengths) {
   const models::ModelConfig config = models::ModelConfig::from_name("tiny-llama");
-  struct Run {
-    models::GPT model{nullptr};
-    std::unique_ptr<optim::AdamW> opt;
-    explicit Run(const models::ModelConfig& c) {
-      manual_seed(0);
-      model = models::GPT(c);
-      model->train();
-      opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions(3e-3));
-      NoGradGuard no_grad;
-      (void)model(zeros({1, 1}, kInt64));  // builds the RoPE tables eagerly
-    }
-    Tensor step(const Tensor& x, const Tensor& y) {
-      opt->zero_grad();
-      Tensor loss = model->loss(x, y);
-      loss.backward();
-      opt->step();
-      return loss;
-    }
-  } eager(config), compiled(config);
+  const test::MakeOptimizer adamw = test::adamw(optim::AdamWOptions(3e-3));
+  test::TinyStep eager(config, adamw), compiled(config, adamw);
   auto step = compile([&](const Tensor& x, const Tensor& y) { return compiled.step(x, y); },
                       CompileOptions().name("train_step").dynamic(0, 1).dynamic(1, 1));
   // The first step creates the optimizer state (traced again once it exists); 16 and 8
@@ -124,9 +108,7 @@ TEST(DynamicShapes, TrainingStepOverSequenceLengths) {
     const int64_t t = lengths[i];
     SCOPED_TRACE("step " + std::to_string(i) + ", T = " + std::to_string(t));
     manual_seed(100 + static_cast<int>(i));
-    const Tensor tokens = randint(config.vocab_size, {2, t + 1}, kInt64);
-    const Tensor x = tokens.narrow(1, 0, t).contiguous();
-    const Tensor y = tokens.narrow(1, 1, t).contiguous();
+    const auto [x, y] = test::next_token_batch(config.vocab_size, 2, t);
     const Tensor want = eager.step(x, y);
     expect_equal(step(x, y), want, "loss");
     const std::vector<Tensor> pe = eager.model->parameters(), pc = compiled.model->parameters();
@@ -139,8 +121,8 @@ TEST(DynamicShapes, TrainingStepOverSequenceLengths) {
 }
 
 // T * T is affine in T at two sizes one apart (4 and 9 at T = 2 and 3: slope 5) but not at
-// T = 5, where the meta rule of view (reshape's) rejects the fitted 19 elements: that size compiles on its
-// own and says which op refused.
+// T = 5, where the meta rule of view (reshape's) rejects the fitted 19 elements: that size compiles
+// on its own and says which op refused.
 TEST(DynamicShapes, AMetaRuleRejectingTheFitCompilesThatSize) {
   auto fn = [](const Tensor& x) {
     const int64_t t = x.size(0);
@@ -190,9 +172,9 @@ TEST(DynamicShapes, WhatCannotBeSharedSaysWhy) {
 TEST(DynamicShapes, RandomOpsDrawWhatEagerDraws) {
   const Tensor fixed = ones({5});
   auto fn = [&](const Tensor& x) {
-    Tensor a = kiln::dropout(x, 0.5, true);           // size-dependent blocks
-    Tensor b = kiln::dropout(fixed, 0.3, true);       // fixed blocks, after it
-    Tensor c = kiln::dropout(x * 2.0, 0.25, true);    // size-dependent again
+    Tensor a = kiln::dropout(x, 0.5, true);         // size-dependent blocks
+    Tensor b = kiln::dropout(fixed, 0.3, true);     // fixed blocks, after it
+    Tensor c = kiln::dropout(x * 2.0, 0.25, true);  // size-dependent again
     return a.sum(-1) + b.sum() + c.sum(-1);
   };
   auto f = compile(fn, CompileOptions().dynamic(0, 1));

@@ -7,12 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "autograd/grad_mode.h"
 #include "compiler/compile.h"
 #include "models/gpt.h"
 #include "nn/autocast.h"
@@ -20,17 +18,15 @@
 #include "nn/optim/sgd.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "tiny_step.h"
 
 namespace kiln {
 namespace {
 
-using models::GPT;
 using models::ModelConfig;
 
 constexpr int kSteps = 4;
 constexpr int64_t kBatch = 2, kSeq = 16;
-
-using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
 
 std::unique_ptr<optim::Optimizer> make_sgd(std::vector<Tensor> params) {
   return std::make_unique<optim::SGD>(std::move(params),
@@ -42,31 +38,6 @@ std::unique_ptr<optim::Optimizer> make_adamw(std::vector<Tensor> params) {
                                         optim::AdamWOptions(3e-3).weight_decay(0.1));
 }
 
-// One model and its optimizer, initialised from kiln::manual_seed(0).
-struct Run {
-  GPT model{nullptr};
-  std::unique_ptr<optim::Optimizer> opt;
-  Run(const ModelConfig& config, const MakeOptimizer& make) {
-    manual_seed(0);
-    model = GPT(config);
-    model->train();
-    opt = make(model->parameters());
-    // The RoPE tables are built on the first forward from a from_blob over a temporary buffer
-    // (copied when traced, see FromBlobInsideTheCallableIsCopiedWhenTraced below); building
-    // them here, eagerly, keeps the compiled and eager runs' first steps alike.
-    NoGradGuard no_grad;
-    (void)model(zeros({1, 1}, kInt64));
-  }
-};
-
-Tensor train_step(Run& r, const Tensor& x, const Tensor& y) {
-  r.opt->zero_grad();
-  Tensor loss = r.model->loss(x, y);
-  loss.backward();
-  r.opt->step();
-  return loss;
-}
-
 void expect_bitwise(const Tensor& compiled, const Tensor& eager, const std::string& what) {
   ASSERT_EQ(compiled.defined(), eager.defined()) << what;
   if (!eager.defined()) return;
@@ -75,19 +46,17 @@ void expect_bitwise(const Tensor& compiled, const Tensor& eager, const std::stri
       << what << ": max |compiled - eager| = " << (compiled - eager).abs().max().item<double>();
 }
 
-void check_family(const std::string& name, const MakeOptimizer& make) {
+void check_family(const std::string& name, const test::MakeOptimizer& make) {
   const ModelConfig config = ModelConfig::from_name(name);
-  Run eager(config, make), compiled(config, make);
-  auto step = compile([&](const Tensor& x, const Tensor& y) { return train_step(compiled, x, y); },
+  test::TinyStep eager(config, make), compiled(config, make);
+  auto step = compile([&](const Tensor& x, const Tensor& y) { return compiled.step(x, y); },
                       CompileOptions().name("train_step"));
   const auto names = eager.model->named_parameters().keys();
   for (int i = 0; i < kSteps; ++i) {
     SCOPED_TRACE(name + ", step " + std::to_string(i + 1));
     manual_seed(100 + i);
-    const Tensor tokens = randint(config.vocab_size, {kBatch, kSeq + 1}, kInt64);
-    const Tensor x = tokens.narrow(1, 0, kSeq).contiguous();
-    const Tensor y = tokens.narrow(1, 1, kSeq).contiguous();
-    const Tensor want = train_step(eager, x, y);
+    const auto [x, y] = test::next_token_batch(config.vocab_size, kBatch, kSeq);
+    const Tensor want = eager.step(x, y);
     const Tensor got = step(x, y);
     expect_bitwise(got, want, "loss");
     const std::vector<Tensor> pe = eager.model->parameters(), pc = compiled.model->parameters();
