@@ -7,9 +7,9 @@
 //   Tensor loss = kiln::linear_cross_entropy(x, weight, targets);
 //   loss.backward();                       // x.grad() and weight.grad() as through the logits
 //
-// The logits are computed a chunk of rows at a time (about 256 MiB of them), each chunk's loss
+// The logits are computed a chunk of rows at a time (about 512 MiB of them), each chunk's loss
 // and, when x or weight require grad, its gradient dlogits = (softmax - onehot) / count right
-// away; dlogits then gives the chunk's dx and its share of dweight (summed in f32) and is freed.
+// away; dlogits then gives the chunk's dx and its share of dweight and is freed.
 // The forward therefore does the backward's work too, and backward only scales the stored dx
 // and dweight by the loss's gradient: no matmul is recomputed. llama-3.2-1b's [8192, 128256]
 // bf16 logits are 2 GiB, and their gradient as much again.
