@@ -354,9 +354,9 @@ void bench_clip(const std::vector<kiln::Shape>& shapes, const std::string& model
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> sections = {"gemm",    "rmsnorm", "layernorm", "cross-entropy",
-                                             "flash",   "rope",    "qkv",       "glu",
-                                             "generic", "clip",    "adamw"};
+  const std::vector<std::string> sections = {"gemm",  "rmsnorm", "layernorm", "cross-entropy",
+                                             "flash", "rope",    "qkv",       "lm-loss",
+                                             "glu",   "generic", "clip",      "adamw"};
   std::vector<std::string> selected = sections;
   const char* json_path = nullptr;
   for (int i = 1; i < argc; ++i) {
