@@ -1,0 +1,753 @@
+#include "dist/fsdp.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/grad_mode.h"
+#include "autograd/hooks.h"
+#include "autograd/node.h"
+#include "nn/safetensors.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace kiln::dist {
+
+struct FSDPModule::Private {};
+
+namespace {
+
+// Units not yet adopted by an ancestor's fully_shard, and which unit owns each parameter (so that
+// a module shared between two units is caught).
+struct Registry {
+  std::mutex mu;
+  std::vector<std::shared_ptr<FSDPModule>> unadopted;
+  std::unordered_map<const nn::Module*, std::weak_ptr<FSDPModule>> by_module;
+  std::unordered_map<const TensorImpl*, std::weak_ptr<FSDPModule>> by_param;
+};
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: units may outlive static destruction
+  return *r;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string shape_csv(IntArrayRef shape) {
+  std::string s;
+  for (size_t d = 0; d < shape.size(); ++d) s += (d ? "," : "") + std::to_string(shape[d]);
+  return s;
+}
+
+// A fingerprint of the parameter list (names, shapes, dtypes), equal on ranks holding the same
+// model.
+int64_t signature(const OrderedDict<std::string, Tensor>& params) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    h ^= v;
+    h *= 1099511628211ull;
+  };
+  mix(params.size());
+  for (const auto& item : params) {
+    for (char c : item.key()) mix(static_cast<unsigned char>(c));
+    mix(static_cast<uint64_t>(item.value().dtype()));
+    for (int64_t s : item.value().sizes()) mix(static_cast<uint64_t>(s));
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+}  // namespace
+
+// --- fully_shard --------------------------------------------------------------------------------
+
+std::shared_ptr<FSDPModule> fully_shard(const std::shared_ptr<nn::Module>& module,
+                                        std::shared_ptr<ProcessGroup> pg,
+                                        const FSDPOptions& options) {
+  KILN_CHECK(module != nullptr, "[fully_shard] the module is null");
+  KILN_CHECK(pg != nullptr, "[fully_shard] the process group is null");
+  for (auto dt : {options.mp_policy.param_dtype, options.mp_policy.reduce_dtype}) {
+    KILN_CHECK(!dt || is_floating_point(*dt), "[fully_shard] mixed precision dtypes must be ",
+               "floating, got ", dtype_name(*dt));
+  }
+  Registry& reg = registry();
+  // The lock is not held while the unit is made: its constructor runs collectives, and the ranks
+  // may be threads of one process (benchmarks/dist_bench.cpp).
+  std::unique_lock<std::mutex> lock(reg.mu);
+  if (auto it = reg.by_module.find(module.get());
+      it != reg.by_module.end() && !it->second.expired()) {
+    KILN_FAIL("[fully_shard] ", module->name(),
+              " is already sharded: fully_shard was called on it ",
+              "before (call it once per module)");
+  }
+  // The units of descendants that no one adopted yet become this unit's children.
+  std::unordered_set<const nn::Module*> below;
+  for (const auto& m : module->modules(/*include_self=*/false)) below.insert(m.get());
+  std::vector<std::shared_ptr<FSDPModule>> children;
+  for (auto it = reg.unadopted.begin(); it != reg.unadopted.end(); ++it) {
+    if (below.contains(&(*it)->module())) {
+      KILN_CHECK((*it)->process_group() == pg, "[fully_shard] ", module->name(), " and its ",
+                 "descendant ", (*it)->module().name(), " were sharded over different process ",
+                 "groups (use one group for a model)");
+      children.push_back(*it);
+    }
+  }
+  lock.unlock();
+  // The children are adopted only once the unit exists: a failed call leaves them as they were.
+  auto unit =
+      std::make_shared<FSDPModule>(FSDPModule::Private{}, module, std::move(pg), options, children);
+  lock.lock();
+  for (const auto& c : children) {
+    c->parent_ = unit.get();
+    std::erase(reg.unadopted, c);
+  }
+  reg.unadopted.push_back(unit);
+  reg.by_module[module.get()] = unit;
+  for (const std::string& name : unit->parameter_names()) {
+    reg.by_param[module->named_parameters()[name].impl()] = unit;
+  }
+  return unit;
+}
+
+FSDPModule::FSDPModule(const Private&, std::shared_ptr<nn::Module> module,
+                       std::shared_ptr<ProcessGroup> pg, const FSDPOptions& options,
+                       std::vector<std::shared_ptr<FSDPModule>> children)
+    : module_(std::move(module)),
+      pg_(std::move(pg)),
+      options_(options),
+      children_(std::move(children)) {
+  // The parameters below that a child unit owns.
+  std::unordered_set<const TensorImpl*> owned_below;
+  for (FSDPModule* u : subtree()) {
+    if (u == this) continue;
+    for (const Param& p : u->params_) owned_below.insert(p.param.impl());
+  }
+  const auto named = module_->named_parameters();
+  std::unique_lock<std::mutex> lock(registry().mu);
+  for (const auto& item : named) {
+    const Tensor& t = item.value();
+    if (!t.requires_grad() || owned_below.contains(t.impl())) continue;
+    auto it = registry().by_param.find(t.impl());
+    if (it != registry().by_param.end()) {
+      if (auto other = it->second.lock()) {
+        KILN_FAIL("[fully_shard] parameter '", item.key(), "' of ", module_->name(),
+                  " is already sharded by the fully_shard call on ", other->module().name(),
+                  ", which is not a descendant of ", module_->name(), " (a module shared by two ",
+                  "units: call fully_shard on a module that contains every use of it)");
+      }
+    }
+    Param p;
+    p.name = item.key();
+    p.param = t;
+    p.shape = Shape(t.sizes().begin(), t.sizes().end());
+    p.numel = t.numel();
+    params_.push_back(std::move(p));
+  }
+  lock.unlock();
+  const int world = pg_->size(), rank = pg_->rank();
+  if (!params_.empty()) {
+    dtype_ = params_[0].param.dtype();
+    const Device device = params_[0].param.device();
+    for (const Param& p : params_) {
+      KILN_CHECK(p.param.dtype() == dtype_ && is_floating_point(dtype_), "[fully_shard] ",
+                 module_->name(), ": parameter '", p.name, "' is ", dtype_name(p.param.dtype()),
+                 " but '", params_[0].name, "' is ", dtype_name(dtype_),
+                 " (one floating dtype per unit: shard the parts of other dtypes separately)");
+      KILN_CHECK(p.param.device() == device, "[fully_shard] ", module_->name(), ": parameter '",
+                 p.name, "' is on ", p.param.device().str(), " but '", params_[0].name, "' is on ",
+                 device.str(), " (one device per rank)");
+    }
+  }
+  NoGradGuard no_grad;
+  // Every rank must hold the same parameters; rank 0's values are taken (as DDP does), so that
+  // ranks that initialised differently still hold slices of one model.
+  const int64_t sig = signature(named);
+  const Device device = named.is_empty() ? Device(kCPU) : named.begin()->value().device();
+  Tensor lo = full({1}, sig, kInt64).to(device), hi = lo.clone();
+  pg_->all_reduce(lo, ReduceOp::kMin)->wait();
+  pg_->all_reduce(hi, ReduceOp::kMax)->wait();
+  KILN_CHECK(lo.item<int64_t>() == sig && hi.item<int64_t>() == sig, "[fully_shard] ",
+             module_->name(), ": the ranks hold different models (rank ", rank, " has ",
+             named.size(), " parameters whose names, shapes or dtypes differ from another ",
+             "rank's; build the same model on every rank)");
+  std::vector<std::shared_ptr<Work>> works;
+  for (Param& p : params_) works.push_back(pg_->broadcast(p.param, 0));
+  for (auto& w : works) w->wait();
+
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    p.shard = ceil_div(p.numel, world);
+    p.offset = packed_;
+    packed_ += p.shard;
+    // This rank's slice of the flattened parameter, padded with zeros past its end.
+    Tensor shard = zeros({p.shard}, p.param.options());
+    const int64_t begin = std::min<int64_t>(rank * p.shard, p.numel);
+    const int64_t len = std::min<int64_t>(p.shard, p.numel - begin);
+    if (len > 0)
+      shard.narrow(0, 0, len).copy_(p.param.detach().reshape({-1}).narrow(0, begin, len));
+    Tensor grad_shard;
+    if (p.param.grad().defined()) {
+      grad_shard = zeros({p.shard}, p.param.grad().options());
+      if (len > 0)
+        grad_shard.narrow(0, 0, len).copy_(p.param.grad().reshape({-1}).narrow(0, begin, len));
+    }
+    p.param.impl()->set_data(*shard.impl());
+    p.param.mutable_grad() = grad_shard;
+    p.hook = autograd::register_post_accumulate_grad_hook(
+        p.param, [this, i](const Tensor&) { on_grad_ready(i); });
+  }
+}
+
+FSDPModule::~FSDPModule() {
+  for (Param& p : params_) autograd::remove_post_accumulate_grad_hook(p.param, p.hook);
+  for (auto* w : {&gather_work_, &reduce_work_}) {
+    if (*w == nullptr) continue;
+    try {
+      (*w)->wait();
+    } catch (...) {
+    }
+  }
+}
+
+std::vector<std::string> FSDPModule::parameter_names() const {
+  std::vector<std::string> out;
+  for (const Param& p : params_) out.push_back(p.name);
+  return out;
+}
+
+int64_t FSDPModule::unsharded_numel() const {
+  int64_t n = 0;
+  for (const Param& p : params_) n += p.numel;
+  return n;
+}
+
+int64_t FSDPModule::sharded_numel() const { return packed_; }
+
+std::string FSDPModule::describe() const { return "the unit on " + module_->name(); }
+
+std::vector<FSDPModule*> FSDPModule::subtree() {
+  std::vector<FSDPModule*> out;
+  std::vector<FSDPModule*> stack{this};
+  while (!stack.empty()) {  // depth first, children in adoption order
+    FSDPModule* u = stack.back();
+    stack.pop_back();
+    out.push_back(u);
+    for (auto it = u->children_.rbegin(); it != u->children_.rend(); ++it)
+      stack.push_back(it->get());
+  }
+  return out;
+}
+
+FSDPModule& FSDPModule::root() {
+  FSDPModule* u = this;
+  while (u->parent_ != nullptr) u = u->parent_;
+  return *u;
+}
+
+// --- Gathering ----------------------------------------------------------------------------------
+
+void FSDPModule::launch_gather() {
+  if (unsharded_ || gather_work_ != nullptr || params_.empty()) return;
+  NoGradGuard no_grad;
+  const ScalarType compute = options_.mp_policy.param_dtype.value_or(dtype_);
+  std::vector<Tensor> pieces;
+  for (const Param& p : params_) pieces.push_back(p.param.detach());
+  Tensor packed = cat(pieces, 0).to(compute);
+  gather_buffer_ = empty({pg_->size() * packed_}, packed.options());
+  gather_work_ = pg_->all_gather_into_tensor(gather_buffer_, packed);
+  gather_input_ = packed;
+}
+
+void FSDPModule::finish_gather() {
+  if (unsharded_ || params_.empty()) return;
+  if (gather_work_ == nullptr) launch_gather();
+  NoGradGuard no_grad;
+  gather_work_->wait();
+  gather_work_ = nullptr;
+  const Tensor rows = gather_buffer_.view({pg_->size(), packed_});
+  for (Param& p : params_) {
+    // Row r holds rank r's slice; the flattened parameter is the rows' slices one after another.
+    Tensor full = rows.narrow(1, p.offset, p.shard)
+                      .reshape({-1})
+                      .narrow(0, 0, p.numel)
+                      .contiguous()
+                      .view(p.shape);
+    p.sharded = p.param.detach();
+    p.sharded_grad = p.param.grad();
+    p.param.mutable_grad() = Tensor();
+    p.param.impl()->set_data(*full.impl());
+    if (p.version_known) {
+      // The graph saved the parameter at the version the forward's gather had; the gather that
+      // backward triggers builds the data the same way, so this only evens out the counter.
+      while (p.param._version() < p.full_version) p.param.impl()->bump_version();
+      KILN_CHECK(p.param._version() == p.full_version, "[fully_shard] ", describe(),
+                 ": the gathered '", p.name, "' is at version ", p.param._version(),
+                 ", the forward saw version ", p.full_version);
+    }
+  }
+  gather_buffer_ = Tensor();
+  gather_input_ = Tensor();
+  unsharded_ = true;
+}
+
+void FSDPModule::unshard() { finish_gather(); }
+
+void FSDPModule::refresh_full() {
+  if (!unsharded_) return;
+  reshard();
+  for (Param& p : params_) p.version_known = false;
+  finish_gather();
+}
+
+void FSDPModule::reshard() {
+  if (gather_work_ != nullptr) finish_gather();  // a prefetch in flight: let it land first
+  if (!unsharded_) return;
+  for (Param& p : params_) {
+    p.param.impl()->set_data(*p.sharded.impl());
+    p.param.mutable_grad() = p.sharded_grad;
+    p.sharded = Tensor();
+    p.sharded_grad = Tensor();
+  }
+  unsharded_ = false;
+}
+
+// --- Forward ------------------------------------------------------------------------------------
+
+void FSDPModule::check_previous_backward() {
+  std::string missing;
+  std::string unit;
+  for (FSDPModule* u : subtree()) {
+    if (!u->backward_pending_) continue;
+    if (unit.empty()) {
+      unit = u->describe();
+      for (const Param& p : u->params_) {
+        if (p.expected && !p.ready) missing += (missing.empty() ? "'" : ", '") + p.name + "'";
+      }
+    }
+  }
+  if (unit.empty()) return;
+  abort_forward();
+  KILN_FAIL("[FSDPModule::run] the last backward did not finish: ", unit, " got no gradient for ",
+            missing, ", so its gradients were not reduce-scattered (run one backward through the ",
+            "outputs of every run(), reaching every parameter that requires grad)");
+}
+
+void FSDPModule::pre_forward() {
+  KILN_CHECK(is_root(), "[FSDPModule::run] ", describe(),
+             " was adopted by the fully_shard call on ", root().module().name(),
+             ": call run() on that root");
+  check_previous_backward();
+  const auto units = subtree();
+  for (FSDPModule* u : units) {
+    for (Param& p : u->params_) p.version_known = false;
+    u->launch_gather();  // every all-gather in flight before waiting for the first
+  }
+  for (FSDPModule* u : units) u->finish_gather();
+}
+
+void FSDPModule::abort_forward() {
+  for (FSDPModule* u : subtree()) {
+    for (Param& p : u->params_) {
+      p.expected = p.ready = false;
+    }
+    u->backward_pending_ = false;
+    u->expected_count_ = u->ready_count_ = 0;
+    if (u->reduce_work_ != nullptr) {
+      try {
+        u->reduce_work_->wait();
+      } catch (...) {
+      }
+      u->reduce_work_ = nullptr;
+    }
+    u->reshard();
+  }
+  units_to_reduce_ = 0;
+  backward_order_.clear();
+}
+
+void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs) {
+  const auto units = subtree();
+  bool needs_backward = false;
+  if (GradMode::is_enabled()) {
+    KILN_CHECK(outputs.has_value(), "[FSDPModule::run] the callable must return a Tensor, or a ",
+               "std::vector or std::tuple of Tensors, for the backward to be prepared");
+    for (const Tensor& t : *outputs) needs_backward |= t.defined() && t.requires_grad();
+  }
+  if (!needs_backward) {
+    for (FSDPModule* u : units) u->reshard();
+    return;
+  }
+  // Which unit parameter each leaf accumulator stands for.
+  std::unordered_map<const TensorImpl*, std::pair<FSDPModule*, size_t>> owner;
+  for (FSDPModule* u : units) {
+    for (size_t i = 0; i < u->params_.size(); ++i) owner[u->params_[i].param.impl()] = {u, i};
+  }
+  // Walk the graph: the nodes that read a unit's parameter get a hook gathering the unit.
+  std::unordered_set<const autograd::Node*> seen;
+  std::vector<std::shared_ptr<autograd::Node>> stack;
+  for (const Tensor& t : *outputs) {
+    if (t.defined() && t.grad_fn() != nullptr) stack.push_back(t.grad_fn());
+  }
+  while (!stack.empty()) {
+    std::shared_ptr<autograd::Node> node = std::move(stack.back());
+    stack.pop_back();
+    if (!seen.insert(node.get()).second) continue;
+    if (dynamic_cast<autograd::AccumulateGrad*>(node.get()) != nullptr) continue;
+    std::vector<std::weak_ptr<FSDPModule>> readers;
+    for (const auto& e : node->next_edges()) {
+      if (e.function == nullptr) continue;
+      if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(e.function.get())) {
+        auto it = owner.find(acc->variable().get());
+        if (it == owner.end()) continue;
+        auto [u, i] = it->second;
+        u->params_[i].expected = true;
+        readers.push_back(u->weak_from_this());
+      } else {
+        stack.push_back(e.function);
+      }
+    }
+    if (readers.empty()) continue;
+    auto hook = [readers](const Tensor&) {
+      for (const auto& w : readers) {
+        if (auto u = w.lock()) u->pre_backward();
+      }
+      return Tensor();
+    };
+    const size_t outs = std::max<size_t>(1, node->output_metas().size());
+    for (size_t k = 0; k < outs; ++k) node->add_pre_hook(static_cast<uint32_t>(k), hook);
+  }
+  units_to_reduce_ = 0;
+  backward_order_.clear();
+  for (auto it = units.rbegin(); it != units.rend(); ++it) {
+    FSDPModule* u = *it;
+    if (u->params_.empty()) continue;
+    u->expected_count_ = 0;
+    u->ready_count_ = 0;
+    for (Param& p : u->params_) {
+      u->expected_count_ += p.expected ? 1 : 0;
+      p.ready = false;
+      p.full_version = p.param._version();
+      p.version_known = true;
+    }
+    if (u->expected_count_ == 0) {
+      abort_forward();
+      KILN_FAIL("[FSDPModule::run] no parameter of ", u->describe(), " is reachable from the ",
+                "outputs, so its gradients would never be reduce-scattered (every unit must take ",
+                "part in the loss; shard unused parts separately, or run them outside run())");
+    }
+    u->backward_pending_ = true;
+    ++units_to_reduce_;
+    backward_order_.push_back(u);
+  }
+  for (FSDPModule* u : units) {
+    if (u != this && u->options_.reshard_after_forward) u->reshard();
+  }
+}
+
+// --- Backward -----------------------------------------------------------------------------------
+
+void FSDPModule::pre_backward() {
+  if (!backward_pending_ || reduce_work_ != nullptr) return;
+  finish_gather();
+  // Prefetch: units finish backward in backward_order_, so the first one still pending and not
+  // gathered is the next that backward reaches; its all-gather runs while this unit computes.
+  for (FSDPModule* u : root().backward_order_) {
+    if (u == this || !u->backward_pending_ || u->unsharded_) continue;
+    u->launch_gather();  // no-op when its gather is in flight already
+    break;
+  }
+}
+
+void FSDPModule::on_grad_ready(size_t i) {
+  Param& p = params_[i];
+  KILN_CHECK(backward_pending_ && p.expected, "[fully_shard] parameter '", p.name, "' of ",
+             describe(), " got a gradient outside a backward of the outputs of the root's run() ",
+             "(call the model through run(), and run one backward per run())");
+  KILN_CHECK(!p.ready, "[fully_shard] parameter '", p.name, "' of ", describe(),
+             " got a gradient twice in one backward");
+  p.ready = true;
+  if (++ready_count_ == expected_count_) launch_reduce();
+}
+
+void FSDPModule::launch_reduce() {
+  NoGradGuard no_grad;
+  const ScalarType reduce =
+      options_.mp_policy.reduce_dtype.value_or(options_.mp_policy.param_dtype.value_or(dtype_));
+  const int world = pg_->size();
+  const Device device = params_[0].param.device();
+  // Row r of the packed gradient holds the slices rank r keeps, laid out as the packed shard.
+  Tensor packed = zeros({world * packed_}, TensorOptions().dtype(reduce).device(device));
+  Tensor rows = packed.view({world, packed_});
+  for (Param& p : params_) {
+    const Tensor& g = p.param.grad();
+    if (!g.defined()) continue;
+    Tensor flat = g.reshape({-1}).to(reduce);
+    const int64_t pad = world * p.shard - p.numel;
+    if (pad > 0) flat = cat({flat, zeros({pad}, flat.options())}, 0);
+    rows.narrow(1, p.offset, p.shard).copy_(flat.view({world, p.shard}));
+    p.param.mutable_grad() = Tensor();
+  }
+  reduce_output_ = empty({packed_}, packed.options());
+  reduce_input_ = packed;
+  reduce_work_ = pg_->reduce_scatter_tensor(reduce_output_, packed, ReduceOp::kAvg);
+  backward_pending_ = false;
+  reshard();  // the full parameters and gradients go now; the shards' grads come at the end
+  FSDPModule& r = root();
+  if (--r.units_to_reduce_ == 0) r.finish_backward();
+}
+
+void FSDPModule::finish_backward() {
+  NoGradGuard no_grad;
+  for (FSDPModule* u : subtree()) {
+    if (u->reduce_work_ == nullptr) continue;
+    u->reduce_work_->wait();
+    u->reduce_work_ = nullptr;
+    for (Param& p : u->params_) {
+      p.expected = p.ready = false;
+      Tensor g = u->reduce_output_.narrow(0, p.offset, p.shard).to(u->dtype_, /*copy=*/true);
+      if (p.param.grad().defined()) {
+        Tensor acc = p.param.grad();
+        acc.add_(g);
+      } else {
+        p.param.mutable_grad() = g;
+      }
+    }
+    u->reduce_output_ = Tensor();
+    u->reduce_input_ = Tensor();
+  }
+  backward_order_.clear();
+}
+
+// --- State dicts --------------------------------------------------------------------------------
+
+std::vector<Tensor> FSDPModule::gather_full(ScalarType dtype) const {
+  std::vector<Tensor> out;
+  if (params_.empty()) return out;
+  NoGradGuard no_grad;
+  std::vector<Tensor> pieces;
+  for (const Param& p : params_) pieces.push_back(unsharded_ ? p.sharded : p.param.detach());
+  Tensor packed = cat(pieces, 0).to(dtype);
+  Tensor buffer = empty({pg_->size() * packed_}, packed.options());
+  pg_->all_gather_into_tensor(buffer, packed)->wait();
+  const Tensor rows = buffer.view({pg_->size(), packed_});
+  for (const Param& p : params_) {
+    out.push_back(rows.narrow(1, p.offset, p.shard)
+                      .reshape({-1})
+                      .narrow(0, 0, p.numel)
+                      .contiguous()
+                      .view(p.shape));
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> FSDPModule::full_state_dict(bool rank0_only) {
+  std::map<std::string, Tensor> out = module_->state_dict();
+  std::unordered_map<const TensorImpl*, std::string> name_of;
+  for (const auto& item : module_->named_parameters()) name_of[item.value().impl()] = item.key();
+  for (FSDPModule* u : subtree()) {
+    const auto fulls = u->gather_full(u->dtype_);
+    for (size_t i = 0; i < fulls.size(); ++i)
+      out[name_of.at(u->params_[i].param.impl())] = fulls[i];
+  }
+  if (rank0_only && pg_->rank() != 0) return {};
+  return out;
+}
+
+void FSDPModule::load_full_state_dict(const std::map<std::string, Tensor>& state_dict) {
+  std::unordered_map<const TensorImpl*, std::pair<FSDPModule*, size_t>> owner;
+  for (FSDPModule* u : subtree()) {
+    for (size_t i = 0; i < u->params_.size(); ++i) owner[u->params_[i].param.impl()] = {u, i};
+  }
+  const auto mine = module_->state_dict();
+  const auto named = module_->named_parameters();
+  std::vector<std::string> problems;
+  for (const auto& [name, t] : mine) {
+    auto it = state_dict.find(name);
+    if (it == state_dict.end()) {
+      problems.push_back("missing '" + name + "'");
+      continue;
+    }
+    Shape want(t.sizes().begin(), t.sizes().end());
+    if (const Tensor* p = named.find(name)) {
+      if (auto o = owner.find(p->impl()); o != owner.end()) {
+        want = o->second.first->params_[o->second.second].shape;
+      }
+    }
+    if (Shape(it->second.sizes().begin(), it->second.sizes().end()) != want) {
+      problems.push_back("'" + name + "' has shape " + shape_str(it->second.sizes()) +
+                         ", the model's is " + shape_str(want));
+    }
+  }
+  for (const auto& [name, t] : state_dict) {
+    if (!mine.contains(name)) problems.push_back("unexpected '" + name + "'");
+  }
+  if (!problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+    KILN_FAIL("[FSDPModule::load_full_state_dict] the state dict does not fit ", module_->name(),
+              ": ", all);
+  }
+  NoGradGuard no_grad;
+  const int rank = pg_->rank();
+  for (const auto& [name, t] : mine) {
+    const Tensor& src = state_dict.at(name);
+    const Tensor* p = named.find(name);
+    auto o = p == nullptr ? owner.end() : owner.find(p->impl());
+    if (o == owner.end()) {
+      Tensor dst = t;
+      dst.copy_(src);
+      continue;
+    }
+    FSDPModule& u = *o->second.first;
+    const Param& q = u.params_[o->second.second];
+    Tensor shard = u.unsharded_ ? q.sharded : q.param.detach();
+    shard.zero_();
+    const int64_t begin = std::min<int64_t>(rank * q.shard, q.numel);
+    const int64_t len = std::min<int64_t>(q.shard, q.numel - begin);
+    if (len > 0) shard.narrow(0, 0, len).copy_(src.reshape({-1}).narrow(0, begin, len));
+  }
+  for (FSDPModule* u : subtree()) u->refresh_full();
+}
+
+std::map<std::string, Tensor> FSDPModule::sharded_state_dict() const {
+  std::map<std::string, Tensor> out = module_->state_dict();
+  std::unordered_map<const TensorImpl*, std::string> name_of;
+  for (const auto& item : module_->named_parameters()) name_of[item.value().impl()] = item.key();
+  for (FSDPModule* u : const_cast<FSDPModule*>(this)->subtree()) {
+    for (const Param& p : u->params_) {
+      out[name_of.at(p.param.impl())] = u->unsharded_ ? p.sharded : p.param.detach();
+    }
+  }
+  return out;
+}
+
+void FSDPModule::load_sharded_state_dict(const std::map<std::string, Tensor>& state_dict) {
+  const auto mine = sharded_state_dict();
+  const int world = pg_->size();
+  std::vector<std::string> problems;
+  for (const auto& [name, t] : mine) {
+    auto it = state_dict.find(name);
+    if (it == state_dict.end()) {
+      problems.push_back("missing '" + name + "'");
+    } else if (it->second.sizes() != t.sizes()) {
+      problems.push_back("'" + name + "' has shape " + shape_str(it->second.sizes()) +
+                         ", this rank's is " + shape_str(t.sizes()));
+    }
+  }
+  for (const auto& [name, t] : state_dict) {
+    if (!mine.contains(name)) problems.push_back("unexpected '" + name + "'");
+  }
+  if (!problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+    KILN_FAIL("[FSDPModule::load_sharded_state_dict] the state dict does not fit ", module_->name(),
+              " sharded over ", world, " ranks (shards of another world size ",
+              "do not load here: use load_full_state_dict or load_sharded_checkpoint): ", all);
+  }
+  NoGradGuard no_grad;
+  for (const auto& [name, t] : mine) {
+    Tensor dst = t;
+    dst.copy_(state_dict.at(name));
+  }
+  for (FSDPModule* u : subtree()) u->refresh_full();
+}
+
+namespace {
+std::string shard_file(const std::string& dir, int rank, int world) {
+  return dir + "/shard-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
+}
+}  // namespace
+
+void FSDPModule::save_sharded_checkpoint(const std::string& dir) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  KILN_CHECK(!ec, "[FSDPModule::save_sharded_checkpoint] cannot create ", dir, ": ", ec.message());
+  const int rank = pg_->rank(), world = pg_->size();
+  std::map<std::string, Tensor> tensors = sharded_state_dict();
+  SafetensorsMetadata meta{{"fsdp_world_size", std::to_string(world)},
+                           {"fsdp_rank", std::to_string(rank)}};
+  std::unordered_map<const TensorImpl*, std::string> name_of;
+  for (const auto& item : module_->named_parameters()) name_of[item.value().impl()] = item.key();
+  for (FSDPModule* u : const_cast<FSDPModule*>(this)->subtree()) {
+    for (const Param& p : u->params_)
+      meta["shape:" + name_of.at(p.param.impl())] = shape_csv(p.shape);
+  }
+  save_safetensors(tensors, shard_file(dir, rank, world), meta);
+  pg_->barrier()->wait();  // every file is in place when any rank returns
+}
+
+void FSDPModule::load_sharded_checkpoint(const std::string& dir) {
+  const char* op = "[FSDPModule::load_sharded_checkpoint]";
+  int old_world = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    int r = 0, w = 0;
+    char tail[16] = {};
+    if (std::sscanf(f.c_str(), "shard-%d-of-%d.%15s", &r, &w, tail) == 3 && r == 0 &&
+        std::string(tail) == "safetensors") {
+      old_world = w;
+    }
+  }
+  KILN_CHECK(!ec, op, " cannot read ", dir, ": ", ec.message());
+  KILN_CHECK(old_world > 0, op, " ", dir, " holds no shard-0-of-N.safetensors (not a sharded ",
+             "checkpoint)");
+  std::vector<SafetensorsFile> files;
+  for (int k = 0; k < old_world; ++k) {
+    const std::string path = shard_file(dir, k, old_world);
+    KILN_CHECK(std::filesystem::exists(path), op, " ", path, " is missing: the checkpoint was ",
+               "written by ", old_world, " ranks and needs all their files");
+    files.emplace_back(path);
+  }
+  std::unordered_map<const TensorImpl*, std::pair<FSDPModule*, size_t>> owner;
+  for (FSDPModule* u : subtree()) {
+    for (size_t i = 0; i < u->params_.size(); ++i) owner[u->params_[i].param.impl()] = {u, i};
+  }
+  const auto named = module_->named_parameters();
+  // Everything that is not a sharded parameter is whole in every file: take rank 0's.
+  std::map<std::string, Tensor> whole;
+  for (const auto& [name, t] : module_->state_dict()) {
+    const Tensor* p = named.find(name);
+    if (p != nullptr && owner.contains(p->impl())) continue;
+    KILN_CHECK(files[0].contains(name), op, " ", files[0].name(), " has no '", name, "'");
+    whole[name] = files[0].get(name);
+  }
+  NoGradGuard no_grad;
+  const int rank = pg_->rank();
+  for (const auto& item : named) {
+    auto o = owner.find(item.value().impl());
+    if (o == owner.end()) continue;
+    FSDPModule& u = *o->second.first;
+    const Param& q = u.params_[o->second.second];
+    const auto& meta = files[0].metadata();
+    auto m = meta.find("shape:" + item.key());
+    KILN_CHECK(m != meta.end(), op, " ", files[0].name(), " has no '", item.key(), "'");
+    KILN_CHECK(m->second == shape_csv(q.shape), op, " '", item.key(), "' has shape [", m->second,
+               "] in ", dir, ", the model's is ", shape_str(q.shape));
+    const int64_t old_shard = ceil_div(q.numel, old_world);
+    Tensor shard = u.unsharded_ ? q.sharded : q.param.detach();
+    shard.zero_();
+    const int64_t begin = std::min<int64_t>(rank * q.shard, q.numel);
+    const int64_t end = std::min<int64_t>(begin + q.shard, q.numel);
+    for (int k = 0; k < old_world && begin < end; ++k) {
+      const int64_t lo = std::max<int64_t>(begin, k * old_shard);
+      const int64_t hi = std::min<int64_t>(end, (k + 1) * old_shard);
+      if (lo >= hi) continue;
+      Tensor src = files[k].get(item.key());
+      KILN_CHECK(src.numel() == old_shard, op, " '", item.key(), "' in ", files[k].name(), " has ",
+                 src.numel(), " elements, expected ", old_shard);
+      shard.narrow(0, lo - begin, hi - lo).copy_(src.narrow(0, lo - k * old_shard, hi - lo));
+    }
+  }
+  for (const auto& [name, t] : module_->state_dict()) {
+    auto it = whole.find(name);
+    if (it == whole.end()) continue;
+    Tensor dst = t;
+    dst.copy_(it->second);
+  }
+  for (FSDPModule* u : subtree()) u->refresh_full();
+}
+
+}  // namespace kiln::dist

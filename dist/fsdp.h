@@ -1,0 +1,225 @@
+// kiln::dist::fully_shard: fully sharded data parallelism (ZeRO-3), after PyTorch's FSDP2. Every
+// parameter is flattened and split evenly over the ranks (the last shard padded with zeros); each
+// rank keeps only its shard, so the optimizer built over the module's parameters keeps its state
+// for that shard only. The full parameters exist only while they are needed: gathered for the
+// forward, freed after it, gathered again (the next unit's gather prefetched) for the backward,
+// and the full gradients are reduce-scattered (averaged over the ranks) into the shards' grad().
+//
+//   auto pg = kiln::dist::init_process_group("gloo");
+//   kiln::models::GPT model(cfg);                               // same seed on every rank
+//   for (auto& block : *model->h) kiln::dist::fully_shard(block, pg);   // one unit per block
+//   auto fsdp = kiln::dist::fully_shard(model, pg);             // the root: the rest
+//   kiln::optim::AdamW opt(model->parameters(), 1e-3);          // the shards
+//   for (...) {
+//     opt.zero_grad();
+//     auto loss = fsdp->run([&] { return model->loss(x_of_this_rank, y_of_this_rank); });
+//     loss.backward();                                          // shards' grads averaged
+//     opt.step();                                               // each rank updates its shard
+//   }
+//   auto full = fsdp->full_state_dict();                        // on rank 0: full tensors
+//   if (pg->rank() == 0) kiln::save_safetensors(full, "model.safetensors");
+//
+// Units: each fully_shard call makes a unit of the module's parameters that no earlier call (on
+// a descendant) took; the call on an ancestor adopts the descendants' units, and the top one is
+// the root. One all-gather and one reduce-scatter per unit and step (its shards are packed into
+// one buffer), as FSDP2's parameter groups.
+//
+// Forward: kiln's modules have no forward hooks (forward is a plain member function, and GPT
+// calls its blocks directly), so the root's run() gathers every unit (all the all-gathers in
+// flight at once), runs the callable, then frees the full parameters of the units that reshard
+// after forward. The peak of a forward therefore holds the full model's parameters; the shards
+// are what stays between steps, and backward holds at most the units it is working on.
+// Backward: run() finds, in the graph of its outputs, the nodes that read each unit's
+// parameters; a hook on those nodes gathers the unit when backward reaches it and starts the
+// gather of the unit that comes next in backward. Once every parameter of a unit has its full
+// gradient (post-accumulate-grad hooks, autograd/hooks.h) the unit reduce-scatters them
+// (ReduceOp::kAvg) and frees its full parameters and gradients; the last unit waits for all the
+// reductions and writes the averaged shard gradients into grad().
+//
+// At rest each parameter is a 1-d tensor of ceil(numel / world) elements (its shard), with the
+// same identity as before (members and optimizers keep working); full_state_dict() gives the
+// full tensors under the module's names, load_full_state_dict() takes them back, and
+// save_sharded_checkpoint() / load_sharded_checkpoint() write one file per rank, loadable at
+// another world size.
+//
+// Pitfalls:
+// - Call the model through the root's run() (or unshard() it first): outside, the parameters are
+//   1-d shards and the model's ops fail on their shapes.
+// - The loss should be a mean over the rank's batch, as with DDP: the average of the ranks'
+//   gradients is then the gradient of the global batch.
+// - Every parameter of a unit that requires grad must be reachable from run()'s outputs
+//   (otherwise the unit's reduce-scatter would never start); a unit with none is refused.
+//   Parameters that do not require grad are left whole (not sharded).
+// - One backward per run(); the next run() fails if a backward did not reach every unit.
+// - Build the same model with the same initial values on every rank (same seed, or load a full
+//   state dict): fully_shard keeps each rank's own slice of its own values.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/ddp.h"
+#include "dist/process_group.h"
+#include "nn/module.h"
+
+namespace kiln::dist {
+
+// FSDP2's MixedPrecisionPolicy: shards (and the optimizer) stay in the parameters' dtype.
+struct MixedPrecisionPolicy {
+  // The dtype the parameters are gathered in, for forward and backward (e.g. kBFloat16).
+  std::optional<ScalarType> param_dtype;
+  // The dtype of the gradients' reduce-scatter (default: param_dtype, else the parameters').
+  std::optional<ScalarType> reduce_dtype;
+};
+
+struct FSDPOptions {
+  // Free the gathered parameters after the forward and gather them again in backward (ZeRO-3);
+  // false keeps them from the forward to the end of backward (fewer collectives, more memory).
+  // The root's own parameters are kept until backward either way, as FSDP2 does.
+  bool reshard_after_forward = true;
+  MixedPrecisionPolicy mp_policy;
+};
+
+class FSDPModule;
+
+// Shards `module`'s parameters over `pg` (see the banner). Fails when the module is already
+// sharded, or when one of its parameters belongs to a unit that is not a descendant (a module
+// shared between two units).
+std::shared_ptr<FSDPModule> fully_shard(const std::shared_ptr<nn::Module>& module,
+                                        std::shared_ptr<ProcessGroup> pg,
+                                        const FSDPOptions& options = {});
+template <nn::ModuleHolderType H>
+std::shared_ptr<FSDPModule> fully_shard(const H& holder, std::shared_ptr<ProcessGroup> pg,
+                                        const FSDPOptions& options = {}) {
+  return fully_shard(std::static_pointer_cast<nn::Module>(holder.ptr()), std::move(pg), options);
+}
+
+class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
+ public:
+  ~FSDPModule();
+  FSDPModule(const FSDPModule&) = delete;
+  FSDPModule& operator=(const FSDPModule&) = delete;
+
+  // Runs `f` (a forward of the module: a callable returning a Tensor, or a std::vector or
+  // std::tuple of Tensors) with every unit of this root gathered; prepares the backward of its
+  // outputs and reshards. Root only.
+  template <typename F>
+  auto run(F&& f) {
+    pre_forward();
+    try {
+      auto out = f();
+      post_forward(internal::output_tensors(out));
+      return out;
+    } catch (...) {
+      abort_forward();
+      throw;
+    }
+  }
+
+  // Gathers (blocking) or frees this unit's full parameters by hand.
+  void unshard();
+  void reshard();
+  bool is_unsharded() const { return unsharded_; }
+
+  nn::Module& module() const { return *module_; }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return pg_; }
+  const FSDPOptions& options() const { return options_; }
+  // The units this one adopted (direct children), and whether this is a root.
+  const std::vector<std::shared_ptr<FSDPModule>>& children() const { return children_; }
+  bool is_root() const { return parent_ == nullptr; }
+  // This unit's parameters' names (relative to its module), full element counts, and the
+  // elements this rank holds (padding included).
+  std::vector<std::string> parameter_names() const;
+  int64_t unsharded_numel() const;
+  int64_t sharded_numel() const;
+
+  // State dicts, over this unit and every unit below it, keyed as module().state_dict()
+  // (buffers included). Collective: every rank must call. full_state_dict gives full tensors in
+  // the shards' dtype on rank 0 (every rank when !rank0_only); load_full_state_dict takes the
+  // same on every rank (missing, unexpected or misshapen keys are an error listing them).
+  std::map<std::string, Tensor> full_state_dict(bool rank0_only = true);
+  void load_full_state_dict(const std::map<std::string, Tensor>& state_dict);
+  // This rank's shards (1-d, padded), keyed by name; loading checks that the shards were made
+  // for this world size.
+  std::map<std::string, Tensor> sharded_state_dict() const;
+  void load_sharded_state_dict(const std::map<std::string, Tensor>& state_dict);
+  // Each rank writes <dir>/shard-<rank>-of-<world>.safetensors atomically (its shards without
+  // padding, and the full shapes); loading reads the files of whatever world size wrote them
+  // and takes this rank's slice. Collective (a barrier ends the save).
+  void save_sharded_checkpoint(const std::string& dir) const;
+  void load_sharded_checkpoint(const std::string& dir);
+
+  // For fully_shard.
+  friend std::shared_ptr<FSDPModule> fully_shard(const std::shared_ptr<nn::Module>& module,
+                                                 std::shared_ptr<ProcessGroup> pg,
+                                                 const FSDPOptions& options);
+  struct Private;
+  FSDPModule(const Private&, std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> pg,
+             const FSDPOptions& options, std::vector<std::shared_ptr<FSDPModule>> children);
+
+ private:
+  struct Param {
+    std::string name;           // relative to module_
+    Tensor param;               // the module's tensor (its data swapped between shard and full)
+    Shape shape;                // the full shape
+    int64_t numel = 0;          // full elements
+    int64_t shard = 0;          // elements per rank (ceil(numel / world))
+    int64_t offset = 0;         // in the unit's packed shard
+    Tensor sharded;             // the shard's data while the parameter holds the full one
+    Tensor sharded_grad;        // the shard's gradient while the parameter holds the full one
+    uint64_t full_version = 0;  // the full data's version counter when the forward saw it
+    bool version_known = false;
+    unsigned hook = 0;
+    bool expected = false;  // reached from the last run()'s outputs
+    bool ready = false;     // its full gradient has arrived in this backward
+  };
+
+  void pre_forward();
+  void post_forward(const std::optional<std::vector<Tensor>>& outputs);
+  void abort_forward();
+  // This unit and every unit below, in pre-order (the forward order of a model whose children
+  // run in registration order).
+  std::vector<FSDPModule*> subtree();
+  FSDPModule& root();
+  // Starts the all-gather of the packed shards (no-op if unsharded or already started).
+  void launch_gather();
+  // Waits for it and points the parameters at the full tensors.
+  void finish_gather();
+  // After a load changed the shards under a gathered unit: gathers the full parameters again.
+  void refresh_full();
+  void pre_backward();
+  void on_grad_ready(size_t i);
+  void launch_reduce();
+  void finish_backward();
+  void check_previous_backward();
+  // The unit's full parameters in `dtype`, gathered without touching the module (state dicts).
+  std::vector<Tensor> gather_full(ScalarType dtype) const;
+  std::string describe() const;
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> pg_;
+  FSDPOptions options_;
+  std::vector<std::shared_ptr<FSDPModule>> children_;
+  FSDPModule* parent_ = nullptr;
+  std::vector<Param> params_;
+  ScalarType dtype_ = kFloat;  // the shards'
+  int64_t packed_ = 0;         // elements of the packed shard (sum of shard sizes)
+  bool unsharded_ = false;
+  std::shared_ptr<Work> gather_work_;
+  Tensor gather_input_, gather_buffer_;  // kept alive while the all-gather runs
+  // Backward bookkeeping.
+  bool backward_pending_ = false;
+  size_t expected_count_ = 0;
+  size_t ready_count_ = 0;
+  std::shared_ptr<Work> reduce_work_;
+  Tensor reduce_input_, reduce_output_;
+  // Root only: the units of this root whose reduction has not been launched yet in this
+  // backward, and the order in which backward is expected to reach them.
+  size_t units_to_reduce_ = 0;
+  std::vector<FSDPModule*> backward_order_;
+};
+
+}  // namespace kiln::dist

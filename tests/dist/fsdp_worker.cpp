@@ -1,0 +1,445 @@
+// fsdp_worker SCENARIO: one rank of a multi-process FSDP test (tests/dist/fsdp_test.cpp starts
+// the ranks through spawn.h). Each scenario trains or checks a fully_shard model against the same
+// model in this process without sharding, and exits 0 when every check held; a failed check
+// prints what differed and exits 1.
+//
+// Tolerances: the models are in float64, where the sharded run and the one-process run differ
+// only in the order of the reductions (each rank's mean over its part, then the average over the
+// ranks, instead of one mean over the global batch): a few ulps per step, so 1e-9 relative holds
+// with a wide margin after a few AdamW steps (AdamW divides by sqrt(v) + eps; with eps 1e-8 a
+// rounding error of 1e-16 relative in a gradient moves an update by at most ~1e-8 of lr).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "dist/dist.h"
+#include "dist/fsdp.h"
+#include "kiln.h"
+#include "models/gpt.h"
+
+namespace {
+
+using namespace kiln;
+using namespace kiln::dist;
+
+struct CheckFailed {
+  std::string what;
+};
+
+#define WCHECK(cond, ...)                                                               \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      throw CheckFailed{::kiln::internal::str_cat(__FILE__, ":", __LINE__, ": ", #cond, \
+                                                  " failed: ", __VA_ARGS__)};           \
+    }                                                                                   \
+  } while (0)
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  WCHECK(got.sizes() == want.sizes(), what, ": shape ", shape_str(got.sizes()), " vs ",
+         shape_str(want.sizes()));
+  const auto g = got.to_vector<double>();
+  const auto w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) {
+    WCHECK(std::abs(g[i] - w[i]) <= tol * (1 + std::abs(w[i])), what, ": element ", i, " is ", g[i],
+           ", expected ", w[i]);
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_error(const std::function<void()>& f, const std::string& needle,
+                  const std::string& what) {
+  const std::string e = error_of(f);
+  WCHECK(e.find(needle) != std::string::npos, what, ": expected an error containing '", needle,
+         "', got '", e, "'");
+  std::cout << "rank error (" << what << "): " << e << "\n";
+}
+
+InitOptions short_timeout(int ms) {
+  InitOptions o;
+  o.timeout = std::chrono::milliseconds(ms);
+  return o;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// --- A small MLP: three Linear layers, one unit each, and the root holding a scale -------------
+
+struct MlpImpl : nn::Module {
+  MlpImpl() {
+    fc1 = register_module("fc1", nn::Linear(8, 16));
+    fc2 = register_module("fc2", nn::Linear(16, 16));
+    fc3 = register_module("fc3", nn::Linear(16, 4));
+    scale = register_parameter("scale", ones({4}));
+  }
+  Tensor forward(const Tensor& x) { return fc3(fc2(fc1(x).tanh()).tanh()) * scale; }
+  nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  Tensor scale;
+};
+KILN_MODULE(Mlp);
+
+Mlp make_mlp(uint64_t seed) {
+  manual_seed(seed);
+  Mlp m;
+  m->to(kDouble);
+  return m;
+}
+
+Tensor mse(const Tensor& out, const Tensor& y) { return (out - y).square().mean(); }
+
+// Compares every full parameter of the sharded model with the reference's.
+void expect_same_weights(FSDPModule& fsdp, nn::Module& ref, double tol, const std::string& when) {
+  const auto full = fsdp.full_state_dict(/*rank0_only=*/false);
+  const auto want = ref.state_dict();
+  WCHECK(full.size() == want.size(), when, ": ", full.size(), " entries vs ", want.size());
+  for (const auto& [name, t] : want) {
+    WCHECK(full.contains(name), when, ": no '", name, "' in the full state dict");
+    expect_close(full.at(name), t, tol, when + ": " + name);
+  }
+}
+
+// fully_shard == one process on the global batch: losses after every step, full weights after
+// every step, shard sizes; the first step's shard gradients against slices of the reference's;
+// the last step accumulates two micro-batches.
+void fsdp_mlp() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t local = 3, global = local * n;
+  Mlp ref = make_mlp(100);
+  Mlp model = make_mlp(100 + r);  // rank 0's values win
+  auto u1 = fully_shard(model->fc1, pg);
+  FSDPOptions keep;
+  keep.reshard_after_forward = false;  // fc2 stays gathered from forward to backward
+  auto u2 = fully_shard(model->fc2, pg, keep);
+  auto u3 = fully_shard(model->fc3, pg);
+  auto root = fully_shard(model, pg);
+  WCHECK(root->is_root() && !u1->is_root() && root->children().size() == 3,
+         "the root adopts the three units");
+  WCHECK(root->parameter_names() == std::vector<std::string>{"scale"}, "the root keeps 'scale'");
+  // Every parameter is a 1-d shard of ceil(numel / world) elements.
+  int64_t held = 0, total = 0;
+  for (auto* u : {u1.get(), u2.get(), u3.get(), root.get()}) {
+    held += u->sharded_numel();
+    total += u->unsharded_numel();
+  }
+  WCHECK(model->fc1->weight.sizes() == Shape({ceil_div(128, n)}), "fc1.weight shard ",
+         shape_str(model->fc1->weight.sizes()));
+  WCHECK(model->fc3->bias.sizes() == Shape({ceil_div(4, n)}), "fc3.bias shard");
+  WCHECK(total == 8 * 16 + 16 + 16 * 16 + 16 + 16 * 4 + 4 + 4, "unsharded numel ", total);
+  WCHECK(held * n < total + 7 * n, "held ", held, " elements of ", total, " over ", n, " ranks");
+  expect_same_weights(*root, *ref, 0, "initial weights are rank 0's");
+
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(0.01).weight_decay(0.1));
+  optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(0.01).weight_decay(0.1));
+  manual_seed(7);  // the same global batches on every rank
+  for (int step = 0; step < 5; ++step) {
+    const int micro = step == 4 ? 2 : 1;
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    double loss_sum = 0, ref_sum = 0;
+    for (int k = 0; k < micro; ++k) {
+      Tensor x = randn({global, 8}, kDouble), y = randn({global, 4}, kDouble);
+      Tensor mx = x.narrow(0, r * local, local), my = y.narrow(0, r * local, local);
+      Tensor loss = root->run([&] { return mse(model(mx), my); });
+      WCHECK(!model->fc1->weight.sizes().empty() && model->fc1->weight.dim() == 1,
+             "fc1 is resharded after forward");
+      WCHECK(model->fc2->weight.dim() == 2, "fc2 (reshard_after_forward=false) stays gathered");
+      loss.backward();
+      WCHECK(model->fc2->weight.dim() == 1, "fc2 is resharded after backward");
+      loss_sum += loss.item<double>();
+      Tensor ref_loss = mse(ref(x), y);
+      ref_loss.backward();
+      ref_sum += ref_loss.item<double>();
+    }
+    Tensor l = full({1}, loss_sum, kDouble);
+    pg->all_reduce(l, ReduceOp::kAvg)->wait();
+    WCHECK(std::abs(l.item<double>() - ref_sum) < 1e-12 * (1 + ref_sum), "step ", step, ": loss ",
+           l.item<double>(), " vs one process ", ref_sum);
+    if (step == 0 || step == 4) {
+      // The shard's gradient is this rank's slice of the global gradient.
+      const Tensor g = ref->fc1->weight.grad().reshape({-1});
+      const int64_t s = ceil_div(g.numel(), n), begin = std::min<int64_t>(r * s, g.numel());
+      const int64_t len = std::min<int64_t>(s, g.numel() - begin);
+      WCHECK(model->fc1->weight.grad().numel() == s, "the shard gradient has ", s, " elements");
+      expect_close(model->fc1->weight.grad().narrow(0, 0, len), g.narrow(0, begin, len), 1e-12,
+                   "fc1.weight shard gradient at step " + std::to_string(step));
+    }
+    opt.step();
+    ref_opt.step();
+    expect_same_weights(*root, *ref, 1e-9, "after step " + std::to_string(step));
+  }
+  // The shard padding (past the end of a parameter) stays zero through AdamW.
+  if (r == n - 1 && 4 % n != 0) {
+    const auto b = model->fc3->bias.to_vector<double>();
+    WCHECK(b.back() == 0, "padding of fc3.bias is ", b.back());
+  }
+  std::cout << "rank " << r << ": fsdp mlp == one process\n";
+}
+
+// --- The tiny Llama
+// -------------------------------------------------------------------------------
+
+models::ModelConfig tiny_llama() { return models::ModelConfig::from_name("tiny-llama"); }
+
+models::GPT make_gpt(uint64_t seed, ScalarType dtype = kDouble) {
+  manual_seed(seed);
+  return models::GPT(tiny_llama(), TensorOptions().dtype(dtype));
+}
+
+// Each block a unit (block 0 keeps its parameters from forward to backward), the root holds the
+// embedding, the final norm and the head; AdamW; 3 steps.
+void fsdp_llama() {
+  auto pg = init_process_group("gloo", short_timeout(30000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t local = 1, global = local * n, T = 16;
+  models::GPT ref = make_gpt(11);
+  models::GPT model = make_gpt(11);
+  std::vector<std::shared_ptr<FSDPModule>> blocks;
+  for (size_t l = 0; l < model->h->size(); ++l) {
+    FSDPOptions o;
+    o.reshard_after_forward = l != 0;
+    blocks.push_back(fully_shard(model->h[l], pg, o));
+  }
+  auto root = fully_shard(model, pg);
+  const int64_t total = ref->num_parameters();
+  int64_t held = root->sharded_numel(), counted = root->unsharded_numel();
+  for (auto& b : blocks) {
+    held += b->sharded_numel();
+    counted += b->unsharded_numel();
+  }
+  WCHECK(counted == total, "the units hold ", counted, " of ", total, " parameters");
+  // ceil per parameter: at most one element of padding per parameter and rank.
+  const int64_t num_params = static_cast<int64_t>(ref->parameters().size());
+  WCHECK(held <= total / n + num_params, "rank ", r, " holds ", held, " elements, more than ",
+         total, " / ", n, " + ", num_params);
+  for (const auto& p : model->parameters()) WCHECK(p.dim() == 1, "a parameter is not sharded");
+
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(3e-3).weight_decay(0.1));
+  optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(3e-3).weight_decay(0.1));
+  manual_seed(5);
+  for (int step = 0; step < 3; ++step) {
+    Tensor idx = randint(0, 320, {global, T}), tgt = randint(0, 320, {global, T});
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    Tensor loss = root->run([&] {
+      return model->loss(idx.narrow(0, r * local, local), tgt.narrow(0, r * local, local));
+    });
+    loss.backward();
+    Tensor ref_loss = ref->loss(idx, tgt);
+    ref_loss.backward();
+    Tensor l = loss.detach().reshape({1}).clone();
+    pg->all_reduce(l, ReduceOp::kAvg)->wait();
+    WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 1e-12, "step ", step, ": loss ",
+           l.item<double>(), " vs one process ", ref_loss.item<double>());
+    opt.step();
+    ref_opt.step();
+  }
+  expect_same_weights(*root, *ref, 1e-9, "tiny llama after 3 steps");
+  // The full state dict on rank 0 saves and loads as the model's own.
+  const auto full = root->full_state_dict();
+  WCHECK((r == 0) == !full.empty(), "the full state dict is on rank 0 only");
+  if (r == 0) {
+    const std::string path = "/tmp/kiln_fsdp_llama_" + std::to_string(::getpid()) + ".safetensors";
+    save_safetensors(full, path);
+    models::GPT fresh = make_gpt(99);
+    fresh->load_state_dict(load_safetensors(path));
+    ::unlink(path.c_str());
+    Tensor idx = randint(0, 320, {2, T});
+    expect_close(fresh(idx), ref(idx), 1e-12, "a model loaded from the full state dict");
+  }
+  std::cout << "rank " << r << ": fsdp tiny llama == one process\n";
+}
+
+// bf16 compute with f32 shards: the forward sees bf16 parameters, the shards, their gradients and
+// the optimizer stay f32; losses follow the f32 model within bf16 rounding.
+void fsdp_mixed_precision() {
+  auto pg = init_process_group("gloo", short_timeout(30000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t T = 16;
+  models::GPT ref = make_gpt(11, kFloat);
+  models::GPT model = make_gpt(11, kFloat);
+  FSDPOptions o;
+  o.mp_policy.param_dtype = kBFloat16;
+  o.mp_policy.reduce_dtype = kFloat;
+  for (size_t l = 0; l < model->h->size(); ++l) fully_shard(model->h[l], pg, o);
+  auto root = fully_shard(model, pg, o);
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(3e-3));
+  optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(3e-3));
+  manual_seed(5);
+  for (int step = 0; step < 3; ++step) {
+    Tensor idx = randint(0, 320, {n, T}), tgt = randint(0, 320, {n, T});
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    Tensor logits;
+    Tensor loss = root->run([&] {
+      WCHECK(model->wte->weight.dtype() == kBFloat16, "gathered in ",
+             dtype_name(model->wte->weight.dtype()));
+      return model->loss(idx.narrow(0, r, 1), tgt.narrow(0, r, 1));
+    });
+    loss.backward();
+    for (const auto& p : model->parameters()) {
+      WCHECK(p.dtype() == kFloat && p.grad().dtype() == kFloat, "shards and grads stay f32");
+    }
+    Tensor ref_loss = ref->loss(idx, tgt);
+    ref_loss.backward();
+    Tensor l = loss.detach().to(kFloat).reshape({1}).clone();
+    pg->all_reduce(l, ReduceOp::kAvg)->wait();
+    WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 2e-2 * ref_loss.item<double>(),
+           "step ", step, ": bf16 loss ", l.item<double>(), " vs f32 ", ref_loss.item<double>());
+    opt.step();
+    ref_opt.step();
+  }
+  // bf16 gradients move AdamW's updates by O(lr) at worst: 3 steps of lr 3e-3.
+  expect_same_weights(*root, *ref, 2e-2, "bf16 compute after 3 steps");
+  std::cout << "rank " << r << ": fsdp bf16 compute follows f32\n";
+}
+
+// A checkpoint written by one world size (FSDP_CKPT_DIR), read by another.
+void fsdp_checkpoint_save() {
+  auto pg = init_process_group("gloo", short_timeout(30000));
+  const char* dir = std::getenv("FSDP_CKPT_DIR");
+  WCHECK(dir != nullptr, "FSDP_CKPT_DIR is not set");
+  models::GPT model = make_gpt(21);
+  for (size_t l = 0; l < model->h->size(); ++l) fully_shard(model->h[l], pg);
+  auto root = fully_shard(model, pg);
+  root->save_sharded_checkpoint(dir);
+  const auto full = root->full_state_dict();
+  if (pg->rank() == 0) save_safetensors(full, std::string(dir) + "/full.safetensors");
+  pg->barrier()->wait();
+}
+
+void fsdp_checkpoint_load() {
+  auto pg = init_process_group("gloo", short_timeout(30000));
+  const char* dir = std::getenv("FSDP_CKPT_DIR");
+  WCHECK(dir != nullptr, "FSDP_CKPT_DIR is not set");
+  models::GPT model = make_gpt(22);  // other values: the checkpoint must replace them all
+  for (size_t l = 0; l < model->h->size(); ++l) fully_shard(model->h[l], pg);
+  auto root = fully_shard(model, pg);
+  root->load_sharded_checkpoint(dir);
+  const auto want = load_safetensors(std::string(dir) + "/full.safetensors");
+  const auto got = root->full_state_dict(/*rank0_only=*/false);
+  WCHECK(got.size() == want.size(), got.size(), " entries vs ", want.size());
+  for (const auto& [name, t] : want) expect_close(got.at(name), t, 0, "loaded " + name);
+  // A model of another shape is refused, naming the parameter.
+  models::ModelConfig other = tiny_llama();
+  other.intermediate_size = 176;
+  manual_seed(1);
+  models::GPT wrong(other, TensorOptions().dtype(kDouble));
+  for (size_t l = 0; l < wrong->h->size(); ++l) fully_shard(wrong->h[l], pg);
+  auto wrong_root = fully_shard(wrong, pg);
+  expect_error([&] { wrong_root->load_sharded_checkpoint(dir); }, "mlp.fc_1.weight' has shape",
+               "a checkpoint of another shape");
+  std::cout << "rank " << pg->rank() << ": loaded a checkpoint written by another world size\n";
+}
+
+// Misuse ends in errors that say what is wrong.
+void fsdp_errors() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int n = pg->size();
+  {
+    Mlp m = make_mlp(1);
+    fully_shard(m->fc1, pg);
+    expect_error([&] { fully_shard(m->fc1, pg); }, "is already sharded", "fully_shard twice");
+  }
+  {
+    // One Linear registered in two parents: sharding both parents would shard it twice.
+    nn::Linear shared(4, 4);
+    shared->to(kDouble);
+    auto a = std::make_shared<nn::Module>("A");
+    auto b = std::make_shared<nn::Module>("B");
+    a->register_module("fc", shared);
+    b->register_module("fc", shared);
+    fully_shard(a, pg);
+    expect_error([&] { fully_shard(b, pg); }, "is already sharded by the fully_shard call on A",
+                 "a module shared by two units");
+  }
+  Mlp m = make_mlp(2);
+  auto u1 = fully_shard(m->fc1, pg);
+  auto root = fully_shard(m, pg);
+  expect_error([&] { u1->run([&] {
+                       return m(ones({1, 8}, kDouble));
+                     }); },
+               "call run() on that root", "run() on a unit that is not the root");
+  // Shards of another world size.
+  auto sharded = root->sharded_state_dict();
+  auto full = root->full_state_dict(/*rank0_only=*/false);
+  std::map<std::string, Tensor> other = sharded;
+  other["fc1.weight"] = full.at("fc1.weight").reshape({-1});  // a world-size-1 shard
+  if (n > 1) {
+    expect_error(
+        [&] { root->load_sharded_state_dict(other); },
+        "'fc1.weight' has shape [128], this rank's is [" + std::to_string(ceil_div(128, n)) + "]",
+        "shards of another world size");
+  }
+  root->load_sharded_state_dict(sharded);  // its own shards load
+  std::map<std::string, Tensor> bad = full;
+  bad["fc2.weight"] = zeros({16, 15}, kDouble);
+  bad.erase("fc3.bias");
+  bad["extra"] = zeros({1});
+  expect_error([&] { root->load_full_state_dict(bad); },
+               "'fc2.weight' has shape [16, 15], the model's is [16, 16]; missing 'fc3.bias'",
+               "a full state dict that does not fit");
+  // A unit that the outputs do not reach.
+  expect_error([&] { root->run([&] {
+                       return m->fc2(ones({1, 16}, kDouble)).sum();
+                     }); },
+               "is reachable from the outputs", "a unit outside the loss");
+  // After the errors the model still trains.
+  Tensor loss = root->run([&] { return m(ones({2, 8}, kDouble)).sum(); });
+  loss.backward();
+  WCHECK(m->fc1->weight.grad().defined() && m->fc1->weight.grad().dim() == 1,
+         "the shard gradient arrives after the errors");
+  // A backward that did not reach every unit is reported by the next run().
+  Tensor partial = root->run([&] { return m(ones({2, 8}, kDouble)).sum(); });
+  expect_error([&] { root->run([&] {
+                       return m(ones({2, 8}, kDouble)).sum();
+                     }); },
+               "the last backward did not finish", "a run() whose outputs got no backward");
+  (void)partial;
+  std::cout << "rank " << pg->rank() << ": errors are clear\n";
+}
+
+const std::map<std::string, std::function<void()>>& scenarios() {
+  static const std::map<std::string, std::function<void()>> m = {
+      {"fsdp_mlp", fsdp_mlp},
+      {"fsdp_llama", fsdp_llama},
+      {"fsdp_mixed_precision", fsdp_mixed_precision},
+      {"fsdp_checkpoint_save", fsdp_checkpoint_save},
+      {"fsdp_checkpoint_load", fsdp_checkpoint_load},
+      {"fsdp_errors", fsdp_errors},
+  };
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !scenarios().contains(argv[1])) {
+    std::cerr << "usage: fsdp_worker SCENARIO (";
+    for (const auto& [name, f] : scenarios()) std::cerr << name << " ";
+    std::cerr << ")\n";
+    return 2;
+  }
+  try {
+    scenarios().at(argv[1])();
+  } catch (const CheckFailed& c) {
+    std::cerr << "CHECK FAILED: " << c.what << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ERROR: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
