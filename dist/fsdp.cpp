@@ -36,6 +36,13 @@ Registry& registry() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+Shape parse_csv(const std::string& csv) {
+  Shape out;
+  std::stringstream ss(csv);
+  for (std::string part; std::getline(ss, part, ',');) out.push_back(std::stoll(part));
+  return out;
+}
+
 std::string shape_csv(IntArrayRef shape) {
   std::string s;
   for (size_t d = 0; d < shape.size(); ++d) s += (d ? "," : "") + std::to_string(shape[d]);
@@ -102,6 +109,13 @@ std::shared_ptr<FSDPModule> fully_shard(const std::shared_ptr<nn::Module>& modul
   for (const auto& c : children) {
     c->parent_ = unit.get();
     std::erase(reg.unadopted, c);
+  }
+  // Errors name each unit by its path under the root ("transformer.h.3").
+  std::unordered_map<const nn::Module*, FSDPModule*> unit_of;
+  for (FSDPModule* u : unit->subtree()) unit_of[&u->module()] = u;
+  for (const auto& item : module->named_modules("", /*include_self=*/false)) {
+    if (auto it = unit_of.find(item.value().get()); it != unit_of.end())
+      it->second->path_ = item.key();
   }
   reg.unadopted.push_back(unit);
   reg.by_module[module.get()] = unit;
@@ -225,7 +239,10 @@ int64_t FSDPModule::unsharded_numel() const {
 
 int64_t FSDPModule::sharded_numel() const { return packed_; }
 
-std::string FSDPModule::describe() const { return "the unit on " + module_->name(); }
+std::string FSDPModule::describe() const {
+  if (path_.empty()) return "the unit on " + module_->name();
+  return "the unit on '" + path_ + "' (" + module_->name() + ")";
+}
 
 std::vector<FSDPModule*> FSDPModule::subtree() {
   std::vector<FSDPModule*> out;
@@ -724,8 +741,9 @@ void FSDPModule::load_sharded_checkpoint(const std::string& dir) {
     const auto& meta = files[0].metadata();
     auto m = meta.find("shape:" + item.key());
     KILN_CHECK(m != meta.end(), op, " ", files[0].name(), " has no '", item.key(), "'");
-    KILN_CHECK(m->second == shape_csv(q.shape), op, " '", item.key(), "' has shape [", m->second,
-               "] in ", dir, ", the model's is ", shape_str(q.shape));
+    const Shape saved = parse_csv(m->second);
+    KILN_CHECK(saved == q.shape, op, " '", item.key(), "' has shape ", shape_str(saved), " in ",
+               dir, ", the model's is ", shape_str(q.shape));
     const int64_t old_shard = ceil_div(q.numel, old_world);
     Tensor shard = u.unsharded_ ? q.sharded : q.param.detach();
     shard.zero_();

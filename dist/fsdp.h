@@ -204,6 +204,7 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   FSDPOptions options_;
   std::vector<std::shared_ptr<FSDPModule>> children_;
   FSDPModule* parent_ = nullptr;
+  std::string path_;  // the module's path under its root, once adopted
   std::vector<Param> params_;
   ScalarType dtype_ = kFloat;  // the shards'
   int64_t packed_ = 0;         // elements of the packed shard (sum of shard sizes)

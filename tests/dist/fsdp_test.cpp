@@ -1,11 +1,18 @@
 // fully_shard (dist/fsdp.h): sharded training over 1, 2 and 4 processes equals one process on the
 // global batch (an MLP and the tiny Llama, AdamW; losses, shard gradients and full weights; shard
 // sizes about 1/world of the model); bf16 compute with f32 shards; a sharded checkpoint written by
-// 4 ranks loads on 2; misuse ends in clear errors. The ranks are tests/dist/fsdp_worker.cpp.
+// 4 ranks loads on 2; misuse ends in clear errors. The ranks are tests/dist/fsdp_worker.cpp. In
+// this process, with a GPU: the NCCL backend at world size 1 along the FSDP path.
+#include "dist/fsdp.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
+#include "dist/dist.h"
+#include "kernels/cuda.h"
+#include "kiln.h"
+#include "models/gpt.h"
 #include "spawn.h"
 
 namespace kiln::dist {
@@ -73,6 +80,48 @@ TEST(FsdpTest, CheckpointOfFourRanksLoadsOnTwo) {
 TEST(FsdpTest, ErrorsAreClear) {
   auto job = run_fsdp("fsdp_errors", 2);
   EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+// World size 1 on NCCL: gathers, reduce-scatters (an average over one rank) and the state dict
+// run on the GPU; the training follows the unsharded model (the same kernels in the same order).
+TEST(GpuFsdpNCCLTest, WorldSizeOneAlongTheFsdpPath) {
+  if (!cuda::is_available() || !nccl_available()) {
+    GTEST_SKIP() << "needs a GPU and a build with NCCL";
+  }
+  TCPStoreOptions o;
+  o.port = 0;
+  o.is_server = true;
+  auto store = std::make_shared<TCPStore>("127.0.0.1", o);
+  ProcessGroupNCCLOptions po;
+  po.device_index = 0;
+  auto pg = std::make_shared<ProcessGroupNCCL>(store, 0, 1, po);
+  const Device gpu(kCUDA, 0);
+  const auto cfg = models::ModelConfig::from_name("tiny-llama");
+  manual_seed(3);
+  models::GPT a(cfg, TensorOptions().device(gpu));
+  manual_seed(3);
+  models::GPT b(cfg, TensorOptions().device(gpu));
+  for (size_t l = 0; l < a->h->size(); ++l) fully_shard(a->h[l], pg);
+  auto root = fully_shard(a, pg);
+  optim::AdamW opt_a(a->parameters(), 1e-3), opt_b(b->parameters(), 1e-3);
+  for (int step = 0; step < 2; ++step) {
+    Tensor idx = randint(0, 320, {2, 16}).to(gpu), tgt = randint(0, 320, {2, 16}).to(gpu);
+    opt_a.zero_grad();
+    opt_b.zero_grad();
+    Tensor la = root->run([&] { return a->loss(idx, tgt); });
+    la.backward();
+    Tensor lb = b->loss(idx, tgt);
+    lb.backward();
+    opt_a.step();
+    opt_b.step();
+    EXPECT_NEAR(la.item<double>(), lb.item<double>(), 1e-5) << "step " << step;
+  }
+  cuda::synchronize();
+  const auto full = root->full_state_dict();
+  for (const auto& [name, t] : b->state_dict()) {
+    ASSERT_TRUE(full.contains(name)) << name;
+    EXPECT_TRUE(allclose(full.at(name).cpu(), t.cpu(), 1e-4, 1e-5)) << name;
+  }
 }
 
 }  // namespace
