@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 
@@ -22,6 +23,8 @@ struct Profiler::Impl {
     cuda::Event begin{true}, end{true};
   };
   std::vector<Pending> pending;  // CUDA kernels whose events have not been read yet
+  // Whether stop() has not run since start(): a kernel that began timing before stop() and ends
+  // after it is not counted (guarded by `mutex`).
   bool recording = false;
 
   KernelTime& entry(const Key& key, const OpCall& call, const KernelDef* def, Device device) {
@@ -47,27 +50,51 @@ struct Profiler::Impl {
 
 namespace {
 
+// The recording profiler, twice. run_timed copies the shared_ptr, so that a profiler stopped or
+// destroyed while another thread is timing a kernel stays alive until that thread has recorded
+// into it. The raw pointer is what active() reads: one relaxed load per kernel while nothing
+// records. Both change together, under `control`.
+struct Current {
+  std::atomic<std::shared_ptr<Profiler::Impl>> impl;
+  std::mutex control;  // start() and stop()
+};
+// Never destroyed: a profiler with static storage may stop after this file's statics are gone.
+Current& current() {
+  static Current* const c = new Current;
+  return *c;
+}
 std::atomic<Profiler::Impl*> g_active{nullptr};
 
 }  // namespace
 
-Profiler::Profiler() : impl_(std::make_unique<Impl>()) {}
+Profiler::Profiler() : impl_(std::make_shared<Impl>()) {}
 
-Profiler::~Profiler() {
-  if (recording()) stop();
-}
+Profiler::~Profiler() { stop(); }
 
 void Profiler::start() {
-  Impl* expected = nullptr;
-  KILN_CHECK(g_active.compare_exchange_strong(expected, impl_.get()) || expected == impl_.get(),
+  Current& c = current();
+  std::lock_guard<std::mutex> control(c.control);
+  const Impl* now = g_active.load();
+  KILN_CHECK(now == nullptr || now == impl_.get(),
              "[profiler] another profiler is recording: stop it first");
-  impl_->recording = true;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->recording = true;
+  }
+  c.impl.store(impl_);
+  g_active.store(impl_.get());
 }
 
 void Profiler::stop() {
-  Impl* self = impl_.get();
-  g_active.compare_exchange_strong(self, nullptr);
-  std::lock_guard<std::mutex> lock(impl_->mutex);  // kernels still timing finish first
+  {
+    Current& c = current();
+    std::lock_guard<std::mutex> control(c.control);
+    if (g_active.load() == impl_.get()) {
+      g_active.store(nullptr);
+      c.impl.store(nullptr);
+    }
+  }
+  std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->recording = false;
 }
 
@@ -88,7 +115,8 @@ namespace internal {
 bool active() { return g_active.load(std::memory_order_relaxed) != nullptr; }
 
 void run_timed(KernelFn kernel, const KernelDef* def, OpCall& call, Device device) {
-  Profiler::Impl* p = g_active.load();
+  // Owned for the whole call: the profiler may be stopped and destroyed while the kernel runs.
+  const std::shared_ptr<Profiler::Impl> p = current().impl.load();
   if (p == nullptr) {
     kernel(call);
     return;
@@ -102,6 +130,7 @@ void run_timed(KernelFn kernel, const KernelDef* def, OpCall& call, Device devic
     kernel(call);
     timed.end.record(stream);
     std::lock_guard<std::mutex> lock(p->mutex);
+    if (!p->recording) return;
     ++p->entry(key, call, def, device).calls;
     p->pending.push_back(std::move(timed));
     return;
@@ -111,6 +140,7 @@ void run_timed(KernelFn kernel, const KernelDef* def, OpCall& call, Device devic
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(p->mutex);
+  if (!p->recording) return;
   KernelTime& t = p->entry(key, call, def, device);
   ++t.calls;
   t.ms += ms;

@@ -17,6 +17,9 @@
 //     from the timed ones, and read the GPU times, not the wall time of a profiled step.
 //   - One profiler records at a time (start() fails while another is recording). CPU kernels
 //     running on worker threads inside a kernel are part of that kernel's time.
+//   - A kernel counts when it ends while its profiler records: one that another thread is
+//     running when stop() is called is not counted (stop() does not wait for it, and a profiler
+//     may be destroyed while other threads run kernels).
 #pragma once
 
 #include <cstdint>
@@ -53,7 +56,9 @@ class Profiler {
   struct Impl;
 
  private:
-  std::unique_ptr<Impl> impl_;
+  // Shared with the threads timing a kernel when it is stopped or destroyed (they keep it
+  // alive until they have recorded).
+  std::shared_ptr<Impl> impl_;
 };
 
 // The family a kernel's time is reported under by `kiln bench --profile`: "GEMM", "attention",

@@ -1,25 +1,58 @@
 // kiln::profiler: every kernel the dispatcher and compiled programs run is counted once, per op,
-// kernel and device; the report groups them by family.
+// kernel and device; the report groups them by family. A profiler may be stopped and destroyed
+// while other threads are inside the timing of a kernel.
 #include "tensor/profiler.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "compiler/compile.h"
 #include "kernels/cuda.h"
 #include "kiln.h"
+#include "tensor/registry.h"
 #include "test_util.h"
 
 namespace kiln {
 namespace {
 
-const profiler::KernelTime* find(const std::vector<profiler::KernelTime>& r, const std::string& op) {
+const profiler::KernelTime* find(const std::vector<profiler::KernelTime>& r,
+                                 const std::string& op) {
   for (const profiler::KernelTime& t : r) {
     if (t.op == op) return &t;
   }
   return nullptr;
 }
+
+// A test op whose CPU kernel waits at a gate: it holds a thread inside the profiler's timing of
+// a kernel for as long as the test needs (y = x).
+struct Gate {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool entered = false, open = false;
+};
+Gate* g_gate = nullptr;
+
+SpecList gate_meta(const OpCall& c) {
+  return {{to_shape(c.input(0).sizes()), c.input(0).dtype(), c.input(0).device()}};
+}
+void gate_cpu(OpCall& c) {
+  {
+    std::unique_lock<std::mutex> lock(g_gate->mutex);
+    g_gate->entered = true;
+    g_gate->changed.notify_all();
+    g_gate->changed.wait(lock, [] { return g_gate->open; });
+  }
+  c.outputs[0].copy_(c.input(0));
+}
+KILN_DEFINE_OP(profiler_test_gate, OpKind::kFunctional, gate_meta);
+KILN_REGISTER_KERNEL(profiler_test_gate, kCPU, gate_cpu);
 
 TEST(Profiler, CountsEveryKernelOnce) {
   const Tensor a = randn({64, 64}), b = randn({64, 64});
@@ -91,6 +124,66 @@ TEST(Profiler, OneRecordsAtATime) {
   EXPECT_TRUE(b.recording());
   b.stop();
   EXPECT_FALSE(b.recording());
+}
+
+// A profiler destroyed while another thread is inside a kernel it times: that thread finishes
+// with the profiler's state kept alive for it, and records nothing (the kernel ended after the
+// profiler stopped). The next profiler, made at once (with the memory the old one would have
+// freed), does not receive the late kernel either: before the fix the thread locked and wrote
+// the freed profiler's memory, which the next one reused.
+TEST(Profiler, DestroyedWhileAnotherThreadTimesAKernel) {
+  Gate gate;
+  g_gate = &gate;
+  const Tensor x = randn({8});
+  Tensor y;
+  std::thread worker;
+  {
+    profiler::Profiler prof;
+    prof.start();
+    worker = std::thread([&] { y = call_op1(KILN_OP(profiler_test_gate), {x}); });
+    std::unique_lock<std::mutex> lock(gate.mutex);
+    gate.changed.wait(lock, [&] { return gate.entered; });
+  }
+  profiler::Profiler next;
+  next.start();
+  {
+    std::lock_guard<std::mutex> lock(gate.mutex);
+    gate.open = true;
+  }
+  gate.changed.notify_all();
+  worker.join();
+  next.stop();
+  g_gate = nullptr;
+  EXPECT_TRUE(equal(y, x));
+  EXPECT_EQ(find(next.results(), "profiler_test_gate"), nullptr);
+}
+
+// Profilers started, stopped and destroyed over and over while other threads run ops: some
+// threads are inside run_timed whenever one goes (a use after free there is what ASan and TSan
+// report). Each stopped profiler's results stay readable, and some of them counted the
+// threads' kernels (so the timing path did run concurrently with the destructions).
+TEST(Profiler, StartAndDestroyWhileOtherThreadsRunOps) {
+  std::atomic<bool> done{false};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.emplace_back([&done] {
+      const Tensor a = ones({16});
+      Tensor b = ones({16});
+      while (!done.load()) b = (b + a) * 0.5;
+    });
+  }
+  int64_t counted = 0;
+  for (int i = 0; i < 400; ++i) {
+    profiler::Profiler prof;
+    prof.start();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (i % 2 == 0) continue;  // destroyed while recording
+    prof.stop();
+    for (const profiler::KernelTime& t : prof.results()) counted += t.calls;
+  }
+  done = true;
+  for (std::thread& t : workers) t.join();
+  EXPECT_GT(counted, 0);
 }
 
 TEST(GpuProfiler, TimesCudaKernelsWithEvents) {
