@@ -116,10 +116,27 @@ TensorVec lerp_backward(const BackwardCall& c) {
   return r;
 }
 
+// A matrix stored column-major: the transposed view of a contiguous matrix (linear's W.t()).
+bool column_major(const Tensor& m) {
+  return m.dim() == 2 && m.size(0) > 1 && m.size(1) > 1 && m.stride(0) == 1 &&
+         m.stride(1) == m.size(0);
+}
+
+// The gradients of a @ b, each computed in its operand's layout (as PyTorch's
+// mm_mat1_backward / mm_mat2_backward): for a column-major operand the transposed product,
+// transposed back as a view, so that the gradient of linear's W.t() reaches W contiguous and
+// is accumulated without a transposing copy (10 ms of llama-3.2-1b's 137 ms step on an H200).
+Tensor mm_grad_a(const Tensor& g, const Tensor& a, const Tensor& b) {
+  return column_major(a) ? b.mm(g.t()).t() : g.mm(b.t());
+}
+Tensor mm_grad_b(const Tensor& g, const Tensor& a, const Tensor& b) {
+  return column_major(b) ? g.t().mm(a).t() : a.t().mm(g);
+}
+
 TensorVec mm_backward(const BackwardCall& c) {
   TensorVec r(2);
-  if (c.needs_grad(0)) r[0] = g(c).mm(b(c).t());
-  if (c.needs_grad(1)) r[1] = a(c).t().mm(g(c));
+  if (c.needs_grad(0)) r[0] = mm_grad_a(g(c), a(c), b(c));
+  if (c.needs_grad(1)) r[1] = mm_grad_b(g(c), a(c), b(c));
   return r;
 }
 
@@ -136,8 +153,8 @@ TensorVec addmm_backward(const BackwardCall& c) {
   const Scalar& alpha = c.attr<Scalar>(1);
   TensorVec r(3);
   if (c.needs_grad(0)) r[0] = sum_to(g(c) * beta, c.input(0).sizes());
-  if (c.needs_grad(1)) r[1] = g(c).mm(c.input(2).t()) * alpha;
-  if (c.needs_grad(2)) r[2] = c.input(1).t().mm(g(c)) * alpha;
+  if (c.needs_grad(1)) r[1] = mm_grad_a(g(c), c.input(1), c.input(2)) * alpha;
+  if (c.needs_grad(2)) r[2] = mm_grad_b(g(c), c.input(1), c.input(2)) * alpha;
   return r;
 }
 
