@@ -13,6 +13,13 @@
 namespace kiln::models {
 namespace {
 
+// validate()'s bounds: far above any released model (Llama 3.1 405B has 126 layers, 16384
+// wide, 53248 in the MLP, 128k positions), low enough that sizes computed from them cannot
+// overflow and that a hostile config.json fails before any tensor is built.
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxDim = int64_t{1} << 30;
+constexpr double kMaxParameters = 1e13;
+
 // --- The families, at full size (numbers from MODELS.md / the published HF configs) --------
 
 ModelConfig llama(std::string name, int64_t vocab, int64_t layers, int64_t d, int64_t heads,
@@ -195,6 +202,23 @@ void ModelConfig::validate() const {
   KILN_CHECK(final_softcap >= 0, who, "final_softcap must be >= 0 (0 = off), got ", final_softcap);
   KILN_CHECK(!attention_scale || (*attention_scale > 0 && std::isfinite(*attention_scale)), who,
              "attention_scale must be positive, got ", attention_scale.value_or(0.0));
+  // Bounds far above any real model, so that a damaged or hostile config.json fails here
+  // instead of overflowing a size or building layers for hours.
+  KILN_CHECK(n_layer <= kMaxLayers, who, "n_layer ", n_layer, " exceeds the limit ", kMaxLayers);
+  for (const auto& [key, value] :
+       {std::pair{"vocab_size", padded_vocab()}, std::pair{"n_embd", n_embd},
+        std::pair{"n_head", n_head}, std::pair{"head_size", head_dim()},
+        std::pair{"intermediate_size", intermediate_size}, std::pair{"block_size", block_size}}) {
+    KILN_CHECK(value <= kMaxDim, who, key, " ", value, " exceeds the limit ", kMaxDim);
+  }
+  // Counted in floating point: with the bounds above the exact count may not fit in int64.
+  const double d = static_cast<double>(n_embd), hs = static_cast<double>(head_dim());
+  const double per_layer = (static_cast<double>(n_head) + 2.0 * n_query_groups) * hs * d +
+                           d * n_head * hs + 3.0 * d * static_cast<double>(intermediate_size);
+  const double params = static_cast<double>(n_layer) * per_layer +
+                        (tie_embeddings ? 1.0 : 2.0) * static_cast<double>(padded_vocab()) * d;
+  KILN_CHECK(params <= kMaxParameters, who, "about ", params, " parameters, more than the limit ",
+             kMaxParameters);
 }
 
 int64_t ModelConfig::num_parameters() const {

@@ -103,6 +103,10 @@ void GenerateOptions::validate() const {
   KILN_CHECK(max_new_tokens >= 0, "[generate] max_new_tokens must be >= 0, got ", max_new_tokens);
   KILN_CHECK(std::isfinite(temperature) && temperature >= 0.0,
              "[generate] temperature must be finite and >= 0 (0 = greedy), got ", temperature);
+  // logits / temperature overflows to inf for a tiny one (inf - inf = NaN in the softmax); far
+  // above that, sampling is already greedy in effect.
+  KILN_CHECK(temperature == 0.0 || temperature >= kMinTemperature, "[generate] temperature ",
+             temperature, " is below ", kMinTemperature, ": use 0 for greedy decoding");
   KILN_CHECK(top_k >= 0, "[generate] top_k must be >= 0 (0 = off), got ", top_k);
   KILN_CHECK(top_p > 0.0 && top_p <= 1.0, "[generate] top_p must be in (0, 1] (1 = off), got ",
              top_p);
@@ -129,7 +133,10 @@ std::vector<int64_t> generate(GPTImpl& model, const std::vector<int64_t>& prompt
   ScopedRngStream stream(options.seed);
   const Device device = model.parameters().front().device();
   const auto prompt_len = static_cast<int64_t>(prompt.size());
-  const int64_t total = std::min(cfg.block_size, prompt_len + options.max_new_tokens);
+  // prompt_len + max_new_tokens may overflow int64: compare with what is left instead.
+  const int64_t total = options.max_new_tokens >= cfg.block_size - prompt_len
+                            ? cfg.block_size
+                            : prompt_len + options.max_new_tokens;
   std::vector<int64_t> out = prompt;
   if (total == prompt_len) return out;
 

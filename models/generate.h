@@ -35,9 +35,12 @@
 
 namespace kiln::models {
 
+// The smallest non-zero temperature: below it logits / temperature can overflow.
+inline constexpr double kMinTemperature = 1e-6;
+
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
-  double temperature = 1.0;  // 0 = greedy; else > 0
+  double temperature = 1.0;  // 0 = greedy; else >= kMinTemperature
   int64_t top_k = 0;         // 0 = off
   double top_p = 1.0;        // in (0, 1]; 1 = off
   std::vector<int64_t> stop_tokens;

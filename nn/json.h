@@ -32,14 +32,20 @@
 // - read_string() resolves escapes but passes other bytes through unchecked: check the whole
 //   document with is_valid_utf8() first where it must be UTF-8 (safetensors does).
 // - There is no DOM: to read a value twice, or out of order, parse the document again.
+// - A key that appears twice in one object is an error (RFC 8259 lets readers differ on which
+//   value wins; two of them must never read one file differently). The reader remembers the
+//   keys of every object it is inside, so read each object to its closing brace.
 #pragma once
 
 #include <charconv>
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln::nn {
 
@@ -148,7 +154,10 @@ class JsonReader {
     fail(std::string("unexpected character '") + printable(c) + "'");
   }
 
-  void begin_object() { expect('{', "expected '{'"), first_ = true; }
+  void begin_object() {
+    expect('{', "expected '{'"), first_ = true;
+    object_keys_.emplace_back();
+  }
   void begin_array() { expect('[', "expected '['"), first_ = true; }
 
   // The next key of the current object, or nullopt after its closing brace.
@@ -157,13 +166,21 @@ class JsonReader {
     if (pos_ < s_.size() && s_[pos_] == '}') {
       ++pos_;
       first_ = false;
+      if (!object_keys_.empty()) object_keys_.pop_back();
       return std::nullopt;
     }
     if (!first_) expect(',', "expected ',' or '}' in object");
     first_ = false;
     skip_ws();
     if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a string key");
+    const size_t key_start = pos_;
     std::string key = read_string();
+    // RFC 8259 leaves duplicate names to the reader; two readers of one file could then see
+    // different values (the first or the last), so kiln rejects them.
+    if (!object_keys_.empty() && !object_keys_.back().insert(key).second) {
+      pos_ = key_start;
+      fail("duplicate key \"" + printable_key(key) + "\"");
+    }
     expect(':', "expected ':' after object key");
     return key;
   }
@@ -336,6 +353,12 @@ class JsonReader {
     static constexpr char kHex[] = "0123456789abcdef";
     return std::string("\\x") + kHex[u >> 4] + kHex[u & 15];
   }
+  // A key for an error message: control and non-ASCII bytes escaped, at most 64 bytes.
+  static std::string printable_key(const std::string& key) {
+    std::string out;
+    for (size_t i = 0; i < key.size() && i < 64; ++i) out += printable(key[i]);
+    return key.size() > 64 ? out + "..." : out;
+  }
 
   void skip_ws() {
     while (pos_ < s_.size() &&
@@ -416,6 +439,8 @@ class JsonReader {
   size_t pos_ = 0;
   // Whether the container just opened has had no element yet (its ',' rules differ).
   bool first_ = false;
+  // The keys seen in each object being read, innermost last: duplicates are errors.
+  std::vector<std::set<std::string, std::less<>>> object_keys_;
 };
 
 }  // namespace kiln::nn

@@ -284,7 +284,9 @@ void SafetensorsFile::Impl::check_layout() const {
 SafetensorsFile::SafetensorsFile(const std::string& path) {
   auto impl = std::make_shared<Impl>();
   impl->name = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer; it has no effect on the
+  // reads of a regular file, the only kind accepted below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) impl->fail("cannot open: ", std::strerror(errno));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -294,7 +296,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    impl->fail("not a regular file");
+    impl->fail(S_ISDIR(st.st_mode)    ? "is a directory, not a regular file"
+               : S_ISFIFO(st.st_mode) ? "is a FIFO, not a regular file"
+                                      : "not a regular file");
   }
   impl->size = static_cast<uint64_t>(st.st_size);
   if (impl->size >= 8) {  // mmap refuses empty files; parse_header rejects short ones

@@ -205,6 +205,20 @@ TEST(ModelConfig, ValidateNamesTheInconsistentField) {
       {[](ModelConfig& c) { c.attention_softcap = -50; }, "attention_softcap must be >= 0"},
       {[](ModelConfig& c) { c.final_softcap = -30; }, "final_softcap must be >= 0"},
       {[](ModelConfig& c) { c.attention_scale = 0.0; }, "attention_scale must be positive"},
+      // Absurd sizes (a hostile config.json) fail here, not after hours of building layers or
+      // in an overflowing size.
+      {[](ModelConfig& c) { c.n_layer = int64_t{1} << 40; },
+       "n_layer 1099511627776 exceeds the limit 4096"},
+      {[](ModelConfig& c) { c.block_size = int64_t{1} << 62; },
+       "block_size 4611686018427387904 exceeds the limit 1073741824"},
+      {[](ModelConfig& c) { c.intermediate_size = int64_t{1} << 31; },
+       "intermediate_size 2147483648 exceeds the limit"},
+      {[](ModelConfig& c) {
+         c.n_layer = 4096;
+         c.n_embd = 1 << 20;
+         c.head_size = 0;
+       },
+       "about 1.3513e+16 parameters, more than the limit 1e+13"},
   };
   for (const Case& k : cases) {
     ModelConfig c = ModelConfig::from_name("tiny-llama");

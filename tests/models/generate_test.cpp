@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -223,6 +224,9 @@ TEST(GenerateTest, StopsAtBlockSizeAndMaxNewTokens) {
   prompt.assign(block, 2);
   EXPECT_EQ(generate(model, prompt, greedy(10)), prompt);  // full: nothing to add
   EXPECT_EQ(generate(model, kPrompt, greedy(0)), kPrompt);
+  // prompt length + max_new_tokens overflowed int64 (and generated nothing).
+  EXPECT_EQ(generate(model, kPrompt, greedy(std::numeric_limits<int64_t>::max())).size(),
+            static_cast<size_t>(block));
 }
 
 TEST(GenerateTest, NeverSamplesPaddedVocabRows) {
@@ -261,6 +265,15 @@ TEST(GenerateTest, Errors) {
   GenerateOptions o;
   o.temperature = -1;
   EXPECT_KILN_ERROR(generate(model, kPrompt, o), "[generate] temperature");
+  for (const double t : {1e-300, 5e-324, 1e-7, std::numeric_limits<double>::infinity(),
+                         std::numeric_limits<double>::quiet_NaN()}) {
+    o.temperature = t;
+    EXPECT_KILN_ERROR(generate(model, kPrompt, o), "[generate] temperature");
+  }
+  o.temperature = kMinTemperature;  // the smallest accepted: finite probabilities
+  o.max_new_tokens = 4;
+  o.seed = 1;
+  EXPECT_EQ(generate(model, kPrompt, o), generate(model, kPrompt, greedy(4)));
   o = GenerateOptions();
   o.top_p = 0;
   EXPECT_KILN_ERROR(generate(model, kPrompt, o), "top_p must be in (0, 1]");

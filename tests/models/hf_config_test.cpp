@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,16 @@ constexpr const char* kGemma2Json = R"({
   "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
   "sliding_window": 4096, "vocab_size": 256000)";
 
+// kGemma2Json without the number-valued `keys`, so that a test can give them other values: a key
+// twice in one object is an error (nn/json.h).
+std::string gemma2_without(const std::vector<std::string>& keys) {
+  std::string json = kGemma2Json;
+  for (const std::string& key : keys) {
+    json = std::regex_replace(json, std::regex("\"" + key + "\": [^,]*, ?"), "");
+  }
+  return json;
+}
+
 TEST(HfConfig, Gemma2FieldByField) {
   const ModelConfig c = ModelConfig::from_hf_config_json(std::string(kGemma2Json) + "}");
   EXPECT_EQ(c.mlp_kind, MLPKind::kGeGLUTanh);
@@ -212,7 +223,8 @@ TEST(HfConfig, Gemma2FieldByField) {
 
   // Null softcaps switch them off; query_pre_attn_scalar need not be head_dim.
   const ModelConfig d = ModelConfig::from_hf_config_json(
-      std::string(kGemma2Json) +
+      gemma2_without(
+          {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"}) +
       R"(, "attn_logit_softcapping": null, "final_logit_softcapping": null,
           "query_pre_attn_scalar": 224})");
   EXPECT_EQ(d.attention_softcap, 0.0);
@@ -223,7 +235,8 @@ TEST(HfConfig, Gemma2FieldByField) {
 TEST(HfConfig, Gemma2LayerTypes) {
   std::string types = R"(, "num_hidden_layers": 4, "layer_types": [)";
   auto with = [&](const std::vector<std::string>& t) {
-    std::string j = std::string(kGemma2Json) + R"(, "num_hidden_layers": 4, "layer_types": [)";
+    std::string j =
+        gemma2_without({"num_hidden_layers"}) + R"(, "num_hidden_layers": 4, "layer_types": [)";
     for (size_t i = 0; i < t.size(); ++i) j += (i ? ", \"" : "\"") + t[i] + "\"";
     return j + "]}";
   };
@@ -249,6 +262,16 @@ TEST(HfConfig, Errors) {
     return std::string(R"({"architectures": ["LlamaForCausalLM"], )") + tail + extra + "}";
   };
   EXPECT_NO_THROW(ModelConfig::from_hf_config_json(llama("")));
+  // An absurd layer count is rejected at once (it built layers until memory ran out).
+  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(
+                        std::string(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100,
+                          "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                          "num_hidden_layers": 1000000000})"),
+                        "absurd"),
+                    "n_layer 1000000000 exceeds the limit 4096");
+  // Two readers could disagree on which of two equal keys wins: rejected.
+  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "hidden_size": 128)")),
+                    "duplicate key \"hidden_size\"");
   EXPECT_KILN_ERROR(
       ModelConfig::from_hf_config_json(R"({"architectures": ["GPT2LMHeadModel"], )" + tail + "}",
                                        "gpt2"),
@@ -278,9 +301,15 @@ TEST(HfConfig, Errors) {
                     "attention_bias is true");
   EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "num_key_value_heads": 3)")),
                     "[from_hf_config] hf: [ModelConfig]");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "hidden_size": "64")")),
+  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(
+                        R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100,
+                          "hidden_size": "64", "intermediate_size": 128, "num_hidden_layers": 2,
+                          "num_attention_heads": 4})"),
                     "malformed config.json");
-  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "num_hidden_layers": 2.5)")),
+  EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(
+                        R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100,
+                          "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2.5,
+                          "num_attention_heads": 4})"),
                     "num_hidden_layers is not an integer");
   EXPECT_KILN_ERROR(ModelConfig::from_hf_config_json(llama(R"(, "tie_word_embeddings": 1)")),
                     "tie_word_embeddings is not a boolean");

@@ -77,5 +77,38 @@ TEST(JsonTest, ErrorsNameWhatAndWhere) {
   EXPECT_THROW(r.skip_value(), JsonError);
 }
 
+// RFC 8259 lets readers keep the first or the last of two equal keys: kiln rejects the document,
+// in the caller's objects and in skipped ones, at every depth; equal keys in sibling objects
+// are fine.
+TEST(JsonTest, DuplicateKeysAreErrors) {
+  auto read_all = [](const std::string& text) {
+    JsonReader r(text);
+    r.begin_object();
+    while (auto key = r.next_key()) r.skip_value();
+    r.end_document();
+  };
+  EXPECT_NO_THROW(read_all(R"({"a": {"x": 1}, "b": {"x": 2}, "c": [{"x": 1}, {"x": 2}]})"));
+  for (const std::string bad : {R"({"step": 1, "step": 2})", R"({"a": {"x": 1, "x": 1}})",
+                                R"({"a": [{"y": 1, "y": 2}]})", R"({"k\u0065y": 1, "key": 2})"}) {
+    try {
+      read_all(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const JsonError& e) {
+      EXPECT_NE(std::string(e.what()).find("duplicate key"), std::string::npos) << e.what();
+    }
+  }
+  // The caller's own loop sees the same error.
+  JsonReader r(R"({"n": 1, "n": 2})");
+  r.begin_object();
+  ASSERT_EQ(r.next_key(), "n");
+  EXPECT_EQ(r.read_uint64("n"), 1u);
+  try {
+    r.next_key();
+    ADD_FAILURE() << "second \"n\" accepted";
+  } catch (const JsonError& e) {
+    EXPECT_NE(std::string(e.what()).find("duplicate key \"n\""), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace kiln::nn
