@@ -145,6 +145,14 @@ ScalarType Adam::state_dtype_for(const Tensor& param, const OptimizerOptions& op
       param, internal::options_as<AdamOptions>(options, "Adam").state_in_param_dtype());
 }
 
+std::optional<std::vector<std::string>> Adam::state_buffer_names(
+    const OptimizerOptions& options) const {
+  if (internal::options_as<AdamOptions>(options, "Adam").amsgrad()) {
+    return std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  }
+  return std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+}
+
 void Adam::update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) {
   const auto& o = internal::options_as<AdamOptions>(options, "Adam");
   internal::check_adam("Adam", o);

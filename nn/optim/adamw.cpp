@@ -40,6 +40,14 @@ void AdamW::update(Tensor& param, const OptimizerOptions& options, OptimizerPara
   internal::adam_update(param, internal::adam_step(o, /*decoupled_weight_decay=*/true), state);
 }
 
+std::optional<std::vector<std::string>> AdamW::state_buffer_names(
+    const OptimizerOptions& options) const {
+  if (internal::options_as<AdamWOptions>(options, "AdamW").amsgrad()) {
+    return std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  }
+  return std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+}
+
 }  // namespace kiln::optim
 
 namespace kiln::optim {

@@ -55,6 +55,8 @@ class AdamW : public Optimizer {
   void update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) override;
   void update_group(OptimizerParamGroup& group) override;
   ScalarType state_dtype_for(const Tensor& param, const OptimizerOptions& options) const override;
+  std::optional<std::vector<std::string>> state_buffer_names(
+      const OptimizerOptions& options) const override;
 };
 
 }  // namespace kiln::optim

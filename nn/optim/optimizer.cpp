@@ -1,6 +1,7 @@
 // The optimizer base: groups, zero_grad, the step loop and the checkpoint layout.
 #include "nn/optim/optimizer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -39,10 +40,17 @@ int64_t parse_int(const std::string& s, const std::string& key) {
   return static_cast<int64_t>(v);
 }
 
+// "exp_avg, exp_avg_sq".
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 const std::string& metadata_at(const SafetensorsMetadata& metadata, const std::string& key) {
   auto it = metadata.find(key);
-  KILN_CHECK(it != metadata.end(), "[Optimizer::load] the checkpoint has no metadata entry \"",
-             key, "\"");
+  KILN_CHECK(it != metadata.end(), "[Optimizer::load] the checkpoint has no metadata entry \"", key,
+             "\"");
   return it->second;
 }
 
@@ -199,6 +207,12 @@ ScalarType Optimizer::state_dtype_for(const Tensor& param, const OptimizerOption
   return state_dtype(param);
 }
 
+std::optional<std::vector<std::string>> Optimizer::state_buffer_names(
+    const OptimizerOptions& options) const {
+  (void)options;
+  return std::nullopt;
+}
+
 Tensor Optimizer::zero_state(const Tensor& param) {
   return zeros(param.sizes(), TensorOptions().dtype(state_dtype(param)).device(param.device()));
 }
@@ -247,7 +261,8 @@ void Optimizer::load_state_dict(const TensorMap& tensors, const SafetensorsMetad
   int64_t index = 0;
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const std::string prefix = "param_groups." + std::to_string(g) + ".";
-    const int64_t n = parse_int(metadata_at(metadata, prefix + "num_params"), prefix + "num_params");
+    const int64_t n =
+        parse_int(metadata_at(metadata, prefix + "num_params"), prefix + "num_params");
     KILN_CHECK(n == static_cast<int64_t>(param_groups_[g].params().size()), "[", name_,
                "::load] group ", g, " has ", n, " parameters in the checkpoint, ",
                param_groups_[g].params().size(), " in the optimizer");
@@ -278,14 +293,31 @@ void Optimizer::load_state_dict(const TensorMap& tensors, const SafetensorsMetad
       if (step_it == metadata.end()) continue;
       OptimizerParamState st;
       st.step = host_scalar(parse_int(step_it->second, sp + "step"));
+      const auto expected = state_buffer_names(*loaded_options[g]);
+      if (expected) {
+        for (const std::string& b : *expected) {
+          KILN_CHECK(tensors.contains(sp + b), "[", name_, "::load] the checkpoint has no \"", sp,
+                     b, "\" (parameter ", index - 1, " has taken ", step_it->second,
+                     " steps; its state must hold ", join(*expected), ")");
+        }
+      }
       for (auto it = tensors.lower_bound(sp); it != tensors.end() && it->first.starts_with(sp);
            ++it) {
         const Tensor& t = it->second;
+        const std::string buffer = it->first.substr(sp.size());
+        KILN_CHECK(
+            !expected || std::find(expected->begin(), expected->end(), buffer) != expected->end(),
+            "[", name_, "::load] unexpected tensor \"", it->first, "\" in the checkpoint (", name_,
+            " keeps ", expected && !expected->empty() ? join(*expected) : "no buffers",
+            " for a parameter)");
+        KILN_CHECK(is_floating_point(t.dtype()), "[", name_, "::load] \"", it->first, "\" is ",
+                   dtype_name(t.dtype()), ", not a floating-point buffer (the state is ",
+                   dtype_name(dtype), ")");
         KILN_CHECK(t.sizes() == p.sizes(), "[", name_, "::load] \"", it->first, "\" has shape ",
                    shape_str(t.sizes()), " but its parameter has shape ", shape_str(p.sizes()));
         // Own the data (the loaded tensor may alias a file mapping), on the parameter's device,
         // in the dtype the group's options ask for (converted when saved in another).
-        st.buffers[it->first.substr(sp.size())] =
+        st.buffers[buffer] =
             t.to(p.device(), dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
         used.insert(it->first);
       }

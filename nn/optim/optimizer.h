@@ -39,13 +39,17 @@
 // - State is keyed by the parameter's TensorImpl: replacing a parameter by a new tensor (rather
 //   than updating it in place) loses its state.
 // - load() needs the same group structure (groups, parameters per group, shapes) and the same
-//   optimizer type; it restores every group's options (lr included), as PyTorch does.
+//   optimizer type; it restores every group's options (lr included), as PyTorch does. Each
+//   state holds exactly the buffers the optimizer keeps (a missing second moment, an unknown
+//   buffer are errors), floating point ones (a float dtype other than the state's is converted,
+//   as torch casts state to the parameter's).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -233,6 +237,11 @@ class Optimizer {
   // load_state_dict converts loaded buffers to it, as torch casts floating state to the
   // parameter's dtype.
   virtual ScalarType state_dtype_for(const Tensor& param, const OptimizerOptions& options) const;
+
+  // The buffers a parameter's state holds once it has taken a step under `options` (its
+  // group's): load_state_dict requires exactly these. nullopt (the default) accepts any.
+  virtual std::optional<std::vector<std::string>> state_buffer_names(
+      const OptimizerOptions& options) const;
 
  private:
   std::string name_;

@@ -113,4 +113,12 @@ void SGD::update_group(OptimizerParamGroup& group) {
   for (const auto& [key, lists] : calls) lists.run(o);
 }
 
+std::optional<std::vector<std::string>> SGD::state_buffer_names(
+    const OptimizerOptions& options) const {
+  if (internal::options_as<SGDOptions>(options, "SGD").momentum() != 0) {
+    return std::vector<std::string>{"momentum_buffer"};
+  }
+  return std::vector<std::string>{};
+}
+
 }  // namespace kiln::optim

@@ -48,6 +48,8 @@ class SGD : public Optimizer {
  protected:
   void update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) override;
   void update_group(OptimizerParamGroup& group) override;
+  std::optional<std::vector<std::string>> state_buffer_names(
+      const OptimizerOptions& options) const override;
 };
 
 }  // namespace kiln::optim

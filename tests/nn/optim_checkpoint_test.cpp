@@ -140,6 +140,51 @@ TEST(OptimCheckpoint, LoadErrors) {
   std::filesystem::remove(path);
 }
 
+// A state holds exactly the buffers its optimizer keeps, in a floating-point dtype: a missing
+// second moment crashed the next step, unknown buffers and integer moments were accepted.
+TEST(OptimCheckpoint, StateBuffersAreExactlyTheOptimizers) {
+  std::vector<Tensor> p = make_params();
+  AdamW opt(two_groups(p, AdamWOptions(0.002).amsgrad(true).clone()), AdamWOptions(0.01));
+  train_steps(opt, p, 0, 1);
+  SafetensorsMetadata meta;
+  const TensorMap good = opt.state_dict(&meta);
+  auto load_into_fresh = [&](const TensorMap& tensors) {
+    std::vector<Tensor> q = make_params();
+    AdamW fresh(two_groups(q, AdamWOptions(0.5).clone()), AdamWOptions(0.5));
+    fresh.load_state_dict(tensors, meta);
+  };
+  EXPECT_NO_THROW(load_into_fresh(good));
+  TensorMap bad = good;
+  bad.erase("state.1.exp_avg_sq");
+  EXPECT_KILN_ERROR(load_into_fresh(bad),
+                    "[AdamW::load] the checkpoint has no \"state.1.exp_avg_sq\" (parameter 1 has "
+                    "taken 1 steps; its state must hold exp_avg, exp_avg_sq)");
+  bad = good;
+  bad.erase("state.2.max_exp_avg_sq");  // group 1 has amsgrad
+  EXPECT_KILN_ERROR(load_into_fresh(bad), "no \"state.2.max_exp_avg_sq\"");
+  bad = good;
+  bad["state.0.momentum_buffer"] = zeros({40000});
+  EXPECT_KILN_ERROR(load_into_fresh(bad),
+                    "unexpected tensor \"state.0.momentum_buffer\" in the checkpoint (AdamW keeps "
+                    "exp_avg, exp_avg_sq for a parameter)");
+  bad = good;
+  bad["state.1.exp_avg"] = zeros({3, 5}, kInt32);
+  EXPECT_KILN_ERROR(load_into_fresh(bad), "\"state.1.exp_avg\" is int32, not a floating-point");
+  // SGD without momentum keeps nothing; with momentum, its buffer.
+  std::vector<Tensor> s = make_params();
+  SGD sgd(two_groups(s, SGDOptions(0.1).momentum(0.9).clone()), SGDOptions(0.1));
+  train_steps(sgd, s, 0, 1);
+  SafetensorsMetadata sgd_meta;
+  TensorMap sgd_state = sgd.state_dict(&sgd_meta);
+  EXPECT_EQ(sgd_state.size(), 1u);  // state.2.momentum_buffer
+  sgd_state["state.0.momentum_buffer"] = zeros({40000});
+  std::vector<Tensor> t = make_params();
+  SGD other(two_groups(t, SGDOptions(0.1).clone()), SGDOptions(0.1));
+  EXPECT_KILN_ERROR(other.load_state_dict(sgd_state, sgd_meta),
+                    "unexpected tensor \"state.0.momentum_buffer\" in the checkpoint (SGD keeps no "
+                    "buffers for a parameter)");
+}
+
 // bf16 parameters (a multi-threaded one, a small one), an f32 one and one without a gradient:
 // group 0 keeps its moments in bf16, group 1 in f32.
 std::vector<Tensor> make_bf16_params() {
