@@ -34,9 +34,16 @@
 //   copied, so a failed load leaves the model as it was.
 // - A tied checkpoint that still carries lm_head.weight loads (transformers ignores that
 //   tensor too); rotary_emb.inv_freq buffers of old conversions are ignored.
-// - save_hf_checkpoint removes model*.safetensors files of an earlier save in the same
-//   directory that the new one does not use (transformers would otherwise pick a stale
-//   model.safetensors over a new index).
+// - save_hf_checkpoint replaces the directory as a whole: the new checkpoint is written into a
+//   sibling directory, synced, and swapped in by one rename, so that a save killed at any point
+//   leaves the previous checkpoint or the new one, never a mix of their shards
+//   (models/hf_weights.cpp, "publishing", has the steps). The files of the directory that are
+//   not weights, an index or config.json (tokenizer.json, README.md, ...) are carried over;
+//   model*.safetensors files of the previous save are not (transformers would otherwise pick a
+//   stale model.safetensors over a new index). Hidden ".<name>.kiln-*" siblings left by a killed
+//   save are removed by the next save into the directory. The directory is a new one after each
+//   save: a handle opened on the old one (another process's working directory) sees the old
+//   checkpoint, removed. Saving needs write access to the parent directory as well.
 #pragma once
 
 #include <cstdint>
@@ -72,9 +79,24 @@ void load_hf_weights(GPTImpl& model, const std::string& path);
 GPT load_hf_checkpoint(const std::string& dir, const TensorOptions& options = {});
 
 // Writes config.json and model.safetensors, or, when the weights exceed max_shard_bytes,
-// model-0000i-of-0000n.safetensors + model.safetensors.index.json, each file atomically, in the
-// model's dtype. Creates `dir` if needed. Throws "[save_hf_checkpoint] ...".
+// model-0000i-of-0000n.safetensors + model.safetensors.index.json, in the model's dtype, and
+// publishes them as a whole (see Pitfalls). Creates `dir` and its parents if needed. Throws
+// "[save_hf_checkpoint] ...".
 void save_hf_checkpoint(const GPTImpl& model, const std::string& dir,
                         int64_t max_shard_bytes = 5'000'000'000);
+
+namespace internal {
+// Test seams of save_hf_checkpoint (tests/models/hf_publish_test.cpp kills a process at each
+// step). at_step is called after each step of publishing: "staged" (the new directory is
+// complete and synced), "moved-aside" (two renames only: the previous one is out of the way),
+// "published" (the new one is in place), "cleaned" (the previous one is removed). two_renames
+// uses the way of file systems that cannot exchange two directories. Set it before saving, not
+// while a save runs.
+struct HfPublishHooks {
+  void (*at_step)(const char* step) = nullptr;
+  bool two_renames = false;
+};
+void set_hf_publish_hooks(const HfPublishHooks& hooks);
+}  // namespace internal
 
 }  // namespace kiln::models

@@ -2,10 +2,19 @@
 // vocab rows), the state-dict conversions, and the single-file / sharded safetensors
 // checkpoints of transformers (the index on load, greedy shards on save). config.json:
 // models/hf_config.cpp; API: models/hf.h.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -13,8 +22,8 @@
 
 #include "autograd/grad_mode.h"
 #include "models/hf.h"
-#include "nn/safetensors.h"
 #include "nn/json.h"
+#include "nn/safetensors.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -240,15 +249,195 @@ Checkpoint open_checkpoint(const std::string& path) {
   return ck;
 }
 
-void remove_stale_weights(const fs::path& dir, const std::set<std::string>& keep) {
+// ================================ publishing ================================
+//
+// A save replaces the checkpoint directory `dir` as a whole, so that a save killed at any point
+// leaves the previous checkpoint or the new one, never a mix of their files:
+//  1. the new checkpoint is written into a sibling ".<name>.kiln-new-<pid>-<nonce>" (each file
+//     fsynced, then the directory), with the files of `dir` that are not checkpoint files
+//     (tokenizer.json, README.md, ...) hard-linked or copied in;
+//  2. one renameat2(RENAME_EXCHANGE) swaps it with `dir`: `dir` holds the old checkpoint, then
+//     the new one, at every instant; the sibling, which now holds the old one, is removed.
+// Where the file system cannot exchange two directories (NFS, some FUSE file systems), two
+// renames: `dir` -> ".<name>.kiln-old-<pid>-<nonce>", then the new one -> `dir`. Between them
+// `dir` is missing, and loads read the aside copy (readable_dir).
+// The next save into `dir` removes the siblings a killed save left (or renames an aside copy back
+// when `dir` is missing), once the process that made them is gone.
+
+internal::HfPublishHooks g_publish_hooks;
+
+void publish_step(const char* step) {
+  if (g_publish_hooks.at_step) g_publish_hooks.at_step(step);
+}
+
+// The files a save writes (and their write_file_atomically temporaries): not carried over from
+// the previous checkpoint.
+bool is_checkpoint_file(std::string name) {
+  if (const size_t tmp = name.find(".tmp."); tmp != std::string::npos) name.resize(tmp);
+  return name == "config.json" || name == "model.safetensors" ||
+         name == "model.safetensors.index.json" ||
+         (name.starts_with("model-") && name.ends_with(".safetensors") &&
+          name.find("-of-") != std::string::npos);
+}
+
+std::string sibling_prefix(const fs::path& dir, const char* kind) {
+  return "." + dir.filename().string() + ".kiln-" + kind + "-";
+}
+
+fs::path sibling(const fs::path& dir, const char* kind) {
+  std::random_device rd;
+  char nonce[32];
+  std::snprintf(nonce, sizeof(nonce), "%ld-%08x%08x", static_cast<long>(::getpid()), rd(), rd());
+  return dir.parent_path() / (sibling_prefix(dir, kind) + nonce);
+}
+
+// The pid in a sibling's name ("<prefix><pid>-<nonce>"), or -1.
+long sibling_pid(const std::string& name, const std::string& prefix) {
+  if (!name.starts_with(prefix)) return -1;
+  const char* begin = name.data() + prefix.size();
+  const char* end = name.data() + name.size();
+  long pid = -1;
+  const auto [p, ec] = std::from_chars(begin, end, pid);
+  return ec == std::errc() && p != begin && p != end && *p == '-' && pid > 0 ? pid : -1;
+}
+
+// Siblings of this process are in use by a save running in another thread (a failed save removes
+// its own); those of a live process may be too.
+bool process_is_gone(long pid) {
+  return pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+void fsync_path(const fs::path& p, bool directory, const char* op) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
+  KILN_CHECK(fd >= 0, "[", op, "] ", p.string(), ": cannot open to fsync: ", std::strerror(errno));
+  // Some file systems cannot fsync a directory (EINVAL); the data is as durable as they allow.
+  const bool ok = ::fsync(fd) == 0 || (directory && errno == EINVAL);
+  const int err = errno;
+  ::close(fd);
+  KILN_CHECK(ok, "[", op, "] ", p.string(), ": cannot fsync: ", std::strerror(err));
+}
+
+// Removes what killed saves into `dir` left beside it; an aside copy of the previous checkpoint
+// goes back into place when `dir` is missing.
+void recover_interrupted_saves(const fs::path& dir, const char* op) {
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string n = entry.path().filename().string();
-    const bool ours = n == "model.safetensors" || n == "model.safetensors.index.json" ||
-                      (n.starts_with("model-") && n.ends_with(".safetensors") &&
-                       n.find("-of-") != std::string::npos);
-    if (ours && !keep.contains(n)) fs::remove(entry.path(), ec);
+  const std::string new_prefix = sibling_prefix(dir, "new"),
+                    old_prefix = sibling_prefix(dir, "old");
+  std::vector<fs::path> fresh, aside;
+  for (const auto& e : fs::directory_iterator(dir.parent_path(), ec)) {
+    const std::string n = e.path().filename().string();
+    if (long pid = sibling_pid(n, new_prefix); pid >= 0 && process_is_gone(pid)) {
+      fresh.push_back(e.path());
+    } else if (long pid2 = sibling_pid(n, old_prefix); pid2 >= 0 && process_is_gone(pid2)) {
+      aside.push_back(e.path());
+    }
   }
+  for (const fs::path& p : fresh) fs::remove_all(p, ec);
+  // The newest aside copy is the one to put back, should there be several.
+  std::sort(aside.begin(), aside.end(), [](const fs::path& a, const fs::path& b) {
+    std::error_code e;
+    return fs::last_write_time(a, e) > fs::last_write_time(b, e);
+  });
+  for (const fs::path& p : aside) {
+    if (!fs::exists(fs::symlink_status(dir, ec))) {
+      KILN_CHECK(::rename(p.c_str(), dir.c_str()) == 0, "[", op, "] ", dir.string(),
+                 ": cannot put back the previous checkpoint from ", p.string(), ": ",
+                 std::strerror(errno));
+      fsync_path(dir.parent_path(), true, op);
+    } else {
+      fs::remove_all(p, ec);
+    }
+  }
+}
+
+// Carries `src` (a file, link or directory of the previous checkpoint that is not one of its
+// weight files) into the new one: a hard link where possible, else a copy.
+void carry_over(const fs::path& src, const fs::path& dst, const char* op) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(src, ec);
+  if (fs::is_directory(st)) {
+    fs::create_directory(dst, src, ec);
+    KILN_CHECK(!ec, "[", op, "] cannot create ", dst.string(), ": ", ec.message());
+    for (const auto& e : fs::directory_iterator(src, ec)) {
+      carry_over(e.path(), dst / e.path().filename(), op);
+    }
+    KILN_CHECK(!ec, "[", op, "] cannot list ", src.string(), ": ", ec.message());
+    fsync_path(dst, true, op);
+    return;
+  }
+  fs::create_hard_link(src, dst, ec);
+  if (!ec) return;
+  if (fs::is_symlink(st)) {
+    fs::copy_symlink(src, dst, ec);
+  } else {
+    fs::copy_file(src, dst, ec);
+    if (!ec) fsync_path(dst, false, op);
+  }
+  KILN_CHECK(!ec, "[", op, "] cannot carry ", src.string(),
+             " over into the new checkpoint: ", ec.message());
+}
+
+// Puts the complete directory `staged` in the place of `dir` (see the top of this section).
+void publish(const fs::path& staged, const fs::path& dir, const char* op) {
+  std::error_code ec;
+  const fs::path parent = dir.parent_path();
+  if (!fs::exists(fs::symlink_status(dir, ec))) {
+    KILN_CHECK(::rename(staged.c_str(), dir.c_str()) == 0, "[", op, "] ", dir.string(),
+               ": cannot rename ", staged.string(), " into place: ", std::strerror(errno));
+    fsync_path(parent, true, op);
+    publish_step("published");
+    return;
+  }
+  bool exchanged = false;
+#ifdef RENAME_EXCHANGE
+  if (!g_publish_hooks.two_renames) {
+    exchanged = ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0;
+    KILN_CHECK(exchanged || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP, "[", op,
+               "] ", dir.string(), ": cannot swap in ", staged.string(), ": ",
+               std::strerror(errno));
+  }
+#endif
+  if (exchanged) {
+    fsync_path(parent, true, op);
+    publish_step("published");
+    fs::remove_all(staged, ec);  // the previous checkpoint; a later save retries on failure
+    publish_step("cleaned");
+    return;
+  }
+  const fs::path old = sibling(dir, "old");
+  KILN_CHECK(::rename(dir.c_str(), old.c_str()) == 0, "[", op, "] ", dir.string(),
+             ": cannot move the previous checkpoint aside to ", old.string(), ": ",
+             std::strerror(errno));
+  fsync_path(parent, true, op);
+  publish_step("moved-aside");
+  if (::rename(staged.c_str(), dir.c_str()) != 0) {
+    const int err = errno;
+    if (::rename(old.c_str(), dir.c_str()) == 0) fsync_path(parent, true, op);
+    KILN_FAIL("[", op, "] ", dir.string(), ": cannot rename ", staged.string(),
+              " into place: ", std::strerror(err));
+  }
+  fsync_path(parent, true, op);
+  publish_step("published");
+  fs::remove_all(old, ec);
+  publish_step("cleaned");
+}
+
+// `dir`, or while a save in two-renames mode is between its renames (or was killed there), the
+// aside copy of the previous checkpoint.
+fs::path readable_dir(const fs::path& dir) {
+  std::error_code ec;
+  if (dir.empty() || fs::exists(dir, ec)) return dir;
+  const fs::path abs = fs::absolute(dir, ec).lexically_normal();
+  const fs::path d = abs.has_filename() ? abs : abs.parent_path();
+  const std::string prefix = sibling_prefix(d, "old");
+  std::optional<fs::path> newest;
+  fs::file_time_type newest_time{};
+  for (const auto& e : fs::directory_iterator(d.parent_path(), ec)) {
+    if (sibling_pid(e.path().filename().string(), prefix) < 0) continue;
+    const fs::file_time_type t = fs::last_write_time(e.path(), ec);
+    if (!ec && (!newest || t > newest_time)) newest = e.path(), newest_time = t;
+  }
+  return newest.value_or(dir);
 }
 
 }  // namespace
@@ -291,7 +480,7 @@ void load_hf_weights(GPTImpl& model, const std::string& path) {
   constexpr const char* op = "load_hf_weights";
   const ModelConfig& cfg = model.config();
   const std::vector<Entry> plan = name_plan(cfg, op);
-  Checkpoint ck = open_checkpoint(path);
+  Checkpoint ck = open_checkpoint(readable_dir(path).string());
   std::map<std::string, Shape> have;
   for (const auto& [name, f] : ck.where) have.emplace(name, ck.files[f].info(name).shape);
   const std::string problems = check_names(plan, have, cfg);
@@ -330,9 +519,10 @@ void load_hf_weights(GPTImpl& model, const std::string& path) {
 }
 
 GPT load_hf_checkpoint(const std::string& dir, const TensorOptions& options) {
-  const ModelConfig cfg = ModelConfig::from_hf_config((fs::path(dir) / "config.json").string());
+  const fs::path d = readable_dir(dir);
+  const ModelConfig cfg = ModelConfig::from_hf_config((d / "config.json").string());
   GPT model(cfg, options);
-  load_hf_weights(*model, dir);
+  load_hf_weights(*model, d.string());
   return model;
 }
 
@@ -340,13 +530,49 @@ void save_hf_checkpoint(const GPTImpl& model, const std::string& dir, int64_t ma
   constexpr const char* op = "save_hf_checkpoint";
   KILN_CHECK(max_shard_bytes > 0, "[", op, "] max_shard_bytes must be positive, got ",
              max_shard_bytes);
+  KILN_CHECK(!dir.empty(), "[", op, "] the directory name is empty");
   const std::vector<std::pair<std::string, Tensor>> tensors = hf_tensors(model, op);
   const ScalarType dtype = tensors.front().second.dtype();
   const std::string config_json = to_hf_config_json(model.config(), dtype);
   std::error_code ec;
-  const fs::path d(dir);
-  fs::create_directories(d, ec);
-  KILN_CHECK(fs::is_directory(d, ec), "[", op, "] ", dir, ": cannot create the directory");
+  // The directory itself is replaced, so its name must be its own: "out/ckpt/." is "out/ckpt",
+  // and a symbolic link is followed to the directory it names.
+  fs::path d = fs::absolute(dir).lexically_normal();
+  if (!d.has_filename()) d = d.parent_path();
+  if (fs::is_symlink(fs::symlink_status(d, ec))) {
+    d = fs::canonical(d, ec);
+    KILN_CHECK(!ec, "[", op, "] ", dir, ": a symbolic link to nothing (", ec.message(), ")");
+  }
+  KILN_CHECK(d != d.root_path(), "[", op, "] ", dir, ": cannot replace the root directory");
+  fs::create_directories(d.parent_path(), ec);
+  KILN_CHECK(fs::is_directory(d.parent_path(), ec), "[", op, "] ", dir,
+             ": cannot create the parent directory ", d.parent_path().string());
+  recover_interrupted_saves(d, op);
+  const bool replacing = fs::exists(d, ec);
+  KILN_CHECK(!replacing || fs::is_directory(d, ec), "[", op, "] ", dir,
+             ": exists and is not a directory");
+
+  const fs::path staged = sibling(d, "new");
+  fs::create_directory(staged, ec);
+  KILN_CHECK(!ec, "[", op, "] cannot create ", staged.string(), ": ", ec.message());
+  // Whatever happens, `staged` goes: it holds the new checkpoint until it is in place, and after
+  // an exchange the previous one.
+  struct RemoveOnExit {
+    fs::path p;
+    ~RemoveOnExit() {
+      std::error_code e;
+      fs::remove_all(p, e);
+    }
+  } guard{staged};
+  if (replacing) {
+    // The replacement keeps the permissions of the directory it replaces.
+    fs::permissions(staged, fs::status(d).permissions(), ec);
+    for (const auto& e : fs::directory_iterator(d)) {
+      if (!is_checkpoint_file(e.path().filename().string())) {
+        carry_over(e.path(), staged / e.path().filename(), op);
+      }
+    }
+  }
 
   // Greedy shards in layer order, as transformers' save_pretrained: a tensor larger than
   // max_shard_bytes gets a shard of its own.
@@ -363,17 +589,14 @@ void save_hf_checkpoint(const GPTImpl& model, const std::string& dir, int64_t ma
     total += bytes;
   }
   const SafetensorsMetadata meta{{"format", "pt"}};
-  std::set<std::string> written;
   if (shards.size() == 1) {
-    save_safetensors(shards[0], (d / "model.safetensors").string(), meta);
-    written.insert("model.safetensors");
+    save_safetensors(shards[0], (staged / "model.safetensors").string(), meta);
   } else {
     std::map<std::string, std::string> weight_map;
     char buf[64];
     for (size_t s = 0; s < shards.size(); ++s) {
       std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-      save_safetensors(shards[s], (d / buf).string(), meta);
-      written.insert(buf);
+      save_safetensors(shards[s], (staged / buf).string(), meta);
       for (const auto& [name, t] : shards[s]) weight_map.emplace(name, buf);
     }
     std::string index = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(total) +
@@ -385,11 +608,22 @@ void save_hf_checkpoint(const GPTImpl& model, const std::string& dir, int64_t ma
       first = false;
     }
     index += "\n  }\n}\n";
-    write_file_atomically((d / "model.safetensors.index.json").string(), index, op);
-    written.insert("model.safetensors.index.json");
+    write_file_atomically((staged / "model.safetensors.index.json").string(), index, op);
   }
-  write_file_atomically((d / "config.json").string(), config_json, op);
-  remove_stale_weights(d, written);
+  write_file_atomically((staged / "config.json").string(), config_json, op);
+  fsync_path(staged, true, op);
+  publish_step("staged");
+  // A process whose working directory is `dir` would stay in the replaced one, removed: it
+  // follows the name instead, so that "." keeps meaning the checkpoint.
+  const bool in_dir = fs::current_path(ec) == d;
+  publish(staged, d, op);
+  if (in_dir) fs::current_path(d, ec);
 }
+
+namespace internal {
+
+void set_hf_publish_hooks(const HfPublishHooks& hooks) { g_publish_hooks = hooks; }
+
+}  // namespace internal
 
 }  // namespace kiln::models

@@ -4,8 +4,8 @@
 //
 //   cmake -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DKILN_CUDA=OFF
 //   ninja -C build-fuzz safetensors_fuzz
-//   build-fuzz/tests/safetensors_fuzz -max_total_time=60 \
-//       -dict=tests/nn/data/safetensors.dict -seed_inputs=tests/nn/data/fixture.safetensors
+//   D=tests/nn/data F=build-fuzz/tests/safetensors_fuzz
+//   $F -max_total_time=60 -dict=$D/safetensors.dict -seed_inputs=$D/fixture.safetensors
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
