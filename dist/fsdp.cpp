@@ -1,6 +1,7 @@
 #include "dist/fsdp.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
@@ -535,6 +536,34 @@ void FSDPModule::finish_backward() {
     u->reduce_input_ = Tensor();
   }
   backward_order_.clear();
+}
+
+double FSDPModule::clip_grad_norm_(double max_norm) {
+  KILN_CHECK(is_root(), "[FSDPModule::clip_grad_norm_] ", describe(), " was adopted by the ",
+             "fully_shard call on ", root().module().name(), ": call it on that root");
+  NoGradGuard no_grad;
+  // The padding of the shards holds zero gradients, so the shards' squares sum to the model's.
+  Tensor sum;
+  std::vector<Tensor> grads;
+  for (FSDPModule* u : subtree()) {
+    for (const Param& p : u->params_) {
+      const Tensor& g = u->unsharded_ ? p.sharded_grad : p.param.grad();
+      if (!g.defined()) continue;
+      grads.push_back(g);
+      Tensor sq = g.to(kDouble).square().sum();
+      sum = sum.defined() ? sum + sq : sq;
+    }
+  }
+  const Device device = params_.empty() ? Device(kCPU) : params_[0].param.device();
+  Tensor total = sum.defined() ? sum.reshape({1}).to(device)
+                               : zeros({1}, TensorOptions().dtype(kDouble).device(device));
+  pg_->all_reduce(total, ReduceOp::kSum)->wait();
+  const double norm = std::sqrt(total.item<double>());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1) {
+    for (Tensor g : grads) g.mul_(coef);
+  }
+  return norm;
 }
 
 // --- State dicts --------------------------------------------------------------------------------

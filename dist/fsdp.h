@@ -136,6 +136,12 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   int64_t unsharded_numel() const;
   int64_t sharded_numel() const;
 
+  // torch's clip_grad_norm_ over the sharded gradients of this root's units (norm 2): the norm
+  // of the full gradients, as nn::utils::clip_grad_norm_ would compute it on the whole model;
+  // when it exceeds max_norm every shard's grad() is scaled by max_norm / (norm + 1e-6).
+  // Collective: every rank must call. Returns the norm before clipping.
+  double clip_grad_norm_(double max_norm);
+
   // State dicts, over this unit and every unit below it, keyed as module().state_dict()
   // (buffers included). Collective: every rank must call. full_state_dict gives full tensors in
   // the shards' dtype on rank 0 (every rank when !rank0_only); load_full_state_dict takes the

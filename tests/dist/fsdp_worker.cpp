@@ -176,9 +176,24 @@ void fsdp_mlp() {
       expect_close(model->fc1->weight.grad().narrow(0, 0, len), g.narrow(0, begin, len), 1e-12,
                    "fc1.weight shard gradient at step " + std::to_string(step));
     }
+    if (step == 1) {
+      // The norm of the full gradient, from the shards; a max_norm below it scales them.
+      const double norm = root->clip_grad_norm_(0.05);
+      const double ref_norm = nn::utils::clip_grad_norm_(ref->parameters(), 0.05);
+      WCHECK(std::abs(norm - ref_norm) < 1e-12 * ref_norm && ref_norm > 0.05, "gradient norm ",
+             norm, " vs one process ", ref_norm);
+    }
     opt.step();
     ref_opt.step();
     expect_same_weights(*root, *ref, 1e-9, "after step " + std::to_string(step));
+  }
+  {
+    // Without grad mode (evaluation) run() gathers, runs and reshards every unit, the root's too.
+    NoGradGuard no_grad;
+    Tensor x = randn({2, 8}, kDouble);
+    Tensor out = root->run([&] { return model(x); });
+    expect_close(out, ref(x), 1e-9, "an evaluation forward");
+    for (const auto& p : model->parameters()) WCHECK(p.dim() == 1, "resharded after evaluation");
   }
   // The shard padding (past the end of a parameter) stays zero through AdamW.
   if (r == n - 1 && 4 % n != 0) {
