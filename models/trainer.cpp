@@ -23,6 +23,7 @@
 #include "nn/serialize.h"
 #include "pretrain/metrics.h"
 #include "pretrain/progress.h"
+#include "pretrain/shard.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -46,11 +47,107 @@ using internal::TrainStep;
 // The validation batches are drawn from their own Philox stream, the same at every evaluation.
 constexpr uint64_t kEvalSeedSalt = 0x9E3779B97F4A7C15ull;
 
+// A loss or a norm for a message: "nan" and "inf" whatever their sign bit or the platform.
+std::string format_value(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return format_number(v, 4);
+}
+
+// Whether two data paths name the same data: the same string, or the same existing file.
+bool same_data(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  std::error_code ec;
+  return fs::equivalent(a, b, ec) && !ec;
+}
+
+// A resume runs as the checkpoint's run did, unless the options allow changes: compares what
+// the state file stores with the options and errors listing every difference; the schedule the
+// run continues on goes into `o` (the stored one, or with allow_resume_changes the options').
+// lr_decay_steps 0 means the stored schedule's length.
+void check_resume_settings(const CheckpointInfo& info, PretrainOptions& o, std::ostream& log) {
+  std::vector<std::string> changes;
+  auto compare = [&](const char* what, const auto& stored, const auto& asked) {
+    if (stored == asked) return;
+    std::ostringstream s;
+    s << what << " " << stored << " -> " << asked;
+    changes.push_back(s.str());
+  };
+  if (info.data && !same_data(*info.data, o.data_path)) {
+    changes.push_back("data " + *info.data + " -> " + o.data_path);
+  }
+  if (info.batch_size) compare("batch_size", *info.batch_size, o.batch_size);
+  if (info.seq_len) compare("seq_len", *info.seq_len, o.seq_len);
+  if (info.grad_accum_steps)
+    compare("grad_accum_steps", *info.grad_accum_steps, o.grad_accum_steps);
+  if (info.seed) compare("seed", *info.seed, o.seed);
+  const auto& sc = info.schedule;
+  const int64_t asked_decay =
+      o.lr_decay_steps > 0 ? o.lr_decay_steps : (sc ? sc->lr_decay_steps : o.max_steps);
+  const int64_t asked_warmup = std::min(o.warmup_steps, asked_decay);
+  if (sc) {
+    compare("lr", sc->lr, o.lr);
+    compare("min_lr", sc->min_lr, o.min_lr);
+    compare("warmup_steps", sc->warmup_steps, asked_warmup);
+    compare("lr_decay_steps", sc->lr_decay_steps, asked_decay);
+  }
+  std::string list;
+  for (const std::string& c : changes) list += (list.empty() ? "" : ", ") + c;
+  KILN_CHECK(changes.empty() || o.allow_resume_changes, "[pretrain] resume: the checkpoint in ",
+             o.out_dir, " (step ", info.step,
+             ") was trained with other settings than asked: ", list,
+             "; resume with the checkpoint's settings, or allow the changes "
+             "(allow_resume_changes; kiln pretrain --allow-resume-changes)");
+  if (!changes.empty()) log << "resume with changes (allowed): " << list << "\n";
+  if (sc && !o.allow_resume_changes) {
+    o.lr = sc->lr;
+    o.min_lr = sc->min_lr;
+    o.warmup_steps = sc->warmup_steps;
+  }
+  o.lr_decay_steps = o.allow_resume_changes || !sc ? asked_decay : sc->lr_decay_steps;
+  if (o.allow_resume_changes) o.warmup_steps = asked_warmup;
+}
+
+// What data_path names, checked before anything opens it: a FIFO would block the read, and a
+// directory is read as token shards, so one without any is reported as a directory.
+void check_data_path(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    bool has_shards = false;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      has_shards = has_shards || e.path().extension() == pretrain::kShardExtension;
+    }
+    KILN_CHECK(has_shards, "[pretrain] data ", path, ": is a directory without token shards (*",
+               pretrain::kShardExtension,
+               " files, written by kiln prepare); give a text or token file, or a directory of "
+               "shards");
+    return;
+  }
+  std::vector<std::string> parts;
+  if (is_shard_data(path)) {
+    std::stringstream list(path);
+    for (std::string part; std::getline(list, part, ',');) parts.push_back(part);
+  } else {
+    parts.push_back(path);
+  }
+  for (const std::string& part : parts) {
+    // A missing file is the reader's error, which says how it would have read it.
+    const fs::file_type type = fs::status(part, ec).type();
+    if (type == fs::file_type::not_found) continue;
+    KILN_CHECK(type != fs::file_type::directory, "[pretrain] data ", part,
+               ": is a directory, not a file");
+    KILN_CHECK(type != fs::file_type::fifo, "[pretrain] data ", part,
+               ": is a FIFO, not a regular file (reading it would wait for a writer)");
+    KILN_CHECK(type == fs::file_type::regular, "[pretrain] data ", part, ": is not a regular file");
+  }
+}
+
 // The run's data: a text or token file (TokenDataset, batches a pure function of the step), or
 // token shards (a ShardLoader, whose position goes into checkpoints).
 class TrainData {
  public:
   TrainData(const PretrainOptions& o, const ModelConfig& cfg) : o_(o) {
+    check_data_path(o.data_path);
     if (is_shard_data(o.data_path)) {
       auto set = std::make_shared<pretrain::ShardSet>(pretrain::ShardSet::open(o.data_path));
       KILN_CHECK(set->vocab_size() <= cfg.vocab_size, "[pretrain] ", o.data_path,
@@ -194,13 +291,20 @@ void PretrainOptions::validate() const {
   KILN_CHECK(seq_len > 0, "[pretrain] seq_len must be positive, got ", seq_len);
   KILN_CHECK(max_steps > 0, "[pretrain] max_steps must be positive, got ", max_steps);
   KILN_CHECK(lr_decay_steps >= 0, "[pretrain] lr_decay_steps must be >= 0, got ", lr_decay_steps);
-  KILN_CHECK(lr > 0 && min_lr >= 0 && min_lr <= lr,
-             "[pretrain] need 0 <= min_lr <= lr and lr > 0, "
-             "got lr ",
-             lr, " min_lr ", min_lr);
+  KILN_CHECK(std::isfinite(lr) && lr > 0 && min_lr >= 0 && min_lr <= lr,
+             "[pretrain] need 0 <= min_lr <= lr and lr > 0 (finite), got lr ", lr, " min_lr ",
+             min_lr);
+  int64_t tokens = 0;
+  KILN_CHECK(!__builtin_mul_overflow(batch_size, seq_len, &tokens) &&
+                 !__builtin_mul_overflow(tokens, grad_accum_steps, &tokens),
+             "[pretrain] batch_size ", batch_size, " x seq_len ", seq_len, " x grad_accum_steps ",
+             grad_accum_steps, " tokens per step overflows int64");
   KILN_CHECK(warmup_steps >= 0, "[pretrain] warmup_steps must be >= 0, got ", warmup_steps);
-  KILN_CHECK(weight_decay >= 0, "[pretrain] weight_decay must be >= 0, got ", weight_decay);
-  KILN_CHECK(grad_clip >= 0, "[pretrain] grad_clip must be >= 0 (0 = off), got ", grad_clip);
+  KILN_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+             "[pretrain] weight_decay must be finite and >= 0, got ", weight_decay);
+  KILN_CHECK(std::isfinite(grad_clip) && grad_clip >= 0,
+             "[pretrain] grad_clip must be finite and >= 0 (0 = off), got ", grad_clip);
+  KILN_CHECK(std::isfinite(eps) && eps >= 0, "[pretrain] eps must be finite and >= 0, got ", eps);
   KILN_CHECK(grad_accum_steps > 0, "[pretrain] grad_accum_steps must be positive, got ",
              grad_accum_steps);
   KILN_CHECK(log_interval > 0, "[pretrain] log_interval must be positive, got ", log_interval);
@@ -231,27 +335,17 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     existing = read_checkpoint_info(o.out_dir);
   }
   if (o.resume && existing) {
-    const CheckpointInfo& info = *existing;
-    KILN_CHECK(!info.seed || *info.seed == o.seed, "[pretrain] the checkpoint in ", o.out_dir,
-               " was trained with seed ", info.seed.value_or(0), ", not ", o.seed,
-               " (the seed shapes the batches)");
-    KILN_CHECK(!info.seq_len || *info.seq_len == o.seq_len, "[pretrain] the checkpoint in ",
-               o.out_dir, " was trained with seq_len ", info.seq_len.value_or(0), ", not ",
-               o.seq_len);
-    if (const auto& sc = info.schedule) {
-      const int64_t asked_decay = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.max_steps;
-      const int64_t asked_warmup = std::min(o.warmup_steps, asked_decay);
-      if (sc->lr != o.lr || sc->min_lr != o.min_lr || sc->warmup_steps != asked_warmup ||
-          sc->lr_decay_steps != asked_decay) {
-        log << "resume keeps the run's schedule: lr " << sc->lr << " -> " << sc->min_lr
-            << ", warmup " << sc->warmup_steps << ", decay over " << sc->lr_decay_steps
-            << " steps (the options asked for lr " << o.lr << " -> " << o.min_lr << ", warmup "
-            << asked_warmup << ", decay over " << asked_decay << ")\n";
-      }
-      o.lr = sc->lr;
-      o.min_lr = sc->min_lr;
-      o.warmup_steps = sc->warmup_steps;
-      o.lr_decay_steps = sc->lr_decay_steps;
+    check_resume_settings(*existing, o, log);
+    if (existing->step >= o.max_steps) {
+      log << "the checkpoint in " << o.out_dir << " is at step " << existing->step
+          << (existing->step == o.max_steps ? ", the last step" : ", past the last step")
+          << " (max_steps " << o.max_steps
+          << "): nothing to train; raise max_steps to train further\n";
+      PretrainSummary summary;
+      summary.start_step = summary.steps = existing->step;
+      summary.final_train_loss = summary.final_val_loss = std::numeric_limits<double>::quiet_NaN();
+      summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+      return summary;
     }
   }
   TrainData data(o, cfg);
@@ -266,6 +360,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
   optim::CosineAnnealingWithWarmup sched(*opt, warmup, decay_steps, o.min_lr);
 
   PretrainSummary summary;
+  std::optional<int64_t> last_saved;  // the step of the newest checkpoint of this run
   if (o.resume) {
     if (const auto& info = existing) {
       KILN_CHECK(info->config == cfg.name, "[pretrain] the checkpoint in ", o.out_dir,
@@ -273,8 +368,9 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
       KILN_CHECK(info->precision == o.precision, "[pretrain] the checkpoint in ", o.out_dir,
                  " was trained in ", info->precision, ", not ", o.precision);
       data.resume(*info, o.out_dir);
-      load(model, (fs::path(o.out_dir) / info->model_file).string());
-      opt->load((fs::path(o.out_dir) / info->optimizer_file).string());
+      internal::load_model_file(model, (fs::path(o.out_dir) / info->model_file).string());
+      internal::load_optimizer_file(*opt, (fs::path(o.out_dir) / info->optimizer_file).string());
+      last_saved = info->step;
       sched.set_last_epoch(info->step);
       summary.start_step = info->step;
       log << "resumed from " << o.out_dir << " at step " << info->step << "\n";
@@ -296,7 +392,23 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
   if (o.compile) log << "the training step runs through kiln::compile\n";
   log << std::flush;
   const double clip = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
-  TrainStep train(model, *opt, o.precision, clip, o.compile);
+  // With skip_nonfinite the values are read before the update, which then runs eagerly.
+  TrainStep train(model, *opt, o.precision, clip, o.compile,
+                  /*update_inside=*/!o.skip_nonfinite);
+  // What a non-finite value stops with: the step, what was not finite, what is kept.
+  auto stop_nonfinite = [&](int64_t step, const std::string& what) {
+    std::ostringstream kept;
+    if (o.out_dir.empty()) {
+      kept << "no checkpoints (no out_dir)";
+    } else if (last_saved) {
+      kept << "the last checkpoint in " << o.out_dir << " (step " << *last_saved << ") is kept";
+    } else {
+      kept << "this run saved no checkpoint in " << o.out_dir;
+    }
+    KILN_FAIL("[pretrain] step ", step, ": ", what, "; stopped before saving: ", kept.str(),
+              ". Lower the lr, or skip such steps (skip_nonfinite; kiln pretrain "
+              "--skip-nonfinite)");
+  };
   pretrain::Progress progress(log, o.progress_bar.value_or(pretrain::Progress::is_terminal(log)),
                               static_cast<double>(o.max_steps), "step",
                               static_cast<double>(summary.start_step));
@@ -316,10 +428,21 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
       xs.push_back(std::move(x));
       ys.push_back(std::move(y));
     }
+    if (o.before_step) o.before_step(step, model);
     const std::vector<Tensor> out = train(xs, ys);  // micro-batch losses, then the grad norm
     double loss_sum = 0;
     for (size_t i = 0; i + 1 < out.size(); ++i) loss_sum += out[i].item<double>();
     const double grad_norm = out.back().item<double>();
+    const bool finite = std::isfinite(loss_sum) && std::isfinite(grad_norm);
+    if (!finite && !o.skip_nonfinite) {
+      stop_nonfinite(step, "the loss is " + format_value(loss_sum) + " and the gradient norm " +
+                               format_value(grad_norm) + " (not finite)");
+    }
+    if (!finite) {
+      summary.skipped_steps.push_back(step);
+    } else if (o.skip_nonfinite) {
+      train.update();
+    }
     sched.step();
     if (on_cuda) cuda::synchronize();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -334,8 +457,10 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     summary.train_losses.push_back(loss_value);
     summary.final_train_loss = loss_value;
     summary.steps = step;
-    KILN_CHECK(std::isfinite(loss_value), "[pretrain] the loss became ", loss_value, " at step ",
-               step, " (try a lower lr)");
+    if (!finite) {
+      progress.line("step " + std::to_string(step) + " skipped: loss " + format_value(loss_value) +
+                    ", grad norm " + format_value(grad_norm) + " (not finite; no update)");
+    }
 
     // The values of this step; the throughput over the steps since the last logged line.
     const double tok_s = static_cast<double>(window_steps * tokens_per_step) / window_seconds;
@@ -349,7 +474,8 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     }
     const int64_t mem = memory_bytes(device);
     speed << ", mem " << format_memory(mem);
-    if (metrics) metrics->train(step, loss_value, lr, grad_norm, tok_s, mem);
+    // A skipped step's NaN has no place in the JSON lines or the plot.
+    if (metrics && finite) metrics->train(step, loss_value, lr, grad_norm, tok_s, mem);
     progress.update(static_cast<double>(step), values.str() + " | " + speed.str());
     if (step % o.log_interval == 0 || step == o.max_steps || step == summary.start_step + 1) {
       progress.line(
@@ -373,8 +499,18 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     const int signal = stop.received();
     if (!o.out_dir.empty() &&
         ((o.checkpoint_interval > 0 && step % o.checkpoint_interval == 0) || last || signal)) {
+      // A finite loss and gradient can still give non-finite weights (an lr that overflows the
+      // update): they must not replace a good checkpoint.
+      const std::vector<std::string> bad = internal::nonfinite_parameters(model);
+      if (!bad.empty()) {
+        std::string names;
+        for (size_t i = 0; i < bad.size() && i < 3; ++i) names += (i ? ", " : "") + bad[i];
+        if (bad.size() > 3) names += ", ... (" + std::to_string(bad.size()) + " parameters)";
+        stop_nonfinite(step, "the weights are not finite after the update (" + names + ")");
+      }
       save_checkpoint(o.out_dir, model, *opt, cfg.name, o, step,
                       {o.lr, o.min_lr, warmup, decay_steps}, data.loader_state());
+      last_saved = step;
       progress.line("checkpoint step " + std::to_string(step) + " -> " + o.out_dir);
     }
     if (signal != 0 && !last) {

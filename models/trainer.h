@@ -53,10 +53,21 @@
 // checkpoint when out_dir is set (summary.stop_signal says which); a second one kills at once.
 // With resume, a run restores the model, the optimizer and the step from out_dir and continues
 // bit-exactly as an uninterrupted run (same batches, same schedule; the checkpoint's config
-// must match). The schedule (lr, min_lr, warm-up and decay steps, as run) is stored in the state
-// and a resume uses the stored one, whatever the options say (a line says so when they differ):
-// max_steps only says where the resumed run stops. A resume with another seed or seq_len is an
-// error. A checkpoint of a config that is not in the registry cannot be reloaded by name.
+// must match). The schedule (lr, min_lr, warm-up and decay steps, as run), the seed, the data, the
+// batch, seq_len and grad_accum_steps are stored in the state; a resume whose options differ is
+// an error listing the differences (lr_decay_steps 0 takes the stored schedule's length), unless
+// allow_resume_changes. max_steps only says where the resumed run stops: a run that will be
+// resumed further sets lr_decay_steps to the whole run's length. Resuming at or past max_steps
+// trains nothing and says so. A checkpoint of a config that is not in the registry cannot be
+// reloaded by name. Loading checks every tensor of the model and optimizer files against the
+// model's and the optimizer's (dtype, shape, the optimizer's buffers), and opens only regular
+// files.
+//
+// Non-finite values: the loss and the gradient norm are checked after every step and the
+// weights before every save. A non-finite one stops the run with an error naming the step and
+// the value, before anything is saved, so the last good checkpoint stays; with skip_nonfinite
+// a step with a non-finite loss or gradient norm is skipped instead (checked before the update;
+// with compile the update then runs eagerly, outside the compiled step).
 // The file names in trainer_state.json must be plain names inside the directory (no '/', no
 // ".."): a crafted state file cannot make the trainer read or delete files elsewhere. The output
 // directory is created and checked writable, and an existing trainer_state.json read, before the
@@ -64,6 +75,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -106,6 +118,15 @@ struct PretrainOptions {
   // trainer_state-<step>.json (copy it over trainer_state.json to resume from it).
   int64_t keep_checkpoints = 1;
   bool resume = false;
+  // A resume must run as the checkpoint's run did: the same data, batch_size, seq_len,
+  // grad_accum_steps, seed and schedule (lr, min_lr, warm-up; lr_decay_steps 0 takes the
+  // checkpoint's), else it is an error listing the differences. With allow_resume_changes the
+  // options win (the schedule too), and a line lists what changed.
+  bool allow_resume_changes = false;
+  // A step whose loss or gradient norm is not finite stops the run with an error naming the
+  // step (the last good checkpoint stays). With skip_nonfinite the step is skipped instead: no
+  // update (the optimizer state is untouched), the schedule moves on, a line says so.
+  bool skip_nonfinite = false;
   uint64_t seed = 1337;
   // Runs the training step through kiln::compile (docs/compiler.md): traced on steps 1 and 2,
   // replayed after; the same kernels, so the same losses as eager.
@@ -113,6 +134,9 @@ struct PretrainOptions {
   // nullopt: a progress bar when `log` is a terminal (pretrain::Progress::is_terminal), else
   // plain lines; true / false force one.
   std::optional<bool> progress_bar;
+  // Called before each step with the step and the model (after the batches are drawn, before
+  // the forward): to watch the weights, or in tests to inject a fault at a given step.
+  std::function<void(int64_t step, GPT& model)> before_step;
 
   // Throws "[pretrain] ..." naming the first bad option.
   void validate() const;
@@ -130,6 +154,7 @@ struct PretrainSummary {
   int64_t compile_traces = 0;        // with compile: steps that traced, and steps that replayed
   int64_t compile_replays = 0;
   int stop_signal = 0;  // SIGINT or SIGTERM when one stopped the run (after a checkpoint)
+  std::vector<int64_t> skipped_steps;  // with skip_nonfinite: the steps skipped
 };
 
 // cuda if kiln::cuda::is_available(), else cpu.
@@ -150,17 +175,23 @@ struct CheckpointInfo {
   // The settings that shape the run (absent in checkpoints of older kilns).
   std::optional<uint64_t> seed;
   std::optional<int64_t> seq_len;
+  std::optional<int64_t> batch_size;
+  std::optional<int64_t> grad_accum_steps;
+  std::optional<std::string> data;  // the data path as the run was given it
   struct Schedule {
     double lr = 0, min_lr = 0;
     int64_t warmup_steps = 0, lr_decay_steps = 0;
   };
   std::optional<Schedule> schedule;
 };
-// Reads <dir>/trainer_state.json; nullopt when there is none. Errors on a malformed one, and on
-// file names that are not plain names inside `dir`.
+// Reads <dir>/trainer_state.json; nullopt when there is none. Errors on a malformed one (duplicate
+// keys, numbers out of range: a negative or absurd step, an unknown precision, non-positive
+// sizes), on one that is not a regular file (a FIFO, a directory), and on file names that are
+// not plain names inside `dir`.
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir);
 // The checkpoint's model (config from the registry by name) on `device`, in f32 or, for a
-// bf16-true checkpoint, bf16.
+// bf16-true checkpoint, bf16. Every tensor of the file must have exactly the dtype and shape
+// of the model's (an I32 tensor where F32 is expected is an error naming the file and tensor).
 GPT load_checkpoint(const std::string& dir, Device device);
 
 // Training-step throughput on random tokens (what `kiln bench` prints): warmup_steps steps

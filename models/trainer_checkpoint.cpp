@@ -11,11 +11,14 @@
 #include <iomanip>
 #include <sstream>
 
+#include "autograd/grad_mode.h"
 #include "models/trainer_internal.h"
 #include "nn/json.h"
 #include "nn/safetensors.h"
 #include "nn/serialize.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
+#include "tensor/shape.h"
 
 namespace kiln::models {
 namespace internal {
@@ -129,12 +132,127 @@ void check_output_dir(const std::string& dir) {
   fs::remove(probe, ec);
 }
 
+namespace {
+
+// A dtype as a safetensors header spells it, as a user reading the file sees it.
+std::string file_dtype(ScalarType t) {
+  switch (t) {
+    case kFloat64:
+      return "F64";
+    case kFloat32:
+      return "F32";
+    case kFloat16:
+      return "F16";
+    case kBFloat16:
+      return "BF16";
+    case kInt64:
+      return "I64";
+    case kInt32:
+      return "I32";
+    case kBool:
+      return "BOOL";
+    default:
+      return std::string(dtype_name(t));
+  }
+}
+
+}  // namespace
+
+void check_regular_file(const std::string& path) {
+  std::error_code ec;
+  const fs::file_type type = fs::status(path, ec).type();
+  KILN_CHECK(type != fs::file_type::not_found, "[checkpoint] ", path, ": no such file");
+  KILN_CHECK(!ec, "[checkpoint] ", path, ": cannot stat: ", ec.message());
+  KILN_CHECK(type != fs::file_type::directory, "[checkpoint] ", path,
+             ": is a directory, not a file");
+  KILN_CHECK(type != fs::file_type::fifo, "[checkpoint] ", path,
+             ": is a FIFO, not a regular file (reading it would wait for a writer)");
+  KILN_CHECK(type == fs::file_type::regular, "[checkpoint] ", path, ": is not a regular file");
+}
+
+void load_model_file(GPT& model, const std::string& path) {
+  check_regular_file(path);
+  const TensorMap tensors = load_safetensors(path);
+  const std::map<std::string, Tensor> expected = model->state_dict();
+  // Exactly the model's tensors, each in its exact dtype: a bf16 or I32 tensor where the
+  // trainer wrote F32 means another file, which kiln::load would silently convert.
+  for (const auto& [name, want] : expected) {
+    const auto it = tensors.find(name);
+    KILN_CHECK(it != tensors.end(), "[checkpoint] ", path, ": no tensor \"", name, "\" (expected ",
+               file_dtype(want.dtype()), " ", shape_str(want.sizes()), ")");
+    const Tensor& got = it->second;
+    KILN_CHECK(got.dtype() == want.dtype() && got.sizes() == want.sizes(), "[checkpoint] ", path,
+               ": tensor \"", name, "\" is ", file_dtype(got.dtype()), " ", shape_str(got.sizes()),
+               ", expected ", file_dtype(want.dtype()), " ", shape_str(want.sizes()));
+  }
+  for (const auto& [name, t] : tensors) {
+    KILN_CHECK(expected.contains(name), "[checkpoint] ", path, ": unexpected tensor \"", name,
+               "\" (not a parameter or buffer of the model)");
+  }
+  model->load_state_dict(tensors, /*strict=*/true);
+}
+
+void load_optimizer_file(optim::Optimizer& opt, const std::string& path) {
+  check_regular_file(path);
+  SafetensorsMetadata metadata;
+  const TensorMap tensors = load_safetensors(path, &metadata);
+  // The buffers ("state.<index>.<name>") in the exact dtype and shape of the state the optimizer
+  // keeps; the optimizer checks the set of buffers and the metadata.
+  const std::vector<Tensor> params = opt.parameters();
+  for (const auto& [name, t] : tensors) {
+    const size_t dot = name.find('.', 6);
+    int64_t index = -1;
+    if (name.starts_with("state.") && dot != std::string::npos && dot > 6) {
+      const std::string digits = name.substr(6, dot - 6);
+      if (digits.size() < 10 && digits.find_first_not_of("0123456789") == std::string::npos) {
+        index = std::stoll(digits);
+      }
+    }
+    KILN_CHECK(index >= 0 && index < static_cast<int64_t>(params.size()), "[checkpoint] ", path,
+               ": unexpected tensor \"", name, "\" (the optimizer has ", params.size(),
+               " parameters)");
+    const Tensor& p = params[static_cast<size_t>(index)];
+    const ScalarType want = optim::Optimizer::state_dtype(p);
+    KILN_CHECK(t.dtype() == want && t.sizes() == p.sizes(), "[checkpoint] ", path, ": tensor \"",
+               name, "\" is ", file_dtype(t.dtype()), " ", shape_str(t.sizes()), ", expected ",
+               file_dtype(want), " ", shape_str(p.sizes()));
+  }
+  try {
+    opt.load_state_dict(tensors, metadata);
+  } catch (const Error& e) {
+    KILN_FAIL("[checkpoint] ", path, ": ", e.what());
+  }
+}
+
+std::vector<std::string> nonfinite_parameters(const GPT& model) {
+  NoGradGuard no_grad;
+  // x * 0 is 0 for every finite x and NaN for an infinity or a NaN: one exact sum per parameter,
+  // one read for all of them.
+  const auto named = model->named_parameters();
+  std::vector<Tensor> sums;
+  for (const auto& item : named) sums.push_back((item.value() * 0.0).sum().to(kCPU, kFloat64));
+  std::vector<std::string> bad;
+  if (sums.empty()) return bad;
+  const Tensor all = stack(sums);
+  if (std::isfinite(all.sum().item<double>())) return bad;
+  const std::vector<double> each = all.to_vector<double>();
+  size_t i = 0;
+  for (const auto& item : named) {
+    if (!std::isfinite(each[i++])) bad.push_back(item.key());
+  }
+  return bad;
+}
+
 }  // namespace internal
 
 namespace {
 
 namespace fs = std::filesystem;
 using internal::kStateFile;
+
+// The largest step a state file may hold: far beyond any run, small enough that step + 1,
+// step * grad_accum_steps and the step as a double stay exact.
+constexpr int64_t kMaxStep = int64_t{1} << 40;
 
 // A file name with no directory part: what trainer_state.json may name.
 bool is_plain_file_name(const std::string& name) {
@@ -146,8 +264,13 @@ bool is_plain_file_name(const std::string& name) {
 
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
   const fs::path path = fs::path(dir) / kStateFile;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec)) && !fs::exists(fs::status(path, ec))) {
+    return std::nullopt;
+  }
+  internal::check_regular_file(path.string());
   std::ifstream in(path);
-  if (!in.good()) return std::nullopt;
+  KILN_CHECK(in.good(), "[checkpoint] ", path.string(), ": cannot open");
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
@@ -173,6 +296,12 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
         info.seed = r.read_uint64("seed");
       } else if (*key == "seq_len") {
         info.seq_len = r.read_int64("seq_len");
+      } else if (*key == "batch_size") {
+        info.batch_size = r.read_int64("batch_size");
+      } else if (*key == "grad_accum_steps") {
+        info.grad_accum_steps = r.read_int64("grad_accum_steps");
+      } else if (*key == "data") {
+        info.data = r.read_string();
       } else if (*key == "schedule") {
         CheckpointInfo::Schedule sc;
         int seen = 0;
@@ -213,7 +342,22 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
         std::pair{"optimizer", info.optimizer_file.empty()}}) {
     KILN_CHECK(!missing, "[checkpoint] ", path.string(), ": no \"", key, "\" field");
   }
-  KILN_CHECK(*step >= 0, "[checkpoint] ", path.string(), ": bad step ", *step);
+  KILN_CHECK(*step >= 0 && *step <= kMaxStep, "[checkpoint] ", path.string(), ": bad step ", *step,
+             " (must be in [0, ", kMaxStep, "])");
+  KILN_CHECK(
+      info.precision == "f32" || info.precision == "bf16-true" || info.precision == "bf16-mixed",
+      "[checkpoint] ", path.string(), ": unknown precision \"", info.precision,
+      "\" (f32, bf16-true or bf16-mixed)");
+  // The sizes a run was given: positive, and their product (tokens per step) fits in int64.
+  int64_t tokens = 1;
+  for (const auto& [key, value] :
+       {std::pair{"seq_len", info.seq_len}, std::pair{"batch_size", info.batch_size},
+        std::pair{"grad_accum_steps", info.grad_accum_steps}}) {
+    if (!value) continue;
+    KILN_CHECK(*value > 0 && !__builtin_mul_overflow(tokens, *value, &tokens), "[checkpoint] ",
+               path.string(), ": bad ", key, " ", *value,
+               " (must be positive, with batch_size x seq_len x grad_accum_steps within int64)");
+  }
   // The files must be inside the directory: the trainer reads them, and removes them when the
   // next checkpoint replaces this one.
   for (const auto& [key, name] :
@@ -231,7 +375,7 @@ GPT load_checkpoint(const std::string& dir, Device device) {
              " (not a kiln pretrain checkpoint directory)");
   GPT model(ModelConfig::from_name(info->config),
             TensorOptions().device(device).dtype(internal::param_dtype(info->precision)));
-  load(model, (fs::path(dir) / info->model_file).string());
+  internal::load_model_file(model, (fs::path(dir) / info->model_file).string());
   return model;
 }
 }  // namespace kiln::models

@@ -31,24 +31,30 @@ void check_precision(const std::string& precision, const char* who);
 Tensor precision_loss(GPT& model, const Tensor& x, const Tensor& y, const std::string& precision);
 
 // One optimizer step over the micro-batches xs[i], ys[i]: zero_grad, forward and backward of
-// each (its loss divided by their number), clipping to `clip`, the update. Returns the
+// each (its loss divided by their number), clipping to `clip`, the update (unless !update: the
+// caller runs it after checking the values). Returns the
 // micro-batches' losses, then the gradient norm before clipping: tensors, read by the caller,
 // so that the same function runs eagerly or through kiln::compile (PretrainOptions::compile).
 std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vector<Tensor>& params,
                                const std::vector<Tensor>& xs, const std::vector<Tensor>& ys,
-                               const std::string& precision, double clip);
+                               const std::string& precision, double clip, bool update);
 
 // The training step of pretrain and bench, eager or compiled.
 class TrainStep {
  public:
-  TrainStep(GPT& model, optim::Optimizer& opt, std::string precision, double clip, bool compiled)
-      : fn_{model, opt, model->parameters(), std::move(precision), clip} {
+  // update_inside: the optimizer's update is part of the step (compiled with it); otherwise the
+  // caller reads the losses and the norm, then calls update() if it wants the update.
+  TrainStep(GPT& model, optim::Optimizer& opt, std::string precision, double clip, bool compiled,
+            bool update_inside = true)
+      : fn_{model, opt, model->parameters(), std::move(precision), clip, update_inside} {
     if (compiled) compiled_.emplace(fn_, CompileOptions().name("train_step"));
   }
 
   std::vector<Tensor> operator()(const std::vector<Tensor>& xs, const std::vector<Tensor>& ys) {
     return compiled_ ? (*compiled_)(xs, ys) : fn_(xs, ys);
   }
+  // The update of a step run with update_inside false (eager).
+  void update() { fn_.opt.step(); }
   // Nullptr when eager.
   const compiler::CompileStats* stats() const { return compiled_ ? &compiled_->stats() : nullptr; }
 
@@ -59,8 +65,9 @@ class TrainStep {
     std::vector<Tensor> params;
     std::string precision;
     double clip;
+    bool update;
     std::vector<Tensor> operator()(const std::vector<Tensor>& xs, const std::vector<Tensor>& ys) {
-      return train_step(model, opt, params, xs, ys, precision, clip);
+      return train_step(model, opt, params, xs, ys, precision, clip, update);
     }
   };
   Fn fn_;
@@ -87,5 +94,15 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
 void remove_stale_temporaries(const std::string& dir);
 // Creates `dir` and checks that files can be created in it, before any training.
 void check_output_dir(const std::string& dir);
+// Errors unless `path` is a regular file: no such file, a directory, a FIFO (whose open would
+// wait for a writer) are each named.
+void check_regular_file(const std::string& path);
+// Loads a checkpoint's model file into `model`, and an optimizer file into `opt`, after checking
+// that it is a regular file and that every tensor has exactly the dtype and shape expected
+// (errors name the file, the tensor, what was expected and what was found).
+void load_model_file(GPT& model, const std::string& path);
+void load_optimizer_file(optim::Optimizer& opt, const std::string& path);
+// The names of the parameters holding a NaN or an infinity (empty when all are finite).
+std::vector<std::string> nonfinite_parameters(const GPT& model);
 
 }  // namespace kiln::models::internal

@@ -60,7 +60,7 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
 
 std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vector<Tensor>& params,
                                const std::vector<Tensor>& xs, const std::vector<Tensor>& ys,
-                               const std::string& precision, double clip) {
+                               const std::string& precision, double clip, bool update) {
   opt.zero_grad();
   std::vector<Tensor> out;
   for (size_t i = 0; i < xs.size(); ++i) {
@@ -70,7 +70,7 @@ std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vec
     out.push_back(loss.detach());
   }
   out.push_back(clip_grad_norm(params, clip));
-  opt.step();
+  if (update) opt.step();
   return out;
 }
 

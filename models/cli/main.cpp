@@ -15,6 +15,7 @@
 // running (a missing file, a bad config) print kiln's message and exit with status 1.
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "models/cli/prepare.h"
 #include "dist/launcher.h"
+#include "models/cli/prepare.h"
 #include "models/config.h"
 #include "models/generate.h"
 #include "models/gpt.h"
@@ -71,9 +72,17 @@ commands:
       --precision P            f32 | bf16-true | bf16-mixed (default: f32)
       --device D               cpu | cuda (default: cuda when available)
       --out DIR                checkpoint directory (default: out/<config>)
-      --resume                 continue from the checkpoint in --out
+      --resume                 continue from the checkpoint in --out, with its data, batch,
+                               seq, seed and lr schedule (flags that differ are an error)
+      --allow-resume-changes   resume even though --data, --batch, --seq, --seed, --lr or
+                               --lr-decay-steps differ from the checkpoint's (they win)
+      --skip-nonfinite         skip a step whose loss or gradient norm is NaN or infinite
+                               (no update) instead of stopping; either way a non-finite
+                               value never replaces the last good checkpoint
       --lr-decay-steps N       the lr schedule's length (default: --steps); a run may stop
-                               earlier and be resumed on the same schedule
+                               earlier and be resumed on the same schedule: `--steps 20
+                               --lr-decay-steps 40` then `--resume --steps 40` gives the
+                               weights of `--steps 40` bit for bit
       --save-every N           a checkpoint every N steps too (default: only at the end;
                                SIGINT/SIGTERM also save one and stop)
       --keep K                 checkpoints kept, the newest (default: 1)
@@ -180,7 +189,28 @@ double parse_double(const std::string& flag, const std::string& s) {
   if (s.empty() || end != s.c_str() + s.size()) {
     throw UsageError{"--" + flag + ": '" + s + "' is not a number"};
   }
+  // strtod also reads "inf", "nan" and overflows to infinity: no flag wants those.
+  if (!std::isfinite(v)) throw UsageError{"--" + flag + ": '" + s + "' is not a finite number"};
   return v;
+}
+
+// An integer flag that must be at least `min`.
+int64_t parse_int_at_least(const std::string& flag, const std::string& s, int64_t min) {
+  const int64_t v = parse_int(flag, s);
+  if (v < min) {
+    throw UsageError{"--" + flag + " must be " +
+                     (min == 1 ? "positive" : ">= " + std::to_string(min)) + ", got " + s};
+  }
+  return v;
+}
+
+// --batch x --seq (x more factors): the tokens of a step, which must fit in int64.
+void check_tokens_per_step(int64_t batch, int64_t seq) {
+  int64_t tokens = 0;
+  if (__builtin_mul_overflow(batch, seq, &tokens)) {
+    throw UsageError{"--batch " + std::to_string(batch) + " x --seq " + std::to_string(seq) +
+                     " tokens per step overflows int64"};
+  }
 }
 
 // "1 2 3" or "1,2,3" (or a mix) -> ids.
@@ -234,45 +264,70 @@ int cmd_configs(const std::vector<std::string>& args) {
 }
 
 int cmd_pretrain(const std::vector<std::string>& args) {
-  const Flags f = parse_flags(
-      args,
-      {"config", "data", "steps", "batch", "seq", "lr", "precision", "device", "out", "seed",
-       "save-every", "lr-decay-steps", "keep"},
-      {"resume", "compile", "no-progress"});
+  const Flags f =
+      parse_flags(args,
+                  {"config", "data", "steps", "batch", "seq", "lr", "precision", "device", "out",
+                   "seed", "save-every", "lr-decay-steps", "keep"},
+                  {"resume", "compile", "no-progress", "skip-nonfinite", "allow-resume-changes"});
   PretrainOptions o;
   o.config_name = f.contains("config") ? f.at("config") : kiln::models::kDefaultConfig;
+  o.out_dir = f.contains("out") ? f.at("out") : "out/" + o.config_name;
+  o.resume = f.contains("resume");
+  o.allow_resume_changes = f.contains("allow-resume-changes");
+  if (o.allow_resume_changes && !o.resume) {
+    throw UsageError{"--allow-resume-changes goes with --resume"};
+  }
+  // A resume takes the checkpoint's settings for the flags not given, so that `--resume --steps
+  // N` continues the run as it was; flags given and different are the library's error (unless
+  // --allow-resume-changes).
+  std::optional<kiln::models::CheckpointInfo> stored;
+  if (o.resume) stored = kiln::models::read_checkpoint_info(o.out_dir);
   o.data_path = f.contains("data") ? f.at("data")
-                                   : std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt";
-  o.max_steps = f.contains("steps") ? parse_int("steps", f.at("steps")) : kDefaultSteps;
-  o.batch_size = f.contains("batch") ? parse_int("batch", f.at("batch")) : kDefaultBatch;
-  o.seq_len = f.contains("seq") ? parse_int("seq", f.at("seq")) : kDefaultSeq;
+                : stored && stored->data
+                    ? *stored->data
+                    : std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt";
+  o.max_steps = f.contains("steps") ? parse_int_at_least("steps", f.at("steps"), 1) : kDefaultSteps;
+  o.batch_size = f.contains("batch")            ? parse_int_at_least("batch", f.at("batch"), 1)
+                 : stored && stored->batch_size ? *stored->batch_size
+                                                : kDefaultBatch;
+  o.seq_len = f.contains("seq")           ? parse_int_at_least("seq", f.at("seq"), 1)
+              : stored && stored->seq_len ? *stored->seq_len
+                                          : kDefaultSeq;
+  check_tokens_per_step(o.batch_size, o.seq_len);
   o.lr = f.contains("lr") ? parse_double("lr", f.at("lr")) : kDefaultLr;
+  if (!(o.lr > 0)) throw UsageError{"--lr must be positive, got " + f.at("lr")};
   o.min_lr = o.lr / 10;
-  // The schedule's length: --lr-decay-steps, else --steps. A resume keeps the checkpoint's.
+  // The schedule's length: --lr-decay-steps, else --steps; a resume keeps the checkpoint's.
   if (f.contains("lr-decay-steps")) {
-    o.lr_decay_steps = parse_int("lr-decay-steps", f.at("lr-decay-steps"));
-    if (o.lr_decay_steps <= 0) throw UsageError{"--lr-decay-steps must be positive"};
+    o.lr_decay_steps = parse_int_at_least("lr-decay-steps", f.at("lr-decay-steps"), 1);
   }
   o.warmup_steps =
       std::min<int64_t>(30, (o.lr_decay_steps > 0 ? o.lr_decay_steps : o.max_steps) / 10);
+  if (stored && stored->schedule) {
+    if (!f.contains("lr")) o.lr = stored->schedule->lr, o.min_lr = stored->schedule->min_lr;
+    if (!f.contains("lr-decay-steps")) {
+      o.lr_decay_steps = stored->schedule->lr_decay_steps;
+      o.warmup_steps = stored->schedule->warmup_steps;
+    }
+  }
   o.log_interval = std::max<int64_t>(1, std::min<int64_t>(10, o.max_steps / 20));
   o.eval_interval = std::max<int64_t>(1, o.max_steps / 3);
   if (f.contains("precision")) o.precision = f.at("precision");
   if (f.contains("device")) o.device = parse_device(f.at("device"));
-  o.out_dir = f.contains("out") ? f.at("out") : "out/" + o.config_name;
-  o.resume = f.contains("resume");
   o.compile = f.contains("compile");
-  if (f.contains("seed")) o.seed = parse_uint("seed", f.at("seed"));
+  o.skip_nonfinite = f.contains("skip-nonfinite");
+  if (f.contains("seed")) {
+    o.seed = parse_uint("seed", f.at("seed"));
+  } else if (stored && stored->seed) {
+    o.seed = *stored->seed;
+  }
   if (f.contains("save-every")) {
-    o.checkpoint_interval = parse_int("save-every", f.at("save-every"));
-    if (o.checkpoint_interval <= 0) throw UsageError{"--save-every must be positive"};
+    o.checkpoint_interval = parse_int_at_least("save-every", f.at("save-every"), 1);
   }
   if (f.contains("no-progress")) o.progress_bar = false;
-  if (f.contains("keep")) {
-    o.keep_checkpoints = parse_int("keep", f.at("keep"));
-    if (o.keep_checkpoints <= 0) throw UsageError{"--keep must be positive"};
-  }
+  if (f.contains("keep")) o.keep_checkpoints = parse_int_at_least("keep", f.at("keep"), 1);
   const auto s = kiln::models::pretrain(o, std::cout);
+  if (s.steps == s.start_step) return 0;  // resumed at or past --steps: pretrain said so
   std::cout << "done: " << s.steps << " steps in " << std::fixed << std::setprecision(1)
             << s.seconds << " s | train loss " << std::setprecision(4) << s.final_train_loss
             << " | val loss " << s.final_val_loss << " | " << std::setprecision(0) << s.tokens_per_s
@@ -295,12 +350,22 @@ int cmd_generate(const std::vector<std::string>& args) {
     throw UsageError{"generate needs exactly one of --prompt and --text"};
   }
   kiln::models::GenerateOptions g;
-  g.max_new_tokens =
-      f.contains("max-new-tokens") ? parse_int("max-new-tokens", f.at("max-new-tokens")) : 100;
+  g.max_new_tokens = f.contains("max-new-tokens")
+                         ? parse_int_at_least("max-new-tokens", f.at("max-new-tokens"), 0)
+                         : 100;
   g.temperature =
       f.contains("temperature") ? parse_double("temperature", f.at("temperature")) : 0.8;
-  g.top_k = f.contains("top-k") ? parse_int("top-k", f.at("top-k")) : 0;
+  if (g.temperature != 0 && !(g.temperature >= kiln::models::kMinTemperature)) {
+    std::ostringstream s;
+    s << "--temperature must be 0 (greedy) or at least " << kiln::models::kMinTemperature
+      << ", got " << f.at("temperature");
+    throw UsageError{s.str()};
+  }
+  g.top_k = f.contains("top-k") ? parse_int_at_least("top-k", f.at("top-k"), 0) : 0;
   g.top_p = f.contains("top-p") ? parse_double("top-p", f.at("top-p")) : 1.0;
+  if (!(g.top_p > 0 && g.top_p <= 1)) {
+    throw UsageError{"--top-p must be in (0, 1] (1 = off), got " + f.at("top-p")};
+  }
   const uint64_t seed = f.contains("seed") ? parse_uint("seed", f.at("seed")) : 0;
   g.seed = seed;
   if (f.contains("stop")) g.stop_tokens = parse_ids("stop", f.at("stop"));
@@ -321,6 +386,10 @@ int cmd_generate(const std::vector<std::string>& args) {
                               kiln::TensorOptions().device(device));
   }
   (*model)->eval();
+  const int64_t block = (*model)->config().block_size;
+  KILN_CHECK(!f.contains("max-new-tokens") || g.max_new_tokens <= block,
+             "[generate] --max-new-tokens ", g.max_new_tokens, " exceeds the model's block_size ",
+             block, ", the most tokens a sequence can hold");
   const std::vector<int64_t> out = kiln::models::generate(**model, prompt, g);
   std::cout << "prompt:";
   for (int64_t id : prompt) std::cout << " " << id;
@@ -332,9 +401,8 @@ int cmd_generate(const std::vector<std::string>& args) {
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
-  const Flags f =
-      parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device"},
-                  {"compile", "profile"});
+  const Flags f = parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device"},
+                              {"compile", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");
@@ -342,9 +410,10 @@ int cmd_bench(const std::vector<std::string>& args) {
   int64_t batch = 8, seq = std::min<int64_t>(256, cfg.block_size);
   if (b.config_name == "llama-160m") batch = 16, seq = 1024;
   if (b.config_name == "llama-3.2-1b") batch = 4, seq = 2048;
-  b.batch_size = f.contains("batch") ? parse_int("batch", f.at("batch")) : batch;
-  b.seq_len = f.contains("seq") ? parse_int("seq", f.at("seq")) : seq;
-  b.steps = f.contains("steps") ? parse_int("steps", f.at("steps")) : 10;
+  b.batch_size = f.contains("batch") ? parse_int_at_least("batch", f.at("batch"), 1) : batch;
+  b.seq_len = f.contains("seq") ? parse_int_at_least("seq", f.at("seq"), 1) : seq;
+  check_tokens_per_step(b.batch_size, b.seq_len);
+  b.steps = f.contains("steps") ? parse_int_at_least("steps", f.at("steps"), 1) : 10;
   b.compile = f.contains("compile");
   b.profile_steps = f.contains("profile") ? 3 : 0;
   b.device = f.contains("device") ? parse_device(f.at("device")) : kiln::models::default_device();
@@ -380,8 +449,12 @@ int cmd_tokenizer(const std::vector<std::string>& args) {
     std::stringstream list(f.at("special"));
     for (std::string t; std::getline(list, t, ',');) o.special_tokens.push_back(t);
   }
+  KILN_CHECK(!std::filesystem::is_directory(data), "[tokenizer train] --data ", data,
+             ": is a directory, not a text file");
+  KILN_CHECK(!std::filesystem::is_fifo(data), "[tokenizer train] --data ", data,
+             ": is a FIFO, not a regular file");
   std::ifstream in(data, std::ios::binary);
-  KILN_CHECK(in.good(), "[tokenizer train] cannot open ", data);
+  KILN_CHECK(in.good(), "[tokenizer train] --data ", data, ": cannot open");
   std::stringstream buffer;
   buffer << in.rdbuf();
   const std::string text = buffer.str();

@@ -1,0 +1,178 @@
+// The `kiln` tool run as a user runs it (issue 21, points 7, 8, 9): flags with absurd values
+// are errors naming the flag, a directory given as --data is reported as one, and resuming
+// from the tool is exact: `--steps 6` equals `--steps 3 --lr-decay-steps 6` then
+// `--resume --steps 6` bit for bit.
+//
+// The binary: KILN_CLI when the build defines it, else bin/kiln beside this test's build
+// directory (tests/<name>_tests -> bin/kiln).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string kiln_binary() {
+#ifdef KILN_CLI
+  return KILN_CLI;
+#else
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? "" : (exe.parent_path().parent_path() / "bin" / "kiln").string();
+#endif
+}
+
+struct Result {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs `kiln <args>` through the shell (arguments are quoted by the caller where needed).
+Result run_kiln(const std::string& args) {
+  Result r;
+  const std::string cmd = "'" + kiln_binary() + "' " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) r.output.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kiln_binary())) {
+      GTEST_SKIP() << "no kiln binary at '" << kiln_binary() << "' (build the kiln_cli target)";
+    }
+    dir_ = fs::temp_directory_path() /
+           ("kiln_cli_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Expects `kiln <args>` to exit with `status` and print `message`.
+  void expect_error(const std::string& args, int status, const std::string& message) {
+    const Result r = run_kiln(args);
+    EXPECT_EQ(r.status, status) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  }
+
+  fs::path dir_;
+};
+
+// Numbers a flag cannot take: usage errors (status 2) naming the flag and the value.
+TEST_F(CliTest, NumericEdgeCasesNameTheFlag) {
+  const std::string out = " --out '" + (dir_ / "out").string() + "'";
+  expect_error("pretrain --lr inf" + out, 2, "--lr: 'inf' is not a finite number");
+  expect_error("pretrain --lr nan" + out, 2, "--lr: 'nan' is not a finite number");
+  expect_error("pretrain --lr 1e999" + out, 2, "--lr: '1e999' is not a finite number");
+  expect_error("pretrain --lr -0.1" + out, 2, "--lr must be positive, got -0.1");
+  expect_error("pretrain --lr 0" + out, 2, "--lr must be positive, got 0");
+  expect_error("pretrain --steps 0" + out, 2, "--steps must be positive, got 0");
+  expect_error("pretrain --batch 4611686018427387904 --seq 1024" + out, 2,
+               "--batch 4611686018427387904 x --seq 1024 tokens per step overflows int64");
+  expect_error("pretrain --seq -5" + out, 2, "--seq must be positive, got -5");
+  expect_error("pretrain --allow-resume-changes" + out, 2,
+               "--allow-resume-changes goes with --resume");
+  expect_error("bench --config tiny-llama --batch 4294967296 --seq 4294967296 --device cpu", 2,
+               "--batch 4294967296 x --seq 4294967296 tokens per step overflows int64");
+  const std::string gen = "generate --config tiny-llama --prompt 1 --device cpu";
+  expect_error(gen + " --temperature 1e-300", 2,
+               "--temperature must be 0 (greedy) or at least 1e-06, got 1e-300");
+  expect_error(gen + " --temperature -1", 2, "--temperature must be 0 (greedy) or at least");
+  expect_error(gen + " --temperature inf", 2, "--temperature: 'inf' is not a finite number");
+  expect_error(gen + " --top-p 0", 2, "--top-p must be in (0, 1] (1 = off), got 0");
+  expect_error(gen + " --top-p 1.5", 2, "--top-p must be in (0, 1] (1 = off), got 1.5");
+  expect_error(gen + " --top-p nan", 2, "--top-p: 'nan' is not a finite number");
+  expect_error(gen + " --top-k -1", 2, "--top-k must be >= 0, got -1");
+  expect_error(gen + " --max-new-tokens -1", 2, "--max-new-tokens must be >= 0, got -1");
+  expect_error(gen + " --max-new-tokens 9223372036854775807", 1,
+               "--max-new-tokens 9223372036854775807 exceeds the model's block_size 128");
+  const Result ok = run_kiln(gen + " --max-new-tokens 3 --temperature 0");
+  EXPECT_EQ(ok.status, 0) << ok.output;
+}
+
+// A directory as --data, or as a checkpoint file, is reported as a directory.
+TEST_F(CliTest, DirectoriesAreReportedAsDirectories) {
+  fs::create_directories(dir_ / "texts");
+  std::ofstream(dir_ / "texts" / "a.txt") << "some text";
+  expect_error("pretrain --steps 1 --device cpu --config tiny-llama --data '" +
+                   (dir_ / "texts").string() + "' --out '" + (dir_ / "out").string() + "'",
+               1, (dir_ / "texts").string() + ": is a directory without token shards");
+  expect_error("tokenizer train --data '" + (dir_ / "texts").string() + "' --out '" +
+                   (dir_ / "tok.json").string() + "'",
+               1, "[tokenizer train] --data " + (dir_ / "texts").string() + ": is a directory");
+  expect_error("generate --checkpoint '" + dir_.string() + "' --prompt 1 --device cpu", 1,
+               "no trainer_state.json (not a kiln pretrain checkpoint directory)");
+}
+
+// `--steps 6` equals `--steps 3 --lr-decay-steps 6` then `--resume --steps 6` bit for bit:
+// the model and the optimizer files are the same bytes. Resuming at the last step says so;
+// resuming with another seed or lr is an error naming the override.
+TEST_F(CliTest, ResumeFromTheToolIsExact) {
+  const std::string common =
+      "pretrain --config tiny-llama --batch 2 --seq 16 --device cpu "
+      "--no-progress --seed 3 --out '";
+  const fs::path straight = dir_ / "straight", resumed = dir_ / "resumed";
+  Result r = run_kiln(common + straight.string() + "' --steps 6");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run_kiln(common + resumed.string() + "' --steps 3 --lr-decay-steps 6");
+  ASSERT_EQ(r.status, 0) << r.output;
+  // Flags left out take the checkpoint's: data, batch, seq, seed, lr and schedule.
+  r = run_kiln(
+      "pretrain --config tiny-llama --device cpu --no-progress --resume --steps 6 --out '" +
+      resumed.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + resumed.string() + " at step 3"), std::string::npos)
+      << r.output;
+  for (const char* name : {"model-00000006.safetensors", "optimizer-00000006.safetensors"}) {
+    const std::string a = read_bytes(straight / name), b = read_bytes(resumed / name);
+    EXPECT_FALSE(a.empty()) << name;
+    EXPECT_TRUE(a == b) << name << " differs between the straight and the resumed run";
+  }
+  r = run_kiln(common + resumed.string() + "' --resume --steps 6");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("is at step 6, the last step (max_steps 6): nothing to train"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("done:"), std::string::npos) << r.output;
+  const std::string unseeded =
+      "pretrain --config tiny-llama --batch 2 --seq 16 --device cpu --no-progress --out '";
+  expect_error(unseeded + resumed.string() + "' --resume --steps 8 --seed 4", 1,
+               "other settings than asked: seed 3 -> 4");
+  expect_error(common + resumed.string() + "' --resume --steps 8 --lr 0.01", 1, "lr 0.003 -> 0.01");
+  r = run_kiln(common + resumed.string() + "' --resume --steps 7 --lr 0.01 --allow-resume-changes");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resume with changes (allowed): lr 0.003 -> 0.01"), std::string::npos)
+      << r.output;
+}
+
+// --skip-nonfinite is a flag of pretrain, listed in the usage.
+TEST_F(CliTest, UsageListsTheNewFlags) {
+  const Result r = run_kiln("help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* flag : {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps"}) {
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
+  }
+}
+
+}  // namespace
