@@ -2,6 +2,13 @@
 
 namespace kiln::text::internal {
 
+JsonValue::JsonValue() = default;
+JsonValue::JsonValue(const JsonValue&) = default;
+JsonValue::JsonValue(JsonValue&&) noexcept = default;
+JsonValue& JsonValue::operator=(const JsonValue&) = default;
+JsonValue& JsonValue::operator=(JsonValue&&) noexcept = default;
+JsonValue::~JsonValue() = default;
+
 JsonValue JsonValue::read(nn::JsonReader& r, int depth) {
   if (depth >= nn::JsonReader::kMaxDepth) {
     r.fail("JSON nested deeper than " + std::to_string(nn::JsonReader::kMaxDepth));

@@ -27,6 +27,15 @@ struct JsonValue {
   std::vector<JsonValue> array;
   std::vector<std::pair<std::string, JsonValue>> object;  // in document order
 
+  // Defined in json_value.cpp, where JsonValue is complete: clang with libstdc++ 12 rejects the
+  // implicit ones, which it checks while `object`'s pair still holds an incomplete JsonValue.
+  JsonValue();
+  JsonValue(const JsonValue&);
+  JsonValue(JsonValue&&) noexcept;
+  JsonValue& operator=(const JsonValue&);
+  JsonValue& operator=(JsonValue&&) noexcept;
+  ~JsonValue();
+
   // Reads one value (of any kind, nested at most JsonReader::kMaxDepth deep).
   static JsonValue read(nn::JsonReader& r, int depth = 0);
 
