@@ -12,17 +12,23 @@ const Tensor& a(const BackwardCall& c) { return c.input(0); }
 const Tensor& b(const BackwardCall& c) { return c.input(1); }
 const Tensor& g(const BackwardCall& c) { return c.grad(); }
 
+// g * alpha, without a multiplication by 1 (every residual add's gradient would pay a full pass
+// over the activations for it).
+Tensor times_alpha(const Tensor& g, const Scalar& alpha) {
+  return alpha.toDouble() == 1.0 ? g : g * alpha;
+}
+
 TensorVec add_backward(const BackwardCall& c) {
   TensorVec r(2);
   if (c.needs_grad(0)) r[0] = sum_to(g(c), a(c).sizes());
-  if (c.needs_grad(1)) r[1] = sum_to(g(c) * c.attr<Scalar>(0), b(c).sizes());
+  if (c.needs_grad(1)) r[1] = sum_to(times_alpha(g(c), c.attr<Scalar>(0)), b(c).sizes());
   return r;
 }
 
 TensorVec sub_backward(const BackwardCall& c) {
   TensorVec r(2);
   if (c.needs_grad(0)) r[0] = sum_to(g(c), a(c).sizes());
-  if (c.needs_grad(1)) r[1] = sum_to(g(c) * -c.attr<Scalar>(0), b(c).sizes());
+  if (c.needs_grad(1)) r[1] = sum_to(-times_alpha(g(c), c.attr<Scalar>(0)), b(c).sizes());
   return r;
 }
 
