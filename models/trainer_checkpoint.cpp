@@ -370,6 +370,9 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
 }
 
 GPT load_checkpoint(const std::string& dir, Device device) {
+  std::error_code ec;
+  KILN_CHECK(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "[checkpoint] ", dir,
+             ": is a file, not a checkpoint directory (give the kiln pretrain --out directory)");
   auto info = read_checkpoint_info(dir);
   KILN_CHECK(info.has_value(), "[checkpoint] ", dir, ": no ", kStateFile,
              " (not a kiln pretrain checkpoint directory)");

@@ -364,6 +364,9 @@ TEST_F(TrainerHardeningTest, OnlyRegularFilesAreOpened) {
   fs::create_directories(model);
   EXPECT_KILN_ERROR(load_checkpoint(o.out_dir, kCPU),
                     "[checkpoint] " + model + ": is a directory, not a file");
+  // ... and a file where the checkpoint directory should be.
+  EXPECT_KILN_ERROR(load_checkpoint(run_file("trainer_state.json"), kCPU),
+                    "trainer_state.json: is a file, not a checkpoint directory");
   const std::string state = file("fifo_state");
   fs::create_directories(state);
   ASSERT_EQ(::mkfifo((state + "/trainer_state.json").c_str(), 0600), 0);
