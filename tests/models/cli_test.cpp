@@ -166,6 +166,32 @@ TEST_F(CliTest, ResumeFromTheToolIsExact) {
       << r.output;
 }
 
+// --lr 1e30: step 1 is finite and makes the weights huge; step 2's loss is still finite (the
+// norms flatten the activations) but its gradient norm is NaN. The run stops naming step 2 and
+// keeps step 1's checkpoint, where it used to train on and save NaN weights; with
+// --skip-nonfinite the bad steps are skipped and the run ends with a finite checkpoint.
+TEST_F(CliTest, NonFiniteValuesNeverReplaceACheckpoint) {
+  const std::string common =
+      "pretrain --config tiny-llama --batch 2 --seq 16 --device cpu --no-progress --lr 1e30 "
+      "--steps 3 --out '";
+  const fs::path out = dir_ / "out";
+  const Result r = run_kiln(common + out.string() + "' --save-every 1");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("[pretrain] step 2: the loss is "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" and the gradient norm nan (not finite); stopped before saving: the "
+                          "last checkpoint in " +
+                          out.string() + " (step 1) is kept"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(read_bytes(out / "trainer_state.json").find("\"step\": 1,"), std::string::npos);
+  EXPECT_FALSE(fs::exists(out / "model-00000002.safetensors"));
+  const Result skip = run_kiln(common + (dir_ / "skip").string() + "' --skip-nonfinite");
+  EXPECT_EQ(skip.status, 0) << skip.output;
+  EXPECT_NE(skip.output.find("step 2 skipped: loss "), std::string::npos) << skip.output;
+  EXPECT_NE(skip.output.find("step 3 skipped: loss "), std::string::npos) << skip.output;
+  EXPECT_NE(skip.output.find("checkpoint step 3 -> "), std::string::npos) << skip.output;
+}
+
 // --skip-nonfinite is a flag of pretrain, listed in the usage.
 TEST_F(CliTest, UsageListsTheNewFlags) {
   const Result r = run_kiln("help");
