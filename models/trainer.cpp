@@ -465,8 +465,9 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     // The values of this step; the throughput over the steps since the last logged line.
     const double tok_s = static_cast<double>(window_steps * tokens_per_step) / window_seconds;
     std::ostringstream values, speed;
-    values << "loss " << format_number(loss_value, 4) << " | lr " << format_number(lr, 2, true)
-           << " | grad norm " << format_number(grad_norm, 3);
+    values << "loss " << format_value(loss_value) << " | lr " << format_number(lr, 2, true)
+           << " | grad norm "
+           << (std::isfinite(grad_norm) ? format_number(grad_norm, 3) : format_value(grad_norm));
     speed << static_cast<int64_t>(tok_s) << " tok/s";
     if (on_cuda) {
       speed << ", MFU " << format_number(100 * flops_per_token * tok_s / kPeakFlopsH100Bf16, 1)
