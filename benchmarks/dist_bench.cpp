@@ -1,8 +1,9 @@
-// dist: Gloo all-reduce between 2 ranks of this process (a helper thread is rank 1) over
-// loopback TCP, f32 sum, in place: time per collective and algorithm bandwidth (bytes reduced per
-// second). Each run builds its own pair of groups; the helper reduces until rank 0 raises a stop
-// flag carried in the last element, so both ranks run the same number of collectives whatever
-// iteration count the library picks.
+// dist: Gloo collectives and FSDP between ranks that are threads of this process (BM_GlooAllReduce,
+// BM_FsdpTinyLlamaStep, further down). Gloo all-reduce between 2 ranks of this process (a helper
+// thread is rank 1) over loopback TCP, f32 sum, in place: time per collective and algorithm
+// bandwidth (bytes reduced per second). Each run builds its own pair of groups; the helper reduces
+// until rank 0 raises a stop flag carried in the last element, so both ranks run the same number of
+// collectives whatever iteration count the library picks.
 #include <benchmark/benchmark.h>
 
 #include <thread>

@@ -36,6 +36,11 @@
 // (ReduceOp::kAvg) and frees its full parameters and gradients; the last unit waits for all the
 // reductions and writes the averaged shard gradients into grad().
 //
+// Memory: resharding drops the parameters' own references to the gathered data, but what the
+// graph saved keeps its own: kiln's linear saves weight.t(), a view holding the gathered storage,
+// until backward passes it (kiln's Storage cannot be resized to 0 under its views, as PyTorch's
+// FSDP does). Nothing full outlives the backward.
+//
 // At rest each parameter is a 1-d tensor of ceil(numel / world) elements (its shard), with the
 // same identity as before (members and optimizers keep working); full_state_dict() gives the
 // full tensors under the module's names, load_full_state_dict() takes them back, and
@@ -51,8 +56,10 @@
 //   (otherwise the unit's reduce-scatter would never start); a unit with none is refused.
 //   Parameters that do not require grad are left whole (not sharded).
 // - One backward per run(); the next run() fails if a backward did not reach every unit.
-// - Build the same model with the same initial values on every rank (same seed, or load a full
-//   state dict): fully_shard keeps each rank's own slice of its own values.
+// - Keep the root's handle while the model is used: the units live in it, and without them the
+//   parameters stay 1-d shards.
+// - Build the same model on every rank: fully_shard checks that the parameter lists match, then
+//   takes rank 0's values (a broadcast, as DDP does), so the ranks may initialise differently.
 #pragma once
 
 #include <map>

@@ -248,13 +248,25 @@ void fsdp_llama() {
     Tensor idx = randint(0, 320, {global, T}), tgt = randint(0, 320, {global, T});
     opt.zero_grad();
     ref_opt.zero_grad();
+    // The storages of block 1's gathered parameters: resharding after forward points the
+    // parameters back at their shards, and the end of backward lets go of the rest (what the graph
+    // saved of them), so nothing full survives a step.
+    std::vector<std::weak_ptr<StorageImpl>> gathered;
     Tensor loss = root->run([&] {
+      for (const auto& p : model->h[1]->parameters()) gathered.push_back(p.impl()->storage());
       return model->loss(idx.narrow(0, r * local, local), tgt.narrow(0, r * local, local));
     });
+    WCHECK(model->h[0]->named_parameters()["attn.qkv.weight"].dim() == 2,
+           "block 0 (no reshard after forward) stays gathered");
+    WCHECK(model->h[1]->named_parameters()["attn.qkv.weight"].dim() == 1,
+           "block 1 is resharded after forward");
     loss.backward();
+    Tensor l = loss.detach().reshape({1}).clone();
+    loss = Tensor();  // the graph goes
+    for (const auto& w : gathered) WCHECK(w.expired(), "a gathered parameter of block 1 lives on");
+    for (const auto& p : model->parameters()) WCHECK(p.dim() == 1, "resharded after backward");
     Tensor ref_loss = ref->loss(idx, tgt);
     ref_loss.backward();
-    Tensor l = loss.detach().reshape({1}).clone();
     pg->all_reduce(l, ReduceOp::kAvg)->wait();
     WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 1e-12, "step ", step, ": loss ",
            l.item<double>(), " vs one process ", ref_loss.item<double>());
