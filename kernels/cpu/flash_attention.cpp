@@ -84,14 +84,17 @@ void flash_attention_cpu(OpCall& c) {
         const int64_t kv = (bh / g.h) * g.hkv + (bh % g.h) / g.rep;
         const T* kb = pk + kv * g.s * g.d;
         const T* vb = pv + kv * g.s * g.d;
+        // out may be strided (q's memory order); its last dim is dense.
+        T* ob = po + (bh / g.h) * out.stride(0) + (bh % g.h) * out.stride(1);
         for (int64_t i = 0; i < g.t; ++i) {
           const int64_t row = bh * g.t + i;
+          T* orow = ob + i * out.stride(2);
           row_scores(g, pq + row * g.d, kb, i, s);
           double m = -std::numeric_limits<double>::infinity();
           for (int64_t j = 0; j < g.s; ++j) m = std::max(m, s[j]);
           std::fill(o.begin(), o.end(), 0.0);
           if (m == -std::numeric_limits<double>::infinity()) {  // sees no key
-            for (int64_t e = 0; e < g.d; ++e) po[row * g.d + e] = T(0.0f);
+            for (int64_t e = 0; e < g.d; ++e) orow[e] = T(0.0f);
             pl[row] = -std::numeric_limits<Acc>::infinity();
             continue;
           }
@@ -102,7 +105,7 @@ void flash_attention_cpu(OpCall& c) {
             l += p;
             for (int64_t e = 0; e < g.d; ++e) o[e] += p * static_cast<double>(vb[j * g.d + e]);
           }
-          for (int64_t e = 0; e < g.d; ++e) po[row * g.d + e] = T(static_cast<Acc>(o[e] / l));
+          for (int64_t e = 0; e < g.d; ++e) orow[e] = T(static_cast<Acc>(o[e] / l));
           pl[row] = static_cast<Acc>(m + std::log(l));
         }
       }

@@ -28,12 +28,12 @@ namespace {
 // delta[row] = sum_d dout[row, d] * out[row, d] - dlse[row], and the row's D f32 of the dQ
 // accumulator zeroed (the memset the backward kernels need, fused into this pass). D / 8 threads
 // per row, each one 16-byte pack of dout and out (rows of both are 16-byte aligned:
-// kernel_operand, a contiguous out) and two float4 of zeros.
+// kernel_operand: dout and out are read through their strides) and two float4 of zeros.
 template <typename E, int D>
 __global__ void __launch_bounds__(256)
     flash_bwd_delta_kernel(float* __restrict__ delta, float* __restrict__ dq_acc,
                            const E* __restrict__ dout, Strides sdo, const E* __restrict__ out,
-                           const float* __restrict__ dlse, int h, int t, int64_t rows) {
+                           Strides so, const float* __restrict__ dlse, int h, int t, int64_t rows) {
   constexpr int TPR = D / 8;
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / TPR;
   const int c = static_cast<int>(threadIdx.x % TPR);
@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(256)
   const int64_t b = r / (static_cast<int64_t>(h) * t), hh = (r / t) % h, i = r % t;
   const uint4 dv =
       *reinterpret_cast<const uint4*>(dout + b * sdo.b + hh * sdo.h + i * sdo.t + c * 8);
-  const uint4 ov = *reinterpret_cast<const uint4*>(out + r * D + c * 8);
+  const uint4 ov = *reinterpret_cast<const uint4*>(out + b * so.b + hh * so.h + i * so.t + c * 8);
   const E* de = reinterpret_cast<const E*>(&dv);
   const E* oe = reinterpret_cast<const E*>(&ov);
   float acc = 0.0f;
@@ -74,11 +74,6 @@ Tensor kernel_operand(const Tensor& t) {
   bool ok = t.stride(3) == 1 || t.size(3) <= 1;
   for (int d = 0; d < 3 && ok; ++d) ok = t.stride(d) % 8 == 0 || t.size(d) <= 1;
   return ok && aligned16(t) ? t : t.clone();
-}
-
-// t itself when contiguous with a 16-byte aligned base, else a fresh contiguous copy.
-Tensor aligned_contiguous(const Tensor& t) {
-  return t.is_contiguous() && aligned16(t) ? t : t.clone();
 }
 
 Strides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
@@ -210,7 +205,14 @@ void run_forward(OpCall& c, Launcher launch_kernel) {
   if (q.numel() == 0) return;
   DeviceGuard guard(q.device().index());
   Params p = make_params(c, q, k, v);
-  p.out = c.outputs[0].data_ptr();
+  // The output follows q's memory order (tensor/ops/attention.cpp): [B, T, H, D] for the heads of
+  // a qkv projection, so that the projection after attention reads it as [B T, H D] in place.
+  const Tensor& out = c.outputs[0];
+  KILN_CHECK(out.stride(3) == 1 || out.size(3) <= 1,
+             "[flash_attention] expected an output with a contiguous last dim, got strides ",
+             shape_str(out.strides()));
+  p.out = out.data_ptr();
+  p.so = strides_of(out);
   p.lse = static_cast<float*>(c.outputs[1].data_ptr());
   launch_kernel(p, launch_info(q));
 }
@@ -220,7 +222,7 @@ void run_backward(OpCall& c, Launcher launch_kernel) {
   const Tensor q = kernel_operand(c.input(1));
   const Tensor k = kernel_operand(c.input(2));
   const Tensor v = kernel_operand(c.input(3));
-  const Tensor out = aligned_contiguous(c.input(4));  // read in 16-byte packs by the delta pass
+  const Tensor out = kernel_operand(c.input(4));  // read in 16-byte packs by the delta pass
   const Tensor lse = c.input(5).contiguous();
   const Tensor dlse = c.input(6).contiguous();
   const Tensor& dq = c.outputs[0];
@@ -250,8 +252,8 @@ void run_backward(OpCall& c, Launcher launch_kernel) {
             <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0, stream>>>(
                 static_cast<float*>(delta.data_ptr()), p.dq_acc,
                 static_cast<const E*>(dout.data_ptr()), p.sdo,
-                static_cast<const E*>(out.data_ptr()), static_cast<const float*>(dlse.data_ptr()),
-                p.h, p.t, rows);
+                static_cast<const E*>(out.data_ptr()), strides_of(out),
+                static_cast<const float*>(dlse.data_ptr()), p.h, p.t, rows);
         KILN_CUDA_LAUNCH_CHECK("flash_bwd_delta_kernel");
       };
       if (q.size(3) == 64) {

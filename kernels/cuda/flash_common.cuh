@@ -77,7 +77,7 @@ struct Params {
   const void* k;
   const void* v;
   const void* dout;    // backward
-  void* out;           // forward: out [B, H, T, D] contiguous
+  void* out;           // forward: out [B, H, T, D], strides `so` (the last dim contiguous)
   float* lse;          // [B, H, T]
   const float* delta;  // backward: rowsum(dO * O) - dlse
   float* dq_acc;       // backward: f32 [B, H, T, D]
@@ -88,7 +88,7 @@ struct Params {
   float* dk_acc;
   float* dv_acc;
   int hsplit;
-  Strides sq, sk, sv, sdo;
+  Strides sq, sk, sv, sdo, so;
   int h, hkv, t, s;
   float scale, softcap;
   bool causal;  // a window implies causal
@@ -377,7 +377,7 @@ template <typename E, int D, typename Acc>
 __device__ __forceinline__ void store_out_lse(const Params& p, int64_t bh, int i0, int t,
                                               const float (&mrow)[2], const float (&lrow)[2],
                                               Acc o) {
-  E* out = static_cast<E*>(p.out) + bh * p.t * D;
+  E* out = static_cast<E*>(p.out) + (bh / p.h) * p.so.b + (bh % p.h) * p.so.h;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = lrow[r];
@@ -388,7 +388,7 @@ __device__ __forceinline__ void store_out_lse(const Params& p, int64_t bh, int i
     if (i < p.t) {
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
-        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * D + dt * 8 + 2 * t) =
+        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(i) * p.so.t + dt * 8 + 2 * t) =
             pack2<E>(o(dt, 2 * r) * inv, o(dt, 2 * r + 1) * inv);
       }
       if (t == 0) p.lse[bh * p.t + i] = l > 0.0f ? mrow[r] * kLn2 + logf(l) : -INFINITY;

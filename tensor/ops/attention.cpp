@@ -14,10 +14,11 @@
 //   softcap > 0; key j is visible to query i when (!causal || j <= i) and (sliding_window == 0 ||
 //   j > i - window) (top-left aligned; a sliding window implies causal) and the optional
 //   attn_mask (the 4th input, broadcasting to [B, H, T, S]; bool: true attends, floating: added
-//   to the scores) allows it. out_i = softmax_j(s_i) @ v, with dropout_p (optional attribute,
-//   default 0) applied to the probabilities; lse_i = logsumexp_j(s_ij) of the visible keys, in
-//   the compute dtype (f32; f64 for f64 inputs). A row that sees no key gets out 0 and lse -inf.
-//   The kernels take calls without a mask or dropout; the decomposition runs the others.
+//   to the scores) allows it. out_i = softmax_j(s_i) @ v (out laid out in q's memory order), with
+//   dropout_p (optional attribute, default 0) applied to the probabilities; lse_i =
+//   logsumexp_j(s_ij) of the visible keys, in the compute dtype (f32; f64 for f64 inputs). A row
+//   that sees no key gets out 0 and lse -inf. The kernels take calls without a mask or dropout; the
+//   decomposition runs the others.
 // flash_attention_backward(dout, q, k, v, out, lse, dlse; the same attributes) -> (dq, dk, dv):
 //   dlse is the gradient of lse (zeros when lse is unused); dk and dv sum over the query heads
 //   of each kv group.
@@ -100,8 +101,13 @@ SpecList flash_attention_meta(const OpCall& c) {
     KILN_CHECK(mask.device() == q.device(), "[", kOp, "] attn_mask is on ", mask.device().str(),
                " but q is on ", q.device().str());
   }
-  return {{Shape{q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device()},
-          {Shape{q.size(0), q.size(1), q.size(2)}, compute_dtype(q.dtype()), q.device()}};
+  // out is laid out in q's memory order where q's last dim is dense (as PyTorch lays out
+  // elementwise results): the heads of a qkv projection (split_qkv_rotary's q, stored
+  // [B, T, H, D]) give an out stored [B, T, H, D], which the output projection reads as
+  // [B T, H D] without a copy.
+  TensorSpec out{Shape{q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device()};
+  if (q.stride(3) == 1) out.strides = dense_strides_like(out.sizes, q.strides());
+  return {out, {Shape{q.size(0), q.size(1), q.size(2)}, compute_dtype(q.dtype()), q.device()}};
 }
 
 // [B, H_kv, S, D] -> [B, H_kv * rep, S, D] (kv head g serves query heads g*rep .. g*rep+rep-1).

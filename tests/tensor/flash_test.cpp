@@ -119,6 +119,29 @@ TEST(FlashAttentionCpu, StridedQkvSplit) {
   check_case({1, 2, 2, 7, 7, 16, false, 3}, /*strided=*/true);
 }
 
+// out follows q's memory order: the heads of a [B, T, H, D] layout give an out stored
+// [B, T, H, D] (so that the projection after attention reads [B T, H D] in place), with the
+// same values as for a contiguous q.
+TEST(FlashAttentionCpu, OutputFollowsTheQueryLayout) {
+  manual_seed(36);
+  const int64_t b = 2, h = 4, t = 6, d = 8;
+  const Tensor q = randn({b, t, h, d}).transpose(1, 2);  // [B, H, T, D] stored [B, T, H, D]
+  const Tensor k = randn({b, 2, t, d}), v = randn({b, 2, t, d});
+  const auto [out, lse] = flash_attention(q, k, v, 0.3, true);
+  EXPECT_EQ(to_shape(out.strides()), (Shape{t * h * d, d, h * d, 1}));
+  EXPECT_TRUE(out.transpose(1, 2).is_contiguous());
+  const auto [want, want_lse] = flash_attention(q.contiguous(), k, v, 0.3, true);
+  EXPECT_TRUE(want.is_contiguous());
+  EXPECT_TRUE(equal(out, want));
+  EXPECT_TRUE(equal(lse, want_lse));
+  // The backward reads a strided out (and its dout) in place.
+  const Tensor ql = q.detach().requires_grad_(true), ql2 = q.contiguous().requires_grad_(true);
+  const Tensor dy = randn({b, h, t, d});
+  std::get<0>(flash_attention(ql, k, v, 0.3, true)).backward(dy);
+  std::get<0>(flash_attention(ql2, k, v, 0.3, true)).backward(dy);
+  EXPECT_TRUE(allclose(ql.grad(), ql2.grad(), 1e-6, 1e-7));
+}
+
 TEST(FlashAttentionCpu, DeadRowsGiveZerosAndMinusInfinity) {
   manual_seed(33);
   // T > S with a window: rows i >= S + window - 1 see no key.
