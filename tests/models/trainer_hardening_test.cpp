@@ -198,6 +198,35 @@ TEST_F(TrainerHardeningTest, SkipNonFiniteSkipsTheStep) {
   }
 }
 
+// Options no run can use fail in validate(), naming the option and the value.
+TEST_F(TrainerHardeningTest, OptionsWithImpossibleValues) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  PretrainOptions o = options();
+  o.lr = o.min_lr = inf;  // min_lr <= lr held, so lr > 0 alone let it through
+  EXPECT_KILN_ERROR(o.validate(), "need 0 <= min_lr <= lr and lr > 0 (finite), got lr inf");
+  o = options();
+  o.lr = nan;
+  EXPECT_KILN_ERROR(o.validate(), "got lr nan");
+  o = options();
+  o.weight_decay = nan;
+  EXPECT_KILN_ERROR(o.validate(), "weight_decay must be finite and >= 0, got nan");
+  o = options();
+  o.grad_clip = inf;
+  EXPECT_KILN_ERROR(o.validate(), "grad_clip must be finite and >= 0 (0 = off), got inf");
+  o = options();
+  o.batch_size = int64_t{1} << 40;
+  o.seq_len = int64_t{1} << 30;
+  EXPECT_KILN_ERROR(o.validate(),
+                    "batch_size 1099511627776 x seq_len 1073741824 x "
+                    "grad_accum_steps 1 tokens per step overflows int64");
+  o = options();
+  o.batch_size = int64_t{1} << 31;
+  o.seq_len = int64_t{1} << 31;
+  o.grad_accum_steps = 4;
+  EXPECT_KILN_ERROR(o.validate(), "tokens per step overflows int64");
+}
+
 // --- Point 7: resume ---------------------------------------------------------------------------
 
 TEST_F(TrainerHardeningTest, ResumeWithOtherSettingsIsAnErrorUnlessAllowed) {
