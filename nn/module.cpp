@@ -57,6 +57,42 @@ void set_module_tensor(const Tensor& target, const Tensor& value, bool requires_
   }
 }
 
+void copy_module_state(const Module& from, Module& copy, const std::optional<Device>& device,
+                       const char* built_by) {
+  NoGradGuard no_grad;
+  auto assign = [&](const OrderedDict<std::string, Tensor>& mine,
+                    const OrderedDict<std::string, Tensor>& theirs, const char* what) {
+    KILN_CHECK(mine.size() == theirs.size(), "[clone] ", from.name(), ": ", built_by, " made ",
+               theirs.size(), " ", what, "s, the module has ", mine.size());
+    for (const auto& item : mine) {
+      const Tensor* target = theirs.find(item.key());
+      KILN_CHECK(target != nullptr, "[clone] ", from.name(), ": ", built_by, " made no ", what,
+                 " '", item.key(), "'");
+      const Tensor& src = item.value();
+      KILN_CHECK(target->defined() && target->sizes() == src.sizes(), "[clone] ", from.name(), ": ",
+                 what, " '", item.key(), "' has shape ", shape_str(src.sizes()), " but ", built_by,
+                 " made ", target->defined() ? shape_str(target->sizes()) : std::string("none"));
+      // A tensor shared with the original would be overwritten in both: the copy is not deep.
+      KILN_CHECK(!target->is_same(src), "[clone] ", from.name(), ": ", what, " '", item.key(),
+                 "' of the copy is the original's tensor");
+      set_module_tensor(*target,
+                        src.detach().to(device.value_or(src.device()), src.dtype(),
+                                        /*non_blocking=*/false, /*copy=*/true),
+                        src.requires_grad());
+    }
+  };
+  // named_* skip undefined entries (an absent bias), so both sides list the defined ones.
+  assign(from.named_parameters(), copy.named_parameters(), "parameter");
+  assign(from.named_buffers(), copy.named_buffers(), "buffer");
+  // train() is recursive: set the root, then every descendant in pre-order, so that each module
+  // ends with its original's mode.
+  copy.train(from.is_training());
+  const auto copies = copy.named_modules("", /*include_self=*/false);
+  for (const auto& item : from.named_modules("", /*include_self=*/false)) {
+    if (const auto* c = copies.find(item.key())) (*c)->train(item.value()->is_training());
+  }
+}
+
 }  // namespace internal
 
 namespace {

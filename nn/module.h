@@ -235,7 +235,8 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual void zero_grad(bool set_to_none = true);
 
   // A deep copy (new parameters and buffers with the same values, on `device` when given), as
-  // libtorch's: modules that derive from Cloneable<Self> have it; others fail naming the type.
+  // libtorch's: every built-in layer and container has it (containers clone their children), as
+  // do modules that derive from Cloneable<Self>; others fail naming the type.
   virtual std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const;
 
   // --- State dict -------------------------------------------------------------------------
@@ -343,6 +344,22 @@ class Module : public std::enable_shared_from_this<Module> {
 namespace internal {
 // Makes `target` (a registered parameter or buffer) hold `value`'s data, keeping its identity.
 void set_module_tensor(const Tensor& target, const Tensor& value, bool requires_grad);
+// Gives `copy`, a module freshly built with `from`'s structure (by reset() or by its constructor,
+// as `built_by` says in errors), copies of `from`'s parameters and buffers, matched by dotted name:
+// new storage on `device` (or each tensor's own), the same dtype and requires_grad, no gradient;
+// and the training mode of every submodule. Fails naming the module when the structures differ.
+void copy_module_state(const Module& from, Module& copy, const std::optional<Device>& device,
+                       const char* built_by);
+
+// The clone() of a built-in layer: `copy` is a new module made from `from`'s options (the
+// constructor creates every parameter and buffer, drawing a fresh initialisation), then given
+// `from`'s values.
+template <std::derived_from<Module> M>
+std::shared_ptr<Module> clone_layer(const M& from, std::shared_ptr<M> copy,
+                                    const std::optional<Device>& device) {
+  copy_module_state(from, *copy, device, "its constructor");
+  return copy;
+}
 }  // namespace internal
 
 template <typename Derived>
@@ -358,41 +375,11 @@ class Cloneable : public Module {
   // (Re)creates the parameters, buffers and submodules.
   virtual void reset() = 0;
 
-  std::shared_ptr<Module> clone(
-      const std::optional<Device>& device = std::nullopt) const override {
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override {
     auto copy = std::make_shared<Derived>(static_cast<const Derived&>(*this));
     copy->reset();
-    copy_state_into(*copy, device);
+    internal::copy_module_state(*this, *copy, device, "reset()");
     return copy;
-  }
-
- private:
-  // Copies values, dtypes and devices of this module's parameters and buffers into the freshly
-  // reset `copy`, and the training mode.
-  void copy_state_into(Module& copy, const std::optional<Device>& device) const {
-    auto assign = [&](const OrderedDict<std::string, Tensor>& mine,
-                      const OrderedDict<std::string, Tensor>& theirs, const char* what) {
-      KILN_CHECK(mine.size() == theirs.size(), "[clone] ", name(), ": reset() made ",
-                 theirs.size(), " ", what, "s, the module has ", mine.size());
-      for (const auto& item : mine) {
-        const Tensor* target = theirs.find(item.key());
-        KILN_CHECK(target != nullptr, "[clone] ", name(), ": reset() made no ", what, " '",
-                   item.key(), "'");
-        const Tensor& src = item.value();
-        if (!src.defined()) continue;
-        KILN_CHECK(target->defined() && target->sizes() == src.sizes(), "[clone] ", name(), ": ",
-                   what, " '", item.key(), "' has shape ", shape_str(src.sizes()),
-                   " but reset() made ",
-                   target->defined() ? shape_str(target->sizes()) : std::string("none"));
-        internal::set_module_tensor(*target,
-                                    src.detach().to(device.value_or(src.device()), src.dtype(),
-                                                    /*non_blocking=*/false, /*copy=*/true),
-                                    src.requires_grad());
-      }
-    };
-    assign(named_parameters(), copy.named_parameters(), "parameter");
-    assign(named_buffers(), copy.named_buffers(), "buffer");
-    copy.train(is_training());
   }
 };
 

@@ -66,4 +66,30 @@ void LogSoftmaxImpl::pretty_print(std::ostream& stream) const {
   stream << "kiln::nn::LogSoftmax(dim=" << options.dim() << ")";
 }
 
+// Built from the same options, then given this module's values (nn/module.h, clone_layer).
+std::shared_ptr<Module> ReLUImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<ReLUImpl>(options), device);
+}
+std::shared_ptr<Module> LeakyReLUImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<LeakyReLUImpl>(options), device);
+}
+std::shared_ptr<Module> GELUImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<GELUImpl>(options), device);
+}
+std::shared_ptr<Module> SiLUImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<SiLUImpl>(), device);
+}
+std::shared_ptr<Module> TanhImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<TanhImpl>(), device);
+}
+std::shared_ptr<Module> SigmoidImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<SigmoidImpl>(), device);
+}
+std::shared_ptr<Module> SoftmaxImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<SoftmaxImpl>(options), device);
+}
+std::shared_ptr<Module> LogSoftmaxImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<LogSoftmaxImpl>(options), device);
+}
+
 }  // namespace kiln::nn

@@ -26,6 +26,7 @@ class ReLUImpl : public Module {
   explicit ReLUImpl(const ReLUOptions& options = {}) : options(options) {}
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   ReLUOptions options;
 };
@@ -42,6 +43,7 @@ class LeakyReLUImpl : public Module {
   explicit LeakyReLUImpl(const LeakyReLUOptions& options = {}) : options(options) {}
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   LeakyReLUOptions options;
 };
@@ -56,6 +58,7 @@ class GELUImpl : public Module {
   explicit GELUImpl(GELUOptions options = {});
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   GELUOptions options;
 };
@@ -66,6 +69,7 @@ class SiLUImpl : public Module {
  public:
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 };
 KILN_MODULE(SiLU);
 
@@ -73,6 +77,7 @@ class TanhImpl : public Module {
  public:
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 };
 KILN_MODULE(Tanh);
 
@@ -80,6 +85,7 @@ class SigmoidImpl : public Module {
  public:
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 };
 KILN_MODULE(Sigmoid);
 
@@ -95,6 +101,7 @@ class SoftmaxImpl : public Module {
   explicit SoftmaxImpl(const SoftmaxOptions& options) : options(options) {}
   Tensor forward(const Tensor& input, std::optional<ScalarType> dtype = std::nullopt);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   SoftmaxOptions options;
 };
@@ -106,6 +113,7 @@ class LogSoftmaxImpl : public Module {
   explicit LogSoftmaxImpl(const LogSoftmaxOptions& options) : options(options) {}
   Tensor forward(const Tensor& input, std::optional<ScalarType> dtype = std::nullopt);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   LogSoftmaxOptions options;
 };

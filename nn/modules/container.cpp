@@ -23,6 +23,11 @@ void FunctionalImpl::pretty_print(std::ostream& stream) const {
   stream << "kiln::nn::Functional()";
 }
 
+// The function is copied; a callable's captured state is shared, as libtorch's Functional.
+std::shared_ptr<Module> FunctionalImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<FunctionalImpl>(function_), device);
+}
+
 // --- Sequential ----------------------------------------------------------------------------------
 
 SequentialImpl::SequentialImpl(std::initializer_list<NamedAnyModule> named_modules) {
@@ -60,6 +65,16 @@ std::shared_ptr<Module> SequentialImpl::ptr(size_t index) const {
 
 void SequentialImpl::pretty_print(std::ostream& stream) const { stream << "kiln::nn::Sequential"; }
 
+// Containers clone their children (each child's own clone(), which names it when it has none)
+// under the same names; the mode is set before they are added, as train() would recurse.
+std::shared_ptr<Module> SequentialImpl::clone(const std::optional<Device>& device) const {
+  auto copy = std::make_shared<SequentialImpl>();
+  copy->train(is_training());
+  const auto names = named_children().keys();
+  for (size_t i = 0; i < modules_.size(); ++i) copy->push_back(names[i], modules_[i].clone(device));
+  return copy;
+}
+
 // --- ModuleList ----------------------------------------------------------------------------------
 
 void ModuleListImpl::push_back(std::shared_ptr<Module> module) {
@@ -90,6 +105,13 @@ std::shared_ptr<Module> ModuleListImpl::ptr(size_t index) const {
 }
 
 void ModuleListImpl::pretty_print(std::ostream& stream) const { stream << "kiln::nn::ModuleList"; }
+
+std::shared_ptr<Module> ModuleListImpl::clone(const std::optional<Device>& device) const {
+  auto copy = std::make_shared<ModuleListImpl>();
+  copy->train(is_training());
+  for (const auto& m : modules_) copy->push_back(m->clone(device));
+  return copy;
+}
 
 // --- ModuleDict ----------------------------------------------------------------------------------
 
@@ -138,5 +160,12 @@ std::shared_ptr<Module> ModuleDictImpl::operator[](const std::string& key) const
 }
 
 void ModuleDictImpl::pretty_print(std::ostream& stream) const { stream << "kiln::nn::ModuleDict"; }
+
+std::shared_ptr<Module> ModuleDictImpl::clone(const std::optional<Device>& device) const {
+  auto copy = std::make_shared<ModuleDictImpl>();
+  copy->train(is_training());
+  for (const auto& item : modules_) copy->insert(item.key(), item.value()->clone(device));
+  return copy;
+}
 
 }  // namespace kiln::nn

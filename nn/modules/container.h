@@ -63,6 +63,7 @@ class FunctionalImpl : public Module {
 
   Tensor forward(Tensor input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
  private:
   Function function_;
@@ -93,7 +94,14 @@ class AnyModule {
   template <TensorToTensorModule M>
   AnyModule(std::shared_ptr<M> module)  // NOLINT: implicit
       : module_(module),
-        forward_([m = module.get()](const Tensor& x) -> Tensor { return m->forward(x); }) {
+        forward_([m = module.get()](const Tensor& x) -> Tensor { return m->forward(x); }),
+        retype_([](const std::shared_ptr<Module>& copy) -> AnyModule {
+          auto typed = std::dynamic_pointer_cast<M>(copy);
+          KILN_CHECK(typed != nullptr, "[clone] the clone of a ", internal::demangle(typeid(M)),
+                     " is a ", internal::demangle(typeid(*copy)), ", not a ",
+                     internal::demangle(typeid(M)));
+          return AnyModule(std::move(typed));
+        }) {
     KILN_CHECK(module_ != nullptr, "[AnyModule] the module is null");
   }
   template <TensorToTensorHolder H>
@@ -111,10 +119,17 @@ class AnyModule {
   }
   const std::shared_ptr<Module>& ptr() const { return module_; }
   bool is_empty() const noexcept { return module_ == nullptr; }
+  // An AnyModule holding a deep copy of the module (its clone()), with the same forward.
+  AnyModule clone(const std::optional<Device>& device = std::nullopt) const {
+    KILN_CHECK(module_ != nullptr, "[AnyModule] cloning an empty AnyModule");
+    return retype_(module_->clone(device));
+  }
 
  private:
   std::shared_ptr<Module> module_;
   std::function<Tensor(const Tensor&)> forward_;
+  // Wraps a clone of module_ (a Module pointer) back into an AnyModule of the module's type.
+  std::function<AnyModule(const std::shared_ptr<Module>&)> retype_;
 };
 
 template <typename M>
@@ -167,6 +182,7 @@ class SequentialImpl : public Module {
   iterator end() const { return modules_.end(); }
 
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
  private:
   std::vector<AnyModule> modules_;
@@ -226,6 +242,7 @@ class ModuleListImpl : public Module {
   iterator end() const { return modules_.end(); }
 
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
  private:
   std::vector<std::shared_ptr<Module>> modules_;
@@ -275,6 +292,7 @@ class ModuleDictImpl : public Module {
   iterator end() const { return modules_.end(); }
 
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
  private:
   Dict modules_{"Module"};

@@ -65,4 +65,9 @@ void Conv2dImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
+// Built from the same options, then given this module's values (nn/module.h, clone_layer).
+std::shared_ptr<Module> Conv2dImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<Conv2dImpl>(options), device);
+}
+
 }  // namespace kiln::nn

@@ -38,6 +38,7 @@ class Conv2dImpl : public Module {
   // input [N, C_in, H, W] or [C_in, H, W].
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   Conv2dOptions options;
   Tensor weight;  // [out_channels, in_channels / groups, kh, kw]

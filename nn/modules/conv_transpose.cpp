@@ -141,4 +141,12 @@ Tensor ConvTranspose2dImpl::forward(const Tensor& input,
           .dilation(options.dilation()));
 }
 
+// Built from the same options, then given this module's values (nn/module.h, clone_layer).
+std::shared_ptr<Module> ConvTranspose1dImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<ConvTranspose1dImpl>(options), device);
+}
+std::shared_ptr<Module> ConvTranspose2dImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<ConvTranspose2dImpl>(options), device);
+}
+
 }  // namespace kiln::nn

@@ -65,6 +65,7 @@ class ConvTranspose1dImpl : public ConvTransposeImplBase<1> {
       : ConvTranspose1dImpl(ConvTranspose1dOptions(in_channels, out_channels, kernel_size)) {}
   explicit ConvTranspose1dImpl(const ConvTranspose1dOptions& options)
       : ConvTransposeImplBase<1>(options) {}
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
   // input [N, C_in, L] or [C_in, L].
   Tensor forward(const Tensor& input,
                  const std::optional<std::vector<int64_t>>& output_size = std::nullopt);
@@ -77,6 +78,7 @@ class ConvTranspose2dImpl : public ConvTransposeImplBase<2> {
       : ConvTranspose2dImpl(ConvTranspose2dOptions(in_channels, out_channels, kernel_size)) {}
   explicit ConvTranspose2dImpl(const ConvTranspose2dOptions& options)
       : ConvTransposeImplBase<2>(options) {}
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
   // input [N, C_in, H, W] or [C_in, H, W].
   Tensor forward(const Tensor& input,
                  const std::optional<std::vector<int64_t>>& output_size = std::nullopt);

@@ -58,4 +58,12 @@ void Dropout2dImpl::pretty_print(std::ostream& stream) const {
   print(stream, "Dropout2d", options);
 }
 
+// Built from the same options, then given this module's values (nn/module.h, clone_layer).
+std::shared_ptr<Module> DropoutImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<DropoutImpl>(options), device);
+}
+std::shared_ptr<Module> Dropout2dImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<Dropout2dImpl>(options), device);
+}
+
 }  // namespace kiln::nn

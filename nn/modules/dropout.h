@@ -24,6 +24,7 @@ class DropoutImpl : public Module {
   explicit DropoutImpl(const DropoutOptions& options = {});
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   DropoutOptions options;
 };
@@ -35,6 +36,7 @@ class Dropout2dImpl : public Module {
   explicit Dropout2dImpl(const Dropout2dOptions& options = {});
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   Dropout2dOptions options;
 };

@@ -49,4 +49,9 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
+// Built from the same options, then given this module's values (nn/module.h, clone_layer).
+std::shared_ptr<Module> EmbeddingImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<EmbeddingImpl>(options), device);
+}
+
 }  // namespace kiln::nn

@@ -36,6 +36,7 @@ class EmbeddingImpl : public Module {
   void reset_parameters();
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   EmbeddingOptions options;
   Tensor weight;  // [num_embeddings, embedding_dim]

@@ -50,4 +50,15 @@ void FlattenImpl::pretty_print(std::ostream& stream) const {
          << ", end_dim=" << options.end_dim() << ")";
 }
 
+// Built from the same options, then given this module's values (nn/module.h, clone_layer).
+std::shared_ptr<Module> LinearImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<LinearImpl>(options), device);
+}
+std::shared_ptr<Module> IdentityImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<IdentityImpl>(), device);
+}
+std::shared_ptr<Module> FlattenImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<FlattenImpl>(options), device);
+}
+
 }  // namespace kiln::nn

@@ -35,6 +35,7 @@ class LinearImpl : public Module {
   void reset_parameters();
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   LinearOptions options;
   Tensor weight;  // [out_features, in_features]
@@ -47,6 +48,7 @@ class IdentityImpl : public Module {
  public:
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 };
 KILN_MODULE(Identity);
 
@@ -61,6 +63,7 @@ class FlattenImpl : public Module {
   explicit FlattenImpl(const FlattenOptions& options = {});
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   FlattenOptions options;
 };

@@ -9,13 +9,27 @@ namespace {
 // tensor, and to() converts buffers in place, so forward() sees the moved weights.
 void register_weight(Module& m, const char* name, Tensor& t) { t = m.register_buffer(name, t); }
 
+// The options with their weight tensors (which alias this module's buffers) replaced by copies,
+// so that a clone's buffers are its own.
+template <typename Options>
+Options fresh_weights(Options options) {
+  auto copy = [](const Tensor& t) { return t.defined() ? t.detach().clone() : Tensor(); };
+  if constexpr (requires { options.weight(); }) options.weight(copy(options.weight()));
+  if constexpr (requires { options.pos_weight(); }) options.pos_weight(copy(options.pos_weight()));
+  return options;
+}
+
 }  // namespace
 
-#define KILN_LOSS_BASICS(Name, call)                                      \
-  Tensor Name##Impl::forward(const Tensor& input, const Tensor& target) { \
-    return functional::call(input, target, options);                      \
-  }                                                                       \
-  void Name##Impl::pretty_print(std::ostream& stream) const { stream << "kiln::nn::" #Name "()"; }
+#define KILN_LOSS_BASICS(Name, call)                                                               \
+  Tensor Name##Impl::forward(const Tensor& input, const Tensor& target) {                          \
+    return functional::call(input, target, options);                                               \
+  }                                                                                                \
+  void Name##Impl::pretty_print(std::ostream& stream) const { stream << "kiln::nn::" #Name "()"; } \
+  std::shared_ptr<Module> Name##Impl::clone(const std::optional<Device>& device) const {           \
+    return internal::clone_layer(*this, std::make_shared<Name##Impl>(fresh_weights(options)),      \
+                                 device);                                                          \
+  }
 
 MSELossImpl::MSELossImpl(MSELossOptions options_) : options(std::move(options_)) {}
 KILN_LOSS_BASICS(MSELoss, mse_loss)

@@ -25,15 +25,17 @@ using BCELossOptions = functional::BinaryCrossEntropyFuncOptions;
 using BCEWithLogitsLossOptions = functional::BinaryCrossEntropyWithLogitsFuncOptions;
 using KLDivLossOptions = functional::KLDivFuncOptions;
 
-#define KILN_DECLARE_LOSS(Name)                                \
-  class Name##Impl : public Module {                           \
-   public:                                                     \
-    explicit Name##Impl(Name##Options options = {});           \
-    Tensor forward(const Tensor& input, const Tensor& target); \
-    void pretty_print(std::ostream& stream) const override;    \
-                                                               \
-    Name##Options options;                                     \
-  };                                                           \
+#define KILN_DECLARE_LOSS(Name)                                             \
+  class Name##Impl : public Module {                                        \
+   public:                                                                  \
+    explicit Name##Impl(Name##Options options = {});                        \
+    Tensor forward(const Tensor& input, const Tensor& target);              \
+    void pretty_print(std::ostream& stream) const override;                 \
+    std::shared_ptr<Module> clone(                                          \
+        const std::optional<Device>& device = std::nullopt) const override; \
+                                                                            \
+    Name##Options options;                                                  \
+  };                                                                        \
   KILN_MODULE(Name)
 
 KILN_DECLARE_LOSS(MSELoss);

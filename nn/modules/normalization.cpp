@@ -165,4 +165,15 @@ void BatchNorm2dImpl::pretty_print(std::ostream& stream) const {
          << ", track_running_stats=" << options.track_running_stats() << ")";
 }
 
+// Built from the same options, then given this module's values (nn/module.h, clone_layer).
+std::shared_ptr<Module> LayerNormImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<LayerNormImpl>(options), device);
+}
+std::shared_ptr<Module> RMSNormImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<RMSNormImpl>(options), device);
+}
+std::shared_ptr<Module> BatchNorm2dImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<BatchNorm2dImpl>(options), device);
+}
+
 }  // namespace kiln::nn

@@ -37,6 +37,7 @@ class LayerNormImpl : public Module {
   void reset_parameters();
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   LayerNormOptions options;
   Tensor weight;  // normalized_shape, undefined without elementwise_affine
@@ -60,6 +61,7 @@ class RMSNormImpl : public Module {
   void reset_parameters();
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   RMSNormOptions options;
   Tensor weight;  // normalized_shape, undefined without elementwise_affine
@@ -87,6 +89,7 @@ class BatchNorm2dImpl : public Module {
   // input [N, C, H, W].
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   BatchNorm2dOptions options;
   Tensor weight;  // [C], undefined without affine

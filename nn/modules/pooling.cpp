@@ -34,4 +34,12 @@ void AvgPool2dImpl::pretty_print(std::ostream& stream) const {
          << ", stride=" << options.stride() << ", padding=" << options.padding() << ")";
 }
 
+// Built from the same options, then given this module's values (nn/module.h, clone_layer).
+std::shared_ptr<Module> MaxPool2dImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<MaxPool2dImpl>(options), device);
+}
+std::shared_ptr<Module> AvgPool2dImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<AvgPool2dImpl>(options), device);
+}
+
 }  // namespace kiln::nn

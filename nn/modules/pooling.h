@@ -27,6 +27,7 @@ class MaxPool2dImpl : public Module {
   // (values, flat indices into each input plane), as MaxPool2d(return_indices=True).
   std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   MaxPool2dOptions options;
 };
@@ -39,6 +40,7 @@ class AvgPool2dImpl : public Module {
   explicit AvgPool2dImpl(const AvgPool2dOptions& options) : options(options) {}
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::shared_ptr<Module> clone(const std::optional<Device>& device = std::nullopt) const override;
 
   AvgPool2dOptions options;
 };

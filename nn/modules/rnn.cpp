@@ -1,6 +1,7 @@
 // RNN, LSTM and GRU (nn/modules/rnn.h); the fused cells are registry ops (tensor/ops/rnn.cpp).
 #include "nn/modules/rnn.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tensor/ops.h"
@@ -88,7 +89,8 @@ void RNNImplBase::pretty_print(std::ostream& stream) const {
 }
 
 std::tuple<Tensor, Tensor, Tensor> RNNImplBase::run(const Tensor& input, const Tensor& hx_in,
-                                                    const Tensor& cx_in) const {
+                                                    const Tensor& cx_in,
+                                                    const std::vector<int64_t>* lengths) const {
   const char* n = name();
   const RnnConfig& c = config_;
   const Tensor& w0 = weights_[0].w_ih;
@@ -104,8 +106,10 @@ std::tuple<Tensor, Tensor, Tensor> RNNImplBase::run(const Tensor& input, const T
              "input_size. Expected ", c.input_size, ", got ", input.size(-1), " (input shape ",
              shape_str(input.sizes()), ")");
   const bool unbatched = input.dim() == 2;
+  KILN_CHECK(lengths == nullptr || !unbatched, "[", n, "] a packed input must be batched");
+  const bool batch_first = c.batch_first && lengths == nullptr;
   // Time-major [T, B, in] from here on.
-  const Tensor x = unbatched ? input.unsqueeze(1) : c.batch_first ? input.transpose(0, 1) : input;
+  const Tensor x = unbatched ? input.unsqueeze(1) : batch_first ? input.transpose(0, 1) : input;
   const int64_t steps = x.size(0), batch = x.size(1);
   KILN_CHECK(steps > 0, "[", n, "] expected a sequence length larger than 0, got input shape ",
              shape_str(input.sizes()));
@@ -127,6 +131,18 @@ std::tuple<Tensor, Tensor, Tensor> RNNImplBase::run(const Tensor& input, const T
   };
   const Tensor h0 = state(hx_in, out_size, c.mode == RnnMode::kLstm ? "h_0" : "hx");
   const Tensor c0 = c.mode == RnnMode::kLstm ? state(cx_in, c.hidden_size, "c_0") : Tensor();
+  // Packed inputs: at step t only the first active[t] sequences (the longest) take a step; the
+  // others keep their state, masks[t] marking who moves.
+  std::vector<int64_t> active;
+  std::vector<Tensor> masks;
+  if (lengths != nullptr) {
+    const Tensor rows = kiln::arange(batch, TensorOptions(kInt64).device(x.device()));
+    for (int64_t t = 0; t < steps; ++t) {
+      active.push_back(
+          std::count_if(lengths->begin(), lengths->end(), [t](int64_t len) { return len > t; }));
+      masks.push_back(active.back() < batch ? rows.lt(active.back()).unsqueeze(1) : Tensor());
+    }
+  }
 
   std::vector<Tensor> h_n, c_n;
   Tensor layer_input = x;
@@ -147,6 +163,7 @@ std::tuple<Tensor, Tensor, Tensor> RNNImplBase::run(const Tensor& input, const T
       for (int64_t s = 0; s < steps; ++s) {
         const int64_t t = dir == 0 ? s : steps - 1 - s;
         const Tensor& xt = xproj[t];
+        const Tensor h_prev = h, c_prev = cell;
         switch (c.mode) {
           case RnnMode::kLstm: {
             auto [hy, cy] = kiln::lstm_cell_fused(kiln::addmm(xt, h, w_hh_t), cell);
@@ -163,6 +180,10 @@ std::tuple<Tensor, Tensor, Tensor> RNNImplBase::run(const Tensor& input, const T
           case RnnMode::kRnnRelu:
             h = kiln::addmm(xt, h, w_hh_t).relu();
             break;
+        }
+        if (!masks.empty() && masks[t].defined()) {
+          h = kiln::where(masks[t], h, h_prev);
+          if (cell.defined()) cell = kiln::where(masks[t], cell, c_prev);
         }
         hs[t] = h;
       }
@@ -181,33 +202,56 @@ std::tuple<Tensor, Tensor, Tensor> RNNImplBase::run(const Tensor& input, const T
     output = output.squeeze(1);
     hn = hn.squeeze(1);
     if (cn.defined()) cn = cn.squeeze(1);
-  } else if (c.batch_first) {
+  } else if (batch_first) {
     output = output.transpose(0, 1);
   }
   return {output, hn, cn};
+}
+
+std::tuple<utils::rnn::PackedSequence, Tensor, Tensor> RNNImplBase::run_packed(
+    const utils::rnn::PackedSequence& input, const Tensor& hx, const Tensor& cx) const {
+  namespace rnn = utils::rnn;
+  // Padded in sorted order (longest first), as run() wants it.
+  const auto [padded, lengths_tensor] =
+      rnn::pad_packed_sequence(rnn::PackedSequence(input.data(), input.batch_sizes()));
+  const std::vector<int64_t> lengths = lengths_tensor.to_vector<int64_t>();
+  const auto reorder = [](const Tensor& s, const Tensor& index) {
+    return s.defined() && index.defined() ? s.index_select(1, index) : s;
+  };
+  auto [output, h_n, c_n] = run(padded, reorder(hx, input.sorted_indices()),
+                                reorder(cx, input.sorted_indices()), &lengths);
+  return {
+      rnn::PackedSequence(rnn::pack_padded_sequence(output, lengths).data(), input.batch_sizes(),
+                          input.sorted_indices(), input.unsorted_indices()),
+      reorder(h_n, input.unsorted_indices()), reorder(c_n, input.unsorted_indices())};
 }
 
 }  // namespace internal
 
 namespace {
 
-internal::RnnMode rnn_mode(const RNNOptions& o) {
-  KILN_CHECK(o.nonlinearity() == init::Nonlinearity::kTanh ||
-                 o.nonlinearity() == init::Nonlinearity::kReLU,
-             "[RNN] nonlinearity must be kiln::kTanh or kiln::kReLU");
-  return o.nonlinearity() == init::Nonlinearity::kTanh ? internal::RnnMode::kRnnTanh
-                                                       : internal::RnnMode::kRnnRelu;
+internal::RnnMode rnn_mode(init::Nonlinearity nonlinearity, const char* module) {
+  KILN_CHECK(nonlinearity == init::Nonlinearity::kTanh || nonlinearity == init::Nonlinearity::kReLU,
+             "[", module, "] nonlinearity must be kiln::kTanh or kiln::kReLU");
+  return nonlinearity == init::Nonlinearity::kTanh ? internal::RnnMode::kRnnTanh
+                                                   : internal::RnnMode::kRnnRelu;
 }
 
 }  // namespace
 
 RNNImpl::RNNImpl(const RNNOptions& o)
-    : RNNImplBase({rnn_mode(o), o.input_size(), o.hidden_size(), o.num_layers(), o.bias(),
-                   o.batch_first(), o.dropout(), o.bidirectional(), 0}),
+    : RNNImplBase({rnn_mode(o.nonlinearity(), "RNN"), o.input_size(), o.hidden_size(),
+                   o.num_layers(), o.bias(), o.batch_first(), o.dropout(), o.bidirectional(), 0}),
       options(o) {}
 
 std::tuple<Tensor, Tensor> RNNImpl::forward(const Tensor& input, const Tensor& hx) {
   auto [output, h_n, c_n] = run(input, hx, Tensor());
+  return {output, h_n};
+}
+
+std::tuple<utils::rnn::PackedSequence, Tensor> RNNImpl::forward_with_packed_input(
+    const utils::rnn::PackedSequence& packed_input, const Tensor& hx) {
+  auto [output, h_n, c_n] = run_packed(packed_input, hx, Tensor());
   return {output, h_n};
 }
 
@@ -226,6 +270,17 @@ std::tuple<Tensor, std::tuple<Tensor, Tensor>> LSTMImpl::forward(
   return {output, {h_n, c_n}};
 }
 
+std::tuple<utils::rnn::PackedSequence, std::tuple<Tensor, Tensor>>
+LSTMImpl::forward_with_packed_input(const utils::rnn::PackedSequence& packed_input,
+                                    std::optional<std::tuple<Tensor, Tensor>> hx_opt) {
+  Tensor h0, c0;
+  if (hx_opt) std::tie(h0, c0) = *hx_opt;
+  KILN_CHECK(h0.defined() == c0.defined(),
+             "[LSTM] the initial state (h_0, c_0) must have both tensors defined, or neither");
+  auto [output, h_n, c_n] = run_packed(packed_input, h0, c0);
+  return {output, {h_n, c_n}};
+}
+
 GRUImpl::GRUImpl(const GRUOptions& o)
     : RNNImplBase({internal::RnnMode::kGru, o.input_size(), o.hidden_size(), o.num_layers(),
                    o.bias(), o.batch_first(), o.dropout(), o.bidirectional(), 0}),
@@ -234,6 +289,166 @@ GRUImpl::GRUImpl(const GRUOptions& o)
 std::tuple<Tensor, Tensor> GRUImpl::forward(const Tensor& input, const Tensor& hx) {
   auto [output, h_n, c_n] = run(input, hx, Tensor());
   return {output, h_n};
+}
+
+std::tuple<utils::rnn::PackedSequence, Tensor> GRUImpl::forward_with_packed_input(
+    const utils::rnn::PackedSequence& packed_input, const Tensor& hx) {
+  auto [output, h_n, c_n] = run_packed(packed_input, hx, Tensor());
+  return {output, h_n};
+}
+
+// Built from the same options, then given this module's values (nn/module.h, clone_layer).
+std::shared_ptr<Module> RNNImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<RNNImpl>(options), device);
+}
+std::shared_ptr<Module> LSTMImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<LSTMImpl>(options), device);
+}
+std::shared_ptr<Module> GRUImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<GRUImpl>(options), device);
+}
+
+// --- Cells ---------------------------------------------------------------------------------------
+
+namespace internal {
+
+RNNCellImplBase::RNNCellImplBase(RnnMode mode, int64_t input_size, int64_t hidden_size, bool bias)
+    : mode_(mode), input_size_(input_size), hidden_size_(hidden_size) {
+  const char* n = cell_name();
+  KILN_CHECK(input_size > 0, "[", n, "] input_size must be positive, got ", input_size);
+  KILN_CHECK(hidden_size > 0, "[", n, "] hidden_size must be positive, got ", hidden_size);
+  const int64_t gates = gate_count(mode) * hidden_size;
+  weight_ih = register_parameter("weight_ih", kiln::empty({gates, input_size}));
+  weight_hh = register_parameter("weight_hh", kiln::empty({gates, hidden_size}));
+  bias_ih = bias ? register_parameter("bias_ih", kiln::empty({gates}))
+                 : register_parameter("bias_ih", Tensor(), /*requires_grad=*/false);
+  bias_hh = bias ? register_parameter("bias_hh", kiln::empty({gates}))
+                 : register_parameter("bias_hh", Tensor(), /*requires_grad=*/false);
+  reset_parameters();
+}
+
+const char* RNNCellImplBase::cell_name() const {
+  switch (mode_) {
+    case RnnMode::kLstm:
+      return "LSTMCell";
+    case RnnMode::kGru:
+      return "GRUCell";
+    default:
+      return "RNNCell";
+  }
+}
+
+void RNNCellImplBase::reset_parameters() {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(hidden_size_));
+  for (Tensor& p : parameters()) init::uniform_(p, -bound, bound);
+}
+
+void RNNCellImplBase::pretty_print(std::ostream& stream) const {
+  stream << std::boolalpha << "kiln::nn::" << cell_name() << "(input_size=" << input_size_
+         << ", hidden_size=" << hidden_size_ << ", bias=" << bias_ih.defined();
+  if (mode_ == RnnMode::kRnnRelu) stream << ", nonlinearity=relu";
+  stream << ")";
+}
+
+std::tuple<Tensor, Tensor> RNNCellImplBase::step(const Tensor& input, const Tensor& hx_in,
+                                                 const Tensor& cx_in) const {
+  const char* n = cell_name();
+  KILN_CHECK(input.defined(), "[", n, "] input is undefined");
+  KILN_CHECK(input.dim() == 1 || input.dim() == 2, "[", n,
+             "] expected a 2-D (batched) or 1-D (unbatched) input, got shape ",
+             shape_str(input.sizes()));
+  KILN_CHECK(input.dtype() == weight_ih.dtype(), "[", n,
+             "] input must have the dtype of the parameters (", dtype_name(weight_ih.dtype()),
+             "), got ", dtype_name(input.dtype()));
+  KILN_CHECK(input.device() == weight_ih.device(), "[", n, "] input is on ", input.device().str(),
+             " but the parameters are on ", weight_ih.device().str());
+  KILN_CHECK(input.size(-1) == input_size_, "[", n, "] input has inconsistent input_size: got ",
+             input.size(-1), " expected ", input_size_, " (input shape ", shape_str(input.sizes()),
+             ")");
+  const bool unbatched = input.dim() == 1;
+  const Tensor x = unbatched ? input.unsqueeze(0) : input;
+  const int64_t batch = x.size(0);
+  const auto state = [&](const Tensor& s, const char* what) {
+    if (!s.defined()) {
+      return kiln::zeros({batch, hidden_size_}, TensorOptions(x.dtype()).device(x.device()));
+    }
+    const Shape want = unbatched ? Shape{hidden_size_} : Shape{batch, hidden_size_};
+    KILN_CHECK(s.sizes() == want, "[", n, "] expected ", what, " of shape ", shape_str(want),
+               ", got ", shape_str(s.sizes()), " (input shape ", shape_str(input.sizes()), ")");
+    KILN_CHECK(s.dtype() == x.dtype() && s.device() == x.device(), "[", n, "] ", what, " (",
+               dtype_name(s.dtype()), " on ", s.device().str(), ") must match the input (",
+               dtype_name(x.dtype()), " on ", x.device().str(), ")");
+    return unbatched ? s.unsqueeze(0) : s;
+  };
+  const Tensor h = state(hx_in, mode_ == RnnMode::kLstm ? "h_0" : "hx");
+  Tensor hy, cy;
+  switch (mode_) {
+    case RnnMode::kLstm: {
+      const Tensor bias = bias_ih.defined() ? bias_ih + bias_hh : Tensor();
+      const Tensor gates = kiln::addmm(kiln::linear(x, weight_ih, bias), h, weight_hh.t());
+      std::tie(hy, cy) = kiln::lstm_cell_fused(gates, state(cx_in, "c_0"));
+      break;
+    }
+    case RnnMode::kGru:
+      // b_hh stays with the hidden projection: r gates its n part.
+      hy = kiln::gru_cell_fused(kiln::linear(x, weight_ih, bias_ih),
+                                kiln::linear(h, weight_hh, bias_hh), h);
+      break;
+    case RnnMode::kRnnTanh:
+    case RnnMode::kRnnRelu: {
+      const Tensor bias = bias_ih.defined() ? bias_ih + bias_hh : Tensor();
+      const Tensor pre = kiln::addmm(kiln::linear(x, weight_ih, bias), h, weight_hh.t());
+      hy = mode_ == RnnMode::kRnnTanh ? pre.tanh() : pre.relu();
+      break;
+    }
+  }
+  if (unbatched) {
+    hy = hy.squeeze(0);
+    if (cy.defined()) cy = cy.squeeze(0);
+  }
+  return {hy, cy};
+}
+
+}  // namespace internal
+
+RNNCellImpl::RNNCellImpl(const RNNCellOptions& o)
+    : RNNCellImplBase(rnn_mode(o.nonlinearity(), "RNNCell"), o.input_size(), o.hidden_size(),
+                      o.bias()),
+      options(o) {}
+
+Tensor RNNCellImpl::forward(const Tensor& input, const Tensor& hx) {
+  return std::get<0>(step(input, hx, Tensor()));
+}
+
+LSTMCellImpl::LSTMCellImpl(const LSTMCellOptions& o)
+    : RNNCellImplBase(internal::RnnMode::kLstm, o.input_size(), o.hidden_size(), o.bias()),
+      options(o) {}
+
+std::tuple<Tensor, Tensor> LSTMCellImpl::forward(const Tensor& input,
+                                                 std::optional<std::tuple<Tensor, Tensor>> hx_opt) {
+  Tensor h0, c0;
+  if (hx_opt) std::tie(h0, c0) = *hx_opt;
+  KILN_CHECK(h0.defined() == c0.defined(),
+             "[LSTMCell] the state (h, c) must have both tensors defined, or neither");
+  return step(input, h0, c0);
+}
+
+GRUCellImpl::GRUCellImpl(const GRUCellOptions& o)
+    : RNNCellImplBase(internal::RnnMode::kGru, o.input_size(), o.hidden_size(), o.bias()),
+      options(o) {}
+
+Tensor GRUCellImpl::forward(const Tensor& input, const Tensor& hx) {
+  return std::get<0>(step(input, hx, Tensor()));
+}
+
+std::shared_ptr<Module> RNNCellImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<RNNCellImpl>(options), device);
+}
+std::shared_ptr<Module> LSTMCellImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<LSTMCellImpl>(options), device);
+}
+std::shared_ptr<Module> GRUCellImpl::clone(const std::optional<Device>& device) const {
+  return internal::clone_layer(*this, std::make_shared<GRUCellImpl>(options), device);
 }
 
 }  // namespace kiln::nn

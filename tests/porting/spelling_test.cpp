@@ -184,6 +184,8 @@ struct TwoLayerImpl : nn::Cloneable<TwoLayerImpl> {
 };
 KILN_MODULE(TwoLayer);
 
+struct PlainNetImpl : nn::Module {};
+
 TEST(SpellingTest, ModuleClone) {
   manual_seed(5);
   TwoLayer net(8);
@@ -215,9 +217,16 @@ TEST(SpellingTest, ModuleClone) {
     copy->fc1->weight.add_(1);
   }
   EXPECT_FALSE(equal(copy->fc1->weight, net->fc1->weight));
-  // Built-in layers and plain modules say what to do.
-  EXPECT_KILN_ERROR(nn::Linear(2, 2)->clone(),
-                    "[clone] kiln::nn::LinearImpl does not support clone()");
+  // Built-in layers clone as in libtorch (tests/nn/module_clone_test.cpp checks each).
+  nn::Linear fc(2, 2);
+  auto fc_copy = std::dynamic_pointer_cast<nn::LinearImpl>(fc->clone());
+  ASSERT_NE(fc_copy, nullptr);
+  EXPECT_TRUE(equal(fc_copy->weight, fc->weight));
+  EXPECT_NE(fc_copy->weight.data_ptr(), fc->weight.data_ptr());
+  // A module derived from plain Module says what to do.
+  EXPECT_KILN_ERROR(std::make_shared<PlainNetImpl>()->clone(),
+                    "[clone] PlainNetImpl does not support clone(): derive it from "
+                    "kiln::nn::Cloneable<PlainNetImpl>");
 }
 
 }  // namespace
