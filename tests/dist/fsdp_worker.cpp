@@ -110,6 +110,22 @@ void expect_same_weights(FSDPModule& fsdp, nn::Module& ref, double tol, const st
   }
 }
 
+// Every shard gradient of `model` equals this rank's slice of the flattened gradient of `ref`.
+void expect_shard_grads(nn::Module& model, nn::Module& ref, int r, int n, double tol,
+                        const std::string& when) {
+  const auto want = ref.named_parameters();
+  for (const auto& item : model.named_parameters()) {
+    const Tensor g = want[item.key()].grad().reshape({-1});
+    const int64_t s = ceil_div(g.numel(), n), begin = std::min<int64_t>(r * s, g.numel());
+    const int64_t len = std::min<int64_t>(s, g.numel() - begin);
+    const Tensor& got = item.value().grad();
+    WCHECK(got.defined() && got.numel() == s, when, ": the shard gradient of ", item.key(), " has ",
+           got.defined() ? got.numel() : -1, " elements, expected ", s);
+    expect_close(got.narrow(0, 0, len), g.narrow(0, begin, len), tol,
+                 when + ": gradient of " + item.key());
+  }
+}
+
 // fully_shard == one process on the global batch: losses after every step, full weights after
 // every step, shard sizes; the first step's shard gradients against slices of the reference's;
 // the last step accumulates two micro-batches.
@@ -270,6 +286,7 @@ void fsdp_llama() {
     pg->all_reduce(l, ReduceOp::kAvg)->wait();
     WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 1e-12, "step ", step, ": loss ",
            l.item<double>(), " vs one process ", ref_loss.item<double>());
+    expect_shard_grads(*model, *ref, r, n, 1e-10, "step " + std::to_string(step));
     opt.step();
     ref_opt.step();
   }
