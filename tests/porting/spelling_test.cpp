@@ -229,4 +229,26 @@ TEST(SpellingTest, ModuleClone) {
                     "kiln::nn::Cloneable<PlainNetImpl>");
 }
 
+// Recurrent cells and packed sequences, spelled as libtorch code spells them.
+TEST(SpellingTest, RecurrentCellsAndPackedSequences) {
+  manual_seed(9);
+  nn::LSTMCell cell(nn::LSTMCellOptions(4, 8).bias(true));
+  auto [h, c] = cell(randn({2, 4}));
+  std::tie(h, c) = cell(randn({2, 4}), std::make_tuple(h, c));
+  EXPECT_EQ(c.sizes(), Shape({2, 8}));
+  nn::GRUCell gru_cell(nn::GRUCellOptions(4, 8));
+  EXPECT_EQ(gru_cell(randn({4}), zeros({8})).sizes(), Shape({8}));
+  nn::GRU gru(nn::GRUOptions(4, 8).batch_first(true));
+  const Tensor lengths = tensor({5, 2, 4}, kLong);
+  auto packed = nn::utils::rnn::pack_padded_sequence(randn({3, 5, 4}), lengths,
+                                                     /*batch_first=*/true,
+                                                     /*enforce_sorted=*/false);
+  auto [out, h_n] = gru->forward_with_packed_input(packed);
+  auto [padded, out_lengths] = nn::utils::rnn::pad_packed_sequence(out, /*batch_first=*/true);
+  EXPECT_EQ(padded.sizes(), Shape({3, 5, 8}));
+  EXPECT_EQ(h_n.sizes(), Shape({1, 3, 8}));
+  EXPECT_TRUE(equal(out_lengths, lengths));
+  EXPECT_TRUE(equal(padded[1].narrow(0, 2, 3), zeros({3, 8})));
+}
+
 }  // namespace
