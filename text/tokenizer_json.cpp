@@ -2,6 +2,9 @@
 // all of the file) is read straight from the JsonReader; the small components through
 // JsonValue, since their keys may come in any order.
 
+#include <cmath>
+#include <cstdint>
+
 #include "nn/json.h"
 #include "nn/safetensors.h"
 #include "tensor/error.h"
@@ -45,11 +48,18 @@ class Loader {
     return m->boolean;
   }
   int64_t int_of(const JsonValue& v, const std::string& what) const {
-    if (v.kind != JsonValue::Kind::kNumber ||
+    // The range check comes first: converting a double outside int64 is undefined.
+    if (v.kind != JsonValue::Kind::kNumber || !(std::abs(v.number) < 0x1p63) ||
         v.number != static_cast<double>(static_cast<int64_t>(v.number))) {
       fail(what, " is not an integer");
     }
     return static_cast<int64_t>(v.number);
+  }
+  // A token id: an integer in [0, 2^31).
+  int32_t token_id_of(const JsonValue& v, const std::string& what) const {
+    const int64_t id = int_of(v, what);
+    if (id < 0 || id > INT32_MAX) fail(what, " ", id, " is not a token id (0 to 2^31 - 1)");
+    return static_cast<int32_t>(id);
   }
   const std::vector<JsonValue>& array_of(const JsonValue& v, const char* key,
                                          const std::string& what) const {
@@ -211,7 +221,7 @@ class Loader {
           const JsonValue* entry = specials.find(id);
           if (entry == nullptr) fail(what, ": special token '", id, "' not in special_tokens");
           for (const JsonValue& x : array_of(*entry, "ids", what + " " + id)) {
-            (seen_a ? after : before).push_back(static_cast<int32_t>(int_of(x, what + " id")));
+            (seen_a ? after : before).push_back(token_id_of(x, what + " id"));
           }
         } else if (const JsonValue* s = item.find("Sequence")) {
           if (string_of(*s, "id", what + " Sequence") != "A") {
@@ -228,7 +238,7 @@ class Loader {
       const auto id_of = [&](const char* key) {
         const std::vector<JsonValue>& pair = array_of(v, key, what);
         if (pair.size() != 2) fail(what, ": \"", key, "\" is not [token, id]");
-        return static_cast<int32_t>(int_of(pair[1], what + " " + key));
+        return token_id_of(pair[1], what + " " + key);
       };
       p_.prefix.insert(p_.prefix.begin(), id_of("cls"));
       p_.suffix.push_back(id_of("sep"));
@@ -243,14 +253,13 @@ class Loader {
     if (!v.is_array()) fail("\"added_tokens\" is not an array");
     for (const JsonValue& e : v.array) {
       AddedToken t;
-      t.id = static_cast<int32_t>(int_of(member(e, "id", "added token"), "added token id"));
+      t.id = token_id_of(member(e, "id", "added token"), "added token id");
       t.content = string_of(e, "content", "added token");
       t.single_word = bool_of(e, "single_word", false);
       t.lstrip = bool_of(e, "lstrip", false);
       t.rstrip = bool_of(e, "rstrip", false);
       t.special = bool_of(e, "special", false);
       t.normalized = bool_of(e, "normalized", !t.special);
-      if (t.id < 0) fail("added token '", t.content, "' has a negative id");
       p_.added.push_back(std::move(t));
     }
   }
@@ -321,6 +330,11 @@ class Loader {
     if (type != "BPE") fail("unsupported model '", type, "' (supported: BPE)");
     int32_t max_id = -1;
     for (const auto& [token, id] : m.vocab) max_id = std::max(max_id, id);
+    // id_to_token is dense: a vocabulary with a few huge ids would allocate gigabytes.
+    if (max_id >= static_cast<int64_t>(m.vocab.size()) + (int64_t{1} << 20)) {
+      fail("model vocab: id ", max_id, " is more than 2^20 past the ", m.vocab.size(),
+           " tokens (the ids of a vocabulary are dense)");
+    }
     m.id_to_token.assign(max_id + 1, std::string());
     m.has_id.assign(max_id + 1, 0);
     for (const auto& [token, id] : m.vocab) m.id_to_token[id] = token, m.has_id[id] = 1;
@@ -420,6 +434,9 @@ Tokenizer Tokenizer::from_json(std::string_view json, const std::string& name) {
         .add(t.normalized ? t.decoded : t.content, i);
     max_id = std::max<int64_t>(max_id, t.id);
   }
+  // The post-processor's ids are ids that encode() returns, even when no token has them.
+  for (const int32_t id : p->prefix) max_id = std::max<int64_t>(max_id, id);
+  for (const int32_t id : p->suffix) max_id = std::max<int64_t>(max_id, id);
   p->vocab_size = max_id + 1;
   p->bos_id =
       p->prefix.size() == 1
