@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "autograd/grad_test_util.h"
+#include "kernels/cuda.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -151,6 +152,25 @@ TEST(PackedSequenceTest, LayerGradcheck) {
         return cat({out.data().flatten(), std::get<0>(hc).flatten(), std::get<1>(hc).flatten()});
       },
       inputs));
+}
+
+// A packed LSTM on the GPU (skips without one) gives the CPU's outputs and states.
+TEST(PackedSequenceTest, CudaMatchesCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  manual_seed(6);
+  const Tensor x = randn({5, 3, 2});
+  const std::vector<int64_t> lens{2, 5, 3};
+  nn::LSTM lstm(nn::LSTMOptions(2, 4).bidirectional(true));
+  auto gpu = std::dynamic_pointer_cast<nn::LSTMImpl>(lstm->clone(Device(kCUDA)));
+  ASSERT_NE(gpu, nullptr);
+  auto [out, hc] =
+      lstm->forward_with_packed_input(rnn::pack_padded_sequence(x, lens, false, false));
+  auto [out_gpu, hc_gpu] =
+      gpu->forward_with_packed_input(rnn::pack_padded_sequence(x.cuda(), lens, false, false));
+  EXPECT_TRUE(out_gpu.is_cuda());
+  EXPECT_TRUE(allclose(out_gpu.data().cpu(), out.data(), 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(std::get<0>(hc_gpu).cpu(), std::get<0>(hc), 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(std::get<1>(hc_gpu).cpu(), std::get<1>(hc), 1e-5, 1e-6));
 }
 
 TEST(PackedSequenceTest, Misuse) {

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "autograd/grad_test_util.h"
+#include "kernels/cuda.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -233,6 +234,28 @@ TEST(RnnCellTest, ParametersInitialisationAndPrinting) {
   EXPECT_EQ(s.str(),
             "kiln::nn::RNNCell(input_size=3, hidden_size=4, bias=false, nonlinearity=relu) "
             "kiln::nn::LSTMCell(input_size=3, hidden_size=16, bias=true)");
+}
+
+// The same cells cloned onto the GPU (skips without one): outputs and gradients as on the CPU.
+TEST(RnnCellTest, CudaMatchesCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  manual_seed(6);
+  const Tensor x = randn({3, 4}), h = randn({3, 5}), c = randn({3, 5});
+  nn::LSTMCell lstm(4, 5);
+  auto gpu = std::dynamic_pointer_cast<nn::LSTMCellImpl>(lstm->clone(Device(kCUDA)));
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_TRUE(gpu->weight_ih.is_cuda());
+  auto [h1, c1] = lstm(x, std::make_tuple(h, c));
+  auto [h2, c2] = gpu->forward(x.cuda(), std::make_tuple(h.cuda(), c.cuda()));
+  EXPECT_TRUE(allclose(h2.cpu(), h1, 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(c2.cpu(), c1, 1e-5, 1e-6));
+  (h1.sum() + c1.square().sum()).backward();
+  (h2.sum() + c2.square().sum()).backward();
+  EXPECT_TRUE(allclose(gpu->weight_hh.grad().cpu(), lstm->weight_hh.grad(), 1e-4, 1e-5));
+  nn::GRUCell gru(4, 5);
+  auto gru_gpu = std::dynamic_pointer_cast<nn::GRUCellImpl>(gru->clone(Device(kCUDA)));
+  ASSERT_NE(gru_gpu, nullptr);
+  EXPECT_TRUE(allclose(gru_gpu->forward(x.cuda(), h.cuda()).cpu(), gru(x, h), 1e-5, 1e-6));
 }
 
 TEST(RnnCellTest, Misuse) {
