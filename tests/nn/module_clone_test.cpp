@@ -2,6 +2,7 @@
 // type, the same values, dtypes and requires_grad, but its own storage (writing into it, or
 // training it, leaves the original untouched); its forward gives the original's outputs; containers
 // clone their children; CUDA modules stay on CUDA; and modules that cannot be cloned are named.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <kiln/kiln.h>
 
@@ -284,6 +285,34 @@ TEST(ModuleCloneTest, ModulesThatCannotBeClonedAreNamed) {
   list->push_back(Plain());
   EXPECT_KILN_ERROR(list->clone(), "PlainImpl does not support clone()");
   EXPECT_KILN_ERROR(BadReset()->clone(), "parameter 'w' has shape [2] but reset() made [3]");
+}
+
+// check_clone itself catches a shallow copy: a clone() that shares the weight's storage.
+struct ShallowImpl : nn::Module {
+  ShallowImpl() : ShallowImpl(randn({3})) {}
+  explicit ShallowImpl(const Tensor& values) { w = register_parameter("w", values.detach()); }
+  Tensor forward(const Tensor& x) { return x * w; }
+  std::shared_ptr<nn::Module> clone(const std::optional<Device>& = std::nullopt) const override {
+    return std::make_shared<ShallowImpl>(w);
+  }
+  Tensor w;
+};
+KILN_MODULE(Shallow);
+
+TEST(ModuleCloneTest, TheCheckCatchesSharedStorage) {
+  Shallow shallow;
+  const Tensor x = randn({3});
+  ::testing::TestPartResultArray failures;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
+    check_unary("shallow", shallow, x);
+  }
+  std::string all;
+  for (int i = 0; i < failures.size(); ++i) all += failures.GetTestPartResult(i).message();
+  // The same storage, and the copy's training step showing through the original.
+  EXPECT_NE(all.find("q.data_ptr()"), std::string::npos) << all;
+  EXPECT_NE(all.find("equal(y_copy, y)"), std::string::npos) << all;
 }
 
 TEST(ModuleCloneTest, ToAnotherDevice) {
