@@ -68,7 +68,7 @@ void check_clone(const std::string& what, Holder layer, Fwd fwd) {
     EXPECT_FALSE(q.grad().defined()) << p.key();
   }
   for (const auto& b : layer->named_buffers()) {
-    const Tensor& q = copy->named_buffers()[b.key()];
+    const Tensor q = copy->named_buffers()[b.key()];
     EXPECT_NE(q.data_ptr(), b.value().data_ptr()) << b.key();
     EXPECT_EQ(q.device(), b.value().device()) << b.key();
   }
