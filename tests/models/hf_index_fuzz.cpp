@@ -37,7 +37,7 @@ std::map<std::string, kiln::Tensor> g_saved;
 
 void remove_dir() {
   std::error_code ec;
-  fs::remove_all(g_dir, ec);
+  fs::remove_all(g_dir.parent_path(), ec);  // the mkdtemp directory around the checkpoint
 }
 
 void check(bool ok, const char* what, const std::string& detail) {
