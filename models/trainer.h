@@ -105,6 +105,9 @@ struct PretrainOptions {
   double weight_decay = 0.1;
   std::tuple<double, double> betas = {0.9, 0.95};
   double eps = 1e-8;
+  // AdamW's moments in the parameters' dtype (bf16 under bf16-true, as PyTorch's AdamW keeps them
+  // for bf16 parameters: half the optimizer memory) instead of f32.
+  bool adam_state_in_param_dtype = false;
   double grad_clip = 1.0;  // 0 = no clipping (the norm is still logged)
   int64_t grad_accum_steps = 1;
   std::string precision = "f32";  // "f32" | "bf16-true" | "bf16-mixed"
@@ -205,7 +208,8 @@ struct BenchOptions {
   std::string precision = "bf16-true";
   std::optional<Device> device;
   uint64_t seed = 0;
-  bool compile = false;  // as PretrainOptions::compile
+  bool compile = false;                    // as PretrainOptions::compile
+  bool adam_state_in_param_dtype = false;  // as PretrainOptions::adam_state_in_param_dtype
   // After the timed steps, this many more run under kiln::profiler and the report (time per
   // kernel family, the slowest kernels) goes to the log.
   int64_t profile_steps = 0;

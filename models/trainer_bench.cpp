@@ -33,6 +33,7 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   PretrainOptions po;
   po.lr = 1e-4;
   po.weight_decay = 0.1;
+  po.adam_state_in_param_dtype = o.adam_state_in_param_dtype;
   auto opt = make_optimizer(model, po);
   TrainStep train(model, *opt, o.precision, /*clip=*/1.0, o.compile);
   BenchResult r;

@@ -104,8 +104,11 @@ std::vector<Tensor> params_where(const GPT& model, bool two_d) {
 }  // namespace
 
 std::unique_ptr<optim::AdamW> make_optimizer(const GPT& model, const PretrainOptions& o) {
-  const auto defaults =
-      optim::AdamWOptions(o.lr).betas(o.betas).eps(o.eps).weight_decay(o.weight_decay);
+  const auto defaults = optim::AdamWOptions(o.lr)
+                            .betas(o.betas)
+                            .eps(o.eps)
+                            .weight_decay(o.weight_decay)
+                            .state_in_param_dtype(o.adam_state_in_param_dtype);
   std::vector<optim::OptimizerParamGroup> groups;
   groups.emplace_back(params_where(model, true));
   std::vector<Tensor> no_decay = params_where(model, false);

@@ -5,7 +5,7 @@
 //   kiln pretrain [--config NAME] [--data FILE] [--steps N] [--batch B] [--seq T] [--compile] ...
 //   kiln generate (--checkpoint DIR | --config NAME) (--prompt "1 2 3" | --text "...") ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
-//              [--profile]
+//              [--profile] [--adam-state f32|param]
 //   kiln tokenizer train [--data FILE] [--vocab-size N] [--out FILE] [--special A,B]
 //   kiln run --nproc-per-node N [--nnodes M --node-rank R --master-addr A] program args...
 //   kiln help
@@ -113,6 +113,8 @@ commands:
       --compile                time the training step compiled with kiln::compile
       --profile                then profile 3 more steps: time per kernel family and the
                                slowest kernels (kiln::profiler; CUDA events on a GPU)
+      --adam-state S           f32 | param: AdamW's moments in f32 (default) or in the
+                               parameters' dtype (bf16 under bf16-true, as PyTorch's AdamW)
   tokenizer train [flags]      train a byte-level BPE tokenizer (Llama 3 style) and write its
                                tokenizer.json (kiln::text::Tokenizer and Hugging Face load it)
       --data FILE              UTF-8 text (default: the bundled data/tinyshakespeare.txt)
@@ -401,8 +403,9 @@ int cmd_generate(const std::vector<std::string>& args) {
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
-  const Flags f = parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device"},
-                              {"compile", "profile"});
+  const Flags f =
+      parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device", "adam-state"},
+                  {"compile", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");
@@ -416,6 +419,13 @@ int cmd_bench(const std::vector<std::string>& args) {
   b.steps = f.contains("steps") ? parse_int_at_least("steps", f.at("steps"), 1) : 10;
   b.compile = f.contains("compile");
   b.profile_steps = f.contains("profile") ? 3 : 0;
+  if (f.contains("adam-state")) {
+    const std::string& s = f.at("adam-state");
+    if (s != "f32" && s != "param") {
+      throw UsageError{"--adam-state must be f32 or param, got '" + s + "'"};
+    }
+    b.adam_state_in_param_dtype = s == "param";
+  }
   b.device = f.contains("device") ? parse_device(f.at("device")) : kiln::models::default_device();
   b.precision =
       f.contains("precision") ? f.at("precision") : (b.device->is_cuda() ? "bf16-true" : "f32");

@@ -95,6 +95,8 @@ TEST_F(CliTest, NumericEdgeCasesNameTheFlag) {
                "--allow-resume-changes goes with --resume");
   expect_error("bench --config tiny-llama --batch 4294967296 --seq 4294967296 --device cpu", 2,
                "--batch 4294967296 x --seq 4294967296 tokens per step overflows int64");
+  expect_error("bench --config tiny-llama --device cpu --adam-state bf16", 2,
+               "--adam-state must be f32 or param, got 'bf16'");
   const std::string gen = "generate --config tiny-llama --prompt 1 --device cpu";
   expect_error(gen + " --temperature 1e-300", 2,
                "--temperature must be 0 (greedy) or at least 1e-06, got 1e-300");
@@ -196,7 +198,8 @@ TEST_F(CliTest, NonFiniteValuesNeverReplaceACheckpoint) {
 TEST_F(CliTest, UsageListsTheNewFlags) {
   const Result r = run_kiln("help");
   EXPECT_EQ(r.status, 0);
-  for (const char* flag : {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps"}) {
+  for (const char* flag :
+       {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps", "--adam-state"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
 }
