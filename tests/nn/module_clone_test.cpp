@@ -315,7 +315,7 @@ TEST(ModuleCloneTest, TheCheckCatchesSharedStorage) {
   EXPECT_NE(all.find("equal(y_copy, y)"), std::string::npos) << all;
 }
 
-TEST(ModuleCloneTest, ToAnotherDevice) {
+TEST(GpuModuleClone, ToAnotherDevice) {
   manual_seed(7);
   nn::LSTM lstm(nn::LSTMOptions(3, 4));
   // clone(device) on the module's own device still copies.

@@ -155,7 +155,7 @@ TEST(PackedSequenceTest, LayerGradcheck) {
 }
 
 // A packed LSTM on the GPU (skips without one) gives the CPU's outputs and states.
-TEST(PackedSequenceTest, CudaMatchesCpu) {
+TEST(GpuPackedSequence, CudaMatchesCpu) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
   manual_seed(6);
   const Tensor x = randn({5, 3, 2});

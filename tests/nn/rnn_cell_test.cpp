@@ -237,7 +237,7 @@ TEST(RnnCellTest, ParametersInitialisationAndPrinting) {
 }
 
 // The same cells cloned onto the GPU (skips without one): outputs and gradients as on the CPU.
-TEST(RnnCellTest, CudaMatchesCpu) {
+TEST(GpuRnnCell, CudaMatchesCpu) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
   manual_seed(6);
   const Tensor x = randn({3, 4}), h = randn({3, 5}), c = randn({3, 5});
