@@ -10,6 +10,7 @@
 // only when a table requires grad, so that the qkv projection's output (or dq and dk) need not
 // live until backward.
 #include "autograd/backward_util.h"
+#include "tensor/ops/rotary.h"
 
 namespace kiln::autograd {
 namespace {
@@ -68,13 +69,6 @@ TensorVec rotary_emb_qk_backward_rule(const BackwardCall& c) {
   return out;
 }
 
-// The [..., heads, T, D] view of heads [first, first + heads) of a [..., T, total * D] tensor.
-Tensor heads_of(const Tensor& qkv, int64_t first, int64_t heads, int64_t total) {
-  return qkv.unflatten(-1, {total, qkv.size(-1) / total})
-      .narrow(-2, first, heads)
-      .transpose(-3, -2);
-}
-
 bool tables_need_grad(const OpCall& c, size_t cos_index) {
   return c.input(cos_index).requires_grad() || c.input(cos_index + 1).requires_grad();
 }
@@ -96,8 +90,10 @@ TensorVec split_qkv_rotary_backward_rule(const BackwardCall& c) {
   }
   if (c.needs_grad(1) || c.needs_grad(2)) {
     const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
-    accumulate_table_grads(c, 1, heads_of(c.input(0), 0, h, n), c.grad(0), out[1], out[2]);
-    accumulate_table_grads(c, 1, heads_of(c.input(0), h, g, n), c.grad(1), out[1], out[2]);
+    accumulate_table_grads(c, 1, ::kiln::internal::qkv_heads(c.input(0), 0, h, n), c.grad(0),
+                           out[1], out[2]);
+    accumulate_table_grads(c, 1, ::kiln::internal::qkv_heads(c.input(0), h, g, n), c.grad(1),
+                           out[1], out[2]);
   }
   return out;
 }
@@ -118,8 +114,10 @@ TensorVec merge_qkv_rotary_backward_rule(const BackwardCall& c) {
     }
   }
   if (c.needs_grad(3) || c.needs_grad(4)) {
-    accumulate_table_grads(c, 3, c.input(0), heads_of(c.grad(0), 0, h, n), out[3], out[4]);
-    accumulate_table_grads(c, 3, c.input(1), heads_of(c.grad(0), h, g, n), out[3], out[4]);
+    accumulate_table_grads(c, 3, c.input(0), ::kiln::internal::qkv_heads(c.grad(0), 0, h, n),
+                           out[3], out[4]);
+    accumulate_table_grads(c, 3, c.input(1), ::kiln::internal::qkv_heads(c.grad(0), h, g, n),
+                           out[3], out[4]);
   }
   return out;
 }

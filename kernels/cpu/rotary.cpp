@@ -2,6 +2,8 @@
 // (tensor/ops/rotary.cpp): the reference the CUDA kernels are tested against. Rows (positions of
 // every leading index) run in parallel; the arithmetic is in the compute type (f32 for f16/bf16,
 // f64 for f64) with one rounding to x's dtype, the formulas of tensor/ops/rotary.cpp.
+#include "tensor/ops/rotary.h"
+
 #include "kernels/cpu/loops.h"
 #include "kernels/fused_support.h"
 #include "tensor/ops.h"
@@ -81,29 +83,24 @@ void rotary_emb_qk_cpu(OpCall& c) {
   rotate(c.input(1), c.input(2), c.input(3), c.outputs[1], c.attr<bool>(0));
 }
 
-// The [..., heads, T, D] view of heads [first, first + heads) of a [..., T, total * D] tensor.
-Tensor heads_of(const Tensor& qkv, int64_t first, int64_t heads, int64_t total) {
-  return qkv.unflatten(-1, {total, qkv.size(-1) / total})
-      .narrow(-2, first, heads)
-      .transpose(-3, -2);
-}
-
 void split_qkv_rotary_cpu(OpCall& c) {
   const bool transpose = c.attr<bool>(0);
   const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
   const Tensor& qkv = c.input(0);
-  rotate(heads_of(qkv, 0, h, n), c.input(1), c.input(2), c.outputs[0], transpose);
-  rotate(heads_of(qkv, h, g, n), c.input(1), c.input(2), c.outputs[1], transpose);
-  rotate(heads_of(qkv, h + g, g, n), c.input(1), c.input(2), c.outputs[2], transpose, false);
+  rotate(internal::qkv_heads(qkv, 0, h, n), c.input(1), c.input(2), c.outputs[0], transpose);
+  rotate(internal::qkv_heads(qkv, h, g, n), c.input(1), c.input(2), c.outputs[1], transpose);
+  rotate(internal::qkv_heads(qkv, h + g, g, n), c.input(1), c.input(2), c.outputs[2], transpose,
+         false);
 }
 
 void merge_qkv_rotary_cpu(OpCall& c) {
   const bool transpose = c.attr<bool>(0);
   const int64_t h = c.input(0).size(-3), g = c.input(1).size(-3), n = h + 2 * g;
   const Tensor& out = c.outputs[0];
-  rotate(c.input(0), c.input(3), c.input(4), heads_of(out, 0, h, n), transpose);
-  rotate(c.input(1), c.input(3), c.input(4), heads_of(out, h, g, n), transpose);
-  rotate(c.input(2), c.input(3), c.input(4), heads_of(out, h + g, g, n), transpose, false);
+  rotate(c.input(0), c.input(3), c.input(4), internal::qkv_heads(out, 0, h, n), transpose);
+  rotate(c.input(1), c.input(3), c.input(4), internal::qkv_heads(out, h, g, n), transpose);
+  rotate(c.input(2), c.input(3), c.input(4), internal::qkv_heads(out, h + g, g, n), transpose,
+         false);
 }
 
 }  // namespace

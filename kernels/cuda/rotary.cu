@@ -27,6 +27,7 @@
 #include "kernels/cuda/loops.cuh"
 #include "kernels/fused_support.h"
 #include "tensor/ops.h"
+#include "tensor/ops/rotary.h"
 #include "tensor/registry.h"
 
 namespace kiln::cuda {
@@ -242,27 +243,24 @@ void rotary_emb_qk_cuda(OpCall& c) {
                    c.attr<bool>(0));
 }
 
-// The [..., heads, T, D] view of heads [first, first + heads) of a [..., T, total * D] tensor.
-Tensor heads_of(const Tensor& qkv, int64_t first, int64_t heads, int64_t total) {
-  return qkv.unflatten(-1, {total, qkv.size(-1) / total})
-      .narrow(-2, first, heads)
-      .transpose(-3, -2);
-}
-
 void split_qkv_rotary_cuda(OpCall& c) {
   const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
   const Tensor& qkv = c.input(0);
-  rotary_cuda_impl({heads_of(qkv, 0, h, n), heads_of(qkv, h, g, n), heads_of(qkv, h + g, g, n)},
-                   {c.outputs[0], c.outputs[1], c.outputs[2]}, c.input(1), c.input(2),
-                   c.attr<bool>(0), {true, true, false});
+  rotary_cuda_impl(
+      {::kiln::internal::qkv_heads(qkv, 0, h, n), ::kiln::internal::qkv_heads(qkv, h, g, n),
+       ::kiln::internal::qkv_heads(qkv, h + g, g, n)},
+      {c.outputs[0], c.outputs[1], c.outputs[2]}, c.input(1), c.input(2), c.attr<bool>(0),
+      {true, true, false});
 }
 
 void merge_qkv_rotary_cuda(OpCall& c) {
   const int64_t h = c.input(0).size(-3), g = c.input(1).size(-3), n = h + 2 * g;
   const Tensor& out = c.outputs[0];
-  rotary_cuda_impl({c.input(0), c.input(1), c.input(2)},
-                   {heads_of(out, 0, h, n), heads_of(out, h, g, n), heads_of(out, h + g, g, n)},
-                   c.input(3), c.input(4), c.attr<bool>(0), {true, true, false});
+  rotary_cuda_impl(
+      {c.input(0), c.input(1), c.input(2)},
+      {::kiln::internal::qkv_heads(out, 0, h, n), ::kiln::internal::qkv_heads(out, h, g, n),
+       ::kiln::internal::qkv_heads(out, h + g, g, n)},
+      c.input(3), c.input(4), c.attr<bool>(0), {true, true, false});
 }
 
 }  // namespace

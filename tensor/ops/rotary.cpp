@@ -31,6 +31,8 @@
 // split. Splitting qkv by narrow views instead costs, in backward, one zero-filled qkv-sized
 // gradient per view and their sum (a quarter of llama-160m's GPU step). cos/sin are [T, D]
 // tables (leading dims of 1 allowed), as the rotary kernels take them.
+#include "tensor/ops/rotary.h"
+
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -200,20 +202,13 @@ SpecList merge_qkv_rotary_meta(const OpCall& c) {
   return {TensorSpec{std::move(sizes), q.dtype(), q.device()}};
 }
 
-// The [..., heads, T, D] view of qkv's heads [first, first + heads).
-Tensor heads_of(const Tensor& qkv, int64_t first, int64_t heads, int64_t total) {
-  Shape sizes(qkv.sizes().begin(), qkv.sizes().end() - 1);
-  sizes.insert(sizes.end(), {total, qkv.size(-1) / total});
-  return qkv.reshape(sizes).narrow(-2, first, heads).transpose(-3, -2);
-}
-
 TensorVec split_qkv_rotary_decomposition(const OpCall& c) {
   const bool transpose = c.attr<bool>(0);
   const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
   const Tensor& qkv = c.input(0);
-  return {rotate(heads_of(qkv, 0, h, n), c.input(1), c.input(2), transpose),
-          rotate(heads_of(qkv, h, g, n), c.input(1), c.input(2), transpose),
-          heads_of(qkv, h + g, g, n).clone()};
+  return {rotate(internal::qkv_heads(qkv, 0, h, n), c.input(1), c.input(2), transpose),
+          rotate(internal::qkv_heads(qkv, h, g, n), c.input(1), c.input(2), transpose),
+          internal::qkv_heads(qkv, h + g, g, n).clone()};
 }
 
 TensorVec merge_qkv_rotary_decomposition(const OpCall& c) {
