@@ -26,12 +26,13 @@
 #include <limits>
 
 #include "tensor/ops.h"
+#include "tensor/ops/elementwise_meta.h"
 #include "tensor/registry.h"
 
 namespace kiln {
 namespace {
 
-ScalarType compute_dtype(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
+using internal::compute_dtype;
 
 void check_attrs(const char* op, const OpCall& c) {
   const double scale = c.attr<double>(0);

@@ -20,12 +20,13 @@
 #include <string>
 
 #include "tensor/ops.h"
+#include "tensor/ops/elementwise_meta.h"
 #include "tensor/registry.h"
 
 namespace kiln {
 namespace {
 
-ScalarType compute_dtype(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
+using internal::compute_dtype;
 
 // Inputs (logits, targets, weight), weight optional; attributes (ignore_index, reduction,
 // label_smoothing), the last two optional.

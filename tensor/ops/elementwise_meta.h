@@ -20,6 +20,10 @@
 
 namespace kiln::internal {
 
+// The dtype fused ops compute and return their statistics in (losses, lse, norms' mean and
+// rstd): f64 for f64 inputs, f32 otherwise.
+inline ScalarType compute_dtype(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
+
 // torch.result_type's three priorities: dimensioned tensors, then 0-d tensors, then scalars.
 // A lower-priority operand only matters when its category (bool < integral < floating) is
 // higher than the result so far.

@@ -15,12 +15,13 @@
 
 #include "autograd/grad_mode.h"
 #include "tensor/ops.h"
+#include "tensor/ops/elementwise_meta.h"
 #include "tensor/registry.h"
 
 namespace kiln {
 namespace {
 
-ScalarType compute_dtype(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
+using internal::compute_dtype;
 
 SpecList linear_cross_entropy_meta(const OpCall& c) {
   constexpr const char* kOp = "linear_cross_entropy";

@@ -25,12 +25,13 @@
 #include <limits>
 
 #include "tensor/ops.h"
+#include "tensor/ops/elementwise_meta.h"
 #include "tensor/registry.h"
 
 namespace kiln {
 namespace {
 
-ScalarType compute_dtype(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
+using internal::compute_dtype;
 
 // Checks that `normalized` is the trailing shape of x; returns the leading (row) shape.
 Shape check_trailing(const char* op, const Tensor& x, IntArrayRef normalized) {
