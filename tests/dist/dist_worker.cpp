@@ -14,50 +14,16 @@
 
 #include "dist/dist.h"
 #include "kiln.h"
+#include "worker_util.h"
 
 namespace {
 
 using namespace kiln;
 using namespace kiln::dist;
 using std::chrono::milliseconds;
-
-struct CheckFailed {
-  std::string what;
-};
-
-#define WCHECK(cond, ...)                                                             \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      throw CheckFailed{::kiln::internal::str_cat(__FILE__, ":", __LINE__, ": ", #cond, \
-                                                  " failed: ", __VA_ARGS__)};         \
-    }                                                                                 \
-  } while (0)
-
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  WCHECK(got.sizes() == want.sizes(), what, ": shape ", shape_str(got.sizes()), " vs ",
-         shape_str(want.sizes()));
-  const auto g = got.to_vector<double>();
-  const auto w = want.to_vector<double>();
-  for (size_t i = 0; i < g.size(); ++i) {
-    WCHECK(std::abs(g[i] - w[i]) <= tol * (1 + std::abs(w[i])), what, ": element ", i, " is ",
-           g[i], ", expected ", w[i]);
-  }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-InitOptions short_timeout(int ms) {
-  InitOptions o;
-  o.timeout = milliseconds(ms);
-  return o;
-}
+using test::error_of;
+using test::expect_close;
+using test::short_timeout;
 
 // Every collective of ProcessGroup, checked against values each rank can compute itself.
 void collectives() {
@@ -119,14 +85,16 @@ void collectives() {
   Tensor gathered = empty({2 * n, 3}, kFloat);
   pg->all_gather_into_tensor(gathered, mine)->wait();
   for (int q = 0; q < n; ++q) {
-    expect_close(gathered.narrow(0, 2 * q, 2), full({2, 3}, q, kFloat) + arange(0, 6, kFloat).view({2, 3}), 0,
+    expect_close(gathered.narrow(0, 2 * q, 2),
+                 full({2, 3}, q, kFloat) + arange(0, 6, kFloat).view({2, 3}), 0,
                  "all_gather_into_tensor");
   }
   std::vector<Tensor> list;
   for (int q = 0; q < n; ++q) list.push_back(empty({2, 3}, kFloat));
   pg->all_gather(list, mine)->wait();
   for (int q = 0; q < n; ++q) {
-    expect_close(list[q], full({2, 3}, q, kFloat) + arange(0, 6, kFloat).view({2, 3}), 0, "all_gather");
+    expect_close(list[q], full({2, 3}, q, kFloat) + arange(0, 6, kFloat).view({2, 3}), 0,
+                 "all_gather");
   }
   e = error_of([&] {
     Tensor wrong = empty({2 * n + 1, 3}, kFloat);
@@ -253,8 +221,8 @@ void ddp_equivalence() {
   WCHECK(ddp.reducer().bucket_indices().size() >= 3, "expected several buckets, got ",
          ddp.reducer().bucket_indices().size());
   WCHECK(ddp.reducer().bucket_indices().front().front() == 3, "the last parameter comes first");
-  for (auto& [a, b] : std::vector<std::pair<Tensor, Tensor>>{
-           {ddp->fc1->weight, ref->fc1->weight}, {ddp->fc2->bias, ref->fc2->bias}}) {
+  for (auto& [a, b] : std::vector<std::pair<Tensor, Tensor>>{{ddp->fc1->weight, ref->fc1->weight},
+                                                             {ddp->fc2->bias, ref->fc2->bias}}) {
     expect_close(a, b, 0, "initial weights are rank 0's");
   }
   expect_close(ddp->scale, ones({4}), 0, "buffers are rank 0's");
@@ -294,8 +262,8 @@ void ddp_equivalence() {
     // The mean of the ranks' losses is the global batch's loss.
     Tensor l = full({1}, loss_sum, kDouble);
     pg->all_reduce(l, ReduceOp::kAvg)->wait();
-    WCHECK(std::abs(l.item<double>() - ref_sum) < 1e-12 * (1 + ref_sum), "step ", step,
-           ": loss ", l.item<double>(), " vs one process ", ref_sum);
+    WCHECK(std::abs(l.item<double>() - ref_sum) < 1e-12 * (1 + ref_sum), "step ", step, ": loss ",
+           l.item<double>(), " vs one process ", ref_sum);
     const auto p = ddp->parameters(), q = ref->parameters();
     for (size_t i = 0; i < p.size(); ++i) {
       expect_close(p[i].grad(), q[i].grad(), 1e-12, "gradient " + std::to_string(i));
@@ -303,8 +271,8 @@ void ddp_equivalence() {
     opt.step();
     ref_opt.step();
     for (size_t i = 0; i < p.size(); ++i) {
-      expect_close(p[i], q[i], 1e-12, "weight " + std::to_string(i) + " after step " +
-                                          std::to_string(step));
+      expect_close(p[i], q[i], 1e-12,
+                   "weight " + std::to_string(i) + " after step " + std::to_string(step));
     }
   }
   std::cout << "rank " << r << ": ddp == one process\n";
@@ -321,7 +289,8 @@ void ddp_unused_parameter() {
   loss.backward();
   const std::string e = error_of([&] { ddp(x); });
   WCHECK(e.find("[DistributedDataParallel] the last backward produced gradients for only 2 of 4 "
-                "parameters") != std::string::npos, e);
+                "parameters") != std::string::npos,
+         e);
   WCHECK(e.find("or set DDPOptions::find_unused_parameters") != std::string::npos, e);
   WCHECK(e.find("no gradient reached 'fc2.weight', 'fc2.bias'") != std::string::npos, e);
   // The reducer starts over: a full iteration works.
@@ -458,7 +427,9 @@ void nccl_collectives() {
   pg->broadcast(b, 1)->wait();
   expect_close(b, full({4}, 8.0), 0, "nccl broadcast from rank 1");
   Tensor gathered = empty({n * 3}, TensorOptions(kFloat).device(dev));
-  pg->all_gather_into_tensor(gathered, full({3}, static_cast<double>(r), TensorOptions(kFloat).device(dev)))->wait();
+  pg->all_gather_into_tensor(gathered,
+                             full({3}, static_cast<double>(r), TensorOptions(kFloat).device(dev)))
+      ->wait();
   expect_close(gathered, (arange(0, 3 * n, kDouble) / 3).floor(), 0, "nccl all_gather_into_tensor");
   std::vector<Tensor> list;
   for (int q = 0; q < n; ++q) list.push_back(empty({2}, TensorOptions(kFloat).device(dev)));
@@ -498,8 +469,8 @@ void nccl_collectives() {
     const double algbw = static_cast<double>(mib << 20) / (ms * 1e-3) / 1e9;
     if (r == 0) {
       std::cout << "nccl all_reduce " << mib << " MiB f32 on " << n << " GPUs: " << ms
-                << " ms, algbw " << algbw << " GB/s, busbw " << algbw * 2.0 * (n - 1) / n
-                << " GB/s" << std::endl;
+                << " ms, algbw " << algbw << " GB/s, busbw " << algbw * 2.0 * (n - 1) / n << " GB/s"
+                << std::endl;
     }
   }
   pg->barrier()->wait();
@@ -515,8 +486,8 @@ void ddp_mismatch() {
          e);
 }
 
-const std::map<std::string, std::function<void()>>& scenarios() {
-  static const std::map<std::string, std::function<void()>> m = {
+const test::Scenarios& scenarios() {
+  static const test::Scenarios m = {
       {"collectives", collectives},
       {"collective_timeout", collective_timeout},
       {"peer_exits", peer_exits},
@@ -534,20 +505,5 @@ const std::map<std::string, std::function<void()>>& scenarios() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !scenarios().contains(argv[1])) {
-    std::cerr << "usage: dist_worker SCENARIO (";
-    for (const auto& [name, f] : scenarios()) std::cerr << name << " ";
-    std::cerr << ")\n";
-    return 2;
-  }
-  try {
-    scenarios().at(argv[1])();
-  } catch (const CheckFailed& c) {
-    std::cerr << "CHECK FAILED: " << c.what << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "ERROR: " << e.what() << "\n";
-    return 1;
-  }
-  return 0;
+  return kiln::test::run_worker("dist_worker", scenarios(), argc, argv);
 }

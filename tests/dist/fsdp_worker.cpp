@@ -21,43 +21,15 @@
 #include "dist/fsdp.h"
 #include "kiln.h"
 #include "models/gpt.h"
+#include "worker_util.h"
 
 namespace {
 
 using namespace kiln;
 using namespace kiln::dist;
-
-struct CheckFailed {
-  std::string what;
-};
-
-#define WCHECK(cond, ...)                                                               \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      throw CheckFailed{::kiln::internal::str_cat(__FILE__, ":", __LINE__, ": ", #cond, \
-                                                  " failed: ", __VA_ARGS__)};           \
-    }                                                                                   \
-  } while (0)
-
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  WCHECK(got.sizes() == want.sizes(), what, ": shape ", shape_str(got.sizes()), " vs ",
-         shape_str(want.sizes()));
-  const auto g = got.to_vector<double>();
-  const auto w = want.to_vector<double>();
-  for (size_t i = 0; i < g.size(); ++i) {
-    WCHECK(std::abs(g[i] - w[i]) <= tol * (1 + std::abs(w[i])), what, ": element ", i, " is ", g[i],
-           ", expected ", w[i]);
-  }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
+using test::expect_close;
+using test::short_timeout;
 
 void expect_error(const std::function<void()>& f, const std::string& needle,
                   const std::string& what) {
@@ -65,12 +37,6 @@ void expect_error(const std::function<void()>& f, const std::string& needle,
   WCHECK(e.find(needle) != std::string::npos, what, ": expected an error containing '", needle,
          "', got '", e, "'");
   std::cout << "rank error (" << what << "): " << e << "\n";
-}
-
-InitOptions short_timeout(int ms) {
-  InitOptions o;
-  o.timeout = std::chrono::milliseconds(ms);
-  return o;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -460,8 +426,8 @@ void fsdp_errors() {
   std::cout << "rank " << pg->rank() << ": errors are clear\n";
 }
 
-const std::map<std::string, std::function<void()>>& scenarios() {
-  static const std::map<std::string, std::function<void()>> m = {
+const test::Scenarios& scenarios() {
+  static const test::Scenarios m = {
       {"fsdp_mlp", fsdp_mlp},
       {"fsdp_llama", fsdp_llama},
       {"fsdp_mixed_precision", fsdp_mixed_precision},
@@ -475,20 +441,5 @@ const std::map<std::string, std::function<void()>>& scenarios() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !scenarios().contains(argv[1])) {
-    std::cerr << "usage: fsdp_worker SCENARIO (";
-    for (const auto& [name, f] : scenarios()) std::cerr << name << " ";
-    std::cerr << ")\n";
-    return 2;
-  }
-  try {
-    scenarios().at(argv[1])();
-  } catch (const CheckFailed& c) {
-    std::cerr << "CHECK FAILED: " << c.what << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "ERROR: " << e.what() << "\n";
-    return 1;
-  }
-  return 0;
+  return kiln::test::run_worker("fsdp_worker", scenarios(), argc, argv);
 }
