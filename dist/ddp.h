@@ -29,7 +29,8 @@
 //   unless find_unused_parameters is set; a backward that leaves some out is reported by the
 //   next forward through ddp, naming the parameters.
 // - Call the model through ddp (ddp(x) or ddp.forward(x)), not the module directly: the forward
-//   checks the previous reduction and broadcasts the buffers (broadcast_buffers).
+//   checks the previous reduction and broadcasts the buffers (broadcast_buffers). A forward that
+//   is not forward() (a model's loss method) goes through ddp.run([&] { ... }).
 // - The loss should be a mean over the rank's batch (as with PyTorch's DDP): the average of the
 //   ranks' gradients is then the gradient of the global batch's mean loss.
 #pragma once
@@ -192,6 +193,19 @@ class DistributedDataParallel {
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
+  }
+  // Runs `f`, a forward through the module other than forward() (a loss method, several
+  // calls), as forward() does: the buffers broadcast first, the outputs (a Tensor, or a
+  // std::vector or std::tuple of Tensors) walked for unused parameters when that option is on.
+  //   auto loss = ddp.run([&] { return ddp->loss(x, y); });
+  template <typename F>
+  auto run(F&& f) {
+    reducer_->prepare_for_forward();
+    auto out = f();
+    if (reducer_->find_unused_parameters()) {
+      reducer_->prepare_for_backward(internal::output_tensors(out));
+    }
+    return out;
   }
 
   // Backward passes while the guard lives accumulate gradients locally only.

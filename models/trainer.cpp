@@ -34,6 +34,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using internal::check_output_dir;
+using internal::DataParallel;
 using internal::check_precision;
 using internal::format_number;
 using internal::log_compile_stats;
@@ -65,7 +66,10 @@ bool same_data(const std::string& a, const std::string& b) {
 // the state file stores with the options and errors listing every difference; the schedule the
 // run continues on goes into `o` (the stored one, or with allow_resume_changes the options').
 // lr_decay_steps 0 means the stored schedule's length.
-void check_resume_settings(const CheckpointInfo& info, PretrainOptions& o, std::ostream& log) {
+// With dist the batch compared is the global one (batch_size x world): a run may resume at another
+// world size with the same global batch.
+void check_resume_settings(const CheckpointInfo& info, PretrainOptions& o, int world,
+                           std::ostream& log) {
   std::vector<std::string> changes;
   auto compare = [&](const char* what, const auto& stored, const auto& asked) {
     if (stored == asked) return;
@@ -76,7 +80,10 @@ void check_resume_settings(const CheckpointInfo& info, PretrainOptions& o, std::
   if (info.data && !same_data(*info.data, o.data_path)) {
     changes.push_back("data " + *info.data + " -> " + o.data_path);
   }
-  if (info.batch_size) compare("batch_size", *info.batch_size, o.batch_size);
+  if (info.batch_size) {
+    compare(world > 1 ? "batch_size (x world_size)" : "batch_size", *info.batch_size,
+            o.batch_size * world);
+  }
   if (info.seq_len) compare("seq_len", *info.seq_len, o.seq_len);
   if (info.grad_accum_steps)
     compare("grad_accum_steps", *info.grad_accum_steps, o.grad_accum_steps);
@@ -146,7 +153,9 @@ void check_data_path(const std::string& path) {
 // token shards (a ShardLoader, whose position goes into checkpoints).
 class TrainData {
  public:
-  TrainData(const PretrainOptions& o, const ModelConfig& cfg) : o_(o) {
+  // rank and world: this rank's part of every training batch (PretrainOptions::dist).
+  TrainData(const PretrainOptions& o, const ModelConfig& cfg, int rank = 0, int world = 1)
+      : o_(o), rank_(rank), world_(world) {
     check_data_path(o.data_path);
     if (is_shard_data(o.data_path)) {
       auto set = std::make_shared<pretrain::ShardSet>(pretrain::ShardSet::open(o.data_path));
@@ -156,6 +165,8 @@ class TrainData {
       pretrain::LoaderOptions lo;
       lo.seq_len = o.seq_len;
       lo.batch_size = o.batch_size;
+      lo.rank = rank;
+      lo.world_size = world;
       lo.seed = o.seed;
       lo.val_fraction = 0.1;
       lo.max_val_sequences = 1024;
@@ -186,7 +197,14 @@ class TrainData {
   std::pair<Tensor, Tensor> train_batch(int64_t step, int64_t micro, Device device) {
     if (loader_) return loader_->next(device);
     const auto index = static_cast<uint64_t>((step - 1) * o_.grad_accum_steps + micro);
-    return text_->batch(Split::kTrain, o_.batch_size, o_.seq_len, device, o_.seed, index);
+    if (world_ == 1) {
+      return text_->batch(Split::kTrain, o_.batch_size, o_.seq_len, device, o_.seed, index);
+    }
+    // The global batch one process would draw, and this rank's rows of it.
+    auto [x, y] =
+        text_->batch(Split::kTrain, o_.batch_size * world_, o_.seq_len, device, o_.seed, index);
+    return {x.narrow(0, rank_ * o_.batch_size, o_.batch_size).contiguous(),
+            y.narrow(0, rank_ * o_.batch_size, o_.batch_size).contiguous()};
   }
 
   bool has_validation() const {
@@ -219,6 +237,7 @@ class TrainData {
 
  private:
   const PretrainOptions& o_;
+  int rank_ = 0, world_ = 1;
   std::optional<TokenDataset> text_;
   std::optional<pretrain::ShardLoader> loader_;
 };
@@ -238,14 +257,24 @@ std::string format_memory(int64_t bytes) {
   return mib >= 1024 ? format_number(mib / 1024, 2) + " GiB" : format_number(mib, 0) + " MiB";
 }
 
-double evaluate(GPT& model, const TrainData& data, const PretrainOptions& o, Device device) {
+// With dp, rank r evaluates the batches r, r + world, ... and the sums are added up: the same
+// batches and mean as one process. Every rank runs as many forwards (FSDP's are collective); a
+// rank without a batch of its own repeats its last one, not counted.
+double evaluate(GPT& model, const TrainData& data, const PretrainOptions& o, Device device,
+                DataParallel* dp = nullptr) {
   if (!data.has_validation()) return std::numeric_limits<double>::quiet_NaN();
   NoGradGuard no_grad;
+  const int64_t rank = dp ? dp->rank() : 0, world = dp ? dp->world() : 1;
+  const int64_t rounds = (o.eval_batches + world - 1) / world;
   double sum = 0;
-  for (int64_t i = 0; i < o.eval_batches; ++i) {
-    auto [x, y] = data.validation_batch(i, device);
-    sum += precision_loss(model, x, y, o.precision).item<double>();
+  for (int64_t k = 0; k < rounds; ++k) {
+    const int64_t i = k * world + rank;
+    auto [x, y] = data.validation_batch(std::min(i, o.eval_batches - 1), device);
+    auto loss = [&] { return precision_loss(model, x, y, o.precision); };
+    const double v = (dp ? dp->forward(loss) : loss()).item<double>();
+    if (i < o.eval_batches) sum += v;
   }
+  if (dp) sum = dp->sum({sum})[0];
   return sum / static_cast<double>(o.eval_batches);
 }
 
@@ -317,7 +346,7 @@ void PretrainOptions::validate() const {
   check_precision(precision, "pretrain");
 }
 
-PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
+PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_stream) {
   const auto t_start = Clock::now();
   options.validate();
   PretrainOptions o = options;  // a resume replaces the schedule by the checkpoint's
@@ -325,17 +354,33 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
   cfg.validate();
   KILN_CHECK(o.seq_len <= cfg.block_size, "[pretrain] seq_len ", o.seq_len,
              " exceeds the block_size ", cfg.block_size, " of ", cfg.name);
-  const Device device = o.device.value_or(default_device());
+  std::unique_ptr<DataParallel> dp;
+  if (!o.dist.empty()) {
+    DataParallel::check_mode(o.dist, "pretrain");
+    KILN_CHECK(!o.compile, "[pretrain] compile with dist is not supported yet: the compiled step "
+               "does not run DDP's or FSDP's collectives; drop --compile (or --dist)");
+    dp = std::make_unique<DataParallel>(o.dist, o.device.value_or(default_device()).is_cuda(),
+                                        "pretrain");
+  }
+  const Device device = dp ? dp->device() : o.device.value_or(default_device());
+  const bool rank0 = !dp || dp->rank() == 0;
+  const int world = dp ? dp->world() : 1;
+  // Rank 0 reports, writes the metrics and the checkpoints; the others' lines go nowhere.
+  std::ostringstream null_log;
+  std::ostream& log = rank0 ? log_stream : null_log;
   // Everything that can fail before training does so now: the output directory, an existing
   // state file in it (read even without resume: the first save would read it), the data.
   std::optional<CheckpointInfo> existing;
   if (!o.out_dir.empty()) {
-    check_output_dir(o.out_dir);
-    remove_stale_temporaries(o.out_dir);
+    if (rank0) {
+      check_output_dir(o.out_dir);
+      remove_stale_temporaries(o.out_dir);
+    }
+    if (dp) dp->barrier();
     existing = read_checkpoint_info(o.out_dir);
   }
   if (o.resume && existing) {
-    check_resume_settings(*existing, o, log);
+    check_resume_settings(*existing, o, world, log);
     if (existing->step >= o.max_steps) {
       log << "the checkpoint in " << o.out_dir << " is at step " << existing->step
           << (existing->step == o.max_steps ? ", the last step" : ", past the last step")
@@ -348,7 +393,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
       return summary;
     }
   }
-  TrainData data(o, cfg);
+  TrainData data(o, cfg, dp ? dp->rank() : 0, world);
 
   manual_seed(o.seed);
   GPT model(cfg, TensorOptions().device(device).dtype(param_dtype(o.precision)));
@@ -369,7 +414,9 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
                  " was trained in ", info->precision, ", not ", o.precision);
       data.resume(*info, o.out_dir);
       internal::load_model_file(model, (fs::path(o.out_dir) / info->model_file).string());
-      internal::load_optimizer_file(*opt, (fs::path(o.out_dir) / info->optimizer_file).string());
+      if (!dp || !dp->sharded()) {  // FSDP loads the optimizer's shards once it has them
+        internal::load_optimizer_file(*opt, (fs::path(o.out_dir) / info->optimizer_file).string());
+      }
       last_saved = info->step;
       sched.set_last_epoch(info->step);
       summary.start_step = info->step;
@@ -379,14 +426,23 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     }
   }
 
-  const int64_t tokens_per_step = o.batch_size * o.seq_len * o.grad_accum_steps;
+  const int64_t num_parameters = model->num_parameters();  // before FSDP makes them shards
+  if (dp) {
+    dp->wrap(model, *opt);
+    if (o.resume && existing && dp->sharded()) {
+      internal::load_optimizer_file(*opt, (fs::path(o.out_dir) / existing->optimizer_file).string(),
+                                    dp->state_layout());
+    }
+  }
+  const int64_t tokens_per_step = o.batch_size * o.seq_len * o.grad_accum_steps * world;
   const double flops_per_token = cfg.flops_per_token(o.seq_len);
   const bool on_cuda = device.is_cuda();
-  log << "pretraining " << cfg.name << " (" << model->num_parameters() << " parameters) on "
+  log << "pretraining " << cfg.name << " (" << num_parameters << " parameters) on "
       << data.describe() << "\n"
       << "device " << device.str() << ", precision " << o.precision << ", batch " << o.batch_size
-      << " x seq " << o.seq_len << " x accum " << o.grad_accum_steps << " = " << tokens_per_step
-      << " tokens/step, steps " << summary.start_step + 1 << ".." << o.max_steps << ", lr " << o.lr
+      << " x seq " << o.seq_len << " x accum " << o.grad_accum_steps;
+  if (dp) log << " x " << world << " ranks (" << dp->mode() << ")";
+  log << " = " << tokens_per_step << " tokens/step, steps " << summary.start_step + 1 << ".." << o.max_steps << ", lr " << o.lr
       << " -> " << o.min_lr << " (warmup " << warmup << ")\n";
 
   if (o.compile) log << "the training step runs through kiln::compile\n";
@@ -394,7 +450,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
   const double clip = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
   // With skip_nonfinite the values are read before the update, which then runs eagerly.
   TrainStep train(model, *opt, o.precision, clip, o.compile,
-                  /*update_inside=*/!o.skip_nonfinite);
+                  /*update_inside=*/!o.skip_nonfinite, dp.get());
   // What a non-finite value stops with: the step, what was not finite, what is kept.
   auto stop_nonfinite = [&](int64_t step, const std::string& what) {
     std::ostringstream kept;
@@ -413,7 +469,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
                               static_cast<double>(o.max_steps), "step",
                               static_cast<double>(summary.start_step));
   std::optional<pretrain::MetricsLog> metrics;
-  if (!o.out_dir.empty()) metrics.emplace(o.out_dir, summary.start_step);
+  if (!o.out_dir.empty() && rank0) metrics.emplace(o.out_dir, summary.start_step);
   const StopSignals stop;
   double timed_seconds = 0, window_seconds = 0;
   int64_t timed_steps = 0, window_steps = 0;
@@ -432,7 +488,15 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     const std::vector<Tensor> out = train(xs, ys);  // micro-batch losses, then the grad norm
     double loss_sum = 0;
     for (size_t i = 0; i + 1 < out.size(); ++i) loss_sum += out[i].item<double>();
-    const double grad_norm = out.back().item<double>();
+    const double grad_norm = out.back().item<double>();  // of the global gradient
+    // Under dist every rank decides alike: the mean loss over the ranks, and whether any rank
+    // received a stop signal.
+    int signal = stop.received();
+    if (dp) {
+      const std::vector<double> all = dp->sum({loss_sum, signal != 0 ? 1.0 : 0.0});
+      loss_sum = all[0] / world;
+      if (all[1] > 0 && signal == 0) signal = SIGTERM;
+    }
     const bool finite = std::isfinite(loss_sum) && std::isfinite(grad_norm);
     if (!finite && !o.skip_nonfinite) {
       stop_nonfinite(step, "the loss is " + format_value(loss_sum) + " and the gradient norm " +
@@ -470,7 +534,8 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
            << (std::isfinite(grad_norm) ? format_number(grad_norm, 3) : format_value(grad_norm));
     speed << static_cast<int64_t>(tok_s) << " tok/s";
     if (on_cuda) {
-      speed << ", MFU " << format_number(100 * flops_per_token * tok_s / kPeakFlopsH100Bf16, 1)
+      speed << ", MFU "
+            << format_number(100 * flops_per_token * tok_s / world / kPeakFlopsH100Bf16, 1)
             << "%";
     }
     const int64_t mem = memory_bytes(device);
@@ -489,7 +554,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
     }
     const bool last = step == o.max_steps;
     if ((o.eval_interval > 0 && step % o.eval_interval == 0) || last) {
-      summary.final_val_loss = evaluate(model, data, o, device);
+      summary.final_val_loss = evaluate(model, data, o, device, dp.get());
       progress.line("eval step " + std::to_string(step) + " | val loss " +
                     format_number(summary.final_val_loss, 4));
       if (metrics) {
@@ -497,20 +562,38 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
         metrics->write_plot();
       }
     }
-    const int signal = stop.received();
     if (!o.out_dir.empty() &&
         ((o.checkpoint_interval > 0 && step % o.checkpoint_interval == 0) || last || signal)) {
       // A finite loss and gradient can still give non-finite weights (an lr that overflows the
       // update): they must not replace a good checkpoint.
       const std::vector<std::string> bad = internal::nonfinite_parameters(model);
-      if (!bad.empty()) {
+      const bool any_bad = dp ? dp->sum({static_cast<double>(bad.size())})[0] > 0 : !bad.empty();
+      if (any_bad) {
         std::string names;
         for (size_t i = 0; i < bad.size() && i < 3; ++i) names += (i ? ", " : "") + bad[i];
         if (bad.size() > 3) names += ", ... (" + std::to_string(bad.size()) + " parameters)";
         stop_nonfinite(step, "the weights are not finite after the update (" + names + ")");
       }
-      save_checkpoint(o.out_dir, model, *opt, cfg.name, o, step,
-                      {o.lr, o.min_lr, warmup, decay_steps}, data.loader_state());
+      if (dp) {
+        // Full tensors, gathered by every rank, written by rank 0: the files one process writes.
+        SafetensorsMetadata opt_metadata;
+        const TensorMap model_state = dp->full_model_state(model);
+        const TensorMap opt_state = dp->full_optimizer_state(*opt, &opt_metadata);
+        if (rank0) {
+          PretrainOptions global = o;  // the state stores the global batch
+          global.batch_size *= world;
+          save_checkpoint(
+              o.out_dir, [&](const std::string& path) { save_safetensors(model_state, path); },
+              [&](const std::string& path) { save_safetensors(opt_state, path, opt_metadata); },
+              cfg.name, global, step, {o.lr, o.min_lr, warmup, decay_steps}, data.loader_state());
+        }
+        dp->barrier();
+      } else {
+        save_checkpoint(
+            o.out_dir, [&](const std::string& path) { save(model, path); },
+            [&](const std::string& path) { opt->save(path); }, cfg.name, o, step,
+            {o.lr, o.min_lr, warmup, decay_steps}, data.loader_state());
+      }
       last_saved = step;
       progress.line("checkpoint step " + std::to_string(step) + " -> " + o.out_dir);
     }
@@ -531,8 +614,10 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log) {
   }
   if (timed_steps > 0) {
     summary.tokens_per_s = static_cast<double>(timed_steps * tokens_per_step) / timed_seconds;
-    if (on_cuda) summary.mfu = flops_per_token * summary.tokens_per_s / kPeakFlopsH100Bf16;
+    if (on_cuda) summary.mfu = flops_per_token * summary.tokens_per_s / world / kPeakFlopsH100Bf16;
   }
+  summary.world_size = world;
+  summary.rank = dp ? dp->rank() : 0;
   summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   return summary;
 }

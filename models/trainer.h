@@ -134,6 +134,19 @@ struct PretrainOptions {
   // Runs the training step through kiln::compile (docs/compiler.md): traced on steps 1 and 2,
   // replayed after; the same kernels, so the same losses as eager.
   bool compile = false;
+  // Data parallelism over the ranks that `kiln run` started (dist/launcher.h; docs/distributed.md):
+  // "" (one process), "ddp" (DistributedDataParallel), "zero3" or its alias "fsdp" (FSDP: the
+  // parameters, gradients and optimizer state sharded, each block gathered for its forward and
+  // again for its backward), "zero2" (FSDP keeping the gathered parameters from the forward to
+  // the end of backward). NCCL on CUDA (each rank on GPU LOCAL_RANK), Gloo on the CPU.
+  // batch_size is per rank: a step takes the global batch of batch_size x world_size sequences
+  // (from a text or token file: rank r takes rows r * batch_size .. of the global batch that one
+  // process would draw with batch_size x world_size, so the run equals that process's; from token
+  // shards: the loader's disjoint rank parts). Rank 0 logs, writes the metrics and the
+  // checkpoints; checkpoints hold the full model and optimizer state whatever the mode, so a run
+  // resumes under another mode or world size, or in one process (trainer_state.json stores the
+  // global batch, batch_size x world_size, which a resume must keep). Not with compile yet.
+  std::string dist;
   // nullopt: a progress bar when `log` is a terminal (pretrain::Progress::is_terminal), else
   // plain lines; true / false force one.
   std::optional<bool> progress_bar;
@@ -151,6 +164,9 @@ struct PretrainSummary {
   double final_train_loss = 0;       // the last step's loss
   double final_val_loss = 0;         // the last evaluation's (NaN when the split is empty)
   double tokens_per_s = 0;           // training steps only, the first step excluded when possible
+                                     // (with dist: every rank's tokens)
+  int world_size = 1;                // ranks (with dist)
+  int rank = 0;                      // this process's rank (with dist; only rank 0 logs)
   std::optional<double> mfu;         // on CUDA only
   double seconds = 0;                // wall time of the whole call
   std::vector<double> train_losses;  // per step done in this call
@@ -210,12 +226,17 @@ struct BenchOptions {
   uint64_t seed = 0;
   bool compile = false;                    // as PretrainOptions::compile
   bool adam_state_in_param_dtype = false;  // as PretrainOptions::adam_state_in_param_dtype
+  // As PretrainOptions::dist: batch_size per rank; tokens_per_s counts every rank's tokens and
+  // peak_memory is the largest rank's.
+  std::string dist;
   // After the timed steps, this many more run under kiln::profiler and the report (time per
   // kernel family, the slowest kernels) goes to the log.
   int64_t profile_steps = 0;
 };
 struct BenchResult {
   int64_t num_parameters = 0;
+  int world_size = 1;  // ranks (with dist)
+  int rank = 0;        // this process's rank (with dist; only rank 0 logs)
   double step_ms = 0;
   double tokens_per_s = 0;
   std::optional<double> mfu;           // on CUDA

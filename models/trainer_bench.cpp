@@ -1,5 +1,7 @@
 // `kiln bench` (models/trainer.h): training-step throughput on random tokens.
 #include <chrono>
+#include <memory>
+#include <sstream>
 
 #include "kernels/cuda.h"
 #include "models/trainer_internal.h"
@@ -11,6 +13,7 @@
 namespace kiln::models {
 
 using internal::check_precision;
+using internal::DataParallel;
 using internal::log_compile_stats;
 using internal::make_optimizer;
 using internal::param_dtype;
@@ -25,24 +28,42 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   const ModelConfig cfg = ModelConfig::from_name(o.config_name);
   KILN_CHECK(o.seq_len <= cfg.block_size, "[bench] seq_len ", o.seq_len, " exceeds the block_size ",
              cfg.block_size, " of ", cfg.name);
-  const Device device = o.device.value_or(default_device());
+  std::unique_ptr<DataParallel> dp;
+  if (!o.dist.empty()) {
+    DataParallel::check_mode(o.dist, "bench");
+    KILN_CHECK(!o.compile, "[bench] compile with dist is not supported yet: the compiled step does "
+               "not run DDP's or FSDP's collectives; drop --compile (or --dist)");
+    dp = std::make_unique<DataParallel>(
+        o.dist, o.device ? o.device->is_cuda() : default_device().is_cuda(), "bench");
+  }
+  const Device device = dp ? dp->device() : o.device.value_or(default_device());
   const bool on_cuda = device.is_cuda();
   manual_seed(o.seed);
   GPT model(cfg, TensorOptions().device(device).dtype(param_dtype(o.precision)));
   model->train();
+  BenchResult r;
+  r.num_parameters = model->num_parameters();
   PretrainOptions po;
   po.lr = 1e-4;
   po.weight_decay = 0.1;
   po.adam_state_in_param_dtype = o.adam_state_in_param_dtype;
   auto opt = make_optimizer(model, po);
-  TrainStep train(model, *opt, o.precision, /*clip=*/1.0, o.compile);
-  BenchResult r;
-  r.num_parameters = model->num_parameters();
-  log << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device " << device.str()
-      << ", precision " << o.precision << ", batch " << o.batch_size << " x seq " << o.seq_len
-      << ", " << o.warmup_steps << " warm-up + " << o.steps << " timed steps"
-      << (o.compile ? ", compiled" : "") << "\n"
-      << std::flush;
+  if (dp) {
+    dp->wrap(model, *opt);
+    r.world_size = dp->world();
+    r.rank = dp->rank();
+    manual_seed(o.seed + static_cast<uint64_t>(dp->rank()));  // each rank its own tokens
+  }
+  TrainStep train(model, *opt, o.precision, /*clip=*/1.0, o.compile, /*update_inside=*/true,
+                  dp.get());
+  std::ostringstream null_log;  // the other ranks' lines go nowhere: rank 0 reports
+  std::ostream& out = dp && dp->rank() != 0 ? null_log : log;
+  out << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device "
+      << device.str() << ", precision " << o.precision << ", batch " << o.batch_size << " x seq "
+      << o.seq_len << (dp ? " per rank" : "") << ", " << o.warmup_steps << " warm-up + " << o.steps
+      << " timed steps" << (o.compile ? ", compiled" : "");
+  if (dp) out << ", " << dp->mode() << " over " << dp->world() << " ranks";
+  out << "\n" << std::flush;
   Tensor last_loss;
   auto train_step = [&]() {
     Tensor tokens = randint(0, cfg.vocab_size, {o.batch_size, o.seq_len + 1},
@@ -56,24 +77,30 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     cuda::synchronize();
     cuda::reset_peak_memory_stats();
   }
+  if (dp) dp->barrier();  // the ranks start the timed steps together
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < o.steps; ++i) train_step();
   r.final_loss = last_loss.item<double>();  // waits for the device
   if (on_cuda) cuda::synchronize();
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.step_ms = 1e3 * seconds / static_cast<double>(o.steps);
-  r.tokens_per_s = static_cast<double>(o.steps * o.batch_size * o.seq_len) / seconds;
-  if (on_cuda) {
-    r.mfu = cfg.flops_per_token(o.seq_len) * r.tokens_per_s / kPeakFlopsH100Bf16;
-    r.peak_memory = cuda::memory_stats().peak;
+  double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (dp) {
+    seconds = dp->max(seconds);  // the slowest rank's time
+    r.final_loss = dp->sum({r.final_loss})[0] / dp->world();
   }
-  log_compile_stats(train, log);
+  r.step_ms = 1e3 * seconds / static_cast<double>(o.steps);
+  r.tokens_per_s = static_cast<double>(o.steps * o.batch_size * o.seq_len * r.world_size) / seconds;
+  if (on_cuda) {
+    r.mfu = cfg.flops_per_token(o.seq_len) * r.tokens_per_s / r.world_size / kPeakFlopsH100Bf16;
+    r.peak_memory = cuda::memory_stats().peak;
+    if (dp) r.peak_memory = static_cast<int64_t>(dp->max(static_cast<double>(*r.peak_memory)));
+  }
+  log_compile_stats(train, out);
   if (o.profile_steps > 0) {
     profiler::Profiler prof;
     prof.start();
     for (int64_t i = 0; i < o.profile_steps; ++i) train_step();
     prof.stop();
-    profiler::print_report(prof.results(), o.profile_steps, r.step_ms, log);
+    profiler::print_report(prof.results(), o.profile_steps, r.step_ms, out);
   }
   return r;
 }

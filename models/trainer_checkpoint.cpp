@@ -85,7 +85,8 @@ void remove_stale_temporaries(const std::string& dir) {
   }
 }
 
-void save_checkpoint(const std::string& dir, const GPT& model, const optim::AdamW& opt,
+void save_checkpoint(const std::string& dir, const std::function<void(const std::string&)>& write_model,
+                     const std::function<void(const std::string&)>& write_optimizer,
                      const std::string& config, const PretrainOptions& o, int64_t step,
                      const CheckpointInfo::Schedule& schedule,
                      const std::optional<pretrain::LoaderState>& loader) {
@@ -94,8 +95,8 @@ void save_checkpoint(const std::string& dir, const GPT& model, const optim::Adam
   id << std::setw(8) << std::setfill('0') << step;
   const std::string model_file = "model-" + id.str() + ".safetensors";
   const std::string opt_file = "optimizer-" + id.str() + ".safetensors";
-  save(model, (fs::path(dir) / model_file).string());
-  opt.save((fs::path(dir) / opt_file).string());
+  write_model((fs::path(dir) / model_file).string());
+  write_optimizer((fs::path(dir) / opt_file).string());
   std::ostringstream js;
   js << "{\n  \"config\": " << nn::json_string(config) << ",\n  \"step\": " << step
      << ",\n  \"precision\": \"" << o.precision << "\",\n  \"model\": \"" << model_file
@@ -192,10 +193,10 @@ void load_model_file(GPT& model, const std::string& path) {
   model->load_state_dict(tensors, /*strict=*/true);
 }
 
-void load_optimizer_file(optim::Optimizer& opt, const std::string& path) {
+void load_optimizer_file(optim::Optimizer& opt, const std::string& path, const StateLayout* layout) {
   check_regular_file(path);
   SafetensorsMetadata metadata;
-  const TensorMap tensors = load_safetensors(path, &metadata);
+  TensorMap tensors = load_safetensors(path, &metadata);
   // The buffers ("state.<index>.<name>") in the exact dtype and shape of the state the optimizer
   // keeps; the optimizer checks the set of buffers and the metadata.
   const std::vector<Tensor> params = opt.parameters();
@@ -213,9 +214,16 @@ void load_optimizer_file(optim::Optimizer& opt, const std::string& path) {
                " parameters)");
     const Tensor& p = params[static_cast<size_t>(index)];
     const ScalarType want = optim::Optimizer::state_dtype(p);
-    KILN_CHECK(t.dtype() == want && t.sizes() == p.sizes(), "[checkpoint] ", path, ": tensor \"",
+    const Shape shape = layout != nullptr ? layout->full_shapes.at(static_cast<size_t>(index))
+                                          : Shape(p.sizes().begin(), p.sizes().end());
+    KILN_CHECK(t.dtype() == want && t.sizes() == IntArrayRef(shape), "[checkpoint] ", path, ": tensor \"",
                name, "\" is ", file_dtype(t.dtype()), " ", shape_str(t.sizes()), ", expected ",
-               file_dtype(want), " ", shape_str(p.sizes()));
+               file_dtype(want), " ", shape_str(shape));
+  }
+  if (layout != nullptr) {
+    for (auto& [name, t] : tensors) {
+      t = layout->to_shard(static_cast<size_t>(std::stoll(name.substr(6))), t);
+    }
   }
   try {
     opt.load_state_dict(tensors, metadata);

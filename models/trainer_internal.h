@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -15,12 +16,16 @@
 #include "models/gpt.h"
 #include "models/trainer.h"
 #include "nn/optim/adamw.h"
+#include "nn/safetensors.h"
 #include "pretrain/loader.h"
+#include "tensor/error.h"
 #include "tensor/tensor.h"
 
 namespace kiln::models::internal {
 
 inline constexpr const char* kStateFile = "trainer_state.json";
+
+class DataParallel;
 
 ScalarType param_dtype(const std::string& precision);
 void check_precision(const std::string& precision, const char* who);
@@ -35,18 +40,86 @@ Tensor precision_loss(GPT& model, const Tensor& x, const Tensor& y, const std::s
 // caller runs it after checking the values). Returns the
 // micro-batches' losses, then the gradient norm before clipping: tensors, read by the caller,
 // so that the same function runs eagerly or through kiln::compile (PretrainOptions::compile).
+// With `dp`, each micro-batch runs through it (the gradients reduced over the ranks with the
+// last one) and so does clipping.
 std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vector<Tensor>& params,
                                const std::vector<Tensor>& xs, const std::vector<Tensor>& ys,
-                               const std::string& precision, double clip, bool update);
+                               const std::string& precision, double clip, bool update,
+                               DataParallel* dp = nullptr);
+// The total 2-norm of the parameters' gradients and clipping to max_norm, as tensors (no host
+// sync). `reduce_squares`, when given, sums the squared norm (a 1-element f64 tensor on the
+// gradients' device) over the ranks in place, for gradients sharded over them.
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
+                      const std::function<void(Tensor&)>& reduce_squares = {});
+
+// How a checkpoint's optimizer buffers (full parameter shapes) map onto the optimizer's
+// parameters (FSDP's 1-d shards): the full shape of each parameter index, and the slice.
+struct StateLayout {
+  std::vector<Shape> full_shapes;
+  std::function<Tensor(size_t index, const Tensor& full)> to_shard;
+};
+
+// Data parallelism of pretrain and bench (PretrainOptions::dist) over the ranks `kiln run`
+// started (models/trainer_dist.cpp).
+class DataParallel {
+ public:
+  // Errors unless `mode` is "ddp", "zero2", "zero3" or "fsdp"; `who` names the caller.
+  static void check_mode(const std::string& mode, const char* who);
+  // Joins the job: rendezvous from the environment and a process group, NCCL when `cuda` (the
+  // rank's device cuda:LOCAL_RANK, made current), else Gloo on the CPU.
+  DataParallel(const std::string& mode, bool cuda, const char* who);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  Device device() const;
+  int rank() const;
+  int world() const;
+  bool sharded() const;  // FSDP (zero2, zero3)
+  const std::string& mode() const;
+
+  // Wraps the model, once the optimizer is built over its full-shaped parameters and a resumed
+  // checkpoint is loaded: DDP broadcasts rank 0's parameters; FSDP shards every block and the
+  // root (rank 0's values), after which the parameters are 1-d shards.
+  void wrap(GPT& model, const optim::Optimizer& opt);
+  // One micro-batch: `loss` (the forward) through the wrapper, then its backward. The gradients
+  // are reduced when `sync` (DDP accumulates locally otherwise; FSDP reduces every micro-batch).
+  // Returns the loss, detached.
+  Tensor forward_backward(const std::function<Tensor()>& loss, bool sync);
+  // A forward without backward (evaluation), through the wrapper.
+  Tensor forward(const std::function<Tensor()>& f);
+  // The gradient norm before clipping, as a 0-d f64 tensor: the parameters' gradients are the
+  // global ones (DDP) or shards whose squares sum over the ranks to the model's (FSDP).
+  Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+  // Element-wise sums over the ranks (every rank passes as many values).
+  std::vector<double> sum(const std::vector<double>& values);
+  double max(double value);
+  void barrier();
+
+  // Checkpoints hold full tensors, as one process writes them. Collective; complete on rank 0.
+  TensorMap full_model_state(GPT& model);
+  TensorMap full_optimizer_state(const optim::Optimizer& opt, SafetensorsMetadata* metadata);
+  // Under FSDP, how a checkpoint's full optimizer state maps onto this rank's shards (for
+  // load_optimizer_file); nullptr under DDP.
+  const StateLayout* state_layout() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The training step of pretrain and bench, eager or compiled.
 class TrainStep {
  public:
   // update_inside: the optimizer's update is part of the step (compiled with it); otherwise the
   // caller reads the losses and the norm, then calls update() if it wants the update.
+  // `dp` (data parallelism) is eager only.
   TrainStep(GPT& model, optim::Optimizer& opt, std::string precision, double clip, bool compiled,
-            bool update_inside = true)
-      : fn_{model, opt, model->parameters(), std::move(precision), clip, update_inside} {
+            bool update_inside = true, DataParallel* dp = nullptr)
+      : fn_{model, opt, model->parameters(), std::move(precision), clip, update_inside, dp} {
+    KILN_CHECK(!(compiled && dp != nullptr),
+               "[pretrain] compile with dist is not supported yet: the compiled step does not run "
+               "DDP's or FSDP's collectives; drop --compile (or --dist)");
     if (compiled) compiled_.emplace(fn_, CompileOptions().name("train_step"));
   }
 
@@ -66,8 +139,9 @@ class TrainStep {
     std::string precision;
     double clip;
     bool update;
+    DataParallel* dp;
     std::vector<Tensor> operator()(const std::vector<Tensor>& xs, const std::vector<Tensor>& ys) {
-      return train_step(model, opt, params, xs, ys, precision, clip, update);
+      return train_step(model, opt, params, xs, ys, precision, clip, update, dp);
     }
   };
   Fn fn_;
@@ -85,7 +159,9 @@ std::string format_number(double v, int precision, bool scientific = false);
 // Writes model-<step>.safetensors, optimizer-<step>.safetensors, then trainer_state.json (and
 // trainer_state-<step>.json when more than one checkpoint is kept), each atomically; then
 // removes the files of checkpoints beyond the newest keep_checkpoints.
-void save_checkpoint(const std::string& dir, const GPT& model, const optim::AdamW& opt,
+// `write_model` and `write_optimizer` write the two files at the path they are given.
+void save_checkpoint(const std::string& dir, const std::function<void(const std::string&)>& write_model,
+                     const std::function<void(const std::string&)>& write_optimizer,
                      const std::string& config, const PretrainOptions& o, int64_t step,
                      const CheckpointInfo::Schedule& schedule,
                      const std::optional<pretrain::LoaderState>& loader);
@@ -101,7 +177,9 @@ void check_regular_file(const std::string& path);
 // that it is a regular file and that every tensor has exactly the dtype and shape expected
 // (errors name the file, the tensor, what was expected and what was found).
 void load_model_file(GPT& model, const std::string& path);
-void load_optimizer_file(optim::Optimizer& opt, const std::string& path);
+// With `layout` (FSDP), the file's buffers have the full shapes and are sliced to the shards.
+void load_optimizer_file(optim::Optimizer& opt, const std::string& path,
+                         const StateLayout* layout = nullptr);
 // The names of the parameters holding a NaN or an infinity (empty when all are finite).
 std::vector<std::string> nonfinite_parameters(const GPT& model);
 

@@ -28,8 +28,6 @@ Tensor precision_loss(GPT& model, const Tensor& x, const Tensor& y, const std::s
   return model->loss(x, y);
 }
 
-namespace {
-
 // Clipping as tensors, so that a compiled step can run it (clip_grad_norm_ reads the norm with
 // item()): the total 2-norm of the gradients, their norms (foreach_norm: f32 for f32 and bf16
 // gradients, accumulated in f64 on the CPU and in f32 on the GPU) combined in f64, and every
@@ -37,7 +35,8 @@ namespace {
 // foreach_mul_ with the coefficient left on the device. One foreach_norm and one foreach_mul_ per
 // dtype and device of the gradients (multi-tensor kernels: a few launches, no host sync).
 // Returns the total, a 0-d f64 tensor.
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
+                      const std::function<void(Tensor&)>& reduce_squares) {
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
   for (const Tensor& p : params) {
@@ -50,26 +49,35 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   for (const std::vector<Tensor>& g : groups) {
     norms.push_back(stack(foreach_norm(g, 2.0)).to(device, kFloat64));
   }
-  const Tensor total = (norms.size() == 1 ? norms[0] : cat(norms)).square().sum().sqrt();
+  Tensor squares = (norms.size() == 1 ? norms[0] : cat(norms)).square().sum().reshape({1});
+  if (reduce_squares) reduce_squares(squares);
+  const Tensor total = squares.reshape({}).sqrt();
   const Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
   for (const std::vector<Tensor>& g : groups) foreach_mul_(g, coef.to(g[0].device()));
   return total;
 }
 
-}  // namespace
-
 std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vector<Tensor>& params,
                                const std::vector<Tensor>& xs, const std::vector<Tensor>& ys,
-                               const std::string& precision, double clip, bool update) {
+                               const std::string& precision, double clip, bool update,
+                               DataParallel* dp) {
   opt.zero_grad();
   std::vector<Tensor> out;
   for (size_t i = 0; i < xs.size(); ++i) {
-    Tensor loss = precision_loss(model, xs[i], ys[i], precision);
-    if (xs.size() > 1) loss = loss / static_cast<double>(xs.size());
+    auto micro_loss = [&] {
+      Tensor loss = precision_loss(model, xs[i], ys[i], precision);
+      if (xs.size() > 1) loss = loss / static_cast<double>(xs.size());
+      return loss;
+    };
+    if (dp != nullptr) {
+      out.push_back(dp->forward_backward(micro_loss, /*sync=*/i + 1 == xs.size()));
+      continue;
+    }
+    Tensor loss = micro_loss();
     loss.backward();
     out.push_back(loss.detach());
   }
-  out.push_back(clip_grad_norm(params, clip));
+  out.push_back(dp != nullptr ? dp->clip_grad_norm(params, clip) : clip_grad_norm(params, clip));
   if (update) opt.step();
   return out;
 }

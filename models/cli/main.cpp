@@ -5,7 +5,7 @@
 //   kiln pretrain [--config NAME] [--data FILE] [--steps N] [--batch B] [--seq T] [--compile] ...
 //   kiln generate (--checkpoint DIR | --config NAME) (--prompt "1 2 3" | --text "...") ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
-//              [--profile] [--adam-state f32|param]
+//              [--profile] [--adam-state f32|param] [--dist ddp|zero2|zero3]
 //   kiln tokenizer train [--data FILE] [--vocab-size N] [--out FILE] [--special A,B]
 //   kiln run --nproc-per-node N [--nnodes M --node-rank R --master-addr A] program args...
 //   kiln help
@@ -90,6 +90,9 @@ commands:
       --seed S                 seed of the initialisation and the batches (default: 1337)
       --compile                run the training step through kiln::compile (traced on steps
                                1 and 2, replayed after; the same losses as eager)
+      --dist M                 ddp | zero2 | zero3 (= fsdp): data parallel over the ranks of
+                               `kiln run --nproc-per-node N kiln pretrain ...` (NCCL on GPUs,
+                               Gloo on CPUs); --batch is per rank; rank 0 logs and saves
   generate [flags]             generate tokens from a checkpoint or a freshly initialised model
       --checkpoint DIR         a `kiln pretrain` output directory
       --hf DIR                 ... or a Hugging Face checkpoint (config.json + safetensors)
@@ -115,6 +118,8 @@ commands:
                                slowest kernels (kiln::profiler; CUDA events on a GPU)
       --adam-state S           f32 | param: AdamW's moments in f32 (default) or in the
                                parameters' dtype (bf16 under bf16-true, as PyTorch's AdamW)
+      --dist M                 ddp | zero2 | zero3 (= fsdp), under `kiln run`: --batch per
+                               rank; prints every rank's tok/s and the largest peak memory
   tokenizer train [flags]      train a byte-level BPE tokenizer (Llama 3 style) and write its
                                tokenizer.json (kiln::text::Tokenizer and Hugging Face load it)
       --data FILE              UTF-8 text (default: the bundled data/tinyshakespeare.txt)
@@ -234,6 +239,13 @@ std::vector<int64_t> parse_ids(const std::string& flag, const std::string& s) {
   return ids;
 }
 
+std::string parse_dist(const std::string& s) {
+  if (s != "ddp" && s != "zero2" && s != "zero3" && s != "fsdp") {
+    throw UsageError{"--dist must be ddp, zero2, zero3 or fsdp (= zero3), got '" + s + "'"};
+  }
+  return s;
+}
+
 kiln::Device parse_device(const std::string& s) {
   if (s == "cpu") return kiln::Device(kiln::kCPU);
   if (s == "cuda") return kiln::Device(kiln::kCUDA);
@@ -269,7 +281,7 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   const Flags f =
       parse_flags(args,
                   {"config", "data", "steps", "batch", "seq", "lr", "precision", "device", "out",
-                   "seed", "save-every", "lr-decay-steps", "keep"},
+                   "seed", "save-every", "lr-decay-steps", "keep", "dist"},
                   {"resume", "compile", "no-progress", "skip-nonfinite", "allow-resume-changes"});
   PretrainOptions o;
   o.config_name = f.contains("config") ? f.at("config") : kiln::models::kDefaultConfig;
@@ -317,6 +329,7 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   if (f.contains("precision")) o.precision = f.at("precision");
   if (f.contains("device")) o.device = parse_device(f.at("device"));
   o.compile = f.contains("compile");
+  if (f.contains("dist")) o.dist = parse_dist(f.at("dist"));
   o.skip_nonfinite = f.contains("skip-nonfinite");
   if (f.contains("seed")) {
     o.seed = parse_uint("seed", f.at("seed"));
@@ -330,6 +343,7 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   if (f.contains("keep")) o.keep_checkpoints = parse_int_at_least("keep", f.at("keep"), 1);
   const auto s = kiln::models::pretrain(o, std::cout);
   if (s.steps == s.start_step) return 0;  // resumed at or past --steps: pretrain said so
+  if (s.rank != 0) return 0;              // rank 0 reports
   std::cout << "done: " << s.steps << " steps in " << std::fixed << std::setprecision(1)
             << s.seconds << " s | train loss " << std::setprecision(4) << s.final_train_loss
             << " | val loss " << s.final_val_loss << " | " << std::setprecision(0) << s.tokens_per_s
@@ -404,7 +418,8 @@ int cmd_generate(const std::vector<std::string>& args) {
 
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f =
-      parse_flags(args, {"config", "batch", "seq", "steps", "precision", "device", "adam-state"},
+      parse_flags(args,
+                  {"config", "batch", "seq", "steps", "precision", "device", "adam-state", "dist"},
                   {"compile", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
@@ -429,9 +444,15 @@ int cmd_bench(const std::vector<std::string>& args) {
   b.device = f.contains("device") ? parse_device(f.at("device")) : kiln::models::default_device();
   b.precision =
       f.contains("precision") ? f.at("precision") : (b.device->is_cuda() ? "bf16-true" : "f32");
+  if (f.contains("dist")) b.dist = parse_dist(f.at("dist"));
   const auto r = kiln::models::bench(b, std::cout);
+  if (r.rank != 0) return 0;  // rank 0 reports
   std::cout << std::fixed << std::setprecision(1) << "step " << r.step_ms << " ms | "
             << std::setprecision(0) << r.tokens_per_s << " tok/s";
+  if (r.world_size > 1) {
+    std::cout << " (" << r.tokens_per_s / r.world_size << " per rank, " << r.world_size
+              << " ranks)";
+  }
   if (r.mfu) std::cout << " | MFU " << std::setprecision(1) << 100 * *r.mfu << "%";
   if (r.peak_memory) {
     std::cout << " | peak GPU memory " << std::setprecision(2)
