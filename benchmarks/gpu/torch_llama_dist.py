@@ -35,7 +35,9 @@ Per case: every rank builds the same model (seed 0, bf16 on its GPU), draws its 
 tokens, runs the warm-up steps, resets the peak memory, then times the steps by the wall clock
 between two torch.cuda.synchronize(). Rank 0 prints one JSON line
 {"impl":"torch","config","mode","world","tok_s_per_gpu","step_ms","peak_mem_gib","loss",...}
-(peak_mem_gib: the max over ranks of torch.cuda.max_memory_allocated) and a table at the end. An
+(peak_mem_gib: the max over ranks of torch.cuda.max_memory_allocated during the timed steps, as
+the baseline measures it; peak_mem_all_gib: the same from the model's creation on, which includes
+the first step's allocation of the optimizer state) and a table at the end. An
 exception (OOM) becomes a row with "error" and the next case runs; when only some ranks failed,
 a collective may hang until NCCL's timeout, which is why the driver (--nproc-per-node) runs each
 case in its own torchrun.
@@ -224,6 +226,9 @@ def run_case(name, mode, compile_, args, device):
         c["seq"] = args.seq
     B, T, V = c["batch"], c["seq"], c["vocab"]
     world, rank = dist.get_world_size(), dist.get_rank()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()  # not the previous case's
     t0 = time.perf_counter()
     model = build(c, torch.bfloat16, device)
     n = sum(p.numel() for p in model.parameters())
@@ -235,7 +240,8 @@ def run_case(name, mode, compile_, args, device):
     train_steps(net, opt, batches[:args.warmup])
     sync(device)
     warm_s = time.perf_counter() - t0
-    if device.type == "cuda":
+    peak_warm = torch.cuda.max_memory_allocated() if cuda else 0
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
     dist.barrier()
     sync(device)
@@ -243,15 +249,17 @@ def run_case(name, mode, compile_, args, device):
     loss = train_steps(net, opt, batches[args.warmup:])
     sync(device)
     step_s = (time.perf_counter() - t1) / args.steps
-    peak = torch.tensor([torch.cuda.max_memory_allocated() if device.type == "cuda" else 0],
-                        dtype=torch.float64, device=device)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    peak_timed = torch.cuda.max_memory_allocated() if cuda else 0
+    peak = torch.tensor([peak_timed, max(peak_warm, peak_timed)], dtype=torch.float64,
+                        device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # the max over the ranks
     tok_s = B * T / step_s
     fpt = flops_per_token(c, n)
     return dict(params=n, batch=B, seq=T, step_ms=round(step_s * 1e3, 2),
                 tok_s_per_gpu=round(tok_s), tok_s=round(tok_s * world),
                 tflops_per_gpu=round(fpt * tok_s / 1e12, 1), mfu_989=round(fpt * tok_s / 989e12, 3),
-                peak_mem_gib=round(peak.item() / 2**30, 2), warmup_s=round(warm_s, 1),
+                peak_mem_gib=round(peak[0].item() / 2**30, 2),
+                peak_mem_all_gib=round(peak[1].item() / 2**30, 2), warmup_s=round(warm_s, 1),
                 loss=round(loss.item(), 4))
 
 
