@@ -20,6 +20,8 @@ A case is CONFIG:MODE[:compile] (or :eager, the default).
   fsdp        FSDP2: torch.distributed.fsdp.fully_shard on each block, then on the root,
               reshard_after_forward=True (ZeRO-3)
   fsdp-zero2  the same with reshard_after_forward=False (ZeRO-2)
+              (kiln bench --dist's names are aliases: zero3 = fsdp, zero2 = fsdp-zero2; the JSON
+              lines carry them as "dist")
   :compile    torch.compile(dynamic=False) of each block, and of the final norm + head +
               cross-entropy (the baseline's compile-loss fusion of the loss), applied before
               DDP / fully_shard wrap the model. This is what works with both wrappers: their hooks
@@ -77,6 +79,9 @@ CONFIGS = {
 TINY = dict(vocab=256, d=64, L=2, H=4, KV=2, ffn=160, seq=32, batch=2, tied=True)
 CONFIGS["tiny"] = TINY
 MODES = ("ddp", "fsdp", "fsdp-zero2")
+# The names of `kiln bench --dist`, accepted as aliases and written as "dist" in the JSON lines.
+KILN_DIST = {"ddp": "ddp", "fsdp": "zero3", "fsdp-zero2": "zero2"}
+ALIASES = {"zero3": "fsdp", "zero2": "fsdp-zero2"}
 
 
 # --- The model (torch_llama_baseline.py's, with the loss inside forward) ------------------------
@@ -283,7 +288,8 @@ def run_cases(cases, args, device, cpu_group):
     rows = []
     for name, mode, compile_ in cases:
         label = mode + (":compile" if compile_ else "")
-        row = dict(impl="torch", config=name, mode=label, compile=compile_, world=world)
+        row = dict(impl="torch", config=name, mode=label, dist=KILN_DIST[mode], compile=compile_,
+                   world=world)
         err = None
         try:
             row.update(run_case(name, mode, compile_, args, device))
@@ -296,8 +302,8 @@ def run_cases(cases, args, device, cpu_group):
         dist.all_gather_object(errs, err, group=cpu_group)
         failed = [f"rank{r}: {e}" for r, e in enumerate(errs) if e is not None]
         if failed:
-            row = dict(impl="torch", config=name, mode=label, compile=compile_, world=world,
-                       error="; ".join(failed)[:600])
+            row = dict(impl="torch", config=name, mode=label, dist=KILN_DIST[mode],
+                       compile=compile_, world=world, error="; ".join(failed)[:600])
         if rank == 0:
             line = json.dumps(row)
             print(line, flush=True)
@@ -398,16 +404,17 @@ def drive(args, specs, passthrough):
                 pass
 
         # torchrun starts each rank in its own session and stops them on SIGTERM (SIGKILL 30 s
-        # later); SIGKILL, should torchrun itself hang, would leave them running.
+        # later). Our SIGKILL is the last resort, should torchrun hang: it would orphan the ranks.
         timers = [threading.Timer(args.case_timeout, stop, (signal.SIGTERM,)),
                   threading.Timer(args.case_timeout + 120, stop, (signal.SIGKILL,))]
         for t in timers:
             t.start()
-        row, tail = None, []
+        row, errors = None, []
         for line in p.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
-            tail = (tail + [line.strip()])[-5:]
+            if "Error" in line and "elastic" not in line:  # the ranks' exceptions
+                errors = (errors + [line.strip()])[-2:]
             if line.startswith('{"impl": "torch"'):
                 row = json.loads(line)
         rc = p.wait()
@@ -419,9 +426,10 @@ def drive(args, specs, passthrough):
         if row is None:
             name, mode, compile_ = parse_case(spec)
             why = f"timed out after {args.case_timeout} s" if timed_out else f"exit status {rc}"
+            why += "".join(": " + e for e in errors)
             row = dict(impl="torch", config=name, mode=mode + (":compile" if compile_ else ""),
-                       compile=compile_, world=args.nproc_per_node,
-                       error=f"{why}: {' | '.join(tail)}"[:600])
+                       dist=KILN_DIST[mode], compile=compile_, world=args.nproc_per_node,
+                       error=why[:600])
             print(json.dumps(row), flush=True)
         if args.out:
             with open(args.out, "a") as f:
@@ -436,6 +444,8 @@ def parse_case(spec):
     parts = spec.split(":")
     if len(parts) == 2:
         parts.append("eager")
+    if len(parts) == 3:
+        parts[1] = ALIASES.get(parts[1], parts[1])
     if (len(parts) != 3 or parts[0] not in CONFIGS or parts[1] not in MODES
             or parts[2] not in ("eager", "compile")):
         raise ValueError(f"bad case '{spec}': expected CONFIG:MODE[:compile] with CONFIG in "
