@@ -33,17 +33,29 @@ namespace fs = std::filesystem;
 std::string describe(const toml::node& node) {
   std::ostringstream s;
   switch (node.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: s << "an array "; break;
-    case toml::node_type::string: s << "a string "; break;
-    case toml::node_type::integer: s << "an integer "; break;
-    case toml::node_type::floating_point: s << "a float "; break;
-    case toml::node_type::boolean: s << "a boolean "; break;
-    default: s << "a date or time "; break;
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      s << "an array ";
+      break;
+    case toml::node_type::string:
+      s << "a string ";
+      break;
+    case toml::node_type::integer:
+      s << "an integer ";
+      break;
+    case toml::node_type::floating_point:
+      s << "a float ";
+      break;
+    case toml::node_type::boolean:
+      s << "a boolean ";
+      break;
+    default:
+      s << "a date or time ";
+      break;
   }
-  node.visit([&](auto&& v) {
-    s << toml::toml_formatter(v, toml::format_flags::allow_unicode_strings);
-  });
+  node.visit(
+      [&](auto&& v) { s << toml::toml_formatter(v, toml::format_flags::allow_unicode_strings); });
   return s.str();
 }
 
@@ -136,26 +148,25 @@ Setting bool_setting(const char* table, const char* key, bool PretrainOptions::*
             o.*member = v->get();
             return "";
           },
-          [member](const PretrainOptions& o) {
-            return std::string(o.*member ? "true" : "false");
-          }};
+          [member](const PretrainOptions& o) { return std::string(o.*member ? "true" : "false"); }};
 }
 
 // One of `choices`.
 Setting choice_setting(const char* table, const char* key, std::string PretrainOptions::*member,
                        std::vector<std::string> choices, const char* comment) {
-  return {table, key, comment,
-          [member, choices](const toml::node& node, PretrainOptions& o) -> std::string {
-            std::string list;
-            for (const auto& c : choices) list += (list.empty() ? "" : ", ") + format_string(c);
-            const auto* v = node.as_string();
-            if (v == nullptr || std::find(choices.begin(), choices.end(), v->get()) == choices.end()) {
-              return kiln::str("must be one of ", list, ", got ", describe(node));
-            }
-            o.*member = v->get();
-            return "";
-          },
-          [member](const PretrainOptions& o) { return format_string(o.*member); }};
+  return {
+      table, key, comment,
+      [member, choices](const toml::node& node, PretrainOptions& o) -> std::string {
+        std::string list;
+        for (const auto& c : choices) list += (list.empty() ? "" : ", ") + format_string(c);
+        const auto* v = node.as_string();
+        if (v == nullptr || std::find(choices.begin(), choices.end(), v->get()) == choices.end()) {
+          return kiln::str("must be one of ", list, ", got ", describe(node));
+        }
+        o.*member = v->get();
+        return "";
+      },
+      [member](const PretrainOptions& o) { return format_string(o.*member); }};
 }
 
 Setting string_setting(const char* table, const char* key, std::string PretrainOptions::*member,
@@ -250,7 +261,9 @@ Setting betas_setting() {
   return {"optimizer", "betas", "AdamW's [beta1, beta2], each in [0, 1)",
           [](const toml::node& node, PretrainOptions& o) -> std::string {
             const auto* a = node.as_array();
-            const auto at = [&](size_t i) { return a != nullptr ? as_double(*a->get(i)) : std::nullopt; };
+            const auto at = [&](size_t i) {
+              return a != nullptr ? as_double(*a->get(i)) : std::nullopt;
+            };
             if (a == nullptr || a->size() != 2 || !at(0) || !at(1)) {
               return expected("an array of two numbers", node);
             }
@@ -311,7 +324,10 @@ const std::vector<Setting>& settings() {
                      "f32 | bf16-true | bf16-mixed"),
       device_setting(),
       bool_setting("training", "compile", &P::compile, "the step through kiln::compile"),
-      int_setting("training", "grad_accum_steps", &P::grad_accum_steps, 1, "micro-batches per step"),
+      choice_setting("training", "dist", &P::dist, {"", "ddp", "zero2", "zero3", "fsdp"},
+                     "under `kiln run`; \"\" = one process"),
+      int_setting("training", "grad_accum_steps", &P::grad_accum_steps, 1,
+                  "micro-batches per step"),
       seed_setting(),
       bool_setting("training", "skip_nonfinite", &P::skip_nonfinite,
                    "skip a step with a NaN or infinite loss or norm instead of stopping"),
@@ -377,17 +393,19 @@ std::string unknown_key(const std::string& table, const std::string& key) {
   if (key == "resume" || key == "allow_resume_changes") {
     std::string flag = key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    return kiln::str(table.empty() ? "" : table + ".", key, ": not a setting of the file; --",
-                     flag, " is given on the command line");
+    return kiln::str(table.empty() ? "" : table + ".", key, ": not a setting of the file; --", flag,
+                     " is given on the command line");
   }
   const std::string elsewhere = tables_with(key);
   if (table.empty()) {
-    if (!elsewhere.empty()) return kiln::str(key, ": a key outside any table; it goes in ", elsewhere);
+    if (!elsewhere.empty())
+      return kiln::str(key, ": a key outside any table; it goes in ", elsewhere);
     std::string list;
     for (const auto& t : table_names()) list += (list.empty() ? "[" : ", [") + t + "]";
     return kiln::str("unknown table [", key, "] (the tables: ", list, ")");
   }
-  if (!elsewhere.empty()) return kiln::str("unknown key ", table, ".", key, ": it goes in ", elsewhere);
+  if (!elsewhere.empty())
+    return kiln::str("unknown key ", table, ".", key, ": it goes in ", elsewhere);
   return kiln::str("unknown key ", table, ".", key, " (the keys of [", table, "]: ", keys_of(table),
                    ")");
 }

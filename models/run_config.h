@@ -12,7 +12,8 @@
 //
 //   [model]       name
 //   [data]        path, batch_size, seq_len
-//   [training]    steps, precision, device, compile, grad_accum_steps, seed, skip_nonfinite
+//   [training]    steps, precision, device, compile, dist, grad_accum_steps, seed,
+//                 skip_nonfinite
 //   [optimizer]   lr, weight_decay, betas, eps, grad_clip, adam_state ("f32" | "param")
 //   [schedule]    warmup_steps, lr_decay_steps, min_lr
 //   [metrics]     log_interval, eval_interval, eval_batches, progress_bar

@@ -18,6 +18,7 @@
 #include "autograd/grad_mode.h"
 #include "kernels/cuda.h"
 #include "models/data.h"
+#include "models/run_config.h"
 #include "models/trainer_internal.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/serialize.h"
@@ -469,7 +470,12 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
                               static_cast<double>(o.max_steps), "step",
                               static_cast<double>(summary.start_step));
   std::optional<pretrain::MetricsLog> metrics;
-  if (!o.out_dir.empty() && rank0) metrics.emplace(o.out_dir, summary.start_step);
+  if (!o.out_dir.empty() && rank0) {
+    metrics.emplace(o.out_dir, summary.start_step);
+    // The options as run (a resume's schedule included): `kiln pretrain --config run.toml`
+    // repeats the run.
+    write_run_config(o.out_dir, o);
+  }
   const StopSignals stop;
   double timed_seconds = 0, window_seconds = 0;
   int64_t timed_steps = 0, window_steps = 0;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "autograd/grad_mode.h"
+#include "models/run_config.h"
 #include "models/trainer_internal.h"
 #include "nn/json.h"
 #include "nn/safetensors.h"
@@ -78,7 +79,7 @@ void remove_stale_temporaries(const std::string& dir) {
     if (at == std::string::npos || !e.is_regular_file()) continue;
     const std::string base = name.substr(0, at);
     if (checkpoint_file_step(base) >= 0 || base == kStateFile || base == "metrics.jsonl" ||
-        base == "metrics.svg") {
+        base == "metrics.svg" || base == kRunConfigFile) {
       std::error_code ec;
       fs::remove(e.path(), ec);
     }

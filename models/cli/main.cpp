@@ -2,7 +2,7 @@
 // training throughput, lists the configs.
 //
 //   kiln configs
-//   kiln pretrain [--config NAME] [--data FILE] [--steps N] [--batch B] [--seq T] [--compile] ...
+//   kiln pretrain [--config NAME|FILE.toml] [--data FILE] [--steps N] [--batch B] [--seq T] ...
 //   kiln generate (--checkpoint DIR | --config NAME) (--prompt "1 2 3" | --text "...") ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
 //              [--profile] [--adam-state f32|param] [--dist ddp|zero2|zero3]
@@ -34,6 +34,7 @@
 #include "models/generate.h"
 #include "models/gpt.h"
 #include "models/hf.h"
+#include "models/run_config.h"
 #include "models/tokenizer.h"
 #include "models/trainer.h"
 #include "tensor/error.h"
@@ -62,6 +63,9 @@ commands:
   configs                      list the registered model configs with their parameter counts
   pretrain [flags]             pretrain a model on a text or token file
       --config NAME            model config (default: kiln-tiny)
+      --config FILE.toml       ... or a run configuration file: any of these settings and
+                               more (docs/models.md); flags override it. Every run writes
+                               the settings it ran with to <out>/run.toml
       --data PATH              text file (byte tokens), .bin/.u16/.u32 token file, or token
                                shards of `kiln prepare`: a directory or .tokens files
                                separated by commas (default: data/tinyshakespeare.txt)
@@ -283,9 +287,22 @@ int cmd_pretrain(const std::vector<std::string>& args) {
                   {"config", "data", "steps", "batch", "seq", "lr", "precision", "device", "out",
                    "seed", "save-every", "lr-decay-steps", "keep", "dist"},
                   {"resume", "compile", "no-progress", "skip-nonfinite", "allow-resume-changes"});
-  PretrainOptions o;
-  o.config_name = f.contains("config") ? f.at("config") : kiln::models::kDefaultConfig;
-  o.out_dir = f.contains("out") ? f.at("out") : "out/" + o.config_name;
+  // --config FILE.toml: a run configuration file (models/run_config.h). Its settings count as
+  // flags: the flags given override them, and they override the defaults and, on a resume, the
+  // checkpoint's settings. It brings the options that have no flag too (weight_decay, betas, ...).
+  kiln::models::RunConfig file;
+  const bool config_file = f.contains("config") && f.at("config").ends_with(".toml");
+  if (config_file) file = kiln::models::read_run_config(f.at("config"));
+  const auto given = [&](const char* flag, const char* key) {
+    return f.contains(flag) || file.has(key);
+  };
+  PretrainOptions o = file.options;
+  o.config_name = f.contains("config") && !config_file ? f.at("config")
+                  : file.has("model.name")             ? file.options.config_name
+                                                       : kiln::models::kDefaultConfig;
+  o.out_dir = f.contains("out")                ? f.at("out")
+              : file.has("checkpoint.out_dir") ? file.options.out_dir
+                                               : "out/" + o.config_name;
   o.resume = f.contains("resume");
   o.allow_resume_changes = f.contains("allow-resume-changes");
   if (o.allow_resume_changes && !o.resume) {
@@ -296,44 +313,58 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   // --allow-resume-changes).
   std::optional<kiln::models::CheckpointInfo> stored;
   if (o.resume) stored = kiln::models::read_checkpoint_info(o.out_dir);
-  o.data_path = f.contains("data") ? f.at("data")
+  o.data_path = f.contains("data")      ? f.at("data")
+                : file.has("data.path") ? file.options.data_path
                 : stored && stored->data
                     ? *stored->data
                     : std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt";
-  o.max_steps = f.contains("steps") ? parse_int_at_least("steps", f.at("steps"), 1) : kDefaultSteps;
+  o.max_steps = f.contains("steps")          ? parse_int_at_least("steps", f.at("steps"), 1)
+                : file.has("training.steps") ? file.options.max_steps
+                                             : kDefaultSteps;
   o.batch_size = f.contains("batch")            ? parse_int_at_least("batch", f.at("batch"), 1)
+                 : file.has("data.batch_size")  ? file.options.batch_size
                  : stored && stored->batch_size ? *stored->batch_size
                                                 : kDefaultBatch;
   o.seq_len = f.contains("seq")           ? parse_int_at_least("seq", f.at("seq"), 1)
+              : file.has("data.seq_len")  ? file.options.seq_len
               : stored && stored->seq_len ? *stored->seq_len
                                           : kDefaultSeq;
   check_tokens_per_step(o.batch_size, o.seq_len);
-  o.lr = f.contains("lr") ? parse_double("lr", f.at("lr")) : kDefaultLr;
+  o.lr = f.contains("lr")           ? parse_double("lr", f.at("lr"))
+         : file.has("optimizer.lr") ? file.options.lr
+                                    : kDefaultLr;
   if (!(o.lr > 0)) throw UsageError{"--lr must be positive, got " + f.at("lr")};
-  o.min_lr = o.lr / 10;
+  if (!file.has("schedule.min_lr")) o.min_lr = o.lr / 10;
   // The schedule's length: --lr-decay-steps, else --steps; a resume keeps the checkpoint's.
   if (f.contains("lr-decay-steps")) {
     o.lr_decay_steps = parse_int_at_least("lr-decay-steps", f.at("lr-decay-steps"), 1);
   }
-  o.warmup_steps =
-      std::min<int64_t>(30, (o.lr_decay_steps > 0 ? o.lr_decay_steps : o.max_steps) / 10);
+  if (!file.has("schedule.warmup_steps")) {
+    o.warmup_steps =
+        std::min<int64_t>(30, (o.lr_decay_steps > 0 ? o.lr_decay_steps : o.max_steps) / 10);
+  }
   if (stored && stored->schedule) {
-    if (!f.contains("lr")) o.lr = stored->schedule->lr, o.min_lr = stored->schedule->min_lr;
-    if (!f.contains("lr-decay-steps")) {
+    if (!given("lr", "optimizer.lr")) o.lr = stored->schedule->lr;
+    if (!given("lr", "schedule.min_lr")) o.min_lr = stored->schedule->min_lr;
+    if (!given("lr-decay-steps", "schedule.lr_decay_steps")) {
       o.lr_decay_steps = stored->schedule->lr_decay_steps;
+    }
+    if (!given("lr-decay-steps", "schedule.warmup_steps")) {
       o.warmup_steps = stored->schedule->warmup_steps;
     }
   }
-  o.log_interval = std::max<int64_t>(1, std::min<int64_t>(10, o.max_steps / 20));
-  o.eval_interval = std::max<int64_t>(1, o.max_steps / 3);
+  if (!file.has("metrics.log_interval")) {
+    o.log_interval = std::max<int64_t>(1, std::min<int64_t>(10, o.max_steps / 20));
+  }
+  if (!file.has("metrics.eval_interval")) o.eval_interval = std::max<int64_t>(1, o.max_steps / 3);
   if (f.contains("precision")) o.precision = f.at("precision");
   if (f.contains("device")) o.device = parse_device(f.at("device"));
-  o.compile = f.contains("compile");
+  if (f.contains("compile")) o.compile = true;
   if (f.contains("dist")) o.dist = parse_dist(f.at("dist"));
-  o.skip_nonfinite = f.contains("skip-nonfinite");
+  if (f.contains("skip-nonfinite")) o.skip_nonfinite = true;
   if (f.contains("seed")) {
     o.seed = parse_uint("seed", f.at("seed"));
-  } else if (stored && stored->seed) {
+  } else if (!file.has("training.seed") && stored && stored->seed) {
     o.seed = *stored->seed;
   }
   if (f.contains("save-every")) {

@@ -1,7 +1,7 @@
 // The `kiln` tool run as a user runs it (issue 21, points 7, 8, 9): flags with absurd values
 // are errors naming the flag, a directory given as --data is reported as one, and resuming
 // from the tool is exact: `--steps 6` equals `--steps 3 --lr-decay-steps 6` then
-// `--resume --steps 6` bit for bit.
+// `--resume --steps 6` bit for bit. A run configuration file (issue 20) and flags over it.
 //
 // The binary: KILN_CLI when the build defines it, else bin/kiln beside this test's build
 // directory (tests/<name>_tests -> bin/kiln).
@@ -15,6 +15,9 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
+
+#include "models/run_config.h"
 
 namespace {
 
@@ -194,12 +197,57 @@ TEST_F(CliTest, NonFiniteValuesNeverReplaceACheckpoint) {
   EXPECT_NE(skip.output.find("checkpoint step 3 -> "), std::string::npos) << skip.output;
 }
 
+// --config FILE.toml: the file's settings, the flags over them, the defaults derived from both;
+// the run writes what it ran with to <out>/run.toml, and `--config <out>/run.toml` repeats the
+// run byte for byte. A bad file is an error naming file:line and the key.
+TEST_F(CliTest, RunConfigFileAndFlagsOverIt) {
+  const fs::path out = dir_ / "out", again = dir_ / "again", file = dir_ / "run.toml";
+  std::ofstream(file) << "[model]\nname = \"tiny-llama\"\n"
+                      << "[data]\nbatch_size = 2\nseq_len = 16\n"
+                      << "[training]\nsteps = 9\ndevice = \"cpu\"\nseed = 5\n"
+                      << "[optimizer]\nlr = 0.002\nbetas = [0.8, 0.9]\n"
+                      << "[checkpoint]\nout_dir = \"" << out.string() << "\"\n";
+  Result r = run_kiln("pretrain --config '" + file.string() + "' --steps 2 --no-progress");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto o = kiln::models::read_run_config((out / "run.toml").string()).options;
+  EXPECT_EQ(o.config_name, "tiny-llama");
+  EXPECT_EQ(o.batch_size, 2);
+  EXPECT_EQ(o.seq_len, 16);
+  EXPECT_EQ(o.max_steps, 2);  // the flag over the file
+  EXPECT_EQ(o.seed, 5u);
+  EXPECT_EQ(o.lr, 0.002);
+  EXPECT_EQ(o.min_lr, 0.002 / 10);  // derived from the file's lr, as from --lr
+  EXPECT_EQ(o.warmup_steps, 0);     // derived from --steps 2
+  EXPECT_EQ(o.betas, (std::tuple<double, double>{0.8, 0.9}));
+  EXPECT_EQ(o.progress_bar, false);
+  EXPECT_EQ(o.device, kiln::Device(kiln::kCPU));
+  EXPECT_EQ(o.out_dir, out.string());
+  EXPECT_NE(o.data_path.find("tinyshakespeare.txt"), std::string::npos);
+  // The written file repeats the run: the same weights, byte for byte.
+  r = run_kiln("pretrain --config '" + (out / "run.toml").string() + "' --out '" + again.string() +
+               "'");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string a = read_bytes(out / "model-00000002.safetensors");
+  EXPECT_FALSE(a.empty());
+  EXPECT_TRUE(a == read_bytes(again / "model-00000002.safetensors"));
+  std::string expected = read_bytes(out / "run.toml");
+  expected.replace(expected.find(out.string()), out.string().size(), again.string());
+  EXPECT_EQ(read_bytes(again / "run.toml"), expected);
+
+  std::ofstream(dir_ / "bad.toml") << "[training]\nsteps = 0\n";
+  expect_error("pretrain --config '" + (dir_ / "bad.toml").string() + "'", 1,
+               "[run_config] " + (dir_ / "bad.toml").string() +
+                   ":2: training.steps must be positive, got 0");
+  expect_error("pretrain --config '" + (dir_ / "missing.toml").string() + "'", 1,
+               (dir_ / "missing.toml").string() + ": no such file");
+}
+
 // --skip-nonfinite is a flag of pretrain, listed in the usage.
 TEST_F(CliTest, UsageListsTheNewFlags) {
   const Result r = run_kiln("help");
   EXPECT_EQ(r.status, 0);
-  for (const char* flag :
-       {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps", "--adam-state"}) {
+  for (const char* flag : {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps",
+                           "--adam-state", "--config FILE.toml"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
 }

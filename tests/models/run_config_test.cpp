@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <string>
 #include <tuple>
 
@@ -56,6 +57,7 @@ PretrainOptions unusual_options() {
   o.skip_nonfinite = true;
   o.seed = std::numeric_limits<uint64_t>::max();  // above int64: written as a string
   o.compile = true;
+  o.dist = "zero2";
   o.progress_bar = false;
   return o;
 }
@@ -88,6 +90,7 @@ void expect_same(const PretrainOptions& a, const PretrainOptions& b) {
   EXPECT_EQ(a.skip_nonfinite, b.skip_nonfinite);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.compile, b.compile);
+  EXPECT_EQ(a.dist, b.dist);
   EXPECT_EQ(a.progress_bar, b.progress_bar);
 }
 
@@ -105,7 +108,8 @@ std::string error_of(const std::string& text) {
 void expect_error(const std::string& text, const std::string& message) {
   const std::string error = error_of(text);
   EXPECT_NE(error.find(message), std::string::npos)
-      << "file:\n" << text << "\nerror: " << error << "\nexpected: " << message;
+      << "file:\n"
+      << text << "\nerror: " << error << "\nexpected: " << message;
 }
 
 TEST(RunConfigTest, RoundTripGivesTheSameOptions) {
@@ -114,7 +118,7 @@ TEST(RunConfigTest, RoundTripGivesTheSameOptions) {
   const RunConfig back = parse_run_config(text, "run.toml");
   expect_same(back.options, o);
   EXPECT_EQ(to_toml(back.options), text);
-  EXPECT_EQ(back.keys.size(), 27u) << text;  // every key, device and progress_bar included
+  EXPECT_EQ(back.keys.size(), 28u) << text;  // every key, device and progress_bar included
   EXPECT_NE(text.find("seed = \"18446744073709551615\""), std::string::npos) << text;
   EXPECT_NE(text.find("lr = 0.30000000000000004"), std::string::npos) << text;
 
@@ -123,7 +127,7 @@ TEST(RunConfigTest, RoundTripGivesTheSameOptions) {
   const std::string defaults = to_toml(d);
   expect_same(parse_run_config(defaults, "run.toml").options, d);
   const RunConfig d_back = parse_run_config(defaults, "run.toml", unusual_options());
-  EXPECT_EQ(d_back.keys.size(), 24u);
+  EXPECT_EQ(d_back.keys.size(), 25u);
   EXPECT_FALSE(d_back.has("data.path"));
   EXPECT_FALSE(d_back.has("training.device"));
   EXPECT_FALSE(d_back.has("metrics.progress_bar"));
@@ -178,10 +182,12 @@ betas = [0, 0.5]
 }
 
 TEST(RunConfigTest, UnknownTablesAndKeysAreErrors) {
-  expect_error("[trainig]\nsteps = 1\n", "bad.toml:1: unknown table [trainig] (the tables: [model]");
+  expect_error("[trainig]\nsteps = 1\n",
+               "bad.toml:1: unknown table [trainig] (the tables: [model]");
   expect_error("[training]\n\nstpes = 1\n",
                "bad.toml:3: unknown key training.stpes (the keys of [training]: steps, precision");
-  expect_error("[training]\nlr = 0.1\n", "bad.toml:2: unknown key training.lr: it goes in [optimizer]");
+  expect_error("[training]\nlr = 0.1\n",
+               "bad.toml:2: unknown key training.lr: it goes in [optimizer]");
   expect_error("steps = 1\n", "bad.toml:1: steps: a key outside any table; it goes in [training]");
   expect_error("[training.extra]\nx = 1\n", "bad.toml:1: unknown key training.extra");
   expect_error("[checkpoint]\nresume = true\n",
@@ -190,8 +196,10 @@ TEST(RunConfigTest, UnknownTablesAndKeysAreErrors) {
   expect_error("allow_resume_changes = true\n",
                "bad.toml:1: allow_resume_changes: not a setting of the file; "
                "--allow-resume-changes");
-  expect_error("model = \"kiln-tiny\"\n", "bad.toml:1: model must be a table ([model]), got a string");
-  expect_error("[[training]]\nsteps = 1\n", "bad.toml:1: training must be a table ([training]), got an array");
+  expect_error("model = \"kiln-tiny\"\n",
+               "bad.toml:1: model must be a table ([model]), got a string");
+  expect_error("[[training]]\nsteps = 1\n",
+               "bad.toml:1: training must be a table ([training]), got an array");
 }
 
 TEST(RunConfigTest, WrongTypesAreErrors) {
@@ -205,11 +213,13 @@ TEST(RunConfigTest, WrongTypesAreErrors) {
                "bad.toml:2: optimizer.lr must be a number, got a string \"3e-3\"");
   expect_error("[optimizer]\nbetas = [0.9]\n",
                "bad.toml:2: optimizer.betas must be an array of two numbers, got an array [");
-  expect_error("[optimizer]\nbetas = [0.9, \"x\"]\n", "optimizer.betas must be an array of two numbers");
+  expect_error("[optimizer]\nbetas = [0.9, \"x\"]\n",
+               "optimizer.betas must be an array of two numbers");
   expect_error("[optimizer]\nbetas = 0.9\n",
                "bad.toml:2: optimizer.betas must be an array of two numbers, got a float 0.9");
   expect_error("[data]\npath = 3\n", "bad.toml:2: data.path must be a string, got an integer 3");
-  expect_error("[model]\nname = 1\n", "bad.toml:2: model.name must be a config name, got an integer 1");
+  expect_error("[model]\nname = 1\n",
+               "bad.toml:2: model.name must be a config name, got an integer 1");
   expect_error("[metrics]\nprogress_bar = \"yes\"\n",
                "bad.toml:2: metrics.progress_bar must be true or false, got a string \"yes\"");
   expect_error("[training]\nseed = 1.5\n",
@@ -224,7 +234,8 @@ TEST(RunConfigTest, OutOfRangeValuesAreErrors) {
   expect_error("[data]\nseq_len = 0\n", "bad.toml:2: data.seq_len must be positive, got 0");
   expect_error("[data]\npath = \"\"\n", "bad.toml:2: data.path must not be empty");
   expect_error("[training]\ngrad_accum_steps = 0\n", "training.grad_accum_steps must be positive");
-  expect_error("[training]\nseed = -1\n", "bad.toml:2: training.seed must be an integer in [0, 2^64)");
+  expect_error("[training]\nseed = -1\n",
+               "bad.toml:2: training.seed must be an integer in [0, 2^64)");
   expect_error("[training]\nseed = \"18446744073709551616\"\n", "training.seed must be an integer");
   expect_error("[training]\nprecision = \"fp16\"\n",
                "bad.toml:2: training.precision must be one of \"f32\", \"bf16-true\", "
@@ -233,19 +244,26 @@ TEST(RunConfigTest, OutOfRangeValuesAreErrors) {
                "bad.toml:2: training.device must be \"cpu\", \"cuda\" or \"cuda:N\", got a string "
                "\"tpu\"");
   expect_error("[training]\ndevice = \"meta\"\n", "training.device must be \"cpu\"");
+  expect_error("[training]\ndist = \"mpi\"\n",
+               "bad.toml:2: training.dist must be one of \"\", \"ddp\", \"zero2\", \"zero3\", "
+               "\"fsdp\", got a string \"mpi\"");
   expect_error("[model]\nname = \"gpt-5\"\n",
                "bad.toml:2: model.name must be a registered config (");
-  expect_error("[optimizer]\nlr = 0\n", "bad.toml:2: optimizer.lr must be a finite number > 0, got an integer 0");
-  expect_error("[optimizer]\nlr = nan\n", "optimizer.lr must be a finite number > 0, got a float nan");
-  expect_error("[optimizer]\nlr = inf\n", "optimizer.lr must be a finite number > 0, got a float inf");
+  expect_error("[optimizer]\nlr = 0\n",
+               "bad.toml:2: optimizer.lr must be a finite number > 0, got an integer 0");
+  expect_error("[optimizer]\nlr = nan\n",
+               "optimizer.lr must be a finite number > 0, got a float nan");
+  expect_error("[optimizer]\nlr = inf\n",
+               "optimizer.lr must be a finite number > 0, got a float inf");
   expect_error("[optimizer]\nweight_decay = -0.1\n",
                "bad.toml:2: optimizer.weight_decay must be a finite number >= 0, got a float -0.1");
   expect_error("[optimizer]\neps = -1e-8\n", "optimizer.eps must be a finite number >= 0");
   expect_error("[optimizer]\ngrad_clip = -1\n", "optimizer.grad_clip must be a finite number >= 0");
   expect_error("[optimizer]\nbetas = [0.9, 1.0]\n",
                "bad.toml:2: optimizer.betas must each be in [0, 1), got an array [");
-  expect_error("[optimizer]\nadam_state = \"bf16\"\n",
-               "bad.toml:2: optimizer.adam_state must be \"f32\" or \"param\", got a string \"bf16\"");
+  expect_error(
+      "[optimizer]\nadam_state = \"bf16\"\n",
+      "bad.toml:2: optimizer.adam_state must be \"f32\" or \"param\", got a string \"bf16\"");
   expect_error("[schedule]\nwarmup_steps = -1\n", "schedule.warmup_steps must be >= 0, got -1");
   expect_error("[schedule]\nlr_decay_steps = -5\n", "schedule.lr_decay_steps must be >= 0, got -5");
   expect_error("[schedule]\nmin_lr = -1e-4\n", "schedule.min_lr must be a finite number >= 0");
@@ -276,8 +294,7 @@ TEST(RunConfigTest, SyntaxErrorsNameLineAndColumn) {
 
 // examples/kiln-tiny.toml is what `kiln pretrain` runs by default, spelled out.
 TEST(RunConfigTest, TheExampleFileReads) {
-  const RunConfig rc =
-      read_run_config(std::string(KILN_SOURCE_DIR) + "/examples/kiln-tiny.toml");
+  const RunConfig rc = read_run_config(std::string(KILN_SOURCE_DIR) + "/examples/kiln-tiny.toml");
   EXPECT_EQ(rc.options.config_name, "kiln-tiny");
   EXPECT_EQ(rc.options.data_path, "data/tinyshakespeare.txt");
   EXPECT_EQ(rc.options.batch_size, 8);
@@ -314,6 +331,30 @@ TEST_F(RunConfigFileTest, WriteThenReadGivesTheSameOptions) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
   EXPECT_EQ(read_file(path.string()), to_toml(o));
   expect_same(read_run_config(path.string()).options, o);
+}
+
+// pretrain writes the options it runs with to out_dir/run.toml before the first step.
+TEST_F(RunConfigFileTest, PretrainWritesTheOptionsItRunsWith) {
+  PretrainOptions o;
+  o.config_name = "tiny-llama";
+  o.data_path = std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt";
+  o.batch_size = 2;
+  o.seq_len = 16;
+  o.max_steps = 1;
+  o.warmup_steps = 0;
+  o.eval_batches = 1;
+  o.device = Device(kCPU);
+  o.out_dir = (dir_ / "out").string();
+  o.progress_bar = false;
+  o.betas = {0.8, 0.99};
+  bool written_before_step = false;
+  o.before_step = [&](int64_t, GPT&) {
+    written_before_step = fs::is_regular_file(dir_ / "out" / kRunConfigFile);
+  };
+  std::ostringstream log;
+  pretrain(o, log);
+  EXPECT_TRUE(written_before_step);
+  expect_same(read_run_config((dir_ / "out" / kRunConfigFile).string()).options, o);
 }
 
 TEST_F(RunConfigFileTest, UnreadableFilesAreErrors) {

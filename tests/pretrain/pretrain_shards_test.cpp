@@ -274,6 +274,7 @@ TEST_F(PretrainShardsTest, KeepsTheNewestCheckpointsAndCleansTemporaries) {
   o.out_dir = file("run");
   fs::create_directories(dir() / "run");
   test::write_bytes(file("run/model-00000009.safetensors.tmp.123.abcdef"), "half a file");
+  test::write_bytes(file("run/run.toml.tmp.123.abcdef"), "half a file");
   test::write_bytes(file("run/notes.txt.tmp.1"), "not ours");
   pretrain(o, log);
   std::vector<std::string> names;
@@ -285,7 +286,7 @@ TEST_F(PretrainShardsTest, KeepsTheNewestCheckpointsAndCleansTemporaries) {
             (std::vector<std::string>{
                 "metrics.jsonl", "metrics.svg", "model-00000003.safetensors",
                 "model-00000004.safetensors", "notes.txt.tmp.1", "optimizer-00000003.safetensors",
-                "optimizer-00000004.safetensors", "trainer_state-00000003.json",
+                "optimizer-00000004.safetensors", "run.toml", "trainer_state-00000003.json",
                 "trainer_state-00000004.json", "trainer_state.json"}));
   EXPECT_EQ(test::read_bytes(file("run/trainer_state-00000004.json")),
             test::read_bytes(file("run/trainer_state.json")));
