@@ -183,8 +183,9 @@ TEST_F(GpuRmsNorm, EveryKernel) {
   for (const auto& [fk, bk] : kernels) {
     manual_seed(33);
     const int64_t fwd_threads = fk == RmsNormForward::kWarp ? 32 : 128;
-    // The kernels given where they fit the row, else the op's choice.
-    auto check = [&](const Tensor& x, const Tensor& w) {
+    // The kernels given where they fit the row, else the op's choice. fk and bk are structured
+    // bindings: captured by name for clang before 16.
+    auto check = [&, fk = fk, bk = bk](const Tensor& x, const Tensor& w) {
       const int64_t d = w.numel();
       const bool fwd_fits = fk == RmsNormForward::kLoop || fits(d, x.dtype(), fwd_threads, 16);
       const bool bwd_fits = bk != RmsNormBackward::kRows || fits(d, x.dtype(), 128, 4) ||
@@ -423,7 +424,7 @@ TEST_F(GpuRotaryEmb, AutogradUsesTheFusedKernels) {
   manual_seed(43);
   const Tensor qkv = randn({2, 7, 6 * 16}).to(kBFloat16);
   auto [c, s] = nn::functional::rope_cache(7, 16);
-  auto grads_on = [&](Device dev) {
+  auto grads_on = [&, &c = c, &s = s](Device dev) {  // bindings by name: clang before 16
     Tensor base = qkv.to(dev).requires_grad_(true);
     const Tensor q = base.narrow(-1, 0, 64).view({2, 7, 4, 16}).transpose(1, 2);
     const Tensor k = base.narrow(-1, 64, 16).view({2, 7, 1, 16}).transpose(1, 2);
@@ -480,7 +481,7 @@ TEST_F(GpuRotaryEmb, SplitQkvAutogradUsesTheFusedKernels) {
   manual_seed(45);
   const Tensor qkv = randn({2, 7, 6 * 16}).to(kBFloat16);
   auto [c, s] = nn::functional::rope_cache(7, 16);
-  auto grads_on = [&](Device dev) {
+  auto grads_on = [&, &c = c, &s = s](Device dev) {  // bindings by name: clang before 16
     Tensor base = qkv.to(dev).requires_grad_(true);
     auto [q, k, v] = split_qkv_rotary(base, c.to(dev), s.to(dev), 4, 1);
     const Tensor loss =

@@ -288,7 +288,10 @@ TEST(Rope, ApplyRotaryEmbMatchesLoopsAndGradcheck) {
     }
   }
   expect_close(F::apply_rotary_emb(x, cos, sin), ref);
-  EXPECT_TRUE(gradcheck([&](const auto &in) { return F::apply_rotary_emb(in[0], cos, sin); }, {x}));
+  // Structured bindings are captured by name (clang before 16 cannot capture them implicitly).
+  EXPECT_TRUE(gradcheck(
+      [&cos = cos, &sin = sin](const auto &in) { return F::apply_rotary_emb(in[0], cos, sin); },
+      {x}));
   // f32 tables on a bf16 input keep the input's dtype.
   auto [c32, s32] = F::rope_cache(3, 4);
   EXPECT_EQ(F::apply_rotary_emb(x.detach().to(kBFloat16), c32, s32).dtype(), kBFloat16);

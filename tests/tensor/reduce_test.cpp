@@ -202,7 +202,10 @@ TEST(ReduceTest, EveryDimsCombinationMatchesReference) {
   for (const auto& [name, t] : layouts_3d(1, kDouble)) {
     for (const auto& dims : dim_sets_3d()) {
       for (bool keepdim : {false, true}) {
-        const auto l = [&](const std::string& op) { return label(op, name, dims, keepdim); };
+        // `name` is a structured binding: captured by name for clang before 16.
+        const auto l = [&, &name = name](const std::string& op) {
+          return label(op, name, dims, keepdim);
+        };
         expect_matches(t.sum(dims, keepdim), reference(t, dims, keepdim, ref_sum), 1e-12, 1e-12,
                        l("sum"));
         expect_matches(t.mean(dims, keepdim), reference(t, dims, keepdim, ref_mean), 1e-12, 1e-12,
