@@ -508,7 +508,8 @@ void load_hf_weights(GPTImpl& model, const std::string& path) {
   NoGradGuard no_grad;
   for (size_t f = 0; f < ck.files.size(); ++f) {
     for (Target& t : by_file[f]) {
-      t.dst.copy_(ck.files[f].get(t.hf).to(t.dst.device(), t.dst.dtype()));
+      // read, not get: a copy anyway, and a shard truncated meanwhile is an error, not SIGBUS.
+      t.dst.copy_(ck.files[f].read(t.hf).to(t.dst.device(), t.dst.dtype()));
     }
   }
   if (cfg.padded_vocab() > cfg.vocab_size) {

@@ -89,9 +89,10 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 struct SafetensorsFile::Impl {
   std::string name;
   char* bytes = nullptr;  // the whole file: mapped, or owned (`owned`)
-  uint64_t size = 0;
+  uint64_t size = 0;        // when opened
   uint64_t data_start = 0;  // 8 + header length
   bool mapped = false;
+  int fd = -1;  // open while mapped: read_at and the size checks of get() use it
   std::unique_ptr<char, decltype(&std::free)> owned{nullptr, &std::free};
   std::map<std::string, SafetensorsTensorInfo> tensors;
   std::vector<std::string> keys;
@@ -102,6 +103,7 @@ struct SafetensorsFile::Impl {
   Impl& operator=(const Impl&) = delete;
   ~Impl() {
     if (mapped) munmap(bytes, size);
+    if (fd >= 0) ::close(fd);
   }
 
   template <typename... Args>
@@ -109,23 +111,91 @@ struct SafetensorsFile::Impl {
     KILN_FAIL("[load_safetensors] ", name, ": ", args...);
   }
 
-  void parse_header();
+  // The header length from the file's first 8 bytes (fewer when the file is shorter), checked
+  // against the file's size.
+  uint64_t header_length(std::string_view first) const;
+  // The JSON header (the `header_length` bytes after the length).
+  void parse_header(std::string_view text);
   void parse_tensor(JsonReader& r, const std::string& key);
   void parse_metadata(JsonReader& r);
   void check_layout() const;
+
+  // The file's size now: it may have shrunk since it was opened.
+  uint64_t current_size() const;
+  // Copies bytes [offset, offset + n) of the file (or of the owned buffer) into `dst`, with
+  // pread rather than through the mapping, so that a file truncated since it was opened gives
+  // an error naming `what` instead of SIGBUS.
+  void read_at(uint64_t offset, void* dst, uint64_t n, const std::string& what) const;
+  // Fails unless the file still holds bytes [offset, offset + n): checked before get() touches
+  // the mapping.
+  void check_still_holds(uint64_t offset, uint64_t n, const std::string& what) const;
+  [[noreturn]] void fail_truncated(uint64_t offset, uint64_t n, uint64_t now,
+                                   const std::string& what) const {
+    fail("truncated to ", now, " bytes since it was opened (", size, " bytes): ", what,
+         " needs bytes ", offset, " to ", offset + n);
+  }
+  void check_bools(const std::string& key, const char* data, uint64_t n) const;
 };
 
-void SafetensorsFile::Impl::parse_header() {
-  if (size < 8) fail("file too small (", size, " bytes) to hold the 8-byte header length");
+uint64_t SafetensorsFile::Impl::current_size() const {
+  if (fd < 0) return size;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) fail("cannot stat: ", std::strerror(errno));
+  return static_cast<uint64_t>(st.st_size);
+}
+
+void SafetensorsFile::Impl::read_at(uint64_t offset, void* dst, uint64_t n,
+                                    const std::string& what) const {
+  if (fd < 0) {  // from_bytes: the owned copy holds every byte the header promises
+    if (n > 0) std::memcpy(dst, bytes + offset, n);
+    return;
+  }
+  auto* out = static_cast<char*>(dst);
+  uint64_t done = 0;
+  while (done < n) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - done, uint64_t{1} << 30));
+    const ssize_t got = ::pread(fd, out + done, chunk, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail("cannot read ", what, " (byte ", offset + done, "): ", std::strerror(errno));
+    if (got == 0) fail_truncated(offset, n, current_size(), what);
+    done += static_cast<uint64_t>(got);
+  }
+}
+
+void SafetensorsFile::Impl::check_still_holds(uint64_t offset, uint64_t n,
+                                              const std::string& what) const {
+  if (fd < 0) return;
+  const uint64_t now = current_size();
+  if (now < offset + n) fail_truncated(offset, n, now, what);
+}
+
+void SafetensorsFile::Impl::check_bools(const std::string& key, const char* data,
+                                        uint64_t n) const {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (static_cast<unsigned char>(data[i]) > 1) {
+      fail("tensor ", quote_name(key), " of dtype BOOL holds byte ",
+           static_cast<int>(static_cast<unsigned char>(data[i])), " at element ", i,
+           " (expected 0 or 1)");
+    }
+  }
+}
+
+uint64_t SafetensorsFile::Impl::header_length(std::string_view first) const {
+  if (size < 8 || first.size() < 8) {
+    fail("file too small (", size, " bytes) to hold the 8-byte header length");
+  }
   uint64_t n;
-  std::memcpy(&n, bytes, 8);
+  std::memcpy(&n, first.data(), 8);
   if (n < 2) fail("header length ", n, " is too small for a JSON object");
   if (n > kMaxHeaderBytes) fail("header length ", n, " exceeds the limit of ", kMaxHeaderBytes);
   if (n > size - 8) {
     fail("header length ", n, " runs past the end of the file (", size, " bytes in all)");
   }
-  data_start = 8 + n;
-  const std::string_view text(bytes + 8, n);
+  return n;
+}
+
+void SafetensorsFile::Impl::parse_header(std::string_view text) {
+  data_start = 8 + text.size();
   if (text[0] != '{') fail("header does not start with '{'");
   if (!is_valid_utf8(text)) fail("header is not valid UTF-8");
   try {
@@ -301,20 +371,21 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
                                       : "not a regular file");
   }
   impl->size = static_cast<uint64_t>(st.st_size);
-  if (impl->size >= 8) {  // mmap refuses empty files; parse_header rejects short ones
-    // Private and writable: in-place ops on loaded tensors copy the touched pages instead of
-    // faulting, and never reach the file (PyTorch maps safetensors the same way).
-    void* p = ::mmap(nullptr, impl->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      impl->fail("cannot map: ", std::strerror(err));
-    }
-    impl->bytes = static_cast<char*>(p);
-    impl->mapped = true;
-  }
-  ::close(fd);
-  impl->parse_header();
+  impl->fd = fd;  // closed by ~Impl from here on
+  // The header is read with pread, not through the mapping (see read_at).
+  char first[8];
+  if (impl->size >= 8) impl->read_at(0, first, 8, "the header length");
+  const uint64_t n = impl->header_length({first, impl->size >= 8 ? size_t{8} : size_t{0}});
+  std::string text(n, '\0');
+  impl->read_at(8, text.data(), n, "the header");
+  impl->parse_header(text);
+  // Private and writable: in-place ops on tensors from get() copy the touched pages instead of
+  // faulting, and never reach the file (PyTorch maps safetensors the same way). The file holds
+  // at least the 8-byte length here, and mmap refuses only empty files.
+  void* p = ::mmap(nullptr, impl->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) impl->fail("cannot map: ", std::strerror(errno));
+  impl->bytes = static_cast<char*>(p);
+  impl->mapped = true;
   impl_ = std::move(impl);
 }
 
@@ -329,7 +400,8 @@ SafetensorsFile SafetensorsFile::from_bytes(std::string_view bytes, std::string 
   if (!bytes.empty()) std::memcpy(impl->owned.get(), bytes.data(), bytes.size());
   impl->bytes = impl->owned.get();
   impl->size = bytes.size();
-  impl->parse_header();
+  const uint64_t n = impl->header_length(bytes.substr(0, 8));
+  impl->parse_header(bytes.substr(8, n));
   return SafetensorsFile(std::move(impl));
 }
 
@@ -356,26 +428,29 @@ const SafetensorsTensorInfo& SafetensorsFile::info(const std::string& key) const
 
 Tensor SafetensorsFile::get(const std::string& key, Device device) const {
   const SafetensorsTensorInfo& info = this->info(key);
-  char* data = impl_->bytes + impl_->data_start + info.data_begin;
+  const uint64_t offset = impl_->data_start + info.data_begin;
+  char* data = impl_->bytes + offset;
   const uint64_t nbytes = info.data_end - info.data_begin;
-  if (info.dtype == kBool) {
-    for (uint64_t i = 0; i < nbytes; ++i) {
-      if (static_cast<unsigned char>(data[i]) > 1) {
-        impl_->fail("tensor ", quote_name(key), " of dtype BOOL holds byte ",
-                    static_cast<int>(static_cast<unsigned char>(data[i])), " at element ", i,
-                    " (expected 0 or 1)");
-      }
-    }
+  if (nbytes == 0 || reinterpret_cast<uintptr_t>(data) % element_size(info.dtype) != 0) {
+    return read(key, device);
   }
-  Tensor t;
-  if (nbytes > 0 && reinterpret_cast<uintptr_t>(data) % element_size(info.dtype) == 0) {
-    // The deleter owns a reference to the mapping: it lives as long as any tensor uses it.
-    t = from_blob(
-        data, info.shape, [keep = impl_](void*) {}, dtype(info.dtype));
-  } else {
-    t = empty(info.shape, dtype(info.dtype));
-    if (nbytes > 0) std::memcpy(t.data_ptr(), data, nbytes);
-  }
+  // Touching a page the file no longer holds raises SIGBUS: check first. A truncation after
+  // this check cannot be caught (the header's pitfall).
+  impl_->check_still_holds(offset, nbytes, "tensor " + quote_name(key));
+  if (info.dtype == kBool) impl_->check_bools(key, data, nbytes);
+  // The deleter owns a reference to the mapping: it lives as long as any tensor uses it.
+  const Tensor t = from_blob(
+      data, info.shape, [keep = impl_](void*) {}, dtype(info.dtype));
+  return device.is_cpu() ? t : t.to(device);
+}
+
+Tensor SafetensorsFile::read(const std::string& key, Device device) const {
+  const SafetensorsTensorInfo& info = this->info(key);
+  const uint64_t nbytes = info.data_end - info.data_begin;
+  Tensor t = empty(info.shape, dtype(info.dtype));
+  impl_->read_at(impl_->data_start + info.data_begin, t.data_ptr(), nbytes,
+                 "tensor " + quote_name(key));
+  if (info.dtype == kBool) impl_->check_bools(key, static_cast<const char*>(t.data_ptr()), nbytes);
   return device.is_cpu() ? t : t.to(device);
 }
 
@@ -385,10 +460,16 @@ TensorMap SafetensorsFile::get_all(Device device) const {
   return out;
 }
 
+TensorMap SafetensorsFile::read_all(Device device) const {
+  TensorMap out;
+  for (const std::string& key : impl_->keys) out.emplace(key, read(key, device));
+  return out;
+}
+
 TensorMap load_safetensors(const std::string& path, SafetensorsMetadata* metadata, Device device) {
   const SafetensorsFile f(path);
   if (metadata) *metadata = f.metadata();
-  return f.get_all(device);
+  return f.read_all(device);
 }
 
 TensorMap load_safetensors_from_bytes(std::string_view bytes, SafetensorsMetadata* metadata,

@@ -6,10 +6,12 @@
 // load in Python's safetensors library and the reverse.
 //
 //   kiln::save_safetensors({{"w", w}, {"b", b}}, "model.safetensors", {{"format", "pt"}});
-//   kiln::TensorMap m = kiln::load_safetensors("model.safetensors");   // copies nothing
+//   kiln::TensorMap m = kiln::load_safetensors("model.safetensors");   // reads every tensor
 //
 //   kiln::SafetensorsFile f("model.safetensors");      // maps the file, validates the header
 //   for (const std::string& name : f.keys()) std::cout << name << f.get(name).sizes() << "\n";
+//   kiln::Tensor w = f.get("w");                       // zero-copy: a view of the mapping
+//   kiln::Tensor b = f.read("b");                      // a copy, read with pread
 //
 // Writing is atomic: the data goes to a temporary file in the same directory, which is fsynced
 // and renamed over the target, so a crash leaves the old file or the new one, never half.
@@ -18,10 +20,15 @@
 // "[load_safetensors] <file>: ..." before a single tensor byte is read.
 //
 // Pitfalls:
-// - Loaded CPU tensors alias the file's mapping (copy-on-write, private to this process) when
-//   their data is aligned to the element size; they keep the mapping alive. Truncating or
-//   rewriting the file in place while they live is undefined (the OS raises SIGBUS); writing
-//   with save_safetensors is safe, since it replaces the file instead of changing it.
+// - Tensors from SafetensorsFile::get alias the file's mapping (copy-on-write, private to this
+//   process) when their data is aligned to the element size; they keep the mapping alive.
+//   Truncating the file in place while they live kills the process with SIGBUS when a page past
+//   the new end is touched; get() checks the size first, but nothing can check later accesses.
+//   Writing with save_safetensors is safe, since it replaces the file instead of changing it.
+// - Everything else reads with pread into memory of its own (load_safetensors, read, read_all,
+//   kiln::load, the header): a file truncated while open gives a kiln::Error "[load_safetensors]
+//   <file>: truncated to N bytes since it was opened ...", and the tensors do not depend on the
+//   file afterwards.
 // - The file stores no strides: non-contiguous tensors are written in row-major order.
 // - BOOL bytes other than 0 and 1 are rejected on load (they are not valid C++ bools).
 #pragma once
@@ -57,7 +64,8 @@ void write_file_atomically(const std::string& path, std::string_view bytes,
 // read); for the JSON files read beside checkpoints and tokenizers.
 std::string read_file(const std::string& path, const std::string& op = "read_file");
 
-// Reads every tensor of the file at `path` onto `device`; fills `*metadata` when given.
+// Reads every tensor of the file at `path` onto `device` (SafetensorsFile::read_all: copies that
+// do not depend on the file); fills `*metadata` when given.
 TensorMap load_safetensors(const std::string& path, SafetensorsMetadata* metadata = nullptr,
                            Device device = kCPU);
 
@@ -77,12 +85,13 @@ struct SafetensorsTensorInfo {
 };
 
 // An open safetensors file: the header is parsed and validated on construction; tensors are
-// read lazily by get(). Copies share the mapping; tensors from get() outlive the object and
-// share memory with each other (getting one key twice gives two views of the same bytes).
+// read lazily by get() (zero-copy) or read() (a copy). Copies of the object share the open file
+// and its mapping; tensors from get() outlive the object and share memory with each other
+// (getting one key twice gives two views of the same bytes).
 class SafetensorsFile {
  public:
-  // Opens `path` read-only and maps it (POSIX mmap, private: writes to loaded tensors copy
-  // the touched pages and never reach the file).
+  // Opens `path` read-only, keeps it open, reads the header with pread and maps the file (POSIX
+  // mmap, private: writes to tensors from get() copy the touched pages and never reach the file).
   explicit SafetensorsFile(const std::string& path);
   // Copies `bytes` into an owned buffer; `name` stands for the file name in errors.
   static SafetensorsFile from_bytes(std::string_view bytes, std::string name = "<memory>");
@@ -100,6 +109,11 @@ class SafetensorsFile {
   // to its element size, and is a copy otherwise. An unknown key fails listing the nearest.
   Tensor get(const std::string& key, Device device = kCPU) const;
   TensorMap get_all(Device device = kCPU) const;
+  // The tensor `key` on `device`, always a copy read with pread: never touches the mapping, so
+  // a file truncated since it was opened is an error naming the file and the tensor, not SIGBUS.
+  // For callers that copy the data anyway (into a module, to another dtype or device).
+  Tensor read(const std::string& key, Device device = kCPU) const;
+  TensorMap read_all(Device device = kCPU) const;
 
  private:
   struct Impl;

@@ -23,8 +23,22 @@ void save(const nn::Module& module, const std::string& path) {
 
 nn::LoadStateDictResult load(nn::Module& module, const std::string& path, bool strict) {
   const SafetensorsFile file(path);
-  // The file's tensors alias its mapping; load_state_dict copies them into the module.
-  const TensorMap tensors = file.get_all();
+  // A checkpoint of this module holds its dtypes: another dtype means another file (I32 where
+  // the module has F32), which the copy into the module would convert without a word. Checked
+  // from the header, before any tensor is read. module.load_state_dict(load_safetensors(path))
+  // converts, as torch's load_state_dict does.
+  std::string mismatches;
+  for (const auto& [name, t] : module.state_dict()) {
+    if (!file.contains(name) || file.info(name).dtype == t.dtype()) continue;
+    mismatches += std::string(mismatches.empty() ? "" : "; ") + "tensor \"" + name + "\" is " +
+                  std::string(dtype_name(file.info(name).dtype)) + " in the file but " +
+                  std::string(dtype_name(t.dtype())) + " in the module";
+  }
+  KILN_CHECK(mismatches.empty(), "[load] ", path, ": ", mismatches,
+             " (kiln::load does not convert; module.load_state_dict(load_safetensors(path)) does)");
+  // Copies read with pread (a file truncated meanwhile is an error, not SIGBUS); load_state_dict
+  // copies them into the module.
+  const TensorMap tensors = file.read_all();
   try {
     return module.load_state_dict(tensors, strict);
   } catch (const Error& e) {
@@ -49,7 +63,7 @@ void load(Tensor& tensor, const std::string& path) {
              ": expected a file of one tensor (kiln::save(tensor, path)), found ", tensors.size(),
              " tensors", tensors.empty() ? "" : " such as '", tensors.empty() ? "" : tensors.begin()->first,
              tensors.empty() ? "" : "'");
-  tensor = tensors.begin()->second.clone();
+  tensor = tensors.begin()->second;  // load_safetensors's tensors own their memory
 }
 
 void save(const std::vector<Tensor>& tensors, const std::string& path) {
@@ -75,7 +89,7 @@ void load(std::vector<Tensor>& tensors, const std::string& path) {
     KILN_CHECK(used == name.size() && i < out.size() && !out[i].defined(), "[load] ", path,
                ": expected a list of tensors (kiln::save(tensors, path)) named 0..", out.size() - 1,
                ", found '", name, "'");
-    out[i] = t.clone();
+    out[i] = t;
   }
   tensors = std::move(out);
 }

@@ -11,9 +11,12 @@
 //
 // Writes are atomic (save_safetensors: temporary file, fsync, rename) and carry the metadata
 // {"format": "pt"} that Hugging Face's loaders look for. load copies into the module's
-// existing tensors (their dtype and device win: a bf16 checkpoint loads into an f32 model);
-// nothing is copied unless every shape matches, and the error lists all missing keys,
-// unexpected keys and shape mismatches at once.
+// existing tensors (on their device); every tensor of the file must have the dtype of the
+// module's tensor of that name, or the error names the file, the tensor and both dtypes (an I32
+// tensor where the module has F32 is another file, not something to convert). To convert, as
+// torch's load_state_dict does, say so: `module->load_state_dict(kiln::load_safetensors(path))`
+// (a bf16 checkpoint into an f32 model). Nothing is copied unless every dtype and shape
+// matches, and the error lists all missing keys, unexpected keys and shape mismatches at once.
 #pragma once
 
 #include <concepts>
@@ -50,8 +53,8 @@ nn::LoadStateDictResult load(const nn::ModuleHolder<M>& module, const std::strin
   return load(static_cast<nn::Module&>(*module), path, strict);
 }
 
-// A map of named tensors. load replaces the contents of `tensors` with the file's (CPU tensors,
-// copy-on-write views of the mapped file where aligned).
+// A map of named tensors. load replaces the contents of `tensors` with the file's (CPU tensors
+// of their own, as load_safetensors reads them).
 void save(const TensorMap& tensors, const std::string& path);
 void load(TensorMap& tensors, const std::string& path);
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <kiln/kiln.h>
 
 #include <cstdint>
@@ -176,6 +177,43 @@ TEST(Safetensors, AliasesTheMappingWhenAlignedAndOutlivesTheFile) {
   // In-place writes are private to this process: the file keeps its values.
   t.fill_(0.0);
   expect_same(load_safetensors(path).at("w"), w, "w reloaded");
+}
+
+// A file truncated in place while open (a copy over it, `> file`): the mapping's pages past the
+// new end raise SIGBUS when touched, which used to kill the process. Every read that copies goes
+// through pread and get() checks the size first, so the error names the file instead.
+TEST(Safetensors, TruncatedWhileOpenIsAnErrorNotACrash) {
+  TempDir dir;
+  const std::string path = dir.file("shrinks.safetensors");
+  const Tensor w = randn({256, 256});
+  save_safetensors({{"w", w}, {"flags", randn({4096}) > 0}}, path);
+  const SafetensorsFile f(path);
+  const TensorMap loaded = load_safetensors(path);
+  const Tensor copied = f.read("w");
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+  const std::string where = "[load_safetensors] " + path + ": ";
+  EXPECT_KILN_ERROR(f.get("w").sum().item<float>(), where);
+  EXPECT_KILN_ERROR(f.read("w"), where + "truncated to 4096 bytes since it was opened");
+  EXPECT_KILN_ERROR(f.read("flags"), "tensor \"flags\"");
+  EXPECT_KILN_ERROR(f.get_all(), where);
+  // Copies own their bytes: load_safetensors and read() do not depend on the file any more.
+  expect_same(loaded.at("w"), w, "loaded");
+  expect_same(copied, w, "copied");
+}
+
+TEST(Safetensors, ReadCopiesAndChecksBools) {
+  TempDir dir;
+  const std::string path = dir.file("copies.safetensors");
+  const Tensor w = randn({16, 4});
+  save_safetensors({{"w", w}, {"m", randn({5}) > 0}}, path);
+  const SafetensorsFile f(path);
+  const Tensor t = f.read("w");
+  const std::string_view mapped = f.bytes();
+  const char* p = static_cast<const char*>(t.data_ptr());
+  EXPECT_TRUE(p < mapped.data() || p >= mapped.data() + mapped.size());
+  expect_same(t, w, "w");
+  expect_same(f.read("m"), f.get("m"), "m");
+  EXPECT_KILN_ERROR(f.read("x"), "no tensor named \"x\"");
 }
 
 TEST(Safetensors, CopiesMisalignedData) {

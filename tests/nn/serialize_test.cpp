@@ -111,7 +111,10 @@ TEST(SerializeTest, FileHasHuggingFaceNamesAndMetadata) {
   EXPECT_EQ(SafetensorsFile(path).info("embed.weight").dtype, kBFloat16);
 }
 
-TEST(SerializeTest, LoadConvertsIntoTheModelsDtype) {
+// A checkpoint tensor in another dtype than the module's is another file: kiln::load refuses it
+// (naming the file, the tensor and both dtypes) and touches nothing; load_state_dict converts
+// when asked to, as torch's does.
+TEST(SerializeTest, LoadRejectsAnotherDtypeAndLoadStateDictConverts) {
   TempDir dir;
   manual_seed(2);
   Model a, b;
@@ -119,13 +122,29 @@ TEST(SerializeTest, LoadConvertsIntoTheModelsDtype) {
   a->to(kDouble);
   const std::string path = dir.file("f64.safetensors");
   kiln::save(a.ptr(), path);  // the shared_ptr overload
-  kiln::load(b.ptr(), path);
+  const Tensor before = b->embed->weight.clone();
+  EXPECT_KILN_ERROR(kiln::load(b.ptr(), path), "[load] " + path + ": tensor \"embed.weight\" is "
+                                               "float64 in the file but float32 in the module");
+  EXPECT_TRUE(same_bits(b->embed->weight, before));
+  b->load_state_dict(load_safetensors(path));
   EXPECT_EQ(b->embed->weight.dtype(), kFloat);
   EXPECT_TRUE(same_bits(b->embed->weight, a->embed->weight.to(kFloat)));
   b->to(kBFloat16);
-  kiln::load(b, path);
+  b->load_state_dict(load_safetensors(path));
   EXPECT_TRUE(same_bits(b->layers->at<nn::LinearImpl>(1).weight,
                         a->layers->at<nn::LinearImpl>(1).weight.to(kBFloat16)));
+  // The case the check is for: integers where the module has floats, even non-strict.
+  kiln::save(TensorMap{{"0.weight", zeros({4, 8}, kInt32)}, {"0.bias", zeros({4})}},
+             dir.file("i32.safetensors"));
+  nn::Sequential small(nn::Linear(8, 4));
+  EXPECT_KILN_ERROR(kiln::load(small, dir.file("i32.safetensors"), /*strict=*/false),
+                    "tensor \"0.weight\" is int32 in the file but float32 in the module");
+  // The same dtypes load.
+  a->to(kFloat);
+  b->to(kFloat);
+  kiln::save(a, path);
+  kiln::load(b, path);
+  EXPECT_TRUE(same_bits(b->embed->weight, a->embed->weight));
 }
 
 TEST(SerializeTest, StrictAndNonStrictErrors) {
