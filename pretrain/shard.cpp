@@ -1,17 +1,18 @@
-// Token shards: the header, the checksum, the atomic writer and the validating mmap reader.
+// Token shards: the header, the checksum, the atomic writer and the validating pread reader.
 // Format: pretrain/shard.h and docs/data.md. Tests: tests/pretrain/shard_test.cpp.
 #include "pretrain/shard.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <vector>
 
 #include "tensor/error.h"
 
@@ -33,6 +34,48 @@ uint32_t load_u32(const unsigned char* p) {
   std::memcpy(&v, p, 4);
   return v;
 }
+// Bytes [offset, offset + n) of the open shard `fd` into `dst`, with pread: a shard truncated
+// in place since it was opened (`opened` bytes then) is an error naming it. The reader used to
+// map shards, and a read past the new end killed the process with SIGBUS.
+void read_exact(int fd, const std::string& path, uint64_t opened, uint64_t offset, void* dst,
+                uint64_t n) {
+  auto* out = static_cast<char*>(dst);
+  for (uint64_t done = 0; done < n;) {
+    const ssize_t got = ::pread(fd, out + done, static_cast<size_t>(n - done),
+                                static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    KILN_CHECK(got >= 0, "[shard] ", path, ": cannot read bytes ", offset, " to ", offset + n,
+               " (", std::strerror(errno), ")");
+    if (got == 0) {
+      struct stat st {};
+      const int64_t now = ::fstat(fd, &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+      KILN_FAIL("[shard] ", path, ": truncated to ", now, " bytes since it was opened (", opened,
+                " bytes): cannot read bytes ", offset, " to ", offset + n);
+    }
+    done += static_cast<uint64_t>(got);
+  }
+}
+
+template <typename T>
+int64_t max_token(const unsigned char* p, uint64_t n) {
+  T m = 0;
+  for (uint64_t i = 0; i + sizeof(T) <= n; i += sizeof(T)) {
+    T v;
+    std::memcpy(&v, p + i, sizeof(T));
+    m = std::max(m, v);
+  }
+  return static_cast<int64_t>(m);
+}
+
+template <typename T>
+void widen(const unsigned char* p, int64_t n, int64_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, p + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    out[i] = v;
+  }
+}
+
 template <typename T>
 void store(std::string& out, size_t offset, T v) {
   std::memcpy(out.data() + offset, &v, sizeof(T));
@@ -265,43 +308,44 @@ ShardMeta parse_shard_header(std::string_view bytes, uint64_t file_bytes, const 
 
 ShardFile ShardFile::open(const std::string& path, bool verify) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  KILN_CHECK(fd >= 0, "[shard] ", path, ": cannot open (", std::strerror(errno), ")");
+  KILN_CHECK(fd >= 0, "[shard] ", path, ": cannot open (", std::strerror(errno), ")",
+             errno == EMFILE ? ": every open shard holds a file descriptor; raise `ulimit -n`" : "");
+  // Closed with the last copy of the ShardFile, or right away if a check below fails.
+  const std::shared_ptr<const int> handle(new int(fd), [](const int* p) {
+    ::close(*p);
+    delete p;
+  });
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    KILN_FAIL("[shard] ", path, ": not a regular file");
-  }
+  KILN_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), "[shard] ", path,
+             ": not a regular file");
   const auto size = static_cast<uint64_t>(st.st_size);
-  if (size < kShardHeaderBytes) {
-    ::close(fd);
-    KILN_FAIL("[shard] ", path, ": ", size, " bytes is shorter than the ", kShardHeaderBytes,
-              "-byte header (truncated, or not a token shard)");
-  }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  const int err = errno;
-  ::close(fd);
-  KILN_CHECK(p != MAP_FAILED, "[shard] ", path, ": cannot map (", std::strerror(err), ")");
+  KILN_CHECK(size >= kShardHeaderBytes, "[shard] ", path, ": ", size, " bytes is shorter than the ",
+             kShardHeaderBytes, "-byte header (truncated, or not a token shard)");
+  char header[kShardHeaderBytes];
+  read_exact(fd, path, size, 0, header, kShardHeaderBytes);
   ShardFile f;
   f.path_ = path;
-  f.map_ = std::shared_ptr<void>(p, [size](void* q) { ::munmap(q, size); });
-  const auto* bytes = static_cast<const unsigned char*>(p);
-  f.meta_ =
-      parse_shard_header({reinterpret_cast<const char*>(bytes), kShardHeaderBytes}, size, path);
-  f.data_ = bytes + kShardHeaderBytes;
+  f.fd_ = handle;
+  f.meta_ = parse_shard_header({header, kShardHeaderBytes}, size, path);
   if (verify) {
-    const size_t n = static_cast<size_t>(f.meta_.num_tokens) * f.meta_.token_bytes;
-    const uint64_t sum = shard_header_checksum(
-        {reinterpret_cast<const char*>(bytes), kShardHeaderBytes}, shard_checksum(f.data_, n));
-    KILN_CHECK(sum == f.meta_.checksum, "[shard] ", path, ": checksum mismatch (the header says ",
-               f.meta_.checksum, ", the header and tokens hash to ", sum, "): the file is corrupt");
+    // One pass in pieces of 1 MiB (a multiple of both token sizes): the checksum and the largest
+    // id.
+    const uint64_t n = static_cast<uint64_t>(f.meta_.num_tokens) * f.meta_.token_bytes;
+    std::vector<unsigned char> buf(std::min<uint64_t>(n, uint64_t{1} << 20));
+    ShardChecksum sum;
     int64_t max_id = 0;
-    if (f.meta_.token_bytes == 2) {
-      for (int64_t i = 0; i < f.meta_.num_tokens; ++i)
-        max_id = std::max<int64_t>(max_id, f.u16()[i]);
-    } else {
-      for (int64_t i = 0; i < f.meta_.num_tokens; ++i)
-        max_id = std::max<int64_t>(max_id, f.u32()[i]);
+    for (uint64_t at = 0; at < n;) {
+      const uint64_t m = std::min<uint64_t>(buf.size(), n - at);
+      read_exact(fd, path, size, kShardHeaderBytes + at, buf.data(), m);
+      sum.update(buf.data(), m);
+      max_id = std::max(max_id, f.meta_.token_bytes == 2 ? max_token<uint16_t>(buf.data(), m)
+                                                         : max_token<uint32_t>(buf.data(), m));
+      at += m;
     }
+    const uint64_t want = shard_header_checksum({header, kShardHeaderBytes}, sum.value());
+    KILN_CHECK(want == f.meta_.checksum, "[shard] ", path,
+               ": checksum mismatch (the header says ", f.meta_.checksum,
+               ", the header and tokens hash to ", want, "): the file is corrupt");
     KILN_CHECK(f.meta_.num_tokens == 0 || max_id < f.meta_.vocab_size, "[shard] ", path,
                ": token id ", max_id, " is outside the vocabulary of ", f.meta_.vocab_size);
   }
@@ -309,13 +353,31 @@ ShardFile ShardFile::open(const std::string& path, bool verify) {
 }
 
 void ShardFile::read(int64_t begin, int64_t n, int64_t* out) const {
-  if (meta_.token_bytes == 2) {
-    const uint16_t* src = u16() + begin;
-    for (int64_t i = 0; i < n; ++i) out[i] = src[i];
-  } else {
-    const uint32_t* src = u32() + begin;
-    for (int64_t i = 0; i < n; ++i) out[i] = src[i];
+  KILN_CHECK(begin >= 0 && n >= 0 && begin <= meta_.num_tokens - n, "[shard] ", path_,
+             ": tokens [", begin, ", ", begin + n, ") are outside [0, ", meta_.num_tokens, ")");
+  const int tb = meta_.token_bytes;
+  const uint64_t opened = kShardHeaderBytes + static_cast<uint64_t>(meta_.num_tokens) * tb;
+  // Through a buffer on the stack, widened forwards (the compiler vectorises this loop): one
+  // pread per window up to 16 K tokens.
+  constexpr int64_t kBufferBytes = 32 << 10;
+  unsigned char buf[kBufferBytes];
+  for (int64_t done = 0; done < n;) {
+    const int64_t m = std::min<int64_t>(n - done, kBufferBytes / tb);
+    read_exact(*fd_, path_, opened, kShardHeaderBytes + static_cast<uint64_t>(begin + done) * tb,
+               buf, static_cast<uint64_t>(m) * tb);
+    if (tb == 2) {
+      widen<uint16_t>(buf, m, out + done);
+    } else {
+      widen<uint32_t>(buf, m, out + done);
+    }
+    done += m;
   }
+}
+
+int64_t ShardFile::token(int64_t i) const {
+  int64_t v;
+  read(i, 1, &v);
+  return v;
 }
 
 }  // namespace kiln::pretrain

@@ -1,11 +1,11 @@
 // kiln::pretrain token shards: the binary files `kiln prepare` writes and the pretraining loader
-// (pretrain/loader.h) memory-maps. docs/data.md describes the format byte by byte.
+// (pretrain/loader.h) reads. docs/data.md describes the format byte by byte.
 //
 //   ShardWriter w("out/shard-00000.tokens", {.vocab_size = 32000, .eos_id = 2, ...});
 //   w.append_document(ids);          // the ids, then eos_id (when the tokenizer has one)
 //   w.finish();                      // header, fsync, rename: the file appears whole or not at all
 //
-//   ShardFile f = ShardFile::open("out/shard-00000.tokens");   // validated, memory-mapped
+//   ShardFile f = ShardFile::open("out/shard-00000.tokens");   // validated, kept open
 //   f.num_tokens(); f.token(i);       // u16 or u32 ids, widened
 //
 // Layout (little-endian): a 64-byte header, then num_tokens ids of token_bytes bytes each.
@@ -19,6 +19,9 @@
 // - ShardFile::open checks the magic, version, dtype, sizes (the file must hold exactly the
 //   tokens the header announces) and, with verify, the checksum and that every id is below
 //   vocab_size; errors are kiln::Error "[shard] <path>: ...".
+// - A ShardFile keeps its file open and reads windows with pread (one system call per window,
+//   from the page cache): a shard truncated in place while open is an error naming it, where a
+//   mapping would kill the process with SIGBUS. Each open shard holds a file descriptor.
 // - The tokenizer fingerprint identifies the tokenizer that wrote the shard
 //   (tokenizer_fingerprint of its tokenizer.json bytes), so that shards of two tokenizers are
 //   never mixed and a run can check its tokenizer.
@@ -107,7 +110,7 @@ class ShardWriter {
   std::string buffer_;
 };
 
-// A validated, memory-mapped shard (read-only; cheap to move).
+// A validated shard, open for reading (read-only; copies share the open file).
 class ShardFile {
  public:
   // verify: also recompute the checksum and check every id against vocab_size (reads the whole
@@ -117,20 +120,15 @@ class ShardFile {
   const std::string& path() const { return path_; }
   const ShardMeta& meta() const { return meta_; }
   int64_t num_tokens() const { return meta_.num_tokens; }
-  int64_t token(int64_t i) const {
-    return meta_.token_bytes == 2 ? static_cast<int64_t>(u16()[i]) : static_cast<int64_t>(u32()[i]);
-  }
-  // tokens [begin, begin + n) widened into out[0, n).
+  int64_t token(int64_t i) const;
+  // tokens [begin, begin + n) widened into out[0, n). Errors name the file: a range outside
+  // [0, num_tokens()), a file truncated since it was opened.
   void read(int64_t begin, int64_t n, int64_t* out) const;
 
  private:
-  const uint16_t* u16() const { return reinterpret_cast<const uint16_t*>(data_); }
-  const uint32_t* u32() const { return reinterpret_cast<const uint32_t*>(data_); }
-
   std::string path_;
   ShardMeta meta_;
-  std::shared_ptr<void> map_;            // the mapping, unmapped with the last copy
-  const unsigned char* data_ = nullptr;  // the first token
+  std::shared_ptr<const int> fd_;  // the open file, closed with the last copy
 };
 
 // The header of `bytes` (at least kShardHeaderBytes) parsed and range-checked; `file_bytes` is

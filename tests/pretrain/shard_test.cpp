@@ -3,6 +3,7 @@
 #include "pretrain/shard.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -224,6 +225,29 @@ TEST_F(ShardTest, RandomDamageIsAlwaysCaught) {
     }
   }
   EXPECT_EQ(caught, 400);
+}
+
+// A shard truncated in place after it was opened (a copy over it, `> file`): reading a window
+// beyond the new end is an error naming the file. The reader used to map the file, and touching
+// a page past the end killed the process with SIGBUS.
+TEST_F(ShardTest, TruncatedAfterOpeningIsAnErrorNotACrash) {
+  const std::string path = file("shrinks.tokens");
+  ShardWriter w(path, {.vocab_size = 1000});
+  std::vector<int64_t> ids(100'000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i % 1000);
+  w.append_document(ids);
+  w.finish();
+  const ShardFile f = ShardFile::open(path);
+  std::vector<int64_t> got(2049);
+  f.read(50'000, 2049, got.data());
+  EXPECT_EQ(got[0], 0);  // 50'000 % 1000
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+  EXPECT_KILN_ERROR(f.read(50'000, 2049, got.data()), "[shard] " + path + ": ");
+  EXPECT_KILN_ERROR(f.read(50'000, 2049, got.data()), "truncated to 4096 bytes");
+  EXPECT_KILN_ERROR(f.token(99'999), "[shard] " + path + ": ");
+  // What is still there reads as before.
+  f.read(10, 3, got.data());
+  EXPECT_EQ(got[2], 12);
 }
 
 }  // namespace
