@@ -6,7 +6,7 @@
 // that mutated counts and ids get past it. Any crash, over-read (AddressSanitizer), other
 // exception or violated invariant (abort) is a finding.
 //
-// ShardFile::open maps a file, so each input is written to a directory under /dev/shm (or
+// ShardFile::open reads a file, so each input is written to a directory under /dev/shm (or
 // $TMPDIR), removed at exit.
 //
 //   D=tests/pretrain/data
