@@ -388,6 +388,32 @@ std::string tables_with(const std::string& key) {
   return list;
 }
 
+// Edits (insertions, deletions, substitutions) from a to b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest of `names` to a misspelt `name` (at most 2 edits away), or "".
+std::string closest(const std::string& name, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_distance = 3;
+  for (const auto& n : names) {
+    if (const size_t d = edit_distance(name, n); d < best_distance) best = n, best_distance = d;
+  }
+  return best;
+}
+
 // What to say of a key that is no setting of its table.
 std::string unknown_key(const std::string& table, const std::string& key) {
   if (key == "resume" || key == "allow_resume_changes") {
@@ -398,14 +424,26 @@ std::string unknown_key(const std::string& table, const std::string& key) {
   }
   const std::string elsewhere = tables_with(key);
   if (table.empty()) {
-    if (!elsewhere.empty())
+    if (!elsewhere.empty()) {
       return kiln::str(key, ": a key outside any table; it goes in ", elsewhere);
+    }
+    if (const std::string t = closest(key, table_names()); !t.empty()) {
+      return kiln::str("unknown table [", key, "] (did you mean [", t, "]?)");
+    }
     std::string list;
     for (const auto& t : table_names()) list += (list.empty() ? "[" : ", [") + t + "]";
     return kiln::str("unknown table [", key, "] (the tables: ", list, ")");
   }
-  if (!elsewhere.empty())
+  if (!elsewhere.empty()) {
     return kiln::str("unknown key ", table, ".", key, ": it goes in ", elsewhere);
+  }
+  std::vector<std::string> keys;
+  for (const Setting& s : settings()) {
+    if (table == s.table) keys.emplace_back(s.key);
+  }
+  if (const std::string k = closest(key, keys); !k.empty()) {
+    return kiln::str("unknown key ", table, ".", key, " (did you mean ", k, "?)");
+  }
   return kiln::str("unknown key ", table, ".", key, " (the keys of [", table, "]: ", keys_of(table),
                    ")");
 }

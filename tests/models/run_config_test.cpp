@@ -183,9 +183,16 @@ betas = [0, 0.5]
 
 TEST(RunConfigTest, UnknownTablesAndKeysAreErrors) {
   expect_error("[trainig]\nsteps = 1\n",
-               "bad.toml:1: unknown table [trainig] (the tables: [model]");
+               "bad.toml:1: unknown table [trainig] (did you mean [training]?)");
+  expect_error("[job]\nsteps = 1\n",
+               "bad.toml:1: unknown table [job] (the tables: [model], [data]");
   expect_error("[training]\n\nstpes = 1\n",
-               "bad.toml:3: unknown key training.stpes (the keys of [training]: steps, precision");
+               "bad.toml:3: unknown key training.stpes (did you mean steps?)");
+  expect_error("[training]\nprecison = \"f32\"\n",
+               "bad.toml:2: unknown key training.precison (did you mean precision?)");
+  expect_error("[training]\nwarmup = 1\n",
+               "bad.toml:2: unknown key training.warmup (the keys of [training]: steps, precision, "
+               "device, compile, dist, grad_accum_steps, seed, skip_nonfinite)");
   expect_error("[training]\nlr = 0.1\n",
                "bad.toml:2: unknown key training.lr: it goes in [optimizer]");
   expect_error("steps = 1\n", "bad.toml:1: steps: a key outside any table; it goes in [training]");
