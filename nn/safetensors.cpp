@@ -88,7 +88,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 struct SafetensorsFile::Impl {
   std::string name;
-  char* bytes = nullptr;  // the whole file: mapped, or owned (`owned`)
+  char* bytes = nullptr;    // the whole file: mapped, or owned (`owned`)
   uint64_t size = 0;        // when opened
   uint64_t data_start = 0;  // 8 + header length
   bool mapped = false;

@@ -61,8 +61,8 @@ void load(Tensor& tensor, const std::string& path) {
   TensorMap tensors = load_safetensors(path);
   KILN_CHECK(tensors.size() == 1 && tensors.begin()->first == "tensor", "[load] ", path,
              ": expected a file of one tensor (kiln::save(tensor, path)), found ", tensors.size(),
-             " tensors", tensors.empty() ? "" : " such as '", tensors.empty() ? "" : tensors.begin()->first,
-             tensors.empty() ? "" : "'");
+             " tensors", tensors.empty() ? "" : " such as '",
+             tensors.empty() ? "" : tensors.begin()->first, tensors.empty() ? "" : "'");
   tensor = tensors.begin()->second;  // load_safetensors's tensors own their memory
 }
 

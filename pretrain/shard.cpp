@@ -41,11 +41,11 @@ void read_exact(int fd, const std::string& path, uint64_t opened, uint64_t offse
                 uint64_t n) {
   auto* out = static_cast<char*>(dst);
   for (uint64_t done = 0; done < n;) {
-    const ssize_t got = ::pread(fd, out + done, static_cast<size_t>(n - done),
-                                static_cast<off_t>(offset + done));
+    const ssize_t got =
+        ::pread(fd, out + done, static_cast<size_t>(n - done), static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
-    KILN_CHECK(got >= 0, "[shard] ", path, ": cannot read bytes ", offset, " to ", offset + n,
-               " (", std::strerror(errno), ")");
+    KILN_CHECK(got >= 0, "[shard] ", path, ": cannot read bytes ", offset, " to ", offset + n, " (",
+               std::strerror(errno), ")");
     if (got == 0) {
       struct stat st {};
       const int64_t now = ::fstat(fd, &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
@@ -308,8 +308,9 @@ ShardMeta parse_shard_header(std::string_view bytes, uint64_t file_bytes, const 
 
 ShardFile ShardFile::open(const std::string& path, bool verify) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  KILN_CHECK(fd >= 0, "[shard] ", path, ": cannot open (", std::strerror(errno), ")",
-             errno == EMFILE ? ": every open shard holds a file descriptor; raise `ulimit -n`" : "");
+  KILN_CHECK(
+      fd >= 0, "[shard] ", path, ": cannot open (", std::strerror(errno), ")",
+      errno == EMFILE ? ": every open shard holds a file descriptor; raise `ulimit -n`" : "");
   // Closed with the last copy of the ShardFile, or right away if a check below fails.
   const std::shared_ptr<const int> handle(new int(fd), [](const int* p) {
     ::close(*p);
@@ -343,9 +344,9 @@ ShardFile ShardFile::open(const std::string& path, bool verify) {
       at += m;
     }
     const uint64_t want = shard_header_checksum({header, kShardHeaderBytes}, sum.value());
-    KILN_CHECK(want == f.meta_.checksum, "[shard] ", path,
-               ": checksum mismatch (the header says ", f.meta_.checksum,
-               ", the header and tokens hash to ", want, "): the file is corrupt");
+    KILN_CHECK(want == f.meta_.checksum, "[shard] ", path, ": checksum mismatch (the header says ",
+               f.meta_.checksum, ", the header and tokens hash to ", want,
+               "): the file is corrupt");
     KILN_CHECK(f.meta_.num_tokens == 0 || max_id < f.meta_.vocab_size, "[shard] ", path,
                ": token id ", max_id, " is outside the vocabulary of ", f.meta_.vocab_size);
   }
@@ -353,8 +354,8 @@ ShardFile ShardFile::open(const std::string& path, bool verify) {
 }
 
 void ShardFile::read(int64_t begin, int64_t n, int64_t* out) const {
-  KILN_CHECK(begin >= 0 && n >= 0 && begin <= meta_.num_tokens - n, "[shard] ", path_,
-             ": tokens [", begin, ", ", begin + n, ") are outside [0, ", meta_.num_tokens, ")");
+  KILN_CHECK(begin >= 0 && n >= 0 && begin <= meta_.num_tokens - n, "[shard] ", path_, ": tokens [",
+             begin, ", ", begin + n, ") are outside [0, ", meta_.num_tokens, ")");
   const int tb = meta_.token_bytes;
   const uint64_t opened = kShardHeaderBytes + static_cast<uint64_t>(meta_.num_tokens) * tb;
   // Through a buffer on the stack, widened forwards (the compiler vectorises this loop): one

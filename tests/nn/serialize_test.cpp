@@ -123,8 +123,9 @@ TEST(SerializeTest, LoadRejectsAnotherDtypeAndLoadStateDictConverts) {
   const std::string path = dir.file("f64.safetensors");
   kiln::save(a.ptr(), path);  // the shared_ptr overload
   const Tensor before = b->embed->weight.clone();
-  EXPECT_KILN_ERROR(kiln::load(b.ptr(), path), "[load] " + path + ": tensor \"embed.weight\" is "
-                                               "float64 in the file but float32 in the module");
+  EXPECT_KILN_ERROR(kiln::load(b.ptr(), path), "[load] " + path +
+                                                   ": tensor \"embed.weight\" is "
+                                                   "float64 in the file but float32 in the module");
   EXPECT_TRUE(same_bits(b->embed->weight, before));
   b->load_state_dict(load_safetensors(path));
   EXPECT_EQ(b->embed->weight.dtype(), kFloat);
