@@ -1,4 +1,5 @@
-// safetensors reading (validated header, mmap, zero-copy tensors) and atomic writing.
+// safetensors reading (validated header, pread copies, zero-copy views of a mapping) and atomic
+// writing.
 //
 // Validation follows the reference implementation (huggingface/safetensors): the tensors'
 // byte ranges, sorted, must tile the data buffer exactly (no overlap, no hole, nothing left

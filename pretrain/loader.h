@@ -1,5 +1,5 @@
-// kiln::pretrain::ShardLoader: fixed-length training sequences streamed from memory-mapped token
-// shards, in a seeded order, each rank a disjoint part, resumable and rescalable from a small
+// kiln::pretrain::ShardLoader: fixed-length training sequences streamed from token shards (one
+// pread per sequence), in a seeded order, each rank a disjoint part, resumable and rescalable from a small
 // state. docs/data.md gives the semantics; pretrain/shard.h the file format.
 //
 //   auto shards = std::make_shared<ShardSet>(ShardSet::open({"data/shards"}));
