@@ -107,8 +107,27 @@ variable_list run_backward(const std::vector<Edge>& roots, const variable_list& 
     }
   }
 
-  auto later_first = [](Node* a, Node* b) { return a->sequence_nr() < b->sequence_nr(); };
-  std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
+  // PyTorch's order: the node created last runs first, except that a leaf's AccumulateGrad runs
+  // as soon as it is ready (its sequence number dates from the parameter's first use, which would
+  // put every parameter's gradient, and the hooks that follow it, such as DDP's bucket
+  // all-reduces and FSDP's reduce-scatters, at the end of backward). The gradients are the same
+  // either way: a node runs once all of its inputs have arrived.
+  struct Ready {
+    bool leaf;
+    uint64_t sequence_nr;
+    Node* node;
+  };
+  auto lower = [](const Ready& a, const Ready& b) {
+    return a.leaf != b.leaf ? b.leaf : a.sequence_nr < b.sequence_nr;
+  };
+  std::priority_queue<Ready, std::vector<Ready>, decltype(lower)> queue(lower);
+  struct ReadyQueue {
+    decltype(queue)& q;
+    void push(Node* n) { q.push({dynamic_cast<AccumulateGrad*>(n) != nullptr, n->sequence_nr(), n}); }
+    bool empty() const { return q.empty(); }
+    Node* top() const { return q.top().node; }
+    void pop() { q.pop(); }
+  } ready{queue};
   for (size_t i = 0; i < roots.size(); ++i) {
     if (!roots[i].is_valid()) continue;
     NodeState& s = state[roots[i].function.get()];
