@@ -360,9 +360,46 @@ void FSDPModule::pre_forward() {
   const auto units = subtree();
   for (FSDPModule* u : units) {
     for (Param& p : u->params_) p.version_known = false;
+    u->forward_gathered_ = false;
+    u->versions_seen_ = false;
+  }
+  if (gather_per_unit_) {
+    // The root's own parameters now; the units as the model reaches them (before_forward).
+    finish_gather();
+    forward_gathered_ = true;
+    forward_order_.assign(units.begin() + 1, units.end());
+    if (!forward_order_.empty()) forward_order_.front()->launch_gather();
+    return;
+  }
+  for (FSDPModule* u : units) {
     u->launch_gather();  // every all-gather in flight before waiting for the first
   }
   for (FSDPModule* u : units) u->finish_gather();
+}
+
+void FSDPModule::set_gather_per_unit(bool on) {
+  KILN_CHECK(is_root(), "[FSDPModule::set_gather_per_unit] ", describe(),
+             " was adopted by the fully_shard call on ", root().module().name(),
+             ": call it on that root");
+  gather_per_unit_ = on;
+}
+
+void FSDPModule::before_forward() {
+  FSDPModule& r = root();
+  if (!r.gather_per_unit_) return;  // run() gathered every unit
+  finish_gather();                  // launches it first when no prefetch did
+  forward_gathered_ = true;
+  const auto it = std::find(r.forward_order_.begin(), r.forward_order_.end(), this);
+  if (it != r.forward_order_.end() && it + 1 != r.forward_order_.end()) (*(it + 1))->launch_gather();
+}
+
+void FSDPModule::after_forward() {
+  if (!root().gather_per_unit_ || this == &root()) return;
+  // The versions the forward saw, which the gather in backward restores (resharding now moves
+  // the counters on before post_forward could read them).
+  for (Param& p : params_) p.full_version = p.param._version();
+  versions_seen_ = true;
+  if (options_.reshard_after_forward) reshard();
 }
 
 void FSDPModule::abort_forward() {
@@ -387,6 +424,15 @@ void FSDPModule::abort_forward() {
 
 void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs) {
   const auto units = subtree();
+  if (gather_per_unit_) {
+    for (FSDPModule* u : units) {
+      if (u->forward_gathered_ || u->params_.empty()) continue;
+      abort_forward();
+      KILN_FAIL("[FSDPModule::run] gather_per_unit is on but the forward never called ",
+                u->describe(), "'s before_forward(): call before_forward() / after_forward() "
+                "around each unit's forward, or set_gather_per_unit(false)");
+    }
+  }
   bool needs_backward = false;
   if (GradMode::is_enabled()) {
     KILN_CHECK(outputs.has_value(), "[FSDPModule::run] the callable must return a Tensor, or a ",
@@ -446,7 +492,7 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
     for (Param& p : u->params_) {
       u->expected_count_ += p.expected ? 1 : 0;
       p.ready = false;
-      p.full_version = p.param._version();
+      if (!u->versions_seen_) p.full_version = p.param._version();
       p.version_known = true;
     }
     if (u->expected_count_ == 0) {

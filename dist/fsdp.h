@@ -24,11 +24,13 @@
 // the root. One all-gather and one reduce-scatter per unit and step (its shards are packed into
 // one buffer), as FSDP2's parameter groups.
 //
-// Forward: kiln's modules have no forward hooks (forward is a plain member function, and GPT
-// calls its blocks directly), so the root's run() gathers every unit (all the all-gathers in
-// flight at once), runs the callable, then frees the full parameters of the units that reshard
-// after forward. The peak of a forward therefore holds the full model's parameters; the shards
-// are what stays between steps, and backward holds at most the units it is working on.
+// Forward: kiln's modules have no forward hooks (forward is a plain member function), so by
+// default the root's run() gathers every unit (all the all-gathers in flight at once), runs the
+// callable, then frees the full parameters of the units that reshard after forward. A model that
+// calls before_forward() / after_forward() around each unit (GPT through models/gpt_hooks.h; see
+// set_gather_per_unit) gets FSDP2's per-unit gathers instead, each overlapping the previous
+// unit's compute. The shards are what stays between steps, and backward holds at most the units
+// it is working on.
 // Backward: run() finds, in the graph of its outputs, the nodes that read each unit's
 // parameters; a hook on those nodes gathers the unit when backward reaches it and starts the
 // gather of the unit that comes next in backward. Once every parameter of a unit has its full
@@ -126,6 +128,18 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
     }
   }
 
+  // Forward unit by unit: FSDP2's forward pre- and post-hooks, for a model that calls these around
+  // each unit's forward (kiln's GPT does, through models/gpt_hooks.h; its modules have no forward
+  // hooks). After set_gather_per_unit(true) on the root, run() gathers only the root's own
+  // parameters and starts the all-gather of the first unit; a unit's before_forward() waits for
+  // its gather and starts the next unit's (forward order: the root's units in pre-order), so that
+  // the gathers overlap the blocks' compute; after_forward() frees the unit's full parameters when
+  // it reshards after forward. A unit whose before_forward() did not run in a run() is an error
+  // at the end of that forward.
+  void set_gather_per_unit(bool on);
+  void before_forward();
+  void after_forward();
+
   // Gathers (blocking) or frees this unit's full parameters by hand.
   void unshard();
   void reshard();
@@ -222,6 +236,10 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   ScalarType dtype_ = kFloat;  // the shards'
   int64_t packed_ = 0;         // elements of the packed shard (sum of shard sizes)
   bool unsharded_ = false;
+  bool gather_per_unit_ = false;             // root: units gathered by before_forward()
+  bool forward_gathered_ = false;            // before_forward() ran in this forward
+  bool versions_seen_ = false;               // after_forward() recorded full_version
+  std::vector<FSDPModule*> forward_order_;   // root, per-unit mode: the units after the root
   std::shared_ptr<Work> gather_work_;
   Tensor gather_input_, gather_buffer_;  // kept alive while the all-gather runs
   // Backward bookkeeping.

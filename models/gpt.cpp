@@ -6,10 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include "autograd/grad_mode.h"
+#include "models/gpt_hooks.h"
 #include "nn/functional.h"
 #include "tensor/half.h"
 #include "tensor/linear_cross_entropy.h"
@@ -197,6 +201,30 @@ GPTImpl::GPTImpl(ModelConfig config, const TensorOptions& options) : config_(std
   }
 }
 
+// The block hooks (models/gpt_hooks.h), by model: a side table, so that GPTImpl's layout (and
+// everything that includes gpt.h) stays as it is.
+namespace {
+std::mutex g_hooks_mu;
+std::unordered_map<const GPTImpl*, std::shared_ptr<const BlockHook>>& block_hooks() {
+  static auto* hooks = new std::unordered_map<const GPTImpl*, std::shared_ptr<const BlockHook>>();
+  return *hooks;
+}
+std::shared_ptr<const BlockHook> block_hook_of(const GPTImpl* model) {
+  std::lock_guard<std::mutex> lock(g_hooks_mu);
+  const auto it = block_hooks().find(model);
+  return it == block_hooks().end() ? nullptr : it->second;
+}
+}  // namespace
+
+void set_block_hook(const GPTImpl& model, BlockHook hook) {
+  std::lock_guard<std::mutex> lock(g_hooks_mu);
+  if (hook) {
+    block_hooks()[&model] = std::make_shared<const BlockHook>(std::move(hook));
+  } else {
+    block_hooks().erase(&model);
+  }
+}
+
 Tensor GPTImpl::forward(const Tensor& idx) { return run(idx, nullptr); }
 
 Tensor GPTImpl::forward(const Tensor& idx, KVCache& cache) { return run(idx, &cache); }
@@ -259,7 +287,14 @@ Tensor GPTImpl::hidden(const Tensor& idx, KVCache* cache) {
     x = x * round_to_dtype(std::sqrt(static_cast<double>(config_.n_embd)), x.dtype());
   }
   const auto [cos, sin] = rope(start, T, x);
-  for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x, cos, sin, cache);
+  const std::shared_ptr<const BlockHook> hook = block_hook_of(this);
+  int64_t layer = 0;
+  for (const auto& block : *h) {
+    if (hook) (*hook)(layer, true);
+    x = block->as<BlockImpl>()->forward(x, cos, sin, cache);
+    if (hook) (*hook)(layer, false);
+    ++layer;
+  }
   return ln_f(x);
 }
 

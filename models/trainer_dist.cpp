@@ -6,6 +6,7 @@
 #include "dist/dist.h"
 #include "dist/fsdp.h"
 #include "kernels/cuda.h"
+#include "models/gpt_hooks.h"
 #include "models/trainer_internal.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -20,6 +21,11 @@ struct DataParallel::Impl {
   std::optional<dist::DistributedDataParallel<GPT>> ddp;
   std::shared_ptr<dist::FSDPModule> fsdp;
   StateLayout layout;  // FSDP: the optimizer's parameters' full shapes, and their slices
+  std::optional<GPT> hooked;  // FSDP: the model whose block hook gathers the blocks
+
+  ~Impl() {
+    if (hooked) set_block_hook(**hooked, {});
+  }
 };
 
 void DataParallel::check_mode(const std::string& mode, const char* who) {
@@ -77,8 +83,20 @@ void DataParallel::wrap(GPT& model, const optim::Optimizer& opt) {
   };
   dist::FSDPOptions fo;
   fo.reshard_after_forward = impl_->mode == "zero3";
-  for (const auto& block : *model->h) dist::fully_shard(block, impl_->pg, fo);
+  std::vector<std::shared_ptr<dist::FSDPModule>> blocks;
+  for (const auto& block : *model->h) blocks.push_back(dist::fully_shard(block, impl_->pg, fo));
   impl_->fsdp = dist::fully_shard(model, impl_->pg, fo);
+  // Each block gathered as the forward reaches it, the next one's gather in flight meanwhile.
+  impl_->fsdp->set_gather_per_unit(true);
+  set_block_hook(*model, [blocks](int64_t layer, bool before) {
+    dist::FSDPModule& unit = *blocks.at(static_cast<size_t>(layer));
+    if (before) {
+      unit.before_forward();
+    } else {
+      unit.after_forward();
+    }
+  });
+  impl_->hooked = model;
 }
 
 Tensor DataParallel::forward_backward(const std::function<Tensor()>& loss, bool sync) {

@@ -95,11 +95,12 @@ TEST_F(PretrainDistTest, DdpEqualsOneProcessOnTheGlobalBatch) {
   expect_same_weights("one", "ddp", 1e-4);
 }
 
-TEST_F(PretrainDistTest, Zero3CheckpointsResumeInOneProcessAndOnTwoRanks) {
+TEST_F(PretrainDistTest, FsdpCheckpointsResumeInOneProcessAndOnTwoRanks) {
   const JobResult one = one_process(pretrain_args("one", 4, 4));
   ASSERT_TRUE(one.all_ok()) << one.describe();
-  // Steps 1-2 sharded over 2 ranks, step 3 in one process, step 4 sharded again: the
-  // checkpoints hold the full optimizer state (gathered), sliced again on the way back.
+  // Steps 1-2 sharded over 2 ranks (ZeRO-3), step 3 in one process, step 4 sharded again
+  // (ZeRO-2): the checkpoints hold the full optimizer state (gathered), sliced again on the way
+  // back; each block is gathered as the forward reaches it (models/gpt_hooks.h).
   auto args = pretrain_args("z", 2, 2);
   args.insert(args.end(), {"--dist", "zero3"});
   JobResult r = two_ranks(args);
@@ -110,7 +111,7 @@ TEST_F(PretrainDistTest, Zero3CheckpointsResumeInOneProcessAndOnTwoRanks) {
   ASSERT_TRUE(r.all_ok()) << r.describe();
   EXPECT_NE(r.ranks[0].output.find("resumed from"), std::string::npos) << r.ranks[0].output;
   args = pretrain_args("z", 2, 4);
-  args.insert(args.end(), {"--dist", "fsdp", "--resume"});
+  args.insert(args.end(), {"--dist", "zero2", "--resume"});
   r = two_ranks(args);
   ASSERT_TRUE(r.all_ok()) << r.describe();
   expect_same_weights("one", "z", 1e-4);
