@@ -215,13 +215,17 @@ struct StreamPool {
   std::atomic<uint32_t> next{0};
 };
 
-cudaStream_t pool_stream(int device) {
+cudaStream_t pool_stream(int device, bool high_priority) {
   static std::array<StreamPool, kMaxDevices>* pools = new std::array<StreamPool, kMaxDevices>();
-  StreamPool& p = (*pools)[device];
+  static std::array<StreamPool, kMaxDevices>* high = new std::array<StreamPool, kMaxDevices>();
+  StreamPool& p = (*(high_priority ? high : pools))[device];
   std::call_once(p.init, [&] {
     DeviceGuard guard(device);
+    int least = 0, greatest = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     for (cudaStream_t& s : p.streams) {
-      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking,
+                                                   high_priority ? greatest : least));
     }
   });
   return p.streams[p.next.fetch_add(1) % kPoolSize];
@@ -381,11 +385,11 @@ void empty_pinned_cache() { pinned_cache().release_free(); }
 
 Stream::Stream() : handle_(nullptr), device_(current_device()) {}
 
-Stream Stream::create(int device) {
+Stream Stream::create(int device, bool high_priority) {
   const int index = resolve(device, "Stream::create");
   KILN_CHECK(index < kMaxDevices, "[Stream::create] cuda:", index, " is beyond the ", kMaxDevices,
              " devices kiln supports");
-  return Stream(pool_stream(index), index);
+  return Stream(pool_stream(index, high_priority), index);
 }
 
 Stream Stream::default_stream(int device) {
