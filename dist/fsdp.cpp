@@ -542,7 +542,12 @@ void FSDPModule::launch_reduce() {
   const int world = pg_->size();
   const Device device = params_[0].param.device();
   // Row r of the packed gradient holds the slices rank r keeps, laid out as the packed shard.
-  Tensor packed = zeros({world * packed_}, TensorOptions().dtype(reduce).device(device));
+  // Every column is written below unless a parameter has no gradient: zero-filled only then.
+  bool all_defined = true;
+  for (const Param& p : params_) all_defined &= p.param.grad().defined();
+  const TensorOptions packed_options = TensorOptions().dtype(reduce).device(device);
+  Tensor packed = all_defined ? empty({world * packed_}, packed_options)
+                              : zeros({world * packed_}, packed_options);
   Tensor rows = packed.view({world, packed_});
   for (Param& p : params_) {
     const Tensor& g = p.param.grad();
