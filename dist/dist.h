@@ -7,11 +7,13 @@
 //   process_group_nccl.h the CUDA backend (NCCL)
 //   launcher.h           `kiln run`: starts the ranks of a job
 //   ddp.h                DistributedDataParallel
+//   fsdp.h               fully_shard, FSDPModule (ZeRO-3 / ZeRO-2)
 //
 // docs/distributed.md is the guide.
 #pragma once
 
 #include "dist/ddp.h"
+#include "dist/fsdp.h"
 #include "dist/launcher.h"
 #include "dist/process_group.h"
 #include "dist/process_group_gloo.h"

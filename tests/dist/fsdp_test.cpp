@@ -56,6 +56,11 @@ TEST(FsdpTest, TinyLlamaEqualsOneProcessAtWorldSizeFour) {
   EXPECT_TRUE(job.all_ok()) << job.describe();
 }
 
+TEST(FsdpTest, TinyLlamaGatheredPerBlockEqualsOneProcessAtWorldSizeTwo) {
+  auto job = run_fsdp("fsdp_llama_per_unit", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
 TEST(FsdpTest, Bf16ComputeWithF32Shards) {
   auto job = run_fsdp("fsdp_mixed_precision", 2);
   EXPECT_TRUE(job.all_ok()) << job.describe();

@@ -21,6 +21,7 @@
 #include "dist/fsdp.h"
 #include "kiln.h"
 #include "models/gpt.h"
+#include "models/gpt_hooks.h"
 #include "worker_util.h"
 
 namespace {
@@ -197,7 +198,9 @@ models::GPT make_gpt(uint64_t seed, ScalarType dtype = kDouble) {
 
 // Each block a unit (block 0 keeps its parameters from forward to backward), the root holds the
 // embedding, the final norm and the head; AdamW; 3 steps.
-void fsdp_llama() {
+// per_unit: each block gathered as the forward reaches it (set_gather_per_unit and GPT's block
+// hook), the next one prefetched, none further ahead.
+void fsdp_llama_with(bool per_unit) {
   auto pg = init_process_group("gloo", short_timeout(30000));
   const int r = pg->rank(), n = pg->size();
   const int64_t local = 1, global = local * n, T = 16;
@@ -210,6 +213,23 @@ void fsdp_llama() {
     blocks.push_back(fully_shard(model->h[l], pg, o));
   }
   auto root = fully_shard(model, pg);
+  int64_t hook_calls = 0;
+  if (per_unit) {
+    root->set_gather_per_unit(true);
+    models::set_block_hook(*model, [&](int64_t layer, bool before) {
+      const auto l = static_cast<size_t>(layer);
+      if (!before) {
+        blocks[l]->after_forward();
+        return;
+      }
+      blocks[l]->before_forward();
+      ++hook_calls;
+      WCHECK(blocks[l]->is_unsharded(), "block ", l, " is gathered for its forward");
+      for (size_t k = l + 2; k < blocks.size(); ++k) {
+        WCHECK(!blocks[k]->is_unsharded(), "block ", k, " is gathered before block ", l, " runs");
+      }
+    });
+  }
   const int64_t total = ref->num_parameters();
   int64_t held = root->sharded_numel(), counted = root->unsharded_numel();
   for (auto& b : blocks) {
@@ -256,6 +276,17 @@ void fsdp_llama() {
     opt.step();
     ref_opt.step();
   }
+  WCHECK(hook_calls == (per_unit ? 3 * static_cast<int64_t>(blocks.size()) : 0),
+         "the block hook ran ", hook_calls, " times");
+  if (per_unit) {
+    // Per-unit gathering without the model calling before_forward() is an error.
+    models::set_block_hook(*model, {});
+    Tensor idx = randint(0, 320, {1, T});
+    expect_error([&] { root->run([&] { return model->loss(idx, idx); }); },
+                 "gather_per_unit is on but the forward never called",
+                 "per-unit gathering without the hook");
+    root->set_gather_per_unit(false);
+  }
   expect_same_weights(*root, *ref, 1e-9, "tiny llama after 3 steps");
   // The full state dict on rank 0 saves and loads as the model's own.
   const auto full = root->full_state_dict();
@@ -272,8 +303,12 @@ void fsdp_llama() {
     Tensor idx = randint(0, 320, {2, T});
     expect_close(fresh(idx), ref(idx), 1e-9, "logits of the loaded model");
   }
-  std::cout << "rank " << r << ": fsdp tiny llama == one process\n";
+  std::cout << "rank " << r << ": fsdp tiny llama == one process" << (per_unit ? " (per unit)" : "")
+            << "\n";
 }
+
+void fsdp_llama() { fsdp_llama_with(false); }
+void fsdp_llama_per_unit() { fsdp_llama_with(true); }
 
 // bf16 compute with f32 shards: the forward sees bf16 parameters, the shards, their gradients and
 // the optimizer stay f32; losses follow the f32 model within bf16 rounding.
@@ -430,6 +465,7 @@ const test::Scenarios& scenarios() {
   static const test::Scenarios m = {
       {"fsdp_mlp", fsdp_mlp},
       {"fsdp_llama", fsdp_llama},
+      {"fsdp_llama_per_unit", fsdp_llama_per_unit},
       {"fsdp_mixed_precision", fsdp_mixed_precision},
       {"fsdp_checkpoint_save", fsdp_checkpoint_save},
       {"fsdp_checkpoint_load", fsdp_checkpoint_load},
