@@ -225,7 +225,7 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   p.device = options.device_index;
   p.timeout = options.timeout;
   cuda::set_device(p.device);
-  p.stream = cuda::Stream::create(p.device, /*high_priority=*/true);
+  p.stream = cuda::Stream::create(p.device);
 
   // Rank 0 makes the communicator's id and shares it through the store.
   // Each group its key: every rank counts its own groups in the store (see ProcessGroupGloo).

@@ -135,11 +135,8 @@ class Stream {
   // The default stream of the current device.
   Stream();
   // The next stream of `device`'s pool (-1: the current device); created on first use,
-  // non-blocking with respect to the default stream. high_priority: from a second pool of streams
-  // at the device's greatest priority, whose kernels get SMs before the other streams' waiting
-  // blocks (PyTorch's getStreamFromPool(isHighPriority); kiln's NCCL collectives run there, so
-  // that they overlap the computation instead of queueing behind it).
-  static Stream create(int device = -1, bool high_priority = false);
+  // non-blocking with respect to the default stream.
+  static Stream create(int device = -1);
   // The default stream of `device` (-1: the current device).
   static Stream default_stream(int device = -1);
 

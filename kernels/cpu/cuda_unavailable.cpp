@@ -30,7 +30,7 @@ void empty_cache(int) { unavailable("empty_cache"); }
 
 // Streams and events need a device.
 Stream::Stream() { unavailable("Stream"); }
-Stream Stream::create(int, bool) { unavailable("Stream::create"); }
+Stream Stream::create(int) { unavailable("Stream::create"); }
 Stream Stream::default_stream(int) { unavailable("default_stream"); }
 int Stream::device() const { unavailable("Stream::device"); }
 void Stream::synchronize() const { unavailable("Stream::synchronize"); }

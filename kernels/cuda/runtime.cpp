@@ -215,17 +215,13 @@ struct StreamPool {
   std::atomic<uint32_t> next{0};
 };
 
-cudaStream_t pool_stream(int device, bool high_priority) {
+cudaStream_t pool_stream(int device) {
   static std::array<StreamPool, kMaxDevices>* pools = new std::array<StreamPool, kMaxDevices>();
-  static std::array<StreamPool, kMaxDevices>* high = new std::array<StreamPool, kMaxDevices>();
-  StreamPool& p = (*(high_priority ? high : pools))[device];
+  StreamPool& p = (*pools)[device];
   std::call_once(p.init, [&] {
     DeviceGuard guard(device);
-    int least = 0, greatest = 0;
-    KILN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     for (cudaStream_t& s : p.streams) {
-      KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking,
-                                                   high_priority ? greatest : least));
+      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     }
   });
   return p.streams[p.next.fetch_add(1) % kPoolSize];
@@ -385,11 +381,11 @@ void empty_pinned_cache() { pinned_cache().release_free(); }
 
 Stream::Stream() : handle_(nullptr), device_(current_device()) {}
 
-Stream Stream::create(int device, bool high_priority) {
+Stream Stream::create(int device) {
   const int index = resolve(device, "Stream::create");
   KILN_CHECK(index < kMaxDevices, "[Stream::create] cuda:", index, " is beyond the ", kMaxDevices,
              " devices kiln supports");
-  return Stream(pool_stream(index, high_priority), index);
+  return Stream(pool_stream(index), index);
 }
 
 Stream Stream::default_stream(int device) {
