@@ -3,7 +3,8 @@
 //
 //   kiln configs
 //   kiln pretrain [--config NAME|FILE.toml] [--data FILE] [--steps N] [--batch B] [--seq T] ...
-//   kiln generate (--checkpoint DIR | --config NAME) (--prompt "1 2 3" | --text "...") ...
+//   kiln generate (--checkpoint DIR | --hf DIR | --config NAME) (--prompt "1 2 3" | --text "...")
+//                 [--tokenizer tokenizer.json] ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
 //              [--profile] [--adam-state f32|param] [--dist ddp|zero2|zero3]
 //   kiln tokenizer train [--data FILE] [--vocab-size N] [--out FILE] [--special A,B]
@@ -102,7 +103,10 @@ commands:
       --hf DIR                 ... or a Hugging Face checkpoint (config.json + safetensors)
       --config NAME            ... or a config, randomly initialised (with --seed)
       --prompt "1 2 3"         prompt token ids (spaces or commas)
-      --text "..."             ... or a text prompt, byte tokens; prints the decoded text too
+      --text "..."             ... or a text prompt (bytes, or --tokenizer's tokens); prints
+                               the decoded text too
+      --tokenizer FILE         a Hugging Face tokenizer.json for --text and the printed text
+                               (default: the --hf directory's tokenizer.json, else bytes)
       --max-new-tokens N       (default: 100)
       --temperature X          0 = greedy (default: 0.8)
       --top-k K                0 = off (default: 0)
@@ -388,7 +392,8 @@ int cmd_pretrain(const std::vector<std::string>& args) {
 int cmd_generate(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"checkpoint", "hf", "config", "prompt", "text", "max-new-tokens",
-                               "temperature", "top-k", "top-p", "seed", "stop", "device"},
+                               "temperature", "top-k", "top-p", "seed", "stop", "device",
+                               "tokenizer"},
                               {});
   if (f.contains("checkpoint") + f.contains("hf") + f.contains("config") != 1) {
     throw UsageError{"generate needs exactly one of --checkpoint, --hf and --config"};
@@ -419,9 +424,26 @@ int cmd_generate(const std::vector<std::string>& args) {
   const kiln::Device device =
       f.contains("device") ? parse_device(f.at("device")) : kiln::models::default_device();
 
-  const kiln::models::ByteTokenizer tokenizer;
-  const std::vector<int64_t> prompt =
-      f.contains("text") ? tokenizer.encode(f.at("text")) : parse_ids("prompt", f.at("prompt"));
+  // The text's tokenizer: --tokenizer, else the --hf directory's tokenizer.json when it has one,
+  // else bytes.
+  std::optional<kiln::text::Tokenizer> hf_tokenizer;
+  std::string tokenizer_path;
+  if (f.contains("tokenizer")) {
+    tokenizer_path = f.at("tokenizer");
+  } else if (f.contains("hf") &&
+             std::filesystem::is_regular_file(std::filesystem::path(f.at("hf")) / "tokenizer.json")) {
+    tokenizer_path = (std::filesystem::path(f.at("hf")) / "tokenizer.json").string();
+  }
+  if (!tokenizer_path.empty()) hf_tokenizer = kiln::text::Tokenizer::from_file(tokenizer_path);
+  const kiln::models::ByteTokenizer bytes;
+  std::vector<int64_t> prompt;
+  if (!f.contains("text")) {
+    prompt = parse_ids("prompt", f.at("prompt"));
+  } else if (hf_tokenizer) {
+    prompt = hf_tokenizer->encode(f.at("text"));
+  } else {
+    prompt = bytes.encode(f.at("text"));
+  }
   std::optional<kiln::models::GPT> model;
   if (f.contains("checkpoint")) {
     model = kiln::models::load_checkpoint(f.at("checkpoint"), device);
@@ -433,6 +455,11 @@ int cmd_generate(const std::vector<std::string>& args) {
                               kiln::TensorOptions().device(device));
   }
   (*model)->eval();
+  const int64_t vocab = (*model)->config().vocab_size;
+  KILN_CHECK(!hf_tokenizer || hf_tokenizer->vocab_size() <= vocab, "[generate] the tokenizer ",
+             tokenizer_path, " has ", hf_tokenizer ? hf_tokenizer->vocab_size() : 0,
+             " ids, more than the vocab_size ", vocab, " of the model (",
+             (*model)->config().name, "): it is another model's tokenizer");
   const int64_t block = (*model)->config().block_size;
   KILN_CHECK(!f.contains("max-new-tokens") || g.max_new_tokens <= block,
              "[generate] --max-new-tokens ", g.max_new_tokens, " exceeds the model's block_size ",
@@ -443,7 +470,12 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::cout << "\ngenerated:";
   for (size_t i = prompt.size(); i < out.size(); ++i) std::cout << " " << out[i];
   std::cout << "\n";
-  if (f.contains("text")) std::cout << "text:\n" << tokenizer.decode_lossy(out) << "\n";
+  if (f.contains("text") || hf_tokenizer) {
+    std::cout << "text:\n"
+              << (hf_tokenizer ? hf_tokenizer->decode(out, /*skip_special_tokens=*/true)
+                               : bytes.decode_lossy(out))
+              << "\n";
+  }
   return 0;
 }
 

@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "models/run_config.h"
+#include "text/tokenizer.h"
 
 namespace {
 
@@ -243,11 +244,28 @@ TEST_F(CliTest, RunConfigFileAndFlagsOverIt) {
 }
 
 // --skip-nonfinite is a flag of pretrain, listed in the usage.
+// generate --tokenizer: the text goes through a Hugging Face tokenizer.json, and the output is
+// decoded with it; another model's tokenizer (more ids than the model's vocabulary) is refused.
+TEST_F(CliTest, GenerateWithATokenizerJson) {
+  const std::string tok = std::string(KILN_SOURCE_DIR) + "/tests/text/data/llama3.json";
+  const Result r = run_kiln("generate --config llama-160m --device cpu --max-new-tokens 2 "
+                            "--temperature 0 --tokenizer '" + tok + "' --text 'Hello world'");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::string ids = "prompt:";
+  for (int64_t id : kiln::text::Tokenizer::from_file(tok).encode("Hello world")) {
+    ids += " " + std::to_string(id);
+  }
+  EXPECT_NE(r.output.find(ids + "\n"), std::string::npos) << ids << "\n" << r.output;
+  EXPECT_NE(r.output.find("text:\nHello world"), std::string::npos) << r.output;
+  expect_error("generate --config tiny-llama --device cpu --tokenizer '" + tok + "' --text hi", 1,
+               "has 1502 ids, more than the vocab_size 320 of the model (tiny-llama)");
+}
+
 TEST_F(CliTest, UsageListsTheNewFlags) {
   const Result r = run_kiln("help");
   EXPECT_EQ(r.status, 0);
   for (const char* flag : {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps",
-                           "--adam-state", "--config FILE.toml"}) {
+                           "--adam-state", "--config FILE.toml", "--dist M", "--tokenizer FILE"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
 }
