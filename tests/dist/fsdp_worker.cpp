@@ -214,6 +214,8 @@ void fsdp_llama_with(bool per_unit) {
   }
   auto root = fully_shard(model, pg);
   int64_t hook_calls = 0;
+  // Where the hook records block 1's gathered storages (per unit: gathered only in its hook).
+  std::vector<std::weak_ptr<StorageImpl>>* record = nullptr;
   if (per_unit) {
     root->set_gather_per_unit(true);
     models::set_block_hook(*model, [&](int64_t layer, bool before) {
@@ -225,6 +227,9 @@ void fsdp_llama_with(bool per_unit) {
       blocks[l]->before_forward();
       ++hook_calls;
       WCHECK(blocks[l]->is_unsharded(), "block ", l, " is gathered for its forward");
+      if (l == 1 && record != nullptr) {
+        for (const auto& p : model->h[1]->parameters()) record->push_back(p.impl()->storage());
+      }
       for (size_t k = l + 2; k < blocks.size(); ++k) {
         WCHECK(!blocks[k]->is_unsharded(), "block ", k, " is gathered before block ", l, " runs");
       }
@@ -254,14 +259,19 @@ void fsdp_llama_with(bool per_unit) {
     // parameters back at their shards, and the end of backward lets go of the rest (what the graph
     // saved of them), so nothing full survives a step.
     std::vector<std::weak_ptr<StorageImpl>> gathered;
+    record = &gathered;
     Tensor loss = root->run([&] {
-      for (const auto& p : model->h[1]->parameters()) gathered.push_back(p.impl()->storage());
+      if (!per_unit) {
+        for (const auto& p : model->h[1]->parameters()) gathered.push_back(p.impl()->storage());
+      }
       return model->loss(idx.narrow(0, r * local, local), tgt.narrow(0, r * local, local));
     });
     WCHECK(model->h[0]->named_parameters()["attn.qkv.weight"].dim() == 2,
            "block 0 (no reshard after forward) stays gathered");
     WCHECK(model->h[1]->named_parameters()["attn.qkv.weight"].dim() == 1,
            "block 1 is resharded after forward");
+    record = nullptr;
+    WCHECK(!gathered.empty(), "block 1's gathered storages were recorded");
     loss.backward();
     Tensor l = loss.detach().reshape({1}).clone();
     loss = Tensor();  // the graph goes
@@ -279,10 +289,10 @@ void fsdp_llama_with(bool per_unit) {
   WCHECK(hook_calls == (per_unit ? 3 * static_cast<int64_t>(blocks.size()) : 0),
          "the block hook ran ", hook_calls, " times");
   if (per_unit) {
-    // Per-unit gathering without the model calling before_forward() is an error.
+    // A forward that never calls a unit's before_forward() is an error at its end (a forward that
+    // runs a block without it fails earlier, on the block's 1-d shards).
     models::set_block_hook(*model, {});
-    Tensor idx = randint(0, 320, {1, T});
-    expect_error([&] { root->run([&] { return model->loss(idx, idx); }); },
+    expect_error([&] { root->run([&] { return model->ln_f->weight.sum(); }); },
                  "gather_per_unit is on but the forward never called",
                  "per-unit gathering without the hook");
     root->set_gather_per_unit(false);
