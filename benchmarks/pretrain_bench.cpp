@@ -3,7 +3,7 @@
 //
 //   build/benchmarks/kiln_bench --benchmark_filter=Shard
 //
-//   ShardLoaderNext/T/B:     loader.next(): B random windows of T + 1 tokens from 4 memory-mapped
+//   ShardLoaderNext/T/B:     loader.next(): B random windows of T + 1 tokens (pread) from 4
 //                            u16 shards (64 M tokens, 128 MB, in the page cache) into two fresh
 //                            int64 [B, T] tensors; tokens/s counts B x T per call
 //   ShardLoaderNextU32/T/B:  the same from u32 shards (vocab > 65536)

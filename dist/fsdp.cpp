@@ -809,7 +809,7 @@ void FSDPModule::load_sharded_checkpoint(const std::string& dir) {
     const Tensor* p = named.find(name);
     if (p != nullptr && owner.contains(p->impl())) continue;
     KILN_CHECK(files[0].contains(name), op, " ", files[0].name(), " has no '", name, "'");
-    whole[name] = files[0].get(name);
+    whole[name] = files[0].read(name);  // copied with pread: a truncated file is an error
   }
   NoGradGuard no_grad;
   const int rank = pg_->rank();
@@ -833,7 +833,7 @@ void FSDPModule::load_sharded_checkpoint(const std::string& dir) {
       const int64_t lo = std::max<int64_t>(begin, k * old_shard);
       const int64_t hi = std::min<int64_t>(end, (k + 1) * old_shard);
       if (lo >= hi) continue;
-      Tensor src = files[k].get(item.key());
+      Tensor src = files[k].read(item.key());
       KILN_CHECK(src.numel() == old_shard, op, " '", item.key(), "' in ", files[k].name(), " has ",
                  src.numel(), " elements, expected ", old_shard);
       shard.narrow(0, lo - begin, hi - lo).copy_(src.narrow(0, lo - k * old_shard, hi - lo));

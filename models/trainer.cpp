@@ -270,8 +270,8 @@ double evaluate(GPT& model, const TrainData& data, const PretrainOptions& o, Dev
   double sum = 0;
   for (int64_t k = 0; k < rounds; ++k) {
     const int64_t i = k * world + rank;
-    auto [x, y] = data.validation_batch(std::min(i, o.eval_batches - 1), device);
-    auto loss = [&] { return precision_loss(model, x, y, o.precision); };
+    const auto batch = data.validation_batch(std::min(i, o.eval_batches - 1), device);
+    auto loss = [&] { return precision_loss(model, batch.first, batch.second, o.precision); };
     const double v = (dp ? dp->forward(loss) : loss()).item<double>();
     if (i < o.eval_batches) sum += v;
   }
