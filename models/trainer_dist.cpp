@@ -154,8 +154,9 @@ TensorMap DataParallel::full_optimizer_state(const optim::Optimizer& opt,
                                              SafetensorsMetadata* metadata) {
   TensorMap state = opt.state_dict(metadata);
   if (!impl_->fsdp) return state;
-  // Every buffer is shaped like its parameter's shard: gathered and cut to the full shape. The
-  // map's order is the same on every rank (the same parameters took the same steps).
+  // Every buffer is shaped like its parameter's shard: gathered and cut to the full shape, in
+  // host memory (every rank holds it until the save: rank 0 writes it). The map's order is the
+  // same on every rank (the same parameters took the same steps).
   const int64_t world = this->world();
   NoGradGuard no_grad;
   for (auto& [name, t] : state) {
@@ -166,7 +167,10 @@ TensorMap DataParallel::full_optimizer_state(const optim::Optimizer& opt,
     Tensor gathered = empty({world * t.numel()}, t.options());
     Tensor shard = t.contiguous();
     impl_->pg->all_gather_into_tensor(gathered, shard)->wait();
-    t = gathered.narrow(0, 0, numel).reshape(IntArrayRef(shape)).clone();
+    // To host memory one buffer at a time, so that the device never holds the full state.
+    t = gathered.narrow(0, 0, numel)
+            .reshape(IntArrayRef(shape))
+            .to(Device(kCPU), /*non_blocking=*/false, /*copy=*/true);
   }
   return state;
 }
