@@ -123,7 +123,9 @@ variable_list run_backward(const std::vector<Edge>& roots, const variable_list& 
   std::priority_queue<Ready, std::vector<Ready>, decltype(lower)> queue(lower);
   struct ReadyQueue {
     decltype(queue)& q;
-    void push(Node* n) { q.push({dynamic_cast<AccumulateGrad*>(n) != nullptr, n->sequence_nr(), n}); }
+    void push(Node* n) {
+      q.push({dynamic_cast<AccumulateGrad*>(n) != nullptr, n->sequence_nr(), n});
+    }
     bool empty() const { return q.empty(); }
     Node* top() const { return q.top().node; }
     void pop() { q.pop(); }

@@ -390,7 +390,8 @@ void FSDPModule::before_forward() {
   finish_gather();                  // launches it first when no prefetch did
   forward_gathered_ = true;
   const auto it = std::find(r.forward_order_.begin(), r.forward_order_.end(), this);
-  if (it != r.forward_order_.end() && it + 1 != r.forward_order_.end()) (*(it + 1))->launch_gather();
+  if (it != r.forward_order_.end() && it + 1 != r.forward_order_.end())
+    (*(it + 1))->launch_gather();
 }
 
 void FSDPModule::after_forward() {
@@ -429,7 +430,8 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
       if (u->forward_gathered_ || u->params_.empty()) continue;
       abort_forward();
       KILN_FAIL("[FSDPModule::run] gather_per_unit is on but the forward never called ",
-                u->describe(), "'s before_forward(): call before_forward() / after_forward() "
+                u->describe(),
+                "'s before_forward(): call before_forward() / after_forward() "
                 "around each unit's forward, or set_gather_per_unit(false)");
     }
   }

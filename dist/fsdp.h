@@ -236,10 +236,10 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   ScalarType dtype_ = kFloat;  // the shards'
   int64_t packed_ = 0;         // elements of the packed shard (sum of shard sizes)
   bool unsharded_ = false;
-  bool gather_per_unit_ = false;             // root: units gathered by before_forward()
-  bool forward_gathered_ = false;            // before_forward() ran in this forward
-  bool versions_seen_ = false;               // after_forward() recorded full_version
-  std::vector<FSDPModule*> forward_order_;   // root, per-unit mode: the units after the root
+  bool gather_per_unit_ = false;            // root: units gathered by before_forward()
+  bool forward_gathered_ = false;           // before_forward() ran in this forward
+  bool versions_seen_ = false;              // after_forward() recorded full_version
+  std::vector<FSDPModule*> forward_order_;  // root, per-unit mode: the units after the root
   std::shared_ptr<Work> gather_work_;
   Tensor gather_input_, gather_buffer_;  // kept alive while the all-gather runs
   // Backward bookkeeping.

@@ -35,8 +35,8 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using internal::check_output_dir;
-using internal::DataParallel;
 using internal::check_precision;
+using internal::DataParallel;
 using internal::format_number;
 using internal::log_compile_stats;
 using internal::make_optimizer;
@@ -358,7 +358,8 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
   std::unique_ptr<DataParallel> dp;
   if (!o.dist.empty()) {
     DataParallel::check_mode(o.dist, "pretrain");
-    KILN_CHECK(!o.compile, "[pretrain] compile with dist is not supported yet: the compiled step "
+    KILN_CHECK(!o.compile,
+               "[pretrain] compile with dist is not supported yet: the compiled step "
                "does not run DDP's or FSDP's collectives; drop --compile (or --dist)");
     dp = std::make_unique<DataParallel>(o.dist, o.device.value_or(default_device()).is_cuda(),
                                         "pretrain");
@@ -443,8 +444,8 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
       << "device " << device.str() << ", precision " << o.precision << ", batch " << o.batch_size
       << " x seq " << o.seq_len << " x accum " << o.grad_accum_steps;
   if (dp) log << " x " << world << " ranks (" << dp->mode() << ")";
-  log << " = " << tokens_per_step << " tokens/step, steps " << summary.start_step + 1 << ".." << o.max_steps << ", lr " << o.lr
-      << " -> " << o.min_lr << " (warmup " << warmup << ")\n";
+  log << " = " << tokens_per_step << " tokens/step, steps " << summary.start_step + 1 << ".."
+      << o.max_steps << ", lr " << o.lr << " -> " << o.min_lr << " (warmup " << warmup << ")\n";
 
   if (o.compile) log << "the training step runs through kiln::compile\n";
   log << std::flush;
@@ -541,8 +542,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
     speed << static_cast<int64_t>(tok_s) << " tok/s";
     if (on_cuda) {
       speed << ", MFU "
-            << format_number(100 * flops_per_token * tok_s / world / kPeakFlopsH100Bf16, 1)
-            << "%";
+            << format_number(100 * flops_per_token * tok_s / world / kPeakFlopsH100Bf16, 1) << "%";
     }
     const int64_t mem = memory_bytes(device);
     speed << ", mem " << format_memory(mem);

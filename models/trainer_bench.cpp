@@ -31,7 +31,8 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   std::unique_ptr<DataParallel> dp;
   if (!o.dist.empty()) {
     DataParallel::check_mode(o.dist, "bench");
-    KILN_CHECK(!o.compile, "[bench] compile with dist is not supported yet: the compiled step does "
+    KILN_CHECK(!o.compile,
+               "[bench] compile with dist is not supported yet: the compiled step does "
                "not run DDP's or FSDP's collectives; drop --compile (or --dist)");
     dp = std::make_unique<DataParallel>(
         o.dist, o.device ? o.device->is_cuda() : default_device().is_cuda(), "bench");
@@ -58,9 +59,9 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
                   dp.get());
   std::ostringstream null_log;  // the other ranks' lines go nowhere: rank 0 reports
   std::ostream& out = dp && dp->rank() != 0 ? null_log : log;
-  out << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device "
-      << device.str() << ", precision " << o.precision << ", batch " << o.batch_size << " x seq "
-      << o.seq_len << (dp ? " per rank" : "") << ", " << o.warmup_steps << " warm-up + " << o.steps
+  out << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device " << device.str()
+      << ", precision " << o.precision << ", batch " << o.batch_size << " x seq " << o.seq_len
+      << (dp ? " per rank" : "") << ", " << o.warmup_steps << " warm-up + " << o.steps
       << " timed steps" << (o.compile ? ", compiled" : "");
   if (dp) out << ", " << dp->mode() << " over " << dp->world() << " ranks";
   out << "\n" << std::flush;

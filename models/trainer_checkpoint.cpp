@@ -86,7 +86,8 @@ void remove_stale_temporaries(const std::string& dir) {
   }
 }
 
-void save_checkpoint(const std::string& dir, const std::function<void(const std::string&)>& write_model,
+void save_checkpoint(const std::string& dir,
+                     const std::function<void(const std::string&)>& write_model,
                      const std::function<void(const std::string&)>& write_optimizer,
                      const std::string& config, const PretrainOptions& o, int64_t step,
                      const CheckpointInfo::Schedule& schedule,
@@ -194,7 +195,8 @@ void load_model_file(GPT& model, const std::string& path) {
   model->load_state_dict(tensors, /*strict=*/true);
 }
 
-void load_optimizer_file(optim::Optimizer& opt, const std::string& path, const StateLayout* layout) {
+void load_optimizer_file(optim::Optimizer& opt, const std::string& path,
+                         const StateLayout* layout) {
   check_regular_file(path);
   SafetensorsMetadata metadata;
   TensorMap tensors = load_safetensors(path, &metadata);
@@ -217,9 +219,9 @@ void load_optimizer_file(optim::Optimizer& opt, const std::string& path, const S
     const ScalarType want = optim::Optimizer::state_dtype(p);
     const Shape shape = layout != nullptr ? layout->full_shapes.at(static_cast<size_t>(index))
                                           : Shape(p.sizes().begin(), p.sizes().end());
-    KILN_CHECK(t.dtype() == want && t.sizes() == IntArrayRef(shape), "[checkpoint] ", path, ": tensor \"",
-               name, "\" is ", file_dtype(t.dtype()), " ", shape_str(t.sizes()), ", expected ",
-               file_dtype(want), " ", shape_str(shape));
+    KILN_CHECK(t.dtype() == want && t.sizes() == IntArrayRef(shape), "[checkpoint] ", path,
+               ": tensor \"", name, "\" is ", file_dtype(t.dtype()), " ", shape_str(t.sizes()),
+               ", expected ", file_dtype(want), " ", shape_str(shape));
   }
   if (layout != nullptr) {
     for (auto& [name, t] : tensors) {

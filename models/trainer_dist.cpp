@@ -20,7 +20,7 @@ struct DataParallel::Impl {
   std::shared_ptr<dist::ProcessGroup> pg;
   std::optional<dist::DistributedDataParallel<GPT>> ddp;
   std::shared_ptr<dist::FSDPModule> fsdp;
-  StateLayout layout;  // FSDP: the optimizer's parameters' full shapes, and their slices
+  StateLayout layout;         // FSDP: the optimizer's parameters' full shapes, and their slices
   std::optional<GPT> hooked;  // FSDP: the model whose block hook gathers the blocks
 
   ~Impl() {

@@ -160,7 +160,8 @@ std::string format_number(double v, int precision, bool scientific = false);
 // trainer_state-<step>.json when more than one checkpoint is kept), each atomically; then
 // removes the files of checkpoints beyond the newest keep_checkpoints.
 // `write_model` and `write_optimizer` write the two files at the path they are given.
-void save_checkpoint(const std::string& dir, const std::function<void(const std::string&)>& write_model,
+void save_checkpoint(const std::string& dir,
+                     const std::function<void(const std::string&)>& write_model,
                      const std::function<void(const std::string&)>& write_optimizer,
                      const std::string& config, const PretrainOptions& o, int64_t step,
                      const CheckpointInfo::Schedule& schedule,

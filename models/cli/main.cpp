@@ -390,11 +390,11 @@ int cmd_pretrain(const std::vector<std::string>& args) {
 }
 
 int cmd_generate(const std::vector<std::string>& args) {
-  const Flags f = parse_flags(args,
-                              {"checkpoint", "hf", "config", "prompt", "text", "max-new-tokens",
-                               "temperature", "top-k", "top-p", "seed", "stop", "device",
-                               "tokenizer"},
-                              {});
+  const Flags f =
+      parse_flags(args,
+                  {"checkpoint", "hf", "config", "prompt", "text", "max-new-tokens", "temperature",
+                   "top-k", "top-p", "seed", "stop", "device", "tokenizer"},
+                  {});
   if (f.contains("checkpoint") + f.contains("hf") + f.contains("config") != 1) {
     throw UsageError{"generate needs exactly one of --checkpoint, --hf and --config"};
   }
@@ -430,8 +430,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::string tokenizer_path;
   if (f.contains("tokenizer")) {
     tokenizer_path = f.at("tokenizer");
-  } else if (f.contains("hf") &&
-             std::filesystem::is_regular_file(std::filesystem::path(f.at("hf")) / "tokenizer.json")) {
+  } else if (f.contains("hf") && std::filesystem::is_regular_file(
+                                     std::filesystem::path(f.at("hf")) / "tokenizer.json")) {
     tokenizer_path = (std::filesystem::path(f.at("hf")) / "tokenizer.json").string();
   }
   if (!tokenizer_path.empty()) hf_tokenizer = kiln::text::Tokenizer::from_file(tokenizer_path);
@@ -458,8 +458,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   const int64_t vocab = (*model)->config().vocab_size;
   KILN_CHECK(!hf_tokenizer || hf_tokenizer->vocab_size() <= vocab, "[generate] the tokenizer ",
              tokenizer_path, " has ", hf_tokenizer ? hf_tokenizer->vocab_size() : 0,
-             " ids, more than the vocab_size ", vocab, " of the model (",
-             (*model)->config().name, "): it is another model's tokenizer");
+             " ids, more than the vocab_size ", vocab, " of the model (", (*model)->config().name,
+             "): it is another model's tokenizer");
   const int64_t block = (*model)->config().block_size;
   KILN_CHECK(!f.contains("max-new-tokens") || g.max_new_tokens <= block,
              "[generate] --max-new-tokens ", g.max_new_tokens, " exceeds the model's block_size ",
@@ -480,10 +480,9 @@ int cmd_generate(const std::vector<std::string>& args) {
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
-  const Flags f =
-      parse_flags(args,
-                  {"config", "batch", "seq", "steps", "precision", "device", "adam-state", "dist"},
-                  {"compile", "profile"});
+  const Flags f = parse_flags(
+      args, {"config", "batch", "seq", "steps", "precision", "device", "adam-state", "dist"},
+      {"compile", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");

@@ -38,14 +38,30 @@ class PretrainDistTest : public ::testing::Test {
 
   // kiln pretrain on kiln-tiny, f32 on the CPU, a 4-step schedule, stopping at `steps`.
   std::vector<std::string> pretrain_args(const std::string& out, int64_t batch, int64_t steps) {
-    return {KILN_CLI, "pretrain", "--config",         "kiln-tiny", "--data", data_,
-            "--batch", std::to_string(batch), "--seq", "32", "--steps", std::to_string(steps),
-            "--lr-decay-steps", "4", "--device", "cpu", "--no-progress", "--out", dir_ + "/" + out};
+    return {KILN_CLI,
+            "pretrain",
+            "--config",
+            "kiln-tiny",
+            "--data",
+            data_,
+            "--batch",
+            std::to_string(batch),
+            "--seq",
+            "32",
+            "--steps",
+            std::to_string(steps),
+            "--lr-decay-steps",
+            "4",
+            "--device",
+            "cpu",
+            "--no-progress",
+            "--out",
+            dir_ + "/" + out};
   }
   JobResult one_process(std::vector<std::string> args) { return run_job(args, 1, seconds(50)); }
   JobResult two_ranks(const std::vector<std::string>& args) {
-    std::vector<std::string> argv{KILN_CLI, "run", "--master-port", std::to_string(free_port()),
-                                  "--nproc-per-node", "2"};
+    std::vector<std::string> argv{
+        KILN_CLI, "run", "--master-port", std::to_string(free_port()), "--nproc-per-node", "2"};
     argv.insert(argv.end(), args.begin(), args.end());
     return run_job(argv, 1, seconds(50));
   }
@@ -123,8 +139,9 @@ TEST_F(PretrainDistTest, BadDistAndCompileAreClearErrors) {
   JobResult r = one_process(args);
   ASSERT_EQ(r.ranks.size(), 1u);
   EXPECT_NE(r.ranks[0].exit_code, 0);
-  EXPECT_NE(r.ranks[0].output.find("--dist must be ddp, zero2, zero3 or fsdp (= zero3), got 'zero1'"),
-            std::string::npos)
+  EXPECT_NE(
+      r.ranks[0].output.find("--dist must be ddp, zero2, zero3 or fsdp (= zero3), got 'zero1'"),
+      std::string::npos)
       << r.ranks[0].output;
   args = pretrain_args("bad", 2, 1);
   args.insert(args.end(), {"--dist", "ddp", "--compile"});

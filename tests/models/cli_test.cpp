@@ -248,8 +248,10 @@ TEST_F(CliTest, RunConfigFileAndFlagsOverIt) {
 // decoded with it; another model's tokenizer (more ids than the model's vocabulary) is refused.
 TEST_F(CliTest, GenerateWithATokenizerJson) {
   const std::string tok = std::string(KILN_SOURCE_DIR) + "/tests/text/data/llama3.json";
-  const Result r = run_kiln("generate --config llama-160m --device cpu --max-new-tokens 2 "
-                            "--temperature 0 --tokenizer '" + tok + "' --text 'Hello world'");
+  const Result r = run_kiln(
+      "generate --config llama-160m --device cpu --max-new-tokens 2 "
+      "--temperature 0 --tokenizer '" +
+      tok + "' --text 'Hello world'");
   ASSERT_EQ(r.status, 0) << r.output;
   std::string ids = "prompt:";
   for (int64_t id : kiln::text::Tokenizer::from_file(tok).encode("Hello world")) {
