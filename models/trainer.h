@@ -47,7 +47,9 @@
 // each written atomically. The json is written last and names the files it goes with, so a crash
 // at any point leaves the previous complete checkpoint; files of checkpoints beyond the newest
 // keep_checkpoints are removed after it, and temporary files of a killed save at the next start.
-// Beside the checkpoints: metrics.jsonl (a line per step and per evaluation) and metrics.svg
+// Beside the checkpoints: run.toml (the options as run, written before step 1:
+// `kiln pretrain --config out/run.toml` repeats the run; models/run_config.h), metrics.jsonl (a
+// line per step and per evaluation) and metrics.svg
 // (train and validation loss and the lr against the step), refreshed at every logged line
 // (pretrain/metrics.h). SIGINT or SIGTERM stops the run after the current step, with a
 // checkpoint when out_dir is set (summary.stop_signal says which); a second one kills at once.
