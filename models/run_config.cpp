@@ -22,6 +22,7 @@
 
 #include "models/config.h"
 #include "nn/safetensors.h"
+#include "tensor/edit_distance.h"
 #include "tensor/error.h"
 
 namespace kiln::models {
@@ -388,28 +389,12 @@ std::string tables_with(const std::string& key) {
   return list;
 }
 
-// Edits (insertions, deletions, substitutions) from a to b.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 // The closest of `names` to a misspelt `name` (at most 2 edits away), or "".
 std::string closest(const std::string& name, const std::vector<std::string>& names) {
   std::string best;
   size_t best_distance = 3;
   for (const auto& n : names) {
-    if (const size_t d = edit_distance(name, n); d < best_distance) best = n, best_distance = d;
+    if (const size_t d = internal::edit_distance(name, n); d < best_distance) best = n, best_distance = d;
   }
   return best;
 }

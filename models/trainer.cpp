@@ -357,10 +357,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
              " exceeds the block_size ", cfg.block_size, " of ", cfg.name);
   std::unique_ptr<DataParallel> dp;
   if (!o.dist.empty()) {
-    DataParallel::check_mode(o.dist, "pretrain");
-    KILN_CHECK(!o.compile,
-               "[pretrain] compile with dist is not supported yet: the compiled step "
-               "does not run DDP's or FSDP's collectives; drop --compile (or --dist)");
+    DataParallel::check_mode(o.dist, o.compile, "pretrain");
     dp = std::make_unique<DataParallel>(o.dist, o.device.value_or(default_device()).is_cuda(),
                                         "pretrain");
   }

@@ -30,10 +30,7 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
              cfg.block_size, " of ", cfg.name);
   std::unique_ptr<DataParallel> dp;
   if (!o.dist.empty()) {
-    DataParallel::check_mode(o.dist, "bench");
-    KILN_CHECK(!o.compile,
-               "[bench] compile with dist is not supported yet: the compiled step does "
-               "not run DDP's or FSDP's collectives; drop --compile (or --dist)");
+    DataParallel::check_mode(o.dist, o.compile, "bench");
     dp = std::make_unique<DataParallel>(
         o.dist, o.device ? o.device->is_cuda() : default_device().is_cuda(), "bench");
   }

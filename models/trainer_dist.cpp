@@ -28,14 +28,17 @@ struct DataParallel::Impl {
   }
 };
 
-void DataParallel::check_mode(const std::string& mode, const char* who) {
+void DataParallel::check_mode(const std::string& mode, bool compiled, const char* who) {
   KILN_CHECK(mode == "ddp" || mode == "zero2" || mode == "zero3" || mode == "fsdp", "[", who,
              "] dist must be ddp, zero2, zero3 or fsdp (= zero3), got '", mode, "'");
+  KILN_CHECK(!compiled, "[", who,
+             "] compile with dist is not supported yet: the compiled step does not run DDP's or "
+             "FSDP's collectives; drop --compile (or --dist)");
 }
 
 DataParallel::DataParallel(const std::string& mode, bool cuda, const char* who)
     : impl_(std::make_unique<Impl>()) {
-  check_mode(mode, who);
+  check_mode(mode, /*compiled=*/false, who);
   impl_->mode = mode == "fsdp" ? "zero3" : mode;
   const dist::RendezvousInfo info = dist::rendezvous_info_from_env();
   if (cuda) {

@@ -63,8 +63,9 @@ struct StateLayout {
 // started (models/trainer_dist.cpp).
 class DataParallel {
  public:
-  // Errors unless `mode` is "ddp", "zero2", "zero3" or "fsdp"; `who` names the caller.
-  static void check_mode(const std::string& mode, const char* who);
+  // Errors unless `mode` is "ddp", "zero2", "zero3" or "fsdp", and when `compiled` (the compiled
+  // step does not run DDP's or FSDP's collectives yet); `who` names the caller.
+  static void check_mode(const std::string& mode, bool compiled, const char* who);
   // Joins the job: rendezvous from the environment and a process group, NCCL when `cuda` (the
   // rank's device cuda:LOCAL_RANK, made current), else Gloo on the CPU.
   DataParallel(const std::string& mode, bool cuda, const char* who);
@@ -113,13 +114,10 @@ class TrainStep {
  public:
   // update_inside: the optimizer's update is part of the step (compiled with it); otherwise the
   // caller reads the losses and the norm, then calls update() if it wants the update.
-  // `dp` (data parallelism) is eager only.
+  // `dp` (data parallelism) is eager only (DataParallel::check_mode refuses compiled).
   TrainStep(GPT& model, optim::Optimizer& opt, std::string precision, double clip, bool compiled,
             bool update_inside = true, DataParallel* dp = nullptr)
       : fn_{model, opt, model->parameters(), std::move(precision), clip, update_inside, dp} {
-    KILN_CHECK(!(compiled && dp != nullptr),
-               "[pretrain] compile with dist is not supported yet: the compiled step does not run "
-               "DDP's or FSDP's collectives; drop --compile (or --dist)");
     if (compiled) compiled_.emplace(fn_, CompileOptions().name("train_step"));
   }
 

@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "nn/json.h"
+#include "tensor/edit_distance.h"
 #include "tensor/ops.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -66,21 +67,6 @@ std::string quote_name(std::string_view s) {
   constexpr size_t kMax = 120;
   if (s.size() <= kMax) return "\"" + std::string(s) + "\"";
   return "\"" + std::string(s.substr(0, kMax)) + "\"... (" + std::to_string(s.size()) + " bytes)";
-}
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 }  // namespace
@@ -418,7 +404,7 @@ const SafetensorsTensorInfo& SafetensorsFile::info(const std::string& key) const
   const auto it = impl_->tensors.find(key);
   if (it != impl_->tensors.end()) return it->second;
   std::vector<std::pair<size_t, const std::string*>> near;
-  for (const std::string& k : impl_->keys) near.emplace_back(edit_distance(key, k), &k);
+  for (const std::string& k : impl_->keys) near.emplace_back(internal::edit_distance(key, k), &k);
   const size_t shown = std::min<size_t>(near.size(), 5);
   std::partial_sort(near.begin(), near.begin() + shown, near.end());
   std::string list;
