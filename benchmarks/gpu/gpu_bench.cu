@@ -28,6 +28,9 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "gpu/bench_util.h"
+#if defined(KILN_WITH_CUDNN)
+#include "kernels/cuda/cudnn_attention.h"
+#endif
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt.h"
 #include "nn/optim/adamw.h"
@@ -83,11 +86,13 @@ void bench_gemm_autotune(const std::vector<Gemm>& gemms) {
   kiln::cuda::set_matmul_autotune(previous);
 }
 
-// --- flash attention (kernels/cuda/flash_attention.cu) ---------------------------------------
+// --- flash attention (kernels/cuda/flash_attention.cu, kernels/cuda/cudnn_attention.cpp) -------
 // Causal SDPA forward and backward at the Llama training shapes, on the kernel the dispatcher
-// chooses (shapes no flash kernel takes here are skipped); FLOPs counted as FlashAttention does:
-// forward 4 B H T^2 D, backward 10 B H T^2 D (the five GEMMs), halved for causal. The variants
-// that lost are timed beside these in the kernel lab (lab/flash_attention_lab.cu).
+// chooses ("fastest" measures cuDNN against the hand kernel on the first call of a shape; shapes
+// no kernel takes here are skipped), then on each of "flash_hopper" and "cudnn" by name where it
+// takes the call. FLOPs counted as FlashAttention does: forward 4 B H T^2 D, backward 10 B H T^2 D
+// (the five GEMMs), halved for causal. The variants that lost are timed beside these in the
+// kernel lab (lab/flash_attention_lab.cu).
 void bench_flash_attention() {
   struct Shape {
     const char* name;
@@ -95,10 +100,21 @@ void bench_flash_attention() {
   };
   static const kiln::OpDef& fwd = KILN_OP(flash_attention);
   static const kiln::OpDef& bwd = KILN_OP(flash_attention_backward);
-  // "7b": Mistral-7B's attention (32 query and 8 kv heads of 128) at 1b's tokens per step; "g2b":
-  // gemma-2b's (8 query heads and 1 kv head of 256, Hopper only) at the same tokens.
+  auto accepts = [](const kiln::OpDef& op, const char* kernel, const kiln::TensorVec& inputs,
+                    const absl::InlinedVector<kiln::Attr, 4>& attrs) {
+    kiln::OpCall call;
+    call.op = &op;
+    call.inputs = inputs;
+    call.attrs = attrs;
+    const kiln::KernelDef* k = op.find_kernel(kiln::kCUDA, kernel);
+    return k != nullptr && k->accepts(call);
+  };
+  // "7b": Mistral-7B's attention (32 query and 8 kv heads of 128) at 1b's tokens per step; "4k":
+  // the same heads at B 1, T 4096; "g2b": gemma-2b's (8 query heads and 1 kv head of 256) at 1b's
+  // tokens.
   for (const Shape& s : {Shape{"160m", 16, 12, 12, 1024, 64}, Shape{"1b", 4, 32, 8, 2048, 64},
-                         Shape{"7b", 4, 32, 8, 2048, 128}, Shape{"g2b", 4, 8, 1, 2048, 256}}) {
+                         Shape{"7b", 4, 32, 8, 2048, 128}, Shape{"4k", 1, 32, 8, 4096, 128},
+                         Shape{"g2b", 4, 8, 1, 2048, 256}}) {
     const Tensor q = random({s.b, s.h, s.t, s.d}, kiln::kBFloat16);
     const Tensor k = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
     const Tensor v = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
@@ -113,16 +129,39 @@ void bench_flash_attention() {
     const kiln::TensorVec out = kiln::call_op(fwd, {q, k, v}, attrs);
     const Tensor dlse =
         kiln::zeros(out[1].sizes(), kiln::TensorOptions(kiln::kFloat).device(q.device()));
+    const kiln::TensorVec bwd_in = {dout, q, k, v, out[0], out[1], dlse};
     const double flops = 4.0 * s.b * s.h * s.t * s.t * s.d / 2;
     const std::string base = std::string("sdpa causal ") + s.name;
     report(base + " fwd", time_ms([&](int) {
              (void)kiln::call_op(fwd, {q, k, v}, attrs);
            }),
            flops, 0);
-    report(base + " bwd", time_ms([&](int) {
-             (void)kiln::call_op(bwd, {dout, q, k, v, out[0], out[1], dlse}, attrs);
-           }),
+    report(base + " bwd", time_ms([&](int) { (void)kiln::call_op(bwd, bwd_in, attrs); }),
            2.5 * flops, 0);
+#if defined(KILN_WITH_CUDNN)
+    for (const char* op : {"flash_attention", "flash_attention_backward"}) {
+      const kiln::cuda::cudnn::Selection sel = kiln::cuda::cudnn::last_selection(op);
+      if (!sel.winner.empty()) {
+        std::printf("  (%s: first-call measurement cudnn %.3f ms, hand %.3f ms -> %s)\n", op,
+                    sel.cudnn_ms, sel.hand_ms, sel.winner.c_str());
+      }
+    }
+#endif
+    for (const char* kernel : {"flash_hopper", "cudnn"}) {
+      const std::string label = std::string(" [") + kernel + "]";
+      if (accepts(fwd, kernel, {q, k, v}, attrs)) {
+        report(base + " fwd" + label, time_ms([&](int) {
+                 (void)kiln::call_op_with_kernel(fwd, kernel, {q, k, v}, attrs);
+               }),
+               flops, 0);
+      }
+      if (accepts(bwd, kernel, bwd_in, attrs)) {
+        report(base + " bwd" + label, time_ms([&](int) {
+                 (void)kiln::call_op_with_kernel(bwd, kernel, bwd_in, attrs);
+               }),
+               2.5 * flops, 0);
+      }
+    }
   }
 }
 

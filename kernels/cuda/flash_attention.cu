@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/loops.cuh"
 #include "tensor/ops.h"
@@ -198,6 +199,34 @@ void store_rounded(void* dst, const float* src, int64_t n, ScalarType dtype) {
   });
 }
 
+void delta_pass(const Tensor& dout, const Tensor& out, const Tensor& dlse_in, float* delta,
+                float* dq_acc) {
+  const Tensor dlse = dlse_in.contiguous();
+  const int64_t h = dout.size(1), t = dout.size(2);
+  const int64_t rows = dout.size(0) * h * t;
+  if (rows == 0) return;
+  const cudaStream_t stream = current_stream();
+  visit_e(dout.dtype(), [&]<typename E>(TypeTag<E>) {
+    auto run = [&]<int D>(std::integral_constant<int, D>) {
+      constexpr int kRowsPerBlock = 256 / (D / 8);
+      flash_bwd_delta_kernel<E, D>
+          <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0, stream>>>(
+              delta, dq_acc, static_cast<const E*>(dout.data_ptr()), strides_of(dout),
+              static_cast<const E*>(out.data_ptr()), strides_of(out),
+              static_cast<const float*>(dlse.data_ptr()), static_cast<int>(h),
+              static_cast<int>(t), rows);
+      KILN_CUDA_LAUNCH_CHECK("flash_bwd_delta_kernel");
+    };
+    if (dout.size(3) == 64) {
+      run(std::integral_constant<int, 64>{});
+    } else if (dout.size(3) == 128) {
+      run(std::integral_constant<int, 128>{});
+    } else {
+      run(std::integral_constant<int, 256>{});
+    }
+  });
+}
+
 void run_forward(OpCall& c, Launcher launch_kernel) {
   const Tensor q = kernel_operand(c.input(0));
   const Tensor k = kernel_operand(c.input(1));
@@ -244,27 +273,7 @@ void run_backward(OpCall& c, Launcher launch_kernel) {
   p.dq_acc = static_cast<float*>(dq_acc.data_ptr());
   p.dk = c.outputs[1].data_ptr();
   p.dv = c.outputs[2].data_ptr();
-  if (rows > 0) {
-    visit_e(q.dtype(), [&]<typename E>(TypeTag<E>) {
-      auto delta_pass = [&]<int D>(std::integral_constant<int, D>) {
-        constexpr int kRowsPerBlock = 256 / (D / 8);
-        flash_bwd_delta_kernel<E, D>
-            <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0, stream>>>(
-                static_cast<float*>(delta.data_ptr()), p.dq_acc,
-                static_cast<const E*>(dout.data_ptr()), p.sdo,
-                static_cast<const E*>(out.data_ptr()), strides_of(out),
-                static_cast<const float*>(dlse.data_ptr()), p.h, p.t, rows);
-        KILN_CUDA_LAUNCH_CHECK("flash_bwd_delta_kernel");
-      };
-      if (q.size(3) == 64) {
-        delta_pass(std::integral_constant<int, 64>{});
-      } else if (q.size(3) == 128) {
-        delta_pass(std::integral_constant<int, 128>{});
-      } else {
-        delta_pass(std::integral_constant<int, 256>{});
-      }
-    });
-  }
+  if (rows > 0) delta_pass(dout, out, dlse, static_cast<float*>(delta.data_ptr()), p.dq_acc);
   launch_kernel(p, launch_info(q));
   if (q.numel() > 0) store_rounded(dq.data_ptr(), p.dq_acc, q.numel(), q.dtype());  // D % 4 == 0
 }

@@ -1,0 +1,324 @@
+// cuDNN's fused attention (kernels/cuda/cudnn_attention.cpp) against the CPU kernel
+// (kernels/cpu/flash_attention.cpp, f64 loops) on the same bf16/f16 inputs: forward out and lse,
+// backward dq/dk/dv (with and without a gradient on lse), causal and not, odd T and S (T != S),
+// GQA and MQA, head sizes 64, 128 and 256, q/k/v as strided views of one qkv projection; the
+// support rule's refusals; the "fastest" kernel's measured choice per shape and the eager path
+// (F::scaled_dot_product_attention through autograd) that goes through it.
+//
+// Tolerances as tests/kernels/gpu_flash_test.cpp (cuDNN, too, rounds P and dS to the input dtype
+// before the second GEMMs): 1e-2 / 2e-3 for out, 2e-2 / 4e-3 for the gradients, 1e-4 for lse.
+//
+// Every failure prints cudnn::probe() for the case: which engine cuDNN chose for the forward and
+// both backward graphs, or cuDNN's reason for building no plan. Suites named Gpu* carry the ctest
+// label `gpu`; they skip without a GPU or without cuDNN.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "kernels/gpu_test_util.h"
+#include "nn/functional.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+#include "test_util.h"
+
+#if defined(KILN_WITH_CUDNN)
+#include "kernels/cuda/cudnn_attention.h"
+#endif
+
+namespace kiln {
+namespace {
+
+using test::kGpu;
+using test::rel_error;
+using Attrs = absl::InlinedVector<Attr, 4>;
+
+namespace F = nn::functional;
+
+class GpuCudnnAttention : public test::GpuTest {
+ protected:
+  void SetUp() override {
+    test::GpuTest::SetUp();
+    if (IsSkipped()) return;
+#if defined(KILN_WITH_CUDNN)
+    if (!cuda::cudnn::available()) {
+      GTEST_SKIP() << "cuDNN 9 not usable (loaded version " << cuda::cudnn::version() << ")";
+    }
+    static bool printed = false;
+    if (!printed) {
+      printed = true;
+      std::printf("[cudnn] version %lld\n", static_cast<long long>(cuda::cudnn::version()));
+    }
+#else
+    GTEST_SKIP() << "kiln was built without cuDNN";
+#endif
+  }
+};
+
+double out_tol(ScalarType t) { return t == kBFloat16 ? 1e-2 : 2e-3; }
+double grad_tol(ScalarType t) { return t == kBFloat16 ? 2e-2 : 4e-3; }
+
+const OpDef& fwd_op() {
+  static const OpDef& op = KILN_OP(flash_attention);
+  return op;
+}
+const OpDef& bwd_op() {
+  static const OpDef& op = KILN_OP(flash_attention_backward);
+  return op;
+}
+
+bool accepts(const OpDef& op, const std::string& kernel, const TensorVec& inputs,
+             const Attrs& attrs) {
+  OpCall call;
+  call.op = &op;
+  call.inputs = inputs;
+  call.attrs = attrs;
+  const KernelDef* k = op.find_kernel(kCUDA, kernel);
+  return k != nullptr && k->accepts(call);
+}
+
+std::string probe(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+#if defined(KILN_WITH_CUDNN)
+  return cuda::cudnn::probe(q, k, v, causal, scale);
+#else
+  return "";
+#endif
+}
+
+struct Case {
+  int64_t b, h, hkv, t, s, d;
+  bool causal = false;
+  ScalarType dtype = kBFloat16;
+  bool strided = false;  // q, k, v as views of one [B, T, H + 2 H_kv, D] projection (T == S)
+  bool dlse = false;     // a gradient on lse too
+};
+
+std::string describe(const Case& c) {
+  return "B" + std::to_string(c.b) + " H" + std::to_string(c.h) + "/" + std::to_string(c.hkv) +
+         " T" + std::to_string(c.t) + " S" + std::to_string(c.s) + " D" + std::to_string(c.d) +
+         (c.causal ? " causal " : " ") + std::string(dtype_name(c.dtype)) +
+         (c.strided ? " strided" : "") + (c.dlse ? " dlse" : "");
+}
+
+void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
+  if (c.strided) {
+    const Tensor qkv = randn({c.b, c.t, c.h + 2 * c.hkv, c.d}).to(c.dtype).to(kGpu);
+    q = qkv.narrow(2, 0, c.h).transpose(1, 2);
+    k = qkv.narrow(2, c.h, c.hkv).transpose(1, 2);
+    v = qkv.narrow(2, c.h + c.hkv, c.hkv).transpose(1, 2);
+  } else {
+    q = randn({c.b, c.h, c.t, c.d}).to(c.dtype).to(kGpu);
+    k = randn({c.b, c.hkv, c.s, c.d}).to(c.dtype).to(kGpu);
+    v = randn({c.b, c.hkv, c.s, c.d}).to(c.dtype).to(kGpu);
+  }
+}
+
+// The case's forward and backward on the "cudnn" kernel, which must accept both, against the CPU
+// kernel. The backward takes the CPU reference's out and lse, so that its error is its own.
+void check_case(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  Tensor q, k, v;
+  make_inputs(c, q, k, v);
+  const double scale = 1.5 / std::sqrt(static_cast<double>(c.d));
+  const Attrs attrs = {scale, c.causal, int64_t{0}, 0.0};
+  const TensorVec r = call_op(fwd_op(), {q.to(kCPU), k.to(kCPU), v.to(kCPU)}, attrs);
+  const Tensor dout = randn(q.sizes()).to(c.dtype);
+  const Tensor dlse = c.dlse ? randn(r[1].sizes()) : zeros(r[1].sizes());
+  const TensorVec dr =
+      call_op(bwd_op(), {dout, q.to(kCPU), k.to(kCPU), v.to(kCPU), r[0], r[1], dlse}, attrs);
+  const TensorVec fwd_in = {q, k, v};
+  const TensorVec bwd_in = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), dlse.to(kGpu)};
+  const bool takes_fwd = accepts(fwd_op(), "cudnn", fwd_in, attrs);
+  const bool takes_bwd = accepts(bwd_op(), "cudnn", bwd_in, attrs);
+  if (!takes_fwd || !takes_bwd) {
+    ADD_FAILURE() << "cuDNN refused the " << (takes_fwd ? "" : "forward ")
+                  << (takes_bwd ? "" : "backward ") << "call; probe:\n"
+                  << probe(q, k, v, c.causal, scale);
+  }
+  if (takes_fwd) {
+    const TensorVec g = call_op_with_kernel(fwd_op(), "cudnn", fwd_in, attrs);
+    EXPECT_EQ(g[0].dtype(), c.dtype);
+    const double eo = rel_error(g[0], r[0]), el = rel_error(g[1], r[1]);
+    EXPECT_LE(eo, out_tol(c.dtype)) << "out";
+    EXPECT_LE(el, 1e-4) << "lse (cuDNN's Stats)";
+    if (eo > out_tol(c.dtype) || el > 1e-4)
+      std::printf("%s", probe(q, k, v, c.causal, scale).c_str());
+  }
+  if (takes_bwd) {
+    const TensorVec dg = call_op_with_kernel(bwd_op(), "cudnn", bwd_in, attrs);
+    const double e[3] = {rel_error(dg[0], dr[0]), rel_error(dg[1], dr[1]), rel_error(dg[2], dr[2])};
+    EXPECT_LE(e[0], grad_tol(c.dtype)) << "dq";
+    EXPECT_LE(e[1], grad_tol(c.dtype)) << "dk";
+    EXPECT_LE(e[2], grad_tol(c.dtype)) << "dv";
+    if (std::max({e[0], e[1], e[2]}) > grad_tol(c.dtype)) {
+      std::printf("%s", probe(q, k, v, c.causal, scale).c_str());
+    }
+  }
+}
+
+TEST_F(GpuCudnnAttention, ProbeGraphs) {
+  // Not a check: what this cuDNN builds for a typical shape, printed for the log.
+  const Tensor q = randn({2, 4, 128, 64}).to(kBFloat16).to(kGpu);
+  const Tensor k = randn({2, 2, 128, 64}).to(kBFloat16).to(kGpu);
+  std::printf("%s", probe(q, k, k, true, 0.125).c_str());
+  std::printf("%s", probe(q, k, k, false, 0.125).c_str());
+}
+
+TEST_F(GpuCudnnAttention, OddLengthsCausalAndNot) {
+  manual_seed(51);
+  for (int64_t t : {1, 17, 100, 257}) {
+    for (bool causal : {false, true}) {
+      check_case({2, 3, 3, t, t, 64, causal});
+      check_case({1, 2, 2, t, t, 128, causal});
+    }
+  }
+  check_case({1, 2, 2, 100, 257, 64, true});  // S > T (top-left causal)
+  check_case({1, 2, 2, 257, 100, 64, true});  // T > S
+  check_case({1, 2, 2, 70, 190, 128, false});
+}
+
+TEST_F(GpuCudnnAttention, GqaMqaAndF16) {
+  manual_seed(52);
+  check_case({2, 8, 2, 100, 100, 64, true});  // GQA 4:1
+  check_case({1, 4, 1, 257, 257, 64, true});  // MQA
+  check_case({1, 8, 2, 77, 77, 128, false});
+  check_case({2, 4, 1, 130, 130, 64, true, kHalf});
+  check_case({1, 2, 2, 65, 65, 128, false, kHalf});
+}
+
+TEST_F(GpuCudnnAttention, StridedQkvAndLseGradient) {
+  manual_seed(53);
+  check_case({2, 4, 4, 100, 100, 64, true, kBFloat16, true});
+  check_case({1, 8, 2, 129, 129, 128, true, kBFloat16, true});  // GQA views
+  check_case({1, 4, 2, 77, 77, 64, false, kHalf, true});
+  check_case({1, 2, 2, 33, 130, 64, false, kHalf, false, true});  // dlse != 0
+  check_case({2, 4, 2, 100, 100, 128, true, kBFloat16, false, true});
+  check_case({1, 4, 2, 64, 64, 64, true, kBFloat16, true, true});
+}
+
+TEST_F(GpuCudnnAttention, HeadSize256) {
+  manual_seed(54);
+  check_case({1, 2, 2, 100, 100, 256, true});
+  check_case({1, 4, 2, 150, 150, 256, false, kHalf});
+  check_case({1, 4, 2, 150, 150, 256, true, kBFloat16, true});
+}
+
+TEST_F(GpuCudnnAttention, LongerSequences) {
+  manual_seed(55);
+  check_case({1, 4, 4, 1024, 1024, 64, true});
+  check_case({1, 4, 2, 1000, 1000, 128, true, kBFloat16, true});
+}
+
+// What cuDNN does not take here: the rule refuses, and the other kernels or the decomposition
+// run the call.
+TEST_F(GpuCudnnAttention, SupportRuleRefuses) {
+  const Tensor q = randn({1, 2, 64, 64}).to(kBFloat16).to(kGpu);
+  const Attrs plain = {0.125, true, int64_t{0}, 0.0};
+  EXPECT_TRUE(accepts(fwd_op(), "cudnn", {q, q, q}, plain)) << probe(q, q, q, true, 0.125);
+  EXPECT_FALSE(accepts(fwd_op(), "cudnn", {q, q, q}, {0.125, true, int64_t{16}, 0.0}))
+      << "sliding window";
+  EXPECT_FALSE(accepts(fwd_op(), "cudnn", {q, q, q}, {0.125, true, int64_t{0}, 5.0})) << "softcap";
+  const Tensor mask = ones({64, 64}, TensorOptions(kBool).device(kGpu));
+  EXPECT_FALSE(accepts(fwd_op(), "cudnn", {q, q, q, mask}, {0.125, false, int64_t{0}, 0.0, 0.0}))
+      << "attn_mask";
+  EXPECT_FALSE(
+      accepts(fwd_op(), "cudnn", {q, q, q, Tensor()}, {0.125, false, int64_t{0}, 0.0, 0.1}))
+      << "dropout";
+  const Tensor f = q.to(kFloat);
+  EXPECT_FALSE(accepts(fwd_op(), "cudnn", {f, f, f}, plain)) << "f32";
+  const Tensor q96 = randn({1, 2, 64, 96}).to(kBFloat16).to(kGpu);
+  EXPECT_FALSE(accepts(fwd_op(), "cudnn", {q96, q96, q96}, plain)) << "head size 96";
+  // A view whose rows are not 16-byte aligned (the flash kernels copy it; cuDNN refuses).
+  const Tensor big = randn({1, 2, 64, 72}).to(kBFloat16).to(kGpu);
+  const Tensor odd = big.narrow(3, 1, 64);
+  EXPECT_FALSE(accepts(fwd_op(), "cudnn", {odd, odd, odd}, plain)) << "misaligned rows";
+}
+
+// The "fastest" kernel: the first call of a shape measures cuDNN against the hand kernel and
+// remembers the winner; its outputs are right either way, and later calls follow the choice (the
+// rule refuses when the hand kernel won, so that the dispatcher runs it).
+TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
+#if defined(KILN_WITH_CUDNN)
+  manual_seed(56);
+  cuda::cudnn::clear_selections();
+  const Case c{4, 8, 2, 512, 512, 64, true, kBFloat16, true};
+  Tensor q, k, v;
+  make_inputs(c, q, k, v);
+  const double scale = 0.125;
+  const Attrs attrs = {scale, true, int64_t{0}, 0.0};
+  const TensorVec r = call_op(fwd_op(), {q.to(kCPU), k.to(kCPU), v.to(kCPU)}, attrs);
+  const TensorVec fwd_in = {q, k, v};
+  ASSERT_TRUE(accepts(fwd_op(), "fastest", fwd_in, attrs)) << probe(q, k, v, true, scale);
+  for (int call = 0; call < 2; ++call) {
+    const TensorVec g = call_op(fwd_op(), fwd_in, attrs);  // the dispatcher's choice
+    EXPECT_LE(rel_error(g[0], r[0]), out_tol(c.dtype)) << "call " << call;
+    EXPECT_LE(rel_error(g[1], r[1]), 1e-4) << "call " << call;
+  }
+  const cuda::cudnn::Selection s = cuda::cudnn::last_selection("flash_attention");
+  std::printf("[cudnn] forward %s: cudnn %.3f ms, hand %.3f ms -> %s\n", s.key.c_str(), s.cudnn_ms,
+              s.hand_ms, s.winner.c_str());
+  ASSERT_FALSE(s.winner.empty()) << "the first call did not measure";
+  EXPECT_EQ(accepts(fwd_op(), "fastest", fwd_in, attrs), s.winner == "cudnn");
+
+  const Tensor dout = randn(q.sizes()).to(c.dtype);
+  const Tensor dlse = zeros(r[1].sizes());
+  const TensorVec dr =
+      call_op(bwd_op(), {dout, q.to(kCPU), k.to(kCPU), v.to(kCPU), r[0], r[1], dlse}, attrs);
+  const TensorVec bwd_in = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), dlse.to(kGpu)};
+  for (int call = 0; call < 2; ++call) {
+    const TensorVec dg = call_op(bwd_op(), bwd_in, attrs);
+    EXPECT_LE(rel_error(dg[0], dr[0]), grad_tol(c.dtype)) << "dq, call " << call;
+    EXPECT_LE(rel_error(dg[1], dr[1]), grad_tol(c.dtype)) << "dk, call " << call;
+    EXPECT_LE(rel_error(dg[2], dr[2]), grad_tol(c.dtype)) << "dv, call " << call;
+  }
+  const cuda::cudnn::Selection sb = cuda::cudnn::last_selection("flash_attention_backward");
+  std::printf("[cudnn] backward %s: cudnn %.3f ms, hand %.3f ms -> %s\n", sb.key.c_str(),
+              sb.cudnn_ms, sb.hand_ms, sb.winner.c_str());
+  ASSERT_FALSE(sb.winner.empty()) << "the first backward call did not measure";
+  EXPECT_EQ(accepts(bwd_op(), "fastest", bwd_in, attrs), sb.winner == "cudnn");
+  std::printf("%s", cuda::cudnn::describe_plans().c_str());
+#endif
+}
+
+// F::scaled_dot_product_attention on the GPU through autograd (the dispatcher's choice, cuDNN
+// where it measured faster) against the same call on f64 CPU copies, with gradients.
+TEST_F(GpuCudnnAttention, EagerSdpaMatchesCpuWithGradients) {
+  manual_seed(57);
+  struct R {
+    int64_t h, hkv, t, d;
+    bool causal;
+  };
+  for (const R& r : {R{4, 2, 256, 64, true}, R{4, 4, 130, 128, false}, R{4, 1, 200, 256, true}}) {
+    SCOPED_TRACE(::testing::Message() << "H" << r.h << "/" << r.hkv << " T" << r.t << " D" << r.d);
+    const Tensor q = randn({2, r.h, r.t, r.d}).to(kBFloat16);
+    const Tensor k = randn({2, r.hkv, r.t, r.d}).to(kBFloat16);
+    const Tensor v = randn({2, r.hkv, r.t, r.d}).to(kBFloat16);
+    const Tensor dout = randn({2, r.h, r.t, r.d}).to(kBFloat16);
+    auto run = [&](Device device, ScalarType dtype) {
+      const auto leaf = [&](const Tensor& t) {
+        return t.to(dtype).to(device).detach().requires_grad_(true);
+      };
+      const Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v);
+      const Tensor o = F::scaled_dot_product_attention(ql, kl, vl, {}, 0.0, r.causal, 0.1,
+                                                       /*enable_gqa=*/true);
+      autograd::variable_list g = autograd::grad({o}, {ql, kl, vl}, {dout.to(dtype).to(device)});
+      g.insert(g.begin(), o);
+      return g;
+    };
+    const autograd::variable_list ref = run(Device(kCPU), kDouble);
+    for (int rep = 0; rep < 2; ++rep) {  // the first call measures, the second follows the choice
+      const autograd::variable_list got = run(kGpu, kBFloat16);
+      EXPECT_LE(rel_error(got[0], ref[0]), out_tol(kBFloat16)) << "out, rep " << rep;
+      EXPECT_LE(rel_error(got[1], ref[1]), grad_tol(kBFloat16)) << "dq, rep " << rep;
+      EXPECT_LE(rel_error(got[2], ref[2]), grad_tol(kBFloat16)) << "dk, rep " << rep;
+      EXPECT_LE(rel_error(got[3], ref[3]), grad_tol(kBFloat16)) << "dv, rep " << rep;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
