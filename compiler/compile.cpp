@@ -573,8 +573,11 @@ std::vector<Tensor> CompiledCore::call(
       record(name, t0);
     }
     if (!skip("fuse")) {
-      // Each executor that fuses, in priority order, groups the ops it runs together.
+      // Each executor that fuses, in priority order, groups the ops it runs together: matmul
+      // epilogues first, so that an add an executor runs with its product is not also taken
+      // into an elementwise region.
       const auto t0 = std::chrono::steady_clock::now();
+      for (const auto& e : m.executors) t = attach_epilogues(t, *e);
       for (const auto& e : m.executors) t = fuse(t, *e);
       record("fuse", t0);
     }

@@ -94,8 +94,9 @@ class OpExecutor final : public Executor {
 
 struct ExecutorTable {
   std::mutex mu;
-  std::vector<std::shared_ptr<const Executor>> executors{std::make_shared<EagerExecutor>(),
-                                                         make_fused_cpu_executor()};
+  std::vector<std::shared_ptr<const Executor>> executors{
+      std::make_shared<EagerExecutor>(), make_fused_cpu_executor(),
+      make_matmul_epilogue_executor("matmul_epilogue", {kCUDA})};
 };
 ExecutorTable& table() {
   static ExecutorTable t;
@@ -126,6 +127,10 @@ void AutocastScope::set(const BoundOp::Autocast& s) {
 }
 
 bool Executor::fuses(const Trace&, const BoundOp&) const { return false; }
+
+bool Executor::fuses_epilogue(const Trace&, const BoundOp&, int, const BoundOp&) const {
+  return false;
+}
 
 Step Executor::lower_region(const Trace& trace, size_t begin, size_t) const {
   KILN_FAIL("[compile] the executor '", name(), "' was given the fusion region ",

@@ -52,6 +52,13 @@ class Executor {
   // the region trace.ops[begin, end) into one step. Executors without fusion keep the defaults.
   virtual bool fuses(const Trace& trace, const BoundOp& op) const;
   virtual Step lower_region(const Trace& trace, size_t begin, size_t end) const;
+
+  // Matmul epilogues (compiler/fuse.h, attach_epilogues). Whether this executor runs `matmul`
+  // (an mm) together with `consumer`, the one op that reads its output (`product`: the mm's
+  // output or a view of it), as one region: the product and the elementwise op after it in one
+  // library call. Default: no.
+  virtual bool fuses_epilogue(const Trace& trace, const BoundOp& matmul, int product,
+                              const BoundOp& consumer) const;
 };
 
 // Registers an executor under its name (replacing one of the same name, "eager" excepted).
@@ -89,5 +96,15 @@ class AutocastScope {
 
 // The built-in CPU fusion executor, "fused_cpu" (compiler/fused_cpu.cpp; docs/compiler.md).
 std::shared_ptr<const Executor> make_fused_cpu_executor();
+
+// A matmul-epilogue executor (compiler/matmul_epilogue.cpp) named `name` for values on the given
+// device types: an mm whose output only an add or sub reads (a residual of the product's shape,
+// or a bias row) runs as one addmm, the GEMM library's C matrix or bias epilogue (cuBLASLt on
+// CUDA). The built-in one, "matmul_epilogue", takes CUDA only: its result rounds once where
+// eager's rounds twice (the product, then the sum), which is within eager's own bf16 error but
+// not bit-equal, and compiled CPU programs keep eager's bits. A CPU instance is for programs that
+// accept that contract (and for tests).
+std::shared_ptr<const Executor> make_matmul_epilogue_executor(std::string name,
+                                                              std::vector<DeviceType> devices);
 
 }  // namespace kiln::compiler

@@ -210,4 +210,85 @@ Trace fuse(const Trace& trace, const Executor& executor) {
   return out;
 }
 
+Trace attach_epilogues(const Trace& trace, const Executor& executor) {
+  const size_t n = trace.ops.size();
+  const size_t nv = trace.values.size();
+  // How many ops read each value (an op reading it twice counts twice), and the last one.
+  std::vector<int> readers(nv, 0), reader(nv, -1);
+  for (size_t i = 0; i < n; ++i) {
+    for (int v : trace.ops[i].inputs) {
+      if (v < 0) continue;
+      ++readers[static_cast<size_t>(v)];
+      reader[static_cast<size_t>(v)] = static_cast<int>(i);
+    }
+  }
+  std::vector<bool> escapes(nv, false);  // returned or assigned to a grad
+  for (int v : trace.outputs) {
+    if (v >= 0) escapes[static_cast<size_t>(v)] = true;
+  }
+  for (const GradEffect& e : trace.grad_effects) {
+    if (e.value >= 0) escapes[static_cast<size_t>(e.value)] = true;
+  }
+  // The chain from an mm at `i` to its consumer, or empty.
+  auto chain_from = [&](size_t i) {
+    std::vector<size_t> members{i};
+    const BoundOp& mm = trace.ops[i];
+    if (mm.region >= 0 || mm.name() != "mm" || mm.outputs.size() != 1 || mm.outputs[0] < 0) {
+      return std::vector<size_t>{};
+    }
+    int v = mm.outputs[0];
+    while (true) {
+      const auto sv = static_cast<size_t>(v);
+      if (escapes[sv] || readers[sv] != 1) return std::vector<size_t>{};
+      const auto j = static_cast<size_t>(reader[sv]);
+      const BoundOp& next = trace.ops[j];
+      if (next.region >= 0) return std::vector<size_t>{};
+      members.push_back(j);
+      if (next.name() == "view" && next.outputs.size() == 1 && next.outputs[0] >= 0) {
+        v = next.outputs[0];
+        continue;
+      }
+      if (!executor.fuses_epilogue(trace, mm, v, next)) return std::vector<size_t>{};
+      break;
+    }
+    for (size_t k = i + 1; k < members.back(); ++k) {  // nothing may write what the mm reads
+      if (trace.ops[k].op->kind == OpKind::kInplace) return std::vector<size_t>{};
+    }
+    return members;
+  };
+
+  std::vector<std::vector<size_t>> chains;
+  std::vector<int> chain_at(n, -1);  // consumer index -> chain
+  std::vector<bool> member(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    if (member[i]) continue;
+    std::vector<size_t> c = chain_from(i);
+    // An add of two products (both views of mms) takes the first; the second is its residual.
+    if (c.empty() || member[c.back()]) continue;
+    for (size_t k : c) member[k] = true;
+    chain_at[c.back()] = static_cast<int>(chains.size());
+    chains.push_back(std::move(c));
+  }
+  if (chains.empty()) return trace;
+  Trace out = trace;
+  out.stage = "fuse";
+  out.ops.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (!member[i]) {
+      out.ops.push_back(trace.ops[i]);
+      continue;
+    }
+    if (chain_at[i] < 0) continue;
+    const int region = static_cast<int>(out.region_names.size());
+    out.region_names.push_back("fusion" + std::to_string(region));
+    for (size_t k : chains[static_cast<size_t>(chain_at[i])]) {
+      BoundOp op = trace.ops[k];
+      op.region = region;
+      op.executor = executor.name();
+      out.ops.push_back(std::move(op));
+    }
+  }
+  return out;
+}
+
 }  // namespace kiln::compiler

@@ -1,0 +1,160 @@
+// "matmul_epilogue": an mm and the add or sub after it as one addmm (compiler/fuse.h,
+// attach_epilogues; the contract is in compiler/executor.h).
+//
+// A transformer's residual stream is such a pair in every block, twice in the forward
+// (h = x + o_proj(attn), h + down_proj(mlp)) and again in the backward, where the gradient of a
+// projection's input is added to the residual's gradient. Eager code writes the product, reads it
+// back with the residual and writes the sum; addmm hands the residual to the GEMM as its C matrix
+// (beta = 1: cuBLASLt adds it in the epilogue, before the one rounding to the output dtype), or a
+// bias row to the bias epilogue, so the product never reaches memory and one kernel launch goes.
+//
+//   y = r + alpha * (a @ b)   ->  addmm(r, a, b; beta = 1,      alpha = alpha)
+//   y = (a @ b) + alpha * r   ->  addmm(r, a, b; beta = alpha,  alpha = 1)
+//   y = r - alpha * (a @ b)   ->  addmm(r, a, b; beta = 1,      alpha = -alpha)
+//   y = (a @ b) - alpha * r   ->  addmm(r, a, b; beta = -alpha, alpha = 1)
+//
+// r is either of the consumer's output shape (read as [m, n]) or a row of n elements.
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compiler/executor.h"
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+
+namespace kiln::compiler {
+namespace {
+
+bool floating(ScalarType d) { return d == kFloat || d == kDouble || d == kBFloat16 || d == kHalf; }
+
+bool contiguous_spec(const TensorSpec& s) {
+  int64_t expected = 1;
+  for (size_t d = s.sizes.size(); d-- > 0;) {
+    if (s.sizes[d] != 1 && s.strides.size() == s.sizes.size() && s.strides[d] != expected) {
+      return false;
+    }
+    expected *= s.sizes[d];
+  }
+  return s.strides.size() == s.sizes.size();
+}
+
+// How the consumer combines the product with its other input.
+struct Combine {
+  int other = -1;       // value id of the residual or bias
+  bool row = false;     // a bias row of n elements (else the output's shape, read as [m, n])
+  double beta = 1.0;    // addmm's attributes
+  double alpha = 1.0;
+};
+
+// The addmm that computes `consumer` (an add or sub reading `product`, the last value of the
+// chain), or nothing when it is not one of the forms above.
+std::optional<Combine> combine_of(const Trace& t, const BoundOp& consumer, int product, int64_t n) {
+  const bool add = consumer.name() == "add";
+  if ((!add && consumer.name() != "sub") || consumer.inputs.size() != 2 ||
+      consumer.attrs.size() != 1 || consumer.outputs.size() != 1) {
+    return std::nullopt;
+  }
+  const auto* alpha_attr = std::get_if<Scalar>(&consumer.attrs[0]);
+  if (alpha_attr == nullptr || !(alpha_attr->is_floating_point() || alpha_attr->is_integral(false)))
+    return std::nullopt;
+  const double alpha = alpha_attr->to<double>();
+  const bool product_first = consumer.inputs[0] == product;
+  Combine c;
+  c.other = consumer.inputs[product_first ? 1 : 0];
+  if (c.other < 0 || c.other == product || consumer.inputs[product_first ? 0 : 1] != product) {
+    return std::nullopt;
+  }
+  const TensorSpec& out = t.value(consumer.outputs[0]).spec;
+  const TensorSpec& other = t.value(c.other).spec;
+  const TensorSpec& prod = t.value(product).spec;
+  if (out.dtype != prod.dtype || other.dtype != prod.dtype || out.sizes != prod.sizes ||
+      !contiguous_spec(out) || !contiguous_spec(other) || other.device != prod.device) {
+    return std::nullopt;
+  }
+  if (other.sizes == out.sizes) {
+    c.row = false;
+  } else if (other.sizes.size() == 1 && other.sizes[0] == n) {
+    c.row = true;
+  } else {
+    return std::nullopt;
+  }
+  const double sign = add ? 1.0 : -1.0;
+  if (product_first) {
+    c.beta = sign * alpha;
+    c.alpha = 1.0;
+  } else {
+    c.beta = 1.0;
+    c.alpha = sign * alpha;
+  }
+  return c;
+}
+
+class MatmulEpilogueExecutor final : public Executor {
+ public:
+  MatmulEpilogueExecutor(std::string name, std::vector<DeviceType> devices)
+      : name_(std::move(name)), devices_(std::move(devices)) {}
+
+  const std::string& name() const override { return name_; }
+  bool claims(const Trace&, const BoundOp&) const override { return false; }
+  Step lower(const Trace&, const BoundOp& op) const override {
+    KILN_FAIL("[compile] ", name_, " runs matmul-epilogue regions only, not the single op ",
+              op.name());
+  }
+
+  bool fuses_epilogue(const Trace& t, const BoundOp& mm, int product,
+                      const BoundOp& consumer) const override {
+    if (mm.autocast.any() || consumer.autocast.any() || mm.inputs.size() != 2 ||
+        mm.inputs[0] < 0 || mm.inputs[1] < 0) {
+      return false;
+    }
+    const TensorSpec& prod = t.value(mm.outputs[0]).spec;
+    if (!floating(prod.dtype) || prod.sizes.size() != 2 ||
+        std::find(devices_.begin(), devices_.end(), prod.device.type()) == devices_.end()) {
+      return false;
+    }
+    return combine_of(t, consumer, product, prod.sizes[1]).has_value();
+  }
+
+  Step lower_region(const Trace& t, size_t begin, size_t end) const override {
+    const BoundOp& mm = t.ops[begin];
+    const BoundOp& consumer = t.ops[end - 1];
+    const TensorSpec& prod = t.value(mm.outputs[0]).spec;
+    const int product = end - begin > 2 ? t.ops[end - 2].outputs[0] : mm.outputs[0];
+    const std::optional<Combine> c = combine_of(t, consumer, product, prod.sizes[1]);
+    KILN_CHECK(c.has_value(), "[compile] ", name_, " was given a region that is not an mm and an ",
+               "add or sub of its output");
+    const int a = mm.inputs[0], b = mm.inputs[1], out = consumer.outputs[0];
+    const Shape mn = prod.sizes;
+    const Shape out_sizes = t.value(out).spec.sizes;
+    const Combine comb = *c;
+    return [=](Frame& frame) {
+      static const OpDef& addmm = KILN_OP(addmm);
+      const Tensor& other = frame.slots[static_cast<size_t>(comb.other)];
+      OpCall call;
+      call.op = &addmm;
+      call.inputs = {comb.row ? other : other.view(mn), frame.slots[static_cast<size_t>(a)],
+                     frame.slots[static_cast<size_t>(b)]};
+      call.attrs = {Scalar(comb.beta), Scalar(comb.alpha)};
+      const AutocastScope no_autocast(BoundOp::Autocast{});
+      dispatch_after(call, DispatchKey::Trace);
+      frame.slots[static_cast<size_t>(out)] =
+          out_sizes == mn ? std::move(call.outputs[0]) : call.outputs[0].view(out_sizes);
+    };
+  }
+
+ private:
+  std::string name_;
+  std::vector<DeviceType> devices_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Executor> make_matmul_epilogue_executor(std::string name,
+                                                              std::vector<DeviceType> devices) {
+  return std::make_shared<MatmulEpilogueExecutor>(std::move(name), std::move(devices));
+}
+
+}  // namespace kiln::compiler
