@@ -14,9 +14,7 @@
 #include "tensor/random.h"
 
 namespace kiln::models {
-namespace {
-
-TokenFormat resolve_format(const std::string& path, TokenFormat format) {
+TokenFormat resolve_token_format(const std::string& path, TokenFormat format) {
   if (format != TokenFormat::kAuto) return format;
   auto ends_with = [&](const char* ext) {
     const size_t n = std::strlen(ext);
@@ -26,8 +24,6 @@ TokenFormat resolve_format(const std::string& path, TokenFormat format) {
   if (ends_with(".u32")) return TokenFormat::kUint32;
   return TokenFormat::kText;
 }
-
-}  // namespace
 
 bool is_shard_data(const std::string& path) {
   std::error_code ec;
@@ -51,7 +47,7 @@ TokenDataset TokenDataset::from_file(const std::string& path, TokenFormat format
   KILN_CHECK(!in.bad(), "[TokenDataset] ", path, ": read error");
   KILN_CHECK(!bytes.empty(), "[TokenDataset] ", path, ": the file is empty");
   std::vector<uint32_t> tokens;
-  switch (resolve_format(path, format)) {
+  switch (resolve_token_format(path, format)) {
     case TokenFormat::kText:
     case TokenFormat::kAuto:
       tokens.reserve(bytes.size());

@@ -38,6 +38,8 @@ enum class Split { kTrain, kValidation };
 // Whether `path` names token shards: a directory, or shard files (*.tokens) separated by commas.
 // Anything else is a file for TokenDataset.
 bool is_shard_data(const std::string& path);
+// What kAuto reads `path` as (by its extension, as said above); other formats are returned as is.
+TokenFormat resolve_token_format(const std::string& path, TokenFormat format = TokenFormat::kAuto);
 
 class TokenDataset {
  public:

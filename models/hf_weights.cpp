@@ -485,6 +485,17 @@ void load_hf_weights(GPTImpl& model, const std::string& path) {
   for (const auto& [name, f] : ck.where) have.emplace(name, ck.files[f].info(name).shape);
   const std::string problems = check_names(plan, have, cfg);
   KILN_CHECK(problems.empty(), "[", op, "] ", path, ": does not fit ", cfg.name, ": ", problems);
+  // Weights are floating point: an integer tensor would convert without a word.
+  std::string not_float;
+  for (const Entry& e : plan) {
+    for (const std::string& n : e.hf) {
+      const ScalarType t = ck.files[ck.where.at(n)].info(n).dtype;
+      if (!is_floating_point(t))
+        not_float += kiln::str(not_float.empty() ? "" : ", ", n, " (", dtype_name(t), ")");
+    }
+  }
+  KILN_CHECK(not_float.empty(), "[", op, "] ", path,
+             ": weights that are not floating point: ", not_float);
 
   std::map<std::string, Tensor> params = parameters_of(model);
   // Where each HF tensor goes: a row block of one parameter.

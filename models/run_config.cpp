@@ -200,10 +200,29 @@ Setting model_name_setting() {
             }
             o.config_name = v->get();
             o.config.reset();
+            o.hf_dir.clear();
             return "";
           },
-          [](const PretrainOptions& o) {
+          [](const PretrainOptions& o) -> std::optional<std::string> {
+            if (!o.hf_dir.empty()) return std::nullopt;  // the model is model.hf's
             return format_string(o.config ? o.config->name : o.config_name);
+          }};
+}
+
+// Or a Hugging Face checkpoint directory: its config, weights and tokenizer.
+Setting model_hf_setting() {
+  return {"model", "hf", "a Hugging Face checkpoint directory (instead of name)",
+          [](const toml::node& node, PretrainOptions& o) -> std::string {
+            const auto* v = node.as_string();
+            if (v == nullptr) return expected("a directory", node);
+            if (v->get().empty()) return "must not be empty";
+            o.hf_dir = v->get();
+            o.config.reset();
+            return "";
+          },
+          [](const PretrainOptions& o) -> std::optional<std::string> {
+            if (o.hf_dir.empty()) return std::nullopt;
+            return format_string(o.hf_dir);
           }};
 }
 
@@ -316,6 +335,7 @@ const std::vector<Setting>& settings() {
   using P = PretrainOptions;
   static const std::vector<Setting> all = {
       model_name_setting(),
+      model_hf_setting(),
       string_setting("data", "path", &P::data_path, false,
                      "text, .bin/.u16/.u32 tokens, or token shards (docs/data.md)"),
       int_setting("data", "batch_size", &P::batch_size, 1, "sequences per step (per rank)"),
@@ -394,7 +414,8 @@ std::string closest(const std::string& name, const std::vector<std::string>& nam
   std::string best;
   size_t best_distance = 3;
   for (const auto& n : names) {
-    if (const size_t d = internal::edit_distance(name, n); d < best_distance) best = n, best_distance = d;
+    if (const size_t d = internal::edit_distance(name, n); d < best_distance)
+      best = n, best_distance = d;
   }
   return best;
 }
@@ -489,6 +510,11 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
     issues.push_back({lines["schedule.min_lr"],
                       kiln::str("schedule.min_lr ", rc.options.min_lr, " exceeds optimizer.lr ",
                                 rc.options.lr, " (line ", lines["optimizer.lr"], ")")});
+  }
+  if (rc.has("model.name") && rc.has("model.hf")) {
+    issues.push_back(
+        {lines["model.hf"], kiln::str("model.hf and model.name (line ", lines["model.name"],
+                                      ") both name the model: give one")});
   }
   if (!issues.empty()) {
     std::stable_sort(issues.begin(), issues.end(),

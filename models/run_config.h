@@ -10,7 +10,7 @@
 //
 // The file (docs/models.md lists every key; all are optional):
 //
-//   [model]       name
+//   [model]       name, or hf (a Hugging Face checkpoint directory)
 //   [data]        path, batch_size, seq_len
 //   [training]    steps, precision, device, compile, dist, grad_accum_steps, seed,
 //                 skip_nonfinite

@@ -12,15 +12,18 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <sstream>
 
 #include "autograd/grad_mode.h"
 #include "kernels/cuda.h"
 #include "models/data.h"
+#include "models/hf.h"
 #include "models/run_config.h"
 #include "models/trainer_internal.h"
 #include "nn/optim/lr_scheduler.h"
+#include "nn/safetensors.h"
 #include "nn/serialize.h"
 #include "pretrain/metrics.h"
 #include "pretrain/progress.h"
@@ -28,6 +31,7 @@
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "text/tokenizer.h"
 
 namespace kiln::models {
 namespace {
@@ -150,12 +154,54 @@ void check_data_path(const std::string& path) {
   }
 }
 
+// The model of a run started from a Hugging Face directory (PretrainOptions::hf_dir): its
+// config.json, named after the directory.
+ModelConfig hf_model_config(const std::string& dir) {
+  std::error_code ec;
+  KILN_CHECK(fs::is_directory(dir, ec), "[pretrain] hf_dir ", dir,
+             ": is not a directory (a Hugging Face checkpoint: config.json, model.safetensors or "
+             "shards, tokenizer.json)");
+  return ModelConfig::from_hf_config((fs::path(dir) / "config.json").string());
+}
+
+// The tokenizer.json of a Hugging Face directory, and its fingerprint (what kiln prepare writes
+// into the shards it makes with it).
+struct RunTokenizer {
+  std::string path;
+  text::Tokenizer tokenizer;
+  uint64_t fingerprint = 0;
+};
+std::optional<RunTokenizer> hf_tokenizer(const std::string& dir) {
+  if (dir.empty()) return std::nullopt;
+  const std::string path = (fs::path(dir) / "tokenizer.json").string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  const std::string json = read_file(path, "pretrain");
+  return RunTokenizer{path, text::Tokenizer::from_json(json, path),
+                      pretrain::tokenizer_fingerprint(json)};
+}
+
+std::string hex(uint64_t v) {
+  std::ostringstream s;
+  s << std::hex << std::setw(16) << std::setfill('0') << v;
+  return s.str();
+}
+
+// Whether two hf_dir values name the same directory ("" names none).
+bool same_dir(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return a == b;
+  return same_data(a, b);
+}
+
 // The run's data: a text or token file (TokenDataset, batches a pure function of the step), or
 // token shards (a ShardLoader, whose position goes into checkpoints).
 class TrainData {
  public:
   // rank and world: this rank's part of every training batch (PretrainOptions::dist).
-  TrainData(const PretrainOptions& o, const ModelConfig& cfg, int rank = 0, int world = 1)
+  // `tok`: the tokenizer of a run from a Hugging Face directory (its text is tokenised by it,
+  // its shards must be of it).
+  TrainData(const PretrainOptions& o, const ModelConfig& cfg, const RunTokenizer* tok, int rank = 0,
+            int world = 1)
       : o_(o), rank_(rank), world_(world) {
     check_data_path(o.data_path);
     if (is_shard_data(o.data_path)) {
@@ -163,6 +209,16 @@ class TrainData {
       KILN_CHECK(set->vocab_size() <= cfg.vocab_size, "[pretrain] ", o.data_path,
                  ": the shards come from a tokenizer of ", set->vocab_size(),
                  " ids, more than the vocab_size ", cfg.vocab_size, " of ", cfg.name);
+      if (tok != nullptr) {
+        const uint64_t theirs = set->tokenizer_fingerprint();
+        KILN_CHECK(theirs == tok->fingerprint, "[pretrain] ", o.data_path,
+                   ": the shards were made with another tokenizer (",
+                   theirs == pretrain::kByteTokenizerFingerprint
+                       ? std::string("kiln's byte tokenizer")
+                       : "fingerprint " + hex(theirs),
+                   ") than the model's ", tok->path, " (fingerprint ", hex(tok->fingerprint),
+                   "): make them with kiln prepare --tokenizer ", tok->path);
+      }
       pretrain::LoaderOptions lo;
       lo.seq_len = o.seq_len;
       lo.batch_size = o.batch_size;
@@ -174,7 +230,21 @@ class TrainData {
       loader_.emplace(std::move(set), lo);
       return;
     }
-    text_.emplace(TokenDataset::from_file(o.data_path));
+    if (!o.hf_dir.empty() && resolve_token_format(o.data_path) == TokenFormat::kText) {
+      KILN_CHECK(tok != nullptr, "[pretrain] ", o.data_path, ": a text file, and hf_dir ", o.hf_dir,
+                 " has no tokenizer.json to tokenise it with; add the model's tokenizer.json, or "
+                 "give token shards (kiln prepare) or a .bin/.u16/.u32 token file");
+      KILN_CHECK(tok->tokenizer.vocab_size() <= cfg.vocab_size, "[pretrain] the tokenizer ",
+                 tok->path, " has ", tok->tokenizer.vocab_size(), " ids, more than the vocab_size ",
+                 cfg.vocab_size, " of the model (", cfg.name, "): it is another model's tokenizer");
+      // One document without special tokens, as kiln prepare encodes each one.
+      const std::vector<int64_t> ids =
+          tok->tokenizer.encode(read_file(o.data_path, "pretrain"), /*add_special_tokens=*/false);
+      text_.emplace(TokenDataset::from_tokens(std::vector<uint32_t>(ids.begin(), ids.end()), 0.1,
+                                              o.data_path));
+    } else {
+      text_.emplace(TokenDataset::from_file(o.data_path));
+    }
     KILN_CHECK(text_->max_token() < cfg.vocab_size, "[pretrain] ", o.data_path, " holds token id ",
                text_->max_token(), ", outside the vocabulary of ", cfg.name, " (vocab_size ",
                cfg.vocab_size, ")");
@@ -351,7 +421,12 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
   const auto t_start = Clock::now();
   options.validate();
   PretrainOptions o = options;  // a resume replaces the schedule by the checkpoint's
-  const ModelConfig cfg = o.config ? *o.config : ModelConfig::from_name(o.config_name);
+  KILN_CHECK(o.hf_dir.empty() || !o.config, "[pretrain] both config (",
+             o.config ? o.config->name : "", ") and hf_dir (", o.hf_dir,
+             ") given: the model comes from one of them");
+  const ModelConfig cfg = !o.hf_dir.empty() ? hf_model_config(o.hf_dir)
+                          : o.config        ? *o.config
+                                            : ModelConfig::from_name(o.config_name);
   cfg.validate();
   KILN_CHECK(o.seq_len <= cfg.block_size, "[pretrain] seq_len ", o.seq_len,
              " exceeds the block_size ", cfg.block_size, " of ", cfg.name);
@@ -392,7 +467,8 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
       return summary;
     }
   }
-  TrainData data(o, cfg, dp ? dp->rank() : 0, world);
+  const std::optional<RunTokenizer> tokenizer = hf_tokenizer(o.hf_dir);
+  TrainData data(o, cfg, tokenizer ? &*tokenizer : nullptr, dp ? dp->rank() : 0, world);
 
   manual_seed(o.seed);
   GPT model(cfg, TensorOptions().device(device).dtype(param_dtype(o.precision)));
@@ -405,8 +481,22 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
 
   PretrainSummary summary;
   std::optional<int64_t> last_saved;  // the step of the newest checkpoint of this run
+  const bool resuming = o.resume && existing;
+  // A run from a Hugging Face directory starts from its weights (a resume from the checkpoint's).
+  if (!o.hf_dir.empty() && !resuming) {
+    load_hf_weights(*model, o.hf_dir);
+    log << "initial weights: " << o.hf_dir << "\n";
+  }
   if (o.resume) {
     if (const auto& info = existing) {
+      const std::string stored_hf = info->hf_dir.value_or("");
+      KILN_CHECK(same_dir(stored_hf, o.hf_dir), "[pretrain] the checkpoint in ", o.out_dir,
+                 " was started from ",
+                 stored_hf.empty() ? "the registered config " + info->config
+                                   : "the Hugging Face directory " + stored_hf,
+                 ", not from ",
+                 o.hf_dir.empty() ? "the registered config " + cfg.name
+                                  : "the Hugging Face directory " + o.hf_dir);
       KILN_CHECK(info->config == cfg.name, "[pretrain] the checkpoint in ", o.out_dir,
                  " is of config ", info->config, ", not ", cfg.name);
       KILN_CHECK(info->precision == o.precision, "[pretrain] the checkpoint in ", o.out_dir,

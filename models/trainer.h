@@ -94,6 +94,14 @@ namespace kiln::models {
 struct PretrainOptions {
   std::string config_name = kDefaultConfig;
   std::optional<ModelConfig> config;  // when set, used instead of config_name
+  // A Hugging Face checkpoint directory (config.json, model.safetensors or shards with
+  // model.safetensors.index.json, tokenizer.json): when set, used instead of config_name (with
+  // config too is an error). Its config.json gives the model and its weights the parameters at
+  // step 0 (continued pretraining, fine-tuning); a resume takes the weights from out_dir. Its
+  // tokenizer.json tokenises a text data file (one document, without special tokens, as kiln
+  // prepare encodes each one) and must be the tokenizer of token shards (their fingerprint);
+  // without one, text data is an error. Data ids must be below the model's vocab_size.
+  std::string hf_dir;
   // Text (byte tokens), .bin/.u16/.u32 (models/data.h), or token shards: a directory or
   // *.tokens files separated by commas (docs/data.md).
   std::string data_path;
@@ -198,7 +206,8 @@ struct CheckpointInfo {
   std::optional<int64_t> seq_len;
   std::optional<int64_t> batch_size;
   std::optional<int64_t> grad_accum_steps;
-  std::optional<std::string> data;  // the data path as the run was given it
+  std::optional<std::string> data;    // the data path as the run was given it
+  std::optional<std::string> hf_dir;  // PretrainOptions::hf_dir of a run started from one
   struct Schedule {
     double lr = 0, min_lr = 0;
     int64_t warmup_steps = 0, lr_decay_steps = 0;
@@ -210,9 +219,10 @@ struct CheckpointInfo {
 // sizes), on one that is not a regular file (a FIFO, a directory), and on file names that are
 // not plain names inside `dir`.
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir);
-// The checkpoint's model (config from the registry by name) on `device`, in f32 or, for a
-// bf16-true checkpoint, bf16. Every tensor of the file must have exactly the dtype and shape
-// of the model's (an I32 tensor where F32 is expected is an error naming the file and tensor).
+// The checkpoint's model (config from the registry by name, or from the config.json of the
+// hf_dir it was started from) on `device`, in f32 or, for a bf16-true checkpoint, bf16. Every
+// tensor of the file must have exactly the dtype and shape of the model's (an I32 tensor where F32
+// is expected is an error naming the file and tensor).
 GPT load_checkpoint(const std::string& dir, Device device);
 
 // Training-step throughput on random tokens (what `kiln bench` prints): warmup_steps steps

@@ -106,6 +106,7 @@ void save_checkpoint(const std::string& dir,
      << ",\n  \"batch_size\": " << o.batch_size << ",\n  \"seq_len\": " << o.seq_len
      << ",\n  \"grad_accum_steps\": " << o.grad_accum_steps
      << ",\n  \"data\": " << nn::json_string(o.data_path);
+  if (!o.hf_dir.empty()) js << ",\n  \"hf\": " << nn::json_string(o.hf_dir);
   js << ",\n  \"schedule\": {\"lr\": " << exact(schedule.lr)
      << ", \"min_lr\": " << exact(schedule.min_lr)
      << ", \"warmup_steps\": " << schedule.warmup_steps
@@ -313,6 +314,8 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
         info.grad_accum_steps = r.read_int64("grad_accum_steps");
       } else if (*key == "data") {
         info.data = r.read_string();
+      } else if (*key == "hf") {
+        if (std::string dir = r.read_string(); !dir.empty()) info.hf_dir = std::move(dir);
       } else if (*key == "schedule") {
         CheckpointInfo::Schedule sc;
         int seen = 0;
@@ -387,8 +390,11 @@ GPT load_checkpoint(const std::string& dir, Device device) {
   auto info = read_checkpoint_info(dir);
   KILN_CHECK(info.has_value(), "[checkpoint] ", dir, ": no ", kStateFile,
              " (not a kiln pretrain checkpoint directory)");
-  GPT model(ModelConfig::from_name(info->config),
-            TensorOptions().device(device).dtype(internal::param_dtype(info->precision)));
+  // A run from a Hugging Face directory has its model in that directory's config.json.
+  const ModelConfig cfg =
+      info->hf_dir ? ModelConfig::from_hf_config((fs::path(*info->hf_dir) / "config.json").string())
+                   : ModelConfig::from_name(info->config);
+  GPT model(cfg, TensorOptions().device(device).dtype(internal::param_dtype(info->precision)));
   internal::load_model_file(model, (fs::path(dir) / info->model_file).string());
   return model;
 }

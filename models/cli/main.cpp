@@ -2,7 +2,7 @@
 // training throughput, lists the configs.
 //
 //   kiln configs
-//   kiln pretrain [--config NAME|FILE.toml] [--data FILE] [--steps N] [--batch B] [--seq T] ...
+//   kiln pretrain [--config NAME|FILE.toml | --hf DIR] [--data FILE] [--steps N] [--batch B] ...
 //   kiln generate (--checkpoint DIR | --hf DIR | --config NAME) (--prompt "1 2 3" | --text "...")
 //                 [--tokenizer tokenizer.json] ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
@@ -64,6 +64,10 @@ commands:
   configs                      list the registered model configs with their parameter counts
   pretrain [flags]             pretrain a model on a text or token file
       --config NAME            model config (default: kiln-tiny)
+      --hf DIR                 ... or a Hugging Face checkpoint directory (config.json,
+                               safetensors, tokenizer.json): continued pretraining or
+                               fine-tuning from its weights; a text --data is tokenised
+                               with its tokenizer.json, shards must be of that tokenizer
       --config FILE.toml       ... or a run configuration file: any of these settings and
                                more (docs/models.md); flags override it. Every run writes
                                the settings it ran with to <out>/run.toml
@@ -76,7 +80,7 @@ commands:
       --lr X                   peak learning rate (default: 3e-3; cosine to lr/10)
       --precision P            f32 | bf16-true | bf16-mixed (default: f32)
       --device D               cpu | cuda (default: cuda when available)
-      --out DIR                checkpoint directory (default: out/<config>)
+      --out DIR                checkpoint directory (default: out/<config> or out/<hf dir>)
       --resume                 continue from the checkpoint in --out, with its data, batch,
                                seq, seed and lr schedule (flags that differ are an error)
       --allow-resume-changes   resume even though --data, --batch, --seq, --seed, --lr or
@@ -285,11 +289,19 @@ int cmd_configs(const std::vector<std::string>& args) {
   return 0;
 }
 
+// The name of a Hugging Face directory's model, as ModelConfig::from_hf_config gives it: the
+// directory's own name ("hf" for ".").
+std::string hf_model_name(const std::string& dir) {
+  const std::string name =
+      (std::filesystem::path(dir) / "config.json").lexically_normal().parent_path().filename();
+  return name.empty() || name == "." ? "hf" : name;
+}
+
 int cmd_pretrain(const std::vector<std::string>& args) {
   const Flags f =
       parse_flags(args,
-                  {"config", "data", "steps", "batch", "seq", "lr", "precision", "device", "out",
-                   "seed", "save-every", "lr-decay-steps", "keep", "dist"},
+                  {"config", "hf", "data", "steps", "batch", "seq", "lr", "precision", "device",
+                   "out", "seed", "save-every", "lr-decay-steps", "keep", "dist"},
                   {"resume", "compile", "no-progress", "skip-nonfinite", "allow-resume-changes"});
   // --config FILE.toml: a run configuration file (models/run_config.h). Its settings count as
   // flags: the flags given override them, and they override the defaults and, on a resume, the
@@ -301,12 +313,24 @@ int cmd_pretrain(const std::vector<std::string>& args) {
     return f.contains(flag) || file.has(key);
   };
   PretrainOptions o = file.options;
+  // The model: --config NAME, --hf DIR (a Hugging Face checkpoint), or the file's; never two.
+  if (f.contains("hf") && f.contains("config") && !config_file) {
+    throw UsageError{"--hf " + f.at("hf") + " and --config " + f.at("config") +
+                     " both name the model: give one"};
+  }
+  if (f.contains("hf") && file.has("model.name")) {
+    throw UsageError{"--hf " + f.at("hf") + " and model.name in " + f.at("config") +
+                     " both name the model: give one"};
+  }
+  if (f.contains("hf") && f.at("hf").empty()) throw UsageError{"--hf needs a directory"};
+  o.hf_dir = f.contains("hf") ? f.at("hf") : file.has("model.hf") ? file.options.hf_dir : "";
   o.config_name = f.contains("config") && !config_file ? f.at("config")
                   : file.has("model.name")             ? file.options.config_name
                                                        : kiln::models::kDefaultConfig;
   o.out_dir = f.contains("out")                ? f.at("out")
               : file.has("checkpoint.out_dir") ? file.options.out_dir
-                                               : "out/" + o.config_name;
+              : o.hf_dir.empty()               ? "out/" + o.config_name
+                                               : "out/" + hf_model_name(o.hf_dir);
   o.resume = f.contains("resume");
   o.allow_resume_changes = f.contains("allow-resume-changes");
   if (o.allow_resume_changes && !o.resume) {
@@ -317,6 +341,11 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   // --allow-resume-changes).
   std::optional<kiln::models::CheckpointInfo> stored;
   if (o.resume) stored = kiln::models::read_checkpoint_info(o.out_dir);
+  // A resume of a run from a Hugging Face directory continues on that model unless told.
+  if (stored && stored->hf_dir && o.hf_dir.empty() && !f.contains("config") &&
+      !file.has("model.name")) {
+    o.hf_dir = *stored->hf_dir;
+  }
   o.data_path = f.contains("data")      ? f.at("data")
                 : file.has("data.path") ? file.options.data_path
                 : stored && stored->data

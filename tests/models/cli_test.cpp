@@ -17,7 +17,10 @@
 #include <string>
 #include <tuple>
 
+#include "models/hf.h"
 #include "models/run_config.h"
+#include "tensor/ops.h"
+#include "text/bpe_trainer.h"
 #include "text/tokenizer.h"
 
 namespace {
@@ -263,11 +266,42 @@ TEST_F(CliTest, GenerateWithATokenizerJson) {
                "has 1500 ids, more than the vocab_size 320 of the model (tiny-llama)");
 }
 
+// pretrain --hf DIR (issue 20): a Hugging Face directory's model, weights and tokenizer; --config
+// NAME with it is a usage error; --resume without --hf continues on the checkpoint's directory.
+TEST_F(CliTest, PretrainFromAHuggingFaceDirectory) {
+  const fs::path hf = dir_ / "tiny-hf";
+  kiln::manual_seed(3);
+  kiln::models::GPT model(kiln::models::ModelConfig::from_name("tiny-llama"));
+  kiln::models::save_hf_checkpoint(*model, hf.string());
+  const std::string data = (dir_ / "corpus.txt").string();
+  {
+    std::ofstream(data)
+        << read_bytes(std::string(KILN_SOURCE_DIR) + "/data/tinyshakespeare.txt").substr(0, 20'000);
+    kiln::text::BpeTrainerOptions bpe;
+    bpe.vocab_size = 300;  // the model has 320 ids
+    std::ofstream(hf / "tokenizer.json") << kiln::text::train_bpe({read_bytes(data)}, bpe);
+  }
+  const std::string common = " --data '" + data + "' --batch 2 --seq 16 --device cpu --no-progress";
+  expect_error("pretrain --hf '" + hf.string() + "' --config tiny-llama" + common, 2,
+               "--hf " + hf.string() + " and --config tiny-llama both name the model");
+  const std::string out = " --out '" + (dir_ / "out").string() + "'";
+  const Result first =
+      run_kiln("pretrain --hf '" + hf.string() + "' --steps 2 --lr-decay-steps 3" + common + out);
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_NE(first.output.find("initial weights: " + hf.string()), std::string::npos)
+      << first.output;
+  const Result resumed = run_kiln("pretrain --resume --steps 3" + common + out);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("pretraining tiny-hf"), std::string::npos) << resumed.output;
+}
+
 TEST_F(CliTest, UsageListsTheNewFlags) {
   const Result r = run_kiln("help");
   EXPECT_EQ(r.status, 0);
-  for (const char* flag : {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps",
-                           "--adam-state", "--config FILE.toml", "--dist M", "--tokenizer FILE"}) {
+  for (const char* flag :
+       {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps", "--adam-state",
+        "--config FILE.toml", "--dist M", "--tokenizer FILE", "--hf DIR "}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
 }

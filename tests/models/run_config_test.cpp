@@ -227,6 +227,9 @@ TEST(RunConfigTest, WrongTypesAreErrors) {
   expect_error("[data]\npath = 3\n", "bad.toml:2: data.path must be a string, got an integer 3");
   expect_error("[model]\nname = 1\n",
                "bad.toml:2: model.name must be a config name, got an integer 1");
+  expect_error("[model]\nhf = 1\n", "bad.toml:2: model.hf must be a directory, got an integer 1");
+  expect_error("[model]\nname = \"tiny-llama\"\nhf = \"llama\"\n",
+               "bad.toml:3: model.hf and model.name (line 2) both name the model: give one");
   expect_error("[metrics]\nprogress_bar = \"yes\"\n",
                "bad.toml:2: metrics.progress_bar must be true or false, got a string \"yes\"");
   expect_error("[training]\nseed = 1.5\n",
