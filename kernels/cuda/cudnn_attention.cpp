@@ -42,7 +42,7 @@
 namespace kiln::cuda::cudnn {
 namespace {
 
-// "<op>: <call> failed: CUDNN_STATUS_...: <cuDNN's last error message>".
+// "CUDNN_STATUS_...: <cuDNN's last error message>".
 std::string status_text(cudnnStatus_t s) {
   char last[512] = {0};
   cudnnGetLastErrorString(last, sizeof(last));
@@ -51,8 +51,8 @@ std::string status_text(cudnnStatus_t s) {
   return text;
 }
 
-// Graph building reports failure as a value (a plan that cannot be built makes the support rule
-// refuse); execution errors throw.
+// Graph and plan building throw BuildError, which plan_for() keeps as the plan's error (a call
+// without a plan is refused by the support rules); errors while running throw kiln::Error.
 struct BuildError {
   std::string what;
 };
@@ -444,8 +444,9 @@ Graph backward_graph(cudnnHandle_t handle, const Key& key) {
 
 struct Plan {
   Graph graph;
-  bool dsum_input = true;      // backward: Dsum is filled by kiln (exact for any dlse)
-  std::unique_ptr<Desc> plan;  // null: no plan (see error)
+  bool dsum_input = true;        // backward: Dsum is filled by kiln (exact for any dlse)
+  std::unique_ptr<Desc> config;  // the engine configuration the plan was finalized with
+  std::unique_ptr<Desc> plan;    // null: no plan (see error)
   int64_t workspace = 0;
   int64_t engine = -1;
   std::string error;
@@ -501,6 +502,7 @@ void make_plan(cudnnHandle_t handle, Plan& p) {
           cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
                                    &index);
         }
+        p.config = std::move(cfgs[i]);
         p.plan = std::move(plan);
         p.workspace = ws;
         p.engine = index;
@@ -524,7 +526,8 @@ struct Device {
 constexpr int kMaxDevices = 64;
 
 Device& device_state(int index) {
-  static Device devices[kMaxDevices];
+  // Never destroyed: descriptors must not be released after the CUDA context at exit.
+  static Device* const devices = new Device[kMaxDevices];
   KILN_CHECK(index >= 0 && index < kMaxDevices, "[cudnn] device index ", index, " out of range");
   return devices[index];
 }
@@ -536,10 +539,8 @@ Plan& plan_for(Device& d, const Key& key) {
   auto p = std::make_unique<Plan>();
   p->dsum_input = key.dsum_input;
   try {
-    if (d.handle == nullptr) {
-      DeviceGuard guard(key.device);
-      KILN_CUDNN_TRY(cudnnCreate(&d.handle));
-    }
+    DeviceGuard guard(key.device);  // plans are built for the handle's device
+    if (d.handle == nullptr) KILN_CUDNN_TRY(cudnnCreate(&d.handle));
     p->graph = key.backward ? backward_graph(d.handle, key) : forward_graph(d.handle, key);
     make_plan(d.handle, *p);
   } catch (const BuildError& e) {

@@ -6,12 +6,16 @@
 //     positive scale (the forward folds it into the exponent).
 //   - "flash_sm80": mma.sync on compute capability 8.0 and later (flash_fwd_sm80.cu,
 //     flash_bwd_sm80.cu). Head sizes 64 and 128, any scale.
-// When neither supports a call, the dispatcher runs the op's decomposition. Tests and the kernel
+// Where cuDNN was found, kernels/cuda/cudnn_attention.cpp adds cuDNN's fused attention: a
+// "fastest" kernel tried before these, which measures cuDNN against the family that takes a call
+// on the first call of each shape and keeps the winner, and a "cudnn" kernel tried after them.
+// When no kernel supports a call, the dispatcher runs the op's decomposition. Tests and the kernel
 // lab reach a family by name: call_op_with_kernel(op, "flash_sm80", ...).
 //
 // This file holds what both families share around their kernels: the operands (views whose rows
 // are not 16-byte aligned are copied), Params, the backward's Delta pass (Delta = rowsum(dO * O) -
-// dlse, fused with zeroing dQ's f32 accumulator) and the rounding of dQ to the dtype afterwards.
+// dlse, fused with zeroing dQ's f32 accumulator; cuDNN's backward reads it too: delta_pass) and
+// the rounding of dQ to the dtype afterwards.
 // Shared device code: flash_common.cuh. Measurements and the kernels' history:
 // benchmarks/RESULTS.md ("Flash attention kernels: history"); the variants that lost: the kernel
 // lab (benchmarks/lab/flash_attention_lab.cu).
