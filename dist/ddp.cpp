@@ -1,5 +1,6 @@
 #include "dist/ddp.h"
 
+#include <algorithm>
 #include <map>
 #include <unordered_set>
 
@@ -30,6 +31,13 @@ int64_t signature(const std::vector<Tensor>& params) {
   return static_cast<int64_t>(h >> 1);
 }
 
+// Whether `a` is `view` (the same tensor, or the same memory seen the same way).
+bool aliases(const Tensor& a, const Tensor& view) {
+  if (a.is_same(view)) return true;
+  return a.dtype() == view.dtype() && a.data_ptr() == view.data_ptr() &&
+         a.sizes() == view.sizes() && a.strides() == view.strides();
+}
+
 }  // namespace
 
 Reducer::Reducer(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> pg,
@@ -37,8 +45,8 @@ Reducer::Reducer(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGrou
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
   KILN_CHECK(module_ != nullptr, "[DistributedDataParallel] the module is null");
   KILN_CHECK(pg_ != nullptr, "[DistributedDataParallel] the process group is null");
-  KILN_CHECK(options_.bucket_cap_mb > 0, "[DistributedDataParallel] bucket_cap_mb must be > 0, got ",
-             options_.bucket_cap_mb);
+  KILN_CHECK(options_.bucket_cap_mb > 0,
+             "[DistributedDataParallel] bucket_cap_mb must be > 0, got ", options_.bucket_cap_mb);
   for (auto& item : module_->named_parameters()) {
     if (!item.value().requires_grad()) continue;
     params_.push_back(item.value());
@@ -62,7 +70,8 @@ Reducer::Reducer(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGrou
   pg_->all_reduce(hi, ReduceOp::kMax)->wait();
   KILN_CHECK(lo.item<int64_t>() == sig && hi.item<int64_t>() == sig,
              "[DistributedDataParallel] the ranks hold different models: rank ", pg_->rank(),
-             " has ", params_.size(), " parameters whose shapes or dtypes differ from another "
+             " has ", params_.size(),
+             " parameters whose shapes or dtypes differ from another "
              "rank's (build the same model on every rank)");
   // Rank 0's parameters and buffers everywhere.
   std::vector<std::shared_ptr<Work>> works;
@@ -70,39 +79,59 @@ Reducer::Reducer(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGrou
   for (auto b : module_->buffers()) works.push_back(pg_->broadcast(b, 0));
   for (auto& w : works) w->wait();
 
-  // Buckets, in reverse registration order, one open bucket per (dtype, device).
-  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
-  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> bucket index
-  std::vector<int64_t> bytes;
-  bucket_of_.assign(params_.size(), 0);
-  for (size_t k = params_.size(); k-- > 0;) {
-    const Tensor& p = params_[k];
-    const auto key = std::make_pair(static_cast<int>(p.dtype()), p.device().str());
-    auto it = open.find(key);
-    if (it == open.end() || (bytes[it->second] > 0 && bytes[it->second] + static_cast<int64_t>(
-                                                          p.nbytes()) > cap)) {
-      buckets_.emplace_back();
-      bytes.push_back(0);
-      it = open.insert_or_assign(key, buckets_.size() - 1).first;
-    }
-    Bucket& b = buckets_[it->second];
-    int64_t offset = 0;
-    if (!b.params.empty()) offset = b.offsets.back() + params_[b.params.back()].numel();
-    b.params.push_back(k);
-    b.offsets.push_back(offset);
-    bytes[it->second] += static_cast<int64_t>(p.nbytes());
-    bucket_of_[k] = it->second;
-  }
-  for (Bucket& b : buckets_) {
-    const Tensor& last = params_[b.params.back()];
-    b.flat = zeros({b.offsets.back() + last.numel()}, last.options());
-    b.pending = b.params.size();
-  }
+  // Buckets in reverse registration order until the first backward shows the real order.
+  std::vector<size_t> order(params_.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = order.size() - 1 - k;
+  build_buckets(order);
   ready_.assign(params_.size(), false);
 
   for (size_t i = 0; i < params_.size(); ++i) {
     hook_handles_.push_back(autograd::register_post_accumulate_grad_hook(
         params_[i], [this, i](const Tensor&) { on_grad_ready(i); }));
+  }
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  // One open bucket per (dtype, device); a parameter that would take it past the cap opens the
+  // next one (a parameter larger than the cap is alone in its bucket).
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> bucket index
+  std::vector<int64_t> bytes;
+  buckets_.clear();
+  bucket_of_.assign(params_.size(), 0);
+  for (size_t k : order) {
+    const Tensor& p = params_[k];
+    const auto key = std::make_pair(static_cast<int>(p.dtype()), p.device().str());
+    const auto nbytes = static_cast<int64_t>(p.nbytes());
+    auto it = open.find(key);
+    if (it == open.end() || (bytes[it->second] > 0 && bytes[it->second] + nbytes > cap)) {
+      buckets_.emplace_back();
+      bytes.push_back(0);
+      it = open.insert_or_assign(key, buckets_.size() - 1).first;
+    }
+    Bucket& b = buckets_[it->second];
+    b.params.push_back(k);
+    bytes[it->second] += nbytes;
+    bucket_of_[k] = it->second;
+  }
+  views_.assign(params_.size(), Tensor());
+  for (Bucket& b : buckets_) {
+    b.pending = b.params.size();
+    // Each slot starts on a 64-byte boundary: the views handed out as grad() stay aligned for
+    // the vectorised optimizer and foreach kernels.
+    const int64_t align =
+        std::max<int64_t>(1, 64 / static_cast<int64_t>(params_[b.params[0]].element_size()));
+    int64_t numel = 0;
+    for (size_t i : b.params) {
+      b.offsets.push_back(numel);
+      numel += (params_[i].numel() + align - 1) / align * align;
+    }
+    if (solo(b)) continue;
+    b.flat = zeros({numel}, params_[b.params[0]].options());
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const Tensor& p = params_[b.params[j]];
+      views_[b.params[j]] = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
+    }
   }
 }
 
@@ -140,12 +169,12 @@ std::string Reducer::names_of_unready() const {
 }
 
 void Reducer::on_grad_ready(size_t index) {
-  if (!require_sync_) return;  // no_sync(): accumulate locally
+  if (!require_sync_) return;  // no_sync(): accumulate locally (into the views, if grad is one)
   std::lock_guard<std::mutex> lock(mu_);
-  mark_ready(index, &params_[index].grad());
+  mark_ready(index);
 }
 
-void Reducer::mark_ready(size_t index, const Tensor* grad) {
+void Reducer::mark_ready(size_t index) {
   KILN_CHECK(!ready_[index], "[DistributedDataParallel] parameter '", names_[index],
              searched_unused_ && !used_[index]
                  ? "' was not reached from the forward's outputs but got a gradient (was it used "
@@ -154,16 +183,30 @@ void Reducer::mark_ready(size_t index, const Tensor* grad) {
                    "through the same forward? run all but the last micro-batch under no_sync())");
   ready_[index] = true;
   ++num_ready_;
+  if (!rebuilt_) ready_order_.push_back(index);
   Bucket& b = buckets_[bucket_of_[index]];
-  size_t pos = 0;
-  while (b.params[pos] != index) ++pos;
   {
     NoGradGuard no_grad;
-    Tensor slot = b.flat.narrow(0, b.offsets[pos], params_[index].numel());
-    if (grad != nullptr && grad->defined()) {
-      slot.copy_(grad->reshape({-1}));
+    Tensor& param = params_[index];
+    const Tensor& grad = param.grad();  // undefined: unused in this pass (and before it)
+    if (solo(b)) {
+      // All-reduced in place: grad() itself, contiguous and in the parameter's dtype.
+      if (!grad.defined()) {
+        b.flat = zeros(param.sizes(), param.options());  // grad() if another rank used it
+      } else {
+        if (!grad.is_contiguous() || grad.dtype() != param.dtype()) {
+          param.mutable_grad() = grad.to(param.dtype()).contiguous();
+        }
+        b.flat = param.grad();
+      }
     } else {
-      slot.zero_();
+      Tensor& view = views_[index];
+      if (!grad.defined()) {
+        view.zero_();
+      } else if (!aliases(grad, view)) {
+        view.copy_(grad);
+        if (options_.gradient_as_bucket_view) param.mutable_grad() = view;
+      }
     }
   }
   if (--b.pending > 0) return;
@@ -211,7 +254,7 @@ void Reducer::prepare_for_backward(const std::optional<std::vector<Tensor>>& out
     if (reached.contains(params_[i].impl())) {
       used_[i] = 1;
     } else {
-      mark_ready(i, nullptr);
+      mark_ready(i);
     }
   }
 }
@@ -229,23 +272,70 @@ void Reducer::finalize() {
   for (Bucket& b : buckets_) {
     b.work->wait();
     b.work = nullptr;
-    for (size_t j = 0; j < b.params.size(); ++j) {
-      const size_t i = b.params[j];
+    for (size_t i : b.params) {
       if (!used_anywhere[i]) continue;
-      Tensor reduced = b.flat.narrow(0, b.offsets[j], params_[i].numel()).view(params_[i].sizes());
-      if (params_[i].grad().defined()) {
-        Tensor g = params_[i].grad();
-        g.copy_(reduced);
+      Tensor& grad = params_[i].mutable_grad();
+      if (solo(b)) {
+        if (!grad.defined()) grad = b.flat;  // unused here, used by another rank
+      } else if (options_.gradient_as_bucket_view) {
+        if (!grad.defined()) grad = views_[i];  // the others are the views: averaged in place
+      } else if (grad.defined()) {
+        grad.copy_(views_[i]);
       } else {
-        params_[i].mutable_grad() = reduced.clone();  // unused here, used by another rank
+        grad = views_[i].clone();
       }
     }
+    if (solo(b)) b.flat = Tensor();  // the bucket does not keep the gradient alive
+  }
+  if (!rebuilt_) rebuild_buckets();
+  reset_pass();
+}
+
+void Reducer::reset_pass() {
+  for (Bucket& b : buckets_) {
+    b.work = nullptr;
     b.pending = b.params.size();
+    if (solo(b)) b.flat = Tensor();
   }
   searched_unused_ = false;
   ready_.assign(params_.size(), false);
+  ready_order_.clear();
   num_ready_ = 0;
   next_to_launch_ = 0;
+}
+
+void Reducer::rebuild_buckets() {
+  rebuilt_ = true;
+  KILN_CHECK(ready_order_.size() == params_.size(),
+             "[DistributedDataParallel] internal: the ready order has ", ready_order_.size(),
+             " of ", params_.size(), " parameters");
+  // Rank 0's order on every rank: the ranks may have seen different orders (branches, unused
+  // parameters), and must launch the same buckets.
+  std::vector<size_t> order = ready_order_;
+  if (pg_->size() > 1) {
+    std::vector<int64_t> wide(order.begin(), order.end());
+    Tensor t = tensor(wide, kInt64).to(params_[0].device());
+    pg_->broadcast(t, 0)->wait();
+    const std::vector<int64_t> got = t.to_vector<int64_t>();
+    order.assign(got.begin(), got.end());
+  }
+  std::vector<size_t> current;
+  for (const Bucket& b : buckets_) current.insert(current.end(), b.params.begin(), b.params.end());
+  if (order == current) return;
+  // Gradients that are views into the old buckets (which the old views keep alive) move into
+  // the new ones.
+  const std::vector<Tensor> old_views = std::move(views_);
+  build_buckets(order);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& grad = params_[i].grad();
+    if (!grad.defined() || !old_views[i].defined() || !aliases(grad, old_views[i])) continue;
+    if (views_[i].defined()) {
+      views_[i].copy_(grad);
+      params_[i].mutable_grad() = views_[i];
+    } else {
+      params_[i].mutable_grad() = grad.clone();
+    }
+  }
 }
 
 void Reducer::prepare_for_forward() {
@@ -262,16 +352,13 @@ void Reducer::prepare_for_forward() {
           } catch (...) {
           }
         }
-        b.work = nullptr;
-        b.pending = b.params.size();
       }
-      ready_.assign(params_.size(), false);
-      num_ready_ = 0;
-      next_to_launch_ = 0;
-      searched_unused_ = false;
+      reset_pass();
       KILN_FAIL("[DistributedDataParallel] the last backward produced gradients for only ", got,
-                " of ", params_.size(), " parameters, so the gradients were not averaged over "
-                "the ranks; no gradient reached ", missing,
+                " of ", params_.size(),
+                " parameters, so the gradients were not averaged over "
+                "the ranks; no gradient reached ",
+                missing,
                 " (every parameter that requires grad must take part in the loss of every "
                 "synchronised backward, or set DDPOptions::find_unused_parameters)");
     }

@@ -14,12 +14,16 @@
 //     opt.step();
 //   }
 //
-// How: the parameters are grouped into buckets of about bucket_cap_mb, in reverse registration
-// order (roughly the order backward produces their gradients), per dtype and device. A hook on
-// each parameter (autograd/hooks.h) copies its gradient into its bucket once it is accumulated;
-// a full bucket is all-reduced (ReduceOp::kAvg) asynchronously while backward goes on, buckets
-// being launched in the same order on every rank. When the last bucket is launched, the hook
-// waits for all of them and writes the averaged gradients back into grad().
+// How: the parameters are grouped into buckets of about bucket_cap_mb, per dtype and device, at
+// first in reverse registration order (roughly the order backward produces their gradients),
+// then, after the first synchronised backward, in the order their gradients became ready there
+// (rank 0's order, broadcast, so that every rank launches the same buckets in the same order). A
+// hook on each parameter (autograd/hooks.h) puts its gradient into its bucket once it is
+// accumulated; a full bucket is all-reduced (ReduceOp::kAvg) asynchronously while backward goes
+// on, buckets being launched in bucket order. With gradient_as_bucket_view (the default) grad()
+// is a view into its bucket's buffer, so autograd accumulates into the bucket and the averaged
+// gradient needs no copy back; a parameter alone in its bucket (one larger than bucket_cap_mb) is
+// all-reduced in its own grad(), without any copy.
 //
 // Gradient accumulation: inside `auto guard = ddp.no_sync();` backward only accumulates locally;
 // the first backward after the guard is gone all-reduces the accumulated gradients.
@@ -36,9 +40,10 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -58,6 +63,17 @@ struct DDPOptions {
   // after zero_grad()), as in PyTorch. Costs a graph walk per forward and a small all-reduce per
   // backward. forward must return a Tensor, or a std::vector or std::tuple of Tensors.
   bool find_unused_parameters = false;
+  // Gradients live in the buckets (PyTorch's option of the same name, on by default here): after
+  // a parameter's gradient has been put in its bucket, its grad() is a view into the bucket's
+  // buffer, shaped like the parameter, and stays so: later backward passes (no_sync()
+  // accumulation included) add into the bucket in place, and the all-reduce averages grad() with
+  // no copy back. A gradient that arrives as a new tensor (after zero_grad(), whose default sets
+  // grads to undefined) is copied in once and grad() pointed back at the view. A parameter alone
+  // in its bucket keeps its own grad() tensor, all-reduced in place. Saves the copy out of every
+  // bucket and the buckets' memory for the large parameters. Pitfall: grad() tensors of a bucket
+  // share one buffer; rebinding grad() to another tensor is fine (it is copied in next time).
+  // Off: gradients are copied into the buckets and the averages copied back (kiln's former path).
+  bool gradient_as_bucket_view = true;
 };
 
 namespace internal {
@@ -80,21 +96,35 @@ class Reducer {
   bool find_unused_parameters() const { return options_.find_unused_parameters; }
   void set_require_sync(bool sync) { require_sync_ = sync; }
   bool require_sync() const { return require_sync_; }
-  // Bucket layout, for tests and logs: the parameter indices (registration order) per bucket.
+  // Bucket layout, for tests and logs: the parameter indices (registration order) per bucket,
+  // in launch order.
   std::vector<std::vector<size_t>> bucket_indices() const;
+  // Whether the buckets follow the observed ready order yet (after the first synchronised
+  // backward).
+  bool buckets_rebuilt() const { return rebuilt_; }
 
  private:
   struct Bucket {
     std::vector<size_t> params;    // indices into params_
     std::vector<int64_t> offsets;  // element offsets in flat
+    // The buffer that is all-reduced. For a bucket of one parameter under
+    // gradient_as_bucket_view: undefined between passes, the parameter's grad() during one.
     Tensor flat;
     size_t pending = 0;  // parameters whose gradient has not arrived this pass
     std::shared_ptr<Work> work;
   };
+  bool solo(const Bucket& b) const {
+    return options_.gradient_as_bucket_view && b.params.size() == 1;
+  }
+  // Lays the buckets out with the parameters in `order` (indices into params_).
+  void build_buckets(const std::vector<size_t>& order);
+  // After the first synchronised backward: buckets in rank 0's observed ready order.
+  void rebuild_buckets();
   void on_grad_ready(size_t index);
-  // Puts `grad` (zeros when undefined) into the parameter's bucket slot; launches full buckets.
-  void mark_ready(size_t index, const Tensor* grad);
+  // Puts the parameter's gradient (zeros when undefined) into its bucket; launches full buckets.
+  void mark_ready(size_t index);
   void finalize();
+  void reset_pass();
   std::string names_of_unready() const;
 
   std::shared_ptr<nn::Module> module_;
@@ -105,8 +135,11 @@ class Reducer {
   std::vector<unsigned> hook_handles_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
+  std::vector<Tensor> views_;  // each parameter's slot in its bucket's flat (undefined: solo)
   std::vector<bool> ready_;
-  std::vector<int32_t> used_;  // find_unused_parameters: this pass's use, per parameter
+  std::vector<int32_t> used_;        // find_unused_parameters: this pass's use, per parameter
+  std::vector<size_t> ready_order_;  // until the rebuild: the order of this pass's mark_ready
+  bool rebuilt_ = false;
   bool searched_unused_ = false;
   size_t next_to_launch_ = 0;
   size_t num_ready_ = 0;

@@ -1,6 +1,9 @@
 // DistributedDataParallel (dist/ddp.h): training over 1, 2 and 4 processes equals one process on
 // the global batch (losses, gradients and weights after every step; several buckets; gradient
-// accumulation under no_sync()); find_unused_parameters with a branch only some ranks take; a
+// accumulation under no_sync()), with gradient_as_bucket_view (the default: grads are views into
+// the buckets, through zero_grad to undefined or zeros and gradients of another layout or dtype)
+// and without it (KILN_TEST_BUCKET_VIEW=0); buckets rebuilt in rank 0's observed ready order
+// after the first backward; find_unused_parameters with a branch only some ranks take; a
 // parameter left out of the loss (without find_unused_parameters) and ranks with different
 // models are clear errors. In this process: the post-accumulate-grad hook that DDP builds on
 // (autograd/hooks.h), and, with a GPU, the NCCL backend at world size 1 along the DDP path.
@@ -57,6 +60,64 @@ TEST(DdpTest, FindUnusedParametersAtWorldSizeThree) {
   EXPECT_TRUE(job.all_ok()) << job.describe();
 }
 
+TEST(DdpTest, EqualsOneProcessWithCopiesAtWorldSizeTwo) {
+  auto job =
+      run_workers("ddp_equivalence", 2, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, FindUnusedParametersAtWorldSizeTwo) {
+  auto job = run_workers("ddp_find_unused", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, FindUnusedParametersAtWorldSizeFour) {
+  auto job = run_workers("ddp_find_unused", 4);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, FindUnusedParametersWithCopiesAtWorldSizeThree) {
+  auto job =
+      run_workers("ddp_find_unused", 3, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, GradientAsBucketViewAtWorldSizeOne) {
+  auto job = run_workers("ddp_bucket_view", 1);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, GradientAsBucketViewAtWorldSizeTwo) {
+  auto job = run_workers("ddp_bucket_view", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, GradientAsBucketViewAtWorldSizeFour) {
+  auto job = run_workers("ddp_bucket_view", 4);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, BucketsFollowRankZerosReadyOrderAtWorldSizeOne) {
+  auto job = run_workers("ddp_rebuild_buckets", 1);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, BucketsFollowRankZerosReadyOrderAtWorldSizeTwo) {
+  auto job = run_workers("ddp_rebuild_buckets", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, BucketsFollowRankZerosReadyOrderAtWorldSizeFour) {
+  auto job = run_workers("ddp_rebuild_buckets", 4);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, BucketsFollowRankZerosReadyOrderWithCopies) {
+  auto job =
+      run_workers("ddp_rebuild_buckets", 2, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
 TEST(PostAccumulateGradHookTest, RunsAfterAccumulationOncePerBackward) {
   Tensor w = ones({3}, kDouble).requires_grad_();
   std::vector<std::vector<double>> seen;
@@ -70,8 +131,10 @@ TEST(PostAccumulateGradHookTest, RunsAfterAccumulationOncePerBackward) {
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[1], (std::vector<double>{6, 6, 6}));
   // A hook may rewrite grad in place.
-  const unsigned h2 = autograd::register_post_accumulate_grad_hook(
-      w, [](const Tensor& p) { Tensor g = p.grad(); g.mul_(10); });
+  const unsigned h2 = autograd::register_post_accumulate_grad_hook(w, [](const Tensor& p) {
+    Tensor g = p.grad();
+    g.mul_(10);
+  });
   w.mutable_grad() = Tensor();
   (w * 1).sum().backward();
   EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{10, 10, 10}));

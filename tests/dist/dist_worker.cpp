@@ -9,6 +9,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -204,6 +205,12 @@ Mlp make_mlp(uint64_t seed) {
 
 Tensor mse(const Tensor& out, const Tensor& y) { return (out - y).square().mean(); }
 
+// KILN_TEST_BUCKET_VIEW=0 runs a scenario with DDPOptions::gradient_as_bucket_view off.
+bool bucket_view_from_env() {
+  const char* v = std::getenv("KILN_TEST_BUCKET_VIEW");
+  return v == nullptr || std::string(v) != "0";
+}
+
 // DDP over the ranks == one process on the global batch: losses and weights after every step,
 // with several buckets, SGD with momentum, and in the last steps two micro-batches accumulated
 // under no_sync(). Ranks start from different weights and buffers: DDP takes rank 0's.
@@ -217,6 +224,7 @@ void ddp_equivalence() {
   model->scale.fill_(r + 1);  // a buffer that differs: rank 0's (ones) wins
   DDPOptions opts;
   opts.bucket_cap_mb = 600.0 / (1 << 20);  // 600 bytes: several buckets
+  opts.gradient_as_bucket_view = bucket_view_from_env();
   DistributedDataParallel ddp(model, pg, opts);
   WCHECK(ddp.reducer().bucket_indices().size() >= 3, "expected several buckets, got ",
          ddp.reducer().bucket_indices().size());
@@ -330,6 +338,7 @@ void ddp_find_unused() {
   DDPOptions opts;
   opts.find_unused_parameters = true;
   opts.bucket_cap_mb = 100.0 / (1 << 20);  // a bucket per parameter or two
+  opts.gradient_as_bucket_view = bucket_view_from_env();
   DistributedDataParallel ddp(model, pg, opts);
   optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
   manual_seed(9);
@@ -398,6 +407,165 @@ void ddp_two_dtypes() {
     expect_close(p[i].grad(), q[i].grad(), p[i].dtype() == kFloat ? 1e-5 : 1e-12,
                  "gradient " + std::to_string(i));
   }
+}
+
+// The grads of a bucket of several parameters are views into one buffer, in bucket order (each
+// slot starts on a 64-byte boundary, dist/ddp.cpp).
+void expect_bucket_views(const DistributedDataParallel<Mlp>& ddp, const std::string& when) {
+  const auto p = ddp->parameters();
+  for (const auto& bucket : ddp.reducer().bucket_indices()) {
+    for (size_t j = 0; j + 1 < bucket.size(); ++j) {
+      const Tensor& a = p[bucket[j]].grad();
+      const Tensor& b = p[bucket[j + 1]].grad();
+      WCHECK(a.defined() && b.defined(), when, ": a grad is undefined");
+      const auto gap =
+          static_cast<const char*>(b.data_ptr()) - static_cast<const char*>(a.data_ptr());
+      const auto bytes = static_cast<std::ptrdiff_t>(a.nbytes());
+      WCHECK(gap >= bytes && gap < bytes + 64, when, ": the grads of parameters ", bucket[j],
+             " and ", bucket[j + 1], " are not neighbours in one bucket (", gap, " bytes apart)");
+    }
+  }
+}
+
+// gradient_as_bucket_view == one process, through every way a gradient can come: zero_grad()
+// to undefined and to zeros, accumulation under no_sync() in both cases, and gradients the user
+// set to a tensor of another layout and dtype. Buckets: fc2's two parameters share one, fc1's
+// are alone in theirs (reduced in their own grad()).
+void ddp_bucket_view() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t local = 2, global = local * n;
+  Mlp ref = make_mlp(3), model = make_mlp(3 + r);
+  DDPOptions opts;
+  opts.bucket_cap_mb = 600.0 / (1 << 20);
+  DistributedDataParallel ddp(model, pg, opts);
+  WCHECK(ddp.reducer().bucket_indices() == (std::vector<std::vector<size_t>>{{3, 2}, {1}, {0}}),
+         "unexpected initial buckets");
+  auto sgd = [](Mlp& m) {
+    return optim::SGD(m->parameters(), optim::SGDOptions(0.05).momentum(0.9));
+  };
+  optim::SGD opt = sgd(model), ref_opt = sgd(ref);
+  auto p = model->parameters();
+  const auto q = ref->parameters();
+  std::vector<const void*> ptrs;
+  manual_seed(21);
+  for (int step = 0; step < 6; ++step) {
+    const bool to_none = step % 2 == 0;
+    const int micro = step >= 2 ? 2 : 1;
+    opt.zero_grad(to_none);
+    ref_opt.zero_grad(to_none);
+    if (step == 5) {
+      // Gradients the user set: fc1.weight (alone in its bucket) transposed and in f32,
+      // fc2.weight (sharing a bucket) transposed: both made the bucket's again.
+      p[0].mutable_grad() = zeros({8, 16}, kFloat).t();
+      p[2].mutable_grad() = zeros({16, 4}, kDouble).t();
+    }
+    for (int k = 0; k < micro; ++k) {
+      Tensor x = randn({global, 8}, kDouble), y = randn({global, 4}, kDouble);
+      auto loss = [&] {
+        return mse(ddp(x.narrow(0, r * local, local)), y.narrow(0, r * local, local)) / micro;
+      };
+      if (k + 1 < micro) {
+        auto guard = ddp.no_sync();
+        loss().backward();
+      } else {
+        loss().backward();
+      }
+      (mse(ref(x), y) / micro).backward();
+    }
+    const std::string when = "step " + std::to_string(step);
+    for (size_t i = 0; i < p.size(); ++i) {
+      WCHECK(p[i].grad().dtype() == kDouble && p[i].grad().is_contiguous(), when,
+             ": grad of parameter ", i, " is not the parameter's dtype, contiguous");
+      // fc1.weight's f32 gradient of step 5 holds f32 sums.
+      expect_close(p[i].grad(), q[i].grad(), step == 5 && i == 0 ? 1e-6 : 1e-12,
+                   when + ": gradient " + std::to_string(i));
+    }
+    WCHECK(ddp.reducer().buckets_rebuilt(), when, ": the buckets were not rebuilt");
+    expect_bucket_views(ddp, when);
+    // After the rebuild (step 0) the buckets' grads stay where they are.
+    std::vector<const void*> now;
+    for (const auto& bucket : ddp.reducer().bucket_indices()) {
+      if (bucket.size() > 1) now.push_back(p[bucket[0]].grad().data_ptr());
+    }
+    WCHECK(step == 0 || now == ptrs, when, ": a bucket's grads moved");
+    ptrs = now;
+    opt.step();
+    ref_opt.step();
+    for (size_t i = 0; i < p.size(); ++i) {
+      expect_close(p[i], q[i], step == 5 ? 1e-6 : 1e-12, when + ": weight " + std::to_string(i));
+    }
+  }
+  std::cout << "rank " << r << ": gradient_as_bucket_view == one process\n";
+}
+
+// The buckets follow the order in which the first synchronised backward produced the
+// gradients, rank 0's on every rank. Rank 0 runs the layers as l3(l1(l2(x))) (gradients ready:
+// l3, l1, l2), the others as l3(l2(l1(x))) (l3, l2, l1: registration order reversed, the initial
+// buckets'); each bucket holds one layer. Training equals one process before and after.
+struct ChainImpl : nn::Module {
+  ChainImpl() {
+    l1 = register_module("l1", nn::Linear(4, 4));
+    l2 = register_module("l2", nn::Linear(4, 4));
+    l3 = register_module("l3", nn::Linear(4, 4));
+  }
+  Tensor forward(const Tensor& x, bool l2_first) {
+    return l3(l2_first ? l1(l2(x).tanh()).tanh() : l2(l1(x).tanh()).tanh());
+  }
+  nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr};
+};
+KILN_MODULE(Chain);
+
+void ddp_rebuild_buckets() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int r = pg->rank(), n = pg->size();
+  auto make = [] {
+    manual_seed(13);
+    Chain m;
+    m->to(kDouble);
+    return m;
+  };
+  Chain model = make(), ref = make();
+  DDPOptions opts;
+  opts.bucket_cap_mb = 160.0 / (1 << 20);  // a layer: 16 + 4 doubles
+  opts.gradient_as_bucket_view = bucket_view_from_env();
+  DistributedDataParallel ddp(model, pg, opts);
+  // Parameters: l1.weight 0, l1.bias 1, l2.weight 2, l2.bias 3, l3.weight 4, l3.bias 5.
+  auto layers = [&] {
+    std::vector<std::set<size_t>> out;
+    for (const auto& b : ddp.reducer().bucket_indices()) out.emplace_back(b.begin(), b.end());
+    return out;
+  };
+  using Layout = std::vector<std::set<size_t>>;
+  WCHECK(layers() == (Layout{{4, 5}, {2, 3}, {0, 1}}), "initial buckets: reverse registration");
+  WCHECK(!ddp.reducer().buckets_rebuilt(), "rebuilt before any backward");
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  manual_seed(14);
+  for (int step = 0; step < 4; ++step) {
+    Tensor x = randn({2 * n, 4}, kDouble);
+    opt.zero_grad(step != 2);
+    ref_opt.zero_grad(step != 2);
+    ddp(x.narrow(0, 2 * r, 2), r == 0).square().mean().backward();
+    Tensor total = zeros({}, kDouble);
+    for (int k = 0; k < n; ++k) total = total + ref(x.narrow(0, 2 * k, 2), k == 0).square().mean();
+    (total / n).backward();
+    WCHECK(ddp.reducer().buckets_rebuilt(), "not rebuilt after the first backward");
+    WCHECK(layers() == (Layout{{4, 5}, {0, 1}, {2, 3}}),
+           "buckets after the first backward: rank 0's ready order (l3, l1, l2)");
+    const auto p = model->parameters(), q = ref->parameters();
+    for (size_t i = 0; i < p.size(); ++i) {
+      expect_close(p[i].grad(), q[i].grad(), 1e-12,
+                   "step " + std::to_string(step) + ": gradient " + std::to_string(i));
+    }
+    opt.step();
+    ref_opt.step();
+    for (size_t i = 0; i < p.size(); ++i) {
+      expect_close(p[i], q[i], 1e-12,
+                   "step " + std::to_string(step) + ": weight " + std::to_string(i));
+    }
+  }
+  std::cout << "rank " << r << ": buckets rebuilt in rank 0's ready order\n";
 }
 
 // The NCCL backend across ranks, one GPU each (run on a machine with N GPUs through
@@ -498,6 +666,8 @@ const test::Scenarios& scenarios() {
       {"ddp_find_unused", ddp_find_unused},
       {"nccl_collectives", nccl_collectives},
       {"ddp_two_dtypes", ddp_two_dtypes},
+      {"ddp_bucket_view", ddp_bucket_view},
+      {"ddp_rebuild_buckets", ddp_rebuild_buckets},
   };
   return m;
 }
