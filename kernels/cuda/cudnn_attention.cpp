@@ -72,7 +72,7 @@ struct BuildError {
                " failed: ", status_text(kiln_cudnn_status_), " (", __FILE__, ":", __LINE__, ")"); \
   } while (0)
 
-// --- Descriptors --------------------------------------------------------------------------------
+// --- Descriptors ---------------------------------------------------------------------------------
 
 // An owned backend descriptor.
 class Desc {
@@ -135,11 +135,15 @@ Dims dense(const Dims& d) {
   return s;
 }
 
+// An operation graph and every descriptor it references (kept alive with it).
+struct Graph {
+  std::vector<DescPtr> descriptors;  // everything the graph references, kept alive
+  std::unique_ptr<Desc> graph;
+};
+
 // Builds one operation graph: tensors and operations in the order the patterns list them.
 class GraphBuilder {
  public:
-  explicit GraphBuilder(cudnnDataType_t io) : io_(io) {}
-
   DescPtr tensor(int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type,
                  bool is_virtual, bool by_value = false) {
     auto t = std::make_shared<Desc>(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
@@ -243,22 +247,28 @@ class GraphBuilder {
     return pw(CUDNN_POINTWISE_BINARY_SELECT, s, dims, mask_value, keep);
   }
 
-  cudnnDataType_t io() const { return io_; }
-  const std::vector<DescPtr>& ops() const { return ops_; }
-  std::vector<DescPtr> take_keep() {
-    std::vector<DescPtr> all = keep_;
-    all.insert(all.end(), ops_.begin(), ops_.end());
-    return all;
+  // The finalized operation graph of the operations added, in their order.
+  Graph finish(cudnnHandle_t handle) {
+    Graph out;
+    out.graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    std::vector<cudnnBackendDescriptor_t> ops;
+    for (const DescPtr& op : ops_) ops.push_back(op->get());
+    out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops.data(),
+                   static_cast<int64_t>(ops.size()));
+    out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
+    out.graph->finalize();
+    out.descriptors = keep_;
+    out.descriptors.insert(out.descriptors.end(), ops_.begin(), ops_.end());
+    return out;
   }
 
  private:
-  cudnnDataType_t io_;
   int64_t next_virtual_ = kFirstVirtual;
   std::vector<DescPtr> ops_;
   std::vector<DescPtr> keep_;
 };
 
-// --- Shapes and keys ----------------------------------------------------------------------------
+// --- Shapes and keys -----------------------------------------------------------------------------
 
 // What a graph depends on: one plan per distinct value.
 struct Shape4 {
@@ -306,19 +316,14 @@ Dims swap_last(Dims d) {
   return d;
 }
 
-// --- The graphs ---------------------------------------------------------------------------------
-
-struct Graph {
-  std::vector<DescPtr> descriptors;  // everything the graph references, kept alive
-  std::unique_ptr<Desc> graph;
-};
+// --- The graphs ----------------------------------------------------------------------------------
 
 Graph forward_graph(cudnnHandle_t handle, const Key& key) {
   const Shape4& n = key.n;
   auto sub = [&](int i) {
     return Dims(key.strides.begin() + 4 * i, key.strides.begin() + 4 * i + 4);
   };
-  GraphBuilder g(key.io);
+  GraphBuilder g;
   const Dims scores{n.b, n.h, n.t, n.s};
   const Dims rows{n.b, n.h, n.t, 1};
   DescPtr q = g.operand(kQ, {n.b, n.h, n.t, n.d}, sub(0), key.io);
@@ -342,16 +347,7 @@ Graph forward_graph(cudnnHandle_t handle, const Key& key) {
   DescPtr p = g.pw(CUDNN_POINTWISE_DIV, e, scores, z, nullptr, key.io);
   g.matmul(p, v, o);
 
-  Graph out;
-  out.descriptors = g.take_keep();
-  out.graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  std::vector<cudnnBackendDescriptor_t> ops;
-  for (const DescPtr& op : g.ops()) ops.push_back(op->get());
-  out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops.data(),
-                 static_cast<int64_t>(ops.size()));
-  out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
-  out.graph->finalize();
-  return out;
+  return g.finish(handle);
 }
 
 Graph backward_graph(cudnnHandle_t handle, const Key& key) {
@@ -359,7 +355,7 @@ Graph backward_graph(cudnnHandle_t handle, const Key& key) {
   auto sub = [&](int i) {
     return Dims(key.strides.begin() + 4 * i, key.strides.begin() + 4 * i + 4);
   };
-  GraphBuilder g(key.io);
+  GraphBuilder g;
   const Dims scores{n.b, n.h, n.t, n.s};
   const Dims scores_t{n.b, n.h, n.s, n.t};
   // P^T and dS^T read the [B, H, T, S] scores transposed.
@@ -427,24 +423,12 @@ Graph backward_graph(cudnnHandle_t handle, const Key& key) {
   g.matmul(ds, k, dq_acc);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, nullptr, nullptr, dq);
 
-  Graph out;
-  out.descriptors = g.take_keep();
-  out.graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  std::vector<cudnnBackendDescriptor_t> ops;
-  for (const DescPtr& op : g.ops()) ops.push_back(op->get());
-  out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops.data(),
-                 static_cast<int64_t>(ops.size()));
-  out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
-  out.graph->finalize();
-  return out;
+  return g.finish(handle);
 }
 
-// --- Plans
-// ----------------------------------------------------------------------------------------
-
+// --- Plans ---------------------------------------------------------------------------------------
 struct Plan {
   Graph graph;
-  bool dsum_input = true;        // backward: Dsum is filled by kiln (exact for any dlse)
   std::unique_ptr<Desc> config;  // the engine configuration the plan was finalized with
   std::unique_ptr<Desc> plan;    // null: no plan (see error)
   int64_t workspace = 0;
@@ -515,8 +499,7 @@ void make_plan(cudnnHandle_t handle, Plan& p) {
   p.error = absl::StrCat("no execution plan:", tried);
 }
 
-// --- Per-device state
-// -----------------------------------------------------------------------------
+// --- Per-device state ----------------------------------------------------------------------------
 
 struct Device {
   std::mutex mu;  // a handle is not for concurrent use; plans are tied to it
@@ -537,7 +520,6 @@ Plan& plan_for(Device& d, const Key& key) {
   auto it = d.plans.find(key);
   if (it != d.plans.end()) return *it->second;
   auto p = std::make_unique<Plan>();
-  p->dsum_input = key.dsum_input;
   try {
     DeviceGuard guard(key.device);  // plans are built for the handle's device
     if (d.handle == nullptr) KILN_CUDNN_TRY(cudnnCreate(&d.handle));
@@ -549,20 +531,22 @@ Plan& plan_for(Device& d, const Key& key) {
   return *d.plans.emplace(key, std::move(p)).first->second;
 }
 
-// --- Support
-// --------------------------------------------------------------------------------------
-
+// --- Support -------------------------------------------------------------------------------------
 bool is_forward(const OpCall& c) {
   static const OpDef* const forward = &KILN_OP(flash_attention);
   return c.op == forward;
 }
 
+// Whether cuDNN reads (or writes) t in place: a contiguous last dim, the other strides multiples
+// of 8 elements and a 16-byte aligned base (the graphs' tensors promise 16-byte alignment).
 bool layout_ok(const Tensor& t) {
   if (t.stride(3) != 1 && t.size(3) > 1) return false;
   for (int i = 0; i < 3; ++i) {
     if (t.stride(i) % 8 != 0 && t.size(i) > 1) return false;
   }
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  // impl()->data(), not data_ptr(): a proxy tensor (kiln::compile's tracer asks the support rules
+  // too) has no memory, and its layout is all that matters then.
+  return reinterpret_cast<uintptr_t>(t.impl()->data()) % 16 == 0;
 }
 
 int capability_major(int device) {
@@ -648,9 +632,7 @@ Plan* supported_plan(const OpCall& c) {
 
 bool cudnn_supports(const OpCall& c) { return supported_plan(c) != nullptr; }
 
-// --- Execution
-// --------------------------------------------------------------------------------------
-
+// --- Execution -----------------------------------------------------------------------------------
 void execute(const char* op, Device& d, Plan& p, const std::vector<int64_t>& uids,
              std::vector<void*>& ptrs, const Tensor& like) {
   Tensor workspace;
@@ -674,81 +656,91 @@ void execute(const char* op, Device& d, Plan& p, const std::vector<int64_t>& uid
   }
 }
 
+// Where cuDNN writes an output: the output itself when its layout is one cuDNN takes (`ok`), else
+// a contiguous temporary that is copied into it afterwards (eager outputs have the meta rule's
+// layout; a compiled program may place them in its arena differently).
+Tensor write_target(const Tensor& out, bool ok) {
+  return ok ? out : empty(out.sizes(), TensorOptions(out.dtype()).device(out.device()));
+}
+void copy_back(Tensor out, const Tensor& written) {
+  if (written.data_ptr() != out.data_ptr()) out.copy_(written);
+}
+
 void run_forward_cudnn(OpCall& c) {
-  Plan* p = supported_plan(c);
-  KILN_CHECK(p != nullptr, "[flash_attention] cuDNN cannot run this call (", key_of(c, true).str(),
-             ")");
-  const Tensor& out = c.outputs[0];
-  KILN_CHECK(strides_of(out) == out_strides(c.input(0)),
-             "[flash_attention] cuDNN: the output's strides ", shape_str(out.strides()),
-             " differ from the planned ones");
-  DeviceGuard guard(c.input(0).device().index());
-  Device& d = device_state(c.input(0).device().index());
+  constexpr const char* kOp = "flash_attention";
+  KILN_CHECK(static_supports(c), "[", kOp, "] cuDNN does not take this call (",
+             key_of(c, true).str(), ")");
+  const Tensor& q = c.input(0);
+  const Tensor out = write_target(c.outputs[0], layout_ok(c.outputs[0]));
+  const Tensor lse = write_target(c.outputs[1], c.outputs[1].is_contiguous());
+  const Key key = make_key(false, q, c.input(1), c.input(2), strides_of(out), {}, c.attr<bool>(1),
+                           c.attr<double>(0), true);
+  DeviceGuard guard(q.device().index());
+  Device& d = device_state(q.device().index());
   float scale = static_cast<float>(c.attr<double>(0));
   float lowest = std::numeric_limits<float>::lowest();
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
-  std::vector<void*> ptrs{c.input(0).data_ptr(), c.input(1).data_ptr(),   c.input(2).data_ptr(),
-                          out.data_ptr(),        c.outputs[1].data_ptr(), &scale};
+  std::vector<void*> ptrs{q.data_ptr(),   c.input(1).data_ptr(), c.input(2).data_ptr(),
+                          out.data_ptr(), lse.data_ptr(),        &scale};
   if (c.attr<bool>(1)) {
     uids.push_back(kMaskValue);
     ptrs.push_back(&lowest);
   }
-  std::lock_guard<std::mutex> lock(d.mu);
-  execute("flash_attention", d, *p, uids, ptrs, out);
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    Plan& p = plan_for(d, key);
+    KILN_CHECK(p.plan != nullptr, "[", kOp, "] cuDNN built no plan for ", key.str(), ": ", p.error);
+    execute(kOp, d, p, uids, ptrs, q);
+  }
+  copy_back(c.outputs[0], out);
+  copy_back(c.outputs[1], lse);
 }
 
 void run_backward_cudnn(OpCall& c) {
   constexpr const char* kOp = "flash_attention_backward";
-  Plan* p = supported_plan(c);
-  KILN_CHECK(p != nullptr, "[", kOp, "] cuDNN cannot run this call (", key_of(c, true).str(), ")");
+  KILN_CHECK(static_supports(c), "[", kOp, "] cuDNN does not take this call (",
+             key_of(c, true).str(), ")");
   const Tensor& dout = c.input(0);
   const Tensor& q = c.input(1);
   const Tensor& out = c.input(4);
+  const Key key = key_of(c, /*dsum_input=*/true);
   DeviceGuard guard(q.device().index());
   Device& d = device_state(q.device().index());
   const TensorOptions f32 = TensorOptions(kFloat).device(q.device());
+  // The graph's dQ, dK and dV are contiguous.
+  const Tensor dq = write_target(c.outputs[0], c.outputs[0].is_contiguous());
+  const Tensor dk = write_target(c.outputs[1], c.outputs[1].is_contiguous());
+  const Tensor dv = write_target(c.outputs[2], c.outputs[2].is_contiguous());
   const Tensor dsum = empty({q.size(0), q.size(1), q.size(2)}, f32);
   const Tensor dq_acc = empty(q.sizes(), f32);
-  if (p->dsum_input) {
-    // Dsum = rowsum(dO * O) - dlse, and the dQ accumulator zeroed, in one pass.
-    flash::delta_pass(dout, out, c.input(6), static_cast<float*>(dsum.data_ptr()),
-                      static_cast<float*>(dq_acc.data_ptr()));
-  } else if (version() < 90600) {
-    // Before cuDNN 9.6 the caller zeroes the dQ accumulator.
-    KILN_CUDA_CHECK(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), current_stream()));
-  }
+  // Dsum = rowsum(dO * O) - dlse, and the dQ accumulator zeroed (which cuDNN before 9.6 needs),
+  // in one pass.
+  flash::delta_pass(dout, out, c.input(6), static_cast<float*>(dsum.data_ptr()),
+                    static_cast<float*>(dq_acc.data_ptr()));
   float scale = static_cast<float>(c.attr<double>(0));
   float lowest = std::numeric_limits<float>::lowest();
-  float one = 1.0f;
   const Tensor lse = c.input(5).contiguous();
   std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kDsum, kDQAcc, kScale};
-  std::vector<void*> ptrs{q.data_ptr(),
-                          c.input(2).data_ptr(),
-                          c.input(3).data_ptr(),
-                          out.data_ptr(),
-                          dout.data_ptr(),
-                          lse.data_ptr(),
-                          c.outputs[0].data_ptr(),
-                          c.outputs[1].data_ptr(),
-                          c.outputs[2].data_ptr(),
-                          dsum.data_ptr(),
-                          dq_acc.data_ptr(),
-                          &scale};
+  std::vector<void*> ptrs{q.data_ptr(),    c.input(2).data_ptr(), c.input(3).data_ptr(),
+                          out.data_ptr(),  dout.data_ptr(),       lse.data_ptr(),
+                          dq.data_ptr(),   dk.data_ptr(),         dv.data_ptr(),
+                          dsum.data_ptr(), dq_acc.data_ptr(),     &scale};
   if (c.attr<bool>(1)) {
     uids.push_back(kMaskValue);
     ptrs.push_back(&lowest);
   }
-  if (!p->dsum_input) {
-    uids.push_back(kOne);
-    ptrs.push_back(&one);
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    Plan& p = plan_for(d, key);
+    KILN_CHECK(p.plan != nullptr, "[", kOp, "] cuDNN built no plan for ", key.str(), ": ", p.error);
+    execute(kOp, d, p, uids, ptrs, q);
   }
-  std::lock_guard<std::mutex> lock(d.mu);
-  execute(kOp, d, *p, uids, ptrs, q);
+  copy_back(c.outputs[0], dq);
+  copy_back(c.outputs[1], dk);
+  copy_back(c.outputs[2], dv);
 }
 
-// --- Selection by measurement
-// -----------------------------------------------------------------------
-
+// --- Selection by measurement --------------------------------------------------------------------
 enum class Choice : uint8_t { kCudnn, kHand };
 
 struct Selections {
