@@ -621,12 +621,23 @@ Key key_of(const OpCall& c, bool dsum_input) {
                   dsum_input);
 }
 
-// The plan that runs call c, or nullptr when cuDNN cannot run it.
+// Whether the current stream is capturing a CUDA graph.
+bool capturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(current_stream(), &status) == cudaSuccess &&
+         status != cudaStreamCaptureStatusNone;
+}
+
+// The plan that runs call c, or nullptr when cuDNN cannot run it. No plan is built while a CUDA
+// graph is being captured (building may allocate and copy on the device): a shape first seen
+// there goes to the hand kernels.
 Plan* supported_plan(const OpCall& c) {
   if (!static_supports(c)) return nullptr;
   Device& d = device_state(c.input(0).device().index());
+  const Key key = key_of(c, /*dsum_input=*/true);
   std::lock_guard<std::mutex> lock(d.mu);
-  Plan& p = plan_for(d, key_of(c, /*dsum_input=*/true));
+  if (!d.plans.contains(key) && capturing()) return nullptr;
+  Plan& p = plan_for(d, key);
   return p.plan ? &p : nullptr;
 }
 
@@ -775,12 +786,6 @@ bool fastest_supports(const OpCall& c) {
   if (!static_supports(c)) return false;
   if (const Choice* ch = measured(key_of(c, true))) return *ch == Choice::kCudnn;
   return supported_plan(c) != nullptr && hand_kernel(c) != nullptr;
-}
-
-bool capturing() {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(current_stream(), &status) == cudaSuccess &&
-         status != cudaStreamCaptureStatusNone;
 }
 
 // Milliseconds per run of fn over kRuns runs on the current stream (after one warm-up run).
