@@ -3,10 +3,12 @@
 // engines recognise (the ones NVIDIA's cudnn-frontend emits for SDPA), written here over the
 // plain backend descriptors:
 //
-//   forward:  S = Q @ K^T (f32) -> * scale -> [causal: select(row >= col, S, lowest)]
+//   forward:  S = Q @ K^T (f32) -> * scale -> [causal: select(row >= col, S, -inf)]
 //             -> M = max_j -> E = exp(S - M) -> Z = sum_j E -> Stats = M + log Z
 //             -> P = E / Z (io dtype) -> O = P @ V
-//   backward: [Dsum = sum_d dO * O, or an input] ; S as above -> P = exp(S - Stats)
+//   backward: Dsum (an input: kiln's rowsum(dO * O) - dlse; probe() also builds the usual graph
+//             where cuDNN computes rowsum(dO * O) itself)
+//             P = exp([causal mask](scale * Q @ K^T - Stats))
 //             dV = P^T @ dO ; dP = dO @ V^T ; dS = (dP - Dsum) * P * scale
 //             dK = dS^T @ Q ; dQacc (f32) = dS @ K -> dQ = identity(dQacc)
 //             (GQA: dK and dV come out per query head and are summed over each kv group)
@@ -235,13 +237,13 @@ class GraphBuilder {
     ops_.push_back(op);
   }
 
-  // The top-left causal mask: keys j > i get the lowest float (exp gives 0, as -inf would, and
-  // a fully masked row cannot occur: key 0 is visible to every query).
+  // The top-left causal mask: keys j > i get the mask value (mask_value(); a fully masked row
+  // cannot occur: key 0 is visible to every query).
   DescPtr causal_mask(const DescPtr& s, const Dims& dims, const DescPtr& mask_value) {
     DescPtr row = pw(CUDNN_POINTWISE_GEN_INDEX, s, dims, nullptr, nullptr, CUDNN_DATA_INT32,
-                     CUDNN_DATA_INT32, 2);
+                     CUDNN_DATA_FLOAT, 2);
     DescPtr col = pw(CUDNN_POINTWISE_GEN_INDEX, s, dims, nullptr, nullptr, CUDNN_DATA_INT32,
-                     CUDNN_DATA_INT32, 3);
+                     CUDNN_DATA_FLOAT, 3);
     DescPtr keep =
         pw(CUDNN_POINTWISE_CMP_GE, row, dims, col, nullptr, CUDNN_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN);
     return pw(CUDNN_POINTWISE_BINARY_SELECT, s, dims, mask_value, keep);
@@ -383,12 +385,13 @@ Graph backward_graph(cudnnHandle_t handle, const Key& key) {
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, prod, red);
     g.pointwise(CUDNN_POINTWISE_MUL, red, g.scalar(kOne), nullptr, dsum);
   }
-  // P = exp(scale * Q K^T (masked) - Stats)
+  // P = exp(scale * Q K^T - Stats), masked (after the subtraction, as cudnn-frontend orders it)
   DescPtr s = g.virt(scores);
   g.matmul(q, kt, s);
   s = g.pw(CUDNN_POINTWISE_MUL, s, scores, scale);
+  s = g.pw(CUDNN_POINTWISE_SUB, s, scores, stats);
   if (key.causal) s = g.causal_mask(s, scores, g.scalar(kMaskValue));
-  DescPtr p = g.pw(CUDNN_POINTWISE_EXP, g.pw(CUDNN_POINTWISE_SUB, s, scores, stats), scores);
+  DescPtr p = g.pw(CUDNN_POINTWISE_EXP, s, scores);
 
   // dV = P^T @ dO (per query head, then summed over each kv group under GQA).
   DescPtr pt = g.virt(scores_t, key.io, scores_t_strides);
@@ -677,6 +680,13 @@ void copy_back(Tensor out, const Tensor& written) {
   if (written.data_ptr() != out.data_ptr()) out.copy_(written);
 }
 
+// What the causal mask puts in the scores of hidden keys: -inf from cuDNN 9.10 on, the lowest
+// float before (what each version's engines expect; cudnn-frontend chooses the same way).
+float mask_value() {
+  return version() >= 91000 ? -std::numeric_limits<float>::infinity()
+                            : std::numeric_limits<float>::lowest();
+}
+
 void run_forward_cudnn(OpCall& c) {
   constexpr const char* kOp = "flash_attention";
   KILN_CHECK(static_supports(c), "[", kOp, "] cuDNN does not take this call (",
@@ -689,13 +699,13 @@ void run_forward_cudnn(OpCall& c) {
   DeviceGuard guard(q.device().index());
   Device& d = device_state(q.device().index());
   float scale = static_cast<float>(c.attr<double>(0));
-  float lowest = std::numeric_limits<float>::lowest();
+  float masked = mask_value();
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{q.data_ptr(),   c.input(1).data_ptr(), c.input(2).data_ptr(),
                           out.data_ptr(), lse.data_ptr(),        &scale};
   if (c.attr<bool>(1)) {
     uids.push_back(kMaskValue);
-    ptrs.push_back(&lowest);
+    ptrs.push_back(&masked);
   }
   {
     std::lock_guard<std::mutex> lock(d.mu);
@@ -729,7 +739,7 @@ void run_backward_cudnn(OpCall& c) {
   flash::delta_pass(dout, out, c.input(6), static_cast<float*>(dsum.data_ptr()),
                     static_cast<float*>(dq_acc.data_ptr()));
   float scale = static_cast<float>(c.attr<double>(0));
-  float lowest = std::numeric_limits<float>::lowest();
+  float masked = mask_value();
   const Tensor lse = c.input(5).contiguous();
   std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kDsum, kDQAcc, kScale};
   std::vector<void*> ptrs{q.data_ptr(),    c.input(2).data_ptr(), c.input(3).data_ptr(),
@@ -738,7 +748,7 @@ void run_backward_cudnn(OpCall& c) {
                           dsum.data_ptr(), dq_acc.data_ptr(),     &scale};
   if (c.attr<bool>(1)) {
     uids.push_back(kMaskValue);
-    ptrs.push_back(&lowest);
+    ptrs.push_back(&masked);
   }
   {
     std::lock_guard<std::mutex> lock(d.mu);
