@@ -261,7 +261,8 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
   const cuda::cudnn::Selection s = cuda::cudnn::last_selection("flash_attention");
   std::printf("[cudnn] forward %s: cudnn %.3f ms, hand %.3f ms -> %s\n", s.key.c_str(), s.cudnn_ms,
               s.hand_ms, s.winner.c_str());
-  ASSERT_FALSE(s.winner.empty()) << "the first call did not measure";
+  ASSERT_FALSE(s.winner.empty()) << "the first call did not measure; plans:\n"
+                                 << cuda::cudnn::describe_plans();
   EXPECT_EQ(accepts(fwd_op(), "fastest", fwd_in, attrs), s.winner == "cudnn");
 
   const Tensor dout = randn(q.sizes()).to(c.dtype);
@@ -278,7 +279,8 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
   const cuda::cudnn::Selection sb = cuda::cudnn::last_selection("flash_attention_backward");
   std::printf("[cudnn] backward %s: cudnn %.3f ms, hand %.3f ms -> %s\n", sb.key.c_str(),
               sb.cudnn_ms, sb.hand_ms, sb.winner.c_str());
-  ASSERT_FALSE(sb.winner.empty()) << "the first backward call did not measure";
+  ASSERT_FALSE(sb.winner.empty()) << "the first backward call did not measure; plans:\n"
+                                  << cuda::cudnn::describe_plans();
   EXPECT_EQ(accepts(bwd_op(), "fastest", bwd_in, attrs), sb.winner == "cudnn");
   std::printf("%s", cuda::cudnn::describe_plans().c_str());
 #endif
