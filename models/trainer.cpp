@@ -449,6 +449,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
     if (rank0) {
       check_output_dir(o.out_dir);
       remove_stale_temporaries(o.out_dir);
+      internal::remove_superseded_files(o.out_dir);
     }
     if (dp) dp->barrier();
     existing = read_checkpoint_info(o.out_dir);

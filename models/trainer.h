@@ -47,6 +47,10 @@
 // each written atomically. The json is written last and names the files it goes with, so a crash
 // at any point leaves the previous complete checkpoint; files of checkpoints beyond the newest
 // keep_checkpoints are removed after it, and temporary files of a killed save at the next start.
+// A step saved again into the same directory (a run started over it) writes
+// model-<step>.<generation>.safetensors and optimizer-...: never over the files the json names,
+// so the json's rename publishes it whole too, and the files it replaced are removed after it
+// (after a crash, at the next start).
 // Beside the checkpoints: run.toml (the options as run, written before step 1:
 // `kiln pretrain --config out/run.toml` repeats the run; models/run_config.h), metrics.jsonl (a
 // line per step and per evaluation) and metrics.svg

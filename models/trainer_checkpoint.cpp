@@ -27,26 +27,49 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The step of a checkpoint file the trainer writes ("model-00000040.safetensors",
-// "optimizer-...", "trainer_state-....json"), or -1.
-int64_t checkpoint_file_step(const std::string& name) {
+bool all_digits(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// A checkpoint file the trainer writes: "model-00000040.safetensors", "optimizer-...",
+// "trainer_state-00000040.json", and for the model and optimizer of a step saved again in the
+// same directory "model-00000040.<generation>.safetensors" (generation 1, 2, ...).
+struct CheckpointFile {
+  int64_t step = -1;  // -1: not a checkpoint file
+  int64_t generation = 0;
+  bool state = false;  // trainer_state-<step>.json
+};
+CheckpointFile parse_checkpoint_file(const std::string& name) {
   for (const auto& [prefix, suffix] :
        {std::pair{"model-", ".safetensors"}, std::pair{"optimizer-", ".safetensors"},
         std::pair{"trainer_state-", ".json"}}) {
     const std::string p = prefix, x = suffix;
-    if (name.size() == p.size() + 8 + x.size() && name.rfind(p, 0) == 0 &&
-        name.compare(name.size() - x.size(), x.size(), x) == 0) {
-      const std::string digits = name.substr(p.size(), 8);
-      if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-      return std::stoll(digits);
+    if (name.size() < p.size() + 8 + x.size() || name.rfind(p, 0) != 0 ||
+        name.compare(name.size() - x.size(), x.size(), x) != 0) {
+      continue;
     }
+    const std::string middle = name.substr(p.size(), name.size() - p.size() - x.size());
+    const std::string digits = middle.substr(0, 8), rest = middle.substr(8);
+    if (!all_digits(digits)) return {};
+    CheckpointFile f{std::stoll(digits), 0, x == ".json"};
+    if (rest.empty()) return f;
+    // ".<generation>": model and optimizer files only, 1 to 9 digits, no leading zero.
+    if (f.state || rest[0] != '.' || rest.size() > 10 || !all_digits(rest.substr(1)) ||
+        rest[1] == '0') {
+      return {};
+    }
+    f.generation = std::stoll(rest.substr(1));
+    return f;
   }
-  return -1;
+  return {};
 }
+int64_t checkpoint_file_step(const std::string& name) { return parse_checkpoint_file(name).step; }
 
-// Keeps the checkpoint of `step` and the keep - 1 newest before it; removes the files of every
-// other step (older ones, and newer ones left by an earlier run in the same directory).
-void prune_checkpoints(const std::string& dir, int64_t step, int64_t keep) {
+// Keeps the checkpoint of `step` (only the files in `current`) and the keep - 1 newest before
+// it; removes the files of every other step (older ones, and newer ones left by an earlier run
+// in the same directory) and those of `step` that a save of it again replaced.
+void prune_checkpoints(const std::string& dir, int64_t step, int64_t keep,
+                       const std::vector<std::string>& current) {
   std::vector<std::pair<int64_t, fs::path>> files;
   std::vector<int64_t> older;
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -59,7 +82,12 @@ void prune_checkpoints(const std::string& dir, int64_t step, int64_t keep) {
   older.erase(std::unique(older.begin(), older.end()), older.end());
   if (static_cast<int64_t>(older.size()) > keep - 1) older.resize(static_cast<size_t>(keep - 1));
   for (const auto& [s, path] : files) {
-    if (s == step || std::find(older.begin(), older.end(), s) != older.end()) continue;
+    if (s == step) {
+      const std::string name = path.filename().string();
+      if (std::find(current.begin(), current.end(), name) != current.end()) continue;
+    } else if (std::find(older.begin(), older.end(), s) != older.end()) {
+      continue;
+    }
     std::error_code ec;
     fs::remove(path, ec);
   }
@@ -95,8 +123,21 @@ void save_checkpoint(const std::string& dir,
   fs::create_directories(dir);
   std::ostringstream id;
   id << std::setw(8) << std::setfill('0') << step;
-  const std::string model_file = "model-" + id.str() + ".safetensors";
-  const std::string opt_file = "optimizer-" + id.str() + ".safetensors";
+  // A step saved before in this directory (a run started again over it, a stop signal right
+  // after a periodic save) has files that trainer_state.json may name: overwriting them one after
+  // the other could leave the new model beside the previous optimizer state. The new files get
+  // the next generation's names instead, and the rename of trainer_state.json publishes them as
+  // it publishes a new step; the files they replace are removed after it (or, after a crash, at
+  // the next start: remove_superseded_files).
+  int64_t generation = -1;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const CheckpointFile f = parse_checkpoint_file(e.path().filename().string());
+    if (f.step == step && !f.state) generation = std::max(generation, f.generation);
+  }
+  ++generation;
+  const std::string files_id = id.str() + (generation > 0 ? "." + std::to_string(generation) : "");
+  const std::string model_file = "model-" + files_id + ".safetensors";
+  const std::string opt_file = "optimizer-" + files_id + ".safetensors";
   write_model((fs::path(dir) / model_file).string());
   write_optimizer((fs::path(dir) / opt_file).string());
   std::ostringstream js;
@@ -120,7 +161,41 @@ void save_checkpoint(const std::string& dir,
                           js.str(), "pretrain");
   }
   write_file_atomically((fs::path(dir) / kStateFile).string(), js.str(), "pretrain");
-  prune_checkpoints(dir, step, o.keep_checkpoints);
+  prune_checkpoints(dir, step, o.keep_checkpoints,
+                    {model_file, opt_file, "trainer_state-" + id.str() + ".json"});
+}
+
+void remove_superseded_files(const std::string& dir) {
+  std::optional<CheckpointInfo> info;
+  try {
+    info = read_checkpoint_info(dir);
+  } catch (const Error&) {
+    return;  // the run reports it
+  }
+  if (!info) return;
+  // What the state files of that step name: trainer_state.json, and trainer_state-<step>.json,
+  // which a killed save may have written before it (so both are whole checkpoints).
+  std::vector<std::string> named = {info->model_file, info->optimizer_file};
+  std::ostringstream id;
+  id << std::setw(8) << std::setfill('0') << info->step;
+  const std::string own_state = "trainer_state-" + id.str() + ".json";
+  try {
+    if (const auto own = read_state_file((fs::path(dir) / own_state).string())) {
+      if (own->step == info->step) {
+        named.push_back(own->model_file);
+        named.push_back(own->optimizer_file);
+      }
+    }
+  } catch (const Error&) {
+  }
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const CheckpointFile f = parse_checkpoint_file(name);
+    if (f.step != info->step || f.state || !e.is_regular_file()) continue;
+    if (std::find(named.begin(), named.end(), name) != named.end()) continue;
+    std::error_code ec;
+    fs::remove(e.path(), ec);
+  }
 }
 
 void check_output_dir(const std::string& dir) {
@@ -275,7 +350,11 @@ bool is_plain_file_name(const std::string& name) {
 }  // namespace
 
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir) {
-  const fs::path path = fs::path(dir) / kStateFile;
+  return internal::read_state_file((fs::path(dir) / kStateFile).string());
+}
+
+std::optional<CheckpointInfo> internal::read_state_file(const std::string& file) {
+  const fs::path path = file;
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec)) && !fs::exists(fs::status(path, ec))) {
     return std::nullopt;

@@ -156,7 +156,10 @@ std::string format_number(double v, int precision, bool scientific = false);
 
 // Writes model-<step>.safetensors, optimizer-<step>.safetensors, then trainer_state.json (and
 // trainer_state-<step>.json when more than one checkpoint is kept), each atomically; then
-// removes the files of checkpoints beyond the newest keep_checkpoints.
+// removes the files of checkpoints beyond the newest keep_checkpoints. A step that has files in
+// `dir` already is saved as model-<step>.<generation>.safetensors (and optimizer-...), the next
+// generation, so that trainer_state.json's rename publishes the whole checkpoint at once; the
+// files it replaces are removed after.
 // `write_model` and `write_optimizer` write the two files at the path they are given.
 void save_checkpoint(const std::string& dir,
                      const std::function<void(const std::string&)>& write_model,
@@ -167,6 +170,12 @@ void save_checkpoint(const std::string& dir,
 // Temporary files of a save that was killed (write_file_atomically's "<name>.tmp.<pid>.<hex>"
 // beside a checkpoint file, trainer_state.json or a metrics file): removed at the next start.
 void remove_stale_temporaries(const std::string& dir);
+// The model and optimizer files of trainer_state.json's step that neither it nor that step's
+// trainer_state-<step>.json names: what a save of the same step again left when it was killed
+// before removing them (save_checkpoint gives such a save new names). Removed at the next start.
+void remove_superseded_files(const std::string& dir);
+// trainer_state.json's reader (read_checkpoint_info) on any state file: trainer_state-<step>.json.
+std::optional<CheckpointInfo> read_state_file(const std::string& path);
 // Creates `dir` and checks that files can be created in it, before any training.
 void check_output_dir(const std::string& dir);
 // Errors unless `path` is a regular file: no such file, a directory, a FIFO (whose open would

@@ -4,11 +4,8 @@
 // renames), and at random moments; afterwards the directory loads as the previous checkpoint or
 // the new one, weight for weight, never a mix of the two, and the next save removes what the
 // killed one left beside it.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,10 +22,9 @@
 
 #include "models/hf.h"
 #include "models/hf_test_util.h"
+#include "models/worker_process.h"
 #include "tensor/ops.h"
 #include "test_util.h"
-
-extern char** environ;
 
 namespace kiln::models {
 namespace {
@@ -36,6 +32,9 @@ namespace {
 namespace fs = std::filesystem;
 using hftest::TempDir;
 using hftest::write_text;
+using worker::wait_ready;
+using worker::wait_worker;
+using worker::Worker;
 
 // Same weights as the worker's model of `seed`.
 GPT model_of(uint64_t seed) {
@@ -79,61 +78,8 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
-// The worker, started with its stdout on a pipe.
-struct Worker {
-  pid_t pid = -1;
-  int out = -1;  // read end of its stdout
-};
-
 Worker start_worker(const std::vector<std::string>& args) {
-  int fds[2];
-  EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  std::vector<std::string> argv = {KILN_HF_PUBLISH_WORKER};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargs;
-  for (auto& a : argv) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  Worker w;
-  const int rc = ::posix_spawn(&w.pid, cargs[0], &actions, nullptr, cargs.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(fds[1]);
-  EXPECT_EQ(rc, 0) << "cannot start " << KILN_HF_PUBLISH_WORKER;
-  w.out = fds[0];
-  return w;
-}
-
-// Waits (at most 60 s) for the worker to end; returns its wait status.
-int wait_worker(Worker& w) {
-  int status = 0;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (::waitpid(w.pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > end) {
-      ADD_FAILURE() << "the worker did not end within 60 s";
-      ::kill(w.pid, SIGKILL);
-      ::waitpid(w.pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  ::close(w.out);
-  return status;
-}
-
-// Whether the worker wrote "ready" within 60 s.
-bool wait_ready(const Worker& w) {
-  std::string got;
-  while (got.find("ready\n") == std::string::npos) {
-    pollfd p{w.out, POLLIN, 0};
-    if (::poll(&p, 1, 60'000) <= 0) return false;
-    char buf[64];
-    const ssize_t n = ::read(w.out, buf, sizeof(buf));
-    if (n <= 0) return false;
-    got.append(buf, static_cast<size_t>(n));
-  }
-  return true;
+  return worker::start_worker(KILN_HF_PUBLISH_WORKER, args);
 }
 
 TEST(HfPublish, KilledAtEachStepLeavesThePreviousOrTheNewCheckpoint) {
