@@ -1,20 +1,21 @@
+// fully_shard and FSDPModule's sharding, gathers and gradient reductions (dist/fsdp.h); state
+// dicts and sharded checkpoints: dist/fsdp_state.cpp.
 #include "dist/fsdp.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
 #include <mutex>
-#include <sstream>
+#include <new>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
 #include "autograd/node.h"
-#include "nn/safetensors.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "tensor/registry.h"
 
 namespace kiln::dist {
 
@@ -37,17 +38,63 @@ Registry& registry() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-Shape parse_csv(const std::string& csv) {
-  Shape out;
-  std::stringstream ss(csv);
-  for (std::string part; std::getline(ss, part, ',');) out.push_back(std::stoll(part));
-  return out;
+// Each parameter's region of a unit's gathered buffer starts at a multiple of this many bytes,
+// as a tensor of its own would (vectorised kernels and GEMMs like aligned operands).
+constexpr int64_t kFullAlignBytes = 256;
+
+// Puts `memory` (null: none) under `s` in place: the StorageImpl, which the views autograd saved
+// hold, keeps its identity and its version counter (their saved versions stay valid), and frees
+// the memory it had. This is PyTorch's storage resize_ to 0 and back; kiln's StorageImpl has no
+// resize, so the object is rebuilt where it is (same type, no const members: the pointers to it
+// stay valid) over the other storage's memory, which its deleter keeps alive.
+void replace_memory(StorageImpl& s, Storage memory) {
+  const uint64_t version = s.version();
+  const Device device = s.device();
+  void* data = memory != nullptr ? memory->data() : nullptr;
+  const size_t nbytes = memory != nullptr ? memory->nbytes() : 0;
+  StorageImpl::Deleter keep;
+  if (memory != nullptr) keep = [memory](void*) {};  // the memory goes with the capture
+  s.~StorageImpl();
+  new (&s) StorageImpl(data, nbytes, device, std::move(keep));
+  while (s.version() < version) s.bump_version();
 }
 
-std::string shape_csv(IntArrayRef shape) {
-  std::string s;
-  for (size_t d = 0; d < shape.size(); ++d) s += (d ? "," : "") + std::to_string(shape[d]);
-  return s;
+// The names of the nodes of view ops (TBackward0, ViewBackward0, ...): their outputs alias their
+// input's storage.
+const std::unordered_set<std::string>& view_node_names() {
+  static const auto* names = [] {
+    auto* out = new std::unordered_set<std::string>;
+    for (const std::string& op : kiln::Registry::get().names()) {
+      if (kiln::Registry::get().entry(op).kind == OpKind::kView)
+        out->insert(autograd::backward_node_name(op));
+    }
+    return out;
+  }();
+  return *names;
+}
+
+// Writes (or adds, when accumulating) the flattened gradient `g` of `numel` elements into `dst`,
+// the [world, shard] columns of a parameter in the reduce-scatter's input: row r gets elements
+// [r * shard, (r + 1) * shard), the padding past numel zeros (written once, when not
+// accumulating). One strided copy, converting the dtype, instead of flatten + pad + copy.
+void pack_gradient(Tensor dst, const Tensor& g, int64_t numel, bool accumulate) {
+  const int64_t world = dst.size(0), shard = dst.size(1);
+  Tensor flat = g.reshape({-1});
+  if (accumulate && flat.dtype() != dst.dtype()) flat = flat.to(dst.dtype());
+  auto put = [accumulate](Tensor to, const Tensor& from) {
+    if (accumulate) {
+      to.add_(from);
+    } else {
+      to.copy_(from);
+    }
+  };
+  const int64_t rows = numel / shard, rem = numel % shard;
+  if (rows > 0) put(dst.narrow(0, 0, rows), flat.narrow(0, 0, rows * shard).view({rows, shard}));
+  if (rem > 0) put(dst[rows].narrow(0, 0, rem), flat.narrow(0, rows * shard, rem));
+  if (accumulate) return;
+  if (rem > 0) dst[rows].narrow(0, rem, shard - rem).zero_();
+  const int64_t used = rows + (rem > 0 ? 1 : 0);
+  if (used < world) dst.narrow(0, used, world - used).zero_();
 }
 
 // A fingerprint of the parameter list (names, shapes, dtypes), equal on ranks holding the same
@@ -191,13 +238,23 @@ FSDPModule::FSDPModule(const Private&, std::shared_ptr<nn::Module> module,
   for (Param& p : params_) works.push_back(pg_->broadcast(p.param, 0));
   for (auto& w : works) w->wait();
 
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Param& p = params_[i];
+  // The shards live packed, each parameter's a view of the packed shard: the all-gather reads it
+  // as it is. The gathered buffer holds each parameter padded (world * shard elements) at an
+  // aligned offset.
+  const int64_t align =
+      std::max<int64_t>(1, kFullAlignBytes / static_cast<int64_t>(element_size(compute_dtype())));
+  for (Param& p : params_) {
     p.shard = ceil_div(p.numel, world);
     p.offset = packed_;
     packed_ += p.shard;
+    p.full_offset = full_numel_;
+    full_numel_ += ceil_div(world * p.shard, align) * align;
+  }
+  if (!params_.empty()) packed_shard_ = zeros({packed_}, params_[0].param.options());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
     // This rank's slice of the flattened parameter, padded with zeros past its end.
-    Tensor shard = zeros({p.shard}, p.param.options());
+    Tensor shard = packed_shard_.narrow(0, p.offset, p.shard);
     const int64_t begin = std::min<int64_t>(rank * p.shard, p.numel);
     const int64_t len = std::min<int64_t>(p.shard, p.numel - begin);
     if (len > 0)
@@ -266,16 +323,45 @@ FSDPModule& FSDPModule::root() {
 
 // --- Gathering ----------------------------------------------------------------------------------
 
+ScalarType FSDPModule::compute_dtype() const {
+  return options_.mp_policy.param_dtype.value_or(dtype_);
+}
+
+ScalarType FSDPModule::reduce_dtype() const {
+  return options_.mp_policy.reduce_dtype.value_or(compute_dtype());
+}
+
+const Tensor& FSDPModule::packed_shard() {
+  // A shard replaced behind the unit's back (set_data on a parameter) is copied in and the
+  // parameter pointed back at its place.
+  for (Param& p : params_) {
+    Tensor& held = unsharded_ ? p.sharded : p.param;
+    const TensorImpl& t = *held.impl();
+    if (t.storage() == packed_shard_.impl()->storage() &&
+        t.storage_offset() == packed_shard_.storage_offset() + p.offset && t.numel() == p.shard &&
+        held.is_contiguous() && held.dim() == 1)
+      continue;
+    NoGradGuard no_grad;
+    Tensor slot = packed_shard_.narrow(0, p.offset, p.shard);
+    slot.copy_(held.detach().reshape({-1}));
+    if (unsharded_) {
+      p.sharded = slot;
+    } else {
+      p.param.impl()->set_data(*slot.impl());
+    }
+  }
+  return packed_shard_;
+}
+
 void FSDPModule::launch_gather() {
   if (unsharded_ || gather_work_ != nullptr || params_.empty()) return;
   NoGradGuard no_grad;
-  const ScalarType compute = options_.mp_policy.param_dtype.value_or(dtype_);
-  std::vector<Tensor> pieces;
-  for (const Param& p : params_) pieces.push_back(p.param.detach());
-  Tensor packed = cat(pieces, 0).to(compute);
-  gather_buffer_ = empty({pg_->size() * packed_}, packed.options());
-  gather_work_ = pg_->all_gather_into_tensor(gather_buffer_, packed);
-  gather_input_ = packed;
+  // No copy in: the packed shard is the input (mixed precision converts it once).
+  Tensor input = packed_shard();
+  if (input.dtype() != compute_dtype()) input = input.to(compute_dtype());
+  gather_buffer_ = empty({pg_->size() * packed_}, input.options());
+  gather_work_ = pg_->all_gather_into_tensor(gather_buffer_, input);
+  gather_input_ = input;
 }
 
 void FSDPModule::finish_gather() {
@@ -284,29 +370,43 @@ void FSDPModule::finish_gather() {
   NoGradGuard no_grad;
   gather_work_->wait();
   gather_work_ = nullptr;
-  const Tensor rows = gather_buffer_.view({pg_->size(), packed_});
+  const int world = pg_->size();
+  const Tensor rows = gather_buffer_.view({world, packed_});
+  // Row r holds rank r's slices; a parameter's region is the rows' slices one after another (one
+  // strided copy per parameter: the per-parameter layout of the shards makes this copy out
+  // unavoidable, as in FSDP2).
+  Tensor full = empty({full_numel_}, gather_buffer_.options());
+  for (const Param& p : params_) {
+    full.narrow(0, p.full_offset, world * p.shard)
+        .view({world, p.shard})
+        .copy_(rows.narrow(1, p.offset, p.shard));
+  }
+  gather_buffer_ = Tensor();
+  gather_input_ = Tensor();
+  if (full_released_) {
+    // The gather in backward: the memory goes back under the buffer the forward's views hold.
+    replace_memory(*full_storage_, full.impl()->storage());
+    full = Tensor(
+        std::make_shared<TensorImpl>(full_storage_, Shape{full_numel_}, Shape{1}, 0, full.dtype()));
+    full_released_ = false;
+  } else {
+    full_storage_ = full.impl()->storage();
+  }
   for (Param& p : params_) {
-    // Row r holds rank r's slice; the flattened parameter is the rows' slices one after another.
-    Tensor full = rows.narrow(1, p.offset, p.shard)
-                      .reshape({-1})
-                      .narrow(0, 0, p.numel)
-                      .contiguous()
-                      .view(p.shape);
+    Tensor view = full.narrow(0, p.full_offset, p.numel).view(p.shape);
     p.sharded = p.param.detach();
     p.sharded_grad = p.param.grad();
     p.param.mutable_grad() = Tensor();
-    p.param.impl()->set_data(*full.impl());
+    p.param.impl()->set_data(*view.impl());
     if (p.version_known) {
-      // The graph saved the parameter at the version the forward's gather had; the gather that
-      // backward triggers builds the data the same way, so this only evens out the counter.
+      // The graph saved the parameter at the version the forward's gather had; a buffer gathered
+      // anew (not refilled) starts lower, so this only evens out the counter.
       while (p.param._version() < p.full_version) p.param.impl()->bump_version();
       KILN_CHECK(p.param._version() == p.full_version, "[fully_shard] ", describe(),
                  ": the gathered '", p.name, "' is at version ", p.param._version(),
                  ", the forward saw version ", p.full_version);
     }
   }
-  gather_buffer_ = Tensor();
-  gather_input_ = Tensor();
   unsharded_ = true;
 }
 
@@ -319,16 +419,33 @@ void FSDPModule::refresh_full() {
   finish_gather();
 }
 
-void FSDPModule::reshard() {
+void FSDPModule::reshard() { reshard_keeping(false); }
+
+void FSDPModule::reshard_keeping(bool for_backward) {
   if (gather_work_ != nullptr) finish_gather();  // a prefetch in flight: let it land first
-  if (!unsharded_) return;
-  for (Param& p : params_) {
-    p.param.impl()->set_data(*p.sharded.impl());
-    p.param.mutable_grad() = p.sharded_grad;
-    p.sharded = Tensor();
-    p.sharded_grad = Tensor();
+  if (unsharded_) {
+    for (Param& p : params_) {
+      p.param.impl()->set_data(*p.sharded.impl());
+      p.param.mutable_grad() = p.sharded_grad;
+      p.sharded = Tensor();
+      p.sharded_grad = Tensor();
+    }
+    unsharded_ = false;
+    if (for_backward && full_storage_ != nullptr) {
+      replace_memory(*full_storage_, nullptr);
+      full_released_ = true;
+      return;
+    }
   }
-  unsharded_ = false;
+  if (!for_backward) {
+    full_storage_ = nullptr;  // freed once the views autograd saved are gone
+    full_released_ = false;
+  }
+}
+
+void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
+  for (FSDPModule* u : recurse ? subtree() : std::vector<FSDPModule*>{this})
+    u->requires_gradient_sync_ = sync;
 }
 
 // --- Forward ------------------------------------------------------------------------------------
@@ -400,7 +517,7 @@ void FSDPModule::after_forward() {
   // the counters on before post_forward could read them).
   for (Param& p : params_) p.full_version = p.param._version();
   versions_seen_ = true;
-  if (options_.reshard_after_forward) reshard();
+  if (options_.reshard_after_forward) reshard_keeping(GradMode::is_enabled());
 }
 
 void FSDPModule::abort_forward() {
@@ -450,7 +567,12 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
   for (FSDPModule* u : units) {
     for (size_t i = 0; i < u->params_.size(); ++i) owner[u->params_[i].param.impl()] = {u, i};
   }
-  // Walk the graph: the nodes that read a unit's parameter get a hook gathering the unit.
+  // Walk the graph. A unit's parameters (their AccumulateGrad nodes), and views of them alone
+  // (linear's weight.t()), are the unit's: what their outputs hold may be a view of the gathered
+  // buffer, which resharding empties. Every node that takes one of them as an input (and may
+  // have saved it) gets a hook gathering the unit before it runs.
+  std::unordered_map<const autograd::Node*, FSDPModule*> unit_of;
+  std::vector<std::shared_ptr<autograd::Node>> nodes;
   std::unordered_set<const autograd::Node*> seen;
   std::vector<std::shared_ptr<autograd::Node>> stack;
   for (const Tensor& t : *outputs) {
@@ -460,19 +582,40 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
     std::shared_ptr<autograd::Node> node = std::move(stack.back());
     stack.pop_back();
     if (!seen.insert(node.get()).second) continue;
-    if (dynamic_cast<autograd::AccumulateGrad*>(node.get()) != nullptr) continue;
-    std::vector<std::weak_ptr<FSDPModule>> readers;
-    for (const auto& e : node->next_edges()) {
-      if (e.function == nullptr) continue;
-      if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(e.function.get())) {
-        auto it = owner.find(acc->variable().get());
-        if (it == owner.end()) continue;
+    if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(node.get())) {
+      if (auto it = owner.find(acc->variable().get()); it != owner.end()) {
         auto [u, i] = it->second;
         u->params_[i].expected = true;
-        readers.push_back(u->weak_from_this());
-      } else {
-        stack.push_back(e.function);
+        unit_of[node.get()] = u;
       }
+      continue;
+    }
+    for (const auto& e : node->next_edges()) {
+      if (e.function != nullptr) stack.push_back(e.function);
+    }
+    nodes.push_back(std::move(node));
+  }
+  const auto& views = view_node_names();
+  for (bool grew = true; grew;) {  // as many rounds as the longest chain of views
+    grew = false;
+    for (const auto& node : nodes) {
+      if (unit_of.contains(node.get()) || node->next_edges().empty()) continue;
+      const autograd::Edge& in = node->next_edge(0);
+      if (in.function == nullptr) continue;
+      auto it = unit_of.find(in.function.get());
+      if (it == unit_of.end() || !views.contains(node->name())) continue;
+      unit_of[node.get()] = it->second;
+      grew = true;
+    }
+  }
+  for (const auto& node : nodes) {
+    std::vector<std::weak_ptr<FSDPModule>> readers;
+    std::unordered_set<FSDPModule*> added;
+    for (const auto& e : node->next_edges()) {
+      if (e.function == nullptr) continue;
+      auto it = unit_of.find(e.function.get());
+      if (it != unit_of.end() && added.insert(it->second).second)
+        readers.push_back(it->second->weak_from_this());
     }
     if (readers.empty()) continue;
     auto hook = [readers](const Tensor&) {
@@ -508,7 +651,7 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
     backward_order_.push_back(u);
   }
   for (FSDPModule* u : units) {
-    if (u != this && u->options_.reshard_after_forward) u->reshard();
+    if (u != this && u->options_.reshard_after_forward) u->reshard_keeping(true);
   }
 }
 
@@ -539,31 +682,35 @@ void FSDPModule::on_grad_ready(size_t i) {
 
 void FSDPModule::launch_reduce() {
   NoGradGuard no_grad;
-  const ScalarType reduce =
-      options_.mp_policy.reduce_dtype.value_or(options_.mp_policy.param_dtype.value_or(dtype_));
   const int world = pg_->size();
-  const Device device = params_[0].param.device();
   // Row r of the packed gradient holds the slices rank r keeps, laid out as the packed shard.
-  // Every column is written below unless a parameter has no gradient: zero-filled only then.
-  bool all_defined = true;
-  for (const Param& p : params_) all_defined &= p.param.grad().defined();
-  const TensorOptions packed_options = TensorOptions().dtype(reduce).device(device);
-  Tensor packed = all_defined ? empty({world * packed_}, packed_options)
-                              : zeros({world * packed_}, packed_options);
+  // Without gradient sync it stays, and the next backwards add into it.
+  const bool accumulate = grad_acc_.defined();
+  Tensor packed =
+      accumulate ? grad_acc_
+                 : empty({world * packed_},
+                         TensorOptions().dtype(reduce_dtype()).device(params_[0].param.device()));
   Tensor rows = packed.view({world, packed_});
   for (Param& p : params_) {
     const Tensor& g = p.param.grad();
-    if (!g.defined()) continue;
-    Tensor flat = g.reshape({-1}).to(reduce);
-    const int64_t pad = world * p.shard - p.numel;
-    if (pad > 0) flat = cat({flat, zeros({pad}, flat.options())}, 0);
-    rows.narrow(1, p.offset, p.shard).copy_(flat.view({world, p.shard}));
+    Tensor dst = rows.narrow(1, p.offset, p.shard);
+    if (g.defined()) {
+      pack_gradient(dst, g, p.numel, accumulate);
+    } else if (!accumulate) {
+      dst.zero_();
+    }
     p.param.mutable_grad() = Tensor();
+    p.expected = p.ready = false;
   }
-  reduce_output_ = empty({packed_}, packed.options());
-  reduce_input_ = packed;
-  reduce_work_ = pg_->reduce_scatter_tensor(reduce_output_, packed, ReduceOp::kAvg);
   backward_pending_ = false;
+  if (requires_gradient_sync_) {
+    grad_acc_ = Tensor();
+    reduce_output_ = empty({packed_}, packed.options());
+    reduce_input_ = packed;
+    reduce_work_ = pg_->reduce_scatter_tensor(reduce_output_, packed, ReduceOp::kAvg);
+  } else {
+    grad_acc_ = packed;
+  }
   reshard();  // the full parameters and gradients go now; the shards' grads come at the end
   FSDPModule& r = root();
   if (--r.units_to_reduce_ == 0) r.finish_backward();
@@ -576,13 +723,13 @@ void FSDPModule::finish_backward() {
     u->reduce_work_->wait();
     u->reduce_work_ = nullptr;
     for (Param& p : u->params_) {
-      p.expected = p.ready = false;
-      Tensor g = u->reduce_output_.narrow(0, p.offset, p.shard).to(u->dtype_, /*copy=*/true);
+      Tensor g = u->reduce_output_.narrow(0, p.offset, p.shard);
+      if (g.dtype() != u->dtype_) g = g.to(u->dtype_);
       if (p.param.grad().defined()) {
         Tensor acc = p.param.grad();
         acc.add_(g);
       } else {
-        p.param.mutable_grad() = g;
+        p.param.mutable_grad() = g;  // a view: the shards' gradients share the reduction's output
       }
     }
     u->reduce_output_ = Tensor();
@@ -617,237 +764,6 @@ double FSDPModule::clip_grad_norm_(double max_norm) {
     for (Tensor g : grads) g.mul_(coef);
   }
   return norm;
-}
-
-// --- State dicts --------------------------------------------------------------------------------
-
-std::vector<Tensor> FSDPModule::gather_full(ScalarType dtype) const {
-  std::vector<Tensor> out;
-  if (params_.empty()) return out;
-  NoGradGuard no_grad;
-  std::vector<Tensor> pieces;
-  for (const Param& p : params_) pieces.push_back(unsharded_ ? p.sharded : p.param.detach());
-  Tensor packed = cat(pieces, 0).to(dtype);
-  Tensor buffer = empty({pg_->size() * packed_}, packed.options());
-  pg_->all_gather_into_tensor(buffer, packed)->wait();
-  const Tensor rows = buffer.view({pg_->size(), packed_});
-  for (const Param& p : params_) {
-    out.push_back(rows.narrow(1, p.offset, p.shard)
-                      .reshape({-1})
-                      .narrow(0, 0, p.numel)
-                      .contiguous()
-                      .view(p.shape));
-  }
-  return out;
-}
-
-std::map<std::string, Tensor> FSDPModule::full_state_dict(bool rank0_only) {
-  std::map<std::string, Tensor> out = module_->state_dict();
-  std::unordered_map<const TensorImpl*, std::string> name_of;
-  for (const auto& item : module_->named_parameters()) name_of[item.value().impl()] = item.key();
-  for (FSDPModule* u : subtree()) {
-    const auto fulls = u->gather_full(u->dtype_);
-    for (size_t i = 0; i < fulls.size(); ++i)
-      out[name_of.at(u->params_[i].param.impl())] = fulls[i];
-  }
-  if (rank0_only && pg_->rank() != 0) return {};
-  return out;
-}
-
-void FSDPModule::load_full_state_dict(const std::map<std::string, Tensor>& state_dict) {
-  std::unordered_map<const TensorImpl*, std::pair<FSDPModule*, size_t>> owner;
-  for (FSDPModule* u : subtree()) {
-    for (size_t i = 0; i < u->params_.size(); ++i) owner[u->params_[i].param.impl()] = {u, i};
-  }
-  const auto mine = module_->state_dict();
-  const auto named = module_->named_parameters();
-  std::vector<std::string> problems;
-  for (const auto& [name, t] : mine) {
-    auto it = state_dict.find(name);
-    if (it == state_dict.end()) {
-      problems.push_back("missing '" + name + "'");
-      continue;
-    }
-    Shape want(t.sizes().begin(), t.sizes().end());
-    if (const Tensor* p = named.find(name)) {
-      if (auto o = owner.find(p->impl()); o != owner.end()) {
-        want = o->second.first->params_[o->second.second].shape;
-      }
-    }
-    if (Shape(it->second.sizes().begin(), it->second.sizes().end()) != want) {
-      problems.push_back("'" + name + "' has shape " + shape_str(it->second.sizes()) +
-                         ", the model's is " + shape_str(want));
-    }
-  }
-  for (const auto& [name, t] : state_dict) {
-    if (!mine.contains(name)) problems.push_back("unexpected '" + name + "'");
-  }
-  if (!problems.empty()) {
-    std::string all;
-    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
-    KILN_FAIL("[FSDPModule::load_full_state_dict] the state dict does not fit ", module_->name(),
-              ": ", all);
-  }
-  NoGradGuard no_grad;
-  const int rank = pg_->rank();
-  for (const auto& [name, t] : mine) {
-    const Tensor& src = state_dict.at(name);
-    const Tensor* p = named.find(name);
-    auto o = p == nullptr ? owner.end() : owner.find(p->impl());
-    if (o == owner.end()) {
-      Tensor dst = t;
-      dst.copy_(src);
-      continue;
-    }
-    FSDPModule& u = *o->second.first;
-    const Param& q = u.params_[o->second.second];
-    Tensor shard = u.unsharded_ ? q.sharded : q.param.detach();
-    shard.zero_();
-    const int64_t begin = std::min<int64_t>(rank * q.shard, q.numel);
-    const int64_t len = std::min<int64_t>(q.shard, q.numel - begin);
-    if (len > 0) shard.narrow(0, 0, len).copy_(src.reshape({-1}).narrow(0, begin, len));
-  }
-  for (FSDPModule* u : subtree()) u->refresh_full();
-}
-
-std::map<std::string, Tensor> FSDPModule::sharded_state_dict() const {
-  std::map<std::string, Tensor> out = module_->state_dict();
-  std::unordered_map<const TensorImpl*, std::string> name_of;
-  for (const auto& item : module_->named_parameters()) name_of[item.value().impl()] = item.key();
-  for (FSDPModule* u : const_cast<FSDPModule*>(this)->subtree()) {
-    for (const Param& p : u->params_) {
-      out[name_of.at(p.param.impl())] = u->unsharded_ ? p.sharded : p.param.detach();
-    }
-  }
-  return out;
-}
-
-void FSDPModule::load_sharded_state_dict(const std::map<std::string, Tensor>& state_dict) {
-  const auto mine = sharded_state_dict();
-  const int world = pg_->size();
-  std::vector<std::string> problems;
-  for (const auto& [name, t] : mine) {
-    auto it = state_dict.find(name);
-    if (it == state_dict.end()) {
-      problems.push_back("missing '" + name + "'");
-    } else if (it->second.sizes() != t.sizes()) {
-      problems.push_back("'" + name + "' has shape " + shape_str(it->second.sizes()) +
-                         ", this rank's is " + shape_str(t.sizes()));
-    }
-  }
-  for (const auto& [name, t] : state_dict) {
-    if (!mine.contains(name)) problems.push_back("unexpected '" + name + "'");
-  }
-  if (!problems.empty()) {
-    std::string all;
-    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
-    KILN_FAIL("[FSDPModule::load_sharded_state_dict] the state dict does not fit ", module_->name(),
-              " sharded over ", world, " ranks (shards of another world size ",
-              "do not load here: use load_full_state_dict or load_sharded_checkpoint): ", all);
-  }
-  NoGradGuard no_grad;
-  for (const auto& [name, t] : mine) {
-    Tensor dst = t;
-    dst.copy_(state_dict.at(name));
-  }
-  for (FSDPModule* u : subtree()) u->refresh_full();
-}
-
-namespace {
-std::string shard_file(const std::string& dir, int rank, int world) {
-  return dir + "/shard-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
-}
-}  // namespace
-
-void FSDPModule::save_sharded_checkpoint(const std::string& dir) const {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  KILN_CHECK(!ec, "[FSDPModule::save_sharded_checkpoint] cannot create ", dir, ": ", ec.message());
-  const int rank = pg_->rank(), world = pg_->size();
-  std::map<std::string, Tensor> tensors = sharded_state_dict();
-  SafetensorsMetadata meta{{"fsdp_world_size", std::to_string(world)},
-                           {"fsdp_rank", std::to_string(rank)}};
-  std::unordered_map<const TensorImpl*, std::string> name_of;
-  for (const auto& item : module_->named_parameters()) name_of[item.value().impl()] = item.key();
-  for (FSDPModule* u : const_cast<FSDPModule*>(this)->subtree()) {
-    for (const Param& p : u->params_)
-      meta["shape:" + name_of.at(p.param.impl())] = shape_csv(p.shape);
-  }
-  save_safetensors(tensors, shard_file(dir, rank, world), meta);
-  pg_->barrier()->wait();  // every file is in place when any rank returns
-}
-
-void FSDPModule::load_sharded_checkpoint(const std::string& dir) {
-  const char* op = "[FSDPModule::load_sharded_checkpoint]";
-  int old_world = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string f = e.path().filename().string();
-    int r = 0, w = 0;
-    char tail[16] = {};
-    if (std::sscanf(f.c_str(), "shard-%d-of-%d.%15s", &r, &w, tail) == 3 && r == 0 &&
-        std::string(tail) == "safetensors") {
-      old_world = w;
-    }
-  }
-  KILN_CHECK(!ec, op, " cannot read ", dir, ": ", ec.message());
-  KILN_CHECK(old_world > 0, op, " ", dir, " holds no shard-0-of-N.safetensors (not a sharded ",
-             "checkpoint)");
-  std::vector<SafetensorsFile> files;
-  for (int k = 0; k < old_world; ++k) {
-    const std::string path = shard_file(dir, k, old_world);
-    KILN_CHECK(std::filesystem::exists(path), op, " ", path, " is missing: the checkpoint was ",
-               "written by ", old_world, " ranks and needs all their files");
-    files.emplace_back(path);
-  }
-  std::unordered_map<const TensorImpl*, std::pair<FSDPModule*, size_t>> owner;
-  for (FSDPModule* u : subtree()) {
-    for (size_t i = 0; i < u->params_.size(); ++i) owner[u->params_[i].param.impl()] = {u, i};
-  }
-  const auto named = module_->named_parameters();
-  // Everything that is not a sharded parameter is whole in every file: take rank 0's.
-  std::map<std::string, Tensor> whole;
-  for (const auto& [name, t] : module_->state_dict()) {
-    const Tensor* p = named.find(name);
-    if (p != nullptr && owner.contains(p->impl())) continue;
-    KILN_CHECK(files[0].contains(name), op, " ", files[0].name(), " has no '", name, "'");
-    whole[name] = files[0].read(name);  // copied with pread: a truncated file is an error
-  }
-  NoGradGuard no_grad;
-  const int rank = pg_->rank();
-  for (const auto& item : named) {
-    auto o = owner.find(item.value().impl());
-    if (o == owner.end()) continue;
-    FSDPModule& u = *o->second.first;
-    const Param& q = u.params_[o->second.second];
-    const auto& meta = files[0].metadata();
-    auto m = meta.find("shape:" + item.key());
-    KILN_CHECK(m != meta.end(), op, " ", files[0].name(), " has no '", item.key(), "'");
-    const Shape saved = parse_csv(m->second);
-    KILN_CHECK(saved == q.shape, op, " '", item.key(), "' has shape ", shape_str(saved), " in ",
-               dir, ", the model's is ", shape_str(q.shape));
-    const int64_t old_shard = ceil_div(q.numel, old_world);
-    Tensor shard = u.unsharded_ ? q.sharded : q.param.detach();
-    shard.zero_();
-    const int64_t begin = std::min<int64_t>(rank * q.shard, q.numel);
-    const int64_t end = std::min<int64_t>(begin + q.shard, q.numel);
-    for (int k = 0; k < old_world && begin < end; ++k) {
-      const int64_t lo = std::max<int64_t>(begin, k * old_shard);
-      const int64_t hi = std::min<int64_t>(end, (k + 1) * old_shard);
-      if (lo >= hi) continue;
-      Tensor src = files[k].read(item.key());
-      KILN_CHECK(src.numel() == old_shard, op, " '", item.key(), "' in ", files[k].name(), " has ",
-                 src.numel(), " elements, expected ", old_shard);
-      shard.narrow(0, lo - begin, hi - lo).copy_(src.narrow(0, lo - k * old_shard, hi - lo));
-    }
-  }
-  for (const auto& [name, t] : module_->state_dict()) {
-    auto it = whole.find(name);
-    if (it == whole.end()) continue;
-    Tensor dst = t;
-    dst.copy_(it->second);
-  }
-  for (FSDPModule* u : subtree()) u->refresh_full();
 }
 
 }  // namespace kiln::dist

@@ -38,10 +38,15 @@
 // (ReduceOp::kAvg) and frees its full parameters and gradients; the last unit waits for all the
 // reductions and writes the averaged shard gradients into grad().
 //
-// Memory: resharding drops the parameters' own references to the gathered data, but what the
-// graph saved keeps its own: kiln's linear saves weight.t(), a view holding the gathered storage,
-// until backward passes it (kiln's Storage cannot be resized to 0 under its views, as PyTorch's
-// FSDP does). Nothing full outlives the backward.
+// Memory: a unit's gathered parameters are views of one buffer. Resharding after forward frees
+// that buffer's memory but keeps the buffer itself, which the views that autograd saved (linear
+// saves weight.t()) still hold; the gather in backward puts the memory back under them, before
+// any node that saved such a view runs (PyTorch's FSDP resizes the storage to 0 and back).
+// Nothing full outlives the backward.
+//
+// Gradient accumulation: set_requires_gradient_sync(false) (FSDP2's; DDP's no_sync) makes
+// backward keep each unit's full gradients, summed over the micro-batches, instead of
+// reduce-scattering them; the next backward with sync on reduce-scatters the sum once.
 //
 // At rest each parameter is a 1-d tensor of ceil(numel / world) elements (its shard), with the
 // same identity as before (members and optimizers keep working); full_state_dict() gives the
@@ -145,6 +150,21 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   void reshard();
   bool is_unsharded() const { return unsharded_; }
 
+  // FSDP2's set_requires_gradient_sync (DDP's no_sync), for gradient accumulation: while off,
+  // a backward leaves each unit's full gradients on this rank, summed over the micro-batches (in
+  // the reduce dtype, laid out as the reduce-scatter's input), and the shards' grad() untouched;
+  // the first backward with it on adds its own and reduce-scatters the sum, one collective per
+  // unit and step instead of one per micro-batch. The sum costs a full copy of each unit's
+  // gradients between micro-batches (what DDP's no_sync keeps as well). Applies to this unit and,
+  // with recurse, to every unit below it.
+  //
+  //   for (int k = 0; k < micro; ++k) {
+  //     fsdp->set_requires_gradient_sync(k == micro - 1);
+  //     fsdp->run([&] { return model->loss(x[k], y[k]) / micro; }).backward();
+  //   }
+  void set_requires_gradient_sync(bool sync, bool recurse = true);
+  bool requires_gradient_sync() const { return requires_gradient_sync_; }
+
   nn::Module& module() const { return *module_; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return pg_; }
   const FSDPOptions& options() const { return options_; }
@@ -195,6 +215,7 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
     int64_t numel = 0;          // full elements
     int64_t shard = 0;          // elements per rank (ceil(numel / world))
     int64_t offset = 0;         // in the unit's packed shard
+    int64_t full_offset = 0;    // in the unit's gathered buffer (world * shard elements there)
     Tensor sharded;             // the shard's data while the parameter holds the full one
     Tensor sharded_grad;        // the shard's gradient while the parameter holds the full one
     uint64_t full_version = 0;  // the full data's version counter when the forward saw it
@@ -215,6 +236,15 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   void launch_gather();
   // Waits for it and points the parameters at the full tensors.
   void finish_gather();
+  // The parameters back to their shards. for_backward (after a forward whose backward comes):
+  // the gathered buffer keeps its identity for the views autograd saved, without its memory, so
+  // that the gather in backward refills it; otherwise it is let go.
+  void reshard_keeping(bool for_backward);
+  // The packed shard, every parameter's shard a view of it (re-packed first where something
+  // pointed a parameter elsewhere).
+  const Tensor& packed_shard();
+  ScalarType compute_dtype() const;
+  ScalarType reduce_dtype() const;
   // After a load changed the shards under a gathered unit: gathers the full parameters again.
   void refresh_full();
   void pre_backward();
@@ -223,7 +253,7 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   void finish_backward();
   void check_previous_backward();
   // The unit's full parameters in `dtype`, gathered without touching the module (state dicts).
-  std::vector<Tensor> gather_full(ScalarType dtype) const;
+  std::vector<Tensor> gather_full(ScalarType dtype);
   std::string describe() const;
 
   std::shared_ptr<nn::Module> module_;
@@ -235,7 +265,15 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   std::vector<Param> params_;
   ScalarType dtype_ = kFloat;  // the shards'
   int64_t packed_ = 0;         // elements of the packed shard (sum of shard sizes)
+  Tensor packed_shard_;        // the shards, packed: the all-gather's input
+  int64_t full_numel_ = 0;     // elements of the gathered buffer (aligned per parameter)
+  // The gathered buffer the full parameters are views of; released: without memory between
+  // the forward and the gather in backward.
+  Storage full_storage_;
+  bool full_released_ = false;
   bool unsharded_ = false;
+  bool requires_gradient_sync_ = true;
+  Tensor grad_acc_;  // without gradient sync: the full gradients' sum, as the reduce's input
   bool gather_per_unit_ = false;            // root: units gathered by before_forward()
   bool forward_gathered_ = false;           // before_forward() ran in this forward
   bool versions_seen_ = false;              // after_forward() recorded full_version

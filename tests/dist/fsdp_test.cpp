@@ -41,6 +41,16 @@ TEST(FsdpTest, MlpEqualsOneProcessAtWorldSizeFour) {
   EXPECT_TRUE(job.all_ok()) << job.describe();
 }
 
+TEST(FsdpTest, NoSyncAccumulationEqualsOneProcessAtWorldSizeTwo) {
+  auto job = run_fsdp("fsdp_no_sync", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(FsdpTest, NoSyncAccumulationEqualsOneProcessAtWorldSizeFour) {
+  auto job = run_fsdp("fsdp_no_sync", 4);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
 TEST(FsdpTest, TinyLlamaEqualsOneProcessAtWorldSizeOne) {
   auto job = run_fsdp("fsdp_llama", 1);
   EXPECT_TRUE(job.all_ok()) << job.describe();

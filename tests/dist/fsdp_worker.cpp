@@ -186,6 +186,61 @@ void fsdp_mlp() {
   std::cout << "rank " << r << ": fsdp mlp == one process\n";
 }
 
+// Gradient accumulation without sync (set_requires_gradient_sync(false), FSDP2's no_sync): k
+// micro-batches whose backward leaves the full gradients summed on each rank, then one synced
+// micro-batch that reduce-scatters the sum, == one process on the whole global batch. fc1 and
+// fc3 reshard after forward (ZeRO-3), fc2 does not (ZeRO-2); 2 steps of 3 micro-batches.
+void fsdp_no_sync() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t local = 2, global = local * n, micro = 3;
+  Mlp ref = make_mlp(200);
+  Mlp model = make_mlp(200);
+  fully_shard(model->fc1, pg);
+  FSDPOptions keep;
+  keep.reshard_after_forward = false;
+  auto u2 = fully_shard(model->fc2, pg, keep);
+  fully_shard(model->fc3, pg);
+  auto root = fully_shard(model, pg);
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(0.01).weight_decay(0.1));
+  optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(0.01).weight_decay(0.1));
+  manual_seed(9);
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    Tensor x = randn({micro * global, 8}, kDouble), y = randn({micro * global, 4}, kDouble);
+    double loss_sum = 0;
+    for (int64_t k = 0; k < micro; ++k) {
+      const bool sync = k == micro - 1;
+      root->set_requires_gradient_sync(sync);
+      WCHECK(u2->requires_gradient_sync() == sync, "the setting reaches the units below the root");
+      // Micro-batch k of the global batch; this rank's rows of it.
+      Tensor mx = x.narrow(0, k * global + r * local, local);
+      Tensor my = y.narrow(0, k * global + r * local, local);
+      Tensor loss = root->run([&] { return mse(model(mx), my) / static_cast<double>(micro); });
+      loss.backward();
+      loss_sum += loss.item<double>();
+      for (const auto& p : model->parameters()) {
+        WCHECK(p.dim() == 1, "resharded after a backward");
+        WCHECK(p.grad().defined() == sync, "step ", step, " micro-batch ", k, ": a shard ",
+               "gradient is ", p.grad().defined() ? "defined" : "undefined", " (written only by ",
+               "the synced backward)");
+      }
+    }
+    Tensor ref_loss = mse(ref(x), y);
+    ref_loss.backward();
+    Tensor l = full({1}, loss_sum, kDouble);
+    pg->all_reduce(l, ReduceOp::kAvg)->wait();
+    WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 1e-12, "step ", step, ": loss ",
+           l.item<double>(), " vs one process ", ref_loss.item<double>());
+    expect_shard_grads(*model, *ref, r, n, 1e-9, "no_sync step " + std::to_string(step));
+    opt.step();
+    ref_opt.step();
+    expect_same_weights(*root, *ref, 1e-9, "no_sync after step " + std::to_string(step));
+  }
+  std::cout << "rank " << r << ": fsdp no_sync accumulation == one process\n";
+}
+
 // --- The tiny Llama
 // -------------------------------------------------------------------------------
 
@@ -272,6 +327,21 @@ void fsdp_llama_with(bool per_unit) {
            "block 1 is resharded after forward");
     record = nullptr;
     WCHECK(!gathered.empty(), "block 1's gathered storages were recorded");
+    // Resharding after forward took block 1's memory: the views the graph saved (linear's
+    // weight.t()) still hold its gathered buffer, empty until the gather in backward refills it.
+    // Block 0 (no reshard after forward) keeps its own.
+    int alive = 0;
+    for (const auto& w : gathered) {
+      if (auto s = w.lock()) {
+        ++alive;
+        WCHECK(s->nbytes() == 0, "block 1's gathered buffer holds ", s->nbytes(),
+               " bytes after forward");
+      }
+    }
+    WCHECK(alive > 0, "the graph holds no view of block 1's gathered parameters");
+    for (const auto& p : model->h[0]->parameters()) {
+      WCHECK(p.impl()->storage()->nbytes() >= p.nbytes(), "block 0 lost its gathered memory");
+    }
     loss.backward();
     Tensor l = loss.detach().reshape({1}).clone();
     loss = Tensor();  // the graph goes
@@ -474,6 +544,7 @@ void fsdp_errors() {
 const test::Scenarios& scenarios() {
   static const test::Scenarios m = {
       {"fsdp_mlp", fsdp_mlp},
+      {"fsdp_no_sync", fsdp_no_sync},
       {"fsdp_llama", fsdp_llama},
       {"fsdp_llama_per_unit", fsdp_llama_per_unit},
       {"fsdp_mixed_precision", fsdp_mixed_precision},
