@@ -111,6 +111,7 @@ Tensor DataParallel::forward_backward(const std::function<Tensor()>& loss, bool 
     return l.detach();
   }
   KILN_CHECK(impl_->fsdp != nullptr, "[pretrain] DataParallel::wrap was not called");
+  impl_->fsdp->set_requires_gradient_sync(sync);  // one reduce-scatter per step, after the last
   Tensor l = impl_->fsdp->run(loss);
   l.backward();
   return l.detach();
