@@ -224,7 +224,13 @@ class Tracer {
                                           impl->storage_offset(), impl->dtype());
     c.meta = impl->autograd_meta();
     c.traced_meta = std::make_shared<autograd::AutogradMeta>();
-    if (c.meta) c.grad_at_entry = c.meta->grad;
+    if (c.meta) {
+      c.grad_at_entry = c.meta->grad;
+      // The leaf's hooks run while tracing as in eager code: what they do (DDP's bucket copies
+      // and all-reduces, dist/collective_ops.h) is recorded.
+      c.traced_meta->leaf_hooks = c.meta->leaf_hooks;
+      c.traced_meta->post_accumulate_hooks = c.meta->post_accumulate_hooks;
+    }
     c.traced_meta->grad = c.grad_at_entry;
     impl->set_data(
         TensorImpl(proxy, impl->sizes(), impl->strides(), impl->storage_offset(), impl->dtype()));

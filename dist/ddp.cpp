@@ -7,8 +7,10 @@
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
 #include "autograd/node.h"
+#include "dist/collective_ops.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "tensor/registry.h"
 #include "tensor/tensor_data.h"
 
 namespace kiln::dist::internal {
@@ -34,8 +36,10 @@ int64_t signature(const std::vector<Tensor>& params) {
 // Whether `a` is `view` (the same tensor, or the same memory seen the same way).
 bool aliases(const Tensor& a, const Tensor& view) {
   if (a.is_same(view)) return true;
-  return a.dtype() == view.dtype() && a.data_ptr() == view.data_ptr() &&
-         a.sizes() == view.sizes() && a.strides() == view.strides();
+  // By storage and offset, not data pointers: a traced step's tensors are proxies (no memory).
+  return a.dtype() == view.dtype() && a.impl()->storage().get() == view.impl()->storage().get() &&
+         a.storage_offset() == view.storage_offset() && a.sizes() == view.sizes() &&
+         a.strides() == view.strides();
 }
 
 }  // namespace
@@ -213,13 +217,17 @@ void Reducer::mark_ready(size_t index) {
   // Launch the full buckets in bucket order: the same sequence of all-reduces on every rank.
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& next = buckets_[next_to_launch_++];
-    next.work = pg_->all_reduce(next.flat, ReduceOp::kAvg);
+    // An op of the registry: a compiled step records it here, amid the backward it overlaps.
+    next.work = all_reduce_op(pg_, next.flat, ReduceOp::kAvg);
   }
   if (next_to_launch_ == buckets_.size()) finalize();
 }
 
 void Reducer::prepare_for_backward(const std::optional<std::vector<Tensor>>& outputs) {
   if (!require_sync_ || !GradMode::is_enabled()) return;
+  KILN_CHECK(!in_proxy_mode(),
+             "[DistributedDataParallel] find_unused_parameters cannot be compiled: which "
+             "parameters a pass used is agreed on from values at run time; compile without it");
   KILN_CHECK(outputs.has_value(),
              "[DistributedDataParallel] find_unused_parameters needs forward to return a Tensor, "
              "or a std::vector or std::tuple of Tensors");
@@ -287,6 +295,9 @@ void Reducer::finalize() {
     }
     if (solo(b)) b.flat = Tensor();  // the bucket does not keep the gradient alive
   }
+  // A compiled step (traced: proxy mode) keeps the registration order: the rebuild agrees on
+  // the order through a broadcast read on the host, which a trace cannot record.
+  if (!rebuilt_ && in_proxy_mode()) rebuilt_ = true;
   if (!rebuilt_) rebuild_buckets();
   reset_pass();
 }
@@ -366,7 +377,7 @@ void Reducer::prepare_for_forward() {
   if (options_.broadcast_buffers && pg_->size() > 1) {
     NoGradGuard no_grad;
     std::vector<std::shared_ptr<Work>> works;
-    for (auto b : module_->buffers()) works.push_back(pg_->broadcast(b, 0));
+    for (auto b : module_->buffers()) works.push_back(broadcast_op(pg_, b, 0));
     for (auto& w : works) w->wait();
   }
 }

@@ -12,6 +12,7 @@
 // docs/distributed.md is the guide.
 #pragma once
 
+#include "dist/collective_ops.h"
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
 #include "dist/launcher.h"

@@ -31,9 +31,10 @@ struct DataParallel::Impl {
 void DataParallel::check_mode(const std::string& mode, bool compiled, const char* who) {
   KILN_CHECK(mode == "ddp" || mode == "zero2" || mode == "zero3" || mode == "fsdp", "[", who,
              "] dist must be ddp, zero2, zero3 or fsdp (= zero3), got '", mode, "'");
-  KILN_CHECK(!compiled, "[", who,
-             "] compile with dist is not supported yet: the compiled step does not run DDP's or "
-             "FSDP's collectives; drop --compile (or --dist)");
+  KILN_CHECK(!compiled || mode == "ddp", "[", who, "] compile with --dist ", mode,
+             " is not supported yet: the compiled step records DDP's all-reduces "
+             "(dist/collective_ops.h), not FSDP's gathers and reduce-scatters; use --dist ddp or "
+             "drop --compile");
 }
 
 DataParallel::DataParallel(const std::string& mode, bool cuda, const char* who)

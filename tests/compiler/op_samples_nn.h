@@ -2,6 +2,7 @@
 // tests/compiler/registry_test.cpp (op_samples.h says what a sample is and holds the others).
 #pragma once
 
+#include "dist/collective_ops.h"
 #include "op_samples.h"
 
 namespace kiln::compiler_test {
@@ -369,10 +370,61 @@ inline std::vector<OpSample> optim_samples() {
   };
 }
 
+// A process group of one rank, in this process: the collectives are the identity.
+class SoloGroup final : public dist::ProcessGroup {
+ public:
+  SoloGroup() : ProcessGroup(0, 1) {}
+  std::string backend_name() const override { return "solo"; }
+  std::shared_ptr<dist::Work> all_reduce(Tensor&, dist::ReduceOp) override { return done(); }
+  std::shared_ptr<dist::Work> broadcast(Tensor&, int) override { return done(); }
+  std::shared_ptr<dist::Work> all_gather_into_tensor(Tensor&, const Tensor&) override {
+    return done();
+  }
+  std::shared_ptr<dist::Work> all_gather(std::vector<Tensor>&, const Tensor&) override {
+    return done();
+  }
+  std::shared_ptr<dist::Work> reduce_scatter_tensor(Tensor&, const Tensor&,
+                                                    dist::ReduceOp) override {
+    return done();
+  }
+  std::shared_ptr<dist::Work> reduce_scatter(Tensor&, const std::vector<Tensor>&,
+                                             dist::ReduceOp) override {
+    return done();
+  }
+  std::shared_ptr<dist::Work> barrier() override { return done(); }
+  std::shared_ptr<dist::Work> send(const Tensor&, int, int) override { return done(); }
+  std::shared_ptr<dist::Work> recv(Tensor&, int, int) override { return done(); }
+
+ private:
+  static std::shared_ptr<dist::Work> done() {
+    auto w = std::make_shared<dist::Work>("solo");
+    w->finish();
+    return w;
+  }
+};
+
+// The collectives as ops (dist/collective_ops.h), on a group of one rank: recorded, replayed.
+inline std::vector<OpSample> dist_samples() {
+  using namespace samples;
+  static const auto group = std::make_shared<SoloGroup>();
+  return {one(
+      "dist_all_reduce_broadcast_wait",
+      [](const Tensors& x) {
+        Tensor y = x[0] * 2.0;
+        dist::all_reduce_op(group, y, dist::ReduceOp::kAvg)->wait();
+        dist::broadcast_op(group, y, 0)->wait();
+        return y + 1.0;
+      },
+      [] {
+        return Tensors{f32({4, 3})};
+      },
+      /*grad=*/false)};
+}
+
 inline std::vector<OpSample> all_samples() {
   std::vector<OpSample> all;
   for (auto family : {elementwise_samples, reduction_samples, view_samples, index_samples,
-                      random_samples, fused_samples, optim_samples}) {
+                      random_samples, fused_samples, optim_samples, dist_samples}) {
     for (OpSample& s : family()) all.push_back(std::move(s));
   }
   return all;

@@ -118,6 +118,22 @@ TEST(DdpTest, BucketsFollowRankZerosReadyOrderWithCopies) {
   EXPECT_TRUE(job.all_ok()) << job.describe();
 }
 
+TEST(DdpTest, CompiledStepEqualsOneProcessAtWorldSizeTwo) {
+  auto job = run_workers("ddp_compiled", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, CompiledStepEqualsOneProcessAtWorldSizeFour) {
+  auto job = run_workers("ddp_compiled", 4);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, CompiledStepWithCopiesAtWorldSizeTwo) {
+  auto job =
+      run_workers("ddp_compiled", 2, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
 TEST(PostAccumulateGradHookTest, RunsAfterAccumulationOncePerBackward) {
   Tensor w = ones({3}, kDouble).requires_grad_();
   std::vector<std::vector<double>> seen;

@@ -1,7 +1,8 @@
 // `kiln run --nproc-per-node 2 kiln pretrain --dist ddp|zero3` on the CPU (Gloo): the run equals
 // one process training on the global batch (losses and weights), its checkpoints hold the full
 // model and optimizer state, so a run resumes in one process or at another world size, and
-// rank 0 alone reports. Bad --dist values and --compile with --dist are clear errors.
+// rank 0 alone reports; compiled (--compile) under ddp too. Bad --dist values and --compile
+// with the sharded modes are clear errors.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -111,6 +112,21 @@ TEST_F(PretrainDistTest, DdpEqualsOneProcessOnTheGlobalBatch) {
   expect_same_weights("one", "ddp", 1e-4);
 }
 
+TEST_F(PretrainDistTest, CompiledDdpEqualsOneProcess) {
+  // The compiled step records DDP's all-reduces (dist/collective_ops.h) and replays them.
+  const JobResult one = one_process(pretrain_args("one", 4, 4));
+  ASSERT_TRUE(one.all_ok()) << one.describe();
+  auto args = pretrain_args("cddp", 2, 4);
+  args.insert(args.end(), {"--dist", "ddp", "--compile"});
+  const JobResult ddp = two_ranks(args);
+  ASSERT_TRUE(ddp.all_ok()) << ddp.describe();
+  const std::string& out = ddp.ranks[0].output;
+  EXPECT_NE(out.find("compile: "), std::string::npos) << out;
+  EXPECT_EQ(loss_lines(one.ranks[0].output), loss_lines(out));
+  EXPECT_FALSE(loss_lines(out).empty()) << out;
+  expect_same_weights("one", "cddp", 1e-4);
+}
+
 TEST_F(PretrainDistTest, FsdpCheckpointsResumeInOneProcessAndOnTwoRanks) {
   const JobResult one = one_process(pretrain_args("one", 4, 4));
   ASSERT_TRUE(one.all_ok()) << one.describe();
@@ -144,10 +160,11 @@ TEST_F(PretrainDistTest, BadDistAndCompileAreClearErrors) {
       std::string::npos)
       << r.ranks[0].output;
   args = pretrain_args("bad", 2, 1);
-  args.insert(args.end(), {"--dist", "ddp", "--compile"});
+  args.insert(args.end(), {"--dist", "zero3", "--compile"});
   r = one_process(args);
   EXPECT_NE(r.ranks[0].exit_code, 0);
-  EXPECT_NE(r.ranks[0].output.find("compile with dist is not supported yet"), std::string::npos)
+  EXPECT_NE(r.ranks[0].output.find("compile with --dist zero3 is not supported yet"),
+            std::string::npos)
       << r.ranks[0].output;
 }
 

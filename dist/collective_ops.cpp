@@ -1,0 +1,153 @@
+#include "dist/collective_ops.h"
+
+#include <deque>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "tensor/ops.h"
+#include "tensor/registry.h"
+
+namespace kiln::dist {
+namespace {
+
+// Groups by id: an op's attribute names its group, and the kernel finds it here. Ids are handed
+// out in the order groups are first used, and never reused.
+struct GroupTable {
+  std::mutex mu;
+  std::map<const ProcessGroup*, int64_t> ids;
+  std::map<int64_t, std::weak_ptr<ProcessGroup>> groups;
+  int64_t next = 0;
+};
+GroupTable& group_table() {
+  static auto* t = new GroupTable;  // never destroyed: kernels may run during exit
+  return *t;
+}
+
+int64_t group_id(const std::shared_ptr<ProcessGroup>& group) {
+  GroupTable& t = group_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.ids.find(group.get());
+  if (it != t.ids.end()) {
+    auto g = t.groups.find(it->second);
+    if (g != t.groups.end() && !g->second.expired()) return it->second;
+    t.ids.erase(it);  // a dead group's address, reused by a new one
+  }
+  const int64_t id = t.next++;
+  t.ids[group.get()] = id;
+  t.groups[id] = group;
+  return id;
+}
+
+std::shared_ptr<ProcessGroup> group_of(const OpCall& c) {
+  const int64_t id = c.attr<int64_t>(0);
+  GroupTable& t = group_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.groups.find(id);
+  std::shared_ptr<ProcessGroup> g = it == t.groups.end() ? nullptr : it->second.lock();
+  KILN_CHECK(g != nullptr, "[", c.name(), "] process group ", id,
+             " no longer exists (a compiled program outlived the group it was traced with)");
+  return g;
+}
+
+// The collectives started and not yet waited for, by the address of the tensor they write.
+struct PendingTable {
+  std::mutex mu;
+  std::map<const void*, std::deque<std::shared_ptr<Work>>> works;
+};
+PendingTable& pending() {
+  static auto* t = new PendingTable;
+  return *t;
+}
+
+void file_work(const Tensor& t, std::shared_ptr<Work> work) {
+  PendingTable& p = pending();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.works[t.data_ptr()].push_back(std::move(work));
+}
+
+std::shared_ptr<Work> take_work(const OpCall& c) {
+  PendingTable& p = pending();
+  std::lock_guard<std::mutex> lock(p.mu);
+  auto it = p.works.find(c.input(0).data_ptr());
+  KILN_CHECK(it != p.works.end() && !it->second.empty(), "[", c.name(),
+             "] no collective was started on this tensor (",
+             dtype_name(c.input(0).dtype()), " ", shape_str(c.input(0).sizes()), ")");
+  std::shared_ptr<Work> w = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) p.works.erase(it);
+  return w;
+}
+
+SpecList in_place_meta(const OpCall& c) {
+  KILN_CHECK(c.inputs.size() == 1 && c.input(0).defined(), "[", c.name(),
+             "] expected one defined tensor");
+  return {};
+}
+
+void all_reduce_kernel(OpCall& c) {
+  Tensor t = c.input(0);
+  file_work(t, group_of(c)->all_reduce(t, static_cast<ReduceOp>(c.attr<int64_t>(1))));
+}
+
+void broadcast_kernel(OpCall& c) {
+  Tensor t = c.input(0);
+  file_work(t, group_of(c)->broadcast(t, static_cast<int>(c.attr<int64_t>(1))));
+}
+
+void wait_kernel(OpCall& c) { take_work(c)->wait(); }
+
+// The Work the ops' callers get: its wait() is the dist_wait_ op, so that a traced wait is
+// recorded where the caller waited.
+class OpWork final : public Work {
+ public:
+  OpWork(std::string op, Tensor tensor) : Work(std::move(op)), tensor_(std::move(tensor)) {}
+  bool wait(std::optional<Milliseconds> timeout) override {
+    (void)timeout;  // the group's own timeout bounds the collective
+    if (waited_) return true;
+    waited_ = true;
+    static const OpDef& op = KILN_OP(dist_wait_);
+    try {
+      call_op(op, {tensor_}, {});
+    } catch (...) {
+      finish(std::current_exception());
+      throw;
+    }
+    finish();
+    return true;
+  }
+
+ private:
+  Tensor tensor_;
+  bool waited_ = false;
+};
+
+}  // namespace
+
+KILN_DEFINE_OP(dist_all_reduce_, OpKind::kInplace, in_place_meta);
+KILN_DEFINE_OP(dist_broadcast_, OpKind::kInplace, in_place_meta);
+KILN_DEFINE_OP(dist_wait_, OpKind::kInplace, in_place_meta);
+KILN_REGISTER_KERNEL(dist_all_reduce_, kCPU, all_reduce_kernel);
+KILN_REGISTER_KERNEL(dist_broadcast_, kCPU, broadcast_kernel);
+KILN_REGISTER_KERNEL(dist_wait_, kCPU, wait_kernel);
+#if defined(KILN_WITH_CUDA)
+KILN_REGISTER_KERNEL(dist_all_reduce_, kCUDA, all_reduce_kernel);
+KILN_REGISTER_KERNEL(dist_broadcast_, kCUDA, broadcast_kernel);
+KILN_REGISTER_KERNEL(dist_wait_, kCUDA, wait_kernel);
+#endif
+
+std::shared_ptr<Work> all_reduce_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
+                                    ReduceOp op) {
+  static const OpDef& def = KILN_OP(dist_all_reduce_);
+  call_op(def, {tensor}, {group_id(group), static_cast<int64_t>(op)});
+  return std::make_shared<OpWork>("all_reduce", tensor);
+}
+
+std::shared_ptr<Work> broadcast_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
+                                   int root) {
+  static const OpDef& def = KILN_OP(dist_broadcast_);
+  call_op(def, {tensor}, {group_id(group), static_cast<int64_t>(root)});
+  return std::make_shared<OpWork>("broadcast", tensor);
+}
+
+}  // namespace kiln::dist

@@ -1,0 +1,31 @@
+// Collectives as ops of the registry, so that kiln::compile records them: a compiled training
+// step under DDP holds its gradient all-reduces in its trace, where the backward launched them,
+// and replays them there, overlapping the backward's remaining kernels as in eager code
+// (Thunder's ddp transform puts its collectives into the trace the same way).
+//
+//   std::shared_ptr<Work> w = dist::all_reduce_op(pg, bucket, ReduceOp::kAvg);  // starts it
+//   ...                                                                         // more backward
+//   w->wait();                                                                  // then reads
+//
+// Each call is two ops on the tensor, both in place:
+//   dist_all_reduce_(t; group, op) / dist_broadcast_(t; group, root): starts the collective
+//     (ProcessGroup::all_reduce / broadcast) and files its Work under t's data pointer;
+//   dist_wait_(t): the returned Work's wait() — takes the filed Work and waits for it (NCCL: the
+//     current stream waits; Gloo: the host).
+// Traced, they are recorded in program order like any in-place op; the program's replay runs
+// their kernels, so the collective starts and is waited for where the trace says. The group is
+// an attribute: the id under which the op first saw it (a registry of weak references).
+#pragma once
+
+#include <memory>
+
+#include "dist/process_group.h"
+
+namespace kiln::dist {
+
+std::shared_ptr<Work> all_reduce_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
+                                    ReduceOp op = ReduceOp::kSum);
+std::shared_ptr<Work> broadcast_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
+                                   int root = 0);
+
+}  // namespace kiln::dist
