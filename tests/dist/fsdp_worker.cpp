@@ -410,13 +410,20 @@ void fsdp_mixed_precision() {
     Tensor idx = randint(0, 320, {n, T}), tgt = randint(0, 320, {n, T});
     opt.zero_grad();
     ref_opt.zero_grad();
-    Tensor logits;
-    Tensor loss = root->run([&] {
-      WCHECK(model->wte->weight.dtype() == kBFloat16, "gathered in ",
-             dtype_name(model->wte->weight.dtype()));
-      return model->loss(idx.narrow(0, r, 1), tgt.narrow(0, r, 1));
-    });
-    loss.backward();
+    // The last step in two halves, the first without gradient sync: its bf16 gradients are
+    // summed in f32 (the reduce dtype) with the second's.
+    const int micro = step == 2 ? 2 : 1;
+    Tensor loss;
+    for (int k = 0; k < micro; ++k) {
+      root->set_requires_gradient_sync(k == micro - 1);
+      Tensor part = root->run([&] {
+        WCHECK(model->wte->weight.dtype() == kBFloat16, "gathered in ",
+               dtype_name(model->wte->weight.dtype()));
+        return model->loss(idx.narrow(0, r, 1), tgt.narrow(0, r, 1)) / static_cast<double>(micro);
+      });
+      part.backward();
+      loss = loss.defined() ? loss + part.detach() : part.detach();
+    }
     for (const auto& p : model->parameters()) {
       WCHECK(p.dtype() == kFloat && p.grad().dtype() == kFloat, "shards and grads stay f32");
     }
