@@ -63,6 +63,9 @@
 //   (otherwise the unit's reduce-scatter would never start); a unit with none is refused.
 //   Parameters that do not require grad are left whole (not sharded).
 // - One backward per run(); the next run() fails if a backward did not reach every unit.
+// - Between a unit's forward and its backward its gathered buffer has no memory (when it
+//   reshards after forward): a view of a parameter kept outside autograd (through detach())
+//   and read in backward before the unit is gathered again would read freed memory.
 // - Keep the root's handle while the model is used: the units live in it, and without them the
 //   parameters stay 1-d shards.
 // - Build the same model on every rank: fully_shard checks that the parameter lists match, then
