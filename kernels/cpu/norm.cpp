@@ -11,17 +11,33 @@
 //   y = xh * w + b,   dx = r * (g - sum(g) / D - xh * sum(g * xh) / D),
 //   dw = sum over rows of dy * xh,   db = sum over rows of dy.
 // The mean and variance are two passes over the row (no cancellation of E[x^2] - E[x]^2).
+//
+// Large and tiny magnitudes: a row whose f32 sums leave their accurate range (|x| beyond about
+// 1e19, or for rms_norm below about 1e-19; kernels/norm_range.h) is summed again in f64, as is
+// the backward's x * r^3 * dot of such a row; every other row keeps its f32 arithmetic.
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/loops.h"
 #include "kernels/fused_support.h"
+#include "kernels/norm_range.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 #include "tensor/registry.h"
 
 namespace kiln::cpu {
 namespace {
+
+// 1 / sqrt(mean(x^2) + eps) of a row, in f64.
+template <typename T>
+double rms_rstd_f64(const T* x, int64_t d, double eps) {
+  double ss = 0;
+  for (int64_t j = 0; j < d; ++j) {
+    const double v = static_cast<double>(x[j]);
+    ss += v * v;
+  }
+  return 1 / std::sqrt((d > 0 ? ss / static_cast<double>(d) : 0.0) + eps);
+}
 
 // Calls f(TypeTag<T>, TypeTag<W>) for x's dtype T and weight's dtype W (T, or float).
 template <typename F>
@@ -50,24 +66,26 @@ void rms_norm_cpu(OpCall& c) {
     const W* pw = w.data_ptr<W>();
     T* py = y.data_ptr<T>();
     Acc* pr = rstd.data_ptr<Acc>();
-    internal::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)),
-                           [&](int64_t begin, int64_t end) {
-                             for (int64_t i = begin; i < end; ++i) {
-                               const T* xr = px + i * d;
-                               Acc ss = 0;
-                               for (int64_t j = 0; j < d; ++j) {
-                                 const Acc v = static_cast<Acc>(xr[j]);
-                                 ss += v * v;
-                               }
-                               const Acc mean = d > 0 ? ss / static_cast<Acc>(d) : Acc(0);
-                               const Acc r = Acc(1) / std::sqrt(mean + static_cast<Acc>(eps));
-                               pr[i] = r;
-                               for (int64_t j = 0; j < d; ++j) {
-                                 py[i * d + j] =
-                                     T(static_cast<Acc>(xr[j]) * r * static_cast<Acc>(pw[j]));
-                               }
-                             }
-                           });
+    internal::parallel_for(
+        0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)),
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const T* xr = px + i * d;
+            Acc ss = 0;
+            for (int64_t j = 0; j < d; ++j) {
+              const Acc v = static_cast<Acc>(xr[j]);
+              ss += v * v;
+            }
+            const Acc mean = d > 0 ? ss / static_cast<Acc>(d) : Acc(0);
+            const Acc r = kiln::internal::rms_sum_in_range(ss, static_cast<Acc>(eps))
+                              ? Acc(1) / std::sqrt(mean + static_cast<Acc>(eps))
+                              : static_cast<Acc>(rms_rstd_f64(xr, d, eps));
+            pr[i] = r;
+            for (int64_t j = 0; j < d; ++j) {
+              py[i * d + j] = T(static_cast<Acc>(xr[j]) * r * static_cast<Acc>(pw[j]));
+            }
+          }
+        });
   });
 }
 
@@ -100,6 +118,21 @@ void rms_norm_backward_cpu(OpCall& c) {
           Acc dot = 0;
           for (int64_t j = 0; j < d; ++j) {
             dot += static_cast<Acc>(gr[j]) * static_cast<Acc>(pw[j]) * static_cast<Acc>(xr[j]);
+          }
+          if (!kiln::internal::rms_backward_in_range(r, dot)) {
+            // r^3 under- or overflows f32 (|x| beyond about 1e10): the row in f64.
+            double dot64 = 0;
+            for (int64_t j = 0; j < d; ++j) {
+              dot64 += static_cast<double>(gr[j]) * static_cast<double>(pw[j]) *
+                       static_cast<double>(xr[j]);
+            }
+            const double r64 = r, k64 = r64 * r64 * r64 * dot64 / static_cast<double>(d);
+            for (int64_t j = 0; j < d; ++j) {
+              const double xv = static_cast<double>(xr[j]), gv = static_cast<double>(gr[j]);
+              pdx[i * d + j] = T(r64 * gv * static_cast<double>(pw[j]) - xv * k64);
+              part[j] += static_cast<Acc>(gv * xv * r64);
+            }
+            continue;
           }
           const Acc k = r * r * r * dot / static_cast<Acc>(d);
           for (int64_t j = 0; j < d; ++j) {
@@ -148,14 +181,26 @@ void layer_norm_cpu(OpCall& c) {
                        const T* xr = px + i * d;
                        Acc s = 0;
                        for (int64_t j = 0; j < d; ++j) s += static_cast<Acc>(xr[j]);
-                       const Acc m = d > 0 ? s / static_cast<Acc>(d) : Acc(0);
+                       Acc m = d > 0 ? s / static_cast<Acc>(d) : Acc(0);
                        Acc ss = 0;
                        for (int64_t j = 0; j < d; ++j) {
                          const Acc v = static_cast<Acc>(xr[j]) - m;
                          ss += v * v;
                        }
                        const Acc var = d > 0 ? ss / static_cast<Acc>(d) : Acc(0);
-                       const Acc r = Acc(1) / std::sqrt(var + static_cast<Acc>(eps));
+                       Acc r = Acc(1) / std::sqrt(var + static_cast<Acc>(eps));
+                       if (!kiln::internal::layer_norm_sums_in_range(s, ss)) {
+                         // |x| beyond about 1e19: the mean and variance in f64.
+                         double s64 = 0, ss64 = 0;
+                         for (int64_t j = 0; j < d; ++j) s64 += static_cast<double>(xr[j]);
+                         const double m64 = s64 / static_cast<double>(d);
+                         for (int64_t j = 0; j < d; ++j) {
+                           const double v = static_cast<double>(xr[j]) - m64;
+                           ss64 += v * v;
+                         }
+                         m = static_cast<Acc>(m64);
+                         r = static_cast<Acc>(1 / std::sqrt(ss64 / static_cast<double>(d) + eps));
+                       }
                        pm[i] = m;
                        pr[i] = r;
                        for (int64_t j = 0; j < d; ++j) {

@@ -16,6 +16,13 @@
 // [grid, d] (f32) at its end, and launch_column_sums adds them by column in a fixed order: the
 // result is deterministic (no atomics).
 // Packs: N elements of 16 bytes where packable() (d % N == 0, aligned pointers); else N = 1.
+// Large and tiny magnitudes (kernels/norm_range.h, the CPU kernels' rule): a row whose f32 sum of
+// squares leaves its accurate range (|x| beyond about 1e19, or below about 1e-19 with eps below
+// about 1e-11) sums its squares again in f32, each element scaled by a power of two first
+// (rms_rescale), from the values the threads hold; the backward of a row whose r^3 leaves the f32
+// range computes x * r^3 * dot as (x * r) * (r * (r * dot / d)). The decision is uniform over the
+// threads of a row; other rows run the f32 code unchanged (no double arithmetic, which would cost
+// every row registers).
 // Internal to kernels/cuda/ and the kernel lab.
 #pragma once
 
@@ -30,6 +37,7 @@
 #include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/norm_util.cuh"
+#include "kernels/norm_range.h"
 #include "tensor/ops.h"
 
 namespace kiln::cuda::internal {
@@ -37,6 +45,54 @@ namespace kiln::cuda::internal {
 inline constexpr int kRmsCache = 2;     // packs per thread the forward loop kernel keeps
 inline constexpr int kRmsCacheBwd = 1;  // backward loop kernel: x, dy * w and dweight of 1 pack
 inline constexpr int kRmsGroupThreads = 128;  // threads per row of the group forward
+
+// --- Rows out of the f32 range (kernels/norm_range.h) --------------------------------------------
+
+// The sum of the squares of this thread's elements (packs t, t + STRIDE, ... of raw), each
+// multiplied by `scale` first.
+template <typename T, int N, int P, int STRIDE>
+__device__ __forceinline__ opmath_t<T> scaled_squares(const RawPack<T, N> (&raw)[P], int t,
+                                                      int64_t nvec, opmath_t<T> scale) {
+  using Acc = opmath_t<T>;
+  Acc s = 0;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    if (t + p * STRIDE < nvec) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const Acc f = raw_elem<T, N, Acc>(raw[p], i) * scale;
+        s += f * f;
+      }
+    }
+  }
+  return s;
+}
+
+// rstd from the sum of the squares of the row's elements multiplied by `scale`.
+template <typename Acc>
+__device__ __forceinline__ Acc rstd_of_scaled(Acc ss, int64_t d, Acc eps, Acc scale) {
+  return rsqrt_of(ss / static_cast<Acc>(d > 0 ? d : 1) + eps * scale * scale) * scale;
+}
+
+// A barrier of the TPR threads of row group g (0 to 3: groups of 64 threads or more in blocks of
+// at most 256) alone: named barrier 1 + g (0 is __syncthreads').
+template <int TPR>
+__device__ __forceinline__ void group_barrier(int g) {
+  switch (g) {
+    case 0:
+      asm volatile("bar.sync 1, %0;" ::"n"(TPR) : "memory");
+      break;
+    case 1:
+      asm volatile("bar.sync 2, %0;" ::"n"(TPR) : "memory");
+      break;
+    case 2:
+      asm volatile("bar.sync 3, %0;" ::"n"(TPR) : "memory");
+      break;
+    default:
+      asm volatile("bar.sync 4, %0;" ::"n"(TPR) : "memory");
+      break;
+  }
+}
 
 // --- Forward ----------------------------------------------------------------------------------
 
@@ -74,7 +130,12 @@ __global__ void __launch_bounds__(256)
       }
     }
     ss = warp_sum(ss);
-    const Acc r = rsqrt_of(ss / static_cast<Acc>(d) + eps);
+    Acc r = rsqrt_of(ss / static_cast<Acc>(d) + eps);
+    if (!kiln::internal::rms_sum_in_range(ss, eps)) {  // the whole warp: scaled, again
+      const Acc scale = kiln::internal::rms_rescale(ss);
+      r = rstd_of_scaled(warp_sum(scaled_squares<T, N, P, 32>(raw, lane, nvec, scale)), d, eps,
+                         scale);
+    }
     if (lane == 0) rstd[row] = r;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
@@ -142,7 +203,21 @@ __global__ void __launch_bounds__(256)
       __syncthreads();  // smem is written again by the next iteration
     }
     if (row < rows) {
-      const Acc r = rsqrt_of(ss / static_cast<Acc>(d) + eps);
+      Acc r = rsqrt_of(ss / static_cast<Acc>(d) + eps);
+      if (!kiln::internal::rms_sum_in_range(ss, eps)) {  // the whole group: scaled, again
+        const Acc scale = kiln::internal::rms_rescale(ss);
+        Acc s = warp_sum(scaled_squares<T, N, P, TPR>(raw, t, nvec, scale));
+        if constexpr (kWarpsPerGroup > 1) {
+          // This group's next use of `scaled` comes after the block barriers of its next row.
+          __shared__ Acc scaled[8];
+          if (lane == 0) scaled[warp] = s;
+          group_barrier<TPR>(g);
+          s = 0;
+#pragma unroll
+          for (int k = 0; k < kWarpsPerGroup; ++k) s += scaled[g * kWarpsPerGroup + k];
+        }
+        r = rstd_of_scaled(s, d, eps, scale);
+      }
       if (t == 0) rstd[row] = r;
       T* yr = y + row * d;
 #pragma unroll
@@ -192,7 +267,25 @@ __global__ void __launch_bounds__(1024)
       for (int i = 0; i < N; ++i) ss += t[i] * t[i];
     }
     ss = block_sum(ss, smem);
-    const Acc r = rsqrt_of(ss / static_cast<Acc>(d > 0 ? d : 1) + eps);
+    Acc r = rsqrt_of(ss / static_cast<Acc>(d > 0 ? d : 1) + eps);
+    if (!kiln::internal::rms_sum_in_range(ss, eps)) {  // the whole block: scaled, again
+      const Acc scale = kiln::internal::rms_rescale(ss);
+      Acc s = 0;
+#pragma unroll
+      for (int c = 0; c < kRmsCache; ++c) {
+        if (tid + static_cast<int64_t>(c) * bd < nvec) {
+#pragma unroll
+          for (int i = 0; i < N; ++i) s += (xc[c][i] * scale) * (xc[c][i] * scale);
+        }
+      }
+      for (int64_t v = tid + static_cast<int64_t>(kRmsCache) * bd; v < nvec; v += bd) {
+        Acc t[N];
+        load_pack<N>(xr + v * N, t);
+#pragma unroll
+        for (int i = 0; i < N; ++i) s += (t[i] * scale) * (t[i] * scale);
+      }
+      r = rstd_of_scaled(block_sum(s, smem), d, eps, scale);
+    }
     if (tid == 0) rstd[row] = r;
 #pragma unroll
     for (int c = 0; c < kRmsCache; ++c) {
@@ -299,7 +392,11 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (base + r < rows) {
-        const Acc k = rs[r] * rs[r] * rs[r] * dot[r] / static_cast<Acc>(d);
+        // x * k, or (x * s) * k when r^3 leaves the f32 range (x * 1 is exact: the same bits).
+        const bool in_range = kiln::internal::rms_backward_in_range(rs[r], dot[r]);
+        const Acc k = in_range ? rs[r] * rs[r] * rs[r] * dot[r] / static_cast<Acc>(d)
+                               : rs[r] * (rs[r] * dot[r] / static_cast<Acc>(d));
+        const Acc s = in_range ? Acc(1) : rs[r];
         T* dr = dx + (base + r) * d;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
@@ -309,7 +406,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int i = 0; i < N; ++i) {
               o[i] = rs[r] * raw_elem<T, N, Acc>(gr[r][p], i) * wv[p][i] -
-                     raw_elem<T, N, Acc>(xr[r][p], i) * k;
+                     raw_elem<T, N, Acc>(xr[r][p], i) * s * k;
             }
             store_pack<N>(dr + v * N, o);
           }
@@ -386,14 +483,18 @@ __global__ void __launch_bounds__(1024)
       }
     }
     dot = block_sum(dot, smem);
-    const Acc k = r * r * r * dot / static_cast<Acc>(d);
+    // x * k, or (x * s) * k when r^3 leaves the f32 range (x * 1 is exact: the same bits).
+    const bool in_range = kiln::internal::rms_backward_in_range(r, dot);
+    const Acc k =
+        in_range ? r * r * r * dot / static_cast<Acc>(d) : r * (r * dot / static_cast<Acc>(d));
+    const Acc s = in_range ? Acc(1) : r;
 #pragma unroll
     for (int c = 0; c < kRmsCacheBwd; ++c) {
       const int64_t v = tid + static_cast<int64_t>(c) * bd;
       if (v < nvec) {
         Acc o[N];
 #pragma unroll
-        for (int i = 0; i < N; ++i) o[i] = r * gc[c][i] - xc[c][i] * k;
+        for (int i = 0; i < N; ++i) o[i] = r * gc[c][i] - xc[c][i] * s * k;
         store_pack<N>(dr + v * N, o);
       }
     }
@@ -403,7 +504,7 @@ __global__ void __launch_bounds__(1024)
       load_pack<N>(gr + v * N, dyv);
       load_pack<N>(w + v * N, wv);
 #pragma unroll
-      for (int i = 0; i < N; ++i) o[i] = r * dyv[i] * wv[i] - xv[i] * k;
+      for (int i = 0; i < N; ++i) o[i] = r * dyv[i] * wv[i] - xv[i] * s * k;
       store_pack<N>(dr + v * N, o);
     }
   }

@@ -141,11 +141,12 @@ using cuda::internal::RmsNormForward;
 
 // Forward and backward through the internal launchers with the kernels given (kernels/cuda/norm.h)
 // against the CPU kernels, on x ([..., d] on the CPU) and w.
-void check_rms_kernels(const Tensor& x, const Tensor& w, RmsNormForward fk, RmsNormBackward bk) {
+void check_rms_kernels(const Tensor& x, const Tensor& w, RmsNormForward fk, RmsNormBackward bk,
+                       double eps = 1e-5) {
   SCOPED_TRACE(std::string(dtype_name(x.dtype())) + " x " + shape_str(x.sizes()) + ", " +
                std::string(dtype_name(w.dtype())) + " w, kernels " +
-               std::to_string(static_cast<int>(fk)) + "/" + std::to_string(static_cast<int>(bk)));
-  const double eps = 1e-5;
+               std::to_string(static_cast<int>(fk)) + "/" + std::to_string(static_cast<int>(bk)) +
+               ", eps " + std::to_string(eps));
   const TensorVec c = call_op(KILN_OP(rms_norm), {x, w}, {eps});
   const Tensor xg = x.to(kGpu), wg = w.to(kGpu);
   const Tensor y = empty(x.sizes(), TensorOptions(x.dtype()).device(kGpu));
@@ -227,6 +228,36 @@ TEST_F(GpuRmsNorm, EveryKernel) {
   EXPECT_KILN_ERROR(cuda::internal::rms_norm_backward(xl, xl, wl, rl, empty_like(xl),
                                                       empty_like(wl), RmsNormBackward::kRows),
                     "[rms_norm_backward] the row-group kernel cannot run rows of 40000 elements");
+}
+
+// Rows whose f32 sum of squares overflows (|x| ~ 1e20 and beyond) or underflows (|x| ~ 1e-25
+// with eps 0) take the scaled second sum (kernels/cuda/norm.cuh), and the backward of rows whose
+// r^3 leaves the f32 range the scaled product: every kernel against the CPU kernels, which take
+// such rows in f64 (tests/tensor/fused_ops_test.cpp checks those against an f64 reference).
+TEST_F(GpuRmsNorm, LargeAndTinyMagnitudes) {
+  manual_seed(34);
+  const std::vector<std::pair<RmsNormForward, RmsNormBackward>> kernels = {
+      {RmsNormForward::kWarp, RmsNormBackward::kRows},
+      {RmsNormForward::kGroup, RmsNormBackward::kLoop},
+      {RmsNormForward::kLoop, RmsNormBackward::kAuto}};
+  for (const auto& [fk, bk] : kernels) {
+    for (int64_t d : {64, 1000, 4096}) {
+      const bool fwd_fits = fk == RmsNormForward::kLoop ||
+                            fits(d, kFloat, fk == RmsNormForward::kWarp ? 32 : 128, 16);
+      const RmsNormForward f = fwd_fits ? fk : RmsNormForward::kAuto;
+      const RmsNormBackward b =
+          bk == RmsNormBackward::kRows && !fits(d, kFloat, 128, 4) ? RmsNormBackward::kAuto : bk;
+      for (const auto& [scale, eps] :
+           {std::pair{1e20, 1e-5}, std::pair{1e30, 1e-5}, std::pair{1e36, 0.0},
+            std::pair{1e-25, 0.0}, std::pair{1e-30, 1e-5}}) {
+        check_rms_kernels(randn({9, d}) * scale, randn({d}), f, b, eps);
+        check_rms_kernels((randn({9, d}) * scale).to(kBFloat16), randn({d}), f, b, eps);
+      }
+      // Rows of every scale in one tensor.
+      float scales[4] = {1e20f, 1.0f, 1e-25f, 3e37f};
+      check_rms_kernels(randn({4, d}) * from_blob(scales, {4, 1}).clone(), randn({d}), f, b, 0.0);
+    }
+  }
 }
 #endif
 

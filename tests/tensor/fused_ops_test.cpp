@@ -100,6 +100,45 @@ TEST(FusedRmsNorm, MatchesReferenceEveryDtype) {
   check_rms_norm(randn({6, 16}, TensorOptions(kHalf)), randn({16}), 1e-5);
 }
 
+// f32 rows whose sum of squares overflows (|x| ~ 1e20 and beyond: torch's f32 RMSNorm returns
+// zeros) or underflows (|x| ~ 1e-25, which matters with a small eps) are summed again in f64
+// (kernels/norm_range.h): y, dx and dw match the f64 reference at every scale.
+TEST(FusedRmsNorm, LargeAndTinyMagnitudes) {
+  manual_seed(11);
+  for (double scale : {1e20, 1e30, 1e36, 1e-20, 1e-25, 1e-30}) {
+    for (double eps : {1e-6, 0.0}) {
+      if (eps > 0 && scale < 1) continue;  // eps dominates: nothing to check beyond the above
+      SCOPED_TRACE("scale " + std::to_string(scale) + ", eps " + std::to_string(eps));
+      check_rms_norm(randn({6, 64}) * scale, randn({64}), eps);
+      check_rms_norm((randn({3, 40}) * scale).to(kBFloat16), randn({40}), eps);
+    }
+  }
+  check_rms_norm(randn({4, 16}) * 1e-25, randn({16}), 1e-6);  // underflow under eps: rsqrt(eps)
+  // Rows of every scale in one tensor, and a row mixing scales: each row's y is its own.
+  float scale_values[4] = {1e20f, 1.0f, 1e-25f, 3e37f};
+  const Tensor scales = from_blob(scale_values, {4, 1}).clone();
+  Tensor x = randn({4, 32}) * scales;
+  x.select(0, 1).narrow(0, 0, 4).fill_(1e20);
+  const Tensor w = randn({32});
+  const Tensor y = rms_norm(x, w, 0.0);
+  const RmsRef ref = rms_reference(x.to_vector<double>(), w.to_vector<double>(),
+                                   std::vector<double>(x.numel(), 0.0), 32, 0.0);
+  EXPECT_LT(rel_error(y, ref.y), 1e-6);
+  for (int64_t i = 0; i < 4; ++i) {
+    const Tensor row = y.select(0, i);
+    EXPECT_TRUE(equal(row, rms_norm(x.select(0, i).unsqueeze(0), w, 0.0).squeeze(0)))
+        << "row " << i << " depends on the other rows";
+  }
+  // An ordinary row keeps its f32 result bit for bit (the f32 formula, in the kernel's order).
+  const Tensor n = randn({1, 32});
+  const std::vector<float> xv = n.to_vector<float>(), wv = w.to_vector<float>();
+  float ss = 0;
+  for (float v : xv) ss += v * v;
+  const float r = 1.0f / std::sqrt(ss / 32.0f + static_cast<float>(1e-5));
+  const std::vector<float> got = rms_norm(n, w, 1e-5).to_vector<float>();
+  for (size_t j = 0; j < xv.size(); ++j) EXPECT_EQ(got[j], xv[j] * r * wv[j]) << j;
+}
+
 TEST(FusedRmsNorm, ShapesAndLayouts) {
   manual_seed(4);
   // Normalised over two trailing dims.
@@ -256,6 +295,18 @@ TEST(FusedLayerNorm, MatchesReferenceEveryDtype) {
                    1e-5);
   check_layer_norm(randn({6, 16}, TensorOptions(kHalf)), randn({16}), randn({16}), {16}, 1e-5);
   check_layer_norm(randn({6, 16}, TensorOptions(kBFloat16)), Tensor(), randn({16}), {16}, 1e-5);
+}
+
+// f32 rows whose sums overflow (|x| ~ 1e20 and beyond) take their mean and variance in f64
+// (kernels/norm_range.h), with and without an offset far above the spread.
+TEST(FusedLayerNorm, LargeMagnitudes) {
+  manual_seed(12);
+  for (double scale : {1e20, 1e30, 1e36}) {
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    check_layer_norm(randn({6, 48}) * scale, randn({48}), randn({48}), {48}, 1e-5);
+    check_layer_norm(randn({4, 32}) * scale + 3 * scale, Tensor(), Tensor(), {32}, 0.0);
+    check_layer_norm((randn({3, 40}) * scale).to(kBFloat16), randn({40}), randn({40}), {40}, 1e-5);
+  }
 }
 
 TEST(FusedLayerNorm, ShapesAndLayouts) {
