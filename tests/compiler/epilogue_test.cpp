@@ -232,7 +232,9 @@ TEST(GpuMatmulEpilogue, ResidualStreamOnCuda) {
            w = w64.to(dt).to(gpu).requires_grad_(true);
     auto f = compile(fn);
     const Tensor got = f(x, h, w);
-    const std::string s = listing(f);
+    // The forward program's stages (the last trace is the backward program's).
+    std::string s;
+    for (const compiler::Trace& t : f.traces()) s += t.str();
     EXPECT_GE(count(s, "# region [matmul_epilogue]"), 1) << s;
     const Tensor eager = fn(x, h, w);
     // Within eager's own error against f64 (addmm rounds once, eager twice).
