@@ -374,26 +374,29 @@ void FSDPModule::finish_gather() {
   const Tensor rows = gather_buffer_.view({world, packed_});
   // Row r holds rank r's slices; a parameter's region is the rows' slices one after another (one
   // strided copy per parameter: the per-parameter layout of the shards makes this copy out
-  // unavoidable, as in FSDP2).
-  Tensor full = empty({full_numel_}, gather_buffer_.options());
-  for (const Param& p : params_) {
-    full.narrow(0, p.full_offset, world * p.shard)
-        .view({world, p.shard})
-        .copy_(rows.narrow(1, p.offset, p.shard));
+  // unavoidable, as in FSDP2). One rank's row is the parameters themselves: no copy.
+  Tensor full = gather_buffer_;
+  if (world > 1) {
+    full = empty({full_numel_}, gather_buffer_.options());
+    for (const Param& p : params_) {
+      full.narrow(0, p.full_offset, world * p.shard)
+          .view({world, p.shard})
+          .copy_(rows.narrow(1, p.offset, p.shard));
+    }
   }
   gather_buffer_ = Tensor();
   gather_input_ = Tensor();
   if (full_released_) {
     // The gather in backward: the memory goes back under the buffer the forward's views hold.
     replace_memory(*full_storage_, full.impl()->storage());
-    full = Tensor(
-        std::make_shared<TensorImpl>(full_storage_, Shape{full_numel_}, Shape{1}, 0, full.dtype()));
+    full = Tensor(std::make_shared<TensorImpl>(full_storage_, Shape{full.numel()}, Shape{1}, 0,
+                                               full.dtype()));
     full_released_ = false;
   } else {
     full_storage_ = full.impl()->storage();
   }
   for (Param& p : params_) {
-    Tensor view = full.narrow(0, p.full_offset, p.numel).view(p.shape);
+    Tensor view = full.narrow(0, world > 1 ? p.full_offset : p.offset, p.numel).view(p.shape);
     p.sharded = p.param.detach();
     p.sharded_grad = p.param.grad();
     p.param.mutable_grad() = Tensor();
