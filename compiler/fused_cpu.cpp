@@ -28,6 +28,7 @@
 #include "compiler/fuse.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
+#include "tensor/profiler.h"
 
 namespace kiln::compiler {
 namespace {
@@ -233,7 +234,7 @@ class FusedCpuExecutor final : public Executor {
 
   Step lower_region(const Trace& t, size_t begin, size_t end) const override {
     std::shared_ptr<const RegionPlan> plan = plan_region(t, begin, end);
-    return [plan](Frame& frame) {
+    return [plan, executor = &name()](Frame& frame) {
       const RegionPlan& p = *plan;
       const int64_t blocks = p.blocks();
       // Members carry no autocast state (fuse_kind): run them with autocast off, as the eager
@@ -250,8 +251,9 @@ class FusedCpuExecutor final : public Executor {
       outs.reserve(p.outputs.size());
       for (const TensorSpec& spec : p.output_specs) outs.push_back(empty_as(spec));
       internal::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
-        NoGradGuard no_grad;  // grad mode and autocast are per thread
+        NoGradGuard no_grad;  // grad mode, autocast and the profiler's label are per thread
         const AutocastScope off(BoundOp::Autocast{});
+        const profiler::ExecutorLabel label(executor);
         std::vector<Tensor> slots(p.num_slots);
         for (int64_t blk = b; blk < e; ++blk) {
           const int64_t r0 = blk * p.rows / blocks, r1 = (blk + 1) * p.rows / blocks;

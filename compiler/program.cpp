@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "autograd/grad_mode.h"
+#include "tensor/profiler.h"
 #include "tensor/random.h"
 #include "tensor/storage.h"
 #include "tensor/tensor_impl.h"
@@ -23,6 +24,7 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
     if (e.defined()) external_storages_.insert(e.impl()->storage().get());
   }
   steps_.resize(t.ops.size());
+  step_executors_.resize(t.ops.size(), nullptr);
   const std::vector<int> at = step_positions(t);
   for (size_t i = 0; i < t.ops.size(); i = static_cast<size_t>(at[i]) + 1) {
     const BoundOp& op = t.ops[i];
@@ -34,6 +36,7 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
                op.executor, "', which is not among the program's executors");
     const size_t last = static_cast<size_t>(at[i]);
     steps_[last] = op.region >= 0 ? chosen->lower_region(t, i, last + 1) : chosen->lower(t, op);
+    step_executors_[last] = &chosen->name();
   }
   // Liveness: an op-produced value is dropped after the last step that reads it, unless the
   // program returns it or assigns it to a grad. `pos[i]` is where op i's reads happen.
@@ -144,7 +147,10 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& arguments, const Rng
   {
     NoGradGuard no_grad;
     for (size_t i = 0; i < steps_.size(); ++i) {
-      if (steps_[i]) steps_[i](frame);
+      if (steps_[i]) {
+        const profiler::ExecutorLabel label(step_executors_[i]);
+        steps_[i](frame);
+      }
       for (int v : free_after_[i]) frame.slots[static_cast<size_t>(v)] = Tensor();
     }
   }

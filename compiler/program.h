@@ -39,6 +39,7 @@ class Program {
   std::vector<Tensor> externals_;
   std::vector<std::shared_ptr<const Executor>> executors_;  // keeps the lowered steps' owners
   std::vector<Step> steps_;
+  std::vector<const std::string*> step_executors_;  // the executor of each step (the profiler's label)
   std::vector<std::vector<int>> free_after_;  // values dropped after each step
   // The captured tensors' storages: a gradient outside them is not read by the program.
   absl::flat_hash_set<const void*> external_storages_;

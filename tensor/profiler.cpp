@@ -16,7 +16,7 @@ namespace kiln::profiler {
 
 struct Profiler::Impl {
   std::mutex mutex;
-  using Key = std::tuple<std::string, std::string, DeviceType, int>;
+  using Key = std::tuple<std::string, std::string, DeviceType, int, std::string>;
   std::map<Key, KernelTime> totals;
   struct Pending {
     Key key;
@@ -33,6 +33,7 @@ struct Profiler::Impl {
       t.op = call.op->name;
       t.kernel = def != nullptr ? def->name : "";
       t.device = device;
+      t.executor = std::get<4>(key);
     }
     return t;
   }
@@ -65,7 +66,14 @@ Current& current() {
 }
 std::atomic<Profiler::Impl*> g_active{nullptr};
 
+thread_local const std::string* t_executor = nullptr;
+
 }  // namespace
+
+ExecutorLabel::ExecutorLabel(const std::string* name) : previous_(t_executor) {
+  t_executor = name;
+}
+ExecutorLabel::~ExecutorLabel() { t_executor = previous_; }
 
 Profiler::Profiler() : impl_(std::make_shared<Impl>()) {}
 
@@ -122,7 +130,7 @@ void run_timed(KernelFn kernel, const KernelDef* def, OpCall& call, Device devic
     return;
   }
   Profiler::Impl::Key key{call.op->name, def != nullptr ? def->name : "", device.type(),
-                          device.index()};
+                          device.index(), t_executor != nullptr ? *t_executor : std::string()};
   if (device.is_cuda()) {
     Profiler::Impl::Pending timed{key};
     const cuda::Stream stream = cuda::current_stream(device.index());
@@ -203,6 +211,24 @@ void print_report(const std::vector<KernelTime>& results, int64_t steps, double 
     std::snprintf(line, sizeof(line), "  %-18s %10.3f %7.1f%% %8.1f\n", name.c_str(), f.first / n,
                   total > 0 ? 100.0 * f.first / total : 0.0, static_cast<double>(f.second) / n);
     out << line;
+  }
+  // Per executor, when compiled programs ran.
+  std::map<std::string, std::pair<double, int64_t>> executors;
+  for (const KernelTime& t : results) {
+    auto& e = executors[t.executor.empty() ? "(eager code)" : t.executor];
+    e.first += t.ms;
+    e.second += t.calls;
+  }
+  if (executors.size() > 1 || !executors.contains("(eager code)")) {
+    std::snprintf(line, sizeof(line), "  %-18s %10s %8s %8s\n", "executor", "ms/step", "share",
+                  "kernels");
+    out << line;
+    for (const auto& [name, e] : executors) {
+      std::snprintf(line, sizeof(line), "  %-18s %10.3f %7.1f%% %8.1f\n", name.c_str(),
+                    e.first / n, total > 0 ? 100.0 * e.first / total : 0.0,
+                    static_cast<double>(e.second) / n);
+      out << line;
+    }
   }
   std::snprintf(line, sizeof(line), "  %-40s %10s %8s %8s\n", "slowest kernels (op/kernel)",
                 "ms/step", "share", "calls");

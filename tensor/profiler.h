@@ -38,6 +38,9 @@ struct KernelTime {
   Device device = Device(kCPU);
   int64_t calls = 0;
   double ms = 0;  // summed over the calls
+  // The compiled program's executor whose step ran it (ExecutorLabel); "" outside compiled
+  // programs (eager code).
+  std::string executor;
 };
 
 class Profiler {
@@ -61,13 +64,27 @@ class Profiler {
   std::shared_ptr<Impl> impl_;
 };
 
+// Labels the kernels this thread runs, for the scope, with the executor of a compiled program's
+// step (compiler/program.cpp; fused_cpu's worker threads too). `name` must outlive the scope.
+class ExecutorLabel {
+ public:
+  explicit ExecutorLabel(const std::string* name);
+  ~ExecutorLabel();
+  ExecutorLabel(const ExecutorLabel&) = delete;
+  ExecutorLabel& operator=(const ExecutorLabel&) = delete;
+
+ private:
+  const std::string* previous_;
+};
+
 // The family a kernel's time is reported under by `kiln bench --profile`: "GEMM", "attention",
 // "norms", "RoPE", "GLU", "cross-entropy", "optimizer", "copies and casts", "reductions",
 // "indexing" or "elementwise".
 std::string family_of(const std::string& op);
 
-// A table of `results` per family and of the `top` slowest kernels, per step of `steps` steps
-// that took `step_ms` each (wall time, measured without the profiler).
+// A table of `results` per family, one per executor when compiled programs ran (the executor of
+// each step: "eager", "fused_cpu", "matmul_epilogue", ...), and of the `top` slowest kernels, per
+// step of `steps` steps that took `step_ms` each (wall time, measured without the profiler).
 void print_report(const std::vector<KernelTime>& results, int64_t steps, double step_ms,
                   std::ostream& out, size_t top = 15);
 

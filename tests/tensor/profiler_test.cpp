@@ -89,6 +89,29 @@ TEST(Profiler, CountsCompiledProgramsKernels) {
   const profiler::KernelTime* m = find(r, "mm");
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->calls, 2);
+  // Labelled with the executor of the program's step.
+  EXPECT_EQ(m->executor, "eager");
+  // A fused_cpu region's members, on the pool's threads too (256 rows: several blocks); eager
+  // code is not labelled.
+  auto g = compile([](const Tensor& a) { return (a * 2.0 + 1.0).relu(); });
+  const Tensor a = randn({256, 512});
+  (void)g(a);
+  profiler::Profiler prof2;
+  prof2.start();
+  (void)g(a);
+  (void)mm(x, w);
+  prof2.stop();
+  int64_t fused = 0;
+  bool eager_mm = false;
+  for (const auto& k : prof2.results()) {
+    if (k.op == "mul" || k.op == "add" || k.op == "relu") {
+      EXPECT_EQ(k.executor, "fused_cpu") << k.op;
+      fused += k.calls;
+    }
+    eager_mm |= k.op == "mm" && k.executor.empty();
+  }
+  EXPECT_GE(fused, 3);
+  EXPECT_TRUE(eager_mm);
 }
 
 TEST(Profiler, ReportGroupsByFamily) {
@@ -112,6 +135,13 @@ TEST(Profiler, ReportGroupsByFamily) {
       << s;
   EXPECT_NE(s.find("GEMM"), std::string::npos) << s;
   EXPECT_NE(s.find("75.0%"), std::string::npos) << s;
+  EXPECT_EQ(s.find("executor"), std::string::npos) << s;  // eager code only: no executor table
+  r[0].executor = "matmul_epilogue";
+  r[1].executor = "eager";
+  std::ostringstream by_executor;
+  profiler::print_report(r, 2, 5.0, by_executor);
+  EXPECT_NE(by_executor.str().find("matmul_epilogue         3.000    75.0%"), std::string::npos)
+      << by_executor.str();
   EXPECT_KILN_ERROR(profiler::print_report(r, 0, 1.0, out), "positive number of steps");
 }
 
