@@ -20,9 +20,10 @@
 // squares leaves its accurate range (|x| beyond about 1e19, or below about 1e-19 with eps below
 // about 1e-11) sums its squares again in f32, each element scaled by a power of two first
 // (rms_rescale), from the values the threads hold; the backward of a row whose r^3 leaves the f32
-// range computes x * r^3 * dot as (x * r) * (r * (r * dot / d)). The decision is uniform over the
-// threads of a row; other rows run the f32 code unchanged (no double arithmetic, which would cost
-// every row registers).
+// range computes x * r^3 * dot as (x * r) * (r * (r * dot / d)) (dot = sum(dy * w * x) itself
+// must stay finite: |x * dy * w| * d below 3e38; the CPU kernel has no such limit). The decision
+// is uniform over the threads of a row; other rows run the f32 code unchanged (no double
+// arithmetic, which would cost every row registers).
 // Internal to kernels/cuda/ and the kernel lab.
 #pragma once
 
