@@ -524,6 +524,7 @@ void FSDPModule::after_forward() {
 }
 
 void FSDPModule::abort_forward() {
+  ++forward_runs_;  // the graph of the aborted run() cannot be run backward
   for (FSDPModule* u : subtree()) {
     for (Param& p : u->params_) {
       p.expected = p.ready = false;
@@ -570,6 +571,7 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
   for (FSDPModule* u : units) {
     for (size_t i = 0; i < u->params_.size(); ++i) owner[u->params_[i].param.impl()] = {u, i};
   }
+  ++forward_runs_;  // the hooks of an earlier run()'s graph refuse to gather for this one
   // Walk the graph. A unit's parameters (their AccumulateGrad nodes), and views of them alone
   // (linear's weight.t()), are the unit's: what their outputs hold may be a view of the gathered
   // buffer, which resharding empties. Every node that takes one of them as an input (and may
@@ -621,9 +623,9 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
         readers.push_back(it->second->weak_from_this());
     }
     if (readers.empty()) continue;
-    auto hook = [readers](const Tensor&) {
+    auto hook = [readers, run = forward_runs_](const Tensor&) {
       for (const auto& w : readers) {
-        if (auto u = w.lock()) u->pre_backward();
+        if (auto u = w.lock()) u->pre_backward(run);
       }
       return Tensor();
     };
@@ -660,7 +662,13 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
 
 // --- Backward -----------------------------------------------------------------------------------
 
-void FSDPModule::pre_backward() {
+void FSDPModule::pre_backward(uint64_t run) {
+  // The graph of an earlier run(): its units' gathered buffers may have no memory any more, and
+  // its nodes would read it (an error here instead).
+  FSDPModule& r = root();
+  KILN_CHECK(run == r.forward_runs_, "[FSDPModule::run] a backward through the outputs of an ",
+             "earlier run() of ", r.describe(), ": a later run() has started since (one backward ",
+             "per run(), before the next run())");
   if (!backward_pending_ || reduce_work_ != nullptr) return;
   finish_gather();
   // Prefetch: units finish backward in backward_order_, so the first one still pending and not

@@ -250,7 +250,8 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   ScalarType reduce_dtype() const;
   // After a load changed the shards under a gathered unit: gathers the full parameters again.
   void refresh_full();
-  void pre_backward();
+  // The hook of the graph of the root's run() number `run`.
+  void pre_backward(uint64_t run);
   void on_grad_ready(size_t i);
   void launch_reduce();
   void finish_backward();
@@ -292,6 +293,7 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   // Root only: the units of this root whose reduction has not been launched yet in this
   // backward, and the order in which backward is expected to reach them.
   size_t units_to_reduce_ = 0;
+  uint64_t forward_runs_ = 0;  // root: run()s prepared for a backward, and aborted ones
   std::vector<FSDPModule*> backward_order_;
 };
 

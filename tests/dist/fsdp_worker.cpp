@@ -544,7 +544,9 @@ void fsdp_errors() {
                        return m(ones({2, 8}, kDouble)).sum();
                      }); },
                "the last backward did not finish", "a run() whose outputs got no backward");
-  (void)partial;
+  // Its graph can no longer be run backward (its units' gathered buffers were emptied).
+  expect_error([&] { partial.backward(); }, "a backward through the outputs of an earlier run()",
+               "a backward through a graph that a later run() superseded");
   std::cout << "rank " << pg->rank() << ": errors are clear\n";
 }
 
