@@ -6,10 +6,46 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "autograd/autograd_meta.h"
+#include "autograd/backward_util.h"
 #include "autograd/grad_mode.h"
 #include "tensor/ops.h"
 
 namespace kiln::autograd {
+namespace internal {
+namespace {
+
+// The zeros run_backward made for the node it is applying on this thread (null outside a node's
+// apply). Thread-local: the engine applies a node on the thread that called backward, and
+// independent graphs may run backward on several threads at once.
+thread_local const variable_list* t_absent_grads = nullptr;
+
+// Publishes `absent` for one node's apply; restores the enclosing node's list after it (a rule
+// may run a nested backward, as checkpoint's recomputation does).
+class AbsentGradsScope {
+ public:
+  explicit AbsentGradsScope(const variable_list* absent) : previous_(t_absent_grads) {
+    t_absent_grads = absent;
+  }
+  ~AbsentGradsScope() { t_absent_grads = previous_; }
+  AbsentGradsScope(const AbsentGradsScope&) = delete;
+  AbsentGradsScope& operator=(const AbsentGradsScope&) = delete;
+
+ private:
+  const variable_list* previous_;
+};
+
+}  // namespace
+
+bool is_absent_grad(const Tensor& grad) {
+  if (!grad.defined() || t_absent_grads == nullptr) return false;
+  for (const Tensor& z : *t_absent_grads) {
+    if (z.impl() == grad.impl()) return true;
+  }
+  return false;
+}
+
+}  // namespace internal
+
 namespace {
 
 struct NodeState {
@@ -163,16 +199,20 @@ variable_list run_backward(const std::vector<Edge>& roots, const variable_list& 
       if (dynamic_cast<AccumulateGrad*>(n) != nullptr) continue;
     }
     if (!accumulate_into_leaves && dynamic_cast<AccumulateGrad*>(n) != nullptr) continue;
-    // Absent output gradients become zeros so that every rule sees defined gradients.
+    // Absent output gradients become zeros so that every rule sees defined gradients; the rule
+    // can tell them from real ones (internal::is_absent_grad) to skip work they would cause.
     bool any_defined = false;
     for (const Tensor& g : grads) any_defined |= g.defined();
     variable_list inputs_grads;
     if (any_defined) {
+      variable_list absent;  // holds the zeros, so their addresses stay theirs during apply
       for (size_t i = 0; i < grads.size(); ++i) {
         if (!grads[i].defined() && i < n->output_metas().size()) {
           grads[i] = zeros_for(n->output_metas()[i]);
+          absent.push_back(grads[i]);
         }
       }
+      internal::AbsentGradsScope scope(absent.empty() ? nullptr : &absent);
       inputs_grads = n->apply(std::move(grads));
     }
     if (!keep_graph) n->release_variables();

@@ -2,7 +2,8 @@
 // loops over (batch, head, query) in f64 whatever the input dtype, the reference the CUDA
 // kernels are tested against. Scores are recomputed row by row (nothing T x S is stored).
 //
-// With s_ij the (capped) score, p_ij = exp(s_ij - lse_i) and Delta_i = dout_i . out_i - dlse_i:
+// With s_ij the (capped) score, p_ij = exp(s_ij - lse_i) and Delta_i = dout_i . out_i - dlse_i
+// (dlse_i = 0 when dlse is undefined):
 //   dv_j += p_ij dout_i,   dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - Delta_i),
 //   dz_ij = ds_ij (1 - (s_ij / softcap)^2) with softcap (d/dz of c tanh(z / c)), else ds_ij,
 //   dq_i += scale dz_ij k_j,   dk_j += scale dz_ij q_i.
@@ -120,7 +121,7 @@ void flash_attention_backward_cpu(OpCall& c) {
   const Tensor v = c.input(3).contiguous();
   const Tensor out = c.input(4).contiguous();
   const Tensor lse = c.input(5).contiguous();
-  const Tensor dlse = c.input(6).contiguous();
+  const Tensor dlse = c.input(6).defined() ? c.input(6).contiguous() : Tensor();  // else zeros
   const Tensor& dq = c.outputs[0];
   const Tensor& dk = c.outputs[1];
   const Tensor& dv = c.outputs[2];
@@ -133,7 +134,7 @@ void flash_attention_backward_cpu(OpCall& c) {
     const T* pv = v.data_ptr<T>();
     const T* po = out.data_ptr<T>();
     const Acc* pl = lse.data_ptr<Acc>();
-    const Acc* pdl = dlse.data_ptr<Acc>();
+    const Acc* pdl = dlse.defined() ? dlse.data_ptr<Acc>() : nullptr;
     T* pdq = dq.data_ptr<T>();
     T* pdk = dk.data_ptr<T>();
     T* pdv = dv.data_ptr<T>();
@@ -157,7 +158,8 @@ void flash_attention_backward_cpu(OpCall& c) {
             const double l = static_cast<double>(pl[row]);
             if (l != -std::numeric_limits<double>::infinity()) {
               row_scores(g, qi, kb, i, s);
-              double delta = -static_cast<double>(pdl[row]);
+              // -0.0 without dlse: the same arithmetic as with zeros (bitwise equal results).
+              double delta = -static_cast<double>(pdl != nullptr ? pdl[row] : Acc(0));
               for (int64_t e = 0; e < g.d; ++e) delta += f(doi[e]) * f(po[row * g.d + e]);
               for (int64_t j = 0; j < g.s; ++j) {
                 if (s[j] == -std::numeric_limits<double>::infinity()) continue;

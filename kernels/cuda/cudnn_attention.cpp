@@ -6,8 +6,8 @@
 //   forward:  S = Q @ K^T (f32) -> * scale -> [causal: select(row >= col, S, -inf)]
 //             -> M = max_j -> E = exp(S - M) -> Z = sum_j E -> Stats = M + log Z
 //             -> P = E / Z (io dtype) -> O = P @ V
-//   backward: Dsum (an input: kiln's rowsum(dO * O) - dlse; probe() also builds the usual graph
-//             where cuDNN computes rowsum(dO * O) itself)
+//   backward: Dsum = rowsum(dO * O) computed by cuDNN (cuDNN's usual graph: calls without dlse),
+//             or an input (kiln's rowsum(dO * O) - dlse from the Delta pass: calls with dlse)
 //             P = exp([causal mask](scale * Q @ K^T - Stats))
 //             dV = P^T @ dO ; dP = dO @ V^T ; dS = (dP - Dsum) * P * scale
 //             dK = dS^T @ Q ; dQacc (f32) = dS @ K -> dQ = identity(dQacc)
@@ -615,13 +615,15 @@ Key make_key(bool backward, const Tensor& q, const Tensor& k, const Tensor& v, c
   return key;
 }
 
-Key key_of(const OpCall& c, bool dsum_input) {
+// The key of the graph that runs call c: for the backward, Dsum is an input when the call has a
+// dlse (kiln's Delta pass subtracts it) and computed by cuDNN when dlse is undefined (zeros).
+Key key_of(const OpCall& c) {
   const bool fwd = is_forward(c);
   const Tensor& q = c.input(fwd ? 0 : 1);
   return make_key(!fwd, q, c.input(fwd ? 1 : 2), c.input(fwd ? 2 : 3),
                   fwd ? out_strides(q) : strides_of(c.input(4)),
                   fwd ? Dims{} : strides_of(c.input(0)), c.attr<bool>(1), c.attr<double>(0),
-                  dsum_input);
+                  /*dsum_input=*/!fwd && c.input(6).defined());
 }
 
 // Whether the current stream is capturing a CUDA graph.
@@ -637,7 +639,7 @@ bool capturing() {
 Plan* supported_plan(const OpCall& c) {
   if (!static_supports(c)) return nullptr;
   Device& d = device_state(c.input(0).device().index());
-  const Key key = key_of(c, /*dsum_input=*/true);
+  const Key key = key_of(c);
   std::lock_guard<std::mutex> lock(d.mu);
   if (!d.plans.contains(key) && capturing()) return nullptr;
   Plan& p = plan_for(d, key);
@@ -689,8 +691,8 @@ float mask_value() {
 
 void run_forward_cudnn(OpCall& c) {
   constexpr const char* kOp = "flash_attention";
-  KILN_CHECK(static_supports(c), "[", kOp, "] cuDNN does not take this call (",
-             key_of(c, true).str(), ")");
+  KILN_CHECK(static_supports(c), "[", kOp, "] cuDNN does not take this call (", key_of(c).str(),
+             ")");
   const Tensor& q = c.input(0);
   const Tensor out = write_target(c.outputs[0], layout_ok(c.outputs[0]));
   const Tensor lse = write_target(c.outputs[1], c.outputs[1].is_contiguous());
@@ -719,12 +721,13 @@ void run_forward_cudnn(OpCall& c) {
 
 void run_backward_cudnn(OpCall& c) {
   constexpr const char* kOp = "flash_attention_backward";
-  KILN_CHECK(static_supports(c), "[", kOp, "] cuDNN does not take this call (",
-             key_of(c, true).str(), ")");
+  KILN_CHECK(static_supports(c), "[", kOp, "] cuDNN does not take this call (", key_of(c).str(),
+             ")");
   const Tensor& dout = c.input(0);
   const Tensor& q = c.input(1);
   const Tensor& out = c.input(4);
-  const Key key = key_of(c, /*dsum_input=*/true);
+  const Tensor& dlse = c.input(6);
+  const Key key = key_of(c);
   DeviceGuard guard(q.device().index());
   Device& d = device_state(q.device().index());
   const TensorOptions f32 = TensorOptions(kFloat).device(q.device());
@@ -734,18 +737,27 @@ void run_backward_cudnn(OpCall& c) {
   const Tensor dv = write_target(c.outputs[2], c.outputs[2].is_contiguous());
   const Tensor dsum = empty({q.size(0), q.size(1), q.size(2)}, f32);
   const Tensor dq_acc = empty(q.sizes(), f32);
-  // Dsum = rowsum(dO * O) - dlse, and the dQ accumulator zeroed (which cuDNN before 9.6 needs),
-  // in one pass.
-  flash::delta_pass(dout, out, c.input(6), static_cast<float*>(dsum.data_ptr()),
-                    static_cast<float*>(dq_acc.data_ptr()));
+  // The dQ accumulator starts at zero (cudnn-frontend zeroes it before every run).
+  if (dlse.defined()) {
+    // Dsum = rowsum(dO * O) - dlse and the accumulator zeroed, in one pass.
+    flash::delta_pass(dout, out, dlse, static_cast<float*>(dsum.data_ptr()),
+                      static_cast<float*>(dq_acc.data_ptr()));
+  } else {  // cuDNN writes Dsum = rowsum(dO * O)
+    KILN_CUDA_CHECK(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), current_stream()));
+  }
   float scale = static_cast<float>(c.attr<double>(0));
   float masked = mask_value();
+  float one = 1.0f;
   const Tensor lse = c.input(5).contiguous();
   std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kDsum, kDQAcc, kScale};
   std::vector<void*> ptrs{q.data_ptr(),    c.input(2).data_ptr(), c.input(3).data_ptr(),
                           out.data_ptr(),  dout.data_ptr(),       lse.data_ptr(),
                           dq.data_ptr(),   dk.data_ptr(),         dv.data_ptr(),
                           dsum.data_ptr(), dq_acc.data_ptr(),     &scale};
+  if (!key.dsum_input) {
+    uids.push_back(kOne);
+    ptrs.push_back(&one);
+  }
   if (c.attr<bool>(1)) {
     uids.push_back(kMaskValue);
     ptrs.push_back(&masked);
@@ -792,9 +804,10 @@ const Choice* measured(const Key& key) {
 }
 
 // Runs a measured cuDNN winner, or a call not measured yet (both kinds of kernel can run it).
+// Measured per key, so per backward variant: calls without dlse time cuDNN's own-Dsum graph.
 bool fastest_supports(const OpCall& c) {
   if (!static_supports(c)) return false;
-  if (const Choice* ch = measured(key_of(c, true))) return *ch == Choice::kCudnn;
+  if (const Choice* ch = measured(key_of(c))) return *ch == Choice::kCudnn;
   return supported_plan(c) != nullptr && hand_kernel(c) != nullptr;
 }
 
@@ -818,7 +831,7 @@ double time_ms(F&& fn) {
 }
 
 void fastest(OpCall& c, KernelFn cudnn_fn) {
-  const Key key = key_of(c, true);
+  const Key key = key_of(c);
   if (const Choice* ch = measured(key); ch != nullptr && *ch == Choice::kCudnn) {
     cudnn_fn(c);
     return;

@@ -21,13 +21,15 @@
 // lse: cuDNN's "Stats" output is max_j s_ij + log(sum_j exp(s_ij - max)) of the scaled, masked
 // scores, f32 [B, H, T, 1]: kiln's lse (natural log) in kiln's [B, H, T] layout.
 //
-// The backward's gradient of lse (dlse, zeros when lse is unused, but the op cannot know that):
-// kiln's Delta is rowsum(dO * O) - dlse, while cuDNN's usual backward graph computes rowsum(dO *
-// O) itself and has no place for dlse. So the backward graph here takes that row sum as an input
-// tensor ("Dsum"), which kiln fills with the hand kernels' Delta pass (it subtracts dlse); cuDNN's
-// fused engines read Dsum from memory in any case (cudnn-frontend makes it a non-virtual tensor).
-// Where a cuDNN builds no plan for this graph, the rule refuses and the hand kernels run the
-// backward: a gradient is never computed without dlse.
+// The backward's gradient of lse (dlse): kiln's Delta is rowsum(dO * O) - dlse, while cuDNN's
+// usual backward graph computes rowsum(dO * O) itself ("Dsum") and has no place for dlse. Two
+// backward graphs, chosen per call (and cached and measured per variant):
+//   - dlse undefined (zeros: what flash_attention's backward rule passes when lse received no
+//     gradient, as in training): cuDNN's usual graph, "dsum=cudnn" in keys and logs;
+//   - dlse defined: a graph that takes Dsum as an input tensor ("dsum=input"), which kiln fills
+//     with the hand kernels' Delta pass (it subtracts dlse). Where a cuDNN builds no plan for it
+//     (9.14 on an H100 builds none), the rule refuses and the hand kernels run the call: a
+//     gradient is never computed without dlse.
 #pragma once
 
 #include <cstdint>
@@ -58,8 +60,8 @@ void clear_selections();
 // reason no plan was built (for test logs).
 std::string describe_plans();
 // Diagnostics: builds (and caches) the forward graph and both backward graphs (the row sum
-// rowsum(dO * O) - dlse as an input, which kiln runs, and computed by cuDNN, which kiln does not
-// run: it cannot take dlse) for attention over q, k, v with a dense dO, and says for each which
+// rowsum(dO * O) - dlse as an input, which runs calls with a dlse, and computed by cuDNN, which
+// runs calls without one) for attention over q, k, v with a dense dO, and says for each which
 // engine cuDNN chose or why no plan was built.
 std::string probe(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
 
@@ -67,8 +69,9 @@ std::string probe(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
 
 namespace kiln::cuda::flash {
 // Defined in flash_attention.cu (the hand kernels' Delta pass): delta[row] = sum_d dout[row, d] *
-// out[row, d] - dlse[row] for the B H T rows of dout and out ([B, H, T, D], rows 16-byte aligned,
-// D 64, 128 or 256), and the row's D floats of dq_acc ([B, H, T, D] f32, contiguous) zeroed.
+// out[row, d] - dlse[row] (an undefined dlse: zeros, nothing read) for the B H T rows of dout
+// and out ([B, H, T, D], rows 16-byte aligned, D 64, 128 or 256), and the row's D floats of
+// dq_acc ([B, H, T, D] f32, contiguous) zeroed.
 void delta_pass(const Tensor& dout, const Tensor& out, const Tensor& dlse, float* delta,
                 float* dq_acc);
 }  // namespace kiln::cuda::flash

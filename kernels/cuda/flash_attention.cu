@@ -14,8 +14,8 @@
 //
 // This file holds what both families share around their kernels: the operands (views whose rows
 // are not 16-byte aligned are copied), Params, the backward's Delta pass (Delta = rowsum(dO * O) -
-// dlse, fused with zeroing dQ's f32 accumulator; cuDNN's backward reads it too: delta_pass) and
-// the rounding of dQ to the dtype afterwards.
+// dlse, dlse undefined meaning zeros, fused with zeroing dQ's f32 accumulator; cuDNN's backward
+// reads it too when dlse is defined: delta_pass) and the rounding of dQ to the dtype afterwards.
 // Shared device code: flash_common.cuh. Measurements and the kernels' history:
 // benchmarks/RESULTS.md ("Flash attention kernels: history"); the variants that lost: the kernel
 // lab (benchmarks/lab/flash_attention_lab.cu).
@@ -30,10 +30,10 @@
 namespace kiln::cuda::flash {
 namespace {
 
-// delta[row] = sum_d dout[row, d] * out[row, d] - dlse[row], and the row's D f32 of the dQ
-// accumulator zeroed (the memset the backward kernels need, fused into this pass). D / 8 threads
-// per row, each one 16-byte pack of dout and out (rows of both are 16-byte aligned:
-// kernel_operand: dout and out are read through their strides) and two float4 of zeros.
+// delta[row] = sum_d dout[row, d] * out[row, d] - dlse[row] (dlse null: zeros), and the row's D
+// f32 of the dQ accumulator zeroed (the memset the backward kernels need, fused into this pass).
+// D / 8 threads per row, each one 16-byte pack of dout and out (rows of both are 16-byte
+// aligned: kernel_operand: dout and out are read through their strides) and two float4 of zeros.
 template <typename E, int D>
 __global__ void __launch_bounds__(256)
     flash_bwd_delta_kernel(float* __restrict__ delta, float* __restrict__ dq_acc,
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(256)
   for (int e = 0; e < 8; ++e) acc += to_f32(de[e]) * to_f32(oe[e]);
 #pragma unroll
   for (int off = TPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (c == 0) delta[r] = acc - dlse[r];
+  if (c == 0) delta[r] = dlse != nullptr ? acc - dlse[r] : acc;
   float4* z = reinterpret_cast<float4*>(dq_acc + r * D) + 2 * c;
   z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
@@ -205,7 +205,7 @@ void store_rounded(void* dst, const float* src, int64_t n, ScalarType dtype) {
 
 void delta_pass(const Tensor& dout, const Tensor& out, const Tensor& dlse_in, float* delta,
                 float* dq_acc) {
-  const Tensor dlse = dlse_in.contiguous();
+  const Tensor dlse = dlse_in.defined() ? dlse_in.contiguous() : Tensor();  // undefined: zeros
   const int64_t h = dout.size(1), t = dout.size(2);
   const int64_t rows = dout.size(0) * h * t;
   if (rows == 0) return;
@@ -217,8 +217,8 @@ void delta_pass(const Tensor& dout, const Tensor& out, const Tensor& dlse_in, fl
           <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0, stream>>>(
               delta, dq_acc, static_cast<const E*>(dout.data_ptr()), strides_of(dout),
               static_cast<const E*>(out.data_ptr()), strides_of(out),
-              static_cast<const float*>(dlse.data_ptr()), static_cast<int>(h),
-              static_cast<int>(t), rows);
+              dlse.defined() ? static_cast<const float*>(dlse.data_ptr()) : nullptr,
+              static_cast<int>(h), static_cast<int>(t), rows);
       KILN_CUDA_LAUNCH_CHECK("flash_bwd_delta_kernel");
     };
     if (dout.size(3) == 64) {
@@ -257,7 +257,7 @@ void run_backward(OpCall& c, Launcher launch_kernel) {
   const Tensor v = kernel_operand(c.input(3));
   const Tensor out = kernel_operand(c.input(4));  // read in 16-byte packs by the delta pass
   const Tensor lse = c.input(5).contiguous();
-  const Tensor dlse = c.input(6).contiguous();
+  const Tensor& dlse = c.input(6);  // undefined: zeros (delta_pass reads none)
   const Tensor& dq = c.outputs[0];
   DeviceGuard guard(q.device().index());
   const cudaStream_t stream = current_stream();

@@ -20,8 +20,9 @@
 //   that sees no key gets out 0 and lse -inf. The kernels take calls without a mask or dropout; the
 //   decomposition runs the others.
 // flash_attention_backward(dout, q, k, v, out, lse, dlse; the same attributes) -> (dq, dk, dv):
-//   dlse is the gradient of lse (zeros when lse is unused); dk and dv sum over the query heads
-//   of each kv group.
+//   dlse is the gradient of lse, or undefined meaning zeros (what the backward rule passes when lse
+//   received no gradient, as in training: the kernels then skip it); dk and dv sum over the query
+//   heads of each kv group.
 #include <cmath>
 #include <limits>
 
@@ -175,6 +176,8 @@ SpecList flash_attention_backward_meta(const OpCall& c) {
   const Tensor& out = c.input(4);
   check_qkv(kOp, q, k, v);
   check_attrs(kOp, c);
+  KILN_CHECK(dout.defined() && out.defined() && c.input(5).defined(), "[", kOp,
+             "] dout, out and lse must be defined (dlse may be undefined: zeros)");
   for (const Tensor* t : {&dout, &out}) {
     KILN_CHECK(t->dtype() == q.dtype() && t->sizes() == q.sizes(), "[", kOp, "] dout and out (",
                dtype_name(t->dtype()), " ", shape_str(t->sizes()), ") must match q (",
@@ -183,6 +186,7 @@ SpecList flash_attention_backward_meta(const OpCall& c) {
   const Shape rows{q.size(0), q.size(1), q.size(2)};
   for (size_t i : {size_t{5}, size_t{6}}) {
     const Tensor& t = c.input(i);
+    if (!t.defined()) continue;  // dlse: zeros
     KILN_CHECK(t.dtype() == compute_dtype(q.dtype()) && to_shape(t.sizes()) == rows, "[", kOp,
                "] lse and dlse (", dtype_name(t.dtype()), " ", shape_str(t.sizes()), ") must be ",
                dtype_name(compute_dtype(q.dtype())), " ", shape_str(rows));

@@ -5,6 +5,7 @@
 
 #include <kiln/kiln.h>
 
+#include "autograd/backward_util.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -250,6 +251,76 @@ TEST(EngineTest, IndependentGraphsRunConcurrently) {
   }
   for (auto& th : threads) th.join();
   for (bool b : ok) EXPECT_TRUE(b);
+}
+
+// What the backward of TwoOutputs saw on this thread: per call, is_absent_grad of each gradient.
+thread_local std::vector<std::vector<bool>> t_absent_seen;
+
+// (x * 2, x * 3), whose backward records which of its gradients the engine made up as zeros;
+// with `nested`, it runs a whole other backward in between (as checkpoint's recomputation does)
+// and records again after it.
+struct TwoOutputs : public autograd::Function<TwoOutputs> {
+  static variable_list forward(autograd::AutogradContext* ctx, Tensor x, bool nested) {
+    ctx->saved_data["nested"] = nested;
+    return {x * 2.0, x * 3.0};
+  }
+  static variable_list backward(autograd::AutogradContext* ctx, variable_list grads) {
+    auto seen = [&] {
+      return std::vector<bool>{autograd::internal::is_absent_grad(grads[0]),
+                               autograd::internal::is_absent_grad(grads[1])};
+    };
+    t_absent_seen.push_back(seen());
+    if (ctx->saved_data["nested"].toBool()) {
+      AutoGradMode enable(true);
+      Tensor z = full({2}, 1.0, TensorOptions(kDouble)).requires_grad_(true);
+      (void)autograd::grad({TwoOutputs::apply(z, false)[1].sum()}, {z});
+      t_absent_seen.push_back(seen());
+    }
+    return {grads[0] * 2.0 + grads[1] * 3.0, Tensor()};
+  }
+};
+
+// The zeros the engine gives a rule for an output that received no gradient are told apart from
+// gradients that arrived (even zero ones), per node and per thread; nothing is absent outside a
+// rule.
+TEST(EngineTest, AbsentGradientsAreToldApartFromZeros) {
+  Tensor x = leaf({3});
+  t_absent_seen.clear();
+  TwoOutputs::apply(x, false)[0].sum().backward();
+  TwoOutputs::apply(x, false)[1].sum().backward();
+  {
+    variable_list y = TwoOutputs::apply(x, false);
+    (y[0].sum() + y[1].sum()).backward();
+  }
+  {
+    variable_list y = TwoOutputs::apply(x, false);
+    (void)autograd::grad(y, {x}, {ones_like(y[0]), zeros_like(y[1])});  // a zero gradient
+  }
+  using Seen = std::vector<std::vector<bool>>;
+  EXPECT_EQ(t_absent_seen, (Seen{{false, true}, {true, false}, {false, false}, {false, false}}));
+  EXPECT_TRUE(allclose(x.grad(), full({3}, 10.0, kDouble)));
+  EXPECT_FALSE(autograd::internal::is_absent_grad(zeros({3})));
+  EXPECT_FALSE(autograd::internal::is_absent_grad(Tensor()));
+
+  // A backward nested in a rule sees its own absent gradients and leaves the outer rule's.
+  t_absent_seen.clear();
+  TwoOutputs::apply(x, true)[0].sum().backward();
+  EXPECT_EQ(t_absent_seen, (Seen{{false, true}, {true, false}, {false, true}}));
+
+  // Threads running backward at once each see their own.
+  std::vector<std::thread> threads;
+  std::vector<Seen> per_thread(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t, &per_thread] {
+      Tensor z = full({8}, 1.0, TensorOptions(kDouble)).requires_grad_(true);
+      for (int i = 0; i < 50; ++i) TwoOutputs::apply(z, false)[t % 2].sum().backward();
+      per_thread[t] = t_absent_seen;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(per_thread[t], Seen(50, {t % 2 == 1, t % 2 == 0})) << "thread " << t;
+  }
 }
 
 TEST(EngineTest, NodeNamesFollowPyTorch) {

@@ -250,6 +250,37 @@ TEST(Compile, GradientsFlowThroughOneCompiledBackwardNode) {
   EXPECT_FALSE(f(x0).requires_grad());
 }
 
+// Attention whose lse is not in the loss: the tracer runs the autograd engine, whose zeros for
+// lse's absent gradient the backward rule replaces by an undefined dlse, an absent input (`_`)
+// of the traced flash_attention_backward; the gradients match eager's bitwise.
+TEST(Compile, AbsentLseGradientIsAnUndefinedInputOfTheTracedBackward) {
+  manual_seed(14);
+  auto fn = [](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return F::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, std::nullopt,
+                                           /*enable_gqa=*/true);
+  };
+  auto f = compile(fn);
+  const Tensor q0 = randn({1, 4, 6, 8}, kDouble), k0 = randn({1, 2, 6, 8}, kDouble),
+               v0 = randn({1, 2, 6, 8}, kDouble), dy = randn({1, 4, 6, 8}, kDouble);
+  const auto leaf = [](const Tensor& t) { return t.detach().requires_grad_(true); };
+  const Tensor qc = leaf(q0), kc = leaf(k0), vc = leaf(v0), qe = leaf(q0), ke = leaf(k0),
+               ve = leaf(v0);
+  const autograd::variable_list gc = autograd::grad({f(qc, kc, vc)}, {qc, kc, vc}, {dy});
+  const autograd::variable_list ge = autograd::grad({fn(qe, ke, ve)}, {qe, ke, ve}, {dy});
+  for (int i = 0; i < 3; ++i) expect_equal(gc[i], ge[i]);
+  int backward_ops = 0;
+  for (const compiler::Trace& t : f.traces()) {
+    for (const auto& op : t.ops) {
+      if (op.name() != "flash_attention_backward") continue;
+      ++backward_ops;
+      ASSERT_EQ(op.inputs.size(), 7u);
+      EXPECT_EQ(op.inputs[6], -1) << "dlse should be absent in stage " << t.stage << ":\n"
+                                  << t.str();
+    }
+  }
+  EXPECT_GT(backward_ops, 0) << f.traces().front().str();
+}
+
 TEST(Compile, DecomposePassExpandsFusedOps) {
   manual_seed(13);
   const Tensor x = randn({4, 16}), w = randn({16});

@@ -325,6 +325,13 @@ inline std::vector<OpSample> fused_samples() {
        [] {
          return Tensors{f64({1, 2, 4, 8}), f64({1, 1, 5, 8}), f64({1, 1, 5, 8})};
        }},
+      // out alone: lse's gradient is absent, so the traced backward's dlse is undefined (`_`).
+      one(
+          "flash_attention_out_only",
+          [](const Tensors& x) { return std::get<0>(flash_attention(x[0], x[1], x[2], 0.4)); },
+          [] {
+            return Tensors{f64({1, 2, 4, 8}), f64({1, 2, 5, 8}), f64({1, 2, 5, 8})};
+          }),
       // f32: runs the decomposition; a bool mask.
       one(
           "scaled_dot_product_attention",

@@ -1,6 +1,8 @@
 // cuDNN's fused attention (kernels/cuda/cudnn_attention.cpp) against the CPU kernel
 // (kernels/cpu/flash_attention.cpp, f64 loops) on the same bf16/f16 inputs: forward out and lse,
-// backward dq/dk/dv (with and without a gradient on lse), causal and not, odd T and S (T != S),
+// backward dq/dk/dv without dlse (lse received no gradient, as in training: cuDNN's own backward
+// graph, which must take every case) and with one (zeros or random: the graph that takes kiln's
+// row sum, optional where cuDNN builds no plan for it), causal and not, odd T and S (T != S),
 // GQA and MQA, head sizes 64, 128 and 256, q/k/v as strided views of one qkv projection; the
 // support rule's refusals; the "fastest" kernel's measured choice per shape and the eager path
 // (F::scaled_dot_product_attention through autograd) that goes through it.
@@ -117,29 +119,55 @@ void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
   }
 }
 
-// The case's forward and backward on the "cudnn" kernel, which must accept both, against the CPU
-// kernel. The backward takes the CPU reference's out and lse, so that its error is its own.
+// The "cudnn" backward on bwd_in (dlse: its last input, defined or not) against the CPU
+// kernel's gradients dr.
+void check_backward(const Case& c, const TensorVec& bwd_in, const Attrs& attrs, const TensorVec& dr,
+                    const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  SCOPED_TRACE(bwd_in[6].defined() ? "dlse defined (dsum=input)" : "dlse undefined (dsum=cudnn)");
+  const TensorVec dg = call_op_with_kernel(bwd_op(), "cudnn", bwd_in, attrs);
+  const double e[3] = {rel_error(dg[0], dr[0]), rel_error(dg[1], dr[1]), rel_error(dg[2], dr[2])};
+  EXPECT_LE(e[0], grad_tol(c.dtype)) << "dq";
+  EXPECT_LE(e[1], grad_tol(c.dtype)) << "dk";
+  EXPECT_LE(e[2], grad_tol(c.dtype)) << "dv";
+  if (std::max({e[0], e[1], e[2]}) > grad_tol(c.dtype)) {
+    std::printf("%s", probe(q, k, v, c.causal, scale).c_str());
+  }
+}
+
+// The case's forward and backward on the "cudnn" kernel against the CPU kernel. The kernel must
+// accept the forward and the backward without dlse; the backward with a dlse (zeros, or random
+// for c.dlse) runs where cuDNN builds a plan for it. The backward takes the CPU reference's out
+// and lse, so that its error is its own.
 void check_case(const Case& c) {
   SCOPED_TRACE(describe(c));
   Tensor q, k, v;
   make_inputs(c, q, k, v);
   const double scale = 1.5 / std::sqrt(static_cast<double>(c.d));
   const Attrs attrs = {scale, c.causal, int64_t{0}, 0.0};
-  const TensorVec r = call_op(fwd_op(), {q.to(kCPU), k.to(kCPU), v.to(kCPU)}, attrs);
+  const Tensor qc = q.to(kCPU), kc = k.to(kCPU), vc = v.to(kCPU);
+  const TensorVec r = call_op(fwd_op(), {qc, kc, vc}, attrs);
   const Tensor dout = randn(q.sizes()).to(c.dtype);
   const Tensor dlse = c.dlse ? randn(r[1].sizes()) : zeros(r[1].sizes());
-  const TensorVec dr =
-      call_op(bwd_op(), {dout, q.to(kCPU), k.to(kCPU), v.to(kCPU), r[0], r[1], dlse}, attrs);
+  const TensorVec dr0 = call_op(bwd_op(), {dout, qc, kc, vc, r[0], r[1], Tensor()}, attrs);
+  const TensorVec dr = call_op(bwd_op(), {dout, qc, kc, vc, r[0], r[1], dlse}, attrs);
   const TensorVec fwd_in = {q, k, v};
+  const TensorVec bwd_in0 = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), Tensor()};
   const TensorVec bwd_in = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), dlse.to(kGpu)};
   const bool takes_fwd = accepts(fwd_op(), "cudnn", fwd_in, attrs);
+  const bool takes_bwd0 = accepts(bwd_op(), "cudnn", bwd_in0, attrs);
   const bool takes_bwd = accepts(bwd_op(), "cudnn", bwd_in, attrs);
   if (!takes_fwd) {
     ADD_FAILURE() << "cuDNN refused the forward call; probe:\n" << probe(q, k, v, c.causal, scale);
   }
+  if (!takes_bwd0) {
+    ADD_FAILURE() << "cuDNN refused the backward without dlse; probe:\n"
+                  << probe(q, k, v, c.causal, scale);
+  }
   // The backward graph that takes kiln's row sum (with dlse) as an input builds no plan on some
   // cuDNN versions (9.14 on an H100: none); the rule then refuses and the hand kernels run it.
-  if (!takes_bwd) std::printf("[cudnn] backward refused (no plan): %s\n", describe(c).c_str());
+  if (!takes_bwd) {
+    std::printf("[cudnn] backward with dlse refused (no plan): %s\n", describe(c).c_str());
+  }
   if (takes_fwd) {
     const TensorVec g = call_op_with_kernel(fwd_op(), "cudnn", fwd_in, attrs);
     EXPECT_EQ(g[0].dtype(), c.dtype);
@@ -149,16 +177,8 @@ void check_case(const Case& c) {
     if (eo > out_tol(c.dtype) || el > 1e-4)
       std::printf("%s", probe(q, k, v, c.causal, scale).c_str());
   }
-  if (takes_bwd) {
-    const TensorVec dg = call_op_with_kernel(bwd_op(), "cudnn", bwd_in, attrs);
-    const double e[3] = {rel_error(dg[0], dr[0]), rel_error(dg[1], dr[1]), rel_error(dg[2], dr[2])};
-    EXPECT_LE(e[0], grad_tol(c.dtype)) << "dq";
-    EXPECT_LE(e[1], grad_tol(c.dtype)) << "dk";
-    EXPECT_LE(e[2], grad_tol(c.dtype)) << "dv";
-    if (std::max({e[0], e[1], e[2]}) > grad_tol(c.dtype)) {
-      std::printf("%s", probe(q, k, v, c.causal, scale).c_str());
-    }
-  }
+  if (takes_bwd0) check_backward(c, bwd_in0, attrs, dr0, q, k, v, scale);
+  if (takes_bwd) check_backward(c, bwd_in, attrs, dr, q, k, v, scale);
 }
 
 TEST_F(GpuCudnnAttention, ProbeGraphs) {
@@ -267,9 +287,31 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
   EXPECT_EQ(accepts(fwd_op(), "fastest", fwd_in, attrs), s.winner == "cudnn");
 
   const Tensor dout = randn(q.sizes()).to(c.dtype);
+  const Tensor qc = q.to(kCPU), kc = k.to(kCPU), vc = v.to(kCPU);
+  // The backward without dlse (training's: lse receives no gradient), which cuDNN's own graph
+  // (dsum=cudnn) runs: measured with that graph, the one later calls run.
+  const TensorVec dr0 = call_op(bwd_op(), {dout, qc, kc, vc, r[0], r[1], Tensor()}, attrs);
+  const TensorVec bwd_in0 = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), Tensor()};
+  ASSERT_TRUE(accepts(bwd_op(), "cudnn", bwd_in0, attrs)) << probe(q, k, v, true, scale);
+  ASSERT_TRUE(accepts(bwd_op(), "fastest", bwd_in0, attrs)) << probe(q, k, v, true, scale);
+  for (int call = 0; call < 2; ++call) {
+    const TensorVec dg = call_op(bwd_op(), bwd_in0, attrs);
+    EXPECT_LE(rel_error(dg[0], dr0[0]), grad_tol(c.dtype)) << "dq, call " << call;
+    EXPECT_LE(rel_error(dg[1], dr0[1]), grad_tol(c.dtype)) << "dk, call " << call;
+    EXPECT_LE(rel_error(dg[2], dr0[2]), grad_tol(c.dtype)) << "dv, call " << call;
+  }
+  const cuda::cudnn::Selection sb0 = cuda::cudnn::last_selection("flash_attention_backward");
+  std::printf("[cudnn] backward %s: cudnn %.3f ms, hand %.3f ms -> %s\n", sb0.key.c_str(),
+              sb0.cudnn_ms, sb0.hand_ms, sb0.winner.c_str());
+  ASSERT_FALSE(sb0.winner.empty()) << "the first backward call did not measure; plans:\n"
+                                   << cuda::cudnn::describe_plans();
+  EXPECT_NE(sb0.key.find("dsum=cudnn"), std::string::npos) << sb0.key;
+  EXPECT_EQ(accepts(bwd_op(), "fastest", bwd_in0, attrs), sb0.winner == "cudnn");
+
+  // With a dlse (zeros): the graph that takes kiln's row sum, measured on its own (another key)
+  // and only where cuDNN built a plan for it (see check_case); else the hand kernel runs.
   const Tensor dlse = zeros(r[1].sizes());
-  const TensorVec dr =
-      call_op(bwd_op(), {dout, q.to(kCPU), k.to(kCPU), v.to(kCPU), r[0], r[1], dlse}, attrs);
+  const TensorVec dr = call_op(bwd_op(), {dout, qc, kc, vc, r[0], r[1], dlse}, attrs);
   const TensorVec bwd_in = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), dlse.to(kGpu)};
   for (int call = 0; call < 2; ++call) {
     const TensorVec dg = call_op(bwd_op(), bwd_in, attrs);
@@ -278,24 +320,27 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
     EXPECT_LE(rel_error(dg[2], dr[2]), grad_tol(c.dtype)) << "dv, call " << call;
   }
   const cuda::cudnn::Selection sb = cuda::cudnn::last_selection("flash_attention_backward");
-  std::printf("[cudnn] backward %s: cudnn %.3f ms, hand %.3f ms -> %s\n", sb.key.c_str(),
-              sb.cudnn_ms, sb.hand_ms, sb.winner.c_str());
-  // Measured only where cuDNN built a backward plan (see check_case); else the hand kernel ran.
   if (accepts(bwd_op(), "cudnn", bwd_in, attrs)) {
-    ASSERT_FALSE(sb.winner.empty()) << "the first backward call did not measure; plans:\n"
-                                    << cuda::cudnn::describe_plans();
+    std::printf("[cudnn] backward %s: cudnn %.3f ms, hand %.3f ms -> %s\n", sb.key.c_str(),
+                sb.cudnn_ms, sb.hand_ms, sb.winner.c_str());
+    EXPECT_NE(sb.key.find("dsum=input"), std::string::npos) << "not measured: " << sb.key;
     EXPECT_EQ(accepts(bwd_op(), "fastest", bwd_in, attrs), sb.winner == "cudnn");
   } else {
     EXPECT_FALSE(accepts(bwd_op(), "fastest", bwd_in, attrs));
+    EXPECT_EQ(sb.key, sb0.key) << "nothing measured for the call with dlse";
   }
   std::printf("%s", cuda::cudnn::describe_plans().c_str());
 #endif
 }
 
 // F::scaled_dot_product_attention on the GPU through autograd (the dispatcher's choice, cuDNN
-// where it measured faster) against the same call on f64 CPU copies, with gradients.
+// where it measured faster) against the same call on f64 CPU copies, with gradients. lse gets no
+// gradient, so the backward is called without dlse and measures cuDNN's own graph (dsum=cudnn).
 TEST_F(GpuCudnnAttention, EagerSdpaMatchesCpuWithGradients) {
   manual_seed(57);
+#if defined(KILN_WITH_CUDNN)
+  cuda::cudnn::clear_selections();
+#endif
   struct R {
     int64_t h, hkv, t, d;
     bool causal;
@@ -325,6 +370,15 @@ TEST_F(GpuCudnnAttention, EagerSdpaMatchesCpuWithGradients) {
       EXPECT_LE(rel_error(got[2], ref[2]), grad_tol(kBFloat16)) << "dk, rep " << rep;
       EXPECT_LE(rel_error(got[3], ref[3]), grad_tol(kBFloat16)) << "dv, rep " << rep;
     }
+#if defined(KILN_WITH_CUDNN)
+    const cuda::cudnn::Selection sb = cuda::cudnn::last_selection("flash_attention_backward");
+    std::printf("[cudnn] eager backward %s: cudnn %.3f ms, hand %.3f ms -> %s\n", sb.key.c_str(),
+                sb.cudnn_ms, sb.hand_ms, sb.winner.c_str());
+    EXPECT_NE(sb.key.find("dsum=cudnn"), std::string::npos)
+        << "the backward did not measure cuDNN's graph without dlse: " << sb.key << "\nplans:\n"
+        << cuda::cudnn::describe_plans();
+    cuda::cudnn::clear_selections();  // the next shape's measurement is its own
+#endif
   }
 }
 

@@ -169,6 +169,38 @@ TEST(FlashAttentionCpu, ReducedPrecisionCloseToF64) {
   }
 }
 
+// An undefined dlse means zeros (what the backward rule passes when lse received no gradient):
+// the same bits as an explicit zeros dlse, over dtypes, GQA, causal, a window with dead rows,
+// softcap and a strided q.
+TEST(FlashAttentionCpu, UndefinedDlseIsZerosBitwise) {
+  manual_seed(37);
+  static const OpDef& bwd = KILN_OP(flash_attention_backward);
+  struct R {
+    Case c;
+    ScalarType dtype;
+  };
+  for (const R& r :
+       {R{{1, 2, 2, 7, 7, 8}, kDouble}, R{{2, 4, 2, 9, 6, 16, true}, kFloat},
+        R{{1, 4, 1, 9, 3, 8, true, 2}, kDouble},  // dead rows: T > S, a window
+        R{{1, 2, 1, 12, 12, 16, true, 0, 2.0}, kBFloat16}, R{{1, 2, 2, 5, 8, 8, false}, kHalf}}) {
+    const Case& c = r.c;
+    SCOPED_TRACE(::testing::Message() << "H" << c.h << "/" << c.hkv << " T" << c.t << " S" << c.s
+                                      << " " << dtype_name(r.dtype));
+    const TensorOptions o(r.dtype);
+    const Tensor q = randn({c.b, c.t, c.h, c.d}, o).transpose(1, 2);  // strided
+    const Tensor k = randn({c.b, c.hkv, c.s, c.d}, o), v = randn({c.b, c.hkv, c.s, c.d}, o);
+    const absl::InlinedVector<Attr, 4> attrs = {0.4, c.causal, c.window, c.softcap};
+    const auto [out, lse] = flash_attention(q, k, v, 0.4, c.causal, c.window, c.softcap);
+    const Tensor dout = randn(out.sizes(), o);
+    const TensorVec none = call_op(bwd, {dout, q, k, v, out, lse, Tensor()}, attrs);
+    const TensorVec zero = call_op(bwd, {dout, q, k, v, out, lse, zeros_like(lse)}, attrs);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(equal(none[i], zero[i])) << "gradient " << i;
+      EXPECT_EQ(none[i].dtype(), r.dtype);
+    }
+  }
+}
+
 TEST(FlashAttentionCpu, Errors) {
   const Tensor q = randn({1, 4, 5, 8}), k = randn({1, 2, 5, 8});
   EXPECT_KILN_ERROR(flash_attention(q.view({4, 5, 8}), k, k, 1.0), "[flash_attention]");
@@ -185,6 +217,9 @@ TEST(FlashAttentionCpu, Errors) {
   EXPECT_KILN_ERROR(
       call_op(bwd, {q, q, k, k, q, lse, randn({1, 4, 4})}, {1.0, false, int64_t{0}, 0.0}),
       "[flash_attention_backward] lse and dlse");
+  EXPECT_KILN_ERROR(
+      call_op(bwd, {q, q, k, k, q, Tensor(), Tensor()}, {1.0, false, int64_t{0}, 0.0}),
+      "[flash_attention_backward] dout, out and lse must be defined");
 }
 
 }  // namespace
