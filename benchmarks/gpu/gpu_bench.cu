@@ -127,9 +127,8 @@ void bench_flash_attention() {
     call.attrs = attrs;
     if (fwd.select_kernel(kiln::kCUDA, call) == nullptr) continue;
     const kiln::TensorVec out = kiln::call_op(fwd, {q, k, v}, attrs);
-    const Tensor dlse =
-        kiln::zeros(out[1].sizes(), kiln::TensorOptions(kiln::kFloat).device(q.device()));
-    const kiln::TensorVec bwd_in = {dout, q, k, v, out[0], out[1], dlse};
+    // No lse gradient (undefined dlse), as in training: cuDNN's standard backward graph.
+    const kiln::TensorVec bwd_in = {dout, q, k, v, out[0], out[1], Tensor()};
     const double flops = 4.0 * s.b * s.h * s.t * s.t * s.d / 2;
     const std::string base = std::string("sdpa causal ") + s.name;
     report(base + " fwd", time_ms([&](int) {
