@@ -9,6 +9,8 @@ std::string_view short_dtype(ScalarType t) {
   switch (t) {
     case kBool:
       return "b8";
+    case kUInt8:
+      return "u8";
     case kInt32:
       return "i32";
     case kInt64:

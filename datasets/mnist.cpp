@@ -77,10 +77,10 @@ MNIST::MNIST(const std::string& root, Mode mode) : is_train_(mode == Mode::kTrai
              labels_path, " holds ", ldims[0], " labels");
 
   const int64_t n = idims[0];
-  images_ = kiln::empty({n, 1, idims[1], idims[2]}, kFloat32);
-  float* px = images_.data_ptr<float>();
-  const auto* src = reinterpret_cast<const unsigned char*>(image_bytes.data()) + 16;
-  for (int64_t i = 0; i < images_.numel(); ++i) px[i] = static_cast<float>(src[i]) / 255.0f;
+  // As libtorch's loader: the pixel bytes as a uint8 tensor (borrowed, only read), scaled to
+  // [0, 1] in float32.
+  void* pixels = const_cast<char*>(image_bytes.data()) + 16;
+  images_ = kiln::from_blob(pixels, {n, 1, idims[1], idims[2]}, kUInt8).to(kFloat32).div(255);
 
   targets_ = kiln::empty({n}, kInt64);
   int64_t* lab = targets_.data_ptr<int64_t>();

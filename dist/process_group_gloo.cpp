@@ -102,6 +102,7 @@ gloo::AllreduceOptions::Func reduce_fn_for(ScalarType t, ReduceOp op) {
     case kDouble: return reduce_fn<double>(op);
     case kHalf: return reduce_fn<Half>(op);
     case kBFloat16: return reduce_fn<BFloat16>(op);
+    case kUInt8: return reduce_fn<uint8_t>(op);
     case kInt32: return reduce_fn<int32_t>(op);
     case kInt64: return reduce_fn<int64_t>(op);
     case kBool: return bool_reduce_fn(op);

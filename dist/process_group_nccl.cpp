@@ -68,6 +68,7 @@ ncclDataType_t nccl_type(const char* op, ScalarType t) {
     case kDouble: return ncclFloat64;
     case kHalf: return ncclFloat16;
     case kBFloat16: return ncclBfloat16;
+    case kUInt8: return ncclUint8;
     case kInt32: return ncclInt32;
     case kInt64: return ncclInt64;
     case kBool: return ncclUint8;

@@ -110,8 +110,23 @@ KILN_SCALAR_HD bool is_finite(M v) {
 
 // --- Conversions ------------------------------------------------------------------------------
 
+// A number as uint8 the way PyTorch converts it: floats through int64 (c10 does the same, since
+// a negative float to an unsigned type is undefined in C++), so 2.7 -> 2, -1.0 -> 255 and
+// 300.0 -> 44; NaN, infinities and floats beyond int64 (undefined too) give 0, as x86's
+// conversion does. Integers wrap modulo 256.
+template <typename M>
+KILN_SCALAR_HD uint8_t to_uint8(M v) {
+  if constexpr (std::is_floating_point_v<M>) {
+    constexpr M kLimit = M(9.2e18);  // inside int64's range for float and double
+    if (!(v > -kLimit && v < kLimit)) return 0;
+    return static_cast<uint8_t>(static_cast<int64_t>(v));
+  } else {
+    return static_cast<uint8_t>(v);
+  }
+}
+
 // v (of element type S) as a D, through S's arithmetic type (float for f16/bf16): how the
-// binary kernels convert a 0-d operand.
+// binary kernels convert a 0-d operand, and the copy kernels every element.
 template <typename D, typename S>
 KILN_SCALAR_HD D convert(S v) {
   const opmath_t<S> m = static_cast<opmath_t<S>>(v);
@@ -119,6 +134,8 @@ KILN_SCALAR_HD D convert(S v) {
     return m != opmath_t<S>(0);
   } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
     return D(static_cast<float>(m));
+  } else if constexpr (std::is_same_v<D, uint8_t>) {
+    return to_uint8(m);
   } else {
     return static_cast<D>(m);
   }
@@ -163,10 +180,12 @@ KILN_SCALAR_HD T int_pow_scalar(T x, int64_t n) {
 // 1 and -1, as PyTorch (pow of two integer tensors).
 template <typename M>
 KILN_SCALAR_HD M int_pow(M base, M exp) {
-  if (exp < 0) {
-    if (base == 1) return 1;
-    if (base == -1) return (exp & 1) ? -1 : 1;
-    return 0;
+  if constexpr (std::is_signed_v<M>) {
+    if (exp < 0) {
+      if (base == 1) return 1;
+      if (base == -1) return (exp & 1) ? -1 : 1;
+      return 0;
+    }
   }
   using U = std::make_unsigned_t<M>;
   U result = 1, b = static_cast<U>(base);
@@ -190,13 +209,17 @@ KILN_SCALAR_HD M int_div(M x, M y, bool& by_zero) {
       by_zero = true;
       return 0;
     }
-    using U = std::make_unsigned_t<M>;
-    if (y == -1) return static_cast<M>(U(0) - static_cast<U>(x));
-    M q = x / y;
-    if constexpr (kFloor) {
-      if (x % y != 0 && ((x < 0) != (y < 0))) --q;
+    if constexpr (std::is_unsigned_v<M>) {  // uint8: no negative operands, no overflow
+      return static_cast<M>(x / y);
+    } else {
+      using U = std::make_unsigned_t<M>;
+      if (y == -1) return static_cast<M>(U(0) - static_cast<U>(x));
+      M q = x / y;
+      if constexpr (kFloor) {
+        if (x % y != 0 && ((x < 0) != (y < 0))) --q;
+      }
+      return q;
     }
-    return q;
   }
 }
 
@@ -262,17 +285,29 @@ KILN_SCALAR_HD M round_of(M x) {
 }
 template <typename M>
 KILN_SCALAR_HD M abs_value(M x) {
-  if constexpr (std::is_integral_v<M>) {
+  if constexpr (std::is_unsigned_v<M>) {
+    return x;
+  } else if constexpr (std::is_integral_v<M>) {
     return x < 0 ? wrapping_neg(x) : x;
   } else {
     return math::abs(x);
   }
 }
 
+// x < 0; false for NaN and for unsigned types (without a comparison compilers flag as pointless).
+template <typename M>
+KILN_SCALAR_HD bool is_negative(M x) {
+  if constexpr (std::is_unsigned_v<M>) {
+    return false;
+  } else {
+    return x < M(0);
+  }
+}
+
 KILN_SCALAR_UNARY(Neg, wrapping_neg(x));
 KILN_SCALAR_UNARY(Abs, abs_value(x));
-KILN_SCALAR_UNARY(Relu, x < M(0) ? M(0) : x);  // NaN passes through, as in PyTorch
-KILN_SCALAR_UNARY(Sign, static_cast<M>((M(0) < x) - (x < M(0))));  // sign(NaN) = 0, as PyTorch
+KILN_SCALAR_UNARY(Relu, is_negative(x) ? M(0) : x);  // NaN passes through, as in PyTorch
+KILN_SCALAR_UNARY(Sign, static_cast<M>((M(0) < x) - is_negative(x)));  // sign(NaN) = 0, as PyTorch
 KILN_SCALAR_UNARY(Square, wrapping_mul(x, x));
 KILN_SCALAR_UNARY(Floor, floor_of(x));
 KILN_SCALAR_UNARY(Ceil, ceil_of(x));

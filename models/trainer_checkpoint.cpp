@@ -230,6 +230,8 @@ std::string file_dtype(ScalarType t) {
       return "I32";
     case kBool:
       return "BOOL";
+    case kUInt8:
+      return "U8";
     default:
       return std::string(dtype_name(t));
   }

@@ -49,11 +49,11 @@ struct DtypeName {
 };
 constexpr DtypeName kDtypes[] = {{"F64", kDouble},    {"F32", kFloat}, {"F16", kHalf},
                                  {"BF16", kBFloat16}, {"I64", kInt64}, {"I32", kInt32},
-                                 {"BOOL", kBool}};
+                                 {"U8", kUInt8},      {"BOOL", kBool}};
 // Valid safetensors dtypes that kiln has no tensor type for.
-constexpr std::string_view kUnsupportedDtypes[] = {
-    "U8",      "I8",      "U16", "I16",     "U32",     "U64", "F8_E4M3",
-    "F8_E5M2", "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2", "C64"};
+constexpr std::string_view kUnsupportedDtypes[] = {"I8",  "U16",     "I16",     "U32",
+                                                   "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0",
+                                                   "F4",  "F6_E2M3", "F6_E3M2", "C64"};
 
 std::string_view safetensors_dtype_name(ScalarType t) {
   for (const auto& d : kDtypes) {
@@ -243,7 +243,7 @@ void SafetensorsFile::Impl::parse_tensor(JsonReader& r, const std::string& key) 
         r.fail(what +
                (known ? ": dtype " + quote_name(name) + " is not supported by kiln"
                       : ": unknown dtype " + quote_name(name)) +
-               " (supported: F64, F32, F16, BF16, I64, I32, BOOL)");
+               " (supported: F64, F32, F16, BF16, I64, I32, U8, BOOL)");
       }
     } else if (*field == "shape") {
       if (shape) r.fail(what + ": duplicate \"shape\"");
@@ -482,16 +482,18 @@ struct Planned {
 int writer_rank(ScalarType t) {
   switch (t) {
     case kInt64:
-      return 6;
+      return 7;
     case kDouble:
-      return 5;
+      return 6;
     case kFloat:
-      return 4;
+      return 5;
     case kInt32:
-      return 3;
+      return 4;
     case kBFloat16:
-      return 2;
+      return 3;
     case kHalf:
+      return 2;
+    case kUInt8:
       return 1;
     case kBool:
       return 0;

@@ -11,6 +11,7 @@ size_t element_size(ScalarType t) {
 std::string_view dtype_name(ScalarType t) {
   switch (t) {
     case kBool: return "bool";
+    case kUInt8: return "uint8";
     case kInt32: return "int32";
     case kInt64: return "int64";
     case kHalf: return "float16";
@@ -34,7 +35,9 @@ ScalarType promote_types(ScalarType a, ScalarType b) {
   }
   if (a == kBool) return b;
   if (b == kBool) return a;
-  return kInt64;  // int32 with int64
+  // uint8 < int32 < int64: every signed type here holds all of uint8's values.
+  auto rank = [](ScalarType t) { return t == kInt64 ? 3 : t == kInt32 ? 2 : 1; };
+  return rank(a) >= rank(b) ? a : b;
 }
 
 namespace {

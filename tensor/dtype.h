@@ -1,7 +1,13 @@
 // ScalarType (dtype): the element types kiln tensors hold, and PyTorch's promotion rules.
 //
 //   kiln::kFloat32 (kFloat), kFloat64 (kDouble), kFloat16 (kHalf), kBFloat16,
-//   kInt64 (kLong), kInt32 (kInt), kBool (one byte per element).
+//   kInt64 (kLong), kInt32 (kInt), kUInt8 (kByte: image and dataset bytes, C++ uint8_t),
+//   kBool (one byte per element).
+//
+// uint8 follows PyTorch: uint8 + uint8 stays uint8 and wraps around (250 + 10 == 4), uint8 with
+// int32 / int64 gives that type, with a float the float; `/` gives a float (true division), and
+// sum() accumulates into int64. Floats convert to uint8 through int64, as c10 does: 2.7 -> 2,
+// -1.0 -> 255, 300.0 -> 44.
 //
 // promote_types(a, b) is torch.promote_types; result_type() in tensor/ops lifts it to
 // operands with PyTorch's priority of dimensioned tensors over 0-d tensors over scalars.
@@ -17,10 +23,13 @@
 
 namespace kiln {
 
-enum class ScalarType : int8_t { Bool, Int32, Int64, Half, BFloat16, Float, Double };
-inline constexpr int kNumScalarTypes = 7;
+// UInt8 comes last so that the other values keep their numbers.
+enum class ScalarType : int8_t { Bool, Int32, Int64, Half, BFloat16, Float, Double, UInt8 };
+inline constexpr int kNumScalarTypes = 8;
 
 inline constexpr ScalarType kBool = ScalarType::Bool;
+inline constexpr ScalarType kUInt8 = ScalarType::UInt8;
+inline constexpr ScalarType kByte = ScalarType::UInt8;
 inline constexpr ScalarType kInt32 = ScalarType::Int32;
 inline constexpr ScalarType kInt = ScalarType::Int32;
 inline constexpr ScalarType kInt64 = ScalarType::Int64;
@@ -38,9 +47,10 @@ inline constexpr ScalarType kF32 = ScalarType::Float;
 inline constexpr ScalarType kF64 = ScalarType::Double;
 inline constexpr ScalarType kI32 = ScalarType::Int32;
 inline constexpr ScalarType kI64 = ScalarType::Int64;
+inline constexpr ScalarType kU8 = ScalarType::UInt8;
 
 size_t element_size(ScalarType t);
-// "float32", "bfloat16", "int64", "bool" ...: the names PyTorch prints.
+// "float32", "bfloat16", "int64", "uint8", "bool" ...: the names PyTorch prints.
 std::string_view dtype_name(ScalarType t);
 std::ostream& operator<<(std::ostream& os, ScalarType t);
 
@@ -48,12 +58,13 @@ constexpr bool is_floating_point(ScalarType t) {
   return t == kHalf || t == kBFloat16 || t == kFloat || t == kDouble;
 }
 constexpr bool is_integral(ScalarType t, bool include_bool) {
-  return t == kInt32 || t == kInt64 || (include_bool && t == kBool);
+  return t == kUInt8 || t == kInt32 || t == kInt64 || (include_bool && t == kBool);
 }
 constexpr bool is_reduced_float(ScalarType t) { return t == kHalf || t == kBFloat16; }
 
 // torch.promote_types: the smallest type both a and b convert to without leaving their kind
-// (bool < integer < floating). Half with BFloat16 promotes to Float.
+// (bool < integer < floating). Half with BFloat16 promotes to Float; uint8 with int32 or int64
+// gives the signed type (which holds every uint8).
 ScalarType promote_types(ScalarType a, ScalarType b);
 
 // The dtype of factories and Python-like float scalars (float32 unless changed).
@@ -68,6 +79,7 @@ struct TypeTag {
 template <typename T>
 constexpr ScalarType dtype_of();
 template <> constexpr ScalarType dtype_of<bool>() { return kBool; }
+template <> constexpr ScalarType dtype_of<uint8_t>() { return kUInt8; }
 template <> constexpr ScalarType dtype_of<int32_t>() { return kInt32; }
 template <> constexpr ScalarType dtype_of<int64_t>() { return kInt64; }
 template <> constexpr ScalarType dtype_of<Half>() { return kHalf; }
@@ -86,6 +98,7 @@ template <typename F>
 decltype(auto) visit_dtype(ScalarType t, F&& f) {
   switch (t) {
     case kBool: return f(TypeTag<bool>{});
+    case kUInt8: return f(TypeTag<uint8_t>{});
     case kInt32: return f(TypeTag<int32_t>{});
     case kInt64: return f(TypeTag<int64_t>{});
     case kHalf: return f(TypeTag<Half>{});

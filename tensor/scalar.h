@@ -43,6 +43,13 @@ class Scalar {
       return kind_ == Kind::Double ? d_ != 0.0 : i_ != 0;
     } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
       return T(static_cast<float>(to<double>()));
+    } else if constexpr (std::is_same_v<T, uint8_t>) {
+      // As c10's checked conversion: floats in [0, 255] (truncated), integers in [-255, 255], the
+      // negative ones wrapping (so that `a - b` runs as `a + 255 * b`).
+      const bool fits = kind_ == Kind::Double ? d_ >= 0.0 && d_ <= 255.0 : i_ >= -255 && i_ <= 255;
+      KILN_CHECK(fits, "[Scalar] the value ", *this,
+                 " cannot be converted to uint8 without overflow");
+      return kind_ == Kind::Double ? static_cast<T>(d_) : static_cast<T>(i_);
     } else if constexpr (std::is_integral_v<T>) {
       if (kind_ != Kind::Double) return static_cast<T>(i_);
       // A double converts to an integer type when it is finite and its truncation fits (NaN,

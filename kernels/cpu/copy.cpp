@@ -1,5 +1,6 @@
 // CPU kernels for copies between dtypes and layouts, and for fill_.
 #include "kernels/cpu/loops.h"
+#include "kernels/scalar_fn.h"
 #include "tensor/registry.h"
 
 namespace kiln::cpu {
@@ -14,19 +15,10 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
   }
   visit_dtype(dst.dtype(), [&]<typename D>(TypeTag<D>) {
     visit_dtype(src.dtype(), [&]<typename S>(TypeTag<S>) {
+      // Through S's own arithmetic type (a float64 1e-300 is true, as in PyTorch), floats to
+      // uint8 through int64: the CUDA copy's formula.
       elementwise_typed<D, S>(
-          dst,
-          [](S v) -> D {
-            if constexpr (std::is_same_v<D, bool>) {
-              // Through S's own arithmetic type: a float64 1e-300 is true, as in PyTorch.
-              return static_cast<opmath_t<S>>(v) != opmath_t<S>(0);
-            } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
-              return D(static_cast<float>(v));
-            } else {
-              return static_cast<D>(static_cast<opmath_t<S>>(v));
-            }
-          },
-          src);
+          dst, [](S v) -> D { return scalar::convert<D>(v); }, src);
     });
   });
 }

@@ -1,5 +1,6 @@
 // CPU kernels for the computed factories (arange/linspace, eye).
 #include "kernels/cpu/loops.h"
+#include "kernels/scalar_fn.h"
 #include "tensor/registry.h"
 
 namespace kiln::cpu {
@@ -19,10 +20,8 @@ void arange_cpu(OpCall& c) {
       for (int64_t i = b; i < e; ++i) {
         if (exact_int) {
           p[i] = static_cast<T>(istart + i * istep);
-        } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-          p[i] = T(static_cast<float>(start + static_cast<double>(i) * step));
         } else {
-          p[i] = static_cast<T>(start + static_cast<double>(i) * step);
+          p[i] = scalar::convert<T>(start + static_cast<double>(i) * step);  // uint8 via int64
         }
       }
     });

@@ -18,11 +18,7 @@ __global__ void arange_kernel(T* out, int64_t n, bool exact_int, int64_t istart,
           static_cast<uint64_t>(istart) + static_cast<uint64_t>(i) * static_cast<uint64_t>(istep)));
     } else {
       const double v = __dadd_rn(start, __dmul_rn(static_cast<double>(i), step));
-      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-        out[i] = T(static_cast<float>(v));
-      } else {
-        out[i] = static_cast<T>(v);
-      }
+      out[i] = scalar::convert<T>(v);  // the CPU's conversion (uint8 through int64)
     }
   }
 }

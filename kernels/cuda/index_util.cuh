@@ -49,6 +49,18 @@ __device__ __forceinline__ void atomic_accumulate(T* p, opmath_t<T> add) {
     atomicAdd(reinterpret_cast<int*>(p), static_cast<int>(add));
   } else if constexpr (std::is_same_v<T, int64_t>) {
     atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(add));
+  } else if constexpr (std::is_same_v<T, uint8_t>) {
+    // uint8 (no byte atomics): a compare-and-swap loop on the aligned 32-bit word holding the
+    // byte; the sum wraps modulo 256, as the CPU's.
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+    unsigned int* word = reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3});
+    const unsigned int shift = static_cast<unsigned int>(addr & 3) * 8u;
+    unsigned int old = *word, assumed;
+    do {
+      assumed = old;
+      const unsigned int next = ((assumed >> shift) + static_cast<unsigned int>(add)) & 0xffu;
+      old = atomicCAS(word, assumed, (assumed & ~(0xffu << shift)) | (next << shift));
+    } while (old != assumed);
   } else {
     // Half, BFloat16: a compare-and-swap loop on the aligned 32-bit word holding the element,
     // rounding M(old) + add once, as the CPU does.

@@ -42,6 +42,7 @@ __device__ __forceinline__ B float_bits_key(B bits, bool nan, bool zero) {
 }
 
 __device__ __forceinline__ uint8_t ordered_key(bool v) { return v ? 1 : 0; }
+__device__ __forceinline__ uint8_t ordered_key(uint8_t v) { return v; }
 __device__ __forceinline__ uint32_t ordered_key(int32_t v) {
   return static_cast<uint32_t>(v) ^ 0x80000000u;
 }

@@ -69,6 +69,7 @@ bool can_cast(ScalarType from, ScalarType to) {
 std::string_view legacy_type_name(ScalarType t) {
   switch (t) {
     case kBool: return "Bool";
+    case kUInt8: return "Byte";
     case kInt32: return "Int";
     case kInt64: return "Long";
     case kHalf: return "Half";

@@ -107,6 +107,10 @@ SpecList random_meta(const OpCall& c) {
       lo_limit = 0;
       hi_limit = 1;
       break;
+    case kUInt8:
+      lo_limit = 0;
+      hi_limit = 255;
+      break;
     case kInt32:
       lo_limit = std::numeric_limits<int32_t>::min();
       hi_limit = std::numeric_limits<int32_t>::max();

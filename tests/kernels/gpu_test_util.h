@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -33,16 +34,23 @@ class GpuTest : public ::testing::Test {
 inline const Device kGpu(kCUDA, 0);
 
 inline const std::vector<ScalarType> kFloatDtypes = {kFloat, kDouble, kHalf, kBFloat16};
-inline const std::vector<ScalarType> kAllDtypes = {kFloat, kDouble, kHalf, kBFloat16,
-                                                   kInt64, kInt32,  kBool};
-inline const std::vector<ScalarType> kNumericDtypes = {kFloat,    kDouble, kHalf,
-                                                       kBFloat16, kInt64,  kInt32};
+inline const std::vector<ScalarType> kAllDtypes = {kFloat, kDouble, kHalf,  kBFloat16,
+                                                   kInt64, kInt32,  kUInt8, kBool};
+inline const std::vector<ScalarType> kNumericDtypes = {kFloat, kDouble, kHalf, kBFloat16,
+                                                       kInt64, kInt32,  kUInt8};
 
-// Random CPU values of `dtype`: floats uniform in [lo, hi), integers in [lo, hi], bools 50/50.
+// Random CPU values of `dtype`: floats uniform in [lo, hi), integers in [lo, hi] (for uint8 the
+// part of it in [0, 255], else [0, 3]), bools 50/50.
 inline Tensor random_cpu(IntArrayRef sizes, ScalarType dtype, uint64_t seed, double lo = -3,
                          double hi = 3) {
   manual_seed(seed);
   if (dtype == kBool) return randint(0, 2, sizes, TensorOptions(kInt64)).to(kBool);
+  if (dtype == kUInt8) {
+    const int64_t l = std::clamp<int64_t>(static_cast<int64_t>(lo), 0, 255);
+    const int64_t h = std::clamp<int64_t>(static_cast<int64_t>(hi), 0, 255);
+    return h > l ? randint(l, h + 1, sizes, TensorOptions(kUInt8))
+                 : randint(0, 4, sizes, TensorOptions(kUInt8));
+  }
   if (!is_floating_point(dtype)) {
     return randint(static_cast<int64_t>(lo), static_cast<int64_t>(hi) + 1, sizes,
                    TensorOptions(dtype));

@@ -95,6 +95,7 @@ TensorMap every_dtype() {
   m["bf16"] = randn({3, 1, 2}, kBFloat16);
   m["i64"] = randint(-1000000, 1000000, {7}, kInt64);
   m["i32"] = randint(-1000, 1000, {2, 2}, kInt32);
+  m["u8"] = randint(0, 256, {5}, kUInt8);  // 5 bytes: tensors after it would be misaligned
   m["bool"] = randint(0, 2, {9}, kInt32).to(kBool);
   m["scalar"] = full({}, 2.5, kFloat);
   m["scalar_bf16"] = full({}, -3.0, kBFloat16);
@@ -379,10 +380,10 @@ TEST(SafetensorsCorrupt, RejectsBadTensorEntries) {
                     "\"dtype\" must be a string");
   EXPECT_LOAD_ERROR(one_tensor(R"("dtype":"F33","shape":[2],"data_offsets":[0,8])", d8),
                     "tensor \"a\": unknown dtype \"F33\"");
-  EXPECT_LOAD_ERROR(one_tensor(R"("dtype":"U8","shape":[8],"data_offsets":[0,8])", d8),
-                    "dtype \"U8\" is not supported by kiln");
+  EXPECT_LOAD_ERROR(one_tensor(R"("dtype":"I8","shape":[8],"data_offsets":[0,8])", d8),
+                    "dtype \"I8\" is not supported by kiln");
   EXPECT_LOAD_ERROR(one_tensor(R"("dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8])", d8),
-                    "not supported by kiln (supported: F64, F32, F16, BF16, I64, I32, BOOL)");
+                    "not supported by kiln (supported: F64, F32, F16, BF16, I64, I32, U8, BOOL)");
   EXPECT_LOAD_ERROR(one_tensor(R"("dtype":"F32","shape":"2","data_offsets":[0,8])", d8),
                     "\"shape\" must be an array");
   EXPECT_LOAD_ERROR(one_tensor(R"("dtype":"F32","shape":[-2],"data_offsets":[0,8])", d8),

@@ -79,10 +79,14 @@ TEST(ScalarConversion, NonFiniteOrOutOfRangeToIntegerIsAnError) {
   EXPECT_KILN_ERROR(full({}, INFINITY).item<int64_t>(), "NaN, infinite or out of range");
   EXPECT_KILN_ERROR(full({}, 1e19).item<int64_t>(), "cannot be converted");
   EXPECT_KILN_ERROR(full({}, 3e9).item<int32_t>(), "cannot be converted to a 32-bit");
-  EXPECT_KILN_ERROR(Scalar(-1.0).to<uint8_t>(), "cannot be converted to a 8-bit");
+  // uint8 follows c10: floats in [0, 255], integers in [-255, 255] (negatives wrap).
+  EXPECT_KILN_ERROR(Scalar(-1.0).to<uint8_t>(), "cannot be converted to uint8 without overflow");
+  EXPECT_KILN_ERROR(Scalar(255.5).to<uint8_t>(), "cannot be converted to uint8");
+  EXPECT_KILN_ERROR(Scalar(256).to<uint8_t>(), "the value 256 cannot be converted to uint8");
+  EXPECT_EQ(Scalar(255.0).to<uint8_t>(), 255);
+  EXPECT_EQ(Scalar(-1).to<uint8_t>(), 255);
   EXPECT_EQ(full({}, -2.75).item<int64_t>(), -2);  // truncation, as a C++ cast
   EXPECT_EQ(full({}, -9.2233720368547758e18).item<int64_t>(), INT64_MIN);
-  EXPECT_EQ(Scalar(255.5).to<uint8_t>(), 255);
   EXPECT_TRUE(std::isnan(full({}, std::nan("")).item<double>()));
 }
 
