@@ -51,6 +51,13 @@ void collectives() {
     for (int i = 1; i <= n; ++i) fact *= i;
     expect_close(t, base.pow(n) * fact, 1e-6, "all_reduce product");
   }
+  // uint8 (bytes on the wire, summed in uint8; small enough here not to wrap).
+  Tensor bytes = (base * (r + 1)).to(kByte);
+  pg->all_reduce(bytes)->wait();
+  expect_close(bytes, base * tri, 0, "all_reduce uint8 sum");
+  bytes = (base * (r + 1)).to(kByte);
+  pg->all_reduce(bytes, ReduceOp::kMax)->wait();
+  expect_close(bytes, base * n, 0, "all_reduce uint8 max");
   Tensor avg = base * (r + 1);
   pg->all_reduce(avg, ReduceOp::kAvg)->wait();
   expect_close(avg, base * (tri / n), 1e-12, "all_reduce avg");

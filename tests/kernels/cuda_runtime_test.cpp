@@ -17,8 +17,8 @@
 namespace kiln {
 namespace {
 
-const std::vector<ScalarType> kAllDtypes = {kFloat, kDouble, kHalf, kBFloat16,
-                                            kInt64, kInt32,  kBool};
+const std::vector<ScalarType> kAllDtypes = {kFloat, kDouble, kHalf,  kBFloat16,
+                                            kInt64, kInt32,  kUInt8, kBool};
 
 // A CPU tensor of `sizes` with varied values that every dtype can hold: small integers and
 // fractions of both signs (zeros included, so bool gets both values). `seed` shifts the
@@ -33,6 +33,8 @@ Tensor pattern(IntArrayRef sizes, ScalarType dtype, int64_t seed = 0) {
       const double v = static_cast<double>(k) * 0.625 + (k % 3 == 0 ? 0.0 : 0.25);
       if constexpr (std::is_same_v<T, bool>) {
         p[i] = k % 4 != 0;
+      } else if constexpr (std::is_same_v<T, uint8_t>) {
+        p[i] = static_cast<T>(k + 105);  // 0 to 210
       } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
         p[i] = T(static_cast<float>(v));
       } else {

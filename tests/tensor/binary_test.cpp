@@ -80,7 +80,7 @@ TEST(BinaryReferenceTest, DetectsWrongResults) {
 // --- Type promotion --------------------------------------------------------------------------
 
 TEST(BinaryResultTypeTest, TensorsFollowPromoteTypes) {
-  constexpr ScalarType kAll[] = {kBool, kInt32, kInt64, kHalf, kBFloat16, kFloat, kDouble};
+  constexpr ScalarType kAll[] = {kBool, kUInt8, kInt32, kInt64, kHalf, kBFloat16, kFloat, kDouble};
   for (ScalarType x : kAll) {
     for (ScalarType y : kAll) {
       EXPECT_EQ(result_type(zeros({2}, x), zeros({2}, y)), promote_types(x, y));
@@ -341,7 +341,7 @@ TEST(BinaryCompareTest, AllOpsTensorsAndScalars) {
       {eq, std::equal_to<double>()}, {ne, std::not_equal_to<double>()},
       {lt, std::less<double>()},     {le, std::less_equal<double>()},
       {gt, std::greater<double>()},  {ge, std::greater_equal<double>()}};
-  for (ScalarType dt : {kFloat, kHalf, kBFloat16, kInt32, kInt64, kDouble, kBool}) {
+  for (ScalarType dt : {kFloat, kHalf, kBFloat16, kInt32, kInt64, kUInt8, kDouble, kBool}) {
     Tensor a = make({3, 4}, dt, 20), b = make({4}, dt, 21);
     Tensor at = make({4, 3}, dt, 22).t();
     for (const auto& [op, ref] : ops) {
@@ -425,7 +425,7 @@ TEST(BinaryWhereTest, OverloadsBroadcastAndPromote) {
   Tensor big = make({300, 130}, kHalf, 28), mask = big > 0;
   EXPECT_TRUE(matches(
       where(mask, big, 0), big, big, [](double x, double) { return x > 0 ? x : 0; }, 0));
-  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16, kInt32, kInt64, kBool}) {
+  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16, kInt32, kInt64, kUInt8, kBool}) {
     Tensor x = make({2, 3}, dt, 43), y = make({3, 2}, dt, 44).t(), c = make({3}, kInt64, 45) > 0;
     Tensor w = where(c, x, y);
     EXPECT_EQ(w.dtype(), dt);

@@ -36,7 +36,7 @@ Vec cat_reference(const std::vector<Tensor>& ts, int64_t dim) {
 }
 
 TEST(CatTest, EveryDimMatchesReference) {
-  for (ScalarType dt : {kFloat, kDouble, kBFloat16, kInt64, kInt32, kBool, kHalf}) {
+  for (ScalarType dt : {kFloat, kDouble, kBFloat16, kInt64, kInt32, kUInt8, kBool, kHalf}) {
     for (int64_t dim = -3; dim < 3; ++dim) {
       const int64_t d = dim < 0 ? dim + 3 : dim;
       Shape s1{2, 3, 4}, s2{2, 3, 4};

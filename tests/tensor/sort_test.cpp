@@ -77,7 +77,7 @@ void expect_same(const Vec& got, const Vec& want) {
 }
 
 TEST(SortTest, EveryDimBothDirectionsStable) {
-  for (ScalarType dt : {kFloat, kDouble, kBFloat16, kInt64, kInt32, kBool}) {
+  for (ScalarType dt : {kFloat, kDouble, kBFloat16, kInt64, kInt32, kUInt8, kBool}) {
     Tensor x = make({4, 6, 5}, dt, 1);
     for (int64_t dim = -3; dim < 3; ++dim) {
       const int64_t d = dim < 0 ? dim + 3 : dim;
