@@ -54,8 +54,20 @@ TEST(SpellingTest, DtypeShortNames) {
   EXPECT_EQ(zeros({1}, kF64).dtype(), kFloat64);
   EXPECT_EQ(zeros({1}, kI64).dtype(), kInt64);
   EXPECT_EQ(zeros({1}, kI32).dtype(), kInt32);
+  EXPECT_EQ(zeros({1}, kU8).dtype(), kByte);
   auto t = randn({2, 2}).to(kF64);
   EXPECT_EQ(t.dtype(), kDouble);
+}
+
+TEST(SpellingTest, ByteImages) {
+  std::vector<uint8_t> image_bytes = {0, 255, 51, 102, 0, 0};  // 1 x 2 pixels, RGB
+  auto img = from_blob(image_bytes.data(), {1, 2, 3}, kByte).to(kFloat).div(255);
+  EXPECT_FLOAT_EQ(img[0][0][1].item<float>(), 1.0f);
+  EXPECT_FLOAT_EQ(img[0][1][0].item<float>(), 0.4f);
+  auto back = img.mul(255).round().to(kUInt8);
+  EXPECT_EQ(back[0][0][2].item<uint8_t>(), 51);
+  EXPECT_EQ(*back.data_ptr<uint8_t>(), 0);
+  EXPECT_EQ(back.sum().item<int64_t>(), 408);  // uint8 sums into int64
 }
 
 TEST(SpellingTest, OptionalStrReshapeAndReduction) {
