@@ -307,7 +307,8 @@ KILN_SCALAR_HD bool is_negative(M x) {
 KILN_SCALAR_UNARY(Neg, wrapping_neg(x));
 KILN_SCALAR_UNARY(Abs, abs_value(x));
 KILN_SCALAR_UNARY(Relu, is_negative(x) ? M(0) : x);  // NaN passes through, as in PyTorch
-KILN_SCALAR_UNARY(Sign, static_cast<M>((M(0) < x) - is_negative(x)));  // sign(NaN) = 0, as PyTorch
+// sign(NaN) = 0, as PyTorch's.
+KILN_SCALAR_UNARY(Sign, static_cast<M>((M(0) < x) - is_negative(x)));
 KILN_SCALAR_UNARY(Square, wrapping_mul(x, x));
 KILN_SCALAR_UNARY(Floor, floor_of(x));
 KILN_SCALAR_UNARY(Ceil, ceil_of(x));
