@@ -7,10 +7,10 @@
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
 #include "autograd/node.h"
+#include "compiler/tracer.h"
 #include "dist/collective_ops.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
-#include "tensor/registry.h"
 #include "tensor/tensor_data.h"
 
 namespace kiln::dist::internal {
@@ -225,7 +225,7 @@ void Reducer::mark_ready(size_t index) {
 
 void Reducer::prepare_for_backward(const std::optional<std::vector<Tensor>>& outputs) {
   if (!require_sync_ || !GradMode::is_enabled()) return;
-  KILN_CHECK(!in_proxy_mode(),
+  KILN_CHECK(!compiler::is_tracing(),
              "[DistributedDataParallel] find_unused_parameters cannot be compiled: which "
              "parameters a pass used is agreed on from values at run time; compile without it");
   KILN_CHECK(outputs.has_value(),
@@ -295,9 +295,9 @@ void Reducer::finalize() {
     }
     if (solo(b)) b.flat = Tensor();  // the bucket does not keep the gradient alive
   }
-  // A compiled step (traced: proxy mode) keeps the registration order: the rebuild agrees on
-  // the order through a broadcast read on the host, which a trace cannot record.
-  if (!rebuilt_ && in_proxy_mode()) rebuilt_ = true;
+  // A compiled step keeps the registration order: the rebuild agrees on the order through a
+  // broadcast read on the host, which a trace cannot record (on a GPU its tensors are proxies).
+  if (!rebuilt_ && compiler::is_tracing()) rebuilt_ = true;
   if (!rebuilt_) rebuild_buckets();
   reset_pass();
 }
