@@ -299,7 +299,14 @@ TEST_F(PretrainShardsTest, KeepsTheNewestCheckpointsAndCleansTemporaries) {
   const auto s = pretrain(o, log);
   EXPECT_EQ(s.start_step, 3);
   EXPECT_FALSE(fs::exists(file("run/model-00000003.safetensors")));  // keep 1: only step 4 now
-  EXPECT_TRUE(fs::exists(file("run/model-00000004.safetensors")));
+  // Step 4 saved again: under the next generation's names (models/trainer_internal.h,
+  // save_checkpoint), which the state names; the first save's files are gone.
+  const auto info = read_checkpoint_info(file("run"));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->step, 4);
+  EXPECT_TRUE(fs::exists(dir() / "run" / info->model_file)) << info->model_file;
+  EXPECT_TRUE(fs::exists(dir() / "run" / info->optimizer_file)) << info->optimizer_file;
+  EXPECT_FALSE(fs::exists(file("run/model-00000004.safetensors")));
 }
 
 }  // namespace
