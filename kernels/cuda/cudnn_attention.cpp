@@ -689,6 +689,15 @@ float mask_value() {
                             : std::numeric_limits<float>::lowest();
 }
 
+// Runs the plan cached for `key` (built now if new), which the support rule saw built.
+void execute_plan(const char* op, Device& d, const Key& key, const std::vector<int64_t>& uids,
+                  std::vector<void*>& ptrs, const Tensor& like) {
+  std::lock_guard<std::mutex> lock(d.mu);
+  Plan& p = plan_for(d, key);
+  KILN_CHECK(p.plan != nullptr, "[", op, "] cuDNN built no plan for ", key.str(), ": ", p.error);
+  execute(op, d, p, uids, ptrs, like);
+}
+
 void run_forward_cudnn(OpCall& c) {
   constexpr const char* kOp = "flash_attention";
   KILN_CHECK(static_supports(c), "[", kOp, "] cuDNN does not take this call (", key_of(c).str(),
@@ -709,12 +718,7 @@ void run_forward_cudnn(OpCall& c) {
     uids.push_back(kMaskValue);
     ptrs.push_back(&masked);
   }
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    Plan& p = plan_for(d, key);
-    KILN_CHECK(p.plan != nullptr, "[", kOp, "] cuDNN built no plan for ", key.str(), ": ", p.error);
-    execute(kOp, d, p, uids, ptrs, q);
-  }
+  execute_plan(kOp, d, key, uids, ptrs, q);
   copy_back(c.outputs[0], out);
   copy_back(c.outputs[1], lse);
 }
@@ -762,12 +766,7 @@ void run_backward_cudnn(OpCall& c) {
     uids.push_back(kMaskValue);
     ptrs.push_back(&masked);
   }
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    Plan& p = plan_for(d, key);
-    KILN_CHECK(p.plan != nullptr, "[", kOp, "] cuDNN built no plan for ", key.str(), ": ", p.error);
-    execute(kOp, d, p, uids, ptrs, q);
-  }
+  execute_plan(kOp, d, key, uids, ptrs, q);
   copy_back(c.outputs[0], dq);
   copy_back(c.outputs[1], dk);
   copy_back(c.outputs[2], dv);
