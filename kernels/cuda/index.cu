@@ -9,9 +9,10 @@
 // kiln::Error with the CPU kernel's message (which waits for the device).
 //
 // Writes to repeated positions: scatter (src, value) gives each row along `dim` to one thread
-// that walks it in order, so the last write wins as on the CPU; scatter_add and index_add
-// accumulate with atomics (exact for integers; for floats the order of the additions, and so the
-// last bits, may differ from the CPU's, as in PyTorch's CUDA kernels).
+// that walks it in order, so the last write wins as on the CPU; scatter_add accumulates with
+// atomics (exact for integers; for floats the order of the additions, and so the last bits, may
+// differ from run to run, as in PyTorch's CUDA kernels). index_add of floats sums each index's
+// slices in position order through a sorted copy of the index: deterministic.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -308,6 +309,37 @@ __global__ void index_add_kernel(T* out, const T* src, const I* idx, int64_t n, 
   }
 }
 
+// index_add of floating values, deterministic: the index sorted stably (sorted, perm), one thread
+// per (position in the sorted index, element of a slice) where a run of equal indices starts; it
+// sums the run's source slices in position order in opmath and adds the sum once. Geometry over
+// source's shape with dim's size 1: offsets {src, out} without dim.
+template <typename T, typename I>
+__global__ void index_add_sorted_kernel(T* out, const T* src, const I* sorted, const int64_t* perm,
+                                        int64_t len, int64_t inner, Geometry<2> g,
+                                        int64_t src_stride, int64_t out_stride, int64_t dim_size,
+                                        opmath_t<T> alpha, FlagView flag) {
+  KILN_GRID_STRIDE(i, len * inner) {
+    const int64_t pos = i / inner;
+    const I v = sorted[pos];
+    if (pos > 0 && sorted[pos - 1] == v) continue;
+    if (v < 0 || v >= dim_size) {
+      flag.raise(static_cast<int64_t>(v));
+      continue;
+    }
+    int64_t off[2];
+    loops::offsets<int64_t, 2>(g, i % inner, off);
+    opmath_t<T> acc = 0;
+    for (int64_t j = pos; j < len && sorted[j] == v; ++j)
+      acc += static_cast<opmath_t<T>>(src[off[0] + perm[j] * src_stride]);
+    T* dst = out + off[1] + static_cast<int64_t>(v) * out_stride;
+    *dst = static_cast<T>(static_cast<opmath_t<T>>(*dst) + alpha * acc);
+  }
+}
+
+// index_add: integers and bools accumulate with atomics (exact in any order); floating values go
+// through the sorted index (index_add_sorted_kernel), so that the result does not depend on the
+// order in which threads run: embedding's backward is index_add, and a training step must give
+// the same bits every time (bit-exact resume).
 template <bool kInplace>
 void index_add_cuda(OpCall& c) {
   const char* op = c.name().c_str();
@@ -326,6 +358,23 @@ void index_add_cuda(OpCall& c) {
   visit_dtype(out.dtype(), [&]<typename T>(TypeTag<T>) {
     using M = opmath_t<T>;
     const M alpha = c.attr<Scalar>(1).to<M>();
+    if constexpr (std::is_floating_point_v<M>) {
+      const auto [sorted, perm] = kiln::sort(idx, 0, /*descending=*/false, /*stable=*/true);
+      Shape slice = sl.sizes;
+      slice[static_cast<size_t>(d)] = 1;
+      const Shape slice_strides[2] = {without(sl.strides, d), without(ol.strides, d)};
+      const Geometry<2> sg = raw_geometry<2>(slice, slice_strides, op);
+      const int64_t len = sl.sizes[static_cast<size_t>(d)], inner = n / len;
+      visit_index(idx.dtype(), [&]<typename I>(TypeTag<I>) {
+        index_add_sorted_kernel<T, I><<<grid(n), loops::kThreads, 0, current_stream()>>>(
+            static_cast<T*>(out.data_ptr()), static_cast<const T*>(src.data_ptr()),
+            static_cast<const I*>(sorted.data_ptr()), static_cast<const int64_t*>(perm.data_ptr()),
+            len, inner, sg, sl.strides[static_cast<size_t>(d)], ol.strides[static_cast<size_t>(d)],
+            ol.sizes[static_cast<size_t>(d)], alpha, flag.view());
+        KILN_CUDA_LAUNCH_CHECK("index_add_sorted_kernel");
+      });
+      return;
+    }
     visit_index(idx.dtype(), [&]<typename I>(TypeTag<I>) {
       index_add_kernel<T, I><<<grid(n), loops::kThreads, 0, current_stream()>>>(
           static_cast<T*>(out.data_ptr()), static_cast<const T*>(src.data_ptr()),

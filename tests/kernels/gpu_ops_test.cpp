@@ -596,6 +596,36 @@ TEST_F(GpuIndex, IndexAdd) {
   }
 }
 
+// index_add of floats is deterministic (embedding's backward; bit-exact resume needs it): many
+// repeats of few indices, as an embedding gradient has, give the same bits on every run, and the
+// sums (in f32, rounded once) stay within one rounding of an f64 reference.
+TEST_F(GpuIndex, IndexAddIsDeterministic) {
+  uint64_t seed = 9500;
+  for (ScalarType dt : {kFloat, kBFloat16, kHalf}) {
+    const Tensor src = random_cpu({16384, 96}, dt, seed++, -1, 1);
+    const Tensor idx = random_cpu({16384}, kInt64, seed++, 0, 40);
+    const Tensor base = zeros({48, 96}, TensorOptions().dtype(dt));
+    const Tensor first = base.cuda().index_add(0, idx.cuda(), src.cuda(), 0.5);
+    const std::string what = std::string(dtype_name(dt));
+    for (int run = 0; run < 3; ++run) {
+      expect_same(base.cuda().index_add(0, idx.cuda(), src.cuda(), 0.5), first.cpu(),
+                  "index_add run " + std::to_string(run) + " " + what);
+    }
+    const Tensor want = base.to(kDouble).index_add(0, idx, src.to(kDouble), 0.5);
+    const double eps = dt == kFloat ? 1e-5 : dt == kHalf ? 1e-3 : 8e-3;
+    expect_match(first.cpu().to(kDouble), want, Tol{eps, 1e-3}, "index_add vs f64 " + what);
+    // Along another dim, through a transposed source.
+    const Tensor src_t = random_cpu({96, 4096}, dt, seed++, -1, 1);
+    const Tensor idx_t = random_cpu({4096}, kInt32, seed++, 0, 9);
+    const Tensor base_t = zeros({96, 10}, TensorOptions().dtype(dt));
+    const Tensor a = base_t.cuda().index_add(1, idx_t.cuda(), src_t.cuda().t().contiguous().t());
+    expect_same(base_t.cuda().index_add(1, idx_t.cuda(), src_t.cuda()), a.cpu(),
+                "index_add dim 1 " + what);
+    expect_match(a.cpu().to(kDouble), base_t.to(kDouble).index_add(1, idx_t, src_t.to(kDouble)),
+                 Tol{eps, 1e-3}, "index_add dim 1 vs f64 " + what);
+  }
+}
+
 TEST_F(GpuIndex, MaskedFillAndTriangles) {
   uint64_t seed = 9000;
   for (ScalarType dt : kAllDtypes) {

@@ -580,6 +580,40 @@ TEST_P(GpuGPT, BFloat16MatchesTheCpuModel) {
   }
 }
 
+// A bf16 training step on CUDA gives the same gradients on every run (bit-exact resume, issue 20):
+// a tiny Llama with head size 64, so that attention runs its CUDA kernels, and batches with many
+// repeated tokens, so that the embedding's gradient sums many rows per token. The names of the
+// gradients that differ point at the kernel.
+TEST(GpuGPTDeterminism, Bf16GradientsAreBitEqualRunToRun) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  ModelConfig c = ModelConfig::from_name("tiny-llama");
+  c.n_embd = 128;
+  c.n_head = 2;
+  c.n_query_groups = 1;
+  c.head_size = 64;
+  c.block_size = 512;
+  manual_seed(5);
+  GPT gpu(c, TensorOptions().device(Device(kCUDA)).dtype(kBFloat16));
+  const Tensor idx = random_tokens(c, 4, 512).cuda(), targets = random_tokens(c, 4, 512).cuda();
+  auto step = [&] {
+    gpu->zero_grad();
+    gpu->loss(idx, targets).backward();
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const auto& p : gpu->named_parameters()) out.emplace_back(p.key(), p.value().grad().cpu());
+    return out;
+  };
+  const auto first = step();
+  for (int run = 0; run < 2; ++run) {
+    const auto again = step();
+    ASSERT_EQ(again.size(), first.size());
+    std::string differ;
+    for (size_t i = 0; i < first.size(); ++i) {
+      if (!equal(again[i].second, first[i].second)) differ += " " + first[i].first;
+    }
+    EXPECT_EQ(differ, "") << "gradients that differ between runs:" << differ;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, GpuGPT, ::testing::ValuesIn(kTinyConfigs), [](const auto& info) {
   std::string s = info.param;
   for (char& ch : s) {
