@@ -45,15 +45,18 @@ struct TinyStep {
   // optimizer step outside it (bf16-mixed training).
   std::optional<ScalarType> autocast;
 
+  // `options`: the model's device and dtype (the CPU and f32 by default).
   TinyStep(const models::ModelConfig& config, const MakeOptimizer& make,
-           std::optional<ScalarType> autocast_dtype = std::nullopt)
+           std::optional<ScalarType> autocast_dtype = std::nullopt,
+           const TensorOptions& options = {})
       : autocast(autocast_dtype) {
     manual_seed(0);
-    model = models::GPT(config);
+    model = models::GPT(config, options);
     model->train();
     opt = make(model->parameters());
     NoGradGuard no_grad;
-    (void)model(zeros({1, 1}, kInt64));  // the RoPE tables (see the pitfall above)
+    // The RoPE tables (see the pitfall above).
+    (void)model(zeros({1, 1}, TensorOptions().dtype(kInt64).device(options.device())));
   }
 
   // One training step on tokens `x` with targets `y`; returns the loss.
