@@ -4,7 +4,7 @@
 // export (to_hf_config_json) must read back as the same model. Any crash, over-read
 // (AddressSanitizer), other exception or mismatch (abort) is a finding.
 //
-//   D=tests/models/data F=build-fuzz/tests/hf_config_fuzz
+//   D=tests/models/data F=build-fuzz/hf_config_fuzz
 //   $F -max_total_time=60 -dict=$D/hf_config.dict -seed_inputs=$D/hf/llama/config.json
 #include <cmath>
 #include <cstdint>

@@ -8,7 +8,7 @@
 // The shards are written once, under /dev/shm (or $TMPDIR), and removed at exit; the seed is
 // the index that save_hf_checkpoint writes for them (tiny-llama, seed 0, 100000-byte shards).
 //
-//   D=tests/models/data F=build-fuzz/tests/hf_index_fuzz
+//   D=tests/models/data F=build-fuzz/hf_index_fuzz
 //   $F -max_total_time=60 -dict=$D/hf_index.dict $D/hf_index_fuzz
 #include <unistd.h>
 

@@ -5,7 +5,7 @@
 // only one of them, for a flag to complete, and is left out). Any crash, over-read
 // (AddressSanitizer), other exception or mismatch (abort) is a finding.
 //
-//   D=tests/models/data F=build-fuzz/tests/run_config_fuzz
+//   D=tests/models/data F=build-fuzz/run_config_fuzz
 //   $F -max_total_time=60 -dict=$D/run_config.dict $D/run_config_fuzz
 #include <cstdint>
 #include <cstdio>

@@ -7,7 +7,7 @@
 // read_checkpoint_info reads a file, so each input is written to a directory under /dev/shm
 // (or $TMPDIR), removed at exit.
 //
-//   D=tests/models/data F=build-fuzz/tests/trainer_state_fuzz
+//   D=tests/models/data F=build-fuzz/trainer_state_fuzz
 //   $F -max_total_time=60 -dict=$D/trainer_state.dict $D/trainer_state_fuzz
 #include <unistd.h>
 

@@ -5,7 +5,7 @@
 // json_string. Any crash, over-read (AddressSanitizer) or mismatch (abort) is a finding.
 //
 //   D=tests/nn/data
-//   build-fuzz/tests/json_fuzz -max_total_time=60 -dict=$D/json.dict $D/json_fuzz
+//   build-fuzz/json_fuzz -max_total_time=60 -dict=$D/json.dict $D/json_fuzz
 #include <charconv>
 #include <cstdint>
 #include <cstdio>

@@ -2,9 +2,8 @@
 // kiln::Error or loaded, and whatever loads must survive a write and a second read unchanged.
 // Any crash, over-read (AddressSanitizer) or mismatch (abort) is a finding.
 //
-//   cmake -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DKILN_CUDA=OFF
-//   ninja -C build-fuzz safetensors_fuzz
-//   D=tests/nn/data F=build-fuzz/tests/safetensors_fuzz
+//   tools/fuzz.sh 1     # builds build-fuzz/ (docs/testing.md)
+//   D=tests/nn/data F=build-fuzz/safetensors_fuzz
 //   $F -max_total_time=60 -dict=$D/safetensors.dict -seed_inputs=$D/fixture.safetensors
 #include <cstdint>
 #include <cstdio>

@@ -10,7 +10,7 @@
 // $TMPDIR), removed at exit.
 //
 //   D=tests/pretrain/data
-//   build-fuzz/tests/shard_fuzz -max_total_time=60 -dict=$D/shard.dict $D/shard_fuzz
+//   build-fuzz/shard_fuzz -max_total_time=60 -dict=$D/shard.dict $D/shard_fuzz
 #include <unistd.h>
 
 #include <cstdint>

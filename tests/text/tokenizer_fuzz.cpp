@@ -5,7 +5,7 @@
 // over-read (AddressSanitizer), other exception or violated invariant (abort) is a finding.
 //
 //   D=tests/text/data
-//   build-fuzz/tests/tokenizer_fuzz -max_total_time=60 -dict=$D/tokenizer.dict $D/tokenizer_fuzz
+//   build-fuzz/tokenizer_fuzz -max_total_time=60 -dict=$D/tokenizer.dict $D/tokenizer_fuzz
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
