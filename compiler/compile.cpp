@@ -17,6 +17,7 @@
 #include "compiler/autocast_pass.h"
 #include "compiler/functionalize.h"
 #include "compiler/fuse.h"
+#include "compiler/fused_cuda.h"
 #include "compiler/memory_plan.h"
 #include "compiler/partition.h"
 #include "compiler/passes.h"
@@ -309,6 +310,23 @@ struct CompiledCore::Impl {
     }
     std::filesystem::rename(path + ".tmp", path, ec);  // whole files only
     KILN_CHECK(!ec, "[compile] cannot write the trace to ", path, ": ", ec.message());
+    if (t.stage == "executors") write_generated_sources(t, path.substr(0, path.size() - 4));
+  }
+
+  // The CUDA source of each fused_cuda region beside the listing: <listing>.<region>.cu.
+  static void write_generated_sources(const Trace& t, const std::string& stem) {
+    for (size_t i = 0; i < t.ops.size();) {
+      size_t end = i + 1;
+      if (t.ops[i].region < 0 || t.ops[i].executor != "fused_cuda") {
+        i = end;
+        continue;
+      }
+      while (end < t.ops.size() && t.ops[end].region == t.ops[i].region) ++end;
+      const std::optional<std::string> source = compiler::fused_cuda_source(t, i, end);
+      const std::string& region = t.region_names[static_cast<size_t>(t.ops[i].region)];
+      if (source) std::ofstream(stem + "." + region + ".cu") << *source;
+      i = end;
+    }
   }
 
   // Whether the arguments differ from the last compilation's only in dimensions marked dynamic.

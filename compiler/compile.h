@@ -50,9 +50,10 @@ namespace kiln {
 class CompileOptions {
  public:
   // Executors in priority order (compiler/executor.h); "eager" is appended when missing. The
-  // default, {"matmul_epilogue", "fused_cpu", "eager"}, runs an mm and the residual add or bias
-  // after it as one addmm on CUDA (matmul_epilogue), fusion regions of CPU ops with fused_cpu,
-  // and everything else with the ops' own kernels.
+  // default, {"matmul_epilogue", "fused_cuda", "fused_cpu", "eager"}, runs an mm and the residual
+  // add or bias after it as one addmm on CUDA (matmul_epilogue), pointwise regions of CUDA ops as
+  // generated kernels (fused_cuda), fusion regions of CPU ops with fused_cpu, and everything else
+  // with the ops' own kernels.
   CompileOptions& executors(std::vector<std::string> names);
   // Skips a pass by name: "autocast", "decompose", "functionalize", "dce", "cse", "fuse",
   // "plan_memory" (the order they run in).
@@ -95,7 +96,7 @@ class CompileOptions {
   const compiler::PartitionOptions& partition() const { return partition_; }
 
  private:
-  std::vector<std::string> executors_{"matmul_epilogue", "fused_cpu", "eager"};
+  std::vector<std::string> executors_{"matmul_epilogue", "fused_cuda", "fused_cpu", "eager"};
   std::vector<std::string> skipped_;
   std::vector<std::string> decomposed_;
   std::vector<std::pair<int, int64_t>> dynamic_;

@@ -96,7 +96,7 @@ struct ExecutorTable {
   std::mutex mu;
   std::vector<std::shared_ptr<const Executor>> executors{
       std::make_shared<EagerExecutor>(), make_fused_cpu_executor(),
-      make_matmul_epilogue_executor("matmul_epilogue", {kCUDA})};
+      make_matmul_epilogue_executor("matmul_epilogue", {kCUDA}), make_fused_cuda_executor()};
 };
 ExecutorTable& table() {
   static ExecutorTable t;

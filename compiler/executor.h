@@ -96,6 +96,9 @@ class AutocastScope {
 
 // The built-in CPU fusion executor, "fused_cpu" (compiler/fused_cpu.cpp; docs/compiler.md).
 std::shared_ptr<const Executor> make_fused_cpu_executor();
+// The built-in CUDA fusion executor, "fused_cuda": a generated NVRTC kernel per pointwise region
+// of CUDA values (compiler/fused_cuda.h; docs/compiler.md). Fuses nothing without a usable GPU.
+std::shared_ptr<const Executor> make_fused_cuda_executor();
 
 // A matmul-epilogue executor (compiler/matmul_epilogue.cpp) named `name` for values on the given
 // device types: an mm whose output only an add or sub reads (a residual of the product's shape,

@@ -1,0 +1,572 @@
+// "fused_cuda": the executor of pointwise regions on CUDA (compiler/fused_cuda.h). The source
+// comes from compiler/fused_cuda_codegen.cpp; this file compiles it with NVRTC, caches the cubin
+// in memory and on disk, loads it through the CUDA driver API and launches it on kiln's current
+// stream. The CUDA parts compile only in CUDA builds; a CPU-only build has the disk cache (plain
+// files) and an executor that never fuses anything.
+//
+// The driver API is reached through the runtime's cudaGetDriverEntryPointByVersion rather than by
+// linking libcuda, so that a CUDA build still loads (and runs on the CPU) where no driver is
+// installed; there the executor claims nothing.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <semaphore>
+#include <thread>
+#include <unistd.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "compiler/executor.h"
+#include "compiler/fuse.h"
+#include "compiler/fused_cuda.h"
+#include "tensor/ops.h"
+
+#if defined(KILN_WITH_CUDA)
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <nvrtc.h>
+
+#include "kernels/cuda/check.h"
+#endif
+
+namespace kiln::compiler {
+namespace {
+
+struct Counters {
+  std::atomic<int64_t> regions{0}, nvrtc_compiles{0}, memory_hits{0}, disk_hits{0},
+      disk_rejected{0}, disk_writes{0}, fallbacks{0};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+std::mutex& dir_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::string& dir_override() {
+  static std::string dir;
+  return dir;
+}
+
+// FNV-1a, 64 bits: stable across processes and builds (absl::Hash is seeded per process).
+uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'K', 'R', 'N', '\n'};
+constexpr uint32_t kFormat = 1;
+
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+// Reads a file's bytes (empty when it cannot be read).
+std::optional<std::string> slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs the members one after the other with their eager kernels: for a region the generator
+// declines (the fuse pass asked about each op, not about the region as a whole).
+Step eager_region(const Trace& t, size_t begin, size_t end) {
+  std::vector<const BoundOp*> members;
+  for (size_t i = begin; i < end; ++i) members.push_back(&t.ops[i]);
+  return [members](Frame& frame) {
+    const AutocastScope no_autocast(BoundOp::Autocast{});
+    for (const BoundOp* op : members) {
+      OpCall call = bind_call(*op, frame);
+      dispatch_after(call, DispatchKey::Trace);
+      store_outputs(*op, call, frame);
+    }
+  };
+}
+
+}  // namespace
+
+// --- Statistics and the cache directory ------------------------------------------------------------
+
+FusedCudaStats fused_cuda_stats() {
+  const Counters& c = counters();
+  return {c.regions.load(),   c.nvrtc_compiles.load(), c.memory_hits.load(), c.disk_hits.load(),
+          c.disk_rejected.load(), c.disk_writes.load(), c.fallbacks.load()};
+}
+
+void reset_fused_cuda_stats() {
+  Counters& c = counters();
+  for (auto* a : {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
+                  &c.disk_writes, &c.fallbacks}) {
+    a->store(0);
+  }
+}
+
+std::string kernel_cache_dir() {
+  {
+    std::lock_guard<std::mutex> lock(dir_mutex());
+    if (!dir_override().empty()) return dir_override();
+  }
+  if (const char* d = std::getenv("KILN_KERNEL_CACHE"); d != nullptr && *d != '\0') return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    return std::string(x) + "/kiln/kernels";
+  }
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    return std::string(h) + "/.cache/kiln/kernels";
+  }
+  return "none";
+}
+
+void set_kernel_cache_dir(std::string dir) {
+  std::lock_guard<std::mutex> lock(dir_mutex());
+  dir_override() = std::move(dir);
+}
+
+namespace internal {
+
+std::string KernelKey::file_name() const {
+  std::string all = source;
+  all += '\0';
+  all += arch;
+  all += '\0';
+  all += nvrtc;
+  return absl::StrFormat("%016x%016x.cubin", fnv1a(all),
+                         fnv1a(all, 0x84222325cbf29ce4ull ^ all.size()));
+}
+
+std::optional<std::string> read_cached_kernel(const std::string& dir, const KernelKey& key,
+                                              bool* rejected) {
+  if (rejected != nullptr) *rejected = false;
+  const std::optional<std::string> data = slurp(dir + "/" + key.file_name());
+  if (!data) return std::nullopt;
+  size_t at = 0;
+  auto take = [&](size_t n) -> std::optional<std::string_view> {
+    if (n > data->size() - at) return std::nullopt;
+    std::string_view s(data->data() + at, n);
+    at += n;
+    return s;
+  };
+  auto number = [&]<typename T>(T& v) {
+    const auto s = take(sizeof(T));
+    if (s) std::memcpy(&v, s->data(), sizeof(T));
+    return s.has_value();
+  };
+  auto field = [&]<typename L>(L, std::string_view want) {
+    L len = 0;
+    if (!number(len) || len != want.size()) return false;
+    const auto s = take(len);
+    return s && *s == want;
+  };
+  uint32_t format = 0;
+  uint64_t size = 0, checksum = 0;
+  const auto magic = take(sizeof(kMagic));
+  const bool ok = magic && *magic == std::string_view(kMagic, sizeof(kMagic)) && number(format) &&
+                  format == kFormat && field(uint32_t{}, key.arch) &&
+                  field(uint32_t{}, key.nvrtc) && field(uint64_t{}, key.source) && number(size) &&
+                  number(checksum) && size == data->size() - at &&
+                  fnv1a(std::string_view(data->data() + at, size)) == checksum;
+  if (!ok) {
+    if (rejected != nullptr) *rejected = true;
+    return std::nullopt;
+  }
+  return data->substr(at);
+}
+
+bool write_cached_kernel(const std::string& dir, const KernelKey& key, const std::string& payload) {
+  std::string out(kMagic, sizeof(kMagic));
+  put(out, kFormat);
+  put(out, static_cast<uint32_t>(key.arch.size()));
+  out += key.arch;
+  put(out, static_cast<uint32_t>(key.nvrtc.size()));
+  out += key.nvrtc;
+  put(out, static_cast<uint64_t>(key.source.size()));
+  out += key.source;
+  put(out, static_cast<uint64_t>(payload.size()));
+  put(out, fnv1a(payload));
+  out += payload;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return false;
+  static std::atomic<uint64_t> serial{0};
+  const std::string path = dir + "/" + key.file_name();
+  const std::string tmp = absl::StrFormat("%s.tmp.%d.%d", path, static_cast<int>(getpid()),
+                                          serial.fetch_add(1));
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(out.data(), static_cast<std::streamsize>(out.size()));
+    f.close();
+    if (!f) {
+      std::filesystem::remove(tmp, ec);
+      return false;
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);  // readers see a whole file or none
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace internal
+
+namespace {
+
+#if defined(KILN_WITH_CUDA)
+
+// --- The driver API, through the runtime's entry points ---------------------------------------
+
+struct Driver {
+  CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
+  CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, CUstream, void**, void**) = nullptr;
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+  CUresult (*ctx_set_current)(CUcontext) = nullptr;
+  CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+  bool ok = false;
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    bool ok = true;
+    auto get = [&](const char* name, auto& fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult status{};
+      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &status) !=
+              cudaSuccess ||
+          status != cudaDriverEntryPointSuccess || p == nullptr) {
+        ok = false;
+        return;
+      }
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    get("cuModuleLoadData", r.module_load_data);
+    get("cuModuleGetFunction", r.module_get_function);
+    get("cuLaunchKernel", r.launch_kernel);
+    get("cuCtxGetCurrent", r.ctx_get_current);
+    get("cuCtxSetCurrent", r.ctx_set_current);
+    get("cuDeviceGet", r.device_get);
+    get("cuDevicePrimaryCtxRetain", r.primary_ctx_retain);
+    get("cuGetErrorString", r.get_error_string);
+    r.ok = ok;
+    return r;
+  }();
+  return d;
+}
+
+void check_cu(CUresult r, const char* call) {
+  if (r == CUDA_SUCCESS) return;
+  const char* msg = nullptr;
+  if (driver().get_error_string != nullptr) driver().get_error_string(r, &msg);
+  KILN_FAIL("[fused_cuda] ", call, " failed: ", msg != nullptr ? msg : "unknown error", " (",
+            static_cast<int>(r), ")");
+}
+
+void check_nvrtc(nvrtcResult r, const char* call) {
+  KILN_CHECK(r == NVRTC_SUCCESS, "[fused_cuda] ", call, " failed: ", nvrtcGetErrorString(r));
+}
+
+// Makes the device's primary context (the runtime's) current on this thread.
+void use_primary_context(int device) {
+  const Driver& d = driver();
+  CUdevice dev = 0;
+  check_cu(d.device_get(&dev, device), "cuDeviceGet");
+  CUcontext want = nullptr, now = nullptr;
+  check_cu(d.primary_ctx_retain(&want, dev), "cuDevicePrimaryCtxRetain");  // held for good
+  check_cu(d.ctx_get_current(&now), "cuCtxGetCurrent");
+  if (now != want) check_cu(d.ctx_set_current(want), "cuCtxSetCurrent");
+}
+
+bool usable() {
+  static const bool ok = [] {
+    if (!cuda::is_available() || !driver().ok) return false;
+    int major = 0, minor = 0;
+    return nvrtcVersion(&major, &minor) == NVRTC_SUCCESS;
+  }();
+  return ok;
+}
+
+std::string nvrtc_version() {
+  int major = 0, minor = 0;
+  nvrtcVersion(&major, &minor);
+  return absl::StrFormat("%d.%d", major, minor);
+}
+
+// The newest architecture NVRTC compiles for that the device runs: "sm_90".
+std::string arch_of(int device) {
+  int major = 0, minor = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const int cc = major * 10 + minor;
+  int n = 0;
+  check_nvrtc(nvrtcGetNumSupportedArchs(&n), "nvrtcGetNumSupportedArchs");
+  std::vector<int> archs(static_cast<size_t>(n));
+  check_nvrtc(nvrtcGetSupportedArchs(archs.data()), "nvrtcGetSupportedArchs");
+  int best = -1;
+  for (int a : archs) {
+    if (a <= cc) best = std::max(best, a);
+  }
+  KILN_CHECK(best > 0, "[fused_cuda] NVRTC ", nvrtc_version(),
+             " compiles for no architecture the device (compute capability ", major, ".", minor,
+             ") runs");
+  return "sm_" + std::to_string(best);
+}
+
+std::string compile_with_nvrtc(const std::string& source, const std::string& arch) {
+  nvrtcProgram prog = nullptr;
+  check_nvrtc(nvrtcCreateProgram(&prog, source.c_str(), "kiln_fused.cu", 0, nullptr, nullptr),
+              "nvrtcCreateProgram");
+  struct Destroy {
+    nvrtcProgram* p;
+    ~Destroy() { nvrtcDestroyProgram(p); }
+  } destroy{&prog};
+  const std::string arch_flag = "--gpu-architecture=" + arch;
+  // nvcc's defaults for the eager kernels: IEEE division and square root, no flush to zero,
+  // multiply-adds contracted within an expression.
+  const char* options[] = {arch_flag.c_str(), "--std=c++17", "-default-device", "--fmad=true",
+                           "--prec-div=true", "--prec-sqrt=true", "--ftz=false"};
+  const nvrtcResult r = nvrtcCompileProgram(prog, static_cast<int>(std::size(options)), options);
+  if (r != NVRTC_SUCCESS) {
+    size_t log_size = 0;
+    nvrtcGetProgramLogSize(prog, &log_size);
+    std::string log(log_size, '\0');
+    if (log_size > 0) nvrtcGetProgramLog(prog, log.data());
+    KILN_FAIL("[fused_cuda] NVRTC could not compile a generated kernel (", nvrtcGetErrorString(r),
+              "):\n", log, "\nsource:\n", source);
+  }
+  size_t size = 0;
+  check_nvrtc(nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
+  std::string cubin(size, '\0');
+  check_nvrtc(nvrtcGetCUBIN(prog, cubin.data()), "nvrtcGetCUBIN");
+  return cubin;
+}
+
+// A kernel loaded on one device.
+struct Loaded {
+  CUfunction strided = nullptr;
+  CUfunction dense = nullptr;  // null when the source has no dense entry
+};
+using LoadedFuture = std::shared_future<std::shared_ptr<const Loaded>>;
+
+// The cubin of `source` for `device`: from the disk cache, else NVRTC (stored on disk after).
+std::shared_ptr<const Loaded> build(int device, const std::string& source, bool has_dense) {
+  cuda::DeviceGuard guard(device);
+  internal::KernelKey key{source, arch_of(device), nvrtc_version()};
+  const std::string dir = kernel_cache_dir();
+  std::optional<std::string> cubin;
+  if (dir != "none") {
+    bool rejected = false;
+    cubin = internal::read_cached_kernel(dir, key, &rejected);
+    if (cubin) ++counters().disk_hits;
+    if (rejected) ++counters().disk_rejected;
+  }
+  if (!cubin) {
+    cubin = compile_with_nvrtc(source, key.arch);
+    ++counters().nvrtc_compiles;
+    if (dir != "none" && internal::write_cached_kernel(dir, key, *cubin)) ++counters().disk_writes;
+  }
+  use_primary_context(device);
+  CUmodule module = nullptr;  // kept for the life of the process, as the memory cache's entry
+  check_cu(driver().module_load_data(&module, cubin->data()), "cuModuleLoadData");
+  auto loaded = std::make_shared<Loaded>();
+  check_cu(driver().module_get_function(&loaded->strided, module, "kiln_fused_strided"),
+           "cuModuleGetFunction");
+  if (has_dense) {
+    check_cu(driver().module_get_function(&loaded->dense, module, "kiln_fused_dense"),
+             "cuModuleGetFunction");
+  }
+  return loaded;
+}
+
+// At most this many NVRTC compilations run at once.
+std::counting_semaphore<64>& compile_slots() {
+  static std::counting_semaphore<64> s(
+      static_cast<std::ptrdiff_t>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)));
+  return s;
+}
+
+// The kernel of `source` on `device`: from memory, else built on a thread of its own (regions
+// of one program compile in parallel; the program's first run waits for them).
+struct KernelCache {
+  std::mutex mu;
+  absl::flat_hash_map<std::string, LoadedFuture> kernels;  // by device and source
+};
+KernelCache& kernel_cache() {
+  static auto* c = new KernelCache();  // never destroyed: a compiling thread may outlive main
+  return *c;
+}
+
+LoadedFuture kernel_for(int device, const std::string& source, bool has_dense) {
+  KernelCache& c = kernel_cache();
+  const std::string key = std::to_string(device) + "\n" + source;
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (auto it = c.kernels.find(key); it != c.kernels.end()) {
+    ++counters().memory_hits;
+    return it->second;
+  }
+  LoadedFuture f = std::async(std::launch::async, [device, source, has_dense] {
+                     compile_slots().acquire();
+                     struct Release {
+                       ~Release() { compile_slots().release(); }
+                     } release;
+                     return build(device, source, has_dense);
+                   }).share();
+  c.kernels[key] = f;
+  return f;
+}
+
+void clear_memory_cache_impl() {
+  KernelCache& c = kernel_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.kernels.clear();  // the modules stay loaded: running programs still launch their kernels
+}
+
+// An uninitialised tensor with the spec's sizes and strides (eager's output layout).
+Tensor empty_as(const TensorSpec& spec) {
+  const TensorOptions options = TensorOptions().dtype(spec.dtype).device(spec.device);
+  if (spec.strides.size() != spec.sizes.size()) return empty(spec.sizes, options);
+  int64_t extent = 1;
+  for (size_t d = 0; d < spec.sizes.size(); ++d) {
+    if (spec.sizes[d] == 0) return empty(spec.sizes, options);
+    extent += (spec.sizes[d] - 1) * spec.strides[d];
+  }
+  return empty({extent}, options).as_strided(spec.sizes, spec.strides, 0);
+}
+
+// One run of a lowered region.
+void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& output_specs,
+            const Loaded& fn, int device, Frame& frame) {
+  std::vector<int64_t> params(static_cast<size_t>(std::max(k.slots, 1)), 0);
+  const size_t rank = k.sizes.size();
+  bool dense = fn.dense != nullptr;
+  auto strides = [&](const Tensor& x, const internal::FusedKernel::Operand& o) {
+    KILN_CHECK(x.sizes() == IntArrayRef(o.sizes), "[fused_cuda] internal: a value of shape ",
+               shape_str(x.sizes()), " where the trace has ", shape_str(o.sizes));
+    if (o.sizes.empty()) return;
+    const size_t lead = rank - o.sizes.size();
+    for (size_t d = 0; d < rank; ++d) {
+      const bool broadcast = d < lead || o.sizes[d - lead] == 1;
+      params[static_cast<size_t>(o.slot) + 1 + d] = broadcast ? 0 : x.strides()[d - lead];
+    }
+    dense = dense && x.is_contiguous();
+  };
+  for (const auto& o : k.inputs) {
+    const Tensor& x = frame.slots[static_cast<size_t>(o.value)];
+    if (o.host_scalar) {
+      uint64_t bits = 0;
+      std::memcpy(&bits, x.data_ptr(), x.element_size());
+      params[static_cast<size_t>(o.slot)] = static_cast<int64_t>(bits);
+      continue;
+    }
+    params[static_cast<size_t>(o.slot)] = reinterpret_cast<int64_t>(x.data_ptr());
+    strides(x, o);
+  }
+  for (size_t j = 0; j < k.outputs.size(); ++j) {
+    const auto& o = k.outputs[j];
+    const auto v = static_cast<size_t>(o.value);
+    Tensor out = !frame.placed.empty() && frame.placed[v].defined() ? frame.placed[v]
+                                                                    : empty_as(output_specs[j]);
+    params[static_cast<size_t>(o.slot)] = reinterpret_cast<int64_t>(out.data_ptr());
+    strides(out, o);
+    frame.slots[v] = std::move(out);
+  }
+  for (const auto& [slot, bits] : k.constants) {
+    params[static_cast<size_t>(slot)] = static_cast<int64_t>(bits);
+  }
+  const int64_t n = numel_of(k.sizes);
+  if (n == 0) return;
+  cuda::DeviceGuard guard(device);
+  use_primary_context(device);
+  constexpr int64_t kThreads = 256;
+  const auto blocks =
+      static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, int64_t{1} << 16));
+  void* args[] = {params.data()};
+  CUstream stream = cuda::current_stream(device).handle();
+  check_cu(driver().launch_kernel(dense ? fn.dense : fn.strided, blocks, 1, 1, kThreads, 1, 1, 0,
+                                  stream, args, nullptr),
+           "cuLaunchKernel");
+  cuda::internal::check_launch("kiln_fused (fused_cuda)", __FILE__, __LINE__);
+}
+
+#endif  // KILN_WITH_CUDA
+
+class FusedCudaExecutor final : public Executor {
+ public:
+  const std::string& name() const override {
+    static const std::string n = "fused_cuda";
+    return n;
+  }
+  bool claims(const Trace&, const BoundOp&) const override { return false; }
+  Step lower(const Trace&, const BoundOp& op) const override {
+    KILN_FAIL("[compile] fused_cuda runs fusion regions only, not the single op ", op.name());
+  }
+
+  bool fuses(const Trace& t, const BoundOp& op) const override {
+#if defined(KILN_WITH_CUDA)
+    if (fuse_kind(op) != FuseKind::kPointwise || op.outputs.size() != 1 || op.outputs[0] < 0) {
+      return false;
+    }
+    const Device out = t.value(op.outputs[0]).spec.device;
+    if (!out.is_cuda()) return false;
+    for (int v : op.inputs) {
+      if (v < 0) return false;
+      const TensorSpec& s = t.value(v).spec;
+      if (!(s.device == out) && !(s.device.is_cpu() && s.sizes.empty())) return false;
+    }
+    return internal::fused_cuda_generates(t, op) && usable();
+#else
+    (void)t;
+    (void)op;
+    return false;
+#endif
+  }
+
+  Step lower_region(const Trace& t, size_t begin, size_t end) const override {
+#if defined(KILN_WITH_CUDA)
+    std::optional<internal::FusedKernel> k = internal::generate_fused_kernel(t, begin, end, nullptr);
+    if (k && usable()) {
+      ++counters().regions;
+      const int device = std::max(t.value(k->outputs[0].value).spec.device.index(), 0);
+      std::vector<TensorSpec> specs;
+      for (const auto& o : k->outputs) specs.push_back(t.value(o.value).spec);
+      LoadedFuture kernel = kernel_for(device, k->source, k->has_dense);
+      auto plan = std::make_shared<const internal::FusedKernel>(std::move(*k));
+      return [plan, specs = std::move(specs), kernel, device](Frame& frame) {
+        launch(*plan, specs, *kernel.get(), device, frame);
+      };
+    }
+#endif
+    ++counters().fallbacks;
+    return eager_region(t, begin, end);
+  }
+};
+
+}  // namespace
+
+void clear_fused_cuda_memory_cache() {
+#if defined(KILN_WITH_CUDA)
+  clear_memory_cache_impl();
+#endif
+}
+
+std::shared_ptr<const Executor> make_fused_cuda_executor() {
+  return std::make_shared<FusedCudaExecutor>();
+}
+
+}  // namespace kiln::compiler

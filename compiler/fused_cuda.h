@@ -1,0 +1,103 @@
+// "fused_cuda": generated CUDA kernels for pointwise fusion regions (compiler/fuse.h), compiled
+// at run time with NVRTC (docs/compiler.md, "Generated CUDA kernels").
+//
+// A region such as silu(x * w + b).to(bf16) runs as one kernel: one thread per element of the
+// region's largest shape (a grid-stride loop), every input read through its strides with
+// broadcasting, each member computed in registers, and only the region's outputs (the values
+// read after it, returned or assigned to grads) written to memory.
+//
+// Same bits as eager, by construction: each member computes in the type eager's CUDA kernel
+// computes in (opmath: float for bf16/f16), with the formulas of kernels/scalar_fn.h written out
+// the same way, and rounds its result to its traced dtype before the next member reads it. An
+// empty inline-asm barrier after each float result keeps the compiler from contracting a
+// multiply of one member with an add of the next into an FMA (eager rounds in between).
+//
+//   auto f = kiln::compile(fn);                    // fused_cuda is a default executor
+//   f(x, w, b);                                    // compiles each region (NVRTC), cached
+//   kiln::compiler::fused_cuda_stats().disk_hits;  // kernels found in the disk cache
+//
+// Kernels are cached in memory (per source and device) and on disk, in KILN_KERNEL_CACHE, else
+// $XDG_CACHE_HOME/kiln/kernels, else ~/.cache/kiln/kernels: one file per kernel, named by a hash
+// of the source, the GPU architecture and the NVRTC version; written atomically and checked when
+// read (a file that does not hold what its name promises is ignored and rebuilt).
+//
+// Pitfalls: only values on CUDA are claimed, and nothing at all without a usable GPU and NVRTC
+// (CPU programs behave as before). Row ops (reductions, softmax) are not generated yet.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiler/trace.h"
+
+namespace kiln::compiler {
+
+struct FusedCudaStats {
+  int64_t regions = 0;        // regions lowered to a generated kernel
+  int64_t nvrtc_compiles = 0;  // kernels compiled by NVRTC
+  int64_t memory_hits = 0;    // kernels found in the in-memory cache
+  int64_t disk_hits = 0;      // kernels read from the disk cache
+  int64_t disk_rejected = 0;  // cache files ignored (corrupt, truncated, another key)
+  int64_t disk_writes = 0;    // cache files written
+  int64_t fallbacks = 0;      // regions run op by op (the generator declined them)
+};
+FusedCudaStats fused_cuda_stats();
+void reset_fused_cuda_stats();
+// Forgets the in-memory kernels (the next compilation reads the disk cache).
+void clear_fused_cuda_memory_cache();
+
+// The disk cache's directory: set_kernel_cache_dir's, else KILN_KERNEL_CACHE, else
+// $XDG_CACHE_HOME/kiln/kernels, else $HOME/.cache/kiln/kernels. An empty string restores the
+// default; "none" turns the disk cache off.
+std::string kernel_cache_dir();
+void set_kernel_cache_dir(std::string dir);
+
+// The CUDA source generated for the region trace.ops[begin, end), or nullopt (with `why`) when
+// the generator does not handle it. Deterministic: the same region gives the same text.
+std::optional<std::string> fused_cuda_source(const Trace& trace, size_t begin, size_t end,
+                                             std::string* why = nullptr);
+
+namespace internal {
+
+// Whether the generator writes `op` (by name, dtypes and attributes; devices not checked).
+bool fused_cuda_generates(const Trace& trace, const BoundOp& op);
+
+// A generated kernel and how to call it. Its one parameter is `struct { long long v[slots]; }`:
+// per tensor input a pointer and a stride per dim of `sizes`, per 0-d CPU input its value's
+// bits, per output a pointer and strides, then the op constants (alpha, clamp bounds, ...).
+struct FusedKernel {
+  std::string source;
+  Shape sizes;             // the iteration domain (the broadcast of the members' shapes)
+  bool has_dense = false;  // kiln_fused_dense exists (every operand may be dense)
+  struct Operand {
+    int value = -1;
+    ScalarType dtype = kFloat;
+    bool host_scalar = false;  // a 0-d CPU tensor, passed by value
+    Shape sizes;
+    int slot = 0;  // its first parameter slot
+  };
+  std::vector<Operand> inputs, outputs;
+  std::vector<std::pair<int, uint64_t>> constants;  // (slot, bits)
+  int slots = 0;
+};
+std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,
+                                                 std::string* why);
+
+// The disk cache (CPU code, testable without a GPU). A file holds a header (magic, format
+// version, the key's parts and the payload's size and checksum), then the payload.
+struct KernelKey {
+  std::string source;
+  std::string arch;   // "sm_90"
+  std::string nvrtc;  // "13.0"
+  std::string file_name() const;  // a hash of the three, in hex, + ".cubin"
+};
+// The payload stored under `key` in `dir`, or nullopt (missing, or rejected: `rejected` is set).
+std::optional<std::string> read_cached_kernel(const std::string& dir, const KernelKey& key,
+                                              bool* rejected = nullptr);
+// Writes atomically (a temporary file renamed); false when the directory is not writable.
+bool write_cached_kernel(const std::string& dir, const KernelKey& key, const std::string& payload);
+
+}  // namespace internal
+}  // namespace kiln::compiler

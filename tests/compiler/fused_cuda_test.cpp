@@ -1,0 +1,443 @@
+// "fused_cuda" (compiler/fused_cuda.h): the code generator and the disk cache on any machine, and
+// on a GPU (GpuFusedCuda.*) compiled programs against eager CUDA code, bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "compiler/compile.h"
+#include "compiler/executor.h"
+#include "compiler/fuse.h"
+#include "compiler/fused_cuda.h"
+#include "kiln.h"
+
+namespace kiln {
+namespace {
+
+using compiler::Trace;
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The traced (first) stage of `fn` on CPU tensors, with every value moved to cuda:0 except 0-d
+// CPU externals (wrapped scalars): what tracing the same program on a GPU records.
+template <typename F, typename... Args>
+Trace traced_on_cuda(F fn, const Args&... args) {
+  auto f = compile(fn, CompileOptions().executors({"eager"}));
+  f(args...);
+  Trace t = f.traces().front();
+  const Device gpu(kCUDA, 0);
+  for (size_t v = 0; v < t.values.size(); ++v) {
+    compiler::ValueInfo& info = t.values[v];
+    const bool wrapped_scalar =
+        t.roles[v] == compiler::ValueRole::kExternal && info.spec.sizes.empty();
+    if (!wrapped_scalar) info.spec.device = gpu;
+  }
+  for (compiler::BoundOp& op : t.ops) {
+    for (Attr& a : op.attrs) {
+      if (std::holds_alternative<Device>(a)) a = gpu;
+    }
+  }
+  return t;
+}
+
+std::string temp_dir(const std::string& name) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("kiln_fused_cuda_test_" + name)).string();
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// --- The generator (no GPU needed) ---------------------------------------------------------------
+
+TEST(FusedCudaCodegen, ChainSourceHasTheMembersAndIsDeterministic) {
+  auto fn = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    return silu(x * w + b).to(kBFloat16);
+  };
+  const Tensor x = randn({8, 16}), w = randn({16}), b = randn({8, 1});
+  const Trace t = traced_on_cuda(fn, x, w, b);
+  ASSERT_EQ(t.ops.size(), 4u) << t.str();
+  std::string why;
+  const std::optional<compiler::internal::FusedKernel> k =
+      compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), &why);
+  ASSERT_TRUE(k.has_value()) << why;
+  const std::string& s = k->source;
+  EXPECT_EQ(k->sizes, Shape({8, 16}));
+  EXPECT_EQ(k->inputs.size(), 3u);
+  ASSERT_EQ(k->outputs.size(), 1u) << "only the returned value reaches memory";
+  EXPECT_EQ(k->outputs[0].dtype, kBFloat16);
+  EXPECT_NE(s.find("kiln_fused_strided"), std::string::npos) << s;
+  // w and b broadcast: no dense entry.
+  EXPECT_FALSE(k->has_dense);
+  EXPECT_EQ(count(s, "kiln_fused_dense"), 0) << s;
+  EXPECT_NE(s.find("f_add<float>"), std::string::npos) << s;  // alpha as a parameter
+  EXPECT_NE(s.find("f_silu("), std::string::npos) << s;
+  EXPECT_NE(s.find("kbf("), std::string::npos) << s;      // the bf16 rounding of to_copy
+  EXPECT_NE(s.find("kopaque("), std::string::npos) << s;  // no contraction across members
+  EXPECT_EQ(k->constants.size(), 1u);                      // add's alpha
+  // Deterministic, and the same for the same program traced again (other value ids).
+  EXPECT_EQ(compiler::fused_cuda_source(t, 0, t.ops.size()), s);
+  const Trace again = traced_on_cuda(fn, x, w, b);
+  EXPECT_EQ(compiler::fused_cuda_source(again, 0, again.ops.size()), s);
+}
+
+TEST(FusedCudaCodegen, DenseEntryWhenEveryOperandHasTheDomainsShape) {
+  auto fn = [](const Tensor& x, const Tensor& y) { return sigmoid(x) * y - 2.5; };
+  const Tensor x = randn({4, 32}), y = randn({4, 32});
+  const Trace t = traced_on_cuda(fn, x, y);
+  const auto k = compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
+  ASSERT_TRUE(k.has_value());
+  EXPECT_TRUE(k->has_dense);
+  EXPECT_NE(k->source.find("kiln_fused_dense"), std::string::npos) << k->source;
+  // The wrapped 2.5 is a 0-d CPU input passed by value.
+  int host = 0;
+  for (const auto& in : k->inputs) host += in.host_scalar ? 1 : 0;
+  EXPECT_EQ(host, 1);
+}
+
+TEST(FusedCudaCodegen, AnIntermediateReadAfterTheRegionIsAnOutput) {
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    const Tensor a = x * y;
+    return std::vector<Tensor>{exp(a) + 1.0, a};
+  };
+  const Trace t = traced_on_cuda(fn, randn({4, 8}), randn({4, 8}));
+  const auto k = compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
+  ASSERT_TRUE(k.has_value());
+  EXPECT_EQ(k->outputs.size(), 2u);
+  // Only the first three ops: then a is read outside (by the return) as well.
+  const auto part = compiler::internal::generate_fused_kernel(t, 0, 2, nullptr);
+  ASSERT_TRUE(part.has_value());
+  EXPECT_EQ(part->outputs.size(), 2u);  // a (returned) and exp(a) (read by the add)
+}
+
+TEST(FusedCudaCodegen, UnsupportedOpsAreNotGenerated) {
+  auto fn = [](const Tensor& a, const Tensor& b) {
+    return std::vector<Tensor>{div(a, b, "floor"), isclose(a.to(kFloat), b.to(kFloat)),
+                               (a + b).sum({1})};
+  };
+  const Tensor a = randint(1, 5, {4, 4}), b = randint(1, 5, {4, 4});
+  const Trace t = traced_on_cuda(fn, a, b);
+  int checked = 0;
+  for (const compiler::BoundOp& op : t.ops) {
+    const bool gen = compiler::internal::fused_cuda_generates(t, op);
+    if (op.name() == "div" || op.name() == "isclose" || op.name() == "sum") {
+      EXPECT_FALSE(gen) << op.name();  // integer floor division raises on 0; not written yet
+      ++checked;
+    }
+    if (op.name() == "add" || op.name() == "to_copy") {
+      EXPECT_TRUE(gen) << op.name();
+    }
+  }
+  EXPECT_EQ(checked, 3) << t.str();
+  std::string why;
+  EXPECT_FALSE(compiler::fused_cuda_source(t, 0, t.ops.size(), &why).has_value());
+  EXPECT_NE(why.find("does not write"), std::string::npos) << why;
+}
+
+TEST(FusedCudaCodegen, DefaultExecutorsAndNoClaimsWithoutAGpu) {
+  const std::vector<std::string> want = {"matmul_epilogue", "fused_cuda", "fused_cpu", "eager"};
+  EXPECT_EQ(CompileOptions().executors(), want);
+  if (cuda::is_available()) GTEST_SKIP() << "a GPU is present";
+  auto fn = [](const Tensor& x) { return exp(x) * 2.0; };
+  const Trace t = traced_on_cuda(fn, randn({4, 4}));
+  const auto e = compiler::find_executor("fused_cuda");
+  for (const compiler::BoundOp& op : t.ops) EXPECT_FALSE(e->fuses(t, op)) << op.name();
+  // A CPU program is unaffected: fused_cpu still takes its region.
+  auto f = compile([](const Tensor& x) { return exp(x) * 2.0 + 1.0; });
+  const Tensor x = randn({64, 64});
+  EXPECT_TRUE(equal(f(x), exp(x) * 2.0 + 1.0));
+  std::string s;
+  for (const Trace& tr : f.traces()) s += tr.str();
+  EXPECT_EQ(count(s, "[fused_cuda]"), 0) << s;
+}
+
+// --- The disk cache (no GPU needed) --------------------------------------------------------------
+
+TEST(FusedCudaCache, RoundTripAndRejectsBadFiles) {
+  namespace I = compiler::internal;
+  const std::string dir = temp_dir("cache");
+  const I::KernelKey key{"extern \"C\" __global__ void k() {}", "sm_90", "13.0"};
+  EXPECT_FALSE(I::read_cached_kernel(dir, key).has_value());  // no directory yet
+  const std::string payload("\x7f" "ELF binary \0 bytes", 18);
+  ASSERT_TRUE(I::write_cached_kernel(dir, key, payload));
+  bool rejected = true;
+  EXPECT_EQ(I::read_cached_kernel(dir, key, &rejected), payload);
+  EXPECT_FALSE(rejected);
+  const std::string path = dir + "/" + key.file_name();
+  // No temporary files are left behind.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+  // Another architecture is another file.
+  const I::KernelKey other{key.source, "sm_80", key.nvrtc};
+  EXPECT_NE(other.file_name(), key.file_name());
+  EXPECT_FALSE(I::read_cached_kernel(dir, other, &rejected).has_value());
+  EXPECT_FALSE(rejected);
+  // A flipped payload byte, a truncated file, another key's file under this name: rejected.
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto write_raw = [&](const std::string& b) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(),
+                                                                  static_cast<std::streamsize>(b.size()));
+  };
+  std::string flipped = bytes;
+  flipped.back() ^= 0x20;
+  write_raw(flipped);
+  EXPECT_FALSE(I::read_cached_kernel(dir, key, &rejected).has_value());
+  EXPECT_TRUE(rejected);
+  write_raw(bytes.substr(0, bytes.size() / 2));
+  EXPECT_FALSE(I::read_cached_kernel(dir, key, &rejected).has_value());
+  EXPECT_TRUE(rejected);
+  ASSERT_TRUE(I::write_cached_kernel(dir, other, payload));
+  std::filesystem::copy_file(dir + "/" + other.file_name(), path,
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_FALSE(I::read_cached_kernel(dir, key, &rejected).has_value());
+  EXPECT_TRUE(rejected);
+  // Rewritten, it reads back.
+  ASSERT_TRUE(I::write_cached_kernel(dir, key, payload));
+  EXPECT_EQ(I::read_cached_kernel(dir, key, &rejected), payload);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FusedCudaCache, DirectoryFollowsTheSetterAndTheEnvironment) {
+  compiler::set_kernel_cache_dir("/tmp/kiln_kernels_here");
+  EXPECT_EQ(compiler::kernel_cache_dir(), "/tmp/kiln_kernels_here");
+  compiler::set_kernel_cache_dir("");
+  const char* saved = std::getenv("KILN_KERNEL_CACHE");
+  const std::string keep = saved != nullptr ? saved : "";
+  setenv("KILN_KERNEL_CACHE", "/tmp/kiln_env_kernels", 1);
+  EXPECT_EQ(compiler::kernel_cache_dir(), "/tmp/kiln_env_kernels");
+  if (saved != nullptr) {
+    setenv("KILN_KERNEL_CACHE", keep.c_str(), 1);
+  } else {
+    unsetenv("KILN_KERNEL_CACHE");
+    EXPECT_NE(compiler::kernel_cache_dir().find("kiln/kernels"), std::string::npos);
+  }
+}
+
+// --- On a GPU: compiled == eager, bit for bit ----------------------------------------------------
+
+// The same dtype, shape and bytes (NaNs included).
+void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const Tensor a = got.to(kCPU).contiguous(), b = want.to(kCPU).contiguous();
+  EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0)
+      << what << ": compiled differs from eager; max difference "
+      << (a.to(kDouble) - b.to(kDouble)).abs().max().item<double>();
+}
+
+std::string listings(const std::vector<Trace>& traces) {
+  std::string s;
+  for (const Trace& t : traces) s += t.str();
+  return s;
+}
+
+#define SKIP_WITHOUT_GPU()                                                        \
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason()
+
+// Runs fn compiled and eagerly on `args`, expects a fused_cuda region and equal bits.
+template <typename F>
+void check_program(const std::string& what, F fn, const std::vector<Tensor>& args) {
+  auto f = compile([&](const std::vector<Tensor>& a) { return fn(a); });
+  const std::vector<Tensor> got = f(args);
+  const std::vector<Tensor> want = fn(args);
+  const std::string s = listings(f.traces());
+  EXPECT_GE(count(s, "# region [fused_cuda]"), 1) << what << "\n" << s;
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    expect_bitwise(got[i], want[i], what + ", output " + std::to_string(i));
+  // A second call runs the cached program.
+  const std::vector<Tensor> again = f(args);
+  for (size_t i = 0; i < got.size(); ++i) expect_bitwise(again[i], want[i], what + ", again");
+}
+
+TEST(GpuFusedCuda, ChainsWithBroadcasting) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(1);
+  const Device gpu(kCUDA, 0);
+  for (ScalarType dt : {kFloat, kBFloat16, kHalf, kDouble}) {
+    const std::vector<Tensor> args = {randn({64, 257}).to(dt).to(gpu), randn({257}).to(dt).to(gpu),
+                                      randn({64, 1}).to(dt).to(gpu)};
+    check_program(std::string("silu(x * w + b) ") + std::string(dtype_name(dt)),
+                  [](const std::vector<Tensor>& a) {
+                    return std::vector<Tensor>{silu(a[0] * a[1] + a[2])};
+                  },
+                  args);
+    check_program(std::string("gelu, sigmoid, tanh, rsqrt ") + std::string(dtype_name(dt)),
+                  [](const std::vector<Tensor>& a) {
+                    const Tensor h = gelu(a[0], "tanh") * sigmoid(a[1]) - tanh(a[2]);
+                    return std::vector<Tensor>{gelu(h, "none") + rsqrt(abs(h) + 1e-3) * 0.5};
+                  },
+                  args);
+  }
+}
+
+TEST(GpuFusedCuda, MixedDtypesAndCasts) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(2);
+  const Device gpu(kCUDA, 0);
+  const std::vector<Tensor> args = {randn({32, 128}).to(kBFloat16).to(gpu),
+                                    randn({32, 128}).to(gpu),
+                                    randint(-4, 5, {32, 128}).to(gpu)};
+  check_program("bf16 * f32, exp, casts",
+                [](const std::vector<Tensor>& a) {
+                  const Tensor s = (a[0] * a[1]).exp();             // f32
+                  const Tensor r = (s.to(kBFloat16) + a[0]).neg();  // bf16
+                  return std::vector<Tensor>{r, (a[2] * 3 + 1).to(kFloat) / a[1], relu(a[2])};
+                },
+                args);
+  check_program("f16 and int64 to double",
+                [](const std::vector<Tensor>& a) {
+                  const Tensor h = a[1].to(kHalf) * 1.7;
+                  return std::vector<Tensor>{(h.to(kDouble) + a[2]).sqrt(), pow(h, 2.0) - pow(h, 3.0)};
+                },
+                args);
+}
+
+TEST(GpuFusedCuda, StridedAndTransposedInputs) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(3);
+  const Device gpu(kCUDA, 0);
+  const Tensor x = randn({96, 48}).to(gpu), y = randn({48, 96}).to(gpu);
+  const Tensor z = randn({48, 192}).to(gpu).narrow(1, 5, 96);  // rows 192 apart
+  check_program("x.t() * y + z",
+                [](const std::vector<Tensor>& a) {
+                  return std::vector<Tensor>{exp(a[0] * a[1] + a[2]) - 1.0};
+                },
+                {x.t(), y, z});
+  check_program("expanded operand", [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{log(abs(a[0]) + 1.0) * a[1]};
+  }, {y, randn({1, 96}).to(gpu).expand({48, 96})});
+}
+
+TEST(GpuFusedCuda, ScalarsWhereAndComparisons) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(4);
+  const Device gpu(kCUDA, 0);
+  for (ScalarType dt : {kFloat, kBFloat16}) {
+    const std::vector<Tensor> args = {randn({16, 100}).to(dt).to(gpu),
+                                      randn({16, 100}).to(dt).to(gpu),
+                                      randn({}).to(dt).to(gpu)};
+    check_program(std::string("where, clamp, comparisons ") + std::string(dtype_name(dt)),
+                  [](const std::vector<Tensor>& a) {
+                    const Tensor m = a[0] > a[1];
+                    const Tensor w = where(m, a[0] * 0.1, a[1] / 7.0);
+                    const Tensor c = clamp(w * a[2] + 0.3, -0.5, 0.75);
+                    return std::vector<Tensor>{c, logical_not(m) == (a[0] <= 0.2),
+                                               maximum(c, a[1]) - 2 * a[0]};
+                  },
+                  args);
+  }
+}
+
+TEST(GpuFusedCuda, IntermediateReadOutsideTheRegion) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(5);
+  const Device gpu(kCUDA, 0);
+  const std::vector<Tensor> args = {randn({64, 64}).to(gpu), randn({64, 64}).to(gpu)};
+  check_program("a = x * y returned and reduced",
+                [](const std::vector<Tensor>& a) {
+                  const Tensor p = a[0] * a[1];
+                  const Tensor q = sigmoid(p) * 3.0;
+                  return std::vector<Tensor>{q + p, p, p.sum({1})};
+                },
+                args);
+}
+
+TEST(GpuFusedCuda, GradientsMatchEager) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(6);
+  const Device gpu(kCUDA, 0);
+  auto fn = [](const Tensor& x, const Tensor& w) { return (silu(x * w) * 0.5 + x).sum(); };
+  Tensor x = randn({32, 64}).to(gpu).requires_grad_(true);
+  Tensor w = randn({64}).to(gpu).requires_grad_(true);
+  auto f = compile(fn);
+  const Tensor got = f(x, w);
+  const auto g = autograd::grad({got}, {x, w});
+  const Tensor want = fn(x, w);
+  const auto ge = autograd::grad({want}, {x, w});
+  expect_bitwise(got, want, "loss");
+  expect_bitwise(g[0], ge[0], "grad x");
+  expect_bitwise(g[1], ge[1], "grad w");
+}
+
+TEST(GpuFusedCuda, DiskCacheHitAndCorruptFileRebuilt) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = temp_dir("gpu_cache");
+  compiler::set_kernel_cache_dir(dir);
+  struct Restore {
+    ~Restore() { compiler::set_kernel_cache_dir(""); }
+  } restore;
+  const Device gpu(kCUDA, 0);
+  const Tensor x = randn({128, 33}).to(gpu), y = randn({128, 33}).to(gpu);
+  auto fn = [](const Tensor& a, const Tensor& b) { return tanh(a * b + 0.25) * a; };
+  const Tensor want = fn(x, y);
+  compiler::clear_fused_cuda_memory_cache();
+  compiler::reset_fused_cuda_stats();
+  expect_bitwise(compile(fn)(x, y), want, "cold");
+  compiler::FusedCudaStats s = compiler::fused_cuda_stats();
+  EXPECT_GE(s.regions, 1);
+  EXPECT_GE(s.nvrtc_compiles, 1);
+  EXPECT_EQ(s.disk_writes, s.nvrtc_compiles);
+  // Same program in a fresh callable: the in-memory cache.
+  expect_bitwise(compile(fn)(x, y), want, "memory");
+  EXPECT_GE(compiler::fused_cuda_stats().memory_hits, 1);
+  // As a new process would: the disk cache, no NVRTC.
+  compiler::clear_fused_cuda_memory_cache();
+  const int64_t compiles = compiler::fused_cuda_stats().nvrtc_compiles;
+  expect_bitwise(compile(fn)(x, y), want, "disk");
+  s = compiler::fused_cuda_stats();
+  EXPECT_GE(s.disk_hits, 1);
+  EXPECT_EQ(s.nvrtc_compiles, compiles);
+  // Corrupt every cache file: ignored, compiled again, rewritten.
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x5a');
+  }
+  compiler::clear_fused_cuda_memory_cache();
+  expect_bitwise(compile(fn)(x, y), want, "after corruption");
+  s = compiler::fused_cuda_stats();
+  EXPECT_GE(s.disk_rejected, 1);
+  EXPECT_GT(s.nvrtc_compiles, compiles);
+  compiler::clear_fused_cuda_memory_cache();
+  const int64_t hits = s.disk_hits;
+  expect_bitwise(compile(fn)(x, y), want, "rewritten");
+  EXPECT_GT(compiler::fused_cuda_stats().disk_hits, hits);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GpuFusedCuda, TraceDirHoldsTheGeneratedSource) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = temp_dir("trace_dir");
+  const Device gpu(kCUDA, 0);
+  auto f = compile([](const Tensor& a) { return exp(a) * 2.0 + 1.0; },
+                   CompileOptions().trace_dir(dir).name("gen"));
+  const Tensor x = randn({8, 8}).to(gpu);
+  expect_bitwise(f(x), exp(x) * 2.0 + 1.0, "result");
+  int sources = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".fusion0.cu")) {
+      ++sources;
+      std::ifstream in(e.path());
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      EXPECT_NE(text.find("kiln_fused_strided"), std::string::npos) << text;
+    }
+  }
+  EXPECT_EQ(sources, 1);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln
