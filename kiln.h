@@ -28,6 +28,7 @@
 #include "nn/optim/sgd.h"
 #include "nn/safetensors.h"
 #include "nn/utils/clip_grad.h"
+#include "tensor/deterministic.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"

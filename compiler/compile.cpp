@@ -25,6 +25,7 @@
 #include "compiler/symbolic.h"
 #include "compiler/tracer.h"
 #include "tensor/autocast_state.h"
+#include "tensor/deterministic.h"
 #include "tensor/ops.h"
 
 namespace kiln {
@@ -145,6 +146,10 @@ Signature signature(const FlatArgs& args, bool readable) {
   const bool grad = GradMode::is_enabled();
   s.key.push_back(grad);
   if (readable) s.parts.emplace_back("grad mode", grad ? "on" : "off");
+  // Kernel choices (and so the decompose pass) depend on it (tensor/deterministic.h).
+  const bool deterministic = are_deterministic_algorithms_enabled();
+  s.key.push_back(deterministic);
+  if (readable) s.parts.emplace_back("deterministic algorithms", deterministic ? "on" : "off");
   for (DeviceType d : {kCPU, kCUDA}) {
     const bool on = is_autocast_enabled(d);
     s.key.push_back(on);

@@ -350,6 +350,8 @@ const std::vector<Setting>& settings() {
       int_setting("training", "grad_accum_steps", &P::grad_accum_steps, 1,
                   "micro-batches per step"),
       seed_setting(),
+      bool_setting("training", "deterministic", &P::deterministic,
+                   "deterministic algorithms: bit-exact runs and resumes on CUDA (slower)"),
       bool_setting("training", "skip_nonfinite", &P::skip_nonfinite,
                    "skip a step with a NaN or infinite loss or norm instead of stopping"),
       double_setting("optimizer", "lr", &P::lr, 0, true, "the peak learning rate"),

@@ -28,6 +28,7 @@
 #include "pretrain/metrics.h"
 #include "pretrain/progress.h"
 #include "pretrain/shard.h"
+#include "tensor/deterministic.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -536,6 +537,9 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
       << o.max_steps << ", lr " << o.lr << " -> " << o.min_lr << " (warmup " << warmup << ")\n";
 
   if (o.compile) log << "the training step runs through kiln::compile\n";
+  // For the run, restored afterwards (the caller's setting wins when it is already on).
+  const DeterministicGuard deterministic(o.deterministic || are_deterministic_algorithms_enabled());
+  if (o.deterministic) log << "deterministic algorithms (bit-exact on CUDA)\n";
   log << std::flush;
   const double clip = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
   // With skip_nonfinite the values are read before the update, which then runs eagerly.

@@ -148,6 +148,11 @@ struct PretrainOptions {
   // Runs the training step through kiln::compile (docs/compiler.md): traced on steps 1 and 2,
   // replayed after; the same kernels, so the same losses as eager.
   bool compile = false;
+  // Deterministic algorithms for the run (tensor/deterministic.h): the CUDA attention backward
+  // runs its ordered decomposition instead of the flash kernels, so that the same run gives the
+  // same bits every time and --resume continues bit-exactly on CUDA too. Slower attention
+  // backward and more memory; on the CPU nothing changes (every CPU kernel is deterministic).
+  bool deterministic = false;
   // Data parallelism over the ranks that `kiln run` started (dist/launcher.h; docs/distributed.md):
   // "" (one process), "ddp" (DistributedDataParallel), "zero3" or its alias "fsdp" (FSDP: the
   // parameters, gradients and optimizer state sharded, each block gathered for its forward and

@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cuda/check.h"
+#include "tensor/deterministic.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -917,10 +918,19 @@ std::string probe(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
 }
 
 KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "fastest", fastest_forward, fastest_supports, -1);
+// cuDNN's backward accumulates dQ with atomics: with deterministic algorithms
+// (tensor/deterministic.h) the backwards refuse, and the op's decomposition runs.
+bool fastest_backward_supports(const OpCall& c) {
+  return !are_deterministic_algorithms_enabled() && fastest_supports(c);
+}
+bool cudnn_backward_supports(const OpCall& c) {
+  return !are_deterministic_algorithms_enabled() && cudnn_supports(c);
+}
+
 KILN_REGISTER_KERNEL_IF(flash_attention_backward, kCUDA, "fastest", fastest_backward,
-                        fastest_supports, -1);
+                        fastest_backward_supports, -1);
 KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "cudnn", run_forward_cudnn, cudnn_supports, 2);
 KILN_REGISTER_KERNEL_IF(flash_attention_backward, kCUDA, "cudnn", run_backward_cudnn,
-                        cudnn_supports, 2);
+                        cudnn_backward_supports, 2);
 
 }  // namespace kiln::cuda::cudnn

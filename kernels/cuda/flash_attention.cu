@@ -25,6 +25,7 @@
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/loops.cuh"
+#include "tensor/deterministic.h"
 #include "tensor/ops.h"
 
 namespace kiln::cuda::flash {
@@ -282,11 +283,20 @@ void run_backward(OpCall& c, Launcher launch_kernel) {
   if (q.numel() > 0) store_rounded(dq.data_ptr(), p.dq_acc, q.numel(), q.dtype());  // D % 4 == 0
 }
 
+// The backwards add dQ parts from several key blocks with float atomics: with deterministic
+// algorithms (tensor/deterministic.h) they refuse, and the op's decomposition runs.
+bool hopper_backward_supports(const OpCall& c) {
+  return !are_deterministic_algorithms_enabled() && hopper_supports(c);
+}
+bool sm80_backward_supports(const OpCall& c) {
+  return !are_deterministic_algorithms_enabled() && sm80_supports(c);
+}
+
 KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "flash_hopper", forward_hopper, hopper_supports);
 KILN_REGISTER_KERNEL_IF(flash_attention_backward, kCUDA, "flash_hopper", backward_hopper,
-                        hopper_supports);
+                        hopper_backward_supports);
 KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "flash_sm80", forward_sm80, sm80_supports, 1);
-KILN_REGISTER_KERNEL_IF(flash_attention_backward, kCUDA, "flash_sm80", backward_sm80, sm80_supports,
-                        1);
+KILN_REGISTER_KERNEL_IF(flash_attention_backward, kCUDA, "flash_sm80", backward_sm80,
+                        sm80_backward_supports, 1);
 
 }  // namespace kiln::cuda::flash

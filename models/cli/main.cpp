@@ -99,6 +99,9 @@ commands:
       --seed S                 seed of the initialisation and the batches (default: 1337)
       --compile                run the training step through kiln::compile (traced on steps
                                1 and 2, replayed after; the same losses as eager)
+      --deterministic          deterministic algorithms: the same bits on every run and
+                               bit-exact --resume on CUDA (attention's backward runs
+                               unfused: slower, more memory)
       --dist M                 ddp | zero2 | zero3 (= fsdp): data parallel over the ranks of
                                `kiln run --nproc-per-node N kiln pretrain ...` (NCCL on GPUs,
                                Gloo on CPUs); --batch is per rank; rank 0 logs and saves
@@ -302,7 +305,8 @@ int cmd_pretrain(const std::vector<std::string>& args) {
       parse_flags(args,
                   {"config", "hf", "data", "steps", "batch", "seq", "lr", "precision", "device",
                    "out", "seed", "save-every", "lr-decay-steps", "keep", "dist"},
-                  {"resume", "compile", "no-progress", "skip-nonfinite", "allow-resume-changes"});
+                  {"resume", "compile", "deterministic", "no-progress", "skip-nonfinite",
+                   "allow-resume-changes"});
   // --config FILE.toml: a run configuration file (models/run_config.h). Its settings count as
   // flags: the flags given override them, and they override the defaults and, on a resume, the
   // checkpoint's settings. It brings the options that have no flag too (weight_decay, betas, ...).
@@ -395,6 +399,7 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   if (f.contains("compile")) o.compile = true;
   if (f.contains("dist")) o.dist = parse_dist(f.at("dist"));
   if (f.contains("skip-nonfinite")) o.skip_nonfinite = true;
+  if (f.contains("deterministic")) o.deterministic = true;
   if (f.contains("seed")) {
     o.seed = parse_uint("seed", f.at("seed"));
   } else if (!file.has("training.seed") && stored && stored->seed) {

@@ -166,6 +166,62 @@ TensorVec flash_attention_decomposition(const OpCall& c) {
   return {probs.matmul(v).to(q.dtype()), lse};
 }
 
+// Which keys each query may attend (bool [T, S]; undefined: all), by causal and sliding_window.
+Tensor visible_keys(const OpCall& c, int64_t t, int64_t s, Device device) {
+  const int64_t window = c.attr<int64_t>(2);
+  if (!c.attr<bool>(1) && window == 0) return Tensor();
+  const TensorOptions o = TensorOptions(kInt64).device(device);
+  const Tensor i = arange(t, o).view({t, 1});
+  const Tensor j = arange(s, o).view({1, s});
+  Tensor allowed = j <= i;
+  if (window > 0) allowed = allowed & (j > i - window);
+  return allowed;
+}
+
+// The backward in plain ops, from the saved lse: the probabilities recomputed (one layer's
+// [B, H, T, S] in the compute dtype, held only during this call), then
+//   dv = P^T dO,  dP = dO V^T,  dS = P (dP - Delta) with Delta = rowsum(dO out) - dlse,
+//   dS *= 1 - tanh^2 (softcap),  dq = scale dS K,  dk = scale dS^T Q,
+// dk and dv summed over the query heads of each kv group. What runs when no kernel takes a call
+// (deterministic algorithms: tensor/deterministic.h), and a reference the kernels can be held
+// to. A row that sees no key (lse -inf) gets zero gradients.
+TensorVec flash_attention_backward_decomposition(const OpCall& c) {
+  const Tensor& q = c.input(1);
+  const Tensor& dlse = c.input(6);
+  const ScalarType ct = compute_dtype(q.dtype());
+  const int64_t hkv = c.input(2).size(1), rep = q.size(1) / hkv;
+  const Tensor k = repeat_kv(c.input(2), rep).to(ct);
+  const Tensor v = repeat_kv(c.input(3), rep).to(ct);
+  const Tensor qc = q.to(ct), dout = c.input(0).to(ct);
+  const double scale = c.attr<double>(0), softcap = c.attr<double>(3);
+  Tensor scores = qc.matmul(k.transpose(-2, -1)) * scale;
+  Tensor capped;  // tanh(scores / softcap)
+  if (softcap > 0.0) {
+    capped = (scores / softcap).tanh();
+    scores = capped * softcap;
+  }
+  const Tensor lse = c.input(5).unsqueeze(-1);
+  const Scalar neg_inf(-std::numeric_limits<double>::infinity());
+  const Tensor dead = lse == neg_inf;
+  Tensor probs = where(dead, Scalar(0.0), (scores - where(dead, Scalar(0.0), lse)).exp());
+  const Tensor allowed = visible_keys(c, q.size(2), k.size(2), q.device());
+  if (allowed.defined()) probs = where(allowed, probs, Scalar(0.0));
+  const Tensor dv = probs.transpose(-2, -1).matmul(dout);
+  const Tensor dp = dout.matmul(v.transpose(-2, -1));
+  Tensor delta = (dout * c.input(4).to(ct)).sum({-1}, /*keepdim=*/true);
+  if (dlse.defined()) delta = delta - dlse.unsqueeze(-1);
+  Tensor ds = probs * (dp - delta);
+  if (softcap > 0.0) ds = ds * (1.0 - capped * capped);
+  const Tensor dq = ds.matmul(k) * scale;
+  const Tensor dk = ds.transpose(-2, -1).matmul(qc) * scale;
+  // [B, H, S, D] -> [B, H_kv, S, D]: the sum over each group's rep query heads.
+  auto per_kv_head = [&](const Tensor& t) {
+    if (rep == 1) return t;
+    return t.view({t.size(0), hkv, rep, t.size(2), t.size(3)}).sum({2});
+  };
+  return {dq.to(q.dtype()), per_kv_head(dk).to(q.dtype()), per_kv_head(dv).to(q.dtype())};
+}
+
 SpecList flash_attention_backward_meta(const OpCall& c) {
   constexpr const char* kOp = "flash_attention_backward";
   KILN_CHECK(c.inputs.size() == 7, "[", kOp, "] expected inputs (dout, q, k, v, out, lse, dlse)");
@@ -201,6 +257,7 @@ SpecList flash_attention_backward_meta(const OpCall& c) {
 KILN_DEFINE_OP(flash_attention, OpKind::kFunctional, flash_attention_meta);
 KILN_REGISTER_DECOMPOSITION(flash_attention, flash_attention_decomposition);
 KILN_DEFINE_OP(flash_attention_backward, OpKind::kFunctional, flash_attention_backward_meta);
+KILN_REGISTER_DECOMPOSITION(flash_attention_backward, flash_attention_backward_decomposition);
 
 std::tuple<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            double scale, bool causal, int64_t sliding_window,

@@ -250,6 +250,29 @@ TEST(Compile, GradientsFlowThroughOneCompiledBackwardNode) {
   EXPECT_FALSE(f(x0).requires_grad());
 }
 
+// Deterministic algorithms (tensor/deterministic.h) change kernel choices, so they are part of a
+// compiled function's signature: toggling them traces again, and the reason names them.
+TEST(Compile, DeterministicAlgorithmsArePartOfTheSignature) {
+  auto f = compile([](const Tensor& x) { return (x * 2).sum(); });
+  const Tensor x = randn({4, 3});
+  EXPECT_FALSE(are_deterministic_algorithms_enabled());
+  (void)f(x);
+  {
+    DeterministicGuard on(true);
+    EXPECT_TRUE(are_deterministic_algorithms_enabled());
+    EXPECT_TRUE(equal(f(x), (x * 2).sum()));
+    (void)f(x);
+  }
+  EXPECT_FALSE(are_deterministic_algorithms_enabled());
+  (void)f(x);
+  EXPECT_EQ(f.stats().misses, 2);
+  EXPECT_EQ(f.stats().hits, 2);
+  bool named = false;
+  for (const std::string& why : f.stats().recompile_reasons)
+    named |= why.find("deterministic algorithms") != std::string::npos;
+  EXPECT_TRUE(named);
+}
+
 // Attention whose lse is not in the loss: the tracer runs the autograd engine, whose zeros for
 // lse's absent gradient the backward rule replaces by an undefined dlse, an absent input (`_`)
 // of the traced flash_attention_backward; the gradients match eager's bitwise.

@@ -55,6 +55,7 @@ PretrainOptions unusual_options() {
   o.checkpoint_interval = 50;
   o.keep_checkpoints = 3;
   o.skip_nonfinite = true;
+  o.deterministic = true;
   o.seed = std::numeric_limits<uint64_t>::max();  // above int64: written as a string
   o.compile = true;
   o.dist = "zero2";
@@ -88,6 +89,7 @@ void expect_same(const PretrainOptions& a, const PretrainOptions& b) {
   EXPECT_EQ(a.checkpoint_interval, b.checkpoint_interval);
   EXPECT_EQ(a.keep_checkpoints, b.keep_checkpoints);
   EXPECT_EQ(a.skip_nonfinite, b.skip_nonfinite);
+  EXPECT_EQ(a.deterministic, b.deterministic);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.compile, b.compile);
   EXPECT_EQ(a.dist, b.dist);
@@ -118,7 +120,7 @@ TEST(RunConfigTest, RoundTripGivesTheSameOptions) {
   const RunConfig back = parse_run_config(text, "run.toml");
   expect_same(back.options, o);
   EXPECT_EQ(to_toml(back.options), text);
-  EXPECT_EQ(back.keys.size(), 28u) << text;  // every key, device and progress_bar included
+  EXPECT_EQ(back.keys.size(), 29u) << text;  // every key, device and progress_bar included
   EXPECT_NE(text.find("seed = \"18446744073709551615\""), std::string::npos) << text;
   EXPECT_NE(text.find("lr = 0.30000000000000004"), std::string::npos) << text;
 
@@ -127,7 +129,7 @@ TEST(RunConfigTest, RoundTripGivesTheSameOptions) {
   const std::string defaults = to_toml(d);
   expect_same(parse_run_config(defaults, "run.toml").options, d);
   const RunConfig d_back = parse_run_config(defaults, "run.toml", unusual_options());
-  EXPECT_EQ(d_back.keys.size(), 25u);
+  EXPECT_EQ(d_back.keys.size(), 26u);
   EXPECT_FALSE(d_back.has("data.path"));
   EXPECT_FALSE(d_back.has("training.device"));
   EXPECT_FALSE(d_back.has("metrics.progress_bar"));
@@ -192,7 +194,7 @@ TEST(RunConfigTest, UnknownTablesAndKeysAreErrors) {
                "bad.toml:2: unknown key training.precison (did you mean precision?)");
   expect_error("[training]\nwarmup = 1\n",
                "bad.toml:2: unknown key training.warmup (the keys of [training]: steps, precision, "
-               "device, compile, dist, grad_accum_steps, seed, skip_nonfinite)");
+               "device, compile, dist, grad_accum_steps, seed, deterministic, skip_nonfinite)");
   expect_error("[training]\nlr = 0.1\n",
                "bad.toml:2: unknown key training.lr: it goes in [optimizer]");
   expect_error("steps = 1\n", "bad.toml:1: steps: a key outside any table; it goes in [training]");

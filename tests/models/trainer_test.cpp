@@ -16,6 +16,7 @@
 #include "kernels/cuda.h"
 #include "models/generate.h"
 #include "nn/safetensors.h"
+#include "tensor/deterministic.h"
 #include "tensor/ops.h"
 #include "test_util.h"
 
@@ -318,19 +319,15 @@ TEST_F(GpuTrainerTest, PretrainMatchesCpu) {
 // resumed run's losses and final model and optimizer files equal an uninterrupted run's. Two
 // uninterrupted runs are compared first, so that a kernel that is not deterministic is named as
 // such rather than as a resume bug.
-TEST_F(GpuTrainerTest, ResumeContinuesBitExactlyOnCuda) {
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+// Two uninterrupted runs of `o` (bf16-true on CUDA, 6 steps) are equal, and a run of 3 steps
+// resumed to 6 equals them: losses, model and optimizer files bit for bit.
+void expect_bit_exact_resume(PretrainOptions o, const std::filesystem::path& dir) {
   std::ostringstream log;
-  PretrainOptions o = tiny_options();
-  o.device = Device(kCUDA);
-  o.precision = "bf16-true";
-  o.max_steps = 6;
-  o.grad_accum_steps = 2;
   auto files_of = [&](const std::string& name) {
-    const auto info = read_checkpoint_info((dir_ / name).string());
+    const auto info = read_checkpoint_info((dir / name).string());
     EXPECT_TRUE(info.has_value()) << name;
-    return std::pair{load_safetensors((dir_ / name / info->model_file).string()),
-                     load_safetensors((dir_ / name / info->optimizer_file).string())};
+    return std::pair{load_safetensors((dir / name / info->model_file).string()),
+                     load_safetensors((dir / name / info->optimizer_file).string())};
   };
   auto expect_same = [&](const std::string& a, const std::string& b) {
     const auto [ma, oa] = files_of(a);
@@ -344,14 +341,15 @@ TEST_F(GpuTrainerTest, ResumeContinuesBitExactlyOnCuda) {
       }
     }
   };
-  o.out_dir = (dir_ / "straight").string();
+  o.max_steps = 6;
+  o.out_dir = (dir / "straight").string();
   const auto straight = pretrain(o, log);
-  o.out_dir = (dir_ / "again").string();
+  o.out_dir = (dir / "again").string();
   const auto again = pretrain(o, log);
   ASSERT_EQ(again.train_losses, straight.train_losses) << "the CUDA step is not deterministic";
   expect_same("straight", "again");
 
-  o.out_dir = (dir_ / "resumed").string();
+  o.out_dir = (dir / "resumed").string();
   o.max_steps = 3;
   o.lr_decay_steps = 6;
   const auto first = pretrain(o, log);
@@ -362,6 +360,42 @@ TEST_F(GpuTrainerTest, ResumeContinuesBitExactlyOnCuda) {
   resumed.insert(resumed.end(), second.train_losses.begin(), second.train_losses.end());
   EXPECT_EQ(resumed, straight.train_losses);
   expect_same("straight", "resumed");
+}
+
+// Issue 20: --resume on CUDA continues bit-exactly (bf16-true, with gradient accumulation): the
+// resumed run's losses and final model and optimizer files equal an uninterrupted run's. Two
+// uninterrupted runs are compared first, so that a kernel that is not deterministic is named as
+// such rather than as a resume bug. The tiny model's head size (16) runs attention unfused.
+TEST_F(GpuTrainerTest, ResumeContinuesBitExactlyOnCuda) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  PretrainOptions o = tiny_options();
+  o.device = Device(kCUDA);
+  o.precision = "bf16-true";
+  o.grad_accum_steps = 2;
+  expect_bit_exact_resume(o, dir_);
+}
+
+// The same with attention on its CUDA kernels (head size 64, 256 tokens: several key blocks add
+// into each dQ row), which needs deterministic algorithms (--deterministic): the attention
+// backward then runs its decomposition.
+TEST_F(GpuTrainerTest, DeterministicResumeWithCudaAttention) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  PretrainOptions o = tiny_options();
+  ModelConfig c = ModelConfig::from_name("tiny-llama");
+  c.name = "tiny-llama-hs64";
+  c.n_embd = 128;
+  c.n_head = 2;
+  c.n_query_groups = 1;
+  c.head_size = 64;
+  c.block_size = 256;
+  register_config(c, /*replace=*/true);
+  o.config_name = c.name;
+  o.seq_len = 256;
+  o.device = Device(kCUDA);
+  o.precision = "bf16-true";
+  o.deterministic = true;
+  expect_bit_exact_resume(o, dir_);
+  EXPECT_FALSE(are_deterministic_algorithms_enabled()) << "the run restores the mode";
 }
 
 TEST_F(GpuTrainerTest, Bf16TrueAndBench) {

@@ -11,6 +11,7 @@
 
 #include "autograd/gradcheck.h"
 #include "nn/functional.h"
+#include "tensor/registry.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -162,6 +163,49 @@ TEST(Attention, Gradcheck) {
   EXPECT_TRUE(gradcheck(
       [](const auto &in) { return F::scaled_dot_product_attention(in[0], in[1], in[2], in[3]); },
       {q, k, v, fmask}));
+}
+
+// flash_attention_backward's decomposition (what runs on CUDA with deterministic algorithms)
+// against the CPU kernel (f64 loops): plain, causal, sliding window, softcap, GQA, T != S, with
+// and without a gradient on lse, in f64 and f32.
+TEST(Attention, BackwardDecompositionMatchesTheKernel) {
+  const OpDef& fwd = KILN_OP(flash_attention);
+  const OpDef& bwd = KILN_OP(flash_attention_backward);
+  struct Case {
+    int64_t h, hkv, t, s;
+    bool causal;
+    int64_t window;
+    double softcap;
+  };
+  const Case cases[] = {{2, 2, 7, 9, false, 0, 0.0}, {4, 2, 9, 9, true, 0, 0.0},
+                        {4, 1, 12, 12, true, 4, 0.0}, {2, 2, 8, 8, true, 0, 5.0},
+                        {6, 3, 5, 11, false, 0, 2.0}};
+  uint64_t seed = 70;
+  for (ScalarType dt : {kDouble, kFloat}) {
+    for (const Case& c : cases) {
+      for (bool with_dlse : {false, true}) {
+        manual_seed(seed++);
+        const Tensor q = randn({2, c.h, c.t, 8}, dt), k = randn({2, c.hkv, c.s, 8}, dt),
+                     v = randn({2, c.hkv, c.s, 8}, dt);
+        const absl::InlinedVector<Attr, 4> attrs = {0.3, c.causal, c.window, c.softcap};
+        const TensorVec r = call_op(fwd, {q, k, v}, attrs);
+        const Tensor dout = randn(q.sizes(), dt);
+        const Tensor dlse = with_dlse ? randn(r[1].sizes(), r[1].dtype()) : Tensor();
+        const TensorVec in = {dout, q, k, v, r[0], r[1], dlse};
+        const TensorVec want = call_op(bwd, in, attrs);
+        const TensorVec got = call_decomposition(bwd, in, attrs);
+        const double tol = dt == kDouble ? 1e-10 : 1e-4;
+        for (int i = 0; i < 3; ++i) {
+          ASSERT_EQ(got[i].sizes(), want[i].sizes()) << i;
+          EXPECT_EQ(got[i].dtype(), dt);
+          EXPECT_TRUE(allclose(got[i], want[i], tol, tol))
+              << "d" << "qkv"[i] << " " << dtype_name(dt) << " H" << c.h << "/" << c.hkv << " T"
+              << c.t << " S" << c.s << (c.causal ? " causal" : "") << " window " << c.window
+              << " softcap " << c.softcap << (with_dlse ? " dlse" : "");
+        }
+      }
+    }
+  }
 }
 
 TEST(Attention, Bf16ComputesSoftmaxInF32) {
