@@ -486,6 +486,7 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
     strides(out, o);
     frame.slots[v] = std::move(out);
   }
+  params[static_cast<size_t>(k.zero_slot)] = 0;  // the barrier's zero (compiler/fused_cuda.h)
   for (const auto& [slot, bits] : k.constants) {
     params[static_cast<size_t>(slot)] = static_cast<int64_t>(bits);
   }

@@ -9,8 +9,9 @@
 // Same bits as eager, by construction: each member computes in the type eager's CUDA kernel
 // computes in (opmath: float for bf16/f16), with the formulas of kernels/scalar_fn.h written out
 // the same way, and rounds its result to its traced dtype before the next member reads it. An
-// empty inline-asm barrier after each float result keeps the compiler from contracting a
-// multiply of one member with an add of the next into an FMA (eager rounds in between).
+// inline-asm barrier after each float result (its bits xor-ed with a zero the compilers cannot
+// see) keeps NVVM and ptxas from contracting a multiply of one member with an add of the next
+// into an FMA (eager rounds in between).
 //
 //   auto f = kiln::compile(fn);                    // fused_cuda is a default executor
 //   f(x, w, b);                                    // compiles each region (NVRTC), cached
@@ -80,6 +81,7 @@ struct FusedKernel {
   };
   std::vector<Operand> inputs, outputs;
   std::vector<std::pair<int, uint64_t>> constants;  // (slot, bits)
+  int zero_slot = 0;  // holds 0, which the compilers cannot know (the barrier between members)
   int slots = 0;
 };
 std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,

@@ -68,9 +68,19 @@ __device__ __forceinline__ f16 kh(float f) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(f));
   return r;
 }
-// An opaque copy: the compiler cannot fuse the arithmetic before it with the arithmetic after.
-__device__ __forceinline__ float kopaque(float x) { asm volatile("" : "+f"(x)); return x; }
-__device__ __forceinline__ double kopaque(double x) { asm volatile("" : "+d"(x)); return x; }
+// An opaque copy: neither NVVM nor ptxas can fuse the arithmetic before it with the arithmetic
+// after (an empty asm is not enough: ptxas still contracts a mul.f32 and an add.f32 across it).
+// The value's bits are xor-ed with zero, a kernel parameter the compilers cannot see.
+__device__ __forceinline__ float kopaque(float x, u32 zero) {
+  u32 u = __float_as_uint(x);
+  asm volatile("xor.b32 %0, %0, %1;" : "+r"(u) : "r"(zero));
+  return __uint_as_float(u);
+}
+__device__ __forceinline__ double kopaque(double x, u32 zero) {
+  u64 u = (u64)__double_as_longlong(x);
+  asm volatile("xor.b64 %0, %0, %1;" : "+l"(u) : "l"((u64)zero));
+  return __longlong_as_double((long long)u);
+}
 // Kernel parameters are 64-bit slots holding a value's bits.
 __device__ __forceinline__ float kbits_float(long long v) { return __int_as_float((int)v); }
 __device__ __forceinline__ double kbits_double(long long v) { return __longlong_as_double(v); }
@@ -686,7 +696,7 @@ class Generator {
       os << "    // " << lines_[i] << "\n";
       const bool fence = out == kFloat || out == kDouble;
       os << "    const " << ctype(out) << " y" << i << " = "
-         << (fence ? "kopaque(" + exprs_[i] + ")" : exprs_[i]) << ";\n";
+         << (fence ? "kopaque(" + exprs_[i] + ", kzero)" : exprs_[i]) << ";\n";
     }
     for (size_t j = 0; j < k_.outputs.size(); ++j) {
       const FusedKernel::Operand& o = k_.outputs[j];
@@ -729,6 +739,7 @@ class Generator {
       k_.constants.emplace_back(k_.slots, constants_[c].second);
       ++k_.slots;
     }
+    k_.zero_slot = k_.slots++;
     std::ostringstream os;
     os << "#define KILN_SLOTS " << std::max(k_.slots, 1) << "\n" << kPrelude << "\n";
     os << "// Domain " << shape_str(k_.sizes) << "; inputs:";
@@ -765,7 +776,8 @@ class Generator {
         os << "  const " << ctype(constants_[c].first) << " k" << c << " = "
            << bits_fn(constants_[c].first) << "(p.v[" << k_.constants[c].first << "]);\n";
       }
-      os << "  const long long n = " << n << "LL;\n"
+      os << "  const u32 kzero = (u32)p.v[" << k_.zero_slot << "];  // 0: kopaque's operand\n"
+         << "  const long long n = " << n << "LL;\n"
          << "  const long long step = (long long)gridDim.x * blockDim.x;\n"
          << "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; "
             "i += step) {\n"
