@@ -282,15 +282,27 @@ void check_nvrtc(nvrtcResult r, const char* call) {
   KILN_CHECK(r == NVRTC_SUCCESS, "[fused_cuda] ", call, " failed: ", nvrtcGetErrorString(r));
 }
 
-// Makes the device's primary context (the runtime's) current on this thread.
+// The device's primary context (the one the runtime uses), retained once and held for good.
+CUcontext primary_context(int device) {
+  static std::mutex mu;
+  static absl::flat_hash_map<int, CUcontext> contexts;
+  std::lock_guard<std::mutex> lock(mu);
+  CUcontext& ctx = contexts[device];
+  if (ctx == nullptr) {
+    CUdevice dev = 0;
+    check_cu(driver().device_get(&dev, device), "cuDeviceGet");
+    check_cu(driver().primary_ctx_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  }
+  return ctx;
+}
+
+// Makes the device's primary context current on this thread (module loads and launches go to
+// the current context).
 void use_primary_context(int device) {
-  const Driver& d = driver();
-  CUdevice dev = 0;
-  check_cu(d.device_get(&dev, device), "cuDeviceGet");
-  CUcontext want = nullptr, now = nullptr;
-  check_cu(d.primary_ctx_retain(&want, dev), "cuDevicePrimaryCtxRetain");  // held for good
-  check_cu(d.ctx_get_current(&now), "cuCtxGetCurrent");
-  if (now != want) check_cu(d.ctx_set_current(want), "cuCtxSetCurrent");
+  const CUcontext want = primary_context(device);
+  CUcontext now = nullptr;
+  check_cu(driver().ctx_get_current(&now), "cuCtxGetCurrent");
+  if (now != want) check_cu(driver().ctx_set_current(want), "cuCtxSetCurrent");
 }
 
 bool usable() {
@@ -452,6 +464,7 @@ Tensor empty_as(const TensorSpec& spec) {
 // One run of a lowered region.
 void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& output_specs,
             const Loaded& fn, int device, Frame& frame) {
+  cuda::DeviceGuard guard(device);
   std::vector<int64_t> params(static_cast<size_t>(std::max(k.slots, 1)), 0);
   const size_t rank = k.sizes.size();
   bool dense = fn.dense != nullptr;
@@ -492,7 +505,6 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
   }
   const int64_t n = numel_of(k.sizes);
   if (n == 0) return;
-  cuda::DeviceGuard guard(device);
   use_primary_context(device);
   constexpr int64_t kThreads = 256;
   const auto blocks =

@@ -420,6 +420,7 @@ class Generator {
       }
     }
     if (domain.size() > static_cast<size_t>(kMaxRank)) return fail("more than 8 dimensions");
+    if (numel_of(domain) == 0) return fail("no elements");  // the eager kernels launch nothing
     k_.sizes = domain;
     // The region's outputs: its values that later ops, the program's outputs or grads read.
     absl::flat_hash_set<int> read_outside;

@@ -402,8 +402,10 @@ TEST(GpuFusedCuda, DiskCacheHitAndCorruptFileRebuilt) {
   // Corrupt every cache file: ignored, compiled again, rewritten.
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(f.get());
     f.seekp(-1, std::ios::end);
-    f.put('\x5a');
+    f.put(static_cast<char>(last ^ 0x5a));
   }
   compiler::clear_fused_cuda_memory_cache();
   expect_bitwise(compile(fn)(x, y), want, "after corruption");
