@@ -778,6 +778,7 @@ class Generator {
            << bits_fn(constants_[c].first) << "(p.v[" << k_.constants[c].first << "]);\n";
       }
       os << "  const u32 kzero = (u32)p.v[" << k_.zero_slot << "];  // 0: kopaque's operand\n"
+         << "  (void)kzero;\n"
          << "  const long long n = " << n << "LL;\n"
          << "  const long long step = (long long)gridDim.x * blockDim.x;\n"
          << "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; "
