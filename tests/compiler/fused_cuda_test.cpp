@@ -242,12 +242,32 @@ std::string listings(const std::vector<Trace>& traces) {
   return s;
 }
 
+// The generated source of every fused_cuda region of the traces' executors stages (printed with
+// a failure, for a report from a GPU run).
+std::string generated_sources(const std::vector<Trace>& traces) {
+  std::string s;
+  for (const Trace& t : traces) {
+    if (t.stage != "executors") continue;
+    for (size_t i = 0; i < t.ops.size();) {
+      size_t end = i + 1;
+      if (t.ops[i].region >= 0 && t.ops[i].executor == "fused_cuda") {
+        while (end < t.ops.size() && t.ops[end].region == t.ops[i].region) ++end;
+        s += "--- " + t.region_names[static_cast<size_t>(t.ops[i].region)] + ":\n" +
+             compiler::fused_cuda_source(t, i, end).value_or("(declined)");
+      }
+      i = end;
+    }
+  }
+  return s;
+}
+
 #define SKIP_WITHOUT_GPU()                                                        \
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason()
 
 // Runs fn compiled and eagerly on `args`, expects a fused_cuda region and equal bits.
 template <typename F>
 void check_program(const std::string& what, F fn, const std::vector<Tensor>& args) {
+  const bool failed_before = ::testing::Test::HasFailure();
   auto f = compile([&](const std::vector<Tensor>& a) { return fn(a); });
   const std::vector<Tensor> got = f(args);
   const std::vector<Tensor> want = fn(args);
@@ -256,6 +276,9 @@ void check_program(const std::string& what, F fn, const std::vector<Tensor>& arg
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i)
     expect_bitwise(got[i], want[i], what + ", output " + std::to_string(i));
+  if (!failed_before && ::testing::Test::HasFailure()) {
+    ADD_FAILURE() << what << ": the program and its kernels\n" << s << generated_sources(f.traces());
+  }
   // A second call runs the cached program.
   const std::vector<Tensor> again = f(args);
   for (size_t i = 0; i < got.size(); ++i) expect_bitwise(again[i], want[i], what + ", again");
@@ -369,6 +392,9 @@ TEST(GpuFusedCuda, GradientsMatchEager) {
   expect_bitwise(got, want, "loss");
   expect_bitwise(g[0], ge[0], "grad x");
   expect_bitwise(g[1], ge[1], "grad w");
+  if (::testing::Test::HasFailure()) {
+    ADD_FAILURE() << listings(f.traces()) << generated_sources(f.traces());
+  }
 }
 
 TEST(GpuFusedCuda, DiskCacheHitAndCorruptFileRebuilt) {
