@@ -664,7 +664,7 @@ class Generator {
     std::string s;
     for (size_t d = 0; d < rank; ++d) {
       if (k_.sizes[d] == 1) continue;  // its coordinate is always 0
-      s += (s.empty() ? "" : " + ") + absl::StrCat("c", d, " * p.v[", o.slot + 1 + d, "]");
+      s += (s.empty() ? "" : " + ") + absl::StrCat("(i64)c", d, " * p.v[", o.slot + 1 + d, "]");
     }
     return s.empty() ? "0" : s;
   }
@@ -674,14 +674,18 @@ class Generator {
     std::ostringstream os;
     const size_t rank = k_.sizes.size();
     if (!dense) {
-      os << "    long long r = i;\n";
+      // The coordinates of element i: below 2^31 elements in 32 bits, where dividing by a
+      // constant is a multiply-high, not a 64-bit division sequence (offsets stay 64-bit).
+      const bool narrow = numel_of(k_.sizes) < (int64_t{1} << 31);
+      const std::string type = narrow ? "u32" : "i64", suffix = narrow ? "u" : "LL";
+      os << "    " << type << " r = (" << type << ")i;\n";
       for (size_t d = rank; d-- > 0;) {
         if (k_.sizes[d] == 1) continue;
         if (d == 0) {
-          os << "    const long long c0 = r;\n";
+          os << "    const " << type << " c0 = r;\n";
         } else {
-          os << "    const long long c" << d << " = r % " << k_.sizes[d] << "LL;\n";
-          os << "    r /= " << k_.sizes[d] << "LL;\n";
+          os << "    const " << type << " c" << d << " = r % " << k_.sizes[d] << suffix << ";\n";
+          os << "    r /= " << k_.sizes[d] << suffix << ";\n";
         }
       }
     }
