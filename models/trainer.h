@@ -263,6 +263,10 @@ struct BenchResult {
   std::optional<double> mfu;           // on CUDA
   std::optional<int64_t> peak_memory;  // bytes, on CUDA (peak allocated during timed steps)
   double final_loss = 0;
+  // Wall time of each warm-up step, in seconds, waited for on the device: the first holds the
+  // process's first kernels, plans and measured choices (and with compile, the tracing and the
+  // compilation of the step), so it is the time until the first step is done.
+  std::vector<double> warmup_step_s;
 };
 BenchResult bench(const BenchOptions& options, std::ostream& log);
 

@@ -1,5 +1,6 @@
 // `kiln bench` (models/trainer.h): training-step throughput on random tokens.
 #include <chrono>
+#include <iomanip>
 #include <memory>
 #include <sstream>
 
@@ -70,7 +71,20 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     Tensor y = tokens.narrow(1, 1, o.seq_len).contiguous();
     last_loss = train({x}, {y}).front();
   };
-  for (int64_t i = 0; i < o.warmup_steps; ++i) train_step();
+  for (int64_t i = 0; i < o.warmup_steps; ++i) {
+    const auto w0 = Clock::now();
+    train_step();
+    (void)last_loss.item<double>();  // waits for the device
+    if (on_cuda) cuda::synchronize();
+    r.warmup_step_s.push_back(std::chrono::duration<double>(Clock::now() - w0).count());
+  }
+  if (!r.warmup_step_s.empty()) {
+    std::ostringstream steps;
+    steps << std::fixed << std::setprecision(2);
+    for (size_t i = 0; i < r.warmup_step_s.size(); ++i)
+      steps << (i > 0 ? ", " : "") << r.warmup_step_s[i];
+    out << "warm-up steps: " << steps.str() << " s (the first: the time to the first step done)\n";
+  }
   if (on_cuda) {
     cuda::synchronize();
     cuda::reset_peak_memory_stats();

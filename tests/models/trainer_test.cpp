@@ -465,6 +465,9 @@ TEST_F(TrainerTest, BenchOnCpu) {
   EXPECT_FALSE(r.mfu.has_value());
   EXPECT_FALSE(r.peak_memory.has_value());
   EXPECT_NEAR(r.final_loss, std::log(320.0), 1.0);
+  ASSERT_EQ(r.warmup_step_s.size(), 1u);  // the time to the first step, reported
+  EXPECT_GT(r.warmup_step_s[0], 0);
+  EXPECT_NE(log.str().find("warm-up steps: "), std::string::npos) << log.str();
   b.compile = true;
   const auto c = bench(b, log);
   EXPECT_EQ(c.final_loss, r.final_loss);  // the same random tokens, the same steps
