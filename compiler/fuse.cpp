@@ -106,6 +106,17 @@ FuseKind fuse_kind(const BoundOp& op) {
   return FuseKind::kNone;
 }
 
+absl::flat_hash_set<int> values_read_outside(const Trace& trace, size_t begin, size_t end) {
+  absl::flat_hash_set<int> out;
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    if (i >= begin && i < end) continue;
+    for (int v : trace.ops[i].inputs) out.insert(v);
+  }
+  for (int v : trace.outputs) out.insert(v);
+  for (const GradEffect& e : trace.grad_effects) out.insert(e.value);
+  return out;
+}
+
 Trace fuse(const Trace& trace, const Executor& executor) {
   const size_t n = trace.ops.size();
   struct Group {

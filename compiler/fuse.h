@@ -25,6 +25,7 @@
 // an earlier member read).
 #pragma once
 
+#include "absl/container/flat_hash_set.h"
 #include "compiler/executor.h"
 #include "compiler/trace.h"
 
@@ -37,6 +38,11 @@ enum class FuseKind : uint8_t {
   kRow,        // reduces, scans or normalises input 0 within dims given by an attribute
 };
 FuseKind fuse_kind(const BoundOp& op);
+
+// The values that something outside the ops [begin, end) of `trace` reads: later or earlier ops'
+// inputs, the program's outputs and its grad effects. A region's members' outputs among them are
+// the region's outputs (what its executor must write to memory).
+absl::flat_hash_set<int> values_read_outside(const Trace& trace, size_t begin, size_t end);
 
 // Groups the ops `executor` fuses into regions (at least 2 ops each) and assigns them to it;
 // ops already in a region stay as they are. Regions are named fusion0, fusion1, ... in the

@@ -179,13 +179,7 @@ std::shared_ptr<const RegionPlan> plan_region(const Trace& t, size_t begin, size
   plan->num_slots = static_cast<size_t>(next);
 
   // The region's outputs: its values that later ops, the program's outputs or grads read.
-  absl::flat_hash_set<int> read_outside;
-  for (size_t i = 0; i < t.ops.size(); ++i) {
-    if (i >= begin && i < end) continue;
-    for (int v : t.ops[i].inputs) read_outside.insert(v);
-  }
-  for (int v : t.outputs) read_outside.insert(v);
-  for (const GradEffect& e : t.grad_effects) read_outside.insert(e.value);
+  const absl::flat_hash_set<int> read_outside = values_read_outside(t, begin, end);
   std::vector<bool> keep(plan->num_slots, false);
   for (int v : produced) {
     if (read_outside.contains(v)) {
