@@ -1,16 +1,17 @@
 // kiln's GPU benchmark harness: cuBLASLt GEMMs at the Llama training shapes, the fused RMSNorm,
 // LayerNorm, cross-entropy, RoPE, SwiGLU/GeGLU and flash-attention kernels, the multi-tensor
 // AdamW step, gradient clipping (per-tensor ops vs the foreach ops), elementwise ops, reductions
-// and softmax, and a device-to-device copy as the bandwidth ceiling (memory-bound rows also print
+// and softmax, compiled elementwise chains (fused_cuda's generated kernels, beside eager), and a
+// device-to-device copy as the bandwidth ceiling (memory-bound rows also print
 // their fraction of it).
 //
 //   kiln_gpu_bench [results.json] [--no-gemm] [--only SECTIONS]
 //   # then: python3 benchmarks/gpu/torch_reference.py --kiln results.json   (same run, same GPU)
 //
 // --only takes a comma-separated list of sections (gemm, rmsnorm, layernorm, cross-entropy, flash,
-// rope, glu, generic, clip, adamw) and runs only those, after the copy that sets the bandwidth
-// ceiling; for profiling one family (ncu) or a quick rerun. Unknown names are an error. --no-gemm
-// is --only with every section but gemm.
+// rope, qkv, lm-loss, glu, generic, fused, clip, adamw) and runs only those, after the copy that
+// sets the bandwidth ceiling; for profiling one family (ncu) or a quick rerun. Unknown names are
+// an error. --no-gemm is --only with every section but gemm.
 //
 // Method: gpu/bench_util.h (fresh random inputs, warm-up, CUDA events, medians of 20). Kernel
 // variants that lost to the library's kernels are timed beside them in the kernel lab (lab/).
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -27,6 +29,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "compiler/compile.h"
 #include "gpu/bench_util.h"
 #if defined(KILN_WITH_CUDNN)
 #include "kernels/cuda/cudnn_attention.h"
@@ -289,6 +292,98 @@ void bench_generic() {
          2.0 * static_cast<double>(x.nbytes()));
 }
 
+// --- Generated kernels (compiler/fused_cuda.h) -------------------------------------------------
+// Elementwise chains that kiln::compile runs as one fused_cuda region, at the 160m and 1b
+// activation shapes: the compiled program's time per call, then the same chain run eagerly (a
+// kernel per op) beside it. Bytes: the region's inputs read once and its outputs written once,
+// what the generated kernel must move (the eager chain moves more: its intermediates). Two
+// argument sets in rotation. Each case checks once that the compiled outputs equal eager's bit
+// for bit and prints a FAILED line if not (or if the chain did not become a fused_cuda region).
+using Chain = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
+  const Tensor x = a.to(kiln::kCPU).contiguous(), y = b.to(kiln::kCPU).contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+}
+
+void bench_fused_case(const std::string& name, const Chain& chain,
+                      const std::function<std::vector<Tensor>()>& make_args) {
+  const std::vector<std::vector<Tensor>> sets = {make_args(), make_args()};
+  auto f = kiln::compile([chain](const std::vector<Tensor>& a) { return chain(a); });
+  const std::vector<Tensor> got = f(sets[0]);  // traces, and compiles the kernel (NVRTC or disk)
+  const std::vector<Tensor> want = chain(sets[0]);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::string listing;
+  for (const kiln::compiler::Trace& t : f.traces()) listing += t.str();
+  if (listing.find("# region [fused_cuda]") == std::string::npos) {
+    std::printf("  FAILED: %s: no fused_cuda region in the compiled program\n", name.c_str());
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (i >= got.size() || !same_bits(got[i], want[i])) {
+      std::printf("  FAILED: %s: compiled output %zu differs from eager\n", name.c_str(), i);
+    }
+  }
+  double bytes = 0;
+  for (const Tensor& a : sets[0]) bytes += static_cast<double>(a.numel() * a.element_size());
+  for (const Tensor& o : want) bytes += static_cast<double>(o.numel() * o.element_size());
+  report(name, time_ms([&](int i) { (void)f(sets[i % 2]); }), 0, bytes);
+  report(name + " [eager]", time_ms([&](int i) { (void)chain(sets[i % 2]); }), 0, bytes);
+}
+
+void bench_fused() {
+  using kiln::kBFloat16;
+  using kiln::kFloat;
+  for (const auto& nd : std::vector<std::pair<int64_t, int64_t>>{{16384, 768}, {8192, 2048}}) {
+    const int64_t n = nd.first, d = nd.second;
+    const std::string shape = std::to_string(n) + "x" + std::to_string(d);
+    for (kiln::ScalarType dt : {kBFloat16, kFloat}) {
+      const std::string tn = dt == kFloat ? "f32" : "bf16";
+      auto two = [n, d, dt] { return std::vector<Tensor>{random({n, d}, dt), random({n, d}, dt)}; };
+      // The residual stream's add, then the cast to the other dtype (f32 -> bf16 for the next
+      // GEMM, bf16 -> f32 for an f32 accumulation).
+      const kiln::ScalarType other = dt == kFloat ? kBFloat16 : kFloat;
+      bench_fused_case(
+          "fused residual add+cast " + shape + " " + tn + "->" + (other == kFloat ? "f32" : "bf16"),
+          [other](const std::vector<Tensor>& a) {
+            return std::vector<Tensor>{(a[0] + a[1]).to(other)};
+          },
+          two);
+      // SwiGLU's elementwise part, x * sigmoid(x) * y, in f32 math (bf16 in and out for bf16).
+      bench_fused_case(
+          "fused x*sigmoid(x)*y " + shape + " " + tn,
+          [dt](const std::vector<Tensor>& a) {
+            const Tensor x = a[0].to(kFloat);
+            const Tensor y = a[1].to(kFloat);
+            return std::vector<Tensor>{(x * kiln::sigmoid(x) * y).to(dt)};
+          },
+          two);
+      // A scaled residual a + b * s with a broadcast row s[D] (the strided entry).
+      bench_fused_case(
+          "fused a+b*s[D] " + shape + " " + tn,
+          [](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] + a[1] * a[2]}; },
+          [n, d, dt] {
+            return std::vector<Tensor>{random({n, d}, dt), random({n, d}, dt), random({d}, dt)};
+          });
+      // A transposed input (a [D, N] tensor read as [N, D]: the strided entry).
+      bench_fused_case(
+          "fused (x.t()+y)*0.5 " + shape + " " + tn,
+          [](const std::vector<Tensor>& a) { return std::vector<Tensor>{(a[0] + a[1]) * 0.5}; },
+          [n, d, dt] {
+            return std::vector<Tensor>{random({d, n}, dt).t(), random({n, d}, dt)};
+          });
+      // where and clamp: a comparison, a select, a scale and a clamp.
+      bench_fused_case(
+          "fused where/clamp " + shape + " " + tn,
+          [](const std::vector<Tensor>& a) {
+            const Tensor w = kiln::where(a[0] > a[1], a[0], a[1] * 0.1);
+            return std::vector<Tensor>{kiln::clamp(w, -1.0, 1.0)};
+          },
+          two);
+    }
+  }
+}
+
 // --- AdamW over the parameters of llama-3.2-1b (1.24 B) ----------------------------------------
 // One optimizer step (the adam_update_ op's multi-tensor CUDA kernel, kernels/cuda/optim.cu)
 // over the model's 146 tensors (tied embedding, 16 layers of q/k/v/o, gate/up/down and two
@@ -392,9 +487,9 @@ void bench_clip(const std::vector<kiln::Shape>& shapes, const std::string& model
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> sections = {"gemm",  "rmsnorm", "layernorm", "cross-entropy",
-                                             "flash", "rope",    "qkv",       "lm-loss",
-                                             "glu",   "generic", "clip",      "adamw"};
+  const std::vector<std::string> sections = {
+      "gemm",    "rmsnorm", "layernorm", "cross-entropy", "flash", "rope", "qkv",
+      "lm-loss", "glu",     "generic",   "fused",         "clip",  "adamw"};
   std::vector<std::string> selected = sections;
   const char* json_path = nullptr;
   for (int i = 1; i < argc; ++i) {
@@ -547,6 +642,7 @@ int main(int argc, char** argv) {
   }
   if (want("glu")) bench_glu();
   if (want("generic")) bench_generic();
+  if (want("fused")) bench_fused();
   if (want("clip")) {
     bench_clip(llama_160m_shapes(), "llama-160m");
     bench_clip(llama_1b_shapes(), "llama-3.2-1b");
