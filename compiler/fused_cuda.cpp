@@ -220,6 +220,28 @@ bool write_cached_kernel(const std::string& dir, const KernelKey& key, const std
   return true;
 }
 
+FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
+                              const std::vector<OperandLayout>& outputs) {
+  KILN_CHECK(inputs.size() == k.inputs.size() && outputs.size() == k.outputs.size(),
+             "[fused_cuda] internal: ", inputs.size(), " + ", outputs.size(),
+             " operand layouts for a kernel of ", k.inputs.size(), " + ", k.outputs.size());
+  if (!k.has_dense) return FusedEntry::kStrided;
+  bool aligned = k.vector_width > 0 && numel_of(k.sizes) >= k.vector_width;
+  auto check = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
+    if (o.host_scalar) return true;
+    if (!l.contiguous) return false;
+    if (!o.sizes.empty()) aligned = aligned && l.address % 16 == 0;
+    return true;
+  };
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    if (!check(k.inputs[j], inputs[j])) return FusedEntry::kStrided;
+  }
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    if (!check(k.outputs[j], outputs[j])) return FusedEntry::kStrided;
+  }
+  return aligned ? FusedEntry::kVector : FusedEntry::kDense;
+}
+
 }  // namespace internal
 
 namespace {
@@ -372,12 +394,14 @@ std::string compile_with_nvrtc(const std::string& source, const std::string& arc
 // A kernel loaded on one device.
 struct Loaded {
   CUfunction strided = nullptr;
-  CUfunction dense = nullptr;  // null when the source has no dense entry
+  CUfunction dense = nullptr;   // null when the source has no dense entry
+  CUfunction vector = nullptr;  // null when it has no vector entry
 };
 using LoadedFuture = std::shared_future<std::shared_ptr<const Loaded>>;
 
 // The cubin of `source` for `device`: from the disk cache, else NVRTC (stored on disk after).
-std::shared_ptr<const Loaded> build(int device, const std::string& source, bool has_dense) {
+std::shared_ptr<const Loaded> build(int device, const std::string& source, bool has_dense,
+                                    bool has_vector) {
   cuda::DeviceGuard guard(device);
   internal::KernelKey key{source, arch_of(device), nvrtc_version()};
   const std::string dir = kernel_cache_dir();
@@ -403,6 +427,10 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, bool 
     check_cu(driver().module_get_function(&loaded->dense, module, "kiln_fused_dense"),
              "cuModuleGetFunction");
   }
+  if (has_vector) {
+    check_cu(driver().module_get_function(&loaded->vector, module, "kiln_fused_vector"),
+             "cuModuleGetFunction");
+  }
   return loaded;
 }
 
@@ -424,7 +452,7 @@ KernelCache& kernel_cache() {
   return *c;
 }
 
-LoadedFuture kernel_for(int device, const std::string& source, bool has_dense) {
+LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, bool has_vector) {
   KernelCache& c = kernel_cache();
   const std::string key = std::to_string(device) + "\n" + source;
   std::lock_guard<std::mutex> lock(c.mu);
@@ -432,12 +460,12 @@ LoadedFuture kernel_for(int device, const std::string& source, bool has_dense) {
     ++counters().memory_hits;
     return it->second;
   }
-  LoadedFuture f = std::async(std::launch::async, [device, source, has_dense] {
+  LoadedFuture f = std::async(std::launch::async, [device, source, has_dense, has_vector] {
                      compile_slots().acquire();
                      struct Release {
                        ~Release() { compile_slots().release(); }
                      } release;
-                     return build(device, source, has_dense);
+                     return build(device, source, has_dense, has_vector);
                    }).share();
   c.kernels[key] = f;
   return f;
@@ -467,8 +495,11 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
   cuda::DeviceGuard guard(device);
   std::vector<int64_t> params(static_cast<size_t>(std::max(k.slots, 1)), 0);
   const size_t rank = k.sizes.size();
-  bool dense = fn.dense != nullptr;
-  auto strides = [&](const Tensor& x, const internal::FusedKernel::Operand& o) {
+  std::vector<internal::OperandLayout> in_layouts(k.inputs.size());
+  std::vector<internal::OperandLayout> out_layouts(k.outputs.size());
+  auto strides = [&](const Tensor& x, const internal::FusedKernel::Operand& o,
+                     internal::OperandLayout& layout) {
+    layout = {x.is_contiguous(), reinterpret_cast<uint64_t>(x.data_ptr())};
     KILN_CHECK(x.sizes() == IntArrayRef(o.sizes), "[fused_cuda] internal: a value of shape ",
                shape_str(x.sizes()), " where the trace has ", shape_str(o.sizes));
     if (o.sizes.empty()) return;
@@ -477,9 +508,9 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
       const bool broadcast = d < lead || o.sizes[d - lead] == 1;
       params[static_cast<size_t>(o.slot) + 1 + d] = broadcast ? 0 : x.strides()[d - lead];
     }
-    dense = dense && x.is_contiguous();
   };
-  for (const auto& o : k.inputs) {
+  for (size_t j = 0; j < k.inputs.size(); ++j) {
+    const auto& o = k.inputs[j];
     const Tensor& x = frame.slots[static_cast<size_t>(o.value)];
     if (o.host_scalar) {
       uint64_t bits = 0;
@@ -488,7 +519,7 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
       continue;
     }
     params[static_cast<size_t>(o.slot)] = reinterpret_cast<int64_t>(x.data_ptr());
-    strides(x, o);
+    strides(x, o, in_layouts[j]);
   }
   for (size_t j = 0; j < k.outputs.size(); ++j) {
     const auto& o = k.outputs[j];
@@ -496,7 +527,7 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
     Tensor out = !frame.placed.empty() && frame.placed[v].defined() ? frame.placed[v]
                                                                     : empty_as(output_specs[j]);
     params[static_cast<size_t>(o.slot)] = reinterpret_cast<int64_t>(out.data_ptr());
-    strides(out, o);
+    strides(out, o, out_layouts[j]);
     frame.slots[v] = std::move(out);
   }
   params[static_cast<size_t>(k.zero_slot)] = 0;  // the barrier's zero (compiler/fused_cuda.h)
@@ -506,13 +537,21 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
   const int64_t n = numel_of(k.sizes);
   if (n == 0) return;
   use_primary_context(device);
+  const internal::FusedEntry entry = internal::choose_fused_entry(k, in_layouts, out_layouts);
+  CUfunction f = fn.strided;
+  int64_t threads_needed = n;  // one element per thread (a grid-stride loop beyond 2^24)
+  if (entry == internal::FusedEntry::kVector) {
+    f = fn.vector;
+    threads_needed = n / k.vector_width;  // the first threads also do the n % width tail
+  } else if (entry == internal::FusedEntry::kDense) {
+    f = fn.dense;
+  }
   constexpr int64_t kThreads = 256;
-  const auto blocks =
-      static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, int64_t{1} << 16));
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<int64_t>((threads_needed + kThreads - 1) / kThreads, 1, int64_t{1} << 16));
   void* args[] = {params.data()};
   CUstream stream = cuda::current_stream(device).handle();
-  check_cu(driver().launch_kernel(dense ? fn.dense : fn.strided, blocks, 1, 1, kThreads, 1, 1, 0,
-                                  stream, args, nullptr),
+  check_cu(driver().launch_kernel(f, blocks, 1, 1, kThreads, 1, 1, 0, stream, args, nullptr),
            "cuLaunchKernel");
   cuda::internal::check_launch("kiln_fused (fused_cuda)", __FILE__, __LINE__);
 }
@@ -558,7 +597,7 @@ class FusedCudaExecutor final : public Executor {
       const int device = std::max(t.value(k->outputs[0].value).spec.device.index(), 0);
       std::vector<TensorSpec> specs;
       for (const auto& o : k->outputs) specs.push_back(t.value(o.value).spec);
-      LoadedFuture kernel = kernel_for(device, k->source, k->has_dense);
+      LoadedFuture kernel = kernel_for(device, k->source, k->has_dense, k->vector_width > 0);
       auto plan = std::make_shared<const internal::FusedKernel>(std::move(*k));
       return [plan, specs = std::move(specs), kernel, device](Frame& frame) {
         launch(*plan, specs, *kernel.get(), device, frame);

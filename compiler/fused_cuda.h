@@ -4,7 +4,9 @@
 // A region such as silu(x * w + b).to(bf16) runs as one kernel: one thread per element of the
 // region's largest shape (a grid-stride loop), every input read through its strides with
 // broadcasting, each member computed in registers, and only the region's outputs (the values
-// read after it, returned or assigned to grads) written to memory.
+// read after it, returned or assigned to grads) written to memory. Where every operand is
+// contiguous and 16-byte aligned, a thread moves 16 bytes of the narrowest one per load or store
+// (the vector entry, chosen at each launch).
 //
 // Same bits as eager, by construction: each member computes in the type eager's CUDA kernel
 // computes in (opmath: float for bf16/f16), with the formulas of kernels/scalar_fn.h written out
@@ -72,6 +74,11 @@ struct FusedKernel {
   std::string source;
   Shape sizes;             // the iteration domain (the broadcast of the members' shapes)
   bool has_dense = false;  // kiln_fused_dense exists (every operand may be dense)
+  // Elements per thread of kiln_fused_vector (0: no such entry): 16 / the smallest element size
+  // among the tensor operands, so that the narrowest one moves 16 bytes per load or store (a
+  // wider one several). It runs where the dense entry may and every tensor operand of the
+  // domain's shape starts 16-byte aligned; a scalar tail handles the last numel % width elements.
+  int vector_width = 0;
   struct Operand {
     int value = -1;
     ScalarType dtype = kFloat;
@@ -86,6 +93,19 @@ struct FusedKernel {
 };
 std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,
                                                  std::string* why);
+
+// Which entry of a generated kernel a launch runs, from its operands' actual layouts: vector
+// where every tensor operand is contiguous, of the domain's shape or 0-d, and those of the
+// domain's shape start 16-byte aligned (and there is at least one whole vector); dense where they
+// are contiguous; strided otherwise. One layout per entry of k.inputs (host scalars' ignored),
+// then one per entry of k.outputs.
+enum class FusedEntry { kStrided, kDense, kVector };
+struct OperandLayout {
+  bool contiguous = true;
+  uint64_t address = 0;  // the first element's
+};
+FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
+                              const std::vector<OperandLayout>& outputs);
 
 // The disk cache (CPU code, testable without a GPU). A file holds a header (magic, format
 // version, the key's parts and the payload's size and checksum), then the payload.

@@ -81,6 +81,10 @@ __device__ __forceinline__ double kopaque(double x, u32 zero) {
   asm volatile("xor.b64 %0, %0, %1;" : "+l"(u) : "l"((u64)zero));
   return __longlong_as_double((long long)u);
 }
+// N elements moved by one load or store of 16 bytes (several, for a pack wider than 16 bytes):
+// the vector entry's unit, aligned as its pointers are checked to be.
+template <typename T, int N>
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) kpack { T v[N]; };
 // Kernel parameters are 64-bit slots holding a value's bits.
 __device__ __forceinline__ float kbits_float(long long v) { return __int_as_float((int)v); }
 __device__ __forceinline__ double kbits_double(long long v) { return __longlong_as_double(v); }
@@ -669,8 +673,10 @@ class Generator {
     return s.empty() ? "0" : s;
   }
 
-  // The body of the element loop (dense: every operand indexed by i).
-  std::string body(bool dense) const {
+  // The body of the element loop (dense: every operand indexed by i; vector: element e of the
+  // packs vx<j> and vy<j> for the operands of the domain's shape, whose loads and stores the
+  // vector entry writes around it).
+  std::string body(bool dense, bool vector = false) const {
     std::ostringstream os;
     const size_t rank = k_.sizes.size();
     if (!dense) {
@@ -692,6 +698,10 @@ class Generator {
     for (size_t j = 0; j < k_.inputs.size(); ++j) {
       const FusedKernel::Operand& o = k_.inputs[j];
       if (o.host_scalar) continue;
+      if (vector && !o.sizes.empty()) {
+        os << "    const " << ctype(o.dtype) << " x" << j << " = vx" << j << ".v[e];\n";
+        continue;
+      }
       os << "    const " << ctype(o.dtype) << " x" << j << " = in" << j << "[" << offset(o, dense)
          << "];\n";
     }
@@ -716,6 +726,10 @@ class Generator {
             guard += (guard.empty() ? "" : " && ") + absl::StrCat("c", d, " == 0");
           }
         }
+      }
+      if (vector) {
+        os << "    vy" << j << ".v[e] = " << var(o.value) << ";\n";
+        continue;
       }
       os << "    " << (guard.empty() ? "" : "if (" + guard + ") ") << "out" << j << "["
          << offset(o, dense) << "] = " << var(o.value) << ";\n";
@@ -758,10 +772,24 @@ class Generator {
     k_.has_dense = true;
     for (const auto& o : k_.inputs) k_.has_dense &= o.sizes.empty() || o.sizes == k_.sizes;
     for (const auto& o : k_.outputs) k_.has_dense &= o.sizes == k_.sizes;
+    // The vector entry: 16 bytes per access of the narrowest operand of the domain's shape.
+    if (k_.has_dense) {
+      size_t narrowest = 16;
+      for (const auto* list : {&k_.inputs, &k_.outputs}) {
+        for (const auto& o : *list) {
+          if (o.host_scalar || o.sizes.empty()) continue;
+          narrowest = std::min(narrowest, element_size(o.dtype));
+        }
+      }
+      k_.vector_width = static_cast<int>(16 / narrowest);
+    }
     const int64_t n = numel_of(k_.sizes);
-    auto kernel = [&](bool dense) {
-      os << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_fused_"
-         << (dense ? "dense" : "strided") << "(const Params p) {\n";
+    const int w = k_.vector_width;
+    auto pack = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", ", w, ">"); };
+    auto kernel = [&](bool dense, bool vector) {
+      const char* entry = vector ? "vector" : dense ? "dense" : "strided";
+      os << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_fused_" << entry
+         << "(const Params p) {\n";
       for (size_t j = 0; j < k_.inputs.size(); ++j) {
         const FusedKernel::Operand& o = k_.inputs[j];
         if (o.host_scalar) {
@@ -784,13 +812,51 @@ class Generator {
       os << "  const u32 kzero = (u32)p.v[" << k_.zero_slot << "];  // 0: kopaque's operand\n"
          << "  (void)kzero;\n"
          << "  const long long n = " << n << "LL;\n"
-         << "  const long long step = (long long)gridDim.x * blockDim.x;\n"
-         << "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; "
-            "i += step) {\n"
-         << body(dense) << "  }\n}\n";
+         << "  const long long step = (long long)gridDim.x * blockDim.x;\n";
+      if (!vector) {
+        os << "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; "
+              "i += step) {\n"
+           << body(dense) << "  }\n}\n";
+        return;
+      }
+      // Packs of w elements (a grid-stride loop), then the last n % w elements one per thread.
+      os << "  const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+         << "  const long long packs = n / " << w << "LL;\n";
+      for (size_t j = 0; j < k_.inputs.size(); ++j) {
+        const FusedKernel::Operand& o = k_.inputs[j];
+        if (o.host_scalar || o.sizes.empty()) continue;
+        os << "  const " << pack(o.dtype) << "* __restrict__ vin" << j << " = (const "
+           << pack(o.dtype) << "*)in" << j << ";\n";
+      }
+      for (size_t j = 0; j < k_.outputs.size(); ++j) {
+        os << "  " << pack(k_.outputs[j].dtype) << "* __restrict__ vout" << j << " = ("
+           << pack(k_.outputs[j].dtype) << "*)out" << j << ";\n";
+      }
+      os << "  for (long long v = id; v < packs; v += step) {\n";
+      for (size_t j = 0; j < k_.inputs.size(); ++j) {
+        const FusedKernel::Operand& o = k_.inputs[j];
+        if (o.host_scalar || o.sizes.empty()) continue;
+        os << "    const " << pack(o.dtype) << " vx" << j << " = vin" << j << "[v];\n";
+      }
+      for (size_t j = 0; j < k_.outputs.size(); ++j) {
+        os << "    " << pack(k_.outputs[j].dtype) << " vy" << j << ";\n";
+      }
+      os << "#pragma unroll\n"
+         << "    for (int e = 0; e < " << w << "; ++e) {\n";
+      std::istringstream lines(body(true, true));
+      for (std::string line; std::getline(lines, line);) os << "  " << line << "\n";
+      os << "    }\n";
+      for (size_t j = 0; j < k_.outputs.size(); ++j) {
+        os << "    vout" << j << "[v] = vy" << j << ";\n";
+      }
+      os << "  }\n"
+         << "  const long long i = packs * " << w << "LL + id;\n"
+         << "  if (i < n) {\n"
+         << body(true) << "  }\n}\n";
     };
-    kernel(false);
-    if (k_.has_dense) kernel(true);
+    kernel(false, false);
+    if (k_.has_dense) kernel(true, false);
+    if (w > 0) kernel(true, true);
     k_.source = os.str();
   }
 

@@ -101,6 +101,91 @@ TEST(FusedCudaCodegen, DenseEntryWhenEveryOperandHasTheDomainsShape) {
   EXPECT_EQ(host, 1);
 }
 
+TEST(FusedCudaCodegen, VectorEntryMoves16BytesOfTheNarrowestOperand) {
+  namespace I = compiler::internal;
+  // bf16 in, f32 math, bf16 and f32 out: 8 elements per thread (16 bytes of bf16, 2 x 16 of f32).
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    const Tensor xf = x.to(kFloat);
+    const Tensor s = xf * sigmoid(xf) * y.to(kFloat);
+    return std::vector<Tensor>{s.to(kBFloat16), s};
+  };
+  const Tensor x = randn({4, 33}).to(kBFloat16), y = randn({4, 33}).to(kBFloat16);
+  const Trace t = traced_on_cuda(fn, x, y);
+  const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
+  ASSERT_TRUE(k.has_value());
+  const std::string& s = k->source;
+  EXPECT_EQ(k->vector_width, 8);
+  EXPECT_EQ(count(s, "kiln_fused_vector"), 1) << s;
+  EXPECT_NE(s.find("kpack<bf16, 8>"), std::string::npos) << s;
+  EXPECT_NE(s.find("kpack<float, 8>"), std::string::npos) << s;
+  EXPECT_NE(s.find("n / 8LL"), std::string::npos) << s;           // whole packs
+  EXPECT_NE(s.find("packs * 8LL + id"), std::string::npos) << s;  // then the scalar tail
+  // The members are written out for the packs' elements and the tail, the same way: the
+  // prelude's definition, the strided and dense entries, the vector entry's two loops.
+  EXPECT_EQ(count(s, "f_sigmoid("), 5) << s;
+  // f32 only: 4 per thread. A broadcast operand: no dense entry, hence no vector one.
+  const Trace f32 = traced_on_cuda([](const Tensor& a, const Tensor& b) { return exp(a) * b; },
+                                   randn({8, 8}), randn({8, 8}));
+  const auto k32 = I::generate_fused_kernel(f32, 0, f32.ops.size(), nullptr);
+  ASSERT_TRUE(k32.has_value());
+  EXPECT_EQ(k32->vector_width, 4);
+  EXPECT_NE(k32->source.find("kpack<float, 4>"), std::string::npos) << k32->source;
+  const Trace row = traced_on_cuda([](const Tensor& a, const Tensor& b) { return a + b * 2.0; },
+                                   randn({8, 8}), randn({8}));
+  const auto kr = I::generate_fused_kernel(row, 0, row.ops.size(), nullptr);
+  ASSERT_TRUE(kr.has_value());
+  EXPECT_FALSE(kr->has_dense);
+  EXPECT_EQ(kr->vector_width, 0);
+  EXPECT_EQ(count(kr->source, "kiln_fused_vector"), 0) << kr->source;
+}
+
+TEST(FusedCudaCodegen, LaunchChoosesVectorOnlyWhenEveryOperandIsAlignedAndContiguous) {
+  namespace I = compiler::internal;
+  using E = I::FusedEntry;
+  // x (bf16), a wrapped 0.5 (host scalar), y (f32): one output.
+  auto fn = [](const Tensor& x, const Tensor& y) { return x * 0.5 + y; };
+  const Trace t = traced_on_cuda(fn, randn({4, 10}).to(kBFloat16), randn({4, 10}));
+  const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
+  ASSERT_TRUE(k.has_value());
+  ASSERT_EQ(k->vector_width, 8);
+  ASSERT_EQ(k->inputs.size(), 3u);
+  ASSERT_EQ(k->outputs.size(), 1u);
+  std::vector<I::OperandLayout> in(3), out(1);
+  for (size_t j = 0; j < 3; ++j) in[j] = {true, 0x1000 + 0x100 * j};
+  out[0] = {true, 0x2000};
+  for (size_t j = 0; j < 3; ++j) {
+    if (k->inputs[j].host_scalar) in[j] = {false, 3};  // ignored: passed by value
+  }
+  EXPECT_EQ(I::choose_fused_entry(*k, in, out), E::kVector);
+  // An input view 2 bytes in (a bf16 offset of 1): dense.
+  std::vector<I::OperandLayout> shifted = in;
+  for (size_t j = 0; j < 3; ++j) {
+    if (!k->inputs[j].host_scalar && k->inputs[j].dtype == kBFloat16) shifted[j].address += 2;
+  }
+  EXPECT_EQ(I::choose_fused_entry(*k, shifted, out), E::kDense);
+  // A misaligned output: dense; 8-byte aligned is not enough.
+  EXPECT_EQ(I::choose_fused_entry(*k, in, {{true, 0x2008}}), E::kDense);
+  // A non-contiguous operand: strided, aligned or not.
+  std::vector<I::OperandLayout> strided = in;
+  for (size_t j = 0; j < 3; ++j) {
+    if (!k->inputs[j].host_scalar) strided[j].contiguous = false;
+  }
+  EXPECT_EQ(I::choose_fused_entry(*k, strided, out), E::kStrided);
+  EXPECT_EQ(I::choose_fused_entry(*k, in, {{false, 0x2000}}), E::kStrided);
+  // Fewer elements than one pack: dense.
+  const Trace small = traced_on_cuda(fn, randn({1, 5}).to(kBFloat16), randn({1, 5}));
+  const auto ks = I::generate_fused_kernel(small, 0, small.ops.size(), nullptr);
+  ASSERT_TRUE(ks.has_value());
+  EXPECT_EQ(I::choose_fused_entry(*ks, in, out), E::kDense);
+  // A kernel without a dense entry is always strided.
+  const Trace row = traced_on_cuda([](const Tensor& a, const Tensor& b) { return a + b; },
+                                   randn({8, 8}), randn({8}));
+  const auto kr = I::generate_fused_kernel(row, 0, row.ops.size(), nullptr);
+  ASSERT_TRUE(kr.has_value());
+  EXPECT_EQ(I::choose_fused_entry(*kr, {{true, 0x1000}, {true, 0x2000}}, {{true, 0x3000}}),
+            E::kStrided);
+}
+
 TEST(FusedCudaCodegen, AnIntermediateReadAfterTheRegionIsAnOutput) {
   auto fn = [](const Tensor& x, const Tensor& y) {
     const Tensor a = x * y;
@@ -341,6 +426,45 @@ TEST(GpuFusedCuda, StridedAndTransposedInputs) {
   check_program("expanded operand", [](const std::vector<Tensor>& a) {
     return std::vector<Tensor>{log(abs(a[0]) + 1.0) * a[1]};
   }, {y, randn({1, 96}).to(gpu).expand({48, 96})});
+}
+
+TEST(GpuFusedCuda, VectorEntryTailAndMisalignedViews) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(7);
+  const Device gpu(kCUDA, 0);
+  auto chain = [](const std::vector<Tensor>& a) {
+    const Tensor x = a[0].to(kFloat);
+    const Tensor s = x * sigmoid(x) * a[1].to(kFloat) + a[2];
+    return std::vector<Tensor>{s.to(a[0].dtype()), s * 0.5};
+  };
+  for (ScalarType dt : {kBFloat16, kFloat, kHalf}) {
+    const std::string name(dtype_name(dt));
+    // 7 x 37 = 259 and 1000003 elements: whole packs, then a tail of numel % width.
+    for (const Shape& shape : {Shape{7, 37}, Shape{1000003}}) {
+      const int64_t n = numel_of(shape);
+      const std::vector<Tensor> args = {randn(shape).to(dt).to(gpu), randn(shape).to(dt).to(gpu),
+                                        randn(shape).to(gpu)};
+      check_program("vector entry and tail " + name + " " + shape_str(shape), chain, args);
+      // The same program on views one element in: contiguous, not 16-byte aligned (the dense
+      // entry), the first input's or the last's.
+      const Tensor a = randn({n + 1}).to(dt).to(gpu).narrow(0, 1, n).view(shape);
+      const Tensor c = randn({n + 1}).to(gpu).narrow(0, 1, n).view(shape);
+      check_program("misaligned first input " + name + " " + shape_str(shape), chain,
+                    {a, args[1], args[2]});
+      check_program("misaligned f32 input " + name + " " + shape_str(shape), chain,
+                    {args[0], args[1], c});
+    }
+  }
+  // Fewer elements than one pack (the dense entry), and bool and uint8 operands (16 per pack).
+  check_program("5 elements", chain, {randn({5}).to(gpu), randn({5}).to(gpu), randn({5}).to(gpu)});
+  const Tensor m = randn({3, 67}).to(gpu);
+  check_program(
+      "bool and uint8",
+      [](const std::vector<Tensor>& a) {
+        const Tensor pos = a[0] > 0.25;
+        return std::vector<Tensor>{logical_and(pos, a[1].to(kBool)), (a[1] + a[1]).to(kUInt8)};
+      },
+      {m, randint(0, 3, {3, 67}).to(kUInt8).to(gpu)});
 }
 
 TEST(GpuFusedCuda, ScalarsWhereAndComparisons) {
