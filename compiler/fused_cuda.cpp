@@ -41,7 +41,8 @@ namespace {
 
 struct Counters {
   std::atomic<int64_t> regions{0}, nvrtc_compiles{0}, memory_hits{0}, disk_hits{0},
-      disk_rejected{0}, disk_writes{0}, fallbacks{0};
+      disk_rejected{0}, disk_writes{0}, fallbacks{0}, strided_launches{0}, dense_launches{0},
+      vector_launches{0};
 };
 Counters& counters() {
   static Counters c;
@@ -103,13 +104,15 @@ Step eager_region(const Trace& t, size_t begin, size_t end) {
 FusedCudaStats fused_cuda_stats() {
   const Counters& c = counters();
   return {c.regions.load(),   c.nvrtc_compiles.load(), c.memory_hits.load(), c.disk_hits.load(),
-          c.disk_rejected.load(), c.disk_writes.load(), c.fallbacks.load()};
+          c.disk_rejected.load(), c.disk_writes.load(), c.fallbacks.load(),
+          c.strided_launches.load(), c.dense_launches.load(), c.vector_launches.load()};
 }
 
 void reset_fused_cuda_stats() {
   Counters& c = counters();
   for (auto* a : {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
-                  &c.disk_writes, &c.fallbacks}) {
+                  &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches,
+                  &c.vector_launches}) {
     a->store(0);
   }
 }
@@ -543,8 +546,12 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
   if (entry == internal::FusedEntry::kVector) {
     f = fn.vector;
     threads_needed = n / k.vector_width;  // the first threads also do the n % width tail
+    counters().vector_launches.fetch_add(1, std::memory_order_relaxed);
   } else if (entry == internal::FusedEntry::kDense) {
     f = fn.dense;
+    counters().dense_launches.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    counters().strided_launches.fetch_add(1, std::memory_order_relaxed);
   }
   constexpr int64_t kThreads = 256;
   const auto blocks = static_cast<unsigned>(

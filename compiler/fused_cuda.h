@@ -45,6 +45,8 @@ struct FusedCudaStats {
   int64_t disk_rejected = 0;  // cache files ignored (corrupt, truncated, another key)
   int64_t disk_writes = 0;    // cache files written
   int64_t fallbacks = 0;      // regions run op by op (the generator declined them)
+  // Launches of each entry (internal::choose_fused_entry picks one per run of a region).
+  int64_t strided_launches = 0, dense_launches = 0, vector_launches = 0;
 };
 FusedCudaStats fused_cuda_stats();
 void reset_fused_cuda_stats();

@@ -30,6 +30,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "compiler/compile.h"
+#include "compiler/fused_cuda.h"
 #include "gpu/bench_util.h"
 #if defined(KILN_WITH_CUDNN)
 #include "kernels/cuda/cudnn_attention.h"
@@ -297,8 +298,10 @@ void bench_generic() {
 // activation shapes: the compiled program's time per call, then the same chain run eagerly (a
 // kernel per op) beside it. Bytes: the region's inputs read once and its outputs written once,
 // what the generated kernel must move (the eager chain moves more: its intermediates). Two
-// argument sets in rotation. Each case checks once that the compiled outputs equal eager's bit
-// for bit and prints a FAILED line if not (or if the chain did not become a fused_cuda region).
+// argument sets in rotation. The compiled row names the entry its kernel ran (vector, dense or
+// strided: compiler/fused_cuda.h). Each case checks once that the compiled outputs equal eager's
+// bit for bit and prints a FAILED line if not (or if the chain did not become a fused_cuda
+// region).
 using Chain = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 bool same_bits(const Tensor& a, const Tensor& b) {
@@ -311,9 +314,15 @@ void bench_fused_case(const std::string& name, const Chain& chain,
                       const std::function<std::vector<Tensor>()>& make_args) {
   const std::vector<std::vector<Tensor>> sets = {make_args(), make_args()};
   auto f = kiln::compile([chain](const std::vector<Tensor>& a) { return chain(a); });
+  kiln::compiler::reset_fused_cuda_stats();
   const std::vector<Tensor> got = f(sets[0]);  // traces, and compiles the kernel (NVRTC or disk)
   const std::vector<Tensor> want = chain(sets[0]);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  const kiln::compiler::FusedCudaStats st = kiln::compiler::fused_cuda_stats();
+  const char* entry = st.vector_launches > 0    ? "vector"
+                      : st.dense_launches > 0   ? "dense"
+                      : st.strided_launches > 0 ? "strided"
+                                                : "no kernel";
   std::string listing;
   for (const kiln::compiler::Trace& t : f.traces()) listing += t.str();
   if (listing.find("# region [fused_cuda]") == std::string::npos) {
@@ -327,7 +336,7 @@ void bench_fused_case(const std::string& name, const Chain& chain,
   double bytes = 0;
   for (const Tensor& a : sets[0]) bytes += static_cast<double>(a.numel() * a.element_size());
   for (const Tensor& o : want) bytes += static_cast<double>(o.numel() * o.element_size());
-  report(name, time_ms([&](int i) { (void)f(sets[i % 2]); }), 0, bytes);
+  report(name + " [" + entry + "]", time_ms([&](int i) { (void)f(sets[i % 2]); }), 0, bytes);
   report(name + " [eager]", time_ms([&](int i) { (void)chain(sets[i % 2]); }), 0, bytes);
 }
 

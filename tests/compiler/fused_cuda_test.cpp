@@ -437,6 +437,17 @@ TEST(GpuFusedCuda, VectorEntryTailAndMisalignedViews) {
     const Tensor s = x * sigmoid(x) * a[1].to(kFloat) + a[2];
     return std::vector<Tensor>{s.to(a[0].dtype()), s * 0.5};
   };
+  // check_program on `args`, whose compiled runs launch `entry` and no other.
+  using Count = int64_t compiler::FusedCudaStats::*;
+  auto check_entry = [&](const std::string& what, Count entry, const std::vector<Tensor>& args) {
+    compiler::reset_fused_cuda_stats();
+    check_program(what, chain, args);
+    const compiler::FusedCudaStats s = compiler::fused_cuda_stats();
+    EXPECT_GE(s.*entry, 2) << what;  // two compiled runs
+    EXPECT_EQ(s.strided_launches + s.dense_launches + s.vector_launches, s.*entry) << what;
+  };
+  const Count vector = &compiler::FusedCudaStats::vector_launches;
+  const Count dense = &compiler::FusedCudaStats::dense_launches;
   for (ScalarType dt : {kBFloat16, kFloat, kHalf}) {
     const std::string name(dtype_name(dt));
     // 7 x 37 = 259 and 1000003 elements: whole packs, then a tail of numel % width.
@@ -444,20 +455,22 @@ TEST(GpuFusedCuda, VectorEntryTailAndMisalignedViews) {
       const int64_t n = numel_of(shape);
       const std::vector<Tensor> args = {randn(shape).to(dt).to(gpu), randn(shape).to(dt).to(gpu),
                                         randn(shape).to(gpu)};
-      check_program("vector entry and tail " + name + " " + shape_str(shape), chain, args);
+      check_entry("vector entry and tail " + name + " " + shape_str(shape), vector, args);
       // The same program on views one element in: contiguous, not 16-byte aligned (the dense
       // entry), the first input's or the last's.
       const Tensor a = randn({n + 1}).to(dt).to(gpu).narrow(0, 1, n).view(shape);
       const Tensor c = randn({n + 1}).to(gpu).narrow(0, 1, n).view(shape);
-      check_program("misaligned first input " + name + " " + shape_str(shape), chain,
-                    {a, args[1], args[2]});
-      check_program("misaligned f32 input " + name + " " + shape_str(shape), chain,
-                    {args[0], args[1], c});
+      check_entry("misaligned first input " + name + " " + shape_str(shape), dense,
+                  {a, args[1], args[2]});
+      check_entry("misaligned f32 input " + name + " " + shape_str(shape), dense,
+                  {args[0], args[1], c});
     }
   }
-  // Fewer elements than one pack (the dense entry), and bool and uint8 operands (16 per pack).
-  check_program("5 elements", chain, {randn({5}).to(gpu), randn({5}).to(gpu), randn({5}).to(gpu)});
+  // Fewer elements than one pack (4 f32: the dense entry), and bool and uint8 operands (16 per
+  // pack).
+  check_entry("3 elements", dense, {randn({3}).to(gpu), randn({3}).to(gpu), randn({3}).to(gpu)});
   const Tensor m = randn({3, 67}).to(gpu);
+  compiler::reset_fused_cuda_stats();
   check_program(
       "bool and uint8",
       [](const std::vector<Tensor>& a) {
@@ -465,6 +478,7 @@ TEST(GpuFusedCuda, VectorEntryTailAndMisalignedViews) {
         return std::vector<Tensor>{logical_and(pos, a[1].to(kBool)), (a[1] + a[1]).to(kUInt8)};
       },
       {m, randint(0, 3, {3, 67}).to(kUInt8).to(gpu)});
+  EXPECT_GE(compiler::fused_cuda_stats().vector_launches, 2);
 }
 
 TEST(GpuFusedCuda, ScalarsWhereAndComparisons) {
