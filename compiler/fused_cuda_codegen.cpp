@@ -427,13 +427,7 @@ class Generator {
     if (numel_of(domain) == 0) return fail("no elements");  // the eager kernels launch nothing
     k_.sizes = domain;
     // The region's outputs: its values that later ops, the program's outputs or grads read.
-    absl::flat_hash_set<int> read_outside;
-    for (size_t i = 0; i < t_.ops.size(); ++i) {
-      if (i >= begin_ && i < end_) continue;
-      for (int v : t_.ops[i].inputs) read_outside.insert(v);
-    }
-    for (int v : t_.outputs) read_outside.insert(v);
-    for (const GradEffect& e : t_.grad_effects) read_outside.insert(e.value);
+    const absl::flat_hash_set<int> read_outside = values_read_outside(t_, begin_, end_);
     for (const BoundOp* op : members_) {
       const int v = op->outputs[0];
       if (!read_outside.contains(v)) continue;
