@@ -124,11 +124,15 @@ Tensor DataParallel::forward(const std::function<Tensor()>& f) {
   return impl_->fsdp->run(f);
 }
 
-Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
-  if (!sharded()) return internal::clip_grad_norm(params, max_norm);  // the global gradients
-  return internal::clip_grad_norm(params, max_norm, [this](Tensor& squares) {
-    impl_->pg->all_reduce(squares, dist::ReduceOp::kSum)->wait();
-  });
+Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
+                                    Tensor* coef) {
+  // DDP: the global gradients. FSDP: shards, whose squares sum over the ranks to the model's;
+  // the coefficient is then the same on every rank, and scales each rank's shards.
+  if (!sharded()) return internal::clip_grad_norm(params, max_norm, {}, coef);
+  return internal::clip_grad_norm(
+      params, max_norm,
+      [this](Tensor& squares) { impl_->pg->all_reduce(squares, dist::ReduceOp::kSum)->wait(); },
+      coef);
 }
 
 std::vector<double> DataParallel::sum(const std::vector<double>& values) {

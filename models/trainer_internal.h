@@ -48,9 +48,12 @@ std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vec
                                DataParallel* dp = nullptr);
 // The total 2-norm of the parameters' gradients and clipping to max_norm, as tensors (no host
 // sync). `reduce_squares`, when given, sums the squared norm (a 1-element f64 tensor on the
-// gradients' device) over the ranks in place, for gradients sharded over them.
+// gradients' device) over the ranks in place, for gradients sharded over them. With `coef`, the
+// gradients are not scaled: *coef receives the clipping coefficient (0-d f64 on the gradients'
+// device; undefined when no parameter has a gradient), for Optimizer::step_with_grad_factor.
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
-                      const std::function<void(Tensor&)>& reduce_squares = {});
+                      const std::function<void(Tensor&)>& reduce_squares = {},
+                      Tensor* coef = nullptr);
 
 // How a checkpoint's optimizer buffers (full parameter shapes) map onto the optimizer's
 // parameters (FSDP's 1-d shards): the full shape of each parameter index, and the slice.
@@ -90,8 +93,10 @@ class DataParallel {
   // A forward without backward (evaluation), through the wrapper.
   Tensor forward(const std::function<Tensor()>& f);
   // The gradient norm before clipping, as a 0-d f64 tensor: the parameters' gradients are the
-  // global ones (DDP) or shards whose squares sum over the ranks to the model's (FSDP).
-  Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+  // global ones (DDP) or shards whose squares sum over the ranks to the model's (FSDP). With
+  // `coef`, the coefficient is returned there and the gradients are left as they are (see
+  // internal::clip_grad_norm).
+  Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, Tensor* coef = nullptr);
   // Element-wise sums over the ranks (every rank passes as many values).
   std::vector<double> sum(const std::vector<double>& values);
   double max(double value);

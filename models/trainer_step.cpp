@@ -33,16 +33,21 @@ Tensor precision_loss(GPT& model, const Tensor& x, const Tensor& y, const std::s
 // gradients, accumulated in f64 on the CPU and in f32 on the GPU) combined in f64, and every
 // gradient scaled in place by min(1, max_norm / (total + 1e-6)), as torch's clip_grad_norm_, by
 // foreach_mul_ with the coefficient left on the device. One foreach_norm and one foreach_mul_ per
-// dtype and device of the gradients (multi-tensor kernels: a few launches, no host sync).
+// dtype and device of the gradients (multi-tensor kernels: a few launches, no host sync). With
+// `coef`, the gradients are left as they are and the coefficient (0-d f64, on the first
+// gradient's device) is returned there instead, for the optimizer to fold into its update.
 // Returns the total, a 0-d f64 tensor.
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
-                      const std::function<void(Tensor&)>& reduce_squares) {
+                      const std::function<void(Tensor&)>& reduce_squares, Tensor* coef_out) {
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
   for (const Tensor& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
-  if (grads.empty()) return zeros({}, kFloat64);
+  if (grads.empty()) {
+    if (coef_out != nullptr) *coef_out = Tensor();  // nothing to scale: a plain step
+    return zeros({}, kFloat64);
+  }
   const std::vector<std::vector<Tensor>> groups = foreach_groups(grads);
   const Device device = groups[0][0].device();
   std::vector<Tensor> norms;
@@ -53,6 +58,10 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
   if (reduce_squares) reduce_squares(squares);
   const Tensor total = squares.reshape({}).sqrt();
   const Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  if (coef_out != nullptr) {
+    *coef_out = coef;
+    return total;
+  }
   for (const std::vector<Tensor>& g : groups) foreach_mul_(g, coef.to(g[0].device()));
   return total;
 }
@@ -77,8 +86,19 @@ std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vec
     loss.backward();
     out.push_back(loss.detach());
   }
-  out.push_back(dp != nullptr ? dp->clip_grad_norm(params, clip) : clip_grad_norm(params, clip));
-  if (update) opt.step();
+  // Clipping folded into the update where the optimizer can (Adam, AdamW): it reads every gradient
+  // anyway, and nothing reads the clipped gradients but the update. Without the update here (the
+  // caller runs it later, TrainStep::update), the gradients are clipped in place.
+  const bool fold = update && opt.supports_grad_factor();
+  Tensor coef;
+  Tensor* coef_out = fold ? &coef : nullptr;
+  out.push_back(dp != nullptr ? dp->clip_grad_norm(params, clip, coef_out)
+                              : clip_grad_norm(params, clip, {}, coef_out));
+  if (fold) {
+    opt.step_with_grad_factor(coef);
+  } else if (update) {
+    opt.step();
+  }
   return out;
 }
 

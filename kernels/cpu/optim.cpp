@@ -10,6 +10,10 @@
 // contracts a * b + c into an FMA: the loops give the decomposition's bits, and the CUDA kernel
 // (kernels/cuda/optim.cu) gives these.
 //
+// With a gradient factor s (adam_update_'s optional input, read on the host from a CPU tensor as
+// f32), each gradient is G(g * s) with G the grad's dtype: foreach_mul_'s product, rounded where
+// it rounds (the decomposition multiplies the same way).
+//
 // The options that change a loop's shape are template parameters, so that each variant is a
 // branch-free loop the compiler vectorises. The file is compiled with -fno-math-errno (see
 // CMakeLists.txt): sqrt setting errno is a branch that blocks vectorisation, and the vector
@@ -18,6 +22,7 @@
 
 #include <cmath>
 #include <optional>
+#include <type_traits>
 
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
@@ -68,9 +73,12 @@ struct AdamArgs {
   float* v;
   float* vmax;
   float decay, wd, w1, b2, w2, bc2_sqrt, eps, neg_step;
+  float grad_factor;  // read when G is not void
 };
 
-template <bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
+// G: void without a gradient factor, else the grad's dtype, which each product g * factor is
+// rounded to (float, BFloat16 or Half).
+template <typename G, bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
 void adam_range(const AdamArgs& a, int64_t begin, int64_t end) {
   float* __restrict p = a.p;
   const float* __restrict g_in = a.g;
@@ -80,6 +88,7 @@ void adam_range(const AdamArgs& a, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float pv = p[i];
     float g = g_in[i];
+    if constexpr (!std::is_void_v<G>) g = static_cast<float>(static_cast<G>(g * a.grad_factor));
     if constexpr (kDecay) pv = pv * a.decay;
     if constexpr (kL2) g = g + a.wd * pv;
     // lerp(m, g, w1), from the nearer end as kiln's lerp kernel computes it.
@@ -112,6 +121,13 @@ void adam_update_cpu(OpCall& c) {
   const bool decay = a.decoupled_weight_decay && a.weight_decay != 0;
   const bool l2 = !a.decoupled_weight_decay && a.weight_decay != 0;
   const float w1 = static_cast<float>(1 - a.beta1);
+  float grad_factor = 1.0f;
+  if (a.grad_factor.defined()) {
+    grad_factor =
+        visit_floating(a.grad_factor.dtype(), "adam_update_", [&]<typename S>(TypeTag<S>) {
+          return static_cast<float>(*a.grad_factor.const_data_ptr<S>());
+        });
+  }
   for (size_t i = 0; i < a.params.size(); ++i) {
     const int64_t n = a.params[i].numel();
     if (n == 0) continue;
@@ -132,14 +148,27 @@ void adam_update_cpu(OpCall& c) {
                         static_cast<float>(1 - a.beta2),
                         static_cast<float>(k.bc2_sqrt),
                         static_cast<float>(a.eps),
-                        static_cast<float>(-k.step_size)};
-    with_flags(
-        [&]<bool... kFlags>() {
-          kiln::internal::parallel_for(
-              0, n, kiln::internal::kGrainSize / 4,
-              [&](int64_t b, int64_t e) { adam_range<kFlags...>(args, b, e); });
-        },
-        decay, l2, a.amsgrad, std::abs(w1) < 0.5f);
+                        static_cast<float>(-k.step_size),
+                        grad_factor};
+    auto run = [&]<typename G>(TypeTag<G>) {
+      with_flags(
+          [&]<bool... kFlags>() {
+            kiln::internal::parallel_for(
+                0, n, kiln::internal::kGrainSize / 4,
+                [&](int64_t b, int64_t e) { adam_range<G, kFlags...>(args, b, e); });
+          },
+          decay, l2, a.amsgrad, std::abs(w1) < 0.5f);
+    };
+    const ScalarType gd = a.grads[i].dtype();
+    if (!a.grad_factor.defined()) {
+      run(TypeTag<void>{});
+    } else if (gd == kBFloat16) {
+      run(TypeTag<BFloat16>{});
+    } else if (gd == kHalf) {
+      run(TypeTag<Half>{});
+    } else {
+      run(TypeTag<float>{});
+    }
     p.store();
     m.store();
     v.store();

@@ -15,6 +15,12 @@
 // when stored; the amsgrad maximum is taken in f32 (stored v_max against the unrounded new v)
 // and feeds the denominator unrounded, as the CPU kernel on f32 copies does.
 //
+// With a gradient factor (adam_update_'s optional input) each gradient is T(g * s), rounded to
+// the grad's dtype as foreach_mul_ rounds it: the factor s is read once by every thread, from
+// device memory for a GPU factor (no host sync) or from the kernel arguments for a CPU one, and
+// the grads are not written. The strided path (f32 copies) takes grads multiplied beforehand,
+// with the same rounding.
+//
 // The registered kernel takes f32, bf16 and f16 parameters (f64 runs the decomposition): the
 // contiguous ones in place, the others (strided views) through contiguous f32 copies that are
 // stored back afterwards, so that every call gets the CPU's arithmetic.
@@ -89,17 +95,39 @@ __device__ __forceinline__ float adam_element(float pv, float g, float& m, float
   return __fadd_rn(pv, __fmul_rn(neg_step, __fdiv_rn(mi, denom)));
 }
 
+// The gradient factor as f32 (1 without one): read from device memory for a GPU factor.
+__device__ __forceinline__ float factor_of(const AdamHyper& h) {
+  if (!h.scaled || h.grad_factor == nullptr) return h.host_grad_factor;
+  switch (h.grad_factor_dtype) {
+    case ScalarType::Double:
+      return loops::convert<float>(*static_cast<const double*>(h.grad_factor));
+    case ScalarType::BFloat16:
+      return loops::convert<float>(*static_cast<const BFloat16*>(h.grad_factor));
+    case ScalarType::Half:
+      return loops::convert<float>(*static_cast<const Half*>(h.grad_factor));
+    default:
+      return *static_cast<const float*>(h.grad_factor);
+  }
+}
+
+// A gradient as the update reads it: with a factor s, foreach_mul_'s product T(g * s).
+template <typename T>
+__device__ __forceinline__ float read_grad(T g, const AdamHyper& h, float s) {
+  const float gf = loops::convert<float>(g);
+  return h.scaled ? loops::convert<float>(loops::convert<T>(__fmul_rn(gf, s))) : gf;
+}
+
 // One element through adam_element, state of type S read as f32 and rounded when stored.
 template <typename T, typename S, bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
 __device__ __forceinline__ void adam_scalar(T* p, const T* g, S* m, S* v, S* vmax, int64_t k,
-                                            const AdamHyper& h, float neg_step, float bc2_sqrt) {
+                                            const AdamHyper& h, float s, float neg_step,
+                                            float bc2_sqrt) {
   float mf = loops::convert<float>(m[k]);
   float vf = loops::convert<float>(v[k]);
   float xf = 0.0f;
   if constexpr (kAmsgrad) xf = loops::convert<float>(vmax[k]);
   p[k] = loops::convert<T>(adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
-      loops::convert<float>(p[k]), loops::convert<float>(g[k]), mf, vf, &xf, h, neg_step,
-      bc2_sqrt));
+      loops::convert<float>(p[k]), read_grad(g[k], h, s), mf, vf, &xf, h, neg_step, bc2_sqrt));
   m[k] = loops::convert<S>(mf);
   v[k] = loops::convert<S>(vf);
   if constexpr (kAmsgrad) vmax[k] = loops::convert<S>(xf);
@@ -120,6 +148,7 @@ __global__ void __launch_bounds__(kThreads)
   S* m = static_cast<S*>(e.m);
   S* v = static_cast<S*>(e.v);
   S* vmax = static_cast<S*>(e.vmax);
+  const float s = factor_of(h);
   if (e.vectorised) {
     for (int64_t j = begin + threadIdx.x * kVec; j < end; j += kThreads * kVec) {
       if (j + kVec <= end) {
@@ -136,8 +165,8 @@ __global__ void __launch_bounds__(kThreads)
           float xf = 0.0f;
           if constexpr (kAmsgrad) xf = loops::convert<float>(xp.v[k]);
           const float r = adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
-              loops::convert<float>(pp.v[k]), loops::convert<float>(gp.v[k]), mf, vf, &xf, h,
-              e.neg_step, e.bc2_sqrt);
+              loops::convert<float>(pp.v[k]), read_grad(gp.v[k], h, s), mf, vf, &xf, h, e.neg_step,
+              e.bc2_sqrt);
           pp.v[k] = loops::convert<T>(r);
           mp.v[k] = loops::convert<S>(mf);
           vp.v[k] = loops::convert<S>(vf);
@@ -149,15 +178,15 @@ __global__ void __launch_bounds__(kThreads)
         if constexpr (kAmsgrad) *reinterpret_cast<Pack<S, kVec>*>(vmax + j) = xp;
       } else {
         for (int64_t k = j; k < end; ++k) {
-          adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h,
+          adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h, s,
                                                                    e.neg_step, e.bc2_sqrt);
         }
       }
     }
   } else {
     for (int64_t k = begin + threadIdx.x; k < end; k += kThreads) {
-      adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h, e.neg_step,
-                                                               e.bc2_sqrt);
+      adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h, s,
+                                                               e.neg_step, e.bc2_sqrt);
     }
   }
 }
@@ -235,16 +264,27 @@ void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int devic
 
 namespace {
 
-// The call's scalars shared by all its parameters, as the kernel takes them (the CPU kernel's).
+// The call's scalars shared by all its parameters, as the kernel takes them (the CPU kernel's),
+// and its gradient factor: a GPU one by address, a CPU one by value.
 AdamHyper adam_hyper(const kiln::internal::AdamUpdateCall& a) {
-  return {static_cast<float>(1 - a.lr * a.weight_decay),
-          static_cast<float>(a.weight_decay),
-          static_cast<float>(1 - a.beta1),
-          static_cast<float>(a.beta2),
-          static_cast<float>(1 - a.beta2),
-          static_cast<float>(a.eps),
-          a.decoupled_weight_decay,
-          a.amsgrad};
+  AdamHyper h{static_cast<float>(1 - a.lr * a.weight_decay),
+              static_cast<float>(a.weight_decay),
+              static_cast<float>(1 - a.beta1),
+              static_cast<float>(a.beta2),
+              static_cast<float>(1 - a.beta2),
+              static_cast<float>(a.eps),
+              a.decoupled_weight_decay,
+              a.amsgrad};
+  const Tensor& f = a.grad_factor;
+  if (!f.defined()) return h;
+  h.scaled = true;
+  if (loops::is_host_scalar(f)) {
+    h.host_grad_factor = loops::read_host_scalar<float>(f);
+  } else {
+    h.grad_factor = f.data_ptr();
+    h.grad_factor_dtype = f.dtype();
+  }
+  return h;
 }
 
 // The kernel computes in f32: f32, bf16 and f16 parameters (a call holds one dtype).
@@ -282,7 +322,11 @@ void adam_update_cuda(OpCall& c) {
       stores.emplace_back(t, copy);
       return copy.data_ptr();
     };
-    const Tensor g = a.grads[i].to(kFloat).contiguous();
+    // The factor applied here, as the kernel applies it (rounded to the grad's dtype): the f32
+    // launch below runs without it.
+    Tensor g = a.grads[i];
+    if (a.grad_factor.defined()) g = g.mul(a.grad_factor.to(kFloat)).to(g.dtype());
+    g = g.to(kFloat).contiguous();
     alive.push_back(g);
     void* pp = f32(p);
     void* mp = f32(a.exp_avgs[i]);
@@ -292,7 +336,9 @@ void adam_update_cuda(OpCall& c) {
   }
   const AdamHyper h = adam_hyper(a);
   multi_tensor_adam(param_dtype, state_dtype, device, direct, h);
-  multi_tensor_adam(kFloat, kFloat, device, copied, h);
+  AdamHyper unscaled = h;
+  unscaled.scaled = false;
+  multi_tensor_adam(kFloat, kFloat, device, copied, unscaled);
   for (auto& [target, copy] : stores) target.copy_(copy);
 }
 

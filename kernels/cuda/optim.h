@@ -40,6 +40,14 @@ struct AdamHyper {
   float eps;
   bool decoupled;  // AdamW
   bool amsgrad;
+  // The gradient factor (adam_update_'s optional input), when `scaled`: each gradient g becomes
+  // T(g * s), s the factor as f32 and T the grad's dtype (foreach_mul_'s product). s is read on
+  // the device from `grad_factor` (a 0-d tensor of grad_factor_dtype, f64, f32, bf16 or f16), by
+  // every thread once, or is host_grad_factor when grad_factor is null (a CPU factor).
+  bool scaled = false;
+  const void* grad_factor = nullptr;
+  ScalarType grad_factor_dtype = kFloat;
+  float host_grad_factor = 1.0f;
 };
 
 // Updates every tensor of `tensors` (all on cuda:`device`, parameters and grads of

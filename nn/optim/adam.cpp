@@ -12,6 +12,7 @@
 #include "autograd/grad_mode.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "tensor/ops/optim.h"
 
 namespace kiln::optim {
 
@@ -72,19 +73,24 @@ struct AdamLists {
     steps.push_back(state.step_tensor());
   }
 
-  // One increment_ call for every step count, then the update, which reads the counts.
-  void run(const AdamStep& s) const {
+  // One increment_ call for every step count, then the update, which reads the counts (and the
+  // gradient factor, if defined, on the parameters' device unless it is a CPU tensor).
+  void run(const AdamStep& s, const Tensor& grad_factor) const {
     NoGradGuard no_grad;
     increment_(steps);
+    Tensor factor = grad_factor;
+    const Device d = params[0].device();
+    if (factor.defined() && !factor.is_cpu() && factor.device() != d) factor = factor.to(d);
     adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, s.lr, s.beta1,
-                 s.beta2, s.weight_decay, s.eps, s.amsgrad, s.decoupled_weight_decay);
+                 s.beta2, s.weight_decay, s.eps, s.amsgrad, s.decoupled_weight_decay, factor);
   }
 };
 
 }  // namespace
 
 void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
-                       std::unordered_map<const TensorImpl*, OptimizerParamState>& states) {
+                       std::unordered_map<const TensorImpl*, OptimizerParamState>& states,
+                       const Tensor& grad_factor) {
   // One call per device, parameter dtype and state dtype.
   std::map<std::tuple<DeviceType, int, ScalarType, ScalarType>, AdamLists> calls;
   for (Tensor& p : params) {
@@ -93,13 +99,13 @@ void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
     calls[{d.type(), d.index(), p.dtype(), adam_state_dtype(p, s.state_in_param_dtype)}].add(
         p, s, states[p.impl()]);
   }
-  for (const auto& [key, lists] : calls) lists.run(s);
+  for (const auto& [key, lists] : calls) lists.run(s, grad_factor);
 }
 
 void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state) {
   AdamLists lists;
   lists.add(param, s, state);
-  lists.run(s);
+  lists.run(s, Tensor());
 }
 
 }  // namespace internal
@@ -133,11 +139,12 @@ Adam::Adam(const std::vector<OptimizerParamGroup>& param_groups, const AdamOptio
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& defaults)
     : Adam(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, defaults) {}
 
-void Adam::update_group(OptimizerParamGroup& group) {
+void Adam::update_group(OptimizerParamGroup& group, const Tensor& grad_factor) {
   const auto& o = internal::options_as<AdamOptions>(group.options(), "Adam");
   internal::check_adam("Adam", o);
   internal::adam_update_group(group.params(),
-                              internal::adam_step(o, /*decoupled_weight_decay=*/false), state());
+                              internal::adam_step(o, /*decoupled_weight_decay=*/false), state(),
+                              grad_factor);
 }
 
 ScalarType Adam::state_dtype_for(const Tensor& param, const OptimizerOptions& options) const {

@@ -33,7 +33,9 @@
 // inputs (tensor/ops/optim.cpp): on the CPU a fused, multi-threaded pass per tensor, on a GPU a
 // multi-tensor kernel that updates a whole group in a few launches; f64 parameters take the op's
 // decomposition into kiln ops. All do the same float arithmetic, so CPU and GPU give the same
-// bits, for 16-bit state too.
+// bits, for 16-bit state too. step_with_grad_factor(coef) (optimizer.h) passes a gradient factor
+// (gradient clipping's coefficient) to adam_update_, which multiplies each gradient as it reads
+// it: the bits of foreach_mul_(grads, coef) then step(), one pass over the gradients fewer.
 #pragma once
 
 #include <tuple>
@@ -69,10 +71,12 @@ class Adam : public Optimizer {
  public:
   Adam(const std::vector<OptimizerParamGroup>& param_groups, const AdamOptions& defaults = {});
   Adam(std::vector<Tensor> params, const AdamOptions& defaults = {});
+  // step_with_grad_factor folds the factor into the adam_update_ op (see optimizer.h).
+  bool supports_grad_factor() const override { return true; }
 
  protected:
   void update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) override;
-  void update_group(OptimizerParamGroup& group) override;
+  void update_group(OptimizerParamGroup& group, const Tensor& grad_factor) override;
   ScalarType state_dtype_for(const Tensor& param, const OptimizerOptions& options) const override;
   std::optional<std::vector<std::string>> state_buffer_names(
       const OptimizerOptions& options) const override;
@@ -105,9 +109,11 @@ void check_adam_options(const char* name, double lr, double beta1, double beta2,
 void adam_update(Tensor& param, const AdamStep& s, OptimizerParamState& state);
 
 // The update of every parameter of `params` that has a gradient: one increment_ op call (the
-// step counts) and one adam_update_ op call per device, parameter dtype and state dtype.
+// step counts) and one adam_update_ op call per device, parameter dtype and state dtype, each
+// taking `grad_factor` when it is defined (moved to the call's device unless it is a CPU tensor).
 void adam_update_group(std::vector<Tensor>& params, const AdamStep& s,
-                       std::unordered_map<const TensorImpl*, OptimizerParamState>& states);
+                       std::unordered_map<const TensorImpl*, OptimizerParamState>& states,
+                       const Tensor& grad_factor = Tensor());
 
 // What AdamOptions and AdamWOptions share (they differ only in the weight-decay default and in
 // how the decay is applied): checkpoint values, checks and the step's hyper-parameters.

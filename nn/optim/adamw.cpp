@@ -52,11 +52,12 @@ std::optional<std::vector<std::string>> AdamW::state_buffer_names(
 
 namespace kiln::optim {
 
-void AdamW::update_group(OptimizerParamGroup& group) {
+void AdamW::update_group(OptimizerParamGroup& group, const Tensor& grad_factor) {
   const auto& o = internal::options_as<AdamWOptions>(group.options(), "AdamW");
   internal::check_adam("AdamW", o);
   internal::adam_update_group(group.params(),
-                              internal::adam_step(o, /*decoupled_weight_decay=*/true), state());
+                              internal::adam_step(o, /*decoupled_weight_decay=*/true), state(),
+                              grad_factor);
 }
 
 ScalarType AdamW::state_dtype_for(const Tensor& param, const OptimizerOptions& options) const {

@@ -50,10 +50,12 @@ class AdamW : public Optimizer {
  public:
   AdamW(const std::vector<OptimizerParamGroup>& param_groups, const AdamWOptions& defaults = {});
   AdamW(std::vector<Tensor> params, const AdamWOptions& defaults = {});
+  // step_with_grad_factor folds the factor into the adam_update_ op (see optimizer.h).
+  bool supports_grad_factor() const override { return true; }
 
  protected:
   void update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) override;
-  void update_group(OptimizerParamGroup& group) override;
+  void update_group(OptimizerParamGroup& group, const Tensor& grad_factor) override;
   ScalarType state_dtype_for(const Tensor& param, const OptimizerOptions& options) const override;
   std::optional<std::vector<std::string>> state_buffer_names(
       const OptimizerOptions& options) const override;

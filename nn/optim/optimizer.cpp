@@ -158,17 +158,32 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 Tensor Optimizer::step(const LossClosure& closure) {
+  return step_with_grad_factor(Tensor(), closure);
+}
+
+Tensor Optimizer::step_with_grad_factor(const Tensor& grad_factor, const LossClosure& closure) {
+  if (grad_factor.defined()) {
+    KILN_CHECK(supports_grad_factor(), "[", name_, "] step_with_grad_factor: ", name_,
+               " does not fold a gradient factor into its update; multiply the gradients "
+               "(foreach_mul_) and call step()");
+    KILN_CHECK(grad_factor.dim() == 0 && grad_factor.is_floating_point(), "[", name_,
+               "] step_with_grad_factor: the factor must be a 0-d floating-point tensor, got a ",
+               dtype_name(grad_factor.dtype()), " tensor of shape ",
+               shape_str(grad_factor.sizes()));
+  }
   Tensor loss;
   if (closure) {
     AutoGradMode enable(true);
     loss = closure();
   }
   NoGradGuard no_grad;
-  for (OptimizerParamGroup& group : param_groups_) update_group(group);
+  for (OptimizerParamGroup& group : param_groups_) update_group(group, grad_factor);
   return loss;
 }
 
-void Optimizer::update_group(OptimizerParamGroup& group) {
+void Optimizer::update_group(OptimizerParamGroup& group, const Tensor& grad_factor) {
+  KILN_CHECK(!grad_factor.defined(), "[", name_,
+             "] update_group: a gradient factor needs an update_group that applies it");
   for (Tensor& p : group.params()) {
     if (!p.grad().defined()) continue;
     update(p, group.options(), state_[p.impl()]);

@@ -187,6 +187,22 @@ class Optimizer {
   // undefined tensor without a closure).
   Tensor step(const LossClosure& closure = nullptr);
 
+  // step() with every gradient multiplied by `grad_factor` as the update reads it, the gradients
+  // themselves left as they are: gradient clipping folded into the update, which reads every
+  // gradient anyway (one pass over them fewer than foreach_mul_ then step()).
+  //
+  //   const Tensor coef = (max_norm / (total_norm + 1e-6)).clamp_max(1.0);  // on the GPU
+  //   opt.step_with_grad_factor(coef);   // the bits of foreach_mul_(grads, coef); opt.step()
+  //
+  // grad_factor: a 0-d floating tensor on the parameters' device (read there: no host sync) or
+  // on the CPU; undefined is step(). Adam and AdamW support it (supports_grad_factor()); other
+  // optimizers refuse it. Like torch's fused Adam's grad_scale (which GradScaler sets as an
+  // attribute for the next step), it is a tensor, so a recorded step (kiln::compile) replays
+  // with its current value; unlike an attribute, it is an argument of this one step.
+  Tensor step_with_grad_factor(const Tensor& grad_factor, const LossClosure& closure = nullptr);
+  // Whether step_with_grad_factor folds the factor into the update (Adam, AdamW).
+  virtual bool supports_grad_factor() const { return false; }
+
   std::vector<OptimizerParamGroup>& param_groups() { return param_groups_; }
   const std::vector<OptimizerParamGroup>& param_groups() const { return param_groups_; }
   OptimizerOptions& defaults() { return *defaults_; }
@@ -228,10 +244,11 @@ class Optimizer {
   virtual void update(Tensor& param, const OptimizerOptions& options,
                       OptimizerParamState& state) = 0;
 
-  // Updates every parameter of `group` that has a gradient (under NoGradGuard). The default
-  // calls update() for each; SGD, Adam and AdamW override it to update the group with one
+  // Updates every parameter of `group` that has a gradient (under NoGradGuard), each gradient
+  // multiplied by `grad_factor` when it is defined (only where supports_grad_factor()). The
+  // default calls update() for each; SGD, Adam and AdamW override it to update the group with one
   // multi-tensor op call (sgd_update_, adam_update_) per device and dtype.
-  virtual void update_group(OptimizerParamGroup& group);
+  virtual void update_group(OptimizerParamGroup& group, const Tensor& grad_factor);
 
   // The dtype of `param`'s state buffers under `options` (its group's): state_dtype by default.
   // load_state_dict converts loaded buffers to it, as torch casts floating state to the

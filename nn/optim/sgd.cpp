@@ -100,7 +100,8 @@ void SGD::update(Tensor& param, const OptimizerOptions& options, OptimizerParamS
   lists.run(o);
 }
 
-void SGD::update_group(OptimizerParamGroup& group) {
+void SGD::update_group(OptimizerParamGroup& group, const Tensor& grad_factor) {
+  KILN_CHECK(!grad_factor.defined(), "[SGD] no gradient factor (supports_grad_factor is false)");
   const auto& o = internal::options_as<SGDOptions>(group.options(), "SGD");
   check_options(o);
   // One call per device, parameter dtype and buffer dtype.

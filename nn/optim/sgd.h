@@ -47,7 +47,7 @@ class SGD : public Optimizer {
 
  protected:
   void update(Tensor& param, const OptimizerOptions& options, OptimizerParamState& state) override;
-  void update_group(OptimizerParamGroup& group) override;
+  void update_group(OptimizerParamGroup& group, const Tensor& grad_factor) override;
   std::optional<std::vector<std::string>> state_buffer_names(
       const OptimizerOptions& options) const override;
 };

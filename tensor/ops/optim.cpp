@@ -17,10 +17,11 @@
 // increment_(tensors[n]; n) adds 1 to each 0-d int64 CPU tensor (one call for all the step counts
 // of an update call).
 //
-// adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr; n, beta1,
-// beta2, eps, weight_decay, decoupled_weight_decay, amsgrad) writes params, exp_avgs,
-// exp_avg_sqs and max_exp_avg_sqs. For each parameter, with t its step count (state_steps[i],
-// already incremented):
+// adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr
+// [, grad_factor]; n, beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad) writes
+// params, exp_avgs, exp_avg_sqs and max_exp_avg_sqs. For each parameter, with t its step count
+// (state_steps[i], already incremented):
+//   g = grad * grad_factor                 (with a factor; the grads themselves are not written)
 //   p = p * (1 - lr * weight_decay)        (decoupled: AdamW)    g = g + weight_decay * p  (Adam)
 //   m = lerp(m, g, 1 - beta1),  v = beta2 * v + (1 - beta2) * g * g,  v_max = max(v_max, v)
 //   p = p - lr / (1 - beta1^t) * m / (sqrt(v or v_max) / sqrt(1 - beta2^t) + eps)
@@ -28,6 +29,17 @@
 // nesterov, new_buffers) writes params and momentum_buffers:
 //   g = g + weight_decay * p,  b = g (new buffer) or momentum * b + (1 - dampening) * g,
 //   g = nesterov ? g + momentum * b : b,  p = p - lr * g
+//
+// The gradient factor folds a scaling of the gradients (gradient clipping's coefficient) into
+// the update, which reads every gradient anyway, instead of a pass that rewrites them
+// (foreach_mul_) before it. It is a 0-d floating tensor on the parameters' device (read there:
+// nothing waits for the GPU) or on the CPU. The product is formed exactly as foreach_mul_(grads,
+// factor) forms it: the factor read in the compute dtype (f32 for f32/bf16/f16 grads, f64 for f64),
+// each product rounded once to the grad's dtype, then read by the update as it reads a grad. So a
+// call with a factor gives the bits of foreach_mul_(grads, factor) followed by the call without it
+// (for bf16/f16 grads the rounding costs two conversions per element). One exception: a 0-d
+// f32/bf16/f16 grad with an f64 factor, which foreach_mul_ multiplies in f64 (t.mul_'s promotion
+// of two 0-d operands); the update multiplies in f32 whatever the shape.
 //
 // One call holds parameters of one dtype on one device, grads of their dtype and shape, and
 // state of one dtype: the parameters' (f32 for f32, f64 for f64, or bf16/f16 with
@@ -93,17 +105,20 @@ AdamUpdateCall::AdamUpdateCall(const OpCall& c, OptimDecode decode)
       amsgrad(c.attr<bool>(kAmsgrad)) {
   const int64_t n = list_length(c, kAdamN);
   const int64_t lists = amsgrad ? 5 : 4;
-  KILN_CHECK(static_cast<int64_t>(c.inputs.size()) == (lists + 1) * n + 1,
+  const int64_t inputs = static_cast<int64_t>(c.inputs.size());
+  KILN_CHECK(inputs == (lists + 1) * n + 1 || inputs == (lists + 1) * n + 2,
              "[adam_update_] expected ", (lists + 1) * n + 1, " tensors for n = ", n,
              " (params, grads, exp_avgs, exp_avg_sqs", amsgrad ? ", max_exp_avg_sqs" : "",
-             ", state_steps, then lr), got ", c.inputs.size());
+             ", state_steps, then lr) or ", (lists + 1) * n + 2, " with a grad_factor, got ",
+             c.inputs.size());
   params = list(c, 0, n);
   grads = list(c, 1, n);
   exp_avgs = list(c, 2, n);
   exp_avg_sqs = list(c, 3, n);
   max_exp_avg_sqs = amsgrad ? list(c, 4, n) : TensorList();
   state_steps = list(c, lists, n);
-  lr_tensor = c.inputs.back();
+  lr_tensor = c.inputs[static_cast<size_t>((lists + 1) * n)];
+  if (inputs == (lists + 1) * n + 2) grad_factor = c.inputs.back();
   if (decode == OptimDecode::kLayout) return;
   lr = decode_lr(c, lr_tensor);
   step_values_.reserve(state_steps.size());
@@ -247,6 +262,30 @@ SpecList increment_meta(const OpCall& c) {
 
 // --- adam_update_ -------------------------------------------------------------------------------
 
+// The optional gradient factor: 0-d floating, on the parameters' device or the CPU, and none of
+// the tensors the call writes (the CUDA kernel reads it while other blocks write them).
+void check_grad_factor(const OpCall& c, const AdamUpdateCall& a) {
+  const size_t lists = a.amsgrad ? 5 : 4;
+  if (c.inputs.size() == (lists + 1) * a.params.size() + 1) return;  // no factor
+  const Tensor& f = a.grad_factor;
+  KILN_CHECK(f.defined(), "[adam_update_] grad_factor is undefined (leave it out for none)");
+  KILN_CHECK(f.dim() == 0 && is_floating_point(f.dtype()),
+             "[adam_update_] grad_factor must be a 0-d floating-point tensor, got a ",
+             dtype_name(f.dtype()), " tensor of shape ", shape_str(f.sizes()), " on ",
+             f.device().str());
+  if (a.params.empty()) return;
+  const Device d = a.params[0].device();
+  KILN_CHECK(f.device() == d || f.is_cpu(), "[adam_update_] grad_factor is on ", f.device().str(),
+             " but the params are on ", d.str(),
+             ": the factor must be on the parameters' device or on the CPU");
+  for (TensorList l : {a.params, a.exp_avgs, a.exp_avg_sqs, a.max_exp_avg_sqs}) {
+    for (const Tensor& t : l) {
+      KILN_CHECK(!t.defined() || !t.is_same(f),
+                 "[adam_update_] grad_factor is a tensor the call writes: pass a copy");
+    }
+  }
+}
+
 void adam_mutated(const OpCall& c, TensorVec& out) {
   const AdamUpdateCall a(c, OptimDecode::kLayout);
   for (TensorList l : {a.params, a.exp_avgs, a.exp_avg_sqs, a.max_exp_avg_sqs}) {
@@ -265,6 +304,7 @@ SpecList adam_update_meta(const OpCall& c) {
     check_host_scalar("adam_update_", entry("state_steps", i), a.state_steps[i], kInt64);
   }
   check_params_and_grads("adam_update_", a.params, a.grads);
+  check_grad_factor(c, a);
   if (!a.params.empty()) {
     const ScalarType sd = a.exp_avgs[0].defined() ? a.exp_avgs[0].dtype() : a.params[0].dtype();
     check_state_dtype("adam_update_", "exp_avgs", sd, a.params[0].dtype());
@@ -289,7 +329,11 @@ TensorVec adam_update_decomposition(const OpCall& c) {
   for (size_t i = 0; i < a.params.size(); ++i) {
     const internal::AdamStepScalars k = a.step_scalars(i);
     Tensor p = in_ct(a.params[i]);
-    Tensor g = a.grads[i].to(ct);
+    Tensor g = a.grads[i];
+    // The factor read in the compute dtype, the product rounded to the grad's dtype (foreach_mul_'s
+    // bits), then read as a grad is.
+    if (a.grad_factor.defined()) g = g.mul(a.grad_factor.to(ct)).to(g.dtype());
+    g = g.to(ct);
     Tensor m = in_ct(a.exp_avgs[i]);
     Tensor v = in_ct(a.exp_avg_sqs[i]);
     Tensor vmax = a.amsgrad ? in_ct(a.max_exp_avg_sqs[i]) : Tensor();
@@ -395,7 +439,8 @@ TensorVec sgd_update_decomposition(const OpCall& c) {
 // Attributes: 0 n (int64).
 KILN_DEFINE_OP(increment_, OpKind::kInplace, increment_meta, OpFlags{.mutated = increment_mutated});
 // Attributes: 0 n (int64), 1 beta1, 2 beta2, 3 eps, 4 weight_decay (double),
-// 5 decoupled_weight_decay, 6 amsgrad (bool). The lr and the step counts are inputs.
+// 5 decoupled_weight_decay, 6 amsgrad (bool). The lr, the step counts and the optional gradient
+// factor are inputs.
 KILN_DEFINE_OP(adam_update_, OpKind::kInplace, adam_update_meta, OpFlags{.mutated = adam_mutated});
 KILN_REGISTER_DECOMPOSITION(adam_update_, adam_update_decomposition);
 // Attributes: 0 n (int64), 1 momentum, 2 dampening, 3 weight_decay (double), 4 nesterov (bool),
@@ -418,6 +463,14 @@ void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs, Tens
                   TensorList max_exp_avg_sqs, TensorList state_steps, const Tensor& lr,
                   double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
                   bool decoupled_weight_decay) {
+  adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+               weight_decay, eps, amsgrad, decoupled_weight_decay, Tensor());
+}
+
+void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs, TensorList exp_avg_sqs,
+                  TensorList max_exp_avg_sqs, TensorList state_steps, const Tensor& lr,
+                  double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
+                  bool decoupled_weight_decay, const Tensor& grad_factor) {
   static const OpDef& op = KILN_OP(adam_update_);
   KILN_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
                  exp_avg_sqs.size() == params.size() &&
@@ -428,11 +481,12 @@ void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs, Tens
              " max_exp_avg_sqs, got ", grads.size(), ", ", exp_avgs.size(), ", ",
              exp_avg_sqs.size(), ", ", state_steps.size(), " and ", max_exp_avg_sqs.size());
   TensorVec inputs;
-  inputs.reserve(params.size() * (amsgrad ? 6 : 5) + 1);
+  inputs.reserve(params.size() * (amsgrad ? 6 : 5) + 2);
   for (TensorList l : {params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps}) {
     append(inputs, l);
   }
   inputs.push_back(lr);
+  if (grad_factor.defined()) inputs.push_back(grad_factor);
   call_op(op, std::move(inputs),
           {static_cast<int64_t>(params.size()), beta1, beta2, eps, weight_decay,
            decoupled_weight_decay, amsgrad});

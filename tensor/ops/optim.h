@@ -43,8 +43,9 @@ struct AdamStepScalars {
 };
 
 // adam_update_(params[n], grads[n], exp_avgs[n], exp_avg_sqs[n], max_exp_avg_sqs[n, amsgrad
-// only], state_steps[n], lr; n, beta1, beta2, eps, weight_decay, decoupled_weight_decay,
-// amsgrad).
+// only], state_steps[n], lr[, grad_factor]; n, beta1, beta2, eps, weight_decay,
+// decoupled_weight_decay, amsgrad). The gradient factor is optional: a call without it (one
+// input fewer) updates with the gradients as they are.
 struct AdamUpdateCall {
   explicit AdamUpdateCall(const OpCall& call, OptimDecode decode = OptimDecode::kValues);
   AdamUpdateCall(const AdamUpdateCall&) = delete;  // steps points into this object
@@ -55,6 +56,9 @@ struct AdamUpdateCall {
   TensorList max_exp_avg_sqs;  // empty unless amsgrad
   TensorList state_steps;      // each parameter's step count: 0-d int64 CPU tensors
   Tensor lr_tensor;            // 0-d f64 CPU
+  // 0-d floating, on the parameters' device or the CPU; undefined when the call has none
+  // (a factor of 1). Never decoded: the CUDA kernel reads a device factor on the device.
+  Tensor grad_factor;
   // Decoded from state_steps (kValues; empty for kLayout): each parameter's step count t,
   // already incremented (t >= 1).
   IntArrayRef steps;
@@ -82,3 +86,17 @@ struct SgdUpdateCall {
 };
 
 }  // namespace kiln::internal
+
+namespace kiln {
+
+// adam_update_ (tensor/ops.h) with a gradient factor: when defined (a 0-d floating tensor on the
+// parameters' device or the CPU), it multiplies every gradient as the update reads it, with the
+// bits of foreach_mul_(grads, grad_factor) before the call; the grads are not written (gradient
+// clipping folded into the update). Undefined: the plain call. Declared here rather than as a
+// default argument in tensor/ops.h, which nearly every file includes.
+void adam_update_(TensorList params, TensorList grads, TensorList exp_avgs, TensorList exp_avg_sqs,
+                  TensorList max_exp_avg_sqs, TensorList state_steps, const Tensor& lr,
+                  double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
+                  bool decoupled_weight_decay, const Tensor& grad_factor);
+
+}  // namespace kiln

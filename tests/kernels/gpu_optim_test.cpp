@@ -5,7 +5,8 @@
 // (16-bit moments, f32 arithmetic) the GPU gives the CPU's bits exactly. Suites are Gpu*
 // (ctest label gpu) and skip without a GPU. The ops themselves (tensor/ops/optim.cpp): the CUDA
 // kernel of adam_update_ against the CPU kernel (bit for bit) and against the decomposition on
-// the GPU; sgd_update_ (its decomposition on the GPU) against the CPU kernel.
+// the GPU, with and without a gradient factor (GPU or CPU); sgd_update_ (its decomposition on the
+// GPU) against the CPU kernel.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -22,6 +23,7 @@
 #include "nn/optim/adam.h"
 #include "nn/optim/adamw.h"
 #include "tensor/ops.h"
+#include "tensor/ops/optim.h"
 #include "tensor/registry.h"
 #include "test_util.h"
 
@@ -477,8 +479,10 @@ TensorVec with_scalars(TensorVec inputs, const Shape& steps, double lr) {
 // Three steps of adam_update_ on GPU and CPU lists of the same values, the GPU through
 // `gpu_path` ("multi_tensor" for the CUDA kernel, "" for the decomposition), the CPU through its
 // fused kernel (or, for f64, its decomposition); parameter i is at step t + i.
+// With `factor` (a 0-d CPU tensor), both calls take a gradient factor: the GPU one the factor on
+// the GPU, or, with `host_factor`, the CPU tensor itself.
 void run_adam_op(ScalarType dtype, ScalarType state, bool strided, const std::string& gpu_path,
-                 bool same_bits) {
+                 bool same_bits, const Tensor& factor = Tensor(), bool host_factor = false) {
   static const OpDef& op = KILN_OP(adam_update_);
   for (const OpCase& c : kOpCases) {
     std::vector<ScalarType> dtypes = {dtype, dtype, state, state};
@@ -499,8 +503,12 @@ void run_adam_op(ScalarType dtype, ScalarType state, bool strided, const std::st
         gpu[1][i] = g.cuda();
         steps.push_back(t + i);
       }
-      const TensorVec cpu_in = with_scalars(flatten(cpu), steps, 0.02);
-      const TensorVec gpu_in = with_scalars(flatten(gpu), steps, 0.02);
+      TensorVec cpu_in = with_scalars(flatten(cpu), steps, 0.02);
+      TensorVec gpu_in = with_scalars(flatten(gpu), steps, 0.02);
+      if (factor.defined()) {
+        cpu_in.push_back(factor);
+        gpu_in.push_back(host_factor ? factor : factor.cuda());
+      }
       if (dtype == kDouble) {
         call_op(op, cpu_in, op_adam_attrs(c, n));
       } else {
@@ -512,10 +520,13 @@ void run_adam_op(ScalarType dtype, ScalarType state, bool strided, const std::st
         call_op_with_kernel(op, gpu_path, gpu_in, op_adam_attrs(c, n));
       }
     }
-    const std::string what = std::string(dtype_name(dtype)) + " params, " +
-                             std::string(dtype_name(state)) + " state" +
-                             (strided ? ", strided" : "") + (c.decoupled ? ", AdamW" : ", Adam") +
-                             (c.amsgrad ? " amsgrad" : "");
+    std::string what = std::string(dtype_name(dtype)) + " params, " +
+                       std::string(dtype_name(state)) + " state" + (strided ? ", strided" : "") +
+                       (c.decoupled ? ", AdamW" : ", Adam") + (c.amsgrad ? " amsgrad" : "");
+    if (factor.defined()) {
+      what += ", " + std::string(dtype_name(factor.dtype())) + (host_factor ? " CPU" : " GPU") +
+              " grad factor";
+    }
     expect_lists(gpu, cpu, same_bits, what);
   }
 }
@@ -538,6 +549,44 @@ TEST_F(GpuAdamUpdateOp, DecompositionMatchesCpuKernel) {
   run_adam_op(kFloat, kFloat, true, "", false);
   run_adam_op(kBFloat16, kFloat, false, "", false);
   run_adam_op(kBFloat16, kBFloat16, true, "", false);
+}
+
+// With a gradient factor (clipping's coefficient folded into the update): the CUDA kernel, reading
+// a GPU factor on the device or a CPU one from its arguments, gives the CPU kernel's bits, for
+// f64, f32 and bf16 factors, contiguous and strided (the f32 copies take pre-multiplied grads).
+TEST_F(GpuAdamUpdateOp, GradFactorKernelMatchesCpuKernel) {
+  for (ScalarType fd : {kDouble, kFloat, kBFloat16}) {
+    const Tensor f = scalar_tensor(0.37, kDouble).to(fd);
+    for (bool strided : {false, true}) {
+      run_adam_op(kFloat, kFloat, strided, "multi_tensor", true, f);
+      run_adam_op(kBFloat16, kFloat, strided, "multi_tensor", true, f);
+      run_adam_op(kBFloat16, kBFloat16, strided, "multi_tensor", true, f);
+      run_adam_op(kHalf, kHalf, strided, "multi_tensor", true, f);
+    }
+    run_adam_op(kBFloat16, kFloat, false, "multi_tensor", true, f, /*host_factor=*/true);
+    run_adam_op(kFloat, kFloat, true, "multi_tensor", true, f, /*host_factor=*/true);
+  }
+  // The decomposition on the GPU (possibly FMA-contracted) and f64 (decomposition only).
+  const Tensor f = scalar_tensor(0.37, kDouble);
+  run_adam_op(kBFloat16, kFloat, false, "", false, f);
+  run_adam_op(kDouble, kDouble, false, "", false, f);
+}
+
+// The grads are read, not written; the factor must be on the parameters' device or the CPU.
+TEST_F(GpuAdamUpdateOp, GradFactorLeavesTheGradsAndChecksItsDevice) {
+  const TensorOptions gpu = TensorOptions(kBFloat16).device(test::kGpu);
+  Tensor p = randn({1000}).to(gpu), g = randn({1000}).to(gpu);
+  Tensor m = zeros({1000}, TensorOptions(kFloat).device(test::kGpu)), v = m.clone();
+  const Tensor g0 = g.clone();
+  const Tensor step = scalar_tensor(int64_t{1}, kInt64), lr = scalar_tensor(0.1, kDouble);
+  adam_update_({p}, {g}, {m}, {v}, {}, {step}, lr, 0.9, 0.999, 0, 1e-8, false, true,
+               scalar_tensor(0.25, kDouble).cuda());
+  EXPECT_TRUE(equal(g.cpu(), g0.cpu()));
+  const Tensor pc = zeros({4});
+  EXPECT_KILN_ERROR(
+      adam_update_({pc}, {pc.clone()}, {pc.clone()}, {pc.clone()}, {}, {step}, lr, 0.9, 0.999, 0,
+                   1e-8, false, true, scalar_tensor(0.25, kDouble).cuda()),
+      "[adam_update_]");
 }
 
 // f64 has no CUDA kernel: the op runs its decomposition, as on the CPU.

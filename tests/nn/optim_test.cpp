@@ -13,6 +13,7 @@
 #include "nn/optim/adamw.h"
 #include "nn/optim/sgd.h"
 #include "nn/optim_test_util.h"
+#include "tensor/foreach.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -576,6 +577,94 @@ TEST(Optim, StepWithClosure) {
   EXPECT_DOUBLE_EQ(loss.item<double>(), 9.0);
   EXPECT_DOUBLE_EQ(p.item<double>(), 3.0 - 0.25 * 6.0);
   EXPECT_FALSE(opt.step().defined());
+}
+
+// step_with_grad_factor(f) gives the bits of foreach_mul_(grads, f) then step(), for Adam and
+// AdamW, f32, bf16 and f64 parameters (a group with several dtypes: several update calls), f32
+// and 16-bit state; the gradients are left as they are.
+TEST(OptimGradFactor, MatchesForeachMulThenStep) {
+  for (bool decoupled : {false, true}) {
+    for (bool in_param : {false, true}) {
+      auto make = [&] {
+        manual_seed(11);
+        std::vector<Tensor> ps = {randn({40, 30}).requires_grad_(),
+                                  randn({17}).to(kBFloat16).requires_grad_(),
+                                  randn({9}, kFloat64).requires_grad_()};
+        for (Tensor& p : ps) p = p.detach().requires_grad_();
+        return ps;
+      };
+      std::vector<Tensor> pa = make(), pb = make();
+      auto a = make_adam(decoupled, pa, 0.1, /*amsgrad=*/true, in_param);
+      auto b = make_adam(decoupled, pb, 0.1, /*amsgrad=*/true, in_param);
+      EXPECT_TRUE(a->supports_grad_factor());
+      for (int s = 0; s < 3; ++s) {
+        const Tensor coef = scalar_tensor(0.3 + 0.2 * s, kDouble);  // as clipping makes it
+        for (size_t i = 0; i < pa.size(); ++i) {
+          const Tensor g = randn(pa[i].sizes()).to(pa[i].dtype());
+          pa[i].mutable_grad() = g;
+          pb[i].mutable_grad() = g.clone();
+        }
+        const std::vector<Tensor> before = {pa[0].grad().clone(), pa[1].grad().clone()};
+        a->step_with_grad_factor(coef);
+        EXPECT_TRUE(equal(pa[0].grad(), before[0]));
+        EXPECT_TRUE(equal(pa[1].grad(), before[1]));
+        for (const std::vector<Tensor>& group :
+             foreach_groups({pb[0].grad(), pb[1].grad(), pb[2].grad()})) {
+          foreach_mul_(group, coef);
+        }
+        b->step();
+      }
+      for (size_t i = 0; i < pa.size(); ++i) {
+        EXPECT_TRUE(equal(pa[i], pb[i])) << "param " << i << " decoupled " << decoupled;
+        const auto& sa = a->state().at(pa[i].impl()).buffers;
+        const auto& sb = b->state().at(pb[i].impl()).buffers;
+        for (const char* name : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+          EXPECT_TRUE(equal(sa.at(name), sb.at(name))) << name << " of param " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(OptimGradFactor, UndefinedIsStepAndOtherOptimizersRefuse) {
+  manual_seed(12);
+  Tensor p = randn({6}).requires_grad_(), q = p.detach().clone().requires_grad_();
+  AdamW a({p}, AdamWOptions(0.1)), b({q}, AdamWOptions(0.1));
+  const Tensor g = randn({6});
+  p.mutable_grad() = g;
+  q.mutable_grad() = g.clone();
+  a.step_with_grad_factor(Tensor());
+  b.step();
+  EXPECT_TRUE(equal(p, q));
+  EXPECT_KILN_ERROR(a.step_with_grad_factor(full({1}, 0.5)),
+                    "[AdamW] step_with_grad_factor: the factor must be a 0-d floating-point "
+                    "tensor, got a float32 tensor of shape [1]");
+  EXPECT_KILN_ERROR(a.step_with_grad_factor(scalar_tensor(int64_t{1}, kInt64)),
+                    "the factor must be a 0-d floating-point tensor");
+  SGD sgd({p}, SGDOptions(0.1));
+  EXPECT_FALSE(sgd.supports_grad_factor());
+  EXPECT_KILN_ERROR(sgd.step_with_grad_factor(scalar_tensor(0.5, kDouble)),
+                    "[SGD] step_with_grad_factor: SGD does not fold a gradient factor into its "
+                    "update; multiply the gradients (foreach_mul_) and call step()");
+  const Tensor before = p.detach().clone();
+  sgd.step_with_grad_factor(Tensor());  // undefined: step()
+  EXPECT_FALSE(equal(p, before));
+}
+
+// With a closure, the factor multiplies the gradients the closure makes.
+TEST(OptimGradFactor, WithClosure) {
+  Tensor p = scalar_param(3.0, kFloat64);
+  Adam opt({p}, AdamOptions(0.25));
+  auto closure = [&] {
+    opt.zero_grad();
+    Tensor loss = (p * p).sum();
+    loss.backward();
+    return loss;
+  };
+  Tensor loss = opt.step_with_grad_factor(scalar_tensor(0.5, kDouble), closure);
+  EXPECT_DOUBLE_EQ(loss.item<double>(), 9.0);
+  EXPECT_DOUBLE_EQ(p.grad().item<double>(), 6.0);  // not written
+  EXPECT_NEAR(opt.state().at(p.impl()).buffers.at("exp_avg").item<double>(), 0.1 * 3.0, 1e-15);
 }
 
 }  // namespace

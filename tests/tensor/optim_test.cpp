@@ -4,14 +4,18 @@
 // tensors, empty and 0-d ones, one large enough for several threads, several steps and every
 // option; f64 (which only the decomposition runs) against an f64 reference; and every misuse.
 // The lr and the step counts are 0-d CPU tensor inputs: a call replayed with its attributes
-// frozen follows their values, and the meta rules never read them. increment_, which advances
-// the step counts.
+// frozen follows their values, and the meta rules never read them. adam_update_'s optional
+// gradient factor against foreach_mul_ then the plain update (the same bits). increment_, which
+// advances the step counts.
+#include "tensor/ops/optim.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "tensor/foreach.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 #include "tensor/tensor_data.h"
@@ -252,11 +256,13 @@ TEST(OptimOpAdam, Errors) {
                     "[adam_update_] the list length n must be non-negative, got -1");
   EXPECT_KILN_ERROR(run({p, g, m}),
                     "[adam_update_] expected 6 tensors for n = 1 (params, grads, exp_avgs, "
-                    "exp_avg_sqs, state_steps, then lr), got 5");
+                    "exp_avg_sqs, state_steps, then lr) or 7 with a grad_factor, got 5");
   EXPECT_KILN_ERROR(run({p, g, m, v}, {1}, 0.1, 0.9, 0.999, 1e-8, 0, true),
                     "expected 7 tensors for n = 1 (params, grads, exp_avgs, exp_avg_sqs, "
-                    "max_exp_avg_sqs, state_steps, then lr), got 6");
-  EXPECT_KILN_ERROR(run({p, g, m, v}, {1, 2}), "[adam_update_] expected 6 tensors for n = 1");
+                    "max_exp_avg_sqs, state_steps, then lr) or 8 with a grad_factor, got 6");
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1, 2, 3}), "[adam_update_] expected 6 tensors for n = 1");
+  // One tensor more is read as a grad_factor after the lr: here the lr's place holds a count.
+  EXPECT_KILN_ERROR(run({p, g, m, v}, {1, 2}), "[adam_update_] lr must be a 0-d float64 CPU");
   EXPECT_KILN_ERROR(call_op(op, {p, g, m, v, t1, lr}, {int64_t{1}, 0.9}),
                     "[adam_update_] missing attribute 2");
   // Hyper-parameters; the lr and step counts are checked where they are read (the kernel).
@@ -366,6 +372,149 @@ TEST(OptimOpAdam, ReplayedCallReadsTheCurrentLrAndSteps) {
   }
   for (const Tensor& s : steps) EXPECT_EQ(s.item<int64_t>(), 3);
   expect_same_bits(replayed, fresh, "replayed against fresh calls");
+}
+
+// --- adam_update_ with a gradient factor ---------------------------------------------------------
+
+// Three steps of the op with a gradient factor (`path`: the fused kernel, or the decomposition),
+// against foreach_mul_(grads, factor) then the op without one, through the same path: the same
+// bits (the product is rounded to the grad's dtype, as foreach_mul_ rounds it), and the grads
+// the fused call read are left as they were. Without `zero_d`, the 0-d tensors are left out
+// (foreach_mul_ multiplies a 0-d grad by a wider 0-d factor in the factor's dtype).
+void check_grad_factor_matches_foreach_mul(ScalarType dtype, ScalarType state, bool strided,
+                                           const Tensor& factor, bool decomposition,
+                                           bool zero_d = true) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  for (const AdamCase& c : kAdamCases) {
+    Lists a = make_adam(dtype, state, c.amsgrad, strided);
+    Lists b = make_adam(dtype, state, c.amsgrad, strided);
+    if (!zero_d) {
+      for (Lists* l : {&a, &b}) {
+        for (auto& list : l->lists) list.erase(list.begin() + 1);  // kShapes[1] is 0-d
+      }
+    }
+    const int64_t n = static_cast<int64_t>(a.lists[0].size());
+    auto run = [&](TensorVec in) {
+      if (decomposition) {
+        call_decomposition(op, std::move(in), adam_attrs(c, n));
+      } else {
+        call_op_with_kernel(op, "fused", std::move(in), adam_attrs(c, n));
+      }
+    };
+    for (int64_t t = 1; t <= 3; ++t) {
+      manual_seed(70 + t);
+      Shape steps;
+      std::vector<Tensor> read;  // the grads the fused call reads, and their values
+      for (int64_t i = 0; i < n; ++i) {
+        const Tensor g = randn(a.lists[0][i].sizes()).to(dtype);
+        a.lists[1][i] = g;
+        b.lists[1][i] = g.clone();
+        read.push_back(g.clone());
+        steps.push_back(t + i);
+      }
+      TensorVec fused = with_scalars(a.inputs(), steps, 0.02);
+      fused.push_back(factor);
+      run(std::move(fused));
+      foreach_mul_(b.lists[1], factor);
+      run(with_scalars(b.inputs(), steps, 0.02));
+      for (int64_t i = 0; i < n; ++i) EXPECT_TRUE(equal(a.lists[1][i], read[i])) << i;
+    }
+    const std::string what =
+        std::string(dtype_name(dtype)) + " params, " + std::string(dtype_name(state)) + " state, " +
+        std::string(dtype_name(factor.dtype())) + " factor" + (strided ? ", strided" : "") +
+        (c.decoupled ? ", AdamW" : ", Adam") + (c.amsgrad ? " amsgrad" : "") +
+        (decomposition ? ", decomposition" : ", kernel");
+    a.lists[1] = b.lists[1];  // the grads differ by design: compare the rest
+    expect_same_bits(a, b, what);
+  }
+}
+
+// 0.37: not a power of two, so the rounding of g * factor matters for 16-bit grads.
+TEST(OptimOpAdamGradFactor, MatchesForeachMulThenUpdate) {
+  const Tensor f32 = scalar_tensor(0.37, kFloat);
+  for (bool decomposition : {false, true}) {
+    for (bool strided : {false, true}) {
+      check_grad_factor_matches_foreach_mul(kFloat, kFloat, strided, f32, decomposition);
+      check_grad_factor_matches_foreach_mul(kBFloat16, kFloat, strided, f32, decomposition);
+      check_grad_factor_matches_foreach_mul(kBFloat16, kBFloat16, strided, f32, decomposition);
+      check_grad_factor_matches_foreach_mul(kHalf, kHalf, strided, f32, decomposition);
+    }
+  }
+  check_grad_factor_matches_foreach_mul(kHalf, kFloat, false, f32, false);
+  check_grad_factor_matches_foreach_mul(kDouble, kDouble, false, scalar_tensor(0.37, kDouble),
+                                        true);
+  check_grad_factor_matches_foreach_mul(kDouble, kDouble, true, f32, true);
+}
+
+// The trainer's factor: f64 (clipping's coefficient), also in bf16.
+TEST(OptimOpAdamGradFactor, OtherFactorDtypes) {
+  for (ScalarType fd : {kDouble, kBFloat16}) {
+    const Tensor f = scalar_tensor(0.37, kDouble).to(fd);
+    for (bool decomposition : {false, true}) {
+      check_grad_factor_matches_foreach_mul(kFloat, kFloat, false, f, decomposition, false);
+      check_grad_factor_matches_foreach_mul(kBFloat16, kFloat, false, f, decomposition, false);
+      check_grad_factor_matches_foreach_mul(kBFloat16, kBFloat16, true, f, decomposition, false);
+    }
+  }
+}
+
+// A factor of 1 changes nothing (the product is exact), and a call without the input is the
+// plain update (the old call layout).
+TEST(OptimOpAdamGradFactor, FactorOneIsThePlainUpdate) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  const AdamCase c = kAdamCases[1];
+  Lists a = make_adam(kBFloat16, kFloat, true, false);
+  Lists b = make_adam(kBFloat16, kFloat, true, false);
+  const int64_t n = static_cast<int64_t>(a.lists[0].size());
+  Shape steps(static_cast<size_t>(n), 1);
+  TensorVec in = with_scalars(a.inputs(), steps, 0.02);
+  in.push_back(scalar_tensor(1.0, kDouble));
+  call_op_with_kernel(op, "fused", in, adam_attrs(c, n));
+  call_op_with_kernel(op, "fused", with_scalars(b.inputs(), steps, 0.02), adam_attrs(c, n));
+  expect_same_bits(a, b, "factor 1");
+  // The wrapper: an undefined factor is no input.
+  Tensor p = randn({5}), m = zeros({5}), v = zeros({5});
+  Tensor p2 = p.clone(), m2 = m.clone(), v2 = v.clone();
+  const Tensor g = randn({5});
+  adam_update_({p}, {g}, {m}, {v}, {}, {step_tensor(1)}, lr_tensor(0.1), 0.9, 0.999, 0.0, 1e-8,
+               false, true, Tensor());
+  adam_update_({p2}, {g}, {m2}, {v2}, {}, {step_tensor(1)}, lr_tensor(0.1), 0.9, 0.999, 0.0, 1e-8,
+               false, true);
+  EXPECT_TRUE(equal(p, p2));
+  // A factor of 0.5 through the wrapper: the update of half the gradient.
+  adam_update_({p}, {g}, {m}, {v}, {}, {step_tensor(2)}, lr_tensor(0.1), 0.9, 0.999, 0.0, 1e-8,
+               false, true, scalar_tensor(0.5, kDouble));
+  adam_update_({p2}, {g * 0.5}, {m2}, {v2}, {}, {step_tensor(2)}, lr_tensor(0.1), 0.9, 0.999, 0.0,
+               1e-8, false, true);
+  EXPECT_TRUE(equal(p, p2));
+  EXPECT_TRUE(equal(m, m2));
+}
+
+TEST(OptimOpAdamGradFactor, Errors) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  const Tensor p = zeros({4}), g = zeros({4}), m = zeros({4}), v = zeros({4});
+  const Attrs attrs = {int64_t{1}, 0.9, 0.999, 1e-8, 0.0, false, false};
+  auto run = [&](const Tensor& factor, const Tensor& param) {
+    call_op(op, {param, g, m, v, step_tensor(1), lr_tensor(0.1), factor}, attrs);
+  };
+  EXPECT_KILN_ERROR(run(Tensor(), p),
+                    "[adam_update_] grad_factor is undefined (leave it out for none)");
+  EXPECT_KILN_ERROR(run(full({1}, 0.5), p),
+                    "[adam_update_] grad_factor must be a 0-d floating-point tensor, got a "
+                    "float32 tensor of shape [1] on cpu");
+  EXPECT_KILN_ERROR(run(scalar_tensor(int64_t{1}, kInt64), p),
+                    "[adam_update_] grad_factor must be a 0-d floating-point tensor, got a int64 "
+                    "tensor of shape []");
+  // A tensor the call writes: a 0-d parameter.
+  const Tensor p0 = zeros({}), g0 = zeros({}), m0 = zeros({}), v0 = zeros({});
+  EXPECT_KILN_ERROR(call_op(op, {p0, g0, m0, v0, step_tensor(1), lr_tensor(0.1), p0}, attrs),
+                    "[adam_update_] grad_factor is a tensor the call writes: pass a copy");
+  // On another device than the parameters (and not the CPU).
+  const TensorOptions on_meta = TensorOptions().device(Device(kMeta));
+  const Tensor mp = empty({4}, on_meta);
+  EXPECT_EQ(call_op(op, {mp, mp, mp, mp, step_tensor(1), lr_tensor(0.1), scalar_tensor(0.5)}, attrs)
+                .size(),
+            3u);  // a CPU factor joins parameters on any device (GPU: gpu_optim_test.cpp)
 }
 
 // --- increment_ --------------------------------------------------------------------------------
