@@ -1,6 +1,8 @@
 // The autograd engine: recording, backward, grad(), hooks, higher order, errors, memory.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
+#include <memory>
 #include <thread>
 
 #include <kiln/kiln.h>
@@ -211,6 +213,27 @@ TEST(EngineTest, LongChainHasNoRecursionLimit) {
   for (int i = 0; i < 100000; ++i) y = y * 1.0;
   y.sum().backward();
   EXPECT_DOUBLE_EQ(x.grad().item<double>(), 1.0);
+}
+
+// The chain is freed on a thread with a 1 MiB stack: released node by node from inside each
+// other's destructors, 100000 nodes need several times that (the sanitizer build overflowed
+// 8 MiB in LongChainHasNoRecursionLimit).
+TEST(EngineTest, LongChainIsFreedWithoutDeepRecursion) {
+  Tensor x = leaf({1});
+  auto y = std::make_unique<Tensor>(x);
+  for (int i = 0; i < 100000; ++i) *y = *y * 1.0;
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 1 << 20), 0);
+  pthread_t thread;
+  auto free_chain = [](void* p) -> void* {
+    static_cast<std::unique_ptr<Tensor>*>(p)->reset();
+    return nullptr;
+  };
+  ASSERT_EQ(pthread_create(&thread, &attr, free_chain, &y), 0);
+  ASSERT_EQ(pthread_join(thread, nullptr), 0);
+  pthread_attr_destroy(&attr);
+  EXPECT_EQ(y, nullptr);
 }
 
 TEST(EngineTest, SavedTensorsAreFreedAfterBackward) {
