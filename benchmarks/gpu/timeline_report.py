@@ -1,0 +1,115 @@
+"""Where a training step's GPU time goes, from the CSV timelines of gpu/kernel_timeline.cpp.
+
+    python3 timeline_report.py [--steps N | --step-ms MS] [--tail F] A.csv [B.csv]
+
+For each timeline: the steady part (the last F of the timeline, default 0.6), split into steps
+by N, or by the step time MS the program reported, or else by the number of launches of a
+kernel that runs once a step (--marker, default the cross-entropy's mean, `ce_mean`). Per step: the span; the time some compute kernel runs
+(the union of their intervals) and the sum of their durations; the same for NCCL's kernels;
+the time both run at once; the time NCCL runs alone (communication the step waits for); the
+time nothing runs (idle: the host is late); kernel families by time. With two timelines (e.g.
+one GPU, then rank 0 of DDP), the kernels whose time per step changed most.
+"""
+import argparse
+import collections
+import csv
+import re
+
+
+def load(path, tail):
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["device"]), r["kind"], r["name"]))
+    device = collections.Counter(r[2] for r in rows).most_common(1)[0][0]
+    rows = [r for r in rows if r[2] == device]
+    t0 = min(r[0] for r in rows)
+    t1 = max(r[1] for r in rows)
+    lo = t1 - tail * (t1 - t0)
+    return [r for r in rows if r[0] >= lo], t1 - lo
+
+
+def union(intervals):
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def length(u):
+    return sum(e - s for s, e in u)
+
+
+def intersection(a, b):
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0, e - s)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def family(name):
+    n = name.lower()
+    for key, fam in [("nccl", "nccl"), ("gemm", "gemm"), ("sm90_xmma", "gemm"), ("cutlass", "gemm"),
+                     ("nvjet", "gemm"), ("flash", "attention"), ("fmha", "attention"),
+                     ("cudnn", "attention"), ("adam", "optimizer"), ("ce_", "cross-entropy"),
+                     ("cross_entropy", "cross-entropy"), ("norm", "norm"), ("rotary", "rope"),
+                     ("glu", "glu"), ("index", "index/embedding"), ("memcpy", "memcpy"),
+                     ("copy", "copy"), ("reduce", "reduce"), ("fill", "fill")]:
+        if key in n:
+            return fam
+    return "other"
+
+
+def report(path, args):
+    rows, window = load(path, args.tail)
+    steps = args.steps or (round(window / 1e6 / args.step_ms) if args.step_ms else 0) or \
+        sum(1 for r in rows if args.marker in r[4]) or 1
+    per = lambda ns: ns / steps / 1e6
+    nccl = [r for r in rows if "nccl" in r[4].lower()]
+    comp = [r for r in rows if "nccl" not in r[4].lower()]
+    uc, un = union([(r[0], r[1]) for r in comp]), union([(r[0], r[1]) for r in nccl])
+    ua = union([(r[0], r[1]) for r in rows])
+    both = intersection(uc, un)
+    print(f"{path}: {per(window * steps):.1f} ms of steady timeline, {steps} steps")
+    print(f"  per step (ms): span {per(window):.2f} | compute runs {per(length(uc)):.2f} "
+          f"(kernels' sum {per(sum(r[1] - r[0] for r in comp)):.2f}) | NCCL runs {per(length(un)):.2f} "
+          f"| both {per(both):.2f} | NCCL alone {per(length(un) - both):.2f} | idle {per(window - length(ua)):.2f}")
+    fams = collections.Counter()
+    by_name = collections.Counter()
+    for r in rows:
+        fams[family(r[4])] += r[1] - r[0]
+        by_name[re.sub(r"\s+", " ", r[4])[:100]] += r[1] - r[0]
+    print("  families (ms per step): " + ", ".join(f"{k} {per(v):.2f}" for k, v in fams.most_common()))
+    return {k: per(v) for k, v in by_name.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", nargs="+")
+    ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--step-ms", type=float, default=0, help="steps = steady time / this")
+    ap.add_argument("--marker", default="ce_mean")
+    ap.add_argument("--tail", type=float, default=0.6)
+    args = ap.parse_args()
+    tables = [report(p, args) for p in args.csv]
+    if len(tables) == 2:
+        a, b = tables
+        diff = sorted(((b.get(k, 0) - a.get(k, 0), k) for k in set(a) | set(b)), reverse=True)
+        print("kernels whose time per step grew most (ms, first -> second):")
+        for d, k in diff[:15]:
+            print(f"  {d:+.3f}  {a.get(k, 0):.3f} -> {b.get(k, 0):.3f}  {k}")
+        print("and shrank most:")
+        for d, k in diff[-5:]:
+            print(f"  {d:+.3f}  {a.get(k, 0):.3f} -> {b.get(k, 0):.3f}  {k}")
+
+
+if __name__ == "__main__":
+    main()
