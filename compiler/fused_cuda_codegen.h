@@ -1,0 +1,135 @@
+// Internals of fused_cuda's code generator (compiler/fused_cuda.h), shared by its parts. Plain
+// C++ (no CUDA header): it runs, and is tested, on machines without a GPU.
+//
+//   fused_cuda_prelude.cpp  the text every kernel starts with (types, conversions, parameters)
+//   fused_cuda_codegen.cpp  the type helpers and the lists of the ops it writes
+//   fused_cuda_plan.cpp     the planner: which regions, their operands, domain and slots
+//   fused_cuda_expr.cpp     each member as an expression
+//   fused_cuda_emit.cpp     the kernels' source (strided, dense and vector entries)
+//
+// Each member is written the way its eager CUDA kernel computes it (kernels/unary_fn.h,
+// binary_fn.h and the formulas of kernels/scalar_fn.h, through loops::elementwise):
+//   - its inputs converted to the dtype the kernel reads them in (as_dtype: scalar::convert),
+//     a 0-d operand of an arithmetic binary op read in opmath, of a comparison rounded first;
+//   - the formula in opmath (float for bf16/f16), with the same expression, so that the device
+//     compiler contracts the same multiply-adds within it;
+//   - the result cast to the member's dtype (static_cast, or a round-to-nearest-even cvt for
+//     bf16/f16), then passed through an empty asm barrier (kopaque) so that nothing contracts
+//     across members.
+// Attribute values (alpha, clamp bounds, exponents) are kernel parameters, as in eager kernels,
+// so regions that differ only in them share one kernel.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "compiler/fused_cuda.h"
+#include "compiler/trace.h"
+
+namespace kiln::compiler::internal {
+
+constexpr int kMaxRank = 8;
+constexpr int kMaxSlots = 512;  // 4 KiB of kernel parameters
+
+// The helpers every generated kernel starts with (fused_cuda_prelude.cpp); KILN_SLOTS is defined
+// before it.
+extern const std::string_view kPrelude;
+
+// --- Types (fused_cuda_codegen.cpp) -------------------------------------------------------------
+
+std::string ctype(ScalarType t);    // the device type of a storage dtype: "bf16", "float", ...
+std::string utype(ScalarType t);    // the unsigned type of an integer dtype (make_unsigned_t)
+std::string bits_fn(ScalarType t);  // the prelude's function reading a parameter slot as t
+ScalarType opmath(ScalarType t);
+bool is_float(ScalarType t);
+// A storage value as its opmath value (static_cast<opmath_t<T>>).
+std::string to_m(const std::string& x, ScalarType t);
+// An opmath-typed (or promoted) expression cast to storage type t (static_cast<T>, T(float)).
+std::string from_m(const std::string& e, ScalarType t);
+// scalar::convert<D, S>: through S's opmath type. The identity when S == D (as_dtype's no-op).
+std::string convert(const std::string& x, ScalarType from, ScalarType to);
+
+// Bits of a host value of opmath type (or storage type) `t` in a 64-bit parameter slot.
+template <typename V>
+uint64_t bits_of(V v) {
+  uint64_t b = 0;
+  if constexpr (std::is_same_v<V, bool>) {
+    b = v ? 1 : 0;
+  } else if constexpr (std::is_integral_v<V>) {
+    b = static_cast<uint64_t>(static_cast<int64_t>(v));
+  } else if constexpr (std::is_same_v<V, float>) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    b = u;
+  } else if constexpr (std::is_same_v<V, double>) {
+    std::memcpy(&b, &v, 8);
+  } else {  // Half, BFloat16
+    b = v.x;
+  }
+  return b;
+}
+
+// torch.result_type of two values (tensor/ops/binary.cpp's ResultTypeBuilder).
+ScalarType result_type_of(const Trace& t, int a, int b);
+bool has_attr(const BoundOp& op, size_t i);
+template <typename T>
+const T* attr_if(const BoundOp& op, size_t i) {
+  return i < op.attrs.size() ? std::get_if<T>(&op.attrs[i]) : nullptr;
+}
+// The common dtype of a binary op (binary_common_dtype): attribute `at` or the result type.
+ScalarType common_dtype(const Trace& t, const BoundOp& op, size_t at);
+
+const absl::flat_hash_set<std::string_view>& float_unary_ops();
+const absl::flat_hash_set<std::string_view>& numeric_unary_ops();
+const absl::flat_hash_set<std::string_view>& arithmetic_ops();
+const absl::flat_hash_map<std::string_view, std::string_view>& compare_ops();
+const absl::flat_hash_set<std::string_view>& logical_ops();
+
+// --- The generator
+// ---------------------------------------------------------------------------------
+
+// Lowers the region trace.ops[begin, end): plan() (fused_cuda_plan.cpp) names the operands and
+// checks the region, member_expr() (fused_cuda_expr.cpp) writes each member, emit()
+// (fused_cuda_emit.cpp) writes the entries.
+class Generator {
+ public:
+  Generator(const Trace& t, size_t begin, size_t end) : t_(t), begin_(begin), end_(end) {}
+  std::optional<FusedKernel> run(std::string* why);
+
+ private:
+  bool plan(std::string* why);
+
+  // A constant of dtype `t` (the value's bits): a kernel parameter, read once per thread.
+  std::string constant(ScalarType t, uint64_t bits);
+  template <typename V>
+  std::string constant_of(V v) {
+    return constant(dtype_of<V>(), bits_of(v));
+  }
+  const TensorSpec& spec(int v) const { return t_.value(v).spec; }
+  std::string var(int v) const { return name_.at(v); }
+  std::string read_as(const BoundOp& op, size_t j, ScalarType as);
+  std::string member_expr(const BoundOp& op);
+  std::string binary_expr(const BoundOp& op, ScalarType out);
+
+  std::string offset(const FusedKernel::Operand& o, bool dense) const;
+  std::string body(bool dense, bool vector = false) const;
+  void emit();
+
+  const Trace& t_;
+  size_t begin_, end_;
+  FusedKernel k_;
+  absl::flat_hash_map<int, std::string> name_;
+  std::vector<const BoundOp*> members_;
+  std::vector<std::string> exprs_, lines_;
+  std::vector<std::pair<ScalarType, uint64_t>> constants_;
+};
+
+}  // namespace kiln::compiler::internal

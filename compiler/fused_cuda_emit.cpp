@@ -1,0 +1,211 @@
+// fused_cuda's code generator (compiler/fused_cuda_codegen.h): the kernels' source, from the
+// planned operands and the members' expressions.
+#include <algorithm>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "compiler/fused_cuda_codegen.h"
+
+namespace kiln::compiler::internal {
+
+// Offsets: an operand of the domain's rank reads element c of its own through its strides.
+std::string Generator::offset(const FusedKernel::Operand& o, bool dense) const {
+  if (o.sizes.empty()) return "0";
+  if (dense) return "i";
+  const size_t rank = k_.sizes.size();
+  std::string s;
+  for (size_t d = 0; d < rank; ++d) {
+    if (k_.sizes[d] == 1) continue;  // its coordinate is always 0
+    s += (s.empty() ? "" : " + ") + absl::StrCat("(i64)c", d, " * p.v[", o.slot + 1 + d, "]");
+  }
+  return s.empty() ? "0" : s;
+}
+
+// The body of the element loop (dense: every operand indexed by i; vector: element e of the
+// packs vx<j> and vy<j> for the operands of the domain's shape, whose loads and stores the
+// vector entry writes around it).
+std::string Generator::body(bool dense, bool vector) const {
+  std::ostringstream os;
+  const size_t rank = k_.sizes.size();
+  if (!dense) {
+    // The coordinates of element i: below 2^31 elements in 32 bits, where dividing by a
+    // constant is a multiply-high, not a 64-bit division sequence (offsets stay 64-bit).
+    const bool narrow = numel_of(k_.sizes) < (int64_t{1} << 31);
+    const std::string type = narrow ? "u32" : "i64", suffix = narrow ? "u" : "LL";
+    os << "    " << type << " r = (" << type << ")i;\n";
+    for (size_t d = rank; d-- > 0;) {
+      if (k_.sizes[d] == 1) continue;
+      if (d == 0) {
+        os << "    const " << type << " c0 = r;\n";
+      } else {
+        os << "    const " << type << " c" << d << " = r % " << k_.sizes[d] << suffix << ";\n";
+        os << "    r /= " << k_.sizes[d] << suffix << ";\n";
+      }
+    }
+  }
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    const FusedKernel::Operand& o = k_.inputs[j];
+    if (o.host_scalar) continue;
+    if (vector && !o.sizes.empty()) {
+      os << "    const " << ctype(o.dtype) << " x" << j << " = vx" << j << ".v[e];\n";
+      continue;
+    }
+    os << "    const " << ctype(o.dtype) << " x" << j << " = in" << j << "[" << offset(o, dense)
+       << "];\n";
+  }
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const BoundOp& op = *members_[i];
+    const ScalarType out = spec(op.outputs[0]).dtype;
+    os << "    // " << lines_[i] << "\n";
+    const bool fence = out == kFloat || out == kDouble;
+    os << "    const " << ctype(out) << " y" << i << " = "
+       << (fence ? "kopaque(" + exprs_[i] + ", kzero)" : exprs_[i]) << ";\n";
+  }
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
+    const FusedKernel::Operand& o = k_.outputs[j];
+    // An output smaller than the domain is written by the threads at coordinate 0 of the
+    // dims it broadcasts along.
+    std::string guard;
+    if (!dense) {
+      const size_t lead = rank - o.sizes.size();
+      for (size_t d = 0; d < rank; ++d) {
+        if (k_.sizes[d] == 1) continue;
+        if (d < lead || o.sizes[d - lead] == 1) {
+          guard += (guard.empty() ? "" : " && ") + absl::StrCat("c", d, " == 0");
+        }
+      }
+    }
+    if (vector) {
+      os << "    vy" << j << ".v[e] = " << var(o.value) << ";\n";
+      continue;
+    }
+    os << "    " << (guard.empty() ? "" : "if (" + guard + ") ") << "out" << j << "["
+       << offset(o, dense) << "] = " << var(o.value) << ";\n";
+  }
+  return os.str();
+}
+
+void Generator::emit() {
+  for (const BoundOp* op : members_) {
+    exprs_.push_back(member_expr(*op));
+    std::string line = var(op->outputs[0]) + " = " + op->name() + "(";
+    for (size_t j = 0; j < op->inputs.size(); ++j) line += (j ? ", " : "") + var(op->inputs[j]);
+    if (!op->attrs.empty()) {
+      line += "; ";
+      for (size_t j = 0; j < op->attrs.size(); ++j) {
+        // Constants are parameters: the listing names their kind, not their value, so that
+        // regions differing only in them share a kernel.
+        const bool scalar = std::holds_alternative<Scalar>(op->attrs[j]);
+        line += (j ? ", " : "") + (scalar ? std::string("<scalar>") : attr_str(op->attrs[j]));
+      }
+    }
+    line += ")  " + spec_str(spec(op->outputs[0]));
+    lines_.push_back(std::move(line));
+  }
+  for (size_t c = 0; c < constants_.size(); ++c) {
+    k_.constants.emplace_back(k_.slots, constants_[c].second);
+    ++k_.slots;
+  }
+  k_.zero_slot = k_.slots++;
+  std::ostringstream os;
+  os << "#define KILN_SLOTS " << std::max(k_.slots, 1) << "\n" << kPrelude << "\n";
+  os << "// Domain " << shape_str(k_.sizes) << "; inputs:";
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    const FusedKernel::Operand& o = k_.inputs[j];
+    os << " x" << j << " " << spec_str(spec(o.value));
+  }
+  os << "\n";
+  // Every operand may be dense (the run decides from the strides): operands of the domain's
+  // shape, 0-d inputs, and no output smaller than the domain.
+  k_.has_dense = true;
+  for (const auto& o : k_.inputs) k_.has_dense &= o.sizes.empty() || o.sizes == k_.sizes;
+  for (const auto& o : k_.outputs) k_.has_dense &= o.sizes == k_.sizes;
+  // The vector entry: 16 bytes per access of the narrowest operand of the domain's shape.
+  if (k_.has_dense) {
+    size_t narrowest = 16;
+    for (const auto* list : {&k_.inputs, &k_.outputs}) {
+      for (const auto& o : *list) {
+        if (o.host_scalar || o.sizes.empty()) continue;
+        narrowest = std::min(narrowest, element_size(o.dtype));
+      }
+    }
+    k_.vector_width = static_cast<int>(16 / narrowest);
+  }
+  const int64_t n = numel_of(k_.sizes);
+  const int w = k_.vector_width;
+  auto pack = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", ", w, ">"); };
+  auto kernel = [&](bool dense, bool vector) {
+    const char* entry = vector ? "vector" : dense ? "dense" : "strided";
+    os << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_fused_" << entry
+       << "(const Params p) {\n";
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      const FusedKernel::Operand& o = k_.inputs[j];
+      if (o.host_scalar) {
+        os << "  const " << ctype(o.dtype) << " x" << j << " = " << bits_fn(o.dtype) << "(p.v["
+           << o.slot << "]);\n";
+      } else {
+        os << "  const " << ctype(o.dtype) << "* __restrict__ in" << j << " = (const "
+           << ctype(o.dtype) << "*)p.v[" << o.slot << "];\n";
+      }
+    }
+    for (size_t j = 0; j < k_.outputs.size(); ++j) {
+      const FusedKernel::Operand& o = k_.outputs[j];
+      os << "  " << ctype(o.dtype) << "* __restrict__ out" << j << " = (" << ctype(o.dtype)
+         << "*)p.v[" << o.slot << "];\n";
+    }
+    for (size_t c = 0; c < constants_.size(); ++c) {
+      os << "  const " << ctype(constants_[c].first) << " k" << c << " = "
+         << bits_fn(constants_[c].first) << "(p.v[" << k_.constants[c].first << "]);\n";
+    }
+    os << "  const u32 kzero = (u32)p.v[" << k_.zero_slot << "];  // 0: kopaque's operand\n"
+       << "  (void)kzero;\n"
+       << "  const long long n = " << n << "LL;\n"
+       << "  const long long step = (long long)gridDim.x * blockDim.x;\n";
+    if (!vector) {
+      os << "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; "
+            "i += step) {\n"
+         << body(dense) << "  }\n}\n";
+      return;
+    }
+    // Packs of w elements (a grid-stride loop), then the last n % w elements one per thread.
+    os << "  const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+       << "  const long long packs = n / " << w << "LL;\n";
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      const FusedKernel::Operand& o = k_.inputs[j];
+      if (o.host_scalar || o.sizes.empty()) continue;
+      os << "  const " << pack(o.dtype) << "* __restrict__ vin" << j << " = (const "
+         << pack(o.dtype) << "*)in" << j << ";\n";
+    }
+    for (size_t j = 0; j < k_.outputs.size(); ++j) {
+      os << "  " << pack(k_.outputs[j].dtype) << "* __restrict__ vout" << j << " = ("
+         << pack(k_.outputs[j].dtype) << "*)out" << j << ";\n";
+    }
+    os << "  for (long long v = id; v < packs; v += step) {\n";
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      const FusedKernel::Operand& o = k_.inputs[j];
+      if (o.host_scalar || o.sizes.empty()) continue;
+      os << "    const " << pack(o.dtype) << " vx" << j << " = vin" << j << "[v];\n";
+    }
+    for (size_t j = 0; j < k_.outputs.size(); ++j) {
+      os << "    " << pack(k_.outputs[j].dtype) << " vy" << j << ";\n";
+    }
+    os << "#pragma unroll\n"
+       << "    for (int e = 0; e < " << w << "; ++e) {\n";
+    std::istringstream lines(body(true, true));
+    for (std::string line; std::getline(lines, line);) os << "  " << line << "\n";
+    os << "    }\n";
+    for (size_t j = 0; j < k_.outputs.size(); ++j) {
+      os << "    vout" << j << "[v] = vy" << j << ";\n";
+    }
+    os << "  }\n"
+       << "  const long long i = packs * " << w << "LL + id;\n"
+       << "  if (i < n) {\n"
+       << body(true) << "  }\n}\n";
+  };
+  kernel(false, false);
+  if (k_.has_dense) kernel(true, false);
+  if (w > 0) kernel(true, true);
+  k_.source = os.str();
+}
+
+}  // namespace kiln::compiler::internal

@@ -1,0 +1,155 @@
+// fused_cuda's code generator (compiler/fused_cuda_codegen.h): which ops and regions it writes,
+// and the plan of a region (its inputs, domain, outputs and parameter slots).
+#include "compiler/fuse.h"
+#include "compiler/fused_cuda_codegen.h"
+
+namespace kiln::compiler {
+namespace internal {
+
+std::optional<FusedKernel> Generator::run(std::string* why) {
+  try {
+    if (!plan(why)) return std::nullopt;
+    emit();
+  } catch (const std::exception& e) {  // an attribute eager would reject at run time
+    if (why != nullptr) *why = e.what();
+    return std::nullopt;
+  }
+  return std::move(k_);
+}
+
+// Value ids: region inputs and member results get local names x<i> and y<i>.
+bool Generator::plan(std::string* why) {
+  auto fail = [&](std::string m) {
+    if (why != nullptr) *why = std::move(m);
+    return false;
+  };
+  absl::flat_hash_set<int> produced;
+  Shape domain;
+  for (size_t i = begin_; i < end_; ++i) {
+    const BoundOp& op = t_.ops[i];
+    if (!fused_cuda_generates(t_, op)) return fail("the generator does not write " + op.name());
+    for (int v : op.inputs) {
+      if (produced.contains(v) || name_.contains(v)) continue;
+      const TensorSpec& s = t_.value(v).spec;
+      FusedKernel::Operand o;
+      o.value = v;
+      o.dtype = s.dtype;
+      o.host_scalar = s.device.is_cpu();
+      if (o.host_scalar && !s.sizes.empty()) return fail("a CPU input with dimensions");
+      o.sizes = s.sizes;
+      name_[v] = "x" + std::to_string(k_.inputs.size());
+      k_.inputs.push_back(std::move(o));
+    }
+    const int v = op.outputs[0];
+    produced.insert(v);
+    name_[v] = "y" + std::to_string(members_.size());
+    members_.push_back(&op);
+    const Shape& s = t_.value(v).spec.sizes;
+    try {
+      domain = domain.empty() ? s : broadcast_shapes(domain, s, "fused_cuda");
+    } catch (const std::exception&) {
+      return fail("the members' shapes do not broadcast to one domain");
+    }
+  }
+  for (const FusedKernel::Operand& in : k_.inputs) {
+    if (in.sizes.size() > domain.size()) return fail("an input of higher rank than the domain");
+    try {
+      if (broadcast_shapes(domain, in.sizes, "fused_cuda") != domain)
+        return fail("an input that does not broadcast to the domain");
+    } catch (const std::exception&) {
+      return fail("an input that does not broadcast to the domain");
+    }
+  }
+  if (domain.size() > static_cast<size_t>(kMaxRank)) return fail("more than 8 dimensions");
+  if (numel_of(domain) == 0) return fail("no elements");  // the eager kernels launch nothing
+  k_.sizes = domain;
+  // The region's outputs: its values that later ops, the program's outputs or grads read.
+  const absl::flat_hash_set<int> read_outside = values_read_outside(t_, begin_, end_);
+  for (const BoundOp* op : members_) {
+    const int v = op->outputs[0];
+    if (!read_outside.contains(v)) continue;
+    FusedKernel::Operand o;
+    o.value = v;
+    o.dtype = t_.value(v).spec.dtype;
+    o.sizes = t_.value(v).spec.sizes;
+    k_.outputs.push_back(std::move(o));
+  }
+  if (k_.outputs.empty()) return fail("the region has no outputs");
+  // Parameter slots.
+  const int rank = static_cast<int>(domain.size());
+  for (FusedKernel::Operand& o : k_.inputs) {
+    o.slot = k_.slots;
+    k_.slots += o.host_scalar ? 1 : 1 + (o.sizes.empty() ? 0 : rank);
+  }
+  for (FusedKernel::Operand& o : k_.outputs) {
+    o.slot = k_.slots;
+    k_.slots += 1 + (o.sizes.empty() ? 0 : rank);
+  }
+  return true;
+}
+
+bool fused_cuda_generates(const Trace& t, const BoundOp& op) {
+  if (fuse_kind(op) != FuseKind::kPointwise || op.outputs.size() != 1 || op.outputs[0] < 0) {
+    return false;
+  }
+  for (int v : op.inputs) {
+    if (v < 0) return false;
+  }
+  const std::string& n = op.name();
+  const ScalarType out = t.value(op.outputs[0]).spec.dtype;
+  auto in_dtype = [&](size_t j) { return t.value(op.inputs[j]).spec.dtype; };
+  if (float_unary_ops().contains(n)) return is_float(out) && op.inputs.size() == 1;
+  if (numeric_unary_ops().contains(n))
+    return op.inputs.size() == 1 && (out != kBool || n == "sign");
+  if (n == "logical_not" || n == "bitwise_not") {
+    return op.inputs.size() == 1 && (n == "logical_not" || !is_float(out));
+  }
+  if (n == "pow_tensor_scalar") {
+    return op.inputs.size() == 1 && out != kBool && attr_if<Scalar>(op, 0) != nullptr;
+  }
+  if (arithmetic_ops().contains(n) || compare_ops().contains(n) || logical_ops().contains(n)) {
+    if (op.inputs.size() != 2) return false;
+    if (n == "add" || n == "sub") return attr_if<Scalar>(op, 0) != nullptr;
+    if (n == "div" && has_attr(op, 0)) {
+      // Integer floor/trunc division raises on a zero divisor in eager code: not generated.
+      const auto* mode = attr_if<std::string>(op, 0);
+      return mode != nullptr && (*mode == "floor" || *mode == "trunc") &&
+             is_float(common_dtype(t, op, 1));
+    }
+    if (n == "pow") return common_dtype(t, op, 0) != kBool;
+    return true;
+  }
+  if (n == "where") return op.inputs.size() == 3 && in_dtype(0) == kBool;
+  if (n == "clamp") return op.inputs.size() == 1 && out != kBool;
+  if (n == "lerp") {
+    return is_float(out) &&
+           (op.inputs.size() == 3 || (op.inputs.size() == 2 && attr_if<Scalar>(op, 0) != nullptr));
+  }
+  if (n == "to_copy") {
+    const auto* device = attr_if<Device>(op, 1);
+    return op.inputs.size() == 1 && device != nullptr &&
+           *device == t.value(op.inputs[0]).spec.device;
+  }
+  return false;
+}
+
+std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,
+                                                 std::string* why) {
+  std::optional<FusedKernel> k = Generator(trace, begin, end).run(why);
+  if (k && k->slots > kMaxSlots) {
+    if (why != nullptr) *why = "more than 4 KiB of kernel parameters";
+    return std::nullopt;
+  }
+  return k;
+}
+
+}  // namespace internal
+
+std::optional<std::string> fused_cuda_source(const Trace& trace, size_t begin, size_t end,
+                                             std::string* why) {
+  std::optional<internal::FusedKernel> k = internal::generate_fused_kernel(trace, begin, end, why);
+  if (!k) return std::nullopt;
+  return std::move(k->source);
+}
+
+}  // namespace kiln::compiler
