@@ -7,7 +7,9 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "autograd/grad_mode.h"
@@ -92,6 +94,14 @@ ncclRedOp_t nccl_op(ReduceOp op, ScalarType t) {
 
 }  // namespace
 
+// The communicator is a blocking one, as PyTorch's: a non-blocking NCCL communicator hands every
+// collective to a new host thread (pthread_create per call) and returns ncclInProgress, which
+// made each of DDP's ~100 all-reduces a step cost tens of microseconds of host time on the
+// backward's critical path (the GPU stood idle 15 ms of a 140 ms llama-3.2-1b step on 2 H100s;
+// benchmarks/RESULTS.md, session 18). A blocking call can still hang on the host (connecting to
+// a peer that died), so a watchdog thread aborts the communicator when a call has run longer
+// than the timeout, which makes the call return with an error; the setup runs on its own thread
+// and is abandoned after the timeout.
 struct ProcessGroupNCCL::Impl {
   int rank = 0;
   int size = 1;
@@ -100,19 +110,70 @@ struct ProcessGroupNCCL::Impl {
   ncclComm_t comm = nullptr;
   cuda::Stream stream;
   std::atomic<bool> aborted{false};
+  std::atomic<bool> timed_out{false};  // the watchdog aborted a call
 
-  // Waits while the non-blocking communicator reports ncclInProgress; fails on an error or
-  // after the timeout (aborting the communicator, which unblocks every pending call).
+  // The watchdog: the deadline of the NCCL call in progress (steady-clock ns; 0: none).
+  std::atomic<int64_t> call_deadline_ns{0};
+  std::mutex watchdog_mu;
+  std::condition_variable watchdog_cv;
+  bool watchdog_stop = false;
+  std::thread watchdog;
+
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+        .count();
+  }
+
+  void start_watchdog() {
+    watchdog = std::thread([this] {
+      std::unique_lock<std::mutex> lock(watchdog_mu);
+      while (!watchdog_stop) {
+        watchdog_cv.wait_for(lock, std::chrono::milliseconds(50));
+        const int64_t deadline = call_deadline_ns.load();
+        if (deadline != 0 && now_ns() > deadline) {
+          timed_out = true;
+          abort();
+        }
+      }
+    });
+  }
+
+  void stop_watchdog() {
+    if (!watchdog.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(watchdog_mu);
+      watchdog_stop = true;
+    }
+    watchdog_cv.notify_all();
+    watchdog.join();
+  }
+
+  // Marks the NCCL calls of one operation, so that the watchdog can end them.
+  struct Call {
+    explicit Call(Impl& p) : p_(p) {
+      p_.call_deadline_ns = now_ns() + std::chrono::nanoseconds(p_.timeout).count();
+    }
+    ~Call() { p_.call_deadline_ns = 0; }
+    Impl& p_;
+  };
+
+  // Checks an NCCL call's result. ncclInProgress (a call that NCCL finishes on its own thread)
+  // is waited for within the timeout.
   void settle(const char* op, ncclResult_t r) {
     const auto deadline = Clock::now() + timeout;
-    while (r == ncclInProgress) {
+    while (r == ncclInProgress && !aborted.load()) {
       if (Clock::now() > deadline) {
+        timed_out = true;
         abort();
-        KILN_FAIL("[", op, "] rank ", rank, " of ", size, ": NCCL did not finish within ",
-                  timeout.count(), " ms; the communicator was aborted");
+        break;
       }
       std::this_thread::yield();
       ncclCommGetAsyncError(comm, &r);
+    }
+    if (timed_out.load() && r != ncclSuccess) {
+      KILN_FAIL("[", op, "] rank ", rank, " of ", size, ": NCCL did not finish within ",
+                timeout.count(), " ms (a rank died or issued a different collective); the "
+                "communicator was aborted");
     }
     check(op, r);
   }
@@ -200,6 +261,7 @@ std::shared_ptr<Work> launch(ProcessGroupNCCL::Impl& pg, const char* op, std::ve
   {
     cuda::StreamGuard guard(pg.stream);
     NoGradGuard no_grad;
+    ProcessGroupNCCL::Impl::Call call(pg);
     enqueue();
   }
   return std::make_shared<NCCLWork>(op, &pg, std::move(keep), blocking);
@@ -242,14 +304,48 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
     KILN_CHECK(bytes.size() == sizeof(id), "[ProcessGroupNCCL] malformed communicator id");
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
-  // Non-blocking: initialisation and every call can be bounded by the timeout.
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclResult_t r = ncclCommInitRankConfig(&p.comm, size, id, rank, &config);
-  if (r == ncclSuccess || r == ncclInProgress) {
-    ncclCommGetAsyncError(p.comm, &r);
+  // The setup on its own thread, abandoned (and its communicator aborted when it comes) after
+  // the timeout: a rank that died after the rendezvous would otherwise hang the others here.
+  struct Setup {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    bool abandoned = false;
+    ncclResult_t result = ncclInternalError;
+    ncclComm_t comm = nullptr;
+  };
+  auto setup = std::make_shared<Setup>();
+  std::thread([setup, size, id, rank, device = p.device] {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = cudaSetDevice(device) == cudaSuccess
+                         ? ncclCommInitRankConfig(&comm, size, id, rank, &config)
+                         : ncclUnhandledCudaError;
+    std::lock_guard<std::mutex> lock(setup->mu);
+    if (setup->abandoned) {
+      if (comm != nullptr) ncclCommAbort(comm);
+      return;
+    }
+    setup->result = r;
+    setup->comm = comm;
+    setup->done = true;
+    setup->cv.notify_all();
+  }).detach();
+  {
+    std::unique_lock<std::mutex> lock(setup->mu);
+    if (!setup->cv.wait_for(lock, p.timeout, [&] { return setup->done; })) {
+      setup->abandoned = true;
+      KILN_FAIL("[ProcessGroupNCCL] rank ", rank, " of ", size,
+                ": NCCL's communicator was not set up within ", p.timeout.count(),
+                " ms (did every rank start, and on its own GPU?)");
+    }
+    p.comm = setup->comm;
   }
-  p.settle("ProcessGroupNCCL", r);
+  // ncclInProgress when NCCL_COMM_BLOCKING=0 in the environment makes the communicator a
+  // non-blocking one: settle() waits for such results.
+  p.settle("ProcessGroupNCCL", setup->result);
+  p.start_watchdog();
 }
 
 ProcessGroupNCCL::~ProcessGroupNCCL() {
@@ -258,19 +354,19 @@ ProcessGroupNCCL::~ProcessGroupNCCL() {
     impl_->stream.synchronize();
   } catch (...) {
   }
-  if (impl_->aborted.load()) return;
-  ncclCommFinalize(impl_->comm);
-  ncclResult_t r = ncclInProgress;
-  const auto deadline = Clock::now() + impl_->timeout;
-  while (r == ncclInProgress && Clock::now() < deadline) {
-    ncclCommGetAsyncError(impl_->comm, &r);
-    std::this_thread::yield();
+  if (!impl_->aborted.load()) {
+    ncclResult_t r = ncclInternalError;
+    {
+      Impl::Call call(*impl_);  // the watchdog ends a finalize that waits for a dead peer
+      r = ncclCommFinalize(impl_->comm);
+    }
+    if (r == ncclSuccess && !impl_->aborted.load()) {
+      ncclCommDestroy(impl_->comm);
+    } else {
+      impl_->abort();
+    }
   }
-  if (r == ncclSuccess) {
-    ncclCommDestroy(impl_->comm);
-  } else {
-    ncclCommAbort(impl_->comm);
-  }
+  impl_->stop_watchdog();
 }
 
 std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(Tensor& tensor, ReduceOp op) {

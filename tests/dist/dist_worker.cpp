@@ -716,6 +716,31 @@ void nccl_collectives() {
   pg->barrier()->wait();
 }
 
+// The NCCL watchdog (2 GPUs, `kiln run --nproc-per-node 2 dist_worker nccl_peer_absent`): rank
+// 1 issues no collective for 20 s, so rank 0's first all_reduce blocks on the host connecting to
+// it; the watchdog aborts the communicator after the group's 3 s timeout, and the call fails
+// with an error that names the op and the timeout instead of hanging.
+void nccl_peer_absent() {
+  auto pg = init_process_group("nccl", short_timeout(3000));
+  const char* local = std::getenv("LOCAL_RANK");
+  const Device dev(kCUDA, local != nullptr ? std::atoi(local) : 0);
+  if (pg->rank() != 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] {
+    Tensor t = ones({1024}, TensorOptions().device(dev));
+    pg->all_reduce(t)->wait(Milliseconds(3000));
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  WCHECK(e.find("[all_reduce]") != std::string::npos &&
+             e.find("within 3000 ms") != std::string::npos,
+         "expected a timeout naming all_reduce, got: ", e);
+  WCHECK(s < 15, "the timeout took ", s, " s");
+  std::cout << "rank 0: all_reduce without its peer failed after " << s << " s: " << e << "\n";
+}
+
 // Ranks with different models are refused by the constructor.
 void ddp_mismatch() {
   auto pg = init_process_group("gloo", short_timeout(10000));
@@ -737,6 +762,7 @@ const test::Scenarios& scenarios() {
       {"ddp_mismatch", ddp_mismatch},
       {"ddp_find_unused", ddp_find_unused},
       {"nccl_collectives", nccl_collectives},
+      {"nccl_peer_absent", nccl_peer_absent},
       {"ddp_two_dtypes", ddp_two_dtypes},
       {"ddp_bucket_view", ddp_bucket_view},
       {"ddp_rebuild_buckets", ddp_rebuild_buckets},
