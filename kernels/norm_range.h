@@ -1,5 +1,6 @@
 // When a norm kernel takes a row's reduction again in f64: the CPU kernels (kernels/cpu/norm.cpp)
-// and the CUDA ones (kernels/cuda/norm.cuh) of rms_norm and layer_norm share this rule.
+// and the CUDA ones (kernels/cuda/norm.cuh, kernels/cuda/layer_norm.cuh) of rms_norm and
+// layer_norm share this rule.
 //
 //   float ss = ...;                                    // the row's f32 sum of squares
 //   if (!kiln::internal::rms_sum_in_range(ss, eps)) {  // that row again, in f64
@@ -47,12 +48,22 @@ KILN_NORM_HD bool rms_sum_in_range(double, double) { return true; }
 KILN_NORM_HD float rms_rescale(float ss) { return ss > kNormSumMax ? 0x1p-80f : 0x1p80f; }
 KILN_NORM_HD double rms_rescale(double) { return 1; }
 
-// layer_norm: the f32 sum of a row and the sum of its squared deviations are finite (a row of
-// equal values has a zero variance, which is exact).
-KILN_NORM_HD bool layer_norm_sums_in_range(float s, float ss) {
-  return s >= -kNormSumMax && s <= kNormSumMax && ss <= kNormSumMax;
+// layer_norm: the f32 sum s of a row is finite, and the sum ss of its squared deviations from the
+// mean obeys rms_norm's rule (finite; not underflowed, or hidden by eps). Rows of equal values
+// pass with any usual eps (their variance is zero, or the rounding of the mean).
+KILN_NORM_HD bool layer_norm_sums_in_range(float s, float ss, float eps) {
+  return s >= -kNormSumMax && s <= kNormSumMax && rms_sum_in_range(ss, eps);
 }
-KILN_NORM_HD bool layer_norm_sums_in_range(double, double) { return true; }
+KILN_NORM_HD bool layer_norm_sums_in_range(double, double, double) { return true; }
+
+// The CUDA layer_norm kernels take a row out of range again in f32 with this power of two: 2^80
+// where ss underflowed, applied to each deviation x - mean (the mean is accurate there, and x
+// itself may be large: a row of equal values near 1e30 with eps 0); 2^-80 where a sum overflowed
+// or is NaN, applied to each element before the sum and before its deviation from the scaled mean
+// (x - mean may itself overflow; deviations up to 2^49, squares up to 2^98). Then
+// mean = mean' / scale and rstd = rsqrt(ss' / d + eps * scale^2) * scale.
+KILN_NORM_HD float layer_norm_rescale(float ss) { return ss < kNormSumMin ? 0x1p80f : 0x1p-80f; }
+KILN_NORM_HD double layer_norm_rescale(double) { return 1; }
 
 // rms_norm_backward: r^3 (r = rstd) and the row's dot(dy * w, x) in the f32 range where
 // x * r^3 * dot / d keeps its precision: r^3 neither under- nor overflows.

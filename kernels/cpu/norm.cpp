@@ -13,8 +13,9 @@
 // The mean and variance are two passes over the row (no cancellation of E[x^2] - E[x]^2).
 //
 // Large and tiny magnitudes: a row whose f32 sums leave their accurate range (|x| beyond about
-// 1e19, or for rms_norm below about 1e-19; kernels/norm_range.h) is summed again in f64, as is
-// the backward's x * r^3 * dot of such a row; every other row keeps its f32 arithmetic.
+// 1e19, or below about 1e-19 with an eps under 2^-36; for layer_norm |x - mean|;
+// kernels/norm_range.h) is summed again in f64, as is rms_norm's backward's x * r^3 * dot of such
+// a row; every other row keeps its f32 arithmetic.
 #include <cmath>
 #include <vector>
 
@@ -189,8 +190,10 @@ void layer_norm_cpu(OpCall& c) {
                        }
                        const Acc var = d > 0 ? ss / static_cast<Acc>(d) : Acc(0);
                        Acc r = Acc(1) / std::sqrt(var + static_cast<Acc>(eps));
-                       if (!kiln::internal::layer_norm_sums_in_range(s, ss)) {
-                         // |x| beyond about 1e19: the mean and variance in f64.
+                       if (d > 0 && !kiln::internal::layer_norm_sums_in_range(
+                                        s, ss, static_cast<Acc>(eps))) {
+                         // |x - mean| beyond about 1e19, or below about 1e-19 with a tiny eps:
+                         // the mean and variance in f64.
                          double s64 = 0, ss64 = 0;
                          for (int64_t j = 0; j < d; ++j) s64 += static_cast<double>(xr[j]);
                          const double m64 = s64 / static_cast<double>(d);

@@ -297,15 +297,31 @@ TEST(FusedLayerNorm, MatchesReferenceEveryDtype) {
   check_layer_norm(randn({6, 16}, TensorOptions(kBFloat16)), Tensor(), randn({16}), {16}, 1e-5);
 }
 
-// f32 rows whose sums overflow (|x| ~ 1e20 and beyond) take their mean and variance in f64
+// f32 rows whose sums overflow (|x| ~ 1e20 and beyond) or whose sum of squared deviations
+// underflows (|x - mean| ~ 1e-20 and below, with eps 0) take their mean and variance in f64
 // (kernels/norm_range.h), with and without an offset far above the spread.
-TEST(FusedLayerNorm, LargeMagnitudes) {
+TEST(FusedLayerNorm, LargeAndTinyMagnitudes) {
   manual_seed(12);
-  for (double scale : {1e20, 1e30, 1e36}) {
-    SCOPED_TRACE("scale " + std::to_string(scale));
-    check_layer_norm(randn({6, 48}) * scale, randn({48}), randn({48}), {48}, 1e-5);
-    check_layer_norm(randn({4, 32}) * scale + 3 * scale, Tensor(), Tensor(), {32}, 0.0);
-    check_layer_norm((randn({3, 40}) * scale).to(kBFloat16), randn({40}), randn({40}), {40}, 1e-5);
+  for (double scale : {1e20, 1e30, 1e36, 1e-20, 1e-25, 1e-30}) {
+    for (double eps : {1e-5, 0.0}) {
+      if (eps > 0 && scale < 1) continue;  // eps hides the underflow: the f32 path is exact
+      SCOPED_TRACE("scale " + std::to_string(scale) + ", eps " + std::to_string(eps));
+      check_layer_norm(randn({6, 48}) * scale, randn({48}), randn({48}), {48}, eps);
+      check_layer_norm(randn({4, 32}) * scale + 3 * scale, Tensor(), Tensor(), {32}, eps);
+      check_layer_norm((randn({3, 40}) * scale).to(kBFloat16), randn({40}), randn({40}), {40},
+                       eps);
+    }
+  }
+  check_layer_norm(randn({4, 16}) * 1e-30, randn({16}), randn({16}), {16}, 1e-6);  // rsqrt(eps)
+  // Rows of every scale in one tensor, with eps 0: each row's y is its own.
+  float scale_values[4] = {1e20f, 1.0f, 1e-30f, 1e36f};
+  const Tensor x = randn({4, 32}) * from_blob(scale_values, {4, 1}).clone();
+  check_layer_norm(x, randn({32}), randn({32}), {32}, 0.0);
+  const Tensor w = randn({32}), b = randn({32});
+  const Tensor y = layer_norm(x, w, b, 0.0);
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(equal(y.select(0, i), layer_norm(x.select(0, i), w, b, 0.0)))
+        << "row " << i << " depends on the other rows";
   }
 }
 
