@@ -95,13 +95,13 @@ ncclRedOp_t nccl_op(ReduceOp op, ScalarType t) {
 }  // namespace
 
 // The communicator is a blocking one, as PyTorch's: a non-blocking NCCL communicator hands every
-// collective to a new host thread (pthread_create per call) and returns ncclInProgress, which
-// made each of DDP's ~100 all-reduces a step cost tens of microseconds of host time on the
-// backward's critical path (the GPU stood idle 15 ms of a 140 ms llama-3.2-1b step on 2 H100s;
-// benchmarks/RESULTS.md, session 18). A blocking call can still hang on the host (connecting to
-// a peer that died), so a watchdog thread aborts the communicator when a call has run longer
-// than the timeout, which makes the call return with an error; the setup runs on its own thread
-// and is abandoned after the timeout.
+// collective to a new host thread (a pthread_create per call) and returns ncclInProgress, which
+// the caller polls. Under a CUDA profiler that host cost left the GPU idle for 15 ms of a DDP
+// llama-3.2-1b step; without one, the two modes measured the same (benchmarks/RESULTS.md,
+// session 18). A blocking call can still hang on the host (connecting to a peer that died), so
+// a watchdog thread aborts the communicator when a call has run longer than the timeout, which
+// makes the call return with an error; the setup runs on its own thread and is abandoned after
+// the timeout.
 struct ProcessGroupNCCL::Impl {
   int rank = 0;
   int size = 1;
