@@ -88,6 +88,10 @@ def report(path, args):
         fams[family(r[4])] += r[1] - r[0]
         by_name[re.sub(r"\s+", " ", r[4])[:100]] += r[1] - r[0]
     print("  families (ms per step): " + ", ".join(f"{k} {per(v):.2f}" for k, v in fams.most_common()))
+    if args.gemm_tflop and fams["gemm"]:
+        print(f"  GEMMs: {args.gemm_tflop:.2f} TFLOP a step in {per(fams['gemm']):.2f} ms = "
+              f"{args.gemm_tflop / per(fams['gemm']) * 1e3:.0f} TFLOP/s; at {args.ceiling:.0f} TFLOP/s they "
+              f"would take {args.gemm_tflop / args.ceiling * 1e3:.2f} ms")
     return {k: per(v) for k, v in by_name.items()}
 
 
@@ -97,6 +101,9 @@ def main():
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--step-ms", type=float, default=0, help="steps = steady time / this")
     ap.add_argument("--marker", default="ce_mean")
+    ap.add_argument("--gemm-tflop", type=float, default=0,
+                    help="the cuBLAS GEMMs' TFLOP a step (6 x matmul parameters x tokens)")
+    ap.add_argument("--ceiling", type=float, default=775, help="the GEMM ceiling, TFLOP/s")
     ap.add_argument("--tail", type=float, default=0.6)
     args = ap.parse_args()
     tables = [report(p, args) for p in args.csv]
