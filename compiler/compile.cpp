@@ -15,6 +15,7 @@
 #include "autograd/autograd_meta.h"
 #include "autograd/grad_mode.h"
 #include "compiler/autocast_pass.h"
+#include "compiler/cuda_graph.h"
 #include "compiler/functionalize.h"
 #include "compiler/fuse.h"
 #include "compiler/fused_cuda.h"
@@ -27,6 +28,7 @@
 #include "tensor/autocast_state.h"
 #include "tensor/deterministic.h"
 #include "tensor/ops.h"
+#include "tensor/profiler.h"
 
 namespace kiln {
 
@@ -85,6 +87,10 @@ CompileOptions& CompileOptions::name(std::string name) {
 }
 CompileOptions& CompileOptions::remat(compiler::RematPolicy policy) {
   partition_.policy = policy;
+  return *this;
+}
+CompileOptions& CompileOptions::cuda_graphs(bool on) {
+  cuda_graphs_ = on;
   return *this;
 }
 CompileOptions& CompileOptions::activation_budget(int64_t bytes) {
@@ -228,6 +234,11 @@ struct Entry {
   std::vector<ExternalGuard> guards;  // taken before the traced call, in Trace::externals order
   std::shared_ptr<const Program> program;
   std::shared_ptr<const BackwardPlan> backward;  // joint programs only
+  // CUDA graphs of the program (compiler/cuda_graph.h): made at its first cached run; off when
+  // refused, failed or turned off, with the reason.
+  std::shared_ptr<GraphedProgram> graphed;
+  bool graph_off = false;
+  std::string graph_off_reason;
 
   // Empty when the captured tensors still match; else why not.
   std::string mismatch() const {
@@ -298,6 +309,68 @@ struct CompiledCore::Impl {
   std::optional<SharedProgram> shared;
   std::vector<ExternalGuard> shared_guards;  // the guards of the compilation it was fitted to
   std::string trace_dir;
+  bool graph_warned = false;  // the one warning that a GPU program runs without CUDA graphs
+
+  // A program that runs without graphs from now on, and why (warned once per callable).
+  void graph_off(Entry& e, std::string why, bool gpu_program) {
+    e.graph_off = true;
+    e.graphed.reset();
+    e.graph_off_reason = std::move(why);
+    stats.cuda_graph = "off";
+    stats.graph_reason = e.graph_off_reason;
+    if (gpu_program && !graph_warned && options.cuda_graphs()) {
+      graph_warned = true;
+      std::fprintf(stderr, "kiln::compile: '%s' runs without CUDA graphs: %s\n",
+                   options.name().c_str(), e.graph_off_reason.c_str());
+    }
+  }
+
+  // A program just compiled (and run once: its warm-up): whether its next run captures graphs.
+  void graph_new_entry(Entry& e) {
+    stats.graph_static_bytes = 0;
+    if (!options.cuda_graphs()) {
+      graph_off(e, "turned off (CompileOptions::cuda_graphs(false))", false);
+      return;
+    }
+    std::string why = cuda_graph_refusal(*e.program, e.backward != nullptr);
+    if (!why.empty()) {
+      const bool gpu = why.rfind("a CPU program", 0) != 0;
+      graph_off(e, std::move(why), gpu);
+      return;
+    }
+    stats.cuda_graph = "warm-up";
+    stats.graph_reason = "captured at the program's next run";
+  }
+
+  // Runs a cached program: through its CUDA graphs where it has them.
+  std::vector<Tensor> run_cached(Entry& e, const std::vector<Tensor>& args) {
+    if (e.graph_off) {
+      stats.cuda_graph = "off";
+      stats.graph_reason = e.graph_off_reason;
+      return run_entry(e, args);
+    }
+    // The profiler times ops one by one: a graph would hide them.
+    if (profiler::internal::active()) return run_entry(e, args);
+    if (!e.graphed) e.graphed = std::make_shared<GraphedProgram>(e.program);
+    GraphedProgram::Run r;
+    std::vector<Tensor> outputs = e.graphed->run(args, r);
+    if (!r.failure.empty()) {
+      graph_off(e, r.failure, true);
+      return outputs;
+    }
+    if (r.captured) {
+      ++stats.graph_captures;
+      if (!r.recaptured.empty()) stats.graph_recapture_reasons.push_back(r.recaptured);
+    } else {
+      ++stats.graph_replays;
+    }
+    stats.cuda_graph = "replaying";
+    const int graphs = e.graphed->graphs();
+    stats.graph_reason = std::to_string(graphs) + (graphs == 1 ? " graph, " : " graphs, ") +
+                         std::to_string(e.graphed->host_steps()) + " host steps";
+    stats.graph_static_bytes = e.graphed->static_bytes();
+    return outputs;
+  }
 
   void write_stage(const Trace& t) {
     if (std::as_const(options).debug()) std::fprintf(stderr, "%s\n", t.str().c_str());
@@ -464,7 +537,7 @@ std::vector<Tensor> CompiledCore::call(
       std::string why = e.mismatch();
       if (why.empty()) {
         ++m.stats.hits;
-        return run_entry(e, args.tensors);
+        return m.run_cached(e, args.tensors);
       }
       mismatch = std::move(why);
     }
@@ -483,6 +556,7 @@ std::vector<Tensor> CompiledCore::call(
         m.stats.instantiate_ms = ms_since(t0);
         std::vector<Tensor> outputs = run_entry(*e, args.tensors);
         m.cache[sig.key].push_back(std::move(*e));
+        m.graph_new_entry(m.cache[sig.key].back());
         return outputs;
       }
       dynamic_note = "the shared program does not serve this size, so it is compiled on its own: " +
@@ -659,6 +733,7 @@ std::vector<Tensor> CompiledCore::call(
   }
   m.last = {sig.key, entry.program, entry.backward};
   m.cache[sig.key].push_back(std::move(entry));
+  m.graph_new_entry(m.cache[sig.key].back());
   return outputs;
 }
 

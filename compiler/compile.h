@@ -84,6 +84,11 @@ class CompileOptions {
   // then every op but matmuls, attention, random and in-place ops) until the cut fits, and
   // compiling fails naming the least it can save when nothing fits.
   CompileOptions& activation_budget(int64_t bytes);
+  // CUDA graphs (compiler/cuda_graph.h; on by default): a cached program's GPU steps are
+  // captured on its second run and replayed with one cudaGraphLaunch per graph after that. A
+  // program that cannot be captured (on the CPU, with random ops, ...) runs op by op, and
+  // stats().graph_reason says why.
+  CompileOptions& cuda_graphs(bool on);
 
   const std::vector<std::string>& executors() const { return executors_; }
   const std::vector<std::string>& skipped_passes() const { return skipped_; }
@@ -94,6 +99,7 @@ class CompileOptions {
   int recompile_limit() const { return recompile_limit_; }
   const std::string& name() const { return name_; }
   const compiler::PartitionOptions& partition() const { return partition_; }
+  bool cuda_graphs() const { return cuda_graphs_; }
 
  private:
   std::vector<std::string> executors_{"matmul_epilogue", "fused_cuda", "fused_cpu", "eager"};
@@ -105,6 +111,7 @@ class CompileOptions {
   int recompile_limit_ = 8;
   std::string name_ = "fn";
   compiler::PartitionOptions partition_;
+  bool cuda_graphs_ = true;
 };
 
 namespace compiler {
@@ -133,6 +140,19 @@ struct CompileStats {
   // and the forward ops the backward recomputes instead of saving (CompileOptions::remat).
   int64_t saved_bytes = 0;
   int recomputed_ops = 0;
+  // CUDA graphs (CompileOptions::cuda_graphs) of the last program that ran: `cuda_graph` is
+  // "replaying" (its GPU steps run as graphs), "warm-up" (captured on its next run) or "off";
+  // `graph_reason` says why it is off ("CPU program ...", "capturing ... failed: ...") or, when
+  // replaying, how the program is split ("1 graph, 0 host steps"). Captures (the first, and
+  // those after a new program or a captured tensor's memory moved: graph_recapture_reasons) and
+  // replays are counted over all programs; graph_static_bytes are the last captured program's
+  // static buffers (inputs and values that outlive a graph).
+  std::string cuda_graph = "off";
+  std::string graph_reason;
+  int64_t graph_captures = 0;
+  int64_t graph_replays = 0;
+  std::vector<std::string> graph_recapture_reasons;
+  int64_t graph_static_bytes = 0;
 };
 
 // The arguments of one call, flattened: the tensors, and everything else of the signature.

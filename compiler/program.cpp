@@ -94,6 +94,13 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
 
 std::vector<Tensor> Program::run(const std::vector<Tensor>& arguments, const RngState* rng,
                                  RngState* rng_used) const {
+  Frame frame = begin_run(arguments, rng, rng_used);
+  run_steps(frame, 0, steps_.size());
+  return end_run(frame);
+}
+
+Frame Program::begin_run(const std::vector<Tensor>& arguments, const RngState* rng,
+                         RngState* rng_used) const {
   const Trace& t = *trace_;
   KILN_CHECK(arguments.size() == t.arguments.size(), "[compile] the program takes ",
              t.arguments.size(), " tensor arguments, got ", arguments.size());
@@ -144,16 +151,22 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& arguments, const Rng
           info.arena_offset / static_cast<int64_t>(element_size(s.dtype)), s.dtype));
     }
   }
-  {
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < steps_.size(); ++i) {
-      if (steps_[i]) {
-        const profiler::ExecutorLabel label(step_executors_[i]);
-        steps_[i](frame);
-      }
-      for (int v : free_after_[i]) frame.slots[static_cast<size_t>(v)] = Tensor();
+  return frame;
+}
+
+void Program::run_steps(Frame& frame, size_t begin, size_t end) const {
+  NoGradGuard no_grad;
+  for (size_t i = begin; i < end && i < steps_.size(); ++i) {
+    if (steps_[i]) {
+      const profiler::ExecutorLabel label(step_executors_[i]);
+      steps_[i](frame);
     }
+    for (int v : free_after_[i]) frame.slots[static_cast<size_t>(v)] = Tensor();
   }
+}
+
+std::vector<Tensor> Program::end_run(Frame& frame) const {
+  const Trace& t = *trace_;
   for (const GradEffect& e : t.grad_effects) {
     Tensor external = externals_[static_cast<size_t>(e.external)];
     external.mutable_grad() = e.value >= 0 ? frame.slots[static_cast<size_t>(e.value)] : Tensor();

@@ -28,6 +28,21 @@ class Program {
   std::vector<Tensor> run(const std::vector<Tensor>& arguments, const RngState* rng = nullptr,
                           RngState* rng_used = nullptr) const;
 
+  // run() in three parts, for a caller that runs some steps another way (compiler/cuda_graph.h):
+  // begin_run fills a frame (arguments, captured tensors, random base, arenas) and drops the
+  // gradients the program replaces without reading; run_steps runs steps [begin, end) with grad
+  // mode off, dropping each value after its last reader; end_run applies the grad effects and
+  // returns the outputs.
+  Frame begin_run(const std::vector<Tensor>& arguments, const RngState* rng = nullptr,
+                  RngState* rng_used = nullptr) const;
+  void run_steps(Frame& frame, size_t begin, size_t end) const;
+  std::vector<Tensor> end_run(Frame& frame) const;
+  // One step per op index (empty where a fusion region's earlier ops are); the values dropped
+  // after step i.
+  size_t num_steps() const { return steps_.size(); }
+  bool has_step(size_t i) const { return static_cast<bool>(steps_[i]); }
+  const std::vector<int>& dropped_after(size_t i) const { return free_after_[i]; }
+
   const Trace& trace() const { return *trace_; }
   // The most bytes of intermediates (outputs of functional ops: views and in-place results
   // share memory) alive at once during a run, with every value dropped after its last use.

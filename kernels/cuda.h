@@ -79,14 +79,19 @@ void synchronize(int device = -1);
 // --- Memory ------------------------------------------------------------------------------------
 
 // Bytes of CUDA memory on one device.
+// CUDA graphs (kiln::compile's, docs/compiler.md) keep their intermediates in graph memory, apart
+// from the pool: `graph` and `reserved` include it, and `peak` counts it from each graph launch.
 struct MemoryStats {
   int64_t allocated = 0;  // held by live tensors
-  int64_t reserved = 0;   // held by the device's memory pool (allocated + cached)
-  int64_t peak = 0;       // the highest `allocated` since the start or reset_peak_memory_stats()
+  int64_t reserved = 0;   // held by the device's memory pool and by CUDA graphs
+  int64_t peak = 0;       // the highest `allocated` + `graph` since the start or the last reset
+                          // (graph as of the last graph launch)
+  int64_t graph = 0;      // bytes of graph memory backed for CUDA graphs (cudaGraphMemAttr...)
 };
 MemoryStats memory_stats(int device = -1);
 void reset_peak_memory_stats(int device = -1);
-// Returns the pool's unused memory to the driver (after waiting for the device).
+// Returns the pool's unused memory, and graph memory no graph holds, to the driver (after waiting
+// for the device).
 void empty_cache(int device = -1);
 
 // --- Runtime knobs -----------------------------------------------------------------------------

@@ -544,7 +544,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
   const double clip = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
   // With skip_nonfinite the values are read before the update, which then runs eagerly.
   TrainStep train(model, *opt, o.precision, clip, o.compile,
-                  /*update_inside=*/!o.skip_nonfinite, dp.get());
+                  /*update_inside=*/!o.skip_nonfinite, dp.get(), o.cuda_graphs);
   // What a non-finite value stops with: the step, what was not finite, what is kept.
   auto stop_nonfinite = [&](int64_t step, const std::string& what) {
     std::ostringstream kept;

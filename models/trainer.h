@@ -148,6 +148,8 @@ struct PretrainOptions {
   // Runs the training step through kiln::compile (docs/compiler.md): traced on steps 1 and 2,
   // replayed after; the same kernels, so the same losses as eager.
   bool compile = false;
+  // With compile on CUDA: the step's GPU work runs as CUDA graphs (CompileOptions::cuda_graphs).
+  bool cuda_graphs = true;
   // Deterministic algorithms for the run (tensor/deterministic.h): the CUDA attention backward
   // runs its ordered decomposition instead of the flash kernels, so that the same run gives the
   // same bits every time and --resume continues bit-exactly on CUDA too. Slower attention
@@ -246,6 +248,7 @@ struct BenchOptions {
   std::optional<Device> device;
   uint64_t seed = 0;
   bool compile = false;                    // as PretrainOptions::compile
+  bool cuda_graphs = true;                 // as PretrainOptions::cuda_graphs
   bool adam_state_in_param_dtype = false;  // as PretrainOptions::adam_state_in_param_dtype
   // As PretrainOptions::dist: batch_size per rank; tokens_per_s counts every rank's tokens and
   // peak_memory is the largest rank's.

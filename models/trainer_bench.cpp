@@ -54,7 +54,7 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     manual_seed(o.seed + static_cast<uint64_t>(dp->rank()));  // each rank its own tokens
   }
   TrainStep train(model, *opt, o.precision, /*clip=*/1.0, o.compile, /*update_inside=*/true,
-                  dp.get());
+                  dp.get(), o.cuda_graphs);
   std::ostringstream null_log;  // the other ranks' lines go nowhere: rank 0 reports
   std::ostream& out = dp && dp->rank() != 0 ? null_log : log;
   out << "bench " << cfg.name << " (" << r.num_parameters << " parameters), device " << device.str()

@@ -66,8 +66,8 @@ struct StateLayout {
 // started (models/trainer_dist.cpp).
 class DataParallel {
  public:
-  // Errors unless `mode` is "ddp", "zero2", "zero3" or "fsdp", and when `compiled` (the compiled
-  // step does not run DDP's or FSDP's collectives yet); `who` names the caller.
+  // Errors unless `mode` is "ddp", "zero2", "zero3" or "fsdp"; `who` names the caller. Every mode
+  // compiles (`compiled`): DDP's and FSDP's collectives are ops that the trace records.
   static void check_mode(const std::string& mode, bool compiled, const char* who);
   // Joins the job: rendezvous from the environment and a process group, NCCL when `cuda` (the
   // rank's device cuda:LOCAL_RANK, made current), else Gloo on the CPU.
@@ -119,11 +119,14 @@ class TrainStep {
  public:
   // update_inside: the optimizer's update is part of the step (compiled with it); otherwise the
   // caller reads the losses and the norm, then calls update() if it wants the update.
-  // `dp` (data parallelism) is eager only (DataParallel::check_mode refuses compiled).
+  // `dp` (data parallelism): compiled too, its collectives in the trace (docs/distributed.md).
+  // cuda_graphs: CompileOptions::cuda_graphs of the compiled step.
   TrainStep(GPT& model, optim::Optimizer& opt, std::string precision, double clip, bool compiled,
-            bool update_inside = true, DataParallel* dp = nullptr)
+            bool update_inside = true, DataParallel* dp = nullptr, bool cuda_graphs = true)
       : fn_{model, opt, model->parameters(), std::move(precision), clip, update_inside, dp} {
-    if (compiled) compiled_.emplace(fn_, CompileOptions().name("train_step"));
+    if (compiled) {
+      compiled_.emplace(fn_, CompileOptions().name("train_step").cuda_graphs(cuda_graphs));
+    }
   }
 
   std::vector<Tensor> operator()(const std::vector<Tensor>& xs, const std::vector<Tensor>& ys) {

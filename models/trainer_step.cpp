@@ -116,6 +116,14 @@ void log_compile_stats(const TrainStep& step, std::ostream& log) {
   }
   for (const std::string& why : s->recompile_reasons) log << "\n  traced again: " << why;
   if (s->fell_back_to_eager) log << "\n  fell back to eager (recompile limit)";
+  // Whether the step ran as CUDA graphs (CompileOptions::cuda_graphs), and why not.
+  log << "\n  CUDA graphs: " << s->cuda_graph;
+  if (!s->graph_reason.empty()) log << " (" << s->graph_reason << ")";
+  if (s->graph_captures + s->graph_replays > 0) {
+    log << ", " << s->graph_captures << (s->graph_captures == 1 ? " capture, " : " captures, ")
+        << s->graph_replays << " replays";
+  }
+  for (const std::string& why : s->graph_recapture_reasons) log << "\n  captured again: " << why;
   log << "\n" << std::flush;
 }
 

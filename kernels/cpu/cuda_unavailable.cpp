@@ -57,6 +57,13 @@ Storage allocate_pinned(size_t) { unavailable("pin_memory"); }
 void record_pinned_use(const StorageImpl&, CUstream_st*) { unavailable("pin_memory"); }
 int64_t pinned_cached_bytes() { return 0; }
 void empty_pinned_cache() {}
+struct CapturedGraph::Impl {};
+CapturedGraph::~CapturedGraph() = default;
+void CapturedGraph::launch() { unavailable("cuda_graph"); }
+std::shared_ptr<CapturedGraph> capture_graph(int, const std::function<void()>&) {
+  unavailable("cuda_graph");
+}
+int64_t* capture_error_flag() { return nullptr; }
 }  // namespace internal
 
 }  // namespace kiln::cuda

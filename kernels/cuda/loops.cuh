@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/int_div.h"
 #include "kernels/scalar_fn.h"
 #include "tensor/ops.h"
@@ -385,7 +386,9 @@ void elementwise(const Tensor& out, const F& f, TensorFor<Ins>... in) {
 
 // Kernels that find a bad argument (an out-of-range index, an integer division by zero) record
 // it here; the host reads it after the kernel (waiting for the device) and raises kiln::Error,
-// so GPU and CPU kernels fail on the same inputs with comparable messages.
+// so GPU and CPU kernels fail on the same inputs with comparable messages. While a CUDA graph is
+// captured the host cannot wait: the kernels raise the graph's flag instead, which the graph's
+// next launch checks (runtime.h, capture_error_flag), and raised() says no.
 struct FlagView {
   int64_t* p;  // [set, value]
   __device__ void raise(int64_t value) const {
@@ -397,12 +400,17 @@ struct FlagView {
 
 class ErrorFlag {
  public:
-  explicit ErrorFlag(Device device) : buffer_(empty_on({2}, kInt64, device)) {
+  explicit ErrorFlag(Device device) : graph_flag_(internal::capture_error_flag()) {
+    if (graph_flag_ != nullptr) return;
+    buffer_ = empty_on({2}, kInt64, device);
     KILN_CUDA_CHECK(cudaMemsetAsync(buffer_.data_ptr(), 0, 2 * sizeof(int64_t), current_stream()));
   }
-  FlagView view() const { return {static_cast<int64_t*>(buffer_.data_ptr())}; }
+  FlagView view() const {
+    return {graph_flag_ != nullptr ? graph_flag_ : static_cast<int64_t*>(buffer_.data_ptr())};
+  }
   // Waits for the device; true (and the recorded value) when a kernel raised the flag.
   bool raised(int64_t* value = nullptr) const {
+    if (graph_flag_ != nullptr) return false;  // checked by the graph's next launch
     int64_t host[2] = {0, 0};
     KILN_CUDA_CHECK(cudaMemcpyAsync(host, buffer_.data_ptr(), sizeof(host), cudaMemcpyDeviceToHost,
                                     current_stream()));
@@ -412,6 +420,7 @@ class ErrorFlag {
   }
 
  private:
+  int64_t* graph_flag_ = nullptr;
   Tensor buffer_;
 };
 

@@ -99,6 +99,12 @@ struct DeviceState {
   cudaMemPool_t pool = nullptr;
   std::atomic<int64_t> allocated{0};
   std::atomic<int64_t> peak{0};
+  // The graph memory in use at the last launch or trim (the peak counts allocated + it).
+  std::atomic<int64_t> graph_used{0};
+  std::once_flag capture_init;
+  cudaStream_t capture_stream = nullptr;  // kept for CUDA graph captures (capture_graph)
+  int64_t* graph_flag_host = nullptr;     // capture_error_flag: mapped pinned [set, value]
+  int64_t* graph_flag_device = nullptr;
 };
 
 DeviceState& state(int index) {
@@ -143,6 +149,73 @@ std::string mib(int64_t bytes) {
             "; ", mib(s.allocated.load()), " in use", detail);
 }
 
+// --- CUDA graph capture (internal::capture_graph) ------------------------------------------
+
+// The graph allocations of one capture: open while the capture lasts. A graph allocation freed
+// then becomes a free node; one freed after it (a tensor that outlived the capture, which fails
+// it) has no memory behind it: the graph is discarded unlaunched.
+struct CaptureRecord {
+  std::mutex mu;
+  bool open = true;
+  std::unordered_map<void*, size_t> live;  // graph allocations not freed yet
+  int64_t allocated_bytes = 0;
+};
+
+// A pool free held back during a capture (see capture_graph).
+struct DeferredFree {
+  void* ptr;
+  int device;
+  int64_t size;
+  cudaStream_t stream;  // the one it was allocated on
+};
+
+// The capture this thread runs, if any.
+struct CaptureContext {
+  cudaStream_t stream = nullptr;
+  int device = -1;
+  int64_t* error_flag = nullptr;  // the device's graph error flag (device address)
+  std::shared_ptr<CaptureRecord> record;
+  std::vector<DeferredFree> deferred;
+};
+thread_local CaptureContext* t_capture = nullptr;
+
+// Frees held back by a capture, queued on `stream` (null: each on its own stream). Never throws.
+void release_deferred(std::vector<DeferredFree>& frees, cudaStream_t stream, bool own_stream) {
+  for (const DeferredFree& f : frees) {
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != f.device &&
+                          cudaSetDevice(f.device) == cudaSuccess;
+    if (cudaFreeAsync(f.ptr, own_stream ? f.stream : stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
+    if (switched) (void)cudaSetDevice(previous);
+    state(f.device).allocated.fetch_sub(f.size);
+  }
+  frees.clear();
+}
+
+// Counts the device's graph memory into the peak (after a graph launch).
+void note_graph_memory(int index) {
+  uint64_t used = 0;
+  if (cudaDeviceGetGraphMemAttribute(index, cudaGraphMemAttrUsedMemCurrent, &used) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  DeviceState& s = state(index);
+  s.graph_used.store(static_cast<int64_t>(used));
+  const int64_t now = s.allocated.load() + static_cast<int64_t>(used);
+  int64_t peak = s.peak.load();
+  while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+int64_t graph_memory(int index, cudaGraphMemAttributeType attr) {
+  uint64_t bytes = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(index, attr, &bytes));
+  return static_cast<int64_t>(bytes);
+}
+
 class CudaAllocator final : public Allocator {
  public:
   Storage allocate(size_t nbytes, Device device) override {
@@ -152,6 +225,10 @@ class CudaAllocator final : public Allocator {
     DeviceState& s = state(index);
     DeviceGuard guard(index);
     const cudaStream_t stream = current_stream();
+    CaptureContext* capture = t_capture;
+    if (capture != nullptr && capture->stream == stream && capture->device == index) {
+      return allocate_in_graph(nbytes, device, *capture);
+    }
     void* p = nullptr;
     cudaError_t err = cudaMallocFromPoolAsync(&p, nbytes, s.pool, stream);
     if (err == cudaErrorMemoryAllocation) {
@@ -164,11 +241,20 @@ class CudaAllocator final : public Allocator {
     KILN_CUDA_CHECK(err);
 
     const int64_t size = static_cast<int64_t>(nbytes);
-    const int64_t now = s.allocated.fetch_add(size) + size;
+    const int64_t now = s.allocated.fetch_add(size) + size + s.graph_used.load();
     int64_t peak = s.peak.load();
     while (now > peak && !s.peak.compare_exchange_weak(peak, now)) {
     }
     return std::make_shared<StorageImpl>(p, nbytes, device, [index, size, stream](void* q) {
+      // Freed by a thread that is capturing a graph: a capture cannot record the free of memory
+      // it did not allocate, so it is queued after the graph's first launch (capture_graph).
+      if (CaptureContext* capture = t_capture; capture != nullptr) {
+        try {
+          capture->deferred.push_back({q, index, size, stream});
+          return;
+        } catch (...) {  // no memory for the list: free it now
+        }
+      }
       // A deleter must not throw; errors here (the runtime already unloaded at exit) are
       // ignored: the memory goes back with the process.
       int previous = -1;
@@ -177,6 +263,44 @@ class CudaAllocator final : public Allocator {
       if (cudaFreeAsync(q, stream) != cudaSuccess) (void)cudaGetLastError();
       if (switched) (void)cudaSetDevice(previous);
       state(index).allocated.fetch_sub(size);
+    });
+  }
+
+ private:
+  // An allocation node of the graph being captured: no pool memory now, so not counted in
+  // `allocated` (graph memory is counted at launch, note_graph_memory).
+  static Storage allocate_in_graph(size_t nbytes, Device device, CaptureContext& capture) {
+    const int index = device.index();
+    DeviceState& s = state(index);
+    void* p = nullptr;
+    const cudaError_t err = cudaMallocFromPoolAsync(&p, nbytes, s.pool, capture.stream);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      KILN_FAIL("[allocate] allocating ", mib(static_cast<int64_t>(nbytes)),
+                " while capturing a CUDA graph failed: ", cudaGetErrorName(err), ": ",
+                cudaGetErrorString(err));
+    }
+    std::shared_ptr<CaptureRecord> record = capture.record;
+    {
+      std::lock_guard<std::mutex> lock(record->mu);
+      record->live.emplace(p, nbytes);
+      record->allocated_bytes += static_cast<int64_t>(nbytes);
+    }
+    const cudaStream_t stream = capture.stream;
+    return std::make_shared<StorageImpl>(p, nbytes, device, [index, stream, record](void* q) {
+      try {
+        std::lock_guard<std::mutex> lock(record->mu);
+        if (!record->open) return;  // the capture is over: nothing backs the address
+        record->live.erase(q);
+      } catch (...) {
+        return;
+      }
+      int previous = -1;
+      const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != index &&
+                            cudaSetDevice(index) == cudaSuccess;
+      // A free node of the capture (an invalidated capture refuses it: ignored).
+      if (cudaFreeAsync(q, stream) != cudaSuccess) (void)cudaGetLastError();
+      if (switched) (void)cudaSetDevice(previous);
     });
   }
 };
@@ -377,6 +501,139 @@ int64_t pinned_cached_bytes() { return pinned_cache().cached_bytes(); }
 
 void empty_pinned_cache() { pinned_cache().release_free(); }
 
+struct CapturedGraph::Impl {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::vector<DeferredFree> deferred;  // queued after the first launch
+};
+
+CapturedGraph::~CapturedGraph() {
+  if (!impl_) return;
+  // Destroyed when the program is captured again or dropped: let its launches finish first.
+  int previous = -1;
+  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                        cudaSetDevice(device_) == cudaSuccess;
+  if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  if (impl_->exec != nullptr && cudaGraphExecDestroy(impl_->exec) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  if (impl_->graph != nullptr && cudaGraphDestroy(impl_->graph) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  release_deferred(impl_->deferred, nullptr, /*own_stream=*/true);
+  if (switched) (void)cudaSetDevice(previous);
+}
+
+int64_t* capture_error_flag() { return t_capture != nullptr ? t_capture->error_flag : nullptr; }
+
+void CapturedGraph::launch() {
+  DeviceGuard guard(device_);
+  // An error a kernel of an earlier replay found (capture_error_flag).
+  volatile int64_t* flag = state(device_).graph_flag_host;
+  if (flag != nullptr && flag[0] != 0) {
+    const int64_t value = flag[1];
+    flag[1] = 0;
+    flag[0] = 0;
+    KILN_FAIL("[cuda_graph] a kernel of a replayed graph on cuda:", device_,
+              " found a bad argument (an index out of range: value ", value,
+              "); run without CUDA graphs (compile's cuda_graphs(false), --no-cuda-graphs) to "
+              "have the op report it");
+  }
+  const cudaStream_t stream = current_stream(device_);
+  const cudaError_t err = cudaGraphLaunch(impl_->exec, stream);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    KILN_FAIL("[cuda_graph] launching the captured graph on cuda:", device_,
+              " failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err),
+              " (rerun with compile's cuda_graphs(false) or --no-cuda-graphs to run op by op)");
+  }
+  release_deferred(impl_->deferred, stream, /*own_stream=*/false);
+  note_graph_memory(device_);
+  sync_if_debug("cudaGraphLaunch", __FILE__, __LINE__);
+}
+
+std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<void()>& fn) {
+  check_device(device, "cuda_graph");
+  KILN_CHECK(t_capture == nullptr,
+             "[cuda_graph] this thread is capturing a graph already: captures do not nest");
+  DeviceGuard guard(device);
+  DeviceState& s = state(device);
+  std::call_once(s.capture_init, [&] {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.capture_stream, cudaStreamNonBlocking));
+    void* host = nullptr;
+    KILN_CUDA_CHECK(cudaHostAlloc(&host, 2 * sizeof(int64_t), cudaHostAllocMapped));
+    s.graph_flag_host = static_cast<int64_t*>(host);
+    s.graph_flag_host[0] = s.graph_flag_host[1] = 0;
+    void* dev = nullptr;
+    KILN_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+    s.graph_flag_device = static_cast<int64_t*>(dev);
+  });
+  const cudaStream_t stream = s.capture_stream;
+  CaptureContext context;
+  context.stream = stream;
+  context.device = device;
+  context.record = std::make_shared<CaptureRecord>();
+  context.error_flag = s.graph_flag_device;
+  const cudaStream_t previous_stream = t_streams.current[device];
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  set_current_stream(device, stream);
+  t_capture = &context;
+  std::string failure;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  } catch (...) {
+    failure = "an exception that is not a std::exception";
+  }
+  t_capture = nullptr;
+  set_current_stream(device, previous_stream);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (ended != cudaSuccess) (void)cudaGetLastError();
+  int64_t leaked = 0, leaked_bytes = 0, allocated_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(context.record->mu);
+    context.record->open = false;
+    leaked = static_cast<int64_t>(context.record->live.size());
+    for (const auto& [p, n] : context.record->live) leaked_bytes += static_cast<int64_t>(n);
+    allocated_bytes = context.record->allocated_bytes;
+  }
+  if (failure.empty() && ended != cudaSuccess) {
+    failure = std::string("cudaStreamEndCapture failed: ") + cudaGetErrorName(ended) + ": " +
+              cudaGetErrorString(ended) +
+              " (an op synchronised with the host or made a call a capture forbids)";
+  }
+  if (failure.empty() && leaked > 0) {
+    failure = std::to_string(leaked) + " tensor(s) (" + mib(leaked_bytes) +
+              ") allocated during the capture outlive it (a cache filled while capturing?)";
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (failure.empty()) {
+    const cudaError_t err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      exec = nullptr;
+      failure = std::string("cudaGraphInstantiate failed: ") + cudaGetErrorName(err) + ": " +
+                cudaGetErrorString(err);
+    }
+  }
+  if (!failure.empty()) {
+    if (graph != nullptr && cudaGraphDestroy(graph) != cudaSuccess) (void)cudaGetLastError();
+    // Nothing of the capture ran: the held-back frees can go now, each on its own stream.
+    release_deferred(context.deferred, nullptr, /*own_stream=*/true);
+    KILN_FAIL("[cuda_graph] capture on cuda:", device, " failed: ", failure);
+  }
+  std::shared_ptr<CapturedGraph> g(new CapturedGraph());
+  g->impl_ = std::make_unique<CapturedGraph::Impl>();
+  g->impl_->graph = graph;
+  g->impl_->exec = exec;
+  g->impl_->deferred = std::move(context.deferred);
+  g->device_ = device;
+  g->allocated_bytes_ = allocated_bytes;
+  return g;
+}
+
 }  // namespace internal
 
 Stream::Stream() : handle_(nullptr), device_(current_device()) {}
@@ -546,7 +803,9 @@ MemoryStats memory_stats(int device) {
   KILN_CUDA_CHECK(cudaMemPoolGetAttribute(s.pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
   MemoryStats m;
   m.allocated = s.allocated.load();
-  m.reserved = static_cast<int64_t>(reserved);
+  m.graph = graph_memory(index, cudaGraphMemAttrUsedMemCurrent);
+  m.reserved =
+      static_cast<int64_t>(reserved) + graph_memory(index, cudaGraphMemAttrReservedMemCurrent);
   m.peak = s.peak.load();
   return m;
 }
@@ -554,7 +813,8 @@ MemoryStats memory_stats(int device) {
 void reset_peak_memory_stats(int device) {
   const int index = resolve(device, "reset_peak_memory_stats");
   DeviceState& s = state(index);
-  s.peak.store(s.allocated.load());
+  s.graph_used.store(graph_memory(index, cudaGraphMemAttrUsedMemCurrent));
+  s.peak.store(s.allocated.load() + s.graph_used.load());
 }
 
 void empty_cache(int device) {
@@ -564,6 +824,8 @@ void empty_cache(int device) {
   // Memory whose free is still queued is not released by a trim: finish the queue first.
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   KILN_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+  KILN_CUDA_CHECK(cudaDeviceGraphMemTrim(index));  // graph memory no live graph holds
+  s.graph_used.store(graph_memory(index, cudaGraphMemAttrUsedMemCurrent));
   internal::empty_pinned_cache();
 }
 

@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "kernels/cuda.h"
 #include "tensor/storage.h"
@@ -29,6 +31,56 @@ void record_pinned_use(const StorageImpl& storage, CUstream_st* stream);
 // Bytes of pinned memory held by the cache (in use or free), and freeing the unused blocks.
 int64_t pinned_cached_bytes();
 void empty_pinned_cache();
+
+// --- CUDA graphs (kiln::compile's, compiler/cuda_graph.h) ------------------------------------
+//
+//   std::shared_ptr<CapturedGraph> g = capture_graph(device, [&] { ...queue kernels... });
+//   g->launch();   // replays them on the current stream, as often as wanted
+//
+// capture_graph runs `fn` with a capture stream of `device` (a non-blocking stream kept for
+// captures) as this thread's current stream, in thread-local capture mode (other threads, such
+// as NVRTC's compile threads, are not disturbed), and instantiates what it queued. Allocations
+// this thread makes on the capture stream meanwhile become the graph's memory (cudaMallocAsync
+// under capture makes allocation nodes: fixed addresses on every replay, backed at the first
+// launch and kept until empty_cache()); they are not counted in MemoryStats::allocated, and
+// their frees during `fn` become free nodes. Every tensor allocated during `fn` must be freed
+// before it returns: one that outlives the capture makes it fail (its memory would be
+// overwritten by the next replay). Frees of ordinary pool memory made by this thread meanwhile
+// (a capture cannot record them) are held back and queued after the first launch.
+//
+// When `fn` throws, the capture is invalidated (an op synchronised with the host, or made an
+// unsafe call) or a tensor outlives it, the capture is ended and discarded, the stream is
+// usable again and kiln::Error says why; nothing `fn` queued has run.
+class CapturedGraph {
+ public:
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  // Launches the graph on the current stream of its device (one cudaGraphLaunch); afterwards the
+  // device's graph memory counts towards MemoryStats::peak.
+  void launch();
+  int device() const { return device_; }
+  // Bytes the graph's allocation nodes asked for during the capture (before reuse).
+  int64_t allocated_bytes() const { return allocated_bytes_; }
+
+  struct Impl;  // the CUDA handles (runtime.cpp)
+
+ private:
+  friend std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<void()>& fn);
+  CapturedGraph() = default;
+  std::unique_ptr<Impl> impl_;
+  int device_ = -1;
+  int64_t allocated_bytes_ = 0;
+};
+std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<void()>& fn);
+
+// Kernels that check their arguments on the device (an index out of range) raise an error flag
+// that the host reads after waiting for the kernel (loops.cuh's ErrorFlag); a capture cannot
+// wait. While this thread captures a graph, this is the device address of the capturing device's
+// graph error flag ([set, value], in mapped pinned memory) that such kernels raise instead; null
+// otherwise. Every launch of a graph first checks the flag, so an error found by a replay is
+// reported, by the next launch: "[cuda_graph] a kernel of a replayed graph ... (value V)".
+int64_t* capture_error_flag();
 }  // namespace internal
 
 }  // namespace kiln::cuda

@@ -6,7 +6,7 @@
 //   kiln generate (--checkpoint DIR | --hf DIR | --config NAME) (--prompt "1 2 3" | --text "...")
 //                 [--tokenizer tokenizer.json] ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
-//              [--profile] [--adam-state f32|param] [--dist ddp|zero2|zero3]
+//              [--no-cuda-graphs] [--profile] [--adam-state f32|param] [--dist ddp|zero2|zero3]
 //   kiln tokenizer train [--data FILE] [--vocab-size N] [--out FILE] [--special A,B]
 //   kiln run --nproc-per-node N [--nnodes M --node-rank R --master-addr A] program args...
 //   kiln help
@@ -99,6 +99,8 @@ commands:
       --seed S                 seed of the initialisation and the batches (default: 1337)
       --compile                run the training step through kiln::compile (traced on steps
                                1 and 2, replayed after; the same losses as eager)
+      --no-cuda-graphs         with --compile on CUDA: run the step's kernels one by one
+                               instead of as CUDA graphs (captured at step 3)
       --deterministic          deterministic algorithms: the same bits on every run and
                                bit-exact --resume on CUDA (attention's backward runs
                                unfused: slower, more memory)
@@ -128,7 +130,9 @@ commands:
       --steps N                timed steps (default: 10, after 3 warm-up steps)
       --precision P            (default: bf16-true on cuda, f32 on cpu)
       --device D               cpu | cuda (default: cuda when available)
-      --compile                time the training step compiled with kiln::compile
+      --compile                time the training step compiled with kiln::compile (its GPU
+                               work as CUDA graphs; prints whether it ran as graphs, or why not)
+      --no-cuda-graphs         with --compile: without CUDA graphs (kernels one by one)
       --profile                then profile 3 more steps: time per kernel family and the
                                slowest kernels (kiln::profiler; CUDA events on a GPU)
       --adam-state S           f32 | param: AdamW's moments in f32 (default) or in the
@@ -305,8 +309,8 @@ int cmd_pretrain(const std::vector<std::string>& args) {
       parse_flags(args,
                   {"config", "hf", "data", "steps", "batch", "seq", "lr", "precision", "device",
                    "out", "seed", "save-every", "lr-decay-steps", "keep", "dist"},
-                  {"resume", "compile", "deterministic", "no-progress", "skip-nonfinite",
-                   "allow-resume-changes"});
+                  {"resume", "compile", "no-cuda-graphs", "deterministic", "no-progress",
+                   "skip-nonfinite", "allow-resume-changes"});
   // --config FILE.toml: a run configuration file (models/run_config.h). Its settings count as
   // flags: the flags given override them, and they override the defaults and, on a resume, the
   // checkpoint's settings. It brings the options that have no flag too (weight_decay, betas, ...).
@@ -397,6 +401,7 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   if (f.contains("precision")) o.precision = f.at("precision");
   if (f.contains("device")) o.device = parse_device(f.at("device"));
   if (f.contains("compile")) o.compile = true;
+  if (f.contains("no-cuda-graphs")) o.cuda_graphs = false;
   if (f.contains("dist")) o.dist = parse_dist(f.at("dist"));
   if (f.contains("skip-nonfinite")) o.skip_nonfinite = true;
   if (f.contains("deterministic")) o.deterministic = true;
@@ -516,7 +521,7 @@ int cmd_generate(const std::vector<std::string>& args) {
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(
       args, {"config", "batch", "seq", "steps", "precision", "device", "adam-state", "dist"},
-      {"compile", "profile"});
+      {"compile", "no-cuda-graphs", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");
@@ -529,6 +534,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   check_tokens_per_step(b.batch_size, b.seq_len);
   b.steps = f.contains("steps") ? parse_int_at_least("steps", f.at("steps"), 1) : 10;
   b.compile = f.contains("compile");
+  b.cuda_graphs = !f.contains("no-cuda-graphs");
   b.profile_steps = f.contains("profile") ? 3 : 0;
   if (f.contains("adam-state")) {
     const std::string& s = f.at("adam-state");

@@ -1,0 +1,363 @@
+#include "compiler/cuda_graph.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "autograd/grad_mode.h"
+#include "kernels/cuda.h"
+#include "kernels/cuda/runtime.h"
+#include "tensor/storage.h"
+#include "tensor/tensor_impl.h"
+
+namespace kiln::compiler {
+namespace {
+
+// How the steps of a program divide into graphs and host steps, and which values cross them.
+struct Analysis {
+  int device = -1;        // the GPU of the program's CUDA values (-1: none)
+  std::vector<int> root;  // per value: the value whose storage it shares (views, in-place ops)
+  std::vector<int> segment;  // per value: the segment of the step that makes it (-1: argument
+                             // or captured tensor)
+  struct Segment {
+    size_t begin = 0, end = 0;  // op indices [begin, end)
+    bool graph = false;
+    std::vector<int> inputs;  // graph: arguments and host-made values it reads
+    std::vector<int> escapes;  // graph: values it makes that are read after it
+  };
+  std::vector<Segment> segments;
+  int host_steps = 0;
+  std::string refusal;  // "" when it can be captured
+};
+
+bool on_device(const Trace& t, int v, int device) {
+  if (v < 0) return true;
+  const Device d = t.value(v).spec.device;
+  return d.is_cuda() && d.index() == device;
+}
+
+std::string name_of(const Trace& t, int v) { return t.value(v).name; }
+
+Analysis analyse(const Program& program, bool has_backward) {
+  const Trace& t = program.trace();
+  Analysis a;
+  for (const ValueInfo& v : t.values) {
+    if (v.spec.device.is_cuda()) {
+      a.device = v.spec.device.index();
+      break;
+    }
+  }
+  if (a.device < 0) {
+    a.refusal = "a CPU program (no tensor of it is on a GPU)";
+    return a;
+  }
+  if (has_backward) {
+    a.refusal =
+        "a compiled function with a backward (autograd runs its second program); only programs "
+        "without one, such as a whole training step, are captured";
+    return a;
+  }
+  if (t.rng_blocks > 0) {
+    a.refusal =
+        "it has random ops: a graph would replay their Philox offsets of the capture (each run "
+        "must draw new numbers)";
+    return a;
+  }
+  for (const Arena& arena : t.arenas) {
+    if (arena.device.is_cuda()) {
+      a.refusal = "plan_memory placed values in a GPU arena, allocated per run";
+      return a;
+    }
+  }
+  for (const BoundOp& op : t.ops) {
+    if (op.name().rfind("dist_", 0) == 0) {
+      a.refusal = "it has collectives of kiln::dist (" + op.name() + "), not captured yet";
+      return a;
+    }
+  }
+  // Where each op's step runs, and whether every tensor of that step is on the GPU.
+  const std::vector<int> at = step_positions(t);
+  std::vector<bool> gpu_step(t.ops.size(), true);
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    bool ok = true;
+    for (int v : t.ops[i].inputs) ok = ok && on_device(t, v, a.device);
+    for (int v : t.ops[i].outputs) ok = ok && on_device(t, v, a.device);
+    if (!ok) gpu_step[static_cast<size_t>(at[i])] = false;
+  }
+  // Segments: maximal runs of steps of one kind; an op index without a step joins the segment
+  // of its step (a region's earlier ops).
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    if (!program.has_step(i)) continue;
+    const bool graph = gpu_step[i];
+    if (!graph) ++a.host_steps;
+    if (a.segments.empty() || a.segments.back().graph != graph) {
+      const size_t begin = a.segments.empty() ? 0 : a.segments.back().end;
+      a.segments.push_back({begin, i + 1, graph, {}, {}});
+    } else {
+      a.segments.back().end = i + 1;
+    }
+  }
+  if (!a.segments.empty()) a.segments.back().end = t.ops.size();
+  const bool any_graph = std::any_of(a.segments.begin(), a.segments.end(),
+                                     [](const Analysis::Segment& s) { return s.graph; });
+  if (!any_graph) {
+    a.refusal = "no step has all its tensors on cuda:" + std::to_string(a.device);
+    return a;
+  }
+  // Which segment makes each value, and the storage each one shares.
+  a.root.resize(t.values.size());
+  a.segment.assign(t.values.size(), -1);
+  for (size_t v = 0; v < t.values.size(); ++v) a.root[v] = static_cast<int>(v);
+  std::vector<int> op_segment(t.ops.size(), -1);
+  for (size_t s = 0; s < a.segments.size(); ++s) {
+    for (size_t i = a.segments[s].begin; i < a.segments[s].end; ++i) {
+      op_segment[i] = static_cast<int>(s);
+    }
+  }
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    const BoundOp& op = t.ops[i];
+    for (size_t k = 0; k < op.outputs.size(); ++k) {
+      const int v = op.outputs[k];
+      if (v < 0) continue;
+      a.segment[static_cast<size_t>(v)] = op_segment[i];
+      const OpKind kind = op.op->kind;
+      // A view shares its input's storage, a single in-place op its written input's; a
+      // multi-tensor in-place op (op->mutated) is taken as making its own.
+      const bool single_inplace = kind == OpKind::kInplace && op.op->mutated == nullptr;
+      if ((kind == OpKind::kView || (single_inplace && k == 0)) && !op.inputs.empty() &&
+          op.inputs[0] >= 0) {
+        a.root[static_cast<size_t>(v)] = a.root[static_cast<size_t>(op.inputs[0])];
+      }
+    }
+  }
+  auto made_by_host = [&](int v) {
+    const int s = a.segment[static_cast<size_t>(v)];
+    return s >= 0 && !a.segments[static_cast<size_t>(s)].graph;
+  };
+  // In-place writes in a graph to a copy that the graph reads instead of the original would be
+  // lost to the original's other readers.
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    const BoundOp& op = t.ops[i];
+    if (op.op->kind != OpKind::kInplace || !a.segments[static_cast<size_t>(op_segment[i])].graph) {
+      continue;
+    }
+    const size_t written = op.op->mutated == nullptr ? 1 : op.inputs.size();
+    for (size_t k = 0; k < written && k < op.inputs.size(); ++k) {
+      if (op.inputs[k] < 0) continue;
+      const int r = a.root[static_cast<size_t>(op.inputs[k])];
+      if (t.roles[static_cast<size_t>(r)] == ValueRole::kArgument || made_by_host(r)) {
+        a.refusal = op.name() + " writes " + name_of(t, op.inputs[k]) + " in place, which " +
+                    (made_by_host(r) ? "a host step made" : "is an argument") +
+                    ": a graph reads a copy of it";
+        return a;
+      }
+    }
+  }
+  // Values that outlive the segment that makes them: read by a later one, returned, or assigned
+  // to a grad. A returned value that is a view of an argument would be a view of the copy.
+  std::vector<int> last_reader(t.values.size(), -1);
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    for (int v : t.ops[i].inputs) {
+      if (v < 0) continue;
+      last_reader[static_cast<size_t>(v)] = op_segment[i];
+      const Analysis::Segment& s = a.segments[static_cast<size_t>(op_segment[i])];
+      if (!s.graph) continue;
+      const bool outside = t.roles[static_cast<size_t>(v)] == ValueRole::kArgument ||
+                           made_by_host(v);
+      auto& in = a.segments[static_cast<size_t>(op_segment[i])].inputs;
+      if (outside && std::find(in.begin(), in.end(), v) == in.end()) in.push_back(v);
+    }
+  }
+  std::vector<bool> kept(t.values.size(), false);
+  for (int v : t.outputs) {
+    if (v >= 0) kept[static_cast<size_t>(v)] = true;
+  }
+  for (const GradEffect& e : t.grad_effects) {
+    if (e.value >= 0) kept[static_cast<size_t>(e.value)] = true;
+  }
+  for (size_t v = 0; v < t.values.size(); ++v) {
+    const int s = a.segment[v];
+    if (s < 0 || !a.segments[static_cast<size_t>(s)].graph) continue;
+    if (!kept[v] && last_reader[v] <= s) continue;
+    const int r = a.root[v];
+    if (kept[v] && t.roles[static_cast<size_t>(r)] == ValueRole::kArgument) {
+      a.refusal = "it returns " + name_of(t, static_cast<int>(v)) + ", a view of the argument " +
+                  name_of(t, r) + " (a graph reads a copy of it)";
+      return a;
+    }
+    a.segments[static_cast<size_t>(s)].escapes.push_back(static_cast<int>(v));
+  }
+  return a;
+}
+
+// A buffer of `spec`'s sizes and strides, outside any graph (kiln's pool).
+Tensor static_buffer(const TensorSpec& spec) {
+  const Shape strides = spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides;
+  int64_t extent = 1;
+  bool empty = false;
+  for (size_t d = 0; d < spec.sizes.size(); ++d) {
+    if (spec.sizes[d] == 0) empty = true;
+    extent += (spec.sizes[d] - 1) * std::max<int64_t>(strides[d], 0);
+  }
+  const size_t bytes = empty ? 0 : static_cast<size_t>(extent) * element_size(spec.dtype);
+  return Tensor(std::make_shared<TensorImpl>(allocate_storage(bytes, spec.device), spec.sizes,
+                                             strides, 0, spec.dtype));
+}
+
+}  // namespace
+
+std::string cuda_graph_refusal(const Program& program, bool has_backward) {
+  return analyse(program, has_backward).refusal;
+}
+
+struct GraphedProgram::Plan {
+  Analysis analysis;
+  struct Captured {
+    std::shared_ptr<cuda::internal::CapturedGraph> graph;
+    std::vector<std::pair<int, Tensor>> inputs;   // value, the static buffer the graph reads
+    std::vector<std::pair<int, Tensor>> escapes;  // value, the tensor later steps read
+  };
+  std::vector<Captured> captured;  // per segment (empty for host segments); empty: not captured
+  std::vector<const void*> external_ptrs;  // the captured tensors' data at capture
+  std::vector<bool> copied_out;            // per value: returned from a static buffer
+  int64_t static_bytes = 0;
+};
+
+GraphedProgram::GraphedProgram(std::shared_ptr<const Program> program)
+    : program_(std::move(program)), plan_(std::make_unique<Plan>()) {
+  plan_->analysis = analyse(*program_, false);
+  KILN_CHECK(plan_->analysis.refusal.empty(), "[cuda_graph] the program cannot be captured: ",
+             plan_->analysis.refusal);
+}
+
+GraphedProgram::~GraphedProgram() = default;
+
+int GraphedProgram::graphs() const {
+  int n = 0;
+  for (const auto& c : plan_->captured) n += c.graph != nullptr;
+  return n;
+}
+
+int GraphedProgram::host_steps() const { return plan_->analysis.host_steps; }
+
+int64_t GraphedProgram::static_bytes() const { return plan_->static_bytes; }
+
+std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Run& r) {
+  const Program& p = *program_;
+  const Trace& t = p.trace();
+  Plan& plan = *plan_;
+  const Analysis& a = plan.analysis;
+  r = Run{};
+  if (cuda::launch_sync()) {
+    r.failure = "the synchronous debug mode (KILN_CUDA_SYNC, cuda::set_launch_sync) is on";
+    return p.run(arguments);
+  }
+  // A captured tensor whose memory moved (replaced storage) is read at its old address by the
+  // graphs: capture them again.
+  if (!plan.captured.empty()) {
+    for (size_t i = 0; i < p.externals().size(); ++i) {
+      const Tensor& e = p.externals()[i];
+      const void* now = e.defined() ? e.data_ptr() : nullptr;
+      if (now != plan.external_ptrs[i]) {
+        r.recaptured = "the memory of captured tensor " + name_of(t, t.externals[i]) + " moved";
+        plan.captured.clear();
+        break;
+      }
+    }
+  }
+  Frame frame = p.begin_run(arguments);
+  NoGradGuard no_grad;
+  if (!plan.captured.empty()) {
+    for (size_t s = 0; s < a.segments.size(); ++s) {
+      const Analysis::Segment& seg = a.segments[s];
+      if (!seg.graph) {
+        p.run_steps(frame, seg.begin, seg.end);
+        continue;
+      }
+      Plan::Captured& c = plan.captured[s];
+      for (auto& [v, buffer] : c.inputs) buffer.copy_(frame.slots[static_cast<size_t>(v)]);
+      c.graph->launch();
+      for (const auto& [v, tensor] : c.escapes) frame.slots[static_cast<size_t>(v)] = tensor;
+      for (size_t i = seg.begin; i < seg.end; ++i) {
+        for (int v : p.dropped_after(i)) frame.slots[static_cast<size_t>(v)] = Tensor();
+      }
+    }
+  } else {
+    // Capture, segment by segment, launching each graph as it is made; a failed capture leaves
+    // the frame as it was before the segment, which then runs op by op, as does the rest.
+    r.captured = true;
+    plan.captured.assign(a.segments.size(), {});
+    plan.copied_out.assign(t.values.size(), false);
+    plan.static_bytes = 0;
+    plan.external_ptrs.clear();
+    for (const Tensor& e : p.externals()) plan.external_ptrs.push_back(e.defined() ? e.data_ptr() : nullptr);
+    // The warm-up's intermediates are cached in kiln's pool; graph memory is apart from it.
+    cuda::empty_cache(a.device);
+    bool failed = false;
+    for (size_t s = 0; s < a.segments.size(); ++s) {
+      const Analysis::Segment& seg = a.segments[s];
+      if (!seg.graph || failed) {
+        p.run_steps(frame, seg.begin, seg.end);
+        continue;
+      }
+      Plan::Captured& c = plan.captured[s];
+      const std::vector<Tensor> before = frame.slots;
+      for (int v : seg.inputs) {
+        Tensor buffer = static_buffer(t.value(v).spec);
+        buffer.copy_(frame.slots[static_cast<size_t>(v)]);
+        plan.static_bytes += static_cast<int64_t>(buffer.impl()->storage()->nbytes());
+        frame.slots[static_cast<size_t>(v)] = buffer;
+        c.inputs.emplace_back(v, std::move(buffer));
+      }
+      // Static buffers for the values that outlive the graph and live in its memory.
+      std::vector<std::pair<int, Tensor>> copies;
+      for (int v : seg.escapes) {
+        const int root = a.root[static_cast<size_t>(v)];
+        if (a.segment[static_cast<size_t>(root)] != static_cast<int>(s)) continue;
+        Tensor buffer = static_buffer(t.value(v).spec);
+        plan.static_bytes += static_cast<int64_t>(buffer.impl()->storage()->nbytes());
+        copies.emplace_back(v, std::move(buffer));
+        plan.copied_out[static_cast<size_t>(v)] = true;
+      }
+      try {
+        c.graph = cuda::internal::capture_graph(a.device, [&] {
+          p.run_steps(frame, seg.begin, seg.end);
+          for (auto& [v, buffer] : copies) {
+            buffer.copy_(frame.slots[static_cast<size_t>(v)]);
+            frame.slots[static_cast<size_t>(v)] = buffer;
+          }
+        });
+      } catch (const Error& e) {
+        // Nothing of the segment ran: run it op by op from the frame as it was.
+        frame.slots = before;
+        plan.captured.clear();
+        r.failure = "capturing the steps of ops " + std::to_string(seg.begin) + "-" +
+                    std::to_string(seg.end - 1) + " (" + t.ops[seg.begin].name() + " ... " +
+                    t.ops[seg.end - 1].name() + ") failed: " + e.what();
+        failed = true;
+        p.run_steps(frame, seg.begin, seg.end);
+        continue;
+      }
+      for (int v : seg.escapes) c.escapes.emplace_back(v, frame.slots[static_cast<size_t>(v)]);
+      // Later steps read the arguments and host values themselves, as a replay leaves them.
+      for (const auto& [v, buffer] : c.inputs) {
+        Tensor& slot = frame.slots[static_cast<size_t>(v)];
+        if (slot.defined() && slot.impl() == buffer.impl()) slot = before[static_cast<size_t>(v)];
+      }
+      c.graph->launch();
+    }
+  }
+  std::vector<Tensor> outputs = p.end_run(frame);
+  // Returned values of a graph's memory: copied out, so the next replay does not overwrite what
+  // the caller holds.
+  if (!plan.captured.empty()) {
+    for (size_t i = 0; i < t.outputs.size(); ++i) {
+      const int v = t.outputs[i];
+      if (v >= 0 && plan.copied_out[static_cast<size_t>(v)] && outputs[i].defined()) {
+        outputs[i] = outputs[i].clone();
+      }
+    }
+  }
+  return outputs;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,274 @@
+// CUDA graphs of compiled programs (compiler/cuda_graph.h, CompileOptions::cuda_graphs): on the
+// CPU, the option and the reason a program runs without graphs; on a GPU (GpuCudaGraph.*), a
+// compiled tiny-Llama training step run as graphs against the same step without them, bit for
+// bit, with one capture and replays after, captures again for a new shape or moved memory, losses
+// kept across steps, and programs that cannot be captured running op by op with the reason.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "compiler/compile.h"
+#include "kernels/cuda.h"
+#include "models/gpt.h"
+#include "nn/functional.h"
+#include "tensor/indexing.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+#include "tensor/tensor_data.h"
+#include "tensor/tensor_impl.h"
+#include "tiny_step.h"
+
+namespace kiln {
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(CudaGraphOptions, OnByDefault) {
+  EXPECT_TRUE(CompileOptions().cuda_graphs());
+  EXPECT_FALSE(CompileOptions().cuda_graphs(false).cuda_graphs());
+}
+
+TEST(CudaGraphOptions, CpuProgramRunsWithoutGraphsAndSaysWhy) {
+  auto f = compile([](const Tensor& x) { return relu(x) * 2.0; });
+  const Tensor x = randn({4, 8});
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(equal(f(x), relu(x) * 2.0));
+  const compiler::CompileStats& s = f.stats();
+  EXPECT_EQ(s.hits, 2);
+  EXPECT_EQ(s.cuda_graph, "off");
+  EXPECT_TRUE(starts_with(s.graph_reason, "a CPU program")) << s.graph_reason;
+  EXPECT_EQ(s.graph_captures, 0);
+  EXPECT_EQ(s.graph_replays, 0);
+}
+
+TEST(CudaGraphOptions, TurnedOffSaysSo) {
+  auto f = compile([](const Tensor& x) { return x + 1.0; }, CompileOptions().cuda_graphs(false));
+  const Tensor x = randn({3});
+  (void)f(x);
+  (void)f(x);
+  EXPECT_EQ(f.stats().cuda_graph, "off");
+  EXPECT_TRUE(contains(f.stats().graph_reason, "cuda_graphs(false)")) << f.stats().graph_reason;
+}
+
+TEST(CudaGraphOptions, CpuTrainingStepSaysWhy) {
+  const auto config = models::ModelConfig::from_name("tiny-llama");
+  test::TinyStep tiny(config, test::adamw(optim::AdamWOptions(3e-3)));
+  auto step = compile([&](const Tensor& x, const Tensor& y) { return tiny.step(x, y); });
+  for (int i = 0; i < 3; ++i) {
+    manual_seed(100 + i);
+    const auto [x, y] = test::next_token_batch(config.vocab_size, 2, 8);
+    (void)step(x, y);
+  }
+  EXPECT_EQ(step.stats().cuda_graph, "off");
+  EXPECT_TRUE(starts_with(step.stats().graph_reason, "a CPU program"))
+      << step.stats().graph_reason;
+}
+
+// --- On a GPU ---------------------------------------------------------------------------------
+
+class GpuCudaGraph : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  }
+};
+
+TensorOptions on_gpu() { return TensorOptions().device(Device(kCUDA)); }
+
+// Two tiny Llamas made alike, one trained through graphs and one without.
+struct TwoSteps {
+  models::ModelConfig config = models::ModelConfig::from_name("tiny-llama");
+  test::TinyStep with{config, test::adamw(optim::AdamWOptions(3e-3).weight_decay(0.1)),
+                      std::nullopt, on_gpu()};
+  test::TinyStep without{config, test::adamw(optim::AdamWOptions(3e-3).weight_decay(0.1)),
+                         std::nullopt, on_gpu()};
+  CompiledFunction<std::function<Tensor(const Tensor&, const Tensor&)>> graphed{
+      [this](const Tensor& x, const Tensor& y) { return with.step(x, y); },
+      CompileOptions().name("graphed_step")};
+  CompiledFunction<std::function<Tensor(const Tensor&, const Tensor&)>> plain{
+      [this](const Tensor& x, const Tensor& y) { return without.step(x, y); },
+      CompileOptions().name("plain_step").cuda_graphs(false)};
+
+  std::pair<Tensor, Tensor> batch(int i, int64_t seq) {
+    manual_seed(300 + i);
+    auto [x, y] = test::next_token_batch(config.vocab_size, 2, seq);
+    return {x.cuda(), y.cuda()};
+  }
+
+  // Every parameter and gradient of the two models, bit for bit.
+  void expect_same_weights() {
+    const std::vector<Tensor> a = with.model->parameters(), b = without.model->parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t p = 0; p < a.size(); ++p) {
+      EXPECT_TRUE(equal(a[p].cpu(), b[p].cpu())) << "parameter " << p;
+      ASSERT_TRUE(a[p].grad().defined() && b[p].grad().defined()) << "parameter " << p;
+      EXPECT_TRUE(equal(a[p].grad().cpu(), b[p].grad().cpu())) << "gradient " << p;
+    }
+  }
+};
+
+TEST_F(GpuCudaGraph, TrainingStepEqualsStepWithoutGraphsBitForBit) {
+  TwoSteps t;
+  constexpr int kSteps = 6;
+  for (int i = 0; i < kSteps; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    const auto [x, y] = t.batch(i, 32);
+    const Tensor got = t.graphed(x, y), want = t.plain(x, y);
+    EXPECT_TRUE(equal(got.cpu(), want.cpu())) << got.cpu().item<double>() << " vs "
+                                              << want.cpu().item<double>();
+    t.expect_same_weights();
+  }
+  const compiler::CompileStats& s = t.graphed.stats();
+  // Steps 1 and 2 trace (the optimizer's moments appear on step 1), step 3 captures, 4-6 replay.
+  EXPECT_EQ(s.cuda_graph, "replaying") << s.graph_reason;
+  EXPECT_EQ(s.graph_captures, 1);
+  EXPECT_EQ(s.graph_replays, kSteps - 3);
+  EXPECT_TRUE(s.graph_recapture_reasons.empty());
+  // AdamW reads its learning rate and step counts on the host: they run between graphs.
+  EXPECT_TRUE(contains(s.graph_reason, "host steps") && !contains(s.graph_reason, ", 0 host"))
+      << s.graph_reason;
+  EXPECT_EQ(t.plain.stats().cuda_graph, "off");
+  EXPECT_EQ(t.plain.stats().graph_captures, 0);
+}
+
+TEST_F(GpuCudaGraph, ReturnedLossesKeepTheirValues) {
+  TwoSteps t;
+  std::vector<Tensor> kept, want;
+  for (int i = 0; i < 7; ++i) {
+    const auto [x, y] = t.batch(i, 32);
+    kept.push_back(t.graphed(x, y));  // not read until the end, as the trainer's log does
+    want.push_back(t.plain(x, y).cpu());
+  }
+  ASSERT_EQ(t.graphed.stats().graph_captures, 1);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_TRUE(equal(kept[i].cpu(), want[i])) << "step " << i + 1;
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(kept[i].data_ptr(), kept[j].data_ptr());
+  }
+}
+
+TEST_F(GpuCudaGraph, NewShapeCapturesAgain) {
+  TwoSteps t;
+  int i = 0;
+  auto both = [&](int64_t seq) {
+    const auto [x, y] = t.batch(i++, seq);
+    EXPECT_TRUE(equal(t.graphed(x, y).cpu(), t.plain(x, y).cpu())) << "seq " << seq;
+  };
+  for (int k = 0; k < 4; ++k) both(32);  // trace, trace, capture, replay
+  EXPECT_EQ(t.graphed.stats().graph_captures, 1);
+  both(16);  // a new program: compiled (its warm-up)
+  both(16);  // captured
+  both(16);
+  EXPECT_EQ(t.graphed.stats().graph_captures, 2);
+  both(32);  // the first program's graphs again
+  EXPECT_EQ(t.graphed.stats().graph_captures, 2);
+  EXPECT_EQ(t.graphed.stats().graph_replays, 3);
+  t.expect_same_weights();
+}
+
+TEST_F(GpuCudaGraph, MovedParameterCapturesAgain) {
+  TwoSteps t;
+  int i = 0;
+  for (; i < 4; ++i) {
+    const auto [x, y] = t.batch(i, 32);
+    (void)t.graphed(x, y);
+    (void)t.plain(x, y);
+  }
+  ASSERT_EQ(t.graphed.stats().graph_captures, 1);
+  // The same values in new memory (as a load that replaced the storage would leave them).
+  for (test::TinyStep* s : {&t.with, &t.without}) {
+    Tensor p = s->model->parameters()[0];
+    const Tensor moved = p.detach().clone();
+    p.impl()->set_data(*moved.impl());
+  }
+  for (; i < 6; ++i) {
+    const auto [x, y] = t.batch(i, 32);
+    EXPECT_TRUE(equal(t.graphed(x, y).cpu(), t.plain(x, y).cpu())) << "step " << i + 1;
+  }
+  const compiler::CompileStats& s = t.graphed.stats();
+  EXPECT_EQ(s.graph_captures, 2);
+  ASSERT_EQ(s.graph_recapture_reasons.size(), 1u);
+  EXPECT_TRUE(contains(s.graph_recapture_reasons[0], "moved")) << s.graph_recapture_reasons[0];
+  t.expect_same_weights();
+}
+
+TEST_F(GpuCudaGraph, PeakMemoryIncludesGraphMemory) {
+  TwoSteps t;
+  for (int i = 0; i < 4; ++i) {
+    const auto [x, y] = t.batch(i, 32);
+    (void)t.graphed(x, y);
+  }
+  ASSERT_EQ(t.graphed.stats().graph_captures, 1);
+  cuda::reset_peak_memory_stats();
+  const auto [x, y] = t.batch(9, 32);
+  (void)t.graphed(x, y);
+  cuda::synchronize();
+  const cuda::MemoryStats m = cuda::memory_stats();
+  EXPECT_GT(m.graph, 0);
+  EXPECT_GE(m.peak, m.allocated + m.graph);
+  EXPECT_GE(m.reserved, m.graph);
+}
+
+// An op that waits for the device (advanced indexing checks its indices on the host): the
+// capture fails, that call and the later ones run op by op, and the stats say why.
+TEST_F(GpuCudaGraph, UncapturableProgramRunsAndSaysWhy) {
+  auto f = compile([](const Tensor& x, const Tensor& i) { return x.index({i}) * 2.0; });
+  const Tensor x = randn({8, 4}).cuda();
+  const Tensor i = tensor({3, 1, 7}, TensorOptions().dtype(kInt64)).cuda();
+  const Tensor want = (x.cpu().index({i.cpu()}) * 2.0);
+  for (int k = 0; k < 4; ++k) EXPECT_TRUE(equal(f(x, i).cpu(), want)) << "call " << k + 1;
+  const compiler::CompileStats& s = f.stats();
+  EXPECT_EQ(s.cuda_graph, "off");
+  EXPECT_TRUE(contains(s.graph_reason, "capturing")) << s.graph_reason;
+  EXPECT_EQ(s.graph_captures, 0);
+  EXPECT_EQ(s.graph_replays, 0);
+  // The stream is usable after the failed capture.
+  EXPECT_TRUE(equal((x + 1.0).cpu(), x.cpu() + 1.0));
+}
+
+// Random ops would replay the capture's Philox offsets: such programs run without graphs, and
+// draw what eager code draws.
+TEST_F(GpuCudaGraph, RandomOpsRunWithoutGraphs) {
+  namespace F = nn::functional;
+  auto f = compile(
+      [](const Tensor& x) { return F::dropout(x, F::DropoutFuncOptions().p(0.5).training(true)); });
+  const Tensor x = ones({64, 64}).cuda();
+  for (int k = 0; k < 3; ++k) {
+    manual_seed(7 + k);
+    const Tensor got = f(x).cpu();
+    manual_seed(7 + k);
+    const Tensor want = F::dropout(x, F::DropoutFuncOptions().p(0.5).training(true)).cpu();
+    EXPECT_TRUE(equal(got, want)) << "call " << k + 1;
+  }
+  EXPECT_EQ(f.stats().cuda_graph, "off");
+  EXPECT_TRUE(contains(f.stats().graph_reason, "random ops")) << f.stats().graph_reason;
+}
+
+// A forward without host steps is one graph; its outputs are copied out of the graph's memory.
+TEST_F(GpuCudaGraph, ForwardIsOneGraph) {
+  const Tensor w = randn({16, 16}).cuda();
+  auto f = compile([&](const Tensor& x) { return relu(matmul(x, w)).sum(1); });
+  std::vector<Tensor> outs;
+  std::vector<Tensor> xs;
+  for (int k = 0; k < 5; ++k) {
+    xs.push_back(randn({8, 16}).cuda());
+    outs.push_back(f(xs.back()));
+  }
+  for (int k = 0; k < 5; ++k) {
+    EXPECT_TRUE(equal(outs[static_cast<size_t>(k)].cpu(),
+                      relu(matmul(xs[static_cast<size_t>(k)], w)).sum(1).cpu()))
+        << "call " << k + 1;
+  }
+  const compiler::CompileStats& s = f.stats();
+  EXPECT_EQ(s.cuda_graph, "replaying") << s.graph_reason;
+  EXPECT_EQ(s.graph_reason, "1 graph, 0 host steps");
+  EXPECT_EQ(s.graph_captures, 1);
+  EXPECT_EQ(s.graph_replays, 3);
+}
+
+}  // namespace
+}  // namespace kiln
