@@ -92,6 +92,10 @@ class CppNode : public Node {
  public:
   using Backward = variable_list (*)(AutogradContext*, variable_list);
   CppNode(std::string name, Backward backward) : name_(std::move(name)), backward_(backward) {}
+  // Frees the nodes that only this one holds one at a time, as ~OpNode does
+  // (autograd/op_node.cpp): a chain of 100000 custom functions is not freed 100000 destructors
+  // deep.
+  ~CppNode() override;
   variable_list apply(variable_list&& grads) override;
   std::string name() const override { return name_; }
   void release_variables() override;

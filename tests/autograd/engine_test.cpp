@@ -215,13 +215,8 @@ TEST(EngineTest, LongChainHasNoRecursionLimit) {
   EXPECT_DOUBLE_EQ(x.grad().item<double>(), 1.0);
 }
 
-// The chain is freed on a thread with a 1 MiB stack: released node by node from inside each
-// other's destructors, 100000 nodes need several times that (the sanitizer build overflowed
-// 8 MiB in LongChainHasNoRecursionLimit).
-TEST(EngineTest, LongChainIsFreedWithoutDeepRecursion) {
-  Tensor x = leaf({1});
-  auto y = std::make_unique<Tensor>(x);
-  for (int i = 0; i < 100000; ++i) *y = *y * 1.0;
+// Frees *y (and the graph only it holds) on a thread with a 1 MiB stack.
+void free_on_small_stack(std::unique_ptr<Tensor>& y) {
   pthread_attr_t attr;
   ASSERT_EQ(pthread_attr_init(&attr), 0);
   ASSERT_EQ(pthread_attr_setstacksize(&attr, 1 << 20), 0);
@@ -234,6 +229,45 @@ TEST(EngineTest, LongChainIsFreedWithoutDeepRecursion) {
   ASSERT_EQ(pthread_join(thread, nullptr), 0);
   pthread_attr_destroy(&attr);
   EXPECT_EQ(y, nullptr);
+}
+
+// The chain is freed on a thread with a 1 MiB stack: released node by node from inside each
+// other's destructors, 100000 nodes need several times that (the sanitizer build overflowed
+// 8 MiB in LongChainHasNoRecursionLimit).
+TEST(EngineTest, LongChainIsFreedWithoutDeepRecursion) {
+  Tensor x = leaf({1});
+  auto y = std::make_unique<Tensor>(x);
+  for (int i = 0; i < 100000; ++i) *y = *y * 1.0;
+  free_on_small_stack(y);
+}
+
+// x * 1 as a custom function that keeps its input for backward twice: saved (with its version
+// check) and in saved_data. Both hold the input's grad_fn, as the node's edge does.
+struct KeepsInput : public autograd::Function<KeepsInput> {
+  static Tensor forward(autograd::AutogradContext* ctx, Tensor x) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["x"] = x;
+    return x * 1.0;
+  }
+  static variable_list backward(autograd::AutogradContext* ctx, variable_list grads) {
+    EXPECT_EQ(ctx->get_saved_variables().size(), 1u);
+    return {grads[0]};
+  }
+};
+
+// Custom function nodes are freed one at a time too (~CppNode), in a chain of them alone and in
+// one mixed with op nodes (each kind of node releasing the other), on a 1 MiB stack; the chain
+// still runs backward.
+TEST(EngineTest, LongChainOfCustomFunctionsIsFreedWithoutDeepRecursion) {
+  Tensor x = leaf({1});
+  auto y = std::make_unique<Tensor>(x);
+  for (int i = 0; i < 100000; ++i) *y = KeepsInput::apply(*y);
+  free_on_small_stack(y);
+  y = std::make_unique<Tensor>(x);
+  for (int i = 0; i < 100000; ++i) *y = i % 3 == 0 ? *y * 1.0 : KeepsInput::apply(*y);
+  y->sum().backward(Tensor(), /*retain_graph=*/true);
+  EXPECT_DOUBLE_EQ(x.grad().item<double>(), 1.0);
+  free_on_small_stack(y);
 }
 
 TEST(EngineTest, SavedTensorsAreFreedAfterBackward) {
