@@ -26,6 +26,7 @@
 #include "compiler/executor.h"
 #include "compiler/fuse.h"
 #include "compiler/fused_cuda.h"
+#include "compiler/fused_cuda_codegen.h"
 #include "tensor/ops.h"
 
 #if defined(KILN_WITH_CUDA)
@@ -367,7 +368,14 @@ std::string arch_of(int device) {
 
 std::string compile_with_nvrtc(const std::string& source, const std::string& arch) {
   nvrtcProgram prog = nullptr;
-  check_nvrtc(nvrtcCreateProgram(&prog, source.c_str(), "kiln_fused.cu", 0, nullptr, nullptr),
+  // kernels/scalar_fn.h (eager's formulas) and its stand-ins for the C++ library, by name.
+  std::vector<const char*> names, texts;
+  for (const internal::RtcHeader& h : internal::rtc_headers()) {
+    names.push_back(h.name);
+    texts.push_back(h.text);
+  }
+  check_nvrtc(nvrtcCreateProgram(&prog, source.c_str(), "kiln_fused.cu",
+                                 static_cast<int>(names.size()), texts.data(), names.data()),
               "nvrtcCreateProgram");
   struct Destroy {
     nvrtcProgram* p;

@@ -9,8 +9,9 @@
 // (the vector entry, chosen at each launch).
 //
 // Same bits as eager, by construction: each member computes in the type eager's CUDA kernel
-// computes in (opmath: float for bf16/f16), with the formulas of kernels/scalar_fn.h written out
-// the same way, and rounds its result to its traced dtype before the next member reads it. An
+// computes in (opmath: float for bf16/f16), with the formulas of kernels/scalar_fn.h (the header
+// itself, given to NVRTC by name), and rounds its result to its traced dtype before the next
+// member reads it. An
 // inline-asm barrier after each float result (its bits xor-ed with a zero the compilers cannot
 // see) keeps NVVM and ptxas from contracting a multiply of one member with an add of the next
 // into an FMA (eager rounds in between).
@@ -38,13 +39,13 @@
 namespace kiln::compiler {
 
 struct FusedCudaStats {
-  int64_t regions = 0;        // regions lowered to a generated kernel
+  int64_t regions = 0;         // regions lowered to a generated kernel
   int64_t nvrtc_compiles = 0;  // kernels compiled by NVRTC
-  int64_t memory_hits = 0;    // kernels found in the in-memory cache
-  int64_t disk_hits = 0;      // kernels read from the disk cache
-  int64_t disk_rejected = 0;  // cache files ignored (corrupt, truncated, another key)
-  int64_t disk_writes = 0;    // cache files written
-  int64_t fallbacks = 0;      // regions run op by op (the generator declined them)
+  int64_t memory_hits = 0;     // kernels found in the in-memory cache
+  int64_t disk_hits = 0;       // kernels read from the disk cache
+  int64_t disk_rejected = 0;   // cache files ignored (corrupt, truncated, another key)
+  int64_t disk_writes = 0;     // cache files written
+  int64_t fallbacks = 0;       // regions run op by op (the generator declined them)
   // Launches of each entry (internal::choose_fused_entry picks one per run of a region).
   int64_t strided_launches = 0, dense_launches = 0, vector_launches = 0;
 };
@@ -113,8 +114,8 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
 // version, the key's parts and the payload's size and checksum), then the payload.
 struct KernelKey {
   std::string source;
-  std::string arch;   // "sm_90"
-  std::string nvrtc;  // "13.0"
+  std::string arch;               // "sm_90"
+  std::string nvrtc;              // "13.0"
   std::string file_name() const;  // a hash of the three, in hex, + ".cubin"
 };
 // The payload stored under `key` in `dir`, or nullopt (missing, or rejected: `rejected` is set).

@@ -28,18 +28,6 @@ std::string ctype(ScalarType t) {
   return "?";
 }
 
-// The unsigned type of an integer dtype (scalar_fn.h's make_unsigned_t).
-std::string utype(ScalarType t) {
-  switch (t) {
-    case kUInt8:
-      return "u8";
-    case kInt32:
-      return "u32";
-    default:
-      return "u64";
-  }
-}
-
 std::string bits_fn(ScalarType t) {
   switch (t) {
     case kBool:
@@ -85,7 +73,7 @@ std::string convert(const std::string& x, ScalarType from, ScalarType to) {
   if (to == kBool) return "(" + m + " != " + ctype(mt) + "(0))";
   if (to == kBFloat16) return "kbf(static_cast<float>(" + m + "))";
   if (to == kHalf) return "kh(static_cast<float>(" + m + "))";
-  if (to == kUInt8) return "ku8(" + m + ")";
+  if (to == kUInt8) return "scalar::to_uint8(" + m + ")";
   return "static_cast<" + ctype(to) + ">(" + m + ")";
 }
 

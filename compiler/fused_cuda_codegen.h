@@ -2,6 +2,7 @@
 // C++ (no CUDA header): it runs, and is tested, on machines without a GPU.
 //
 //   fused_cuda_prelude.cpp  the text every kernel starts with (types, conversions, parameters)
+//   fused_cuda_headers.cpp  kernels/scalar_fn.h for NVRTC, embedded at build time
 //   fused_cuda_codegen.cpp  the type helpers and the lists of the ops it writes
 //   fused_cuda_plan.cpp     the planner: which regions, their operands, domain and slots
 //   fused_cuda_expr.cpp     each member as an expression
@@ -40,13 +41,23 @@ constexpr int kMaxRank = 8;
 constexpr int kMaxSlots = 512;  // 4 KiB of kernel parameters
 
 // The helpers every generated kernel starts with (fused_cuda_prelude.cpp); KILN_SLOTS is defined
-// before it.
+// before it. It includes kernels/scalar_fn.h, eager's formulas, which NVRTC gets as a named
+// header (rtc_headers).
 extern const std::string_view kPrelude;
+
+// The headers given to NVRTC with every kernel (fused_cuda_headers.cpp): kernels/scalar_fn.h and
+// compiler/fused_cuda_rtc.h, as embedded at build time, and a digest of their text, which each
+// generated source names (the kernel caches are keyed by the source).
+struct RtcHeader {
+  const char* name;
+  const char* text;
+};
+const std::vector<RtcHeader>& rtc_headers();
+const std::string& rtc_headers_digest();
 
 // --- Types (fused_cuda_codegen.cpp) -------------------------------------------------------------
 
 std::string ctype(ScalarType t);    // the device type of a storage dtype: "bf16", "float", ...
-std::string utype(ScalarType t);    // the unsigned type of an integer dtype (make_unsigned_t)
 std::string bits_fn(ScalarType t);  // the prelude's function reading a parameter slot as t
 ScalarType opmath(ScalarType t);
 bool is_float(ScalarType t);

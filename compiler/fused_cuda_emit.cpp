@@ -108,7 +108,9 @@ void Generator::emit() {
   }
   k_.zero_slot = k_.slots++;
   std::ostringstream os;
-  os << "#define KILN_SLOTS " << std::max(k_.slots, 1) << "\n" << kPrelude << "\n";
+  os << "// Headers " << rtc_headers_digest() << "\n#define KILN_SLOTS " << std::max(k_.slots, 1)
+     << "\n"
+     << kPrelude << "\n";
   os << "// Domain " << shape_str(k_.sizes) << "; inputs:";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.inputs[j];

@@ -17,6 +17,39 @@ std::string Generator::read_as(const BoundOp& op, size_t j, ScalarType as) {
   return convert(var(v), spec(v).dtype, as);
 }
 
+namespace {
+
+// The functor of kernels/scalar_fn.h that eager's unary kernel of `op` applies.
+std::string functor_name(const std::string& op) {
+  static const absl::flat_hash_map<std::string_view, std::string_view> names = {
+      {"exp", "Exp"},
+      {"log", "Log"},
+      {"log1p", "Log1p"},
+      {"expm1", "Expm1"},
+      {"sqrt", "Sqrt"},
+      {"rsqrt", "Rsqrt"},
+      {"sin", "Sin"},
+      {"cos", "Cos"},
+      {"tanh", "Tanh"},
+      {"sigmoid", "Sigmoid"},
+      {"silu", "Silu"},
+      {"erf", "Erf"},
+      {"reciprocal", "Reciprocal"},
+      {"neg", "Neg"},
+      {"abs", "Abs"},
+      {"relu", "Relu"},
+      {"sign", "Sign"},
+      {"square", "Square"},
+      {"floor", "Floor"},
+      {"ceil", "Ceil"},
+      {"round", "Round"}};
+  const auto it = names.find(op);
+  KILN_CHECK(it != names.end(), "[fused_cuda] internal: no functor for ", op);
+  return std::string(it->second);
+}
+
+}  // namespace
+
 // The storage-typed expression of one member.
 std::string Generator::member_expr(const BoundOp& op) {
   const std::string& n = op.name();
@@ -28,42 +61,17 @@ std::string Generator::member_expr(const BoundOp& op) {
     std::string fn;
     if (n == "gelu") {
       const auto* approx = attr_if<std::string>(op, 0);
-      fn = approx != nullptr && *approx == "tanh" ? "f_gelu_tanh" : "f_gelu_exact";
-    } else if (n == "rsqrt" || n == "sigmoid" || n == "silu" || n == "reciprocal") {
-      fn = "f_" + n;
+      fn = approx != nullptr && *approx == "tanh" ? "GeluTanh" : "GeluExact";
     } else {
-      fn = "math::" + n;
+      fn = functor_name(n);
     }
-    return from_m(fn + "(" + x + ")", out);
+    return from_m("scalar::" + fn + "::apply<" + mc + ">(" + x + ")", out);
   }
   if (numeric_unary_ops().contains(n)) {
     const std::string x0 = read_as(op, 0, out);
     if (out == kBool) return x0;  // sign of bools
     const std::string x = to_m(x0, out);
-    const bool integral = !is_float(out);
-    const bool unsigned_t = out == kUInt8;
-    const std::string u = utype(out);
-    std::string e;
-    if (n == "neg") {
-      e = integral ? "wrapping_neg<" + mc + ", " + u + ">(" + x + ")" : "-" + x;
-    } else if (n == "abs") {
-      e = unsigned_t ? x
-          : integral
-              ? "(" + x + " < 0 ? wrapping_neg<" + mc + ", " + u + ">(" + x + ") : " + x + ")"
-              : "math::abs(" + x + ")";
-    } else if (n == "relu") {
-      e = unsigned_t ? x : "(" + x + " < " + mc + "(0) ? " + mc + "(0) : " + x + ")";
-    } else if (n == "sign") {
-      const std::string neg = unsigned_t ? "false" : "(" + x + " < " + mc + "(0))";
-      e = "static_cast<" + mc + ">((" + mc + "(0) < " + x + ") - " + neg + ")";
-    } else if (n == "square") {
-      e = integral ? "wrapping_mul<" + mc + ", " + u + ">(" + x + ", " + x + ")" : x + " * " + x;
-    } else if (n == "floor" || n == "ceil") {
-      e = integral ? x : "math::" + n + "(" + x + ")";
-    } else {  // round
-      e = integral ? x : "math::round_half_even(" + x + ")";
-    }
-    return from_m(e, out);
+    return from_m("scalar::" + functor_name(n) + "::apply<" + mc + ">(" + x + ")", out);
   }
   if (n == "logical_not") {
     const ScalarType in = spec(op.inputs[0]).dtype;
@@ -78,36 +86,39 @@ std::string Generator::member_expr(const BoundOp& op) {
     const std::string x0 = read_as(op, 0, out);
     if (!is_float(out)) {
       const std::string k = constant(kInt64, bits_of(e.toLong()));
-      return "int_pow_scalar<" + mc + ", " + utype(out) + ">(" + x0 + ", " + k + ")";
+      return "scalar::int_pow_scalar<" + mc + ">(" + x0 + ", " + k + ")";
     }
     const std::string x = to_m(x0, out);
-    std::string r;
+    // kernels/unary_fn.h's FloatPowScalar: pow_scalar of the exponent's kind (the exponent is
+    // read by the general kind only).
+    std::string kind, k = mc + "(0)";
     switch (scalar::pow_kind(e.toDouble())) {
       case scalar::PowKind::kSquare:
-        r = x + " * " + x;
+        kind = "kSquare";
         break;
       case scalar::PowKind::kCube:
-        r = "f_pow_cube(" + x + ")";
+        kind = "kCube";
         break;
       case scalar::PowKind::kSqrt:
-        r = "math::sqrt(" + x + ")";
+        kind = "kSqrt";
         break;
       case scalar::PowKind::kRsqrt:
-        r = "f_rsqrt(" + x + ")";
+        kind = "kRsqrt";
         break;
       case scalar::PowKind::kReciprocal:
-        r = "f_reciprocal(" + x + ")";
+        kind = "kReciprocal";
         break;
       case scalar::PowKind::kInvSquare:
-        r = "f_pow_inv_square(" + x + ")";
+        kind = "kInvSquare";
         break;
-      case scalar::PowKind::kGeneral: {
-        const std::string k = m == kDouble ? constant_of(e.toDouble())
-                                           : constant_of(static_cast<float>(e.toDouble()));
-        r = "math::pow(" + x + ", " + k + ")";
+      case scalar::PowKind::kGeneral:
+        kind = "kGeneral";
+        k = m == kDouble ? constant_of(e.toDouble())
+                         : constant_of(static_cast<float>(e.toDouble()));
         break;
-      }
     }
+    const std::string r =
+        "scalar::pow_scalar<scalar::PowKind::" + kind + ", " + mc + ">(" + x + ", " + k + ")";
     return from_m(r, out);
   }
   if (arithmetic_ops().contains(n) || compare_ops().contains(n) || logical_ops().contains(n)) {
@@ -132,7 +143,9 @@ std::string Generator::member_expr(const BoundOp& op) {
         hi = constant_of(h);
       }
     });
-    return from_m("f_clamp(" + to_m(read_as(op, 0, out), out) + ", " + lo + ", " + hi + ")", out);
+    return from_m(
+        "scalar::clamp<" + mc + ">(" + to_m(read_as(op, 0, out), out) + ", " + lo + ", " + hi + ")",
+        out);
   }
   if (n == "lerp") {
     const std::string s = to_m(read_as(op, 0, out), out), e = to_m(read_as(op, 1, out), out);
@@ -144,7 +157,7 @@ std::string Generator::member_expr(const BoundOp& op) {
     } else {
       w = constant_of(std::get<Scalar>(op.attrs[0]).to<float>());
     }
-    return from_m("f_lerp<" + mc + ">(" + s + ", " + e + ", " + w + ")", out);
+    return from_m("scalar::lerp<" + mc + ">(" + s + ", " + e + ", " + w + ")", out);
   }
   if (n == "to_copy") return read_as(op, 0, out);
   KILN_FAIL("[fused_cuda] internal: no expression for ", n);
@@ -188,22 +201,21 @@ std::string Generator::binary_expr(const BoundOp& op, ScalarType out) {
     if (!has_attr(op, 0)) {
       e = "(" + x + " / " + y + ")";
     } else if (std::get<std::string>(op.attrs[0]) == "floor") {
-      e = "f_floor_div<" + mc + ">(" + x + ", " + y + ")";
+      e = "scalar::floor_div_float<" + mc + ">(" + x + ", " + y + ")";
     } else {
-      e = "math::trunc(" + x + " / " + y + ")";
+      e = "scalar::math::trunc(" + x + " / " + y + ")";
     }
   } else if (n == "pow") {
     if (is_float(t)) {
-      e = "math::pow(" + x + ", " + y + ")";
+      e = "scalar::math::pow(" + x + ", " + y + ")";
     } else {
-      e = std::string("int_pow<") + (t == kUInt8 ? "false" : "true") + ", " + mc + ", " + utype(t) +
-          ">(" + x + ", " + y + ")";
+      e = "scalar::int_pow<" + mc + ">(" + x + ", " + y + ")";
     }
   } else if (n == "maximum" || n == "minimum") {
-    e = std::string("f_max_min<") + (n == "maximum" ? "true" : "false") + ", " + mc + ">(" + x +
-        ", " + y + ")";
+    e = std::string("scalar::max_min<") + (n == "maximum" ? "true" : "false") + ", " + mc + ">(" +
+        x + ", " + y + ")";
   } else if (n == "atan2") {
-    e = "math::atan2(" + x + ", " + y + ")";
+    e = "scalar::math::atan2(" + x + ", " + y + ")";
   } else if (const auto it = compare_ops().find(n); it != compare_ops().end()) {
     e = "(" + x + " " + std::string(it->second) + " " + y + ")";
   } else {

@@ -13,12 +13,18 @@
 // the ops that keep integer dtypes. Internal to kernels/.
 #pragma once
 
+#if defined(__CUDACC_RTC__)
+// Under NVRTC (fused_cuda's generated kernels, compiler/fused_cuda.h): no C++ library there; the
+// few traits and types this file uses.
+#include "compiler/fused_cuda_rtc.h"
+#else
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
 #include "tensor/dtype.h"
+#endif
 
 #if defined(__CUDACC__)
 #define KILN_SCALAR_HD __host__ __device__ __forceinline__

@@ -1,5 +1,7 @@
 // "fused_cuda" (compiler/fused_cuda.h): the code generator and the disk cache on any machine, and
 // on a GPU (GpuFusedCuda.*) compiled programs against eager CUDA code, bit for bit.
+#include "compiler/fused_cuda.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,7 +13,7 @@
 #include "compiler/compile.h"
 #include "compiler/executor.h"
 #include "compiler/fuse.h"
-#include "compiler/fused_cuda.h"
+#include "compiler/fused_cuda_codegen.h"
 #include "kiln.h"
 
 namespace kiln {
@@ -76,15 +78,42 @@ TEST(FusedCudaCodegen, ChainSourceHasTheMembersAndIsDeterministic) {
   // w and b broadcast: no dense entry.
   EXPECT_FALSE(k->has_dense);
   EXPECT_EQ(count(s, "kiln_fused_dense"), 0) << s;
-  EXPECT_NE(s.find("f_add<float>"), std::string::npos) << s;  // alpha as a parameter
-  EXPECT_NE(s.find("f_silu("), std::string::npos) << s;
+  EXPECT_NE(s.find("f_add<float>"), std::string::npos) << s;                 // alpha as a parameter
+  EXPECT_NE(s.find("scalar::Silu::apply<float>("), std::string::npos) << s;  // scalar_fn.h's
   EXPECT_NE(s.find("kbf("), std::string::npos) << s;      // the bf16 rounding of to_copy
   EXPECT_NE(s.find("kopaque("), std::string::npos) << s;  // no contraction across members
-  EXPECT_EQ(k->constants.size(), 1u);                      // add's alpha
+  EXPECT_EQ(k->constants.size(), 1u);                     // add's alpha
   // Deterministic, and the same for the same program traced again (other value ids).
   EXPECT_EQ(compiler::fused_cuda_source(t, 0, t.ops.size()), s);
   const Trace again = traced_on_cuda(fn, x, w, b);
   EXPECT_EQ(compiler::fused_cuda_source(again, 0, again.ops.size()), s);
+}
+
+TEST(FusedCudaCodegen, KernelsIncludeEagersScalarFunctionsHeader) {
+  namespace I = compiler::internal;
+  // NVRTC gets kernels/scalar_fn.h itself (embedded at build time) and the stand-ins for the
+  // C++ library it includes under NVRTC.
+  std::vector<std::string> names;
+  for (const I::RtcHeader& h : I::rtc_headers()) {
+    names.push_back(h.name);
+    const std::string text = h.text;
+    if (names.back() == "kernels/scalar_fn.h") {
+      EXPECT_NE(text.find("KILN_SCALAR_HD M floor_div_float(M a, M b)"), std::string::npos);
+      EXPECT_NE(text.find("#if defined(__CUDACC_RTC__)"), std::string::npos);
+    } else {
+      EXPECT_NE(text.find("make_unsigned_t"), std::string::npos) << names.back();
+    }
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"kernels/scalar_fn.h", "compiler/fused_cuda_rtc.h"}));
+  // Each source names the headers' digest (the kernel caches are keyed by the source).
+  const Trace t =
+      traced_on_cuda([](const Tensor& a, const Tensor& b) { return div(a, b, "floor") * 2.0; },
+                     randn({4, 8}), randn({4, 8}));
+  const std::string s = compiler::fused_cuda_source(t, 0, t.ops.size()).value();
+  EXPECT_EQ(s.rfind("// Headers " + I::rtc_headers_digest() + "\n", 0), 0u) << s;
+  EXPECT_NE(s.find("#include \"kernels/scalar_fn.h\""), std::string::npos) << s;
+  EXPECT_NE(s.find("scalar::floor_div_float<float>("), std::string::npos) << s;
+  EXPECT_EQ(s.find("fmod"), std::string::npos) << "the formula is the header's, not restated";
 }
 
 TEST(FusedCudaCodegen, DenseEntryWhenEveryOperandHasTheDomainsShape) {
@@ -121,8 +150,8 @@ TEST(FusedCudaCodegen, VectorEntryMoves16BytesOfTheNarrowestOperand) {
   EXPECT_NE(s.find("n / 8LL"), std::string::npos) << s;           // whole packs
   EXPECT_NE(s.find("packs * 8LL + id"), std::string::npos) << s;  // then the scalar tail
   // The members are written out for the packs' elements and the tail, the same way: the
-  // prelude's definition, the strided and dense entries, the vector entry's two loops.
-  EXPECT_EQ(count(s, "f_sigmoid("), 5) << s;
+  // strided and dense entries, the vector entry's two loops.
+  EXPECT_EQ(count(s, "scalar::Sigmoid::apply<float>("), 4) << s;
   // f32 only: 4 per thread. A broadcast operand: no dense entry, hence no vector one.
   const Trace f32 = traced_on_cuda([](const Tensor& a, const Tensor& b) { return exp(a) * b; },
                                    randn({8, 8}), randn({8, 8}));
@@ -249,7 +278,10 @@ TEST(FusedCudaCache, RoundTripAndRejectsBadFiles) {
   const std::string dir = temp_dir("cache");
   const I::KernelKey key{"extern \"C\" __global__ void k() {}", "sm_90", "13.0"};
   EXPECT_FALSE(I::read_cached_kernel(dir, key).has_value());  // no directory yet
-  const std::string payload("\x7f" "ELF binary \0 bytes", 18);
+  const std::string payload(
+      "\x7f"
+      "ELF binary \0 bytes",
+      18);
   ASSERT_TRUE(I::write_cached_kernel(dir, key, payload));
   bool rejected = true;
   EXPECT_EQ(I::read_cached_kernel(dir, key, &rejected), payload);
@@ -271,8 +303,8 @@ TEST(FusedCudaCache, RoundTripAndRejectsBadFiles) {
     bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   auto write_raw = [&](const std::string& b) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(),
-                                                                  static_cast<std::streamsize>(b.size()));
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(b.data(), static_cast<std::streamsize>(b.size()));
   };
   std::string flipped = bytes;
   flipped.back() ^= 0x20;
@@ -346,7 +378,7 @@ std::string generated_sources(const std::vector<Trace>& traces) {
   return s;
 }
 
-#define SKIP_WITHOUT_GPU()                                                        \
+#define SKIP_WITHOUT_GPU() \
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason()
 
 // Runs fn compiled and eagerly on `args`, expects a fused_cuda region and equal bits.
@@ -362,7 +394,8 @@ void check_program(const std::string& what, F fn, const std::vector<Tensor>& arg
   for (size_t i = 0; i < got.size(); ++i)
     expect_bitwise(got[i], want[i], what + ", output " + std::to_string(i));
   if (!failed_before && ::testing::Test::HasFailure()) {
-    ADD_FAILURE() << what << ": the program and its kernels\n" << s << generated_sources(f.traces());
+    ADD_FAILURE() << what << ": the program and its kernels\n"
+                  << s << generated_sources(f.traces());
   }
   // A second call runs the cached program.
   const std::vector<Tensor> again = f(args);
@@ -376,17 +409,17 @@ TEST(GpuFusedCuda, ChainsWithBroadcasting) {
   for (ScalarType dt : {kFloat, kBFloat16, kHalf, kDouble}) {
     const std::vector<Tensor> args = {randn({64, 257}).to(dt).to(gpu), randn({257}).to(dt).to(gpu),
                                       randn({64, 1}).to(dt).to(gpu)};
-    check_program(std::string("silu(x * w + b) ") + std::string(dtype_name(dt)),
-                  [](const std::vector<Tensor>& a) {
-                    return std::vector<Tensor>{silu(a[0] * a[1] + a[2])};
-                  },
-                  args);
-    check_program(std::string("gelu, sigmoid, tanh, rsqrt ") + std::string(dtype_name(dt)),
-                  [](const std::vector<Tensor>& a) {
-                    const Tensor h = gelu(a[0], "tanh") * sigmoid(a[1]) - tanh(a[2]);
-                    return std::vector<Tensor>{gelu(h, "none") + rsqrt(abs(h) + 1e-3) * 0.5};
-                  },
-                  args);
+    check_program(
+        std::string("silu(x * w + b) ") + std::string(dtype_name(dt)),
+        [](const std::vector<Tensor>& a) { return std::vector<Tensor>{silu(a[0] * a[1] + a[2])}; },
+        args);
+    check_program(
+        std::string("gelu, sigmoid, tanh, rsqrt ") + std::string(dtype_name(dt)),
+        [](const std::vector<Tensor>& a) {
+          const Tensor h = gelu(a[0], "tanh") * sigmoid(a[1]) - tanh(a[2]);
+          return std::vector<Tensor>{gelu(h, "none") + rsqrt(abs(h) + 1e-3) * 0.5};
+        },
+        args);
   }
 }
 
@@ -395,21 +428,22 @@ TEST(GpuFusedCuda, MixedDtypesAndCasts) {
   manual_seed(2);
   const Device gpu(kCUDA, 0);
   const std::vector<Tensor> args = {randn({32, 128}).to(kBFloat16).to(gpu),
-                                    randn({32, 128}).to(gpu),
-                                    randint(-4, 5, {32, 128}).to(gpu)};
-  check_program("bf16 * f32, exp, casts",
-                [](const std::vector<Tensor>& a) {
-                  const Tensor s = (a[0] * a[1]).exp();             // f32
-                  const Tensor r = (s.to(kBFloat16) + a[0]).neg();  // bf16
-                  return std::vector<Tensor>{r, (a[2] * 3 + 1).to(kFloat) / a[1], relu(a[2])};
-                },
-                args);
-  check_program("f16 and int64 to double",
-                [](const std::vector<Tensor>& a) {
-                  const Tensor h = a[1].to(kHalf) * 1.7;
-                  return std::vector<Tensor>{(h.to(kDouble) + a[2]).sqrt(), pow(h, 2.0) - pow(h, 3.0)};
-                },
-                args);
+                                    randn({32, 128}).to(gpu), randint(-4, 5, {32, 128}).to(gpu)};
+  check_program(
+      "bf16 * f32, exp, casts",
+      [](const std::vector<Tensor>& a) {
+        const Tensor s = (a[0] * a[1]).exp();             // f32
+        const Tensor r = (s.to(kBFloat16) + a[0]).neg();  // bf16
+        return std::vector<Tensor>{r, (a[2] * 3 + 1).to(kFloat) / a[1], relu(a[2])};
+      },
+      args);
+  check_program(
+      "f16 and int64 to double",
+      [](const std::vector<Tensor>& a) {
+        const Tensor h = a[1].to(kHalf) * 1.7;
+        return std::vector<Tensor>{(h.to(kDouble) + a[2]).sqrt(), pow(h, 2.0) - pow(h, 3.0)};
+      },
+      args);
 }
 
 TEST(GpuFusedCuda, StridedAndTransposedInputs) {
@@ -423,9 +457,10 @@ TEST(GpuFusedCuda, StridedAndTransposedInputs) {
                   return std::vector<Tensor>{exp(a[0] * a[1] + a[2]) - 1.0};
                 },
                 {x.t(), y, z});
-  check_program("expanded operand", [](const std::vector<Tensor>& a) {
-    return std::vector<Tensor>{log(abs(a[0]) + 1.0) * a[1]};
-  }, {y, randn({1, 96}).to(gpu).expand({48, 96})});
+  check_program(
+      "expanded operand",
+      [](const std::vector<Tensor>& a) { return std::vector<Tensor>{log(abs(a[0]) + 1.0) * a[1]}; },
+      {y, randn({1, 96}).to(gpu).expand({48, 96})});
 }
 
 TEST(GpuFusedCuda, VectorEntryTailAndMisalignedViews) {
@@ -487,17 +522,17 @@ TEST(GpuFusedCuda, ScalarsWhereAndComparisons) {
   const Device gpu(kCUDA, 0);
   for (ScalarType dt : {kFloat, kBFloat16}) {
     const std::vector<Tensor> args = {randn({16, 100}).to(dt).to(gpu),
-                                      randn({16, 100}).to(dt).to(gpu),
-                                      randn({}).to(dt).to(gpu)};
-    check_program(std::string("where, clamp, comparisons ") + std::string(dtype_name(dt)),
-                  [](const std::vector<Tensor>& a) {
-                    const Tensor m = a[0] > a[1];
-                    const Tensor w = where(m, a[0] * 0.1, a[1] / 7.0);
-                    const Tensor c = clamp(w * a[2] + 0.3, -0.5, 0.75);
-                    return std::vector<Tensor>{c, logical_not(m) == (a[0] <= 0.2),
-                                               maximum(c, a[1]) - 2 * a[0]};
-                  },
-                  args);
+                                      randn({16, 100}).to(dt).to(gpu), randn({}).to(dt).to(gpu)};
+    check_program(
+        std::string("where, clamp, comparisons ") + std::string(dtype_name(dt)),
+        [](const std::vector<Tensor>& a) {
+          const Tensor m = a[0] > a[1];
+          const Tensor w = where(m, a[0] * 0.1, a[1] / 7.0);
+          const Tensor c = clamp(w * a[2] + 0.3, -0.5, 0.75);
+          return std::vector<Tensor>{c, logical_not(m) == (a[0] <= 0.2),
+                                     maximum(c, a[1]) - 2 * a[0]};
+        },
+        args);
   }
 }
 
@@ -506,13 +541,14 @@ TEST(GpuFusedCuda, IntermediateReadOutsideTheRegion) {
   manual_seed(5);
   const Device gpu(kCUDA, 0);
   const std::vector<Tensor> args = {randn({64, 64}).to(gpu), randn({64, 64}).to(gpu)};
-  check_program("a = x * y returned and reduced",
-                [](const std::vector<Tensor>& a) {
-                  const Tensor p = a[0] * a[1];
-                  const Tensor q = sigmoid(p) * 3.0;
-                  return std::vector<Tensor>{q + p, p, p.sum({1})};
-                },
-                args);
+  check_program(
+      "a = x * y returned and reduced",
+      [](const std::vector<Tensor>& a) {
+        const Tensor p = a[0] * a[1];
+        const Tensor q = sigmoid(p) * 3.0;
+        return std::vector<Tensor>{q + p, p, p.sum({1})};
+      },
+      args);
 }
 
 TEST(GpuFusedCuda, GradientsMatchEager) {
@@ -597,7 +633,8 @@ TEST(GpuFusedCuda, TraceDirHoldsTheGeneratedSource) {
     if (name.ends_with(".fusion0.cu")) {
       ++sources;
       std::ifstream in(e.path());
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
       EXPECT_NE(text.find("kiln_fused_strided"), std::string::npos) << text;
     }
   }
