@@ -23,6 +23,13 @@
 // Loop kernels (any row, and f64): one block per row looping over it (x is read three times
 // forward, twice backward; L1/L2 serve the repeats).
 // Packs: N elements of 16 bytes where packable() (d % N == 0, aligned pointers); else N = 1.
+// Large and tiny magnitudes (kernels/norm_range.h, the CPU kernel's rule): a row whose f32 sum or
+// sum of squared deviations leaves its accurate range (|x - mean| beyond about 1e19, or below
+// about 1e-19 with an eps below 2^-36) takes its mean and variance again in f32, from the values
+// the threads hold, scaled by a power of two (layer_norm_rescale); the decision is uniform over
+// the threads of a row (the register kernels' groups sum among themselves, group_sum_alone),
+// and other rows run the f32 code unchanged. The backward needs nothing more: it reads the mean
+// and rstd, and xh = (x - mean) * rstd stays in range.
 // Internal to kernels/cuda/ and the kernel lab.
 #pragma once
 
@@ -37,6 +44,7 @@
 #include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/norm_util.cuh"
+#include "kernels/norm_range.h"
 #include "tensor/ops.h"
 
 namespace kiln::cuda::internal {
@@ -67,6 +75,61 @@ __device__ __forceinline__ void group_sum(Acc (&v)[K], Acc* smem) {
       v[k] = s;
     }
   }
+}
+
+// group_sum for the threads of one group alone, where the other groups of the block may not call
+// it (a row out of range): the same sums in the same order, exchanged through the group's named
+// barrier 1 + g instead of the block's. smem as group_sum's (a group writes its own warps' slots
+// only; the leading barrier waits for the group's readers of the previous call).
+template <int TPR, int K, typename Acc>
+__device__ __forceinline__ void group_sum_alone(Acc (&v)[K], Acc* smem) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
+  if constexpr (TPR > 32) {
+    constexpr int kWarps = TPR / 32;
+    const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+    const int first = warp / kWarps * kWarps;
+    const unsigned barrier = 1 + static_cast<unsigned>(warp / kWarps);
+    asm volatile("bar.sync %0, %1;" ::"r"(barrier), "n"(TPR) : "memory");
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) smem[warp * K + k] = v[k];
+    }
+    asm volatile("bar.sync %0, %1;" ::"r"(barrier), "n"(TPR) : "memory");
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      Acc s = 0;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) s += smem[(first + i) * K + k];
+      v[k] = s;
+    }
+  }
+}
+
+// A row whose f32 sums s and ss left their range (kernels/norm_range.h): its mean m and rstd r
+// again, in f32 scaled by layer_norm_rescale(ss). sum_each(f) returns the sum over the row of
+// f(x) for each element x (in Acc), the same in every thread that takes the row. Called by all of
+// them, with the s, ss, m and r they hold; f32 only (f64 rows are never out of range).
+template <typename Acc, typename SumEach>
+__device__ __forceinline__ void layer_norm_stats_rescaled(SumEach&& sum_each, Acc ss, Acc inv_d,
+                                                          Acc eps, Acc& m, Acc& r) {
+  const Acc scale = kiln::internal::layer_norm_rescale(ss);
+  if (scale < Acc(1)) {
+    // A sum overflowed: the elements scaled down, then their deviations from the scaled mean.
+    const Acc ms = sum_each([&](Acc v) { return v * scale; }) * inv_d;
+    m = ms / scale;
+    ss = sum_each([&](Acc v) {
+      const Acc c = v * scale - ms;
+      return c * c;
+    });
+  } else {
+    // ss underflowed: the deviations scaled up.
+    ss = sum_each([&](Acc v) {
+      const Acc c = (v - m) * scale;
+      return c * c;
+    });
+  }
+  r = rsqrt_of(ss * inv_d + eps * scale * scale) * scale;
 }
 
 // Register cap of the forward register kernel (as resident blocks per SM for
@@ -111,7 +174,7 @@ __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
       }
     }
     group_sum<TPR>(s, smem);
-    const Acc m = s[0] * inv_d;
+    Acc m = s[0] * inv_d;
     Acc ss[1] = {0};
 #pragma unroll
     for (int p = 0; p < P; ++p) {
@@ -124,7 +187,24 @@ __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
       }
     }
     group_sum<TPR>(ss, smem);
-    const Acc r = rsqrt_of(ss[0] * inv_d + eps);
+    Acc r = rsqrt_of(ss[0] * inv_d + eps);
+    if (!kiln::internal::layer_norm_sums_in_range(s[0], ss[0], eps)) {
+      // The whole group (its sums are the same in every thread): again, scaled, from the
+      // registers, with the group's own barriers.
+      auto sum_each = [&](auto&& f) {
+        Acc v[1] = {0};
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          if (active && t + p * TPR < nvec) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) v[0] += f(raw_elem<T, N, Acc>(raw[p], i));
+          }
+        }
+        group_sum_alone<TPR>(v, smem);
+        return v[0];
+      };
+      layer_norm_stats_rescaled(sum_each, ss[0], inv_d, eps, m, r);
+    }
     if (!active) continue;  // after the last barrier of the iteration
     if (t == 0) {
       mean[row] = m;
@@ -171,13 +251,23 @@ __global__ void __launch_bounds__(256)
     const T* xr = x + row * d;
     Acc s = 0;
     for (int64_t j = tid; j < d; j += bd) s += static_cast<Acc>(xr[j]);
-    const Acc m = block_sum(s, smem) * inv_d;
+    s = block_sum(s, smem);
+    Acc m = s * inv_d;
     Acc ss = 0;
     for (int64_t j = tid; j < d; j += bd) {
       const Acc c = static_cast<Acc>(xr[j]) - m;
       ss += c * c;
     }
-    const Acc r = rsqrt_of(block_sum(ss, smem) * inv_d + eps);
+    ss = block_sum(ss, smem);
+    Acc r = rsqrt_of(ss * inv_d + eps);
+    if (!kiln::internal::layer_norm_sums_in_range(s, ss, eps)) {  // the whole block: scaled
+      auto sum_each = [&](auto&& f) {
+        Acc v = 0;
+        for (int64_t j = tid; j < d; j += bd) v += f(static_cast<Acc>(xr[j]));
+        return block_sum(v, smem);
+      };
+      layer_norm_stats_rescaled(sum_each, ss, inv_d, eps, m, r);
+    }
     if (tid == 0) {
       mean[row] = m;
       rstd[row] = r;

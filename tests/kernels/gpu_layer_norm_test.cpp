@@ -4,14 +4,16 @@
 // 1 to past the register kernels (packed, unpacked, one warp, 128, 256 and 512 threads per row,
 // one and two rows per iteration, the looping kernels), 1 to 17000 rows, non-contiguous and
 // misaligned inputs, bitwise repeatable parameter gradients, and F::layer_norm through autograd
-// and autocast on the GPU. (The threads per row and rows per iteration the library does not
-// choose: the kernel lab, benchmarks/lab/layer_norm_lab.cu.)
+// and autocast on the GPU, and rows out of the f32 range (|x| around 1e20 and beyond, or 1e-30
+// with eps 0). (The threads per row and rows per iteration the library does not choose: the
+// kernel lab, benchmarks/lab/layer_norm_lab.cu.)
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -216,6 +218,72 @@ TEST_F(GpuLayerNorm, ParameterGradientsAreRepeatable) {
     test::expect_same(g2[0], g1[0].cpu(), "dx");
     test::expect_same(g2[1], g1[1].cpu(), "dweight");
     test::expect_same(g2[2], g1[2].cpu(), "dbias");
+  }
+}
+
+// layer_norm and its backward on x (CPU, [rows, d]) on both devices, with weight and bias, for
+// rows far from magnitude 1: the mean compared in units of the row's spread ((mean_gpu -
+// mean_cpu) * rstd, y's error from it), everything else relative.
+void check_ln_range(const Tensor& x, double eps) {
+  const int64_t d = x.size(-1);
+  SCOPED_TRACE(std::string(dtype_name(x.dtype())) + " x " + shape_str(x.sizes()) + ", eps " +
+               std::to_string(eps));
+  static const OpDef& fwd = KILN_OP(layer_norm);
+  static const OpDef& bwd = KILN_OP(layer_norm_backward);
+  const Tensor w = randn({d}), b = randn({d});
+  const TensorVec c = call_op(fwd, {x, w, b}, {Shape{d}, eps});
+  const TensorVec g = call_op(fwd, {x.to(kGpu), w.to(kGpu), b.to(kGpu)}, {Shape{d}, eps});
+  const double tol = tolerance(x.dtype());
+  expect_near_cpu(g[0], c[0], tol, "y");
+  EXPECT_LE(((g[1].cpu() - c[1]) * c[2]).abs().max().item<double>(), 3e-5) << "mean";
+  test::expect_match(g[2], c[2], 5e-5, 0.0, "rstd");
+  const Tensor dy = randn(x.sizes()).to(x.dtype());
+  const TensorVec dc = call_op(bwd, {dy, x, w, c[1], c[2]});
+  const TensorVec dg = call_op(bwd, {dy.to(kGpu), x.to(kGpu), w.to(kGpu), g[1], g[2]});
+  expect_near_cpu(dg[0], dc[0], tol, "dx");
+  expect_near_cpu(dg[1], dc[1], 1e-4, "dweight");
+  expect_near_cpu(dg[2], dc[2], 1e-4, "dbias");
+}
+
+// Rows whose f32 sums leave their accurate range (kernels/norm_range.h): |x - mean| around 1e20
+// to 1e36 (the sum of squared deviations overflows; torch's f32 layer_norm gives zeros or NaN),
+// an offset of 3e36 (the row's sum overflows too), around 1e-25 and 1e-30 with eps 0 (the sum of
+// squares underflows), rows of equal values near 1e30 with a tiny eps (the deviations are zero:
+// y = b; scaling x up would overflow), and rows of every scale in one batch (each row as if alone).
+// Every kernel: a warp per row packed (64) and unpacked (37), 128 threads (2048), 512 threads
+// packed (20000) and unpacked (4101), the loop kernel (65536), bf16 through the register
+// kernels, against the CPU kernel, which takes such rows in f64 (tests/tensor/fused_ops_test.cpp
+// checks it against an f64 reference).
+TEST_F(GpuLayerNorm, LargeAndTinyMagnitudes) {
+  manual_seed(69);
+  for (int64_t d : {64, 37, 2048, 20000, 4101, 65536}) {
+    SCOPED_TRACE("d " + std::to_string(d));
+    for (const auto& [scale, eps] :
+         {std::pair{1e20, 1e-5}, std::pair{1e30, 1e-5}, std::pair{1e36, 0.0}, std::pair{1e-25, 0.0},
+          std::pair{1e-30, 0.0}, std::pair{1e-30, 1e-5}}) {
+      check_ln_range(randn({9, d}) * scale, eps);
+      check_ln_range(randn({3, d}) * scale + 3 * scale, eps);
+      if (d == 64 || d == 2048) check_ln_range((randn({9, d}) * scale).to(kBFloat16), eps);
+    }
+    if ((d & (d - 1)) == 0) {
+      // Rows of 2^100: their sums and means are exact on both devices (d a power of two), so
+      // the deviations are zero, and y is the bias.
+      const Tensor equal_rows = full({3, d}, 0x1p100);
+      check_ln_range(equal_rows, 1e-20);
+      const Tensor b = randn({d});
+      const TensorVec y = call_op(KILN_OP(layer_norm), {equal_rows.to(kGpu), Tensor(), b.to(kGpu)},
+                                  {Shape{d}, 1e-20});
+      test::expect_same(y[0].select(0, 2), b, "rows of 2^100: y = b");
+    }
+    float scale_values[4] = {1e20f, 1.0f, 1e-30f, 1e36f};
+    const Tensor x = randn({4, d}) * from_blob(scale_values, {4, 1}).clone();
+    check_ln_range(x, 0.0);
+    const Tensor xg = x.to(kGpu), w = randn({d}).to(kGpu), b = randn({d}).to(kGpu);
+    const Tensor y = layer_norm(xg, w, b, 0.0);
+    for (int64_t i = 0; i < 4; ++i) {
+      test::expect_same(y.select(0, i), layer_norm(xg.select(0, i), w, b, 0.0).cpu(),
+                        "row " + std::to_string(i) + " alone");
+    }
   }
 }
 
