@@ -48,6 +48,10 @@ class Tracer {
   // The value of `t`, converting a real tensor into an external on first sight.
   int resolve(const Tensor& t) {
     const TensorImpl* impl = t.impl();
+    if (!redirects_.empty()) {
+      if (auto it = redirects_.find(impl->storage().get()); it != redirects_.end())
+        return resolve_redirected(t, it->second.second);
+    }
     if (auto it = by_impl_.find(impl); it != by_impl_.end() && !it->second.first.expired()) {
       return it->second.second;
     }
@@ -185,6 +189,15 @@ class Tracer {
       externals[static_cast<size_t>(c.external)] = c.snapshot.defined() ? c.snapshot : c.tensor;
     }
     converted.clear();
+    redirects_.clear();  // the targets are proxies: they must not outlive the trace from here
+  }
+
+  // trace_forget_handle / trace_redirect_storage (see tracer.h).
+  void forget(const Tensor& t) { by_impl_.erase(t.impl()); }
+  void redirect(const Storage& from, const Tensor& to) {
+    KILN_CHECK(to.impl()->storage()->is_proxy() && to.storage_offset() == 0,
+               "[compile] trace_redirect_storage: the target must be a traced value from offset 0");
+    redirects_[from.get()] = {from, to};
   }
 
   // Proxies made while tracing that are still alive after everything the tracer held is gone
@@ -204,6 +217,26 @@ class Tracer {
     by_impl_[impl] = {t.impl_ptr(), id};
     by_storage_[impl->storage().get()].push_back(
         {id, impl->sizes(), impl->strides(), impl->storage_offset(), impl->dtype()});
+  }
+
+  // A tensor on a redirected storage: the as_strided view of the target at its place, recorded
+  // once per tensor handle (recording even where the tracer pauses: the view is a read of it).
+  int resolve_redirected(const Tensor& t, const Tensor& to) {
+    const TensorImpl* impl = t.impl();
+    if (auto it = redirected_.find(impl); it != redirected_.end() && !it->second.first.expired())
+      return it->second.second;
+    const int saved_paused = paused, saved_depth = depth;
+    paused = depth = 0;
+    Tensor view;
+    {
+      NoGradGuard no_grad;
+      view = to.as_strided(impl->sizes(), impl->strides(), impl->storage_offset());
+    }
+    paused = saved_paused;
+    depth = saved_depth;
+    const int id = lookup(view);
+    redirected_[impl] = {t.impl_ptr(), id};
+    return id;
   }
 
   // Turns the real tensor `t` into a proxy external (see tracer.h).
@@ -246,6 +279,10 @@ class Tracer {
   absl::flat_hash_map<const TensorImpl*, std::pair<std::weak_ptr<TensorImpl>, int>> by_impl_;
   absl::flat_hash_map<const StorageImpl*, std::vector<Placed>> by_storage_;
   absl::flat_hash_map<const StorageImpl*, Storage> proxy_of_;
+  // Redirected storages (held: a dead one's address could be taken by a new proxy storage) and
+  // their targets.
+  absl::flat_hash_map<const StorageImpl*, std::pair<Storage, Tensor>> redirects_;
+  absl::flat_hash_map<const TensorImpl*, std::pair<std::weak_ptr<TensorImpl>, int>> redirected_;
 };
 
 thread_local Tracer* t_tracer = nullptr;
@@ -316,6 +353,23 @@ void on_grad_write(const Tensor& t) {
 }  // namespace
 
 bool is_tracing() { return t_tracer != nullptr; }
+
+void trace_capture_now(const Tensor& t) {
+  if (t_tracer == nullptr || !t.defined() || t.impl()->storage()->is_proxy()) return;
+  ++t_tracer->paused;  // capturing records no op
+  struct Resume {
+    ~Resume() { --t_tracer->paused; }
+  } resume;
+  (void)t_tracer->resolve(t);
+}
+
+void trace_forget_handle(const Tensor& t) {
+  if (t_tracer != nullptr && t.defined()) t_tracer->forget(t);
+}
+
+void trace_redirect_storage(const Storage& from, const Tensor& to) {
+  if (t_tracer != nullptr && from != nullptr) t_tracer->redirect(from, to);
+}
 
 Tensor proxy_of(const TensorSpec& spec, bool requires_grad) {
   const Shape strides = spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides;

@@ -85,4 +85,22 @@ bool is_tracing();
 // empty), dtype and device.
 Tensor proxy_of(const TensorSpec& spec, bool requires_grad = false);
 
+// For code that points a tensor at other data while tracing (TensorImpl::set_data), as FSDP points
+// its parameters at the gathered full tensors and back (dist/fsdp.cpp; docs/distributed.md,
+// "Compiled FSDP"). Each is a no-op when this thread is not tracing.
+// Captures `t` now when it is a real tensor (an external, by identity), before its data is
+// swapped: the trace then restores the data it has now when tracing ends.
+void trace_capture_now(const Tensor& t);
+// After `t`'s data was swapped: the tracer forgets the value it knew `t` by, and the next read
+// of `t` finds its value by its new data (the op output it is a view of, or an external).
+void trace_forget_handle(const Tensor& t);
+// `to`, a traced value laid out over a whole proxy storage from offset 0, now holds what the
+// proxy storage `from` held: from here on a tensor on `from` (a view autograd saved in the
+// forward) reads as an as_strided view of `to` at the same sizes, strides and offset, recorded
+// where it is first read. FSDP's gather in backward, a new value, so that the forward's gathered
+// buffer dies after the forward's last read of it (PyTorch's FSDP frees and refills the memory
+// under one storage instead, which a trace cannot record). The tracer holds `from` until tracing
+// ends, so that no new proxy storage takes its address.
+void trace_redirect_storage(const Storage& from, const Tensor& to);
+
 }  // namespace kiln::compiler

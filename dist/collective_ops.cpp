@@ -50,30 +50,37 @@ std::shared_ptr<ProcessGroup> group_of(const OpCall& c) {
   return g;
 }
 
-// The collectives started and not yet waited for, by the address of the tensor they write.
+// The collectives started and not yet waited for, by the address of the tensor they write. Each
+// keeps the tensors it reads and writes until its wait: in a compiled program the executor lets
+// go of a value after its last reader, which for an all-gather's input is the op that starts it,
+// while the collective still reads it in the background.
+struct Pending {
+  std::shared_ptr<Work> work;
+  std::vector<Tensor> keep;
+};
 struct PendingTable {
   std::mutex mu;
-  std::map<const void*, std::deque<std::shared_ptr<Work>>> works;
+  std::map<const void*, std::deque<Pending>> works;
 };
 PendingTable& pending() {
   static auto* t = new PendingTable;
   return *t;
 }
 
-void file_work(const Tensor& t, std::shared_ptr<Work> work) {
+void file_work(const Tensor& t, std::shared_ptr<Work> work, std::vector<Tensor> keep = {}) {
   PendingTable& p = pending();
   std::lock_guard<std::mutex> lock(p.mu);
-  p.works[t.data_ptr()].push_back(std::move(work));
+  p.works[t.data_ptr()].push_back({std::move(work), std::move(keep)});
 }
 
-std::shared_ptr<Work> take_work(const OpCall& c) {
+Pending take_work(const OpCall& c) {
   PendingTable& p = pending();
   std::lock_guard<std::mutex> lock(p.mu);
   auto it = p.works.find(c.input(0).data_ptr());
   KILN_CHECK(it != p.works.end() && !it->second.empty(), "[", c.name(),
              "] no collective was started on this tensor (",
              dtype_name(c.input(0).dtype()), " ", shape_str(c.input(0).sizes()), ")");
-  std::shared_ptr<Work> w = std::move(it->second.front());
+  Pending w = std::move(it->second.front());
   it->second.pop_front();
   if (it->second.empty()) p.works.erase(it);
   return w;
@@ -95,7 +102,39 @@ void broadcast_kernel(OpCall& c) {
   file_work(t, group_of(c)->broadcast(t, static_cast<int>(c.attr<int64_t>(1))));
 }
 
-void wait_kernel(OpCall& c) { take_work(c)->wait(); }
+// The output's first element is the key: every rank writes all of it (all-gather) or its chunk
+// (reduce-scatter); the input is kept until the wait.
+SpecList two_tensor_meta(const OpCall& c, int64_t out_per_in_num, int64_t out_per_in_den) {
+  KILN_CHECK(c.inputs.size() == 2 && c.input(0).defined() && c.input(1).defined(), "[", c.name(),
+             "] expected an output and an input tensor");
+  const Tensor &out = c.input(0), &in = c.input(1);
+  KILN_CHECK(out.dtype() == in.dtype() && out.device() == in.device(), "[", c.name(),
+             "] the output is ", dtype_name(out.dtype()), " on ", out.device().str(),
+             ", the input ", dtype_name(in.dtype()), " on ", in.device().str());
+  KILN_CHECK(out.numel() * out_per_in_den == in.numel() * out_per_in_num, "[", c.name(),
+             "] the output has ", out.numel(), " elements, the input ", in.numel(),
+             " (world size ", c.attr<int64_t>(1), ")");
+  return {};
+}
+
+SpecList all_gather_meta(const OpCall& c) { return two_tensor_meta(c, c.attr<int64_t>(1), 1); }
+SpecList reduce_scatter_meta(const OpCall& c) { return two_tensor_meta(c, 1, c.attr<int64_t>(1)); }
+
+void all_gather_kernel(OpCall& c) {
+  Tensor out = c.input(0);
+  const Tensor in = c.input(1);
+  file_work(out, group_of(c)->all_gather_into_tensor(out, in), {out, in});
+}
+
+void reduce_scatter_kernel(OpCall& c) {
+  Tensor out = c.input(0);
+  const Tensor in = c.input(1);
+  file_work(out,
+            group_of(c)->reduce_scatter_tensor(out, in, static_cast<ReduceOp>(c.attr<int64_t>(2))),
+            {out, in});
+}
+
+void wait_kernel(OpCall& c) { take_work(c).work->wait(); }
 
 // The Work the ops' callers get: its wait() is the dist_wait_ op, so that a traced wait is
 // recorded where the caller waited.
@@ -127,13 +166,19 @@ class OpWork final : public Work {
 KILN_DEFINE_OP(dist_all_reduce_, OpKind::kInplace, in_place_meta);
 KILN_DEFINE_OP(dist_broadcast_, OpKind::kInplace, in_place_meta);
 KILN_DEFINE_OP(dist_wait_, OpKind::kInplace, in_place_meta);
+KILN_DEFINE_OP(dist_all_gather_, OpKind::kInplace, all_gather_meta);
+KILN_DEFINE_OP(dist_reduce_scatter_, OpKind::kInplace, reduce_scatter_meta);
 KILN_REGISTER_KERNEL(dist_all_reduce_, kCPU, all_reduce_kernel);
+KILN_REGISTER_KERNEL(dist_all_gather_, kCPU, all_gather_kernel);
+KILN_REGISTER_KERNEL(dist_reduce_scatter_, kCPU, reduce_scatter_kernel);
 KILN_REGISTER_KERNEL(dist_broadcast_, kCPU, broadcast_kernel);
 KILN_REGISTER_KERNEL(dist_wait_, kCPU, wait_kernel);
 #if defined(KILN_WITH_CUDA)
 KILN_REGISTER_KERNEL(dist_all_reduce_, kCUDA, all_reduce_kernel);
 KILN_REGISTER_KERNEL(dist_broadcast_, kCUDA, broadcast_kernel);
 KILN_REGISTER_KERNEL(dist_wait_, kCUDA, wait_kernel);
+KILN_REGISTER_KERNEL(dist_all_gather_, kCUDA, all_gather_kernel);
+KILN_REGISTER_KERNEL(dist_reduce_scatter_, kCUDA, reduce_scatter_kernel);
 #endif
 
 std::shared_ptr<Work> all_reduce_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
@@ -148,6 +193,21 @@ std::shared_ptr<Work> broadcast_op(const std::shared_ptr<ProcessGroup>& group, T
   static const OpDef& def = KILN_OP(dist_broadcast_);
   call_op(def, {tensor}, {group_id(group), static_cast<int64_t>(root)});
   return std::make_shared<OpWork>("broadcast", tensor);
+}
+
+std::shared_ptr<Work> all_gather_op(const std::shared_ptr<ProcessGroup>& group, Tensor& output,
+                                    const Tensor& input) {
+  static const OpDef& def = KILN_OP(dist_all_gather_);
+  call_op(def, {output, input}, {group_id(group), static_cast<int64_t>(group->size())});
+  return std::make_shared<OpWork>("all_gather_into_tensor", output);
+}
+
+std::shared_ptr<Work> reduce_scatter_op(const std::shared_ptr<ProcessGroup>& group, Tensor& output,
+                                        const Tensor& input, ReduceOp op) {
+  static const OpDef& def = KILN_OP(dist_reduce_scatter_);
+  call_op(def, {output, input},
+          {group_id(group), static_cast<int64_t>(group->size()), static_cast<int64_t>(op)});
+  return std::make_shared<OpWork>("reduce_scatter_tensor", output);
 }
 
 }  // namespace kiln::dist

@@ -7,9 +7,16 @@
 //   ...                                                                         // more backward
 //   w->wait();                                                                  // then reads
 //
+// FSDP's gathers and gradient reductions are ops the same way (all_gather_op, reduce_scatter_op),
+// so that a compiled FSDP step holds each unit's all-gather and reduce-scatter where eager code
+// starts them (dist/fsdp.h, docs/distributed.md "Compiled FSDP").
+//
 // Each call is two ops on the tensor, both in place:
 //   dist_all_reduce_(t; group, op) / dist_broadcast_(t; group, root): starts the collective
 //     (ProcessGroup::all_reduce / broadcast) and files its Work under t's data pointer;
+//   dist_all_gather_(out, in; group, world) / dist_reduce_scatter_(out, in; group, world, op):
+//     the same for all_gather_into_tensor / reduce_scatter_tensor, writing `out` (the key) and
+//     keeping `in` alive until the wait (a compiled program may let go of it before);
 //   dist_wait_(t): the returned Work's wait() — takes the filed Work and waits for it (NCCL: the
 //     current stream waits; Gloo: the host).
 // Traced, they are recorded in program order like any in-place op; the program's replay runs
@@ -27,5 +34,11 @@ std::shared_ptr<Work> all_reduce_op(const std::shared_ptr<ProcessGroup>& group, 
                                     ReduceOp op = ReduceOp::kSum);
 std::shared_ptr<Work> broadcast_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
                                    int root = 0);
+// ProcessGroup::all_gather_into_tensor / reduce_scatter_tensor as ops. Keep `output` untouched
+// until the returned Work's wait() (the dist_wait_ op on `output`).
+std::shared_ptr<Work> all_gather_op(const std::shared_ptr<ProcessGroup>& group, Tensor& output,
+                                    const Tensor& input);
+std::shared_ptr<Work> reduce_scatter_op(const std::shared_ptr<ProcessGroup>& group, Tensor& output,
+                                        const Tensor& input, ReduceOp op = ReduceOp::kSum);
 
 }  // namespace kiln::dist

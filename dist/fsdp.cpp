@@ -13,6 +13,8 @@
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
 #include "autograd/node.h"
+#include "compiler/tracer.h"
+#include "dist/collective_ops.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -57,6 +59,24 @@ void replace_memory(StorageImpl& s, Storage memory) {
   s.~StorageImpl();
   new (&s) StorageImpl(data, nbytes, device, std::move(keep));
   while (s.version() < version) s.bump_version();
+}
+
+// Points the module's parameter at `data` (its shard, or its view of the gathered buffer). While
+// kiln::compile traces, the parameter is a captured tensor whose data is a proxy: the tracer then
+// finds its value by the new data (compiler/tracer.h, trace_forget_handle).
+void point_at(Tensor& param, const Tensor& data) {
+  param.impl()->set_data(*data.impl());
+  compiler::trace_forget_handle(param);
+}
+
+// A buffer of the gathers and reductions. While kiln::compile traces, a value of the program (the
+// `empty` op, recorded), which its executor frees after its last reader; empty() itself stays a
+// real allocation even then (the tracer would capture it as a constant of the program, held for
+// as long as the program lives).
+Tensor buffer(int64_t numel, const TensorOptions& options) {
+  if (!compiler::is_tracing()) return empty({numel}, options);
+  static const OpDef& op = KILN_OP(empty);
+  return call_op1(op, {}, {Shape{numel}, options.dtype(), options.device()});
 }
 
 // The names of the nodes of view ops (TBackward0, ViewBackward0, ...): their outputs alias their
@@ -347,7 +367,7 @@ const Tensor& FSDPModule::packed_shard() {
     if (unsharded_) {
       p.sharded = slot;
     } else {
-      p.param.impl()->set_data(*slot.impl());
+      point_at(p.param, slot);
     }
   }
   return packed_shard_;
@@ -359,8 +379,9 @@ void FSDPModule::launch_gather() {
   // No copy in: the packed shard is the input (mixed precision converts it once).
   Tensor input = packed_shard();
   if (input.dtype() != compute_dtype()) input = input.to(compute_dtype());
-  gather_buffer_ = empty({pg_->size() * packed_}, input.options());
-  gather_work_ = pg_->all_gather_into_tensor(gather_buffer_, input);
+  gather_buffer_ = buffer(pg_->size() * packed_, input.options());
+  // An op: a compiled step records the gather here (dist/collective_ops.h).
+  gather_work_ = all_gather_op(pg_, gather_buffer_, input);
   gather_input_ = input;
 }
 
@@ -377,7 +398,7 @@ void FSDPModule::finish_gather() {
   // unavoidable, as in FSDP2). One rank's row is the parameters themselves: no copy.
   Tensor full = gather_buffer_;
   if (world > 1) {
-    full = empty({full_numel_}, gather_buffer_.options());
+    full = buffer(full_numel_, gather_buffer_.options());
     for (const Param& p : params_) {
       full.narrow(0, p.full_offset, world * p.shard)
           .view({world, p.shard})
@@ -386,7 +407,14 @@ void FSDPModule::finish_gather() {
   }
   gather_buffer_ = Tensor();
   gather_input_ = Tensor();
-  if (full_released_) {
+  if (full_released_ && compiler::is_tracing()) {
+    // Traced: the gather in backward is a new value of the program, and the views the forward
+    // saved (on the old buffer, a proxy) read it from here on; the forward's buffer dies after the
+    // forward's last read of it, by the program's liveness (docs/distributed.md, "Compiled FSDP").
+    compiler::trace_redirect_storage(full_storage_, full);
+    full_storage_ = full.impl()->storage();
+    full_released_ = false;
+  } else if (full_released_) {
     // The gather in backward: the memory goes back under the buffer the forward's views hold.
     replace_memory(*full_storage_, full.impl()->storage());
     full = Tensor(std::make_shared<TensorImpl>(full_storage_, Shape{full.numel()}, Shape{1}, 0,
@@ -400,7 +428,7 @@ void FSDPModule::finish_gather() {
     p.sharded = p.param.detach();
     p.sharded_grad = p.param.grad();
     p.param.mutable_grad() = Tensor();
-    p.param.impl()->set_data(*view.impl());
+    point_at(p.param, view);
     if (p.version_known) {
       // The graph saved the parameter at the version the forward's gather had; a buffer gathered
       // anew (not refilled) starts lower, so this only evens out the counter.
@@ -428,14 +456,16 @@ void FSDPModule::reshard_keeping(bool for_backward) {
   if (gather_work_ != nullptr) finish_gather();  // a prefetch in flight: let it land first
   if (unsharded_) {
     for (Param& p : params_) {
-      p.param.impl()->set_data(*p.sharded.impl());
+      point_at(p.param, p.sharded);
       p.param.mutable_grad() = p.sharded_grad;
       p.sharded = Tensor();
       p.sharded_grad = Tensor();
     }
     unsharded_ = false;
     if (for_backward && full_storage_ != nullptr) {
-      replace_memory(*full_storage_, nullptr);
+      // Traced, the buffer is a proxy: nothing to free (the program frees its value), and the
+      // gather in backward redirects the views the forward saved to its own (finish_gather).
+      if (!compiler::is_tracing()) replace_memory(*full_storage_, nullptr);
       full_released_ = true;
       return;
     }
@@ -478,6 +508,14 @@ void FSDPModule::pre_forward() {
              ": call run() on that root");
   check_previous_backward();
   const auto units = subtree();
+  if (compiler::is_tracing()) {
+    // A compiled step: the shards become externals of the program (by identity) before the
+    // parameters are pointed at the gathered values, so that tracing ends with them as they are.
+    for (FSDPModule* u : units) {
+      compiler::trace_capture_now(u->packed_shard_);
+      for (Param& p : u->params_) compiler::trace_capture_now(p.param);
+    }
+  }
   for (FSDPModule* u : units) {
     for (Param& p : u->params_) p.version_known = false;
     u->forward_gathered_ = false;
@@ -699,7 +737,7 @@ void FSDPModule::launch_reduce() {
   const bool accumulate = grad_acc_.defined();
   Tensor packed =
       accumulate ? grad_acc_
-                 : empty({world * packed_},
+                 : buffer(world * packed_,
                          TensorOptions().dtype(reduce_dtype()).device(params_[0].param.device()));
   Tensor rows = packed.view({world, packed_});
   for (Param& p : params_) {
@@ -716,9 +754,9 @@ void FSDPModule::launch_reduce() {
   backward_pending_ = false;
   if (requires_gradient_sync_) {
     grad_acc_ = Tensor();
-    reduce_output_ = empty({packed_}, packed.options());
+    reduce_output_ = buffer(packed_, packed.options());
     reduce_input_ = packed;
-    reduce_work_ = pg_->reduce_scatter_tensor(reduce_output_, packed, ReduceOp::kAvg);
+    reduce_work_ = reduce_scatter_op(pg_, reduce_output_, packed, ReduceOp::kAvg);
   } else {
     grad_acc_ = packed;
   }

@@ -44,6 +44,14 @@
 // any node that saved such a view runs (PyTorch's FSDP resizes the storage to 0 and back).
 // Nothing full outlives the backward.
 //
+// Compiled (kiln::compile of a step that calls run(), backward() and the optimizer): the gathers
+// and reduce-scatters are ops (dist/collective_ops.h), recorded where eager code starts them. While
+// tracing, the parameters are captured (their shards, by identity) and pointed at proxies of the
+// program's gathered values; resharding frees nothing, and the gather in backward is a new value
+// that the views the forward saved are redirected to (compiler/tracer.h,
+// trace_redirect_storage), so the program frees the forward's gathered buffer after its last
+// read. docs/distributed.md, "Compiled FSDP".
+//
 // Gradient accumulation: set_requires_gradient_sync(false) (FSDP2's; DDP's no_sync) makes
 // backward keep each unit's full gradients, summed over the micro-batches, instead of
 // reduce-scattering them; the next backward with sync on reduce-scatters the sum once.

@@ -1,8 +1,8 @@
 // `kiln run --nproc-per-node 2 kiln pretrain --dist ddp|zero3` on the CPU (Gloo): the run equals
 // one process training on the global batch (losses and weights), its checkpoints hold the full
 // model and optimizer state, so a run resumes in one process or at another world size, and
-// rank 0 alone reports; compiled (--compile) under ddp too. Bad --dist values and --compile
-// with the sharded modes are clear errors.
+// rank 0 alone reports; compiled (--compile) under ddp and zero2/zero3 too, a compiled sharded
+// run resuming from its own checkpoint. Bad --dist values are clear errors.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -149,7 +149,7 @@ TEST_F(PretrainDistTest, FsdpCheckpointsResumeInOneProcessAndOnTwoRanks) {
   expect_same_weights("one", "z", 1e-4);
 }
 
-TEST_F(PretrainDistTest, BadDistAndCompileAreClearErrors) {
+TEST_F(PretrainDistTest, BadDistIsAClearError) {
   auto args = pretrain_args("bad", 2, 1);
   args.insert(args.end(), {"--dist", "zero1"});
   JobResult r = one_process(args);
@@ -159,13 +159,32 @@ TEST_F(PretrainDistTest, BadDistAndCompileAreClearErrors) {
       r.ranks[0].output.find("--dist must be ddp, zero2, zero3 or fsdp (= zero3), got 'zero1'"),
       std::string::npos)
       << r.ranks[0].output;
-  args = pretrain_args("bad", 2, 1);
+}
+
+TEST_F(PretrainDistTest, CompiledFsdpEqualsOneProcessAndResumes) {
+  // The compiled step records FSDP's gathers and reduce-scatters (dist/collective_ops.h): steps
+  // 1-2 compiled under ZeRO-3 on 2 ranks, then steps 3-4 compiled under ZeRO-2 resumed from the
+  // checkpoint the compiled run wrote; the same losses and weights as one process on the global
+  // batch.
+  const JobResult one = one_process(pretrain_args("one", 4, 4));
+  ASSERT_TRUE(one.all_ok()) << one.describe();
+  auto args = pretrain_args("cz", 2, 2);
   args.insert(args.end(), {"--dist", "zero3", "--compile"});
-  r = one_process(args);
-  EXPECT_NE(r.ranks[0].exit_code, 0);
-  EXPECT_NE(r.ranks[0].output.find("compile with --dist zero3 is not supported yet"),
-            std::string::npos)
-      << r.ranks[0].output;
+  JobResult first = two_ranks(args);
+  ASSERT_TRUE(first.all_ok()) << first.describe();
+  EXPECT_NE(first.ranks[0].output.find("compile: 2 traces"), std::string::npos)
+      << first.ranks[0].output;
+  args = pretrain_args("cz", 2, 4);
+  args.insert(args.end(), {"--dist", "zero2", "--compile", "--resume"});
+  JobResult second = two_ranks(args);
+  ASSERT_TRUE(second.all_ok()) << second.describe();
+  EXPECT_NE(second.ranks[0].output.find("resumed from"), std::string::npos)
+      << second.ranks[0].output;
+  std::vector<std::string> losses = loss_lines(first.ranks[0].output);
+  for (const std::string& l : loss_lines(second.ranks[0].output)) losses.push_back(l);
+  EXPECT_EQ(loss_lines(one.ranks[0].output), losses);
+  EXPECT_EQ(losses.size(), 4u) << first.ranks[0].output << second.ranks[0].output;
+  expect_same_weights("one", "cz", 1e-4);
 }
 
 }  // namespace
