@@ -78,8 +78,8 @@ Pending take_work(const OpCall& c) {
   std::lock_guard<std::mutex> lock(p.mu);
   auto it = p.works.find(c.input(0).data_ptr());
   KILN_CHECK(it != p.works.end() && !it->second.empty(), "[", c.name(),
-             "] no collective was started on this tensor (",
-             dtype_name(c.input(0).dtype()), " ", shape_str(c.input(0).sizes()), ")");
+             "] no collective was started on this tensor (", dtype_name(c.input(0).dtype()), " ",
+             shape_str(c.input(0).sizes()), ")");
   Pending w = std::move(it->second.front());
   it->second.pop_front();
   if (it->second.empty()) p.works.erase(it);
@@ -112,8 +112,8 @@ SpecList two_tensor_meta(const OpCall& c, int64_t out_per_in_num, int64_t out_pe
              "] the output is ", dtype_name(out.dtype()), " on ", out.device().str(),
              ", the input ", dtype_name(in.dtype()), " on ", in.device().str());
   KILN_CHECK(out.numel() * out_per_in_den == in.numel() * out_per_in_num, "[", c.name(),
-             "] the output has ", out.numel(), " elements, the input ", in.numel(),
-             " (world size ", c.attr<int64_t>(1), ")");
+             "] the output has ", out.numel(), " elements, the input ", in.numel(), " (world size ",
+             c.attr<int64_t>(1), ")");
   return {};
 }
 

@@ -738,7 +738,7 @@ void FSDPModule::launch_reduce() {
   Tensor packed =
       accumulate ? grad_acc_
                  : buffer(world * packed_,
-                         TensorOptions().dtype(reduce_dtype()).device(params_[0].param.device()));
+                          TensorOptions().dtype(reduce_dtype()).device(params_[0].param.device()));
   Tensor rows = packed.view({world, packed_});
   for (Param& p : params_) {
     const Tensor& g = p.param.grad();

@@ -130,7 +130,9 @@ Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double ma
   return internal::clip_grad_norm(
       params, max_norm,
       // An op, so that a compiled step records it (dist/collective_ops.h).
-      [this](Tensor& squares) { dist::all_reduce_op(impl_->pg, squares, dist::ReduceOp::kSum)->wait(); },
+      [this](Tensor& squares) {
+        dist::all_reduce_op(impl_->pg, squares, dist::ReduceOp::kSum)->wait();
+      },
       coef);
 }
 

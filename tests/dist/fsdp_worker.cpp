@@ -574,10 +574,10 @@ std::vector<int> alias_classes(const compiler::Trace& t) {
 }
 
 // The training step (zero_grad, the forward through run() with each block gathered as the forward
-// reaches it, backward, SGD with momentum on the shards) compiled, against one process on the global batch:
-// losses and full weights after every step (float64: only the order of the reductions differs).
-// The trace holds one all-gather per unit (ZeRO-3: and one more per block, in backward), the
-// first one-unit-ahead, and one reduce-scatter per unit, the first before the backward's last
+// reaches it, backward, SGD with momentum on the shards) compiled, against one process on the
+// global batch: losses and full weights after every step (float64: only the order of the reductions
+// differs). The trace holds one all-gather per unit (ZeRO-3: and one more per block, in backward),
+// the first one-unit-ahead, and one reduce-scatter per unit, the first before the backward's last
 // mm; under ZeRO-3 no op of the backward reads what the forward's gathers of the blocks made (the
 // program frees those buffers after the forward). A sharded checkpoint of the compiled run loads
 // into a fresh model. FSDP_ZERO=2|3.
@@ -639,8 +639,9 @@ void fsdp_compiled() {
   std::string reasons;
   for (const std::string& why : step.stats().recompile_reasons) reasons += "\n  " + why;
   // Traced twice: SGD's momentum buffers are made by the first call (state that outlives it).
-  WCHECK(step.stats().misses == 2 && step.stats().hits == 2, "two compilations and two replays, got ",
-         step.stats().misses, " and ", step.stats().hits, reasons);
+  WCHECK(step.stats().misses == 2 && step.stats().hits == 2,
+         "two compilations and two replays, got ", step.stats().misses, " and ", step.stats().hits,
+         reasons);
 
   const compiler::Trace& trace = step.traces().back();
   const std::string listing = trace.str();
@@ -682,8 +683,8 @@ void fsdp_compiled() {
   for (size_t g : gathers) before_mm += g < first_mm ? 1 : 0;
   WCHECK(before_mm == std::min<size_t>(3, units), before_mm, " all-gathers before the first mm:\n",
          listing);
-  WCHECK(reduces.front() < last_mm, "the first reduce-scatter starts before the backward's last mm:\n",
-         listing);
+  WCHECK(reduces.front() < last_mm,
+         "the first reduce-scatter starts before the backward's last mm:\n", listing);
   if (zero3) {
     // The forward's gathers of the blocks (after the root's): their buffers and whatever was
     // copied out of them (the full parameters) are read by no op after the backward's first gather.
