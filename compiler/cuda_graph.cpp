@@ -1,6 +1,7 @@
 #include "compiler/cuda_graph.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "autograd/grad_mode.h"
@@ -189,18 +190,28 @@ Analysis analyse(const Program& program, bool has_backward) {
   return a;
 }
 
-// A buffer of `spec`'s sizes and strides, outside any graph (kiln's pool).
-Tensor static_buffer(const TensorSpec& spec) {
+// A buffer of `spec`'s sizes and strides, outside any graph (kiln's pool). With `like`, its data
+// starts at the same offset from a 256-byte boundary as like's: kernels choose their variant by
+// alignment (fused_cuda's vector entry, cuBLASLt's algorithms), and the graph then runs what a
+// run on `like` would have run.
+Tensor static_buffer(const TensorSpec& spec, const Tensor& like = Tensor()) {
   const Shape strides = spec.strides.empty() ? contiguous_strides(spec.sizes) : spec.strides;
+  const size_t item = element_size(spec.dtype);
+  size_t misalign = 0;
+  if (like.defined() && like.numel() > 0) {
+    misalign = reinterpret_cast<uintptr_t>(like.data_ptr()) % 256;
+    if (misalign % item != 0) misalign = 0;
+  }
   int64_t extent = 1;
   bool empty = false;
   for (size_t d = 0; d < spec.sizes.size(); ++d) {
     if (spec.sizes[d] == 0) empty = true;
     extent += (spec.sizes[d] - 1) * std::max<int64_t>(strides[d], 0);
   }
-  const size_t bytes = empty ? 0 : static_cast<size_t>(extent) * element_size(spec.dtype);
+  const size_t bytes = empty ? 0 : static_cast<size_t>(extent) * item + misalign;
   return Tensor(std::make_shared<TensorImpl>(allocate_storage(bytes, spec.device), spec.sizes,
-                                             strides, 0, spec.dtype));
+                                             strides, static_cast<int64_t>(misalign / item),
+                                             spec.dtype));
 }
 
 }  // namespace
@@ -302,7 +313,7 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
       Plan::Captured& c = plan.captured[s];
       const std::vector<Tensor> before = frame.slots;
       for (int v : seg.inputs) {
-        Tensor buffer = static_buffer(t.value(v).spec);
+        Tensor buffer = static_buffer(t.value(v).spec, frame.slots[static_cast<size_t>(v)]);
         buffer.copy_(frame.slots[static_cast<size_t>(v)]);
         plan.static_bytes += static_cast<int64_t>(buffer.impl()->storage()->nbytes());
         frame.slots[static_cast<size_t>(v)] = buffer;
