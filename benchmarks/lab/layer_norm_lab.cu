@@ -6,8 +6,9 @@
 // The library: forward a warp per row under 2048 elements, else 128 threads per row (512 for rows
 // too long for 128 x 16 packs); backward a warp under 2048 elements, else 256 threads per row, two
 // rows per iteration where a thread holds at most 2 packs (512 threads for long rows).
-// The variants: forward a warp, 256 or 512 threads per row; backward 128 threads per row, 256
-// threads one row per iteration, 512 threads one or two rows per iteration.
+// The variants: forward a warp, 256 or 512 threads per row, and the library's warp and 128
+// threads without the test for rows out of the f32 range (kernels/norm_range.h); backward 128
+// threads per row, 256 threads one row per iteration, 512 threads one or two rows per iteration.
 // measurements: benchmarks/RESULTS.md (sessions 4 and 6, LayerNorm).
 #include <cuda_runtime_api.h>
 
@@ -60,10 +61,10 @@ T* ptr(const Tensor& t) {
 // A variant: runs one pass on `a` and says whether it applied to the row length.
 using Run = std::function<bool(Args& a)>;
 
-template <int TPR, int BLOCK>
+template <int TPR, int BLOCK, bool kRangeCheck = true>
 bool forward(Args& a) {
   const int64_t d = a.w.numel();
-  return cuda::internal::launch_layer_norm_fwd<BF, BF, kPack, TPR, BLOCK>(
+  return cuda::internal::launch_layer_norm_fwd<BF, BF, kPack, TPR, BLOCK, kRangeCheck>(
       ptr<BF>(a.y), ptr<float>(a.mean), ptr<float>(a.rstd), ptr<const BF>(a.x), ptr<const BF>(a.w),
       ptr<const BF>(a.b), a.mean.numel(), d, static_cast<float>(kEps), cuda::current_stream());
 }
@@ -82,6 +83,10 @@ const std::vector<std::pair<std::string, Run>>& forward_variants() {
       {"warp", forward<32, 256>},
       {"256 threads", forward<256, 256>},
       {"512 threads", forward<512, 512>},
+      // The library's kernels without the test for rows out of the f32 range (issue 21): what
+      // the test costs the common path.
+      {"warp, no range test", forward<32, 256, false>},
+      {"128 threads, no range test", forward<128, 128, false>},
   };
   return v;
 }

@@ -142,7 +142,8 @@ constexpr int kFwdMinBlocks = P <= 4 ? 65536 / (BLOCK * 64) : 1;
 // Forward for rows of at most TPR * P packs of N elements: groups of TPR threads, one row per
 // group at a time, BLOCK / TPR groups per block. The loop is uniform over the block (rows past
 // the end are masked) so that group_sum's barriers are safe. w and b may be null (1 and 0).
-template <typename T, typename W, int N, int P, int TPR, int BLOCK>
+// kRangeCheck false: without the test for rows out of range (the kernel lab times both).
+template <typename T, typename W, int N, int P, int TPR, int BLOCK, bool kRangeCheck = true>
 __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
     layer_norm_fwd_kernel(T* __restrict__ y, opmath_t<T>* __restrict__ mean,
                           opmath_t<T>* __restrict__ rstd, const T* __restrict__ x,
@@ -188,7 +189,7 @@ __global__ void __launch_bounds__(BLOCK, kFwdMinBlocks<P, BLOCK>)
     }
     group_sum<TPR>(ss, smem);
     Acc r = rsqrt_of(ss[0] * inv_d + eps);
-    if (!kiln::internal::layer_norm_sums_in_range(s[0], ss[0], eps)) {
+    if (kRangeCheck && !kiln::internal::layer_norm_sums_in_range(s[0], ss[0], eps)) {
       // The whole group (its sums are the same in every thread): again, scaled, from the
       // registers, with the group's own barriers.
       auto sum_each = [&](auto&& f) {
@@ -576,7 +577,7 @@ int64_t one_wave(Kernel kernel, int block) {
 
 // Launches the forward register kernel, TPR threads per row in blocks of BLOCK, with the smallest
 // P of 1 to 16 that covers a row of d / N packs; false (nothing launched) where none does.
-template <typename T, typename W, int N, int TPR, int BLOCK>
+template <typename T, typename W, int N, int TPR, int BLOCK, bool kRangeCheck = true>
 bool launch_layer_norm_fwd(T* y, opmath_t<T>* mean, opmath_t<T>* rstd, const T* x, const W* w,
                            const W* b, int64_t rows, int64_t d, opmath_t<T> eps,
                            cudaStream_t stream) {
@@ -584,7 +585,7 @@ bool launch_layer_norm_fwd(T* y, opmath_t<T>* mean, opmath_t<T>* rstd, const T* 
   const auto grid =
       static_cast<unsigned>(std::min<int64_t>((rows + kGroups - 1) / kGroups, int64_t{1} << 30));
   auto go = [&]<int P>(std::integral_constant<int, P>) {
-    layer_norm_fwd_kernel<T, W, N, P, TPR, BLOCK>
+    layer_norm_fwd_kernel<T, W, N, P, TPR, BLOCK, kRangeCheck>
         <<<grid, BLOCK, 0, stream>>>(y, mean, rstd, x, w, b, rows, d, eps);
     KILN_CUDA_LAUNCH_CHECK("layer_norm_fwd_kernel");
   };
