@@ -43,7 +43,7 @@ namespace {
 struct Counters {
   std::atomic<int64_t> regions{0}, nvrtc_compiles{0}, memory_hits{0}, disk_hits{0},
       disk_rejected{0}, disk_writes{0}, fallbacks{0}, strided_launches{0}, dense_launches{0},
-      vector_launches{0};
+      vector_launches{0}, row_regions{0}, row_fallbacks{0};
 };
 Counters& counters() {
   static Counters c;
@@ -106,14 +106,15 @@ FusedCudaStats fused_cuda_stats() {
   const Counters& c = counters();
   return {c.regions.load(),   c.nvrtc_compiles.load(), c.memory_hits.load(), c.disk_hits.load(),
           c.disk_rejected.load(), c.disk_writes.load(), c.fallbacks.load(),
-          c.strided_launches.load(), c.dense_launches.load(), c.vector_launches.load()};
+          c.strided_launches.load(), c.dense_launches.load(), c.vector_launches.load(),
+          c.row_regions.load(), c.row_fallbacks.load()};
 }
 
 void reset_fused_cuda_stats() {
   Counters& c = counters();
   for (auto* a : {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
                   &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches,
-                  &c.vector_launches}) {
+                  &c.vector_launches, &c.row_regions, &c.row_fallbacks}) {
     a->store(0);
   }
 }
@@ -236,6 +237,26 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
     if (!l.contiguous) return false;
     if (!o.sizes.empty()) aligned = aligned && l.address % 16 == 0;
     return true;
+  };
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    if (!check(k.inputs[j], inputs[j])) return FusedEntry::kStrided;
+  }
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    if (!check(k.outputs[j], outputs[j])) return FusedEntry::kStrided;
+  }
+  return aligned ? FusedEntry::kVector : FusedEntry::kDense;
+}
+
+FusedEntry choose_row_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
+                            const std::vector<OperandLayout>& outputs) {
+  KILN_CHECK(inputs.size() == k.inputs.size() && outputs.size() == k.outputs.size(),
+             "[fused_cuda] internal: ", inputs.size(), " + ", outputs.size(),
+             " operand layouts for a kernel of ", k.inputs.size(), " + ", k.outputs.size());
+  bool aligned = k.vector_width > 0;
+  auto check = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
+    if (o.host_scalar || o.sizes != k.sizes) return true;  // read through its strides
+    aligned = aligned && l.address % 16 == 0;
+    return l.contiguous;
   };
   for (size_t j = 0; j < inputs.size(); ++j) {
     if (!check(k.inputs[j], inputs[j])) return FusedEntry::kStrided;
@@ -412,7 +433,7 @@ using LoadedFuture = std::shared_future<std::shared_ptr<const Loaded>>;
 
 // The cubin of `source` for `device`: from the disk cache, else NVRTC (stored on disk after).
 std::shared_ptr<const Loaded> build(int device, const std::string& source, bool has_dense,
-                                    bool has_vector) {
+                                    bool has_vector, bool rows) {
   cuda::DeviceGuard guard(device);
   internal::KernelKey key{source, arch_of(device), nvrtc_version()};
   const std::string dir = kernel_cache_dir();
@@ -432,14 +453,19 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, bool 
   CUmodule module = nullptr;  // kept for the life of the process, as the memory cache's entry
   check_cu(driver().module_load_data(&module, cubin->data()), "cuModuleLoadData");
   auto loaded = std::make_shared<Loaded>();
-  check_cu(driver().module_get_function(&loaded->strided, module, "kiln_fused_strided"),
-           "cuModuleGetFunction");
+  // A row kernel has no strided entry (a region whose rows are not contiguous runs op by op).
+  if (!rows) {
+    check_cu(driver().module_get_function(&loaded->strided, module, "kiln_fused_strided"),
+             "cuModuleGetFunction");
+  }
   if (has_dense) {
-    check_cu(driver().module_get_function(&loaded->dense, module, "kiln_fused_dense"),
+    check_cu(driver().module_get_function(&loaded->dense, module,
+                                          rows ? "kiln_rows_dense" : "kiln_fused_dense"),
              "cuModuleGetFunction");
   }
   if (has_vector) {
-    check_cu(driver().module_get_function(&loaded->vector, module, "kiln_fused_vector"),
+    check_cu(driver().module_get_function(&loaded->vector, module,
+                                          rows ? "kiln_rows_vector" : "kiln_fused_vector"),
              "cuModuleGetFunction");
   }
   return loaded;
@@ -463,7 +489,8 @@ KernelCache& kernel_cache() {
   return *c;
 }
 
-LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, bool has_vector) {
+LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, bool has_vector,
+                        bool rows) {
   KernelCache& c = kernel_cache();
   const std::string key = std::to_string(device) + "\n" + source;
   std::lock_guard<std::mutex> lock(c.mu);
@@ -471,12 +498,12 @@ LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, b
     ++counters().memory_hits;
     return it->second;
   }
-  LoadedFuture f = std::async(std::launch::async, [device, source, has_dense, has_vector] {
+  LoadedFuture f = std::async(std::launch::async, [device, source, has_dense, has_vector, rows] {
                      compile_slots().acquire();
                      struct Release {
                        ~Release() { compile_slots().release(); }
                      } release;
-                     return build(device, source, has_dense, has_vector);
+                     return build(device, source, has_dense, has_vector, rows);
                    }).share();
   c.kernels[key] = f;
   return f;
@@ -500,9 +527,10 @@ Tensor empty_as(const TensorSpec& spec) {
   return empty({extent}, options).as_strided(spec.sizes, spec.strides, 0);
 }
 
-// One run of a lowered region.
+// One run of a lowered region (`eager`: the region op by op, for a row kernel whose operands
+// are not contiguous).
 void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& output_specs,
-            const Loaded& fn, int device, Frame& frame) {
+            const Loaded& fn, int device, Frame& frame, const Step& eager) {
   cuda::DeviceGuard guard(device);
   std::vector<int64_t> params(static_cast<size_t>(std::max(k.slots, 1)), 0);
   const size_t rank = k.sizes.size();
@@ -514,6 +542,13 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
     KILN_CHECK(x.sizes() == IntArrayRef(o.sizes), "[fused_cuda] internal: a value of shape ",
                shape_str(x.sizes()), " where the trace has ", shape_str(o.sizes));
     if (o.sizes.empty()) return;
+    if (o.leading) {  // a reduction's output without keepdim: the domain's leading dims
+      for (size_t d = 0; d < rank; ++d) {
+        const bool broadcast = d >= o.sizes.size() || o.sizes[d] == 1;
+        params[static_cast<size_t>(o.slot) + 1 + d] = broadcast ? 0 : x.strides()[d];
+      }
+      return;
+    }
     const size_t lead = rank - o.sizes.size();
     for (size_t d = 0; d < rank; ++d) {
       const bool broadcast = d < lead || o.sizes[d - lead] == 1;
@@ -548,6 +583,28 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
   const int64_t n = numel_of(k.sizes);
   if (n == 0) return;
   use_primary_context(device);
+  if (k.row_kernel) {
+    const internal::FusedEntry entry = internal::choose_row_entry(k, in_layouts, out_layouts);
+    if (entry == internal::FusedEntry::kStrided) {
+      counters().row_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      eager(frame);  // writes every output again (the placed ones in place)
+      return;
+    }
+    const bool vector = entry == internal::FusedEntry::kVector;
+    (vector ? counters().vector_launches : counters().dense_launches)
+        .fetch_add(1, std::memory_order_relaxed);
+    const int64_t groups = k.rows_per_block;
+    const auto blocks = static_cast<unsigned>(
+        std::clamp<int64_t>((k.rows + groups - 1) / groups, 1, int64_t{1} << 20));
+    void* args[] = {params.data()};
+    CUstream stream = cuda::current_stream(device).handle();
+    check_cu(driver().launch_kernel(vector ? fn.vector : fn.dense, blocks, 1, 1,
+                                    static_cast<unsigned>(k.row_threads * k.rows_per_block), 1,
+                                    1, 0, stream, args, nullptr),
+             "cuLaunchKernel");
+    cuda::internal::check_launch("kiln_rows (fused_cuda)", __FILE__, __LINE__);
+    return;
+  }
   const internal::FusedEntry entry = internal::choose_fused_entry(k, in_layouts, out_layouts);
   CUfunction f = fn.strided;
   int64_t threads_needed = n;  // one element per thread (a grid-stride loop beyond 2^24)
@@ -586,7 +643,7 @@ class FusedCudaExecutor final : public Executor {
 
   bool fuses(const Trace& t, const BoundOp& op) const override {
 #if defined(KILN_WITH_CUDA)
-    if (fuse_kind(op) != FuseKind::kPointwise || op.outputs.size() != 1 || op.outputs[0] < 0) {
+    if (fuse_kind(op) == FuseKind::kNone || op.outputs.size() != 1 || op.outputs[0] < 0) {
       return false;
     }
     const Device out = t.value(op.outputs[0]).spec.device;
@@ -609,13 +666,16 @@ class FusedCudaExecutor final : public Executor {
     std::optional<internal::FusedKernel> k = internal::generate_fused_kernel(t, begin, end, nullptr);
     if (k && usable()) {
       ++counters().regions;
+      if (k->row_kernel) ++counters().row_regions;
       const int device = std::max(t.value(k->outputs[0].value).spec.device.index(), 0);
       std::vector<TensorSpec> specs;
       for (const auto& o : k->outputs) specs.push_back(t.value(o.value).spec);
-      LoadedFuture kernel = kernel_for(device, k->source, k->has_dense, k->vector_width > 0);
+      LoadedFuture kernel =
+          kernel_for(device, k->source, k->has_dense, k->vector_width > 0, k->row_kernel);
       auto plan = std::make_shared<const internal::FusedKernel>(std::move(*k));
-      return [plan, specs = std::move(specs), kernel, device](Frame& frame) {
-        launch(*plan, specs, *kernel.get(), device, frame);
+      Step eager = plan->row_kernel ? eager_region(t, begin, end) : Step();
+      return [plan, specs = std::move(specs), kernel, device, eager](Frame& frame) {
+        launch(*plan, specs, *kernel.get(), device, frame, eager);
       };
     }
 #endif

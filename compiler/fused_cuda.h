@@ -48,6 +48,8 @@ struct FusedCudaStats {
   int64_t fallbacks = 0;       // regions run op by op (the generator declined them)
   // Launches of each entry (internal::choose_fused_entry picks one per run of a region).
   int64_t strided_launches = 0, dense_launches = 0, vector_launches = 0;
+  int64_t row_regions = 0;    // of `regions`, those with reductions (row kernels)
+  int64_t row_fallbacks = 0;  // runs of a row kernel's region op by op (rows not contiguous)
 };
 FusedCudaStats fused_cuda_stats();
 void reset_fused_cuda_stats();
@@ -88,11 +90,23 @@ struct FusedKernel {
     bool host_scalar = false;  // a 0-d CPU tensor, passed by value
     Shape sizes;
     int slot = 0;  // its first parameter slot
+    // Its dims are the domain's leading ones (a reduction's output without keepdim), not its
+    // trailing ones as broadcasting aligns them.
+    bool leading = false;
   };
   std::vector<Operand> inputs, outputs;
   std::vector<std::pair<int, uint64_t>> constants;  // (slot, bits)
   int zero_slot = 0;  // holds 0, which the compilers cannot know (the barrier between members)
   int slots = 0;
+  // A row kernel (a region with reductions, fused_cuda_rows.cpp): the domain is `rows` rows of
+  // `cols` elements (the reduced dims are its trailing ones), each row reduced by a group of
+  // row_threads threads (a multiple of 32), rows_per_block groups per block of threads.
+  // kiln_rows_dense reads a row one element per thread at a time, kiln_rows_vector (where
+  // vector_width > 0) 16 bytes of the narrowest operand; both need every operand of the
+  // domain's shape contiguous (choose_row_entry), the vector one 16-byte aligned as well.
+  bool row_kernel = false;
+  int64_t rows = 0, cols = 0;
+  int row_threads = 0, rows_per_block = 0;
 };
 std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,
                                                  std::string* why);
@@ -109,6 +123,11 @@ struct OperandLayout {
 };
 FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                               const std::vector<OperandLayout>& outputs);
+// The entry of a row kernel: kVector where every operand of the domain's shape is contiguous
+// and 16-byte aligned, kDense where they are contiguous, else kStrided, which a row kernel does
+// not have: the region then runs op by op (eager kernels).
+FusedEntry choose_row_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
+                            const std::vector<OperandLayout>& outputs);
 
 // The disk cache (CPU code, testable without a GPU). A file holds a header (magic, format
 // version, the key's parts and the payload's size and checksum), then the payload.

@@ -104,6 +104,10 @@ const absl::flat_hash_set<std::string_view>& arithmetic_ops();
 const absl::flat_hash_map<std::string_view, std::string_view>& compare_ops();
 const absl::flat_hash_set<std::string_view>& logical_ops();
 
+// Whether the row generator writes this reduction (sum, mean, amax, amin of floats over
+// trailing dims).
+bool row_op_generated(const Trace& t, const BoundOp& op);
+
 // --- The generator
 // ---------------------------------------------------------------------------------
 
@@ -130,9 +134,23 @@ class Generator {
   std::string member_expr(const BoundOp& op);
   std::string binary_expr(const BoundOp& op, ScalarType out);
 
+  std::string member_line(const BoundOp& op) const;  // the member as the listing prints it
   std::string offset(const FusedKernel::Operand& o, bool dense) const;
   std::string body(bool dense, bool vector = false) const;
   void emit();
+
+  // Row kernels (fused_cuda_rows.cpp): regions with reductions.
+  struct RowMember {
+    bool reduction = false;
+    bool full = false;  // varies along the columns (else one value per row)
+    int level = 0;      // how many reductions it depends on, in a chain
+  };
+  bool plan_rows(std::string* why);
+  void emit_rows();
+  std::string row_entry(int width);
+  int row_dims_ = 0;  // the domain's leading dims that are not reduced
+  std::vector<RowMember> row_members_;
+  absl::flat_hash_map<int, std::string> mean_scale_;  // member -> the constant 1 / count
 
   const Trace& t_;
   size_t begin_, end_;

@@ -85,22 +85,25 @@ std::string Generator::body(bool dense, bool vector) const {
   return os.str();
 }
 
+std::string Generator::member_line(const BoundOp& op) const {
+  std::string line = var(op.outputs[0]) + " = " + op.name() + "(";
+  for (size_t j = 0; j < op.inputs.size(); ++j) line += (j ? ", " : "") + var(op.inputs[j]);
+  if (!op.attrs.empty()) {
+    line += "; ";
+    for (size_t j = 0; j < op.attrs.size(); ++j) {
+      // Constants are parameters: the listing names their kind, not their value, so that
+      // regions differing only in them share a kernel.
+      const bool scalar = std::holds_alternative<Scalar>(op.attrs[j]);
+      line += (j ? ", " : "") + (scalar ? std::string("<scalar>") : attr_str(op.attrs[j]));
+    }
+  }
+  return line + ")  " + spec_str(spec(op.outputs[0]));
+}
+
 void Generator::emit() {
   for (const BoundOp* op : members_) {
     exprs_.push_back(member_expr(*op));
-    std::string line = var(op->outputs[0]) + " = " + op->name() + "(";
-    for (size_t j = 0; j < op->inputs.size(); ++j) line += (j ? ", " : "") + var(op->inputs[j]);
-    if (!op->attrs.empty()) {
-      line += "; ";
-      for (size_t j = 0; j < op->attrs.size(); ++j) {
-        // Constants are parameters: the listing names their kind, not their value, so that
-        // regions differing only in them share a kernel.
-        const bool scalar = std::holds_alternative<Scalar>(op->attrs[j]);
-        line += (j ? ", " : "") + (scalar ? std::string("<scalar>") : attr_str(op->attrs[j]));
-      }
-    }
-    line += ")  " + spec_str(spec(op->outputs[0]));
-    lines_.push_back(std::move(line));
+    lines_.push_back(member_line(*op));
   }
   for (size_t c = 0; c < constants_.size(); ++c) {
     k_.constants.emplace_back(k_.slots, constants_[c].second);

@@ -8,8 +8,15 @@ namespace internal {
 
 std::optional<FusedKernel> Generator::run(std::string* why) {
   try {
-    if (!plan(why)) return std::nullopt;
-    emit();
+    bool rows = false;
+    for (size_t i = begin_; i < end_; ++i) rows = rows || fuse_kind(t_.ops[i]) == FuseKind::kRow;
+    if (rows) {
+      if (!plan_rows(why)) return std::nullopt;
+      emit_rows();
+    } else {
+      if (!plan(why)) return std::nullopt;
+      emit();
+    }
   } catch (const std::exception& e) {  // an attribute eager would reject at run time
     if (why != nullptr) *why = e.what();
     return std::nullopt;
@@ -89,6 +96,7 @@ bool Generator::plan(std::string* why) {
 }
 
 bool fused_cuda_generates(const Trace& t, const BoundOp& op) {
+  if (fuse_kind(op) == FuseKind::kRow) return row_op_generated(t, op);
   if (fuse_kind(op) != FuseKind::kPointwise || op.outputs.size() != 1 || op.outputs[0] < 0) {
     return false;
   }

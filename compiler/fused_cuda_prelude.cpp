@@ -73,6 +73,18 @@ __device__ __forceinline__ int kbits_i32(long long v) { return (int)v; }
 __device__ __forceinline__ unsigned char kbits_u8(long long v) { return (unsigned char)v; }
 __device__ __forceinline__ bool kbits_bool(long long v) { return v != 0; }
 
+// kernels/reduce_fn.h's pick (amax, amin): the larger (kMax) or smaller of a and b; NaN wins.
+template <bool kMax, typename V> __device__ __forceinline__ V kpick(V a, V b) {
+  if (scalar::math::is_nan(a)) return a;
+  if (scalar::math::is_nan(b)) return b;
+  if (kMax) return b > a ? b : a;
+  return b < a ? b : a;
+}
+template <typename V> __device__ __forceinline__ V kinf();
+template <> __device__ __forceinline__ float kinf<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double kinf<double>() {
+  return __longlong_as_double(0x7ff0000000000000LL);
+}
 // kernels/binary_fn.h's AddFn (that header holds eager's kernel tables, not for NVRTC).
 template <typename M> __device__ __forceinline__ auto f_add(M x, M y, M alpha) { return x + alpha * y; }
 )";

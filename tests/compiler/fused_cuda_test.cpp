@@ -254,6 +254,152 @@ TEST(FusedCudaCodegen, UnsupportedOpsAreNotGenerated) {
   EXPECT_NE(why.find("does not write"), std::string::npos) << why;
 }
 
+// Softmax written with ops: max, exp(x - max), sum, divide (what a model's code traces to).
+Tensor softmax_with_ops(const Tensor& x) {
+  const Tensor e = exp(x - amax(x, {-1}, true));
+  return e / sum(e, {-1}, true);
+}
+// RMSNorm written with ops, in f32 for a 16-bit x, as models write it.
+Tensor rms_norm_with_ops(const Tensor& x, const Tensor& w) {
+  const Tensor xf = x.to(kFloat);
+  return (xf * rsqrt(mean(xf * xf, {-1}, true) + 1e-6)).to(x.dtype()) * w;
+}
+Tensor logsumexp_with_ops(const Tensor& x) {
+  const Tensor m = amax(x, {-1}, true);
+  return log(sum(exp(x - m), {-1}, true)) + m;
+}
+
+TEST(FusedCudaCodegen, RowKernelForSoftmaxWrittenWithOps) {
+  const Trace t = traced_on_cuda(softmax_with_ops, randn({64, 2048}).to(kBFloat16));
+  std::string why;
+  const auto k = compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), &why);
+  ASSERT_TRUE(k.has_value()) << why << t.str();
+  const std::string& s = k->source;
+  EXPECT_TRUE(k->row_kernel);
+  EXPECT_EQ(k->rows, 64);
+  EXPECT_EQ(k->cols, 2048);
+  EXPECT_EQ(k->vector_width, 8);  // 16 bytes of bf16
+  // 256 packs of 8 over 64 threads, 4 rows per block of 256.
+  EXPECT_EQ(k->row_threads, 64);
+  EXPECT_EQ(k->rows_per_block, 4);
+  EXPECT_EQ(count(s, "kiln_rows_vector"), 1) << s;
+  EXPECT_EQ(count(s, "kiln_rows_dense"), 1) << s;
+  // Two reduction passes (max, then the sum of exp(x - max)) and the pass writing the output,
+  // the later ones from the registers the first filled.
+  EXPECT_EQ(count(s, ": reductions\n"), 4) << s;  // two per entry
+  EXPECT_EQ(count(s, ": the outputs\n"), 2) << s;
+  EXPECT_NE(s.find("kpick<true>("), std::string::npos) << s;
+  EXPECT_NE(s.find("bf16 xc0[32]"), std::string::npos) << s;
+  EXPECT_NE(s.find("__shfl_xor_sync"), std::string::npos) << s;
+  ASSERT_EQ(k->outputs.size(), 1u);
+  EXPECT_EQ(k->outputs[0].sizes, Shape({64, 2048}));
+  // Deterministic.
+  EXPECT_EQ(compiler::fused_cuda_source(t, 0, t.ops.size()), s);
+}
+
+TEST(FusedCudaCodegen, RowKernelsForRmsNormLogsumexpAndRowSums) {
+  namespace I = compiler::internal;
+  const Trace rms = traced_on_cuda(rms_norm_with_ops, randn({8, 2048}).to(kBFloat16),
+                                   randn({2048}).to(kBFloat16));
+  std::string why;
+  const auto kr = I::generate_fused_kernel(rms, 0, rms.ops.size(), &why);
+  ASSERT_TRUE(kr.has_value()) << why << rms.str();
+  EXPECT_EQ(count(kr->source, ": reductions\n"), 2) << kr->source;  // one per entry
+  EXPECT_EQ(count(kr->source, ": the outputs\n"), 2) << kr->source;
+  // The mean's 1 / 2048 is a parameter (eager's scale), rsqrt(mean + eps) computed once per row.
+  bool scale = false;
+  for (const auto& [slot, bits] : kr->constants)
+    scale = scale || bits == compiler::internal::bits_of(1.0f / 2048);
+  EXPECT_TRUE(scale);
+  // logsumexp: every output is per row, no pass writes a row.
+  const Trace lse = traced_on_cuda(logsumexp_with_ops, randn({8, 1000}));
+  const auto kl = I::generate_fused_kernel(lse, 0, lse.ops.size(), &why);
+  ASSERT_TRUE(kl.has_value()) << why << lse.str();
+  EXPECT_EQ(count(kl->source, ": the outputs\n"), 0) << kl->source;
+  EXPECT_EQ(kl->vector_width, 4);
+  ASSERT_EQ(kl->outputs.size(), 1u);
+  EXPECT_EQ(kl->outputs[0].sizes, Shape({8, 1}));
+  EXPECT_NE(kl->source.find("if (active && lane == 0) out0["), std::string::npos) << kl->source;
+  // A row sum of broadcasting producers without keepdim: its output is aligned with the
+  // domain's leading dims. 77 is not a multiple of 4: no vector entry; short rows: one warp.
+  const Trace sum_t = traced_on_cuda(
+      [](const Tensor& x, const Tensor& w, const Tensor& b) { return sum(x * w + b, {-1}); },
+      randn({8, 77}), randn({77}), randn({8, 1}));
+  const auto ks = I::generate_fused_kernel(sum_t, 0, sum_t.ops.size(), &why);
+  ASSERT_TRUE(ks.has_value()) << why << sum_t.str();
+  EXPECT_EQ(ks->vector_width, 0);
+  EXPECT_EQ(ks->row_threads, 32);
+  EXPECT_EQ(ks->rows_per_block, 8);
+  ASSERT_EQ(ks->outputs.size(), 1u);
+  EXPECT_TRUE(ks->outputs[0].leading);
+  EXPECT_EQ(count(ks->source, "__syncthreads"), 0) << "one warp per row: shuffles only";
+  // A vocabulary-long row: 1024 threads, re-read (too long for registers).
+  const Trace vocab = traced_on_cuda(softmax_with_ops, randn({2, 128256}));
+  const auto kv = I::generate_fused_kernel(vocab, 0, vocab.ops.size(), &why);
+  ASSERT_TRUE(kv.has_value()) << why;
+  EXPECT_EQ(kv->row_threads, 1024);
+  EXPECT_EQ(kv->source.find(" xc0["), std::string::npos) << kv->source;
+  // Reductions over a trailing pair of dims, one-element rows.
+  const Trace two = traced_on_cuda(
+      [](const Tensor& x) {
+        return x - mean(x, {1, 2}, true);
+      },
+      randn({4, 3, 5}).to(kDouble));
+  const auto k2 = I::generate_fused_kernel(two, 0, two.ops.size(), &why);
+  ASSERT_TRUE(k2.has_value()) << why;
+  EXPECT_EQ(k2->rows, 4);
+  EXPECT_EQ(k2->cols, 15);
+  const Trace one = traced_on_cuda(softmax_with_ops, randn({16, 1}));
+  EXPECT_TRUE(I::generate_fused_kernel(one, 0, one.ops.size(), &why).has_value()) << why;
+}
+
+TEST(FusedCudaCodegen, RowKernelsDeclineWhatTheyDoNotWrite) {
+  namespace I = compiler::internal;
+  std::string why;
+  // Not the trailing dims.
+  const Trace mid =
+      traced_on_cuda([](const Tensor& x) { return sum(x * 2.0, {1}, true); }, randn({4, 3, 5}));
+  for (const auto& op : mid.ops) {
+    if (op.name() == "sum") {
+      EXPECT_FALSE(I::row_op_generated(mid, op));
+    }
+  }
+  // A member reading a reduction without keepdim (its dims would align with the trailing ones).
+  const Trace drop =
+      traced_on_cuda([](const Tensor& x) { return sum(x, {-1}) * 2.0; }, randn({4, 4}));
+  EXPECT_FALSE(I::generate_fused_kernel(drop, 0, drop.ops.size(), &why).has_value());
+  EXPECT_NE(why.find("without keepdim"), std::string::npos) << why;
+  // Reductions of two shapes.
+  const Trace two = traced_on_cuda(
+      [](const Tensor& x) { return sum(sum(x, {-1}, true), {-2}, true); }, randn({4, 3, 5}));
+  EXPECT_FALSE(I::generate_fused_kernel(two, 0, two.ops.size(), &why).has_value());
+  // Integer sums are eager's.
+  const Trace ints =
+      traced_on_cuda([](const Tensor& x) { return sum(x * 2, {-1}, true); }, randint(0, 5, {4, 4}));
+  for (const auto& op : ints.ops) {
+    if (op.name() == "sum") {
+      EXPECT_FALSE(I::row_op_generated(ints, op));
+    }
+  }
+}
+
+TEST(FusedCudaCodegen, RowEntryNeedsContiguousRows) {
+  namespace I = compiler::internal;
+  const Trace t =
+      traced_on_cuda(rms_norm_with_ops, randn({8, 64}).to(kBFloat16), randn({64}).to(kBFloat16));
+  const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
+  ASSERT_TRUE(k.has_value());
+  ASSERT_EQ(k->inputs.size(), 3u);  // x, the wrapped eps, w
+  std::vector<I::OperandLayout> in = {{true, 4096}, {true, 0}, {false, 8}};
+  std::vector<I::OperandLayout> out = {{true, 8192}};
+  // w broadcasts: read through its strides, its layout does not matter.
+  EXPECT_EQ(I::choose_row_entry(*k, in, out), I::FusedEntry::kVector);
+  in[0].address = 4098;
+  EXPECT_EQ(I::choose_row_entry(*k, in, out), I::FusedEntry::kDense);
+  in[0].contiguous = false;
+  EXPECT_EQ(I::choose_row_entry(*k, in, out), I::FusedEntry::kStrided);
+}
+
 TEST(FusedCudaCodegen, DefaultExecutorsAndNoClaimsWithoutAGpu) {
   const std::vector<std::string> want = {"matmul_epilogue", "fused_cuda", "fused_cpu", "eager"};
   EXPECT_EQ(CompileOptions().executors(), want);
@@ -569,6 +715,141 @@ TEST(GpuFusedCuda, GradientsMatchEager) {
   if (::testing::Test::HasFailure()) {
     ADD_FAILURE() << listings(f.traces()) << generated_sources(f.traces());
   }
+}
+
+// --- On a GPU: row kernels, compiled == eager within the reductions' rounding ------------------
+
+// Compiled and eager differ only in the order a reduction adds its terms. For a sum of n terms
+// of one sign (softmax's, RMSNorm's mean of squares) either order is within (n - 1) u of the
+// exact sum, so the two within 2 (n - 1) u relative; in practice a few u (both sum short serial
+// runs, then trees). A 16-bit value rounded from such a sum flips by at most one ulp of its type
+// (2^-8 bf16, 2^-11 f16), and the members after it (x / sum, x * rsqrt) keep that relative
+// difference: rtol 2^-7 (bf16), 2^-9 (f16), 1e-5 (f32); atol = rtol * max |eager| for sums
+// that cancel. amax and amin are exact.
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double rtol = want.dtype() == kBFloat16 ? 1.0 / 128
+                      : want.dtype() == kHalf   ? 1.0 / 512
+                      : want.dtype() == kDouble ? 1e-12
+                                                : 1e-5;
+  const Tensor a = got.to(kCPU).to(kDouble).contiguous(),
+               b = want.to(kCPU).to(kDouble).contiguous();
+  const double atol = rtol * b.abs().max().item<double>();
+  const Tensor bad = (a - b).abs() > (b.abs() * rtol + atol);
+  EXPECT_EQ(bad.sum().item<int64_t>(), 0)
+      << what << ": compiled differs from eager beyond the reductions' rounding; max difference "
+      << (a - b).abs().max().item<double>();
+}
+
+// Runs fn compiled and eagerly, expects a row kernel (a fused_cuda region with a reduction) and
+// close values.
+template <typename F>
+void check_rows(const std::string& what, F fn, const std::vector<Tensor>& args) {
+  const bool failed_before = ::testing::Test::HasFailure();
+  compiler::reset_fused_cuda_stats();
+  auto f = compile([&](const std::vector<Tensor>& a) { return fn(a); });
+  const std::vector<Tensor> got = f(args);
+  const std::vector<Tensor> want = fn(args);
+  EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << "\n" << listings(f.traces());
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], what);
+  if (!failed_before && ::testing::Test::HasFailure()) {
+    ADD_FAILURE() << what << ": the program and its kernels\n"
+                  << listings(f.traces()) << generated_sources(f.traces());
+  }
+  const std::vector<Tensor> again = f(args);  // the same kernel again: the same bits
+  for (size_t i = 0; i < got.size(); ++i) expect_bitwise(again[i], got[i], what + ", again");
+}
+
+std::string named(const std::string& what, ScalarType dt, const Shape& s) {
+  return what + " " + std::string(dtype_name(dt)) + shape_str(s);
+}
+
+TEST(GpuFusedCuda, RowsSoftmaxWrittenWithOps) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(11);
+  const Device gpu(kCUDA, 0);
+  for (ScalarType dt : {kFloat, kBFloat16, kHalf, kDouble}) {
+    for (const Shape& s : {Shape{64, 2048}, Shape{37, 1000}, Shape{3, 5, 7}}) {
+      check_rows(
+          named("softmax", dt, s),
+          [](const std::vector<Tensor>& a) { return std::vector<Tensor>{softmax_with_ops(a[0])}; },
+          {(randn(s) * 3.0).to(dt).to(gpu)});
+    }
+  }
+}
+
+TEST(GpuFusedCuda, RowsRmsNormWrittenWithOps) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(12);
+  const Device gpu(kCUDA, 0);
+  for (ScalarType dt : {kBFloat16, kHalf, kFloat}) {
+    for (const Shape& s : {Shape{64, 2048}, Shape{2, 9, 333}}) {
+      check_rows(named("rms_norm", dt, s),
+                 [](const std::vector<Tensor>& a) {
+                   return std::vector<Tensor>{rms_norm_with_ops(a[0], a[1])};
+                 },
+                 {randn(s).to(dt).to(gpu), randn({s.back()}).to(dt).to(gpu)});
+    }
+  }
+}
+
+TEST(GpuFusedCuda, RowsLogsumexpAndRowSums) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(13);
+  const Device gpu(kCUDA, 0);
+  for (ScalarType dt : {kFloat, kBFloat16, kHalf}) {
+    check_rows(
+        named("logsumexp", dt, {64, 1000}),
+        [](const std::vector<Tensor>& a) { return std::vector<Tensor>{logsumexp_with_ops(a[0])}; },
+        {randn({64, 1000}).to(dt).to(gpu)});
+    // Broadcasting producers; a sum without keepdim, a mean and an amin with it.
+    check_rows(
+        named("row sums", dt, {40, 77}),
+        [](const std::vector<Tensor>& a) {
+          const Tensor h = a[0] * a[1] + a[2];
+          return std::vector<Tensor>{sum(h, {-1}), mean(h, {-1}, true) * 2.0, amin(h, {-1}, true)};
+        },
+        {randn({40, 77}).to(dt).to(gpu), randn({77}).to(dt).to(gpu),
+         randn({40, 1}).to(dt).to(gpu)});
+  }
+}
+
+TEST(GpuFusedCuda, RowsOfOddLengthOneElementAndAVocabulary) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(14);
+  const Device gpu(kCUDA, 0);
+  for (ScalarType dt : {kFloat, kBFloat16}) {
+    for (const Shape& s : {Shape{33, 7}, Shape{16, 1}, Shape{5, 1023}, Shape{4, 128256}}) {
+      check_rows(
+          named("softmax", dt, s),
+          [](const std::vector<Tensor>& a) { return std::vector<Tensor>{softmax_with_ops(a[0])}; },
+          {randn(s).to(dt).to(gpu)});
+      check_rows(named("centered", dt, s),
+                 [](const std::vector<Tensor>& a) {
+                   return std::vector<Tensor>{a[0] - mean(a[0], {-1}, true)};
+                 },
+                 {randn(s).to(dt).to(gpu)});
+    }
+  }
+}
+
+TEST(GpuFusedCuda, RowsOfNonContiguousInputsRunOpByOp) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(15);
+  const Device gpu(kCUDA, 0);
+  const Tensor x = randn({256, 64}).to(gpu);
+  auto fn = [](const Tensor& a) { return softmax_with_ops(a * 2.0); };
+  auto f = compile(fn);
+  compiler::reset_fused_cuda_stats();
+  // The transposed view: its rows are strided, so the region runs its eager kernels (the same
+  // bits as eager), counted as a row fallback.
+  const Tensor t = x.t();
+  expect_bitwise(f(t), fn(t), "transposed");
+  EXPECT_GE(compiler::fused_cuda_stats().row_fallbacks, 1) << listings(f.traces());
+  const Tensor c = x.t().contiguous();
+  expect_close(f(c), fn(c), "contiguous");
 }
 
 TEST(GpuFusedCuda, DiskCacheHitAndCorruptFileRebuilt) {
