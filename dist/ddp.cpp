@@ -4,6 +4,7 @@
 #include <map>
 #include <unordered_set>
 
+#include "autograd/autograd_meta.h"
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
 #include "autograd/node.h"
@@ -300,6 +301,91 @@ void Reducer::finalize() {
   if (!rebuilt_ && compiler::is_tracing()) rebuilt_ = true;
   if (!rebuilt_) rebuild_buckets();
   reset_pass();
+  reduced_ = true;
+  for (auto& add : after_reduction_) add();  // gathered_embedding's rows, on the reduced tables
+  after_reduction_.clear();
+}
+
+namespace {
+
+// The backward of gathered_embedding's lookup: hands the rows' gradient to the reducer.
+class GatheredEmbeddingBackward final : public autograd::Node {
+ public:
+  GatheredEmbeddingBackward(Reducer* reducer, size_t index, Tensor idx)
+      : reducer_(reducer), index_(index), idx_(std::move(idx)) {}
+  autograd::variable_list apply(autograd::variable_list&& grads) override {
+    if (!grads.empty() && grads[0].defined()) {
+      reducer_->gathered_embedding_backward(index_, idx_, grads[0]);
+    }
+    return {};
+  }
+  std::string name() const override { return "GatheredEmbeddingBackward"; }
+  void release_variables() override { idx_ = Tensor(); }
+
+ private:
+  Reducer* reducer_;
+  size_t index_;
+  Tensor idx_;
+};
+
+}  // namespace
+
+Tensor Reducer::gathered_embedding(const Tensor& table, const Tensor& idx) {
+  size_t index = params_.size();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].impl() == table.impl()) index = i;
+  }
+  KILN_CHECK(index < params_.size(),
+             "[DistributedDataParallel] gathered_embedding: the table of "
+             "shape ",
+             shape_str(table.sizes()), " is not a parameter of the module");
+  KILN_CHECK(table.dim() == 2,
+             "[DistributedDataParallel] gathered_embedding: the table must be "
+             "2-d, got shape ",
+             shape_str(table.sizes()));
+  // A trace records the plain lookup (its all-gathers are no ops of the registry).
+  if (!GradMode::is_enabled() || !table.requires_grad() || compiler::is_tracing()) {
+    return embedding(table, idx);
+  }
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = embedding(table, idx);
+  }
+  auto node = std::make_shared<GatheredEmbeddingBackward>(this, index, idx);
+  node->output_metas().push_back(
+      autograd::InputMeta{out.impl()->sizes(), out.dtype(), out.device()});
+  autograd::internal::set_history(out, node, 0);
+  return out;
+}
+
+void Reducer::gathered_embedding_backward(size_t index, const Tensor& idx, const Tensor& grad) {
+  NoGradGuard no_grad;
+  const Tensor& param = params_[index];
+  Tensor rows = grad.reshape({-1, param.size(1)}).to(param.dtype()).contiguous();
+  Tensor ids = idx.reshape({-1}).contiguous();
+  if (!require_sync_) {  // no_sync(): accumulated locally, as the dense gradient would be
+    std::lock_guard<std::mutex> lock(mu_);
+    Tensor& g = params_[index].mutable_grad();
+    if (!g.defined()) g = zeros_like(param);
+    g.index_add_(0, ids, rows);
+    return;
+  }
+  const int64_t world = pg_->size();
+  Tensor all_ids = empty({world * ids.numel()}, ids.options());
+  Tensor all_rows = empty({world * rows.size(0), rows.size(1)}, rows.options());
+  pg_->all_gather_into_tensor(all_ids, ids)->wait();
+  pg_->all_gather_into_tensor(all_rows, rows)->wait();
+  auto add = [this, index, all_ids, all_rows, world] {
+    Tensor& g = params_[index].mutable_grad();
+    g.index_add_(0, all_ids, all_rows, 1.0 / static_cast<double>(world));
+  };
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reduced_) {
+    add();  // after finalize(), whose waits order the current stream after the all-reduces
+  } else {
+    after_reduction_.push_back(std::move(add));
+  }
 }
 
 void Reducer::reset_pass() {
@@ -352,6 +438,8 @@ void Reducer::rebuild_buckets() {
 void Reducer::prepare_for_forward() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    reduced_ = false;
+    after_reduction_.clear();  // rows of a pass whose reduction failed: dropped with it
     if (num_ready_ > 0) {
       const std::string missing = names_of_unready();
       const size_t got = num_ready_;

@@ -39,6 +39,7 @@
 //   ranks' gradients is then the gradient of the global batch's mean loss.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -102,6 +103,10 @@ class Reducer {
   // Whether the buckets follow the observed ready order yet (after the first synchronised
   // backward).
   bool buckets_rebuilt() const { return rebuilt_; }
+  // DistributedDataParallel::gathered_embedding.
+  Tensor gathered_embedding(const Tensor& table, const Tensor& idx);
+  // Its backward: `grad` of the lookup of `idx` in parameter `index`.
+  void gathered_embedding_backward(size_t index, const Tensor& idx, const Tensor& grad);
 
  private:
   struct Bucket {
@@ -144,6 +149,10 @@ class Reducer {
   size_t next_to_launch_ = 0;
   size_t num_ready_ = 0;
   bool require_sync_ = true;
+  // gathered_embedding: whether this pass's buckets are reduced (finalize() ran), and the row
+  // additions waiting for it.
+  bool reduced_ = false;
+  std::vector<std::function<void()>> after_reduction_;
   std::mutex mu_;
 };
 
@@ -243,6 +252,20 @@ class DistributedDataParallel {
 
   // Backward passes while the guard lives accumulate gradients locally only.
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(reducer_.get()); }
+
+  // kiln::embedding(table, idx) for a parameter `table` that also has a dense use (an LM head
+  // tied to the token embedding): the gradient rows of this lookup are all-gathered over the
+  // ranks (the token ids and one row per token) and added to the table's averaged gradient once
+  // the buckets are reduced, instead of being part of the table's all-reduce. The table is then
+  // all-reduced as soon as its dense use's gradient is in, early in the backward, rather than
+  // after the lookup's, which comes last: on llama-3.2-1b that moves a 525 MB all-reduce out of
+  // the step's tail for an all-gather of 32 MB a rank (benchmarks/RESULTS.md, session 18).
+  // The sum is the same as the all-reduce's, in another order. Pitfall: a table used only here
+  // gets no gradient through autograd, which DDP reports at the next forward; while tracing
+  // (kiln::compile) this is kiln::embedding.
+  Tensor gathered_embedding(const Tensor& table, const Tensor& idx) {
+    return reducer_->gathered_embedding(table, idx);
+  }
 
   ModuleHolder& module() { return module_; }
   auto* operator->() const { return module_.get(); }

@@ -201,8 +201,8 @@ GPTImpl::GPTImpl(ModelConfig config, const TensorOptions& options) : config_(std
   }
 }
 
-// The block hooks (models/gpt_hooks.h), by model: a side table, so that GPTImpl's layout (and
-// everything that includes gpt.h) stays as it is.
+// The block and embedding hooks (models/gpt_hooks.h), by model: side tables, so that GPTImpl's
+// layout (and everything that includes gpt.h) stays as it is.
 namespace {
 std::mutex g_hooks_mu;
 std::unordered_map<const GPTImpl*, std::shared_ptr<const BlockHook>>& block_hooks() {
@@ -214,15 +214,35 @@ std::shared_ptr<const BlockHook> block_hook_of(const GPTImpl* model) {
   const auto it = block_hooks().find(model);
   return it == block_hooks().end() ? nullptr : it->second;
 }
+
+std::unordered_map<const GPTImpl*, std::shared_ptr<const EmbeddingHook>>& embedding_hooks() {
+  static auto* hooks =
+      new std::unordered_map<const GPTImpl*, std::shared_ptr<const EmbeddingHook>>();
+  return *hooks;
+}
+std::shared_ptr<const EmbeddingHook> embedding_hook_of(const GPTImpl* model) {
+  std::lock_guard<std::mutex> lock(g_hooks_mu);
+  const auto it = embedding_hooks().find(model);
+  return it == embedding_hooks().end() ? nullptr : it->second;
+}
+template <typename Hook>
+void set_hook(std::unordered_map<const GPTImpl*, std::shared_ptr<const Hook>>& hooks,
+              const GPTImpl& model, Hook hook) {
+  std::lock_guard<std::mutex> lock(g_hooks_mu);
+  if (hook) {
+    hooks[&model] = std::make_shared<const Hook>(std::move(hook));
+  } else {
+    hooks.erase(&model);
+  }
+}
 }  // namespace
 
 void set_block_hook(const GPTImpl& model, BlockHook hook) {
-  std::lock_guard<std::mutex> lock(g_hooks_mu);
-  if (hook) {
-    block_hooks()[&model] = std::make_shared<const BlockHook>(std::move(hook));
-  } else {
-    block_hooks().erase(&model);
-  }
+  set_hook(block_hooks(), model, std::move(hook));
+}
+
+void set_embedding_hook(const GPTImpl& model, EmbeddingHook hook) {
+  set_hook(embedding_hooks(), model, std::move(hook));
 }
 
 Tensor GPTImpl::forward(const Tensor& idx) { return run(idx, nullptr); }
@@ -280,7 +300,8 @@ Tensor GPTImpl::hidden(const Tensor& idx, KVCache* cache) {
     start = cache->length;
   }
 
-  Tensor x = kiln::embedding(table, idx);  // [B, T, d]
+  const std::shared_ptr<const EmbeddingHook> embed = embedding_hook_of(this);
+  Tensor x = embed ? (*embed)(table, idx) : kiln::embedding(table, idx);  // [B, T, d]
   if (config_.scale_embeddings) {
     // HF multiplies by sqrt(d) as a tensor of the activations' dtype: round the factor first
     // (on the host, not through a tensor whose value kiln::compile could not read).

@@ -23,9 +23,11 @@ struct DataParallel::Impl {
   std::shared_ptr<dist::FSDPModule> fsdp;
   StateLayout layout;         // FSDP: the optimizer's parameters' full shapes, and their slices
   std::optional<GPT> hooked;  // FSDP: the model whose block hook gathers the blocks
+  std::optional<GPT> embedding_hooked;  // DDP: the tied model whose lookup gathers its rows
 
   ~Impl() {
     if (hooked) set_block_hook(**hooked, {});
+    if (embedding_hooked) set_embedding_hook(**embedding_hooked, {});
   }
 };
 
@@ -64,6 +66,15 @@ void DataParallel::wrap(GPT& model, const optim::Optimizer& opt) {
     dist::DDPOptions o;
     o.broadcast_buffers = false;
     impl_->ddp.emplace(model, impl_->pg, o);
+    if (model->config().tie_embeddings) {
+      // The table's all-reduce starts with the LM head's gradient, early in the backward; the
+      // lookup's rows are all-gathered at its end (dist/ddp.h, gathered_embedding).
+      auto* ddp = &*impl_->ddp;
+      set_embedding_hook(*model, [ddp](const Tensor& table, const Tensor& idx) {
+        return ddp->gathered_embedding(table, idx);
+      });
+      impl_->embedding_hooked = model;
+    }
     return;
   }
   // The optimizer's parameters in its order, with their full shapes, before they become shards.

@@ -50,6 +50,17 @@ TEST(DdpTest, OneBucketPerDtype) {
   EXPECT_TRUE(job.all_ok()) << job.describe();
 }
 
+TEST(DdpTest, GatheredEmbeddingEqualsOneProcessAtWorldSizeTwo) {
+  auto job = run_workers("ddp_gathered_embedding", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
+TEST(DdpTest, GatheredEmbeddingEqualsOneProcessWithCopiesAtWorldSizeThree) {
+  auto job = run_workers("ddp_gathered_embedding", 3, std::chrono::seconds(30),
+                         {"KILN_TEST_BUCKET_VIEW=0"});
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
 TEST(DdpTest, FindUnusedParametersAtWorldSizeOne) {
   auto job = run_workers("ddp_find_unused", 1);
   EXPECT_TRUE(job.all_ok()) << job.describe();
@@ -129,8 +140,7 @@ TEST(DdpTest, CompiledStepEqualsOneProcessAtWorldSizeFour) {
 }
 
 TEST(DdpTest, CompiledStepWithCopiesAtWorldSizeTwo) {
-  auto job =
-      run_workers("ddp_compiled", 2, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
+  auto job = run_workers("ddp_compiled", 2, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
   EXPECT_TRUE(job.all_ok()) << job.describe();
 }
 

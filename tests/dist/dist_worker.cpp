@@ -734,11 +734,94 @@ void nccl_peer_absent() {
     pg->all_reduce(t)->wait(Milliseconds(3000));
   });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  WCHECK(e.find("[all_reduce]") != std::string::npos &&
-             e.find("within 3000 ms") != std::string::npos,
-         "expected a timeout naming all_reduce, got: ", e);
+  WCHECK(
+      e.find("[all_reduce]") != std::string::npos && e.find("within 3000 ms") != std::string::npos,
+      "expected a timeout naming all_reduce, got: ", e);
   WCHECK(s < 15, "the timeout took ", s, " s");
   std::cout << "rank 0: all_reduce without its peer failed after " << s << " s: " << e << "\n";
+}
+
+// A tied embedding and LM head: the table's lookup through gathered_embedding, its dense use
+// the logits.
+struct TiedImpl : nn::Module {
+  TiedImpl() {
+    table = register_parameter("table", randn({11, 4}, kDouble) * 0.5);
+    proj = register_module("proj", nn::Linear(4, 4));
+    proj->to(kDouble);
+  }
+  Tensor table;
+  nn::Linear proj{nullptr};
+};
+KILN_MODULE(Tied);
+
+Tensor tied_loss(Tied& m, const Tensor& h, const Tensor& y) {
+  Tensor logits = matmul(m->proj(h).tanh(), m->table.t());  // [B, T, V]
+  return nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}), y.reshape({-1}));
+}
+
+// DDP with gathered_embedding == one process with kiln::embedding on the global batch: losses
+// and gradients after every step, with two micro-batches accumulated under no_sync() in the last
+// steps, and several buckets (the table shares one, so that its averaged gradient is a bucket
+// view when views are on).
+void ddp_gathered_embedding() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t local = 2, global = local * n, T = 5;
+  manual_seed(200);
+  Tied ref;
+  manual_seed(200);
+  Tied model;
+  DDPOptions opts;
+  opts.bucket_cap_mb = 300.0 / (1 << 20);
+  opts.gradient_as_bucket_view = bucket_view_from_env();
+  DistributedDataParallel ddp(model, pg, opts);
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  manual_seed(9);  // the same global batches on every rank
+  for (int step = 0; step < 5; ++step) {
+    const int micro = step >= 3 ? 2 : 1;
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    double loss_sum = 0, ref_sum = 0;
+    for (int k = 0; k < micro; ++k) {
+      Tensor idx = randint(0, 11, {global, T}, kInt64), y = randint(0, 11, {global, T}, kInt64);
+      Tensor my_idx = idx.narrow(0, r * local, local), my_y = y.narrow(0, r * local, local);
+      auto pass = [&] {
+        Tensor loss = ddp.run([&] {
+          Tensor h = ddp.gathered_embedding(ddp->table, my_idx);
+          WCHECK(h.grad_fn() != nullptr && h.grad_fn()->name() == "GatheredEmbeddingBackward",
+                 "the lookup's node is ", h.grad_fn() ? h.grad_fn()->name() : "none");
+          return tied_loss(model, h, my_y);
+        });
+        loss.backward();
+        loss_sum += loss.item<double>();
+      };
+      if (k + 1 < micro) {
+        auto guard = ddp.no_sync();
+        pass();
+      } else {
+        pass();
+      }
+      Tensor ref_loss = tied_loss(ref, embedding(ref->table, idx), y);
+      ref_loss.backward();
+      ref_sum += ref_loss.item<double>();
+    }
+    Tensor l = full({1}, loss_sum, kDouble);
+    pg->all_reduce(l, ReduceOp::kAvg)->wait();
+    WCHECK(std::abs(l.item<double>() - ref_sum) < 1e-12 * (1 + ref_sum), "step ", step, ": loss ",
+           l.item<double>(), " vs one process ", ref_sum);
+    const auto p = ddp->parameters(), q = ref->parameters();
+    for (size_t i = 0; i < p.size(); ++i) {
+      expect_close(p[i].grad(), q[i].grad(), 1e-12,
+                   "step " + std::to_string(step) + " gradient " + std::to_string(i));
+    }
+    opt.step();
+    ref_opt.step();
+  }
+  const std::string e = error_of([&] {
+    ddp.gathered_embedding(ones({3, 4}, kDouble), ones({2}, kInt64));
+  });
+  WCHECK(e.find("is not a parameter of the module") != std::string::npos, e);
 }
 
 // Ranks with different models are refused by the constructor.
@@ -767,6 +850,7 @@ const test::Scenarios& scenarios() {
       {"ddp_bucket_view", ddp_bucket_view},
       {"ddp_rebuild_buckets", ddp_rebuild_buckets},
       {"ddp_compiled", ddp_compiled},
+      {"ddp_gathered_embedding", ddp_gathered_embedding},
   };
   return m;
 }

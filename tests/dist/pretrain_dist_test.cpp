@@ -5,6 +5,7 @@
 // run resuming from its own checkpoint. Bad --dist values are clear errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -126,6 +127,24 @@ TEST_F(PretrainDistTest, DdpEqualsOneProcessOnTheGlobalBatch) {
   // The same losses (4 digits) and weights as one process on batch 2 x 2.
   EXPECT_EQ(loss_lines(one.ranks[0].output), loss_lines(out));
   EXPECT_FALSE(loss_lines(out).empty()) << out;
+  expect_same_weights("one", "ddp", 1e-4);
+}
+
+TEST_F(PretrainDistTest, TiedDdpEqualsOneProcess) {
+  // A tied LM head: DDP all-reduces the table's gradient from the head and all-gathers the
+  // embedding lookup's rows (DistributedDataParallel::gathered_embedding).
+  auto tied = [](std::vector<std::string> args) {
+    *std::find(args.begin(), args.end(), "kiln-tiny") = "tiny-gemma";
+    return args;
+  };
+  const JobResult one = one_process(tied(pretrain_args("one", 4, 4)));
+  ASSERT_TRUE(one.all_ok()) << one.describe();
+  auto args = tied(pretrain_args("ddp", 2, 4));
+  args.insert(args.end(), {"--dist", "ddp"});
+  const JobResult ddp = two_ranks(args);
+  ASSERT_TRUE(ddp.all_ok()) << ddp.describe();
+  EXPECT_EQ(loss_lines(one.ranks[0].output), loss_lines(ddp.ranks[0].output));
+  EXPECT_FALSE(loss_lines(ddp.ranks[0].output).empty()) << ddp.ranks[0].output;
   expect_same_weights("one", "ddp", 1e-4);
 }
 
