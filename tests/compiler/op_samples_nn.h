@@ -377,21 +377,24 @@ inline std::vector<OpSample> optim_samples() {
   };
 }
 
-// A process group of one rank, in this process: the collectives are the identity.
+// A process group of one rank, in this process: the collectives are the identity (the tensor
+// variants of all-gather and reduce-scatter copy their input into their output).
 class SoloGroup final : public dist::ProcessGroup {
  public:
   SoloGroup() : ProcessGroup(0, 1) {}
   std::string backend_name() const override { return "solo"; }
   std::shared_ptr<dist::Work> all_reduce(Tensor&, dist::ReduceOp) override { return done(); }
   std::shared_ptr<dist::Work> broadcast(Tensor&, int) override { return done(); }
-  std::shared_ptr<dist::Work> all_gather_into_tensor(Tensor&, const Tensor&) override {
+  std::shared_ptr<dist::Work> all_gather_into_tensor(Tensor& out, const Tensor& in) override {
+    out.copy_(in);
     return done();
   }
   std::shared_ptr<dist::Work> all_gather(std::vector<Tensor>&, const Tensor&) override {
     return done();
   }
-  std::shared_ptr<dist::Work> reduce_scatter_tensor(Tensor&, const Tensor&,
+  std::shared_ptr<dist::Work> reduce_scatter_tensor(Tensor& out, const Tensor& in,
                                                     dist::ReduceOp) override {
+    out.copy_(in);
     return done();
   }
   std::shared_ptr<dist::Work> reduce_scatter(Tensor&, const std::vector<Tensor>&,
@@ -414,7 +417,9 @@ class SoloGroup final : public dist::ProcessGroup {
 inline std::vector<OpSample> dist_samples() {
   using namespace samples;
   static const auto group = std::make_shared<SoloGroup>();
-  return {one(
+  auto input = [] { return Tensors{f32({4, 3})}; };
+  std::vector<OpSample> out;
+  out.push_back(one(
       "dist_all_reduce_broadcast_wait",
       [](const Tensors& x) {
         Tensor y = x[0] * 2.0;
@@ -422,10 +427,19 @@ inline std::vector<OpSample> dist_samples() {
         dist::broadcast_op(group, y, 0)->wait();
         return y + 1.0;
       },
-      [] {
-        return Tensors{f32({4, 3})};
+      input, /*grad=*/false));
+  out.push_back(one(
+      "dist_all_gather_reduce_scatter_wait",  // FSDP's (dist/fsdp.cpp)
+      [](const Tensors& x) {
+        Tensor y = (x[0] * 2.0).reshape({12});
+        Tensor gathered = zeros({12});
+        dist::all_gather_op(group, gathered, y)->wait();
+        Tensor reduced = zeros({12});
+        dist::reduce_scatter_op(group, reduced, gathered, dist::ReduceOp::kAvg)->wait();
+        return reduced.view({4, 3}) + 1.0;
       },
-      /*grad=*/false)};
+      input, /*grad=*/false));
+  return out;
 }
 
 inline std::vector<OpSample> all_samples() {
