@@ -38,10 +38,13 @@ const std::set<std::string> kNonDifferentiable = {
     // they overwrite, and have rules giving the old values a zero gradient).
     "multinomial",
     "randperm",
-    // Collectives (dist/collective_ops.h): in place on gradients, under no_grad.
+    // Collectives (dist/collective_ops.h): in place on gradients and gathered parameters, under
+    // no_grad.
     "dist_all_reduce_",
     "dist_broadcast_",
     "dist_wait_",
+    "dist_all_gather_",
+    "dist_reduce_scatter_",
     // Factories: no tensor inputs.
     "arange",
     "empty",
