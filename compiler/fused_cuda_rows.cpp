@@ -291,13 +291,16 @@ std::string Generator::row_entry(int width) {
       1 + std::max_element(row_members_.begin(), row_members_.end(),
                            [](const RowMember& a, const RowMember& b) { return a.level < b.level; })
               ->level;
+  // Outputs written per element (else once per row: one-element rows have both of S's shape).
   std::vector<bool> output_member(static_cast<size_t>(n_members), false);
+  std::vector<bool> out_full(k_.outputs.size(), false);
   bool full_outputs = false;
-  for (const auto& o : k_.outputs) {
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
     for (int i = 0; i < n_members; ++i) {
-      if (members_[static_cast<size_t>(i)]->outputs[0] == o.value) {
+      if (members_[static_cast<size_t>(i)]->outputs[0] == k_.outputs[j].value) {
         output_member[static_cast<size_t>(i)] = true;
-        full_outputs = full_outputs || row_members_[static_cast<size_t>(i)].full;
+        out_full[j] = row_members_[static_cast<size_t>(i)].full;
+        full_outputs = full_outputs || out_full[j];
       }
     }
   }
@@ -438,7 +441,7 @@ std::string Generator::row_entry(int width) {
     }
     if (pass.writes) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
-        if (k_.outputs[j].sizes != S || W == 1) continue;
+        if (!out_full[j] || W == 1) continue;
         os << I6 << "kpack<" << ctype(k_.outputs[j].dtype) << ", " << W << "> vy" << j << ";\n";
       }
     }
@@ -485,7 +488,7 @@ std::string Generator::row_entry(int width) {
     if (pass.writes) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
         const FusedKernel::Operand& o = k_.outputs[j];
-        if (o.sizes != S) continue;
+        if (!out_full[j]) continue;
         if (W > 1) {
           os << I8 << "vy" << j << ".v[e] = " << var(o.value) << ";\n";
         } else {
@@ -497,7 +500,7 @@ std::string Generator::row_entry(int width) {
     if (pass.writes && W > 1) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
         const FusedKernel::Operand& o = k_.outputs[j];
-        if (o.sizes != S) continue;
+        if (!out_full[j]) continue;
         os << I6 << "*(kpack<" << ctype(o.dtype) << ", " << W << ">*)(out" << j
            << " + r * C + c0) = vy" << j << ";\n";
       }
@@ -540,7 +543,7 @@ std::string Generator::row_entry(int width) {
   // Per-row outputs: written by the group's first thread.
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.outputs[j];
-    if (o.sizes == S) continue;
+    if (out_full[j]) continue;
     os << "    if (active && lane == 0) out" << j << "[" << row_offset(o) << "] = " << var(o.value)
        << ";\n";
   }

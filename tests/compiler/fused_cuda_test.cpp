@@ -828,7 +828,8 @@ TEST(GpuFusedCuda, RowsOfOddLengthOneElementAndAVocabulary) {
           {randn(s).to(dt).to(gpu)});
       check_rows(named("centered", dt, s),
                  [](const std::vector<Tensor>& a) {
-                   return std::vector<Tensor>{a[0] - mean(a[0], {-1}, true)};
+                   const Tensor m = mean(a[0], {-1}, true);
+                   return std::vector<Tensor>{a[0] - m, m + 1.0};  // per element, per row
                  },
                  {randn(s).to(dt).to(gpu)});
     }
