@@ -159,9 +159,8 @@ void bench_flash_attention() {
                flops, 0);
       }
       if (accepts(bwd, kernel, bwd_in, attrs)) {
-        report(base + " bwd" + label, time_ms([&](int) {
-                 (void)kiln::call_op_with_kernel(bwd, kernel, bwd_in, attrs);
-               }),
+        report(base + " bwd" + label,
+               time_ms([&](int) { (void)kiln::call_op_with_kernel(bwd, kernel, bwd_in, attrs); }),
                2.5 * flops, 0);
       }
     }
@@ -310,8 +309,21 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
+// Row kernels (regions with reductions) add in another order than eager's reduction kernels:
+// equal within the rounding of their sums (tests/compiler/fused_cuda_test.cpp's expect_close).
+bool close_to(const Tensor& got, const Tensor& want) {
+  if (got.dtype() != want.dtype() || got.sizes() != want.sizes()) return false;
+  const double rtol = want.dtype() == kiln::kBFloat16 ? 1.0 / 128
+                      : want.dtype() == kiln::kHalf   ? 1.0 / 512
+                                                      : 1e-5;
+  const Tensor a = got.to(kiln::kDouble), b = want.to(kiln::kDouble);
+  const double atol = rtol * b.abs().max().item<double>();
+  return ((a - b).abs() > b.abs() * rtol + atol).sum().item<int64_t>() == 0;
+}
+
+// `rows`: the chain has reductions (a row kernel, compared within rounding, not bitwise).
 void bench_fused_case(const std::string& name, const Chain& chain,
-                      const std::function<std::vector<Tensor>()>& make_args) {
+                      const std::function<std::vector<Tensor>()>& make_args, bool rows = false) {
   const std::vector<std::vector<Tensor>> sets = {make_args(), make_args()};
   auto f = kiln::compile([chain](const std::vector<Tensor>& a) { return chain(a); });
   kiln::compiler::reset_fused_cuda_stats();
@@ -328,8 +340,11 @@ void bench_fused_case(const std::string& name, const Chain& chain,
   if (listing.find("# region [fused_cuda]") == std::string::npos) {
     std::printf("  FAILED: %s: no fused_cuda region in the compiled program\n", name.c_str());
   }
+  if (rows && st.row_regions == 0) {
+    std::printf("  FAILED: %s: no row kernel in the compiled program\n", name.c_str());
+  }
   for (size_t i = 0; i < want.size(); ++i) {
-    if (i >= got.size() || !same_bits(got[i], want[i])) {
+    if (i >= got.size() || !(rows ? close_to(got[i], want[i]) : same_bits(got[i], want[i]))) {
       std::printf("  FAILED: %s: compiled output %zu differs from eager\n", name.c_str(), i);
     }
   }
@@ -338,6 +353,53 @@ void bench_fused_case(const std::string& name, const Chain& chain,
   for (const Tensor& o : want) bytes += static_cast<double>(o.numel() * o.element_size());
   report(name + " [" + entry + "]", time_ms([&](int i) { (void)f(sets[i % 2]); }), 0, bytes);
   report(name + " [eager]", time_ms([&](int i) { (void)chain(sets[i % 2]); }), 0, bytes);
+}
+
+// Row kernels: softmax and RMSNorm written with ops (max, exp, sum, divide; mean of squares,
+// rsqrt, scale), at the 1b hidden size and a vocabulary, and a weighted row sum. Bytes: the
+// inputs read once and the outputs written once (a softmax of [N, V] moves 2 N V elements).
+void bench_fused_rows() {
+  using kiln::kBFloat16;
+  using kiln::kFloat;
+  auto softmax_ops = [](const std::vector<Tensor>& a) {
+    const Tensor e = kiln::exp(a[0] - kiln::amax(a[0], {-1}, true));
+    return std::vector<Tensor>{e / kiln::sum(e, {-1}, true)};
+  };
+  for (const auto& nd : std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {8192, 32000}}) {
+    const int64_t n = nd.first, d = nd.second;
+    const std::string shape = std::to_string(n) + "x" + std::to_string(d);
+    for (kiln::ScalarType dt : {kBFloat16, kFloat}) {
+      const std::string tn = dt == kFloat ? "f32" : "bf16";
+      bench_fused_case(
+          "fused softmax(ops) " + shape + " " + tn, softmax_ops,
+          [n, d, dt] {
+            return std::vector<Tensor>{random({n, d}, dt)};
+          },
+          true);
+    }
+  }
+  bench_fused_case(
+      "fused rms_norm(ops) 8192x2048 bf16",
+      [](const std::vector<Tensor>& a) {
+        const Tensor x = a[0].to(kFloat);
+        const Tensor y = x * kiln::rsqrt(kiln::mean(x * x, {-1}, true) + 1e-6);
+        return std::vector<Tensor>{y.to(kBFloat16) * a[1]};
+      },
+      [] {
+        return std::vector<Tensor>{random({8192, 2048}, kBFloat16), random({2048}, kBFloat16)};
+      },
+      true);
+  for (kiln::ScalarType dt : {kBFloat16, kFloat}) {
+    bench_fused_case(
+        std::string("fused row sum(x*s[D]) 8192x2048 ") + (dt == kFloat ? "f32" : "bf16"),
+        [](const std::vector<Tensor>& a) {
+          return std::vector<Tensor>{kiln::sum(a[0] * a[1], {-1}, true)};
+        },
+        [dt] {
+          return std::vector<Tensor>{random({8192, 2048}, dt), random({2048}, dt)};
+        },
+        true);
+  }
 }
 
 void bench_fused() {
@@ -391,6 +453,7 @@ void bench_fused() {
           two);
     }
   }
+  bench_fused_rows();
 }
 
 // --- AdamW over the parameters of llama-3.2-1b (1.24 B) ----------------------------------------
