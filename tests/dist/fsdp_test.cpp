@@ -116,6 +116,11 @@ TEST(FsdpTest, CompiledZero3StepEqualsOneProcessAtWorldSizeFour) {
   EXPECT_TRUE(job.all_ok()) << job.describe();
 }
 
+TEST(FsdpTest, CompiledStepWithBf16ComputeAndAccumulationEqualsEager) {
+  auto job = run_fsdp("fsdp_compiled_mixed", 2);
+  EXPECT_TRUE(job.all_ok()) << job.describe();
+}
+
 // World size 1 on NCCL: gathers, reduce-scatters (an average over one rank) and the state dict
 // run on the GPU; the training follows the unsharded model (the same kernels in the same order).
 TEST(GpuFsdpNCCLTest, WorldSizeOneAlongTheFsdpPath) {

@@ -729,6 +729,74 @@ void fsdp_compiled() {
             << gathers.size() << " all-gathers, " << reduces.size() << " reduce-scatters\n";
 }
 
+// The compiled step with bf16 compute on f32 shards (the gathers in bf16, the reduce-scatters in
+// f32) and two micro-batches inside it (the first without gradient sync: the summed gradients are a
+// value of the program): the same as the eager FSDP step, on a second copy of the model. AdamW on
+// the f32 shards (its fused kernel traces).
+void fsdp_compiled_mixed() {
+  auto pg = init_process_group("gloo", short_timeout(40000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t T = 16, micro = 2;
+  FSDPOptions o;
+  o.mp_policy = {kBFloat16, kFloat};
+  auto make = [&](std::vector<std::shared_ptr<FSDPModule>>& blocks) {
+    models::GPT m = make_gpt(13, kFloat);
+    for (size_t l = 0; l < m->h->size(); ++l) blocks.push_back(fully_shard(m->h[l], pg, o));
+    auto root = fully_shard(m, pg, o);
+    root->set_gather_per_unit(true);
+    models::set_block_hook(*m, [blocks](int64_t layer, bool before) {
+      auto& unit = *blocks.at(static_cast<size_t>(layer));
+      before ? unit.before_forward() : unit.after_forward();
+    });
+    return std::make_pair(m, root);
+  };
+  std::vector<std::shared_ptr<FSDPModule>> blocks, eager_blocks;
+  const auto made = make(blocks), eager_made = make(eager_blocks);
+  models::GPT model = made.first, eager = eager_made.first;
+  const std::shared_ptr<FSDPModule> root = made.second, eager_root = eager_made.second;
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(3e-3).weight_decay(0.1));
+  optim::AdamW eager_opt(eager->parameters(), optim::AdamWOptions(3e-3).weight_decay(0.1));
+  auto train = [&](models::GPT& m, FSDPModule& fsdp, optim::AdamW& adam, const Tensor& x,
+                   const Tensor& y) {
+    adam.zero_grad();
+    Tensor loss;
+    for (int64_t k = 0; k < micro; ++k) {
+      fsdp.set_requires_gradient_sync(k == micro - 1);
+      Tensor part = fsdp.run([&] { return m->loss(x[k], y[k]) / static_cast<double>(micro); });
+      part.backward();
+      loss = loss.defined() ? loss + part.detach() : part.detach();
+    }
+    adam.step();
+    return loss;
+  };
+  auto step = kiln::compile(
+      [&](const Tensor& x, const Tensor& y) { return train(model, *root, opt, x, y); });
+  manual_seed(17);
+  for (int i = 0; i < 4; ++i) {
+    Tensor idx = randint(0, 320, {n, micro, 1, T}), tgt = randint(0, 320, {n, micro, 1, T});
+    const Tensor x = idx[r].contiguous(), y = tgt[r].contiguous();
+    const double got = step(x, y).to(kDouble).item<double>();
+    const double want = train(eager, *eager_root, eager_opt, x, y).to(kDouble).item<double>();
+    WCHECK(std::abs(got - want) <= 1e-6 * std::abs(want), "step ", i, ": compiled loss ", got,
+           " vs eager ", want);
+    for (const auto& p : model->parameters()) {
+      WCHECK(p.dtype() == kFloat && p.grad().dtype() == kFloat, "shards and grads stay f32");
+    }
+  }
+  WCHECK(step.stats().misses == 2 && step.stats().hits == 2,
+         "two compilations and two replays, got ", step.stats().misses, " and ", step.stats().hits);
+  const std::string listing = step.traces().back().str();
+  WCHECK(listing.find("dist_all_gather_(") != std::string::npos &&
+             listing.find("bf16[") != std::string::npos,
+         "bf16 gathers in the trace:\n", listing);
+  models::set_block_hook(*model, {});
+  models::set_block_hook(*eager, {});
+  const auto want = eager_root->full_state_dict(/*rank0_only=*/false);
+  const auto got = root->full_state_dict(/*rank0_only=*/false);
+  for (const auto& [name, t] : want) expect_close(got.at(name), t, 1e-6, "compiled " + name);
+  std::cout << "rank " << r << ": compiled fsdp with bf16 compute and accumulation == eager\n";
+}
+
 const test::Scenarios& scenarios() {
   static const test::Scenarios m = {
       {"fsdp_mlp", fsdp_mlp},
@@ -740,6 +808,7 @@ const test::Scenarios& scenarios() {
       {"fsdp_checkpoint_load", fsdp_checkpoint_load},
       {"fsdp_errors", fsdp_errors},
       {"fsdp_compiled", fsdp_compiled},
+      {"fsdp_compiled_mixed", fsdp_compiled_mixed},
   };
   return m;
 }
