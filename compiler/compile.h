@@ -86,7 +86,7 @@ class CompileOptions {
   CompileOptions& activation_budget(int64_t bytes);
   // CUDA graphs (compiler/cuda_graph.h; on by default): a cached program's GPU steps are
   // captured on its second run and replayed with one cudaGraphLaunch per graph after that. A
-  // program that cannot be captured (on the CPU, with random ops, ...) runs op by op, and
+  // program that cannot be captured (on the CPU, with collectives, ...) runs op by op, and
   // stats().graph_reason says why.
   CompileOptions& cuda_graphs(bool on);
 

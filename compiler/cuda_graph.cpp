@@ -57,12 +57,6 @@ Analysis analyse(const Program& program, bool has_backward) {
         "without one, such as a whole training step, are captured";
     return a;
   }
-  if (t.rng_blocks > 0) {
-    a.refusal =
-        "it has random ops: a graph would replay their Philox offsets of the capture (each run "
-        "must draw new numbers)";
-    return a;
-  }
   for (const Arena& arena : t.arenas) {
     if (arena.device.is_cuda()) {
       a.refusal = "plan_memory placed values in a GPU arena, allocated per run";
@@ -231,6 +225,11 @@ struct GraphedProgram::Plan {
   std::vector<const void*> external_ptrs;  // the captured tensors' data at capture
   std::vector<bool> copied_out;            // per value: returned from a static buffer
   int64_t static_bytes = 0;
+  // Random ops: the device word the graphs' random kernels read each replay's Philox base from
+  // (written before every launch), and the generator's seed at capture.
+  Tensor rng_word;
+  cuda::internal::GraphRng rng;
+  uint64_t rng_seed = 0;
 };
 
 GraphedProgram::GraphedProgram(std::shared_ptr<const Program> program)
@@ -262,6 +261,13 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
     r.failure = "the synchronous debug mode (KILN_CUDA_SYNC, cuda::set_launch_sync) is on";
     return p.run(arguments);
   }
+  Frame frame = p.begin_run(arguments);  // reserves the run's Philox blocks
+  const bool random = t.rng_blocks > 0;
+  // The graphs' random kernels were captured with the generator's seed of then.
+  if (!plan.captured.empty() && random && frame.rng_seed != plan.rng_seed) {
+    r.recaptured = "the random generator's seed changed (manual_seed)";
+    plan.captured.clear();
+  }
   // A captured tensor whose memory moved (replaced storage) is read at its old address by the
   // graphs: capture them again.
   if (!plan.captured.empty()) {
@@ -275,8 +281,15 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
       }
     }
   }
-  Frame frame = p.begin_run(arguments);
   NoGradGuard no_grad;
+  // Each launch reads this run's Philox base from the word (stream-ordered before the graph).
+  auto launch = [&](cuda::internal::CapturedGraph& graph) {
+    if (random) {
+      cuda::internal::write_device_word(static_cast<uint64_t*>(plan.rng_word.data_ptr()),
+                                        frame.rng_base);
+    }
+    graph.launch();
+  };
   if (!plan.captured.empty()) {
     for (size_t s = 0; s < a.segments.size(); ++s) {
       const Analysis::Segment& seg = a.segments[s];
@@ -286,7 +299,7 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
       }
       Plan::Captured& c = plan.captured[s];
       for (auto& [v, buffer] : c.inputs) buffer.copy_(frame.slots[static_cast<size_t>(v)]);
-      c.graph->launch();
+      launch(*c.graph);
       for (const auto& [v, tensor] : c.escapes) frame.slots[static_cast<size_t>(v)] = tensor;
       for (size_t i = seg.begin; i < seg.end; ++i) {
         for (int v : p.dropped_after(i)) frame.slots[static_cast<size_t>(v)] = Tensor();
@@ -301,6 +314,11 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
     plan.static_bytes = 0;
     plan.external_ptrs.clear();
     for (const Tensor& e : p.externals()) plan.external_ptrs.push_back(e.defined() ? e.data_ptr() : nullptr);
+    if (random) {
+      plan.rng_word = static_buffer({Shape{}, kInt64, Device(kCUDA, a.device), {}});
+      plan.rng = {static_cast<const uint64_t*>(plan.rng_word.data_ptr()), frame.rng_base};
+      plan.rng_seed = frame.rng_seed;
+    }
     // The warm-up's intermediates are cached in kiln's pool; graph memory is apart from it.
     cuda::empty_cache(a.device);
     bool failed = false;
@@ -331,6 +349,7 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
       }
       try {
         c.graph = cuda::internal::capture_graph(a.device, [&] {
+          const cuda::internal::GraphRngScope rng(random ? &plan.rng : nullptr);
           p.run_steps(frame, seg.begin, seg.end);
           for (auto& [v, buffer] : copies) {
             buffer.copy_(frame.slots[static_cast<size_t>(v)]);
@@ -354,7 +373,7 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
         Tensor& slot = frame.slots[static_cast<size_t>(v)];
         if (slot.defined() && slot.impl() == buffer.impl()) slot = before[static_cast<size_t>(v)];
       }
-      c.graph->launch();
+      launch(*c.graph);
     }
   }
   std::vector<Tensor> outputs = p.end_run(frame);

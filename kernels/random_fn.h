@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/runtime.h"
 #include "kernels/scalar_fn.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
@@ -80,11 +81,16 @@ KILN_SCALAR_HD float mul_rn(float a, float b) {
 #endif
 }
 
-// The Philox stream of one random op: its seed and the offset of its first block.
+// The Philox stream of one random op: its seed and the offset of its first block. In a CUDA graph
+// (stream_of during a capture) `base` is a device word holding the replay's base offset, which
+// the kernel adds to `offset` (then relative to it): each replay draws new numbers.
 struct PhiloxStream {
   uint64_t seed;
   uint64_t offset;
-  KILN_SCALAR_HD philox::Words block(uint64_t b) const { return philox::block(seed, offset + b); }
+  const uint64_t* base = nullptr;
+  KILN_SCALAR_HD philox::Words block(uint64_t b) const {
+    return philox::block(seed, offset + b + (base != nullptr ? *base : 0));
+  }
 };
 
 // An integer value as element type T.
@@ -169,11 +175,19 @@ KILN_SCALAR_HD double exp_key(double q, double u) { return div_rn(q, -math::log(
   X(multinomial, multinomial) \
   X(randperm, randperm)
 
-// The seed and offset are the last two attributes of every random op.
+// The seed and offset are the last two attributes of every random op. While this thread
+// captures a CUDA graph of a program with random ops (kernels/cuda/runtime.h, GraphRng), the
+// offset is taken relative to the capture's base and the kernel reads the base at each replay.
 inline PhiloxStream stream_of(const OpCall& c) {
   const size_t n = c.attrs.size();
-  return {static_cast<uint64_t>(c.attr<int64_t>(n - 2)),
-          static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
+  PhiloxStream s{static_cast<uint64_t>(c.attr<int64_t>(n - 2)),
+                 static_cast<uint64_t>(c.attr<int64_t>(n - 1))};
+  if (const cuda::internal::GraphRng* g = cuda::internal::capture_rng();
+      g != nullptr && s.offset >= g->base) {
+    s.offset -= g->base;
+    s.base = g->word;
+  }
+  return s;
 }
 
 // The generators of the fills: gen(block, vals, first_index, count) writes the `count` values of

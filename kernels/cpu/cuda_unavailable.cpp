@@ -64,6 +64,10 @@ std::shared_ptr<CapturedGraph> capture_graph(int, const std::function<void()>&) 
   unavailable("cuda_graph");
 }
 int64_t* capture_error_flag() { return nullptr; }
+const GraphRng* capture_rng() { return nullptr; }
+GraphRngScope::GraphRngScope(const GraphRng*) : previous_(nullptr) {}
+GraphRngScope::~GraphRngScope() = default;
+void write_device_word(uint64_t*, uint64_t) { unavailable("cuda_graph"); }
 }  // namespace internal
 
 }  // namespace kiln::cuda

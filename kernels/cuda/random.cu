@@ -330,6 +330,19 @@ void CudaRandom::randperm(OpCall& c, Stream s) {
 
 }  // namespace
 
+// --- CUDA graphs: the replay's Philox base (runtime.h, GraphRng) --------------------------------
+
+namespace {
+__global__ void write_word_kernel(uint64_t* word, uint64_t value) { *word = value; }
+}  // namespace
+
+namespace internal {
+void write_device_word(uint64_t* word, uint64_t value) {
+  write_word_kernel<<<1, 1, 0, current_stream()>>>(word, value);
+  KILN_CUDA_LAUNCH_CHECK("write_word_kernel");
+}
+}  // namespace internal
+
 #define KILN_REGISTER_RANDOM(op, fn) \
   KILN_REGISTER_KERNEL(op, kCUDA, scalar::RandomKernels<CudaRandom>::fn);
 KILN_RANDOM_OPS(KILN_REGISTER_RANDOM)

@@ -526,6 +526,14 @@ CapturedGraph::~CapturedGraph() {
 
 int64_t* capture_error_flag() { return t_capture != nullptr ? t_capture->error_flag : nullptr; }
 
+namespace {
+thread_local const GraphRng* t_graph_rng = nullptr;
+}  // namespace
+
+const GraphRng* capture_rng() { return t_graph_rng; }
+GraphRngScope::GraphRngScope(const GraphRng* rng) : previous_(t_graph_rng) { t_graph_rng = rng; }
+GraphRngScope::~GraphRngScope() { t_graph_rng = previous_; }
+
 void CapturedGraph::launch() {
   DeviceGuard guard(device_);
   // An error a kernel of an earlier replay found (capture_error_flag).
@@ -535,9 +543,10 @@ void CapturedGraph::launch() {
     flag[1] = 0;
     flag[0] = 0;
     KILN_FAIL("[cuda_graph] a kernel of a replayed graph on cuda:", device_,
-              " found a bad argument (an index out of range: value ", value,
-              "); run without CUDA graphs (compile's cuda_graphs(false), --no-cuda-graphs) to "
-              "have the op report it");
+              " found a bad argument (value ", value,
+              ": an index out of range, or another argument an op checks on the device); run "
+              "without CUDA graphs (compile's cuda_graphs(false), --no-cuda-graphs) to have the "
+              "op report it");
   }
   const cudaStream_t stream = current_stream(device_);
   const cudaError_t err = cudaGraphLaunch(impl_->exec, stream);

@@ -81,6 +81,30 @@ std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<voi
 // otherwise. Every launch of a graph first checks the flag, so an error found by a replay is
 // reported, by the next launch: "[cuda_graph] a kernel of a replayed graph ... (value V)".
 int64_t* capture_error_flag();
+
+// Random ops in a CUDA graph (kernels/random_fn.h, stream_of): while a GraphRngScope lives on
+// this thread, the CUDA random kernels it launches read their Philox offset as
+// `*word + (offset - base)`: `base` is the offset the capture's run reserved, and the caller
+// writes each replay's base into `word` (device memory outside the graph) before the launch,
+// with write_device_word.
+struct GraphRng {
+  const uint64_t* word = nullptr;
+  uint64_t base = 0;
+};
+const GraphRng* capture_rng();
+class GraphRngScope {
+ public:
+  explicit GraphRngScope(const GraphRng* rng);
+  ~GraphRngScope();
+  GraphRngScope(const GraphRngScope&) = delete;
+  GraphRngScope& operator=(const GraphRngScope&) = delete;
+
+ private:
+  const GraphRng* previous_;
+};
+// Queues `*word = value` on the current stream of the word's device (a one-thread kernel: the
+// value travels as its argument, nothing on the host must outlive the call).
+void write_device_word(uint64_t* word, uint64_t value);
 }  // namespace internal
 
 }  // namespace kiln::cuda

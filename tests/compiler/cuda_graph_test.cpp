@@ -2,7 +2,8 @@
 // CPU, the option and the reason a program runs without graphs; on a GPU (GpuCudaGraph.*), a
 // compiled tiny-Llama training step run as graphs against the same step without them, bit for
 // bit, with one capture and replays after, captures again for a new shape or moved memory, losses
-// kept across steps, and programs that cannot be captured running op by op with the reason.
+// kept across steps, dropout drawing eager's masks at every replay, and programs that cannot be
+// captured running op by op with the reason.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -230,22 +231,41 @@ TEST_F(GpuCudaGraph, UncapturableProgramRunsAndSaysWhy) {
   EXPECT_TRUE(equal((x + 1.0).cpu(), x.cpu() + 1.0));
 }
 
-// Random ops would replay the capture's Philox offsets: such programs run without graphs, and
-// draw what eager code draws.
-TEST_F(GpuCudaGraph, RandomOpsRunWithoutGraphs) {
+// Random ops in a graph read each replay's Philox base from the device: dropout draws a new mask
+// every replay, the one eager code draws at that point of the generator's stream.
+TEST_F(GpuCudaGraph, DropoutDrawsWhatEagerDrawsAtEveryReplay) {
   namespace F = nn::functional;
-  auto f = compile(
-      [](const Tensor& x) { return F::dropout(x, F::DropoutFuncOptions().p(0.5).training(true)); });
-  const Tensor x = ones({64, 64}).cuda();
-  for (int k = 0; k < 3; ++k) {
-    manual_seed(7 + k);
-    const Tensor got = f(x).cpu();
-    manual_seed(7 + k);
-    const Tensor want = F::dropout(x, F::DropoutFuncOptions().p(0.5).training(true)).cpu();
-    EXPECT_TRUE(equal(got, want)) << "call " << k + 1;
+  auto dropout = [](const Tensor& x) {
+    return F::dropout(x, F::DropoutFuncOptions().p(0.5).training(true)) * 3.0;
+  };
+  auto f = compile(dropout);
+  const Tensor x = randn({64, 67}).cuda();
+  constexpr int kCalls = 6;
+  manual_seed(7);
+  std::vector<Tensor> got;
+  for (int k = 0; k < kCalls; ++k) got.push_back(f(x));
+  const RngState after_compiled = get_rng_state();
+  manual_seed(7);
+  for (int k = 0; k < kCalls; ++k) {
+    EXPECT_TRUE(equal(got[static_cast<size_t>(k)].cpu(), dropout(x).cpu())) << "call " << k + 1;
+    if (k > 0) {
+      EXPECT_FALSE(equal(got[static_cast<size_t>(k)].cpu(), got[static_cast<size_t>(k - 1)].cpu()))
+          << "call " << k + 1 << " repeats the mask of the call before";
+    }
   }
-  EXPECT_EQ(f.stats().cuda_graph, "off");
-  EXPECT_TRUE(contains(f.stats().graph_reason, "random ops")) << f.stats().graph_reason;
+  EXPECT_EQ(get_rng_state().offset, after_compiled.offset);  // the generator ends where eager's does
+  const compiler::CompileStats& s = f.stats();
+  EXPECT_EQ(s.cuda_graph, "replaying") << s.graph_reason;
+  EXPECT_EQ(s.graph_captures, 1);
+  EXPECT_EQ(s.graph_replays, kCalls - 2);
+  // A new seed: captured again (the graphs hold the seed of their capture).
+  manual_seed(8);
+  const Tensor a = f(x);
+  manual_seed(8);
+  EXPECT_TRUE(equal(a.cpu(), dropout(x).cpu()));
+  EXPECT_EQ(s.graph_captures, 2);
+  ASSERT_FALSE(s.graph_recapture_reasons.empty());
+  EXPECT_TRUE(contains(s.graph_recapture_reasons.back(), "seed")) << s.graph_recapture_reasons.back();
 }
 
 // A forward without host steps is one graph; its outputs are copied out of the graph's memory.
