@@ -27,6 +27,7 @@
 #include <sstream>
 
 #include "compiler/compile.h"
+#include "compiler/fused_cuda.h"
 #include "kernels/cuda.h"
 #include "kiln.h"
 
@@ -570,11 +571,19 @@ TEST(GpuRandomProgram, CompiledMatchesEagerOnCuda) {
   struct Restore {
     ~Restore() { program_device() = Device(kCPU); }
   } restore;
+  compiler::reset_fused_cuda_stats();
   const Summary s = run_programs(kCiSeed, kGpuPrograms);
   EXPECT_EQ(s.programs, kGpuPrograms);
   EXPECT_EQ(s.failures, 0);
   EXPECT_LE(s.invalid, kGpuPrograms / 20) << "programs eager CUDA code rejects";
   EXPECT_GT(s.grads, kGpuPrograms / 3);
+  // The programs' sums, means and amaxes over trailing dims reach fused_cuda's row kernels
+  // (compared within tolerance like every reduction here).
+  const compiler::FusedCudaStats st = compiler::fused_cuda_stats();
+  std::cout << "fused_cuda: " << st.regions << " regions generated, " << st.row_regions
+            << " of them row kernels, " << st.fallbacks << " run op by op, " << st.row_fallbacks
+            << " row runs op by op\n";
+  EXPECT_GT(st.row_regions, 0);
 }
 
 TEST(RandomProgram, Soak) {
