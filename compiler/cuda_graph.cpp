@@ -285,8 +285,8 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
   // Each launch reads this run's Philox base from the word (stream-ordered before the graph).
   auto launch = [&](cuda::internal::CapturedGraph& graph) {
     if (random) {
-      cuda::internal::write_device_word(static_cast<uint64_t*>(plan.rng_word.data_ptr()),
-                                        frame.rng_base);
+      cuda::internal::write_device_word(
+          a.device, static_cast<uint64_t*>(plan.rng_word.data_ptr()), frame.rng_base);
     }
     graph.launch();
   };

@@ -67,7 +67,7 @@ int64_t* capture_error_flag() { return nullptr; }
 const GraphRng* capture_rng() { return nullptr; }
 GraphRngScope::GraphRngScope(const GraphRng*) : previous_(nullptr) {}
 GraphRngScope::~GraphRngScope() = default;
-void write_device_word(uint64_t*, uint64_t) { unavailable("cuda_graph"); }
+void write_device_word(int, uint64_t*, uint64_t) { unavailable("cuda_graph"); }
 }  // namespace internal
 
 }  // namespace kiln::cuda

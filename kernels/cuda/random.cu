@@ -337,7 +337,8 @@ __global__ void write_word_kernel(uint64_t* word, uint64_t value) { *word = valu
 }  // namespace
 
 namespace internal {
-void write_device_word(uint64_t* word, uint64_t value) {
+void write_device_word(int device, uint64_t* word, uint64_t value) {
+  DeviceGuard guard(device);
   write_word_kernel<<<1, 1, 0, current_stream()>>>(word, value);
   KILN_CUDA_LAUNCH_CHECK("write_word_kernel");
 }

@@ -102,9 +102,9 @@ class GraphRngScope {
  private:
   const GraphRng* previous_;
 };
-// Queues `*word = value` on the current stream of the word's device (a one-thread kernel: the
-// value travels as its argument, nothing on the host must outlive the call).
-void write_device_word(uint64_t* word, uint64_t value);
+// Queues `*word = value` (`word` on cuda:`device`) on that device's current stream (a one-thread
+// kernel: the value travels as its argument, nothing on the host must outlive the call).
+void write_device_word(int device, uint64_t* word, uint64_t value);
 }  // namespace internal
 
 }  // namespace kiln::cuda
