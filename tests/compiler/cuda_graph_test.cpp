@@ -15,6 +15,7 @@
 #include "nn/functional.h"
 #include "tensor/indexing.h"
 #include "tensor/ops.h"
+#include "tensor/deterministic.h"
 #include "tensor/random.h"
 #include "tensor/tensor_data.h"
 #include "tensor/tensor_impl.h"
@@ -81,9 +82,23 @@ class GpuCudaGraph : public ::testing::Test {
 
 TensorOptions on_gpu() { return TensorOptions().device(Device(kCUDA)); }
 
+// tiny-llama (head size 16: attention runs as its decomposition), or with head size 64, where
+// attention runs its CUDA kernels (cuDNN or the hand kernels, the measured choice).
+models::ModelConfig tiny_llama(bool attention_kernels) {
+  models::ModelConfig c = models::ModelConfig::from_name("tiny-llama");
+  if (attention_kernels) {
+    c.n_embd = 128;
+    c.n_head = 2;
+    c.n_query_groups = 1;
+    c.head_size = 64;
+  }
+  return c;
+}
+
 // Two tiny Llamas made alike, one trained through graphs and one without.
 struct TwoSteps {
-  models::ModelConfig config = models::ModelConfig::from_name("tiny-llama");
+  explicit TwoSteps(bool attention_kernels = false) : config(tiny_llama(attention_kernels)) {}
+  models::ModelConfig config;
   test::TinyStep with{config, test::adamw(optim::AdamWOptions(3e-3).weight_decay(0.1)),
                       std::nullopt, on_gpu()};
   test::TinyStep without{config, test::adamw(optim::AdamWOptions(3e-3).weight_decay(0.1)),
@@ -135,6 +150,22 @@ TEST_F(GpuCudaGraph, TrainingStepEqualsStepWithoutGraphsBitForBit) {
       << s.graph_reason;
   EXPECT_EQ(t.plain.stats().cuda_graph, "off");
   EXPECT_EQ(t.plain.stats().graph_captures, 0);
+}
+
+// With attention's CUDA kernels (deterministic algorithms: the backward without atomics, so that
+// two runs can be compared bit for bit).
+TEST_F(GpuCudaGraph, TrainingStepWithAttentionKernelsEqualsStepWithoutGraphs) {
+  const DeterministicGuard deterministic(true);
+  TwoSteps t(/*attention_kernels=*/true);
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    const auto [x, y] = t.batch(i, 128);
+    EXPECT_TRUE(equal(t.graphed(x, y).cpu(), t.plain(x, y).cpu()));
+    t.expect_same_weights();
+  }
+  EXPECT_EQ(t.graphed.stats().cuda_graph, "replaying") << t.graphed.stats().graph_reason;
+  EXPECT_EQ(t.graphed.stats().graph_captures, 1);
+  EXPECT_EQ(t.graphed.stats().graph_replays, 2);
 }
 
 TEST_F(GpuCudaGraph, ReturnedLossesKeepTheirValues) {
