@@ -25,6 +25,9 @@
 // (an if on a member variable, a value read from a file) is frozen at trace time: values that
 // change from call to call must be tensors or scalar arguments.
 //
+// On CUDA a cached program's GPU steps run as CUDA graphs from its second run on
+// (CompileOptions::cuda_graphs, compiler/cuda_graph.h); stats() says whether, or why not.
+//
 // Pitfalls: reading a tensor's values inside the callable (item(), printing, data_ptr(), ops such
 // as nonzero whose output shape depends on data) is an error while tracing: return the tensor and
 // read it outside. A callable that creates state on its first call (an optimizer's buffers) runs
