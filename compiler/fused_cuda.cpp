@@ -7,6 +7,10 @@
 // The driver API is reached through the runtime's cudaGetDriverEntryPointByVersion rather than by
 // linking libcuda, so that a CUDA build still loads (and runs on the CPU) where no driver is
 // installed; there the executor claims nothing.
+#include "compiler/fused_cuda.h"
+
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -19,13 +23,11 @@
 #include <mutex>
 #include <semaphore>
 #include <thread>
-#include <unistd.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "compiler/executor.h"
 #include "compiler/fuse.h"
-#include "compiler/fused_cuda.h"
 #include "compiler/fused_cuda_codegen.h"
 #include "tensor/ops.h"
 
@@ -43,7 +45,7 @@ namespace {
 struct Counters {
   std::atomic<int64_t> regions{0}, nvrtc_compiles{0}, memory_hits{0}, disk_hits{0},
       disk_rejected{0}, disk_writes{0}, fallbacks{0}, strided_launches{0}, dense_launches{0},
-      vector_launches{0}, row_regions{0}, row_fallbacks{0};
+      vector_launches{0}, rowvec_launches{0}, row_regions{0}, row_fallbacks{0};
 };
 Counters& counters() {
   static Counters c;
@@ -100,21 +102,23 @@ Step eager_region(const Trace& t, size_t begin, size_t end) {
 
 }  // namespace
 
-// --- Statistics and the cache directory ------------------------------------------------------------
+// --- Statistics and the cache directory
+// ------------------------------------------------------------
 
 FusedCudaStats fused_cuda_stats() {
   const Counters& c = counters();
-  return {c.regions.load(),   c.nvrtc_compiles.load(), c.memory_hits.load(), c.disk_hits.load(),
-          c.disk_rejected.load(), c.disk_writes.load(), c.fallbacks.load(),
-          c.strided_launches.load(), c.dense_launches.load(), c.vector_launches.load(),
-          c.row_regions.load(), c.row_fallbacks.load()};
+  return {c.regions.load(),         c.nvrtc_compiles.load(),   c.memory_hits.load(),
+          c.disk_hits.load(),       c.disk_rejected.load(),    c.disk_writes.load(),
+          c.fallbacks.load(),       c.strided_launches.load(), c.dense_launches.load(),
+          c.vector_launches.load(), c.rowvec_launches.load(),  c.row_regions.load(),
+          c.row_fallbacks.load()};
 }
 
 void reset_fused_cuda_stats() {
   Counters& c = counters();
   for (auto* a : {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
                   &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches,
-                  &c.vector_launches, &c.row_regions, &c.row_fallbacks}) {
+                  &c.vector_launches, &c.rowvec_launches, &c.row_regions, &c.row_fallbacks}) {
     a->store(0);
   }
 }
@@ -206,8 +210,8 @@ bool write_cached_kernel(const std::string& dir, const KernelKey& key, const std
   if (ec) return false;
   static std::atomic<uint64_t> serial{0};
   const std::string path = dir + "/" + key.file_name();
-  const std::string tmp = absl::StrFormat("%s.tmp.%d.%d", path, static_cast<int>(getpid()),
-                                          serial.fetch_add(1));
+  const std::string tmp =
+      absl::StrFormat("%s.tmp.%d.%d", path, static_cast<int>(getpid()), serial.fetch_add(1));
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f.write(out.data(), static_cast<std::streamsize>(out.size()));
@@ -225,12 +229,40 @@ bool write_cached_kernel(const std::string& dir, const KernelKey& key, const std
   return true;
 }
 
+// Whether the row-vector entry may run: the operands varying along the last dim aligned, with
+// stride 1 there and other strides that keep every pack aligned.
+bool rowvec_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
+                    const std::vector<OperandLayout>& outputs) {
+  if (k.rowvec_width == 0 || numel_of(k.sizes) < k.rowvec_width) return false;
+  const int64_t d_last = k.sizes.back();
+  auto fits = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
+    if (o.host_scalar || o.sizes.empty() || o.sizes.back() != d_last) return true;
+    if (l.address % 16 != 0 || l.strides.size() != o.sizes.size()) return false;
+    for (size_t d = 0; d < o.sizes.size(); ++d) {
+      if (d + 1 == o.sizes.size() ? l.strides[d] != 1
+                                  : o.sizes[d] != 1 && l.strides[d] % k.rowvec_width != 0) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    if (!fits(k.inputs[j], inputs[j])) return false;
+  }
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    if (!fits(k.outputs[j], outputs[j])) return false;
+  }
+  return true;
+}
+
 FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                               const std::vector<OperandLayout>& outputs) {
   KILN_CHECK(inputs.size() == k.inputs.size() && outputs.size() == k.outputs.size(),
              "[fused_cuda] internal: ", inputs.size(), " + ", outputs.size(),
              " operand layouts for a kernel of ", k.inputs.size(), " + ", k.outputs.size());
-  if (!k.has_dense) return FusedEntry::kStrided;
+  const FusedEntry otherwise =
+      rowvec_allowed(k, inputs, outputs) ? FusedEntry::kRowVector : FusedEntry::kStrided;
+  if (!k.has_dense) return otherwise;
   bool aligned = k.vector_width > 0 && numel_of(k.sizes) >= k.vector_width;
   auto check = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
     if (o.host_scalar) return true;
@@ -239,10 +271,10 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
     return true;
   };
   for (size_t j = 0; j < inputs.size(); ++j) {
-    if (!check(k.inputs[j], inputs[j])) return FusedEntry::kStrided;
+    if (!check(k.inputs[j], inputs[j])) return otherwise;
   }
   for (size_t j = 0; j < outputs.size(); ++j) {
-    if (!check(k.outputs[j], outputs[j])) return FusedEntry::kStrided;
+    if (!check(k.outputs[j], outputs[j])) return otherwise;
   }
   return aligned ? FusedEntry::kVector : FusedEntry::kDense;
 }
@@ -405,7 +437,7 @@ std::string compile_with_nvrtc(const std::string& source, const std::string& arc
   const std::string arch_flag = "--gpu-architecture=" + arch;
   // nvcc's defaults for the eager kernels: IEEE division and square root, no flush to zero,
   // multiply-adds contracted within an expression.
-  const char* options[] = {arch_flag.c_str(), "--std=c++17", "-default-device", "--fmad=true",
+  const char* options[] = {arch_flag.c_str(), "--std=c++17",      "-default-device", "--fmad=true",
                            "--prec-div=true", "--prec-sqrt=true", "--ftz=false"};
   const nvrtcResult r = nvrtcCompileProgram(prog, static_cast<int>(std::size(options)), options);
   if (r != NVRTC_SUCCESS) {
@@ -428,12 +460,13 @@ struct Loaded {
   CUfunction strided = nullptr;
   CUfunction dense = nullptr;   // null when the source has no dense entry
   CUfunction vector = nullptr;  // null when it has no vector entry
+  CUfunction rowvec = nullptr;  // null when it has no row-vector entry
 };
 using LoadedFuture = std::shared_future<std::shared_ptr<const Loaded>>;
 
 // The cubin of `source` for `device`: from the disk cache, else NVRTC (stored on disk after).
 std::shared_ptr<const Loaded> build(int device, const std::string& source, bool has_dense,
-                                    bool has_vector, bool rows) {
+                                    bool has_vector, bool rows, bool has_rowvec) {
   cuda::DeviceGuard guard(device);
   internal::KernelKey key{source, arch_of(device), nvrtc_version()};
   const std::string dir = kernel_cache_dir();
@@ -468,6 +501,10 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, bool 
                                           rows ? "kiln_rows_vector" : "kiln_fused_vector"),
              "cuModuleGetFunction");
   }
+  if (has_rowvec) {
+    check_cu(driver().module_get_function(&loaded->rowvec, module, "kiln_fused_rowvec"),
+             "cuModuleGetFunction");
+  }
   return loaded;
 }
 
@@ -490,7 +527,7 @@ KernelCache& kernel_cache() {
 }
 
 LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, bool has_vector,
-                        bool rows) {
+                        bool rows, bool has_rowvec) {
   KernelCache& c = kernel_cache();
   const std::string key = std::to_string(device) + "\n" + source;
   std::lock_guard<std::mutex> lock(c.mu);
@@ -498,13 +535,14 @@ LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, b
     ++counters().memory_hits;
     return it->second;
   }
-  LoadedFuture f = std::async(std::launch::async, [device, source, has_dense, has_vector, rows] {
-                     compile_slots().acquire();
-                     struct Release {
-                       ~Release() { compile_slots().release(); }
-                     } release;
-                     return build(device, source, has_dense, has_vector, rows);
-                   }).share();
+  LoadedFuture f =
+      std::async(std::launch::async, [device, source, has_dense, has_vector, rows, has_rowvec] {
+        compile_slots().acquire();
+        struct Release {
+          ~Release() { compile_slots().release(); }
+        } release;
+        return build(device, source, has_dense, has_vector, rows, has_rowvec);
+      }).share();
   c.kernels[key] = f;
   return f;
 }
@@ -538,7 +576,8 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
   std::vector<internal::OperandLayout> out_layouts(k.outputs.size());
   auto strides = [&](const Tensor& x, const internal::FusedKernel::Operand& o,
                      internal::OperandLayout& layout) {
-    layout = {x.is_contiguous(), reinterpret_cast<uint64_t>(x.data_ptr())};
+    layout = {x.is_contiguous(), reinterpret_cast<uint64_t>(x.data_ptr()),
+              std::vector<int64_t>(x.strides().begin(), x.strides().end())};
     KILN_CHECK(x.sizes() == IntArrayRef(o.sizes), "[fused_cuda] internal: a value of shape ",
                shape_str(x.sizes()), " where the trace has ", shape_str(o.sizes));
     if (o.sizes.empty()) return;
@@ -599,8 +638,8 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
     void* args[] = {params.data()};
     CUstream stream = cuda::current_stream(device).handle();
     check_cu(driver().launch_kernel(vector ? fn.vector : fn.dense, blocks, 1, 1,
-                                    static_cast<unsigned>(k.row_threads * k.rows_per_block), 1,
-                                    1, 0, stream, args, nullptr),
+                                    static_cast<unsigned>(k.row_threads * k.rows_per_block), 1, 1,
+                                    0, stream, args, nullptr),
              "cuLaunchKernel");
     cuda::internal::check_launch("kiln_rows (fused_cuda)", __FILE__, __LINE__);
     return;
@@ -612,6 +651,10 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
     f = fn.vector;
     threads_needed = n / k.vector_width;  // the first threads also do the n % width tail
     counters().vector_launches.fetch_add(1, std::memory_order_relaxed);
+  } else if (entry == internal::FusedEntry::kRowVector) {
+    f = fn.rowvec;
+    threads_needed = n / k.rowvec_width;  // whole packs: the last dim is a multiple of them
+    counters().rowvec_launches.fetch_add(1, std::memory_order_relaxed);
   } else if (entry == internal::FusedEntry::kDense) {
     f = fn.dense;
     counters().dense_launches.fetch_add(1, std::memory_order_relaxed);
@@ -663,15 +706,16 @@ class FusedCudaExecutor final : public Executor {
 
   Step lower_region(const Trace& t, size_t begin, size_t end) const override {
 #if defined(KILN_WITH_CUDA)
-    std::optional<internal::FusedKernel> k = internal::generate_fused_kernel(t, begin, end, nullptr);
+    std::optional<internal::FusedKernel> k =
+        internal::generate_fused_kernel(t, begin, end, nullptr);
     if (k && usable()) {
       ++counters().regions;
       if (k->row_kernel) ++counters().row_regions;
       const int device = std::max(t.value(k->outputs[0].value).spec.device.index(), 0);
       std::vector<TensorSpec> specs;
       for (const auto& o : k->outputs) specs.push_back(t.value(o.value).spec);
-      LoadedFuture kernel =
-          kernel_for(device, k->source, k->has_dense, k->vector_width > 0, k->row_kernel);
+      LoadedFuture kernel = kernel_for(device, k->source, k->has_dense, k->vector_width > 0,
+                                       k->row_kernel, k->rowvec_width > 0);
       auto plan = std::make_shared<const internal::FusedKernel>(std::move(*k));
       Step eager = plan->row_kernel ? eager_region(t, begin, end) : Step();
       return [plan, specs = std::move(specs), kernel, device, eager](Frame& frame) {

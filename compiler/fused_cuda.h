@@ -47,7 +47,7 @@ struct FusedCudaStats {
   int64_t disk_writes = 0;     // cache files written
   int64_t fallbacks = 0;       // regions run op by op (the generator declined them)
   // Launches of each entry (internal::choose_fused_entry picks one per run of a region).
-  int64_t strided_launches = 0, dense_launches = 0, vector_launches = 0;
+  int64_t strided_launches = 0, dense_launches = 0, vector_launches = 0, rowvec_launches = 0;
   int64_t row_regions = 0;    // of `regions`, those with reductions (row kernels)
   int64_t row_fallbacks = 0;  // runs of a row kernel's region op by op (rows not contiguous)
 };
@@ -84,6 +84,12 @@ struct FusedKernel {
   // wider one several). It runs where the dense entry may and every tensor operand of the
   // domain's shape starts 16-byte aligned; a scalar tail handles the last numel % width elements.
   int vector_width = 0;
+  // Elements per thread of kiln_fused_rowvec (0: no such entry), for kernels without a dense
+  // entry (a broadcast row, a per-row column): 16 / the smallest element size among the operands
+  // that vary along the domain's last dim, which it divides; every output has the domain's
+  // shape. It runs where those operands are 16-byte aligned, with stride 1 along the last dim
+  // and their other strides multiples of the width (choose_fused_entry).
+  int rowvec_width = 0;
   struct Operand {
     int value = -1;
     ScalarType dtype = kFloat;
@@ -114,12 +120,14 @@ std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begi
 // Which entry of a generated kernel a launch runs, from its operands' actual layouts: vector
 // where every tensor operand is contiguous, of the domain's shape or 0-d, and those of the
 // domain's shape start 16-byte aligned (and there is at least one whole vector); dense where they
-// are contiguous; strided otherwise. One layout per entry of k.inputs (host scalars' ignored),
-// then one per entry of k.outputs.
-enum class FusedEntry { kStrided, kDense, kVector };
+// are contiguous; else row-vector where the kernel has that entry and its operands allow it
+// (FusedKernel::rowvec_width); strided otherwise. One layout per entry of k.inputs (host scalars'
+// ignored), then one per entry of k.outputs.
+enum class FusedEntry { kStrided, kDense, kVector, kRowVector };
 struct OperandLayout {
   bool contiguous = true;
-  uint64_t address = 0;  // the first element's
+  uint64_t address = 0;          // the first element's
+  std::vector<int64_t> strides;  // the operand's own (for kRowVector; empty: unknown)
 };
 FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                               const std::vector<OperandLayout>& outputs);

@@ -135,6 +135,8 @@ class Generator {
   std::string binary_expr(const BoundOp& op, ScalarType out);
 
   std::string member_line(const BoundOp& op) const;  // the member as the listing prints it
+  std::string kernel_head(const std::string& entry) const;
+  std::string rowvec_entry(const std::string& head) const;
   std::string offset(const FusedKernel::Operand& o, bool dense) const;
   std::string body(bool dense, bool vector = false) const;
   void emit();

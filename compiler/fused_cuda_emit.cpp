@@ -100,6 +100,109 @@ std::string Generator::member_line(const BoundOp& op) const {
   return line + ")  " + spec_str(spec(op.outputs[0]));
 }
 
+// The entry's signature and the decoding of its parameters (pointers, scalars, constants).
+std::string Generator::kernel_head(const std::string& entry) const {
+  std::ostringstream os;
+  const int64_t n = numel_of(k_.sizes);
+  os << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_fused_" << entry
+     << "(const Params p) {\n";
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    const FusedKernel::Operand& o = k_.inputs[j];
+    if (o.host_scalar) {
+      os << "  const " << ctype(o.dtype) << " x" << j << " = " << bits_fn(o.dtype) << "(p.v["
+         << o.slot << "]);\n";
+    } else {
+      os << "  const " << ctype(o.dtype) << "* __restrict__ in" << j << " = (const "
+         << ctype(o.dtype) << "*)p.v[" << o.slot << "];\n";
+    }
+  }
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
+    const FusedKernel::Operand& o = k_.outputs[j];
+    os << "  " << ctype(o.dtype) << "* __restrict__ out" << j << " = (" << ctype(o.dtype)
+       << "*)p.v[" << o.slot << "];\n";
+  }
+  for (size_t c = 0; c < constants_.size(); ++c) {
+    os << "  const " << ctype(constants_[c].first) << " k" << c << " = "
+       << bits_fn(constants_[c].first) << "(p.v[" << k_.constants[c].first << "]);\n";
+  }
+  os << "  const u32 kzero = (u32)p.v[" << k_.zero_slot << "];  // 0: kopaque's operand\n"
+     << "  (void)kzero;\n"
+     << "  const long long n = " << n << "LL;\n"
+     << "  const long long step = (long long)gridDim.x * blockDim.x;\n";
+  return os.str();
+}
+
+// kiln_fused_rowvec: where the domain's last dim is a multiple of the pack (rowvec_width), a
+// thread takes a pack of that dim: the operands that vary along it move 16 bytes of the
+// narrowest one per load or store at the pack's offset (their strides allow it: chosen at
+// launch), the others are read once for the pack (constant along that dim).
+std::string Generator::rowvec_entry(const std::string& head) const {
+  std::ostringstream os;
+  const size_t rank = k_.sizes.size();
+  const int w = k_.rowvec_width;
+  const int64_t d_last = k_.sizes.back();
+  auto varies = [&](const FusedKernel::Operand& o) {
+    return !o.host_scalar && !o.sizes.empty() && o.sizes.back() == d_last;
+  };
+  auto pack = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", ", w, ">"); };
+  os << head << "  const long long packs = n / " << w << "LL;\n"
+     << "  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < packs; "
+        "v += step) {\n"
+     << "    const long long i = v * " << w << "LL;  // the pack's first element\n";
+  const bool narrow = numel_of(k_.sizes) < (int64_t{1} << 31);
+  const std::string type = narrow ? "u32" : "i64", suffix = narrow ? "u" : "LL";
+  os << "    " << type << " r = (" << type << ")i;\n";
+  for (size_t d = rank; d-- > 0;) {
+    if (k_.sizes[d] == 1) continue;
+    if (d == 0) {
+      os << "    const " << type << " c0 = r;\n";
+    } else {
+      os << "    const " << type << " c" << d << " = r % " << k_.sizes[d] << suffix << ";\n";
+      os << "    r /= " << k_.sizes[d] << suffix << ";\n";
+    }
+  }
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    const FusedKernel::Operand& o = k_.inputs[j];
+    if (o.host_scalar) continue;
+    if (varies(o)) {
+      os << "    const " << pack(o.dtype) << " vx" << j << " = *(const " << pack(o.dtype) << "*)(in"
+         << j << " + " << offset(o, false) << ");\n";
+    } else {
+      os << "    const " << ctype(o.dtype) << " x" << j << " = in" << j << "[" << offset(o, false)
+         << "];\n";
+    }
+  }
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
+    os << "    " << pack(k_.outputs[j].dtype) << " vy" << j << ";\n";
+  }
+  os << "#pragma unroll\n"
+     << "    for (int e = 0; e < " << w << "; ++e) {\n";
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    const FusedKernel::Operand& o = k_.inputs[j];
+    if (varies(o)) {
+      os << "      const " << ctype(o.dtype) << " x" << j << " = vx" << j << ".v[e];\n";
+    }
+  }
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const BoundOp& op = *members_[i];
+    const ScalarType out = spec(op.outputs[0]).dtype;
+    const bool fence = out == kFloat || out == kDouble;
+    os << "      // " << lines_[i] << "\n"
+       << "      const " << ctype(out) << " y" << i << " = "
+       << (fence ? "kopaque(" + exprs_[i] + ", kzero)" : exprs_[i]) << ";\n";
+  }
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
+    os << "      vy" << j << ".v[e] = " << var(k_.outputs[j].value) << ";\n";
+  }
+  os << "    }\n";
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
+    os << "    *(" << pack(k_.outputs[j].dtype) << "*)(out" << j << " + "
+       << offset(k_.outputs[j], false) << ") = vy" << j << ";\n";
+  }
+  os << "  }\n}\n";
+  return os.str();
+}
+
 void Generator::emit() {
   for (const BoundOp* op : members_) {
     exprs_.push_back(member_expr(*op));
@@ -136,36 +239,28 @@ void Generator::emit() {
     }
     k_.vector_width = static_cast<int>(16 / narrowest);
   }
-  const int64_t n = numel_of(k_.sizes);
+  // The row-vector entry: no dense one, the last dim a multiple of 16 bytes of the narrowest
+  // operand varying along it, every output of the domain's shape.
+  if (!k_.has_dense && !k_.sizes.empty() && k_.sizes.back() > 1) {
+    const int64_t d_last = k_.sizes.back();
+    size_t narrowest = 16;
+    bool outputs_whole = true;
+    for (const auto& o : k_.outputs) outputs_whole &= o.sizes == k_.sizes;
+    for (const auto* list : {&k_.inputs, &k_.outputs}) {
+      for (const auto& o : *list) {
+        if (o.host_scalar || o.sizes.empty() || o.sizes.back() != d_last) continue;
+        narrowest = std::min(narrowest, element_size(o.dtype));
+      }
+    }
+    const auto width = static_cast<int64_t>(16 / narrowest);
+    if (outputs_whole && width > 1 && d_last % width == 0) {
+      k_.rowvec_width = static_cast<int>(width);
+    }
+  }
   const int w = k_.vector_width;
   auto pack = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", ", w, ">"); };
   auto kernel = [&](bool dense, bool vector) {
-    const char* entry = vector ? "vector" : dense ? "dense" : "strided";
-    os << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_fused_" << entry
-       << "(const Params p) {\n";
-    for (size_t j = 0; j < k_.inputs.size(); ++j) {
-      const FusedKernel::Operand& o = k_.inputs[j];
-      if (o.host_scalar) {
-        os << "  const " << ctype(o.dtype) << " x" << j << " = " << bits_fn(o.dtype) << "(p.v["
-           << o.slot << "]);\n";
-      } else {
-        os << "  const " << ctype(o.dtype) << "* __restrict__ in" << j << " = (const "
-           << ctype(o.dtype) << "*)p.v[" << o.slot << "];\n";
-      }
-    }
-    for (size_t j = 0; j < k_.outputs.size(); ++j) {
-      const FusedKernel::Operand& o = k_.outputs[j];
-      os << "  " << ctype(o.dtype) << "* __restrict__ out" << j << " = (" << ctype(o.dtype)
-         << "*)p.v[" << o.slot << "];\n";
-    }
-    for (size_t c = 0; c < constants_.size(); ++c) {
-      os << "  const " << ctype(constants_[c].first) << " k" << c << " = "
-         << bits_fn(constants_[c].first) << "(p.v[" << k_.constants[c].first << "]);\n";
-    }
-    os << "  const u32 kzero = (u32)p.v[" << k_.zero_slot << "];  // 0: kopaque's operand\n"
-       << "  (void)kzero;\n"
-       << "  const long long n = " << n << "LL;\n"
-       << "  const long long step = (long long)gridDim.x * blockDim.x;\n";
+    os << kernel_head(vector ? "vector" : dense ? "dense" : "strided");
     if (!vector) {
       os << "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; "
             "i += step) {\n"
@@ -210,6 +305,7 @@ void Generator::emit() {
   kernel(false, false);
   if (k_.has_dense) kernel(true, false);
   if (w > 0) kernel(true, true);
+  if (k_.rowvec_width > 0) os << rowvec_entry(kernel_head("rowvec"));
   k_.source = os.str();
 }
 

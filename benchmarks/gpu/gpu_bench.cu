@@ -332,6 +332,7 @@ void bench_fused_case(const std::string& name, const Chain& chain,
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const kiln::compiler::FusedCudaStats st = kiln::compiler::fused_cuda_stats();
   const char* entry = st.vector_launches > 0    ? "vector"
+                      : st.rowvec_launches > 0  ? "rowvec"
                       : st.dense_launches > 0   ? "dense"
                       : st.strided_launches > 0 ? "strided"
                                                 : "no kernel";

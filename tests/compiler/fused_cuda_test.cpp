@@ -400,6 +400,39 @@ TEST(FusedCudaCodegen, RowEntryNeedsContiguousRows) {
   EXPECT_EQ(I::choose_row_entry(*k, in, out), I::FusedEntry::kStrided);
 }
 
+TEST(FusedCudaCodegen, RowVectorEntryForABroadcastRow) {
+  namespace I = compiler::internal;
+  // a + b * s[D] in bf16: no dense entry (s broadcasts); 64 is a multiple of 8 bf16.
+  const Trace t = traced_on_cuda(
+      [](const Tensor& a, const Tensor& b, const Tensor& s) { return a + b * s; },
+      randn({16, 64}).to(kBFloat16), randn({16, 64}).to(kBFloat16), randn({64}).to(kBFloat16));
+  const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
+  ASSERT_TRUE(k.has_value());
+  EXPECT_FALSE(k->has_dense);
+  EXPECT_EQ(k->rowvec_width, 8);
+  EXPECT_EQ(count(k->source, "kiln_fused_rowvec"), 1) << k->source;
+  EXPECT_EQ(count(k->source, "kpack<bf16, 8> vx"), 3) << k->source;
+  ASSERT_EQ(k->inputs.size(), 3u);
+  // Layouts for the inputs (b and s, read first, then a) and the output; `first` for b.
+  const I::OperandLayout row = {true, 4096, {64, 1}}, s = {true, 8192, {1}};
+  auto entry = [&](const I::OperandLayout& first) {
+    std::vector<I::OperandLayout> in;
+    for (size_t j = 0; j < k->inputs.size(); ++j) {
+      in.push_back(k->inputs[j].sizes.size() == 1 ? s : j == 0 ? first : row);
+    }
+    return I::choose_fused_entry(*k, in, {row});
+  };
+  EXPECT_EQ(entry(row), I::FusedEntry::kRowVector);
+  // Misaligned, a row stride that breaks the packs' alignment, a strided last dim: strided.
+  EXPECT_EQ(entry({true, 4098, {64, 1}}), I::FusedEntry::kStrided);
+  EXPECT_EQ(entry({false, 4096, {69, 1}}), I::FusedEntry::kStrided);
+  EXPECT_EQ(entry({false, 4096, {1, 16}}), I::FusedEntry::kStrided);
+  // A last dim that is not a multiple of the pack, or an output smaller than the domain: none.
+  const Trace t2 = traced_on_cuda([](const Tensor& a, const Tensor& s) { return a * s; },
+                                  randn({4, 36}).to(kBFloat16), randn({36}).to(kBFloat16));
+  EXPECT_EQ(I::generate_fused_kernel(t2, 0, t2.ops.size(), nullptr)->rowvec_width, 0);
+}
+
 TEST(FusedCudaCodegen, DefaultExecutorsAndNoClaimsWithoutAGpu) {
   const std::vector<std::string> want = {"matmul_epilogue", "fused_cuda", "fused_cpu", "eager"};
   EXPECT_EQ(CompileOptions().executors(), want);
@@ -853,6 +886,33 @@ TEST(GpuFusedCuda, RowsOfNonContiguousInputsRunOpByOp) {
   EXPECT_GE(compiler::fused_cuda_stats().row_fallbacks, 1) << listings(f.traces());
   const Tensor c = x.t().contiguous();
   expect_close(f(c), fn(c), "contiguous");
+}
+
+TEST(GpuFusedCuda, RowVectorEntryForBroadcastRows) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(16);
+  const Device gpu(kCUDA, 0);
+  auto chain = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{a[0] + a[1] * a[2], (a[0].to(kFloat) * a[3]).to(a[0].dtype())};
+  };
+  for (ScalarType dt : {kBFloat16, kFloat, kHalf}) {
+    const std::string name(dtype_name(dt));
+    const std::vector<Tensor> args = {randn({33, 96}).to(dt).to(gpu),
+                                      randn({33, 96}).to(dt).to(gpu), randn({96}).to(dt).to(gpu),
+                                      randn({33, 1}).to(gpu)};
+    compiler::reset_fused_cuda_stats();
+    check_program("broadcast row and column " + name, chain, args);
+    EXPECT_GE(compiler::fused_cuda_stats().rowvec_launches, 2) << name;
+    // A view one element in (misaligned) and a transposed one: the strided entry, same bits.
+    const Tensor shifted = randn({33 * 96 + 1}).to(dt).to(gpu).narrow(0, 1, 33 * 96).view({33, 96});
+    const Tensor transposed = randn({96, 33}).to(dt).to(gpu).t();
+    for (const Tensor& x : {shifted, transposed}) {
+      compiler::reset_fused_cuda_stats();
+      check_program("strided views " + name, chain, {x, args[1], args[2], args[3]});
+      EXPECT_EQ(compiler::fused_cuda_stats().rowvec_launches, 0) << name;
+      EXPECT_GE(compiler::fused_cuda_stats().strided_launches, 2) << name;
+    }
+  }
 }
 
 TEST(GpuFusedCuda, DiskCacheHitAndCorruptFileRebuilt) {
