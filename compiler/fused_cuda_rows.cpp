@@ -150,6 +150,11 @@ bool Generator::plan_rows(std::string* why) {
       m.level = level[op.inputs[0]] + 1;
     } else {
       for (int in : op.inputs) {
+        // A reduction's result without keepdim would broadcast along the trailing dims, not
+        // per row (the region rule keeps such readers out; checked here all the same).
+        if (produced.contains(in) && spec(in).sizes.size() < rank) {
+          return fail("a member reads a reduction without keepdim");
+        }
         m.full = m.full || full[in];
         m.level = std::max(m.level, level[in]);
       }
