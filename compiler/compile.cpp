@@ -332,8 +332,10 @@ struct CompiledCore::Impl {
       graph_off(e, "turned off (CompileOptions::cuda_graphs(false))", false);
       return;
     }
+    // Which CPU scalars are constants depends on what holds them: decided at the first hit,
+    // once this call's copies are gone (run_cached).
     std::string why = cuda_graph_refusal(*e.program, e.backward != nullptr);
-    if (!why.empty()) {
+    if (!why.empty() && why.rfind("no step", 0) != 0) {
       const bool gpu = why.rfind("a CPU program", 0) != 0;
       graph_off(e, std::move(why), gpu);
       return;
@@ -351,7 +353,14 @@ struct CompiledCore::Impl {
     }
     // The profiler times ops one by one: a graph would hide them.
     if (profiler::internal::active()) return run_entry(e, args);
-    if (!e.graphed) e.graphed = std::make_shared<GraphedProgram>(e.program);
+    if (!e.graphed) {
+      std::string why = cuda_graph_refusal(*e.program, e.backward != nullptr);
+      if (!why.empty()) {
+        graph_off(e, std::move(why), true);
+        return run_entry(e, args);
+      }
+      e.graphed = std::make_shared<GraphedProgram>(e.program);
+    }
     GraphedProgram::Run r;
     std::vector<Tensor> outputs = e.graphed->run(args, r);
     if (!r.failure.empty()) {

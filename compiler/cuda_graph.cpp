@@ -26,6 +26,10 @@ struct Analysis {
     std::vector<int> escapes;  // graph: values it makes that are read after it
   };
   std::vector<Segment> segments;
+  // Captured 0-d CPU tensors that only the program holds (the scalars of `x * 2.0`, wrapped by
+  // the ops): constants, which a CUDA kernel reads on the host at launch, so a graph may keep
+  // their values (checked at each replay). Index into Trace::externals.
+  std::vector<size_t> constants;
   int host_steps = 0;
   std::string refusal;  // "" when it can be captured
 };
@@ -69,12 +73,25 @@ Analysis analyse(const Program& program, bool has_backward) {
       return a;
     }
   }
+  // Captured CPU scalars nothing else holds cannot change between runs; others (an optimizer's
+  // learning rate and step counts) can, so a step reading them runs on the host.
+  std::vector<bool> constant(t.values.size(), false);
+  for (size_t i = 0; i < t.externals.size(); ++i) {
+    const Tensor& e = program.externals()[i];
+    if (e.defined() && e.is_cpu() && e.dim() == 0 && e.use_count() == 1 &&
+        e.impl()->storage().use_count() == 1) {
+      constant[static_cast<size_t>(t.externals[i])] = true;
+      a.constants.push_back(i);
+    }
+  }
   // Where each op's step runs, and whether every tensor of that step is on the GPU.
   const std::vector<int> at = step_positions(t);
   std::vector<bool> gpu_step(t.ops.size(), true);
   for (size_t i = 0; i < t.ops.size(); ++i) {
     bool ok = true;
-    for (int v : t.ops[i].inputs) ok = ok && on_device(t, v, a.device);
+    for (int v : t.ops[i].inputs) {
+      ok = ok && (on_device(t, v, a.device) || constant[static_cast<size_t>(v)]);
+    }
     for (int v : t.ops[i].outputs) ok = ok && on_device(t, v, a.device);
     if (!ok) gpu_step[static_cast<size_t>(at[i])] = false;
   }
@@ -208,6 +225,11 @@ Tensor static_buffer(const TensorSpec& spec, const Tensor& like = Tensor()) {
                                              spec.dtype));
 }
 
+// The bytes of a 0-d CPU tensor.
+std::string bytes_of(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.data_ptr()), element_size(t.dtype()));
+}
+
 }  // namespace
 
 std::string cuda_graph_refusal(const Program& program, bool has_backward) {
@@ -223,6 +245,7 @@ struct GraphedProgram::Plan {
   };
   std::vector<Captured> captured;  // per segment (empty for host segments); empty: not captured
   std::vector<const void*> external_ptrs;  // the captured tensors' data at capture
+  std::vector<std::string> constant_bytes;  // Analysis::constants' values at capture
   std::vector<bool> copied_out;            // per value: returned from a static buffer
   int64_t static_bytes = 0;
   // Random ops: the device word the graphs' random kernels read each replay's Philox base from
@@ -281,6 +304,16 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
       }
     }
   }
+  if (!plan.captured.empty()) {
+    for (size_t k = 0; k < a.constants.size(); ++k) {
+      if (bytes_of(p.externals()[a.constants[k]]) != plan.constant_bytes[k]) {
+        r.recaptured = "the value of the CPU scalar " +
+                       name_of(t, t.externals[a.constants[k]]) + " changed";
+        plan.captured.clear();
+        break;
+      }
+    }
+  }
   NoGradGuard no_grad;
   // Each launch reads this run's Philox base from the word (stream-ordered before the graph).
   auto launch = [&](cuda::internal::CapturedGraph& graph) {
@@ -313,7 +346,11 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
     plan.copied_out.assign(t.values.size(), false);
     plan.static_bytes = 0;
     plan.external_ptrs.clear();
-    for (const Tensor& e : p.externals()) plan.external_ptrs.push_back(e.defined() ? e.data_ptr() : nullptr);
+    for (const Tensor& e : p.externals()) {
+      plan.external_ptrs.push_back(e.defined() ? e.data_ptr() : nullptr);
+    }
+    plan.constant_bytes.clear();
+    for (size_t k : a.constants) plan.constant_bytes.push_back(bytes_of(p.externals()[k]));
     if (random) {
       plan.rng_word = static_buffer({Shape{}, kInt64, Device(kCUDA, a.device), {}});
       plan.rng = {static_cast<const uint64_t*>(plan.rng_word.data_ptr()), frame.rng_base};

@@ -10,6 +10,11 @@
 #include <vector>
 
 #include "compiler/compile.h"
+#include "compiler/cuda_graph.h"
+#include "compiler/executor.h"
+#include "compiler/passes.h"
+#include "compiler/program.h"
+#include "compiler/tracer.h"
 #include "kernels/cuda.h"
 #include "models/gpt.h"
 #include "nn/functional.h"
@@ -69,6 +74,58 @@ TEST(CudaGraphOptions, CpuTrainingStepSaysWhy) {
   EXPECT_EQ(step.stats().cuda_graph, "off");
   EXPECT_TRUE(starts_with(step.stats().graph_reason, "a CPU program"))
       << step.stats().graph_reason;
+}
+
+// How a program divides into graphs and host steps, and what it refuses, decided from the trace
+// alone: traced here on proxies of CUDA tensors, which need no GPU.
+std::shared_ptr<const compiler::Program> cuda_program(
+    const std::function<Tensor(const Tensor&)>& fn, Device device = Device(kCUDA, 0)) {
+  const Tensor x = compiler::proxy_of({{4, 8}, kFloat, device});
+  compiler::TraceResult r = compiler::trace_callable(
+      [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{fn(a[0])}; }, {x});
+  const std::vector<std::shared_ptr<const compiler::Executor>> eager = {
+      compiler::find_executor("eager")};
+  return std::make_shared<const compiler::Program>(compiler::assign_executors(r.trace, eager),
+                                                   std::move(r.externals), eager);
+}
+
+TEST(CudaGraphAnalysis, GpuStepsAreCaptured) {
+  const auto p = cuda_program([](const Tensor& x) { return relu(x * 2.0) + 1.0; });
+  EXPECT_EQ(compiler::cuda_graph_refusal(*p, false), "");
+  EXPECT_EQ(compiler::GraphedProgram(p).host_steps(), 0);
+  EXPECT_EQ(compiler::GraphedProgram(p).graphs(), 0);  // captured at the first run only
+}
+
+TEST(CudaGraphAnalysis, StepsReadingCpuTensorsRunOnTheHost) {
+  const Tensor scale = scalar_tensor(3.0, TensorOptions().dtype(kFloat));  // a 0-d CPU tensor
+  const auto p = cuda_program([&](const Tensor& x) { return relu(x * scale) + 1.0; });
+  EXPECT_EQ(compiler::cuda_graph_refusal(*p, false), "") << p->trace().str();
+  EXPECT_EQ(compiler::GraphedProgram(p).host_steps(), 1) << p->trace().str();
+  // Nothing but host steps: nothing to capture.
+  const auto q = cuda_program([&](const Tensor& x) { return x * scale; });
+  EXPECT_TRUE(starts_with(compiler::cuda_graph_refusal(*q, false), "no step has all its tensors"))
+      << compiler::cuda_graph_refusal(*q, false);
+}
+
+TEST(CudaGraphAnalysis, RefusesWhatACopyWouldHide) {
+  // A returned view of the argument would be a view of the graph's copy of it.
+  const auto view = cuda_program([](const Tensor& x) { return x.view({32}); });
+  EXPECT_TRUE(contains(compiler::cuda_graph_refusal(*view, false), "a view of the argument"))
+      << compiler::cuda_graph_refusal(*view, false);
+  // An in-place write of the argument would write the copy.
+  const auto write = cuda_program([](Tensor x) {
+    x.add_(1.0);
+    return x * 2.0;
+  });
+  EXPECT_TRUE(contains(compiler::cuda_graph_refusal(*write, false), "in place"))
+      << compiler::cuda_graph_refusal(*write, false);
+}
+
+TEST(CudaGraphAnalysis, RefusesCpuProgramsAndBackwardPairs) {
+  const auto cpu = cuda_program([](const Tensor& x) { return x * 2.0; }, Device(kCPU));
+  EXPECT_TRUE(starts_with(compiler::cuda_graph_refusal(*cpu, false), "a CPU program"));
+  const auto gpu = cuda_program([](const Tensor& x) { return x * 2.0; });
+  EXPECT_TRUE(contains(compiler::cuda_graph_refusal(*gpu, true), "backward"));
 }
 
 // --- On a GPU ---------------------------------------------------------------------------------
