@@ -225,6 +225,33 @@ Tensor static_buffer(const TensorSpec& spec, const Tensor& like = Tensor()) {
                                              spec.dtype));
 }
 
+// Whether the op of ops [begin, end) that makes `v` was traced under autocast.
+bool producer_autocast(const Trace& t, int v, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    const auto& outs = t.ops[i].outputs;
+    if (std::find(outs.begin(), outs.end(), v) != outs.end()) return t.ops[i].autocast.any();
+  }
+  return true;
+}
+
+// Whether values of these specs lay out their storage alike (sizes, dtype, strides).
+bool same_layout(const TensorSpec& a, const TensorSpec& b) {
+  auto strides = [](const TensorSpec& s) {
+    return s.strides.empty() ? contiguous_strides(s.sizes) : s.strides;
+  };
+  return a.sizes == b.sizes && a.dtype == b.dtype && strides(a) == strides(b);
+}
+
+// Whether `t` is `buffer` (its storage, offset, sizes and strides): a placed output, written
+// there by its op.
+bool is_view_of_whole(const Tensor& t, const Tensor& buffer) {
+  if (!t.defined()) return false;
+  const TensorImpl* a = t.impl();
+  const TensorImpl* b = buffer.impl();
+  return a->storage().get() == b->storage().get() && a->storage_offset() == b->storage_offset() &&
+         a->sizes() == b->sizes() && a->strides() == b->strides() && a->dtype() == b->dtype();
+}
+
 // The bytes of a 0-d CPU tensor.
 std::string bytes_of(const Tensor& t) {
   return std::string(static_cast<const char*>(t.data_ptr()), element_size(t.dtype()));
@@ -374,26 +401,52 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
         frame.slots[static_cast<size_t>(v)] = buffer;
         c.inputs.emplace_back(v, std::move(buffer));
       }
-      // Static buffers for the values that outlive the graph and live in its memory.
+      // Static buffers for the values that outlive the graph and would live in its memory. Where
+      // the value has its storage's layout (the op that makes the storage wrote it whole, as
+      // a gradient), that op is given the buffer as its output (Frame::placed: the eager
+      // executor and fused_cuda write there), so the graph holds no second copy of it (a
+      // training step's gradients); otherwise the graph copies the value there at its end.
       std::vector<std::pair<int, Tensor>> copies;
+      const bool had_placed = !frame.placed.empty();
+      if (!had_placed) frame.placed.assign(t.values.size(), Tensor());
       for (int v : seg.escapes) {
         const int root = a.root[static_cast<size_t>(v)];
         if (a.segment[static_cast<size_t>(root)] != static_cast<int>(s)) continue;
         Tensor buffer = static_buffer(t.value(v).spec);
         plan.static_bytes += static_cast<int64_t>(buffer.impl()->storage()->nbytes());
+        Tensor& placed = frame.placed[static_cast<size_t>(root)];
+        // A placed op runs its kernel directly, outside its autocast scope (executor.cpp,
+        // run_placed): only ops traced without autocast.
+        if (!placed.defined() && same_layout(t.value(root).spec, t.value(v).spec) &&
+            !producer_autocast(t, root, seg.begin, seg.end)) {
+          placed = buffer;
+        }
         copies.emplace_back(v, std::move(buffer));
         plan.copied_out[static_cast<size_t>(v)] = true;
       }
+      auto unplace = [&] {
+        if (!had_placed) {
+          frame.placed.clear();
+          return;
+        }
+        for (const auto& [v, buffer] : copies) {
+          Tensor& placed = frame.placed[static_cast<size_t>(a.root[static_cast<size_t>(v)])];
+          if (placed.defined() && placed.impl() == buffer.impl()) placed = Tensor();
+        }
+      };
       try {
         c.graph = cuda::internal::capture_graph(a.device, [&] {
           const cuda::internal::GraphRngScope rng(random ? &plan.rng : nullptr);
           p.run_steps(frame, seg.begin, seg.end);
           for (auto& [v, buffer] : copies) {
-            buffer.copy_(frame.slots[static_cast<size_t>(v)]);
-            frame.slots[static_cast<size_t>(v)] = buffer;
+            Tensor& slot = frame.slots[static_cast<size_t>(v)];
+            if (!is_view_of_whole(slot, buffer)) buffer.copy_(slot);
+            slot = buffer;
           }
         });
+        unplace();
       } catch (const Error& e) {
+        unplace();
         // Nothing of the segment ran: run it op by op from the frame as it was.
         frame.slots = before;
         plan.captured.clear();
