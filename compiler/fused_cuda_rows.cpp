@@ -93,6 +93,10 @@ bool Generator::plan_rows(std::string* why) {
   k_.cols = 1;
   for (size_t d = 0; d < rank; ++d) (static_cast<int64_t>(d) < k ? k_.rows : k_.cols) *= S[d];
   if (k_.rows == 0 || k_.cols == 0) return fail("no elements");
+  // Rows of one element (every reduced dim of size 1): a row's value and its elements have the
+  // same shape, so which members are per row and which per element is ambiguous; eager's
+  // kernels run them (4 of GpuRandomProgram's programs differed from eager here).
+  if (k_.cols == 1) return fail("rows of one element");
   Shape keep(S.begin(), S.end()), drop(S.begin(), S.begin() + k);
   for (size_t d = static_cast<size_t>(k); d < rank; ++d) keep[d] = 1;
   // A value of shape `s` to the kernel: the domain's shape (one per element), constant along
@@ -125,6 +129,9 @@ bool Generator::plan_rows(std::string* why) {
       o.dtype = s.dtype;
       o.host_scalar = s.device.is_cpu();
       if (o.host_scalar && !s.sizes.empty()) return fail("a CPU input with dimensions");
+      // A 0-d tensor on the GPU (a full reduction's result, a 0-d argument): declined, as the
+      // programs of GpuRandomProgram that read one in a row region differed from eager.
+      if (!o.host_scalar && s.sizes.empty()) return fail("a 0-d GPU input in a row region");
       o.sizes = s.sizes;
       try {
         if (broadcast_shapes(S, s.sizes, "fused_cuda") != S) {

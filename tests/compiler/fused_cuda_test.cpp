@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -349,8 +350,65 @@ TEST(FusedCudaCodegen, RowKernelsForRmsNormLogsumexpAndRowSums) {
   ASSERT_TRUE(k2.has_value()) << why;
   EXPECT_EQ(k2->rows, 4);
   EXPECT_EQ(k2->cols, 15);
+  // Rows of one element are eager's (RowKernelsDeclineTheProgramsThatDifferedOnAGpu).
   const Trace one = traced_on_cuda(softmax_with_ops, randn({16, 1}));
-  EXPECT_TRUE(I::generate_fused_kernel(one, 0, one.ops.size(), &why).has_value()) << why;
+  EXPECT_FALSE(I::generate_fused_kernel(one, 0, one.ops.size(), &why).has_value());
+  EXPECT_NE(why.find("rows of one element"), std::string::npos) << why;
+}
+
+// The shrunk programs of GpuRandomProgram that differed from eager on an H100 (seeds 20261414,
+// 20261652, 20261806: rows of one element, 0-d GPU values read in a row region): their regions
+// are declined (run op by op), each sub-range of the trace.
+TEST(FusedCudaCodegen, RowKernelsDeclineTheProgramsThatDifferedOnAGpu) {
+  namespace I = compiler::internal;
+  auto no_row_kernel = [](const Trace& t) {
+    for (size_t b = 0; b < t.ops.size(); ++b) {
+      for (size_t e = b + 1; e <= t.ops.size(); ++e) {
+        std::string why;
+        const auto k = I::generate_fused_kernel(t, b, e, &why);
+        EXPECT_FALSE(k.has_value() && k->row_kernel) << "[" << b << ", " << e << ")\n" << t.str();
+      }
+    }
+  };
+  // Seed 20261414 (compiled true, eager false), in both orders of its reductions.
+  const Tensor x11 = randn({1, 1}, kFloat64);
+  no_row_kernel(traced_on_cuda(
+      [](const Tensor& v0) {
+        return gt(sum(v0, {1}, true), sum(v0, {0, -1}, false));
+      },
+      x11));
+  no_row_kernel(traced_on_cuda(
+      [](const Tensor& v0) {
+        const Tensor v2 = sum(v0, {0, -1}, false);
+        return gt(sum(v0, {1}, true), v2);
+      },
+      x11));
+  // Seed 20261652's start (compiled 0): a full sum, a row sum, a 0-d bool.
+  no_row_kernel(traced_on_cuda(
+      [](const Tensor& v0, const Tensor& v4) {
+        const Tensor v1 = sum(v0, {0, 1}, false);
+        const Tensor v3 = sum(v0.permute({0, 1}), {-1}, true);
+        return where(v4, v3, v1) * v0;
+      },
+      randn({4, 1}), randn({}) > 0.0));
+  // Seed 20261806's start: a selected and an index-selected [3, 1] f64.
+  no_row_kernel(traced_on_cuda(
+      [](const Tensor& v0, const Tensor& v2) {
+        const Tensor v1 = v0.select(1, 0);
+        const Tensor v3 = index_select(v0, 1, v2);
+        return sum(v3, {-1}, true) * v0 + sum(v1, {0}, false);
+      },
+      randn({3, 1}, kFloat64), randint(0, 1, {1}, kInt64)));
+  // A 0-d GPU value read in a row region of longer rows.
+  std::string why;
+  const Trace zero_d =
+      traced_on_cuda([](const Tensor& x, const Tensor& s) { return sum(x, {-1}, true) * s; },
+                     randn({4, 8}), randn({}));
+  EXPECT_FALSE(I::generate_fused_kernel(zero_d, 0, zero_d.ops.size(), &why).has_value());
+  EXPECT_NE(why.find("0-d GPU input"), std::string::npos) << why;
+  // What row kernels are for still is one: softmax over rows of 2 and more.
+  const Trace soft = traced_on_cuda(softmax_with_ops, randn({16, 2}));
+  EXPECT_TRUE(I::generate_fused_kernel(soft, 0, soft.ops.size(), &why).has_value()) << why;
 }
 
 TEST(FusedCudaCodegen, RowKernelsDeclineWhatTheyDoNotWrite) {
@@ -856,7 +914,7 @@ TEST(GpuFusedCuda, RowsOfOddLengthOneElementAndAVocabulary) {
   manual_seed(14);
   const Device gpu(kCUDA, 0);
   for (ScalarType dt : {kFloat, kBFloat16}) {
-    for (const Shape& s : {Shape{33, 7}, Shape{16, 1}, Shape{5, 1023}, Shape{4, 128256}}) {
+    for (const Shape& s : {Shape{33, 7}, Shape{16, 2}, Shape{5, 1023}, Shape{4, 128256}}) {
       check_rows(
           named("softmax", dt, s),
           [](const std::vector<Tensor>& a) { return std::vector<Tensor>{softmax_with_ops(a[0])}; },
@@ -868,6 +926,82 @@ TEST(GpuFusedCuda, RowsOfOddLengthOneElementAndAVocabulary) {
                  },
                  {randn(s).to(dt).to(gpu)});
     }
+  }
+}
+
+// GpuRandomProgram's programs that differed from eager (RowKernelsDeclineTheProgramsThatDiffered
+// OnAGpu): rows of one element and 0-d GPU values next to row reductions, compiled against eager,
+// twice (the second run replays CUDA graphs) and with new arguments.
+TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(15);
+  const Device gpu(kCUDA, 0);
+  using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+  auto check = [&](const std::string& what, const Fn& fn,
+                   const std::function<std::vector<Tensor>()>& make_args) {
+    auto f = compile([&](const std::vector<Tensor>& a) { return fn(a); });
+    for (int call = 0; call < 3; ++call) {
+      const std::vector<Tensor> args = make_args();
+      const std::vector<Tensor> got = f(args), want = fn(args);
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t i = 0; i < got.size(); ++i) {
+        expect_close(got[i], want[i], what + ", call " + std::to_string(call));
+      }
+    }
+  };
+  check(
+      "seed 20261414",
+      [](const std::vector<Tensor>& a) {
+        return std::vector<Tensor>{gt(sum(a[0], {1}, true), sum(a[0], {0, -1}, false))};
+      },
+      [&] {
+        return std::vector<Tensor>{randn({1, 1}, kFloat64).to(gpu)};
+      });
+  check(
+      "seed 20261652",
+      [](const std::vector<Tensor>& a) {
+        const Tensor v1 = sum(a[0], {0, 1}, false);
+        const Tensor v3 = sum(a[0].permute({0, 1}), {-1}, true);
+        return std::vector<Tensor>{where(a[1], v3, v1) * a[0], v3 + v1};
+      },
+      [&] {
+        return std::vector<Tensor>{randn({4, 1}).to(gpu), (randn({}) > 0.0).to(gpu)};
+      });
+  check(
+      "seed 20261806",
+      [](const std::vector<Tensor>& a) {
+        const Tensor v1 = a[0].select(1, 0);
+        const Tensor v3 = index_select(a[0], 1, a[1]);
+        return std::vector<Tensor>{sum(v3, {-1}, true) * a[0] + sum(v1, {0}, false), v3 * 2.0};
+      },
+      [&] {
+        return std::vector<Tensor>{randn({3, 1}, kFloat64).to(gpu),
+                                   randint(0, 1, {1}, kInt64).to(gpu)};
+      });
+  check(
+      "0-d GPU scale of row sums",
+      [](const std::vector<Tensor>& a) {
+        return std::vector<Tensor>{sum(a[0], {-1}, true) * a[1], mean(a[0] * a[1], {-1}, true)};
+      },
+      [&] {
+        return std::vector<Tensor>{randn({8, 33}).to(gpu), randn({}).to(gpu)};
+      });
+  for (ScalarType dt : {kFloat, kBFloat16}) {
+    check(
+        named("softmax", dt, {16, 1}),
+        [](const std::vector<Tensor>& a) { return std::vector<Tensor>{softmax_with_ops(a[0])}; },
+        [&] {
+          return std::vector<Tensor>{randn({16, 1}).to(dt).to(gpu)};
+        });
+    check(
+        named("centered", dt, {16, 1}),
+        [](const std::vector<Tensor>& a) {
+          const Tensor m = mean(a[0], {-1}, true);
+          return std::vector<Tensor>{a[0] - m, m + 1.0};
+        },
+        [&] {
+          return std::vector<Tensor>{randn({16, 1}).to(dt).to(gpu)};
+        });
   }
 }
 
