@@ -325,7 +325,12 @@ bool close_to(const Tensor& got, const Tensor& want) {
 void bench_fused_case(const std::string& name, const Chain& chain,
                       const std::function<std::vector<Tensor>()>& make_args, bool rows = false) {
   const std::vector<std::vector<Tensor>> sets = {make_args(), make_args()};
-  auto f = kiln::compile([chain](const std::vector<Tensor>& a) { return chain(a); });
+  // Without CUDA graphs: a graph replay copies each argument into its static buffer and each
+  // returned value out of it (compiler/cuda_graph.h), which for one bandwidth-bound kernel fed
+  // new arguments on every call triples the bytes moved (session 18: 22-27% of copy instead of
+  // the kernel's 85-95%). These rows measure the generated kernels, as eager's rows measure its.
+  auto f = kiln::compile([chain](const std::vector<Tensor>& a) { return chain(a); },
+                         kiln::CompileOptions().cuda_graphs(false));
   kiln::compiler::reset_fused_cuda_stats();
   const std::vector<Tensor> got = f(sets[0]);  // traces, and compiles the kernel (NVRTC or disk)
   const std::vector<Tensor> want = chain(sets[0]);
