@@ -136,6 +136,9 @@ class Generator {
 
   std::string member_line(const BoundOp& op) const;  // the member as the listing prints it
   std::string kernel_head(const std::string& entry) const;
+  // The decoding of an entry's parameters (pointers, scalars, constants, the opaque zero) that
+  // opens every kernel's body, the pointwise and the row kernels alike.
+  std::string operand_decls() const;
   std::string rowvec_entry(const std::string& head) const;
   std::string offset(const FusedKernel::Operand& o, bool dense) const;
   std::string body(bool dense, bool vector = false) const;

@@ -100,12 +100,8 @@ std::string Generator::member_line(const BoundOp& op) const {
   return line + ")  " + spec_str(spec(op.outputs[0]));
 }
 
-// The entry's signature and the decoding of its parameters (pointers, scalars, constants).
-std::string Generator::kernel_head(const std::string& entry) const {
+std::string Generator::operand_decls() const {
   std::ostringstream os;
-  const int64_t n = numel_of(k_.sizes);
-  os << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_fused_" << entry
-     << "(const Params p) {\n";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.inputs[j];
     if (o.host_scalar) {
@@ -126,8 +122,17 @@ std::string Generator::kernel_head(const std::string& entry) const {
        << bits_fn(constants_[c].first) << "(p.v[" << k_.constants[c].first << "]);\n";
   }
   os << "  const u32 kzero = (u32)p.v[" << k_.zero_slot << "];  // 0: kopaque's operand\n"
-     << "  (void)kzero;\n"
-     << "  const long long n = " << n << "LL;\n"
+     << "  (void)kzero;\n";
+  return os.str();
+}
+
+// The entry's signature and the decoding of its parameters (pointers, scalars, constants).
+std::string Generator::kernel_head(const std::string& entry) const {
+  std::ostringstream os;
+  const int64_t n = numel_of(k_.sizes);
+  os << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_fused_" << entry
+     << "(const Params p) {\n"
+     << operand_decls() << "  const long long n = " << n << "LL;\n"
      << "  const long long step = (long long)gridDim.x * blockDim.x;\n";
   return os.str();
 }

@@ -229,29 +229,8 @@ std::string Generator::row_entry(int width) {
   std::ostringstream os;
   const std::string entry = W > 1 ? "kiln_rows_vector" : "kiln_rows_dense";
   os << "\nextern \"C\" __global__ void __launch_bounds__(" << T * G << ") " << entry
-     << "(const Params p) {\n";
-  for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    const FusedKernel::Operand& o = k_.inputs[j];
-    if (o.host_scalar) {
-      os << "  const " << ctype(o.dtype) << " x" << j << " = " << bits_fn(o.dtype) << "(p.v["
-         << o.slot << "]);\n";
-    } else {
-      os << "  const " << ctype(o.dtype) << "* __restrict__ in" << j << " = (const "
-         << ctype(o.dtype) << "*)p.v[" << o.slot << "];\n";
-    }
-  }
-  for (size_t j = 0; j < k_.outputs.size(); ++j) {
-    const FusedKernel::Operand& o = k_.outputs[j];
-    os << "  " << ctype(o.dtype) << "* __restrict__ out" << j << " = (" << ctype(o.dtype)
-       << "*)p.v[" << o.slot << "];\n";
-  }
-  for (size_t c = 0; c < constants_.size(); ++c) {
-    os << "  const " << ctype(constants_[c].first) << " k" << c << " = "
-       << bits_fn(constants_[c].first) << "(p.v[" << k_.constants[c].first << "]);\n";
-  }
-  os << "  const u32 kzero = (u32)p.v[" << k_.zero_slot << "];  // 0: kopaque's operand\n"
-     << "  (void)kzero;\n"
-     << "  const long long R = " << k_.rows << "LL, C = " << C << "LL;\n"
+     << "(const Params p) {\n"
+     << operand_decls() << "  const long long R = " << k_.rows << "LL, C = " << C << "LL;\n"
      << "  const int g = threadIdx.x / " << T << ", lane = threadIdx.x % " << T << ";\n";
   // Reductions: accumulator types and shared memory across a group's warps.
   auto acc_type = [&](const BoundOp& op) {
