@@ -15,14 +15,14 @@ namespace {
 
 // How the steps of a program divide into graphs and host steps, and which values cross them.
 struct Analysis {
-  int device = -1;        // the GPU of the program's CUDA values (-1: none)
-  std::vector<int> root;  // per value: the value whose storage it shares (views, in-place ops)
+  int device = -1;           // the GPU of the program's CUDA values (-1: none)
+  std::vector<int> root;     // per value: the value whose storage it shares (views, in-place ops)
   std::vector<int> segment;  // per value: the segment of the step that makes it (-1: argument
                              // or captured tensor)
   struct Segment {
     size_t begin = 0, end = 0;  // op indices [begin, end)
     bool graph = false;
-    std::vector<int> inputs;  // graph: arguments and host-made values it reads
+    std::vector<int> inputs;   // graph: arguments and host-made values it reads
     std::vector<int> escapes;  // graph: values it makes that are read after it
   };
   std::vector<Segment> segments;
@@ -173,8 +173,8 @@ Analysis analyse(const Program& program, bool has_backward) {
       last_reader[static_cast<size_t>(v)] = op_segment[i];
       const Analysis::Segment& s = a.segments[static_cast<size_t>(op_segment[i])];
       if (!s.graph) continue;
-      const bool outside = t.roles[static_cast<size_t>(v)] == ValueRole::kArgument ||
-                           made_by_host(v);
+      const bool outside =
+          t.roles[static_cast<size_t>(v)] == ValueRole::kArgument || made_by_host(v);
       auto& in = a.segments[static_cast<size_t>(op_segment[i])].inputs;
       if (outside && std::find(in.begin(), in.end(), v) == in.end()) in.push_back(v);
     }
@@ -271,10 +271,13 @@ struct GraphedProgram::Plan {
     std::vector<std::pair<int, Tensor>> escapes;  // value, the tensor later steps read
   };
   std::vector<Captured> captured;  // per segment (empty for host segments); empty: not captured
-  std::vector<const void*> external_ptrs;  // the captured tensors' data at capture
+  std::vector<const void*> external_ptrs;   // the captured tensors' data at capture
   std::vector<std::string> constant_bytes;  // Analysis::constants' values at capture
-  std::vector<bool> copied_out;            // per value: returned from a static buffer
+  std::vector<bool> copied_out;             // per value: returned from a static buffer
   int64_t static_bytes = 0;
+  // Bytes of the values that outlive a graph and are copied into their static buffers at its
+  // end (not written there by their op): held twice, in graph memory and in the buffer.
+  int64_t copied_bytes = 0;
   // Random ops: the device word the graphs' random kernels read each replay's Philox base from
   // (written before every launch), and the generator's seed at capture.
   Tensor rng_word;
@@ -285,8 +288,8 @@ struct GraphedProgram::Plan {
 GraphedProgram::GraphedProgram(std::shared_ptr<const Program> program)
     : program_(std::move(program)), plan_(std::make_unique<Plan>()) {
   plan_->analysis = analyse(*program_, false);
-  KILN_CHECK(plan_->analysis.refusal.empty(), "[cuda_graph] the program cannot be captured: ",
-             plan_->analysis.refusal);
+  KILN_CHECK(plan_->analysis.refusal.empty(),
+             "[cuda_graph] the program cannot be captured: ", plan_->analysis.refusal);
 }
 
 GraphedProgram::~GraphedProgram() = default;
@@ -300,6 +303,8 @@ int GraphedProgram::graphs() const {
 int GraphedProgram::host_steps() const { return plan_->analysis.host_steps; }
 
 int64_t GraphedProgram::static_bytes() const { return plan_->static_bytes; }
+
+int64_t GraphedProgram::copied_bytes() const { return plan_->copied_bytes; }
 
 std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Run& r) {
   const Program& p = *program_;
@@ -334,8 +339,8 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
   if (!plan.captured.empty()) {
     for (size_t k = 0; k < a.constants.size(); ++k) {
       if (bytes_of(p.externals()[a.constants[k]]) != plan.constant_bytes[k]) {
-        r.recaptured = "the value of the CPU scalar " +
-                       name_of(t, t.externals[a.constants[k]]) + " changed";
+        r.recaptured =
+            "the value of the CPU scalar " + name_of(t, t.externals[a.constants[k]]) + " changed";
         plan.captured.clear();
         break;
       }
@@ -345,8 +350,8 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
   // Each launch reads this run's Philox base from the word (stream-ordered before the graph).
   auto launch = [&](cuda::internal::CapturedGraph& graph) {
     if (random) {
-      cuda::internal::write_device_word(
-          a.device, static_cast<uint64_t*>(plan.rng_word.data_ptr()), frame.rng_base);
+      cuda::internal::write_device_word(a.device, static_cast<uint64_t*>(plan.rng_word.data_ptr()),
+                                        frame.rng_base);
     }
     graph.launch();
   };
@@ -372,6 +377,7 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
     plan.captured.assign(a.segments.size(), {});
     plan.copied_out.assign(t.values.size(), false);
     plan.static_bytes = 0;
+    plan.copied_bytes = 0;
     plan.external_ptrs.clear();
     for (const Tensor& e : p.externals()) {
       plan.external_ptrs.push_back(e.defined() ? e.data_ptr() : nullptr);
@@ -440,7 +446,10 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
           p.run_steps(frame, seg.begin, seg.end);
           for (auto& [v, buffer] : copies) {
             Tensor& slot = frame.slots[static_cast<size_t>(v)];
-            if (!is_view_of_whole(slot, buffer)) buffer.copy_(slot);
+            if (!is_view_of_whole(slot, buffer)) {
+              buffer.copy_(slot);
+              plan.copied_bytes += static_cast<int64_t>(buffer.impl()->storage()->nbytes());
+            }
             slot = buffer;
           }
         });

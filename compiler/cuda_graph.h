@@ -54,9 +54,9 @@ class GraphedProgram {
   GraphedProgram& operator=(const GraphedProgram&) = delete;
 
   struct Run {
-    bool captured = false;    // this run captured the graphs (and launched them)
-    std::string recaptured;   // why the graphs were captured again ("" on a plain replay)
-    std::string failure;      // why capture failed (this run finished op by op; don't retry)
+    bool captured = false;   // this run captured the graphs (and launched them)
+    std::string recaptured;  // why the graphs were captured again ("" on a plain replay)
+    std::string failure;     // why capture failed (this run finished op by op; don't retry)
   };
   // Runs the program as Program::run does (no random ops, so no RngState), through the graphs.
   std::vector<Tensor> run(const std::vector<Tensor>& arguments, Run& run);
@@ -67,6 +67,9 @@ class GraphedProgram {
   // Bytes of the static buffers (inputs and values that outlive a graph) and the graphs'
   // allocation nodes' bytes (before reuse), for the stats.
   int64_t static_bytes() const;
+  // Of those, the bytes copied into their static buffers at a graph's end rather than written
+  // there by the op that makes them (held twice meanwhile: also in the graph's memory).
+  int64_t copied_bytes() const;
 
  private:
   struct Plan;

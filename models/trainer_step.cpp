@@ -122,6 +122,13 @@ void log_compile_stats(const TrainStep& step, std::ostream& log) {
   if (s->graph_captures + s->graph_replays > 0) {
     log << ", " << s->graph_captures << (s->graph_captures == 1 ? " capture, " : " captures, ")
         << s->graph_replays << " replays";
+    auto mib = [](int64_t bytes) {
+      std::ostringstream m;
+      m << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20) << " MiB";
+      return m.str();
+    };
+    log << ", static buffers " << mib(s->graph_static_bytes) << " (copied at a graph's end "
+        << mib(s->graph_copied_bytes) << ")";
   }
   for (const std::string& why : s->graph_recapture_reasons) log << "\n  captured again: " << why;
   log << "\n" << std::flush;
