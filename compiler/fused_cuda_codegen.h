@@ -141,6 +141,7 @@ class Generator {
   std::string operand_decls() const;
   std::string rowvec_entry(const std::string& head) const;
   std::string offset(const FusedKernel::Operand& o, bool dense) const;
+  std::string coordinates() const;  // element i's coordinates c<d> in the domain
   std::string body(bool dense, bool vector = false) const;
   void emit();
 

@@ -21,28 +21,33 @@ std::string Generator::offset(const FusedKernel::Operand& o, bool dense) const {
   return s.empty() ? "0" : s;
 }
 
+// The coordinates c<d> of element i in the domain (dims of size 1 have none): below 2^31
+// elements in 32 bits, where dividing by a constant is a multiply-high, not a 64-bit division
+// sequence (offsets stay 64-bit).
+std::string Generator::coordinates() const {
+  std::ostringstream os;
+  const bool narrow = numel_of(k_.sizes) < (int64_t{1} << 31);
+  const std::string type = narrow ? "u32" : "i64", suffix = narrow ? "u" : "LL";
+  os << "    " << type << " r = (" << type << ")i;\n";
+  for (size_t d = k_.sizes.size(); d-- > 0;) {
+    if (k_.sizes[d] == 1) continue;
+    if (d == 0) {
+      os << "    const " << type << " c0 = r;\n";
+    } else {
+      os << "    const " << type << " c" << d << " = r % " << k_.sizes[d] << suffix << ";\n";
+      os << "    r /= " << k_.sizes[d] << suffix << ";\n";
+    }
+  }
+  return os.str();
+}
+
 // The body of the element loop (dense: every operand indexed by i; vector: element e of the
 // packs vx<j> and vy<j> for the operands of the domain's shape, whose loads and stores the
 // vector entry writes around it).
 std::string Generator::body(bool dense, bool vector) const {
   std::ostringstream os;
   const size_t rank = k_.sizes.size();
-  if (!dense) {
-    // The coordinates of element i: below 2^31 elements in 32 bits, where dividing by a
-    // constant is a multiply-high, not a 64-bit division sequence (offsets stay 64-bit).
-    const bool narrow = numel_of(k_.sizes) < (int64_t{1} << 31);
-    const std::string type = narrow ? "u32" : "i64", suffix = narrow ? "u" : "LL";
-    os << "    " << type << " r = (" << type << ")i;\n";
-    for (size_t d = rank; d-- > 0;) {
-      if (k_.sizes[d] == 1) continue;
-      if (d == 0) {
-        os << "    const " << type << " c0 = r;\n";
-      } else {
-        os << "    const " << type << " c" << d << " = r % " << k_.sizes[d] << suffix << ";\n";
-        os << "    r /= " << k_.sizes[d] << suffix << ";\n";
-      }
-    }
-  }
+  if (!dense) os << coordinates();
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.inputs[j];
     if (o.host_scalar) continue;
@@ -143,7 +148,6 @@ std::string Generator::kernel_head(const std::string& entry) const {
 // launch), the others are read once for the pack (constant along that dim).
 std::string Generator::rowvec_entry(const std::string& head) const {
   std::ostringstream os;
-  const size_t rank = k_.sizes.size();
   const int w = k_.rowvec_width;
   const int64_t d_last = k_.sizes.back();
   auto varies = [&](const FusedKernel::Operand& o) {
@@ -154,18 +158,7 @@ std::string Generator::rowvec_entry(const std::string& head) const {
      << "  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < packs; "
         "v += step) {\n"
      << "    const long long i = v * " << w << "LL;  // the pack's first element\n";
-  const bool narrow = numel_of(k_.sizes) < (int64_t{1} << 31);
-  const std::string type = narrow ? "u32" : "i64", suffix = narrow ? "u" : "LL";
-  os << "    " << type << " r = (" << type << ")i;\n";
-  for (size_t d = rank; d-- > 0;) {
-    if (k_.sizes[d] == 1) continue;
-    if (d == 0) {
-      os << "    const " << type << " c0 = r;\n";
-    } else {
-      os << "    const " << type << " c" << d << " = r % " << k_.sizes[d] << suffix << ";\n";
-      os << "    r /= " << k_.sizes[d] << suffix << ";\n";
-    }
-  }
+  os << coordinates();
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.inputs[j];
     if (o.host_scalar) continue;
