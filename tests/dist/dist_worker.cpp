@@ -24,6 +24,7 @@ using namespace kiln::dist;
 using std::chrono::milliseconds;
 using test::error_of;
 using test::expect_close;
+using test::expect_global_loss;
 using test::short_timeout;
 
 // Every collective of ProcessGroup, checked against values each rank can compute itself.
@@ -275,10 +276,7 @@ void ddp_equivalence() {
       ref_sum += ref_loss.item<double>();
     }
     // The mean of the ranks' losses is the global batch's loss.
-    Tensor l = full({1}, loss_sum, kDouble);
-    pg->all_reduce(l, ReduceOp::kAvg)->wait();
-    WCHECK(std::abs(l.item<double>() - ref_sum) < 1e-12 * (1 + ref_sum), "step ", step, ": loss ",
-           l.item<double>(), " vs one process ", ref_sum);
+    expect_global_loss(*pg, loss_sum, ref_sum, step);
     const auto p = ddp->parameters(), q = ref->parameters();
     for (size_t i = 0; i < p.size(); ++i) {
       expect_close(p[i].grad(), q[i].grad(), 1e-12, "gradient " + std::to_string(i));
@@ -806,10 +804,7 @@ void ddp_gathered_embedding() {
       ref_loss.backward();
       ref_sum += ref_loss.item<double>();
     }
-    Tensor l = full({1}, loss_sum, kDouble);
-    pg->all_reduce(l, ReduceOp::kAvg)->wait();
-    WCHECK(std::abs(l.item<double>() - ref_sum) < 1e-12 * (1 + ref_sum), "step ", step, ": loss ",
-           l.item<double>(), " vs one process ", ref_sum);
+    expect_global_loss(*pg, loss_sum, ref_sum, step);
     const auto p = ddp->parameters(), q = ref->parameters();
     for (size_t i = 0; i < p.size(); ++i) {
       expect_close(p[i].grad(), q[i].grad(), 1e-12,

@@ -32,6 +32,7 @@ using namespace kiln;
 using namespace kiln::dist;
 using test::error_of;
 using test::expect_close;
+using test::expect_global_loss;
 using test::short_timeout;
 
 void expect_error(const std::function<void()>& f, const std::string& needle,
@@ -148,10 +149,7 @@ void fsdp_mlp() {
       ref_loss.backward();
       ref_sum += ref_loss.item<double>();
     }
-    Tensor l = full({1}, loss_sum, kDouble);
-    pg->all_reduce(l, ReduceOp::kAvg)->wait();
-    WCHECK(std::abs(l.item<double>() - ref_sum) < 1e-12 * (1 + ref_sum), "step ", step, ": loss ",
-           l.item<double>(), " vs one process ", ref_sum);
+    expect_global_loss(*pg, loss_sum, ref_sum, step);
     if (step == 0 || step == 4) {
       // The shard's gradient is this rank's slice of the global gradient.
       const Tensor g = ref->fc1->weight.grad().reshape({-1});

@@ -44,6 +44,16 @@ inline void expect_close(const Tensor& got, const Tensor& want, double tol,
   }
 }
 
+// The mean over the ranks of each rank's loss (its part of the global batch) equals the loss
+// `ref` one process computed on the whole batch, to tol (1 + |ref|).
+inline void expect_global_loss(dist::ProcessGroup& pg, double loss, double ref, int step,
+                               double tol = 1e-12) {
+  Tensor l = full({1}, loss, kDouble);
+  pg.all_reduce(l, dist::ReduceOp::kAvg)->wait();
+  WCHECK(std::abs(l.item<double>() - ref) < tol * (1 + std::abs(ref)), "step ", step, ": loss ",
+         l.item<double>(), " vs one process ", ref);
+}
+
 // The message of what f throws ("" when it does not throw).
 inline std::string error_of(const std::function<void()>& f) {
   try {
