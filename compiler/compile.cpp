@@ -328,7 +328,7 @@ struct CompiledCore::Impl {
   // A program just compiled (and run once: its warm-up): whether its next run captures graphs.
   void graph_new_entry(Entry& e) {
     stats.graph_static_bytes = 0;
-    stats.graph_copied_bytes = 0;
+    stats.graph_kept_bytes = 0;
     if (!options.cuda_graphs()) {
       graph_off(e, "turned off (CompileOptions::cuda_graphs(false))", false);
       return;
@@ -379,7 +379,7 @@ struct CompiledCore::Impl {
     stats.graph_reason = std::to_string(graphs) + (graphs == 1 ? " graph, " : " graphs, ") +
                          std::to_string(e.graphed->host_steps()) + " host steps";
     stats.graph_static_bytes = e.graphed->static_bytes();
-    stats.graph_copied_bytes = e.graphed->copied_bytes();
+    stats.graph_kept_bytes = e.graphed->kept_bytes();
     return outputs;
   }
 

@@ -149,16 +149,15 @@ struct CompileStats {
   // replaying, how the program is split ("1 graph, 0 host steps"). Captures (the first, and
   // those after a new program or a captured tensor's memory moved: graph_recapture_reasons) and
   // replays are counted over all programs; graph_static_bytes are the last captured program's
-  // static buffers (inputs and values that outlive a graph), graph_copied_bytes those of its
-  // values copied into their buffers at a graph's end (held twice during the graph; a value
-  // whose op writes it into its buffer, as a gradient, is not).
+  // static input buffers, graph_kept_bytes its values that outlive a graph in the graph's memory
+  // (a training step's gradients, kept until the graph's next launch).
   std::string cuda_graph = "off";
   std::string graph_reason;
   int64_t graph_captures = 0;
   int64_t graph_replays = 0;
   std::vector<std::string> graph_recapture_reasons;
   int64_t graph_static_bytes = 0;
-  int64_t graph_copied_bytes = 0;
+  int64_t graph_kept_bytes = 0;
 };
 
 // The arguments of one call, flattened: the tensors, and everything else of the signature.

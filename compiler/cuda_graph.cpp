@@ -225,33 +225,6 @@ Tensor static_buffer(const TensorSpec& spec, const Tensor& like = Tensor()) {
                                              spec.dtype));
 }
 
-// Whether the op of ops [begin, end) that makes `v` was traced under autocast.
-bool producer_autocast(const Trace& t, int v, size_t begin, size_t end) {
-  for (size_t i = begin; i < end; ++i) {
-    const auto& outs = t.ops[i].outputs;
-    if (std::find(outs.begin(), outs.end(), v) != outs.end()) return t.ops[i].autocast.any();
-  }
-  return true;
-}
-
-// Whether values of these specs lay out their storage alike (sizes, dtype, strides).
-bool same_layout(const TensorSpec& a, const TensorSpec& b) {
-  auto strides = [](const TensorSpec& s) {
-    return s.strides.empty() ? contiguous_strides(s.sizes) : s.strides;
-  };
-  return a.sizes == b.sizes && a.dtype == b.dtype && strides(a) == strides(b);
-}
-
-// Whether `t` is `buffer` (its storage, offset, sizes and strides): a placed output, written
-// there by its op.
-bool is_view_of_whole(const Tensor& t, const Tensor& buffer) {
-  if (!t.defined()) return false;
-  const TensorImpl* a = t.impl();
-  const TensorImpl* b = buffer.impl();
-  return a->storage().get() == b->storage().get() && a->storage_offset() == b->storage_offset() &&
-         a->sizes() == b->sizes() && a->strides() == b->strides() && a->dtype() == b->dtype();
-}
-
 // The bytes of a 0-d CPU tensor.
 std::string bytes_of(const Tensor& t) {
   return std::string(static_cast<const char*>(t.data_ptr()), element_size(t.dtype()));
@@ -273,11 +246,9 @@ struct GraphedProgram::Plan {
   std::vector<Captured> captured;  // per segment (empty for host segments); empty: not captured
   std::vector<const void*> external_ptrs;   // the captured tensors' data at capture
   std::vector<std::string> constant_bytes;  // Analysis::constants' values at capture
-  std::vector<bool> copied_out;             // per value: returned from a static buffer
-  int64_t static_bytes = 0;
-  // Bytes of the values that outlive a graph and are copied into their static buffers at its
-  // end (not written there by their op): held twice, in graph memory and in the buffer.
-  int64_t copied_bytes = 0;
+  std::vector<bool> copied_out;             // per value: returned from a graph's memory
+  int64_t static_bytes = 0;                 // the inputs' static buffers
+  int64_t kept_bytes = 0;                   // the values that outlive a graph, in its memory
   // Random ops: the device word the graphs' random kernels read each replay's Philox base from
   // (written before every launch), and the generator's seed at capture.
   Tensor rng_word;
@@ -304,7 +275,7 @@ int GraphedProgram::host_steps() const { return plan_->analysis.host_steps; }
 
 int64_t GraphedProgram::static_bytes() const { return plan_->static_bytes; }
 
-int64_t GraphedProgram::copied_bytes() const { return plan_->copied_bytes; }
+int64_t GraphedProgram::kept_bytes() const { return plan_->kept_bytes; }
 
 std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Run& r) {
   const Program& p = *program_;
@@ -377,7 +348,7 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
     plan.captured.assign(a.segments.size(), {});
     plan.copied_out.assign(t.values.size(), false);
     plan.static_bytes = 0;
-    plan.copied_bytes = 0;
+    plan.kept_bytes = 0;
     plan.external_ptrs.clear();
     for (const Tensor& e : p.externals()) {
       plan.external_ptrs.push_back(e.defined() ? e.data_ptr() : nullptr);
@@ -407,55 +378,32 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
         frame.slots[static_cast<size_t>(v)] = buffer;
         c.inputs.emplace_back(v, std::move(buffer));
       }
-      // Static buffers for the values that outlive the graph and would live in its memory. Where
-      // the value has its storage's layout (the op that makes the storage wrote it whole, as
-      // a gradient), that op is given the buffer as its output (Frame::placed: the eager
-      // executor and fused_cuda write there), so the graph holds no second copy of it (a
-      // training step's gradients); otherwise the graph copies the value there at its end.
-      std::vector<std::pair<int, Tensor>> copies;
-      const bool had_placed = !frame.placed.empty();
-      if (!had_placed) frame.placed.assign(t.values.size(), Tensor());
+      // Values that outlive the graph (read by a later step, returned, or a gradient) stay in
+      // its memory, at the same address on every replay, until its next launch; returned ones
+      // are copied out after each run (below).
+      std::vector<int> kept;
       for (int v : seg.escapes) {
         const int root = a.root[static_cast<size_t>(v)];
         if (a.segment[static_cast<size_t>(root)] != static_cast<int>(s)) continue;
-        Tensor buffer = static_buffer(t.value(v).spec);
-        plan.static_bytes += static_cast<int64_t>(buffer.impl()->storage()->nbytes());
-        Tensor& placed = frame.placed[static_cast<size_t>(root)];
-        // A placed op runs its kernel directly, outside its autocast scope (executor.cpp,
-        // run_placed): only ops traced without autocast.
-        if (!placed.defined() && same_layout(t.value(root).spec, t.value(v).spec) &&
-            !producer_autocast(t, root, seg.begin, seg.end)) {
-          placed = buffer;
-        }
-        copies.emplace_back(v, std::move(buffer));
+        kept.push_back(v);
         plan.copied_out[static_cast<size_t>(v)] = true;
       }
-      auto unplace = [&] {
-        if (!had_placed) {
-          frame.placed.clear();
-          return;
-        }
-        for (const auto& [v, buffer] : copies) {
-          Tensor& placed = frame.placed[static_cast<size_t>(a.root[static_cast<size_t>(v)])];
-          if (placed.defined() && placed.impl() == buffer.impl()) placed = Tensor();
-        }
-      };
       try {
         c.graph = cuda::internal::capture_graph(a.device, [&] {
           const cuda::internal::GraphRngScope rng(random ? &plan.rng : nullptr);
           p.run_steps(frame, seg.begin, seg.end);
-          for (auto& [v, buffer] : copies) {
-            Tensor& slot = frame.slots[static_cast<size_t>(v)];
-            if (!is_view_of_whole(slot, buffer)) {
-              buffer.copy_(slot);
-              plan.copied_bytes += static_cast<int64_t>(buffer.impl()->storage()->nbytes());
-            }
-            slot = buffer;
+          std::vector<Storage> storages;
+          for (int v : kept) {
+            const Tensor& slot = frame.slots[static_cast<size_t>(v)];
+            if (!slot.defined()) continue;
+            const Storage& st = slot.impl()->storage();
+            if (std::find(storages.begin(), storages.end(), st) != storages.end()) continue;
+            storages.push_back(st);
+            plan.kept_bytes += static_cast<int64_t>(st->nbytes());
           }
+          return storages;
         });
-        unplace();
       } catch (const Error& e) {
-        unplace();
         // Nothing of the segment ran: run it op by op from the frame as it was.
         frame.slots = before;
         plan.captured.clear();

@@ -64,12 +64,10 @@ class GraphedProgram {
   // The number of captured graphs, and of host steps between them.
   int graphs() const;
   int host_steps() const;
-  // Bytes of the static buffers (inputs and values that outlive a graph) and the graphs'
-  // allocation nodes' bytes (before reuse), for the stats.
+  // Bytes of the inputs' static buffers, and of the values that outlive a graph in its memory
+  // (a training step's gradients), for the stats.
   int64_t static_bytes() const;
-  // Of those, the bytes copied into their static buffers at a graph's end rather than written
-  // there by the op that makes them (held twice meanwhile: also in the graph's memory).
-  int64_t copied_bytes() const;
+  int64_t kept_bytes() const;
 
  private:
   struct Plan;

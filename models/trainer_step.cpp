@@ -127,8 +127,8 @@ void log_compile_stats(const TrainStep& step, std::ostream& log) {
       m << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20) << " MiB";
       return m.str();
     };
-    log << ", static buffers " << mib(s->graph_static_bytes) << " (copied at a graph's end "
-        << mib(s->graph_copied_bytes) << ")";
+    log << ", static inputs " << mib(s->graph_static_bytes) << ", kept in graph memory "
+        << mib(s->graph_kept_bytes);
   }
   for (const std::string& why : s->graph_recapture_reasons) log << "\n  captured again: " << why;
   log << "\n" << std::flush;

@@ -60,7 +60,7 @@ void empty_pinned_cache() {}
 struct CapturedGraph::Impl {};
 CapturedGraph::~CapturedGraph() = default;
 void CapturedGraph::launch() { unavailable("cuda_graph"); }
-std::shared_ptr<CapturedGraph> capture_graph(int, const std::function<void()>&) {
+std::shared_ptr<CapturedGraph> capture_graph(int, const std::function<std::vector<Storage>()>&) {
   unavailable("cuda_graph");
 }
 int64_t* capture_error_flag() { return nullptr; }

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -154,11 +155,21 @@ std::string mib(int64_t bytes) {
 // The graph allocations of one capture: open while the capture lasts. A graph allocation freed
 // then becomes a free node; one freed after it (a tensor that outlived the capture, which fails
 // it) has no memory behind it: the graph is discarded unlaunched.
+//
+// Allocations the caller keeps (capture_graph's `fn` returns their storages) outlive the capture:
+// each launch backs them anew, at the same address, and they live until the graph's next launch
+// frees them (cudaGraphInstantiateFlagAutoFreeOnLaunch). While the graph lives it owns them: a
+// kept storage that dies only notes it. When the graph is destroyed it frees those no storage
+// holds any more, and a storage still holding one frees it when it dies.
 struct CaptureRecord {
   std::mutex mu;
   bool open = true;
   std::unordered_map<void*, size_t> live;  // graph allocations not freed yet
   int64_t allocated_bytes = 0;
+  std::unordered_map<void*, size_t> kept;  // allocations that outlive the capture
+  std::unordered_set<void*> unheld;        // kept ones whose storage died while the graph lived
+  bool graph_alive = false;                // the graph was instantiated and not destroyed yet
+  bool launched = false;                   // the kept allocations are backed (a launch ran)
 };
 
 // A pool free held back during a capture (see capture_graph).
@@ -288,18 +299,32 @@ class CudaAllocator final : public Allocator {
     }
     const cudaStream_t stream = capture.stream;
     return std::make_shared<StorageImpl>(p, nbytes, device, [index, stream, record](void* q) {
+      bool free_node = false;
       try {
         std::lock_guard<std::mutex> lock(record->mu);
-        if (!record->open) return;  // the capture is over: nothing backs the address
-        record->live.erase(q);
+        if (record->open) {
+          record->live.erase(q);
+          free_node = true;
+        } else {
+          auto kept = record->kept.find(q);
+          if (kept == record->kept.end()) return;  // the capture is over: nothing backs it
+          if (record->graph_alive) {               // the graph still owns it
+            record->unheld.insert(q);
+            return;
+          }
+          record->kept.erase(kept);  // the graph is gone: this storage held it last
+          if (!record->launched) return;
+        }
       } catch (...) {
         return;
       }
       int previous = -1;
       const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != index &&
                             cudaSetDevice(index) == cudaSuccess;
-      // A free node of the capture (an invalidated capture refuses it: ignored).
-      if (cudaFreeAsync(q, stream) != cudaSuccess) (void)cudaGetLastError();
+      // A free node of the capture (an invalidated capture refuses it: ignored), or the free of
+      // a kept allocation that outlived its graph (waits for the device: rare).
+      const cudaError_t err = free_node ? cudaFreeAsync(q, stream) : cudaFree(q);
+      if (err != cudaSuccess) (void)cudaGetLastError();
       if (switched) (void)cudaSetDevice(previous);
     });
   }
@@ -504,7 +529,8 @@ void empty_pinned_cache() { pinned_cache().release_free(); }
 struct CapturedGraph::Impl {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  std::vector<DeferredFree> deferred;  // queued after the first launch
+  std::vector<DeferredFree> deferred;    // queued after the first launch
+  std::shared_ptr<CaptureRecord> record;  // its kept allocations
 };
 
 CapturedGraph::~CapturedGraph() {
@@ -521,6 +547,21 @@ CapturedGraph::~CapturedGraph() {
     (void)cudaGetLastError();
   }
   release_deferred(impl_->deferred, nullptr, /*own_stream=*/true);
+  // Kept allocations: freed now where no storage holds them, else by the last storage's deleter.
+  std::vector<void*> unheld;
+  if (impl_->record) {
+    std::lock_guard<std::mutex> lock(impl_->record->mu);
+    CaptureRecord& r = *impl_->record;
+    r.graph_alive = false;
+    for (void* p : r.unheld) {
+      r.kept.erase(p);
+      if (r.launched) unheld.push_back(p);
+    }
+    r.unheld.clear();
+  }
+  for (void* p : unheld) {
+    if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+  }
   if (switched) (void)cudaSetDevice(previous);
 }
 
@@ -556,12 +597,17 @@ void CapturedGraph::launch() {
               " failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err),
               " (rerun with compile's cuda_graphs(false) or --no-cuda-graphs to run op by op)");
   }
+  if (impl_->record) {
+    std::lock_guard<std::mutex> lock(impl_->record->mu);
+    impl_->record->launched = true;
+  }
   release_deferred(impl_->deferred, stream, /*own_stream=*/false);
   note_graph_memory(device_);
   sync_if_debug("cudaGraphLaunch", __FILE__, __LINE__);
 }
 
-std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<void()>& fn) {
+std::shared_ptr<CapturedGraph> capture_graph(int device,
+                                             const std::function<std::vector<Storage>()>& fn) {
   check_device(device, "cuda_graph");
   KILN_CHECK(t_capture == nullptr,
              "[cuda_graph] this thread is capturing a graph already: captures do not nest");
@@ -588,8 +634,9 @@ std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<voi
   set_current_stream(device, stream);
   t_capture = &context;
   std::string failure;
+  std::vector<Storage> kept;
   try {
-    fn();
+    kept = fn();
   } catch (const std::exception& e) {
     failure = e.what();
   } catch (...) {
@@ -604,6 +651,12 @@ std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<voi
   {
     std::lock_guard<std::mutex> lock(context.record->mu);
     context.record->open = false;
+    for (const Storage& k : kept) {
+      auto it = k ? context.record->live.find(k->data()) : context.record->live.end();
+      if (it == context.record->live.end()) continue;  // not this capture's allocation
+      context.record->kept.insert(*it);
+      context.record->live.erase(it);
+    }
     leaked = static_cast<int64_t>(context.record->live.size());
     for (const auto& [p, n] : context.record->live) leaked_bytes += static_cast<int64_t>(n);
     allocated_bytes = context.record->allocated_bytes;
@@ -619,7 +672,8 @@ std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<voi
   }
   cudaGraphExec_t exec = nullptr;
   if (failure.empty()) {
-    const cudaError_t err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    const cudaError_t err =
+        cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       exec = nullptr;
@@ -638,6 +692,11 @@ std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<voi
   g->impl_->graph = graph;
   g->impl_->exec = exec;
   g->impl_->deferred = std::move(context.deferred);
+  {
+    std::lock_guard<std::mutex> lock(context.record->mu);
+    context.record->graph_alive = true;
+  }
+  g->impl_->record = context.record;
   g->device_ = device;
   g->allocated_bytes_ = allocated_bytes;
   return g;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "kernels/cuda.h"
 #include "tensor/storage.h"
@@ -34,7 +35,10 @@ void empty_pinned_cache();
 
 // --- CUDA graphs (kiln::compile's, compiler/cuda_graph.h) ------------------------------------
 //
-//   std::shared_ptr<CapturedGraph> g = capture_graph(device, [&] { ...queue kernels... });
+//   std::shared_ptr<CapturedGraph> g = capture_graph(device, [&] {
+//     ...queue kernels...
+//     return kept;  // the storages (graph allocations) that outlive the capture
+//   });
 //   g->launch();   // replays them on the current stream, as often as wanted
 //
 // capture_graph runs `fn` with a capture stream of `device` (a non-blocking stream kept for
@@ -43,10 +47,14 @@ void empty_pinned_cache();
 // this thread makes on the capture stream meanwhile become the graph's memory (cudaMallocAsync
 // under capture makes allocation nodes: fixed addresses on every replay, backed at the first
 // launch and kept until empty_cache()); they are not counted in MemoryStats::allocated, and
-// their frees during `fn` become free nodes. Every tensor allocated during `fn` must be freed
-// before it returns: one that outlives the capture makes it fail (its memory would be
-// overwritten by the next replay). Frees of ordinary pool memory made by this thread meanwhile
-// (a capture cannot record them) are held back and queued after the first launch.
+// their frees during `fn` become free nodes. The storages `fn` returns may outlive the capture:
+// each launch backs their allocations anew, at the same addresses, and they stay until the
+// graph's next launch frees them (cudaGraphInstantiateFlagAutoFreeOnLaunch: a later launch
+// overwrites what a storage still holding one reads). While the graph lives it owns them; when
+// it is destroyed it frees those no storage holds, and the last storage holding one frees it.
+// Every other tensor allocated during `fn` must be freed before it returns: one that outlives
+// the capture makes it fail. Frees of ordinary pool memory made by this thread meanwhile (a
+// capture cannot record them) are held back and queued after the first launch.
 //
 // When `fn` throws, the capture is invalidated (an op synchronised with the host, or made an
 // unsafe call) or a tensor outlives it, the capture is ended and discarded, the stream is
@@ -66,13 +74,15 @@ class CapturedGraph {
   struct Impl;  // the CUDA handles (runtime.cpp)
 
  private:
-  friend std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<void()>& fn);
+  friend std::shared_ptr<CapturedGraph> capture_graph(
+      int device, const std::function<std::vector<Storage>()>& fn);
   CapturedGraph() = default;
   std::unique_ptr<Impl> impl_;
   int device_ = -1;
   int64_t allocated_bytes_ = 0;
 };
-std::shared_ptr<CapturedGraph> capture_graph(int device, const std::function<void()>& fn);
+std::shared_ptr<CapturedGraph> capture_graph(int device,
+                                             const std::function<std::vector<Storage>()>& fn);
 
 // Kernels that check their arguments on the device (an index out of range) raise an error flag
 // that the host reads after waiting for the kernel (loops.cuh's ErrorFlag); a capture cannot

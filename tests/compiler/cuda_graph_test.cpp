@@ -285,6 +285,66 @@ TEST_F(GpuCudaGraph, MovedParameterCapturesAgain) {
   t.expect_same_weights();
 }
 
+// A training step's gradients stay in the graph's memory (kept until its next launch), not in
+// static buffers beside it that would hold them through the forward too: the static buffers are
+// the arguments only, and every gradient keeps its address from replay to replay.
+TEST_F(GpuCudaGraph, GradientsStayInGraphMemory) {
+  TwoSteps t;
+  std::vector<const void*> addresses;
+  for (int i = 0; i < 6; ++i) {
+    const auto [x, y] = t.batch(i, 32);
+    EXPECT_TRUE(equal(t.graphed(x, y).cpu(), t.plain(x, y).cpu())) << "step " << i + 1;
+    if (i < 3) continue;  // replays from step 4 on
+    std::vector<const void*> now;
+    for (const Tensor& p : t.with.model->parameters()) now.push_back(p.grad().data_ptr());
+    if (!addresses.empty()) {
+      EXPECT_EQ(now, addresses) << "step " << i + 1;
+    }
+    addresses = now;
+  }
+  t.expect_same_weights();
+  const compiler::CompileStats& s = t.graphed.stats();
+  ASSERT_EQ(s.graph_captures, 1);
+  int64_t grad_bytes = 0;
+  for (const Tensor& p : t.with.model->parameters()) grad_bytes += p.numel() * p.element_size();
+  const auto [x, y] = t.batch(0, 32);
+  EXPECT_GE(s.graph_kept_bytes, grad_bytes);
+  EXPECT_LE(s.graph_static_bytes, 2 * (x.numel() * x.element_size() + y.numel() * y.element_size()))
+      << "only the arguments are copied into static buffers";
+}
+
+// A gradient held across a recapture (the old graph destroyed) keeps its memory and values
+// until it dies, and the new graphs train on as before.
+TEST_F(GpuCudaGraph, GradientHeldAcrossRecaptureKeepsItsValues) {
+  TwoSteps t;
+  int i = 0;
+  for (; i < 5; ++i) {
+    const auto [x, y] = t.batch(i, 32);
+    (void)t.graphed(x, y);
+    (void)t.plain(x, y);
+  }
+  ASSERT_EQ(t.graphed.stats().graph_captures, 1);
+  Tensor held = t.with.model->parameters()[1].grad();
+  const Tensor want = held.cpu();
+  for (test::TinyStep* s : {&t.with, &t.without}) {  // forces a recapture
+    Tensor p = s->model->parameters()[0];
+    const Tensor moved = p.detach().clone();
+    p.impl()->set_data(*moved.impl());
+  }
+  for (; i < 8; ++i) {
+    const auto [x, y] = t.batch(i, 32);
+    EXPECT_TRUE(equal(t.graphed(x, y).cpu(), t.plain(x, y).cpu())) << "step " << i + 1;
+  }
+  ASSERT_EQ(t.graphed.stats().graph_captures, 2);
+  EXPECT_TRUE(equal(held.cpu(), want));
+  EXPECT_NE(held.data_ptr(), t.with.model->parameters()[1].grad().data_ptr());
+  held = Tensor();  // frees the old graph's allocation
+  cuda::synchronize();
+  const auto [x, y] = t.batch(i, 32);
+  EXPECT_TRUE(equal(t.graphed(x, y).cpu(), t.plain(x, y).cpu()));
+  t.expect_same_weights();
+}
+
 TEST_F(GpuCudaGraph, PeakMemoryIncludesGraphMemory) {
   TwoSteps t;
   for (int i = 0; i < 4; ++i) {
