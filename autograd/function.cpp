@@ -130,34 +130,17 @@ variable_list CppNode::apply(variable_list&& grads) {
 
 void CppNode::release_variables() { AutogradContext::Internal::release(ctx); }
 
-namespace {
-
-// Moves the nodes that nothing but `edges` holds out of them, into `out`.
-void take_sole_owned(std::vector<Edge>& edges, std::vector<std::shared_ptr<Node>>& out) {
-  for (Edge& e : edges) {
-    if (e.function != nullptr && e.function.use_count() == 1) out.push_back(std::move(e.function));
-  }
+void CppNode::drop_saved() {
+  AutogradContext::Internal::release(ctx);
+  AutogradContext::Internal::clear(ctx);
 }
 
-}  // namespace
-
+// The context first: a saved input (or a tensor in saved_data) holds the node its edge holds
+// too. Then the graph only the edges hold, one node at a time (Node::release_edges), each custom
+// node's context emptied first likewise.
 CppNode::~CppNode() {
-  // The context first: a saved input (or a tensor in saved_data) holds the node its edge holds
-  // too. Then the nodes only the edges hold are taken off them and released one at a time, each
-  // custom node's context emptied first likewise; another owner only delays a node's release.
-  // (A custom node that ~OpNode releases frees its own graph here, one level down.)
   AutogradContext::Internal::clear(ctx);
-  std::vector<std::shared_ptr<Node>> sole;
-  take_sole_owned(next_edges_, sole);
-  while (!sole.empty()) {
-    std::shared_ptr<Node> node = std::move(sole.back());
-    sole.pop_back();
-    node->release_variables();
-    if (auto* custom = dynamic_cast<CppNode*>(node.get())) {
-      AutogradContext::Internal::clear(custom->ctx);
-    }
-    take_sole_owned(node->mutable_next_edges(), sole);
-  }
+  release_edges();
 }
 
 void wire_custom_function(const std::shared_ptr<CppNode>& node,

@@ -92,9 +92,8 @@ class CppNode : public Node {
  public:
   using Backward = variable_list (*)(AutogradContext*, variable_list);
   CppNode(std::string name, Backward backward) : name_(std::move(name)), backward_(backward) {}
-  // Frees the nodes that only this one holds one at a time, as ~OpNode does
-  // (autograd/op_node.cpp): a chain of 100000 custom functions is not freed 100000 destructors
-  // deep.
+  // Frees the nodes that only this one holds one at a time (Node::release_edges), as ~OpNode
+  // does: a chain of 100000 custom functions is not freed 100000 destructors deep.
   ~CppNode() override;
   variable_list apply(variable_list&& grads) override;
   std::string name() const override { return name_; }
@@ -102,6 +101,10 @@ class CppNode : public Node {
   AutogradContext ctx;
   // Which forward argument each next edge belongs to (one edge per argument).
   size_t num_args = 0;
+
+ protected:
+  // The context emptied whole: its saved inputs and saved_data hold their grad_fn.
+  void drop_saved() override;
 
  private:
   std::string name_;

@@ -37,6 +37,24 @@ void Node::run_pre_hooks(variable_list& grads) {
   }
 }
 
+void Node::release_edges() {
+  // Moves the nodes that nothing but `edges` holds out of them, into `sole`.
+  std::vector<std::shared_ptr<Node>> sole;
+  auto take_sole_owned = [&sole](std::vector<Edge>& edges) {
+    for (Edge& e : edges) {
+      if (e.function != nullptr && e.function.use_count() == 1)
+        sole.push_back(std::move(e.function));
+    }
+  };
+  take_sole_owned(next_edges_);
+  while (!sole.empty()) {
+    std::shared_ptr<Node> node = std::move(sole.back());
+    sole.pop_back();
+    node->drop_saved();
+    take_sole_owned(node->next_edges_);
+  }
+}
+
 AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
 
 namespace {

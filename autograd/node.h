@@ -68,6 +68,17 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<InputMeta>& output_metas() { return output_metas_; }
 
  protected:
+  // For the destructors of nodes with edges (OpNode, CppNode), once they dropped what they saved.
+  // Freed recursively, a long chain (a loop unrolled 100000 times) would overflow the stack: each
+  // node's edges and saved tensors release the next node from inside its destructor. Here the
+  // nodes that only the edges still hold are taken off them and released one at a time, each
+  // dropping what it saved first (drop_saved), so the depth stays bounded (PyTorch's deleteNode
+  // does the same). Another owner only delays a node's release.
+  void release_edges();
+  // What a node being freed lets go of before its edges: every tensor it saved (a saved input
+  // holds the node that the input's edge holds too).
+  virtual void drop_saved() { release_variables(); }
+
   std::vector<Edge> next_edges_;
   std::vector<InputMeta> output_metas_;
 

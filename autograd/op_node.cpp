@@ -38,21 +38,11 @@ class OpNode final : public Node {
     }
   }
 
-  // Freed recursively, a long chain (a loop unrolled 100000 times) would overflow the stack: each
-  // node's edges and saved inputs release the next node from inside its destructor. Here the
-  // saved tensors go first, then the nodes that only the edges still hold are taken off them and
-  // released one at a time, so the depth stays bounded (PyTorch's deleteNode does the same).
-  // Another owner only delays a node's release.
+  // The saved tensors first, then the graph only the edges hold, one node at a time
+  // (Node::release_edges).
   ~OpNode() override {
     release_variables();
-    std::vector<std::shared_ptr<Node>> sole;
-    take_sole_owned(next_edges_, sole);
-    while (!sole.empty()) {
-      std::shared_ptr<Node> node = std::move(sole.back());
-      sole.pop_back();
-      node->release_variables();
-      take_sole_owned(node->mutable_next_edges(), sole);
-    }
+    release_edges();
   }
 
   variable_list apply(variable_list&& grads) override {
@@ -109,14 +99,6 @@ class OpNode final : public Node {
   }
 
  private:
-  static void take_sole_owned(std::vector<Edge>& edges, std::vector<std::shared_ptr<Node>>& out) {
-    for (Edge& e : edges) {
-      if (e.function != nullptr && e.function.use_count() == 1) {
-        out.push_back(std::move(e.function));
-      }
-    }
-  }
-
   struct Input {
     SavedVariable saved;  // undefined unless the rule reads this input
     InputMeta meta;
