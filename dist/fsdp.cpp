@@ -1,11 +1,12 @@
-// fully_shard and FSDPModule's sharding, gathers and gradient reductions (dist/fsdp.h); state
-// dicts and sharded checkpoints: dist/fsdp_state.cpp.
+// fully_shard and FSDPModule's units (dist/fsdp.h): which unit owns which parameters, the
+// sharding of a unit's parameters into its packed shard, and the forward (gathering each unit and
+// preparing the backward: the hooks that gather a unit before the nodes that read it). The
+// gathers, reshards and gradient reduce-scatters: dist/fsdp_collectives.cpp; state dicts and
+// sharded checkpoints: dist/fsdp_state.cpp.
 #include "dist/fsdp.h"
 
 #include <algorithm>
-#include <cmath>
 #include <mutex>
-#include <new>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -14,7 +15,6 @@
 #include "autograd/hooks.h"
 #include "autograd/node.h"
 #include "compiler/tracer.h"
-#include "dist/collective_ops.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -44,41 +44,6 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // as a tensor of its own would (vectorised kernels and GEMMs like aligned operands).
 constexpr int64_t kFullAlignBytes = 256;
 
-// Puts `memory` (null: none) under `s` in place: the StorageImpl, which the views autograd saved
-// hold, keeps its identity and its version counter (their saved versions stay valid), and frees
-// the memory it had. This is PyTorch's storage resize_ to 0 and back; kiln's StorageImpl has no
-// resize, so the object is rebuilt where it is (same type, no const members: the pointers to it
-// stay valid) over the other storage's memory, which its deleter keeps alive.
-void replace_memory(StorageImpl& s, Storage memory) {
-  const uint64_t version = s.version();
-  const Device device = s.device();
-  void* data = memory != nullptr ? memory->data() : nullptr;
-  const size_t nbytes = memory != nullptr ? memory->nbytes() : 0;
-  StorageImpl::Deleter keep;
-  if (memory != nullptr) keep = [memory](void*) {};  // the memory goes with the capture
-  s.~StorageImpl();
-  new (&s) StorageImpl(data, nbytes, device, std::move(keep));
-  while (s.version() < version) s.bump_version();
-}
-
-// Points the module's parameter at `data` (its shard, or its view of the gathered buffer). While
-// kiln::compile traces, the parameter is a captured tensor whose data is a proxy: the tracer then
-// finds its value by the new data (compiler/tracer.h, trace_forget_handle).
-void point_at(Tensor& param, const Tensor& data) {
-  param.impl()->set_data(*data.impl());
-  compiler::trace_forget_handle(param);
-}
-
-// A buffer of the gathers and reductions. While kiln::compile traces, a value of the program (the
-// `empty` op, recorded), which its executor frees after its last reader; empty() itself stays a
-// real allocation even then (the tracer would capture it as a constant of the program, held for
-// as long as the program lives).
-Tensor buffer(int64_t numel, const TensorOptions& options) {
-  if (!compiler::is_tracing()) return empty({numel}, options);
-  static const OpDef& op = KILN_OP(empty);
-  return call_op1(op, {}, {Shape{numel}, options.dtype(), options.device()});
-}
-
 // The names of the nodes of view ops (TBackward0, ViewBackward0, ...): their outputs alias their
 // input's storage.
 const std::unordered_set<std::string>& view_node_names() {
@@ -91,30 +56,6 @@ const std::unordered_set<std::string>& view_node_names() {
     return out;
   }();
   return *names;
-}
-
-// Writes (or adds, when accumulating) the flattened gradient `g` of `numel` elements into `dst`,
-// the [world, shard] columns of a parameter in the reduce-scatter's input: row r gets elements
-// [r * shard, (r + 1) * shard), the padding past numel zeros (written once, when not
-// accumulating). One strided copy, converting the dtype, instead of flatten + pad + copy.
-void pack_gradient(Tensor dst, const Tensor& g, int64_t numel, bool accumulate) {
-  const int64_t world = dst.size(0), shard = dst.size(1);
-  Tensor flat = g.reshape({-1});
-  if (accumulate && flat.dtype() != dst.dtype()) flat = flat.to(dst.dtype());
-  auto put = [accumulate](Tensor to, const Tensor& from) {
-    if (accumulate) {
-      to.add_(from);
-    } else {
-      to.copy_(from);
-    }
-  };
-  const int64_t rows = numel / shard, rem = numel % shard;
-  if (rows > 0) put(dst.narrow(0, 0, rows), flat.narrow(0, 0, rows * shard).view({rows, shard}));
-  if (rem > 0) put(dst[rows].narrow(0, 0, rem), flat.narrow(0, rows * shard, rem));
-  if (accumulate) return;
-  if (rem > 0) dst[rows].narrow(0, rem, shard - rem).zero_();
-  const int64_t used = rows + (rem > 0 ? 1 : 0);
-  if (used < world) dst.narrow(0, used, world - used).zero_();
 }
 
 // A fingerprint of the parameter list (names, shapes, dtypes), equal on ranks holding the same
@@ -341,141 +282,6 @@ FSDPModule& FSDPModule::root() {
   return *u;
 }
 
-// --- Gathering ----------------------------------------------------------------------------------
-
-ScalarType FSDPModule::compute_dtype() const {
-  return options_.mp_policy.param_dtype.value_or(dtype_);
-}
-
-ScalarType FSDPModule::reduce_dtype() const {
-  return options_.mp_policy.reduce_dtype.value_or(compute_dtype());
-}
-
-const Tensor& FSDPModule::packed_shard() {
-  // A shard replaced behind the unit's back (set_data on a parameter) is copied in and the
-  // parameter pointed back at its place.
-  for (Param& p : params_) {
-    Tensor& held = unsharded_ ? p.sharded : p.param;
-    const TensorImpl& t = *held.impl();
-    if (t.storage() == packed_shard_.impl()->storage() &&
-        t.storage_offset() == packed_shard_.storage_offset() + p.offset && t.numel() == p.shard &&
-        held.is_contiguous() && held.dim() == 1)
-      continue;
-    NoGradGuard no_grad;
-    Tensor slot = packed_shard_.narrow(0, p.offset, p.shard);
-    slot.copy_(held.detach().reshape({-1}));
-    if (unsharded_) {
-      p.sharded = slot;
-    } else {
-      point_at(p.param, slot);
-    }
-  }
-  return packed_shard_;
-}
-
-void FSDPModule::launch_gather() {
-  if (unsharded_ || gather_work_ != nullptr || params_.empty()) return;
-  NoGradGuard no_grad;
-  // No copy in: the packed shard is the input (mixed precision converts it once).
-  Tensor input = packed_shard();
-  if (input.dtype() != compute_dtype()) input = input.to(compute_dtype());
-  gather_buffer_ = buffer(pg_->size() * packed_, input.options());
-  // An op: a compiled step records the gather here (dist/collective_ops.h).
-  gather_work_ = all_gather_op(pg_, gather_buffer_, input);
-  gather_input_ = input;
-}
-
-void FSDPModule::finish_gather() {
-  if (unsharded_ || params_.empty()) return;
-  if (gather_work_ == nullptr) launch_gather();
-  NoGradGuard no_grad;
-  gather_work_->wait();
-  gather_work_ = nullptr;
-  const int world = pg_->size();
-  const Tensor rows = gather_buffer_.view({world, packed_});
-  // Row r holds rank r's slices; a parameter's region is the rows' slices one after another (one
-  // strided copy per parameter: the per-parameter layout of the shards makes this copy out
-  // unavoidable, as in FSDP2). One rank's row is the parameters themselves: no copy.
-  Tensor full = gather_buffer_;
-  if (world > 1) {
-    full = buffer(full_numel_, gather_buffer_.options());
-    for (const Param& p : params_) {
-      full.narrow(0, p.full_offset, world * p.shard)
-          .view({world, p.shard})
-          .copy_(rows.narrow(1, p.offset, p.shard));
-    }
-  }
-  gather_buffer_ = Tensor();
-  gather_input_ = Tensor();
-  if (full_released_ && compiler::is_tracing()) {
-    // Traced: the gather in backward is a new value of the program, and the views the forward
-    // saved (on the old buffer, a proxy) read it from here on; the forward's buffer dies after the
-    // forward's last read of it, by the program's liveness (docs/distributed.md, "Compiled FSDP").
-    compiler::trace_redirect_storage(full_storage_, full);
-    full_storage_ = full.impl()->storage();
-    full_released_ = false;
-  } else if (full_released_) {
-    // The gather in backward: the memory goes back under the buffer the forward's views hold.
-    replace_memory(*full_storage_, full.impl()->storage());
-    full = Tensor(std::make_shared<TensorImpl>(full_storage_, Shape{full.numel()}, Shape{1}, 0,
-                                               full.dtype()));
-    full_released_ = false;
-  } else {
-    full_storage_ = full.impl()->storage();
-  }
-  for (Param& p : params_) {
-    Tensor view = full.narrow(0, world > 1 ? p.full_offset : p.offset, p.numel).view(p.shape);
-    p.sharded = p.param.detach();
-    p.sharded_grad = p.param.grad();
-    p.param.mutable_grad() = Tensor();
-    point_at(p.param, view);
-    if (p.version_known) {
-      // The graph saved the parameter at the version the forward's gather had; a buffer gathered
-      // anew (not refilled) starts lower, so this only evens out the counter.
-      while (p.param._version() < p.full_version) p.param.impl()->bump_version();
-      KILN_CHECK(p.param._version() == p.full_version, "[fully_shard] ", describe(),
-                 ": the gathered '", p.name, "' is at version ", p.param._version(),
-                 ", the forward saw version ", p.full_version);
-    }
-  }
-  unsharded_ = true;
-}
-
-void FSDPModule::unshard() { finish_gather(); }
-
-void FSDPModule::refresh_full() {
-  if (!unsharded_) return;
-  reshard();
-  for (Param& p : params_) p.version_known = false;
-  finish_gather();
-}
-
-void FSDPModule::reshard() { reshard_keeping(false); }
-
-void FSDPModule::reshard_keeping(bool for_backward) {
-  if (gather_work_ != nullptr) finish_gather();  // a prefetch in flight: let it land first
-  if (unsharded_) {
-    for (Param& p : params_) {
-      point_at(p.param, p.sharded);
-      p.param.mutable_grad() = p.sharded_grad;
-      p.sharded = Tensor();
-      p.sharded_grad = Tensor();
-    }
-    unsharded_ = false;
-    if (for_backward && full_storage_ != nullptr) {
-      // Traced, the buffer is a proxy: nothing to free (the program frees its value), and the
-      // gather in backward redirects the views the forward saved to its own (finish_gather).
-      if (!compiler::is_tracing()) replace_memory(*full_storage_, nullptr);
-      full_released_ = true;
-      return;
-    }
-  }
-  if (!for_backward) {
-    full_storage_ = nullptr;  // freed once the views autograd saved are gone
-    full_released_ = false;
-  }
-}
-
 void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
   for (FSDPModule* u : recurse ? subtree() : std::vector<FSDPModule*>{this})
     u->requires_gradient_sync_ = sync;
@@ -696,123 +502,6 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
   for (FSDPModule* u : units) {
     if (u != this && u->options_.reshard_after_forward) u->reshard_keeping(true);
   }
-}
-
-// --- Backward -----------------------------------------------------------------------------------
-
-void FSDPModule::pre_backward(uint64_t run) {
-  // The graph of an earlier run(): its units' gathered buffers may have no memory any more, and
-  // its nodes would read it (an error here instead).
-  FSDPModule& r = root();
-  KILN_CHECK(run == r.forward_runs_, "[FSDPModule::run] a backward through the outputs of an ",
-             "earlier run() of ", r.describe(), ": a later run() has started since (one backward ",
-             "per run(), before the next run())");
-  if (!backward_pending_ || reduce_work_ != nullptr) return;
-  finish_gather();
-  // Prefetch: units finish backward in backward_order_, so the first one still pending and not
-  // gathered is the next that backward reaches; its all-gather runs while this unit computes.
-  for (FSDPModule* u : root().backward_order_) {
-    if (u == this || !u->backward_pending_ || u->unsharded_) continue;
-    u->launch_gather();  // no-op when its gather is in flight already
-    break;
-  }
-}
-
-void FSDPModule::on_grad_ready(size_t i) {
-  Param& p = params_[i];
-  KILN_CHECK(backward_pending_ && p.expected, "[fully_shard] parameter '", p.name, "' of ",
-             describe(), " got a gradient outside a backward of the outputs of the root's run() ",
-             "(call the model through run(), and run one backward per run())");
-  KILN_CHECK(!p.ready, "[fully_shard] parameter '", p.name, "' of ", describe(),
-             " got a gradient twice in one backward");
-  p.ready = true;
-  if (++ready_count_ == expected_count_) launch_reduce();
-}
-
-void FSDPModule::launch_reduce() {
-  NoGradGuard no_grad;
-  const int world = pg_->size();
-  // Row r of the packed gradient holds the slices rank r keeps, laid out as the packed shard.
-  // Without gradient sync it stays, and the next backwards add into it.
-  const bool accumulate = grad_acc_.defined();
-  Tensor packed =
-      accumulate ? grad_acc_
-                 : buffer(world * packed_,
-                          TensorOptions().dtype(reduce_dtype()).device(params_[0].param.device()));
-  Tensor rows = packed.view({world, packed_});
-  for (Param& p : params_) {
-    const Tensor& g = p.param.grad();
-    Tensor dst = rows.narrow(1, p.offset, p.shard);
-    if (g.defined()) {
-      pack_gradient(dst, g, p.numel, accumulate);
-    } else if (!accumulate) {
-      dst.zero_();
-    }
-    p.param.mutable_grad() = Tensor();
-    p.expected = p.ready = false;
-  }
-  backward_pending_ = false;
-  if (requires_gradient_sync_) {
-    grad_acc_ = Tensor();
-    reduce_output_ = buffer(packed_, packed.options());
-    reduce_input_ = packed;
-    reduce_work_ = reduce_scatter_op(pg_, reduce_output_, packed, ReduceOp::kAvg);
-  } else {
-    grad_acc_ = packed;
-  }
-  reshard();  // the full parameters and gradients go now; the shards' grads come at the end
-  FSDPModule& r = root();
-  if (--r.units_to_reduce_ == 0) r.finish_backward();
-}
-
-void FSDPModule::finish_backward() {
-  NoGradGuard no_grad;
-  for (FSDPModule* u : subtree()) {
-    if (u->reduce_work_ == nullptr) continue;
-    u->reduce_work_->wait();
-    u->reduce_work_ = nullptr;
-    for (Param& p : u->params_) {
-      Tensor g = u->reduce_output_.narrow(0, p.offset, p.shard);
-      if (g.dtype() != u->dtype_) g = g.to(u->dtype_);
-      if (p.param.grad().defined()) {
-        Tensor acc = p.param.grad();
-        acc.add_(g);
-      } else {
-        p.param.mutable_grad() = g;  // a view: the shards' gradients share the reduction's output
-      }
-    }
-    u->reduce_output_ = Tensor();
-    u->reduce_input_ = Tensor();
-  }
-  backward_order_.clear();
-}
-
-double FSDPModule::clip_grad_norm_(double max_norm) {
-  KILN_CHECK(is_root(), "[FSDPModule::clip_grad_norm_] ", describe(), " was adopted by the ",
-             "fully_shard call on ", root().module().name(), ": call it on that root");
-  NoGradGuard no_grad;
-  // The padding of the shards holds zero gradients, so the shards' squares sum to the model's.
-  Tensor sum;
-  std::vector<Tensor> grads;
-  for (FSDPModule* u : subtree()) {
-    for (const Param& p : u->params_) {
-      const Tensor& g = u->unsharded_ ? p.sharded_grad : p.param.grad();
-      if (!g.defined()) continue;
-      grads.push_back(g);
-      Tensor sq = g.to(kDouble).square().sum();
-      sum = sum.defined() ? sum + sq : sq;
-    }
-  }
-  const Device device = params_.empty() ? Device(kCPU) : params_[0].param.device();
-  Tensor total = sum.defined() ? sum.reshape({1}).to(device)
-                               : zeros({1}, TensorOptions().dtype(kDouble).device(device));
-  pg_->all_reduce(total, ReduceOp::kSum)->wait();
-  const double norm = std::sqrt(total.item<double>());
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1) {
-    for (Tensor g : grads) g.mul_(coef);
-  }
-  return norm;
 }
 
 }  // namespace kiln::dist

@@ -1,6 +1,6 @@
 // FSDPModule's state dicts and sharded checkpoints (dist/fsdp.h): full tensors gathered from the
 // shards and scattered back, this rank's shards, one safetensors file per rank read at any world
-// size. The sharding itself is dist/fsdp.cpp.
+// size. The sharding itself is dist/fsdp.cpp, the gathers dist/fsdp_collectives.cpp.
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
