@@ -13,135 +13,107 @@
 #include "dist/dist.h"
 #include "kernels/cuda.h"
 #include "kiln.h"
-#include "spawn.h"
+#include "test_util.h"
 
 namespace kiln::dist {
 namespace {
 
-using testing::run_workers;
+using testing::kDistWorker;
+using testing::scenario_passes;
 
 TEST(DdpTest, EqualsOneProcessAtWorldSizeOne) {
-  auto job = run_workers("ddp_equivalence", 1);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_equivalence", 1));
 }
 
 TEST(DdpTest, EqualsOneProcessAtWorldSizeTwo) {
-  auto job = run_workers("ddp_equivalence", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_equivalence", 2));
 }
 
 TEST(DdpTest, EqualsOneProcessAtWorldSizeFour) {
-  auto job = run_workers("ddp_equivalence", 4);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_equivalence", 4));
 }
 
 TEST(DdpTest, UnusedParameterIsNamed) {
-  auto job = run_workers("ddp_unused_parameter", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_unused_parameter", 2));
 }
 
 TEST(DdpTest, DifferentModelsAreRefused) {
-  auto job = run_workers("ddp_mismatch", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_mismatch", 2));
 }
 
-TEST(DdpTest, OneBucketPerDtype) {
-  auto job = run_workers("ddp_two_dtypes", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
-}
+TEST(DdpTest, OneBucketPerDtype) { EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_two_dtypes", 2)); }
 
 TEST(DdpTest, GatheredEmbeddingEqualsOneProcessAtWorldSizeTwo) {
-  auto job = run_workers("ddp_gathered_embedding", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_gathered_embedding", 2));
 }
 
 TEST(DdpTest, GatheredEmbeddingEqualsOneProcessWithCopiesAtWorldSizeThree) {
-  auto job = run_workers("ddp_gathered_embedding", 3, std::chrono::seconds(30),
-                         {"KILN_TEST_BUCKET_VIEW=0"});
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(
+      scenario_passes(kDistWorker, "ddp_gathered_embedding", 3, {"KILN_TEST_BUCKET_VIEW=0"}));
 }
 
 TEST(DdpTest, FindUnusedParametersAtWorldSizeOne) {
-  auto job = run_workers("ddp_find_unused", 1);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_find_unused", 1));
 }
 
 TEST(DdpTest, FindUnusedParametersAtWorldSizeThree) {
-  auto job = run_workers("ddp_find_unused", 3);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_find_unused", 3));
 }
 
 TEST(DdpTest, EqualsOneProcessWithCopiesAtWorldSizeTwo) {
-  auto job =
-      run_workers("ddp_equivalence", 2, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_equivalence", 2, {"KILN_TEST_BUCKET_VIEW=0"}));
 }
 
 TEST(DdpTest, FindUnusedParametersAtWorldSizeTwo) {
-  auto job = run_workers("ddp_find_unused", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_find_unused", 2));
 }
 
 TEST(DdpTest, FindUnusedParametersAtWorldSizeFour) {
-  auto job = run_workers("ddp_find_unused", 4);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_find_unused", 4));
 }
 
 TEST(DdpTest, FindUnusedParametersWithCopiesAtWorldSizeThree) {
-  auto job =
-      run_workers("ddp_find_unused", 3, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_find_unused", 3, {"KILN_TEST_BUCKET_VIEW=0"}));
 }
 
 TEST(DdpTest, GradientAsBucketViewAtWorldSizeOne) {
-  auto job = run_workers("ddp_bucket_view", 1);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_bucket_view", 1));
 }
 
 TEST(DdpTest, GradientAsBucketViewAtWorldSizeTwo) {
-  auto job = run_workers("ddp_bucket_view", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_bucket_view", 2));
 }
 
 TEST(DdpTest, GradientAsBucketViewAtWorldSizeFour) {
-  auto job = run_workers("ddp_bucket_view", 4);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_bucket_view", 4));
 }
 
 TEST(DdpTest, BucketsFollowRankZerosReadyOrderAtWorldSizeOne) {
-  auto job = run_workers("ddp_rebuild_buckets", 1);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_rebuild_buckets", 1));
 }
 
 TEST(DdpTest, BucketsFollowRankZerosReadyOrderAtWorldSizeTwo) {
-  auto job = run_workers("ddp_rebuild_buckets", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_rebuild_buckets", 2));
 }
 
 TEST(DdpTest, BucketsFollowRankZerosReadyOrderAtWorldSizeFour) {
-  auto job = run_workers("ddp_rebuild_buckets", 4);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_rebuild_buckets", 4));
 }
 
 TEST(DdpTest, BucketsFollowRankZerosReadyOrderWithCopies) {
-  auto job =
-      run_workers("ddp_rebuild_buckets", 2, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_rebuild_buckets", 2, {"KILN_TEST_BUCKET_VIEW=0"}));
 }
 
 TEST(DdpTest, CompiledStepEqualsOneProcessAtWorldSizeTwo) {
-  auto job = run_workers("ddp_compiled", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_compiled", 2));
 }
 
 TEST(DdpTest, CompiledStepEqualsOneProcessAtWorldSizeFour) {
-  auto job = run_workers("ddp_compiled", 4);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_compiled", 4));
 }
 
 TEST(DdpTest, CompiledStepWithCopiesAtWorldSizeTwo) {
-  auto job = run_workers("ddp_compiled", 2, std::chrono::seconds(30), {"KILN_TEST_BUCKET_VIEW=0"});
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_compiled", 2, {"KILN_TEST_BUCKET_VIEW=0"}));
 }
 
 TEST(PostAccumulateGradHookTest, RunsAfterAccumulationOncePerBackward) {
@@ -181,13 +153,7 @@ TEST(GpuProcessGroupNCCLTest, WorldSizeOneAlongTheDdpPath) {
   if (!cuda::is_available() || !nccl_available()) {
     GTEST_SKIP() << "needs a GPU and a build with NCCL";
   }
-  TCPStoreOptions o;
-  o.port = 0;
-  o.is_server = true;
-  auto store = std::make_shared<TCPStore>("127.0.0.1", o);
-  ProcessGroupNCCLOptions po;
-  po.device_index = 0;
-  auto pg = std::make_shared<ProcessGroupNCCL>(store, 0, 1, po);
+  auto pg = testing::nccl_group_of_one();
   const Device gpu(kCUDA, 0);
   Tensor t = arange(0, 8, kFloat).to(gpu);
   pg->all_reduce(t, ReduceOp::kAvg)->wait();

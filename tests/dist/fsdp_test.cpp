@@ -14,111 +14,101 @@
 #include "kiln.h"
 #include "models/gpt.h"
 #include "models/gpt_hooks.h"
-#include "spawn.h"
+#include "test_util.h"
 
 namespace kiln::dist {
 namespace {
 
-using testing::JobResult;
-using testing::run_job;
-
-JobResult run_fsdp(const std::string& scenario, int world,
-                   const std::vector<std::string>& extra_env = {}) {
-  return run_job({KILN_FSDP_WORKER, scenario}, world, std::chrono::seconds(50), extra_env);
-}
+using testing::kFsdpWorker;
+using testing::scenario_passes;
 
 TEST(FsdpTest, MlpEqualsOneProcessAtWorldSizeOne) {
-  auto job = run_fsdp("fsdp_mlp", 1);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_mlp", 1));
 }
 
 TEST(FsdpTest, MlpEqualsOneProcessAtWorldSizeTwo) {
-  auto job = run_fsdp("fsdp_mlp", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_mlp", 2));
 }
 
 TEST(FsdpTest, MlpEqualsOneProcessAtWorldSizeFour) {
-  auto job = run_fsdp("fsdp_mlp", 4);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_mlp", 4));
 }
 
 TEST(FsdpTest, NoSyncAccumulationEqualsOneProcessAtWorldSizeTwo) {
-  auto job = run_fsdp("fsdp_no_sync", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_no_sync", 2));
 }
 
 TEST(FsdpTest, NoSyncAccumulationEqualsOneProcessAtWorldSizeFour) {
-  auto job = run_fsdp("fsdp_no_sync", 4);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_no_sync", 4));
 }
 
 TEST(FsdpTest, TinyLlamaEqualsOneProcessAtWorldSizeOne) {
-  auto job = run_fsdp("fsdp_llama", 1);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_llama", 1));
 }
 
 TEST(FsdpTest, TinyLlamaEqualsOneProcessAtWorldSizeTwo) {
-  auto job = run_fsdp("fsdp_llama", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_llama", 2));
 }
 
 TEST(FsdpTest, TinyLlamaEqualsOneProcessAtWorldSizeFour) {
-  auto job = run_fsdp("fsdp_llama", 4);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_llama", 4));
 }
 
 TEST(FsdpTest, TinyLlamaGatheredPerBlockEqualsOneProcessAtWorldSizeTwo) {
-  auto job = run_fsdp("fsdp_llama_per_unit", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_llama_per_unit", 2));
 }
 
 TEST(FsdpTest, Bf16ComputeWithF32Shards) {
-  auto job = run_fsdp("fsdp_mixed_precision", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_mixed_precision", 2));
 }
 
 TEST(FsdpTest, CheckpointOfFourRanksLoadsOnTwo) {
   char dir_template[] = "/tmp/kiln_fsdp_ckpt_XXXXXX";
   const std::string dir = ::mkdtemp(dir_template);
   const std::vector<std::string> env = {"FSDP_CKPT_DIR=" + dir};
-  auto save = run_fsdp("fsdp_checkpoint_save", 4, env);
-  ASSERT_TRUE(save.all_ok()) << save.describe();
+  ASSERT_TRUE(scenario_passes(kFsdpWorker, "fsdp_checkpoint_save", 4, env));
   for (int r = 0; r < 4; ++r) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/shard-" + std::to_string(r) + "-of-4.safetensors"));
   }
-  auto load = run_fsdp("fsdp_checkpoint_load", 2, env);
-  EXPECT_TRUE(load.all_ok()) << load.describe();
-  auto load_one = run_fsdp("fsdp_checkpoint_load", 1, env);
-  EXPECT_TRUE(load_one.all_ok()) << load_one.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_checkpoint_load", 2, env));
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_checkpoint_load", 1, env));
   std::filesystem::remove_all(dir);
 }
 
-TEST(FsdpTest, ErrorsAreClear) {
-  auto job = run_fsdp("fsdp_errors", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
-}
+TEST(FsdpTest, ErrorsAreClear) { EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_errors", 2)); }
 
 // The compiled training step (kiln::compile) under FSDP: the trace holds each unit's all-gather and
 // reduce-scatter, and the step equals one process on the global batch (fsdp_worker's
 // fsdp_compiled).
 TEST(FsdpTest, CompiledZero2StepEqualsOneProcessAtWorldSizeTwo) {
-  auto job = run_fsdp("fsdp_compiled", 2, {"FSDP_ZERO=2"});
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_compiled", 2, {"FSDP_ZERO=2"}));
 }
 
 TEST(FsdpTest, CompiledZero3StepEqualsOneProcessAtWorldSizeTwo) {
-  auto job = run_fsdp("fsdp_compiled", 2, {"FSDP_ZERO=3"});
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_compiled", 2, {"FSDP_ZERO=3"}));
 }
 
 TEST(FsdpTest, CompiledZero3StepEqualsOneProcessAtWorldSizeFour) {
-  auto job = run_fsdp("fsdp_compiled", 4, {"FSDP_ZERO=3"});
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_compiled", 4, {"FSDP_ZERO=3"}));
 }
 
 TEST(FsdpTest, CompiledStepWithBf16ComputeAndAccumulationEqualsEager) {
-  auto job = run_fsdp("fsdp_compiled_mixed", 2);
-  EXPECT_TRUE(job.all_ok()) << job.describe();
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_compiled_mixed", 2));
+}
+
+// The GPU tests' model: the tiny Llama on `gpu`, the same weights at every call.
+models::GPT tiny_llama(const Device& gpu) {
+  manual_seed(3);
+  return models::GPT(models::ModelConfig::from_name("tiny-llama"), TensorOptions().device(gpu));
+}
+
+// `root`'s full state dict holds `whole`'s, to allclose(rtol, atol).
+void expect_full_state_equals(FSDPModule& root, models::GPT& whole, double rtol, double atol) {
+  const auto full = root.full_state_dict();
+  for (const auto& [name, t] : whole->state_dict()) {
+    ASSERT_TRUE(full.contains(name)) << name;
+    EXPECT_TRUE(allclose(full.at(name).cpu(), t.cpu(), rtol, atol)) << name;
+  }
 }
 
 // World size 1 on NCCL: gathers, reduce-scatters (an average over one rank) and the state dict
@@ -127,19 +117,9 @@ TEST(GpuFsdpNCCLTest, WorldSizeOneAlongTheFsdpPath) {
   if (!cuda::is_available() || !nccl_available()) {
     GTEST_SKIP() << "needs a GPU and a build with NCCL";
   }
-  TCPStoreOptions o;
-  o.port = 0;
-  o.is_server = true;
-  auto store = std::make_shared<TCPStore>("127.0.0.1", o);
-  ProcessGroupNCCLOptions po;
-  po.device_index = 0;
-  auto pg = std::make_shared<ProcessGroupNCCL>(store, 0, 1, po);
+  auto pg = testing::nccl_group_of_one();
   const Device gpu(kCUDA, 0);
-  const auto cfg = models::ModelConfig::from_name("tiny-llama");
-  manual_seed(3);
-  models::GPT a(cfg, TensorOptions().device(gpu));
-  manual_seed(3);
-  models::GPT b(cfg, TensorOptions().device(gpu));
+  models::GPT a = tiny_llama(gpu), b = tiny_llama(gpu);
   for (size_t l = 0; l < a->h->size(); ++l) fully_shard(a->h[l], pg);
   auto root = fully_shard(a, pg);
   optim::AdamW opt_a(a->parameters(), 1e-3), opt_b(b->parameters(), 1e-3);
@@ -156,11 +136,7 @@ TEST(GpuFsdpNCCLTest, WorldSizeOneAlongTheFsdpPath) {
     EXPECT_NEAR(la.item<double>(), lb.item<double>(), 1e-5) << "step " << step;
   }
   cuda::synchronize();
-  const auto full = root->full_state_dict();
-  for (const auto& [name, t] : b->state_dict()) {
-    ASSERT_TRUE(full.contains(name)) << name;
-    EXPECT_TRUE(allclose(full.at(name).cpu(), t.cpu(), 1e-4, 1e-5)) << name;
-  }
+  expect_full_state_equals(*root, b, 1e-4, 1e-5);
 }
 
 // The compiled ZeRO-3 step on NCCL at world size 1 (gathered per block, the gathers and
@@ -170,19 +146,9 @@ TEST(GpuFsdpNCCLTest, CompiledZero3StepAtWorldSizeOne) {
   if (!cuda::is_available() || !nccl_available()) {
     GTEST_SKIP() << "needs a GPU and a build with NCCL";
   }
-  TCPStoreOptions o;
-  o.port = 0;
-  o.is_server = true;
-  auto store = std::make_shared<TCPStore>("127.0.0.1", o);
-  ProcessGroupNCCLOptions po;
-  po.device_index = 0;
-  auto pg = std::make_shared<ProcessGroupNCCL>(store, 0, 1, po);
+  auto pg = testing::nccl_group_of_one();
   const Device gpu(kCUDA, 0);
-  const auto cfg = models::ModelConfig::from_name("tiny-llama");
-  manual_seed(3);
-  models::GPT a(cfg, TensorOptions().device(gpu));
-  manual_seed(3);
-  models::GPT b(cfg, TensorOptions().device(gpu));
+  models::GPT a = tiny_llama(gpu), b = tiny_llama(gpu);
   std::vector<std::shared_ptr<FSDPModule>> blocks;
   for (size_t l = 0; l < a->h->size(); ++l) blocks.push_back(fully_shard(a->h[l], pg));
   auto root = fully_shard(a, pg);
@@ -212,11 +178,7 @@ TEST(GpuFsdpNCCLTest, CompiledZero3StepAtWorldSizeOne) {
   EXPECT_EQ(step.stats().hits, 2);
   cuda::synchronize();
   models::set_block_hook(*a, {});
-  const auto full = root->full_state_dict();
-  for (const auto& [name, t] : b->state_dict()) {
-    ASSERT_TRUE(full.contains(name)) << name;
-    EXPECT_TRUE(allclose(full.at(name).cpu(), t.cpu(), 1e-3, 1e-4)) << name;
-  }
+  expect_full_state_equals(*root, b, 1e-3, 1e-4);
 }
 
 }  // namespace
