@@ -251,6 +251,22 @@ models::GPT make_gpt(uint64_t seed, ScalarType dtype = kDouble) {
   return models::GPT(tiny_llama(), TensorOptions().dtype(dtype));
 }
 
+// Shards `m` over `pg` as kiln pretrain does: a unit per block (appended to `blocks`) and the
+// root, each block gathered as the forward reaches it (set_gather_per_unit and GPT's block hook,
+// which holds the blocks' units). Returns the root.
+std::shared_ptr<FSDPModule> shard_per_block(models::GPT& m, const std::shared_ptr<ProcessGroup>& pg,
+                                            const FSDPOptions& o,
+                                            std::vector<std::shared_ptr<FSDPModule>>& blocks) {
+  for (size_t l = 0; l < m->h->size(); ++l) blocks.push_back(fully_shard(m->h[l], pg, o));
+  auto root = fully_shard(m, pg, o);
+  root->set_gather_per_unit(true);
+  models::set_block_hook(*m, [blocks](int64_t layer, bool before) {
+    auto& unit = *blocks.at(static_cast<size_t>(layer));
+    before ? unit.before_forward() : unit.after_forward();
+  });
+  return root;
+}
+
 // Each block a unit (block 0 keeps its parameters from forward to backward), the root holds the
 // embedding, the final norm and the head; AdamW; 3 steps.
 // per_unit: each block gathered as the forward reaches it (set_gather_per_unit and GPT's block
@@ -590,13 +606,7 @@ void fsdp_compiled() {
     models::GPT m = make_gpt(seed);
     FSDPOptions o;
     o.reshard_after_forward = zero3;
-    for (size_t l = 0; l < m->h->size(); ++l) blocks.push_back(fully_shard(m->h[l], pg, o));
-    auto root = fully_shard(m, pg, o);
-    root->set_gather_per_unit(true);
-    models::set_block_hook(*m, [blocks](int64_t layer, bool before) {
-      auto& unit = *blocks.at(static_cast<size_t>(layer));
-      before ? unit.before_forward() : unit.after_forward();
-    });
+    auto root = shard_per_block(m, pg, o, blocks);
     return std::make_pair(m, root);
   };
   std::vector<std::shared_ptr<FSDPModule>> blocks;
@@ -739,13 +749,7 @@ void fsdp_compiled_mixed() {
   o.mp_policy = {kBFloat16, kFloat};
   auto make = [&](std::vector<std::shared_ptr<FSDPModule>>& blocks) {
     models::GPT m = make_gpt(13, kFloat);
-    for (size_t l = 0; l < m->h->size(); ++l) blocks.push_back(fully_shard(m->h[l], pg, o));
-    auto root = fully_shard(m, pg, o);
-    root->set_gather_per_unit(true);
-    models::set_block_hook(*m, [blocks](int64_t layer, bool before) {
-      auto& unit = *blocks.at(static_cast<size_t>(layer));
-      before ? unit.before_forward() : unit.after_forward();
-    });
+    auto root = shard_per_block(m, pg, o, blocks);
     return std::make_pair(m, root);
   };
   std::vector<std::shared_ptr<FSDPModule>> blocks, eager_blocks;
