@@ -25,6 +25,8 @@ using std::chrono::milliseconds;
 using test::error_of;
 using test::expect_close;
 using test::expect_global_loss;
+using test::expect_grads_close;
+using test::expect_weights_close;
 using test::short_timeout;
 
 // Every collective of ProcessGroup, checked against values each rank can compute itself.
@@ -278,15 +280,10 @@ void ddp_equivalence() {
     // The mean of the ranks' losses is the global batch's loss.
     expect_global_loss(*pg, loss_sum, ref_sum, step);
     const auto p = ddp->parameters(), q = ref->parameters();
-    for (size_t i = 0; i < p.size(); ++i) {
-      expect_close(p[i].grad(), q[i].grad(), 1e-12, "gradient " + std::to_string(i));
-    }
+    expect_grads_close(p, q, 1e-12, "step " + std::to_string(step) + ": ");
     opt.step();
     ref_opt.step();
-    for (size_t i = 0; i < p.size(); ++i) {
-      expect_close(p[i], q[i], 1e-12,
-                   "weight " + std::to_string(i) + " after step " + std::to_string(step));
-    }
+    expect_weights_close(p, q, 1e-12, "after step " + std::to_string(step) + ": ");
   }
   std::cout << "rank " << r << ": ddp == one process\n";
 }
@@ -329,11 +326,8 @@ void ddp_compiled() {
     pg->all_reduce(l, ReduceOp::kAvg)->wait();
     WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 1e-12, "step ", i, ": loss ",
            l.item<double>(), " vs one process ", ref_loss.item<double>());
-    const auto p = ddp->parameters(), q = ref->parameters();
-    for (size_t k = 0; k < p.size(); ++k) {
-      expect_close(p[k], q[k], 1e-12,
-                   "weight " + std::to_string(k) + " after step " + std::to_string(i));
-    }
+    expect_weights_close(ddp->parameters(), ref->parameters(), 1e-12,
+                         "after step " + std::to_string(i) + ": ");
   }
   std::string reasons;
   for (const std::string& why : step.stats().recompile_reasons) reasons += "\n  " + why;
@@ -624,16 +618,10 @@ void ddp_rebuild_buckets() {
     WCHECK(layers() == (Layout{{4, 5}, {0, 1}, {2, 3}}),
            "buckets after the first backward: rank 0's ready order (l3, l1, l2)");
     const auto p = model->parameters(), q = ref->parameters();
-    for (size_t i = 0; i < p.size(); ++i) {
-      expect_close(p[i].grad(), q[i].grad(), 1e-12,
-                   "step " + std::to_string(step) + ": gradient " + std::to_string(i));
-    }
+    expect_grads_close(p, q, 1e-12, "step " + std::to_string(step) + ": ");
     opt.step();
     ref_opt.step();
-    for (size_t i = 0; i < p.size(); ++i) {
-      expect_close(p[i], q[i], 1e-12,
-                   "step " + std::to_string(step) + ": weight " + std::to_string(i));
-    }
+    expect_weights_close(p, q, 1e-12, "step " + std::to_string(step) + ": ");
   }
   std::cout << "rank " << r << ": buckets rebuilt in rank 0's ready order\n";
 }
@@ -688,9 +676,7 @@ void nccl_collectives() {
   const Tensor x = randn({global, 8}, kDouble).to(dev), y = randn({global, 4}, kDouble).to(dev);
   mse(ddp(x.narrow(0, r * per_rank, per_rank)), y.narrow(0, r * per_rank, per_rank)).backward();
   mse(ref(x), y).backward();
-  const auto p = model->parameters(), q = ref->parameters();
-  for (size_t i = 0; i < p.size(); ++i)
-    expect_close(p[i].grad(), q[i].grad(), 1e-12, "nccl DDP gradient " + std::to_string(i));
+  expect_grads_close(model->parameters(), ref->parameters(), 1e-12, "nccl DDP ");
 
   // Bus bandwidth (nccl-tests' convention: algbw * 2 (n - 1) / n for all_reduce).
   for (int64_t mib : {1, 16, 256, 1024}) {
@@ -805,11 +791,8 @@ void ddp_gathered_embedding() {
       ref_sum += ref_loss.item<double>();
     }
     expect_global_loss(*pg, loss_sum, ref_sum, step);
-    const auto p = ddp->parameters(), q = ref->parameters();
-    for (size_t i = 0; i < p.size(); ++i) {
-      expect_close(p[i].grad(), q[i].grad(), 1e-12,
-                   "step " + std::to_string(step) + " gradient " + std::to_string(i));
-    }
+    expect_grads_close(ddp->parameters(), ref->parameters(), 1e-12,
+                       "step " + std::to_string(step) + ": ");
     opt.step();
     ref_opt.step();
   }

@@ -1,6 +1,6 @@
 // What the multi-process test workers (dist_worker.cpp, fsdp_worker.cpp) share: a check that
 // fails the rank with a message, the comparisons and error captures of their scenarios, and
-// the main that runs a scenario by name.
+// the main that runs a scenario by name. The GTest side that runs them: test_util.h.
 //
 //   int main(int argc, char** argv) {
 //     return kiln::test::run_worker("fsdp_worker", scenarios(), argc, argv);
@@ -13,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "dist/dist.h"
 #include "kiln.h"
@@ -42,6 +43,19 @@ inline void expect_close(const Tensor& got, const Tensor& want, double tol,
     WCHECK(std::abs(g[i] - w[i]) <= tol * (1 + std::abs(w[i])), what, ": element ", i, " is ", g[i],
            ", expected ", w[i]);
   }
+}
+
+// Each parameter in `got` is close to the one of `want` at its index (expect_close): its value,
+// or its gradient. A failure names `when` and the parameter ("step 2: weight 0").
+inline void expect_weights_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want,
+                                 double tol, const std::string& when) {
+  for (size_t i = 0; i < got.size(); ++i)
+    expect_close(got[i], want[i], tol, when + "weight " + std::to_string(i));
+}
+inline void expect_grads_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want,
+                               double tol, const std::string& when) {
+  for (size_t i = 0; i < got.size(); ++i)
+    expect_close(got[i].grad(), want[i].grad(), tol, when + "gradient " + std::to_string(i));
 }
 
 // The mean over the ranks of each rank's loss (its part of the global batch) equals the loss
