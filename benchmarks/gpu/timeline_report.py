@@ -1,13 +1,15 @@
 """Where a training step's GPU time goes, from the CSV timelines of gpu/kernel_timeline.cpp.
 
-    python3 timeline_report.py [--steps N | --step-ms MS] [--tail F] A.csv [B.csv]
+    python3 timeline_report.py [--steps N | --step-ms MS] [--tail F | --last-ms MS] [--top K] A.csv [B.csv]
 
-For each timeline: the steady part (the last F of the timeline, default 0.6), split into steps
+For each timeline: the steady part (the last F of the timeline, default 0.6, or its last MS
+milliseconds: a program that compiled for long, as torch.compile, before its timed steps), split into steps
 by N, or by the step time MS the program reported, or else by the number of launches of a
 kernel that runs once a step (--marker, default the cross-entropy's mean, `ce_mean`). Per step: the span; the time some compute kernel runs
 (the union of their intervals) and the sum of their durations; the same for NCCL's kernels;
 the time both run at once; the time NCCL runs alone (communication the step waits for); the
-time nothing runs (idle: the host is late); kernel families by time. With two timelines (e.g.
+time nothing runs (idle: the host is late); kernel families by time (Triton's generated kernels
+are "generated"), and with --top K the K kernels that take most time. With two timelines (e.g.
 one GPU, then rank 0 of DDP), the kernels whose time per step changed most.
 """
 import argparse
@@ -16,7 +18,7 @@ import csv
 import re
 
 
-def load(path, tail):
+def load(path, tail, last_ms=0):
     rows = []
     with open(path) as f:
         for r in csv.DictReader(f):
@@ -25,7 +27,7 @@ def load(path, tail):
     rows = [r for r in rows if r[2] == device]
     t0 = min(r[0] for r in rows)
     t1 = max(r[1] for r in rows)
-    lo = t1 - tail * (t1 - t0)
+    lo = t1 - last_ms * 1e6 if last_ms else t1 - tail * (t1 - t0)
     return [r for r in rows if r[0] >= lo], t1 - lo
 
 
@@ -57,7 +59,7 @@ def intersection(a, b):
 
 def family(name):
     n = name.lower()
-    for key, fam in [("nccl", "nccl"), ("gemm", "gemm"), ("sm90_xmma", "gemm"), ("cutlass", "gemm"),
+    for key, fam in [("nccl", "nccl"), ("triton", "generated"), ("gemm", "gemm"), ("sm90_xmma", "gemm"), ("cutlass", "gemm"),
                      ("nvjet", "gemm"), ("flash", "attention"), ("fmha", "attention"),
                      ("cudnn", "attention"), ("adam", "optimizer"), ("ce_", "cross-entropy"),
                      ("cross_entropy", "cross-entropy"), ("norm", "norm"), ("rotary", "rope"),
@@ -69,7 +71,7 @@ def family(name):
 
 
 def report(path, args):
-    rows, window = load(path, args.tail)
+    rows, window = load(path, args.tail, args.last_ms)
     steps = args.steps or (round(window / 1e6 / args.step_ms) if args.step_ms else 0) or \
         sum(1 for r in rows if args.marker in r[4]) or 1
     per = lambda ns: ns / steps / 1e6
@@ -92,6 +94,8 @@ def report(path, args):
         print(f"  GEMMs: {args.gemm_tflop:.2f} TFLOP a step in {per(fams['gemm']):.2f} ms = "
               f"{args.gemm_tflop / per(fams['gemm']) * 1e3:.0f} TFLOP/s; at {args.ceiling:.0f} TFLOP/s they "
               f"would take {args.gemm_tflop / args.ceiling * 1e3:.2f} ms")
+    for name, ns in by_name.most_common(args.top):
+        print(f"    {per(ns):7.3f} ms  {name}")
     return {k: per(v) for k, v in by_name.items()}
 
 
@@ -105,6 +109,8 @@ def main():
                     help="the cuBLAS GEMMs' TFLOP a step (6 x matmul parameters x tokens)")
     ap.add_argument("--ceiling", type=float, default=775, help="the GEMM ceiling, TFLOP/s")
     ap.add_argument("--tail", type=float, default=0.6)
+    ap.add_argument("--last-ms", type=float, default=0, help="the steady part: the last MS ms")
+    ap.add_argument("--top", type=int, default=0, help="print the K kernels that take most time")
     args = ap.parse_args()
     tables = [report(p, args) for p in args.csv]
     if len(tables) == 2:
