@@ -30,6 +30,17 @@ struct Analysis {
   // the ops): constants, which a CUDA kernel reads on the host at launch, so a graph may keep
   // their values (checked at each replay). Index into Trace::externals.
   std::vector<size_t> constants;
+  // Copies of mutable CPU scalars to the program's GPU (the lr an optimizer copies to the GPU at
+  // every step): a 0-d CPU captured tensor that no op writes and only same-dtype to_copy ops to
+  // the GPU read. Each copy's op is skipped: at the start of every run its output is written from
+  // the CPU tensor into a static device buffer that the graphs read (by address) and the op's
+  // readers take, so the value set on the host before the call reaches the replayed graph.
+  struct LaunchInput {
+    size_t op;        // the to_copy op
+    int value;        // its output
+    size_t external;  // its input, an index into Trace::externals
+  };
+  std::vector<LaunchInput> launch_inputs;
   int host_steps = 0;
   std::string refusal;  // "" when it can be captured
 };
@@ -84,10 +95,48 @@ Analysis analyse(const Program& program, bool has_backward) {
       a.constants.push_back(i);
     }
   }
-  // Where each op's step runs, and whether every tensor of that step is on the GPU.
+  // Launch inputs: the copies of the other CPU scalars, when nothing else reads them.
+  {
+    std::vector<int> external_of(t.values.size(), -1);
+    for (size_t i = 0; i < t.externals.size(); ++i) {
+      external_of[static_cast<size_t>(t.externals[i])] = static_cast<int>(i);
+    }
+    std::vector<bool> other_reader(t.values.size(), false);
+    std::vector<Analysis::LaunchInput> copies;
+    for (size_t i = 0; i < t.ops.size(); ++i) {
+      const BoundOp& op = t.ops[i];
+      const int in = op.inputs.size() == 1 ? op.inputs[0] : -1;
+      const bool copy = in >= 0 && op.name() == "to_copy" && op.outputs.size() == 1 &&
+                        op.outputs[0] >= 0 && op.region < 0 && program.has_step(i) &&
+                        on_device(t, op.outputs[0], a.device) &&
+                        t.value(op.outputs[0]).spec.dtype == t.value(in).spec.dtype;
+      for (int v : op.inputs) {
+        if (v >= 0 && !(copy && v == in)) other_reader[static_cast<size_t>(v)] = true;
+      }
+      if (!copy || external_of[static_cast<size_t>(in)] < 0 || constant[static_cast<size_t>(in)]) {
+        continue;
+      }
+      const Tensor& e =
+          program.externals()[static_cast<size_t>(external_of[static_cast<size_t>(in)])];
+      if (e.defined() && e.is_cpu() && e.dim() == 0) {
+        copies.push_back(
+            {i, op.outputs[0], static_cast<size_t>(external_of[static_cast<size_t>(in)])});
+      }
+    }
+    for (const Analysis::LaunchInput& c : copies) {
+      if (!other_reader[static_cast<size_t>(t.externals[c.external])]) {
+        a.launch_inputs.push_back(c);
+      }
+    }
+  }
+  // Where each op's step runs, and whether every tensor of that step is on the GPU (a launch
+  // input's copy counts as a GPU step: it is not run).
   const std::vector<int> at = step_positions(t);
   std::vector<bool> gpu_step(t.ops.size(), true);
+  std::vector<bool> launch_op(t.ops.size(), false);
+  for (const Analysis::LaunchInput& c : a.launch_inputs) launch_op[c.op] = true;
   for (size_t i = 0; i < t.ops.size(); ++i) {
+    if (launch_op[i]) continue;
     bool ok = true;
     for (int v : t.ops[i].inputs) {
       ok = ok && (on_device(t, v, a.device) || constant[static_cast<size_t>(v)]);
@@ -130,7 +179,8 @@ Analysis analyse(const Program& program, bool has_backward) {
     for (size_t k = 0; k < op.outputs.size(); ++k) {
       const int v = op.outputs[k];
       if (v < 0) continue;
-      a.segment[static_cast<size_t>(v)] = op_segment[i];
+      // A launch input's value is written before the run, as a captured tensor is there.
+      a.segment[static_cast<size_t>(v)] = launch_op[i] ? -1 : op_segment[i];
       const OpKind kind = op.op->kind;
       // A view shares its input's storage, a single in-place op its written input's; a
       // multi-tensor in-place op (op->mutated) is taken as making its own.
@@ -249,6 +299,7 @@ struct GraphedProgram::Plan {
   std::vector<bool> copied_out;             // per value: returned from a graph's memory
   int64_t static_bytes = 0;                 // the inputs' static buffers
   int64_t kept_bytes = 0;                   // the values that outlive a graph, in its memory
+  std::vector<Tensor> launch_buffers;       // per Analysis::launch_inputs: where its value is
   // Random ops: the device word the graphs' random kernels read each replay's Philox base from
   // (written before every launch), and the generator's seed at capture.
   Tensor rng_word;
@@ -326,11 +377,33 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
     }
     graph.launch();
   };
+  // The launch inputs: this run's values of the CPU scalars, written (stream-ordered before the
+  // run's launches) into the buffers the graphs read, which their readers take.
+  auto write_launch_inputs = [&] {
+    for (size_t k = 0; k < a.launch_inputs.size(); ++k) {
+      const Analysis::LaunchInput& li = a.launch_inputs[k];
+      plan.launch_buffers[k].copy_(p.externals()[li.external]);
+      frame.slots[static_cast<size_t>(li.value)] = plan.launch_buffers[k];
+    }
+  };
+  // Program::run_steps over ops [begin, end) but the launch inputs' copies (their values are in
+  // their buffers already).
+  auto run_range = [&](size_t begin, size_t end) {
+    size_t from = begin;
+    for (const Analysis::LaunchInput& li : a.launch_inputs) {
+      if (li.op < begin || li.op >= end) continue;
+      p.run_steps(frame, from, li.op);
+      for (int v : p.dropped_after(li.op)) frame.slots[static_cast<size_t>(v)] = Tensor();
+      from = li.op + 1;
+    }
+    p.run_steps(frame, from, end);
+  };
   if (!plan.captured.empty()) {
+    write_launch_inputs();
     for (size_t s = 0; s < a.segments.size(); ++s) {
       const Analysis::Segment& seg = a.segments[s];
       if (!seg.graph) {
-        p.run_steps(frame, seg.begin, seg.end);
+        run_range(seg.begin, seg.end);
         continue;
       }
       Plan::Captured& c = plan.captured[s];
@@ -360,13 +433,20 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
       plan.rng = {static_cast<const uint64_t*>(plan.rng_word.data_ptr()), frame.rng_base};
       plan.rng_seed = frame.rng_seed;
     }
+    plan.launch_buffers.clear();
+    for (const Analysis::LaunchInput& li : a.launch_inputs) {
+      plan.launch_buffers.push_back(static_buffer(t.value(li.value).spec));
+      plan.static_bytes +=
+          static_cast<int64_t>(plan.launch_buffers.back().impl()->storage()->nbytes());
+    }
+    write_launch_inputs();
     // The warm-up's intermediates are cached in kiln's pool; graph memory is apart from it.
     cuda::empty_cache(a.device);
     bool failed = false;
     for (size_t s = 0; s < a.segments.size(); ++s) {
       const Analysis::Segment& seg = a.segments[s];
       if (!seg.graph || failed) {
-        p.run_steps(frame, seg.begin, seg.end);
+        run_range(seg.begin, seg.end);
         continue;
       }
       Plan::Captured& c = plan.captured[s];
@@ -391,7 +471,7 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
       try {
         c.graph = cuda::internal::capture_graph(a.device, [&] {
           const cuda::internal::GraphRngScope rng(random ? &plan.rng : nullptr);
-          p.run_steps(frame, seg.begin, seg.end);
+          run_range(seg.begin, seg.end);
           std::vector<Storage> storages;
           for (int v : kept) {
             const Tensor& slot = frame.slots[static_cast<size_t>(v)];
@@ -411,7 +491,7 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
                     std::to_string(seg.end - 1) + " (" + t.ops[seg.begin].name() + " ... " +
                     t.ops[seg.end - 1].name() + ") failed: " + e.what();
         failed = true;
-        p.run_steps(frame, seg.begin, seg.end);
+        run_range(seg.begin, seg.end);
         continue;
       }
       for (int v : seg.escapes) c.escapes.emplace_back(v, frame.slots[static_cast<size_t>(v)]);

@@ -7,11 +7,17 @@
 //   std::vector<Tensor> out = g.run(args, r);  // captures on the first call, replays after
 //
 // The program is split into segments: runs of steps whose every tensor is on the program's GPU
-// (captured) and steps that read or write a CPU tensor (run on the host between the graphs, as
-// the optimizer's update reads its CPU learning rate and step counts; adam_update_ and increment_
-// in a training step). What a graph reads at a fixed address:
-// - captured tensors (parameters, optimizer moments): by identity, as the program reads them; a
-//   replay checks their data pointers and captures again when one moved (Run::recaptured);
+// (captured) and steps that read or write a CPU tensor (run on the host between the graphs). A
+// copy to the GPU of a captured 0-d CPU tensor that the program never writes and reads only
+// through such copies (the learning rate that Adam and AdamW copy to the GPU at every step) is a
+// launch input: its op is not run, and each run writes the CPU tensor's current value into a
+// static device buffer that the graphs read. So a training step with AdamW on a GPU (its step
+// counts on the GPU, nn/optim/adam.h) is one graph, the update included. What a graph reads at
+// a fixed address:
+// - captured tensors (parameters, optimizer moments and step counts): by identity, as the program
+//   reads them; a replay checks their data pointers and captures again when one moved
+//   (Run::recaptured);
+// - launch inputs: their buffers, written before the run's first launch;
 // - arguments and values a host step made: copied before each launch into static buffers the
 //   graph was captured with;
 // - its own intermediates: graph memory (allocation nodes of kernels/cuda/runtime.h's

@@ -9,7 +9,10 @@
 //
 // Copies that touch the host wait for the device (like PyTorch's blocking copies) unless
 // to(..., non_blocking=true) moves them through pinned host memory; copies between GPUs are
-// ordered against both devices' streams with events.
+// ordered against both devices' streams with events. One exception: a host-to-device copy of at
+// most 8 bytes (a 0-d scalar, such as the optimizer's learning rate copied to the GPU every step)
+// is written by a one-thread kernel that takes the bytes as its argument: queued on the stream,
+// the host's bytes read when it is launched, nothing to wait for.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -83,6 +86,15 @@ void convert_on_device(const Tensor& dst, const Tensor& src) {
   });
 }
 
+// Up to 8 bytes, passed by value.
+struct SmallBytes {
+  unsigned char b[8];
+};
+
+__global__ void write_bytes_kernel(unsigned char* dst, SmallBytes bytes, int n) {
+  for (int i = 0; i < n; ++i) dst[i] = bytes.b[i];
+}
+
 // An event that is destroyed with its scope (destroying a pending event is allowed).
 class Event {
  public:
@@ -123,6 +135,15 @@ void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
   }
   DeviceGuard guard((dst.is_cuda() ? dst : src).device().index());
   const cudaStream_t stream = current_stream();
+  if (dst.is_cuda() && nbytes <= sizeof(SmallBytes)) {
+    // A host scalar: its bytes travel in the kernel's arguments (see the banner).
+    SmallBytes bytes{};
+    std::memcpy(bytes.b, src.data_ptr(), nbytes);
+    write_bytes_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned char*>(dst.data_ptr()), bytes,
+                                            static_cast<int>(nbytes));
+    KILN_CUDA_LAUNCH_CHECK("write_bytes_kernel");
+    return;
+  }
   KILN_CUDA_CHECK(
       cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, cudaMemcpyDefault, stream));
   const Tensor& host = dst.is_cuda() ? src : dst;

@@ -24,6 +24,20 @@
 // The registered kernel takes f32, bf16 and f16 parameters (f64 runs the decomposition): the
 // contiguous ones in place, the others (strided views) through contiguous f32 copies that are
 // stored back afterwards, so that every call gets the CPU's arithmetic.
+//
+// The lr and step counts: host scalars (0-d CPU tensors) are read when the kernel is launched and
+// the per-tensor scalars derived on the host (AdamUpdateCall::step_scalars). Device scalars (the
+// lr and counts on the parameters' device, as Adam and AdamW keep them for GPU parameters) are
+// read when the kernel runs, so that a CUDA graph of the update replays with their current
+// values: the first thread of each block derives its tensor's scalars in f64 from them, with the
+// host's operations in the host's order, each rounded (no FMA), then rounds them to f32 as the
+// host does. The only operation that is not IEEE-exact on both sides is pow(beta, t): glibc's is
+// within 0.52 ulp, CUDA's within 2 ulp (of f64). The f32 scalars differ only when the f64 values
+// straddle an f32 rounding boundary, about one chance in 2^28 per scalar and step; the GPU
+// tests check the device path against the CPU kernel bit for bit.
+//
+// increment_ on a GPU: one kernel adds 1 to a list of 0-d int64 tensors (the step counts of an
+// update call), their addresses in its arguments.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -61,7 +75,8 @@ struct Entry {
   int64_t numel;
   float neg_step;
   float bc2_sqrt;
-  int64_t vectorised;  // 1 when every pointer allows kVecOf<S>-element accesses
+  const int64_t* step;  // the device step count (AdamHyper::lr set), else null
+  int64_t vectorised;   // 1 when every pointer allows kVecOf<S>-element accesses
 };
 
 using Table = multi_tensor::Table<Entry, kMaxTensors>;
@@ -70,10 +85,30 @@ static_assert(sizeof(Table) + sizeof(AdamHyper) < multi_tensor::kMaxArgBytes,
 
 using multi_tensor::Pack;
 
+// A tensor's scalars of one step: from the host, or derived on the device.
+struct StepScalars {
+  float decay;  // 1 - lr * weight_decay
+  float neg_step;
+  float bc2_sqrt;
+};
+
+// AdamUpdateCall::step_scalars and the host's rounding to f32, on the device: lr / (1 - beta1^t),
+// sqrt(1 - beta2^t) and 1 - lr * weight_decay in f64, each operation rounded (no contraction),
+// pow CUDA's (see the banner).
+__device__ __forceinline__ StepScalars device_step_scalars(const AdamHyper& h, int64_t step) {
+  const double lr = *h.lr;
+  const double t = __ll2double_rn(step);
+  const double bc1 = __dsub_rn(1.0, ::pow(h.beta1, t));
+  const double bc2 = __dsub_rn(1.0, ::pow(h.beta2, t));
+  return {__double2float_rn(__dsub_rn(1.0, __dmul_rn(lr, h.weight_decay))),
+          __double2float_rn(-__ddiv_rn(lr, bc1)), __double2float_rn(__dsqrt_rn(bc2))};
+}
+
 template <bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
 __device__ __forceinline__ float adam_element(float pv, float g, float& m, float& v, float* vmax,
-                                              const AdamHyper& h, float neg_step, float bc2_sqrt) {
-  if constexpr (kDecay) pv = __fmul_rn(pv, h.decay);
+                                              const AdamHyper& h, const StepScalars& k) {
+  const float neg_step = k.neg_step, bc2_sqrt = k.bc2_sqrt;
+  if constexpr (kDecay) pv = __fmul_rn(pv, k.decay);
   if constexpr (kL2) g = __fadd_rn(g, __fmul_rn(h.wd, pv));
   const float diff = __fsub_rn(g, m);
   float mi;
@@ -120,14 +155,13 @@ __device__ __forceinline__ float read_grad(T g, const AdamHyper& h, float s) {
 // One element through adam_element, state of type S read as f32 and rounded when stored.
 template <typename T, typename S, bool kDecay, bool kL2, bool kAmsgrad, bool kLerpFromStart>
 __device__ __forceinline__ void adam_scalar(T* p, const T* g, S* m, S* v, S* vmax, int64_t k,
-                                            const AdamHyper& h, float s, float neg_step,
-                                            float bc2_sqrt) {
+                                            const AdamHyper& h, float s, const StepScalars& ks) {
   float mf = loops::convert<float>(m[k]);
   float vf = loops::convert<float>(v[k]);
   float xf = 0.0f;
   if constexpr (kAmsgrad) xf = loops::convert<float>(vmax[k]);
   p[k] = loops::convert<T>(adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
-      loops::convert<float>(p[k]), read_grad(g[k], h, s), mf, vf, &xf, h, neg_step, bc2_sqrt));
+      loops::convert<float>(p[k]), read_grad(g[k], h, s), mf, vf, &xf, h, ks));
   m[k] = loops::convert<S>(mf);
   v[k] = loops::convert<S>(vf);
   if constexpr (kAmsgrad) vmax[k] = loops::convert<S>(xf);
@@ -149,6 +183,13 @@ __global__ void __launch_bounds__(kThreads)
   S* v = static_cast<S*>(e.v);
   S* vmax = static_cast<S*>(e.vmax);
   const float s = factor_of(h);
+  StepScalars ks{h.decay, e.neg_step, e.bc2_sqrt};
+  if (h.lr != nullptr) {  // device scalars: uniform across the block
+    __shared__ StepScalars shared;
+    if (threadIdx.x == 0) shared = device_step_scalars(h, *e.step);
+    __syncthreads();
+    ks = shared;
+  }
   if (e.vectorised) {
     for (int64_t j = begin + threadIdx.x * kVec; j < end; j += kThreads * kVec) {
       if (j + kVec <= end) {
@@ -165,8 +206,7 @@ __global__ void __launch_bounds__(kThreads)
           float xf = 0.0f;
           if constexpr (kAmsgrad) xf = loops::convert<float>(xp.v[k]);
           const float r = adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
-              loops::convert<float>(pp.v[k]), read_grad(gp.v[k], h, s), mf, vf, &xf, h, e.neg_step,
-              e.bc2_sqrt);
+              loops::convert<float>(pp.v[k]), read_grad(gp.v[k], h, s), mf, vf, &xf, h, ks);
           pp.v[k] = loops::convert<T>(r);
           mp.v[k] = loops::convert<S>(mf);
           vp.v[k] = loops::convert<S>(vf);
@@ -178,15 +218,13 @@ __global__ void __launch_bounds__(kThreads)
         if constexpr (kAmsgrad) *reinterpret_cast<Pack<S, kVec>*>(vmax + j) = xp;
       } else {
         for (int64_t k = j; k < end; ++k) {
-          adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h, s,
-                                                                   e.neg_step, e.bc2_sqrt);
+          adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h, s, ks);
         }
       }
     }
   } else {
     for (int64_t k = begin + threadIdx.x; k < end; k += kThreads) {
-      adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h, s,
-                                                               e.neg_step, e.bc2_sqrt);
+      adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h, s, ks);
     }
   }
 }
@@ -219,6 +257,10 @@ void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int devic
              "[adam] the multi-tensor CUDA kernel keeps the state in f32 or in the parameters' "
              "dtype (",
              dtype_name(param_dtype), "), got ", dtype_name(state_dtype));
+  for (const AdamTensor& a : tensors) {
+    KILN_CHECK(a.numel == 0 || (h.lr == nullptr) == (a.step == nullptr),
+               "[adam] the step counts are on the device exactly when the lr is");
+  }
   DeviceGuard guard(device);
   const cudaStream_t stream = current_stream();
   const bool decay = h.decoupled && h.wd != 0;
@@ -250,6 +292,7 @@ void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int devic
     e.numel = a.numel;
     e.neg_step = a.neg_step_size;
     e.bc2_sqrt = a.bc2_sqrt;
+    e.step = a.step;
     const size_t state_bytes = state_elem * vec;  // 16
     const bool vectorised =
         multi_tensor::aligned(a.param, elem * vec) && multi_tensor::aligned(a.grad, elem * vec) &&
@@ -265,9 +308,10 @@ void multi_tensor_adam(ScalarType param_dtype, ScalarType state_dtype, int devic
 namespace {
 
 // The call's scalars shared by all its parameters, as the kernel takes them (the CPU kernel's),
-// and its gradient factor: a GPU one by address, a CPU one by value.
+// its gradient factor (a GPU one by address, a CPU one by value) and, for device scalars, the
+// lr's address and the f64 hyper-parameters the device derivation takes.
 AdamHyper adam_hyper(const kiln::internal::AdamUpdateCall& a) {
-  AdamHyper h{static_cast<float>(1 - a.lr * a.weight_decay),
+  AdamHyper h{a.device_scalars ? 1.0f : static_cast<float>(1 - a.lr * a.weight_decay),
               static_cast<float>(a.weight_decay),
               static_cast<float>(1 - a.beta1),
               static_cast<float>(a.beta2),
@@ -275,6 +319,12 @@ AdamHyper adam_hyper(const kiln::internal::AdamUpdateCall& a) {
               static_cast<float>(a.eps),
               a.decoupled_weight_decay,
               a.amsgrad};
+  if (a.device_scalars) {
+    h.lr = a.lr_tensor.data_ptr<double>();
+    h.beta1 = a.beta1;
+    h.beta2 = a.beta2;
+    h.weight_decay = a.weight_decay;
+  }
   const Tensor& f = a.grad_factor;
   if (!f.defined()) return h;
   h.scaled = true;
@@ -293,7 +343,7 @@ bool adam_update_cuda_supports(const OpCall& c) {
 }
 
 void adam_update_cuda(OpCall& c) {
-  const kiln::internal::AdamUpdateCall a(c);
+  const kiln::internal::AdamUpdateCall a(c, kiln::internal::OptimDecode::kHostValues);
   if (a.params.empty()) return;
   const ScalarType param_dtype = a.params[0].dtype();
   const ScalarType state_dtype = a.exp_avgs[0].dtype();
@@ -303,9 +353,15 @@ void adam_update_cuda(OpCall& c) {
   std::vector<Tensor> alive;       // grads made contiguous, alive until their launch is queued
   std::vector<std::pair<Tensor, Tensor>> stores;  // (target, f32 copy)
   for (size_t i = 0; i < a.params.size(); ++i) {
-    const kiln::internal::AdamStepScalars k = a.step_scalars(i);
-    const float neg_step = static_cast<float>(-k.step_size);
-    const float bc2_sqrt = static_cast<float>(k.bc2_sqrt);
+    float neg_step = 0, bc2_sqrt = 0;
+    const int64_t* step = nullptr;
+    if (a.device_scalars) {
+      step = a.state_steps[i].data_ptr<int64_t>();
+    } else {
+      const kiln::internal::AdamStepScalars k = a.step_scalars(i);
+      neg_step = static_cast<float>(-k.step_size);
+      bc2_sqrt = static_cast<float>(k.bc2_sqrt);
+    }
     const Tensor& p = a.params[i];
     const Tensor* vmax = a.amsgrad ? &a.max_exp_avg_sqs[i] : nullptr;
     if (p.is_contiguous() && a.exp_avgs[i].is_contiguous() && a.exp_avg_sqs[i].is_contiguous() &&
@@ -314,7 +370,7 @@ void adam_update_cuda(OpCall& c) {
       alive.push_back(g);
       direct.push_back({p.data_ptr(), g.data_ptr(), a.exp_avgs[i].data_ptr(),
                         a.exp_avg_sqs[i].data_ptr(), vmax != nullptr ? vmax->data_ptr() : nullptr,
-                        p.numel(), neg_step, bc2_sqrt});
+                        p.numel(), neg_step, bc2_sqrt, step});
       continue;
     }
     auto f32 = [&](const Tensor& t) {
@@ -332,7 +388,7 @@ void adam_update_cuda(OpCall& c) {
     void* mp = f32(a.exp_avgs[i]);
     void* vp = f32(a.exp_avg_sqs[i]);
     void* xp = vmax != nullptr ? f32(*vmax) : nullptr;
-    copied.push_back({pp, g.data_ptr(), mp, vp, xp, p.numel(), neg_step, bc2_sqrt});
+    copied.push_back({pp, g.data_ptr(), mp, vp, xp, p.numel(), neg_step, bc2_sqrt, step});
   }
   const AdamHyper h = adam_hyper(a);
   multi_tensor_adam(param_dtype, state_dtype, device, direct, h);
@@ -342,9 +398,43 @@ void adam_update_cuda(OpCall& c) {
   for (auto& [target, copy] : stores) target.copy_(copy);
 }
 
+// --- increment_ ---------------------------------------------------------------------------------
+
+// The counts of one launch: their addresses in the kernel's arguments.
+constexpr int kMaxCounts = 480;
+struct CountTable {
+  int64_t* count[kMaxCounts];
+  int n;
+};
+static_assert(sizeof(CountTable) < multi_tensor::kMaxArgBytes, "kernel arguments are limited");
+
+__global__ void increment_kernel(const __grid_constant__ CountTable table) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < table.n) ++*table.count[i];
+}
+
+void increment_cuda(OpCall& c) {
+  if (c.outputs.empty()) return;
+  DeviceGuard guard(c.outputs[0].device().index());
+  const cudaStream_t stream = current_stream();
+  CountTable table{};
+  auto flush = [&] {
+    if (table.n == 0) return;
+    increment_kernel<<<(table.n + 127) / 128, 128, 0, stream>>>(table);
+    KILN_CUDA_LAUNCH_CHECK("increment_kernel");
+    table = CountTable{};
+  };
+  for (const Tensor& t : c.outputs) {
+    if (table.n == kMaxCounts) flush();
+    table.count[table.n++] = t.data_ptr<int64_t>();
+  }
+  flush();
+}
+
 }  // namespace
 
 KILN_REGISTER_KERNEL_IF(adam_update_, kCUDA, "multi_tensor", adam_update_cuda,
                         adam_update_cuda_supports);
+KILN_REGISTER_KERNEL(increment_, kCUDA, increment_cuda);
 
 }  // namespace kiln::cuda::internal

@@ -18,7 +18,8 @@ namespace kiln::cuda::internal {
 
 // One parameter of an Adam/AdamW step: contiguous param and grad of the batch's dtype, state
 // of the batch's state dtype (f32, or the parameter's dtype) of the same numel, and the
-// per-parameter scalars that depend on its step count.
+// per-parameter scalars that depend on its step count: derived on the host (neg_step_size,
+// bc2_sqrt), or, with AdamHyper::lr set, on the device from the count at `step`.
 struct AdamTensor {
   void* param;
   const void* grad;
@@ -28,6 +29,9 @@ struct AdamTensor {
   int64_t numel;
   float neg_step_size;  // -lr / (1 - beta1^t)
   float bc2_sqrt;       // sqrt(1 - beta2^t)
+  // The step count t (already incremented) in device memory, read when the kernel runs (with
+  // AdamHyper::lr; the scalars above are then unused).
+  const int64_t* step = nullptr;
 };
 
 // The scalars shared by a call, as float: the CPU kernel's (kernels/cpu/optim.cpp).
@@ -48,6 +52,13 @@ struct AdamHyper {
   const void* grad_factor = nullptr;
   ScalarType grad_factor_dtype = kFloat;
   float host_grad_factor = 1.0f;
+  // Device scalars (capturable: a CUDA graph replays them with their current values): the lr, an
+  // f64 in device memory, and every tensor's step count (AdamTensor::step). One thread per block
+  // derives decay, -lr / (1 - beta1^t) and sqrt(1 - beta2^t) from them in f64, each operation
+  // rounded as the host's (no FMA), with CUDA's f64 pow (within 2 ulp of the host's, see
+  // optim.cu); `decay` above and the tensors' host scalars are then unused. Null: host scalars.
+  const double* lr = nullptr;
+  double beta1 = 0, beta2 = 0, weight_decay = 0;  // as f64, for the device derivation
 };
 
 // Updates every tensor of `tensors` (all on cuda:`device`, parameters and grads of

@@ -1,7 +1,8 @@
 // Adam and AdamW's step: the state (created, or converted to the dtype the options ask for) and,
 // per device, parameter dtype and state dtype, one increment_ call for the step counts and one
 // adam_update_ call with the group's lr tensor (tensor/ops/optim.cpp, whose kernels and
-// decomposition do the arithmetic).
+// decomposition do the arithmetic). On a GPU the counts live on the parameters' device and the
+// call takes a GPU copy of the lr (capturable: see adam.h).
 #include "nn/optim/adam.h"
 
 #include <map>
@@ -17,6 +18,10 @@
 namespace kiln::optim {
 
 namespace internal {
+
+Device adam_step_device(const Tensor& param) {
+  return param.is_cuda() ? param.device() : Device(kCPU);
+}
 
 ScalarType adam_state_dtype(const Tensor& param, bool state_in_param_dtype) {
   return state_in_param_dtype ? param.dtype() : Optimizer::state_dtype(param);
@@ -70,19 +75,21 @@ struct AdamLists {
     exp_avgs.push_back(bufs.at("exp_avg"));
     exp_avg_sqs.push_back(bufs.at("exp_avg_sq"));
     if (s.amsgrad) max_exp_avg_sqs.push_back(bufs.at("max_exp_avg_sq"));
-    steps.push_back(state.step_tensor());
+    steps.push_back(state.step_tensor(adam_step_device(param)));
   }
 
-  // One increment_ call for every step count, then the update, which reads the counts (and the
-  // gradient factor, if defined, on the parameters' device unless it is a CPU tensor).
+  // One increment_ call for every step count, then the update, which reads the counts, the lr
+  // (a copy on the parameters' device when the counts are there) and the gradient factor, if
+  // defined (on the parameters' device unless it is a CPU tensor).
   void run(const AdamStep& s, const Tensor& grad_factor) const {
     NoGradGuard no_grad;
     increment_(steps);
     Tensor factor = grad_factor;
     const Device d = params[0].device();
     if (factor.defined() && !factor.is_cpu() && factor.device() != d) factor = factor.to(d);
-    adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, s.lr, s.beta1,
-                 s.beta2, s.weight_decay, s.eps, s.amsgrad, s.decoupled_weight_decay, factor);
+    const Tensor lr = steps[0].device() == s.lr.device() ? s.lr : s.lr.to(steps[0].device());
+    adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, s.beta1, s.beta2,
+                 s.weight_decay, s.eps, s.amsgrad, s.decoupled_weight_decay, factor);
   }
 };
 
@@ -146,6 +153,8 @@ void Adam::update_group(OptimizerParamGroup& group, const Tensor& grad_factor) {
                               internal::adam_step(o, /*decoupled_weight_decay=*/false), state(),
                               grad_factor);
 }
+
+Device Adam::step_device(const Tensor& param) const { return internal::adam_step_device(param); }
 
 ScalarType Adam::state_dtype_for(const Tensor& param, const OptimizerOptions& options) const {
   return internal::adam_state_dtype(

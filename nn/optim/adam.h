@@ -10,8 +10,8 @@
 //   kiln::optim::Adam opt(model->parameters(),
 //                         kiln::optim::AdamOptions(1e-3).betas({0.9, 0.999}).eps(1e-8));
 //
-// State: step (a 0-d int64 CPU tensor, see optimizer.h), "exp_avg", "exp_avg_sq", and
-// "max_exp_avg_sq" with amsgrad, by default in f32
+// State: step (a 0-d int64 tensor, see optimizer.h: on the parameter's GPU for a GPU parameter,
+// else on the CPU), "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad, by default in f32
 // for f32, bf16 and f16 parameters (f64 for f64): a bf16-true model keeps f32 moments (22 bytes
 // moved per bf16 parameter and step), unlike torch.optim.Adam, whose state takes the
 // parameter's dtype.
@@ -33,9 +33,20 @@
 // inputs (tensor/ops/optim.cpp): on the CPU a fused, multi-threaded pass per tensor, on a GPU a
 // multi-tensor kernel that updates a whole group in a few launches; f64 parameters take the op's
 // decomposition into kiln ops. All do the same float arithmetic, so CPU and GPU give the same
-// bits, for 16-bit state too. step_with_grad_factor(coef) (optimizer.h) passes a gradient factor
-// (gradient clipping's coefficient) to adam_update_, which multiplies each gradient as it reads
-// it: the bits of foreach_mul_(grads, coef) then step(), one pass over the gradients fewer.
+// bits, for 16-bit state too.
+//
+// Capturable on a GPU, as PyTorch's Adam(capturable=True): a GPU parameter's step count lives on
+// its GPU (incremented there by increment_'s kernel), and adam_update_ takes a GPU copy of the
+// group's lr (one 8-byte host-to-device copy per call, queued without waiting), so the update
+// reads both when it runs and derives the bias corrections on the device, in f64 as the host
+// does (kernels/cuda/optim.cu). A compiled training step then captures the update in its CUDA
+// graph (docs/compiler.md, "CUDA graphs"): the lr a scheduler sets on the host is written into
+// the graph's copy before each launch. Checkpoints are unchanged: the count is saved as a number
+// and loaded onto the parameter's device (Optimizer::step_device).
+//
+// step_with_grad_factor(coef) (optimizer.h) passes a gradient factor (gradient clipping's
+// coefficient) to adam_update_, which multiplies each gradient as it reads it: the bits of
+// foreach_mul_(grads, coef) then step(), one pass over the gradients fewer.
 #pragma once
 
 #include <tuple>
@@ -80,6 +91,7 @@ class Adam : public Optimizer {
   ScalarType state_dtype_for(const Tensor& param, const OptimizerOptions& options) const override;
   std::optional<std::vector<std::string>> state_buffer_names(
       const OptimizerOptions& options) const override;
+  Device step_device(const Tensor& param) const override;
 };
 
 namespace internal {
@@ -99,6 +111,9 @@ struct AdamStep {
 // The dtype of a parameter's moments: the parameter's with state_in_param_dtype, else
 // Optimizer::state_dtype (f64 for f64 parameters, f32 otherwise).
 ScalarType adam_state_dtype(const Tensor& param, bool state_in_param_dtype);
+
+// Where a parameter's step count lives: on its GPU for a GPU parameter (capturable), else the CPU.
+Device adam_step_device(const Tensor& param);
 
 void check_adam_options(const char* name, double lr, double beta1, double beta2, double eps,
                         double weight_decay);

@@ -60,6 +60,8 @@ void AdamW::update_group(OptimizerParamGroup& group, const Tensor& grad_factor) 
                               grad_factor);
 }
 
+Device AdamW::step_device(const Tensor& param) const { return internal::adam_step_device(param); }
+
 ScalarType AdamW::state_dtype_for(const Tensor& param, const OptimizerOptions& options) const {
   return internal::adam_state_dtype(
       param, internal::options_as<AdamWOptions>(options, "AdamW").state_in_param_dtype());

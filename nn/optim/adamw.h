@@ -14,7 +14,8 @@
 // true keeps exp_avg, exp_avg_sq and max_exp_avg_sq in the parameter's dtype, as
 // torch.optim.AdamW does (14 bytes moved per bf16 parameter and step instead of 22); the update
 // arithmetic stays f32 and each moment is rounded to the parameter dtype when stored. CPU and
-// GPU give the same bits either way; amsgrad, checkpoints and per-group use as in adam.h.
+// GPU give the same bits either way; amsgrad, checkpoints, per-group use and the capturable GPU
+// state (step counts on the GPU, a GPU copy of the lr) as in adam.h.
 #pragma once
 
 #include <tuple>
@@ -59,6 +60,7 @@ class AdamW : public Optimizer {
   ScalarType state_dtype_for(const Tensor& param, const OptimizerOptions& options) const override;
   std::optional<std::vector<std::string>> state_buffer_names(
       const OptimizerOptions& options) const override;
+  Device step_device(const Tensor& param) const override;
 };
 
 }  // namespace kiln::optim

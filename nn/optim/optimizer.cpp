@@ -84,8 +84,13 @@ int64_t OptimizerParamState::step_count() const {
   return step.defined() ? step.item<int64_t>() : 0;
 }
 
-const Tensor& OptimizerParamState::step_tensor() {
-  if (!step.defined()) step = host_scalar(int64_t{0});
+const Tensor& OptimizerParamState::step_tensor(Device device) {
+  if (!step.defined()) {
+    step = device.is_cpu() ? host_scalar(int64_t{0})
+                           : zeros(IntArrayRef(), TensorOptions().dtype(kInt64).device(device));
+  } else if (step.device() != device) {
+    step = step.to(device);
+  }
   return step;
 }
 
@@ -228,6 +233,11 @@ std::optional<std::vector<std::string>> Optimizer::state_buffer_names(
   return std::nullopt;
 }
 
+Device Optimizer::step_device(const Tensor& param) const {
+  (void)param;
+  return Device(kCPU);
+}
+
 Tensor Optimizer::zero_state(const Tensor& param) {
   return zeros(param.sizes(), TensorOptions().dtype(state_dtype(param)).device(param.device()));
 }
@@ -308,6 +318,7 @@ void Optimizer::load_state_dict(const TensorMap& tensors, const SafetensorsMetad
       if (step_it == metadata.end()) continue;
       OptimizerParamState st;
       st.step = host_scalar(parse_int(step_it->second, sp + "step"));
+      if (step_device(p) != st.step.device()) st.step = st.step.to(step_device(p));
       const auto expected = state_buffer_names(*loaded_options[g]);
       if (expected) {
         for (const std::string& b : *expected) {

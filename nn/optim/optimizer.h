@@ -28,8 +28,9 @@
 // What changes from step to step lives in tensors that the update ops take as inputs (as
 // PyTorch's capturable Adam keeps state['step'] and a tensor lr), so that a recorded training
 // step (kiln::compile) replays with the current values rather than step 1's:
-// - each parameter's step count is a 0-d int64 CPU tensor (OptimizerParamState::step), advanced
-//   by one increment_ op call per update call;
+// - each parameter's step count is a 0-d int64 tensor (OptimizerParamState::step), advanced
+//   by one increment_ op call per update call: on the CPU, or, for Adam and AdamW, on a GPU
+//   parameter's GPU (step_device), where a CUDA graph's update reads it (adam.h);
 // - each group's learning rate is a 0-d f64 CPU tensor owned by the group's options
 //   (lr_tensor()); set_lr and lr(v) write it in place, so the tensor a recorded step holds stays
 //   the group's. Copying options copies the value into a new tensor (see LrTensor): groups never
@@ -155,15 +156,18 @@ class OptimizerParamGroup {
 
 // What an optimizer keeps for one parameter.
 struct OptimizerParamState {
-  // The number of steps taken: a 0-d int64 CPU tensor (on the CPU whatever the parameter's
-  // device), created on the first step and advanced in place by the increment_ op of each step;
-  // undefined (0 steps) before. load() creates it from the checkpoint.
+  // The number of steps taken: a 0-d int64 tensor on the optimizer's step_device for the
+  // parameter (the CPU; for Adam and AdamW a GPU parameter's GPU), created on the first step and
+  // advanced in place by the increment_ op of each step; undefined (0 steps) before. load()
+  // creates it from the checkpoint, on that device.
   Tensor step;
   std::map<std::string, Tensor> buffers;
 
+  // The count as a number (read from the GPU when it is there: waits for the device).
   int64_t step_count() const;
-  // The step tensor, created (0) if undefined: what an update call increments.
-  const Tensor& step_tensor();
+  // The step tensor on `device`, created (0) if undefined, moved there if it is elsewhere (a
+  // count set by hand): what an update call increments.
+  const Tensor& step_tensor(Device device = Device(kCPU));
 };
 
 class Optimizer {
@@ -259,6 +263,10 @@ class Optimizer {
   // group's): load_state_dict requires exactly these. nullopt (the default) accepts any.
   virtual std::optional<std::vector<std::string>> state_buffer_names(
       const OptimizerOptions& options) const;
+
+  // The device of `param`'s step count: the CPU by default; Adam and AdamW keep a GPU
+  // parameter's on its GPU. load_state_dict creates the loaded counts there.
+  virtual Device step_device(const Tensor& param) const;
 
  private:
   std::string name_;

@@ -8,14 +8,19 @@
 //
 // What changes from step to step is an input, never an attribute, so that a recorded training
 // step (kiln::compile freezes attributes) replays with the current values: the learning rate is
-// a 0-d f64 CPU tensor (the parameter group's, which set_lr writes in place), each parameter's
-// step count a 0-d int64 CPU tensor (its optimizer state, advanced by increment_). Both join
-// inputs on any device (allow_cpu_scalars); kernels read them on the host. The meta rules check
-// their dtype, shape and device and never read them (tracing runs on data-less proxies); the
-// values are checked (lr >= 0, counts >= 1) where kernels and decompositions decode them.
+// a 0-d f64 tensor, each parameter's step count a 0-d int64 tensor (its optimizer state, advanced
+// by increment_). On the CPU they join inputs on any device (allow_cpu_scalars) and kernels read
+// them on the host. adam_update_ also takes them on the parameters' device (lr and counts all on
+// the CPU or all there): its CUDA kernel then reads them and derives the bias corrections on the
+// device, so that a CUDA graph of the update replays with the current values (PyTorch's
+// capturable Adam); Adam and AdamW keep a GPU parameter's count on its GPU and pass a GPU copy of
+// the group's lr (nn/optim/adam.h). The meta rules check their dtype, shape and device and never
+// read them (tracing runs on data-less proxies); the values are checked (lr >= 0, counts >= 1)
+// where kernels and decompositions decode them on the host (not those the CUDA kernel reads on
+// the device).
 //
-// increment_(tensors[n]; n) adds 1 to each 0-d int64 CPU tensor (one call for all the step counts
-// of an update call).
+// increment_(tensors[n]; n) adds 1 to each 0-d int64 tensor, all on the CPU or all on one GPU
+// (one call for all the step counts of an update call; on a GPU one kernel, kernels/cuda/optim.cu).
 //
 // adam_update_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr
 // [, grad_factor]; n, beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad) writes
@@ -82,8 +87,14 @@ T host_value(const Tensor& t) {
   return *t.const_data_ptr<T>();
 }
 
+// The value of a 0-d tensor on the CPU, or on a GPU (copied to the host: waits for the device).
+template <typename T>
+T any_value(const Tensor& t) {
+  return t.is_cpu() ? host_value<T>(t) : t.item<T>();
+}
+
 double decode_lr(const OpCall& c, const Tensor& lr_tensor) {
-  const double lr = host_value<double>(lr_tensor);
+  const double lr = any_value<double>(lr_tensor);
   KILN_CHECK(lr >= 0, "[", c.name(), "] invalid learning rate: ", lr);
   return lr;
 }
@@ -119,11 +130,14 @@ AdamUpdateCall::AdamUpdateCall(const OpCall& c, OptimDecode decode)
   state_steps = list(c, lists, n);
   lr_tensor = c.inputs[static_cast<size_t>((lists + 1) * n)];
   if (inputs == (lists + 1) * n + 2) grad_factor = c.inputs.back();
-  if (decode == OptimDecode::kLayout) return;
+  device_scalars = n > 0 && lr_tensor.defined() && !lr_tensor.is_cpu() && !lr_tensor.is_meta();
+  if (decode == OptimDecode::kLayout || (decode == OptimDecode::kHostValues && device_scalars)) {
+    return;
+  }
   lr = decode_lr(c, lr_tensor);
   step_values_.reserve(state_steps.size());
   for (size_t i = 0; i < state_steps.size(); ++i) {
-    const int64_t t = host_value<int64_t>(state_steps[i]);
+    const int64_t t = any_value<int64_t>(state_steps[i]);
     KILN_CHECK(t >= 1, "[adam_update_] state_steps[", i, "] is ", t, ": step counts start at 1");
     step_values_.push_back(t);
   }
@@ -132,7 +146,8 @@ AdamUpdateCall::AdamUpdateCall(const OpCall& c, OptimDecode decode)
 
 AdamStepScalars AdamUpdateCall::step_scalars(size_t i) const {
   KILN_CHECK(i < steps.size(), "[adam_update_] step_scalars(", i,
-             ") of a call decoded without its values (OptimDecode::kLayout)");
+             ") of a call decoded without its values (OptimDecode::kLayout, or kHostValues with "
+             "the scalars on the device)");
   const double t = static_cast<double>(steps[i]);
   const double bc1 = 1 - std::pow(beta1, t);
   const double bc2 = 1 - std::pow(beta2, t);
@@ -182,6 +197,31 @@ void check_host_scalar(const char* op, const std::string& name, const Tensor& t,
   KILN_CHECK(t.dtype() == dtype && t.dim() == 0 && (t.is_cpu() || t.is_meta()), "[", op, "] ", name,
              " must be a 0-d ", dtype_name(dtype), " CPU tensor, got a ", dtype_name(t.dtype()),
              " tensor of shape ", shape_str(t.sizes()), " on ", t.device().str());
+}
+
+// The lr and step counts of adam_update_: 0-d f64 and int64 tensors, all on the CPU (or meta
+// proxies of CPU tensors) or all on the parameters' device. Never reads them.
+void check_adam_scalars(const AdamUpdateCall& a) {
+  const Device d = !a.params.empty() && a.params[0].defined() ? a.params[0].device() : Device(kCPU);
+  const Tensor& lr = a.lr_tensor;
+  auto on_host = [](const Tensor& t) { return t.is_cpu() || t.is_meta(); };
+  KILN_CHECK(lr.defined(), "[adam_update_] lr is undefined");
+  KILN_CHECK(lr.dtype() == kDouble && lr.dim() == 0 && (on_host(lr) || lr.device() == d),
+             "[adam_update_] lr must be a 0-d float64 CPU tensor, got a ", dtype_name(lr.dtype()),
+             " tensor of shape ", shape_str(lr.sizes()), " on ", lr.device().str(),
+             " (or a 0-d float64 tensor on the params' device, ", d.str(), ", read there)");
+  const bool host = on_host(lr);
+  for (size_t i = 0; i < a.state_steps.size(); ++i) {
+    const Tensor& t = a.state_steps[i];
+    KILN_CHECK(t.defined(), "[adam_update_] ", entry("state_steps", i), " is undefined");
+    KILN_CHECK(t.dtype() == kInt64 && t.dim() == 0 && (host ? on_host(t) : t.device() == d),
+               "[adam_update_] ", entry("state_steps", i), " must be a 0-d int64 ",
+               host ? std::string("CPU tensor") : "tensor on " + d.str(), ", got a ",
+               dtype_name(t.dtype()), " tensor of shape ", shape_str(t.sizes()), " on ",
+               t.device().str(),
+               " (the step counts are where the lr is: all on the CPU or all on the params' "
+               "device)");
+  }
 }
 
 // Parameters of one floating dtype and device; grads of their dtype and shape on their device.
@@ -253,7 +293,14 @@ SpecList increment_meta(const OpCall& c) {
   KILN_CHECK(static_cast<int64_t>(c.inputs.size()) == n, "[increment_] expected ", n,
              " tensors for n = ", n, ", got ", c.inputs.size());
   for (size_t i = 0; i < c.inputs.size(); ++i) {
-    check_host_scalar("increment_", entry("tensors", i), c.inputs[i], kInt64);
+    const Tensor& t = c.inputs[i];
+    KILN_CHECK(t.defined(), "[increment_] ", entry("tensors", i), " is undefined");
+    const Device d = c.inputs[0].device();
+    KILN_CHECK(t.dtype() == kInt64 && t.dim() == 0 && t.device() == d, "[increment_] ",
+               entry("tensors", i), " must be a 0-d int64 ",
+               d.is_cpu() ? std::string("CPU tensor") : "tensor on " + d.str(), ", got a ",
+               dtype_name(t.dtype()), " tensor of shape ", shape_str(t.sizes()), " on ",
+               t.device().str(), " (one call's counts share a device: the CPU or one GPU)");
   }
   TensorVec mutated;
   increment_mutated(c, mutated);
@@ -299,10 +346,7 @@ SpecList adam_update_meta(const OpCall& c) {
   KILN_CHECK(a.beta1 >= 0 && a.beta1 < 1, "[adam_update_] invalid beta1: ", a.beta1);
   KILN_CHECK(a.beta2 >= 0 && a.beta2 < 1, "[adam_update_] invalid beta2: ", a.beta2);
   KILN_CHECK(a.weight_decay >= 0, "[adam_update_] invalid weight_decay value: ", a.weight_decay);
-  check_host_scalar("adam_update_", "lr", a.lr_tensor, kDouble);
-  for (size_t i = 0; i < a.state_steps.size(); ++i) {
-    check_host_scalar("adam_update_", entry("state_steps", i), a.state_steps[i], kInt64);
-  }
+  check_adam_scalars(a);
   check_params_and_grads("adam_update_", a.params, a.grads);
   check_grad_factor(c, a);
   if (!a.params.empty()) {

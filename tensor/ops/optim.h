@@ -9,12 +9,17 @@
 //   }
 //
 // The learning rate and the step counts change from step to step, so they are inputs, not
-// attributes: 0-d CPU tensors (f64 lr, int64 counts) that a recorded step (kiln::compile) reads
-// afresh each time it replays. Decoding them reads tensor data, which a meta rule must never do
-// (it runs on data-less proxies while tracing): meta rules decode with OptimDecode::kLayout,
-// kernels and the decompositions with kValues (the default), which also checks the values
-// (lr >= 0, counts >= 1). Decoding checks the layout (attribute types, list lengths); the meta
-// rules check the tensors.
+// attributes: 0-d tensors (f64 lr, int64 counts) that a recorded step (kiln::compile) reads
+// afresh each time it replays. sgd_update_'s lr is on the CPU. adam_update_'s lr and counts are
+// all on the CPU (read on the host when the kernel is launched) or all on the parameters' device
+// (read by the CUDA kernel when it runs: a CUDA graph replays them with their current values, as
+// PyTorch's capturable Adam; the optimizer keeps a GPU parameter's count there). Decoding them
+// reads tensor data, which a meta rule must never do (it runs on data-less proxies while
+// tracing): meta rules decode with OptimDecode::kLayout, the CUDA kernel with kHostValues (the
+// values of host scalars only), the CPU kernel and the decompositions with kValues (the
+// default: device scalars are copied to the host, which waits for the device), which also
+// checks the values (lr >= 0, counts >= 1). Decoding checks the layout (attribute types, list
+// lengths); the meta rules check the tensors.
 #pragma once
 
 #include <cstddef>
@@ -31,8 +36,9 @@ namespace kiln::internal {
 ScalarType optim_compute_dtype(const OpCall& call);
 
 // What a decoder reads: the layout and attributes only (meta rules), or also the values of the
-// lr and step-count tensors (kernels and decompositions).
-enum class OptimDecode { kValues, kLayout };
+// lr and step-count tensors (kernels and decompositions), or those values only when they are on
+// the host (the CUDA kernel, which reads device ones on the device).
+enum class OptimDecode { kValues, kLayout, kHostValues };
 
 // The scalars of one parameter's Adam step t, derived in double as PyTorch derives them in
 // Python; every kernel and the decomposition round them to the compute dtype the same way.
@@ -50,19 +56,22 @@ struct AdamUpdateCall {
   explicit AdamUpdateCall(const OpCall& call, OptimDecode decode = OptimDecode::kValues);
   AdamUpdateCall(const AdamUpdateCall&) = delete;  // steps points into this object
   AdamUpdateCall& operator=(const AdamUpdateCall&) = delete;
-  AdamStepScalars step_scalars(size_t i) const;  // kValues only
+  AdamStepScalars step_scalars(size_t i) const;  // values decoded only
 
   TensorList params, grads, exp_avgs, exp_avg_sqs;
   TensorList max_exp_avg_sqs;  // empty unless amsgrad
-  TensorList state_steps;      // each parameter's step count: 0-d int64 CPU tensors
-  Tensor lr_tensor;            // 0-d f64 CPU
+  TensorList state_steps;      // each parameter's step count: 0-d int64 tensors
+  Tensor lr_tensor;            // 0-d f64
+  // The lr and the step counts are on the parameters' device, not the CPU (a GPU call: read on
+  // the device). False for a call without parameters.
+  bool device_scalars = false;
   // 0-d floating, on the parameters' device or the CPU; undefined when the call has none
   // (a factor of 1). Never decoded: the CUDA kernel reads a device factor on the device.
   Tensor grad_factor;
-  // Decoded from state_steps (kValues; empty for kLayout): each parameter's step count t,
-  // already incremented (t >= 1).
+  // Decoded from state_steps (kValues, and kHostValues for host counts; else empty): each
+  // parameter's step count t, already incremented (t >= 1).
   IntArrayRef steps;
-  double lr;  // decoded from lr_tensor (kValues; NaN for kLayout)
+  double lr;  // decoded from lr_tensor as the steps are (NaN when not decoded)
   double beta1, beta2, eps, weight_decay;
   bool decoupled_weight_decay;  // AdamW
   bool amsgrad;

@@ -155,7 +155,9 @@ void run_case(const Case& c, ScalarType dtype, int extra_small, double p_rtol, d
     const auto& sc = cpu_opt->state().at(cpu[i].impl());
     const auto& sg = gpu_opt->state().at(gpu[i].impl());
     EXPECT_EQ(sc.step_count(), sg.step_count()) << what;
-    EXPECT_TRUE(sg.step.is_cpu()) << what;  // the counts stay on the host
+    // A GPU parameter's count lives on its GPU (capturable), a CPU one's on the CPU.
+    EXPECT_EQ(sg.step.device(), gpu[i].device()) << what;
+    EXPECT_TRUE(sc.step.is_cpu()) << what;
     ASSERT_EQ(sc.buffers.size(), sg.buffers.size()) << what;
     for (const auto& [key, buf] : sc.buffers) {
       EXPECT_EQ(sg.buffers.at(key).dtype(), state_dtype) << what << " " << key;
@@ -305,6 +307,47 @@ TEST_F(GpuAdamW, ParamDtypeStateCheckpointAcrossDevices) {
   for (const auto& [key, buf] : cpu_opt->state().at(c_param.impl()).buffers) {
     expect_same_bits(gpu_opt->state().at(g_param.impl()).buffers.at(key), buf, key);
   }
+}
+
+// Checkpoints keep the step counts as numbers: a GPU optimizer's counts (on its GPU) are saved as
+// before and load onto the GPU again, or onto the CPU for a CPU optimizer, and the training goes
+// on (the same bits on the GPU; the CPU's update within rounding, as MatchesCpuF32).
+TEST_F(GpuAdamW, StepCountsOnTheGpuCheckpointAsNumbers) {
+  manual_seed(10);
+  const Tensor init = randn({777});
+  Tensor a = init.cuda().requires_grad_(true), b = init.cuda().requires_grad_(true);
+  Tensor c = init.clone().requires_grad_(true);
+  optim::AdamW opt_a({a}, optim::AdamWOptions(1e-2)), opt_b({b}, optim::AdamWOptions(1e-2));
+  optim::AdamW opt_c({c}, optim::AdamWOptions(1e-2));
+  std::vector<Tensor> grads;
+  for (int s = 0; s < 5; ++s) grads.push_back(randn({777}));
+  for (int s = 0; s < 3; ++s) {
+    a.mutable_grad() = grads[s].cuda();
+    opt_a.step();
+  }
+  ASSERT_TRUE(opt_a.state().at(a.impl()).step.is_cuda());
+  SafetensorsMetadata meta;
+  const TensorMap tensors = opt_a.state_dict(&meta);
+  EXPECT_EQ(meta.at("state.0.step"), "3");
+  b.detach().copy_(a.detach());
+  c.detach().copy_(a.detach().cpu());
+  opt_b.load_state_dict(tensors, meta);
+  opt_c.load_state_dict(tensors, meta);
+  EXPECT_TRUE(opt_b.state().at(b.impl()).step.is_cuda());
+  EXPECT_TRUE(opt_c.state().at(c.impl()).step.is_cpu());
+  EXPECT_EQ(opt_b.state().at(b.impl()).step_count(), 3);
+  EXPECT_EQ(opt_c.state().at(c.impl()).step_count(), 3);
+  for (int s = 3; s < 5; ++s) {
+    a.mutable_grad() = grads[s].cuda();
+    b.mutable_grad() = grads[s].cuda();
+    c.mutable_grad() = grads[s];
+    opt_a.step();
+    opt_b.step();
+    opt_c.step();
+  }
+  expect_same_bits(b, a.detach().cpu(), "reloaded on the GPU");
+  expect_close(a, c.detach(), 2e-6, 1e-7, "reloaded on the CPU");
+  EXPECT_EQ(opt_b.state().at(b.impl()).step_count(), 5);
 }
 
 // The kernel refuses state that is neither f32 nor the parameters' dtype rather than misread it.
@@ -469,10 +512,12 @@ Attrs op_adam_attrs(const OpCase& c, int64_t n) {
 }
 
 // `inputs` followed by the step counts `steps` (Adam; none for SGD) and the lr: 0-d CPU tensors,
-// whatever the device of the other inputs.
-TensorVec with_scalars(TensorVec inputs, const Shape& steps, double lr) {
-  for (int64_t t : steps) inputs.push_back(scalar_tensor(t, kInt64));
-  inputs.push_back(scalar_tensor(lr, kDouble));
+// whatever the device of the other inputs, or with `device_scalars` on the GPU.
+TensorVec with_scalars(TensorVec inputs, const Shape& steps, double lr,
+                       bool device_scalars = false) {
+  const Device d = device_scalars ? test::kGpu : Device(kCPU);
+  for (int64_t t : steps) inputs.push_back(scalar_tensor(t, kInt64).to(d));
+  inputs.push_back(scalar_tensor(lr, kDouble).to(d));
   return inputs;
 }
 
@@ -480,9 +525,12 @@ TensorVec with_scalars(TensorVec inputs, const Shape& steps, double lr) {
 // `gpu_path` ("multi_tensor" for the CUDA kernel, "" for the decomposition), the CPU through its
 // fused kernel (or, for f64, its decomposition); parameter i is at step t + i.
 // With `factor` (a 0-d CPU tensor), both calls take a gradient factor: the GPU one the factor on
-// the GPU, or, with `host_factor`, the CPU tensor itself.
+// the GPU, or, with `host_factor`, the CPU tensor itself. With `device_scalars` the GPU call
+// takes its lr and step counts on the GPU (capturable: the kernel reads them there) and the lr
+// changes from step to step.
 void run_adam_op(ScalarType dtype, ScalarType state, bool strided, const std::string& gpu_path,
-                 bool same_bits, const Tensor& factor = Tensor(), bool host_factor = false) {
+                 bool same_bits, const Tensor& factor = Tensor(), bool host_factor = false,
+                 bool device_scalars = false) {
   static const OpDef& op = KILN_OP(adam_update_);
   for (const OpCase& c : kOpCases) {
     std::vector<ScalarType> dtypes = {dtype, dtype, state, state};
@@ -503,8 +551,9 @@ void run_adam_op(ScalarType dtype, ScalarType state, bool strided, const std::st
         gpu[1][i] = g.cuda();
         steps.push_back(t + i);
       }
-      TensorVec cpu_in = with_scalars(flatten(cpu), steps, 0.02);
-      TensorVec gpu_in = with_scalars(flatten(gpu), steps, 0.02);
+      const double lr = device_scalars ? 0.01 * static_cast<double>(t) + 0.003 : 0.02;
+      TensorVec cpu_in = with_scalars(flatten(cpu), steps, lr);
+      TensorVec gpu_in = with_scalars(flatten(gpu), steps, lr, device_scalars);
       if (factor.defined()) {
         cpu_in.push_back(factor);
         gpu_in.push_back(host_factor ? factor : factor.cuda());
@@ -522,7 +571,8 @@ void run_adam_op(ScalarType dtype, ScalarType state, bool strided, const std::st
     }
     std::string what = std::string(dtype_name(dtype)) + " params, " +
                        std::string(dtype_name(state)) + " state" + (strided ? ", strided" : "") +
-                       (c.decoupled ? ", AdamW" : ", Adam") + (c.amsgrad ? " amsgrad" : "");
+                       (c.decoupled ? ", AdamW" : ", Adam") + (c.amsgrad ? " amsgrad" : "") +
+                       (device_scalars ? ", lr and steps on the GPU" : "");
     if (factor.defined()) {
       what += ", " + std::string(dtype_name(factor.dtype())) + (host_factor ? " CPU" : " GPU") +
               " grad factor";
@@ -540,6 +590,57 @@ TEST_F(GpuAdamUpdateOp, KernelMatchesCpuKernel) {
     run_adam_op(kHalf, kHalf, strided, "multi_tensor", true);
   }
   run_adam_op(kHalf, kFloat, false, "multi_tensor", true);
+}
+
+// Capturable calls: the lr and step counts on the GPU, read by the kernel, which derives the bias
+// corrections on the device in f64 as the host does. The CPU kernel's bits at every step (with an
+// lr that changes), contiguous and strided, with a GPU or CPU gradient factor; the f64
+// decomposition reads them on the host.
+TEST_F(GpuAdamUpdateOp, DeviceScalarsKernelMatchesCpuKernel) {
+  for (bool strided : {false, true}) {
+    run_adam_op(kFloat, kFloat, strided, "multi_tensor", true, Tensor(), false, true);
+    run_adam_op(kBFloat16, kFloat, strided, "multi_tensor", true, Tensor(), false, true);
+    run_adam_op(kBFloat16, kBFloat16, strided, "multi_tensor", true, Tensor(), false, true);
+    run_adam_op(kHalf, kHalf, strided, "multi_tensor", true, Tensor(), false, true);
+  }
+  const Tensor f = scalar_tensor(0.37, kDouble);
+  run_adam_op(kBFloat16, kFloat, false, "multi_tensor", true, f, false, true);
+  run_adam_op(kFloat, kFloat, true, "multi_tensor", true, f, true, true);
+  run_adam_op(kDouble, kDouble, false, "", false, Tensor(), false, true);
+}
+
+// Many step counts (more than one launch's table) and counts in the billions: the device
+// derivation's bias corrections equal the host's over a range of steps.
+TEST_F(GpuAdamUpdateOp, DeviceScalarsOverManySteps) {
+  static const OpDef& op = KILN_OP(adam_update_);
+  for (const OpCase& c : kOpCases) {
+    auto gpu = op_lists({kFloat, kFloat, kFloat, kFloat}, {false, false, false, true}, test::kGpu,
+                        false, 14);
+    auto cpu = op_lists({kFloat, kFloat, kFloat, kFloat}, {false, false, false, true}, Device(kCPU),
+                        false, 14);
+    const int64_t n = static_cast<int64_t>(cpu[0].size());
+    for (int64_t base :
+         {int64_t{1}, int64_t{97}, int64_t{1000}, int64_t{123456}, int64_t{3000000000}}) {
+      Shape steps;
+      for (int64_t i = 0; i < n; ++i) steps.push_back(base + 7 * i);
+      call_op_with_kernel(op, "fused", with_scalars(flatten(cpu), steps, 3e-4),
+                          {n, c.beta1, 0.95, 1e-8, c.weight_decay, c.decoupled, false});
+      call_op_with_kernel(op, "multi_tensor", with_scalars(flatten(gpu), steps, 3e-4, true),
+                          {n, c.beta1, 0.95, 1e-8, c.weight_decay, c.decoupled, false});
+      expect_lists(gpu, cpu, true, "steps from " + std::to_string(base));
+    }
+  }
+}
+
+// increment_ on the GPU: one kernel for a call's counts, several launches past 480 of them.
+TEST_F(GpuAdamUpdateOp, IncrementOnTheGpu) {
+  std::vector<Tensor> counts;
+  for (int64_t i = 0; i < 1000; ++i) counts.push_back(scalar_tensor(i, kInt64).cuda());
+  increment_(counts);
+  increment_({counts[3]});
+  for (int64_t i = 0; i < 1000; ++i) {
+    EXPECT_EQ(counts[static_cast<size_t>(i)].item<int64_t>(), i + 1 + (i == 3 ? 1 : 0)) << i;
+  }
 }
 
 // The decomposition on the GPU (kiln's CUDA elementwise ops, which may contract a * b + c into an
@@ -606,13 +707,15 @@ TEST_F(GpuAdamUpdateOp, OneDevicePerCall) {
   EXPECT_KILN_ERROR(adam_update_({p}, {g}, {p.clone()}, {p.clone()}, {}, {step}, lr, 0.9, 0.999, 0,
                                  1e-8, false, true),
                     "[adam_update_] expected all tensors on the same device");
-  // The step counts and the lr live on the host: on the GPU they are refused.
+  // The step counts and the lr: all on the host or all on the parameters' GPU, never split.
+  adam_update_({p}, {p.clone()}, {p.clone()}, {p.clone()}, {}, {step.cuda()}, lr.cuda(), 0.9, 0.999,
+               0, 1e-8, false, true);
   EXPECT_KILN_ERROR(adam_update_({p}, {p.clone()}, {p.clone()}, {p.clone()}, {}, {step.cuda()}, lr,
                                  0.9, 0.999, 0, 1e-8, false, true),
                     "[adam_update_] state_steps[0] must be a 0-d int64 CPU tensor");
   EXPECT_KILN_ERROR(adam_update_({p}, {p.clone()}, {p.clone()}, {p.clone()}, {}, {step}, lr.cuda(),
                                  0.9, 0.999, 0, 1e-8, false, true),
-                    "[adam_update_] lr must be a 0-d float64 CPU tensor");
+                    "[adam_update_] state_steps[0] must be a 0-d int64 tensor on cuda:0");
 }
 
 // sgd_update_ has no CUDA kernel: on the GPU it runs its decomposition.

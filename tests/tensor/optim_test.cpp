@@ -18,7 +18,9 @@
 #include "tensor/foreach.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
+#include "tensor/storage.h"
 #include "tensor/tensor_data.h"
+#include "tensor/tensor_impl.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -345,6 +347,47 @@ TEST(OptimOpAdam, MetaRuleReadsNoValues) {
   EXPECT_KILN_ERROR(call_op(op, {p, p, p, p, empty(IntArrayRef(), on_meta), meta_lr}, attrs),
                     "state_steps[0] must be a 0-d int64 CPU tensor, got a float32 tensor of "
                     "shape [] on meta");
+}
+
+// Capturable calls: the lr and the step counts on the parameters' GPU (read there by the CUDA
+// kernel) or all on the CPU, never split between the two. Checked on proxies of CUDA tensors (the
+// tracer's), which need no GPU.
+Tensor gpu_proxy(const Shape& sizes, ScalarType dtype, int device = 0) {
+  return Tensor(std::make_shared<TensorImpl>(
+      proxy_storage(static_cast<size_t>(numel_of(sizes)) * element_size(dtype),
+                    Device(kCUDA, device)),
+      sizes, contiguous_strides(sizes), 0, dtype));
+}
+
+TEST(OptimOpAdam, ScalarsAllOnTheCpuOrAllOnTheParamsDevice) {
+  const ProxyModeGuard proxies;
+  const Tensor p = gpu_proxy({4}, kFloat);
+  const Tensor step = gpu_proxy({}, kInt64);
+  const Tensor lr = gpu_proxy({}, kDouble);
+  auto update = [&](const Tensor& t, const Tensor& l) {
+    adam_update_({p}, {p}, {p}, {p}, {}, {t}, l, 0.9, 0.999, 0.1, 1e-8, false, true);
+  };
+  update(step, lr);                        // on the parameters' device
+  update(step_tensor(1), lr_tensor(0.1));  // on the CPU
+  EXPECT_KILN_ERROR(update(step, lr_tensor(0.1)),
+                    "[adam_update_] state_steps[0] must be a 0-d int64 CPU tensor, got a int64 "
+                    "tensor of shape [] on cuda:0 (the step counts are where the lr is");
+  EXPECT_KILN_ERROR(update(step_tensor(1), lr),
+                    "[adam_update_] state_steps[0] must be a 0-d int64 tensor on cuda:0, got a "
+                    "int64 tensor of shape [] on cpu");
+  const Tensor other_gpu_lr = gpu_proxy({}, kDouble, 1);
+  EXPECT_KILN_ERROR(update(step, other_gpu_lr),
+                    "[adam_update_] expected all tensors on the same device, got cuda:0 and "
+                    "cuda:1");
+  EXPECT_KILN_ERROR(update(step, gpu_proxy({}, kFloat)),
+                    "[adam_update_] lr must be a 0-d float64 CPU tensor, got a float32 tensor of "
+                    "shape [] on cuda:0 (or a 0-d float64 tensor on the params' device, cuda:0, "
+                    "read there)");
+  // increment_: the counts of one call on one device, the CPU or a GPU.
+  increment_({step, gpu_proxy({}, kInt64)});
+  EXPECT_KILN_ERROR(increment_({step, step_tensor(1)}),
+                    "[increment_] tensors[1] must be a 0-d int64 tensor on cuda:0, got a int64 "
+                    "tensor of shape [] on cpu (one call's counts share a device");
 }
 
 // What kiln::compile relies on: a call replayed with the attributes it was recorded with reads
