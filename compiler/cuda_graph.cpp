@@ -85,7 +85,8 @@ Analysis analyse(const Program& program, bool has_backward) {
     }
   }
   // Captured CPU scalars nothing else holds cannot change between runs; others (an optimizer's
-  // learning rate and step counts) can, so a step reading them runs on the host.
+  // learning rate) can, so a step reading them runs on the host, unless it only copies one to
+  // the GPU (a launch input, below).
   std::vector<bool> constant(t.values.size(), false);
   for (size_t i = 0; i < t.externals.size(); ++i) {
     const Tensor& e = program.externals()[i];
@@ -144,12 +145,35 @@ Analysis analyse(const Program& program, bool has_backward) {
     for (int v : t.ops[i].outputs) ok = ok && on_device(t, v, a.device);
     if (!ok) gpu_step[static_cast<size_t>(at[i])] = false;
   }
+  // A launch input's copy is not run: it takes the kind of the next step (else of the one
+  // before), so that it never makes a segment of its own.
+  {
+    std::vector<int> next_kind(t.ops.size(), -1);
+    int kind = -1;  // 1: a graph step, 0: a host step, -1: none
+    for (size_t i = t.ops.size(); i-- > 0;) {
+      if (!program.has_step(i)) continue;
+      if (launch_op[i]) {
+        next_kind[i] = kind;
+      } else {
+        kind = gpu_step[i] ? 1 : 0;
+      }
+    }
+    kind = -1;
+    for (size_t i = 0; i < t.ops.size(); ++i) {
+      if (!program.has_step(i)) continue;
+      if (launch_op[i]) {
+        gpu_step[i] = (next_kind[i] >= 0 ? next_kind[i] : kind) == 1;
+      } else {
+        kind = gpu_step[i] ? 1 : 0;
+      }
+    }
+  }
   // Segments: maximal runs of steps of one kind; an op index without a step joins the segment
   // of its step (a region's earlier ops).
   for (size_t i = 0; i < t.ops.size(); ++i) {
     if (!program.has_step(i)) continue;
     const bool graph = gpu_step[i];
-    if (!graph) ++a.host_steps;
+    if (!graph && !launch_op[i]) ++a.host_steps;
     if (a.segments.empty() || a.segments.back().graph != graph) {
       const size_t begin = a.segments.empty() ? 0 : a.segments.back().end;
       a.segments.push_back({begin, i + 1, graph, {}, {}});
