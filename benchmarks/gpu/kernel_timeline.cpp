@@ -9,7 +9,7 @@
 //   python3 benchmarks/gpu/timeline_report.py one_gpu.csv ddp_rank0.csv   # what differs
 //
 // Each process writes <KILN_TIMELINE_OUT>.<pid>.csv: kind,start_ns,end_ns,device,stream,name
-// (kind: kernel or memcpy). Under `kiln run` set KILN_TIMELINE_OUT for every rank: each process
+// (kind: kernel or memcpy; a kernel's name ends with " grid=XxYxZ", its launch grid). Under `kiln run` set KILN_TIMELINE_OUT for every rank: each process
 // writes its own file. CUPTI adds about a microsecond per launch on the host; kernel times are
 // the GPU's own.
 #include <cupti.h>
@@ -57,7 +57,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
     if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ||
         record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      rows.push_back({true, k->start, k->end, k->deviceId, k->streamId, k->name ? k->name : "?"});
+      // The grid tells launches of one kernel apart by problem size (a GEMM's shape).
+      rows.push_back({true, k->start, k->end, k->deviceId, k->streamId,
+                      std::string(k->name ? k->name : "?") + " grid=" + std::to_string(k->gridX) +
+                          "x" + std::to_string(k->gridY) + "x" + std::to_string(k->gridZ)});
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
       rows.push_back({false, m->start, m->end, m->deviceId, m->streamId,

@@ -88,7 +88,8 @@ def report(path, args):
     by_name = collections.Counter()
     for r in rows:
         fams[family(r[4])] += r[1] - r[0]
-        by_name[re.sub(r"\s+", " ", r[4])[:100]] += r[1] - r[0]
+        base, _, grid = r[4].partition(" grid=")  # kernel_timeline.cpp appends the grid
+        by_name[re.sub(r"\s+", " ", base)[:90] + (f" grid={grid}" if grid else "")] += r[1] - r[0]
     print("  families (ms per step): " + ", ".join(f"{k} {per(v):.2f}" for k, v in fams.most_common()))
     if args.gemm_tflop and fams["gemm"]:
         print(f"  GEMMs: {args.gemm_tflop:.2f} TFLOP a step in {per(fams['gemm']):.2f} ms = "
