@@ -9,8 +9,9 @@
 //   python3 benchmarks/gpu/timeline_report.py one_gpu.csv ddp_rank0.csv   # what differs
 //
 // Each process writes <KILN_TIMELINE_OUT>.<pid>.csv: kind,start_ns,end_ns,device,stream,name
-// (kind: kernel or memcpy; a kernel's name ends with " grid=XxYxZ", its launch grid). Under `kiln run` set KILN_TIMELINE_OUT for every rank: each process
-// writes its own file. CUPTI adds about a microsecond per launch on the host; kernel times are
+// (kind: kernel or memcpy; a kernel's name ends with " grid=XxYxZ", its launch grid). Under
+// `kiln run` set KILN_TIMELINE_OUT for every rank: each process writes its own file. CUPTI adds
+// about a microsecond per launch on the host; kernel times are
 // the GPU's own.
 #include <cupti.h>
 
