@@ -24,6 +24,8 @@
 #include "tensor/ops.h"
 #include "tensor/deterministic.h"
 #include "tensor/random.h"
+#include "tensor/registry.h"
+#include "tensor/storage.h"
 #include "tensor/tensor_data.h"
 #include "tensor/tensor_impl.h"
 #include "tiny_step.h"
@@ -127,6 +129,60 @@ TEST(CudaGraphAnalysis, CopiesOfAMutableCpuScalarToTheGpuAreLaunchInputs) {
   // A copy that converts (f64 to f32) runs on the host.
   const auto converted = cuda_program([&](const Tensor& x) { return x * lr.to(gpu, kFloat); });
   EXPECT_EQ(compiler::GraphedProgram(converted).host_steps(), 1) << converted->trace().str();
+}
+
+// A tensor of the GPU that has no memory (a storage of cuda:0 whose data is null, not a proxy):
+// captured by the tracer as a parameter is, and all the analysis needs of one.
+Tensor memoryless_gpu_tensor(const Shape& sizes, ScalarType dtype) {
+  auto storage = std::make_shared<StorageImpl>(
+      nullptr, static_cast<size_t>(numel_of(sizes)) * element_size(dtype), Device(kCUDA, 0),
+      nullptr);
+  return Tensor(std::make_shared<TensorImpl>(storage, sizes, contiguous_strides(sizes), 0, dtype));
+}
+
+#if !defined(KILN_WITH_CUDA)
+// A CPU build has no CUDA kernel of adam_update_, so its tracer would expand a GPU call into the
+// op's decomposition (as eager code would run it), where a CUDA build keeps it whole. This
+// stand-in, which never runs (a CPU build has no GPU), keeps it whole here too.
+void adam_update_standin(OpCall&) {
+  KILN_FAIL("[cuda_graph_test] the stand-in CUDA kernel of adam_update_ ran");
+}
+KILN_REGISTER_KERNEL(adam_update_, kCUDA, adam_update_standin);
+#endif
+
+// A training step on the GPU with AdamW: its step counts live on the GPU and its lr is a launch
+// input, so the step, the update included, has no host step. The optimizer's state is made
+// beforehand, as step 1 leaves it, so that one trace is the program later calls replay.
+TEST(CudaGraphAnalysis, AdamWTrainingStepHasNoHostStep) {
+  auto program_of = [](optim::Optimizer& opt, const Tensor& w) {
+    const Tensor x = compiler::proxy_of({{4, 8}, kFloat, Device(kCUDA, 0)});
+    compiler::TraceResult r = compiler::trace_callable(
+        [&](const std::vector<Tensor>& a) {
+          opt.zero_grad();
+          Tensor loss = (a[0] * w).sum();
+          loss.backward();
+          opt.step();
+          return std::vector<Tensor>{loss};
+        },
+        {x});
+    const std::vector<std::shared_ptr<const compiler::Executor>> eager = {
+        compiler::find_executor("eager")};
+    return std::make_shared<const compiler::Program>(compiler::assign_executors(r.trace, eager),
+                                                     std::move(r.externals), eager);
+  };
+  const Tensor w = memoryless_gpu_tensor({4, 8}, kFloat).requires_grad_(true);
+  optim::AdamW adamw({w}, optim::AdamWOptions(1e-2).weight_decay(0.1));
+  optim::OptimizerParamState& st = adamw.state()[w.impl()];
+  st.step = memoryless_gpu_tensor({}, kInt64);
+  st.buffers["exp_avg"] = memoryless_gpu_tensor({4, 8}, kFloat);
+  st.buffers["exp_avg_sq"] = memoryless_gpu_tensor({4, 8}, kFloat);
+  const auto p = program_of(adamw, w);
+  const std::string listing = p->trace().str();
+  EXPECT_TRUE(contains(listing, "to_copy(") && contains(listing, "increment_(") &&
+              contains(listing, "adam_update_("))
+      << listing;
+  EXPECT_EQ(compiler::cuda_graph_refusal(*p, false), "") << listing;
+  EXPECT_EQ(compiler::GraphedProgram(p).host_steps(), 0) << listing;
 }
 
 TEST(CudaGraphAnalysis, RefusesWhatACopyWouldHide) {
