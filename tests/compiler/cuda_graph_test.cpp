@@ -80,6 +80,66 @@ TEST(CudaGraphOptions, CpuTrainingStepSaysWhy) {
       << step.stats().graph_reason;
 }
 
+// The AdamW update alone (f32 and bf16 parameters on `device`), compiled, with a scheduler
+// changing the lr at every step, against the same optimizer in eager code: bit for bit at every
+// step, moments and step counts included. Returns the compiled update's stats.
+constexpr int kUpdateSteps = 7;
+compiler::CompileStats compiled_adamw_update_against_eager(Device device) {
+  manual_seed(21);
+  std::vector<Tensor> compiled, eager;
+  const std::vector<std::pair<Shape, ScalarType>> shapes = {
+      {{1000}, kFloat}, {{33, 17}, kFloat}, {{8193}, kBFloat16}, {{7}, kBFloat16}};
+  for (const auto& [shape, dtype] : shapes) {
+    const Tensor init = randn(shape).to(device, dtype);
+    compiled.push_back(init.clone().requires_grad_(true));
+    eager.push_back(init.clone().requires_grad_(true));
+  }
+  const auto options = optim::AdamWOptions(1e-2).weight_decay(0.1);
+  optim::AdamW opt_compiled(compiled, options), opt_eager(eager, options);
+  auto decay = [](int64_t step) { return 1.0 / (1.0 + 0.5 * static_cast<double>(step)); };
+  optim::LambdaLR sched_compiled(opt_compiled, decay), sched_eager(opt_eager, decay);
+  auto update = compile([&]() { opt_compiled.step(); }, CompileOptions().name("adamw_update"));
+  for (int k = 0; k < kUpdateSteps; ++k) {
+    for (size_t i = 0; i < compiled.size(); ++i) {
+      const Tensor g = randn(compiled[i].sizes()).to(device, compiled[i].dtype());
+      // A graph reads the gradients where they are: written in place after the first step.
+      Tensor& grad = compiled[i].mutable_grad();
+      if (grad.defined()) {
+        grad.copy_(g);
+      } else {
+        grad = g.clone();
+      }
+      eager[i].mutable_grad() = g.clone();
+    }
+    update();
+    opt_eager.step();
+    sched_compiled.step();
+    sched_eager.step();
+    for (size_t i = 0; i < compiled.size(); ++i) {
+      EXPECT_TRUE(equal(compiled[i].detach().cpu(), eager[i].detach().cpu()))
+          << "step " << k + 1 << " parameter " << i;
+    }
+  }
+  for (size_t i = 0; i < compiled.size(); ++i) {
+    const optim::OptimizerParamState& a = opt_compiled.state().at(compiled[i].impl());
+    const optim::OptimizerParamState& b = opt_eager.state().at(eager[i].impl());
+    EXPECT_EQ(a.step.device(), device);  // the parameter's: a GPU one's count lives on the GPU
+    EXPECT_EQ(a.step_count(), kUpdateSteps);
+    EXPECT_EQ(b.step_count(), kUpdateSteps);
+    for (const auto& [name, buffer] : b.buffers) {
+      EXPECT_TRUE(equal(a.buffers.at(name).cpu(), buffer.cpu())) << name << " of parameter " << i;
+    }
+  }
+  return update.stats();
+}
+
+TEST(CudaGraphOptions, CompiledAdamWUpdateWithSchedulerEqualsEager) {
+  const compiler::CompileStats s = compiled_adamw_update_against_eager(Device(kCPU));
+  EXPECT_EQ(s.misses, 2);  // step 1 creates the state
+  EXPECT_EQ(s.hits, kUpdateSteps - 2);
+  EXPECT_EQ(s.cuda_graph, "off");
+}
+
 // How a program divides into graphs and host steps, and what it refuses, decided from the trace
 // alone: traced here on proxies of CUDA tensors, which need no GPU.
 std::shared_ptr<const compiler::Program> cuda_program(
@@ -216,6 +276,7 @@ class GpuCudaGraph : public ::testing::Test {
 };
 
 TensorOptions on_gpu() { return TensorOptions().device(Device(kCUDA)); }
+Device test_gpu() { return Device(kCUDA, 0); }
 
 // tiny-llama (head size 16: attention runs as its decomposition), or with head size 64, where
 // attention runs its CUDA kernels (cuDNN or the hand kernels, the measured choice).
@@ -314,61 +375,14 @@ TEST_F(GpuCudaGraph, TrainingStepWithSchedulerIsOneGraph) {
   }
 }
 
-// The AdamW update alone (f32 and bf16 parameters), compiled and replayed as one CUDA graph with
-// a scheduler changing the lr at every step, against the same optimizer in eager code: bit for
-// bit (one kernel, reading the lr and step counts on the device), moments and counts included.
+// The AdamW update alone, compiled and replayed as one CUDA graph, equals eager AdamW bit for
+// bit with an lr that changes at every step (written into the graph's copy before each launch).
 TEST_F(GpuCudaGraph, AdamWUpdateWithSchedulerEqualsEagerBitForBit) {
-  manual_seed(21);
-  std::vector<Tensor> graphed, eager;
-  const std::vector<std::pair<Shape, ScalarType>> shapes = {
-      {{1000}, kFloat}, {{33, 17}, kFloat}, {{8193}, kBFloat16}, {{7}, kBFloat16}};
-  for (const auto& [shape, dtype] : shapes) {
-    const Tensor init = randn(shape).to(dtype).cuda();
-    graphed.push_back(init.clone().requires_grad_(true));
-    eager.push_back(init.clone().requires_grad_(true));
-  }
-  const auto options = optim::AdamWOptions(1e-2).weight_decay(0.1);
-  optim::AdamW opt_graphed(graphed, options), opt_eager(eager, options);
-  auto decay = [](int64_t step) { return 1.0 / (1.0 + 0.5 * static_cast<double>(step)); };
-  optim::LambdaLR sched_graphed(opt_graphed, decay), sched_eager(opt_eager, decay);
-  auto update = compile([&]() { opt_graphed.step(); }, CompileOptions().name("adamw_update"));
-  constexpr int kSteps = 7;
-  for (int k = 0; k < kSteps; ++k) {
-    for (size_t i = 0; i < graphed.size(); ++i) {
-      const Tensor g = randn(graphed[i].sizes()).to(graphed[i].dtype()).cuda();
-      // The graph reads the gradients where they are: written in place after the first step.
-      Tensor& grad = graphed[i].mutable_grad();
-      if (grad.defined()) {
-        grad.copy_(g);
-      } else {
-        grad = g.clone();
-      }
-      eager[i].mutable_grad() = g.clone();
-    }
-    update();
-    opt_eager.step();
-    sched_graphed.step();
-    sched_eager.step();
-    for (size_t i = 0; i < graphed.size(); ++i) {
-      EXPECT_TRUE(equal(graphed[i].detach().cpu(), eager[i].detach().cpu()))
-          << "step " << k + 1 << " parameter " << i;
-    }
-  }
-  for (size_t i = 0; i < graphed.size(); ++i) {
-    const optim::OptimizerParamState& a = opt_graphed.state().at(graphed[i].impl());
-    const optim::OptimizerParamState& b = opt_eager.state().at(eager[i].impl());
-    EXPECT_TRUE(a.step.is_cuda());
-    EXPECT_EQ(a.step_count(), kSteps);
-    EXPECT_EQ(b.step_count(), kSteps);
-    for (const auto& [name, buffer] : b.buffers) {
-      EXPECT_TRUE(equal(a.buffers.at(name).cpu(), buffer.cpu())) << name << " of parameter " << i;
-    }
-  }
-  const compiler::CompileStats& s = update.stats();
+  const compiler::CompileStats s = compiled_adamw_update_against_eager(test_gpu());
   EXPECT_EQ(s.cuda_graph, "replaying") << s.graph_reason;
   EXPECT_EQ(s.graph_reason, "1 graph, 0 host steps");
   EXPECT_EQ(s.graph_captures, 1);
-  EXPECT_EQ(s.graph_replays, kSteps - 3);
+  EXPECT_EQ(s.graph_replays, kUpdateSteps - 3);
   EXPECT_TRUE(s.graph_recapture_reasons.empty());
 }
 
