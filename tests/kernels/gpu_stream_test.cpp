@@ -1,7 +1,8 @@
 // Streams, events and pinned host memory (kernels/cuda/runtime.h): work split over two streams
-// ordered by events gives the CPU's results, events time work, pinned tensors round-trip, and
-// non-blocking copies equal the data once synchronised. Gpu* suites skip without a GPU; the
-// last suite checks the errors of a build or machine without one.
+// ordered by events gives the CPU's results, events time work, pinned tensors round-trip,
+// non-blocking copies equal the data once synchronised, and small host-to-device copies are
+// queued. Gpu* suites skip without a GPU; the last suite checks the errors of a build or machine
+// without one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -136,6 +137,32 @@ TEST_F(GpuPinned, NonBlockingOnASideStream) {
   }
   s.synchronize();
   EXPECT_TRUE(equal(back, h + 1.0));
+}
+
+// A host-to-device copy of at most 8 bytes (an optimizer's lr every step) is a queued kernel
+// that carries the bytes: the values of every width arrive, on the current stream, in order with
+// the work around them, and the host memory may change as soon as the copy returns.
+TEST_F(GpuPinned, SmallHostToDeviceCopiesAreQueued) {
+  for (ScalarType dt : {kBool, kByte, kHalf, kBFloat16, kInt32, kFloat, kInt64, kDouble}) {
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}}) {
+      if (n * static_cast<int64_t>(element_size(dt)) > 8) continue;
+      const Tensor h = (arange(0, n, kDouble) * 1.5 + 1.0).to(dt);
+      EXPECT_TRUE(equal(h.cuda().cpu(), h)) << dtype_name(dt) << " x" << n;
+    }
+  }
+  Tensor lr = scalar_tensor(0.25, kDouble);
+  const cuda::Stream s = cuda::Stream::create();
+  Tensor d, later;
+  {
+    cuda::StreamGuard guard(s);
+    const Tensor busy = randn({1 << 20}).cuda().mul(2.0);  // work queued before the copy
+    d = lr.to(kCUDA);
+    *lr.data_ptr<double>() = 4.0;  // the copy already holds its bytes
+    later = d * busy.numel();
+  }
+  s.synchronize();
+  EXPECT_EQ(d.cpu().item<double>(), 0.25);
+  EXPECT_EQ(later.cpu().item<double>(), 0.25 * (1 << 20));
 }
 
 // A pinned block whose tensor died is reused for the next request of its size.
