@@ -124,8 +124,17 @@ Analysis analyse(const Program& program, bool has_backward) {
             {i, op.outputs[0], static_cast<size_t>(external_of[static_cast<size_t>(in)])});
       }
     }
+    // A returned copy (or a .grad) would be the buffer itself, overwritten by the next run.
+    std::vector<bool> kept(t.values.size(), false);
+    for (int v : t.outputs) {
+      if (v >= 0) kept[static_cast<size_t>(v)] = true;
+    }
+    for (const GradEffect& e : t.grad_effects) {
+      if (e.value >= 0) kept[static_cast<size_t>(e.value)] = true;
+    }
     for (const Analysis::LaunchInput& c : copies) {
-      if (!other_reader[static_cast<size_t>(t.externals[c.external])]) {
+      if (!other_reader[static_cast<size_t>(t.externals[c.external])] &&
+          !kept[static_cast<size_t>(c.value)]) {
         a.launch_inputs.push_back(c);
       }
     }

@@ -186,6 +186,17 @@ TEST(CudaGraphAnalysis, CopiesOfAMutableCpuScalarToTheGpuAreLaunchInputs) {
   const auto read =
       cuda_program([&](const Tensor& x) { return x * lr.to(gpu) + (lr * 2.0).to(gpu); });
   EXPECT_EQ(compiler::GraphedProgram(read).host_steps(), 3) << read->trace().str();
+  // A returned copy runs on the host (the caller keeps a tensor of its own).
+  compiler::TraceResult r = compiler::trace_callable(
+      [&](const std::vector<Tensor>& a) {
+        return std::vector<Tensor>{a[0] * 2.0, lr.to(gpu)};
+      },
+      {compiler::proxy_of({{4, 8}, kFloat, gpu})});
+  const std::vector<std::shared_ptr<const compiler::Executor>> eager = {
+      compiler::find_executor("eager")};
+  const auto returned = std::make_shared<const compiler::Program>(
+      compiler::assign_executors(r.trace, eager), std::move(r.externals), eager);
+  EXPECT_EQ(compiler::GraphedProgram(returned).host_steps(), 1) << returned->trace().str();
   // A copy that converts (f64 to f32) runs on the host.
   const auto converted = cuda_program([&](const Tensor& x) { return x * lr.to(gpu, kFloat); });
   EXPECT_EQ(compiler::GraphedProgram(converted).host_steps(), 1) << converted->trace().str();
