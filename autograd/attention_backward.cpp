@@ -12,7 +12,7 @@ namespace {
 TensorVec flash_attention_backward_rule(const BackwardCall& c) {
   if (!c.needs_grad(0) && !c.needs_grad(1) && !c.needs_grad(2)) return internal::no_grads(3);
   static const OpDef& op = KILN_OP(flash_attention_backward);
-  const Tensor dlse = internal::is_absent_grad(c.grad(1)) ? Tensor() : c.grad(1);
+  const Tensor dlse = c.has_grad(1) ? c.grad(1) : Tensor();
   const TensorVec g =
       call_op(op, {c.grad(0), c.input(0), c.input(1), c.input(2), c.output(0), c.output(1), dlse},
               {c.attr<double>(0), c.attr<bool>(1), c.attr<int64_t>(2), c.attr<double>(3)});

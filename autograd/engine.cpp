@@ -17,13 +17,13 @@ namespace {
 // The zeros run_backward made for the node it is applying on this thread (null outside a node's
 // apply). Thread-local: the engine applies a node on the thread that called backward, and
 // independent graphs may run backward on several threads at once.
-thread_local const variable_list* t_absent_grads = nullptr;
+thread_local variable_list* t_absent_grads = nullptr;
 
 // Publishes `absent` for one node's apply; restores the enclosing node's list after it (a rule
 // may run a nested backward, as checkpoint's recomputation does).
 class AbsentGradsScope {
  public:
-  explicit AbsentGradsScope(const variable_list* absent) : previous_(t_absent_grads) {
+  explicit AbsentGradsScope(variable_list* absent) : previous_(t_absent_grads) {
     t_absent_grads = absent;
   }
   ~AbsentGradsScope() { t_absent_grads = previous_; }
@@ -31,7 +31,7 @@ class AbsentGradsScope {
   AbsentGradsScope& operator=(const AbsentGradsScope&) = delete;
 
  private:
-  const variable_list* previous_;
+  variable_list* previous_;
 };
 
 }  // namespace
@@ -42,6 +42,10 @@ bool is_absent_grad(const Tensor& grad) {
     if (z.impl() == grad.impl()) return true;
   }
   return false;
+}
+
+void note_absent_grad(const Tensor& zeros) {
+  if (t_absent_grads != nullptr) t_absent_grads->push_back(zeros);
 }
 
 }  // namespace internal
@@ -199,20 +203,21 @@ variable_list run_backward(const std::vector<Edge>& roots, const variable_list& 
       if (dynamic_cast<AccumulateGrad*>(n) != nullptr) continue;
     }
     if (!accumulate_into_leaves && dynamic_cast<AccumulateGrad*>(n) != nullptr) continue;
-    // Absent output gradients become zeros so that every rule sees defined gradients; the rule
+    // Absent output gradients become zeros so that every node sees defined gradients: here, or
+    // when a registry rule first reads one (Node::makes_absent_grads: BackwardCall::grad). A node
     // can tell them from real ones (internal::is_absent_grad) to skip work they would cause.
     bool any_defined = false;
     for (const Tensor& g : grads) any_defined |= g.defined();
     variable_list inputs_grads;
     if (any_defined) {
       variable_list absent;  // holds the zeros, so their addresses stay theirs during apply
-      for (size_t i = 0; i < grads.size(); ++i) {
+      for (size_t i = 0; i < grads.size() && !n->makes_absent_grads(); ++i) {
         if (!grads[i].defined() && i < n->output_metas().size()) {
           grads[i] = zeros_for(n->output_metas()[i]);
           absent.push_back(grads[i]);
         }
       }
-      internal::AbsentGradsScope scope(absent.empty() ? nullptr : &absent);
+      internal::AbsentGradsScope scope(&absent);
       inputs_grads = n->apply(std::move(grads));
     }
     if (!keep_graph) n->release_variables();

@@ -159,7 +159,7 @@ TensorVec cat_backward(const BackwardCall& c) {
 TensorVec split_copy_backward(const BackwardCall& c) {
   if (!c.needs_grad(0)) return internal::no_grads(1);
   const int64_t dim = wrap_dim(c.attr<int64_t>(1), c.input(0).dim(), "split_with_sizes_copy");
-  return {cat(c.grad_outputs, dim)};
+  return {cat(c.grads(), dim)};
 }
 
 // sort/topk: outputs (values, indices); the value gradient goes back to where each came from.

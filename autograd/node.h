@@ -49,6 +49,10 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual std::string name() const = 0;
   // Frees what was saved for backward (unless the graph is retained).
   virtual void release_variables() {}
+  // Whether apply() takes undefined gradients for outputs that received none and makes their
+  // zeros itself, only where it reads them (op nodes: BackwardCall::grad). Otherwise the engine
+  // gives apply() zeros for them.
+  virtual bool makes_absent_grads() const { return false; }
 
   const std::vector<Edge>& next_edges() const { return next_edges_; }
   std::vector<Edge>& mutable_next_edges() { return next_edges_; }

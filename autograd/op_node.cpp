@@ -1,9 +1,11 @@
 // Records registry ops into the autograd graph: the Autograd dispatch handler and OpNode, the
 // node that runs an op's registered backward rule.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
 #include "autograd/autograd_meta.h"
+#include "autograd/backward_util.h"
 #include "autograd/grad_mode.h"
 #include "tensor/ops.h"
 
@@ -70,8 +72,22 @@ class OpNode final : public Node {
       fwd.outputs.push_back(outputs_[i].defined() ? outputs_[i].unpack(self, name())
                                                   : meta_tensor(output_metas_[i]));
     }
+    // Zeros for an output that received no gradient, made when the rule reads it.
+    grads.resize(std::max(grads.size(), output_metas().size()));
+    struct Absent {
+      variable_list& grads;
+      const std::vector<InputMeta>& metas;
+    } absent{grads, output_metas()};
     BackwardCall call{fwd, TensorList(grads.data(), grads.size()),
                       absl::Span<const bool>(needs_grad.data(), needs_grad.size())};
+    call.materialize = [](void* context, size_t i) {
+      auto& a = *static_cast<Absent*>(context);
+      if (i >= a.metas.size()) return;
+      const InputMeta& m = a.metas[i];
+      a.grads[i] = zeros(m.sizes, TensorOptions(m.dtype).device(m.device));
+      internal::note_absent_grad(a.grads[i]);
+    };
+    call.materialize_context = &absent;
     TensorVec result = op_->backward(call);
     variable_list out(inputs_.size());
     for (size_t i = 0; i < inputs_.size() && i < result.size(); ++i) {
@@ -89,6 +105,7 @@ class OpNode final : public Node {
   }
 
   std::string name() const override { return backward_node_name(op_->name); }
+  bool makes_absent_grads() const override { return true; }
 
   void release_variables() override {
     // A node that saved nothing can run again; one that did fails clearly after this.

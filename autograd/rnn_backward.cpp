@@ -32,7 +32,7 @@ TensorVec unbind_copy_backward_rule(const BackwardCall& c) {
   if (c.grad_outputs.empty())
     return {
         zeros(c.input(0).sizes(), TensorOptions(c.input(0).dtype()).device(c.input(0).device()))};
-  return {stack(c.grad_outputs, d)};
+  return {stack(c.grads(), d)};
 }
 
 }  // namespace

@@ -107,15 +107,31 @@ using KernelList = absl::InlinedVector<KernelDef, 1>;
 
 // What a backward rule receives: the forward call (inputs, attributes, outputs; inputs the
 // rule does not save arrive as meta tensors carrying only shape, dtype and device) and the
-// gradients of the outputs (zeros where an output received none).
+// gradients of the outputs. An output that received no gradient gets zeros when the rule first
+// reads its gradient (grad(i), grads()): a rule that never reads it costs no zeros (the
+// linear_cross_entropy rule reads only the loss's, not the [vocab, C] zeros of its dweight).
 struct BackwardCall {
   const OpCall& forward;
-  TensorList grad_outputs;
+  TensorList grad_outputs;  // undefined where an output received none and grad(i) was not read
   // Whether input i needs a gradient; rules may skip work for the others.
   absl::Span<const bool> needs_input_grad;
+  // Writes zeros into grad_outputs[i] (the caller's storage), for an absent gradient's first
+  // read; null: every gradient is defined.
+  void (*materialize)(void* context, size_t i) = nullptr;
+  void* materialize_context = nullptr;
   const Tensor& input(size_t i) const { return forward.inputs[i]; }
   const Tensor& output(size_t i) const { return forward.outputs[i]; }
-  const Tensor& grad(size_t i = 0) const { return grad_outputs[i]; }
+  const Tensor& grad(size_t i = 0) const {
+    if (!grad_outputs[i].defined() && materialize != nullptr) materialize(materialize_context, i);
+    return grad_outputs[i];
+  }
+  // Whether output i received a gradient (false: grad(i) would be zeros the engine made).
+  bool has_grad(size_t i) const { return grad_outputs[i].defined() || materialize == nullptr; }
+  // Every output's gradient, zeros for the absent ones.
+  TensorList grads() const {
+    for (size_t i = 0; i < grad_outputs.size(); ++i) (void)grad(i);
+    return grad_outputs;
+  }
   bool needs_grad(size_t i) const { return i < needs_input_grad.size() && needs_input_grad[i]; }
   template <typename T>
   const T& attr(size_t i) const {
