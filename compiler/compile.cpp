@@ -42,8 +42,8 @@ CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
 }
 CompileOptions& CompileOptions::skip_pass(std::string name) {
   // The passes compile runs, in order (CompiledCore::call).
-  static constexpr std::array<std::string_view, 7> kPasses = {
-      "autocast", "decompose", "functionalize", "dce", "cse", "fuse", "plan_memory"};
+  static constexpr std::array<std::string_view, 8> kPasses = {
+      "autocast", "decompose", "functionalize", "simplify", "dce", "cse", "fuse", "plan_memory"};
   if (std::find(kPasses.begin(), kPasses.end(), name) == kPasses.end()) {
     std::string known;
     for (std::string_view p : kPasses)
@@ -673,8 +673,9 @@ std::vector<Tensor> CompiledCore::call(
       });
       record("decompose", t0);
     }
-    for (auto [name, pass] : {std::pair{"functionalize", &functionalize}, std::pair{"dce", &dce},
-                              std::pair{"cse", &cse}}) {
+    for (auto [name, pass] :
+         {std::pair{"functionalize", &functionalize}, std::pair{"simplify", &simplify},
+          std::pair{"dce", &dce}, std::pair{"cse", &cse}}) {
       if (skip(name)) continue;
       const auto t0 = std::chrono::steady_clock::now();
       t = pass(t);

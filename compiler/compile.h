@@ -58,8 +58,8 @@ class CompileOptions {
   // generated kernels (fused_cuda), fusion regions of CPU ops with fused_cpu, and everything else
   // with the ops' own kernels.
   CompileOptions& executors(std::vector<std::string> names);
-  // Skips a pass by name: "autocast", "decompose", "functionalize", "dce", "cse", "fuse",
-  // "plan_memory" (the order they run in).
+  // Skips a pass by name: "autocast", "decompose", "functionalize", "simplify", "dce", "cse",
+  // "fuse", "plan_memory" (the order they run in).
   CompileOptions& skip_pass(std::string name);
   // Ops the decompose pass always expands into their decompositions (besides those no executor
   // claims whole and no kernel supports), e.g. {"rms_norm"} to see its primitives.

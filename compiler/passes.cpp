@@ -1,6 +1,7 @@
 #include "compiler/passes.h"
 
 #include <utility>
+#include <variant>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
@@ -155,10 +156,11 @@ Trace dce(const Trace& trace) {
   return out;
 }
 
-Trace cse(const Trace& trace) {
-  // Values some in-place op writes (conservatively: every tensor input of an in-place op), and
-  // through views the values they alias: an op producing one is never merged with another,
-  // since the two results would no longer be two tensors.
+namespace {
+
+// Values some in-place op writes (conservatively: every tensor input of an in-place op), and
+// through views the values they alias.
+std::vector<bool> written_values(const Trace& trace) {
   std::vector<bool> written(trace.values.size(), false);
   for (size_t i = trace.ops.size(); i-- > 0;) {
     const BoundOp& op = trace.ops[i];
@@ -171,6 +173,73 @@ Trace cse(const Trace& trace) {
       if (v >= 0) written[static_cast<size_t>(v)] = true;
     }
   }
+  return written;
+}
+
+}  // namespace
+
+Trace simplify(const Trace& trace) {
+  const std::vector<bool> written = written_values(trace);
+  std::vector<const BoundOp*> producer(trace.values.size(), nullptr);
+  for (const BoundOp& op : trace.ops) {
+    for (int v : op.outputs) {
+      if (v >= 0) producer[static_cast<size_t>(v)] = &op;
+    }
+  }
+  // A 0-d value fill_ set to one on a fresh empty([]) that nothing else writes.
+  auto constant_one = [&](int v) {
+    const BoundOp* fill = producer[static_cast<size_t>(v)];
+    if (fill == nullptr || fill->name() != "fill_" || fill->inputs.size() != 1 ||
+        fill->attrs.size() != 1 || !trace.value(v).spec.sizes.empty() ||
+        written[static_cast<size_t>(v)]) {
+      return false;
+    }
+    const auto* s = std::get_if<Scalar>(&fill->attrs[0]);
+    const int base = fill->inputs[0];
+    const BoundOp* made = base >= 0 ? producer[static_cast<size_t>(base)] : nullptr;
+    return s != nullptr && !s->is_boolean() && s->to<double>() == 1.0 && made != nullptr &&
+           made->name() == "empty" && made->inputs.empty();
+  };
+  Trace out = trace;
+  out.stage = "simplify";
+  out.ops.clear();
+  std::vector<int> to(trace.values.size());
+  for (size_t v = 0; v < to.size(); ++v) to[v] = static_cast<int>(v);
+  for (const BoundOp& original : trace.ops) {
+    BoundOp op = original;
+    rename(op.inputs, to);
+    if (op.name() == "mul" && op.inputs.size() == 2 && op.outputs.size() == 1 &&
+        op.outputs[0] >= 0 && op.inputs[0] >= 0 && op.inputs[1] >= 0 && !op.autocast.any()) {
+      const int product = op.outputs[0];
+      for (int k = 0; k < 2; ++k) {
+        const int x = op.inputs[static_cast<size_t>(k)];
+        if (!constant_one(op.inputs[static_cast<size_t>(1 - k)])) continue;
+        const TensorSpec& xs = trace.value(x).spec;
+        const TensorSpec& ps = trace.value(product).spec;
+        const BoundOp* made = producer[static_cast<size_t>(x)];
+        if (xs.sizes != ps.sizes || xs.dtype != ps.dtype || xs.device != ps.device ||
+            written[static_cast<size_t>(x)] || written[static_cast<size_t>(product)] ||
+            made == nullptr || made->op->kind != OpKind::kFunctional) {
+          continue;
+        }
+        to[static_cast<size_t>(product)] = x;
+        break;
+      }
+      if (to[static_cast<size_t>(product)] != product) continue;
+    }
+    out.ops.push_back(std::move(op));
+  }
+  rename(out.outputs, to);
+  for (GradEffect& e : out.grad_effects) {
+    if (e.value >= 0) e.value = to[static_cast<size_t>(e.value)];
+  }
+  return out;
+}
+
+Trace cse(const Trace& trace) {
+  // An op producing a value some in-place op writes is never merged with another, since the
+  // two results would no longer be two tensors.
+  const std::vector<bool> written = written_values(trace);
   Trace out = trace;
   out.stage = "cse";
   out.ops.clear();

@@ -24,6 +24,15 @@ namespace kiln::compiler {
 // in-place op, and what they read.
 Trace dce(const Trace& trace);
 
+// Algebraic simplification: `x * c` and `c * x`, where c is a constant one (a 0-d value that
+// `fill_(empty([]), 1)` made, as the gradient backward() seeds: a backward rule scales by it),
+// is x itself when the product has x's sizes, dtype and device and neither x nor the product
+// is written in place; x must be made by a functional op (not an argument, a captured tensor or
+// a view of one), so that no returned value or gradient comes to alias one. Uses of the product
+// are renamed to x, which dce then leaves alone (llama-3.2-1b: two products of its head's
+// 525 MB gradient and of its hidden states' gradient by one, each step).
+Trace simplify(const Trace& trace);
+
 // Common-subexpression elimination over functional, non-random ops: a second op with the same
 // inputs and attributes is dropped and its outputs renamed to the first one's. Ops whose results
 // an in-place op later writes (directly or through a view) are never merged.

@@ -64,7 +64,7 @@ TEST(Compile, TraceDirGetsEveryStage) {
   bool cse_file = false;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     ++files;
-    cse_file |= e.path().filename().string() == "twice.1.6.cse.txt";
+    cse_file |= e.path().filename().string() == "twice.1.7.cse.txt";
   }
   EXPECT_EQ(files, static_cast<int>(f.traces().size()));
   EXPECT_TRUE(cse_file);
@@ -102,9 +102,9 @@ TEST(Compile, DynamicDimensionsSayWhyTheyCompileAgain) {
 TEST(Compile, SkipPassNamesThePasses) {
   EXPECT_KILN_ERROR(CompileOptions().skip_pass("fusion"),
                     "no pass is named 'fusion' (passes that can be skipped: autocast, decompose, "
-                    "functionalize, dce, cse, fuse, plan_memory)");
-  for (const char* pass :
-       {"autocast", "decompose", "functionalize", "dce", "cse", "fuse", "plan_memory"}) {
+                    "functionalize, simplify, dce, cse, fuse, plan_memory)");
+  for (const char* pass : {"autocast", "decompose", "functionalize", "simplify", "dce", "cse",
+                           "fuse", "plan_memory"}) {
     auto f =
         compile([](const Tensor& x) { return (x * 2.0).relu(); }, CompileOptions().skip_pass(pass));
     const Tensor x = randn({4, 4});

@@ -1,0 +1,134 @@
+// The simplify pass (compiler/passes.h): a product by the constant one a backward seeds is its
+// other factor (a linear_cross_entropy training step's head and hidden-state gradients), bit for
+// bit as eager; products it must keep (another constant, an argument, a product of another dtype,
+// a factor written in place) stay. Also: an op's backward that never reads the gradient of an
+// output that received none makes no zeros for it (BackwardCall::grad, autograd/engine.cpp).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "compiler/compile.h"
+#include "compiler/passes.h"
+#include "compiler/tracer.h"
+#include "kiln.h"
+
+namespace kiln {
+namespace {
+
+using compiler::Trace;
+
+int count_ops(const Trace& t, const std::string& name) {
+  int n = 0;
+  for (const auto& op : t.ops) n += op.name() == name;
+  return n;
+}
+
+const Trace& stage(const std::vector<Trace>& traces, const std::string& name) {
+  for (const Trace& t : traces) {
+    if (t.stage == name) return t;
+  }
+  ADD_FAILURE() << "no stage " << name;
+  return traces.back();
+}
+
+void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_TRUE(got.defined() && want.defined()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  EXPECT_TRUE(equal(got, want)) << what;
+}
+
+// The head and loss of a language model: its backward scales the stored dx and dweight by the
+// loss's gradient, a constant one in a compiled step.
+TEST(Simplify, LinearCrossEntropyStepScalesByNoOne) {
+  manual_seed(3);
+  const Tensor w0 = randn({40, 16}), x0 = randn({12, 16});
+  const Tensor targets = randint(0, 40, {12});
+  Tensor w_eager = w0.clone().requires_grad_(), w_compiled = w0.clone().requires_grad_();
+  auto step_fn = [&](Tensor& w, const Tensor& x) {
+    w.mutable_grad() = Tensor();
+    Tensor xr = x.clone().requires_grad_();
+    Tensor loss = linear_cross_entropy(xr, w, targets);
+    loss.backward();
+    return std::vector<Tensor>{loss, xr.grad()};
+  };
+  auto step = compile([&](const Tensor& x) { return step_fn(w_compiled, x); });
+  for (int i = 0; i < 3; ++i) {
+    const Tensor x = x0 * static_cast<double>(i + 1);
+    const std::vector<Tensor> want = step_fn(w_eager, x);
+    const std::vector<Tensor> got = step(x);
+    expect_bitwise(got[0], want[0], "loss");
+    expect_bitwise(got[1], want[1], "dx");
+    expect_bitwise(w_compiled.grad(), w_eager.grad(), "dweight");
+  }
+  const Trace& before = stage(step.traces(), "functionalize");
+  const Trace& after = stage(step.traces(), "simplify");
+  EXPECT_EQ(count_ops(before, "mul"), 2) << before.str();
+  EXPECT_EQ(count_ops(after, "mul"), 0) << after.str();
+  // The gradients of the op's dx and dweight outputs (which nothing read) are not made.
+  EXPECT_EQ(count_ops(stage(step.traces(), "traced"), "fill_"), 1)
+      << stage(step.traces(), "traced").str();
+}
+
+Trace simplified(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
+                 const std::vector<Tensor>& args) {
+  NoGradGuard no_grad;
+  return compiler::simplify(compiler::trace_callable(fn, args).trace);
+}
+
+// A 0-d f32 constant as the engine seeds a backward (ones_like: empty, then fill_, in the trace).
+Tensor constant(const Tensor& like, double value) {
+  Tensor c = empty_like(like.sum().to(kFloat));
+  c.fill_(value);
+  return c;
+}
+
+TEST(Simplify, KeepsProductsThatAreNotTheirFactor) {
+  const Tensor a = randn({3, 4});
+  // By one: an intermediate factor goes, in either order.
+  Trace t = simplified(
+      [](const std::vector<Tensor>& in) {
+        const Tensor one = constant(in[0], 1.0);
+        return std::vector<Tensor>{in[0].exp() * one, one * in[0].sin()};
+      },
+      {a});
+  EXPECT_EQ(count_ops(t, "mul"), 0) << t.str();
+  // By another constant; an argument; a product of another dtype (int64 * f32 one is f32).
+  t = simplified(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{in[0].exp() * constant(in[0], 2.0), in[0] * constant(in[0], 1.0),
+                                   in[1].abs() * constant(in[0], 1.0)};
+      },
+      {a, randint(0, 5, {3})});
+  EXPECT_EQ(count_ops(t, "mul"), 3) << t.str();
+  // A factor written in place after the product (the product must keep the old values).
+  t = simplified(
+      [](const std::vector<Tensor>& in) {
+        Tensor e = in[0].exp();
+        Tensor p = e * constant(in[0], 1.0);
+        e.add_(1.0);
+        return std::vector<Tensor>{p, e};
+      },
+      {a});
+  EXPECT_EQ(count_ops(t, "mul"), 1) << t.str();
+}
+
+TEST(Simplify, CompiledEqualsEagerWithAndWithoutThePass) {
+  auto fn = [](const Tensor& x) {
+    const Tensor one = constant(x, 1.0);
+    Tensor e = x.exp() * one;
+    return e + (one * x.sin()) * 2.0;
+  };
+  const Tensor x = randn({5, 7});
+  auto on = compile(fn);
+  auto off = compile(fn, CompileOptions().skip_pass("simplify"));
+  for (int i = 0; i < 2; ++i) {
+    expect_bitwise(on(x), fn(x), "simplify on");
+    expect_bitwise(off(x), fn(x), "simplify off");
+  }
+  EXPECT_EQ(count_ops(on.traces().back(), "mul"), 1) << on.traces().back().str();
+}
+
+}  // namespace
+}  // namespace kiln
