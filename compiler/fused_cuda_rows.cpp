@@ -9,7 +9,8 @@
 // shuffles, then shared memory across the group's warps). Members of the reduced shape ([rows,
 // 1, ...]: rsqrt(mean + eps)) are computed once per row. A member that reads a reduction's result
 // is computed in a later pass over the row: from registers where the row's share of every thread
-// fits (the inputs were kept there by the first pass), else read again.
+// fits (the row is read once, before the first pass, and a member one pass computes and a later
+// one reads, softmax's exp(x - max), is kept there too), else read again.
 //
 // Each member computes as in the pointwise kernels (the same expressions, fused_cuda_expr.cpp);
 // only the reductions' summation order differs from eager's kernels (kernels/cuda/reduce.cu), so
@@ -28,6 +29,9 @@ namespace {
 // The register cache: elements of the row a thread keeps, all inputs together (half as many in
 // blocks of 1024 threads, which get at most 64 registers each).
 constexpr int kCacheElements = 64;
+// Elements of a row a thread loads before using any, on rows too long for registers (at most 4
+// accesses; more spill registers at 1024 threads).
+constexpr int kChunkElements = 8;
 
 bool is_reduction(const std::string& n) {
   return n == "sum" || n == "mean" || n == "amax" || n == "amin";
@@ -94,9 +98,8 @@ bool Generator::plan_rows(std::string* why) {
   for (size_t d = 0; d < rank; ++d) (static_cast<int64_t>(d) < k ? k_.rows : k_.cols) *= S[d];
   if (k_.rows == 0 || k_.cols == 0) return fail("no elements");
   // Rows of one element (every reduced dim of size 1): a row's value and its elements have the
-  // same shape, so which members are per row and which per element is ambiguous; eager's
-  // kernels run them (4 of GpuRandomProgram's programs differed from eager here).
-  if (k_.cols == 1) return fail("rows of one element");
+  // same shape; each member is per row or per element by what it reads, and each output is
+  // written as its member is (row_entry), not by its shape.
   Shape keep(S.begin(), S.end()), drop(S.begin(), S.begin() + k);
   for (size_t d = static_cast<size_t>(k); d < rank; ++d) keep[d] = 1;
   // A value of shape `s` to the kernel: the domain's shape (one per element), constant along
@@ -129,9 +132,7 @@ bool Generator::plan_rows(std::string* why) {
       o.dtype = s.dtype;
       o.host_scalar = s.device.is_cpu();
       if (o.host_scalar && !s.sizes.empty()) return fail("a CPU input with dimensions");
-      // A 0-d tensor on the GPU (a full reduction's result, a 0-d argument): declined, as the
-      // programs of GpuRandomProgram that read one in a row region differed from eager.
-      if (!o.host_scalar && s.sizes.empty()) return fail("a 0-d GPU input in a row region");
+      // A 0-d tensor on the GPU (a full reduction's result, a 0-d argument) is read once per row.
       o.sizes = s.sizes;
       try {
         if (broadcast_shapes(S, s.sizes, "fused_cuda") != S) {
@@ -219,6 +220,14 @@ bool Generator::plan_rows(std::string* why) {
 }
 
 // The code of one row entry: `width` elements per access (1: kiln_rows_dense).
+//
+// A pass over the row computes, per element, the members its reductions (or, in the last pass,
+// the outputs) read. Where the row fits in registers, the entry first loads each input of the
+// domain's shape whole (every access issued before any is used: one read of the row), then each
+// pass computes from registers; a member computed in one pass and read in a later one (softmax's
+// exp(x - max), read by the sum and by the division) is kept there too rather than computed
+// again, except casts, which are recomputed from what they read. Longer rows are read again by
+// each pass, kChunk accesses per thread loaded before they are used.
 std::string Generator::row_entry(int width) {
   const Shape& S = k_.sizes;
   const auto rank = static_cast<int>(S.size());
@@ -226,6 +235,7 @@ std::string Generator::row_entry(int width) {
   const int T = k_.row_threads, G = k_.rows_per_block, W = width;
   const int64_t C = k_.cols;
   const int n_members = static_cast<int>(members_.size());
+  const auto sz = [](int i) { return static_cast<size_t>(i); };
   std::ostringstream os;
   const std::string entry = W > 1 ? "kiln_rows_vector" : "kiln_rows_dense";
   os << "\nextern \"C\" __global__ void __launch_bounds__(" << T * G << ") " << entry
@@ -244,9 +254,9 @@ std::string Generator::row_entry(int width) {
     return "(" + a + " + " + b + ")";
   };
   for (int i = 0; i < n_members; ++i) {
-    if (row_members_[static_cast<size_t>(i)].reduction && T > 32) {
-      os << "  __shared__ " << acc_type(*members_[static_cast<size_t>(i)]) << " ks" << i << "["
-         << T * G / 32 << "];\n";
+    if (row_members_[sz(i)].reduction && T > 32) {
+      os << "  __shared__ " << acc_type(*members_[sz(i)]) << " ks" << i << "[" << T * G / 32
+         << "];\n";
     }
   }
   // Operand classes.
@@ -277,76 +287,146 @@ std::string Generator::row_entry(int width) {
     }
     return s.empty() ? std::string("0") : s;
   };
-  // Which inputs each pass reads, and the register cache.
   const int passes =
       1 + std::max_element(row_members_.begin(), row_members_.end(),
                            [](const RowMember& a, const RowMember& b) { return a.level < b.level; })
               ->level;
   // Outputs written per element (else once per row: one-element rows have both of S's shape).
-  std::vector<bool> output_member(static_cast<size_t>(n_members), false);
+  std::vector<bool> output_member(sz(n_members), false);
   std::vector<bool> out_full(k_.outputs.size(), false);
   bool full_outputs = false;
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
     for (int i = 0; i < n_members; ++i) {
-      if (members_[static_cast<size_t>(i)]->outputs[0] == k_.outputs[j].value) {
-        output_member[static_cast<size_t>(i)] = true;
-        out_full[j] = row_members_[static_cast<size_t>(i)].full;
+      if (members_[sz(i)]->outputs[0] == k_.outputs[j].value) {
+        output_member[sz(i)] = true;
+        out_full[j] = row_members_[sz(i)].full;
         full_outputs = full_outputs || out_full[j];
       }
     }
   }
-  // The element passes: one per level of the reductions' inputs, then one for the full outputs.
-  struct Pass {
-    int level;
-    bool writes;
+  // The element passes: one per level of the reductions' inputs, then one for the full outputs;
+  // pass l computes the members of level l (those that read l reductions in a chain).
+  const int n_passes = passes - 1 + (full_outputs ? 1 : 0);
+  auto writes = [&](int pass) { return full_outputs && pass == passes - 1; };
+  absl::flat_hash_map<int, int> member_of;  // value -> member
+  for (int i = 0; i < n_members; ++i) member_of[members_[sz(i)]->outputs[0]] = i;
+  absl::flat_hash_map<int, size_t> input_of;  // value -> input
+  for (size_t j = 0; j < k_.inputs.size(); ++j) input_of[k_.inputs[j].value] = j;
+  // Which members each pass computes and which inputs it reads; with `keep`, a member of a lower
+  // level (but a cast) is read from the registers the pass that computed it filled.
+  struct PassPlan {
+    std::vector<std::vector<bool>> computes;  // [pass][member]
+    std::vector<std::vector<bool>> reads;     // [pass][input]: full inputs
+    std::vector<int> kept_until;              // [member]: the last pass reading it kept, or -1
+    std::vector<int> read_until;              // [input]: the last pass reading it, or -1
   };
-  std::vector<Pass> plan;
-  for (int l = 0; l + 1 < passes; ++l) plan.push_back({l, false});
-  if (full_outputs) plan.push_back({passes - 1, true});
-  int n_full_inputs = 0;
-  for (size_t j = 0; j < k_.inputs.size(); ++j) n_full_inputs += input_full(j) ? 1 : 0;
-  const int64_t iters = ceil_div(ceil_div(C, W), T);
-  const int budget = T * G >= 1024 ? kCacheElements / 2 : kCacheElements;
-  const bool cache = plan.size() > 1 && iters * W * n_full_inputs <= budget;
-  // The members each pass computes per element: those its reductions or outputs read.
-  auto needed = [&](const Pass& pass) {
-    std::vector<bool> need(static_cast<size_t>(n_members), false);
-    absl::flat_hash_map<int, int> member_of;
-    for (int i = 0; i < n_members; ++i) member_of[members_[static_cast<size_t>(i)]->outputs[0]] = i;
-    std::vector<int> stack;
+  auto plan_passes = [&](bool keep) {
+    PassPlan pp;
+    pp.computes.assign(sz(n_passes), std::vector<bool>(sz(n_members), false));
+    pp.reads.assign(sz(n_passes), std::vector<bool>(k_.inputs.size(), false));
+    pp.kept_until.assign(sz(n_members), -1);
+    pp.read_until.assign(k_.inputs.size(), -1);
+    std::vector<std::vector<int>> roots(sz(n_passes));
     for (int i = 0; i < n_members; ++i) {
-      const RowMember& m = row_members_[static_cast<size_t>(i)];
-      const BoundOp& op = *members_[static_cast<size_t>(i)];
-      if (m.reduction && !pass.writes && m.level == pass.level + 1) {
+      const RowMember& m = row_members_[sz(i)];
+      const BoundOp& op = *members_[sz(i)];
+      if (m.reduction && m.level - 1 < n_passes) {
         if (auto it = member_of.find(op.inputs[0]); it != member_of.end())
-          stack.push_back(it->second);
+          roots[sz(m.level - 1)].push_back(it->second);
+        if (auto it = input_of.find(op.inputs[0]); it != input_of.end())
+          pp.reads[sz(m.level - 1)][it->second] = true;
       }
-      if (pass.writes && m.full && output_member[static_cast<size_t>(i)]) stack.push_back(i);
+      if (m.full && output_member[sz(i)]) roots[sz(passes - 1)].push_back(i);
     }
-    while (!stack.empty()) {
-      const int i = stack.back();
-      stack.pop_back();
-      if (need[static_cast<size_t>(i)] || !row_members_[static_cast<size_t>(i)].full) continue;
-      need[static_cast<size_t>(i)] = true;
-      for (int v : members_[static_cast<size_t>(i)]->inputs) {
-        if (auto it = member_of.find(v); it != member_of.end()) stack.push_back(it->second);
+    for (int pass = n_passes; pass-- > 0;) {
+      std::vector<int> stack = roots[sz(pass)];
+      while (!stack.empty()) {
+        const int i = stack.back();
+        stack.pop_back();
+        const RowMember& m = row_members_[sz(i)];
+        if (pp.computes[sz(pass)][sz(i)] || !m.full) continue;
+        const BoundOp& op = *members_[sz(i)];
+        if (keep && m.level < pass && op.name() != "to_copy") {
+          pp.kept_until[sz(i)] = std::max(pp.kept_until[sz(i)], pass);
+          roots[sz(m.level)].push_back(i);  // computed (and kept) where it is first known
+          continue;
+        }
+        pp.computes[sz(pass)][sz(i)] = true;
+        for (int v : op.inputs) {
+          if (auto it = member_of.find(v); it != member_of.end()) stack.push_back(it->second);
+          if (auto it = input_of.find(v); it != input_of.end() && input_full(it->second))
+            pp.reads[sz(pass)][it->second] = true;
+        }
       }
     }
-    return need;
+    for (int pass = 0; pass < n_passes; ++pass) {
+      for (size_t j = 0; j < k_.inputs.size(); ++j) {
+        if (pp.reads[sz(pass)][j]) pp.read_until[j] = pass;
+      }
+    }
+    return pp;
+  };
+  // The registers a thread's share of the row takes in the fullest pass: the inputs loaded
+  // before the first pass while this or a later pass reads them, the kept members from the pass
+  // computing them to the last reading them (both in the pass computing them: ptxas does not
+  // reuse one's registers for the other element by element). In half registers: 16-bit elements
+  // moved in packs (or kept two to a register) take one, 8-byte ones four, others two.
+  const int64_t iters = ceil_div(ceil_div(C, W), T);             // a thread's accesses of a row
+  const int64_t full_iters = C / (static_cast<int64_t>(T) * W);  // in the row for every lane
+  // Column indices in 32 bits where a row allows it (fewer registers than 64-bit ones).
+  const int kChunk = std::clamp(kChunkElements / W, 1, 4);  // accesses per chunk
+  const std::string col_t = C + int64_t{kChunk} * T * W < (int64_t{1} << 31) ? "int" : "long long";
+  // A kept 16-bit member: two to a 32-bit register.
+  auto halves = [&](ScalarType t) { return element_size(t) == 2 && W % 2 == 0; };
+  auto halves_of = [&](ScalarType t) -> int64_t {
+    return element_size(t) > 4 ? 4 : halves(t) ? 1 : 2;
+  };
+  auto registers = [&](const PassPlan& pp) {
+    int64_t most = 0;
+    for (int pass = 0; pass < n_passes; ++pass) {
+      int64_t n = 0;
+      for (size_t j = 0; j < k_.inputs.size(); ++j) {
+        if (pp.read_until[j] >= pass) n += halves_of(k_.inputs[j].dtype);
+      }
+      for (int i = 0; i < n_members; ++i) {
+        if (row_members_[sz(i)].level <= pass && pp.kept_until[sz(i)] >= pass)
+          n += halves_of(spec(members_[sz(i)]->outputs[0]).dtype);
+      }
+      most = std::max(most, n);
+    }
+    return most * iters * W / 2;
+  };
+  const int budget = T * G >= 1024 ? kCacheElements / 2 : kCacheElements;
+  PassPlan pp = plan_passes(true);
+  bool cache = n_passes > 1 && registers(pp) <= budget;
+  if (!cache) {
+    pp = plan_passes(false);
+    cache = n_passes > 1 && registers(pp) <= budget;
+  }
+  // Each input of the domain's shape moves `W` elements per access; `arr[idx]` is one access.
+  auto access_type = [&](ScalarType t) {
+    return W > 1 ? absl::StrCat("kpack<", ctype(t), ", ", W, ">") : ctype(t);
+  };
+  auto element = [&](const std::string& arr, const std::string& idx) {
+    return W > 1 ? absl::StrCat(arr, "[", idx, "].v[e]") : absl::StrCat(arr, "[", idx, "]");
+  };
+  auto load = [&](size_t j, const std::string& c0) {
+    const std::string t = access_type(k_.inputs[j].dtype);
+    return W > 1 ? absl::StrCat("*(const ", t, "*)(rin", j, " + ", c0, ")")
+                 : absl::StrCat("rin", j, "[", c0, "]");
   };
   auto statement = [&](int i) {
-    const BoundOp& op = *members_[static_cast<size_t>(i)];
+    const BoundOp& op = *members_[sz(i)];
     const ScalarType out = spec(op.outputs[0]).dtype;
     const bool fence = out == kFloat || out == kDouble;
     return absl::StrCat("const ", ctype(out), " y", i, " = ",
-                        fence ? "kopaque(" + exprs_[static_cast<size_t>(i)] + ", kzero)"
-                              : exprs_[static_cast<size_t>(i)],
-                        ";  // ", lines_[static_cast<size_t>(i)], "\n");
+                        fence ? "kopaque(" + exprs_[sz(i)] + ", kzero)" : exprs_[sz(i)], ";  // ",
+                        lines_[sz(i)], "\n");
   };
   auto row_members_of_level = [&](int l, const std::string& indent) {
     std::string s;
     for (int i = 0; i < n_members; ++i) {
-      const RowMember& m = row_members_[static_cast<size_t>(i)];
+      const RowMember& m = row_members_[sz(i)];
       if (!m.reduction && !m.full && m.level == l) s += indent + statement(i);
     }
     return s;
@@ -374,63 +454,93 @@ std::string Generator::row_entry(int width) {
     }
   }
   os << row_members_of_level(0, I4);
-  if (cache) {
-    for (size_t j = 0; j < k_.inputs.size(); ++j) {
-      if (input_full(j))
-        os << "    " << ctype(k_.inputs[j].dtype) << " xc" << j << "[" << iters * W << "];\n";
+  // The row's start in each operand of the domain's shape.
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (input_full(j)) {
+      os << "    const " << ctype(k_.inputs[j].dtype) << "* __restrict__ rin" << j << " = in" << j
+         << " + r * C;\n";
     }
   }
-  for (size_t pi = 0; pi < plan.size(); ++pi) {
-    const Pass& pass = plan[pi];
-    const std::vector<bool> need = needed(pass);
-    std::vector<int> reductions;
-    if (!pass.writes) {
-      for (int i = 0; i < n_members; ++i) {
-        if (row_members_[static_cast<size_t>(i)].reduction &&
-            row_members_[static_cast<size_t>(i)].level == pass.level + 1) {
-          reductions.push_back(i);
-        }
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
+    if (out_full[j]) {
+      os << "    " << ctype(k_.outputs[j].dtype) << "* __restrict__ rout" << j << " = out" << j
+         << " + r * C;\n";
+    }
+  }
+  if (cache) {
+    // The row's one read: every access issued before any is used.
+    os << "    // The row, read once into registers\n";
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      if (pp.read_until[j] >= 0)
+        os << "    " << access_type(k_.inputs[j].dtype) << " xc" << j << "[" << iters << "];\n";
+    }
+    for (int i = 0; i < n_members; ++i) {
+      if (pp.kept_until[sz(i)] < 0) continue;
+      const ScalarType t = spec(members_[sz(i)]->outputs[0]).dtype;
+      if (halves(t)) {
+        os << "    u32 yc" << i << "[" << iters * W / 2 << "];\n";
+      } else {
+        os << "    " << ctype(t) << " yc" << i << "[" << iters * W << "];\n";
       }
     }
-    os << "    // Pass " << pi << (pass.writes ? ": the outputs" : ": reductions") << "\n";
+    os << "    if (active) {\n#pragma unroll\n"
+       << "    for (int it = 0; it < " << iters << "; ++it) {\n"
+       << "      const " << col_t << " c0 = (it * " << T << " + lane) * " << W << ";\n";
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      if (pp.read_until[j] < 0) continue;
+      os << "      if (it < " << full_iters << " || c0 < C) xc" << j << "[it] = " << load(j, "c0")
+         << ";\n";
+    }
+    os << "    }\n    }\n";
+  }
+  for (int pass = 0; pass < n_passes; ++pass) {
+    const std::vector<bool>& need = pp.computes[sz(pass)];
+    std::vector<int> reductions;
+    for (int i = 0; i < n_members; ++i) {  // none in the pass writing the outputs
+      if (row_members_[sz(i)].reduction && row_members_[sz(i)].level == pass + 1)
+        reductions.push_back(i);
+    }
+    os << "    // Pass " << pass << (writes(pass) ? ": the outputs" : ": reductions") << "\n";
     for (int i : reductions) {
-      const BoundOp& op = *members_[static_cast<size_t>(i)];
+      const BoundOp& op = *members_[sz(i)];
       const std::string a = acc_type(op);
       std::string init = a + "(0)";
       if (op.name() == "amax") init = "-kinf<" + a + ">()";
       if (op.name() == "amin") init = "kinf<" + a + ">()";
       os << "    " << a << " a" << i << " = " << init << ";\n";
     }
-    const bool from_cache = cache && pi > 0;
+    std::string arr, idx;  // where this pass's inputs are
     if (cache) {
+      arr = "xc";
+      idx = "it";
       os << "    if (active) {\n#pragma unroll\n"
          << "    for (int it = 0; it < " << iters << "; ++it) {\n"
-         << "      const long long c0 = ((long long)it * " << T << " + lane) * " << W << ";\n"
-         << "      if (c0 >= C) break;\n";
+         << "      const " << col_t << " c0 = (it * " << T << " + lane) * " << W << ";\n"
+         << "      if (it >= " << full_iters << " && c0 >= C) break;\n";
     } else {
+      arr = "xv";
+      idx = "u";
       os << "    if (active) {\n"
-         << "    for (long long c0 = (long long)lane * " << W << "; c0 < C; c0 += " << T * W
-         << "LL) {\n";
-    }
-    // Loads of the inputs of the domain's shape (whole packs where W > 1).
-    for (size_t j = 0; j < k_.inputs.size(); ++j) {
-      if (!input_full(j) || from_cache) continue;
-      const std::string t = ctype(k_.inputs[j].dtype);
-      if (W > 1) {
-        const std::string pk = absl::StrCat("kpack<", t, ", ", W, ">");
-        os << I6 << "const " << pk << " vx" << j << " = *(const " << pk << "*)(in" << j
-           << " + r * C + c0);\n";
-        if (cache) {
-          os << "#pragma unroll\n"
-             << I6 << "for (int e = 0; e < " << W << "; ++e) xc" << j << "[it * " << W
-             << " + e] = vx" << j << ".v[e];\n";
-        }
-      } else {
-        os << I6 << "const " << t << " vx" << j << " = in" << j << "[r * C + c0];\n";
-        if (cache) os << I6 << "xc" << j << "[it] = vx" << j << ";\n";
+         << "    for (" << col_t << " cb = lane * " << W << "; cb < C; cb += " << kChunk * T * W
+         << ") {\n";
+      for (size_t j = 0; j < k_.inputs.size(); ++j) {
+        if (!pp.reads[sz(pass)][j]) continue;
+        os << I6 << access_type(k_.inputs[j].dtype) << " xv" << j << "[" << kChunk << "];\n";
       }
+      os << "#pragma unroll\n"
+         << I6 << "for (int u = 0; u < " << kChunk << "; ++u) {\n"
+         << I8 << "const " << col_t << " c0 = cb + u * " << T * W << ";\n";
+      for (size_t j = 0; j < k_.inputs.size(); ++j) {
+        if (pp.reads[sz(pass)][j])
+          os << I8 << "if (c0 < C) xv" << j << "[u] = " << load(j, "c0") << ";\n";
+      }
+      os << I6 << "}\n"
+         << "#pragma unroll\n"
+         << I6 << "for (int u = 0; u < " << kChunk << "; ++u) {\n"
+         << I6 << "const " << col_t << " c0 = cb + u * " << T * W << ";\n"
+         << I6 << "if (c0 >= C) break;\n";
     }
-    if (pass.writes) {
+    if (writes(pass)) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
         if (!out_full[j] || W == 1) continue;
         os << I6 << "kpack<" << ctype(k_.outputs[j].dtype) << ", " << W << "> vy" << j << ";\n";
@@ -438,7 +548,7 @@ std::string Generator::row_entry(int width) {
     }
     os << "#pragma unroll\n"
        << I6 << "for (int e = 0; e < " << W << "; ++e) {\n"
-       << I8 << "const long long c = c0 + e;\n"
+       << I8 << "const " << col_t << " c = c0 + e;\n"
        << I8 << "(void)c;\n";
     if (rank - k > 1) {
       os << I8 << "long long cq = c;\n";
@@ -455,52 +565,72 @@ std::string Generator::row_entry(int width) {
       if (o.host_scalar) continue;
       const std::string t = ctype(o.dtype);
       if (input_full(j)) {
-        os << I8 << "const " << t << " x" << j << " = "
-           << (from_cache ? absl::StrCat("xc", j, "[it * ", W, " + e]")
-               : W > 1    ? absl::StrCat("vx", j, ".v[e]")
-                          : absl::StrCat("vx", j))
-           << ";\n";
+        if (pp.reads[sz(pass)][j])
+          os << I8 << "const " << t << " x" << j << " = " << element(arr + std::to_string(j), idx)
+             << ";\n";
       } else if (varies(o)) {
         os << I8 << "const " << t << " x" << j << " = in" << j << "[ri" << j << " + "
            << col_offset(o) << "];\n";
       }
     }
     for (int i = 0; i < n_members; ++i) {
-      if (need[static_cast<size_t>(i)]) os << I8 << statement(i);
+      if (pp.kept_until[sz(i)] >= pass && row_members_[sz(i)].level < pass) {
+        const ScalarType t = spec(members_[sz(i)]->outputs[0]).dtype;
+        if (halves(t)) {
+          os << I8 << ctype(t) << " y" << i << ";\n"
+             << I8 << "y" << i << ".x = (unsigned short)(yc" << i << "[(it * " << W
+             << " + e) >> 1] >> ((e & 1) * 16));\n";
+        } else {
+          os << I8 << "const " << ctype(t) << " y" << i << " = yc" << i << "[it * " << W
+             << " + e];\n";
+        }
+      }
+    }
+    for (int i = 0; i < n_members; ++i) {
+      if (!need[sz(i)]) continue;
+      os << I8 << statement(i);
+      if (pp.kept_until[sz(i)] <= pass) continue;
+      if (halves(spec(members_[sz(i)]->outputs[0]).dtype)) {
+        const std::string at = absl::StrCat("yc", i, "[(it * ", W, " + e) >> 1]");
+        os << I8 << "if (e & 1) " << at << " |= (u32)y" << i << ".x << 16; else " << at << " = y"
+           << i << ".x;\n";
+      } else {
+        os << I8 << "yc" << i << "[it * " << W << " + e] = y" << i << ";\n";
+      }
     }
     for (int i : reductions) {
-      const BoundOp& op = *members_[static_cast<size_t>(i)];
+      const BoundOp& op = *members_[sz(i)];
       const int in = op.inputs[0];
       const ScalarType out = spec(op.outputs[0]).dtype;
       const std::string v =
           "(" + acc_type(op) + ")" + to_m(convert(var(in), spec(in).dtype, out), out);
       os << I8 << "a" << i << " = " << combine(op, "a" + std::to_string(i), v) << ";\n";
     }
-    if (pass.writes) {
+    if (writes(pass)) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
         const FusedKernel::Operand& o = k_.outputs[j];
         if (!out_full[j]) continue;
         if (W > 1) {
           os << I8 << "vy" << j << ".v[e] = " << var(o.value) << ";\n";
         } else {
-          os << I8 << "out" << j << "[r * C + c] = " << var(o.value) << ";\n";
+          os << I8 << "rout" << j << "[c] = " << var(o.value) << ";\n";
         }
       }
     }
     os << I6 << "}\n";
-    if (pass.writes && W > 1) {
+    if (writes(pass) && W > 1) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
         const FusedKernel::Operand& o = k_.outputs[j];
         if (!out_full[j]) continue;
-        os << I6 << "*(kpack<" << ctype(o.dtype) << ", " << W << ">*)(out" << j
-           << " + r * C + c0) = vy" << j << ";\n";
+        os << I6 << "*(kpack<" << ctype(o.dtype) << ", " << W << ">*)(rout" << j << " + c0) = vy"
+           << j << ";\n";
       }
     }
-    os << "    }\n    }\n";
+    os << (cache ? "    }\n    }\n" : "    }\n    }\n    }\n");
     if (reductions.empty()) continue;
     // The group's partial results combined: the warp's, then the group's warps' (in order).
     for (int i : reductions) {
-      const BoundOp& op = *members_[static_cast<size_t>(i)];
+      const BoundOp& op = *members_[sz(i)];
       os << "    for (int o = 16; o > 0; o >>= 1) a" << i << " = "
          << combine(op, absl::StrCat("a", i),
                     absl::StrCat("__shfl_xor_sync(0xffffffffu, a", i, ", o)"))
@@ -513,7 +643,7 @@ std::string Generator::row_entry(int width) {
       }
       os << "    __syncthreads();\n";
       for (int i : reductions) {
-        const BoundOp& op = *members_[static_cast<size_t>(i)];
+        const BoundOp& op = *members_[sz(i)];
         os << "    a" << i << " = ks" << i << "[g * " << T / 32 << "];\n"
            << "    for (int w = 1; w < " << T / 32 << "; ++w) a" << i << " = "
            << combine(op, absl::StrCat("a", i), absl::StrCat("ks", i, "[g * ", T / 32, " + w]"))
@@ -522,14 +652,14 @@ std::string Generator::row_entry(int width) {
     }
     // Each reduction's result as eager's finish writes it, then the per-row members it allows.
     for (int i : reductions) {
-      const BoundOp& op = *members_[static_cast<size_t>(i)];
+      const BoundOp& op = *members_[sz(i)];
       const ScalarType out = spec(op.outputs[0]).dtype;
       std::string e = "a" + std::to_string(i);
       if (op.name() == "mean") e = "(" + e + " * " + mean_scale_.at(i) + ")";
-      exprs_[static_cast<size_t>(i)] = from_m(e, out);
+      exprs_[sz(i)] = from_m(e, out);
       os << I4 << statement(i);
     }
-    os << row_members_of_level(pass.level + 1, I4);
+    os << row_members_of_level(pass + 1, I4);
   }
   // Per-row outputs: written by the group's first thread.
   for (size_t j = 0; j < k_.outputs.size(); ++j) {

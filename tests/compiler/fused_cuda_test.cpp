@@ -286,11 +286,18 @@ TEST(FusedCudaCodegen, RowKernelForSoftmaxWrittenWithOps) {
   EXPECT_EQ(count(s, "kiln_rows_vector"), 1) << s;
   EXPECT_EQ(count(s, "kiln_rows_dense"), 1) << s;
   // Two reduction passes (max, then the sum of exp(x - max)) and the pass writing the output,
-  // the later ones from the registers the first filled.
+  // all from registers: the row is read once (4 packs of 8 per thread, the vector entry; 32
+  // elements, the dense one), and exp(x - max) is computed once, kept (two bf16 to a register)
+  // from the sum's pass for the division's.
   EXPECT_EQ(count(s, ": reductions\n"), 4) << s;  // two per entry
   EXPECT_EQ(count(s, ": the outputs\n"), 2) << s;
+  EXPECT_EQ(count(s, "// The row, read once into registers"), 2) << s;
+  EXPECT_NE(s.find("kpack<bf16, 8> xc0[4];"), std::string::npos) << s;
+  EXPECT_NE(s.find("bf16 xc0[32];"), std::string::npos) << s;
+  EXPECT_EQ(count(s, "= *(const kpack<bf16, 8>*)(rin0 + c0);"), 1) << s;  // the only load
+  EXPECT_EQ(count(s, "scalar::Exp::apply"), 2) << s;                      // one per entry
+  EXPECT_NE(s.find("u32 yc2[16];"), std::string::npos) << s;
   EXPECT_NE(s.find("kpick<true>("), std::string::npos) << s;
-  EXPECT_NE(s.find("bf16 xc0[32]"), std::string::npos) << s;
   EXPECT_NE(s.find("__shfl_xor_sync"), std::string::npos) << s;
   ASSERT_EQ(k->outputs.size(), 1u);
   EXPECT_EQ(k->outputs[0].sizes, Shape({64, 2048}));
@@ -334,12 +341,24 @@ TEST(FusedCudaCodegen, RowKernelsForRmsNormLogsumexpAndRowSums) {
   ASSERT_EQ(ks->outputs.size(), 1u);
   EXPECT_TRUE(ks->outputs[0].leading);
   EXPECT_EQ(count(ks->source, "__syncthreads"), 0) << "one warp per row: shuffles only";
-  // A vocabulary-long row: 1024 threads, re-read (too long for registers).
+  // A vocabulary-long row: 1024 threads, re-read by each pass (too long for registers), 8
+  // elements per thread loaded before any is used.
   const Trace vocab = traced_on_cuda(softmax_with_ops, randn({2, 128256}));
   const auto kv = I::generate_fused_kernel(vocab, 0, vocab.ops.size(), &why);
   ASSERT_TRUE(kv.has_value()) << why;
   EXPECT_EQ(kv->row_threads, 1024);
   EXPECT_EQ(kv->source.find(" xc0["), std::string::npos) << kv->source;
+  EXPECT_EQ(count(kv->source, "kpack<float, 4> xv0[2];"), 3) << kv->source;  // one per pass
+  // 32000 columns, 1024 threads: the row fits in registers; exp(x - max) too in the bf16 vector
+  // entry (two to a register), else it is computed again in the output pass.
+  for (const ScalarType dt : {kBFloat16, kFloat}) {
+    const Trace t = traced_on_cuda(softmax_with_ops, randn({2, 32000}).to(dt));
+    const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), &why);
+    ASSERT_TRUE(k.has_value()) << why;
+    EXPECT_EQ(k->row_threads, 1024);
+    EXPECT_EQ(count(k->source, "// The row, read once into registers"), 2) << k->source;
+    EXPECT_EQ(count(k->source, "scalar::Exp::apply"), dt == kBFloat16 ? 3 : 4) << k->source;
+  }
   // Reductions over a trailing pair of dims, one-element rows.
   const Trace two = traced_on_cuda(
       [](const Tensor& x) {
@@ -350,65 +369,83 @@ TEST(FusedCudaCodegen, RowKernelsForRmsNormLogsumexpAndRowSums) {
   ASSERT_TRUE(k2.has_value()) << why;
   EXPECT_EQ(k2->rows, 4);
   EXPECT_EQ(k2->cols, 15);
-  // Rows of one element are eager's (RowKernelsDeclineTheProgramsThatDifferedOnAGpu).
+  // Rows of one element.
   const Trace one = traced_on_cuda(softmax_with_ops, randn({16, 1}));
-  EXPECT_FALSE(I::generate_fused_kernel(one, 0, one.ops.size(), &why).has_value());
-  EXPECT_NE(why.find("rows of one element"), std::string::npos) << why;
+  const auto k1 = I::generate_fused_kernel(one, 0, one.ops.size(), &why);
+  ASSERT_TRUE(k1.has_value()) << why;
+  EXPECT_EQ(k1->cols, 1);
 }
 
 // The shrunk programs of GpuRandomProgram that differed from eager on an H100 (seeds 20261414,
-// 20261652, 20261806: rows of one element, 0-d GPU values read in a row region): their regions
-// are declined (run op by op), each sub-range of the trace.
-TEST(FusedCudaCodegen, RowKernelsDeclineTheProgramsThatDifferedOnAGpu) {
+// 20261652, 20261806: compiled 1, 0 and -0 where eager had other values). Each returns a per-row
+// value of rows of one element (which has the domain's shape) and no per-element one: the tree
+// that ran there (2f1d664) wrote an output per element or per row by its shape, so no pass
+// wrote these (bea80cb: by its member's kind). Every row kernel of every sub-range of their
+// traces writes each of its outputs, in each entry.
+TEST(FusedCudaCodegen, RowKernelsWriteEveryOutputOfTheProgramsThatDifferedOnAGpu) {
   namespace I = compiler::internal;
-  auto no_row_kernel = [](const Trace& t) {
+  auto writes_every_output = [](const Trace& t) {
+    int kernels = 0;
     for (size_t b = 0; b < t.ops.size(); ++b) {
       for (size_t e = b + 1; e <= t.ops.size(); ++e) {
-        std::string why;
-        const auto k = I::generate_fused_kernel(t, b, e, &why);
-        EXPECT_FALSE(k.has_value() && k->row_kernel) << "[" << b << ", " << e << ")\n" << t.str();
+        const auto k = I::generate_fused_kernel(t, b, e, nullptr);
+        if (!k || !k->row_kernel) continue;
+        ++kernels;
+        const int entries = k->vector_width > 0 ? 2 : 1;
+        for (size_t j = 0; j < k->outputs.size(); ++j) {
+          const std::string o = std::to_string(j);
+          const int stores = count(k->source, "lane == 0) out" + o + "[") +
+                             count(k->source, "(rout" + o + " + c0) = vy") +
+                             count(k->source, "rout" + o + "[c] = ");
+          EXPECT_EQ(stores, entries) << "[" << b << ", " << e << ") output " << j << "\n"
+                                     << t.str() << k->source;
+        }
       }
     }
+    return kernels;
   };
   // Seed 20261414 (compiled true, eager false), in both orders of its reductions.
   const Tensor x11 = randn({1, 1}, kFloat64);
-  no_row_kernel(traced_on_cuda(
-      [](const Tensor& v0) {
-        return gt(sum(v0, {1}, true), sum(v0, {0, -1}, false));
-      },
-      x11));
-  no_row_kernel(traced_on_cuda(
-      [](const Tensor& v0) {
-        const Tensor v2 = sum(v0, {0, -1}, false);
-        return gt(sum(v0, {1}, true), v2);
-      },
-      x11));
+  EXPECT_GT(writes_every_output(traced_on_cuda(
+                [](const Tensor& v0) {
+                  return gt(sum(v0, {1}, true), sum(v0, {0, -1}, false));
+                },
+                x11)),
+            0);
+  EXPECT_GT(writes_every_output(traced_on_cuda(
+                [](const Tensor& v0) {
+                  const Tensor v2 = sum(v0, {0, -1}, false);
+                  return gt(sum(v0, {1}, true), v2);
+                },
+                x11)),
+            0);
   // Seed 20261652's start (compiled 0): a full sum, a row sum, a 0-d bool.
-  no_row_kernel(traced_on_cuda(
-      [](const Tensor& v0, const Tensor& v4) {
-        const Tensor v1 = sum(v0, {0, 1}, false);
-        const Tensor v3 = sum(v0.permute({0, 1}), {-1}, true);
-        return where(v4, v3, v1) * v0;
-      },
-      randn({4, 1}), randn({}) > 0.0));
-  // Seed 20261806's start: a selected and an index-selected [3, 1] f64.
-  no_row_kernel(traced_on_cuda(
-      [](const Tensor& v0, const Tensor& v2) {
-        const Tensor v1 = v0.select(1, 0);
-        const Tensor v3 = index_select(v0, 1, v2);
-        return sum(v3, {-1}, true) * v0 + sum(v1, {0}, false);
-      },
-      randn({3, 1}, kFloat64), randint(0, 1, {1}, kInt64)));
-  // A 0-d GPU value read in a row region of longer rows.
+  EXPECT_GT(writes_every_output(traced_on_cuda(
+                [](const Tensor& v0, const Tensor& v4) {
+                  const Tensor v1 = sum(v0, {0, 1}, false);
+                  const Tensor v3 = sum(v0.permute({0, 1}), {-1}, true);
+                  return where(v4, v3, v1);
+                },
+                randn({4, 1}), randn({}) > 0.0)),
+            0);
+  // Seed 20261806's start (compiled -0): a selected and an index-selected [3, 1] f64.
+  EXPECT_GT(writes_every_output(traced_on_cuda(
+                [](const Tensor& v0, const Tensor& v2) {
+                  const Tensor v5 = v0.select(1, 0).select(0, 1);
+                  const Tensor v3 = index_select(v0, 1, v2);
+                  return sum(v3 / v5, {-1}, true);
+                },
+                randn({3, 1}, kFloat64), randint(0, 1, {1}, kInt64))),
+            0);
+  // A 0-d GPU value read in a row region of longer rows: read once per row.
   std::string why;
   const Trace zero_d =
       traced_on_cuda([](const Tensor& x, const Tensor& s) { return sum(x, {-1}, true) * s; },
-                     randn({4, 8}), randn({}));
-  EXPECT_FALSE(I::generate_fused_kernel(zero_d, 0, zero_d.ops.size(), &why).has_value());
-  EXPECT_NE(why.find("0-d GPU input"), std::string::npos) << why;
-  // What row kernels are for still is one: softmax over rows of 2 and more.
-  const Trace soft = traced_on_cuda(softmax_with_ops, randn({16, 2}));
-  EXPECT_TRUE(I::generate_fused_kernel(soft, 0, soft.ops.size(), &why).has_value()) << why;
+                     randn({4, 8}), randn({}).to(kBFloat16));
+  const auto kz = I::generate_fused_kernel(zero_d, 0, zero_d.ops.size(), &why);
+  ASSERT_TRUE(kz.has_value()) << why;
+  EXPECT_NE(kz->source.find("const bf16 x1 = in1[0];"), std::string::npos) << kz->source;
+  EXPECT_EQ(writes_every_output(zero_d), 2);  // the sum alone, and with the product
 }
 
 TEST(FusedCudaCodegen, RowKernelsDeclineWhatTheyDoNotWrite) {
@@ -929,9 +966,10 @@ TEST(GpuFusedCuda, RowsOfOddLengthOneElementAndAVocabulary) {
   }
 }
 
-// GpuRandomProgram's programs that differed from eager (RowKernelsDeclineTheProgramsThatDiffered
-// OnAGpu): rows of one element and 0-d GPU values next to row reductions, compiled against eager,
-// twice (the second run replays CUDA graphs) and with new arguments.
+// GpuRandomProgram's programs that differed from eager (FusedCudaCodegen.RowKernelsWriteEvery
+// OutputOfTheProgramsThatDifferedOnAGpu): rows of one element, 0-d GPU values and reductions of
+// different extents next to row reductions, run as row kernels, compiled against eager, three
+// times (the later runs replay CUDA graphs) with new arguments.
 TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
   SKIP_WITHOUT_GPU();
   manual_seed(15);
@@ -939,6 +977,8 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
   using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
   auto check = [&](const std::string& what, const Fn& fn,
                    const std::function<std::vector<Tensor>()>& make_args) {
+    const bool failed_before = ::testing::Test::HasFailure();
+    compiler::reset_fused_cuda_stats();
     auto f = compile([&](const std::vector<Tensor>& a) { return fn(a); });
     for (int call = 0; call < 3; ++call) {
       const std::vector<Tensor> args = make_args();
@@ -947,6 +987,11 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
       for (size_t i = 0; i < got.size(); ++i) {
         expect_close(got[i], want[i], what + ", call " + std::to_string(call));
       }
+    }
+    EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << "\n" << listings(f.traces());
+    if (!failed_before && ::testing::Test::HasFailure()) {
+      ADD_FAILURE() << what << ": the program and its kernels\n"
+                    << listings(f.traces()) << generated_sources(f.traces());
     }
   };
   check(
@@ -978,6 +1023,48 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
         return std::vector<Tensor>{randn({3, 1}, kFloat64).to(gpu),
                                    randint(0, 1, {1}, kInt64).to(gpu)};
       });
+  // The shrunk programs as they failed: a per-row output only, of rows of one element.
+  check(
+      "seed 20261414, the full sum first",
+      [](const std::vector<Tensor>& a) {
+        const Tensor v2 = sum(a[0], {0, -1}, false);
+        return std::vector<Tensor>{gt(sum(a[0], {1}, true), v2), v2.lt(1.0)};
+      },
+      [&] {
+        return std::vector<Tensor>{randn({1, 1}, kFloat64).to(gpu)};
+      });
+  check(
+      "seed 20261652, a per-row output",
+      [](const std::vector<Tensor>& a) {
+        const Tensor v5 = sum(a[0], {0, 1}, false);
+        const Tensor v7 = sum(a[0].permute({0, 1}), {-1}, true);
+        return std::vector<Tensor>{where(a[1], abs(v5 * a[2]), v7).select(0, -2), v5};
+      },
+      [&] {
+        return std::vector<Tensor>{randn({4, 1}).to(gpu), (randn({}) > 0.0).to(gpu),
+                                   randn({}).to(gpu)};
+      });
+  check(
+      "seed 20261806, a per-row output",
+      [](const std::vector<Tensor>& a) {
+        const Tensor v5 = a[0].select(1, 0).select(0, 1);
+        const Tensor v12 = index_select(a[0], 1, a[1]).permute({0, 1});
+        return std::vector<Tensor>{sum(v12 / v5, {-1}, true), v12};
+      },
+      [&] {
+        return std::vector<Tensor>{randn({3, 1}, kFloat64).to(gpu),
+                                   randint(0, 1, {1}, kInt64).to(gpu)};
+      });
+  // Reductions of different extents in one program: rows of 8 and rows of one element.
+  check(
+      "rows of 8 and of 1",
+      [](const std::vector<Tensor>& a) {
+        const Tensor r8 = amax(a[0], {-1}, true), r1 = sum(a[1] * 2.0, {-1}, true);
+        return std::vector<Tensor>{r8 + r1, a[0] - r8, r1 * a[1]};
+      },
+      [&] {
+        return std::vector<Tensor>{randn({4, 8}).to(gpu), randn({4, 1}).to(gpu)};
+      });
   check(
       "0-d GPU scale of row sums",
       [](const std::vector<Tensor>& a) {
@@ -1002,6 +1089,41 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
         [&] {
           return std::vector<Tensor>{randn({16, 1}).to(dt).to(gpu)};
         });
+  }
+}
+
+// The row kernels' forms (fused_cuda_rows.cpp): rows kept in registers with a member kept too
+// (softmax's exp(x - max)), rows of 32000 in 1024 threads, rows re-read in chunks (128256),
+// lengths that are not a multiple of the pack, and a view 2 bytes past 16-byte alignment (the
+// dense entry), in bf16, f16 and f32.
+TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(17);
+  const Device gpu(kCUDA, 0);
+  auto softmax = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{softmax_with_ops(a[0])};
+  };
+  auto lse = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{logsumexp_with_ops(a[0])};
+  };
+  auto rms = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{rms_norm_with_ops(a[0], a[1])};
+  };
+  for (ScalarType dt : {kBFloat16, kHalf, kFloat}) {
+    for (const Shape& s :
+         {Shape{3, 32000}, Shape{2, 128256}, Shape{6, 1001}, Shape{4, 2052}, Shape{5, 2048}}) {
+      const Tensor x = (randn(s) * 4.0).to(dt).to(gpu);
+      check_rows(named("softmax", dt, s), softmax, {x});
+      check_rows(named("logsumexp", dt, s), lse, {x});
+      check_rows(named("rms_norm", dt, s), rms, {x, randn({s.back()}).to(dt).to(gpu)});
+    }
+    // Misaligned: the rows start one element into a buffer.
+    const int64_t rows = 7, cols = 2048;
+    const Tensor flat = randn({rows * cols + 1}).to(dt).to(gpu);
+    const Tensor shifted = flat.narrow(0, 1, rows * cols).view({rows, cols});
+    check_rows(named("softmax, misaligned", dt, {rows, cols}), softmax, {shifted});
+    EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 0) << dtype_name(dt);
+    EXPECT_GE(compiler::fused_cuda_stats().dense_launches, 1) << dtype_name(dt);
   }
 }
 
