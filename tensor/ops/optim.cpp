@@ -58,6 +58,8 @@
 
 #include "tensor/ops.h"
 #include "tensor/registry.h"
+#include "tensor/storage.h"
+#include "tensor/tensor_impl.h"
 
 namespace kiln {
 
@@ -87,14 +89,21 @@ T host_value(const Tensor& t) {
   return *t.const_data_ptr<T>();
 }
 
-// The value of a 0-d tensor on the CPU, or on a GPU (copied to the host: waits for the device).
+// The value of a 0-d tensor on the CPU, or on a GPU (copied to the host: waits for the device;
+// a traced call's proxy has none, see the error).
 template <typename T>
-T any_value(const Tensor& t) {
-  return t.is_cpu() ? host_value<T>(t) : t.item<T>();
+T any_value(const OpCall& c, const Tensor& t) {
+  if (t.is_cpu()) return host_value<T>(t);
+  KILN_CHECK(!t.impl()->storage()->is_proxy(), "[", c.name(),
+             "] the decomposition (f64 parameters) reads the lr and step counts on the host, "
+             "which a call traced by kiln::compile on ",
+             t.device().str(),
+             " cannot: train in f32, bf16 or f16, or keep the update out of the compiled function");
+  return t.item<T>();
 }
 
 double decode_lr(const OpCall& c, const Tensor& lr_tensor) {
-  const double lr = any_value<double>(lr_tensor);
+  const double lr = any_value<double>(c, lr_tensor);
   KILN_CHECK(lr >= 0, "[", c.name(), "] invalid learning rate: ", lr);
   return lr;
 }
@@ -137,7 +146,7 @@ AdamUpdateCall::AdamUpdateCall(const OpCall& c, OptimDecode decode)
   lr = decode_lr(c, lr_tensor);
   step_values_.reserve(state_steps.size());
   for (size_t i = 0; i < state_steps.size(); ++i) {
-    const int64_t t = any_value<int64_t>(state_steps[i]);
+    const int64_t t = any_value<int64_t>(c, state_steps[i]);
     KILN_CHECK(t >= 1, "[adam_update_] state_steps[", i, "] is ", t, ": step counts start at 1");
     step_values_.push_back(t);
   }

@@ -22,12 +22,14 @@
 #include "nn/optim/lr_scheduler.h"
 #include "tensor/indexing.h"
 #include "tensor/ops.h"
+#include "tensor/ops/optim.h"
 #include "tensor/deterministic.h"
 #include "tensor/random.h"
 #include "tensor/registry.h"
 #include "tensor/storage.h"
 #include "tensor/tensor_data.h"
 #include "tensor/tensor_impl.h"
+#include "test_util.h"
 #include "tiny_step.h"
 
 namespace kiln {
@@ -215,45 +217,70 @@ Tensor memoryless_gpu_tensor(const Shape& sizes, ScalarType dtype) {
 // A CPU build has no CUDA kernel of adam_update_, so its tracer would expand a GPU call into the
 // op's decomposition (as eager code would run it), where a CUDA build keeps it whole. This
 // stand-in, which never runs (a CPU build has no GPU), keeps it whole here too.
+// It claims the calls the real kernel claims: f32, bf16 and f16 parameters.
 void adam_update_standin(OpCall&) {
   KILN_FAIL("[cuda_graph_test] the stand-in CUDA kernel of adam_update_ ran");
 }
-KILN_REGISTER_KERNEL(adam_update_, kCUDA, adam_update_standin);
+bool adam_update_standin_supports(const OpCall& c) {
+  return internal::optim_compute_dtype(c) == kFloat;
+}
+KILN_REGISTER_KERNEL_IF(adam_update_, kCUDA, "standin", adam_update_standin,
+                        adam_update_standin_supports);
 #endif
 
 // A training step on the GPU with AdamW: its step counts live on the GPU and its lr is a launch
 // input, so the step, the update included, has no host step. The optimizer's state is made
 // beforehand, as step 1 leaves it, so that one trace is the program later calls replay.
+// The program of a training step of `opt` on the parameter `w`, traced on a proxy of a GPU batch.
+std::shared_ptr<const compiler::Program> step_program(optim::Optimizer& opt, const Tensor& w) {
+  const Tensor x = compiler::proxy_of({to_shape(w.sizes()), w.dtype(), Device(kCUDA, 0)});
+  compiler::TraceResult r = compiler::trace_callable(
+      [&](const std::vector<Tensor>& a) {
+        opt.zero_grad();
+        Tensor loss = (a[0] * w).sum();
+        loss.backward();
+        opt.step();
+        return std::vector<Tensor>{loss};
+      },
+      {x});
+  const std::vector<std::shared_ptr<const compiler::Executor>> eager = {
+      compiler::find_executor("eager")};
+  return std::make_shared<const compiler::Program>(compiler::assign_executors(r.trace, eager),
+                                                   std::move(r.externals), eager);
+}
+
+// AdamW's state on `w` as its first step leaves it, in memoryless GPU tensors.
+void made_state(optim::AdamW& opt, const Tensor& w) {
+  optim::OptimizerParamState& st = opt.state()[w.impl()];
+  st.step = memoryless_gpu_tensor({}, kInt64);
+  st.buffers["exp_avg"] = memoryless_gpu_tensor(to_shape(w.sizes()), kFloat);
+  st.buffers["exp_avg_sq"] = memoryless_gpu_tensor(to_shape(w.sizes()), kFloat);
+}
+
 TEST(CudaGraphAnalysis, AdamWTrainingStepHasNoHostStep) {
-  auto program_of = [](optim::Optimizer& opt, const Tensor& w) {
-    const Tensor x = compiler::proxy_of({{4, 8}, kFloat, Device(kCUDA, 0)});
-    compiler::TraceResult r = compiler::trace_callable(
-        [&](const std::vector<Tensor>& a) {
-          opt.zero_grad();
-          Tensor loss = (a[0] * w).sum();
-          loss.backward();
-          opt.step();
-          return std::vector<Tensor>{loss};
-        },
-        {x});
-    const std::vector<std::shared_ptr<const compiler::Executor>> eager = {
-        compiler::find_executor("eager")};
-    return std::make_shared<const compiler::Program>(compiler::assign_executors(r.trace, eager),
-                                                     std::move(r.externals), eager);
-  };
   const Tensor w = memoryless_gpu_tensor({4, 8}, kFloat).requires_grad_(true);
   optim::AdamW adamw({w}, optim::AdamWOptions(1e-2).weight_decay(0.1));
-  optim::OptimizerParamState& st = adamw.state()[w.impl()];
-  st.step = memoryless_gpu_tensor({}, kInt64);
-  st.buffers["exp_avg"] = memoryless_gpu_tensor({4, 8}, kFloat);
-  st.buffers["exp_avg_sq"] = memoryless_gpu_tensor({4, 8}, kFloat);
-  const auto p = program_of(adamw, w);
+  made_state(adamw, w);
+  const auto p = step_program(adamw, w);
   const std::string listing = p->trace().str();
   EXPECT_TRUE(contains(listing, "to_copy(") && contains(listing, "increment_(") &&
               contains(listing, "adam_update_("))
       << listing;
   EXPECT_EQ(compiler::cuda_graph_refusal(*p, false), "") << listing;
   EXPECT_EQ(compiler::GraphedProgram(p).host_steps(), 0) << listing;
+}
+
+// f64 parameters take adam_update_'s decomposition, which reads the lr and the step counts on
+// the host: traced on a GPU, it says so rather than freeze their values.
+TEST(CudaGraphAnalysis, F64AdamWOnTheGpuSaysItDoesNotTrace) {
+  const Tensor w = memoryless_gpu_tensor({4, 8}, kDouble).requires_grad_(true);
+  optim::AdamW adamw({w}, optim::AdamWOptions(1e-2));
+  made_state(adamw, w);
+  adamw.state()[w.impl()].buffers["exp_avg"] = memoryless_gpu_tensor({4, 8}, kDouble);
+  adamw.state()[w.impl()].buffers["exp_avg_sq"] = memoryless_gpu_tensor({4, 8}, kDouble);
+  EXPECT_KILN_ERROR(step_program(adamw, w),
+                    "[adam_update_] the decomposition (f64 parameters) reads the lr and step "
+                    "counts on the host, which a call traced by kiln::compile on cuda:0 cannot");
 }
 
 TEST(CudaGraphAnalysis, RefusesWhatACopyWouldHide) {
