@@ -285,8 +285,28 @@ FusedEntry choose_row_entry(const FusedKernel& k, const std::vector<OperandLayou
              "[fused_cuda] internal: ", inputs.size(), " + ", outputs.size(),
              " operand layouts for a kernel of ", k.inputs.size(), " + ", k.outputs.size());
   bool aligned = k.vector_width > 0;
+  // A row-packed input: its columns contiguous, every row's start 16-byte aligned.
+  auto packs = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
+    if (l.address % 16 != 0 || l.strides.size() != o.sizes.size()) return false;
+    const size_t lead = k.sizes.size() - o.sizes.size();
+    size_t row_dims = k.sizes.size();  // the domain's dims before the trailing (reduced) ones
+    for (int64_t c = 1; c < k.cols;) c *= k.sizes[--row_dims];
+    int64_t expected = 1;
+    for (size_t d = o.sizes.size(); d-- > 0;) {
+      if (o.sizes[d] == 1) continue;
+      if (d + lead >= row_dims) {
+        if (l.strides[d] != expected) return false;
+        expected *= o.sizes[d];
+      } else if (l.strides[d] % k.vector_width != 0) {
+        return false;
+      }
+    }
+    return true;
+  };
   auto check = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
-    if (o.host_scalar || o.sizes != k.sizes) return true;  // read through its strides
+    if (o.host_scalar) return true;
+    if (o.row_packed) aligned = aligned && packs(o, l);
+    if (o.sizes != k.sizes) return true;  // read through its strides
     aligned = aligned && l.address % 16 == 0;
     return l.contiguous;
   };

@@ -99,6 +99,9 @@ struct FusedKernel {
     // Its dims are the domain's leading ones (a reduction's output without keepdim), not its
     // trailing ones as broadcasting aligns them.
     bool leading = false;
+    // A row kernel's input that varies along the rows as the domain does but is not of its
+    // shape (RMSNorm's weight): the vector entry reads it in packs of vector_width elements.
+    bool row_packed = false;
   };
   std::vector<Operand> inputs, outputs;
   std::vector<std::pair<int, uint64_t>> constants;  // (slot, bits)
@@ -132,8 +135,9 @@ struct OperandLayout {
 FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                               const std::vector<OperandLayout>& outputs);
 // The entry of a row kernel: kVector where every operand of the domain's shape is contiguous
-// and 16-byte aligned, kDense where they are contiguous, else kStrided, which a row kernel does
-// not have: the region then runs op by op (eager kernels).
+// and 16-byte aligned and every row-packed input's columns are contiguous with each row 16-byte
+// aligned, kDense where the operands of the domain's shape are contiguous, else kStrided, which
+// a row kernel does not have: the region then runs op by op (eager kernels).
 FusedEntry choose_row_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                             const std::vector<OperandLayout>& outputs);
 

@@ -211,6 +211,16 @@ bool Generator::plan_rows(std::string* why) {
   }
   const auto width = static_cast<int64_t>(16 / narrowest);
   k_.vector_width = width > 1 && k_.cols % width == 0 ? static_cast<int>(width) : 0;
+  // Inputs that vary along the columns as the domain does (a weight [D] of rows [N, D]): packs in
+  // the vector entry, where their columns are contiguous and aligned (choose_row_entry).
+  for (FusedKernel::Operand& o : k_.inputs) {
+    if (k_.vector_width == 0 || o.host_scalar || o.sizes == S || o.sizes.size() < rank - k)
+      continue;
+    const size_t lead = rank - o.sizes.size();
+    bool same = true;
+    for (size_t d = static_cast<size_t>(k); d < rank; ++d) same = same && o.sizes[d - lead] == S[d];
+    o.row_packed = same;
+  }
   const int64_t accesses = ceil_div(k_.cols, std::max<int64_t>(k_.vector_width, 1));
   k_.row_threads =
       static_cast<int>(std::clamp<int64_t>(ceil_div(ceil_div(accesses, 4), 32) * 32, 32, 1024));
@@ -546,6 +556,13 @@ std::string Generator::row_entry(int width) {
         os << I6 << "kpack<" << ctype(k_.outputs[j].dtype) << ", " << W << "> vy" << j << ";\n";
       }
     }
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      const FusedKernel::Operand& o = k_.inputs[j];
+      if (W == 1 || !o.row_packed) continue;
+      const std::string t = access_type(o.dtype);
+      os << I6 << "const " << t << " vr" << j << " = *(const " << t << "*)(in" << j << " + ri" << j
+         << " + c0);\n";
+    }
     os << "#pragma unroll\n"
        << I6 << "for (int e = 0; e < " << W << "; ++e) {\n"
        << I8 << "const " << col_t << " c = c0 + e;\n"
@@ -568,6 +585,8 @@ std::string Generator::row_entry(int width) {
         if (pp.reads[sz(pass)][j])
           os << I8 << "const " << t << " x" << j << " = " << element(arr + std::to_string(j), idx)
              << ";\n";
+      } else if (W > 1 && o.row_packed) {
+        os << I8 << "const " << t << " x" << j << " = vr" << j << ".v[e];\n";
       } else if (varies(o)) {
         os << I8 << "const " << t << " x" << j << " = in" << j << "[ri" << j << " + "
            << col_offset(o) << "];\n";

@@ -485,14 +485,42 @@ TEST(FusedCudaCodegen, RowEntryNeedsContiguousRows) {
   const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
   ASSERT_TRUE(k.has_value());
   ASSERT_EQ(k->inputs.size(), 3u);  // x, the wrapped eps, w
-  std::vector<I::OperandLayout> in = {{true, 4096}, {true, 0}, {false, 8}};
+  std::vector<I::OperandLayout> in = {{true, 4096}, {true, 0}, {true, 8192, {1}}};
   std::vector<I::OperandLayout> out = {{true, 8192}};
-  // w broadcasts: read through its strides, its layout does not matter.
+  // w varies along the rows as x does: the vector entry reads it in packs of 8, where it is
+  // aligned with unit stride; else the dense entry reads it through its strides.
+  EXPECT_FALSE(k->inputs[0].row_packed);
+  EXPECT_TRUE(k->inputs[2].row_packed);
+  EXPECT_NE(k->source.find("const kpack<bf16, 8> vr2 = *(const kpack<bf16, 8>*)(in2 + ri2 + c0);"),
+            std::string::npos)
+      << k->source;
   EXPECT_EQ(I::choose_row_entry(*k, in, out), I::FusedEntry::kVector);
+  in[2] = {true, 8194, {1}};
+  EXPECT_EQ(I::choose_row_entry(*k, in, out), I::FusedEntry::kDense);
+  in[2] = {false, 8192, {2}};
+  EXPECT_EQ(I::choose_row_entry(*k, in, out), I::FusedEntry::kDense);
+  in[2] = {true, 8192, {1}};
   in[0].address = 4098;
   EXPECT_EQ(I::choose_row_entry(*k, in, out), I::FusedEntry::kDense);
   in[0].contiguous = false;
   EXPECT_EQ(I::choose_row_entry(*k, in, out), I::FusedEntry::kStrided);
+  // A weight [2, 1, 64] of rows [2, 4, 64]: packs where its rows are a multiple of 8 elements
+  // apart (72), not where they are not (68).
+  const Trace t2 =
+      traced_on_cuda([](const Tensor& x, const Tensor& w) { return softmax_with_ops(x * w); },
+                     randn({2, 4, 64}).to(kBFloat16), randn({2, 1, 64}).to(kBFloat16));
+  const auto k2 = I::generate_fused_kernel(t2, 0, t2.ops.size(), nullptr);
+  ASSERT_TRUE(k2.has_value());
+  ASSERT_EQ(k2->inputs.size(), 2u);
+  const size_t w = k2->inputs[0].sizes == Shape{2, 1, 64} ? 0 : 1;
+  EXPECT_TRUE(k2->inputs[w].row_packed);
+  EXPECT_FALSE(k2->inputs[1 - w].row_packed);  // of the domain's shape
+  std::vector<I::OperandLayout> in2(2, I::OperandLayout{true, 4096, {256, 64, 1}});
+  in2[w] = {false, 8192, {72, 64, 1}};
+  const std::vector<I::OperandLayout> out2 = {{true, 16384}};
+  EXPECT_EQ(I::choose_row_entry(*k2, in2, out2), I::FusedEntry::kVector);
+  in2[w].strides = {68, 64, 1};
+  EXPECT_EQ(I::choose_row_entry(*k2, in2, out2), I::FusedEntry::kDense);
 }
 
 TEST(FusedCudaCodegen, RowVectorEntryForABroadcastRow) {
@@ -1094,8 +1122,8 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
 
 // The row kernels' forms (fused_cuda_rows.cpp): rows kept in registers with a member kept too
 // (softmax's exp(x - max)), rows of 32000 in 1024 threads, rows re-read in chunks (128256),
-// lengths that are not a multiple of the pack, and a view 2 bytes past 16-byte alignment (the
-// dense entry), in bf16, f16 and f32.
+// lengths that are not a multiple of the pack, rows and a weight one element past 16-byte
+// alignment (the dense entry), in bf16, f16 and f32.
 TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
   SKIP_WITHOUT_GPU();
   manual_seed(17);
@@ -1122,6 +1150,17 @@ TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
     const Tensor flat = randn({rows * cols + 1}).to(dt).to(gpu);
     const Tensor shifted = flat.narrow(0, 1, rows * cols).view({rows, cols});
     check_rows(named("softmax, misaligned", dt, {rows, cols}), softmax, {shifted});
+    EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 0) << dtype_name(dt);
+    EXPECT_GE(compiler::fused_cuda_stats().dense_launches, 1) << dtype_name(dt);
+    // RMSNorm's weight read in packs by the vector entry; one element past alignment, by the
+    // dense entry through its strides.
+    const Tensor x = randn({rows, cols}).to(dt).to(gpu);
+    const Tensor wbuf = randn({cols + 1}).to(dt).to(gpu);
+    check_rows(named("rms_norm, aligned weight", dt, {rows, cols}), rms,
+               {x, wbuf.narrow(0, 0, cols)});
+    EXPECT_GE(compiler::fused_cuda_stats().vector_launches, 1) << dtype_name(dt);
+    check_rows(named("rms_norm, misaligned weight", dt, {rows, cols}), rms,
+               {x, wbuf.narrow(0, 1, cols)});
     EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 0) << dtype_name(dt);
     EXPECT_GE(compiler::fused_cuda_stats().dense_launches, 1) << dtype_name(dt);
   }
