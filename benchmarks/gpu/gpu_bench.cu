@@ -384,6 +384,26 @@ void bench_fused_rows() {
           true);
     }
   }
+  // The vocabulary's rows of a loss: log_softmax (a per-element output) and logsumexp (a per-row
+  // one) written with ops.
+  for (kiln::ScalarType dt : {kBFloat16, kFloat}) {
+    const std::string tn = dt == kFloat ? "f32" : "bf16";
+    auto logits = [dt] { return std::vector<Tensor>{random({8192, 32000}, dt)}; };
+    bench_fused_case(
+        "fused log_softmax(ops) 8192x32000 " + tn,
+        [](const std::vector<Tensor>& a) {
+          const Tensor z = a[0] - kiln::amax(a[0], {-1}, true);
+          return std::vector<Tensor>{z - kiln::log(kiln::sum(kiln::exp(z), {-1}, true))};
+        },
+        logits, true);
+    bench_fused_case(
+        "fused logsumexp(ops) 8192x32000 " + tn,
+        [](const std::vector<Tensor>& a) {
+          const Tensor m = kiln::amax(a[0], {-1}, true);
+          return std::vector<Tensor>{kiln::log(kiln::sum(kiln::exp(a[0] - m), {-1}, true)) + m};
+        },
+        logits, true);
+  }
   bench_fused_case(
       "fused rms_norm(ops) 8192x2048 bf16",
       [](const std::vector<Tensor>& a) {
