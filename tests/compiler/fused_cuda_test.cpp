@@ -1121,9 +1121,9 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
 }
 
 // The row kernels' forms (fused_cuda_rows.cpp): rows kept in registers with a member kept too
-// (softmax's exp(x - max)), rows of 32000 in 1024 threads, rows re-read in chunks (128256),
-// lengths that are not a multiple of the pack, rows and a weight one element past 16-byte
-// alignment (the dense entry), in bf16, f16 and f32.
+// (softmax's exp(x - max), log_softmax's x - max), rows of 32000 in 1024 threads, rows re-read in
+// chunks (128256), lengths that are not a multiple of the pack, rows and a weight one element past
+// 16-byte alignment (the dense entry), in bf16, f16 and f32.
 TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
   SKIP_WITHOUT_GPU();
   manual_seed(17);
@@ -1137,12 +1137,18 @@ TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
   auto rms = [](const std::vector<Tensor>& a) {
     return std::vector<Tensor>{rms_norm_with_ops(a[0], a[1])};
   };
+  // x - max kept from the sum's pass for the output's.
+  auto log_softmax = [](const std::vector<Tensor>& a) {
+    const Tensor z = a[0] - amax(a[0], {-1}, true);
+    return std::vector<Tensor>{z - log(sum(exp(z), {-1}, true))};
+  };
   for (ScalarType dt : {kBFloat16, kHalf, kFloat}) {
     for (const Shape& s :
          {Shape{3, 32000}, Shape{2, 128256}, Shape{6, 1001}, Shape{4, 2052}, Shape{5, 2048}}) {
       const Tensor x = (randn(s) * 4.0).to(dt).to(gpu);
       check_rows(named("softmax", dt, s), softmax, {x});
       check_rows(named("logsumexp", dt, s), lse, {x});
+      check_rows(named("log_softmax", dt, s), log_softmax, {x});
       check_rows(named("rms_norm", dt, s), rms, {x, randn({s.back()}).to(dt).to(gpu)});
     }
     // Misaligned: the rows start one element into a buffer.
