@@ -26,9 +26,9 @@
 namespace kiln::compiler::internal {
 namespace {
 
-// The register cache: elements of the row a thread keeps, all inputs together (half as many in
-// blocks of 1024 threads, which get at most 64 registers each).
-constexpr int kCacheElements = 64;
+// The register cache: the registers a thread's share of the row may take, its inputs and kept
+// members together (half as many in blocks of 1024 threads, which get at most 64 each).
+constexpr int kCacheRegisters = 64;
 // Elements of a row a thread loads before using any, on rows too long for registers (at most 4
 // accesses; more spill registers at 1024 threads).
 constexpr int kChunkElements = 8;
@@ -383,8 +383,8 @@ std::string Generator::row_entry(int width) {
   // moved in packs (or kept two to a register) take one, 8-byte ones four, others two.
   const int64_t iters = ceil_div(ceil_div(C, W), T);             // a thread's accesses of a row
   const int64_t full_iters = C / (static_cast<int64_t>(T) * W);  // in the row for every lane
+  const int kChunk = std::clamp(kChunkElements / W, 1, 4);       // accesses per chunk
   // Column indices in 32 bits where a row allows it (fewer registers than 64-bit ones).
-  const int kChunk = std::clamp(kChunkElements / W, 1, 4);  // accesses per chunk
   const std::string col_t = C + int64_t{kChunk} * T * W < (int64_t{1} << 31) ? "int" : "long long";
   // A kept 16-bit member: two to a 32-bit register.
   auto halves = [&](ScalarType t) { return element_size(t) == 2 && W % 2 == 0; };
@@ -406,7 +406,7 @@ std::string Generator::row_entry(int width) {
     }
     return most * iters * W / 2;
   };
-  const int budget = T * G >= 1024 ? kCacheElements / 2 : kCacheElements;
+  const int budget = T * G >= 1024 ? kCacheRegisters / 2 : kCacheRegisters;
   PassPlan pp = plan_passes(true);
   bool cache = n_passes > 1 && registers(pp) <= budget;
   if (!cache) {
