@@ -1004,7 +1004,7 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
   const Device gpu(kCUDA, 0);
   using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
   auto check = [&](const std::string& what, const Fn& fn,
-                   const std::function<std::vector<Tensor>()>& make_args) {
+                   const std::function<std::vector<Tensor>()>& make_args, bool row_kernel = true) {
     const bool failed_before = ::testing::Test::HasFailure();
     compiler::reset_fused_cuda_stats();
     auto f = compile([&](const std::vector<Tensor>& a) { return fn(a); });
@@ -1016,7 +1016,10 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
         expect_close(got[i], want[i], what + ", call " + std::to_string(call));
       }
     }
-    EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << "\n" << listings(f.traces());
+    if (row_kernel) {
+      EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << "\n"
+                                                             << listings(f.traces());
+    }
     if (!failed_before && ::testing::Test::HasFailure()) {
       ADD_FAILURE() << what << ": the program and its kernels\n"
                     << listings(f.traces()) << generated_sources(f.traces());
@@ -1083,7 +1086,9 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
         return std::vector<Tensor>{randn({3, 1}, kFloat64).to(gpu),
                                    randint(0, 1, {1}, kInt64).to(gpu)};
       });
-  // Reductions of different extents in one program: rows of 8 and rows of one element.
+  // Reductions of different extents in one program: rows of 8 and rows of one element. The
+  // fused region mixes the two extents, which the row planner declines (no row kernel on the
+  // H100: session 19's fifth call): its ops run one by one, and must still equal eager.
   check(
       "rows of 8 and of 1",
       [](const std::vector<Tensor>& a) {
@@ -1092,7 +1097,8 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
       },
       [&] {
         return std::vector<Tensor>{randn({4, 8}).to(gpu), randn({4, 1}).to(gpu)};
-      });
+      },
+      /*row_kernel=*/false);
   check(
       "0-d GPU scale of row sums",
       [](const std::vector<Tensor>& a) {
