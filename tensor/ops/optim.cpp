@@ -454,8 +454,17 @@ SpecList sgd_update_meta(const OpCall& c) {
 
 // Today's op-by-op update (bit for bit the CPU kernel's, see above), per parameter.
 TensorVec sgd_update_decomposition(const OpCall& c) {
-  const SgdUpdateCall s(c);
+  // The lr as a tensor (the op's last input), never read on the host: a compiled program that
+  // runs this decomposition (on a GPU, where the op has no kernel) reads its value at every run,
+  // a scheduler's, where a number read while tracing would be frozen into the program.
+  const SgdUpdateCall s(c, internal::OptimDecode::kLayout);
   const ScalarType ct = internal::optim_compute_dtype(c);
+  Tensor lr;  // on the parameters' device, in the compute dtype
+  if (!s.params.empty()) {
+    lr = s.lr_tensor.device() == s.params[0].device() ? s.lr_tensor
+                                                      : s.lr_tensor.to(s.params[0].device());
+    lr = lr.to(ct);
+  }
   for (size_t i = 0; i < s.params.size(); ++i) {
     Tensor param = s.params[i];
     Tensor g = s.grads[i].to(ct, /*copy=*/true);  // a fresh tensor, never the grad itself
@@ -477,9 +486,9 @@ TensorVec sgd_update_decomposition(const OpCall& c) {
       }
     }
     if (param.dtype() == ct) {
-      param.add_(g, -s.lr);
+      param.sub_(g * lr);
     } else {
-      param.copy_(p.add(g, -s.lr));
+      param.copy_(p.sub(g * lr));
     }
   }
   TensorVec mutated;

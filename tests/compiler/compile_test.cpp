@@ -336,6 +336,44 @@ struct Mlp {
   Tensor loss(const Tensor& x, const Tensor& y) const { return F::cross_entropy(b(relu(a(x))), y); }
 };
 
+// SGD's update through its decomposition (how it runs on a GPU, where sgd_update_ has no
+// kernel), compiled, with a scheduler changing the lr at every step: the program reads the lr
+// tensor at every run rather than the number it held while tracing.
+TEST(Compile, SgdDecompositionFollowsTheScheduler) {
+  manual_seed(8);
+  for (const double momentum : {0.0, 0.9}) {
+    const Tensor init = randn({6, 5});
+    Tensor pc = init.clone().requires_grad_(true), pe = init.clone().requires_grad_(true);
+    const auto options = optim::SGDOptions(0.1).momentum(momentum).weight_decay(0.01);
+    optim::SGD opt_c({pc}, options), opt_e({pe}, options);
+    auto decay = [](int64_t step) { return 1.0 / (1.0 + static_cast<double>(step)); };
+    optim::LambdaLR sched_c(opt_c, decay), sched_e(opt_e, decay);
+    auto update = compile([&]() { opt_c.step(); }, CompileOptions().decompose({"sgd_update_"}));
+    for (int k = 0; k < 5; ++k) {
+      const Tensor g = randn({6, 5});
+      // The program reads the gradient it captured: written in place after the first step.
+      Tensor& grad = pc.mutable_grad();
+      if (grad.defined()) {
+        grad.copy_(g);
+      } else {
+        grad = g.clone();
+      }
+      pe.mutable_grad() = g.clone();
+      update();
+      opt_e.step();  // the CPU kernel
+      sched_c.step();
+      sched_e.step();
+      EXPECT_TRUE(allclose(pc.detach(), pe.detach(), 1e-6, 1e-7))
+          << "momentum " << momentum << ", step " << k + 1 << "\n"
+          << update.traces().back().str();
+    }
+    EXPECT_GE(update.stats().hits, 2);
+    bool decomposed = true;
+    for (const auto& op : update.traces().back().ops) decomposed &= op.name() != "sgd_update_";
+    EXPECT_TRUE(decomposed) << update.traces().back().str();
+  }
+}
+
 TEST(Compile, TrainingStepMatchesEager) {
   Mlp eager(11), compiled(11);
   optim::SGD opt_e(eager.parameters(), optim::SGDOptions(0.1).momentum(0.9));
