@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda.h"
@@ -23,6 +24,11 @@
 namespace kiln::cuda {
 
 namespace internal {
+// Fails with "[op] no CUDA device ..." or "[op] cuda:N does not exist ..." for a bad index.
+void require_device(int index, const char* op);
+// "12.50 MiB", as the runtime's messages print sizes.
+std::string mib_text(int64_t bytes);
+
 // A block of page-locked host memory (from a cache, cudaHostAlloc on a miss), for
 // Tensor::pin_memory and non-blocking device-to-host copies.
 Storage allocate_pinned(size_t nbytes);
