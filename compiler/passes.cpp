@@ -28,6 +28,25 @@ std::string op_key(const BoundOp& op) {
   return key;
 }
 
+// The start of a pass that rewrites the ops one by one: `trace` without its ops, as stage
+// `stage`, and `to`, the identity renaming of its values.
+Trace without_ops(const Trace& trace, const char* stage, std::vector<int>& to) {
+  Trace out = trace;
+  out.stage = stage;
+  out.ops.clear();
+  to.resize(trace.values.size());
+  for (size_t v = 0; v < to.size(); ++v) to[v] = static_cast<int>(v);
+  return out;
+}
+
+// The end of such a pass: the returned values and grad effects renamed.
+void rename_results(Trace& out, const std::vector<int>& to) {
+  rename(out.outputs, to);
+  for (GradEffect& e : out.grad_effects) {
+    if (e.value >= 0) e.value = to[static_cast<size_t>(e.value)];
+  }
+}
+
 std::vector<Tensor> input_proxies(const Trace& trace, const BoundOp& op) {
   std::vector<Tensor> in;
   in.reserve(op.inputs.size());
@@ -65,11 +84,8 @@ bool device_kernel_supports(const Trace& trace, const BoundOp& op) {
 
 Trace decompose(const Trace& trace, std::vector<Tensor>& externals,
                 const std::function<bool(const Trace& trace, const BoundOp& op)>& expand) {
-  Trace out = trace;
-  out.stage = "decompose";
-  out.ops.clear();
-  std::vector<int> to(trace.values.size());
-  for (size_t v = 0; v < to.size(); ++v) to[v] = static_cast<int>(v);
+  std::vector<int> to;
+  Trace out = without_ops(trace, "decompose", to);
   for (const BoundOp& original : trace.ops) {
     BoundOp op = original;
     rename(op.inputs, to);
@@ -124,10 +140,7 @@ Trace decompose(const Trace& trace, std::vector<Tensor>& externals,
         to[static_cast<size_t>(op.outputs[k])] = map[static_cast<size_t>(sv)];
     }
   }
-  rename(out.outputs, to);
-  for (GradEffect& e : out.grad_effects) {
-    if (e.value >= 0) e.value = to[static_cast<size_t>(e.value)];
-  }
+  rename_results(out, to);
   return out;
 }
 
@@ -200,11 +213,8 @@ Trace simplify(const Trace& trace) {
     return s != nullptr && !s->is_boolean() && s->to<double>() == 1.0 && made != nullptr &&
            made->name() == "empty" && made->inputs.empty();
   };
-  Trace out = trace;
-  out.stage = "simplify";
-  out.ops.clear();
-  std::vector<int> to(trace.values.size());
-  for (size_t v = 0; v < to.size(); ++v) to[v] = static_cast<int>(v);
+  std::vector<int> to;
+  Trace out = without_ops(trace, "simplify", to);
   for (const BoundOp& original : trace.ops) {
     BoundOp op = original;
     rename(op.inputs, to);
@@ -229,10 +239,7 @@ Trace simplify(const Trace& trace) {
     }
     out.ops.push_back(std::move(op));
   }
-  rename(out.outputs, to);
-  for (GradEffect& e : out.grad_effects) {
-    if (e.value >= 0) e.value = to[static_cast<size_t>(e.value)];
-  }
+  rename_results(out, to);
   return out;
 }
 
@@ -240,11 +247,8 @@ Trace cse(const Trace& trace) {
   // An op producing a value some in-place op writes is never merged with another, since the
   // two results would no longer be two tensors.
   const std::vector<bool> written = written_values(trace);
-  Trace out = trace;
-  out.stage = "cse";
-  out.ops.clear();
-  std::vector<int> to(trace.values.size());
-  for (size_t v = 0; v < to.size(); ++v) to[v] = static_cast<int>(v);
+  std::vector<int> to;
+  Trace out = without_ops(trace, "cse", to);
   absl::flat_hash_map<std::string, size_t> seen;  // key -> index into out.ops
   for (const BoundOp& original : trace.ops) {
     BoundOp op = original;
@@ -269,10 +273,7 @@ Trace cse(const Trace& trace) {
     }
     out.ops.push_back(std::move(op));
   }
-  rename(out.outputs, to);
-  for (GradEffect& e : out.grad_effects) {
-    if (e.value >= 0) e.value = to[static_cast<size_t>(e.value)];
-  }
+  rename_results(out, to);
   return out;
 }
 
