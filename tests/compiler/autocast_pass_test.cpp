@@ -16,6 +16,7 @@
 #include "compiler/passes.h"
 #include "compiler/program.h"
 #include "compiler/tracer.h"
+#include "trace_test_util.h"
 #include "kiln.h"
 #include "models/gpt.h"
 #include "nn/autocast.h"
@@ -28,26 +29,14 @@ namespace {
 
 namespace F = nn::functional;
 using compiler::Trace;
-
-int count_ops(const Trace& t, const std::string& name) {
-  int n = 0;
-  for (const auto& op : t.ops) n += op.name() == name;
-  return n;
-}
+using test::count_ops;
+using test::expect_bitwise;
 
 bool any_autocast(const Trace& t) {
   for (const auto& op : t.ops) {
     if (op.autocast.any()) return true;
   }
   return false;
-}
-
-void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.defined(), want.defined()) << what;
-  if (!want.defined()) return;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  EXPECT_TRUE(equal(got, want)) << what << ": compiled\n" << got << "\neager\n" << want;
 }
 
 compiler::TraceResult trace_no_grad(const compiler::TraceBody& fn,

@@ -15,30 +15,20 @@
 #include "compiler/compile.h"
 #include "compiler/passes.h"
 #include "compiler/tracer.h"
+#include "trace_test_util.h"
 #include "kiln.h"
 
 namespace kiln {
 namespace {
 
 using compiler::Trace;
-
-int count_ops(const Trace& t, const std::string& name) {
-  int n = 0;
-  for (const auto& op : t.ops) n += op.name() == name;
-  return n;
-}
+using test::count_ops;
+using test::expect_bitwise;
 
 Trace traced(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
              const std::vector<Tensor>& args) {
   NoGradGuard no_grad;
   return compiler::trace_callable(fn, args).trace;
-}
-
-void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_TRUE(got.defined() && want.defined()) << what;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  EXPECT_TRUE(equal(got, want)) << what << ": compiled\n" << got << "\neager\n" << want;
 }
 
 // Compiles `fn` with the pass on and off and checks both against eager on the same inputs; the

@@ -11,18 +11,15 @@
 #include "compiler/compile.h"
 #include "compiler/passes.h"
 #include "compiler/tracer.h"
+#include "trace_test_util.h"
 #include "kiln.h"
 
 namespace kiln {
 namespace {
 
 using compiler::Trace;
-
-int count_ops(const Trace& t, const std::string& name) {
-  int n = 0;
-  for (const auto& op : t.ops) n += op.name() == name;
-  return n;
-}
+using test::count_ops;
+using test::expect_bitwise;
 
 const Trace& stage(const std::vector<Trace>& traces, const std::string& name) {
   for (const Trace& t : traces) {
@@ -30,13 +27,6 @@ const Trace& stage(const std::vector<Trace>& traces, const std::string& name) {
   }
   ADD_FAILURE() << "no stage " << name;
   return traces.back();
-}
-
-void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_TRUE(got.defined() && want.defined()) << what;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  EXPECT_TRUE(equal(got, want)) << what;
 }
 
 // The head and loss of a language model: its backward scales the stored dx and dweight by the
