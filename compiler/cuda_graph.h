@@ -23,10 +23,11 @@
 // - its own intermediates: graph memory (allocation nodes of kernels/cuda/runtime.h's
 //   capture_graph), freed inside the graph.
 // Values a graph makes that outlive it (read by a later segment, returned, assigned to a .grad)
-// are copied at its end into static buffers: a later segment reads them there; .grad is set to
-// the static buffer (the next replay overwrites it, as a captured training step's gradients in
-// PyTorch); returned tensors are copied out after the replay, so a caller keeping the losses of
-// several steps keeps their values.
+// stay in its memory: allocations it does not free, backed by each launch at the same address
+// and freed by the next launch (capture_graph's kept storages). A later segment reads them there;
+// .grad is set to them (the next replay overwrites it, as a captured training step's gradients
+// in PyTorch); returned tensors are copied out after the replay, so a caller keeping the losses
+// of several steps keeps their values.
 //
 // Capture happens on the program's second run (the first, the compiling call, is its warm-up:
 // cuDNN plans, measured kernel choices, NVRTC kernels and cuBLASLt workspaces exist by then).
