@@ -20,11 +20,8 @@ namespace {
 // Ops with a CPU kernel that need no CUDA kernel of their own. View ops (OpKind::kView) are
 // left out automatically: the dispatcher runs their CPU kernel for every device, because a view
 // only computes sizes and strides over the input's storage.
-const std::set<std::string> kNoCudaKernelNeeded = {
-    // The optimizers' step counts: its meta rule takes only 0-d int64 CPU tensors (the update
-    // kernels read the counts on the host, whatever the parameters' device).
-    "increment_",
-};
+// (increment_ was one until its CUDA kernel came with the GPU step counts of a capturable AdamW.)
+const std::set<std::string> kNoCudaKernelNeeded = {};
 
 bool has_kernel(const OpDef& op, DeviceType device) {
   return op.first_kernel(device) != nullptr;
