@@ -350,6 +350,26 @@ struct TwoSteps {
     return {x.cuda(), y.cuda()};
   }
 
+  // Steps [from, to) of both models, results unread; returns `to`.
+  int run_both(int from, int to) {
+    for (int i = from; i < to; ++i) {
+      const auto [x, y] = batch(i, 32);
+      (void)graphed(x, y);
+      (void)plain(x, y);
+    }
+    return to;
+  }
+
+  // Both models' first parameter moved to new memory with the same values (as a load that
+  // replaced the storage would leave it): the graphed step captures again.
+  void move_first_parameter() {
+    for (test::TinyStep* s : {&with, &without}) {
+      Tensor p = s->model->parameters()[0];
+      const Tensor moved = p.detach().clone();
+      p.impl()->set_data(*moved.impl());
+    }
+  }
+
   // Every parameter and gradient of the two models, bit for bit.
   void expect_same_weights() {
     const std::vector<Tensor> a = with.model->parameters(), b = without.model->parameters();
@@ -476,19 +496,9 @@ TEST_F(GpuCudaGraph, NewShapeCapturesAgain) {
 
 TEST_F(GpuCudaGraph, MovedParameterCapturesAgain) {
   TwoSteps t;
-  int i = 0;
-  for (; i < 4; ++i) {
-    const auto [x, y] = t.batch(i, 32);
-    (void)t.graphed(x, y);
-    (void)t.plain(x, y);
-  }
+  int i = t.run_both(0, 4);
   ASSERT_EQ(t.graphed.stats().graph_captures, 1);
-  // The same values in new memory (as a load that replaced the storage would leave them).
-  for (test::TinyStep* s : {&t.with, &t.without}) {
-    Tensor p = s->model->parameters()[0];
-    const Tensor moved = p.detach().clone();
-    p.impl()->set_data(*moved.impl());
-  }
+  t.move_first_parameter();
   for (; i < 6; ++i) {
     const auto [x, y] = t.batch(i, 32);
     EXPECT_TRUE(equal(t.graphed(x, y).cpu(), t.plain(x, y).cpu())) << "step " << i + 1;
@@ -532,20 +542,11 @@ TEST_F(GpuCudaGraph, GradientsStayInGraphMemory) {
 // until it dies, and the new graphs train on as before.
 TEST_F(GpuCudaGraph, GradientHeldAcrossRecaptureKeepsItsValues) {
   TwoSteps t;
-  int i = 0;
-  for (; i < 5; ++i) {
-    const auto [x, y] = t.batch(i, 32);
-    (void)t.graphed(x, y);
-    (void)t.plain(x, y);
-  }
+  int i = t.run_both(0, 5);
   ASSERT_EQ(t.graphed.stats().graph_captures, 1);
   Tensor held = t.with.model->parameters()[1].grad();
   const Tensor want = held.cpu();
-  for (test::TinyStep* s : {&t.with, &t.without}) {  // forces a recapture
-    Tensor p = s->model->parameters()[0];
-    const Tensor moved = p.detach().clone();
-    p.impl()->set_data(*moved.impl());
-  }
+  t.move_first_parameter();  // forces a recapture
   for (; i < 8; ++i) {
     const auto [x, y] = t.batch(i, 32);
     EXPECT_TRUE(equal(t.graphed(x, y).cpu(), t.plain(x, y).cpu())) << "step " << i + 1;
