@@ -211,7 +211,8 @@ variable_list run_backward(const std::vector<Edge>& roots, const variable_list& 
     variable_list inputs_grads;
     if (any_defined) {
       variable_list absent;  // holds the zeros, so their addresses stay theirs during apply
-      for (size_t i = 0; i < grads.size() && !n->makes_absent_grads(); ++i) {
+      const bool engine_zeros = !n->makes_absent_grads();
+      for (size_t i = 0; i < grads.size() && engine_zeros; ++i) {
         if (!grads[i].defined() && i < n->output_metas().size()) {
           grads[i] = zeros_for(n->output_metas()[i]);
           absent.push_back(grads[i]);
