@@ -10,6 +10,7 @@
 #include "autograd/node.h"
 #include "compiler/tracer.h"
 #include "dist/collective_ops.h"
+#include "kernels/cuda.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/tensor_data.h"
@@ -216,6 +217,11 @@ void Reducer::mark_ready(size_t index) {
   }
   if (--b.pending > 0) return;
   // Launch the full buckets in bucket order: the same sequence of all-reduces on every rank.
+  if (next_to_launch_ == 0 && buckets_[0].pending == 0 && options_.comm_sm_carveout > 0 &&
+      carveout_before_ < 0 && params_[index].is_cuda() && !compiler::is_tracing()) {
+    carveout_before_ = cuda::matmul_sm_carveout();
+    cuda::set_matmul_sm_carveout(options_.comm_sm_carveout);
+  }
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& next = buckets_[next_to_launch_++];
     // An op of the registry: a compiled step records it here, amid the backward it overlaps.
@@ -399,6 +405,10 @@ void Reducer::reset_pass() {
   ready_order_.clear();
   num_ready_ = 0;
   next_to_launch_ = 0;
+  if (carveout_before_ >= 0) {
+    cuda::set_matmul_sm_carveout(carveout_before_);
+    carveout_before_ = -1;
+  }
 }
 
 void Reducer::rebuild_buckets() {

@@ -75,6 +75,10 @@ struct DDPOptions {
   // share one buffer; rebinding grad() to another tensor is fine (it is copied in next time).
   // Off: gradients are copied into the buckets and the averages copied back (kiln's former path).
   bool gradient_as_bucket_view = true;
+  // SMs the matrix products leave to the all-reduces while these may run, from the first
+  // bucket's launch to the end of the backward (kiln::cuda::set_matmul_sm_carveout; CUDA only,
+  // not in a compiled step). 0: the products plan for every SM.
+  int comm_sm_carveout = 0;
 };
 
 namespace internal {
@@ -148,6 +152,7 @@ class Reducer {
   bool searched_unused_ = false;
   size_t next_to_launch_ = 0;
   size_t num_ready_ = 0;
+  int carveout_before_ = -1;  // matmul_sm_carveout() before this pass set comm_sm_carveout
   bool require_sync_ = true;
   // gathered_embedding: whether this pass's buckets are reduced (finalize() ran), and the row
   // additions waiting for it.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/cuda/cublaslt.h"
+#include "tensor/error.h"
 
 namespace kiln::cuda {
 namespace {
@@ -29,6 +30,7 @@ std::atomic<bool>& matmul_autotune_flag() {
 }
 
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<int> g_matmul_sm_carveout{0};
 
 }  // namespace
 
@@ -42,6 +44,12 @@ void set_matmul_autotune(bool enabled) {
 
 bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 void set_allow_tf32(bool enabled) { g_allow_tf32.store(enabled, std::memory_order_relaxed); }
+
+int matmul_sm_carveout() { return g_matmul_sm_carveout.load(std::memory_order_relaxed); }
+void set_matmul_sm_carveout(int sms) {
+  KILN_CHECK(sms >= 0, "[set_matmul_sm_carveout] expected a non-negative number of SMs, got ", sms);
+  g_matmul_sm_carveout.store(sms, std::memory_order_relaxed);
+}
 
 namespace internal {
 AutotuneCounters& autotune_counters() {

@@ -129,6 +129,15 @@ void reset_matmul_autotune_stats();
 bool allow_tf32();
 void set_allow_tf32(bool enabled);
 
+// SMs that cuBLASLt products leave free for work on other streams, such as NCCL's collectives
+// overlapping a backward: products are planned for (multiprocessors - carveout) SMs
+// (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), so a persistent kernel does not wait for the SMs that a
+// collective holds. 0 (the default) plans for every SM. PyTorch's counterpart is
+// torch._C._set_sm_carveout_experimental. DistributedDataParallel sets it while its all-reduces
+// may run (DDPOptions::comm_sm_carveout). Process-wide; negative values are an error.
+int matmul_sm_carveout();
+void set_matmul_sm_carveout(int sms);
+
 // --- Streams and events ------------------------------------------------------------------------
 
 class Event;

@@ -256,6 +256,9 @@ struct BenchOptions {
   // After the timed steps, this many more run under kiln::profiler and the report (time per
   // kernel family, the slowest kernels) goes to the log.
   int64_t profile_steps = 0;
+  // Under dist "ddp" on CUDA: SMs the matrix products leave to the gradients' all-reduces during
+  // the backward (dist::DDPOptions::comm_sm_carveout).
+  int comm_sm_carveout = 0;
 };
 struct BenchResult {
   int64_t num_parameters = 0;

@@ -86,10 +86,11 @@ struct Key {
   int64_t m, n, k, batch;
   int64_t lda, ldb, stride_a, stride_b;
   uint32_t align_a, align_b, align_c, align_d;
+  int32_t sm_target;  // SMs the product is planned for; 0: all (matmul_sm_carveout())
 
   auto tie() const {
     return std::tie(type, tf32, has_bias, has_c, separate_c, op_a, op_b, m, n, k, batch, lda, ldb,
-                    stride_a, stride_b, align_a, align_b, align_c, align_d);
+                    stride_a, stride_b, align_a, align_b, align_c, align_d, sm_target);
   }
   bool operator==(const Key& o) const { return tie() == o.tie(); }
   template <typename H>
@@ -119,6 +120,7 @@ struct Plan {
 struct DeviceState {
   std::mutex mu;  // guards everything below, and a plan's descriptors while a call uses them
   bool ready = false;
+  int multiprocessors = 0;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   absl::flat_hash_map<Key, std::unique_ptr<Plan>, absl::Hash<Key>> plans;
@@ -177,6 +179,10 @@ std::unique_ptr<Plan> make_plan(const Key& key, cublasLtHandle_t handle) {
                                                    &key.op_a, sizeof(key.op_a)));
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                    &key.op_b, sizeof(key.op_b)));
+  if (key.sm_target > 0) {
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target, sizeof(key.sm_target)));
+  }
   if (key.has_bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -375,6 +381,8 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
   if (!s.ready) {
     KILN_CUBLAS_CHECK(cublasLtCreate(&s.handle));
     KILN_CUDA_CHECK(cudaMalloc(&s.workspace, kWorkspaceBytes));
+    KILN_CUDA_CHECK(
+        cudaDeviceGetAttribute(&s.multiprocessors, cudaDevAttrMultiProcessorCount, device));
     s.ready = true;
   }
 
@@ -399,6 +407,8 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
   key.align_b = alignment_of(a.data);
   key.align_c = has_c ? alignment_of(args.c) : 256;
   key.align_d = alignment_of(out);
+  const int carveout = matmul_sm_carveout();
+  key.sm_target = carveout > 0 ? std::max(1, s.multiprocessors - carveout) : 0;
 
   auto it = s.plans.find(key);
   if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(key, s.handle)).first;

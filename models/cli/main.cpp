@@ -139,6 +139,8 @@ commands:
                                parameters' dtype (bf16 under bf16-true, as PyTorch's AdamW)
       --dist M                 ddp | zero2 | zero3 (= fsdp), under `kiln run`: --batch per
                                rank; prints every rank's tok/s and the largest peak memory
+      --comm-sm-carveout N     with --dist ddp on CUDA: the matrix products leave N SMs to
+                               the gradients' all-reduces during the backward (default 0)
   tokenizer train [flags]      train a byte-level BPE tokenizer (Llama 3 style) and write its
                                tokenizer.json (kiln::text::Tokenizer and Hugging Face load it)
       --data FILE              UTF-8 text (default: the bundled data/tinyshakespeare.txt)
@@ -520,7 +522,9 @@ int cmd_generate(const std::vector<std::string>& args) {
 
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(
-      args, {"config", "batch", "seq", "steps", "precision", "device", "adam-state", "dist"},
+      args,
+      {"config", "batch", "seq", "steps", "precision", "device", "adam-state", "dist",
+       "comm-sm-carveout"},
       {"compile", "no-cuda-graphs", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
@@ -547,6 +551,11 @@ int cmd_bench(const std::vector<std::string>& args) {
   b.precision =
       f.contains("precision") ? f.at("precision") : (b.device->is_cuda() ? "bf16-true" : "f32");
   if (f.contains("dist")) b.dist = parse_dist(f.at("dist"));
+  if (f.contains("comm-sm-carveout")) {
+    if (b.dist != "ddp") throw UsageError{"--comm-sm-carveout goes with --dist ddp"};
+    b.comm_sm_carveout =
+        static_cast<int>(parse_int_at_least("comm-sm-carveout", f.at("comm-sm-carveout"), 0));
+  }
   const auto r = kiln::models::bench(b, std::cout);
   if (r.rank != 0) return 0;  // rank 0 reports
   std::cout << std::fixed << std::setprecision(1) << "step " << r.step_ms << " ms | "

@@ -179,6 +179,28 @@ TEST(GpuProcessGroupNCCLTest, WorldSizeOneAlongTheDdpPath) {
   cuda::synchronize();
   EXPECT_TRUE(allclose(a->weight.grad().cpu(), b->weight.grad().cpu()));
   EXPECT_TRUE(allclose(a->bias.grad().cpu(), b->bias.grad().cpu()));
+
+  // comm_sm_carveout: the products after the first bucket's launch leave SMs free; the setting
+  // is restored when the backward's reduction ends, and the gradients are the same.
+  DDPOptions carve;
+  carve.comm_sm_carveout = 16;
+  carve.bucket_cap_mb = 0;  // one bucket per parameter: products run after the first launch
+  manual_seed(3);
+  nn::Sequential c(nn::Linear(4, 8), nn::Linear(8, 2));
+  manual_seed(3);
+  nn::Sequential d(nn::Linear(4, 8), nn::Linear(8, 2));
+  c->to(gpu);
+  d->to(gpu);
+  DistributedDataParallel ddp_c(c, pg, carve);
+  ddp_c(x).square().mean().backward();
+  EXPECT_EQ(cuda::matmul_sm_carveout(), 0);
+  d->forward(x).square().mean().backward();
+  cuda::synchronize();
+  const auto pc = c->parameters(), pd = d->parameters();
+  ASSERT_EQ(pc.size(), pd.size());
+  for (size_t i = 0; i < pc.size(); ++i) {
+    EXPECT_TRUE(allclose(pc[i].grad().cpu(), pd[i].grad().cpu())) << i;
+  }
 }
 
 }  // namespace

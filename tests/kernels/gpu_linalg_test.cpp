@@ -184,6 +184,23 @@ TEST_F(GpuLinalg, Tf32FlagTradesPrecisionForSpeed) {
   EXPECT_LT(rel_error(mm(a, b), want), 2e-6);  // and back (a separate cached plan)
 }
 
+TEST_F(GpuLinalg, SmCarveoutKeepsProductsCorrect) {
+  manual_seed(17);
+  EXPECT_EQ(cuda::matmul_sm_carveout(), 0);
+  const Tensor a = randn({1024, 768}).to(kGpu).to(kBFloat16);
+  const Tensor b = randn({768, 2048}).to(kGpu).to(kBFloat16);
+  const Tensor want = ref64(a).mm(ref64(b));
+  const double all_sms = rel_error(mm(a, b), want);
+  for (int carveout : {8, 32, 100000}) {  // the last leaves one SM
+    cuda::set_matmul_sm_carveout(carveout);
+    const double err = rel_error(mm(a, b), want);
+    cuda::set_matmul_sm_carveout(0);
+    EXPECT_LT(err, 2 * all_sms + 1e-3) << "carveout " << carveout;
+  }
+  EXPECT_THROW(cuda::set_matmul_sm_carveout(-1), Error);
+  EXPECT_EQ(cuda::matmul_sm_carveout(), 0);
+}
+
 // Sets the autotune flag for a scope and restores it (KILN_MATMUL_AUTOTUNE may have set it).
 class AutotuneScope {
  public:
