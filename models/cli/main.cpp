@@ -98,7 +98,9 @@ commands:
       --no-progress            plain lines even on a terminal (no progress bar)
       --seed S                 seed of the initialisation and the batches (default: 1337)
       --compile                run the training step through kiln::compile (traced on steps
-                               1 and 2, replayed after; the same losses as eager)
+                               1 and 2, replayed after; the same losses as eager); the
+                               default on CUDA (not with --deterministic)
+      --no-compile             run the training step eagerly (the default on the CPU)
       --no-cuda-graphs         with --compile on CUDA: run the step's kernels one by one
                                instead of as CUDA graphs (captured at step 3)
       --deterministic          deterministic algorithms: the same bits on every run and
@@ -311,7 +313,8 @@ int cmd_pretrain(const std::vector<std::string>& args) {
       parse_flags(args,
                   {"config", "hf", "data", "steps", "batch", "seq", "lr", "precision", "device",
                    "out", "seed", "save-every", "lr-decay-steps", "keep", "dist"},
-                  {"resume", "compile", "no-cuda-graphs", "deterministic", "no-progress",
+                  {"resume", "compile", "no-compile", "no-cuda-graphs", "deterministic",
+                   "no-progress",
                    "skip-nonfinite", "allow-resume-changes"});
   // --config FILE.toml: a run configuration file (models/run_config.h). Its settings count as
   // flags: the flags given override them, and they override the defaults and, on a resume, the
@@ -402,11 +405,22 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   if (!file.has("metrics.eval_interval")) o.eval_interval = std::max<int64_t>(1, o.max_steps / 3);
   if (f.contains("precision")) o.precision = f.at("precision");
   if (f.contains("device")) o.device = parse_device(f.at("device"));
-  if (f.contains("compile")) o.compile = true;
   if (f.contains("no-cuda-graphs")) o.cuda_graphs = false;
   if (f.contains("dist")) o.dist = parse_dist(f.at("dist"));
   if (f.contains("skip-nonfinite")) o.skip_nonfinite = true;
   if (f.contains("deterministic")) o.deterministic = true;
+  // Compiled by default on CUDA, where the compiled step is the faster one (benchmarks/RESULTS.md,
+  // session 20); eager on the CPU and for --deterministic runs, unless asked.
+  if (f.contains("compile") && f.contains("no-compile")) {
+    throw UsageError{"--compile and --no-compile contradict each other: give one"};
+  }
+  if (f.contains("compile")) {
+    o.compile = true;
+  } else if (f.contains("no-compile")) {
+    o.compile = false;
+  } else if (!file.has("training.compile")) {
+    o.compile = o.device.value_or(kiln::models::default_device()).is_cuda() && !o.deterministic;
+  }
   if (f.contains("seed")) {
     o.seed = parse_uint("seed", f.at("seed"));
   } else if (!file.has("training.seed") && stored && stored->seed) {

@@ -100,6 +100,12 @@ TEST_F(CliTest, NumericEdgeCasesNameTheFlag) {
   expect_error("pretrain --seq -5" + out, 2, "--seq must be positive, got -5");
   expect_error("pretrain --allow-resume-changes" + out, 2,
                "--allow-resume-changes goes with --resume");
+  expect_error("pretrain --compile --no-compile" + out, 2,
+               "--compile and --no-compile contradict each other");
+  expect_error("bench --config tiny-llama --device cpu --comm-sm-carveout 4", 2,
+               "--comm-sm-carveout goes with --dist ddp");
+  expect_error("bench --config tiny-llama --device cpu --dist ddp --comm-sm-carveout -1", 2,
+               "--comm-sm-carveout");
   expect_error("bench --config tiny-llama --batch 4294967296 --seq 4294967296 --device cpu", 2,
                "--batch 4294967296 x --seq 4294967296 tokens per step overflows int64");
   expect_error("bench --config tiny-llama --device cpu --adam-state bf16", 2,
@@ -144,6 +150,8 @@ TEST_F(CliTest, ResumeFromTheToolIsExact) {
   const fs::path straight = dir_ / "straight", resumed = dir_ / "resumed";
   Result r = run_kiln(common + straight.string() + "' --steps 6");
   ASSERT_EQ(r.status, 0) << r.output;
+  // Eager by default on the CPU (compiled by default on CUDA only).
+  EXPECT_EQ(r.output.find("runs through kiln::compile"), std::string::npos) << r.output;
   r = run_kiln(common + resumed.string() + "' --steps 3 --lr-decay-steps 6");
   ASSERT_EQ(r.status, 0) << r.output;
   // Flags left out take the checkpoint's: data, batch, seq, seed, lr and schedule.
@@ -301,7 +309,8 @@ TEST_F(CliTest, UsageListsTheNewFlags) {
   EXPECT_EQ(r.status, 0);
   for (const char* flag :
        {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps", "--adam-state",
-        "--config FILE.toml", "--dist M", "--tokenizer FILE", "--hf DIR "}) {
+        "--config FILE.toml", "--dist M", "--tokenizer FILE", "--hf DIR ", "--no-compile",
+        "--comm-sm-carveout N"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
 }
