@@ -337,6 +337,7 @@ struct Driver {
   CUresult (*device_get)(CUdevice*, int) = nullptr;
   CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+  CUresult (*func_set_attribute)(CUfunction, CUfunction_attribute, int) = nullptr;
   bool ok = false;
 };
 
@@ -363,6 +364,7 @@ const Driver& driver() {
     get("cuDeviceGet", r.device_get);
     get("cuDevicePrimaryCtxRetain", r.primary_ctx_retain);
     get("cuGetErrorString", r.get_error_string);
+    get("cuFuncSetAttribute", r.func_set_attribute);
     r.ok = ok;
     return r;
   }();
@@ -402,6 +404,22 @@ void use_primary_context(int device) {
   CUcontext now = nullptr;
   check_cu(driver().ctx_get_current(&now), "cuCtxGetCurrent");
   if (now != want) check_cu(driver().ctx_set_current(want), "cuCtxSetCurrent");
+}
+
+// The dynamic shared memory a block may opt in to on `device` (the row kernels' cache).
+int64_t shared_limit(int device) {
+  static std::mutex mu;
+  static absl::flat_hash_map<int, int64_t> limits;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, added] = limits.try_emplace(device, 0);
+  if (added) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess)
+      it->second = v;
+    else
+      (void)cudaGetLastError();
+  }
+  return it->second;
 }
 
 bool usable() {
@@ -485,8 +503,10 @@ struct Loaded {
 using LoadedFuture = std::shared_future<std::shared_ptr<const Loaded>>;
 
 // The cubin of `source` for `device`: from the disk cache, else NVRTC (stored on disk after).
+// `shared_bytes`: the row entries' dynamic shared memory (FusedKernel::row_shared_bytes).
 std::shared_ptr<const Loaded> build(int device, const std::string& source, bool has_dense,
-                                    bool has_vector, bool rows, bool has_rowvec) {
+                                    bool has_vector, bool rows, bool has_rowvec,
+                                    int64_t shared_bytes) {
   cuda::DeviceGuard guard(device);
   internal::KernelKey key{source, arch_of(device), nvrtc_version()};
   const std::string dir = kernel_cache_dir();
@@ -525,6 +545,13 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, bool 
     check_cu(driver().module_get_function(&loaded->rowvec, module, "kiln_fused_rowvec"),
              "cuModuleGetFunction");
   }
+  // More than the default 48 KiB of dynamic shared memory is allowed per function.
+  for (CUfunction f : {loaded->dense, loaded->vector}) {
+    if (f == nullptr || shared_bytes <= 0) continue;
+    check_cu(driver().func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                         static_cast<int>(shared_bytes)),
+             "cuFuncSetAttribute");
+  }
   return loaded;
 }
 
@@ -547,7 +574,7 @@ KernelCache& kernel_cache() {
 }
 
 LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, bool has_vector,
-                        bool rows, bool has_rowvec) {
+                        bool rows, bool has_rowvec, int64_t shared_bytes) {
   KernelCache& c = kernel_cache();
   const std::string key = std::to_string(device) + "\n" + source;
   std::lock_guard<std::mutex> lock(c.mu);
@@ -556,12 +583,13 @@ LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, b
     return it->second;
   }
   LoadedFuture f =
-      std::async(std::launch::async, [device, source, has_dense, has_vector, rows, has_rowvec] {
+      std::async(std::launch::async, [device, source, has_dense, has_vector, rows, has_rowvec,
+                                      shared_bytes] {
         compile_slots().acquire();
         struct Release {
           ~Release() { compile_slots().release(); }
         } release;
-        return build(device, source, has_dense, has_vector, rows, has_rowvec);
+        return build(device, source, has_dense, has_vector, rows, has_rowvec, shared_bytes);
       }).share();
   c.kernels[key] = f;
   return f;
@@ -657,10 +685,11 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
         std::clamp<int64_t>((k.rows + groups - 1) / groups, 1, int64_t{1} << 20));
     void* args[] = {params.data()};
     CUstream stream = cuda::current_stream(device).handle();
-    check_cu(driver().launch_kernel(vector ? fn.vector : fn.dense, blocks, 1, 1,
-                                    static_cast<unsigned>(k.row_threads * k.rows_per_block), 1, 1,
-                                    0, stream, args, nullptr),
-             "cuLaunchKernel");
+    check_cu(
+        driver().launch_kernel(vector ? fn.vector : fn.dense, blocks, 1, 1,
+                               static_cast<unsigned>(k.row_threads * k.rows_per_block), 1, 1,
+                               static_cast<unsigned>(k.row_shared_bytes), stream, args, nullptr),
+        "cuLaunchKernel");
     cuda::internal::check_launch("kiln_rows (fused_cuda)", __FILE__, __LINE__);
     return;
   }
@@ -726,8 +755,16 @@ class FusedCudaExecutor final : public Executor {
 
   Step lower_region(const Trace& t, size_t begin, size_t end) const override {
 #if defined(KILN_WITH_CUDA)
-    std::optional<internal::FusedKernel> k =
-        internal::generate_fused_kernel(t, begin, end, nullptr);
+    const int device_index = [&] {
+      for (size_t i = begin; i < end; ++i) {
+        for (int v : t.ops[i].outputs) {
+          if (v >= 0 && t.value(v).spec.device.is_cuda()) return t.value(v).spec.device.index();
+        }
+      }
+      return 0;
+    }();
+    std::optional<internal::FusedKernel> k = internal::generate_fused_kernel(
+        t, begin, end, nullptr, usable() ? shared_limit(std::max(device_index, 0)) : 0);
     if (k && usable()) {
       ++counters().regions;
       if (k->row_kernel) ++counters().row_regions;
@@ -735,7 +772,7 @@ class FusedCudaExecutor final : public Executor {
       std::vector<TensorSpec> specs;
       for (const auto& o : k->outputs) specs.push_back(t.value(o.value).spec);
       LoadedFuture kernel = kernel_for(device, k->source, k->has_dense, k->vector_width > 0,
-                                       k->row_kernel, k->rowvec_width > 0);
+                                       k->row_kernel, k->rowvec_width > 0, k->row_shared_bytes);
       auto plan = std::make_shared<const internal::FusedKernel>(std::move(*k));
       Step eager = plan->row_kernel ? eager_region(t, begin, end) : Step();
       return [plan, specs = std::move(specs), kernel, device, eager](Frame& frame) {

@@ -116,9 +116,18 @@ struct FusedKernel {
   bool row_kernel = false;
   int64_t rows = 0, cols = 0;
   int row_threads = 0, rows_per_block = 0;
+  // Bytes of dynamic shared memory a block of the row entries takes (0: none): the shared-memory
+  // row cache of long multi-pass rows (fused_cuda_rows.cpp), which the launch must allow above
+  // 48 KiB (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
+  int64_t row_shared_bytes = 0;
 };
+// The dynamic shared memory a block may opt in to where the device is not known (the generator's
+// tests): H100's and H200's 227 KiB. fused_cuda passes its device's
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+inline constexpr int64_t kDefaultSharedLimit = 227 * 1024;
 std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,
-                                                 std::string* why);
+                                                 std::string* why,
+                                                 int64_t shared_limit = kDefaultSharedLimit);
 
 // Which entry of a generated kernel a launch runs, from its operands' actual layouts: vector
 // where every tensor operand is contiguous, of the domain's shape or 0-d, and those of the

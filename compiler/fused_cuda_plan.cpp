@@ -142,8 +142,8 @@ bool fused_cuda_generates(const Trace& t, const BoundOp& op) {
 }
 
 std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,
-                                                 std::string* why) {
-  std::optional<FusedKernel> k = Generator(trace, begin, end).run(why);
+                                                 std::string* why, int64_t shared_limit) {
+  std::optional<FusedKernel> k = Generator(trace, begin, end, shared_limit).run(why);
   if (k && k->slots > kMaxSlots) {
     if (why != nullptr) *why = "more than 4 KiB of kernel parameters";
     return std::nullopt;

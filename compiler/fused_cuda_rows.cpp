@@ -10,7 +10,9 @@
 // 1, ...]: rsqrt(mean + eps)) are computed once per row. A member that reads a reduction's result
 // is computed in a later pass over the row: from registers where the row's share of every thread
 // fits (the row is read once, before the first pass, and a member one pass computes and a later
-// one reads, softmax's exp(x - max), is kept there too), else read again.
+// one reads, softmax's exp(x - max), is kept there too), from shared memory where a long row
+// fits there (the first pass reading it stores it: FusedKernel::row_shared_bytes), else read
+// again.
 //
 // Each member computes as in the pointwise kernels (the same expressions, fused_cuda_expr.cpp);
 // only the reductions' summation order differs from eager's kernels (kernels/cuda/reduce.cu), so
@@ -32,6 +34,12 @@ constexpr int kCacheRegisters = 64;
 // Elements of a row a thread loads before using any, on rows too long for registers (at most 4
 // accesses; more spill registers at 1024 threads).
 constexpr int kChunkElements = 8;
+
+// The shared-memory row cache (Generator::plan_rows): threads per block (one row each), and the
+// bytes per block left to the static shared memory (the groups' partial results) and the
+// system's 1 KiB per block.
+constexpr int kSharedThreads = 512;
+constexpr int64_t kSharedReserve = 2048;
 
 bool is_reduction(const std::string& n) {
   return n == "sum" || n == "mean" || n == "amax" || n == "amin";
@@ -225,6 +233,27 @@ bool Generator::plan_rows(std::string* why) {
   k_.row_threads =
       static_cast<int>(std::clamp<int64_t>(ceil_div(ceil_div(accesses, 4), 32) * 32, 32, 1024));
   k_.rows_per_block = std::max(1, 256 / k_.row_threads);
+  // The shared-memory row cache: a long row (a group of 512 threads or more, whose registers hold
+  // little of it, or hold it in blocks of 1024 threads, one block to a multiprocessor) read by
+  // several passes is read from global memory once, by the first pass reading each input, into
+  // shared memory, which the later passes read. One row per block of kSharedThreads threads,
+  // where two such blocks fit a multiprocessor's shared memory (rows in flight while others
+  // reduce); else the registers or a read per pass, as before.
+  int max_level = 0;
+  for (const RowMember& m : row_members_) max_level = std::max(max_level, m.level);
+  bool full_outputs = false;
+  for (const FusedKernel::Operand& o : k_.outputs) full_outputs = full_outputs || full[o.value];
+  int64_t row_bytes = 0;
+  for (const FusedKernel::Operand& o : k_.inputs) {
+    if (!o.host_scalar && o.sizes == S)
+      row_bytes += ceil_div(k_.cols * static_cast<int64_t>(element_size(o.dtype)), 16) * 16;
+  }
+  if (max_level + (full_outputs ? 1 : 0) > 1 && k_.row_threads >= kSharedThreads && row_bytes > 0 &&
+      row_bytes <= (shared_limit_ - kSharedReserve) / 2) {
+    k_.row_threads = kSharedThreads;
+    k_.rows_per_block = 1;
+    k_.row_shared_bytes = row_bytes;
+  }
   k_.has_dense = true;
   return true;
 }
@@ -248,8 +277,10 @@ std::string Generator::row_entry(int width) {
   const auto sz = [](int i) { return static_cast<size_t>(i); };
   std::ostringstream os;
   const std::string entry = W > 1 ? "kiln_rows_vector" : "kiln_rows_dense";
-  os << "\nextern \"C\" __global__ void __launch_bounds__(" << T * G << ") " << entry
-     << "(const Params p) {\n"
+  // With the shared-memory cache, two blocks to a multiprocessor (plan_rows leaves room for two
+  // rows in its shared memory): 64 registers a thread at most.
+  os << "\nextern \"C\" __global__ void __launch_bounds__(" << T * G
+     << (k_.row_shared_bytes > 0 ? ", 2" : "") << ") " << entry << "(const Params p) {\n"
      << operand_decls() << "  const long long R = " << k_.rows << "LL, C = " << C << "LL;\n"
      << "  const int g = threadIdx.x / " << T << ", lane = threadIdx.x % " << T << ";\n";
   // Reductions: accumulator types and shared memory across a group's warps.
@@ -269,6 +300,8 @@ std::string Generator::row_entry(int width) {
          << "];\n";
     }
   }
+  const bool shared = k_.row_shared_bytes > 0;  // the shared-memory row cache (plan_rows)
+  if (shared) os << "  extern __shared__ __align__(16) unsigned char ksm[];\n";
   // Operand classes.
   auto input_full = [&](size_t j) { return !k_.inputs[j].host_scalar && k_.inputs[j].sizes == S; };
   auto varies = [&](const FusedKernel::Operand& o) {  // along the columns
@@ -383,7 +416,15 @@ std::string Generator::row_entry(int width) {
   // moved in packs (or kept two to a register) take one, 8-byte ones four, others two.
   const int64_t iters = ceil_div(ceil_div(C, W), T);             // a thread's accesses of a row
   const int64_t full_iters = C / (static_cast<int64_t>(T) * W);  // in the row for every lane
-  const int kChunk = std::clamp(kChunkElements / W, 1, 4);       // accesses per chunk
+  // Accesses per chunk. With the shared-memory cache (blocks of 512 threads, 64 registers a
+  // thread), twice the elements, shared by the inputs of the domain's shape (an 8-byte one
+  // counting 8: its math takes more registers).
+  int weight = 0;
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (input_full(j)) weight += element_size(k_.inputs[j].dtype) == 8 ? 8 : 1;
+  }
+  const int kChunk = shared ? std::clamp(2 * kChunkElements / (W * std::max(weight, 1)), 1, 4)
+                            : std::clamp(kChunkElements / W, 1, 4);
   // Column indices in 32 bits where a row allows it (fewer registers than 64-bit ones).
   const std::string col_t = C + int64_t{kChunk} * T * W < (int64_t{1} << 31) ? "int" : "long long";
   // A kept 16-bit member: two to a 32-bit register.
@@ -407,11 +448,31 @@ std::string Generator::row_entry(int width) {
     return most * iters * W / 2;
   };
   const int budget = T * G >= 1024 ? kCacheRegisters / 2 : kCacheRegisters;
-  PassPlan pp = plan_passes(true);
-  bool cache = n_passes > 1 && registers(pp) <= budget;
-  if (!cache) {
+  PassPlan pp = plan_passes(!shared);
+  bool cache = !shared && n_passes > 1 && registers(pp) <= budget;
+  if (!cache && !shared) {
     pp = plan_passes(false);
     cache = n_passes > 1 && registers(pp) <= budget;
+  }
+  // With the shared-memory cache, an input of the domain's shape that several passes read is
+  // stored there by the first (each thread stores the accesses it loaded, and later passes, over
+  // the same columns, read back their own: no barrier needed); the others are read from global
+  // memory by the one pass reading them. Each input has its 16-byte aligned place (plan_rows
+  // counted every input of the domain's shape).
+  std::vector<int> first_pass(k_.inputs.size(), -1);
+  std::vector<bool> stored(k_.inputs.size(), false);
+  std::vector<int64_t> shared_at(k_.inputs.size(), 0);
+  if (shared) {
+    int64_t at = 0;
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      if (!input_full(j)) continue;
+      shared_at[j] = at;
+      at += ceil_div(C * static_cast<int64_t>(element_size(k_.inputs[j].dtype)), 16) * 16;
+      for (int pass = n_passes; pass-- > 0;) {
+        if (pp.reads[sz(pass)][j]) first_pass[j] = pass;
+      }
+      stored[j] = first_pass[j] >= 0 && pp.read_until[j] > first_pass[j];
+    }
   }
   // Each input of the domain's shape moves `W` elements per access; `arr[idx]` is one access.
   auto access_type = [&](ScalarType t) {
@@ -469,6 +530,11 @@ std::string Generator::row_entry(int width) {
     if (input_full(j)) {
       os << "    const " << ctype(k_.inputs[j].dtype) << "* __restrict__ rin" << j << " = in" << j
          << " + r * C;\n";
+    }
+    if (stored[j]) {
+      os << "    " << ctype(k_.inputs[j].dtype) << "* sin" << j << " = ("
+         << ctype(k_.inputs[j].dtype) << "*)(ksm + " << shared_at[j]
+         << ");  // the row, in shared memory\n";
     }
   }
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
@@ -541,14 +607,25 @@ std::string Generator::row_entry(int width) {
          << I6 << "for (int u = 0; u < " << kChunk << "; ++u) {\n"
          << I8 << "const " << col_t << " c0 = cb + u * " << T * W << ";\n";
       for (size_t j = 0; j < k_.inputs.size(); ++j) {
-        if (pp.reads[sz(pass)][j])
+        if (!pp.reads[sz(pass)][j]) continue;
+        if (stored[j] && pass > first_pass[j]) {
+          os << I8 << "if (c0 < C) xv" << j << "[u] = *(const " << access_type(k_.inputs[j].dtype)
+             << "*)(sin" << j << " + c0);\n";
+        } else {
           os << I8 << "if (c0 < C) xv" << j << "[u] = " << load(j, "c0") << ";\n";
+        }
       }
       os << I6 << "}\n"
          << "#pragma unroll\n"
          << I6 << "for (int u = 0; u < " << kChunk << "; ++u) {\n"
          << I6 << "const " << col_t << " c0 = cb + u * " << T * W << ";\n"
          << I6 << "if (c0 >= C) break;\n";
+      for (size_t j = 0; j < k_.inputs.size(); ++j) {
+        if (stored[j] && pass == first_pass[j]) {
+          os << I6 << "*(" << access_type(k_.inputs[j].dtype) << "*)(sin" << j << " + c0) = xv" << j
+             << "[u];\n";
+        }
+      }
     }
     if (writes(pass)) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {

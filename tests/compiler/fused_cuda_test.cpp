@@ -349,15 +349,17 @@ TEST(FusedCudaCodegen, RowKernelsForRmsNormLogsumexpAndRowSums) {
   EXPECT_EQ(kv->row_threads, 1024);
   EXPECT_EQ(kv->source.find(" xc0["), std::string::npos) << kv->source;
   EXPECT_EQ(count(kv->source, "kpack<float, 4> xv0[2];"), 3) << kv->source;  // one per pass
-  // 32000 columns, 1024 threads: the row fits in registers; exp(x - max) too in the bf16 vector
-  // entry (two to a register), else it is computed again in the output pass.
-  for (const ScalarType dt : {kBFloat16, kFloat}) {
-    const Trace t = traced_on_cuda(softmax_with_ops, randn({2, 32000}).to(dt));
+  // 32000 columns of f32, 1024 threads: the row fits in registers (not twice in a
+  // multiprocessor's shared memory), exp(x - max) is computed again in the output pass. Of bf16:
+  // the shared-memory row cache (RowsOfLongMultiPassRowsUseSharedMemory).
+  {
+    const Trace t = traced_on_cuda(softmax_with_ops, randn({2, 32000}));
     const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), &why);
     ASSERT_TRUE(k.has_value()) << why;
     EXPECT_EQ(k->row_threads, 1024);
+    EXPECT_EQ(k->row_shared_bytes, 0);
     EXPECT_EQ(count(k->source, "// The row, read once into registers"), 2) << k->source;
-    EXPECT_EQ(count(k->source, "scalar::Exp::apply"), dt == kBFloat16 ? 3 : 4) << k->source;
+    EXPECT_EQ(count(k->source, "scalar::Exp::apply"), 4) << k->source;
   }
   // Reductions over a trailing pair of dims, one-element rows.
   const Trace two = traced_on_cuda(
@@ -374,6 +376,58 @@ TEST(FusedCudaCodegen, RowKernelsForRmsNormLogsumexpAndRowSums) {
   const auto k1 = I::generate_fused_kernel(one, 0, one.ops.size(), &why);
   ASSERT_TRUE(k1.has_value()) << why;
   EXPECT_EQ(k1->cols, 1);
+}
+
+// Long rows read by several passes: the first pass reading the row stores it in shared memory,
+// the later ones read it there (one row per block of 512 threads); where two rows do not fit a
+// multiprocessor's shared memory (or the device allows none), the registers or a read per pass.
+TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
+  namespace I = compiler::internal;
+  std::string why;
+  const Trace t = traced_on_cuda(softmax_with_ops, randn({2, 32000}).to(kBFloat16));
+  const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), &why);
+  ASSERT_TRUE(k.has_value()) << why;
+  const std::string& s = k->source;
+  EXPECT_EQ(k->row_threads, 512);
+  EXPECT_EQ(k->rows_per_block, 1);
+  EXPECT_EQ(k->row_shared_bytes, 64000);
+  EXPECT_EQ(count(s, "extern __shared__ __align__(16) unsigned char ksm[];"), 2) << s;
+  EXPECT_EQ(count(s, "// The row, read once into registers"), 0) << s;
+  // Per entry: one load from global memory (the max's pass), stored; two from shared memory
+  // (the sum's pass and the output's).
+  EXPECT_EQ(count(s, "= *(const kpack<bf16, 8>*)(rin0 + c0);"), 1) << s;
+  EXPECT_EQ(count(s, "*(kpack<bf16, 8>*)(sin0 + c0) = xv0[u];"), 1) << s;
+  EXPECT_EQ(count(s, "= *(const kpack<bf16, 8>*)(sin0 + c0);"), 2) << s;
+  EXPECT_EQ(count(s, "= rin0[c0];"), 1) << s;  // the dense entry's
+  EXPECT_EQ(count(s, "*(bf16*)(sin0 + c0) = xv0[u];"), 1) << s;
+  EXPECT_EQ(count(s, "= *(const bf16*)(sin0 + c0);"), 2) << s;
+  // A device without the opt-in shared memory: as before, the row in registers.
+  const auto none = I::generate_fused_kernel(t, 0, t.ops.size(), &why, 48 * 1024);
+  ASSERT_TRUE(none.has_value()) << why;
+  EXPECT_EQ(none->row_shared_bytes, 0);
+  EXPECT_EQ(none->row_threads, 1024);
+  EXPECT_EQ(count(none->source, "ksm"), 0) << none->source;
+  // logsumexp over odd rows of f32: the max's pass stores x, the sum's reads it back; 16-byte
+  // aligned places for two inputs.
+  const Trace lse =
+      traced_on_cuda([](const Tensor& x, const Tensor& y) { return logsumexp_with_ops(x * y); },
+                     randn({3, 12345}), randn({3, 12345}));
+  const auto kl = I::generate_fused_kernel(lse, 0, lse.ops.size(), &why);
+  ASSERT_TRUE(kl.has_value()) << why;
+  EXPECT_EQ(kl->vector_width, 0);
+  EXPECT_EQ(kl->row_shared_bytes, 2 * 49392);
+  EXPECT_NE(kl->source.find("float* sin1 = (float*)(ksm + 49392);"), std::string::npos)
+      << kl->source;
+  // Rows of one pass (a row sum) and short rows: none.
+  const Trace rsum = traced_on_cuda([](const Tensor& x) { return sum(x * 2.0, {-1}, true); },
+                                    randn({2, 32000}).to(kBFloat16));
+  const auto ks = I::generate_fused_kernel(rsum, 0, rsum.ops.size(), &why);
+  ASSERT_TRUE(ks.has_value()) << why;
+  EXPECT_EQ(ks->row_shared_bytes, 0);
+  const Trace short_rows = traced_on_cuda(softmax_with_ops, randn({64, 2048}).to(kBFloat16));
+  const auto kk = I::generate_fused_kernel(short_rows, 0, short_rows.ops.size(), &why);
+  ASSERT_TRUE(kk.has_value()) << why;
+  EXPECT_EQ(kk->row_shared_bytes, 0);
 }
 
 // The shrunk programs of GpuRandomProgram that differed from eager on an H100 (seeds 20261414,
@@ -1175,6 +1229,56 @@ TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
                {x, wbuf.narrow(0, 1, cols)});
     EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 0) << dtype_name(dt);
     EXPECT_GE(compiler::fused_cuda_stats().dense_launches, 1) << dtype_name(dt);
+  }
+}
+
+// Rows that take the shared-memory row cache (FusedCudaCodegen.RowsOfLongMultiPassRowsUseShared
+// Memory): more than 48 KiB of it (the launch's opt-in), lengths that are not a multiple of the
+// pack (the dense entry), a view one element past alignment, two inputs of the domain's shape,
+// a row per block over more rows than blocks fit at once, in bf16, f16, f32 and f64.
+TEST(GpuFusedCuda, RowsInSharedMemory) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(23);
+  const Device gpu(kCUDA, 0);
+  auto softmax = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{softmax_with_ops(a[0])};
+  };
+  auto lse = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{logsumexp_with_ops(a[0])};
+  };
+  auto log_softmax = [](const std::vector<Tensor>& a) {
+    const Tensor z = a[0] - amax(a[0], {-1}, true);
+    return std::vector<Tensor>{z - log(sum(exp(z), {-1}, true))};
+  };
+  auto softmax_of_product = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{softmax_with_ops(a[0] * a[1])};
+  };
+  struct Case {
+    ScalarType dt;
+    Shape s;
+  };
+  for (const Case& c :
+       {Case{kBFloat16, {3, 32000}}, Case{kHalf, {5, 30001}}, Case{kBFloat16, {600, 32000}},
+        Case{kFloat, {4, 16000}}, Case{kFloat, {3, 12345}}, Case{kDouble, {3, 8001}}}) {
+    const Tensor x = (randn(c.s) * 4.0).to(c.dt).to(gpu);
+    const Trace t = traced_on_cuda(softmax_with_ops, x.cpu());
+    const auto k = compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
+    ASSERT_TRUE(k.has_value());
+    EXPECT_GT(k->row_shared_bytes, 48 * 1024) << dtype_name(c.dt) << shape_str(c.s);
+    check_rows(named("softmax", c.dt, c.s), softmax, {x});
+    check_rows(named("logsumexp", c.dt, c.s), lse, {x});
+    check_rows(named("log_softmax", c.dt, c.s), log_softmax, {x});
+    // Misaligned: the rows start one element into a buffer (the dense entry).
+    const Tensor flat = (randn({numel_of(c.s) + 1}) * 4.0).to(c.dt).to(gpu);
+    const Tensor shifted = flat.narrow(0, 1, numel_of(c.s)).view(c.s);
+    check_rows(named("softmax, misaligned", c.dt, c.s), softmax, {shifted});
+    EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 0) << dtype_name(c.dt);
+    EXPECT_GE(compiler::fused_cuda_stats().dense_launches, 1) << dtype_name(c.dt);
+  }
+  for (ScalarType dt : {kBFloat16, kFloat}) {
+    const Shape s{3, 16384};
+    check_rows(named("softmax of a product", dt, s), softmax_of_product,
+               {randn(s).to(dt).to(gpu), (randn(s) * 2.0).to(dt).to(gpu)});
   }
 }
 
