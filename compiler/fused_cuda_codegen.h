@@ -155,7 +155,8 @@ class Generator {
   bool plan_rows(std::string* why);
   void emit_rows();
   std::string row_entry(int width);
-  int row_dims_ = 0;  // the domain's leading dims that are not reduced
+  int row_dims_ = 0;              // the domain's leading dims that are not reduced
+  std::vector<bool> row_stored_;  // [input]: in the shared-memory row cache
   std::vector<RowMember> row_members_;
   absl::flat_hash_map<int, std::string> mean_scale_;  // member -> the constant 1 / count
 

@@ -243,16 +243,49 @@ bool Generator::plan_rows(std::string* why) {
   for (const RowMember& m : row_members_) max_level = std::max(max_level, m.level);
   bool full_outputs = false;
   for (const FusedKernel::Operand& o : k_.outputs) full_outputs = full_outputs || full[o.value];
-  int64_t row_bytes = 0;
+  // The inputs of the domain's shape several passes read (as row_entry plans its passes without
+  // the register cache: each pass computes the members of the domain's shape it needs from the
+  // inputs): each reduction's input in the pass before its level, each output in the last.
+  absl::flat_hash_map<int, absl::flat_hash_set<int>> from;  // value -> the inputs it is made of
   for (const FusedKernel::Operand& o : k_.inputs) {
-    if (!o.host_scalar && o.sizes == S)
-      row_bytes += ceil_div(k_.cols * static_cast<int64_t>(element_size(o.dtype)), 16) * 16;
+    if (!o.host_scalar && o.sizes == S) from[o.value] = {o.value};
+  }
+  absl::flat_hash_map<int, absl::flat_hash_set<int>> read_in;  // input -> the passes reading it
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const BoundOp& op = *members_[i];
+    const RowMember& m = row_members_[i];
+    if (m.reduction) {
+      if (auto it = from.find(op.inputs[0]); it != from.end()) {
+        for (int x : it->second) read_in[x].insert(m.level - 1);
+      }
+      continue;
+    }
+    if (!m.full) continue;
+    absl::flat_hash_set<int> made_of;
+    for (int v : op.inputs) {
+      if (auto it = from.find(v); it != from.end())
+        made_of.insert(it->second.begin(), it->second.end());
+    }
+    if (read_outside.contains(op.outputs[0])) {
+      for (int x : made_of) read_in[x].insert(max_level);
+    }
+    from[op.outputs[0]] = std::move(made_of);
+  }
+  int64_t row_bytes = 0;
+  row_stored_.assign(k_.inputs.size(), false);
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    const FusedKernel::Operand& o = k_.inputs[j];
+    if (o.host_scalar || o.sizes != S || read_in[o.value].size() < 2) continue;
+    row_stored_[j] = true;
+    row_bytes += ceil_div(k_.cols * static_cast<int64_t>(element_size(o.dtype)), 16) * 16;
   }
   if (max_level + (full_outputs ? 1 : 0) > 1 && k_.row_threads >= kSharedThreads && row_bytes > 0 &&
       row_bytes <= (shared_limit_ - kSharedReserve) / 2) {
     k_.row_threads = kSharedThreads;
     k_.rows_per_block = 1;
     k_.row_shared_bytes = row_bytes;
+  } else {
+    row_stored_.assign(k_.inputs.size(), false);
   }
   k_.has_dense = true;
   return true;
@@ -454,24 +487,23 @@ std::string Generator::row_entry(int width) {
     pp = plan_passes(false);
     cache = n_passes > 1 && registers(pp) <= budget;
   }
-  // With the shared-memory cache, an input of the domain's shape that several passes read is
-  // stored there by the first (each thread stores the accesses it loaded, and later passes, over
-  // the same columns, read back their own: no barrier needed); the others are read from global
-  // memory by the one pass reading them. Each input has its 16-byte aligned place (plan_rows
-  // counted every input of the domain's shape).
+  // With the shared-memory cache, an input of the domain's shape that several passes read
+  // (plan_rows) is stored there by the first (each thread stores the accesses it loaded, and later
+  // passes, over the same columns, read back their own: no barrier needed), at its 16-byte
+  // aligned place; the others are read from global memory by the one pass reading them.
   std::vector<int> first_pass(k_.inputs.size(), -1);
   std::vector<bool> stored(k_.inputs.size(), false);
   std::vector<int64_t> shared_at(k_.inputs.size(), 0);
   if (shared) {
     int64_t at = 0;
     for (size_t j = 0; j < k_.inputs.size(); ++j) {
-      if (!input_full(j)) continue;
+      if (!row_stored_[j]) continue;
       shared_at[j] = at;
       at += ceil_div(C * static_cast<int64_t>(element_size(k_.inputs[j].dtype)), 16) * 16;
       for (int pass = n_passes; pass-- > 0;) {
         if (pp.reads[sz(pass)][j]) first_pass[j] = pass;
       }
-      stored[j] = first_pass[j] >= 0 && pp.read_until[j] > first_pass[j];
+      stored[j] = first_pass[j] >= 0;  // else no pass reads it (plan_rows counts otherwise)
     }
   }
   // Each input of the domain's shape moves `W` elements per access; `arr[idx]` is one access.

@@ -418,6 +418,23 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   EXPECT_EQ(kl->row_shared_bytes, 2 * 49392);
   EXPECT_NE(kl->source.find("float* sin1 = (float*)(ksm + 49392);"), std::string::npos)
       << kl->source;
+  // Only the inputs several passes read: softmax(x) * z stores x (three passes), not z (the
+  // output's pass); z * rsqrt(mean(x * x)) reads each input in one pass: no cache.
+  const Trace sz =
+      traced_on_cuda([](const Tensor& x, const Tensor& z) { return softmax_with_ops(x) * z; },
+                     randn({2, 32000}).to(kBFloat16), randn({2, 32000}).to(kBFloat16));
+  const auto ksz = I::generate_fused_kernel(sz, 0, sz.ops.size(), &why);
+  ASSERT_TRUE(ksz.has_value()) << why;
+  EXPECT_EQ(ksz->row_shared_bytes, 64000);
+  EXPECT_EQ(count(ksz->source, "(sin0 + c0) = xv0[u];"), 2) << ksz->source;
+  EXPECT_EQ(count(ksz->source, " sin1"), 0) << ksz->source;
+  const Trace two_inputs = traced_on_cuda(
+      [](const Tensor& x, const Tensor& z) { return z * rsqrt(mean(x * x, {-1}, true) + 1e-6); },
+      randn({2, 16000}), randn({2, 16000}));
+  const auto kt = I::generate_fused_kernel(two_inputs, 0, two_inputs.ops.size(), &why);
+  ASSERT_TRUE(kt.has_value()) << why;
+  EXPECT_EQ(kt->row_shared_bytes, 0);
+  EXPECT_EQ(count(kt->source, "ksm"), 0) << kt->source;
   // Rows of one pass (a row sum) and short rows: none.
   const Trace rsum = traced_on_cuda([](const Tensor& x) { return sum(x * 2.0, {-1}, true); },
                                     randn({2, 32000}).to(kBFloat16));
@@ -1275,10 +1292,16 @@ TEST(GpuFusedCuda, RowsInSharedMemory) {
     EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 0) << dtype_name(c.dt);
     EXPECT_GE(compiler::fused_cuda_stats().dense_launches, 1) << dtype_name(c.dt);
   }
+  auto scaled_softmax = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{softmax_with_ops(a[0]) * a[1]};
+  };
   for (ScalarType dt : {kBFloat16, kFloat}) {
     const Shape s{3, 16384};
     check_rows(named("softmax of a product", dt, s), softmax_of_product,
                {randn(s).to(dt).to(gpu), (randn(s) * 2.0).to(dt).to(gpu)});
+    // x in shared memory, z read once from global memory by the output's pass.
+    check_rows(named("softmax times z", dt, s), scaled_softmax,
+               {(randn(s) * 4.0).to(dt).to(gpu), randn(s).to(dt).to(gpu)});
   }
 }
 
