@@ -1198,9 +1198,10 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
 }
 
 // The row kernels' forms (fused_cuda_rows.cpp): rows kept in registers with a member kept too
-// (softmax's exp(x - max), log_softmax's x - max), rows of 32000 in 1024 threads, rows re-read in
-// chunks (128256), lengths that are not a multiple of the pack, rows and a weight one element past
-// 16-byte alignment (the dense entry), in bf16, f16 and f32.
+// (softmax's exp(x - max), log_softmax's x - max), rows of 32000 in 1024 threads (f32) or in
+// shared memory (bf16, f16), rows re-read in chunks (128256), lengths that are not a multiple of
+// the pack, rows and a weight one element past 16-byte alignment (the dense entry), in bf16, f16
+// and f32.
 TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
   SKIP_WITHOUT_GPU();
   manual_seed(17);
