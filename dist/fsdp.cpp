@@ -382,9 +382,11 @@ void FSDPModule::abort_forward() {
       }
       u->reduce_work_ = nullptr;
     }
+    u->reduce_input_ = u->reduce_output_ = Tensor();
     u->reshard();
   }
   units_to_reduce_ = 0;
+  last_reduce_ = nullptr;
   backward_order_.clear();
 }
 
@@ -477,6 +479,7 @@ void FSDPModule::post_forward(const std::optional<std::vector<Tensor>>& outputs)
     for (size_t k = 0; k < outs; ++k) node->add_pre_hook(static_cast<uint32_t>(k), hook);
   }
   units_to_reduce_ = 0;
+  last_reduce_ = nullptr;
   backward_order_.clear();
   for (auto it = units.rbegin(); it != units.rend(); ++it) {
     FSDPModule* u = *it;

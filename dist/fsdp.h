@@ -262,6 +262,9 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   void pre_backward(uint64_t run);
   void on_grad_ready(size_t i);
   void launch_reduce();
+  // Waits for this unit's reduce-scatter and lets go of its input (the full gradients, packed);
+  // the output (the shards' gradients) stays for finish_backward.
+  void finish_reduce();
   void finish_backward();
   void check_previous_backward();
   // The unit's full parameters in `dtype`, gathered without touching the module (state dicts).
@@ -301,6 +304,10 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   // Root only: the units of this root whose reduction has not been launched yet in this
   // backward, and the order in which backward is expected to reach them.
   size_t units_to_reduce_ = 0;
+  // Root only: the unit whose reduce-scatter was launched last in this backward; the next unit's
+  // launch waits for it first (FSDP2's reduce_scatter_state), so that one packed full gradient is
+  // in flight at a time instead of one per unit until the end of the backward.
+  FSDPModule* last_reduce_ = nullptr;
   uint64_t forward_runs_ = 0;  // root: run()s prepared for a backward, and aborted ones
   std::vector<FSDPModule*> backward_order_;
 };

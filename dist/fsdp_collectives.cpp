@@ -247,6 +247,13 @@ void FSDPModule::on_grad_ready(size_t i) {
 void FSDPModule::launch_reduce() {
   NoGradGuard no_grad;
   const int world = pg_->size();
+  FSDPModule& r = root();
+  // The previous unit's reduce-scatter has had this unit's backward to run: wait for it and let
+  // go of its input before this unit's is made. Otherwise every unit's packed full gradient (the
+  // collective keeps its input until the wait) would stay until the end of the backward: the
+  // whole model's gradients in full. NCCL: the wait orders the compute stream after the
+  // collective, so the input's memory is reused only once the collective has read it.
+  if (r.last_reduce_ != nullptr && r.last_reduce_ != this) r.last_reduce_->finish_reduce();
   // Row r of the packed gradient holds the slices rank r keeps, laid out as the packed shard.
   // Without gradient sync it stays, and the next backwards add into it.
   const bool accumulate = grad_acc_.defined();
@@ -272,20 +279,30 @@ void FSDPModule::launch_reduce() {
     reduce_output_ = buffer(packed_, packed.options());
     reduce_input_ = packed;
     reduce_work_ = reduce_scatter_op(pg_, reduce_output_, packed, ReduceOp::kAvg);
+    r.last_reduce_ = this;
   } else {
     grad_acc_ = packed;
   }
+  packed = Tensor();
+  rows = Tensor();
   reshard();  // the full parameters and gradients go now; the shards' grads come at the end
-  FSDPModule& r = root();
   if (--r.units_to_reduce_ == 0) r.finish_backward();
+}
+
+void FSDPModule::finish_reduce() {
+  if (reduce_work_ == nullptr) return;
+  NoGradGuard no_grad;
+  reduce_work_->wait();
+  reduce_work_ = nullptr;
+  reduce_input_ = Tensor();
 }
 
 void FSDPModule::finish_backward() {
   NoGradGuard no_grad;
+  last_reduce_ = nullptr;
   for (FSDPModule* u : subtree()) {
-    if (u->reduce_work_ == nullptr) continue;
-    u->reduce_work_->wait();
-    u->reduce_work_ = nullptr;
+    u->finish_reduce();
+    if (!u->reduce_output_.defined()) continue;
     for (Param& p : u->params_) {
       Tensor g = u->reduce_output_.narrow(0, p.offset, p.shard);
       if (g.dtype() != u->dtype_) g = g.to(u->dtype_);

@@ -75,6 +75,13 @@ TEST(FsdpTest, CheckpointOfFourRanksLoadsOnTwo) {
   std::filesystem::remove_all(dir);
 }
 
+// ZeRO-3 on a 16-block Llama: after the forward no block's gathered parameters are alive, the
+// backward's peak stays a few units' worth (nothing full kept per unit until the end of the
+// backward), and after it only the shards' gradients remain (CPU bytes counted by the worker).
+TEST(FsdpTest, Zero3MemoryStaysWithinAFewUnitsAtWorldSizeTwo) {
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_memory", 2));
+}
+
 TEST(FsdpTest, ErrorsAreClear) { EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_errors", 2)); }
 
 // The compiled training step (kiln::compile) under FSDP: the trace holds each unit's all-gather and

@@ -10,6 +10,7 @@
 // rounding error of 1e-16 relative in a gradient moves an update by at most ~1e-8 of lr).
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -799,6 +800,119 @@ void fsdp_compiled_mixed() {
   std::cout << "rank " << r << ": compiled fsdp with bf16 compute and accumulation == eager\n";
 }
 
+// --- Memory: what a ZeRO-3 step keeps alive ----------------------------------------------------
+
+// Counts the bytes of the CPU storages that are alive (the CPU allocator's cache not included) and
+// their peak, wrapping the installed CPU allocator: each storage it hands out is one over the
+// inner allocator's memory, whose deleter takes the bytes off.
+class CountingAllocator final : public Allocator {
+ public:
+  explicit CountingAllocator(Allocator* inner) : inner_(inner) {}
+  Storage allocate(size_t nbytes, Device device) override {
+    Storage s = inner_->allocate(nbytes, device);
+    void* data = s->data();
+    const auto n = static_cast<int64_t>(nbytes);
+    const int64_t now = live_.fetch_add(n) + n;
+    for (int64_t p = peak_.load(); now > p && !peak_.compare_exchange_weak(p, now);) {
+    }
+    return std::make_shared<StorageImpl>(data, nbytes, device, [this, s, n](void*) mutable {
+      s.reset();
+      live_.fetch_sub(n);
+    });
+  }
+  int64_t live() const { return live_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  void reset_peak() { peak_.store(live_.load()); }
+
+ private:
+  Allocator* inner_;
+  std::atomic<int64_t> live_{0}, peak_{0};
+};
+
+// ZeRO-3 (per-block gathers, reshard after forward) on a Llama of 16 blocks whose parameters
+// dominate the memory (d 256, 16 tokens): after the forward, what it holds beyond the same
+// forward without sharding is the root's gathered parameters (no block's); the backward's peak
+// above that stays a few units' worth, whatever the depth (each unit's gradients are packed and
+// reduce-scattered, then let go: nothing full stays per unit); after the backward only the
+// shards' gradients remain. The bytes counted are the CPU storages alive (CountingAllocator).
+void fsdp_memory() {
+  static auto* counter = new CountingAllocator(get_allocator(kCPU));  // outlives every storage
+  set_allocator(kCPU, counter);
+  auto pg = init_process_group("gloo", short_timeout(30000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t T = 16;
+  models::ModelConfig c = tiny_llama();
+  c.n_layer = 16;
+  c.n_embd = 256;
+  c.n_head = 4;
+  c.head_size = 64;
+  c.intermediate_size = 688;
+  manual_seed(21);
+  models::GPT ref(c, TensorOptions().dtype(kFloat));
+  manual_seed(21);
+  models::GPT model(c, TensorOptions().dtype(kFloat));
+  FSDPOptions o;  // ZeRO-3
+  std::vector<std::shared_ptr<FSDPModule>> blocks;
+  auto root = shard_per_block(model, pg, o, blocks);
+  const int64_t unit = blocks[0]->unsharded_numel() * 4;  // one block's full parameters, bytes
+  const int64_t root_full = root->unsharded_numel() * 4;
+  int64_t shard_grads = root->sharded_numel() * 4;
+  for (const auto& b : blocks) shard_grads += b->sharded_numel() * 4;
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+  manual_seed(22);
+  for (int step = 0; step < 3; ++step) {
+    Tensor idx = randint(0, 320, {1, T}), tgt = randint(0, 320, {1, T});
+    // The same forward without sharding: its activations and logits.
+    int64_t ref_forward = 0;
+    {
+      const int64_t before = counter->live();
+      Tensor l = ref->loss(idx, tgt);
+      ref_forward = counter->live() - before;
+    }
+    opt.zero_grad();
+    // Gloo's thread lets go of a collective's tensors just after marking it done: a barrier
+    // queued behind the last collective makes sure they are gone before each count.
+    pg->barrier()->wait();
+    const int64_t at_rest = counter->live();
+    counter->reset_peak();
+    Tensor loss = root->run([&] { return model->loss(idx, tgt); });
+    pg->barrier()->wait();
+    const int64_t after_forward = counter->live(), forward_peak = counter->peak() - at_rest;
+    counter->reset_peak();
+    loss.backward();
+    const int64_t backward_peak = counter->peak() - after_forward;
+    loss = Tensor();
+    pg->barrier()->wait();
+    const int64_t after_backward = counter->live() - at_rest;
+    const double mb = 1 << 20;
+    std::cout << "rank " << r << " step " << step << ": unit " << unit / mb << " MiB (x"
+              << blocks.size() << "), root " << root_full / mb << " MiB; forward: peak +"
+              << forward_peak / mb << ", after +" << (after_forward - at_rest) / mb
+              << " (unsharded forward +" << ref_forward / mb << "); backward: peak +"
+              << backward_peak / mb << " MiB (shard grads + "
+              << static_cast<double>(backward_peak - shard_grads) / unit << " units), after +"
+              << after_backward / mb << " (shard grads " << shard_grads / mb << ")\n";
+    if (n == 1) continue;  // one rank: nothing is sharded, the bounds below are for shards
+    WCHECK(after_forward - at_rest <= ref_forward + root_full + unit / 8, "step ", step,
+           ": after the forward ", after_forward - at_rest, " bytes are alive, more than the ",
+           "unsharded forward's ", ref_forward, " + the root's gathered ", root_full,
+           " (a block's gathered parameters outlive its forward)");
+    // Beyond the shards' gradients (which accumulate unit by unit): the unit being computed,
+    // the next one's prefetch, its full gradients, their packed copy and Gloo's copy of that.
+    WCHECK(backward_peak - shard_grads <= 6 * unit, "step ", step, ": the backward's peak is ",
+           backward_peak, " bytes above the forward's end, ",
+           static_cast<double>(backward_peak - shard_grads) / unit, " units of ", unit,
+           " bytes beyond the shards' gradients (at most 6 expected: something full stays per ",
+           "unit)");
+    WCHECK(after_backward <= shard_grads + unit / 8, "step ", step, ": after the backward ",
+           after_backward, " bytes more are alive than before the forward; the shards' ",
+           "gradients take ", shard_grads);
+    opt.step();
+  }
+  models::set_block_hook(*model, {});
+  std::cout << "rank " << r << ": fsdp memory within bounds\n";
+}
+
 const test::Scenarios& scenarios() {
   static const test::Scenarios m = {
       {"fsdp_mlp", fsdp_mlp},
@@ -811,6 +925,7 @@ const test::Scenarios& scenarios() {
       {"fsdp_errors", fsdp_errors},
       {"fsdp_compiled", fsdp_compiled},
       {"fsdp_compiled_mixed", fsdp_compiled_mixed},
+      {"fsdp_memory", fsdp_memory},
   };
   return m;
 }
