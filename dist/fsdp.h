@@ -35,8 +35,10 @@
 // parameters; a hook on those nodes gathers the unit when backward reaches it and starts the
 // gather of the unit that comes next in backward. Once every parameter of a unit has its full
 // gradient (post-accumulate-grad hooks, autograd/hooks.h) the unit reduce-scatters them
-// (ReduceOp::kAvg) and frees its full parameters and gradients; the last unit waits for all the
-// reductions and writes the averaged shard gradients into grad().
+// (ReduceOp::kAvg) and frees its full parameters and gradients; its launch first waits for the
+// previous unit's reduce-scatter and lets go of that one's input (FSDP2 does the same), so one
+// packed full gradient is in flight at a time; the last unit waits for the rest and writes the
+// averaged shard gradients into grad().
 //
 // Memory: a unit's gathered parameters are views of one buffer. Resharding after forward frees
 // that buffer's memory but keeps the buffer itself, which the views that autograd saved (linear
