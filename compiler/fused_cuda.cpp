@@ -406,15 +406,8 @@ void use_primary_context(int device) {
   if (now != want) check_cu(driver().ctx_set_current(want), "cuCtxSetCurrent");
 }
 
-// The dynamic shared memory a block may opt in to on `device` (the row kernels' cache); 0 with
-// KILN_FUSED_ROW_SHARED=0 (no shared-memory row cache: to measure it against the registers or a
-// read per pass).
+// The dynamic shared memory a block may opt in to on `device` (the row kernels' cache).
 int64_t shared_limit(int device) {
-  static const bool off = [] {
-    const char* e = std::getenv("KILN_FUSED_ROW_SHARED");
-    return e != nullptr && std::string(e) == "0";
-  }();
-  if (off) return 0;
   static std::mutex mu;
   static absl::flat_hash_map<int, int64_t> limits;
   std::lock_guard<std::mutex> lock(mu);

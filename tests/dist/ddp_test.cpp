@@ -184,7 +184,7 @@ TEST(GpuProcessGroupNCCLTest, WorldSizeOneAlongTheDdpPath) {
   // is restored when the backward's reduction ends, and the gradients are the same.
   DDPOptions carve;
   carve.comm_sm_carveout = 16;
-  carve.bucket_cap_mb = 0;  // one bucket per parameter: products run after the first launch
+  carve.bucket_cap_mb = 1e-6;  // one bucket per parameter: products run after the first launch
   manual_seed(3);
   nn::Sequential c(nn::Linear(4, 8), nn::Linear(8, 2));
   manual_seed(3);
