@@ -188,5 +188,56 @@ TEST(GpuFsdpNCCLTest, CompiledZero3StepAtWorldSizeOne) {
   expect_full_state_equals(*root, b, 1e-3, 1e-4);
 }
 
+// ZeRO-3 on NCCL at world size 1, a 16-block Llama whose parameters dominate (d 256, 16 tokens):
+// the backward's peak allocation above the forward's end, beyond the gradients (at world size 1
+// the shards' gradients are the whole model's), stays a few blocks' worth. Each unit's packed
+// gradient, which the reduce-scatter holds until it is waited for, goes before the next unit's
+// is made (kept until the end of the backward, it was one more block per block).
+TEST(GpuFsdpNCCLTest, Zero3BackwardPeakStaysWithinAFewUnits) {
+  if (!cuda::is_available() || !nccl_available()) {
+    GTEST_SKIP() << "needs a GPU and a build with NCCL";
+  }
+  auto pg = testing::nccl_group_of_one();
+  const Device gpu(kCUDA, 0);
+  models::ModelConfig c = models::ModelConfig::from_name("tiny-llama");
+  c.n_layer = 16;
+  c.n_embd = 256;
+  c.n_head = 4;
+  c.head_size = 64;
+  c.intermediate_size = 688;
+  manual_seed(3);
+  models::GPT a(c, TensorOptions().device(gpu));
+  std::vector<std::shared_ptr<FSDPModule>> blocks;
+  for (size_t l = 0; l < a->h->size(); ++l) blocks.push_back(fully_shard(a->h[l], pg));
+  auto root = fully_shard(a, pg);
+  root->set_gather_per_unit(true);
+  models::set_block_hook(*a, [blocks](int64_t layer, bool before) {
+    auto& unit = *blocks.at(static_cast<size_t>(layer));
+    before ? unit.before_forward() : unit.after_forward();
+  });
+  const int64_t unit = blocks[0]->unsharded_numel() * 4;  // f32 bytes of one block
+  int64_t grads = root->sharded_numel() * 4;
+  for (const auto& b : blocks) grads += b->sharded_numel() * 4;
+  optim::AdamW opt(a->parameters(), 1e-3);
+  for (int step = 0; step < 3; ++step) {  // the first steps allocate cuBLAS's workspaces
+    Tensor idx = randint(0, 320, {1, 16}).to(gpu), tgt = randint(0, 320, {1, 16}).to(gpu);
+    opt.zero_grad();
+    Tensor loss = root->run([&] { return a->loss(idx, tgt); });
+    cuda::synchronize();
+    const int64_t after_forward = cuda::memory_stats().allocated;
+    cuda::reset_peak_memory_stats();
+    loss.backward();
+    cuda::synchronize();
+    const int64_t above = cuda::memory_stats().peak - after_forward - grads;
+    if (step == 2) {
+      EXPECT_LE(above, 6 * unit) << "the backward's peak is " << above << " bytes ("
+                                 << static_cast<double>(above) / unit << " blocks of " << unit
+                                 << " bytes) above the forward's end and the gradients";
+    }
+    opt.step();
+  }
+  models::set_block_hook(*a, {});
+}
+
 }  // namespace
 }  // namespace kiln::dist
