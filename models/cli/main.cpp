@@ -314,8 +314,7 @@ int cmd_pretrain(const std::vector<std::string>& args) {
                   {"config", "hf", "data", "steps", "batch", "seq", "lr", "precision", "device",
                    "out", "seed", "save-every", "lr-decay-steps", "keep", "dist"},
                   {"resume", "compile", "no-compile", "no-cuda-graphs", "deterministic",
-                   "no-progress",
-                   "skip-nonfinite", "allow-resume-changes"});
+                   "no-progress", "skip-nonfinite", "allow-resume-changes"});
   // --config FILE.toml: a run configuration file (models/run_config.h). Its settings count as
   // flags: the flags given override them, and they override the defaults and, on a resume, the
   // checkpoint's settings. It brings the options that have no flag too (weight_decay, betas, ...).
@@ -535,11 +534,10 @@ int cmd_generate(const std::vector<std::string>& args) {
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
-  const Flags f = parse_flags(
-      args,
-      {"config", "batch", "seq", "steps", "precision", "device", "adam-state", "dist",
-       "comm-sm-carveout"},
-      {"compile", "no-cuda-graphs", "profile"});
+  const Flags f = parse_flags(args,
+                              {"config", "batch", "seq", "steps", "precision", "device",
+                               "adam-state", "dist", "comm-sm-carveout"},
+                              {"compile", "no-cuda-graphs", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");

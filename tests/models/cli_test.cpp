@@ -307,10 +307,9 @@ TEST_F(CliTest, PretrainFromAHuggingFaceDirectory) {
 TEST_F(CliTest, UsageListsTheNewFlags) {
   const Result r = run_kiln("help");
   EXPECT_EQ(r.status, 0);
-  for (const char* flag :
-       {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps", "--adam-state",
-        "--config FILE.toml", "--dist M", "--tokenizer FILE", "--hf DIR ", "--no-compile",
-        "--comm-sm-carveout N"}) {
+  for (const char* flag : {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps",
+                           "--adam-state", "--config FILE.toml", "--dist M", "--tokenizer FILE",
+                           "--hf DIR ", "--no-compile", "--comm-sm-carveout N"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
 }
