@@ -7,6 +7,8 @@
 //   fused_cuda_plan.cpp     the planner: which regions, their operands, domain and slots
 //   fused_cuda_expr.cpp     each member as an expression
 //   fused_cuda_emit.cpp     the kernels' source (strided, dense and vector entries)
+//   fused_cuda_rows_plan.cpp  the row kernels' planner (regions with reductions)
+//   fused_cuda_rows.cpp     the row kernels' source
 //
 // Each member is written the way its eager CUDA kernel computes it (kernels/unary_fn.h,
 // binary_fn.h and the formulas of kernels/scalar_fn.h, through loops::elementwise):
@@ -104,6 +106,8 @@ const absl::flat_hash_set<std::string_view>& arithmetic_ops();
 const absl::flat_hash_map<std::string_view, std::string_view>& compare_ops();
 const absl::flat_hash_set<std::string_view>& logical_ops();
 
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // Whether the row generator writes this reduction (sum, mean, amax, amin of floats over
 // trailing dims).
 bool row_op_generated(const Trace& t, const BoundOp& op);
@@ -146,13 +150,16 @@ class Generator {
   std::string body(bool dense, bool vector = false) const;
   void emit();
 
-  // Row kernels (fused_cuda_rows.cpp): regions with reductions.
+  // Row kernels: regions with reductions (planned in fused_cuda_rows_plan.cpp, written in
+  // fused_cuda_rows.cpp).
   struct RowMember {
     bool reduction = false;
     bool full = false;  // varies along the columns (else one value per row)
     int level = 0;      // how many reductions it depends on, in a chain
   };
   bool plan_rows(std::string* why);
+  void plan_row_cache(const absl::flat_hash_set<int>& read_outside,
+                      const absl::flat_hash_map<int, bool>& full);
   void emit_rows();
   std::string row_entry(int width);
   int row_dims_ = 0;              // the domain's leading dims that are not reduced
