@@ -269,6 +269,19 @@ Tensor logsumexp_with_ops(const Tensor& x) {
   const Tensor m = amax(x, {-1}, true);
   return log(sum(exp(x - m), {-1}, true)) + m;
 }
+// log_softmax written with ops: x - max kept from the sum's pass for the output's.
+Tensor log_softmax_with_ops(const Tensor& x) {
+  const Tensor z = x - amax(x, {-1}, true);
+  return z - log(sum(exp(z), {-1}, true));
+}
+// The same as programs of check_rows (a list of arguments, a list of results).
+std::vector<Tensor> softmax_rows(const std::vector<Tensor>& a) { return {softmax_with_ops(a[0])}; }
+std::vector<Tensor> logsumexp_rows(const std::vector<Tensor>& a) {
+  return {logsumexp_with_ops(a[0])};
+}
+std::vector<Tensor> log_softmax_rows(const std::vector<Tensor>& a) {
+  return {log_softmax_with_ops(a[0])};
+}
 
 TEST(FusedCudaCodegen, RowKernelForSoftmaxWrittenWithOps) {
   const Trace t = traced_on_cuda(softmax_with_ops, randn({64, 2048}).to(kBFloat16));
@@ -1001,10 +1014,7 @@ TEST(GpuFusedCuda, RowsSoftmaxWrittenWithOps) {
   const Device gpu(kCUDA, 0);
   for (ScalarType dt : {kFloat, kBFloat16, kHalf, kDouble}) {
     for (const Shape& s : {Shape{64, 2048}, Shape{37, 1000}, Shape{3, 5, 7}}) {
-      check_rows(
-          named("softmax", dt, s),
-          [](const std::vector<Tensor>& a) { return std::vector<Tensor>{softmax_with_ops(a[0])}; },
-          {(randn(s) * 3.0).to(dt).to(gpu)});
+      check_rows(named("softmax", dt, s), softmax_rows, {(randn(s) * 3.0).to(dt).to(gpu)});
     }
   }
 }
@@ -1051,10 +1061,7 @@ TEST(GpuFusedCuda, RowsOfOddLengthOneElementAndAVocabulary) {
   const Device gpu(kCUDA, 0);
   for (ScalarType dt : {kFloat, kBFloat16}) {
     for (const Shape& s : {Shape{33, 7}, Shape{16, 2}, Shape{5, 1023}, Shape{4, 128256}}) {
-      check_rows(
-          named("softmax", dt, s),
-          [](const std::vector<Tensor>& a) { return std::vector<Tensor>{softmax_with_ops(a[0])}; },
-          {randn(s).to(dt).to(gpu)});
+      check_rows(named("softmax", dt, s), softmax_rows, {randn(s).to(dt).to(gpu)});
       check_rows(named("centered", dt, s),
                  [](const std::vector<Tensor>& a) {
                    const Tensor m = mean(a[0], {-1}, true);
@@ -1179,12 +1186,9 @@ TEST(GpuFusedCuda, RowsOfOneElementAndZeroDimValuesMatchEager) {
         return std::vector<Tensor>{randn({8, 33}).to(gpu), randn({}).to(gpu)};
       });
   for (ScalarType dt : {kFloat, kBFloat16}) {
-    check(
-        named("softmax", dt, {16, 1}),
-        [](const std::vector<Tensor>& a) { return std::vector<Tensor>{softmax_with_ops(a[0])}; },
-        [&] {
-          return std::vector<Tensor>{randn({16, 1}).to(dt).to(gpu)};
-        });
+    check(named("softmax", dt, {16, 1}), softmax_rows, [&] {
+      return std::vector<Tensor>{randn({16, 1}).to(dt).to(gpu)};
+    });
     check(
         named("centered", dt, {16, 1}),
         [](const std::vector<Tensor>& a) {
@@ -1206,19 +1210,9 @@ TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
   SKIP_WITHOUT_GPU();
   manual_seed(17);
   const Device gpu(kCUDA, 0);
-  auto softmax = [](const std::vector<Tensor>& a) {
-    return std::vector<Tensor>{softmax_with_ops(a[0])};
-  };
-  auto lse = [](const std::vector<Tensor>& a) {
-    return std::vector<Tensor>{logsumexp_with_ops(a[0])};
-  };
+  auto softmax = softmax_rows, lse = logsumexp_rows, log_softmax = log_softmax_rows;
   auto rms = [](const std::vector<Tensor>& a) {
     return std::vector<Tensor>{rms_norm_with_ops(a[0], a[1])};
-  };
-  // x - max kept from the sum's pass for the output's.
-  auto log_softmax = [](const std::vector<Tensor>& a) {
-    const Tensor z = a[0] - amax(a[0], {-1}, true);
-    return std::vector<Tensor>{z - log(sum(exp(z), {-1}, true))};
   };
   for (ScalarType dt : {kBFloat16, kHalf, kFloat}) {
     for (const Shape& s :
@@ -1258,16 +1252,7 @@ TEST(GpuFusedCuda, RowsInSharedMemory) {
   SKIP_WITHOUT_GPU();
   manual_seed(23);
   const Device gpu(kCUDA, 0);
-  auto softmax = [](const std::vector<Tensor>& a) {
-    return std::vector<Tensor>{softmax_with_ops(a[0])};
-  };
-  auto lse = [](const std::vector<Tensor>& a) {
-    return std::vector<Tensor>{logsumexp_with_ops(a[0])};
-  };
-  auto log_softmax = [](const std::vector<Tensor>& a) {
-    const Tensor z = a[0] - amax(a[0], {-1}, true);
-    return std::vector<Tensor>{z - log(sum(exp(z), {-1}, true))};
-  };
+  auto softmax = softmax_rows, lse = logsumexp_rows, log_softmax = log_softmax_rows;
   auto softmax_of_product = [](const std::vector<Tensor>& a) {
     return std::vector<Tensor>{softmax_with_ops(a[0] * a[1])};
   };
