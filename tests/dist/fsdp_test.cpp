@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "dist/dist.h"
+#include "fsdp_util.h"
 #include "kernels/cuda.h"
 #include "kiln.h"
 #include "models/gpt.h"
@@ -157,13 +158,7 @@ TEST(GpuFsdpNCCLTest, CompiledZero3StepAtWorldSizeOne) {
   const Device gpu(kCUDA, 0);
   models::GPT a = tiny_llama(gpu), b = tiny_llama(gpu);
   std::vector<std::shared_ptr<FSDPModule>> blocks;
-  for (size_t l = 0; l < a->h->size(); ++l) blocks.push_back(fully_shard(a->h[l], pg));
-  auto root = fully_shard(a, pg);
-  root->set_gather_per_unit(true);
-  models::set_block_hook(*a, [blocks](int64_t layer, bool before) {
-    auto& unit = *blocks.at(static_cast<size_t>(layer));
-    before ? unit.before_forward() : unit.after_forward();
-  });
+  auto root = testing::shard_per_block(a, pg, {}, blocks);
   optim::AdamW opt_a(a->parameters(), 1e-3), opt_b(b->parameters(), 1e-3);
   auto step = kiln::compile([&](const Tensor& x, const Tensor& y) {
     opt_a.zero_grad();
@@ -199,25 +194,12 @@ TEST(GpuFsdpNCCLTest, Zero3BackwardPeakStaysWithinAFewUnits) {
   }
   auto pg = testing::nccl_group_of_one();
   const Device gpu(kCUDA, 0);
-  models::ModelConfig c = models::ModelConfig::from_name("tiny-llama");
-  c.n_layer = 16;
-  c.n_embd = 256;
-  c.n_head = 4;
-  c.head_size = 64;
-  c.intermediate_size = 688;
   manual_seed(3);
-  models::GPT a(c, TensorOptions().device(gpu));
+  models::GPT a(testing::deep_tiny_llama(), TensorOptions().device(gpu));
   std::vector<std::shared_ptr<FSDPModule>> blocks;
-  for (size_t l = 0; l < a->h->size(); ++l) blocks.push_back(fully_shard(a->h[l], pg));
-  auto root = fully_shard(a, pg);
-  root->set_gather_per_unit(true);
-  models::set_block_hook(*a, [blocks](int64_t layer, bool before) {
-    auto& unit = *blocks.at(static_cast<size_t>(layer));
-    before ? unit.before_forward() : unit.after_forward();
-  });
+  auto root = testing::shard_per_block(a, pg, {}, blocks);
   const int64_t unit = blocks[0]->unsharded_numel() * 4;  // f32 bytes of one block
-  int64_t grads = root->sharded_numel() * 4;
-  for (const auto& b : blocks) grads += b->sharded_numel() * 4;
+  const int64_t grads = testing::shard_bytes(*root, blocks, 4);
   optim::AdamW opt(a->parameters(), 1e-3);
   for (int step = 0; step < 3; ++step) {  // the first steps allocate cuBLAS's workspaces
     Tensor idx = randint(0, 320, {1, 16}).to(gpu), tgt = randint(0, 320, {1, 16}).to(gpu);

@@ -22,6 +22,7 @@
 
 #include "dist/dist.h"
 #include "dist/fsdp.h"
+#include "fsdp_util.h"
 #include "kiln.h"
 #include "models/gpt.h"
 #include "models/gpt_hooks.h"
@@ -35,6 +36,9 @@ using test::error_of;
 using test::expect_close;
 using test::expect_global_loss;
 using test::short_timeout;
+using testing::deep_tiny_llama;
+using testing::shard_bytes;
+using testing::shard_per_block;
 
 void expect_error(const std::function<void()>& f, const std::string& needle,
                   const std::string& what) {
@@ -250,22 +254,6 @@ models::ModelConfig tiny_llama() { return models::ModelConfig::from_name("tiny-l
 models::GPT make_gpt(uint64_t seed, ScalarType dtype = kDouble) {
   manual_seed(seed);
   return models::GPT(tiny_llama(), TensorOptions().dtype(dtype));
-}
-
-// Shards `m` over `pg` as kiln pretrain does: a unit per block (appended to `blocks`) and the
-// root, each block gathered as the forward reaches it (set_gather_per_unit and GPT's block hook,
-// which holds the blocks' units). Returns the root.
-std::shared_ptr<FSDPModule> shard_per_block(models::GPT& m, const std::shared_ptr<ProcessGroup>& pg,
-                                            const FSDPOptions& o,
-                                            std::vector<std::shared_ptr<FSDPModule>>& blocks) {
-  for (size_t l = 0; l < m->h->size(); ++l) blocks.push_back(fully_shard(m->h[l], pg, o));
-  auto root = fully_shard(m, pg, o);
-  root->set_gather_per_unit(true);
-  models::set_block_hook(*m, [blocks](int64_t layer, bool before) {
-    auto& unit = *blocks.at(static_cast<size_t>(layer));
-    before ? unit.before_forward() : unit.after_forward();
-  });
-  return root;
 }
 
 // Each block a unit (block 0 keeps its parameters from forward to backward), the root holds the
@@ -841,12 +829,7 @@ void fsdp_memory() {
   auto pg = init_process_group("gloo", short_timeout(30000));
   const int r = pg->rank(), n = pg->size();
   const int64_t T = 16;
-  models::ModelConfig c = tiny_llama();
-  c.n_layer = 16;
-  c.n_embd = 256;
-  c.n_head = 4;
-  c.head_size = 64;
-  c.intermediate_size = 688;
+  const models::ModelConfig c = deep_tiny_llama();
   manual_seed(21);
   models::GPT ref(c, TensorOptions().dtype(kFloat));
   manual_seed(21);
@@ -856,8 +839,7 @@ void fsdp_memory() {
   auto root = shard_per_block(model, pg, o, blocks);
   const int64_t unit = blocks[0]->unsharded_numel() * 4;  // one block's full parameters, bytes
   const int64_t root_full = root->unsharded_numel() * 4;
-  int64_t shard_grads = root->sharded_numel() * 4;
-  for (const auto& b : blocks) shard_grads += b->sharded_numel() * 4;
+  const int64_t shard_grads = shard_bytes(*root, blocks, 4);
   optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
   manual_seed(22);
   for (int step = 0; step < 3; ++step) {
