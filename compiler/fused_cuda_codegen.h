@@ -108,6 +108,17 @@ const absl::flat_hash_set<std::string_view>& logical_ops();
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A region's input `v` of spec `s` as a kernel operand (a 0-d CPU tensor passed by value); the
+// planners name it and refuse a CPU input with dimensions.
+inline FusedKernel::Operand input_operand(int v, const TensorSpec& s) {
+  FusedKernel::Operand o;
+  o.value = v;
+  o.dtype = s.dtype;
+  o.host_scalar = s.device.is_cpu();
+  o.sizes = s.sizes;
+  return o;
+}
+
 // Whether the row generator writes this reduction (sum, mean, amax, amin of floats over
 // trailing dims).
 bool row_op_generated(const Trace& t, const BoundOp& op);

@@ -37,13 +37,8 @@ bool Generator::plan(std::string* why) {
     if (!fused_cuda_generates(t_, op)) return fail("the generator does not write " + op.name());
     for (int v : op.inputs) {
       if (produced.contains(v) || name_.contains(v)) continue;
-      const TensorSpec& s = t_.value(v).spec;
-      FusedKernel::Operand o;
-      o.value = v;
-      o.dtype = s.dtype;
-      o.host_scalar = s.device.is_cpu();
-      if (o.host_scalar && !s.sizes.empty()) return fail("a CPU input with dimensions");
-      o.sizes = s.sizes;
+      FusedKernel::Operand o = input_operand(v, t_.value(v).spec);
+      if (o.host_scalar && !o.sizes.empty()) return fail("a CPU input with dimensions");
       name_[v] = "x" + std::to_string(k_.inputs.size());
       k_.inputs.push_back(std::move(o));
     }

@@ -108,13 +108,9 @@ bool Generator::plan_rows(std::string* why) {
     for (int v : op.inputs) {
       if (produced.contains(v) || name_.contains(v)) continue;
       const TensorSpec& s = spec(v);
-      FusedKernel::Operand o;
-      o.value = v;
-      o.dtype = s.dtype;
-      o.host_scalar = s.device.is_cpu();
+      FusedKernel::Operand o = input_operand(v, s);
       if (o.host_scalar && !s.sizes.empty()) return fail("a CPU input with dimensions");
       // A 0-d tensor on the GPU (a full reduction's result, a 0-d argument) is read once per row.
-      o.sizes = s.sizes;
       try {
         if (broadcast_shapes(S, s.sizes, "fused_cuda") != S) {
           return fail("an input that does not broadcast to the domain");
