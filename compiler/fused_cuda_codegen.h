@@ -108,9 +108,9 @@ const absl::flat_hash_set<std::string_view>& logical_ops();
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// A region's input `v` of spec `s` as a kernel operand (a 0-d CPU tensor passed by value); the
-// planners name it and refuse a CPU input with dimensions.
-inline FusedKernel::Operand input_operand(int v, const TensorSpec& s) {
+// Value `v` of spec `s` as a kernel operand, a region's input (a 0-d CPU tensor passed by value;
+// the planners refuse a CPU input with dimensions) or output.
+inline FusedKernel::Operand operand_of(int v, const TensorSpec& s) {
   FusedKernel::Operand o;
   o.value = v;
   o.dtype = s.dtype;

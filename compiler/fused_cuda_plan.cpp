@@ -37,7 +37,7 @@ bool Generator::plan(std::string* why) {
     if (!fused_cuda_generates(t_, op)) return fail("the generator does not write " + op.name());
     for (int v : op.inputs) {
       if (produced.contains(v) || name_.contains(v)) continue;
-      FusedKernel::Operand o = input_operand(v, t_.value(v).spec);
+      FusedKernel::Operand o = operand_of(v, t_.value(v).spec);
       if (o.host_scalar && !o.sizes.empty()) return fail("a CPU input with dimensions");
       name_[v] = "x" + std::to_string(k_.inputs.size());
       k_.inputs.push_back(std::move(o));
@@ -70,11 +70,7 @@ bool Generator::plan(std::string* why) {
   for (const BoundOp* op : members_) {
     const int v = op->outputs[0];
     if (!read_outside.contains(v)) continue;
-    FusedKernel::Operand o;
-    o.value = v;
-    o.dtype = t_.value(v).spec.dtype;
-    o.sizes = t_.value(v).spec.sizes;
-    k_.outputs.push_back(std::move(o));
+    k_.outputs.push_back(operand_of(v, t_.value(v).spec));
   }
   if (k_.outputs.empty()) return fail("the region has no outputs");
   // Parameter slots.

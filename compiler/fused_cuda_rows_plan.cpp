@@ -108,7 +108,7 @@ bool Generator::plan_rows(std::string* why) {
     for (int v : op.inputs) {
       if (produced.contains(v) || name_.contains(v)) continue;
       const TensorSpec& s = spec(v);
-      FusedKernel::Operand o = input_operand(v, s);
+      FusedKernel::Operand o = operand_of(v, s);
       if (o.host_scalar && !s.sizes.empty()) return fail("a CPU input with dimensions");
       // A 0-d tensor on the GPU (a full reduction's result, a 0-d argument) is read once per row.
       try {
@@ -162,10 +162,7 @@ bool Generator::plan_rows(std::string* why) {
   for (const BoundOp* op : members_) {
     const int v = op->outputs[0];
     if (!read_outside.contains(v)) continue;
-    FusedKernel::Operand o;
-    o.value = v;
-    o.dtype = spec(v).dtype;
-    o.sizes = spec(v).sizes;
+    FusedKernel::Operand o = operand_of(v, spec(v));
     o.leading = o.sizes == drop && o.sizes != keep;
     k_.outputs.push_back(std::move(o));
   }
