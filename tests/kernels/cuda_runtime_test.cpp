@@ -254,6 +254,39 @@ TEST_F(GpuCopy, CopyIntoStridedAndBroadcast) {
   expect_same(host_col.select(1, 0), zeros({5}, TensorOptions(kBFloat16)));
 }
 
+// Same dtype, rows of contiguous elements on both sides (one cudaMemcpy2DAsync): FSDP's copy of
+// a parameter's [world, shard] slices out of the gathered rows, into a contiguous tensor and into
+// a narrowed one, whose elements between the rows stay untouched.
+TEST_F(GpuCopy, RowsOfContiguousElements) {
+  for (ScalarType dt : {kBFloat16, kFloat, kInt64, kBool}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor cpu = pattern({4, 37}, dt, 6);
+    const Tensor gpu = cpu.to(Device(kCUDA));
+    // Rows out of wider rows, into a contiguous tensor.
+    Tensor packed = empty({4, 11}, on_cuda(dt));
+    packed.copy_(gpu.narrow(1, 5, 11));
+    expect_same(packed.to(Device(kCPU)), cpu.narrow(1, 5, 11).contiguous());
+    // Into rows of a wider tensor: the columns around them keep their zeros.
+    Tensor wide = zeros({4, 37}, on_cuda(dt));
+    wide.narrow(1, 20, 11).copy_(packed);
+    Tensor expected = zeros({4, 37}, TensorOptions(dt));
+    expected.narrow(1, 20, 11).copy_(cpu.narrow(1, 5, 11));
+    expect_same(wide.to(Device(kCPU)), expected);
+    // One row (a narrow of a row is contiguous), and 3-d rows that merge into 2-d ones.
+    Tensor one = zeros({11}, on_cuda(dt));
+    one.copy_(gpu[2].narrow(0, 3, 11));
+    expect_same(one.to(Device(kCPU)), cpu[2].narrow(0, 3, 11).contiguous());
+    const Tensor cube = pattern({3, 4, 9}, dt, 8);
+    Tensor sub = empty({3, 4, 5}, on_cuda(dt));
+    sub.copy_(cube.to(Device(kCUDA)).narrow(2, 2, 5));
+    expect_same(sub.to(Device(kCPU)), cube.narrow(2, 2, 5).contiguous());
+    // Rows narrowed in two dimensions do not merge: the strided kernel takes them.
+    Tensor both = empty({2, 2, 5}, on_cuda(dt));
+    both.copy_(cube.to(Device(kCUDA)).narrow(1, 1, 2).narrow(2, 2, 5).narrow(0, 1, 2));
+    expect_same(both.to(Device(kCPU)), cube.narrow(1, 1, 2).narrow(2, 2, 5).narrow(0, 1, 2).contiguous());
+  }
+}
+
 TEST_F(GpuCopy, DeviceToDevice) {
   const Tensor cpu = pattern({33, 65}, kBFloat16, 4);
   const Tensor a = cpu.to(Device(kCUDA));
