@@ -86,10 +86,9 @@ bool copy_rows(const Tensor& dst, const Tensor& src, const Geometry<2>& g, cudaS
     KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(width),
                                     cudaMemcpyDeviceToDevice, stream));
   } else {
-    KILN_CUDA_CHECK(cudaMemcpy2DAsync(dst.data_ptr(), static_cast<size_t>(dpitch), src.data_ptr(),
-                                      static_cast<size_t>(spitch), static_cast<size_t>(width),
-                                      static_cast<size_t>(height), cudaMemcpyDeviceToDevice,
-                                      stream));
+    KILN_CUDA_CHECK(cudaMemcpy2DAsync(
+        dst.data_ptr(), static_cast<size_t>(dpitch), src.data_ptr(), static_cast<size_t>(spitch),
+        static_cast<size_t>(width), static_cast<size_t>(height), cudaMemcpyDeviceToDevice, stream));
   }
   internal::sync_if_debug("cudaMemcpy2DAsync (device to device)", __FILE__, __LINE__);
   return true;

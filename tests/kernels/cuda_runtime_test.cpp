@@ -283,7 +283,8 @@ TEST_F(GpuCopy, RowsOfContiguousElements) {
     // Rows narrowed in two dimensions do not merge: the strided kernel takes them.
     Tensor both = empty({2, 2, 5}, on_cuda(dt));
     both.copy_(cube.to(Device(kCUDA)).narrow(1, 1, 2).narrow(2, 2, 5).narrow(0, 1, 2));
-    expect_same(both.to(Device(kCPU)), cube.narrow(1, 1, 2).narrow(2, 2, 5).narrow(0, 1, 2).contiguous());
+    expect_same(both.to(Device(kCPU)),
+                cube.narrow(1, 1, 2).narrow(2, 2, 5).narrow(0, 1, 2).contiguous());
   }
 }
 
