@@ -35,6 +35,12 @@ TEST(FsdpTest, MlpEqualsOneProcessAtWorldSizeFour) {
   EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_mlp", 4));
 }
 
+// Three ranks: sizes that do not divide (fc3's bias and the root's scale hold 4 elements), so
+// gradients are padded into the reduce-scatter's inputs.
+TEST(FsdpTest, MlpEqualsOneProcessAtWorldSizeThree) {
+  EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_mlp", 3));
+}
+
 TEST(FsdpTest, NoSyncAccumulationEqualsOneProcessAtWorldSizeTwo) {
   EXPECT_TRUE(scenario_passes(kFsdpWorker, "fsdp_no_sync", 2));
 }

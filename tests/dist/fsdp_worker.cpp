@@ -434,6 +434,23 @@ void fsdp_mixed_precision() {
     }
     Tensor ref_loss = ref->loss(idx, tgt);
     ref_loss.backward();
+    if (step == 0) {
+      // The shards' f32 gradients (bf16 gradients reduce-scattered in f32) against this rank's
+      // slices of the f32 model's: within bf16 rounding, as a norm over each parameter (the
+      // weights' tolerance below would also pass gradients of zero).
+      const auto want = ref->named_parameters();
+      for (const auto& item : model->named_parameters()) {
+        const Tensor g = want[item.key()].grad().reshape({-1});
+        const int64_t sh = ceil_div(g.numel(), n), begin = std::min<int64_t>(r * sh, g.numel());
+        const int64_t len = std::min<int64_t>(sh, g.numel() - begin);
+        if (len == 0) continue;
+        const Tensor w = g.narrow(0, begin, len).to(kDouble);
+        const Tensor got = item.value().grad().narrow(0, 0, len).to(kDouble);
+        const double rel = (got - w).norm().item<double>() / (w.norm().item<double>() + 1e-12);
+        WCHECK(rel < 5e-2, "the shard gradient of ", item.key(), " is off by ", rel,
+               " (relative norm) from the f32 model's");
+      }
+    }
     Tensor l = loss.detach().to(kFloat).reshape({1}).clone();
     pg->all_reduce(l, ReduceOp::kAvg)->wait();
     WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 2e-2 * ref_loss.item<double>(),
