@@ -290,6 +290,23 @@ void bench_generic() {
   const Tensor x = random({8192, 32768}, kiln::kBFloat16, 8.0f);
   report("softmax 8192x32768 bf16", time_ms([&](int) { (void)kiln::softmax(x, -1); }), 0,
          2.0 * static_cast<double>(x.nbytes()));
+  // copy_ and fill_: conversions (mixed-precision FSDP converts its f32 shards to bf16 and bf16
+  // gradients to f32), FSDP's rows out of a gather (same dtype: cudaMemcpy2DAsync), a transpose,
+  // and a fill that is no byte pattern.
+  const Tensor f = random({n}, kiln::kFloat), h = random({n}, kiln::kBFloat16);
+  Tensor to_h = kiln::empty({n}, h.options()), to_f = kiln::empty({n}, f.options());
+  report("convert f32->bf16 64M", time_ms([&](int) { to_h.copy_(f); }), 0, 6.0 * n);
+  report("convert bf16->f32 64M", time_ms([&](int) { to_f.copy_(h); }), 0, 6.0 * n);
+  const Tensor rows = h.view({4, n / 4}).narrow(1, 1024, n / 8);
+  Tensor packed = kiln::empty({4, n / 8}, h.options());
+  report("copy rows 4x8M of 4x16M bf16", time_ms([&](int) { packed.copy_(rows); }), 0, 2.0 * n);
+  Tensor packed_f = kiln::empty({4, n / 8}, f.options());
+  report("convert rows 4x8M of 4x16M bf16->f32", time_ms([&](int) { packed_f.copy_(rows); }), 0,
+         3.0 * n);
+  const Tensor sq = h.view({8192, 8192});
+  Tensor t = kiln::empty({8192, 8192}, h.options());
+  report("transpose 8192x8192 bf16", time_ms([&](int) { t.copy_(sq.t()); }), 0, 4.0 * n);
+  report("fill 64M f32 with 1.5", time_ms([&](int) { to_f.fill_(1.5); }), 0, 4.0 * n);
 }
 
 // --- Generated kernels (compiler/fused_cuda.h) -------------------------------------------------
