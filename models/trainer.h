@@ -259,6 +259,9 @@ struct BenchOptions {
   // Under dist "ddp" on CUDA: SMs the matrix products leave to the gradients' all-reduces during
   // the backward (dist::DDPOptions::comm_sm_carveout).
   int comm_sm_carveout = 0;
+  // Under dist "ddp": the gradient buckets' size in MiB (dist::DDPOptions::bucket_cap_mb, torch
+  // DDP's bucket_cap_mb); unset: DDP's default.
+  std::optional<double> ddp_bucket_mb;
 };
 struct BenchResult {
   int64_t num_parameters = 0;

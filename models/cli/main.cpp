@@ -143,6 +143,8 @@ commands:
                                rank; prints every rank's tok/s and the largest peak memory
       --comm-sm-carveout N     with --dist ddp on CUDA: the matrix products leave N SMs to
                                the gradients' all-reduces during the backward (default 0)
+      --ddp-bucket-mb X        with --dist ddp: the gradient buckets' size in MiB, torch
+                               DDP's bucket_cap_mb (default 25)
   tokenizer train [flags]      train a byte-level BPE tokenizer (Llama 3 style) and write its
                                tokenizer.json (kiln::text::Tokenizer and Hugging Face load it)
       --data FILE              UTF-8 text (default: the bundled data/tinyshakespeare.txt)
@@ -536,7 +538,7 @@ int cmd_generate(const std::vector<std::string>& args) {
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"config", "batch", "seq", "steps", "precision", "device",
-                               "adam-state", "dist", "comm-sm-carveout"},
+                               "adam-state", "dist", "comm-sm-carveout", "ddp-bucket-mb"},
                               {"compile", "no-cuda-graphs", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
@@ -567,6 +569,13 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (b.dist != "ddp") throw UsageError{"--comm-sm-carveout goes with --dist ddp"};
     b.comm_sm_carveout =
         static_cast<int>(parse_int_at_least("comm-sm-carveout", f.at("comm-sm-carveout"), 0));
+  }
+  if (f.contains("ddp-bucket-mb")) {
+    if (b.dist != "ddp") throw UsageError{"--ddp-bucket-mb goes with --dist ddp"};
+    b.ddp_bucket_mb = parse_double("ddp-bucket-mb", f.at("ddp-bucket-mb"));
+    if (*b.ddp_bucket_mb <= 0) {
+      throw UsageError{"--ddp-bucket-mb must be positive, got " + f.at("ddp-bucket-mb")};
+    }
   }
   const auto r = kiln::models::bench(b, std::cout);
   if (r.rank != 0) return 0;  // rank 0 reports
