@@ -171,18 +171,49 @@ Trace dce(const Trace& trace) {
 
 namespace {
 
-// Values some in-place op writes (conservatively: every tensor input of an in-place op), and
-// through views the values they alias.
+// The inputs an in-place op writes: input 0, or those its OpDef::mutated names (the multi-tensor
+// optimizer updates write their parameters and moments, not the gradients they read). Every input
+// where the call cannot be decoded.
+std::vector<int> mutated_inputs(const Trace& trace, const BoundOp& op) {
+  if (op.op->mutated == nullptr) {
+    return op.inputs.empty() ? std::vector<int>{} : std::vector<int>{op.inputs[0]};
+  }
+  OpCall call;
+  call.op = op.op;
+  for (const Tensor& t : input_proxies(trace, op)) call.inputs.push_back(t);
+  call.attrs = op.attrs;
+  TensorVec mutated;
+  try {
+    NoGradGuard no_grad;
+    ProxyModeGuard proxies;
+    op.op->mutated(call, mutated);
+  } catch (const Error&) {
+    return op.inputs;
+  }
+  std::vector<int> out;
+  for (const Tensor& m : mutated) {
+    size_t i = 0;
+    while (i < call.inputs.size() && !(m.defined() && call.inputs[i].is_same(m))) ++i;
+    if (i == call.inputs.size()) return op.inputs;  // not an input as it is: stay conservative
+    out.push_back(op.inputs[i]);
+  }
+  return out;
+}
+
+// Values some in-place op writes, and through views the values they alias.
 std::vector<bool> written_values(const Trace& trace) {
   std::vector<bool> written(trace.values.size(), false);
   for (size_t i = trace.ops.size(); i-- > 0;) {
     const BoundOp& op = trace.ops[i];
-    bool mark = op.op->kind == OpKind::kInplace;
-    if (op.op->kind == OpKind::kView) {
-      for (int v : op.outputs) mark |= v >= 0 && written[static_cast<size_t>(v)];
+    std::vector<int> marked;
+    if (op.op->kind == OpKind::kInplace) {
+      marked = mutated_inputs(trace, op);
+    } else if (op.op->kind == OpKind::kView) {
+      bool aliased = false;
+      for (int v : op.outputs) aliased |= v >= 0 && written[static_cast<size_t>(v)];
+      if (aliased) marked = op.inputs;
     }
-    if (!mark) continue;
-    for (int v : op.inputs) {
+    for (int v : marked) {
       if (v >= 0) written[static_cast<size_t>(v)] = true;
     }
   }

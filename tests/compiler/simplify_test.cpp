@@ -1,8 +1,10 @@
 // The simplify pass (compiler/passes.h): a product by the constant one a backward seeds is its
 // other factor (a linear_cross_entropy training step's head and hidden-state gradients), bit for
 // bit as eager; products it must keep (another constant, an argument, a product of another dtype,
-// a factor written in place) stay. Also: an op's backward that never reads the gradient of an
-// output that received none makes no zeros for it (BackwardCall::grad, autograd/engine.cpp).
+// a factor written in place, by a single or a multi-tensor in-place op) stay; an optimizer update
+// writes its parameters and moments, not the gradients it reads. Also: an op's backward that
+// never reads the gradient of an output that received none makes no zeros for it
+// (BackwardCall::grad, autograd/engine.cpp).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -102,6 +104,54 @@ TEST(Simplify, KeepsProductsThatAreNotTheirFactor) {
       },
       {a});
   EXPECT_EQ(count_ops(t, "mul"), 1) << t.str();
+}
+
+// A multi-tensor in-place op writes only the inputs its OpDef::mutated names: foreach_mul_ writes
+// its tensors, not its scale, so a product by one that only the scale reads goes, while one whose
+// factor foreach_mul_ writes afterwards stays.
+TEST(Simplify, MultiTensorInPlaceOpsWriteOnlyTheirMutatedInputs) {
+  const Tensor a = randn({3, 4});
+  const Trace t = simplified(
+      [](const std::vector<Tensor>& in) {
+        const Tensor one = constant(in[0], 1.0);
+        Tensor written = in[0].exp();
+        const Tensor kept = written * one;             // its factor is written below: stays
+        const Tensor scale = in[0].sum().sin() * one;  // only read by foreach_mul_: goes
+        Tensor other = in[0].cos();
+        foreach_mul_({written, other}, scale);
+        return std::vector<Tensor>{kept, written, other};
+      },
+      {a});
+  EXPECT_EQ(count_ops(t, "mul"), 1) << t.str();
+}
+
+// A training step with its AdamW update in the program: the update reads the head's weight
+// gradient (its product by the loss's gradient of one goes) and writes the parameter and moments.
+TEST(Simplify, OptimizerUpdateReadsTheGradientsItDoesNotWrite) {
+  manual_seed(5);
+  const Tensor w0 = randn({40, 16}), x0 = randn({12, 16});
+  const Tensor targets = randint(0, 40, {12});
+  Tensor w_eager = w0.clone().requires_grad_(), w_compiled = w0.clone().requires_grad_();
+  optim::AdamW opt_eager({w_eager}, optim::AdamWOptions(1e-2));
+  optim::AdamW opt_compiled({w_compiled}, optim::AdamWOptions(1e-2));
+  auto step_fn = [&](optim::AdamW& opt, Tensor& w, const Tensor& x) {
+    opt.zero_grad();
+    Tensor loss = linear_cross_entropy(x, w, targets);
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  auto step = compile([&](const Tensor& x) { return step_fn(opt_compiled, w_compiled, x); });
+  for (int i = 0; i < 3; ++i) {
+    const Tensor x = x0 * static_cast<double>(i + 1);
+    expect_bitwise(step(x), step_fn(opt_eager, w_eager, x), "loss");
+    expect_bitwise(w_compiled, w_eager, "weight after the update");
+    expect_bitwise(w_compiled.grad(), w_eager.grad(), "dweight");
+  }
+  const Trace& before = stage(step.traces(), "functionalize");
+  const Trace& after = stage(step.traces(), "simplify");
+  EXPECT_EQ(count_ops(before, "mul"), 1) << before.str();
+  EXPECT_EQ(count_ops(after, "mul"), 0) << after.str();
 }
 
 TEST(Simplify, CompiledEqualsEagerWithAndWithoutThePass) {
