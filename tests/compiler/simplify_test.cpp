@@ -154,6 +154,32 @@ TEST(Simplify, OptimizerUpdateReadsTheGradientsItDoesNotWrite) {
   EXPECT_EQ(count_ops(after, "mul"), 0) << after.str();
 }
 
+// Two parameters whose gradients are the same computation (two biases added to one input):
+// the compiled step hands out two tensors, with and without an optimizer update in the program,
+// so that changing one gradient in place (a clip, an accumulation) leaves the other.
+TEST(Cse, GradientsOfTwoParametersStayTwoTensors) {
+  const Tensor x = randn({3, 4});
+  for (bool with_update : {false, true}) {
+    SCOPED_TRACE(with_update ? "with AdamW in the program" : "backward only");
+    Tensor b1 = zeros({4}).requires_grad_(), b2 = zeros({4}).requires_grad_();
+    optim::AdamW opt({b1, b2}, optim::AdamWOptions(1e-2));
+    auto step = compile([&](const Tensor& in) {
+      opt.zero_grad();
+      Tensor loss = ((in + b1) + b2).square().sum();  // both gradients: dy summed over rows
+      loss.backward();
+      if (with_update) opt.step();
+      return loss;
+    });
+    for (int i = 0; i < 2; ++i) (void)step(x);
+    ASSERT_TRUE(b1.grad().defined() && b2.grad().defined());
+    EXPECT_FALSE(b1.grad().is_same(b2.grad()));
+    EXPECT_NE(b1.grad().data_ptr(), b2.grad().data_ptr());
+    const Tensor before = b2.grad().clone();
+    b1.grad().mul_(3.0);
+    expect_bitwise(b2.grad(), before, "b2's gradient after b1's is scaled");
+  }
+}
+
 TEST(Simplify, CompiledEqualsEagerWithAndWithoutThePass) {
   auto fn = [](const Tensor& x) {
     const Tensor one = constant(x, 1.0);
