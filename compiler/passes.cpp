@@ -220,33 +220,35 @@ std::vector<bool> written_values(const Trace& trace) {
   return written;
 }
 
-// Values the program hands out as gradients (grad effects), and through views the values they
-// alias. Two parameters' gradients stay two tensors: a pass never makes one of them stand for
-// another value that is handed out too (code after the step may change one gradient in place, an
-// accumulation or a clip).
-std::vector<bool> gradient_values(const Trace& trace) {
-  std::vector<bool> grads(trace.values.size(), false);
+// Values the program hands out, as gradients (grad effects) or returned, and through views the
+// values they alias. Two of them stay two tensors, as in eager code: a pass never makes one stand
+// for another (code after the step may change one in place: a gradient's accumulation or clip).
+std::vector<bool> handed_out_values(const Trace& trace) {
+  std::vector<bool> out(trace.values.size(), false);
   for (const GradEffect& e : trace.grad_effects) {
-    if (e.value >= 0) grads[static_cast<size_t>(e.value)] = true;
+    if (e.value >= 0) out[static_cast<size_t>(e.value)] = true;
+  }
+  for (int v : trace.outputs) {
+    if (v >= 0) out[static_cast<size_t>(v)] = true;
   }
   for (size_t i = trace.ops.size(); i-- > 0;) {
     const BoundOp& op = trace.ops[i];
     if (op.op->kind != OpKind::kView) continue;
     bool aliased = false;
-    for (int v : op.outputs) aliased |= v >= 0 && grads[static_cast<size_t>(v)];
+    for (int v : op.outputs) aliased |= v >= 0 && out[static_cast<size_t>(v)];
     if (!aliased) continue;
     for (int v : op.inputs) {
-      if (v >= 0) grads[static_cast<size_t>(v)] = true;
+      if (v >= 0) out[static_cast<size_t>(v)] = true;
     }
   }
-  return grads;
+  return out;
 }
 
 }  // namespace
 
 Trace simplify(const Trace& trace) {
   const std::vector<bool> written = written_values(trace);
-  const std::vector<bool> grads = gradient_values(trace);
+  const std::vector<bool> handed_out = handed_out_values(trace);
   std::vector<const BoundOp*> producer(trace.values.size(), nullptr);
   for (const BoundOp& op : trace.ops) {
     for (int v : op.outputs) {
@@ -283,7 +285,7 @@ Trace simplify(const Trace& trace) {
         const BoundOp* made = producer[static_cast<size_t>(x)];
         if (xs.sizes != ps.sizes || xs.dtype != ps.dtype || xs.device != ps.device ||
             written[static_cast<size_t>(x)] || written[static_cast<size_t>(product)] ||
-            (grads[static_cast<size_t>(x)] && grads[static_cast<size_t>(product)]) ||
+            (handed_out[static_cast<size_t>(x)] && handed_out[static_cast<size_t>(product)]) ||
             made == nullptr || made->op->kind != OpKind::kFunctional) {
           continue;
         }
@@ -299,10 +301,10 @@ Trace simplify(const Trace& trace) {
 }
 
 Trace cse(const Trace& trace) {
-  // An op producing a value some in-place op writes, or a gradient the program hands out, is
-  // never merged with another, since the two results would no longer be two tensors.
+  // An op producing a value some in-place op writes, or one the program hands out (a gradient,
+  // a result), is never merged with another, since the two would no longer be two tensors.
   const std::vector<bool> written = written_values(trace);
-  const std::vector<bool> grads = gradient_values(trace);
+  const std::vector<bool> handed_out = handed_out_values(trace);
   std::vector<int> to;
   Trace out = without_ops(trace, "cse", to);
   absl::flat_hash_map<std::string, size_t> seen;  // key -> index into out.ops
@@ -316,7 +318,7 @@ Trace cse(const Trace& trace) {
     }
     bool writable = false;
     for (int v : op.outputs) {
-      writable |= v >= 0 && (written[static_cast<size_t>(v)] || grads[static_cast<size_t>(v)]);
+      writable |= v >= 0 && (written[static_cast<size_t>(v)] || handed_out[static_cast<size_t>(v)]);
     }
     if (op.op->kind == OpKind::kFunctional && !op.op->random && !writable) {
       const std::string key = op_key(op);

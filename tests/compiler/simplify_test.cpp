@@ -180,6 +180,16 @@ TEST(Cse, GradientsOfTwoParametersStayTwoTensors) {
   }
 }
 
+// Two returned results that are the same computation stay two tensors, as eager code returns.
+TEST(Cse, ReturnedTensorsStayTwoTensors) {
+  const Tensor x = randn({3, 4});
+  auto fn = compile([](const Tensor& in) { return std::vector<Tensor>{in.exp(), in.exp()}; });
+  std::vector<Tensor> out = fn(x);
+  EXPECT_NE(out[0].data_ptr(), out[1].data_ptr());
+  out[0].mul_(2.0);
+  expect_bitwise(out[1], x.exp(), "the second result after the first is scaled");
+}
+
 TEST(Simplify, CompiledEqualsEagerWithAndWithoutThePass) {
   auto fn = [](const Tensor& x) {
     const Tensor one = constant(x, 1.0);
