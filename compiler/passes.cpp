@@ -200,23 +200,31 @@ std::vector<int> mutated_inputs(const Trace& trace, const BoundOp& op) {
   return out;
 }
 
+// Extends `marked` through the views that alias its values: a view's inputs are marked when one
+// of its outputs is (in reverse order, so that chains of views are followed).
+void mark_view_bases(const Trace& trace, std::vector<bool>& marked) {
+  for (size_t i = trace.ops.size(); i-- > 0;) {
+    const BoundOp& op = trace.ops[i];
+    if (op.op->kind != OpKind::kView) continue;
+    bool aliased = false;
+    for (int v : op.outputs) aliased |= v >= 0 && marked[static_cast<size_t>(v)];
+    if (!aliased) continue;
+    for (int v : op.inputs) {
+      if (v >= 0) marked[static_cast<size_t>(v)] = true;
+    }
+  }
+}
+
 // Values some in-place op writes, and through views the values they alias.
 std::vector<bool> written_values(const Trace& trace) {
   std::vector<bool> written(trace.values.size(), false);
-  for (size_t i = trace.ops.size(); i-- > 0;) {
-    const BoundOp& op = trace.ops[i];
-    std::vector<int> marked;
-    if (op.op->kind == OpKind::kInplace) {
-      marked = mutated_inputs(trace, op);
-    } else if (op.op->kind == OpKind::kView) {
-      bool aliased = false;
-      for (int v : op.outputs) aliased |= v >= 0 && written[static_cast<size_t>(v)];
-      if (aliased) marked = op.inputs;
-    }
-    for (int v : marked) {
+  for (const BoundOp& op : trace.ops) {
+    if (op.op->kind != OpKind::kInplace) continue;
+    for (int v : mutated_inputs(trace, op)) {
       if (v >= 0) written[static_cast<size_t>(v)] = true;
     }
   }
+  mark_view_bases(trace, written);
   return written;
 }
 
@@ -231,16 +239,7 @@ std::vector<bool> handed_out_values(const Trace& trace) {
   for (int v : trace.outputs) {
     if (v >= 0) out[static_cast<size_t>(v)] = true;
   }
-  for (size_t i = trace.ops.size(); i-- > 0;) {
-    const BoundOp& op = trace.ops[i];
-    if (op.op->kind != OpKind::kView) continue;
-    bool aliased = false;
-    for (int v : op.outputs) aliased |= v >= 0 && out[static_cast<size_t>(v)];
-    if (!aliased) continue;
-    for (int v : op.inputs) {
-      if (v >= 0) out[static_cast<size_t>(v)] = true;
-    }
-  }
+  mark_view_bases(trace, out);
   return out;
 }
 

@@ -1008,6 +1008,24 @@ std::string named(const std::string& what, ScalarType dt, const Shape& s) {
   return what + " " + std::string(dtype_name(dt)) + shape_str(s);
 }
 
+// softmax, logsumexp and log_softmax of x's rows (check_rows).
+void check_softmax_family(const Tensor& x) {
+  const Shape s = to_shape(x.sizes());
+  check_rows(named("softmax", x.dtype(), s), softmax_rows, {x});
+  check_rows(named("logsumexp", x.dtype(), s), logsumexp_rows, {x});
+  check_rows(named("log_softmax", x.dtype(), s), log_softmax_rows, {x});
+}
+
+// softmax of rows that start one element into a buffer of randn * scale: the dense entry, never
+// the vector one.
+void check_misaligned_softmax(ScalarType dt, const Shape& s, double scale) {
+  const Tensor flat = (randn({numel_of(s) + 1}) * scale).to(dt).to(Device(kCUDA, 0));
+  const Tensor shifted = flat.narrow(0, 1, numel_of(s)).view(s);
+  check_rows(named("softmax, misaligned", dt, s), softmax_rows, {shifted});
+  EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 0) << dtype_name(dt);
+  EXPECT_GE(compiler::fused_cuda_stats().dense_launches, 1) << dtype_name(dt);
+}
+
 TEST(GpuFusedCuda, RowsSoftmaxWrittenWithOps) {
   SKIP_WITHOUT_GPU();
   manual_seed(11);
@@ -1210,7 +1228,6 @@ TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
   SKIP_WITHOUT_GPU();
   manual_seed(17);
   const Device gpu(kCUDA, 0);
-  auto softmax = softmax_rows, lse = logsumexp_rows, log_softmax = log_softmax_rows;
   auto rms = [](const std::vector<Tensor>& a) {
     return std::vector<Tensor>{rms_norm_with_ops(a[0], a[1])};
   };
@@ -1218,18 +1235,11 @@ TEST(GpuFusedCuda, RowsLongOddAndMisaligned) {
     for (const Shape& s :
          {Shape{3, 32000}, Shape{2, 128256}, Shape{6, 1001}, Shape{4, 2052}, Shape{5, 2048}}) {
       const Tensor x = (randn(s) * 4.0).to(dt).to(gpu);
-      check_rows(named("softmax", dt, s), softmax, {x});
-      check_rows(named("logsumexp", dt, s), lse, {x});
-      check_rows(named("log_softmax", dt, s), log_softmax, {x});
+      check_softmax_family(x);
       check_rows(named("rms_norm", dt, s), rms, {x, randn({s.back()}).to(dt).to(gpu)});
     }
-    // Misaligned: the rows start one element into a buffer.
     const int64_t rows = 7, cols = 2048;
-    const Tensor flat = randn({rows * cols + 1}).to(dt).to(gpu);
-    const Tensor shifted = flat.narrow(0, 1, rows * cols).view({rows, cols});
-    check_rows(named("softmax, misaligned", dt, {rows, cols}), softmax, {shifted});
-    EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 0) << dtype_name(dt);
-    EXPECT_GE(compiler::fused_cuda_stats().dense_launches, 1) << dtype_name(dt);
+    check_misaligned_softmax(dt, {rows, cols}, 1.0);
     // RMSNorm's weight read in packs by the vector entry; one element past alignment, by the
     // dense entry through its strides.
     const Tensor x = randn({rows, cols}).to(dt).to(gpu);
@@ -1252,7 +1262,6 @@ TEST(GpuFusedCuda, RowsInSharedMemory) {
   SKIP_WITHOUT_GPU();
   manual_seed(23);
   const Device gpu(kCUDA, 0);
-  auto softmax = softmax_rows, lse = logsumexp_rows, log_softmax = log_softmax_rows;
   auto softmax_of_product = [](const std::vector<Tensor>& a) {
     return std::vector<Tensor>{softmax_with_ops(a[0] * a[1])};
   };
@@ -1268,15 +1277,8 @@ TEST(GpuFusedCuda, RowsInSharedMemory) {
     const auto k = compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
     ASSERT_TRUE(k.has_value());
     EXPECT_GT(k->row_shared_bytes, 48 * 1024) << dtype_name(c.dt) << shape_str(c.s);
-    check_rows(named("softmax", c.dt, c.s), softmax, {x});
-    check_rows(named("logsumexp", c.dt, c.s), lse, {x});
-    check_rows(named("log_softmax", c.dt, c.s), log_softmax, {x});
-    // Misaligned: the rows start one element into a buffer (the dense entry).
-    const Tensor flat = (randn({numel_of(c.s) + 1}) * 4.0).to(c.dt).to(gpu);
-    const Tensor shifted = flat.narrow(0, 1, numel_of(c.s)).view(c.s);
-    check_rows(named("softmax, misaligned", c.dt, c.s), softmax, {shifted});
-    EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 0) << dtype_name(c.dt);
-    EXPECT_GE(compiler::fused_cuda_stats().dense_launches, 1) << dtype_name(c.dt);
+    check_softmax_family(x);
+    check_misaligned_softmax(c.dt, c.s, 4.0);
   }
   auto scaled_softmax = [](const std::vector<Tensor>& a) {
     return std::vector<Tensor>{softmax_with_ops(a[0]) * a[1]};

@@ -85,18 +85,30 @@ void expect_same_weights(FSDPModule& fsdp, nn::Module& ref, double tol, const st
   }
 }
 
+// Rank r of n's part of a flattened tensor of `numel` elements under FSDP's layout: a shard of
+// ceil(numel / n) elements (padding included) whose first `len` are elements [begin, begin + len).
+struct RankSlice {
+  int64_t shard = 0, begin = 0, len = 0;
+};
+RankSlice rank_slice(int64_t numel, int r, int n) {
+  RankSlice s;
+  s.shard = ceil_div(numel, n);
+  s.begin = std::min<int64_t>(r * s.shard, numel);
+  s.len = std::min<int64_t>(s.shard, numel - s.begin);
+  return s;
+}
+
 // Every shard gradient of `model` equals this rank's slice of the flattened gradient of `ref`.
 void expect_shard_grads(nn::Module& model, nn::Module& ref, int r, int n, double tol,
                         const std::string& when) {
   const auto want = ref.named_parameters();
   for (const auto& item : model.named_parameters()) {
     const Tensor g = want[item.key()].grad().reshape({-1});
-    const int64_t s = ceil_div(g.numel(), n), begin = std::min<int64_t>(r * s, g.numel());
-    const int64_t len = std::min<int64_t>(s, g.numel() - begin);
+    const RankSlice sl = rank_slice(g.numel(), r, n);
     const Tensor& got = item.value().grad();
-    WCHECK(got.defined() && got.numel() == s, when, ": the shard gradient of ", item.key(), " has ",
-           got.defined() ? got.numel() : -1, " elements, expected ", s);
-    expect_close(got.narrow(0, 0, len), g.narrow(0, begin, len), tol,
+    WCHECK(got.defined() && got.numel() == sl.shard, when, ": the shard gradient of ", item.key(),
+           " has ", got.defined() ? got.numel() : -1, " elements, expected ", sl.shard);
+    expect_close(got.narrow(0, 0, sl.len), g.narrow(0, sl.begin, sl.len), tol,
                  when + ": gradient of " + item.key());
   }
 }
@@ -158,11 +170,11 @@ void fsdp_mlp() {
     if (step == 0 || step == 4) {
       // The shard's gradient is this rank's slice of the global gradient.
       const Tensor g = ref->fc1->weight.grad().reshape({-1});
-      const int64_t s = ceil_div(g.numel(), n), begin = std::min<int64_t>(r * s, g.numel());
-      const int64_t len = std::min<int64_t>(s, g.numel() - begin);
-      WCHECK(model->fc1->weight.grad().numel() == s, "the shard gradient has ", s, " elements");
-      expect_close(model->fc1->weight.grad().narrow(0, 0, len), g.narrow(0, begin, len), 1e-12,
-                   "fc1.weight shard gradient at step " + std::to_string(step));
+      const RankSlice sl = rank_slice(g.numel(), r, n);
+      WCHECK(model->fc1->weight.grad().numel() == sl.shard, "the shard gradient has ", sl.shard,
+             " elements");
+      expect_close(model->fc1->weight.grad().narrow(0, 0, sl.len), g.narrow(0, sl.begin, sl.len),
+                   1e-12, "fc1.weight shard gradient at step " + std::to_string(step));
     }
     if (step == 1) {
       // The norm of the full gradient, from the shards; a max_norm below it scales them.
@@ -441,11 +453,10 @@ void fsdp_mixed_precision() {
       const auto want = ref->named_parameters();
       for (const auto& item : model->named_parameters()) {
         const Tensor g = want[item.key()].grad().reshape({-1});
-        const int64_t sh = ceil_div(g.numel(), n), begin = std::min<int64_t>(r * sh, g.numel());
-        const int64_t len = std::min<int64_t>(sh, g.numel() - begin);
-        if (len == 0) continue;
-        const Tensor w = g.narrow(0, begin, len).to(kDouble);
-        const Tensor got = item.value().grad().narrow(0, 0, len).to(kDouble);
+        const RankSlice sl = rank_slice(g.numel(), r, n);
+        if (sl.len == 0) continue;
+        const Tensor w = g.narrow(0, sl.begin, sl.len).to(kDouble);
+        const Tensor got = item.value().grad().narrow(0, 0, sl.len).to(kDouble);
         const double rel = (got - w).norm().item<double>() / (w.norm().item<double>() + 1e-12);
         WCHECK(rel < 5e-2, "the shard gradient of ", item.key(), " is off by ", rel,
                " (relative norm) from the f32 model's");
