@@ -116,9 +116,25 @@ void FSDPModule::launch_gather() {
   // No copy in: the packed shard is the input (mixed precision converts it once).
   Tensor input = packed_shard();
   if (input.dtype() != compute_dtype()) input = input.to(compute_dtype());
-  gather_buffer_ = buffer(pg_->size() * packed_, input.options());
-  // An op: a compiled step records the gather here (dist/collective_ops.h).
-  gather_work_ = all_gather_op(pg_, gather_buffer_, input);
+  const int world = pg_->size();
+  gather_direct_ = world > 1 && !compiler::is_tracing();
+  if (gather_direct_) {
+    // Each parameter's slices gathered straight into its place in the unit's buffer, the
+    // gathers launched as one group: nothing to copy out afterwards (that copy moved the whole
+    // unit through memory twice a step, forward and backward).
+    gather_buffer_ = buffer(full_numel_, input.options());
+    std::vector<Tensor> outputs, inputs;
+    for (const Param& p : params_) {
+      outputs.push_back(gather_buffer_.narrow(0, p.full_offset, world * p.shard));
+      inputs.push_back(input.narrow(0, p.offset, p.shard));
+    }
+    gather_work_ = pg_->all_gather_into_tensor_coalesced(outputs, inputs);
+  } else {
+    // One gather of the packed shards, copied out in finish_gather. An op: a compiled step
+    // records the gather here (dist/collective_ops.h).
+    gather_buffer_ = buffer(world * packed_, input.options());
+    gather_work_ = all_gather_op(pg_, gather_buffer_, input);
+  }
   gather_input_ = input;
 }
 
@@ -129,12 +145,13 @@ void FSDPModule::finish_gather() {
   gather_work_->wait();
   gather_work_ = nullptr;
   const int world = pg_->size();
-  const Tensor rows = gather_buffer_.view({world, packed_});
-  // Row r holds rank r's slices; a parameter's region is the rows' slices one after another (one
-  // strided copy per parameter: the per-parameter layout of the shards makes this copy out
-  // unavoidable, as in FSDP2). One rank's row is the parameters themselves: no copy.
+  // Gathered into the packed layout: row r holds rank r's slices; a parameter's region is the
+  // rows' slices one after another (one strided copy per parameter; FSDP2 copies the same way).
+  // One rank's row is the parameters themselves, and a direct gather (launch_gather) put them in
+  // place already: no copy.
   Tensor full = gather_buffer_;
-  if (world > 1) {
+  if (world > 1 && !gather_direct_) {
+    const Tensor rows = gather_buffer_.view({world, packed_});
     full = buffer(full_numel_, gather_buffer_.options());
     for (const Param& p : params_) {
       full.narrow(0, p.full_offset, world * p.shard)

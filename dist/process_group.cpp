@@ -66,6 +66,46 @@ void Work::finish(std::exception_ptr error) {
 }
 
 namespace {
+
+// The Works of several operations as one: done when all are, waited for one after another.
+class WorkList final : public Work {
+ public:
+  WorkList(std::string op, std::vector<std::shared_ptr<Work>> works)
+      : Work(std::move(op)), works_(std::move(works)) {}
+  bool is_completed() override {
+    for (const auto& w : works_) {
+      if (!w->is_completed()) return false;
+    }
+    return true;
+  }
+  bool wait(std::optional<Milliseconds> timeout) override {
+    for (const auto& w : works_) w->wait(timeout);
+    finish();
+    return true;
+  }
+
+ private:
+  std::vector<std::shared_ptr<Work>> works_;
+};
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor_coalesced(
+    std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) {
+  KILN_CHECK(outputs.size() == inputs.size(), "[all_gather_into_tensor_coalesced] ", outputs.size(),
+             " outputs for ", inputs.size(), " inputs");
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<Tensor> result;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    works.push_back(all_gather_into_tensor(outputs[i], inputs[i]));
+    result.push_back(outputs[i]);
+  }
+  auto work = std::make_shared<WorkList>("all_gather_into_tensor_coalesced", std::move(works));
+  work->set_result(std::move(result));
+  return work;
+}
+
+namespace {
 std::mutex default_mu;
 std::shared_ptr<ProcessGroup> default_group;
 }  // namespace

@@ -91,6 +91,11 @@ class ProcessGroup {
   // output = cat of every rank's input along dim 0: output has size() * input.numel() elements
   // (shape [size() * d0, ...] or [size(), ...]).
   virtual std::shared_ptr<Work> all_gather_into_tensor(Tensor& output, const Tensor& input) = 0;
+  // outputs[i] = all_gather_into_tensor of inputs[i], for every i, as one operation (torch's
+  // allgather_into_tensor_coalesced): NCCL launches them as one group; the default runs them one
+  // after another. One Work for all of them.
+  virtual std::shared_ptr<Work> all_gather_into_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                                 const std::vector<Tensor>& inputs);
   // outputs[r] = rank r's input; outputs has size() tensors shaped like input.
   virtual std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs, const Tensor& input) = 0;
   // output = chunk rank() of (op over the ranks' inputs), input split evenly along dim 0 into

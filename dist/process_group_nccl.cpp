@@ -42,6 +42,10 @@ std::shared_ptr<Work> ProcessGroupNCCL::broadcast(Tensor&, int) { unavailable();
 std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor(Tensor&, const Tensor&) {
   unavailable();
 }
+std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor_coalesced(
+    std::vector<Tensor>&, const std::vector<Tensor>&) {
+  unavailable();
+}
 std::shared_ptr<Work> ProcessGroupNCCL::all_gather(std::vector<Tensor>&, const Tensor&) {
   unavailable();
 }
@@ -413,6 +417,46 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor(Tensor& output,
              ncclAllGather(src.data_ptr(), out.data_ptr(), src.numel(),
                            nccl_type("all_gather_into_tensor", src.dtype()), p.comm, p.stream));
     if (!out.is_same(output)) output.copy_(out);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor_coalesced(
+    std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) {
+  Impl& p = *impl_;
+  const char* op = "all_gather_into_tensor_coalesced";
+  KILN_CHECK(outputs.size() == inputs.size(), "[", op, "] ", outputs.size(), " outputs for ",
+             inputs.size(), " inputs");
+  std::vector<Tensor> srcs, outs, keep;
+  std::vector<ncclDataType_t> types;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    p.check_tensor(op, inputs[i], "an input");
+    p.check_tensor(op, outputs[i], "an output");
+    KILN_CHECK(outputs[i].dtype() == inputs[i].dtype(), "[", op, "] output ", i, " has dtype ",
+               outputs[i].dtype(), " but its input has ", inputs[i].dtype());
+    KILN_CHECK(outputs[i].numel() == inputs[i].numel() * size_, "[", op, "] output ", i, " has ",
+               outputs[i].numel(), " elements but needs world size (", size_, ") x its input's ",
+               inputs[i].numel());
+    srcs.push_back(inputs[i].contiguous());
+    outs.push_back(outputs[i].is_contiguous() ? outputs[i] : outputs[i].contiguous());
+    types.push_back(nccl_type(op, inputs[i].dtype()));
+  }
+  keep = outputs;
+  keep.insert(keep.end(), srcs.begin(), srcs.end());
+  keep.insert(keep.end(), outs.begin(), outs.end());
+  return launch(p, op, std::move(keep), [&] {
+    // One group: NCCL launches the gathers together (the group is closed even when a call in
+    // it fails, before the error is raised).
+    p.check(op, ncclGroupStart());
+    ncclResult_t r = ncclSuccess;
+    for (size_t i = 0; i < srcs.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
+      r = ncclAllGather(srcs[i].data_ptr(), outs[i].data_ptr(), srcs[i].numel(), types[i], p.comm,
+                        p.stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    p.settle(op, r != ncclSuccess && r != ncclInProgress ? r : end);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
+    }
   });
 }
 

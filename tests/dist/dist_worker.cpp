@@ -113,6 +113,32 @@ void collectives() {
   });
   WCHECK(e.find("[all_gather_into_tensor] the output has") != std::string::npos, e);
 
+  // Coalesced gathers (FSDP's per-parameter gathers): into views of one buffer, the gap
+  // between them untouched, two dtypes, one Work.
+  {
+    Tensor buf = full({n * 5 + 3 + n * 2}, -1.0, kFloat);
+    std::vector<Tensor> outs{buf.narrow(0, 0, n * 5), buf.narrow(0, n * 5 + 3, n * 2),
+                             empty({n, 1}, kInt64)};
+    std::vector<Tensor> ins{arange(0, 5, kFloat) + 10 * r, full({2}, -r - 1.0, kFloat),
+                            full({1}, r * 3, kInt64)};
+    auto w = pg->all_gather_into_tensor_coalesced(outs, ins);
+    w->wait();
+    WCHECK(w->is_completed(), "the coalesced Work is done after wait()");
+    for (int q = 0; q < n; ++q) {
+      expect_close(buf.narrow(0, 5 * q, 5), arange(0, 5, kFloat) + 10 * q, 0, "coalesced 0");
+      expect_close(buf.narrow(0, n * 5 + 3 + 2 * q, 2), full({2}, -q - 1.0, kFloat), 0,
+                   "coalesced 1");
+      expect_close(outs[2][q], full({1}, q * 3, kInt64), 0, "coalesced int64");
+    }
+    expect_close(buf.narrow(0, n * 5, 3), full({3}, -1.0, kFloat), 0, "the gap");
+    e = error_of([&] {
+      std::vector<Tensor> one{empty({n * 5}, kFloat)};
+      pg->all_gather_into_tensor_coalesced(one, ins);
+    });
+    WCHECK(e.find("[all_gather_into_tensor_coalesced] 1 outputs for 3 inputs") != std::string::npos,
+           e);
+  }
+
   // reduce_scatter: rank r's input chunk q is (r + 1) * (q + 1) * ones(3).
   Tensor in = empty({n * 3}, kDouble);
   std::vector<Tensor> inputs;
@@ -657,6 +683,22 @@ void nccl_collectives() {
                              full({3}, static_cast<double>(r), TensorOptions(kFloat).device(dev)))
       ->wait();
   expect_close(gathered, (arange(0, 3 * n, kDouble) / 3).floor(), 0, "nccl all_gather_into_tensor");
+  {
+    // Coalesced: one NCCL group, into views of one buffer (the gap untouched), bf16 and f32.
+    const TensorOptions f32 = TensorOptions(kFloat).device(dev);
+    Tensor buf = full({n * 4 + 2 + n * 3}, -1.0, f32);
+    std::vector<Tensor> outs{buf.narrow(0, 0, n * 4), buf.narrow(0, n * 4 + 2, n * 3),
+                             empty({n * 2}, TensorOptions(kBFloat16).device(dev))};
+    std::vector<Tensor> ins{(arange(0, 4, kFloat) + 10 * r).to(dev), full({3}, -r - 1.0, f32),
+                            full({2}, r + 0.5, TensorOptions(kBFloat16).device(dev))};
+    pg->all_gather_into_tensor_coalesced(outs, ins)->wait();
+    for (int q = 0; q < n; ++q) {
+      expect_close(buf.narrow(0, 4 * q, 4), arange(0, 4, kFloat) + 10 * q, 0, "nccl coalesced 0");
+      expect_close(buf.narrow(0, n * 4 + 2 + 3 * q, 3), full({3}, -q - 1.0), 0, "nccl coalesced 1");
+      expect_close(outs[2].narrow(0, 2 * q, 2), full({2}, q + 0.5), 0, "nccl coalesced bf16");
+    }
+    expect_close(buf.narrow(0, n * 4, 2), full({2}, -1.0), 0, "nccl coalesced: the gap");
+  }
   std::vector<Tensor> list;
   for (int q = 0; q < n; ++q) list.push_back(empty({2}, TensorOptions(kFloat).device(dev)));
   pg->all_gather(list, full({2}, r * 10.0, TensorOptions(kFloat).device(dev)))->wait();
