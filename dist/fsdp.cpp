@@ -383,6 +383,7 @@ void FSDPModule::abort_forward() {
       u->reduce_work_ = nullptr;
     }
     u->reduce_input_ = u->reduce_output_ = Tensor();
+    u->reduce_inputs_.clear();
     u->reshard();
   }
   units_to_reduce_ = 0;

@@ -266,6 +266,11 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   void pre_backward(uint64_t run);
   void on_grad_ready(size_t i);
   void launch_reduce();
+  // launch_reduce in eager code with gradient sync, over more than one rank: each parameter's
+  // full gradient reduce-scattered as it is (padded into an input of its own where its size
+  // does not divide, or converted to the reduce dtype) into its slot of the packed shard
+  // gradient, the reductions as one coalesced launch: no packed full gradient.
+  void launch_reduce_direct();
   // Waits for this unit's reduce-scatter and lets go of its input (the full gradients, packed);
   // the output (the shards' gradients) stays for finish_backward.
   void finish_reduce();
@@ -308,6 +313,7 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   size_t ready_count_ = 0;
   std::shared_ptr<Work> reduce_work_;
   Tensor reduce_input_, reduce_output_;
+  std::vector<Tensor> reduce_inputs_;  // launch_reduce_direct's inputs, kept until the wait
   // Root only: the units of this root whose reduction has not been launched yet in this
   // backward, and the order in which backward is expected to reach them.
   size_t units_to_reduce_ = 0;

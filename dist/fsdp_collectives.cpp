@@ -271,9 +271,13 @@ void FSDPModule::launch_reduce() {
   // whole model's gradients in full. NCCL: the wait orders the compute stream after the
   // collective, so the input's memory is reused only once the collective has read it.
   if (r.last_reduce_ != nullptr && r.last_reduce_ != this) r.last_reduce_->finish_reduce();
+  const bool accumulate = grad_acc_.defined();
+  if (requires_gradient_sync_ && !accumulate && world > 1 && !compiler::is_tracing()) {
+    launch_reduce_direct();
+    return;
+  }
   // Row r of the packed gradient holds the slices rank r keeps, laid out as the packed shard.
   // Without gradient sync it stays, and the next backwards add into it.
-  const bool accumulate = grad_acc_.defined();
   Tensor packed =
       accumulate ? grad_acc_
                  : buffer(world * packed_,
@@ -306,12 +310,51 @@ void FSDPModule::launch_reduce() {
   if (--r.units_to_reduce_ == 0) r.finish_backward();
 }
 
+void FSDPModule::launch_reduce_direct() {
+  const int world = pg_->size();
+  const ScalarType dtype = reduce_dtype();
+  reduce_output_ = buffer(packed_, TensorOptions().dtype(dtype).device(params_[0].param.device()));
+  std::vector<Tensor> outputs, inputs;
+  for (Param& p : params_) {
+    // The full gradient is the reduce-scatter's input as it is where it has the shape of one:
+    // world * shard elements, contiguous, in the reduce dtype, and alone in its memory (kept
+    // until the collective has read it, so it must not hold a larger buffer alive). Otherwise it
+    // is padded or converted into an input of its own.
+    const Tensor& g = p.param.grad();
+    Tensor in;
+    if (g.defined() && g.dtype() == dtype && g.is_contiguous() && p.numel == world * p.shard &&
+        g.impl()->storage()->nbytes() == g.nbytes()) {
+      in = g.view({-1});
+    } else {
+      in = buffer(world * p.shard, reduce_output_.options());
+      if (g.defined()) {
+        pack_gradient(in.view({world, p.shard}), g, p.numel, /*accumulate=*/false);
+      } else {
+        in.zero_();
+      }
+    }
+    inputs.push_back(in);
+    outputs.push_back(reduce_output_.narrow(0, p.offset, p.shard));
+    p.param.mutable_grad() = Tensor();
+    p.expected = p.ready = false;
+  }
+  backward_pending_ = false;
+  grad_acc_ = Tensor();
+  reduce_work_ = pg_->reduce_scatter_tensor_coalesced(outputs, inputs, ReduceOp::kAvg);
+  reduce_inputs_ = std::move(inputs);
+  FSDPModule& r = root();
+  r.last_reduce_ = this;
+  reshard();  // the full parameters go now; the shards' grads come at the end
+  if (--r.units_to_reduce_ == 0) r.finish_backward();
+}
+
 void FSDPModule::finish_reduce() {
   if (reduce_work_ == nullptr) return;
   NoGradGuard no_grad;
   reduce_work_->wait();
   reduce_work_ = nullptr;
   reduce_input_ = Tensor();
+  reduce_inputs_.clear();
 }
 
 void FSDPModule::finish_backward() {
@@ -332,6 +375,7 @@ void FSDPModule::finish_backward() {
     }
     u->reduce_output_ = Tensor();
     u->reduce_input_ = Tensor();
+    u->reduce_inputs_.clear();
   }
   backward_order_.clear();
 }

@@ -88,21 +88,31 @@ class WorkList final : public Work {
   std::vector<std::shared_ptr<Work>> works_;
 };
 
+// The coalesced collectives' default: pair i's collective, launched by `one(i)`, one after
+// another.
+template <typename F>
+std::shared_ptr<Work> one_by_one(const char* op, size_t outputs, size_t inputs,
+                                 std::vector<Tensor>& results, F&& one) {
+  KILN_CHECK(outputs == inputs, "[", op, "] ", outputs, " outputs for ", inputs, " inputs");
+  std::vector<std::shared_ptr<Work>> works;
+  for (size_t i = 0; i < inputs; ++i) works.push_back(one(i));
+  auto work = std::make_shared<WorkList>(op, std::move(works));
+  work->set_result(results);
+  return work;
+}
+
 }  // namespace
 
 std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor_coalesced(
     std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) {
-  KILN_CHECK(outputs.size() == inputs.size(), "[all_gather_into_tensor_coalesced] ", outputs.size(),
-             " outputs for ", inputs.size(), " inputs");
-  std::vector<std::shared_ptr<Work>> works;
-  std::vector<Tensor> result;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    works.push_back(all_gather_into_tensor(outputs[i], inputs[i]));
-    result.push_back(outputs[i]);
-  }
-  auto work = std::make_shared<WorkList>("all_gather_into_tensor_coalesced", std::move(works));
-  work->set_result(std::move(result));
-  return work;
+  return one_by_one("all_gather_into_tensor_coalesced", outputs.size(), inputs.size(), outputs,
+                    [&](size_t i) { return all_gather_into_tensor(outputs[i], inputs[i]); });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor_coalesced(
+    std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, ReduceOp op) {
+  return one_by_one("reduce_scatter_tensor_coalesced", outputs.size(), inputs.size(), outputs,
+                    [&](size_t i) { return reduce_scatter_tensor(outputs[i], inputs[i], op); });
 }
 
 namespace {

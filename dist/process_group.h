@@ -102,6 +102,11 @@ class ProcessGroup {
   // size() chunks of output's shape.
   virtual std::shared_ptr<Work> reduce_scatter_tensor(Tensor& output, const Tensor& input,
                                                       ReduceOp op = ReduceOp::kSum) = 0;
+  // outputs[i] = reduce_scatter_tensor of inputs[i], for every i, as one operation (torch's
+  // reduce_scatter_tensor_coalesced), as all_gather_into_tensor_coalesced.
+  virtual std::shared_ptr<Work> reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                                const std::vector<Tensor>& inputs,
+                                                                ReduceOp op = ReduceOp::kSum);
   // output = op over the ranks of their inputs[rank()]; inputs has size() tensors shaped like
   // output.
   virtual std::shared_ptr<Work> reduce_scatter(Tensor& output, const std::vector<Tensor>& inputs,

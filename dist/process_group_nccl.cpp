@@ -46,6 +46,11 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor_coalesced(
     std::vector<Tensor>&, const std::vector<Tensor>&) {
   unavailable();
 }
+std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter_tensor_coalesced(std::vector<Tensor>&,
+                                                                        const std::vector<Tensor>&,
+                                                                        ReduceOp) {
+  unavailable();
+}
 std::shared_ptr<Work> ProcessGroupNCCL::all_gather(std::vector<Tensor>&, const Tensor&) {
   unavailable();
 }
@@ -420,37 +425,38 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor(Tensor& output,
   });
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor_coalesced(
-    std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) {
-  Impl& p = *impl_;
-  const char* op = "all_gather_into_tensor_coalesced";
+namespace {
+
+// A coalesced collective: one NCCL group of a call per (output, input) pair. `check(i, out, in)`
+// validates pair i before anything is queued (and may throw); `call(src, out)` issues one pair's
+// NCCL call on contiguous tensors and must not throw. The group is closed even when a call in it
+// fails, before the error is raised.
+template <typename Check, typename Call>
+std::shared_ptr<Work> launch_coalesced(ProcessGroupNCCL::Impl& p, const char* op,
+                                       std::vector<Tensor>& outputs,
+                                       const std::vector<Tensor>& inputs, Check&& check,
+                                       Call&& call) {
   KILN_CHECK(outputs.size() == inputs.size(), "[", op, "] ", outputs.size(), " outputs for ",
              inputs.size(), " inputs");
-  std::vector<Tensor> srcs, outs, keep;
-  std::vector<ncclDataType_t> types;
+  std::vector<Tensor> srcs, outs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     p.check_tensor(op, inputs[i], "an input");
     p.check_tensor(op, outputs[i], "an output");
     KILN_CHECK(outputs[i].dtype() == inputs[i].dtype(), "[", op, "] output ", i, " has dtype ",
                outputs[i].dtype(), " but its input has ", inputs[i].dtype());
-    KILN_CHECK(outputs[i].numel() == inputs[i].numel() * size_, "[", op, "] output ", i, " has ",
-               outputs[i].numel(), " elements but needs world size (", size_, ") x its input's ",
-               inputs[i].numel());
+    nccl_type(op, inputs[i].dtype());  // an unsupported dtype fails here, not inside the group
+    check(i, outputs[i], inputs[i]);
     srcs.push_back(inputs[i].contiguous());
     outs.push_back(outputs[i].is_contiguous() ? outputs[i] : outputs[i].contiguous());
-    types.push_back(nccl_type(op, inputs[i].dtype()));
   }
-  keep = outputs;
+  std::vector<Tensor> keep = outputs;
   keep.insert(keep.end(), srcs.begin(), srcs.end());
   keep.insert(keep.end(), outs.begin(), outs.end());
   return launch(p, op, std::move(keep), [&] {
-    // One group: NCCL launches the gathers together (the group is closed even when a call in
-    // it fails, before the error is raised).
     p.check(op, ncclGroupStart());
     ncclResult_t r = ncclSuccess;
     for (size_t i = 0; i < srcs.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
-      r = ncclAllGather(srcs[i].data_ptr(), outs[i].data_ptr(), srcs[i].numel(), types[i], p.comm,
-                        p.stream);
+      r = call(srcs[i], outs[i]);
     }
     const ncclResult_t end = ncclGroupEnd();
     p.settle(op, r != ncclSuccess && r != ncclInProgress ? r : end);
@@ -458,6 +464,43 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor_coalesced(
       if (!outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
     }
   });
+}
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor_coalesced(
+    std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) {
+  Impl& p = *impl_;
+  const char* op = "all_gather_into_tensor_coalesced";
+  return launch_coalesced(
+      p, op, outputs, inputs,
+      [&](size_t i, const Tensor& out, const Tensor& in) {
+        KILN_CHECK(out.numel() == in.numel() * size_, "[", op, "] output ", i, " has ", out.numel(),
+                   " elements but needs world size (", size_, ") x its input's ", in.numel());
+      },
+      [&](const Tensor& src, Tensor& out) {
+        return ncclAllGather(src.data_ptr(), out.data_ptr(), src.numel(),
+                             nccl_type(op, src.dtype()), p.comm, p.stream);
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter_tensor_coalesced(
+    std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, ReduceOp reduce) {
+  Impl& p = *impl_;
+  const char* op = "reduce_scatter_tensor_coalesced";
+  return launch_coalesced(
+      p, op, outputs, inputs,
+      [&](size_t i, const Tensor& out, const Tensor& in) {
+        KILN_CHECK(in.numel() == out.numel() * size_, "[", op, "] input ", i, " has ", in.numel(),
+                   " elements but needs world size (", size_, ") x its output's ", out.numel());
+        KILN_CHECK(reduce != ReduceOp::kAvg || in.is_floating_point(), "[", op,
+                   "] ReduceOp::kAvg needs a floating-point tensor, got ", in.dtype());
+      },
+      [&](const Tensor& src, Tensor& out) {
+        return ncclReduceScatter(src.data_ptr(), out.data_ptr(), out.numel(),
+                                 nccl_type(op, src.dtype()), nccl_op(reduce, src.dtype()), p.comm,
+                                 p.stream);
+      });
 }
 
 std::shared_ptr<Work> ProcessGroupNCCL::all_gather(std::vector<Tensor>& outputs,

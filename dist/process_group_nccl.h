@@ -44,6 +44,9 @@ class ProcessGroupNCCL final : public ProcessGroup {
   std::shared_ptr<Work> all_gather_into_tensor(Tensor& output, const Tensor& input) override;
   std::shared_ptr<Work> all_gather_into_tensor_coalesced(
       std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) override;
+  std::shared_ptr<Work> reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                        const std::vector<Tensor>& inputs,
+                                                        ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs, const Tensor& input) override;
   std::shared_ptr<Work> reduce_scatter_tensor(Tensor& output, const Tensor& input,
                                               ReduceOp op = ReduceOp::kSum) override;
