@@ -2,12 +2,13 @@
 //
 // Same dtype and contiguous on both sides: one cudaMemcpyAsync, host<->device or
 // device<->device; on one GPU, same dtype and rows of contiguous elements on both sides (a
-// narrow of the last dimension, say): one cudaMemcpy2DAsync. Anything else runs one strided
-// kernel on a GPU, dst[i] = convert(src[i])
-// with src broadcast to dst's shape and both sides strided. A copy that also changes device
-// converts where the data is when the source is a GPU (so only the result's bytes cross), and
-// otherwise moves the source's bytes as they are and converts on the destination GPU.
-// Conversions round exactly as the CPU kernels do (the same Half/BFloat16 code runs on the GPU).
+// narrow of the last dimension, say): one cudaMemcpy2DAsync. Anything else runs the elementwise
+// loops of loops.cuh on a GPU, dst[i] = convert(src[i]) with src broadcast to dst's shape (16-byte
+// loads and stores where both sides are dense, else strided with 32-bit indices where they fit). A
+// copy that also changes device converts where the data is when the source is a GPU (so only the
+// result's bytes cross), and otherwise moves the source's bytes as they are and converts on the
+// destination GPU. Conversions round exactly as the CPU kernels do (the same Half/BFloat16 code
+// runs on the GPU).
 //
 // Copies that touch the host wait for the device (like PyTorch's blocking copies) unless
 // to(..., non_blocking=true) moves them through pinned host memory; copies between GPUs are
@@ -33,31 +34,21 @@ namespace {
 using loops::broadcast_strides;
 using loops::convert;
 using loops::Geometry;
-using loops::grid_for;
-using loops::kThreads;
 using loops::make_geometry;
-using loops::offsets;
 
+// dst = convert(src) as a functor of the elementwise loops (loops.cuh). (A loop of its own here,
+// with a 64-bit division per element and dimension, converted at about a tenth of copy bandwidth.)
 template <typename D, typename S>
-__global__ void convert_kernel(D* dst, const S* src, int64_t n, Geometry<2> g) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    int64_t off[2];
-    offsets(g, i, off);
-    dst[off[0]] = convert<D, S>(src[off[1]]);
-  }
-}
+struct ConvertOp {
+  __device__ D operator()(S v) const { return convert<D, S>(v); }
+};
 
-// Fills with a bit pattern of the element's width (T is an unsigned integer of that width).
+// A fill's value, as a functor without inputs.
 template <typename T>
-__global__ void fill_kernel(T* dst, T bits, int64_t n, Geometry<1> g) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    int64_t off[1];
-    offsets(g, i, off);
-    dst[off[0]] = bits;
-  }
-}
+struct FillOp {
+  T value;
+  __device__ T operator()() const { return value; }
+};
 
 // Same dtype, sizes and contiguous on both sides: the bytes can be moved as they are.
 bool bytewise(const Tensor& dst, const Tensor& src) {
@@ -106,14 +97,13 @@ void convert_on_device(const Tensor& dst, const Tensor& src) {
     internal::sync_if_debug("cudaMemcpyAsync (device to device)", __FILE__, __LINE__);
     return;
   }
-  const Shape strides[2] = {to_shape(dst.strides()), broadcast_strides(src, dst.sizes())};
-  const Geometry<2> g = make_geometry<2>(dst.sizes(), strides, "copy_");
-  if (dst.dtype() == src.dtype() && copy_rows(dst, src, g, stream)) return;
+  if (dst.dtype() == src.dtype()) {
+    const Shape strides[2] = {to_shape(dst.strides()), broadcast_strides(src, dst.sizes())};
+    if (copy_rows(dst, src, make_geometry<2>(dst.sizes(), strides, "copy_"), stream)) return;
+  }
   visit_dtype(dst.dtype(), [&]<typename D>(TypeTag<D>) {
     visit_dtype(src.dtype(), [&]<typename S>(TypeTag<S>) {
-      convert_kernel<D, S><<<grid_for(n), kThreads, 0, stream>>>(
-          static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()), n, g);
-      KILN_CUDA_LAUNCH_CHECK("convert_kernel");
+      loops::elementwise<D, S>(dst, ConvertOp<D, S>{}, src);
     });
   });
 }
@@ -245,47 +235,21 @@ void copy_tensor(const Tensor& dst, const Tensor& src, const char* op, bool non_
 void fill(const Tensor& t, const Scalar& value) {
   const int64_t n = t.numel();
   if (n == 0) return;
-  uint64_t bits = 0;
-  const size_t width = t.element_size();
-  visit_dtype(t.dtype(), [&]<typename T>(TypeTag<T>) {
-    const T v = value.to<T>();
-    std::memcpy(&bits, &v, sizeof(T));
-  });
   DeviceGuard guard(t.device().index());
   const cudaStream_t stream = current_stream();
-  bool uniform_bytes = true;
-  for (size_t b = 1; b < width; ++b) {
-    uniform_bytes = uniform_bytes && ((bits >> (8 * b)) & 0xff) == (bits & 0xff);
-  }
-  if (t.is_contiguous() && uniform_bytes) {  // zeros, all-ones bits, any bool or 1-byte value
-    KILN_CUDA_CHECK(
-        cudaMemsetAsync(t.data_ptr(), static_cast<int>(bits & 0xff), t.nbytes(), stream));
-    internal::sync_if_debug("cudaMemsetAsync", __FILE__, __LINE__);
-    return;
-  }
-  const Shape strides[1] = {to_shape(t.strides())};
-  const Geometry<1> g = make_geometry<1>(t.sizes(), strides, "fill_");
-  auto launch = [&]<typename U>(TypeTag<U>) {
-    fill_kernel<U><<<grid_for(n), kThreads, 0, stream>>>(static_cast<U*>(t.data_ptr()),
-                                                           static_cast<U>(bits), n, g);
-    KILN_CUDA_LAUNCH_CHECK("fill_kernel");
-  };
-  switch (width) {
-    case 1:
-      launch(TypeTag<uint8_t>{});
-      break;
-    case 2:
-      launch(TypeTag<uint16_t>{});
-      break;
-    case 4:
-      launch(TypeTag<uint32_t>{});
-      break;
-    case 8:
-      launch(TypeTag<uint64_t>{});
-      break;
-    default:
-      KILN_FAIL("[fill_] unexpected element size ", width);
-  }
+  visit_dtype(t.dtype(), [&]<typename T>(TypeTag<T>) {
+    const T v = value.to<T>();
+    unsigned char bytes[sizeof(T)];
+    std::memcpy(bytes, &v, sizeof(T));
+    const bool uniform_bytes =
+        std::all_of(bytes, bytes + sizeof(T), [&](unsigned char b) { return b == bytes[0]; });
+    if (t.is_contiguous() && uniform_bytes) {  // zeros, all-ones bits, any bool or 1-byte value
+      KILN_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), bytes[0], t.nbytes(), stream));
+      internal::sync_if_debug("cudaMemsetAsync", __FILE__, __LINE__);
+      return;
+    }
+    loops::elementwise<T>(t, FillOp<T>{v});
+  });
 }
 
 // attrs (dtype, device, non_blocking?). A non-blocking copy to the host lands in fresh pinned
