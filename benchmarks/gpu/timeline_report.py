@@ -5,7 +5,8 @@
 For each timeline: the steady part (the last F of the timeline, default 0.6, or its last MS
 milliseconds: a program that compiled for long, as torch.compile, before its timed steps), split into steps
 by N, or by the step time MS the program reported, or else by the number of launches of a
-kernel that runs once a step (--marker, default the cross-entropy's mean, `ce_mean`). Per step: the span; the time some compute kernel runs
+kernel that runs once a step (--marker, default the cross-entropy's mean, `ce_mean`; the steps
+between its first and last launch).  Per step: the span; the time some compute kernel runs
 (the union of their intervals) and the sum of their durations; the same for NCCL's kernels;
 the time both run at once; the time NCCL runs alone (communication the step waits for); the
 time nothing runs (idle: the host is late); kernel families by time (Triton's generated kernels
@@ -72,8 +73,13 @@ def family(name):
 
 def report(path, args):
     rows, window = load(path, args.tail, args.last_ms)
-    steps = args.steps or (round(window / 1e6 / args.step_ms) if args.step_ms else 0) or \
-        sum(1 for r in rows if args.marker in r[4]) or 1
+    steps = args.steps or (round(window / 1e6 / args.step_ms) if args.step_ms else 0)
+    marks = sorted(r[0] for r in rows if args.marker in r[4])
+    if not steps and len(marks) >= 2:
+        # Whole steps only: from the marker's first launch in the steady part to its last.
+        rows = [r for r in rows if marks[0] <= r[0] < marks[-1]]
+        window, steps = marks[-1] - marks[0], len(marks) - 1
+    steps = steps or len(marks) or 1
     per = lambda ns: ns / steps / 1e6
     nccl = [r for r in rows if "nccl" in r[4].lower()]
     comp = [r for r in rows if "nccl" not in r[4].lower()]
