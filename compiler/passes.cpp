@@ -299,6 +299,80 @@ Trace simplify(const Trace& trace) {
   return out;
 }
 
+Trace fuse_norm_residual(const Trace& trace) {
+  const std::vector<bool> written = written_values(trace);
+  const std::vector<bool> handed_out = handed_out_values(trace);
+  const size_t n = trace.values.size();
+  std::vector<int> producer(n, -1), uses(n, 0);  // producer: index into trace.ops
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    for (int v : trace.ops[i].inputs) {
+      if (v >= 0) ++uses[static_cast<size_t>(v)];
+    }
+    for (int v : trace.ops[i].outputs) {
+      if (v >= 0) producer[static_cast<size_t>(v)] = static_cast<int>(i);
+    }
+  }
+  std::vector<int> last_inplace_before(trace.ops.size() + 1, -1);  // the latest in-place op < i
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    last_inplace_before[i + 1] =
+        trace.ops[i].op->kind == OpKind::kInplace ? static_cast<int>(i) : last_inplace_before[i];
+  }
+  auto same_spec = [](const TensorSpec& a, const TensorSpec& b) {
+    return a.sizes == b.sizes && a.strides == b.strides && a.dtype == b.dtype &&
+           a.device == b.device;
+  };
+  std::vector<int> residual_of(trace.ops.size(), -1);  // norm op -> the residual it takes
+  std::vector<bool> drop(trace.ops.size(), false);     // the adds it takes over
+  std::vector<int> to;
+  Trace out = without_ops(trace, "fuse_norm_residual", to);
+  for (size_t j = 0; j < trace.ops.size(); ++j) {
+    const BoundOp& add = trace.ops[j];
+    if (add.name() != "add" || add.inputs.size() != 2 || add.outputs.size() != 1 ||
+        add.outputs[0] < 0 || add.attrs.size() != 1 || add.autocast.any()) {
+      continue;
+    }
+    const auto* alpha = std::get_if<Scalar>(&add.attrs[0]);
+    if (alpha == nullptr || alpha->is_boolean() || alpha->to<double>() != 1.0) continue;
+    for (int k = 0; k < 2; ++k) {
+      const int dx = add.inputs[static_cast<size_t>(k)];
+      const int r = add.inputs[static_cast<size_t>(1 - k)];
+      if (dx < 0 || r < 0 || dx == r) continue;
+      const int p = producer[static_cast<size_t>(dx)];
+      if (p < 0) continue;
+      const BoundOp& norm = trace.ops[static_cast<size_t>(p)];
+      const int rp = producer[static_cast<size_t>(r)];
+      if (norm.name() != "rms_norm_backward" || norm.outputs.empty() || norm.outputs[0] != dx ||
+          norm.inputs.size() != 4 || norm.autocast.any() ||
+          residual_of[static_cast<size_t>(p)] >= 0 || uses[static_cast<size_t>(dx)] != 1 ||
+          handed_out[static_cast<size_t>(dx)] || written[static_cast<size_t>(dx)] ||
+          written[static_cast<size_t>(r)] || rp >= p || last_inplace_before[j] > p) {
+        continue;
+      }
+      const TensorSpec& ds = trace.value(dx).spec;
+      if (!same_spec(ds, trace.value(r).spec) || !same_spec(ds, trace.value(add.outputs[0]).spec)) {
+        continue;
+      }
+      // On the CPU compiled code keeps eager's bits: there only where the one rounding of the
+      // sum equals eager's two (f32 and f64 compute in their own dtype).
+      if (!ds.device.is_cuda() && ds.dtype != kFloat && ds.dtype != kDouble) continue;
+      residual_of[static_cast<size_t>(p)] = r;
+      drop[j] = true;
+      to[static_cast<size_t>(add.outputs[0])] = dx;
+      break;
+    }
+  }
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    if (drop[i]) continue;
+    BoundOp op = trace.ops[i];
+    rename(op.inputs, to);
+    // The residual may be an add this pass drops (the previous block's sum): its new name.
+    if (residual_of[i] >= 0) op.inputs.push_back(to[static_cast<size_t>(residual_of[i])]);
+    out.ops.push_back(std::move(op));
+  }
+  rename_results(out, to);
+  return out;
+}
+
 Trace cse(const Trace& trace) {
   // An op producing a value some in-place op writes, or one the program hands out (a gradient,
   // a result), is never merged with another, since the two would no longer be two tensors.

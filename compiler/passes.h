@@ -33,6 +33,17 @@ Trace dce(const Trace& trace);
 // 525 MB gradient and of its hidden states' gradient by one, each step).
 Trace simplify(const Trace& trace);
 
+// The residual gradient added in the norm's backward: `add(r, dx)` (either order, alpha 1), where
+// dx is rms_norm_backward's first result and nothing else reads it, becomes rms_norm_backward
+// with r as its fifth input (dx + r rounded once, in the norm's kernel), so that the sum is not
+// a second pass over dx. A pre-norm block's backward has two (the gradient of its input is the
+// residual stream's gradient plus the norm's): llama-160m's 24 adds of [16384, 768] a step. r
+// must have dx's sizes, dtype and device and be made before the norm's backward (a pre-norm
+// block's is); no in-place op may run between the two, dx must not be handed out, and neither
+// op may carry an autocast state. On the CPU only f32 and f64 values (where the sum rounded
+// once is eager's sum: compiled CPU code keeps eager's bits). Uses of the sum are renamed to dx.
+Trace fuse_norm_residual(const Trace& trace);
+
 // Common-subexpression elimination over functional, non-random ops: a second op with the same
 // inputs and attributes is dropped and its outputs renamed to the first one's. Ops whose results
 // an in-place op later writes (directly or through a view) are never merged.

@@ -215,7 +215,7 @@ bool run_bwd_rows(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
       static_cast<BF*>(dx.data_ptr()), static_cast<BF*>(dw.data_ptr()),
       static_cast<const BF*>(dy.data_ptr()), static_cast<const BF*>(x.data_ptr()),
       static_cast<const BF*>(w.data_ptr()), static_cast<const float*>(rstd.data_ptr()),
-      rstd.numel(), w.numel(), x.device(), cuda::current_stream());
+      /*res=*/nullptr, rstd.numel(), w.numel(), x.device(), cuda::current_stream());
 }
 
 std::vector<std::pair<std::string, RunBwd>> backward_variants() {

@@ -95,6 +95,8 @@ void rms_norm_backward_cpu(OpCall& c) {
   const Tensor x = c.input(1).contiguous();
   const Tensor w = c.input(2).contiguous();
   const Tensor rstd = c.input(3).contiguous();
+  const Tensor res =
+      c.inputs.size() > 4 && c.input(4).defined() ? c.input(4).contiguous() : Tensor();
   const Tensor& dx = c.outputs[0];
   const Tensor& dw = c.outputs[1];
   const int64_t d = w.numel(), rows = rstd.numel();
@@ -102,6 +104,7 @@ void rms_norm_backward_cpu(OpCall& c) {
     using Acc = opmath_t<T>;
     const T* px = x.data_ptr<T>();
     const T* pdy = dy.data_ptr<T>();
+    const T* pres = res.defined() ? res.data_ptr<T>() : nullptr;  // added before the rounding
     const W* pw = w.data_ptr<W>();
     const Acc* pr = rstd.data_ptr<Acc>();
     T* pdx = dx.data_ptr<T>();
@@ -130,7 +133,9 @@ void rms_norm_backward_cpu(OpCall& c) {
             const double r64 = r, k64 = r64 * r64 * r64 * dot64 / static_cast<double>(d);
             for (int64_t j = 0; j < d; ++j) {
               const double xv = static_cast<double>(xr[j]), gv = static_cast<double>(gr[j]);
-              pdx[i * d + j] = T(r64 * gv * static_cast<double>(pw[j]) - xv * k64);
+              double v = r64 * gv * static_cast<double>(pw[j]) - xv * k64;
+              if (pres != nullptr) v += static_cast<double>(pres[i * d + j]);
+              pdx[i * d + j] = T(v);
               part[j] += static_cast<Acc>(gv * xv * r64);
             }
             continue;
@@ -138,7 +143,9 @@ void rms_norm_backward_cpu(OpCall& c) {
           const Acc k = r * r * r * dot / static_cast<Acc>(d);
           for (int64_t j = 0; j < d; ++j) {
             const Acc xv = static_cast<Acc>(xr[j]), gv = static_cast<Acc>(gr[j]);
-            pdx[i * d + j] = T(r * gv * static_cast<Acc>(pw[j]) - xv * k);
+            Acc v = r * gv * static_cast<Acc>(pw[j]) - xv * k;
+            if (pres != nullptr) v += static_cast<Acc>(pres[i * d + j]);
+            pdx[i * d + j] = T(v);
             part[j] += gv * xv * r;
           }
         }

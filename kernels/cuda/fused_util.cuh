@@ -58,6 +58,15 @@ __device__ __forceinline__ void store_pack(T* p, const Acc (&in)[N]) {
   *reinterpret_cast<Pack<T, N>*>(p) = pk;
 }
 
+// io[i] += p[i] for a pack of N elements at p (a residual added before the rounding).
+template <int N, typename T, typename Acc>
+__device__ __forceinline__ void add_pack(Acc (&io)[N], const T* p) {
+  Acc v[N];
+  load_pack<N>(p, v);
+#pragma unroll
+  for (int i = 0; i < N; ++i) io[i] += v[i];
+}
+
 // Whether p can be accessed in packs of `bytes`.
 inline bool aligned_to(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;

@@ -120,9 +120,10 @@ void rms_norm_forward(const Tensor& x_in, const Tensor& w_in, double eps, const 
 
 void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
                        const Tensor& rstd_in, const Tensor& dx, const Tensor& dw,
-                       RmsNormBackward kernel) {
+                       RmsNormBackward kernel, const Tensor& residual) {
   const Tensor dy = dy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
   const Tensor rstd = rstd_in.contiguous();
+  const Tensor res = residual.defined() ? residual.contiguous() : Tensor();
   const int64_t d = w.numel(), rows = rstd.numel();
   if (d == 0) return;
   DeviceGuard guard(x.device().index());
@@ -141,14 +142,16 @@ void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_
         const T* px = static_cast<const T*>(x.data_ptr());
         const W* pw = static_cast<const W*>(w.data_ptr());
         const Acc* pr = static_cast<const Acc*>(rstd.data_ptr());
-        const bool packed = packable<T, W>(d, {px, pdy, pdx}, {pw});
+        const T* pres = res.defined() ? static_cast<const T*>(res.data_ptr()) : nullptr;
+        const bool packed = packable<T, W>(d, {px, pdy, pdx, pres}, {pw});
         if (kernel != RmsNormBackward::kLoop) {
           // Rows over 2048 elements: 256 threads, one row at a time; shorter: 128 threads, two.
           const bool ran =
-              packed && (d > 2048 ? launch_rms_norm_bwd_rows<T, W, 256, 1>(
-                                        pdx, pdw, pdy, px, pw, pr, rows, d, x.device(), stream)
-                                  : launch_rms_norm_bwd_rows<T, W, 128, 2>(
-                                        pdx, pdw, pdy, px, pw, pr, rows, d, x.device(), stream));
+              packed &&
+              (d > 2048 ? launch_rms_norm_bwd_rows<T, W, 256, 1>(pdx, pdw, pdy, px, pw, pr, pres,
+                                                                 rows, d, x.device(), stream)
+                        : launch_rms_norm_bwd_rows<T, W, 128, 2>(pdx, pdw, pdy, px, pw, pr, pres,
+                                                                 rows, d, x.device(), stream));
           if (ran) return;
           KILN_CHECK(kernel == RmsNormBackward::kAuto,
                      "[rms_norm_backward] the row-group kernel cannot run rows of ", d,
@@ -162,7 +165,7 @@ void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_
         Acc* pp = static_cast<Acc*>(partial.data_ptr());
         auto launch = [&]<int N>(std::integral_constant<int, N>) {
           rms_norm_bwd_loop_kernel<T, W, N><<<static_cast<unsigned>(grid), threads, 0, stream>>>(
-              pdx, pp, pdy, px, pw, pr, rows, d);
+              pdx, pp, pdy, px, pw, pr, pres, rows, d);
           KILN_CUDA_LAUNCH_CHECK("rms_norm_bwd_loop_kernel");
         };
         if (packed) {
@@ -185,9 +188,9 @@ void rms_norm_cuda(OpCall& c) {
 void rms_norm_backward_cuda(OpCall& c) {
   const Tensor& x = c.input(1);
   const Tensor& rstd = c.input(3);
-  internal::rms_norm_backward(c.input(0), x, c.input(2),
-                              rstd.is_cuda() ? rstd : rstd.to(x.device()), c.outputs[0],
-                              c.outputs[1]);
+  internal::rms_norm_backward(
+      c.input(0), x, c.input(2), rstd.is_cuda() ? rstd : rstd.to(x.device()), c.outputs[0],
+      c.outputs[1], internal::RmsNormBackward::kAuto, c.inputs.size() > 4 ? c.input(4) : Tensor());
 }
 
 }  // namespace

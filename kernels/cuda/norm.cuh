@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(256)
     rms_norm_bwd_rows_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ partial,
                              const T* __restrict__ dy, const T* __restrict__ x,
                              const W* __restrict__ w, const opmath_t<T>* __restrict__ rstd,
-                             int64_t rows, int64_t d) {
+                             const T* __restrict__ res, int64_t rows, int64_t d) {
   using Acc = opmath_t<T>;
   constexpr int kWarps = TPR / 32;
   __shared__ Acc smem[kWarps][R];
@@ -409,6 +409,7 @@ __global__ void __launch_bounds__(256)
               o[i] = rs[r] * raw_elem<T, N, Acc>(gr[r][p], i) * wv[p][i] -
                      raw_elem<T, N, Acc>(xr[r][p], i) * s * k;
             }
+            if (res != nullptr) add_pack<N>(o, res + (base + r) * d + v * N);
             store_pack<N>(dr + v * N, o);
           }
         }
@@ -434,7 +435,7 @@ __global__ void __launch_bounds__(1024)
     rms_norm_bwd_loop_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ partial,
                              const T* __restrict__ dy, const T* __restrict__ x,
                              const W* __restrict__ w, const opmath_t<T>* __restrict__ rstd,
-                             int64_t rows, int64_t d) {
+                             const T* __restrict__ res, int64_t rows, int64_t d) {
   using Acc = opmath_t<T>;
   __shared__ Acc smem[32];
   const int64_t nvec = d / N;
@@ -454,6 +455,7 @@ __global__ void __launch_bounds__(1024)
     const T* xr = x + row * d;
     const T* gr = dy + row * d;
     T* dr = dx + row * d;
+    const T* rr = res != nullptr ? res + row * d : nullptr;
     Acc xc[kRmsCacheBwd][N], gc[kRmsCacheBwd][N];
     Acc dot = 0;
 #pragma unroll
@@ -496,6 +498,7 @@ __global__ void __launch_bounds__(1024)
         Acc o[N];
 #pragma unroll
         for (int i = 0; i < N; ++i) o[i] = r * gc[c][i] - xc[c][i] * s * k;
+        if (rr != nullptr) add_pack<N>(o, rr + v * N);
         store_pack<N>(dr + v * N, o);
       }
     }
@@ -506,6 +509,7 @@ __global__ void __launch_bounds__(1024)
       load_pack<N>(w + v * N, wv);
 #pragma unroll
       for (int i = 0; i < N; ++i) o[i] = r * dyv[i] * wv[i] - xv[i] * s * k;
+      if (rr != nullptr) add_pack<N>(o, rr + v * N);
       store_pack<N>(dr + v * N, o);
     }
   }
@@ -520,12 +524,13 @@ __global__ void __launch_bounds__(1024)
 }
 
 // Launches rms_norm_bwd_rows_kernel with TPR threads per row and R rows at a time over one wave
-// of blocks, then the column sum of its partials into dw; false (nothing launched) where a row
-// needs more than 4 packs per thread (bf16: 8192 elements at 256 threads per row). Rows packable.
+// of blocks (res: nullptr, or a residual of dx's shape added to dx before the rounding), then the
+// column sum of its partials into dw; false (nothing launched) where a row needs more than 4 packs
+// per thread (bf16: 8192 elements at 256 threads per row). Rows packable.
 template <typename T, typename W, int TPR, int R>
 bool launch_rms_norm_bwd_rows(T* dx, W* dw, const T* dy, const T* x, const W* w,
-                              const opmath_t<T>* rstd, int64_t rows, int64_t d, Device device,
-                              cudaStream_t stream) {
+                              const opmath_t<T>* rstd, const T* res, int64_t rows, int64_t d,
+                              Device device, cudaStream_t stream) {
   using Acc = opmath_t<T>;
   constexpr int N = 16 / sizeof(T);
   // One wave: as many blocks as are resident at once (registers may allow fewer than 2048 / TPR
@@ -539,7 +544,7 @@ bool launch_rms_norm_bwd_rows(T* dx, W* dw, const T* dy, const T* x, const W* w,
                                                   std::max(1, per_sm));
     const Tensor partial = empty({grid, d}, TensorOptions(dtype_of<Acc>()).device(device));
     Acc* pp = static_cast<Acc*>(partial.data_ptr());
-    kernel<<<static_cast<unsigned>(grid), TPR, 0, stream>>>(dx, pp, dy, x, w, rstd, rows, d);
+    kernel<<<static_cast<unsigned>(grid), TPR, 0, stream>>>(dx, pp, dy, x, w, rstd, res, rows, d);
     KILN_CUDA_LAUNCH_CHECK("rms_norm_bwd_rows_kernel");
     launch_column_sums<Acc, W>(dw, pp, nullptr, nullptr, grid, d, stream);
   };

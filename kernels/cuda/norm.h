@@ -31,9 +31,11 @@ void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor
                       const Tensor& rstd, RmsNormForward kernel = RmsNormForward::kAuto);
 
 // The gradients dx (x's shape and dtype) and dw (w's) of rms_norm from dy, x, w and the forward's
-// rstd, on one GPU; dx and dw contiguous.
+// rstd, on one GPU; dx and dw contiguous. A defined `residual` (x's shape and dtype) is added to
+// dx before its rounding.
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                        const Tensor& dx, const Tensor& dw,
-                       RmsNormBackward kernel = RmsNormBackward::kAuto);
+                       RmsNormBackward kernel = RmsNormBackward::kAuto,
+                       const Tensor& residual = Tensor());
 
 }  // namespace kiln::cuda::internal

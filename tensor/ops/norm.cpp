@@ -9,7 +9,10 @@
 // rsqrt(mean(x^2) + eps) per row, kept in the compute dtype (f32, or f64 for f64 x) for the
 // backward. y = x * rstd * weight, computed in the compute dtype, has x's dtype. The public
 // kiln::rms_norm returns y.
-// rms_norm_backward(dy, x, weight, rstd) -> (dx, dweight).
+// rms_norm_backward(dy, x, weight, rstd[, residual]) -> (dx, dweight). With a residual (of x's
+// shape and dtype; the compiler's fuse_norm_residual passes the gradient that reaches x around
+// the norm, as a pre-norm block's residual stream does), dx is the norm's gradient plus the
+// residual, rounded once.
 //
 // layer_norm(x, weight, bias; normalized_shape, eps) -> (y, mean, rstd): the same over the
 // trailing dims normalized_shape, y = (x - mean) * rstd * weight + bias with
@@ -107,7 +110,8 @@ TensorVec rms_norm_decomposition(const OpCall& c) {
 }
 
 SpecList rms_norm_backward_meta(const OpCall& c) {
-  KILN_CHECK(c.inputs.size() == 4, "[rms_norm_backward] expected inputs (dy, x, weight, rstd)");
+  KILN_CHECK(c.inputs.size() == 4 || c.inputs.size() == 5,
+             "[rms_norm_backward] expected inputs (dy, x, weight, rstd[, residual])");
   const Tensor& dy = c.input(0);
   const Tensor& x = c.input(1);
   const Tensor& w = c.input(2);
@@ -122,6 +126,13 @@ SpecList rms_norm_backward_meta(const OpCall& c) {
   KILN_CHECK(rstd.dtype() == compute_dtype(x.dtype()) && to_shape(rstd.sizes()) == rows,
              "[rms_norm_backward] rstd (", dtype_name(rstd.dtype()), " ", shape_str(rstd.sizes()),
              ") must be ", dtype_name(compute_dtype(x.dtype())), " ", shape_str(rows));
+  if (c.inputs.size() == 5 && c.input(4).defined()) {
+    const Tensor& res = c.input(4);
+    KILN_CHECK(res.dtype() == x.dtype() && res.sizes() == x.sizes() && res.device() == x.device(),
+               "[rms_norm_backward] the residual (", dtype_name(res.dtype()), " ",
+               shape_str(res.sizes()), " on ", res.device().str(), ") must match x (",
+               dtype_name(x.dtype()), " ", shape_str(x.sizes()), " on ", x.device().str(), ")");
+  }
   return {{to_shape(x.sizes()), x.dtype(), x.device()},
           {to_shape(w.sizes()), w.dtype(), w.device()}};
 }

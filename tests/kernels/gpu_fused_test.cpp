@@ -133,6 +133,15 @@ TEST_F(GpuRmsNorm, MisalignedRows) {
       call_op(KILN_OP(rms_norm_backward), {xg, x.to(kGpu), wb.to(kGpu), f[1].to(kGpu)});
   expect_match(dgot[0], dwant[0], tolerance(kBFloat16));
   expect_match(dgot[1], dwant[1], tolerance(kBFloat16));
+  // A misaligned residual sends the rows to the unpacked loop kernel.
+  const Tensor rflat = randn({1 + 21 * 256}).to(kBFloat16);
+  const Tensor rc = rflat.slice(0, 1, 1 + 21 * 256).view({21, 256});
+  const Tensor rg = rflat.to(kGpu).slice(0, 1, 1 + 21 * 256).view({21, 256});
+  const TensorVec rwant = call_op(KILN_OP(rms_norm_backward), {xc, x, wb, f[1], rc});
+  const TensorVec rgot =
+      call_op(KILN_OP(rms_norm_backward), {xg, x.to(kGpu), wb.to(kGpu), f[1].to(kGpu), rg});
+  expect_match(rgot[0], rwant[0], tolerance(kBFloat16));
+  expect_match(rgot[1], dwant[1], tolerance(kBFloat16));
 }
 
 #if defined(KILN_WITH_CUDA)
@@ -162,6 +171,14 @@ void check_rms_kernels(const Tensor& x, const Tensor& w, RmsNormForward fk, RmsN
   cuda::internal::rms_norm_backward(dy.to(kGpu), xg, wg, rstd, dx, dw, bk);
   expect_match(dx, dc[0], tol);
   expect_match(dw, dc[1], w.dtype() == kDouble ? 1e-10 : std::max(tol, 1e-4));
+  // With a residual added to dx before the rounding (fuse_norm_residual, compiler/passes.h).
+  const Tensor res = randn(x.sizes()).to(x.dtype());
+  const TensorVec rc = call_op(KILN_OP(rms_norm_backward), {dy, x, w, c[1], res});
+  const Tensor dxr = empty(x.sizes(), TensorOptions(x.dtype()).device(kGpu));
+  const Tensor dwr = empty(w.sizes(), TensorOptions(w.dtype()).device(kGpu));
+  cuda::internal::rms_norm_backward(dy.to(kGpu), xg, wg, rstd, dxr, dwr, bk, res.to(kGpu));
+  expect_match(dxr, rc[0], tol);
+  expect_match(dwr, dc[1], w.dtype() == kDouble ? 1e-10 : std::max(tol, 1e-4));
 }
 
 // Whether rows of d elements of x's dtype fit a register kernel of `threads` threads per row and

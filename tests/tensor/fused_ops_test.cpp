@@ -162,6 +162,46 @@ TEST(FusedRmsNorm, Gradcheck) {
       [](const variable_list& in) { return rms_norm(in[0], in[1], 1e-3); }, {x, w}));
 }
 
+// rms_norm_backward with a residual (compiler/passes.h, fuse_norm_residual): dx is the norm's
+// gradient plus the residual, rounded once, against the f64 reference; dweight is unchanged, and
+// an undefined fifth input is no residual. Also rows in the f64 fallback (|x| ~ 1e20).
+TEST(FusedRmsNorm, BackwardWithResidual) {
+  manual_seed(6);
+  static const OpDef& bwd = KILN_OP(rms_norm_backward);
+  for (ScalarType t : {kDouble, kFloat, kBFloat16}) {
+    for (double scale : {1.0, 1e20}) {
+      if (scale > 1 && t != kFloat) continue;
+      SCOPED_TRACE(std::string(dtype_name(t)) + ", scale " + std::to_string(scale));
+      const Tensor x = (randn({5, 48}) * scale).to(t), w = randn({48}).to(t);
+      const Tensor dy = randn({5, 48}).to(t), res = randn({5, 48}).to(t);
+      const Tensor rstd = call_op(KILN_OP(rms_norm), {x, w}, {1e-6})[1];
+      const TensorVec plain = call_op(bwd, {dy, x, w, rstd});
+      const TensorVec fused = call_op(bwd, {dy, x, w, rstd, res});
+      const TensorVec undefined = call_op(bwd, {dy, x, w, rstd, Tensor()});
+      const RmsRef ref = rms_reference(x.to_vector<double>(), w.to_vector<double>(),
+                                       dy.to_vector<double>(), 48, 1e-6);
+      std::vector<double> want = ref.dx;
+      const std::vector<double> rv = res.to_vector<double>();
+      for (size_t k = 0; k < want.size(); ++k) want[k] += rv[k];
+      EXPECT_LT(rel_error(fused[0], want), tolerance(t));
+      EXPECT_TRUE(equal(fused[1], plain[1]));
+      EXPECT_TRUE(equal(undefined[0], plain[0]));
+      EXPECT_TRUE(equal(undefined[1], plain[1]));
+    }
+  }
+  // A transposed (non-contiguous) residual.
+  const Tensor x = randn({6, 10}), w = randn({10}), dy = randn({6, 10});
+  const Tensor rstd = call_op(KILN_OP(rms_norm), {x, w}, {1e-5})[1];
+  const Tensor res = randn({10, 6}).t();
+  EXPECT_TRUE(allclose(call_op(bwd, {dy, x, w, rstd, res})[0],
+                       call_op(bwd, {dy, x, w, rstd})[0] + res, 1e-5, 1e-6));
+  EXPECT_KILN_ERROR(call_op(bwd, {dy, x, w, rstd, randn({6, 9})}),
+                    "[rms_norm_backward] the residual (float32 [6, 9] on cpu) must match x "
+                    "(float32 [6, 10] on cpu)");
+  EXPECT_KILN_ERROR(call_op(bwd, {dy, x, w, rstd, randn({6, 10}).to(kDouble)}),
+                    "[rms_norm_backward] the residual (float64");
+}
+
 TEST(FusedRmsNorm, Errors) {
   EXPECT_KILN_ERROR(rms_norm(randn({2, 3}), randn({4}), 1e-5),
                     "[rms_norm] normalized shape [4] does not match the trailing dims");
