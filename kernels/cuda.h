@@ -109,7 +109,9 @@ void set_launch_sync(bool enabled);
 // KILN_MATMUL_AUTOTUNE is set to anything but "" and "0". Off by default because the first call
 // of every shape blocks the host (about 30 runs of the product) and because the algorithm then
 // depends on timing noise, so two runs of a program may differ in the last bits (cuDNN's
-// benchmark mode is off in PyTorch likewise).
+// benchmark mode is off in PyTorch likewise); ignored while deterministic algorithms are on
+// (tensor/deterministic.h). `kiln pretrain` and `kiln bench` turn it on for their run on CUDA
+// (PretrainOptions::matmul_autotune): +2.5-3% on llama-160m's step (benchmarks/RESULTS.md).
 bool matmul_autotune();
 void set_matmul_autotune(bool enabled);
 

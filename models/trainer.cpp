@@ -45,6 +45,7 @@ using internal::DataParallel;
 using internal::format_number;
 using internal::log_compile_stats;
 using internal::make_optimizer;
+using internal::MatmulAutotuneScope;
 using internal::param_dtype;
 using internal::precision_loss;
 using internal::remove_stale_temporaries;
@@ -540,6 +541,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
   // For the run, restored afterwards (the caller's setting wins when it is already on).
   const DeterministicGuard deterministic(o.deterministic || are_deterministic_algorithms_enabled());
   if (o.deterministic) log << "deterministic algorithms (bit-exact on CUDA)\n";
+  const MatmulAutotuneScope autotune(on_cuda, o.matmul_autotune);
   log << std::flush;
   const double clip = o.grad_clip > 0 ? o.grad_clip : std::numeric_limits<double>::infinity();
   // With skip_nonfinite the values are read before the update, which then runs eagerly.

@@ -150,6 +150,10 @@ struct PretrainOptions {
   bool compile = false;
   // With compile on CUDA: the step's GPU work runs as CUDA graphs (CompileOptions::cuda_graphs).
   bool cuda_graphs = true;
+  // On CUDA, for the run: matrix products choose their cuBLASLt algorithm per shape by timing the
+  // candidates at the shape's first call (kiln::cuda::set_matmul_autotune; restored afterwards).
+  // Ignored with deterministic (a timed choice may differ from run to run).
+  bool matmul_autotune = true;
   // Deterministic algorithms for the run (tensor/deterministic.h): the CUDA attention backward
   // runs its ordered decomposition instead of the flash kernels, so that the same run gives the
   // same bits every time and --resume continues bit-exactly on CUDA too. Slower attention
@@ -249,6 +253,7 @@ struct BenchOptions {
   uint64_t seed = 0;
   bool compile = false;                    // as PretrainOptions::compile
   bool cuda_graphs = true;                 // as PretrainOptions::cuda_graphs
+  bool matmul_autotune = true;             // as PretrainOptions::matmul_autotune
   bool adam_state_in_param_dtype = false;  // as PretrainOptions::adam_state_in_param_dtype
   // As PretrainOptions::dist: batch_size per rank; tokens_per_s counts every rank's tokens and
   // peak_memory is the largest rank's.

@@ -53,6 +53,7 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     r.rank = dp->rank();
     manual_seed(o.seed + static_cast<uint64_t>(dp->rank()));  // each rank its own tokens
   }
+  const internal::MatmulAutotuneScope autotune(on_cuda, o.matmul_autotune);
   TrainStep train(model, *opt, o.precision, /*clip=*/1.0, o.compile, /*update_inside=*/true,
                   dp.get(), o.cuda_graphs);
   std::ostringstream null_log;  // the other ranks' lines go nowhere: rank 0 reports

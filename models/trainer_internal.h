@@ -25,6 +25,20 @@ namespace kiln::models::internal {
 
 inline constexpr const char* kStateFile = "trainer_state.json";
 
+// Matmul autotuning (kiln::cuda::set_matmul_autotune) set for a run on CUDA and restored at its
+// end; off the GPU nothing changes.
+class MatmulAutotuneScope {
+ public:
+  MatmulAutotuneScope(bool on_cuda, bool enabled);
+  ~MatmulAutotuneScope();
+  MatmulAutotuneScope(const MatmulAutotuneScope&) = delete;
+  MatmulAutotuneScope& operator=(const MatmulAutotuneScope&) = delete;
+
+ private:
+  bool set_ = false;
+  bool previous_ = false;
+};
+
 class DataParallel;
 
 ScalarType param_dtype(const std::string& precision);

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "autograd/grad_mode.h"
+#include "kernels/cuda.h"
 #include "models/trainer_internal.h"
 #include "nn/autocast.h"
 #include "tensor/error.h"
@@ -16,6 +17,17 @@ namespace kiln::models::internal {
 ScalarType param_dtype(const std::string& precision) {
   if (precision == "bf16-true") return kBFloat16;
   return kFloat;
+}
+
+MatmulAutotuneScope::MatmulAutotuneScope(bool on_cuda, bool enabled) {
+  if (!on_cuda) return;
+  set_ = true;
+  previous_ = cuda::matmul_autotune();
+  cuda::set_matmul_autotune(enabled);
+}
+
+MatmulAutotuneScope::~MatmulAutotuneScope() {
+  if (set_) cuda::set_matmul_autotune(previous_);
 }
 
 void check_precision(const std::string& precision, const char* who) {

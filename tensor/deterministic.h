@@ -12,7 +12,8 @@
 //     for its backward, [B, H, T, S] in f32; slower and larger, but ordered).
 // Always deterministic, whatever the setting: index_add of floats on CUDA (embedding's backward:
 // a sorted pass), reductions, norms, cross-entropy, the optimizers, cuBLASLt's GEMMs (fixed
-// algorithm per shape on one GPU model).
+// algorithm per shape on one GPU model: matmul autotuning, kernels/cuda.h, is ignored in the
+// mode, since a timed choice may differ from run to run).
 // Not covered (order-dependent with floats on CUDA in either mode, as in PyTorch): scatter_add
 // and index_put_ with accumulate.
 #pragma once

@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "kernels/cuda/check.h"
+#include "tensor/deterministic.h"
 #include "tensor/error.h"
 
 #define KILN_CUBLAS_CHECK(expr)                                                                    \
@@ -432,7 +433,9 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
                       has_c ? args.c : out};
 
   const cublasLtMatmulAlgo_t* algo = &plan.candidates.front();
-  if (matmul_autotune()) {
+  // Deterministic algorithms keep the heuristic's first choice: a timed choice may differ from
+  // run to run (tensor/deterministic.h).
+  if (matmul_autotune() && !are_deterministic_algorithms_enabled()) {
     if (plan.tuned) {
       autotune_counters().cache_hits.fetch_add(1, std::memory_order_relaxed);
     } else if (is_capturing(launch.stream)) {

@@ -6,7 +6,8 @@
 //   kiln generate (--checkpoint DIR | --hf DIR | --config NAME) (--prompt "1 2 3" | --text "...")
 //                 [--tokenizer tokenizer.json] ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
-//              [--no-cuda-graphs] [--profile] [--adam-state f32|param] [--dist ddp|zero2|zero3]
+//              [--no-cuda-graphs] [--no-matmul-autotune] [--profile] [--adam-state f32|param]
+//              [--dist ddp|zero2|zero3]
 //   kiln tokenizer train [--data FILE] [--vocab-size N] [--out FILE] [--special A,B]
 //   kiln run --nproc-per-node N [--nnodes M --node-rank R --master-addr A] program args...
 //   kiln help
@@ -103,6 +104,9 @@ commands:
       --no-compile             run the training step eagerly (the default on the CPU)
       --no-cuda-graphs         with --compile on CUDA: run the step's kernels one by one
                                instead of as CUDA graphs (captured at step 3)
+      --no-matmul-autotune     on CUDA: each matrix product takes cuBLASLt's first heuristic
+                               choice instead of the fastest candidate timed at its shape's
+                               first call (the default; off with --deterministic)
       --deterministic          deterministic algorithms: the same bits on every run and
                                bit-exact --resume on CUDA (attention's backward runs
                                unfused: slower, more memory)
@@ -135,6 +139,8 @@ commands:
       --compile                time the training step compiled with kiln::compile (its GPU
                                work as CUDA graphs; prints whether it ran as graphs, or why not)
       --no-cuda-graphs         with --compile: without CUDA graphs (kernels one by one)
+      --no-matmul-autotune     on CUDA: cuBLASLt's first heuristic choice per product, not the
+                               fastest candidate timed at the shape's first call (the default)
       --profile                then profile 3 more steps: time per kernel family and the
                                slowest kernels (kiln::profiler; CUDA events on a GPU)
       --adam-state S           f32 | param: AdamW's moments in f32 (default) or in the
@@ -315,8 +321,8 @@ int cmd_pretrain(const std::vector<std::string>& args) {
       parse_flags(args,
                   {"config", "hf", "data", "steps", "batch", "seq", "lr", "precision", "device",
                    "out", "seed", "save-every", "lr-decay-steps", "keep", "dist"},
-                  {"resume", "compile", "no-compile", "no-cuda-graphs", "deterministic",
-                   "no-progress", "skip-nonfinite", "allow-resume-changes"});
+                  {"resume", "compile", "no-compile", "no-cuda-graphs", "no-matmul-autotune",
+                   "deterministic", "no-progress", "skip-nonfinite", "allow-resume-changes"});
   // --config FILE.toml: a run configuration file (models/run_config.h). Its settings count as
   // flags: the flags given override them, and they override the defaults and, on a resume, the
   // checkpoint's settings. It brings the options that have no flag too (weight_decay, betas, ...).
@@ -407,6 +413,7 @@ int cmd_pretrain(const std::vector<std::string>& args) {
   if (f.contains("precision")) o.precision = f.at("precision");
   if (f.contains("device")) o.device = parse_device(f.at("device"));
   if (f.contains("no-cuda-graphs")) o.cuda_graphs = false;
+  if (f.contains("no-matmul-autotune")) o.matmul_autotune = false;
   if (f.contains("dist")) o.dist = parse_dist(f.at("dist"));
   if (f.contains("skip-nonfinite")) o.skip_nonfinite = true;
   if (f.contains("deterministic")) o.deterministic = true;
@@ -539,7 +546,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"config", "batch", "seq", "steps", "precision", "device",
                                "adam-state", "dist", "comm-sm-carveout", "ddp-bucket-mb"},
-                              {"compile", "no-cuda-graphs", "profile"});
+                              {"compile", "no-cuda-graphs", "no-matmul-autotune", "profile"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");
@@ -553,6 +560,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   b.steps = f.contains("steps") ? parse_int_at_least("steps", f.at("steps"), 1) : 10;
   b.compile = f.contains("compile");
   b.cuda_graphs = !f.contains("no-cuda-graphs");
+  b.matmul_autotune = !f.contains("no-matmul-autotune");
   b.profile_steps = f.contains("profile") ? 3 : 0;
   if (f.contains("adam-state")) {
     const std::string& s = f.at("adam-state");

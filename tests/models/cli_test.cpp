@@ -310,13 +310,22 @@ TEST_F(CliTest, PretrainFromAHuggingFaceDirectory) {
   EXPECT_NE(resumed.output.find("pretraining tiny-hf"), std::string::npos) << resumed.output;
 }
 
+// --no-matmul-autotune is a flag of bench and pretrain (on the CPU it changes nothing).
+TEST_F(CliTest, BenchTakesNoMatmulAutotune) {
+  const Result r = run_kiln(
+      "bench --config tiny-llama --device cpu --batch 2 --seq 16 --steps 1 "
+      "--no-matmul-autotune");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("tok/s"), std::string::npos) << r.output;
+}
+
 TEST_F(CliTest, UsageListsTheNewFlags) {
   const Result r = run_kiln("help");
   EXPECT_EQ(r.status, 0);
   for (const char* flag :
        {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps", "--adam-state",
         "--config FILE.toml", "--dist M", "--tokenizer FILE", "--hf DIR ", "--no-compile",
-        "--comm-sm-carveout N", "--ddp-bucket-mb X"}) {
+        "--comm-sm-carveout N", "--ddp-bucket-mb X", "--no-matmul-autotune"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
 }

@@ -458,7 +458,17 @@ TEST_F(GpuTrainerTest, Bf16TrueAndBench) {
   b.seq_len = 64;
   b.steps = 3;
   b.device = Device(kCUDA);
+  // Matmul autotuning is on for the run (its products' shapes tuned) and off again after it.
+  cuda::reset_matmul_autotune_stats();
+  const bool autotune_before = cuda::matmul_autotune();
   const auto r = bench(b, log);
+  EXPECT_GT(cuda::matmul_autotune_stats().tuned_shapes, 0);
+  EXPECT_EQ(cuda::matmul_autotune(), autotune_before);
+  cuda::reset_matmul_autotune_stats();
+  b.matmul_autotune = false;
+  bench(b, log);
+  EXPECT_EQ(cuda::matmul_autotune_stats().tuned_shapes, 0);
+  EXPECT_EQ(cuda::matmul_autotune(), autotune_before);
   EXPECT_GT(r.tokens_per_s, 0);
   ASSERT_TRUE(r.mfu.has_value());
   ASSERT_TRUE(r.peak_memory.has_value());
