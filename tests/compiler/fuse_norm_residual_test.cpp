@@ -20,14 +20,7 @@ namespace {
 
 using compiler::Trace;
 using test::count_ops;
-
-const Trace& stage(const std::vector<Trace>& traces, const std::string& name) {
-  for (const Trace& t : traces) {
-    if (t.stage == name) return t;
-  }
-  ADD_FAILURE() << "no stage " << name;
-  return traces.back();
-}
+using test::stage;
 
 // rms_norm_backward ops of t that take a residual.
 int fused_norms(const Trace& t) {

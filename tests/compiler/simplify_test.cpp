@@ -21,15 +21,8 @@ namespace {
 
 using compiler::Trace;
 using test::count_ops;
+using test::stage;
 using test::expect_bitwise;
-
-const Trace& stage(const std::vector<Trace>& traces, const std::string& name) {
-  for (const Trace& t : traces) {
-    if (t.stage == name) return t;
-  }
-  ADD_FAILURE() << "no stage " << name;
-  return traces.back();
-}
 
 // The head and loss of a language model: its backward scales the stored dx and dweight by the
 // loss's gradient, a constant one in a compiled step.
