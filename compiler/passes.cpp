@@ -336,16 +336,15 @@ Trace fuse_norm_residual(const Trace& trace) {
     for (int k = 0; k < 2; ++k) {
       const int dx = add.inputs[static_cast<size_t>(k)];
       const int r = add.inputs[static_cast<size_t>(1 - k)];
-      if (dx < 0 || r < 0 || dx == r) continue;
+      if (dx < 0 || r < 0) continue;
       const int p = producer[static_cast<size_t>(dx)];
       if (p < 0) continue;
+      // dx read once (by this add) is neither read twice, nor written in place, nor viewed.
       const BoundOp& norm = trace.ops[static_cast<size_t>(p)];
-      const int rp = producer[static_cast<size_t>(r)];
-      if (norm.name() != "rms_norm_backward" || norm.outputs.empty() || norm.outputs[0] != dx ||
-          norm.inputs.size() != 4 || norm.autocast.any() ||
-          residual_of[static_cast<size_t>(p)] >= 0 || uses[static_cast<size_t>(dx)] != 1 ||
-          handed_out[static_cast<size_t>(dx)] || written[static_cast<size_t>(dx)] ||
-          written[static_cast<size_t>(r)] || rp >= p || last_inplace_before[j] > p) {
+      if (norm.name() != "rms_norm_backward" || norm.outputs[0] != dx || norm.inputs.size() != 4 ||
+          norm.autocast.any() || uses[static_cast<size_t>(dx)] != 1 ||
+          handed_out[static_cast<size_t>(dx)] || written[static_cast<size_t>(r)] ||
+          producer[static_cast<size_t>(r)] >= p || last_inplace_before[j] > p) {
         continue;
       }
       const TensorSpec& ds = trace.value(dx).spec;

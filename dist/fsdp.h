@@ -266,10 +266,10 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   void pre_backward(uint64_t run);
   void on_grad_ready(size_t i);
   void launch_reduce();
-  // launch_reduce in eager code with gradient sync, over more than one rank: each parameter's
-  // full gradient reduce-scattered as it is (padded into an input of its own where its size
-  // does not divide, or converted to the reduce dtype) into its slot of the packed shard
-  // gradient, the reductions as one coalesced launch: no packed full gradient.
+  // launch_reduce's collective in eager code with gradient sync, over more than one rank: each
+  // parameter's full gradient reduce-scattered as it is (padded into an input of its own where
+  // its size does not divide, or converted to the reduce dtype) into its slot of the packed
+  // shard gradient, the reductions as one coalesced launch: no packed full gradient.
   void launch_reduce_direct();
   // Waits for this unit's reduce-scatter and lets go of its input (the full gradients, packed);
   // the output (the shards' gradients) stays for finish_backward.

@@ -274,38 +274,39 @@ void FSDPModule::launch_reduce() {
   const bool accumulate = grad_acc_.defined();
   if (requires_gradient_sync_ && !accumulate && world > 1 && !compiler::is_tracing()) {
     launch_reduce_direct();
-    return;
-  }
-  // Row r of the packed gradient holds the slices rank r keeps, laid out as the packed shard.
-  // Without gradient sync it stays, and the next backwards add into it.
-  Tensor packed =
-      accumulate ? grad_acc_
-                 : buffer(world * packed_,
-                          TensorOptions().dtype(reduce_dtype()).device(params_[0].param.device()));
-  Tensor rows = packed.view({world, packed_});
-  for (Param& p : params_) {
-    const Tensor& g = p.param.grad();
-    Tensor dst = rows.narrow(1, p.offset, p.shard);
-    if (g.defined()) {
-      pack_gradient(dst, g, p.numel, accumulate);
-    } else if (!accumulate) {
-      dst.zero_();
+  } else {
+    // Row r of the packed gradient holds the slices rank r keeps, laid out as the packed shard.
+    // Without gradient sync it stays, and the next backwards add into it.
+    Tensor packed =
+        accumulate
+            ? grad_acc_
+            : buffer(world * packed_,
+                     TensorOptions().dtype(reduce_dtype()).device(params_[0].param.device()));
+    const Tensor rows = packed.view({world, packed_});
+    for (const Param& p : params_) {
+      const Tensor& g = p.param.grad();
+      Tensor dst = rows.narrow(1, p.offset, p.shard);
+      if (g.defined()) {
+        pack_gradient(dst, g, p.numel, accumulate);
+      } else if (!accumulate) {
+        dst.zero_();
+      }
     }
+    if (requires_gradient_sync_) {
+      grad_acc_ = Tensor();
+      reduce_output_ = buffer(packed_, packed.options());
+      reduce_input_ = packed;
+      reduce_work_ = reduce_scatter_op(pg_, reduce_output_, packed, ReduceOp::kAvg);
+      r.last_reduce_ = this;
+    } else {
+      grad_acc_ = packed;
+    }
+  }
+  for (Param& p : params_) {
     p.param.mutable_grad() = Tensor();
     p.expected = p.ready = false;
   }
   backward_pending_ = false;
-  if (requires_gradient_sync_) {
-    grad_acc_ = Tensor();
-    reduce_output_ = buffer(packed_, packed.options());
-    reduce_input_ = packed;
-    reduce_work_ = reduce_scatter_op(pg_, reduce_output_, packed, ReduceOp::kAvg);
-    r.last_reduce_ = this;
-  } else {
-    grad_acc_ = packed;
-  }
-  packed = Tensor();
-  rows = Tensor();
   reshard();  // the full parameters and gradients go now; the shards' grads come at the end
   if (--r.units_to_reduce_ == 0) r.finish_backward();
 }
@@ -315,7 +316,7 @@ void FSDPModule::launch_reduce_direct() {
   const ScalarType dtype = reduce_dtype();
   reduce_output_ = buffer(packed_, TensorOptions().dtype(dtype).device(params_[0].param.device()));
   std::vector<Tensor> outputs, inputs;
-  for (Param& p : params_) {
+  for (const Param& p : params_) {
     // The full gradient is the reduce-scatter's input as it is where it has the shape of one:
     // world * shard elements, contiguous, in the reduce dtype, and alone in its memory (kept
     // until the collective has read it, so it must not hold a larger buffer alive). Otherwise it
@@ -335,17 +336,11 @@ void FSDPModule::launch_reduce_direct() {
     }
     inputs.push_back(in);
     outputs.push_back(reduce_output_.narrow(0, p.offset, p.shard));
-    p.param.mutable_grad() = Tensor();
-    p.expected = p.ready = false;
   }
-  backward_pending_ = false;
   grad_acc_ = Tensor();
   reduce_work_ = pg_->reduce_scatter_tensor_coalesced(outputs, inputs, ReduceOp::kAvg);
   reduce_inputs_ = std::move(inputs);
-  FSDPModule& r = root();
-  r.last_reduce_ = this;
-  reshard();  // the full parameters go now; the shards' grads come at the end
-  if (--r.units_to_reduce_ == 0) r.finish_backward();
+  root().last_reduce_ = this;
 }
 
 void FSDPModule::finish_reduce() {

@@ -87,8 +87,7 @@ bool copy_rows(const Tensor& dst, const Tensor& src, const Geometry<2>& g, cudaS
 
 // dst = convert(broadcast(src)); both on the same GPU.
 void convert_on_device(const Tensor& dst, const Tensor& src) {
-  const int64_t n = dst.numel();
-  if (n == 0) return;
+  if (dst.numel() == 0) return;
   DeviceGuard guard(dst.device().index());
   const cudaStream_t stream = current_stream();
   if (bytewise(dst, src)) {
@@ -233,8 +232,7 @@ void copy_tensor(const Tensor& dst, const Tensor& src, const char* op, bool non_
 }
 
 void fill(const Tensor& t, const Scalar& value) {
-  const int64_t n = t.numel();
-  if (n == 0) return;
+  if (t.numel() == 0) return;
   DeviceGuard guard(t.device().index());
   const cudaStream_t stream = current_stream();
   visit_dtype(t.dtype(), [&]<typename T>(TypeTag<T>) {
