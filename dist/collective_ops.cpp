@@ -94,7 +94,10 @@ SpecList in_place_meta(const OpCall& c) {
 
 void all_reduce_kernel(OpCall& c) {
   Tensor t = c.input(0);
-  file_work(t, group_of(c)->all_reduce(t, static_cast<ReduceOp>(c.attr<int64_t>(1))));
+  const auto op = static_cast<ReduceOp>(c.attr<int64_t>(1));
+  const auto& group = group_of(c);
+  file_work(t, c.attr<int64_t>(2) != 0 ? group->all_reduce_beside_compute(t, op)
+                                       : group->all_reduce(t, op));
 }
 
 void broadcast_kernel(OpCall& c) {
@@ -182,9 +185,9 @@ KILN_REGISTER_KERNEL(dist_reduce_scatter_, kCUDA, reduce_scatter_kernel);
 #endif
 
 std::shared_ptr<Work> all_reduce_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
-                                    ReduceOp op) {
+                                    ReduceOp op, bool beside_compute) {
   static const OpDef& def = KILN_OP(dist_all_reduce_);
-  call_op(def, {tensor}, {group_id(group), static_cast<int64_t>(op)});
+  call_op(def, {tensor}, {group_id(group), static_cast<int64_t>(op), beside_compute ? 1 : 0});
   return std::make_shared<OpWork>("all_reduce", tensor);
 }
 

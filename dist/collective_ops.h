@@ -12,8 +12,9 @@
 // starts them (dist/fsdp.h, docs/distributed.md "Compiled FSDP").
 //
 // Each call is two ops on the tensor, both in place:
-//   dist_all_reduce_(t; group, op) / dist_broadcast_(t; group, root): starts the collective
-//     (ProcessGroup::all_reduce / broadcast) and files its Work under t's data pointer;
+//   dist_all_reduce_(t; group, op, beside_compute) / dist_broadcast_(t; group, root): starts the
+//     collective (ProcessGroup::all_reduce or all_reduce_beside_compute / broadcast) and files
+//     its Work under t's data pointer;
 //   dist_all_gather_(out, in; group, world) / dist_reduce_scatter_(out, in; group, world, op):
 //     the same for all_gather_into_tensor / reduce_scatter_tensor, writing `out` (the key) and
 //     keeping `in` alive until the wait (a compiled program may let go of it before);
@@ -30,8 +31,9 @@
 
 namespace kiln::dist {
 
+// `beside_compute`: ProcessGroup::all_reduce_beside_compute rather than all_reduce.
 std::shared_ptr<Work> all_reduce_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
-                                    ReduceOp op = ReduceOp::kSum);
+                                    ReduceOp op = ReduceOp::kSum, bool beside_compute = false);
 std::shared_ptr<Work> broadcast_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
                                    int root = 0);
 // ProcessGroup::all_gather_into_tensor / reduce_scatter_tensor as ops. Keep `output` untouched

@@ -225,7 +225,11 @@ void Reducer::mark_ready(size_t index) {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& next = buckets_[next_to_launch_++];
     // An op of the registry: a compiled step records it here, amid the backward it overlaps.
-    next.work = all_reduce_op(pg_, next.flat, ReduceOp::kAvg);
+    // Every bucket but the last runs beside the backward's remaining compute (NCCL: through the
+    // copy engines, leaving the SMs to it); the last one holds up the step, and takes the
+    // fastest path.
+    next.work = all_reduce_op(pg_, next.flat, ReduceOp::kAvg,
+                              /*beside_compute=*/next_to_launch_ < buckets_.size());
   }
   if (next_to_launch_ == buckets_.size()) finalize();
 }

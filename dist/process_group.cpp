@@ -135,6 +135,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend,
     ProcessGroupNCCL::Options o;
     o.timeout = options.timeout;
     o.device_index = info.local_rank;
+    o.peer_all_reduce = options.peer_all_reduce;
     pg = std::make_shared<ProcessGroupNCCL>(store, info.rank, info.world_size, o);
   }
   std::lock_guard<std::mutex> lock(default_mu);

@@ -86,6 +86,14 @@ class ProcessGroup {
   // tensor = op over the ranks' tensors (same shape and dtype everywhere). kAvg divides the
   // sum by size() (floating-point tensors only).
   virtual std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) = 0;
+  // all_reduce for a collective that runs beside compute it does not hold up (DDP's gradient
+  // buckets during the backward): a backend may take longer over it to leave the GPU's SMs to
+  // that compute (NCCL: the copy engines between the GPUs of one host, dist/peer_all_reduce.h).
+  // Every rank must make the same call. Default: all_reduce.
+  virtual std::shared_ptr<Work> all_reduce_beside_compute(Tensor& tensor,
+                                                          ReduceOp op = ReduceOp::kSum) {
+    return all_reduce(tensor, op);
+  }
   // tensor = root's tensor on every rank.
   virtual std::shared_ptr<Work> broadcast(Tensor& tensor, int root = 0) = 0;
   // output = cat of every rank's input along dim 0: output has size() * input.numel() elements
@@ -133,6 +141,9 @@ struct InitOptions {
   // Bounds the rendezvous and every collective of the group (c10d's default is 30 minutes for
   // Gloo, 10 for NCCL; kiln uses 5 for both).
   Milliseconds timeout = kDefaultStoreTimeout;
+  // NCCL: large all-reduces between the GPUs of one host through the copy engines
+  // (ProcessGroupNCCLOptions::peer_all_reduce).
+  bool peer_all_reduce = true;
 };
 
 // Rendezvous from the environment (dist/rendezvous.h) and a group of the named backend over all

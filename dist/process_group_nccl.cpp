@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "autograd/grad_mode.h"
+#include "dist/peer_all_reduce.h"
 #include "kernels/cuda.h"
 #include "tensor/ops.h"
 #endif
@@ -38,6 +39,9 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store>, int rank, int size, O
 }
 ProcessGroupNCCL::~ProcessGroupNCCL() = default;
 std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(Tensor&, ReduceOp) { unavailable(); }
+std::shared_ptr<Work> ProcessGroupNCCL::all_reduce_beside_compute(Tensor&, ReduceOp) {
+  unavailable();
+}
 std::shared_ptr<Work> ProcessGroupNCCL::broadcast(Tensor&, int) { unavailable(); }
 std::shared_ptr<Work> ProcessGroupNCCL::all_gather_into_tensor(Tensor&, const Tensor&) {
   unavailable();
@@ -64,6 +68,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(Tensor&, const std::vecto
 std::shared_ptr<Work> ProcessGroupNCCL::barrier() { unavailable(); }
 std::shared_ptr<Work> ProcessGroupNCCL::send(const Tensor&, int, int) { unavailable(); }
 std::shared_ptr<Work> ProcessGroupNCCL::recv(Tensor&, int, int) { unavailable(); }
+std::string ProcessGroupNCCL::large_all_reduce_path() const { unavailable(); }
 
 #else  // KILN_WITH_NCCL
 
@@ -120,6 +125,11 @@ struct ProcessGroupNCCL::Impl {
   cuda::Stream stream;
   std::atomic<bool> aborted{false};
   std::atomic<bool> timed_out{false};  // the watchdog aborted a call
+  std::string key;                     // the group's prefix in the store
+  // The copy-engine all-reduce: unknown until the first large all-reduce sets it up.
+  enum class Peer { kUnknown, kOn, kOff } peer_state = Peer::kOff;
+  std::unique_ptr<internal::PeerAllReduce> peer;
+  std::string peer_why = "not set up yet";
 
   // The watchdog: the deadline of the NCCL call in progress (steady-clock ns; 0: none).
   std::atomic<int64_t> call_deadline_ns{0};
@@ -195,6 +205,7 @@ struct ProcessGroupNCCL::Impl {
 
   void abort() {
     if (!aborted.exchange(true) && comm != nullptr) ncclCommAbort(comm);
+    if (peer != nullptr) peer->release();
   }
 
   void check_tensor(const char* op, const Tensor& t, const char* what) const {
@@ -302,7 +313,10 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   // Rank 0 makes the communicator's id and shares it through the store.
   // Each group its key: every rank counts its own groups in the store (see ProcessGroupGloo).
   const int64_t group = store->add("kiln/nccl/groups_of_rank/" + std::to_string(rank), 1);
-  const std::string key = "kiln/nccl/" + std::to_string(group) + "/id";
+  p.key = "kiln/nccl/" + std::to_string(group);
+  p.peer_state = options.peer_all_reduce ? Impl::Peer::kUnknown : Impl::Peer::kOff;
+  if (!options.peer_all_reduce) p.peer_why = "Options::peer_all_reduce is off";
+  const std::string key = p.key + "/id";
   ncclUniqueId id;
   if (rank == 0) {
     p.check("ProcessGroupNCCL", ncclGetUniqueId(&id));
@@ -359,6 +373,7 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
 
 ProcessGroupNCCL::~ProcessGroupNCCL() {
   if (impl_->comm == nullptr) return;
+  impl_->peer.reset();
   try {
     impl_->stream.synchronize();
   } catch (...) {
@@ -390,6 +405,40 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(Tensor& tensor, ReduceOp op) 
                                          nccl_op(op, work.dtype()), p.comm, p.stream));
     if (!work.is_same(tensor)) tensor.copy_(work);
   });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::all_reduce_beside_compute(Tensor& tensor, ReduceOp op) {
+  Impl& p = *impl_;
+  p.check_tensor("all_reduce", tensor, "the tensor");
+  if (p.peer_state != Impl::Peer::kOff && internal::PeerAllReduce::takes(tensor, op)) {
+    if (p.peer_state == Impl::Peer::kUnknown) {
+      // Every rank reaches this at the same all-reduce: the rule of takes() is the same on all.
+      p.peer = internal::PeerAllReduce::create(
+          store_, p.key + "/peer", rank_, size_, p.device, p.timeout,
+          [this](bool ok) {
+            Tensor t =
+                full({1}, ok ? 1 : 0, TensorOptions(kInt32).device(Device(kCUDA, impl_->device)));
+            all_reduce(t, ReduceOp::kMin)->wait();
+            return t.item<int32_t>() == 1;
+          },
+          &p.peer_why);
+      p.peer_state = p.peer != nullptr ? Impl::Peer::kOn : Impl::Peer::kOff;
+    }
+    if (p.peer != nullptr) {
+      KILN_CHECK(!p.aborted.load(), "[all_reduce] the NCCL communicator of rank ", rank_,
+                 " was aborted after an earlier timeout");
+      NoGradGuard no_grad;
+      return p.peer->run(tensor, op);
+    }
+  }
+  return all_reduce(tensor, op);
+}
+
+std::string ProcessGroupNCCL::large_all_reduce_path() const {
+  const Impl& p = *impl_;
+  if (p.peer != nullptr) return "copy engines";
+  if (p.peer_state == Impl::Peer::kUnknown) return "not set up yet";
+  return "nccl: " + p.peer_why;
 }
 
 std::shared_ptr<Work> ProcessGroupNCCL::broadcast(Tensor& tensor, int root) {

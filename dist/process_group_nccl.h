@@ -29,6 +29,13 @@ bool nccl_available();
 struct ProcessGroupNCCLOptions {
   Milliseconds timeout = kDefaultStoreTimeout;
   int device_index = 0;  // the GPU of this rank (usually LOCAL_RANK)
+  // all_reduce_beside_compute of floating-point tensors (sum or average, 4 MiB or more) between
+  // the GPUs of one host moves the data with the copy engines instead of NCCL's kernels
+  // (dist/peer_all_reduce.h): slower on its own (about 150 against 350 GB/s of bus bandwidth on
+  // 4 H200s), but it leaves the SMs to the compute it overlaps. Set up at the first such call,
+  // where every rank must agree; the group keeps NCCL's where a rank cannot take part. false:
+  // NCCL for all.
+  bool peer_all_reduce = true;
 };
 
 class ProcessGroupNCCL final : public ProcessGroup {
@@ -40,6 +47,10 @@ class ProcessGroupNCCL final : public ProcessGroup {
 
   std::string backend_name() const override { return "nccl"; }
   std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
+  // Through the copy engines where Options::peer_all_reduce allows and PeerAllReduce::takes the
+  // tensor, else all_reduce.
+  std::shared_ptr<Work> all_reduce_beside_compute(Tensor& tensor,
+                                                  ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, int root = 0) override;
   std::shared_ptr<Work> all_gather_into_tensor(Tensor& output, const Tensor& input) override;
   std::shared_ptr<Work> all_gather_into_tensor_coalesced(
@@ -55,6 +66,10 @@ class ProcessGroupNCCL final : public ProcessGroup {
   std::shared_ptr<Work> barrier() override;
   std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag = 0) override;
   std::shared_ptr<Work> recv(Tensor& tensor, int src, int tag = 0) override;
+
+  // How the large floating-point all-reduces run: "copy engines", "nccl: <why>", or "not set up
+  // yet" before the first one (Options::peer_all_reduce).
+  std::string large_all_reduce_path() const;
 
   struct Impl;
 

@@ -32,8 +32,9 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   std::unique_ptr<DataParallel> dp;
   if (!o.dist.empty()) {
     DataParallel::check_mode(o.dist, o.compile, "bench");
-    dp = std::make_unique<DataParallel>(
-        o.dist, o.device ? o.device->is_cuda() : default_device().is_cuda(), "bench");
+    dp = std::make_unique<DataParallel>(o.dist,
+                                        o.device ? o.device->is_cuda() : default_device().is_cuda(),
+                                        "bench", o.peer_all_reduce);
   }
   const Device device = dp ? dp->device() : o.device.value_or(default_device());
   const bool on_cuda = device.is_cuda();

@@ -37,7 +37,8 @@ void DataParallel::check_mode(const std::string& mode, bool compiled, const char
              "] dist must be ddp, zero2, zero3 or fsdp (= zero3), got '", mode, "'");
 }
 
-DataParallel::DataParallel(const std::string& mode, bool cuda, const char* who)
+DataParallel::DataParallel(const std::string& mode, bool cuda, const char* who,
+                           bool peer_all_reduce)
     : impl_(std::make_unique<Impl>()) {
   check_mode(mode, /*compiled=*/false, who);
   impl_->mode = mode == "fsdp" ? "zero3" : mode;
@@ -49,7 +50,9 @@ DataParallel::DataParallel(const std::string& mode, bool cuda, const char* who)
     cuda::set_device(info.local_rank);
     impl_->device = Device(kCUDA, info.local_rank);
   }
-  impl_->pg = dist::init_process_group(cuda ? "nccl" : "gloo");
+  dist::InitOptions init;
+  init.peer_all_reduce = peer_all_reduce;
+  impl_->pg = dist::init_process_group(cuda ? "nccl" : "gloo", init);
 }
 
 DataParallel::~DataParallel() = default;

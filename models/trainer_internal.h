@@ -85,7 +85,8 @@ class DataParallel {
   static void check_mode(const std::string& mode, bool compiled, const char* who);
   // Joins the job: rendezvous from the environment and a process group, NCCL when `cuda` (the
   // rank's device cuda:LOCAL_RANK, made current), else Gloo on the CPU.
-  DataParallel(const std::string& mode, bool cuda, const char* who);
+  // `peer_all_reduce`: dist::InitOptions::peer_all_reduce (NCCL only).
+  DataParallel(const std::string& mode, bool cuda, const char* who, bool peer_all_reduce = true);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;

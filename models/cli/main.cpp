@@ -7,7 +7,7 @@
 //                 [--tokenizer tokenizer.json] ...
 //   kiln bench --config NAME [--batch B] [--seq T] [--steps N] [--precision P] [--compile]
 //              [--no-cuda-graphs] [--no-matmul-autotune] [--profile] [--adam-state f32|param]
-//              [--dist ddp|zero2|zero3]
+//              [--dist ddp|zero2|zero3] [--nccl-all-reduce]
 //   kiln tokenizer train [--data FILE] [--vocab-size N] [--out FILE] [--special A,B]
 //   kiln run --nproc-per-node N [--nnodes M --node-rank R --master-addr A] program args...
 //   kiln help
@@ -151,6 +151,8 @@ commands:
                                the gradients' all-reduces during the backward (default 0)
       --ddp-bucket-mb X        with --dist ddp: the gradient buckets' size in MiB, torch
                                DDP's bucket_cap_mb (default 25)
+      --nccl-all-reduce        with --dist on CUDA: large all-reduces run NCCL's kernels,
+                               not the copy engines between the GPUs of one host (default)
   tokenizer train [flags]      train a byte-level BPE tokenizer (Llama 3 style) and write its
                                tokenizer.json (kiln::text::Tokenizer and Hugging Face load it)
       --data FILE              UTF-8 text (default: the bundled data/tinyshakespeare.txt)
@@ -543,10 +545,11 @@ int cmd_generate(const std::vector<std::string>& args) {
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
-  const Flags f = parse_flags(args,
-                              {"config", "batch", "seq", "steps", "precision", "device",
-                               "adam-state", "dist", "comm-sm-carveout", "ddp-bucket-mb"},
-                              {"compile", "no-cuda-graphs", "no-matmul-autotune", "profile"});
+  const Flags f = parse_flags(
+      args,
+      {"config", "batch", "seq", "steps", "precision", "device", "adam-state", "dist",
+       "comm-sm-carveout", "ddp-bucket-mb"},
+      {"compile", "no-cuda-graphs", "no-matmul-autotune", "profile", "nccl-all-reduce"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
   b.config_name = f.at("config");
@@ -577,6 +580,10 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (b.dist != "ddp") throw UsageError{"--comm-sm-carveout goes with --dist ddp"};
     b.comm_sm_carveout =
         static_cast<int>(parse_int_at_least("comm-sm-carveout", f.at("comm-sm-carveout"), 0));
+  }
+  if (f.contains("nccl-all-reduce")) {
+    if (b.dist.empty()) throw UsageError{"--nccl-all-reduce goes with --dist"};
+    b.peer_all_reduce = false;
   }
   if (f.contains("ddp-bucket-mb")) {
     if (b.dist != "ddp") throw UsageError{"--ddp-bucket-mb goes with --dist ddp"};

@@ -424,6 +424,7 @@ inline std::vector<OpSample> dist_samples() {
       [](const Tensors& x) {
         Tensor y = x[0] * 2.0;
         dist::all_reduce_op(group, y, dist::ReduceOp::kAvg)->wait();
+        dist::all_reduce_op(group, y, dist::ReduceOp::kSum, /*beside_compute=*/true)->wait();
         dist::broadcast_op(group, y, 0)->wait();
         return y + 1.0;
       },

@@ -652,10 +652,132 @@ void ddp_rebuild_buckets() {
   std::cout << "rank " << r << ": buckets rebuilt in rank 0's ready order\n";
 }
 
+// The largest |got - want| over the elements, computed on the device.
+double max_error(const Tensor& got, const Tensor& want) {
+  return (got.to(kDouble) - want.to(kDouble)).abs().max().item<double>();
+}
+
+// i % m for i in [0, len), as f32 on `dev`.
+Tensor index_mod(int64_t len, double m, const Device& dev) {
+  const Tensor i = arange(0, len, TensorOptions(kDouble).device(dev));
+  return (i - (i / m).floor() * m).to(kFloat);
+}
+
+// ProcessGroupNCCL's large all-reduces (4 MiB and more, sum or average of floating-point
+// tensors): through the copy engines where the ranks' GPUs share a host (dist/peer_all_reduce.h),
+// else NCCL's. Against values each rank computes itself, exactly where the sums are exact; in
+// more pieces than the staging has slots (each slot reused); several in flight at once, as DDP's
+// buckets are; misaligned data (the kernel's element path); and against NCCL's kernels (a second
+// group with Options::peer_all_reduce off) on random data.
+void large_all_reduces(const std::shared_ptr<ProcessGroup>& pg, const Device& dev) {
+  const int r = pg->rank(), n = pg->size();
+  auto* nccl = dynamic_cast<ProcessGroupNCCL*>(pg.get());
+  WCHECK(nccl != nullptr, "not an NCCL group");
+  const double tri = n * (n - 1) / 2.0;
+  const TensorOptions on(dev);
+  // bf16, exact: x[i] = i % 13 + r + it, summed: n (i % 13 + it) + tri (all below 256). 3.2 x the
+  // largest piece (16M elements), four times: 16 pieces through 8 slots.
+  const int64_t big = 3 * (int64_t{16} << 20) + 12345;
+  const Tensor pattern = index_mod(big, 13, dev);
+  for (int it = 0; it < 4; ++it) {
+    Tensor t = (pattern + (r + it)).to(kBFloat16);
+    pg->all_reduce_beside_compute(t)->wait();
+    WCHECK(max_error(t, pattern * n + (tri + n * it)) == 0, "large bf16 all_reduce, round ", it,
+           ": off by ", max_error(t, pattern * n + (tri + n * it)));
+  }
+  if (r == 0) std::cout << "large all_reduce path: " << nccl->large_all_reduce_path() << "\n";
+  // Six 25 MiB buckets in flight, then waited for, f32 average.
+  std::vector<Tensor> buckets;
+  std::vector<std::shared_ptr<Work>> works;
+  const int64_t bucket = int64_t{25} << 18;
+  const Tensor ramp = index_mod(bucket, 1000, dev);
+  for (int k = 0; k < 6; ++k) {
+    buckets.push_back(ramp * (r + 1) + k);
+    works.push_back(pg->all_reduce_beside_compute(buckets.back(), ReduceOp::kAvg));
+  }
+  for (int k = 0; k < 6; ++k) {
+    works[k]->wait();
+    const Tensor want = ramp * ((tri + n) / n) + k;
+    WCHECK(max_error(buckets[k], want) <= 1e-6 * 1000, "bucket ", k, " average off by ",
+           max_error(buckets[k], want));
+  }
+  // Misaligned (4 bytes past an aligned address), odd length, f32 and f16 sums.
+  for (ScalarType dt : {kFloat, kHalf}) {
+    const int64_t len = (int64_t{4} << 20) / 2 + 7;
+    Tensor storage = zeros({len + 1}, on.dtype(dt));
+    Tensor t = storage.narrow(0, 1, len);
+    const Tensor ones_to = index_mod(len, 5, dev);
+    t.copy_(ones_to + r);
+    pg->all_reduce_beside_compute(t)->wait();
+    WCHECK(max_error(t, ones_to * n + tri) == 0, "misaligned ", dt, " all_reduce off by ",
+           max_error(t, ones_to * n + tri));
+    WCHECK(storage[0].item<double>() == 0, "misaligned ", dt, ": the element before was written");
+  }
+  // Against NCCL's kernels on random bf16 data: both within bf16 rounding of the f64 sum.
+  ProcessGroupNCCL::Options ring_options;
+  ring_options.device_index = dev.index();
+  ring_options.peer_all_reduce = false;
+  ProcessGroupNCCL ring(pg->store(), r, n, ring_options);
+  manual_seed(1000 + r);
+  const Tensor x = randn({int64_t{20} << 20}).to(dev);
+  Tensor sum64 = x.to(kDouble);
+  ring.all_reduce(sum64)->wait();
+  Tensor a = x.to(kBFloat16), c = x.to(kBFloat16);
+  pg->all_reduce_beside_compute(a)->wait();
+  ring.all_reduce_beside_compute(c)->wait();
+  WCHECK(ring.large_all_reduce_path().rfind("nccl: ", 0) == 0, "the ring group took ",
+         ring.large_all_reduce_path());
+  const double scale = sum64.abs().max().item<double>();
+  WCHECK(max_error(a, sum64) <= 0.02 * scale, "bf16 sum off by ", max_error(a, sum64));
+  WCHECK(max_error(c, sum64) <= 0.02 * scale, "NCCL's bf16 sum off by ", max_error(c, sum64));
+  // The copy engines round once, NCCL's ring once per hop: no further from the f64 sum.
+  const double ce = (a.to(kDouble) - sum64).abs().mean().item<double>();
+  const double nc = (c.to(kDouble) - sum64).abs().mean().item<double>();
+  if (r == 0) {
+    std::cout << "bf16 all_reduce mean error: " << ce << " (this group), " << nc << " (NCCL)\n";
+  }
+  if (nccl->large_all_reduce_path() == "copy engines") {
+    WCHECK(ce <= nc * 1.01, "copy-engine bf16 sum error ", ce, " above NCCL's ", nc);
+  }
+  // Bus bandwidth (nccl-tests' convention: algbw * 2 (n - 1) / n), and the host's time to queue
+  // one call.
+  for (int64_t mib : {4, 16, 256, 1024}) {
+    Tensor t = ones({mib << 18}, on.dtype(kFloat));
+    for (bool beside : {true, false}) {
+      auto call = [&] { return beside ? pg->all_reduce_beside_compute(t) : pg->all_reduce(t); };
+      for (int w = 0; w < 3; ++w) call()->wait();
+      cuda::synchronize();
+      cuda::Event start(true), stop(true);
+      constexpr int kIters = 10;
+      double host_us = 0;
+      start.record();
+      for (int it = 0; it < kIters; ++it) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto work = call();
+        host_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                       .count();
+        work->wait();
+      }
+      stop.record();
+      stop.synchronize();
+      const double ms = start.elapsed_time(stop) / kIters;
+      const double algbw = static_cast<double>(mib << 20) / (ms * 1e-3) / 1e9;
+      if (r == 0) {
+        std::cout << (beside ? "all_reduce_beside_compute" : "all_reduce               ") << " "
+                  << mib << " MiB f32 on " << n << " GPUs: " << ms << " ms, busbw "
+                  << algbw * 2.0 * (n - 1) / n << " GB/s, host " << host_us / kIters << " us a call"
+                  << std::endl;
+      }
+    }
+  }
+  ring.barrier()->wait();
+}
+
 // The NCCL backend across ranks, one GPU each (run on a machine with N GPUs through
 // `kiln run --nproc-per-node N dist_worker nccl_collectives`): the collectives in f32, bf16 and
-// f64 against values each rank computes itself, DDP on CUDA against one process on the global
-// batch, and all_reduce bus bandwidth from 1 MiB to 1 GiB (CUDA events, printed by rank 0).
+// f64 against values each rank computes itself, the large all-reduces (large_all_reduces, with
+// all_reduce bus bandwidth from 4 MiB to 1 GiB in nccl-tests' convention, CUDA events, printed
+// by rank 0), and DDP on CUDA against one process on the global batch.
 void nccl_collectives() {
   auto pg = init_process_group("nccl", short_timeout(120000));
   const int r = pg->rank(), n = pg->size();
@@ -675,6 +797,7 @@ void nccl_collectives() {
   Tensor avg = (base * (r + 1)).to(kFloat).to(dev);
   pg->all_reduce(avg, ReduceOp::kAvg)->wait();
   expect_close(avg, base * (tri / n), 1e-6, "nccl all_reduce avg");
+  large_all_reduces(pg, dev);
   Tensor b = full({4}, r + 7.0, TensorOptions(kFloat).device(dev));
   pg->broadcast(b, 1)->wait();
   expect_close(b, full({4}, 8.0), 0, "nccl broadcast from rank 1");
@@ -720,25 +843,36 @@ void nccl_collectives() {
   mse(ref(x), y).backward();
   expect_grads_close(model->parameters(), ref->parameters(), 1e-12, "nccl DDP ");
 
-  // Bus bandwidth (nccl-tests' convention: algbw * 2 (n - 1) / n for all_reduce).
-  for (int64_t mib : {1, 16, 256, 1024}) {
-    Tensor t = ones({mib << 18}, TensorOptions(kFloat).device(dev));  // mib MiB of f32
-    for (int w = 0; w < 3; ++w) pg->all_reduce(t)->wait();
-    cuda::synchronize();
-    cuda::Event start(true), stop(true);
-    constexpr int kIters = 10;
-    start.record();
-    for (int it = 0; it < kIters; ++it) pg->all_reduce(t)->wait();
-    stop.record();
-    stop.synchronize();
-    const double ms = start.elapsed_time(stop) / kIters;
-    const double algbw = static_cast<double>(mib << 20) / (ms * 1e-3) / 1e9;
-    if (r == 0) {
-      std::cout << "nccl all_reduce " << mib << " MiB f32 on " << n << " GPUs: " << ms
-                << " ms, algbw " << algbw << " GB/s, busbw " << algbw * 2.0 * (n - 1) / n << " GB/s"
-                << std::endl;
+  // DDP whose first bucket (8 MiB) goes through the copy engines (all_reduce_beside_compute)
+  // and whose last one through NCCL's kernels: == one process, two steps.
+  {
+    auto wide = [&](uint64_t seed) {
+      manual_seed(seed);
+      nn::Sequential m(nn::Linear(512, 2048), nn::Tanh(), nn::Linear(2048, 512));
+      m->to(kDouble);
+      m->to(dev);
+      return m;
+    };
+    nn::Sequential wref = wide(300), wmodel = wide(300 + r);
+    DDPOptions o;
+    o.bucket_cap_mb = 9;
+    DistributedDataParallel wddp(wmodel, pg, o);
+    manual_seed(8);  // the same batch on every rank
+    const Tensor wx = randn({global, 512}, kDouble).to(dev);
+    const Tensor wy = randn({global, 512}, kDouble).to(dev);
+    for (int step = 0; step < 2; ++step) {
+      for (auto& q : wmodel->parameters()) q.mutable_grad() = Tensor();
+      for (auto& q : wref->parameters()) q.mutable_grad() = Tensor();
+      mse(wddp(wx.narrow(0, r * per_rank, per_rank)), wy.narrow(0, r * per_rank, per_rank))
+          .backward();
+      mse(wref->forward(wx), wy).backward();
+      expect_grads_close(wmodel->parameters(), wref->parameters(), 1e-12,
+                         "wide DDP step " + std::to_string(step) + ": ");
     }
+    WCHECK(wddp.reducer().bucket_indices().size() == 2,
+           "wide DDP: ", wddp.reducer().bucket_indices().size(), " buckets, expected 2");
   }
+
   pg->barrier()->wait();
 }
 

@@ -106,6 +106,8 @@ TEST_F(CliTest, NumericEdgeCasesNameTheFlag) {
                "--comm-sm-carveout goes with --dist ddp");
   expect_error("bench --config tiny-llama --device cpu --dist ddp --comm-sm-carveout -1", 2,
                "--comm-sm-carveout");
+  expect_error("bench --config tiny-llama --device cpu --nccl-all-reduce", 2,
+               "--nccl-all-reduce goes with --dist");
   expect_error("bench --config tiny-llama --device cpu --ddp-bucket-mb 50", 2,
                "--ddp-bucket-mb goes with --dist ddp");
   expect_error("bench --config tiny-llama --device cpu --dist ddp --ddp-bucket-mb 0", 2,
@@ -325,7 +327,7 @@ TEST_F(CliTest, UsageListsTheNewFlags) {
   for (const char* flag :
        {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps", "--adam-state",
         "--config FILE.toml", "--dist M", "--tokenizer FILE", "--hf DIR ", "--no-compile",
-        "--comm-sm-carveout N", "--ddp-bucket-mb X", "--no-matmul-autotune"}) {
+        "--comm-sm-carveout N", "--ddp-bucket-mb X", "--no-matmul-autotune", "--nccl-all-reduce"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
 }
