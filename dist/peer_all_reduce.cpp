@@ -193,6 +193,7 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
   ar->device_ = device;
   ar->entry_bytes_ = kSlotBytes / size / 256 * 256;
   ar->base_.assign(size, nullptr);
+  ar->released_ = true;  // until every rank has agreed: nothing to wait for when destroyed
 
   // This rank's block and what the others need to know of it: host, PCI bus id, IPC handle.
   std::string reason;
@@ -274,9 +275,9 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
   }
   if (!agree(ok)) {
     say(ok ? "another rank cannot take part" : reason);
-    ar->released_ = true;  // nothing queued: the destructor only frees
     return nullptr;
   }
+  ar->released_ = false;
   ar->queue_ = std::make_unique<Queue>();
   ar->queue_->thread = std::thread([a = ar.get(), timeout] {
     Queue& q = *a->queue_;
@@ -291,12 +292,15 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
       while (!q.running.empty()) {
         const auto& [queued, deadline] = q.running.front();
         bool done = true;
-        for (cudaEvent_t e : queued->done) done = done && cudaEventQuery(e) == cudaSuccess;
+        // An error (the runtime unloading at exit) counts as done: nothing is left to wait for.
+        for (cudaEvent_t e : queued->done) done = done && cudaEventQuery(e) != cudaErrorNotReady;
         if (done) {
           q.running.pop_front();
           continue;
         }
-        if (Clock::now() > deadline && !a->released_) {
+        if (a->released_) {
+          a->release();  // again, until every released wait has gone
+        } else if (Clock::now() > deadline) {
           std::fprintf(stderr,
                        "[all_reduce] rank %d: a copy-engine all-reduce did not finish within "
                        "%lld ms (a rank died or issued a different collective); releasing its "
@@ -381,7 +385,7 @@ bool PeerAllReduce::takes(const Tensor& t, ReduceOp op) {
   if (d != kFloat && d != kDouble && d != kBFloat16 && d != kHalf) return false;
   if (!t.is_contiguous() || static_cast<int64_t>(t.nbytes()) < kMinBytes) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(cuda::current_stream(), &status) != cudaSuccess) {
+  if (cudaStreamIsCapturing(cuda::current_stream(t.device().index()), &status) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
@@ -486,16 +490,19 @@ std::vector<cudaEvent_t> PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cu
   return done;
 }
 
-void PeerAllReduce::release() {
-  if (released_) return;
+void PeerAllReduce::release() noexcept {
   released_ = true;
-  // Every flag far past any value waited for: (int32)(flag - value) >= 0 holds for them all.
+  // Every flag far past any value waited for: (int32)(flag - value) >= 0 holds for them all. (A
+  // peer's late write may lower one again: the watchdog repeats this while work is pending.)
   const auto past = static_cast<uint32_t>(next_piece_ / kSlots + (1u << 20));
-  std::vector<uint32_t> flags(kNumFlags * kSlots * kMaxRanks, past);
-  cuda::DeviceGuard guard(device_);
-  if (cudaMemcpyAsync(base_[rank_], flags.data(), flags.size() * sizeof(uint32_t),
-                      cudaMemcpyHostToDevice, rescue_) == cudaSuccess) {
-    cudaStreamSynchronize(rescue_);
+  try {
+    std::vector<uint32_t> flags(kNumFlags * kSlots * kMaxRanks, past);
+    cuda::DeviceGuard guard(device_);
+    if (cudaMemcpyAsync(base_[rank_], flags.data(), flags.size() * sizeof(uint32_t),
+                        cudaMemcpyHostToDevice, rescue_) == cudaSuccess) {
+      cudaStreamSynchronize(rescue_);
+    }
+  } catch (...) {  // the runtime is gone (the process is ending): nothing left to release
   }
   cudaGetLastError();
 }

@@ -71,7 +71,7 @@ class PeerAllReduce {
   std::shared_ptr<Work> run(Tensor& t, ReduceOp op);
   // Lets every wait of this rank's streams go (their results are then garbage): after a timeout,
   // so that the streams do not hang forever. The group fails its later calls.
-  void release();
+  void release() noexcept;
   bool released() const { return released_; }
 
  private:

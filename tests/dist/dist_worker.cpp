@@ -901,6 +901,39 @@ void nccl_peer_absent() {
   std::cout << "rank 0: all_reduce without its peer failed after " << s << " s: " << e << "\n";
 }
 
+// The copy-engine all-reduce's watchdog (2 GPUs, `kiln run --nproc-per-node 2 dist_worker
+// peer_all_reduce_absent`): after one all_reduce_beside_compute together, rank 1 skips the next
+// one for 12 s. Rank 0's streams would wait for its flags forever; the watchdog releases them
+// after the group's 3 s timeout, so the host's synchronisation returns, and the group's next call
+// fails naming the release.
+void peer_all_reduce_absent() {
+  auto pg = init_process_group("nccl", short_timeout(3000));
+  auto* nccl = dynamic_cast<ProcessGroupNCCL*>(pg.get());
+  const char* local = std::getenv("LOCAL_RANK");
+  const Device dev(kCUDA, local != nullptr ? std::atoi(local) : 0);
+  Tensor t = ones({int64_t{4} << 20}, TensorOptions().device(dev));  // 16 MiB
+  pg->all_reduce_beside_compute(t)->wait();
+  WCHECK(max_error(t, full({t.numel()}, 2.0, TensorOptions().device(dev))) == 0,
+         "the first all-reduce");
+  if (nccl->large_all_reduce_path() != "copy engines") {
+    std::cout << "rank " << pg->rank() << ": skipped, " << nccl->large_all_reduce_path() << "\n";
+    return;
+  }
+  if (pg->rank() != 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(12));
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  pg->all_reduce_beside_compute(t)->wait();  // the current stream waits, the host does not
+  cuda::synchronize();                       // returns once the watchdog has released the waits
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  WCHECK(s >= 2.5 && s < 10, "the release took ", s, " s");
+  const std::string e = error_of([&] { pg->all_reduce_beside_compute(t)->wait(); });
+  WCHECK(e.find("released after an earlier timeout") != std::string::npos,
+         "expected the released group's error, got: ", e);
+  std::cout << "rank 0: released after " << s << " s; then: " << e << std::endl;
+}
+
 // A tied embedding and LM head: the table's lookup through gathered_embedding, its dense use
 // the logits.
 struct TiedImpl : nn::Module {
@@ -1000,6 +1033,7 @@ const test::Scenarios& scenarios() {
       {"ddp_find_unused", ddp_find_unused},
       {"nccl_collectives", nccl_collectives},
       {"nccl_peer_absent", nccl_peer_absent},
+      {"peer_all_reduce_absent", peer_all_reduce_absent},
       {"ddp_two_dtypes", ddp_two_dtypes},
       {"ddp_bucket_view", ddp_bucket_view},
       {"ddp_rebuild_buckets", ddp_rebuild_buckets},
