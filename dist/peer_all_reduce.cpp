@@ -170,6 +170,8 @@ struct PeerAllReduce::Queue {
   std::thread thread;
   // The watchdog: queued all-reduces not done yet, oldest first, with their deadlines.
   std::deque<std::pair<std::shared_ptr<Queued>, Clock::time_point>> running;
+  std::condition_variable watchdog_cv;
+  std::thread watchdog;
 };
 
 std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> store,
@@ -284,11 +286,36 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
     cudaSetDevice(a->device_);
     std::unique_lock<std::mutex> lock(q.mu);
     while (true) {
-      q.cv.wait_for(lock, std::chrono::milliseconds(50),
-                    [&q] { return q.stop || !q.tasks.empty(); });
-      // The watchdog: an all-reduce still running after the timeout (a rank died, or the ranks
-      // issued different collectives) releases this rank's streams, which would otherwise wait
-      // for its flags forever; the group fails its later calls.
+      q.cv.wait(lock, [&q] { return q.stop || !q.tasks.empty(); });
+      if (q.tasks.empty()) return;  // stopped, and every task queued
+      Queue::Task task = std::move(q.tasks.front());
+      q.tasks.pop_front();
+      lock.unlock();
+      std::vector<cudaEvent_t> done;
+      std::exception_ptr error;
+      try {
+        done = a->enqueue(task.queued->tensor, task.op, task.start);
+      } catch (...) {
+        error = std::current_exception();
+        a->release();  // partly queued: let this rank's waits go
+      }
+      cudaEventDestroy(task.start);
+      task.queued->set(std::move(done), std::move(error));
+      lock.lock();
+      if (!error) q.running.emplace_back(task.queued, Clock::now() + timeout);
+    }
+  });
+  // The watchdog, a thread of its own (the queueing thread may block in a CUDA call once its
+  // streams' queues are full behind a wait that never ends): an all-reduce still running after
+  // the timeout (a rank died, or the ranks issued different collectives) releases this rank's
+  // streams, which would otherwise wait for the peers' flags forever; the group fails its later
+  // calls.
+  ar->queue_->watchdog = std::thread([a = ar.get(), timeout] {
+    Queue& q = *a->queue_;
+    cudaSetDevice(a->device_);
+    std::unique_lock<std::mutex> lock(q.mu);
+    while (!q.stop) {
+      q.watchdog_cv.wait_for(lock, std::chrono::milliseconds(50), [&q] { return q.stop; });
       while (!q.running.empty()) {
         const auto& [queued, deadline] = q.running.front();
         bool done = true;
@@ -310,25 +337,6 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
         }
         break;
       }
-      if (q.tasks.empty()) {
-        if (q.stop) return;  // stopped, and every task queued
-        continue;
-      }
-      Queue::Task task = std::move(q.tasks.front());
-      q.tasks.pop_front();
-      lock.unlock();
-      std::vector<cudaEvent_t> done;
-      std::exception_ptr error;
-      try {
-        done = a->enqueue(task.queued->tensor, task.op, task.start);
-      } catch (...) {
-        error = std::current_exception();
-        a->release();  // partly queued: let this rank's waits go
-      }
-      cudaEventDestroy(task.start);
-      task.queued->set(std::move(done), std::move(error));
-      lock.lock();
-      if (!error) q.running.emplace_back(task.queued, Clock::now() + timeout);
     }
   });
   return ar;
@@ -341,7 +349,9 @@ PeerAllReduce::~PeerAllReduce() {
       queue_->stop = true;
     }
     queue_->cv.notify_all();
+    queue_->watchdog_cv.notify_all();
     queue_->thread.join();
+    queue_->watchdog.join();
   }
   try {
     cuda::DeviceGuard guard(device_);

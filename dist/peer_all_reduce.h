@@ -17,7 +17,8 @@
 // cuStreamWaitValue32, so no step blocks the host. Each flag counts the uses of its slot; a slot
 // is reused only after every rank has reduced and pulled its previous piece. A thread of its own
 // queues those operations (about 25 CUDA calls a piece), so that the caller's thread, busy
-// launching the backward, only records an event.
+// launching the backward, only records an event; another, the watchdog, releases the streams of
+// an all-reduce not done within the group's timeout (release()).
 //
 // Memory: one block of kSlots x kSlotBytes (256 MiB) per rank, from cudaMalloc (CUDA IPC cannot
 // share the stream-ordered pool's memory), outside kiln's memory statistics.
