@@ -1,4 +1,4 @@
-// kiln::dist::internal::PeerAllReduce: the all-reduce of ProcessGroupNCCL for large
+// kiln::dist::internal::PeerAllReduce: ProcessGroupNCCL's all_reduce_beside_compute of large
 // floating-point tensors when every rank's GPU is on one host and reaches the others' memory
 // (NVLink or PCIe peer access). The data moves with the GPUs' copy engines, not with kernels, so
 // that an all-reduce overlapping a backward leaves the SMs to the backward's matrix products:
@@ -25,7 +25,8 @@
 //
 // create() is collective: every rank calls it at the same point. It returns null on every rank
 // when any rank cannot take part (another host, no peer access, IPC unavailable), and the group
-// keeps NCCL's all-reduce.
+// keeps NCCL's all-reduce. On its own this is slower than NCCL's ring (about 150 against 350
+// GB/s of bus bandwidth on 4 H200s): it pays only beside compute.
 #pragma once
 
 #include <atomic>

@@ -141,7 +141,7 @@ struct InitOptions {
   // Bounds the rendezvous and every collective of the group (c10d's default is 30 minutes for
   // Gloo, 10 for NCCL; kiln uses 5 for both).
   Milliseconds timeout = kDefaultStoreTimeout;
-  // NCCL: large all-reduces between the GPUs of one host through the copy engines
+  // NCCL: all_reduce_beside_compute between the GPUs of one host through the copy engines
   // (ProcessGroupNCCLOptions::peer_all_reduce).
   bool peer_all_reduce = true;
 };

@@ -425,8 +425,6 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_reduce_beside_compute(Tensor& tensor
       p.peer_state = p.peer != nullptr ? Impl::Peer::kOn : Impl::Peer::kOff;
     }
     if (p.peer != nullptr) {
-      KILN_CHECK(!p.aborted.load(), "[all_reduce] the NCCL communicator of rank ", rank_,
-                 " was aborted after an earlier timeout");
       NoGradGuard no_grad;
       return p.peer->run(tensor, op);
     }

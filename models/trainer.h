@@ -267,8 +267,8 @@ struct BenchOptions {
   // Under dist "ddp": the gradient buckets' size in MiB (dist::DDPOptions::bucket_cap_mb, torch
   // DDP's bucket_cap_mb); unset: DDP's default.
   std::optional<double> ddp_bucket_mb;
-  // With dist on CUDA: large all-reduces between the GPUs of one host move with the copy engines
-  // (dist::ProcessGroupNCCLOptions::peer_all_reduce); false: NCCL's kernels.
+  // With dist on CUDA: DDP's gradient all-reduces between the GPUs of one host move with the copy
+  // engines (dist::ProcessGroupNCCLOptions::peer_all_reduce); false: NCCL's kernels.
   bool peer_all_reduce = true;
 };
 struct BenchResult {

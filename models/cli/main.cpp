@@ -151,8 +151,8 @@ commands:
                                the gradients' all-reduces during the backward (default 0)
       --ddp-bucket-mb X        with --dist ddp: the gradient buckets' size in MiB, torch
                                DDP's bucket_cap_mb (default 25)
-      --nccl-all-reduce        with --dist on CUDA: large all-reduces run NCCL's kernels,
-                               not the copy engines between the GPUs of one host (default)
+      --nccl-all-reduce        with --dist on CUDA: DDP's gradient all-reduces run NCCL's
+                               kernels, not the copy engines (the default on one host)
   tokenizer train [flags]      train a byte-level BPE tokenizer (Llama 3 style) and write its
                                tokenizer.json (kiln::text::Tokenizer and Hugging Face load it)
       --data FILE              UTF-8 text (default: the bundled data/tinyshakespeare.txt)
