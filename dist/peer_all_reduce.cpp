@@ -205,6 +205,7 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
   gethostname(host, sizeof(host) - 1);
   char bus[64] = {};
   if (ok && cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) {
+    cudaGetLastError();  // a failure here must not surface as a later launch's error
     ok = false;
     reason = "no PCI bus id for cuda:" + std::to_string(device);
   }
@@ -214,6 +215,7 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
     if (cudaMalloc(&mine, kFlagBytes + kSlots * kSlotBytes) != cudaSuccess ||
         cudaMemset(mine, 0, kFlagBytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess ||
         cudaIpcGetMemHandle(&handle, mine) != cudaSuccess) {
+      cudaGetLastError();
       ok = false;
       reason = "could not allocate or export " +
                std::to_string((kFlagBytes + kSlots * kSlotBytes) >> 20) + " MiB of staging memory";
@@ -273,7 +275,10 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
     }
     ok = ok && cudaStreamCreateWithFlags(&ar->reduce_, cudaStreamNonBlocking) == cudaSuccess &&
          cudaStreamCreateWithFlags(&ar->rescue_, cudaStreamNonBlocking) == cudaSuccess;
-    if (!ok) reason = "could not create streams";
+    if (!ok) {
+      cudaGetLastError();
+      reason = "could not create streams";
+    }
   }
   if (!agree(ok)) {
     say(ok ? "another rank cannot take part" : reason);
