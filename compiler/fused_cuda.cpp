@@ -346,15 +346,7 @@ const Driver& driver() {
     Driver r;
     bool ok = true;
     auto get = [&](const char* name, auto& fn) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult status{};
-      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &status) !=
-              cudaSuccess ||
-          status != cudaDriverEntryPointSuccess || p == nullptr) {
-        ok = false;
-        return;
-      }
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+      ok = cuda::internal::driver_entry_point(name, fn) && ok;
     };
     get("cuModuleLoadData", r.module_load_data);
     get("cuModuleGetFunction", r.module_get_function);

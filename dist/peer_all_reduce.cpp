@@ -24,8 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The stream memory operations of the driver API, reached through the runtime (as
-// compiler/fused_cuda.cpp does) so that kiln does not link libcuda.
+// The stream memory operations of the driver API (cuda::internal::driver_entry_point).
 struct StreamMemOps {
   CUresult (*write)(CUstream, CUdeviceptr, cuuint32_t, unsigned) = nullptr;
   CUresult (*wait)(CUstream, CUdeviceptr, cuuint32_t, unsigned) = nullptr;
@@ -35,18 +34,8 @@ struct StreamMemOps {
 const StreamMemOps& mem_ops() {
   static const StreamMemOps ops = [] {
     StreamMemOps r;
-    auto get = [](const char* name, auto& fn) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult status{};
-      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &status) !=
-              cudaSuccess ||
-          status != cudaDriverEntryPointSuccess || p == nullptr) {
-        return false;
-      }
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-      return true;
-    };
-    r.ok = get("cuStreamWriteValue32", r.write) && get("cuStreamWaitValue32", r.wait);
+    r.ok = cuda::internal::driver_entry_point("cuStreamWriteValue32", r.write) &&
+           cuda::internal::driver_entry_point("cuStreamWaitValue32", r.wait);
     return r;
   }();
   return ops;

@@ -74,7 +74,6 @@ class PeerAllReduce {
   // Lets every wait of this rank's streams go (their results are then garbage): after a timeout,
   // so that the streams do not hang forever. The group fails its later calls.
   void release() noexcept;
-  bool released() const { return released_; }
 
  private:
   PeerAllReduce() = default;

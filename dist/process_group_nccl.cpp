@@ -126,8 +126,9 @@ struct ProcessGroupNCCL::Impl {
   std::atomic<bool> aborted{false};
   std::atomic<bool> timed_out{false};  // the watchdog aborted a call
   std::string key;                     // the group's prefix in the store
-  // The copy-engine all-reduce: unknown until the first large all-reduce sets it up.
-  enum class Peer { kUnknown, kOn, kOff } peer_state = Peer::kOff;
+  // The copy-engine all-reduce: peer_pending until the first all_reduce_beside_compute it takes
+  // sets it up (or fails to: peer stays null).
+  bool peer_pending = false;
   std::unique_ptr<internal::PeerAllReduce> peer;
   std::string peer_why = "not set up yet";
 
@@ -314,7 +315,7 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   // Each group its key: every rank counts its own groups in the store (see ProcessGroupGloo).
   const int64_t group = store->add("kiln/nccl/groups_of_rank/" + std::to_string(rank), 1);
   p.key = "kiln/nccl/" + std::to_string(group);
-  p.peer_state = options.peer_all_reduce ? Impl::Peer::kUnknown : Impl::Peer::kOff;
+  p.peer_pending = options.peer_all_reduce;
   if (!options.peer_all_reduce) p.peer_why = "Options::peer_all_reduce is off";
   const std::string key = p.key + "/id";
   ncclUniqueId id;
@@ -410,8 +411,8 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(Tensor& tensor, ReduceOp op) 
 std::shared_ptr<Work> ProcessGroupNCCL::all_reduce_beside_compute(Tensor& tensor, ReduceOp op) {
   Impl& p = *impl_;
   p.check_tensor("all_reduce", tensor, "the tensor");
-  if (p.peer_state != Impl::Peer::kOff && internal::PeerAllReduce::takes(tensor, op)) {
-    if (p.peer_state == Impl::Peer::kUnknown) {
+  if ((p.peer_pending || p.peer != nullptr) && internal::PeerAllReduce::takes(tensor, op)) {
+    if (p.peer_pending) {
       // Every rank reaches this at the same all-reduce: the rule of takes() is the same on all.
       p.peer = internal::PeerAllReduce::create(
           store_, p.key + "/peer", rank_, size_, p.device, p.timeout,
@@ -422,7 +423,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_reduce_beside_compute(Tensor& tensor
             return t.item<int32_t>() == 1;
           },
           &p.peer_why);
-      p.peer_state = p.peer != nullptr ? Impl::Peer::kOn : Impl::Peer::kOff;
+      p.peer_pending = false;
     }
     if (p.peer != nullptr) {
       NoGradGuard no_grad;
@@ -435,7 +436,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_reduce_beside_compute(Tensor& tensor
 std::string ProcessGroupNCCL::large_all_reduce_path() const {
   const Impl& p = *impl_;
   if (p.peer != nullptr) return "copy engines";
-  if (p.peer_state == Impl::Peer::kUnknown) return "not set up yet";
+  if (p.peer_pending) return "not set up yet";
   return "nccl: " + p.peer_why;
 }
 

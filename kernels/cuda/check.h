@@ -26,6 +26,22 @@ namespace internal {
 void check_launch(const char* kernel, const char* file, int line);
 // In KILN_CUDA_SYNC mode, waits for the current device and reports what went wrong.
 void sync_if_debug(const char* what, const char* file, int line);
+
+// Sets `fn` (a function pointer) to the CUDA driver API's `name`, in its CUDA 12 version,
+// reached through the runtime so that kiln does not link libcuda and still loads where no driver
+// is installed. False, `fn` untouched, where the driver lacks it.
+template <typename Fn>
+bool driver_entry_point(const char* name, Fn& fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &status) !=
+          cudaSuccess ||
+      status != cudaDriverEntryPointSuccess || p == nullptr) {
+    return false;
+  }
+  fn = reinterpret_cast<Fn>(p);
+  return true;
+}
 }  // namespace internal
 
 // The stream kiln's eager ops run on is current_stream() (kernels/cuda.h): the default stream

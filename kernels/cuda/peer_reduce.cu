@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fused_util.cuh"
+#include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/peer_reduce.h"
 #include "tensor/error.h"
 
@@ -83,27 +84,16 @@ void launch_inputs(const Inputs& in, void* out0, void* out1, int64_t n, double s
   KILN_CUDA_LAUNCH_CHECK("peer_sum_kernel");
 }
 
-template <typename T, int kVec>
+// launch_inputs with kInputs = k, for k in [1, kMax] (peer_sum checked the range).
+template <typename T, int kVec, int kMax = kMaxPeerInputs>
 void launch_vec(const Inputs& in, int k, void* out0, void* out1, int64_t n, double scale,
                 unsigned blocks, int threads, cudaStream_t stream) {
-  switch (k) {
-    case 1:
-      return launch_inputs<T, kVec, 1>(in, out0, out1, n, scale, blocks, threads, stream);
-    case 2:
-      return launch_inputs<T, kVec, 2>(in, out0, out1, n, scale, blocks, threads, stream);
-    case 3:
-      return launch_inputs<T, kVec, 3>(in, out0, out1, n, scale, blocks, threads, stream);
-    case 4:
-      return launch_inputs<T, kVec, 4>(in, out0, out1, n, scale, blocks, threads, stream);
-    case 5:
-      return launch_inputs<T, kVec, 5>(in, out0, out1, n, scale, blocks, threads, stream);
-    case 6:
-      return launch_inputs<T, kVec, 6>(in, out0, out1, n, scale, blocks, threads, stream);
-    case 7:
-      return launch_inputs<T, kVec, 7>(in, out0, out1, n, scale, blocks, threads, stream);
-    default:
-      return launch_inputs<T, kVec, 8>(in, out0, out1, n, scale, blocks, threads, stream);
+  if constexpr (kMax > 1) {
+    if (k < kMax) {
+      return launch_vec<T, kVec, kMax - 1>(in, k, out0, out1, n, scale, blocks, threads, stream);
+    }
   }
+  launch_inputs<T, kVec, kMax>(in, out0, out1, n, scale, blocks, threads, stream);
 }
 
 template <typename T>
@@ -117,9 +107,7 @@ void launch(const void* const* inputs, int k, void* out0, void* out1, int64_t n,
     aligned = aligned && reinterpret_cast<uintptr_t>(inputs[j]) % 16 == 0;
   }
   constexpr int kVec = 16 / sizeof(T);
-  int device = 0, sms = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = loops::multiprocessor_count();
   const int64_t work = aligned ? (n + kVec - 1) / kVec : n;
   // A quarter of the SMs: the sum runs beside the compute it overlaps.
   const auto blocks = static_cast<unsigned>(
