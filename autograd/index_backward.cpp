@@ -3,6 +3,7 @@
 // accumulation); writes route it to what they wrote from.
 #include "autograd/backward_util.h"
 #include "autograd/grad_mode.h"
+#include "kernels/cuda/runtime.h"
 #include "tensor/indexing.h"
 
 namespace kiln::autograd {
@@ -118,6 +119,8 @@ TensorVec embedding_backward(const BackwardCall& c) {
   Tensor rows = c.grad().reshape({-1, d});
   Tensor table = zeros_of_input(c, 0);
   const Tensor index = c.input(1).reshape({-1});
+  // The forward checked these ids: no wait for the device here, at the end of the backward.
+  cuda::internal::TrustedIndicesScope trusted;
   if (GradMode::is_enabled()) return {table.index_add(0, index, rows), Tensor()};
   table.index_add_(0, index, rows);
   return {table, Tensor()};

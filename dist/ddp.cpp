@@ -11,6 +11,7 @@
 #include "compiler/tracer.h"
 #include "dist/collective_ops.h"
 #include "kernels/cuda.h"
+#include "kernels/cuda/runtime.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/tensor_data.h"
@@ -378,6 +379,7 @@ void Reducer::gathered_embedding_backward(size_t index, const Tensor& idx, const
     std::lock_guard<std::mutex> lock(mu_);
     Tensor& g = params_[index].mutable_grad();
     if (!g.defined()) g = zeros_like(param);
+    cuda::internal::TrustedIndicesScope trusted;  // checked by the forward's lookup
     g.index_add_(0, ids, rows);
     return;
   }
@@ -388,6 +390,7 @@ void Reducer::gathered_embedding_backward(size_t index, const Tensor& idx, const
   pg_->all_gather_into_tensor(all_rows, rows)->wait();
   auto add = [this, index, all_ids, all_rows, world] {
     Tensor& g = params_[index].mutable_grad();
+    cuda::internal::TrustedIndicesScope trusted;  // checked by each rank's forward lookup
     g.index_add_(0, all_ids, all_rows, 1.0 / static_cast<double>(world));
   };
   std::lock_guard<std::mutex> lock(mu_);

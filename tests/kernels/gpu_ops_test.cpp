@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cuda.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/gpu_test_util.h"
 #include "tensor/ops.h"
 #include "tensor/tensor_data.h"
@@ -512,6 +513,29 @@ TEST_F(GpuIndex, IndexSelectAndEmbedding) {
   // The device still works after a reported bad index.
   expect_same(w.index_select(1, tensor({3, 0}, TensorOptions(kInt64)).cuda()),
               w.cpu().index_select(1, tensor({3, 0}, TensorOptions(kInt64))), "after error");
+  // index_add reports a bad index, unless the caller vouches for its indices
+  // (TrustedIndicesScope: embedding's backward, which does not wait for the device); the rows in
+  // range are added either way.
+  const Tensor bad = tensor({1, 10}, TensorOptions(kInt64)).cuda();
+  const Tensor rows = ones({2, 4}).cuda();
+  EXPECT_KILN_ERROR(zeros({10, 4}).cuda().index_add_(0, bad, rows),
+                    "index 10 is out of bounds for dimension 0 with size 10");
+  {
+    cuda::internal::TrustedIndicesScope trusted;
+    Tensor t = zeros({10, 4}).cuda();
+    t.index_add_(0, bad, rows);
+    EXPECT_EQ(t.cpu().sum().item<double>(), 4.0);
+    EXPECT_EQ(t.cpu()[1].sum().item<double>(), 4.0);
+  }
+  EXPECT_FALSE(cuda::internal::indices_trusted);
+  // An embedding's gradient through the trusted path: the CPU's.
+  const Tensor table = random_cpu({50, 8}, kFloat, 6200);
+  const Tensor ids = random_cpu({6, 5}, kInt64, 6201, 0, 49);
+  Tensor tg = table.cuda().detach().requires_grad_(true);
+  Tensor tc = table.detach().requires_grad_(true);
+  embedding(tg, ids.cuda()).square().sum().backward();
+  embedding(tc, ids).square().sum().backward();
+  expect_match(tg.grad(), tc.grad(), Tol{1e-5, 1e-6}, "embedding backward");
 }
 
 // scatter_add and index_add accumulate with atomics in another order than the CPU, rounding to
