@@ -46,18 +46,30 @@ void check_cu(CUresult r, const char* what) {
              static_cast<int>(r));
 }
 
+// The events that end an all-reduce, shared by its Work and the watchdog.
+struct DoneEvents {
+  std::vector<cudaEvent_t> events;
+  DoneEvents() = default;
+  DoneEvents(const DoneEvents&) = delete;
+  DoneEvents& operator=(const DoneEvents&) = delete;
+  ~DoneEvents() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+};
+
 // What the queueing thread hands to the Work: the events that end the all-reduce (or the error
 // that kept it from being queued). Holds the tensor until the caller's stream has been ordered
-// after those events (its memory is freed in that stream's order).
+// after those events (its memory is freed in that stream's order); the watchdog keeps only the
+// events, so that the tensor's memory goes when the Work does (a compiled step's gradients).
 struct Queued {
   std::mutex mu;
   std::condition_variable cv;
   bool ready = false;
-  std::vector<cudaEvent_t> done;
+  std::shared_ptr<const DoneEvents> done = std::make_shared<DoneEvents>();
   std::exception_ptr error;
   Tensor tensor;
 
-  void set(std::vector<cudaEvent_t> events, std::exception_ptr e) {
+  void set(std::shared_ptr<const DoneEvents> events, std::exception_ptr e) {
     {
       std::lock_guard<std::mutex> lock(mu);
       done = std::move(events);
@@ -69,9 +81,6 @@ struct Queued {
   void wait_ready() {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [this] { return ready; });
-  }
-  ~Queued() {
-    for (cudaEvent_t e : done) cudaEventDestroy(e);
   }
 };
 
@@ -96,7 +105,7 @@ class PeerWork final : public Work {
       std::lock_guard<std::mutex> lock(queued_->mu);
       if (!queued_->ready) return false;
     }
-    for (cudaEvent_t e : queued_->done) {
+    for (cudaEvent_t e : queued_->done->events) {
       if (cudaEventQuery(e) != cudaSuccess) return false;
     }
     return true;
@@ -129,7 +138,7 @@ class PeerWork final : public Work {
  private:
   void current_wait() {
     cudaStream_t s = cuda::current_stream(device_);
-    for (cudaEvent_t e : queued_->done) KILN_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
+    for (cudaEvent_t e : queued_->done->events) KILN_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
   }
   PeerAllReduce* ar_;
   std::shared_ptr<Queued> queued_;
@@ -158,7 +167,7 @@ struct PeerAllReduce::Queue {
   bool stop = false;
   std::thread thread;
   // The watchdog: queued all-reduces not done yet, oldest first, with their deadlines.
-  std::deque<std::pair<std::shared_ptr<Queued>, Clock::time_point>> running;
+  std::deque<std::pair<std::shared_ptr<const DoneEvents>, Clock::time_point>> running;
   std::condition_variable watchdog_cv;
   std::thread watchdog;
 };
@@ -285,18 +294,19 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
       Queue::Task task = std::move(q.tasks.front());
       q.tasks.pop_front();
       lock.unlock();
-      std::vector<cudaEvent_t> done;
+      auto done = std::make_shared<DoneEvents>();
       std::exception_ptr error;
       try {
-        done = a->enqueue(task.queued->tensor, task.op, task.start);
+        done->events = a->enqueue(task.queued->tensor, task.op, task.start);
       } catch (...) {
         error = std::current_exception();
         a->release();  // partly queued: let this rank's waits go
       }
       cudaEventDestroy(task.start);
-      task.queued->set(std::move(done), std::move(error));
+      task.queued->set(done, std::move(error));
+      task = {};  // the tensor goes with the Work alone
       lock.lock();
-      if (!error) q.running.emplace_back(task.queued, Clock::now() + timeout);
+      if (!error) q.running.emplace_back(std::move(done), Clock::now() + timeout);
     }
   });
   // The watchdog, a thread of its own (the queueing thread may block in a CUDA call once its
@@ -311,10 +321,10 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
     while (!q.stop) {
       q.watchdog_cv.wait_for(lock, std::chrono::milliseconds(50), [&q] { return q.stop; });
       while (!q.running.empty()) {
-        const auto& [queued, deadline] = q.running.front();
+        const auto& [events, deadline] = q.running.front();
         bool done = true;
         // An error (the runtime unloading at exit) counts as done: nothing is left to wait for.
-        for (cudaEvent_t e : queued->done) done = done && cudaEventQuery(e) != cudaErrorNotReady;
+        for (cudaEvent_t e : events->events) done = done && cudaEventQuery(e) != cudaErrorNotReady;
         if (done) {
           q.running.pop_front();
           continue;
