@@ -16,6 +16,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
+#include "kernels/cuda/fused_util.cuh"
 #include "kernels/cuda/index_util.cuh"
 #include "kernels/cuda/loops.cuh"
 
@@ -336,6 +339,58 @@ __global__ void index_add_sorted_kernel(T* out, const T* src, const I* sorted, c
   }
 }
 
+// The same sums where the slices are dense rows of `inner` elements in both src and out (an
+// embedding's backward; DDP's gathered rows): a block per position of the sorted index (a run's
+// first; the rest return), each thread a 16-byte pack of the row, the run's source rows summed
+// in position order as above, so that the bits are the same. One thread per element, with its
+// 64-bit divisions and 2-byte accesses, ran at a tenth of memory bandwidth (0.96 ms for 32768
+// rows of 2048 bf16 on an H200).
+template <typename T, typename I, int N>
+__global__ void __launch_bounds__(loops::kThreads)
+    index_add_rows_kernel(T* out, const T* src, const I* sorted, const int64_t* perm, int64_t len,
+                          int64_t inner, int64_t src_stride, int64_t out_stride, int64_t dim_size,
+                          opmath_t<T> alpha, FlagView flag) {
+  using M = opmath_t<T>;
+  for (int64_t pos = blockIdx.x; pos < len; pos += gridDim.x) {
+    const I v = sorted[pos];
+    if (pos > 0 && sorted[pos - 1] == v) continue;
+    if (v < 0 || v >= dim_size) {
+      if (threadIdx.x == 0 && blockIdx.y == 0) flag.raise(static_cast<int64_t>(v));
+      continue;
+    }
+    T* row = out + static_cast<int64_t>(v) * out_stride;
+    for (int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * N;
+         col < inner; col += static_cast<int64_t>(gridDim.y) * blockDim.x * N) {
+      M acc[N] = {};
+      for (int64_t j = pos; j < len && sorted[j] == v; ++j) {
+        M x[N];
+        internal::load_pack<N>(src + perm[j] * src_stride + col, x);
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[i] += x[i];
+      }
+      M y[N];
+      internal::load_pack<N>(row + col, y);
+#pragma unroll
+      for (int i = 0; i < N; ++i) y[i] = y[i] + alpha * acc[i];
+      internal::store_pack<N>(row + col, y);
+    }
+  }
+}
+
+// Whether t's slices along d are dense rows: every dim before d of size 1, the dims after it
+// row-major contiguous (size-1 dims ignored).
+bool dense_rows(const Tensor& t, int64_t d) {
+  for (int64_t k = 0; k < d; ++k) {
+    if (t.size(k) != 1) return false;
+  }
+  int64_t expected = 1;
+  for (int64_t k = t.dim() - 1; k > d; --k) {
+    if (t.size(k) != 1 && t.stride(k) != expected) return false;
+    expected *= t.size(k);
+  }
+  return true;
+}
+
 // index_add: integers and bools accumulate with atomics (exact in any order); floating values go
 // through the sorted index (index_add_sorted_kernel), so that the result does not depend on the
 // order in which threads run: embedding's backward is index_add, and a training step must give
@@ -365,6 +420,28 @@ void index_add_cuda(OpCall& c) {
       const Shape slice_strides[2] = {without(sl.strides, d), without(ol.strides, d)};
       const Geometry<2> sg = raw_geometry<2>(slice, slice_strides, op);
       const int64_t len = sl.sizes[static_cast<size_t>(d)], inner = n / len;
+      constexpr int kPack = 16 / sizeof(T);
+      const int64_t src_stride = sl.strides[static_cast<size_t>(d)];
+      const int64_t out_stride = ol.strides[static_cast<size_t>(d)];
+      if (dense_rows(src, d) && dense_rows(out, d) && inner % kPack == 0 &&
+          src_stride % kPack == 0 && out_stride % kPack == 0 &&
+          internal::aligned_to(src.data_ptr(), 16) && internal::aligned_to(out.data_ptr(), 16)) {
+        const int64_t packs = inner / kPack;
+        const int threads =
+            static_cast<int>(std::min<int64_t>(loops::kThreads, (packs + 31) / 32 * 32));
+        const dim3 blocks(
+            static_cast<unsigned>(std::min<int64_t>(len, int64_t{1} << 30)),
+            static_cast<unsigned>(std::min<int64_t>((packs + threads - 1) / threads, 65535)));
+        visit_index(idx.dtype(), [&]<typename I>(TypeTag<I>) {
+          index_add_rows_kernel<T, I, kPack><<<blocks, threads, 0, current_stream()>>>(
+              static_cast<T*>(out.data_ptr()), static_cast<const T*>(src.data_ptr()),
+              static_cast<const I*>(sorted.data_ptr()),
+              static_cast<const int64_t*>(perm.data_ptr()), len, inner, src_stride, out_stride,
+              ol.sizes[static_cast<size_t>(d)], alpha, flag.view());
+          KILN_CUDA_LAUNCH_CHECK("index_add_rows_kernel");
+        });
+        return;
+      }
       visit_index(idx.dtype(), [&]<typename I>(TypeTag<I>) {
         index_add_sorted_kernel<T, I><<<grid(n), loops::kThreads, 0, current_stream()>>>(
             static_cast<T*>(out.data_ptr()), static_cast<const T*>(src.data_ptr()),

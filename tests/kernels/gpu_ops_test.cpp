@@ -650,6 +650,31 @@ TEST_F(GpuIndex, IndexAddIsDeterministic) {
   }
 }
 
+// Dense rows (an embedding's backward) take a kernel of their own, a block per run of equal
+// indices and 16-byte packs; it must give the bits of the per-element kernel, which a misaligned
+// output (one element into a wider buffer) still takes. Rows wider than a block (4104 bf16: three
+// blocks across, the last partly used) and runs of repeats included.
+TEST_F(GpuIndex, IndexAddRowsKernelMatchesPerElementKernel) {
+  uint64_t seed = 9700;
+  for (ScalarType dt : {kFloat, kBFloat16, kHalf, kDouble}) {
+    for (int64_t width : {int64_t{40}, int64_t{4104}}) {
+      const Tensor src = random_cpu({600, width}, dt, seed++, -1, 1).cuda();
+      const Tensor idx = random_cpu({600}, kInt64, seed++, 0, 30).cuda();
+      const Tensor rows = zeros({31, width}, TensorOptions(dt).device(kCUDA));
+      rows.index_add_(0, idx, src, 0.5);
+      const Tensor wide = zeros({31, width + 1}, TensorOptions(dt).device(kCUDA));
+      Tensor elements = wide.narrow(1, 1, width);
+      elements.index_add_(0, idx, src, 0.5);
+      const std::string what = std::string(dtype_name(dt)) + " width " + std::to_string(width);
+      expect_same(elements, rows.cpu(), "index_add rows " + what);
+      expect_match(rows.cpu().to(kDouble),
+                   zeros({31, width}, TensorOptions(kDouble))
+                       .index_add(0, idx.cpu(), src.cpu().to(kDouble), 0.5),
+                   Tol{dt == kFloat || dt == kDouble ? 1e-5 : 2e-2, 1e-3}, "index_add f64 " + what);
+    }
+  }
+}
+
 TEST_F(GpuIndex, MaskedFillAndTriangles) {
   uint64_t seed = 9000;
   for (ScalarType dt : kAllDtypes) {
