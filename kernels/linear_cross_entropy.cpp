@@ -5,7 +5,8 @@
 //
 // Per chunk of rows r (logits_r = x_r W^T, n_r the non-ignored rows of r, n all of them):
 //   loss     += mean_r * n_r                        (cross_entropy_fused's mean, 0 when n_r = 0)
-//   dlogits_r = cross_entropy_fused_backward(n_r / n) = (softmax - onehot) / n
+//   dlogits_r = (softmax - onehot) / n  (cross_entropy_fused_with_grad with grad n_r / n: on a
+//               GPU the chunk's logits are read once for the loss and the gradient)
 //   dx_r      = dlogits_r W,   dW += dlogits_r^T x_r  (one matmul with beta = 1)
 // then loss /= n. Counts stay on the device (no host sync). A chunk holds about 512 MiB of
 // logits, and its dlogits as much: fewer, larger chunks keep the matmuls efficient and the
@@ -43,7 +44,7 @@ void linear_cross_entropy_chunked(OpCall& c) {
   const bool with_grad = c.attr<bool>(1);
   const int64_t n = x.size(0), rows = chunk_rows(c);
   static const OpDef& ce = KILN_OP(cross_entropy_fused);
-  static const OpDef& ce_backward = KILN_OP(cross_entropy_fused_backward);
+  static const OpDef& ce_with_grad = KILN_OP(cross_entropy_fused_with_grad);
   const ScalarType ct = c.outputs[0].dtype();
   const Tensor total = (t != ignore).sum().to(ct);
   const Tensor wt = w.t();
@@ -53,11 +54,12 @@ void linear_cross_entropy_chunked(OpCall& c) {
     const int64_t len = std::min(rows, n - start);
     const Tensor xr = x.narrow(0, start, len), tr = t.narrow(0, start, len);
     const Tensor logits = mm(xr, wt);
-    const TensorVec out = call_op(ce, {logits, tr}, {ignore});
     const Tensor valid = (tr != ignore).sum().to(ct);
+    const TensorVec out = with_grad ? call_op(ce_with_grad, {logits, tr, valid / total}, {ignore})
+                                    : call_op(ce, {logits, tr}, {ignore});
     loss.add_(where(valid > 0, out[0] * valid, zeros_like(valid)));
     if (!with_grad) continue;
-    const Tensor g = call_op1(ce_backward, {valid / total, logits, tr, out[1]}, {ignore});
+    const Tensor& g = out[2];
     c.outputs[1].narrow(0, start, len).copy_(mm(g, w));
     // beta = 1: cuBLASLt reads the running sum as C (one rounding per chunk in 16-bit dtypes).
     dw = dw.defined() ? addmm(dw, g.t(), xr) : mm(g.t(), xr);

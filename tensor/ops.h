@@ -227,6 +227,15 @@ Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets,
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, const Tensor& weight,
                            int64_t ignore_index, std::string_view reduction,
                            double label_smoothing);
+// The fused case's loss and gradient in one call: {loss, lse, dlogits} for logits [N, V], int64
+// targets [N] and a 0-d grad of the loss's dtype (f32, f64 for f64 logits): loss and lse as
+// cross_entropy_fused's (the mean), dlogits = (softmax(logits) - onehot(targets)) * grad / count,
+// zero on ignored rows. Not differentiable (its callers take the gradient it returns). On CUDA,
+// rows of up to 32768 f16/bf16 classes are read once.
+std::tuple<Tensor, Tensor, Tensor> cross_entropy_fused_with_grad(const Tensor& logits,
+                                                                 const Tensor& targets,
+                                                                 const Tensor& grad,
+                                                                 int64_t ignore_index = -100);
 // Rotary position embedding (tensor/ops/rotary.cpp), rotate-half layout: x * cos +
 // rotate_half(x) * sin with rotate_half(x) = [-x2, x1] over the halves of the last dim. x is
 // [..., T, D] (any strides, read in place: the q/k views of a fused qkv projection), cos and sin

@@ -1,21 +1,23 @@
-// CPU kernels of cross_entropy_fused and its backward (tensor/ops/cross_entropy.cpp): the
+// CPU kernels of cross_entropy_fused, its backward and the two in one call
+// (cross_entropy_fused_with_grad; tensor/ops/cross_entropy.cpp): the
 // reference the CUDA kernels are tested against. Rows run in parallel; each row's logsumexp
 // takes one pass with a running maximum and rescaled sum (the CUDA kernel's method), in the
 // compute type (f32 for f16/bf16/f32, f64 for f64). The mean is summed in f64.
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "kernels/fused_support.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
-#include "kernels/fused_support.h"
 #include "tensor/registry.h"
 
 namespace kiln::cpu {
 namespace {
 
-void check_target(int64_t t, int64_t v, int64_t ignore_index) {
-  KILN_CHECK(t == ignore_index || (t >= 0 && t < v), "[cross_entropy_fused] target ", t,
+void check_target(const std::string& op, int64_t t, int64_t v, int64_t ignore_index) {
+  KILN_CHECK(t == ignore_index || (t >= 0 && t < v), "[", op, "] target ", t,
              " is out of bounds for ", v, " classes");
 }
 
@@ -25,7 +27,7 @@ void cross_entropy_cpu(OpCall& c) {
   const int64_t ignore = c.attr<int64_t>(0);
   const int64_t n = logits.size(0), v = logits.size(1);
   const int64_t* pt = targets.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) check_target(pt[i], v, ignore);
+  for (int64_t i = 0; i < n; ++i) check_target(c.name(), pt[i], v, ignore);
   visit_floating(logits.dtype(), "cross_entropy_fused", [&]<typename T>(TypeTag<T>) {
     using Acc = opmath_t<T>;
     const T* px = logits.data_ptr<T>();
@@ -69,7 +71,7 @@ void cross_entropy_backward_cpu(OpCall& c) {
   const int64_t* pt = targets.data_ptr<int64_t>();
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
-    check_target(pt[i], v, ignore);
+    check_target(c.name(), pt[i], v, ignore);
     count += pt[i] != ignore;
   }
   const double g = c.input(0).item<double>();
@@ -96,10 +98,23 @@ void cross_entropy_backward_cpu(OpCall& c) {
   });
 }
 
+// cross_entropy_fused_with_grad: the two kernels above, one after the other.
+void cross_entropy_with_grad_cpu(OpCall& c) {
+  OpCall fwd = c;
+  fwd.inputs = {c.input(0), c.input(1)};
+  fwd.outputs = {c.outputs[0], c.outputs[1]};
+  cross_entropy_cpu(fwd);
+  OpCall bwd = c;
+  bwd.inputs = {c.input(2), c.input(0), c.input(1), c.outputs[1]};
+  bwd.outputs = {c.outputs[2]};
+  cross_entropy_backward_cpu(bwd);
+}
+
 }  // namespace
 
 KILN_REGISTER_KERNEL_IF(cross_entropy_fused, kCPU, "fused", cross_entropy_cpu,
                         cross_entropy_supported);
 KILN_REGISTER_KERNEL(cross_entropy_fused_backward, kCPU, cross_entropy_backward_cpu);
+KILN_REGISTER_KERNEL(cross_entropy_fused_with_grad, kCPU, cross_entropy_with_grad_cpu);
 
 }  // namespace kiln::cpu

@@ -216,6 +216,95 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// Forward and backward in one pass over a row that fits in registers
+// (cross_entropy_fused_with_grad): each thread loads its K packs of N (pack p = tid + k *
+// blockDim.x) before using any, the block takes the row's maximum, then the sum of exp(x - max) (no
+// rescaling: the maximum is known), writes lse and the row's loss as ce_fwd_kernel does, and
+// dlogits from the registers as ce_bwd_kernel does. The logits are read once instead of twice.
+template <typename Acc>
+__device__ __forceinline__ Acc block_max(Acc v, Acc* smem) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = ::fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  v = lane < warps ? smem[lane] : neg_inf<Acc>();
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = ::fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+template <typename T, int N, int K>
+__global__ void __launch_bounds__(kMaxThreads)
+    ce_fwd_bwd_kernel(T* __restrict__ dlogits, opmath_t<T>* __restrict__ row_loss,
+                      opmath_t<T>* __restrict__ lse, const T* __restrict__ logits,
+                      int64_t row_stride, const int64_t* __restrict__ targets,
+                      const opmath_t<T>* __restrict__ scale_ptr, int64_t n, int64_t v,
+                      int64_t ignore) {
+  using Acc = opmath_t<T>;
+  using Raw = internal::RawPack<T, N>;
+  __shared__ Acc red[32];
+  const int64_t nvec = v / N;
+  const int tid = threadIdx.x, bd = blockDim.x;
+  const Acc scale = *scale_ptr;
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const T* xr = logits + row * row_stride;
+    T* dr = dlogits + row * v;
+    Raw raw[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = tid + static_cast<int64_t>(k) * bd;
+      if (p < nvec) raw[k] = *reinterpret_cast<const Raw*>(xr + p * N);
+    }
+    Acc m = neg_inf<Acc>();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (tid + static_cast<int64_t>(k) * bd < nvec) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) m = ::fmax(m, internal::raw_elem<T, N, Acc>(raw[k], i));
+      }
+    }
+    m = block_max(m, red);
+    Acc s = 0;
+    if (m != neg_inf<Acc>()) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (tid + static_cast<int64_t>(k) * bd < nvec) {
+#pragma unroll
+          for (int i = 0; i < N; ++i) s += exp_of(internal::raw_elem<T, N, Acc>(raw[k], i) - m);
+        }
+      }
+    }
+    s = internal::block_sum(s, red);
+    const Acc l = m + ::log(s);
+    const int64_t t = targets[row];
+    if (tid == 0) {
+      lse[row] = l;
+      Acc loss = 0;
+      if (t != ignore) {
+        loss =
+            t >= 0 && t < v ? l - static_cast<Acc>(xr[t]) : std::numeric_limits<Acc>::quiet_NaN();
+      }
+      row_loss[row] = loss;
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = tid + static_cast<int64_t>(k) * bd;
+      if (p >= nvec) continue;
+      Acc y[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        y[i] = t == ignore ? Acc(0)
+                           : exp_of(internal::raw_elem<T, N, Acc>(raw[k], i) - l) * scale -
+                                 (p * N + i == t ? scale : Acc(0));
+      }
+      store_pack<N>(dr + p * N, y);
+    }
+  }
+}
+
 int threads_for(int64_t nvec) {
   return static_cast<int>(std::clamp<int64_t>((nvec + 31) / 32 * 32, 32, kMaxThreads));
 }
@@ -305,10 +394,79 @@ void cross_entropy_backward_cuda(OpCall& c) {
   });
 }
 
+// Packs a thread holds in ce_fwd_bwd_kernel, and the rows it takes: up to 512 threads x 8
+// packs (32768 f16/bf16 classes, 16384 f32: Llama-2's, Mistral's and llama-160m's 32000).
+constexpr int kRegisterPacks = 8;
+
+template <typename T>
+bool fits_registers(const Tensor& logits) {
+  constexpr int kPack = 16 / sizeof(T);
+  return sizeof(T) <= 4 && logits.size(1) <= int64_t{kMaxThreads} * kRegisterPacks * kPack;
+}
+
+// cross_entropy_fused_with_grad: ce_fwd_bwd_kernel where the rows fit in registers and pack,
+// else the forward and backward kernels one after the other.
+void cross_entropy_with_grad_cuda(OpCall& c) {
+  const Tensor logits = rows_of(c.input(0));
+  const Tensor targets = c.input(1).contiguous();
+  const Tensor& grad = c.input(2);
+  const int64_t ignore = c.attr<int64_t>(0);
+  const int64_t n = logits.size(0), v = logits.size(1);
+  Tensor& dlogits = c.outputs[2];
+  bool fused = false;
+  visit_floating(logits.dtype(), "cross_entropy_fused_with_grad", [&]<typename T>(TypeTag<T>) {
+    fused = packable<T>(logits, &dlogits) && fits_registers<T>(logits);
+  });
+  if (!fused) {
+    OpCall fwd = c;
+    fwd.inputs = {c.input(0), c.input(1)};
+    fwd.outputs = {c.outputs[0], c.outputs[1]};
+    cross_entropy_cuda(fwd);
+    OpCall bwd = c;
+    bwd.inputs = {grad, c.input(0), c.input(1), c.outputs[1]};
+    bwd.outputs = {dlogits};
+    cross_entropy_backward_cuda(bwd);
+    return;
+  }
+  const int64_t rs = n > 1 ? logits.stride(0) : v;
+  DeviceGuard guard(logits.device().index());
+  const cudaStream_t stream = current_stream();
+  visit_floating(logits.dtype(), "cross_entropy_fused_with_grad", [&]<typename T>(TypeTag<T>) {
+    using Acc = opmath_t<T>;
+    if constexpr (sizeof(T) <= 4) {
+      constexpr int kPack = 16 / sizeof(T);
+      const TensorOptions acc(dtype_of<Acc>());
+      const Tensor row_loss = empty({std::max<int64_t>(n, 1)}, acc.device(logits.device()));
+      const Tensor scale = empty({}, acc.device(logits.device()));
+      ce_scale_kernel<Acc><<<1, 1024, 0, stream>>>(
+          static_cast<Acc*>(scale.data_ptr()), static_cast<const Acc*>(grad.data_ptr()),
+          static_cast<const int64_t*>(targets.data_ptr()), n, ignore);
+      KILN_CUDA_LAUNCH_CHECK("ce_scale_kernel");
+      if (n > 0) {
+        const int64_t nvec = v / kPack;
+        const int threads = threads_for((nvec + kRegisterPacks - 1) / kRegisterPacks);
+        ce_fwd_bwd_kernel<T, kPack, kRegisterPacks>
+            <<<static_cast<unsigned>(std::min<int64_t>(n, 1 << 20)), threads, 0, stream>>>(
+                static_cast<T*>(dlogits.data_ptr()), static_cast<Acc*>(row_loss.data_ptr()),
+                static_cast<Acc*>(c.outputs[1].data_ptr()),
+                static_cast<const T*>(logits.data_ptr()), rs,
+                static_cast<const int64_t*>(targets.data_ptr()),
+                static_cast<const Acc*>(scale.data_ptr()), n, v, ignore);
+        KILN_CUDA_LAUNCH_CHECK("ce_fwd_bwd_kernel");
+      }
+      ce_mean_kernel<Acc><<<1, 1024, 0, stream>>>(
+          static_cast<Acc*>(c.outputs[0].data_ptr()), static_cast<const Acc*>(row_loss.data_ptr()),
+          static_cast<const int64_t*>(targets.data_ptr()), n, ignore);
+      KILN_CUDA_LAUNCH_CHECK("ce_mean_kernel");
+    }
+  });
+}
+
 }  // namespace
 
 KILN_REGISTER_KERNEL_IF(cross_entropy_fused, kCUDA, "fused", cross_entropy_cuda,
                         cross_entropy_supported);
 KILN_REGISTER_KERNEL(cross_entropy_fused_backward, kCUDA, cross_entropy_backward_cuda);
+KILN_REGISTER_KERNEL(cross_entropy_fused_with_grad, kCUDA, cross_entropy_with_grad_cuda);
 
 }  // namespace kiln::cuda

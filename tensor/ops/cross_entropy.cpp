@@ -17,6 +17,12 @@
 // cross_entropy_fused_backward(grad, logits, targets, lse; ignore_index) -> dlogits (the fused
 //   case only): (softmax(logits) - onehot(targets)) * grad / count, zero on ignored rows, logits'
 //   dtype.
+// cross_entropy_fused_with_grad(logits, targets, grad; ignore_index) -> (loss, lse, dlogits):
+//   the fused case's forward and backward in one call, for callers that want the gradient at
+//   once (linear_cross_entropy's chunks): loss and lse as cross_entropy_fused's mean, dlogits as
+//   cross_entropy_fused_backward(grad, logits, targets, lse). The CUDA kernel reads each row
+//   once where it fits in registers (V up to 32768 for f16/bf16); the CPU kernel runs the two
+//   kernels.
 #include <string>
 
 #include "tensor/ops.h"
@@ -174,12 +180,31 @@ SpecList cross_entropy_fused_backward_meta(const OpCall& c) {
   return {{to_shape(logits.sizes()), logits.dtype(), logits.device()}};
 }
 
+SpecList cross_entropy_fused_with_grad_meta(const OpCall& c) {
+  constexpr const char* kOp = "cross_entropy_fused_with_grad";
+  KILN_CHECK(c.inputs.size() == 3, "[", kOp, "] expected inputs (logits, targets, grad)");
+  const Tensor& logits = c.input(0);
+  const Tensor& grad = c.input(2);
+  check_logits_targets(kOp, logits, c.input(1));
+  (void)c.attr<int64_t>(0);
+  const ScalarType ct = compute_dtype(logits.dtype());
+  KILN_CHECK(grad.dim() == 0 && grad.dtype() == ct, "[", kOp, "] expected a 0-d ", dtype_name(ct),
+             " grad, got ", dtype_name(grad.dtype()), " ", shape_str(grad.sizes()));
+  KILN_CHECK(grad.device() == logits.device(), "[", kOp, "] grad is on ", grad.device().str(),
+             " but logits are on ", logits.device().str());
+  return {{Shape{}, ct, logits.device()},
+          {Shape{logits.size(0)}, ct, logits.device()},
+          {to_shape(logits.sizes()), logits.dtype(), logits.device()}};
+}
+
 }  // namespace
 
 KILN_DEFINE_OP(cross_entropy_fused, OpKind::kFunctional, cross_entropy_fused_meta);
 KILN_REGISTER_DECOMPOSITION(cross_entropy_fused, cross_entropy_fused_decomposition);
 KILN_DEFINE_OP(cross_entropy_fused_backward, OpKind::kFunctional,
                cross_entropy_fused_backward_meta);
+KILN_DEFINE_OP(cross_entropy_fused_with_grad, OpKind::kFunctional,
+               cross_entropy_fused_with_grad_meta);
 
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   static const OpDef& op = KILN_OP(cross_entropy_fused);
@@ -192,6 +217,15 @@ Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, const Te
   static const OpDef& op = KILN_OP(cross_entropy_fused);
   return call_op(op, {logits, targets, weight},
                  {ignore_index, std::string(reduction), label_smoothing})[0];
+}
+
+std::tuple<Tensor, Tensor, Tensor> cross_entropy_fused_with_grad(const Tensor& logits,
+                                                                 const Tensor& targets,
+                                                                 const Tensor& grad,
+                                                                 int64_t ignore_index) {
+  static const OpDef& op = KILN_OP(cross_entropy_fused_with_grad);
+  const TensorVec r = call_op(op, {logits, targets, grad}, {ignore_index});
+  return {r[0], r[1], r[2]};
 }
 
 }  // namespace kiln

@@ -56,6 +56,9 @@ const std::set<std::string> kNonDifferentiable = {
     "rms_norm_backward",
     "layer_norm_backward",
     "cross_entropy_fused_backward",
+    // The cross-entropy's loss and gradient in one call (linear_cross_entropy's chunks): it
+    // returns the gradient itself.
+    "cross_entropy_fused_with_grad",
     "flash_attention_backward",
     "swiglu_backward",
     "geglu_tanh_backward",

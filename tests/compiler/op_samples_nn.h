@@ -309,6 +309,18 @@ inline std::vector<OpSample> fused_samples() {
           [] {
             return Tensors{f32({6, 4}), f32({7, 4}), ints(7, {6})};
           }),
+      // The loss and its gradient in one call (linear_cross_entropy's chunks on a GPU). No
+      // gradients: the op returns its own.
+      {"cross_entropy_fused_with_grad",
+       [](const Tensors& x) {
+         const auto [loss, lse, dlogits] = cross_entropy_fused_with_grad(
+             x[0], where(x[1].eq(0), full({5}, -100, kInt64), x[1]), x[2]);
+         return Tensors{loss, lse, dlogits};
+       },
+       [] {
+         return Tensors{f32({5, 7}), ints(7, {5}), full({}, 0.5, kFloat)};
+       },
+       false},
       // A class weight, smoothing and the sum: no kernel takes it, the decomposition runs.
       one(
           "cross_entropy_weighted",

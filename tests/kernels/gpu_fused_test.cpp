@@ -540,6 +540,65 @@ TEST_F(GpuRotaryEmb, SplitQkvAutogradUsesTheFusedKernels) {
   expect_match(grads_on(kGpu), grads_on(Device(kCPU)), 8e-3);
 }
 
+// cross_entropy_fused_with_grad on the GPU: the one-pass kernel (rows held in registers: up to
+// 32768 f16/bf16 classes, 16384 f32) and the forward and backward kernels beyond it, against the
+// f64 reference, the CPU, and the GPU's two ops.
+void check_ce_with_grad(const Tensor& logits, const Tensor& targets, int64_t ignore = -100) {
+  SCOPED_TRACE(std::string(dtype_name(logits.dtype())) + " " + shape_str(logits.sizes()));
+  static const OpDef& fwd = KILN_OP(cross_entropy_fused);
+  static const OpDef& bwd = KILN_OP(cross_entropy_fused_backward);
+  const ScalarType ct = logits.dtype() == kDouble ? kDouble : kFloat;
+  const Tensor grad = full({}, 1.7, TensorOptions(ct));
+  const auto [lc, sc, dc] = cross_entropy_fused_with_grad(logits, targets, grad, ignore);
+  const auto [lg, sg, dg] =
+      cross_entropy_fused_with_grad(logits.to(kGpu), targets.to(kGpu), grad.to(kGpu), ignore);
+  const TensorVec r = call_op(fwd, {logits.to(kDouble), targets}, {ignore});
+  const double tol = logits.dtype() == kDouble ? 1e-12 : 1e-5;
+  EXPECT_LE(rel_error(lg, r[0]), tol);
+  EXPECT_LE(rel_error(sg, r[1]), tol);
+  EXPECT_EQ(to_shape(sg.sizes()), Shape({logits.size(0)}));
+  EXPECT_EQ(dg.dtype(), logits.dtype());
+  expect_match(dg, dc, tolerance(logits.dtype()));
+  const TensorVec f = call_op(fwd, {logits.to(kGpu), targets.to(kGpu)}, {ignore});
+  const Tensor b =
+      call_op1(bwd, {grad.to(kGpu), logits.to(kGpu), targets.to(kGpu), f[1]}, {ignore});
+  expect_match(dg, b.cpu(), tolerance(logits.dtype()));
+}
+
+TEST_F(GpuCrossEntropy, WithGradInOnePass) {
+  manual_seed(27);
+  for (ScalarType dt : {kBFloat16, kHalf, kFloat, kDouble}) {
+    check_ce_with_grad((randn({64, 4096}) * 4).to(dt), targets_for(64, 4096, 5));
+    check_ce_with_grad((randn({37, 1001}) * 4).to(dt), targets_for(37, 1001, 3));  // odd V
+  }
+  // Llama-2's vocabulary (512 threads, the last of their 8 packs partly used), the largest rows
+  // held in registers, and rows just beyond them (the two kernels).
+  check_ce_with_grad((randn({24, 32000}) * 3).to(kBFloat16), targets_for(24, 32000, 7));
+  check_ce_with_grad((randn({8, 32768}) * 3).to(kBFloat16), targets_for(8, 32768));
+  check_ce_with_grad((randn({8, 32776}) * 3).to(kBFloat16), targets_for(8, 32776));
+  check_ce_with_grad((randn({8, 16384}) * 3).to(kFloat), targets_for(8, 16384, 3));
+  check_ce_with_grad((randn({8, 16388}) * 3).to(kFloat), targets_for(8, 16388, 3));
+  // Rows with a stride larger than V, read in place; a few classes (one warp).
+  const Tensor wide = (randn({40, 1040}) * 3).to(kBFloat16);
+  check_ce_with_grad(wide.narrow(1, 0, 1024), targets_for(40, 1024));
+  check_ce_with_grad((randn({9, 16}) * 3).to(kBFloat16), targets_for(9, 16, 2));
+  // Extreme values (the maximum keeps exp() finite) and a custom ignore_index.
+  const Tensor big =
+      from_blob(std::vector<float>{1000, -1000, 999, 0, -1e4, 50, 3, 2}.data(), {2, 4}, kFloat)
+          .clone();
+  check_ce_with_grad(big, from_blob(std::vector<int64_t>{0, 2}.data(), {2}, kInt64).clone(), 0);
+  // Every row ignored: a NaN loss and a zero gradient; a target out of range: a NaN loss.
+  const Tensor grad = full({}, 1.0, TensorOptions(kFloat)).to(kGpu);
+  const Tensor logits = randn({3, 64}).to(kBFloat16).to(kGpu);
+  const auto [loss, lse, dlogits] = cross_entropy_fused_with_grad(
+      logits, full({3}, int64_t{-100}, TensorOptions(kInt64)).to(kGpu), grad);
+  EXPECT_TRUE(std::isnan(loss.item<double>()));
+  EXPECT_EQ(dlogits.abs().sum().item<double>(), 0.0);
+  const Tensor bad = from_blob(std::vector<int64_t>{0, 64, 1}.data(), {3}, kInt64).clone();
+  EXPECT_TRUE(std::isnan(
+      std::get<0>(cross_entropy_fused_with_grad(logits, bad.to(kGpu), grad)).item<double>()));
+}
+
 // linear_cross_entropy on the GPU (cuBLASLt and the fused cross-entropy kernels per chunk)
 // against the CPU: loss, dx and dweight, with ignored targets and chunks that split the rows
 // unevenly (300 rows in chunks of 128).

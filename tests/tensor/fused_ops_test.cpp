@@ -547,6 +547,42 @@ TEST(FusedCrossEntropy, Errors) {
                        cross_entropy_fused(logits.narrow(0, 1, 1), targets_of({1}))));
 }
 
+// cross_entropy_fused_with_grad: the loss, lse and gradient of one call against the f64 reference
+// (the CPU runs the two ops), and its errors.
+TEST(FusedCrossEntropy, WithGradEqualsForwardAndBackward) {
+  manual_seed(9);
+  const std::vector<int64_t> t = {0, 6, 3, -100, 2};
+  for (ScalarType dt : {kDouble, kFloat, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor logits = (randn({5, 7}) * 3).to(dt);
+    const ScalarType ct = dt == kDouble ? kDouble : kFloat;
+    const auto [loss, lse, dlogits] =
+        cross_entropy_fused_with_grad(logits, targets_of(t), full({}, 0.75, TensorOptions(ct)));
+    const Tensor r[3] = {loss, lse, dlogits};
+    const CeRef ref = ce_reference(logits.to_vector<double>(), t, 7, -100, 0.75);
+    const double tol = dt == kDouble ? 1e-12 : 1e-5;
+    EXPECT_NEAR(r[0].item<double>(), ref.loss, tol * (1 + std::abs(ref.loss)));
+    EXPECT_EQ(r[1].dtype(), ct);
+    EXPECT_EQ(to_shape(r[1].sizes()), Shape({5}));
+    EXPECT_EQ(r[2].dtype(), dt);
+    EXPECT_LT(rel_error(r[2], ref.dlogits), tolerance(dt) * 5);
+    EXPECT_TRUE(allclose(r[1], logsumexp(logits.to(ct), {1}), 1e-5, 1e-5));
+  }
+  const Tensor g = full({}, 1.0, TensorOptions(kFloat));
+  EXPECT_KILN_ERROR(cross_entropy_fused_with_grad(randn({2, 3}), targets_of({0, 3}), g),
+                    "[cross_entropy_fused_with_grad] target 3 is out of bounds for 3 classes");
+  EXPECT_KILN_ERROR(cross_entropy_fused_with_grad(randn({2, 3}), targets_of({0}), g),
+                    "[cross_entropy_fused_with_grad] targets of shape [1] do not match logits of "
+                    "shape [2, 3]");
+  EXPECT_KILN_ERROR(cross_entropy_fused_with_grad(randn({2, 3}), targets_of({0, 1}), ones({2})),
+                    "[cross_entropy_fused_with_grad] expected a 0-d float32 grad, got float32 [2]");
+  EXPECT_KILN_ERROR(cross_entropy_fused_with_grad(randn({2, 3}), targets_of({0, 1}).to(kInt32), g),
+                    "[cross_entropy_fused_with_grad] expected int64 targets, got int32");
+  EXPECT_KILN_ERROR(
+      cross_entropy_fused_with_grad(randn({2, 3}, TensorOptions(kDouble)), targets_of({0, 1}), g),
+      "[cross_entropy_fused_with_grad] expected a 0-d float64 grad, got float32 []");
+}
+
 // --- rotary_emb, swiglu, geglu_tanh against f64 compositions of plain ops ----------------------
 
 using Fn = std::function<Tensor(const variable_list&)>;
