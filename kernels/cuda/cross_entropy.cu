@@ -1,5 +1,6 @@
-// CUDA kernels of cross_entropy_fused and its backward (tensor/ops/cross_entropy.cpp;
-// reference: kernels/cpu/cross_entropy.cpp). Never materialises an f32 copy of the logits.
+// CUDA kernels of cross_entropy_fused, its backward and cross_entropy_fused_with_grad
+// (tensor/ops/cross_entropy.cpp; reference: kernels/cpu/cross_entropy.cpp). Never materialises an
+// f32 copy of the logits.
 //
 // Forward: one block per row streams the row once in 16-byte packs (several packs in flight per
 // thread), keeping a running maximum and a sum rescaled whenever the maximum grows (online
@@ -9,6 +10,8 @@
 // makes the loss NaN (a kernel cannot raise; the CPU kernel raises kiln::Error).
 // Backward: one pass, dlogits = (exp(logits - lse) - onehot) * grad / count in the logits'
 // dtype, zero on ignored rows; grad / count is computed on the device first (no host sync).
+// Both in one call (cross_entropy_fused_with_grad): where a row fits in registers, one kernel
+// reads it once for the loss and the gradient (ce_fwd_bwd_kernel); else the two kernels.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
