@@ -94,6 +94,14 @@ __device__ __forceinline__ void block_merge(Acc& m, Acc& s, Acc* sm, Acc* ss) {
   }
 }
 
+// A row's loss, lse - logits[target]: 0 on an ignored row, NaN for a target out of range.
+template <typename T, typename Acc>
+__device__ __forceinline__ Acc row_loss_of(Acc l, const T* xr, int64_t t, int64_t v,
+                                           int64_t ignore) {
+  if (t == ignore) return Acc(0);
+  return t >= 0 && t < v ? l - static_cast<Acc>(xr[t]) : std::numeric_limits<Acc>::quiet_NaN();
+}
+
 template <typename T, int N>
 __global__ void __launch_bounds__(kMaxThreads)
     ce_fwd_kernel(opmath_t<T>* __restrict__ row_loss, opmath_t<T>* __restrict__ lse,
@@ -127,12 +135,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (tid == 0) {
       const Acc l = m + ::log(s);
       lse[row] = l;
-      const int64_t t = targets[row];
-      Acc loss = 0;
-      if (t != ignore) {
-        loss = t >= 0 && t < v ? l - static_cast<Acc>(xr[t]) : std::numeric_limits<Acc>::quiet_NaN();
-      }
-      row_loss[row] = loss;
+      row_loss[row] = row_loss_of(l, xr, targets[row], v, ignore);
     }
   }
 }
@@ -285,12 +288,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int64_t t = targets[row];
     if (tid == 0) {
       lse[row] = l;
-      Acc loss = 0;
-      if (t != ignore) {
-        loss =
-            t >= 0 && t < v ? l - static_cast<Acc>(xr[t]) : std::numeric_limits<Acc>::quiet_NaN();
-      }
-      row_loss[row] = loss;
+      row_loss[row] = row_loss_of(l, xr, t, v, ignore);
     }
 #pragma unroll
     for (int k = 0; k < K; ++k) {
