@@ -145,13 +145,18 @@ void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_
         const T* pres = res.defined() ? static_cast<const T*>(res.data_ptr()) : nullptr;
         const bool packed = packable<T, W>(d, {px, pdy, pdx, pres}, {pw});
         if (kernel != RmsNormBackward::kLoop) {
-          // Rows over 2048 elements: 256 threads, one row at a time; shorter: 128 threads, two.
+          // Rows over 2048 elements: 256 threads, one row at a time; shorter: 128 threads, two;
+          // rows of at most 96 packs (768 bf16 elements: llama-160m) 96 threads, two, so that
+          // no warp idles.
           const bool ran =
               packed &&
               (d > 2048 ? launch_rms_norm_bwd_rows<T, W, 256, 1>(pdx, pdw, pdy, px, pw, pr, pres,
                                                                  rows, d, x.device(), stream)
-                        : launch_rms_norm_bwd_rows<T, W, 128, 2>(pdx, pdw, pdy, px, pw, pr, pres,
-                                                                 rows, d, x.device(), stream));
+               : d / kPack <= 96
+                   ? launch_rms_norm_bwd_rows<T, W, 96, 2>(pdx, pdw, pdy, px, pw, pr, pres, rows, d,
+                                                           x.device(), stream)
+                   : launch_rms_norm_bwd_rows<T, W, 128, 2>(pdx, pdw, pdy, px, pw, pr, pres, rows,
+                                                            d, x.device(), stream));
           if (ran) return;
           KILN_CHECK(kernel == RmsNormBackward::kAuto,
                      "[rms_norm_backward] the row-group kernel cannot run rows of ", d,

@@ -314,9 +314,9 @@ __global__ void __launch_bounds__(1024)
 
 // Rows of at most TPR * P packs: one row per block of TPR threads (at most 256), R rows at a
 // time. Each thread keeps its columns' weight (loaded once) and dweight partial sums in
-// registers for all the rows of its block, and issues the loads of x and dy of all R rows before
-// the block sum (one barrier pair for the R sums). The loop is uniform over the block (rows past
-// the end are masked) so that the barriers are safe.
+// registers for all the rows of its block, and issues the loads of x, dy and the residual of all
+// R rows before the block sum (one barrier pair for the R sums). The loop is uniform over the block
+// (rows past the end are masked) so that the barriers are safe.
 template <typename T, typename W, int N, int P, int TPR, int R>
 __global__ void __launch_bounds__(256)
     rms_norm_bwd_rows_kernel(T* __restrict__ dx, opmath_t<T>* __restrict__ partial,
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(256)
   }
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * R; base < rows;
        base += static_cast<int64_t>(gridDim.x) * R) {
-    RawPack<T, N> xr[R][P], gr[R][P];
+    RawPack<T, N> xr[R][P], gr[R][P], rr[R][P];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (base + r < rows) {
@@ -350,6 +350,8 @@ __global__ void __launch_bounds__(256)
           if (v < nvec) {
             xr[r][p] = *reinterpret_cast<const RawPack<T, N>*>(x + off + v * N);
             gr[r][p] = *reinterpret_cast<const RawPack<T, N>*>(dy + off + v * N);
+            if (res != nullptr)
+              rr[r][p] = *reinterpret_cast<const RawPack<T, N>*>(res + off + v * N);
           }
         }
       }
@@ -409,7 +411,10 @@ __global__ void __launch_bounds__(256)
               o[i] = rs[r] * raw_elem<T, N, Acc>(gr[r][p], i) * wv[p][i] -
                      raw_elem<T, N, Acc>(xr[r][p], i) * s * k;
             }
-            if (res != nullptr) add_pack<N>(o, res + (base + r) * d + v * N);
+            if (res != nullptr) {
+#pragma unroll
+              for (int i = 0; i < N; ++i) o[i] += raw_elem<T, N, Acc>(rr[r][p], i);
+            }
             store_pack<N>(dr + v * N, o);
           }
         }
