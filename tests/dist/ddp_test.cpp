@@ -6,7 +6,8 @@
 // after the first backward; find_unused_parameters with a branch only some ranks take; a
 // parameter left out of the loss (without find_unused_parameters) and ranks with different
 // models are clear errors. In this process: the post-accumulate-grad hook that DDP builds on
-// (autograd/hooks.h), and, with a GPU, the NCCL backend at world size 1 along the DDP path.
+// (autograd/hooks.h), and, with a GPU, the NCCL backend at world size 1 along the DDP path and a
+// compiled step over NCCL.
 #include <gtest/gtest.h>
 
 #include "autograd/hooks.h"
@@ -146,6 +147,18 @@ TEST(PostAccumulateGradHookTest, RunsAfterAccumulationOncePerBackward) {
     ADD_FAILURE() << "a non-leaf was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("must be a leaf that requires grad"), std::string::npos);
+  }
+}
+
+// A compiled DDP step over NCCL equals eager DDP (dist_worker's ddp_compiled_nccl); at 2 ranks
+// where there are 2 GPUs.
+TEST(GpuDdpTest, CompiledStepOverNcclEqualsEager) {
+  if (!cuda::is_available() || !nccl_available()) {
+    GTEST_SKIP() << "needs a GPU and a build with NCCL";
+  }
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_compiled_nccl", 1));
+  if (cuda::device_count() >= 2) {
+    EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_compiled_nccl", 2));
   }
 }
 
