@@ -62,13 +62,12 @@ __device__ __forceinline__ void online_update(Acc& m, Acc& s, const Acc (&x)[N])
   for (int i = 0; i < N; ++i) s += exp_of(x[i] - m);
 }
 
-// Merges (om, os) into (m, s).
+// Merges (om, os) into (m, s): the part whose maximum is below the other's is rescaled to it (by
+// 0 when its maximum is -inf; a NaN sum stays NaN).
 template <typename Acc>
 __device__ __forceinline__ void merge(Acc& m, Acc& s, Acc om, Acc os) {
   const Acc mm = ::fmax(m, om);
-  if (mm == neg_inf<Acc>()) return;
-  s = (m == neg_inf<Acc>() ? Acc(0) : s * exp_of(m - mm)) +
-      (om == neg_inf<Acc>() ? Acc(0) : os * exp_of(om - mm));
+  s = (m == mm ? s : s * exp_of(m - mm)) + (om == mm ? os : os * exp_of(om - mm));
   m = mm;
 }
 
@@ -222,30 +221,15 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// The block's maximum, to every thread, with two barriers as fused_util.cuh's block_sum.
-// softmax.cuh's block_all_reduce<true> gives the same value through warp 0 and a broadcast in
-// shared memory, with a third barrier: in ce_fwd_bwd_kernel it took 520-536 us a chunk of
-// llama-160m's logits against 352-381 us with this one (H200, .gpu/val24k.sh).
-template <typename Acc>
-__device__ __forceinline__ Acc block_max(Acc v, Acc* smem) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = ::fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  const int warps = static_cast<int>(blockDim.x >> 5);
-  v = lane < warps ? smem[lane] : neg_inf<Acc>();
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = ::fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
 // Forward and backward in one pass over a row that fits in registers
 // (cross_entropy_fused_with_grad): each thread loads its K packs of N (pack p = tid + k *
-// blockDim.x) before using any, the block takes the row's maximum, then the sum of exp(x - max) (no
-// rescaling: the maximum is known), writes lse and the row's loss as ce_fwd_kernel does, and
-// dlogits from the registers as ce_bwd_kernel does. The logits are read once instead of twice.
+// blockDim.x) before using any, takes their maximum and the sum of exp(x - that maximum), and the
+// block merges the threads' (max, sum) pairs in one reduction; then it writes lse and the row's
+// loss as ce_fwd_kernel does, and dlogits from the registers as ce_bwd_kernel does. The logits
+// are read once instead of twice. The kernel is bound by its barriers more than by memory: the
+// row's maximum and then its sum as two block reductions (four barriers) took 352-381 us a chunk
+// of llama-160m's logits (H200, .gpu/val24k.sh); with softmax.cuh's block_all_reduce for the
+// maximum (a third barrier) 520-536 us.
 template <typename T, int N, int K>
 __global__ void __launch_bounds__(kMaxThreads)
     ce_fwd_bwd_kernel(T* __restrict__ dlogits, opmath_t<T>* __restrict__ row_loss,
@@ -255,7 +239,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                       int64_t ignore) {
   using Acc = opmath_t<T>;
   using Raw = internal::RawPack<T, N>;
-  __shared__ Acc red[32];
+  __shared__ Acc sm[32], ss[32];
   const int64_t nvec = v / N;
   const int tid = threadIdx.x, bd = blockDim.x;
   const Acc scale = *scale_ptr;
@@ -276,18 +260,17 @@ __global__ void __launch_bounds__(kMaxThreads)
         for (int i = 0; i < N; ++i) m = ::fmax(m, internal::raw_elem<T, N, Acc>(raw[k], i));
       }
     }
-    m = block_max(m, red);
+    // Relative to 0 when every value is -inf (each adds 0) or NaN (each adds NaN).
+    const Acc base = m == neg_inf<Acc>() ? Acc(0) : m;
     Acc s = 0;
-    if (m != neg_inf<Acc>()) {
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (tid + static_cast<int64_t>(k) * bd < nvec) {
+    for (int k = 0; k < K; ++k) {
+      if (tid + static_cast<int64_t>(k) * bd < nvec) {
 #pragma unroll
-          for (int i = 0; i < N; ++i) s += exp_of(internal::raw_elem<T, N, Acc>(raw[k], i) - m);
-        }
+        for (int i = 0; i < N; ++i) s += exp_of(internal::raw_elem<T, N, Acc>(raw[k], i) - base);
       }
     }
-    s = internal::block_sum(s, red);
+    block_merge(m, s, sm, ss);
     const Acc l = m + ::log(s);
     const int64_t t = targets[row];
     if (tid == 0) {

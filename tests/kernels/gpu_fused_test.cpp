@@ -597,6 +597,16 @@ TEST_F(GpuCrossEntropy, WithGradInOnePass) {
   const Tensor bad = from_blob(std::vector<int64_t>{0, 64, 1}.data(), {3}, kInt64).clone();
   EXPECT_TRUE(std::isnan(
       std::get<0>(cross_entropy_fused_with_grad(logits, bad.to(kGpu), grad)).item<double>()));
+  // A NaN logit makes its row's lse NaN, and only its row's, wherever it falls in the row.
+  for (int64_t at : {0, 7, 2047, 4095}) {
+    Tensor with_nan = (randn({3, 4096}) * 3).to(kBFloat16);
+    with_nan.select(0, 1).narrow(0, at, 1).fill_(std::nan(""));
+    const Tensor lse_nan = std::get<1>(
+        cross_entropy_fused_with_grad(with_nan.to(kGpu), targets_for(3, 4096).to(kGpu), grad));
+    const std::vector<float> l = lse_nan.cpu().to_vector<float>();
+    EXPECT_TRUE(std::isfinite(l[0]) && std::isnan(l[1]) && std::isfinite(l[2]))
+        << at << ": " << l[0] << " " << l[1] << " " << l[2];
+  }
 }
 
 // linear_cross_entropy on the GPU (cuBLASLt and the fused cross-entropy kernels per chunk)
