@@ -66,6 +66,17 @@ Plan& plan_for(Device& d, const Key& key) {
   return *d.plans.emplace(key, std::move(p)).first->second;
 }
 
+// A plan's engines for logs, the active one marked when there are several.
+std::string plan_text(const Plan& p) {
+  if (!p.ok()) return p.error;
+  if (p.engines.size() == 1) return p.engine().str();
+  std::string text = absl::StrCat(p.engines.size(), " engines", p.tuned ? ", timed" : "", ":");
+  for (size_t i = 0; i < p.engines.size(); ++i) {
+    absl::StrAppend(&text, i == p.active ? " *" : " ", p.engines[i].str(), ";");
+  }
+  return text;
+}
+
 // --- Support -------------------------------------------------------------------------------------
 bool is_forward(const OpCall& c) {
   static const OpDef* const forward = &KILN_OP(flash_attention);
@@ -175,7 +186,7 @@ Plan* supported_plan(const OpCall& c) {
   std::lock_guard<std::mutex> lock(d.mu);
   if (!d.plans.contains(key) && capturing()) return nullptr;
   Plan& p = plan_for(d, key);
-  return p.plan ? &p : nullptr;
+  return p.ok() ? &p : nullptr;
 }
 
 bool cudnn_supports(const OpCall& c) { return supported_plan(c) != nullptr; }
@@ -183,10 +194,11 @@ bool cudnn_supports(const OpCall& c) { return supported_plan(c) != nullptr; }
 // --- Execution -----------------------------------------------------------------------------------
 void execute(const char* op, Device& d, Plan& p, const std::vector<int64_t>& uids,
              std::vector<void*>& ptrs, const Tensor& like) {
+  const Engine& engine = p.engine();
   Tensor workspace;
-  if (p.workspace > 0) {
+  if (engine.workspace > 0) {
     // From kiln's stream-ordered pool (no byte dtype: f32 words), aligned as every allocation.
-    workspace = empty({(p.workspace + 3) / 4}, TensorOptions(kFloat).device(like.device()));
+    workspace = empty({(engine.workspace + 3) / 4}, TensorOptions(kFloat).device(like.device()));
   }
   try {
     Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -198,7 +210,7 @@ void execute(const char* op, Device& d, Plan& p, const std::vector<int64_t>& uid
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, ws);
     pack.finalize();
     KILN_CUDNN_CHECK(op, cudnnSetStream(d.handle, current_stream()));
-    KILN_CUDNN_CHECK(op, cudnnBackendExecute(d.handle, p.plan->get(), pack.get()));
+    KILN_CUDNN_CHECK(op, cudnnBackendExecute(d.handle, engine.plan->get(), pack.get()));
   } catch (const BuildError& e) {
     KILN_FAIL("[", op, "] cuDNN variant pack: ", e.what);
   }
@@ -226,7 +238,7 @@ void execute_plan(const char* op, Device& d, const Key& key, const std::vector<i
                   std::vector<void*>& ptrs, const Tensor& like) {
   std::lock_guard<std::mutex> lock(d.mu);
   Plan& p = plan_for(d, key);
-  KILN_CHECK(p.plan != nullptr, "[", op, "] cuDNN built no plan for ", key.str(), ": ", p.error);
+  KILN_CHECK(p.ok(), "[", op, "] cuDNN built no plan for ", key.str(), ": ", p.error);
   execute(op, d, p, uids, ptrs, like);
 }
 
@@ -364,9 +376,9 @@ double time_ms(F&& fn) {
 // each): a shape's first call comes at the start of a run, while the GPU's clocks still ramp up
 // and other work may share it, so one timing of each, one after the other, picked the slower
 // kernel in some runs (llama-160m's forward: 1.55 against 1.18 ms a step).
+constexpr int kRounds = 5;
 template <typename A, typename B>
 std::pair<double, double> best_times(A&& a, B&& b) {
-  constexpr int kRounds = 5;
   a();
   b();
   double ta = std::numeric_limits<double>::infinity(), tb = ta;
@@ -375,6 +387,53 @@ std::pair<double, double> best_times(A&& a, B&& b) {
     tb = std::min(tb, time_ms(b));
   }
   return {ta, tb};
+}
+
+// cuDNN's candidate engines for `key` (the heuristics' first few, cudnn_graph.h), each timed on
+// call c as best_times times two kernels, the fastest made active for this and later calls; once
+// per key. cuDNN's heuristics do not always rank its own engines right: on llama-160m's forward
+// (H100, cuDNN 9.14) the first was a 64x256 tile where torch's cuDNN 9.19 ran a 64x128 one
+// (benchmarks/RESULTS.md, session 25). Returns each engine and its milliseconds ("" when there
+// was nothing to choose).
+std::string tune_engines(OpCall& c, const Key& key, KernelFn cudnn_fn) {
+  Device& d = device_state(c.input(0).device().index());
+  Plan* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    p = &plan_for(d, key);
+    if (p->tuned || p->engines.size() < 2) {
+      p->tuned = true;
+      return "";
+    }
+  }
+  auto use = [&](size_t i) {
+    std::lock_guard<std::mutex> lock(d.mu);
+    p->active = i;
+  };
+  const size_t n = p->engines.size();
+  std::vector<double> ms(n, std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < n; ++i) {
+    use(i);
+    cudnn_fn(c);
+  }
+  for (int r = 0; r < kRounds; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      use(i);
+      ms[i] = std::min(ms[i], time_ms([&] { cudnn_fn(c); }));
+    }
+  }
+  const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    p->active = best;
+    p->tuned = true;
+    for (size_t i = 0; i < n; ++i) {
+      absl::StrAppend(&text, text.empty() ? "" : "; ", i == best ? "*" : "", p->engines[i].str(),
+                      ": ", absl::SixDigits(ms[i]), " ms");
+    }
+  }
+  return text;
 }
 
 void fastest(OpCall& c, KernelFn cudnn_fn) {
@@ -391,14 +450,16 @@ void fastest(OpCall& c, KernelFn cudnn_fn) {
     return;
   }
   DeviceGuard guard(c.input(0).device().index());
-  // The op is pure: both kernels write the same outputs from the same inputs.
+  // The op is pure: every kernel writes the same outputs from the same inputs.
+  std::string engines = tune_engines(c, key, cudnn_fn);
   const auto [cudnn_ms, hand_ms] = best_times([&] { cudnn_fn(c); }, [&] { hand->fn(c); });
   const bool cudnn_wins = cudnn_ms < hand_ms;
   if (cudnn_wins) cudnn_fn(c);  // the outputs come from the kernel later calls will run
   Selections& s = selections();
   std::lock_guard<std::mutex> lock(s.mu);
   s.choice[key] = cudnn_wins ? Choice::kCudnn : Choice::kHand;
-  s.last[c.name()] = {cudnn_wins ? "cudnn" : hand->name, key.str(), cudnn_ms, hand_ms};
+  s.last[c.name()] = {cudnn_wins ? "cudnn" : hand->name, key.str(), cudnn_ms, hand_ms,
+                      std::move(engines)};
 }
 
 void fastest_forward(OpCall& c) { fastest(c, run_forward_cudnn); }
@@ -435,11 +496,7 @@ std::string describe_plans() {
     Device& d = device_state(i);
     std::lock_guard<std::mutex> lock(d.mu);
     for (const auto& [key, plan] : d.plans) {
-      absl::StrAppend(&text, key.str(), ": ",
-                      plan->plan ? absl::StrCat("engine ", plan->engine, ", workspace ",
-                                                plan->workspace, " bytes")
-                                 : plan->error,
-                      "\n");
+      absl::StrAppend(&text, key.str(), ": ", plan_text(*plan), "\n");
     }
   }
   return text;
@@ -455,10 +512,7 @@ std::string probe(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
        {std::pair{false, true}, std::pair{true, true}, std::pair{true, false}}) {
     const Key key = make_key(backward, q, k, v, o, dout, causal, scale, dsum_input);
     const Plan& p = plan_for(d, key);
-    absl::StrAppend(
-        &text, key.str(), ": ",
-        p.plan ? absl::StrCat("engine ", p.engine, ", workspace ", p.workspace, " bytes") : p.error,
-        "\n");
+    absl::StrAppend(&text, key.str(), ": ", plan_text(p), "\n");
   }
   return text;
 }

@@ -7,7 +7,9 @@
 //   - "fastest" (tried first): for a call that both cuDNN and a hand kernel can run, the first
 //     call per shape key times both on the call's own operands (CUDA events, after a warm-up)
 //     and remembers the winner; later calls run the winner (when the hand kernel won, the rule
-//     refuses and the dispatcher goes on to it). Graph capture never measures.
+//     refuses and the dispatcher goes on to it). Graph capture never measures. cuDNN's side is
+//     the fastest of the heuristics' first few engine configurations (up to 4, each timed on
+//     the same call first): its heuristics' first choice is not always its fastest.
 //   - "cudnn": cuDNN only. Tried after the hand kernels (a call none of them takes); tests and
 //     the lab reach it by name:
 //       call_op_with_kernel(KILN_OP(flash_attention), "cudnn", {q, k, v}, {scale, true, 0, 0.0})
@@ -52,6 +54,9 @@ struct Selection {
   std::string key;
   double cudnn_ms = 0.0;
   double hand_ms = 0.0;
+  // cuDNN's candidate engines, each with its milliseconds, the chosen one starred ("" when
+  // cuDNN offered one engine): "*engine 8 [knobs], workspace 0 bytes: 0.1021 ms; engine ...".
+  std::string cudnn_engines;
 };
 Selection last_selection(const std::string& op);
 // Forgets every measured choice (tests); built plans stay cached.

@@ -2,6 +2,7 @@
 // (kernels/cuda/cudnn_graph.h says what they compute).
 #include "kernels/cuda/cudnn_graph.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -264,6 +265,40 @@ Graph backward_graph(cudnnHandle_t handle, const Key& key) {
   return g.finish(handle);
 }
 
+namespace {
+
+// "type=value ..." of an engine configuration's knob choices.
+std::string knobs_of(const Desc& config) {
+  constexpr int kMaxKnobs = 16;
+  std::vector<std::unique_ptr<Desc>> choices;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int i = 0; i < kMaxKnobs; ++i) {
+    choices.push_back(std::make_unique<Desc>(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR));
+    raw.push_back(choices.back()->get());
+  }
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxKnobs, &n,
+                               raw.data()) != CUDNN_STATUS_SUCCESS) {
+    return "";
+  }
+  std::string text;
+  for (int64_t i = 0; i < std::min<int64_t>(n, kMaxKnobs); ++i) {
+    cudnnBackendKnobType_t type{};
+    int64_t value = 0, got = 0;
+    if (cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1,
+                                 &got, &type) != CUDNN_STATUS_SUCCESS ||
+        cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
+                                 &got, &value) != CUDNN_STATUS_SUCCESS) {
+      continue;
+    }
+    absl::StrAppend(&text, text.empty() ? "" : " ", static_cast<int>(type), "=", value);
+  }
+  return text;
+}
+
+}  // namespace
+
 void make_plan(cudnnHandle_t handle, Plan& p) {
   std::string tried;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
@@ -293,34 +328,34 @@ void make_plan(cudnnHandle_t handle, Plan& p) {
     KILN_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
                                             raw.data()));
-    for (int64_t i = 0; i < got; ++i) {
+    for (int64_t i = 0; i < got && p.engines.size() < kMaxEngines; ++i) {
       try {
         auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
         plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle)
             .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i]);
         plan->finalize();
-        int64_t ws = 0, n = 0;
-        KILN_CUDNN_TRY(cudnnBackendGetAttribute(
-            plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws));
-        // The engine's global index, for logs.
+        Engine e;
+        int64_t n = 0;
+        KILN_CUDNN_TRY(cudnnBackendGetAttribute(plan->get(),
+                                                CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                CUDNN_TYPE_INT64, 1, &n, &e.workspace));
         Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-        cudnnBackendDescriptor_t e = engine.get();
-        int64_t index = -1;
+        cudnnBackendDescriptor_t ed = engine.get();
         if (cudnnBackendGetAttribute(cfgs[i]->get(), CUDNN_ATTR_ENGINECFG_ENGINE,
                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
-                                     &e) == CUDNN_STATUS_SUCCESS) {
-          cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
-                                   &index);
+                                     &ed) == CUDNN_STATUS_SUCCESS) {
+          cudnnBackendGetAttribute(ed, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                                   &e.index);
         }
-        p.config = std::move(cfgs[i]);
-        p.plan = std::move(plan);
-        p.workspace = ws;
-        p.engine = index;
-        return;
+        e.knobs = knobs_of(*cfgs[i]);
+        e.config = std::move(cfgs[i]);
+        e.plan = std::move(plan);
+        p.engines.push_back(std::move(e));
       } catch (const BuildError& e) {
         absl::StrAppend(&tried, " config ", i, ": ", e.what, ";");
       }
     }
+    if (p.ok()) return;
   }
   p.error = absl::StrCat("no execution plan:", tried);
 }

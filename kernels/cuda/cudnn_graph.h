@@ -185,17 +185,37 @@ Graph forward_graph(cudnnHandle_t handle, const Key& key);
 Graph backward_graph(cudnnHandle_t handle, const Key& key);
 
 // --- Plans ---------------------------------------------------------------------------------------
-struct Plan {
-  Graph graph;
-  std::unique_ptr<Desc> config;  // the engine configuration the plan was finalized with
-  std::unique_ptr<Desc> plan;    // null: no plan (see error)
+// An engine configuration and the execution plan finalized with it.
+struct Engine {
+  std::unique_ptr<Desc> config;
+  std::unique_ptr<Desc> plan;
   int64_t workspace = 0;
-  int64_t engine = -1;
-  std::string error;
+  int64_t index = -1;  // cuDNN's global engine index
+  std::string knobs;   // the configuration's knob choices, "type=value ..." (for logs)
+  std::string str() const {
+    return absl::StrCat("engine ", index, knobs.empty() ? "" : " [", knobs,
+                        knobs.empty() ? "" : "]", ", workspace ", workspace, " bytes");
+  }
 };
 
-// The first engine configuration of the heuristics (mode A, then the fallback list) whose
-// execution plan finalizes; p.error says why when none does.
+// The candidate engines of one graph. The heuristics' first runs until the candidates have been
+// timed on a call (cudnn_attention.cpp's "fastest" kernel): then the fastest.
+struct Plan {
+  Graph graph;
+  std::vector<Engine> engines;  // empty: no plan (see error)
+  size_t active = 0;            // the engine that runs
+  bool tuned = false;           // the engines were timed and the fastest made active
+  std::string error;
+  bool ok() const { return !engines.empty(); }
+  const Engine& engine() const { return engines[active]; }
+};
+
+// Candidates per graph: each finalized plan of cuDNN's runtime-compiled attention engines costs
+// its compilation once, and the heuristics' first few hold the fastest.
+constexpr size_t kMaxEngines = 4;
+
+// The engine configurations of the heuristics (mode A, else the fallback list) whose execution
+// plans finalize, up to kMaxEngines in the heuristics' order; p.error says why when none does.
 void make_plan(cudnnHandle_t handle, Plan& p);
 
 }  // namespace kiln::cuda::cudnn::internal

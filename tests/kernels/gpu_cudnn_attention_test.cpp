@@ -18,9 +18,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "autograd/engine.h"
 #include "kernels/gpu_test_util.h"
 #include "nn/functional.h"
@@ -83,6 +85,30 @@ bool accepts(const OpDef& op, const std::string& kernel, const TensorVec& inputs
   const KernelDef* k = op.find_kernel(kCUDA, kernel);
   return k != nullptr && k->accepts(call);
 }
+
+#if defined(KILN_WITH_CUDNN)
+// The candidate engines a selection timed: printed, and where cuDNN offered several (and this
+// process had not timed them before), exactly one chosen, the fastest.
+void expect_one_engine_chosen(const cuda::cudnn::Selection& s) {
+  std::printf("[cudnn] engines: %s\n",
+              s.cudnn_engines.empty() ? "one, or timed before" : s.cudnn_engines.c_str());
+  if (s.cudnn_engines.empty()) return;
+  double chosen = -1, fastest = std::numeric_limits<double>::infinity();
+  int starred = 0;
+  for (const std::string& part : std::vector<std::string>(absl::StrSplit(s.cudnn_engines, "; "))) {
+    const size_t colon = part.rfind(": ");
+    ASSERT_NE(colon, std::string::npos) << part;
+    const double ms = std::stod(part.substr(colon + 2));
+    fastest = std::min(fastest, ms);
+    if (part.rfind("*", 0) == 0) {
+      ++starred;
+      chosen = ms;
+    }
+  }
+  EXPECT_EQ(starred, 1) << s.cudnn_engines;
+  EXPECT_EQ(chosen, fastest) << s.cudnn_engines;
+}
+#endif
 
 std::string probe(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
 #if defined(KILN_WITH_CUDNN)
@@ -324,6 +350,7 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
               s.hand_ms, s.winner.c_str());
   ASSERT_FALSE(s.winner.empty()) << "the first call did not measure; plans:\n"
                                  << cuda::cudnn::describe_plans();
+  expect_one_engine_chosen(s);
   EXPECT_EQ(accepts(fwd_op(), "fastest", fwd_in, attrs), s.winner == "cudnn");
 
   const Tensor dout = randn(q.sizes()).to(c.dtype);
@@ -345,6 +372,7 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
               sb0.cudnn_ms, sb0.hand_ms, sb0.winner.c_str());
   ASSERT_FALSE(sb0.winner.empty()) << "the first backward call did not measure; plans:\n"
                                    << cuda::cudnn::describe_plans();
+  expect_one_engine_chosen(sb0);
   EXPECT_NE(sb0.key.find("dsum=cudnn"), std::string::npos) << sb0.key;
   EXPECT_EQ(accepts(bwd_op(), "fastest", bwd_in0, attrs), sb0.winner == "cudnn");
 
