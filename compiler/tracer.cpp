@@ -354,6 +354,9 @@ void on_grad_write(const Tensor& t) {
 
 bool is_tracing() { return t_tracer != nullptr; }
 
+NotTracing::NotTracing() : saved_(t_tracer) { t_tracer = nullptr; }
+NotTracing::~NotTracing() { t_tracer = static_cast<Tracer*>(saved_); }
+
 void trace_capture_now(const Tensor& t) {
   if (t_tracer == nullptr || !t.defined() || t.impl()->storage()->is_proxy()) return;
   ++t_tracer->paused;  // capturing records no op

@@ -81,6 +81,22 @@ TraceResult trace_callable(const TraceBody& body, const std::vector<Tensor>& arg
 // Whether this thread is tracing now (for errors that should name the compiler).
 bool is_tracing();
 
+// While one lives, this thread runs as if it were not tracing: ops run on real tensors and are
+// not recorded, and is_tracing() is false. For state that a traced callable sets up once, apart
+// from the program it records (DDP's buckets rebuilt in the order the traced backward made the
+// gradients ready, dist/ddp.cpp): such tensors are real, and the trace reads them as captured
+// tensors. Nothing made under it may depend on a traced value.
+class NotTracing {
+ public:
+  NotTracing();
+  ~NotTracing();
+  NotTracing(const NotTracing&) = delete;
+  NotTracing& operator=(const NotTracing&) = delete;
+
+ private:
+  void* saved_;
+};
+
 // A proxy tensor (no memory: StorageImpl::is_proxy) of `spec`'s sizes, strides (contiguous when
 // empty), dtype and device.
 Tensor proxy_of(const TensorSpec& spec, bool requires_grad = false);

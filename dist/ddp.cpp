@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <unordered_set>
+#include <utility>
 
 #include "autograd/autograd_meta.h"
 #include "autograd/grad_mode.h"
@@ -307,10 +308,19 @@ void Reducer::finalize() {
     }
     if (solo(b)) b.flat = Tensor();  // the bucket does not keep the gradient alive
   }
-  // A compiled step keeps the registration order: the rebuild agrees on the order through a
-  // broadcast read on the host, which a trace cannot record (on a GPU its tensors are proxies).
-  if (!rebuilt_ && compiler::is_tracing()) rebuilt_ = true;
-  if (!rebuilt_) rebuild_buckets();
+  // A traced pass keeps its buckets: the rebuild agrees on the order through a broadcast read on
+  // the host and makes new buckets, which a trace cannot record (on a GPU its tensors are
+  // proxies). Its order is kept, and the next forward rebuilds from it outside the trace
+  // (prepare_for_forward): a compiled step traced twice (an optimizer's state is made by its
+  // first call) records the rebuilt buckets. Without that, a compiled step launched its buckets
+  // in reverse registration order, and a tied table, registered first but whose LM-head gradient
+  // is ready first, was all-reduced last, after the backward (llama-3.2-1b under DDP: 525 MB,
+  // 2.4 ms on the step's tail; benchmarks/RESULTS.md, session 25).
+  if (!rebuilt_ && compiler::is_tracing()) {
+    traced_order_ = ready_order_;
+  } else if (!rebuilt_) {
+    rebuild_buckets(ready_order_);
+  }
   reset_pass();
   reduced_ = true;
   for (auto& add : after_reduction_) add();  // gathered_embedding's rows, on the reduced tables
@@ -354,10 +364,7 @@ Tensor Reducer::gathered_embedding(const Tensor& table, const Tensor& idx) {
              "[DistributedDataParallel] gathered_embedding: the table must be "
              "2-d, got shape ",
              shape_str(table.sizes()));
-  // A trace records the plain lookup (its all-gathers are no ops of the registry).
-  if (!GradMode::is_enabled() || !table.requires_grad() || compiler::is_tracing()) {
-    return embedding(table, idx);
-  }
+  if (!GradMode::is_enabled() || !table.requires_grad()) return embedding(table, idx);
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -386,8 +393,13 @@ void Reducer::gathered_embedding_backward(size_t index, const Tensor& idx, const
   const int64_t world = pg_->size();
   Tensor all_ids = empty({world * ids.numel()}, ids.options());
   Tensor all_rows = empty({world * rows.size(0), rows.size(1)}, rows.options());
-  pg_->all_gather_into_tensor(all_ids, ids)->wait();
-  pg_->all_gather_into_tensor(all_rows, rows)->wait();
+  // Ops of the registry (dist/collective_ops.h), so that a compiled step records the gathers
+  // and the rows' addition after the table's all-reduce, as eager code runs them: the table's
+  // dense part (the LM head's gradient) is all-reduced early in the backward, beside compute,
+  // instead of the whole table after the lookup's backward at its end (llama-3.2-1b: 525 MB
+  // all-reduced on the step's tail).
+  all_gather_op(pg_, all_ids, ids)->wait();
+  all_gather_op(pg_, all_rows, rows)->wait();
   auto add = [this, index, all_ids, all_rows, world] {
     Tensor& g = params_[index].mutable_grad();
     cuda::internal::TrustedIndicesScope trusted;  // checked by each rank's forward lookup
@@ -418,14 +430,13 @@ void Reducer::reset_pass() {
   }
 }
 
-void Reducer::rebuild_buckets() {
+void Reducer::rebuild_buckets(std::vector<size_t> order) {
   rebuilt_ = true;
-  KILN_CHECK(ready_order_.size() == params_.size(),
-             "[DistributedDataParallel] internal: the ready order has ", ready_order_.size(),
-             " of ", params_.size(), " parameters");
+  KILN_CHECK(order.size() == params_.size(),
+             "[DistributedDataParallel] internal: the ready order has ", order.size(), " of ",
+             params_.size(), " parameters");
   // Rank 0's order on every rank: the ranks may have seen different orders (branches, unused
   // parameters), and must launch the same buckets.
-  std::vector<size_t> order = ready_order_;
   if (pg_->size() > 1) {
     std::vector<int64_t> wide(order.begin(), order.end());
     Tensor t = tensor(wide, kInt64).to(params_[0].device());
@@ -478,6 +489,13 @@ void Reducer::prepare_for_forward() {
                 " (every parameter that requires grad must take part in the loss of every "
                 "synchronised backward, or set DDPOptions::find_unused_parameters)");
     }
+  }
+  if (!rebuilt_ && !traced_order_.empty()) {
+    // The order a traced pass saw (finalize()): its buckets are made now, outside the trace, as
+    // real tensors that this pass's trace captures.
+    compiler::NotTracing not_tracing;
+    NoGradGuard no_grad;
+    rebuild_buckets(std::exchange(traced_order_, {}));
   }
   if (options_.broadcast_buffers && pg_->size() > 1) {
     NoGradGuard no_grad;

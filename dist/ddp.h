@@ -128,7 +128,7 @@ class Reducer {
   // Lays the buckets out with the parameters in `order` (indices into params_).
   void build_buckets(const std::vector<size_t>& order);
   // After the first synchronised backward: buckets in rank 0's observed ready order.
-  void rebuild_buckets();
+  void rebuild_buckets(std::vector<size_t> order);
   void on_grad_ready(size_t index);
   // Puts the parameter's gradient (zeros when undefined) into its bucket; launches full buckets.
   void mark_ready(size_t index);
@@ -148,6 +148,8 @@ class Reducer {
   std::vector<bool> ready_;
   std::vector<int32_t> used_;        // find_unused_parameters: this pass's use, per parameter
   std::vector<size_t> ready_order_;  // until the rebuild: the order of this pass's mark_ready
+  // A traced pass's ready order, for the rebuild before the next forward (finalize()).
+  std::vector<size_t> traced_order_;
   bool rebuilt_ = false;
   bool searched_unused_ = false;
   size_t next_to_launch_ = 0;

@@ -34,6 +34,12 @@ TEST(DdpTest, EqualsOneProcessAtWorldSizeFour) {
   EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_equivalence", 4));
 }
 
+TEST(DdpTest, CompiledGatheredEmbeddingEqualsOneProcess) {
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_compiled_gathered_embedding", 2));
+  EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_compiled_gathered_embedding", 2,
+                              {"KILN_TEST_BUCKET_VIEW=0"}));
+}
+
 TEST(DdpTest, UnusedParameterIsNamed) {
   EXPECT_TRUE(scenario_passes(kDistWorker, "ddp_unused_parameter", 2));
 }

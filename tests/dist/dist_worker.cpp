@@ -373,6 +373,8 @@ void ddp_compiled() {
   }
   WCHECK(reduces == ddp.reducer().bucket_indices().size(), reduces, " all-reduces for ",
          ddp.reducer().bucket_indices().size(), " buckets");
+  // From the first traced backward's ready order, before the second call's forward.
+  WCHECK(ddp.reducer().buckets_rebuilt(), "the buckets were not rebuilt");
   std::cout << "rank " << r << ": compiled ddp == one process (" << reduces << " buckets)\n";
 }
 
@@ -1091,6 +1093,66 @@ void ddp_compiled_nccl() {
   }
 }
 
+// gathered_embedding in a compiled step (Gloo, CPU): the trace holds the rows' all-gathers and
+// their addition to the table's gradient after the table's all-reduce, which takes the LM
+// head's part alone; step after step the compiled step equals one process on the global batch.
+void ddp_compiled_gathered_embedding() {
+  auto pg = init_process_group("gloo", short_timeout(20000));
+  const int r = pg->rank(), n = pg->size();
+  const int64_t local = 2, global = local * n, T = 5;
+  manual_seed(201);
+  Tied ref;
+  manual_seed(201);
+  Tied model;
+  DDPOptions opts;
+  opts.bucket_cap_mb = 300.0 / (1 << 20);
+  opts.gradient_as_bucket_view = bucket_view_from_env();
+  DistributedDataParallel ddp(model, pg, opts);
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  auto step = kiln::compile([&](const Tensor& idx, const Tensor& y) {
+    opt.zero_grad();
+    Tensor loss =
+        ddp.run([&] { return tied_loss(model, ddp.gathered_embedding(ddp->table, idx), y); });
+    loss.backward();
+    opt.step();
+    return loss.detach();
+  });
+  manual_seed(10);  // the same global batches on every rank
+  for (int i = 0; i < 4; ++i) {
+    Tensor idx = randint(0, 11, {global, T}, kInt64), y = randint(0, 11, {global, T}, kInt64);
+    const Tensor loss = step(idx.narrow(0, r * local, local).contiguous(),
+                             y.narrow(0, r * local, local).contiguous());
+    ref_opt.zero_grad();
+    const Tensor ref_loss = tied_loss(ref, embedding(ref->table, idx), y);
+    ref_loss.backward();
+    ref_opt.step();
+    Tensor l = loss.clone();
+    pg->all_reduce(l, ReduceOp::kAvg)->wait();
+    WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 1e-12, "step ", i, ": loss ",
+           l.item<double>(), " vs one process ", ref_loss.item<double>());
+    expect_weights_close(ddp->parameters(), ref->parameters(), 1e-12,
+                         "after step " + std::to_string(i) + ": ");
+  }
+  WCHECK(step.stats().misses == 2, "two compilations, got ", step.stats().misses);
+  const std::string listing = step.traces().back().str();
+  const size_t last_reduce = listing.rfind("dist_all_reduce_(");
+  const size_t gather = listing.find("dist_all_gather_(");
+  const size_t add = listing.find("index_add");
+  WCHECK(
+      last_reduce != std::string::npos && gather != std::string::npos && add != std::string::npos,
+      "the trace holds the all-reduces, the rows' all-gathers and their addition:\n", listing);
+  // The table's all-reduce (of the LM head's part) does not wait for the lookup's rows: they
+  // are gathered and added after it, the only index_add of the step.
+  WCHECK(last_reduce < gather && gather < add,
+         "the rows are gathered and added after the "
+         "all-reduces:\n",
+         listing);
+  // The buckets were rebuilt from the first traced backward's ready order.
+  WCHECK(ddp.reducer().buckets_rebuilt(), "the buckets were not rebuilt");
+  if (r == 0) std::cout << "compiled gathered_embedding == one process\n";
+}
+
 // Ranks with different models are refused by the constructor.
 void ddp_mismatch() {
   auto pg = init_process_group("gloo", short_timeout(10000));
@@ -1120,6 +1182,7 @@ const test::Scenarios& scenarios() {
       {"ddp_compiled", ddp_compiled},
       {"ddp_gathered_embedding", ddp_gathered_embedding},
       {"ddp_compiled_nccl", ddp_compiled_nccl},
+      {"ddp_compiled_gathered_embedding", ddp_compiled_gathered_embedding},
   };
   return m;
 }
