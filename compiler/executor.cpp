@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
+#include "kernels/cuda/runtime.h"
 #include "tensor/autocast_state.h"
 #include "tensor/profiler.h"
 
@@ -44,6 +46,8 @@ class EagerExecutor final : public Executor {
   bool claims(const Trace&, const BoundOp&) const override { return true; }
   Step lower(const Trace&, const BoundOp& op) const override {
     return [&op](Frame& frame) {
+      std::optional<cuda::internal::TrustedIndicesScope> trusted;
+      if (op.trusted_indices) trusted.emplace();
       OpCall call = bind_call(op, frame);
       if (run_placed(op, call, frame)) return;
       AutocastScope autocast(op.autocast);

@@ -81,6 +81,7 @@ std::string op_line(const Trace& t, const BoundOp& op) {
       comment += std::string("cuda: ") + std::string(short_dtype(op.autocast.cuda_dtype));
     comment += ")";
   }
+  if (op.trusted_indices) comment += (comment.empty() ? "" : " ") + std::string("trusted indices");
   if (!op.executor.empty() && op.region < 0)
     comment += (comment.empty() ? "" : " ") + ("[" + op.executor + "]");
   if (comment.empty()) return line;

@@ -68,6 +68,10 @@ struct BoundOp {
     bool any() const { return cpu || cuda; }
     bool operator==(const Autocast&) const = default;
   } autocast;
+  // Recorded under cuda::internal::TrustedIndicesScope (kernels/cuda/runtime.h), and replayed
+  // under it: an index_add whose caller vouches for the indices does not wait for the device
+  // to check them (DDP's gathered rows, embedding's backward).
+  bool trusted_indices = false;
   std::string executor;  // set by executor assignment
   int region = -1;       // the fusion region this op belongs to (-1: none)
 

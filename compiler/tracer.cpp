@@ -6,6 +6,7 @@
 #include "autograd/autograd_meta.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "kernels/cuda/runtime.h"
 #include "tensor/autocast_state.h"
 #include "tensor/borrowed.h"
 #include "tensor/random.h"
@@ -314,6 +315,7 @@ void trace_handle(OpCall& call) {
   bound.inputs.reserve(call.inputs.size());
   for (const Tensor& t : call.inputs) bound.inputs.push_back(t.defined() ? tr.resolve(t) : -1);
   bound.attrs = call.attrs;
+  bound.trusted_indices = cuda::internal::indices_trusted;
   if (internal::any_autocast_enabled()) {
     bound.autocast.cpu = is_autocast_enabled(kCPU);
     bound.autocast.cuda = is_autocast_enabled(kCUDA);

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "compiler/executor.h"
+#include "kernels/cuda/runtime.h"
 #include "kiln.h"
 #include "test_util.h"
 
@@ -38,6 +39,36 @@ TEST(Compile, FunctionMatchesEagerAndIsCached) {
   EXPECT_NE(listing.find("= mm(a0, a1)"), std::string::npos) << listing;
   EXPECT_NE(listing.find("relu("), std::string::npos) << listing;
   EXPECT_NE(f.traces().back().str().find("[eager]"), std::string::npos);
+}
+
+// An op called under cuda::internal::TrustedIndicesScope is recorded so and replayed under it
+// (an index_add whose indices the caller checked does not wait for the device on a GPU); the
+// same op called without it is not.
+TEST(Compile, TrustedIndicesAreRecordedAndReplayed) {
+  auto fn = [](const Tensor& x, const Tensor& idx, const Tensor& rows) {
+    Tensor a = x.clone();
+    {
+      cuda::internal::TrustedIndicesScope trusted;
+      a.index_add_(0, idx, rows);
+    }
+    return a.index_add(0, idx, rows * 2.0);
+  };
+  auto f = compile(fn);
+  manual_seed(2);
+  const Tensor x = randn({5, 3}), rows = randn({4, 3});
+  const Tensor idx = tensor(std::vector<int64_t>{4, 0, 4, 2}, kInt64);
+  expect_equal(f(x, idx, rows), fn(x, idx, rows));
+  expect_equal(f(x, idx, rows), fn(x, idx, rows));
+  const compiler::Trace& t = f.traces().back();
+  int trusted = 0, plain = 0;
+  for (const compiler::BoundOp& op : t.ops) {
+    if (op.name().rfind("index_add", 0) != 0) continue;
+    (op.trusted_indices ? trusted : plain) += 1;
+  }
+  EXPECT_EQ(trusted, 1) << t.str();
+  EXPECT_EQ(plain, 1) << t.str();
+  EXPECT_NE(t.str().find("trusted indices"), std::string::npos) << t.str();
+  EXPECT_FALSE(cuda::internal::indices_trusted);  // the replay's scope ended with its op
 }
 
 TEST(Compile, NewShapeRecompilesAndSaysWhy) {
