@@ -954,24 +954,47 @@ Tensor tied_loss(Tied& m, const Tensor& h, const Tensor& y) {
   return nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}), y.reshape({-1}));
 }
 
-// DDP with gathered_embedding == one process with kiln::embedding on the global batch: losses
-// and gradients after every step, with two micro-batches accumulated under no_sync() in the last
-// steps, and several buckets (the table shares one, so that its averaged gradient is a bucket
-// view when views are on).
-void ddp_gathered_embedding() {
-  auto pg = init_process_group("gloo", short_timeout(20000));
-  const int r = pg->rank(), n = pg->size();
-  const int64_t local = 2, global = local * n, T = 5;
-  manual_seed(200);
-  Tied ref;
-  manual_seed(200);
-  Tied model;
+Tied seeded_tied(uint64_t seed) {
+  manual_seed(seed);
+  return Tied();
+}
+
+DDPOptions tied_options() {
   DDPOptions opts;
   opts.bucket_cap_mb = 300.0 / (1 << 20);
   opts.gradient_as_bucket_view = bucket_view_from_env();
-  DistributedDataParallel ddp(model, pg, opts);
-  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
-  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  return opts;
+}
+
+optim::SGD tied_sgd(Tied& m) {
+  return optim::SGD(m->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+}
+
+// A Tied model under DDP over Gloo, and the same model (same seed) for one process on the
+// global batch, each with SGD and momentum; several buckets (the table shares one, so that its
+// averaged gradient is a bucket view when views are on).
+struct TiedDdp {
+  explicit TiedDdp(uint64_t seed)
+      : pg(init_process_group("gloo", short_timeout(20000))),
+        ref(seeded_tied(seed)),
+        model(seeded_tied(seed)),
+        ddp(model, pg, tied_options()),
+        opt(tied_sgd(model)),
+        ref_opt(tied_sgd(ref)) {}
+  std::shared_ptr<ProcessGroup> pg;
+  Tied ref, model;
+  DistributedDataParallel<Tied> ddp;
+  optim::SGD opt, ref_opt;
+};
+
+// DDP with gathered_embedding == one process with kiln::embedding on the global batch: losses
+// and gradients after every step, with two micro-batches accumulated under no_sync() in the last
+// steps.
+void ddp_gathered_embedding() {
+  TiedDdp t(200);
+  auto& [pg, ref, model, ddp, opt, ref_opt] = t;
+  const int r = pg->rank(), n = pg->size();
+  const int64_t local = 2, global = local * n, T = 5;
   manual_seed(9);  // the same global batches on every rank
   for (int step = 0; step < 5; ++step) {
     const int micro = step >= 3 ? 2 : 1;
@@ -1097,19 +1120,10 @@ void ddp_compiled_nccl() {
 // their addition to the table's gradient after the table's all-reduce, which takes the LM
 // head's part alone; step after step the compiled step equals one process on the global batch.
 void ddp_compiled_gathered_embedding() {
-  auto pg = init_process_group("gloo", short_timeout(20000));
+  TiedDdp t(201);
+  auto& [pg, ref, model, ddp, opt, ref_opt] = t;
   const int r = pg->rank(), n = pg->size();
   const int64_t local = 2, global = local * n, T = 5;
-  manual_seed(201);
-  Tied ref;
-  manual_seed(201);
-  Tied model;
-  DDPOptions opts;
-  opts.bucket_cap_mb = 300.0 / (1 << 20);
-  opts.gradient_as_bucket_view = bucket_view_from_env();
-  DistributedDataParallel ddp(model, pg, opts);
-  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
-  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   auto step = kiln::compile([&](const Tensor& idx, const Tensor& y) {
     opt.zero_grad();
     Tensor loss =
