@@ -42,9 +42,9 @@ CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
 }
 CompileOptions& CompileOptions::skip_pass(std::string name) {
   // The passes compile runs, in order (CompiledCore::call).
-  static constexpr std::array<std::string_view, 9> kPasses = {
-      "autocast", "decompose",          "functionalize", "simplify",   "dce",
-      "cse",      "fuse_norm_residual", "fuse",          "plan_memory"};
+  static constexpr std::array<std::string_view, 10> kPasses = {
+      "autocast", "decompose",          "functionalize",  "simplify", "dce",
+      "cse",      "fuse_norm_residual", "fold_index_add", "fuse",     "plan_memory"};
   if (std::find(kPasses.begin(), kPasses.end(), name) == kPasses.end()) {
     std::string known;
     for (std::string_view p : kPasses)
@@ -677,7 +677,8 @@ std::vector<Tensor> CompiledCore::call(
     for (auto [name, pass] :
          {std::pair{"functionalize", &functionalize}, std::pair{"simplify", &simplify},
           std::pair{"dce", &dce}, std::pair{"cse", &cse},
-          std::pair{"fuse_norm_residual", &fuse_norm_residual}}) {
+          std::pair{"fuse_norm_residual", &fuse_norm_residual},
+          std::pair{"fold_index_add", &fold_index_add}}) {
       if (skip(name)) continue;
       const auto t0 = std::chrono::steady_clock::now();
       t = pass(t);

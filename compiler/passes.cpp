@@ -372,6 +372,112 @@ Trace fuse_norm_residual(const Trace& trace) {
   return out;
 }
 
+Trace fold_index_add(const Trace& trace) {
+  const std::vector<bool> written = written_values(trace);
+  const std::vector<bool> handed_out = handed_out_values(trace);
+  const size_t n = trace.values.size();
+  std::vector<int> producer(n, -1), uses(n, 0);  // producer: index into trace.ops
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    for (int v : trace.ops[i].inputs) {
+      if (v >= 0) ++uses[static_cast<size_t>(v)];
+    }
+    for (int v : trace.ops[i].outputs) {
+      if (v >= 0) producer[static_cast<size_t>(v)] = static_cast<int>(i);
+    }
+  }
+  auto scalar_is = [](const Attr& a, double want) {
+    const auto* s = std::get_if<Scalar>(&a);
+    return s != nullptr && !s->is_boolean() && s->to<double>() == want;
+  };
+  // The op that makes v alone (its only output read once, by the op we come from, never handed
+  // out), or nullptr.
+  auto sole = [&](int v, const char* name) -> const BoundOp* {
+    if (v < 0 || uses[static_cast<size_t>(v)] != 1 || handed_out[static_cast<size_t>(v)]) {
+      return nullptr;
+    }
+    const int p = producer[static_cast<size_t>(v)];
+    if (p < 0) return nullptr;
+    const BoundOp& op = trace.ops[static_cast<size_t>(p)];
+    if (op.name() != name || op.outputs.size() != 1 || op.outputs[0] != v || op.autocast.any()) {
+      return nullptr;
+    }
+    return &op;
+  };
+  auto same_spec = [](const TensorSpec& a, const TensorSpec& b) {
+    auto strides = [](const TensorSpec& t) {
+      return t.strides.empty() ? contiguous_strides(t.sizes) : t.strides;
+    };
+    return a.sizes == b.sizes && strides(a) == strides(b) && a.dtype == b.dtype &&
+           a.device == b.device;
+  };
+  std::vector<int> base_of(trace.ops.size(), -1);    // index_add op -> the g it now adds into
+  std::vector<int> result_of(trace.ops.size(), -1);  // index_add op -> the add's result it makes
+  std::vector<bool> drop(trace.ops.size(), false);
+  std::vector<int> to;
+  Trace out = without_ops(trace, "fold_index_add", to);
+  for (size_t j = 0; j < trace.ops.size(); ++j) {
+    const BoundOp& add = trace.ops[j];
+    if (add.name() != "add" || add.inputs.size() != 2 || add.outputs.size() != 1 ||
+        add.outputs[0] < 0 || add.attrs.size() != 1 || !scalar_is(add.attrs[0], 1.0) ||
+        add.autocast.any()) {
+      continue;
+    }
+    for (int k = 0; k < 2; ++k) {
+      const int x = add.inputs[static_cast<size_t>(k)];
+      const int g = add.inputs[static_cast<size_t>(1 - k)];
+      const BoundOp* ia = sole(x, "index_add");
+      if (ia == nullptr || g < 0 || ia->inputs.size() != 3 || written[static_cast<size_t>(x)] ||
+          written[static_cast<size_t>(g)]) {
+        continue;
+      }
+      const int p = producer[static_cast<size_t>(x)];
+      if (producer[static_cast<size_t>(g)] >= p) continue;
+      const BoundOp* fill = sole(ia->inputs[0], "fill_");
+      if (fill == nullptr || fill->inputs.size() != 1 || fill->attrs.size() != 1 ||
+          !scalar_is(fill->attrs[0], 0.0)) {
+        continue;
+      }
+      const BoundOp* empty = sole(fill->inputs[0], "empty");
+      if (empty == nullptr) continue;
+      const TensorSpec& sum = trace.value(add.outputs[0]).spec;
+      const TensorSpec& gs = trace.value(g).spec;
+      if (!sum.device.is_cuda() || gs.sizes != sum.sizes || gs.dtype != sum.dtype ||
+          gs.device != sum.device) {
+        continue;
+      }
+      // The index_add on g makes the add's result: its layout must be the add's (g may be a
+      // transposed view, the head's gradient).
+      BoundOp folded = *ia;
+      folded.inputs[0] = g;
+      std::vector<TensorSpec> specs;
+      try {
+        specs = derive_specs(trace, folded);
+      } catch (const Error&) {
+        continue;
+      }
+      if (specs.size() != 1 || !same_spec(specs[0], sum)) continue;
+      base_of[static_cast<size_t>(p)] = g;
+      result_of[static_cast<size_t>(p)] = add.outputs[0];
+      drop[j] = true;
+      drop[static_cast<size_t>(producer[static_cast<size_t>(ia->inputs[0])])] = true;
+      drop[static_cast<size_t>(producer[static_cast<size_t>(fill->inputs[0])])] = true;
+      break;
+    }
+  }
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    if (drop[i]) continue;
+    BoundOp op = trace.ops[i];
+    if (base_of[i] >= 0) {
+      op.inputs[0] = base_of[i];
+      op.outputs[0] = result_of[i];
+    }
+    rename(op.inputs, to);
+    out.ops.push_back(std::move(op));
+  }
+  rename_results(out, to);
+  return out;
+}
+
 Trace cse(const Trace& trace) {
   // An op producing a value some in-place op writes, or one the program hands out (a gradient,
   // a result), is never merged with another, since the two would no longer be two tensors.

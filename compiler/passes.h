@@ -44,6 +44,19 @@ Trace simplify(const Trace& trace);
 // once is eager's sum: compiled CPU code keeps eager's bits). Uses of the sum are renamed to dx.
 Trace fuse_norm_residual(const Trace& trace);
 
+// A lookup's dense gradient added to another: `add(g, index_add(z, idx, src; dim, alpha))`
+// (either order, alpha 1), where z is a new zero-filled tensor (`fill_(empty(...), 0)`, read by
+// nothing else) and the index_add's result is read by nothing else, becomes
+// `index_add(g, idx, src; dim, alpha)`: the rows added into a copy of g, instead of a zeroed
+// table, the rows added into it, and a pass adding the two tables. A tied embedding's gradient
+// (the LM head's plus the lookup's) took a fill, a copy and a three-table add of llama-3.2-1b's
+// 525 MB table each step. g must be made before the index_add (or be an argument or a captured
+// tensor) and never be written in place; the three results alike in sizes, strides, dtype and
+// device; no autocast state. CUDA values only: there the rows' sum is added to g with one
+// rounding where eager rounds it once more into the zeroed table (bf16), and compiled CPU code
+// keeps eager's bits. Uses of the sum are renamed to the index_add's result.
+Trace fold_index_add(const Trace& trace);
+
 // Common-subexpression elimination over functional, non-random ops: a second op with the same
 // inputs and attributes is dropped and its outputs renamed to the first one's. Ops whose results
 // an in-place op later writes (directly or through a view) are never merged.

@@ -1,0 +1,168 @@
+// The fold_index_add pass (compiler/passes.h): `add(g, index_add(zeros, idx, src))` becomes
+// `index_add(g, idx, src)` on CUDA values. On the CPU (traced on proxies of CUDA tensors): the
+// pattern folds in either order of the add's inputs, and what it must keep is kept (CPU values,
+// the zero table handed out, the rows read twice, g made after the index_add, alpha other than
+// one, a fill other than zero). On a GPU: a tied table's gradient compiled equals eager.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "compiler/compile.h"
+#include "compiler/passes.h"
+#include "compiler/tracer.h"
+#include "kernels/cuda.h"
+#include "kiln.h"
+#include "trace_test_util.h"
+
+namespace kiln {
+namespace {
+
+using compiler::Trace;
+using test::count_ops;
+
+using Body = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+Trace folded(const Body& fn, const std::vector<Tensor>& args) {
+  NoGradGuard no_grad;
+  return compiler::fold_index_add(compiler::trace_callable(fn, args).trace);
+}
+
+// g [6, 4], idx [5] (int64), src [5, 4], as proxies (no memory) on `device`.
+std::vector<Tensor> proxies(const Device& device) {
+  return {compiler::proxy_of({{6, 4}, kFloat, device}), compiler::proxy_of({{5}, kInt64, device}),
+          compiler::proxy_of({{5, 4}, kFloat, device})};
+}
+
+Tensor zero_table(const Tensor& like) { return empty_like(like).fill_(0.0); }
+
+TEST(FoldIndexAdd, FoldsTheZeroTableOnCudaValues) {
+  const std::vector<Tensor> cuda = proxies(Device(kCUDA, 0));
+  // Either order of the add's inputs; g an argument.
+  for (int order = 0; order < 2; ++order) {
+    const Trace t = folded(
+        [&](const std::vector<Tensor>& in) {
+          const Tensor rows = zero_table(in[0]).index_add(0, in[1], in[2], 0.5);
+          return std::vector<Tensor>{order == 0 ? in[0] + rows : rows + in[0]};
+        },
+        cuda);
+    EXPECT_EQ(count_ops(t, "add"), 0) << t.str();
+    EXPECT_EQ(count_ops(t, "fill_"), 0) << t.str();
+    EXPECT_EQ(count_ops(t, "empty"), 0) << t.str();
+    ASSERT_EQ(count_ops(t, "index_add"), 1) << t.str();
+    for (const auto& op : t.ops) {
+      if (op.name() == "index_add") {
+        EXPECT_EQ(op.inputs[0], t.arguments[0]) << t.str();
+      }
+    }
+  }
+  // g made before the index_add by an op.
+  const Trace t = folded(
+      [&](const std::vector<Tensor>& in) {
+        const Tensor g = in[0].exp();
+        return std::vector<Tensor>{g + zero_table(in[0]).index_add(0, in[1], in[2])};
+      },
+      cuda);
+  EXPECT_EQ(count_ops(t, "add"), 0) << t.str();
+}
+
+TEST(FoldIndexAdd, KeepsWhatItMustKeep) {
+  auto kept = [](const Body& fn, const std::vector<Tensor>& args, const std::string& what) {
+    const Trace t = folded(fn, args);
+    EXPECT_EQ(count_ops(t, "add"), 1) << what << "\n" << t.str();
+    EXPECT_EQ(count_ops(t, "fill_"), 1) << what << "\n" << t.str();
+  };
+  const std::vector<Tensor> cuda = proxies(Device(kCUDA, 0));
+  manual_seed(3);
+  const std::vector<Tensor> cpu{randn({6, 4}), tensor(std::vector<int64_t>{0, 5, 2, 0, 1}),
+                                randn({5, 4})};
+  const Body plain = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{in[0] + zero_table(in[0]).index_add(0, in[1], in[2])};
+  };
+  kept(plain, cpu, "CPU values (compiled CPU code keeps eager's bits)");
+  kept(
+      [](const std::vector<Tensor>& in) {
+        const Tensor z = zero_table(in[0]);
+        return std::vector<Tensor>{in[0] + z.index_add(0, in[1], in[2]), z};
+      },
+      cuda, "the zero table handed out");
+  kept(
+      [](const std::vector<Tensor>& in) {
+        const Tensor rows = zero_table(in[0]).index_add(0, in[1], in[2]);
+        return std::vector<Tensor>{in[0] + rows, rows.exp()};
+      },
+      cuda, "the rows read twice");
+  kept(
+      [](const std::vector<Tensor>& in) {
+        const Tensor rows = zero_table(in[0]).index_add(0, in[1], in[2]);
+        return std::vector<Tensor>{in[0].exp() + rows};
+      },
+      cuda, "g made after the index_add");
+  kept(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{in[0].add(zero_table(in[0]).index_add(0, in[1], in[2]), 2.0)};
+      },
+      cuda, "alpha 2");
+  kept(
+      [](const std::vector<Tensor>& in) {
+        const Tensor z = empty_like(in[0]).fill_(1.0);
+        return std::vector<Tensor>{in[0] + z.index_add(0, in[1], in[2])};
+      },
+      cuda, "a table of ones");
+}
+
+// A tied table's gradient on a GPU: the head's product and the lookup's rows, compiled (folded)
+// against eager, in f32 (to rounding) and bf16 (eager rounds the rows' sum once more).
+TEST(GpuFoldIndexAdd, TiedTableGradientMatchesEager) {
+  if (!cuda::is_available()) GTEST_SKIP() << "needs a GPU";
+  const Device gpu(kCUDA, 0);
+  for (ScalarType dt : {kFloat, kBFloat16}) {
+    manual_seed(12);
+    Tensor table = (randn({50, 16}) * 0.3).to(dt).to(gpu).requires_grad_();
+    const Tensor idx = randint(0, 50, {4, 9}, kInt64).to(gpu);
+    const Tensor w = randn({16, 16}).to(dt).to(gpu);
+    auto fn = [&](const Tensor& ids) {
+      const Tensor h = embedding(table, ids).matmul(w).tanh();
+      const Tensor logits = h.matmul(table.t());
+      Tensor loss = logits.to(kFloat).square().mean();
+      loss.backward();
+      Tensor g = table.grad();
+      table.mutable_grad() = Tensor();
+      return std::vector<Tensor>{loss.detach(), g};
+    };
+    const std::vector<Tensor> want = fn(idx);
+    auto f = compile([&](const Tensor& ids) { return fn(ids); });
+    for (int call = 0; call < 3; ++call) {
+      const std::vector<Tensor> got = f(idx);
+      const double tol = dt == kFloat ? 1e-5 : 2e-2;
+      EXPECT_TRUE(allclose(got[0].cpu(), want[0].cpu(), tol, tol)) << dtype_name(dt);
+      EXPECT_TRUE(allclose(got[1].to(kFloat).cpu(), want[1].to(kFloat).cpu(), tol, tol))
+          << dtype_name(dt) << " call " << call;
+    }
+    // The lookup's rows go into the head's gradient (a transposed view), not into a zero-filled
+    // table; no add of two tables is left.
+    const Trace& t = test::stage(f.traces(), "fold_index_add");
+    ASSERT_EQ(count_ops(t, "index_add"), 1) << t.str();
+    for (const auto& op : t.ops) {
+      if (op.name() != "index_add") continue;
+      for (const auto& maker : t.ops) {
+        for (int v : maker.outputs) {
+          if (v == op.inputs[0]) {
+            EXPECT_EQ(maker.name(), "permute") << t.str();
+          }
+        }
+      }
+      for (const auto& reader : t.ops) {
+        for (int v : reader.inputs) {
+          if (v == op.outputs[0]) {
+            EXPECT_NE(reader.name(), "add") << t.str();
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
