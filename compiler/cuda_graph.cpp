@@ -82,7 +82,7 @@ Analysis analyse(const Program& program, bool has_backward) {
     if (op.name().rfind("dist_", 0) == 0) {
       // Graphs split at the collectives, which ran on the host between them, were measured on
       // llama-3.2-1b under DDP: every value crossing a collective stayed in graph memory until
-      // the next step (+10 GiB peak) and the step was 1.3% slower (benchmarks/RESULTS.md,
+      // the next step (+10 GiB peak) and the step was 1.5% slower (benchmarks/RESULTS.md,
       // session 25).
       a.refusal = "it has collectives of kiln::dist (" + op.name() +
                   "); graphs split at them kept every value crossing one in graph memory";
