@@ -1,6 +1,7 @@
 """Where a training step's GPU time goes, from the CSV timelines of gpu/kernel_timeline.cpp.
 
-    python3 timeline_report.py [--steps N | --step-ms MS] [--tail F | --last-ms MS] [--top K] A.csv [B.csv]
+    python3 timeline_report.py [--steps N | --step-ms MS] [--tail F | --last-ms MS] [--top K] [--gaps K]
+                               A.csv[.gz] [B.csv[.gz]]
 
 For each timeline: the steady part (the last F of the timeline, default 0.6, or its last MS
 milliseconds: a program that compiled for long, as torch.compile, before its timed steps), split into steps
@@ -10,20 +11,25 @@ between its first and last launch).  Per step: the span; the time some compute k
 (the union of their intervals) and the sum of their durations; the same for NCCL's kernels;
 the time both run at once; the time NCCL runs alone (communication the step waits for); the
 time nothing runs (idle: the host is late); kernel families by time (Triton's generated kernels
-are "generated"), and with --top K the K kernels that take most time. With two timelines (e.g.
-one GPU, then rank 0 of DDP), the kernels whose time per step changed most.
+are "generated"), and with --top K the K kernels that take most time. With --gaps K: the busiest
+stream's busy and idle time, and its K largest kinds of idle gap, each named by the kernels
+before and after it (a memset, which the timeline does not hold, or a host that launches late;
+under DDP, the wait for the other ranks after the backward). With two timelines (e.g. one GPU,
+then rank 0 of DDP), the kernels whose time per step changed most. Timelines may be gzipped.
 """
 import argparse
 import collections
 import csv
+import gzip
 import re
 
 
 def load(path, tail, last_ms=0):
     rows = []
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for r in csv.DictReader(f):
-            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["device"]), r["kind"], r["name"]))
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["device"]), r["kind"], r["name"],
+                         r["stream"]))
     device = collections.Counter(r[2] for r in rows).most_common(1)[0][0]
     rows = [r for r in rows if r[2] == device]
     t0 = min(r[0] for r in rows)
@@ -60,9 +66,10 @@ def intersection(a, b):
 
 def family(name):
     n = name.lower()
-    for key, fam in [("nccl", "nccl"), ("triton", "generated"), ("gemm", "gemm"), ("sm90_xmma", "gemm"), ("cutlass", "gemm"),
+    for key, fam in [("nccl", "nccl"), ("peer_reduce", "peer all-reduce"), ("triton", "generated"),
+                     ("gemm", "gemm"), ("sm90_xmma", "gemm"), ("cutlass", "gemm"),
                      ("nvjet", "gemm"), ("flash", "attention"), ("fmha", "attention"),
-                     ("cudnn", "attention"), ("adam", "optimizer"), ("ce_", "cross-entropy"),
+                     ("cudnn", "attention"), ("adam", "optimizer"),
                      ("cross_entropy", "cross-entropy"), ("norm", "norm"), ("rotary", "rope"),
                      ("glu", "glu"), ("index", "index/embedding"), ("memcpy", "memcpy"),
                      ("copy", "copy"), ("reduce", "reduce"), ("fill", "fill")]:
@@ -103,7 +110,30 @@ def report(path, args):
               f"would take {args.gemm_tflop / args.ceiling * 1e3:.2f} ms")
     for name, ns in by_name.most_common(args.top):
         print(f"    {per(ns):7.3f} ms  {name}")
+    if args.gaps:
+        gaps(rows, window, steps, args.gaps)
     return {k: per(v) for k, v in by_name.items()}
+
+
+def gaps(rows, window, steps, top):
+    """The busiest stream's busy and idle time per step, and its largest kinds of idle gap."""
+    kernels = [r for r in rows if r[3] == "kernel"]
+    stream = collections.Counter(r[5] for r in kernels).most_common(1)[0][0]
+    mine = sorted((r[0], r[1], r[4].partition(" grid=")[0][:70]) for r in kernels if r[5] == stream)
+    busy, last, before = 0, mine[0][0], "(start)"
+    by_pair, count = collections.Counter(), collections.Counter()
+    for s, e, name in mine:
+        if s > last:
+            by_pair[(before, name)] += s - last
+            count[(before, name)] += 1
+        busy += max(0, e - max(s, last))
+        if e > last:
+            last, before = e, name
+    per = lambda ns: ns / steps / 1e6
+    print(f"  stream {stream} (ms per step): busy {per(busy):.2f}, idle {per(window - busy):.2f}; "
+          f"largest gaps:")
+    for (a, b), ns in by_pair.most_common(top):
+        print(f"    {per(ns):7.3f} ms ({count[(a, b)] / steps:.1f} a step) after {a}  before {b}")
 
 
 def main():
@@ -118,6 +148,8 @@ def main():
     ap.add_argument("--tail", type=float, default=0.6)
     ap.add_argument("--last-ms", type=float, default=0, help="the steady part: the last MS ms")
     ap.add_argument("--top", type=int, default=0, help="print the K kernels that take most time")
+    ap.add_argument("--gaps", type=int, default=0,
+                    help="print the busiest stream's K largest kinds of idle gap")
     args = ap.parse_args()
     tables = [report(p, args) for p in args.csv]
     if len(tables) == 2:
