@@ -299,19 +299,32 @@ Trace simplify(const Trace& trace) {
   return out;
 }
 
+namespace {
+
+// Per value: the op that makes it (an index into trace.ops; -1 for an argument or a captured
+// tensor), and how many op inputs read it.
+struct Dataflow {
+  std::vector<int> producer, uses;
+};
+Dataflow dataflow(const Trace& trace) {
+  Dataflow d{std::vector<int>(trace.values.size(), -1), std::vector<int>(trace.values.size(), 0)};
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    for (int v : trace.ops[i].inputs) {
+      if (v >= 0) ++d.uses[static_cast<size_t>(v)];
+    }
+    for (int v : trace.ops[i].outputs) {
+      if (v >= 0) d.producer[static_cast<size_t>(v)] = static_cast<int>(i);
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
 Trace fuse_norm_residual(const Trace& trace) {
   const std::vector<bool> written = written_values(trace);
   const std::vector<bool> handed_out = handed_out_values(trace);
-  const size_t n = trace.values.size();
-  std::vector<int> producer(n, -1), uses(n, 0);  // producer: index into trace.ops
-  for (size_t i = 0; i < trace.ops.size(); ++i) {
-    for (int v : trace.ops[i].inputs) {
-      if (v >= 0) ++uses[static_cast<size_t>(v)];
-    }
-    for (int v : trace.ops[i].outputs) {
-      if (v >= 0) producer[static_cast<size_t>(v)] = static_cast<int>(i);
-    }
-  }
+  const auto [producer, uses] = dataflow(trace);
   std::vector<int> last_inplace_before(trace.ops.size() + 1, -1);  // the latest in-place op < i
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     last_inplace_before[i + 1] =
@@ -375,16 +388,7 @@ Trace fuse_norm_residual(const Trace& trace) {
 Trace fold_index_add(const Trace& trace) {
   const std::vector<bool> written = written_values(trace);
   const std::vector<bool> handed_out = handed_out_values(trace);
-  const size_t n = trace.values.size();
-  std::vector<int> producer(n, -1), uses(n, 0);  // producer: index into trace.ops
-  for (size_t i = 0; i < trace.ops.size(); ++i) {
-    for (int v : trace.ops[i].inputs) {
-      if (v >= 0) ++uses[static_cast<size_t>(v)];
-    }
-    for (int v : trace.ops[i].outputs) {
-      if (v >= 0) producer[static_cast<size_t>(v)] = static_cast<int>(i);
-    }
-  }
+  const auto [producer, uses] = dataflow(trace);
   auto scalar_is = [](const Attr& a, double want) {
     const auto* s = std::get_if<Scalar>(&a);
     return s != nullptr && !s->is_boolean() && s->to<double>() == want;
@@ -413,8 +417,8 @@ Trace fold_index_add(const Trace& trace) {
   std::vector<int> base_of(trace.ops.size(), -1);    // index_add op -> the g it now adds into
   std::vector<int> result_of(trace.ops.size(), -1);  // index_add op -> the add's result it makes
   std::vector<bool> drop(trace.ops.size(), false);
-  std::vector<int> to;
-  Trace out = without_ops(trace, "fold_index_add", to);
+  std::vector<int> unused;  // no value is renamed: the index_add makes the add's result itself
+  Trace out = without_ops(trace, "fold_index_add", unused);
   for (size_t j = 0; j < trace.ops.size(); ++j) {
     const BoundOp& add = trace.ops[j];
     if (add.name() != "add" || add.inputs.size() != 2 || add.outputs.size() != 1 ||
@@ -471,10 +475,8 @@ Trace fold_index_add(const Trace& trace) {
       op.inputs[0] = base_of[i];
       op.outputs[0] = result_of[i];
     }
-    rename(op.inputs, to);
     out.ops.push_back(std::move(op));
   }
-  rename_results(out, to);
   return out;
 }
 

@@ -6,7 +6,8 @@
 //   KILN_REGISTER_KERNEL_IF(rms_norm, kCUDA, "fused", rms_norm_cuda, kiln::rms_norm_supported);
 //
 // Flash attention's rules follow the GPU's properties and live with its kernels
-// (kernels/cuda/flash_attention.cu).
+// (kernels/cuda/flash_attention.cu). Also here: what both devices' kernels of one fused op share
+// (cross_entropy_with_grad_in_two).
 #pragma once
 
 #include "tensor/registry.h"
@@ -63,6 +64,21 @@ inline bool split_qkv_rotary_supported(const OpCall& c) {
 }
 inline bool merge_qkv_rotary_supported(const OpCall& c) {
   return rotary_table_supported(c.input(3), c.input(0));
+}
+
+// cross_entropy_fused_with_grad(logits, targets, grad) run as its two kernels, one device's
+// cross_entropy_fused kernel `fwd` (-> loss, lse) and then its backward kernel `bwd` (grad,
+// logits, targets, lse -> dlogits): the CPU kernel, and the CUDA kernel's rows that do not fit
+// its one-pass kernel.
+inline void cross_entropy_with_grad_in_two(OpCall& c, void (*fwd)(OpCall&), void (*bwd)(OpCall&)) {
+  OpCall f = c;
+  f.inputs = {c.input(0), c.input(1)};
+  f.outputs = {c.outputs[0], c.outputs[1]};
+  fwd(f);
+  OpCall b = c;
+  b.inputs = {c.input(2), c.input(0), c.input(1), c.outputs[1]};
+  b.outputs = {c.outputs[2]};
+  bwd(b);
 }
 
 // cross_entropy_fused(logits, targets, weight; ignore_index, reduction, label_smoothing): the

@@ -100,14 +100,7 @@ void cross_entropy_backward_cpu(OpCall& c) {
 
 // cross_entropy_fused_with_grad: the two kernels above, one after the other.
 void cross_entropy_with_grad_cpu(OpCall& c) {
-  OpCall fwd = c;
-  fwd.inputs = {c.input(0), c.input(1)};
-  fwd.outputs = {c.outputs[0], c.outputs[1]};
-  cross_entropy_cpu(fwd);
-  OpCall bwd = c;
-  bwd.inputs = {c.input(2), c.input(0), c.input(1), c.outputs[1]};
-  bwd.outputs = {c.outputs[2]};
-  cross_entropy_backward_cpu(bwd);
+  cross_entropy_with_grad_in_two(c, cross_entropy_cpu, cross_entropy_backward_cpu);
 }
 
 }  // namespace

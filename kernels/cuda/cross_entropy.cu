@@ -406,14 +406,7 @@ void cross_entropy_with_grad_cuda(OpCall& c) {
     fused = packable<T>(logits, &dlogits) && fits_registers<T>(logits);
   });
   if (!fused) {
-    OpCall fwd = c;
-    fwd.inputs = {c.input(0), c.input(1)};
-    fwd.outputs = {c.outputs[0], c.outputs[1]};
-    cross_entropy_cuda(fwd);
-    OpCall bwd = c;
-    bwd.inputs = {grad, c.input(0), c.input(1), c.outputs[1]};
-    bwd.outputs = {dlogits};
-    cross_entropy_backward_cuda(bwd);
+    cross_entropy_with_grad_in_two(c, cross_entropy_cuda, cross_entropy_backward_cuda);
     return;
   }
   const int64_t rs = n > 1 ? logits.stride(0) : v;

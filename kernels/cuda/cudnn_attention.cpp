@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -372,25 +373,22 @@ double time_ms(F&& fn) {
   return ms / kRuns;
 }
 
-// The faster of two kernels, each's best time over interleaved rounds (after a warm-up run of
-// each): a shape's first call comes at the start of a run, while the GPU's clocks still ramp up
-// and other work may share it, so one timing of each, one after the other, picked the slower
-// kernel in some runs (llama-160m's forward: 1.55 against 1.18 ms a step).
-constexpr int kRounds = 5;
-template <typename A, typename B>
-std::pair<double, double> best_times(A&& a, B&& b) {
-  a();
-  b();
-  double ta = std::numeric_limits<double>::infinity(), tb = ta;
+// Each kernel's best time over interleaved rounds (after a warm-up run of each): a shape's first
+// call comes at the start of a run, while the GPU's clocks still ramp up and other work may share
+// it, so one timing of each, one after the other, picked the slower kernel in some runs
+// (llama-160m's forward: 1.55 against 1.18 ms a step).
+std::vector<double> best_times(const std::vector<std::function<void()>>& kernels) {
+  constexpr int kRounds = 5;
+  for (const auto& k : kernels) k();
+  std::vector<double> ms(kernels.size(), std::numeric_limits<double>::infinity());
   for (int r = 0; r < kRounds; ++r) {
-    ta = std::min(ta, time_ms(a));
-    tb = std::min(tb, time_ms(b));
+    for (size_t i = 0; i < kernels.size(); ++i) ms[i] = std::min(ms[i], time_ms(kernels[i]));
   }
-  return {ta, tb};
+  return ms;
 }
 
 // cuDNN's candidate engines for `key` (the heuristics' first few, cudnn_graph.h), each timed on
-// call c as best_times times two kernels, the fastest made active for this and later calls; once
+// call c by best_times, the fastest made active for this and later calls; once
 // per key. cuDNN's heuristics do not always rank its own engines right: on llama-160m's forward
 // (H100, cuDNN 9.14) the first was a 64x256 tile where torch's cuDNN 9.19 ran a 64x128 one
 // (benchmarks/RESULTS.md, session 25). Returns each engine and its milliseconds ("" when there
@@ -406,22 +404,18 @@ std::string tune_engines(OpCall& c, const Key& key, KernelFn cudnn_fn) {
       return "";
     }
   }
-  auto use = [&](size_t i) {
-    std::lock_guard<std::mutex> lock(d.mu);
-    p->active = i;
-  };
   const size_t n = p->engines.size();
-  std::vector<double> ms(n, std::numeric_limits<double>::infinity());
+  std::vector<std::function<void()>> engines;
   for (size_t i = 0; i < n; ++i) {
-    use(i);
-    cudnn_fn(c);
+    engines.emplace_back([&, i] {
+      {
+        std::lock_guard<std::mutex> lock(d.mu);
+        p->active = i;
+      }
+      cudnn_fn(c);
+    });
   }
-  for (int r = 0; r < kRounds; ++r) {
-    for (size_t i = 0; i < n; ++i) {
-      use(i);
-      ms[i] = std::min(ms[i], time_ms([&] { cudnn_fn(c); }));
-    }
-  }
+  const std::vector<double> ms = best_times(engines);
   const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
   std::string text;
   {
@@ -452,7 +446,8 @@ void fastest(OpCall& c, KernelFn cudnn_fn) {
   DeviceGuard guard(c.input(0).device().index());
   // The op is pure: every kernel writes the same outputs from the same inputs.
   std::string engines = tune_engines(c, key, cudnn_fn);
-  const auto [cudnn_ms, hand_ms] = best_times([&] { cudnn_fn(c); }, [&] { hand->fn(c); });
+  const std::vector<double> ms = best_times({[&] { cudnn_fn(c); }, [&] { hand->fn(c); }});
+  const double cudnn_ms = ms[0], hand_ms = ms[1];
   const bool cudnn_wins = cudnn_ms < hand_ms;
   if (cudnn_wins) cudnn_fn(c);  // the outputs come from the kernel later calls will run
   Selections& s = selections();

@@ -314,6 +314,18 @@ void ddp_equivalence() {
   std::cout << "rank " << r << ": ddp == one process\n";
 }
 
+// After a compiled DDP step and one process's step on the global batch: the mean of the ranks'
+// losses is the one process's loss, and the weights are its weights.
+void expect_step_equals_one_process(ProcessGroup& pg, int step, const Tensor& loss,
+                                    const Tensor& ref_loss, const std::vector<Tensor>& weights,
+                                    const std::vector<Tensor>& ref_weights) {
+  Tensor l = loss.clone();
+  pg.all_reduce(l, ReduceOp::kAvg)->wait();
+  WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 1e-12, "step ", step, ": loss ",
+         l.item<double>(), " vs one process ", ref_loss.item<double>());
+  expect_weights_close(weights, ref_weights, 1e-12, "after step " + std::to_string(step) + ": ");
+}
+
 // A compiled training step under DDP (issue 23 point 7): zero_grad, forward, backward and the
 // SGD update traced into one program whose trace holds the buckets' all-reduces and their waits
 // (dist/collective_ops.h), the first started before the backward's last product (overlap). It
@@ -348,12 +360,7 @@ void ddp_compiled() {
     const Tensor ref_loss = mse(ref(xs), ys);
     ref_loss.backward();
     ref_opt.step();
-    Tensor l = loss.clone();
-    pg->all_reduce(l, ReduceOp::kAvg)->wait();
-    WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 1e-12, "step ", i, ": loss ",
-           l.item<double>(), " vs one process ", ref_loss.item<double>());
-    expect_weights_close(ddp->parameters(), ref->parameters(), 1e-12,
-                         "after step " + std::to_string(i) + ": ");
+    expect_step_equals_one_process(*pg, i, loss, ref_loss, ddp->parameters(), ref->parameters());
   }
   std::string reasons;
   for (const std::string& why : step.stats().recompile_reasons) reasons += "\n  " + why;
@@ -1141,12 +1148,7 @@ void ddp_compiled_gathered_embedding() {
     const Tensor ref_loss = tied_loss(ref, embedding(ref->table, idx), y);
     ref_loss.backward();
     ref_opt.step();
-    Tensor l = loss.clone();
-    pg->all_reduce(l, ReduceOp::kAvg)->wait();
-    WCHECK(std::abs(l.item<double>() - ref_loss.item<double>()) < 1e-12, "step ", i, ": loss ",
-           l.item<double>(), " vs one process ", ref_loss.item<double>());
-    expect_weights_close(ddp->parameters(), ref->parameters(), 1e-12,
-                         "after step " + std::to_string(i) + ": ");
+    expect_step_equals_one_process(*pg, i, loss, ref_loss, ddp->parameters(), ref->parameters());
   }
   WCHECK(step.stats().misses == 2, "two compilations, got ", step.stats().misses);
   const std::string listing = step.traces().back().str();
