@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/timing.h"
 #include "tensor/deterministic.h"
 #include "tensor/error.h"
 
@@ -46,9 +48,9 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kMaxDevices = 64;
-// Candidates asked of the heuristic, and timed runs per candidate when autotuning.
+// Candidates asked of the heuristic; rounds and runs per round of each candidate's timing.
 constexpr int kMaxCandidates = 8;
-constexpr int kTimedRuns = 3;
+constexpr int kTimingRounds = 3, kTimedRuns = 2;
 
 // One operand as cuBLASLt sees it.
 struct Operand {
@@ -261,25 +263,6 @@ bool is_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// Events created once per tuning and destroyed on every exit path.
-class TimingEvents {
- public:
-  explicit TimingEvents(size_t n) : events_(n, nullptr) {
-    for (cudaEvent_t& e : events_) KILN_CUDA_CHECK(cudaEventCreate(&e));
-  }
-  ~TimingEvents() {
-    for (cudaEvent_t e : events_) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
-  }
-  TimingEvents(const TimingEvents&) = delete;
-  TimingEvents& operator=(const TimingEvents&) = delete;
-  cudaEvent_t operator[](size_t i) const { return events_[i]; }
-
- private:
-  std::vector<cudaEvent_t> events_;
-};
-
 // Scratch device memory for timing runs whose output must not land in the real output.
 class Scratch {
  public:
@@ -313,18 +296,17 @@ size_t element_bytes(GemmType t) {
   return 4;
 }
 
-// Chooses plan.best: every candidate runs once to warm up and kTimedRuns times between two
-// events, all queued on the launch's stream before the host waits once. Timing runs write `d`:
-// the real output when the caller's final run overwrites it without reading it, else a
-// scratch buffer (C == out: the output holds the addend). A candidate that fails to launch is
-// dropped; with no scratch memory the heuristic's first choice is kept untimed.
+// Chooses plan.best: the candidates that launch are timed by best_times (timing.h) in
+// kTimingRounds interleaved rounds of kTimedRuns runs. Timing runs write `d`: the real output
+// when the caller's final run overwrites it without reading it, else a scratch buffer (C == out:
+// the output holds the addend). A candidate that fails to launch is dropped; with no scratch
+// memory the heuristic's first choice is kept untimed.
 void tune(Plan& plan, const Launch& launch, void* out, bool c_is_out, size_t out_bytes) {
   AutotuneCounters& counters = autotune_counters();
   plan.tuned = true;
   plan.best = plan.candidates.front();
   counters.tuned_shapes.fetch_add(1, std::memory_order_relaxed);
-  const size_t n = plan.candidates.size();
-  if (n < 2) return;
+  if (plan.candidates.size() < 2) return;
   std::optional<Scratch> scratch;
   void* d = out;
   if (c_is_out) {
@@ -332,32 +314,24 @@ void tune(Plan& plan, const Launch& launch, void* out, bool c_is_out, size_t out
     d = scratch->get();
     if (d == nullptr) return;
   }
-  TimingEvents events(2 * n);
-  std::vector<bool> ran(n, false);
-  for (size_t i = 0; i < n; ++i) {
-    if (launch(plan.candidates[i], d) != CUBLAS_STATUS_SUCCESS) continue;
-    KILN_CUDA_CHECK(cudaEventRecord(events[2 * i], launch.stream));
-    bool ok = true;
-    for (int r = 0; r < kTimedRuns && ok; ++r) {
-      ok = launch(plan.candidates[i], d) == CUBLAS_STATUS_SUCCESS;
-    }
-    KILN_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], launch.stream));
-    ran[i] = ok;
+  std::vector<const cublasLtMatmulAlgo_t*> ok;
+  for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
+    if (launch(algo, d) == CUBLAS_STATUS_SUCCESS) ok.push_back(&algo);
   }
-  KILN_CUDA_CHECK(cudaStreamSynchronize(launch.stream));
+  if (ok.empty()) return;
+  std::vector<std::function<void()>> runs;
+  for (const cublasLtMatmulAlgo_t* algo : ok) runs.emplace_back([&, algo] { launch(*algo, d); });
+  const std::vector<double> ms = best_times(runs, kTimingRounds, kTimedRuns);  // on launch.stream
+  counters.candidates_timed.fetch_add(static_cast<int64_t>(ok.size()), std::memory_order_relaxed);
   // Another candidate replaces the heuristic's first choice only when it is faster by more
   // than kMargin: candidates within timing noise of each other keep the heuristic's order.
-  constexpr float kMargin = 0.01f;
-  float best_ms = std::numeric_limits<float>::infinity();
-  for (size_t i = 0; i < n; ++i) {
-    if (!ran[i]) continue;
-    counters.candidates_timed.fetch_add(1, std::memory_order_relaxed);
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
-    if (i == 0) ms *= 1.0f - kMargin;
-    if (ms < best_ms) {
-      best_ms = ms;
-      plan.best = plan.candidates[i];
+  constexpr double kMargin = 0.01;
+  double best_ms = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < ok.size(); ++i) {
+    const double t = ok[i] == &plan.candidates.front() ? ms[i] * (1.0 - kMargin) : ms[i];
+    if (t < best_ms) {
+      best_ms = t;
+      plan.best = *ok[i];
     }
   }
 }

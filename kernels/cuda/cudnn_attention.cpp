@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cudnn_graph.h"
+#include "kernels/cuda/timing.h"
 #include "tensor/deterministic.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -355,37 +356,8 @@ bool fastest_supports(const OpCall& c) {
   return supported_plan(c) != nullptr && hand_kernel(c) != nullptr;
 }
 
-// Milliseconds per run of fn over kRuns back-to-back runs on the current stream.
-template <typename F>
-double time_ms(F&& fn) {
-  constexpr int kRuns = 2;
-  cudaEvent_t start, stop;
-  KILN_CUDA_CHECK(cudaEventCreate(&start));
-  KILN_CUDA_CHECK(cudaEventCreate(&stop));
-  KILN_CUDA_CHECK(cudaEventRecord(start, current_stream()));
-  for (int i = 0; i < kRuns; ++i) fn();
-  KILN_CUDA_CHECK(cudaEventRecord(stop, current_stream()));
-  KILN_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0.f;
-  KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / kRuns;
-}
-
-// Each kernel's best time over interleaved rounds (after a warm-up run of each): a shape's first
-// call comes at the start of a run, while the GPU's clocks still ramp up and other work may share
-// it, so one timing of each, one after the other, picked the slower kernel in some runs
-// (llama-160m's forward: 1.55 against 1.18 ms a step).
-std::vector<double> best_times(const std::vector<std::function<void()>>& kernels) {
-  constexpr int kRounds = 5;
-  for (const auto& k : kernels) k();
-  std::vector<double> ms(kernels.size(), std::numeric_limits<double>::infinity());
-  for (int r = 0; r < kRounds; ++r) {
-    for (size_t i = 0; i < kernels.size(); ++i) ms[i] = std::min(ms[i], time_ms(kernels[i]));
-  }
-  return ms;
-}
+// Rounds and back-to-back runs per round of a timing (best_times, timing.h).
+constexpr int kTimingRounds = 5, kTimingRuns = 2;
 
 // cuDNN's candidate engines for `key` (the heuristics' first few, cudnn_graph.h), each timed on
 // call c by best_times, the fastest made active for this and later calls; once
@@ -415,7 +387,7 @@ std::string tune_engines(OpCall& c, const Key& key, KernelFn cudnn_fn) {
       cudnn_fn(c);
     });
   }
-  const std::vector<double> ms = best_times(engines);
+  const std::vector<double> ms = best_times(engines, kTimingRounds, kTimingRuns);
   const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
   std::string text;
   {
@@ -446,7 +418,8 @@ void fastest(OpCall& c, KernelFn cudnn_fn) {
   DeviceGuard guard(c.input(0).device().index());
   // The op is pure: every kernel writes the same outputs from the same inputs.
   std::string engines = tune_engines(c, key, cudnn_fn);
-  const std::vector<double> ms = best_times({[&] { cudnn_fn(c); }, [&] { hand->fn(c); }});
+  const std::vector<double> ms =
+      best_times({[&] { cudnn_fn(c); }, [&] { hand->fn(c); }}, kTimingRounds, kTimingRuns);
   const double cudnn_ms = ms[0], hand_ms = ms[1];
   const bool cudnn_wins = cudnn_ms < hand_ms;
   if (cudnn_wins) cudnn_fn(c);  // the outputs come from the kernel later calls will run
