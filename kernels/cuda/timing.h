@@ -21,10 +21,9 @@ namespace kiln::cuda {
 void busy_wait(cudaStream_t stream, int64_t us);
 
 // Each candidate's best time per run, in milliseconds, on the current stream (where the
-// candidates run): every candidate
-// runs once to warm up (plans built, modules loaded), then `rounds` interleaved rounds run each
-// candidate `runs` times between two events, all queued behind a busy_wait so that the GPU runs
-// them back to back. The host waits once. Timed one call after the other with the GPU idle
+// candidates run): every candidate runs once to warm up (plans built, modules loaded), then
+// `rounds` interleaved rounds run each candidate `runs` times between two events, all queued
+// behind a busy_wait so that the GPU runs them back to back. The host waits once. Timed one call after the other with the GPU idle
 // between them, the host's launch overhead counted and cuDNN's engines for llama-160m's forward
 // were ranked differently from run to run (the 64x256 tile, 1.10 ms a step, chosen over the
 // 64x128 one, 1.02; benchmarks/RESULTS.md, session 26).
