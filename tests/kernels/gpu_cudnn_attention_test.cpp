@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_split.h"
 #include "autograd/engine.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/gpu_test_util.h"
 #include "nn/functional.h"
 #include "tensor/deterministic.h"
@@ -263,6 +264,59 @@ TEST_F(GpuCudnnAttention, LongerSequences) {
 
 // What cuDNN does not take here: the rule refuses, and the other kernels or the decomposition
 // run the call.
+// cuDNN's backward accumulates dQ in an f32 buffer that each call must start at zero: repeated
+// calls, and calls captured in a CUDA graph and replayed, give the first call's results.
+TEST_F(GpuCudnnAttention, RepeatedAndCapturedBackwardsMatchTheFirst) {
+  manual_seed(56);
+  const Attrs attrs = {0.125, true, int64_t{0}, 0.0};
+  auto inputs = [&] {
+    const Tensor q = randn({2, 4, 128, 64}).to(kBFloat16).to(kGpu);
+    const Tensor k = randn({2, 2, 128, 64}).to(kBFloat16).to(kGpu);
+    const Tensor v = randn({2, 2, 128, 64}).to(kBFloat16).to(kGpu);
+    const TensorVec f = call_op(fwd_op(), {q, k, v}, attrs);
+    const Tensor dout = randn({2, 4, 128, 64}).to(kBFloat16).to(kGpu);
+    return TensorVec{dout, q, k, v, f[0], f[1], Tensor()};
+  };
+  const TensorVec a = inputs(), b = inputs();
+  if (!accepts(bwd_op(), "cudnn", a, attrs)) GTEST_SKIP() << "cuDNN refused the backward";
+  const TensorVec want_a = call_op_with_kernel(bwd_op(), "cudnn", a, attrs);
+  const TensorVec want_b = call_op_with_kernel(bwd_op(), "cudnn", b, attrs);
+  const TensorVec* const want[3] = {&want_a, &want_b, &want_a};
+  // A dQ accumulator left unzeroed would add one call's dQ to the next: an error near 1.
+  for (int i = 0; i < 3; ++i) {
+    const TensorVec got = call_op_with_kernel(bwd_op(), "cudnn", i == 1 ? b : a, attrs);
+    for (size_t j = 0; j < 3; ++j) {
+      EXPECT_LE(rel_error(got[j], (*want[i])[j]), 1e-2) << "eager call " << i << ", grad " << j;
+    }
+  }
+  std::vector<Tensor> outs;
+  for (int i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < 3; ++j) outs.push_back(empty_like((*want[i])[j]));
+  }
+  const std::shared_ptr<cuda::internal::CapturedGraph> graph =
+      cuda::internal::capture_graph(0, [&] {
+        for (int i = 0; i < 3; ++i) {
+          const TensorVec r = call_op_with_kernel(bwd_op(), "cudnn", i == 1 ? b : a, attrs);
+          for (size_t j = 0; j < 3; ++j) outs[3 * static_cast<size_t>(i) + j].copy_(r[j]);
+        }
+        return std::vector<Storage>{};
+      });
+  for (int replay = 0; replay < 3; ++replay) {
+    for (Tensor& o : outs) o.zero_();
+    graph->launch();
+    cuda::synchronize();
+    for (int i = 0; i < 3; ++i) {
+      for (size_t j = 0; j < 3; ++j) {
+        EXPECT_LE(rel_error(outs[3 * static_cast<size_t>(i) + j], (*want[i])[j]), 1e-2)
+            << "replay " << replay << ", call " << i << ", grad " << j;
+      }
+    }
+    // Eager calls between replays.
+    const TensorVec got = call_op_with_kernel(bwd_op(), "cudnn", b, attrs);
+    EXPECT_LE(rel_error(got[0], want_b[0]), 1e-2) << "eager call after replay " << replay;
+  }
+}
+
 TEST_F(GpuCudnnAttention, SupportRuleRefuses) {
   const Tensor q = randn({1, 2, 64, 64}).to(kBFloat16).to(kGpu);
   const Attrs plain = {0.125, true, int64_t{0}, 0.0};
