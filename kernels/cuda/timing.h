@@ -23,10 +23,11 @@ void busy_wait(cudaStream_t stream, int64_t us);
 // Each candidate's best time per run, in milliseconds, on the current stream (where the
 // candidates run): every candidate runs once to warm up (plans built, modules loaded), then
 // `rounds` interleaved rounds run each candidate `runs` times between two events, all queued
-// behind a busy_wait so that the GPU runs them back to back. The host waits once. Timed one call after the other with the GPU idle
-// between them, the host's launch overhead counted and cuDNN's engines for llama-160m's forward
-// were ranked differently from run to run (the 64x256 tile, 1.10 ms a step, chosen over the
-// 64x128 one, 1.02; benchmarks/RESULTS.md, session 26).
+// behind a busy_wait so that the GPU runs them back to back; the host waits once. Timed one
+// call after the other with the GPU idle in between, the host's launch overhead was counted,
+// and cuDNN's engines for llama-160m's forward were ranked differently from run to run (the
+// 64x256 tile, 1.10 ms a step, chosen over the 64x128 one, 1.02; benchmarks/RESULTS.md,
+// session 26).
 std::vector<double> best_times(const std::vector<std::function<void()>>& candidates, int rounds,
                                int runs);
 

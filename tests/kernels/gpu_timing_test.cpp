@@ -1,6 +1,5 @@
 // The GPU timing that kernels chosen by measurement use (kernels/cuda/timing.h): busy_wait's
-// length, and best_times ranking candidates of known lengths and timing them without the host's
-// launch overhead.
+// length, and best_times ranking candidates of known lengths by their time per run.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -38,7 +37,7 @@ TEST_F(GpuTiming, BusyWaitLastsAtLeastItsLength) {
   stream.synchronize();
 }
 
-TEST_F(GpuTiming, BestTimesRanksCandidatesAndTimesOnlyTheGpu) {
+TEST_F(GpuTiming, BestTimesRanksCandidatesPerRun) {
   const cuda::Stream stream = cuda::current_stream();
   int calls[3] = {0, 0, 0};
   // Candidates of 300, 100 and 200 us on the GPU, each run once to warm up and then twice in
