@@ -42,6 +42,7 @@
 #include "tensor/foreach.h"
 #include "tensor/linear_cross_entropy.h"
 #include "tensor/ops.h"
+#include "tensor/ops/rotary.h"
 #include "tensor/registry.h"
 
 namespace {
@@ -96,11 +97,15 @@ void bench_gemm_autotune(const std::vector<Gemm>& gemms) {
 // no kernel takes here are skipped), then on each of "flash_hopper" and "cudnn" by name where it
 // takes the call. FLOPs counted as FlashAttention does: forward 4 B H T^2 D, backward 10 B H T^2 D
 // (the five GEMMs), halved for causal. The variants that lost are timed beside these in the
-// kernel lab (lab/flash_attention_lab.cu).
+// kernel lab (lab/flash_attention_lab.cu). The shapes named "... qkv" lay the operands out as a
+// training step does: q, k and v are head views of one [B, T, (H + 2 G) D] projection and dO a
+// [B, T, H D] product viewed [B, H, T, D] (strided, [B, T, H, D] in memory), where the others are
+// contiguous [B, H, T, D]. torch_reference.py times torch's SDPA on the same layouts.
 void bench_flash_attention() {
   struct Shape {
     const char* name;
     int64_t b, h, hkv, t, d;
+    bool qkv_views = false;
   };
   static const kiln::OpDef& fwd = KILN_OP(flash_attention);
   static const kiln::OpDef& bwd = KILN_OP(flash_attention_backward);
@@ -116,13 +121,25 @@ void bench_flash_attention() {
   // "7b": Mistral-7B's attention (32 query and 8 kv heads of 128) at 1b's tokens per step; "4k":
   // the same heads at B 1, T 4096; "g2b": gemma-2b's (8 query heads and 1 kv head of 256) at 1b's
   // tokens.
-  for (const Shape& s : {Shape{"160m", 16, 12, 12, 1024, 64}, Shape{"1b", 4, 32, 8, 2048, 64},
-                         Shape{"7b", 4, 32, 8, 2048, 128}, Shape{"4k", 1, 32, 8, 4096, 128},
-                         Shape{"g2b", 4, 8, 1, 2048, 256}}) {
-    const Tensor q = random({s.b, s.h, s.t, s.d}, kiln::kBFloat16);
-    const Tensor k = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
-    const Tensor v = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
-    const Tensor dout = random({s.b, s.h, s.t, s.d}, kiln::kBFloat16);
+  for (const Shape& s :
+       {Shape{"160m", 16, 12, 12, 1024, 64}, Shape{"160m qkv", 16, 12, 12, 1024, 64, true},
+        Shape{"1b", 4, 32, 8, 2048, 64}, Shape{"1b qkv", 4, 32, 8, 2048, 64, true},
+        Shape{"7b", 4, 32, 8, 2048, 128}, Shape{"4k", 1, 32, 8, 4096, 128},
+        Shape{"g2b", 4, 8, 1, 2048, 256}}) {
+    Tensor q, k, v, dout;
+    if (s.qkv_views) {
+      const int64_t n = s.h + 2 * s.hkv;
+      const Tensor qkv = random({s.b, s.t, n * s.d}, kiln::kBFloat16);
+      q = kiln::internal::qkv_heads(qkv, 0, s.h, n);
+      k = kiln::internal::qkv_heads(qkv, s.h, s.hkv, n);
+      v = kiln::internal::qkv_heads(qkv, s.h + s.hkv, s.hkv, n);
+      dout = kiln::internal::qkv_heads(random({s.b, s.t, s.h * s.d}, kiln::kBFloat16), 0, s.h, s.h);
+    } else {
+      q = random({s.b, s.h, s.t, s.d}, kiln::kBFloat16);
+      k = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
+      v = random({s.b, s.hkv, s.t, s.d}, kiln::kBFloat16);
+      dout = random({s.b, s.h, s.t, s.d}, kiln::kBFloat16);
+    }
     const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
     const absl::InlinedVector<kiln::Attr, 4> attrs = {scale, true, int64_t{0}, 0.0};
     kiln::OpCall call;

@@ -12,6 +12,7 @@ around each sample, the median of 20. Memory-bound cases rotate among 4 input se
 --kiln, prints both columns and kiln / PyTorch speed ratios (> 1: kiln faster).
 """
 import argparse
+import contextlib
 import json
 
 import torch
@@ -81,39 +82,56 @@ def bench_gemm(name, m, n, k, backward=True):
 
 
 def bench_flash_attention():
-    """Causal SDPA through torch's flash backend at the Llama training shapes and Mistral-7B's
-    attention (head size 128) and gemma-2b's (head size 256) at 1b's tokens (kiln:
-    bench_flash_attention in gpu_bench.cu; same FLOP counts: fwd 4 B H T^2 D / 2, bwd 2.5x)."""
+    """Causal SDPA at the Llama training shapes, Mistral-7B's attention (head size 128) and
+    gemma-2b's (head size 256) at 1b's tokens (kiln: bench_flash_attention in gpu_bench.cu; same
+    FLOP counts: fwd 4 B H T^2 D / 2, bwd 2.5x). Each shape on torch's default backend (cuDNN's
+    SDPA on Hopper: the row kiln's dispatcher is compared with), then on cuDNN (" [cudnn]",
+    against kiln's own call of cuDNN) and on torch's flash backend (" [torch flash]"). The
+    "... qkv" shapes lay the operands out as a training step does: q, k, v head views of one
+    [B, T, (H + 2 G) D] projection, dO a [B, T, H D] product viewed [B, H, T, D]."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    for name, b, h, hkv, t, d in [("160m", 16, 12, 12, 1024, 64), ("1b", 4, 32, 8, 2048, 64),
-                                  ("7b", 4, 32, 8, 2048, 128), ("g2b", 4, 8, 1, 2048, 256)]:
-        q = rand(b, h, t, d).requires_grad_(True)
-        k = rand(b, hkv, t, d).requires_grad_(True)
-        v = rand(b, hkv, t, d).requires_grad_(True)
-        dout = rand(b, h, t, d)
+    shapes = [("160m", 16, 12, 12, 1024, 64, False), ("160m qkv", 16, 12, 12, 1024, 64, True),
+              ("1b", 4, 32, 8, 2048, 64, False), ("1b qkv", 4, 32, 8, 2048, 64, True),
+              ("7b", 4, 32, 8, 2048, 128, False), ("g2b", 4, 8, 1, 2048, 256, False)]
+    backends = [("", None), (" [cudnn]", SDPBackend.CUDNN_ATTENTION),
+                (" [torch flash]", SDPBackend.FLASH_ATTENTION)]
+    for name, b, h, hkv, t, d, views in shapes:
+        if views:
+            qkv = rand(b, t, (h + 2 * hkv) * d).requires_grad_(True)
+            qs, ks, vs = qkv.split([h * d, hkv * d, hkv * d], -1)
+            q = qs.view(b, t, h, d).transpose(1, 2)
+            k = ks.view(b, t, hkv, d).transpose(1, 2)
+            v = vs.view(b, t, hkv, d).transpose(1, 2)
+            dout = rand(b, t, h * d).view(b, t, h, d).transpose(1, 2)
+        else:
+            q = rand(b, h, t, d).requires_grad_(True)
+            k = rand(b, hkv, t, d).requires_grad_(True)
+            v = rand(b, hkv, t, d).requires_grad_(True)
+            dout = rand(b, h, t, d)
         flops = 4.0 * b * h * t * t * d / 2
         gqa = h != hkv
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            if gqa:
+        for label, backend in backends:
+            ctx = sdpa_kernel(backend) if backend is not None else contextlib.nullcontext()
+            with ctx:
                 try:
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-                except RuntimeError:  # no GQA in this flash build: repeated kv heads instead
-                    print(f"  (sdpa {name}: flash without enable_gqa, kv heads repeated)")
-                    k = k.detach().repeat_interleave(h // hkv, 1).requires_grad_(True)
-                    v = v.detach().repeat_interleave(h // hkv, 1).requires_grad_(True)
-                    gqa = False
-            with torch.no_grad():
-                report(f"sdpa causal {name} fwd", time_ms(lambda i: F.scaled_dot_product_attention(
-                    q, k, v, is_causal=True, enable_gqa=gqa)), flops)
-            outs = {}
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                except RuntimeError as e:  # this backend does not take the call
+                    print(f"  (sdpa {name}{label}: not taken: {str(e).splitlines()[0][:80]})")
+                    continue
+                with torch.no_grad():
+                    report(f"sdpa causal {name} fwd{label}",
+                           time_ms(lambda i: F.scaled_dot_product_attention(
+                               q, k, v, is_causal=True, enable_gqa=gqa)), flops)
+                outs = {}
 
-            def setup(i):
-                outs[i] = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                def setup(i):
+                    outs[i] = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                             enable_gqa=gqa)
 
-            def bwd(i):
-                torch.autograd.grad(outs.pop(i), (q, k, v), dout)
+                def bwd(i):  # the gradients of q, k, v (views or leaves): SDPA's backward alone
+                    torch.autograd.grad(outs.pop(i), (q, k, v), dout)
 
-            report(f"sdpa causal {name} bwd", time_ms(bwd, setup=setup), 2.5 * flops)
+                report(f"sdpa causal {name} bwd{label}", time_ms(bwd, setup=setup), 2.5 * flops)
 
 
 def rotate_half(x):
