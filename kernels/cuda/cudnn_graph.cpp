@@ -267,29 +267,41 @@ Graph backward_graph(cudnnHandle_t handle, const Key& key) {
 
 namespace {
 
+// The descriptors of `type` that attribute `name` of `from` holds, at most `max` of them (cuDNN
+// reads an array of descriptors into ones the caller made). Throws BuildError when cuDNN refuses.
+std::vector<std::unique_ptr<Desc>> read_descs(const Desc& from, cudnnBackendAttributeName_t name,
+                                              cudnnBackendDescriptorType_t type, int64_t max) {
+  std::vector<std::unique_ptr<Desc>> descs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < max; ++i) {
+    descs.push_back(std::make_unique<Desc>(type));
+    raw.push_back(descs.back()->get());
+  }
+  int64_t got = 0;
+  KILN_CUDNN_TRY(cudnnBackendGetAttribute(from.get(), name, CUDNN_TYPE_BACKEND_DESCRIPTOR, max,
+                                          &got, raw.data()));
+  descs.resize(static_cast<size_t>(std::clamp<int64_t>(got, 0, max)));
+  return descs;
+}
+
 // "type=value ..." of an engine configuration's knob choices.
 std::string knobs_of(const Desc& config) {
   constexpr int kMaxKnobs = 16;
   std::vector<std::unique_ptr<Desc>> choices;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int i = 0; i < kMaxKnobs; ++i) {
-    choices.push_back(std::make_unique<Desc>(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR));
-    raw.push_back(choices.back()->get());
-  }
-  int64_t n = 0;
-  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxKnobs, &n,
-                               raw.data()) != CUDNN_STATUS_SUCCESS) {
+  try {
+    choices = read_descs(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+                         CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, kMaxKnobs);
+  } catch (const BuildError&) {
     return "";
   }
   std::string text;
-  for (int64_t i = 0; i < std::min<int64_t>(n, kMaxKnobs); ++i) {
+  for (const auto& choice : choices) {
     cudnnBackendKnobType_t type{};
     int64_t value = 0, got = 0;
-    if (cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1,
-                                 &got, &type) != CUDNN_STATUS_SUCCESS ||
-        cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
-                                 &got, &value) != CUDNN_STATUS_SUCCESS) {
+    if (cudnnBackendGetAttribute(choice->get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                                 CUDNN_TYPE_KNOB_TYPE, 1, &got, &type) != CUDNN_STATUS_SUCCESS ||
+        cudnnBackendGetAttribute(choice->get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64,
+                                 1, &got, &value) != CUDNN_STATUS_SUCCESS) {
       continue;
     }
     absl::StrAppend(&text, text.empty() ? "" : " ", static_cast<int>(type), "=", value);
@@ -318,17 +330,9 @@ void make_plan(cudnnHandle_t handle, Plan& p) {
       absl::StrAppend(&tried, " heuristics ", static_cast<int>(mode), ": no engine;");
       continue;
     }
-    std::vector<std::unique_ptr<Desc>> cfgs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < count; ++i) {
-      cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      raw.push_back(cfgs.back()->get());
-    }
-    int64_t got = 0;
-    KILN_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                                            raw.data()));
-    for (int64_t i = 0; i < got && p.engines.size() < kMaxEngines; ++i) {
+    std::vector<std::unique_ptr<Desc>> cfgs =
+        read_descs(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, count);
+    for (size_t i = 0; i < cfgs.size() && p.engines.size() < kMaxEngines; ++i) {
       try {
         auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
         plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle)
