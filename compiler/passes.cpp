@@ -245,9 +245,34 @@ std::vector<bool> handed_out_values(const Trace& trace) {
 
 }  // namespace
 
+namespace {
+
+// Per value: the op that makes it (an index into trace.ops; -1 for an argument or a captured
+// tensor), and how many op inputs read it.
+struct Dataflow {
+  std::vector<int> producer, uses;
+};
+Dataflow dataflow(const Trace& trace) {
+  Dataflow d{std::vector<int>(trace.values.size(), -1), std::vector<int>(trace.values.size(), 0)};
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    for (int v : trace.ops[i].inputs) {
+      if (v >= 0) ++d.uses[static_cast<size_t>(v)];
+    }
+    for (int v : trace.ops[i].outputs) {
+      if (v >= 0) d.producer[static_cast<size_t>(v)] = static_cast<int>(i);
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
 Trace simplify(const Trace& trace) {
-  const std::vector<bool> written = written_values(trace);
+  // Kept up to date through the renames: a factor that stands for its product is written where
+  // the product was, and read where it was.
+  std::vector<bool> written = written_values(trace);
   const std::vector<bool> handed_out = handed_out_values(trace);
+  std::vector<int> uses = dataflow(trace).uses;
   std::vector<const BoundOp*> producer(trace.values.size(), nullptr);
   for (const BoundOp& op : trace.ops) {
     for (int v : op.outputs) {
@@ -282,13 +307,22 @@ Trace simplify(const Trace& trace) {
         const TensorSpec& xs = trace.value(x).spec;
         const TensorSpec& ps = trace.value(product).spec;
         const BoundOp* made = producer[static_cast<size_t>(x)];
+        // A product written in place later (compiled DDP's in-place all-reduce of a tied
+        // table's gradient: a 525 MB multiplication a llama-3.2-1b step) may be its factor
+        // when nothing else reads the factor, which has the product's layout and is not
+        // handed out: the writes then change a value no one else sees.
+        const bool sole_reader = uses[static_cast<size_t>(x)] == 1 && xs.strides == ps.strides &&
+                                 !handed_out[static_cast<size_t>(x)];
         if (xs.sizes != ps.sizes || xs.dtype != ps.dtype || xs.device != ps.device ||
-            written[static_cast<size_t>(x)] || written[static_cast<size_t>(product)] ||
+            written[static_cast<size_t>(x)] ||
+            (written[static_cast<size_t>(product)] && !sole_reader) ||
             (handed_out[static_cast<size_t>(x)] && handed_out[static_cast<size_t>(product)]) ||
             made == nullptr || made->op->kind != OpKind::kFunctional) {
           continue;
         }
         to[static_cast<size_t>(product)] = x;
+        uses[static_cast<size_t>(x)] += uses[static_cast<size_t>(product)] - 1;
+        if (written[static_cast<size_t>(product)]) written[static_cast<size_t>(x)] = true;
         break;
       }
       if (to[static_cast<size_t>(product)] != product) continue;
@@ -298,28 +332,6 @@ Trace simplify(const Trace& trace) {
   rename_results(out, to);
   return out;
 }
-
-namespace {
-
-// Per value: the op that makes it (an index into trace.ops; -1 for an argument or a captured
-// tensor), and how many op inputs read it.
-struct Dataflow {
-  std::vector<int> producer, uses;
-};
-Dataflow dataflow(const Trace& trace) {
-  Dataflow d{std::vector<int>(trace.values.size(), -1), std::vector<int>(trace.values.size(), 0)};
-  for (size_t i = 0; i < trace.ops.size(); ++i) {
-    for (int v : trace.ops[i].inputs) {
-      if (v >= 0) ++d.uses[static_cast<size_t>(v)];
-    }
-    for (int v : trace.ops[i].outputs) {
-      if (v >= 0) d.producer[static_cast<size_t>(v)] = static_cast<int>(i);
-    }
-  }
-  return d;
-}
-
-}  // namespace
 
 Trace fuse_norm_residual(const Trace& trace) {
   const std::vector<bool> written = written_values(trace);

@@ -1,7 +1,8 @@
 // The simplify pass (compiler/passes.h): a product by the constant one a backward seeds is its
 // other factor (a linear_cross_entropy training step's head and hidden-state gradients), bit for
 // bit as eager; products it must keep (another constant, an argument, a product of another dtype,
-// a factor written in place, by a single or a multi-tensor in-place op) stay; an optimizer update
+// a factor written in place, by a single or a multi-tensor in-place op) stay, and a product written
+// in place is its factor when nothing else reads that; an optimizer update
 // writes its parameters and moments, not the gradients it reads. Also: an op's backward that
 // never reads the gradient of an output that received none makes no zeros for it
 // (BackwardCall::grad, autograd/engine.cpp).
@@ -94,6 +95,59 @@ TEST(Simplify, KeepsProductsThatAreNotTheirFactor) {
         Tensor p = e * constant(in[0], 1.0);
         e.add_(1.0);
         return std::vector<Tensor>{p, e};
+      },
+      {a});
+  EXPECT_EQ(count_ops(t, "mul"), 1) << t.str();
+}
+
+// A product written in place (compiled DDP's in-place all-reduce of a tied table's gradient)
+// goes when nothing else reads its factor: the factor is written instead. It stays when the
+// factor is read elsewhere, handed out, or when another product by one reads the written one.
+TEST(Simplify, ProductWrittenInPlaceIsItsFactorWhenNothingElseReadsIt) {
+  const Tensor a = randn({3, 4});
+  auto written_product = [](const std::vector<Tensor>& in) {
+    Tensor p = in[0].exp() * constant(in[0], 1.0);
+    p.add_(1.0);
+    return std::vector<Tensor>{p, p.sin()};
+  };
+  Trace t = simplified(written_product, {a});
+  EXPECT_EQ(count_ops(t, "mul"), 0) << t.str();
+  {
+    NoGradGuard no_grad;
+    auto compiled = compile(written_product);
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<Tensor> want = written_product({a});
+      const std::vector<Tensor> got = compiled(std::vector<Tensor>{a});
+      expect_bitwise(got[0], want[0], "p");
+      expect_bitwise(got[1], want[1], "p.sin()");
+    }
+  }
+  // The factor is read after the write; handed out; or a second product keeps the old values.
+  t = simplified(
+      [](const std::vector<Tensor>& in) {
+        Tensor e = in[0].exp();
+        Tensor p = e * constant(in[0], 1.0);
+        p.add_(1.0);
+        return std::vector<Tensor>{p, e.sin()};
+      },
+      {a});
+  EXPECT_EQ(count_ops(t, "mul"), 1) << t.str();
+  t = simplified(
+      [](const std::vector<Tensor>& in) {
+        Tensor e = in[0].exp();
+        Tensor p = e * constant(in[0], 1.0);
+        p.add_(1.0);
+        return std::vector<Tensor>{p, e};
+      },
+      {a});
+  EXPECT_EQ(count_ops(t, "mul"), 1) << t.str();
+  t = simplified(
+      [](const std::vector<Tensor>& in) {
+        const Tensor one = constant(in[0], 1.0);
+        Tensor p = in[0].exp() * one;
+        const Tensor q = p * one;  // p's values before the add
+        p.add_(1.0);
+        return std::vector<Tensor>{p, q};
       },
       {a});
   EXPECT_EQ(count_ops(t, "mul"), 1) << t.str();
