@@ -1,11 +1,14 @@
 #include "compiler/compile.h"
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -25,10 +28,13 @@
 #include "compiler/program.h"
 #include "compiler/symbolic.h"
 #include "compiler/tracer.h"
+#include "kernels/cuda.h"
+#include "kernels/cuda/runtime.h"
 #include "tensor/autocast_state.h"
 #include "tensor/deterministic.h"
 #include "tensor/ops.h"
 #include "tensor/profiler.h"
+#include "tensor/tensor_data.h"
 
 namespace kiln {
 
@@ -231,6 +237,28 @@ class CompiledBackward final : public autograd::Node {
   bool released_ = false;
 };
 
+// How a program with all-reduces (a compiled DDP step) runs is measured: op by op, the
+// buckets' all-reduces go through the copy engines beside the backward (dist's PeerAllReduce),
+// which a CUDA graph cannot capture; as CUDA graphs, they are NCCL's, whose kernels take SMs
+// from the backward but whose launches, with every other one, cost no host time. Which wins
+// depends on the model: measured on two H200s, llama-160m ran 1-2% faster as graphs and
+// llama-3.2-1b 2% slower (benchmarks/RESULTS.md, session 27). After the program's warm-up each
+// way runs kRuns times, timed by events on the current stream (the graphs' first run, the
+// capture, is not timed); the ranks then average their times through the program's own
+// all-reduce, so that every rank keeps the same way, and a failed capture on any rank counts as
+// infinitely slow. Until then, and whenever the program runs op by op after choosing graphs, its
+// all-reduces take NCCL on every rank (cuda::internal::CapturableCollectivesScope), so that the
+// ranks issue the same collectives.
+struct GraphTrial {
+  static constexpr int kRuns = 3;
+  absl::InlinedVector<Attr, 4> reduce_attrs;  // the program's first all-reduce's attributes
+  Device device = Device(kCUDA, 0);           // and its tensor's
+  enum Phase { kOpByOp, kGraphs, kDecided } phase = kOpByOp;
+  int runs = 0;  // in this phase
+  cuda::Event op_begin{true}, op_end{true}, graph_begin{true}, graph_end{true};
+  std::string failure;  // this rank's capture failed: why
+};
+
 struct Entry {
   std::vector<ExternalGuard> guards;  // taken before the traced call, in Trace::externals order
   std::shared_ptr<const Program> program;
@@ -240,6 +268,12 @@ struct Entry {
   std::shared_ptr<GraphedProgram> graphed;
   bool graph_off = false;
   std::string graph_off_reason;
+  // A program with all-reduces: how it runs is measured (GraphTrial); null otherwise.
+  std::shared_ptr<GraphTrial> trial;
+  // Its op-by-op runs issue the collectives its graphs would (it chose graphs, then its capture
+  // failed on this rank).
+  bool capturable_collectives = false;
+  std::string graph_note;  // the measurement that chose graphs (GraphTrial)
 
   // Empty when the captured tensors still match; else why not.
   std::string mismatch() const {
@@ -312,6 +346,13 @@ struct CompiledCore::Impl {
   std::string trace_dir;
   bool graph_warned = false;  // the one warning that a GPU program runs without CUDA graphs
 
+  // Runs an entry op by op; under its capturable-collectives rule when it has one.
+  std::vector<Tensor> run_op_by_op(Entry& e, const std::vector<Tensor>& args) {
+    if (!e.capturable_collectives) return run_entry(e, args);
+    const cuda::internal::CapturableCollectivesScope collectives;
+    return run_entry(e, args);
+  }
+
   // A program that runs without graphs from now on, and why (warned once per callable).
   void graph_off(Entry& e, std::string why, bool gpu_program) {
     e.graph_off = true;
@@ -344,6 +385,96 @@ struct CompiledCore::Impl {
     }
     stats.cuda_graph = "warm-up";
     stats.graph_reason = "captured at the program's next run";
+    for (const BoundOp& op : e.program->trace().ops) {
+      if (op.name() != "dist_all_reduce_") continue;
+      e.trial = std::make_shared<GraphTrial>();
+      e.trial->reduce_attrs = op.attrs;
+      e.trial->reduce_attrs[2] = int64_t{0};  // not beside compute: NCCL's, at once
+      e.trial->device = e.program->trace().value(op.inputs[0]).spec.device;
+      stats.cuda_graph = "measuring";
+      stats.graph_reason =
+          "its all-reduces: op by op through the copy engines, or NCCL's in "
+          "CUDA graphs; the faster is kept after " +
+          std::to_string(2 * GraphTrial::kRuns + 1) + " runs";
+      break;
+    }
+  }
+
+  // A run of a program whose way of running is being measured (GraphTrial).
+  std::vector<Tensor> run_trial(Entry& e, const std::vector<Tensor>& args) {
+    GraphTrial& g = *e.trial;
+    if (g.phase == GraphTrial::kOpByOp) {
+      if (g.runs == 0) g.op_begin.record();
+      std::vector<Tensor> outputs = run_entry(e, args);
+      if (++g.runs == GraphTrial::kRuns) {
+        g.op_end.record();
+        g.phase = GraphTrial::kGraphs;
+        g.runs = 0;
+        e.capturable_collectives = true;
+      }
+      return outputs;
+    }
+    // Graphs: the first run captures them (untimed), the next kRuns are timed. A rank whose
+    // capture failed goes on op by op with NCCL's all-reduces, as the graphs of the others run.
+    if (g.runs == 1) g.graph_begin.record();
+    std::vector<Tensor> outputs;
+    if (g.failure.empty() && !e.graphed) {
+      g.failure = cuda_graph_refusal(*e.program, e.backward != nullptr);
+      if (g.failure.empty()) e.graphed = std::make_shared<GraphedProgram>(e.program);
+    }
+    if (g.failure.empty()) {
+      GraphedProgram::Run r;
+      outputs = e.graphed->run(args, r);
+      if (!r.failure.empty()) {
+        g.failure = r.failure;
+        e.graphed.reset();
+      } else if (r.captured) {
+        ++stats.graph_captures;
+      } else {
+        ++stats.graph_replays;
+      }
+    } else {
+      outputs = run_op_by_op(e, args);
+    }
+    if (++g.runs <= GraphTrial::kRuns) return outputs;
+    g.graph_end.record();
+    g.phase = GraphTrial::kDecided;
+    g.graph_end.synchronize();
+    const double op_ms = g.op_begin.elapsed_time(g.op_end) / GraphTrial::kRuns;
+    const double graph_ms =
+        g.failure.empty() ? g.graph_begin.elapsed_time(g.graph_end) / GraphTrial::kRuns : 1e30;
+    // The ranks' mean times, through the program's all-reduce (its group, op and device).
+    Tensor times = tensor(std::vector<double>{op_ms, graph_ms}, kFloat).to(g.device);
+    {
+      NoGradGuard no_grad;
+      static const OpDef& all_reduce = KILN_OP(dist_all_reduce_);
+      static const OpDef& wait = KILN_OP(dist_wait_);
+      call_op(all_reduce, {times}, g.reduce_attrs);
+      call_op(wait, {times});
+    }
+    const std::vector<float> mean = times.cpu().to_vector<float>();
+    std::ostringstream note;
+    note << std::fixed << std::setprecision(2);
+    if (mean[1] < 1e29f) note << mean[1] << " ms a run as CUDA graphs (NCCL's all-reduces), ";
+    note << mean[0] << " ms op by op (the copy engines'), measured";
+    if (mean[1] < mean[0]) {
+      e.graph_note = note.str();
+      stats.cuda_graph = "replaying";
+      stats.graph_reason = e.graph_note;
+      return outputs;
+    }
+    e.capturable_collectives = false;
+    e.graphed.reset();
+    // The graphs' memory stays reserved for graphs until trimmed (llama-3.2-1b: 12 GiB).
+    cuda::empty_cache(g.device.index());
+    const bool failed = mean[1] >= 1e29f;
+    graph_off(e,
+              failed ? "capturing failed on " +
+                           std::string(g.failure.empty() ? "another rank" : "this rank: ") +
+                           g.failure + "; " + note.str()
+                     : "op by op measured faster: " + note.str(),
+              failed);
+    return outputs;
   }
 
   // Runs a cached program: through its CUDA graphs where it has them.
@@ -351,10 +482,14 @@ struct CompiledCore::Impl {
     if (e.graph_off) {
       stats.cuda_graph = "off";
       stats.graph_reason = e.graph_off_reason;
-      return run_entry(e, args);
+      return run_op_by_op(e, args);
     }
     // The profiler times ops one by one: a graph would hide them.
-    if (profiler::internal::active()) return run_entry(e, args);
+    if (profiler::internal::active()) return run_op_by_op(e, args);
+    if (e.trial && e.trial->phase != GraphTrial::kDecided) {
+      stats.cuda_graph = "measuring";
+      return run_trial(e, args);
+    }
     if (!e.graphed) {
       std::string why = cuda_graph_refusal(*e.program, e.backward != nullptr);
       if (!why.empty()) {
@@ -378,7 +513,8 @@ struct CompiledCore::Impl {
     stats.cuda_graph = "replaying";
     const int graphs = e.graphed->graphs();
     stats.graph_reason = std::to_string(graphs) + (graphs == 1 ? " graph, " : " graphs, ") +
-                         std::to_string(e.graphed->host_steps()) + " host steps";
+                         std::to_string(e.graphed->host_steps()) + " host steps" +
+                         (e.graph_note.empty() ? "" : "; " + e.graph_note);
     stats.graph_static_bytes = e.graphed->static_bytes();
     stats.graph_kept_bytes = e.graphed->kept_bytes();
     return outputs;
@@ -391,14 +527,17 @@ struct CompiledCore::Impl {
                              "." + std::to_string(traces.size()) + "." + t.stage + ".txt";
     std::error_code ec;
     std::filesystem::create_directories(trace_dir, ec);
+    // A temporary of this process's own: the ranks of a job (`kiln run`) write the same names
+    // into one directory (the last rename wins).
+    const std::string tmp = path + ".tmp." + std::to_string(getpid());
     {
-      std::ofstream out(path + ".tmp");
+      std::ofstream out(tmp);
       out << t.str();
       out.close();
       KILN_CHECK(!ec && out, "[compile] cannot write the trace to ", path,
                  " (trace_dir / KILN_TRACE_DIR): ", ec ? ec.message() : "write failed");
     }
-    std::filesystem::rename(path + ".tmp", path, ec);  // whole files only
+    std::filesystem::rename(tmp, path, ec);  // whole files only
     KILN_CHECK(!ec, "[compile] cannot write the trace to ", path, ": ", ec.message());
     if (t.stage == "executors") write_generated_sources(t, path.substr(0, path.size() - 4));
   }

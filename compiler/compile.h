@@ -144,8 +144,10 @@ struct CompileStats {
   int64_t saved_bytes = 0;
   int recomputed_ops = 0;
   // CUDA graphs (CompileOptions::cuda_graphs) of the last program that ran: `cuda_graph` is
-  // "replaying" (its GPU steps run as graphs), "warm-up" (captured on its next run) or "off";
-  // `graph_reason` says why it is off ("CPU program ...", "capturing ... failed: ...") or, when
+  // "replaying" (its GPU steps run as graphs), "warm-up" (captured on its next run),
+  // "measuring" (a program with all-reduces times its runs op by op and as graphs, then keeps the
+  // faster: docs/compiler.md, "Collectives") or "off"; `graph_reason` says why it is off ("CPU
+  // program ...", "capturing ... failed: ...", "op by op measured faster: ...") or, when
   // replaying, how the program is split ("1 graph, 0 host steps"). Captures (the first, and
   // those after a new program or a captured tensor's memory moved: graph_recapture_reasons) and
   // replays are counted over all programs; graph_static_bytes are the last captured program's

@@ -79,13 +79,14 @@ Analysis analyse(const Program& program, bool has_backward) {
     }
   }
   for (const BoundOp& op : t.ops) {
-    if (op.name().rfind("dist_", 0) == 0) {
-      // Graphs split at the collectives, which ran on the host between them, were measured on
-      // llama-3.2-1b under DDP: every value crossing a collective stayed in graph memory until
-      // the next step (+10 GiB peak) and the step was 1.5% slower (benchmarks/RESULTS.md,
-      // session 25).
-      a.refusal = "it has collectives of kiln::dist (" + op.name() +
-                  "); graphs split at them kept every value crossing one in graph memory";
+    // DDP's collectives (its buckets' all-reduces, the gathered rows' all-gathers, their waits)
+    // are captured with the rest: NCCL records its kernels into the graph on the group's stream,
+    // which joins the capture through the events of the op and its wait (the copy-engine
+    // all-reduce declines a capturing stream, PeerAllReduce::takes). FSDP's reduce-scatters
+    // stay op by op, not measured with graphs.
+    if (op.name() == "dist_reduce_scatter_") {
+      a.refusal =
+          "it has collectives of kiln::dist (" + op.name() + "): FSDP's programs run op by op";
       return a;
     }
   }
@@ -372,6 +373,8 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
   Plan& plan = *plan_;
   const Analysis& a = plan.analysis;
   r = Run{};
+  // Its collectives take NCCL on every run, captured or not (a failed capture goes on op by op).
+  const cuda::internal::CapturableCollectivesScope collectives;
   if (cuda::launch_sync()) {
     r.failure = "the synchronous debug mode (KILN_CUDA_SYNC, cuda::set_launch_sync) is on";
     return p.run(arguments);

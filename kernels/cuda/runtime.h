@@ -116,6 +116,19 @@ class TrustedIndicesScope {
   bool previous_;
 };
 
+// While positive, collectives take the path a CUDA graph can capture (NCCL's), also where the
+// current stream is not capturing: a compiled program that runs as CUDA graphs on some ranks and
+// op by op on others (its capture failed there) must issue the same collectives on every rank
+// (compiler/compile.cpp's GraphTrial; dist's PeerAllReduce::takes reads it).
+inline thread_local int capturable_collectives = 0;
+class CapturableCollectivesScope {
+ public:
+  CapturableCollectivesScope() { ++capturable_collectives; }
+  ~CapturableCollectivesScope() { --capturable_collectives; }
+  CapturableCollectivesScope(const CapturableCollectivesScope&) = delete;
+  CapturableCollectivesScope& operator=(const CapturableCollectivesScope&) = delete;
+};
+
 // Random ops in a CUDA graph (kernels/random_fn.h, stream_of): while a GraphRngScope lives on
 // this thread, the CUDA random kernels it launches read their Philox offset as
 // `*word + (offset - base)`: `base` is the offset the capture's run reserved, and the caller
