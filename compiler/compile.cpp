@@ -246,9 +246,10 @@ class CompiledBackward final : public autograd::Node {
 // way runs kRuns times, timed by events on the current stream (the graphs' first run, the
 // capture, is not timed); the ranks then average their times through the program's own
 // all-reduce, so that every rank keeps the same way, and a failed capture on any rank counts as
-// infinitely slow. Until then, and whenever the program runs op by op after choosing graphs, its
-// all-reduces take NCCL on every rank (cuda::internal::CapturableCollectivesScope), so that the
-// ranks issue the same collectives.
+// infinitely slow. From the capture on, the program's all-reduces take NCCL on every rank, in
+// graphs and in its op-by-op runs alike (cuda::internal::CapturableCollectivesScope), so that a
+// rank whose capture failed issues the collectives the others' graphs do; only op by op kept
+// brings the copy engines back.
 struct GraphTrial {
   static constexpr int kRuns = 3;
   absl::InlinedVector<Attr, 4> reduce_attrs;  // the program's first all-reduce's attributes
@@ -270,8 +271,8 @@ struct Entry {
   std::string graph_off_reason;
   // A program with all-reduces: how it runs is measured (GraphTrial); null otherwise.
   std::shared_ptr<GraphTrial> trial;
-  // Its op-by-op runs issue the collectives its graphs would (it chose graphs, then its capture
-  // failed on this rank).
+  // Its op-by-op runs issue the collectives its graphs would (GraphTrial: from the capture on,
+  // unless op by op is kept).
   bool capturable_collectives = false;
   std::string graph_note;  // the measurement that chose graphs (GraphTrial)
 
@@ -464,8 +465,9 @@ struct CompiledCore::Impl {
       return outputs;
     }
     e.capturable_collectives = false;
+    // The dropped graphs' memory stays reserved for graphs until trimmed (llama-3.2-1b's DDP
+    // step: 12 GiB more at its peak).
     e.graphed.reset();
-    // The graphs' memory stays reserved for graphs until trimmed (llama-3.2-1b: 12 GiB).
     cuda::empty_cache(g.device.index());
     const bool failed = mean[1] >= 1e29f;
     graph_off(e,
