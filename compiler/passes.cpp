@@ -243,10 +243,6 @@ std::vector<bool> handed_out_values(const Trace& trace) {
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // Per value: the op that makes it (an index into trace.ops; -1 for an argument or a captured
 // tensor), and how many op inputs read it.
 struct Dataflow {

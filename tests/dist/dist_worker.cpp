@@ -1098,8 +1098,8 @@ void ddp_compiled_nccl() {
   auto compiled = kiln::compile(step_of(a));
   auto eager = step_of(b);
   manual_seed(11 + r);  // each rank its own batches
-  // Two traces (the buckets rebuilt), then the measurement of how the program runs: op by op
-  // (the copy engines' all-reduces) and as CUDA graphs (NCCL's), 3 runs each after a capture;
+  // Two traces (the buckets rebuilt), then the measurement of how the program runs: 3 runs op
+  // by op (the copy engines' all-reduces), a capture and 3 replays of CUDA graphs (NCCL's);
   // equal to eager DDP all along, and after it.
   for (int i = 0; i < 12; ++i) {
     const Tensor idx = randint(0, 64, {B, T}, kInt64).to(dev);
