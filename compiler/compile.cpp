@@ -529,19 +529,26 @@ struct CompiledCore::Impl {
                              "." + std::to_string(traces.size()) + "." + t.stage + ".txt";
     std::error_code ec;
     std::filesystem::create_directories(trace_dir, ec);
-    // A temporary of this process's own: the ranks of a job (`kiln run`) write the same names
-    // into one directory (the last rename wins).
+    KILN_CHECK(!ec, "[compile] cannot write the trace to ", path,
+               " (trace_dir / KILN_TRACE_DIR): ", ec.message());
+    write_whole(path, t.str());
+    if (t.stage == "executors") write_generated_sources(t, path.substr(0, path.size() - 4));
+  }
+
+  // Writes a whole file through a temporary of this process's own: the ranks of a job (`kiln
+  // run`) write the same names into one directory (the last rename wins).
+  static void write_whole(const std::string& path, const std::string& text) {
     const std::string tmp = path + ".tmp." + std::to_string(getpid());
     {
       std::ofstream out(tmp);
-      out << t.str();
+      out << text;
       out.close();
-      KILN_CHECK(!ec && out, "[compile] cannot write the trace to ", path,
-                 " (trace_dir / KILN_TRACE_DIR): ", ec ? ec.message() : "write failed");
+      KILN_CHECK(out, "[compile] cannot write the trace to ", path,
+                 " (trace_dir / KILN_TRACE_DIR): write failed");
     }
-    std::filesystem::rename(tmp, path, ec);  // whole files only
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
     KILN_CHECK(!ec, "[compile] cannot write the trace to ", path, ": ", ec.message());
-    if (t.stage == "executors") write_generated_sources(t, path.substr(0, path.size() - 4));
   }
 
   // The CUDA source of each fused_cuda region beside the listing: <listing>.<region>.cu.
@@ -555,7 +562,7 @@ struct CompiledCore::Impl {
       while (end < t.ops.size() && t.ops[end].region == t.ops[i].region) ++end;
       const std::optional<std::string> source = compiler::fused_cuda_source(t, i, end);
       const std::string& region = t.region_names[static_cast<size_t>(t.ops[i].region)];
-      if (source) std::ofstream(stem + "." + region + ".cu") << *source;
+      if (source) write_whole(stem + "." + region + ".cu", *source);
       i = end;
     }
   }

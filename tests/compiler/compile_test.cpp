@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "compiler/executor.h"
 #include "kernels/cuda/runtime.h"
@@ -104,6 +105,24 @@ TEST(Compile, TraceDirGetsEveryStage) {
   for (const auto& op : f.traces().back().ops) exps += op.name() == "exp";
   EXPECT_EQ(exps, 1);
   std::filesystem::remove_all(dir);
+}
+
+// A trace directory that cannot be made (a file is in the way): the call says which file it could
+// not write.
+TEST(Compile, UnwritableTraceDirIsAClearError) {
+  const std::string file = testing::TempDir() + "/kiln_not_a_dir_" + std::to_string(::getpid());
+  std::ofstream(file) << "in the way";
+  auto f = compile([](const Tensor& x) { return x.exp(); },
+                   CompileOptions().trace_dir(file + "/traces").name("blocked"));
+  try {
+    f(randn({3}));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write the trace to " + file + "/traces/blocked."),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(file);
 }
 
 TEST(Compile, ScalarArgumentsAreGuarded) {
