@@ -1,14 +1,9 @@
 #include "compiler/compile.h"
 
-#include <unistd.h>
-
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iomanip>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -22,11 +17,13 @@
 #include "compiler/functionalize.h"
 #include "compiler/fuse.h"
 #include "compiler/fused_cuda.h"
+#include "compiler/graph_trial.h"
 #include "compiler/memory_plan.h"
 #include "compiler/partition.h"
 #include "compiler/passes.h"
 #include "compiler/program.h"
 #include "compiler/symbolic.h"
+#include "compiler/trace_files.h"
 #include "compiler/tracer.h"
 #include "kernels/cuda.h"
 #include "kernels/cuda/runtime.h"
@@ -34,7 +31,6 @@
 #include "tensor/deterministic.h"
 #include "tensor/ops.h"
 #include "tensor/profiler.h"
-#include "tensor/tensor_data.h"
 
 namespace kiln {
 
@@ -237,29 +233,6 @@ class CompiledBackward final : public autograd::Node {
   bool released_ = false;
 };
 
-// How a program with all-reduces (a compiled DDP step) runs is measured: op by op, the
-// buckets' all-reduces go through the copy engines beside the backward (dist's PeerAllReduce),
-// which a CUDA graph cannot capture; as CUDA graphs, they are NCCL's, whose kernels take SMs
-// from the backward but whose launches, with every other one, cost no host time. Which wins
-// depends on the model: measured on two H200s, llama-160m ran 1-2% faster as graphs and
-// llama-3.2-1b 2% slower (benchmarks/RESULTS.md, session 27). After the program's warm-up each
-// way runs kRuns times, timed by events on the current stream (the graphs' first run, the
-// capture, is not timed); the ranks then average their times through the program's own
-// all-reduce, so that every rank keeps the same way, and a failed capture on any rank counts as
-// infinitely slow. From the capture on, the program's all-reduces take NCCL on every rank, in
-// graphs and in its op-by-op runs alike (cuda::internal::CapturableCollectivesScope), so that a
-// rank whose capture failed issues the collectives the others' graphs do; only op by op kept
-// brings the copy engines back.
-struct GraphTrial {
-  static constexpr int kRuns = 3;
-  absl::InlinedVector<Attr, 4> reduce_attrs;  // the program's first all-reduce's attributes
-  Device device = Device(kCUDA, 0);           // and its tensor's
-  enum Phase { kOpByOp, kGraphs, kDecided } phase = kOpByOp;
-  int runs = 0;  // in this phase
-  cuda::Event op_begin{true}, op_end{true}, graph_begin{true}, graph_end{true};
-  std::string failure;  // this rank's capture failed: why
-};
-
 struct Entry {
   std::vector<ExternalGuard> guards;  // taken before the traced call, in Trace::externals order
   std::shared_ptr<const Program> program;
@@ -269,12 +242,8 @@ struct Entry {
   std::shared_ptr<GraphedProgram> graphed;
   bool graph_off = false;
   std::string graph_off_reason;
-  // A program with all-reduces: how it runs is measured (GraphTrial); null otherwise.
+  // A program with all-reduces: how it runs is measured (compiler/graph_trial.h); null otherwise.
   std::shared_ptr<GraphTrial> trial;
-  // Its op-by-op runs issue the collectives its graphs would (GraphTrial: from the capture on,
-  // unless op by op is kept).
-  bool capturable_collectives = false;
-  std::string graph_note;  // the measurement that chose graphs (GraphTrial)
 
   // Empty when the captured tensors still match; else why not.
   std::string mismatch() const {
@@ -347,9 +316,9 @@ struct CompiledCore::Impl {
   std::string trace_dir;
   bool graph_warned = false;  // the one warning that a GPU program runs without CUDA graphs
 
-  // Runs an entry op by op; under its capturable-collectives rule when it has one.
+  // Runs an entry op by op, issuing the collectives its graphs would where its trial says so.
   std::vector<Tensor> run_op_by_op(Entry& e, const std::vector<Tensor>& args) {
-    if (!e.capturable_collectives) return run_entry(e, args);
+    if (!e.trial || !e.trial->capturable_collectives()) return run_entry(e, args);
     const cuda::internal::CapturableCollectivesScope collectives;
     return run_entry(e, args);
   }
@@ -357,7 +326,13 @@ struct CompiledCore::Impl {
   // A program that runs without graphs from now on, and why (warned once per callable).
   void graph_off(Entry& e, std::string why, bool gpu_program) {
     e.graph_off = true;
-    e.graphed.reset();
+    if (e.graphed) {
+      // A dropped graph's memory stays reserved for graphs until trimmed (llama-3.2-1b's DDP
+      // step: 12 GiB more at its peak).
+      const int device = e.graphed->device();
+      e.graphed.reset();
+      cuda::empty_cache(device);
+    }
     e.graph_off_reason = std::move(why);
     stats.cuda_graph = "off";
     stats.graph_reason = e.graph_off_reason;
@@ -386,96 +361,58 @@ struct CompiledCore::Impl {
     }
     stats.cuda_graph = "warm-up";
     stats.graph_reason = "captured at the program's next run";
-    for (const BoundOp& op : e.program->trace().ops) {
-      if (op.name() != "dist_all_reduce_") continue;
-      e.trial = std::make_shared<GraphTrial>();
-      e.trial->reduce_attrs = op.attrs;
-      e.trial->reduce_attrs[2] = int64_t{0};  // not beside compute: NCCL's, at once
-      e.trial->device = e.program->trace().value(op.inputs[0]).spec.device;
+    e.trial = GraphTrial::of(*e.program);
+    if (e.trial) {
       stats.cuda_graph = "measuring";
-      stats.graph_reason =
-          "its all-reduces: op by op through the copy engines, or NCCL's in "
-          "CUDA graphs; the faster is kept after " +
-          std::to_string(2 * GraphTrial::kRuns + 1) + " runs";
-      break;
+      stats.graph_reason = GraphTrial::measuring_reason();
     }
   }
 
-  // A run of a program whose way of running is being measured (GraphTrial).
+  // A successful run through a program's graphs, in the stats.
+  void count_graph_run(const GraphedProgram::Run& r) {
+    if (r.captured) {
+      ++stats.graph_captures;
+      if (!r.recaptured.empty()) stats.graph_recapture_reasons.push_back(r.recaptured);
+    } else {
+      ++stats.graph_replays;
+    }
+  }
+
+  // A run of a program whose way of running is being measured (GraphTrial): op by op, or
+  // through its graphs (the first run captures them). A rank whose capture failed goes on op by
+  // op with NCCL's all-reduces, as the graphs of the others run.
   std::vector<Tensor> run_trial(Entry& e, const std::vector<Tensor>& args) {
     GraphTrial& g = *e.trial;
-    if (g.phase == GraphTrial::kOpByOp) {
-      if (g.runs == 0) g.op_begin.record();
-      std::vector<Tensor> outputs = run_entry(e, args);
-      if (++g.runs == GraphTrial::kRuns) {
-        g.op_end.record();
-        g.phase = GraphTrial::kGraphs;
-        g.runs = 0;
-        e.capturable_collectives = true;
+    g.before_run();
+    if (g.phase() == GraphTrial::Phase::kGraphs && g.failure().empty() && !e.graphed) {
+      std::string why = cuda_graph_refusal(*e.program, e.backward != nullptr);
+      if (why.empty()) {
+        e.graphed = std::make_shared<GraphedProgram>(e.program);
+      } else {
+        g.capture_failed(std::move(why));
       }
-      return outputs;
     }
-    // Graphs: the first run captures them (untimed), the next kRuns are timed. A rank whose
-    // capture failed goes on op by op with NCCL's all-reduces, as the graphs of the others run.
-    if (g.runs == 1) g.graph_begin.record();
     std::vector<Tensor> outputs;
-    if (g.failure.empty() && !e.graphed) {
-      g.failure = cuda_graph_refusal(*e.program, e.backward != nullptr);
-      if (g.failure.empty()) e.graphed = std::make_shared<GraphedProgram>(e.program);
-    }
-    if (g.failure.empty()) {
+    if (!e.graphed) {
+      outputs = run_op_by_op(e, args);
+    } else {
       GraphedProgram::Run r;
       outputs = e.graphed->run(args, r);
       if (!r.failure.empty()) {
-        g.failure = r.failure;
+        g.capture_failed(r.failure);
         e.graphed.reset();
-      } else if (r.captured) {
-        ++stats.graph_captures;
       } else {
-        ++stats.graph_replays;
+        count_graph_run(r);
       }
-    } else {
-      outputs = run_op_by_op(e, args);
     }
-    if (++g.runs <= GraphTrial::kRuns) return outputs;
-    g.graph_end.record();
-    g.phase = GraphTrial::kDecided;
-    g.graph_end.synchronize();
-    const double op_ms = g.op_begin.elapsed_time(g.op_end) / GraphTrial::kRuns;
-    const double graph_ms =
-        g.failure.empty() ? g.graph_begin.elapsed_time(g.graph_end) / GraphTrial::kRuns : 1e30;
-    // The ranks' mean times, through the program's all-reduce (its group, op and device).
-    Tensor times = tensor(std::vector<double>{op_ms, graph_ms}, kFloat).to(g.device);
-    {
-      NoGradGuard no_grad;
-      static const OpDef& all_reduce = KILN_OP(dist_all_reduce_);
-      static const OpDef& wait = KILN_OP(dist_wait_);
-      call_op(all_reduce, {times}, g.reduce_attrs);
-      call_op(wait, {times});
-    }
-    const std::vector<float> mean = times.cpu().to_vector<float>();
-    std::ostringstream note;
-    note << std::fixed << std::setprecision(2);
-    if (mean[1] < 1e29f) note << mean[1] << " ms a run as CUDA graphs (NCCL's all-reduces), ";
-    note << mean[0] << " ms op by op (the copy engines'), measured";
-    if (mean[1] < mean[0]) {
-      e.graph_note = note.str();
+    g.after_run();
+    if (g.phase() != GraphTrial::Phase::kDecided) return outputs;
+    if (g.graphs_kept()) {
       stats.cuda_graph = "replaying";
-      stats.graph_reason = e.graph_note;
-      return outputs;
+      stats.graph_reason = g.measurement();
+    } else {
+      graph_off(e, g.off_reason(), g.failed());
     }
-    e.capturable_collectives = false;
-    // The dropped graphs' memory stays reserved for graphs until trimmed (llama-3.2-1b's DDP
-    // step: 12 GiB more at its peak).
-    e.graphed.reset();
-    cuda::empty_cache(g.device.index());
-    const bool failed = mean[1] >= 1e29f;
-    graph_off(e,
-              failed ? "capturing failed on " +
-                           std::string(g.failure.empty() ? "another rank" : "this rank: ") +
-                           g.failure + "; " + note.str()
-                     : "op by op measured faster: " + note.str(),
-              failed);
     return outputs;
   }
 
@@ -488,7 +425,7 @@ struct CompiledCore::Impl {
     }
     // The profiler times ops one by one: a graph would hide them.
     if (profiler::internal::active()) return run_op_by_op(e, args);
-    if (e.trial && e.trial->phase != GraphTrial::kDecided) {
+    if (e.trial && e.trial->phase() != GraphTrial::Phase::kDecided) {
       stats.cuda_graph = "measuring";
       return run_trial(e, args);
     }
@@ -506,17 +443,12 @@ struct CompiledCore::Impl {
       graph_off(e, r.failure, true);
       return outputs;
     }
-    if (r.captured) {
-      ++stats.graph_captures;
-      if (!r.recaptured.empty()) stats.graph_recapture_reasons.push_back(r.recaptured);
-    } else {
-      ++stats.graph_replays;
-    }
+    count_graph_run(r);
     stats.cuda_graph = "replaying";
     const int graphs = e.graphed->graphs();
     stats.graph_reason = std::to_string(graphs) + (graphs == 1 ? " graph, " : " graphs, ") +
                          std::to_string(e.graphed->host_steps()) + " host steps" +
-                         (e.graph_note.empty() ? "" : "; " + e.graph_note);
+                         (e.trial ? "; " + e.trial->measurement() : "");
     stats.graph_static_bytes = e.graphed->static_bytes();
     stats.graph_kept_bytes = e.graphed->kept_bytes();
     return outputs;
@@ -525,46 +457,10 @@ struct CompiledCore::Impl {
   void write_stage(const Trace& t) {
     if (std::as_const(options).debug()) std::fprintf(stderr, "%s\n", t.str().c_str());
     if (trace_dir.empty()) return;
-    const std::string path = trace_dir + "/" + options.name() + "." + std::to_string(stats.misses) +
-                             "." + std::to_string(traces.size()) + "." + t.stage + ".txt";
-    std::error_code ec;
-    std::filesystem::create_directories(trace_dir, ec);
-    KILN_CHECK(!ec, "[compile] cannot write the trace to ", path,
-               " (trace_dir / KILN_TRACE_DIR): ", ec.message());
-    write_whole(path, t.str());
-    if (t.stage == "executors") write_generated_sources(t, path.substr(0, path.size() - 4));
-  }
-
-  // Writes a whole file through a temporary of this process's own: the ranks of a job (`kiln
-  // run`) write the same names into one directory (the last rename wins).
-  static void write_whole(const std::string& path, const std::string& text) {
-    const std::string tmp = path + ".tmp." + std::to_string(getpid());
-    {
-      std::ofstream out(tmp);
-      out << text;
-      out.close();
-      KILN_CHECK(out, "[compile] cannot write the trace to ", path,
-                 " (trace_dir / KILN_TRACE_DIR): write failed");
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    KILN_CHECK(!ec, "[compile] cannot write the trace to ", path, ": ", ec.message());
-  }
-
-  // The CUDA source of each fused_cuda region beside the listing: <listing>.<region>.cu.
-  static void write_generated_sources(const Trace& t, const std::string& stem) {
-    for (size_t i = 0; i < t.ops.size();) {
-      size_t end = i + 1;
-      if (t.ops[i].region < 0 || t.ops[i].executor != "fused_cuda") {
-        i = end;
-        continue;
-      }
-      while (end < t.ops.size() && t.ops[end].region == t.ops[i].region) ++end;
-      const std::optional<std::string> source = compiler::fused_cuda_source(t, i, end);
-      const std::string& region = t.region_names[static_cast<size_t>(t.ops[i].region)];
-      if (source) write_whole(stem + "." + region + ".cu", *source);
-      i = end;
-    }
+    write_trace_listing(
+        trace_dir,
+        options.name() + "." + std::to_string(stats.misses) + "." + std::to_string(traces.size()),
+        t);
   }
 
   // Whether the arguments differ from the last compilation's only in dimensions marked dynamic.

@@ -361,6 +361,8 @@ int GraphedProgram::graphs() const {
   return n;
 }
 
+int GraphedProgram::device() const { return plan_->analysis.device; }
+
 int GraphedProgram::host_steps() const { return plan_->analysis.host_steps; }
 
 int64_t GraphedProgram::static_bytes() const { return plan_->static_bytes; }

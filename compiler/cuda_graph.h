@@ -43,13 +43,13 @@
 
 namespace kiln::compiler {
 
-// Why `program` cannot run as CUDA graphs, or "" when it can: a CPU program, collectives of
-// kiln::dist, a compiled function's backward pair (`has_backward`), arenas on the GPU, no step
-// that runs on the GPU alone, or in-place writes that a copy into a static buffer would hide (of
-// an argument, of a value a host step made). Random ops are captured: their kernels read each
-// replay's Philox base from a device word written before the launch (runtime.h, GraphRng), so
-// every replay draws what the program without graphs draws; a new seed (manual_seed) captures
-// again.
+// Why `program` cannot run as CUDA graphs, or "" when it can: a CPU program, FSDP's
+// reduce-scatters (DDP's collectives are captured), a compiled function's backward pair
+// (`has_backward`), arenas on the GPU, no step that runs on the GPU alone, or in-place writes that
+// a copy into a static buffer would hide (of an argument, of a value a host step made). Random ops
+// are captured: their kernels read each replay's Philox base from a device word written before the
+// launch (runtime.h, GraphRng), so every replay draws what the program without graphs draws; a new
+// seed (manual_seed) captures again.
 std::string cuda_graph_refusal(const Program& program, bool has_backward);
 
 class GraphedProgram {
@@ -68,6 +68,8 @@ class GraphedProgram {
   // Runs the program as Program::run does (no random ops, so no RngState), through the graphs.
   std::vector<Tensor> run(const std::vector<Tensor>& arguments, Run& run);
 
+  // The GPU it runs on.
+  int device() const;
   // The number of captured graphs, and of host steps between them.
   int graphs() const;
   int host_steps() const;

@@ -73,26 +73,21 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     Tensor y = tokens.narrow(1, 1, o.seq_len).contiguous();
     last_loss = train({x}, {y}).front();
   };
-  for (int64_t i = 0; i < o.warmup_steps; ++i) {
+  auto warmup_step = [&] {
     const auto w0 = Clock::now();
     train_step();
     (void)last_loss.item<double>();  // waits for the device
     if (on_cuda) cuda::synchronize();
     r.warmup_step_s.push_back(std::chrono::duration<double>(Clock::now() - w0).count());
-  }
+  };
+  for (int64_t i = 0; i < o.warmup_steps; ++i) warmup_step();
   // A compiled step that is still choosing how to run (a DDP program times its all-reduces op by
-  // op and in CUDA graphs first: compiler/compile.cpp's GraphTrial) warms up until it has chosen.
+  // op and in CUDA graphs first: compiler/graph_trial.h) warms up until it has chosen.
   auto choosing = [&] {
     const compiler::CompileStats* s = train.stats();
     return s != nullptr && (s->cuda_graph == "measuring" || s->cuda_graph == "warm-up");
   };
-  for (int extra = 0; o.warmup_steps > 0 && extra < 20 && choosing(); ++extra) {
-    const auto w0 = Clock::now();
-    train_step();
-    (void)last_loss.item<double>();
-    if (on_cuda) cuda::synchronize();
-    r.warmup_step_s.push_back(std::chrono::duration<double>(Clock::now() - w0).count());
-  }
+  for (int extra = 0; o.warmup_steps > 0 && extra < 20 && choosing(); ++extra) warmup_step();
   if (!r.warmup_step_s.empty()) {
     std::ostringstream steps;
     steps << std::fixed << std::setprecision(2);

@@ -119,7 +119,7 @@ class TrustedIndicesScope {
 // While positive, collectives take the path a CUDA graph can capture (NCCL's), also where the
 // current stream is not capturing: a compiled program that runs as CUDA graphs on some ranks and
 // op by op on others (its capture failed there) must issue the same collectives on every rank
-// (compiler/compile.cpp's GraphTrial; dist's PeerAllReduce::takes reads it).
+// (compiler/graph_trial.h; dist's PeerAllReduce::takes reads it).
 inline thread_local int capturable_collectives = 0;
 class CapturableCollectivesScope {
  public:
