@@ -422,6 +422,25 @@ Trace fold_index_add(const Trace& trace) {
     return a.sizes == b.sizes && strides(a) == strides(b) && a.dtype == b.dtype &&
            a.device == b.device;
   };
+  // Whether g's memory is read by nothing but the add: g made by a functional op, or a view of
+  // such a tensor through views each read only by the next, none handed out or written.
+  auto dies_in_add = [&](int g) {
+    for (int v = g;;) {
+      if (uses[static_cast<size_t>(v)] != 1 || handed_out[static_cast<size_t>(v)] ||
+          written[static_cast<size_t>(v)] || producer[static_cast<size_t>(v)] < 0) {
+        return false;
+      }
+      const BoundOp& made = trace.ops[static_cast<size_t>(producer[static_cast<size_t>(v)])];
+      if (made.op->kind == OpKind::kFunctional) return true;
+      if (made.op->kind != OpKind::kView || made.inputs.empty() || made.outputs.size() != 1 ||
+          made.inputs[0] < 0) {
+        return false;
+      }
+      v = made.inputs[0];
+    }
+  };
+  static const OpDef& index_add_ = KILN_OP(index_add_);
+  std::vector<bool> in_place(trace.ops.size(), false);
   std::vector<int> base_of(trace.ops.size(), -1);    // index_add op -> the g it now adds into
   std::vector<int> result_of(trace.ops.size(), -1);  // index_add op -> the add's result it makes
   std::vector<bool> drop(trace.ops.size(), false);
@@ -468,6 +487,7 @@ Trace fold_index_add(const Trace& trace) {
         continue;
       }
       if (specs.size() != 1 || !same_spec(specs[0], sum)) continue;
+      in_place[static_cast<size_t>(p)] = dies_in_add(g) && same_spec(gs, sum);
       base_of[static_cast<size_t>(p)] = g;
       result_of[static_cast<size_t>(p)] = add.outputs[0];
       drop[j] = true;
@@ -482,6 +502,7 @@ Trace fold_index_add(const Trace& trace) {
     if (base_of[i] >= 0) {
       op.inputs[0] = base_of[i];
       op.outputs[0] = result_of[i];
+      if (in_place[i]) op.op = &index_add_;
     }
     out.ops.push_back(std::move(op));
   }

@@ -55,6 +55,10 @@ Trace fuse_norm_residual(const Trace& trace);
 // device; no autocast state. CUDA values only: there the rows' sum is added to g with one
 // rounding where eager rounds it once more into the zeroed table (bf16), and compiled CPU code
 // keeps eager's bits. Uses of the sum are renamed to the index_add's result.
+// When nothing else reads g or the tensor it views (g made by a functional op, or a view of one
+// through views read only by the next, none handed out or written) and g has the sum's layout,
+// the rows go into g in place (`index_add_`), without the copy of g (llama-3.2-1b: 525 MB,
+// 0.35 ms a step).
 Trace fold_index_add(const Trace& trace);
 
 // Common-subexpression elimination over functional, non-random ops: a second op with the same

@@ -8,7 +8,9 @@
 //   dlogits_r = (softmax - onehot) / n  (cross_entropy_fused_with_grad with grad n_r / n: on a
 //               GPU the chunk's logits are read once for the loss and the gradient)
 //   dx_r      = dlogits_r W,   dW += dlogits_r^T x_r  (one matmul with beta = 1)
-// then loss /= n. Counts stay on the device (no host sync). A chunk holds about 512 MiB of
+// then loss /= n. dx_r and the last chunk's dW are written by their matmuls into the outputs
+// themselves (registry run_into): a copy of dW into its output cost llama-3.2-1b's 525 MB head
+// 0.35 ms a step. Counts stay on the device (no host sync). A chunk holds about 512 MiB of
 // logits, and its dlogits as much: fewer, larger chunks keep the matmuls efficient and the
 // running dW's traffic (read and written once per chunk: 0.5 GiB for llama-3.2-1b's head) small.
 // Summing dW chunk by chunk in f32 instead (a cast and an add per chunk) cost llama-3.2-1b 8% of
@@ -45,6 +47,8 @@ void linear_cross_entropy_chunked(OpCall& c) {
   const int64_t n = x.size(0), rows = chunk_rows(c);
   static const OpDef& ce = KILN_OP(cross_entropy_fused);
   static const OpDef& ce_with_grad = KILN_OP(cross_entropy_fused_with_grad);
+  static const OpDef& mm_op = KILN_OP(mm);
+  static const OpDef& addmm_op = KILN_OP(addmm);
   const ScalarType ct = c.outputs[0].dtype();
   const Tensor total = (t != ignore).sum().to(ct);
   const Tensor wt = w.t();
@@ -60,18 +64,21 @@ void linear_cross_entropy_chunked(OpCall& c) {
     loss.add_(where(valid > 0, out[0] * valid, zeros_like(valid)));
     if (!with_grad) continue;
     const Tensor& g = out[2];
-    c.outputs[1].narrow(0, start, len).copy_(mm(g, w));
+    run_into(mm_op, {g, w}, {c.outputs[1].narrow(0, start, len)});  // dense rows of dx
     // beta = 1: cuBLASLt reads the running sum as C (one rounding per chunk in 16-bit dtypes).
-    dw = dw.defined() ? addmm(dw, g.t(), xr) : mm(g.t(), xr);
-  }
-  c.outputs[0].copy_(loss / total);
-  if (with_grad) {
-    if (dw.defined()) {
-      c.outputs[2].copy_(dw);
+    // The last chunk writes the sum into the output.
+    const Tensor gt = g.t();
+    const bool last = start + len >= n;
+    if (!last) {
+      dw = dw.defined() ? addmm(dw, gt, xr) : mm(gt, xr);
+    } else if (dw.defined()) {
+      run_into(addmm_op, {dw, gt, xr}, {c.outputs[2]}, {Scalar(1), Scalar(1)});
     } else {
-      c.outputs[2].zero_();  // no rows
+      run_into(mm_op, {gt, xr}, {c.outputs[2]});
     }
   }
+  c.outputs[0].copy_(loss / total);
+  if (with_grad && n == 0) c.outputs[2].zero_();  // no rows
 }
 
 }  // namespace

@@ -344,6 +344,49 @@ TensorVec call_op_with_kernel(const OpDef& op, std::string_view kernel, TensorVe
   return std::move(call.outputs);
 }
 
+void run_into(const OpDef& op, TensorVec inputs, TensorVec outputs,
+              absl::InlinedVector<Attr, 4> attrs) {
+  KILN_CHECK(op.kind == OpKind::kFunctional, "[", op.name,
+             "] run_into takes functional ops only (this op makes no fresh outputs)");
+  KILN_CHECK(!t_proxy_mode, "[", op.name, "] run_into cannot run while tracing on proxies");
+  OpCall call;
+  call.op = &op;
+  call.inputs = std::move(inputs);
+  call.attrs = std::move(attrs);
+  for (const Tensor& t : call.inputs) {
+    KILN_CHECK(t.defined(), "[", op.name, "] run_into got an undefined input");
+  }
+  const Device device = common_device(call);
+  const SpecList specs = op.meta(call);
+  KILN_CHECK(outputs.size() == specs.size(), "[", op.name, "] run_into got ", outputs.size(),
+             " outputs for an op with ", specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    KILN_CHECK(specs[i].strides.empty() || specs[i].strides == contiguous_strides(specs[i].sizes),
+               "[", op.name, "] run_into takes ops whose outputs are contiguous; output ", i,
+               " has strides ", shape_str(specs[i].strides));
+    KILN_CHECK(out.defined() && out.sizes() == specs[i].sizes && out.dtype() == specs[i].dtype &&
+                   out.device() == specs[i].device && out.is_contiguous(),
+               "[", op.name, "] run_into's output ", i, " must be a contiguous ",
+               dtype_name(specs[i].dtype), " tensor of shape ", shape_str(specs[i].sizes), " on ",
+               specs[i].device.str(), ", got ",
+               out.defined()
+                   ? std::string(dtype_name(out.dtype())) + " " + shape_str(out.sizes()) +
+                         (out.is_contiguous() ? "" : " strided") + " on " + out.device().str()
+                   : std::string("an undefined tensor"));
+  }
+  const KernelDef* chosen = op.select_kernel(device.type(), call);
+  KILN_CHECK(chosen != nullptr, "[", op.name, "] run_into: no ", device_type_name(device.type()),
+             " kernel supports this call");
+  call.outputs = std::move(outputs);
+  if (device.is_meta()) return;
+  if (profiler::internal::active()) {
+    profiler::internal::run_timed(chosen->fn, chosen, call, device);
+  } else {
+    chosen->fn(call);
+  }
+}
+
 TensorVec call_decomposition(const OpDef& op, TensorVec inputs,
                              absl::InlinedVector<Attr, 4> attrs) {
   KILN_CHECK(op.decomposition != nullptr, "[", op.name, "] has no decomposition");

@@ -299,6 +299,13 @@ Tensor call_op1(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> 
 // the kernel named `kernel` of the inputs' device, which must exist and support the call.
 TensorVec call_op_with_kernel(const OpDef& op, std::string_view kernel, TensorVec inputs,
                               absl::InlinedVector<Attr, 4> attrs = {});
+// For kernels built from other ops (linear_cross_entropy's chunks): a functional op's kernel
+// run on `inputs` writing into `outputs`, tensors the caller holds, instead of fresh ones (no
+// copy of a result into its place). Below the dispatch chain: no autograd, trace or autocast.
+// Each output must have the meta rule's sizes, dtype and device and be contiguous (what kernels
+// assume of the outputs they are given); an output must not overlap an input.
+void run_into(const OpDef& op, TensorVec inputs, TensorVec outputs,
+              absl::InlinedVector<Attr, 4> attrs = {});
 // For tests and the compiler: the op's decomposition run on the inputs (its ops dispatched as
 // any others, so autograd records them), after the meta rule's checks. Fails for an op without
 // a decomposition.

@@ -2,7 +2,8 @@
 // `index_add(g, idx, src)` on CUDA values. On the CPU (traced on proxies of CUDA tensors): the
 // pattern folds in either order of the add's inputs, and what it must keep is kept (CPU values,
 // the zero table handed out, the rows read twice, g made after the index_add, alpha other than
-// one, a fill other than zero). On a GPU: a tied table's gradient compiled equals eager.
+// one, a fill other than zero); the rows go into g in place when nothing else reads g's memory.
+// On a GPU: a tied table's gradient compiled equals eager.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -56,15 +57,73 @@ TEST(FoldIndexAdd, FoldsTheZeroTableOnCudaValues) {
         EXPECT_EQ(op.inputs[0], t.arguments[0]) << t.str();
       }
     }
+    // An argument is the caller's: the rows go into a copy of it.
+    EXPECT_EQ(count_ops(t, "index_add_"), 0) << t.str();
   }
-  // g made before the index_add by an op.
-  const Trace t = folded(
+  // g made before the index_add by an op and read by nothing else: the rows go into g itself,
+  // also through views of it.
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> made{
+      {"exp", [](const Tensor& x) { return x.exp(); }},
+      {"a view of exp", [](const Tensor& x) {
+         return x.exp().reshape({4, 6}).view({6, 4});
+       }}};
+  for (const auto& [what, make] : made) {
+    const Trace t = folded(
+        [&](const std::vector<Tensor>& in) {
+          const Tensor g = make(in[0]);  // before the index_add
+          return std::vector<Tensor>{g + zero_table(in[0]).index_add(0, in[1], in[2])};
+        },
+        cuda);
+    EXPECT_EQ(count_ops(t, "add"), 0) << what << "\n" << t.str();
+    EXPECT_EQ(count_ops(t, "index_add"), 0) << what << "\n" << t.str();
+    EXPECT_EQ(count_ops(t, "index_add_"), 1) << what << "\n" << t.str();
+  }
+}
+
+TEST(FoldIndexAdd, CopiesGWhenAnythingElseReadsItsMemory) {
+  const std::vector<Tensor> cuda = proxies(Device(kCUDA, 0));
+  auto copies = [&](const Body& fn, const std::string& what) {
+    const Trace t = folded(fn, cuda);
+    EXPECT_EQ(count_ops(t, "add"), 0) << what << "\n" << t.str();
+    EXPECT_EQ(count_ops(t, "index_add"), 1) << what << "\n" << t.str();
+    EXPECT_EQ(count_ops(t, "index_add_"), 0) << what << "\n" << t.str();
+  };
+  auto rows = [](const std::vector<Tensor>& in) {
+    return zero_table(in[0]).index_add(0, in[1], in[2]);
+  };
+  copies(
       [&](const std::vector<Tensor>& in) {
         const Tensor g = in[0].exp();
-        return std::vector<Tensor>{g + zero_table(in[0]).index_add(0, in[1], in[2])};
+        return std::vector<Tensor>{g + rows(in), g.sum()};
       },
-      cuda);
-  EXPECT_EQ(count_ops(t, "add"), 0) << t.str();
+      "g read again");
+  copies(
+      [&](const std::vector<Tensor>& in) {
+        const Tensor g = in[0].exp();
+        return std::vector<Tensor>{g + rows(in), g};
+      },
+      "g handed out");
+  copies(
+      [&](const std::vector<Tensor>& in) {
+        const Tensor base = in[0].exp().reshape({4, 6});
+        const Tensor g = base.view({6, 4});
+        return std::vector<Tensor>{g + rows(in), base.sum()};
+      },
+      "the tensor g views read again");
+  copies(
+      [&](const std::vector<Tensor>& in) {
+        const Tensor base = in[0].exp().reshape({4, 6});
+        const Tensor g = base.view({6, 4});
+        return std::vector<Tensor>{g + rows(in), base};
+      },
+      "the tensor g views handed out");
+  copies(
+      [&](const std::vector<Tensor>& in) {
+        // A transposed product: the sum is dense row-major, g is not.
+        const Tensor g = in[0].exp().t().matmul(ones({6, 6}, in[0].options())).t();
+        return std::vector<Tensor>{g + rows(in)};
+      },
+      "g's layout not the sum's");
 }
 
 TEST(FoldIndexAdd, KeepsWhatItMustKeep) {
@@ -113,50 +172,60 @@ TEST(FoldIndexAdd, KeepsWhatItMustKeep) {
 }
 
 // A tied table's gradient on a GPU: the head's product and the lookup's rows, compiled (folded)
-// against eager, in f32 (to rounding) and bf16 (eager rounds the rows' sum once more).
+// against eager, in f32 (to rounding) and bf16 (eager rounds the rows' sum once more). With a
+// matmul head the head's gradient is a transposed view (the rows go into a copy of it); with
+// linear_cross_entropy (the models' head) it is dense, and the rows go into it in place.
 TEST(GpuFoldIndexAdd, TiedTableGradientMatchesEager) {
   if (!cuda::is_available()) GTEST_SKIP() << "needs a GPU";
   const Device gpu(kCUDA, 0);
-  for (ScalarType dt : {kFloat, kBFloat16}) {
-    manual_seed(12);
-    Tensor table = (randn({50, 16}) * 0.3).to(dt).to(gpu).requires_grad_();
-    const Tensor idx = randint(0, 50, {4, 9}, kInt64).to(gpu);
-    const Tensor w = randn({16, 16}).to(dt).to(gpu);
-    auto fn = [&](const Tensor& ids) {
-      const Tensor h = embedding(table, ids).matmul(w).tanh();
-      const Tensor logits = h.matmul(table.t());
-      Tensor loss = logits.to(kFloat).square().mean();
-      loss.backward();
-      Tensor g = table.grad();
-      table.mutable_grad() = Tensor();
-      return std::vector<Tensor>{loss.detach(), g};
-    };
-    const std::vector<Tensor> want = fn(idx);
-    auto f = compile([&](const Tensor& ids) { return fn(ids); });
-    for (int call = 0; call < 3; ++call) {
-      const std::vector<Tensor> got = f(idx);
-      const double tol = dt == kFloat ? 1e-5 : 2e-2;
-      EXPECT_TRUE(allclose(got[0].cpu(), want[0].cpu(), tol, tol)) << dtype_name(dt);
-      EXPECT_TRUE(allclose(got[1].to(kFloat).cpu(), want[1].to(kFloat).cpu(), tol, tol))
-          << dtype_name(dt) << " call " << call;
-    }
-    // The lookup's rows go into the head's gradient (a transposed view), not into a zero-filled
-    // table; no add of two tables is left.
-    const Trace& t = test::stage(f.traces(), "fold_index_add");
-    ASSERT_EQ(count_ops(t, "index_add"), 1) << t.str();
-    for (const auto& op : t.ops) {
-      if (op.name() != "index_add") continue;
-      for (const auto& maker : t.ops) {
-        for (int v : maker.outputs) {
-          if (v == op.inputs[0]) {
-            EXPECT_EQ(maker.name(), "permute") << t.str();
+  for (const bool fused_head : {false, true}) {
+    for (ScalarType dt : {kFloat, kBFloat16}) {
+      SCOPED_TRACE(std::string(fused_head ? "linear_cross_entropy " : "matmul ") +
+                   std::string(dtype_name(dt)));
+      manual_seed(12);
+      Tensor table = (randn({50, 16}) * 0.3).to(dt).to(gpu).requires_grad_();
+      const Tensor idx = randint(0, 50, {4, 9}, kInt64).to(gpu);
+      const Tensor targets = randint(0, 50, {36}, kInt64).to(gpu);
+      const Tensor w = randn({16, 16}).to(dt).to(gpu);
+      auto fn = [&](const Tensor& ids) {
+        const Tensor h = embedding(table, ids).matmul(w).tanh();
+        Tensor loss = fused_head ? linear_cross_entropy(h.reshape({36, 16}), table, targets)
+                                 : h.matmul(table.t()).to(kFloat).square().mean();
+        loss.backward();
+        Tensor g = table.grad();
+        table.mutable_grad() = Tensor();
+        return std::vector<Tensor>{loss.detach(), g};
+      };
+      const std::vector<Tensor> want = fn(idx);
+      auto f = compile([&](const Tensor& ids) { return fn(ids); });
+      for (int call = 0; call < 3; ++call) {
+        const std::vector<Tensor> got = f(idx);
+        const double tol = dt == kFloat ? 1e-5 : 2e-2;
+        EXPECT_TRUE(allclose(got[0].cpu(), want[0].cpu(), tol, tol));
+        EXPECT_TRUE(allclose(got[1].to(kFloat).cpu(), want[1].to(kFloat).cpu(), tol, tol))
+            << "call " << call;
+      }
+      // The lookup's rows go into the head's gradient, not into a zero-filled table: a copy of
+      // it when it is a transposed view (the matmul head), itself when it is dense. No add of
+      // two tables is left.
+      const Trace& t = test::stage(f.traces(), "fold_index_add");
+      const std::string rows_op = fused_head ? "index_add_" : "index_add";
+      ASSERT_EQ(count_ops(t, rows_op), 1) << t.str();
+      EXPECT_EQ(count_ops(t, fused_head ? "index_add" : "index_add_"), 0) << t.str();
+      for (const auto& op : t.ops) {
+        if (op.name() != rows_op) continue;
+        for (const auto& maker : t.ops) {
+          for (int v : maker.outputs) {
+            if (v == op.inputs[0]) {
+              EXPECT_EQ(maker.name(), fused_head ? "linear_cross_entropy" : "permute") << t.str();
+            }
           }
         }
-      }
-      for (const auto& reader : t.ops) {
-        for (int v : reader.inputs) {
-          if (v == op.outputs[0]) {
-            EXPECT_NE(reader.name(), "add") << t.str();
+        for (const auto& reader : t.ops) {
+          for (int v : reader.inputs) {
+            if (v == op.outputs[0]) {
+              EXPECT_NE(reader.name(), "add") << t.str();
+            }
           }
         }
       }

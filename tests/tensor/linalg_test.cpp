@@ -474,5 +474,35 @@ TEST(LinalgTest, Errors) {
                     "[mm] expected all tensors on the same device");
 }
 
+// run_into (tensor/registry.h): a functional op's kernel writing into tensors the caller holds,
+// as linear_cross_entropy's chunks do: rows of a larger output, addmm's sum into a third tensor.
+TEST(RunInto, WritesTheOpsResultIntoTheGivenOutputs) {
+  const Tensor a = random_tensor({3, 4}, kFloat, 2), b = random_tensor({4, 5}, kFloat, 3);
+  const Tensor c = random_tensor({3, 5}, kFloat, 4);
+  Tensor out = full({7, 5}, 9.0);
+  run_into(KILN_OP(mm), {a, b}, {out.narrow(0, 2, 3)});
+  EXPECT_TRUE(allclose(out.narrow(0, 2, 3), mm(a, b), 1e-6, 1e-6));
+  EXPECT_TRUE(equal(out.narrow(0, 0, 2), full({2, 5}, 9.0)));  // the other rows untouched
+  EXPECT_TRUE(equal(out.narrow(0, 5, 2), full({2, 5}, 9.0)));
+  Tensor sum = empty({3, 5});
+  run_into(KILN_OP(addmm), {c, a, b}, {sum}, {Scalar(1), Scalar(1)});
+  EXPECT_TRUE(allclose(sum, addmm(c, a, b), 1e-6, 1e-6));
+  EXPECT_FALSE(a.requires_grad());
+}
+
+TEST(RunInto, ErrorsNameTheOpAndTheOutput) {
+  const Tensor a = random_tensor({3, 4}), b = random_tensor({4, 5});
+  const OpDef& mm_op = KILN_OP(mm);
+  EXPECT_KILN_ERROR(run_into(mm_op, {a, b}, {empty({3, 4})}),
+                    "[mm] run_into's output 0 must be a contiguous float32 tensor of shape [3, 5]");
+  EXPECT_KILN_ERROR(run_into(mm_op, {a, b}, {empty({3, 5}, kDouble)}), "got float64 [3, 5]");
+  EXPECT_KILN_ERROR(run_into(mm_op, {a, b}, {empty({5, 3}).t()}), "got float32 [3, 5] strided");
+  EXPECT_KILN_ERROR(run_into(mm_op, {a, b}, {}), "[mm] run_into got 0 outputs for an op with 1");
+  EXPECT_KILN_ERROR(run_into(mm_op, {a, random_tensor({3, 5})}, {empty({3, 5})}),
+                    "[mm] shapes [3, 4] and [3, 5] cannot be multiplied");
+  EXPECT_KILN_ERROR(run_into(KILN_OP(index_add_), {empty({3, 5})}, {empty({3, 5})}),
+                    "[index_add_] run_into takes functional ops only");
+}
+
 }  // namespace
 }  // namespace kiln
