@@ -242,6 +242,9 @@ struct Entry {
   std::shared_ptr<GraphedProgram> graphed;
   bool graph_off = false;
   std::string graph_off_reason;
+  // The device whose graph memory the next op-by-op run trims, or -1: what the last graph
+  // replay handed out (gradients) holds graph memory until that run replaces it.
+  int trim_after_run = -1;
   // A program with all-reduces: how it runs is measured (compiler/graph_trial.h); null otherwise.
   std::shared_ptr<GraphTrial> trial;
 
@@ -328,10 +331,12 @@ struct CompiledCore::Impl {
     e.graph_off = true;
     if (e.graphed) {
       // A dropped graph's memory stays reserved for graphs until trimmed (llama-3.2-1b's DDP
-      // step: 12 GiB more at its peak).
+      // step: 12 GiB more at its peak), and what its last replay handed out (llama-3.2-1b's
+      // gradients, 2.2 GiB) until the next run has replaced it: trimmed now and after that run.
       const int device = e.graphed->device();
       e.graphed.reset();
       cuda::empty_cache(device);
+      e.trim_after_run = device;
     }
     e.graph_off_reason = std::move(why);
     stats.cuda_graph = "off";
@@ -421,7 +426,12 @@ struct CompiledCore::Impl {
     if (e.graph_off) {
       stats.cuda_graph = "off";
       stats.graph_reason = e.graph_off_reason;
-      return run_op_by_op(e, args);
+      std::vector<Tensor> outputs = run_op_by_op(e, args);
+      if (e.trim_after_run >= 0) {
+        cuda::empty_cache(e.trim_after_run);
+        e.trim_after_run = -1;
+      }
+      return outputs;
     }
     // The profiler times ops one by one: a graph would hide them.
     if (profiler::internal::active()) return run_op_by_op(e, args);

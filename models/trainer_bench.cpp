@@ -87,7 +87,14 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     const compiler::CompileStats* s = train.stats();
     return s != nullptr && (s->cuda_graph == "measuring" || s->cuda_graph == "warm-up");
   };
-  for (int extra = 0; o.warmup_steps > 0 && extra < 20 && choosing(); ++extra) warmup_step();
+  bool chose = false;
+  for (int extra = 0; o.warmup_steps > 0 && extra < 20 && choosing(); ++extra) {
+    warmup_step();
+    chose = true;
+  }
+  // One step more after the choice: what the way not taken left (the last graph replay's
+  // gradients, in graph memory) is replaced and trimmed before the peak is measured.
+  if (chose) warmup_step();
   if (!r.warmup_step_s.empty()) {
     std::ostringstream steps;
     steps << std::fixed << std::setprecision(2);
@@ -98,6 +105,12 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   if (on_cuda) {
     cuda::synchronize();
     cuda::reset_peak_memory_stats();
+    // What the warm-up left: tensors alive (parameters, optimizer state, caches) and graph memory.
+    const cuda::MemoryStats m = cuda::memory_stats();
+    out << std::fixed << std::setprecision(2)
+        << "GPU memory as the timed steps start: " << static_cast<double>(m.allocated) / (1 << 30)
+        << " GiB in tensors, " << static_cast<double>(m.graph) / (1 << 30)
+        << " GiB in CUDA graphs\n";
   }
   if (dp) dp->barrier();  // the ranks start the timed steps together
   const auto t0 = Clock::now();
