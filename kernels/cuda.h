@@ -50,6 +50,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 
 // The CUDA runtime's stream and event handle types (cudaStream_t, cudaEvent_t) without its
@@ -93,6 +95,49 @@ void reset_peak_memory_stats(int device = -1);
 // Returns the pool's unused memory, and graph memory no graph holds, to the driver (after waiting
 // for the device).
 void empty_cache(int device = -1);
+
+// --- Clocks and power --------------------------------------------------------------------------
+
+// A GPU's clocks, power and energy over an interval, from the driver's NVML library (loaded at
+// run time). Training steps on an H100 can draw its whole power limit, and then the card lowers
+// its clocks to stay within it: a step's time is its energy over the limit (benchmarks/RESULTS.md,
+// session 28), which speed comparisons need to know.
+//
+//   cuda::PowerMonitor monitor(0);  // samples from now on, every 20 ms, on a thread of its own
+//   ... the work ...
+//   cuda::PowerReport r = monitor.stop();
+//   if (monitor.available()) std::cout << r.energy_joules << " J\n";
+struct PowerReport {
+  double seconds = 0;            // from the monitor's start to stop()
+  double energy_joules = 0;      // the board's energy counter over the interval
+  double mean_power_watts = 0;   // energy_joules / seconds
+  double power_limit_watts = 0;  // the limit the driver enforces
+  double mean_sm_clock_mhz = 0;  // the samples' mean
+  double max_sm_clock_mhz = 0;   // the card's highest SM clock
+  double power_capped = 0;       // fraction of samples held back by the power limit
+  double thermal_capped = 0;     // fraction held back by temperature
+  int samples = 0;
+};
+class PowerMonitor {
+ public:
+  // Starts sampling `device` (-1: the current one). Where NVML, its counters or a GPU are
+  // missing, available() is false, unavailable_reason() says why and stop() reports zeros.
+  explicit PowerMonitor(int device = -1);
+  ~PowerMonitor();
+  PowerMonitor(const PowerMonitor&) = delete;
+  PowerMonitor& operator=(const PowerMonitor&) = delete;
+  bool available() const { return reason_.empty(); }
+  const std::string& unavailable_reason() const { return reason_; }
+  // Ends the interval and reports it (again, unchanged, on later calls).
+  PowerReport stop();
+
+  struct Impl;  // NVML's handles and the sampling thread (kernels/cuda/power.cpp)
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::string reason_;
+  std::optional<PowerReport> report_;
+};
 
 // --- Runtime knobs -----------------------------------------------------------------------------
 

@@ -88,6 +88,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda.h"
 #include "models/config.h"
 #include "models/gpt.h"
 #include "pretrain/loader.h"
@@ -284,6 +285,9 @@ struct BenchResult {
   // process's first kernels, plans and measured choices (and with compile, the tracing and the
   // compilation of the step), so it is the time until the first step is done.
   std::vector<double> warmup_step_s;
+  // On CUDA, where NVML reads it: this rank's GPU during the timed steps (clocks, power, energy:
+  // a step at the card's power limit runs at lowered clocks).
+  std::optional<cuda::PowerReport> power;
 };
 BenchResult bench(const BenchOptions& options, std::ostream& log);
 

@@ -113,10 +113,13 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
         << " GiB in CUDA graphs\n";
   }
   if (dp) dp->barrier();  // the ranks start the timed steps together
+  std::optional<cuda::PowerMonitor> power;
+  if (on_cuda) power.emplace(device.index());
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < o.steps; ++i) train_step();
   r.final_loss = last_loss.item<double>();  // waits for the device
   if (on_cuda) cuda::synchronize();
+  if (power && power->available()) r.power = power->stop();
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (dp) {
     seconds = dp->max(seconds);  // the slowest rank's time
@@ -128,6 +131,17 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     r.mfu = cfg.flops_per_token(o.seq_len) * r.tokens_per_s / r.world_size / kPeakFlopsH100Bf16;
     r.peak_memory = cuda::memory_stats().peak;
     if (dp) r.peak_memory = static_cast<int64_t>(dp->max(static_cast<double>(*r.peak_memory)));
+  }
+  if (r.power) {
+    const cuda::PowerReport& p = *r.power;
+    out << std::fixed << std::setprecision(0) << "GPU " << device.index()
+        << " during the timed steps: SM clock " << p.mean_sm_clock_mhz << " MHz (max "
+        << p.max_sm_clock_mhz << "), " << p.mean_power_watts << " W (limit " << p.power_limit_watts
+        << "), " << std::setprecision(1) << p.energy_joules / static_cast<double>(o.steps)
+        << " J a step, held back by the power "
+        << "limit " << std::setprecision(0) << 100 * p.power_capped << "% of the time";
+    if (p.thermal_capped > 0) out << ", by temperature " << 100 * p.thermal_capped << "%";
+    out << "\n";
   }
   log_compile_stats(train, out);
   if (o.profile_steps > 0) {

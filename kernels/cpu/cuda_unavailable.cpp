@@ -28,6 +28,11 @@ MemoryStats memory_stats(int) { unavailable("memory_stats"); }
 void reset_peak_memory_stats(int) { unavailable("reset_peak_memory_stats"); }
 void empty_cache(int) { unavailable("empty_cache"); }
 
+struct PowerMonitor::Impl {};
+PowerMonitor::PowerMonitor(int) : reason_(kReason) {}
+PowerMonitor::~PowerMonitor() = default;
+PowerReport PowerMonitor::stop() { return PowerReport{}; }
+
 // Streams and events need a device.
 Stream::Stream() { unavailable("Stream"); }
 Stream Stream::create(int) { unavailable("Stream::create"); }

@@ -4,7 +4,9 @@
 // GPU can be used; CudaAvailability runs everywhere.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -88,6 +90,19 @@ TEST(CudaAvailability, ConsistentEverywhere) {
 }
 
 // The knobs of kernels/cuda.h: a getter and a setter each, in every build.
+// The power monitor says why it reports nothing where there is no GPU (or no NVML), and its
+// report is all zeros there.
+TEST(CudaAvailability, PowerMonitorWithoutAGpuSaysWhy) {
+  if (cuda::is_available()) GTEST_SKIP() << "a GPU is present (GpuPower covers it)";
+  cuda::PowerMonitor m;
+  EXPECT_FALSE(m.available());
+  EXPECT_NE(m.unavailable_reason().find("without CUDA"), std::string::npos)
+      << m.unavailable_reason();
+  const cuda::PowerReport r = m.stop();
+  EXPECT_EQ(r.samples, 0);
+  EXPECT_EQ(r.energy_joules, 0);
+}
+
 TEST(CudaKnobs, SettersRoundTrip) {
   struct Knob {
     bool (*get)();
@@ -342,6 +357,37 @@ TEST_F(GpuFill, StridedViews) {
   const uint64_t v = gpu.impl()->version();
   gpu.fill_(1);
   EXPECT_GT(gpu.impl()->version(), v);
+}
+
+// Clocks, power and energy over half a second of matrix products: plausible values, the
+// energy counter's mean power within the board's reach, and stop() repeatable.
+TEST_F(GpuRuntime, PowerMonitorReportsAnInterval) {
+  cuda::PowerMonitor m(0);
+  if (!m.available()) GTEST_SKIP() << "no power readings: " << m.unavailable_reason();
+  const Device gpu(kCUDA, 0);
+  const Tensor a = randn({4096, 4096}).to(kBFloat16).to(gpu);
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500)) {
+    for (int i = 0; i < 20; ++i) (void)mm(a, a);
+    cuda::synchronize();
+  }
+  const cuda::PowerReport r = m.stop();
+  EXPECT_GE(r.seconds, 0.5);
+  EXPECT_GE(r.samples, 10);  // every 20 ms
+  EXPECT_GT(r.energy_joules, 0);
+  EXPECT_GT(r.mean_power_watts, 20);
+  EXPECT_LT(r.mean_power_watts, 2000);
+  EXPECT_GT(r.mean_sm_clock_mhz, 0);
+  EXPECT_LE(r.mean_sm_clock_mhz, r.max_sm_clock_mhz);
+  EXPECT_GT(r.power_limit_watts, 0);
+  EXPECT_GE(r.power_capped, 0);
+  EXPECT_LE(r.power_capped, 1);
+  const cuda::PowerReport again = m.stop();
+  EXPECT_EQ(again.energy_joules, r.energy_joules);
+  EXPECT_EQ(again.samples, r.samples);
+  std::printf("  %.2f s: %.0f MHz of %.0f, %.0f W of %.0f, %.1f J, power-capped %.0f%%\n",
+              r.seconds, r.mean_sm_clock_mhz, r.max_sm_clock_mhz, r.mean_power_watts,
+              r.power_limit_watts, r.energy_joules, 100 * r.power_capped);
 }
 
 TEST_F(GpuMemory, StatsFollowAllocations) {
