@@ -107,10 +107,12 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     cuda::reset_peak_memory_stats();
     // What the warm-up left: tensors alive (parameters, optimizer state, caches) and graph memory.
     const cuda::MemoryStats m = cuda::memory_stats();
-    out << std::fixed << std::setprecision(2)
-        << "GPU memory as the timed steps start: " << static_cast<double>(m.allocated) / (1 << 30)
-        << " GiB in tensors, " << static_cast<double>(m.graph) / (1 << 30)
-        << " GiB in CUDA graphs\n";
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(2)
+         << "GPU memory as the timed steps start: " << static_cast<double>(m.allocated) / (1 << 30)
+         << " GiB in tensors, " << static_cast<double>(m.graph) / (1 << 30)
+         << " GiB in CUDA graphs\n";
+    out << line.str();
   }
   if (dp) dp->barrier();  // the ranks start the timed steps together
   std::optional<cuda::PowerMonitor> power;
@@ -134,14 +136,15 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   }
   if (r.power) {
     const cuda::PowerReport& p = *r.power;
-    out << std::fixed << std::setprecision(0) << "GPU " << device.index()
-        << " during the timed steps: SM clock " << p.mean_sm_clock_mhz << " MHz (max "
-        << p.max_sm_clock_mhz << "), " << p.mean_power_watts << " W (limit " << p.power_limit_watts
-        << "), " << std::setprecision(1) << p.energy_joules / static_cast<double>(o.steps)
-        << " J a step, held back by the power "
-        << "limit " << std::setprecision(0) << 100 * p.power_capped << "% of the time";
-    if (p.thermal_capped > 0) out << ", by temperature " << 100 * p.thermal_capped << "%";
-    out << "\n";
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(0) << "GPU " << device.index()
+         << " during the timed steps: SM clock " << p.mean_sm_clock_mhz << " MHz (max "
+         << p.max_sm_clock_mhz << "), " << p.mean_power_watts << " W (limit " << p.power_limit_watts
+         << "), " << std::setprecision(1) << p.energy_joules / static_cast<double>(o.steps)
+         << " J a step, held back by the power "
+         << "limit " << std::setprecision(0) << 100 * p.power_capped << "% of the time";
+    if (p.thermal_capped > 0) line << ", by temperature " << 100 * p.thermal_capped << "%";
+    out << line.str() << "\n";
   }
   log_compile_stats(train, out);
   if (o.profile_steps > 0) {

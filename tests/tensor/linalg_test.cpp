@@ -500,6 +500,15 @@ TEST(RunInto, ErrorsNameTheOpAndTheOutput) {
   EXPECT_KILN_ERROR(run_into(mm_op, {a, b}, {}), "[mm] run_into got 0 outputs for an op with 1");
   EXPECT_KILN_ERROR(run_into(mm_op, {a, random_tensor({3, 5})}, {empty({3, 5})}),
                     "[mm] shapes [3, 4] and [3, 5] cannot be multiplied");
+  const Tensor square = random_tensor({4, 4});
+  Tensor into = square.clone();
+  EXPECT_KILN_ERROR(run_into(mm_op, {into, square}, {into}),
+                    "[mm] run_into's output 0 overlaps input 0 in memory");
+  Tensor rows = empty({8, 4});
+  EXPECT_KILN_ERROR(run_into(mm_op, {rows.narrow(0, 2, 4), square}, {rows.narrow(0, 4, 4)}),
+                    "overlaps input 0");
+  run_into(mm_op, {rows.narrow(0, 0, 4).fill_(1.0), square}, {rows.narrow(0, 4, 4)});  // apart
+  EXPECT_TRUE(allclose(rows.narrow(0, 4, 4), mm(ones({4, 4}), square), 1e-6, 1e-6));
   EXPECT_KILN_ERROR(run_into(KILN_OP(index_add_), {empty({3, 5})}, {empty({3, 5})}),
                     "[index_add_] run_into takes functional ops only");
 }
