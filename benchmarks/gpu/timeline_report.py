@@ -11,7 +11,8 @@ between its first and last launch).  Per step: the span; the time some compute k
 (the union of their intervals) and the sum of their durations; the same for NCCL's kernels;
 the time both run at once; the time NCCL runs alone (communication the step waits for); the
 time nothing runs (idle: the host is late); kernel families by time (Triton's generated kernels
-are "generated"), and with --top K the K kernels that take most time. With --gaps K: the busiest
+are "generated"), and with --top K the K kernels that take most time; with --sequence K, the
+last whole step's first K kernels in launch order (one kernel of two programs, layer by layer). With --gaps K: the busiest
 stream's busy and idle time, and its K largest kinds of idle gap, each named by the kernels
 before and after it (a memset, which the timeline does not hold, or a host that launches late;
 under DDP, the wait for the other ranks after the backward). With two timelines (e.g. one GPU,
@@ -112,7 +113,40 @@ def report(path, args):
         print(f"    {per(ns):7.3f} ms  {name}")
     if args.gaps:
         gaps(rows, window, steps, args.gaps)
+    if args.sequence:
+        sequence(rows, window / steps, args.sequence)
     return {k: per(v) for k, v in by_name.items()}
+
+
+def short_name(name):
+    """A mangled C++ kernel's own name (the last of its nested names), else the name."""
+    if not name.startswith("_ZN"):
+        return name
+    i, last = 3, name
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while name[j].isdigit():
+            j += 1
+        n = int(name[i:j])
+        last, i = name[j:j + n], j + n
+    return last
+
+
+def sequence(rows, step_ns, top):
+    """The last whole step's first K kernels in launch order: one kernel of two programs, layer
+    by layer (kiln's and torch's GEMMs side by side). A step ends with the optimizer's last
+    kernel before a pause of 2 ms in them; without an optimizer, the last step_ns of the timeline."""
+    kernels = sorted(r for r in rows if r[3] == "kernel")
+    opt = [r for r in kernels if re.search(r"adam|multi_tensor", r[4], re.I)]
+    ends = [a[1] for a, b in zip(opt, opt[1:]) if b[0] - a[1] > 2e6] + ([opt[-1][1]] if opt else [])
+    end = kernels[-1][1]
+    lo, hi = (ends[-2], ends[-1]) if len(ends) >= 2 else (end - step_ns, end)
+    mine = [r for r in kernels if lo < r[0] and r[1] <= hi]
+    print(f"  the last step's kernels in order ({len(mine)} kernels; us, family, name):")
+    for s, e, _, _, name, _ in mine[:top]:
+        base, _, grid = name.partition(" grid=")
+        print(f"    {(e - s) / 1e3:8.1f}  {family(name):15s} {short_name(base)[:70]}"
+              f"{' grid=' + grid if grid else ''}")
 
 
 def gaps(rows, window, steps, top):
@@ -150,6 +184,8 @@ def main():
     ap.add_argument("--top", type=int, default=0, help="print the K kernels that take most time")
     ap.add_argument("--gaps", type=int, default=0,
                     help="print the busiest stream's K largest kinds of idle gap")
+    ap.add_argument("--sequence", type=int, default=0,
+                    help="print the last whole step's first K kernels in launch order")
     args = ap.parse_args()
     tables = [report(p, args) for p in args.csv]
     if len(tables) == 2:
