@@ -100,7 +100,7 @@ struct PowerMonitor::Impl {
 
 PowerMonitor::PowerMonitor(int device) {
   if (!is_available()) {
-    reason_ = unavailable_reason();
+    reason_ = cuda::unavailable_reason();  // not the member of the same name
     return;
   }
   if (device < 0) device = current_device();
