@@ -46,7 +46,7 @@ bool find(void* lib, const char* name, F& fn) {
 
 Nvml open_nvml() {
   Nvml n;
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);  // kept open: the process's
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);  // open for the process's life
   if (lib == nullptr) {
     const char* e = dlerror();
     n.error = std::string("NVML (libnvidia-ml.so.1) cannot be opened: ") + (e ? e : "?");
