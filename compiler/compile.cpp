@@ -1,6 +1,5 @@
 #include "compiler/compile.h"
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,75 +32,6 @@
 #include "tensor/profiler.h"
 
 namespace kiln {
-
-CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
-  for (const std::string& n : names) (void)compiler::find_executor(n);  // fails for unknown
-  executors_ = std::move(names);
-  if (std::find(executors_.begin(), executors_.end(), "eager") == executors_.end()) {
-    executors_.push_back("eager");
-  }
-  return *this;
-}
-CompileOptions& CompileOptions::skip_pass(std::string name) {
-  // The passes compile runs, in order (CompiledCore::call).
-  static constexpr std::array<std::string_view, 10> kPasses = {
-      "autocast", "decompose",          "functionalize",  "simplify", "dce",
-      "cse",      "fuse_norm_residual", "fold_index_add", "fuse",     "plan_memory"};
-  if (std::find(kPasses.begin(), kPasses.end(), name) == kPasses.end()) {
-    std::string known;
-    for (std::string_view p : kPasses)
-      known += std::string(known.empty() ? "" : ", ") + std::string(p);
-    KILN_FAIL("[CompileOptions] no pass is named '", name, "' (passes that can be skipped: ", known,
-              ")");
-  }
-  skipped_.push_back(std::move(name));
-  return *this;
-}
-CompileOptions& CompileOptions::decompose(std::vector<std::string> op_names) {
-  for (const std::string& n : op_names) {
-    KILN_CHECK(Registry::get().op(n).decomposition != nullptr, "[CompileOptions] ", n,
-               " has no decomposition to expand");
-  }
-  decomposed_ = std::move(op_names);
-  return *this;
-}
-CompileOptions& CompileOptions::dynamic(int argument, int64_t dim) {
-  KILN_CHECK(argument >= 0 && dim >= 0, "[CompileOptions] dynamic(", argument, ", ", dim,
-             "): the argument and dimension must be non-negative");
-  dynamic_.emplace_back(argument, dim);
-  return *this;
-}
-CompileOptions& CompileOptions::debug(bool on) {
-  debug_ = on;
-  return *this;
-}
-CompileOptions& CompileOptions::trace_dir(std::string dir) {
-  trace_dir_ = std::move(dir);
-  return *this;
-}
-CompileOptions& CompileOptions::recompile_limit(int limit) {
-  KILN_CHECK(limit >= 1, "[CompileOptions] recompile_limit must be at least 1, got ", limit);
-  recompile_limit_ = limit;
-  return *this;
-}
-CompileOptions& CompileOptions::name(std::string name) {
-  name_ = std::move(name);
-  return *this;
-}
-CompileOptions& CompileOptions::remat(compiler::RematPolicy policy) {
-  partition_.policy = policy;
-  return *this;
-}
-CompileOptions& CompileOptions::cuda_graphs(bool on) {
-  cuda_graphs_ = on;
-  return *this;
-}
-CompileOptions& CompileOptions::activation_budget(int64_t bytes) {
-  KILN_CHECK(bytes >= 0,
-             "[CompileOptions] activation_budget must be a non-negative byte count, got ", bytes);
-  partition_.activation_budget = bytes;
-  return *this;
-}
 
 namespace compiler {
 namespace {

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
+#include "tensor/ops/elementwise_meta.h"
 #include "tensor/profiler.h"
 
 namespace kiln {
@@ -375,22 +376,11 @@ void run_into(const OpDef& op, TensorVec inputs, TensorVec outputs,
                          (out.is_contiguous() ? "" : " strided") + " on " + out.device().str()
                    : std::string("an undefined tensor"));
   }
-  // Byte ranges spanned (strides may leave gaps; none are negative): an output overlapping an
-  // input would be read after the kernel began writing it.
-  auto span = [](const Tensor& t) {
-    const auto* p = static_cast<const char*>(t.data_ptr());
-    int64_t last = 0;
-    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-    return std::pair{p, p + (last + 1) * static_cast<int64_t>(t.element_size())};
-  };
+  // An output overlapping an input would be read after the kernel began writing it.
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (outputs[i].numel() == 0) continue;
-    const auto [o0, o1] = span(outputs[i]);
     for (size_t k = 0; k < call.inputs.size(); ++k) {
-      if (call.inputs[k].numel() == 0 || call.inputs[k].device() != outputs[i].device()) continue;
-      const auto [i0, i1] = span(call.inputs[k]);
-      KILN_CHECK(o1 <= i0 || i1 <= o0, "[", op.name, "] run_into's output ", i, " overlaps input ",
-                 k, " in memory");
+      KILN_CHECK(!internal::memory_overlaps(outputs[i], call.inputs[k]), "[", op.name,
+                 "] run_into's output ", i, " overlaps input ", k, " in memory");
     }
   }
   const KernelDef* chosen = op.select_kernel(device.type(), call);

@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -80,7 +79,7 @@ struct PowerMonitor::Impl {
   std::chrono::steady_clock::time_point start;
   unsigned long long energy_start = 0;  // mJ
   std::atomic<bool> stopping{false};
-  std::mutex mu;  // guards the sums below
+  // Written by the sampling thread alone; stop() reads them after joining it.
   double clock_sum = 0;
   int samples = 0, power_capped = 0, thermal_capped = 0;
   std::thread sampler;
@@ -90,7 +89,6 @@ struct PowerMonitor::Impl {
     unsigned mhz = 0;
     unsigned long long why = 0;
     if (n.clock(device, kClockSm, &mhz) != 0 || n.reasons(device, &why) != 0) return;
-    std::lock_guard<std::mutex> lock(mu);
     clock_sum += mhz;
     ++samples;
     power_capped += (why & kPowerReasons) != 0;

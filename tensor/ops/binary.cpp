@@ -106,13 +106,9 @@ void check_inplace_result(std::string_view op, const Tensor& self, IntArrayRef s
   }
 }
 
-void check_no_partial_overlap(std::string_view op, const Tensor& self, const Tensor& input) {
-  if (!input.defined() || self.numel() == 0 || input.numel() == 0) return;
-  if (self.impl()->storage() != input.impl()->storage() || self.is_same(input)) return;
-  if (self.storage_offset() == input.storage_offset() && self.dtype() == input.dtype() &&
-      self.sizes() == input.sizes() && self.strides() == input.strides()) {
-    return;  // the same elements: each is read before it is written
-  }
+bool memory_overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) return false;
+  if (a.impl()->storage() != b.impl()->storage()) return false;
   auto byte_range = [](const Tensor& t) {
     const int64_t es = static_cast<int64_t>(t.element_size());
     int64_t lo = t.storage_offset() * es, hi = lo + es;
@@ -122,9 +118,19 @@ void check_no_partial_overlap(std::string_view op, const Tensor& self, const Ten
     }
     return std::pair<int64_t, int64_t>{lo, hi};
   };
-  const auto [slo, shi] = byte_range(self);
-  const auto [ilo, ihi] = byte_range(input);
-  KILN_CHECK(!(slo < ihi && ilo < shi), "[", op,
+  const auto [alo, ahi] = byte_range(a);
+  const auto [blo, bhi] = byte_range(b);
+  return alo < bhi && blo < ahi;
+}
+
+void check_no_partial_overlap(std::string_view op, const Tensor& self, const Tensor& input) {
+  if (!input.defined() || self.numel() == 0 || input.numel() == 0) return;
+  if (self.impl()->storage() != input.impl()->storage() || self.is_same(input)) return;
+  if (self.storage_offset() == input.storage_offset() && self.dtype() == input.dtype() &&
+      self.sizes() == input.sizes() && self.strides() == input.strides()) {
+    return;  // the same elements: each is read before it is written
+  }
+  KILN_CHECK(!memory_overlaps(self, input), "[", op,
              "] unsupported operation: some elements of the input tensor (shape ",
              shape_str(input.sizes()), ") and the written-to tensor (shape ",
              shape_str(self.sizes()), ") refer to a single memory location; clone() the input");

@@ -58,6 +58,10 @@ ScalarType binary_common_dtype(const OpCall& c, size_t attr);
 void check_inplace_result(std::string_view op, const Tensor& self, IntArrayRef shape,
                           ScalarType result);
 
+// Whether some element of `a` and some element of `b` may share memory: the same storage and
+// intersecting byte ranges (gaps between strided elements are not looked into).
+bool memory_overlaps(const Tensor& a, const Tensor& b);
+
 // Fails when `input` partially overlaps `self` in memory (an in-place op would read elements
 // it already wrote); identical views are fine.
 void check_no_partial_overlap(std::string_view op, const Tensor& self, const Tensor& input);
