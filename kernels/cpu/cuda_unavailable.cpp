@@ -69,6 +69,7 @@ std::shared_ptr<CapturedGraph> capture_graph(int, const std::function<std::vecto
   unavailable("cuda_graph");
 }
 int64_t* capture_error_flag() { return nullptr; }
+void trim_graph_memory(int) { unavailable("trim_graph_memory"); }
 const GraphRng* capture_rng() { return nullptr; }
 GraphRngScope::GraphRngScope(const GraphRng*) : previous_(nullptr) {}
 GraphRngScope::~GraphRngScope() = default;

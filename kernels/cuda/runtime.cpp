@@ -742,15 +742,22 @@ void reset_peak_memory_stats(int device) {
   s.peak.store(s.allocated.load() + s.graph_used.load());
 }
 
-void empty_cache(int device) {
-  const int index = resolve(device, "empty_cache");
-  DeviceState& s = state(index);
+namespace internal {
+void trim_graph_memory(int device) {
+  const int index = resolve(device, "trim_graph_memory");
   DeviceGuard guard(index);
   // Memory whose free is still queued is not released by a trim: finish the queue first.
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  KILN_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
   KILN_CUDA_CHECK(cudaDeviceGraphMemTrim(index));  // graph memory no live graph holds
-  s.graph_used.store(graph_memory(index, cudaGraphMemAttrUsedMemCurrent));
+  state(index).graph_used.store(graph_memory(index, cudaGraphMemAttrUsedMemCurrent));
+}
+}  // namespace internal
+
+void empty_cache(int device) {
+  const int index = resolve(device, "empty_cache");
+  internal::trim_graph_memory(index);  // waits for the device first
+  DeviceGuard guard(index);
+  KILN_CUDA_CHECK(cudaMemPoolTrimTo(state(index).pool, 0));
   internal::empty_pinned_cache();
 }
 

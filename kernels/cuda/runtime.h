@@ -90,6 +90,12 @@ class CapturedGraph {
 std::shared_ptr<CapturedGraph> capture_graph(int device,
                                              const std::function<std::vector<Storage>()>& fn);
 
+// Returns the device's graph memory that no CUDA graph holds to the driver (after waiting for the
+// device), and leaves kiln's pool as it is: what a dropped graph kept (its last launch's outputs,
+// once freed) goes, while the pool keeps the memory the next run op by op takes again (empty_cache
+// trims both, and the run after it grows the pool anew).
+void trim_graph_memory(int device);
+
 // Kernels that check their arguments on the device (an index out of range) raise an error flag
 // that the host reads after waiting for the kernel (loops.cuh's ErrorFlag); a capture cannot
 // wait. While this thread captures a graph, this is the device address of the capturing device's

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda.h"
+#include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
 #include "test_util.h"
 
@@ -411,6 +412,33 @@ TEST_F(GpuMemory, StatsFollowAllocations) {
   cuda::empty_cache();
   EXPECT_LE(cuda::memory_stats().reserved, after.reserved - kBytes);
   EXPECT_GE(cuda::memory_stats().reserved, cuda::memory_stats().allocated);
+}
+
+// trim_graph_memory: the graph memory a dropped graph leaves reserved goes back to the driver,
+// while kiln's pool keeps its cached blocks (empty_cache returns those too).
+TEST_F(GpuMemory, TrimGraphMemoryKeepsThePool) {
+  cuda::empty_cache();
+  constexpr int64_t kBytes = int64_t{64} << 20;
+  const Tensor x = ones({kBytes / 4}, on_cuda(kFloat));
+  const Tensor out = zeros({1}, on_cuda(kFloat));
+  { const Tensor cached = empty({kBytes / 4}, on_cuda(kFloat)); }  // freed into the pool
+  {
+    const std::shared_ptr<cuda::internal::CapturedGraph> graph =
+        cuda::internal::capture_graph(0, [&] {
+          out.copy_((x * 2).sum().reshape({1}));  // x * 2: graph memory, freed in the graph
+          return std::vector<Storage>{};
+        });
+    graph->launch();
+    EXPECT_NEAR(out.item<double>(), 2.0 * (kBytes / 4), 1e-3);
+  }
+  const cuda::MemoryStats dropped = cuda::memory_stats();
+  cuda::internal::trim_graph_memory(0);
+  const cuda::MemoryStats trimmed = cuda::memory_stats();
+  EXPECT_EQ(trimmed.graph, 0);
+  EXPECT_LE(trimmed.reserved, dropped.reserved - kBytes);   // x * 2's graph memory
+  EXPECT_GE(trimmed.reserved, trimmed.allocated + kBytes);  // the pool's cached block
+  cuda::empty_cache();
+  EXPECT_LE(cuda::memory_stats().reserved, trimmed.reserved - kBytes);
 }
 
 TEST_F(GpuMemory, OutOfMemoryIsAnError) {
