@@ -84,6 +84,7 @@ TEST(CudaAvailability, ConsistentEverywhere) {
     EXPECT_KILN_ERROR(cuda::synchronize(), "[synchronize]");
     EXPECT_KILN_ERROR(cuda::current_device(), "[current_device] no CUDA device");
     EXPECT_KILN_ERROR(cuda::empty_cache(), "[empty_cache]");
+    EXPECT_KILN_ERROR(cuda::internal::trim_graph_memory(0), "[trim_graph_memory] no CUDA device");
     EXPECT_KILN_ERROR(cuda::set_device(0), "[set_device]");
     EXPECT_KILN_ERROR(empty({2, 3}, TensorOptions(kFloat).device(kCUDA)), "[allocate]");
     EXPECT_KILN_ERROR(pattern({4}, kFloat).to(Device(kCUDA)), "cuda");
