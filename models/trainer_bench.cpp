@@ -121,8 +121,9 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   for (int64_t i = 0; i < o.steps; ++i) train_step();
   r.final_loss = last_loss.item<double>();  // waits for the device
   if (on_cuda) cuda::synchronize();
-  if (power && power->available()) r.power = power->stop();
+  // Before the power monitor stops: joining its sampling thread takes up to its 20 ms period.
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (power && power->available()) r.power = power->stop();
   if (dp) {
     seconds = dp->max(seconds);  // the slowest rank's time
     r.final_loss = dp->sum({r.final_loss})[0] / dp->world();
