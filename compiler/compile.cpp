@@ -664,7 +664,8 @@ std::vector<Tensor> CompiledCore::call(
          {std::pair{"functionalize", &functionalize}, std::pair{"simplify", &simplify},
           std::pair{"dce", &dce}, std::pair{"cse", &cse},
           std::pair{"fuse_norm_residual", &fuse_norm_residual},
-          std::pair{"fold_index_add", &fold_index_add}}) {
+          std::pair{"fold_index_add", &fold_index_add},
+          std::pair{"fuse_qkv_rotary", &fuse_qkv_rotary}}) {
       if (skip(name)) continue;
       const auto t0 = std::chrono::steady_clock::now();
       t = pass(t);

@@ -509,6 +509,222 @@ Trace fold_index_add(const Trace& trace) {
   return out;
 }
 
+Trace fuse_qkv_rotary(const Trace& trace) {
+  const std::vector<bool> written = written_values(trace);
+  const std::vector<bool> handed_out = handed_out_values(trace);
+  const auto [producer, uses] = dataflow(trace);
+  auto at = [](const std::vector<int>& v, int i) { return v[static_cast<size_t>(i)]; };
+  std::vector<int> last_inplace_before(trace.ops.size() + 1, -1);  // the latest in-place op < i
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    last_inplace_before[i + 1] =
+        trace.ops[i].op->kind == OpKind::kInplace ? static_cast<int>(i) : last_inplace_before[i];
+  }
+  // Whether v's memory is read by nothing but its one reader: v made by a functional op, or a view
+  // of such a tensor through views each read only by the next, none handed out or written.
+  auto dies_in_reader = [&](int v) {
+    for (;;) {
+      if (at(uses, v) != 1 || handed_out[static_cast<size_t>(v)] ||
+          written[static_cast<size_t>(v)] || at(producer, v) < 0) {
+        return false;
+      }
+      const BoundOp& made = trace.ops[static_cast<size_t>(at(producer, v))];
+      if (made.op->kind == OpKind::kFunctional) return true;
+      if (made.op->kind != OpKind::kView || made.inputs.empty() || made.outputs.size() != 1 ||
+          made.inputs[0] < 0) {
+        return false;
+      }
+      v = made.inputs[0];
+    }
+  };
+  // The value a chain of shape-preserving views (view, expand, alias to the same sizes), each
+  // read only by the next and none handed out or written, starts from; the ops are collected.
+  auto through_identity_views = [&](int v, std::vector<int>& ops) {
+    for (;;) {
+      const int p = at(producer, v);
+      if (p < 0) return v;
+      const BoundOp& op = trace.ops[static_cast<size_t>(p)];
+      const std::string& n = op.name();
+      if (op.op->kind != OpKind::kView || (n != "view" && n != "expand" && n != "alias") ||
+          op.inputs.size() != 1 || op.inputs[0] < 0 ||
+          trace.value(op.inputs[0]).spec.sizes != trace.value(v).spec.sizes) {
+        return v;
+      }
+      const int in = op.inputs[0];
+      if (at(uses, in) != 1 || handed_out[static_cast<size_t>(in)] ||
+          written[static_cast<size_t>(in)]) {
+        return v;
+      }
+      ops.push_back(p);
+      v = in;
+    }
+  };
+  static const OpDef& rotary_qkv = KILN_OP(rotary_qkv_);
+  static const OpDef& fused_backward = KILN_OP(flash_attention_backward_qkv);
+  static const OpDef& view_op = KILN_OP(view);
+  static const OpDef& slice_op = KILN_OP(slice);
+  static const OpDef& permute_op = KILN_OP(permute);
+  std::vector<bool> drop(trace.ops.size(), false);
+  std::vector<bool> split_in_place(trace.ops.size(), false);
+  std::vector<int> backward_of(trace.ops.size(), -1);  // merge op -> the backward it takes in
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const BoundOp& op = trace.ops[i];
+    if (op.autocast.any()) continue;
+    if (op.name() == "split_qkv_rotary" && op.inputs.size() == 3 && op.inputs[0] >= 0 &&
+        op.attrs.size() == 3 && dies_in_reader(op.inputs[0])) {
+      BoundOp in_place = op;
+      in_place.op = &rotary_qkv;
+      split_in_place[i] = device_kernel_supports(trace, in_place);
+      continue;
+    }
+    if (op.name() != "merge_qkv_rotary" || op.inputs.size() != 5 || op.outputs.size() != 1 ||
+        op.outputs[0] < 0 || op.attrs.size() != 1) {
+      continue;
+    }
+    // dq, dk, dv: the three results of one flash_attention_backward, each read by this merge
+    // alone (through identity views), with no in-place op in between.
+    std::vector<int> views;
+    int b = -1;
+    bool ok = true;
+    for (size_t k = 0; k < 3 && ok; ++k) {
+      const int v = op.inputs[k];
+      if (v < 0 || at(uses, v) != 1 || handed_out[static_cast<size_t>(v)] ||
+          written[static_cast<size_t>(v)]) {
+        ok = false;
+        break;
+      }
+      const int start = through_identity_views(v, views);
+      const int p = at(producer, start);
+      ok = p >= 0 && (b < 0 || p == b) && at(uses, start) == 1 &&
+           !handed_out[static_cast<size_t>(start)] && !written[static_cast<size_t>(start)] &&
+           trace.ops[static_cast<size_t>(p)].outputs.size() == 3 &&
+           trace.ops[static_cast<size_t>(p)].outputs[k] == start;
+      b = p;
+    }
+    if (!ok) continue;
+    const BoundOp& bwd = trace.ops[static_cast<size_t>(b)];
+    if (bwd.name() != "flash_attention_backward" || bwd.inputs.size() != 7 ||
+        bwd.attrs.size() != 4 || bwd.autocast.any() || last_inplace_before[i] > b) {
+      continue;
+    }
+    BoundOp fused = op;
+    fused.op = &fused_backward;
+    fused.inputs.assign(bwd.inputs.begin(), bwd.inputs.end());
+    fused.inputs.push_back(op.inputs[3]);
+    fused.inputs.push_back(op.inputs[4]);
+    fused.attrs.assign(bwd.attrs.begin(), bwd.attrs.end());
+    fused.attrs.push_back(op.attrs[0]);
+    try {
+      const std::vector<TensorSpec> specs = derive_specs(trace, fused);
+      const TensorSpec& want = trace.value(op.outputs[0]).spec;
+      if (specs.size() != 1 || specs[0].sizes != want.sizes || specs[0].dtype != want.dtype ||
+          specs[0].device != want.device || !device_kernel_supports(trace, fused)) {
+        continue;
+      }
+    } catch (const Error&) {
+      continue;
+    }
+    backward_of[i] = b;
+    drop[static_cast<size_t>(b)] = true;
+    for (int v : views) drop[static_cast<size_t>(v)] = true;
+  }
+  std::vector<int> unused;
+  Trace out = without_ops(trace, "fuse_qkv_rotary", unused);
+  std::vector<bool> respec(trace.values.size(), false);  // values whose layout changed
+  auto add_op = [&](const OpDef& def, std::vector<int> inputs, absl::InlinedVector<Attr, 4> attrs,
+                    int result) {
+    BoundOp v;
+    v.op = &def;
+    v.inputs = std::move(inputs);
+    v.attrs = std::move(attrs);
+    const std::vector<TensorSpec> specs = derive_specs(out, v);
+    if (result < 0) {
+      result = out.add_value(specs[0], ValueRole::kOp);
+      respec.push_back(false);
+    } else {
+      out.values[static_cast<size_t>(result)].spec = specs[0];
+      respec[static_cast<size_t>(result)] = true;
+    }
+    v.outputs = {result};
+    out.ops.push_back(std::move(v));
+    return result;
+  };
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    if (drop[i]) continue;
+    const BoundOp& op = trace.ops[i];
+    if (backward_of[i] >= 0) {
+      const BoundOp& bwd = trace.ops[static_cast<size_t>(backward_of[i])];
+      BoundOp fused = op;
+      fused.op = &fused_backward;
+      fused.inputs.assign(bwd.inputs.begin(), bwd.inputs.end());
+      fused.inputs.push_back(op.inputs[3]);
+      fused.inputs.push_back(op.inputs[4]);
+      fused.attrs.assign(bwd.attrs.begin(), bwd.attrs.end());
+      fused.attrs.push_back(op.attrs[0]);
+      out.ops.push_back(std::move(fused));
+      continue;
+    }
+    if (!split_in_place[i]) {
+      out.ops.push_back(op);
+      continue;
+    }
+    // qkv rotated in place, then q, k and v as internal::qkv_heads's views of it:
+    // view [..., T, heads, D], slice of the heads, heads before T.
+    BoundOp in_place = op;
+    in_place.op = &rotary_qkv;
+    const TensorSpec& qkv = trace.value(op.inputs[0]).spec;
+    in_place.outputs = {out.add_value(qkv, ValueRole::kOp)};
+    respec.push_back(false);
+    const int rotated = in_place.outputs[0];
+    out.ops.push_back(std::move(in_place));
+    const int64_t h = std::get<int64_t>(op.attrs[1]), g = std::get<int64_t>(op.attrs[2]);
+    const int64_t n = h + 2 * g, d = qkv.sizes.back() / n, rank = std::ssize(qkv.sizes) + 1;
+    Shape heads(qkv.sizes.begin(), qkv.sizes.end() - 1);
+    heads.insert(heads.end(), {n, d});
+    const int u = add_op(view_op, {rotated}, {heads}, -1);
+    Shape perm(static_cast<size_t>(rank));
+    for (int64_t k = 0; k < rank; ++k) perm[static_cast<size_t>(k)] = k;
+    std::swap(perm[static_cast<size_t>(rank - 3)], perm[static_cast<size_t>(rank - 2)]);
+    const int64_t first[3] = {0, h, h + g}, count[3] = {h, g, g};
+    for (size_t k = 0; k < 3; ++k) {
+      const int s =
+          add_op(slice_op, {u}, {rank - 2, first[k], first[k] + count[k], int64_t{1}}, -1);
+      add_op(permute_op, {s}, {perm}, op.outputs[k]);
+    }
+  }
+  // What reads the heads was traced on split_qkv_rotary's layout: the specs of later ops whose
+  // inputs changed layout are derived again. Views follow; any other op must keep its outputs'
+  // specs and no changed value may be handed out, else the pass leaves the trace as it was.
+  for (BoundOp& op : out.ops) {
+    bool changed = false;
+    for (int v : op.inputs) changed |= v >= 0 && respec[static_cast<size_t>(v)];
+    if (!changed) continue;
+    std::vector<TensorSpec> specs;
+    try {
+      specs = derive_specs(out, op);
+    } catch (const Error&) {
+      return trace;
+    }
+    for (size_t k = 0; k < op.outputs.size() && k < specs.size(); ++k) {
+      const int v = op.outputs[k];
+      if (v < 0) continue;
+      ValueInfo& info = out.values[static_cast<size_t>(v)];
+      const bool same =
+          info.spec.sizes == specs[k].sizes && info.spec.dtype == specs[k].dtype &&
+          info.spec.device == specs[k].device &&
+          (info.spec.strides.empty() ? contiguous_strides(info.spec.sizes) : info.spec.strides) ==
+              (specs[k].strides.empty() ? contiguous_strides(specs[k].sizes) : specs[k].strides);
+      if (same) continue;
+      if (op.op->kind != OpKind::kView) return trace;
+      info.spec = specs[k];
+      respec[static_cast<size_t>(v)] = true;
+    }
+  }
+  for (size_t v = 0; v < trace.values.size(); ++v) {
+    if (respec[v] && handed_out[v]) return trace;
+  }
+  return out;
+}
+
 Trace cse(const Trace& trace) {
   // An op producing a value some in-place op writes, or one the program hands out (a gradient,
   // a result), is never merged with another, since the two would no longer be two tensors.

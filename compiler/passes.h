@@ -61,6 +61,21 @@ Trace fuse_norm_residual(const Trace& trace);
 // 0.35 ms a step).
 Trace fold_index_add(const Trace& trace);
 
+// Attention over the heads of one qkv projection without copying v. Forward: `(q, k, v) =
+// split_qkv_rotary(qkv, cos, sin)`, where qkv's memory dies in the split (qkv made by a functional
+// op, or a view of one through views each read only by the next, none handed out or written),
+// becomes `rotary_qkv_(qkv, cos, sin)` (the q and k heads rotated in place) and q, k, v views of
+// qkv (`view` to [..., T, heads, D], `slice`, `permute`), as internal::qkv_heads makes them; the
+// specs of later views of the heads are derived again. If another op's outputs would change
+// layout, or a changed value is handed out, the trace is returned as it was. Backward: `dqkv =
+// merge_qkv_rotary(dq, dk, dv, cos, sin)`, where dq, dk, dv are the results of one
+// flash_attention_backward (no dropout), each read by the merge alone (through views that keep
+// their sizes, each read once), none handed out or written, and no in-place op runs between the
+// two, becomes `flash_attention_backward_qkv(...)` at the merge's place (tensor/ops/attention.cpp):
+// on CUDA cuDNN writes the three into dqkv and no v gradient is copied. Each rewrite only where a
+// kernel of the device takes the new op; CPU results keep eager's bits (the same kernels run).
+Trace fuse_qkv_rotary(const Trace& trace);
+
 // Common-subexpression elimination over functional, non-random ops: a second op with the same
 // inputs and attributes is dropped and its outputs renamed to the first one's. Ops whose results
 // an in-place op later writes (directly or through a view) are never merged.

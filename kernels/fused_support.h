@@ -7,9 +7,11 @@
 //
 // Flash attention's rules follow the GPU's properties and live with its kernels
 // (kernels/cuda/flash_attention.cu). Also here: what both devices' kernels of one fused op share
-// (cross_entropy_with_grad_in_two).
+// (cross_entropy_with_grad_in_two, attention_backward_qkv_in_parts).
 #pragma once
 
+#include "tensor/ops.h"
+#include "tensor/ops/rotary.h"
 #include "tensor/registry.h"
 
 namespace kiln {
@@ -57,9 +59,13 @@ inline bool rotary_emb_qk_supported(const OpCall& c) {
          rotary_table_supported(c.input(2), k);
 }
 
-// split_qkv_rotary(qkv, cos, sin) and merge_qkv_rotary(dq, dk, dv, cos, sin) (meta: the
+// split_qkv_rotary(qkv, cos, sin), rotary_qkv_(qkv, cos, sin) and merge_qkv_rotary(dq, dk, dv,
+// cos, sin) (meta: the
 // tables are [T, D] with leading 1s): the tables' dtype.
 inline bool split_qkv_rotary_supported(const OpCall& c) {
+  return rotary_table_supported(c.input(1), c.input(0));
+}
+inline bool rotary_qkv_supported(const OpCall& c) {
   return rotary_table_supported(c.input(1), c.input(0));
 }
 inline bool merge_qkv_rotary_supported(const OpCall& c) {
@@ -79,6 +85,41 @@ inline void cross_entropy_with_grad_in_two(OpCall& c, void (*fwd)(OpCall&), void
   b.inputs = {c.input(2), c.input(0), c.input(1), c.outputs[1]};
   b.outputs = {c.outputs[2]};
   bwd(b);
+}
+
+// flash_attention_backward_qkv(dout, q, k, v, out, lse, dlse, cos, sin; scale, causal,
+// sliding_window, softcap, transpose) (tensor/ops/attention.cpp) as its two parts: the
+// flash_attention_backward call (the first seven inputs and four attributes), and the
+// merge_qkv_rotary of its dq, dk, dv (with cos, sin and transpose).
+inline OpCall attention_backward_part(const OpCall& c) {
+  static const OpDef& op = KILN_OP(flash_attention_backward);
+  OpCall b;
+  b.op = &op;
+  b.inputs.assign(c.inputs.begin(), c.inputs.begin() + 7);
+  b.attrs.assign(c.attrs.begin(), c.attrs.begin() + 4);
+  return b;
+}
+
+// Where a device runs both parts with its kernels: flash_attention_backward's kernel of the
+// device supports the call, and the tables are ones merge_qkv_rotary's kernels take.
+inline bool attention_backward_qkv_supported(const OpCall& c) {
+  const OpCall b = attention_backward_part(c);
+  const Tensor& q = c.input(1);
+  return b.op->select_kernel(q.device().type(), b) != nullptr &&
+         rotary_table_supported(c.input(7), q);
+}
+
+// Both parts one after the other, by their kernels (run_into): dq, dk and dv in fresh tensors,
+// then rotated back and merged into the output. What a device without a faster way runs.
+inline void attention_backward_qkv_in_parts(OpCall& c) {
+  static const OpDef& merge = KILN_OP(merge_qkv_rotary);
+  const OpCall b = attention_backward_part(c);
+  const Tensor& q = c.input(1);
+  const Tensor& k = c.input(2);
+  const TensorOptions o = TensorOptions(q.dtype()).device(q.device());
+  const Tensor dq = empty(q.sizes(), o), dk = empty(k.sizes(), o), dv = empty(k.sizes(), o);
+  run_into(*b.op, b.inputs, {dq, dk, dv}, b.attrs);
+  run_into(merge, {dq, dk, dv, c.input(7), c.input(8)}, {c.outputs[0]}, {c.attrs[4]});
 }
 
 // cross_entropy_fused(logits, targets, weight; ignore_index, reduction, label_smoothing): the

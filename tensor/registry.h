@@ -303,7 +303,8 @@ TensorVec call_op_with_kernel(const OpDef& op, std::string_view kernel, TensorVe
 // run on `inputs` writing into `outputs`, tensors the caller holds, instead of fresh ones (no
 // copy of a result into its place). Below the dispatch chain: no autograd, trace or autocast.
 // Each output must have the meta rule's sizes, dtype and device and be contiguous (what kernels
-// assume of the outputs they are given); an output must not overlap an input.
+// assume of the outputs they are given); an output must not overlap an input. An undefined input
+// is an absent optional one, as in call_op.
 void run_into(const OpDef& op, TensorVec inputs, TensorVec outputs,
               absl::InlinedVector<Attr, 4> attrs = {});
 // For tests and the compiler: the op's decomposition run on the inputs (its ops dispatched as

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/fused_support.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 #include "tensor/registry.h"
@@ -204,5 +205,9 @@ bool flash_attention_cpu_supports(const OpCall& c) {
 KILN_REGISTER_KERNEL_IF(flash_attention, kCPU, "reference", flash_attention_cpu,
                         flash_attention_cpu_supports);
 KILN_REGISTER_KERNEL(flash_attention_backward, kCPU, flash_attention_backward_cpu);
+// flash_attention_backward_qkv (tensor/ops/attention.cpp): the backward's kernel, then
+// merge_qkv_rotary's, as the decomposition runs them (the same bits).
+KILN_REGISTER_KERNEL_IF(flash_attention_backward_qkv, kCPU, "in_parts",
+                        attention_backward_qkv_in_parts, attention_backward_qkv_supported);
 
 }  // namespace kiln::cpu

@@ -1,4 +1,4 @@
-// CPU kernels of rotary_emb, rotary_emb_qk, split_qkv_rotary and merge_qkv_rotary
+// CPU kernels of rotary_emb, rotary_emb_qk, split_qkv_rotary, merge_qkv_rotary and rotary_qkv_
 // (tensor/ops/rotary.cpp): the reference the CUDA kernels are tested against. Rows (positions of
 // every leading index) run in parallel; the arithmetic is in the compute type (f32 for f16/bf16,
 // f64 for f64) with one rounding to x's dtype, the formulas of tensor/ops/rotary.cpp.
@@ -93,6 +93,17 @@ void split_qkv_rotary_cpu(OpCall& c) {
          false);
 }
 
+// In place: rotate reads a strided view through a contiguous copy, and a contiguous one row by
+// row, each element read before it is written.
+void rotary_qkv_cpu(OpCall& c) {
+  const bool transpose = c.attr<bool>(0);
+  const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
+  const Tensor& qkv = c.outputs[0];
+  const Tensor q = internal::qkv_heads(qkv, 0, h, n), k = internal::qkv_heads(qkv, h, g, n);
+  rotate(q, c.input(1), c.input(2), q, transpose);
+  rotate(k, c.input(1), c.input(2), k, transpose);
+}
+
 void merge_qkv_rotary_cpu(OpCall& c) {
   const bool transpose = c.attr<bool>(0);
   const int64_t h = c.input(0).size(-3), g = c.input(1).size(-3), n = h + 2 * g;
@@ -111,5 +122,6 @@ KILN_REGISTER_KERNEL_IF(split_qkv_rotary, kCPU, "fused", split_qkv_rotary_cpu,
                         split_qkv_rotary_supported);
 KILN_REGISTER_KERNEL_IF(merge_qkv_rotary, kCPU, "fused", merge_qkv_rotary_cpu,
                         merge_qkv_rotary_supported);
+KILN_REGISTER_KERNEL_IF(rotary_qkv_, kCPU, "fused", rotary_qkv_cpu, rotary_qkv_supported);
 
 }  // namespace kiln::cpu

@@ -22,8 +22,10 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cudnn_graph.h"
 #include "kernels/cuda/timing.h"
+#include "kernels/fused_support.h"
 #include "tensor/deterministic.h"
 #include "tensor/ops.h"
+#include "tensor/ops/rotary.h"
 #include "tensor/registry.h"
 
 // The operation graph's and execution plan's handle attributes are marked deprecated in recent
@@ -140,9 +142,11 @@ bool static_supports(const OpCall& c) {
   return std::isfinite(c.attr<double>(0));
 }
 
-// The key of attention over q, k, v whose output (and, backward, dO) has the strides given.
+// The key of attention over q, k, v whose output (and, backward, dO) has the strides given; the
+// backward's dQ, dK and dV have `grads` (three strides in a row), or are contiguous.
 Key make_key(bool backward, const Tensor& q, const Tensor& k, const Tensor& v, const Dims& o,
-             const Dims& dout, bool causal, double scale, bool dsum_input) {
+             const Dims& dout, bool causal, double scale, bool dsum_input,
+             const std::vector<int64_t>& grads = {}) {
   Key key;
   key.backward = backward;
   key.device = q.device().index();
@@ -155,13 +159,23 @@ Key make_key(bool backward, const Tensor& q, const Tensor& k, const Tensor& v, c
   }
   if (backward) {
     key.strides.insert(key.strides.end(), dout.begin(), dout.end());
+    if (grads.empty()) {
+      for (const Tensor* t : {&q, &k, &k}) {
+        const Dims d = dense({t->size(0), t->size(1), t->size(2), t->size(3)});
+        key.strides.insert(key.strides.end(), d.begin(), d.end());
+      }
+    } else {
+      key.strides.insert(key.strides.end(), grads.begin(), grads.end());
+    }
     key.dsum_input = dsum_input;
   }
   return key;
 }
 
 // The key of the graph that runs call c: for the backward, Dsum is an input when the call has a
-// dlse (kiln's Delta pass subtracts it) and computed by cuDNN when dlse is undefined (zeros).
+// dlse (kiln's Delta pass subtracts it) and computed by cuDNN when dlse is undefined (zeros), and
+// dQ, dK, dV are contiguous (what the measured choice between cuDNN and the hand kernels is kept
+// under; run_backward_cudnn writes other layouts cuDNN takes in place).
 Key key_of(const OpCall& c) {
   const bool fwd = is_forward(c);
   const Tensor& q = c.input(fwd ? 0 : 1);
@@ -277,14 +291,28 @@ void run_backward_cudnn(OpCall& c) {
   const Tensor& q = c.input(1);
   const Tensor& out = c.input(4);
   const Tensor& dlse = c.input(6);
-  const Key key = key_of(c);
   DeviceGuard guard(q.device().index());
   Device& d = device_state(q.device().index());
   const TensorOptions f32 = TensorOptions(kFloat).device(q.device());
-  // The graph's dQ, dK and dV are contiguous.
-  const Tensor dq = write_target(c.outputs[0], c.outputs[0].is_contiguous());
-  const Tensor dk = write_target(c.outputs[1], c.outputs[1].is_contiguous());
-  const Tensor dv = write_target(c.outputs[2], c.outputs[2].is_contiguous());
+  // dQ, dK and dV are written in place where cuDNN takes their layout and a plan for it exists or
+  // may be built now (not inside a CUDA graph capture), else contiguous and copied.
+  const Key contiguous = key_of(c);
+  std::vector<int64_t> grads;
+  for (const Tensor& t : c.outputs) {
+    const Dims s = strides_of(t);
+    grads.insert(grads.end(), s.begin(), s.end());
+  }
+  const Key strided = make_key(true, q, c.input(2), c.input(3), strides_of(out), strides_of(dout),
+                               c.attr<bool>(1), c.attr<double>(0), contiguous.dsum_input, grads);
+  bool in_place = strided == contiguous;
+  if (!in_place && layout_ok(c.outputs[0]) && layout_ok(c.outputs[1]) && layout_ok(c.outputs[2])) {
+    std::lock_guard<std::mutex> lock(d.mu);
+    in_place = (d.plans.contains(strided) || !capturing()) && plan_for(d, strided).ok();
+  }
+  const Key key = in_place ? strided : contiguous;
+  const Tensor dq = write_target(c.outputs[0], in_place);
+  const Tensor dk = write_target(c.outputs[1], in_place);
+  const Tensor dv = write_target(c.outputs[2], in_place);
   const Tensor dsum = empty({q.size(0), q.size(1), q.size(2)}, f32);
   const Tensor dq_acc = empty(q.sizes(), f32);
   // The dQ accumulator starts at zero (cudnn-frontend zeroes it before every run).
@@ -433,6 +461,79 @@ void fastest(OpCall& c, KernelFn cudnn_fn) {
 void fastest_forward(OpCall& c) { fastest(c, run_forward_cudnn); }
 void fastest_backward(OpCall& c) { fastest(c, run_backward_cudnn); }
 
+// --- flash_attention_backward_qkv ----------------------------------------------------------------
+// The backward of attention over the heads of one qkv projection, merged into dqkv [B, T,
+// (H + 2 H_kv) D] (tensor/ops/attention.cpp): cuDNN writes dq, dk and dv into their places in
+// dqkv (each a [B, heads, T, D] view with rows of (H + 2 H_kv) D elements) and rotary_qkv_'s kernel
+// rotates dq and dk back where they are, so dv is never copied. Taken where the dispatcher runs
+// the flash_attention_backward call on cuDNN: by its "cudnn" kernel, or by "fastest" once that
+// measured cuDNN faster for the shape (the op's first call runs in parts, which measures); its
+// "cudnn" kernel, after "in_parts" (kernels/cuda/flash_attention.cu), takes every call cuDNN can
+// run, for tests and the lab. The
+// views' plan is built and its engines timed on its first call outside a CUDA graph capture; a
+// capture that meets it unbuilt, or a plan cuDNN refuses, runs in parts.
+
+// Whether the dispatcher would run flash_attention_backward's call b on cuDNN.
+bool cudnn_runs_backward(const OpCall& b) {
+  const KernelDef* k = b.op->select_kernel(DeviceType::CUDA, b);
+  if (k == nullptr) return false;
+  if (k->name == "cudnn") return true;
+  const Choice* ch = k->name == "fastest" ? measured(key_of(b)) : nullptr;
+  return ch != nullptr && *ch == Choice::kCudnn;
+}
+
+bool backward_qkv_fastest_supports(const OpCall& c) {
+  return rotary_table_supported(c.input(7), c.input(1)) &&
+         cudnn_runs_backward(attention_backward_part(c));
+}
+// Whether cuDNN can run the call at all (whichever is faster): the "cudnn" kernel, which tests
+// and the kernel lab name.
+bool backward_qkv_cudnn_supports(const OpCall& c) {
+  return rotary_table_supported(c.input(7), c.input(1)) &&
+         !are_deterministic_algorithms_enabled() && cudnn_supports(attention_backward_part(c));
+}
+
+void backward_qkv_cudnn(OpCall& c) {
+  const Tensor& dqkv = c.outputs[0];
+  const int64_t h = c.input(1).size(1), g = c.input(2).size(1), n = h + 2 * g;
+  OpCall b = attention_backward_part(c);
+  b.outputs = {::kiln::internal::qkv_heads(dqkv, 0, h, n),
+               ::kiln::internal::qkv_heads(dqkv, h, g, n),
+               ::kiln::internal::qkv_heads(dqkv, h + g, g, n)};
+  std::vector<int64_t> grads;
+  for (const Tensor& t : b.outputs) {
+    const Dims s = strides_of(t);
+    grads.insert(grads.end(), s.begin(), s.end());
+  }
+  const Key contiguous = key_of(b);
+  const Key key = make_key(true, b.input(1), b.input(2), b.input(3), strides_of(b.input(4)),
+                           strides_of(b.input(0)), b.attr<bool>(1), b.attr<double>(0),
+                           contiguous.dsum_input, grads);
+  bool ready = layout_ok(b.outputs[0]) && layout_ok(b.outputs[1]) && layout_ok(b.outputs[2]);
+  if (ready) {
+    Device& d = device_state(dqkv.device().index());
+    std::lock_guard<std::mutex> lock(d.mu);
+    ready = (d.plans.contains(key) || !capturing()) && plan_for(d, key).ok();
+  }
+  if (!ready) {
+    attention_backward_qkv_in_parts(c);
+    return;
+  }
+  DeviceGuard guard(dqkv.device().index());
+  if (!capturing()) (void)tune_engines(b, key, run_backward_cudnn);  // once per key
+  run_backward_cudnn(b);
+  static const OpDef& rotate = KILN_OP(rotary_qkv_);
+  OpCall r;
+  r.op = &rotate;
+  r.inputs = {dqkv, c.input(7), c.input(8)};
+  r.attrs = {c.attrs[4], h, g};
+  r.outputs = {dqkv};
+  const KernelDef* k = rotate.select_kernel(DeviceType::CUDA, r);
+  KILN_CHECK(k != nullptr, "[flash_attention_backward_qkv] no CUDA kernel of rotary_qkv_ takes ",
+             shape_str(dqkv.sizes()), " with tables of ", dtype_name(c.input(7).dtype()));
+  k->fn(r);
+}
+
 }  // namespace
 
 // cuDNN 9.10.0 and 9.10.1 have known bugs in the bf16/f16 attention forward (cudnn-frontend
@@ -500,5 +601,9 @@ KILN_REGISTER_KERNEL_IF(flash_attention_backward, kCUDA, "fastest", fastest_back
 KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "cudnn", run_forward_cudnn, cudnn_supports, 2);
 KILN_REGISTER_KERNEL_IF(flash_attention_backward, kCUDA, "cudnn", run_backward_cudnn,
                         cudnn_backward_supports, 2);
+KILN_REGISTER_KERNEL_IF(flash_attention_backward_qkv, kCUDA, "fastest", backward_qkv_cudnn,
+                        backward_qkv_fastest_supports, -1);
+KILN_REGISTER_KERNEL_IF(flash_attention_backward_qkv, kCUDA, "cudnn", backward_qkv_cudnn,
+                        backward_qkv_cudnn_supports, 2);
 
 }  // namespace kiln::cuda::cudnn

@@ -208,9 +208,9 @@ Graph backward_graph(cudnnHandle_t handle, const Key& key) {
   DescPtr o = g.operand(kO, qshape, sub(3), key.io);
   DescPtr dout = g.operand(kDO, qshape, sub(4), key.io);
   DescPtr stats = g.operand(kStats, rows, dense(rows), CUDNN_DATA_FLOAT);
-  DescPtr dq = g.operand(kDQ, qshape, dense(qshape), key.io);
-  DescPtr dk = g.operand(kDK, kvshape, dense(kvshape), key.io);
-  DescPtr dv = g.operand(kDV, kvshape, dense(kvshape), key.io);
+  DescPtr dq = g.operand(kDQ, qshape, sub(5), key.io);
+  DescPtr dk = g.operand(kDK, kvshape, sub(6), key.io);
+  DescPtr dv = g.operand(kDV, kvshape, sub(7), key.io);
   DescPtr dq_acc = g.operand(kDQAcc, qshape, dense(qshape), CUDNN_DATA_FLOAT);
   DescPtr dsum = g.operand(kDsum, rows, dense(rows), CUDNN_DATA_FLOAT);
   DescPtr scale = g.scalar(kScale);

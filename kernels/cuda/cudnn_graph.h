@@ -143,7 +143,7 @@ struct Key {
   Shape4 n{};
   bool causal = false;
   float scale = 0.f;
-  // Strides of q, k, v, o (and dO for the backward), 4 each.
+  // Strides of q, k, v, o (and dO, dQ, dK, dV for the backward), 4 each.
   std::vector<int64_t> strides;
   // Backward only: whether Dsum is an input (true) or computed by cuDNN (false).
   bool dsum_input = true;

@@ -25,6 +25,7 @@
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/loops.cuh"
+#include "kernels/fused_support.h"
 #include "tensor/deterministic.h"
 #include "tensor/ops.h"
 
@@ -298,5 +299,9 @@ KILN_REGISTER_KERNEL_IF(flash_attention_backward, kCUDA, "flash_hopper", backwar
 KILN_REGISTER_KERNEL_IF(flash_attention, kCUDA, "flash_sm80", forward_sm80, sm80_supports, 1);
 KILN_REGISTER_KERNEL_IF(flash_attention_backward, kCUDA, "flash_sm80", backward_sm80,
                         sm80_backward_supports, 1);
+// flash_attention_backward_qkv where cuDNN does not write its parts in place
+// (kernels/cuda/cudnn_attention.cpp): the backward's kernel, then merge_qkv_rotary's.
+KILN_REGISTER_KERNEL_IF(flash_attention_backward_qkv, kCUDA, "in_parts",
+                        attention_backward_qkv_in_parts, attention_backward_qkv_supported);
 
 }  // namespace kiln::cuda::flash

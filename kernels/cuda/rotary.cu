@@ -1,4 +1,4 @@
-// CUDA kernels of rotary_emb, rotary_emb_qk, split_qkv_rotary and merge_qkv_rotary
+// CUDA kernels of rotary_emb, rotary_emb_qk, split_qkv_rotary, merge_qkv_rotary and rotary_qkv_
 // (tensor/ops/rotary.cpp; reference:
 // kernels/cpu/rotary.cpp). Arithmetic in f32 for f16/bf16 (f64 for f64).
 //
@@ -253,6 +253,16 @@ void split_qkv_rotary_cuda(OpCall& c) {
       {true, true, false});
 }
 
+// In place: each thread reads its two packs before it writes them, and no other thread touches
+// them.
+void rotary_qkv_cuda(OpCall& c) {
+  const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;
+  const Tensor& qkv = c.outputs[0];
+  const Tensor q = ::kiln::internal::qkv_heads(qkv, 0, h, n);
+  const Tensor k = ::kiln::internal::qkv_heads(qkv, h, g, n);
+  rotary_cuda_impl({q, k}, {q, k}, c.input(1), c.input(2), c.attr<bool>(0));
+}
+
 void merge_qkv_rotary_cuda(OpCall& c) {
   const int64_t h = c.input(0).size(-3), g = c.input(1).size(-3), n = h + 2 * g;
   const Tensor& out = c.outputs[0];
@@ -271,5 +281,6 @@ KILN_REGISTER_KERNEL_IF(split_qkv_rotary, kCUDA, "fused", split_qkv_rotary_cuda,
                         split_qkv_rotary_supported);
 KILN_REGISTER_KERNEL_IF(merge_qkv_rotary, kCUDA, "fused", merge_qkv_rotary_cuda,
                         merge_qkv_rotary_supported);
+KILN_REGISTER_KERNEL_IF(rotary_qkv_, kCUDA, "fused", rotary_qkv_cuda, rotary_qkv_supported);
 
 }  // namespace kiln::cuda

@@ -23,11 +23,22 @@
 //   dlse is the gradient of lse, or undefined meaning zeros (what the backward rule passes when lse
 //   received no gradient, as in training: the kernels then skip it); dk and dv sum over the query
 //   heads of each kv group.
+// flash_attention_backward_qkv(dout, q, k, v, out, lse, dlse, cos, sin; scale, causal,
+//     sliding_window, softcap, transpose) -> dqkv [B, T, (H + 2 H_kv) D]:
+//   merge_qkv_rotary(flash_attention_backward(...), cos, sin; transpose) as one op, the backward of
+//   attention over the heads of one qkv projection (split_qkv_rotary's, T == S). The compiler's
+//   fuse_qkv_rotary pass (compiler/passes.h) writes it where the three gradients are read by the
+//   merge alone. Its CUDA kernel lets cuDNN write dq, dk and dv into their places in dqkv and
+//   rotates dq and dk there (kernels/cuda/cudnn_attention.cpp), so that dv is never copied; every
+//   other call runs the two ops' kernels one after the other (kernels/fused_support.h). No backward
+//   rule (it is written after autograd has run).
 #include <cmath>
 #include <limits>
 
+#include "kernels/fused_support.h"
 #include "tensor/ops.h"
 #include "tensor/ops/elementwise_meta.h"
+#include "tensor/ops/rotary.h"
 #include "tensor/registry.h"
 
 namespace kiln {
@@ -252,12 +263,42 @@ SpecList flash_attention_backward_meta(const OpCall& c) {
           {to_shape(v.sizes()), v.dtype(), v.device()}};
 }
 
+// Attributes: flash_attention_backward's four, then 4 transpose (merge_qkv_rotary's).
+SpecList flash_attention_backward_qkv_meta(const OpCall& c) {
+  constexpr const char* kOp = "flash_attention_backward_qkv";
+  KILN_CHECK(c.inputs.size() == 9 && c.attrs.size() == 5, "[", kOp,
+             "] expected inputs (dout, q, k, v, out, lse, dlse, cos, sin) and attributes (scale, "
+             "causal, sliding_window, softcap, transpose)");
+  (void)flash_attention_backward_meta(attention_backward_part(c));
+  (void)c.attr<bool>(4);
+  const Tensor& q = c.input(1);
+  const Tensor& k = c.input(2);
+  KILN_CHECK(k.size(2) == q.size(2) && q.size(3) % 2 == 0, "[", kOp,
+             "] expected as many keys as queries and an even head size (the heads of one qkv "
+             "projection), got q ",
+             shape_str(q.sizes()), " and k ", shape_str(k.sizes()));
+  internal::check_rotary_tables(kOp, c.input(7), c.input(8), q.size(2), q.size(3), q.device());
+  return {{Shape{q.size(0), q.size(2), (q.size(1) + 2 * k.size(1)) * q.size(3)}, q.dtype(),
+           q.device()}};
+}
+
+TensorVec flash_attention_backward_qkv_decomposition(const OpCall& c) {
+  static const OpDef& merge = KILN_OP(merge_qkv_rotary);
+  const OpCall b = attention_backward_part(c);
+  const TensorVec d = call_op(*b.op, b.inputs, b.attrs);
+  return {call_op1(merge, {d[0], d[1], d[2], c.input(7), c.input(8)}, {c.attrs[4]})};
+}
+
 }  // namespace
 
 KILN_DEFINE_OP(flash_attention, OpKind::kFunctional, flash_attention_meta);
 KILN_REGISTER_DECOMPOSITION(flash_attention, flash_attention_decomposition);
 KILN_DEFINE_OP(flash_attention_backward, OpKind::kFunctional, flash_attention_backward_meta);
 KILN_REGISTER_DECOMPOSITION(flash_attention_backward, flash_attention_backward_decomposition);
+KILN_DEFINE_OP(flash_attention_backward_qkv, OpKind::kFunctional,
+               flash_attention_backward_qkv_meta);
+KILN_REGISTER_DECOMPOSITION(flash_attention_backward_qkv,
+                            flash_attention_backward_qkv_decomposition);
 
 std::tuple<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            double scale, bool causal, int64_t sliding_window,

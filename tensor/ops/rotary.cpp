@@ -31,12 +31,39 @@
 // split. Splitting qkv by narrow views instead costs, in backward, one zero-filled qkv-sized
 // gradient per view and their sum (a quarter of llama-160m's GPU step). cos/sin are [T, D]
 // tables (leading dims of 1 allowed), as the rotary kernels take them.
+//
+// rotary_qkv_(qkv, cos, sin; transpose, H, G) -> qkv: split_qkv_rotary in place, for kiln::compile
+// (the fuse_qkv_rotary pass, compiler/passes.h): the q and k heads of qkv rotated where they are
+// and the v heads left alone, so that the heads become views of qkv (internal::qkv_heads) and v is
+// never copied. No decomposition and no backward rule: the compiler writes it into programs whose
+// backward is already traced, where nothing else reads qkv. Kernels: CPU and CUDA, for the tables
+// rotary_emb's kernels take.
 #include "tensor/ops/rotary.h"
 
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
 namespace kiln {
+
+namespace internal {
+void check_rotary_tables(const char* op, const Tensor& cos, const Tensor& sin, int64_t t, int64_t d,
+                         Device device) {
+  KILN_CHECK(cos.defined() && sin.defined(), "[", op, "] cos and sin must be defined");
+  KILN_CHECK(cos.sizes() == sin.sizes() && cos.dtype() == sin.dtype(), "[", op, "] cos (",
+             dtype_name(cos.dtype()), " ", shape_str(cos.sizes()), ") and sin (",
+             dtype_name(sin.dtype()), " ", shape_str(sin.sizes()),
+             ") must have the same shape and dtype");
+  bool fits = cos.dim() >= 2 && cos.size(-1) == d && cos.size(-2) == t;
+  for (int64_t i = 0; fits && i + 2 < cos.dim(); ++i) fits = cos.size(i) == 1;
+  KILN_CHECK(fits, "[", op, "] expected cos/sin of shape [T, D] = [", t, ", ", d,
+             "] (leading dims of 1 allowed), got ", shape_str(cos.sizes()));
+  KILN_CHECK(is_floating_point(cos.dtype()), "[", op, "] expected floating-point cos/sin, got ",
+             dtype_name(cos.dtype()));
+  KILN_CHECK(cos.device() == device && sin.device() == device, "[", op, "] cos/sin are on ",
+             cos.device().str(), "/", sin.device().str(), " but the heads are on ", device.str());
+}
+}  // namespace internal
+
 namespace {
 
 // Checks x [..., D] (D even) against cos/sin, which must broadcast to x's shape.
@@ -115,25 +142,6 @@ SpecList rotary_emb_qk_meta(const OpCall& c) {
   return {rotary_out(q), rotary_out(k)};
 }
 
-// cos/sin against positions T and head size D: [T, D] with leading dims of 1, one dtype and
-// shape, floating point, on `device`.
-void check_tables(const char* op, const Tensor& cos, const Tensor& sin, int64_t t, int64_t d,
-                  Device device) {
-  KILN_CHECK(cos.defined() && sin.defined(), "[", op, "] cos and sin must be defined");
-  KILN_CHECK(cos.sizes() == sin.sizes() && cos.dtype() == sin.dtype(), "[", op, "] cos (",
-             dtype_name(cos.dtype()), " ", shape_str(cos.sizes()), ") and sin (",
-             dtype_name(sin.dtype()), " ", shape_str(sin.sizes()),
-             ") must have the same shape and dtype");
-  bool fits = cos.dim() >= 2 && cos.size(-1) == d && cos.size(-2) == t;
-  for (int64_t i = 0; fits && i + 2 < cos.dim(); ++i) fits = cos.size(i) == 1;
-  KILN_CHECK(fits, "[", op, "] expected cos/sin of shape [T, D] = [", t, ", ", d,
-             "] (leading dims of 1 allowed), got ", shape_str(cos.sizes()));
-  KILN_CHECK(is_floating_point(cos.dtype()), "[", op, "] expected floating-point cos/sin, got ",
-             dtype_name(cos.dtype()));
-  KILN_CHECK(cos.device() == device && sin.device() == device, "[", op, "] cos/sin are on ",
-             cos.device().str(), "/", sin.device().str(), " but the heads are on ", device.str());
-}
-
 // [lead..., heads, T, D] stored as [lead..., T, heads, D].
 TensorSpec heads_spec(IntArrayRef lead, int64_t heads, int64_t t, int64_t d, ScalarType dtype,
                       Device device) {
@@ -149,28 +157,42 @@ TensorSpec heads_spec(IntArrayRef lead, int64_t heads, int64_t t, int64_t d, Sca
   return spec;
 }
 
-// Attributes: 0 transpose (bool), 1 n_head H, 2 n_kv_head G.
-SpecList split_qkv_rotary_meta(const OpCall& c) {
-  KILN_CHECK(c.inputs.size() == 3, "[split_qkv_rotary] expected inputs (qkv, cos, sin)");
+// Checks split_qkv_rotary's and rotary_qkv_'s call (qkv, cos, sin; transpose, H, G) and returns
+// the head size D.
+int64_t check_qkv_call(const char* op, const OpCall& c) {
+  KILN_CHECK(c.inputs.size() == 3, "[", op, "] expected inputs (qkv, cos, sin)");
   const Tensor& qkv = c.input(0);
   (void)c.attr<bool>(0);
   const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2);
-  KILN_CHECK(qkv.defined(), "[split_qkv_rotary] qkv must be defined");
-  KILN_CHECK(is_floating_point(qkv.dtype()),
-             "[split_qkv_rotary] expected a floating-point qkv, got ", dtype_name(qkv.dtype()));
-  KILN_CHECK(h > 0 && g > 0, "[split_qkv_rotary] expected positive head counts, got n_head ", h,
+  KILN_CHECK(qkv.defined(), "[", op, "] qkv must be defined");
+  KILN_CHECK(is_floating_point(qkv.dtype()), "[", op, "] expected a floating-point qkv, got ",
+             dtype_name(qkv.dtype()));
+  KILN_CHECK(h > 0 && g > 0, "[", op, "] expected positive head counts, got n_head ", h,
              " and n_kv_head ", g);
   KILN_CHECK(
-      qkv.dim() >= 2 && qkv.size(-1) % (h + 2 * g) == 0 && qkv.size(-1) / (h + 2 * g) % 2 == 0,
-      "[split_qkv_rotary] expected qkv [..., T, (n_head + 2 n_kv_head) D] with an even D, "
-      "got shape ",
+      qkv.dim() >= 2 && qkv.size(-1) % (h + 2 * g) == 0 && qkv.size(-1) / (h + 2 * g) % 2 == 0, "[",
+      op, "] expected qkv [..., T, (n_head + 2 n_kv_head) D] with an even D, got shape ",
       shape_str(qkv.sizes()), " for n_head ", h, " and n_kv_head ", g);
-  const int64_t t = qkv.size(-2), d = qkv.size(-1) / (h + 2 * g);
-  check_tables("split_qkv_rotary", c.input(1), c.input(2), t, d, qkv.device());
+  const int64_t d = qkv.size(-1) / (h + 2 * g);
+  internal::check_rotary_tables(op, c.input(1), c.input(2), qkv.size(-2), d, qkv.device());
+  return d;
+}
+
+// Attributes: 0 transpose (bool), 1 n_head H, 2 n_kv_head G.
+SpecList split_qkv_rotary_meta(const OpCall& c) {
+  const int64_t d = check_qkv_call("split_qkv_rotary", c);
+  const Tensor& qkv = c.input(0);
+  const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), t = qkv.size(-2);
   const IntArrayRef lead = qkv.sizes().subspan(0, static_cast<size_t>(qkv.dim() - 2));
   return {heads_spec(lead, h, t, d, qkv.dtype(), qkv.device()),
           heads_spec(lead, g, t, d, qkv.dtype(), qkv.device()),
           heads_spec(lead, g, t, d, qkv.dtype(), qkv.device())};
+}
+
+// The same attributes; qkv is written in place.
+SpecList rotary_qkv_meta(const OpCall& c) {
+  (void)check_qkv_call("rotary_qkv_", c);
+  return {};
 }
 
 // Attributes: 0 transpose (bool).
@@ -196,7 +218,7 @@ SpecList merge_qkv_rotary_meta(const OpCall& c) {
              "even D, got ",
              shape_str(q.sizes()), ", ", shape_str(k.sizes()), ", ", shape_str(v.sizes()));
   const int64_t t = q.size(-2), d = q.size(-1);
-  check_tables("merge_qkv_rotary", c.input(3), c.input(4), t, d, q.device());
+  internal::check_rotary_tables("merge_qkv_rotary", c.input(3), c.input(4), t, d, q.device());
   Shape sizes(q.sizes().begin(), q.sizes().end() - 3);
   sizes.insert(sizes.end(), {t, (q.size(-3) + 2 * k.size(-3)) * d});
   return {TensorSpec{std::move(sizes), q.dtype(), q.device()}};
@@ -230,6 +252,7 @@ KILN_DEFINE_OP(split_qkv_rotary, OpKind::kFunctional, split_qkv_rotary_meta);
 KILN_REGISTER_DECOMPOSITION(split_qkv_rotary, split_qkv_rotary_decomposition);
 KILN_DEFINE_OP(merge_qkv_rotary, OpKind::kFunctional, merge_qkv_rotary_meta);
 KILN_REGISTER_DECOMPOSITION(merge_qkv_rotary, merge_qkv_rotary_decomposition);
+KILN_DEFINE_OP(rotary_qkv_, OpKind::kInplace, rotary_qkv_meta);
 
 Tensor rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   static const OpDef& op = KILN_OP(rotary_emb);

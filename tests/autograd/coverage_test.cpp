@@ -60,6 +60,11 @@ const std::set<std::string> kNonDifferentiable = {
     // returns the gradient itself.
     "cross_entropy_fused_with_grad",
     "flash_attention_backward",
+    // The compiler's rewrites (fuse_qkv_rotary, compiler/passes.h), written into programs whose
+    // backward is already traced: the backward of attention merged into the qkv gradient, and
+    // split_qkv_rotary's rotation in place.
+    "flash_attention_backward_qkv",
+    "rotary_qkv_",
     "swiglu_backward",
     "geglu_tanh_backward",
     "lstm_cell_fused_backward",

@@ -153,9 +153,10 @@ TEST(Compile, SkipPassNamesThePasses) {
   EXPECT_KILN_ERROR(CompileOptions().skip_pass("fusion"),
                     "no pass is named 'fusion' (passes that can be skipped: autocast, decompose, "
                     "functionalize, simplify, dce, cse, fuse_norm_residual, fold_index_add, "
-                    "fuse, plan_memory)");
-  for (const char* pass : {"autocast", "decompose", "functionalize", "simplify", "dce", "cse",
-                           "fuse_norm_residual", "fold_index_add", "fuse", "plan_memory"}) {
+                    "fuse_qkv_rotary, fuse, plan_memory)");
+  for (const char* pass :
+       {"autocast", "decompose", "functionalize", "simplify", "dce", "cse", "fuse_norm_residual",
+        "fold_index_add", "fuse_qkv_rotary", "fuse", "plan_memory"}) {
     auto f =
         compile([](const Tensor& x) { return (x * 2.0).relu(); }, CompileOptions().skip_pass(pass));
     const Tensor x = randn({4, 4});

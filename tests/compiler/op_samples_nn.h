@@ -248,6 +248,25 @@ inline std::vector<OpSample> fused_samples() {
             in.insert(in.begin(), {f32({1, 2, 4, 8}), f32({1, 1, 4, 8}), f32({1, 1, 4, 8})});
             return in;
           }),
+      // An attention block over one qkv projection, its backward by hand: the fuse_qkv_rotary
+      // pass's rotary_qkv_ and flash_attention_backward_qkv (flash_attention_backward has no
+      // derivative, hence no gradients).
+      {"qkv_attention_fused",
+       [](const Tensors& x) {
+         static const OpDef& bwd = KILN_OP(flash_attention_backward);
+         auto [q, k, v] = split_qkv_rotary(x[0].matmul(x[1]), x[2], x[3], 2, 1);
+         auto [o, lse] = flash_attention(q, k, v, 0.3, true);
+         const TensorVec d =
+             call_op(bwd, {x[4], q, k, v, o, lse, Tensor()}, {0.3, true, int64_t{0}, 0.0});
+         return Tensors{o, merge_qkv_rotary(d[0], d[1], d[2], x[2], x[3])};
+       },
+       [rope] {
+         Tensors in = rope();
+         in.insert(in.begin(), {f32({1, 4, 6}), f32({6, 4 * 8})});  // x, w: qkv [1, 4, 32]
+         in.push_back(f32({1, 2, 4, 8}));                           // dout
+         return in;
+       },
+       /*grad=*/false},
       one(
           "swiglu", [](const Tensors& x) { return swiglu(x[0], x[1]); },
           [] {

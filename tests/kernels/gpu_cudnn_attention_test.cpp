@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -314,6 +315,72 @@ TEST_F(GpuCudnnAttention, RepeatedAndCapturedBackwardsMatchTheFirst) {
     // Eager calls between replays.
     const TensorVec got = call_op_with_kernel(bwd_op(), "cudnn", b, attrs);
     EXPECT_LE(rel_error(got[0], want_b[0]), 1e-2) << "eager call after replay " << replay;
+  }
+}
+
+// flash_attention_backward_qkv (the compiler's merged attention backward): cuDNN writing dq, dk
+// and dv into their places in the qkv gradient, dq and dk rotated back there ("cudnn"), and the
+// two ops one after the other ("in_parts"), against the CPU's two kernels (f64 loops), with GQA,
+// MHA and head sizes 64 and 128, rope_cache's f32 tables and random bf16/f16 ones; repeated
+// calls and calls inside a CUDA graph capture (built plans only) give the first call's results.
+TEST_F(GpuCudnnAttention, BackwardMergedIntoQkv) {
+  manual_seed(58);
+  static const OpDef& fused = KILN_OP(flash_attention_backward_qkv);
+  struct QkvCase {
+    int64_t b, h, g, t, d;
+    ScalarType dtype;
+    bool rope_tables;
+  };
+  for (const QkvCase& c :
+       {QkvCase{2, 4, 2, 100, 64, kBFloat16, true}, QkvCase{1, 4, 4, 77, 128, kHalf, false},
+        QkvCase{2, 8, 2, 129, 64, kBFloat16, false}}) {
+    const int64_t n = c.h + 2 * c.g;
+    SCOPED_TRACE("B" + std::to_string(c.b) + " H" + std::to_string(c.h) + "/" +
+                 std::to_string(c.g) + " T" + std::to_string(c.t) + " D" + std::to_string(c.d) +
+                 " " + std::string(dtype_name(c.dtype)));
+    const Tensor qkv = randn({c.b, c.t, n * c.d}).to(c.dtype);
+    Tensor cos, sin;
+    if (c.rope_tables) {
+      std::tie(cos, sin) = F::rope_cache(c.t, c.d);
+    } else {
+      cos = randn({c.t, c.d}).to(c.dtype);
+      sin = randn({c.t, c.d}).to(c.dtype);
+    }
+    auto [q, k, v] = split_qkv_rotary(qkv, cos, sin, c.h, c.g);
+    const Attrs attrs = {0.125, true, int64_t{0}, 0.0};
+    const TensorVec f = call_op(fwd_op(), {q, k, v}, attrs);
+    const Tensor dout = randn(q.sizes()).to(c.dtype);
+    Attrs all = attrs;
+    all.push_back(true);
+    const Tensor want = call_op1(fused, {dout, q, k, v, f[0], f[1], Tensor(), cos, sin}, all);
+    const TensorVec in = {dout.to(kGpu), q.to(kGpu), k.to(kGpu),   v.to(kGpu),  f[0].to(kGpu),
+                          f[1].to(kGpu), Tensor(),   cos.to(kGpu), sin.to(kGpu)};
+    ASSERT_TRUE(accepts(fused, "in_parts", in, all));
+    const Tensor parts = call_op_with_kernel(fused, "in_parts", in, all)[0];
+    EXPECT_LE(rel_error(parts, want), grad_tol(c.dtype)) << "in parts";
+    if (!accepts(fused, "cudnn", in, all)) {
+      ADD_FAILURE() << "cuDNN refused the case: " << probe(in[1], in[2], in[3], true, 0.125);
+      continue;
+    }
+    for (int call = 0; call < 2; ++call) {
+      const Tensor got = call_op_with_kernel(fused, "cudnn", in, all)[0];
+      EXPECT_TRUE(got.is_contiguous());
+      EXPECT_LE(rel_error(got, want), grad_tol(c.dtype)) << "cuDNN in place, call " << call;
+    }
+    Tensor captured = empty_like(parts);
+    const std::shared_ptr<cuda::internal::CapturedGraph> graph =
+        cuda::internal::capture_graph(0, [&] {
+          captured.copy_(call_op_with_kernel(fused, "cudnn", in, all)[0]);
+          return std::vector<Storage>{};
+        });
+    for (int replay = 0; replay < 2; ++replay) {
+      captured.zero_();
+      graph->launch();
+      cuda::synchronize();
+      EXPECT_LE(rel_error(captured, want), grad_tol(c.dtype)) << "replay " << replay;
+    }
+    // The dispatcher's choice (measured: cuDNN in place or the two ops) agrees too.
+    EXPECT_LE(rel_error(call_op(fused, in, all)[0], want), grad_tol(c.dtype)) << "dispatched";
   }
 }
 

@@ -14,6 +14,7 @@
 #include "autograd/gradcheck.h"
 #include "nn/functional.h"
 #include "tensor/ops.h"
+#include "tensor/ops/rotary.h"
 #include "tensor/registry.h"
 #include "test_util.h"
 
@@ -853,6 +854,104 @@ TEST(FusedQkvRotary, Errors) {
   auto [q2, k2, v2] = split_qkv_rotary(qkv, c, s, 4, 2);
   EXPECT_TRUE(allclose(q, q2, 1e-5, 1e-6));
   EXPECT_TRUE(equal(v, v2));
+}
+
+// rotary_qkv_ (the compiler's in-place split, tensor/ops/rotary.cpp): the q and k heads of qkv
+// rotated where they are equal split_qkv_rotary's q and k bit for bit (one formula), the v heads
+// are untouched, in every dtype and both directions, on a qkv whose rows are not dense too; and
+// its errors: the split's checks under its own name, and no backward rule.
+TEST(FusedQkvRotary, InPlaceRotationEqualsTheSplit) {
+  manual_seed(36);
+  static const OpDef& op = KILN_OP(rotary_qkv_);
+  const int64_t b = 2, t = 5, h = 4, g = 2, d = 8, n = h + 2 * g;
+  for (ScalarType dtype : {kFloat, kDouble, kBFloat16, kHalf}) {
+    for (bool transpose : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (transpose ? " transposed" : ""));
+      const Tensor cos = randn({t, d}).to(dtype), sin = randn({t, d}).to(dtype);
+      const Tensor wide = randn({b, t, n * d + 8}).to(dtype);
+      for (const Tensor& qkv : {randn({b, t, n * d}).to(dtype), wide.narrow(-1, 8, n * d)}) {
+        static const OpDef& split = KILN_OP(split_qkv_rotary);
+        const TensorVec want = call_op(split, {qkv, cos, sin}, {transpose, h, g});
+        Tensor x = qkv.clone();
+        if (!qkv.is_contiguous()) x = wide.clone().narrow(-1, 8, n * d);
+        const TensorVec out = call_op(op, {x, cos, sin}, {transpose, h, g});
+        ASSERT_EQ(out.size(), 1u);
+        EXPECT_EQ(out[0].data_ptr(), x.data_ptr());  // in place
+        EXPECT_TRUE(equal(internal::qkv_heads(x, 0, h, n), want[0]));
+        EXPECT_TRUE(equal(internal::qkv_heads(x, h, g, n), want[1]));
+        EXPECT_TRUE(equal(internal::qkv_heads(x, h + g, g, n), want[2]));
+      }
+    }
+  }
+  // f32 tables (rope_cache's) on bf16 heads.
+  auto [c, s] = nn::functional::rope_cache(t, d);
+  const Tensor qkv = randn({b, t, n * d}).to(kBFloat16);
+  auto [q, k, v] = split_qkv_rotary(qkv, c, s, h, g);
+  const Tensor x = qkv.clone();
+  call_op(op, {x, c, s}, {false, h, g});
+  EXPECT_TRUE(equal(internal::qkv_heads(x, 0, h, n), q));
+  EXPECT_TRUE(equal(internal::qkv_heads(x, h, g, n), k));
+  // Errors.
+  EXPECT_KILN_ERROR(call_op(op, {randn({2, 5, 60}), c, s}, {false, h, g}),
+                    "[rotary_qkv_] expected qkv [..., T, (n_head + 2 n_kv_head) D] with an even D, "
+                    "got shape [2, 5, 60] for n_head 4 and n_kv_head 2");
+  EXPECT_KILN_ERROR(call_op(op, {randn({2, 4, 64}), c, s}, {false, h, g}),
+                    "[rotary_qkv_] expected cos/sin of shape [T, D] = [4, 8]");
+  const Tensor leaf = randn({2, 5, 64}).requires_grad_(true);
+  const Tensor y = leaf * 2;
+  call_op(op, {y, c, s}, {false, h, g});
+  EXPECT_KILN_ERROR(y.sum().backward(),
+                    "[rotary_qkv_] the derivative of rotary_qkv_ is not implemented");
+}
+
+// flash_attention_backward_qkv: merge_qkv_rotary of flash_attention_backward's results, bit for
+// bit (the CPU runs the two kernels), with GQA, with and without dlse, in f64, f32 and bf16; the
+// decomposition gives the same; its errors.
+TEST(FusedQkvRotary, AttentionBackwardMergedEqualsItsParts) {
+  manual_seed(37);
+  static const OpDef& fused = KILN_OP(flash_attention_backward_qkv);
+  static const OpDef& bwd = KILN_OP(flash_attention_backward);
+  static const OpDef& fwd = KILN_OP(flash_attention);
+  static const OpDef& merge = KILN_OP(merge_qkv_rotary);
+  const int64_t b = 2, t = 7, h = 4, g = 2, d = 8, n = h + 2 * g;
+  for (ScalarType dtype : {kDouble, kFloat, kBFloat16}) {
+    for (bool with_dlse : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (with_dlse ? " dlse" : ""));
+      const Tensor qkv = randn({b, t, n * d}).to(dtype);
+      const Tensor cos = randn({t, d}).to(dtype), sin = randn({t, d}).to(dtype);
+      auto [q, k, v] = split_qkv_rotary(qkv, cos, sin, h, g);
+      const absl::InlinedVector<Attr, 4> attrs = {0.4, true, int64_t{0}, 0.0};
+      const TensorVec o = call_op(fwd, {q, k, v}, attrs);
+      const Tensor dout = randn(q.sizes()).to(dtype);
+      const Tensor dlse = with_dlse ? randn(o[1].sizes()).to(o[1].dtype()) : Tensor();
+      const TensorVec parts = call_op(bwd, {dout, q, k, v, o[0], o[1], dlse}, attrs);
+      const Tensor want = call_op1(merge, {parts[0], parts[1], parts[2], cos, sin}, {true});
+      absl::InlinedVector<Attr, 4> all = attrs;
+      all.push_back(true);
+      const TensorVec in = {dout, q, k, v, o[0], o[1], dlse, cos, sin};
+      const Tensor got = call_op1(fused, in, all);
+      EXPECT_TRUE(got.is_contiguous());
+      EXPECT_EQ(to_shape(got.sizes()), (Shape{b, t, n * d}));
+      EXPECT_TRUE(equal(got, want));
+      EXPECT_TRUE(equal(call_decomposition(fused, in, all)[0], want));
+    }
+  }
+  // Errors: the backward's checks, keys other than the queries, the tables.
+  const Tensor q = randn({2, 4, 5, 8}), k = randn({2, 2, 5, 8}), lse = randn({2, 4, 5});
+  const Tensor c = randn({5, 8});
+  const absl::InlinedVector<Attr, 4> attrs = {0.4, true, int64_t{0}, 0.0, true};
+  EXPECT_KILN_ERROR(call_op(fused, {q, q, k, k, q, lse, Tensor(), c, c}, {0.4, true}),
+                    "[flash_attention_backward_qkv] expected inputs (dout, q, k, v, out, lse, "
+                    "dlse, cos, sin) and attributes (scale, causal, sliding_window, softcap, "
+                    "transpose)");
+  EXPECT_KILN_ERROR(call_op(fused, {q, q, k, k.to(kDouble), q, lse, Tensor(), c, c}, attrs),
+                    "[flash_attention_backward] expected floating-point q, k and v of one dtype");
+  const Tensor k6 = randn({2, 2, 6, 8});
+  EXPECT_KILN_ERROR(call_op(fused, {q, q, k6, k6, q, lse, Tensor(), c, c}, attrs),
+                    "[flash_attention_backward_qkv] expected as many keys as queries");
+  EXPECT_KILN_ERROR(
+      call_op(fused, {q, q, k, k, q, lse, Tensor(), randn({4, 8}), randn({4, 8})}, attrs),
+      "[flash_attention_backward_qkv] expected cos/sin of shape [T, D] = [5, 8]");
 }
 
 Tensor swiglu_ref(const variable_list& in) { return silu(in[0]) * in[1]; }
