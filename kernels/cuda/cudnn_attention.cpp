@@ -465,17 +465,22 @@ void fastest_backward(OpCall& c) { fastest(c, run_backward_cudnn); }
 // The backward of attention over the heads of one qkv projection, merged into dqkv [B, T,
 // (H + 2 H_kv) D] (tensor/ops/attention.cpp): cuDNN writes dq, dk and dv into their places in
 // dqkv (each a [B, heads, T, D] view with rows of (H + 2 H_kv) D elements) and rotary_qkv_'s kernel
-// rotates dq and dk back where they are, so dv is never copied. Taken where the dispatcher runs
-// the flash_attention_backward call on cuDNN: by its "cudnn" kernel, or by "fastest" once that
-// measured cuDNN faster for the shape (the op's first call runs in parts, which measures); its
-// "cudnn" kernel, after "in_parts" (kernels/cuda/flash_attention.cu), takes every call cuDNN can
-// run, for tests and the lab. The
-// views' plan is built and its engines timed on its first call outside a CUDA graph capture; a
-// capture that meets it unbuilt, or a plan cuDNN refuses, runs in parts.
+// rotates dq and dk back where they are, so dv is never copied.
+//   - "fastest" takes the calls whose flash_attention_backward the dispatcher runs on cuDNN (its
+//     "cudnn" kernel, or "fastest" once that measured cuDNN faster for the shape) or has not
+//     measured yet. A first call runs in parts (kernels/fused_support.h), which measures; where
+//     cuDNN won, the views' plan is built and its engines timed at once, and the call's result
+//     comes from it, so that a CUDA graph captured after one run finds the plan built.
+//   - "cudnn", after "in_parts" (kernels/cuda/flash_attention.cu), takes every call cuDNN can
+//     run: for tests and the lab.
+// Inside a capture nothing is built or timed: a call that finds no plan runs in parts.
 
-// Whether the dispatcher would run flash_attention_backward's call b on cuDNN.
+// The dispatcher's kernel for flash_attention_backward's call b, and whether it runs cuDNN.
+const KernelDef* backward_kernel(const OpCall& b) {
+  return b.op->select_kernel(DeviceType::CUDA, b);
+}
 bool cudnn_runs_backward(const OpCall& b) {
-  const KernelDef* k = b.op->select_kernel(DeviceType::CUDA, b);
+  const KernelDef* k = backward_kernel(b);
   if (k == nullptr) return false;
   if (k->name == "cudnn") return true;
   const Choice* ch = k->name == "fastest" ? measured(key_of(b)) : nullptr;
@@ -483,11 +488,11 @@ bool cudnn_runs_backward(const OpCall& b) {
 }
 
 bool backward_qkv_fastest_supports(const OpCall& c) {
-  return rotary_table_supported(c.input(7), c.input(1)) &&
-         cudnn_runs_backward(attention_backward_part(c));
+  if (!rotary_table_supported(c.input(7), c.input(1))) return false;
+  const KernelDef* k = backward_kernel(attention_backward_part(c));
+  return k != nullptr && (k->name == "cudnn" || k->name == "fastest");
 }
-// Whether cuDNN can run the call at all (whichever is faster): the "cudnn" kernel, which tests
-// and the kernel lab name.
+// Whether cuDNN can run the call at all (whichever is faster).
 bool backward_qkv_cudnn_supports(const OpCall& c) {
   return rotary_table_supported(c.input(7), c.input(1)) &&
          !are_deterministic_algorithms_enabled() && cudnn_supports(attention_backward_part(c));
@@ -496,6 +501,10 @@ bool backward_qkv_cudnn_supports(const OpCall& c) {
 void backward_qkv_cudnn(OpCall& c) {
   const Tensor& dqkv = c.outputs[0];
   const int64_t h = c.input(1).size(1), g = c.input(2).size(1), n = h + 2 * g;
+  if (!cudnn_runs_backward(attention_backward_part(c))) {  // not measured yet, or the hand kernel
+    attention_backward_qkv_in_parts(c);
+    if (capturing() || !cudnn_runs_backward(attention_backward_part(c))) return;
+  }
   OpCall b = attention_backward_part(c);
   b.outputs = {::kiln::internal::qkv_heads(dqkv, 0, h, n),
                ::kiln::internal::qkv_heads(dqkv, h, g, n),
@@ -505,10 +514,9 @@ void backward_qkv_cudnn(OpCall& c) {
     const Dims s = strides_of(t);
     grads.insert(grads.end(), s.begin(), s.end());
   }
-  const Key contiguous = key_of(b);
   const Key key = make_key(true, b.input(1), b.input(2), b.input(3), strides_of(b.input(4)),
                            strides_of(b.input(0)), b.attr<bool>(1), b.attr<double>(0),
-                           contiguous.dsum_input, grads);
+                           key_of(b).dsum_input, grads);
   bool ready = layout_ok(b.outputs[0]) && layout_ok(b.outputs[1]) && layout_ok(b.outputs[2]);
   if (ready) {
     Device& d = device_state(dqkv.device().index());
