@@ -191,31 +191,68 @@ __global__ void __launch_bounds__(kThreads)
     ks = shared;
   }
   if (e.vectorised) {
-    for (int64_t j = begin + threadIdx.x * kVec; j < end; j += kThreads * kVec) {
-      if (j + kVec <= end) {
-        Pack<T, kVec> pp = *reinterpret_cast<const Pack<T, kVec>*>(p + j);
-        const Pack<T, kVec> gp = *reinterpret_cast<const Pack<T, kVec>*>(g + j);
-        Pack<S, kVec> mp = *reinterpret_cast<const Pack<S, kVec>*>(m + j);
-        Pack<S, kVec> vp = *reinterpret_cast<const Pack<S, kVec>*>(v + j);
-        Pack<S, kVec> xp;
-        if constexpr (kAmsgrad) xp = *reinterpret_cast<const Pack<S, kVec>*>(vmax + j);
+    // One pack of kVec elements of p, g, m, v (and vmax) updated in registers.
+    auto update = [&](Pack<T, kVec>& pp, const Pack<T, kVec>& gp, Pack<S, kVec>& mp,
+                      Pack<S, kVec>& vp, Pack<S, kVec>& xp) {
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          float mf = loops::convert<float>(mp.v[k]);
-          float vf = loops::convert<float>(vp.v[k]);
-          float xf = 0.0f;
-          if constexpr (kAmsgrad) xf = loops::convert<float>(xp.v[k]);
-          const float r = adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
-              loops::convert<float>(pp.v[k]), read_grad(gp.v[k], h, s), mf, vf, &xf, h, ks);
-          pp.v[k] = loops::convert<T>(r);
-          mp.v[k] = loops::convert<S>(mf);
-          vp.v[k] = loops::convert<S>(vf);
-          if constexpr (kAmsgrad) xp.v[k] = loops::convert<S>(xf);
-        }
-        *reinterpret_cast<Pack<T, kVec>*>(p + j) = pp;
-        *reinterpret_cast<Pack<S, kVec>*>(m + j) = mp;
-        *reinterpret_cast<Pack<S, kVec>*>(v + j) = vp;
-        if constexpr (kAmsgrad) *reinterpret_cast<Pack<S, kVec>*>(vmax + j) = xp;
+      for (int k = 0; k < kVec; ++k) {
+        float mf = loops::convert<float>(mp.v[k]);
+        float vf = loops::convert<float>(vp.v[k]);
+        float xf = 0.0f;
+        if constexpr (kAmsgrad) xf = loops::convert<float>(xp.v[k]);
+        const float r = adam_element<kDecay, kL2, kAmsgrad, kLerpFromStart>(
+            loops::convert<float>(pp.v[k]), read_grad(gp.v[k], h, s), mf, vf, &xf, h, ks);
+        pp.v[k] = loops::convert<T>(r);
+        mp.v[k] = loops::convert<S>(mf);
+        vp.v[k] = loops::convert<S>(vf);
+        if constexpr (kAmsgrad) xp.v[k] = loops::convert<S>(xf);
+      }
+    };
+    auto load = [](const auto* base, int64_t j) {
+      return *reinterpret_cast<
+          const Pack<std::remove_cv_t<std::remove_pointer_t<decltype(base)>>, kVec>*>(base + j);
+    };
+    auto store = [](auto* base, int64_t j, const auto& pack) {
+      *reinterpret_cast<std::remove_cvref_t<decltype(pack)>*>(base + j) = pack;
+    };
+    constexpr int64_t kStride = int64_t{kThreads} * kVec;
+    int64_t j = begin + threadIdx.x * kVec;
+    // Two packs a thread at once while both are whole: all their loads are in flight before
+    // either is computed. At the power cap's lower clocks (llama-3.2-1b's step) the update was
+    // half again as slow as at full clocks with one pack in flight (benchmarks/RESULTS.md).
+    for (; j + kStride + kVec <= end; j += 2 * kStride) {
+      Pack<T, kVec> p0 = load(p, j), p1 = load(p, j + kStride);
+      const Pack<T, kVec> g0 = load(g, j), g1 = load(g, j + kStride);
+      Pack<S, kVec> m0 = load(m, j), m1 = load(m, j + kStride);
+      Pack<S, kVec> v0 = load(v, j), v1 = load(v, j + kStride);
+      Pack<S, kVec> x0, x1;
+      if constexpr (kAmsgrad) {
+        x0 = load(vmax, j);
+        x1 = load(vmax, j + kStride);
+      }
+      update(p0, g0, m0, v0, x0);
+      update(p1, g1, m1, v1, x1);
+      store(p, j, p0);
+      store(p, j + kStride, p1);
+      store(m, j, m0);
+      store(m, j + kStride, m1);
+      store(v, j, v0);
+      store(v, j + kStride, v1);
+      if constexpr (kAmsgrad) {
+        store(vmax, j, x0);
+        store(vmax, j + kStride, x1);
+      }
+    }
+    for (; j < end; j += kStride) {
+      if (j + kVec <= end) {
+        Pack<T, kVec> pp = load(p, j);
+        Pack<S, kVec> mp = load(m, j), vp = load(v, j), xp;
+        if constexpr (kAmsgrad) xp = load(vmax, j);
+        update(pp, load(g, j), mp, vp, xp);
+        store(p, j, pp);
+        store(m, j, mp);
+        store(v, j, vp);
+        if constexpr (kAmsgrad) store(vmax, j, xp);
       } else {
         for (int64_t k = j; k < end; ++k) {
           adam_scalar<T, S, kDecay, kL2, kAmsgrad, kLerpFromStart>(p, g, m, v, vmax, k, h, s, ks);
