@@ -563,6 +563,18 @@ Trace fuse_qkv_rotary(const Trace& trace) {
   static const OpDef& view_op = KILN_OP(view);
   static const OpDef& slice_op = KILN_OP(slice);
   static const OpDef& permute_op = KILN_OP(permute);
+  // The merge `m` of flash_attention_backward `bwd`'s results as one op, in the merge's place:
+  // the backward's inputs and attributes, then the merge's tables and transpose.
+  auto merged = [&](const BoundOp& m, const BoundOp& bwd) {
+    BoundOp fused = m;
+    fused.op = &fused_backward;
+    fused.inputs.assign(bwd.inputs.begin(), bwd.inputs.end());
+    fused.inputs.push_back(m.inputs[3]);
+    fused.inputs.push_back(m.inputs[4]);
+    fused.attrs.assign(bwd.attrs.begin(), bwd.attrs.end());
+    fused.attrs.push_back(m.attrs[0]);
+    return fused;
+  };
   std::vector<bool> drop(trace.ops.size(), false);
   std::vector<bool> split_in_place(trace.ops.size(), false);
   std::vector<int> backward_of(trace.ops.size(), -1);  // merge op -> the backward it takes in
@@ -606,13 +618,7 @@ Trace fuse_qkv_rotary(const Trace& trace) {
         bwd.attrs.size() != 4 || bwd.autocast.any() || last_inplace_before[i] > b) {
       continue;
     }
-    BoundOp fused = op;
-    fused.op = &fused_backward;
-    fused.inputs.assign(bwd.inputs.begin(), bwd.inputs.end());
-    fused.inputs.push_back(op.inputs[3]);
-    fused.inputs.push_back(op.inputs[4]);
-    fused.attrs.assign(bwd.attrs.begin(), bwd.attrs.end());
-    fused.attrs.push_back(op.attrs[0]);
+    const BoundOp fused = merged(op, bwd);
     try {
       const std::vector<TensorSpec> specs = derive_specs(trace, fused);
       const TensorSpec& want = trace.value(op.outputs[0]).spec;
@@ -629,6 +635,11 @@ Trace fuse_qkv_rotary(const Trace& trace) {
   }
   std::vector<int> unused;
   Trace out = without_ops(trace, "fuse_qkv_rotary", unused);
+  auto unchanged = [&] {
+    Trace same = trace;
+    same.stage = out.stage;
+    return same;
+  };
   std::vector<bool> respec(trace.values.size(), false);  // values whose layout changed
   auto add_op = [&](const OpDef& def, std::vector<int> inputs, absl::InlinedVector<Attr, 4> attrs,
                     int result) {
@@ -652,15 +663,7 @@ Trace fuse_qkv_rotary(const Trace& trace) {
     if (drop[i]) continue;
     const BoundOp& op = trace.ops[i];
     if (backward_of[i] >= 0) {
-      const BoundOp& bwd = trace.ops[static_cast<size_t>(backward_of[i])];
-      BoundOp fused = op;
-      fused.op = &fused_backward;
-      fused.inputs.assign(bwd.inputs.begin(), bwd.inputs.end());
-      fused.inputs.push_back(op.inputs[3]);
-      fused.inputs.push_back(op.inputs[4]);
-      fused.attrs.assign(bwd.attrs.begin(), bwd.attrs.end());
-      fused.attrs.push_back(op.attrs[0]);
-      out.ops.push_back(std::move(fused));
+      out.ops.push_back(merged(op, trace.ops[static_cast<size_t>(backward_of[i])]));
       continue;
     }
     if (!split_in_place[i]) {
@@ -702,7 +705,7 @@ Trace fuse_qkv_rotary(const Trace& trace) {
     try {
       specs = derive_specs(out, op);
     } catch (const Error&) {
-      return trace;
+      return unchanged();
     }
     for (size_t k = 0; k < op.outputs.size() && k < specs.size(); ++k) {
       const int v = op.outputs[k];
@@ -714,13 +717,13 @@ Trace fuse_qkv_rotary(const Trace& trace) {
           (info.spec.strides.empty() ? contiguous_strides(info.spec.sizes) : info.spec.strides) ==
               (specs[k].strides.empty() ? contiguous_strides(specs[k].sizes) : specs[k].strides);
       if (same) continue;
-      if (op.op->kind != OpKind::kView) return trace;
+      if (op.op->kind != OpKind::kView) return unchanged();
       info.spec = specs[k];
       respec[static_cast<size_t>(v)] = true;
     }
   }
   for (size_t v = 0; v < trace.values.size(); ++v) {
-    if (respec[v] && handed_out[v]) return trace;
+    if (respec[v] && handed_out[v]) return unchanged();
   }
   return out;
 }

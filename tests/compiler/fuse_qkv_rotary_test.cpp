@@ -103,6 +103,7 @@ Trace passed(const std::string& what) {
 TEST(FuseQkvRotary, RewritesOnlyWhereNothingElseSeesTheChange) {
   auto expect = [](const std::string& what, bool split_fused, bool merge_fused) {
     const Trace t = passed(what);
+    EXPECT_EQ(t.stage, "fuse_qkv_rotary") << what;  // also where it leaves the trace as it was
     EXPECT_EQ(count_ops(t, "rotary_qkv_"), split_fused ? 1 : 0) << what << "\n" << t.str();
     EXPECT_EQ(count_ops(t, "split_qkv_rotary"), split_fused ? 0 : 1) << what << "\n" << t.str();
     EXPECT_EQ(count_ops(t, "flash_attention_backward_qkv"), merge_fused ? 1 : 0) << what << "\n"
