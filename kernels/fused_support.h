@@ -60,8 +60,7 @@ inline bool rotary_emb_qk_supported(const OpCall& c) {
 }
 
 // split_qkv_rotary(qkv, cos, sin), rotary_qkv_(qkv, cos, sin) and merge_qkv_rotary(dq, dk, dv,
-// cos, sin) (meta: the
-// tables are [T, D] with leading 1s): the tables' dtype.
+// cos, sin) (meta: the tables are [T, D] with leading 1s): the tables' dtype.
 inline bool split_qkv_rotary_supported(const OpCall& c) {
   return rotary_table_supported(c.input(1), c.input(0));
 }
