@@ -118,7 +118,14 @@ Dims out_strides(const Tensor& q) {
   return {s[0], s[1], s[2], s[3]};
 }
 
-// The static part of the rule (no graph built): the attributes, dtypes, head size and layouts.
+// Whether the call's keys are masked causally: its causal flag, or a sliding window (which
+// implies causal, tensor/ops/attention.cpp).
+bool causal_of(const OpCall& c) { return c.attr<bool>(1) || c.attr<int64_t>(2) > 0; }
+
+// The static part of the rule (no graph built): the attributes, dtypes, head size and layouts. A
+// sliding window at least as long as the queries hides no key that the causal mask shows (key j
+// is visible from query i < T when j > i - window, true for every j >= 0): it runs as causal
+// attention without a window (Mistral's 4096 at T <= 4096).
 bool static_supports(const OpCall& c) {
   if (!available()) return false;
   const bool fwd = is_forward(c);
@@ -126,8 +133,9 @@ bool static_supports(const OpCall& c) {
               (c.has_attr(4) && c.attr<double>(4) != 0.0))) {
     return false;
   }
-  if (c.attr<int64_t>(2) != 0 || c.attr<double>(3) != 0.0) return false;  // window, softcap
   const Tensor& q = c.input(fwd ? 0 : 1);
+  const int64_t window = c.attr<int64_t>(2);
+  if ((window != 0 && window < q.size(2)) || c.attr<double>(3) != 0.0) return false;  // softcap
   const Tensor& k = c.input(fwd ? 1 : 2);
   const Tensor& v = c.input(fwd ? 2 : 3);
   const int64_t d = q.size(3);
@@ -181,7 +189,7 @@ Key key_of(const OpCall& c) {
   const Tensor& q = c.input(fwd ? 0 : 1);
   return make_key(!fwd, q, c.input(fwd ? 1 : 2), c.input(fwd ? 2 : 3),
                   fwd ? out_strides(q) : strides_of(c.input(4)),
-                  fwd ? Dims{} : strides_of(c.input(0)), c.attr<bool>(1), c.attr<double>(0),
+                  fwd ? Dims{} : strides_of(c.input(0)), causal_of(c), c.attr<double>(0),
                   /*dsum_input=*/!fwd && c.input(6).defined());
 }
 
@@ -265,7 +273,7 @@ void run_forward_cudnn(OpCall& c) {
   const Tensor& q = c.input(0);
   const Tensor out = write_target(c.outputs[0], layout_ok(c.outputs[0]));
   const Tensor lse = write_target(c.outputs[1], c.outputs[1].is_contiguous());
-  const Key key = make_key(false, q, c.input(1), c.input(2), strides_of(out), {}, c.attr<bool>(1),
+  const Key key = make_key(false, q, c.input(1), c.input(2), strides_of(out), {}, causal_of(c),
                            c.attr<double>(0), true);
   DeviceGuard guard(q.device().index());
   Device& d = device_state(q.device().index());
@@ -274,7 +282,7 @@ void run_forward_cudnn(OpCall& c) {
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{q.data_ptr(),   c.input(1).data_ptr(), c.input(2).data_ptr(),
                           out.data_ptr(), lse.data_ptr(),        &scale};
-  if (c.attr<bool>(1)) {
+  if (causal_of(c)) {
     uids.push_back(kMaskValue);
     ptrs.push_back(&masked);
   }
@@ -303,7 +311,7 @@ void run_backward_cudnn(OpCall& c) {
     grads.insert(grads.end(), s.begin(), s.end());
   }
   const Key strided = make_key(true, q, c.input(2), c.input(3), strides_of(out), strides_of(dout),
-                               c.attr<bool>(1), c.attr<double>(0), contiguous.dsum_input, grads);
+                               causal_of(c), c.attr<double>(0), contiguous.dsum_input, grads);
   bool in_place = strided == contiguous;
   if (!in_place && layout_ok(c.outputs[0]) && layout_ok(c.outputs[1]) && layout_ok(c.outputs[2])) {
     std::lock_guard<std::mutex> lock(d.mu);
@@ -336,7 +344,7 @@ void run_backward_cudnn(OpCall& c) {
     uids.push_back(kOne);
     ptrs.push_back(&one);
   }
-  if (c.attr<bool>(1)) {
+  if (causal_of(c)) {
     uids.push_back(kMaskValue);
     ptrs.push_back(&masked);
   }
@@ -515,7 +523,7 @@ void backward_qkv_cudnn(OpCall& c) {
     grads.insert(grads.end(), s.begin(), s.end());
   }
   const Key key = make_key(true, b.input(1), b.input(2), b.input(3), strides_of(b.input(4)),
-                           strides_of(b.input(0)), b.attr<bool>(1), b.attr<double>(0),
+                           strides_of(b.input(0)), causal_of(b), b.attr<double>(0),
                            key_of(b).dsum_input, grads);
   bool ready = layout_ok(b.outputs[0]) && layout_ok(b.outputs[1]) && layout_ok(b.outputs[2]);
   if (ready) {

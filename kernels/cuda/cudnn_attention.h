@@ -16,9 +16,10 @@
 //
 // What cuDNN runs here: bf16/f16, head sizes 64, 128 and 256 (q, k, v one head size), GQA,
 // top-left causal or no mask, any finite scale; no attn_mask, dropout, softcap or sliding window
-// (the support rule refuses them). Operands are read in place through their strides (the views
-// of a qkv projection qualify): each needs a contiguous last dim, strides that are multiples of 8
-// elements and a 16-byte aligned base, or the rule refuses the call.
+// shorter than the queries (the support rule refuses them; a window of at least T hides nothing
+// the causal mask shows and runs as causal attention). Operands are read in place through their
+// strides (the views of a qkv projection qualify): each needs a contiguous last dim, strides that
+// are multiples of 8 elements and a 16-byte aligned base, or the rule refuses the call.
 //
 // lse: cuDNN's "Stats" output is max_j s_ij + log(sum_j exp(s_ij - max)) of the scaled, masked
 // scores, f32 [B, H, T, 1]: kiln's lse (natural log) in kiln's [B, H, T] layout.

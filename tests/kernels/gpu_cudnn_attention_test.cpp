@@ -126,13 +126,15 @@ struct Case {
   ScalarType dtype = kBFloat16;
   bool strided = false;  // q, k, v as views of one [B, T, H + 2 H_kv, D] projection (T == S)
   bool dlse = false;     // a gradient on lse too
+  int64_t window = 0;    // a sliding window (cuDNN takes one of at least T: no window)
 };
 
 std::string describe(const Case& c) {
   return "B" + std::to_string(c.b) + " H" + std::to_string(c.h) + "/" + std::to_string(c.hkv) +
          " T" + std::to_string(c.t) + " S" + std::to_string(c.s) + " D" + std::to_string(c.d) +
          (c.causal ? " causal " : " ") + std::string(dtype_name(c.dtype)) +
-         (c.strided ? " strided" : "") + (c.dlse ? " dlse" : "");
+         (c.strided ? " strided" : "") + (c.dlse ? " dlse" : "") +
+         (c.window ? " window " + std::to_string(c.window) : "");
 }
 
 void make_inputs(const Case& c, Tensor& q, Tensor& k, Tensor& v) {
@@ -172,7 +174,7 @@ void check_case(const Case& c) {
   Tensor q, k, v;
   make_inputs(c, q, k, v);
   const double scale = 1.5 / std::sqrt(static_cast<double>(c.d));
-  const Attrs attrs = {scale, c.causal, int64_t{0}, 0.0};
+  const Attrs attrs = {scale, c.causal, c.window, 0.0};
   const Tensor qc = q.to(kCPU), kc = k.to(kCPU), vc = v.to(kCPU);
   const TensorVec r = call_op(fwd_op(), {qc, kc, vc}, attrs);
   const Tensor dout = randn(q.sizes()).to(c.dtype);
@@ -248,6 +250,22 @@ TEST_F(GpuCudnnAttention, StridedQkvAndLseGradient) {
   check_case({1, 2, 2, 33, 130, 64, false, kHalf, false, true});  // dlse != 0
   check_case({2, 4, 2, 100, 100, 128, true, kBFloat16, false, true});
   check_case({1, 4, 2, 64, 64, 64, true, kBFloat16, true, true});
+}
+
+// A sliding window at least as long as the queries hides nothing the causal mask shows: cuDNN
+// runs it as causal attention (Mistral's window of 4096 at T <= 4096), also where the call says
+// causal=false (a window implies causal); a shorter window is refused (SupportRuleRefuses).
+TEST_F(GpuCudnnAttention, WindowCoveringTheQueriesIsNoWindow) {
+  manual_seed(57);
+  Case c{1, 4, 2, 100, 100, 128, true};
+  c.window = 100;
+  check_case(c);
+  c.window = 4096;
+  c.causal = false;
+  check_case(c);
+  Case g{2, 4, 4, 77, 77, 64, true, kHalf, true};
+  g.window = 77;
+  check_case(g);
 }
 
 TEST_F(GpuCudnnAttention, HeadSize256) {
