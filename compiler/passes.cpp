@@ -261,6 +261,33 @@ Dataflow dataflow(const Trace& trace) {
   return d;
 }
 
+// Whether two specs have one layout: sizes, dtype, device, and strides (none recorded meaning
+// contiguous).
+bool same_layout(const TensorSpec& a, const TensorSpec& b) {
+  auto strides = [](const TensorSpec& t) {
+    return t.strides.empty() ? contiguous_strides(t.sizes) : t.strides;
+  };
+  return a.sizes == b.sizes && strides(a) == strides(b) && a.dtype == b.dtype &&
+         a.device == b.device;
+}
+
+// Whether v's memory is read by nothing but v's one reader: v made by a functional op, or a view
+// of such a tensor through views each read only by the next, none handed out or written.
+bool read_once(const Trace& trace, const Dataflow& flow, const std::vector<bool>& written,
+               const std::vector<bool>& handed_out, int v) {
+  for (;;) {
+    const auto i = static_cast<size_t>(v);
+    if (flow.uses[i] != 1 || handed_out[i] || written[i] || flow.producer[i] < 0) return false;
+    const BoundOp& made = trace.ops[static_cast<size_t>(flow.producer[i])];
+    if (made.op->kind == OpKind::kFunctional) return true;
+    if (made.op->kind != OpKind::kView || made.inputs.empty() || made.outputs.size() != 1 ||
+        made.inputs[0] < 0) {
+      return false;
+    }
+    v = made.inputs[0];
+  }
+}
+
 }  // namespace
 
 Trace simplify(const Trace& trace) {
@@ -396,7 +423,8 @@ Trace fuse_norm_residual(const Trace& trace) {
 Trace fold_index_add(const Trace& trace) {
   const std::vector<bool> written = written_values(trace);
   const std::vector<bool> handed_out = handed_out_values(trace);
-  const auto [producer, uses] = dataflow(trace);
+  const Dataflow flow = dataflow(trace);
+  const auto& [producer, uses] = flow;
   auto scalar_is = [](const Attr& a, double want) {
     const auto* s = std::get_if<Scalar>(&a);
     return s != nullptr && !s->is_boolean() && s->to<double>() == want;
@@ -414,30 +442,6 @@ Trace fold_index_add(const Trace& trace) {
       return nullptr;
     }
     return &op;
-  };
-  auto same_spec = [](const TensorSpec& a, const TensorSpec& b) {
-    auto strides = [](const TensorSpec& t) {
-      return t.strides.empty() ? contiguous_strides(t.sizes) : t.strides;
-    };
-    return a.sizes == b.sizes && strides(a) == strides(b) && a.dtype == b.dtype &&
-           a.device == b.device;
-  };
-  // Whether g's memory is read by nothing but the add: g made by a functional op, or a view of
-  // such a tensor through views each read only by the next, none handed out or written.
-  auto dies_in_add = [&](int g) {
-    for (int v = g;;) {
-      if (uses[static_cast<size_t>(v)] != 1 || handed_out[static_cast<size_t>(v)] ||
-          written[static_cast<size_t>(v)] || producer[static_cast<size_t>(v)] < 0) {
-        return false;
-      }
-      const BoundOp& made = trace.ops[static_cast<size_t>(producer[static_cast<size_t>(v)])];
-      if (made.op->kind == OpKind::kFunctional) return true;
-      if (made.op->kind != OpKind::kView || made.inputs.empty() || made.outputs.size() != 1 ||
-          made.inputs[0] < 0) {
-        return false;
-      }
-      v = made.inputs[0];
-    }
   };
   static const OpDef& index_add_ = KILN_OP(index_add_);
   std::vector<bool> in_place(trace.ops.size(), false);
@@ -486,8 +490,10 @@ Trace fold_index_add(const Trace& trace) {
       } catch (const Error&) {
         continue;
       }
-      if (specs.size() != 1 || !same_spec(specs[0], sum)) continue;
-      in_place[static_cast<size_t>(p)] = dies_in_add(g) && same_spec(gs, sum);
+      if (specs.size() != 1 || !same_layout(specs[0], sum)) continue;
+      // g's memory read by nothing but the add: the rows go into g itself.
+      in_place[static_cast<size_t>(p)] =
+          read_once(trace, flow, written, handed_out, g) && same_layout(gs, sum);
       base_of[static_cast<size_t>(p)] = g;
       result_of[static_cast<size_t>(p)] = add.outputs[0];
       drop[j] = true;
@@ -512,30 +518,14 @@ Trace fold_index_add(const Trace& trace) {
 Trace fuse_qkv_rotary(const Trace& trace) {
   const std::vector<bool> written = written_values(trace);
   const std::vector<bool> handed_out = handed_out_values(trace);
-  const auto [producer, uses] = dataflow(trace);
+  const Dataflow flow = dataflow(trace);
+  const auto& [producer, uses] = flow;
   auto at = [](const std::vector<int>& v, int i) { return v[static_cast<size_t>(i)]; };
   std::vector<int> last_inplace_before(trace.ops.size() + 1, -1);  // the latest in-place op < i
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     last_inplace_before[i + 1] =
         trace.ops[i].op->kind == OpKind::kInplace ? static_cast<int>(i) : last_inplace_before[i];
   }
-  // Whether v's memory is read by nothing but its one reader: v made by a functional op, or a view
-  // of such a tensor through views each read only by the next, none handed out or written.
-  auto dies_in_reader = [&](int v) {
-    for (;;) {
-      if (at(uses, v) != 1 || handed_out[static_cast<size_t>(v)] ||
-          written[static_cast<size_t>(v)] || at(producer, v) < 0) {
-        return false;
-      }
-      const BoundOp& made = trace.ops[static_cast<size_t>(at(producer, v))];
-      if (made.op->kind == OpKind::kFunctional) return true;
-      if (made.op->kind != OpKind::kView || made.inputs.empty() || made.outputs.size() != 1 ||
-          made.inputs[0] < 0) {
-        return false;
-      }
-      v = made.inputs[0];
-    }
-  };
   // The value a chain of shape-preserving views (view, expand, alias to the same sizes), each
   // read only by the next and none handed out or written, starts from; the ops are collected.
   auto through_identity_views = [&](int v, std::vector<int>& ops) {
@@ -582,7 +572,7 @@ Trace fuse_qkv_rotary(const Trace& trace) {
     const BoundOp& op = trace.ops[i];
     if (op.autocast.any()) continue;
     if (op.name() == "split_qkv_rotary" && op.inputs.size() == 3 && op.inputs[0] >= 0 &&
-        op.attrs.size() == 3 && dies_in_reader(op.inputs[0])) {
+        op.attrs.size() == 3 && read_once(trace, flow, written, handed_out, op.inputs[0])) {
       BoundOp in_place = op;
       in_place.op = &rotary_qkv;
       split_in_place[i] = device_kernel_supports(trace, in_place);
@@ -711,12 +701,7 @@ Trace fuse_qkv_rotary(const Trace& trace) {
       const int v = op.outputs[k];
       if (v < 0) continue;
       ValueInfo& info = out.values[static_cast<size_t>(v)];
-      const bool same =
-          info.spec.sizes == specs[k].sizes && info.spec.dtype == specs[k].dtype &&
-          info.spec.device == specs[k].device &&
-          (info.spec.strides.empty() ? contiguous_strides(info.spec.sizes) : info.spec.strides) ==
-              (specs[k].strides.empty() ? contiguous_strides(specs[k].sizes) : specs[k].strides);
-      if (same) continue;
+      if (same_layout(info.spec, specs[k])) continue;
       if (op.op->kind != OpKind::kView) return unchanged();
       info.spec = specs[k];
       respec[static_cast<size_t>(v)] = true;

@@ -377,7 +377,6 @@ void run_into(const OpDef& op, TensorVec inputs, TensorVec outputs,
   // An output overlapping an input would be read after the kernel began writing it.
   for (size_t i = 0; i < outputs.size(); ++i) {
     for (size_t k = 0; k < call.inputs.size(); ++k) {
-      if (!call.inputs[k].defined()) continue;
       KILN_CHECK(!internal::memory_overlaps(outputs[i], call.inputs[k]), "[", op.name,
                  "] run_into's output ", i, " overlaps input ", k, " in memory");
     }

@@ -193,6 +193,18 @@ Key key_of(const OpCall& c) {
                   /*dsum_input=*/!fwd && c.input(6).defined());
 }
 
+// The key of backward call c writing its outputs (dQ, dK, dV) with their own strides.
+Key key_with_outputs(const OpCall& c) {
+  std::vector<int64_t> grads;
+  for (const Tensor& t : c.outputs) {
+    const Dims s = strides_of(t);
+    grads.insert(grads.end(), s.begin(), s.end());
+  }
+  return make_key(true, c.input(1), c.input(2), c.input(3), strides_of(c.input(4)),
+                  strides_of(c.input(0)), causal_of(c), c.attr<double>(0), c.input(6).defined(),
+                  grads);
+}
+
 // Whether the current stream is capturing a CUDA graph.
 bool capturing() {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -305,13 +317,7 @@ void run_backward_cudnn(OpCall& c) {
   // dQ, dK and dV are written in place where cuDNN takes their layout and a plan for it exists or
   // may be built now (not inside a CUDA graph capture), else contiguous and copied.
   const Key contiguous = key_of(c);
-  std::vector<int64_t> grads;
-  for (const Tensor& t : c.outputs) {
-    const Dims s = strides_of(t);
-    grads.insert(grads.end(), s.begin(), s.end());
-  }
-  const Key strided = make_key(true, q, c.input(2), c.input(3), strides_of(out), strides_of(dout),
-                               causal_of(c), c.attr<double>(0), contiguous.dsum_input, grads);
+  const Key strided = key_with_outputs(c);
   bool in_place = strided == contiguous;
   if (!in_place && layout_ok(c.outputs[0]) && layout_ok(c.outputs[1]) && layout_ok(c.outputs[2])) {
     std::lock_guard<std::mutex> lock(d.mu);
@@ -481,7 +487,8 @@ void fastest_backward(OpCall& c) { fastest(c, run_backward_cudnn); }
 //     comes from it, so that a CUDA graph captured after one run finds the plan built.
 //   - "cudnn", after "in_parts" (kernels/cuda/flash_attention.cu), takes every call cuDNN can
 //     run: for tests and the lab.
-// Inside a capture nothing is built or timed: a call that finds no plan runs in parts.
+// Inside a capture nothing is built or timed: a call that finds no plan for the views has cuDNN
+// write contiguous gradients that are copied into them.
 
 // The dispatcher's kernel for flash_attention_backward's call b, and whether it runs cuDNN.
 const KernelDef* backward_kernel(const OpCall& b) {
@@ -509,34 +516,18 @@ bool backward_qkv_cudnn_supports(const OpCall& c) {
 void backward_qkv_cudnn(OpCall& c) {
   const Tensor& dqkv = c.outputs[0];
   const int64_t h = c.input(1).size(1), g = c.input(2).size(1), n = h + 2 * g;
-  if (!cudnn_runs_backward(attention_backward_part(c))) {  // not measured yet, or the hand kernel
-    attention_backward_qkv_in_parts(c);
-    if (capturing() || !cudnn_runs_backward(attention_backward_part(c))) return;
-  }
   OpCall b = attention_backward_part(c);
+  if (!cudnn_runs_backward(b)) {  // not measured yet, or the hand kernel
+    attention_backward_qkv_in_parts(c);
+    if (capturing() || !cudnn_runs_backward(b)) return;
+  }
   b.outputs = {::kiln::internal::qkv_heads(dqkv, 0, h, n),
                ::kiln::internal::qkv_heads(dqkv, h, g, n),
                ::kiln::internal::qkv_heads(dqkv, h + g, g, n)};
-  std::vector<int64_t> grads;
-  for (const Tensor& t : b.outputs) {
-    const Dims s = strides_of(t);
-    grads.insert(grads.end(), s.begin(), s.end());
-  }
-  const Key key = make_key(true, b.input(1), b.input(2), b.input(3), strides_of(b.input(4)),
-                           strides_of(b.input(0)), causal_of(b), b.attr<double>(0),
-                           key_of(b).dsum_input, grads);
-  bool ready = layout_ok(b.outputs[0]) && layout_ok(b.outputs[1]) && layout_ok(b.outputs[2]);
-  if (ready) {
-    Device& d = device_state(dqkv.device().index());
-    std::lock_guard<std::mutex> lock(d.mu);
-    ready = (d.plans.contains(key) || !capturing()) && plan_for(d, key).ok();
-  }
-  if (!ready) {
-    attention_backward_qkv_in_parts(c);
-    return;
-  }
   DeviceGuard guard(dqkv.device().index());
-  if (!capturing()) (void)tune_engines(b, key, run_backward_cudnn);  // once per key
+  // The views' plan is built and its engines timed once; run_backward_cudnn writes the views in
+  // place, or (in a capture that finds no plan) through contiguous copies.
+  if (!capturing()) (void)tune_engines(b, key_with_outputs(b), run_backward_cudnn);
   run_backward_cudnn(b);
   static const OpDef& rotate = KILN_OP(rotary_qkv_);
   OpCall r;
