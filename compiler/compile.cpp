@@ -249,13 +249,6 @@ struct CompiledCore::Impl {
   std::string trace_dir;
   bool graph_warned = false;  // the one warning that a GPU program runs without CUDA graphs
 
-  // Runs an entry op by op, issuing the collectives its graphs would where its trial says so.
-  std::vector<Tensor> run_op_by_op(Entry& e, const std::vector<Tensor>& args) {
-    if (!e.trial || !e.trial->capturable_collectives()) return run_entry(e, args);
-    const cuda::internal::CapturableCollectivesScope collectives;
-    return run_entry(e, args);
-  }
-
   // A program that runs without graphs from now on, and why (warned once per callable).
   void graph_off(Entry& e, std::string why, bool gpu_program) {
     e.graph_off = true;
@@ -317,7 +310,7 @@ struct CompiledCore::Impl {
 
   // A run of a program whose way of running is being measured (GraphTrial): op by op, or
   // through its graphs (the first run captures them). A rank whose capture failed goes on op by
-  // op with NCCL's all-reduces, as the graphs of the others run.
+  // op, with the collectives of the others' graphs.
   std::vector<Tensor> run_trial(Entry& e, const std::vector<Tensor>& args) {
     GraphTrial& g = *e.trial;
     g.before_run();
@@ -331,7 +324,7 @@ struct CompiledCore::Impl {
     }
     std::vector<Tensor> outputs;
     if (!e.graphed) {
-      outputs = run_op_by_op(e, args);
+      outputs = run_entry(e, args);
     } else {
       GraphedProgram::Run r;
       outputs = e.graphed->run(args, r);
@@ -358,7 +351,7 @@ struct CompiledCore::Impl {
     if (e.graph_off) {
       stats.cuda_graph = "off";
       stats.graph_reason = e.graph_off_reason;
-      std::vector<Tensor> outputs = run_op_by_op(e, args);
+      std::vector<Tensor> outputs = run_entry(e, args);
       if (e.trim_after_run >= 0) {
         cuda::internal::trim_graph_memory(e.trim_after_run);
         e.trim_after_run = -1;
@@ -366,7 +359,7 @@ struct CompiledCore::Impl {
       return outputs;
     }
     // The profiler times ops one by one: a graph would hide them.
-    if (profiler::internal::active()) return run_op_by_op(e, args);
+    if (profiler::internal::active()) return run_entry(e, args);
     if (e.trial && e.trial->phase() != GraphTrial::Phase::kDecided) {
       stats.cuda_graph = "measuring";
       return run_trial(e, args);

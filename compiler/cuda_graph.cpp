@@ -53,6 +53,35 @@ bool on_device(const Trace& t, int v, int device) {
 
 std::string name_of(const Trace& t, int v) { return t.value(v).name; }
 
+// Per op: whether it is the dist_wait_ of a dist_all_reduce_ (the wait's tensor is the
+// all-reduce's output, or an in-place op's or a view's of it).
+std::vector<bool> all_reduce_waits(const Trace& t) {
+  std::vector<int> producer(t.values.size(), -1);
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    for (int v : t.ops[i].outputs) {
+      if (v >= 0) producer[static_cast<size_t>(v)] = static_cast<int>(i);
+    }
+  }
+  std::vector<bool> waits(t.ops.size(), false);
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    const BoundOp& op = t.ops[i];
+    if (op.name() != "dist_wait_" || op.inputs.empty()) continue;
+    int v = op.inputs[0];
+    while (v >= 0 && producer[static_cast<size_t>(v)] >= 0) {
+      const BoundOp& p = t.ops[static_cast<size_t>(producer[static_cast<size_t>(v)])];
+      if (p.name() == "dist_all_reduce_") {
+        waits[i] = true;
+        break;
+      }
+      const bool shares = p.op->kind == OpKind::kView ||
+                          (p.op->kind == OpKind::kInplace && p.op->mutated == nullptr);
+      if (!shares || p.inputs.empty() || p.name().rfind("dist_", 0) == 0) break;
+      v = p.inputs[0];
+    }
+  }
+  return waits;
+}
+
 Analysis analyse(const Program& program, bool has_backward) {
   const Trace& t = program.trace();
   Analysis a;
@@ -146,13 +175,19 @@ Analysis analyse(const Program& program, bool has_backward) {
     }
   }
   // Where each op's step runs, and whether every tensor of that step is on the GPU (a launch
-  // input's copy counts as a GPU step: it is not run).
+  // input's copy counts as a GPU step: it is not run). The wait of an all-reduce runs on the host
+  // between graphs: a graph's all-reduce starts after its launch (dist/collective_ops.cpp).
   const std::vector<int> at = step_positions(t);
   std::vector<bool> gpu_step(t.ops.size(), true);
   std::vector<bool> launch_op(t.ops.size(), false);
   for (const Analysis::LaunchInput& c : a.launch_inputs) launch_op[c.op] = true;
+  const std::vector<bool> reduce_wait = all_reduce_waits(t);
   for (size_t i = 0; i < t.ops.size(); ++i) {
     if (launch_op[i]) continue;
+    if (reduce_wait[i]) {
+      gpu_step[static_cast<size_t>(at[i])] = false;
+      continue;
+    }
     bool ok = true;
     for (int v : t.ops[i].inputs) {
       ok = ok && (on_device(t, v, a.device) || constant[static_cast<size_t>(v)]);
@@ -213,6 +248,7 @@ Analysis analyse(const Program& program, bool has_backward) {
       op_segment[i] = static_cast<int>(s);
     }
   }
+  std::vector<bool> waited(t.values.size(), false);  // the output of an all-reduce's wait
   for (size_t i = 0; i < t.ops.size(); ++i) {
     const BoundOp& op = t.ops[i];
     for (size_t k = 0; k < op.outputs.size(); ++k) {
@@ -227,6 +263,13 @@ Analysis analyse(const Program& program, bool has_backward) {
       if ((kind == OpKind::kView || (single_inplace && k == 0)) && !op.inputs.empty() &&
           op.inputs[0] >= 0) {
         a.root[static_cast<size_t>(v)] = a.root[static_cast<size_t>(op.inputs[0])];
+      }
+      // A wait's output is the all-reduced tensor where it lives (a graph's memory, read by the
+      // next graph at its address), not a value of the host step to copy into a static buffer.
+      if (reduce_wait[i] && k == 0) {
+        a.segment[static_cast<size_t>(v)] =
+            a.segment[static_cast<size_t>(a.root[static_cast<size_t>(v)])];
+        waited[static_cast<size_t>(v)] = true;
       }
     }
   }
@@ -279,6 +322,8 @@ Analysis analyse(const Program& program, bool has_backward) {
     const int s = a.segment[v];
     if (s < 0 || !a.segments[static_cast<size_t>(s)].graph) continue;
     if (!kept[v] && last_reader[v] <= s) continue;
+    // Made by the wait on the host: the frame gets it from the wait's step, after the graph.
+    if (waited[v]) continue;
     const int r = a.root[v];
     if (kept[v] && t.roles[static_cast<size_t>(r)] == ValueRole::kArgument) {
       a.refusal = "it returns " + name_of(t, static_cast<int>(v)) + ", a view of the argument " +
@@ -375,8 +420,6 @@ std::vector<Tensor> GraphedProgram::run(const std::vector<Tensor>& arguments, Ru
   Plan& plan = *plan_;
   const Analysis& a = plan.analysis;
   r = Run{};
-  // Its collectives take NCCL on every run, captured or not (a failed capture goes on op by op).
-  const cuda::internal::CapturableCollectivesScope collectives;
   if (cuda::launch_sync()) {
     r.failure = "the synchronous debug mode (KILN_CUDA_SYNC, cuda::set_launch_sync) is on";
     return p.run(arguments);

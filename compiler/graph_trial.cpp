@@ -26,8 +26,8 @@ std::unique_ptr<GraphTrial> GraphTrial::of(const Program& program) {
 }
 
 std::string GraphTrial::measuring_reason() {
-  return "its all-reduces: op by op through the copy engines, or NCCL's in CUDA graphs; the "
-         "faster is kept after " +
+  return "a program with all-reduces: op by op, or as CUDA graphs split at the all-reduces' "
+         "waits; the faster is kept after " +
          std::to_string(2 * kRuns + 1) + " runs";
 }
 
@@ -68,8 +68,8 @@ void GraphTrial::decide() {
   graphs_kept_ = mean[1] < mean[0];
   std::ostringstream note;
   note << std::fixed << std::setprecision(2);
-  if (!failed_) note << mean[1] << " ms a run as CUDA graphs (NCCL's all-reduces), ";
-  note << mean[0] << " ms op by op (the copy engines'), measured";
+  if (!failed_) note << mean[1] << " ms a run as CUDA graphs, ";
+  note << mean[0] << " ms op by op, measured";
   measurement_ = note.str();
 }
 

@@ -1,18 +1,18 @@
 // GraphTrial: how a compiled program with all-reduces (a compiled DDP step) runs, measured.
 //
-// Op by op, DDP's large buckets are all-reduced through the copy engines beside the backward
-// (dist's PeerAllReduce), which a CUDA graph cannot capture; as CUDA graphs, they are NCCL's,
-// whose kernels take SMs from the backward but whose launches, with every other one, cost no host
-// time. Which wins depends on the model: measured on two H200s, llama-160m ran 1-2% faster as
-// graphs and llama-3.2-1b 2% slower (benchmarks/RESULTS.md, session 27). So after the program's
-// warm-up each way runs kRuns times, timed by events on the current stream (the graphs' first
-// run, the capture, is not timed); the ranks then average their times through the program's own
-// all-reduce, so that every rank keeps the same way, and a failed capture on any rank counts as
-// infinitely slow. From the capture on, the program's all-reduces take NCCL on every rank, in
-// graphs and in its op-by-op runs alike (cuda::internal::CapturableCollectivesScope), so that a
-// rank whose capture failed issues the collectives the others' graphs do; only op by op kept
-// brings the copy engines back. compile.cpp runs the program; this class counts, times and
-// decides:
+// DDP's large buckets are all-reduced through the copy engines beside the backward (dist's
+// PeerAllReduce), op by op and as CUDA graphs alike: a graph cannot hold them (their flags count
+// uses), so its all-reduces start on the host after each launch, each once the graph has reached
+// it (cuda::internal::defer_to_each_launch), and their waits run between the graphs, which split
+// there (compiler/cuda_graph.h). Graphs save the host's launches; the split costs a graph launch
+// and the waits' host steps. Until session 31 the graphs held NCCL's all-reduces, whose kernels
+// take SMs from the backward, and neither way won on both models (benchmarks/RESULTS.md, sessions
+// 27-31), so the way is measured: after the program's warm-up each way runs kRuns times, timed by
+// events on the current stream (the graphs' first run, the capture, is not timed); the ranks then
+// average their times through the program's own all-reduce, so that every rank keeps the same
+// way, and a failed capture on any rank counts as infinitely slow. Both ways issue the same
+// collectives, so a rank whose capture failed runs op by op beside the others' graphs.
+// compile.cpp runs the program; this class counts, times and decides:
 //
 //   trial->before_run();
 //   ... run op by op (kOpByOp, or a failed capture) or through GraphedProgram (kGraphs) ...
@@ -42,10 +42,6 @@ class GraphTrial {
   void capture_failed(std::string why) { failure_ = std::move(why); }
   const std::string& failure() const { return failure_; }
 
-  // Whether the program's op-by-op runs must issue the collectives its graphs would.
-  bool capturable_collectives() const {
-    return phase_ == Phase::kGraphs || (phase_ == Phase::kDecided && graphs_kept_);
-  }
   // Once decided: whether graphs were kept, the measurement (both ways' mean times), and, when op
   // by op was kept, why graphs are off and whether that is a failure (warned).
   bool graphs_kept() const { return graphs_kept_; }

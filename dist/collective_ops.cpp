@@ -5,6 +5,7 @@
 #include <mutex>
 #include <utility>
 
+#include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -92,12 +93,38 @@ SpecList in_place_meta(const OpCall& c) {
   return {};
 }
 
+void start_all_reduce(const std::shared_ptr<ProcessGroup>& group, Tensor& t, ReduceOp op,
+                      bool beside_compute) {
+  file_work(t, beside_compute ? group->all_reduce_beside_compute(t, op) : group->all_reduce(t, op));
+}
+
+// Inside a CUDA graph's capture the all-reduce is not captured: it starts on the host after each
+// launch of the graph, once the graph has reached this point (cuda::internal::
+// defer_to_each_launch), through the copy engines where they take it, as op by op; its dist_wait_
+// runs between graphs (compiler/cuda_graph.cpp). The tensor is graph memory, at the same address
+// on every launch, and outlives the launch until the graph's next one.
 void all_reduce_kernel(OpCall& c) {
   Tensor t = c.input(0);
   const auto op = static_cast<ReduceOp>(c.attr<int64_t>(1));
-  const auto& group = group_of(c);
-  file_work(t, c.attr<int64_t>(2) != 0 ? group->all_reduce_beside_compute(t, op)
-                                       : group->all_reduce(t, op));
+  const auto group = group_of(c);
+  const bool beside_compute = c.attr<int64_t>(2) != 0;
+  if (t.is_cuda()) {
+    void* data = t.data_ptr();
+    const Shape sizes(t.sizes().begin(), t.sizes().end());
+    const Shape strides(t.strides().begin(), t.strides().end());
+    const TensorOptions options = TensorOptions().dtype(t.dtype()).device(t.device());
+    const std::weak_ptr<ProcessGroup> weak = group;
+    const bool deferred = cuda::internal::defer_to_each_launch([=] {
+      std::shared_ptr<ProcessGroup> g = weak.lock();
+      KILN_CHECK(g != nullptr,
+                 "[dist_all_reduce_] the process group of a CUDA graph's all-reduce "
+                 "no longer exists");
+      Tensor view = from_blob(data, sizes, strides, options);  // the graph's memory
+      start_all_reduce(g, view, op, beside_compute);
+    });
+    if (deferred) return;
+  }
+  start_all_reduce(group, t, op, beside_compute);
 }
 
 void broadcast_kernel(OpCall& c) {

@@ -398,7 +398,6 @@ bool PeerAllReduce::takes(const Tensor& t, ReduceOp op) {
   const ScalarType d = t.dtype();
   if (d != kFloat && d != kDouble && d != kBFloat16 && d != kHalf) return false;
   if (!t.is_contiguous() || static_cast<int64_t>(t.nbytes()) < kMinBytes) return false;
-  if (cuda::internal::capturable_collectives > 0) return false;  // NCCL's, as a graph runs them
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(cuda::current_stream(t.device().index()), &status) != cudaSuccess) {
     cudaGetLastError();

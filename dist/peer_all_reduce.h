@@ -65,8 +65,8 @@ class PeerAllReduce {
   // Whether run() takes `t` with `op` (a rank-independent rule: the same on every rank for the
   // same call): kSum or kAvg, f32, f64, bf16 or f16, at least kMinBytes, contiguous, and not
   // while the current stream is being captured into a CUDA graph (the flags' values are fixed
-  // when queued) or a CapturableCollectivesScope lives (a compiled program's op-by-op run beside
-  // ranks that replay its graphs: kernels/cuda/runtime.h).
+  // when queued; a graph's all-reduces start after each launch instead:
+  // cuda::internal::defer_to_each_launch).
   static bool takes(const Tensor& t, ReduceOp op);
   // t = op over the ranks' t, queued after the current stream's work; the Work's wait() makes
   // the current stream wait for it (wait(timeout) blocks the host, and calls release() when the

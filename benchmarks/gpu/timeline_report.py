@@ -6,8 +6,9 @@
 For each timeline: the steady part (the last F of the timeline, default 0.6, or its last MS
 milliseconds: a program that compiled for long, as torch.compile, before its timed steps), split into steps
 by N, or by the step time MS the program reported, or else by the number of launches of a
-kernel that runs once a step (--marker, default the cross-entropy's mean, `ce_mean`; the steps
-between its first and last launch).  Per step: the span; the time some compute kernel runs
+kernel that runs once a step (--marker, default `norm_finish`, the end of the gradient clipping's
+norm; the steps between its first and last launch; the cross-entropy's kernels run once per chunk
+of the LM head).  Per step: the span; the time some compute kernel runs
 (the union of their intervals) and the sum of their durations; the same for NCCL's kernels;
 the time both run at once; the time NCCL runs alone (communication the step waits for); the
 time nothing runs (idle: the host is late); kernel families by time (Triton's generated kernels
@@ -81,12 +82,20 @@ def family(name):
 
 def report(path, args):
     rows, window = load(path, args.tail, args.last_ms)
-    steps = args.steps or (round(window / 1e6 / args.step_ms) if args.step_ms else 0)
+    steps = args.steps
     marks = sorted(r[0] for r in rows if args.marker in r[4])
-    if not steps and len(marks) >= 2:
+    if not steps and not args.step_ms and len(marks) >= 2:
         # Whole steps only: from the marker's first launch in the steady part to its last.
         rows = [r for r in rows if marks[0] <= r[0] < marks[-1]]
         window, steps = marks[-1] - marks[0], len(marks) - 1
+    elif not steps and args.step_ms:
+        # The whole steps of that length that end the timeline. A
+        # window of 2.1 steps that ends with the optimizer holds three of its launches, which
+        # divided by two steps made AdamW look 1.5x slower than it ran (session 30).
+        steps = max(1, int(window / 1e6 / args.step_ms))
+        window = int(steps * args.step_ms * 1e6)
+        end = max(r[1] for r in rows)
+        rows = [r for r in rows if r[0] >= end - window]
     steps = steps or len(marks) or 1
     per = lambda ns: ns / steps / 1e6
     nccl = [r for r in rows if "nccl" in r[4].lower()]
@@ -174,8 +183,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--steps", type=int, default=0)
-    ap.add_argument("--step-ms", type=float, default=0, help="steps = steady time / this")
-    ap.add_argument("--marker", default="ce_mean")
+    ap.add_argument("--step-ms", type=float, default=0, help="steps: the whole steps of this length that end the steady time")
+    ap.add_argument("--marker", default="norm_finish", help="a kernel that runs once a step")
     ap.add_argument("--gemm-tflop", type=float, default=0,
                     help="the cuBLAS GEMMs' TFLOP a step (6 x matmul parameters x tokens)")
     ap.add_argument("--ceiling", type=float, default=775, help="the GEMM ceiling, TFLOP/s")

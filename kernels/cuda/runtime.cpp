@@ -103,6 +103,8 @@ struct DeviceState {
   std::atomic<int64_t> graph_used{0};
   std::once_flag capture_init;
   cudaStream_t capture_stream = nullptr;  // kept for CUDA graph captures (capture_graph)
+  std::once_flag after_launch_init;
+  cudaStream_t after_launch_stream = nullptr;  // defer_to_each_launch's work starts there
   int64_t* graph_flag_host = nullptr;     // capture_error_flag: mapped pinned [set, value]
   int64_t* graph_flag_device = nullptr;
 };
@@ -180,12 +182,26 @@ struct DeferredFree {
 };
 
 // The capture this thread runs, if any.
+// Work the host starts after each launch of a graph (defer_to_each_launch): the event the graph
+// records for it, and the work.
+struct AfterLaunch {
+  cudaEvent_t event = nullptr;
+  std::function<void()> start;
+};
+void destroy_events(std::vector<AfterLaunch>& after) {
+  for (AfterLaunch& a : after) {
+    if (a.event != nullptr && cudaEventDestroy(a.event) != cudaSuccess) (void)cudaGetLastError();
+    a.event = nullptr;
+  }
+}
+
 struct CaptureContext {
   cudaStream_t stream = nullptr;
   int device = -1;
   int64_t* error_flag = nullptr;  // the device's graph error flag (device address)
   std::shared_ptr<CaptureRecord> record;
   std::vector<DeferredFree> deferred;
+  std::vector<AfterLaunch> after_launch;
 };
 thread_local CaptureContext* t_capture = nullptr;
 
@@ -388,6 +404,7 @@ struct CapturedGraph::Impl {
   cudaGraphExec_t exec = nullptr;
   std::vector<DeferredFree> deferred;    // queued after the first launch
   std::shared_ptr<CaptureRecord> record;  // its kept allocations
+  std::vector<AfterLaunch> after_launch;  // started after every launch
 };
 
 CapturedGraph::~CapturedGraph() {
@@ -404,6 +421,8 @@ CapturedGraph::~CapturedGraph() {
     (void)cudaGetLastError();
   }
   release_deferred(impl_->deferred, nullptr, /*own_stream=*/true);
+  destroy_events(impl_->after_launch);
+  impl_->after_launch.clear();
   // Kept allocations: freed now where no storage holds them, else by the last storage's deleter.
   std::vector<void*> unheld;
   if (impl_->record) {
@@ -461,6 +480,39 @@ void CapturedGraph::launch() {
   release_deferred(impl_->deferred, stream, /*own_stream=*/false);
   note_graph_memory(device_);
   sync_if_debug("cudaGraphLaunch", __FILE__, __LINE__);
+  if (!impl_->after_launch.empty()) {
+    // The work left to the host, each part after the graph's event of it (this launch's record:
+    // the wait is queued after cudaGraphLaunch), on a stream of its own.
+    const cudaStream_t side = state(device_).after_launch_stream;
+    const cudaStream_t previous = t_streams.current[device_];
+    set_current_stream(device_, side);
+    try {
+      for (const AfterLaunch& a : impl_->after_launch) {
+        KILN_CUDA_CHECK(cudaStreamWaitEvent(side, a.event, 0));
+        a.start();
+      }
+    } catch (...) {
+      set_current_stream(device_, previous);
+      throw;
+    }
+    set_current_stream(device_, previous);
+  }
+}
+
+bool defer_to_each_launch(std::function<void()> start) {
+  if (t_capture == nullptr) return false;
+  CaptureContext& c = *t_capture;
+  DeviceState& s = state(c.device);
+  std::call_once(s.after_launch_init, [&] {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.after_launch_stream, cudaStreamNonBlocking));
+  });
+  AfterLaunch a;
+  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&a.event, cudaEventDisableTiming));
+  a.start = std::move(start);
+  c.after_launch.push_back(std::move(a));  // destroyed with the capture if it fails
+  KILN_CUDA_CHECK(cudaEventRecordWithFlags(c.after_launch.back().event, current_stream(c.device),
+                                           cudaEventRecordExternal));
+  return true;
 }
 
 std::shared_ptr<CapturedGraph> capture_graph(int device,
@@ -542,6 +594,7 @@ std::shared_ptr<CapturedGraph> capture_graph(int device,
     if (graph != nullptr && cudaGraphDestroy(graph) != cudaSuccess) (void)cudaGetLastError();
     // Nothing of the capture ran: the held-back frees can go now, each on its own stream.
     release_deferred(context.deferred, nullptr, /*own_stream=*/true);
+    destroy_events(context.after_launch);
     KILN_FAIL("[cuda_graph] capture on cuda:", device, " failed: ", failure);
   }
   std::shared_ptr<CapturedGraph> g(new CapturedGraph());
@@ -549,6 +602,7 @@ std::shared_ptr<CapturedGraph> capture_graph(int device,
   g->impl_->graph = graph;
   g->impl_->exec = exec;
   g->impl_->deferred = std::move(context.deferred);
+  g->impl_->after_launch = std::move(context.after_launch);
   {
     std::lock_guard<std::mutex> lock(context.record->mu);
     context.record->graph_alive = true;

@@ -122,18 +122,20 @@ class TrustedIndicesScope {
   bool previous_;
 };
 
-// While positive, collectives take the path a CUDA graph can capture (NCCL's), also where the
-// current stream is not capturing: a compiled program that runs as CUDA graphs on some ranks and
-// op by op on others (its capture failed there) must issue the same collectives on every rank
-// (compiler/graph_trial.h; dist's PeerAllReduce::takes reads it).
-inline thread_local int capturable_collectives = 0;
-class CapturableCollectivesScope {
- public:
-  CapturableCollectivesScope() { ++capturable_collectives; }
-  ~CapturableCollectivesScope() { --capturable_collectives; }
-  CapturableCollectivesScope(const CapturableCollectivesScope&) = delete;
-  CapturableCollectivesScope& operator=(const CapturableCollectivesScope&) = delete;
-};
+// Work that a graph cannot hold, started by the host after each launch of the graph being
+// captured on this thread (capture_graph's `fn`): returns false, and does nothing, when the thread
+// is not capturing. Otherwise the capture records an event where the current stream stands (an
+// external event record node: each launch records it there), and after every launch of the
+// graph, including its first, `start` runs on the launching thread with a stream of the device
+// kept for it as the current stream, made to wait for that event: what `start` queues runs after
+// the graph's work before this call, beside the rest of the graph, and nothing in the graph waits
+// for it. Whatever reads its results waits outside the graph (a later graph's launch follows a
+// wait on the host's side). compiled DDP's all-reduces go this way (dist/collective_ops.cpp): the
+// copy-engine all-reduce counts its slots' uses in flags, values a graph would freeze, and a wait
+// inside a graph for work queued outside it never completes (benchmarks/RESULTS.md, session 29).
+// `start` must not throw for a reason a later launch would not have; an exception propagates out
+// of CapturedGraph::launch.
+bool defer_to_each_launch(std::function<void()> start);
 
 // Random ops in a CUDA graph (kernels/random_fn.h, stream_of): while a GraphRngScope lives on
 // this thread, the CUDA random kernels it launches read their Philox offset as

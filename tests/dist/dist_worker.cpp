@@ -1047,8 +1047,9 @@ void ddp_gathered_embedding() {
 // --nproc-per-node 4 dist_worker ddp_compiled_nccl` at 4). The model has buckets of 4 MiB (the
 // copy engines' all-reduce where the GPUs reach each other) and smaller ones (NCCL's), the
 // embedding's rows gathered (DDP's all-gather), AdamW. Step after step it equals eager DDP on the
-// same batches; the ranks' weights stay equal; the program measures how it runs (op by op with
-// the copy engines' all-reduces, or as CUDA graphs with NCCL's) and says which it kept.
+// same batches; the ranks' weights stay equal; the program measures how it runs (op by op, or as
+// CUDA graphs whose all-reduces start after each launch, the same collectives) and says which it
+// kept.
 struct WideImpl : nn::Module {
   WideImpl() {
     table = register_parameter("table", randn({64, 512}) * 0.5);
@@ -1099,8 +1100,9 @@ void ddp_compiled_nccl() {
   auto eager = step_of(b);
   manual_seed(11 + r);  // each rank its own batches
   // Two traces (the buckets rebuilt), then the measurement of how the program runs: 3 runs op
-  // by op (the copy engines' all-reduces), a capture and 3 replays of CUDA graphs (NCCL's);
-  // equal to eager DDP all along, and after it.
+  // by op, a capture and 3 replays of CUDA graphs (the all-reduces started after each launch of
+  // the graph of the backward, their waits between graphs); equal to eager DDP all along, and
+  // after it.
   for (int i = 0; i < 12; ++i) {
     const Tensor idx = randint(0, 64, {B, T}, kInt64).to(dev);
     const Tensor y = randint(0, 64, {B, T}, kInt64).to(dev);

@@ -442,6 +442,41 @@ TEST_F(GpuMemory, TrimGraphMemoryKeepsThePool) {
   EXPECT_LE(cuda::memory_stats().reserved, trimmed.reserved - kBytes);
 }
 
+// defer_to_each_launch: work the host starts after every launch of a graph, once the graph has
+// reached the point of the call (its event), beside the rest of the graph; nothing outside a
+// capture.
+TEST_F(GpuRuntime, WorkDeferredToEachLaunchOfAGraph) {
+  const Tensor x = zeros({1 << 20}, on_cuda(kFloat));
+  const Tensor seen = zeros({1 << 20}, on_cuda(kFloat));
+  const Tensor other = zeros({1 << 20}, on_cuda(kFloat));
+  int starts = 0;
+  cuda::Event done;
+  const cuda::Stream caller = cuda::current_stream();
+  EXPECT_FALSE(cuda::internal::defer_to_each_launch([&] { ++starts; }));
+  const std::shared_ptr<cuda::internal::CapturedGraph> graph =
+      cuda::internal::capture_graph(0, [&] {
+        x.add_(1);
+        EXPECT_TRUE(cuda::internal::defer_to_each_launch([&] {
+          ++starts;
+          EXPECT_NE(cuda::current_stream().handle(), caller.handle());
+          seen.copy_(x * 3);  // queued on the deferred work's stream, after x + 1
+          done.record();
+        }));
+        other.add_(2);  // the graph goes on beside the deferred copy
+        return std::vector<Storage>{};
+      });
+  EXPECT_EQ(starts, 0);  // not during the capture
+  for (int launch = 1; launch <= 3; ++launch) {
+    graph->launch();
+    EXPECT_EQ(starts, launch);
+    EXPECT_EQ(cuda::current_stream().handle(), caller.handle());
+    cuda::current_stream().wait(done);
+    const Tensor expected = full({1 << 20}, 3.0 * launch, TensorOptions(kFloat));
+    expect_same(seen.to(Device(kCPU)), expected);
+    expect_same(other.to(Device(kCPU)), full({1 << 20}, 2.0 * launch, TensorOptions(kFloat)));
+  }
+}
+
 TEST_F(GpuMemory, OutOfMemoryIsAnError) {
   const int64_t in_use = cuda::memory_stats().allocated;
   // 1 PiB of floats.
