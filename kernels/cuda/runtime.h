@@ -124,10 +124,12 @@ class TrustedIndicesScope {
 
 // Work that a graph cannot hold, started by the host after each launch of the graph being
 // captured on this thread (capture_graph's `fn`): returns false, and does nothing, when the thread
-// is not capturing. Otherwise the capture records an event where the current stream stands (an
-// external event record node: each launch records it there), and after every launch of the
-// graph, including its first, `start` runs on the launching thread with a stream of the device
-// kept for it as the current stream, made to wait for that event: what `start` queues runs after
+// is not capturing. Otherwise the capture marks where the current stream stands: a one-thread
+// kernel that sets a flag word (or, where the driver has no stream memory operations or the
+// device's 4096 flags are taken, an external event record node, which costs the graph a bubble of
+// about 30 us). After every launch of the graph, including its first, `start` runs on the
+// launching thread with a stream of the device kept for it as the current stream, made to wait
+// for the mark (cuStreamWaitValue32, which then clears the flag): what `start` queues runs after
 // the graph's work before this call, beside the rest of the graph, and nothing in the graph waits
 // for it. Whatever reads its results waits outside the graph (a later graph's launch follows a
 // wait on the host's side). compiled DDP's all-reduces go this way (dist/collective_ops.cpp): the
