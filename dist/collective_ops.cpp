@@ -101,8 +101,8 @@ void start_all_reduce(const std::shared_ptr<ProcessGroup>& group, Tensor& t, Red
 // Inside a CUDA graph's capture the all-reduce is not captured: it starts on the host after each
 // launch of the graph, once the graph has reached this point (cuda::internal::
 // defer_to_each_launch), through the copy engines where they take it, as op by op; its dist_wait_
-// runs between graphs (compiler/cuda_graph.cpp). The tensor is graph memory, at the same address
-// on every launch, and outlives the launch until the graph's next one.
+// runs between graphs (compiler/cuda_graph.cpp). The tensor (graph memory, or a bucket that DDP
+// holds) is at the same address on every launch and lives until the graph's next one.
 void all_reduce_kernel(OpCall& c) {
   Tensor t = c.input(0);
   const auto op = static_cast<ReduceOp>(c.attr<int64_t>(1));
