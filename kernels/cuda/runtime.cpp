@@ -523,26 +523,41 @@ void CapturedGraph::launch() {
   note_graph_memory(device_);
   sync_if_debug("cudaGraphLaunch", __FILE__, __LINE__);
   if (!impl_->after_launch.empty()) {
-    // The work left to the host, each part after the graph's event of it (this launch's record:
-    // the wait is queued after cudaGraphLaunch), on a stream of its own.
+    // The work left to the host, each part after the graph's mark of it (the wait is queued after
+    // cudaGraphLaunch: this launch's mark), on a stream of its own.
     const cudaStream_t side = state(device_).after_launch_stream;
     const cudaStream_t previous = t_streams.current[device_];
+    // Queues the wait for a mark; a flag is cleared once seen, so that the next launch's is new.
+    auto wait_for = [&](const AfterLaunch& a) {
+      if (a.flag >= 0) {
+        const auto word = reinterpret_cast<CUdeviceptr>(state(device_).flag_words + a.flag);
+        const StreamMemOps& ops = mem_ops();
+        KILN_CHECK(ops.wait(side, word, 1, CU_STREAM_WAIT_VALUE_EQ) == CUDA_SUCCESS &&
+                       ops.write(side, word, 0, 0) == CUDA_SUCCESS,
+                   "[cuda_graph] queuing the wait for a graph's flag on cuda:", device_, " failed");
+      } else {
+        KILN_CUDA_CHECK(cudaStreamWaitEvent(side, a.event, 0));
+      }
+    };
     set_current_stream(device_, side);
+    size_t i = 0;
+    bool waited = false;  // for part i
     try {
-      for (const AfterLaunch& a : impl_->after_launch) {
-        if (a.flag >= 0) {
-          const auto word = reinterpret_cast<CUdeviceptr>(state(device_).flag_words + a.flag);
-          const StreamMemOps& ops = mem_ops();
-          KILN_CHECK(ops.wait(side, word, 1, CU_STREAM_WAIT_VALUE_EQ) == CUDA_SUCCESS &&
-                         ops.write(side, word, 0, 0) == CUDA_SUCCESS,
-                     "[cuda_graph] queuing the wait for a graph's flag on cuda:", device_,
-                     " failed");
-        } else {
-          KILN_CUDA_CHECK(cudaStreamWaitEvent(side, a.event, 0));
-        }
-        a.start();
+      for (; i < impl_->after_launch.size(); ++i) {
+        waited = false;
+        wait_for(impl_->after_launch[i]);
+        waited = true;
+        impl_->after_launch[i].start();
       }
     } catch (...) {
+      // The flags of the parts not started are still cleared, so that a later launch does not
+      // find them set by this one.
+      for (size_t j = waited ? i + 1 : i; j < impl_->after_launch.size(); ++j) {
+        try {
+          wait_for(impl_->after_launch[j]);
+        } catch (...) {
+        }
+      }
       set_current_stream(device_, previous);
       throw;
     }
