@@ -17,6 +17,7 @@
 #include "kernels/cuda.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/peer_reduce.h"
+#include "kernels/cuda/stream_mem_ops.h"
 #include "tensor/error.h"
 
 namespace kiln::dist::internal {
@@ -24,22 +25,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The stream memory operations of the driver API (cuda::internal::driver_entry_point).
-struct StreamMemOps {
-  CUresult (*write)(CUstream, CUdeviceptr, cuuint32_t, unsigned) = nullptr;
-  CUresult (*wait)(CUstream, CUdeviceptr, cuuint32_t, unsigned) = nullptr;
-  bool ok = false;
-};
-
-const StreamMemOps& mem_ops() {
-  static const StreamMemOps ops = [] {
-    StreamMemOps r;
-    r.ok = cuda::internal::driver_entry_point("cuStreamWriteValue32", r.write) &&
-           cuda::internal::driver_entry_point("cuStreamWaitValue32", r.wait);
-    return r;
-  }();
-  return ops;
-}
+using cuda::internal::StreamMemOps;
+const StreamMemOps& mem_ops() { return cuda::internal::stream_mem_ops(); }
 
 void check_cu(CUresult r, const char* what) {
   KILN_CHECK(r == CUDA_SUCCESS, "[all_reduce] ", what, " failed with CUDA driver error ",

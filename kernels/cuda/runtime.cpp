@@ -4,8 +4,6 @@
 // every build: kernels/cuda.cpp; the CPU-only stand-in: kernels/cpu/cuda_unavailable.cpp).
 #include "kernels/cuda/runtime.h"
 
-#include <cuda.h>
-
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -19,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream_mem_ops.h"
 #include "tensor/error.h"
 #include "tensor/storage.h"
 #include "tensor/tensor.h"
@@ -202,21 +201,6 @@ struct AfterLaunch {
 };
 
 constexpr int kFlagWords = 4096;
-
-struct StreamMemOps {
-  CUresult (*write)(CUstream, CUdeviceptr, cuuint32_t, unsigned) = nullptr;
-  CUresult (*wait)(CUstream, CUdeviceptr, cuuint32_t, unsigned) = nullptr;
-  bool ok = false;
-};
-const StreamMemOps& mem_ops() {
-  static const StreamMemOps ops = [] {
-    StreamMemOps r;
-    r.ok = internal::driver_entry_point("cuStreamWriteValue32", r.write) &&
-           internal::driver_entry_point("cuStreamWaitValue32", r.wait);
-    return r;
-  }();
-  return ops;
-}
 
 struct CaptureContext {
   cudaStream_t stream = nullptr;
@@ -531,7 +515,7 @@ void CapturedGraph::launch() {
     auto wait_for = [&](const AfterLaunch& a) {
       if (a.flag >= 0) {
         const auto word = reinterpret_cast<CUdeviceptr>(state(device_).flag_words + a.flag);
-        const StreamMemOps& ops = mem_ops();
+        const StreamMemOps& ops = stream_mem_ops();
         KILN_CHECK(ops.wait(side, word, 1, CU_STREAM_WAIT_VALUE_EQ) == CUDA_SUCCESS &&
                        ops.write(side, word, 0, 0) == CUDA_SUCCESS,
                    "[cuda_graph] queuing the wait for a graph's flag on cuda:", device_, " failed");
@@ -565,6 +549,16 @@ void CapturedGraph::launch() {
   }
 }
 
+const StreamMemOps& stream_mem_ops() {
+  static const StreamMemOps ops = [] {
+    StreamMemOps r;
+    r.ok = driver_entry_point("cuStreamWriteValue32", r.write) &&
+           driver_entry_point("cuStreamWaitValue32", r.wait);
+    return r;
+  }();
+  return ops;
+}
+
 bool defer_to_each_launch(std::function<void()> start) {
   if (t_capture == nullptr) return false;
   CaptureContext& c = *t_capture;
@@ -574,7 +568,7 @@ bool defer_to_each_launch(std::function<void()> start) {
   });
   AfterLaunch a;
   a.start = std::move(start);
-  if (s.flag_words != nullptr && mem_ops().ok) {
+  if (s.flag_words != nullptr && stream_mem_ops().ok) {
     std::lock_guard<std::mutex> lock(s.flags_mu);
     if (!s.free_flags.empty()) {
       a.flag = s.free_flags.back();
