@@ -75,6 +75,7 @@ const GraphRng* capture_rng() { return nullptr; }
 GraphRngScope::GraphRngScope(const GraphRng*) : previous_(nullptr) {}
 GraphRngScope::~GraphRngScope() = default;
 void write_device_word(int, uint64_t*, uint64_t) { unavailable("cuda_graph"); }
+void add_device_word(int, uint64_t*, uint64_t) { unavailable("cuda_graph"); }
 }  // namespace internal
 
 }  // namespace kiln::cuda

@@ -334,6 +334,7 @@ void CudaRandom::randperm(OpCall& c, Stream s) {
 
 namespace {
 __global__ void write_word_kernel(uint64_t* word, uint64_t value) { *word = value; }
+__global__ void add_word_kernel(uint64_t* word, uint64_t value) { *word += value; }
 }  // namespace
 
 namespace internal {
@@ -341,6 +342,11 @@ void write_device_word(int device, uint64_t* word, uint64_t value) {
   DeviceGuard guard(device);
   write_word_kernel<<<1, 1, 0, current_stream()>>>(word, value);
   KILN_CUDA_LAUNCH_CHECK("write_word_kernel");
+}
+void add_device_word(int device, uint64_t* word, uint64_t value) {
+  DeviceGuard guard(device);
+  add_word_kernel<<<1, 1, 0, current_stream()>>>(word, value);
+  KILN_CUDA_LAUNCH_CHECK("add_word_kernel");
 }
 }  // namespace internal
 

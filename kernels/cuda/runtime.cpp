@@ -187,21 +187,22 @@ struct DeferredFree {
   cudaStream_t stream;  // the one it was allocated on
 };
 
-// The capture this thread runs, if any.
 // Work the host starts after each launch of a graph (defer_to_each_launch), and what it waits
-// for: a flag word that a one-thread kernel of the graph sets to 1 (the side stream waits for it
-// with cuStreamWaitValue32 and clears it), or, where the driver lacks stream memory operations or
-// the flags ran out, an event the graph records. An event record node costs the graph a bubble of
-// about 30 us where it stands (llama-3.2-1b's compiled DDP step: 66 of them, 2 ms a step, on 4
-// H200s; benchmarks/RESULTS.md, session 31); a kernel node does not.
+// for: a flag word in which a one-thread kernel of the graph counts its launches (the side stream
+// waits with cuStreamWaitValue32 until it reaches the launch's number), or, where the driver lacks
+// stream memory operations or the flags ran out, an event the graph records. An event record node
+// costs the graph a bubble of about 30 us where it stands (llama-3.2-1b's compiled DDP step: 66 of
+// them, 2 ms a step, on 4 H200s; benchmarks/RESULTS.md, session 31); a kernel node does not.
 struct AfterLaunch {
   cudaEvent_t event = nullptr;
-  int flag = -1;  // index into the device's flag words
+  int flag = -1;          // index into the device's flag words
+  uint32_t launches = 0;  // launches so far (the flag's count once the mark is reached)
   std::function<void()> start;
 };
 
 constexpr int kFlagWords = 4096;
 
+// The capture this thread runs, if any.
 struct CaptureContext {
   cudaStream_t stream = nullptr;
   int device = -1;
@@ -414,10 +415,10 @@ void release_after_launch(std::vector<AfterLaunch>& after, int device, bool laun
     if (a.event != nullptr && cudaEventDestroy(a.event) != cudaSuccess) (void)cudaGetLastError();
     a.event = nullptr;
     if (a.flag < 0) continue;
-    // A launch whose deferred work failed to start may have left its flag set.
+    // Counted to zero again for its next graph.
     if (launched && cudaMemset(s.flag_words + a.flag, 0, sizeof(uint64_t)) != cudaSuccess) {
       (void)cudaGetLastError();
-      continue;  // not handed back: it may still read 1
+      continue;  // not handed back: it may hold a count
     }
     std::lock_guard<std::mutex> lock(s.flags_mu);
     s.free_flags.push_back(a.flag);
@@ -511,37 +512,24 @@ void CapturedGraph::launch() {
     // cudaGraphLaunch: this launch's mark), on a stream of its own.
     const cudaStream_t side = state(device_).after_launch_stream;
     const cudaStream_t previous = t_streams.current[device_];
-    // Queues the wait for a mark; a flag is cleared once seen, so that the next launch's is new.
-    auto wait_for = [&](const AfterLaunch& a) {
-      if (a.flag >= 0) {
-        const auto word = reinterpret_cast<CUdeviceptr>(state(device_).flag_words + a.flag);
-        const StreamMemOps& ops = stream_mem_ops();
-        KILN_CHECK(ops.wait(side, word, 1, CU_STREAM_WAIT_VALUE_EQ) == CUDA_SUCCESS &&
-                       ops.write(side, word, 0, 0) == CUDA_SUCCESS,
-                   "[cuda_graph] queuing the wait for a graph's flag on cuda:", device_, " failed");
-      } else {
-        KILN_CUDA_CHECK(cudaStreamWaitEvent(side, a.event, 0));
-      }
-    };
+    // Every mark counts this launch, whether or not its part starts (an earlier part's failure).
+    for (AfterLaunch& a : impl_->after_launch) ++a.launches;
     set_current_stream(device_, side);
-    size_t i = 0;
-    bool waited = false;  // for part i
     try {
-      for (; i < impl_->after_launch.size(); ++i) {
-        waited = false;
-        wait_for(impl_->after_launch[i]);
-        waited = true;
-        impl_->after_launch[i].start();
+      for (const AfterLaunch& a : impl_->after_launch) {
+        if (a.flag >= 0) {
+          // GEQ compares (int32_t)(*word - launches) >= 0, so the count may wrap.
+          const auto word = reinterpret_cast<CUdeviceptr>(state(device_).flag_words + a.flag);
+          KILN_CHECK(stream_mem_ops().wait(side, word, a.launches, CU_STREAM_WAIT_VALUE_GEQ) ==
+                         CUDA_SUCCESS,
+                     "[cuda_graph] queuing the wait for a graph's mark on cuda:", device_,
+                     " failed");
+        } else {
+          KILN_CUDA_CHECK(cudaStreamWaitEvent(side, a.event, 0));
+        }
+        a.start();
       }
     } catch (...) {
-      // The flags of the parts not started are still cleared, so that a later launch does not
-      // find them set by this one.
-      for (size_t j = waited ? i + 1 : i; j < impl_->after_launch.size(); ++j) {
-        try {
-          wait_for(impl_->after_launch[j]);
-        } catch (...) {
-        }
-      }
       set_current_stream(device_, previous);
       throw;
     }
@@ -578,7 +566,7 @@ bool defer_to_each_launch(std::function<void()> start) {
   c.after_launch.push_back(std::move(a));  // released with the capture if it fails
   AfterLaunch& added = c.after_launch.back();
   if (added.flag >= 0) {
-    write_device_word(c.device, s.flag_words + added.flag, 1);  // a kernel node
+    add_device_word(c.device, s.flag_words + added.flag, 1);  // a kernel node
   } else {
     KILN_CUDA_CHECK(cudaEventCreateWithFlags(&added.event, cudaEventDisableTiming));
     KILN_CUDA_CHECK(

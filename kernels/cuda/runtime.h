@@ -125,18 +125,18 @@ class TrustedIndicesScope {
 // Work that a graph cannot hold, started by the host after each launch of the graph being
 // captured on this thread (capture_graph's `fn`): returns false, and does nothing, when the thread
 // is not capturing. Otherwise the capture marks where the current stream stands: a one-thread
-// kernel that sets a flag word (or, where the driver has no stream memory operations or the
-// device's 4096 flags are taken, an external event record node, which costs the graph a bubble of
-// about 30 us). After every launch of the graph, including its first, `start` runs on the
-// launching thread with a stream of the device kept for it as the current stream, made to wait
-// for the mark (cuStreamWaitValue32, which then clears the flag): what `start` queues runs after
-// the graph's work before this call, beside the rest of the graph, and nothing in the graph waits
-// for it. Whatever reads its results waits outside the graph (a later graph's launch follows a
-// wait on the host's side). compiled DDP's all-reduces go this way (dist/collective_ops.cpp): the
-// copy-engine all-reduce counts its slots' uses in flags, values a graph would freeze, and a wait
-// inside a graph for work queued outside it never completes (benchmarks/RESULTS.md, session 29).
-// `start` must not throw for a reason a later launch would not have; an exception propagates out
-// of CapturedGraph::launch.
+// kernel that counts the launches in a flag word (or, where the driver has no stream memory
+// operations or the device's 4096 flags are taken, an external event record node, which costs the
+// graph a bubble of about 30 us). After every launch of the graph, including its first, `start`
+// runs on the launching thread with a stream of the device kept for it as the current stream,
+// made to wait for that launch's mark (cuStreamWaitValue32 until the count reaches the launch's):
+// what `start` queues runs after the graph's work before this call, beside the rest of the graph,
+// and nothing in the graph waits for it. Whatever reads its results waits outside the graph (a
+// later graph's launch follows a wait on the host's side). compiled DDP's all-reduces go this way
+// (dist/collective_ops.cpp): the copy-engine all-reduce counts its slots' uses in flags, values a
+// graph would freeze, and a wait inside a graph for work queued outside it never completes
+// (benchmarks/RESULTS.md, session 29). An exception from `start` propagates out of
+// CapturedGraph::launch; the parts after it are not started for that launch.
 bool defer_to_each_launch(std::function<void()> start);
 
 // Random ops in a CUDA graph (kernels/random_fn.h, stream_of): while a GraphRngScope lives on
@@ -162,6 +162,8 @@ class GraphRngScope {
 // Queues `*word = value` (`word` on cuda:`device`) on that device's current stream (a one-thread
 // kernel: the value travels as its argument, nothing on the host must outlive the call).
 void write_device_word(int device, uint64_t* word, uint64_t value);
+// Queues `*word += value` the same way (defer_to_each_launch's marks count the launches).
+void add_device_word(int device, uint64_t* word, uint64_t value);
 }  // namespace internal
 
 }  // namespace kiln::cuda
