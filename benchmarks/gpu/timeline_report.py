@@ -89,9 +89,9 @@ def report(path, args):
         rows = [r for r in rows if marks[0] <= r[0] < marks[-1]]
         window, steps = marks[-1] - marks[0], len(marks) - 1
     elif not steps and args.step_ms:
-        # The whole steps of that length that end the timeline. A
-        # window of 2.1 steps that ends with the optimizer holds three of its launches, which
-        # divided by two steps made AdamW look 1.5x slower than it ran (session 30).
+        # The whole steps of that length that end the timeline: a window of 2.1 steps that ends
+        # with the optimizer holds three of its launches, which divided by two made AdamW look
+        # 1.5x slower than it ran (session 30).
         steps = max(1, int(window / 1e6 / args.step_ms))
         window = int(steps * args.step_ms * 1e6)
         end = max(r[1] for r in rows)
