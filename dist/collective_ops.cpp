@@ -108,13 +108,13 @@ void all_reduce_kernel(OpCall& c) {
   const auto op = static_cast<ReduceOp>(c.attr<int64_t>(1));
   const auto group = group_of(c);
   const bool beside_compute = c.attr<int64_t>(2) != 0;
-  if (t.is_cuda()) {
+  if (t.is_cuda() && cuda::internal::capturing_graph()) {
     void* data = t.data_ptr();
     const Shape sizes(t.sizes().begin(), t.sizes().end());
     const Shape strides(t.strides().begin(), t.strides().end());
     const TensorOptions options = TensorOptions().dtype(t.dtype()).device(t.device());
     const std::weak_ptr<ProcessGroup> weak = group;
-    const bool deferred = cuda::internal::defer_to_each_launch([=] {
+    cuda::internal::defer_to_each_launch([=] {
       std::shared_ptr<ProcessGroup> g = weak.lock();
       KILN_CHECK(g != nullptr,
                  "[dist_all_reduce_] the process group of a CUDA graph's all-reduce "
@@ -122,7 +122,7 @@ void all_reduce_kernel(OpCall& c) {
       Tensor view = from_blob(data, sizes, strides, options);  // the graph's memory
       start_all_reduce(g, view, op, beside_compute);
     });
-    if (deferred) return;
+    return;
   }
   start_all_reduce(group, t, op, beside_compute);
 }

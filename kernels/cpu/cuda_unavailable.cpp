@@ -69,6 +69,7 @@ std::shared_ptr<CapturedGraph> capture_graph(int, const std::function<std::vecto
   unavailable("cuda_graph");
 }
 int64_t* capture_error_flag() { return nullptr; }
+bool capturing_graph() { return false; }
 bool defer_to_each_launch(std::function<void()>) { return false; }
 void trim_graph_memory(int) { unavailable("trim_graph_memory"); }
 const GraphRng* capture_rng() { return nullptr; }

@@ -103,8 +103,7 @@ struct DeviceState {
   // The graph memory in use at the last launch or trim (the peak counts allocated + it).
   std::atomic<int64_t> graph_used{0};
   std::once_flag capture_init;
-  cudaStream_t capture_stream = nullptr;  // kept for CUDA graph captures (capture_graph)
-  std::once_flag after_launch_init;
+  cudaStream_t capture_stream = nullptr;       // kept for CUDA graph captures (capture_graph)
   cudaStream_t after_launch_stream = nullptr;  // defer_to_each_launch's work starts there
   // defer_to_each_launch's flags: 64-bit words of device memory (zeroed), handed to captures and
   // back when their graphs go.
@@ -470,6 +469,8 @@ CapturedGraph::~CapturedGraph() {
 
 int64_t* capture_error_flag() { return t_capture != nullptr ? t_capture->error_flag : nullptr; }
 
+bool capturing_graph() { return t_capture != nullptr; }
+
 namespace {
 thread_local const GraphRng* t_graph_rng = nullptr;
 }  // namespace
@@ -551,12 +552,9 @@ bool defer_to_each_launch(std::function<void()> start) {
   if (t_capture == nullptr) return false;
   CaptureContext& c = *t_capture;
   DeviceState& s = state(c.device);
-  std::call_once(s.after_launch_init, [&] {
-    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.after_launch_stream, cudaStreamNonBlocking));
-  });
   AfterLaunch a;
   a.start = std::move(start);
-  if (s.flag_words != nullptr && stream_mem_ops().ok) {
+  if (stream_mem_ops().ok) {
     std::lock_guard<std::mutex> lock(s.flags_mu);
     if (!s.free_flags.empty()) {
       a.flag = s.free_flags.back();
@@ -591,7 +589,9 @@ std::shared_ptr<CapturedGraph> capture_graph(int device,
     void* dev = nullptr;
     KILN_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
     s.graph_flag_device = static_cast<int64_t*>(dev);
-    // defer_to_each_launch's flags, made here: a capture may not allocate or clear memory.
+    // defer_to_each_launch's stream and flags, made here: a capture may not allocate or clear
+    // memory.
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.after_launch_stream, cudaStreamNonBlocking));
     void* words = nullptr;
     KILN_CUDA_CHECK(cudaMalloc(&words, kFlagWords * sizeof(uint64_t)));
     KILN_CUDA_CHECK(cudaMemset(words, 0, kFlagWords * sizeof(uint64_t)));

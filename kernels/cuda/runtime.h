@@ -104,6 +104,9 @@ void trim_graph_memory(int device);
 // reported, by the next launch: "[cuda_graph] a kernel of a replayed graph ... (value V)".
 int64_t* capture_error_flag();
 
+// Whether this thread is capturing a graph (inside capture_graph's `fn`).
+bool capturing_graph();
+
 // While a TrustedIndicesScope lives on this thread, index_add's CUDA kernel does not wait for the
 // device to read its out-of-range flag: the caller vouches for the indices (embedding's backward
 // adds the rows at the ids its forward checked). The wait is a host-device synchronisation

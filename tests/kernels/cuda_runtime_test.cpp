@@ -452,9 +452,11 @@ TEST_F(GpuRuntime, WorkDeferredToEachLaunchOfAGraph) {
   int starts = 0;
   cuda::Event done;
   const cuda::Stream caller = cuda::current_stream();
+  EXPECT_FALSE(cuda::internal::capturing_graph());
   EXPECT_FALSE(cuda::internal::defer_to_each_launch([&] { ++starts; }));
   auto capture = [&] {
     return cuda::internal::capture_graph(0, [&] {
+      EXPECT_TRUE(cuda::internal::capturing_graph());
       x.add_(1);
       EXPECT_TRUE(cuda::internal::defer_to_each_launch([&] {
         ++starts;
