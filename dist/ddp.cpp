@@ -55,6 +55,8 @@ Reducer::Reducer(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGrou
   KILN_CHECK(pg_ != nullptr, "[DistributedDataParallel] the process group is null");
   KILN_CHECK(options_.bucket_cap_mb > 0,
              "[DistributedDataParallel] bucket_cap_mb must be > 0, got ", options_.bucket_cap_mb);
+  KILN_CHECK(options_.tail_buckets >= 0,
+             "[DistributedDataParallel] tail_buckets must be >= 0, got ", options_.tail_buckets);
   for (auto& item : module_->named_parameters()) {
     if (!item.value().requires_grad()) continue;
     params_.push_back(item.value());
@@ -225,13 +227,14 @@ void Reducer::mark_ready(size_t index) {
     cuda::set_matmul_sm_carveout(options_.comm_sm_carveout);
   }
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
-    Bucket& next = buckets_[next_to_launch_++];
     // An op of the registry: a compiled step records it here, amid the backward it overlaps.
-    // Every bucket but the last runs beside the backward's remaining compute (NCCL: through the
-    // copy engines, leaving the SMs to it); the last one holds up the step, and takes the
-    // fastest path.
-    next.work = all_reduce_op(pg_, next.flat, ReduceOp::kAvg,
-                              /*beside_compute=*/next_to_launch_ < buckets_.size());
+    // The buckets before the last tail_buckets run beside the backward's remaining compute
+    // (NCCL: through the copy engines, leaving the SMs to it); the last ones hold up the step,
+    // and take the fastest path.
+    const bool beside_compute =
+        next_to_launch_ + static_cast<size_t>(options_.tail_buckets) < buckets_.size();
+    Bucket& next = buckets_[next_to_launch_++];
+    next.work = all_reduce_op(pg_, next.flat, ReduceOp::kAvg, beside_compute);
   }
   if (next_to_launch_ == buckets_.size()) finalize();
 }

@@ -79,6 +79,14 @@ struct DDPOptions {
   // bucket's launch to the end of the backward (kiln::cuda::set_matmul_sm_carveout; CUDA only,
   // not in a compiled step). 0: the products plan for every SM.
   int comm_sm_carveout = 0;
+  // The last `tail_buckets` buckets of a backward are all-reduced the way that is fastest on its
+  // own (ProcessGroup::all_reduce: NCCL's kernels), the others beside the backward's compute
+  // (all_reduce_beside_compute: the copy engines between the GPUs of one host). The last buckets
+  // become ready when little or nothing of the backward is left for them to overlap, so their
+  // time adds to the step's; run beside each other, the two kinds of transfer also slow each
+  // other down. llama-160m on 4 GPUs: the tail after the backward, 650 us with one such bucket
+  // (benchmarks/RESULTS.md, session 32). 0: every bucket beside the compute.
+  int tail_buckets = 2;
 };
 
 namespace internal {

@@ -268,6 +268,9 @@ struct BenchOptions {
   // Under dist "ddp": the gradient buckets' size in MiB (dist::DDPOptions::bucket_cap_mb, torch
   // DDP's bucket_cap_mb); unset: DDP's default.
   std::optional<double> ddp_bucket_mb;
+  // Under dist "ddp": how many of the last buckets take the all-reduce that is fastest alone
+  // (dist::DDPOptions::tail_buckets); unset: DDP's default.
+  std::optional<int> ddp_tail_buckets;
   // With dist on CUDA: DDP's gradient all-reduces between the GPUs of one host move with the copy
   // engines (dist::ProcessGroupNCCLOptions::peer_all_reduce); false: NCCL's kernels.
   bool peer_all_reduce = true;

@@ -49,7 +49,7 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   po.adam_state_in_param_dtype = o.adam_state_in_param_dtype;
   auto opt = make_optimizer(model, po);
   if (dp) {
-    dp->wrap(model, *opt, o.comm_sm_carveout, o.ddp_bucket_mb);
+    dp->wrap(model, *opt, o.comm_sm_carveout, o.ddp_bucket_mb, o.ddp_tail_buckets);
     r.world_size = dp->world();
     r.rank = dp->rank();
     manual_seed(o.seed + static_cast<uint64_t>(dp->rank()));  // each rank its own tokens

@@ -64,13 +64,14 @@ bool DataParallel::sharded() const { return impl_->mode != "ddp"; }
 const std::string& DataParallel::mode() const { return impl_->mode; }
 
 void DataParallel::wrap(GPT& model, const optim::Optimizer& opt, int comm_sm_carveout,
-                        std::optional<double> bucket_cap_mb) {
+                        std::optional<double> bucket_cap_mb, std::optional<int> tail_buckets) {
   if (!sharded()) {
     // GPT's buffers (the RoPE tables) are computed from the config, the same on every rank.
     dist::DDPOptions o;
     o.broadcast_buffers = false;
     o.comm_sm_carveout = comm_sm_carveout;
     if (bucket_cap_mb) o.bucket_cap_mb = *bucket_cap_mb;
+    if (tail_buckets) o.tail_buckets = *tail_buckets;
     impl_->ddp.emplace(model, impl_->pg, o);
     if (model->config().tie_embeddings) {
       // The table's all-reduce starts with the LM head's gradient, early in the backward; the

@@ -100,9 +100,11 @@ class DataParallel {
   // Wraps the model, once the optimizer is built over its full-shaped parameters and a resumed
   // checkpoint is loaded: DDP broadcasts rank 0's parameters; FSDP shards every block and the
   // root (rank 0's values), after which the parameters are 1-d shards.
-  // `comm_sm_carveout`, `bucket_cap_mb` (unset: the default): DDP's dist::DDPOptions.
+  // `comm_sm_carveout`, `bucket_cap_mb`, `tail_buckets` (unset: the default): DDP's
+  // dist::DDPOptions.
   void wrap(GPT& model, const optim::Optimizer& opt, int comm_sm_carveout = 0,
-            std::optional<double> bucket_cap_mb = std::nullopt);
+            std::optional<double> bucket_cap_mb = std::nullopt,
+            std::optional<int> tail_buckets = std::nullopt);
   // One micro-batch: `loss` (the forward) through the wrapper, then its backward. The gradients
   // are reduced when `sync` (DDP accumulates locally otherwise; FSDP reduces every micro-batch).
   // Returns the loss, detached.

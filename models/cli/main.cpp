@@ -151,6 +151,9 @@ commands:
                                the gradients' all-reduces during the backward (default 0)
       --ddp-bucket-mb X        with --dist ddp: the gradient buckets' size in MiB, torch
                                DDP's bucket_cap_mb (default 25)
+      --ddp-tail-buckets N     with --dist ddp: the last N buckets are all-reduced by NCCL's
+                               kernels, the others beside the backward by the copy engines
+                               (default 2)
       --nccl-all-reduce        with --dist on CUDA: DDP's gradient all-reduces run NCCL's
                                kernels, not the copy engines (the default on one host)
   tokenizer train [flags]      train a byte-level BPE tokenizer (Llama 3 style) and write its
@@ -548,7 +551,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(
       args,
       {"config", "batch", "seq", "steps", "precision", "device", "adam-state", "dist",
-       "comm-sm-carveout", "ddp-bucket-mb"},
+       "comm-sm-carveout", "ddp-bucket-mb", "ddp-tail-buckets"},
       {"compile", "no-cuda-graphs", "no-matmul-autotune", "profile", "nccl-all-reduce"});
   if (!f.contains("config")) throw UsageError{"bench needs --config NAME"};
   kiln::models::BenchOptions b;
@@ -591,6 +594,11 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (*b.ddp_bucket_mb <= 0) {
       throw UsageError{"--ddp-bucket-mb must be positive, got " + f.at("ddp-bucket-mb")};
     }
+  }
+  if (f.contains("ddp-tail-buckets")) {
+    if (b.dist != "ddp") throw UsageError{"--ddp-tail-buckets goes with --dist ddp"};
+    b.ddp_tail_buckets = static_cast<int>(std::min<int64_t>(
+        parse_int_at_least("ddp-tail-buckets", f.at("ddp-tail-buckets"), 0), 1 << 30));
   }
   const auto r = kiln::models::bench(b, std::cout);
   if (r.rank != 0) return 0;  // rank 0 reports

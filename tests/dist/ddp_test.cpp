@@ -156,6 +156,75 @@ TEST(PostAccumulateGradHookTest, RunsAfterAccumulationOncePerBackward) {
   }
 }
 
+// A group of this process alone that records which all-reduce each call takes ('f': all_reduce,
+// the fastest alone; 'b': all_reduce_beside_compute) and leaves the tensors as they are.
+class RecordingGroup : public ProcessGroup {
+ public:
+  RecordingGroup() : ProcessGroup(0, 1) {}
+  std::string backend_name() const override { return "recording"; }
+  std::string calls;
+
+  std::shared_ptr<Work> all_reduce(Tensor&, ReduceOp) override { return done('f'); }
+  std::shared_ptr<Work> all_reduce_beside_compute(Tensor&, ReduceOp) override { return done('b'); }
+  std::shared_ptr<Work> broadcast(Tensor&, int) override { return done(0); }
+  std::shared_ptr<Work> all_gather_into_tensor(Tensor&, const Tensor&) override { fail(); }
+  std::shared_ptr<Work> all_gather(std::vector<Tensor>&, const Tensor&) override { fail(); }
+  std::shared_ptr<Work> reduce_scatter_tensor(Tensor&, const Tensor&, ReduceOp) override { fail(); }
+  std::shared_ptr<Work> reduce_scatter(Tensor&, const std::vector<Tensor>&, ReduceOp) override {
+    fail();
+  }
+  std::shared_ptr<Work> barrier() override { return done(0); }
+  std::shared_ptr<Work> send(const Tensor&, int, int) override { fail(); }
+  std::shared_ptr<Work> recv(Tensor&, int, int) override { fail(); }
+
+ private:
+  std::shared_ptr<Work> done(char call) {
+    if (call != 0) calls += call;
+    auto w = std::make_shared<Work>("recorded");
+    w->finish();
+    return w;
+  }
+  [[noreturn]] static void fail() { KILN_FAIL("RecordingGroup: not used by DDP"); }
+};
+
+// DDPOptions::tail_buckets: the last buckets of every backward take the all-reduce that is
+// fastest alone, the others the one beside the compute.
+TEST(DdpTest, TailBucketsTakeTheFastestAllReduce) {
+  auto run = [](std::optional<int> tail_buckets) {
+    auto pg = std::make_shared<RecordingGroup>();
+    manual_seed(5);
+    nn::Sequential net(nn::Linear(4, 8), nn::Linear(8, 8), nn::Linear(8, 2));
+    DDPOptions o;
+    o.bucket_cap_mb = 1e-6;  // a bucket per parameter: six
+    if (tail_buckets) o.tail_buckets = *tail_buckets;
+    DistributedDataParallel ddp(net, pg, o);
+    pg->calls.clear();  // the constructor's check that the ranks hold the same model
+    Tensor x = randn({3, 4});
+    ddp(x).square().mean().backward();
+    const std::string first = pg->calls;
+    pg->calls.clear();
+    ddp(x).square().mean().backward();  // in the buckets rebuilt in the ready order
+    EXPECT_EQ(pg->calls, first);
+    return first;
+  };
+  EXPECT_EQ(run(std::nullopt), "bbbbff");  // the default: 2
+  EXPECT_EQ(run(1), "bbbbbf");
+  EXPECT_EQ(run(0), "bbbbbb");
+  EXPECT_EQ(run(6), "ffffff");
+  EXPECT_EQ(run(100), "ffffff");
+  DDPOptions bad;
+  bad.tail_buckets = -1;
+  manual_seed(5);
+  nn::Linear net(4, 2);
+  try {
+    DistributedDataParallel ddp(net, std::make_shared<RecordingGroup>(), bad);
+    ADD_FAILURE() << "tail_buckets -1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tail_buckets must be >= 0, got -1"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A compiled DDP step over NCCL equals eager DDP (dist_worker's ddp_compiled_nccl); at 2 ranks
 // where there are 2 GPUs.
 TEST(GpuDdpTest, CompiledStepOverNcclEqualsEager) {

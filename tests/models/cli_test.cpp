@@ -114,6 +114,10 @@ TEST_F(CliTest, NumericEdgeCasesNameTheFlag) {
                "--ddp-bucket-mb must be positive, got 0");
   expect_error("bench --config tiny-llama --device cpu --dist ddp --ddp-bucket-mb x", 2,
                "--ddp-bucket-mb: 'x' is not a number");
+  expect_error("bench --config tiny-llama --device cpu --ddp-tail-buckets 1", 2,
+               "--ddp-tail-buckets goes with --dist ddp");
+  expect_error("bench --config tiny-llama --device cpu --dist ddp --ddp-tail-buckets -1", 2,
+               "--ddp-tail-buckets must be >= 0, got -1");
   expect_error("bench --config tiny-llama --batch 4294967296 --seq 4294967296 --device cpu", 2,
                "--batch 4294967296 x --seq 4294967296 tokens per step overflows int64");
   expect_error("bench --config tiny-llama --device cpu --adam-state bf16", 2,
@@ -324,10 +328,10 @@ TEST_F(CliTest, BenchTakesNoMatmulAutotune) {
 TEST_F(CliTest, UsageListsTheNewFlags) {
   const Result r = run_kiln("help");
   EXPECT_EQ(r.status, 0);
-  for (const char* flag :
-       {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps", "--adam-state",
-        "--config FILE.toml", "--dist M", "--tokenizer FILE", "--hf DIR ", "--no-compile",
-        "--comm-sm-carveout N", "--ddp-bucket-mb X", "--no-matmul-autotune", "--nccl-all-reduce"}) {
+  for (const char* flag : {"--skip-nonfinite", "--allow-resume-changes", "--lr-decay-steps",
+                           "--adam-state", "--config FILE.toml", "--dist M", "--tokenizer FILE",
+                           "--hf DIR ", "--no-compile", "--comm-sm-carveout N", "--ddp-bucket-mb X",
+                           "--ddp-tail-buckets N", "--no-matmul-autotune", "--nccl-all-reduce"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
 }
