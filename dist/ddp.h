@@ -83,10 +83,10 @@ struct DDPOptions {
   // own (ProcessGroup::all_reduce: NCCL's kernels), the others beside the backward's compute
   // (all_reduce_beside_compute: the copy engines between the GPUs of one host). The last buckets
   // become ready when little or nothing of the backward is left for them to overlap, so their
-  // time adds to the step's; run beside each other, the two kinds of transfer also slow each
-  // other down. llama-160m on 4 GPUs: the tail after the backward, 650 us with one such bucket
-  // (benchmarks/RESULTS.md, session 32). 0: every bucket beside the compute.
-  int tail_buckets = 2;
+  // time adds to the step's. With one, llama-160m's slowest rank waited 650 us after its backward
+  // on 4 GPUs, its last two buckets' transfers slowing each other; on 2 GPUs two measured 0.6%
+  // slower than one (benchmarks/RESULTS.md, session 32). 0: every bucket beside the compute.
+  int tail_buckets = 1;
 };
 
 namespace internal {

@@ -153,7 +153,7 @@ commands:
                                DDP's bucket_cap_mb (default 25)
       --ddp-tail-buckets N     with --dist ddp: the last N buckets are all-reduced by NCCL's
                                kernels, the others beside the backward by the copy engines
-                               (default 2)
+                               (default 1)
       --nccl-all-reduce        with --dist on CUDA: DDP's gradient all-reduces run NCCL's
                                kernels, not the copy engines (the default on one host)
   tokenizer train [flags]      train a byte-level BPE tokenizer (Llama 3 style) and write its

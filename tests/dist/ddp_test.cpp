@@ -207,8 +207,8 @@ TEST(DdpTest, TailBucketsTakeTheFastestAllReduce) {
     EXPECT_EQ(pg->calls, first);
     return first;
   };
-  EXPECT_EQ(run(std::nullopt), "bbbbff");  // the default: 2
-  EXPECT_EQ(run(1), "bbbbbf");
+  EXPECT_EQ(run(std::nullopt), "bbbbbf");  // the default: 1
+  EXPECT_EQ(run(2), "bbbbff");
   EXPECT_EQ(run(0), "bbbbbb");
   EXPECT_EQ(run(6), "ffffff");
   EXPECT_EQ(run(100), "ffffff");
