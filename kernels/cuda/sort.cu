@@ -37,7 +37,8 @@ __global__ void row_offsets_kernel(int64_t* offsets, int64_t rows, int64_t size)
 }
 
 template <typename K, typename P>
-Tensor sort_typed(const K* keys, int64_t rows, int64_t size, bool descending, Device device) {
+Tensor sort_typed(const K* keys, int64_t rows, int64_t size, bool descending, Device device,
+                  int key_bits) {
   const int64_t n = rows * size;
   const cudaStream_t stream = current_stream();
   Tensor columns = loops::empty_on({n}, dtype_of<P>(), device);
@@ -51,11 +52,12 @@ Tensor sort_typed(const K* keys, int64_t rows, int64_t size, bool descending, De
   size_t bytes = 0;
   if (rows == 1) {
     // One row: the device-wide radix sort (the segmented sorts give a segment one block).
+    const int end_bit = key_bits > 0 ? key_bits : int(sizeof(K) * 8);
     auto run = [&](void* temp) {
-      return descending ? cub::DeviceRadixSort::SortPairsDescending(
-                              temp, bytes, keys, kout, cin, cout, n, 0, int(sizeof(K) * 8), stream)
+      return descending ? cub::DeviceRadixSort::SortPairsDescending(temp, bytes, keys, kout, cin,
+                                                                    cout, n, 0, end_bit, stream)
                         : cub::DeviceRadixSort::SortPairs(temp, bytes, keys, kout, cin, cout, n, 0,
-                                                          int(sizeof(K) * 8), stream);
+                                                          end_bit, stream);
     };
     KILN_CUDA_CHECK(run(nullptr));
     Tensor temp = device_bytes(static_cast<int64_t>(bytes), device);
@@ -80,29 +82,33 @@ Tensor sort_typed(const K* keys, int64_t rows, int64_t size, bool descending, De
 }
 
 template <typename K>
-Tensor sort_keys(const void* keys, int64_t rows, int64_t size, bool descending, Device device) {
+Tensor sort_keys(const void* keys, int64_t rows, int64_t size, bool descending, Device device,
+                 int key_bits) {
   const K* k = static_cast<const K*>(keys);
   if (size <= std::numeric_limits<int32_t>::max()) {
-    return sort_typed<K, int32_t>(k, rows, size, descending, device);
+    return sort_typed<K, int32_t>(k, rows, size, descending, device, key_bits);
   }
-  return sort_typed<K, int64_t>(k, rows, size, descending, device);
+  return sort_typed<K, int64_t>(k, rows, size, descending, device, key_bits);
 }
 
 }  // namespace
 
 Tensor sort_positions(const void* keys, int key_bytes, int64_t rows, int64_t size, bool descending,
-                      Device device) {
+                      Device device, int key_bits) {
   KILN_CHECK(rows >= 0 && size >= 0, "[sort] internal: bad row geometry ", rows, " x ", size);
+  KILN_CHECK(key_bits >= 0 && key_bits <= key_bytes * 8 && (key_bits == 0 || rows == 1),
+             "[sort] internal: ", key_bits, " key bits for ", rows, " rows of ", key_bytes,
+             "-byte keys");
   if (rows * size == 0) return loops::empty_on({0}, kInt32, device);
   switch (key_bytes) {
     case 1:
-      return sort_keys<uint8_t>(keys, rows, size, descending, device);
+      return sort_keys<uint8_t>(keys, rows, size, descending, device, key_bits);
     case 2:
-      return sort_keys<uint16_t>(keys, rows, size, descending, device);
+      return sort_keys<uint16_t>(keys, rows, size, descending, device, key_bits);
     case 4:
-      return sort_keys<uint32_t>(keys, rows, size, descending, device);
+      return sort_keys<uint32_t>(keys, rows, size, descending, device, key_bits);
     case 8:
-      return sort_keys<uint64_t>(keys, rows, size, descending, device);
+      return sort_keys<uint64_t>(keys, rows, size, descending, device, key_bits);
     default:
       KILN_FAIL("[sort] internal: unsupported key width ", key_bytes);
   }

@@ -21,8 +21,10 @@ namespace kiln::cuda::internal {
 
 // Sorts each row of keys (key_bytes = 1, 2, 4 or 8 bytes each) stably, ascending or
 // descending, and returns the sorted columns (see above). Runs on the current stream.
+// `key_bits` > 0: a single row's keys (rows == 1) are below 2^key_bits, and only those low bits
+// are sorted on (one radix pass per 8 bits instead of one per key byte).
 Tensor sort_positions(const void* keys, int key_bytes, int64_t rows, int64_t size, bool descending,
-                      Device device);
+                      Device device, int key_bits = 0);
 
 // Uninitialised device memory of `bytes` bytes, as a tensor that owns it.
 inline Tensor device_bytes(int64_t bytes, Device device) {

@@ -675,6 +675,55 @@ TEST_F(GpuIndex, IndexAddRowsKernelMatchesPerElementKernel) {
   }
 }
 
+// The floating-point index_add sorts its index on the bits of the indexed dim's size only (three
+// radix passes for 70000 rows). The sums must still run in position order within each row: the
+// bits of a reference that adds each row's sources in order in f32 and rounds once, for valid
+// indices of both widths spread over the rows and runs of repeats; out-of-range and negative
+// indices are still errors.
+TEST_F(GpuIndex, IndexAddOnTheIndexBitsKeepsPositionOrder) {
+  uint64_t seed = 9800;
+  const int64_t rows = 70000, n = 6000;
+  for (ScalarType dt : {kFloat, kBFloat16}) {
+    for (ScalarType it : {kInt64, kInt32}) {
+      for (int64_t width : {int64_t{8}, int64_t{3}}) {  // dense 16-byte packs; the per-element path
+        const Tensor src = random_cpu({n, width}, dt, seed++, -1, 1);
+        // Half the entries on 5 rows (long runs), half anywhere, the largest row included.
+        Tensor idx = random_cpu({n}, kInt64, seed++, 0, static_cast<double>(rows - 1));
+        const Tensor few = random_cpu({n / 2}, kInt64, seed++, 0, 4).mul(13997);
+        idx.narrow(0, 0, n / 2).copy_(few);
+        idx.narrow(0, n - 1, 1).fill_(rows - 1);
+        idx = idx.to(it);
+        const Tensor base = random_cpu({rows, width}, dt, seed++, -1, 1);
+        Tensor want = base.to(kFloat).clone();  // to(kFloat) of a float tensor is base itself
+        {
+          Tensor acc = zeros({rows, width}, TensorOptions(kFloat));
+          const Tensor s = src.to(kFloat);
+          const std::vector<int64_t> at = idx.to(kInt64).to_vector<int64_t>();
+          auto* a = acc.data_ptr<float>();
+          const auto* sp = s.data_ptr<float>();
+          for (int64_t j = 0; j < n; ++j) {
+            for (int64_t k = 0; k < width; ++k) a[at[j] * width + k] += sp[j * width + k];
+          }
+          auto* w = want.data_ptr<float>();
+          for (int64_t i = 0; i < rows * width; ++i) w[i] += a[i];
+        }
+        const std::string what = std::string(dtype_name(dt)) + " " + std::string(dtype_name(it)) +
+                                 " width " + std::to_string(width);
+        expect_same(base.cuda().index_add(0, idx.cuda(), src.cuda()), want.to(dt),
+                    "index_add " + what);
+      }
+    }
+  }
+  const Tensor src = random_cpu({4, 8}, kFloat, seed++).cuda();
+  const Tensor base = zeros({rows, 8}, TensorOptions(kFloat).device(kCUDA));
+  EXPECT_KILN_ERROR(
+      base.index_add(0, tensor(std::vector<int64_t>{3, rows, 5, 1}, kInt64).cuda(), src),
+      "index 70000 is out of bounds for dimension 0 with size 70000");
+  EXPECT_KILN_ERROR(
+      base.index_add(0, tensor(std::vector<int64_t>{3, 2, -2, 1}, kInt64).cuda(), src),
+      "index -2 is out of bounds");
+}
+
 TEST_F(GpuIndex, MaskedFillAndTriangles) {
   uint64_t seed = 9000;
   for (ScalarType dt : kAllDtypes) {
