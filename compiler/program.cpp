@@ -1,8 +1,10 @@
 #include "compiler/program.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "autograd/grad_mode.h"
+#include "kernels/cuda/runtime.h"
 #include "tensor/profiler.h"
 #include "tensor/random.h"
 #include "tensor/storage.h"
@@ -22,6 +24,12 @@ Program::Program(Trace trace, std::vector<Tensor> externals,
   // step at its last op's place; its other ops get none.
   for (const Tensor& e : externals_) {
     if (e.defined()) external_storages_.insert(e.impl()->storage().get());
+  }
+  for (const ValueInfo& v : t.values) {
+    if (v.spec.device.is_cuda()) {
+      cuda_device_ = static_cast<int>(v.spec.device.index());
+      break;
+    }
   }
   steps_.resize(t.ops.size());
   step_executors_.resize(t.ops.size(), nullptr);
@@ -156,6 +164,10 @@ Frame Program::begin_run(const std::vector<Tensor>& arguments, const RngState* r
 
 void Program::run_steps(Frame& frame, size_t begin, size_t end) const {
   NoGradGuard no_grad;
+  // The device's argument checks (an index in range) are read by the next run, not waited for
+  // here (kernels/cuda/runtime.h); a capture has its own.
+  std::optional<cuda::internal::DeferredChecksScope> deferred;
+  if (cuda_device_ >= 0 && !cuda::internal::capturing_graph()) deferred.emplace(cuda_device_);
   for (size_t i = begin; i < end && i < steps_.size(); ++i) {
     if (steps_[i]) {
       const profiler::ExecutorLabel label(step_executors_[i]);

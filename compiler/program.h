@@ -59,6 +59,7 @@ class Program {
   // The captured tensors' storages: a gradient outside them is not read by the program.
   absl::flat_hash_set<const void*> external_storages_;
   int64_t planned_peak_bytes_ = 0;
+  int cuda_device_ = -1;  // the device of the first CUDA value (-1: none)
 };
 
 }  // namespace kiln::compiler

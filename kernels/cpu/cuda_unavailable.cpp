@@ -68,7 +68,9 @@ void CapturedGraph::launch() { unavailable("cuda_graph"); }
 std::shared_ptr<CapturedGraph> capture_graph(int, const std::function<std::vector<Storage>()>&) {
   unavailable("cuda_graph");
 }
-int64_t* capture_error_flag() { return nullptr; }
+int64_t* deferred_error_flag(int) { return nullptr; }
+DeferredChecksScope::DeferredChecksScope(int) : previous_(-1) {}
+DeferredChecksScope::~DeferredChecksScope() = default;
 bool capturing_graph() { return false; }
 bool defer_to_each_launch(std::function<void()>) { return false; }
 void trim_graph_memory(int) { unavailable("trim_graph_memory"); }

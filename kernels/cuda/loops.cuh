@@ -387,8 +387,9 @@ void elementwise(const Tensor& out, const F& f, TensorFor<Ins>... in) {
 // Kernels that find a bad argument (an out-of-range index, an integer division by zero) record
 // it here; the host reads it after the kernel (waiting for the device) and raises kiln::Error,
 // so GPU and CPU kernels fail on the same inputs with comparable messages. While a CUDA graph is
-// captured the host cannot wait: the kernels raise the graph's flag instead, which the graph's
-// next launch checks (runtime.h, capture_error_flag), and raised() says no.
+// captured the host cannot wait, and in a compiled program's op-by-op steps it should not: the
+// kernels raise the device's deferred flag instead, which the next run checks (runtime.h,
+// deferred_error_flag), and raised() says no.
 struct FlagView {
   int64_t* p;  // [set, value]
   __device__ void raise(int64_t value) const {
@@ -400,7 +401,8 @@ struct FlagView {
 
 class ErrorFlag {
  public:
-  explicit ErrorFlag(Device device) : graph_flag_(internal::capture_error_flag()) {
+  explicit ErrorFlag(Device device)
+      : graph_flag_(internal::deferred_error_flag(static_cast<int>(device.index()))) {
     if (graph_flag_ != nullptr) return;
     buffer_ = empty_on({2}, kInt64, device);
     KILN_CUDA_CHECK(cudaMemsetAsync(buffer_.data_ptr(), 0, 2 * sizeof(int64_t), current_stream()));
@@ -410,7 +412,7 @@ class ErrorFlag {
   }
   // Waits for the device; true (and the recorded value) when a kernel raised the flag.
   bool raised(int64_t* value = nullptr) const {
-    if (graph_flag_ != nullptr) return false;  // checked by the graph's next launch
+    if (graph_flag_ != nullptr) return false;  // checked by the next run
     int64_t host[2] = {0, 0};
     KILN_CUDA_CHECK(cudaMemcpyAsync(host, buffer_.data_ptr(), sizeof(host), cudaMemcpyDeviceToHost,
                                     current_stream()));

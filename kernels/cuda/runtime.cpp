@@ -110,7 +110,9 @@ struct DeviceState {
   std::mutex flags_mu;
   uint64_t* flag_words = nullptr;
   std::vector<int> free_flags;
-  int64_t* graph_flag_host = nullptr;     // capture_error_flag: mapped pinned [set, value]
+  // deferred_error_flag: mapped pinned [set, value]
+  std::once_flag error_flag_init;
+  int64_t* graph_flag_host = nullptr;
   int64_t* graph_flag_device = nullptr;
 };
 
@@ -467,7 +469,51 @@ CapturedGraph::~CapturedGraph() {
   if (switched) (void)cudaSetDevice(previous);
 }
 
-int64_t* capture_error_flag() { return t_capture != nullptr ? t_capture->error_flag : nullptr; }
+namespace {
+thread_local int t_deferred_device = -1;  // DeferredChecksScope's device
+
+// The device's deferred error flag, made on first use.
+void make_error_flag(int device, DeviceState& s) {
+  std::call_once(s.error_flag_init, [&] {
+    DeviceGuard guard(device);
+    void* host = nullptr;
+    KILN_CUDA_CHECK(cudaHostAlloc(&host, 2 * sizeof(int64_t), cudaHostAllocMapped));
+    s.graph_flag_host = static_cast<int64_t*>(host);
+    s.graph_flag_host[0] = s.graph_flag_host[1] = 0;
+    void* dev = nullptr;
+    KILN_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+    s.graph_flag_device = static_cast<int64_t*>(dev);
+  });
+}
+
+// Reports (and clears) a bad argument that a kernel of an earlier graph replay or deferred run
+// left in the device's flag. Reads host memory: no wait for the device.
+void check_deferred_error(int device) {
+  volatile int64_t* flag = state(device).graph_flag_host;
+  if (flag == nullptr || flag[0] == 0) return;
+  const int64_t value = flag[1];
+  flag[1] = 0;
+  flag[0] = 0;
+  KILN_FAIL("[cuda] a kernel of an earlier compiled run on cuda:", device,
+            " (a CUDA graph's replay, or a step run op by op) found a bad argument (value ", value,
+            ": an index out of range, or another argument an op checks on the device); run the "
+            "code uncompiled to have the op report it");
+}
+}  // namespace
+
+int64_t* deferred_error_flag(int device) {
+  if (t_capture != nullptr) return t_capture->error_flag;
+  return device >= 0 && device == t_deferred_device ? state(device).graph_flag_device : nullptr;
+}
+
+DeferredChecksScope::DeferredChecksScope(int device) : previous_(t_deferred_device) {
+  check_device(device, "DeferredChecksScope");
+  make_error_flag(device, state(device));
+  check_deferred_error(device);
+  t_deferred_device = device;
+}
+
+DeferredChecksScope::~DeferredChecksScope() { t_deferred_device = previous_; }
 
 bool capturing_graph() { return t_capture != nullptr; }
 
@@ -481,18 +527,7 @@ GraphRngScope::~GraphRngScope() { t_graph_rng = previous_; }
 
 void CapturedGraph::launch() {
   DeviceGuard guard(device_);
-  // An error a kernel of an earlier replay found (capture_error_flag).
-  volatile int64_t* flag = state(device_).graph_flag_host;
-  if (flag != nullptr && flag[0] != 0) {
-    const int64_t value = flag[1];
-    flag[1] = 0;
-    flag[0] = 0;
-    KILN_FAIL("[cuda_graph] a kernel of a replayed graph on cuda:", device_,
-              " found a bad argument (value ", value,
-              ": an index out of range, or another argument an op checks on the device); run "
-              "without CUDA graphs (compile's cuda_graphs(false), --no-cuda-graphs) to have the "
-              "op report it");
-  }
+  check_deferred_error(device_);  // what a kernel of an earlier run found (deferred_error_flag)
   const cudaStream_t stream = current_stream(device_);
   const cudaError_t err = cudaGraphLaunch(impl_->exec, stream);
   if (err != cudaSuccess) {
@@ -582,13 +617,6 @@ std::shared_ptr<CapturedGraph> capture_graph(int device,
   DeviceState& s = state(device);
   std::call_once(s.capture_init, [&] {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.capture_stream, cudaStreamNonBlocking));
-    void* host = nullptr;
-    KILN_CUDA_CHECK(cudaHostAlloc(&host, 2 * sizeof(int64_t), cudaHostAllocMapped));
-    s.graph_flag_host = static_cast<int64_t*>(host);
-    s.graph_flag_host[0] = s.graph_flag_host[1] = 0;
-    void* dev = nullptr;
-    KILN_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
-    s.graph_flag_device = static_cast<int64_t*>(dev);
     // defer_to_each_launch's stream and flags, made here: a capture may not allocate or clear
     // memory.
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.after_launch_stream, cudaStreamNonBlocking));
@@ -599,6 +627,7 @@ std::shared_ptr<CapturedGraph> capture_graph(int device,
     s.flag_words = static_cast<uint64_t*>(words);
     for (int i = kFlagWords; i-- > 0;) s.free_flags.push_back(i);
   });
+  make_error_flag(device, s);
   const cudaStream_t stream = s.capture_stream;
   CaptureContext context;
   context.stream = stream;

@@ -97,12 +97,29 @@ std::shared_ptr<CapturedGraph> capture_graph(int device,
 void trim_graph_memory(int device);
 
 // Kernels that check their arguments on the device (an index out of range) raise an error flag
-// that the host reads after waiting for the kernel (loops.cuh's ErrorFlag); a capture cannot
-// wait. While this thread captures a graph, this is the device address of the capturing device's
-// graph error flag ([set, value], in mapped pinned memory) that such kernels raise instead; null
-// otherwise. Every launch of a graph first checks the flag, so an error found by a replay is
-// reported, by the next launch: "[cuda_graph] a kernel of a replayed graph ... (value V)".
-int64_t* capture_error_flag();
+// that the host reads after waiting for the kernel (loops.cuh's ErrorFlag). A capture cannot
+// wait, and a compiled program run op by op should not: each wait leaves the GPU idle while the
+// host queues what follows (an embedding's check cost llama-160m's DDP step about 0.2 ms). While
+// this thread captures a graph, or runs under a DeferredChecksScope for `device`, this is the
+// device address of the device's deferred error flag ([set, value], in mapped pinned memory) that
+// such kernels raise instead; null otherwise. The flag is checked before every launch of a graph
+// and when a DeferredChecksScope for the device begins, so a bad argument is reported by the
+// next run: "[cuda] a kernel of an earlier compiled run ... (value V ...)".
+int64_t* deferred_error_flag(int device);
+
+// While one lives on this thread, ErrorFlag's checks of kernels on `device` are deferred
+// (deferred_error_flag): a compiled program's op-by-op steps (compiler/program.cpp). Begins by
+// reporting (kiln::Error) a bad argument that an earlier deferred or graphed run left in the flag.
+class DeferredChecksScope {
+ public:
+  explicit DeferredChecksScope(int device);
+  ~DeferredChecksScope();
+  DeferredChecksScope(const DeferredChecksScope&) = delete;
+  DeferredChecksScope& operator=(const DeferredChecksScope&) = delete;
+
+ private:
+  int previous_;
+};
 
 // Whether this thread is capturing a graph (inside capture_graph's `fn`).
 bool capturing_graph();

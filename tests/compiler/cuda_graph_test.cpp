@@ -635,6 +635,39 @@ TEST_F(GpuCudaGraph, DropoutDrawsWhatEagerDrawsAtEveryReplay) {
 }
 
 // A forward without host steps is one graph; its outputs are copied out of the graph's memory.
+// A compiled program's device-side argument checks (an embedding's index bounds) are not waited
+// for, op by op as in a graph: a bad index is reported by the next run, with its value, and the
+// run after that is clean. Uncompiled code still reports it at once, naming the op.
+TEST_F(GpuCudaGraph, BadIndexIsReportedByTheNextRun) {
+  const Tensor w = randn({10, 4}).cuda();
+  const Tensor good = tensor(std::vector<int64_t>{3, 1, 7}, kInt64).cuda();
+  const Tensor bad = tensor(std::vector<int64_t>{3, 12, 7}, kInt64).cuda();
+  const Tensor want = embedding(w, good).cpu() * 2.0;
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "op by op");
+    auto f = compile([](const Tensor& t, const Tensor& i) { return embedding(t, i) * 2.0; },
+                     CompileOptions().cuda_graphs(graphs));
+    for (int k = 0; k < 3; ++k) EXPECT_TRUE(equal(f(w, good).cpu(), want)) << "call " << k + 1;
+    EXPECT_EQ(f.stats().cuda_graph, graphs ? "replaying" : "off");
+    (void)f(w, bad);  // queued; its check is deferred
+    cuda::synchronize();
+    try {
+      (void)f(w, good);
+      ADD_FAILURE() << "the bad index was not reported";
+    } catch (const Error& e) {
+      EXPECT_TRUE(contains(e.what(), "found a bad argument (value 12: an index out of range"))
+          << e.what();
+    }
+    EXPECT_TRUE(equal(f(w, good).cpu(), want));  // reported once; the next run is clean
+  }
+  EXPECT_THROW((void)embedding(w, bad), Error);  // uncompiled: at once
+  try {
+    (void)embedding(w, bad);
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "[embedding] index 12 is out of bounds")) << e.what();
+  }
+}
+
 TEST_F(GpuCudaGraph, ForwardIsOneGraph) {
   const Tensor w = randn({16, 16}).cuda();
   auto f = compile([&](const Tensor& x) { return relu(matmul(x, w)).sum(1); });
