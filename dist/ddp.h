@@ -84,8 +84,9 @@ struct DDPOptions {
   // (all_reduce_beside_compute: the copy engines between the GPUs of one host). The last buckets
   // become ready when little or nothing of the backward is left for them to overlap, so their
   // time adds to the step's. With one, llama-160m's slowest rank waited 650 us after its backward
-  // on 4 GPUs, its last two buckets' transfers slowing each other; on 2 GPUs two measured 0.6%
-  // slower than one (benchmarks/RESULTS.md, session 32). 0: every bucket beside the compute.
+  // on 4 GPUs, its last two buckets' transfers slowing each other; two cut the wait to 300 us, but
+  // the step was no faster on 2 or 4 GPUs, where the ranks' speeds differ by more (2-5%;
+  // benchmarks/RESULTS.md, session 32). 0: every bucket beside the compute.
   int tail_buckets = 1;
 };
 
