@@ -99,12 +99,13 @@ void trim_graph_memory(int device);
 // Kernels that check their arguments on the device (an index out of range) raise an error flag
 // that the host reads after waiting for the kernel (loops.cuh's ErrorFlag). A capture cannot
 // wait, and a compiled program run op by op should not: each wait leaves the GPU idle while the
-// host queues what follows (an embedding's check cost llama-160m's DDP step about 0.2 ms). While
-// this thread captures a graph, or runs under a DeferredChecksScope for `device`, this is the
-// device address of the device's deferred error flag ([set, value], in mapped pinned memory) that
-// such kernels raise instead; null otherwise. The flag is checked before every launch of a graph
-// and when a DeferredChecksScope for the device begins, so a bad argument is reported by the
-// next run: "[cuda] a kernel of an earlier compiled run ... (value V ...)".
+// host queues what follows (an embedding's check: about 0.2 ms of each llama-160m DDP step run
+// op by op; benchmarks/RESULTS.md, session 32). While this thread captures a graph, or runs
+// under a DeferredChecksScope for `device`, this is the device address of the device's deferred
+// error flag ([set, value], in mapped pinned memory) that such kernels raise instead; null
+// otherwise. The flag is checked before every launch of a graph and when a DeferredChecksScope
+// for the device begins, so a bad argument is reported by the next run: "[cuda] a kernel of an
+// earlier compiled run ... (value V ...)".
 int64_t* deferred_error_flag(int device);
 
 // While one lives on this thread, ErrorFlag's checks of kernels on `device` are deferred
