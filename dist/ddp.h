@@ -83,10 +83,11 @@ struct DDPOptions {
   // own (ProcessGroup::all_reduce: NCCL's kernels), the others beside the backward's compute
   // (all_reduce_beside_compute: the copy engines between the GPUs of one host). The last buckets
   // become ready when little or nothing of the backward is left for them to overlap, so their
-  // time adds to the step's. With one, llama-160m's slowest rank waited 650 us after its backward
-  // on 4 GPUs, its last two buckets' transfers slowing each other; two cut the wait to 300 us, but
-  // the step was no faster on 2 or 4 GPUs, where the ranks' speeds differ by more (2-5%;
-  // benchmarks/RESULTS.md, session 32). 0: every bucket beside the compute.
+  // time adds to the step's. With one, llama-160m's slowest rank on 4 GPUs waited 250 us after
+  // its backward, and 650 us in steps where its last two buckets' transfers slowed each other;
+  // with two, 300 us in every step, but the step was no faster on 2 or 4 GPUs, where the ranks'
+  // speeds differ by more (2-4%; benchmarks/RESULTS.md, session 32). 0: every bucket beside the
+  // compute.
   int tail_buckets = 1;
 };
 

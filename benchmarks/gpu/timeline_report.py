@@ -18,6 +18,13 @@ stream's busy and idle time, and its K largest kinds of idle gap, each named by 
 before and after it (a memset, which the timeline does not hold, or a host that launches late;
 under DDP, the wait for the other ranks after the backward). With two timelines (e.g. one GPU,
 then rank 0 of DDP), the kernels whose time per step changed most. Timelines may be gzipped.
+
+With --ranks, the timelines are the ranks of one data-parallel job: per rank, over the whole
+steps between the marker's launches that all ranks have (the last ones), the step's span, the
+time its compute kernels run on the busiest stream (the rank's own speed) and the idle time
+right before the first kernel named by --wait-before (default `norm_partials`, the gradient
+norm's first kernel: under DDP, the wait for the last buckets' all-reduce), then how far apart
+the ranks' speeds are. DDP runs at its slowest rank's pace; the others wait before the norm.
 """
 import argparse
 import collections
@@ -179,6 +186,43 @@ def gaps(rows, window, steps, top):
         print(f"    {per(ns):7.3f} ms ({count[(a, b)] / steps:.1f} a step) after {a}  before {b}")
 
 
+def ranks(paths, args):
+    """Per rank of one job: span, compute time and the wait before the norm, per whole step."""
+    per_rank = []
+    for path in paths:
+        rows, _ = load(path, args.tail, args.last_ms)
+        kernels = [r for r in rows if r[3] == "kernel"]
+        stream = collections.Counter(r[5] for r in kernels).most_common(1)[0][0]
+        mine = sorted(r for r in kernels if r[5] == stream)
+        marks = [r[0] for r in mine if args.marker in r[4]]
+        steps = []
+        for a, b in zip(marks, marks[1:]):
+            step = [r for r in mine if a <= r[0] < b]
+            busy = length(union([(r[0], r[1]) for r in step if "nccl" not in r[4].lower()]))
+            first = next((i for i, r in enumerate(step) if args.wait_before in r[4]), 0)
+            wait = max(0, step[first][0] - max(r[1] for r in step[:first])) if first else 0
+            steps.append((b - a, busy, wait))
+        per_rank.append((path, steps))
+    n = min(len(s) for _, s in per_rank)
+    if n == 0:
+        print(f"no whole step between two launches of {args.marker} in every timeline")
+        return
+    ms = lambda ns: ns / 1e6
+    print(f"{len(paths)} ranks, the last {n} whole steps (ms a step): span | compute on the busiest "
+          f"stream | idle before {args.wait_before} (mean, min-max)")
+    busy = []
+    for path, steps in per_rank:
+        s = steps[-n:]
+        span, work = sum(x[0] for x in s) / n, sum(x[1] for x in s) / n
+        waits = [x[2] for x in s]
+        busy.append((work, path))
+        print(f"  {path}: {ms(span):.2f} | {ms(work):.2f} | {ms(sum(waits) / n):.2f} "
+              f"({ms(min(waits)):.2f}-{ms(max(waits)):.2f})")
+    (lo, fast), (hi, slow) = min(busy), max(busy)
+    print(f"  the ranks' compute differs by {100 * (hi / lo - 1):.1f}%: slowest {slow}, "
+          f"fastest {fast}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", nargs="+")
@@ -195,7 +239,14 @@ def main():
                     help="print the busiest stream's K largest kinds of idle gap")
     ap.add_argument("--sequence", type=int, default=0,
                     help="print the last whole step's first K kernels in launch order")
+    ap.add_argument("--ranks", action="store_true",
+                    help="the timelines are the ranks of one job: their speeds and waits")
+    ap.add_argument("--wait-before", default="norm_partials",
+                    help="with --ranks: the kernel before which a rank waits for the others")
     args = ap.parse_args()
+    if args.ranks:
+        ranks(args.csv, args)
+        return
     tables = [report(p, args) for p in args.csv]
     if len(tables) == 2:
         a, b = tables
