@@ -86,7 +86,7 @@ struct DDPOptions {
   // time adds to the step's. With one, llama-160m's slowest rank on 4 GPUs waited 250 us after
   // its backward, and 650 us in steps where its last two buckets' transfers slowed each other;
   // with two, 300 us in every step, but the step was no faster on 2 or 4 GPUs, where the ranks'
-  // speeds differ by more (2-4%; benchmarks/RESULTS.md, session 32). 0: every bucket beside the
+  // speeds differ by more (2.5-4.7%; benchmarks/RESULTS.md, session 32). 0: every bucket beside the
   // compute.
   int tail_buckets = 1;
 };
