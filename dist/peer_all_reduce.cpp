@@ -25,8 +25,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-using cuda::internal::StreamMemOps;
-const StreamMemOps& mem_ops() { return cuda::internal::stream_mem_ops(); }
+using cuda::internal::stream_mem_ops;
 
 void check_cu(CUresult r, const char* what) {
   KILN_CHECK(r == CUDA_SUCCESS, "[all_reduce] ", what, " failed with CUDA driver error ",
@@ -184,7 +183,7 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(std::shared_ptr<Store> stor
 
   // This rank's block and what the others need to know of it: host, PCI bus id, IPC handle.
   std::string reason;
-  bool ok = mem_ops().ok;
+  bool ok = stream_mem_ops().ok;
   if (!ok) reason = "the driver has no stream memory operations";
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
@@ -403,14 +402,15 @@ char* PeerAllReduce::slot_entry(int owner, int s, int q) const {
 }
 
 void PeerAllReduce::wait_flag(CUstream_st* stream, int s, Flag f, int q, uint32_t value) const {
-  check_cu(mem_ops().wait(stream, flag(rank_, f, s, q), value, CU_STREAM_WAIT_VALUE_GEQ),
+  check_cu(stream_mem_ops().wait(stream, flag(rank_, f, s, q), value, CU_STREAM_WAIT_VALUE_GEQ),
            "cuStreamWaitValue32");
 }
 
 void PeerAllReduce::write_flag(CUstream_st* stream, int owner, Flag f, int s, int q,
                                uint32_t value) const {
-  check_cu(mem_ops().write(stream, flag(owner, f, s, q), value, CU_STREAM_WRITE_VALUE_DEFAULT),
-           "cuStreamWriteValue32");
+  check_cu(
+      stream_mem_ops().write(stream, flag(owner, f, s, q), value, CU_STREAM_WRITE_VALUE_DEFAULT),
+      "cuStreamWriteValue32");
 }
 
 std::shared_ptr<Work> PeerAllReduce::run(Tensor& t, ReduceOp op) {
