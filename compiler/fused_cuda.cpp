@@ -9,15 +9,9 @@
 // installed; there the executor claims nothing.
 #include "compiler/fused_cuda.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -29,6 +23,7 @@
 #include "compiler/executor.h"
 #include "compiler/fuse.h"
 #include "compiler/fused_cuda_codegen.h"
+#include "kernels/disk_cache.h"
 #include "tensor/ops.h"
 
 #if defined(KILN_WITH_CUDA)
@@ -50,39 +45,6 @@ struct Counters {
 Counters& counters() {
   static Counters c;
   return c;
-}
-
-std::mutex& dir_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-std::string& dir_override() {
-  static std::string dir;
-  return dir;
-}
-
-// FNV-1a, 64 bits: stable across processes and builds (absl::Hash is seeded per process).
-uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'K', 'R', 'N', '\n'};
-constexpr uint32_t kFormat = 1;
-
-template <typename T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-// Reads a file's bytes (empty when it cannot be read).
-std::optional<std::string> slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // Runs the members one after the other with their eager kernels: for a region the generator
@@ -123,110 +85,21 @@ void reset_fused_cuda_stats() {
   }
 }
 
-std::string kernel_cache_dir() {
-  {
-    std::lock_guard<std::mutex> lock(dir_mutex());
-    if (!dir_override().empty()) return dir_override();
-  }
-  if (const char* d = std::getenv("KILN_KERNEL_CACHE"); d != nullptr && *d != '\0') return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    return std::string(x) + "/kiln/kernels";
-  }
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-    return std::string(h) + "/.cache/kiln/kernels";
-  }
-  return "none";
-}
-
-void set_kernel_cache_dir(std::string dir) {
-  std::lock_guard<std::mutex> lock(dir_mutex());
-  dir_override() = std::move(dir);
-}
+std::string kernel_cache_dir() { return disk_cache::dir(); }
+void set_kernel_cache_dir(std::string dir) { disk_cache::set_dir(std::move(dir)); }
 
 namespace internal {
 
-std::string KernelKey::file_name() const {
-  std::string all = source;
-  all += '\0';
-  all += arch;
-  all += '\0';
-  all += nvrtc;
-  return absl::StrFormat("%016x%016x.cubin", fnv1a(all),
-                         fnv1a(all, 0x84222325cbf29ce4ull ^ all.size()));
-}
+disk_cache::Key KernelKey::disk_key() const { return {{source, arch, nvrtc}, ".cubin"}; }
+std::string KernelKey::file_name() const { return disk_key().file_name(); }
 
 std::optional<std::string> read_cached_kernel(const std::string& dir, const KernelKey& key,
                                               bool* rejected) {
-  if (rejected != nullptr) *rejected = false;
-  const std::optional<std::string> data = slurp(dir + "/" + key.file_name());
-  if (!data) return std::nullopt;
-  size_t at = 0;
-  auto take = [&](size_t n) -> std::optional<std::string_view> {
-    if (n > data->size() - at) return std::nullopt;
-    std::string_view s(data->data() + at, n);
-    at += n;
-    return s;
-  };
-  auto number = [&]<typename T>(T& v) {
-    const auto s = take(sizeof(T));
-    if (s) std::memcpy(&v, s->data(), sizeof(T));
-    return s.has_value();
-  };
-  auto field = [&]<typename L>(L, std::string_view want) {
-    L len = 0;
-    if (!number(len) || len != want.size()) return false;
-    const auto s = take(len);
-    return s && *s == want;
-  };
-  uint32_t format = 0;
-  uint64_t size = 0, checksum = 0;
-  const auto magic = take(sizeof(kMagic));
-  const bool ok = magic && *magic == std::string_view(kMagic, sizeof(kMagic)) && number(format) &&
-                  format == kFormat && field(uint32_t{}, key.arch) &&
-                  field(uint32_t{}, key.nvrtc) && field(uint64_t{}, key.source) && number(size) &&
-                  number(checksum) && size == data->size() - at &&
-                  fnv1a(std::string_view(data->data() + at, size)) == checksum;
-  if (!ok) {
-    if (rejected != nullptr) *rejected = true;
-    return std::nullopt;
-  }
-  return data->substr(at);
+  return disk_cache::read(dir, key.disk_key(), rejected);
 }
 
 bool write_cached_kernel(const std::string& dir, const KernelKey& key, const std::string& payload) {
-  std::string out(kMagic, sizeof(kMagic));
-  put(out, kFormat);
-  put(out, static_cast<uint32_t>(key.arch.size()));
-  out += key.arch;
-  put(out, static_cast<uint32_t>(key.nvrtc.size()));
-  out += key.nvrtc;
-  put(out, static_cast<uint64_t>(key.source.size()));
-  out += key.source;
-  put(out, static_cast<uint64_t>(payload.size()));
-  put(out, fnv1a(payload));
-  out += payload;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return false;
-  static std::atomic<uint64_t> serial{0};
-  const std::string path = dir + "/" + key.file_name();
-  const std::string tmp =
-      absl::StrFormat("%s.tmp.%d.%d", path, static_cast<int>(getpid()), serial.fetch_add(1));
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(out.data(), static_cast<std::streamsize>(out.size()));
-    f.close();
-    if (!f) {
-      std::filesystem::remove(tmp, ec);
-      return false;
-    }
-  }
-  std::filesystem::rename(tmp, path, ec);  // readers see a whole file or none
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return false;
-  }
-  return true;
+  return disk_cache::write(dir, key.disk_key(), payload);
 }
 
 // Whether the row-vector entry may run: the operands varying along the last dim aligned, with

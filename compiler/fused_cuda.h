@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "compiler/trace.h"
+#include "kernels/disk_cache.h"
 
 namespace kiln::compiler {
 
@@ -150,12 +151,13 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
 FusedEntry choose_row_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                             const std::vector<OperandLayout>& outputs);
 
-// The disk cache (CPU code, testable without a GPU). A file holds a header (magic, format
-// version, the key's parts and the payload's size and checksum), then the payload.
+// A generated kernel's entry in the disk cache (kernels/disk_cache.h: CPU code, testable without
+// a GPU).
 struct KernelKey {
   std::string source;
   std::string arch;               // "sm_90"
   std::string nvrtc;              // "13.0"
+  disk_cache::Key disk_key() const;
   std::string file_name() const;  // a hash of the three, in hex, + ".cubin"
 };
 // The payload stored under `key` in `dir`, or nullopt (missing, or rejected: `rejected` is set).

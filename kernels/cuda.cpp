@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/choices.h"
 #include "kernels/cuda/cublaslt.h"
 #include "tensor/error.h"
 
@@ -56,6 +57,10 @@ AutotuneCounters& autotune_counters() {
   static AutotuneCounters counters;
   return counters;
 }
+SetupCounters& setup_counters() {
+  static SetupCounters counters;
+  return counters;
+}
 }  // namespace internal
 
 MatmulAutotuneStats matmul_autotune_stats() {
@@ -65,6 +70,23 @@ MatmulAutotuneStats matmul_autotune_stats() {
   s.cache_hits = c.cache_hits.load(std::memory_order_relaxed);
   s.skipped_in_capture = c.skipped_in_capture.load(std::memory_order_relaxed);
   s.candidates_timed = c.candidates_timed.load(std::memory_order_relaxed);
+  return s;
+}
+
+KernelSetupStats kernel_setup_stats() {
+  const internal::SetupCounters& c = internal::setup_counters();
+  const auto seconds = [](const std::atomic<int64_t>& ns) {
+    return static_cast<double>(ns.load(std::memory_order_relaxed)) * 1e-9;
+  };
+  KernelSetupStats s;
+  s.matmul_shapes_timed = c.matmul_shapes.load(std::memory_order_relaxed);
+  s.matmul_timing_s = seconds(c.matmul_ns);
+  s.attention_plans_built = c.attention_plans.load(std::memory_order_relaxed);
+  s.attention_build_s = seconds(c.attention_plan_ns);
+  s.attention_shapes_timed = c.attention_shapes.load(std::memory_order_relaxed);
+  s.attention_timing_s = seconds(c.attention_timing_ns);
+  s.choices_read = c.choices_read.load(std::memory_order_relaxed);
+  s.choices_written = c.choices_written.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -150,11 +150,13 @@ void set_launch_sync(bool enabled);
 
 // Matmul autotuning: cuBLASLt products pick, per shape, the fastest of the heuristic's (up to 8)
 // candidate algorithms by timing them on the real operands at the shape's first call outside
-// CUDA graph capture; with it off the heuristic's first is used. Initially on when
-// KILN_MATMUL_AUTOTUNE is set to anything but "" and "0". Off by default because the first call
-// of every shape blocks the host (about 30 runs of the product) and because the algorithm then
-// depends on timing noise, so two runs of a program may differ in the last bits (cuDNN's
-// benchmark mode is off in PyTorch likewise); ignored while deterministic algorithms are on
+// CUDA graph capture; with it off the heuristic's first is used. The choice is kept in kiln's
+// disk cache (docs/cuda.md), where later processes on the machine find it instead of timing
+// again. Initially on when KILN_MATMUL_AUTOTUNE is set to anything but "" and "0". Off by default
+// because the first call of every shape blocks the host (about 30 runs of the product) and
+// because the algorithm then depends on timing noise, so two machines (or a run before the cache
+// held the shape and one after) may differ in the last bits (cuDNN's benchmark mode is off in
+// PyTorch likewise); ignored while deterministic algorithms are on
 // (tensor/deterministic.h). `kiln pretrain` and `kiln bench` turn it on for their run on CUDA
 // (PretrainOptions::matmul_autotune): +2.5-3% on llama-160m's step (benchmarks/RESULTS.md).
 bool matmul_autotune();
@@ -169,6 +171,23 @@ struct MatmulAutotuneStats {
 };
 MatmulAutotuneStats matmul_autotune_stats();
 void reset_matmul_autotune_stats();
+
+// What kernels cost the host the first time they meet a shape, since start-up, summed over
+// devices and threads: the one-time work that makes a program's first step slower than the next
+// (`kiln bench` prints it for its first step). Seconds are host wall time, waits for the device
+// included.
+struct KernelSetupStats {
+  int64_t matmul_shapes_timed = 0;  // cuBLASLt products whose candidate algorithms were timed
+  double matmul_timing_s = 0;
+  int64_t attention_plans_built = 0;   // cuDNN attention graphs built and their plans finalized
+  double attention_build_s = 0;        // (failed builds included)
+  int64_t attention_shapes_timed = 0;  // attention calls timed: cuDNN's engines against each
+  double attention_timing_s = 0;       // other and against the hand kernel
+  // Timed choices read from and written to kiln's disk cache (kernels/disk_cache.h), which
+  // spares a later process the timing (and cuDNN the other engines' compilation).
+  int64_t choices_read = 0, choices_written = 0;
+};
+KernelSetupStats kernel_setup_stats();
 
 // Whether f32 matrix products may use TF32 tensor cores (10-bit mantissa products, f32 sums), as
 // PyTorch's torch.backends.cuda.matmul.allow_tf32. Off by default (PyTorch's default since 1.12);

@@ -3,7 +3,9 @@
 #include <iomanip>
 #include <memory>
 #include <sstream>
+#include <string>
 
+#include "compiler/fused_cuda.h"
 #include "kernels/cuda.h"
 #include "models/trainer_internal.h"
 #include "tensor/error.h"
@@ -20,6 +22,30 @@ using internal::make_optimizer;
 using internal::param_dtype;
 using internal::TrainStep;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// What a step spent on one-time kernel setup, from the counters before (a) and after (b) it:
+// the host's time timing candidates and building plans, and the generated kernels it needed.
+std::string kernel_setup_text(const cuda::KernelSetupStats& a, const cuda::KernelSetupStats& b,
+                              const compiler::FusedCudaStats& fa,
+                              const compiler::FusedCudaStats& fb) {
+  std::ostringstream t;
+  t << std::fixed << std::setprecision(2) << "matmul autotune "
+    << b.matmul_timing_s - a.matmul_timing_s << " s ("
+    << b.matmul_shapes_timed - a.matmul_shapes_timed << " shapes), cuDNN attention plans "
+    << b.attention_build_s - a.attention_build_s << " s ("
+    << b.attention_plans_built - a.attention_plans_built << " built), attention kernels timed "
+    << b.attention_timing_s - a.attention_timing_s << " s ("
+    << b.attention_shapes_timed - a.attention_shapes_timed
+    << " shapes); timed choices: " << b.choices_read - a.choices_read << " from the disk cache, "
+    << b.choices_written - a.choices_written
+    << " stored; generated kernels: " << fb.nvrtc_compiles - fa.nvrtc_compiles << " compiled, "
+    << fb.disk_hits - fa.disk_hits << " from the disk cache";
+  return t.str();
+}
+
+}  // namespace
 
 BenchResult bench(const BenchOptions& o, std::ostream& log) {
   KILN_CHECK(o.batch_size > 0 && o.seq_len > 0 && o.steps > 0 && o.warmup_steps >= 0 &&
@@ -80,7 +106,16 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     if (on_cuda) cuda::synchronize();
     r.warmup_step_s.push_back(std::chrono::duration<double>(Clock::now() - w0).count());
   };
-  for (int64_t i = 0; i < o.warmup_steps; ++i) warmup_step();
+  std::string first_setup;  // the first step's one-time kernel setup
+  for (int64_t i = 0; i < o.warmup_steps; ++i) {
+    const cuda::KernelSetupStats setup = cuda::kernel_setup_stats();
+    const compiler::FusedCudaStats fused = compiler::fused_cuda_stats();
+    warmup_step();
+    if (i == 0 && on_cuda) {
+      first_setup =
+          kernel_setup_text(setup, cuda::kernel_setup_stats(), fused, compiler::fused_cuda_stats());
+    }
+  }
   // A compiled step that is still choosing how to run (a DDP program times its all-reduces op by
   // op and in CUDA graphs first: compiler/graph_trial.h) warms up until it has chosen.
   auto choosing = [&] {
@@ -101,6 +136,7 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
     for (size_t i = 0; i < r.warmup_step_s.size(); ++i)
       steps << (i > 0 ? ", " : "") << r.warmup_step_s[i];
     out << "warm-up steps: " << steps.str() << " s (the first: the time to the first step done)\n";
+    if (!first_setup.empty()) out << "the first step's kernel setup: " << first_setup << "\n";
   }
   if (on_cuda) {
     cuda::synchronize();

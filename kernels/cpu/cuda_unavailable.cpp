@@ -4,6 +4,7 @@
 // kernels/cuda.cpp's in both builds.
 #include <string>
 
+#include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
@@ -79,6 +80,7 @@ GraphRngScope::GraphRngScope(const GraphRng*) : previous_(nullptr) {}
 GraphRngScope::~GraphRngScope() = default;
 void write_device_word(int, uint64_t*, uint64_t) { unavailable("cuda_graph"); }
 void add_device_word(int, uint64_t*, uint64_t) { unavailable("cuda_graph"); }
+void clear_plans() {}  // no cuBLASLt plans without CUDA (kernels/cuda/cublaslt.h)
 }  // namespace internal
 
 }  // namespace kiln::cuda

@@ -23,12 +23,15 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/choices.h"
 #include "kernels/cuda/timing.h"
 #include "tensor/deterministic.h"
 #include "tensor/error.h"
@@ -296,17 +299,46 @@ size_t element_bytes(GemmType t) {
   return 4;
 }
 
-// Chooses plan.best: the candidates that launch are timed by best_times (timing.h) in
-// kTimingRounds interleaved rounds of kTimedRuns runs. Timing runs write `d`: the real output
-// when the caller's final run overwrites it without reading it, else a scratch buffer (C == out:
-// the output holds the addend). A candidate that fails to launch is dropped; with no scratch
-// memory the heuristic's first choice is kept untimed.
-void tune(Plan& plan, const Launch& launch, void* out, bool c_is_out, size_t out_bytes) {
+// The key and the library version under which the disk cache keeps a shape's choice.
+std::string key_text(const Key& k) {
+  return absl::StrCat(static_cast<int>(k.type), " ", k.tf32, k.has_bias, k.has_c, k.separate_c, " ",
+                      static_cast<int>(k.op_a), static_cast<int>(k.op_b), " ", k.m, " ", k.n, " ",
+                      k.k, " ", k.batch, " ", k.lda, " ", k.ldb, " ", k.stride_a, " ", k.stride_b,
+                      " ", k.align_a, " ", k.align_b, " ", k.align_c, " ", k.align_d, " ",
+                      k.sm_target);
+}
+const std::string& library_text() {
+  static const std::string text = absl::StrCat("cublasLt ", cublasLtGetVersion());
+  return text;
+}
+
+// Chooses plan.best: the disk cache's choice for this shape on this device where it is one of
+// the heuristic's candidates, else the candidates that launch are timed by best_times (timing.h)
+// in kTimingRounds interleaved rounds of kTimedRuns runs, and the fastest is stored in the disk
+// cache. Timing runs write `d`: the real output when the caller's final run overwrites it
+// without reading it, else a scratch buffer (C == out: the output holds the addend). A candidate
+// that fails to launch is dropped; with no scratch memory the heuristic's first choice is kept
+// untimed.
+void tune(Plan& plan, const Key& key, int device, const Launch& launch, void* out, bool c_is_out,
+          size_t out_bytes) {
   AutotuneCounters& counters = autotune_counters();
   plan.tuned = true;
   plan.best = plan.candidates.front();
   counters.tuned_shapes.fetch_add(1, std::memory_order_relaxed);
   if (plan.candidates.size() < 2) return;
+  const std::string text = key_text(key);
+  if (const std::optional<std::string> cached =
+          read_choice("cublaslt", device, library_text(), text);
+      cached && cached->size() == sizeof(cublasLtMatmulAlgo_t)) {
+    for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
+      if (std::memcmp(&algo, cached->data(), sizeof(algo)) == 0) {
+        plan.best = algo;
+        return;
+      }
+    }
+  }
+  SetupCounters& setup = setup_counters();
+  SetupTimer timer(setup.matmul_shapes, setup.matmul_ns);
   std::optional<Scratch> scratch;
   void* d = out;
   if (c_is_out) {
@@ -334,6 +366,8 @@ void tune(Plan& plan, const Launch& launch, void* out, bool c_is_out, size_t out
       plan.best = *ok[i];
     }
   }
+  write_choice("cublaslt", device, library_text(), text,
+               std::string(reinterpret_cast<const char*>(&plan.best), sizeof(plan.best)));
 }
 
 }  // namespace
@@ -418,13 +452,21 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
       autotune_counters().skipped_in_capture.fetch_add(1, std::memory_order_relaxed);
     } else {
       const size_t out_bytes = static_cast<size_t>(args.batch * m * n) * element_bytes(args.type);
-      tune(plan, launch, out, has_c && args.c == out, out_bytes);
+      tune(plan, key, device, launch, out, has_c && args.c == out, out_bytes);
     }
     if (plan.tuned) algo = &plan.best;
   }
   KILN_CUBLAS_CHECK(launch(*algo, out));
   sync_if_debug("cublasLtMatmul", __FILE__, __LINE__);
   return true;
+}
+
+void clear_plans() {
+  for (int device = 0; device < kMaxDevices; ++device) {
+    DeviceState& s = device_state(device);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.plans.clear();
+  }
 }
 
 }  // namespace kiln::cuda::internal

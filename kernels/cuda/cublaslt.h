@@ -73,4 +73,8 @@ struct GemmArgs {
 // this problem (the caller falls back); throws kiln::Error on a failing cuBLASLt call.
 bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args);
 
+// Forgets every plan and autotuned choice, as a new process starts (tests). Timed choices stay in
+// the disk cache (kernels/cuda/choices.h), where a new plan finds them instead of timing again.
+void clear_plans();
+
 }  // namespace kiln::cuda::internal

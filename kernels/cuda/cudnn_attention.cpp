@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/choices.h"
 #include "kernels/cuda/cudnn_graph.h"
 #include "kernels/cuda/timing.h"
 #include "kernels/fused_support.h"
@@ -54,16 +56,43 @@ Device& device_state(int index) {
   return devices[index];
 }
 
-// The plan for key (built on first use, failures cached too). Call with d.mu held.
+// What the disk cache keeps a key's engine under (kernels/cuda/choices.h): the key without its
+// device index, with the scale's bits.
+std::string disk_text(Key key) {
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &key.scale, sizeof(scale_bits));
+  key.device = 0;
+  return absl::StrCat(key.str(), " scale bits ", scale_bits);
+}
+const std::string& library_text() {
+  static const std::string text = absl::StrCat("cuDNN ", cudnnGetVersion());
+  return text;
+}
+constexpr char kEngineChoice[] = "cudnn-attention-engine";
+
+// The plan for key (built on first use, failures cached too). Call with d.mu held. Where the
+// disk cache holds the engine timed fastest for the key by an earlier run (tune_engines), only
+// that engine's plan is finalized (each costs cuDNN a compilation).
 Plan& plan_for(Device& d, const Key& key) {
   auto it = d.plans.find(key);
   if (it != d.plans.end()) return *it->second;
   auto p = std::make_unique<Plan>();
+  cuda::internal::SetupCounters& setup = cuda::internal::setup_counters();
+  cuda::internal::SetupTimer timer(setup.attention_plans, setup.attention_plan_ns);
   try {
     DeviceGuard guard(key.device);  // plans are built for the handle's device
     if (d.handle == nullptr) KILN_CUDNN_TRY(cudnnCreate(&d.handle));
     p->graph = key.backward ? backward_graph(d.handle, key) : forward_graph(d.handle, key);
-    make_plan(d.handle, *p);
+    const std::optional<std::string> cached =
+        cuda::internal::read_choice(kEngineChoice, key.device, library_text(), disk_text(key));
+    if (cached) {
+      make_plan(d.handle, *p, &*cached);
+      p->tuned = p->ok();
+    }
+    if (!p->ok()) {  // not cached, or the heuristics no longer offer it
+      p->error.clear();
+      make_plan(d.handle, *p);
+    }
   } catch (const BuildError& e) {
     p->error = e.what;
   }
@@ -431,9 +460,10 @@ std::string tune_engines(OpCall& c, const Key& key, KernelFn cudnn_fn) {
   }
   const std::vector<double> ms = best_times(engines, kTimingRounds, kTimingRuns);
   const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
-  std::string text;
+  std::string text, choice;
   {
     std::lock_guard<std::mutex> lock(d.mu);
+    choice = p->engines[best].choice();
     p->active = best;
     p->tuned = true;
     for (size_t i = 0; i < n; ++i) {
@@ -441,6 +471,7 @@ std::string tune_engines(OpCall& c, const Key& key, KernelFn cudnn_fn) {
                       ": ", absl::SixDigits(ms[i]), " ms");
     }
   }
+  cuda::internal::write_choice(kEngineChoice, key.device, library_text(), disk_text(key), choice);
   return text;
 }
 
@@ -458,6 +489,8 @@ void fastest(OpCall& c, KernelFn cudnn_fn) {
     return;
   }
   DeviceGuard guard(c.input(0).device().index());
+  cuda::internal::SetupCounters& setup = cuda::internal::setup_counters();
+  cuda::internal::SetupTimer timer(setup.attention_shapes, setup.attention_timing_ns);
   // The op is pure: every kernel writes the same outputs from the same inputs.
   std::string engines = tune_engines(c, key, cudnn_fn);
   const std::vector<double> ms =
@@ -564,6 +597,15 @@ void clear_selections() {
   std::lock_guard<std::mutex> lock(s.mu);
   s.choice.clear();
   s.last.clear();
+}
+
+void clear_plans() {
+  clear_selections();
+  for (int i = 0; i < kMaxDevices; ++i) {
+    Device& d = device_state(i);
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.plans.clear();
+  }
 }
 
 std::string describe_plans() {

@@ -62,6 +62,10 @@ struct Selection {
 Selection last_selection(const std::string& op);
 // Forgets every measured choice (tests); built plans stay cached.
 void clear_selections();
+// Forgets every built plan and measured choice, as a new process starts (tests). The engines
+// timed fastest stay in the disk cache (kernels/cuda/choices.h): a plan built again for a key
+// found there finalizes only that engine.
+void clear_plans();
 // A line per cached plan: the shape key, the graph variant and cuDNN's engine index, or the
 // reason no plan was built (for test logs).
 std::string describe_plans();

@@ -311,7 +311,7 @@ std::string knobs_of(const Desc& config) {
 
 }  // namespace
 
-void make_plan(cudnnHandle_t handle, Plan& p) {
+void make_plan(cudnnHandle_t handle, Plan& p, const std::string* only) {
   std::string tried;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
@@ -334,15 +334,8 @@ void make_plan(cudnnHandle_t handle, Plan& p) {
         read_descs(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, count);
     for (size_t i = 0; i < cfgs.size() && p.engines.size() < kMaxEngines; ++i) {
       try {
-        auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle)
-            .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i]);
-        plan->finalize();
         Engine e;
         int64_t n = 0;
-        KILN_CUDNN_TRY(cudnnBackendGetAttribute(plan->get(),
-                                                CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                CUDNN_TYPE_INT64, 1, &n, &e.workspace));
         Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
         cudnnBackendDescriptor_t ed = engine.get();
         if (cudnnBackendGetAttribute(cfgs[i]->get(), CUDNN_ATTR_ENGINECFG_ENGINE,
@@ -352,6 +345,14 @@ void make_plan(cudnnHandle_t handle, Plan& p) {
                                    &e.index);
         }
         e.knobs = knobs_of(*cfgs[i]);
+        if (only != nullptr && e.choice() != *only) continue;
+        auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle)
+            .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i]);
+        plan->finalize();
+        KILN_CUDNN_TRY(cudnnBackendGetAttribute(plan->get(),
+                                                CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                CUDNN_TYPE_INT64, 1, &n, &e.workspace));
         e.config = std::move(cfgs[i]);
         e.plan = std::move(plan);
         p.engines.push_back(std::move(e));
@@ -361,7 +362,8 @@ void make_plan(cudnnHandle_t handle, Plan& p) {
     }
     if (p.ok()) return;
   }
-  p.error = absl::StrCat("no execution plan:", tried);
+  p.error = only != nullptr ? absl::StrCat("no engine configuration ", *only)
+                            : absl::StrCat("no execution plan:", tried);
 }
 
 }  // namespace kiln::cuda::cudnn::internal

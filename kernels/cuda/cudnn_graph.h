@@ -192,6 +192,8 @@ struct Engine {
   int64_t workspace = 0;
   int64_t index = -1;  // cuDNN's global engine index
   std::string knobs;   // the configuration's knob choices, "type=value ..." (for logs)
+  // The engine and its knobs, "8 [2=1 5=0]": what the disk cache keeps of a timed choice.
+  std::string choice() const { return absl::StrCat(index, " [", knobs, "]"); }
   std::string str() const {
     return absl::StrCat("engine ", index, knobs.empty() ? "" : " [", knobs,
                         knobs.empty() ? "" : "]", ", workspace ", workspace, " bytes");
@@ -216,6 +218,7 @@ constexpr size_t kMaxEngines = 4;
 
 // The engine configurations of the heuristics (mode A, else the fallback list) whose execution
 // plans finalize, up to kMaxEngines in the heuristics' order; p.error says why when none does.
-void make_plan(cudnnHandle_t handle, Plan& p);
+// With `only` (an Engine::choice()), just the configuration it names, when the heuristics list it.
+void make_plan(cudnnHandle_t handle, Plan& p, const std::string* only = nullptr);
 
 }  // namespace kiln::cuda::cudnn::internal

@@ -14,10 +14,12 @@
 // both backward graphs, or cuDNN's reason for building no plan. Suites named Gpu* carry the ctest
 // label `gpu`; they skip without a GPU or without cuDNN.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -537,6 +539,56 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
     EXPECT_EQ(sb.key, sb0.key) << "nothing measured for the call with dlse";
   }
   std::printf("%s", cuda::cudnn::describe_plans().c_str());
+#endif
+}
+
+// The engine timed fastest for a shape goes to the disk cache; a new process (the plans
+// forgotten) finalizes only that engine for the shape instead of every candidate, and times none.
+TEST_F(GpuCudnnAttention, EngineChoiceIsKeptInTheDiskCache) {
+#if defined(KILN_WITH_CUDNN)
+  const test::DiskCacheScope cache(
+      (std::filesystem::temp_directory_path() / ("kiln_cudnn_" + std::to_string(getpid())))
+          .string());
+  manual_seed(58);
+  cuda::cudnn::clear_plans();
+  const Case c{2, 4, 4, 384, 384, 64, true, kBFloat16};  // a shape no other test uses
+  Tensor q, k, v;
+  make_inputs(c, q, k, v);
+  const double scale = 0.125;
+  const Attrs attrs = {scale, true, int64_t{0}, 0.0};
+  const TensorVec r = call_op(fwd_op(), {q.to(kCPU), k.to(kCPU), v.to(kCPU)}, attrs);
+  const TensorVec in = {q, k, v};
+  ASSERT_TRUE(accepts(fwd_op(), "fastest", in, attrs)) << probe(q, k, v, true, scale);
+  const cuda::KernelSetupStats s0 = cuda::kernel_setup_stats();
+  const TensorVec g = call_op(fwd_op(), in, attrs);
+  EXPECT_LE(rel_error(g[0], r[0]), out_tol(c.dtype));
+  const cuda::cudnn::Selection s = cuda::cudnn::last_selection("flash_attention");
+  ASSERT_FALSE(s.winner.empty()) << cuda::cudnn::describe_plans();
+  expect_one_engine_chosen(s);
+  if (s.cudnn_engines.empty()) GTEST_SKIP() << "cuDNN offered one engine: no choice to keep";
+  const cuda::KernelSetupStats s1 = cuda::kernel_setup_stats();
+  EXPECT_GE(s1.choices_written, s0.choices_written + 1);
+  EXPECT_GE(s1.attention_shapes_timed, s0.attention_shapes_timed + 1);
+  // The chosen engine, as a one-engine plan describes itself.
+  std::string chosen;
+  for (const std::string& part : std::vector<std::string>(absl::StrSplit(s.cudnn_engines, "; "))) {
+    if (part.rfind("*", 0) == 0) chosen = part.substr(1, part.rfind(": ") - 1);
+  }
+  ASSERT_FALSE(chosen.empty()) << s.cudnn_engines;
+
+  cuda::cudnn::clear_plans();  // as a new process
+  const TensorVec g2 = call_op(fwd_op(), in, attrs);
+  EXPECT_LE(rel_error(g2[0], r[0]), out_tol(c.dtype));
+  EXPECT_LE(rel_error(g2[1], r[1]), 1e-4);
+  const cuda::KernelSetupStats s2 = cuda::kernel_setup_stats();
+  EXPECT_GE(s2.choices_read, s1.choices_read + 1);
+  const cuda::cudnn::Selection again = cuda::cudnn::last_selection("flash_attention");
+  EXPECT_EQ(again.key, s.key);
+  EXPECT_EQ(again.cudnn_engines, "") << "the engines were timed again";
+  const std::string plans = cuda::cudnn::describe_plans();
+  EXPECT_NE(plans.find(s.key + ": " + chosen + "\n"), std::string::npos)
+      << "want the one engine " << chosen << " for " << s.key << "; plans:\n"
+      << plans;
 #endif
 }
 

@@ -5,13 +5,17 @@
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "kernels/cuda.h"
+#include "kernels/cuda/cublaslt.h"
 #include "kernels/gpu_test_util.h"
 #include "tensor/ops.h"
 #include "test_util.h"
@@ -221,6 +225,7 @@ class AutotuneScope {
 // timing run that wrote into the output: C == out (broadcast or transposed self written into
 // the output first) would then have added the product several times.
 TEST_F(GpuLinalg, AutotuneMatchesHeuristicOnEveryPath) {
+  const test::DiskCacheScope no_disk("none");  // every shape timed here, none read from disk
   for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
     SCOPED_TRACE(dtype_name(dt));
     manual_seed(21);
@@ -287,6 +292,7 @@ TEST_F(GpuLinalg, AutotuneMatchesHeuristicOnEveryPath) {
 }
 
 TEST_F(GpuLinalg, AutotuneTimesOnceThenHitsTheCache) {
+  const test::DiskCacheScope no_disk("none");
   manual_seed(22);
   // A product with several candidate algorithms, on a shape no other test uses.
   const Tensor a = rand_cpu({264, 520}, kBFloat16).to(kGpu);
@@ -322,6 +328,58 @@ TEST_F(GpuLinalg, AutotuneTimesOnceThenHitsTheCache) {
   const Tensor wt = w.t().contiguous();
   expect_gpu_close(mm(a, wt), want, kBFloat16);
   EXPECT_EQ(cuda::matmul_autotune_stats().tuned_shapes, 2);
+}
+
+// The timed choice goes to the disk cache; a new process (the plans forgotten) takes it from
+// there instead of timing again, and gets the same product. A cache that holds no choice for the
+// shape, or is off, times again.
+TEST_F(GpuLinalg, AutotuneChoiceIsKeptInTheDiskCache) {
+  const test::DiskCacheScope cache(
+      (std::filesystem::temp_directory_path() / ("kiln_choices_" + std::to_string(getpid())))
+          .string());
+  manual_seed(23);
+  // Shapes no other test uses, each with several candidate algorithms.
+  const Tensor a = rand_cpu({152, 648}, kBFloat16).to(kGpu);
+  const Tensor w = rand_cpu({328, 648}, kBFloat16).to(kGpu);
+  const Tensor want = ref64(a).mm(ref64(w).t());
+  AutotuneScope on(true);
+  const cuda::KernelSetupStats s0 = cuda::kernel_setup_stats();
+  const Tensor first = mm(a, w.t());
+  expect_gpu_close(first, want, kBFloat16);
+  const cuda::KernelSetupStats s1 = cuda::kernel_setup_stats();
+  ASSERT_EQ(s1.matmul_shapes_timed, s0.matmul_shapes_timed + 1);
+  EXPECT_GT(s1.matmul_timing_s, s0.matmul_timing_s);
+  EXPECT_EQ(s1.choices_written, s0.choices_written + 1);
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(cache.dir()))
+    files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+
+  cuda::internal::clear_plans();  // as a new process
+  const Tensor again = mm(a, w.t());
+  const cuda::KernelSetupStats s2 = cuda::kernel_setup_stats();
+  EXPECT_EQ(s2.matmul_shapes_timed, s1.matmul_shapes_timed);  // not timed again
+  EXPECT_EQ(s2.choices_read, s1.choices_read + 1);
+  expect_gpu_close(again, want, kBFloat16);
+  EXPECT_LE(rel_error(again, ref64(first)), tolerance(kBFloat16));
+
+  // Another shape is not in the cache: timed.
+  const Tensor w2 = rand_cpu({200, 648}, kBFloat16).to(kGpu);
+  expect_gpu_close(mm(a, w2.t()), ref64(a).mm(ref64(w2).t()), kBFloat16);
+  const cuda::KernelSetupStats s3 = cuda::kernel_setup_stats();
+  EXPECT_EQ(s3.matmul_shapes_timed, s2.matmul_shapes_timed + 1);
+  EXPECT_EQ(s3.choices_read, s2.choices_read);
+
+  // With the cache off, a new process times again.
+  {
+    const test::DiskCacheScope off("none");
+    cuda::internal::clear_plans();
+    expect_gpu_close(mm(a, w.t()), want, kBFloat16);
+    const cuda::KernelSetupStats s4 = cuda::kernel_setup_stats();
+    EXPECT_EQ(s4.matmul_shapes_timed, s3.matmul_shapes_timed + 1);
+    EXPECT_EQ(s4.choices_read, s3.choices_read);
+    EXPECT_EQ(s4.choices_written, s3.choices_written);
+  }
 }
 
 // The switch itself needs no GPU (it compiles and runs in CPU builds too).

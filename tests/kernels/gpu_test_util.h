@@ -13,11 +13,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/disk_cache.h"
 #include "tensor/ops.h"
 #include "tensor/tensor_data.h"
 #include "test_util.h"
@@ -180,5 +184,23 @@ inline double rel_error(const Tensor& got, const Tensor& want) {
 inline void expect_same(const Tensor& actual, const Tensor& expected, const std::string& what) {
   expect_match(actual, expected, Tol{0, 0}, what);
 }
+
+// Points kiln's disk cache (kernels/disk_cache.h) at `dir` for the scope ("none": off), and back
+// at the default after it; a directory it points at is removed at the end.
+class DiskCacheScope {
+ public:
+  explicit DiskCacheScope(std::string dir) : dir_(std::move(dir)) { disk_cache::set_dir(dir_); }
+  ~DiskCacheScope() {
+    disk_cache::set_dir("");
+    std::error_code ec;
+    if (dir_ != "none") std::filesystem::remove_all(dir_, ec);
+  }
+  DiskCacheScope(const DiskCacheScope&) = delete;
+  DiskCacheScope& operator=(const DiskCacheScope&) = delete;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
 
 }  // namespace kiln::test
