@@ -71,8 +71,9 @@ const std::string& library_text() {
 constexpr char kEngineChoice[] = "cudnn-attention-engine";
 
 // The plan for key (built on first use, failures cached too). Call with d.mu held. Where the
-// disk cache holds the engine timed fastest for the key by an earlier run (tune_engines), only
-// that engine's plan is finalized (each costs cuDNN a compilation).
+// disk cache holds the engine timed fastest for the key by an earlier run (tune_engines), its
+// plan is restored from the JSON stored beside it, else only that engine's plan is finalized
+// (each costs cuDNN a compilation).
 Plan& plan_for(Device& d, const Key& key) {
   auto it = d.plans.find(key);
   if (it != d.plans.end()) return *it->second;
@@ -82,11 +83,23 @@ Plan& plan_for(Device& d, const Key& key) {
   try {
     DeviceGuard guard(key.device);  // plans are built for the handle's device
     if (d.handle == nullptr) KILN_CUDNN_TRY(cudnnCreate(&d.handle));
-    p->graph = key.backward ? backward_graph(d.handle, key) : forward_graph(d.handle, key);
+    // The cache's payload: the engine's choice, a newline, and its plan's JSON (or nothing).
     const std::optional<std::string> cached =
         cuda::internal::read_choice(kEngineChoice, key.device, library_text(), disk_text(key));
-    if (cached) {
-      make_plan(d.handle, *p, &*cached);
+    const size_t newline = cached ? cached->find('\n') : std::string::npos;
+    const std::string choice = cached ? cached->substr(0, newline) : "";
+    if (newline != std::string::npos && newline + 1 < cached->size()) {
+      try {
+        p->engines.push_back(engine_from_json(d.handle, choice, cached->substr(newline + 1)));
+        p->tuned = true;
+      } catch (const BuildError&) {  // built below
+      }
+    }
+    if (!p->ok()) {
+      p->graph = key.backward ? backward_graph(d.handle, key) : forward_graph(d.handle, key);
+    }
+    if (!p->ok() && cached) {
+      make_plan(d.handle, *p, &choice);
       p->tuned = p->ok();
     }
     if (!p->ok()) {  // not cached, or the heuristics no longer offer it
@@ -463,7 +476,7 @@ std::string tune_engines(OpCall& c, const Key& key, KernelFn cudnn_fn) {
   std::string text, choice;
   {
     std::lock_guard<std::mutex> lock(d.mu);
-    choice = p->engines[best].choice();
+    choice = absl::StrCat(p->engines[best].choice(), "\n", plan_json(p->engines[best]));
     p->active = best;
     p->tuned = true;
     for (size_t i = 0; i < n; ++i) {

@@ -366,4 +366,48 @@ void make_plan(cudnnHandle_t handle, Plan& p, const std::string* only) {
                             : absl::StrCat("no execution plan:", tried);
 }
 
+std::string plan_json(const Engine& e) {
+  if (e.plan == nullptr) return "";
+  int64_t count = 0;
+  if (cudnnBackendGetAttribute(e.plan->get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+                               CUDNN_TYPE_CHAR, 0, &count, nullptr) != CUDNN_STATUS_SUCCESS ||
+      count <= 0) {
+    return "";
+  }
+  std::string json(static_cast<size_t>(count), '\0');
+  if (cudnnBackendGetAttribute(e.plan->get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+                               CUDNN_TYPE_CHAR, count, &count,
+                               json.data()) != CUDNN_STATUS_SUCCESS) {
+    return "";
+  }
+  json.resize(std::min(json.size(), static_cast<size_t>(std::max<int64_t>(count, 0))));
+  while (!json.empty() && json.back() == '\0') json.pop_back();
+  return json;
+}
+
+Engine engine_from_json(cudnnHandle_t handle, const std::string& choice, const std::string& json) {
+  Engine e;
+  // choice: "<index> [<knobs>]"
+  const size_t open = choice.find(" ["), close = choice.rfind(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) {
+    throw BuildError{absl::StrCat("not an engine choice: ", choice)};
+  }
+  try {
+    e.index = std::stoll(choice.substr(0, open));
+  } catch (const std::exception&) {
+    throw BuildError{absl::StrCat("not an engine choice: ", choice)};
+  }
+  e.knobs = choice.substr(open + 2, close - open - 2);
+  auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle)
+      .set(CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, json.data(),
+           static_cast<int64_t>(json.size()));
+  plan->finalize();
+  int64_t n = 0;
+  KILN_CUDNN_TRY(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                          CUDNN_TYPE_INT64, 1, &n, &e.workspace));
+  e.plan = std::move(plan);
+  return e;
+}
+
 }  // namespace kiln::cuda::cudnn::internal

@@ -221,4 +221,12 @@ constexpr size_t kMaxEngines = 4;
 // With `only` (an Engine::choice()), just the configuration it names, when the heuristics list it.
 void make_plan(cudnnHandle_t handle, Plan& p, const std::string* only = nullptr);
 
+// An engine's execution plan in cuDNN's serialized form (its JSON representation), "" where
+// cuDNN gives none.
+std::string plan_json(const Engine& e);
+// The engine `choice` (an Engine::choice()) whose plan cuDNN restores from `json` (plan_json's,
+// made by the same cuDNN on the same kind of device for the same graph) without building the
+// graph or asking the heuristics; throws BuildError where cuDNN does not take it.
+Engine engine_from_json(cudnnHandle_t handle, const std::string& choice, const std::string& json);
+
 }  // namespace kiln::cuda::cudnn::internal
