@@ -11,7 +11,8 @@
 namespace kiln::cuda::internal {
 namespace {
 
-// "NVIDIA H100 80GB HBM3, sm_90, 132 SMs" (queried once per device), or "" when it cannot be.
+// "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, driver 13000" (queried once per device), or "" when it
+// cannot be. The driver is in it because cuDNN's restored plans hold kernels it compiled.
 std::string device_text(int device) {
   constexpr int kMaxDevices = 64;
   static std::mutex mu;
@@ -21,11 +22,14 @@ std::string device_text(int device) {
   std::string& t = texts[static_cast<size_t>(device)];
   if (t.empty()) {
     cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+    int driver = 0;
+    if (cudaGetDeviceProperties(&p, device) != cudaSuccess ||
+        cudaDriverGetVersion(&driver) != cudaSuccess) {
       (void)cudaGetLastError();
       return "";
     }
-    t = absl::StrCat(p.name, ", sm_", p.major, p.minor, ", ", p.multiProcessorCount, " SMs");
+    t = absl::StrCat(p.name, ", sm_", p.major, p.minor, ", ", p.multiProcessorCount,
+                     " SMs, driver ", driver);
   }
   return t;
 }

@@ -49,7 +49,8 @@ class SetupTimer {
 
 // The disk cache's choice of `kind` ("cublaslt", "cudnn-engine", ...) for `key` on `device`, made
 // with `library` (the version of what offered the candidates), or nullopt. The cache's key also
-// holds the device's name, compute capability and SM count. Counts choices_read.
+// holds the device's name, compute capability and SM count and the driver's version. Counts
+// choices_read.
 std::optional<std::string> read_choice(std::string_view kind, int device,
                                        const std::string& library, const std::string& key);
 // Stores a choice there (counts choices_written); a cache that cannot be written is skipped.
