@@ -1,7 +1,7 @@
-// The internal part of the CUDA runtime (kernels/cuda/runtime.cpp), for kernels/ and the tensor
-// code that moves data: the pinned host memory cache behind Tensor::pin_memory and non-blocking
-// copies. The public API (devices, memory statistics, streams, events, the runtime knobs) is
-// kernels/cuda.h, which this header includes; users include that one.
+// The internal part of the CUDA runtime (kernels/cuda/runtime.cpp, graph.cpp), for kernels/ and
+// the tensor code that moves data: the pinned host memory cache behind Tensor::pin_memory and
+// non-blocking copies. The public API (devices, memory statistics, streams, events, the runtime
+// knobs) is kernels/cuda.h, which this header includes; users include that one.
 //
 //   kiln::Storage block = kiln::cuda::internal::allocate_pinned(nbytes);
 //   ... cudaMemcpyAsync(dst, block->data(), nbytes, cudaMemcpyHostToDevice, stream) ...
@@ -77,7 +77,7 @@ class CapturedGraph {
   // Bytes the graph's allocation nodes asked for during the capture (before reuse).
   int64_t allocated_bytes() const { return allocated_bytes_; }
 
-  struct Impl;  // the CUDA handles (runtime.cpp)
+  struct Impl;  // the CUDA handles (graph.cpp)
 
  private:
   friend std::shared_ptr<CapturedGraph> capture_graph(

@@ -1,6 +1,6 @@
 // The CUDA driver API's stream memory operations, for kiln's CUDA code: the copy-engine
 // all-reduce's flags (dist/peer_all_reduce.cpp) and the marks of work a CUDA graph leaves to the
-// host (kernels/cuda/runtime.cpp, defer_to_each_launch).
+// host (kernels/cuda/graph.cpp, defer_to_each_launch).
 //
 //   const kiln::cuda::internal::StreamMemOps& ops = kiln::cuda::internal::stream_mem_ops();
 //   if (ops.ok) ops.wait(stream, address, 1, CU_STREAM_WAIT_VALUE_EQ);
