@@ -179,8 +179,8 @@ void reset_matmul_autotune_stats();
 struct KernelSetupStats {
   int64_t matmul_shapes_timed = 0;  // cuBLASLt products whose candidate algorithms were timed
   double matmul_timing_s = 0;
-  int64_t attention_plans_built = 0;   // cuDNN attention graphs built and their plans finalized
-  double attention_build_s = 0;        // (failed builds included)
+  int64_t attention_plans_built = 0;   // cuDNN attention plans made: built and finalized, or
+  double attention_build_s = 0;        // restored from the disk cache (failures included)
   int64_t attention_shapes_timed = 0;  // attention calls timed: cuDNN's engines against each
   double attention_timing_s = 0;       // other and against the hand kernel
   // Timed choices read from and written to kiln's disk cache (kernels/disk_cache.h), which

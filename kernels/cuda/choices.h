@@ -1,11 +1,12 @@
 // The kernels' choices made by measurement: cuBLASLt's algorithm per product shape
 // (cublaslt.cpp), cuDNN's attention engine and cuDNN-or-hand-kernel per attention shape
 // (cudnn_attention.cpp). What they cost the host is counted for kernel_setup_stats()
-// (kernels/cuda.h; kernels/cuda.cpp holds the counters, for every build). The choices are kept
-// in kiln's disk cache (kernels/disk_cache.h), so that a program's first step on a machine that
-// has run it before does not time them again: a cached choice is used only where it is still
-// one of the candidates (a library or driver that offers others makes the program time again).
-// Internal to kiln's CUDA code.
+// (kernels/cuda.h; kernels/cuda.cpp holds the counters, for every build). The algorithms and the
+// engines (with their plans' JSON) are kept in kiln's disk cache (kernels/disk_cache.h), so that
+// a program's first step on a machine that has run it before does not time or build them again:
+// a cached choice is used only where it is still one of the candidates (a library or driver that
+// offers others makes the program time again). cuDNN against the hand kernel is timed in every
+// process, so that a rebuilt hand kernel is measured again. Internal to kiln's CUDA code.
 #pragma once
 
 #include <atomic>
@@ -47,9 +48,9 @@ class SetupTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
-// The disk cache's choice of `kind` ("cublaslt", "cudnn-engine", ...) for `key` on `device`, made
-// with `library` (the version of what offered the candidates), or nullopt. The cache's key also
-// holds the device's name, compute capability and SM count and the driver's version. Counts
+// The disk cache's choice of `kind` ("cublaslt", "cudnn-attention-engine") for `key` on `device`,
+// made with `library` (the version of what offered the candidates), or nullopt. The cache's key
+// also holds the device's name, compute capability and SM count and the driver's version. Counts
 // choices_read.
 std::optional<std::string> read_choice(std::string_view kind, int device,
                                        const std::string& library, const std::string& key);
