@@ -14,12 +14,10 @@
 // both backward graphs, or cuDNN's reason for building no plan. Suites named Gpu* carry the ctest
 // label `gpu`; they skip without a GPU or without cuDNN.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -546,9 +544,7 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
 // forgotten) finalizes only that engine for the shape instead of every candidate, and times none.
 TEST_F(GpuCudnnAttention, EngineChoiceIsKeptInTheDiskCache) {
 #if defined(KILN_WITH_CUDNN)
-  const test::DiskCacheScope cache(
-      (std::filesystem::temp_directory_path() / ("kiln_cudnn_" + std::to_string(getpid())))
-          .string());
+  const test::DiskCacheScope cache(test::DiskCacheScope::fresh("cudnn"));
   manual_seed(58);
   cuda::cudnn::clear_plans();
   const Case c{2, 4, 4, 384, 384, 64, true, kBFloat16};  // a shape no other test uses

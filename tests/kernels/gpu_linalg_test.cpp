@@ -5,7 +5,6 @@
 //
 // Suites named Gpu* carry the ctest label `gpu` and skip without a GPU.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -334,9 +333,7 @@ TEST_F(GpuLinalg, AutotuneTimesOnceThenHitsTheCache) {
 // there instead of timing again, and gets the same product. A cache that holds no choice for the
 // shape, or is off, times again.
 TEST_F(GpuLinalg, AutotuneChoiceIsKeptInTheDiskCache) {
-  const test::DiskCacheScope cache(
-      (std::filesystem::temp_directory_path() / ("kiln_choices_" + std::to_string(getpid())))
-          .string());
+  const test::DiskCacheScope cache(test::DiskCacheScope::fresh("choices"));
   manual_seed(23);
   // Shapes no other test uses, each with several candidate algorithms.
   const Tensor a = rand_cpu({152, 648}, kBFloat16).to(kGpu);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -186,10 +187,16 @@ inline void expect_same(const Tensor& actual, const Tensor& expected, const std:
 }
 
 // Points kiln's disk cache (kernels/disk_cache.h) at `dir` for the scope ("none": off), and back
-// at the default after it; a directory it points at is removed at the end.
+// at the default after it; a directory it points at is removed at the end. fresh(name): a new
+// directory of this process under the system's temporary directory.
 class DiskCacheScope {
  public:
   explicit DiskCacheScope(std::string dir) : dir_(std::move(dir)) { disk_cache::set_dir(dir_); }
+  static std::string fresh(const std::string& name) {
+    return (std::filesystem::temp_directory_path() /
+            ("kiln_" + name + "_" + std::to_string(getpid())))
+        .string();
+  }
   ~DiskCacheScope() {
     disk_cache::set_dir("");
     std::error_code ec;
