@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "autograd/grad_mode.h"
@@ -578,6 +579,9 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
   summary.steps = summary.start_step;
   for (int64_t step = summary.start_step + 1; step <= o.max_steps; ++step) {
     const auto t0 = Clock::now();
+    const bool first = step == summary.start_step + 1;
+    std::optional<internal::KernelSetupReading> setup_before;
+    if (first && on_cuda) setup_before = internal::KernelSetupReading::now();
     const double lr = opt->get_lr();
     std::vector<Tensor> xs, ys;
     for (int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
@@ -611,6 +615,13 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
     sched.step();
     if (on_cuda) cuda::synchronize();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (setup_before) {
+      std::ostringstream line;
+      line << "first step done in " << std::fixed << std::setprecision(2) << dt
+           << " s; its kernel setup: "
+           << internal::kernel_setup_text(*setup_before, internal::KernelSetupReading::now());
+      progress.line(line.str());
+    }
     // The first step of a run pays for one-time setup (allocations, kernel loading).
     if (step > summary.start_step + 1 || o.max_steps == summary.start_step + 1) {
       timed_seconds += dt;

@@ -5,7 +5,6 @@
 #include <sstream>
 #include <string>
 
-#include "compiler/fused_cuda.h"
 #include "kernels/cuda.h"
 #include "models/trainer_internal.h"
 #include "tensor/error.h"
@@ -22,30 +21,6 @@ using internal::make_optimizer;
 using internal::param_dtype;
 using internal::TrainStep;
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-// What a step spent on one-time kernel setup, from the counters before (a) and after (b) it:
-// the host's time timing candidates and building plans, and the generated kernels it needed.
-std::string kernel_setup_text(const cuda::KernelSetupStats& a, const cuda::KernelSetupStats& b,
-                              const compiler::FusedCudaStats& fa,
-                              const compiler::FusedCudaStats& fb) {
-  std::ostringstream t;
-  t << std::fixed << std::setprecision(2) << "matmul autotune "
-    << b.matmul_timing_s - a.matmul_timing_s << " s ("
-    << b.matmul_shapes_timed - a.matmul_shapes_timed << " shapes), cuDNN attention plans "
-    << b.attention_build_s - a.attention_build_s << " s ("
-    << b.attention_plans_built - a.attention_plans_built << " built), attention kernels timed "
-    << b.attention_timing_s - a.attention_timing_s << " s ("
-    << b.attention_shapes_timed - a.attention_shapes_timed
-    << " shapes); timed choices: " << b.choices_read - a.choices_read << " from the disk cache, "
-    << b.choices_written - a.choices_written
-    << " stored; generated kernels: " << fb.nvrtc_compiles - fa.nvrtc_compiles << " compiled, "
-    << fb.disk_hits - fa.disk_hits << " from the disk cache";
-  return t.str();
-}
-
-}  // namespace
 
 BenchResult bench(const BenchOptions& o, std::ostream& log) {
   KILN_CHECK(o.batch_size > 0 && o.seq_len > 0 && o.steps > 0 && o.warmup_steps >= 0 &&
@@ -108,12 +83,10 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   };
   std::string first_setup;  // the first step's one-time kernel setup
   for (int64_t i = 0; i < o.warmup_steps; ++i) {
-    const cuda::KernelSetupStats setup = cuda::kernel_setup_stats();
-    const compiler::FusedCudaStats fused = compiler::fused_cuda_stats();
+    const internal::KernelSetupReading before = internal::KernelSetupReading::now();
     warmup_step();
     if (i == 0 && on_cuda) {
-      first_setup =
-          kernel_setup_text(setup, cuda::kernel_setup_stats(), fused, compiler::fused_cuda_stats());
+      first_setup = internal::kernel_setup_text(before, internal::KernelSetupReading::now());
     }
   }
   // A compiled step that is still choosing how to run (a DDP program times its all-reduces op by

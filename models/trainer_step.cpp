@@ -3,6 +3,7 @@
 #include <iomanip>
 #include <limits>
 #include <sstream>
+#include <string>
 
 #include "autograd/grad_mode.h"
 #include "kernels/cuda.h"
@@ -112,6 +113,28 @@ std::vector<Tensor> train_step(GPT& model, optim::Optimizer& opt, const std::vec
     opt.step();
   }
   return out;
+}
+
+KernelSetupReading KernelSetupReading::now() {
+  return {cuda::kernel_setup_stats(), compiler::fused_cuda_stats()};
+}
+
+std::string kernel_setup_text(const KernelSetupReading& before, const KernelSetupReading& after) {
+  const cuda::KernelSetupStats& a = before.kernels;
+  const cuda::KernelSetupStats& b = after.kernels;
+  std::ostringstream t;
+  t << std::fixed << std::setprecision(2) << "matmul autotune "
+    << b.matmul_timing_s - a.matmul_timing_s << " s ("
+    << b.matmul_shapes_timed - a.matmul_shapes_timed << " shapes), cuDNN attention plans "
+    << b.attention_build_s - a.attention_build_s << " s ("
+    << b.attention_plans_built - a.attention_plans_built << " built), attention kernels timed "
+    << b.attention_timing_s - a.attention_timing_s << " s ("
+    << b.attention_shapes_timed - a.attention_shapes_timed
+    << " shapes); timed choices: " << b.choices_read - a.choices_read << " from the disk cache, "
+    << b.choices_written - a.choices_written
+    << " stored; generated kernels: " << after.fused.nvrtc_compiles - before.fused.nvrtc_compiles
+    << " compiled, " << after.fused.disk_hits - before.fused.disk_hits << " from the disk cache";
+  return t.str();
 }
 
 void log_compile_stats(const TrainStep& step, std::ostream& log) {
