@@ -623,7 +623,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
       progress.line(line.str());
     }
     // The first step of a run pays for one-time setup (allocations, kernel loading).
-    if (step > summary.start_step + 1 || o.max_steps == summary.start_step + 1) {
+    if (!first || o.max_steps == summary.start_step + 1) {
       timed_seconds += dt;
       ++timed_steps;
     }
@@ -654,7 +654,7 @@ PretrainSummary pretrain(const PretrainOptions& options, std::ostream& log_strea
     // A skipped step's NaN has no place in the JSON lines or the plot.
     if (metrics && finite) metrics->train(step, loss_value, lr, grad_norm, tok_s, mem);
     progress.update(static_cast<double>(step), values.str() + " | " + speed.str());
-    if (step % o.log_interval == 0 || step == o.max_steps || step == summary.start_step + 1) {
+    if (step % o.log_interval == 0 || step == o.max_steps || first) {
       progress.line(
           "step " + std::to_string(step) + "/" + std::to_string(o.max_steps) + " | " +
           values.str() + " | " + speed.str() + ", ETA " +

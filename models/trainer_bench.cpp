@@ -2,6 +2,7 @@
 #include <chrono>
 #include <iomanip>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -83,11 +84,11 @@ BenchResult bench(const BenchOptions& o, std::ostream& log) {
   };
   std::string first_setup;  // the first step's one-time kernel setup
   for (int64_t i = 0; i < o.warmup_steps; ++i) {
-    const internal::KernelSetupReading before = internal::KernelSetupReading::now();
+    std::optional<internal::KernelSetupReading> before;
+    if (i == 0 && on_cuda) before = internal::KernelSetupReading::now();
     warmup_step();
-    if (i == 0 && on_cuda) {
-      first_setup = internal::kernel_setup_text(before, internal::KernelSetupReading::now());
-    }
+    if (before)
+      first_setup = internal::kernel_setup_text(*before, internal::KernelSetupReading::now());
   }
   // A compiled step that is still choosing how to run (a DDP program times its all-reduces op by
   // op and in CUDA graphs first: compiler/graph_trial.h) warms up until it has chosen.

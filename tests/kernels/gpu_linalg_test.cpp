@@ -9,7 +9,6 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
-#include <string>
 #include <utility>
 #include <vector>
 
