@@ -515,12 +515,13 @@ std::string to_hf_config_json(const ModelConfig& config, std::optional<ScalarTyp
   if (f == Family::kMistral) kv["sliding_window"] = i(config.sliding_window);
   if (f == Family::kGemma2) {
     const double scale = config.attn_scale();
-    // transformers 5 types this field int: write integral values (all published ones) as such.
+    // transformers 5 types this field int: write integral values (all published ones) as such,
+    // where they are exact in an int64 (2^53 bounds the doubles that are); others as doubles.
     const double scalar = 1.0 / (scale * scale);
     const double rounded = std::round(scalar);
-    kv["query_pre_attn_scalar"] = std::abs(scalar - rounded) <= 1e-9 * scalar
-                                      ? std::to_string(static_cast<int64_t>(rounded))
-                                      : json_double(scalar);
+    const bool integral = std::abs(scalar - rounded) <= 1e-9 * scalar && rounded < 0x1p53;
+    kv["query_pre_attn_scalar"] =
+        integral ? std::to_string(static_cast<int64_t>(rounded)) : json_double(scalar);
     kv["attn_logit_softcapping"] =
         config.attention_softcap > 0 ? json_double(config.attention_softcap) : "null";
     kv["final_logit_softcapping"] =

@@ -76,7 +76,7 @@ kiln_add_fuzz(hf_config_fuzz LABEL models
   SOURCES models/hf_config_fuzz.cpp PARSER ${src}/models/hf_config.cpp
   SEEDS ${here}/models/data/hf/llama/config.json ${here}/models/data/hf/llama3/config.json
     ${here}/models/data/hf/mistral/config.json ${here}/models/data/hf/gemma/config.json
-    ${here}/models/data/hf/gemma2/config.json
+    ${here}/models/data/hf/gemma2/config.json ${here}/models/data/hf_config_fuzz
   DICT ${here}/models/data/hf_config.dict)
 kiln_add_fuzz(hf_index_fuzz LABEL models
   SOURCES models/hf_index_fuzz.cpp PARSER ${src}/models/hf_weights.cpp

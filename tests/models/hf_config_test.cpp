@@ -332,6 +332,21 @@ TEST(HfConfig, Errors) {
   EXPECT_EQ(c.name, dir.str().substr(dir.str().rfind('/') + 1));
 }
 
+// A query_pre_attn_scalar too large for an int64 (a fuzz finding: converting it was undefined)
+// is exported as a double and reads back as the same model; a small integral one as an int.
+TEST(HfConfig, Gemma2ExportWritesTheQueryScalarThatFits) {
+  for (const char* scalar : {"922337203685477580720", "1e300", "224"}) {
+    SCOPED_TRACE(scalar);
+    const ModelConfig c = ModelConfig::from_hf_config_json(
+        gemma2_without({"query_pre_attn_scalar"}) + ", \"query_pre_attn_scalar\": " + scalar + "}");
+    const std::string json = to_hf_config_json(c);
+    expect_same_model(c, ModelConfig::from_hf_config_json(json, "exported"));
+    if (std::string(scalar) == "224") {
+      EXPECT_NE(json.find("\"query_pre_attn_scalar\": 224,"), std::string::npos) << json;
+    }
+  }
+}
+
 TEST(HfConfig, ExportParsesBackForEveryRegisteredConfig) {
   for (const std::string& name : config_names()) {
     SCOPED_TRACE(name);
