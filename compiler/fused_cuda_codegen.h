@@ -176,6 +176,9 @@ class Generator {
   int row_dims_ = 0;              // the domain's leading dims that are not reduced
   std::vector<bool> row_stored_;  // [input]: in the shared-memory row cache
   std::vector<RowMember> row_members_;
+  // Values with one value per row (a row kernel's per-row inputs and members): a bf16 division by
+  // one goes through the row's reciprocal (kdiv_row_bf16).
+  absl::flat_hash_set<int> per_row_;
   absl::flat_hash_map<int, std::string> mean_scale_;  // member -> the constant 1 / count
 
   const Trace& t_;

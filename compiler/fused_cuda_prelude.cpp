@@ -74,11 +74,19 @@ __device__ __forceinline__ unsigned char kbits_u8(long long v) { return (unsigne
 __device__ __forceinline__ bool kbits_bool(long long v) { return v != 0; }
 
 // kernels/reduce_fn.h's pick (amax, amin): the larger (kMax) or smaller of a and b; NaN wins.
+// In one select (two compares): a if a is NaN, else b if b is NaN or beyond a, else a.
 template <bool kMax, typename V> __device__ __forceinline__ V kpick(V a, V b) {
-  if (scalar::math::is_nan(a)) return a;
-  if (scalar::math::is_nan(b)) return b;
-  if (kMax) return b > a ? b : a;
-  return b < a ? b : a;
+  return !(a != a) && !(kMax ? b <= a : b >= a) ? b : a;
+}
+// x / y rounded to bf16, for bf16 values x and y where y is one per row (a row kernel's divisor,
+// softmax's sum): x times y's reciprocal, which the compiler computes once per row, rounds to the
+// bf16 that the IEEE quotient rounds to for every pair of bf16 values with |y| in [2^-126, 2^126]
+// (all 2^32 pairs checked: FusedCudaCodegen.RowReciprocalRoundsAsTheBf16Quotient); other
+// divisors divide, out of line.
+__device__ __noinline__ float kdiv_ieee(float x, float y) { return x / y; }
+__device__ __forceinline__ float kdiv_row_bf16(float x, float y) {
+  const float ay = fabsf(y);
+  return ay >= 0x1p-126f && ay <= 0x1p126f ? x * (1.0f / y) : kdiv_ieee(x, y);
 }
 template <typename V> __device__ __forceinline__ V kinf();
 template <> __device__ __forceinline__ float kinf<float>() { return __int_as_float(0x7f800000); }

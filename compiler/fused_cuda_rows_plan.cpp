@@ -157,6 +157,9 @@ bool Generator::plan_rows(std::string* why) {
     members_.push_back(&op);
     row_members_.push_back(m);
   }
+  for (const auto& [v, f] : full) {
+    if (!f) per_row_.insert(v);
+  }
   // The region's outputs.
   const absl::flat_hash_set<int> read_outside = values_read_outside(t_, begin_, end_);
   for (const BoundOp* op : members_) {

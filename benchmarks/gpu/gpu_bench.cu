@@ -620,8 +620,8 @@ void bench_clip(const std::vector<kiln::Shape>& shapes, const std::string& model
 
 int main(int argc, char** argv) {
   const std::vector<std::string> sections = {
-      "gemm",    "rmsnorm", "layernorm", "cross-entropy", "flash", "rope", "qkv",
-      "lm-loss", "glu",     "generic",   "fused",         "clip",  "adamw"};
+      "gemm",    "rmsnorm", "layernorm", "cross-entropy", "flash", "rope",  "qkv",
+      "lm-loss", "glu",     "generic",   "fused",         "clip",  "adamw", "fused-rows"};
   std::vector<std::string> selected = sections;
   const char* json_path = nullptr;
   for (int i = 1; i < argc; ++i) {
@@ -775,6 +775,7 @@ int main(int argc, char** argv) {
   if (want("glu")) bench_glu();
   if (want("generic")) bench_generic();
   if (want("fused")) bench_fused();
+  if (want("fused-rows") && !want("fused")) bench_fused_rows();  // the row kernels alone
   if (want("clip")) {
     bench_clip(llama_160m_shapes(), "llama-160m");
     bench_clip(llama_1b_shapes(), "llama-3.2-1b");

@@ -4,11 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "compiler/compile.h"
@@ -309,6 +314,8 @@ TEST(FusedCudaCodegen, RowKernelForSoftmaxWrittenWithOps) {
   EXPECT_NE(s.find("bf16 xc0[32];"), std::string::npos) << s;
   EXPECT_EQ(count(s, "= *(const kpack<bf16, 8>*)(rin0 + c0);"), 1) << s;  // the only load
   EXPECT_EQ(count(s, "scalar::Exp::apply"), 2) << s;                      // one per entry
+  // The division by the row's sum: through its reciprocal (kdiv_row_bf16), once per entry.
+  EXPECT_EQ(count(s, "kbf(kdiv_row_bf16(kf(y2), kf(y3)))"), 2) << s;
   EXPECT_NE(s.find("u32 yc2[16];"), std::string::npos) << s;
   EXPECT_NE(s.find("kpick<true>("), std::string::npos) << s;
   EXPECT_NE(s.find("__shfl_xor_sync"), std::string::npos) << s;
@@ -316,6 +323,75 @@ TEST(FusedCudaCodegen, RowKernelForSoftmaxWrittenWithOps) {
   EXPECT_EQ(k->outputs[0].sizes, Shape({64, 2048}));
   // Deterministic.
   EXPECT_EQ(compiler::fused_cuda_source(t, 0, t.ops.size()), s);
+}
+
+// kdiv_row_bf16's claim (compiler/fused_cuda_prelude.cpp), on every pair of bf16 values: where
+// |y| is in [2^-126, 2^126], x times the float reciprocal of y rounds to the same bf16 as the IEEE
+// float quotient x / y (round to nearest even, as cvt.rn.bf16.f32; NaN as NaN). The host's float
+// arithmetic is IEEE binary32 with subnormals, as the generated kernels' (--ftz=false).
+TEST(FusedCudaCodegen, RowReciprocalRoundsAsTheBf16Quotient) {
+  const auto to_bf16 = [](float f) -> uint32_t {
+    if (std::isnan(f)) return 0x7fc0;  // every NaN alike
+    uint32_t u = std::bit_cast<uint32_t>(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+  };
+  const auto value = [](uint32_t bits) { return std::bit_cast<float>(bits << 16); };
+  std::atomic<int64_t> pairs{0}, differ{0};
+  std::atomic<uint64_t> first{~uint64_t{0}};
+  const auto sweep = [&](uint32_t y_begin, uint32_t y_end) {
+    int64_t n = 0, bad = 0;
+    for (uint32_t yb = y_begin; yb < y_end; ++yb) {
+      const float y = value(yb);
+      if (!(std::fabs(y) >= 0x1p-126f && std::fabs(y) <= 0x1p126f)) continue;
+      const float r = 1.0f / y;
+      for (uint32_t xb = 0; xb < 0x10000; ++xb) {
+        const float x = value(xb);
+        ++n;
+        if (to_bf16(x * r) != to_bf16(x / y)) {
+          if (bad++ == 0) first = uint64_t{xb} << 16 | yb;
+        }
+      }
+    }
+    pairs += n;
+    differ += bad;
+  };
+  std::thread half(sweep, 0, 0x8000);
+  sweep(0x8000, 0x10000);
+  half.join();
+  // The divisors in range: 2 x (253 binades x 128 significands), the whole of each binade but
+  // the top one's, of which only 2^126 itself.
+  EXPECT_EQ(pairs.load(), int64_t{2} * (252 * 128 + 1) * 0x10000);
+  EXPECT_EQ(differ.load(), 0) << "first: x bits 0x" << std::hex << (first.load() >> 16)
+                              << ", y bits 0x" << (first.load() & 0xffff);
+}
+
+// Only a bf16 quotient of a divisor known per row takes the reciprocal: not f32 or f16 ones, nor a
+// divisor that varies along the row.
+TEST(FusedCudaCodegen, RowReciprocalOnlyForBf16DivisorsOfTheRow) {
+  const auto source = [](const Trace& t) {
+    std::string why;
+    const auto k = compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), &why);
+    EXPECT_TRUE(k.has_value()) << why << t.str();
+    return k ? k->source : std::string();
+  };
+  for (ScalarType dt : {kFloat, kHalf}) {
+    const std::string s = source(traced_on_cuda(softmax_with_ops, randn({8, 256}).to(dt)));
+    EXPECT_EQ(count(s, "kbf(kdiv_row_bf16("), 0) << dtype_name(dt) << s;
+    EXPECT_EQ(count(s, " / kf("), dt == kHalf ? 2 : 0) << dtype_name(dt) << s;
+  }
+  // x / (x * sum(x)): the divisor varies along the row.
+  const auto varying = [](const Tensor& x) { return x / (x * sum(x, {-1}, true)); };
+  const std::string v = source(traced_on_cuda(varying, randn({8, 256}).to(kBFloat16)));
+  EXPECT_EQ(count(v, "kbf(kdiv_row_bf16("), 0) << v;
+  // x / s for a per-row input s: the reciprocal.
+  const auto by_input = [](const Tensor& x, const Tensor& s) {
+    const Tensor q = x / s;
+    return q + sum(q, {-1}, true);
+  };
+  const std::string r =
+      source(traced_on_cuda(by_input, randn({8, 256}).to(kBFloat16), randn({8, 1}).to(kBFloat16)));
+  EXPECT_EQ(count(r, "kbf(kdiv_row_bf16("), 2) << r;
 }
 
 TEST(FusedCudaCodegen, RowKernelsForRmsNormLogsumexpAndRowSums) {
@@ -1034,6 +1110,63 @@ TEST(GpuFusedCuda, RowsSoftmaxWrittenWithOps) {
     for (const Shape& s : {Shape{64, 2048}, Shape{37, 1000}, Shape{3, 5, 7}}) {
       check_rows(named("softmax", dt, s), softmax_rows, {(randn(s) * 3.0).to(dt).to(gpu)});
     }
+  }
+}
+
+// A bf16 division by a value of the row (softmax's by its sum) goes through the row's reciprocal
+// (kdiv_row_bf16): the quotients' bits are eager's for every bf16 numerator, over divisors of
+// every class (normal, either side of 2^-126 and 2^126, subnormal, zero, infinite, NaN), from
+// registers (rows of 2048) and read again (rows of 65536); so are the rows' amax and amin (kpick).
+TEST(GpuFusedCuda, RowsDivideByTheRowsValueAsEagerDoes) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(17);
+  const Device gpu(kCUDA, 0);
+  std::vector<uint16_t> divisors = {0x3f80, 0xbf80, 0x4049, 0x4580, 0x3a83, 0x0080, 0x0081,
+                                    0x007f, 0x0001, 0x8001, 0x7e80, 0x7e81, 0xfe81, 0x7f7f,
+                                    0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0x2f00};
+  const Tensor more = randn({12}).to(kBFloat16).contiguous();
+  for (int64_t i = 0; i < 12; ++i) divisors.push_back(more.data_ptr<BFloat16>()[i].x);
+  const auto K = static_cast<int64_t>(divisors.size());
+  std::vector<uint16_t> xs(static_cast<size_t>(K) * 0x10000), ds(divisors);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<uint16_t>(i);
+  const Tensor x_all = from_blob(xs.data(), {K, 0x10000}, TensorOptions().dtype(kBFloat16)).clone();
+  const Tensor d_all = from_blob(ds.data(), {K, 1}, TensorOptions().dtype(kBFloat16)).clone();
+  const auto fn = [](const std::vector<Tensor>& a) {
+    const Tensor q = a[0] / a[1];
+    return std::vector<Tensor>{q, amax(q, {-1}, true), amin(q, {-1}, true)};
+  };
+  const auto same_bits = [](const Tensor& got, const Tensor& want, const std::string& what) {
+    const Tensor g = got.to(Device(kCPU)).contiguous(), w = want.to(Device(kCPU)).contiguous();
+    ASSERT_EQ(g.sizes(), w.sizes()) << what;
+    const BFloat16* gp = g.data_ptr<BFloat16>();
+    const BFloat16* wp = w.data_ptr<BFloat16>();
+    int64_t differ = 0;
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const bool nan =
+          std::isnan(static_cast<float>(gp[i])) && std::isnan(static_cast<float>(wp[i]));
+      if (gp[i].x != wp[i].x && !nan && differ++ < 4) {
+        ADD_FAILURE() << what << " [" << i << "]: compiled 0x" << std::hex << gp[i].x
+                      << ", eager 0x" << wp[i].x;
+      }
+    }
+    EXPECT_EQ(differ, 0) << what;
+  };
+  for (int64_t cols : {int64_t{0x10000}, int64_t{2048}}) {
+    // Rows of 2048: each divisor's row of 65536 numerators cut into 32 rows.
+    const int64_t rows = K * (0x10000 / cols);
+    const Tensor x = x_all.view({rows, cols}).to(gpu);
+    const Tensor d = d_all.expand({K, 0x10000 / cols}).reshape({rows, 1}).to(gpu);
+    compiler::reset_fused_cuda_stats();
+    auto f = compile(fn);
+    const std::vector<Tensor> args = {x, d};
+    const std::vector<Tensor> got = f(args);
+    const std::vector<Tensor> want = fn(args);
+    const std::string what = "rows of " + std::to_string(cols);
+    EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << listings(f.traces());
+    EXPECT_NE(generated_sources(f.traces()).find("kbf(kdiv_row_bf16("), std::string::npos) << what;
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      same_bits(got[i], want[i], what + ", output " + std::to_string(i));
   }
 }
 
