@@ -652,6 +652,57 @@ class FusedCudaExecutor final : public Executor {
 
 }  // namespace
 
+std::vector<Tensor> internal::run_fused_kernel(const FusedKernel& k,
+                                               const std::vector<Tensor>& inputs) {
+  KILN_CHECK(inputs.size() == k.inputs.size(), "[run_fused_kernel] the kernel has ",
+             k.inputs.size(), " inputs, given ", inputs.size());
+#if defined(KILN_WITH_CUDA)
+  KILN_CHECK(
+      usable(), "[run_fused_kernel] needs a CUDA device and NVRTC: ",
+      cuda::is_available() ? "the driver or NVRTC did not load" : cuda::unavailable_reason());
+  int device = -1;
+  size_t values = 0;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    const Tensor& x = inputs[j];
+    KILN_CHECK(x.defined(), "[run_fused_kernel] input ", j, " is undefined");
+    KILN_CHECK(x.dtype() == k.inputs[j].dtype, "[run_fused_kernel] input ", j, " is ",
+               dtype_name(x.dtype()), ", the kernel reads ", dtype_name(k.inputs[j].dtype));
+    if (k.inputs[j].host_scalar) {
+      KILN_CHECK(x.device().is_cpu() && x.dim() == 0, "[run_fused_kernel] input ", j,
+                 " must be a 0-d CPU tensor (the kernel takes it by value)");
+    } else {
+      KILN_CHECK(x.device().is_cuda() && (device < 0 || x.device().index() == device),
+                 "[run_fused_kernel] input ", j, " is on ", x.device().str(),
+                 ": the kernel's inputs are on one GPU");
+      device = x.device().index();
+    }
+    values = std::max(values, static_cast<size_t>(k.inputs[j].value) + 1);
+  }
+  KILN_CHECK(device >= 0, "[run_fused_kernel] no input on a GPU");
+  Frame frame;
+  for (const auto& o : k.outputs) values = std::max(values, static_cast<size_t>(o.value) + 1);
+  frame.slots.resize(values);
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    frame.slots[static_cast<size_t>(k.inputs[j].value)] = inputs[j];
+  }
+  std::vector<TensorSpec> specs;
+  for (const auto& o : k.outputs) specs.push_back({o.sizes, o.dtype, Device(kCUDA, device)});
+  LoadedFuture kernel = kernel_for(device, k.source, k.has_dense, k.vector_width > 0, k.row_kernel,
+                                   k.rowvec_width > 0, k.row_shared_bytes);
+  const Step op_by_op = [](Frame&) {
+    KILN_FAIL(
+        "[run_fused_kernel] a row kernel's operands are not contiguous (the executor runs "
+        "such a region op by op)");
+  };
+  launch(k, specs, *kernel.get(), device, frame, op_by_op);
+  std::vector<Tensor> out;
+  for (const auto& o : k.outputs) out.push_back(frame.slots[static_cast<size_t>(o.value)]);
+  return out;
+#else
+  KILN_FAIL("[run_fused_kernel] needs a build with CUDA (KILN_CUDA=ON)");
+#endif
+}
+
 void clear_fused_cuda_memory_cache() {
 #if defined(KILN_WITH_CUDA)
   clear_memory_cache_impl();

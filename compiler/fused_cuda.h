@@ -151,6 +151,14 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
 FusedEntry choose_row_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                             const std::vector<OperandLayout>& outputs);
 
+// Runs `k` once on `inputs` (one per entry of k.inputs, in order; those not host scalars on one
+// GPU) and returns its outputs (one per entry of k.outputs, contiguous), as the executor runs a
+// region: the same caches, NVRTC options and launch. For the kernel lab
+// (benchmarks/lab/fused_rows_lab.cu), whose variants are `k` with its source edited (the same
+// entries, parameters and launch geometry). Throws where CUDA or NVRTC is not usable, or where a
+// row kernel's operands are not contiguous (the executor runs that region op by op).
+std::vector<Tensor> run_fused_kernel(const FusedKernel& k, const std::vector<Tensor>& inputs);
+
 // A generated kernel's entry in the disk cache (kernels/disk_cache.h: CPU code, testable without
 // a GPU).
 struct KernelKey {

@@ -21,6 +21,7 @@
 #include "compiler/fuse.h"
 #include "compiler/fused_cuda_codegen.h"
 #include "kiln.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {
@@ -716,6 +717,18 @@ TEST(FusedCudaCodegen, RowVectorEntryForABroadcastRow) {
   EXPECT_EQ(I::generate_fused_kernel(t2, 0, t2.ops.size(), nullptr)->rowvec_width, 0);
 }
 
+// run_fused_kernel (the kernel lab's way in) checks its inputs, and without a GPU says so.
+TEST(FusedCudaCodegen, RunFusedKernelChecksItsInputs) {
+  const Trace t = traced_on_cuda(softmax_with_ops, randn({8, 256}).to(kBFloat16));
+  const auto k = compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
+  ASSERT_TRUE(k.has_value());
+  EXPECT_KILN_ERROR(compiler::internal::run_fused_kernel(*k, {}),
+                    "[run_fused_kernel] the kernel has 1 inputs, given 0");
+  if (cuda::is_available()) GTEST_SKIP() << "a GPU is present";
+  EXPECT_KILN_ERROR(compiler::internal::run_fused_kernel(*k, {randn({8, 256}).to(kBFloat16)}),
+                    "[run_fused_kernel] needs a");
+}
+
 TEST(FusedCudaCodegen, DefaultExecutorsAndNoClaimsWithoutAGpu) {
   const std::vector<std::string> want = {"matmul_epilogue", "fused_cuda", "fused_cpu", "eager"};
   EXPECT_EQ(CompileOptions().executors(), want);
@@ -1168,6 +1181,24 @@ TEST(GpuFusedCuda, RowsDivideByTheRowsValueAsEagerDoes) {
     for (size_t i = 0; i < 3; ++i)
       same_bits(got[i], want[i], what + ", output " + std::to_string(i));
   }
+}
+
+// run_fused_kernel runs a generated kernel as the executor does: the compiled program's bits.
+TEST(GpuFusedCuda, RunFusedKernelMatchesTheCompiledProgram) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(18);
+  const Tensor x = (randn({64, 2048}) * 3.0).to(kBFloat16).to(Device(kCUDA, 0));
+  auto f = compile(softmax_with_ops);
+  const Tensor want = f(x);
+  const Trace t = traced_on_cuda(softmax_with_ops, x.to(kCPU));
+  const auto k = compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), nullptr);
+  ASSERT_TRUE(k.has_value());
+  const std::vector<Tensor> got = compiler::internal::run_fused_kernel(*k, {x});
+  ASSERT_EQ(got.size(), 1u);
+  expect_bitwise(got[0], want, "softmax bf16 64x2048");
+  // A CPU input where the kernel reads a GPU tensor.
+  EXPECT_KILN_ERROR(compiler::internal::run_fused_kernel(*k, {x.to(kCPU)}),
+                    "[run_fused_kernel] input 0 is on cpu");
 }
 
 TEST(GpuFusedCuda, RowsRmsNormWrittenWithOps) {

@@ -1,0 +1,189 @@
+// Variants of the generated row kernels (compiler/fused_cuda_rows.cpp, fused_cuda_prelude.cpp):
+// the kernel fused_cuda generates for a program written with ops, then the same kernel with its
+// source edited, each run through the executor's own compile and launch path
+// (compiler::internal::run_fused_kernel), checked against the library's kernel and timed beside
+// it over the shapes of `kiln_gpu_bench --only fused-rows`.
+//
+// A variant is a text edit of the generated source: the same entries, parameters and launch
+// geometry, only the code of a helper or a member changed. Every variant here computes eager's
+// bits by construction (an exact rewrite), so it must match the library's kernel bit for bit
+// (check with no tolerance); one that does not is a failure, not a result. A variant whose text
+// is not found in a kernel's source (the generator changed) is reported as not applicable.
+//
+// The variants (session 34, not measured when written):
+//   div-scaled  kdiv_row_bf16 without its out-of-line branch: y scaled by 2^64 or 2^-64 into the
+//               normal range, the product scaled back (exact on every pair of bf16 values: the
+//               host check in FusedCudaCodegen.RowReciprocalRoundsAsTheBf16Quotient's manner was
+//               run on all 2^32 pairs);
+//   kbf-f2fp    the rounding to bf16 through the paired conversion (cvt.rn.bf16x2.f32, F2FP) of
+//               which the low half is kept, instead of cvt.rn.bf16.f32 (F2F, on the MUFU's
+//               quarter-rate pipe);
+//   both        the two together.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compiler/compile.h"
+#include "compiler/fused_cuda.h"
+#include "kiln.h"
+#include "lab/lab.h"
+
+namespace kiln::lab {
+namespace {
+
+using compiler::internal::FusedKernel;
+using Program = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// `from` replaced by `to` in `s`, or nullopt where `from` does not occur.
+std::optional<std::string> replaced(const std::string& s, const std::string& from,
+                                    const std::string& to) {
+  const size_t at = s.find(from);
+  if (at == std::string::npos) return std::nullopt;
+  std::string out = s;
+  out.replace(at, from.size(), to);
+  return out;
+}
+
+const std::string kDivLibrary =
+    R"(  return ay >= 0x1p-126f && ay <= 0x1p126f ? x * (1.0f / y) : kdiv_ieee(x, y);)";
+const std::string kDivScaled =
+    R"(  const float s = ay < 0x1p-126f ? 0x1p64f : ay > 0x1p126f && ay <= 0x1.fffffep127f ? 0x1p-64f : 1.0f;
+  return x * (1.0f / (y * s)) * s;)";
+const std::string kKbfLibrary = R"(  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.x) : "f"(f));)";
+const std::string kKbfPaired = R"(  unsigned int p;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(p) : "f"(f));
+  r.x = (unsigned short)p;)";
+
+struct Variant {
+  std::string name;
+  std::function<std::optional<std::string>(const std::string&)> edit;
+};
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v = {
+      {"div-scaled", [](const std::string& s) { return replaced(s, kDivLibrary, kDivScaled); }},
+      {"kbf-f2fp", [](const std::string& s) { return replaced(s, kKbfLibrary, kKbfPaired); }},
+      {"both",
+       [](const std::string& s) -> std::optional<std::string> {
+         const auto d = replaced(s, kDivLibrary, kDivScaled);
+         return d ? replaced(*d, kKbfLibrary, kKbfPaired) : std::nullopt;
+       }},
+  };
+  return v;
+}
+
+// The whole program as one region: its trace (eager executor) on the GPU arguments, the kernel
+// fused_cuda generates for all of its ops, and which argument each of the kernel's inputs is.
+struct Lowered {
+  FusedKernel k;
+  std::vector<size_t> argument;  // per entry of k.inputs
+  std::vector<Tensor> inputs(const std::vector<Tensor>& args) const {
+    std::vector<Tensor> in;
+    for (size_t a : argument) in.push_back(args[a]);
+    return in;
+  }
+};
+Lowered lower(const Program& fn, const std::vector<Tensor>& args) {
+  auto f = compile(fn, CompileOptions().executors({"eager"}));
+  (void)f(args);
+  const compiler::Trace t = f.traces().front();
+  std::string why;
+  std::optional<FusedKernel> k =
+      compiler::internal::generate_fused_kernel(t, 0, t.ops.size(), &why);
+  KILN_CHECK(k.has_value(), "[fused_rows lab] no kernel for the program: ", why, "\n", t.str());
+  KILN_CHECK(k->row_kernel, "[fused_rows lab] the program's kernel is not a row kernel");
+  Lowered l{std::move(*k), {}};
+  for (const auto& o : l.k.inputs) {
+    const auto it = std::find(t.arguments.begin(), t.arguments.end(), o.value);
+    KILN_CHECK(it != t.arguments.end(), "[fused_rows lab] the kernel reads a value that is not ",
+               "an argument of the program (a captured constant)\n", t.str());
+    l.argument.push_back(static_cast<size_t>(it - t.arguments.begin()));
+  }
+  return l;
+}
+
+void run_case(const std::string& name, const Program& fn,
+              const std::function<std::vector<Tensor>()>& make_args) {
+  const std::vector<std::vector<Tensor>> sets = {make_args(), make_args()};
+  const Lowered l = lower(fn, sets[0]);
+  const std::vector<std::vector<Tensor>> in = {l.inputs(sets[0]), l.inputs(sets[1])};
+  const std::vector<Tensor> want = compiler::internal::run_fused_kernel(l.k, in[0]);
+  double bytes = 0;
+  for (const Tensor& a : in[0]) bytes += static_cast<double>(a.nbytes());
+  for (const Tensor& o : want) bytes += static_cast<double>(o.nbytes());
+  bench::report(name + " [library]", bench::time_ms([&](int i) {
+                  (void)compiler::internal::run_fused_kernel(l.k, in[static_cast<size_t>(i % 2)]);
+                }),
+                0, bytes);
+  for (const Variant& v : variants()) {
+    const std::optional<std::string> source = v.edit(l.k.source);
+    if (!source) {
+      std::printf("%s [%s]: not applicable (its text is not in the generated source)\n",
+                  name.c_str(), v.name.c_str());
+      continue;
+    }
+    FusedKernel kv = l.k;
+    kv.source = *source;
+    const std::vector<Tensor> got = compiler::internal::run_fused_kernel(kv, in[0]);
+    for (size_t i = 0; i < want.size(); ++i) {
+      check(name + " [" + v.name + "] output " + std::to_string(i), got[i], want[i], 0, 0);
+    }
+    bench::report(name + " [" + v.name + "]", bench::time_ms([&](int i) {
+                    (void)compiler::internal::run_fused_kernel(kv, in[static_cast<size_t>(i % 2)]);
+                  }),
+                  0, bytes);
+  }
+}
+
+KILN_LAB_CASE(fused_rows, [] {
+  const auto one = [](int64_t n, int64_t d) {
+    return [n, d] { return std::vector<Tensor>{bench::random({n, d}, kBFloat16)}; };
+  };
+  const Program softmax_ops = [](const std::vector<Tensor>& a) {
+    const Tensor e = exp(a[0] - amax(a[0], {-1}, true));
+    return std::vector<Tensor>{e / sum(e, {-1}, true)};
+  };
+  run_case("rows softmax(ops) 8192x2048 bf16", softmax_ops, one(8192, 2048));
+  run_case("rows softmax(ops) 8192x32000 bf16", softmax_ops, one(8192, 32000));
+  run_case(
+      "rows log_softmax(ops) 8192x32000 bf16",
+      [](const std::vector<Tensor>& a) {
+        const Tensor z = a[0] - amax(a[0], {-1}, true);
+        return std::vector<Tensor>{z - log(sum(exp(z), {-1}, true))};
+      },
+      one(8192, 32000));
+  run_case(
+      "rows logsumexp(ops) 8192x32000 bf16",
+      [](const std::vector<Tensor>& a) {
+        const Tensor m = amax(a[0], {-1}, true);
+        return std::vector<Tensor>{log(sum(exp(a[0] - m), {-1}, true)) + m};
+      },
+      one(8192, 32000));
+  run_case(
+      "rows rms_norm(ops) 8192x2048 bf16",
+      [](const std::vector<Tensor>& a) {
+        const Tensor x = a[0].to(kFloat);
+        const Tensor y = x * rsqrt(mean(x * x, {-1}, true) + 1e-6);
+        return std::vector<Tensor>{y.to(kBFloat16) * a[1]};
+      },
+      [] {
+        return std::vector<Tensor>{bench::random({8192, 2048}, kBFloat16),
+                                   bench::random({2048}, kBFloat16)};
+      });
+  run_case(
+      "rows row sum(x*s[D]) 8192x2048 bf16",
+      [](const std::vector<Tensor>& a) {
+        return std::vector<Tensor>{sum(a[0] * a[1], {-1}, true)};
+      },
+      [] {
+        return std::vector<Tensor>{bench::random({8192, 2048}, kBFloat16),
+                                   bench::random({2048}, kBFloat16)};
+      });
+});
+
+}  // namespace
+}  // namespace kiln::lab
