@@ -354,7 +354,11 @@ ModelConfig config_from_json(const HfConfigJson& c, const std::string& name) {
     cfg.attention_softcap = c.attn_softcap_present ? c.attn_logit_softcapping.value_or(0) : 50.0;
     cfg.final_softcap = c.final_softcap_present ? c.final_logit_softcapping.value_or(0) : 30.0;
     const double scalar = c.query_pre_attn_scalar.value_or(256.0);
-    KILN_CHECK(scalar > 0, "query_pre_attn_scalar must be positive, got ", scalar);
+    // The scale of q k^T is its inverse square root: within these bounds the scale, its square
+    // and the exported value (1 / scale^2) are normal doubles, so the config exports and reads
+    // back as the same model.
+    KILN_CHECK(scalar >= 1e-300 && scalar <= 1e300,
+               "query_pre_attn_scalar must be between 1e-300 and 1e300, got ", scalar);
     cfg.attention_scale = 1.0 / std::sqrt(scalar);
   }
   cfg.validate();
@@ -516,7 +520,7 @@ std::string to_hf_config_json(const ModelConfig& config, std::optional<ScalarTyp
   if (f == Family::kGemma2) {
     const double scale = config.attn_scale();
     // transformers 5 types this field int: write integral values (all published ones) as such,
-    // where they are exact in an int64 (2^53 bounds the doubles that are); others as doubles.
+    // below 2^53 (where every integral double converts to int64 exactly); others as doubles.
     const double scalar = 1.0 / (scale * scale);
     const double rounded = std::round(scalar);
     const bool integral = std::abs(scalar - rounded) <= 1e-9 * scalar && rounded < 0x1p53;

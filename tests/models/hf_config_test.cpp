@@ -333,9 +333,10 @@ TEST(HfConfig, Errors) {
 }
 
 // A query_pre_attn_scalar too large for an int64 (a fuzz finding: converting it was undefined)
-// is exported as a double and reads back as the same model; a small integral one as an int.
+// is exported as a double and reads back as the same model; a small integral one as an int. One
+// beyond [1e-300, 1e300] is refused: 1e-320's scale squared overflowed, and it exported as 0.
 TEST(HfConfig, Gemma2ExportWritesTheQueryScalarThatFits) {
-  for (const char* scalar : {"922337203685477580720", "1e300", "224"}) {
+  for (const char* scalar : {"922337203685477580720", "1e300", "1e-300", "224"}) {
     SCOPED_TRACE(scalar);
     const ModelConfig c = ModelConfig::from_hf_config_json(
         gemma2_without({"query_pre_attn_scalar"}) + ", \"query_pre_attn_scalar\": " + scalar + "}");
@@ -344,6 +345,17 @@ TEST(HfConfig, Gemma2ExportWritesTheQueryScalarThatFits) {
     if (std::string(scalar) == "224") {
       EXPECT_NE(json.find("\"query_pre_attn_scalar\": 224,"), std::string::npos) << json;
     }
+  }
+}
+
+TEST(HfConfig, Gemma2QueryScalarOutOfRangeIsRefused) {
+  for (const char* scalar : {"1e-320", "2e300", "0", "-4"}) {
+    SCOPED_TRACE(scalar);
+    EXPECT_KILN_ERROR(
+        ModelConfig::from_hf_config_json(gemma2_without({"query_pre_attn_scalar"}) +
+                                             ", \"query_pre_attn_scalar\": " + scalar + "}",
+                                         "g.json"),
+        "[from_hf_config] g.json: query_pre_attn_scalar must be between 1e-300 and 1e300, got");
   }
 }
 
