@@ -360,8 +360,7 @@ TEST(FusedCudaCodegen, RowReciprocalRoundsAsTheBf16Quotient) {
   std::thread half(sweep, 0, 0x8000);
   sweep(0x8000, 0x10000);
   half.join();
-  // The divisors in range: 2 x (253 binades x 128 significands), the whole of each binade but
-  // the top one's, of which only 2^126 itself.
+  // The divisors in range, of either sign: 252 whole binades of 128 significands, and 2^126.
   EXPECT_EQ(pairs.load(), int64_t{2} * (252 * 128 + 1) * 0x10000);
   EXPECT_EQ(differ.load(), 0) << "first: x bits 0x" << std::hex << (first.load() >> 16)
                               << ", y bits 0x" << (first.load() & 0xffff);
