@@ -9,9 +9,9 @@
 //   # then: python3 benchmarks/gpu/torch_reference.py --kiln results.json   (same run, same GPU)
 //
 // --only takes a comma-separated list of sections (gemm, rmsnorm, layernorm, cross-entropy, flash,
-// rope, qkv, lm-loss, glu, generic, fused, clip, adamw) and runs only those, after the copy that
-// sets the bandwidth ceiling; for profiling one family (ncu) or a quick rerun. Unknown names are
-// an error. --no-gemm is --only with every section but gemm.
+// rope, qkv, lm-loss, glu, generic, fused, clip, adamw; fused-rows: fused's row kernels alone) and
+// runs only those, after the copy that sets the bandwidth ceiling; for profiling one family (ncu)
+// or a quick rerun. Unknown names are an error. --no-gemm is --only with every section but gemm.
 //
 // Method: gpu/bench_util.h (fresh random inputs, warm-up, CUDA events, medians of 20). Kernel
 // variants that lost to the library's kernels are timed beside them in the kernel lab (lab/).
