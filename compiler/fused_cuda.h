@@ -126,9 +126,18 @@ struct FusedKernel {
 // tests): H100's and H200's 227 KiB. fused_cuda passes its device's
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 inline constexpr int64_t kDefaultSharedLimit = 227 * 1024;
+// The row planner's choices, which the kernel lab varies (benchmarks/lab/fused_rows_lab.cu); the
+// defaults are the library's. A row of `accesses` accesses (16-byte packs in the vector entry)
+// gets ceil(accesses / accesses_per_thread) threads, rounded up to warps (32 to 1024); groups of
+// fewer than `block_threads` threads share a block, block_threads / row_threads rows to it.
+struct RowPlanOptions {
+  int accesses_per_thread = 4;
+  int block_threads = 256;
+};
 std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,
                                                  std::string* why,
-                                                 int64_t shared_limit = kDefaultSharedLimit);
+                                                 int64_t shared_limit = kDefaultSharedLimit,
+                                                 const RowPlanOptions& rows = {});
 
 // Which entry of a generated kernel a launch runs, from its operands' actual layouts: vector
 // where every tensor operand is contiguous, of the domain's shape or 0-d, and those of the

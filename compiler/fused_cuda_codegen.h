@@ -131,8 +131,9 @@ bool row_op_generated(const Trace& t, const BoundOp& op);
 // (fused_cuda_emit.cpp) writes the entries.
 class Generator {
  public:
-  Generator(const Trace& t, size_t begin, size_t end, int64_t shared_limit = kDefaultSharedLimit)
-      : t_(t), begin_(begin), end_(end), shared_limit_(shared_limit) {}
+  Generator(const Trace& t, size_t begin, size_t end, int64_t shared_limit = kDefaultSharedLimit,
+            const RowPlanOptions& rows = {})
+      : t_(t), begin_(begin), end_(end), shared_limit_(shared_limit), row_plan_(rows) {}
   std::optional<FusedKernel> run(std::string* why);
 
  private:
@@ -184,6 +185,7 @@ class Generator {
   const Trace& t_;
   size_t begin_, end_;
   int64_t shared_limit_;  // the dynamic shared memory a block may opt in to, in bytes
+  RowPlanOptions row_plan_;
   FusedKernel k_;
   absl::flat_hash_map<int, std::string> name_;
   std::vector<const BoundOp*> members_;

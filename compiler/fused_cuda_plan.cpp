@@ -133,8 +133,14 @@ bool fused_cuda_generates(const Trace& t, const BoundOp& op) {
 }
 
 std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,
-                                                 std::string* why, int64_t shared_limit) {
-  std::optional<FusedKernel> k = Generator(trace, begin, end, shared_limit).run(why);
+                                                 std::string* why, int64_t shared_limit,
+                                                 const RowPlanOptions& rows) {
+  KILN_CHECK(rows.accesses_per_thread >= 1 && rows.block_threads >= 32 &&
+                 rows.block_threads <= 1024 && rows.block_threads % 32 == 0,
+             "[fused_cuda] RowPlanOptions: accesses_per_thread must be positive and block_threads "
+             "a multiple of 32 in [32, 1024], got ",
+             rows.accesses_per_thread, " and ", rows.block_threads);
+  std::optional<FusedKernel> k = Generator(trace, begin, end, shared_limit, rows).run(why);
   if (k && k->slots > kMaxSlots) {
     if (why != nullptr) *why = "more than 4 KiB of kernel parameters";
     return std::nullopt;

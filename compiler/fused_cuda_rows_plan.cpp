@@ -199,9 +199,9 @@ bool Generator::plan_rows(std::string* why) {
     o.row_packed = same;
   }
   const int64_t accesses = ceil_div(k_.cols, std::max<int64_t>(k_.vector_width, 1));
-  k_.row_threads =
-      static_cast<int>(std::clamp<int64_t>(ceil_div(ceil_div(accesses, 4), 32) * 32, 32, 1024));
-  k_.rows_per_block = std::max(1, 256 / k_.row_threads);
+  k_.row_threads = static_cast<int>(std::clamp<int64_t>(
+      ceil_div(ceil_div(accesses, row_plan_.accesses_per_thread), 32) * 32, 32, 1024));
+  k_.rows_per_block = std::max(1, row_plan_.block_threads / k_.row_threads);
   plan_row_cache(read_outside, full);
   k_.has_dense = true;
   return true;

@@ -394,6 +394,32 @@ TEST(FusedCudaCodegen, RowReciprocalOnlyForBf16DivisorsOfTheRow) {
   EXPECT_EQ(count(r, "kbf(kdiv_row_bf16("), 2) << r;
 }
 
+// The row planner's choices the kernel lab varies (RowPlanOptions): accesses a thread set the
+// threads a row, block_threads the rows a block; the defaults are the library's.
+TEST(FusedCudaCodegen, RowPlanOptionsSetTheGeometry) {
+  namespace I = compiler::internal;
+  const Trace t = traced_on_cuda(softmax_with_ops, randn({64, 2048}).to(kBFloat16));
+  const auto plan = [&](I::RowPlanOptions o) {
+    return I::generate_fused_kernel(t, 0, t.ops.size(), nullptr, I::kDefaultSharedLimit, o);
+  };
+  const auto lib = plan({});
+  ASSERT_TRUE(lib.has_value());
+  EXPECT_EQ(lib->source, I::generate_fused_kernel(t, 0, t.ops.size(), nullptr)->source);
+  // 256 packs of 8 bf16: 8 a thread is one warp a row, 8 rows to a block of 256.
+  const auto warp = plan({8, 256});
+  ASSERT_TRUE(warp.has_value());
+  EXPECT_EQ(warp->row_threads, 32);
+  EXPECT_EQ(warp->rows_per_block, 8);
+  EXPECT_EQ(count(warp->source, "__syncthreads"), 0) << warp->source;  // a warp's shuffles only
+  EXPECT_NE(warp->source.find("kpack<bf16, 8> xc0[8];"), std::string::npos) << warp->source;
+  const auto wide = plan({2, 512});
+  ASSERT_TRUE(wide.has_value());
+  EXPECT_EQ(wide->row_threads, 128);
+  EXPECT_EQ(wide->rows_per_block, 4);
+  EXPECT_KILN_ERROR(plan({0, 256}), "[fused_cuda] RowPlanOptions: accesses_per_thread must be");
+  EXPECT_KILN_ERROR(plan({4, 100}), "block_threads a multiple of 32 in [32, 1024], got 4 and 100");
+}
+
 TEST(FusedCudaCodegen, RowKernelsForRmsNormLogsumexpAndRowSums) {
   namespace I = compiler::internal;
   const Trace rms = traced_on_cuda(rms_norm_with_ops, randn({8, 2048}).to(kBFloat16),
