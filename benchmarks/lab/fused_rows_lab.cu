@@ -20,6 +20,7 @@
 //               which the low half is kept, instead of cvt.rn.bf16.f32 (F2F, on the MUFU's
 //               quarter-rate pipe);
 //   both        the two together;
+//   3 blocks an SM  long rows cached in shared memory: __launch_bounds__(512, 3), not 2;
 // and other geometries, planned with compiler::internal::RowPlanOptions: 8 or 2 accesses a thread
 // instead of 4 (a row of 2048 bf16 to one warp, or to 128 threads), blocks of 512 threads. Those
 // add a row's terms in another order, so their outputs are checked within 2^-6 of each output's
@@ -71,6 +72,16 @@ struct Variant {
   compiler::internal::RowPlanOptions plan;
   std::function<std::optional<std::string>(const std::string&)> edit;
 };
+// Every occurrence of `from` replaced by `to`, or nullopt where there is none.
+std::optional<std::string> replaced_all(const std::string& s, const std::string& from,
+                                        const std::string& to) {
+  if (s.find(from) == std::string::npos) return std::nullopt;
+  std::string out = s;
+  for (size_t at = out.find(from); at != std::string::npos; at = out.find(from, at + to.size())) {
+    out.replace(at, from.size(), to);
+  }
+  return out;
+}
 std::optional<std::string> both(const std::string& s) {
   const auto d = replaced(s, kDivLibrary, kDivScaled);
   return d ? replaced(*d, kKbfLibrary, kKbfPaired) : std::nullopt;
@@ -86,6 +97,13 @@ const std::vector<Variant>& variants() {
       {"2 a thread", RowPlanOptions{2, 256}, nullptr},
       {"8 a thread, both", RowPlanOptions{8, 256}, both},
       {"blocks of 512", RowPlanOptions{4, 512}, nullptr},
+      // Long rows cached in shared memory (a bf16 row of 32000: 64 KB a block): three blocks to
+      // a multiprocessor instead of two (ptxas then keeps to 42 registers a thread).
+      {"3 blocks an SM",
+       {},
+       [](const std::string& s) {
+         return replaced_all(s, "__launch_bounds__(512, 2)", "__launch_bounds__(512, 3)");
+       }},
   };
   return v;
 }
