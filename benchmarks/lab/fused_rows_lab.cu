@@ -55,6 +55,17 @@ std::optional<std::string> replaced(const std::string& s, const std::string& fro
   return out;
 }
 
+// Every occurrence of `from` replaced by `to`, or nullopt where there is none.
+std::optional<std::string> replaced_all(const std::string& s, const std::string& from,
+                                        const std::string& to) {
+  if (s.find(from) == std::string::npos) return std::nullopt;
+  std::string out = s;
+  for (size_t at = out.find(from); at != std::string::npos; at = out.find(from, at + to.size())) {
+    out.replace(at, from.size(), to);
+  }
+  return out;
+}
+
 const std::string kDivLibrary =
     R"(  return ay >= 0x1p-126f && ay <= 0x1p126f ? x * (1.0f / y) : kdiv_ieee(x, y);)";
 const std::string kDivScaled =
@@ -72,16 +83,6 @@ struct Variant {
   compiler::internal::RowPlanOptions plan;
   std::function<std::optional<std::string>(const std::string&)> edit;
 };
-// Every occurrence of `from` replaced by `to`, or nullopt where there is none.
-std::optional<std::string> replaced_all(const std::string& s, const std::string& from,
-                                        const std::string& to) {
-  if (s.find(from) == std::string::npos) return std::nullopt;
-  std::string out = s;
-  for (size_t at = out.find(from); at != std::string::npos; at = out.find(from, at + to.size())) {
-    out.replace(at, from.size(), to);
-  }
-  return out;
-}
 std::optional<std::string> both(const std::string& s) {
   const auto d = replaced(s, kDivLibrary, kDivScaled);
   return d ? replaced(*d, kKbfLibrary, kKbfPaired) : std::nullopt;
