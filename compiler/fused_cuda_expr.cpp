@@ -198,11 +198,10 @@ std::string Generator::binary_expr(const BoundOp& op, ScalarType out) {
   } else if (n == "mul") {
     e = "(" + x + " * " + y + ")";
   } else if (n == "div") {
-    if (!has_attr(op, 0) && out == kBFloat16 && t == kBFloat16 && !a0 && !b0 &&
-        per_row_.contains(op.inputs[1])) {
-      e = "kdiv_row_bf16(" + x + ", " + y + ")";  // bf16 values, the divisor one per row
-    } else if (!has_attr(op, 0)) {
-      e = "(" + x + " / " + y + ")";
+    if (!has_attr(op, 0)) {
+      // bf16 values (t is out) divided by one of the row's: through the row's reciprocal.
+      const bool by_row = out == kBFloat16 && !a0 && !b0 && per_row_.contains(op.inputs[1]);
+      e = by_row ? "kdiv_row_bf16(" + x + ", " + y + ")" : "(" + x + " / " + y + ")";
     } else if (std::get<std::string>(op.attrs[0]) == "floor") {
       e = "scalar::floor_div_float<" + mc + ">(" + x + ", " + y + ")";
     } else {

@@ -45,16 +45,6 @@ namespace {
 using compiler::internal::FusedKernel;
 using Program = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
-// `from` replaced by `to` in `s`, or nullopt where `from` does not occur.
-std::optional<std::string> replaced(const std::string& s, const std::string& from,
-                                    const std::string& to) {
-  const size_t at = s.find(from);
-  if (at == std::string::npos) return std::nullopt;
-  std::string out = s;
-  out.replace(at, from.size(), to);
-  return out;
-}
-
 // Every occurrence of `from` replaced by `to`, or nullopt where there is none.
 std::optional<std::string> replaced_all(const std::string& s, const std::string& from,
                                         const std::string& to) {
@@ -84,14 +74,18 @@ struct Variant {
   std::function<std::optional<std::string>(const std::string&)> edit;
 };
 std::optional<std::string> both(const std::string& s) {
-  const auto d = replaced(s, kDivLibrary, kDivScaled);
-  return d ? replaced(*d, kKbfLibrary, kKbfPaired) : std::nullopt;
+  const auto d = replaced_all(s, kDivLibrary, kDivScaled);
+  return d ? replaced_all(*d, kKbfLibrary, kKbfPaired) : std::nullopt;
 }
 const std::vector<Variant>& variants() {
   using compiler::internal::RowPlanOptions;
   static const std::vector<Variant> v = {
-      {"div-scaled", {}, [](const std::string& s) { return replaced(s, kDivLibrary, kDivScaled); }},
-      {"kbf-f2fp", {}, [](const std::string& s) { return replaced(s, kKbfLibrary, kKbfPaired); }},
+      {"div-scaled",
+       {},
+       [](const std::string& s) { return replaced_all(s, kDivLibrary, kDivScaled); }},
+      {"kbf-f2fp",
+       {},
+       [](const std::string& s) { return replaced_all(s, kKbfLibrary, kKbfPaired); }},
       {"both", {}, both},
       // Geometry: 8 accesses a thread (a row of 2048 bf16 to one warp: no barrier), or 2.
       {"8 a thread", RowPlanOptions{8, 256}, nullptr},

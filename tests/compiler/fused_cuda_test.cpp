@@ -332,10 +332,7 @@ TEST(FusedCudaCodegen, RowKernelForSoftmaxWrittenWithOps) {
 // arithmetic is IEEE binary32 with subnormals, as the generated kernels' (--ftz=false).
 TEST(FusedCudaCodegen, RowReciprocalRoundsAsTheBf16Quotient) {
   const auto to_bf16 = [](float f) -> uint32_t {
-    if (std::isnan(f)) return 0x7fc0;  // every NaN alike
-    uint32_t u = std::bit_cast<uint32_t>(f);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
+    return std::isnan(f) ? 0x7fc0 : BFloat16(f).x;  // every NaN alike
   };
   const auto value = [](uint32_t bits) { return std::bit_cast<float>(bits << 16); };
   std::atomic<int64_t> pairs{0}, differ{0};
