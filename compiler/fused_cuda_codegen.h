@@ -176,6 +176,7 @@ class Generator {
   std::string row_entry(int width);
   int row_dims_ = 0;              // the domain's leading dims that are not reduced
   std::vector<bool> row_stored_;  // [input]: in the shared-memory row cache
+  int row_blocks_ = 0;            // with the cache: the blocks a multiprocessor is to hold
   std::vector<RowMember> row_members_;
   // Values with one value per row (a row kernel's per-row inputs and members): a bf16 division by
   // one goes through the row's reciprocal (kdiv_row_bf16).

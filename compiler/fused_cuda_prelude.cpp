@@ -79,14 +79,17 @@ template <bool kMax, typename V> __device__ __forceinline__ V kpick(V a, V b) {
   return !(a != a) && !(kMax ? b <= a : b >= a) ? b : a;
 }
 // x / y rounded to bf16, for bf16 values x and y where y is one per row (a row kernel's divisor,
-// softmax's sum): x times y's reciprocal, which the compiler computes once per row, rounds to the
-// bf16 that the IEEE quotient rounds to for every pair of bf16 values with |y| in [2^-126, 2^126]
-// (all 2^32 pairs checked: FusedCudaCodegen.RowReciprocalRoundsAsTheBf16Quotient); other
-// divisors divide, out of line.
-__device__ __noinline__ float kdiv_ieee(float x, float y) { return x / y; }
+// softmax's sum): x times y's reciprocal, which the compiler computes once per row, with y first
+// scaled by a power of two s into the normal range where it is subnormal or beyond 2^126, and the
+// product scaled back. (x * (1 / (y * s))) * s rounds to the bf16 that the IEEE quotient rounds to
+// for every pair of bf16 values, zeros, infinities and NaN included (all 2^32 pairs checked:
+// FusedCudaCodegen.RowReciprocalRoundsAsTheBf16Quotient); per element, two multiplies and no
+// branch (an out-of-line division for the divisors outside [2^-126, 2^126] cost softmax's long
+// rows 12%: the kernel lab's fused_rows, session 35).
 __device__ __forceinline__ float kdiv_row_bf16(float x, float y) {
   const float ay = fabsf(y);
-  return ay >= 0x1p-126f && ay <= 0x1p126f ? x * (1.0f / y) : kdiv_ieee(x, y);
+  const float s = ay < 0x1p-126f ? 0x1p64f : ay > 0x1p126f && ay <= 0x1.fffffep127f ? 0x1p-64f : 1.0f;
+  return x * (1.0f / (y * s)) * s;
 }
 template <typename V> __device__ __forceinline__ V kinf();
 template <> __device__ __forceinline__ float kinf<float>() { return __int_as_float(0x7f800000); }

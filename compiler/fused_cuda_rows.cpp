@@ -56,10 +56,11 @@ std::string Generator::row_entry(int width) {
   const auto sz = [](int i) { return static_cast<size_t>(i); };
   std::ostringstream os;
   const std::string entry = W > 1 ? "kiln_rows_vector" : "kiln_rows_dense";
-  // With the shared-memory cache, two blocks to a multiprocessor (plan_rows leaves room for two
-  // rows in its shared memory): 64 registers a thread at most.
-  os << "\nextern \"C\" __global__ void __launch_bounds__(" << T * G
-     << (k_.row_shared_bytes > 0 ? ", 2" : "") << ") " << entry << "(const Params p) {\n"
+  // With the shared-memory cache, the blocks a multiprocessor holds (plan_row_cache leaves room
+  // for two or three rows in its shared memory): 64 or 42 registers a thread at most.
+  os << "\nextern \"C\" __global__ void __launch_bounds__(" << T * G;
+  if (k_.row_shared_bytes > 0) os << ", " << row_blocks_;
+  os << ") " << entry << "(const Params p) {\n"
      << operand_decls() << "  const long long R = " << k_.rows << "LL, C = " << C << "LL;\n"
      << "  const int g = threadIdx.x / " << T << ", lane = threadIdx.x % " << T << ";\n";
   // Reductions: accumulator types and shared memory across a group's warps.
