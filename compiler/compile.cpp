@@ -627,6 +627,7 @@ std::vector<Tensor> CompiledCore::call(
     m.write_stage(backward_trace);
   }
   auto transform = [&](Trace& t, std::vector<Tensor>& externals) {
+    t.emulate_precision_casts = m.options.emulate_precision_casts();
     const auto& skipped = m.options.skipped_passes();
     auto skip = [&](const std::string& name) {
       return std::find(skipped.begin(), skipped.end(), name) != skipped.end();
@@ -681,6 +682,8 @@ std::vector<Tensor> CompiledCore::call(
       t = plan_memory(t);
       record("plan_memory", t1);
     }
+    KILN_CHECK(t.emulate_precision_casts == m.options.emulate_precision_casts(),
+               "[compile] internal: a pass dropped the trace's emulate_precision_casts");
   };
   std::vector<Tensor> externals = std::move(traced.externals);
   std::vector<Tensor> backward_externals = externals;

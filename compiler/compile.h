@@ -93,6 +93,13 @@ class CompileOptions {
   // program that cannot be captured (on the CPU, with collectives, ...) runs op by op, and
   // stats().graph_reason says why.
   CompileOptions& cuda_graphs(bool on);
+  // Whether the generated CUDA kernels (fused_cuda) round each bf16 or f16 value a fusion region
+  // computes to its dtype, as eager code does (on by default: compiled results are eager's bit
+  // for bit). Off, a region keeps those values in float and rounds only what it writes to
+  // memory, as torch.compile's generated kernels do (its emulate_precision_casts, off there by
+  // default): fewer instructions per element, results within the dtype's rounding of eager's.
+  // Hand kernels, library calls and CPU regions are unaffected.
+  CompileOptions& emulate_precision_casts(bool on);
 
   const std::vector<std::string>& executors() const { return executors_; }
   const std::vector<std::string>& skipped_passes() const { return skipped_; }
@@ -104,6 +111,7 @@ class CompileOptions {
   const std::string& name() const { return name_; }
   const compiler::PartitionOptions& partition() const { return partition_; }
   bool cuda_graphs() const { return cuda_graphs_; }
+  bool emulate_precision_casts() const { return emulate_precision_casts_; }
 
  private:
   std::vector<std::string> executors_{"matmul_epilogue", "fused_cuda", "fused_cpu", "eager"};
@@ -116,6 +124,7 @@ class CompileOptions {
   std::string name_ = "fn";
   compiler::PartitionOptions partition_;
   bool cuda_graphs_ = true;
+  bool emulate_precision_casts_ = true;
 };
 
 namespace compiler {

@@ -74,6 +74,10 @@ CompileOptions& CompileOptions::cuda_graphs(bool on) {
   cuda_graphs_ = on;
   return *this;
 }
+CompileOptions& CompileOptions::emulate_precision_casts(bool on) {
+  emulate_precision_casts_ = on;
+  return *this;
+}
 CompileOptions& CompileOptions::activation_budget(int64_t bytes) {
   KILN_CHECK(bytes >= 0,
              "[CompileOptions] activation_budget must be a non-negative byte count, got ", bytes);

@@ -132,6 +132,73 @@ bool fused_cuda_generates(const Trace& t, const BoundOp& op) {
   return false;
 }
 
+namespace {
+
+// The region trace.ops[begin, end) as torch.compile's kernels compute it
+// (Trace::emulate_precision_casts off): each bf16 or f16 value the region computes is kept in
+// float, and rounded to its dtype only where it is stored. A copy of the trace in which each such
+// member produces f32 (its dtype attributes f32 too); a member whose value is read after the
+// region produces a new f32 value, followed by a to_copy to the value's dtype that keeps its id
+// (the kernel's outputs are unchanged), and the members after it read the f32 one. amax and amin
+// of a value that stays bf16 or f16 stay as they are (they round nothing), and so does a to_copy
+// read after the region (it is the store's rounding). nullopt where nothing
+// changes; `end` moves past the to_copy ops added.
+std::optional<Trace> upcast_region(const Trace& trace, size_t begin, size_t& end) {
+  static const OpDef& to_copy = Registry::get().op("to_copy");
+  const auto half = [](ScalarType d) { return d == kBFloat16 || d == kHalf; };
+  const absl::flat_hash_set<int> read_outside = values_read_outside(trace, begin, end);
+  Trace out = trace;
+  out.ops.resize(begin);
+  absl::flat_hash_map<int, int> f32_of;  // a value read outside -> its f32 version
+  bool changed = false;
+  for (size_t i = begin; i < end; ++i) {
+    BoundOp op = trace.ops[i];
+    for (int& v : op.inputs) {
+      if (auto it = f32_of.find(v); it != f32_of.end()) v = it->second;
+    }
+    const int v = op.outputs.size() == 1 ? op.outputs[0] : -1;
+    const bool pick = op.name() == "amax" || op.name() == "amin";
+    if (v < 0 || !half(out.value(v).spec.dtype) ||
+        (pick && half(out.value(op.inputs[0]).spec.dtype)) ||
+        (op.op == &to_copy && read_outside.contains(v))) {  // already the store's rounding
+      out.ops.push_back(std::move(op));
+      continue;
+    }
+    changed = true;
+    const ScalarType dtype = out.value(v).spec.dtype;
+    for (Attr& a : op.attrs) {
+      if (const auto* d = std::get_if<ScalarType>(&a); d != nullptr && half(*d)) a = kFloat;
+    }
+    if (!read_outside.contains(v)) {
+      out.values[static_cast<size_t>(v)].spec.dtype = kFloat;
+      out.ops.push_back(std::move(op));
+      continue;
+    }
+    TensorSpec spec = out.value(v).spec;
+    spec.dtype = kFloat;
+    const int f = out.add_value(spec, ValueRole::kOp);
+    f32_of[v] = f;
+    op.outputs[0] = f;
+    BoundOp cast;
+    cast.op = &to_copy;
+    cast.inputs = {f};
+    cast.attrs = {dtype, spec.device};
+    cast.outputs = {v};
+    cast.executor = op.executor;
+    cast.region = op.region;
+    out.ops.push_back(std::move(op));
+    out.ops.push_back(std::move(cast));
+  }
+  if (!changed) return std::nullopt;
+  const size_t added = out.ops.size() - end;
+  out.ops.insert(out.ops.end(), trace.ops.begin() + static_cast<std::ptrdiff_t>(end),
+                 trace.ops.end());
+  end += added;
+  return out;
+}
+
+}  // namespace
+
 std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begin, size_t end,
                                                  std::string* why, int64_t shared_limit,
                                                  const RowPlanOptions& rows) {
@@ -140,7 +207,10 @@ std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begi
              "[fused_cuda] RowPlanOptions: accesses_per_thread must be positive and block_threads "
              "a multiple of 32 in [32, 1024], got ",
              rows.accesses_per_thread, " and ", rows.block_threads);
-  std::optional<FusedKernel> k = Generator(trace, begin, end, shared_limit, rows).run(why);
+  std::optional<Trace> upcast;
+  if (!trace.emulate_precision_casts) upcast = upcast_region(trace, begin, end);
+  std::optional<FusedKernel> k =
+      Generator(upcast ? *upcast : trace, begin, end, shared_limit, rows).run(why);
   if (k && k->slots > kMaxSlots) {
     if (why != nullptr) *why = "more than 4 KiB of kernel parameters";
     return std::nullopt;

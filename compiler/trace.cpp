@@ -165,6 +165,7 @@ std::string Trace::str() const {
   std::ostringstream os;
   os << "# " << stage << ": " << ops.size() << " ops";
   if (rng_blocks > 0) os << ", " << rng_blocks << " Philox blocks per run";
+  if (!emulate_precision_casts) os << ", precision casts not emulated";
   for (size_t a = 0; a < arenas.size(); ++a) {
     os << ", arena " << (a > 0 ? std::to_string(a) + " " : std::string()) << arenas[a].bytes
        << " bytes on " << arenas[a].device.str();

@@ -97,6 +97,9 @@ class Trace {
   std::vector<int> outputs;  // value ids (-1: an undefined output)
   std::vector<GradEffect> grad_effects;
   uint64_t rng_blocks = 0;  // Philox blocks the program reserves per run
+  // Off: generated kernels keep a fusion region's bf16 and f16 values in float and round only
+  // what they store (CompileOptions::emulate_precision_casts).
+  bool emulate_precision_casts = true;
   std::vector<std::string> region_names;
   std::vector<Arena> arenas;  // set by plan_memory
 

@@ -355,43 +355,59 @@ bool close_to(const Tensor& got, const Tensor& want) {
   return ((a - b).abs() > b.abs() * rtol + atol).sum().item<int64_t>() == 0;
 }
 
-// `rows`: the chain has reductions (a row kernel, compared within rounding, not bitwise).
+// `rows`: the chain has reductions (a row kernel, compared within rounding, not bitwise). A row
+// kernel of 16-bit values is also compiled with CompileOptions::emulate_precision_casts(false)
+// (its values kept in float inside the kernel, rounded where stored, as torch.compile's kernels
+// do): the row "... [entry, casts not emulated]", compared with eager within rounding too.
 void bench_fused_case(const std::string& name, const Chain& chain,
                       const std::function<std::vector<Tensor>()>& make_args, bool rows = false) {
   const std::vector<std::vector<Tensor>> sets = {make_args(), make_args()};
-  // Without CUDA graphs: a graph replay copies each argument into its static buffer and each
-  // returned value out of it (compiler/cuda_graph.h), which for one bandwidth-bound kernel fed
-  // new arguments on every call triples the bytes moved (session 18: 22-27% of copy instead of
-  // the kernel's 85-95%). These rows measure the generated kernels, as eager's rows measure its.
-  auto f = kiln::compile([chain](const std::vector<Tensor>& a) { return chain(a); },
-                         kiln::CompileOptions().cuda_graphs(false));
-  kiln::compiler::reset_fused_cuda_stats();
-  const std::vector<Tensor> got = f(sets[0]);  // traces, and compiles the kernel (NVRTC or disk)
   const std::vector<Tensor> want = chain(sets[0]);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  const kiln::compiler::FusedCudaStats st = kiln::compiler::fused_cuda_stats();
-  const char* entry = st.vector_launches > 0    ? "vector"
-                      : st.rowvec_launches > 0  ? "rowvec"
-                      : st.dense_launches > 0   ? "dense"
-                      : st.strided_launches > 0 ? "strided"
-                                                : "no kernel";
-  std::string listing;
-  for (const kiln::compiler::Trace& t : f.traces()) listing += t.str();
-  if (listing.find("# region [fused_cuda]") == std::string::npos) {
-    std::printf("  FAILED: %s: no fused_cuda region in the compiled program\n", name.c_str());
-  }
-  if (rows && st.row_regions == 0) {
-    std::printf("  FAILED: %s: no row kernel in the compiled program\n", name.c_str());
-  }
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (i >= got.size() || !(rows ? close_to(got[i], want[i]) : same_bits(got[i], want[i]))) {
-      std::printf("  FAILED: %s: compiled output %zu differs from eager\n", name.c_str(), i);
-    }
-  }
   double bytes = 0;
-  for (const Tensor& a : sets[0]) bytes += static_cast<double>(a.numel() * a.element_size());
+  bool half = false;
+  for (const Tensor& a : sets[0]) {
+    bytes += static_cast<double>(a.numel() * a.element_size());
+    half = half || a.element_size() == 2;
+  }
   for (const Tensor& o : want) bytes += static_cast<double>(o.numel() * o.element_size());
-  report(name + " [" + entry + "]", time_ms([&](int i) { (void)f(sets[i % 2]); }), 0, bytes);
+  for (const bool emulate : {true, false}) {
+    if (!emulate && !(rows && half)) break;
+    // Without CUDA graphs: a graph replay copies each argument into its static buffer and each
+    // returned value out of it (compiler/cuda_graph.h), which for one bandwidth-bound kernel fed
+    // new arguments on every call triples the bytes moved (session 18: 22-27% of copy instead
+    // of the kernel's 85-95%). These rows measure the generated kernels, as eager's rows
+    // measure its.
+    auto f =
+        kiln::compile([chain](const std::vector<Tensor>& a) { return chain(a); },
+                      kiln::CompileOptions().cuda_graphs(false).emulate_precision_casts(emulate));
+    kiln::compiler::reset_fused_cuda_stats();
+    const std::vector<Tensor> got = f(sets[0]);  // traces, and compiles the kernel (or disk)
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    const kiln::compiler::FusedCudaStats st = kiln::compiler::fused_cuda_stats();
+    const std::string entry = std::string(st.vector_launches > 0    ? "vector"
+                                          : st.rowvec_launches > 0  ? "rowvec"
+                                          : st.dense_launches > 0   ? "dense"
+                                          : st.strided_launches > 0 ? "strided"
+                                                                    : "no kernel") +
+                              (emulate ? "" : ", casts not emulated");
+    std::string listing;
+    for (const kiln::compiler::Trace& t : f.traces()) listing += t.str();
+    if (listing.find("# region [fused_cuda]") == std::string::npos) {
+      std::printf("  FAILED: %s [%s]: no fused_cuda region in the compiled program\n", name.c_str(),
+                  entry.c_str());
+    }
+    if (rows && st.row_regions == 0) {
+      std::printf("  FAILED: %s [%s]: no row kernel in the compiled program\n", name.c_str(),
+                  entry.c_str());
+    }
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (i >= got.size() || !(rows ? close_to(got[i], want[i]) : same_bits(got[i], want[i]))) {
+        std::printf("  FAILED: %s [%s]: compiled output %zu differs from eager\n", name.c_str(),
+                    entry.c_str(), i);
+      }
+    }
+    report(name + " [" + entry + "]", time_ms([&](int i) { (void)f(sets[i % 2]); }), 0, bytes);
+  }
   report(name + " [eager]", time_ms([&](int i) { (void)chain(sets[i % 2]); }), 0, bytes);
 }
 

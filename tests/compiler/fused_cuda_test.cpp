@@ -416,6 +416,72 @@ TEST(FusedCudaCodegen, RowPlanOptionsSetTheGeometry) {
   EXPECT_KILN_ERROR(plan({4, 100}), "block_threads a multiple of 32 in [32, 1024], got 4 and 100");
 }
 
+// CompileOptions::emulate_precision_casts(false) (Trace::emulate_precision_casts): the region's
+// bf16 values stay in float, and only what the kernel stores is rounded; its operands are the
+// same. An amax of the bf16 input stays bf16 (it rounds nothing).
+TEST(FusedCudaCodegen, UnemulatedCastsRoundOnlyWhatIsStored) {
+  namespace I = compiler::internal;
+  const auto both = [](Trace t) {
+    std::string why;
+    auto exact = I::generate_fused_kernel(t, 0, t.ops.size(), &why);
+    EXPECT_TRUE(exact.has_value()) << why << t.str();
+    t.emulate_precision_casts = false;
+    auto relaxed = I::generate_fused_kernel(t, 0, t.ops.size(), &why);
+    EXPECT_TRUE(relaxed.has_value()) << why << t.str();
+    if (exact && relaxed) {
+      EXPECT_EQ(relaxed->row_kernel, exact->row_kernel);
+      EXPECT_EQ(relaxed->vector_width, exact->vector_width);
+      for (auto [a, b] : {std::pair{&exact->inputs, &relaxed->inputs},
+                          std::pair{&exact->outputs, &relaxed->outputs}}) {
+        EXPECT_EQ(a->size(), b->size());
+        if (a->size() != b->size()) continue;
+        for (size_t i = 0; i < a->size(); ++i) {
+          EXPECT_EQ((*a)[i].value, (*b)[i].value);
+          EXPECT_EQ((*a)[i].dtype, (*b)[i].dtype);
+        }
+      }
+    }
+    return std::pair{exact ? exact->source : "", relaxed ? relaxed->source : ""};
+  };
+  // A pointwise chain: each of its four members rounded, or only the stored result.
+  const auto [pe, pr] =
+      both(traced_on_cuda([](const Tensor& a, const Tensor& b) { return exp(a * b + a) * 0.5; },
+                          randn({8, 64}).to(kBFloat16), randn({8, 64}).to(kBFloat16)));
+  // (kbf's definition is one "kbf(" of each.)
+  EXPECT_EQ(count(pe, "kbf(") - 1, 4 * (count(pr, "kbf(") - 1)) << pe << pr;
+  EXPECT_GE(count(pr, "kbf(") - 1, 3) << pr;  // the strided, dense and vector entries' stores
+  // softmax: the subtraction, exp, sum and division in float; one rounding, at the store, and
+  // the division is a float one (no kdiv_row_bf16).
+  const auto [se, sr] = both(traced_on_cuda(softmax_with_ops, randn({8, 256}).to(kBFloat16)));
+  EXPECT_GT(count(se, "kbf(kdiv_row_bf16("), 0) << se;
+  EXPECT_EQ(count(sr, "kdiv_row_bf16("), 1) << sr;  // the prelude's definition only
+  EXPECT_LT(count(sr, "kbf("), count(se, "kbf(")) << sr;
+  // RMSNorm as models write it: the cast to bf16 before the weight's multiply is dropped.
+  const auto [re, rr] = both(traced_on_cuda(rms_norm_with_ops, randn({8, 2048}).to(kBFloat16),
+                                            randn({2048}).to(kBFloat16)));
+  EXPECT_EQ(count(re, "kbf(") - 1, 2 * (count(rr, "kbf(") - 1)) << re << rr;
+  // The listing says so.
+  Trace t = traced_on_cuda(softmax_with_ops, randn({8, 256}).to(kBFloat16));
+  EXPECT_EQ(t.str().find("precision casts not emulated"), std::string::npos);
+  t.emulate_precision_casts = false;
+  EXPECT_NE(t.str().find(", precision casts not emulated"), std::string::npos) << t.str();
+}
+
+// The option reaches every compiled stage's trace; CPU programs (fused_cpu) compute as before.
+TEST(CompileOptions, EmulatePrecisionCastsIsTheTracesFlag) {
+  const auto fn = [](const Tensor& a) { return softmax_with_ops(a * 2.0); };
+  const Tensor x = randn({4, 33}).to(kBFloat16);
+  auto f = compile(fn, CompileOptions().emulate_precision_casts(false));
+  EXPECT_TRUE(CompileOptions().emulate_precision_casts());  // the default
+  const Tensor got = f(x);
+  EXPECT_EQ((got.to(kFloat) - fn(x).to(kFloat)).abs().max().item<double>(), 0.0);
+  const std::vector<Trace>& traces = f.traces();
+  ASSERT_GE(traces.size(), 2u);
+  EXPECT_TRUE(traces.front().emulate_precision_casts);  // the traced stage, before the passes
+  EXPECT_FALSE(traces.back().emulate_precision_casts) << traces.back().str();
+  EXPECT_NE(traces.back().str().find("precision casts not emulated"), std::string::npos);
+}
+
 TEST(FusedCudaCodegen, RowKernelsForRmsNormLogsumexpAndRowSums) {
   namespace I = compiler::internal;
   const Trace rms = traced_on_cuda(rms_norm_with_ops, randn({8, 2048}).to(kBFloat16),
@@ -1228,6 +1294,57 @@ TEST(GpuFusedCuda, RunFusedKernelMatchesTheCompiledProgram) {
   // A CPU input where the kernel reads a GPU tensor.
   EXPECT_KILN_ERROR(compiler::internal::run_fused_kernel(*k, {x.to(kCPU)}),
                     "[run_fused_kernel] input 0 is on cpu");
+}
+
+// CompileOptions::emulate_precision_casts(false): a pointwise chain of bf16 ops is the f32 program
+// rounded once, bit for bit (the members' float arithmetic is eager f32's); row kernels are
+// within the sums' rounding of it.
+TEST(GpuFusedCuda, UnemulatedCastsRoundOnceAtTheStore) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(19);
+  const Device gpu(kCUDA, 0);
+  const auto relaxed = [](auto fn) {
+    return compile([fn](const std::vector<Tensor>& a) { return fn(a); },
+                   CompileOptions().emulate_precision_casts(false));
+  };
+  const auto in_f32 = [](const std::vector<Tensor>& a) {
+    std::vector<Tensor> f;
+    for (const Tensor& t : a) f.push_back(t.to(kFloat));
+    return f;
+  };
+  const auto chain = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{silu(a[0] * a[1] + a[0]) * 0.5 - exp(a[1])};
+  };
+  for (ScalarType dt : {kBFloat16, kHalf}) {
+    const std::vector<Tensor> args = {randn({333, 1000}).to(dt).to(gpu),
+                                      randn({333, 1000}).to(dt).to(gpu)};
+    compiler::reset_fused_cuda_stats();
+    auto f = relaxed(chain);
+    const Tensor got = f(args)[0];
+    EXPECT_EQ(compiler::fused_cuda_stats().regions, 1) << listings(f.traces());
+    expect_bitwise(got, chain(in_f32(args))[0].to(dt), named("chain", dt, {333, 1000}));
+    // And not eager's per-op rounding: some elements differ.
+    EXPECT_GT((got.to(kFloat) - chain(args)[0].to(kFloat)).abs().max().item<double>(), 0.0);
+  }
+  const auto softmax = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{softmax_with_ops(a[0])};
+  };
+  const auto rms = [](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{rms_norm_with_ops(a[0], a[1])};
+  };
+  for (const Shape& s : {Shape{64, 2048}, Shape{4, 32000}}) {
+    const std::vector<Tensor> x = {(randn(s) * 3.0).to(kBFloat16).to(gpu)};
+    compiler::reset_fused_cuda_stats();
+    auto f = relaxed(softmax);
+    const Tensor got = f(x)[0];
+    EXPECT_EQ(compiler::fused_cuda_stats().row_regions, 1) << listings(f.traces());
+    expect_close(got, softmax(in_f32(x))[0].to(kBFloat16), named("softmax", kBFloat16, s));
+  }
+  const std::vector<Tensor> xw = {randn({64, 2048}).to(kBFloat16).to(gpu),
+                                  randn({2048}).to(kBFloat16).to(gpu)};
+  auto g = relaxed(rms);
+  const std::vector<Tensor> w32 = in_f32(xw);
+  expect_close(g(xw)[0], (rms_norm_with_ops(w32[0], w32[1])).to(kBFloat16), "rms_norm bf16");
 }
 
 TEST(GpuFusedCuda, RowsRmsNormWrittenWithOps) {
