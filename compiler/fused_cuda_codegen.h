@@ -131,9 +131,16 @@ bool row_op_generated(const Trace& t, const BoundOp& op);
 // (fused_cuda_emit.cpp) writes the entries.
 class Generator {
  public:
+  // `fast`: the values computed in float for 16-bit ones (Trace::emulate_precision_casts off,
+  // fused_cuda_plan.cpp's upcast_region), which may be computed as torch.compile's kernels do.
   Generator(const Trace& t, size_t begin, size_t end, int64_t shared_limit = kDefaultSharedLimit,
-            const RowPlanOptions& rows = {})
-      : t_(t), begin_(begin), end_(end), shared_limit_(shared_limit), row_plan_(rows) {}
+            const RowPlanOptions& rows = {}, absl::flat_hash_set<int> fast = {})
+      : t_(t),
+        begin_(begin),
+        end_(end),
+        shared_limit_(shared_limit),
+        row_plan_(rows),
+        fast_(std::move(fast)) {}
   std::optional<FusedKernel> run(std::string* why);
 
  private:
@@ -152,6 +159,9 @@ class Generator {
   std::string binary_expr(const BoundOp& op, ScalarType out);
 
   std::string member_line(const BoundOp& op) const;  // the member as the listing prints it
+  // Member i's declaration: `const T y<i> = <expr>;`, a float or double result behind kopaque
+  // (no contraction with the next member, as eager rounds in between) unless it is in fast_.
+  std::string member_decl(size_t i) const;
   std::string kernel_head(const std::string& entry) const;
   // The decoding of an entry's parameters (pointers, scalars, constants, the opaque zero) that
   // opens every kernel's body, the pointwise and the row kernels alike.
@@ -187,6 +197,9 @@ class Generator {
   size_t begin_, end_;
   int64_t shared_limit_;  // the dynamic shared memory a block may opt in to, in bytes
   RowPlanOptions row_plan_;
+  // Values kept in float for 16-bit ones: no kopaque (multiplies and adds may contract into
+  // FMAs), exp as __expf, a division by a row's value as a multiply by its reciprocal.
+  absl::flat_hash_set<int> fast_;
   FusedKernel k_;
   absl::flat_hash_map<int, std::string> name_;
   std::vector<const BoundOp*> members_;

@@ -59,12 +59,7 @@ std::string Generator::body(bool dense, bool vector) const {
        << "];\n";
   }
   for (size_t i = 0; i < members_.size(); ++i) {
-    const BoundOp& op = *members_[i];
-    const ScalarType out = spec(op.outputs[0]).dtype;
-    os << "    // " << lines_[i] << "\n";
-    const bool fence = out == kFloat || out == kDouble;
-    os << "    const " << ctype(out) << " y" << i << " = "
-       << (fence ? "kopaque(" + exprs_[i] + ", kzero)" : exprs_[i]) << ";\n";
+    os << "    // " << lines_[i] << "\n    " << member_decl(i) << "\n";
   }
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.outputs[j];
@@ -88,6 +83,14 @@ std::string Generator::body(bool dense, bool vector) const {
        << offset(o, dense) << "] = " << var(o.value) << ";\n";
   }
   return os.str();
+}
+
+std::string Generator::member_decl(size_t i) const {
+  const int v = members_[i]->outputs[0];
+  const ScalarType out = spec(v).dtype;
+  const bool fence = (out == kFloat || out == kDouble) && !fast_.contains(v);
+  return "const " + ctype(out) + " y" + std::to_string(i) + " = " +
+         (fence ? "kopaque(" + exprs_[i] + ", kzero)" : exprs_[i]) + ";";
 }
 
 std::string Generator::member_line(const BoundOp& op) const {
@@ -182,12 +185,7 @@ std::string Generator::rowvec_entry(const std::string& head) const {
     }
   }
   for (size_t i = 0; i < members_.size(); ++i) {
-    const BoundOp& op = *members_[i];
-    const ScalarType out = spec(op.outputs[0]).dtype;
-    const bool fence = out == kFloat || out == kDouble;
-    os << "      // " << lines_[i] << "\n"
-       << "      const " << ctype(out) << " y" << i << " = "
-       << (fence ? "kopaque(" + exprs_[i] + ", kzero)" : exprs_[i]) << ";\n";
+    os << "      // " << lines_[i] << "\n      " << member_decl(i) << "\n";
   }
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
     os << "      vy" << j << ".v[e] = " << var(k_.outputs[j].value) << ";\n";

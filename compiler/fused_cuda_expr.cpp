@@ -62,6 +62,10 @@ std::string Generator::member_expr(const BoundOp& op) {
     if (n == "gelu") {
       const auto* approx = attr_if<std::string>(op, 0);
       fn = approx != nullptr && *approx == "tanh" ? "GeluTanh" : "GeluExact";
+    } else if (n == "exp" && fast_.contains(op.outputs[0])) {
+      // ex2.approx: within 2 + 1.2 |x| ulp of exp(x) (2^-16 relative at |x| = 100), results
+      // below 2^-126 flushed to zero: far below a 16-bit rounding.
+      return "__expf(" + x + ")";
     } else {
       fn = functor_name(n);
     }
@@ -199,9 +203,16 @@ std::string Generator::binary_expr(const BoundOp& op, ScalarType out) {
     e = "(" + x + " * " + y + ")";
   } else if (n == "div") {
     if (!has_attr(op, 0)) {
-      // bf16 values (t is out) divided by one of the row's: through the row's reciprocal.
-      const bool by_row = out == kBFloat16 && !a0 && !b0 && per_row_.contains(op.inputs[1]);
-      e = by_row ? "kdiv_row_bf16(" + x + ", " + y + ")" : "(" + x + " / " + y + ")";
+      // bf16 values (t is out) divided by one of the row's: through the row's reciprocal; in
+      // float for 16-bit values, by its reciprocal (within an ulp of the quotient).
+      const bool by_row = !a0 && !b0 && per_row_.contains(op.inputs[1]);
+      if (by_row && out == kBFloat16) {
+        e = "kdiv_row_bf16(" + x + ", " + y + ")";
+      } else if (by_row && fast_.contains(op.outputs[0])) {
+        e = "(" + x + " * (1.0f / " + y + "))";
+      } else {
+        e = "(" + x + " / " + y + ")";
+      }
     } else if (std::get<std::string>(op.attrs[0]) == "floor") {
       e = "scalar::floor_div_float<" + mc + ">(" + x + ", " + y + ")";
     } else {

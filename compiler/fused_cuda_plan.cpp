@@ -142,8 +142,9 @@ namespace {
 // (the kernel's outputs are unchanged), and the members after it read the f32 one. amax and amin
 // of a value that stays bf16 or f16 stay as they are (they round nothing), and so does a to_copy
 // read after the region (it is the store's rounding). nullopt where nothing
-// changes; `end` moves past the to_copy ops added.
-std::optional<Trace> upcast_region(const Trace& trace, size_t begin, size_t& end) {
+// changes; `end` moves past the to_copy ops added, and `fast` gets the values now in float.
+std::optional<Trace> upcast_region(const Trace& trace, size_t begin, size_t& end,
+                                   absl::flat_hash_set<int>& fast) {
   static const OpDef& to_copy = Registry::get().op("to_copy");
   const auto half = [](ScalarType d) { return d == kBFloat16 || d == kHalf; };
   const absl::flat_hash_set<int> read_outside = values_read_outside(trace, begin, end);
@@ -171,6 +172,7 @@ std::optional<Trace> upcast_region(const Trace& trace, size_t begin, size_t& end
     }
     if (!read_outside.contains(v)) {
       out.values[static_cast<size_t>(v)].spec.dtype = kFloat;
+      fast.insert(v);
       out.ops.push_back(std::move(op));
       continue;
     }
@@ -178,6 +180,7 @@ std::optional<Trace> upcast_region(const Trace& trace, size_t begin, size_t& end
     spec.dtype = kFloat;
     const int f = out.add_value(spec, ValueRole::kOp);
     f32_of[v] = f;
+    fast.insert(f);
     op.outputs[0] = f;
     BoundOp cast;
     cast.op = &to_copy;
@@ -208,9 +211,10 @@ std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begi
              "a multiple of 32 in [32, 1024], got ",
              rows.accesses_per_thread, " and ", rows.block_threads);
   std::optional<Trace> upcast;
-  if (!trace.emulate_precision_casts) upcast = upcast_region(trace, begin, end);
+  absl::flat_hash_set<int> fast;
+  if (!trace.emulate_precision_casts) upcast = upcast_region(trace, begin, end, fast);
   std::optional<FusedKernel> k =
-      Generator(upcast ? *upcast : trace, begin, end, shared_limit, rows).run(why);
+      Generator(upcast ? *upcast : trace, begin, end, shared_limit, rows, std::move(fast)).run(why);
   if (k && k->slots > kMaxSlots) {
     if (why != nullptr) *why = "more than 4 KiB of kernel parameters";
     return std::nullopt;

@@ -266,12 +266,7 @@ std::string Generator::row_entry(int width) {
                  : absl::StrCat("rin", j, "[", c0, "]");
   };
   auto statement = [&](int i) {
-    const BoundOp& op = *members_[sz(i)];
-    const ScalarType out = spec(op.outputs[0]).dtype;
-    const bool fence = out == kFloat || out == kDouble;
-    return absl::StrCat("const ", ctype(out), " y", i, " = ",
-                        fence ? "kopaque(" + exprs_[sz(i)] + ", kzero)" : exprs_[sz(i)], ";  // ",
-                        lines_[sz(i)], "\n");
+    return absl::StrCat(member_decl(sz(i)), "  // ", lines_[sz(i)], "\n");
   };
   auto row_members_of_level = [&](int l, const std::string& indent) {
     std::string s;
