@@ -40,7 +40,7 @@ namespace {
 struct Counters {
   std::atomic<int64_t> regions{0}, nvrtc_compiles{0}, memory_hits{0}, disk_hits{0},
       disk_rejected{0}, disk_writes{0}, fallbacks{0}, strided_launches{0}, dense_launches{0},
-      vector_launches{0}, rowvec_launches{0}, row_regions{0}, row_fallbacks{0};
+      vector_launches{0}, rowvec_launches{0}, row_regions{0}, row_fallbacks{0}, tiled_launches{0};
 };
 Counters& counters() {
   static Counters c;
@@ -73,14 +73,15 @@ FusedCudaStats fused_cuda_stats() {
           c.disk_hits.load(),       c.disk_rejected.load(),    c.disk_writes.load(),
           c.fallbacks.load(),       c.strided_launches.load(), c.dense_launches.load(),
           c.vector_launches.load(), c.rowvec_launches.load(),  c.row_regions.load(),
-          c.row_fallbacks.load()};
+          c.row_fallbacks.load(),   c.tiled_launches.load()};
 }
 
 void reset_fused_cuda_stats() {
   Counters& c = counters();
-  for (auto* a : {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
-                  &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches,
-                  &c.vector_launches, &c.rowvec_launches, &c.row_regions, &c.row_fallbacks}) {
+  for (auto* a :
+       {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
+        &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches, &c.vector_launches,
+        &c.rowvec_launches, &c.row_regions, &c.row_fallbacks, &c.tiled_launches}) {
     a->store(0);
   }
 }
@@ -128,13 +129,26 @@ bool rowvec_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inpu
   return true;
 }
 
+// Whether the tiled entry may run: each input it tiles still has stride 1 along the domain's
+// second-to-last dim (its reads into the tile go along it).
+bool tiled_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs) {
+  if (k.tiled.empty()) return false;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    if (!k.tiled[j]) continue;
+    const std::vector<int64_t>& s = inputs[j].strides;
+    if (s.size() < 2 || s[s.size() - 2] != 1) return false;
+  }
+  return true;
+}
+
 FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                               const std::vector<OperandLayout>& outputs) {
   KILN_CHECK(inputs.size() == k.inputs.size() && outputs.size() == k.outputs.size(),
              "[fused_cuda] internal: ", inputs.size(), " + ", outputs.size(),
              " operand layouts for a kernel of ", k.inputs.size(), " + ", k.outputs.size());
-  const FusedEntry otherwise =
-      rowvec_allowed(k, inputs, outputs) ? FusedEntry::kRowVector : FusedEntry::kStrided;
+  const FusedEntry otherwise = rowvec_allowed(k, inputs, outputs) ? FusedEntry::kRowVector
+                               : tiled_allowed(k, inputs)         ? FusedEntry::kTiled
+                                                                  : FusedEntry::kStrided;
   if (!k.has_dense) return otherwise;
   bool aligned = k.vector_width > 0 && numel_of(k.sizes) >= k.vector_width;
   auto check = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
@@ -364,13 +378,14 @@ struct Loaded {
   CUfunction dense = nullptr;   // null when the source has no dense entry
   CUfunction vector = nullptr;  // null when it has no vector entry
   CUfunction rowvec = nullptr;  // null when it has no row-vector entry
+  CUfunction tiled = nullptr;   // null when it has no tiled entry
 };
 using LoadedFuture = std::shared_future<std::shared_ptr<const Loaded>>;
 
 // The cubin of `source` for `device`: from the disk cache, else NVRTC (stored on disk after).
 // `shared_bytes`: the row entries' dynamic shared memory (FusedKernel::row_shared_bytes).
 std::shared_ptr<const Loaded> build(int device, const std::string& source, bool has_dense,
-                                    bool has_vector, bool rows, bool has_rowvec,
+                                    bool has_vector, bool rows, bool has_rowvec, bool has_tiled,
                                     int64_t shared_bytes) {
   cuda::DeviceGuard guard(device);
   internal::KernelKey key{source, arch_of(device), nvrtc_version()};
@@ -410,6 +425,10 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, bool 
     check_cu(driver().module_get_function(&loaded->rowvec, module, "kiln_fused_rowvec"),
              "cuModuleGetFunction");
   }
+  if (has_tiled) {
+    check_cu(driver().module_get_function(&loaded->tiled, module, "kiln_fused_tiled"),
+             "cuModuleGetFunction");
+  }
   // More than the default 48 KiB of dynamic shared memory is allowed per function.
   for (CUfunction f : {loaded->dense, loaded->vector}) {
     if (f == nullptr || shared_bytes <= 0) continue;
@@ -439,7 +458,7 @@ KernelCache& kernel_cache() {
 }
 
 LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, bool has_vector,
-                        bool rows, bool has_rowvec, int64_t shared_bytes) {
+                        bool rows, bool has_rowvec, bool has_tiled, int64_t shared_bytes) {
   KernelCache& c = kernel_cache();
   const std::string key = std::to_string(device) + "\n" + source;
   std::lock_guard<std::mutex> lock(c.mu);
@@ -447,15 +466,15 @@ LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, b
     ++counters().memory_hits;
     return it->second;
   }
-  LoadedFuture f =
-      std::async(std::launch::async, [device, source, has_dense, has_vector, rows, has_rowvec,
-                                      shared_bytes] {
-        compile_slots().acquire();
-        struct Release {
-          ~Release() { compile_slots().release(); }
-        } release;
-        return build(device, source, has_dense, has_vector, rows, has_rowvec, shared_bytes);
-      }).share();
+  LoadedFuture f = std::async(std::launch::async, [device, source, has_dense, has_vector, rows,
+                                                   has_rowvec, has_tiled, shared_bytes] {
+                     compile_slots().acquire();
+                     struct Release {
+                       ~Release() { compile_slots().release(); }
+                     } release;
+                     return build(device, source, has_dense, has_vector, rows, has_rowvec,
+                                  has_tiled, shared_bytes);
+                   }).share();
   c.kernels[key] = f;
   return f;
 }
@@ -572,6 +591,13 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
   } else if (entry == internal::FusedEntry::kDense) {
     f = fn.dense;
     counters().dense_launches.fetch_add(1, std::memory_order_relaxed);
+  } else if (entry == internal::FusedEntry::kTiled) {
+    f = fn.tiled;
+    // A block of 32 x 8 threads per 32 x 32 tile of the domain's last two dims.
+    const size_t r = k.sizes.size();
+    const int64_t m = k.sizes[r - 2], cols = k.sizes[r - 1];
+    threads_needed = n / (m * cols) * ((m + 31) / 32) * ((cols + 31) / 32) * 256;
+    counters().tiled_launches.fetch_add(1, std::memory_order_relaxed);
   } else {
     counters().strided_launches.fetch_add(1, std::memory_order_relaxed);
   }
@@ -636,8 +662,9 @@ class FusedCudaExecutor final : public Executor {
       const int device = std::max(t.value(k->outputs[0].value).spec.device.index(), 0);
       std::vector<TensorSpec> specs;
       for (const auto& o : k->outputs) specs.push_back(t.value(o.value).spec);
-      LoadedFuture kernel = kernel_for(device, k->source, k->has_dense, k->vector_width > 0,
-                                       k->row_kernel, k->rowvec_width > 0, k->row_shared_bytes);
+      LoadedFuture kernel =
+          kernel_for(device, k->source, k->has_dense, k->vector_width > 0, k->row_kernel,
+                     k->rowvec_width > 0, !k->tiled.empty(), k->row_shared_bytes);
       auto plan = std::make_shared<const internal::FusedKernel>(std::move(*k));
       Step eager = plan->row_kernel ? eager_region(t, begin, end) : Step();
       return [plan, specs = std::move(specs), kernel, device, eager](Frame& frame) {
@@ -688,7 +715,7 @@ std::vector<Tensor> internal::run_fused_kernel(const FusedKernel& k,
   std::vector<TensorSpec> specs;
   for (const auto& o : k.outputs) specs.push_back({o.sizes, o.dtype, Device(kCUDA, device)});
   LoadedFuture kernel = kernel_for(device, k.source, k.has_dense, k.vector_width > 0, k.row_kernel,
-                                   k.rowvec_width > 0, k.row_shared_bytes);
+                                   k.rowvec_width > 0, !k.tiled.empty(), k.row_shared_bytes);
   const Step op_by_op = [](Frame&) {
     KILN_FAIL(
         "[run_fused_kernel] a row kernel's operands are not contiguous (the executor runs "

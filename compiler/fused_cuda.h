@@ -51,6 +51,7 @@ struct FusedCudaStats {
   int64_t strided_launches = 0, dense_launches = 0, vector_launches = 0, rowvec_launches = 0;
   int64_t row_regions = 0;    // of `regions`, those with reductions (row kernels)
   int64_t row_fallbacks = 0;  // runs of a row kernel's region op by op (rows not contiguous)
+  int64_t tiled_launches = 0;  // launches of the tiled entry (FusedKernel::tiled)
 };
 FusedCudaStats fused_cuda_stats();
 void reset_fused_cuda_stats();
@@ -91,6 +92,14 @@ struct FusedKernel {
   // shape. It runs where those operands are 16-byte aligned, with stride 1 along the last dim
   // and their other strides multiples of the width (choose_fused_entry).
   int rowvec_width = 0;
+  // kiln_fused_tiled (empty: no such entry), per input: whether the entry reads it through a
+  // 32 x 32 tile of shared memory. The domain's last two dims are taken 32 x 32 at a time by a
+  // block of 32 x 8 threads; an input the trace records transposed in them (stride 1 along the
+  // second-to-last dim, not along the last) is read along its contiguous dim into the tile, and
+  // every operand is then read or written along the last dim from it. It runs where the dense
+  // entries may not and each such input is still transposed (choose_fused_entry); row kernels
+  // have none.
+  std::vector<bool> tiled;
   struct Operand {
     int value = -1;
     ScalarType dtype = kFloat;
@@ -143,9 +152,11 @@ std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begi
 // where every tensor operand is contiguous, of the domain's shape or 0-d, and those of the
 // domain's shape start 16-byte aligned (and there is at least one whole vector); dense where they
 // are contiguous; else row-vector where the kernel has that entry and its operands allow it
-// (FusedKernel::rowvec_width); strided otherwise. One layout per entry of k.inputs (host scalars'
+// (FusedKernel::rowvec_width); else tiled where it has that entry and each input it tiles has
+// stride 1 along the domain's second-to-last dim (FusedKernel::tiled); strided otherwise. One
+// layout per entry of k.inputs (host scalars'
 // ignored), then one per entry of k.outputs.
-enum class FusedEntry { kStrided, kDense, kVector, kRowVector };
+enum class FusedEntry { kStrided, kDense, kVector, kRowVector, kTiled };
 struct OperandLayout {
   bool contiguous = true;
   uint64_t address = 0;          // the first element's

@@ -169,7 +169,10 @@ class Generator {
   std::string rowvec_entry(const std::string& head) const;
   std::string offset(const FusedKernel::Operand& o, bool dense) const;
   std::string coordinates() const;  // element i's coordinates c<d> in the domain
-  std::string body(bool dense, bool vector = false) const;
+  // `tiled`: the tiled entry's body, where the inputs of FusedKernel::tiled come from their tiles
+  // (kt<j>[tx][q]).
+  std::string body(bool dense, bool vector = false, bool tiled = false) const;
+  std::string tiled_entry() const;
   void emit();
 
   // Row kernels: regions with reductions (planned in fused_cuda_rows_plan.cpp, written in

@@ -44,7 +44,7 @@ std::string Generator::coordinates() const {
 // The body of the element loop (dense: every operand indexed by i; vector: element e of the
 // packs vx<j> and vy<j> for the operands of the domain's shape, whose loads and stores the
 // vector entry writes around it).
-std::string Generator::body(bool dense, bool vector) const {
+std::string Generator::body(bool dense, bool vector, bool tiled) const {
   std::ostringstream os;
   const size_t rank = k_.sizes.size();
   if (!dense) os << coordinates();
@@ -53,6 +53,10 @@ std::string Generator::body(bool dense, bool vector) const {
     if (o.host_scalar) continue;
     if (vector && !o.sizes.empty()) {
       os << "    const " << ctype(o.dtype) << " x" << j << " = vx" << j << ".v[e];\n";
+      continue;
+    }
+    if (tiled && k_.tiled[j]) {
+      os << "    const " << ctype(o.dtype) << " x" << j << " = kt" << j << "[tx][q];\n";
       continue;
     }
     os << "    const " << ctype(o.dtype) << " x" << j << " = in" << j << "[" << offset(o, dense)
@@ -199,6 +203,47 @@ std::string Generator::rowvec_entry(const std::string& head) const {
   return os.str();
 }
 
+// kiln_fused_tiled (FusedKernel::tiled): tiles of 32 x 32 elements of the domain's last two dims
+// (M rows of N), one per block of 32 x 8 threads at a time. Each tiled input is first read into
+// its tile with the threads' x along the rows' dim (stride 1 for it: coalesced), then every
+// element of the tile is computed with x along the columns' dim, where the other operands are
+// read and the outputs written (coalesced where they are contiguous), the tiled inputs from
+// their tiles (kt<j>[column][row], 33 wide: no bank conflicts either way).
+std::string Generator::tiled_entry() const {
+  std::ostringstream os;
+  const size_t rank = k_.sizes.size();
+  const int64_t m = k_.sizes[rank - 2], n = k_.sizes[rank - 1];
+  os << kernel_head("tiled") << "  const long long M = " << m << "LL, N = " << n
+     << "LL, TM = " << (m + 31) / 32 << "LL, TN = " << (n + 31) / 32 << "LL;\n"
+     << "  const long long tiles = n / (M * N) * TM * TN;\n"
+     << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (k_.tiled[j])
+      os << "  __shared__ " << ctype(k_.inputs[j].dtype) << " kt" << j << "[32][33];\n";
+  }
+  os << "  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {\n"
+     << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * 32, n0 = t % TN * 32;\n"
+     << "    for (int q = ty; q < 32; q += 8) {\n"
+     << "      const long long m = m0 + tx, c = n0 + q;\n"
+     << "      if (m < M && c < N) {\n"
+     << "        const long long i = (b * M + m) * N + c;\n";
+  std::istringstream coords(coordinates());
+  for (std::string line; std::getline(coords, line);) os << "    " << line << "\n";
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (!k_.tiled[j]) continue;
+    os << "        kt" << j << "[q][tx] = in" << j << "[" << offset(k_.inputs[j], false) << "];\n";
+  }
+  os << "      }\n    }\n    __syncthreads();\n"
+     << "    for (int q = ty; q < 32; q += 8) {\n"
+     << "      const long long m = m0 + q, c = n0 + tx;\n"
+     << "      if (m < M && c < N) {\n"
+     << "        const long long i = (b * M + m) * N + c;\n";
+  std::istringstream lines(body(false, false, true));
+  for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
+  os << "      }\n    }\n    __syncthreads();\n  }\n}\n";
+  return os.str();
+}
+
 void Generator::emit() {
   for (const BoundOp* op : members_) {
     exprs_.push_back(member_expr(*op));
@@ -253,6 +298,25 @@ void Generator::emit() {
       k_.rowvec_width = static_cast<int>(width);
     }
   }
+  // The tiled entry: inputs the trace records transposed in the domain's last two dims (stride
+  // 1 along the second-to-last, not along the last), of the domain's extent in both.
+  const size_t rank = k_.sizes.size();
+  if (rank >= 2 && k_.sizes[rank - 2] > 1 && k_.sizes[rank - 1] > 1) {
+    std::vector<bool> tiled(k_.inputs.size(), false);
+    bool any = false;
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      const FusedKernel::Operand& o = k_.inputs[j];
+      const TensorSpec& s = spec(o.value);
+      const size_t r = o.sizes.size();
+      if (o.host_scalar || r < 2 || o.sizes[r - 2] != k_.sizes[rank - 2] ||
+          o.sizes[r - 1] != k_.sizes[rank - 1] || s.strides.size() != r) {
+        continue;
+      }
+      tiled[j] = s.strides[r - 2] == 1 && s.strides[r - 1] != 1;
+      any = any || tiled[j];
+    }
+    if (any) k_.tiled = std::move(tiled);
+  }
   const int w = k_.vector_width;
   auto pack = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", ", w, ">"); };
   auto kernel = [&](bool dense, bool vector) {
@@ -302,6 +366,7 @@ void Generator::emit() {
   if (k_.has_dense) kernel(true, false);
   if (w > 0) kernel(true, true);
   if (k_.rowvec_width > 0) os << rowvec_entry(kernel_head("rowvec"));
+  if (!k_.tiled.empty()) os << tiled_entry();
   k_.source = os.str();
 }
 

@@ -222,6 +222,75 @@ TEST(FusedCudaCodegen, LaunchChoosesVectorOnlyWhenEveryOperandIsAlignedAndContig
             E::kStrided);
 }
 
+// An input the trace records transposed in the domain's last two dims gets the tiled entry,
+// which reads it into a shared-memory tile along its contiguous dim; the launch takes that entry
+// where the input is still transposed, and never over the dense ones.
+TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
+  namespace I = compiler::internal;
+  using E = I::FusedEntry;
+  auto fn = [](const Tensor& x, const Tensor& y, const Tensor& bias) {
+    return (x.t() + y) * 0.5 + bias;
+  };
+  const Trace t = traced_on_cuda(fn, randn({70, 40}), randn({40, 70}), randn({70}));
+  // The transpose is a view (permute) before the region, as the fuse pass leaves it.
+  ASSERT_EQ(t.ops[0].name(), "permute");
+  const auto k = I::generate_fused_kernel(t, 1, t.ops.size(), nullptr);
+  ASSERT_TRUE(k.has_value()) << t.str();
+  ASSERT_EQ(k->inputs.size(), 4u) << k->source;  // x, y, 0.5, bias
+  std::vector<bool> want(4, false);
+  for (size_t j = 0; j < 4; ++j) {
+    want[j] = k->inputs[j].value == t.ops[0].outputs[0];
+  }
+  EXPECT_EQ(k->tiled, want) << t.str();
+  const std::string& s = k->source;
+  EXPECT_NE(s.find("kiln_fused_tiled("), std::string::npos) << s;
+  EXPECT_EQ(count(s, "[32][33];"), 1) << s;  // one tile: x's
+  const std::string x = std::to_string(std::find(want.begin(), want.end(), true) - want.begin());
+  EXPECT_EQ(count(s, "kt" + x + "[q][tx] = in" + x + "["), 1) << s;
+  EXPECT_EQ(count(s, " = kt" + x + "[tx][q];"), 1) << s;
+  // Layouts: x transposed, the others contiguous -> tiled; x no longer stride 1 along the rows'
+  // dim -> strided; everything contiguous -> the dense entries, tile or not.
+  std::vector<I::OperandLayout> in(4), out = {{true, 0x9000, {70, 1}}};
+  for (size_t j = 0; j < 4; ++j) {
+    in[j] = k->inputs[j].sizes.size() == 1 ? I::OperandLayout{true, 0x1000 + 0x1000 * j, {1}}
+                                           : I::OperandLayout{true, 0x1000 + 0x1000 * j, {70, 1}};
+    if (want[j]) in[j] = {false, 0x1000 + 0x1000 * j, {1, 40}};
+  }
+  EXPECT_EQ(I::choose_fused_entry(*k, in, out), E::kTiled);
+  std::vector<I::OperandLayout> sliced = in;
+  for (size_t j = 0; j < 4; ++j) {
+    if (want[j]) sliced[j].strides = {2, 80};
+  }
+  EXPECT_EQ(I::choose_fused_entry(*k, sliced, out), E::kStrided);
+  // Without the bias the kernel has dense entries: all contiguous takes them.
+  const Trace plain = traced_on_cuda([](const Tensor& a, const Tensor& b) { return a.t() + b; },
+                                     randn({70, 40}), randn({40, 70}));
+  const auto kp = I::generate_fused_kernel(plain, 1, plain.ops.size(), nullptr);
+  ASSERT_TRUE(kp.has_value());
+  ASSERT_TRUE(kp->has_dense);
+  EXPECT_EQ(kp->tiled, std::vector<bool>({true, false}));
+  EXPECT_EQ(I::choose_fused_entry(*kp, {{true, 0x1000, {70, 1}}, {true, 0x2000, {70, 1}}},
+                                  {{true, 0x3000, {70, 1}}}),
+            E::kVector);
+  EXPECT_EQ(I::choose_fused_entry(*kp, {{false, 0x1000, {1, 40}}, {true, 0x2000, {70, 1}}},
+                                  {{true, 0x3000, {70, 1}}}),
+            E::kTiled);
+  // Contiguous inputs, a broadcast one, or a vector domain: no tiled entry.
+  const auto add = [](const Tensor& a, const Tensor& b) { return a + b; };
+  const auto add_t = [](const Tensor& a, const Tensor& b) { return a + b.t(); };
+  const auto twice = [](const Tensor& a) { return a * 2.0; };
+  const std::vector<Trace> untiled = {traced_on_cuda(add, randn({40, 70}), randn({40, 70})),
+                                      traced_on_cuda(add_t, randn({40, 70}), randn({70, 1})),
+                                      traced_on_cuda(twice, randn({70}))};
+  for (const Trace& u : untiled) {
+    const size_t first = u.ops[0].name() == "permute" ? 1 : 0;
+    const auto ku = I::generate_fused_kernel(u, first, u.ops.size(), nullptr);
+    ASSERT_TRUE(ku.has_value()) << u.str();
+    EXPECT_TRUE(ku->tiled.empty()) << u.str();
+    EXPECT_EQ(ku->source.find("kiln_fused_tiled"), std::string::npos);
+  }
+}
+
 TEST(FusedCudaCodegen, AnIntermediateReadAfterTheRegionIsAnOutput) {
   auto fn = [](const Tensor& x, const Tensor& y) {
     const Tensor a = x * y;
@@ -1042,6 +1111,47 @@ TEST(GpuFusedCuda, StridedAndTransposedInputs) {
       "expanded operand",
       [](const std::vector<Tensor>& a) { return std::vector<Tensor>{log(abs(a[0]) + 1.0) * a[1]}; },
       {y, randn({1, 96}).to(gpu).expand({48, 96})});
+}
+
+// Transposed inputs run the tiled entry (FusedKernel::tiled), eager's bits: tiles cut by the
+// domain's edges (odd sizes, fewer than 32 rows or columns), a batch dim, a transposed argument
+// and a transpose inside the program, other operands contiguous, strided along the rows or
+// broadcast, 16-bit and 32-bit, an output of another dtype.
+TEST(GpuFusedCuda, TransposedInputsRunTiled) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(4);
+  const Device gpu(kCUDA, 0);
+  for (ScalarType dt : {kBFloat16, kFloat, kHalf}) {
+    for (const Shape& s : {Shape{333, 1000}, Shape{31, 65}, Shape{64, 7}}) {
+      const int64_t rows = s[0], cols = s[1];
+      const Tensor x = randn({cols, rows}).to(dt).to(gpu);
+      const Tensor y = randn({rows, cols}).to(dt).to(gpu);
+      const Tensor z = randn({rows, 2 * cols}).to(dt).to(gpu).narrow(1, 1, cols);
+      const Tensor bias = randn({cols}).to(dt).to(gpu);
+      const std::string what = "x.t() + y " + std::string(dtype_name(dt)) + shape_str(s);
+      compiler::reset_fused_cuda_stats();
+      check_program(what,
+                    [](const std::vector<Tensor>& a) {
+                      return std::vector<Tensor>{((a[0] + a[1]) * 0.5).to(kFloat)};
+                    },
+                    {x.t(), y});
+      check_program(what + ", z strided, bias",
+                    [](const std::vector<Tensor>& a) {
+                      return std::vector<Tensor>{silu(a[0].t() * a[1] + a[2]) - a[3]};
+                    },
+                    {x, y, z, bias});
+      EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 4) << what;
+    }
+  }
+  // A batch dim: transpose(1, 2) of [3, 70, 40].
+  const Tensor b = randn({3, 70, 40}).to(kBFloat16).to(gpu);
+  compiler::reset_fused_cuda_stats();
+  check_program("batched transpose",
+                [](const std::vector<Tensor>& a) {
+                  return std::vector<Tensor>{exp(a[0].transpose(1, 2)) * a[1]};
+                },
+                {b, randn({40, 70}).to(kBFloat16).to(gpu)});
+  EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 2);
 }
 
 TEST(GpuFusedCuda, VectorEntryTailAndMisalignedViews) {
