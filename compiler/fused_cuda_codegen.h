@@ -173,6 +173,7 @@ class Generator {
   // (kt<j>[tx][q]).
   std::string body(bool dense, bool vector = false, bool tiled = false) const;
   std::string tiled_entry() const;
+  std::string tiled_coordinates() const;
   void emit();
 
   // Row kernels: regions with reductions (planned in fused_cuda_rows_plan.cpp, written in

@@ -47,7 +47,11 @@ std::string Generator::coordinates() const {
 std::string Generator::body(bool dense, bool vector, bool tiled) const {
   std::ostringstream os;
   const size_t rank = k_.sizes.size();
-  if (!dense) os << coordinates();
+  if (tiled) {
+    os << tiled_coordinates();
+  } else if (!dense) {
+    os << coordinates();
+  }
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.inputs[j];
     if (o.host_scalar) continue;
@@ -203,6 +207,25 @@ std::string Generator::rowvec_entry(const std::string& head) const {
   return os.str();
 }
 
+// The tiled entry's coordinates: the tile's row m and column c are the last two, the leading ones
+// come from the tile's batch index b (no division for a domain of rank 2).
+std::string Generator::tiled_coordinates() const {
+  std::ostringstream os;
+  const size_t rank = k_.sizes.size();
+  os << "    const long long c" << rank - 1 << " = c, c" << rank - 2 << " = m;\n";
+  if (rank > 2) os << "    long long r = b;\n";
+  for (size_t d = rank - 2; d-- > 0;) {
+    if (k_.sizes[d] == 1) continue;
+    if (d == 0) {
+      os << "    const long long c0 = r;\n";
+    } else {
+      os << "    const long long c" << d << " = r % " << k_.sizes[d] << "LL;\n"
+         << "    r /= " << k_.sizes[d] << "LL;\n";
+    }
+  }
+  return os.str();
+}
+
 // kiln_fused_tiled (FusedKernel::tiled): tiles of 32 x 32 elements of the domain's last two dims
 // (M rows of N), one per block of 32 x 8 threads at a time. Each tiled input is first read into
 // its tile with the threads' x along the rows' dim (stride 1 for it: coalesced), then every
@@ -225,9 +248,8 @@ std::string Generator::tiled_entry() const {
      << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * 32, n0 = t % TN * 32;\n"
      << "    for (int q = ty; q < 32; q += 8) {\n"
      << "      const long long m = m0 + tx, c = n0 + q;\n"
-     << "      if (m < M && c < N) {\n"
-     << "        const long long i = (b * M + m) * N + c;\n";
-  std::istringstream coords(coordinates());
+     << "      if (m < M && c < N) {\n";
+  std::istringstream coords(tiled_coordinates());
   for (std::string line; std::getline(coords, line);) os << "    " << line << "\n";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     if (!k_.tiled[j]) continue;
@@ -236,8 +258,7 @@ std::string Generator::tiled_entry() const {
   os << "      }\n    }\n    __syncthreads();\n"
      << "    for (int q = ty; q < 32; q += 8) {\n"
      << "      const long long m = m0 + q, c = n0 + tx;\n"
-     << "      if (m < M && c < N) {\n"
-     << "        const long long i = (b * M + m) * N + c;\n";
+     << "      if (m < M && c < N) {\n";
   std::istringstream lines(body(false, false, true));
   for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
   os << "      }\n    }\n    __syncthreads();\n  }\n}\n";
