@@ -239,8 +239,8 @@ std::string Generator::tiled_entry() const {
   const int64_t m = k_.sizes[rank - 2], n = k_.sizes[rank - 1];
   static_assert(kTileRows == 32 && kTileCols % 32 == 0);
   os << kernel_head("tiled") << "  const long long M = " << m << "LL, N = " << n
-     << "LL, TM = " << (m + kTileRows - 1) / kTileRows
-     << "LL, TN = " << (n + kTileCols - 1) / kTileCols << "LL;\n"
+     << "LL, TM = " << (m + kTileRows - 1) / kTileRows << "LL, TN = "
+     << (n + kTileCols - 1) / kTileCols << "LL;\n"
      << "  const long long tiles = n / (M * N) * TM * TN;\n"
      << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
