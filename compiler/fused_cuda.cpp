@@ -593,11 +593,10 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
     counters().dense_launches.fetch_add(1, std::memory_order_relaxed);
   } else if (entry == internal::FusedEntry::kTiled) {
     f = fn.tiled;
-    // A block of 32 x 8 threads per tile of the domain's last two dims.
+    // A block of 32 x 8 threads per 32 x 32 tile of the domain's last two dims.
     const size_t r = k.sizes.size();
     const int64_t m = k.sizes[r - 2], cols = k.sizes[r - 1];
-    threads_needed = n / (m * cols) * ((m + internal::kTileRows - 1) / internal::kTileRows) *
-                     ((cols + internal::kTileCols - 1) / internal::kTileCols) * 256;
+    threads_needed = n / (m * cols) * ((m + 31) / 32) * ((cols + 31) / 32) * 256;
     counters().tiled_launches.fetch_add(1, std::memory_order_relaxed);
   } else {
     counters().strided_launches.fetch_add(1, std::memory_order_relaxed);

@@ -93,9 +93,9 @@ struct FusedKernel {
   // and their other strides multiples of the width (choose_fused_entry).
   int rowvec_width = 0;
   // kiln_fused_tiled (empty: no such entry), per input: whether the entry reads it through a
-  // tile of shared memory. The domain's last two dims are taken kTileRows x kTileCols at a time
-  // by a block of 32 x 8 threads; an input the trace records transposed in them (stride 1 along
-  // the second-to-last dim, not along the last) is read along its contiguous dim into the tile, and
+  // 32 x 32 tile of shared memory. The domain's last two dims are taken 32 x 32 at a time by a
+  // block of 32 x 8 threads; an input the trace records transposed in them (stride 1 along the
+  // second-to-last dim, not along the last) is read along its contiguous dim into the tile, and
   // every operand is then read or written along the last dim from it. It runs where the dense
   // entries may not and each such input is still transposed (choose_fused_entry); row kernels
   // have none.
@@ -157,9 +157,6 @@ std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begi
 // layout per entry of k.inputs (host scalars'
 // ignored), then one per entry of k.outputs.
 enum class FusedEntry { kStrided, kDense, kVector, kRowVector, kTiled };
-// The tiled entry's tile: rows x columns of the domain's last two dims, a block of 32 x 8
-// threads each.
-inline constexpr int kTileRows = 32, kTileCols = 64;
 struct OperandLayout {
   bool contiguous = true;
   uint64_t address = 0;          // the first element's

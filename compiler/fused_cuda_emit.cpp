@@ -60,7 +60,7 @@ std::string Generator::body(bool dense, bool vector, bool tiled) const {
       continue;
     }
     if (tiled && k_.tiled[j]) {
-      os << "    const " << ctype(o.dtype) << " x" << j << " = kt" << j << "[h + tx][q];\n";
+      os << "    const " << ctype(o.dtype) << " x" << j << " = kt" << j << "[tx][q];\n";
       continue;
     }
     os << "    const " << ctype(o.dtype) << " x" << j << " = in" << j << "[" << offset(o, dense)
@@ -226,32 +226,27 @@ std::string Generator::tiled_coordinates() const {
   return os.str();
 }
 
-// kiln_fused_tiled (FusedKernel::tiled): tiles of kTileRows x kTileCols (32 x 64) elements of the
-// domain's last two dims (M rows of N), one per block of 32 x 8 threads at a time. Each tiled
-// input is first read into its tile with the threads' x along the rows' dim (stride 1 for it:
-// coalesced), then every element of the tile is computed with x along the columns' dim, where
-// the other operands are read and the outputs written (coalesced where they are contiguous), the
-// tiled inputs from their tiles (kt<j>[column][row], 33 wide: no bank conflicts either way).
-// 64 columns, not 32: twice the loads in flight a thread.
+// kiln_fused_tiled (FusedKernel::tiled): tiles of 32 x 32 elements of the domain's last two dims
+// (M rows of N), one per block of 32 x 8 threads at a time. Each tiled input is first read into
+// its tile with the threads' x along the rows' dim (stride 1 for it: coalesced), then every
+// element of the tile is computed with x along the columns' dim, where the other operands are
+// read and the outputs written (coalesced where they are contiguous), the tiled inputs from
+// their tiles (kt<j>[column][row], 33 wide: no bank conflicts either way).
 std::string Generator::tiled_entry() const {
   std::ostringstream os;
   const size_t rank = k_.sizes.size();
   const int64_t m = k_.sizes[rank - 2], n = k_.sizes[rank - 1];
-  static_assert(kTileRows == 32 && kTileCols % 32 == 0);
   os << kernel_head("tiled") << "  const long long M = " << m << "LL, N = " << n
-     << "LL, TM = " << (m + kTileRows - 1) / kTileRows << "LL, TN = "
-     << (n + kTileCols - 1) / kTileCols << "LL;\n"
+     << "LL, TM = " << (m + 31) / 32 << "LL, TN = " << (n + 31) / 32 << "LL;\n"
      << "  const long long tiles = n / (M * N) * TM * TN;\n"
      << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     if (k_.tiled[j])
-      os << "  __shared__ " << ctype(k_.inputs[j].dtype) << " kt" << j << "[" << kTileCols
-         << "][33];\n";
+      os << "  __shared__ " << ctype(k_.inputs[j].dtype) << " kt" << j << "[32][33];\n";
   }
   os << "  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {\n"
-     << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * 32, n0 = t % TN * "
-     << kTileCols << ";\n"
-     << "    for (int q = ty; q < " << kTileCols << "; q += 8) {\n"
+     << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * 32, n0 = t % TN * 32;\n"
+     << "    for (int q = ty; q < 32; q += 8) {\n"
      << "      const long long m = m0 + tx, c = n0 + q;\n"
      << "      if (m < M && c < N) {\n";
   std::istringstream coords(tiled_coordinates());
@@ -262,13 +257,11 @@ std::string Generator::tiled_entry() const {
   }
   os << "      }\n    }\n    __syncthreads();\n"
      << "    for (int q = ty; q < 32; q += 8) {\n"
-     << "#pragma unroll\n"
-     << "    for (int h = 0; h < " << kTileCols << "; h += 32) {\n"
-     << "      const long long m = m0 + q, c = n0 + h + tx;\n"
+     << "      const long long m = m0 + q, c = n0 + tx;\n"
      << "      if (m < M && c < N) {\n";
   std::istringstream lines(body(false, false, true));
   for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
-  os << "      }\n    }\n    }\n    __syncthreads();\n  }\n}\n";
+  os << "      }\n    }\n    __syncthreads();\n  }\n}\n";
   return os.str();
 }
 

@@ -244,10 +244,10 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
   EXPECT_EQ(k->tiled, want) << t.str();
   const std::string& s = k->source;
   EXPECT_NE(s.find("kiln_fused_tiled("), std::string::npos) << s;
-  EXPECT_EQ(count(s, "[64][33];"), 1) << s;  // one tile: x's
+  EXPECT_EQ(count(s, "[32][33];"), 1) << s;  // one tile: x's
   const std::string x = std::to_string(std::find(want.begin(), want.end(), true) - want.begin());
   EXPECT_EQ(count(s, "kt" + x + "[q][tx] = in" + x + "["), 1) << s;
-  EXPECT_EQ(count(s, " = kt" + x + "[h + tx][q];"), 1) << s;
+  EXPECT_EQ(count(s, " = kt" + x + "[tx][q];"), 1) << s;
   // Layouts: x transposed, the others contiguous -> tiled; x no longer stride 1 along the rows'
   // dim -> strided; everything contiguous -> the dense entries, tile or not.
   std::vector<I::OperandLayout> in(4), out = {{true, 0x9000, {70, 1}}};
