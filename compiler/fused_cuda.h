@@ -154,8 +154,7 @@ std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begi
 // are contiguous; else row-vector where the kernel has that entry and its operands allow it
 // (FusedKernel::rowvec_width); else tiled where it has that entry and each input it tiles has
 // stride 1 along the domain's second-to-last dim (FusedKernel::tiled); strided otherwise. One
-// layout per entry of k.inputs (host scalars'
-// ignored), then one per entry of k.outputs.
+// layout per entry of k.inputs (host scalars' ignored), then one per entry of k.outputs.
 enum class FusedEntry { kStrided, kDense, kVector, kRowVector, kTiled };
 struct OperandLayout {
   bool contiguous = true;
