@@ -146,10 +146,13 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
   KILN_CHECK(inputs.size() == k.inputs.size() && outputs.size() == k.outputs.size(),
              "[fused_cuda] internal: ", inputs.size(), " + ", outputs.size(),
              " operand layouts for a kernel of ", k.inputs.size(), " + ", k.outputs.size());
-  const FusedEntry otherwise = rowvec_allowed(k, inputs, outputs) ? FusedEntry::kRowVector
-                               : tiled_allowed(k, inputs)         ? FusedEntry::kTiled
-                                                                  : FusedEntry::kStrided;
-  if (!k.has_dense) return otherwise;
+  // The entries for operands that are not all contiguous, asked only when they are needed.
+  const auto otherwise = [&] {
+    return rowvec_allowed(k, inputs, outputs) ? FusedEntry::kRowVector
+           : tiled_allowed(k, inputs)         ? FusedEntry::kTiled
+                                              : FusedEntry::kStrided;
+  };
+  if (!k.has_dense) return otherwise();
   bool aligned = k.vector_width > 0 && numel_of(k.sizes) >= k.vector_width;
   auto check = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
     if (o.host_scalar) return true;
@@ -158,10 +161,10 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
     return true;
   };
   for (size_t j = 0; j < inputs.size(); ++j) {
-    if (!check(k.inputs[j], inputs[j])) return otherwise;
+    if (!check(k.inputs[j], inputs[j])) return otherwise();
   }
   for (size_t j = 0; j < outputs.size(); ++j) {
-    if (!check(k.outputs[j], outputs[j])) return otherwise;
+    if (!check(k.outputs[j], outputs[j])) return otherwise();
   }
   return aligned ? FusedEntry::kVector : FusedEntry::kDense;
 }

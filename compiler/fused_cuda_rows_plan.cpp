@@ -212,9 +212,8 @@ bool Generator::plan_rows(std::string* why) {
 // several passes is read from global memory once, by the first pass reading each input, into
 // shared memory, which the later passes read. One row per block of kSharedThreads threads, where
 // two such blocks fit a multiprocessor's shared memory (rows in flight while others reduce), three
-// where three fit; else
-// the registers or a read per pass, as before. Sets row_stored_ (and the kernel's block shape and
-// row_shared_bytes and row_blocks_ when the cache is taken).
+// where three fit; else the registers or a read per pass, as before. Sets row_stored_ (and the
+// kernel's block shape, row_shared_bytes and row_blocks_ when the cache is taken).
 void Generator::plan_row_cache(const absl::flat_hash_set<int>& read_outside,
                                const absl::flat_hash_map<int, bool>& full) {
   const Shape& S = k_.sizes;

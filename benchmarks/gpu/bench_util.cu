@@ -1,11 +1,10 @@
 // The GPU benchmark's shared harness (bench_util.h).
-#include "gpu/bench_util.h"
-
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
 
+#include "gpu/bench_util.h"
 #include "kernels/cuda/check.h"
 #include "tensor/ops.h"
 
@@ -60,8 +59,7 @@ Tensor random(IntArrayRef sizes, ScalarType dtype, float scale) {
 }
 
 Tensor random_targets(int64_t n, int64_t v) {
-  Tensor t =
-      empty({n}, TensorOptions(kInt64).device(Device(kCUDA, 0)));
+  Tensor t = empty({n}, TensorOptions(kInt64).device(Device(kCUDA, 0)));
   random_targets_kernel<<<256, 256>>>(static_cast<int64_t*>(t.data_ptr()), n, v, ++g_seed);
   KILN_CUDA_LAUNCH_CHECK("random_targets_kernel");
   return t;
@@ -90,6 +88,19 @@ double time_ms(const std::function<void(int)>& fn, int reps) {
   for (auto& e : ev) KILN_CUDA_CHECK(cudaEventDestroy(e));
   std::sort(ms.begin(), ms.end());
   return 0.5 * (ms[kSamples / 2 - 1] + ms[kSamples / 2]);
+}
+
+double same_size_copy_gbs(double bytes) {
+  const auto half = static_cast<size_t>(bytes / 2) / 16 * 16;
+  const auto on_gpu = TensorOptions().dtype(kByte).device(Device(kCUDA, 0));
+  std::vector<Tensor> buf;  // two pairs in turn, as the benchmarks rotate two input sets
+  for (int b = 0; b < 4; ++b) buf.push_back(empty({static_cast<int64_t>(half)}, on_gpu));
+  const double ms = time_ms([&](int i) {
+    const size_t pair = 2 * static_cast<size_t>(i % 2);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(buf[pair + 1].data_ptr(), buf[pair].data_ptr(), half,
+                                    cudaMemcpyDeviceToDevice));
+  });
+  return 2.0 * static_cast<double>(half) / ms / 1e6;
 }
 
 std::vector<Row>& rows() {

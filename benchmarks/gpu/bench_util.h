@@ -31,6 +31,11 @@ Tensor random_targets(int64_t n, int64_t v);
 // samples of `reps` calls each.
 double time_ms(const std::function<void(int)>& fn, int reps = 1);
 
+// The bandwidth (GB/s, read + written) of a device-to-device copy moving `bytes` in all (half
+// read, half written), two buffer pairs in turn: the ceiling for a kernel of that size, which
+// pays the same launch, ramp and tail as the copy.
+double same_size_copy_gbs(double bytes);
+
 struct Row {
   std::string name;
   double ms, tflops, gbs;
