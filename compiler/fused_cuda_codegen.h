@@ -186,6 +186,9 @@ class Generator {
   bool plan_rows(std::string* why);
   void plan_row_cache(const absl::flat_hash_set<int>& read_outside,
                       const absl::flat_hash_map<int, bool>& full);
+  // The blocks a multiprocessor is to hold with the shared-memory row cache taking `row_bytes`
+  // a block (two or three).
+  int row_cache_blocks(int64_t row_bytes) const;
   void emit_rows();
   std::string row_entry(int width);
   int row_dims_ = 0;              // the domain's leading dims that are not reduced

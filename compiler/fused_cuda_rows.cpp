@@ -11,8 +11,8 @@
 // is computed in a later pass over the row: from registers where the row's share of every thread
 // fits (the row is read once, before the first pass, and a member one pass computes and a later
 // one reads, softmax's exp(x - max), is kept there too), from shared memory where a long row
-// fits there (the first pass reading it stores it: FusedKernel::row_shared_bytes), else read
-// again.
+// fits there (the first pass reading it stores it: FusedKernel::row_shared_bytes; such a member
+// is kept there too, in the place of an input no later pass reads), else read again.
 //
 // Each member computes as in the pointwise kernels (the same expressions, fused_cuda_expr.cpp);
 // only the reductions' summation order differs from eager's kernels (kernels/cuda/reduce.cu), so
@@ -56,12 +56,7 @@ std::string Generator::row_entry(int width) {
   const auto sz = [](int i) { return static_cast<size_t>(i); };
   std::ostringstream os;
   const std::string entry = W > 1 ? "kiln_rows_vector" : "kiln_rows_dense";
-  // With the shared-memory cache, the blocks a multiprocessor holds (plan_row_cache leaves room
-  // for two or three rows in its shared memory): 64 or 42 registers a thread at most.
-  os << "\nextern \"C\" __global__ void __launch_bounds__(" << T * G;
-  if (k_.row_shared_bytes > 0) os << ", " << row_blocks_;
-  os << ") " << entry << "(const Params p) {\n"
-     << operand_decls() << "  const long long R = " << k_.rows << "LL, C = " << C << "LL;\n"
+  os << operand_decls() << "  const long long R = " << k_.rows << "LL, C = " << C << "LL;\n"
      << "  const int g = threadIdx.x / " << T << ", lane = threadIdx.x % " << T << ";\n";
   // Reductions: accumulator types and shared memory across a group's warps.
   auto acc_type = [&](const BoundOp& op) {
@@ -135,15 +130,16 @@ std::string Generator::row_entry(int width) {
   for (int i = 0; i < n_members; ++i) member_of[members_[sz(i)]->outputs[0]] = i;
   absl::flat_hash_map<int, size_t> input_of;  // value -> input
   for (size_t j = 0; j < k_.inputs.size(); ++j) input_of[k_.inputs[j].value] = j;
-  // Which members each pass computes and which inputs it reads; with `keep`, a member of a lower
-  // level (but a cast) is read from the registers the pass that computed it filled.
+  // Which members each pass computes and which inputs it reads; a member of a lower level (but a
+  // cast) that `keep` allows is read from where the pass that computed it left it (registers, or
+  // the shared-memory row cache).
   struct PassPlan {
     std::vector<std::vector<bool>> computes;  // [pass][member]
     std::vector<std::vector<bool>> reads;     // [pass][input]: full inputs
     std::vector<int> kept_until;              // [member]: the last pass reading it kept, or -1
     std::vector<int> read_until;              // [input]: the last pass reading it, or -1
   };
-  auto plan_passes = [&](bool keep) {
+  auto plan_passes = [&](const std::vector<bool>& keep) {
     PassPlan pp;
     pp.computes.assign(sz(n_passes), std::vector<bool>(sz(n_members), false));
     pp.reads.assign(sz(n_passes), std::vector<bool>(k_.inputs.size(), false));
@@ -169,7 +165,7 @@ std::string Generator::row_entry(int width) {
         const RowMember& m = row_members_[sz(i)];
         if (pp.computes[sz(pass)][sz(i)] || !m.full) continue;
         const BoundOp& op = *members_[sz(i)];
-        if (keep && m.level < pass && op.name() != "to_copy") {
+        if (keep[sz(i)] && m.level < pass && op.name() != "to_copy") {
           pp.kept_until[sz(i)] = std::max(pp.kept_until[sz(i)], pass);
           roots[sz(m.level)].push_back(i);  // computed (and kept) where it is first known
           continue;
@@ -228,31 +224,90 @@ std::string Generator::row_entry(int width) {
     return most * iters * W / 2;
   };
   const int budget = T * G >= 1024 ? kCacheRegisters / 2 : kCacheRegisters;
-  PassPlan pp = plan_passes(!shared);
+  const std::vector<bool> keep_none(sz(n_members), false);
+  std::vector<bool> keep_all(sz(n_members), true);
+  PassPlan pp = plan_passes(keep_all);
   bool cache = !shared && n_passes > 1 && registers(pp) <= budget;
   if (!cache && !shared) {
-    pp = plan_passes(false);
+    pp = plan_passes(keep_none);
     cache = n_passes > 1 && registers(pp) <= budget;
   }
   // With the shared-memory cache, an input of the domain's shape that several passes read
   // (plan_rows) is stored there by the first (each thread stores the accesses it loaded, and later
   // passes, over the same columns, read back their own: no barrier needed), at its 16-byte
   // aligned place; the others are read from global memory by the one pass reading them.
+  //
+  // A member of the domain's shape that a later pass reads (softmax's exp(x - max), read by the
+  // sum's pass and the output's) is kept there too, in the place of a stored input of its element
+  // size that no pass reads after the one computing the member (each thread overwrites the
+  // accesses it has read); a member finding no such place is computed again by each pass.
   std::vector<int> first_pass(k_.inputs.size(), -1);
   std::vector<bool> stored(k_.inputs.size(), false);
   std::vector<int64_t> shared_at(k_.inputs.size(), 0);
+  std::vector<int> kept_in(sz(n_members), -1);  // the input whose place keeps member i
   if (shared) {
-    int64_t at = 0;
+    std::vector<int> by_level(sz(n_members));
+    for (int i = 0; i < n_members; ++i) by_level[sz(i)] = i;
+    std::stable_sort(by_level.begin(), by_level.end(), [&](int a, int b) {
+      return row_members_[sz(a)].level < row_members_[sz(b)].level;
+    });
+    for (bool placed = false; !placed;) {
+      pp = plan_passes(keep_all);
+      placed = true;
+      kept_in.assign(sz(n_members), -1);
+      std::vector<int> busy_until(k_.inputs.size());  // the last pass reading a place
+      for (size_t j = 0; j < k_.inputs.size(); ++j)
+        busy_until[j] = row_stored_[j] ? pp.read_until[j] : n_passes;
+      for (int i : by_level) {
+        if (pp.kept_until[sz(i)] < 0) continue;
+        const int p = row_members_[sz(i)].level;
+        const size_t bytes = element_size(spec(members_[sz(i)]->outputs[0]).dtype);
+        for (size_t j = 0; j < k_.inputs.size() && kept_in[sz(i)] < 0; ++j) {
+          if (busy_until[j] > p || element_size(k_.inputs[j].dtype) != bytes) continue;
+          kept_in[sz(i)] = static_cast<int>(j);
+          busy_until[j] = pp.kept_until[sz(i)];
+        }
+        if (kept_in[sz(i)] < 0) {
+          keep_all[sz(i)] = false;  // and plan again
+          placed = false;
+          break;
+        }
+      }
+    }
     for (size_t j = 0; j < k_.inputs.size(); ++j) {
       if (!row_stored_[j]) continue;
-      shared_at[j] = at;
-      at += ceil_div(C * static_cast<int64_t>(element_size(k_.inputs[j].dtype)), 16) * 16;
       for (int pass = n_passes; pass-- > 0;) {
         if (pp.reads[sz(pass)][j]) first_pass[j] = pass;
       }
-      stored[j] = first_pass[j] >= 0;  // else no pass reads it (plan_rows counts otherwise)
+      // Stored where a later pass reads it back (plan_rows counts the passes without the kept
+      // members, which may leave only one).
+      stored[j] = first_pass[j] >= 0 && pp.read_until[j] > first_pass[j];
+    }
+    // The places, 16-byte aligned, of the inputs stored or keeping a member. Fewer than
+    // plan_row_cache counted where kept members leave an input to one pass (logsumexp(x * y)
+    // keeps x * y, not x and y): the block then takes less, and more blocks may fit.
+    std::vector<bool> placed(k_.inputs.size(), false);
+    for (int i = 0; i < n_members; ++i) {
+      if (kept_in[sz(i)] >= 0) placed[sz(kept_in[sz(i)])] = true;
+    }
+    int64_t at = 0;
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      if (!stored[j] && !placed[j]) continue;
+      shared_at[j] = at;
+      at += ceil_div(C * static_cast<int64_t>(element_size(k_.inputs[j].dtype)), 16) * 16;
+    }
+    if (at > 0 && at < k_.row_shared_bytes) {
+      k_.row_shared_bytes = at;
+      row_blocks_ = row_cache_blocks(at);
     }
   }
+  // Member i read back from its place in shared memory by this pass, or stored there by it.
+  auto reads_kept = [&](int i, int pass) {
+    return kept_in[sz(i)] >= 0 && row_members_[sz(i)].level < pass && pp.kept_until[sz(i)] >= pass;
+  };
+  auto keeps_shared = [&](int i, int pass) {
+    return kept_in[sz(i)] >= 0 && pp.computes[sz(pass)][sz(i)] && pp.kept_until[sz(i)] > pass;
+  };
   // Each input of the domain's shape moves `W` elements per access; `arr[idx]` is one access.
   auto access_type = [&](ScalarType t) {
     return W > 1 ? absl::StrCat("kpack<", ctype(t), ", ", W, ">") : ctype(t);
@@ -310,6 +365,12 @@ std::string Generator::row_entry(int width) {
          << ctype(k_.inputs[j].dtype) << "*)(ksm + " << shared_at[j]
          << ");  // the row, in shared memory\n";
     }
+  }
+  for (int i = 0; i < n_members; ++i) {
+    if (kept_in[sz(i)] < 0) continue;
+    const std::string t = ctype(spec(members_[sz(i)]->outputs[0]).dtype);
+    os << "    " << t << "* skm" << i << " = (" << t << "*)(ksm + " << shared_at[sz(kept_in[sz(i)])]
+       << ");  // y" << i << ", kept in x" << kept_in[sz(i)] << "'s place\n";
   }
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
     if (out_full[j]) {
@@ -377,6 +438,11 @@ std::string Generator::row_entry(int width) {
         if (!pp.reads[sz(pass)][j]) continue;
         os << I6 << access_type(k_.inputs[j].dtype) << " xv" << j << "[" << kChunk << "];\n";
       }
+      for (int i = 0; i < n_members; ++i) {
+        if (!reads_kept(i, pass)) continue;
+        os << I6 << access_type(spec(members_[sz(i)]->outputs[0]).dtype) << " kv" << i << "["
+           << kChunk << "];\n";
+      }
       os << "#pragma unroll\n"
          << I6 << "for (int u = 0; u < " << kChunk << "; ++u) {\n"
          << I8 << "const " << col_t << " c0 = cb + u * " << T * W << ";\n";
@@ -388,6 +454,11 @@ std::string Generator::row_entry(int width) {
         } else {
           os << I8 << "if (c0 < C) xv" << j << "[u] = " << load(j, "c0") << ";\n";
         }
+      }
+      for (int i = 0; i < n_members; ++i) {
+        if (!reads_kept(i, pass)) continue;
+        os << I8 << "if (c0 < C) kv" << i << "[u] = *(const "
+           << access_type(spec(members_[sz(i)]->outputs[0]).dtype) << "*)(skm" << i << " + c0);\n";
       }
       os << I6 << "}\n"
          << "#pragma unroll\n"
@@ -406,6 +477,10 @@ std::string Generator::row_entry(int width) {
         if (!out_full[j] || W == 1) continue;
         os << I6 << "kpack<" << ctype(k_.outputs[j].dtype) << ", " << W << "> vy" << j << ";\n";
       }
+    }
+    for (int i = 0; i < n_members; ++i) {
+      if (W > 1 && keeps_shared(i, pass))
+        os << I6 << access_type(spec(members_[sz(i)]->outputs[0]).dtype) << " kw" << i << ";\n";
     }
     for (size_t j = 0; j < k_.inputs.size(); ++j) {
       const FusedKernel::Operand& o = k_.inputs[j];
@@ -444,7 +519,10 @@ std::string Generator::row_entry(int width) {
       }
     }
     for (int i = 0; i < n_members; ++i) {
-      if (pp.kept_until[sz(i)] >= pass && row_members_[sz(i)].level < pass) {
+      if (reads_kept(i, pass)) {
+        os << I8 << "const " << ctype(spec(members_[sz(i)]->outputs[0]).dtype) << " y" << i << " = "
+           << element("kv" + std::to_string(i), "u") << ";\n";
+      } else if (pp.kept_until[sz(i)] >= pass && row_members_[sz(i)].level < pass) {
         const ScalarType t = spec(members_[sz(i)]->outputs[0]).dtype;
         if (halves(t)) {
           os << I8 << ctype(t) << " y" << i << ";\n"
@@ -460,6 +538,11 @@ std::string Generator::row_entry(int width) {
       if (!need[sz(i)]) continue;
       os << I8 << statement(i);
       if (pp.kept_until[sz(i)] <= pass) continue;
+      if (shared) {
+        os << I8 << (W > 1 ? absl::StrCat("kw", i, ".v[e]") : absl::StrCat("skm", i, "[c]"))
+           << " = y" << i << ";\n";
+        continue;
+      }
       if (halves(spec(members_[sz(i)]->outputs[0]).dtype)) {
         const std::string at = absl::StrCat("yc", i, "[(it * ", W, " + e) >> 1]");
         os << I8 << "if (e & 1) " << at << " |= (u32)y" << i << ".x << 16; else " << at << " = y"
@@ -488,6 +571,12 @@ std::string Generator::row_entry(int width) {
       }
     }
     os << I6 << "}\n";
+    for (int i = 0; i < n_members; ++i) {
+      if (W > 1 && keeps_shared(i, pass)) {
+        os << I6 << "*(" << access_type(spec(members_[sz(i)]->outputs[0]).dtype) << "*)(skm" << i
+           << " + c0) = kw" << i << ";\n";
+      }
+    }
     if (writes(pass) && W > 1) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
         const FusedKernel::Operand& o = k_.outputs[j];
@@ -539,7 +628,13 @@ std::string Generator::row_entry(int width) {
        << ";\n";
   }
   os << "  }\n}\n";
-  return os.str();
+  // The head, once the cache's places are known. With the shared-memory cache, the blocks a
+  // multiprocessor holds (two or three rows in its shared memory): 64 or 42 registers a thread at
+  // most.
+  std::string head = absl::StrCat("\nextern \"C\" __global__ void __launch_bounds__(", T * G);
+  if (k_.row_shared_bytes > 0) absl::StrAppend(&head, ", ", row_blocks_);
+  absl::StrAppend(&head, ") ", entry, "(const Params p) {\n");
+  return head + os.str();
 }
 
 void Generator::emit_rows() {

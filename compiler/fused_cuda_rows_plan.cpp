@@ -265,10 +265,14 @@ void Generator::plan_row_cache(const absl::flat_hash_set<int>& read_outside,
     // Three such blocks to a multiprocessor where their rows fit (ptxas then keeps a thread to 42
     // registers): a bf16 row of 32000 ran 4-10% faster so than at two (the kernel lab's
     // fused_rows, session 35).
-    row_blocks_ = row_bytes <= (shared_limit_ - kSharedReserve) / 3 ? 3 : 2;
+    row_blocks_ = row_cache_blocks(row_bytes);
   } else {
     row_stored_.assign(k_.inputs.size(), false);
   }
+}
+
+int Generator::row_cache_blocks(int64_t row_bytes) const {
+  return row_bytes <= (shared_limit_ - kSharedReserve) / 3 ? 3 : 2;
 }
 
 }  // namespace kiln::compiler::internal

@@ -651,14 +651,22 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   EXPECT_EQ(k->row_shared_bytes, 64000);
   EXPECT_EQ(count(s, "extern __shared__ __align__(16) unsigned char ksm[];"), 2) << s;
   EXPECT_EQ(count(s, "// The row, read once into registers"), 0) << s;
-  // Per entry: one load from global memory (the max's pass), stored; two from shared memory
-  // (the sum's pass and the output's).
+  // Per entry: one load from global memory (the max's pass), stored; one from shared memory (the
+  // sum's pass), which keeps exp(x - max) in x's place for the output's pass to read back.
   EXPECT_EQ(count(s, "= *(const kpack<bf16, 8>*)(rin0 + c0);"), 1) << s;
   EXPECT_EQ(count(s, "*(kpack<bf16, 8>*)(sin0 + c0) = xv0[u];"), 1) << s;
-  EXPECT_EQ(count(s, "= *(const kpack<bf16, 8>*)(sin0 + c0);"), 2) << s;
+  EXPECT_EQ(count(s, "= *(const kpack<bf16, 8>*)(sin0 + c0);"), 1) << s;
+  EXPECT_EQ(count(s, "bf16* skm2 = (bf16*)(ksm + 0);  // y2, kept in x0's place"), 2) << s;
+  EXPECT_EQ(count(s, "*(kpack<bf16, 8>*)(skm2 + c0) = kw2;"), 1) << s;
+  EXPECT_EQ(count(s, "kv2[u] = *(const kpack<bf16, 8>*)(skm2 + c0);"), 1) << s;
   EXPECT_EQ(count(s, "= rin0[c0];"), 1) << s;  // the dense entry's
   EXPECT_EQ(count(s, "*(bf16*)(sin0 + c0) = xv0[u];"), 1) << s;
-  EXPECT_EQ(count(s, "= *(const bf16*)(sin0 + c0);"), 2) << s;
+  EXPECT_EQ(count(s, "= *(const bf16*)(sin0 + c0);"), 1) << s;
+  EXPECT_EQ(count(s, "skm2[c] = y2;"), 1) << s;
+  EXPECT_EQ(count(s, "kv2[u] = *(const bf16*)(skm2 + c0);"), 1) << s;
+  // The output's pass computes only the division.
+  EXPECT_EQ(count(s, "Exp::apply"), 2) << s;  // the sum's pass, in each entry
+  EXPECT_EQ(count(s, "const bf16 y2 = kv2[u]"), 2) << s;
   // Three rows of 64000 bytes fit a multiprocessor's 227 KB: three blocks to one; at 160 KB, two.
   EXPECT_EQ(count(s, "__launch_bounds__(512, 3)"), 2) << s;
   const auto two = I::generate_fused_kernel(t, 0, t.ops.size(), &why, 160 * 1024);
@@ -671,18 +679,42 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   EXPECT_EQ(none->row_shared_bytes, 0);
   EXPECT_EQ(none->row_threads, 1024);
   EXPECT_EQ(count(none->source, "ksm"), 0) << none->source;
-  // logsumexp over odd rows of f32: the max's pass stores x, the sum's reads it back; 16-byte
-  // aligned places for two inputs.
+  // logsumexp(x * y) over odd rows of f32: the max's pass keeps x * y in x's 16-byte aligned
+  // place, and the sum's pass reads it back; neither input is stored, and y takes no place, so
+  // that three blocks fit where plan_row_cache counted two inputs.
   const Trace lse =
       traced_on_cuda([](const Tensor& x, const Tensor& y) { return logsumexp_with_ops(x * y); },
                      randn({3, 12345}), randn({3, 12345}));
   const auto kl = I::generate_fused_kernel(lse, 0, lse.ops.size(), &why);
   ASSERT_TRUE(kl.has_value()) << why;
   EXPECT_EQ(kl->vector_width, 0);
-  EXPECT_EQ(kl->row_shared_bytes, 2 * 49392);
-  EXPECT_EQ(count(kl->source, "__launch_bounds__(512, 2)"), 1) << kl->source;  // 3 do not fit
-  EXPECT_NE(kl->source.find("float* sin1 = (float*)(ksm + 49392);"), std::string::npos)
+  EXPECT_EQ(kl->row_shared_bytes, 49392);
+  EXPECT_EQ(count(kl->source, "__launch_bounds__(512, 3)"), 1) << kl->source;
+  EXPECT_EQ(count(kl->source, " sin"), 0) << kl->source;
+  EXPECT_EQ(count(kl->source, "float* skm0 = (float*)(ksm + 0);  // y0, kept in x0's place"), 1)
       << kl->source;
+  // With a 16-bit x, x * y (f32) is kept in the place of its size, y's.
+  const Trace lse16 =
+      traced_on_cuda([](const Tensor& x, const Tensor& y) { return logsumexp_with_ops(x * y); },
+                     randn({3, 12345}).to(kBFloat16), randn({3, 12345}));
+  const auto kl16 = I::generate_fused_kernel(lse16, 0, lse16.ops.size(), &why);
+  ASSERT_TRUE(kl16.has_value()) << why;
+  EXPECT_EQ(kl16->row_shared_bytes, 49392);
+  EXPECT_EQ(count(kl16->source, "float* skm0 = (float*)(ksm + 0);  // y0, kept in x1's place"), 1)
+      << kl16->source;
+  // A member finding no place of its size is computed again by each pass: exp(x) in f64 of a
+  // 16-bit x, both passes reading x back.
+  const Trace wide = traced_on_cuda(
+      [](const Tensor& x) {
+        const Tensor e = exp(x.to(kDouble) * 2.0);
+        return e / sum(e, {-1}, true);
+      },
+      randn({2, 32000}).to(kBFloat16));
+  const auto kw = I::generate_fused_kernel(wide, 0, wide.ops.size(), &why);
+  ASSERT_TRUE(kw.has_value()) << why;
+  EXPECT_EQ(kw->row_shared_bytes, 64000);
+  EXPECT_EQ(count(kw->source, "skm"), 0) << kw->source;
+  EXPECT_EQ(count(kw->source, "= *(const kpack<bf16, 8>*)(sin0 + c0);"), 1) << kw->source;
   // Only the inputs several passes read: softmax(x) * z stores x (three passes), not z (the
   // output's pass); z * rsqrt(mean(x * x)) reads each input in one pass: no cache.
   const Trace sz =
