@@ -40,7 +40,8 @@ namespace {
 struct Counters {
   std::atomic<int64_t> regions{0}, nvrtc_compiles{0}, memory_hits{0}, disk_hits{0},
       disk_rejected{0}, disk_writes{0}, fallbacks{0}, strided_launches{0}, dense_launches{0},
-      vector_launches{0}, rowvec_launches{0}, row_regions{0}, row_fallbacks{0}, tiled_launches{0};
+      vector_launches{0}, rowvec_launches{0}, row_regions{0}, row_fallbacks{0}, tiled_launches{0},
+      tiled_pair_launches{0};
 };
 Counters& counters() {
   static Counters c;
@@ -73,15 +74,15 @@ FusedCudaStats fused_cuda_stats() {
           c.disk_hits.load(),       c.disk_rejected.load(),    c.disk_writes.load(),
           c.fallbacks.load(),       c.strided_launches.load(), c.dense_launches.load(),
           c.vector_launches.load(), c.rowvec_launches.load(),  c.row_regions.load(),
-          c.row_fallbacks.load(),   c.tiled_launches.load()};
+          c.row_fallbacks.load(),   c.tiled_launches.load(),   c.tiled_pair_launches.load()};
 }
 
 void reset_fused_cuda_stats() {
   Counters& c = counters();
-  for (auto* a :
-       {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
-        &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches, &c.vector_launches,
-        &c.rowvec_launches, &c.row_regions, &c.row_fallbacks, &c.tiled_launches}) {
+  for (auto* a : {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
+                  &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches,
+                  &c.vector_launches, &c.rowvec_launches, &c.row_regions, &c.row_fallbacks,
+                  &c.tiled_launches, &c.tiled_pair_launches}) {
     a->store(0);
   }
 }
@@ -141,6 +142,32 @@ bool tiled_allowed(const FusedKernel& k, const std::vector<OperandLayout>& input
   return true;
 }
 
+// Whether the tiled entry may run in pairs: each pair it reads or writes aligned to its size.
+// The tiled inputs' pairs run along the second-to-last dim, the others' (those varying along the
+// last dim, every output) along the last; every other stride is even.
+bool tiled_pairs_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
+                         const std::vector<OperandLayout>& outputs) {
+  if (!k.tiled_pairs) return false;
+  const int64_t d_last = k.sizes.back();
+  auto fits = [&](const FusedKernel::Operand& o, const OperandLayout& l, bool tiled) {
+    if (o.host_scalar || o.sizes.empty() || (!tiled && o.sizes.back() != d_last)) return true;
+    const size_t r = o.sizes.size();
+    const size_t along = tiled ? r - 2 : r - 1;
+    if (l.address % (2 * element_size(o.dtype)) != 0 || l.strides.size() != r) return false;
+    for (size_t d = 0; d < r; ++d) {
+      if (d == along ? l.strides[d] != 1 : o.sizes[d] != 1 && l.strides[d] % 2 != 0) return false;
+    }
+    return true;
+  };
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    if (!fits(k.inputs[j], inputs[j], k.tiled[j])) return false;
+  }
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    if (!fits(k.outputs[j], outputs[j], false)) return false;
+  }
+  return true;
+}
+
 FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                               const std::vector<OperandLayout>& outputs) {
   KILN_CHECK(inputs.size() == k.inputs.size() && outputs.size() == k.outputs.size(),
@@ -148,9 +175,9 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
              " operand layouts for a kernel of ", k.inputs.size(), " + ", k.outputs.size());
   // The entries for operands that are not all contiguous, asked only when they are needed.
   const auto otherwise = [&] {
-    return rowvec_allowed(k, inputs, outputs) ? FusedEntry::kRowVector
-           : tiled_allowed(k, inputs)         ? FusedEntry::kTiled
-                                              : FusedEntry::kStrided;
+    if (rowvec_allowed(k, inputs, outputs)) return FusedEntry::kRowVector;
+    if (!tiled_allowed(k, inputs)) return FusedEntry::kStrided;
+    return tiled_pairs_allowed(k, inputs, outputs) ? FusedEntry::kTiledPairs : FusedEntry::kTiled;
   };
   if (!k.has_dense) return otherwise();
   bool aligned = k.vector_width > 0 && numel_of(k.sizes) >= k.vector_width;
@@ -382,14 +409,23 @@ struct Loaded {
   CUfunction vector = nullptr;  // null when it has no vector entry
   CUfunction rowvec = nullptr;  // null when it has no row-vector entry
   CUfunction tiled = nullptr;   // null when it has no tiled entry
+  CUfunction tiled2 = nullptr;  // null when it has no tiled entry in pairs
 };
+// The entries a kernel's source has, and the row entries' dynamic shared memory
+// (FusedKernel::row_shared_bytes).
+struct Entries {
+  bool dense = false, vector = false, rows = false, rowvec = false, tiled = false,
+       tiled_pairs = false;
+  int64_t shared_bytes = 0;
+};
+Entries entries_of(const internal::FusedKernel& k) {
+  return {k.has_dense,      k.vector_width > 0, k.row_kernel,      k.rowvec_width > 0,
+          !k.tiled.empty(), k.tiled_pairs,      k.row_shared_bytes};
+}
 using LoadedFuture = std::shared_future<std::shared_ptr<const Loaded>>;
 
 // The cubin of `source` for `device`: from the disk cache, else NVRTC (stored on disk after).
-// `shared_bytes`: the row entries' dynamic shared memory (FusedKernel::row_shared_bytes).
-std::shared_ptr<const Loaded> build(int device, const std::string& source, bool has_dense,
-                                    bool has_vector, bool rows, bool has_rowvec, bool has_tiled,
-                                    int64_t shared_bytes) {
+std::shared_ptr<const Loaded> build(int device, const std::string& source, const Entries& e) {
   cuda::DeviceGuard guard(device);
   internal::KernelKey key{source, arch_of(device), nvrtc_version()};
   const std::string dir = kernel_cache_dir();
@@ -410,33 +446,20 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, bool 
   check_cu(driver().module_load_data(&module, cubin->data()), "cuModuleLoadData");
   auto loaded = std::make_shared<Loaded>();
   // A row kernel has no strided entry (a region whose rows are not contiguous runs op by op).
-  if (!rows) {
-    check_cu(driver().module_get_function(&loaded->strided, module, "kiln_fused_strided"),
-             "cuModuleGetFunction");
-  }
-  if (has_dense) {
-    check_cu(driver().module_get_function(&loaded->dense, module,
-                                          rows ? "kiln_rows_dense" : "kiln_fused_dense"),
-             "cuModuleGetFunction");
-  }
-  if (has_vector) {
-    check_cu(driver().module_get_function(&loaded->vector, module,
-                                          rows ? "kiln_rows_vector" : "kiln_fused_vector"),
-             "cuModuleGetFunction");
-  }
-  if (has_rowvec) {
-    check_cu(driver().module_get_function(&loaded->rowvec, module, "kiln_fused_rowvec"),
-             "cuModuleGetFunction");
-  }
-  if (has_tiled) {
-    check_cu(driver().module_get_function(&loaded->tiled, module, "kiln_fused_tiled"),
-             "cuModuleGetFunction");
-  }
+  auto get = [&](bool has, CUfunction* f, const char* name) {
+    if (has) check_cu(driver().module_get_function(f, module, name), "cuModuleGetFunction");
+  };
+  get(!e.rows, &loaded->strided, "kiln_fused_strided");
+  get(e.dense, &loaded->dense, e.rows ? "kiln_rows_dense" : "kiln_fused_dense");
+  get(e.vector, &loaded->vector, e.rows ? "kiln_rows_vector" : "kiln_fused_vector");
+  get(e.rowvec, &loaded->rowvec, "kiln_fused_rowvec");
+  get(e.tiled, &loaded->tiled, "kiln_fused_tiled");
+  get(e.tiled_pairs, &loaded->tiled2, "kiln_fused_tiled2");
   // More than the default 48 KiB of dynamic shared memory is allowed per function.
   for (CUfunction f : {loaded->dense, loaded->vector}) {
-    if (f == nullptr || shared_bytes <= 0) continue;
+    if (f == nullptr || e.shared_bytes <= 0) continue;
     check_cu(driver().func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                         static_cast<int>(shared_bytes)),
+                                         static_cast<int>(e.shared_bytes)),
              "cuFuncSetAttribute");
   }
   return loaded;
@@ -460,8 +483,7 @@ KernelCache& kernel_cache() {
   return *c;
 }
 
-LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, bool has_vector,
-                        bool rows, bool has_rowvec, bool has_tiled, int64_t shared_bytes) {
+LoadedFuture kernel_for(int device, const std::string& source, const Entries& entries) {
   KernelCache& c = kernel_cache();
   const std::string key = std::to_string(device) + "\n" + source;
   std::lock_guard<std::mutex> lock(c.mu);
@@ -469,14 +491,12 @@ LoadedFuture kernel_for(int device, const std::string& source, bool has_dense, b
     ++counters().memory_hits;
     return it->second;
   }
-  LoadedFuture f = std::async(std::launch::async, [device, source, has_dense, has_vector, rows,
-                                                   has_rowvec, has_tiled, shared_bytes] {
+  LoadedFuture f = std::async(std::launch::async, [device, source, entries] {
                      compile_slots().acquire();
                      struct Release {
                        ~Release() { compile_slots().release(); }
                      } release;
-                     return build(device, source, has_dense, has_vector, rows, has_rowvec,
-                                  has_tiled, shared_bytes);
+                     return build(device, source, entries);
                    }).share();
   c.kernels[key] = f;
   return f;
@@ -594,13 +614,17 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
   } else if (entry == internal::FusedEntry::kDense) {
     f = fn.dense;
     counters().dense_launches.fetch_add(1, std::memory_order_relaxed);
-  } else if (entry == internal::FusedEntry::kTiled) {
-    f = fn.tiled;
-    // A block of 32 x 8 threads per 32 x 32 tile of the domain's last two dims.
+  } else if (entry == internal::FusedEntry::kTiled || entry == internal::FusedEntry::kTiledPairs) {
+    // A block of 32 x 8 threads per tile of the domain's last two dims: 32 x 32, or 64 x 64 in
+    // pairs.
+    const bool pairs = entry == internal::FusedEntry::kTiledPairs;
+    f = pairs ? fn.tiled2 : fn.tiled;
+    const int64_t e = pairs ? 64 : 32;
     const size_t r = k.sizes.size();
     const int64_t m = k.sizes[r - 2], cols = k.sizes[r - 1];
-    threads_needed = n / (m * cols) * ((m + 31) / 32) * ((cols + 31) / 32) * 256;
+    threads_needed = n / (m * cols) * ((m + e - 1) / e) * ((cols + e - 1) / e) * 256;
     counters().tiled_launches.fetch_add(1, std::memory_order_relaxed);
+    if (pairs) counters().tiled_pair_launches.fetch_add(1, std::memory_order_relaxed);
   } else {
     counters().strided_launches.fetch_add(1, std::memory_order_relaxed);
   }
@@ -665,9 +689,7 @@ class FusedCudaExecutor final : public Executor {
       const int device = std::max(t.value(k->outputs[0].value).spec.device.index(), 0);
       std::vector<TensorSpec> specs;
       for (const auto& o : k->outputs) specs.push_back(t.value(o.value).spec);
-      LoadedFuture kernel =
-          kernel_for(device, k->source, k->has_dense, k->vector_width > 0, k->row_kernel,
-                     k->rowvec_width > 0, !k->tiled.empty(), k->row_shared_bytes);
+      LoadedFuture kernel = kernel_for(device, k->source, entries_of(*k));
       auto plan = std::make_shared<const internal::FusedKernel>(std::move(*k));
       Step eager = plan->row_kernel ? eager_region(t, begin, end) : Step();
       return [plan, specs = std::move(specs), kernel, device, eager](Frame& frame) {
@@ -717,8 +739,7 @@ std::vector<Tensor> internal::run_fused_kernel(const FusedKernel& k,
   }
   std::vector<TensorSpec> specs;
   for (const auto& o : k.outputs) specs.push_back({o.sizes, o.dtype, Device(kCUDA, device)});
-  LoadedFuture kernel = kernel_for(device, k.source, k.has_dense, k.vector_width > 0, k.row_kernel,
-                                   k.rowvec_width > 0, !k.tiled.empty(), k.row_shared_bytes);
+  LoadedFuture kernel = kernel_for(device, k.source, entries_of(k));
   const Step op_by_op = [](Frame&) {
     KILN_FAIL(
         "[run_fused_kernel] a row kernel's operands are not contiguous (the executor runs "

@@ -44,7 +44,7 @@ std::string Generator::coordinates() const {
 // The body of the element loop (dense: every operand indexed by i; vector: element e of the
 // packs vx<j> and vy<j> for the operands of the domain's shape, whose loads and stores the
 // vector entry writes around it).
-std::string Generator::body(bool dense, bool vector, bool tiled) const {
+std::string Generator::body(bool dense, bool vector, bool tiled, bool pairs) const {
   std::ostringstream os;
   const size_t rank = k_.sizes.size();
   if (tiled) {
@@ -60,7 +60,12 @@ std::string Generator::body(bool dense, bool vector, bool tiled) const {
       continue;
     }
     if (tiled && k_.tiled[j]) {
-      os << "    const " << ctype(o.dtype) << " x" << j << " = kt" << j << "[tx][q];\n";
+      os << "    const " << ctype(o.dtype) << " x" << j << " = kt" << j
+         << (pairs ? "[2 * tx + e][q];\n" : "[tx][q];\n");
+      continue;
+    }
+    if (pairs && o.sizes.back() == k_.sizes.back()) {
+      os << "    const " << ctype(o.dtype) << " x" << j << " = vp" << j << ".v[e];\n";
       continue;
     }
     os << "    const " << ctype(o.dtype) << " x" << j << " = in" << j << "[" << offset(o, dense)
@@ -83,7 +88,7 @@ std::string Generator::body(bool dense, bool vector, bool tiled) const {
         }
       }
     }
-    if (vector) {
+    if (vector || pairs) {
       os << "    vy" << j << ".v[e] = " << var(o.value) << ";\n";
       continue;
     }
@@ -265,6 +270,76 @@ std::string Generator::tiled_entry() const {
   return os.str();
 }
 
+// kiln_fused_tiled2 (FusedKernel::tiled_pairs): the tiled entry on tiles of 64 x 64 elements,
+// a thread taking pairs: two neighbours of a tiled input along its contiguous dim into the tile
+// (kt<j>[column][row], 65 wide: a 16-bit tile is read without bank conflicts), then two of the
+// last dim of every element computed, the operands varying along it read and the outputs written
+// a pair at a time.
+std::string Generator::tiled_pairs_entry() const {
+  std::ostringstream os;
+  const size_t rank = k_.sizes.size();
+  const int64_t m = k_.sizes[rank - 2], n = k_.sizes[rank - 1];
+  auto pair = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", 2>"); };
+  auto paired = [&](size_t j) {
+    const FusedKernel::Operand& o = k_.inputs[j];
+    return !o.host_scalar && !o.sizes.empty() && !k_.tiled[j] && o.sizes.back() == n;
+  };
+  os << kernel_head("tiled2") << "  const long long M = " << m << "LL, N = " << n
+     << "LL, TM = " << (m + 63) / 64 << "LL, TN = " << (n + 63) / 64 << "LL;\n"
+     << "  const long long tiles = n / (M * N) * TM * TN;\n"
+     << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (k_.tiled[j])
+      os << "  __shared__ " << ctype(k_.inputs[j].dtype) << " kt" << j << "[64][65];\n";
+  }
+  std::string coords;
+  {
+    std::istringstream lines(tiled_coordinates());
+    for (std::string line; std::getline(lines, line);) coords += "    " + line + "\n";
+  }
+  os << "  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {\n"
+     << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * 64, n0 = t % TN * 64;\n"
+     << "    for (int q = ty; q < 64; q += 8) {\n"
+     << "      const long long m = m0 + 2 * tx, c = n0 + q;\n"
+     << "      if (m < M && c < N) {\n"
+     << coords;
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (!k_.tiled[j]) continue;
+    os << "        const " << pair(k_.inputs[j].dtype) << " v" << j << " = *(const "
+       << pair(k_.inputs[j].dtype) << "*)(in" << j << " + " << offset(k_.inputs[j], false) << ");\n"
+       << "        kt" << j << "[q][2 * tx] = v" << j << ".v[0];\n"
+       << "        kt" << j << "[q][2 * tx + 1] = v" << j << ".v[1];\n";
+  }
+  os << "      }\n    }\n    __syncthreads();\n"
+     << "    for (int q = ty; q < 64; q += 8) {\n"
+     << "      const long long m = m0 + q, cp = n0 + 2 * tx;\n"
+     << "      if (m < M && cp < N) {\n"
+     << "        const long long c = cp;\n"
+     << coords;
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (!paired(j)) continue;
+    os << "        const " << pair(k_.inputs[j].dtype) << " vp" << j << " = *(const "
+       << pair(k_.inputs[j].dtype) << "*)(in" << j << " + " << offset(k_.inputs[j], false)
+       << ");\n";
+  }
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
+    os << "        " << pair(k_.outputs[j].dtype) << " vy" << j << ";\n"
+       << "        " << ctype(k_.outputs[j].dtype) << "* const po" << j << " = out" << j << " + "
+       << offset(k_.outputs[j], false) << ";\n";
+  }
+  os << "#pragma unroll\n"
+     << "        for (int e = 0; e < 2; ++e) {\n"
+     << "          const long long c = cp + e;\n";
+  std::istringstream lines(body(false, false, true, true));
+  for (std::string line; std::getline(lines, line);) os << "      " << line << "\n";
+  os << "        }\n";
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
+    os << "        *(" << pair(k_.outputs[j].dtype) << "*)po" << j << " = vy" << j << ";\n";
+  }
+  os << "      }\n    }\n    __syncthreads();\n  }\n}\n";
+  return os.str();
+}
+
 void Generator::emit() {
   for (const BoundOp* op : members_) {
     exprs_.push_back(member_expr(*op));
@@ -337,6 +412,18 @@ void Generator::emit() {
       any = any || tiled[j];
     }
     if (any) k_.tiled = std::move(tiled);
+    // In pairs: both dims even, every output of the domain's shape, the tiles within 40 KiB of
+    // static shared memory.
+    if (any && k_.sizes[rank - 2] % 2 == 0 && k_.sizes[rank - 1] % 2 == 0) {
+      bool outputs_whole = true;
+      for (const auto& o : k_.outputs) outputs_whole &= o.sizes == k_.sizes;
+      int64_t tile_bytes = 0;
+      for (size_t j = 0; j < k_.inputs.size(); ++j) {
+        if (k_.tiled[j])
+          tile_bytes += 64 * 65 * static_cast<int64_t>(element_size(k_.inputs[j].dtype));
+      }
+      k_.tiled_pairs = outputs_whole && tile_bytes <= 40 * 1024;
+    }
   }
   const int w = k_.vector_width;
   auto pack = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", ", w, ">"); };
@@ -388,6 +475,7 @@ void Generator::emit() {
   if (w > 0) kernel(true, true);
   if (k_.rowvec_width > 0) os << rowvec_entry(kernel_head("rowvec"));
   if (!k_.tiled.empty()) os << tiled_entry();
+  if (k_.tiled_pairs) os << tiled_pairs_entry();
   k_.source = os.str();
 }
 

@@ -248,15 +248,37 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
   const std::string x = std::to_string(std::find(want.begin(), want.end(), true) - want.begin());
   EXPECT_EQ(count(s, "kt" + x + "[q][tx] = in" + x + "["), 1) << s;
   EXPECT_EQ(count(s, " = kt" + x + "[tx][q];"), 1) << s;
-  // Layouts: x transposed, the others contiguous -> tiled; x no longer stride 1 along the rows'
-  // dim -> strided; everything contiguous -> the dense entries, tile or not.
+  // Both dims even: the entry in pairs too, x read two rows at a time into its 64 x 64 tile, y
+  // and the output a pair of columns at a time (the bias, varying along them, too).
+  EXPECT_TRUE(k->tiled_pairs);
+  EXPECT_NE(s.find("kiln_fused_tiled2("), std::string::npos) << s;
+  EXPECT_EQ(count(s, "[64][65];"), 1) << s;
+  EXPECT_EQ(count(s, "const kpack<float, 2> v" + x + " = *(const kpack<float, 2>*)(in" + x), 1)
+      << s;
+  EXPECT_EQ(count(s, " = kt" + x + "[2 * tx + e][q];"), 1) << s;
+  EXPECT_EQ(count(s, "const kpack<float, 2> vp"), 2) << s;
+  EXPECT_EQ(count(s, "*(kpack<float, 2>*)po0 = vy0;"), 1) << s;
+  // Layouts: x transposed, the others contiguous -> tiled, in pairs where every pair is aligned;
+  // x no longer stride 1 along the rows' dim -> strided; everything contiguous -> the dense
+  // entries, tile or not.
   std::vector<I::OperandLayout> in(4), out = {{true, 0x9000, {70, 1}}};
   for (size_t j = 0; j < 4; ++j) {
     in[j] = k->inputs[j].sizes.size() == 1 ? I::OperandLayout{true, 0x1000 + 0x1000 * j, {1}}
                                            : I::OperandLayout{true, 0x1000 + 0x1000 * j, {70, 1}};
     if (want[j]) in[j] = {false, 0x1000 + 0x1000 * j, {1, 40}};
   }
-  EXPECT_EQ(I::choose_fused_entry(*k, in, out), E::kTiled);
+  EXPECT_EQ(I::choose_fused_entry(*k, in, out), E::kTiledPairs);
+  for (size_t j = 0; j < 4; ++j) {
+    if (k->inputs[j].host_scalar) continue;
+    std::vector<I::OperandLayout> odd = in;
+    odd[j].address += 4;  // one f32 in: its pairs are misaligned
+    EXPECT_EQ(I::choose_fused_entry(*k, odd, out), E::kTiled) << j;
+    if (k->inputs[j].sizes.size() == 1) continue;
+    odd = in;
+    odd[j].strides[want[j] ? 1 : 0] = 71;  // an odd stride across the pairs' dim
+    EXPECT_EQ(I::choose_fused_entry(*k, odd, out), E::kTiled) << j;
+  }
+  EXPECT_EQ(I::choose_fused_entry(*k, in, {{true, 0x9004, {70, 1}}}), E::kTiled);
   std::vector<I::OperandLayout> sliced = in;
   for (size_t j = 0; j < 4; ++j) {
     if (want[j]) sliced[j].strides = {2, 80};
@@ -274,7 +296,15 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
             E::kVector);
   EXPECT_EQ(I::choose_fused_entry(*kp, {{false, 0x1000, {1, 40}}, {true, 0x2000, {70, 1}}},
                                   {{true, 0x3000, {70, 1}}}),
-            E::kTiled);
+            E::kTiledPairs);
+  // An odd dim: no entry in pairs.
+  const Trace odd = traced_on_cuda([](const Tensor& a, const Tensor& b) { return a.t() * b; },
+                                   randn({71, 40}), randn({40, 71}));
+  const auto ko = I::generate_fused_kernel(odd, 1, odd.ops.size(), nullptr);
+  ASSERT_TRUE(ko.has_value());
+  EXPECT_FALSE(ko->tiled.empty());
+  EXPECT_FALSE(ko->tiled_pairs);
+  EXPECT_EQ(ko->source.find("kiln_fused_tiled2"), std::string::npos) << ko->source;
   // Contiguous inputs, a broadcast one, or a vector domain: no tiled entry.
   const auto add = [](const Tensor& a, const Tensor& b) { return a + b; };
   const auto add_t = [](const Tensor& a, const Tensor& b) { return a + b.t(); };
@@ -1148,13 +1178,17 @@ TEST(GpuFusedCuda, StridedAndTransposedInputs) {
 // Transposed inputs run the tiled entry (FusedKernel::tiled), eager's bits: tiles cut by the
 // domain's edges (odd sizes, fewer than 32 rows or columns), a batch dim, a transposed argument
 // and a transpose inside the program, other operands contiguous, strided along the rows or
-// broadcast, 16-bit and 32-bit, an output of another dtype.
+// broadcast, 16-bit and 32-bit, an output of another dtype. Even sizes run it in pairs
+// (FusedKernel::tiled_pairs), but where an operand's pairs are misaligned (z, one element into
+// its buffer).
 TEST(GpuFusedCuda, TransposedInputsRunTiled) {
   SKIP_WITHOUT_GPU();
   manual_seed(4);
   const Device gpu(kCUDA, 0);
   for (ScalarType dt : {kBFloat16, kFloat, kHalf}) {
-    for (const Shape& s : {Shape{333, 1000}, Shape{31, 65}, Shape{64, 7}}) {
+    for (const Shape& s :
+         {Shape{333, 1000}, Shape{31, 65}, Shape{64, 7}, Shape{130, 200}, Shape{2, 64}}) {
+      const bool even = s[0] % 2 == 0 && s[1] % 2 == 0;
       const int64_t rows = s[0], cols = s[1];
       const Tensor x = randn({cols, rows}).to(dt).to(gpu);
       const Tensor y = randn({rows, cols}).to(dt).to(gpu);
@@ -1167,12 +1201,14 @@ TEST(GpuFusedCuda, TransposedInputsRunTiled) {
                       return std::vector<Tensor>{((a[0] + a[1]) * 0.5).to(kFloat)};
                     },
                     {x.t(), y});
+      EXPECT_EQ(compiler::fused_cuda_stats().tiled_pair_launches, even ? 2 : 0) << what;
       check_program(what + ", z strided, bias",
                     [](const std::vector<Tensor>& a) {
                       return std::vector<Tensor>{silu(a[0].t() * a[1] + a[2]) - a[3]};
                     },
                     {x, y, z, bias});
       EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 4) << what;
+      EXPECT_EQ(compiler::fused_cuda_stats().tiled_pair_launches, even ? 2 : 0) << what;
     }
   }
   // A batch dim: transpose(1, 2) of [3, 70, 40].
@@ -1184,6 +1220,7 @@ TEST(GpuFusedCuda, TransposedInputsRunTiled) {
                 },
                 {b, randn({40, 70}).to(kBFloat16).to(gpu)});
   EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 2);
+  EXPECT_GE(compiler::fused_cuda_stats().tiled_pair_launches, 2);
 }
 
 TEST(GpuFusedCuda, VectorEntryTailAndMisalignedViews) {
