@@ -41,7 +41,7 @@ struct Counters {
   std::atomic<int64_t> regions{0}, nvrtc_compiles{0}, memory_hits{0}, disk_hits{0},
       disk_rejected{0}, disk_writes{0}, fallbacks{0}, strided_launches{0}, dense_launches{0},
       vector_launches{0}, rowvec_launches{0}, row_regions{0}, row_fallbacks{0}, tiled_launches{0},
-      tiled_pair_launches{0};
+      tiled_pack_launches{0};
 };
 Counters& counters() {
   static Counters c;
@@ -74,7 +74,7 @@ FusedCudaStats fused_cuda_stats() {
           c.disk_hits.load(),       c.disk_rejected.load(),    c.disk_writes.load(),
           c.fallbacks.load(),       c.strided_launches.load(), c.dense_launches.load(),
           c.vector_launches.load(), c.rowvec_launches.load(),  c.row_regions.load(),
-          c.row_fallbacks.load(),   c.tiled_launches.load(),   c.tiled_pair_launches.load()};
+          c.row_fallbacks.load(),   c.tiled_launches.load(),   c.tiled_pack_launches.load()};
 }
 
 void reset_fused_cuda_stats() {
@@ -82,7 +82,7 @@ void reset_fused_cuda_stats() {
   for (auto* a : {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
                   &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches,
                   &c.vector_launches, &c.rowvec_launches, &c.row_regions, &c.row_fallbacks,
-                  &c.tiled_launches, &c.tiled_pair_launches}) {
+                  &c.tiled_launches, &c.tiled_pack_launches}) {
     a->store(0);
   }
 }
@@ -142,20 +142,21 @@ bool tiled_allowed(const FusedKernel& k, const std::vector<OperandLayout>& input
   return true;
 }
 
-// Whether the tiled entry may run in pairs: each pair it reads or writes aligned to its size.
-// The tiled inputs' pairs run along the second-to-last dim, the others' (those varying along the
-// last dim, every output) along the last; every other stride is even.
-bool tiled_pairs_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
+// Whether the tiled entry may run in packs: each pack it reads or writes aligned to its size.
+// The tiled inputs' packs run along the second-to-last dim, the others' (those varying along the
+// last dim, every output) along the last; every other stride is a multiple of the pack.
+bool tiled_packs_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                          const std::vector<OperandLayout>& outputs) {
-  if (!k.tiled_pairs) return false;
+  const int w = k.tiled_pack;
+  if (w == 0) return false;
   const int64_t d_last = k.sizes.back();
   auto fits = [&](const FusedKernel::Operand& o, const OperandLayout& l, bool tiled) {
     if (o.host_scalar || o.sizes.empty() || (!tiled && o.sizes.back() != d_last)) return true;
     const size_t r = o.sizes.size();
     const size_t along = tiled ? r - 2 : r - 1;
-    if (l.address % (2 * element_size(o.dtype)) != 0 || l.strides.size() != r) return false;
+    if (l.address % (w * element_size(o.dtype)) != 0 || l.strides.size() != r) return false;
     for (size_t d = 0; d < r; ++d) {
-      if (d == along ? l.strides[d] != 1 : o.sizes[d] != 1 && l.strides[d] % 2 != 0) return false;
+      if (d == along ? l.strides[d] != 1 : o.sizes[d] != 1 && l.strides[d] % w != 0) return false;
     }
     return true;
   };
@@ -177,7 +178,7 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
   const auto otherwise = [&] {
     if (rowvec_allowed(k, inputs, outputs)) return FusedEntry::kRowVector;
     if (!tiled_allowed(k, inputs)) return FusedEntry::kStrided;
-    return tiled_pairs_allowed(k, inputs, outputs) ? FusedEntry::kTiledPairs : FusedEntry::kTiled;
+    return tiled_packs_allowed(k, inputs, outputs) ? FusedEntry::kTiledPacks : FusedEntry::kTiled;
   };
   if (!k.has_dense) return otherwise();
   bool aligned = k.vector_width > 0 && numel_of(k.sizes) >= k.vector_width;
@@ -409,18 +410,18 @@ struct Loaded {
   CUfunction vector = nullptr;  // null when it has no vector entry
   CUfunction rowvec = nullptr;  // null when it has no row-vector entry
   CUfunction tiled = nullptr;   // null when it has no tiled entry
-  CUfunction tiled2 = nullptr;  // null when it has no tiled entry in pairs
+  CUfunction tiled_packs = nullptr;  // null when it has no tiled entry in packs
 };
 // The entries a kernel's source has, and the row entries' dynamic shared memory
 // (FusedKernel::row_shared_bytes).
 struct Entries {
   bool dense = false, vector = false, rows = false, rowvec = false, tiled = false,
-       tiled_pairs = false;
+       tiled_packs = false;
   int64_t shared_bytes = 0;
 };
 Entries entries_of(const internal::FusedKernel& k) {
   return {k.has_dense,      k.vector_width > 0, k.row_kernel,      k.rowvec_width > 0,
-          !k.tiled.empty(), k.tiled_pairs,      k.row_shared_bytes};
+          !k.tiled.empty(), k.tiled_pack > 0,   k.row_shared_bytes};
 }
 using LoadedFuture = std::shared_future<std::shared_ptr<const Loaded>>;
 
@@ -454,7 +455,7 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, const
   get(e.vector, &loaded->vector, e.rows ? "kiln_rows_vector" : "kiln_fused_vector");
   get(e.rowvec, &loaded->rowvec, "kiln_fused_rowvec");
   get(e.tiled, &loaded->tiled, "kiln_fused_tiled");
-  get(e.tiled_pairs, &loaded->tiled2, "kiln_fused_tiled2");
+  get(e.tiled_packs, &loaded->tiled_packs, "kiln_fused_tiled_packs");
   // More than the default 48 KiB of dynamic shared memory is allowed per function.
   for (CUfunction f : {loaded->dense, loaded->vector}) {
     if (f == nullptr || e.shared_bytes <= 0) continue;
@@ -614,17 +615,17 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
   } else if (entry == internal::FusedEntry::kDense) {
     f = fn.dense;
     counters().dense_launches.fetch_add(1, std::memory_order_relaxed);
-  } else if (entry == internal::FusedEntry::kTiled || entry == internal::FusedEntry::kTiledPairs) {
-    // A block of 32 x 8 threads per tile of the domain's last two dims: 32 x 32, or 64 x 64 in
-    // pairs.
-    const bool pairs = entry == internal::FusedEntry::kTiledPairs;
-    f = pairs ? fn.tiled2 : fn.tiled;
-    const int64_t e = pairs ? 64 : 32;
+  } else if (entry == internal::FusedEntry::kTiled || entry == internal::FusedEntry::kTiledPacks) {
+    // A block of 32 x 8 threads per tile of the domain's last two dims: 32 x 32 elements, or
+    // packs.
+    const bool packs = entry == internal::FusedEntry::kTiledPacks;
+    f = packs ? fn.tiled_packs : fn.tiled;
+    const int64_t e = packs ? 32 * k.tiled_pack : 32;
     const size_t r = k.sizes.size();
     const int64_t m = k.sizes[r - 2], cols = k.sizes[r - 1];
     threads_needed = n / (m * cols) * ((m + e - 1) / e) * ((cols + e - 1) / e) * 256;
     counters().tiled_launches.fetch_add(1, std::memory_order_relaxed);
-    if (pairs) counters().tiled_pair_launches.fetch_add(1, std::memory_order_relaxed);
+    if (packs) counters().tiled_pack_launches.fetch_add(1, std::memory_order_relaxed);
   } else {
     counters().strided_launches.fetch_add(1, std::memory_order_relaxed);
   }

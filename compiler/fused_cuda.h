@@ -51,8 +51,8 @@ struct FusedCudaStats {
   int64_t strided_launches = 0, dense_launches = 0, vector_launches = 0, rowvec_launches = 0;
   int64_t row_regions = 0;    // of `regions`, those with reductions (row kernels)
   int64_t row_fallbacks = 0;  // runs of a row kernel's region op by op (rows not contiguous)
-  int64_t tiled_launches = 0;  // launches of the tiled entry (FusedKernel::tiled), in pairs or not
-  int64_t tiled_pair_launches = 0;  // of those, in pairs (FusedKernel::tiled_pairs)
+  int64_t tiled_launches = 0;  // launches of the tiled entry (FusedKernel::tiled), in packs or not
+  int64_t tiled_pack_launches = 0;  // of those, in packs (FusedKernel::tiled_pack)
 };
 FusedCudaStats fused_cuda_stats();
 void reset_fused_cuda_stats();
@@ -101,13 +101,14 @@ struct FusedKernel {
   // entries may not and each such input is still transposed (choose_fused_entry); row kernels
   // have none.
   std::vector<bool> tiled;
-  // kiln_fused_tiled2: the tiled entry in pairs, where the domain's last two dims are even and
-  // every output has the domain's shape. Tiles of 64 x 64 elements; a thread reads two
-  // neighbours of a tiled input along its contiguous dim at once, and two of the last dim of
-  // each other operand varying along it, so that a 16-bit operand moves 4 bytes a thread, a
-  // 32-bit one 8. It runs where the tiled entry may and those pairs are aligned
-  // (choose_fused_entry).
-  bool tiled_pairs = false;
+  // Elements a thread of kiln_fused_tiled_packs moves at once (0: no such entry): the tiled entry
+  // in packs, where the domain's last two dims are multiples of the pack and every output has the
+  // domain's shape. Tiles of 32 x 32 packs; a thread reads a pack of neighbours of a tiled input
+  // along its contiguous dim at once, and a pack of the last dim of each other operand varying
+  // along it: 8 bytes of the narrowest operand (4 elements of 16 bits, 2 of 32), or 2 elements
+  // where the tiles of 4 would take more than 40 KiB. It runs where the tiled entry may and
+  // those packs are aligned (choose_fused_entry).
+  int tiled_pack = 0;
   struct Operand {
     int value = -1;
     ScalarType dtype = kFloat;
@@ -161,10 +162,10 @@ std::optional<FusedKernel> generate_fused_kernel(const Trace& trace, size_t begi
 // domain's shape start 16-byte aligned (and there is at least one whole vector); dense where they
 // are contiguous; else row-vector where the kernel has that entry and its operands allow it
 // (FusedKernel::rowvec_width); else tiled where it has that entry and each input it tiles has
-// stride 1 along the domain's second-to-last dim (FusedKernel::tiled), in pairs where it has that
-// entry and the pairs are aligned (FusedKernel::tiled_pairs); strided otherwise. One layout per
+// stride 1 along the domain's second-to-last dim (FusedKernel::tiled), in packs where it has that
+// entry and the packs are aligned (FusedKernel::tiled_pack); strided otherwise. One layout per
 // entry of k.inputs (host scalars' ignored), then one per entry of k.outputs.
-enum class FusedEntry { kStrided, kDense, kVector, kRowVector, kTiled, kTiledPairs };
+enum class FusedEntry { kStrided, kDense, kVector, kRowVector, kTiled, kTiledPacks };
 struct OperandLayout {
   bool contiguous = true;
   uint64_t address = 0;          // the first element's

@@ -170,11 +170,11 @@ class Generator {
   std::string offset(const FusedKernel::Operand& o, bool dense) const;
   std::string coordinates() const;  // element i's coordinates c<d> in the domain
   // `tiled`: the tiled entry's body, where the inputs of FusedKernel::tiled come from their tiles
-  // (kt<j>[tx][q]); `pairs`: element e of the pair of the tiled entry in pairs (kt<j>[2 * tx +
-  // e][q], the pairs vp<j> and vy<j> of the operands varying along the last dim and outputs).
-  std::string body(bool dense, bool vector = false, bool tiled = false, bool pairs = false) const;
+  // (kt<j>[tx][q]); `packs`: element e of a pack of the tiled entry in packs (kt<j>[P * tx +
+  // e][q], the packs vp<j> and vy<j> of the operands varying along the last dim and outputs).
+  std::string body(bool dense, bool vector = false, bool tiled = false, bool packs = false) const;
   std::string tiled_entry() const;
-  std::string tiled_pairs_entry() const;
+  std::string tiled_packs_entry() const;
   std::string tiled_coordinates() const;
   void emit();
 

@@ -44,7 +44,7 @@ std::string Generator::coordinates() const {
 // The body of the element loop (dense: every operand indexed by i; vector: element e of the
 // packs vx<j> and vy<j> for the operands of the domain's shape, whose loads and stores the
 // vector entry writes around it).
-std::string Generator::body(bool dense, bool vector, bool tiled, bool pairs) const {
+std::string Generator::body(bool dense, bool vector, bool tiled, bool packs) const {
   std::ostringstream os;
   const size_t rank = k_.sizes.size();
   if (tiled) {
@@ -61,10 +61,10 @@ std::string Generator::body(bool dense, bool vector, bool tiled, bool pairs) con
     }
     if (tiled && k_.tiled[j]) {
       os << "    const " << ctype(o.dtype) << " x" << j << " = kt" << j
-         << (pairs ? "[2 * tx + e][q];\n" : "[tx][q];\n");
+         << (packs ? absl::StrCat("[", k_.tiled_pack, " * tx + e][q];\n") : "[tx][q];\n");
       continue;
     }
-    if (pairs && o.sizes.back() == k_.sizes.back()) {
+    if (packs && o.sizes.back() == k_.sizes.back()) {
       os << "    const " << ctype(o.dtype) << " x" << j << " = vp" << j << ".v[e];\n";
       continue;
     }
@@ -88,7 +88,7 @@ std::string Generator::body(bool dense, bool vector, bool tiled, bool pairs) con
         }
       }
     }
-    if (vector || pairs) {
+    if (vector || packs) {
       os << "    vy" << j << ".v[e] = " << var(o.value) << ";\n";
       continue;
     }
@@ -270,27 +270,28 @@ std::string Generator::tiled_entry() const {
   return os.str();
 }
 
-// kiln_fused_tiled2 (FusedKernel::tiled_pairs): the tiled entry on tiles of 64 x 64 elements,
-// a thread taking pairs: two neighbours of a tiled input along its contiguous dim into the tile
-// (kt<j>[column][row], 65 wide: a 16-bit tile is read without bank conflicts), then two of the
-// last dim of every element computed, the operands varying along it read and the outputs written
-// a pair at a time.
-std::string Generator::tiled_pairs_entry() const {
+// kiln_fused_tiled_packs (FusedKernel::tiled_pack): the tiled entry on tiles of 32 x 32 packs of
+// P elements, a thread taking packs: P neighbours of a tiled input along its contiguous dim into
+// the tile (kt<j>[column][row], 32 P + 1 wide), then P of the last dim of every element
+// computed, the operands varying along it read and the outputs written a pack at a time.
+std::string Generator::tiled_packs_entry() const {
   std::ostringstream os;
   const size_t rank = k_.sizes.size();
   const int64_t m = k_.sizes[rank - 2], n = k_.sizes[rank - 1];
-  auto pair = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", 2>"); };
-  auto paired = [&](size_t j) {
+  const int P = k_.tiled_pack, T = 32 * P;
+  auto pack = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", ", P, ">"); };
+  auto packed = [&](size_t j) {
     const FusedKernel::Operand& o = k_.inputs[j];
     return !o.host_scalar && !o.sizes.empty() && !k_.tiled[j] && o.sizes.back() == n;
   };
-  os << kernel_head("tiled2") << "  const long long M = " << m << "LL, N = " << n
-     << "LL, TM = " << (m + 63) / 64 << "LL, TN = " << (n + 63) / 64 << "LL;\n"
+  os << kernel_head("tiled_packs") << "  const long long M = " << m << "LL, N = " << n
+     << "LL, TM = " << (m + T - 1) / T << "LL, TN = " << (n + T - 1) / T << "LL;\n"
      << "  const long long tiles = n / (M * N) * TM * TN;\n"
      << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     if (k_.tiled[j])
-      os << "  __shared__ " << ctype(k_.inputs[j].dtype) << " kt" << j << "[64][65];\n";
+      os << "  __shared__ " << ctype(k_.inputs[j].dtype) << " kt" << j << "[" << T << "][" << T + 1
+         << "];\n";
   }
   std::string coords;
   {
@@ -298,43 +299,45 @@ std::string Generator::tiled_pairs_entry() const {
     for (std::string line; std::getline(lines, line);) coords += "    " + line + "\n";
   }
   os << "  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {\n"
-     << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * 64, n0 = t % TN * 64;\n"
-     << "    for (int q = ty; q < 64; q += 8) {\n"
-     << "      const long long m = m0 + 2 * tx, c = n0 + q;\n"
+     << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * " << T
+     << ", n0 = t % TN * " << T << ";\n"
+     << "    for (int q = ty; q < " << T << "; q += 8) {\n"
+     << "      const long long m = m0 + " << P << " * tx, c = n0 + q;\n"
      << "      if (m < M && c < N) {\n"
      << coords;
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     if (!k_.tiled[j]) continue;
-    os << "        const " << pair(k_.inputs[j].dtype) << " v" << j << " = *(const "
-       << pair(k_.inputs[j].dtype) << "*)(in" << j << " + " << offset(k_.inputs[j], false) << ");\n"
-       << "        kt" << j << "[q][2 * tx] = v" << j << ".v[0];\n"
-       << "        kt" << j << "[q][2 * tx + 1] = v" << j << ".v[1];\n";
+    os << "        const " << pack(k_.inputs[j].dtype) << " v" << j << " = *(const "
+       << pack(k_.inputs[j].dtype) << "*)(in" << j << " + " << offset(k_.inputs[j], false) << ");\n"
+       << "#pragma unroll\n"
+       << "        for (int e = 0; e < " << P << "; ++e) kt" << j << "[q][" << P << " * tx + e] = v"
+       << j << ".v[e];\n";
   }
   os << "      }\n    }\n    __syncthreads();\n"
-     << "    for (int q = ty; q < 64; q += 8) {\n"
-     << "      const long long m = m0 + q, cp = n0 + 2 * tx;\n"
+     << "    for (int q = ty; q < " << T << "; q += 8) {\n"
+     << "      const long long m = m0 + q, cp = n0 + " << P << " * tx;\n"
      << "      if (m < M && cp < N) {\n"
      << "        const long long c = cp;\n"
      << coords;
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    if (!paired(j)) continue;
-    os << "        const " << pair(k_.inputs[j].dtype) << " vp" << j << " = *(const "
-       << pair(k_.inputs[j].dtype) << "*)(in" << j << " + " << offset(k_.inputs[j], false)
+    if (!packed(j)) continue;
+    os << "        const " << pack(k_.inputs[j].dtype) << " vp" << j << " = *(const "
+       << pack(k_.inputs[j].dtype) << "*)(in" << j << " + " << offset(k_.inputs[j], false)
        << ");\n";
   }
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
-    os << "        " << pair(k_.outputs[j].dtype) << " vy" << j << ";\n"
+    os << "        " << pack(k_.outputs[j].dtype) << " vy" << j << ";\n"
        << "        " << ctype(k_.outputs[j].dtype) << "* const po" << j << " = out" << j << " + "
        << offset(k_.outputs[j], false) << ";\n";
   }
   os << "#pragma unroll\n"
-     << "        for (int e = 0; e < 2; ++e) {\n"
+     << "        for (int e = 0; e < " << P << "; ++e) {\n"
      << "          const long long c = cp + e;\n";
   std::istringstream lines(body(false, false, true, true));
   for (std::string line; std::getline(lines, line);) os << "      " << line << "\n";
   os << "        }\n";
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
-    os << "        *(" << pair(k_.outputs[j].dtype) << "*)po" << j << " = vy" << j << ";\n";
+    os << "        *(" << pack(k_.outputs[j].dtype) << "*)po" << j << " = vy" << j << ";\n";
   }
   os << "      }\n    }\n    __syncthreads();\n  }\n}\n";
   return os.str();
@@ -412,17 +415,30 @@ void Generator::emit() {
       any = any || tiled[j];
     }
     if (any) k_.tiled = std::move(tiled);
-    // In pairs: both dims even, every output of the domain's shape, the tiles within 40 KiB of
-    // static shared memory.
-    if (any && k_.sizes[rank - 2] % 2 == 0 && k_.sizes[rank - 1] % 2 == 0) {
-      bool outputs_whole = true;
-      for (const auto& o : k_.outputs) outputs_whole &= o.sizes == k_.sizes;
+    // In packs of 8 bytes of the narrowest operand (at least 2 elements, at most 4), or of 2 where
+    // the tiles would take more than 40 KiB of static shared memory: both dims multiples of the
+    // pack, every output of the domain's shape.
+    bool outputs_whole = true;
+    for (const auto& o : k_.outputs) outputs_whole &= o.sizes == k_.sizes;
+    size_t narrowest = 8;
+    for (const auto* list : {&k_.inputs, &k_.outputs}) {
+      for (const auto& o : *list) {
+        if (!o.host_scalar && !o.sizes.empty())
+          narrowest = std::min(narrowest, element_size(o.dtype));
+      }
+    }
+    for (int p = static_cast<int>(std::clamp<size_t>(8 / narrowest, 2, 4)); any && p >= 2; p /= 2) {
       int64_t tile_bytes = 0;
       for (size_t j = 0; j < k_.inputs.size(); ++j) {
         if (k_.tiled[j])
-          tile_bytes += 64 * 65 * static_cast<int64_t>(element_size(k_.inputs[j].dtype));
+          tile_bytes +=
+              32 * p * (32 * p + 1) * static_cast<int64_t>(element_size(k_.inputs[j].dtype));
       }
-      k_.tiled_pairs = outputs_whole && tile_bytes <= 40 * 1024;
+      if (outputs_whole && k_.sizes[rank - 2] % p == 0 && k_.sizes[rank - 1] % p == 0 &&
+          tile_bytes <= 40 * 1024) {
+        k_.tiled_pack = p;
+        break;
+      }
     }
   }
   const int w = k_.vector_width;
@@ -475,7 +491,7 @@ void Generator::emit() {
   if (w > 0) kernel(true, true);
   if (k_.rowvec_width > 0) os << rowvec_entry(kernel_head("rowvec"));
   if (!k_.tiled.empty()) os << tiled_entry();
-  if (k_.tiled_pairs) os << tiled_pairs_entry();
+  if (k_.tiled_pack > 0) os << tiled_packs_entry();
   k_.source = os.str();
 }
 

@@ -81,7 +81,7 @@ void bench_fused_case(const std::string& name, const Chain& chain,
     const kiln::compiler::FusedCudaStats st = kiln::compiler::fused_cuda_stats();
     const std::string entry = std::string(st.vector_launches > 0       ? "vector"
                                           : st.rowvec_launches > 0     ? "rowvec"
-                                          : st.tiled_pair_launches > 0 ? "tiled, pairs"
+                                          : st.tiled_pack_launches > 0 ? "tiled, packs"
                                           : st.tiled_launches > 0      ? "tiled"
                                           : st.dense_launches > 0      ? "dense"
                                           : st.strided_launches > 0    ? "strided"
@@ -213,7 +213,7 @@ void bench_fused() {
           [n, d, dt] {
             return std::vector<Tensor>{random({n, d}, dt), random({n, d}, dt), random({d}, dt)};
           });
-      // A transposed input (a [D, N] tensor read as [N, D]: the tiled entry, in pairs).
+      // A transposed input (a [D, N] tensor read as [N, D]: the tiled entry, in packs).
       bench_fused_case(
           "fused (x.t()+y)*0.5 " + shape + " " + tn,
           [](const std::vector<Tensor>& a) { return std::vector<Tensor>{(a[0] + a[1]) * 0.5}; },

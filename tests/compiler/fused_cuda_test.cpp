@@ -248,17 +248,18 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
   const std::string x = std::to_string(std::find(want.begin(), want.end(), true) - want.begin());
   EXPECT_EQ(count(s, "kt" + x + "[q][tx] = in" + x + "["), 1) << s;
   EXPECT_EQ(count(s, " = kt" + x + "[tx][q];"), 1) << s;
-  // Both dims even: the entry in pairs too, x read two rows at a time into its 64 x 64 tile, y
-  // and the output a pair of columns at a time (the bias, varying along them, too).
-  EXPECT_TRUE(k->tiled_pairs);
-  EXPECT_NE(s.find("kiln_fused_tiled2("), std::string::npos) << s;
+  // Both dims even: the entry in packs of two f32 (8 bytes) too, x read two rows at a time into
+  // its 64 x 64 tile, y and the output a pair of columns at a time (the bias, varying along
+  // them, too).
+  EXPECT_EQ(k->tiled_pack, 2);
+  EXPECT_NE(s.find("kiln_fused_tiled_packs("), std::string::npos) << s;
   EXPECT_EQ(count(s, "[64][65];"), 1) << s;
   EXPECT_EQ(count(s, "const kpack<float, 2> v" + x + " = *(const kpack<float, 2>*)(in" + x), 1)
       << s;
   EXPECT_EQ(count(s, " = kt" + x + "[2 * tx + e][q];"), 1) << s;
   EXPECT_EQ(count(s, "const kpack<float, 2> vp"), 2) << s;
   EXPECT_EQ(count(s, "*(kpack<float, 2>*)po0 = vy0;"), 1) << s;
-  // Layouts: x transposed, the others contiguous -> tiled, in pairs where every pair is aligned;
+  // Layouts: x transposed, the others contiguous -> tiled, in packs where every pack is aligned;
   // x no longer stride 1 along the rows' dim -> strided; everything contiguous -> the dense
   // entries, tile or not.
   std::vector<I::OperandLayout> in(4), out = {{true, 0x9000, {70, 1}}};
@@ -267,15 +268,15 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
                                            : I::OperandLayout{true, 0x1000 + 0x1000 * j, {70, 1}};
     if (want[j]) in[j] = {false, 0x1000 + 0x1000 * j, {1, 40}};
   }
-  EXPECT_EQ(I::choose_fused_entry(*k, in, out), E::kTiledPairs);
+  EXPECT_EQ(I::choose_fused_entry(*k, in, out), E::kTiledPacks);
   for (size_t j = 0; j < 4; ++j) {
     if (k->inputs[j].host_scalar) continue;
     std::vector<I::OperandLayout> odd = in;
-    odd[j].address += 4;  // one f32 in: its pairs are misaligned
+    odd[j].address += 4;  // one f32 in: its packs are misaligned
     EXPECT_EQ(I::choose_fused_entry(*k, odd, out), E::kTiled) << j;
     if (k->inputs[j].sizes.size() == 1) continue;
     odd = in;
-    odd[j].strides[want[j] ? 1 : 0] = 71;  // an odd stride across the pairs' dim
+    odd[j].strides[want[j] ? 1 : 0] = 71;  // an odd stride across the packs' dim
     EXPECT_EQ(I::choose_fused_entry(*k, odd, out), E::kTiled) << j;
   }
   EXPECT_EQ(I::choose_fused_entry(*k, in, {{true, 0x9004, {70, 1}}}), E::kTiled);
@@ -296,15 +297,48 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
             E::kVector);
   EXPECT_EQ(I::choose_fused_entry(*kp, {{false, 0x1000, {1, 40}}, {true, 0x2000, {70, 1}}},
                                   {{true, 0x3000, {70, 1}}}),
-            E::kTiledPairs);
-  // An odd dim: no entry in pairs.
-  const Trace odd = traced_on_cuda([](const Tensor& a, const Tensor& b) { return a.t() * b; },
-                                   randn({71, 40}), randn({40, 71}));
-  const auto ko = I::generate_fused_kernel(odd, 1, odd.ops.size(), nullptr);
-  ASSERT_TRUE(ko.has_value());
-  EXPECT_FALSE(ko->tiled.empty());
-  EXPECT_FALSE(ko->tiled_pairs);
-  EXPECT_EQ(ko->source.find("kiln_fused_tiled2"), std::string::npos) << ko->source;
+            E::kTiledPacks);
+  // 16-bit operands: packs of 4 (128 x 128 tiles), aligned to 8 bytes; of 2 where a dim is not a
+  // multiple of 4 or two tiles of 4 would take more than 40 KiB; none for an odd dim.
+  const auto mul_t = [](const Tensor& a, const Tensor& b) { return a.t() * b; };
+  const auto both_t = [](const Tensor& a, const Tensor& b) { return a.t() * b.t(); };
+  struct Case {
+    Trace t;
+    int pack;
+    const char* tile;
+  };
+  const std::vector<Case> cases = {
+      {traced_on_cuda(mul_t, randn({72, 40}).to(kBFloat16), randn({40, 72}).to(kBFloat16)), 4,
+       "bf16 kt0[128][129];"},
+      {traced_on_cuda(mul_t, randn({70, 40}).to(kBFloat16), randn({40, 70}).to(kBFloat16)), 2,
+       "bf16 kt0[64][65];"},
+      {traced_on_cuda(both_t, randn({72, 40}).to(kHalf), randn({72, 40}).to(kHalf)), 2,
+       "f16 kt1[64][65];"},
+      {traced_on_cuda(mul_t, randn({71, 40}), randn({40, 71})), 0, ""}};
+  for (const Case& c : cases) {
+    size_t first = 0;  // after the transposes' views
+    while (c.t.ops[first].name() == "permute") ++first;
+    const auto kc = I::generate_fused_kernel(c.t, first, c.t.ops.size(), nullptr);
+    ASSERT_TRUE(kc.has_value()) << c.t.str();
+    EXPECT_FALSE(kc->tiled.empty()) << c.t.str();
+    EXPECT_EQ(kc->tiled_pack, c.pack) << c.t.str();
+    if (c.pack == 0) {
+      EXPECT_EQ(kc->source.find("kiln_fused_tiled_packs"), std::string::npos) << kc->source;
+      continue;
+    }
+    EXPECT_NE(kc->source.find(c.tile), std::string::npos) << kc->source;
+    const std::string pk = c.pack == 4 ? "kpack<bf16, 4>" : "kpack<";
+    EXPECT_NE(kc->source.find("*(" + pk), std::string::npos) << kc->source;
+    std::vector<I::OperandLayout> lin(kc->inputs.size());
+    for (size_t j = 0; j < lin.size(); ++j) {
+      lin[j] = kc->tiled[j] ? I::OperandLayout{false, 0x1000, {1, 40}}
+                            : I::OperandLayout{true, 0x1000, {kc->sizes[1], 1}};
+    }
+    const std::vector<I::OperandLayout> lout = {{true, 0x2000, {kc->sizes[1], 1}}};
+    EXPECT_EQ(I::choose_fused_entry(*kc, lin, lout), E::kTiledPacks);
+    lin[0].address = 0x1002;  // one element off the pack's alignment (8 or 4 bytes)
+    EXPECT_EQ(I::choose_fused_entry(*kc, lin, lout), E::kTiled);
+  }
   // Contiguous inputs, a broadcast one, or a vector domain: no tiled entry.
   const auto add = [](const Tensor& a, const Tensor& b) { return a + b; };
   const auto add_t = [](const Tensor& a, const Tensor& b) { return a + b.t(); };
@@ -1178,16 +1212,16 @@ TEST(GpuFusedCuda, StridedAndTransposedInputs) {
 // Transposed inputs run the tiled entry (FusedKernel::tiled), eager's bits: tiles cut by the
 // domain's edges (odd sizes, fewer than 32 rows or columns), a batch dim, a transposed argument
 // and a transpose inside the program, other operands contiguous, strided along the rows or
-// broadcast, 16-bit and 32-bit, an output of another dtype. Even sizes run it in pairs
-// (FusedKernel::tiled_pairs), but where an operand's pairs are misaligned (z, one element into
-// its buffer).
+// broadcast, 16-bit and 32-bit, an output of another dtype. Even sizes run it in packs
+// (FusedKernel::tiled_pack: of 4 16-bit elements where the sizes allow, else 2), but where an
+// operand's packs are misaligned (z, one element into its buffer).
 TEST(GpuFusedCuda, TransposedInputsRunTiled) {
   SKIP_WITHOUT_GPU();
   manual_seed(4);
   const Device gpu(kCUDA, 0);
   for (ScalarType dt : {kBFloat16, kFloat, kHalf}) {
-    for (const Shape& s :
-         {Shape{333, 1000}, Shape{31, 65}, Shape{64, 7}, Shape{130, 200}, Shape{2, 64}}) {
+    for (const Shape& s : {Shape{333, 1000}, Shape{31, 65}, Shape{64, 7}, Shape{130, 200},
+                           Shape{2, 64}, Shape{256, 96}}) {
       const bool even = s[0] % 2 == 0 && s[1] % 2 == 0;
       const int64_t rows = s[0], cols = s[1];
       const Tensor x = randn({cols, rows}).to(dt).to(gpu);
@@ -1201,14 +1235,14 @@ TEST(GpuFusedCuda, TransposedInputsRunTiled) {
                       return std::vector<Tensor>{((a[0] + a[1]) * 0.5).to(kFloat)};
                     },
                     {x.t(), y});
-      EXPECT_EQ(compiler::fused_cuda_stats().tiled_pair_launches, even ? 2 : 0) << what;
+      EXPECT_EQ(compiler::fused_cuda_stats().tiled_pack_launches, even ? 2 : 0) << what;
       check_program(what + ", z strided, bias",
                     [](const std::vector<Tensor>& a) {
                       return std::vector<Tensor>{silu(a[0].t() * a[1] + a[2]) - a[3]};
                     },
                     {x, y, z, bias});
       EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 4) << what;
-      EXPECT_EQ(compiler::fused_cuda_stats().tiled_pair_launches, even ? 2 : 0) << what;
+      EXPECT_EQ(compiler::fused_cuda_stats().tiled_pack_launches, even ? 2 : 0) << what;
     }
   }
   // A batch dim: transpose(1, 2) of [3, 70, 40].
@@ -1220,7 +1254,7 @@ TEST(GpuFusedCuda, TransposedInputsRunTiled) {
                 },
                 {b, randn({40, 70}).to(kBFloat16).to(gpu)});
   EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 2);
-  EXPECT_GE(compiler::fused_cuda_stats().tiled_pair_launches, 2);
+  EXPECT_GE(compiler::fused_cuda_stats().tiled_pack_launches, 2);
 }
 
 TEST(GpuFusedCuda, VectorEntryTailAndMisalignedViews) {
