@@ -91,6 +91,25 @@ __device__ __forceinline__ float kdiv_row_bf16(float x, float y) {
   const float s = ay < 0x1p-126f ? 0x1p64f : ay > 0x1p126f && ay <= 0x1.fffffep127f ? 0x1p-64f : 1.0f;
   return x * (1.0f / (y * s)) * s;
 }
+// Two bf16 values in one 32-bit register (the first in the low half), one of them back, and
+// a * b + c of two such pairs at once, each rounded once (fused_cuda_rows.cpp's bf16 pairs).
+__device__ __forceinline__ u32 kbf_pair(bf16 lo, bf16 hi) { return (u32)lo.x | ((u32)hi.x << 16); }
+__device__ __forceinline__ bf16 kbf_half(u32 p, int high) {
+  bf16 r;
+  r.x = (unsigned short)(high ? p >> 16 : p & 0xffffu);
+  return r;
+}
+__device__ __forceinline__ u32 kfma_bf16x2(u32 a, u32 b, u32 c) {
+#if __CUDA_ARCH__ >= 800
+  u32 d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  const float lo = fmaf(kf(kbf_half(a, 0)), kf(kbf_half(b, 0)), kf(kbf_half(c, 0)));
+  const float hi = fmaf(kf(kbf_half(a, 1)), kf(kbf_half(b, 1)), kf(kbf_half(c, 1)));
+  return kbf_pair(kbf(lo), kbf(hi));
+#endif
+}
 template <typename V> __device__ __forceinline__ V kinf();
 template <> __device__ __forceinline__ float kinf<float>() { return __int_as_float(0x7f800000); }
 template <> __device__ __forceinline__ double kinf<double>() {

@@ -404,6 +404,54 @@ std::string Generator::row_entry(int width) {
     }
     os << "    }\n    }\n";
   }
+  // The members of a pass computed two elements at a time, in a 32-bit register of two bf16
+  // values: a bf16 add or sub (alpha 1 or -1) of two bf16 operands each of which is a pair of the
+  // pack (an input this pass reads, or such a member of the pass) or the row's value twice. One
+  // bf16x2 fma (b * alpha + a, rounded once) then gives eager's bits: a + alpha * b of two bf16
+  // values is exact in float but where one is below 2^-15 of the other, and then both roundings
+  // give the larger, as far from a tie. One instruction for two elements, where eager's formula
+  // takes four (two conversions, the add, a rounding on the XU pipe) each. Per member: the
+  // expression of pair h (yp<i>[h]), or empty.
+  auto bf16_pairs = [&](const std::vector<bool>& need, const std::vector<bool>& reads,
+                        const std::string& arr, const std::string& idx) {
+    std::vector<std::string> pair(sz(n_members));
+    if (W < 2 || W % 2 != 0) return pair;
+    auto operand = [&](int v) -> std::string {
+      const TensorSpec& vs = spec(v);
+      if (vs.dtype != kBFloat16 || vs.sizes.empty()) return "";
+      if (auto it = member_of.find(v); it != member_of.end()) {
+        if (!pair[sz(it->second)].empty()) return absl::StrCat("yp", it->second, "[h]");
+        if (row_members_[sz(it->second)].full) return "";
+      } else if (auto jt = input_of.find(v); jt != input_of.end()) {
+        const size_t j = jt->second;
+        const FusedKernel::Operand& o = k_.inputs[j];
+        std::string a;
+        if (input_full(j) && reads[j]) a = absl::StrCat(arr, j, "[", idx, "]");
+        if (!input_full(j) && o.row_packed) a = absl::StrCat("vr", j);
+        if (!a.empty()) return absl::StrCat("kbf_pair(", a, ".v[2 * h], ", a, ".v[2 * h + 1])");
+        if (input_full(j) || o.host_scalar || varies(o)) return "";
+      } else {
+        return "";
+      }
+      return per_row_.contains(v) ? absl::StrCat("kbf_pair(", var(v), ", ", var(v), ")") : "";
+    };
+    for (int i = 0; i < n_members; ++i) {
+      const BoundOp& op = *members_[sz(i)];
+      if (!need[sz(i)] || (op.name() != "add" && op.name() != "sub") ||
+          spec(op.outputs[0]).dtype != kBFloat16 || common_dtype(t_, op, 1) != kBFloat16 ||
+          fast_.contains(op.outputs[0])) {
+        continue;
+      }
+      const double alpha =
+          std::get<Scalar>(op.attrs[0]).to<double>() * (op.name() == "sub" ? -1 : 1);
+      if (alpha != 1.0 && alpha != -1.0) continue;
+      const std::string a = operand(op.inputs[0]), b = operand(op.inputs[1]);
+      if (a.empty() || b.empty()) continue;
+      pair[sz(i)] = absl::StrCat("kfma_bf16x2(", b, ", ", alpha > 0 ? "0x3f803f80u" : "0xbf80bf80u",
+                                 ", ", a, ")");
+    }
+    return pair;
+  };
   for (int pass = 0; pass < n_passes; ++pass) {
     const std::vector<bool>& need = pp.computes[sz(pass)];
     std::vector<int> reductions;
@@ -489,6 +537,15 @@ std::string Generator::row_entry(int width) {
       os << I6 << "const " << t << " vr" << j << " = *(const " << t << "*)(in" << j << " + ri" << j
          << " + c0);\n";
     }
+    // bf16 sums of this pass computed two elements at a time (bf16_pairs), before the elements.
+    const std::vector<std::string> pairs = bf16_pairs(need, pp.reads[sz(pass)], arr, idx);
+    for (int i = 0; i < n_members; ++i) {
+      if (pairs[sz(i)].empty()) continue;
+      os << I6 << "u32 yp" << i << "[" << W / 2 << "];  // " << lines_[sz(i)] << ", in pairs\n"
+         << "#pragma unroll\n"
+         << I6 << "for (int h = 0; h < " << W / 2 << "; ++h) yp" << i << "[h] = " << pairs[sz(i)]
+         << ";\n";
+    }
     os << "#pragma unroll\n"
        << I6 << "for (int e = 0; e < " << W << "; ++e) {\n"
        << I8 << "const " << col_t << " c = c0 + e;\n"
@@ -536,7 +593,11 @@ std::string Generator::row_entry(int width) {
     }
     for (int i = 0; i < n_members; ++i) {
       if (!need[sz(i)]) continue;
-      os << I8 << statement(i);
+      if (pairs[sz(i)].empty()) {
+        os << I8 << statement(i);
+      } else {
+        os << I8 << "const bf16 y" << i << " = kbf_half(yp" << i << "[e >> 1], e & 1);\n";
+      }
       if (pp.kept_until[sz(i)] <= pass) continue;
       if (shared) {
         os << I8 << (W > 1 ? absl::StrCat("kw", i, ".v[e]") : absl::StrCat("skm", i, "[c]"))

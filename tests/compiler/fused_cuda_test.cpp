@@ -580,9 +580,10 @@ TEST(FusedCudaCodegen, UnemulatedCastsRoundOnlyWhatIsStored) {
   const auto [pe, pr] =
       both(traced_on_cuda([](const Tensor& a, const Tensor& b) { return exp(a * b + a) * 0.5; },
                           randn({8, 64}).to(kBFloat16), randn({8, 64}).to(kBFloat16)));
-  // (kbf's definition is one "kbf(" of each.)
-  EXPECT_EQ(count(pe, "kbf(") - 1, 4 * (count(pr, "kbf(") - 1)) << pe << pr;
-  EXPECT_GE(count(pr, "kbf(") - 1, 3) << pr;  // the strided, dense and vector entries' stores
+  // (Each source starts with the prelude's "kbf(".)
+  const auto defs = count(std::string(I::kPrelude), "kbf(");
+  EXPECT_EQ(count(pe, "kbf(") - defs, 4 * (count(pr, "kbf(") - defs)) << pe << pr;
+  EXPECT_GE(count(pr, "kbf(") - defs, 3) << pr;  // the strided, dense and vector entries' stores
   // softmax: the subtraction, exp, sum and division in float; one rounding, at the store, and
   // the division is a float one (no kdiv_row_bf16).
   const auto [se, sr] = both(traced_on_cuda(softmax_with_ops, randn({8, 256}).to(kBFloat16)));
@@ -603,7 +604,7 @@ TEST(FusedCudaCodegen, UnemulatedCastsRoundOnlyWhatIsStored) {
   // RMSNorm as models write it: the cast to bf16 before the weight's multiply is dropped.
   const auto [re, rr] = both(traced_on_cuda(rms_norm_with_ops, randn({8, 2048}).to(kBFloat16),
                                             randn({2048}).to(kBFloat16)));
-  EXPECT_EQ(count(re, "kbf(") - 1, 2 * (count(rr, "kbf(") - 1)) << re << rr;
+  EXPECT_EQ(count(re, "kbf(") - defs, 2 * (count(rr, "kbf(") - defs)) << re << rr;
   // The listing says so.
   Trace t = traced_on_cuda(softmax_with_ops, randn({8, 256}).to(kBFloat16));
   EXPECT_EQ(t.str().find("precision casts not emulated"), std::string::npos);
@@ -806,6 +807,50 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   const auto kk = I::generate_fused_kernel(short_rows, 0, short_rows.ops.size(), &why);
   ASSERT_TRUE(kk.has_value()) << why;
   EXPECT_EQ(kk->row_shared_bytes, 0);
+}
+
+// A bf16 add or sub (alpha 1 or -1) of two bf16 operands, each a pair of the pack (an input the
+// pass reads, or such a member) or the row's value, is computed two elements at a time by one
+// bf16x2 fma in the vector entries: logsumexp's x - max; x + z of two inputs; not a scaled sum, a
+// float one, the dense entry, or with casts not emulated.
+TEST(FusedCudaCodegen, RowBf16SumsInPairs) {
+  namespace I = compiler::internal;
+  std::string why;
+  const Trace lse = traced_on_cuda(logsumexp_with_ops, randn({2, 32000}).to(kBFloat16));
+  const auto k = I::generate_fused_kernel(lse, 0, lse.ops.size(), &why);
+  ASSERT_TRUE(k.has_value()) << why;
+  const std::string& s = k->source;
+  EXPECT_EQ(count(s, "u32 yp1[4];  // y1 = sub(x0, y0; <scalar>)"), 1) << s;  // the vector entry
+  EXPECT_EQ(count(s,
+                  "yp1[h] = kfma_bf16x2(kbf_pair(y0, y0), 0xbf80bf80u, "
+                  "kbf_pair(xv0[u].v[2 * h], xv0[u].v[2 * h + 1]));"),
+            1)
+      << s;
+  EXPECT_EQ(count(s, "const bf16 y1 = kbf_half(yp1[e >> 1], e & 1);"), 1) << s;
+  // Two inputs of the row, then a scaled sum (alpha 2) of them: the first in pairs only.
+  const Trace two = traced_on_cuda(
+      [](const Tensor& x, const Tensor& z) {
+        const Tensor s1 = x + z, s2 = sub(x, z, 2.0);
+        return amax(s1, {-1}, true) + amax(s2, {-1}, true);
+      },
+      randn({4, 256}).to(kBFloat16), randn({4, 256}).to(kBFloat16));
+  const auto k2 = I::generate_fused_kernel(two, 0, two.ops.size(), &why);
+  ASSERT_TRUE(k2.has_value()) << why;
+  EXPECT_EQ(count(k2->source,
+                  "kfma_bf16x2(kbf_pair(xv1[u].v[2 * h], xv1[u].v[2 * h + 1]), "
+                  "0x3f803f80u, kbf_pair(xv0[u].v[2 * h], xv0[u].v[2 * h + 1]))"),
+            1)
+      << k2->source;
+  EXPECT_EQ(count(k2->source, "= kfma_bf16x2("), 1) << k2->source;
+  // f32 rows, and casts not emulated: none.
+  const Trace f32 = traced_on_cuda(logsumexp_with_ops, randn({2, 32000}));
+  EXPECT_EQ(count(I::generate_fused_kernel(f32, 0, f32.ops.size(), &why)->source, "= kfma_bf16x2("),
+            0);
+  Trace relaxed = lse;
+  relaxed.emulate_precision_casts = false;
+  EXPECT_EQ(count(I::generate_fused_kernel(relaxed, 0, relaxed.ops.size(), &why)->source,
+                  "= kfma_bf16x2("),
+            0);
 }
 
 // The shrunk programs of GpuRandomProgram that differed from eager on an H100 (seeds 20261414,
@@ -1503,6 +1548,67 @@ TEST(GpuFusedCuda, RowsDivideByTheRowsValueAsEagerDoes) {
 }
 
 // run_fused_kernel runs a generated kernel as the executor does: the compiled program's bits.
+// The bf16 sums computed in pairs (FusedCudaCodegen.RowBf16SumsInPairs) give eager's bits: every
+// bf16 value minus each of a row's values (zeros, infinities, NaN, subnormals, the largest and
+// random ones), and every bf16 value plus another (a permutation of them), in rows of 65536
+// (read again by each pass), 16384 (the shared-memory cache) and 2048 (registers).
+TEST(GpuFusedCuda, RowBf16SumsInPairsAsEagerDoes) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(19);
+  const Device gpu(kCUDA, 0);
+  std::vector<uint16_t> ms = {0x3f80, 0xbf80, 0x4049, 0x0080, 0x8080, 0x007f, 0x0001, 0x8001,
+                              0x7f7f, 0xff7f, 0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0x3780};
+  const Tensor more = randn({16}).to(kBFloat16).contiguous();
+  for (int64_t i = 0; i < 16; ++i) ms.push_back(more.data_ptr<BFloat16>()[i].x);
+  const auto K = static_cast<int64_t>(ms.size());
+  std::vector<uint16_t> xs(static_cast<size_t>(K) * 0x10000), zs(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    xs[i] = static_cast<uint16_t>(i);
+    zs[i] = static_cast<uint16_t>(i * 7 + (i >> 16) * 4099);  // 7 is odd: a permutation
+  }
+  const auto bf16s = [](std::vector<uint16_t>& v, Shape s) {
+    return from_blob(v.data(), std::move(s), TensorOptions().dtype(kBFloat16)).clone();
+  };
+  const Tensor x_all = bf16s(xs, {K, 0x10000}), z_all = bf16s(zs, {K, 0x10000});
+  const Tensor m_all = bf16s(ms, {K, 1});
+  const auto fn = [](const std::vector<Tensor>& a) {
+    const Tensor d = a[0] - a[1], s = a[0] + a[2];
+    return std::vector<Tensor>{d, s, amax(d, {-1}, true)};
+  };
+  for (int64_t cols : {int64_t{0x10000}, int64_t{16384}, int64_t{2048}}) {
+    const int64_t rows = K * (0x10000 / cols);
+    const std::vector<Tensor> args = {x_all.view({rows, cols}).to(gpu),
+                                      m_all.expand({K, 0x10000 / cols}).reshape({rows, 1}).to(gpu),
+                                      z_all.view({rows, cols}).to(gpu)};
+    compiler::reset_fused_cuda_stats();
+    auto f = compile(fn);
+    const std::vector<Tensor> got = f(args);
+    const std::vector<Tensor> want = fn(args);
+    const std::string what = "rows of " + std::to_string(cols);
+    EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << listings(f.traces());
+    EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 1) << what;
+    EXPECT_NE(generated_sources(f.traces()).find("= kfma_bf16x2("), std::string::npos) << what;
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      const Tensor g = got[i].to(Device(kCPU)).contiguous(),
+                   w = want[i].to(Device(kCPU)).contiguous();
+      ASSERT_EQ(g.sizes(), w.sizes()) << what;
+      const BFloat16* gp = g.data_ptr<BFloat16>();
+      const BFloat16* wp = w.data_ptr<BFloat16>();
+      int64_t differ = 0;
+      for (int64_t j = 0; j < g.numel(); ++j) {
+        const bool nan =
+            std::isnan(static_cast<float>(gp[j])) && std::isnan(static_cast<float>(wp[j]));
+        if (gp[j].x != wp[j].x && !nan && differ++ < 4) {
+          ADD_FAILURE() << what << ", output " << i << " [" << j << "]: compiled 0x" << std::hex
+                        << gp[j].x << ", eager 0x" << wp[j].x;
+        }
+      }
+      EXPECT_EQ(differ, 0) << what << ", output " << i;
+    }
+  }
+}
+
 TEST(GpuFusedCuda, RunFusedKernelMatchesTheCompiledProgram) {
   SKIP_WITHOUT_GPU();
   manual_seed(18);
