@@ -110,6 +110,16 @@ __device__ __forceinline__ u32 kfma_bf16x2(u32 a, u32 b, u32 c) {
   return kbf_pair(kbf(lo), kbf(hi));
 #endif
 }
+// Two float values rounded to bf16 by one conversion: a pair (lo in the low half).
+__device__ __forceinline__ u32 kbf2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+  u32 d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+#else
+  return kbf_pair(kbf(lo), kbf(hi));
+#endif
+}
 template <typename V> __device__ __forceinline__ V kinf();
 template <> __device__ __forceinline__ float kinf<float>() { return __int_as_float(0x7f800000); }
 template <> __device__ __forceinline__ double kinf<double>() {

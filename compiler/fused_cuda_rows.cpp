@@ -19,6 +19,8 @@
 // their results may differ by rounding (the tests' tolerances say how much), and amax/amin are
 // exact.
 #include <algorithm>
+#include <cctype>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -405,50 +407,131 @@ std::string Generator::row_entry(int width) {
     os << "    }\n    }\n";
   }
   // The members of a pass computed two elements at a time, in a 32-bit register of two bf16
-  // values: a bf16 add or sub (alpha 1 or -1) of two bf16 operands each of which is a pair of the
-  // pack (an input this pass reads, or such a member of the pass) or the row's value twice. One
-  // bf16x2 fma (b * alpha + a, rounded once) then gives eager's bits: a + alpha * b of two bf16
-  // values is exact in float but where one is below 2^-15 of the other, and then both roundings
-  // give the larger, as far from a tie. One instruction for two elements, where eager's formula
-  // takes four (two conversions, the add, a rounding on the XU pipe) each. Per member: the
-  // expression of pair h (yp<i>[h]), or empty.
-  auto bf16_pairs = [&](const std::vector<bool>& need, const std::vector<bool>& reads,
-                        const std::string& arr, const std::string& idx) {
+  // values (yp<i>[h], pair h of the pack), where each operand of the domain's shape is such a pair
+  // (an input this pass reads or a member kept in shared memory, as two elements of the pack, or
+  // a member in pairs) and the others have one value for the row:
+  //   - a bf16 add or sub (alpha 1 or -1) of two bf16 operands: one bf16x2 fma (b * alpha + a,
+  //     rounded once) for the two. That is eager's bits: a + alpha * b of two bf16 values is exact
+  //     in float but where one is below 2^-15 of the other, and then both roundings give the
+  //     larger, as far from a tie. One instruction for two elements, where eager's formula takes
+  //     four each (two conversions, the add, a rounding on the XU pipe);
+  //   - any other member of bf16 result: its formula on each half, in float, both rounded by one
+  //     conversion (cvt.rn.bf16x2.f32, kbf2): the same roundings, half the XU pipe's.
+  // Per member: the expression of pair h, or empty.
+  auto bf16_pairs = [&](int pass, const std::string& arr, const std::string& idx) {
+    const std::vector<bool>& need = pp.computes[sz(pass)];
+    const std::vector<bool>& reads = pp.reads[sz(pass)];
     std::vector<std::string> pair(sz(n_members));
     if (W < 2 || W % 2 != 0) return pair;
-    auto operand = [&](int v) -> std::string {
-      const TensorSpec& vs = spec(v);
-      if (vs.dtype != kBFloat16 || vs.sizes.empty()) return "";
+    // Value v's pair h (a u32; empty where v is not bf16) and its two halves (bf16 values); one
+    // value for the row (or the kernel) is the same in both (`per_row`).
+    struct Halves {
+      std::string pair, half[2];
+      bool per_row = false;
+    };
+    auto halves = [&](int v) -> std::optional<Halves> {
+      const bool bf16 = spec(v).dtype == kBFloat16;
+      Halves r;
+      auto from_pack = [&](const std::string& a) -> std::optional<Halves> {
+        if (!bf16) return std::nullopt;
+        r.half[0] = a + ".v[2 * h]";
+        r.half[1] = a + ".v[2 * h + 1]";
+        r.pair = "kbf_pair(" + r.half[0] + ", " + r.half[1] + ")";
+        return r;
+      };
       if (auto it = member_of.find(v); it != member_of.end()) {
-        if (!pair[sz(it->second)].empty()) return absl::StrCat("yp", it->second, "[h]");
-        if (row_members_[sz(it->second)].full) return "";
+        const int k = it->second;
+        if (!pair[sz(k)].empty()) {
+          r.pair = absl::StrCat("yp", k, "[h]");
+          r.half[0] = "kbf_half(" + r.pair + ", 0)";
+          r.half[1] = "kbf_half(" + r.pair + ", 1)";
+          return r;
+        }
+        if (reads_kept(k, pass)) return from_pack(absl::StrCat("kv", k, "[u]"));
+        if (row_members_[sz(k)].full) return std::nullopt;
       } else if (auto jt = input_of.find(v); jt != input_of.end()) {
         const size_t j = jt->second;
         const FusedKernel::Operand& o = k_.inputs[j];
-        std::string a;
-        if (input_full(j) && reads[j]) a = absl::StrCat(arr, j, "[", idx, "]");
-        if (!input_full(j) && o.row_packed) a = absl::StrCat("vr", j);
-        if (!a.empty()) return absl::StrCat("kbf_pair(", a, ".v[2 * h], ", a, ".v[2 * h + 1])");
-        if (input_full(j) || o.host_scalar || varies(o)) return "";
+        if (input_full(j)) {
+          return reads[j] ? from_pack(absl::StrCat(arr, j, "[", idx, "]")) : std::nullopt;
+        }
+        if (o.row_packed) return from_pack(absl::StrCat("vr", j));
+        if (varies(o)) return std::nullopt;
       } else {
-        return "";
+        return std::nullopt;
       }
-      return per_row_.contains(v) ? absl::StrCat("kbf_pair(", var(v), ", ", var(v), ")") : "";
+      if (!per_row_.contains(v)) return std::nullopt;
+      r.per_row = true;
+      r.half[0] = r.half[1] = var(v);
+      if (bf16 && !spec(v).sizes.empty()) r.pair = "kbf_pair(" + var(v) + ", " + var(v) + ")";
+      return r;
+    };
+    // `e` with each name of `names` replaced by its text.
+    auto substitute = [](const std::string& e,
+                         const absl::flat_hash_map<std::string, std::string>& names) {
+      std::string out;
+      for (size_t a = 0; a < e.size();) {
+        if (std::isalpha(static_cast<unsigned char>(e[a])) || e[a] == '_') {
+          size_t b = a;
+          while (b < e.size() && (std::isalnum(static_cast<unsigned char>(e[b])) || e[b] == '_'))
+            ++b;
+          const std::string word = e.substr(a, b - a);
+          auto it = names.find(word);
+          out += it != names.end() ? it->second : word;
+          a = b;
+        } else {
+          out += e[a++];
+        }
+      }
+      return out;
     };
     for (int i = 0; i < n_members; ++i) {
       const BoundOp& op = *members_[sz(i)];
-      if (!need[sz(i)] || (op.name() != "add" && op.name() != "sub") ||
-          spec(op.outputs[0]).dtype != kBFloat16 || common_dtype(t_, op, 1) != kBFloat16 ||
+      const RowMember& m = row_members_[sz(i)];
+      if (!need[sz(i)] || m.reduction || !m.full || spec(op.outputs[0]).dtype != kBFloat16 ||
           fast_.contains(op.outputs[0])) {
         continue;
       }
-      const double alpha =
-          std::get<Scalar>(op.attrs[0]).to<double>() * (op.name() == "sub" ? -1 : 1);
-      if (alpha != 1.0 && alpha != -1.0) continue;
-      const std::string a = operand(op.inputs[0]), b = operand(op.inputs[1]);
-      if (a.empty() || b.empty()) continue;
-      pair[sz(i)] = absl::StrCat("kfma_bf16x2(", b, ", ", alpha > 0 ? "0x3f803f80u" : "0xbf80bf80u",
-                                 ", ", a, ")");
+      std::vector<std::optional<Halves>> in;
+      bool paired = true, any = false;
+      for (int v : op.inputs) {
+        in.push_back(halves(v));
+        paired = paired && in.back().has_value();
+        any = any || (in.back() && !in.back()->per_row);
+      }
+      if (!paired || !any) continue;
+      if ((op.name() == "add" || op.name() == "sub") && common_dtype(t_, op, 1) == kBFloat16 &&
+          !in[0]->pair.empty() && !in[1]->pair.empty()) {
+        const double alpha =
+            std::get<Scalar>(op.attrs[0]).to<double>() * (op.name() == "sub" ? -1 : 1);
+        if (alpha == 1.0 || alpha == -1.0) {
+          pair[sz(i)] =
+              absl::StrCat("kfma_bf16x2(", in[1]->pair, ", ",
+                           alpha > 0 ? "0x3f803f80u" : "0xbf80bf80u", ", ", in[0]->pair, ")");
+          continue;
+        }
+      }
+      // The formula as eager's, "kbf(f)": f on each half, rounded together.
+      const std::string& e = exprs_[sz(i)];
+      if (!e.starts_with("kbf(") || e.back() != ')') continue;
+      int depth = 0;
+      size_t close = 0;
+      for (size_t c = 3; c < e.size(); ++c) {
+        depth += e[c] == '(' ? 1 : e[c] == ')' ? -1 : 0;
+        if (depth == 0) {
+          close = c;
+          break;
+        }
+      }
+      if (close != e.size() - 1) continue;
+      const std::string f = e.substr(4, e.size() - 5);
+      absl::flat_hash_map<std::string, std::string> lo, hi;
+      for (size_t j = 0; j < op.inputs.size(); ++j) {
+        if (in[j]->per_row) continue;
+        lo[var(op.inputs[j])] = in[j]->half[0];
+        hi[var(op.inputs[j])] = in[j]->half[1];
+      }
+      pair[sz(i)] = "kbf2(" + substitute(f, lo) + ", " + substitute(f, hi) + ")";
     }
     return pair;
   };
@@ -538,7 +621,7 @@ std::string Generator::row_entry(int width) {
          << " + c0);\n";
     }
     // bf16 sums of this pass computed two elements at a time (bf16_pairs), before the elements.
-    const std::vector<std::string> pairs = bf16_pairs(need, pp.reads[sz(pass)], arr, idx);
+    const std::vector<std::string> pairs = bf16_pairs(pass, arr, idx);
     for (int i = 0; i < n_members; ++i) {
       if (pairs[sz(i)].empty()) continue;
       os << I6 << "u32 yp" << i << "[" << W / 2 << "];  // " << lines_[sz(i)] << ", in pairs\n"

@@ -447,7 +447,8 @@ TEST(FusedCudaCodegen, RowKernelForSoftmaxWrittenWithOps) {
   EXPECT_NE(s.find("kpack<bf16, 8> xc0[4];"), std::string::npos) << s;
   EXPECT_NE(s.find("bf16 xc0[32];"), std::string::npos) << s;
   EXPECT_EQ(count(s, "= *(const kpack<bf16, 8>*)(rin0 + c0);"), 1) << s;  // the only load
-  EXPECT_EQ(count(s, "scalar::Exp::apply"), 2) << s;                      // one per entry
+  // exp once in the dense entry; in the vector one, once for each half of a pair (bf16 pairs).
+  EXPECT_EQ(count(s, "scalar::Exp::apply"), 3) << s;
   // The division by the row's sum: through its reciprocal (kdiv_row_bf16), once per entry.
   EXPECT_EQ(count(s, "kbf(kdiv_row_bf16(kf(y2), kf(y3)))"), 2) << s;
   EXPECT_NE(s.find("u32 yc2[16];"), std::string::npos) << s;
@@ -520,7 +521,8 @@ TEST(FusedCudaCodegen, RowReciprocalOnlyForBf16DivisorsOfTheRow) {
   };
   const std::string r =
       source(traced_on_cuda(by_input, randn({8, 256}).to(kBFloat16), randn({8, 1}).to(kBFloat16)));
-  EXPECT_EQ(count(r, "kbf(kdiv_row_bf16("), 2) << r;
+  EXPECT_EQ(count(r, "kbf(kdiv_row_bf16("), 1) << r;   // the dense entry
+  EXPECT_EQ(count(r, "kbf2(kdiv_row_bf16("), 1) << r;  // the vector one's pairs
 }
 
 // The row planner's choices the kernel lab varies (RowPlanOptions): accesses a thread set the
@@ -730,7 +732,7 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   EXPECT_EQ(count(s, "skm2[c] = y2;"), 1) << s;
   EXPECT_EQ(count(s, "kv2[u] = *(const bf16*)(skm2 + c0);"), 1) << s;
   // The output's pass computes only the division.
-  EXPECT_EQ(count(s, "Exp::apply"), 2) << s;  // the sum's pass, in each entry
+  EXPECT_EQ(count(s, "Exp::apply"), 3) << s;  // the sum's pass: the dense entry, the pairs' halves
   EXPECT_EQ(count(s, "const bf16 y2 = kv2[u]"), 2) << s;
   // Three rows of 64000 bytes fit a multiprocessor's 227 KB: three blocks to one; at 160 KB, two.
   EXPECT_EQ(count(s, "__launch_bounds__(512, 3)"), 2) << s;
@@ -827,6 +829,12 @@ TEST(FusedCudaCodegen, RowBf16SumsInPairs) {
             1)
       << s;
   EXPECT_EQ(count(s, "const bf16 y1 = kbf_half(yp1[e >> 1], e & 1);"), 1) << s;
+  // exp of the pair: eager's formula on each half, both rounded by one conversion.
+  EXPECT_EQ(count(s,
+                  "yp2[h] = kbf2(scalar::Exp::apply<float>(kf(kbf_half(yp1[h], 0))), "
+                  "scalar::Exp::apply<float>(kf(kbf_half(yp1[h], 1))));"),
+            1)
+      << s;
   // Two inputs of the row, then a scaled sum (alpha 2) of them: the first in pairs only.
   const Trace two = traced_on_cuda(
       [](const Tensor& x, const Tensor& z) {
@@ -1548,10 +1556,11 @@ TEST(GpuFusedCuda, RowsDivideByTheRowsValueAsEagerDoes) {
 }
 
 // run_fused_kernel runs a generated kernel as the executor does: the compiled program's bits.
-// The bf16 sums computed in pairs (FusedCudaCodegen.RowBf16SumsInPairs) give eager's bits: every
-// bf16 value minus each of a row's values (zeros, infinities, NaN, subnormals, the largest and
-// random ones), and every bf16 value plus another (a permutation of them), in rows of 65536
-// (read again by each pass), 16384 (the shared-memory cache) and 2048 (registers).
+// The bf16 members computed in pairs (FusedCudaCodegen.RowBf16SumsInPairs) give eager's bits:
+// every bf16 value minus each of a row's values (zeros, infinities, NaN, subnormals, the largest
+// and random ones), every bf16 value plus another (a permutation of them), and the exp and the
+// product of those (formulas on each half, rounded together), in rows of 65536 (read again by
+// each pass), 16384 (the shared-memory cache) and 2048 (registers).
 TEST(GpuFusedCuda, RowBf16SumsInPairsAsEagerDoes) {
   SKIP_WITHOUT_GPU();
   manual_seed(19);
@@ -1573,7 +1582,7 @@ TEST(GpuFusedCuda, RowBf16SumsInPairsAsEagerDoes) {
   const Tensor m_all = bf16s(ms, {K, 1});
   const auto fn = [](const std::vector<Tensor>& a) {
     const Tensor d = a[0] - a[1], s = a[0] + a[2];
-    return std::vector<Tensor>{d, s, amax(d, {-1}, true)};
+    return std::vector<Tensor>{d, s, amax(d, {-1}, true), exp(d), d * s};
   };
   for (int64_t cols : {int64_t{0x10000}, int64_t{16384}, int64_t{2048}}) {
     const int64_t rows = K * (0x10000 / cols);
@@ -1588,8 +1597,9 @@ TEST(GpuFusedCuda, RowBf16SumsInPairsAsEagerDoes) {
     EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << listings(f.traces());
     EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 1) << what;
     EXPECT_NE(generated_sources(f.traces()).find("= kfma_bf16x2("), std::string::npos) << what;
-    ASSERT_EQ(got.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NE(generated_sources(f.traces()).find("= kbf2("), std::string::npos) << what;
+    ASSERT_EQ(got.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) {
       const Tensor g = got[i].to(Device(kCPU)).contiguous(),
                    w = want[i].to(Device(kCPU)).contiguous();
       ASSERT_EQ(g.sizes(), w.sizes()) << what;
