@@ -415,8 +415,11 @@ std::string Generator::row_entry(int width) {
   //     in float but where one is below 2^-15 of the other, and then both roundings give the
   //     larger, as far from a tie. One instruction for two elements, where eager's formula takes
   //     four each (two conversions, the add, a rounding on the XU pipe);
-  //   - any other member of bf16 result: its formula on each half, in float, both rounded by one
-  //     conversion (cvt.rn.bf16x2.f32, kbf2): the same roundings, half the XU pipe's.
+  //   - any other member of bf16 result that the pass writes out (softmax's division): its
+  //     formula on each half, in float, both rounded by one conversion (cvt.rn.bf16x2.f32, kbf2):
+  //     the same roundings, half the XU pipe's. Not one that a reduction reads: unpacked again
+  //     and held a pack at a time, logsumexp's and log_softmax's exp(x - max) in pairs ran 1% and
+  //     7% slower on an H100 (RESULTS.md, session 36).
   // Per member: the expression of pair h, or empty.
   auto bf16_pairs = [&](int pass, const std::string& arr, const std::string& idx) {
     const std::vector<bool>& need = pp.computes[sz(pass)];
@@ -513,7 +516,9 @@ std::string Generator::row_entry(int width) {
       }
       // The formula as eager's, "kbf(f)": f on each half, rounded together.
       const std::string& e = exprs_[sz(i)];
-      if (!e.starts_with("kbf(") || e.back() != ')') continue;
+      if (!writes(pass) || !output_member[sz(i)] || !e.starts_with("kbf(") || e.back() != ')') {
+        continue;
+      }
       int depth = 0;
       size_t close = 0;
       for (size_t c = 3; c < e.size(); ++c) {
