@@ -431,6 +431,9 @@ std::string Generator::row_entry(int width) {
     struct Halves {
       std::string pair, half[2];
       bool per_row = false;
+      // Read back from the shared-memory cache: not a bf16x2 fma's operand (log_softmax's
+      // z - log(sum) so ran 7% slower on an H100, its registers spilled; RESULTS.md, session 36).
+      bool kept = false;
     };
     auto halves = [&](int v) -> std::optional<Halves> {
       const bool bf16 = spec(v).dtype == kBFloat16;
@@ -450,7 +453,10 @@ std::string Generator::row_entry(int width) {
           r.half[1] = "kbf_half(" + r.pair + ", 1)";
           return r;
         }
-        if (reads_kept(k, pass)) return from_pack(absl::StrCat("kv", k, "[u]"));
+        if (reads_kept(k, pass)) {
+          r.kept = true;
+          return from_pack(absl::StrCat("kv", k, "[u]"));
+        }
         if (row_members_[sz(k)].full) return std::nullopt;
       } else if (auto jt = input_of.find(v); jt != input_of.end()) {
         const size_t j = jt->second;
@@ -504,7 +510,7 @@ std::string Generator::row_entry(int width) {
       }
       if (!paired || !any) continue;
       if ((op.name() == "add" || op.name() == "sub") && common_dtype(t_, op, 1) == kBFloat16 &&
-          !in[0]->pair.empty() && !in[1]->pair.empty()) {
+          !in[0]->pair.empty() && !in[1]->pair.empty() && !in[0]->kept && !in[1]->kept) {
         const double alpha =
             std::get<Scalar>(op.attrs[0]).to<double>() * (op.name() == "sub" ? -1 : 1);
         if (alpha == 1.0 || alpha == -1.0) {
