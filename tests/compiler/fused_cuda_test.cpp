@@ -850,6 +850,13 @@ TEST(FusedCudaCodegen, RowBf16SumsInPairs) {
             1)
       << k2->source;
   EXPECT_EQ(count(k2->source, "= kfma_bf16x2("), 1) << k2->source;
+  // log_softmax keeps x - max in shared memory for its output's pass: there, read back, it is
+  // not an operand of a pair (its registers spilled so), only the sum's pass's x - max is.
+  const Trace ls = traced_on_cuda(log_softmax_with_ops, randn({2, 32000}).to(kBFloat16));
+  const auto kls = I::generate_fused_kernel(ls, 0, ls.ops.size(), &why);
+  ASSERT_TRUE(kls.has_value()) << why;
+  EXPECT_GT(kls->row_shared_bytes, 0);
+  EXPECT_EQ(count(kls->source, "= kfma_bf16x2("), 1) << kls->source;
   // f32 rows, and casts not emulated: none.
   const Trace f32 = traced_on_cuda(logsumexp_with_ops, randn({2, 32000}));
   EXPECT_EQ(count(I::generate_fused_kernel(f32, 0, f32.ops.size(), &why)->source, "= kfma_bf16x2("),
