@@ -1505,6 +1505,23 @@ TEST(GpuFusedCuda, RowsSoftmaxWrittenWithOps) {
   }
 }
 
+// Two bf16 tensors of the same bits (any NaN equal to any NaN), the first differences reported.
+void expect_same_bf16_bits(const Tensor& got, const Tensor& want, const std::string& what) {
+  const Tensor g = got.to(Device(kCPU)).contiguous(), w = want.to(Device(kCPU)).contiguous();
+  ASSERT_EQ(g.sizes(), w.sizes()) << what;
+  const BFloat16* gp = g.data_ptr<BFloat16>();
+  const BFloat16* wp = w.data_ptr<BFloat16>();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const bool nan = std::isnan(static_cast<float>(gp[i])) && std::isnan(static_cast<float>(wp[i]));
+    if (gp[i].x != wp[i].x && !nan && differ++ < 4) {
+      ADD_FAILURE() << what << " [" << i << "]: compiled 0x" << std::hex << gp[i].x << ", eager 0x"
+                    << wp[i].x;
+    }
+  }
+  EXPECT_EQ(differ, 0) << what;
+}
+
 // A bf16 division by a value of the row (softmax's by its sum) goes through the row's reciprocal
 // (kdiv_row_bf16): the quotients' bits are eager's for every bf16 numerator, over divisors of
 // every class (normal, either side of 2^-126 and 2^126, subnormal, zero, infinite, NaN), from
@@ -1527,22 +1544,6 @@ TEST(GpuFusedCuda, RowsDivideByTheRowsValueAsEagerDoes) {
     const Tensor q = a[0] / a[1];
     return std::vector<Tensor>{q, amax(q, {-1}, true), amin(q, {-1}, true)};
   };
-  const auto same_bits = [](const Tensor& got, const Tensor& want, const std::string& what) {
-    const Tensor g = got.to(Device(kCPU)).contiguous(), w = want.to(Device(kCPU)).contiguous();
-    ASSERT_EQ(g.sizes(), w.sizes()) << what;
-    const BFloat16* gp = g.data_ptr<BFloat16>();
-    const BFloat16* wp = w.data_ptr<BFloat16>();
-    int64_t differ = 0;
-    for (int64_t i = 0; i < g.numel(); ++i) {
-      const bool nan =
-          std::isnan(static_cast<float>(gp[i])) && std::isnan(static_cast<float>(wp[i]));
-      if (gp[i].x != wp[i].x && !nan && differ++ < 4) {
-        ADD_FAILURE() << what << " [" << i << "]: compiled 0x" << std::hex << gp[i].x
-                      << ", eager 0x" << wp[i].x;
-      }
-    }
-    EXPECT_EQ(differ, 0) << what;
-  };
   for (int64_t cols : {int64_t{0x10000}, int64_t{2048}}) {
     // Rows of 2048: each divisor's row of 65536 numerators cut into 32 rows.
     const int64_t rows = K * (0x10000 / cols);
@@ -1558,7 +1559,7 @@ TEST(GpuFusedCuda, RowsDivideByTheRowsValueAsEagerDoes) {
     EXPECT_NE(generated_sources(f.traces()).find("kbf(kdiv_row_bf16("), std::string::npos) << what;
     ASSERT_EQ(got.size(), 3u);
     for (size_t i = 0; i < 3; ++i)
-      same_bits(got[i], want[i], what + ", output " + std::to_string(i));
+      expect_same_bf16_bits(got[i], want[i], what + ", output " + std::to_string(i));
   }
 }
 
@@ -1606,23 +1607,8 @@ TEST(GpuFusedCuda, RowBf16SumsInPairsAsEagerDoes) {
     EXPECT_NE(generated_sources(f.traces()).find("= kfma_bf16x2("), std::string::npos) << what;
     EXPECT_NE(generated_sources(f.traces()).find("= kbf2("), std::string::npos) << what;
     ASSERT_EQ(got.size(), 5u);
-    for (size_t i = 0; i < 5; ++i) {
-      const Tensor g = got[i].to(Device(kCPU)).contiguous(),
-                   w = want[i].to(Device(kCPU)).contiguous();
-      ASSERT_EQ(g.sizes(), w.sizes()) << what;
-      const BFloat16* gp = g.data_ptr<BFloat16>();
-      const BFloat16* wp = w.data_ptr<BFloat16>();
-      int64_t differ = 0;
-      for (int64_t j = 0; j < g.numel(); ++j) {
-        const bool nan =
-            std::isnan(static_cast<float>(gp[j])) && std::isnan(static_cast<float>(wp[j]));
-        if (gp[j].x != wp[j].x && !nan && differ++ < 4) {
-          ADD_FAILURE() << what << ", output " << i << " [" << j << "]: compiled 0x" << std::hex
-                        << gp[j].x << ", eager 0x" << wp[j].x;
-        }
-      }
-      EXPECT_EQ(differ, 0) << what << ", output " << i;
-    }
+    for (size_t i = 0; i < 5; ++i)
+      expect_same_bf16_bits(got[i], want[i], what + ", output " + std::to_string(i));
   }
 }
 
