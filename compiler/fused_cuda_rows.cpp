@@ -631,7 +631,8 @@ std::string Generator::row_entry(int width) {
       os << I6 << "const " << t << " vr" << j << " = *(const " << t << "*)(in" << j << " + ri" << j
          << " + c0);\n";
     }
-    // bf16 sums of this pass computed two elements at a time (bf16_pairs), before the elements.
+    // bf16 members of this pass computed a pair of elements at a time (bf16_pairs), before the
+    // elements.
     const std::vector<std::string> pairs = bf16_pairs(pass, arr, idx);
     for (int i = 0; i < n_members; ++i) {
       if (pairs[sz(i)].empty()) continue;
