@@ -26,6 +26,9 @@
 //   2 blocks an SM  long rows cached in shared memory at __launch_bounds__(512, 2) instead of the
 //               library's three blocks where three rows fit (three were 4-10% faster on the rows
 //               of 32000 bf16);
+//   no row cache  long rows read again by each pass (from L2, mostly), planned as for a device
+//               without opt-in shared memory (session 36: whether the shared-memory cache still
+//               wins since the row kernels take fewer instructions);
 // and other geometries, planned with compiler::internal::RowPlanOptions: 8 or 2 accesses a thread
 // instead of 4 (a row of 2048 bf16 to one warp, or to 128 threads), blocks of 512 threads (all
 // slower on the rows of 2048: 1795, 2364 and 2244 GB/s against the library's 2516). Those add a
@@ -79,12 +82,14 @@ const std::string kKbfInteger = R"(  const unsigned int u = __float_as_uint(f);
   r.x = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)0x7fffu
                                          : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);)";
 
-// A variant: the kernel planned with `plan` (the library's by default), then its source edited by
-// `edit` (none: as generated).
+// A variant: the kernel planned with `plan` (the library's by default) for a device of
+// `shared_limit` bytes of opt-in shared memory a block, then its source edited by `edit` (none: as
+// generated).
 struct Variant {
   std::string name;
   compiler::internal::RowPlanOptions plan;
   std::function<std::optional<std::string>(const std::string&)> edit;
+  int64_t shared_limit = compiler::internal::kDefaultSharedLimit;
 };
 // The out-of-line division (kdiv_ieee declared before kdiv_row_bf16, which calls it).
 std::optional<std::string> div_out_of_line(const std::string& s) {
@@ -123,6 +128,9 @@ const std::vector<Variant>& variants() {
        [](const std::string& s) {
          return replaced_all(s, "__launch_bounds__(512, 3)", "__launch_bounds__(512, 2)");
        }},
+      // Long rows read again from global memory by each pass (L2, mostly), not cached in shared
+      // memory: no shared memory to bound the blocks an SM.
+      {"no row cache", {}, nullptr, 0},
   };
   return v;
 }
@@ -138,11 +146,13 @@ struct Lowered {
     for (size_t a : argument) in.push_back(args[a]);
     return in;
   }
-  // The kernel fused_cuda generates for all of the trace's ops under `plan`.
-  FusedKernel kernel(const compiler::internal::RowPlanOptions& plan) const {
+  // The kernel fused_cuda generates for all of the trace's ops under `plan`, for a device of
+  // `shared_limit` bytes of opt-in shared memory.
+  FusedKernel kernel(const compiler::internal::RowPlanOptions& plan,
+                     int64_t shared_limit = compiler::internal::kDefaultSharedLimit) const {
     std::string why;
     std::optional<FusedKernel> k = compiler::internal::generate_fused_kernel(
-        trace, 0, trace.ops.size(), &why, compiler::internal::kDefaultSharedLimit, plan);
+        trace, 0, trace.ops.size(), &why, shared_limit, plan);
     KILN_CHECK(k.has_value(), "[fused_rows lab] no kernel for the program: ", why, "\n",
                trace.str());
     KILN_CHECK(k->row_kernel, "[fused_rows lab] the program's kernel is not a row kernel");
@@ -181,7 +191,7 @@ void run_case(const std::string& name, const Program& fn,
               l.k.row_threads, l.k.rows_per_block);
   bench::report(name + " [library]", timed(l.k), 0, bytes);
   for (const Variant& v : variants()) {
-    FusedKernel kv = l.kernel(v.plan);
+    FusedKernel kv = l.kernel(v.plan, v.shared_limit);
     if (v.edit) {
       const std::optional<std::string> source = v.edit(kv.source);
       if (!source) {
