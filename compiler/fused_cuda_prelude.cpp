@@ -92,7 +92,8 @@ __device__ __forceinline__ float kdiv_row_bf16(float x, float y) {
   return x * (1.0f / (y * s)) * s;
 }
 // Two bf16 values in one 32-bit register (the first in the low half), one of them back, and
-// a * b + c of two such pairs at once, each rounded once (fused_cuda_rows.cpp's bf16 pairs).
+// a * b + c of two such pairs at once, each rounded once (fused_cuda_rows.cpp's bf16 pairs, where
+// b is 1 or -1; before sm_80 in float, then rounded, which for those is the same).
 __device__ __forceinline__ u32 kbf_pair(bf16 lo, bf16 hi) { return (u32)lo.x | ((u32)hi.x << 16); }
 __device__ __forceinline__ bf16 kbf_half(u32 p, int high) {
   bf16 r;
