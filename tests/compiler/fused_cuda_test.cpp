@@ -786,8 +786,9 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   EXPECT_EQ(kw->row_shared_bytes, 64000);
   EXPECT_EQ(count(kw->source, "skm"), 0) << kw->source;
   EXPECT_EQ(count(kw->source, "= *(const kpack<bf16, 8>*)(sin0 + c0);"), 1) << kw->source;
-  // Only the inputs several passes read: softmax(x) * z stores x (three passes), not z (the
-  // output's pass); z * rsqrt(mean(x * x)) reads each input in one pass: no cache.
+  // Only the inputs several passes read: softmax(x) * z stores x (read by the max's and the sum's
+  // passes; exp(x - max) then takes its place for the output's), not z (the output's pass only);
+  // z * rsqrt(mean(x * x)) reads each input in one pass: no cache.
   const Trace sz =
       traced_on_cuda([](const Tensor& x, const Tensor& z) { return softmax_with_ops(x) * z; },
                      randn({2, 32000}).to(kBFloat16), randn({2, 32000}).to(kBFloat16));
@@ -796,6 +797,17 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   EXPECT_EQ(ksz->row_shared_bytes, 64000);
   EXPECT_EQ(count(ksz->source, "(sin0 + c0) = xv0[u];"), 2) << ksz->source;
   EXPECT_EQ(count(ksz->source, " sin1"), 0) << ksz->source;
+  EXPECT_EQ(count(ksz->source, "bf16* skm2 = (bf16*)(ksm + 0);"), 2) << ksz->source;
+  // softmax(x) * x: the output's pass reads x too, so x's place is taken until then and
+  // exp(x - max) finds none: computed again there, x read back by both later passes.
+  const Trace sx = traced_on_cuda([](const Tensor& x) { return softmax_with_ops(x) * x; },
+                                  randn({2, 32000}).to(kBFloat16));
+  const auto ksx = I::generate_fused_kernel(sx, 0, sx.ops.size(), &why);
+  ASSERT_TRUE(ksx.has_value()) << why;
+  EXPECT_EQ(ksx->row_shared_bytes, 64000);
+  EXPECT_EQ(count(ksx->source, "skm"), 0) << ksx->source;
+  EXPECT_EQ(count(ksx->source, "= *(const kpack<bf16, 8>*)(sin0 + c0);"), 2) << ksx->source;
+  EXPECT_EQ(count(ksx->source, "Exp::apply"), 4) << ksx->source;  // two passes, two entries
   const Trace two_inputs = traced_on_cuda(
       [](const Tensor& x, const Tensor& z) { return z * rsqrt(mean(x * x, {-1}, true) + 1e-6); },
       randn({2, 16000}), randn({2, 16000}));
