@@ -104,22 +104,28 @@ bool write_cached_kernel(const std::string& dir, const KernelKey& key, const std
   return disk_cache::write(dir, key.disk_key(), payload);
 }
 
-// Whether the row-vector entry may run: the operands varying along the last dim aligned, with
-// stride 1 there and other strides that keep every pack aligned.
+// Whether operand `o` (its layout `l`) moves in packs of `w` elements along its dim `along`:
+// `align`-byte aligned, stride 1 along that dim, and every other stride (of a dim larger than 1)
+// a multiple of the pack, so that each pack stays aligned.
+bool moves_in_packs(const FusedKernel::Operand& o, const OperandLayout& l, size_t along, int64_t w,
+                    int64_t align) {
+  if (l.address % static_cast<uint64_t>(align) != 0 || l.strides.size() != o.sizes.size()) {
+    return false;
+  }
+  for (size_t d = 0; d < o.sizes.size(); ++d) {
+    if (d == along ? l.strides[d] != 1 : o.sizes[d] != 1 && l.strides[d] % w != 0) return false;
+  }
+  return true;
+}
+
+// Whether the row-vector entry may run: the operands varying along the last dim in 16-byte packs.
 bool rowvec_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                     const std::vector<OperandLayout>& outputs) {
   if (k.rowvec_width == 0 || numel_of(k.sizes) < k.rowvec_width) return false;
   const int64_t d_last = k.sizes.back();
   auto fits = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
     if (o.host_scalar || o.sizes.empty() || o.sizes.back() != d_last) return true;
-    if (l.address % 16 != 0 || l.strides.size() != o.sizes.size()) return false;
-    for (size_t d = 0; d < o.sizes.size(); ++d) {
-      if (d + 1 == o.sizes.size() ? l.strides[d] != 1
-                                  : o.sizes[d] != 1 && l.strides[d] % k.rowvec_width != 0) {
-        return false;
-      }
-    }
-    return true;
+    return moves_in_packs(o, l, o.sizes.size() - 1, k.rowvec_width, 16);
   };
   for (size_t j = 0; j < inputs.size(); ++j) {
     if (!fits(k.inputs[j], inputs[j])) return false;
@@ -142,9 +148,9 @@ bool tiled_allowed(const FusedKernel& k, const std::vector<OperandLayout>& input
   return true;
 }
 
-// Whether the tiled entry may run in packs: each pack it reads or writes aligned to its size.
-// The tiled inputs' packs run along the second-to-last dim, the others' (those varying along the
-// last dim, every output) along the last; every other stride is a multiple of the pack.
+// Whether the tiled entry may run in packs: the tiled inputs' packs along the second-to-last dim,
+// the others' (those varying along the last dim, every output) along the last, each aligned to
+// its size.
 bool tiled_packs_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                          const std::vector<OperandLayout>& outputs) {
   const int w = k.tiled_pack;
@@ -153,12 +159,8 @@ bool tiled_packs_allowed(const FusedKernel& k, const std::vector<OperandLayout>&
   auto fits = [&](const FusedKernel::Operand& o, const OperandLayout& l, bool tiled) {
     if (o.host_scalar || o.sizes.empty() || (!tiled && o.sizes.back() != d_last)) return true;
     const size_t r = o.sizes.size();
-    const size_t along = tiled ? r - 2 : r - 1;
-    if (l.address % (w * element_size(o.dtype)) != 0 || l.strides.size() != r) return false;
-    for (size_t d = 0; d < r; ++d) {
-      if (d == along ? l.strides[d] != 1 : o.sizes[d] != 1 && l.strides[d] % w != 0) return false;
-    }
-    return true;
+    return moves_in_packs(o, l, tiled ? r - 2 : r - 1, w,
+                          w * static_cast<int64_t>(element_size(o.dtype)));
   };
   for (size_t j = 0; j < inputs.size(); ++j) {
     if (!fits(k.inputs[j], inputs[j], k.tiled[j])) return false;

@@ -158,6 +158,11 @@ class Generator {
   std::string member_expr(const BoundOp& op);
   std::string binary_expr(const BoundOp& op, ScalarType out);
 
+  // Member i (of bf16 result, its expression eager's "kbf(f)") for the two halves of a pair:
+  // "kbf2(f_lo, f_hi)", f with each name of `lo` or `hi` read as its text, both rounded by one
+  // conversion; empty where the expression is not of that form.
+  std::string pair_expr(size_t i, const absl::flat_hash_map<std::string, std::string>& lo,
+                        const absl::flat_hash_map<std::string, std::string>& hi) const;
   std::string member_line(const BoundOp& op) const;  // the member as the listing prints it
   // Member i's declaration: `const T y<i> = <expr>;`, a float or double result behind kopaque
   // (no contraction with the next member, as eager rounds in between) unless it is in fast_.
@@ -173,8 +178,8 @@ class Generator {
   // (kt<j>[tx][q]); `packs`: element e of a pack of the tiled entry in packs (kt<j>[P * tx +
   // e][q], the packs vp<j> and vy<j> of the operands varying along the last dim and outputs).
   std::string body(bool dense, bool vector = false, bool tiled = false, bool packs = false) const;
-  std::string tiled_entry() const;
-  std::string tiled_packs_entry() const;
+  // The tiled entry in packs of P elements (1: kiln_fused_tiled, else kiln_fused_tiled_packs).
+  std::string tiled_entry(int P) const;
   std::string tiled_coordinates() const;
   void emit();
 

@@ -231,61 +231,31 @@ std::string Generator::tiled_coordinates() const {
   return os.str();
 }
 
-// kiln_fused_tiled (FusedKernel::tiled): tiles of 32 x 32 elements of the domain's last two dims
-// (M rows of N), one per block of 32 x 8 threads at a time. Each tiled input is first read into
-// its tile with the threads' x along the rows' dim (stride 1 for it: coalesced), then every
-// element of the tile is computed with x along the columns' dim, where the other operands are
-// read and the outputs written (coalesced where they are contiguous), the tiled inputs from
-// their tiles (kt<j>[column][row], 33 wide: no bank conflicts either way).
-std::string Generator::tiled_entry() const {
+// The tiled entries: tiles of 32 x 32 packs of `P` elements of the domain's last two dims (M rows
+// of N), one per block of 32 x 8 threads at a time. Each tiled input is first read into its tile
+// with the threads' x along the rows' dim (stride 1 for it: coalesced), then every element of the
+// tile is computed with x along the columns' dim, where the other operands are read and the
+// outputs written (coalesced where they are contiguous), the tiled inputs from their tiles
+// (kt<j>[column][row], 32 P + 1 wide: no bank conflicts either way in 32-bit types at P = 1).
+//   - P = 1, kiln_fused_tiled (FusedKernel::tiled): an element a thread at a time, every operand
+//     through its strides;
+//   - P > 1, kiln_fused_tiled_packs (FusedKernel::tiled_pack): a pack of neighbours of a tiled
+//     input along its contiguous dim into the tile, then a pack of the last dim, the operands
+//     varying along it read and the outputs written a pack at a time.
+std::string Generator::tiled_entry(int P) const {
   std::ostringstream os;
   const size_t rank = k_.sizes.size();
   const int64_t m = k_.sizes[rank - 2], n = k_.sizes[rank - 1];
-  os << kernel_head("tiled") << "  const long long M = " << m << "LL, N = " << n
-     << "LL, TM = " << (m + 31) / 32 << "LL, TN = " << (n + 31) / 32 << "LL;\n"
-     << "  const long long tiles = n / (M * N) * TM * TN;\n"
-     << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
-  for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    if (k_.tiled[j])
-      os << "  __shared__ " << ctype(k_.inputs[j].dtype) << " kt" << j << "[32][33];\n";
-  }
-  os << "  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {\n"
-     << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * 32, n0 = t % TN * 32;\n"
-     << "    for (int q = ty; q < 32; q += 8) {\n"
-     << "      const long long m = m0 + tx, c = n0 + q;\n"
-     << "      if (m < M && c < N) {\n";
-  std::istringstream coords(tiled_coordinates());
-  for (std::string line; std::getline(coords, line);) os << "    " << line << "\n";
-  for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    if (!k_.tiled[j]) continue;
-    os << "        kt" << j << "[q][tx] = in" << j << "[" << offset(k_.inputs[j], false) << "];\n";
-  }
-  os << "      }\n    }\n    __syncthreads();\n"
-     << "    for (int q = ty; q < 32; q += 8) {\n"
-     << "      const long long m = m0 + q, c = n0 + tx;\n"
-     << "      if (m < M && c < N) {\n";
-  std::istringstream lines(body(false, false, true));
-  for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
-  os << "      }\n    }\n    __syncthreads();\n  }\n}\n";
-  return os.str();
-}
-
-// kiln_fused_tiled_packs (FusedKernel::tiled_pack): the tiled entry on tiles of 32 x 32 packs of
-// P elements, a thread taking packs: P neighbours of a tiled input along its contiguous dim into
-// the tile (kt<j>[column][row], 32 P + 1 wide), then P of the last dim of every element
-// computed, the operands varying along it read and the outputs written a pack at a time.
-std::string Generator::tiled_packs_entry() const {
-  std::ostringstream os;
-  const size_t rank = k_.sizes.size();
-  const int64_t m = k_.sizes[rank - 2], n = k_.sizes[rank - 1];
-  const int P = k_.tiled_pack, T = 32 * P;
+  const int T = 32 * P;
+  const std::string tx = P == 1 ? "tx" : absl::StrCat(P, " * tx");  // a thread's first
   auto pack = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", ", P, ">"); };
-  auto packed = [&](size_t j) {
+  auto packed = [&](size_t j) {  // an operand other than the tiles read a pack at a time
     const FusedKernel::Operand& o = k_.inputs[j];
-    return !o.host_scalar && !o.sizes.empty() && !k_.tiled[j] && o.sizes.back() == n;
+    return P > 1 && !o.host_scalar && !o.sizes.empty() && !k_.tiled[j] && o.sizes.back() == n;
   };
-  os << kernel_head("tiled_packs") << "  const long long M = " << m << "LL, N = " << n
-     << "LL, TM = " << (m + T - 1) / T << "LL, TN = " << (n + T - 1) / T << "LL;\n"
+  os << kernel_head(P == 1 ? "tiled" : "tiled_packs") << "  const long long M = " << m
+     << "LL, N = " << n << "LL, TM = " << (m + T - 1) / T << "LL, TN = " << (n + T - 1) / T
+     << "LL;\n"
      << "  const long long tiles = n / (M * N) * TM * TN;\n"
      << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
@@ -302,20 +272,34 @@ std::string Generator::tiled_packs_entry() const {
      << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * " << T
      << ", n0 = t % TN * " << T << ";\n"
      << "    for (int q = ty; q < " << T << "; q += 8) {\n"
-     << "      const long long m = m0 + " << P << " * tx, c = n0 + q;\n"
+     << "      const long long m = m0 + " << tx << ", c = n0 + q;\n"
      << "      if (m < M && c < N) {\n"
      << coords;
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     if (!k_.tiled[j]) continue;
+    const std::string at = offset(k_.inputs[j], false);
+    if (P == 1) {
+      os << "        kt" << j << "[q][tx] = in" << j << "[" << at << "];\n";
+      continue;
+    }
     os << "        const " << pack(k_.inputs[j].dtype) << " v" << j << " = *(const "
-       << pack(k_.inputs[j].dtype) << "*)(in" << j << " + " << offset(k_.inputs[j], false) << ");\n"
+       << pack(k_.inputs[j].dtype) << "*)(in" << j << " + " << at << ");\n"
        << "#pragma unroll\n"
-       << "        for (int e = 0; e < " << P << "; ++e) kt" << j << "[q][" << P << " * tx + e] = v"
+       << "        for (int e = 0; e < " << P << "; ++e) kt" << j << "[q][" << tx << " + e] = v"
        << j << ".v[e];\n";
   }
   os << "      }\n    }\n    __syncthreads();\n"
-     << "    for (int q = ty; q < " << T << "; q += 8) {\n"
-     << "      const long long m = m0 + q, cp = n0 + " << P << " * tx;\n"
+     << "    for (int q = ty; q < " << T << "; q += 8) {\n";
+  if (P == 1) {
+    // Each element through body()'s reads and guarded writes.
+    os << "      const long long m = m0 + q, c = n0 + tx;\n"
+       << "      if (m < M && c < N) {\n";
+    std::istringstream lines(body(false, false, true));
+    for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
+    os << "      }\n    }\n    __syncthreads();\n  }\n}\n";
+    return os.str();
+  }
+  os << "      const long long m = m0 + q, cp = n0 + " << tx << ";\n"
      << "      if (m < M && cp < N) {\n"
      << "        const long long c = cp;\n"
      << coords;
@@ -490,8 +474,8 @@ void Generator::emit() {
   if (k_.has_dense) kernel(true, false);
   if (w > 0) kernel(true, true);
   if (k_.rowvec_width > 0) os << rowvec_entry(kernel_head("rowvec"));
-  if (!k_.tiled.empty()) os << tiled_entry();
-  if (k_.tiled_pack > 0) os << tiled_packs_entry();
+  if (!k_.tiled.empty()) os << tiled_entry(1);
+  if (k_.tiled_pack > 0) os << tiled_entry(k_.tiled_pack);
   k_.source = os.str();
 }
 

@@ -1,5 +1,7 @@
 // fused_cuda's code generator (compiler/fused_cuda_codegen.h): each member of a region as a
 // storage-typed expression of its inputs' names.
+#include <cctype>
+
 #include "compiler/fused_cuda_codegen.h"
 #include "kernels/scalar_fn.h"
 
@@ -236,6 +238,43 @@ std::string Generator::binary_expr(const BoundOp& op, ScalarType out) {
     e = "(" + p + (n == "logical_and" ? " && " : n == "logical_or" ? " || " : " != ") + q + ")";
   }
   return from_m(e, out);
+}
+
+namespace {
+
+// `e` with each name of `names` replaced by its text.
+std::string substituted(const std::string& e,
+                        const absl::flat_hash_map<std::string, std::string>& names) {
+  std::string out;
+  for (size_t a = 0; a < e.size();) {
+    if (!std::isalpha(static_cast<unsigned char>(e[a])) && e[a] != '_') {
+      out += e[a++];
+      continue;
+    }
+    size_t b = a;
+    while (b < e.size() && (std::isalnum(static_cast<unsigned char>(e[b])) || e[b] == '_')) ++b;
+    const std::string word = e.substr(a, b - a);
+    const auto it = names.find(word);
+    out += it != names.end() ? it->second : word;
+    a = b;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Generator::pair_expr(size_t i, const absl::flat_hash_map<std::string, std::string>& lo,
+                                 const absl::flat_hash_map<std::string, std::string>& hi) const {
+  // The expression is "kbf(f)" where its first parenthesis closes last.
+  const std::string& e = exprs_[i];
+  if (!e.starts_with("kbf(") || e.back() != ')') return "";
+  int depth = 0;
+  for (size_t c = 3; c + 1 < e.size(); ++c) {
+    depth += e[c] == '(' ? 1 : e[c] == ')' ? -1 : 0;
+    if (depth == 0) return "";  // closed before the end: "kbf(a) + kbf(b)"
+  }
+  const std::string f = e.substr(4, e.size() - 5);
+  return "kbf2(" + substituted(f, lo) + ", " + substituted(f, hi) + ")";
 }
 
 }  // namespace kiln::compiler::internal

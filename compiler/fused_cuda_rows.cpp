@@ -19,7 +19,6 @@
 // their results may differ by rounding (the tests' tolerances say how much), and amax/amin are
 // exact.
 #include <algorithm>
-#include <cctype>
 #include <optional>
 #include <sstream>
 
@@ -288,13 +287,13 @@ std::string Generator::row_entry(int width) {
     // The places, 16-byte aligned, of the inputs stored or keeping a member. Fewer than
     // plan_row_cache counted where kept members leave an input to one pass (logsumexp(x * y)
     // keeps x * y, not x and y): the block then takes less, and more blocks may fit.
-    std::vector<bool> placed(k_.inputs.size(), false);
+    std::vector<bool> has_place(k_.inputs.size(), false);
     for (int i = 0; i < n_members; ++i) {
-      if (kept_in[sz(i)] >= 0) placed[sz(kept_in[sz(i)])] = true;
+      if (kept_in[sz(i)] >= 0) has_place[sz(kept_in[sz(i)])] = true;
     }
     int64_t at = 0;
     for (size_t j = 0; j < k_.inputs.size(); ++j) {
-      if (!stored[j] && !placed[j]) continue;
+      if (!stored[j] && !has_place[j]) continue;
       shared_at[j] = at;
       at += ceil_div(C * static_cast<int64_t>(element_size(k_.inputs[j].dtype)), 16) * 16;
     }
@@ -475,25 +474,6 @@ std::string Generator::row_entry(int width) {
       if (bf16 && !spec(v).sizes.empty()) r.pair = "kbf_pair(" + var(v) + ", " + var(v) + ")";
       return r;
     };
-    // `e` with each name of `names` replaced by its text.
-    auto substitute = [](const std::string& e,
-                         const absl::flat_hash_map<std::string, std::string>& names) {
-      std::string out;
-      for (size_t a = 0; a < e.size();) {
-        if (std::isalpha(static_cast<unsigned char>(e[a])) || e[a] == '_') {
-          size_t b = a;
-          while (b < e.size() && (std::isalnum(static_cast<unsigned char>(e[b])) || e[b] == '_'))
-            ++b;
-          const std::string word = e.substr(a, b - a);
-          auto it = names.find(word);
-          out += it != names.end() ? it->second : word;
-          a = b;
-        } else {
-          out += e[a++];
-        }
-      }
-      return out;
-    };
     for (int i = 0; i < n_members; ++i) {
       const BoundOp& op = *members_[sz(i)];
       const RowMember& m = row_members_[sz(i)];
@@ -520,29 +500,15 @@ std::string Generator::row_entry(int width) {
           continue;
         }
       }
-      // The formula as eager's, "kbf(f)": f on each half, rounded together.
-      const std::string& e = exprs_[sz(i)];
-      if (!writes(pass) || !output_member[sz(i)] || !e.starts_with("kbf(") || e.back() != ')') {
-        continue;
-      }
-      int depth = 0;
-      size_t close = 0;
-      for (size_t c = 3; c < e.size(); ++c) {
-        depth += e[c] == '(' ? 1 : e[c] == ')' ? -1 : 0;
-        if (depth == 0) {
-          close = c;
-          break;
-        }
-      }
-      if (close != e.size() - 1) continue;
-      const std::string f = e.substr(4, e.size() - 5);
+      // Eager's formula on each half, rounded together: for a member the pass writes out.
+      if (!writes(pass) || !output_member[sz(i)]) continue;
       absl::flat_hash_map<std::string, std::string> lo, hi;
       for (size_t j = 0; j < op.inputs.size(); ++j) {
         if (in[j]->per_row) continue;
         lo[var(op.inputs[j])] = in[j]->half[0];
         hi[var(op.inputs[j])] = in[j]->half[1];
       }
-      pair[sz(i)] = "kbf2(" + substitute(f, lo) + ", " + substitute(f, hi) + ")";
+      pair[sz(i)] = pair_expr(sz(i), lo, hi);
     }
     return pair;
   };
