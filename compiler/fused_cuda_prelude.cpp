@@ -73,10 +73,25 @@ __device__ __forceinline__ int kbits_i32(long long v) { return (int)v; }
 __device__ __forceinline__ unsigned char kbits_u8(long long v) { return (unsigned char)v; }
 __device__ __forceinline__ bool kbits_bool(long long v) { return v != 0; }
 
-// kernels/reduce_fn.h's pick (amax, amin): the larger (kMax) or smaller of a and b; NaN wins.
-// In one select (two compares): a if a is NaN, else b if b is NaN or beyond a, else a.
-template <bool kMax, typename V> __device__ __forceinline__ V kpick(V a, V b) {
-  return !(a != a) && !(kMax ? b <= a : b >= a) ? b : a;
+// kernels/reduce_fn.h's pick (amax, amin), the same bits: the larger (kMax) or smaller of a and
+// b in any order; NaN wins as the device's canonical NaN, +0 is larger than -0. float's is one
+// instruction (FMNMX.NAN); double's the formula.
+template <bool kMax> __device__ __forceinline__ float kpick(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+  float r;
+  if (kMax) asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  else asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  if (a != a || b != b) return __int_as_float(0x7fffffff);
+  if (a == b) return (__float_as_int(a) < 0) == kMax ? b : a;
+  return (kMax ? b > a : b < a) ? b : a;
+#endif
+}
+template <bool kMax> __device__ __forceinline__ double kpick(double a, double b) {
+  if (a != a || b != b) return __longlong_as_double(0x7fffffffffffffffLL);
+  if (a == b) return (__double_as_longlong(a) < 0) == kMax ? b : a;
+  return (kMax ? b > a : b < a) ? b : a;
 }
 // x / y rounded to bf16, for bf16 values x and y where y is one per row (a row kernel's divisor,
 // softmax's sum): x times y's reciprocal, which the compiler computes once per row, with y first
@@ -119,6 +134,20 @@ __device__ __forceinline__ u32 kbf2(float lo, float hi) {
   return d;
 #else
   return kbf_pair(kbf(lo), kbf(hi));
+#endif
+}
+// Two bf16 pairs (u32) folded half by half as kpick: max.NaN.bf16x2 (min), NaN as 0x7fff and +0
+// above -0. The row kernels' amax and amin of a bf16 operand, two elements an instruction.
+template <bool kMax> __device__ __forceinline__ u32 kpick_bf16x2(u32 a, u32 b) {
+#if __CUDA_ARCH__ >= 800
+  u32 r;
+  if (kMax) asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  const float lo = kpick<kMax>(__uint_as_float(a << 16), __uint_as_float(b << 16));
+  const float hi = kpick<kMax>(__uint_as_float(a & 0xffff0000u), __uint_as_float(b & 0xffff0000u));
+  return kbf_pair(kbf(lo), kbf(hi));  // exact: bf16 values, or NaN (0x7fff)
 #endif
 }
 template <typename V> __device__ __forceinline__ V kinf();

@@ -419,12 +419,22 @@ std::string Generator::row_entry(int width) {
   //     the same roundings, half the XU pipe's. Not one that a reduction reads: unpacked again
   //     and held a pack at a time, logsumexp's and log_softmax's exp(x - max) in pairs ran 1% and
   //     7% slower on an H100 (RESULTS.md, session 36).
-  // Per member: the expression of pair h, or empty.
+  //   - an amax or amin of a bf16 operand that comes in pairs, reduced by this pass: folded two
+  //     elements an instruction (kpick_bf16x2, max.NaN.bf16x2) into a pair of partial results,
+  //     the two combined after the pass (kpick: amax and amin have one result in any order,
+  //     kernels/reduce_fn.h). Where the max was three instructions an element and the unpacking
+  //     one, logsumexp's first pass took a quarter of its time (session 37).
+  // Per member: the expression of pair h (`member`), or for such a reduction its operand's pair h
+  // (`fold`), or empty.
+  struct Pairs {
+    std::vector<std::string> member, fold;
+  };
   auto bf16_pairs = [&](int pass, const std::string& arr, const std::string& idx) {
     const std::vector<bool>& need = pp.computes[sz(pass)];
     const std::vector<bool>& reads = pp.reads[sz(pass)];
-    std::vector<std::string> pair(sz(n_members));
-    if (W < 2 || W % 2 != 0) return pair;
+    Pairs out{std::vector<std::string>(sz(n_members)), std::vector<std::string>(sz(n_members))};
+    std::vector<std::string>& pair = out.member;
+    if (W < 2 || W % 2 != 0) return out;
     // Value v's pair h (a u32; empty where v is not bf16) and its two halves (bf16 values); one
     // value for the row (or the kernel) is the same in both (`per_row`).
     struct Halves {
@@ -510,7 +520,17 @@ std::string Generator::row_entry(int width) {
       }
       pair[sz(i)] = pair_expr(sz(i), lo, hi);
     }
-    return pair;
+    for (int i = 0; i < n_members; ++i) {
+      const BoundOp& op = *members_[sz(i)];
+      const RowMember& m = row_members_[sz(i)];
+      if (!m.reduction || m.level != pass + 1 || (op.name() != "amax" && op.name() != "amin") ||
+          spec(op.outputs[0]).dtype != kBFloat16) {
+        continue;
+      }
+      const std::optional<Halves> in = halves(op.inputs[0]);
+      if (in && !in->per_row && !in->pair.empty()) out.fold[sz(i)] = in->pair;
+    }
+    return out;
   };
   for (int pass = 0; pass < n_passes; ++pass) {
     const std::vector<bool>& need = pp.computes[sz(pass)];
@@ -520,6 +540,10 @@ std::string Generator::row_entry(int width) {
         reductions.push_back(i);
     }
     os << "    // Pass " << pass << (writes(pass) ? ": the outputs" : ": reductions") << "\n";
+    const std::string arr = cache ? "xc" : "xv", idx = cache ? "it" : "u";  // this pass's inputs
+    // bf16 members of this pass computed a pair of elements at a time, and reductions folded so
+    // (bf16_pairs), before the elements.
+    const Pairs pairs = bf16_pairs(pass, arr, idx);
     for (int i : reductions) {
       const BoundOp& op = *members_[sz(i)];
       const std::string a = acc_type(op);
@@ -527,18 +551,17 @@ std::string Generator::row_entry(int width) {
       if (op.name() == "amax") init = "-kinf<" + a + ">()";
       if (op.name() == "amin") init = "kinf<" + a + ">()";
       os << "    " << a << " a" << i << " = " << init << ";\n";
+      if (!pairs.fold[sz(i)].empty()) {  // infinities of that sign, as bf16
+        os << "    u32 ap" << i << " = " << (op.name() == "amax" ? "0xff80ff80u" : "0x7f807f80u")
+           << ";\n";
+      }
     }
-    std::string arr, idx;  // where this pass's inputs are
     if (cache) {
-      arr = "xc";
-      idx = "it";
       os << "    if (active) {\n#pragma unroll\n"
          << "    for (int it = 0; it < " << iters << "; ++it) {\n"
          << "      const " << col_t << " c0 = (it * " << T << " + lane) * " << W << ";\n"
          << "      if (it >= " << full_iters << " && c0 >= C) break;\n";
     } else {
-      arr = "xv";
-      idx = "u";
       os << "    if (active) {\n"
          << "    for (" << col_t << " cb = lane * " << W << "; cb < C; cb += " << kChunk * T * W
          << ") {\n";
@@ -597,15 +620,19 @@ std::string Generator::row_entry(int width) {
       os << I6 << "const " << t << " vr" << j << " = *(const " << t << "*)(in" << j << " + ri" << j
          << " + c0);\n";
     }
-    // bf16 members of this pass computed a pair of elements at a time (bf16_pairs), before the
-    // elements.
-    const std::vector<std::string> pairs = bf16_pairs(pass, arr, idx);
     for (int i = 0; i < n_members; ++i) {
-      if (pairs[sz(i)].empty()) continue;
+      if (pairs.member[sz(i)].empty()) continue;
       os << I6 << "u32 yp" << i << "[" << W / 2 << "];  // " << lines_[sz(i)] << ", in pairs\n"
          << "#pragma unroll\n"
-         << I6 << "for (int h = 0; h < " << W / 2 << "; ++h) yp" << i << "[h] = " << pairs[sz(i)]
-         << ";\n";
+         << I6 << "for (int h = 0; h < " << W / 2 << "; ++h) yp" << i
+         << "[h] = " << pairs.member[sz(i)] << ";\n";
+    }
+    for (int i : reductions) {
+      if (pairs.fold[sz(i)].empty()) continue;
+      const bool max = members_[sz(i)]->name() == "amax";
+      os << "#pragma unroll\n"
+         << I6 << "for (int h = 0; h < " << W / 2 << "; ++h) ap" << i << " = kpick_bf16x2<"
+         << (max ? "true" : "false") << ">(ap" << i << ", " << pairs.fold[sz(i)] << ");\n";
     }
     os << "#pragma unroll\n"
        << I6 << "for (int e = 0; e < " << W << "; ++e) {\n"
@@ -654,7 +681,7 @@ std::string Generator::row_entry(int width) {
     }
     for (int i = 0; i < n_members; ++i) {
       if (!need[sz(i)]) continue;
-      if (pairs[sz(i)].empty()) {
+      if (pairs.member[sz(i)].empty()) {
         os << I8 << statement(i);
       } else {
         os << I8 << "const bf16 y" << i << " = kbf_half(yp" << i << "[e >> 1], e & 1);\n";
@@ -674,6 +701,7 @@ std::string Generator::row_entry(int width) {
       }
     }
     for (int i : reductions) {
+      if (!pairs.fold[sz(i)].empty()) continue;
       const BoundOp& op = *members_[sz(i)];
       const int in = op.inputs[0];
       const ScalarType out = spec(op.outputs[0]).dtype;
@@ -709,6 +737,12 @@ std::string Generator::row_entry(int width) {
     }
     os << (cache ? "    }\n    }\n" : "    }\n    }\n    }\n");
     if (reductions.empty()) continue;
+    for (int i : reductions) {  // a fold's two halves into the thread's result
+      if (pairs.fold[sz(i)].empty()) continue;
+      const std::string pick = members_[sz(i)]->name() == "amax" ? "kpick<true>" : "kpick<false>";
+      os << "    a" << i << " = " << pick << "(a" << i << ", " << pick << "(__uint_as_float(ap" << i
+         << " << 16), __uint_as_float(ap" << i << " & 0xffff0000u)));\n";
+    }
     // The group's partial results combined: the warp's, then the group's warps' (in order).
     for (int i : reductions) {
       const BoundOp& op = *members_[sz(i)];

@@ -17,6 +17,7 @@
 // Internal to kernels/.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -57,11 +58,49 @@ KILN_SCALAR_HD T from_acc(V v) {
   }
 }
 
-// The larger (kMax) or smaller of a and b; NaN wins.
+// The NaN that amax and amin give, on the host as on the device: the device's canonical NaN (all
+// ones but the sign), which its max.NaN and min.NaN write.
+template <typename V>
+KILN_SCALAR_HD V canonical_nan() {
+  if constexpr (std::is_same_v<V, float>) {
+#if defined(__CUDA_ARCH__)
+    return __int_as_float(0x7fffffff);
+#else
+    return std::bit_cast<float>(0x7fffffff);
+#endif
+  } else {
+#if defined(__CUDA_ARCH__)
+    return __longlong_as_double(0x7fffffffffffffffLL);
+#else
+    return std::bit_cast<double>(0x7fffffffffffffffLL);
+#endif
+  }
+}
+
+// The larger (kMax) or smaller of a and b, whatever their order (IEEE 754-2019's maximum and
+// minimum): NaN wins, as canonical_nan, and +0 is larger than -0. So amax and amin have one
+// result in any order of reduction, the same bits on the host and the device: the generated row
+// kernels (compiler/fused_cuda_rows.cpp) fold two bf16 elements an instruction and combine
+// threads in their own order, with eager's bits. float's is one instruction on the device
+// (max.NaN.f32; GpuFusedCuda.AmaxAminRowsMatchEagerBitwise checks zeros and NaN against eager's).
 template <bool kMax, typename V>
 KILN_SCALAR_HD V pick(V a, V b) {
-  if (math::is_nan(a)) return a;
-  if (math::is_nan(b)) return b;
+  if constexpr (std::is_floating_point_v<V>) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (std::is_same_v<V, float>) {
+      float r;
+      if constexpr (kMax) {
+        asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+      } else {
+        asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+      }
+      return r;
+    }
+#endif
+    if (math::is_nan(a) || math::is_nan(b)) return canonical_nan<V>();
+    // Equal: the same value, or zeros of either sign (max takes +0, min -0).
+    if (a == b) return (math::copysign(V(1), a) < V(0)) == kMax ? b : a;
+  }
   if constexpr (kMax) {
     return b > a ? b : a;
   } else {
@@ -135,7 +174,13 @@ struct ExtremumReducer {
     a = pick<kMax>(a, static_cast<acc_t>(x));
   }
   KILN_SCALAR_HD acc_t merge(acc_t a, acc_t b) const { return pick<kMax>(a, b); }
-  KILN_SCALAR_HD void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
+  KILN_SCALAR_HD void finish(acc_t a, int64_t i) const {
+    // A NaN that no merge met (kernels/cpu/reduce.cpp's step keeps the element's) as pick's.
+    if constexpr (std::is_floating_point_v<acc_t>) {
+      if (math::is_nan(a)) a = canonical_nan<acc_t>();
+    }
+    out[i] = from_acc<T>(a);
+  }
 };
 
 // --- max/min with indices, argmax/argmin ------------------------------------------------------

@@ -100,6 +100,93 @@ std::optional<std::string> div_out_of_line(const std::string& s) {
   out.insert(out.find(row_div), kDivIeee);
   return out;
 }
+// Pass 0 of a row cached in shared memory (in0, the vector entry) loaded by cp.async: each
+// thread copies all of its accesses of the row to their places at once (no registers, a whole row
+// in flight), waits for its own copies, and reads them back; `prefetch`: the next row's copies
+// are issued at the end of a row (after its last pass), so they overlap the block's tail.
+enum class Prefetch { kNone, kAtRowEnd, kInLastPass };
+// `blocks` > 0: that many blocks run (the others return at once), each taking every blocks-th row,
+// so that a block has a next row to prefetch (the library launches a block a row).
+std::optional<std::string> pass0_cp_async(const std::string& s, Prefetch prefetch, int blocks = 0) {
+  const size_t vec = s.find("kiln_rows_vector(");
+  const std::string sin = "    bf16* sin0 = (bf16*)(ksm + 0);  // the row, in shared memory\n";
+  const std::string load = "xv0[u] = *(const kpack<bf16, 8>*)(rin0 + c0);";
+  const std::string store = "      *(kpack<bf16, 8>*)(sin0 + c0) = xv0[u];\n";
+  const std::string step = "const int c0 = cb + u * ";
+  if (vec == std::string::npos || s.find(sin, vec) == std::string::npos ||
+      s.find(load, vec) == std::string::npos || s.find(store, vec) == std::string::npos ||
+      s.find(step, vec) == std::string::npos)
+    return std::nullopt;
+  std::string out = s;
+  const size_t at = out.find(step, vec) + step.size();
+  const std::string stride = out.substr(at, out.find(';', at) - at);
+  out.replace(out.find(load, vec), load.size(), "xv0[u] = *(const kpack<bf16, 8>*)(sin0 + c0);");
+  out.erase(out.find(store, vec), store.size());
+  const std::string copy = "for (int c = lane * 8; c < C; c += " + stride +
+                           ") asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: "
+                           "\"r\"((unsigned)__cvta_generic_to_shared(SIN + c)), "
+                           "\"l\"(__cvta_generic_to_global(RIN + c)) : \"memory\");\n";
+  auto with = [&](const std::string& sp, const std::string& rp) {
+    std::string c = copy;
+    c.replace(c.find("SIN"), 3, sp);
+    c.replace(c.find("RIN"), 3, rp);
+    return c;
+  };
+  const std::string wait = "    asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n";
+  const size_t sat = out.find(sin, vec) + sin.size();
+  if (prefetch == Prefetch::kNone) {
+    out.insert(sat, "    if (active) {\n      " + with("sin0", "rin0") + "    }\n" + wait);
+    return out;
+  }
+  out.insert(sat, wait);
+  // The first row's copies before the row loop; the next row's at the end of each row.
+  const std::string loop = "  for (long long base = ";
+  const size_t lat = out.find(loop, vec);
+  if (lat == std::string::npos ||
+      out.find("const int g = threadIdx.x / 512", vec) == std::string::npos)
+    return std::nullopt;
+  out.insert(lat,
+             "  if ((long long)blockIdx.x < R) { const int lane = threadIdx.x; const bf16* rin0 = "
+             "in0 + blockIdx.x * C; bf16* sin0 = (bf16*)ksm;\n    " +
+                 with("sin0", "rin0") + "  }\n");
+  std::string grid = "(long long)gridDim.x";
+  if (blocks > 0) {
+    grid = std::to_string(blocks) + "LL";
+    const std::string from = "base += (long long)gridDim.x * 1)";
+    const size_t f = out.find(from, lat);
+    if (f == std::string::npos) return std::nullopt;
+    out.replace(f, from.size(), "base += " + grid + ")");
+    out.insert(lat, "  if (blockIdx.x >= " + std::to_string(blocks) + ") return;\n");
+  }
+  if (prefetch == Prefetch::kInLastPass) {
+    // The last pass's chunk loop: the next row's copies of the chunk, once the chunk is used.
+    const std::string loop_head = "    for (int cb = lane * 8; cb < C; cb += ";
+    const size_t h = out.rfind(loop_head);
+    if (h == std::string::npos || h < vec) return std::nullopt;
+    const size_t n_at = h + loop_head.size();
+    const std::string chunk = out.substr(n_at, out.find(')', n_at) - n_at);
+    size_t i = out.find('{', h), depth = 0;
+    for (; i < out.size(); ++i) {
+      if (out[i] == '{') ++depth;
+      if (out[i] == '}' && --depth == 0) break;
+    }
+    if (i == out.size()) return std::nullopt;
+    std::string copy_chunk = copy;
+    copy_chunk.replace(copy_chunk.find("for (int c = lane * 8; c < C; c += " + stride + ")"),
+                       std::string("for (int c = lane * 8; c < C; c += " + stride + ")").size(),
+                       "for (int c = cb; c < C && c < cb + " + chunk + "; c += " + stride + ")");
+    copy_chunk.replace(copy_chunk.find("SIN"), 3, "sin0");
+    copy_chunk.replace(copy_chunk.find("RIN"), 3, "nin0");
+    out.insert(i, "      if (base + " + grid + " < R) { const bf16* nin0 = rin0 + " + grid +
+                      " * C;\n        " + copy_chunk + "      }\n");
+    return out;
+  }
+  const size_t end = out.rfind("  }\n}");
+  if (end == std::string::npos || end < vec) return std::nullopt;
+  out.insert(end, "    if (base + " + grid + " < R) { const bf16* nin0 = rin0 + " + grid +
+                      " * C;\n      " + with("sin0", "nin0") + "    }\n");
+  return out;
+}
 const std::vector<Variant>& variants() {
   using compiler::internal::RowPlanOptions;
   static const std::vector<Variant> v = {
@@ -131,6 +218,24 @@ const std::vector<Variant>& variants() {
       // Long rows read again from global memory by each pass (L2, mostly), not cached in shared
       // memory: no shared memory to bound the blocks an SM.
       {"no row cache", {}, nullptr, 0},
+      // Pass 0's loads of a long row by cp.async, straight to shared memory; then with the next
+      // row's copies issued at the end of each row.
+      {"pass 0 by cp.async",
+       {},
+       [](const std::string& s) { return pass0_cp_async(s, Prefetch::kNone); }},
+      {"cp.async, next row at row end",
+       {},
+       [](const std::string& s) { return pass0_cp_async(s, Prefetch::kAtRowEnd); }},
+      {"cp.async, next row in last pass",
+       {},
+       [](const std::string& s) { return pass0_cp_async(s, Prefetch::kInLastPass); }},
+      // Persistent blocks (3 an SM of an H100 or H200), so that each has a next row to prefetch.
+      {"cp.async, 396 blocks, next row at row end",
+       {},
+       [](const std::string& s) { return pass0_cp_async(s, Prefetch::kAtRowEnd, 396); }},
+      {"cp.async, 396 blocks, next row in last pass",
+       {},
+       [](const std::string& s) { return pass0_cp_async(s, Prefetch::kInLastPass, 396); }},
   };
   return v;
 }

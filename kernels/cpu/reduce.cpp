@@ -7,6 +7,7 @@
 #include "kernels/cpu/reduce.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -97,14 +98,18 @@ acc_t<T> to_acc(T x) {
 }
 
 // scalar::ExtremumReducer with a branch-free step, so that the row loop vectorises; a NaN in `a`
-// stays (both tests fail).
+// stays (every test fails). Equal values of other bits are zeros of either sign: +0 is the larger
+// (the larger bits as a signed integer), as scalar::pick, so that the result does not depend on
+// the order.
 template <typename T, bool kMax>
 struct ExtremumReducer : scalar::ExtremumReducer<T, kMax> {
   using acc_t = typename scalar::ExtremumReducer<T, kMax>::acc_t;
   void step(acc_t& a, T x, int64_t) const {
     const acc_t v = static_cast<acc_t>(x);
     if constexpr (std::is_floating_point_v<acc_t>) {
-      a = ((kMax ? v > a : v < a) || v != v) ? v : a;
+      using Bits = std::conditional_t<sizeof(acc_t) == 8, int64_t, int32_t>;
+      const Bits bv = std::bit_cast<Bits>(v), ba = std::bit_cast<Bits>(a);
+      a = ((kMax ? v > a : v < a) || v != v || (v == a && (kMax ? bv > ba : bv < ba))) ? v : a;
     } else {
       a = (kMax ? v > a : v < a) ? v : a;
     }

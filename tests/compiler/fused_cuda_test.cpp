@@ -1624,6 +1624,98 @@ TEST(GpuFusedCuda, RowBf16SumsInPairsAsEagerDoes) {
   }
 }
 
+// amax and amin in the row kernels: a bf16 operand folded two elements an instruction
+// (kpick_bf16x2), the partial results combined in the kernel's own order (kpick) and not eager's.
+// The bits are eager's all the same, since amax and amin do not depend on the order
+// (kernels/reduce_fn.h's pick): rows of zeros of both signs in either order, NaN first and last,
+// infinities, subnormals, ties and random values, in rows read from shared memory, from registers
+// and from global memory; f32 too, and eager on the GPU against the CPU's.
+TEST(GpuFusedCuda, AmaxAminRowsMatchEagerBitwise) {
+  SKIP_WITHOUT_GPU();
+  manual_seed(23);
+  const Device gpu(kCUDA, 0);
+  // Each program compiled alone, so that each is one row kernel: the bf16 operand an input, a
+  // member in pairs (x - m, one bf16x2 fma), and f32 (no fold).
+  using Program = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+  const std::vector<std::pair<Program, std::vector<std::string>>> programs = {
+      {[](const std::vector<Tensor>& a) {
+         return std::vector<Tensor>{amax(a[0], {-1}, true), amin(a[0], {-1}, true)};
+       },
+       {"= kpick_bf16x2<true>(", "= kpick_bf16x2<false>("}},
+      {[](const std::vector<Tensor>& a) {
+         return std::vector<Tensor>{amax(a[0] - a[1], {-1}, true)};
+       },
+       {"= kpick_bf16x2<true>(", ", yp"}},
+      {[](const std::vector<Tensor>& a) {
+         const Tensor f = a[0].to(kFloat);
+         return std::vector<Tensor>{amax(f, {-1}, true), amin(f, {-1}, true)};
+       },
+       {}},
+  };
+  constexpr uint16_t kPos0 = 0x0000, kNeg0 = 0x8000, kNaN = 0x7fc0, kInf = 0x7f80, kNegInf = 0xff80;
+  for (int64_t cols : {int64_t{32000}, int64_t{2048}, int64_t{24}}) {
+    const int64_t rows = 12;
+    Tensor x = (randn({rows, cols}) * 4.0).to(kBFloat16).contiguous();
+    BFloat16* p = x.data_ptr<BFloat16>();
+    auto row = [&](int64_t r, const std::function<uint16_t(int64_t c, uint16_t was)>& f) {
+      for (int64_t c = 0; c < cols; ++c) p[r * cols + c].x = f(c, p[r * cols + c].x);
+    };
+    row(0, [](int64_t c, uint16_t) { return c % 2 == 0 ? kNeg0 : kPos0; });      // -0 first
+    row(1, [&](int64_t c, uint16_t) { return c == cols - 1 ? kPos0 : kNeg0; });  // +0 last
+    row(2, [](int64_t, uint16_t) { return kNeg0; });
+    row(3, [&](int64_t c, uint16_t w) {  // negatives, -0 first and +0 in the middle
+      return c == 0 ? kNeg0 : c == cols / 2 ? kPos0 : static_cast<uint16_t>(w | 0x8000);
+    });
+    row(4, [&](int64_t c, uint16_t w) { return c == cols - 1 ? kNaN : w; });
+    row(5, [](int64_t c, uint16_t w) { return c == 0 ? kNaN : w; });
+    row(6, [](int64_t, uint16_t) { return kNegInf; });
+    row(7, [&](int64_t c, uint16_t w) { return c == cols / 3 ? kInf : w; });
+    row(8, [](int64_t c, uint16_t) {  // subnormals of both signs among zeros of both signs
+      const uint16_t v[4] = {0x8001, kNeg0, 0x0001, kPos0};
+      return v[c % 4];
+    });
+    row(9, [](int64_t c, uint16_t) { return static_cast<uint16_t>(c % 3 == 0 ? 0x8001 : kNeg0); });
+    row(10, [&](int64_t c, uint16_t w) { return c % 5 == 1 ? static_cast<uint16_t>(0x4300) : w; });
+    // row 11: random values
+    const Tensor m = zeros({rows, 1}).to(kBFloat16);
+    const std::vector<Tensor> args = {x.to(gpu), m.to(gpu)};
+    std::vector<Tensor> bf16_results;  // amax and amin of x, eager on the GPU
+    for (size_t pi = 0; pi < programs.size(); ++pi) {
+      const auto& [fn, folds] = programs[pi];
+      const std::string what =
+          "rows of " + std::to_string(cols) + ", program " + std::to_string(pi);
+      compiler::reset_fused_cuda_stats();
+      auto f = compile(fn);
+      const std::vector<Tensor> got = f(args);
+      const std::vector<Tensor> want = fn(args);
+      const std::vector<Tensor> on_cpu = fn({x, m});
+      EXPECT_EQ(compiler::fused_cuda_stats().row_regions, 1) << what << listings(f.traces());
+      if (cols % 8 == 0) {
+        EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 1) << what;
+        const std::string source = generated_sources(f.traces());
+        for (const std::string& fold : folds)
+          EXPECT_NE(source.find(fold), std::string::npos) << what << ": " << fold << "\n" << source;
+      }
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const std::string out = what + ", output " + std::to_string(i);
+        expect_bitwise(got[i], want[i], out);  // NaN too: the device's canonical NaN
+        // Eager on the GPU against the CPU: the same values (bf16, exactly) and zeros' signs.
+        expect_same_bf16_bits(want[i].to(kBFloat16), on_cpu[i].to(kBFloat16),
+                              out + ", eager on the GPU against the CPU");
+      }
+      if (pi == 0) bf16_results = want;
+    }
+    // The zeros' signs (eager's, so the compiled kernel's): +0 above -0 in either order.
+    const std::string what = "rows of " + std::to_string(cols);
+    const Tensor mx = bf16_results[0].to(kCPU).to(kFloat).contiguous();
+    const Tensor mn = bf16_results[1].to(kCPU).to(kFloat).contiguous();
+    for (int r : {0, 1, 3}) EXPECT_FALSE(std::signbit(mx.data_ptr<float>()[r])) << what << r;
+    for (int r : {2, 9}) EXPECT_TRUE(std::signbit(mx.data_ptr<float>()[r])) << what << r;
+    for (int r : {0, 1, 2}) EXPECT_TRUE(std::signbit(mn.data_ptr<float>()[r])) << what << r;
+  }
+}
+
 TEST(GpuFusedCuda, RunFusedKernelMatchesTheCompiledProgram) {
   SKIP_WITHOUT_GPU();
   manual_seed(18);

@@ -327,6 +327,36 @@ TEST(ReduceTest, NanPropagatesAndWins) {
   EXPECT_EQ(big.slice(0, 0, 77777).argmax().item<int64_t>(), 5);
 }
 
+// amax and amin have one result whatever the order of reduction (IEEE 754-2019's maximum and
+// minimum): +0 is larger than -0 wherever the zeros stand, and NaN wins. So the compiler's row
+// kernels, which reduce in their own order, give eager's bits.
+TEST(ReduceTest, AmaxAminOfZerosAndNanDoNotDependOnOrder) {
+  for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
+    const std::string what = std::string(dtype_name(dt));
+    for (const std::vector<double>& v : std::vector<std::vector<double>>{
+             {-0.0, 0.0}, {0.0, -0.0}, {-1.0, -0.0, 0.0, -0.0}, {0.0, -0.0, -0.0, -2.0}}) {
+      // Long enough that the CPU reduces it in chunks, lanes and threads, zeros in every place.
+      std::vector<double> big;
+      for (int i = 0; i < 50000; ++i) big.insert(big.end(), v.begin(), v.end());
+      for (const Tensor& t : {from_values(v, {static_cast<int64_t>(v.size())}, dt),
+                              from_values(big, {static_cast<int64_t>(big.size())}, dt)}) {
+        const double mx = t.amax().to(kDouble).item<double>();
+        EXPECT_EQ(mx, 0.0) << what;
+        EXPECT_FALSE(std::signbit(mx)) << what << ": amax of -0 and +0 is +0";
+        const double mn = t.amin().to(kDouble).item<double>();
+        if (v.front() == -1.0 || v.back() == -2.0) continue;  // amin is -1 or -2
+        EXPECT_EQ(mn, 0.0) << what;
+        EXPECT_TRUE(std::signbit(mn)) << what << ": amin of -0 and +0 is -0";
+      }
+    }
+    const Tensor only_negative_zeros = from_values({-0.0, -0.0}, {2}, dt);
+    EXPECT_TRUE(std::signbit(only_negative_zeros.amax().to(kDouble).item<double>())) << what;
+    const Tensor with_nan = from_values({1.0, kNaN, -kInf, kNaN, 0.0}, {5}, dt);
+    EXPECT_TRUE(std::isnan(with_nan.amax().to(kDouble).item<double>())) << what;
+    EXPECT_TRUE(std::isnan(with_nan.amin().to(kDouble).item<double>())) << what;
+  }
+}
+
 TEST(ReduceTest, DtypesAndResultTypes) {
   const std::vector<double> v{1, 2, 3, 4, -5, 6};
   for (ScalarType dt : {kFloat, kDouble, kHalf, kBFloat16}) {
