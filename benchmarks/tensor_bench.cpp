@@ -121,6 +121,16 @@ void BM_SumRows16M(benchmark::State& state) {
 }
 BENCHMARK(BM_SumRows16M)->Arg(1)->Arg(2)->UseRealTime();
 
+// amax over the rows of [4096, 4096] (the order-free pick: +0 above -0, NaN wins).
+void BM_AmaxRows16M(benchmark::State& state) {
+  set_threads(state, 0);
+  kiln::manual_seed(0);
+  const kiln::Tensor a = kiln::randn({4096, 4096});
+  for (auto _ : state) benchmark::DoNotOptimize(a.amax({1}));
+  state.SetBytesProcessed(state.iterations() * (k16M + 4096) * kFloatBytes);
+}
+BENCHMARK(BM_AmaxRows16M)->Arg(1)->Arg(2)->UseRealTime();
+
 // --- Matmul: kiln::matmul against Eigen on the same row-major data -----------------------------
 
 void set_flops(benchmark::State& state, int64_t n) {
