@@ -880,6 +880,50 @@ TEST(FusedCudaCodegen, RowBf16SumsInPairs) {
             0);
 }
 
+// amax and amin of a bf16 operand in pairs fold two elements an instruction into a pair of partial
+// results (kpick_bf16x2), combined into the thread's result after the pass; float partials combine
+// by kpick (max.NaN.f32). The dense entry and f32 rows reduce element by element.
+TEST(FusedCudaCodegen, RowAmaxAminFoldBf16Pairs) {
+  namespace I = compiler::internal;
+  std::string why;
+  const Trace lse = traced_on_cuda(logsumexp_with_ops, randn({2, 32000}).to(kBFloat16));
+  const auto k = I::generate_fused_kernel(lse, 0, lse.ops.size(), &why);
+  ASSERT_TRUE(k.has_value()) << why;
+  const std::string& s = k->source;
+  const std::string vector = s.substr(s.find("kiln_rows_vector("));
+  EXPECT_EQ(count(vector, "u32 ap0 = 0xff80ff80u;"), 1) << s;
+  EXPECT_EQ(count(vector,
+                  "ap0 = kpick_bf16x2<true>(ap0, kbf_pair(xv0[u].v[2 * h], xv0[u].v[2 * h + 1]));"),
+            1)
+      << s;
+  EXPECT_EQ(count(vector,
+                  "a0 = kpick<true>(a0, kpick<true>(__uint_as_float(ap0 << 16), "
+                  "__uint_as_float(ap0 & 0xffff0000u)));"),
+            1)
+      << s;
+  EXPECT_EQ(count(vector, "a0 = kpick<true>(a0, (float)"), 0) << s;  // no element by element
+  const std::string dense = s.substr(0, s.find("kiln_rows_vector("));
+  EXPECT_EQ(count(dense, "kpick_bf16x2<"), count(std::string(I::kPrelude), "kpick_bf16x2<")) << s;
+  EXPECT_EQ(count(dense, "a0 = kpick<true>(a0, (float)"), 1) << s;
+  // amin, of a member in pairs (x + z): the other sign's infinities, its pair.
+  const Trace mn = traced_on_cuda(
+      [](const Tensor& x, const Tensor& z) {
+        const Tensor t = x + z;
+        return t - amin(t, {-1}, true);
+      },
+      randn({4, 256}).to(kBFloat16), randn({4, 256}).to(kBFloat16));
+  const auto kmn = I::generate_fused_kernel(mn, 0, mn.ops.size(), &why);
+  ASSERT_TRUE(kmn.has_value()) << why;
+  EXPECT_EQ(count(kmn->source, " = 0x7f807f80u;"), 1) << kmn->source;
+  EXPECT_EQ(count(kmn->source, " = kpick_bf16x2<false>(ap1, yp0[h]);"), 1) << kmn->source;
+  // f32 rows: element by element, each pick one instruction.
+  const Trace f32 = traced_on_cuda(logsumexp_with_ops, randn({2, 32000}));
+  const auto k32 = I::generate_fused_kernel(f32, 0, f32.ops.size(), &why);
+  ASSERT_TRUE(k32.has_value()) << why;
+  EXPECT_EQ(count(k32->source, "ap0"), 0) << k32->source;
+  EXPECT_EQ(count(k32->source, "a0 = kpick<true>(a0, (float)"), 2) << k32->source;
+}
+
 // The shrunk programs of GpuRandomProgram that differed from eager on an H100 (seeds 20261414,
 // 20261652, 20261806: compiled 1, 0 and -0 where eager had other values). Each returns a per-row
 // value of rows of one element (which has the domain's shape) and no per-element one: the tree
