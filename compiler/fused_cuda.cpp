@@ -41,7 +41,7 @@ struct Counters {
   std::atomic<int64_t> regions{0}, nvrtc_compiles{0}, memory_hits{0}, disk_hits{0},
       disk_rejected{0}, disk_writes{0}, fallbacks{0}, strided_launches{0}, dense_launches{0},
       vector_launches{0}, rowvec_launches{0}, row_regions{0}, row_fallbacks{0}, tiled_launches{0},
-      tiled_pack_launches{0};
+      tiled_pack_launches{0}, row_two_block_builds{0};
 };
 Counters& counters() {
   static Counters c;
@@ -70,11 +70,22 @@ Step eager_region(const Trace& t, size_t begin, size_t end) {
 
 FusedCudaStats fused_cuda_stats() {
   const Counters& c = counters();
-  return {c.regions.load(),         c.nvrtc_compiles.load(),   c.memory_hits.load(),
-          c.disk_hits.load(),       c.disk_rejected.load(),    c.disk_writes.load(),
-          c.fallbacks.load(),       c.strided_launches.load(), c.dense_launches.load(),
-          c.vector_launches.load(), c.rowvec_launches.load(),  c.row_regions.load(),
-          c.row_fallbacks.load(),   c.tiled_launches.load(),   c.tiled_pack_launches.load()};
+  return {c.regions.load(),
+          c.nvrtc_compiles.load(),
+          c.memory_hits.load(),
+          c.disk_hits.load(),
+          c.disk_rejected.load(),
+          c.disk_writes.load(),
+          c.fallbacks.load(),
+          c.strided_launches.load(),
+          c.dense_launches.load(),
+          c.vector_launches.load(),
+          c.rowvec_launches.load(),
+          c.row_regions.load(),
+          c.row_fallbacks.load(),
+          c.tiled_launches.load(),
+          c.tiled_pack_launches.load(),
+          c.row_two_block_builds.load()};
 }
 
 void reset_fused_cuda_stats() {
@@ -82,7 +93,7 @@ void reset_fused_cuda_stats() {
   for (auto* a : {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
                   &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches,
                   &c.vector_launches, &c.rowvec_launches, &c.row_regions, &c.row_fallbacks,
-                  &c.tiled_launches, &c.tiled_pack_launches}) {
+                  &c.tiled_launches, &c.tiled_pack_launches, &c.row_two_block_builds}) {
     a->store(0);
   }
 }
@@ -258,6 +269,7 @@ struct Driver {
   CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
   CUresult (*func_set_attribute)(CUfunction, CUfunction_attribute, int) = nullptr;
+  CUresult (*func_get_attribute)(int*, CUfunction_attribute, CUfunction) = nullptr;
   bool ok = false;
 };
 
@@ -277,6 +289,7 @@ const Driver& driver() {
     get("cuDevicePrimaryCtxRetain", r.primary_ctx_retain);
     get("cuGetErrorString", r.get_error_string);
     get("cuFuncSetAttribute", r.func_set_attribute);
+    get("cuFuncGetAttribute", r.func_get_attribute);
     r.ok = ok;
     return r;
   }();
@@ -458,6 +471,30 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, const
   get(e.rowvec, &loaded->rowvec, "kiln_fused_rowvec");
   get(e.tiled, &loaded->tiled, "kiln_fused_tiled");
   get(e.tiled_packs, &loaded->tiled_packs, "kiln_fused_tiled_packs");
+  // A row kernel caching its rows in shared memory runs three blocks a multiprocessor where three
+  // rows fit (fused_cuda_rows.cpp's head, `__launch_bounds__(512, 3)`): 42 registers a thread at
+  // most. One whose entries then take local memory (spilled registers) is built again at two
+  // blocks, 64 registers: log_softmax over 8192 x 32000 bf16 spilled 40 bytes and ran 11% faster
+  // so; the kernels that do not spill ran 0-8% slower at two (the kernel lab, session 37, H200).
+  const std::string three = "__launch_bounds__(512, 3)";
+  if (e.rows && e.shared_bytes > 0 && source.find(three) != std::string::npos) {
+    bool spills = false;
+    for (CUfunction f : {loaded->dense, loaded->vector}) {
+      int local = 0;
+      if (f != nullptr) {
+        check_cu(driver().func_get_attribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f),
+                 "cuFuncGetAttribute");
+      }
+      spills = spills || local > 0;
+    }
+    if (spills) {
+      ++counters().row_two_block_builds;
+      std::string two = source;
+      for (size_t at = two.find(three); at != std::string::npos; at = two.find(three, at))
+        two.replace(at, three.size(), "__launch_bounds__(512, 2)");
+      return build(device, two, e);
+    }
+  }
   // More than the default 48 KiB of dynamic shared memory is allowed per function.
   for (CUfunction f : {loaded->dense, loaded->vector}) {
     if (f == nullptr || e.shared_bytes <= 0) continue;

@@ -53,6 +53,8 @@ struct FusedCudaStats {
   int64_t row_fallbacks = 0;  // runs of a row kernel's region op by op (rows not contiguous)
   int64_t tiled_launches = 0;  // launches of the tiled entry (FusedKernel::tiled), in packs or not
   int64_t tiled_pack_launches = 0;  // of those, in packs (FusedKernel::tiled_pack)
+  // Row kernels built again at two blocks a multiprocessor: at three their registers spilled.
+  int64_t row_two_block_builds = 0;
 };
 FusedCudaStats fused_cuda_stats();
 void reset_fused_cuda_stats();
