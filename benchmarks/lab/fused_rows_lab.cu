@@ -25,7 +25,8 @@
 //               conversion pipe, a sixteenth of the FMA's rate (not yet measured);
 //   2 blocks an SM  long rows cached in shared memory at __launch_bounds__(512, 2) instead of the
 //               library's three blocks where three rows fit (three were 4-10% faster on the rows
-//               of 32000 bf16);
+//               of 32000 bf16; since session 37 the executor builds a kernel that spills at three
+//               at two, so this variant's log_softmax is the library's kernel in all but text);
 //   no row cache  long rows read again by each pass (from L2, mostly), planned as for a device
 //               without opt-in shared memory (session 36: whether the shared-memory cache still
 //               wins since the row kernels take fewer instructions);
