@@ -174,13 +174,7 @@ struct ExtremumReducer {
     a = pick<kMax>(a, static_cast<acc_t>(x));
   }
   KILN_SCALAR_HD acc_t merge(acc_t a, acc_t b) const { return pick<kMax>(a, b); }
-  KILN_SCALAR_HD void finish(acc_t a, int64_t i) const {
-    // A NaN that no merge met (kernels/cpu/reduce.cpp's step keeps the element's) as pick's.
-    if constexpr (std::is_floating_point_v<acc_t>) {
-      if (math::is_nan(a)) a = canonical_nan<acc_t>();
-    }
-    out[i] = from_acc<T>(a);
-  }
+  KILN_SCALAR_HD void finish(acc_t a, int64_t i) const { out[i] = from_acc<T>(a); }
 };
 
 // --- max/min with indices, argmax/argmin ------------------------------------------------------

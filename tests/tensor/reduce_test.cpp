@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <kiln/kiln.h>
 
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -354,7 +355,24 @@ TEST(ReduceTest, AmaxAminOfZerosAndNanDoNotDependOnOrder) {
     const Tensor with_nan = from_values({1.0, kNaN, -kInf, kNaN, 0.0}, {5}, dt);
     EXPECT_TRUE(std::isnan(with_nan.amax().to(kDouble).item<double>())) << what;
     EXPECT_TRUE(std::isnan(with_nan.amin().to(kDouble).item<double>())) << what;
+    // Down the columns too (another loop of the CPU kernel): [-0, +0, -inf] and [+0, -0, NaN].
+    const Tensor cols = from_values({-0.0, 0.0, 0.0, -0.0, -kInf, kNaN}, {3, 2}, dt);
+    const Tensor cmax = cols.amax({0}).to(kDouble), cmin = cols.amin({0}).to(kDouble);
+    EXPECT_EQ(cmax.to_vector<double>()[0], 0.0) << what;
+    EXPECT_FALSE(std::signbit(cmax.to_vector<double>()[0])) << what;
+    EXPECT_TRUE(std::isnan(cmax.to_vector<double>()[1])) << what;
+    EXPECT_EQ(cmin.to_vector<double>()[0], -kInf) << what;
+    EXPECT_TRUE(std::isnan(cmin.to_vector<double>()[1])) << what;
   }
+  // A NaN result is the device's canonical NaN on the CPU too (the same bits as on the GPU).
+  const Tensor f = from_values({1.0, kNaN, 2.0}, {3}, kFloat);
+  EXPECT_EQ(std::bit_cast<uint32_t>(f.amax().item<float>()), 0x7fffffffu);
+  EXPECT_EQ(std::bit_cast<uint32_t>(f.amin().item<float>()), 0x7fffffffu);
+  const Tensor d = from_values({1.0, kNaN, 2.0}, {3}, kDouble);
+  EXPECT_EQ(std::bit_cast<uint64_t>(d.amax().item<double>()), 0x7fffffffffffffffu);
+  // Integers and bool as before.
+  EXPECT_EQ(from_values({3, -7, 5}, {3}, kLong).amin().item<int64_t>(), -7);
+  EXPECT_EQ(from_values({0, 1, 0}, {3}, kBool).amax().item<bool>(), true);
 }
 
 TEST(ReduceTest, DtypesAndResultTypes) {
