@@ -110,8 +110,11 @@ std::optional<std::string> div_out_of_line(const std::string& s) {
 }
 // Pass 0 of a row cached in shared memory (in0, the vector entry) loaded by cp.async: each
 // thread copies all of its accesses of the row to their places at once (no registers, a whole row
-// in flight), waits for its own copies, and reads them back; `prefetch`: the next row's copies
-// are issued at the end of a row (after its last pass), so they overlap the block's tail.
+// in flight), waits for its own copies, and reads them back. With a prefetch the first row's
+// copies are issued before the row loop and the next row's early: at the end of a row (kAtRowEnd,
+// overlapping the block's tail) or chunk by chunk in the last pass, once the chunk is used
+// (kInLastPass, overlapping that pass). Each thread overwrites only its own accesses, which it
+// has read: no barrier.
 enum class Prefetch { kNone, kAtRowEnd, kInLastPass };
 // `blocks` > 0: that many blocks run (the others return at once), each taking every blocks-th row,
 // so that a block has a next row to prefetch (the library launches a block a row).
