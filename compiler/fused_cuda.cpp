@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstring>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <semaphore>
@@ -113,141 +114,6 @@ std::optional<std::string> read_cached_kernel(const std::string& dir, const Kern
 
 bool write_cached_kernel(const std::string& dir, const KernelKey& key, const std::string& payload) {
   return disk_cache::write(dir, key.disk_key(), payload);
-}
-
-// Whether operand `o` (its layout `l`) moves in packs of `w` elements along its dim `along`:
-// `align`-byte aligned, stride 1 along that dim, and every other stride (of a dim larger than 1)
-// a multiple of the pack, so that each pack stays aligned.
-bool moves_in_packs(const FusedKernel::Operand& o, const OperandLayout& l, size_t along, int64_t w,
-                    int64_t align) {
-  if (l.address % static_cast<uint64_t>(align) != 0 || l.strides.size() != o.sizes.size()) {
-    return false;
-  }
-  for (size_t d = 0; d < o.sizes.size(); ++d) {
-    if (d == along ? l.strides[d] != 1 : o.sizes[d] != 1 && l.strides[d] % w != 0) return false;
-  }
-  return true;
-}
-
-// Whether the row-vector entry may run: the operands varying along the last dim in 16-byte packs.
-bool rowvec_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
-                    const std::vector<OperandLayout>& outputs) {
-  if (k.rowvec_width == 0 || numel_of(k.sizes) < k.rowvec_width) return false;
-  const int64_t d_last = k.sizes.back();
-  auto fits = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
-    if (o.host_scalar || o.sizes.empty() || o.sizes.back() != d_last) return true;
-    return moves_in_packs(o, l, o.sizes.size() - 1, k.rowvec_width, 16);
-  };
-  for (size_t j = 0; j < inputs.size(); ++j) {
-    if (!fits(k.inputs[j], inputs[j])) return false;
-  }
-  for (size_t j = 0; j < outputs.size(); ++j) {
-    if (!fits(k.outputs[j], outputs[j])) return false;
-  }
-  return true;
-}
-
-// Whether the tiled entry may run: each input it tiles still has stride 1 along the domain's
-// second-to-last dim (its reads into the tile go along it).
-bool tiled_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs) {
-  if (k.tiled.empty()) return false;
-  for (size_t j = 0; j < inputs.size(); ++j) {
-    if (!k.tiled[j]) continue;
-    const std::vector<int64_t>& s = inputs[j].strides;
-    if (s.size() < 2 || s[s.size() - 2] != 1) return false;
-  }
-  return true;
-}
-
-// Whether the tiled entry may run in packs: the tiled inputs' packs along the second-to-last dim,
-// the others' (those varying along the last dim, every output) along the last, each aligned to
-// its size.
-bool tiled_packs_allowed(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
-                         const std::vector<OperandLayout>& outputs) {
-  const int w = k.tiled_pack;
-  if (w == 0) return false;
-  const int64_t d_last = k.sizes.back();
-  auto fits = [&](const FusedKernel::Operand& o, const OperandLayout& l, bool tiled) {
-    if (o.host_scalar || o.sizes.empty() || (!tiled && o.sizes.back() != d_last)) return true;
-    const size_t r = o.sizes.size();
-    return moves_in_packs(o, l, tiled ? r - 2 : r - 1, w,
-                          w * static_cast<int64_t>(element_size(o.dtype)));
-  };
-  for (size_t j = 0; j < inputs.size(); ++j) {
-    if (!fits(k.inputs[j], inputs[j], k.tiled[j])) return false;
-  }
-  for (size_t j = 0; j < outputs.size(); ++j) {
-    if (!fits(k.outputs[j], outputs[j], false)) return false;
-  }
-  return true;
-}
-
-FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
-                              const std::vector<OperandLayout>& outputs) {
-  KILN_CHECK(inputs.size() == k.inputs.size() && outputs.size() == k.outputs.size(),
-             "[fused_cuda] internal: ", inputs.size(), " + ", outputs.size(),
-             " operand layouts for a kernel of ", k.inputs.size(), " + ", k.outputs.size());
-  // The entries for operands that are not all contiguous, asked only when they are needed.
-  const auto otherwise = [&] {
-    if (rowvec_allowed(k, inputs, outputs)) return FusedEntry::kRowVector;
-    if (!tiled_allowed(k, inputs)) return FusedEntry::kStrided;
-    return tiled_packs_allowed(k, inputs, outputs) ? FusedEntry::kTiledPacks : FusedEntry::kTiled;
-  };
-  if (!k.has_dense) return otherwise();
-  bool aligned = k.vector_width > 0 && numel_of(k.sizes) >= k.vector_width;
-  auto check = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
-    if (o.host_scalar) return true;
-    if (!l.contiguous) return false;
-    if (!o.sizes.empty()) aligned = aligned && l.address % 16 == 0;
-    return true;
-  };
-  for (size_t j = 0; j < inputs.size(); ++j) {
-    if (!check(k.inputs[j], inputs[j])) return otherwise();
-  }
-  for (size_t j = 0; j < outputs.size(); ++j) {
-    if (!check(k.outputs[j], outputs[j])) return otherwise();
-  }
-  return aligned ? FusedEntry::kVector : FusedEntry::kDense;
-}
-
-FusedEntry choose_row_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
-                            const std::vector<OperandLayout>& outputs) {
-  KILN_CHECK(inputs.size() == k.inputs.size() && outputs.size() == k.outputs.size(),
-             "[fused_cuda] internal: ", inputs.size(), " + ", outputs.size(),
-             " operand layouts for a kernel of ", k.inputs.size(), " + ", k.outputs.size());
-  bool aligned = k.vector_width > 0;
-  // A row-packed input: its columns contiguous, every row's start 16-byte aligned.
-  auto packs = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
-    if (l.address % 16 != 0 || l.strides.size() != o.sizes.size()) return false;
-    const size_t lead = k.sizes.size() - o.sizes.size();
-    size_t row_dims = k.sizes.size();  // the domain's dims before the trailing (reduced) ones
-    for (int64_t c = 1; c < k.cols;) c *= k.sizes[--row_dims];
-    int64_t expected = 1;
-    for (size_t d = o.sizes.size(); d-- > 0;) {
-      if (o.sizes[d] == 1) continue;
-      if (d + lead >= row_dims) {
-        if (l.strides[d] != expected) return false;
-        expected *= o.sizes[d];
-      } else if (l.strides[d] % k.vector_width != 0) {
-        return false;
-      }
-    }
-    return true;
-  };
-  auto check = [&](const FusedKernel::Operand& o, const OperandLayout& l) {
-    if (o.host_scalar) return true;
-    if (o.row_packed) aligned = aligned && packs(o, l);
-    if (o.sizes != k.sizes) return true;  // read through its strides
-    aligned = aligned && l.address % 16 == 0;
-    return l.contiguous;
-  };
-  for (size_t j = 0; j < inputs.size(); ++j) {
-    if (!check(k.inputs[j], inputs[j])) return FusedEntry::kStrided;
-  }
-  for (size_t j = 0; j < outputs.size(); ++j) {
-    if (!check(k.outputs[j], outputs[j])) return FusedEntry::kStrided;
-  }
-  return aligned ? FusedEntry::kVector : FusedEntry::kDense;
 }
 
 }  // namespace internal
@@ -440,6 +306,18 @@ Entries entries_of(const internal::FusedKernel& k) {
 }
 using LoadedFuture = std::shared_future<std::shared_ptr<const Loaded>>;
 
+// Whether any of the functions takes local memory (spilled registers, or a stack).
+bool takes_local_memory(std::initializer_list<CUfunction> functions) {
+  for (CUfunction f : functions) {
+    if (f == nullptr) continue;
+    int local = 0;
+    check_cu(driver().func_get_attribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f),
+             "cuFuncGetAttribute");
+    if (local > 0) return true;
+  }
+  return false;
+}
+
 // The cubin of `source` for `device`: from the disk cache, else NVRTC (stored on disk after).
 std::shared_ptr<const Loaded> build(int device, const std::string& source, const Entries& e) {
   cuda::DeviceGuard guard(device);
@@ -472,27 +350,14 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, const
   get(e.tiled, &loaded->tiled, "kiln_fused_tiled");
   get(e.tiled_packs, &loaded->tiled_packs, "kiln_fused_tiled_packs");
   // A row kernel caching its rows in shared memory runs three blocks a multiprocessor where three
-  // rows fit (fused_cuda_rows.cpp's head, `__launch_bounds__(512, 3)`): 42 registers a thread at
-  // most. One whose entries then take local memory (spilled registers) is built again at two
-  // blocks, 64 registers: log_softmax over 8192 x 32000 bf16 spilled 40 bytes and ran 11% faster
-  // so; the kernels that do not spill ran 0-8% slower at two (the kernel lab, session 37, H200).
-  const std::string three = "__launch_bounds__(512, 3)";
-  if (e.rows && e.shared_bytes > 0 && source.find(three) != std::string::npos) {
-    bool spills = false;
-    for (CUfunction f : {loaded->dense, loaded->vector}) {
-      int local = 0;
-      if (f != nullptr) {
-        check_cu(driver().func_get_attribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f),
-                 "cuFuncGetAttribute");
-      }
-      spills = spills || local > 0;
-    }
-    if (spills) {
+  // rows fit: 42 registers a thread at most. One whose entries then take local memory (spilled
+  // registers) is built again at two blocks, 64 registers: log_softmax over 8192 x 32000 bf16
+  // spilled 40 bytes and ran 11% faster so; the kernels that do not spill ran 0-8% slower at two
+  // (the kernel lab, session 37, H200).
+  if (e.rows && e.shared_bytes > 0 && takes_local_memory({loaded->dense, loaded->vector})) {
+    if (std::optional<std::string> two = internal::row_source_at_two_blocks(source)) {
       ++counters().row_two_block_builds;
-      std::string two = source;
-      for (size_t at = two.find(three); at != std::string::npos; at = two.find(three, at))
-        two.replace(at, three.size(), "__launch_bounds__(512, 2)");
-      return build(device, two, e);
+      return build(device, *two, e);
     }
   }
   // More than the default 48 KiB of dynamic shared memory is allowed per function.

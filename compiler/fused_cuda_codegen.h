@@ -123,6 +123,14 @@ inline FusedKernel::Operand operand_of(int v, const TensorSpec& s) {
 // trailing dims).
 bool row_op_generated(const Trace& t, const BoundOp& op);
 
+// A row entry's launch bounds: `threads` a block and, with the shared-memory row cache, the
+// `blocks` a multiprocessor is to hold (0: not given).
+std::string row_launch_bounds(int threads, int blocks);
+// A row kernel's source planned for three blocks a multiprocessor with the shared-memory row
+// cache (42 registers a thread), written for two (64), or nullopt where it is not at three. The
+// executor builds a kernel whose registers spill at three so (fused_cuda.cpp).
+std::optional<std::string> row_source_at_two_blocks(const std::string& source);
+
 // --- The generator
 // ---------------------------------------------------------------------------------
 
@@ -181,10 +189,11 @@ class Generator {
   // The tiled entry in packs of P elements (1: kiln_fused_tiled, else kiln_fused_tiled_packs).
   std::string tiled_entry(int P) const;
   std::string tiled_coordinates() const;
+  std::string source_prologue();  // fused_cuda_emit.cpp
   void emit();
 
-  // Row kernels: regions with reductions (planned in fused_cuda_rows_plan.cpp, written in
-  // fused_cuda_rows.cpp).
+  // Row kernels: regions with reductions (planned in fused_cuda_rows_plan.cpp, each entry
+  // written in fused_cuda_rows.cpp, the source assembled by emit_rows in fused_cuda_emit.cpp).
   struct RowMember {
     bool reduction = false;
     bool full = false;  // varies along the columns (else one value per row)

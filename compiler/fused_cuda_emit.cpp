@@ -327,20 +327,25 @@ std::string Generator::tiled_entry(int P) const {
   return os.str();
 }
 
-void Generator::emit() {
-  for (const BoundOp* op : members_) {
-    exprs_.push_back(member_expr(*op));
-    lines_.push_back(member_line(*op));
-  }
+// The source's first lines: the headers' digest, the parameter slots and the prelude. The
+// constants (every member's expression written) and the opaque zero take their slots here.
+std::string Generator::source_prologue() {
   for (size_t c = 0; c < constants_.size(); ++c) {
     k_.constants.emplace_back(k_.slots, constants_[c].second);
     ++k_.slots;
   }
   k_.zero_slot = k_.slots++;
+  return absl::StrCat("// Headers ", rtc_headers_digest(), "\n#define KILN_SLOTS ",
+                      std::max(k_.slots, 1), "\n", std::string(kPrelude), "\n");
+}
+
+void Generator::emit() {
+  for (const BoundOp* op : members_) {
+    exprs_.push_back(member_expr(*op));
+    lines_.push_back(member_line(*op));
+  }
   std::ostringstream os;
-  os << "// Headers " << rtc_headers_digest() << "\n#define KILN_SLOTS " << std::max(k_.slots, 1)
-     << "\n"
-     << kPrelude << "\n";
+  os << source_prologue();
   os << "// Domain " << shape_str(k_.sizes) << "; inputs:";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.inputs[j];
@@ -476,6 +481,34 @@ void Generator::emit() {
   if (k_.rowvec_width > 0) os << rowvec_entry(kernel_head("rowvec"));
   if (!k_.tiled.empty()) os << tiled_entry(1);
   if (k_.tiled_pack > 0) os << tiled_entry(k_.tiled_pack);
+  k_.source = os.str();
+}
+
+// The row kernels' source: the dense entry and, where the operands allow it, the vector one
+// (each written by fused_cuda_rows.cpp's row_entry).
+void Generator::emit_rows() {
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const BoundOp& op = *members_[i];
+    exprs_.push_back(row_members_[i].reduction ? std::string() : member_expr(op));
+    lines_.push_back(member_line(op));
+  }
+  // A mean's 1 / count: eager's scale, in the accumulator's type.
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (members_[i]->name() != "mean") continue;
+    const double scale = 1.0 / static_cast<double>(k_.cols);
+    mean_scale_[static_cast<int>(i)] = spec(members_[i]->outputs[0]).dtype == kDouble
+                                           ? constant_of(scale)
+                                           : constant_of(static_cast<float>(scale));
+  }
+  std::ostringstream os;
+  os << source_prologue();  // before the entries: the constants' slots
+  os << "// Rows " << shape_str(k_.sizes) << " reduced over its last "
+     << k_.sizes.size() - static_cast<size_t>(row_dims_) << " dims; inputs:";
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    os << " x" << j << " " << spec_str(spec(k_.inputs[j].value));
+  }
+  os << "\n" << row_entry(1);
+  if (k_.vector_width > 1) os << row_entry(k_.vector_width);
   k_.source = os.str();
 }
 

@@ -429,7 +429,8 @@ std::string Generator::row_entry(int width) {
   struct Pairs {
     std::vector<std::string> member, fold;
   };
-  auto bf16_pairs = [&](int pass, const std::string& arr, const std::string& idx) {
+  auto bf16_pairs = [&](int pass, const std::vector<int>& reductions, const std::string& arr,
+                        const std::string& idx) {
     const std::vector<bool>& need = pp.computes[sz(pass)];
     const std::vector<bool>& reads = pp.reads[sz(pass)];
     Pairs out{std::vector<std::string>(sz(n_members)), std::vector<std::string>(sz(n_members))};
@@ -520,13 +521,10 @@ std::string Generator::row_entry(int width) {
       }
       pair[sz(i)] = pair_expr(sz(i), lo, hi);
     }
-    for (int i = 0; i < n_members; ++i) {
+    for (int i : reductions) {
       const BoundOp& op = *members_[sz(i)];
-      const RowMember& m = row_members_[sz(i)];
-      if (!m.reduction || m.level != pass + 1 || (op.name() != "amax" && op.name() != "amin") ||
-          spec(op.outputs[0]).dtype != kBFloat16) {
+      if ((op.name() != "amax" && op.name() != "amin") || spec(op.outputs[0]).dtype != kBFloat16)
         continue;
-      }
       const std::optional<Halves> in = halves(op.inputs[0]);
       if (in && !in->per_row && !in->pair.empty()) out.fold[sz(i)] = in->pair;
     }
@@ -543,7 +541,7 @@ std::string Generator::row_entry(int width) {
     const std::string arr = cache ? "xc" : "xv", idx = cache ? "it" : "u";  // this pass's inputs
     // bf16 members of this pass computed a pair of elements at a time, and reductions folded so
     // (bf16_pairs), before the elements.
-    const Pairs pairs = bf16_pairs(pass, arr, idx);
+    const Pairs pairs = bf16_pairs(pass, reductions, arr, idx);
     for (int i : reductions) {
       const BoundOp& op = *members_[sz(i)];
       const std::string a = acc_type(op);
@@ -787,47 +785,9 @@ std::string Generator::row_entry(int width) {
   // The head, once the cache's places are known. With the shared-memory cache, the blocks a
   // multiprocessor holds (two or three rows in its shared memory): 64 or 42 registers a thread at
   // most.
-  std::string head = absl::StrCat("\nextern \"C\" __global__ void __launch_bounds__(", T * G);
-  if (k_.row_shared_bytes > 0) absl::StrAppend(&head, ", ", row_blocks_);
-  absl::StrAppend(&head, ") ", entry, "(const Params p) {\n");
-  return head + os.str();
-}
-
-void Generator::emit_rows() {
-  for (size_t i = 0; i < members_.size(); ++i) {
-    const BoundOp& op = *members_[i];
-    exprs_.push_back(row_members_[i].reduction ? std::string() : member_expr(op));
-    lines_.push_back(member_line(op));
-  }
-  // A mean's 1 / count: eager's scale, in the accumulator's type.
-  for (size_t i = 0; i < members_.size(); ++i) {
-    if (members_[i]->name() != "mean") continue;
-    const double scale = 1.0 / static_cast<double>(k_.cols);
-    mean_scale_[static_cast<int>(i)] = spec(members_[i]->outputs[0]).dtype == kDouble
-                                           ? constant_of(scale)
-                                           : constant_of(static_cast<float>(scale));
-  }
-  for (size_t c = 0; c < constants_.size(); ++c) {
-    k_.constants.emplace_back(k_.slots, constants_[c].second);
-    ++k_.slots;
-  }
-  k_.zero_slot = k_.slots++;
-  const int w = k_.vector_width;
-  const std::string dense = row_entry(1);
-  const std::string vector = w > 1 ? row_entry(w) : std::string();
-  std::ostringstream os;
-  os << "// Headers " << rtc_headers_digest() << "\n#define KILN_SLOTS " << std::max(k_.slots, 1)
-     << "\n"
-     << kPrelude << "\n";
-  os << "// Rows " << shape_str(k_.sizes) << " reduced over its last "
-     << k_.sizes.size() - static_cast<size_t>(row_dims_) << " dims; inputs:";
-  for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    os << " x" << j << " " << spec_str(spec(k_.inputs[j].value));
-  }
-  os << "\n";
-  os << dense;
-  if (w > 1) os << vector;
-  k_.source = os.str();
+  return absl::StrCat("\nextern \"C\" __global__ void ",
+                      row_launch_bounds(T * G, k_.row_shared_bytes > 0 ? row_blocks_ : 0), " ",
+                      entry, "(const Params p) {\n", os.str());
 }
 
 }  // namespace kiln::compiler::internal

@@ -744,6 +744,12 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   ASSERT_TRUE(two.has_value()) << why;
   EXPECT_EQ(two->row_shared_bytes, 64000);
   EXPECT_EQ(count(two->source, "__launch_bounds__(512, 2)"), 2) << two->source;
+  // What the executor builds where the kernel at three blocks spills: the same at two; a kernel
+  // planned at two has nothing to rewrite.
+  const std::optional<std::string> rewritten = I::row_source_at_two_blocks(s);
+  ASSERT_TRUE(rewritten.has_value());
+  EXPECT_EQ(*rewritten, two->source);
+  EXPECT_FALSE(I::row_source_at_two_blocks(two->source).has_value());
   // A device without the opt-in shared memory: as before, the row in registers.
   const auto none = I::generate_fused_kernel(t, 0, t.ops.size(), &why, 48 * 1024);
   ASSERT_TRUE(none.has_value()) << why;
@@ -1561,6 +1567,21 @@ TEST(GpuFusedCuda, RowsSoftmaxWrittenWithOps) {
   }
 }
 
+// fn compiled (fused_cuda's stats reset first) and run on args, and fn run eagerly; with the
+// compiled program's traces for the listings.
+struct CompiledAndEager {
+  std::vector<Tensor> got, want;
+  std::vector<Trace> traces;
+};
+CompiledAndEager compiled_and_eager(
+    const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
+    const std::vector<Tensor>& args) {
+  compiler::reset_fused_cuda_stats();
+  auto f = compile(fn);
+  std::vector<Tensor> got = f(args);
+  return {std::move(got), fn(args), f.traces()};
+}
+
 // Two bf16 tensors of the same bits (any NaN equal to any NaN), the first differences reported.
 void expect_same_bf16_bits(const Tensor& got, const Tensor& want, const std::string& what) {
   const Tensor g = got.to(Device(kCPU)).contiguous(), w = want.to(Device(kCPU)).contiguous();
@@ -1605,14 +1626,10 @@ TEST(GpuFusedCuda, RowsDivideByTheRowsValueAsEagerDoes) {
     const int64_t rows = K * (0x10000 / cols);
     const Tensor x = x_all.view({rows, cols}).to(gpu);
     const Tensor d = d_all.expand({K, 0x10000 / cols}).reshape({rows, 1}).to(gpu);
-    compiler::reset_fused_cuda_stats();
-    auto f = compile(fn);
-    const std::vector<Tensor> args = {x, d};
-    const std::vector<Tensor> got = f(args);
-    const std::vector<Tensor> want = fn(args);
+    const auto [got, want, traces] = compiled_and_eager(fn, {x, d});
     const std::string what = "rows of " + std::to_string(cols);
-    EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << listings(f.traces());
-    EXPECT_NE(generated_sources(f.traces()).find("kbf(kdiv_row_bf16("), std::string::npos) << what;
+    EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << listings(traces);
+    EXPECT_NE(generated_sources(traces).find("kbf(kdiv_row_bf16("), std::string::npos) << what;
     ASSERT_EQ(got.size(), 3u);
     for (size_t i = 0; i < 3; ++i)
       expect_same_bf16_bits(got[i], want[i], what + ", output " + std::to_string(i));
@@ -1653,15 +1670,12 @@ TEST(GpuFusedCuda, RowBf16SumsInPairsAsEagerDoes) {
     const std::vector<Tensor> args = {x_all.view({rows, cols}).to(gpu),
                                       m_all.expand({K, 0x10000 / cols}).reshape({rows, 1}).to(gpu),
                                       z_all.view({rows, cols}).to(gpu)};
-    compiler::reset_fused_cuda_stats();
-    auto f = compile(fn);
-    const std::vector<Tensor> got = f(args);
-    const std::vector<Tensor> want = fn(args);
+    const auto [got, want, traces] = compiled_and_eager(fn, args);
     const std::string what = "rows of " + std::to_string(cols);
-    EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << listings(f.traces());
+    EXPECT_GE(compiler::fused_cuda_stats().row_regions, 1) << what << listings(traces);
     EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 1) << what;
-    EXPECT_NE(generated_sources(f.traces()).find("= kfma_bf16x2("), std::string::npos) << what;
-    EXPECT_NE(generated_sources(f.traces()).find("= kbf2("), std::string::npos) << what;
+    EXPECT_NE(generated_sources(traces).find("= kfma_bf16x2("), std::string::npos) << what;
+    EXPECT_NE(generated_sources(traces).find("= kbf2("), std::string::npos) << what;
     ASSERT_EQ(got.size(), 5u);
     for (size_t i = 0; i < 5; ++i)
       expect_same_bf16_bits(got[i], want[i], what + ", output " + std::to_string(i));
@@ -1735,15 +1749,12 @@ TEST(GpuFusedCuda, AmaxAminRowsMatchEagerBitwise) {
       const auto& [fn, folds] = programs[pi];
       const std::string what =
           "rows of " + std::to_string(cols) + ", program " + std::to_string(pi);
-      compiler::reset_fused_cuda_stats();
-      auto f = compile(fn);
-      const std::vector<Tensor> got = f(args);
-      const std::vector<Tensor> want = fn(args);
+      const auto [got, want, traces] = compiled_and_eager(fn, args);
       const std::vector<Tensor> on_cpu = fn({x, m});
-      EXPECT_EQ(compiler::fused_cuda_stats().row_regions, 1) << what << listings(f.traces());
+      EXPECT_EQ(compiler::fused_cuda_stats().row_regions, 1) << what << listings(traces);
       if (cols % 8 == 0) {
         EXPECT_EQ(compiler::fused_cuda_stats().vector_launches, 1) << what;
-        const std::string source = generated_sources(f.traces());
+        const std::string source = generated_sources(traces);
         for (const std::string& fold : folds)
           EXPECT_NE(source.find(fold), std::string::npos) << what << ": " << fold << "\n" << source;
       }
