@@ -42,7 +42,7 @@ struct Counters {
   std::atomic<int64_t> regions{0}, nvrtc_compiles{0}, memory_hits{0}, disk_hits{0},
       disk_rejected{0}, disk_writes{0}, fallbacks{0}, strided_launches{0}, dense_launches{0},
       vector_launches{0}, rowvec_launches{0}, row_regions{0}, row_fallbacks{0}, tiled_launches{0},
-      tiled_pack_launches{0}, row_two_block_builds{0};
+      tiled_pack_launches{0}, tiled_half_launches{0}, row_two_block_builds{0};
 };
 Counters& counters() {
   static Counters c;
@@ -86,15 +86,17 @@ FusedCudaStats fused_cuda_stats() {
           c.row_fallbacks.load(),
           c.tiled_launches.load(),
           c.tiled_pack_launches.load(),
+          c.tiled_half_launches.load(),
           c.row_two_block_builds.load()};
 }
 
 void reset_fused_cuda_stats() {
   Counters& c = counters();
-  for (auto* a : {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
-                  &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches,
-                  &c.vector_launches, &c.rowvec_launches, &c.row_regions, &c.row_fallbacks,
-                  &c.tiled_launches, &c.tiled_pack_launches, &c.row_two_block_builds}) {
+  for (auto* a :
+       {&c.regions, &c.nvrtc_compiles, &c.memory_hits, &c.disk_hits, &c.disk_rejected,
+        &c.disk_writes, &c.fallbacks, &c.strided_launches, &c.dense_launches, &c.vector_launches,
+        &c.rowvec_launches, &c.row_regions, &c.row_fallbacks, &c.tiled_launches,
+        &c.tiled_pack_launches, &c.tiled_half_launches, &c.row_two_block_builds}) {
     a->store(0);
   }
 }
@@ -136,6 +138,7 @@ struct Driver {
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
   CUresult (*func_set_attribute)(CUfunction, CUfunction_attribute, int) = nullptr;
   CUresult (*func_get_attribute)(int*, CUfunction_attribute, CUfunction) = nullptr;
+  CUresult (*occupancy_max_active_blocks)(int*, CUfunction, int, size_t) = nullptr;
   bool ok = false;
 };
 
@@ -156,6 +159,7 @@ const Driver& driver() {
     get("cuGetErrorString", r.get_error_string);
     get("cuFuncSetAttribute", r.func_set_attribute);
     get("cuFuncGetAttribute", r.func_get_attribute);
+    get("cuOccupancyMaxActiveBlocksPerMultiprocessor", r.occupancy_max_active_blocks);
     r.ok = ok;
     return r;
   }();
@@ -292,6 +296,10 @@ struct Loaded {
   CUfunction rowvec = nullptr;  // null when it has no row-vector entry
   CUfunction tiled = nullptr;   // null when it has no tiled entry
   CUfunction tiled_packs = nullptr;  // null when it has no tiled entry in packs
+  CUfunction tiled_packs_half = nullptr;  // its half-width tiles, null likewise
+  // With tiled_packs: the blocks of 256 threads a multiprocessor holds of each, times the
+  // device's multiprocessors (choose_tile_width).
+  int64_t tiled_packs_slots = 0, tiled_packs_half_slots = 0;
 };
 // The entries a kernel's source has, and the row entries' dynamic shared memory
 // (FusedKernel::row_shared_bytes).
@@ -349,6 +357,19 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, const
   get(e.rowvec, &loaded->rowvec, "kiln_fused_rowvec");
   get(e.tiled, &loaded->tiled, "kiln_fused_tiled");
   get(e.tiled_packs, &loaded->tiled_packs, "kiln_fused_tiled_packs");
+  get(e.tiled_packs, &loaded->tiled_packs_half, "kiln_fused_tiled_packs_half");
+  if (e.tiled_packs) {
+    int sms = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    auto slots = [&](CUfunction f) {
+      int blocks = 0;
+      check_cu(driver().occupancy_max_active_blocks(&blocks, f, 256, 0),
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+      return int64_t{blocks} * sms;
+    };
+    loaded->tiled_packs_slots = slots(loaded->tiled_packs);
+    loaded->tiled_packs_half_slots = slots(loaded->tiled_packs_half);
+  }
   // A row kernel caching its rows in shared memory runs three blocks a multiprocessor where three
   // rows fit: 42 registers a thread at most. One whose entries then take local memory (spilled
   // registers) is built again at two blocks, 64 registers: log_softmax over 8192 x 32000 bf16
@@ -523,11 +544,22 @@ void launch(const internal::FusedKernel& k, const std::vector<TensorSpec>& outpu
     // A block of 32 x 8 threads per tile of the domain's last two dims: 32 x 32 elements, or
     // packs.
     const bool packs = entry == internal::FusedEntry::kTiledPacks;
-    f = packs ? fn.tiled_packs : fn.tiled;
     const int64_t e = packs ? 32 * k.tiled_pack : 32;
     const size_t r = k.sizes.size();
     const int64_t m = k.sizes[r - 2], cols = k.sizes[r - 1];
-    threads_needed = n / (m * cols) * ((m + e - 1) / e) * ((cols + e - 1) / e) * 256;
+    auto tiles = [&](int64_t tile_cols) {
+      return n / (m * cols) * ((m + e - 1) / e) * ((cols + tile_cols - 1) / tile_cols);
+    };
+    f = packs ? fn.tiled_packs : fn.tiled;
+    int64_t blocks_needed = tiles(e);
+    if (packs &&
+        internal::choose_tile_width(tiles(e), fn.tiled_packs_slots, tiles(e / 2),
+                                    fn.tiled_packs_half_slots) == internal::TileWidth::kHalf) {
+      f = fn.tiled_packs_half;
+      blocks_needed = tiles(e / 2);
+      counters().tiled_half_launches.fetch_add(1, std::memory_order_relaxed);
+    }
+    threads_needed = blocks_needed * 256;
     counters().tiled_launches.fetch_add(1, std::memory_order_relaxed);
     if (packs) counters().tiled_pack_launches.fetch_add(1, std::memory_order_relaxed);
   } else {

@@ -53,6 +53,7 @@ struct FusedCudaStats {
   int64_t row_fallbacks = 0;  // runs of a row kernel's region op by op (rows not contiguous)
   int64_t tiled_launches = 0;  // launches of the tiled entry (FusedKernel::tiled), in packs or not
   int64_t tiled_pack_launches = 0;  // of those, in packs (FusedKernel::tiled_pack)
+  int64_t tiled_half_launches = 0;  // of those, of half-width tiles (internal::choose_tile_width)
   // Row kernels built again at two blocks a multiprocessor: at three their registers spilled.
   int64_t row_two_block_builds = 0;
 };
@@ -105,11 +106,13 @@ struct FusedKernel {
   std::vector<bool> tiled;
   // Elements a thread of kiln_fused_tiled_packs moves at once (0: no such entry): the tiled entry
   // in packs, where the domain's last two dims are multiples of the pack and every output has the
-  // domain's shape. Tiles of 32 x 32 packs; a thread reads a pack of neighbours of a tiled input
-  // along its contiguous dim at once, and a pack of the last dim of each other operand varying
-  // along it: 8 bytes of the narrowest operand (4 elements of 16 bits, 2 of 32), or 2 elements
-  // where the tiles of 4 would take more than 40 KiB. It runs where the tiled entry may and
-  // those packs are aligned (choose_fused_entry).
+  // domain's shape. Tiles of 32 x 32 packs (kiln_fused_tiled_packs) or 32 x 16
+  // (kiln_fused_tiled_packs_half, choose_tile_width); a thread reads a pack of neighbours of a
+  // tiled input along its contiguous dim at once (P of them, transposed in registers into the
+  // tile), and a pack of the last dim of each other operand varying along it: 8 bytes of the
+  // narrowest operand (4 elements of 16 bits, 2 of 32), or 2 elements where the tiles of 4 would
+  // take more than 40 KiB. It runs where the tiled entry may and those packs are aligned
+  // (choose_fused_entry).
   int tiled_pack = 0;
   struct Operand {
     int value = -1;
@@ -175,6 +178,20 @@ struct OperandLayout {
 };
 FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLayout>& inputs,
                               const std::vector<OperandLayout>& outputs);
+// The tiled entry in packs comes in two widths: tiles of 32 x 32 packs (kiln_fused_tiled_packs)
+// and of 32 x 16 (kiln_fused_tiled_packs_half, half the shared memory: more blocks a
+// multiprocessor). A launch takes the one whose tiles fill the GPU's last wave better: `tiles`
+// blocks over `slots` resident at once (blocks a multiprocessor times multiprocessors) fill
+// tiles / (ceil(tiles / slots) * slots) of the waves they take; the full tiles where the two are
+// equal. On an H200, (x.t() + y) * 0.5 over bf16 [8192, 2048] took 1024 full tiles over 792
+// slots (65% filled) and ran at 69% of a copy of its bytes; half tiles (2048 over 1056, 97%) at
+// 87%. Over [16384, 768] the full tiles (768 over 792) ran at 84%, the half (1536 over 1056) at
+// 80% (benchmarks/RESULTS.md, session 38).
+enum class TileWidth { kAuto, kFull, kHalf };
+TileWidth choose_tile_width(int64_t full_tiles, int64_t full_slots, int64_t half_tiles,
+                            int64_t half_slots);
+// Tests only: choose_tile_width returns `w` (kAuto: it chooses again).
+void set_tile_width_for_testing(TileWidth w);
 // The entry of a row kernel: kVector where every operand of the domain's shape is contiguous
 // and 16-byte aligned and every row-packed input's columns are contiguous with each row 16-byte
 // aligned, kDense where the operands of the domain's shape are contiguous, else kStrided, which

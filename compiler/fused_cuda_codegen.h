@@ -175,7 +175,8 @@ class Generator {
   // Member i's declaration: `const T y<i> = <expr>;`, a float or double result behind kopaque
   // (no contraction with the next member, as eager rounds in between) unless it is in fast_.
   std::string member_decl(size_t i) const;
-  std::string kernel_head(const std::string& entry) const;
+  // `min_blocks`: the blocks a multiprocessor is to hold (__launch_bounds__), 0: not given.
+  std::string kernel_head(const std::string& entry, int min_blocks = 0) const;
   // The decoding of an entry's parameters (pointers, scalars, constants, the opaque zero) that
   // opens every kernel's body, the pointwise and the row kernels alike.
   std::string operand_decls() const;
@@ -187,7 +188,7 @@ class Generator {
   // e][q], the packs vp<j> and vy<j> of the operands varying along the last dim and outputs).
   std::string body(bool dense, bool vector = false, bool tiled = false, bool packs = false) const;
   // The tiled entry in packs of P elements (1: kiln_fused_tiled, else kiln_fused_tiled_packs).
-  std::string tiled_entry(int P) const;
+  std::string tiled_entry(int P, bool half = false) const;
   std::string tiled_coordinates() const;
   std::string source_prologue();  // fused_cuda_emit.cpp
   void emit();

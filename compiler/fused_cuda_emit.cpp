@@ -60,8 +60,8 @@ std::string Generator::body(bool dense, bool vector, bool tiled, bool packs) con
       continue;
     }
     if (tiled && k_.tiled[j]) {
-      os << "    const " << ctype(o.dtype) << " x" << j << " = kt" << j
-         << (packs ? absl::StrCat("[", k_.tiled_pack, " * tx + e][q];\n") : "[tx][q];\n");
+      os << "    const " << ctype(o.dtype) << " x" << j
+         << (packs ? absl::StrCat(" = tv", j, ".v[e];\n") : absl::StrCat(" = kt", j, "[tx][q];\n"));
       continue;
     }
     if (packs && o.sizes.back() == k_.sizes.back()) {
@@ -148,11 +148,13 @@ std::string Generator::operand_decls() const {
 }
 
 // The entry's signature and the decoding of its parameters (pointers, scalars, constants).
-std::string Generator::kernel_head(const std::string& entry) const {
+std::string Generator::kernel_head(const std::string& entry, int min_blocks) const {
   std::ostringstream os;
   const int64_t n = numel_of(k_.sizes);
-  os << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_fused_" << entry
-     << "(const Params p) {\n"
+  os << "\nextern \"C\" __global__ void "
+     << (min_blocks > 0 ? absl::StrCat("__launch_bounds__(256, ", min_blocks, ")")
+                        : std::string("__launch_bounds__(256)"))
+     << " kiln_fused_" << entry << "(const Params p) {\n"
      << operand_decls() << "  const long long n = " << n << "LL;\n"
      << "  const long long step = (long long)gridDim.x * blockDim.x;\n";
   return os.str();
@@ -231,37 +233,63 @@ std::string Generator::tiled_coordinates() const {
   return os.str();
 }
 
-// The tiled entries: tiles of 32 x 32 packs of `P` elements of the domain's last two dims (M rows
-// of N), one per block of 32 x 8 threads at a time. Each tiled input is first read into its tile
-// with the threads' x along the rows' dim (stride 1 for it: coalesced), then every element of the
-// tile is computed with x along the columns' dim, where the other operands are read and the
-// outputs written (coalesced where they are contiguous), the tiled inputs from their tiles
-// (kt<j>[column][row], 32 P + 1 wide: no bank conflicts either way in 32-bit types at P = 1).
-//   - P = 1, kiln_fused_tiled (FusedKernel::tiled): an element a thread at a time, every operand
-//     through its strides;
-//   - P > 1, kiln_fused_tiled_packs (FusedKernel::tiled_pack): a pack of neighbours of a tiled
-//     input along its contiguous dim into the tile, then a pack of the last dim, the operands
-//     varying along it read and the outputs written a pack at a time.
-std::string Generator::tiled_entry(int P) const {
+// The tiled entries: the domain's last two dims (M rows of N) in tiles, one per block of 32 x 8
+// threads at a time. Each tiled input is first read into its tile with the threads' x along the
+// rows' dim (stride 1 for it: coalesced), then every element of the tile is computed with x along
+// the columns' dim, where the other operands are read and the outputs written (coalesced where
+// they are contiguous), the tiled inputs from their tiles.
+//   - P = 1, kiln_fused_tiled (FusedKernel::tiled): tiles of 32 x 32 elements, an element a
+//     thread at a time, every operand through its strides; kt<j>[column][row], 33 wide (no bank
+//     conflicts either way in 32-bit types).
+//   - P > 1, kiln_fused_tiled_packs (FusedKernel::tiled_pack): tiles of 32 P rows by 32 P
+//     columns (`half`: 16 P, kiln_fused_tiled_packs_half). A thread reads P packs of P rows'
+//     neighbours (P columns), transposes the P x P block in registers and stores it as P packs
+//     of columns' neighbours, kt<j>[row][pack of columns]; then it computes a pack of the last
+//     dim, reading the tile a pack at a time, the operands varying along that dim read and the
+//     outputs written a pack at a time. The packs of a tile row are stored XOR-swizzled by the
+//     row's pack of rows (pack c of row r at c ^ (r / P)), so that neither the stores (one row
+//     pack, 32 rows apart) nor the loads (one row) meet a bank twice in a wavefront. The launch
+//     takes whichever width fills the GPU's waves better (choose_tile_width).
+std::string Generator::tiled_entry(int P, bool half) const {
   std::ostringstream os;
   const size_t rank = k_.sizes.size();
   const int64_t m = k_.sizes[rank - 2], n = k_.sizes[rank - 1];
-  const int T = 32 * P;
-  const std::string tx = P == 1 ? "tx" : absl::StrCat(P, " * tx");  // a thread's first
+  const int T = 32 * P;                               // tile rows
+  const int TC = P == 1 ? 32 : (half ? 16 : 32) * P;  // tile columns
+  const int C = TC / P;                               // packs of columns a tile row holds
   auto pack = [&](ScalarType t) { return absl::StrCat("kpack<", ctype(t), ", ", P, ">"); };
   auto packed = [&](size_t j) {  // an operand other than the tiles read a pack at a time
     const FusedKernel::Operand& o = k_.inputs[j];
     return P > 1 && !o.host_scalar && !o.sizes.empty() && !k_.tiled[j] && o.sizes.back() == n;
   };
-  os << kernel_head(P == 1 ? "tiled" : "tiled_packs") << "  const long long M = " << m
-     << "LL, N = " << n << "LL, TM = " << (m + T - 1) / T << "LL, TN = " << (n + T - 1) / T
-     << "LL;\n"
+  int min_blocks = 0;
+  if (P > 1) {
+    // As many blocks a multiprocessor as the tiles' shared memory allows (a multiprocessor holds
+    // the opt-in limit and the 1 KiB each block reserves: 228 KiB on sm_90), at most 6 of full
+    // tiles (40 registers a thread) and 8 of half tiles (32). On an H200 (session 38): bf16 full
+    // tiles at no bound took 48 registers, five blocks, and ran 20% slower than at six; half
+    // tiles at eight blocks 12% faster than at six; f32 full tiles spilled at eight.
+    constexpr int64_t kBlockReserve = 1024;
+    int64_t tile_bytes = 0;
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      if (k_.tiled[j]) tile_bytes += int64_t{T} * TC * element_size(k_.inputs[j].dtype);
+    }
+    min_blocks = static_cast<int>(std::clamp<int64_t>(
+        (shared_limit_ + kBlockReserve) / (tile_bytes + kBlockReserve), 1, half ? 8 : 6));
+  }
+  const std::string name = P == 1 ? "tiled" : half ? "tiled_packs_half" : "tiled_packs";
+  os << kernel_head(name, min_blocks) << "  const long long M = " << m << "LL, N = " << n
+     << "LL, TM = " << (m + T - 1) / T << "LL, TN = " << (n + TC - 1) / TC << "LL;\n"
      << "  const long long tiles = n / (M * N) * TM * TN;\n"
      << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    if (k_.tiled[j])
-      os << "  __shared__ " << ctype(k_.inputs[j].dtype) << " kt" << j << "[" << T << "][" << T + 1
+    if (!k_.tiled[j]) continue;
+    if (P == 1) {
+      os << "  __shared__ " << ctype(k_.inputs[j].dtype) << " kt" << j << "[32][33];\n";
+    } else {
+      os << "  __shared__ " << pack(k_.inputs[j].dtype) << " kt" << j << "[" << T << "][" << C
          << "];\n";
+    }
   }
   std::string coords;
   {
@@ -270,44 +298,79 @@ std::string Generator::tiled_entry(int P) const {
   }
   os << "  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {\n"
      << "    const long long b = t / (TM * TN), m0 = t % (TM * TN) / TN * " << T
-     << ", n0 = t % TN * " << T << ";\n"
-     << "    for (int q = ty; q < " << T << "; q += 8) {\n"
-     << "      const long long m = m0 + " << tx << ", c = n0 + q;\n"
-     << "      if (m < M && c < N) {\n"
-     << coords;
-  for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    if (!k_.tiled[j]) continue;
-    const std::string at = offset(k_.inputs[j], false);
-    if (P == 1) {
-      os << "        kt" << j << "[q][tx] = in" << j << "[" << at << "];\n";
-      continue;
-    }
-    os << "        const " << pack(k_.inputs[j].dtype) << " v" << j << " = *(const "
-       << pack(k_.inputs[j].dtype) << "*)(in" << j << " + " << at << ");\n"
-       << "#pragma unroll\n"
-       << "        for (int e = 0; e < " << P << "; ++e) kt" << j << "[q][" << tx << " + e] = v"
-       << j << ".v[e];\n";
-  }
-  os << "      }\n    }\n    __syncthreads();\n"
-     << "    for (int q = ty; q < " << T << "; q += 8) {\n";
+     << ", n0 = t % TN * " << TC << ";\n";
   if (P == 1) {
+    os << "    for (int q = ty; q < 32; q += 8) {\n"
+       << "      const long long m = m0 + tx, c = n0 + q;\n"
+       << "      if (m < M && c < N) {\n"
+       << coords;
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      if (k_.tiled[j])
+        os << "        kt" << j << "[q][tx] = in" << j << "[" << offset(k_.inputs[j], false)
+           << "];\n";
+    }
     // Each element through body()'s reads and guarded writes.
-    os << "      const long long m = m0 + q, c = n0 + tx;\n"
+    os << "      }\n    }\n    __syncthreads();\n"
+       << "    for (int q = ty; q < 32; q += 8) {\n"
+       << "      const long long m = m0 + q, c = n0 + tx;\n"
        << "      if (m < M && c < N) {\n";
     std::istringstream lines(body(false, false, true));
     for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
     os << "      }\n    }\n    __syncthreads();\n  }\n}\n";
     return os.str();
   }
-  os << "      const long long m = m0 + q, cp = n0 + " << tx << ";\n"
+  // Into the tiles: 8 warps take 8 P columns at a time, P a thread.
+  os << "#pragma unroll\n"
+     << "    for (int i = 0; i < " << TC / (8 * P) << "; ++i) {\n"
+     << "      const int qb = " << P << " * (ty + 8 * i);  // the thread's first column\n"
+     << "      const long long m = m0 + " << P << " * tx;\n";
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (k_.tiled[j])
+      os << "      " << pack(k_.inputs[j].dtype) << " v" << j << "[" << P << "] = {};\n";
+  }
+  os << "#pragma unroll\n"
+     << "      for (int h = 0; h < " << P << "; ++h) {\n"
+     << "        const long long c = n0 + qb + h;\n"
+     << "        if (m < M && c < N) {\n";
+  {
+    std::istringstream lines(coords);
+    for (std::string line; std::getline(lines, line);) os << "  " << line << "\n";
+  }
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (!k_.tiled[j]) continue;
+    os << "          v" << j << "[h] = *(const " << pack(k_.inputs[j].dtype) << "*)(in" << j
+       << " + " << offset(k_.inputs[j], false) << ");\n";
+  }
+  os << "        }\n      }\n"
+     << "#pragma unroll\n"
+     << "      for (int e = 0; e < " << P << "; ++e) {\n";
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (!k_.tiled[j]) continue;
+    os << "        " << pack(k_.inputs[j].dtype) << " w" << j << ";\n"
+       << "#pragma unroll\n"
+       << "        for (int h = 0; h < " << P << "; ++h) w" << j << ".v[h] = v" << j
+       << "[h].v[e];\n"
+       << "        kt" << j << "[" << P << " * tx + e][(qb / " << P << ") ^ (tx & " << C - 1
+       << ")] = w" << j << ";\n";
+  }
+  os << "      }\n    }\n    __syncthreads();\n";
+  // Out of them: a warp takes a row at a time (two of half tiles), a pack of columns a thread.
+  const std::string k = half ? "(tx & 15)" : "tx";
+  os << "    for (int q = " << (half ? "2 * ty + (tx >> 4)" : "ty") << "; q < " << T
+     << "; q += " << (half ? 16 : 8) << ") {\n"
+     << "      const long long m = m0 + q, cp = n0 + " << P << " * " << k << ";\n"
      << "      if (m < M && cp < N) {\n"
      << "        const long long c = cp;\n"
      << coords;
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    if (!packed(j)) continue;
-    os << "        const " << pack(k_.inputs[j].dtype) << " vp" << j << " = *(const "
-       << pack(k_.inputs[j].dtype) << "*)(in" << j << " + " << offset(k_.inputs[j], false)
-       << ");\n";
+    if (k_.tiled[j]) {
+      os << "        const " << pack(k_.inputs[j].dtype) << " tv" << j << " = kt" << j << "[q]["
+         << k << " ^ ((q / " << P << ") & " << C - 1 << ")];\n";
+    } else if (packed(j)) {
+      os << "        const " << pack(k_.inputs[j].dtype) << " vp" << j << " = *(const "
+         << pack(k_.inputs[j].dtype) << "*)(in" << j << " + " << offset(k_.inputs[j], false)
+         << ");\n";
+    }
   }
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
     os << "        " << pack(k_.outputs[j].dtype) << " vy" << j << ";\n"
@@ -420,8 +483,7 @@ void Generator::emit() {
       int64_t tile_bytes = 0;
       for (size_t j = 0; j < k_.inputs.size(); ++j) {
         if (k_.tiled[j])
-          tile_bytes +=
-              32 * p * (32 * p + 1) * static_cast<int64_t>(element_size(k_.inputs[j].dtype));
+          tile_bytes += 32 * p * 32 * p * static_cast<int64_t>(element_size(k_.inputs[j].dtype));
       }
       if (outputs_whole && k_.sizes[rank - 2] % p == 0 && k_.sizes[rank - 1] % p == 0 &&
           tile_bytes <= 40 * 1024) {
@@ -480,7 +542,7 @@ void Generator::emit() {
   if (w > 0) kernel(true, true);
   if (k_.rowvec_width > 0) os << rowvec_entry(kernel_head("rowvec"));
   if (!k_.tiled.empty()) os << tiled_entry(1);
-  if (k_.tiled_pack > 0) os << tiled_entry(k_.tiled_pack);
+  if (k_.tiled_pack > 0) os << tiled_entry(k_.tiled_pack) << tiled_entry(k_.tiled_pack, true);
   k_.source = os.str();
 }
 

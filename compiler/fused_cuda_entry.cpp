@@ -1,6 +1,7 @@
 // fused_cuda's entry choice (compiler/fused_cuda.h): which entry of a generated kernel a launch
 // takes, from its operands' layouts at run time (contiguity, alignment, strides). The executor
 // (compiler/fused_cuda.cpp) asks once per run of a region.
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -148,5 +149,27 @@ FusedEntry choose_row_entry(const FusedKernel& k, const std::vector<OperandLayou
   }
   return aligned ? FusedEntry::kVector : FusedEntry::kDense;
 }
+
+namespace {
+std::atomic<TileWidth>& tile_width_for_testing() {
+  static std::atomic<TileWidth> w{TileWidth::kAuto};
+  return w;
+}
+}  // namespace
+
+TileWidth choose_tile_width(int64_t full_tiles, int64_t full_slots, int64_t half_tiles,
+                            int64_t half_slots) {
+  if (const TileWidth w = tile_width_for_testing().load(); w != TileWidth::kAuto) return w;
+  if (full_slots <= 0 || half_slots <= 0) return TileWidth::kFull;
+  // The share of its waves' slots each fills.
+  auto waves = [](int64_t tiles, int64_t slots) { return (tiles + slots - 1) / slots; };
+  const double full = static_cast<double>(full_tiles) /
+                      static_cast<double>(waves(full_tiles, full_slots) * full_slots);
+  const double half = static_cast<double>(half_tiles) /
+                      static_cast<double>(waves(half_tiles, half_slots) * half_slots);
+  return half > full ? TileWidth::kHalf : TileWidth::kFull;
+}
+
+void set_tile_width_for_testing(TileWidth w) { tile_width_for_testing().store(w); }
 
 }  // namespace kiln::compiler::internal

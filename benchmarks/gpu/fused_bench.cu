@@ -81,6 +81,7 @@ void bench_fused_case(const std::string& name, const Chain& chain,
     const kiln::compiler::FusedCudaStats st = kiln::compiler::fused_cuda_stats();
     const std::string entry = std::string(st.vector_launches > 0       ? "vector"
                                           : st.rowvec_launches > 0     ? "rowvec"
+                                          : st.tiled_half_launches > 0 ? "tiled, packs, half tiles"
                                           : st.tiled_pack_launches > 0 ? "tiled, packs"
                                           : st.tiled_launches > 0      ? "tiled"
                                           : st.dense_launches > 0      ? "dense"

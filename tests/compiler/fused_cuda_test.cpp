@@ -248,17 +248,25 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
   const std::string x = std::to_string(std::find(want.begin(), want.end(), true) - want.begin());
   EXPECT_EQ(count(s, "kt" + x + "[q][tx] = in" + x + "["), 1) << s;
   EXPECT_EQ(count(s, " = kt" + x + "[tx][q];"), 1) << s;
-  // Both dims even: the entry in packs of two f32 (8 bytes) too, x read two rows at a time into
-  // its 64 x 64 tile, y and the output a pair of columns at a time (the bias, varying along
-  // them, too).
+  // Both dims even: the entries in packs of two f32 (8 bytes) too, of 64 x 64 and of 64 x 32
+  // elements (half: kiln_fused_tiled_packs_half), six and eight blocks a multiprocessor (16 and
+  // 8 KiB of tiles). x is read a pack of two rows at a time, two columns of them, stored transposed
+  // and swizzled; y and the output a pair of columns at a time (the bias, varying along them, too).
   EXPECT_EQ(k->tiled_pack, 2);
-  EXPECT_NE(s.find("kiln_fused_tiled_packs("), std::string::npos) << s;
-  EXPECT_EQ(count(s, "[64][65];"), 1) << s;
-  EXPECT_EQ(count(s, "const kpack<float, 2> v" + x + " = *(const kpack<float, 2>*)(in" + x), 1)
+  EXPECT_NE(s.find("__launch_bounds__(256, 6) kiln_fused_tiled_packs("), std::string::npos) << s;
+  EXPECT_NE(s.find("__launch_bounds__(256, 8) kiln_fused_tiled_packs_half("), std::string::npos)
       << s;
-  EXPECT_EQ(count(s, " = kt" + x + "[2 * tx + e][q];"), 1) << s;
-  EXPECT_EQ(count(s, "const kpack<float, 2> vp"), 2) << s;
-  EXPECT_EQ(count(s, "*(kpack<float, 2>*)po0 = vy0;"), 1) << s;
+  EXPECT_EQ(count(s, "kpack<float, 2> kt" + x + "[64][32];"), 1) << s;
+  EXPECT_EQ(count(s, "kpack<float, 2> kt" + x + "[64][16];"), 1) << s;
+  EXPECT_EQ(count(s, "v" + x + "[h] = *(const kpack<float, 2>*)(in" + x), 2) << s;
+  EXPECT_EQ(count(s, "for (int h = 0; h < 2; ++h) w" + x + ".v[h] = v" + x + "[h].v[e];"), 2) << s;
+  EXPECT_EQ(count(s, "kt" + x + "[2 * tx + e][(qb / 2) ^ (tx & 31)] = w" + x + ";"), 1) << s;
+  EXPECT_EQ(count(s, "kt" + x + "[2 * tx + e][(qb / 2) ^ (tx & 15)] = w" + x + ";"), 1) << s;
+  EXPECT_EQ(count(s, " = kt" + x + "[q][tx ^ ((q / 2) & 31)];"), 1) << s;
+  EXPECT_EQ(count(s, " = kt" + x + "[q][(tx & 15) ^ ((q / 2) & 15)];"), 1) << s;
+  EXPECT_EQ(count(s, " = tv" + x + ".v[e];"), 2) << s;
+  EXPECT_EQ(count(s, "const kpack<float, 2> vp"), 4) << s;
+  EXPECT_EQ(count(s, "*(kpack<float, 2>*)po0 = vy0;"), 2) << s;
   // Layouts: x transposed, the others contiguous -> tiled, in packs where every pack is aligned;
   // x no longer stride 1 along the rows' dim -> strided; everything contiguous -> the dense
   // entries, tile or not.
@@ -309,11 +317,11 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
   };
   const std::vector<Case> cases = {
       {traced_on_cuda(mul_t, randn({72, 40}).to(kBFloat16), randn({40, 72}).to(kBFloat16)), 4,
-       "bf16 kt0[128][129];"},
+       "kpack<bf16, 4> kt0[128][32];"},
       {traced_on_cuda(mul_t, randn({70, 40}).to(kBFloat16), randn({40, 70}).to(kBFloat16)), 2,
-       "bf16 kt0[64][65];"},
+       "kpack<bf16, 2> kt0[64][32];"},
       {traced_on_cuda(both_t, randn({72, 40}).to(kHalf), randn({72, 40}).to(kHalf)), 2,
-       "f16 kt1[64][65];"},
+       "kpack<f16, 2> kt1[64][32];"},
       {traced_on_cuda(mul_t, randn({71, 40}), randn({40, 71})), 0, ""}};
   for (const Case& c : cases) {
     size_t first = 0;  // after the transposes' views
@@ -327,6 +335,16 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
       continue;
     }
     EXPECT_NE(kc->source.find(c.tile), std::string::npos) << kc->source;
+    if (c.pack == 4) {
+      // 32 KiB of tiles: six blocks a multiprocessor of sm_90's 228 KiB, eight of half tiles;
+      // three and five where a block may opt in to 99 KiB (sm_86).
+      EXPECT_NE(kc->source.find("(256, 6) kiln_fused_tiled_packs("), std::string::npos);
+      EXPECT_NE(kc->source.find("(256, 8) kiln_fused_tiled_packs_half("), std::string::npos);
+      const auto small = I::generate_fused_kernel(c.t, first, c.t.ops.size(), nullptr, 99 * 1024);
+      ASSERT_TRUE(small.has_value());
+      EXPECT_NE(small->source.find("(256, 3) kiln_fused_tiled_packs("), std::string::npos);
+      EXPECT_NE(small->source.find("(256, 5) kiln_fused_tiled_packs_half("), std::string::npos);
+    }
     const std::string pk = c.pack == 4 ? "kpack<bf16, 4>" : "kpack<";
     EXPECT_NE(kc->source.find("*(" + pk), std::string::npos) << kc->source;
     std::vector<I::OperandLayout> lin(kc->inputs.size());
@@ -353,6 +371,25 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
     EXPECT_TRUE(ku->tiled.empty()) << u.str();
     EXPECT_EQ(ku->source.find("kiln_fused_tiled"), std::string::npos);
   }
+}
+
+// The tiled entry's width in packs: the tiles that fill their last wave better, the full ones
+// where both fill it alike (or the slots are unknown); tests may fix it.
+TEST(FusedCudaCodegen, TileWidthFillsTheWaves) {
+  namespace I = compiler::internal;
+  using W = I::TileWidth;
+  // H200, bf16 tiles of 32 and 16 KiB: 6 and 8 blocks a multiprocessor of 132.
+  EXPECT_EQ(I::choose_tile_width(1024, 792, 2048, 1056), W::kHalf);   // 65% against 97%
+  EXPECT_EQ(I::choose_tile_width(768, 792, 1536, 1056), W::kFull);    // 97% against 73%
+  EXPECT_EQ(I::choose_tile_width(4, 792, 8, 1056), W::kHalf);         // less than a wave
+  EXPECT_EQ(I::choose_tile_width(1056, 1056, 2112, 1056), W::kFull);  // both whole waves
+  EXPECT_EQ(I::choose_tile_width(1024, 0, 2048, 1056), W::kFull);
+  I::set_tile_width_for_testing(W::kHalf);
+  EXPECT_EQ(I::choose_tile_width(768, 792, 1536, 1056), W::kHalf);
+  I::set_tile_width_for_testing(W::kFull);
+  EXPECT_EQ(I::choose_tile_width(1024, 792, 2048, 1056), W::kFull);
+  I::set_tile_width_for_testing(W::kAuto);
+  EXPECT_EQ(I::choose_tile_width(1024, 792, 2048, 1056), W::kHalf);
 }
 
 TEST(FusedCudaCodegen, AnIntermediateReadAfterTheRegionIsAnOutput) {
@@ -1339,34 +1376,46 @@ TEST(GpuFusedCuda, StridedAndTransposedInputs) {
 // operand's packs are misaligned (z, one element into its buffer).
 TEST(GpuFusedCuda, TransposedInputsRunTiled) {
   SKIP_WITHOUT_GPU();
+  namespace I = compiler::internal;
   manual_seed(4);
   const Device gpu(kCUDA, 0);
-  for (ScalarType dt : {kBFloat16, kFloat, kHalf}) {
-    for (const Shape& s : {Shape{333, 1000}, Shape{31, 65}, Shape{64, 7}, Shape{130, 200},
-                           Shape{2, 64}, Shape{256, 96}}) {
-      const bool even = s[0] % 2 == 0 && s[1] % 2 == 0;
-      const int64_t rows = s[0], cols = s[1];
-      const Tensor x = randn({cols, rows}).to(dt).to(gpu);
-      const Tensor y = randn({rows, cols}).to(dt).to(gpu);
-      const Tensor z = randn({rows, 2 * cols}).to(dt).to(gpu).narrow(1, 1, cols);
-      const Tensor bias = randn({cols}).to(dt).to(gpu);
-      const std::string what = "x.t() + y " + std::string(dtype_name(dt)) + shape_str(s);
-      compiler::reset_fused_cuda_stats();
-      check_program(what,
-                    [](const std::vector<Tensor>& a) {
-                      return std::vector<Tensor>{((a[0] + a[1]) * 0.5).to(kFloat)};
-                    },
-                    {x.t(), y});
-      EXPECT_EQ(compiler::fused_cuda_stats().tiled_pack_launches, even ? 2 : 0) << what;
-      check_program(what + ", z strided, bias",
-                    [](const std::vector<Tensor>& a) {
-                      return std::vector<Tensor>{silu(a[0].t() * a[1] + a[2]) - a[3]};
-                    },
-                    {x, y, z, bias});
-      EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 4) << what;
-      EXPECT_EQ(compiler::fused_cuda_stats().tiled_pack_launches, even ? 2 : 0) << what;
+  // Both widths of tiles in packs, then the launch's choice.
+  for (I::TileWidth width : {I::TileWidth::kFull, I::TileWidth::kHalf, I::TileWidth::kAuto}) {
+    I::set_tile_width_for_testing(width);
+    for (ScalarType dt : {kBFloat16, kFloat, kHalf}) {
+      for (const Shape& s : {Shape{333, 1000}, Shape{31, 65}, Shape{64, 7}, Shape{130, 200},
+                             Shape{2, 64}, Shape{256, 96}}) {
+        const bool even = s[0] % 2 == 0 && s[1] % 2 == 0;
+        const int64_t rows = s[0], cols = s[1];
+        const Tensor x = randn({cols, rows}).to(dt).to(gpu);
+        const Tensor y = randn({rows, cols}).to(dt).to(gpu);
+        const Tensor z = randn({rows, 2 * cols}).to(dt).to(gpu).narrow(1, 1, cols);
+        const Tensor bias = randn({cols}).to(dt).to(gpu);
+        const std::string what = "x.t() + y " + std::string(dtype_name(dt)) + shape_str(s) +
+                                 " width " + std::to_string(static_cast<int>(width));
+        compiler::reset_fused_cuda_stats();
+        check_program(what,
+                      [](const std::vector<Tensor>& a) {
+                        return std::vector<Tensor>{((a[0] + a[1]) * 0.5).to(kFloat)};
+                      },
+                      {x.t(), y});
+        EXPECT_EQ(compiler::fused_cuda_stats().tiled_pack_launches, even ? 2 : 0) << what;
+        check_program(what + ", z strided, bias",
+                      [](const std::vector<Tensor>& a) {
+                        return std::vector<Tensor>{silu(a[0].t() * a[1] + a[2]) - a[3]};
+                      },
+                      {x, y, z, bias});
+        EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 4) << what;
+        EXPECT_EQ(compiler::fused_cuda_stats().tiled_pack_launches, even ? 2 : 0) << what;
+        if (width != I::TileWidth::kAuto) {
+          EXPECT_EQ(compiler::fused_cuda_stats().tiled_half_launches,
+                    even && width == I::TileWidth::kHalf ? 2 : 0)
+              << what;
+        }
+      }
     }
   }
+  I::set_tile_width_for_testing(I::TileWidth::kAuto);
   // A batch dim: transpose(1, 2) of [3, 70, 40].
   const Tensor b = randn({3, 70, 40}).to(kBFloat16).to(gpu);
   compiler::reset_fused_cuda_stats();
