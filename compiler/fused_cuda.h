@@ -182,11 +182,12 @@ FusedEntry choose_fused_entry(const FusedKernel& k, const std::vector<OperandLay
 // and of 32 x 16 (kiln_fused_tiled_packs_half, half the shared memory: more blocks a
 // multiprocessor). A launch takes the one whose tiles fill the GPU's last wave better: `tiles`
 // blocks over `slots` resident at once (blocks a multiprocessor times multiprocessors) fill
-// tiles / (ceil(tiles / slots) * slots) of the waves they take; the full tiles where the two are
-// equal. On an H200, (x.t() + y) * 0.5 over bf16 [8192, 2048] took 1024 full tiles over 792
-// slots (65% filled) and ran at 69% of a copy of its bytes; half tiles (2048 over 1056, 97%) at
-// 87%. Over [16384, 768] the full tiles (768 over 792) ran at 84%, the half (1536 over 1056) at
-// 80% (benchmarks/RESULTS.md, session 38).
+// tiles / (ceil(tiles / slots) * slots) of the waves they take; the half tiles where the two are
+// equal (more blocks in flight). On an H200, (x.t() + y) * 0.5 over bf16 [8192, 2048] took 1024
+// full tiles over 792 slots (65% filled) and ran at 69% of a copy of its bytes; half tiles (2048
+// over 1056, 97%) at 87%. Over [16384, 768] the full tiles (768 over 792) ran at 84%, the half
+// (1536 over 1056) at 80%; in f32 (both 97% filled) the half tiles were 2% faster
+// (benchmarks/RESULTS.md, session 38; the kernel lab's fused_tiled).
 enum class TileWidth { kAuto, kFull, kHalf };
 TileWidth choose_tile_width(int64_t full_tiles, int64_t full_slots, int64_t half_tiles,
                             int64_t half_slots);

@@ -161,13 +161,10 @@ TileWidth choose_tile_width(int64_t full_tiles, int64_t full_slots, int64_t half
                             int64_t half_slots) {
   if (const TileWidth w = tile_width_for_testing().load(); w != TileWidth::kAuto) return w;
   if (full_slots <= 0 || half_slots <= 0) return TileWidth::kFull;
-  // The share of its waves' slots each fills.
-  auto waves = [](int64_t tiles, int64_t slots) { return (tiles + slots - 1) / slots; };
-  const double full = static_cast<double>(full_tiles) /
-                      static_cast<double>(waves(full_tiles, full_slots) * full_slots);
-  const double half = static_cast<double>(half_tiles) /
-                      static_cast<double>(waves(half_tiles, half_slots) * half_slots);
-  return half > full ? TileWidth::kHalf : TileWidth::kFull;
+  // The share of its waves' slots each fills, tiles / (waves * slots), compared exactly.
+  auto capacity = [](int64_t tiles, int64_t slots) { return (tiles + slots - 1) / slots * slots; };
+  const int64_t full = capacity(full_tiles, full_slots), half = capacity(half_tiles, half_slots);
+  return half_tiles * full >= full_tiles * half ? TileWidth::kHalf : TileWidth::kFull;
 }
 
 void set_tile_width_for_testing(TileWidth w) { tile_width_for_testing().store(w); }

@@ -373,8 +373,8 @@ TEST(FusedCudaCodegen, TransposedInputsGetATiledEntry) {
   }
 }
 
-// The tiled entry's width in packs: the tiles that fill their last wave better, the full ones
-// where both fill it alike (or the slots are unknown); tests may fix it.
+// The tiled entry's width in packs: the tiles that fill their last wave better, the half ones
+// where both fill it alike, the full ones where the slots are unknown; tests may fix it.
 TEST(FusedCudaCodegen, TileWidthFillsTheWaves) {
   namespace I = compiler::internal;
   using W = I::TileWidth;
@@ -382,7 +382,8 @@ TEST(FusedCudaCodegen, TileWidthFillsTheWaves) {
   EXPECT_EQ(I::choose_tile_width(1024, 792, 2048, 1056), W::kHalf);   // 65% against 97%
   EXPECT_EQ(I::choose_tile_width(768, 792, 1536, 1056), W::kFull);    // 97% against 73%
   EXPECT_EQ(I::choose_tile_width(4, 792, 8, 1056), W::kHalf);         // less than a wave
-  EXPECT_EQ(I::choose_tile_width(1056, 1056, 2112, 1056), W::kFull);  // both whole waves
+  EXPECT_EQ(I::choose_tile_width(1056, 1056, 2112, 1056), W::kHalf);  // both whole waves
+  EXPECT_EQ(I::choose_tile_width(3072, 792, 6144, 1056), W::kHalf);   // f32 [16384, 768]
   EXPECT_EQ(I::choose_tile_width(1024, 0, 2048, 1056), W::kFull);
   I::set_tile_width_for_testing(W::kHalf);
   EXPECT_EQ(I::choose_tile_width(768, 792, 1536, 1056), W::kHalf);
