@@ -1416,17 +1416,28 @@ TEST(GpuFusedCuda, TransposedInputsRunTiled) {
       }
     }
   }
+  // A batch dim: transpose(1, 2) of [3, 70, 40] (and of [5, 136, 264], several tiles a matrix),
+  // in both widths.
+  for (I::TileWidth width : {I::TileWidth::kFull, I::TileWidth::kHalf}) {
+    I::set_tile_width_for_testing(width);
+    for (const Shape& s : {Shape{3, 70, 40}, Shape{5, 136, 264}}) {
+      const Tensor b = randn(s).to(kBFloat16).to(gpu);
+      const std::string what =
+          "batched transpose" + shape_str(s) + " width " + std::to_string(static_cast<int>(width));
+      compiler::reset_fused_cuda_stats();
+      check_program(what,
+                    [](const std::vector<Tensor>& a) {
+                      return std::vector<Tensor>{exp(a[0].transpose(1, 2)) * a[1]};
+                    },
+                    {b, randn({s[2], s[1]}).to(kBFloat16).to(gpu)});
+      EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 2) << what;
+      EXPECT_GE(compiler::fused_cuda_stats().tiled_pack_launches, 2) << what;
+      EXPECT_EQ(compiler::fused_cuda_stats().tiled_half_launches,
+                width == I::TileWidth::kHalf ? compiler::fused_cuda_stats().tiled_pack_launches : 0)
+          << what;
+    }
+  }
   I::set_tile_width_for_testing(I::TileWidth::kAuto);
-  // A batch dim: transpose(1, 2) of [3, 70, 40].
-  const Tensor b = randn({3, 70, 40}).to(kBFloat16).to(gpu);
-  compiler::reset_fused_cuda_stats();
-  check_program("batched transpose",
-                [](const std::vector<Tensor>& a) {
-                  return std::vector<Tensor>{exp(a[0].transpose(1, 2)) * a[1]};
-                },
-                {b, randn({40, 70}).to(kBFloat16).to(gpu)});
-  EXPECT_GE(compiler::fused_cuda_stats().tiled_launches, 2);
-  EXPECT_GE(compiler::fused_cuda_stats().tiled_pack_launches, 2);
 }
 
 TEST(GpuFusedCuda, VectorEntryTailAndMisalignedViews) {
