@@ -103,6 +103,11 @@ double same_size_copy_gbs(double bytes) {
   return 2.0 * static_cast<double>(half) / ms / 1e6;
 }
 
+void report_same_size_share(double same_size_gbs) {
+  std::printf("%-34s   %5.1f%% of a same-size copy (%.0f GB/s)\n", "",
+              100 * rows().back().gbs / same_size_gbs, same_size_gbs);
+}
+
 std::vector<Row>& rows() {
   static std::vector<Row> r;
   return r;

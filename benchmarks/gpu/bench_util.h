@@ -47,6 +47,9 @@ double& copy_gbs();
 
 // Prints a row (name, ms, TFLOP/s when flops > 0, GB/s and % of copy when bytes > 0) and keeps it.
 void report(const std::string& name, double ms, double flops, double bytes);
+// Prints, under the last row reported, its share of a same-size copy's bandwidth
+// (same_size_copy_gbs of the row's bytes).
+void report_same_size_share(double same_size_gbs);
 
 // Writes the rows as {"device": ..., "results": [{name, ms, tflops, gbs, copy_frac}, ...]}.
 bool write_json(const char* path, const char* device);

@@ -105,8 +105,7 @@ void bench_fused_case(const std::string& name, const Chain& chain,
       }
     }
     report(name + " [" + entry + "]", time_ms([&](int i) { (void)f(sets[i % 2]); }), 0, bytes);
-    std::printf("%-34s   %5.1f%% of a same-size copy (%.0f GB/s)\n", "",
-                100 * bench::rows().back().gbs / same_size_gbs, same_size_gbs);
+    report_same_size_share(same_size_gbs);
   }
   report(name + " [eager]", time_ms([&](int i) { (void)chain(sets[i % 2]); }), 0, bytes);
 }

@@ -66,8 +66,7 @@ void run_transpose(int64_t batch, int64_t rows, int64_t cols, ScalarType dt) {
   };
   const auto report = [&](const std::string& what) {
     bench::report(name + " [" + what + "]", timed(), 0, bytes);
-    std::printf("%-34s   %5.1f%% of a same-size copy (%.0f GB/s)\n", "",
-                100 * bench::rows().back().gbs / same_size_gbs, same_size_gbs);
+    bench::report_same_size_share(same_size_gbs);
   };
   report(std::string("the launch's choice: ") + (half ? "half" : "full"));
   for (TileWidth w : {TileWidth::kFull, TileWidth::kHalf}) {
