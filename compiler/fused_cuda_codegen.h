@@ -123,9 +123,9 @@ inline FusedKernel::Operand operand_of(int v, const TensorSpec& s) {
 // trailing dims).
 bool row_op_generated(const Trace& t, const BoundOp& op);
 
-// A row entry's launch bounds: `threads` a block and, with the shared-memory row cache, the
-// `blocks` a multiprocessor is to hold (0: not given).
-std::string row_launch_bounds(int threads, int blocks);
+// An entry's launch bounds: `threads` a block and the `blocks` a multiprocessor is to hold (0: not
+// given): the row entries with the shared-memory row cache, the tiled entries in packs.
+std::string launch_bounds(int threads, int blocks);
 // A row kernel's source planned for three blocks a multiprocessor with the shared-memory row
 // cache (42 registers a thread), written for two (64), or nullopt where it is not at three. The
 // executor builds a kernel whose registers spill at three so (fused_cuda.cpp).

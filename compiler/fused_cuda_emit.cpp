@@ -147,14 +147,17 @@ std::string Generator::operand_decls() const {
   return os.str();
 }
 
+std::string launch_bounds(int threads, int blocks) {
+  return blocks > 0 ? absl::StrCat("__launch_bounds__(", threads, ", ", blocks, ")")
+                    : absl::StrCat("__launch_bounds__(", threads, ")");
+}
+
 // The entry's signature and the decoding of its parameters (pointers, scalars, constants).
 std::string Generator::kernel_head(const std::string& entry, int min_blocks) const {
   std::ostringstream os;
   const int64_t n = numel_of(k_.sizes);
-  os << "\nextern \"C\" __global__ void "
-     << (min_blocks > 0 ? absl::StrCat("__launch_bounds__(256, ", min_blocks, ")")
-                        : std::string("__launch_bounds__(256)"))
-     << " kiln_fused_" << entry << "(const Params p) {\n"
+  os << "\nextern \"C\" __global__ void " << launch_bounds(256, min_blocks) << " kiln_fused_"
+     << entry << "(const Params p) {\n"
      << operand_decls() << "  const long long n = " << n << "LL;\n"
      << "  const long long step = (long long)gridDim.x * blockDim.x;\n";
   return os.str();

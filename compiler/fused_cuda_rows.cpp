@@ -786,8 +786,8 @@ std::string Generator::row_entry(int width) {
   // multiprocessor holds (two or three rows in its shared memory): 64 or 42 registers a thread at
   // most.
   return absl::StrCat("\nextern \"C\" __global__ void ",
-                      row_launch_bounds(T * G, k_.row_shared_bytes > 0 ? row_blocks_ : 0), " ",
-                      entry, "(const Params p) {\n", os.str());
+                      launch_bounds(T * G, k_.row_shared_bytes > 0 ? row_blocks_ : 0), " ", entry,
+                      "(const Params p) {\n", os.str());
 }
 
 }  // namespace kiln::compiler::internal

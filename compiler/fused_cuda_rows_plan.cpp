@@ -1,13 +1,12 @@
 // fused_cuda's code generator (compiler/fused_cuda_codegen.h): the row kernels' planner, which
 // reductions it writes (row_op_generated), the region's domain, members, operands and passes
 // (Generator::plan_rows), and the shared-memory row cache (Generator::plan_row_cache, and the
-// blocks a multiprocessor: row_launch_bounds, row_source_at_two_blocks). The kernels' source is
+// blocks a multiprocessor: row_source_at_two_blocks). The kernels' source is
 // written by fused_cuda_rows.cpp, which says what they compute.
 #include <algorithm>
 #include <optional>
 #include <string>
 
-#include "absl/strings/str_cat.h"
 #include "compiler/fuse.h"
 #include "compiler/fused_cuda_codegen.h"
 
@@ -279,15 +278,10 @@ int Generator::row_cache_blocks(int64_t row_bytes) const {
   return row_bytes <= (shared_limit_ - kSharedReserve) / 3 ? 3 : 2;
 }
 
-std::string row_launch_bounds(int threads, int blocks) {
-  return blocks > 0 ? absl::StrCat("__launch_bounds__(", threads, ", ", blocks, ")")
-                    : absl::StrCat("__launch_bounds__(", threads, ")");
-}
-
 std::optional<std::string> row_source_at_two_blocks(const std::string& source) {
-  const std::string three = row_launch_bounds(kSharedThreads, 3);
+  const std::string three = launch_bounds(kSharedThreads, 3);
   if (source.find(three) == std::string::npos) return std::nullopt;
-  const std::string two = row_launch_bounds(kSharedThreads, 2);
+  const std::string two = launch_bounds(kSharedThreads, 2);
   std::string out = source;
   for (size_t at = out.find(three); at != std::string::npos; at = out.find(three, at))
     out.replace(at, three.size(), two);
