@@ -370,11 +370,11 @@ std::shared_ptr<const Loaded> build(int device, const std::string& source, const
     loaded->tiled_packs_slots = slots(loaded->tiled_packs);
     loaded->tiled_packs_half_slots = slots(loaded->tiled_packs_half);
   }
-  // A row kernel caching its rows in shared memory runs three blocks a multiprocessor where three
-  // rows fit: 42 registers a thread at most. One whose entries then take local memory (spilled
-  // registers) is built again at two blocks, 64 registers: log_softmax over 8192 x 32000 bf16
-  // spilled 40 bytes and ran 11% faster so; the kernels that do not spill ran 0-8% slower at two
-  // (the kernel lab, session 37, H200).
+  // A row kernel caching its rows in shared memory and writing only per-row results runs three
+  // blocks a multiprocessor where three rows fit: 42 registers a thread at most. One whose entries
+  // then take local memory (spilled registers) is built again at two blocks, 64 registers:
+  // log_softmax over 8192 x 32000 bf16, then planned at three, spilled 40 bytes and ran 11% faster
+  // so; the kernels that did not spill ran 0-8% slower at two (the kernel lab, session 37, H200).
   if (e.rows && e.shared_bytes > 0 && takes_local_memory({loaded->dense, loaded->vector})) {
     if (std::optional<std::string> two = internal::row_source_at_two_blocks(source)) {
       ++counters().row_two_block_builds;

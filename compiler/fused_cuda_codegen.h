@@ -204,13 +204,14 @@ class Generator {
   void plan_row_cache(const absl::flat_hash_set<int>& read_outside,
                       const absl::flat_hash_map<int, bool>& full);
   // The blocks a multiprocessor is to hold with the shared-memory row cache taking `row_bytes`
-  // a block (two or three).
-  int row_cache_blocks(int64_t row_bytes) const;
+  // a block (two or three), for rows written out element by element (`written`) or not.
+  int row_cache_blocks(int64_t row_bytes, bool written) const;
   void emit_rows();
   std::string row_entry(int width);
   int row_dims_ = 0;              // the domain's leading dims that are not reduced
   std::vector<bool> row_stored_;  // [input]: in the shared-memory row cache
   int row_blocks_ = 0;            // with the cache: the blocks a multiprocessor is to hold
+  bool row_written_ = false;      // an output has the domain's shape (written element by element)
   std::vector<RowMember> row_members_;
   // Values with one value per row (a row kernel's per-row inputs and members): a bf16 division by
   // one goes through the row's reciprocal (kdiv_row_bf16).

@@ -68,6 +68,9 @@ std::string Generator::member_expr(const BoundOp& op) {
       // ex2.approx: within 2 + 1.2 |x| ulp of exp(x) (2^-16 relative at |x| = 100), results
       // below 2^-126 flushed to zero: far below a 16-bit rounding.
       return "__expf(" + x + ")";
+    } else if (n == "exp" && out == kBFloat16) {
+      // x is a bf16 value (read_as rounds the input to bf16) and the result is rounded to bf16.
+      return from_m("kexp_bf16(" + x + ")", out);
     } else {
       fn = functor_name(n);
     }

@@ -299,7 +299,7 @@ std::string Generator::row_entry(int width) {
     }
     if (at > 0 && at < k_.row_shared_bytes) {
       k_.row_shared_bytes = at;
-      row_blocks_ = row_cache_blocks(at);
+      row_blocks_ = row_cache_blocks(at, row_written_);
     }
   }
   // Member i read back from its place in shared memory by this pass, or stored there by it.
@@ -414,11 +414,12 @@ std::string Generator::row_entry(int width) {
   //     in float but where one is below 2^-15 of the other, and then both roundings give the
   //     larger, as far from a tie. One instruction for two elements, where eager's formula takes
   //     four each (two conversions, the add, a rounding on the XU pipe);
-  //   - any other member of bf16 result that the pass writes out (softmax's division): its
-  //     formula on each half, in float, both rounded by one conversion (cvt.rn.bf16x2.f32, kbf2):
-  //     the same roundings, half the XU pipe's. Not one that a reduction reads: unpacked again
-  //     and held a pack at a time, logsumexp's and log_softmax's exp(x - max) in pairs ran 1% and
-  //     7% slower on an H100 (RESULTS.md, session 36).
+  //   - any other member of bf16 result that the pass writes out (softmax's division), or that a
+  //     reduction of the pass reads (logsumexp's exp(x - max)): its formula on each half, in
+  //     float, both rounded by one conversion (cvt.rn.bf16x2.f32, kbf2): the same roundings, half
+  //     the XU pipe's. With exp in two instructions (kexp_bf16) the XU pipe bounds logsumexp's
+  //     sum pass, and bf16 logsumexp over 8192 x 32000 ran 8% faster in pairs (RESULTS.md,
+  //     session 39; with expf it had run 1% slower, session 36).
   //   - an amax or amin of a bf16 operand that comes in pairs, reduced by this pass: folded two
   //     elements an instruction (kpick_bf16x2, max.NaN.bf16x2) into a pair of partial results,
   //     the two combined after the pass (kpick: amax and amin have one result in any order,
@@ -511,8 +512,13 @@ std::string Generator::row_entry(int width) {
           continue;
         }
       }
-      // Eager's formula on each half, rounded together: for a member the pass writes out.
-      if (!writes(pass) || !output_member[sz(i)]) continue;
+      // Eager's formula on each half, rounded together: for a member the pass writes out, or one
+      // that a reduction of this pass reads (unpacked again for it).
+      const bool reduced = std::ranges::any_of(reductions, [&](int r) {
+        return std::ranges::find(members_[sz(r)]->inputs, op.outputs[0]) !=
+               members_[sz(r)]->inputs.end();
+      });
+      if (!(writes(pass) && output_member[sz(i)]) && !reduced) continue;
       absl::flat_hash_map<std::string, std::string> lo, hi;
       for (size_t j = 0; j < op.inputs.size(); ++j) {
         if (in[j]->per_row) continue;

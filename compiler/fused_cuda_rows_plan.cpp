@@ -265,17 +265,20 @@ void Generator::plan_row_cache(const absl::flat_hash_set<int>& read_outside,
     k_.row_threads = kSharedThreads;
     k_.rows_per_block = 1;
     k_.row_shared_bytes = row_bytes;
-    // Three such blocks to a multiprocessor where their rows fit (ptxas then keeps a thread to 42
-    // registers): a bf16 row of 32000 ran 4-10% faster so than at two (the kernel lab's
-    // fused_rows, session 35).
-    row_blocks_ = row_cache_blocks(row_bytes);
+    row_written_ = full_outputs;
+    row_blocks_ = row_cache_blocks(row_bytes, row_written_);
   } else {
     row_stored_.assign(k_.inputs.size(), false);
   }
 }
 
-int Generator::row_cache_blocks(int64_t row_bytes) const {
-  return row_bytes <= (shared_limit_ - kSharedReserve) / 3 ? 3 : 2;
+// Rows written out element by element (softmax, log_softmax): two blocks. Rows only reduced
+// (logsumexp): three where their rows fit (ptxas then keeps a thread to 42 registers). bf16 rows
+// of 32000 on an H200 (the kernel lab's fused_rows, session 39): log_softmax 3.3% faster at two,
+// softmax the same, logsumexp 1.4% slower. (In session 35, before exp and its rounding took fewer
+// instructions, three had been 4-10% faster for all.)
+int Generator::row_cache_blocks(int64_t row_bytes, bool written) const {
+  return !written && row_bytes <= (shared_limit_ - kSharedReserve) / 3 ? 3 : 2;
 }
 
 std::optional<std::string> row_source_at_two_blocks(const std::string& source) {

@@ -485,7 +485,8 @@ TEST(FusedCudaCodegen, RowKernelForSoftmaxWrittenWithOps) {
   EXPECT_NE(s.find("kpack<bf16, 8> xc0[4];"), std::string::npos) << s;
   EXPECT_NE(s.find("bf16 xc0[32];"), std::string::npos) << s;
   EXPECT_EQ(count(s, "= *(const kpack<bf16, 8>*)(rin0 + c0);"), 1) << s;  // the only load
-  EXPECT_EQ(count(s, "scalar::Exp::apply"), 2) << s;                      // one per entry
+  // exp (kexp_bf16): in pairs in the vector entry (the sum's pass), one at a time in the dense.
+  EXPECT_EQ(count(s, "kexp_bf16(kf("), 3) << s;
   // The division by the row's sum: through its reciprocal (kdiv_row_bf16), once per entry.
   EXPECT_EQ(count(s, "kbf(kdiv_row_bf16(kf(y2), kf(y3)))"), 2) << s;
   EXPECT_NE(s.find("u32 yc2[16];"), std::string::npos) << s;
@@ -558,7 +559,7 @@ TEST(FusedCudaCodegen, RowReciprocalOnlyForBf16DivisorsOfTheRow) {
   };
   const std::string r =
       source(traced_on_cuda(by_input, randn({8, 256}).to(kBFloat16), randn({8, 1}).to(kBFloat16)));
-  EXPECT_EQ(count(r, "kbf(kdiv_row_bf16("), 2) << r;
+  EXPECT_EQ(count(r, "kdiv_row_bf16(kf("), 3) << r;  // a pair in the vector entry, one in the dense
 }
 
 // The row planner's choices the kernel lab varies (RowPlanOptions): accesses a thread set the
@@ -768,7 +769,7 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   EXPECT_EQ(count(s, "skm2[c] = y2;"), 1) << s;
   EXPECT_EQ(count(s, "kv2[u] = *(const bf16*)(skm2 + c0);"), 1) << s;
   // The output's pass computes only the division.
-  EXPECT_EQ(count(s, "Exp::apply"), 2) << s;  // the sum's pass, in each entry
+  EXPECT_EQ(count(s, "kexp_bf16(kf("), 3) << s;  // the sum's pass: a pair, and the dense entry's
   // The division, written out: a pair at a time in the vector entry, from the kept pairs.
   EXPECT_EQ(count(s,
                   "yp4[h] = kbf2(kdiv_row_bf16(kf(kv2[u].v[2 * h]), kf(y3)), "
@@ -776,15 +777,23 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
             1)
       << s;
   EXPECT_EQ(count(s, "const bf16 y2 = kv2[u]"), 2) << s;
-  // Three rows of 64000 bytes fit a multiprocessor's 227 KB: three blocks to one; at 160 KB, two.
-  EXPECT_EQ(count(s, "__launch_bounds__(512, 3)"), 2) << s;
-  const auto two = I::generate_fused_kernel(t, 0, t.ops.size(), &why, 160 * 1024);
+  // Rows written out element by element: two blocks to a multiprocessor.
+  EXPECT_EQ(count(s, "__launch_bounds__(512, 2)"), 2) << s;
+  EXPECT_FALSE(I::row_source_at_two_blocks(s).has_value());
+  // Rows only reduced (logsumexp): three rows of 64000 bytes fit a multiprocessor's 227 KB, so
+  // three blocks to one; at 160 KB, two.
+  const Trace reduced = traced_on_cuda(logsumexp_with_ops, randn({2, 32000}).to(kBFloat16));
+  const auto three = I::generate_fused_kernel(reduced, 0, reduced.ops.size(), &why);
+  ASSERT_TRUE(three.has_value()) << why;
+  EXPECT_EQ(three->row_shared_bytes, 64000);
+  EXPECT_EQ(count(three->source, "__launch_bounds__(512, 3)"), 2) << three->source;
+  const auto two = I::generate_fused_kernel(reduced, 0, reduced.ops.size(), &why, 160 * 1024);
   ASSERT_TRUE(two.has_value()) << why;
   EXPECT_EQ(two->row_shared_bytes, 64000);
   EXPECT_EQ(count(two->source, "__launch_bounds__(512, 2)"), 2) << two->source;
   // What the executor builds where the kernel at three blocks spills: the same at two; a kernel
   // planned at two has nothing to rewrite.
-  const std::optional<std::string> rewritten = I::row_source_at_two_blocks(s);
+  const std::optional<std::string> rewritten = I::row_source_at_two_blocks(three->source);
   ASSERT_TRUE(rewritten.has_value());
   EXPECT_EQ(*rewritten, two->source);
   EXPECT_FALSE(I::row_source_at_two_blocks(two->source).has_value());
@@ -851,7 +860,8 @@ TEST(FusedCudaCodegen, RowsOfLongMultiPassRowsUseSharedMemory) {
   EXPECT_EQ(ksx->row_shared_bytes, 64000);
   EXPECT_EQ(count(ksx->source, "skm"), 0) << ksx->source;
   EXPECT_EQ(count(ksx->source, "= *(const kpack<bf16, 8>*)(sin0 + c0);"), 2) << ksx->source;
-  EXPECT_EQ(count(ksx->source, "Exp::apply"), 4) << ksx->source;  // two passes, two entries
+  // Two passes, two entries: in pairs in the vector entry's sum pass only.
+  EXPECT_EQ(count(ksx->source, "kexp_bf16(kf("), 5) << ksx->source;
   const Trace two_inputs = traced_on_cuda(
       [](const Tensor& x, const Tensor& z) { return z * rsqrt(mean(x * x, {-1}, true) + 1e-6); },
       randn({2, 16000}), randn({2, 16000}));
@@ -889,8 +899,12 @@ TEST(FusedCudaCodegen, RowBf16SumsInPairs) {
             1)
       << s;
   EXPECT_EQ(count(s, "const bf16 y1 = kbf_half(yp1[e >> 1], e & 1);"), 1) << s;
-  // exp(x - max), read by the sum, one element at a time.
-  EXPECT_EQ(count(s, "kbf2("), count(std::string(I::kPrelude), "kbf2(")) << s;
+  // exp(x - max), read by the sum: in pairs too, each half by kexp_bf16, rounded together.
+  EXPECT_EQ(count(s,
+                  "yp2[h] = kbf2(kexp_bf16(kf(kbf_half(yp1[h], 0))), "
+                  "kexp_bf16(kf(kbf_half(yp1[h], 1))));"),
+            1)
+      << s;
   // Two inputs of the row, then a scaled sum (alpha 2) of them: the first in pairs only.
   const Trace two = traced_on_cuda(
       [](const Tensor& x, const Tensor& z) {
@@ -922,6 +936,34 @@ TEST(FusedCudaCodegen, RowBf16SumsInPairs) {
   EXPECT_EQ(count(I::generate_fused_kernel(relaxed, 0, relaxed.ops.size(), &why)->source,
                   "= kfma_bf16x2("),
             0);
+}
+
+// exp of bf16 (a bf16 value in, rounded to bf16) is kexp_bf16 (the prelude's ex2 of the product
+// in two parts, eager's bits: GpuFusedCuda.Bf16ExpRoundsAsEagersOnEveryValue); f32 and f16 keep
+// eager's expf, and with casts not emulated exp is __expf.
+TEST(FusedCudaCodegen, Bf16ExpThroughKexpBf16) {
+  namespace I = compiler::internal;
+  const auto chain = [](const Tensor& x) { return exp(x) * x; };
+  for (ScalarType dt : {kBFloat16, kFloat, kHalf}) {
+    std::string why;
+    Trace t = traced_on_cuda(chain, randn({4, 64}).to(dt));
+    const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), &why);
+    ASSERT_TRUE(k.has_value()) << why;
+    const bool bf16 = dt == kBFloat16;
+    const int entries = count(k->source, "extern \"C\" __global__");  // an exp in each
+    EXPECT_GE(entries, 2);
+    EXPECT_GE(count(k->source, bf16 ? "kbf(kexp_bf16(kf(x0)))" : "scalar::Exp::apply<float>("),
+              entries)
+        << k->source;
+    EXPECT_EQ(count(k->source, bf16 ? "scalar::Exp::apply<float>(" : "kexp_bf16(kf("), 0)
+        << k->source;
+    if (!bf16) continue;
+    t.emulate_precision_casts = false;
+    const auto relaxed = I::generate_fused_kernel(t, 0, t.ops.size(), &why);
+    ASSERT_TRUE(relaxed.has_value()) << why;
+    EXPECT_EQ(count(relaxed->source, "kexp_bf16(kf("), 0) << relaxed->source;
+    EXPECT_GT(count(relaxed->source, "__expf("), 0) << relaxed->source;
+  }
 }
 
 // amax and amin of a bf16 operand in pairs fold two elements an instruction into a pair of partial
@@ -1743,6 +1785,40 @@ TEST(GpuFusedCuda, RowBf16SumsInPairsAsEagerDoes) {
   }
 }
 
+// kexp_bf16 (compiler/fused_cuda_prelude.cpp) rounds as eager's exp does, on every bf16 value:
+// an elementwise exp; an exp that a row's sum reads in pairs (each row one value among -inf, so
+// that its sum is that value's exp); and logsumexp over rows of all of them.
+TEST(GpuFusedCuda, Bf16ExpRoundsAsEagersOnEveryValue) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu(kCUDA, 0);
+  std::vector<uint16_t> xs(0x10000), rows(size_t{0x10000} * 64, 0xff80);  // -inf
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = rows[i * 64] = static_cast<uint16_t>(i);
+  const auto bf16s = [&](std::vector<uint16_t>& v, Shape s) {
+    return from_blob(v.data(), std::move(s), TensorOptions().dtype(kBFloat16)).clone().to(gpu);
+  };
+  const Tensor x = bf16s(xs, {32, 2048}), r = bf16s(rows, {0x10000, 64});
+  using Program = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+  const std::vector<std::tuple<std::string, Program, Tensor, std::string>> programs = {
+      {"exp(x), exp(x) * x",
+       [](const std::vector<Tensor>& a) {
+         const Tensor e = exp(a[0]);
+         return std::vector<Tensor>{e, e * a[0]};
+       },
+       x, "kbf(kexp_bf16(kf("},
+      {"sum(exp(x)) of one value and -inf",
+       [](const std::vector<Tensor>& a) { return std::vector<Tensor>{sum(exp(a[0]), {-1}, true)}; },
+       r, "kbf2(kexp_bf16(kf("},
+      {"logsumexp", logsumexp_rows, x, "kbf2(kexp_bf16(kf("},
+  };
+  for (const auto& [what, fn, arg, line] : programs) {
+    const auto [got, want, traces] = compiled_and_eager(fn, {arg});
+    EXPECT_NE(generated_sources(traces).find(line), std::string::npos) << what << listings(traces);
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i)
+      expect_same_bf16_bits(got[i], want[i], what + ", output " + std::to_string(i));
+  }
+}
+
 // amax and amin in the row kernels: a bf16 operand folded two elements an instruction
 // (kpick_bf16x2), the partial results combined in the kernel's own order (kpick) and not eager's.
 // The bits are eager's all the same, since amax and amin do not depend on the order
@@ -1839,26 +1915,35 @@ TEST(GpuFusedCuda, AmaxAminRowsMatchEagerBitwise) {
   }
 }
 
-// A row kernel caching its rows in shared memory at three blocks a multiprocessor (42 registers a
-// thread) whose registers spill is built again at two (64): bf16 log_softmax over rows of 32000
-// spills so (NVRTC of CUDA 12 for sm_90: 40 bytes), softmax does not. The bits are eager's either
-// way.
+// A row kernel caching its rows in shared memory and reducing them only is planned at three blocks
+// a multiprocessor (42 registers a thread); one whose registers spill so is built again at two
+// (64): four reductions of x - max (NVRTC of CUDA 13 for sm_90: 40 bytes), where logsumexp does
+// not spill. Rows written element by element (softmax, log_softmax) are planned at two. The bits
+// are eager's either way.
 TEST(GpuFusedCuda, SpillingRowKernelsBuildAtTwoBlocks) {
   SKIP_WITHOUT_GPU();
   manual_seed(24);
   const Tensor x = (randn({64, 32000}) * 3.0).to(kBFloat16).to(Device(kCUDA, 0));
-  for (const auto& [name, fn, builds] :
-       {std::tuple<std::string, Tensor (*)(const Tensor&), int64_t>{"log_softmax",
-                                                                    log_softmax_with_ops, 1},
-        {"softmax", softmax_with_ops, 0}}) {
+  const auto four = [](const Tensor& a) {
+    const Tensor z = a - amax(a, {-1}, true);
+    return log(sum(exp(z), {-1}, true)) + sum(z * z, {-1}, true) + amin(z, {-1}, true) +
+           sum(sigmoid(z), {-1}, true);
+  };
+  using Program = std::function<Tensor(const Tensor&)>;
+  for (const auto& [name, fn, blocks, builds] :
+       {std::tuple<std::string, Program, int, int64_t>{"four reductions", four, 3, 1},
+        {"logsumexp", logsumexp_with_ops, 3, 0},
+        {"log_softmax", log_softmax_with_ops, 2, 0},
+        {"softmax", softmax_with_ops, 2, 0}}) {
     compiler::clear_fused_cuda_memory_cache();  // built again, from the disk cache or NVRTC
     compiler::reset_fused_cuda_stats();
     auto f = compile(fn);
     const Tensor got = f(x);
     EXPECT_EQ(compiler::fused_cuda_stats().row_regions, 1) << name;
     EXPECT_EQ(compiler::fused_cuda_stats().row_two_block_builds, builds) << name;
-    EXPECT_NE(generated_sources(f.traces()).find("__launch_bounds__(512, 3)"), std::string::npos)
-        << name << ": the generated source keeps three blocks";
+    const std::string bounds = "__launch_bounds__(512, " + std::to_string(blocks) + ")";
+    EXPECT_NE(generated_sources(f.traces()).find(bounds), std::string::npos)
+        << name << ": the generated source is planned at " << blocks << " blocks";
     expect_bitwise(got, fn(x), name);
   }
 }
