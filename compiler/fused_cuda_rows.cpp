@@ -417,7 +417,7 @@ std::string Generator::row_entry(int width) {
   //   - any other member of bf16 result that the pass writes out (softmax's division), or that a
   //     reduction of the pass reads (logsumexp's exp(x - max)): its formula on each half, in
   //     float, both rounded by one conversion (cvt.rn.bf16x2.f32, kbf2): the same roundings, half
-  //     the XU pipe's. With exp in two instructions (kexp_bf16) the XU pipe bounds logsumexp's
+  //     the XU pipe's. With exp in three instructions (kexp_bf16) the XU pipe bounds logsumexp's
   //     sum pass, and bf16 logsumexp over 8192 x 32000 ran 8% faster in pairs (RESULTS.md,
   //     session 39; with expf it had run 1% slower, session 36).
   //   - an amax or amin of a bf16 operand that comes in pairs, reduced by this pass: folded two
