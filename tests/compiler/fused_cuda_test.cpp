@@ -938,6 +938,38 @@ TEST(FusedCudaCodegen, RowBf16SumsInPairs) {
             0);
 }
 
+// A row of 1024 threads held in registers, one block to a multiprocessor, prefetches into L2 the
+// row its multiprocessor likely runs next, where the kernel writes only per-row results: f32
+// logsumexp over rows of 32000, one prefetch a 128-byte line in each entry; not log_softmax (it
+// writes its rows), bf16 logsumexp (rows in shared memory, three blocks) or short rows.
+TEST(FusedCudaCodegen, RegisterRowsReducedOnlyPrefetchTheNextRow) {
+  namespace I = compiler::internal;
+  const auto source = [](const Trace& t) {
+    std::string why;
+    const auto k = I::generate_fused_kernel(t, 0, t.ops.size(), &why);
+    EXPECT_TRUE(k.has_value()) << why << t.str();
+    return k ? k->source : std::string();
+  };
+  const std::string lse = source(traced_on_cuda(logsumexp_with_ops, randn({2, 32000})));
+  EXPECT_EQ(count(lse, "// The row, read once into registers"), 2) << lse;
+  EXPECT_EQ(count(lse, "asm(\"mov.u32 %0, %%nsmid;\" : \"=r\"(nsm));"), 2) << lse;
+  EXPECT_EQ(count(lse,
+                  "if ((lane & 7) == 0 && c0 < C) asm volatile(\"prefetch.global.L2 [%0];\" :: "
+                  "\"l\"(rin0 + (long long)nsm * C + c0));"),
+            1)
+      << lse;  // the vector entry: 16 bytes a lane
+  EXPECT_EQ(count(lse, "if ((lane & 31) == 0 && c0 < C)"), 1) << lse;  // the dense entry
+  for (const auto& [what, t] :
+       {std::pair{"f32 log_softmax", traced_on_cuda(log_softmax_with_ops, randn({2, 32000}))},
+        std::pair{"bf16 logsumexp",
+                  traced_on_cuda(logsumexp_with_ops, randn({2, 32000}).to(kBFloat16))},
+        std::pair{"f32 logsumexp, rows of 2048",
+                  traced_on_cuda(logsumexp_with_ops, randn({8, 2048}))}}) {
+    const std::string s = source(t);
+    EXPECT_EQ(count(s, "prefetch.global.L2"), 0) << what << s;
+  }
+}
+
 // exp of bf16 (a bf16 value in, rounded to bf16) is kexp_bf16 (the prelude's ex2 of the product
 // in two parts, eager's bits: GpuFusedCuda.Bf16ExpRoundsAsEagersOnEveryValue); f32 and f16 keep
 // eager's expf, and with casts not emulated exp is __expf.
