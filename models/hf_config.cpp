@@ -521,9 +521,12 @@ std::string to_hf_config_json(const ModelConfig& config, std::optional<ScalarTyp
     const double scale = config.attn_scale();
     // transformers 5 types this field int: write integral values (all published ones) as such,
     // below 2^53 (where every integral double converts to int64 exactly); others as doubles.
+    // Integral within 1e-13 relative: 1 / scale^2 is the scalar read within a few ulps, and an
+    // integer that close reads back as the same scale within 1e-12 (a looser 1e-9 wrote
+    // 922337203.85 as 922337204: a fuzz finding).
     const double scalar = 1.0 / (scale * scale);
     const double rounded = std::round(scalar);
-    const bool integral = std::abs(scalar - rounded) <= 1e-9 * scalar && rounded < 0x1p53;
+    const bool integral = std::abs(scalar - rounded) <= 1e-13 * scalar && rounded < 0x1p53;
     kv["query_pre_attn_scalar"] =
         integral ? std::to_string(static_cast<int64_t>(rounded)) : json_double(scalar);
     kv["attn_logit_softcapping"] =

@@ -333,10 +333,13 @@ TEST(HfConfig, Errors) {
 }
 
 // A query_pre_attn_scalar too large for an int64 (a fuzz finding: converting it was undefined)
-// is exported as a double and reads back as the same model; a small integral one as an int. One
-// beyond [1e-300, 1e300] is refused: 1e-320's scale squared overflowed, and it exported as 0.
+// is exported as a double and reads back as the same model; a small integral one as an int; a
+// large one that is not integral as a double (a fuzz finding: 922337203.85 was written as
+// 922337204). One beyond [1e-300, 1e300] is refused: 1e-320's scale squared overflowed, and it
+// exported as 0.
 TEST(HfConfig, Gemma2ExportWritesTheQueryScalarThatFits) {
-  for (const char* scalar : {"922337203685477580720", "1e300", "1e-300", "224"}) {
+  for (const char* scalar : {"922337203685477580720", "1e300", "1e-300", "224",
+                             "922337203.85477580720", "1000000.0001"}) {
     SCOPED_TRACE(scalar);
     const ModelConfig c = ModelConfig::from_hf_config_json(
         gemma2_without({"query_pre_attn_scalar"}) + ", \"query_pre_attn_scalar\": " + scalar + "}");
@@ -344,6 +347,9 @@ TEST(HfConfig, Gemma2ExportWritesTheQueryScalarThatFits) {
     expect_same_model(c, ModelConfig::from_hf_config_json(json, "exported"));
     if (std::string(scalar) == "224") {
       EXPECT_NE(json.find("\"query_pre_attn_scalar\": 224,"), std::string::npos) << json;
+    }
+    if (std::string(scalar) == "922337203.85477580720") {
+      EXPECT_EQ(json.find("\"query_pre_attn_scalar\": 922337204,"), std::string::npos) << json;
     }
   }
 }
