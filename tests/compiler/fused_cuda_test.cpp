@@ -2084,6 +2084,16 @@ TEST(GpuFusedCuda, RowsLogsumexpAndRowSums) {
         named("logsumexp", dt, {64, 1000}),
         [](const std::vector<Tensor>& a) { return std::vector<Tensor>{logsumexp_with_ops(a[0])}; },
         {randn({64, 1000}).to(dt).to(gpu)});
+    // f32 rows of 32000: a block of 1024 threads a row, holding it in registers, that prefetches
+    // the row %nsmid on (FusedCudaCodegen.RegisterRowsReducedOnlyPrefetchTheNextRow); more rows
+    // than multiprocessors, so that the last ones have none to prefetch.
+    if (dt == kFloat) {
+      check_rows(named("logsumexp", dt, {300, 32000}),
+                 [](const std::vector<Tensor>& a) {
+                   return std::vector<Tensor>{logsumexp_with_ops(a[0])};
+                 },
+                 {randn({300, 32000}).to(dt).to(gpu)});
+    }
     // Broadcasting producers; a sum without keepdim, a mean and an amin with it.
     check_rows(
         named("row sums", dt, {40, 77}),
