@@ -189,6 +189,8 @@ class Generator {
   std::string body(bool dense, bool vector = false, bool tiled = false, bool packs = false) const;
   // The tiled entry in packs of P elements (1: kiln_fused_tiled, else kiln_fused_tiled_packs).
   std::string tiled_entry(int P, bool half = false) const;
+  // The tiles' shared memory: 32 P rows of `cols` elements for each tiled input.
+  int64_t tile_bytes(int P, int64_t cols) const;
   std::string tiled_coordinates() const;
   std::string source_prologue();  // fused_cuda_emit.cpp
   void emit();
@@ -211,7 +213,6 @@ class Generator {
   int row_dims_ = 0;              // the domain's leading dims that are not reduced
   std::vector<bool> row_stored_;  // [input]: in the shared-memory row cache
   int row_blocks_ = 0;            // with the cache: the blocks a multiprocessor is to hold
-  bool row_written_ = false;      // an output has the domain's shape (written element by element)
   std::vector<RowMember> row_members_;
   // Values with one value per row (a row kernel's per-row inputs and members): a bf16 division by
   // one goes through the row's reciprocal (kdiv_row_bf16).

@@ -236,6 +236,16 @@ std::string Generator::tiled_coordinates() const {
   return os.str();
 }
 
+// The shared memory of a tiled entry's tiles: 32 P rows of `cols` elements for each tiled input.
+int64_t Generator::tile_bytes(int P, int64_t cols) const {
+  int64_t bytes = 0;
+  for (size_t j = 0; j < k_.inputs.size(); ++j) {
+    if (k_.tiled[j])
+      bytes += 32 * P * cols * static_cast<int64_t>(element_size(k_.inputs[j].dtype));
+  }
+  return bytes;
+}
+
 // The tiled entries: the domain's last two dims (M rows of N) in tiles, one per block of 32 x 8
 // threads at a time. Each tiled input is first read into its tile with the threads' x along the
 // rows' dim (stride 1 for it: coalesced), then every element of the tile is computed with x along
@@ -273,12 +283,8 @@ std::string Generator::tiled_entry(int P, bool half) const {
     // tiles at no bound took 48 registers, five blocks, and ran 20% slower than at six; half
     // tiles at eight blocks 12% faster than at six; f32 full tiles spilled at eight.
     constexpr int64_t kBlockReserve = 1024;
-    int64_t tile_bytes = 0;
-    for (size_t j = 0; j < k_.inputs.size(); ++j) {
-      if (k_.tiled[j]) tile_bytes += int64_t{T} * TC * element_size(k_.inputs[j].dtype);
-    }
     min_blocks = static_cast<int>(std::clamp<int64_t>(
-        (shared_limit_ + kBlockReserve) / (tile_bytes + kBlockReserve), 1, half ? 8 : 6));
+        (shared_limit_ + kBlockReserve) / (tile_bytes(P, TC) + kBlockReserve), 1, half ? 8 : 6));
   }
   const std::string name = P == 1 ? "tiled" : half ? "tiled_packs_half" : "tiled_packs";
   os << kernel_head(name, min_blocks) << "  const long long M = " << m << "LL, N = " << n
@@ -483,13 +489,8 @@ void Generator::emit() {
       }
     }
     for (int p = static_cast<int>(std::clamp<size_t>(8 / narrowest, 2, 4)); any && p >= 2; p /= 2) {
-      int64_t tile_bytes = 0;
-      for (size_t j = 0; j < k_.inputs.size(); ++j) {
-        if (k_.tiled[j])
-          tile_bytes += 32 * p * 32 * p * static_cast<int64_t>(element_size(k_.inputs[j].dtype));
-      }
       if (outputs_whole && k_.sizes[rank - 2] % p == 0 && k_.sizes[rank - 1] % p == 0 &&
-          tile_bytes <= 40 * 1024) {
+          tile_bytes(p, 32 * p) <= 40 * 1024) {
         k_.tiled_pack = p;
         break;
       }

@@ -299,7 +299,7 @@ std::string Generator::row_entry(int width) {
     }
     if (at > 0 && at < k_.row_shared_bytes) {
       k_.row_shared_bytes = at;
-      row_blocks_ = row_cache_blocks(at, row_written_);
+      row_blocks_ = row_cache_blocks(at, full_outputs);
     }
   }
   // Member i read back from its place in shared memory by this pass, or stored there by it.

@@ -265,8 +265,7 @@ void Generator::plan_row_cache(const absl::flat_hash_set<int>& read_outside,
     k_.row_threads = kSharedThreads;
     k_.rows_per_block = 1;
     k_.row_shared_bytes = row_bytes;
-    row_written_ = full_outputs;
-    row_blocks_ = row_cache_blocks(row_bytes, row_written_);
+    row_blocks_ = row_cache_blocks(row_bytes, full_outputs);
   } else {
     row_stored_.assign(k_.inputs.size(), false);
   }
