@@ -210,6 +210,53 @@ class Generator {
   int row_cache_blocks(int64_t row_bytes, bool written) const;
   void emit_rows();
   std::string row_entry(int width);
+  // A row entry's element passes (row_passes): one per level of the reductions' inputs, then one
+  // for the full outputs; pass l computes the members of level l (those that read l reductions in
+  // a chain).
+  struct RowPasses {
+    int passes = 0;    // 1 + the members' highest level
+    int n_passes = 0;  // the element passes
+    // Outputs written per element (else once per row: one-element rows have both of S's shape).
+    bool full_outputs = false;
+    std::vector<bool> output_member;            // [member]: an output of the region
+    std::vector<bool> out_full;                 // [output]: written per element
+    absl::flat_hash_map<int, int> member_of;    // value -> member
+    absl::flat_hash_map<int, size_t> input_of;  // value -> input
+    bool writes(int pass) const { return full_outputs && pass == passes - 1; }
+  };
+  // Which members each pass computes and which inputs it reads (plan_passes).
+  struct PassPlan {
+    std::vector<std::vector<bool>> computes;  // [pass][member]
+    std::vector<std::vector<bool>> reads;     // [pass][input]: full inputs
+    std::vector<int> kept_until;              // [member]: the last pass reading it kept, or -1
+    std::vector<int> read_until;              // [input]: the last pass reading it, or -1
+    // [member]: the input whose place in the shared-memory row cache keeps it, or -1 (placed by
+    // row_entry).
+    std::vector<int> kept_in;
+  };
+  RowPasses row_passes() const;
+  PassPlan plan_passes(const RowPasses& rp, const std::vector<bool>& keep) const;
+  // The registers the register cache takes a thread (`iters` accesses of `width` elements).
+  int64_t row_cache_registers(const PassPlan& pp, int width, int64_t iters) const;
+  // A kept 16-bit member: two to a 32-bit register.
+  static bool two_to_register(ScalarType t, int width);
+  // Operand classes: an input of the domain's shape, an operand varying along the columns.
+  bool row_input_full(size_t j) const;
+  bool row_varies(const FusedKernel::Operand& o) const;
+  // Member i read back from its place in shared memory by this pass, or stored there by it.
+  bool reads_kept(const PassPlan& pp, int i, int pass) const;
+  bool keeps_shared(const PassPlan& pp, int i, int pass) const;
+  // The members of a pass computed two bf16 elements at a time (fused_cuda_rows.cpp). Per member:
+  // the expression of pair h (`member`), or for such a reduction its operand's pair h (`fold`), or
+  // empty.
+  struct Pairs {
+    std::vector<std::string> member, fold;
+  };
+  Pairs bf16_pairs(const RowPasses& rp, const PassPlan& pp, int width, int pass,
+                   const std::vector<int>& reductions, const std::string& arr,
+                   const std::string& idx) const;
+  // The row generator's member and pass numbers (ints) as indices.
+  static size_t sz(int i) { return static_cast<size_t>(i); }
   int row_dims_ = 0;              // the domain's leading dims that are not reduced
   std::vector<bool> row_stored_;  // [input]: in the shared-memory row cache
   int row_blocks_ = 0;            // with the cache: the blocks a multiprocessor is to hold

@@ -38,6 +38,29 @@ constexpr int kChunkElements = 8;
 
 }  // namespace
 
+bool Generator::row_input_full(size_t j) const {
+  return !k_.inputs[j].host_scalar && k_.inputs[j].sizes == k_.sizes;
+}
+
+bool Generator::row_varies(const FusedKernel::Operand& o) const {
+  const auto rank = static_cast<int>(k_.sizes.size());
+  if (o.sizes.empty() || o.leading) return false;
+  const size_t lead = static_cast<size_t>(rank) - o.sizes.size();
+  for (size_t d = std::max<size_t>(lead, static_cast<size_t>(row_dims_));
+       d < static_cast<size_t>(rank); ++d) {
+    if (o.sizes[d - lead] != 1) return true;
+  }
+  return false;
+}
+
+bool Generator::reads_kept(const PassPlan& pp, int i, int pass) const {
+  return pp.kept_in[sz(i)] >= 0 && row_members_[sz(i)].level < pass && pp.kept_until[sz(i)] >= pass;
+}
+
+bool Generator::keeps_shared(const PassPlan& pp, int i, int pass) const {
+  return pp.kept_in[sz(i)] >= 0 && pp.computes[sz(pass)][sz(i)] && pp.kept_until[sz(i)] > pass;
+}
+
 // The code of one row entry: `width` elements per access (1: kiln_rows_dense).
 //
 // A pass over the row computes, per element, the members its reductions (or, in the last pass,
@@ -54,7 +77,6 @@ std::string Generator::row_entry(int width) {
   const int T = k_.row_threads, G = k_.rows_per_block, W = width;
   const int64_t C = k_.cols;
   const int n_members = static_cast<int>(members_.size());
-  const auto sz = [](int i) { return static_cast<size_t>(i); };
   std::ostringstream os;
   const std::string entry = W > 1 ? "kiln_rows_vector" : "kiln_rows_dense";
   os << operand_decls() << "  const long long R = " << k_.rows << "LL, C = " << C << "LL;\n"
@@ -78,17 +100,6 @@ std::string Generator::row_entry(int width) {
   }
   const bool shared = k_.row_shared_bytes > 0;  // the shared-memory row cache (plan_rows)
   if (shared) os << "  extern __shared__ __align__(16) unsigned char ksm[];\n";
-  // Operand classes.
-  auto input_full = [&](size_t j) { return !k_.inputs[j].host_scalar && k_.inputs[j].sizes == S; };
-  auto varies = [&](const FusedKernel::Operand& o) {  // along the columns
-    if (o.sizes.empty() || o.leading) return false;
-    const size_t lead = static_cast<size_t>(rank) - o.sizes.size();
-    for (size_t d = std::max<size_t>(lead, static_cast<size_t>(k)); d < static_cast<size_t>(rank);
-         ++d) {
-      if (o.sizes[d - lead] != 1) return true;
-    }
-    return false;
-  };
   auto row_offset = [&](const FusedKernel::Operand& o) {
     std::string s;
     if (o.sizes.empty()) return std::string("0");
@@ -106,91 +117,7 @@ std::string Generator::row_entry(int width) {
     }
     return s.empty() ? std::string("0") : s;
   };
-  const int passes =
-      1 + std::max_element(row_members_.begin(), row_members_.end(),
-                           [](const RowMember& a, const RowMember& b) { return a.level < b.level; })
-              ->level;
-  // Outputs written per element (else once per row: one-element rows have both of S's shape).
-  std::vector<bool> output_member(sz(n_members), false);
-  std::vector<bool> out_full(k_.outputs.size(), false);
-  bool full_outputs = false;
-  for (size_t j = 0; j < k_.outputs.size(); ++j) {
-    for (int i = 0; i < n_members; ++i) {
-      if (members_[sz(i)]->outputs[0] == k_.outputs[j].value) {
-        output_member[sz(i)] = true;
-        out_full[j] = row_members_[sz(i)].full;
-        full_outputs = full_outputs || out_full[j];
-      }
-    }
-  }
-  // The element passes: one per level of the reductions' inputs, then one for the full outputs;
-  // pass l computes the members of level l (those that read l reductions in a chain).
-  const int n_passes = passes - 1 + (full_outputs ? 1 : 0);
-  auto writes = [&](int pass) { return full_outputs && pass == passes - 1; };
-  absl::flat_hash_map<int, int> member_of;  // value -> member
-  for (int i = 0; i < n_members; ++i) member_of[members_[sz(i)]->outputs[0]] = i;
-  absl::flat_hash_map<int, size_t> input_of;  // value -> input
-  for (size_t j = 0; j < k_.inputs.size(); ++j) input_of[k_.inputs[j].value] = j;
-  // Which members each pass computes and which inputs it reads; a member of a lower level (but a
-  // cast) that `keep` allows is read from where the pass that computed it left it (registers, or
-  // the shared-memory row cache).
-  struct PassPlan {
-    std::vector<std::vector<bool>> computes;  // [pass][member]
-    std::vector<std::vector<bool>> reads;     // [pass][input]: full inputs
-    std::vector<int> kept_until;              // [member]: the last pass reading it kept, or -1
-    std::vector<int> read_until;              // [input]: the last pass reading it, or -1
-  };
-  auto plan_passes = [&](const std::vector<bool>& keep) {
-    PassPlan pp;
-    pp.computes.assign(sz(n_passes), std::vector<bool>(sz(n_members), false));
-    pp.reads.assign(sz(n_passes), std::vector<bool>(k_.inputs.size(), false));
-    pp.kept_until.assign(sz(n_members), -1);
-    pp.read_until.assign(k_.inputs.size(), -1);
-    std::vector<std::vector<int>> roots(sz(n_passes));
-    for (int i = 0; i < n_members; ++i) {
-      const RowMember& m = row_members_[sz(i)];
-      const BoundOp& op = *members_[sz(i)];
-      if (m.reduction && m.level - 1 < n_passes) {
-        if (auto it = member_of.find(op.inputs[0]); it != member_of.end())
-          roots[sz(m.level - 1)].push_back(it->second);
-        if (auto it = input_of.find(op.inputs[0]); it != input_of.end())
-          pp.reads[sz(m.level - 1)][it->second] = true;
-      }
-      if (m.full && output_member[sz(i)]) roots[sz(passes - 1)].push_back(i);
-    }
-    for (int pass = n_passes; pass-- > 0;) {
-      std::vector<int> stack = roots[sz(pass)];
-      while (!stack.empty()) {
-        const int i = stack.back();
-        stack.pop_back();
-        const RowMember& m = row_members_[sz(i)];
-        if (pp.computes[sz(pass)][sz(i)] || !m.full) continue;
-        const BoundOp& op = *members_[sz(i)];
-        if (keep[sz(i)] && m.level < pass && op.name() != "to_copy") {
-          pp.kept_until[sz(i)] = std::max(pp.kept_until[sz(i)], pass);
-          roots[sz(m.level)].push_back(i);  // computed (and kept) where it is first known
-          continue;
-        }
-        pp.computes[sz(pass)][sz(i)] = true;
-        for (int v : op.inputs) {
-          if (auto it = member_of.find(v); it != member_of.end()) stack.push_back(it->second);
-          if (auto it = input_of.find(v); it != input_of.end() && input_full(it->second))
-            pp.reads[sz(pass)][it->second] = true;
-        }
-      }
-    }
-    for (int pass = 0; pass < n_passes; ++pass) {
-      for (size_t j = 0; j < k_.inputs.size(); ++j) {
-        if (pp.reads[sz(pass)][j]) pp.read_until[j] = pass;
-      }
-    }
-    return pp;
-  };
-  // The registers a thread's share of the row takes in the fullest pass: the inputs loaded
-  // before the first pass while this or a later pass reads them, the kept members from the pass
-  // computing them to the last reading them (both in the pass computing them: ptxas does not
-  // reuse one's registers for the other element by element). In half registers: 16-bit elements
-  // moved in packs (or kept two to a register) take one, 8-byte ones four, others two.
+  const RowPasses rp = row_passes();
   const int64_t iters = ceil_div(ceil_div(C, W), T);             // a thread's accesses of a row
   const int64_t full_iters = C / (static_cast<int64_t>(T) * W);  // in the row for every lane
   // Accesses per chunk. With the shared-memory cache (blocks of 512 threads, 64 registers a
@@ -198,40 +125,20 @@ std::string Generator::row_entry(int width) {
   // counting 8: its math takes more registers).
   int weight = 0;
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    if (input_full(j)) weight += element_size(k_.inputs[j].dtype) == 8 ? 8 : 1;
+    if (row_input_full(j)) weight += element_size(k_.inputs[j].dtype) == 8 ? 8 : 1;
   }
   const int kChunk = shared ? std::clamp(2 * kChunkElements / (W * std::max(weight, 1)), 1, 4)
                             : std::clamp(kChunkElements / W, 1, 4);
   // Column indices in 32 bits where a row allows it (fewer registers than 64-bit ones).
   const std::string col_t = C + int64_t{kChunk} * T * W < (int64_t{1} << 31) ? "int" : "long long";
-  // A kept 16-bit member: two to a 32-bit register.
-  auto halves = [&](ScalarType t) { return element_size(t) == 2 && W % 2 == 0; };
-  auto halves_of = [&](ScalarType t) -> int64_t {
-    return element_size(t) > 4 ? 4 : halves(t) ? 1 : 2;
-  };
-  auto registers = [&](const PassPlan& pp) {
-    int64_t most = 0;
-    for (int pass = 0; pass < n_passes; ++pass) {
-      int64_t n = 0;
-      for (size_t j = 0; j < k_.inputs.size(); ++j) {
-        if (pp.read_until[j] >= pass) n += halves_of(k_.inputs[j].dtype);
-      }
-      for (int i = 0; i < n_members; ++i) {
-        if (row_members_[sz(i)].level <= pass && pp.kept_until[sz(i)] >= pass)
-          n += halves_of(spec(members_[sz(i)]->outputs[0]).dtype);
-      }
-      most = std::max(most, n);
-    }
-    return most * iters * W / 2;
-  };
   const int budget = T * G >= 1024 ? kCacheRegisters / 2 : kCacheRegisters;
   const std::vector<bool> keep_none(sz(n_members), false);
   std::vector<bool> keep_all(sz(n_members), true);
-  PassPlan pp = plan_passes(keep_all);
-  bool cache = !shared && n_passes > 1 && registers(pp) <= budget;
+  PassPlan pp = plan_passes(rp, keep_all);
+  bool cache = !shared && rp.n_passes > 1 && row_cache_registers(pp, W, iters) <= budget;
   if (!cache && !shared) {
-    pp = plan_passes(keep_none);
-    cache = n_passes > 1 && registers(pp) <= budget;
+    pp = plan_passes(rp, keep_none);
+    cache = rp.n_passes > 1 && row_cache_registers(pp, W, iters) <= budget;
   }
   // With the shared-memory cache, an input of the domain's shape that several passes read
   // (plan_rows) is stored there by the first (each thread stores the accesses it loaded, and later
@@ -245,7 +152,6 @@ std::string Generator::row_entry(int width) {
   std::vector<int> first_pass(k_.inputs.size(), -1);
   std::vector<bool> stored(k_.inputs.size(), false);
   std::vector<int64_t> shared_at(k_.inputs.size(), 0);
-  std::vector<int> kept_in(sz(n_members), -1);  // the input whose place keeps member i
   if (shared) {
     std::vector<int> by_level(sz(n_members));
     for (int i = 0; i < n_members; ++i) by_level[sz(i)] = i;
@@ -253,22 +159,21 @@ std::string Generator::row_entry(int width) {
       return row_members_[sz(a)].level < row_members_[sz(b)].level;
     });
     for (bool placed = false; !placed;) {
-      pp = plan_passes(keep_all);
+      pp = plan_passes(rp, keep_all);
       placed = true;
-      kept_in.assign(sz(n_members), -1);
       std::vector<int> busy_until(k_.inputs.size());  // the last pass reading a place
       for (size_t j = 0; j < k_.inputs.size(); ++j)
-        busy_until[j] = row_stored_[j] ? pp.read_until[j] : n_passes;
+        busy_until[j] = row_stored_[j] ? pp.read_until[j] : rp.n_passes;
       for (int i : by_level) {
         if (pp.kept_until[sz(i)] < 0) continue;
         const int p = row_members_[sz(i)].level;
         const size_t bytes = element_size(spec(members_[sz(i)]->outputs[0]).dtype);
-        for (size_t j = 0; j < k_.inputs.size() && kept_in[sz(i)] < 0; ++j) {
+        for (size_t j = 0; j < k_.inputs.size() && pp.kept_in[sz(i)] < 0; ++j) {
           if (busy_until[j] > p || element_size(k_.inputs[j].dtype) != bytes) continue;
-          kept_in[sz(i)] = static_cast<int>(j);
+          pp.kept_in[sz(i)] = static_cast<int>(j);
           busy_until[j] = pp.kept_until[sz(i)];
         }
-        if (kept_in[sz(i)] < 0) {
+        if (pp.kept_in[sz(i)] < 0) {
           keep_all[sz(i)] = false;  // and plan again
           placed = false;
           break;
@@ -277,7 +182,7 @@ std::string Generator::row_entry(int width) {
     }
     for (size_t j = 0; j < k_.inputs.size(); ++j) {
       if (!row_stored_[j]) continue;
-      for (int pass = n_passes; pass-- > 0;) {
+      for (int pass = rp.n_passes; pass-- > 0;) {
         if (pp.reads[sz(pass)][j]) first_pass[j] = pass;
       }
       // Stored where a later pass reads it back (plan_rows counts the passes without the kept
@@ -289,7 +194,7 @@ std::string Generator::row_entry(int width) {
     // keeps x * y, not x and y): the block then takes less, and more blocks may fit.
     std::vector<bool> has_place(k_.inputs.size(), false);
     for (int i = 0; i < n_members; ++i) {
-      if (kept_in[sz(i)] >= 0) has_place[sz(kept_in[sz(i)])] = true;
+      if (pp.kept_in[sz(i)] >= 0) has_place[sz(pp.kept_in[sz(i)])] = true;
     }
     int64_t at = 0;
     for (size_t j = 0; j < k_.inputs.size(); ++j) {
@@ -299,16 +204,9 @@ std::string Generator::row_entry(int width) {
     }
     if (at > 0 && at < k_.row_shared_bytes) {
       k_.row_shared_bytes = at;
-      row_blocks_ = row_cache_blocks(at, full_outputs);
+      row_blocks_ = row_cache_blocks(at, rp.full_outputs);
     }
   }
-  // Member i read back from its place in shared memory by this pass, or stored there by it.
-  auto reads_kept = [&](int i, int pass) {
-    return kept_in[sz(i)] >= 0 && row_members_[sz(i)].level < pass && pp.kept_until[sz(i)] >= pass;
-  };
-  auto keeps_shared = [&](int i, int pass) {
-    return kept_in[sz(i)] >= 0 && pp.computes[sz(pass)][sz(i)] && pp.kept_until[sz(i)] > pass;
-  };
   // Each input of the domain's shape moves `W` elements per access; `arr[idx]` is one access.
   auto access_type = [&](ScalarType t) {
     return W > 1 ? absl::StrCat("kpack<", ctype(t), ", ", W, ">") : ctype(t);
@@ -346,8 +244,8 @@ std::string Generator::row_entry(int width) {
   os << "    (void)q;\n";
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.inputs[j];
-    if (o.host_scalar || input_full(j)) continue;
-    if (varies(o)) {
+    if (o.host_scalar || row_input_full(j)) continue;
+    if (row_varies(o)) {
       os << "    const long long ri" << j << " = " << row_offset(o) << ";\n";
     } else {
       os << "    const " << ctype(o.dtype) << " x" << j << " = in" << j << "[" << row_offset(o)
@@ -357,7 +255,7 @@ std::string Generator::row_entry(int width) {
   os << row_members_of_level(0, I4);
   // The row's start in each operand of the domain's shape.
   for (size_t j = 0; j < k_.inputs.size(); ++j) {
-    if (input_full(j)) {
+    if (row_input_full(j)) {
       os << "    const " << ctype(k_.inputs[j].dtype) << "* __restrict__ rin" << j << " = in" << j
          << " + r * C;\n";
     }
@@ -368,13 +266,14 @@ std::string Generator::row_entry(int width) {
     }
   }
   for (int i = 0; i < n_members; ++i) {
-    if (kept_in[sz(i)] < 0) continue;
+    if (pp.kept_in[sz(i)] < 0) continue;
     const std::string t = ctype(spec(members_[sz(i)]->outputs[0]).dtype);
-    os << "    " << t << "* skm" << i << " = (" << t << "*)(ksm + " << shared_at[sz(kept_in[sz(i)])]
-       << ");  // y" << i << ", kept in x" << kept_in[sz(i)] << "'s place\n";
+    os << "    " << t << "* skm" << i << " = (" << t << "*)(ksm + "
+       << shared_at[sz(pp.kept_in[sz(i)])] << ");  // y" << i << ", kept in x" << pp.kept_in[sz(i)]
+       << "'s place\n";
   }
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
-    if (out_full[j]) {
+    if (rp.out_full[j]) {
       os << "    " << ctype(k_.outputs[j].dtype) << "* __restrict__ rout" << j << " = out" << j
          << " + r * C;\n";
     }
@@ -389,7 +288,7 @@ std::string Generator::row_entry(int width) {
     for (int i = 0; i < n_members; ++i) {
       if (pp.kept_until[sz(i)] < 0) continue;
       const ScalarType t = spec(members_[sz(i)]->outputs[0]).dtype;
-      if (halves(t)) {
+      if (two_to_register(t, W)) {
         os << "    u32 yc" << i << "[" << iters * W / 2 << "];\n";
       } else {
         os << "    " << ctype(t) << " yc" << i << "[" << iters * W << "];\n";
@@ -411,7 +310,7 @@ std::string Generator::row_entry(int width) {
     // prefetches a little further ahead), one prefetch a 128-byte line. f32 logsumexp over 8192 x
     // 32000 on an H200 ran 9% faster so; softmax, which writes its rows, 17% slower (RESULTS.md,
     // session 39).
-    if (T * G == 1024 && !full_outputs) {
+    if (T * G == 1024 && !rp.full_outputs) {
       os << "    if (active) {\n"
          << "      u32 nsm;\n"
          << "      asm(\"mov.u32 %0, %%nsmid;\" : \"=r\"(nsm));\n"
@@ -419,7 +318,7 @@ std::string Generator::row_entry(int width) {
          << "      for (int it = 0; it < " << iters << "; ++it) {\n"
          << "        const " << col_t << " c0 = (it * " << T << " + lane) * " << W << ";\n";
       for (size_t j = 0; j < k_.inputs.size(); ++j) {
-        if (pp.read_until[j] < 0 || !input_full(j)) continue;
+        if (pp.read_until[j] < 0 || !row_input_full(j)) continue;
         const int64_t lanes = std::max<int64_t>(1, 128 / (W * element_size(k_.inputs[j].dtype)));
         os << "        if ((lane & " << lanes - 1
            << ") == 0 && c0 < C) asm volatile(\"prefetch.global.L2 "
@@ -428,149 +327,18 @@ std::string Generator::row_entry(int width) {
       os << "      }\n      }\n    }\n";
     }
   }
-  // The members of a pass computed two elements at a time, in a 32-bit register of two bf16
-  // values (yp<i>[h], pair h of the pack), where each operand of the domain's shape is such a pair
-  // (an input this pass reads or a member kept in shared memory, as two elements of the pack, or
-  // a member in pairs) and the others have one value for the row:
-  //   - a bf16 add or sub (alpha 1 or -1) of two bf16 operands: one bf16x2 fma (b * alpha + a,
-  //     rounded once) for the two. That is eager's bits: a + alpha * b of two bf16 values is exact
-  //     in float but where one is below 2^-15 of the other, and then both roundings give the
-  //     larger, as far from a tie. One instruction for two elements, where eager's formula takes
-  //     four each (two conversions, the add, a rounding on the XU pipe);
-  //   - any other member of bf16 result that the pass writes out (softmax's division), or that a
-  //     reduction of the pass reads (logsumexp's exp(x - max)): its formula on each half, in
-  //     float, both rounded by one conversion (cvt.rn.bf16x2.f32, kbf2): the same roundings, half
-  //     the XU pipe's. With exp in three instructions (kexp_bf16) the XU pipe bounds logsumexp's
-  //     sum pass, and bf16 logsumexp over 8192 x 32000 ran 8% faster in pairs (RESULTS.md,
-  //     session 39; with expf it had run 1% slower, session 36).
-  //   - an amax or amin of a bf16 operand that comes in pairs, reduced by this pass: folded two
-  //     elements an instruction (kpick_bf16x2, max.NaN.bf16x2) into a pair of partial results,
-  //     the two combined after the pass (kpick: amax and amin have one result in any order,
-  //     kernels/reduce_fn.h). Where the max was three instructions an element and the unpacking
-  //     one, logsumexp's first pass took a quarter of its time (session 37).
-  // Per member: the expression of pair h (`member`), or for such a reduction its operand's pair h
-  // (`fold`), or empty.
-  struct Pairs {
-    std::vector<std::string> member, fold;
-  };
-  auto bf16_pairs = [&](int pass, const std::vector<int>& reductions, const std::string& arr,
-                        const std::string& idx) {
-    const std::vector<bool>& need = pp.computes[sz(pass)];
-    const std::vector<bool>& reads = pp.reads[sz(pass)];
-    Pairs out{std::vector<std::string>(sz(n_members)), std::vector<std::string>(sz(n_members))};
-    std::vector<std::string>& pair = out.member;
-    if (W < 2 || W % 2 != 0) return out;
-    // Value v's pair h (a u32; empty where v is not bf16) and its two halves (bf16 values); one
-    // value for the row (or the kernel) is the same in both (`per_row`).
-    struct Halves {
-      std::string pair, half[2];
-      bool per_row = false;
-      // Read back from the shared-memory cache: not a bf16x2 fma's operand (log_softmax's
-      // z - log(sum) so ran 7% slower on an H100, its registers spilled; RESULTS.md, session 36).
-      bool kept = false;
-    };
-    auto halves = [&](int v) -> std::optional<Halves> {
-      const bool bf16 = spec(v).dtype == kBFloat16;
-      Halves r;
-      auto from_pack = [&](const std::string& a) -> std::optional<Halves> {
-        if (!bf16) return std::nullopt;
-        r.half[0] = a + ".v[2 * h]";
-        r.half[1] = a + ".v[2 * h + 1]";
-        r.pair = "kbf_pair(" + r.half[0] + ", " + r.half[1] + ")";
-        return r;
-      };
-      if (auto it = member_of.find(v); it != member_of.end()) {
-        const int k = it->second;
-        if (!pair[sz(k)].empty()) {
-          r.pair = absl::StrCat("yp", k, "[h]");
-          r.half[0] = "kbf_half(" + r.pair + ", 0)";
-          r.half[1] = "kbf_half(" + r.pair + ", 1)";
-          return r;
-        }
-        if (reads_kept(k, pass)) {
-          r.kept = true;
-          return from_pack(absl::StrCat("kv", k, "[u]"));
-        }
-        if (row_members_[sz(k)].full) return std::nullopt;
-      } else if (auto jt = input_of.find(v); jt != input_of.end()) {
-        const size_t j = jt->second;
-        const FusedKernel::Operand& o = k_.inputs[j];
-        if (input_full(j)) {
-          return reads[j] ? from_pack(absl::StrCat(arr, j, "[", idx, "]")) : std::nullopt;
-        }
-        if (o.row_packed) return from_pack(absl::StrCat("vr", j));
-        if (varies(o)) return std::nullopt;
-      } else {
-        return std::nullopt;
-      }
-      if (!per_row_.contains(v)) return std::nullopt;
-      r.per_row = true;
-      r.half[0] = r.half[1] = var(v);
-      if (bf16 && !spec(v).sizes.empty()) r.pair = "kbf_pair(" + var(v) + ", " + var(v) + ")";
-      return r;
-    };
-    for (int i = 0; i < n_members; ++i) {
-      const BoundOp& op = *members_[sz(i)];
-      const RowMember& m = row_members_[sz(i)];
-      if (!need[sz(i)] || m.reduction || !m.full || spec(op.outputs[0]).dtype != kBFloat16 ||
-          fast_.contains(op.outputs[0])) {
-        continue;
-      }
-      std::vector<std::optional<Halves>> in;
-      bool paired = true, any = false;
-      for (int v : op.inputs) {
-        in.push_back(halves(v));
-        paired = paired && in.back().has_value();
-        any = any || (in.back() && !in.back()->per_row);
-      }
-      if (!paired || !any) continue;
-      if ((op.name() == "add" || op.name() == "sub") && common_dtype(t_, op, 1) == kBFloat16 &&
-          !in[0]->pair.empty() && !in[1]->pair.empty() && !in[0]->kept && !in[1]->kept) {
-        const double alpha =
-            std::get<Scalar>(op.attrs[0]).to<double>() * (op.name() == "sub" ? -1 : 1);
-        if (alpha == 1.0 || alpha == -1.0) {
-          pair[sz(i)] =
-              absl::StrCat("kfma_bf16x2(", in[1]->pair, ", ",
-                           alpha > 0 ? "0x3f803f80u" : "0xbf80bf80u", ", ", in[0]->pair, ")");
-          continue;
-        }
-      }
-      // Eager's formula on each half, rounded together: for a member the pass writes out, or one
-      // that a reduction of this pass reads (unpacked again for it).
-      const bool reduced = std::ranges::any_of(reductions, [&](int r) {
-        return std::ranges::find(members_[sz(r)]->inputs, op.outputs[0]) !=
-               members_[sz(r)]->inputs.end();
-      });
-      if (!(writes(pass) && output_member[sz(i)]) && !reduced) continue;
-      absl::flat_hash_map<std::string, std::string> lo, hi;
-      for (size_t j = 0; j < op.inputs.size(); ++j) {
-        if (in[j]->per_row) continue;
-        lo[var(op.inputs[j])] = in[j]->half[0];
-        hi[var(op.inputs[j])] = in[j]->half[1];
-      }
-      pair[sz(i)] = pair_expr(sz(i), lo, hi);
-    }
-    for (int i : reductions) {
-      const BoundOp& op = *members_[sz(i)];
-      if ((op.name() != "amax" && op.name() != "amin") || spec(op.outputs[0]).dtype != kBFloat16)
-        continue;
-      const std::optional<Halves> in = halves(op.inputs[0]);
-      if (in && !in->per_row && !in->pair.empty()) out.fold[sz(i)] = in->pair;
-    }
-    return out;
-  };
-  for (int pass = 0; pass < n_passes; ++pass) {
+  for (int pass = 0; pass < rp.n_passes; ++pass) {
     const std::vector<bool>& need = pp.computes[sz(pass)];
     std::vector<int> reductions;
     for (int i = 0; i < n_members; ++i) {  // none in the pass writing the outputs
       if (row_members_[sz(i)].reduction && row_members_[sz(i)].level == pass + 1)
         reductions.push_back(i);
     }
-    os << "    // Pass " << pass << (writes(pass) ? ": the outputs" : ": reductions") << "\n";
+    os << "    // Pass " << pass << (rp.writes(pass) ? ": the outputs" : ": reductions") << "\n";
     const std::string arr = cache ? "xc" : "xv", idx = cache ? "it" : "u";  // this pass's inputs
     // bf16 members of this pass computed a pair of elements at a time, and reductions folded so
     // (bf16_pairs), before the elements.
-    const Pairs pairs = bf16_pairs(pass, reductions, arr, idx);
+    const Pairs pairs = bf16_pairs(rp, pp, W, pass, reductions, arr, idx);
     for (int i : reductions) {
       const BoundOp& op = *members_[sz(i)];
       const std::string a = acc_type(op);
@@ -597,7 +365,7 @@ std::string Generator::row_entry(int width) {
         os << I6 << access_type(k_.inputs[j].dtype) << " xv" << j << "[" << kChunk << "];\n";
       }
       for (int i = 0; i < n_members; ++i) {
-        if (!reads_kept(i, pass)) continue;
+        if (!reads_kept(pp, i, pass)) continue;
         os << I6 << access_type(spec(members_[sz(i)]->outputs[0]).dtype) << " kv" << i << "["
            << kChunk << "];\n";
       }
@@ -614,7 +382,7 @@ std::string Generator::row_entry(int width) {
         }
       }
       for (int i = 0; i < n_members; ++i) {
-        if (!reads_kept(i, pass)) continue;
+        if (!reads_kept(pp, i, pass)) continue;
         os << I8 << "if (c0 < C) kv" << i << "[u] = *(const "
            << access_type(spec(members_[sz(i)]->outputs[0]).dtype) << "*)(skm" << i << " + c0);\n";
       }
@@ -630,14 +398,14 @@ std::string Generator::row_entry(int width) {
         }
       }
     }
-    if (writes(pass)) {
+    if (rp.writes(pass)) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
-        if (!out_full[j] || W == 1) continue;
+        if (!rp.out_full[j] || W == 1) continue;
         os << I6 << "kpack<" << ctype(k_.outputs[j].dtype) << ", " << W << "> vy" << j << ";\n";
       }
     }
     for (int i = 0; i < n_members; ++i) {
-      if (W > 1 && keeps_shared(i, pass))
+      if (W > 1 && keeps_shared(pp, i, pass))
         os << I6 << access_type(spec(members_[sz(i)]->outputs[0]).dtype) << " kw" << i << ";\n";
     }
     for (size_t j = 0; j < k_.inputs.size(); ++j) {
@@ -679,24 +447,24 @@ std::string Generator::row_entry(int width) {
       const FusedKernel::Operand& o = k_.inputs[j];
       if (o.host_scalar) continue;
       const std::string t = ctype(o.dtype);
-      if (input_full(j)) {
+      if (row_input_full(j)) {
         if (pp.reads[sz(pass)][j])
           os << I8 << "const " << t << " x" << j << " = " << element(arr + std::to_string(j), idx)
              << ";\n";
       } else if (W > 1 && o.row_packed) {
         os << I8 << "const " << t << " x" << j << " = vr" << j << ".v[e];\n";
-      } else if (varies(o)) {
+      } else if (row_varies(o)) {
         os << I8 << "const " << t << " x" << j << " = in" << j << "[ri" << j << " + "
            << col_offset(o) << "];\n";
       }
     }
     for (int i = 0; i < n_members; ++i) {
-      if (reads_kept(i, pass)) {
+      if (reads_kept(pp, i, pass)) {
         os << I8 << "const " << ctype(spec(members_[sz(i)]->outputs[0]).dtype) << " y" << i << " = "
            << element("kv" + std::to_string(i), "u") << ";\n";
       } else if (pp.kept_until[sz(i)] >= pass && row_members_[sz(i)].level < pass) {
         const ScalarType t = spec(members_[sz(i)]->outputs[0]).dtype;
-        if (halves(t)) {
+        if (two_to_register(t, W)) {
           os << I8 << ctype(t) << " y" << i << ";\n"
              << I8 << "y" << i << ".x = (unsigned short)(yc" << i << "[(it * " << W
              << " + e) >> 1] >> ((e & 1) * 16));\n";
@@ -719,7 +487,7 @@ std::string Generator::row_entry(int width) {
            << " = y" << i << ";\n";
         continue;
       }
-      if (halves(spec(members_[sz(i)]->outputs[0]).dtype)) {
+      if (two_to_register(spec(members_[sz(i)]->outputs[0]).dtype, W)) {
         const std::string at = absl::StrCat("yc", i, "[(it * ", W, " + e) >> 1]");
         os << I8 << "if (e & 1) " << at << " |= (u32)y" << i << ".x << 16; else " << at << " = y"
            << i << ".x;\n";
@@ -736,10 +504,10 @@ std::string Generator::row_entry(int width) {
           "(" + acc_type(op) + ")" + to_m(convert(var(in), spec(in).dtype, out), out);
       os << I8 << "a" << i << " = " << combine(op, "a" + std::to_string(i), v) << ";\n";
     }
-    if (writes(pass)) {
+    if (rp.writes(pass)) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
         const FusedKernel::Operand& o = k_.outputs[j];
-        if (!out_full[j]) continue;
+        if (!rp.out_full[j]) continue;
         if (W > 1) {
           os << I8 << "vy" << j << ".v[e] = " << var(o.value) << ";\n";
         } else {
@@ -749,15 +517,15 @@ std::string Generator::row_entry(int width) {
     }
     os << I6 << "}\n";
     for (int i = 0; i < n_members; ++i) {
-      if (W > 1 && keeps_shared(i, pass)) {
+      if (W > 1 && keeps_shared(pp, i, pass)) {
         os << I6 << "*(" << access_type(spec(members_[sz(i)]->outputs[0]).dtype) << "*)(skm" << i
            << " + c0) = kw" << i << ";\n";
       }
     }
-    if (writes(pass) && W > 1) {
+    if (rp.writes(pass) && W > 1) {
       for (size_t j = 0; j < k_.outputs.size(); ++j) {
         const FusedKernel::Operand& o = k_.outputs[j];
-        if (!out_full[j]) continue;
+        if (!rp.out_full[j]) continue;
         os << I6 << "*(kpack<" << ctype(o.dtype) << ", " << W << ">*)(rout" << j << " + c0) = vy"
            << j << ";\n";
       }
@@ -806,7 +574,7 @@ std::string Generator::row_entry(int width) {
   // Per-row outputs: written by the group's first thread.
   for (size_t j = 0; j < k_.outputs.size(); ++j) {
     const FusedKernel::Operand& o = k_.outputs[j];
-    if (out_full[j]) continue;
+    if (rp.out_full[j]) continue;
     os << "    if (active && lane == 0) out" << j << "[" << row_offset(o) << "] = " << var(o.value)
        << ";\n";
   }
@@ -817,6 +585,135 @@ std::string Generator::row_entry(int width) {
   return absl::StrCat("\nextern \"C\" __global__ void ",
                       launch_bounds(T * G, k_.row_shared_bytes > 0 ? row_blocks_ : 0), " ", entry,
                       "(const Params p) {\n", os.str());
+}
+
+// The members of a pass computed two elements at a time, in a 32-bit register of two bf16
+// values (yp<i>[h], pair h of the pack), where each operand of the domain's shape is such a pair
+// (an input this pass reads or a member kept in shared memory, as two elements of the pack, or
+// a member in pairs) and the others have one value for the row:
+//   - a bf16 add or sub (alpha 1 or -1) of two bf16 operands: one bf16x2 fma (b * alpha + a,
+//     rounded once) for the two. That is eager's bits: a + alpha * b of two bf16 values is exact
+//     in float but where one is below 2^-15 of the other, and then both roundings give the
+//     larger, as far from a tie. One instruction for two elements, where eager's formula takes
+//     four each (two conversions, the add, a rounding on the XU pipe);
+//   - any other member of bf16 result that the pass writes out (softmax's division), or that a
+//     reduction of the pass reads (logsumexp's exp(x - max)): its formula on each half, in
+//     float, both rounded by one conversion (cvt.rn.bf16x2.f32, kbf2): the same roundings, half
+//     the XU pipe's. With exp in three instructions (kexp_bf16) the XU pipe bounds logsumexp's
+//     sum pass, and bf16 logsumexp over 8192 x 32000 ran 8% faster in pairs (RESULTS.md,
+//     session 39; with expf it had run 1% slower, session 36).
+//   - an amax or amin of a bf16 operand that comes in pairs, reduced by this pass: folded two
+//     elements an instruction (kpick_bf16x2, max.NaN.bf16x2) into a pair of partial results,
+//     the two combined after the pass (kpick: amax and amin have one result in any order,
+//     kernels/reduce_fn.h). Where the max was three instructions an element and the unpacking
+//     one, logsumexp's first pass took a quarter of its time (session 37).
+Generator::Pairs Generator::bf16_pairs(const RowPasses& rp, const PassPlan& pp, int width, int pass,
+                                       const std::vector<int>& reductions, const std::string& arr,
+                                       const std::string& idx) const {
+  const int n_members = static_cast<int>(members_.size());
+  const std::vector<bool>& need = pp.computes[sz(pass)];
+  const std::vector<bool>& reads = pp.reads[sz(pass)];
+  Pairs out{std::vector<std::string>(sz(n_members)), std::vector<std::string>(sz(n_members))};
+  std::vector<std::string>& pair = out.member;
+  if (width < 2 || width % 2 != 0) return out;
+  // Value v's pair h (a u32; empty where v is not bf16) and its two halves (bf16 values); one
+  // value for the row (or the kernel) is the same in both (`per_row`).
+  struct Halves {
+    std::string pair, half[2];
+    bool per_row = false;
+    // Read back from the shared-memory cache: not a bf16x2 fma's operand (log_softmax's
+    // z - log(sum) so ran 7% slower on an H100, its registers spilled; RESULTS.md, session 36).
+    bool kept = false;
+  };
+  auto halves = [&](int v) -> std::optional<Halves> {
+    const bool bf16 = spec(v).dtype == kBFloat16;
+    Halves r;
+    auto from_pack = [&](const std::string& a) -> std::optional<Halves> {
+      if (!bf16) return std::nullopt;
+      r.half[0] = a + ".v[2 * h]";
+      r.half[1] = a + ".v[2 * h + 1]";
+      r.pair = "kbf_pair(" + r.half[0] + ", " + r.half[1] + ")";
+      return r;
+    };
+    if (auto it = rp.member_of.find(v); it != rp.member_of.end()) {
+      const int k = it->second;
+      if (!pair[sz(k)].empty()) {
+        r.pair = absl::StrCat("yp", k, "[h]");
+        r.half[0] = "kbf_half(" + r.pair + ", 0)";
+        r.half[1] = "kbf_half(" + r.pair + ", 1)";
+        return r;
+      }
+      if (reads_kept(pp, k, pass)) {
+        r.kept = true;
+        return from_pack(absl::StrCat("kv", k, "[u]"));
+      }
+      if (row_members_[sz(k)].full) return std::nullopt;
+    } else if (auto jt = rp.input_of.find(v); jt != rp.input_of.end()) {
+      const size_t j = jt->second;
+      const FusedKernel::Operand& o = k_.inputs[j];
+      if (row_input_full(j)) {
+        return reads[j] ? from_pack(absl::StrCat(arr, j, "[", idx, "]")) : std::nullopt;
+      }
+      if (o.row_packed) return from_pack(absl::StrCat("vr", j));
+      if (row_varies(o)) return std::nullopt;
+    } else {
+      return std::nullopt;
+    }
+    if (!per_row_.contains(v)) return std::nullopt;
+    r.per_row = true;
+    r.half[0] = r.half[1] = var(v);
+    if (bf16 && !spec(v).sizes.empty()) r.pair = "kbf_pair(" + var(v) + ", " + var(v) + ")";
+    return r;
+  };
+  for (int i = 0; i < n_members; ++i) {
+    const BoundOp& op = *members_[sz(i)];
+    const RowMember& m = row_members_[sz(i)];
+    if (!need[sz(i)] || m.reduction || !m.full || spec(op.outputs[0]).dtype != kBFloat16 ||
+        fast_.contains(op.outputs[0])) {
+      continue;
+    }
+    std::vector<std::optional<Halves>> in;
+    bool paired = true, any = false;
+    for (int v : op.inputs) {
+      in.push_back(halves(v));
+      paired = paired && in.back().has_value();
+      any = any || (in.back() && !in.back()->per_row);
+    }
+    if (!paired || !any) continue;
+    if ((op.name() == "add" || op.name() == "sub") && common_dtype(t_, op, 1) == kBFloat16 &&
+        !in[0]->pair.empty() && !in[1]->pair.empty() && !in[0]->kept && !in[1]->kept) {
+      const double alpha =
+          std::get<Scalar>(op.attrs[0]).to<double>() * (op.name() == "sub" ? -1 : 1);
+      if (alpha == 1.0 || alpha == -1.0) {
+        pair[sz(i)] =
+            absl::StrCat("kfma_bf16x2(", in[1]->pair, ", ",
+                         alpha > 0 ? "0x3f803f80u" : "0xbf80bf80u", ", ", in[0]->pair, ")");
+        continue;
+      }
+    }
+    // Eager's formula on each half, rounded together: for a member the pass writes out, or one
+    // that a reduction of this pass reads (unpacked again for it).
+    const bool reduced = std::ranges::any_of(reductions, [&](int r) {
+      return std::ranges::find(members_[sz(r)]->inputs, op.outputs[0]) !=
+             members_[sz(r)]->inputs.end();
+    });
+    if (!(rp.writes(pass) && rp.output_member[sz(i)]) && !reduced) continue;
+    absl::flat_hash_map<std::string, std::string> lo, hi;
+    for (size_t j = 0; j < op.inputs.size(); ++j) {
+      if (in[j]->per_row) continue;
+      lo[var(op.inputs[j])] = in[j]->half[0];
+      hi[var(op.inputs[j])] = in[j]->half[1];
+    }
+    pair[sz(i)] = pair_expr(sz(i), lo, hi);
+  }
+  for (int i : reductions) {
+    const BoundOp& op = *members_[sz(i)];
+    if ((op.name() != "amax" && op.name() != "amin") || spec(op.outputs[0]).dtype != kBFloat16)
+      continue;
+    const std::optional<Halves> in = halves(op.inputs[0]);
+    if (in && !in->per_row && !in->pair.empty()) out.fold[sz(i)] = in->pair;
+  }
+  return out;
 }
 
 }  // namespace kiln::compiler::internal

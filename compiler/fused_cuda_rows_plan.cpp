@@ -1,8 +1,9 @@
 // fused_cuda's code generator (compiler/fused_cuda_codegen.h): the row kernels' planner, which
 // reductions it writes (row_op_generated), the region's domain, members, operands and passes
-// (Generator::plan_rows), and the shared-memory row cache (Generator::plan_row_cache, and the
-// blocks a multiprocessor: row_source_at_two_blocks). The kernels' source is
-// written by fused_cuda_rows.cpp, which says what they compute.
+// (Generator::plan_rows), the shared-memory row cache (Generator::plan_row_cache, and the
+// blocks a multiprocessor: row_source_at_two_blocks), and each entry's passes over the row
+// (Generator::row_passes, plan_passes) and the registers they take (row_cache_registers). The
+// kernels' source is written by fused_cuda_rows.cpp, which says what they compute.
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -278,6 +279,115 @@ void Generator::plan_row_cache(const absl::flat_hash_set<int>& read_outside,
 // instructions, three had been 4-10% faster for all.)
 int Generator::row_cache_blocks(int64_t row_bytes, bool written) const {
   return !written && row_bytes <= (shared_limit_ - kSharedReserve) / 3 ? 3 : 2;
+}
+
+Generator::RowPasses Generator::row_passes() const {
+  const int n_members = static_cast<int>(members_.size());
+  RowPasses rp;
+  rp.passes =
+      1 + std::max_element(row_members_.begin(), row_members_.end(),
+                           [](const RowMember& a, const RowMember& b) { return a.level < b.level; })
+              ->level;
+  // Outputs written per element (else once per row: one-element rows have both of S's shape).
+  rp.output_member.assign(sz(n_members), false);
+  rp.out_full.assign(k_.outputs.size(), false);
+  for (size_t j = 0; j < k_.outputs.size(); ++j) {
+    for (int i = 0; i < n_members; ++i) {
+      if (members_[sz(i)]->outputs[0] == k_.outputs[j].value) {
+        rp.output_member[sz(i)] = true;
+        rp.out_full[j] = row_members_[sz(i)].full;
+        rp.full_outputs = rp.full_outputs || rp.out_full[j];
+      }
+    }
+  }
+  rp.n_passes = rp.passes - 1 + (rp.full_outputs ? 1 : 0);
+  for (int i = 0; i < n_members; ++i) rp.member_of[members_[sz(i)]->outputs[0]] = i;
+  for (size_t j = 0; j < k_.inputs.size(); ++j) rp.input_of[k_.inputs[j].value] = j;
+  return rp;
+}
+
+// Which members each pass computes and which inputs it reads; a member of a lower level (but a
+// cast) that `keep` allows is read from where the pass that computed it left it (registers, or
+// the shared-memory row cache).
+Generator::PassPlan Generator::plan_passes(const RowPasses& rp,
+                                           const std::vector<bool>& keep) const {
+  const int n_members = static_cast<int>(members_.size());
+  const int n_passes = rp.n_passes;
+  PassPlan pp;
+  pp.computes.assign(sz(n_passes), std::vector<bool>(sz(n_members), false));
+  pp.reads.assign(sz(n_passes), std::vector<bool>(k_.inputs.size(), false));
+  pp.kept_until.assign(sz(n_members), -1);
+  pp.read_until.assign(k_.inputs.size(), -1);
+  pp.kept_in.assign(sz(n_members), -1);
+  std::vector<std::vector<int>> roots(sz(n_passes));
+  for (int i = 0; i < n_members; ++i) {
+    const RowMember& m = row_members_[sz(i)];
+    const BoundOp& op = *members_[sz(i)];
+    if (m.reduction && m.level - 1 < n_passes) {
+      if (auto it = rp.member_of.find(op.inputs[0]); it != rp.member_of.end())
+        roots[sz(m.level - 1)].push_back(it->second);
+      if (auto it = rp.input_of.find(op.inputs[0]); it != rp.input_of.end())
+        pp.reads[sz(m.level - 1)][it->second] = true;
+    }
+    if (m.full && rp.output_member[sz(i)]) roots[sz(rp.passes - 1)].push_back(i);
+  }
+  for (int pass = n_passes; pass-- > 0;) {
+    std::vector<int> stack = roots[sz(pass)];
+    while (!stack.empty()) {
+      const int i = stack.back();
+      stack.pop_back();
+      const RowMember& m = row_members_[sz(i)];
+      if (pp.computes[sz(pass)][sz(i)] || !m.full) continue;
+      const BoundOp& op = *members_[sz(i)];
+      if (keep[sz(i)] && m.level < pass && op.name() != "to_copy") {
+        pp.kept_until[sz(i)] = std::max(pp.kept_until[sz(i)], pass);
+        roots[sz(m.level)].push_back(i);  // computed (and kept) where it is first known
+        continue;
+      }
+      pp.computes[sz(pass)][sz(i)] = true;
+      for (int v : op.inputs) {
+        if (auto it = rp.member_of.find(v); it != rp.member_of.end()) stack.push_back(it->second);
+        if (auto it = rp.input_of.find(v); it != rp.input_of.end() && row_input_full(it->second))
+          pp.reads[sz(pass)][it->second] = true;
+      }
+    }
+  }
+  for (int pass = 0; pass < n_passes; ++pass) {
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      if (pp.reads[sz(pass)][j]) pp.read_until[j] = pass;
+    }
+  }
+  return pp;
+}
+
+// The registers a thread's share of the row takes in the fullest pass: the inputs loaded
+// before the first pass while this or a later pass reads them, the kept members from the pass
+// computing them to the last reading them (both in the pass computing them: ptxas does not
+// reuse one's registers for the other element by element). In half registers: 16-bit elements
+// moved in packs (or kept two to a register) take one, 8-byte ones four, others two.
+int64_t Generator::row_cache_registers(const PassPlan& pp, int width, int64_t iters) const {
+  const int n_members = static_cast<int>(members_.size());
+  const int n_passes = static_cast<int>(pp.computes.size());
+  auto halves_of = [&](ScalarType t) -> int64_t {
+    return element_size(t) > 4 ? 4 : two_to_register(t, width) ? 1 : 2;
+  };
+  int64_t most = 0;
+  for (int pass = 0; pass < n_passes; ++pass) {
+    int64_t n = 0;
+    for (size_t j = 0; j < k_.inputs.size(); ++j) {
+      if (pp.read_until[j] >= pass) n += halves_of(k_.inputs[j].dtype);
+    }
+    for (int i = 0; i < n_members; ++i) {
+      if (row_members_[sz(i)].level <= pass && pp.kept_until[sz(i)] >= pass)
+        n += halves_of(spec(members_[sz(i)]->outputs[0]).dtype);
+    }
+    most = std::max(most, n);
+  }
+  return most * iters * width / 2;
+}
+
+bool Generator::two_to_register(ScalarType t, int width) {
+  return element_size(t) == 2 && width % 2 == 0;
 }
 
 std::optional<std::string> row_source_at_two_blocks(const std::string& source) {
