@@ -271,20 +271,37 @@ bool same_layout(const TensorSpec& a, const TensorSpec& b) {
          a.device == b.device;
 }
 
-// Whether v's memory is read by nothing but v's one reader: v made by a functional op, or a view
-// of such a tensor through views each read only by the next, none handed out or written.
+// Whether v's memory is read by nothing but v's one reader: v made by a functional op, or from
+// such a tensor through views and in-place ops (whose result is the input they write: compiled
+// DDP's all-reduce and its wait), each value read only by the next, none handed out, and none
+// written but by the in-place ops of the chain. (Each value read once, by the next op of the
+// chain, is written only through that op: an in-place op of the chain, or a view of it that such
+// an op writes.)
 bool read_once(const Trace& trace, const Dataflow& flow, const std::vector<bool>& written,
                const std::vector<bool>& handed_out, int v) {
+  bool written_by_chain = false;  // an in-place op of the chain writes v's memory
   for (;;) {
     const auto i = static_cast<size_t>(v);
-    if (flow.uses[i] != 1 || handed_out[i] || written[i] || flow.producer[i] < 0) return false;
-    const BoundOp& made = trace.ops[static_cast<size_t>(flow.producer[i])];
-    if (made.op->kind == OpKind::kFunctional) return true;
-    if (made.op->kind != OpKind::kView || made.inputs.empty() || made.outputs.size() != 1 ||
-        made.inputs[0] < 0) {
+    if (flow.uses[i] != 1 || handed_out[i] || (written[i] && !written_by_chain) ||
+        flow.producer[i] < 0) {
       return false;
     }
-    v = made.inputs[0];
+    const BoundOp& made = trace.ops[static_cast<size_t>(flow.producer[i])];
+    if (made.op->kind == OpKind::kFunctional) return true;
+    const bool in_place = made.op->kind == OpKind::kInplace;
+    if ((!in_place && made.op->kind != OpKind::kView) || made.inputs.empty() ||
+        made.outputs.size() != 1 || made.inputs[0] < 0) {
+      return false;
+    }
+    // An in-place op's result is the input it writes (input 0 unless its rule names another).
+    int base = made.inputs[0];
+    if (in_place) {
+      const std::vector<int> mutated = mutated_inputs(trace, made);
+      base = mutated.empty() ? -1 : mutated[0];
+    }
+    if (base < 0) return false;
+    written_by_chain = written_by_chain || in_place;
+    v = base;
   }
 }
 
@@ -502,14 +519,25 @@ Trace fold_index_add(const Trace& trace) {
       break;
     }
   }
+  // Any other index_add whose table's memory nothing else reads adds its rows into it in place:
+  // under DDP, the lookup's rows gathered from every rank into the table's all-reduced gradient.
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const BoundOp& op = trace.ops[i];
+    if (drop[i] || base_of[i] >= 0 || op.name() != "index_add" || op.inputs.size() != 3 ||
+        op.outputs.size() != 1 || op.outputs[0] < 0 || op.inputs[0] < 0 || op.autocast.any()) {
+      continue;
+    }
+    in_place[i] = read_once(trace, flow, written, handed_out, op.inputs[0]) &&
+                  same_layout(trace.value(op.inputs[0]).spec, trace.value(op.outputs[0]).spec);
+  }
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     if (drop[i]) continue;
     BoundOp op = trace.ops[i];
     if (base_of[i] >= 0) {
       op.inputs[0] = base_of[i];
       op.outputs[0] = result_of[i];
-      if (in_place[i]) op.op = &index_add_;
     }
+    if (in_place[i]) op.op = &index_add_;
     out.ops.push_back(std::move(op));
   }
   return out;

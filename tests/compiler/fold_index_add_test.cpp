@@ -3,7 +3,8 @@
 // pattern folds in either order of the add's inputs, and what it must keep is kept (CPU values,
 // the zero table handed out, the rows read twice, g made after the index_add, alpha other than
 // one, a fill other than zero); the rows go into g in place when nothing else reads g's memory.
-// On a GPU: a tied table's gradient compiled equals eager.
+// An index_add that no add folds adds its rows in place where its table dies (also through
+// in-place ops), on any device. On a GPU: a tied table's gradient compiled equals eager.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -169,6 +170,86 @@ TEST(FoldIndexAdd, KeepsWhatItMustKeep) {
         return std::vector<Tensor>{in[0] + z.index_add(0, in[1], in[2])};
       },
       cuda, "a table of ones");
+}
+
+// An index_add that no add folds: the rows go into its table in place where nothing else reads
+// the table's memory, on any device, also through in-place ops (compiled DDP: the table's gradient
+// all-reduced in place and waited for, then the ranks' rows added). Otherwise into a copy.
+TEST(FoldIndexAdd, AddsIntoATableThatDiesThere) {
+  auto count = [](const Body& fn, const std::vector<Tensor>& args, const std::string& what) {
+    const Trace t = folded(fn, args);
+    EXPECT_EQ(count_ops(t, "index_add") + count_ops(t, "index_add_"), 1) << what << "\n" << t.str();
+    return count_ops(t, "index_add_");
+  };
+  for (const Device& device : {Device(kCPU), Device(kCUDA, 0)}) {
+    const std::vector<Tensor> in = proxies(device);
+    const std::string on = device.is_cuda() ? " (CUDA)" : " (CPU)";
+    const Body dies = [](const std::vector<Tensor>& a) {
+      Tensor g = a[0].exp();
+      g.mul_(2.0);  // in place: g's memory is still the exp's
+      return std::vector<Tensor>{g.index_add(0, a[1], a[2], 0.5)};
+    };
+    EXPECT_EQ(count(dies, in, "g made by exp, then written in place" + on), 1);
+    EXPECT_EQ(count(
+                  [](const std::vector<Tensor>& a) {
+                    return std::vector<Tensor>{a[0].exp().t().t().index_add(0, a[1], a[2])};
+                  },
+                  in, "a view of exp" + on),
+              1);
+    EXPECT_EQ(count(
+                  [](const std::vector<Tensor>& a) {
+                    return std::vector<Tensor>{a[0].index_add(0, a[1], a[2])};
+                  },
+                  in, "g an argument" + on),
+              0);
+    EXPECT_EQ(count(
+                  [](const std::vector<Tensor>& a) {
+                    Tensor g = a[0].exp();
+                    g.mul_(2.0);
+                    return std::vector<Tensor>{g.index_add(0, a[1], a[2]), g.sum()};
+                  },
+                  in, "g read again" + on),
+              0);
+    EXPECT_EQ(count(
+                  [](const std::vector<Tensor>& a) {
+                    Tensor g = a[0].exp();
+                    const Tensor before = g.sum();  // the exp read before the in-place op
+                    g.mul_(2.0);
+                    return std::vector<Tensor>{g.index_add(0, a[1], a[2]), before};
+                  },
+                  in, "the memory read before the in-place op" + on),
+              0);
+    EXPECT_EQ(count(
+                  [](const std::vector<Tensor>& a) {
+                    Tensor g = a[0].exp();
+                    g.mul_(2.0);
+                    return std::vector<Tensor>{g.index_add(0, a[1], a[2]), g};
+                  },
+                  in, "g handed out" + on),
+              0);
+    EXPECT_EQ(count(
+                  [](const std::vector<Tensor>& a) {
+                    // A transposed table: the result is dense row-major, the table is not.
+                    const Tensor g = a[0].exp().t().matmul(ones({6, 6}, a[0].options())).t();
+                    return std::vector<Tensor>{g.index_add(0, a[1], a[2])};
+                  },
+                  in, "g's layout not the result's" + on),
+              0);
+  }
+  // Compiled on the CPU, the rows added in place: eager's values, call after call.
+  manual_seed(5);
+  const Tensor x = randn({6, 4}), src = randn({5, 4});
+  const Tensor idx = tensor(std::vector<int64_t>{0, 5, 2, 0, 1});
+  auto fn = [](const Tensor& a, const Tensor& i, const Tensor& rows) {
+    Tensor g = a.exp();
+    g.mul_(2.0);
+    return g.index_add(0, i, rows, 0.5);
+  };
+  const Tensor want = fn(x, idx, src);
+  auto f = compile(fn);
+  for (int call = 0; call < 2; ++call) EXPECT_TRUE(equal(f(x, idx, src), want)) << call;
+  const Trace& t = test::stage(f.traces(), "fold_index_add");
+  EXPECT_EQ(count_ops(t, "index_add_"), 1) << t.str();
 }
 
 // A tied table's gradient on a GPU: the head's product and the lookup's rows, compiled (folded)

@@ -1176,6 +1176,16 @@ void ddp_compiled_gathered_embedding() {
          listing);
   // The buckets were rebuilt from the first traced backward's ready order.
   WCHECK(ddp.reducer().buckets_rebuilt(), "the buckets were not rebuilt");
+  // With gradient_as_bucket_view the table is alone in its bucket: its gradient, all-reduced in
+  // place, takes the rows itself (compiler/passes.h, fold_index_add), not a copy of it.
+  if (bucket_view_from_env()) {
+    std::string folded;
+    for (const compiler::Trace& trace : step.traces()) {
+      if (trace.stage == "fold_index_add") folded = trace.str();
+    }
+    WCHECK(folded.find("index_add_(") != std::string::npos,
+           "the rows go into the all-reduced gradient in place:\n", folded);
+  }
   if (r == 0) std::cout << "compiled gathered_embedding == one process\n";
 }
 
