@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compiler/compile.h"
@@ -176,65 +177,64 @@ TEST(FoldIndexAdd, KeepsWhatItMustKeep) {
 // the table's memory, on any device, also through in-place ops (compiled DDP: the table's gradient
 // all-reduced in place and waited for, then the ranks' rows added). Otherwise into a copy.
 TEST(FoldIndexAdd, AddsIntoATableThatDiesThere) {
-  auto count = [](const Body& fn, const std::vector<Tensor>& args, const std::string& what) {
-    const Trace t = folded(fn, args);
-    EXPECT_EQ(count_ops(t, "index_add") + count_ops(t, "index_add_"), 1) << what << "\n" << t.str();
-    return count_ops(t, "index_add_");
+  // Each case: what it is, the program, and whether the rows go into the table in place.
+  const std::vector<std::tuple<std::string, Body, int>> cases{
+      {"g made by exp, then written in place",
+       [](const std::vector<Tensor>& a) {
+         Tensor g = a[0].exp();
+         g.mul_(2.0);  // in place: g's memory is still the exp's
+         return std::vector<Tensor>{g.index_add(0, a[1], a[2], 0.5)};
+       },
+       1},
+      {"a view of exp",
+       [](const std::vector<Tensor>& a) {
+         return std::vector<Tensor>{a[0].exp().t().t().index_add(0, a[1], a[2])};
+       },
+       1},
+      {"g an argument",
+       [](const std::vector<Tensor>& a) {
+         return std::vector<Tensor>{a[0].index_add(0, a[1], a[2])};
+       },
+       0},
+      {"g read again",
+       [](const std::vector<Tensor>& a) {
+         Tensor g = a[0].exp();
+         g.mul_(2.0);
+         return std::vector<Tensor>{g.index_add(0, a[1], a[2]), g.sum()};
+       },
+       0},
+      {"the memory read before the in-place op",
+       [](const std::vector<Tensor>& a) {
+         Tensor g = a[0].exp();
+         const Tensor before = g.sum();  // the exp read before the in-place op
+         g.mul_(2.0);
+         return std::vector<Tensor>{g.index_add(0, a[1], a[2]), before};
+       },
+       0},
+      {"g handed out",
+       [](const std::vector<Tensor>& a) {
+         Tensor g = a[0].exp();
+         g.mul_(2.0);
+         return std::vector<Tensor>{g.index_add(0, a[1], a[2]), g};
+       },
+       0},
+      {"g's layout not the result's",
+       [](const std::vector<Tensor>& a) {
+         // A transposed table: the result is dense row-major, the table is not.
+         const Tensor g = a[0].exp().t().matmul(ones({6, 6}, a[0].options())).t();
+         return std::vector<Tensor>{g.index_add(0, a[1], a[2])};
+       },
+       0},
   };
   for (const Device& device : {Device(kCPU), Device(kCUDA, 0)}) {
     const std::vector<Tensor> in = proxies(device);
     const std::string on = device.is_cuda() ? " (CUDA)" : " (CPU)";
-    const Body dies = [](const std::vector<Tensor>& a) {
-      Tensor g = a[0].exp();
-      g.mul_(2.0);  // in place: g's memory is still the exp's
-      return std::vector<Tensor>{g.index_add(0, a[1], a[2], 0.5)};
-    };
-    EXPECT_EQ(count(dies, in, "g made by exp, then written in place" + on), 1);
-    EXPECT_EQ(count(
-                  [](const std::vector<Tensor>& a) {
-                    return std::vector<Tensor>{a[0].exp().t().t().index_add(0, a[1], a[2])};
-                  },
-                  in, "a view of exp" + on),
-              1);
-    EXPECT_EQ(count(
-                  [](const std::vector<Tensor>& a) {
-                    return std::vector<Tensor>{a[0].index_add(0, a[1], a[2])};
-                  },
-                  in, "g an argument" + on),
-              0);
-    EXPECT_EQ(count(
-                  [](const std::vector<Tensor>& a) {
-                    Tensor g = a[0].exp();
-                    g.mul_(2.0);
-                    return std::vector<Tensor>{g.index_add(0, a[1], a[2]), g.sum()};
-                  },
-                  in, "g read again" + on),
-              0);
-    EXPECT_EQ(count(
-                  [](const std::vector<Tensor>& a) {
-                    Tensor g = a[0].exp();
-                    const Tensor before = g.sum();  // the exp read before the in-place op
-                    g.mul_(2.0);
-                    return std::vector<Tensor>{g.index_add(0, a[1], a[2]), before};
-                  },
-                  in, "the memory read before the in-place op" + on),
-              0);
-    EXPECT_EQ(count(
-                  [](const std::vector<Tensor>& a) {
-                    Tensor g = a[0].exp();
-                    g.mul_(2.0);
-                    return std::vector<Tensor>{g.index_add(0, a[1], a[2]), g};
-                  },
-                  in, "g handed out" + on),
-              0);
-    EXPECT_EQ(count(
-                  [](const std::vector<Tensor>& a) {
-                    // A transposed table: the result is dense row-major, the table is not.
-                    const Tensor g = a[0].exp().t().matmul(ones({6, 6}, a[0].options())).t();
-                    return std::vector<Tensor>{g.index_add(0, a[1], a[2])};
-                  },
-                  in, "g's layout not the result's" + on),
-              0);
+    for (const auto& [what, fn, in_place] : cases) {
+      const Trace t = folded(fn, in);
+      EXPECT_EQ(count_ops(t, "index_add") + count_ops(t, "index_add_"), 1) << what << on << "\n"
+                                                                           << t.str();
+      EXPECT_EQ(count_ops(t, "index_add_"), in_place) << what << on << "\n" << t.str();
+    }
   }
   // Compiled on the CPU, the rows added in place: eager's values, call after call.
   manual_seed(5);
