@@ -288,6 +288,17 @@ std::shared_ptr<Work> launch(ProcessGroupNCCL::Impl& pg, const char* op, std::ve
   return std::make_shared<NCCLWork>(op, &pg, std::move(keep), blocking);
 }
 
+// A group of one rank: a reduction's result is the rank's own tensor and a broadcast leaves it as
+// it is, so there is nothing to run. NCCL would still run a kernel over the tensor (with kAvg, a
+// pass that scales by 1): on a DDP step of one rank, a pass over every gradient, 2-3% of the
+// step of llama-160m and llama-3.2-1b on an H200 (benchmarks/RESULTS.md, session 41).
+std::shared_ptr<Work> nothing_to_do(const char* op, const Tensor& tensor) {
+  auto work = std::make_shared<Work>(op);
+  work->set_result({tensor});
+  work->finish();
+  return work;
+}
+
 }  // namespace
 
 ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size,
@@ -399,6 +410,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(Tensor& tensor, ReduceOp op) 
   p.check_tensor("all_reduce", tensor, "the tensor");
   KILN_CHECK(op != ReduceOp::kAvg || tensor.is_floating_point(),
              "[all_reduce] ReduceOp::kAvg needs a floating-point tensor, got ", tensor.dtype());
+  if (size_ == 1) return nothing_to_do("all_reduce", tensor);
   Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
   return launch(p, "all_reduce", {tensor, work}, [&] {
     p.settle("all_reduce", ncclAllReduce(work.data_ptr(), work.data_ptr(), work.numel(),
@@ -411,6 +423,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(Tensor& tensor, ReduceOp op) 
 std::shared_ptr<Work> ProcessGroupNCCL::all_reduce_beside_compute(Tensor& tensor, ReduceOp op) {
   Impl& p = *impl_;
   p.check_tensor("all_reduce", tensor, "the tensor");
+  if (size_ == 1) return all_reduce(tensor, op);  // nothing to run (and no peers)
   if ((p.peer_pending || p.peer != nullptr) && internal::PeerAllReduce::takes(tensor, op)) {
     if (p.peer_pending) {
       // Every rank reaches this at the same all-reduce: the rule of takes() is the same on all.
@@ -444,6 +457,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::broadcast(Tensor& tensor, int root) {
   Impl& p = *impl_;
   p.check_tensor("broadcast", tensor, "the tensor");
   internal::check_rank("broadcast", root, size_, "root");
+  if (size_ == 1) return nothing_to_do("broadcast", tensor);
   Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
   return launch(p, "broadcast", {tensor, work}, [&] {
     p.settle("broadcast", ncclBroadcast(work.data_ptr(), work.data_ptr(), work.numel(),

@@ -253,6 +253,29 @@ TEST(GpuProcessGroupNCCLTest, WorldSizeOneAlongTheDdpPath) {
   pg->barrier()->wait();
   EXPECT_EQ(scattered.cpu().to_vector<float>(), arange(0, 8, kFloat).to_vector<float>());
 
+  // One rank's all-reduce and broadcast run nothing: their Works are done at once, even behind a
+  // busy stream (NCCL's would wait for it), and the tensor is as it was.
+  Tensor busy = randn({4096, 4096}).to(gpu);
+  for (int i = 0; i < 4; ++i) busy = matmul(busy, busy) / 64;  // milliseconds of queued work
+  Tensor u = arange(0, 1 << 20, kFloat).to(gpu);
+  auto avg = pg->all_reduce(u, ReduceOp::kAvg);
+  auto beside = pg->all_reduce_beside_compute(u, ReduceOp::kAvg);
+  auto bcast = pg->broadcast(u, 0);
+  EXPECT_TRUE(avg->is_completed() && beside->is_completed() && bcast->is_completed());
+  avg->wait();
+  beside->wait();
+  bcast->wait();
+  EXPECT_TRUE(equal(u.cpu(), arange(0, 1 << 20, kFloat)));
+  // The checks still run: an average of integers is refused at one rank too.
+  Tensor ints = zeros({4}, TensorOptions().dtype(kInt32).device(gpu));
+  try {
+    pg->all_reduce(ints, ReduceOp::kAvg);
+    ADD_FAILURE() << "an average of int32 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kAvg needs a floating-point tensor"), std::string::npos)
+        << e.what();
+  }
+
   // DDP on the GPU == plain training, one step.
   manual_seed(3);
   nn::Linear a(4, 2);
