@@ -659,7 +659,8 @@ std::vector<Tensor> CompiledCore::call(
           std::pair{"dce", &dce}, std::pair{"cse", &cse},
           std::pair{"fuse_norm_residual", &fuse_norm_residual},
           std::pair{"fold_index_add", &fold_index_add},
-          std::pair{"fuse_qkv_rotary", &fuse_qkv_rotary}}) {
+          std::pair{"fuse_qkv_rotary", &fuse_qkv_rotary},
+          std::pair{"fold_copy_into_mm", &fold_copy_into_mm}}) {
       if (skip(name)) continue;
       const auto t0 = std::chrono::steady_clock::now();
       t = pass(t);

@@ -59,8 +59,8 @@ class CompileOptions {
   // with the ops' own kernels.
   CompileOptions& executors(std::vector<std::string> names);
   // Skips a pass by name: "autocast", "decompose", "functionalize", "simplify", "dce", "cse",
-  // "fuse_norm_residual", "fold_index_add", "fuse_qkv_rotary", "fuse", "plan_memory" (the order
-  // they run in).
+  // "fuse_norm_residual", "fold_index_add", "fuse_qkv_rotary", "fold_copy_into_mm", "fuse",
+  // "plan_memory" (the order they run in).
   CompileOptions& skip_pass(std::string name);
   // Ops the decompose pass always expands into their decompositions (besides those no executor
   // claims whole and no kernel supports), e.g. {"rms_norm"} to see its primitives.

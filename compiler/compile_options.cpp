@@ -22,9 +22,10 @@ CompileOptions& CompileOptions::executors(std::vector<std::string> names) {
 }
 CompileOptions& CompileOptions::skip_pass(std::string name) {
   // The passes compile runs, in order (CompiledCore::call).
-  static constexpr std::array<std::string_view, 11> kPasses = {
-      "autocast",           "decompose",      "functionalize",   "simplify", "dce",        "cse",
-      "fuse_norm_residual", "fold_index_add", "fuse_qkv_rotary", "fuse",     "plan_memory"};
+  static constexpr std::array<std::string_view, 12> kPasses = {
+      "autocast", "decompose",          "functionalize",  "simplify",        "dce",
+      "cse",      "fuse_norm_residual", "fold_index_add", "fuse_qkv_rotary", "fold_copy_into_mm",
+      "fuse",     "plan_memory"};
   if (std::find(kPasses.begin(), kPasses.end(), name) == kPasses.end()) {
     std::string known;
     for (std::string_view p : kPasses)

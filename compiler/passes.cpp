@@ -741,6 +741,77 @@ Trace fuse_qkv_rotary(const Trace& trace) {
   return out;
 }
 
+Trace fold_copy_into_mm(const Trace& trace) {
+  const std::vector<bool> written = written_values(trace);
+  const std::vector<bool> handed_out = handed_out_values(trace);
+  const Dataflow flow = dataflow(trace);
+  const auto& [producer, uses] = flow;
+  std::vector<int> last_inplace_before(trace.ops.size() + 1, -1);  // the latest in-place op < i
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    last_inplace_before[i + 1] =
+        trace.ops[i].op->kind == OpKind::kInplace ? static_cast<int>(i) : last_inplace_before[i];
+  }
+  static const OpDef& mm_into = KILN_OP(mm_into_);
+  std::vector<bool> drop(trace.ops.size(), false);
+  std::vector<int> product_of(trace.ops.size(), -1);  // a folded copy -> its mm
+  for (size_t j = 0; j < trace.ops.size(); ++j) {
+    const BoundOp& copy = trace.ops[j];
+    if (copy.name() != "copy_" || copy.inputs.size() != 2 || copy.outputs.size() != 1 ||
+        copy.autocast.any()) {
+      continue;
+    }
+    const int dst = copy.inputs[0], x = copy.inputs[1];
+    if (dst < 0 || x < 0 || !read_once(trace, flow, written, handed_out, x)) continue;
+    // The views between the product and the copy (read_once: each read only by the next); only
+    // views that keep the storage offset, so that the same layout is the same memory.
+    std::vector<int> views;
+    int y = x;
+    bool offset_kept = true;
+    for (;;) {
+      const BoundOp& view = trace.ops[static_cast<size_t>(producer[static_cast<size_t>(y)])];
+      if (view.op->kind != OpKind::kView) break;
+      const std::string& n = view.name();
+      offset_kept = offset_kept && (n == "permute" || n == "view" || n == "alias" ||
+                                    n == "transpose" || n == "squeeze" || n == "unsqueeze");
+      views.push_back(producer[static_cast<size_t>(y)]);
+      y = view.inputs[0];
+    }
+    if (!offset_kept) continue;
+    const int p = producer[static_cast<size_t>(y)];
+    const BoundOp& mm = trace.ops[static_cast<size_t>(p)];
+    if (mm.name() != "mm" || mm.inputs.size() != 2 || mm.inputs[0] < 0 || mm.inputs[1] < 0 ||
+        mm.outputs.size() != 1 || mm.autocast.any()) {
+      continue;
+    }
+    // The copy reads the product as the product lies; dst is a plain contiguous copy of it; the
+    // operands are as they were at the product (no in-place op between).
+    const TensorSpec& ys = trace.value(y).spec;
+    const TensorSpec& ds = trace.value(dst).spec;
+    const TensorSpec dense{ys.sizes, ys.dtype, ys.device};
+    if (!same_layout(trace.value(x).spec, ys) || !same_layout(ds, dense) ||
+        !same_layout(ys, dense) || last_inplace_before[j] > p) {
+      continue;
+    }
+    drop[static_cast<size_t>(p)] = true;
+    for (int v : views) drop[static_cast<size_t>(v)] = true;
+    product_of[j] = p;
+  }
+  std::vector<int> unused;  // no value is renamed: mm_into_ makes the copy's result
+  Trace out = without_ops(trace, "fold_copy_into_mm", unused);
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    if (drop[i]) continue;
+    BoundOp op = trace.ops[i];
+    if (product_of[i] >= 0) {
+      const BoundOp& mm = trace.ops[static_cast<size_t>(product_of[i])];
+      op.op = &mm_into;
+      op.inputs = {op.inputs[0], mm.inputs[0], mm.inputs[1]};
+      op.attrs.clear();
+    }
+    out.ops.push_back(std::move(op));
+  }
+  return out;
+}
+
 Trace cse(const Trace& trace) {
   // An op producing a value some in-place op writes, or one the program hands out (a gradient,
   // a result), is never merged with another, since the two would no longer be two tensors.

@@ -80,6 +80,15 @@ Trace fold_index_add(const Trace& trace);
 // kernel of the device takes the new op; CPU results keep eager's bits (the same kernels run).
 Trace fuse_qkv_rotary(const Trace& trace);
 
+// A product copied into place: `copy_(dst, x)`, where x is `y = mm(a, b)` or a chain of views of
+// y that ends in y's own layout (the two transposes of autograd's weight gradient), y's memory
+// read by nothing but that chain (none handed out or written), dst contiguous with y's sizes,
+// dtype and device, and no in-place op between the product and the copy, becomes
+// `mm_into_(dst, a, b)` at the copy's place (tensor/ops/linalg.cpp): the product is written where
+// the copy put it. DDP's gradient buckets take the weight gradients that way (llama-160m: every
+// one of them, once more a step). mm_into_ runs mm's kernel into dst, so the bits are the copy's.
+Trace fold_copy_into_mm(const Trace& trace);
+
 // Common-subexpression elimination over functional, non-random ops: a second op with the same
 // inputs and attributes is dropped and its outputs renamed to the first one's. Ops whose results
 // an in-place op later writes (directly or through a view) are never merged.

@@ -8,6 +8,7 @@
 // expanded view (batch stride 0) that bmm reads without materialising.
 #include "tensor/autocast_state.h"
 #include "tensor/ops.h"
+#include "tensor/ops/elementwise_meta.h"
 #include "tensor/registry.h"
 
 namespace kiln {
@@ -78,11 +79,50 @@ SpecList addmm_meta(const OpCall& c) {
   return {{out, a.dtype(), a.device()}};
 }
 
+// mm_into_(out, a, b) -> out: out = a @ b written in place, for kiln::compile's
+// fold_copy_into_mm (a product copied into place: DDP's gradient buckets take the weight
+// gradients so). out: contiguous, of the product's sizes, dtype and device, not overlapping a or
+// b. Its kernel is mm's run into out on every device, so it gives mm-then-copy_'s bits.
+SpecList mm_into_meta(const OpCall& c) {
+  KILN_CHECK(
+      c.inputs.size() == 3 && c.input(0).defined() && c.input(1).defined() && c.input(2).defined(),
+      "[mm_into_] expected three defined tensors (out, a, b)");
+  OpCall product;
+  product.inputs = {c.input(1), c.input(2)};
+  const TensorSpec want = mm_meta(product)[0];
+  const Tensor& out = c.input(0);
+  KILN_CHECK(out.sizes() == want.sizes && out.dtype() == want.dtype &&
+                 out.device() == want.device && out.is_contiguous(),
+             "[mm_into_] expected out to be a contiguous ", dtype_name(want.dtype),
+             " tensor of "
+             "shape ",
+             shape_str(want.sizes), " on ", want.device.str(), ", got ", dtype_name(out.dtype()),
+             " ", shape_str(out.sizes()), out.is_contiguous() ? "" : " strided", " on ",
+             out.device().str());
+  return {};
+}
+
+void mm_into_kernel(OpCall& c) {
+  static const OpDef& mm_op = KILN_OP(mm);
+  Tensor out = c.input(0);  // a handle: writes go to the caller's tensor
+  if (internal::memory_overlaps(out, c.input(1)) || internal::memory_overlaps(out, c.input(2))) {
+    // out shares memory with an operand: the product first, as eager code makes it.
+    out.copy_(call_op1(mm_op, {c.input(1), c.input(2)}));
+    return;
+  }
+  run_into(mm_op, {c.input(1), c.input(2)}, {out});
+}
+
 }  // namespace
 
 KILN_DEFINE_OP(mm, OpKind::kFunctional, mm_meta);
 KILN_DEFINE_OP(bmm, OpKind::kFunctional, bmm_meta);
 KILN_DEFINE_OP(addmm, OpKind::kFunctional, addmm_meta);
+KILN_DEFINE_OP(mm_into_, OpKind::kInplace, mm_into_meta);
+KILN_REGISTER_KERNEL(mm_into_, kCPU, mm_into_kernel);
+#if defined(KILN_WITH_CUDA)
+KILN_REGISTER_KERNEL(mm_into_, kCUDA, mm_into_kernel);
+#endif
 
 Tensor mm(const Tensor& a, const Tensor& b) {
   static const OpDef& op = KILN_OP(mm);

@@ -60,11 +60,13 @@ const std::set<std::string> kNonDifferentiable = {
     // returns the gradient itself.
     "cross_entropy_fused_with_grad",
     "flash_attention_backward",
-    // The compiler's rewrites (fuse_qkv_rotary, compiler/passes.h), written into programs whose
-    // backward is already traced: the backward of attention merged into the qkv gradient, and
-    // split_qkv_rotary's rotation in place.
+    // The compiler's rewrites (fuse_qkv_rotary, fold_copy_into_mm, compiler/passes.h), written
+    // into programs whose backward is already traced: the backward of attention merged into the
+    // qkv gradient, split_qkv_rotary's rotation in place, and a product written where a copy put
+    // it.
     "flash_attention_backward_qkv",
     "rotary_qkv_",
+    "mm_into_",
     "swiglu_backward",
     "geglu_tanh_backward",
     "lstm_cell_fused_backward",

@@ -153,7 +153,7 @@ TEST(Compile, SkipPassNamesThePasses) {
   EXPECT_KILN_ERROR(CompileOptions().skip_pass("fusion"),
                     "no pass is named 'fusion' (passes that can be skipped: autocast, decompose, "
                     "functionalize, simplify, dce, cse, fuse_norm_residual, fold_index_add, "
-                    "fuse_qkv_rotary, fuse, plan_memory)");
+                    "fuse_qkv_rotary, fold_copy_into_mm, fuse, plan_memory)");
   for (const char* pass :
        {"autocast", "decompose", "functionalize", "simplify", "dce", "cse", "fuse_norm_residual",
         "fold_index_add", "fuse_qkv_rotary", "fuse", "plan_memory"}) {

@@ -274,6 +274,18 @@ inline std::vector<OpSample> reduction_samples() {
           [] {
             return Tensors{f32({4, 5}), nc(5, 3)};
           }),
+      // A weight gradient copied into a bucket's view (DDP): the fold_copy_into_mm pass's
+      // mm_into_. The product is transposed twice, as autograd's weight gradient is.
+      one(
+          "mm_copied_into_place",
+          [](const Tensors& x) {
+            Tensor bucket = zeros({2 * 4 * 3}, x[0].options());
+            bucket.narrow(0, 4 * 3, 4 * 3).view({4, 3}).copy_(mm(x[0], x[1]).t().t());
+            return bucket * 1.0;
+          },
+          [] {
+            return Tensors{f32({4, 5}), nc(5, 3)};
+          }),
       one(
           "matmul_broadcast", [](const Tensors& x) { return matmul(x[0], x[1]); },
           [] {
