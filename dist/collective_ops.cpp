@@ -164,6 +164,87 @@ void reduce_scatter_kernel(OpCall& c) {
             {out, in});
 }
 
+// dist_all_gather_coalesced_(out, in; group, world, parts): parts holds (in_offset, numel,
+// out_offset) triples.
+SpecList all_gather_coalesced_meta(const OpCall& c) {
+  KILN_CHECK(c.inputs.size() == 2 && c.input(0).defined() && c.input(1).defined(), "[", c.name(),
+             "] expected an output and an input tensor");
+  const Tensor &out = c.input(0), &in = c.input(1);
+  KILN_CHECK(out.dtype() == in.dtype() && out.device() == in.device(), "[", c.name(),
+             "] the output is ", dtype_name(out.dtype()), " on ", out.device().str(),
+             ", the input ", dtype_name(in.dtype()), " on ", in.device().str());
+  KILN_CHECK(out.dim() == 1 && in.dim() == 1 && out.is_contiguous() && in.is_contiguous(), "[",
+             c.name(), "] expected 1-d contiguous tensors, got ", shape_str(out.sizes()), " and ",
+             shape_str(in.sizes()));
+  const int64_t world = c.attr<int64_t>(1);
+  const Shape& parts = c.attr<Shape>(2);
+  KILN_CHECK(parts.size() % 3 == 0, "[", c.name(), "] parts must be (in_offset, numel, ",
+             "out_offset) triples, got ", parts.size(), " numbers");
+  for (size_t i = 0; i < parts.size(); i += 3) {
+    const int64_t from = parts[i], n = parts[i + 1], to = parts[i + 2];
+    KILN_CHECK(
+        from >= 0 && n > 0 && to >= 0 && from + n <= in.numel() && to + world * n <= out.numel(),
+        "[", c.name(), "] part ", i / 3, " (input [", from, ", ", from + n, "), output [", to, ", ",
+        to + world * n, ")) is outside the input of ", in.numel(), " or the output of ",
+        out.numel(), " elements (world size ", world, ")");
+  }
+  return {};
+}
+
+void all_gather_coalesced_kernel(OpCall& c) {
+  Tensor out = c.input(0);
+  const Tensor in = c.input(1);
+  const int64_t world = c.attr<int64_t>(1);
+  const Shape& parts = c.attr<Shape>(2);
+  std::vector<Tensor> outputs, inputs;
+  for (size_t i = 0; i < parts.size(); i += 3) {
+    inputs.push_back(in.narrow(0, parts[i], parts[i + 1]));
+    outputs.push_back(out.narrow(0, parts[i + 2], world * parts[i + 1]));
+  }
+  file_work(out, group_of(c)->all_gather_into_tensor_coalesced(outputs, inputs), {out, in});
+}
+
+// dist_reduce_scatter_coalesced_(out, in_0, ..., in_k; group, world, op, offsets).
+SpecList reduce_scatter_coalesced_meta(const OpCall& c) {
+  KILN_CHECK(c.inputs.size() >= 2 && c.input(0).defined(), "[", c.name(),
+             "] expected an output and at least one input tensor");
+  const Tensor& out = c.input(0);
+  KILN_CHECK(out.dim() == 1 && out.is_contiguous(), "[", c.name(),
+             "] expected a 1-d contiguous output, got ", shape_str(out.sizes()));
+  const int64_t world = c.attr<int64_t>(1);
+  const Shape& offsets = c.attr<Shape>(3);
+  KILN_CHECK(offsets.size() + 1 == c.inputs.size(), "[", c.name(), "] ", c.inputs.size() - 1,
+             " inputs but ", offsets.size(), " offsets");
+  for (size_t i = 1; i < c.inputs.size(); ++i) {
+    const Tensor& in = c.input(i);
+    KILN_CHECK(in.defined() && in.dtype() == out.dtype() && in.device() == out.device() &&
+                   in.is_contiguous(),
+               "[", c.name(), "] input ", i - 1, " must be a contiguous ", dtype_name(out.dtype()),
+               " tensor on ", out.device().str());
+    const int64_t n = in.numel() / world, at = offsets[i - 1];
+    KILN_CHECK(in.numel() % world == 0 && at >= 0 && at + n <= out.numel(), "[", c.name(),
+               "] input ", i - 1, " of ", in.numel(), " elements (world size ", world,
+               ") does not fit the output of ", out.numel(), " at offset ", at);
+  }
+  return {};
+}
+
+void reduce_scatter_coalesced_kernel(OpCall& c) {
+  Tensor out = c.input(0);
+  const int64_t world = c.attr<int64_t>(1);
+  const Shape& offsets = c.attr<Shape>(3);
+  std::vector<Tensor> outputs, inputs, keep{out};
+  for (size_t i = 1; i < c.inputs.size(); ++i) {
+    inputs.push_back(c.input(i));
+    outputs.push_back(out.narrow(0, offsets[i - 1], c.input(i).numel() / world));
+  }
+  keep.insert(keep.end(), inputs.begin(), inputs.end());
+  file_work(out,
+            group_of(c)->reduce_scatter_tensor_coalesced(outputs, inputs,
+                                                         static_cast<ReduceOp>(c.attr<int64_t>(2))),
+            std::move(keep));
+}
+
 void wait_kernel(OpCall& c) { take_work(c).work->wait(); }
 
 // The Work the ops' callers get: its wait() is the dist_wait_ op, so that a traced wait is
@@ -198,6 +279,10 @@ KILN_DEFINE_OP(dist_broadcast_, OpKind::kInplace, in_place_meta);
 KILN_DEFINE_OP(dist_wait_, OpKind::kInplace, in_place_meta);
 KILN_DEFINE_OP(dist_all_gather_, OpKind::kInplace, all_gather_meta);
 KILN_DEFINE_OP(dist_reduce_scatter_, OpKind::kInplace, reduce_scatter_meta);
+KILN_DEFINE_OP(dist_all_gather_coalesced_, OpKind::kInplace, all_gather_coalesced_meta);
+KILN_DEFINE_OP(dist_reduce_scatter_coalesced_, OpKind::kInplace, reduce_scatter_coalesced_meta);
+KILN_REGISTER_KERNEL(dist_all_gather_coalesced_, kCPU, all_gather_coalesced_kernel);
+KILN_REGISTER_KERNEL(dist_reduce_scatter_coalesced_, kCPU, reduce_scatter_coalesced_kernel);
 KILN_REGISTER_KERNEL(dist_all_reduce_, kCPU, all_reduce_kernel);
 KILN_REGISTER_KERNEL(dist_all_gather_, kCPU, all_gather_kernel);
 KILN_REGISTER_KERNEL(dist_reduce_scatter_, kCPU, reduce_scatter_kernel);
@@ -209,6 +294,8 @@ KILN_REGISTER_KERNEL(dist_broadcast_, kCUDA, broadcast_kernel);
 KILN_REGISTER_KERNEL(dist_wait_, kCUDA, wait_kernel);
 KILN_REGISTER_KERNEL(dist_all_gather_, kCUDA, all_gather_kernel);
 KILN_REGISTER_KERNEL(dist_reduce_scatter_, kCUDA, reduce_scatter_kernel);
+KILN_REGISTER_KERNEL(dist_all_gather_coalesced_, kCUDA, all_gather_coalesced_kernel);
+KILN_REGISTER_KERNEL(dist_reduce_scatter_coalesced_, kCUDA, reduce_scatter_coalesced_kernel);
 #endif
 
 std::shared_ptr<Work> all_reduce_op(const std::shared_ptr<ProcessGroup>& group, Tensor& tensor,
@@ -238,6 +325,30 @@ std::shared_ptr<Work> reduce_scatter_op(const std::shared_ptr<ProcessGroup>& gro
   call_op(def, {output, input},
           {group_id(group), static_cast<int64_t>(group->size()), static_cast<int64_t>(op)});
   return std::make_shared<OpWork>("reduce_scatter_tensor", output);
+}
+
+std::shared_ptr<Work> all_gather_coalesced_op(const std::shared_ptr<ProcessGroup>& group,
+                                              Tensor& output, const Tensor& input,
+                                              const std::vector<GatherPart>& parts) {
+  static const OpDef& def = KILN_OP(dist_all_gather_coalesced_);
+  Shape triples;
+  for (const GatherPart& p : parts)
+    triples.insert(triples.end(), {p.in_offset, p.numel, p.out_offset});
+  call_op(def, {output, input}, {group_id(group), static_cast<int64_t>(group->size()), triples});
+  return std::make_shared<OpWork>("all_gather_into_tensor_coalesced", output);
+}
+
+std::shared_ptr<Work> reduce_scatter_coalesced_op(const std::shared_ptr<ProcessGroup>& group,
+                                                  Tensor& output, const std::vector<Tensor>& inputs,
+                                                  const std::vector<int64_t>& offsets,
+                                                  ReduceOp op) {
+  static const OpDef& def = KILN_OP(dist_reduce_scatter_coalesced_);
+  TensorVec args{output};
+  args.insert(args.end(), inputs.begin(), inputs.end());
+  call_op(def, args,
+          {group_id(group), static_cast<int64_t>(group->size()), static_cast<int64_t>(op),
+           Shape(offsets.begin(), offsets.end())});
+  return std::make_shared<OpWork>("reduce_scatter_tensor_coalesced", output);
 }
 
 }  // namespace kiln::dist

@@ -18,6 +18,12 @@
 //   dist_all_gather_(out, in; group, world) / dist_reduce_scatter_(out, in; group, world, op):
 //     the same for all_gather_into_tensor / reduce_scatter_tensor, writing `out` (the key) and
 //     keeping `in` alive until the wait (a compiled program may let go of it before);
+//   dist_all_gather_coalesced_(out, in; group, world, parts) / dist_reduce_scatter_coalesced_(out,
+//     in_0, ..., in_k; group, world, op, offsets): several all-gathers or reduce-scatters as one
+//     collective of the group (all_gather_into_tensor_coalesced / reduce_scatter_tensor_coalesced)
+//     between parts of one output (the key) and parts of the inputs: FSDP's gathers of a unit's
+//     parameters straight into their places, and its reduce-scatters straight from the full
+//     gradients, as eager FSDP runs them;
 //   dist_wait_(t): the returned Work's wait() — takes the filed Work and waits for it (NCCL: the
 //     current stream waits; Gloo: the host).
 // Traced, they are recorded in program order like any in-place op; the program's replay runs
@@ -26,6 +32,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "dist/process_group.h"
 
@@ -42,5 +49,26 @@ std::shared_ptr<Work> all_gather_op(const std::shared_ptr<ProcessGroup>& group, 
                                     const Tensor& input);
 std::shared_ptr<Work> reduce_scatter_op(const std::shared_ptr<ProcessGroup>& group, Tensor& output,
                                         const Tensor& input, ReduceOp op = ReduceOp::kSum);
+
+// One part of all_gather_coalesced_op: input.narrow(0, in_offset, numel) of every rank, gathered
+// in rank order into output.narrow(0, out_offset, world * numel).
+struct GatherPart {
+  int64_t in_offset = 0;
+  int64_t numel = 0;
+  int64_t out_offset = 0;
+};
+// The parts' all-gathers as one collective (ProcessGroup::all_gather_into_tensor_coalesced); 1-d
+// contiguous output and input of one dtype and device. Keep `output` untouched until the Work's
+// wait().
+std::shared_ptr<Work> all_gather_coalesced_op(const std::shared_ptr<ProcessGroup>& group,
+                                              Tensor& output, const Tensor& input,
+                                              const std::vector<GatherPart>& parts);
+// inputs[i] (world * n_i elements, contiguous) reduced over the ranks, this rank's chunk written
+// to output.narrow(0, offsets[i], n_i) (1-d, contiguous), as one collective
+// (ProcessGroup::reduce_scatter_tensor_coalesced). The inputs are kept until the Work's wait().
+std::shared_ptr<Work> reduce_scatter_coalesced_op(const std::shared_ptr<ProcessGroup>& group,
+                                                  Tensor& output, const std::vector<Tensor>& inputs,
+                                                  const std::vector<int64_t>& offsets,
+                                                  ReduceOp op = ReduceOp::kSum);
 
 }  // namespace kiln::dist

@@ -245,9 +245,9 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   // run in registration order).
   std::vector<FSDPModule*> subtree();
   FSDPModule& root();
-  // Starts the all-gather of the packed shards (no-op if unsharded or already started): in
-  // eager code each parameter's gather lands in its place in the unit's buffer (one coalesced
-  // launch); traced, one gather of the packed rows that finish_gather copies out.
+  // Starts the all-gather of the packed shards (no-op if unsharded or already started): each
+  // parameter's gather lands in its place in the unit's buffer (one coalesced collective, an op
+  // that a compiled step records; at one rank the packed shard is the parameters themselves).
   void launch_gather();
   // Waits for it and points the parameters at the full tensors.
   void finish_gather();
@@ -304,9 +304,6 @@ class FSDPModule : public std::enable_shared_from_this<FSDPModule> {
   std::vector<FSDPModule*> forward_order_;  // root, per-unit mode: the units after the root
   std::shared_ptr<Work> gather_work_;
   Tensor gather_input_, gather_buffer_;  // kept alive while the all-gather runs
-  // The gather in flight writes each parameter into its place in the unit's buffer (eager, more
-  // than one rank), instead of the packed rows that finish_gather copies out.
-  bool gather_direct_ = false;
   // Backward bookkeeping.
   bool backward_pending_ = false;
   size_t expected_count_ = 0;

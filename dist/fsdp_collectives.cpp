@@ -117,22 +117,18 @@ void FSDPModule::launch_gather() {
   Tensor input = packed_shard();
   if (input.dtype() != compute_dtype()) input = input.to(compute_dtype());
   const int world = pg_->size();
-  gather_direct_ = world > 1 && !compiler::is_tracing();
-  if (gather_direct_) {
+  if (world > 1) {
     // Each parameter's slices gathered straight into its place in the unit's buffer, the
     // gathers launched as one group: nothing to copy out afterwards (that copy moved the whole
-    // unit through memory twice a step, forward and backward).
+    // unit through memory twice a step, forward and backward). An op: a compiled step records
+    // the gather here (dist/collective_ops.h).
     gather_buffer_ = buffer(full_numel_, input.options());
-    std::vector<Tensor> outputs, inputs;
-    for (const Param& p : params_) {
-      outputs.push_back(gather_buffer_.narrow(0, p.full_offset, world * p.shard));
-      inputs.push_back(input.narrow(0, p.offset, p.shard));
-    }
-    gather_work_ = pg_->all_gather_into_tensor_coalesced(outputs, inputs);
+    std::vector<GatherPart> parts;
+    for (const Param& p : params_) parts.push_back({p.offset, p.shard, p.full_offset});
+    gather_work_ = all_gather_coalesced_op(pg_, gather_buffer_, input, parts);
   } else {
-    // One gather of the packed shards, copied out in finish_gather. An op: a compiled step
-    // records the gather here (dist/collective_ops.h).
-    gather_buffer_ = buffer(world * packed_, input.options());
+    // One rank: its packed shard is the parameters themselves.
+    gather_buffer_ = buffer(packed_, input.options());
     gather_work_ = all_gather_op(pg_, gather_buffer_, input);
   }
   gather_input_ = input;
@@ -145,20 +141,8 @@ void FSDPModule::finish_gather() {
   gather_work_->wait();
   gather_work_ = nullptr;
   const int world = pg_->size();
-  // Gathered into the packed layout: row r holds rank r's slices; a parameter's region is the
-  // rows' slices one after another (one strided copy per parameter; FSDP2 copies the same way).
-  // One rank's row is the parameters themselves, and a direct gather (launch_gather) put them in
-  // place already: no copy.
+  // The gather put every parameter in its place (launch_gather): no copy out.
   Tensor full = gather_buffer_;
-  if (world > 1 && !gather_direct_) {
-    const Tensor rows = gather_buffer_.view({world, packed_});
-    full = buffer(full_numel_, gather_buffer_.options());
-    for (const Param& p : params_) {
-      full.narrow(0, p.full_offset, world * p.shard)
-          .view({world, p.shard})
-          .copy_(rows.narrow(1, p.offset, p.shard));
-    }
-  }
   gather_buffer_ = Tensor();
   gather_input_ = Tensor();
   if (full_released_ && compiler::is_tracing()) {
@@ -272,7 +256,7 @@ void FSDPModule::launch_reduce() {
   // collective, so the input's memory is reused only once the collective has read it.
   if (r.last_reduce_ != nullptr && r.last_reduce_ != this) r.last_reduce_->finish_reduce();
   const bool accumulate = grad_acc_.defined();
-  if (requires_gradient_sync_ && !accumulate && world > 1 && !compiler::is_tracing()) {
+  if (requires_gradient_sync_ && !accumulate && world > 1) {
     launch_reduce_direct();
   } else {
     // Row r of the packed gradient holds the slices rank r keeps, laid out as the packed shard.
@@ -315,7 +299,8 @@ void FSDPModule::launch_reduce_direct() {
   const int world = pg_->size();
   const ScalarType dtype = reduce_dtype();
   reduce_output_ = buffer(packed_, TensorOptions().dtype(dtype).device(params_[0].param.device()));
-  std::vector<Tensor> outputs, inputs;
+  std::vector<Tensor> inputs;
+  std::vector<int64_t> offsets;
   for (const Param& p : params_) {
     // The full gradient is the reduce-scatter's input as it is where it has the shape of one:
     // world * shard elements, contiguous, in the reduce dtype, and alone in its memory (kept
@@ -335,10 +320,11 @@ void FSDPModule::launch_reduce_direct() {
       }
     }
     inputs.push_back(in);
-    outputs.push_back(reduce_output_.narrow(0, p.offset, p.shard));
+    offsets.push_back(p.offset);
   }
   grad_acc_ = Tensor();
-  reduce_work_ = pg_->reduce_scatter_tensor_coalesced(outputs, inputs, ReduceOp::kAvg);
+  // An op: a compiled step records the reduce-scatter here (dist/collective_ops.h).
+  reduce_work_ = reduce_scatter_coalesced_op(pg_, reduce_output_, inputs, offsets, ReduceOp::kAvg);
   reduce_inputs_ = std::move(inputs);
   root().last_reduce_ = this;
 }

@@ -674,12 +674,27 @@ void fsdp_compiled() {
   size_t first_mm = trace.ops.size(), last_mm = 0;
   for (size_t k = 0; k < trace.ops.size(); ++k) {
     const std::string& name = trace.ops[k].name();
-    if (name == "dist_all_gather_") gathers.push_back(k);
-    if (name == "dist_reduce_scatter_") reduces.push_back(k);
+    if (name == "dist_all_gather_coalesced_") gathers.push_back(k);
+    if (name == "dist_reduce_scatter_coalesced_") reduces.push_back(k);
+    // The gathers write every parameter in its place, and the reduce-scatters read the full
+    // gradients where they are: no packed collective, no copy out of a gather's buffer.
+    WCHECK(name != "dist_all_gather_" && name != "dist_reduce_scatter_", "op ", k, " is ", name,
+           ", a packed collective:\n", trace.str());
     if (name == "dist_wait_") waits.push_back(k);
     if (name == "mm") {
       first_mm = std::min(first_mm, k);
       last_mm = k;
+    }
+  }
+  {
+    // Nothing is copied out of a gather's buffer: the full parameters are views of it.
+    const std::vector<int> cls = alias_classes(trace);
+    std::unordered_set<int> gathered;
+    for (size_t k : gathers) gathered.insert(cls[static_cast<size_t>(trace.ops[k].inputs[0])]);
+    for (const compiler::BoundOp& op : trace.ops) {
+      WCHECK(op.name() != "copy_" || op.inputs.size() != 2 || op.inputs[1] < 0 ||
+                 !gathered.contains(cls[static_cast<size_t>(op.inputs[1])]),
+             "a copy out of a gather's buffer:\n", listing);
     }
   }
   const size_t want_gathers = units + (zero3 ? blocks.size() : 0);
@@ -805,7 +820,7 @@ void fsdp_compiled_mixed() {
   WCHECK(step.stats().misses == 2 && step.stats().hits == 2,
          "two compilations and two replays, got ", step.stats().misses, " and ", step.stats().hits);
   const std::string listing = step.traces().back().str();
-  WCHECK(listing.find("dist_all_gather_(") != std::string::npos &&
+  WCHECK(listing.find("dist_all_gather_coalesced_(") != std::string::npos &&
              listing.find("bf16[") != std::string::npos,
          "bf16 gathers in the trace:\n", listing);
   models::set_block_hook(*model, {});

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "dist/collective_ops.h"
 #include "dist/dist.h"
 #include "spawn.h"
 #include "tensor/error.h"
@@ -103,6 +104,52 @@ TEST(ProcessGroupGlooTest, GroupOfOne) {
             std::string::npos);
   Tensor meta = empty({2}, TensorOptions().device(kMeta));
   EXPECT_NE(error_of([&] { pg.all_reduce(meta); }).find("the Gloo backend takes CPU tensors"),
+            std::string::npos);
+}
+
+// FSDP's coalesced collectives as ops (dist/collective_ops.h), at one rank: each part lands in
+// its place of the one output, the Works' waits are the dist_wait_ op, and bad parts, offsets
+// and dtypes are errors that name the op. The ranks' sums and gathers across processes: the
+// compiled FSDP scenarios (fsdp_worker's fsdp_compiled, 2 and 4 ranks).
+TEST(CollectiveOpsTest, CoalescedGathersAndReduceScattersAtOneRank) {
+  TCPStoreOptions o;
+  o.port = 0;
+  o.is_server = true;
+  o.timeout = milliseconds(5000);
+  auto store = std::make_shared<TCPStore>("127.0.0.1", o);
+  auto pg = std::make_shared<ProcessGroupGloo>(
+      store, 0, 1, ProcessGroupGloo::Options{milliseconds(5000), "127.0.0.1"});
+  Tensor in = arange(0, 6, kFloat);
+  Tensor out = full({8}, -1.0);
+  // Parts (in_offset, numel, out_offset): [0, 2) -> [5, 7), [2, 6) -> [0, 4).
+  all_gather_coalesced_op(pg, out, in, {{0, 2, 5}, {2, 4, 0}})->wait();
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{2, 3, 4, 5, -1, 0, 1, -1}));
+
+  Tensor sums = full({7}, -1.0);
+  std::vector<Tensor> grads{full({3}, 2.0), arange(0, 2, kFloat)};
+  reduce_scatter_coalesced_op(pg, sums, grads, {4, 0}, ReduceOp::kAvg)->wait();
+  EXPECT_EQ(sums.to_vector<float>(), (std::vector<float>{0, 1, -1, -1, 2, 2, 2}));
+
+  EXPECT_NE(error_of([&] {
+              all_gather_coalesced_op(pg, out, in, {{4, 3, 0}});
+            })
+                .find("[dist_all_gather_coalesced_] part 0 (input [4, 7), output [0, 3)) is "
+                      "outside the input of 6 or the output of 8 elements (world size 1)"),
+            std::string::npos);
+  Tensor halves = empty({8}, kBFloat16);
+  EXPECT_NE(error_of([&] {
+              all_gather_coalesced_op(pg, halves, in, {{0, 2, 0}});
+            }).find("[dist_all_gather_coalesced_] the output is bfloat16"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              reduce_scatter_coalesced_op(pg, sums, grads, {0});
+            }).find("[dist_reduce_scatter_coalesced_] 2 inputs but 1 offsets"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              reduce_scatter_coalesced_op(pg, sums, grads, {5, 0});
+            })
+                .find("input 0 of 3 elements (world size 1) does not fit the output of 7 at "
+                      "offset 5"),
             std::string::npos);
 }
 
