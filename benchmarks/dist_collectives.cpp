@@ -165,7 +165,6 @@ Options parse_args(int argc, char** argv) {
         o.ops.push_back(name);
       }
       if (o.ops.empty()) throw UsageError("--ops: expected at least one collective");
-
     } else {
       throw UsageError("unknown argument '" + arg + "'");
     }
