@@ -132,15 +132,22 @@ void broadcast_kernel(OpCall& c) {
   file_work(t, group_of(c)->broadcast(t, static_cast<int>(c.attr<int64_t>(1))));
 }
 
-// The output's first element is the key: every rank writes all of it (all-gather) or its chunk
-// (reduce-scatter); the input is kept until the wait.
-SpecList two_tensor_meta(const OpCall& c, int64_t out_per_in_num, int64_t out_per_in_den) {
+// An all-gather's or reduce-scatter's output and input: two defined tensors of one dtype and
+// device.
+void check_output_and_input(const OpCall& c) {
   KILN_CHECK(c.inputs.size() == 2 && c.input(0).defined() && c.input(1).defined(), "[", c.name(),
              "] expected an output and an input tensor");
   const Tensor &out = c.input(0), &in = c.input(1);
   KILN_CHECK(out.dtype() == in.dtype() && out.device() == in.device(), "[", c.name(),
              "] the output is ", dtype_name(out.dtype()), " on ", out.device().str(),
              ", the input ", dtype_name(in.dtype()), " on ", in.device().str());
+}
+
+// The output's first element is the key: every rank writes all of it (all-gather) or its chunk
+// (reduce-scatter); the input is kept until the wait.
+SpecList two_tensor_meta(const OpCall& c, int64_t out_per_in_num, int64_t out_per_in_den) {
+  check_output_and_input(c);
+  const Tensor &out = c.input(0), &in = c.input(1);
   KILN_CHECK(out.numel() * out_per_in_den == in.numel() * out_per_in_num, "[", c.name(),
              "] the output has ", out.numel(), " elements, the input ", in.numel(), " (world size ",
              c.attr<int64_t>(1), ")");
@@ -167,12 +174,8 @@ void reduce_scatter_kernel(OpCall& c) {
 // dist_all_gather_coalesced_(out, in; group, world, parts): parts holds (in_offset, numel,
 // out_offset) triples.
 SpecList all_gather_coalesced_meta(const OpCall& c) {
-  KILN_CHECK(c.inputs.size() == 2 && c.input(0).defined() && c.input(1).defined(), "[", c.name(),
-             "] expected an output and an input tensor");
+  check_output_and_input(c);
   const Tensor &out = c.input(0), &in = c.input(1);
-  KILN_CHECK(out.dtype() == in.dtype() && out.device() == in.device(), "[", c.name(),
-             "] the output is ", dtype_name(out.dtype()), " on ", out.device().str(),
-             ", the input ", dtype_name(in.dtype()), " on ", in.device().str());
   KILN_CHECK(out.dim() == 1 && in.dim() == 1 && out.is_contiguous() && in.is_contiguous(), "[",
              c.name(), "] expected 1-d contiguous tensors, got ", shape_str(out.sizes()), " and ",
              shape_str(in.sizes()));

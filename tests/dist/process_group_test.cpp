@@ -78,13 +78,20 @@ TEST(ProcessGroupGlooTest, PeerExitIsAClearError) {
   EXPECT_EQ(job.ranks[1].exit_code, 3) << job.describe();
 }
 
-TEST(ProcessGroupGlooTest, GroupOfOne) {
+// A Gloo group of this process alone, its store a TCPStore server on a free port.
+std::shared_ptr<ProcessGroupGloo> gloo_group_of_one() {
   TCPStoreOptions o;
   o.port = 0;
   o.is_server = true;
   o.timeout = milliseconds(5000);
   auto store = std::make_shared<TCPStore>("127.0.0.1", o);
-  ProcessGroupGloo pg(store, 0, 1, {milliseconds(5000), "127.0.0.1"});
+  return std::make_shared<ProcessGroupGloo>(
+      store, 0, 1, ProcessGroupGloo::Options{milliseconds(5000), "127.0.0.1"});
+}
+
+TEST(ProcessGroupGlooTest, GroupOfOne) {
+  const auto group = gloo_group_of_one();
+  ProcessGroupGloo& pg = *group;
   EXPECT_EQ(pg.backend_name(), "gloo");
   Tensor t = arange(0, 4, kFloat);
   pg.all_reduce(t, ReduceOp::kAvg)->wait();
@@ -112,13 +119,7 @@ TEST(ProcessGroupGlooTest, GroupOfOne) {
 // and dtypes are errors that name the op. The ranks' sums and gathers across processes: the
 // compiled FSDP scenarios (fsdp_worker's fsdp_compiled, 2 and 4 ranks).
 TEST(CollectiveOpsTest, CoalescedGathersAndReduceScattersAtOneRank) {
-  TCPStoreOptions o;
-  o.port = 0;
-  o.is_server = true;
-  o.timeout = milliseconds(5000);
-  auto store = std::make_shared<TCPStore>("127.0.0.1", o);
-  auto pg = std::make_shared<ProcessGroupGloo>(
-      store, 0, 1, ProcessGroupGloo::Options{milliseconds(5000), "127.0.0.1"});
+  auto pg = gloo_group_of_one();
   Tensor in = arange(0, 6, kFloat);
   Tensor out = full({8}, -1.0);
   // Parts (in_offset, numel, out_offset): [0, 2) -> [5, 7), [2, 6) -> [0, 4).
