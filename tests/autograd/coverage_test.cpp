@@ -45,6 +45,8 @@ const std::set<std::string> kNonDifferentiable = {
     "dist_wait_",
     "dist_all_gather_",
     "dist_reduce_scatter_",
+    "dist_all_gather_coalesced_",
+    "dist_reduce_scatter_coalesced_",
     // Factories: no tensor inputs.
     "arange",
     "empty",

@@ -471,6 +471,19 @@ inline std::vector<OpSample> dist_samples() {
         return reduced.view({4, 3}) + 1.0;
       },
       input, /*grad=*/false));
+  out.push_back(one(
+      "dist_coalesced_gather_reduce_scatter_wait",  // FSDP's at more than one rank
+      [](const Tensors& x) {
+        Tensor y = (x[0] * 2.0).reshape({12});
+        Tensor gathered = zeros({14});
+        dist::all_gather_coalesced_op(group, gathered, y, {{0, 5, 9}, {5, 7, 0}})->wait();
+        Tensor reduced = zeros({12});
+        std::vector<Tensor> grads{gathered.narrow(0, 0, 7) * 3.0, gathered.narrow(0, 9, 5) - 1.0};
+        dist::reduce_scatter_coalesced_op(group, reduced, grads, {5, 0}, dist::ReduceOp::kAvg)
+            ->wait();
+        return reduced.view({4, 3}) + 1.0;
+      },
+      input, /*grad=*/false));
   return out;
 }
 
