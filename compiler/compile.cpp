@@ -208,6 +208,13 @@ std::vector<Tensor> run_entry(const Entry& e, const std::vector<Tensor>& args) {
   std::vector<Tensor> saved(outputs.begin() + static_cast<std::ptrdiff_t>(kept), outputs.end());
   outputs.resize(kept);
   if (!GradMode::is_enabled()) return outputs;
+  // A saved value may be a returned output itself (relu's result): the node keeps its own handle
+  // on the data, without the autograd history that set_history gives the output below, or output
+  // and node would hold each other and outlive every user handle (a forward whose backward never
+  // runs would keep its saved activations for good).
+  for (Tensor& t : saved) {
+    if (t.defined()) t = t.detach();
+  }
   auto node = std::make_shared<CompiledBackward>(e.backward, std::move(saved), rng);
   bool any = false;
   for (int t : plan.targets) {

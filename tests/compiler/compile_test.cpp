@@ -302,6 +302,38 @@ TEST(Compile, GradientsFlowThroughOneCompiledBackwardNode) {
   EXPECT_FALSE(f(x0).requires_grad());
 }
 
+// A compiled forward whose backward needs one of its own outputs (exp, tanh, softmax: the result is
+// saved) hands out that output with the backward node as its grad_fn. The node must not hold the
+// output's own handle, or output and node keep each other alive: a forward in grad mode whose
+// backward never runs (an evaluation, an error in between) would keep its saved activations for
+// good. Dropping the outputs frees them, on the traced call and on cached ones.
+TEST(Compile, OutputsSavedForTheBackwardDoNotKeepTheirGraphAlive) {
+  // relu saves its own result; on a transposed input, as the registry's samples run it.
+  auto fn = [](const Tensor& x) { return x.relu(); };
+  auto f = compile(fn);
+  const Tensor x0 = randn({3, 4}).t();
+  for (int call = 0; call < 3; ++call) {
+    const Tensor x = x0.detach().requires_grad_(true);
+    std::weak_ptr<TensorImpl> output;
+    std::weak_ptr<autograd::Node> node;
+    {
+      const Tensor y = f(x);
+      ASSERT_TRUE(y.requires_grad()) << call;
+      ASSERT_EQ(y.grad_fn()->name(), "CompiledFunctionBackward");
+      output = y.impl_ptr();
+      node = y.grad_fn();
+    }
+    EXPECT_TRUE(output.expired()) << "call " << call << ": the output outlives its last handle";
+    EXPECT_TRUE(node.expired()) << "call " << call << ": the backward node outlives its outputs";
+  }
+  // The backward still runs from the saved values.
+  const Tensor xc = x0.detach().requires_grad_(true), xe = x0.detach().requires_grad_(true);
+  const Tensor go = randn({4, 3});
+  autograd::backward({f(xc)}, {go});
+  autograd::backward({fn(xe)}, {go});
+  EXPECT_TRUE(equal(xc.grad(), xe.grad()));
+}
+
 // Deterministic algorithms (tensor/deterministic.h) change kernel choices, so they are part of a
 // compiled function's signature: toggling them traces again, and the reason names them.
 TEST(Compile, DeterministicAlgorithmsArePartOfTheSignature) {
