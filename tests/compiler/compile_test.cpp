@@ -312,6 +312,18 @@ TEST(Compile, OutputsSavedForTheBackwardDoNotKeepTheirGraphAlive) {
   auto fn = [](const Tensor& x) { return x.relu(); };
   auto f = compile(fn);
   const Tensor x0 = randn({3, 4}).t();
+  {
+    // What eager autograd does: the output and its node go with the output's last handle.
+    const Tensor x = x0.detach().requires_grad_(true);
+    std::weak_ptr<TensorImpl> output;
+    std::weak_ptr<autograd::Node> node;
+    {
+      const Tensor y = fn(x);
+      output = y.impl_ptr();
+      node = y.grad_fn();
+    }
+    ASSERT_TRUE(output.expired() && node.expired()) << "eager autograd keeps its graph";
+  }
   for (int call = 0; call < 3; ++call) {
     const Tensor x = x0.detach().requires_grad_(true);
     std::weak_ptr<TensorImpl> output;
