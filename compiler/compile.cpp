@@ -224,12 +224,27 @@ std::vector<Tensor> run_entry(const Entry& e, const std::vector<Tensor>& args) {
     any |= node->next_edges().back().is_valid();
   }
   if (!any) return outputs;
+  // An output that is an argument or a captured tensor itself (the callable returned its input)
+  // keeps its own history, as eager code returns it: given the node as its grad_fn, a leaf would
+  // stop being one, and node and tensor would hold each other. Gradients reach it directly; the
+  // node gets zeros for that output (its meta is still the node's, in output order).
+  auto passed_through = [&](const Tensor& out) {
+    for (const Tensor& a : args) {
+      if (a.defined() && a.impl() == out.impl()) return true;
+    }
+    for (const Tensor& x : e.program->externals()) {
+      if (x.defined() && x.impl() == out.impl()) return true;
+    }
+    return false;
+  };
   for (size_t i = 0; i < plan.user_outputs; ++i) {
     const int k = plan.grad_outputs[i];
     if (k < 0) continue;
     const TensorSpec& s = plan.grad_specs[static_cast<size_t>(k)];
     node->output_metas().push_back({s.sizes, s.dtype, s.device});
-    autograd::internal::set_history(outputs[i], node, static_cast<uint32_t>(k));
+    if (!passed_through(outputs[i])) {
+      autograd::internal::set_history(outputs[i], node, static_cast<uint32_t>(k));
+    }
   }
   return outputs;
 }

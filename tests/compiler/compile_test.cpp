@@ -346,6 +346,49 @@ TEST(Compile, OutputsSavedForTheBackwardDoNotKeepTheirGraphAlive) {
   EXPECT_TRUE(equal(xc.grad(), xe.grad()));
 }
 
+// A callable that returns its argument, or a tensor it captured, hands it back as eager code does:
+// the same tensor, still a leaf without a grad_fn (not turned into an output of the compiled
+// backward, which would also make it and the node hold each other), and the gradients through
+// every output are eager's (found by LeakSanitizer on a random program that returned its input).
+TEST(Compile, ReturnedArgumentsAndCapturedTensorsStayLeaves) {
+  manual_seed(4);
+  nn::Linear fc(3, 2);
+  auto fn = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
+    return {F::softmax(fc(a[0]), 1), a[0], fc->weight};
+  };
+  auto f = compile(fn);
+  const Tensor x0 = randn({4, 3});
+  const std::vector<Tensor> w{randn({4, 2}), randn({4, 3}), randn({2, 3})};
+  auto loss = [&](const std::vector<Tensor>& y) {
+    return (y[0] * w[0]).sum() + (y[1] * w[1]).sum() + (y[2] * w[2]).sum();
+  };
+  for (int call = 0; call < 2; ++call) {
+    Tensor x = x0.detach().requires_grad_(true);
+    std::weak_ptr<TensorImpl> arg = x.impl_ptr();
+    std::weak_ptr<autograd::Node> node;
+    {
+      const std::vector<Tensor> y = f(std::vector<Tensor>{x});
+      EXPECT_EQ(y[1].impl(), x.impl()) << call;
+      EXPECT_EQ(y[2].impl(), fc->weight.impl()) << call;
+      EXPECT_TRUE(x.is_leaf() && x.grad_fn() == nullptr) << call;
+      EXPECT_TRUE(fc->weight.is_leaf() && fc->weight.grad_fn() == nullptr) << call;
+      EXPECT_EQ(y[0].grad_fn()->name(), "CompiledFunctionBackward") << call;
+      node = y[0].grad_fn();
+      fc->zero_grad();
+      loss(y).backward();
+      const Tensor gx = x.grad().clone(), gw = fc->weight.grad().clone();
+      fc->zero_grad();
+      const Tensor xe = x0.detach().requires_grad_(true);
+      loss(fn(std::vector<Tensor>{xe})).backward();
+      EXPECT_TRUE(allclose(gx, xe.grad(), 1e-5, 1e-6)) << call;
+      EXPECT_TRUE(allclose(gw, fc->weight.grad(), 1e-5, 1e-6)) << call;
+    }
+    x = Tensor();
+    EXPECT_TRUE(arg.expired()) << "call " << call << ": the argument outlives its last handle";
+    EXPECT_TRUE(node.expired()) << "call " << call << ": the backward node outlives its outputs";
+  }
+}
+
 // Deterministic algorithms (tensor/deterministic.h) change kernel choices, so they are part of a
 // compiled function's signature: toggling them traces again, and the reason names them.
 TEST(Compile, DeterministicAlgorithmsArePartOfTheSignature) {
