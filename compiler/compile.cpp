@@ -224,11 +224,14 @@ std::vector<Tensor> run_entry(const Entry& e, const std::vector<Tensor>& args) {
     any |= node->next_edges().back().is_valid();
   }
   if (!any) return outputs;
-  // An output that is an argument or a captured tensor itself (the callable returned its input)
-  // keeps its own history, as eager code returns it: given the node as its grad_fn, a leaf would
-  // stop being one, and node and tensor would hold each other. Gradients reach it directly; the
-  // node gets zeros for that output (its meta is still the node's, in output order).
+  // An output that is a leaf requiring grad among the arguments or captured tensors (the callable
+  // returned its input, or a parameter) stays that leaf, as eager code returns it: given the node
+  // as its grad_fn, it would stop being a leaf, and node and tensor would hold each other.
+  // Gradients reach it directly; the node gets zeros for that output (its meta is still the
+  // node's, in output order). Such a leaf cannot have been written in place with grad (eager
+  // refuses that); any other argument the program returns takes the node's history as before.
   auto passed_through = [&](const Tensor& out) {
+    if (!out.defined() || !out.requires_grad() || out.grad_fn() != nullptr) return false;
     for (const Tensor& a : args) {
       if (a.defined() && a.impl() == out.impl()) return true;
     }
