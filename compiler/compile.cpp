@@ -228,8 +228,8 @@ std::vector<Tensor> run_entry(const Entry& e, const std::vector<Tensor>& args) {
   // returned its input, or a parameter) stays that leaf, as eager code returns it: given the node
   // as its grad_fn, it would stop being a leaf, and node and tensor would hold each other.
   // Gradients reach it directly; the node gets zeros for that output (its meta is still the
-  // node's, in output order). Such a leaf cannot have been written in place with grad (eager
-  // refuses that); any other argument the program returns takes the node's history as before.
+  // node's, in output order). Such a leaf cannot have been written in place with grad (tracing
+  // refuses that, as eager code does); any other returned argument takes the node's history.
   auto passed_through = [&](const Tensor& out) {
     if (!out.defined() || !out.requires_grad() || out.grad_fn() != nullptr) return false;
     for (const Tensor& a : args) {
