@@ -111,8 +111,9 @@ Analysis analyse(const Program& program, bool has_backward) {
     // DDP's collectives (its buckets' all-reduces, the gathered rows' all-gathers, their waits)
     // are captured with the rest: NCCL records its kernels into the graph on the group's stream,
     // which joins the capture through the events of the op and its wait (the copy-engine
-    // all-reduce declines a capturing stream, PeerAllReduce::takes). FSDP's reduce-scatters
-    // stay op by op, not measured with graphs.
+    // all-reduce declines a capturing stream, PeerAllReduce::takes). FSDP's programs stay op by
+    // op: captured whole (their gathers and reduce-scatters in the graph) they ran no faster on
+    // two H200s (benchmarks/RESULTS.md, session 42).
     if (op.name().rfind("dist_reduce_scatter", 0) == 0) {
       a.refusal =
           "it has collectives of kiln::dist (" + op.name() + "): FSDP's programs run op by op";
