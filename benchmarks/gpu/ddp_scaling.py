@@ -26,12 +26,20 @@ import argparse
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
 
 STEP = re.compile(r"step ([0-9.]+) ms \| ([0-9]+) tok/s(?: \(([0-9]+) per rank, ([0-9]+) ranks\))?")
 PEAK = re.compile(r"peak GPU memory ([0-9.]+) GiB")
+
+
+def free_port():
+    """A TCP port nothing listens on now (the store of one `kiln run`)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_bench(args, config, compiled, gpus, dist):
@@ -43,7 +51,7 @@ def run_bench(args, config, compiled, gpus, dist):
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
     if dist:
         cmd = [args.kiln, "run", "--nproc-per-node", str(len(gpus)), "--master-port",
-               str(args.master_port), "--"] + bench + ["--dist", args.dist]
+               str(args.master_port or free_port()), "--"] + bench + ["--dist", args.dist]
     else:
         cmd = bench
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
@@ -76,7 +84,7 @@ def main():
     ap.add_argument("--dist", default="ddp", choices=["ddp", "zero2", "zero3"])
     ap.add_argument("--batch", type=int, help="per GPU (default: the config's, with --seq)")
     ap.add_argument("--seq", type=int, help="with --batch")
-    ap.add_argument("--master-port", type=int, default=29571)
+    ap.add_argument("--master-port", type=int, help="kiln run's (default: a free port per run)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per run")
     ap.add_argument("--out", help="append one JSON line per run to this file")
     args = ap.parse_args()
