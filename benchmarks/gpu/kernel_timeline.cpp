@@ -9,10 +9,13 @@
 //   python3 benchmarks/gpu/timeline_report.py one_gpu.csv ddp_rank0.csv   # what differs
 //
 // Each process writes <KILN_TIMELINE_OUT>.<pid>.csv: kind,start_ns,end_ns,device,stream,name
-// (kind: kernel or memcpy; a kernel's name ends with " grid=XxYxZ", its launch grid). Under
-// `kiln run` set KILN_TIMELINE_OUT for every rank: each process writes its own file. CUPTI adds
-// about a microsecond per launch on the host; kernel times are
-// the GPU's own.
+// (kind: kernel or memcpy; a kernel's name ends with " grid=XxYxZ", its launch grid). With
+// KILN_TIMELINE_API_US=T, the host's CUDA runtime and driver calls that took T microseconds or
+// more are rows too (kind api, device 4294967295, stream the calling thread's id, name the
+// call's: where the host blocks, e.g. a synchronisation between steps; timeline_report.py
+// --api). Under `kiln run` set KILN_TIMELINE_OUT for every rank: each process writes its own
+// file. CUPTI adds about a microsecond per launch on the host (more with host calls recorded);
+// kernel times are the GPU's own.
 #include <cupti.h>
 
 #include <cstdint>
@@ -37,6 +40,8 @@ struct Row {
 
 std::mutex g_mu;
 std::vector<Row>* g_rows = nullptr;  // leaked on purpose: written from the exit handler
+uint64_t g_api_ns = 0;  // KILN_TIMELINE_API_US in ns (host calls are recorded only when it is set)
+constexpr uint32_t kHost = 0xffffffffu;
 
 void check(CUptiResult r, const char* what) {
   if (r == CUPTI_SUCCESS) return;
@@ -62,6 +67,16 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       rows.push_back({true, k->start, k->end, k->deviceId, k->streamId,
                       std::string(k->name ? k->name : "?") + " grid=" + std::to_string(k->gridX) +
                           "x" + std::to_string(k->gridY) + "x" + std::to_string(k->gridZ)});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME ||
+               record->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      if (a->end - a->start < g_api_ns) continue;
+      const char* name = nullptr;
+      cuptiGetCallbackName(record->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? CUPTI_CB_DOMAIN_RUNTIME_API
+                                                                       : CUPTI_CB_DOMAIN_DRIVER_API,
+                           a->cbid, &name);
+      rows.push_back(
+          {false, a->start, a->end, kHost, a->threadId, std::string("api ") + (name ? name : "?")});
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
       rows.push_back({false, m->start, m->end, m->deviceId, m->streamId,
@@ -92,9 +107,9 @@ void write_csv() {
     for (char& c : name) {
       if (c == ',' || c == '\n') c = ' ';
     }
-    std::fprintf(f, "%s,%llu,%llu,%u,%u,%s\n", r.kernel ? "kernel" : "memcpy",
-                 static_cast<unsigned long long>(r.start), static_cast<unsigned long long>(r.end),
-                 r.device, r.stream, name.c_str());
+    const char* kind = r.kernel ? "kernel" : r.device == kHost ? "api" : "memcpy";
+    std::fprintf(f, "%s,%llu,%llu,%u,%u,%s\n", kind, static_cast<unsigned long long>(r.start),
+                 static_cast<unsigned long long>(r.end), r.device, r.stream, name.c_str());
   }
   const bool ok = std::fclose(f) == 0 && std::rename(tmp.c_str(), path.c_str()) == 0;
   std::fprintf(stderr, "[kernel_timeline] %zu records %s %s\n", g_rows->size(),
@@ -109,6 +124,20 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "register");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable memcpy");
+  if (const char* us = std::getenv("KILN_TIMELINE_API_US"); us != nullptr && *us != '\0') {
+    char* end = nullptr;
+    const double v = std::strtod(us, &end);
+    if (end == us || *end != '\0' || !(v >= 0)) {
+      std::fprintf(stderr,
+                   "[kernel_timeline] KILN_TIMELINE_API_US=%s is not a number of "
+                   "microseconds; no api rows\n",
+                   us);
+    } else {
+      g_api_ns = static_cast<uint64_t>(v * 1e3);
+      check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), "enable runtime api");
+      check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER), "enable driver api");
+    }
+  }
   std::atexit(write_csv);
   return 1;
 }

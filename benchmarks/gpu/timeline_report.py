@@ -16,7 +16,9 @@ are "generated"), and with --top K the K kernels that take most time; with --seq
 last whole step's first K kernels in launch order (one kernel of two programs, layer by layer). With --gaps K: the busiest
 stream's busy and idle time, and its K largest kinds of idle gap, each named by the kernels
 before and after it (a memset, which the timeline does not hold, or a host that launches late;
-under DDP, the wait for the other ranks after the backward). With two timelines (e.g. one GPU,
+under DDP, the wait for the other ranks after the backward). With --api K (timelines recorded
+with KILN_TIMELINE_API_US=T): the K host CUDA calls of T us or more that took most time, and those
+in progress while the busiest stream idled. With two timelines (e.g. one GPU,
 then rank 0 of DDP), the kernels whose time per step changed most. Timelines may be gzipped.
 
 With --ranks, the timelines are the ranks of one data-parallel job: per rank, over the whole
@@ -131,7 +133,49 @@ def report(path, args):
         gaps(rows, window, steps, args.gaps)
     if args.sequence:
         sequence(rows, window / steps, args.sequence)
+    if args.api:
+        api_report(path, rows, steps, args.api)
     return {k: per(v) for k, v in by_name.items()}
+
+
+def api_report(path, rows, steps, top):
+    """The host's CUDA calls of the steady part (the timeline's api rows, which
+    kernel_timeline.cpp writes with KILN_TIMELINE_API_US=T: the calls that took T us or more),
+    by time per step; then those in progress while the busiest stream idled 50 us or more at a
+    time (a host blocked there leaves the GPU without work)."""
+    lo, hi = min(r[0] for r in rows), max(r[1] for r in rows)
+    calls = []
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        for r in csv.DictReader(f):
+            if r["kind"] == "api" and lo <= int(r["start_ns"]) < hi:
+                calls.append((int(r["start_ns"]), int(r["end_ns"]), r["name"], r["stream"]))
+    if not calls:
+        print("  no host calls in the timeline (record them with KILN_TIMELINE_API_US=T)")
+        return
+    per = lambda ns: ns / steps / 1e6
+    total, count, longest = collections.Counter(), collections.Counter(), collections.Counter()
+    for s, e, name, thread in calls:
+        key = f"{name} (thread {thread})"
+        total[key] += e - s
+        count[key] += 1
+        longest[key] = max(longest[key], e - s)
+    print(f"  host calls recorded (ms per step, calls a step, the longest in us):")
+    for key, ns in total.most_common(top):
+        print(f"    {per(ns):7.3f} ms  {count[key] / steps:5.1f}  {longest[key] / 1e3:8.1f}  {key}")
+    kernels = [r for r in rows if r[3] == "kernel"]
+    stream = collections.Counter(r[5] for r in kernels).most_common(1)[0][0]
+    busy = union([(r[0], r[1]) for r in kernels if r[5] == stream])
+    idle = [(a[1], b[0]) for a, b in zip(busy, busy[1:]) if b[0] - a[1] >= 50_000]
+    during = collections.Counter()
+    for gs, ge in idle:
+        for s, e, name, thread in calls:
+            if s < ge and e > gs:
+                during[f"{name} (thread {thread})"] += min(e, ge) - max(s, gs)
+    print(f"  in progress while stream {stream} idled 50 us or more at a time "
+          f"({per(sum(e - s for s, e in idle)):.3f} ms a step in {len(idle) / steps:.1f} gaps; "
+          f"ms per step of overlap):")
+    for key, ns in during.most_common(top):
+        print(f"    {per(ns):7.3f} ms  {key}")
 
 
 def short_name(name):
@@ -239,6 +283,8 @@ def main():
                     help="print the busiest stream's K largest kinds of idle gap")
     ap.add_argument("--sequence", type=int, default=0,
                     help="print the last whole step's first K kernels in launch order")
+    ap.add_argument("--api", type=int, default=0,
+                    help="print the K host CUDA calls that took most time (the timeline's api rows)")
     ap.add_argument("--ranks", action="store_true",
                     help="the timelines are the ranks of one job: their speeds and waits")
     ap.add_argument("--wait-before", default="norm_partials",
