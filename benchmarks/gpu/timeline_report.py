@@ -39,6 +39,8 @@ def load(path, tail, last_ms=0):
     rows = []
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for r in csv.DictReader(f):
+            if r["kind"] == "api":  # the host's calls: api_report reads them
+                continue
             rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["device"]), r["kind"], r["name"],
                          r["stream"]))
     device = collections.Counter(r[2] for r in rows).most_common(1)[0][0]
@@ -227,7 +229,9 @@ def gaps(rows, window, steps, top):
     print(f"  stream {stream} (ms per step): busy {per(busy):.2f}, idle {per(window - busy):.2f}; "
           f"largest gaps:")
     for (a, b), ns in by_pair.most_common(top):
-        print(f"    {per(ns):7.3f} ms ({count[(a, b)] / steps:.1f} a step) after {a}  before {b}")
+        # The count in all the steps: a gap seen once (the end of the timed steps, a barrier) is
+        # spread over the steps by per(), and must not read as a gap of every step.
+        print(f"    {per(ns):7.3f} ms ({count[(a, b)]} in {steps} steps) after {a}  before {b}")
 
 
 def ranks(paths, args):
