@@ -18,7 +18,7 @@ stream's busy and idle time, and its K largest kinds of idle gap, each named by 
 before and after it (a memset, which the timeline does not hold, or a host that launches late;
 under DDP, the wait for the other ranks after the backward). With --api K (timelines recorded
 with KILN_TIMELINE_API_US=T): the K host CUDA calls of T us or more that took most time, and those
-in progress while the busiest stream idled. With two timelines (e.g. one GPU,
+that ended while the busiest stream idled (the host held up). With two timelines (e.g. one GPU,
 then rank 0 of DDP), the kernels whose time per step changed most. Timelines may be gzipped.
 
 With --ranks, the timelines are the ranks of one data-parallel job: per rank, over the whole
@@ -136,16 +136,22 @@ def report(path, args):
     if args.sequence:
         sequence(rows, window / steps, args.sequence)
     if args.api:
-        api_report(path, rows, steps, args.api)
+        api_report(path, rows, steps, args.api, args.marker)
     return {k: per(v) for k, v in by_name.items()}
 
 
-def api_report(path, rows, steps, top):
+def api_report(path, rows, steps, top, marker):
     """The host's CUDA calls of the steady part (the timeline's api rows, which
     kernel_timeline.cpp writes with KILN_TIMELINE_API_US=T: the calls that took T us or more),
-    by time per step; then those in progress while the busiest stream idled 50 us or more at a
-    time (a host blocked there leaves the GPU without work)."""
+    by time per step; then those that ended while the busiest stream idled 50 us or more at a
+    time (the host was held there while the GPU had no work). Whole steps only, from the marker's
+    first launch to its last, where it runs twice or more: the end of the timed steps (the loss
+    read back, the ranks' results reduced) is no step's."""
     lo, hi = min(r[0] for r in rows), max(r[1] for r in rows)
+    marks = sorted(r[0] for r in rows if marker in r[4])
+    if len(marks) >= 2:
+        lo, hi, steps = marks[0], marks[-1], len(marks) - 1
+    rows = [r for r in rows if lo <= r[0] < hi]
     calls = []
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for r in csv.DictReader(f):
@@ -161,21 +167,24 @@ def api_report(path, rows, steps, top):
         total[key] += e - s
         count[key] += 1
         longest[key] = max(longest[key], e - s)
-    print(f"  host calls recorded (ms per step, calls a step, the longest in us):")
+    print(f"  host calls recorded in {steps} whole steps (ms per step, calls a step, the longest in us):")
     for key, ns in total.most_common(top):
         print(f"    {per(ns):7.3f} ms  {count[key] / steps:5.1f}  {longest[key] / 1e3:8.1f}  {key}")
     kernels = [r for r in rows if r[3] == "kernel"]
     stream = collections.Counter(r[5] for r in kernels).most_common(1)[0][0]
     busy = union([(r[0], r[1]) for r in kernels if r[5] == stream])
     idle = [(a[1], b[0]) for a, b in zip(busy, busy[1:]) if b[0] - a[1] >= 50_000]
+    # A call that ends inside a gap held the host while the GPU had nothing to run: the launches
+    # after it came late. One that spans the gap (the host blocked in a full launch queue, or
+    # reading a result back) had the host ahead, and says nothing about the gap.
     during = collections.Counter()
     for gs, ge in idle:
         for s, e, name, thread in calls:
-            if s < ge and e > gs:
-                during[f"{name} (thread {thread})"] += min(e, ge) - max(s, gs)
-    print(f"  in progress while stream {stream} idled 50 us or more at a time "
-          f"({per(sum(e - s for s, e in idle)):.3f} ms a step in {len(idle) / steps:.1f} gaps; "
-          f"ms per step of overlap):")
+            if gs < e <= ge:
+                during[f"{name} (thread {thread})"] += e - max(s, gs)
+    print(f"  ending while stream {stream} idled 50 us or more at a time "
+          f"({per(sum(e - s for s, e in idle)):.3f} ms a step in {len(idle)} gaps in {steps} steps; "
+          f"ms per step of the gaps spent in them):")
     for key, ns in during.most_common(top):
         print(f"    {per(ns):7.3f} ms  {key}")
 
