@@ -19,7 +19,8 @@ The table gives the per-rank throughput's share of three baselines: GPU 0 alone 
 "the 1-GPU throughput"), the GPUs' mean alone, and the slowest GPU alone (a synchronous step
 runs at the pace of its slowest rank). Each cell is the median over the rounds. --out FILE
 appends one JSON line per run. A run that fails or prints no step line is reported with its
-last output lines, the table marks its row incomplete, and the script exits with 1.
+last output lines (as is one that exits with another status than 0), the table marks its row
+incomplete, and the script exits with 1.
 """
 
 import argparse
@@ -54,16 +55,21 @@ def run_bench(args, config, compiled, gpus, dist):
                str(args.master_port or free_port()), "--"] + bench + ["--dist", args.dist]
     else:
         cmd = bench
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    # GPU g is the g-th of the caller's CUDA_VISIBLE_DEVICES when that is set.
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] if g < len(visible) else str(g) for g in gpus)
+    rc = None
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-        out = p.stdout + p.stderr
+        out, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         partial = e.stdout or ""
         out = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
         out += f"\n(timed out after {args.timeout} s)"
     m = STEP.search(out)
-    if m is None:
+    if m is None or rc != 0:
+        if rc not in (None, 0):
+            out += f"\n(exit status {rc})"
         tail = "\n".join(out.strip().splitlines()[-6:])
         print(f"  FAILED: {' '.join(cmd)}\n{tail}", file=sys.stderr)
         return None
@@ -77,7 +83,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("configs", nargs="+", help="kiln configs, e.g. llama-160m llama-3.2-1b")
     ap.add_argument("--kiln", default="build/bin/kiln", help="the kiln binary")
-    ap.add_argument("--gpus", type=int, default=2, help="ranks (GPUs 0 .. N-1)")
+    ap.add_argument("--gpus", type=int, default=2,
+                    help="ranks: GPUs 0 .. N-1 (of CUDA_VISIBLE_DEVICES, when it is set)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20, help="timed steps per run")
     ap.add_argument("--modes", default="eager,compiled", help="eager, compiled or both")
