@@ -10,14 +10,18 @@
 //   - alone,
 //   - one after the other on one stream ("serial"),
 //   - at once, the memory-bound work on a pool stream beside the GEMMs ("beside"),
-// with the saving read as serial - beside, in ms and as a share of the memory-bound work alone.
+// with the saving read as serial - beside, in ms and as a share of the memory-bound work alone;
+// then each alone for ~3 s between printed wall-clock times, to read its power and SM clock from
+// nvidia-smi's samples (`.gpu/val43b.sh` in benchmarks/RESULTS.md, session 43).
 // The GEMMs: llama-3.2-1b's MLP products (8192 tokens: x [8192, 2048] by gate [8192, 2048]^T,
 // h [8192, 8192] by down [2048, 8192]^T), repeated to ~80 ms, about the step's GEMM time.
 // The memory-bound work: one AdamW step over llama-3.2-1b's 1.24 B parameters with bf16 state
 // (the step's optimizer), or SwiGLU forward over [8192, 8192] 48 times (the step's 16 layers'
 // forward, recompute and backward passes in bytes, roughly).
 // measurements: benchmarks/RESULTS.md (session 43).
+#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -37,6 +41,29 @@ std::vector<Shape> llama_1b_param_shapes() {
   std::vector<Shape> shapes = {{128256, 2048}, {2048}};
   for (int i = 0; i < 16; ++i) shapes.insert(shapes.end(), layer.begin(), layer.end());
   return shapes;
+}
+
+// The host's wall clock, to align nvidia-smi's samples (--query-gpu=timestamp,...) with a phase.
+std::string wall_clock() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%H:%M:%S", std::gmtime(&t));
+  return std::string(buf) + "." + std::to_string(1000 + ms).substr(1);
+}
+
+// Runs `work` back to back for about `seconds` (after one timed call), between two printed wall
+// clock times: a phase long enough for nvidia-smi's samples of power and SM clock.
+void sustained(const std::string& what, const std::function<void()>& work, double seconds) {
+  const double once = bench::time_ms([&](int) { work(); });
+  const int reps = static_cast<int>(seconds * 1000.0 / once) + 1;
+  cuda::synchronize();
+  std::printf("  sustained %s: %d calls from %s UTC", what.c_str(), reps, wall_clock().c_str());
+  for (int i = 0; i < reps; ++i) work();
+  cuda::synchronize();
+  std::printf(" to %s UTC\n", wall_clock().c_str());
 }
 
 // Times `gemms` and `side` alone, serial and beside each other; prints the saving.
@@ -62,6 +89,8 @@ void schedules(const std::string& what, const std::function<void()>& gemms,
   bench::report(what + " [alone]", m, 0, 0);
   bench::report("gemms then " + what + " [serial]", serial, 0, 0);
   bench::report("gemms and " + what + " [beside]", beside, 0, 0);
+  sustained(what, side_work, 3.0);
+  sustained("gemms", gemms, 3.0);
   std::printf(
       "  %s beside the GEMMs saves %.2f ms of serial's %.2f (%.0f%% of its %.2f ms alone)\n",
       what.c_str(), serial - beside, serial, 100.0 * (serial - beside) / m, m);
