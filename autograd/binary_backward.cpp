@@ -153,14 +153,68 @@ TensorVec bmm_backward(const BackwardCall& c) {
   return r;
 }
 
+// The gradients of b and of a bias row (self of [n] or [1, n]) in one mm_with_bias_grad call:
+// the bias's gradient, g summed over its rows, is the sum over k of the product's g operand,
+// which cuBLASLt computes in the product's epilogue. {b's gradient, the sums [n]}.
+std::pair<Tensor, Tensor> mm_grad_b_and_bias(const Tensor& g, const Tensor& a, const Tensor& b) {
+  static const OpDef& op = KILN_OP(mm_with_bias_grad);
+  if (column_major(b)) {
+    const TensorVec r = call_op(op, {g.t(), a}, {int64_t{0}});  // g^T a, sums of g^T's rows
+    return {r[0].t(), r[1]};
+  }
+  const TensorVec r = call_op(op, {a.t(), g}, {int64_t{1}});  // a^T g, sums of g's columns
+  return {r[0], r[1]};
+}
+
+// Whether addmm's backward takes b's gradient and self's from one mm_with_bias_grad: a Linear
+// layer's bias (self a row of n elements broadcast over the rows), on a GPU, where the op's kernel
+// is one cuBLASLt call (elsewhere it would be the same mm and sum as the plain rule).
+bool bias_grad_in_epilogue(const BackwardCall& c) {
+  const Tensor& self = c.input(0);
+  const Tensor& grad = c.grad();
+  const int64_t n = grad.size(1);
+  return c.needs_grad(0) && c.needs_grad(2) && grad.is_cuda() && is_floating_point(grad.dtype()) &&
+         n > 1 && grad.size(0) > 1 && self.dim() >= 1 && self.dim() <= 2 && self.numel() == n &&
+         self.size(-1) == n;
+}
+
 // addmm: inputs {self, mat1, mat2}, attrs {beta, alpha}: out = beta self + alpha mat1 @ mat2.
+// Scales by beta and alpha only when they are not 1 (PyTorch's maybe_multiply): a Linear layer's
+// backward would pay a full pass over g, dX and dW for each.
 TensorVec addmm_backward(const BackwardCall& c) {
   const Scalar& beta = c.attr<Scalar>(0);
   const Scalar& alpha = c.attr<Scalar>(1);
   TensorVec r(3);
-  if (c.needs_grad(0)) r[0] = sum_to(g(c) * beta, c.input(0).sizes());
-  if (c.needs_grad(1)) r[1] = mm_grad_a(g(c), c.input(1), c.input(2)) * alpha;
-  if (c.needs_grad(2)) r[2] = mm_grad_b(g(c), c.input(1), c.input(2)) * alpha;
+  if (c.needs_grad(1)) r[1] = times_alpha(mm_grad_a(g(c), c.input(1), c.input(2)), alpha);
+  if (bias_grad_in_epilogue(c)) {
+    auto [dw, db] = mm_grad_b_and_bias(g(c), c.input(1), c.input(2));
+    r[0] = times_alpha(db, beta).view(c.input(0).sizes());
+    r[2] = times_alpha(dw, alpha);
+    return r;
+  }
+  if (c.needs_grad(0)) r[0] = sum_to(times_alpha(g(c), beta), c.input(0).sizes());
+  if (c.needs_grad(2)) r[2] = times_alpha(mm_grad_b(g(c), c.input(1), c.input(2)), alpha);
+  return r;
+}
+
+// mm_with_bias_grad(a, b; operand) -> (a @ b, sums over k of a (operand 0) or b (1)): its own
+// gradients, for higher-order gradients through a Linear layer with a bias on a GPU.
+TensorVec mm_with_bias_grad_backward(const BackwardCall& c) {
+  const int64_t operand = c.attr<int64_t>(0);
+  const Tensor& pa = a(c);
+  const Tensor& pb = b(c);
+  TensorVec r(2);
+  const bool product = c.has_grad(0), sums = c.has_grad(1);
+  if (c.needs_grad(0)) {
+    Tensor da = product ? mm_grad_a(c.grad(0), pa, pb) : zeros_like(pa);
+    if (sums && operand == 0) da = da + c.grad(1).unsqueeze(1).expand(pa.sizes());
+    r[0] = da;
+  }
+  if (c.needs_grad(1)) {
+    Tensor db = product ? mm_grad_b(c.grad(0), pa, pb) : zeros_like(pb);
+    if (sums && operand == 1) db = db + c.grad(1).unsqueeze(0).expand(pb.sizes());
+    r[1] = db;
+  }
   return r;
 }
 
@@ -188,5 +242,6 @@ KILN_REGISTER_BACKWARD(lerp_, lerp_backward, kSaveAll, false);
 KILN_REGISTER_BACKWARD(mm, mm_backward, kAB, false);
 KILN_REGISTER_BACKWARD(bmm, bmm_backward, kAB, false);
 KILN_REGISTER_BACKWARD(addmm, addmm_backward, save_inputs({1, 2}), false);
+KILN_REGISTER_BACKWARD(mm_with_bias_grad, mm_with_bias_grad_backward, kAB, false);
 
 }  // namespace kiln::autograd

@@ -3,11 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tensor/error.h"
+#include "tensor/registry.h"
 
 // Expects `stmt` to throw kiln::Error whose message contains `substr`.
 #define EXPECT_KILN_ERROR(stmt, substr)                                                   \
@@ -50,6 +54,33 @@ class ScopedEnv {
  private:
   const char* name_;
   std::optional<std::string> old_;
+};
+
+// Records the names of the ops dispatched while alive (one at a time), to check what a composite
+// op or a backward runs.
+class OpRecorder {
+ public:
+  OpRecorder() {
+    names().clear();
+    set_dispatch_handler(DispatchKey::Trace, &handler_);
+  }
+  ~OpRecorder() { set_dispatch_handler(DispatchKey::Trace, nullptr); }
+  OpRecorder(const OpRecorder&) = delete;
+  OpRecorder& operator=(const OpRecorder&) = delete;
+  static std::vector<std::string>& names() {
+    static std::vector<std::string> n;
+    return n;
+  }
+  int64_t count(const std::string& name) const {
+    return std::count(names().begin(), names().end(), name);
+  }
+
+ private:
+  static bool active(const OpCall& call) {
+    names().push_back(call.name());
+    return false;  // only watch: the call continues down the chain
+  }
+  DispatchHandler handler_{&active, nullptr};
 };
 
 }  // namespace kiln::test

@@ -74,6 +74,28 @@ void bench_gemm(const Gemm& g, bool with_backward, const std::string& suffix = "
   report(base + " wgrad" + suffix, time_ms([&](int) { (void)kiln::mm(dy.t(), x); }), flops, 0);
 }
 
+// A Linear layer's weight and bias gradients (a layer with a bias: GPT-2's, BERT's, an MLP's):
+// dW = dy^T @ x and db = dy summed over the rows, as the mm and the sum that addmm's backward ran
+// before (dy read twice), and as one mm_with_bias_grad call (cuBLASLt's bias gradient epilogue,
+// dy read once), which addmm's backward runs on a GPU now.
+void bench_bias_grad(const Gemm& g) {
+  static const kiln::OpDef& op = KILN_OP(mm_with_bias_grad);
+  const Tensor x = random({g.m, g.k}, kiln::kBFloat16);
+  const Tensor dy = random({g.m, g.n}, kiln::kBFloat16);
+  const double flops = 2.0 * g.m * g.n * g.k;
+  const std::string base = std::string("wgrad + bias grad ") + g.name + " " + std::to_string(g.m) +
+                           "x" + std::to_string(g.n) + "x" + std::to_string(g.k);
+  report(base + " [mm + sum]", time_ms([&](int) {
+           (void)kiln::mm(dy.t(), x);
+           (void)kiln::sum(dy, {0});
+         }),
+         flops, 0);
+  report(base + " [mm_with_bias_grad]", time_ms([&](int) {
+           (void)kiln::call_op(op, {dy.t(), x}, {int64_t{0}});
+         }),
+         flops, 0);
+}
+
 // The training GEMMs again with per-shape autotuning (kernels/cuda/cublaslt.h): time_ms's
 // warm-up call of each shape times the heuristic's candidates, the samples then run the
 // fastest. kiln-only rows (named as the plain ones plus " [autotune]"); the 8192^3 reference is
@@ -485,6 +507,12 @@ int main(int argc, char** argv) {
   };
   for (const Gemm& g : gemms) {
     if (gemm) bench_gemm(g, true);
+  }
+  if (gemm) {
+    for (const Gemm& g : {Gemm{"1b-attn_out", 8192, 2048, 2048}, Gemm{"1b-up", 8192, 8192, 2048},
+                          Gemm{"160m-up", 16384, 3072, 768}}) {
+      bench_bias_grad(g);
+    }
   }
   if (gemm)
     bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise

@@ -85,9 +85,19 @@ uint32_t alignment_of(const void* p) {
   return static_cast<uint32_t>(std::min<uintptr_t>(v & (~v + 1), 256));
 }
 
+// The epilogue a plan is made for (Key::epilogue; its number is part of the disk cache's key).
+enum Epilogue : uint8_t {
+  kPlain = 0,
+  kBias = 1,
+  kBiasGradOfB = 2,  // sums of cuBLASLt's B (kiln's a) over k: CUBLASLT_EPILOGUE_BGRADB
+  kBiasGradOfA = 3,  // sums of cuBLASLt's A (kiln's b) over k: CUBLASLT_EPILOGUE_BGRADA
+};
+
 struct Key {
   GemmType type;
-  bool tf32, has_bias, has_c, separate_c;
+  bool tf32;
+  uint8_t epilogue;  // Epilogue
+  bool has_c, separate_c;
   cublasOperation_t op_a, op_b;
   int64_t m, n, k, batch;
   int64_t lda, ldb, stride_a, stride_b;
@@ -95,7 +105,7 @@ struct Key {
   int32_t sm_target;  // SMs the product is planned for; 0: all (matmul_sm_carveout())
 
   auto tie() const {
-    return std::tie(type, tf32, has_bias, has_c, separate_c, op_a, op_b, m, n, k, batch, lda, ldb,
+    return std::tie(type, tf32, epilogue, has_c, separate_c, op_a, op_b, m, n, k, batch, lda, ldb,
                     stride_a, stride_b, align_a, align_b, align_c, align_d, sm_target);
   }
   bool operator==(const Key& o) const { return tie() == o.tie(); }
@@ -189,12 +199,18 @@ std::unique_ptr<Plan> make_plan(const Key& key, cublasLtHandle_t handle) {
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target, sizeof(key.sm_target)));
   }
-  if (key.has_bias) {
+  if (key.epilogue == kBias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                      &epilogue, sizeof(epilogue)));
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+  } else if (key.epilogue == kBiasGradOfA || key.epilogue == kBiasGradOfB) {
+    // The gradient is written in the output's type (cuBLASLt's default for it).
+    const cublasLtEpilogue_t epilogue =
+        key.epilogue == kBiasGradOfA ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &epilogue, sizeof(epilogue)));
   }
   // cuBLASLt's A is kiln's b ([n, k] after its op), its B is kiln's a ([k, m] after its op).
   const bool na = key.op_a == CUBLAS_OP_N, nb = key.op_b == CUBLAS_OP_N;
@@ -301,11 +317,11 @@ size_t element_bytes(GemmType t) {
 
 // The key and the library version under which the disk cache keeps a shape's choice.
 std::string key_text(const Key& k) {
-  return absl::StrCat(static_cast<int>(k.type), " ", k.tf32, k.has_bias, k.has_c, k.separate_c, " ",
-                      static_cast<int>(k.op_a), static_cast<int>(k.op_b), " ", k.m, " ", k.n, " ",
-                      k.k, " ", k.batch, " ", k.lda, " ", k.ldb, " ", k.stride_a, " ", k.stride_b,
-                      " ", k.align_a, " ", k.align_b, " ", k.align_c, " ", k.align_d, " ",
-                      k.sm_target);
+  return absl::StrCat(static_cast<int>(k.type), " ", k.tf32, static_cast<int>(k.epilogue), k.has_c,
+                      k.separate_c, " ", static_cast<int>(k.op_a), static_cast<int>(k.op_b), " ",
+                      k.m, " ", k.n, " ", k.k, " ", k.batch, " ", k.lda, " ", k.ldb, " ",
+                      k.stride_a, " ", k.stride_b, " ", k.align_a, " ", k.align_b, " ", k.align_c,
+                      " ", k.align_d, " ", k.sm_target);
 }
 const std::string& library_text() {
   static const std::string text = absl::StrCat("cublasLt ", cublasLtGetVersion());
@@ -396,10 +412,15 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
   }
 
   const bool has_c = args.beta != 0.0 && args.c != nullptr;
+  const bool bias_grad = args.bias_grad != nullptr;
+  KILN_CHECK(!bias_grad || (args.batch == 1 && args.bias == nullptr && !has_c),
+             "[cublasLt] the bias gradient epilogue takes one product without bias or C");
   Key key{};
   key.type = args.type;
   key.tf32 = args.type == GemmType::kF32 && allow_tf32();
-  key.has_bias = args.bias != nullptr;
+  key.epilogue = bias_grad              ? (args.bias_grad_of == 0 ? kBiasGradOfB : kBiasGradOfA)
+                 : args.bias != nullptr ? kBias
+                                        : kPlain;
   key.has_c = has_c;
   key.separate_c = has_c && args.c != out;
   key.op_a = oa->op;
@@ -423,9 +444,10 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
   if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(key, s.handle)).first;
   Plan& plan = *it->second;
   if (plan.candidates.empty()) return false;
-  if (key.has_bias) {
+  if (key.epilogue != kPlain) {
+    const void* vector = bias_grad ? args.bias_grad : args.bias;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                     &args.bias, sizeof(args.bias)));
+                                                     &vector, sizeof(vector)));
   }
   const double alpha64 = args.alpha, beta64 = has_c ? args.beta : 0.0;
   const float alpha32 = static_cast<float>(alpha64), beta32 = static_cast<float>(beta64);

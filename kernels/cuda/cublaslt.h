@@ -16,7 +16,8 @@
 //   pointer goes into the heuristic query (and into the cache key), so offset views get an
 //   algorithm that is valid for them.
 // - Epilogue: a bias vector added to every row of the result (addmm's self of shape [N]), and a
-//   C matrix scaled by beta (addmm's residual: beta = 1 adds it).
+//   C matrix scaled by beta (addmm's residual: beta = 1 adds it); or the bias gradient, the sums
+//   of one operand over k written beside the product (mm_with_bias_grad: a Linear's backward).
 // - One cuBLASLt handle and one 32 MiB workspace per device; the chosen algorithm and the
 //   descriptors are cached per shape (dtypes, sizes, strides, transposes, batch, epilogue,
 //   alignments), so a training step's repeated shapes query the heuristic once.
@@ -66,6 +67,11 @@ struct GemmArgs {
   const void* c = nullptr;
   // A contiguous vector of n elements added to every row of the product (after alpha).
   const void* bias = nullptr;
+  // The bias gradient epilogue (batch 1, no bias, no C): the sums over k of a (bias_grad_of 0:
+  // m elements, one per row of a) or of b (1: n elements, one per column of b), written to
+  // bias_grad (contiguous, of the output's type, 16-byte aligned) by the product's kernel.
+  void* bias_grad = nullptr;
+  int bias_grad_of = 0;
 };
 
 // out[b] = alpha * a[b] @ b[b] (+ bias) (+ beta * c[b]) for every batch b, with `out` a

@@ -9,11 +9,14 @@
 //
 // Integers, k == 0 and problems cuBLASLt has no algorithm for run a plain tiled kernel with the
 // CPU's accumulation types (f32 for f16/bf16).
+//
+// mm_with_bias_grad adds the bias gradient epilogue: the product and one operand's sums over k.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <optional>
 
+#include "autograd/grad_mode.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt.h"
 #include "tensor/ops.h"
@@ -197,8 +200,33 @@ void addmm_cuda(OpCall& c) {
           c.attr<Scalar>(1));
 }
 
+// mm_with_bias_grad (tensor/ops/linalg.cpp): the product with the operand's sums over k from
+// cuBLASLt's bias gradient epilogue, so the gradient is read once; where cuBLASLt has no such
+// algorithm (f64, some layouts), mm and sum.
+void mm_with_bias_grad_cuda(OpCall& c) {
+  const Tensor& a = c.input(0);
+  const Tensor& b = c.input(1);
+  const Tensor& out = c.outputs[0];
+  const Tensor& sums = c.outputs[1];
+  const int operand = static_cast<int>(c.attr<int64_t>(0));
+  DeviceGuard guard(out.device().index());
+  const std::optional<GemmType> type = gemm_type(out.dtype());
+  if (type && out.numel() > 0 && a.size(1) > 0 && sums.is_contiguous() &&
+      reinterpret_cast<uintptr_t>(sums.data_ptr()) % 16 == 0) {
+    GemmArgs args;
+    args.type = *type;
+    args.bias_grad = sums.data_ptr();
+    args.bias_grad_of = operand;
+    if (internal::gemm(out.data_ptr(), matrix_of(a), matrix_of(b), args)) return;
+  }
+  NoGradGuard no_grad;  // this kernel's steps, not the caller's graph
+  product(out, nullptr, a, b, 0, 1);
+  sums.copy_(operand == 0 ? sum(a, {1}) : sum(b, {0}));
+}
+
 }  // namespace
 
+KILN_REGISTER_KERNEL(mm_with_bias_grad, kCUDA, mm_with_bias_grad_cuda);
 KILN_REGISTER_KERNEL(mm, kCUDA, mm_cuda);
 KILN_REGISTER_KERNEL(bmm, kCUDA, bmm_cuda);
 KILN_REGISTER_KERNEL(addmm, kCUDA, addmm_cuda);

@@ -6,6 +6,7 @@
 // the batch dims of a left operand that can be viewed as [rows, k] fold into the GEMM's M
 // ([B, T, K] @ [K, N] is one GEMM), and a broadcast operand of a batched product is an
 // expanded view (batch stride 0) that bmm reads without materialising.
+#include "autograd/grad_mode.h"
 #include "tensor/autocast_state.h"
 #include "tensor/ops.h"
 #include "tensor/ops/elementwise_meta.h"
@@ -102,6 +103,47 @@ SpecList mm_into_meta(const OpCall& c) {
   return {};
 }
 
+// mm_with_bias_grad(a, b; operand) -> (a @ b, sums): the product and, in the same call, the sums
+// over the product's k of one operand: operand 0 sums a [m, k] over k into [m], operand 1 sums
+// b [k, n] over k into [n]. It is the backward of a Linear layer with a bias (addmm's rule):
+// the weight's gradient g^T @ x (operand 0: g^T) or x^T @ g (operand 1: g), and the bias's
+// gradient, the sum of g over the rows. On CUDA cuBLASLt computes the sums in the product's
+// epilogue (CUBLASLT_EPILOGUE_BGRADA / BGRADB), so g is read once (kernels/cuda/linalg.cu);
+// elsewhere, and where cuBLASLt has no such algorithm, it is mm and sum (the decomposition).
+// The sums are in the operands' dtype, accumulated in f32 for f16/bf16 as sum's are.
+SpecList mm_with_bias_grad_meta(const OpCall& c) {
+  constexpr const char* kOp = "mm_with_bias_grad";
+  KILN_CHECK(c.inputs.size() == 2 && c.attrs.size() == 1, "[", kOp,
+             "] expected inputs (a, b) and the attribute operand");
+  const Tensor& a = c.input(0);
+  const Tensor& b = c.input(1);
+  check_dims(kOp, a, b, 2);
+  check_operand_dtypes(kOp, a, b);
+  check_inner(kOp, a, b, a.size(1), b.size(0));
+  KILN_CHECK(is_floating_point(a.dtype()), "[", kOp, "] expected floating-point operands, got ",
+             dtype_name(a.dtype()));
+  const int64_t operand = c.attr<int64_t>(0);
+  KILN_CHECK(operand == 0 || operand == 1, "[", kOp,
+             "] operand must be 0 (sum a over k) or 1 (sum b over k), got ", operand);
+  const int64_t sums = operand == 0 ? a.size(0) : b.size(1);
+  return {{Shape{a.size(0), b.size(1)}, a.dtype(), a.device()},
+          {Shape{sums}, a.dtype(), a.device()}};
+}
+
+TensorVec mm_with_bias_grad_decomposition(const OpCall& c) {
+  const Tensor& a = c.input(0);
+  const Tensor& b = c.input(1);
+  return {mm(a, b), c.attr<int64_t>(0) == 0 ? sum(a, {1}) : sum(b, {0})};
+}
+
+// The CPU's kernel: mm into the product, and the sums (kernels/cuda/linalg.cu has the GPU's).
+void mm_with_bias_grad_cpu(OpCall& c) {
+  NoGradGuard no_grad;  // this kernel's steps, not the caller's graph
+  static const OpDef& mm_op = KILN_OP(mm);
+  run_into(mm_op, {c.input(0), c.input(1)}, {c.outputs[0]});
+  c.outputs[1].copy_(c.attr<int64_t>(0) == 0 ? sum(c.input(0), {1}) : sum(c.input(1), {0}));
+}
+
 void mm_into_kernel(OpCall& c) {
   static const OpDef& mm_op = KILN_OP(mm);
   Tensor out = c.input(0);  // a handle: writes go to the caller's tensor
@@ -119,6 +161,9 @@ KILN_DEFINE_OP(mm, OpKind::kFunctional, mm_meta);
 KILN_DEFINE_OP(bmm, OpKind::kFunctional, bmm_meta);
 KILN_DEFINE_OP(addmm, OpKind::kFunctional, addmm_meta);
 KILN_DEFINE_OP(mm_into_, OpKind::kInplace, mm_into_meta);
+KILN_DEFINE_OP(mm_with_bias_grad, OpKind::kFunctional, mm_with_bias_grad_meta);
+KILN_REGISTER_DECOMPOSITION(mm_with_bias_grad, mm_with_bias_grad_decomposition);
+KILN_REGISTER_KERNEL(mm_with_bias_grad, kCPU, mm_with_bias_grad_cpu);
 KILN_REGISTER_KERNEL(mm_into_, kCPU, mm_into_kernel);
 #if defined(KILN_WITH_CUDA)
 KILN_REGISTER_KERNEL(mm_into_, kCUDA, mm_into_kernel);

@@ -214,6 +214,7 @@ const std::set<std::string> kGradchecked = {
     "mm",
     "bmm",
     "addmm",
+    "mm_with_bias_grad",
 };
 
 std::string join(const std::vector<std::string>& v) {

@@ -3,6 +3,7 @@
 // broadcasting, linear, outer, dot), with transposed (non-contiguous) and expanded operands,
 // and second derivatives.
 #include "grad_test_util.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {
@@ -54,6 +55,45 @@ TEST(LinalgGradTest, Addmm) {
       {"addmm"},
       [](const variable_list& in) { return addmm(in[0].t(), in[1].t(), in[2], 2.0, 0.5); },
       {leaf({4, 2}), leaf({3, 2}), leaf({3, 4})}));
+}
+
+// mm_with_bias_grad, what addmm's backward calls for a Linear layer's bias on a GPU: its own
+// gradients (both outputs used, either operand summed), first and second order.
+TEST(LinalgGradTest, MmWithBiasGrad) {
+  static const OpDef& op = KILN_OP(mm_with_bias_grad);
+  for (int64_t operand : {0, 1}) {
+    SCOPED_TRACE(operand);
+    auto fn = [operand](const variable_list& in) {
+      const TensorVec r = call_op(op, {in[0], in[1]}, {operand});
+      return cat({r[0].reshape({-1}), r[1] * 3.0});
+    };
+    EXPECT_TRUE(check_grad({"mm_with_bias_grad"}, fn, {leaf({2, 3}), leaf({3, 4})}, true));
+    EXPECT_TRUE(check_grad(
+        {"mm_with_bias_grad"},
+        [operand](const variable_list& in) {
+          return call_op(op, {in[0].t(), in[1]}, {operand})[1];  // the sums alone
+        },
+        {leaf({3, 2}), leaf({3, 4})}, true));
+  }
+}
+
+// The backward of a Linear layer with a bias multiplies by beta and alpha only when they are not
+// 1 (no pass over g, dX or dW for it).
+TEST(LinalgGradTest, LinearBackwardScalesOnlyByCoefficientsOtherThanOne) {
+  const Tensor x = randn({4, 3}).requires_grad_(true), w = randn({5, 3}).requires_grad_(true);
+  const Tensor bias = randn({5}).requires_grad_(true);
+  const Tensor y = linear(x, w, bias);
+  {
+    test::OpRecorder rec;
+    autograd::backward({y.sum()});
+    EXPECT_EQ(rec.count("mul"), 0);
+    EXPECT_EQ(rec.count("mm"), 2);
+  }
+  EXPECT_TRUE(allclose(bias.grad(), full({5}, 4.0f)));
+  const Tensor z = addmm(bias, x, w.t(), 0.5, 2.0);
+  test::OpRecorder rec;
+  autograd::backward({z.sum()});
+  EXPECT_EQ(rec.count("mul"), 3);
 }
 
 TEST(LinalgGradTest, Matmul) {

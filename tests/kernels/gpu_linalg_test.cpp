@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "kernels/cuda.h"
 #include "kernels/cuda/cublaslt.h"
 #include "kernels/gpu_test_util.h"
@@ -153,6 +154,57 @@ TEST_F(GpuLinalg, AddmmEveryPath) {
       const Tensor x3 = rand_cpu({2, 5, k}, dt).to(kGpu);
       const Tensor w = rand_cpu({n, k}, dt).to(kGpu);
       expect_gpu_close(linear(x3, w, bias), ref64(x3).matmul(ref64(w).t()) + ref64(bias), dt);
+    }
+  }
+}
+
+// mm_with_bias_grad on the GPU: the product and one operand's sums over k from cuBLASLt's bias
+// gradient epilogue (no separate sum where cuBLASLt has the algorithm: bf16 and f16, either
+// operand, the transposed g^T of a Linear's backward), else mm and sum (f64); against f64.
+TEST_F(GpuLinalg, MmWithBiasGradEpilogue) {
+  manual_seed(18);
+  static const OpDef& op = KILN_OP(mm_with_bias_grad);
+  for (ScalarType dt : {kBFloat16, kHalf, kFloat, kDouble}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t tokens = 300, in = 72, out = 40;
+    const Tensor g = rand_cpu({tokens, out}, dt).to(kGpu), x = rand_cpu({tokens, in}, dt).to(kGpu);
+    for (int64_t operand : {0, 1}) {
+      SCOPED_TRACE(operand);
+      // operand 0: g^T [out, tokens] @ x (sums of g^T's rows); 1: x^T @ g (sums of g's columns).
+      const Tensor a = operand == 0 ? g.t() : x.t(), b = operand == 0 ? x : g;
+      test::OpRecorder rec;
+      const TensorVec r = call_op(op, {a, b}, {operand});
+      const int64_t sums_run = rec.count("sum");
+      expect_gpu_close(r[0], ref64(a).mm(ref64(b)), dt);
+      expect_gpu_close(r[1], ref64(g).sum({0}), dt);
+      if (dt == kBFloat16 || dt == kHalf) {
+        EXPECT_EQ(sums_run, 0) << "the epilogue was not used";
+      }
+    }
+  }
+}
+
+// A Linear layer with a bias on the GPU: its backward takes the weight's and the bias's gradients
+// from one mm_with_bias_grad, and they match the CPU's in f64.
+TEST_F(GpuLinalg, LinearBiasBackwardInOneCall) {
+  manual_seed(19);
+  const Tensor x = randn({2, 50, 64}), w = randn({48, 64}), bias = randn({48});
+  auto grads = [&](Device d, ScalarType dt) {
+    const Tensor xd = x.to(d).to(dt).requires_grad_(true);
+    const Tensor wd = w.to(d).to(dt).requires_grad_(true);
+    const Tensor bd = bias.to(d).to(dt).requires_grad_(true);
+    const Tensor y = linear(xd, wd, bd);
+    autograd::backward({(y * y).sum()});
+    return std::vector<Tensor>{xd.grad(), wd.grad(), bd.grad()};
+  };
+  const std::vector<Tensor> want = grads(kCPU, kDouble);
+  for (ScalarType dt : {kFloat, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    test::OpRecorder rec;
+    const std::vector<Tensor> got = grads(kGpu, dt);
+    EXPECT_EQ(rec.count("mm_with_bias_grad"), 1);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_LE(rel_error(got[i], want[i]), dt == kFloat ? 1e-5 : 3e-2) << i;
     }
   }
 }

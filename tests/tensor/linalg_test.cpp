@@ -116,29 +116,7 @@ void check_matmul(const Tensor& a, const Tensor& b) {
 
 constexpr ScalarType kAllDtypes[] = {kFloat, kDouble, kHalf, kBFloat16, kInt32, kInt64};
 
-// Records the ops dispatched while alive, to check what a composite op runs.
-class OpRecorder {
- public:
-  OpRecorder() {
-    names().clear();
-    set_dispatch_handler(DispatchKey::Trace, &handler_);
-  }
-  ~OpRecorder() { set_dispatch_handler(DispatchKey::Trace, nullptr); }
-  static std::vector<std::string>& names() {
-    static std::vector<std::string> n;
-    return n;
-  }
-  int64_t count(const std::string& name) const {
-    return std::count(names().begin(), names().end(), name);
-  }
-
- private:
-  static bool active(const OpCall& call) {
-    names().push_back(call.name());
-    return false;  // only watch: the call continues down the chain
-  }
-  DispatchHandler handler_{&active, nullptr};
-};
+using test::OpRecorder;
 
 TEST(LinalgTest, MmKnownValues) {
   const Tensor a = tensor({{1.0f, 2.0f}, {3.0f, 4.0f}});
@@ -314,6 +292,35 @@ TEST(LinalgTest, MatmulMapsToOneGemmWithoutCopies) {
     EXPECT_EQ(rec.count("addmm"), 1);
     EXPECT_EQ(rec.count("to_copy"), 0);
   }
+}
+
+// mm_with_bias_grad (a Linear layer's weight and bias gradients in one call): the product and
+// the sums over k of the chosen operand, against the plain-loop reference and f64 sums; the meta
+// rule's errors.
+TEST(LinalgTest, MmWithBiasGrad) {
+  static const OpDef& op = KILN_OP(mm_with_bias_grad);
+  for (ScalarType t : {kFloat, kDouble, kBFloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const Tensor a = random_tensor({5, 7}, t, 5), b = random_tensor({7, 3}, t, 6);
+    for (int64_t operand : {0, 1}) {
+      const TensorVec r = call_op(op, {a, b}, {operand});
+      expect_matches(r[0], ref_matmul(a, b), t);
+      const Tensor want = operand == 0 ? a.to(kDouble).sum({1}) : b.to(kDouble).sum({0});
+      ASSERT_EQ(r[1].sizes(), want.sizes());
+      EXPECT_EQ(r[1].dtype(), t);
+      const double tol = t == kBFloat16 ? 1e-2 : 1e-6;
+      EXPECT_TRUE(allclose(r[1].to(kDouble), want, tol, tol)) << operand;
+    }
+    // A transposed operand (a Linear layer's g^T) reads in place.
+    const TensorVec r = call_op(op, {a.t().contiguous().t(), b}, {int64_t{0}});
+    expect_matches(r[0], ref_matmul(a, b), t);
+  }
+  const Tensor a = random_tensor({2, 3}), b = random_tensor({3, 4});
+  EXPECT_KILN_ERROR(call_op(op, {a, b}, {int64_t{2}}), "[mm_with_bias_grad] operand must be 0");
+  EXPECT_KILN_ERROR(call_op(op, {a, b.t()}, {int64_t{0}}), "cannot be multiplied");
+  EXPECT_KILN_ERROR(call_op(op, {a.to(kInt64), b.to(kInt64)}, {int64_t{0}}),
+                    "[mm_with_bias_grad] expected floating-point operands, got int64");
+  EXPECT_KILN_ERROR(call_op(op, {a, b.unsqueeze(0)}, {int64_t{0}}), "expected 2-D tensors");
 }
 
 TEST(LinalgTest, Addmm) {
