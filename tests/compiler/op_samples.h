@@ -301,6 +301,18 @@ inline std::vector<OpSample> reduction_samples() {
           [] {
             return Tensors{f32({3}), f32({4, 5}), nc(5, 3)};
           }),
+      // A Linear layer's weight and bias gradients in one call (addmm's backward on a GPU), either
+      // operand summed; its gradients compared too (double backward).
+      {"mm_with_bias_grad",
+       [](const Tensors& x) {
+         static const OpDef& op = KILN_OP(mm_with_bias_grad);
+         const TensorVec r0 = call_op(op, {x[0].t(), x[1]}, {int64_t{0}});
+         const TensorVec r1 = call_op(op, {x[1].t(), x[0]}, {int64_t{1}});
+         return Tensors{r0[0], r0[1], r1[0], r1[1]};
+       },
+       [] {
+         return Tensors{f32({6, 4}), f32({6, 3})};
+       }},
       // The multi-tensor ops of gradient clipping (tensor/foreach.h), on contiguous lists (their
       // kernels; others run the decomposition). No gradients: the ops have no backward.
       {"foreach_norm",
