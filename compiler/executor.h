@@ -54,8 +54,8 @@ class Executor {
   virtual Step lower_region(const Trace& trace, size_t begin, size_t end) const;
 
   // Matmul epilogues (compiler/fuse.h, attach_epilogues). Whether this executor runs `matmul`
-  // (an mm) together with `consumer`, the one op that reads its output (`product`: the mm's
-  // output or a view of it), as one region: the product and the elementwise op after it in one
+  // (an mm or addmm) together with `consumer`, the one op that reads its output (`product`: the
+  // mm's output or a view of it), as one region: the product and the elementwise op after it in one
   // library call. Default: no.
   virtual bool fuses_epilogue(const Trace& trace, const BoundOp& matmul, int product,
                               const BoundOp& consumer) const;

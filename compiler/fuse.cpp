@@ -244,7 +244,8 @@ Trace attach_epilogues(const Trace& trace, const Executor& executor) {
   auto chain_from = [&](size_t i) {
     std::vector<size_t> members{i};
     const BoundOp& mm = trace.ops[i];
-    if (mm.region >= 0 || mm.name() != "mm" || mm.outputs.size() != 1 || mm.outputs[0] < 0) {
+    if (mm.region >= 0 || (mm.name() != "mm" && mm.name() != "addmm") || mm.outputs.size() != 1 ||
+        mm.outputs[0] < 0) {
       return std::vector<size_t>{};
     }
     int v = mm.outputs[0];

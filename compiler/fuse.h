@@ -49,8 +49,8 @@ absl::flat_hash_set<int> values_read_outside(const Trace& trace, size_t begin, s
 // order they end.
 Trace fuse(const Trace& trace, const Executor& executor);
 
-// Matmul epilogues: each mm whose output is read by exactly one op, through `view`s each read
-// once, becomes a region with that op when executor.fuses_epilogue accepts the pair:
+// Matmul epilogues: each mm (or addmm) whose output is read by exactly one op, through `view`s
+// each read once, becomes a region with that op when executor.fuses_epilogue accepts the pair:
 //
 //   fusion2:  # region [matmul_epilogue]
 //     t56 = mm(t55, t54)                                  # bf16[8192, 2048] cuda:0

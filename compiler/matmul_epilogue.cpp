@@ -14,11 +14,21 @@
 //   y = (a @ b) - alpha * r   ->  addmm(r, a, b; beta = -alpha, alpha = 1)
 //
 // r is either of the consumer's output shape (read as [m, n]) or a row of n elements.
+//
+// An mm or addmm read only by relu or gelu(approximate = "tanh") becomes addmm_activation: on
+// CUDA cuBLASLt's RELU(_BIAS) / GELU(_BIAS) epilogue (a Linear layer with a bias, then the
+// activation, in one kernel; the pre-activation never reaches memory). In a training step this
+// holds for relu, whose backward reads its output; gelu's backward reads its input, the product,
+// which then has a second reader and stays unfused.
+//
+//   y = relu(addmm(b, x, w))         ->  addmm_activation(b, x, w; beta, alpha, false)
+//   y = gelu(mm(x, w), "tanh")       ->  addmm_activation(0, x, w; 0, 1, true)
 #include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "compiler/executor.h"
@@ -92,6 +102,20 @@ std::optional<Combine> combine_of(const Trace& t, const BoundOp& consumer, int p
   return c;
 }
 
+// Whether `consumer` is an activation cuBLASLt's epilogue applies: relu, or gelu with the tanh
+// approximation (its GELU); sets *use_gelu.
+bool activation_of(const BoundOp& consumer, bool* use_gelu) {
+  if (consumer.inputs.size() != 1 || consumer.outputs.size() != 1) return false;
+  if (consumer.name() == "relu") {
+    *use_gelu = false;
+    return true;
+  }
+  if (consumer.name() != "gelu" || consumer.attrs.size() != 1) return false;
+  const auto* approximate = std::get_if<std::string>(&consumer.attrs[0]);
+  *use_gelu = true;
+  return approximate != nullptr && *approximate == "tanh";
+}
+
 class MatmulEpilogueExecutor final : public Executor {
  public:
   MatmulEpilogueExecutor(std::string name, std::vector<DeviceType> devices)
@@ -106,22 +130,30 @@ class MatmulEpilogueExecutor final : public Executor {
 
   bool fuses_epilogue(const Trace& t, const BoundOp& mm, int product,
                       const BoundOp& consumer) const override {
-    if (mm.autocast.any() || consumer.autocast.any() || mm.inputs.size() != 2 ||
-        mm.inputs[0] < 0 || mm.inputs[1] < 0) {
-      return false;
+    const bool addmm = mm.name() == "addmm";
+    const size_t operands = addmm ? 3 : 2;
+    if (mm.autocast.any() || consumer.autocast.any() || mm.inputs.size() != operands) return false;
+    for (int v : mm.inputs) {
+      if (v < 0) return false;
     }
     const TensorSpec& prod = t.value(mm.outputs[0]).spec;
     if (!floating(prod.dtype) || prod.sizes.size() != 2 ||
         std::find(devices_.begin(), devices_.end(), prod.device.type()) == devices_.end()) {
       return false;
     }
-    return combine_of(t, consumer, product, prod.sizes[1]).has_value();
+    bool use_gelu = false;
+    if (activation_of(consumer, &use_gelu)) {
+      return t.value(consumer.outputs[0]).spec.dtype == prod.dtype;
+    }
+    return !addmm && combine_of(t, consumer, product, prod.sizes[1]).has_value();
   }
 
   Step lower_region(const Trace& t, size_t begin, size_t end) const override {
     const BoundOp& mm = t.ops[begin];
     const BoundOp& consumer = t.ops[end - 1];
     const TensorSpec& prod = t.value(mm.outputs[0]).spec;
+    bool use_gelu = false;
+    if (activation_of(consumer, &use_gelu)) return lower_activation(t, mm, consumer, use_gelu);
     const int product = end - begin > 2 ? t.ops[end - 2].outputs[0] : mm.outputs[0];
     const std::optional<Combine> c = combine_of(t, consumer, product, prod.sizes[1]);
     KILN_CHECK(c.has_value(), "[compile] ", name_, " was given a region that is not an mm and an ",
@@ -146,6 +178,35 @@ class MatmulEpilogueExecutor final : public Executor {
   }
 
  private:
+  // mm or addmm, then relu or tanh-gelu (through views): one addmm_activation, its output viewed
+  // as the consumer's.
+  static Step lower_activation(const Trace& t, const BoundOp& mm, const BoundOp& consumer,
+                               bool use_gelu) {
+    const TensorSpec& prod = t.value(mm.outputs[0]).spec;
+    const bool addmm = mm.name() == "addmm";
+    const int self = addmm ? mm.inputs[0] : -1;
+    const int a = mm.inputs[addmm ? 1 : 0], b = mm.inputs[addmm ? 2 : 1];
+    const Scalar beta = addmm ? std::get<Scalar>(mm.attrs[0]) : Scalar(0.0);
+    const Scalar alpha = addmm ? std::get<Scalar>(mm.attrs[1]) : Scalar(1.0);
+    // mm has no self: beta = 0 ignores this one.
+    const Tensor none = addmm ? Tensor() : zeros({}, TensorOptions(prod.dtype).device(prod.device));
+    const Shape mn = prod.sizes;
+    const int out = consumer.outputs[0];
+    const Shape out_sizes = t.value(out).spec.sizes;
+    return [=](Frame& frame) {
+      static const OpDef& op = KILN_OP(addmm_activation);
+      OpCall call;
+      call.op = &op;
+      call.inputs = {self >= 0 ? frame.slots[static_cast<size_t>(self)] : none,
+                     frame.slots[static_cast<size_t>(a)], frame.slots[static_cast<size_t>(b)]};
+      call.attrs = {beta, alpha, use_gelu};
+      const AutocastScope no_autocast(BoundOp::Autocast{});
+      dispatch_after(call, DispatchKey::Trace);
+      frame.slots[static_cast<size_t>(out)] =
+          out_sizes == mn ? std::move(call.outputs[0]) : call.outputs[0].view(out_sizes);
+    };
+  }
+
   std::string name_;
   std::vector<DeviceType> devices_;
 };

@@ -96,6 +96,33 @@ void bench_bias_grad(const Gemm& g) {
          flops, 0);
 }
 
+// A Linear layer with a bias, then relu or tanh-gelu (an MLP's up projection): addmm (bias
+// epilogue) then the activation (the pre-activation written and read back), against one
+// addmm_activation (cuBLASLt's RELU_BIAS / GELU_BIAS epilogue), which the compiler's
+// matmul_epilogue writes for the pair.
+void bench_activation_epilogue(const Gemm& g) {
+  static const kiln::OpDef& op = KILN_OP(addmm_activation);
+  const Tensor x = random({g.m, g.k}, kiln::kBFloat16);
+  const Tensor w = random({g.n, g.k}, kiln::kBFloat16);
+  const Tensor bias = random({g.n}, kiln::kBFloat16);
+  const double flops = 2.0 * g.m * g.n * g.k;
+  const std::string base = std::string("linear + act ") + g.name + " " + std::to_string(g.m) + "x" +
+                           std::to_string(g.n) + "x" + std::to_string(g.k);
+  for (bool use_gelu : {false, true}) {
+    const std::string act = use_gelu ? " gelu-tanh" : " relu";
+    report(base + act + " [addmm, then act]", time_ms([&](int) {
+             const Tensor y = kiln::addmm(bias, x, w.t());
+             (void)(use_gelu ? kiln::gelu(y, "tanh") : kiln::relu(y));
+           }),
+           flops, 0);
+    report(base + act + " [addmm_activation]", time_ms([&](int) {
+             (void)kiln::call_op(op, {bias, x, w.t()},
+                                 {kiln::Scalar(1.0), kiln::Scalar(1.0), use_gelu});
+           }),
+           flops, 0);
+  }
+}
+
 // The training GEMMs again with per-shape autotuning (kernels/cuda/cublaslt.h): time_ms's
 // warm-up call of each shape times the heuristic's candidates, the samples then run the
 // fastest. kiln-only rows (named as the plain ones plus " [autotune]"); the 8192^3 reference is
@@ -513,6 +540,8 @@ int main(int argc, char** argv) {
                           Gemm{"160m-up", 16384, 3072, 768}}) {
       bench_bias_grad(g);
     }
+    bench_activation_epilogue({"1b-up", 8192, 8192, 2048});
+    bench_activation_epilogue({"160m-up", 16384, 3072, 768});
   }
   if (gemm)
     bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise

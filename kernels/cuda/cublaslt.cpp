@@ -91,7 +91,13 @@ enum Epilogue : uint8_t {
   kBias = 1,
   kBiasGradOfB = 2,  // sums of cuBLASLt's B (kiln's a) over k: CUBLASLT_EPILOGUE_BGRADB
   kBiasGradOfA = 3,  // sums of cuBLASLt's A (kiln's b) over k: CUBLASLT_EPILOGUE_BGRADA
+  kRelu = 4,
+  kReluBias = 5,
+  kGelu = 6,  // cuBLASLt's GELU: the tanh approximation
+  kGeluBias = 7,
 };
+
+bool has_bias_vector(uint8_t e) { return e == kBias || e == kReluBias || e == kGeluBias; }
 
 struct Key {
   GemmType type;
@@ -199,12 +205,18 @@ std::unique_ptr<Plan> make_plan(const Key& key, cublasLtHandle_t handle) {
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target, sizeof(key.sm_target)));
   }
-  if (key.epilogue == kBias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (key.epilogue == kBias || key.epilogue >= kRelu) {
+    const cublasLtEpilogue_t epilogue = key.epilogue == kBias       ? CUBLASLT_EPILOGUE_BIAS
+                                        : key.epilogue == kRelu     ? CUBLASLT_EPILOGUE_RELU
+                                        : key.epilogue == kReluBias ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                        : key.epilogue == kGelu     ? CUBLASLT_EPILOGUE_GELU
+                                                                    : CUBLASLT_EPILOGUE_GELU_BIAS;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                      &epilogue, sizeof(epilogue)));
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+    if (has_bias_vector(key.epilogue)) {
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+    }
   } else if (key.epilogue == kBiasGradOfA || key.epilogue == kBiasGradOfB) {
     // The gradient is written in the output's type (cuBLASLt's default for it).
     const cublasLtEpilogue_t epilogue =
@@ -413,14 +425,27 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
 
   const bool has_c = args.beta != 0.0 && args.c != nullptr;
   const bool bias_grad = args.bias_grad != nullptr;
-  KILN_CHECK(!bias_grad || (args.batch == 1 && args.bias == nullptr && !has_c),
-             "[cublasLt] the bias gradient epilogue takes one product without bias or C");
+  KILN_CHECK(!bias_grad || (args.batch == 1 && args.bias == nullptr && !has_c &&
+                            args.activation == GemmActivation::kNone),
+             "[cublasLt] the bias gradient epilogue takes one product without bias, C or "
+             "activation");
+  const bool with_bias = args.bias != nullptr;
   Key key{};
   key.type = args.type;
   key.tf32 = args.type == GemmType::kF32 && allow_tf32();
-  key.epilogue = bias_grad              ? (args.bias_grad_of == 0 ? kBiasGradOfB : kBiasGradOfA)
-                 : args.bias != nullptr ? kBias
-                                        : kPlain;
+  switch (args.activation) {
+    case GemmActivation::kNone:
+      key.epilogue = bias_grad   ? (args.bias_grad_of == 0 ? kBiasGradOfB : kBiasGradOfA)
+                     : with_bias ? kBias
+                                 : kPlain;
+      break;
+    case GemmActivation::kRelu:
+      key.epilogue = with_bias ? kReluBias : kRelu;
+      break;
+    case GemmActivation::kGeluTanh:
+      key.epilogue = with_bias ? kGeluBias : kGelu;
+      break;
+  }
   key.has_c = has_c;
   key.separate_c = has_c && args.c != out;
   key.op_a = oa->op;
@@ -444,7 +469,7 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
   if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(key, s.handle)).first;
   Plan& plan = *it->second;
   if (plan.candidates.empty()) return false;
-  if (key.epilogue != kPlain) {
+  if (bias_grad || has_bias_vector(key.epilogue)) {
     const void* vector = bias_grad ? args.bias_grad : args.bias;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &vector, sizeof(vector)));

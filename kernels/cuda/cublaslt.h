@@ -17,7 +17,8 @@
 //   algorithm that is valid for them.
 // - Epilogue: a bias vector added to every row of the result (addmm's self of shape [N]), and a
 //   C matrix scaled by beta (addmm's residual: beta = 1 adds it); or the bias gradient, the sums
-//   of one operand over k written beside the product (mm_with_bias_grad: a Linear's backward).
+//   of one operand over k written beside the product (mm_with_bias_grad: a Linear's backward);
+//   or ReLU / tanh-GELU after the bias (addmm_activation, written by the compiler).
 // - One cuBLASLt handle and one 32 MiB workspace per device; the chosen algorithm and the
 //   descriptors are cached per shape (dtypes, sizes, strides, transposes, batch, epilogue,
 //   alignments), so a training step's repeated shapes query the heuristic once.
@@ -58,6 +59,10 @@ struct Matrix {
   int64_t batch_stride = 0;
 };
 
+// cuBLASLt's epilogue activations: ReLU, and GELU with the tanh approximation
+// (gelu(x, "tanh")).
+enum class GemmActivation : uint8_t { kNone, kRelu, kGeluTanh };
+
 struct GemmArgs {
   GemmType type = GemmType::kF32;
   int64_t batch = 1;
@@ -72,6 +77,8 @@ struct GemmArgs {
   // bias_grad (contiguous, of the output's type, 16-byte aligned) by the product's kernel.
   void* bias_grad = nullptr;
   int bias_grad_of = 0;
+  // An activation applied in the epilogue, after alpha and the bias (no bias gradient, no C).
+  GemmActivation activation = GemmActivation::kNone;
 };
 
 // out[b] = alpha * a[b] @ b[b] (+ bias) (+ beta * c[b]) for every batch b, with `out` a

@@ -10,7 +10,8 @@
 // Integers, k == 0 and problems cuBLASLt has no algorithm for run a plain tiled kernel with the
 // CPU's accumulation types (f32 for f16/bf16).
 //
-// mm_with_bias_grad adds the bias gradient epilogue: the product and one operand's sums over k.
+// mm_with_bias_grad adds the bias gradient epilogue: the product and one operand's sums over k;
+// addmm_activation the ReLU and tanh-GELU epilogues.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -224,8 +225,41 @@ void mm_with_bias_grad_cuda(OpCall& c) {
   sums.copy_(operand == 0 ? sum(a, {1}) : sum(b, {0}));
 }
 
+// addmm_activation (tensor/ops/linalg.cpp): relu or tanh-gelu applied by cuBLASLt's epilogue,
+// after the bias vector (beta = 1, a Linear layer's) or with no self (beta = 0); otherwise, and
+// where cuBLASLt has no such algorithm, the addmm and then the activation in place.
+void addmm_activation_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const Tensor& a = c.input(1);
+  const Tensor& b = c.input(2);
+  const Scalar& beta = c.attr<Scalar>(0);
+  const Scalar& alpha = c.attr<Scalar>(1);
+  const bool use_gelu = c.attr<bool>(2);
+  if (out.numel() == 0) return;
+  DeviceGuard guard(out.device().index());
+  const std::optional<GemmType> type = gemm_type(out.dtype());
+  if (type && a.size(1) > 0) {
+    GemmArgs args;
+    args.type = *type;
+    args.alpha = alpha.toDouble();
+    args.activation =
+        use_gelu ? internal::GemmActivation::kGeluTanh : internal::GemmActivation::kRelu;
+    const Tensor& self = c.input(0);
+    if (beta.toDouble() == 1.0 && self.is_cuda() && is_bias_vector(self, b.size(1))) {
+      args.bias = self.data_ptr();
+      if (internal::gemm(out.data_ptr(), matrix_of(a), matrix_of(b), args)) return;
+    } else if (beta.toDouble() == 0.0) {
+      if (internal::gemm(out.data_ptr(), matrix_of(a), matrix_of(b), args)) return;
+    }
+  }
+  NoGradGuard no_grad;  // this kernel's steps, not the caller's graph
+  product(out, &c.input(0), a, b, beta, alpha);
+  out.copy_(use_gelu ? gelu(out, "tanh") : relu(out));
+}
+
 }  // namespace
 
+KILN_REGISTER_KERNEL(addmm_activation, kCUDA, addmm_activation_cuda);
 KILN_REGISTER_KERNEL(mm_with_bias_grad, kCUDA, mm_with_bias_grad_cuda);
 KILN_REGISTER_KERNEL(mm, kCUDA, mm_cuda);
 KILN_REGISTER_KERNEL(bmm, kCUDA, bmm_cuda);

@@ -144,6 +144,35 @@ void mm_with_bias_grad_cpu(OpCall& c) {
   c.outputs[1].copy_(c.attr<int64_t>(0) == 0 ? sum(c.input(0), {1}) : sum(c.input(1), {0}));
 }
 
+// addmm_activation(self, mat1, mat2; beta, alpha, use_gelu) -> act(addmm(self, mat1, mat2; beta,
+// alpha)), act = relu, or gelu(x, "tanh") with use_gelu (PyTorch's _addmm_activation). The
+// compiler's matmul_epilogue writes it for an mm or addmm read only by relu or tanh-gelu
+// (compiler/matmul_epilogue.cpp); on CUDA cuBLASLt applies bias and activation in the product's
+// epilogue (kernels/cuda/linalg.cu), so the pre-activation never reaches memory. Elsewhere it is
+// the addmm and the activation. No backward rule: it is written into programs
+// whose backward is already traced (relu's backward reads relu's output, not its input).
+SpecList addmm_activation_meta(const OpCall& c) {
+  KILN_CHECK(c.inputs.size() == 3 && c.attrs.size() == 3,
+             "[addmm_activation] expected inputs (self, mat1, mat2) and attributes (beta, alpha, "
+             "use_gelu)");
+  KILN_CHECK(is_floating_point(c.input(1).dtype()),
+             "[addmm_activation] expected floating-point operands, got ",
+             dtype_name(c.input(1).dtype()));
+  (void)c.attr<bool>(2);
+  return addmm_meta(c);
+}
+
+TensorVec addmm_activation_decomposition(const OpCall& c) {
+  const Tensor y = addmm(c.input(0), c.input(1), c.input(2), c.attr<Scalar>(0), c.attr<Scalar>(1));
+  return {c.attr<bool>(2) ? gelu(y, "tanh") : relu(y)};
+}
+
+// The CPU's kernel: the decomposition's ops, written into the output.
+void addmm_activation_cpu(OpCall& c) {
+  NoGradGuard no_grad;  // this kernel's steps, not the caller's graph
+  c.outputs[0].copy_(addmm_activation_decomposition(c)[0]);
+}
+
 void mm_into_kernel(OpCall& c) {
   static const OpDef& mm_op = KILN_OP(mm);
   Tensor out = c.input(0);  // a handle: writes go to the caller's tensor
@@ -164,6 +193,9 @@ KILN_DEFINE_OP(mm_into_, OpKind::kInplace, mm_into_meta);
 KILN_DEFINE_OP(mm_with_bias_grad, OpKind::kFunctional, mm_with_bias_grad_meta);
 KILN_REGISTER_DECOMPOSITION(mm_with_bias_grad, mm_with_bias_grad_decomposition);
 KILN_REGISTER_KERNEL(mm_with_bias_grad, kCPU, mm_with_bias_grad_cpu);
+KILN_DEFINE_OP(addmm_activation, OpKind::kFunctional, addmm_activation_meta);
+KILN_REGISTER_DECOMPOSITION(addmm_activation, addmm_activation_decomposition);
+KILN_REGISTER_KERNEL(addmm_activation, kCPU, addmm_activation_cpu);
 KILN_REGISTER_KERNEL(mm_into_, kCPU, mm_into_kernel);
 #if defined(KILN_WITH_CUDA)
 KILN_REGISTER_KERNEL(mm_into_, kCUDA, mm_into_kernel);

@@ -69,6 +69,8 @@ const std::set<std::string> kNonDifferentiable = {
     "flash_attention_backward_qkv",
     "rotary_qkv_",
     "mm_into_",
+    // matmul_epilogue's relu / tanh-gelu after an mm or addmm (compiler/matmul_epilogue.cpp).
+    "addmm_activation",
     "swiglu_backward",
     "geglu_tanh_backward",
     "lstm_cell_fused_backward",

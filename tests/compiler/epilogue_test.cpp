@@ -215,6 +215,46 @@ TEST(MatmulEpilogue, TinyLlamaTrainingStepMatchesEager) {
   EXPECT_GE(count(s, "# region [epilogue_cpu]"), 2 * config.n_layer) << s;
 }
 
+// A Linear layer with a bias and relu, and an mm with tanh-gelu: each pair is one region
+// (run as addmm_activation) with the CPU instance, compiled == eager with gradients. gelu's
+// backward reads the product, so with gradients the tanh-gelu pair stays two ops; without, it is
+// fused.
+TEST(MatmulEpilogue, ReluAndTanhGeluAfterTheProduct) {
+  manual_seed(8);
+  auto relu_mlp = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    return relu(linear(x, w, b));
+  };
+  auto gelu_mm = [](const Tensor& x, const Tensor& w) { return gelu(mm(x, w.t()), "tanh"); };
+  const Tensor x = randn({2, 5, 6}, kDouble).requires_grad_(true);
+  const Tensor x2 = randn({5, 6}, kDouble).requires_grad_(true);
+  const Tensor w = randn({4, 6}, kDouble).requires_grad_(true);
+  const Tensor b = randn({4}, kDouble).requires_grad_(true);
+  auto f = compile(relu_mlp, with_cpu_epilogue());
+  const Tensor got = f(x, w, b);
+  std::string s;
+  for (const compiler::Trace& t : f.traces()) s += t.str();
+  EXPECT_GE(count(s, "# region [epilogue_cpu]"), 1) << s;  // the forward's addmm, view, relu
+  const Tensor want = relu_mlp(x, w, b);
+  EXPECT_TRUE(allclose(got, want, 1e-12, 1e-12));
+  const auto grads = autograd::grad({got.sum()}, {x, w, b});
+  const auto want_grads = autograd::grad({want.sum()}, {x, w, b});
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(allclose(grads[i], want_grads[i], 1e-12, 1e-12)) << i;
+
+  auto g = compile(gelu_mm, with_cpu_epilogue());
+  const Tensor gelu_got = g(x2, w);
+  std::string gs;
+  for (const compiler::Trace& t : g.traces()) gs += t.str();
+  EXPECT_EQ(count(gs, "# region [epilogue_cpu]"), 0) << gs;  // gelu's backward reads the product
+  EXPECT_TRUE(allclose(gelu_got, gelu_mm(x2, w), 1e-12, 1e-12));
+  {
+    NoGradGuard no_grad;
+    auto h = compile(gelu_mm, with_cpu_epilogue());
+    const Tensor y = h(x2.detach(), w.detach());
+    EXPECT_EQ(count(listing(h), "# region [epilogue_cpu]"), 1) << listing(h);
+    EXPECT_TRUE(allclose(y, gelu_mm(x2.detach(), w.detach()), 1e-12, 1e-12));
+  }
+}
+
 // The built-in executor on CUDA (in the default executors): the residual add through
 // cuBLASLt's C matrix, forward and gradients, against eager CUDA code and an f64 reference.
 TEST(GpuMatmulEpilogue, ResidualStreamOnCuda) {
@@ -252,6 +292,48 @@ TEST(GpuMatmulEpilogue, ResidualStreamOnCuda) {
       expect_close(grads[i].to(kCPU).to(kDouble), eager_grads[i].to(kCPU).to(kDouble),
                    (dt == kFloat ? 1e-4 : 2e-2) * scale, "gradient " + std::to_string(i));
     }
+  }
+}
+
+// The same pairs on CUDA with the built-in executor: cuBLASLt's RELU_BIAS and GELU epilogues,
+// against eager CUDA code and an f64 reference.
+TEST(GpuMatmulEpilogue, ReluAndTanhGeluOnCuda) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  manual_seed(9);
+  const Device gpu(kCUDA, 0);
+  auto relu_mlp = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    return relu(linear(x, w, b));
+  };
+  auto gelu_mm = [](const Tensor& x, const Tensor& w) {
+    return gelu(mm(x.view({-1, x.size(2)}), w.t()), "tanh");
+  };
+  for (ScalarType dt : {kFloat, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x64 = randn({4, 64, 128}, kDouble), w64 = randn({256, 128}, kDouble) * 0.1,
+                 b64 = randn({256}, kDouble);
+    const double tol = dt == kFloat ? 1e-3 : 0.1;
+    Tensor x = x64.to(dt).to(gpu).requires_grad_(true), w = w64.to(dt).to(gpu).requires_grad_(true),
+           b = b64.to(dt).to(gpu).requires_grad_(true);
+    auto f = compile(relu_mlp);
+    const Tensor got = f(x, w, b);
+    std::string s;
+    for (const compiler::Trace& t : f.traces()) s += t.str();
+    EXPECT_GE(count(s, "# region [matmul_epilogue]"), 1) << s;  // the forward's addmm, view, relu
+    expect_close(got.to(kCPU).to(kDouble), relu_mlp(x64, w64, b64), tol, "relu forward vs f64");
+    const Tensor eager = relu_mlp(x, w, b);
+    const Tensor gy = randn(got.sizes(), kDouble).to(dt).to(gpu);
+    const auto grads = autograd::grad({got}, {x, w, b}, {gy});
+    const auto eager_grads = autograd::grad({eager}, {x, w, b}, {gy});
+    for (size_t i = 0; i < 3; ++i) {
+      const double scale = eager_grads[i].to(kCPU).to(kDouble).abs().max().item<double>();
+      expect_close(grads[i].to(kCPU).to(kDouble), eager_grads[i].to(kCPU).to(kDouble),
+                   (dt == kFloat ? 1e-4 : 3e-2) * scale, "relu gradient " + std::to_string(i));
+    }
+    NoGradGuard no_grad;
+    auto g = compile(gelu_mm);
+    const Tensor y = g(x.detach(), w.detach());
+    EXPECT_EQ(count(listing(g), "# region [matmul_epilogue]"), 1) << listing(g);
+    expect_close(y.to(kCPU).to(kDouble), gelu_mm(x64, w64), tol, "tanh-gelu forward vs f64");
   }
 }
 

@@ -313,6 +313,18 @@ inline std::vector<OpSample> reduction_samples() {
        [] {
          return Tensors{f32({6, 4}), f32({6, 3})};
        }},
+      // matmul_epilogue's mm or addmm with relu / tanh-gelu. No gradients: the op has no backward
+      // (it is written into programs whose backward is already traced).
+      {"addmm_activation",
+       [](const Tensors& x) {
+         static const OpDef& op = KILN_OP(addmm_activation);
+         return Tensors{call_op1(op, {x[0], x[1], x[2]}, {Scalar(1.0), Scalar(1.0), false}),
+                        call_op1(op, {x[0], x[1], x[2]}, {Scalar(0.5), Scalar(2.0), true})};
+       },
+       [] {
+         return Tensors{f32({3}), f32({4, 5}), nc(5, 3)};
+       },
+       false},
       // The multi-tensor ops of gradient clipping (tensor/foreach.h), on contiguous lists (their
       // kernels; others run the decomposition). No gradients: the ops have no backward.
       {"foreach_norm",

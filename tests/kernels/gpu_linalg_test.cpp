@@ -209,6 +209,40 @@ TEST_F(GpuLinalg, LinearBiasBackwardInOneCall) {
   }
 }
 
+// addmm_activation on the GPU: relu and tanh-gelu from cuBLASLt's epilogue (after the bias
+// vector, or with no self), with no separate activation dispatched for bf16, f16 and f32;
+// against f64 (f32 tight enough to tell tanh-gelu from erf-gelu); a full C (beta 0.5) and f64
+// take the fallback.
+TEST_F(GpuLinalg, AddmmActivationEpilogue) {
+  manual_seed(20);
+  static const OpDef& op = KILN_OP(addmm_activation);
+  for (ScalarType dt : {kFloat, kBFloat16, kHalf, kDouble}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t m = 96, k = 80, n = 48;
+    const Tensor a = rand_cpu({m, k}, dt).to(kGpu), b = rand_cpu({n, k}, dt).to(kGpu).t();
+    const Tensor bias = rand_cpu({n}, dt).to(kGpu), full = rand_cpu({m, n}, dt).to(kGpu);
+    const Tensor zero = zeros({}, TensorOptions(dt).device(kGpu));
+    for (bool use_gelu : {false, true}) {
+      SCOPED_TRACE(use_gelu ? "gelu tanh" : "relu");
+      auto act = [&](const Tensor& t) { return use_gelu ? gelu(t, "tanh") : relu(t); };
+      const Tensor prod = ref64(a).mm(ref64(b));
+      // f64: the fallback's tanh on the GPU against the CPU's differs by ~1e-11.
+      const double tol = dt == kFloat ? 1e-5 : dt == kDouble ? 1e-10 : tolerance(dt);
+      test::OpRecorder rec;
+      const Tensor with_bias = call_op1(op, {bias, a, b}, {Scalar(1.0), Scalar(1.0), use_gelu});
+      const Tensor no_self = call_op1(op, {zero, a, b}, {Scalar(0.0), Scalar(2.0), use_gelu});
+      const int64_t separate = rec.count("relu") + rec.count("gelu");
+      EXPECT_LE(rel_error(with_bias, act(prod + ref64(bias))), tol);
+      EXPECT_LE(rel_error(no_self, act(prod * 2.0)), tol);
+      if (dt != kDouble) {
+        EXPECT_EQ(separate, 0) << "the epilogue was not used";
+      }
+      const Tensor c_path = call_op1(op, {full, a, b}, {Scalar(0.5), Scalar(1.0), use_gelu});
+      EXPECT_LE(rel_error(c_path, act(prod + ref64(full) * 0.5)), tol);
+    }
+  }
+}
+
 TEST_F(GpuLinalg, EmptyInnerDimension) {
   for (ScalarType dt : {kFloat, kBFloat16, kInt64}) {
     const Tensor a = empty({3, 0}, TensorOptions(dt).device(kGpu));

@@ -323,6 +323,23 @@ TEST(LinalgTest, MmWithBiasGrad) {
   EXPECT_KILN_ERROR(call_op(op, {a, b.unsqueeze(0)}, {int64_t{0}}), "expected 2-D tensors");
 }
 
+// addmm_activation (matmul_epilogue's mm or addmm with relu / tanh-gelu): relu(addmm) and
+// gelu(addmm, "tanh") on the CPU (the decomposition), and the meta rule's errors.
+TEST(LinalgTest, AddmmActivation) {
+  static const OpDef& op = KILN_OP(addmm_activation);
+  const Tensor self = random_tensor({3}, kDouble, 7), a = random_tensor({4, 5}, kDouble, 8),
+               b = random_tensor({5, 3}, kDouble, 9);
+  const Tensor pre = addmm(self, a, b, 0.5, 2.0);
+  EXPECT_TRUE(allclose(call_op1(op, {self, a, b}, {Scalar(0.5), Scalar(2.0), false}), relu(pre)));
+  EXPECT_TRUE(
+      allclose(call_op1(op, {self, a, b}, {Scalar(0.5), Scalar(2.0), true}), gelu(pre, "tanh")));
+  EXPECT_KILN_ERROR(call_op1(op, {self.to(kInt64), a.to(kInt64), b.to(kInt64)},
+                             {Scalar(int64_t{1}), Scalar(int64_t{1}), false}),
+                    "[addmm_activation] expected floating-point operands, got int64");
+  EXPECT_KILN_ERROR(call_op1(op, {self, a, b.t()}, {Scalar(1.0), Scalar(1.0), false}),
+                    "cannot be multiplied");
+}
+
 TEST(LinalgTest, Addmm) {
   for (ScalarType t : kAllDtypes) {
     SCOPED_TRACE(std::string(dtype_name(t)));
