@@ -338,8 +338,9 @@ void bench_glu() {
 }
 
 // The generic kernels: elementwise add/mul over 64M elements (bf16 and f32, 2 reads + 1 write),
-// the row sum of an 8192 x 8192 matrix (sum over the last dim) and the sum of all of it (64M
-// elements read), and softmax over the last dim of 8192 x 32768 bf16 (read + write).
+// the row sum of an 8192 x 8192 matrix (sum over the last dim), the sum of all of it (64M
+// elements read), its column sums and those of 8192 x 2048 (sum over the first dim: a broadcast
+// bias's gradient), and softmax over the last dim of 8192 x 32768 bf16 (read + write).
 void bench_generic() {
   const int64_t n = int64_t{64} << 20;
   for (kiln::ScalarType dt : {kiln::kBFloat16, kiln::kFloat}) {
@@ -351,6 +352,11 @@ void bench_generic() {
     const Tensor m = a.view({8192, 8192});
     report("sum rows 8192x8192 " + tn, time_ms([&](int) { (void)kiln::sum(m, {1}); }), 0, n * eb);
     report("sum all 64M " + tn, time_ms([&](int) { (void)kiln::sum(a); }), 0, n * eb);
+    report("sum columns 8192x8192 " + tn, time_ms([&](int) { (void)kiln::sum(m, {0}); }), 0,
+           n * eb);
+    const Tensor g = a.narrow(0, 0, 8192 * 2048).view({8192, 2048});
+    report("sum columns 8192x2048 " + tn, time_ms([&](int) { (void)kiln::sum(g, {0}); }), 0,
+           8192.0 * 2048 * eb);
   }
   const Tensor x = random({8192, 32768}, kiln::kBFloat16, 8.0f);
   report("softmax 8192x32768 bf16", time_ms([&](int) { (void)kiln::softmax(x, -1); }), 0,

@@ -204,7 +204,11 @@ def bench_generic():
         m = a.view(8192, 8192)
         report(f"sum rows 8192x8192 {tn}", time_ms(lambda i: m.sum(dim=1)), nbytes=1.0 * n * eb)
         report(f"sum all 64M {tn}", time_ms(lambda i: a.sum()), nbytes=1.0 * n * eb)
-        del a, b, m
+        report(f"sum columns 8192x8192 {tn}", time_ms(lambda i: m.sum(dim=0)), nbytes=1.0 * n * eb)
+        g = a[: 8192 * 2048].view(8192, 2048)
+        report(f"sum columns 8192x2048 {tn}", time_ms(lambda i: g.sum(dim=0)),
+               nbytes=8192.0 * 2048 * eb)
+        del a, b, m, g
     x = rand(8192, 32768, scale=8.0)
     report("softmax 8192x32768 bf16", time_ms(lambda i: torch.softmax(x, dim=-1)),
            nbytes=2.0 * x.numel() * x.element_size())

@@ -5,8 +5,11 @@
 //
 // The library: one warp per row up to 4096 elements, else a block sized so that each thread has
 // a full round of 16-byte loads (8192 bf16: 256 threads, 8192 f32: 512). The variants: one warp
-// per row at any length, and blocks of 128 or 512 threads.
+// per row at any length, and blocks of 128 or 512 threads. Column sums (sum over the first dim):
+// the library's split of the rows against the one it had before session 43 (chunks of at least
+// 4096 rows, 4 blocks per multiprocessor).
 // measurements: benchmarks/RESULTS.md (sessions 5 and the H100 table after it, "Row sums").
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -39,6 +42,66 @@ void row_sums(const Tensor& x, const Tensor& out, int threads) {
         <<<static_cast<unsigned>(A), threads>>>(red, px, R, static_cast<int>(R), nullptr, A);
     KILN_CUDA_LAUNCH_CHECK("rows_block_kernel");
   }
+}
+
+// Column sums of x [R, K] (sum over the first dim) by the column kernel split along R into
+// `splits` chunks, the partials merged by finalize_kernel in a fixed order.
+template <typename T>
+void column_sums(const Tensor& x, const Tensor& out, int64_t splits) {
+  using Red = scalar::SumReducer<T, float>;
+  const Red red{static_cast<T*>(out.data_ptr()), 1.0f};
+  const int64_t R = x.size(0), K = x.size(1);
+  const int64_t chunk = (R + splits - 1) / splits;
+  splits = (R + chunk - 1) / chunk;
+  Tensor workspace;
+  float* partial = nullptr;
+  if (splits > 1) {
+    workspace = empty({splits * K}, TensorOptions(kFloat).device(x.device()));
+    partial = static_cast<float*>(workspace.data_ptr());
+  }
+  const dim3 grid(static_cast<unsigned>((K + cuda::internal::kColX - 1) / cuda::internal::kColX), 1,
+                  static_cast<unsigned>(splits));
+  cuda::internal::columns_kernel<T, Red>
+      <<<grid, dim3(cuda::internal::kColX, cuda::internal::kColY)>>>(
+          red, static_cast<const T*>(x.data_ptr()), 1, R, K, chunk, partial);
+  KILN_CUDA_LAUNCH_CHECK("columns_kernel");
+  if (splits > 1) {
+    cuda::internal::finalize_kernel<<<cuda::loops::grid_for(K), cuda::loops::kThreads>>>(
+        red, partial, splits, K);
+    KILN_CUDA_LAUNCH_CHECK("finalize_kernel");
+  }
+}
+
+// The split the library used before session 43 for one row block: chunks of at least 4096 rows,
+// 4 blocks per multiprocessor.
+int64_t splits_before(int64_t R, int64_t K) {
+  const int64_t sms = cuda::loops::multiprocessor_count();
+  const int64_t natural = (K + cuda::internal::kColX - 1) / cuda::internal::kColX;
+  if (natural >= 2 * sms) return 1;
+  return std::clamp<int64_t>(std::min((R + 4095) / 4096, 4 * sms / natural), 1, 65535);
+}
+
+void run_columns(ScalarType dt) {
+  const std::string tn = dt == kFloat ? "f32" : "bf16";
+  const double rtol = dt == kFloat ? 1e-5 : 8e-3, atol = dt == kFloat ? 1e-4 : 5e-2;
+  visit_floating(dt, "reduce_lab", [&]<typename T>(TypeTag<T>) {
+    for (const auto& [R, K] :
+         std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {8192, 8192}}) {
+      const Tensor x = bench::random({R, K}, dt);
+      const std::string shape = std::to_string(R) + "x" + std::to_string(K);
+      const Tensor ref = sum(x.to(kCPU).to(kDouble), {0});
+      const Tensor out = empty({K}, TensorOptions(dt).device(x.device()));
+      const int64_t before = splits_before(R, K);
+      column_sums<T>(x, out, before);
+      check("sum columns " + shape + " " + tn + " [4096-row chunks]", out, ref, atol, rtol);
+      check("sum columns " + shape + " " + tn + " [library]", sum(x, {0}), ref, atol, rtol);
+      const double bytes = static_cast<double>(x.nbytes());
+      const std::string base = "sum columns " + shape + " " + tn;
+      bench::report(base + " [library]", bench::time_ms([&](int) { (void)sum(x, {0}); }), 0, bytes);
+      bench::report(base + " [4096-row chunks, 4 blocks/SM: " + std::to_string(before) + " splits]",
+                    bench::time_ms([&](int) { column_sums<T>(x, out, before); }), 0, bytes);
+    }
+  });
 }
 
 const std::vector<std::pair<std::string, int>> kVariants = {
@@ -77,6 +140,8 @@ void run_case(ScalarType dt) {
 KILN_LAB_CASE(reduce, [] {
   run_case(kBFloat16);
   run_case(kFloat);
+  run_columns(kBFloat16);
+  run_columns(kFloat);
 });
 
 }  // namespace
