@@ -6,6 +6,8 @@
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
+#include "autograd/grad_mode.h"
+#include "tensor/ops/decomposition_kernel.h"
 #include "tensor/ops/elementwise_meta.h"
 #include "tensor/profiler.h"
 
@@ -403,6 +405,13 @@ TensorVec call_decomposition(const OpDef& op, TensorVec inputs,
   (void)common_device(call);
   (void)op.meta(call);
   return op.decomposition(call);
+}
+
+void decomposition_kernel(OpCall& call) {
+  KILN_CHECK(call.op->decomposition != nullptr, "[", call.op->name, "] has no decomposition");
+  NoGradGuard no_grad;  // the kernel's steps, not the caller's graph
+  const TensorVec r = call.op->decomposition(call);
+  for (size_t i = 0; i < call.outputs.size(); ++i) call.outputs[i].copy_(r[i]);
 }
 
 Tensor call_op1(const OpDef& op, TensorVec inputs, absl::InlinedVector<Attr, 4> attrs) {

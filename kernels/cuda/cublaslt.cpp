@@ -97,6 +97,13 @@ enum Epilogue : uint8_t {
   kGeluBias = 7,
 };
 
+// cuBLASLt's epilogue of each Epilogue, in its order.
+constexpr cublasLtEpilogue_t kCublasEpilogue[] = {
+    CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,      CUBLASLT_EPILOGUE_BGRADB,
+    CUBLASLT_EPILOGUE_BGRADA,  CUBLASLT_EPILOGUE_RELU,      CUBLASLT_EPILOGUE_RELU_BIAS,
+    CUBLASLT_EPILOGUE_GELU,    CUBLASLT_EPILOGUE_GELU_BIAS,
+};
+
 bool has_bias_vector(uint8_t e) { return e == kBias || e == kReluBias || e == kGeluBias; }
 
 struct Key {
@@ -205,24 +212,16 @@ std::unique_ptr<Plan> make_plan(const Key& key, cublasLtHandle_t handle) {
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target, sizeof(key.sm_target)));
   }
-  if (key.epilogue == kBias || key.epilogue >= kRelu) {
-    const cublasLtEpilogue_t epilogue = key.epilogue == kBias       ? CUBLASLT_EPILOGUE_BIAS
-                                        : key.epilogue == kRelu     ? CUBLASLT_EPILOGUE_RELU
-                                        : key.epilogue == kReluBias ? CUBLASLT_EPILOGUE_RELU_BIAS
-                                        : key.epilogue == kGelu     ? CUBLASLT_EPILOGUE_GELU
-                                                                    : CUBLASLT_EPILOGUE_GELU_BIAS;
+  if (key.epilogue != kPlain) {
+    const cublasLtEpilogue_t epilogue = kCublasEpilogue[key.epilogue];
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                      &epilogue, sizeof(epilogue)));
+    // A bias vector in the operands' type; a bias gradient is written in the output's type
+    // (cuBLASLt's default for it).
     if (has_bias_vector(key.epilogue)) {
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
           plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
     }
-  } else if (key.epilogue == kBiasGradOfA || key.epilogue == kBiasGradOfB) {
-    // The gradient is written in the output's type (cuBLASLt's default for it).
-    const cublasLtEpilogue_t epilogue =
-        key.epilogue == kBiasGradOfA ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                     &epilogue, sizeof(epilogue)));
   }
   // cuBLASLt's A is kiln's b ([n, k] after its op), its B is kiln's a ([k, m] after its op).
   const bool na = key.op_a == CUBLAS_OP_N, nb = key.op_b == CUBLAS_OP_N;

@@ -17,10 +17,10 @@
 #include <algorithm>
 #include <optional>
 
-#include "autograd/grad_mode.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt.h"
 #include "tensor/ops.h"
+#include "tensor/ops/decomposition_kernel.h"
 #include "tensor/registry.h"
 
 namespace kiln::cuda {
@@ -203,7 +203,7 @@ void addmm_cuda(OpCall& c) {
 
 // mm_with_bias_grad (tensor/ops/linalg.cpp): the product with the operand's sums over k from
 // cuBLASLt's bias gradient epilogue, so the gradient is read once; where cuBLASLt has no such
-// algorithm (f64, some layouts), mm and sum.
+// algorithm (f64, some layouts), the decomposition (mm and sum).
 void mm_with_bias_grad_cuda(OpCall& c) {
   const Tensor& a = c.input(0);
   const Tensor& b = c.input(1);
@@ -220,14 +220,12 @@ void mm_with_bias_grad_cuda(OpCall& c) {
     args.bias_grad_of = operand;
     if (internal::gemm(out.data_ptr(), matrix_of(a), matrix_of(b), args)) return;
   }
-  NoGradGuard no_grad;  // this kernel's steps, not the caller's graph
-  product(out, nullptr, a, b, 0, 1);
-  sums.copy_(operand == 0 ? sum(a, {1}) : sum(b, {0}));
+  decomposition_kernel(c);
 }
 
 // addmm_activation (tensor/ops/linalg.cpp): relu or tanh-gelu applied by cuBLASLt's epilogue,
 // after the bias vector (beta = 1, a Linear layer's) or with no self (beta = 0); otherwise, and
-// where cuBLASLt has no such algorithm, the addmm and then the activation in place.
+// where cuBLASLt has no such algorithm, the decomposition (the addmm, then the activation).
 void addmm_activation_cuda(OpCall& c) {
   const Tensor& out = c.outputs[0];
   const Tensor& a = c.input(1);
@@ -252,9 +250,7 @@ void addmm_activation_cuda(OpCall& c) {
       if (internal::gemm(out.data_ptr(), matrix_of(a), matrix_of(b), args)) return;
     }
   }
-  NoGradGuard no_grad;  // this kernel's steps, not the caller's graph
-  product(out, &c.input(0), a, b, beta, alpha);
-  out.copy_(use_gelu ? gelu(out, "tanh") : relu(out));
+  decomposition_kernel(c);
 }
 
 }  // namespace

@@ -6,9 +6,9 @@
 // the batch dims of a left operand that can be viewed as [rows, k] fold into the GEMM's M
 // ([B, T, K] @ [K, N] is one GEMM), and a broadcast operand of a batched product is an
 // expanded view (batch stride 0) that bmm reads without materialising.
-#include "autograd/grad_mode.h"
 #include "tensor/autocast_state.h"
 #include "tensor/ops.h"
+#include "tensor/ops/decomposition_kernel.h"
 #include "tensor/ops/elementwise_meta.h"
 #include "tensor/registry.h"
 
@@ -136,14 +136,6 @@ TensorVec mm_with_bias_grad_decomposition(const OpCall& c) {
   return {mm(a, b), c.attr<int64_t>(0) == 0 ? sum(a, {1}) : sum(b, {0})};
 }
 
-// The CPU's kernel: mm into the product, and the sums (kernels/cuda/linalg.cu has the GPU's).
-void mm_with_bias_grad_cpu(OpCall& c) {
-  NoGradGuard no_grad;  // this kernel's steps, not the caller's graph
-  static const OpDef& mm_op = KILN_OP(mm);
-  run_into(mm_op, {c.input(0), c.input(1)}, {c.outputs[0]});
-  c.outputs[1].copy_(c.attr<int64_t>(0) == 0 ? sum(c.input(0), {1}) : sum(c.input(1), {0}));
-}
-
 // addmm_activation(self, mat1, mat2; beta, alpha, use_gelu) -> act(addmm(self, mat1, mat2; beta,
 // alpha)), act = relu, or gelu(x, "tanh") with use_gelu (PyTorch's _addmm_activation). The
 // compiler's matmul_epilogue writes it for an mm or addmm read only by relu or tanh-gelu
@@ -167,12 +159,6 @@ TensorVec addmm_activation_decomposition(const OpCall& c) {
   return {c.attr<bool>(2) ? gelu(y, "tanh") : relu(y)};
 }
 
-// The CPU's kernel: the decomposition's ops, written into the output.
-void addmm_activation_cpu(OpCall& c) {
-  NoGradGuard no_grad;  // this kernel's steps, not the caller's graph
-  c.outputs[0].copy_(addmm_activation_decomposition(c)[0]);
-}
-
 void mm_into_kernel(OpCall& c) {
   static const OpDef& mm_op = KILN_OP(mm);
   Tensor out = c.input(0);  // a handle: writes go to the caller's tensor
@@ -192,10 +178,10 @@ KILN_DEFINE_OP(addmm, OpKind::kFunctional, addmm_meta);
 KILN_DEFINE_OP(mm_into_, OpKind::kInplace, mm_into_meta);
 KILN_DEFINE_OP(mm_with_bias_grad, OpKind::kFunctional, mm_with_bias_grad_meta);
 KILN_REGISTER_DECOMPOSITION(mm_with_bias_grad, mm_with_bias_grad_decomposition);
-KILN_REGISTER_KERNEL(mm_with_bias_grad, kCPU, mm_with_bias_grad_cpu);
+KILN_REGISTER_KERNEL(mm_with_bias_grad, kCPU, decomposition_kernel);
 KILN_DEFINE_OP(addmm_activation, OpKind::kFunctional, addmm_activation_meta);
 KILN_REGISTER_DECOMPOSITION(addmm_activation, addmm_activation_decomposition);
-KILN_REGISTER_KERNEL(addmm_activation, kCPU, addmm_activation_cpu);
+KILN_REGISTER_KERNEL(addmm_activation, kCPU, decomposition_kernel);
 KILN_REGISTER_KERNEL(mm_into_, kCPU, mm_into_kernel);
 #if defined(KILN_WITH_CUDA)
 KILN_REGISTER_KERNEL(mm_into_, kCUDA, mm_into_kernel);
