@@ -1,6 +1,7 @@
 // CPU micro-benchmarks of the eager tensor library, each beside its yardstick in the same
 // binary: dispatch overhead of an op on a 1-element tensor, elementwise and reduction
-// bandwidth against memcpy of the same bytes, matmul against Eigen called directly.
+// bandwidth against memcpy of the same bytes, matmul against Eigen called directly, and each
+// instruction set's build of the CPU product side by side.
 //
 //   build/benchmarks/kiln_bench --benchmark_min_time=0.2
 //   build/benchmarks/kiln_bench --benchmark_filter='Matmul' --benchmark_min_time=0.2
@@ -15,6 +16,8 @@
 #include <Eigen/Core>
 #include <cstring>
 #include <vector>
+
+#include "kernels/cpu/gemm.h"
 
 namespace {
 
@@ -171,6 +174,40 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_KilnMatmul)->Apply(matmul_args);
 BENCHMARK(BM_EigenMatmul)->Apply(matmul_args);
+
+// Each instruction set's build of the CPU product (kernels/cpu/gemm.h) that this CPU runs, side
+// by side. Args: {build (0 = the chosen, widest; then narrower down to the baseline), n, k, p,
+// threads}: [n, k] @ [k, p] f32, row-major, accumulating into c. The label names the build.
+//   build/benchmarks/kiln_bench --benchmark_filter='CpuGemmBuild' --benchmark_min_time=0.5
+void BM_CpuGemmBuild(benchmark::State& state) {
+  const std::vector<kiln::cpu::GemmVariant> builds = kiln::cpu::gemm_variants();
+  const auto which = static_cast<size_t>(state.range(0));
+  if (which >= builds.size()) {
+    state.SkipWithError("this CPU runs fewer builds");
+    return;
+  }
+  set_threads(state, 4);
+  const int64_t n = state.range(1), k = state.range(2), p = state.range(3);
+  std::vector<float> a(n * k, 0.5f), b(k * p, 0.25f), c(n * p, 0.0f);
+  for (auto _ : state) {
+    builds[which].f32(c.data(), p, a.data(), true, k, b.data(), true, p, n, k, p, 1.0f);
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(builds[which].isa);
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(n * k * p),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+void cpu_gemm_build_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"build", "n", "k", "p", "threads"});
+  for (int64_t build : {0, 1, 2}) {
+    for (int64_t threads : {1, 2}) {
+      b->Args({build, 1024, 1024, 1024, threads});
+      b->Args({build, 1024, 256, 688, threads});  // kiln-tiny's MLP: 8 x 128 tokens, d 256
+    }
+  }
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_CpuGemmBuild)->Apply(cpu_gemm_build_args);
 
 // Batch dims folded into one GEMM: [8, 512, 1024] @ [1024, 1024] (a linear layer's shape).
 void BM_KilnMatmulFolded(benchmark::State& state) {

@@ -1,5 +1,6 @@
 // CPU kernels for mm, bmm and addmm: every matrix product is one Eigen GEMM on Eigen::Map views
-// of the operands, written into the contiguous output with .noalias().
+// of the operands, written into the contiguous output with .noalias(). f32 and f64 products run
+// the build of that GEMM for the widest instruction set the CPU has (kernels/cpu/gemm.h).
 //
 // An operand whose last dim has stride 1 maps row-major, one whose second-last dim has stride 1
 // maps column-major (a transposed view needs no copy); anything else is made contiguous first.
@@ -10,7 +11,9 @@
 #include <Eigen/Core>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
@@ -19,10 +22,7 @@ namespace kiln::cpu {
 namespace {
 
 // How Eigen reads one [rows, cols] matrix: storage order and leading dimension (elements).
-struct Layout {
-  bool row_major = true;
-  int64_t ld = 0;
-};
+using Layout = GemmLayout;
 
 // The Eigen layout of a [rows, cols] matrix with element strides (rs, cs), if one exists. A
 // size-1 dim's stride is irrelevant, so it never forces a copy.
@@ -84,6 +84,10 @@ template <typename T>
 void gemm(T* c, const T* a, const Layout& la, const T* b, const Layout& lb, int64_t n, int64_t k,
           int64_t p, T alpha) {
   if (n == 0 || p == 0 || k == 0) return;
+  if constexpr (std::is_floating_point_v<T>) {
+    cpu::gemm(c, p, a, la, b, lb, n, k, p, alpha);  // the build for this CPU's widest registers
+    return;
+  }
   OutMap<T> dst(c, n, p);
   with_map(a, n, k, la, [&](const auto& A) {
     with_map(b, k, p, lb, [&](const auto& B) { dst.noalias() += alpha * A * B; });

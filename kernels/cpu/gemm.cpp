@@ -1,0 +1,70 @@
+// The CPU matrix product's baseline build and the choice among the builds (kernels/cpu/gemm.h).
+#include "kernels/cpu/gemm.h"
+
+#define KILN_GEMM_NS baseline
+#include "kernels/cpu/gemm_body.h"
+
+namespace kiln::cpu {
+
+// The wider builds, compiled where CMakeLists.txt adds kernels/cpu/isa/ (x86-64).
+#if defined(KILN_GEMM_AVX2)
+namespace avx2 {
+void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,
+              bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, float alpha);
+void gemm_f64(double* c, int64_t ldc, const double* a, bool a_row, int64_t lda, const double* b,
+              bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, double alpha);
+}  // namespace avx2
+#endif
+#if defined(KILN_GEMM_AVX512)
+namespace avx512 {
+void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,
+              bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, float alpha);
+void gemm_f64(double* c, int64_t ldc, const double* a, bool a_row, int64_t lda, const double* b,
+              bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, double alpha);
+}  // namespace avx512
+#endif
+
+namespace {
+
+// The builds this CPU runs, widest first. __builtin_cpu_supports also checks that the operating
+// system saves the wider registers (XCR0).
+std::vector<GemmVariant> supported() {
+  std::vector<GemmVariant> v;
+#if defined(KILN_GEMM_AVX512)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("fma")) {
+    v.push_back({"avx512", avx512::gemm_f32, avx512::gemm_f64});
+  }
+#endif
+#if defined(KILN_GEMM_AVX2)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    v.push_back({"avx2", avx2::gemm_f32, avx2::gemm_f64});
+  }
+#endif
+  v.push_back({"baseline", baseline::gemm_f32, baseline::gemm_f64});
+  return v;
+}
+
+const GemmVariant& chosen() {
+  static const GemmVariant v = supported().front();
+  return v;
+}
+
+}  // namespace
+
+void gemm(float* c, int64_t ldc, const float* a, GemmLayout la, const float* b, GemmLayout lb,
+          int64_t n, int64_t k, int64_t p, float alpha) {
+  chosen().f32(c, ldc, a, la.row_major, la.ld, b, lb.row_major, lb.ld, n, k, p, alpha);
+}
+
+void gemm(double* c, int64_t ldc, const double* a, GemmLayout la, const double* b, GemmLayout lb,
+          int64_t n, int64_t k, int64_t p, double alpha) {
+  chosen().f64(c, ldc, a, la.row_major, la.ld, b, lb.row_major, lb.ld, n, k, p, alpha);
+}
+
+const char* gemm_isa() { return chosen().isa; }
+
+std::vector<GemmVariant> gemm_variants() { return supported(); }
+
+}  // namespace kiln::cpu

@@ -1,0 +1,127 @@
+// kernels/cpu/gemm.h: every instruction set's build of the CPU matrix product that this CPU runs,
+// against a plain f64 triple loop, over storage orders, leading dimensions wider than the
+// matrix, row strides of c, odd and tiny sizes, alpha, and accumulation into c; and the choice.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "tensor/parallel.h"
+
+namespace kiln::cpu {
+namespace {
+
+struct Case {
+  int64_t n, k, p;
+  bool a_row, b_row;
+  int64_t pad;  // extra elements in each leading dimension
+  double alpha;
+};
+
+// Element (r, c) of a [rows, cols] operand stored row- or column-major with leading dim ld.
+int64_t at(bool row_major, int64_t ld, int64_t r, int64_t c) {
+  return row_major ? r * ld + c : c * ld + r;
+}
+
+template <typename T, typename F>
+void check(const char* isa, F gemm, const Case& t, double tol) {
+  std::mt19937 rng(static_cast<unsigned>(t.n * 131 + t.k * 17 + t.p));
+  std::uniform_real_distribution<double> u(-1, 1);
+  const int64_t lda = (t.a_row ? t.k : t.n) + t.pad, ldb = (t.b_row ? t.p : t.k) + t.pad;
+  const int64_t ldc = t.p + t.pad;
+  std::vector<T> a(static_cast<size_t>(lda * (t.a_row ? t.n : t.k) + 1));
+  std::vector<T> b(static_cast<size_t>(ldb * (t.b_row ? t.k : t.p) + 1));
+  std::vector<T> c(static_cast<size_t>(ldc * t.n + 1));
+  for (T& x : a) x = static_cast<T>(u(rng));
+  for (T& x : b) x = static_cast<T>(u(rng));
+  for (T& x : c) x = static_cast<T>(u(rng));  // c is added to, padding included (kept)
+  const std::vector<T> c0 = c;
+  gemm(c.data(), ldc, a.data(), t.a_row, lda, b.data(), t.b_row, ldb, t.n, t.k, t.p,
+       static_cast<T>(t.alpha));
+  for (int64_t r = 0; r < t.n; ++r) {
+    for (int64_t col = 0; col < ldc; ++col) {
+      const size_t i = static_cast<size_t>(r * ldc + col);
+      if (col >= t.p) {  // padding of c: untouched
+        ASSERT_EQ(std::memcmp(&c[i], &c0[i], sizeof(T)), 0) << isa << " wrote c's padding";
+        continue;
+      }
+      double want = 0, mag = 0;
+      for (int64_t e = 0; e < t.k; ++e) {
+        const double x = static_cast<double>(a[static_cast<size_t>(at(t.a_row, lda, r, e))]) *
+                         static_cast<double>(b[static_cast<size_t>(at(t.b_row, ldb, e, col))]);
+        want += x;
+        mag += std::abs(x);
+      }
+      want = static_cast<double>(c0[i]) + t.alpha * want;
+      ASSERT_NEAR(static_cast<double>(c[i]), want, tol * (1 + std::abs(t.alpha) * mag))
+          << isa << " n " << t.n << " k " << t.k << " p " << t.p << " a_row " << t.a_row
+          << " b_row " << t.b_row << " at (" << r << ", " << col << ")";
+    }
+  }
+  EXPECT_EQ(std::memcmp(&c.back(), &c0.back(), sizeof(T)), 0) << isa << " wrote past c";
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = [] {
+    std::vector<Case> v;
+    for (bool ar : {true, false}) {
+      for (bool br : {true, false}) {
+        v.push_back({1, 1, 1, ar, br, 0, 1.0});
+        v.push_back({3, 5, 7, ar, br, 2, -0.5});
+        v.push_back({17, 33, 65, ar, br, 0, 1.0});
+        v.push_back({64, 256, 48, ar, br, 3, 2.0});
+        v.push_back({131, 67, 250, ar, br, 1, 1.0});  // past the register tiles in every dim
+      }
+    }
+    v.push_back({300, 300, 300, true, false, 0, 1.0});  // large enough for Eigen's threads
+    return v;
+  }();
+  return all;
+}
+
+TEST(CpuGemm, EveryBuildMatchesF64Loops) {
+  const std::vector<GemmVariant> variants = gemm_variants();
+  ASSERT_FALSE(variants.empty());
+  EXPECT_EQ(std::string(variants.back().isa), "baseline");
+  for (const GemmVariant& v : variants) {
+    for (const Case& t : cases()) {
+      check<float>(v.isa, v.f32, t, 2e-6);
+      check<double>(v.isa, v.f64, t, 1e-14);
+    }
+  }
+}
+
+TEST(CpuGemm, SerialAndThreadedAgree) {
+  const int threads = get_num_threads();
+  for (const GemmVariant& v : gemm_variants()) {
+    set_num_threads(1);
+    check<float>(v.isa, v.f32, {300, 200, 260, true, true, 0, 1.0}, 2e-6);
+    set_num_threads(std::max(2, threads));
+    check<float>(v.isa, v.f32, {300, 200, 260, true, true, 0, 1.0}, 2e-6);
+  }
+  set_num_threads(threads);
+}
+
+TEST(CpuGemm, TheChosenBuildIsTheWidestThisCpuRuns) {
+  const std::vector<GemmVariant> variants = gemm_variants();
+  EXPECT_EQ(std::string(gemm_isa()), variants.front().isa);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // On x86-64 the wider builds are compiled (CMakeLists.txt): a CPU with AVX2 and FMA runs one.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_NE(std::string(gemm_isa()), "baseline");
+  }
+#endif
+  // The entry point runs the chosen build.
+  std::vector<float> a = {1, 2, 3, 4}, b = {5, 6, 7, 8}, c(4, 0.0f);
+  gemm(c.data(), 2, a.data(), {true, 2}, b.data(), {true, 2}, 2, 2, 2, 1.0f);
+  EXPECT_EQ(c, (std::vector<float>{19, 22, 43, 50}));
+  gemm(c.data(), 2, a.data(), {false, 2}, b.data(), {true, 2}, 2, 2, 2, -1.0f);  // a^T
+  EXPECT_EQ(c, (std::vector<float>{19 - 26, 22 - 30, 43 - 38, 50 - 44}));
+}
+
+}  // namespace
+}  // namespace kiln::cpu
