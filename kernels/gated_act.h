@@ -34,6 +34,14 @@ struct SiluAct {
     const M s = M(1) / (M(1) + exp_of(-g));
     return s * (M(1) + g * (M(1) - s));
   }
+  // act(g) and grad(g) from one exp, with the same bits as the two calls.
+  template <typename M>
+  static KILN_GATED_HD void act_and_grad(M g, M* a, M* da) {
+    const M d = M(1) + exp_of(-g);
+    const M s = M(1) / d;
+    *a = g / d;
+    *da = s * (M(1) + g * (M(1) - s));
+  }
 };
 
 // gelu_tanh(g) = g / 2 * (1 + tanh(u)), u = sqrt(2 / pi) * (g + 0.044715 g^3);
@@ -50,6 +58,14 @@ struct GeluTanhAct {
     const M t = tanh_of(M(kSqrt2OverPi) * (g + M(kCoeff) * g * g * g));
     return M(0.5) * (M(1) + t) +
            M(0.5) * g * (M(1) - t * t) * M(kSqrt2OverPi) * (M(1) + M(3 * kCoeff) * g * g);
+  }
+  // act(g) and grad(g) from one tanh, with the same bits as the two calls.
+  template <typename M>
+  static KILN_GATED_HD void act_and_grad(M g, M* a, M* da) {
+    const M t = tanh_of(M(kSqrt2OverPi) * (g + M(kCoeff) * g * g * g));
+    *a = M(0.5) * g * (M(1) + t);
+    *da = M(0.5) * (M(1) + t) +
+          M(0.5) * g * (M(1) - t * t) * M(kSqrt2OverPi) * (M(1) + M(3 * kCoeff) * g * g);
   }
 };
 

@@ -1,6 +1,13 @@
-// CPU kernels of flash_attention and flash_attention_backward (tensor/ops/attention.cpp): plain
-// loops over (batch, head, query) in f64 whatever the input dtype, the reference the CUDA
-// kernels are tested against. Scores are recomputed row by row (nothing T x S is stored).
+// CPU kernels of flash_attention and flash_attention_backward (tensor/ops/attention.cpp).
+//
+// f64 inputs run plain loops over (batch, head, query) in f64, the reference the CUDA kernels and
+// the f32 path are tested against. Scores are recomputed row by row (nothing T x S is stored).
+//
+// f32, bf16 and f16 inputs run in f32 on blocks of query rows: a block's scores against every key
+// its rows can see are one matrix product (kernels/cpu/gemm.h, the CPU's widest registers), the
+// softmax is taken over whole rows, and the output is a second product. The backward recomputes
+// a block's probabilities the same way and takes dp, dq, dk and dv as four more products. bf16 and
+// f16 are converted to f32 on the way in and rounded once on the way out.
 //
 // With s_ij the (capped) score, p_ij = exp(s_ij - lse_i) and Delta_i = dout_i . out_i - dlse_i
 // (dlse_i = 0 when dlse is undefined):
@@ -9,10 +16,14 @@
 //   dq_i += scale dz_ij k_j,   dk_j += scale dz_ij q_i.
 // The backward runs one (batch, kv head) per task, so dk and dv of a group sum over its query
 // heads in a fixed order without races.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/fused_support.h"
 #include "tensor/ops.h"
@@ -66,6 +77,181 @@ void row_scores(const Geometry& g, const T* qi, const T* k, int64_t i, std::vect
   }
 }
 
+// --- The f32 path: blocks of query rows, scores and outputs as matrix products ---------------
+
+// Query rows per block: the block's scores are [rows, visible keys] in f32.
+int64_t query_block(const Geometry& g) { return g.s > 8192 ? 16 : 64; }
+
+// The keys rows [i0, i1) can see: [lo, hi) (hi <= lo: none).
+void visible_keys(const Geometry& g, int64_t i0, int64_t i1, int64_t* lo, int64_t* hi) {
+  *hi = g.causal ? std::min(g.s, i1) : g.s;
+  *lo = g.window > 0 ? std::max<int64_t>(0, i0 - g.window + 1) : 0;
+}
+
+// n elements of src as f32 in dst; for f32 itself, src when `copy` is false.
+template <typename T>
+const float* as_f32(const T* src, int64_t n, std::vector<float>& dst, bool copy = false) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!copy) return src;
+  }
+  dst.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) dst[static_cast<size_t>(i)] = static_cast<float>(src[i]);
+  return dst.data();
+}
+
+// The scores of rows [i0, i0 + nq) against keys [lo, lo + ns) into sc [nq, ns]: scale q k^T,
+// capped, -inf where not visible.
+void block_scores(const Geometry& g, const float* q, const float* k, int64_t i0, int64_t nq,
+                  int64_t lo, int64_t ns, float* sc) {
+  std::fill(sc, sc + nq * ns, 0.0f);
+  gemm(sc, ns, q, {true, g.d}, k + lo * g.d, {false, g.d}, nq, g.d, ns,
+       static_cast<float>(g.scale));
+  const auto cap = static_cast<float>(g.softcap);
+  for (int64_t r = 0; r < nq; ++r) {
+    float* row = sc + r * ns;
+    for (int64_t c = 0; c < ns; ++c) {
+      if (!g.visible(i0 + r, lo + c)) {
+        row[c] = -std::numeric_limits<float>::infinity();
+      } else if (cap > 0) {
+        row[c] = cap * std::tanh(row[c] / cap);
+      }
+    }
+  }
+}
+
+template <typename T>
+void flash_forward_f32(const Geometry& g, const T* pq, const T* pk, const T* pv, T* po,
+                       const Tensor& out, float* pl) {
+  const int64_t bq = query_block(g), blocks = (g.t + bq - 1) / bq;
+  internal::parallel_for(0, g.b * g.h * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qbuf, kbuf, vbuf, sc, o;
+    int64_t kv_loaded = -1;
+    const float *kf = nullptr, *vf = nullptr;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bh = task / blocks, i0 = (task % blocks) * bq;
+      const int64_t nq = std::min(bq, g.t - i0);
+      const int64_t kv = (bh / g.h) * g.hkv + (bh % g.h) / g.rep;
+      T* ob = po + (bh / g.h) * out.stride(0) + (bh % g.h) * out.stride(1);
+      int64_t lo = 0, hi = 0;
+      visible_keys(g, i0, i0 + nq, &lo, &hi);
+      const int64_t ns = std::max<int64_t>(hi - lo, 0);
+      if (kv != kv_loaded) {
+        kf = as_f32(pk + kv * g.s * g.d, g.s * g.d, kbuf);
+        vf = as_f32(pv + kv * g.s * g.d, g.s * g.d, vbuf);
+        kv_loaded = kv;
+      }
+      const float* qf = as_f32(pq + (bh * g.t + i0) * g.d, nq * g.d, qbuf);
+      sc.resize(static_cast<size_t>(nq * std::max<int64_t>(ns, 1)));
+      if (ns > 0) block_scores(g, qf, kf, i0, nq, lo, ns, sc.data());
+      // Softmax of each row in place: sc becomes the probabilities, unnormalised.
+      std::vector<float> inv_l(static_cast<size_t>(nq), 0.0f);
+      for (int64_t r = 0; r < nq; ++r) {
+        float* row = sc.data() + r * ns;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < ns; ++c) m = std::max(m, row[c]);
+        const int64_t i = bh * g.t + i0 + r;
+        if (m == -std::numeric_limits<float>::infinity()) {  // sees no key
+          std::fill(row, row + ns, 0.0f);
+          pl[i] = -std::numeric_limits<float>::infinity();
+          continue;
+        }
+        float l = 0;
+        for (int64_t c = 0; c < ns; ++c) {
+          row[c] = std::exp(row[c] - m);  // exp(-inf) = 0 where not visible
+          l += row[c];
+        }
+        inv_l[static_cast<size_t>(r)] = 1.0f / l;
+        pl[i] = m + std::log(l);
+      }
+      o.assign(static_cast<size_t>(nq * g.d), 0.0f);
+      if (ns > 0)
+        gemm(o.data(), g.d, sc.data(), {true, ns}, vf + lo * g.d, {true, g.d}, nq, ns, g.d, 1.0f);
+      for (int64_t r = 0; r < nq; ++r) {
+        T* orow = ob + (i0 + r) * out.stride(2);
+        const float w = inv_l[static_cast<size_t>(r)];
+        for (int64_t e = 0; e < g.d; ++e) orow[e] = T(o[static_cast<size_t>(r * g.d + e)] * w);
+      }
+    }
+  });
+}
+
+template <typename T>
+void flash_backward_f32(const Geometry& g, const T* pdo, const T* pq, const T* pk, const T* pv,
+                        const T* po, const float* pl, const float* pdl, T* pdq, T* pdk, T* pdv) {
+  const int64_t bq = query_block(g);
+  internal::parallel_for(0, g.b * g.hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> kbuf, vbuf, qbuf, dobuf, obuf, sc, dp, dq, dka, dva, delta;
+    for (int64_t bk = begin; bk < end; ++bk) {
+      const int64_t b = bk / g.hkv, kv = bk % g.hkv;
+      const float* kf = as_f32(pk + bk * g.s * g.d, g.s * g.d, kbuf);
+      const float* vf = as_f32(pv + bk * g.s * g.d, g.s * g.d, vbuf);
+      dka.assign(static_cast<size_t>(g.s * g.d), 0.0f);
+      dva.assign(dka.size(), 0.0f);
+      for (int64_t h = kv * g.rep; h < (kv + 1) * g.rep; ++h) {
+        for (int64_t i0 = 0; i0 < g.t; i0 += bq) {
+          const int64_t nq = std::min(bq, g.t - i0);
+          const int64_t row0 = (b * g.h + h) * g.t + i0;
+          int64_t lo = 0, hi = 0;
+          visible_keys(g, i0, i0 + nq, &lo, &hi);
+          const int64_t ns = std::max<int64_t>(hi - lo, 0);
+          dq.assign(static_cast<size_t>(nq * g.d), 0.0f);
+          if (ns > 0) {
+            // The same arithmetic as the forward's q, so that p matches the forward's.
+            const float* qf = as_f32(pq + row0 * g.d, nq * g.d, qbuf);
+            const float* dof = as_f32(pdo + row0 * g.d, nq * g.d, dobuf);
+            const float* of = as_f32(po + row0 * g.d, nq * g.d, obuf);
+            delta.resize(static_cast<size_t>(nq));
+            for (int64_t r = 0; r < nq; ++r) {
+              // -0.0 without dlse: the same arithmetic as with zeros (bitwise equal results).
+              float d = -(pdl != nullptr ? pdl[row0 + r] : 0.0f);
+              for (int64_t e = 0; e < g.d; ++e) d += dof[r * g.d + e] * of[r * g.d + e];
+              delta[static_cast<size_t>(r)] = d;
+            }
+            sc.resize(static_cast<size_t>(nq * ns));
+            block_scores(g, qf, kf, i0, nq, lo, ns, sc.data());
+            // dp = dout v^T over the visible keys.
+            dp.assign(static_cast<size_t>(nq * ns), 0.0f);
+            gemm(dp.data(), ns, dof, {true, g.d}, vf + lo * g.d, {false, g.d}, nq, g.d, ns, 1.0f);
+            const auto cap = static_cast<float>(g.softcap);
+            for (int64_t r = 0; r < nq; ++r) {
+              const float l = pl[row0 + r];
+              float* srow = sc.data() + r * ns;  // scores, then probabilities
+              float* drow = dp.data() + r * ns;  // dp, then dz
+              for (int64_t c = 0; c < ns; ++c) {
+                const float s = srow[c];
+                const float p = (s == -std::numeric_limits<float>::infinity() ||
+                                 l == -std::numeric_limits<float>::infinity())
+                                    ? 0.0f
+                                    : std::exp(s - l);
+                float dz = p * (drow[c] - delta[static_cast<size_t>(r)]);
+                if (cap > 0 && p != 0.0f) {
+                  const float x = s / cap;
+                  dz *= 1.0f - x * x;
+                }
+                srow[c] = p;
+                drow[c] = dz * static_cast<float>(g.scale);
+              }
+            }
+            // dv += p^T dout, dq = dz k, dk += dz^T q.
+            gemm(dva.data() + lo * g.d, g.d, sc.data(), {false, ns}, dof, {true, g.d}, ns, nq, g.d,
+                 1.0f);
+            gemm(dq.data(), g.d, dp.data(), {true, ns}, kf + lo * g.d, {true, g.d}, nq, ns, g.d,
+                 1.0f);
+            gemm(dka.data() + lo * g.d, g.d, dp.data(), {false, ns}, qf, {true, g.d}, ns, nq, g.d,
+                 1.0f);
+          }
+          for (int64_t x = 0; x < nq * g.d; ++x)
+            pdq[row0 * g.d + x] = T(dq[static_cast<size_t>(x)]);
+        }
+      }
+      for (int64_t x = 0; x < g.s * g.d; ++x) {
+        pdk[bk * g.s * g.d + x] = T(dka[static_cast<size_t>(x)]);
+        pdv[bk * g.s * g.d + x] = T(dva[static_cast<size_t>(x)]);
+      }
+    }
+  });
+}
+
 void flash_attention_cpu(OpCall& c) {
   const Tensor q = c.input(0).contiguous();
   const Tensor k = c.input(1).contiguous();
@@ -80,6 +266,10 @@ void flash_attention_cpu(OpCall& c) {
     const T* pv = v.data_ptr<T>();
     T* po = out.data_ptr<T>();
     Acc* pl = lse.data_ptr<Acc>();
+    if constexpr (std::is_same_v<Acc, float>) {
+      flash_forward_f32<T>(g, pq, pk, pv, po, out, pl);
+      return;
+    }
     internal::parallel_for(0, g.b * g.h, 1, [&](int64_t begin, int64_t end) {
       std::vector<double> s(static_cast<size_t>(g.s)), o(static_cast<size_t>(g.d));
       for (int64_t bh = begin; bh < end; ++bh) {
@@ -139,6 +329,10 @@ void flash_attention_backward_cpu(OpCall& c) {
     T* pdq = dq.data_ptr<T>();
     T* pdk = dk.data_ptr<T>();
     T* pdv = dv.data_ptr<T>();
+    if constexpr (std::is_same_v<Acc, float>) {
+      flash_backward_f32<T>(g, pdo, pq, pk, pv, po, pl, pdl, pdq, pdk, pdv);
+      return;
+    }
     const auto f = [](T x) { return static_cast<double>(x); };
     // One task per (batch, kv head): its query heads' dq rows and its own dk, dv.
     internal::parallel_for(0, g.b * g.hkv, 1, [&](int64_t begin, int64_t end) {
@@ -196,13 +390,14 @@ void flash_attention_backward_cpu(OpCall& c) {
 
 }  // namespace
 
-// The reference takes what the CUDA kernels take: no mask, no dropout, one head size for k and v.
+// The CPU kernel takes what the CUDA kernels take: no mask, no dropout, one head size for k and
+// v. Named "blocked" for its f32 path (f64 runs the reference loops).
 bool flash_attention_cpu_supports(const OpCall& c) {
   return (c.inputs.size() < 4 || !c.input(3).defined()) &&
          (!c.has_attr(4) || c.attr<double>(4) == 0.0) && c.input(2).size(3) == c.input(0).size(3);
 }
 
-KILN_REGISTER_KERNEL_IF(flash_attention, kCPU, "reference", flash_attention_cpu,
+KILN_REGISTER_KERNEL_IF(flash_attention, kCPU, "blocked", flash_attention_cpu,
                         flash_attention_cpu_supports);
 KILN_REGISTER_KERNEL(flash_attention_backward, kCPU, flash_attention_backward_cpu);
 // flash_attention_backward_qkv (tensor/ops/attention.cpp): the backward's kernel, then

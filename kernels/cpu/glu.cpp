@@ -2,7 +2,7 @@
 // the CUDA kernels are tested against. Elementwise over the inputs read in place (any strides,
 // through loops.h), in the compute type (f32 for f16/bf16, f64 for f64); the activation math is
 // kernels/gated_act.h, shared with the CUDA kernels. The backward writes dgate and dup in one
-// pass over contiguous copies of its inputs.
+// pass over contiguous copies of its inputs, from one exp (tanh) per element.
 #include "kernels/cpu/loops.h"
 #include "kernels/gated_act.h"
 #include "tensor/ops.h"
@@ -42,8 +42,10 @@ void glu_backward_cpu(OpCall& c) {
     internal::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const Acc g = static_cast<Acc>(pg[i]), d = static_cast<Acc>(pdy[i]);
-        pdg[i] = T(d * static_cast<Acc>(pu[i]) * Act::grad(g));
-        pdu[i] = T(d * Act::act(g));
+        Acc a, da;
+        Act::act_and_grad(g, &a, &da);
+        pdg[i] = T(d * static_cast<Acc>(pu[i]) * da);
+        pdu[i] = T(d * a);
       }
     });
   });

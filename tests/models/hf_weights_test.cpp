@@ -205,7 +205,14 @@ TEST(HfCheckpoint, SaveThenLoadGivesIdenticalLogits) {
     const Tensor a = logits_of(model, tokens).narrow(2, 0, c.vocab_size);
     const Tensor b = logits_of(loaded, tokens);
     ASSERT_EQ(a.sizes(), b.sizes());
-    EXPECT_EQ(max_abs_diff(a, b), 0.0);
+    if (c.padded_vocab() == c.vocab_size) {
+      EXPECT_EQ(max_abs_diff(a, b), 0.0);
+    } else {
+      // The loaded head has vocab_size rows, not padded_vocab(): another product shape, whose
+      // blocking may round the last columns differently (the CPU's AVX-512 GEMM does for
+      // kiln-tiny's 256 against 320). Loaded into the original config (below) it is exact.
+      EXPECT_LE(max_abs_diff(a, b), 1e-5 * (1 + max_abs(a)));
+    }
 
     // Into a model of the original (maybe padded) config: the pad rows are zeroed.
     GPT again(c);

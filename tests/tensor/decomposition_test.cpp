@@ -41,7 +41,7 @@ TEST(Decomposition, AttentionMatchesTheCpuReference) {
   manual_seed(2);
   for (ScalarType dtype : {kFloat, kDouble}) {
     for (const test::FusedCase& c : test::attention_cases(dtype, 16)) {
-      test::expect_decomposition_matches(c, "reference", Device(kCPU));
+      test::expect_decomposition_matches(c, "blocked", Device(kCPU));
     }
   }
 }

@@ -169,6 +169,56 @@ TEST(FlashAttentionCpu, ReducedPrecisionCloseToF64) {
   }
 }
 
+// The f32 path (blocks of query rows as matrix products; bf16 and f16 run it too) against the
+// f64 reference loops on the same inputs: output, logsumexp and the three gradients, over
+// several query blocks, T != S, causal, windows with dead rows, softcap, GQA and MQA, and keys
+// past the long-row block size.
+TEST(FlashAttentionCpu, BlockedF32PathMatchesTheF64Reference) {
+  manual_seed(41);
+  static const OpDef& bwd = KILN_OP(flash_attention_backward);
+  struct R {
+    Case c;
+    ScalarType dtype;
+  };
+  for (const R& r : {R{{2, 4, 2, 150, 150, 32, true}, kFloat},
+                     R{{1, 4, 1, 70, 200, 16, false}, kFloat},          // T < S, MQA
+                     R{{1, 2, 2, 130, 40, 8, true, 0}, kFloat},         // T > S: dead rows
+                     R{{1, 4, 2, 140, 140, 16, true, 50}, kFloat},      // a window
+                     R{{1, 2, 1, 100, 100, 64, true, 0, 5.0}, kFloat},  // softcap
+                     R{{1, 1, 1, 20, 9000, 8, false}, kFloat},          // long rows
+                     R{{1, 4, 2, 96, 96, 32, true, 30, 3.0}, kBFloat16},
+                     R{{2, 2, 1, 80, 80, 16, true}, kHalf}}) {
+    const Case& c = r.c;
+    SCOPED_TRACE(::testing::Message() << "B" << c.b << " H" << c.h << "/" << c.hkv << " T" << c.t
+                                      << " S" << c.s << " D" << c.d << " window " << c.window
+                                      << " softcap " << c.softcap << " " << dtype_name(r.dtype));
+    const TensorOptions o(r.dtype);
+    const Tensor q = randn({c.b, c.h, c.t, c.d}, o), k = randn({c.b, c.hkv, c.s, c.d}, o),
+                 v = randn({c.b, c.hkv, c.s, c.d}, o);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    const absl::InlinedVector<Attr, 4> attrs = {scale, c.causal, c.window, c.softcap};
+    const auto [out, lse] = flash_attention(q, k, v, scale, c.causal, c.window, c.softcap);
+    const Tensor q64 = q.to(kDouble), k64 = k.to(kDouble), v64 = v.to(kDouble);
+    const auto [out64, lse64] =
+        flash_attention(q64, k64, v64, scale, c.causal, c.window, c.softcap);
+    // f32: the products' rounding; bf16/f16: the output's.
+    const double tol = r.dtype == kFloat ? 2e-6 : r.dtype == kHalf ? 2e-3 : 1e-2;
+    EXPECT_LE(rel_error(out, out64), tol) << "out";
+    EXPECT_LE(rel_error(lse, lse64), tol) << "lse";
+    const Tensor dout = randn(out.sizes(), o), dlse = randn(lse.sizes(), TensorOptions(kFloat));
+    const TensorVec got = call_op(bwd, {dout, q, k, v, out, lse, dlse}, attrs);
+    // The reference from the same (rounded) forward results, in f64.
+    const TensorVec want = call_op(
+        bwd, {dout.to(kDouble), q64, k64, v64, out.to(kDouble), lse.to(kDouble), dlse.to(kDouble)},
+        attrs);
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(got[i].dtype(), r.dtype);
+      EXPECT_LE(rel_error(got[i], want[i]), r.dtype == kFloat ? 1e-5 : tol) << names[i];
+    }
+  }
+}
+
 // An undefined dlse means zeros (what the backward rule passes when lse received no gradient):
 // the same bits as an explicit zeros dlse, over dtypes, GQA, causal, a window with dead rows,
 // softcap and a strided q.
