@@ -1,11 +1,11 @@
-// cuDNN's fused attention (kernels/cuda/cudnn_attention.cpp) against the CPU kernel
-// (kernels/cpu/flash_attention.cpp, f64 loops) on the same bf16/f16 inputs: forward out and lse,
-// backward dq/dk/dv without dlse (lse received no gradient, as in training: cuDNN's own backward
-// graph, which must take every case) and with one (zeros or random: the graph that takes kiln's
-// row sum, optional where cuDNN builds no plan for it), causal and not, odd T and S (T != S),
-// GQA and MQA, head sizes 64, 128 and 256, q/k/v as strided views of one qkv projection; the
-// support rule's refusals; the "fastest" kernel's measured choice per shape and the eager path
-// (F::scaled_dot_product_attention through autograd) that goes through it.
+// cuDNN's fused attention (kernels/cuda/cudnn_attention.cpp) against the CPU kernel's f64 loops
+// (kernels/cpu/flash_attention.cpp) on the same bf16/f16 inputs widened (attention_reference):
+// forward out and lse, backward dq/dk/dv without dlse (lse received no gradient, as in training:
+// cuDNN's own backward graph, which must take every case) and with one (zeros or random: the graph
+// that takes kiln's row sum, optional where cuDNN builds no plan for it), causal and not, odd T and
+// S (T != S), GQA and MQA, head sizes 64, 128 and 256, q/k/v as strided views of one qkv
+// projection; the support rule's refusals; the "fastest" kernel's measured choice per shape and the
+// eager path (F::scaled_dot_product_attention through autograd) that goes through it.
 //
 // Tolerances as tests/kernels/gpu_flash_test.cpp (cuDNN, too, rounds P and dS to the input dtype
 // before the second GEMMs): 1e-2 / 2e-3 for out, 2e-2 / 4e-3 for the gradients, 1e-4 for lse.
@@ -40,6 +40,7 @@
 namespace kiln {
 namespace {
 
+using test::attention_reference;
 using test::kGpu;
 using test::rel_error;
 using Attrs = absl::InlinedVector<Attr, 4>;
@@ -176,11 +177,12 @@ void check_case(const Case& c) {
   const double scale = 1.5 / std::sqrt(static_cast<double>(c.d));
   const Attrs attrs = {scale, c.causal, c.window, 0.0};
   const Tensor qc = q.to(kCPU), kc = k.to(kCPU), vc = v.to(kCPU);
-  const TensorVec r = call_op(fwd_op(), {qc, kc, vc}, attrs);
+  const TensorVec r = attention_reference(fwd_op(), {qc, kc, vc}, attrs);
   const Tensor dout = randn(q.sizes()).to(c.dtype);
   const Tensor dlse = c.dlse ? randn(r[1].sizes()) : zeros(r[1].sizes());
-  const TensorVec dr0 = call_op(bwd_op(), {dout, qc, kc, vc, r[0], r[1], Tensor()}, attrs);
-  const TensorVec dr = call_op(bwd_op(), {dout, qc, kc, vc, r[0], r[1], dlse}, attrs);
+  const TensorVec dr0 =
+      attention_reference(bwd_op(), {dout, qc, kc, vc, r[0], r[1], Tensor()}, attrs);
+  const TensorVec dr = attention_reference(bwd_op(), {dout, qc, kc, vc, r[0], r[1], dlse}, attrs);
   const TensorVec fwd_in = {q, k, v};
   const TensorVec bwd_in0 = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), Tensor()};
   const TensorVec bwd_in = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), dlse.to(kGpu)};
@@ -338,7 +340,7 @@ TEST_F(GpuCudnnAttention, RepeatedAndCapturedBackwardsMatchTheFirst) {
 
 // flash_attention_backward_qkv (the compiler's merged attention backward): cuDNN writing dq, dk
 // and dv into their places in the qkv gradient, dq and dk rotated back there ("cudnn"), and the
-// two ops one after the other ("in_parts"), against the CPU's two kernels (f64 loops), with GQA,
+// two ops one after the other ("in_parts"), against the CPU's two kernels (f32), with GQA,
 // MHA and head sizes 64 and 128, rope_cache's f32 tables and random bf16/f16 ones; repeated
 // calls and calls inside a CUDA graph capture (built plans only) give the first call's results.
 TEST_F(GpuCudnnAttention, BackwardMergedIntoQkv) {
@@ -476,7 +478,7 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
   make_inputs(c, q, k, v);
   const double scale = 0.125;
   const Attrs attrs = {scale, true, int64_t{0}, 0.0};
-  const TensorVec r = call_op(fwd_op(), {q.to(kCPU), k.to(kCPU), v.to(kCPU)}, attrs);
+  const TensorVec r = attention_reference(fwd_op(), {q, k, v}, attrs);
   const TensorVec fwd_in = {q, k, v};
   ASSERT_TRUE(accepts(fwd_op(), "fastest", fwd_in, attrs)) << probe(q, k, v, true, scale);
   for (int call = 0; call < 2; ++call) {
@@ -496,7 +498,8 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
   const Tensor qc = q.to(kCPU), kc = k.to(kCPU), vc = v.to(kCPU);
   // The backward without dlse (training's: lse receives no gradient), which cuDNN's own graph
   // (dsum=cudnn) runs: measured with that graph, the one later calls run.
-  const TensorVec dr0 = call_op(bwd_op(), {dout, qc, kc, vc, r[0], r[1], Tensor()}, attrs);
+  const TensorVec dr0 =
+      attention_reference(bwd_op(), {dout, qc, kc, vc, r[0], r[1], Tensor()}, attrs);
   const TensorVec bwd_in0 = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), Tensor()};
   ASSERT_TRUE(accepts(bwd_op(), "cudnn", bwd_in0, attrs)) << probe(q, k, v, true, scale);
   ASSERT_TRUE(accepts(bwd_op(), "fastest", bwd_in0, attrs)) << probe(q, k, v, true, scale);
@@ -518,7 +521,7 @@ TEST_F(GpuCudnnAttention, SelectionByMeasurement) {
   // With a dlse (zeros): the graph that takes kiln's row sum, measured on its own (another key)
   // and only where cuDNN built a plan for it (see check_case); else the hand kernel runs.
   const Tensor dlse = zeros(r[1].sizes());
-  const TensorVec dr = call_op(bwd_op(), {dout, qc, kc, vc, r[0], r[1], dlse}, attrs);
+  const TensorVec dr = attention_reference(bwd_op(), {dout, qc, kc, vc, r[0], r[1], dlse}, attrs);
   const TensorVec bwd_in = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), dlse.to(kGpu)};
   for (int call = 0; call < 2; ++call) {
     const TensorVec dg = call_op(bwd_op(), bwd_in, attrs);
@@ -552,7 +555,7 @@ TEST_F(GpuCudnnAttention, EngineChoiceIsKeptInTheDiskCache) {
   make_inputs(c, q, k, v);
   const double scale = 0.125;
   const Attrs attrs = {scale, true, int64_t{0}, 0.0};
-  const TensorVec r = call_op(fwd_op(), {q.to(kCPU), k.to(kCPU), v.to(kCPU)}, attrs);
+  const TensorVec r = attention_reference(fwd_op(), {q, k, v}, attrs);
   const TensorVec in = {q, k, v};
   ASSERT_TRUE(accepts(fwd_op(), "fastest", in, attrs)) << probe(q, k, v, true, scale);
   const cuda::KernelSetupStats s0 = cuda::kernel_setup_stats();

@@ -1,9 +1,9 @@
 // The flash-attention CUDA kernels (kernels/cuda/flash_attention.cu and the family files beside
-// it) against the CPU kernel (kernels/cpu/flash_attention.cpp, f64 loops) on the same bf16/f16
-// inputs, and the support rules: odd lengths, T != S, causal, windows, softcap, GQA 4:1 and MQA,
-// D 64, 128 and 256 (Hopper), negative scales, strided q/k/v from a qkv split, misaligned views,
-// rows that see no key, forward out/lse and backward dq/dk/dv (with and without a gradient on
-// lse).
+// it) against the CPU kernel's f64 loops (kernels/cpu/flash_attention.cpp) on the same bf16/f16
+// inputs widened (attention_reference), and the support rules: odd lengths, T != S, causal,
+// windows, softcap, GQA 4:1 and MQA, D 64, 128 and 256 (Hopper), negative scales, strided q/k/v
+// from a qkv split, misaligned views, rows that see no key, forward out/lse and backward dq/dk/dv
+// (with and without a gradient on lse).
 //
 // Every case runs on each kernel family whose support rule accepts it, forced by name
 // (call_op_with_kernel): "flash_hopper" (the wgmma kernels, on compute capability 9.x) and
@@ -36,6 +36,7 @@
 namespace kiln {
 namespace {
 
+using test::attention_reference;
 using test::kGpu;
 using test::rel_error;
 using Attrs = absl::InlinedVector<Attr, 4>;
@@ -119,11 +120,10 @@ void check_case(const Case& c) {
   make_inputs(c, q, k, v);
   const double scale = c.scale != 0 ? c.scale : 1.5 / std::sqrt(static_cast<double>(c.d));
   const Attrs attrs = {scale, c.causal, c.window, c.softcap};
-  const TensorVec r = call_op(fwd_op(), {q.to(kCPU), k.to(kCPU), v.to(kCPU)}, attrs);
+  const TensorVec r = attention_reference(fwd_op(), {q, k, v}, attrs);
   const Tensor dout = randn(q.sizes()).to(c.dtype);
   const Tensor dlse = c.dlse ? randn(r[1].sizes()) : zeros(r[1].sizes());
-  const TensorVec dr =
-      call_op(bwd_op(), {dout, q.to(kCPU), k.to(kCPU), v.to(kCPU), r[0], r[1], dlse}, attrs);
+  const TensorVec dr = attention_reference(bwd_op(), {dout, q, k, v, r[0], r[1], dlse}, attrs);
   const TensorVec fwd_in = {q, k, v};
   const TensorVec bwd_in = {dout.to(kGpu), q, k, v, r[0].to(kGpu), r[1].to(kGpu), dlse.to(kGpu)};
   int ran = 0;
@@ -213,7 +213,7 @@ TEST_F(GpuFlashAttention, StridedQkvSplitAndUnalignedViews) {
   const Tensor big = randn({1, 2, 40, 65}).to(kBFloat16).to(kGpu);
   const Tensor q = big.narrow(3, 1, 64), k = big.narrow(3, 0, 64);
   const Attrs attrs = {0.125, true, int64_t{0}, 0.0};
-  const TensorVec r = call_op(fwd_op(), {q.to(kCPU), k.to(kCPU), k.to(kCPU)}, attrs);
+  const TensorVec r = attention_reference(fwd_op(), {q, k, k}, attrs);
   for (const std::string& family : families()) {
     if (!accepts(fwd_op(), family, {q, k, k}, attrs)) continue;
     SCOPED_TRACE("kernel " + family);

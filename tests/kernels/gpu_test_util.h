@@ -210,4 +210,21 @@ class DiskCacheScope {
   std::string dir_;
 };
 
+// flash_attention or flash_attention_backward on the CPU as the GPU attention tests' reference:
+// the CPU kernel's f64 loops on the inputs widened to f64, the results rounded to the dtypes the
+// kernels return (out and the gradients in q's dtype, lse in f32). The CPU kernel's f32 path
+// (what f32/bf16/f16 inputs run) rounds where the exact result cancels: with one key, dq and dk
+// are exactly 0 and the f32 path gives rounding noise, which the GPU kernels' own noise cannot
+// match in relative terms.
+inline TensorVec attention_reference(const OpDef& op, const TensorVec& inputs,
+                                     absl::InlinedVector<Attr, 4> attrs) {
+  TensorVec wide;
+  for (const Tensor& t : inputs) wide.push_back(t.defined() ? t.to(kCPU).to(kDouble) : Tensor());
+  const bool forward = op.name == "flash_attention";
+  const ScalarType dtype = inputs[forward ? 0 : 1].dtype();
+  TensorVec out = call_op(op, std::move(wide), std::move(attrs));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = out[i].to(forward && i == 1 ? kFloat : dtype);
+  return out;
+}
+
 }  // namespace kiln::test
