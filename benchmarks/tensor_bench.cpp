@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include <Eigen/Core>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -208,6 +209,35 @@ void cpu_gemm_build_args(benchmark::internal::Benchmark* b) {
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 BENCHMARK(BM_CpuGemmBuild)->Apply(cpu_gemm_build_args);
+
+// The CPU attention kernel, forward and backward, at kiln-tiny's shape (8 x 128 tokens, 8 heads
+// of 32, 4 kv heads, causal), f32: the blocked f32 path (arg 0) against the f64 loops on the same
+// inputs widened (arg 1; the arithmetic every dtype ran before session 44). Arg 2: threads.
+//   build/benchmarks/kiln_bench --benchmark_filter='CpuAttention' --benchmark_min_time=0.5
+void BM_CpuAttention(benchmark::State& state) {
+  set_threads(state, 1);
+  kiln::manual_seed(0);
+  const kiln::ScalarType dtype = state.range(0) == 0 ? kiln::kFloat : kiln::kDouble;
+  const kiln::TensorOptions o(dtype);
+  const kiln::Tensor q = kiln::randn({8, 8, 128, 32}, o), k = kiln::randn({8, 4, 128, 32}, o),
+                     v = kiln::randn({8, 4, 128, 32}, o), dout = kiln::randn({8, 8, 128, 32}, o);
+  static const kiln::OpDef& bwd = KILN_OP(flash_attention_backward);
+  const double scale = 1.0 / std::sqrt(32.0);
+  for (auto _ : state) {
+    auto [out, lse] = kiln::flash_attention(q, k, v, scale, true);
+    benchmark::DoNotOptimize(kiln::call_op(bwd, {dout, q, k, v, out, lse, kiln::Tensor()},
+                                           {scale, true, int64_t{0}, 0.0}));
+  }
+  state.SetLabel(state.range(0) == 0 ? "blocked f32" : "f64 loops");
+}
+BENCHMARK(BM_CpuAttention)
+    ->ArgNames({"f64", "threads"})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Args({0, 2})
+    ->Args({1, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // Batch dims folded into one GEMM: [8, 512, 1024] @ [1024, 1024] (a linear layer's shape).
 void BM_KilnMatmulFolded(benchmark::State& state) {

@@ -278,7 +278,8 @@ std::vector<Tensor> unbind_copy(const Tensor& x, int64_t dim = 0);
 // aligned) and sliding-window masks and tanh softcapping as F::scaled_dot_product_attention.
 // Returns (out [B, H, T, Dv], logsumexp [B, H, T] in f32, f64 for f64 inputs). The flash kernels
 // never materialise the T x S scores (CUDA: bf16/f16 and the head sizes of
-// kernels/cuda/flash_attention.cu; CPU: the f64 reference); an attn_mask (bool: true attends;
+// kernels/cuda/flash_attention.cu; CPU: blocks of query rows as f32 products, f64 loops for f64
+// inputs, kernels/cpu/flash_attention.cpp); an attn_mask (bool: true attends;
 // floating: added to the scores) or dropout_p > 0 runs the decomposition. Backward: one fused
 // op, "flash_attention_backward".
 std::tuple<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,

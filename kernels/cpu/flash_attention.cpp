@@ -99,24 +99,21 @@ const float* as_f32(const T* src, int64_t n, std::vector<float>& dst, bool copy 
   return dst.data();
 }
 
-// The scores of rows [i0, i0 + nq) against keys [lo, lo + ns) into sc [nq, ns]: scale q k^T,
-// capped, -inf where not visible.
-void block_scores(const Geometry& g, const float* q, const float* k, int64_t i0, int64_t nq,
-                  int64_t lo, int64_t ns, float* sc) {
+// The scores of rows [i0, i0 + nq) against keys [lo, lo + ns) into sc [nq, ns]: scale q k^T.
+void block_scores(const Geometry& g, const float* q, const float* k, int64_t nq, int64_t lo,
+                  int64_t ns, float* sc) {
   std::fill(sc, sc + nq * ns, 0.0f);
   gemm(sc, ns, q, {true, g.d}, k + lo * g.d, {false, g.d}, nq, g.d, ns,
        static_cast<float>(g.scale));
-  const auto cap = static_cast<float>(g.softcap);
-  for (int64_t r = 0; r < nq; ++r) {
-    float* row = sc + r * ns;
-    for (int64_t c = 0; c < ns; ++c) {
-      if (!g.visible(i0 + r, lo + c)) {
-        row[c] = -std::numeric_limits<float>::infinity();
-      } else if (cap > 0) {
-        row[c] = cap * std::tanh(row[c] / cap);
-      }
-    }
-  }
+}
+
+// The columns of a block starting at key lo that row i sees: [*c0, *c1) (empty: none). A row's
+// visible keys are one run: (i - window, i] under a window, [0, i] when causal, else all.
+void row_columns(const Geometry& g, int64_t i, int64_t lo, int64_t ns, int64_t* c0, int64_t* c1) {
+  const int64_t first = g.window > 0 ? std::max<int64_t>(0, i - g.window + 1) : 0;
+  const int64_t last = g.causal ? std::min(g.s, i + 1) : g.s;  // exclusive
+  *c0 = std::clamp<int64_t>(first - lo, 0, ns);
+  *c1 = std::clamp<int64_t>(last - lo, *c0, ns);
 }
 
 template <typename T>
@@ -142,24 +139,25 @@ void flash_forward_f32(const Geometry& g, const T* pq, const T* pk, const T* pv,
       }
       const float* qf = as_f32(pq + (bh * g.t + i0) * g.d, nq * g.d, qbuf);
       sc.resize(static_cast<size_t>(nq * std::max<int64_t>(ns, 1)));
-      if (ns > 0) block_scores(g, qf, kf, i0, nq, lo, ns, sc.data());
-      // Softmax of each row in place: sc becomes the probabilities, unnormalised.
+      if (ns > 0) block_scores(g, qf, kf, nq, lo, ns, sc.data());
+      // Softmax of each row's visible run in place (capped first): sc becomes the
+      // probabilities, unnormalised, and 0 where a row sees no key.
+      const auto cap = static_cast<float>(g.softcap);
       std::vector<float> inv_l(static_cast<size_t>(nq), 0.0f);
       for (int64_t r = 0; r < nq; ++r) {
         float* row = sc.data() + r * ns;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t c = 0; c < ns; ++c) m = std::max(m, row[c]);
         const int64_t i = bh * g.t + i0 + r;
-        if (m == -std::numeric_limits<float>::infinity()) {  // sees no key
-          std::fill(row, row + ns, 0.0f);
+        int64_t c0 = 0, c1 = 0;
+        row_columns(g, i0 + r, lo, ns, &c0, &c1);
+        std::fill(row, row + c0, 0.0f);
+        std::fill(row + c1, row + ns, 0.0f);
+        if (c1 == c0) {  // sees no key
           pl[i] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        float l = 0;
-        for (int64_t c = 0; c < ns; ++c) {
-          row[c] = std::exp(row[c] - m);  // exp(-inf) = 0 where not visible
-          l += row[c];
-        }
+        if (cap > 0) tanh_cap(row + c0, c1 - c0, cap);
+        const float m = *std::max_element(row + c0, row + c1);
+        const float l = exp_sum(row + c0, c1 - c0, m);
         inv_l[static_cast<size_t>(r)] = 1.0f / l;
         pl[i] = m + std::log(l);
       }
@@ -208,29 +206,35 @@ void flash_backward_f32(const Geometry& g, const T* pdo, const T* pq, const T* p
               delta[static_cast<size_t>(r)] = d;
             }
             sc.resize(static_cast<size_t>(nq * ns));
-            block_scores(g, qf, kf, i0, nq, lo, ns, sc.data());
+            block_scores(g, qf, kf, nq, lo, ns, sc.data());
             // dp = dout v^T over the visible keys.
             dp.assign(static_cast<size_t>(nq * ns), 0.0f);
             gemm(dp.data(), ns, dof, {true, g.d}, vf + lo * g.d, {false, g.d}, nq, g.d, ns, 1.0f);
             const auto cap = static_cast<float>(g.softcap);
+            const auto scale = static_cast<float>(g.scale);
             for (int64_t r = 0; r < nq; ++r) {
               const float l = pl[row0 + r];
               float* srow = sc.data() + r * ns;  // scores, then probabilities
               float* drow = dp.data() + r * ns;  // dp, then dz
-              for (int64_t c = 0; c < ns; ++c) {
-                const float s = srow[c];
-                const float p = (s == -std::numeric_limits<float>::infinity() ||
-                                 l == -std::numeric_limits<float>::infinity())
-                                    ? 0.0f
-                                    : std::exp(s - l);
-                float dz = p * (drow[c] - delta[static_cast<size_t>(r)]);
-                if (cap > 0 && p != 0.0f) {
-                  const float x = s / cap;
-                  dz *= 1.0f - x * x;
+              int64_t c0 = 0, c1 = 0;
+              row_columns(g, i0 + r, lo, ns, &c0, &c1);
+              if (l == -std::numeric_limits<float>::infinity()) c1 = c0;  // a dead row
+              std::fill(srow, srow + c0, 0.0f);
+              std::fill(srow + c1, srow + ns, 0.0f);
+              std::fill(drow, drow + c0, 0.0f);
+              std::fill(drow + c1, drow + ns, 0.0f);
+              if (c1 == c0) continue;
+              if (cap > 0) {
+                tanh_cap(srow + c0, c1 - c0, cap);
+                for (int64_t c = c0; c < c1; ++c) {  // d/dz of cap tanh(z / cap), into dp's row
+                  const float x = srow[c] / cap;
+                  drow[c] = (drow[c] - delta[static_cast<size_t>(r)]) * (1.0f - x * x);
                 }
-                srow[c] = p;
-                drow[c] = dz * static_cast<float>(g.scale);
+              } else {
+                for (int64_t c = c0; c < c1; ++c) drow[c] -= delta[static_cast<size_t>(r)];
               }
+              exp_sum(srow + c0, c1 - c0, l);
+              for (int64_t c = c0; c < c1; ++c) drow[c] *= srow[c] * scale;
             }
             // dv += p^T dout, dq = dz k, dk += dz^T q.
             gemm(dva.data() + lo * g.d, g.d, sc.data(), {false, ns}, dof, {true, g.d}, ns, nq, g.d,

@@ -13,6 +13,8 @@ void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, co
               bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, float alpha);
 void gemm_f64(double* c, int64_t ldc, const double* a, bool a_row, int64_t lda, const double* b,
               bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, double alpha);
+float exp_sum(float* x, int64_t n, float shift);
+void tanh_cap(float* x, int64_t n, float cap);
 }  // namespace avx2
 #endif
 #if defined(KILN_GEMM_AVX512)
@@ -21,6 +23,8 @@ void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, co
               bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, float alpha);
 void gemm_f64(double* c, int64_t ldc, const double* a, bool a_row, int64_t lda, const double* b,
               bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, double alpha);
+float exp_sum(float* x, int64_t n, float shift);
+void tanh_cap(float* x, int64_t n, float cap);
 }  // namespace avx512
 #endif
 
@@ -34,15 +38,16 @@ std::vector<GemmVariant> supported() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("fma")) {
-    v.push_back({"avx512", avx512::gemm_f32, avx512::gemm_f64});
+    v.push_back({"avx512", avx512::gemm_f32, avx512::gemm_f64, avx512::exp_sum, avx512::tanh_cap});
   }
 #endif
 #if defined(KILN_GEMM_AVX2)
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    v.push_back({"avx2", avx2::gemm_f32, avx2::gemm_f64});
+    v.push_back({"avx2", avx2::gemm_f32, avx2::gemm_f64, avx2::exp_sum, avx2::tanh_cap});
   }
 #endif
-  v.push_back({"baseline", baseline::gemm_f32, baseline::gemm_f64});
+  v.push_back(
+      {"baseline", baseline::gemm_f32, baseline::gemm_f64, baseline::exp_sum, baseline::tanh_cap});
   return v;
 }
 
@@ -62,6 +67,10 @@ void gemm(double* c, int64_t ldc, const double* a, GemmLayout la, const double* 
           int64_t n, int64_t k, int64_t p, double alpha) {
   chosen().f64(c, ldc, a, la.row_major, la.ld, b, lb.row_major, lb.ld, n, k, p, alpha);
 }
+
+float exp_sum(float* x, int64_t n, float shift) { return chosen().exp_sum(x, n, shift); }
+
+void tanh_cap(float* x, int64_t n, float cap) { chosen().tanh_cap(x, n, cap); }
 
 const char* gemm_isa() { return chosen().isa; }
 

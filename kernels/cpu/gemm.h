@@ -1,8 +1,9 @@
-// CPU matrix products in f32 and f64, compiled for several x86-64 instruction sets and chosen at
-// run time by what the CPU has: AVX-512 (x86-64-v4), AVX2 with FMA (x86-64-v3), or the baseline
-// the rest of the library is built for (SSE2 on x86-64; whatever the compiler targets elsewhere).
-// PyTorch ships its CPU kernels the same way (ATen's CPU_CAPABILITY builds), as a prebuilt library
-// must run on any CPU of the architecture; the products are where the wider registers pay most.
+// CPU matrix products in f32 and f64 (and the attention kernel's exp and tanh loops), compiled for
+// several x86-64 instruction sets and chosen at run time by what the CPU has: AVX-512 (x86-64-v4),
+// AVX2 with FMA (x86-64-v3), or the baseline the rest of the library is built for (SSE2 on x86-64;
+// whatever the compiler targets elsewhere). PyTorch ships its CPU kernels the same way (ATen's
+// CPU_CAPABILITY builds), as a prebuilt library must run on any CPU of the architecture; the
+// products are where the wider registers pay most.
 //
 //   // c [n, p] (row-major, row stride ldc) += alpha * a [n, k] @ b [k, p]
 //   cpu::gemm(c, ldc, a, {true, k}, b, {true, p}, n, k, p, 1.0f);
@@ -32,6 +33,12 @@ void gemm(float* c, int64_t ldc, const float* a, GemmLayout la, const float* b, 
 void gemm(double* c, int64_t ldc, const double* a, GemmLayout la, const double* b, GemmLayout lb,
           int64_t n, int64_t k, int64_t p, double alpha);
 
+// x[i] = exp(x[i] - shift) for i < n; returns their sum. Eigen's vectorised exp (within 2 ulp of
+// std::exp; the sum in any order). The CPU attention kernel's softmax.
+float exp_sum(float* x, int64_t n, float shift);
+// x[i] = cap * tanh(x[i] / cap) for i < n (attention's logit softcap), Eigen's vectorised tanh.
+void tanh_cap(float* x, int64_t n, float cap);
+
 // The instruction set gemm runs with on this CPU: "avx512", "avx2" or "baseline".
 const char* gemm_isa();
 
@@ -44,6 +51,8 @@ struct GemmVariant {
   void (*f64)(double* c, int64_t ldc, const double* a, bool a_row_major, int64_t lda,
               const double* b, bool b_row_major, int64_t ldb, int64_t n, int64_t k, int64_t p,
               double alpha);
+  float (*exp_sum)(float* x, int64_t n, float shift);
+  void (*tanh_cap)(float* x, int64_t n, float cap);
 };
 std::vector<GemmVariant> gemm_variants();
 

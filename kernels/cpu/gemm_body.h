@@ -1,5 +1,6 @@
 // One instruction set's build of the CPU matrix product (kernels/cpu/gemm.h): Eigen's GEMM on
-// Eigen::Map views, compiled with the flags of the file that includes this one. That file defines
+// Eigen::Map views, and the two vector loops of the CPU attention kernel (Eigen's packet exp and
+// tanh), compiled with the flags of the file that includes this one. That file defines
 // KILN_GEMM_NS (the namespace the two entry points go in) and, in the wider builds, renames Eigen
 // (`#define Eigen kiln_eigen_avx2`) before including this, so that every Eigen function of that
 // build has its own symbol. The includer includes nothing else: a standard-library function
@@ -44,6 +45,19 @@ void product(T* c, int64_t ldc, const T* a, bool a_row, int64_t lda, const T* b,
 }
 
 }  // namespace
+
+float exp_sum(float* x, int64_t n, float shift) {
+  if (n <= 0) return 0.0f;
+  Eigen::Map<Eigen::ArrayXf> a(x, n);
+  a = (a - shift).exp();
+  return a.sum();
+}
+
+void tanh_cap(float* x, int64_t n, float cap) {
+  if (n <= 0) return;
+  Eigen::Map<Eigen::ArrayXf> a(x, n);
+  a = (a / cap).tanh() * cap;
+}
 
 void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,
               bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, float alpha) {

@@ -1,6 +1,7 @@
 // kernels/cpu/gemm.h: every instruction set's build of the CPU matrix product that this CPU runs,
 // against a plain f64 triple loop, over storage orders, leading dimensions wider than the
-// matrix, row strides of c, odd and tiny sizes, alpha, and accumulation into c; and the choice.
+// matrix, row strides of c, odd and tiny sizes, alpha, and accumulation into c; the attention
+// kernel's exp and tanh loops; and the choice.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -92,6 +93,41 @@ TEST(CpuGemm, EveryBuildMatchesF64Loops) {
       check<float>(v.isa, v.f32, t, 2e-6);
       check<double>(v.isa, v.f64, t, 1e-14);
     }
+  }
+}
+
+// The attention kernel's vector loops in every build: exp(x - shift) and its sum, and
+// cap * tanh(x / cap), against std:: in f64, over lengths that leave every tail and the range
+// softmax sees (x - max <= 0, down to where exp underflows).
+TEST(CpuGemm, EveryBuildsExpAndTanhMatchStd) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-30.0f, 30.0f);
+  for (const GemmVariant& v : gemm_variants()) {
+    for (int64_t n : {1, 3, 7, 16, 17, 33, 100, 1000}) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& e : x) e = u(rng);
+      x[0] = -110.0f;  // exp underflows to 0 (or a denormal) after the shift
+      const float shift = 25.0f;
+      std::vector<float> y = x;
+      const float sum = v.exp_sum(y.data(), n, shift);
+      double want_sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        // The shift is subtracted in f32 (as by the kernel): exp of that difference.
+        const double want = std::exp(static_cast<double>(x[static_cast<size_t>(i)] - shift));
+        want_sum += want;
+        ASSERT_NEAR(y[static_cast<size_t>(i)], want, 4e-7 * want + 1e-37)
+            << v.isa << " exp at " << i << " of " << n << ", x " << x[static_cast<size_t>(i)];
+      }
+      EXPECT_NEAR(sum, want_sum, 1e-6 * want_sum + 1e-37) << v.isa << " n " << n;
+      std::vector<float> t = x;
+      v.tanh_cap(t.data(), n, 5.0f);
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = 5.0 * std::tanh(static_cast<double>(x[static_cast<size_t>(i)]) / 5.0);
+        ASSERT_NEAR(t[static_cast<size_t>(i)], want, 2e-6 * (1 + std::abs(want)))
+            << v.isa << " tanh at " << i << " of " << n;
+      }
+    }
+    EXPECT_EQ(v.exp_sum(nullptr, 0, 1.0f), 0.0f) << v.isa;
   }
 }
 
