@@ -34,7 +34,8 @@ void gemm(double* c, int64_t ldc, const double* a, GemmLayout la, const double* 
           int64_t n, int64_t k, int64_t p, double alpha);
 
 // x[i] = exp(x[i] - shift) for i < n; returns their sum. Eigen's vectorised exp (within 2 ulp of
-// std::exp; the sum in any order). The CPU attention kernel's softmax.
+// std::exp); the bits depend on n and the build, not on x's address or the thread count. The CPU
+// attention kernel's softmax.
 float exp_sum(float* x, int64_t n, float shift);
 // x[i] = cap * tanh(x[i] / cap) for i < n (attention's logit softcap), Eigen's vectorised tanh.
 void tanh_cap(float* x, int64_t n, float cap);

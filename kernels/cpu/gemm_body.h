@@ -46,17 +46,31 @@ void product(T* c, int64_t ldc, const T* a, bool a_row, int64_t lda, const T* b,
 
 }  // namespace
 
+// Eigen peels the elements before the first aligned address off a vectorised loop and computes
+// them with the scalar function, whose bits differ from the packet function's (and sums in
+// another order). So the loops run on a thread's aligned scratch copy: a result does not depend
+// on where its row lies in memory, which varies with the allocator and the thread count.
+namespace {
+Eigen::Map<Eigen::ArrayXf, Eigen::AlignedMax> aligned_scratch(int64_t n) {
+  static thread_local Eigen::ArrayXf scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  return {scratch.data(), n};
+}
+}  // namespace
+
 float exp_sum(float* x, int64_t n, float shift) {
   if (n <= 0) return 0.0f;
-  Eigen::Map<Eigen::ArrayXf> a(x, n);
-  a = (a - shift).exp();
+  auto a = aligned_scratch(n);
+  a = (Eigen::Map<const Eigen::ArrayXf>(x, n) - shift).exp();
+  Eigen::Map<Eigen::ArrayXf>(x, n) = a;
   return a.sum();
 }
 
 void tanh_cap(float* x, int64_t n, float cap) {
   if (n <= 0) return;
-  Eigen::Map<Eigen::ArrayXf> a(x, n);
-  a = (a / cap).tanh() * cap;
+  auto a = aligned_scratch(n);
+  a = (Eigen::Map<const Eigen::ArrayXf>(x, n) / cap).tanh() * cap;
+  Eigen::Map<Eigen::ArrayXf>(x, n) = a;
 }
 
 void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,

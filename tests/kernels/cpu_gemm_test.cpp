@@ -4,6 +4,7 @@
 // kernel's exp and tanh loops; and the choice.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -128,6 +129,18 @@ TEST(CpuGemm, EveryBuildsExpAndTanhMatchStd) {
       }
     }
     EXPECT_EQ(v.exp_sum(nullptr, 0, 1.0f), 0.0f) << v.isa;
+    // The same bits wherever the row lies (Eigen would peel unaligned heads off to scalar exp).
+    std::vector<float> base(64), y0, y1(70);
+    for (float& e : base) e = u(rng);
+    y0 = base;
+    const float s0 = v.exp_sum(y0.data(), 64, 3.0f);
+    for (int64_t off = 1; off < 6; ++off) {
+      std::copy(base.begin(), base.end(), y1.begin() + off);
+      const float s1 = v.exp_sum(y1.data() + off, 64, 3.0f);
+      EXPECT_EQ(std::memcmp(&s0, &s1, sizeof(float)), 0) << v.isa << " offset " << off;
+      EXPECT_EQ(std::memcmp(y0.data(), y1.data() + off, 64 * sizeof(float)), 0)
+          << v.isa << " offset " << off;
+    }
   }
 }
 

@@ -166,8 +166,8 @@ TEST(Attention, Gradcheck) {
 }
 
 // flash_attention_backward's decomposition (what runs on CUDA with deterministic algorithms)
-// against the CPU kernel (f64 loops): plain, causal, sliding window, softcap, GQA, T != S, with
-// and without a gradient on lse, in f64 and f32.
+// against the CPU kernel (f64 loops in f64, blocked f32 products in f32): plain, causal, sliding
+// window, softcap, GQA, T != S, with and without a gradient on lse, in f64 and f32.
 TEST(Attention, BackwardDecompositionMatchesTheKernel) {
   const OpDef& fwd = KILN_OP(flash_attention);
   const OpDef& bwd = KILN_OP(flash_attention_backward);
