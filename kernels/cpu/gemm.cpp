@@ -6,27 +6,24 @@
 
 namespace kiln::cpu {
 
-// The wider builds, compiled where CMakeLists.txt adds kernels/cpu/isa/ (x86-64).
+// The wider builds' entry points (kernels/cpu/gemm_body.h), compiled where CMakeLists.txt adds
+// kernels/cpu/isa/ (x86-64).
+#define KILN_GEMM_DECLARE_BUILD(ns)                                                                \
+  namespace ns {                                                                                   \
+  void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,    \
+                bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, float alpha);            \
+  void gemm_f64(double* c, int64_t ldc, const double* a, bool a_row, int64_t lda, const double* b, \
+                bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, double alpha);           \
+  float exp_sum(float* x, int64_t n, float shift);                                                 \
+  void tanh_cap(float* x, int64_t n, float cap);                                                   \
+  }
 #if defined(KILN_GEMM_AVX2)
-namespace avx2 {
-void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,
-              bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, float alpha);
-void gemm_f64(double* c, int64_t ldc, const double* a, bool a_row, int64_t lda, const double* b,
-              bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, double alpha);
-float exp_sum(float* x, int64_t n, float shift);
-void tanh_cap(float* x, int64_t n, float cap);
-}  // namespace avx2
+KILN_GEMM_DECLARE_BUILD(avx2)
 #endif
 #if defined(KILN_GEMM_AVX512)
-namespace avx512 {
-void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,
-              bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, float alpha);
-void gemm_f64(double* c, int64_t ldc, const double* a, bool a_row, int64_t lda, const double* b,
-              bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, double alpha);
-float exp_sum(float* x, int64_t n, float shift);
-void tanh_cap(float* x, int64_t n, float cap);
-}  // namespace avx512
+KILN_GEMM_DECLARE_BUILD(avx512)
 #endif
+#undef KILN_GEMM_DECLARE_BUILD
 
 namespace {
 
