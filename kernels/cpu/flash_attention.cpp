@@ -18,7 +18,6 @@
 // heads in a fixed order without races.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -88,15 +87,16 @@ void visible_keys(const Geometry& g, int64_t i0, int64_t i1, int64_t* lo, int64_
   *lo = g.window > 0 ? std::max<int64_t>(0, i0 - g.window + 1) : 0;
 }
 
-// n elements of src as f32 in dst; for f32 itself, src when `copy` is false.
+// n elements of src as f32: src itself for f32, else converted into dst.
 template <typename T>
-const float* as_f32(const T* src, int64_t n, std::vector<float>& dst, bool copy = false) {
+const float* as_f32(const T* src, int64_t n, std::vector<float>& dst) {
   if constexpr (std::is_same_v<T, float>) {
-    if (!copy) return src;
+    return src;
+  } else {
+    dst.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) dst[static_cast<size_t>(i)] = static_cast<float>(src[i]);
+    return dst.data();
   }
-  dst.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) dst[static_cast<size_t>(i)] = static_cast<float>(src[i]);
-  return dst.data();
 }
 
 // The scores of rows [i0, i0 + nq) against keys [lo, lo + ns) into sc [nq, ns]: scale q k^T.

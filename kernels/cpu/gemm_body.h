@@ -1,7 +1,7 @@
 // One instruction set's build of the CPU matrix product (kernels/cpu/gemm.h): Eigen's GEMM on
 // Eigen::Map views, and the two vector loops of the CPU attention kernel (Eigen's packet exp and
 // tanh), compiled with the flags of the file that includes this one. That file defines
-// KILN_GEMM_NS (the namespace the two entry points go in) and, in the wider builds, renames Eigen
+// KILN_GEMM_NS (the namespace its entry points go in) and, in the wider builds, renames Eigen
 // (`#define Eigen kiln_eigen_avx2`) before including this, so that every Eigen function of that
 // build has its own symbol. The includer includes nothing else: a standard-library function
 // instantiated here with wider flags would share its symbol with the baseline's, and the linker
