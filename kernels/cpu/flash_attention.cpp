@@ -121,7 +121,7 @@ void flash_forward_f32(const Geometry& g, const T* pq, const T* pk, const T* pv,
                        const Tensor& out, float* pl) {
   const int64_t bq = query_block(g), blocks = (g.t + bq - 1) / bq;
   internal::parallel_for(0, g.b * g.h * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qbuf, kbuf, vbuf, sc, o;
+    std::vector<float> qbuf, kbuf, vbuf, sc, o, inv_l;
     int64_t kv_loaded = -1;
     const float *kf = nullptr, *vf = nullptr;
     for (int64_t task = begin; task < end; ++task) {
@@ -143,7 +143,7 @@ void flash_forward_f32(const Geometry& g, const T* pq, const T* pk, const T* pv,
       // Softmax of each row's visible run in place (capped first): sc becomes the
       // probabilities, unnormalised, and 0 where a row sees no key.
       const auto cap = static_cast<float>(g.softcap);
-      std::vector<float> inv_l(static_cast<size_t>(nq), 0.0f);
+      inv_l.assign(static_cast<size_t>(nq), 0.0f);
       for (int64_t r = 0; r < nq; ++r) {
         float* row = sc.data() + r * ns;
         const int64_t i = bh * g.t + i0 + r;
