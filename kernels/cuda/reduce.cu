@@ -10,8 +10,9 @@
 //   - K == 1, longer rows: one block per row, sized so that each thread has a full round of
 //     16-byte loads (block_threads); when there are too few rows to fill the GPU, several blocks
 //     per row that write partial accumulators, merged by a second kernel;
-//   - K > 1: the column kernel, split along R the same way (in chunks of 256 rows or more) when
-//     there are few columns.
+//   - K > 1: the column kernel, on 16-byte packs of adjacent columns when K is a multiple of the
+//     pack and the block is 16-byte aligned (else one element a thread), split along R the same
+//     way (in chunks of 256 rows or more) when there are few columns.
 // A split reduction uses one wave of blocks and merges the partials in a fixed order, with one
 // block per output when there are few outputs: the result is deterministic.
 // Accumulators: float for f32, f16 and bf16, double for f64, int64 for integers (wrapping, as
@@ -32,9 +33,11 @@ namespace kiln::cuda {
 namespace {
 
 using internal::columns_kernel;
+using internal::columns_packed_kernel;
 using internal::empty_kernel;
 using internal::finalize_block_kernel;
 using internal::finalize_kernel;
+using internal::kColumnsPacked;
 using internal::kColX;
 using internal::kColY;
 using internal::kFinalizeThreads;
@@ -49,6 +52,8 @@ using scalar::wrap_add;
 
 constexpr int kWarp = internal::kReduceWarp;
 constexpr int64_t kWarpRowMax = 4096;  // rows up to this length get one warp each
+// The shortest row chunk of a split column reduction.
+constexpr int64_t kColumnMinChunk = 256;
 
 // Threads of the block kernel for a row (or chunk) of n elements of `elem` bytes: each thread gets
 // at least a full round of kRowUnroll 16-byte packs, from 64 to kRowThreads threads. A row of
@@ -86,16 +91,23 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
   if (R > kMaxChunk && row_thr == kWarp) row_thr = kRowThreads;
   // Blocks without a split, and the split of R that fills the GPU in one wave (the blocks that
   // fit on a multiprocessor at once, on each) when those are too few, each chunk at least 4096
-  // elements of a row long, or 256 rows of the column kernel (whose threads read one element a
-  // step: a [8192, 2048] bf16 sum over its rows ran at 176 GB/s with 4096-row chunks, 128 blocks
-  // on 132 SMs). Row chunks are a multiple of 16 elements so that they share the row's alignment
-  // (the same scalar head, then 16-byte loads).
-  const int64_t natural = K == 1 ? A : ((K + kColX - 1) / kColX) * std::min<int64_t>(A, 65535);
+  // elements of a row long, or kColumnMinChunk rows of the column kernel (a [8192, 2048] bf16 sum
+  // over its rows ran at 176 GB/s with 4096-row chunks, 128 blocks on 132 SMs). Row chunks are a
+  // multiple of 16 elements so that they share the row's alignment (the same scalar head, then
+  // 16-byte loads).
+  // Columns: on 16-byte packs when every row's packs are aligned (columns_packed_kernel).
+  constexpr int64_t V = 16 / sizeof(T);
+  const bool packed =
+      K > 1 && kColumnsPacked<T, Red> && K % V == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int64_t col_width = packed ? kColX * V : kColX;  // columns of a block
+  const int64_t natural =
+      K == 1 ? A : ((K + col_width - 1) / col_width) * std::min<int64_t>(A, 65535);
   int64_t splits = 1;
   if ((K > 1 || row_thr > kWarp) && natural < 2 * sms) {
-    const int64_t min_chunk = K == 1 ? 4096 : 256;
-    const int64_t per_sm = K == 1 ? resident_blocks(rows_block_kernel<T, Red>, row_thr)
-                                  : resident_blocks(columns_kernel<T, Red>, kColX * kColY);
+    const int64_t min_chunk = K == 1 ? 4096 : kColumnMinChunk;
+    const int64_t per_sm = K == 1   ? resident_blocks(rows_block_kernel<T, Red>, row_thr)
+                           : packed ? resident_blocks(columns_packed_kernel<T, Red>, kColX * kColY)
+                                    : resident_blocks(columns_kernel<T, Red>, kColX * kColY);
     splits = std::clamp<int64_t>(std::min((R + min_chunk - 1) / min_chunk, per_sm * sms / natural),
                                  1, 65535);
   }
@@ -123,13 +135,19 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
                                                     outputs);
     KILN_CUDA_LAUNCH_CHECK("rows_block_kernel");
   } else {
-    const int64_t kblocks = (K + kColX - 1) / kColX;
+    const int64_t kblocks = (K + col_width - 1) / col_width;
     KILN_CHECK(kblocks < (int64_t{1} << 31), "[reduce] too many columns for the CUDA kernel: ", K);
     const dim3 grid(static_cast<unsigned>(kblocks),
                     static_cast<unsigned>(std::min<int64_t>(A, 65535)),
                     static_cast<unsigned>(splits));
-    columns_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk, partial);
-    KILN_CUDA_LAUNCH_CHECK("columns_kernel");
+    if (packed) {
+      columns_packed_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk,
+                                                                     partial);
+      KILN_CUDA_LAUNCH_CHECK("columns_packed_kernel");
+    } else {
+      columns_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk, partial);
+      KILN_CUDA_LAUNCH_CHECK("columns_kernel");
+    }
   }
   if (splits > 1 && outputs <= 1024) {
     finalize_block_kernel<<<static_cast<unsigned>(outputs), kFinalizeThreads, 0, stream>>>(

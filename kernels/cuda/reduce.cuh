@@ -7,7 +7,8 @@
 //   - rows_block_kernel (K == 1): one block per row, or per chunk of a row (partial accumulators
 //     written to a workspace), a block-wide tree through shared memory;
 //   - columns_kernel (K > 1): blocks of 32 columns x 8 row slices (coalesced along K), optionally
-//     per chunk of R;
+//     per chunk of R; columns_packed_kernel the same on 16-byte packs of V columns a thread, when
+//     K is a multiple of V and x is 16-byte aligned;
 //   - finalize_kernel, finalize_block_kernel: merge the chunks' partials of each output in a fixed
 //     order (deterministic).
 // Rows are read with 16-byte loads (8 bf16/f16, 4 f32) after a scalar head up to the first 16-byte
@@ -215,6 +216,81 @@ __global__ void __launch_bounds__(kColX* kColY)
       }
     }
     __syncthreads();
+  }
+}
+
+// The column kernel on 16-byte packs: each thread owns V = 16 / sizeof(T) adjacent columns and
+// reads one pack a row, kColUnroll packs in flight, so a block covers kColX * V columns (256 bf16,
+// 128 f32). Needs K % V == 0 and a 16-byte aligned x (every row's packs are then aligned); the
+// caller (reduce.cu's reduce_loop) checks both. Within a chunk, each column meets the same rows in
+// the same order, and its kColY slices are merged in the same order, as in columns_kernel. The
+// slices' V accumulators go through shared memory once; then each thread finishes one column.
+// Reducers whose accumulators would take more than 16 KiB of shared memory (argmax and var of
+// 16-bit values, for example) use columns_kernel (kColumnsPacked).
+inline constexpr int kColUnroll = 4;
+template <typename T, typename Red>
+inline constexpr bool kColumnsPacked = 16 % sizeof(T) == 0 && sizeof(T) <= 8 &&
+                                       (16 / sizeof(T)) * kColX* kColY * sizeof(red_acc_t<Red>) <=
+                                           16384;
+
+template <typename T, typename Red>
+__global__ void __launch_bounds__(kColX* kColY)
+    columns_packed_kernel(Red red, const T* x, int64_t A, int64_t R, int64_t K, int64_t chunk,
+                          red_acc_t<Red>* partial) {
+  if constexpr (kColumnsPacked<T, Red>) {
+    using Acc = red_acc_t<Red>;
+    constexpr int V = static_cast<int>(16 / sizeof(T));
+    constexpr int kCols = kColX * V;  // columns of a block
+    using Vt = loops::Vec<T, V>;
+    __shared__ alignas(16) unsigned char smem[kColY * kCols * sizeof(Acc)];
+    Acc* s = reinterpret_cast<Acc*>(smem);
+    const int64_t kv = static_cast<int64_t>(blockIdx.x) * kColX + threadIdx.x;  // its pack
+    const int64_t KV = K / V;
+    const int64_t r0 = static_cast<int64_t>(blockIdx.z) * chunk;
+    const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;
+    const int64_t outputs = A * K;
+    const int tid = threadIdx.y * kColX + threadIdx.x;
+    for (int64_t a = blockIdx.y; a < A; a += gridDim.y) {
+      Acc acc[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] = red.init();
+      if (kv < KV) {
+        const Vt* base = reinterpret_cast<const Vt*>(x + a * R * K) + kv;
+        int64_t r = r0 + threadIdx.y;
+#pragma unroll 1
+        for (; r + (kColUnroll - 1) * kColY < r1; r += kColUnroll * kColY) {
+          Vt buf[kColUnroll];
+#pragma unroll
+          for (int u = 0; u < kColUnroll; ++u) buf[u] = base[(r + u * kColY) * KV];
+#pragma unroll
+          for (int u = 0; u < kColUnroll; ++u) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) red.step(acc[j], buf[u].v[j], r + u * kColY);
+          }
+        }
+        for (; r < r1; r += kColY) {
+          const Vt b = base[r * KV];
+#pragma unroll
+          for (int j = 0; j < V; ++j) red.step(acc[j], b.v[j], r);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) s[threadIdx.y * kCols + threadIdx.x * V + j] = acc[j];
+      __syncthreads();
+      for (int c = tid; c < kCols; c += kColX * kColY) {
+        const int64_t k = static_cast<int64_t>(blockIdx.x) * kCols + c;
+        if (k < K) {
+          Acc m = s[c];
+          for (int y = 1; y < kColY; ++y) m = red.merge(m, s[y * kCols + c]);
+          if (partial != nullptr) {
+            partial[static_cast<int64_t>(blockIdx.z) * outputs + a * K + k] = m;
+          } else {
+            red.finish(m, a * K + k);
+          }
+        }
+      }
+      __syncthreads();
+    }
   }
 }
 

@@ -378,5 +378,68 @@ TEST_F(GpuReduce, PackedRowsEveryReducerAndRowKernel) {
   }
 }
 
+// Column reductions (over a dim with elements after it): the column kernel on 16-byte packs (V =
+// 16 / sizeof(T) columns a thread) where the column count is a multiple of V and the block is
+// 16-byte aligned, else one element a thread. Column counts that are and are not a multiple of
+// the pack and of a block's 256 bf16 / 128 f32 columns, one pack a row, views at aligned and odd
+// element offsets, an outer dim (several [R, K] blocks), long R split into chunks with a short last
+// chunk; every reducer against the CPU (extrema and indices bit for bit, NaN and infinities in
+// some columns), and the sums deterministic.
+TEST_F(GpuReduce, PackedColumnsEveryReducer) {
+  struct Case {
+    int64_t A, R, K;
+  };
+  const std::vector<Case> cases = {{1, 300, 2048}, {1, 4099, 264}, {1, 1000, 4104}, {1, 37, 8},
+                                   {1, 20001, 16}, {1, 129, 12},   {3, 500, 1024}};
+  const double inf = std::numeric_limits<double>::infinity();
+  uint64_t seed = 7000;
+  for (ScalarType dt : kAllDtypes) {
+    const bool fp = is_floating_point(dt);
+    for (const Case& c : cases) {
+      const int64_t A = c.A, R = c.R, K = c.K, n = A * R * K;
+      for (int64_t offset : {int64_t{0}, int64_t{8}, int64_t{1}}) {
+        Tensor base = random_cpu({n + offset}, fp ? kDouble : dt, seed++, -2, 2);
+        if (fp) {
+          double* p = base.data_ptr<double>() + offset;
+          p[(R - 1) * K + 1] = std::nan("");  // column 1: NaN in the last row
+          p[0 * K + K - 1] = inf;             // the last column: +inf in the first row
+          p[(R / 2) * K + 0] = -inf;          // column 0: -inf in the middle
+          base = base.to(dt);
+        }
+        const Tensor x = base.slice(0, offset, offset + n).reshape({A, R, K});
+        const Tensor g = base.cuda().slice(0, offset, offset + n).reshape({A, R, K});
+        const std::string what = name_of("", dt, {A, R, K}, "offset " + std::to_string(offset));
+        const Tol sum_tol = reduce_tol(fp ? dt : kInt64, R);
+        const Tol exact = fp ? Tol{0, 1e-300} : Tol{0, 0};
+        expect_match(g.sum({1}), x.sum({1}), sum_tol, "sum " + what);
+        expect_match(g.amax({1}), x.amax({1}), exact, "amax " + what);
+        expect_match(g.amin({1}, true), x.amin({1}, true), exact, "amin " + what);
+        expect_same(g.all(1), x.all(1), "all " + what);
+        expect_same(g.any(1), x.any(1), "any " + what);
+        if (dt != kBool) {
+          expect_same(g.argmax(1), x.argmax(1), "argmax " + what);
+          const auto [gv, gi] = g.min(1);
+          const auto [cv, ci] = x.min(1);
+          expect_match(gv, cv, exact, "min values " + what);
+          expect_same(gi, ci, "min indices " + what);
+        }
+        if (fp) {
+          const Tol loose = {sum_tol.rtol * 10, sum_tol.atol * 10};
+          expect_match(g.mean({1}), x.mean({1}), sum_tol, "mean " + what);
+          expect_match(g.norm(2.0, {1}), x.norm(2.0, {1}), loose, "norm " + what);
+          expect_match(g.logsumexp({1}), x.logsumexp({1}), loose, "logsumexp " + what);
+          // var and prod over clean values (prod near 1, so no overflow in float).
+          const Tensor clean = random_cpu({A, R, K}, kDouble, seed++, -2, 2).to(dt);
+          expect_match(clean.cuda().var({1}, 1), clean.var({1}, 1), loose, "var " + what);
+          const Tensor near1 = random_cpu({A, R, K}, kDouble, seed++, 0.97, 1.03).to(dt);
+          const Tol ptol = dt == kFloat ? Tol{1e-4, 1e-6} : sum_tol;
+          expect_match(near1.cuda().prod(1), near1.prod(1), ptol, "prod " + what);
+          expect_same(g.sum({1}), g.sum({1}).cpu(), "sum deterministic " + what);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln
