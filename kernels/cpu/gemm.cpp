@@ -1,6 +1,10 @@
 // The CPU matrix product's baseline build and the choice among the builds (kernels/cpu/gemm.h).
 #include "kernels/cpu/gemm.h"
 
+#include <cstdint>
+
+#include "tensor/error.h"
+
 #define KILN_GEMM_NS baseline
 #include "kernels/cpu/gemm_body.h"
 
@@ -16,6 +20,8 @@ namespace kiln::cpu {
                 bool b_row, int64_t ldb, int64_t n, int64_t k, int64_t p, double alpha);           \
   float exp_sum(float* x, int64_t n, float shift);                                                 \
   void tanh_cap(float* x, int64_t n, float cap);                                                   \
+  void packet_exp(float* x, int64_t n);                                                            \
+  void packet_tanh(float* x, int64_t n);                                                           \
   }
 #if defined(KILN_GEMM_AVX2)
 KILN_GEMM_DECLARE_BUILD(avx2)
@@ -35,16 +41,18 @@ std::vector<GemmVariant> supported() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("fma")) {
-    v.push_back({"avx512", avx512::gemm_f32, avx512::gemm_f64, avx512::exp_sum, avx512::tanh_cap});
+    v.push_back({"avx512", avx512::gemm_f32, avx512::gemm_f64, avx512::exp_sum, avx512::tanh_cap,
+                 avx512::packet_exp, avx512::packet_tanh});
   }
 #endif
 #if defined(KILN_GEMM_AVX2)
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    v.push_back({"avx2", avx2::gemm_f32, avx2::gemm_f64, avx2::exp_sum, avx2::tanh_cap});
+    v.push_back({"avx2", avx2::gemm_f32, avx2::gemm_f64, avx2::exp_sum, avx2::tanh_cap,
+                 avx2::packet_exp, avx2::packet_tanh});
   }
 #endif
-  v.push_back(
-      {"baseline", baseline::gemm_f32, baseline::gemm_f64, baseline::exp_sum, baseline::tanh_cap});
+  v.push_back({"baseline", baseline::gemm_f32, baseline::gemm_f64, baseline::exp_sum,
+               baseline::tanh_cap, baseline::packet_exp, baseline::packet_tanh});
   return v;
 }
 
@@ -68,6 +76,24 @@ void gemm(double* c, int64_t ldc, const double* a, GemmLayout la, const double* 
 float exp_sum(float* x, int64_t n, float shift) { return chosen().exp_sum(x, n, shift); }
 
 void tanh_cap(float* x, int64_t n, float cap) { chosen().tanh_cap(x, n, cap); }
+
+namespace {
+void check_packets(const char* fn, const float* x, int64_t n) {
+  KILN_CHECK(n >= 0 && n % kPacketFloats == 0 && reinterpret_cast<uintptr_t>(x) % 64 == 0, "[", fn,
+             "] needs a 64-byte aligned array of a multiple of ", kPacketFloats, " floats, got ", n,
+             " at ", static_cast<const void*>(x));
+}
+}  // namespace
+
+void packet_exp(float* x, int64_t n) {
+  check_packets("packet_exp", x, n);
+  chosen().packet_exp(x, n);
+}
+
+void packet_tanh(float* x, int64_t n) {
+  check_packets("packet_tanh", x, n);
+  chosen().packet_tanh(x, n);
+}
 
 const char* gemm_isa() { return chosen().isa; }
 

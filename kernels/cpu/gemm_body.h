@@ -1,7 +1,8 @@
 // One instruction set's build of the CPU matrix product (kernels/cpu/gemm.h): Eigen's GEMM on
-// Eigen::Map views, and the two vector loops of the CPU attention kernel (Eigen's packet exp and
-// tanh), compiled with the flags of the file that includes this one. That file defines
-// KILN_GEMM_NS (the namespace its entry points go in) and, in the wider builds, renames Eigen
+// Eigen::Map views, the two vector loops of the CPU attention kernel and the gated MLPs' exp and
+// tanh (Eigen's packet functions), compiled with the flags of the file that includes this one. That
+// file defines KILN_GEMM_NS (the namespace its entry points go in) and, in the wider builds,
+// renames Eigen
 // (`#define Eigen kiln_eigen_avx2`) before including this, so that every Eigen function of that
 // build has its own symbol. The includer includes nothing else: a standard-library function
 // instantiated here with wider flags would share its symbol with the baseline's, and the linker
@@ -71,6 +72,18 @@ void tanh_cap(float* x, int64_t n, float cap) {
   auto a = aligned_scratch(n);
   a = (Eigen::Map<const Eigen::ArrayXf>(x, n) / cap).tanh() * cap;
   Eigen::Map<Eigen::ArrayXf>(x, n) = a;
+}
+
+// Every element in packets (gemm.h's precondition: n a multiple of 16, x 64-byte aligned), so
+// that none takes the scalar function: the bits depend on the value and the build only.
+void packet_exp(float* x, int64_t n) {
+  Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64> a(x, n);
+  a = a.exp();
+}
+
+void packet_tanh(float* x, int64_t n) {
+  Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64> a(x, n);
+  a = a.tanh();
 }
 
 void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,

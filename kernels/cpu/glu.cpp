@@ -3,6 +3,17 @@
 // through loops.h), in the compute type (f32 for f16/bf16, f64 for f64); the activation math is
 // kernels/gated_act.h, shared with the CUDA kernels. The backward writes dgate and dup in one
 // pass over contiguous copies of its inputs, from one exp (tanh) per element.
+//
+// In f32 (and f16/bf16) the exp or tanh runs in chunks of kChunk elements through the packet
+// functions of the CPU's widest build (kernels/cpu/gemm.h: AVX-512 / AVX2 / baseline), every
+// element in a full packet: a result depends on its value and the build only, so a tensor gives
+// the same bits whole or split into row blocks (the compiler's fused_cpu executor). f64 keeps
+// std::exp / std::tanh one element at a time.
+#include <algorithm>
+#include <array>
+#include <type_traits>
+
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/gated_act.h"
 #include "tensor/ops.h"
@@ -12,17 +23,57 @@
 namespace kiln::cpu {
 namespace {
 
+constexpr int64_t kChunk = 256;  // elements a chunk: its scratch stays in L1
+
+// t[i] = the activation's transcendental (exp or tanh) of t[i] for i < m <= kChunk, the tail of
+// the last packet padded with zeros.
+template <typename Act>
+void transcendental(float* t, int64_t m) {
+  const int64_t padded = (m + kPacketFloats - 1) / kPacketFloats * kPacketFloats;
+  std::fill(t + m, t + padded, 0.0f);
+  if constexpr (Act::kTanh) {
+    packet_tanh(t, padded);
+  } else {
+    packet_exp(t, padded);
+  }
+}
+
 template <typename Act>
 void glu_cpu(OpCall& c) {
-  visit_floating(c.outputs[0].dtype(), c.op->name, [&]<typename T>(TypeTag<T>) {
-    using Acc = opmath_t<T>;
-    elementwise<T, T>(
-        c.outputs[0],
-        [](T g, T u) {
-          const Acc gv = static_cast<Acc>(g);
-          return T(Act::act(gv) * static_cast<Acc>(u));
-        },
-        c.input(0), c.input(1));
+  const Tensor& out = c.outputs[0];
+  visit_floating(out.dtype(), c.op->name, [&]<typename T>(TypeTag<T>) {
+    if constexpr (std::is_same_v<T, double>) {
+      elementwise<T, T>(
+          out, [](T g, T u) { return Act::act(g) * u; }, c.input(0), c.input(1));
+    } else {
+      Shape out_strides;
+      for (int64_t s : out.strides()) out_strides.push_back(s * static_cast<int64_t>(sizeof(T)));
+      const std::array<char*, 3> base{static_cast<char*>(out.data_ptr()),
+                                      static_cast<char*>(c.input(0).data_ptr()),
+                                      static_cast<char*>(c.input(1).data_ptr())};
+      const std::array<Shape, 3> strides{out_strides,
+                                         broadcast_byte_strides(c.input(0), out.sizes()),
+                                         broadcast_byte_strides(c.input(1), out.sizes())};
+      for_each_run<3>(out.sizes(), base, strides,
+                      [](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t n) {
+                        alignas(64) float g[kChunk], t[kChunk];
+                        auto at = [&](int k, int64_t i) -> T& {
+                          return *reinterpret_cast<T*>(p[k] + i * s[k]);
+                        };
+                        for (int64_t b = 0; b < n; b += kChunk) {
+                          const int64_t m = std::min(kChunk, n - b);
+                          for (int64_t i = 0; i < m; ++i) {
+                            g[i] = static_cast<float>(at(1, b + i));
+                            t[i] = Act::arg(g[i]);
+                          }
+                          transcendental<Act>(t, m);
+                          for (int64_t i = 0; i < m; ++i) {
+                            at(0, b + i) =
+                                T(Act::act_of(g[i], t[i]) * static_cast<float>(at(2, b + i)));
+                          }
+                        }
+                      });
+    }
   });
 }
 
@@ -40,12 +91,30 @@ void glu_backward_cpu(OpCall& c) {
     T* pdg = c.outputs[0].data_ptr<T>();
     T* pdu = c.outputs[1].data_ptr<T>();
     internal::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const Acc g = static_cast<Acc>(pg[i]), d = static_cast<Acc>(pdy[i]);
-        Acc a, da;
-        Act::act_and_grad(g, &a, &da);
-        pdg[i] = T(d * static_cast<Acc>(pu[i]) * da);
-        pdu[i] = T(d * a);
+      if constexpr (std::is_same_v<T, double>) {
+        for (int64_t i = b; i < e; ++i) {
+          Acc a, da;
+          Act::act_and_grad(pg[i], &a, &da);
+          pdg[i] = pdy[i] * pu[i] * da;
+          pdu[i] = pdy[i] * a;
+        }
+      } else {
+        alignas(64) float g[kChunk], t[kChunk];
+        for (int64_t c0 = b; c0 < e; c0 += kChunk) {
+          const int64_t m = std::min(kChunk, e - c0);
+          for (int64_t i = 0; i < m; ++i) {
+            g[i] = static_cast<float>(pg[c0 + i]);
+            t[i] = Act::arg(g[i]);
+          }
+          transcendental<Act>(t, m);
+          for (int64_t i = 0; i < m; ++i) {
+            float a, da;
+            Act::act_and_grad_of(g[i], t[i], &a, &da);
+            const float d = static_cast<float>(pdy[c0 + i]);
+            pdg[c0 + i] = T(d * static_cast<float>(pu[c0 + i]) * da);
+            pdu[c0 + i] = T(d * a);
+          }
+        }
       }
     });
   });

@@ -4,6 +4,10 @@
 // f64 for f64) with one rounding to x's dtype, the formulas of tensor/ops/rotary.cpp.
 #include "tensor/ops/rotary.h"
 
+#include <absl/container/inlined_vector.h>
+
+#include <algorithm>
+
 #include "kernels/cpu/loops.h"
 #include "kernels/fused_support.h"
 #include "tensor/ops.h"
@@ -13,24 +17,47 @@
 namespace kiln::cpu {
 namespace {
 
-// The element offset of row r of `t` (rows: every index but the last, in logical order).
-int64_t row_offset(const Tensor& t, int64_t r) {
-  int64_t off = 0;
-  for (int64_t d = t.dim() - 2; d >= 0 && r > 0; --d) {
-    off += r % t.size(d) * t.stride(d);
-    r /= t.size(d);
+// Runs f(x_offset, out_offset, position) for rows [b, e) of x and out (rows: every index but the
+// last, in logical order; position: the row's index along dim -2), walking the row index like an
+// odometer: one division per dim at b, none per row.
+template <typename F>
+void for_rows(const Tensor& x, const Tensor& out, int64_t b, int64_t e, F&& f) {
+  const int64_t nd = x.dim() - 1;
+  absl::InlinedVector<int64_t, 6> idx(nd), size(nd), xs(nd), ys(nd);
+  int64_t xo = 0, yo = 0;
+  for (int64_t d = nd - 1, r = b; d >= 0; --d) {
+    size[d] = x.size(d);
+    xs[d] = x.stride(d);
+    ys[d] = out.stride(d);
+    idx[d] = r % size[d];
+    r /= size[d];
+    xo += idx[d] * xs[d];
+    yo += idx[d] * ys[d];
   }
-  return off;
+  for (int64_t r = b; r < e; ++r) {
+    f(xo, yo, idx[nd - 1]);
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      xo += xs[d];
+      yo += ys[d];
+      if (++idx[d] < size[d]) break;
+      xo -= size[d] * xs[d];
+      yo -= size[d] * ys[d];
+      idx[d] = 0;
+    }
+  }
 }
 
 // out = rotary_emb(x; transpose), or out = x where !rotation; out has x's shape and a dense last
-// dim (any row order).
+// dim (any row order). Rows of x are read where they lie when its last dim is dense (the head
+// views of a packed qkv), else from a contiguous copy. In place (out == x) each pair (i, i + D/2)
+// is read before it is written. The loops over a row have no branch, so that the compiler
+// vectorises them (the same arithmetic, so the same bits, as one element at a time).
 void rotate(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, const Tensor& out,
             bool transpose, bool rotation = true) {
-  const Tensor x = x_in.contiguous();
+  const Tensor x = x_in.dim() >= 2 && x_in.stride(-1) == 1 ? x_in : x_in.contiguous();
   const Tensor cos = cos_in.contiguous();
   const Tensor sin = sin_in.contiguous();
-  const int64_t d = x.size(-1), t_len = x.size(-2), h = d / 2;
+  const int64_t d = x.size(-1), h = d / 2;
   const int64_t rows = d == 0 ? 0 : x.numel() / d;
   if (rows == 0) return;
   KILN_CHECK(out.stride(-1) == 1,
@@ -44,24 +71,33 @@ void rotate(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, cons
       const C* ps = sin.data_ptr<C>();
       T* py = out.data_ptr<T>();
       internal::parallel_for(0, rows, std::max<int64_t>(1, 16384 / d), [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) {
-          const T* xr = px + r * d;
-          T* yr = py + row_offset(out, r);
-          const C* cr = pc + (r % t_len) * d;
-          const C* sr = ps + (r % t_len) * d;
+        for_rows(x, out, b, e, [&](int64_t xo, int64_t yo, int64_t t) {
+          const T* xr = px + xo;
+          T* yr = py + yo;
           if (!rotation) {
-            std::copy(xr, xr + d, yr);
-            continue;
+            if (xr != yr) std::copy(xr, xr + d, yr);
+            return;
           }
-          for (int64_t i = 0; i < h; ++i) {
-            const Acc x1 = static_cast<Acc>(xr[i]), x2 = static_cast<Acc>(xr[i + h]);
-            const Acc c1 = static_cast<Acc>(cr[i]), c2 = static_cast<Acc>(cr[i + h]);
-            const Acc s1 = static_cast<Acc>(sr[i]), s2 = static_cast<Acc>(sr[i + h]);
-            const Acc a1 = transpose ? s2 : -s1, a2 = transpose ? -s1 : s2;
-            yr[i] = T(x1 * c1 + x2 * a1);
-            yr[i + h] = T(x2 * c2 + x1 * a2);
+          const C* cr = pc + t * d;
+          const C* sr = ps + t * d;
+          if (transpose) {
+            for (int64_t i = 0; i < h; ++i) {
+              const Acc x1 = static_cast<Acc>(xr[i]), x2 = static_cast<Acc>(xr[i + h]);
+              const Acc c1 = static_cast<Acc>(cr[i]), c2 = static_cast<Acc>(cr[i + h]);
+              const Acc s1 = static_cast<Acc>(sr[i]), s2 = static_cast<Acc>(sr[i + h]);
+              yr[i] = T(x1 * c1 + x2 * s2);
+              yr[i + h] = T(x2 * c2 + x1 * -s1);
+            }
+          } else {
+            for (int64_t i = 0; i < h; ++i) {
+              const Acc x1 = static_cast<Acc>(xr[i]), x2 = static_cast<Acc>(xr[i + h]);
+              const Acc c1 = static_cast<Acc>(cr[i]), c2 = static_cast<Acc>(cr[i + h]);
+              const Acc s1 = static_cast<Acc>(sr[i]), s2 = static_cast<Acc>(sr[i + h]);
+              yr[i] = T(x1 * c1 + x2 * -s1);
+              yr[i + h] = T(x2 * c2 + x1 * s2);
+            }
           }
-        }
+        });
       });
     };
     if (cos.dtype() == x.dtype()) {
@@ -93,8 +129,8 @@ void split_qkv_rotary_cpu(OpCall& c) {
          false);
 }
 
-// In place: rotate reads a strided view through a contiguous copy, and a contiguous one row by
-// row, each element read before it is written.
+// In place: rotate reads each pair of a row before it writes it (a view whose last dim is not
+// dense through a contiguous copy).
 void rotary_qkv_cpu(OpCall& c) {
   const bool transpose = c.attr<bool>(0);
   const int64_t h = c.attr<int64_t>(1), g = c.attr<int64_t>(2), n = h + 2 * g;

@@ -1006,6 +1006,43 @@ TEST(FusedGlu, StridedShapes) {
   EXPECT_EQ(to_shape(swiglu(randn({0, 4}), randn({0, 4})).sizes()), (Shape{0, 4}));
 }
 
+// The f32 / bf16 kernels compute exp and tanh in packets of the CPU's widest build: an element's
+// result depends on its value only, so a tensor gives the same bits whole, split into row
+// blocks of any size (as the compiler's fused_cpu executor runs it), and through a strided view.
+TEST(FusedGlu, SameBitsWholeSplitOrStrided) {
+  manual_seed(36);
+  static const OpDef& swiglu_bwd = KILN_OP(swiglu_backward);
+  static const OpDef& geglu_bwd = KILN_OP(geglu_tanh_backward);
+  for (ScalarType t : {kFloat, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor g = (randn({37, 301}) * 4).to(t), u = randn({37, 301}).to(t),
+                 dy = randn({37, 301}).to(t);
+    const Tensor g_t = g.t().contiguous().t(), u_t = u.t().contiguous().t();  // column-major
+    for (const auto& [name, fwd, bwd] : {std::tuple{"swiglu", &swiglu, &swiglu_bwd},
+                                         std::tuple{"geglu_tanh", &geglu_tanh, &geglu_bwd}}) {
+      SCOPED_TRACE(name);
+      const Tensor whole = fwd(g, u);
+      const TensorVec grads = call_op(*bwd, {dy, g, u});
+      std::vector<Tensor> parts, dg_parts, du_parts;
+      for (int64_t r = 0; r < 37; r += 5) {
+        const int64_t n = std::min<int64_t>(5, 37 - r);
+        parts.push_back(fwd(g.narrow(0, r, n), u.narrow(0, r, n)));
+        const TensorVec pg =
+            call_op(*bwd, {dy.narrow(0, r, n), g.narrow(0, r, n), u.narrow(0, r, n)});
+        dg_parts.push_back(pg[0]);
+        du_parts.push_back(pg[1]);
+      }
+      EXPECT_TRUE(equal(cat(parts, 0), whole));
+      EXPECT_TRUE(equal(cat(dg_parts, 0), grads[0]));
+      EXPECT_TRUE(equal(cat(du_parts, 0), grads[1]));
+      EXPECT_TRUE(equal(fwd(g_t, u_t), whole));
+      const TensorVec strided = call_op(*bwd, {dy, g_t, u_t});
+      EXPECT_TRUE(equal(strided[0], grads[0]));
+      EXPECT_TRUE(equal(strided[1], grads[1]));
+    }
+  }
+}
+
 TEST(FusedGlu, Errors) {
   EXPECT_KILN_ERROR(swiglu(randn({2, 3}), randn({3, 2})),
                     "[swiglu] gate (float32 [2, 3]) and up (float32 [3, 2])");
