@@ -1,7 +1,7 @@
-// CPU matrix products in f32 and f64 (and the exp and tanh loops of attention and the gated MLPs),
-// compiled for several x86-64 instruction sets and chosen at run time by what the CPU has: AVX-512
-// (x86-64-v4), AVX2 with FMA (x86-64-v3), or the baseline the rest of the library is built for
-// (SSE2 on x86-64; whatever the compiler targets elsewhere). PyTorch ships its CPU kernels the
+// CPU matrix products in f32 and f64 (and the exp and tanh loops of attention, the gated MLPs'
+// exp), compiled for several x86-64 instruction sets and chosen at run time by what the CPU has:
+// AVX-512 (x86-64-v4), AVX2 with FMA (x86-64-v3), or the baseline the rest of the library is built
+// for (SSE2 on x86-64; whatever the compiler targets elsewhere). PyTorch ships its CPU kernels the
 // same way (ATen's CPU_CAPABILITY builds), as a prebuilt library must run on any CPU of the
 // architecture; the products are where the wider registers pay most.
 //
@@ -40,13 +40,12 @@ float exp_sum(float* x, int64_t n, float shift);
 // x[i] = cap * tanh(x[i] / cap) for i < n (attention's logit softcap), Eigen's vectorised tanh.
 void tanh_cap(float* x, int64_t n, float cap);
 
-// x[i] = exp(x[i]), x[i] = tanh(x[i]) for i < n, every element by Eigen's packet function (within
-// a few ulp of std::exp / std::tanh): the bits depend on the value and the build only, not on n,
-// the address or how a tensor is split into calls. x must be 64-byte aligned and n a multiple of
-// kPacketFloats (pad the tail); else an error. The gated MLPs' CPU kernels (kernels/cpu/glu.cpp).
+// x[i] = exp(x[i]) for i < n, every element by Eigen's packet function (within a few ulp of
+// std::exp): the bits depend on the value and the build only, not on n, the address or how a
+// tensor is split into calls. x must be 64-byte aligned and n a multiple of kPacketFloats (pad
+// the tail); else an error. The gated MLPs' CPU kernels (kernels/cpu/glu.cpp).
 inline constexpr int64_t kPacketFloats = 16;
 void packet_exp(float* x, int64_t n);
-void packet_tanh(float* x, int64_t n);
 
 // The instruction set gemm runs with on this CPU: "avx512", "avx2" or "baseline".
 const char* gemm_isa();
@@ -63,7 +62,6 @@ struct GemmVariant {
   float (*exp_sum)(float* x, int64_t n, float shift);
   void (*tanh_cap)(float* x, int64_t n, float cap);
   void (*packet_exp)(float* x, int64_t n);
-  void (*packet_tanh)(float* x, int64_t n);
 };
 std::vector<GemmVariant> gemm_variants();
 

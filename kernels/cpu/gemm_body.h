@@ -1,6 +1,6 @@
 // One instruction set's build of the CPU matrix product (kernels/cpu/gemm.h): Eigen's GEMM on
-// Eigen::Map views, the two vector loops of the CPU attention kernel and the gated MLPs' exp and
-// tanh (Eigen's packet functions), compiled with the flags of the file that includes this one. That
+// Eigen::Map views, the two vector loops of the CPU attention kernel and the gated MLPs' exp
+// (Eigen's packet functions), compiled with the flags of the file that includes this one. That
 // file defines KILN_GEMM_NS (the namespace its entry points go in) and, in the wider builds,
 // renames Eigen
 // (`#define Eigen kiln_eigen_avx2`) before including this, so that every Eigen function of that
@@ -79,11 +79,6 @@ void tanh_cap(float* x, int64_t n, float cap) {
 void packet_exp(float* x, int64_t n) {
   Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64> a(x, n);
   a = a.exp();
-}
-
-void packet_tanh(float* x, int64_t n) {
-  Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64> a(x, n);
-  a = a.tanh();
 }
 
 void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,

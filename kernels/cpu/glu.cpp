@@ -4,11 +4,12 @@
 // kernels/gated_act.h, shared with the CUDA kernels. The backward writes dgate and dup in one
 // pass over contiguous copies of its inputs, from one exp (tanh) per element.
 //
-// In f32 (and f16/bf16) the exp or tanh runs in chunks of kChunk elements through the packet
-// functions of the CPU's widest build (kernels/cpu/gemm.h: AVX-512 / AVX2 / baseline), every
-// element in a full packet: a result depends on its value and the build only, so a tensor gives
-// the same bits whole or split into row blocks (the compiler's fused_cpu executor). f64 keeps
-// std::exp / std::tanh one element at a time.
+// In f32 (and f16/bf16) the activations take their exp forms (gated_act.h: geglu_tanh's through
+// exp(-2u), not tanh(u)), and the exp runs in chunks of kChunk elements through the packet exp
+// of the CPU's widest build (kernels/cpu/gemm.h: AVX-512 / AVX2 / baseline), every element in a
+// full packet: a result depends on its value and the build only, so a tensor gives the same bits
+// whole or split into row blocks (the compiler's fused_cpu executor). f64 keeps std::exp /
+// std::tanh one element at a time.
 #include <algorithm>
 #include <array>
 #include <type_traits>
@@ -25,17 +26,12 @@ namespace {
 
 constexpr int64_t kChunk = 256;  // elements a chunk: its scratch stays in L1
 
-// t[i] = the activation's transcendental (exp or tanh) of t[i] for i < m <= kChunk, the tail of
-// the last packet padded with zeros.
-template <typename Act>
-void transcendental(float* t, int64_t m) {
+// t[i] = exp(t[i]) for i < m <= kChunk, by packet_exp, the tail of the last packet padded with
+// zeros.
+void exp_chunk(float* t, int64_t m) {
   const int64_t padded = (m + kPacketFloats - 1) / kPacketFloats * kPacketFloats;
   std::fill(t + m, t + padded, 0.0f);
-  if constexpr (Act::kTanh) {
-    packet_tanh(t, padded);
-  } else {
-    packet_exp(t, padded);
-  }
+  packet_exp(t, padded);
 }
 
 template <typename Act>
@@ -64,12 +60,12 @@ void glu_cpu(OpCall& c) {
                           const int64_t m = std::min(kChunk, n - b);
                           for (int64_t i = 0; i < m; ++i) {
                             g[i] = static_cast<float>(at(1, b + i));
-                            t[i] = Act::arg(g[i]);
+                            t[i] = Act::exp_arg(g[i]);
                           }
-                          transcendental<Act>(t, m);
+                          exp_chunk(t, m);
                           for (int64_t i = 0; i < m; ++i) {
                             at(0, b + i) =
-                                T(Act::act_of(g[i], t[i]) * static_cast<float>(at(2, b + i)));
+                                T(Act::act_of_exp(g[i], t[i]) * static_cast<float>(at(2, b + i)));
                           }
                         }
                       });
@@ -104,12 +100,12 @@ void glu_backward_cpu(OpCall& c) {
           const int64_t m = std::min(kChunk, e - c0);
           for (int64_t i = 0; i < m; ++i) {
             g[i] = static_cast<float>(pg[c0 + i]);
-            t[i] = Act::arg(g[i]);
+            t[i] = Act::exp_arg(g[i]);
           }
-          transcendental<Act>(t, m);
+          exp_chunk(t, m);
           for (int64_t i = 0; i < m; ++i) {
             float a, da;
-            Act::act_and_grad_of(g[i], t[i], &a, &da);
+            Act::act_and_grad_of_exp(g[i], t[i], &a, &da);
             const float d = static_cast<float>(pdy[c0 + i]);
             pdg[c0 + i] = T(d * static_cast<float>(pu[c0 + i]) * da);
             pdu[c0 + i] = T(d * a);
