@@ -2,11 +2,10 @@
 // Eigen::Map views, the two vector loops of the CPU attention kernel and the gated MLPs' exp
 // (Eigen's packet functions), compiled with the flags of the file that includes this one. That
 // file defines KILN_GEMM_NS (the namespace its entry points go in) and, in the wider builds,
-// renames Eigen
-// (`#define Eigen kiln_eigen_avx2`) before including this, so that every Eigen function of that
-// build has its own symbol. The includer includes nothing else: a standard-library function
-// instantiated here with wider flags would share its symbol with the baseline's, and the linker
-// keeps one of the two.
+// renames Eigen (`#define Eigen kiln_eigen_avx2`) before including this, so that every Eigen
+// function of that build has its own symbol. The includer includes nothing else: a
+// standard-library function instantiated here with wider flags would share its symbol with the
+// baseline's, and the linker keeps one of the two.
 //
 // No include guard: each includer includes it once, under its own namespace.
 #include <Eigen/Core>

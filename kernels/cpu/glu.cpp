@@ -2,7 +2,7 @@
 // the CUDA kernels are tested against. Elementwise over the inputs read in place (any strides,
 // through loops.h), in the compute type (f32 for f16/bf16, f64 for f64); the activation math is
 // kernels/gated_act.h, shared with the CUDA kernels. The backward writes dgate and dup in one
-// pass over contiguous copies of its inputs, from one exp (tanh) per element.
+// pass over contiguous copies of its inputs, from one exp per element.
 //
 // In f32 (and f16/bf16) the activations take their exp forms (gated_act.h: geglu_tanh's through
 // exp(-2u), not tanh(u)), and the exp runs in chunks of kChunk elements through the packet exp

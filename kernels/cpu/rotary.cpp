@@ -54,7 +54,9 @@ void for_rows(const Tensor& x, const Tensor& out, int64_t b, int64_t e, F&& f) {
 // vectorises them (the same arithmetic, so the same bits, as one element at a time).
 void rotate(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, const Tensor& out,
             bool transpose, bool rotation = true) {
-  const Tensor x = x_in.dim() >= 2 && x_in.stride(-1) == 1 ? x_in : x_in.contiguous();
+  KILN_CHECK(x_in.dim() >= 2, "[rotary_emb] expected x of shape [..., T, D], got ",
+             shape_str(x_in.sizes()));
+  const Tensor x = x_in.stride(-1) == 1 ? x_in : x_in.contiguous();
   const Tensor cos = cos_in.contiguous();
   const Tensor sin = sin_in.contiguous();
   const int64_t d = x.size(-1), h = d / 2;
