@@ -72,6 +72,32 @@ int row_threads(int64_t n, size_t elem) {
   return n <= kWarpRowMax ? kWarp : block_threads(n, elem);
 }
 
+// The column kernel's blocks resident on a multiprocessor, and its launch: on 16-byte packs when
+// `packed` (columns_packed_kernel, instantiated only where the reducer fits it), else one element
+// a thread.
+template <typename T, typename Red>
+int64_t column_blocks_per_sm(bool packed) {
+  if constexpr (kColumnsPacked<T, Red>) {
+    if (packed) return resident_blocks(columns_packed_kernel<T, Red>, kColX * kColY);
+  }
+  return resident_blocks(columns_kernel<T, Red>, kColX * kColY);
+}
+
+template <typename T, typename Red>
+void launch_columns(bool packed, dim3 grid, cudaStream_t stream, const Red& red, const T* x,
+                    int64_t A, int64_t R, int64_t K, int64_t chunk, red_acc_t<Red>* partial) {
+  if constexpr (kColumnsPacked<T, Red>) {
+    if (packed) {
+      columns_packed_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk,
+                                                                     partial);
+      KILN_CUDA_LAUNCH_CHECK("columns_packed_kernel");
+      return;
+    }
+  }
+  columns_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk, partial);
+  KILN_CUDA_LAUNCH_CHECK("columns_kernel");
+}
+
 // Reduces the contiguous [A, R, K] block `x` with `red`, calling red.finish once per output.
 template <typename T, typename Red>
 void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, Device device) {
@@ -105,9 +131,8 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
   int64_t splits = 1;
   if ((K > 1 || row_thr > kWarp) && natural < 2 * sms) {
     const int64_t min_chunk = K == 1 ? 4096 : kColumnMinChunk;
-    const int64_t per_sm = K == 1   ? resident_blocks(rows_block_kernel<T, Red>, row_thr)
-                           : packed ? resident_blocks(columns_packed_kernel<T, Red>, kColX * kColY)
-                                    : resident_blocks(columns_kernel<T, Red>, kColX * kColY);
+    const int64_t per_sm = K == 1 ? resident_blocks(rows_block_kernel<T, Red>, row_thr)
+                                  : column_blocks_per_sm<T, Red>(packed);
     splits = std::clamp<int64_t>(std::min((R + min_chunk - 1) / min_chunk, per_sm * sms / natural),
                                  1, 65535);
   }
@@ -140,14 +165,7 @@ void reduce_loop(const Red& red, const T* x, int64_t A, int64_t R, int64_t K, De
     const dim3 grid(static_cast<unsigned>(kblocks),
                     static_cast<unsigned>(std::min<int64_t>(A, 65535)),
                     static_cast<unsigned>(splits));
-    if (packed) {
-      columns_packed_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk,
-                                                                     partial);
-      KILN_CUDA_LAUNCH_CHECK("columns_packed_kernel");
-    } else {
-      columns_kernel<<<grid, dim3(kColX, kColY), 0, stream>>>(red, x, A, R, K, chunk, partial);
-      KILN_CUDA_LAUNCH_CHECK("columns_kernel");
-    }
+    launch_columns(packed, grid, stream, red, x, A, R, K, chunk, partial);
   }
   if (splits > 1 && outputs <= 1024) {
     finalize_block_kernel<<<static_cast<unsigned>(outputs), kFinalizeThreads, 0, stream>>>(

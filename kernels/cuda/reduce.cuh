@@ -226,7 +226,8 @@ __global__ void __launch_bounds__(kColX* kColY)
 // the same order, and its kColY slices are merged in the same order, as in columns_kernel. The
 // slices' V accumulators go through shared memory once; then each thread finishes one column.
 // Reducers whose accumulators would take more than 16 KiB of shared memory (argmax and var of
-// 16-bit values, for example) use columns_kernel (kColumnsPacked).
+// 16-bit values, for example) use columns_kernel (kColumnsPacked); this one is not instantiated
+// for them.
 inline constexpr int kColUnroll = 4;
 template <typename T, typename Red>
 inline constexpr bool kColumnsPacked = 16 % sizeof(T) == 0 && sizeof(T) <= 8 &&
@@ -237,60 +238,59 @@ template <typename T, typename Red>
 __global__ void __launch_bounds__(kColX* kColY)
     columns_packed_kernel(Red red, const T* x, int64_t A, int64_t R, int64_t K, int64_t chunk,
                           red_acc_t<Red>* partial) {
-  if constexpr (kColumnsPacked<T, Red>) {
-    using Acc = red_acc_t<Red>;
-    constexpr int V = static_cast<int>(16 / sizeof(T));
-    constexpr int kCols = kColX * V;  // columns of a block
-    using Vt = loops::Vec<T, V>;
-    __shared__ alignas(16) unsigned char smem[kColY * kCols * sizeof(Acc)];
-    Acc* s = reinterpret_cast<Acc*>(smem);
-    const int64_t kv = static_cast<int64_t>(blockIdx.x) * kColX + threadIdx.x;  // its pack
-    const int64_t KV = K / V;
-    const int64_t r0 = static_cast<int64_t>(blockIdx.z) * chunk;
-    const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;
-    const int64_t outputs = A * K;
-    const int tid = threadIdx.y * kColX + threadIdx.x;
-    for (int64_t a = blockIdx.y; a < A; a += gridDim.y) {
-      Acc acc[V];
+  static_assert(kColumnsPacked<T, Red>, "columns_packed_kernel: the accumulators do not fit");
+  using Acc = red_acc_t<Red>;
+  constexpr int V = static_cast<int>(16 / sizeof(T));
+  constexpr int kCols = kColX * V;  // columns of a block
+  using Vt = loops::Vec<T, V>;
+  __shared__ alignas(16) unsigned char smem[kColY * kCols * sizeof(Acc)];
+  Acc* s = reinterpret_cast<Acc*>(smem);
+  const int64_t kv = static_cast<int64_t>(blockIdx.x) * kColX + threadIdx.x;  // its pack
+  const int64_t KV = K / V;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.z) * chunk;
+  const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;
+  const int64_t outputs = A * K;
+  const int tid = threadIdx.y * kColX + threadIdx.x;
+  for (int64_t a = blockIdx.y; a < A; a += gridDim.y) {
+    Acc acc[V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) acc[j] = red.init();
-      if (kv < KV) {
-        const Vt* base = reinterpret_cast<const Vt*>(x + a * R * K) + kv;
-        int64_t r = r0 + threadIdx.y;
+    for (int j = 0; j < V; ++j) acc[j] = red.init();
+    if (kv < KV) {
+      const Vt* base = reinterpret_cast<const Vt*>(x + a * R * K) + kv;
+      int64_t r = r0 + threadIdx.y;
 #pragma unroll 1
-        for (; r + (kColUnroll - 1) * kColY < r1; r += kColUnroll * kColY) {
-          Vt buf[kColUnroll];
+      for (; r + (kColUnroll - 1) * kColY < r1; r += kColUnroll * kColY) {
+        Vt buf[kColUnroll];
 #pragma unroll
-          for (int u = 0; u < kColUnroll; ++u) buf[u] = base[(r + u * kColY) * KV];
+        for (int u = 0; u < kColUnroll; ++u) buf[u] = base[(r + u * kColY) * KV];
 #pragma unroll
-          for (int u = 0; u < kColUnroll; ++u) {
+        for (int u = 0; u < kColUnroll; ++u) {
 #pragma unroll
-            for (int j = 0; j < V; ++j) red.step(acc[j], buf[u].v[j], r + u * kColY);
-          }
-        }
-        for (; r < r1; r += kColY) {
-          const Vt b = base[r * KV];
-#pragma unroll
-          for (int j = 0; j < V; ++j) red.step(acc[j], b.v[j], r);
+          for (int j = 0; j < V; ++j) red.step(acc[j], buf[u].v[j], r + u * kColY);
         }
       }
+      for (; r < r1; r += kColY) {
+        const Vt b = base[r * KV];
 #pragma unroll
-      for (int j = 0; j < V; ++j) s[threadIdx.y * kCols + threadIdx.x * V + j] = acc[j];
-      __syncthreads();
-      for (int c = tid; c < kCols; c += kColX * kColY) {
-        const int64_t k = static_cast<int64_t>(blockIdx.x) * kCols + c;
-        if (k < K) {
-          Acc m = s[c];
-          for (int y = 1; y < kColY; ++y) m = red.merge(m, s[y * kCols + c]);
-          if (partial != nullptr) {
-            partial[static_cast<int64_t>(blockIdx.z) * outputs + a * K + k] = m;
-          } else {
-            red.finish(m, a * K + k);
-          }
-        }
+        for (int j = 0; j < V; ++j) red.step(acc[j], b.v[j], r);
       }
-      __syncthreads();
     }
+#pragma unroll
+    for (int j = 0; j < V; ++j) s[threadIdx.y * kCols + threadIdx.x * V + j] = acc[j];
+    __syncthreads();
+    for (int c = tid; c < kCols; c += kColX * kColY) {
+      const int64_t k = static_cast<int64_t>(blockIdx.x) * kCols + c;
+      if (k < K) {
+        Acc m = s[c];
+        for (int y = 1; y < kColY; ++y) m = red.merge(m, s[y * kCols + c]);
+        if (partial != nullptr) {
+          partial[static_cast<int64_t>(blockIdx.z) * outputs + a * K + k] = m;
+        } else {
+          red.finish(m, a * K + k);
+        }
+      }
+    }
+    __syncthreads();
   }
 }
 
