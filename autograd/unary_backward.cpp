@@ -40,19 +40,40 @@ TensorVec silu_backward(const BackwardCall& c) {
   return {g(c) * s * (1 + x(c) * (1 - s))};
 }
 
-TensorVec gelu_backward(const BackwardCall& c) {
-  const Tensor& in = x(c);
-  if (c.attr<std::string>(0) == "tanh") {
-    // y = x/2 (1 + tanh(u)), u = k (x + 0.044715 x^3)
-    const double k = std::sqrt(2.0 / std::numbers::pi);
-    const Tensor t = ((in + in.pow(3) * 0.044715) * k).tanh();
-    const Tensor du = (1 + in.square() * (3 * 0.044715)) * k;
-    return {g(c) * ((1 + t) * 0.5 + in * 0.5 * (1 - t.square()) * du)};
+// gelu: one gelu_backward call (tensor/ops/unary.cpp), the gradient in x's dtype.
+TensorVec gelu_backward_rule(const BackwardCall& c) {
+  static const OpDef& op = KILN_OP(gelu_backward);
+  const Tensor& grad = g(c).dtype() == x(c).dtype() ? g(c) : g(c).to(x(c).dtype());
+  return {call_op1(op, {grad, x(c)}, {c.attr<std::string>(0)})};
+}
+
+// gelu_backward(grad, x) = grad * gelu'(x): d/dgrad is gelu'(x) again, d/dx is grad * gelu''(x):
+//   exact: gelu'' = phi(x) (2 - x^2);
+//   tanh:  gelu'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2), t = tanh(u), u = k (x + c x^3),
+//          u' = k (1 + 3 c x^2), u'' = 6 k c x.
+TensorVec gelu_backward_backward(const BackwardCall& c) {
+  static const OpDef& op = KILN_OP(gelu_backward);
+  const std::string& approximate = c.attr<std::string>(0);
+  const Tensor& gg = c.grad();
+  const Tensor& grad = c.input(0);
+  const Tensor& in = c.input(1);
+  Tensor d_grad, d_in;
+  if (c.needs_grad(0)) d_grad = call_op1(op, {gg, in}, {approximate});
+  if (c.needs_grad(1)) {
+    Tensor second;
+    if (approximate == "tanh") {
+      const double k = std::sqrt(2.0 / std::numbers::pi), cc = 0.044715;
+      const Tensor t = ((in + in.pow(3) * cc) * k).tanh();
+      const Tensor du = (1 + in.square() * (3 * cc)) * k;
+      const Tensor ddu = in * (6 * k * cc);
+      second = (1 - t.square()) * (du + in * 0.5 * (ddu - t * du.square() * 2));
+    } else {
+      const Tensor pdf = (in.square() * -0.5).exp() * (1.0 / std::sqrt(2 * std::numbers::pi));
+      second = pdf * (2 - in.square());
+    }
+    d_in = gg * grad * second;
   }
-  // y = x Phi(x): dy/dx = Phi(x) + x phi(x)
-  const Tensor cdf = ((in * (1.0 / std::numbers::sqrt2)).erf() + 1) * 0.5;
-  const Tensor pdf = (in.square() * -0.5).exp() * (1.0 / std::sqrt(2 * std::numbers::pi));
-  return {g(c) * (cdf + in * pdf)};
+  return {d_grad, d_in};
 }
 
 TensorVec pow_tensor_scalar_backward(const BackwardCall& c) {
@@ -85,7 +106,8 @@ KILN_REGISTER_BACKWARD(reciprocal, reciprocal_backward, kSaveNone, true);
 KILN_REGISTER_BACKWARD(square, square_backward, kX, false);
 KILN_REGISTER_BACKWARD(erf, erf_backward, kX, false);
 KILN_REGISTER_BACKWARD(silu, silu_backward, kX, false);
-KILN_REGISTER_BACKWARD(gelu, gelu_backward, kX, false);
+KILN_REGISTER_BACKWARD(gelu, gelu_backward_rule, kX, false);
+KILN_REGISTER_BACKWARD(gelu_backward, gelu_backward_backward, kSaveAll, false);
 KILN_REGISTER_BACKWARD(pow_tensor_scalar, pow_tensor_scalar_backward, kX, false);
 KILN_REGISTER_BACKWARD(sign, zero_backward, kSaveNone, false);
 KILN_REGISTER_BACKWARD(floor, zero_backward, kSaveNone, false);

@@ -106,6 +106,25 @@ void BM_Neg16M(benchmark::State& state) {
 }
 BENCHMARK(BM_Neg16M)->Arg(1)->Arg(2)->UseRealTime();
 
+// gelu's gradient over 16M f32 (2 reads + 1 write): the gelu_backward op (Arg 0: exact, 1: tanh;
+// Arg 1: threads) against its formula in plain ops (the decomposition: gelu's backward before
+// gelu_backward was one op).
+void gelu_backward_bench(benchmark::State& state, bool one_op) {
+  static const kiln::OpDef& op = KILN_OP(gelu_backward);
+  set_threads(state, 1);
+  const std::string approximate = state.range(0) == 0 ? "none" : "tanh";
+  const kiln::Tensor g = kiln::randn({k16M}), x = kiln::randn({k16M}) * 3;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(one_op ? kiln::call_op1(op, {g, x}, {approximate})
+                                    : kiln::call_decomposition(op, {g, x}, {approximate})[0]);
+  }
+  state.SetBytesProcessed(state.iterations() * 3 * k16M * kFloatBytes);
+}
+void BM_GeluBackward16M(benchmark::State& state) { gelu_backward_bench(state, true); }
+void BM_GeluBackwardOps16M(benchmark::State& state) { gelu_backward_bench(state, false); }
+BENCHMARK(BM_GeluBackward16M)->ArgsProduct({{0, 1}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_GeluBackwardOps16M)->ArgsProduct({{0, 1}, {1, 2}})->UseRealTime();
+
 // --- Reductions over 16M f32 (bytes read; the outputs are tiny) -------------------------------
 
 void BM_SumAll16M(benchmark::State& state) {

@@ -132,7 +132,7 @@ void AutocastScope::set(const BoundOp::Autocast& s) {
 
 bool Executor::fuses(const Trace&, const BoundOp&) const { return false; }
 
-bool Executor::fuses_epilogue(const Trace&, const BoundOp&, int, const BoundOp&) const {
+bool Executor::fuses_epilogue(const Trace&, const BoundOp&, int, const BoundOp&, bool) const {
   return false;
 }
 

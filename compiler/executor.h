@@ -54,11 +54,12 @@ class Executor {
   virtual Step lower_region(const Trace& trace, size_t begin, size_t end) const;
 
   // Matmul epilogues (compiler/fuse.h, attach_epilogues). Whether this executor runs `matmul`
-  // (an mm or addmm) together with `consumer`, the one op that reads its output (`product`: the
+  // (an mm or addmm) together with `consumer`, the op that reads its output (`product`: the
   // mm's output or a view of it), as one region: the product and the elementwise op after it in one
-  // library call. Default: no.
+  // library call. With keeps_product, the product (or a view between) is also read outside the
+  // region, which must then write it too. Default: no.
   virtual bool fuses_epilogue(const Trace& trace, const BoundOp& matmul, int product,
-                              const BoundOp& consumer) const;
+                              const BoundOp& consumer, bool keeps_product) const;
 };
 
 // Registers an executor under its name (replacing one of the same name, "eager" excepted).

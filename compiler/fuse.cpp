@@ -18,6 +18,8 @@ const absl::flat_hash_set<std::string_view>& pointwise_ops() {
       "abs", "ceil", "floor", "round", "neg", "relu", "sign", "square", "sqrt", "rsqrt",
       "reciprocal", "exp", "expm1", "log", "log1p", "sin", "cos", "tanh", "erf", "sigmoid", "silu",
       "gelu", "logical_not", "bitwise_not", "pow_tensor_scalar",
+      // gelu's gradient, g * gelu'(x)
+      "gelu_backward",
       // binary and ternary
       "add", "sub", "mul", "div", "pow", "maximum", "minimum", "atan2", "eq", "ne", "lt", "le",
       "gt", "ge", "logical_and", "logical_or", "logical_xor", "where", "clamp", "lerp", "isclose",
@@ -224,13 +226,11 @@ Trace fuse(const Trace& trace, const Executor& executor) {
 Trace attach_epilogues(const Trace& trace, const Executor& executor) {
   const size_t n = trace.ops.size();
   const size_t nv = trace.values.size();
-  // How many ops read each value (an op reading it twice counts twice), and the last one.
-  std::vector<int> readers(nv, 0), reader(nv, -1);
+  // The ops reading each value, in order (an op reading it twice is there twice).
+  std::vector<std::vector<int>> readers(nv);
   for (size_t i = 0; i < n; ++i) {
     for (int v : trace.ops[i].inputs) {
-      if (v < 0) continue;
-      ++readers[static_cast<size_t>(v)];
-      reader[static_cast<size_t>(v)] = static_cast<int>(i);
+      if (v >= 0) readers[static_cast<size_t>(v)].push_back(static_cast<int>(i));
     }
   }
   std::vector<bool> escapes(nv, false);  // returned or assigned to a grad
@@ -240,7 +240,9 @@ Trace attach_epilogues(const Trace& trace, const Executor& executor) {
   for (const GradEffect& e : trace.grad_effects) {
     if (e.value >= 0) escapes[static_cast<size_t>(e.value)] = true;
   }
-  // The chain from an mm at `i` to its consumer, or empty.
+  // The chain from an mm at `i` to its consumer, or empty. Each link is its value's first
+  // reader; a value with other readers (or returned) is kept: the region writes it too, which
+  // the executor must accept, and its other readers must come after the consumer.
   auto chain_from = [&](size_t i) {
     std::vector<size_t> members{i};
     const BoundOp& mm = trace.ops[i];
@@ -248,11 +250,13 @@ Trace attach_epilogues(const Trace& trace, const Executor& executor) {
         mm.outputs[0] < 0) {
       return std::vector<size_t>{};
     }
+    std::vector<int> kept;
     int v = mm.outputs[0];
     while (true) {
       const auto sv = static_cast<size_t>(v);
-      if (escapes[sv] || readers[sv] != 1) return std::vector<size_t>{};
-      const auto j = static_cast<size_t>(reader[sv]);
+      if (readers[sv].empty()) return std::vector<size_t>{};
+      if (escapes[sv] || readers[sv].size() != 1) kept.push_back(v);
+      const auto j = static_cast<size_t>(readers[sv].front());
       const BoundOp& next = trace.ops[j];
       if (next.region >= 0) return std::vector<size_t>{};
       members.push_back(j);
@@ -260,10 +264,19 @@ Trace attach_epilogues(const Trace& trace, const Executor& executor) {
         v = next.outputs[0];
         continue;
       }
-      if (!executor.fuses_epilogue(trace, mm, v, next)) return std::vector<size_t>{};
+      if (!executor.fuses_epilogue(trace, mm, v, next, !kept.empty())) {
+        return std::vector<size_t>{};
+      }
       break;
     }
-    for (size_t k = i + 1; k < members.back(); ++k) {  // nothing may write what the mm reads
+    const size_t consumer = members.back();
+    for (int kv : kept) {  // readers[kv].front() is the chain's
+      const std::vector<int>& r = readers[static_cast<size_t>(kv)];
+      for (size_t k = 1; k < r.size(); ++k) {
+        if (static_cast<size_t>(r[k]) <= consumer) return std::vector<size_t>{};
+      }
+    }
+    for (size_t k = i + 1; k < consumer; ++k) {  // nothing may write what the mm reads
       if (trace.ops[k].op->kind == OpKind::kInplace) return std::vector<size_t>{};
     }
     return members;

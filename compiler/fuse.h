@@ -49,17 +49,20 @@ absl::flat_hash_set<int> values_read_outside(const Trace& trace, size_t begin, s
 // order they end.
 Trace fuse(const Trace& trace, const Executor& executor);
 
-// Matmul epilogues: each mm (or addmm) whose output is read by exactly one op, through `view`s
-// each read once, becomes a region with that op when executor.fuses_epilogue accepts the pair:
+// Matmul epilogues: each mm (or addmm) whose output is read by one op, through `view`s,
+// becomes a region with that op when executor.fuses_epilogue accepts the pair:
 //
 //   fusion2:  # region [matmul_epilogue]
 //     t56 = mm(t55, t54)                                  # bf16[8192, 2048] cuda:0
 //     t57 = view(t56; [4, 2048, 2048])                    # bf16[4, 2048, 2048] cuda:0
 //     t58 = add(t47, t57; 1)                              # bf16[4, 2048, 2048] cuda:0
 //
-// The intermediate values (the product and its views) are read by nothing else, nor returned
-// or assigned to grads, so the region may compute the consumer's output without them. It is
-// placed at the consumer (the mm moves down to it), which needs no in-place op between them.
+// The intermediate values (the product and its views) are usually read by nothing else, nor
+// returned or assigned to grads, so the region may compute the consumer's output without them.
+// Where one is also read later or returned (a gelu's input kept for its backward), the region
+// writes it too, if the executor can (fuses_epilogue's keeps_product), and its other readers
+// must come after the consumer. The region is placed at the consumer (the mm moves down to it),
+// which needs no in-place op between them.
 // Runs before fuse(), so that an add taken here is not also put into an elementwise region.
 Trace attach_epilogues(const Trace& trace, const Executor& executor);
 

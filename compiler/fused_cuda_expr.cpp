@@ -133,6 +133,13 @@ std::string Generator::member_expr(const BoundOp& op) {
   if (arithmetic_ops().contains(n) || compare_ops().contains(n) || logical_ops().contains(n)) {
     return binary_expr(op, out);
   }
+  if (n == "gelu_backward") {  // kernels/binary_fn.h's GeluBackwardFn, as eager computes it
+    const std::string fn =
+        *attr_if<std::string>(op, 0) == "tanh" ? "GeluTanhGrad" : "GeluExactGrad";
+    const std::string g = to_m(read_as(op, 0, out), out);
+    const std::string x = to_m(read_as(op, 1, out), out);
+    return from_m("(" + g + " * scalar::" + fn + "::apply<" + mc + ">(" + x + "))", out);
+  }
   if (n == "where") {
     const ScalarType dt = has_attr(op, 0) ? std::get<ScalarType>(op.attrs[0])
                                           : result_type_of(t_, op.inputs[1], op.inputs[2]);

@@ -118,6 +118,9 @@ bool fused_cuda_generates(const Trace& t, const BoundOp& op) {
     if (n == "pow") return common_dtype(t, op, 0) != kBool;
     return true;
   }
+  if (n == "gelu_backward") {
+    return op.inputs.size() == 2 && is_float(out) && attr_if<std::string>(op, 0) != nullptr;
+  }
   if (n == "where") return op.inputs.size() == 3 && in_dtype(0) == kBool;
   if (n == "clamp") return op.inputs.size() == 1 && out != kBool;
   if (n == "lerp") {

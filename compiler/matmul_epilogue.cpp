@@ -18,11 +18,16 @@
 // An mm or addmm read only by relu or gelu(approximate = "tanh") becomes addmm_activation: on
 // CUDA cuBLASLt's RELU(_BIAS) / GELU(_BIAS) epilogue (a Linear layer with a bias, then the
 // activation, in one kernel; the pre-activation never reaches memory). In a training step this
-// holds for relu, whose backward reads its output; gelu's backward reads its input, the product,
-// which then has a second reader and stays unfused.
+// holds for relu, whose backward reads its output. Tanh-gelu's backward reads its input, the
+// product, which the forward then keeps: addmm_gelu_aux writes both (GELU_AUX(_BIAS)). In the
+// backward, the product that gelu_backward reads as its gradient becomes mm_dgelu (DGELU: the
+// product times gelu'(pre), pre read in the epilogue), so the gradient of gelu's output never
+// reaches memory either.
 //
-//   y = relu(addmm(b, x, w))         ->  addmm_activation(b, x, w; beta, alpha, false)
-//   y = gelu(mm(x, w), "tanh")       ->  addmm_activation(0, x, w; 0, 1, true)
+//   y = relu(addmm(b, x, w))               ->  addmm_activation(b, x, w; beta, alpha, false)
+//   y = gelu(mm(x, w), "tanh")             ->  addmm_activation(0, x, w; 0, 1, true)
+//   y = gelu(p = addmm(b, x, w), "tanh"), p kept  ->  (y, p) = addmm_gelu_aux(b, x, w; beta, alpha)
+//   dp = gelu_backward(mm(g, w), p, "tanh")       ->  dp = mm_dgelu(g, w, p)
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -31,7 +36,9 @@
 #include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "compiler/executor.h"
+#include "compiler/fuse.h"
 #include "tensor/ops.h"
 #include "tensor/registry.h"
 
@@ -116,6 +123,22 @@ bool activation_of(const BoundOp& consumer, bool* use_gelu) {
   return approximate != nullptr && *approximate == "tanh";
 }
 
+// Whether `consumer` is gelu_backward(product, pre; "tanh") with pre a contiguous value of the
+// product's dtype and element count (cuBLASLt's DGELU reads it as the product's aux matrix).
+bool dgelu_of(const Trace& t, const BoundOp& consumer, int product, const TensorSpec& prod) {
+  if (consumer.name() != "gelu_backward" || consumer.inputs.size() != 2 ||
+      consumer.outputs.size() != 1 || consumer.attrs.size() != 1 || consumer.inputs[0] != product ||
+      consumer.inputs[1] < 0 || consumer.inputs[1] == product) {
+    return false;
+  }
+  const auto* approximate = std::get_if<std::string>(&consumer.attrs[0]);
+  if (approximate == nullptr || *approximate != "tanh") return false;
+  const TensorSpec& pre = t.value(consumer.inputs[1]).spec;
+  return pre.dtype == prod.dtype && pre.device == prod.device &&
+         numel_of(pre.sizes) == numel_of(prod.sizes) && contiguous_spec(pre) &&
+         t.value(consumer.outputs[0]).spec.dtype == prod.dtype;
+}
+
 class MatmulEpilogueExecutor final : public Executor {
  public:
   MatmulEpilogueExecutor(std::string name, std::vector<DeviceType> devices)
@@ -128,8 +151,8 @@ class MatmulEpilogueExecutor final : public Executor {
               op.name());
   }
 
-  bool fuses_epilogue(const Trace& t, const BoundOp& mm, int product,
-                      const BoundOp& consumer) const override {
+  bool fuses_epilogue(const Trace& t, const BoundOp& mm, int product, const BoundOp& consumer,
+                      bool keeps_product) const override {
     const bool addmm = mm.name() == "addmm";
     const size_t operands = addmm ? 3 : 2;
     if (mm.autocast.any() || consumer.autocast.any() || mm.inputs.size() != operands) return false;
@@ -143,8 +166,11 @@ class MatmulEpilogueExecutor final : public Executor {
     }
     bool use_gelu = false;
     if (activation_of(consumer, &use_gelu)) {
-      return t.value(consumer.outputs[0]).spec.dtype == prod.dtype;
+      // Kept for a backward: only gelu's input, through GELU_AUX.
+      return t.value(consumer.outputs[0]).spec.dtype == prod.dtype && (!keeps_product || use_gelu);
     }
+    if (keeps_product) return false;
+    if (dgelu_of(t, consumer, product, prod)) return !addmm;
     return !addmm && combine_of(t, consumer, product, prod.sizes[1]).has_value();
   }
 
@@ -153,7 +179,17 @@ class MatmulEpilogueExecutor final : public Executor {
     const BoundOp& consumer = t.ops[end - 1];
     const TensorSpec& prod = t.value(mm.outputs[0]).spec;
     bool use_gelu = false;
-    if (activation_of(consumer, &use_gelu)) return lower_activation(t, mm, consumer, use_gelu);
+    if (activation_of(consumer, &use_gelu)) {
+      const absl::flat_hash_set<int> outside = values_read_outside(t, begin, end);
+      std::vector<int> kept;
+      for (size_t k = begin; k + 1 < end; ++k) {
+        if (outside.contains(t.ops[k].outputs[0])) kept.push_back(t.ops[k].outputs[0]);
+      }
+      KILN_CHECK(kept.empty() || use_gelu, "[compile] ", name_,
+                 " was given a relu region whose product is read outside it");
+      return lower_activation(t, mm, consumer, use_gelu, kept);
+    }
+    if (consumer.name() == "gelu_backward") return lower_dgelu(t, mm, consumer);
     const int product = end - begin > 2 ? t.ops[end - 2].outputs[0] : mm.outputs[0];
     const std::optional<Combine> c = combine_of(t, consumer, product, prod.sizes[1]);
     KILN_CHECK(c.has_value(), "[compile] ", name_, " was given a region that is not an mm and an ",
@@ -179,9 +215,10 @@ class MatmulEpilogueExecutor final : public Executor {
 
  private:
   // mm or addmm, then relu or tanh-gelu (through views): one addmm_activation, its output viewed
-  // as the consumer's.
+  // as the consumer's; or, with the product (or views of it: `kept`) read outside too, one
+  // addmm_gelu_aux, its second output viewed as each kept value.
   static Step lower_activation(const Trace& t, const BoundOp& mm, const BoundOp& consumer,
-                               bool use_gelu) {
+                               bool use_gelu, const std::vector<int>& kept) {
     const TensorSpec& prod = t.value(mm.outputs[0]).spec;
     const bool addmm = mm.name() == "addmm";
     const int self = addmm ? mm.inputs[0] : -1;
@@ -193,13 +230,42 @@ class MatmulEpilogueExecutor final : public Executor {
     const Shape mn = prod.sizes;
     const int out = consumer.outputs[0];
     const Shape out_sizes = t.value(out).spec.sizes;
+    std::vector<std::pair<int, Shape>> kept_sizes;
+    for (int v : kept) kept_sizes.emplace_back(v, t.value(v).spec.sizes);
     return [=](Frame& frame) {
-      static const OpDef& op = KILN_OP(addmm_activation);
+      static const OpDef& activation = KILN_OP(addmm_activation);
+      static const OpDef& aux = KILN_OP(addmm_gelu_aux);
       OpCall call;
-      call.op = &op;
+      call.op = kept_sizes.empty() ? &activation : &aux;
       call.inputs = {self >= 0 ? frame.slots[static_cast<size_t>(self)] : none,
                      frame.slots[static_cast<size_t>(a)], frame.slots[static_cast<size_t>(b)]};
-      call.attrs = {beta, alpha, use_gelu};
+      call.attrs = {beta, alpha};
+      if (kept_sizes.empty()) call.attrs.push_back(use_gelu);
+      const AutocastScope no_autocast(BoundOp::Autocast{});
+      dispatch_after(call, DispatchKey::Trace);
+      for (const auto& [v, sizes] : kept_sizes) {
+        frame.slots[static_cast<size_t>(v)] =
+            sizes == mn ? call.outputs[1] : call.outputs[1].view(sizes);
+      }
+      frame.slots[static_cast<size_t>(out)] =
+          out_sizes == mn ? std::move(call.outputs[0]) : call.outputs[0].view(out_sizes);
+    };
+  }
+
+  // mm (through views), then gelu_backward(product, pre; "tanh"): one mm_dgelu with pre read
+  // as the product's [m, n], its output viewed as the consumer's.
+  static Step lower_dgelu(const Trace& t, const BoundOp& mm, const BoundOp& consumer) {
+    const Shape mn = t.value(mm.outputs[0]).spec.sizes;
+    const int a = mm.inputs[0], b = mm.inputs[1], pre = consumer.inputs[1];
+    const int out = consumer.outputs[0];
+    const Shape out_sizes = t.value(out).spec.sizes;
+    return [=](Frame& frame) {
+      static const OpDef& op = KILN_OP(mm_dgelu);
+      const Tensor& p = frame.slots[static_cast<size_t>(pre)];
+      OpCall call;
+      call.op = &op;
+      call.inputs = {frame.slots[static_cast<size_t>(a)], frame.slots[static_cast<size_t>(b)],
+                     p.sizes() == IntArrayRef(mn) ? p : p.view(mn)};
       const AutocastScope no_autocast(BoundOp::Autocast{});
       dispatch_after(call, DispatchKey::Trace);
       frame.slots[static_cast<size_t>(out)] =

@@ -73,7 +73,8 @@ namespace kiln::scalar {
   X(clamp_, clamp)                               \
   X(lerp, lerp)                                  \
   X(lerp_, lerp)                                 \
-  X(isclose, isclose)
+  X(isclose, isclose)                            \
+  X(gelu_backward, gelu_backward)
 
 // How a binary loop reads a 0-d operand: as opmath_t<T> (arithmetic), or rounded to T first
 // (comparisons).
@@ -194,6 +195,15 @@ struct IsCloseIntFn {
   }
 };
 
+// g * gelu'(x): gelu_backward's element, Grad = GeluTanhGrad or GeluExactGrad (scalar_fn.h).
+template <typename Grad>
+struct GeluBackwardFn {
+  template <typename M>
+  KILN_SCALAR_HD M operator()(M g, M x) const {
+    return g * Grad::apply(x);
+  }
+};
+
 // --- Functors on elements of type T (for map) ----------------------------------------------------
 
 template <typename T>
@@ -282,6 +292,21 @@ struct BinaryKernels {
                      ")");
         }
       });
+    });
+  }
+
+  // gelu_backward(grad, self; approximate): grad * gelu'(self), both of self's floating dtype
+  // and shape (the meta rule checks).
+  static void gelu_backward(OpCall& c) {
+    const bool tanh = c.attr<std::string>(0) == "tanh";
+    visit_floating(c.input(1).dtype(), "gelu_backward", [&]<typename T>(TypeTag<T>) {
+      if (tanh) {
+        Backend::template binary<T, T, ScalarRead::kOpmath>(c.outputs[0], c.input(0), c.input(1),
+                                                            GeluBackwardFn<GeluTanhGrad>{});
+      } else {
+        Backend::template binary<T, T, ScalarRead::kOpmath>(c.outputs[0], c.input(0), c.input(1),
+                                                            GeluBackwardFn<GeluExactGrad>{});
+      }
     });
   }
 

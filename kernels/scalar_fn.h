@@ -233,6 +233,7 @@ KILN_SCALAR_HD M int_div(M x, M y, bool& by_zero) {
 
 inline constexpr double kSqrt1_2 = 0.70710678118654752440;  // 1/sqrt(2)
 inline constexpr double kSqrt2OverPi = 0.79788456080286535588;
+inline constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2 pi)
 inline constexpr double kGeluTanhCoeff = 0.044715;
 
 // Defines functor `Name` with `static M apply(M x)` computing `expr`.
@@ -261,6 +262,35 @@ KILN_SCALAR_UNARY(GeluExact, M(0.5) * x * (M(1) + math::erf(x * M(kSqrt1_2))));
 KILN_SCALAR_UNARY(GeluTanh,
                   M(0.5) * x *
                       (M(1) + math::tanh(M(kSqrt2OverPi) * (x + M(kGeluTanhCoeff) * x * x * x))));
+
+// gelu'(x), the derivative gelu_backward multiplies the gradient by (tensor/ops/unary.cpp).
+// Exact: Phi(x) + x phi(x); at x = +-inf the second term (inf * 0) is 0.
+struct GeluExactGrad {
+  template <typename M>
+  static KILN_SCALAR_HD M apply(M x) {
+    const M xp = x * math::exp(M(-0.5) * x * x) * M(kInvSqrt2Pi);
+    return M(0.5) * (M(1) + math::erf(x * M(kSqrt1_2))) + (xp == xp ? xp : M(0));
+  }
+};
+// Tanh: with u = sqrt(2/pi) (x + 0.044715 x^3) and s = sigmoid(2u) = (1 + tanh u) / 2,
+// gelu'(x) = s + 2 x u' s (1 - s). s and 1 - s come from one exp of -2|u| each without the
+// cancellation of 1 - tanh(u); past |u| = 40 the second term is below 1e-30 and is dropped, so
+// that huge |x| (x^3 overflowing) gives 1 or 0, not inf * 0.
+struct GeluTanhGrad {
+  template <typename M>
+  static KILN_SCALAR_HD M apply(M x) {
+    const M x2 = x * x;
+    const M u = M(kSqrt2OverPi) * (x + M(kGeluTanhCoeff) * x2 * x);
+    const M au = u < M(0) ? -u : u;
+    if (au > M(40)) return u > M(0) ? M(1) : M(0);
+    const M e = math::exp(M(-2) * au);
+    const M r = M(1) / (M(1) + e);
+    const M s = u >= M(0) ? r : e * r;
+    const M s1 = u >= M(0) ? e * r : r;
+    const M du = M(kSqrt2OverPi) * (M(1) + M(3 * kGeluTanhCoeff) * x2);
+    return s + M(2) * x * du * s * s1;
+  }
+};
 
 // --- Unary ops that keep the dtype (M may be an integer type) --------------------------------
 

@@ -29,6 +29,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "compiler/compile.h"
 #include "gpu/bench_util.h"
 #include "gpu/fused_bench.h"
 #if defined(KILN_WITH_CUDNN)
@@ -120,6 +121,66 @@ void bench_activation_epilogue(const Gemm& g) {
                                  {kiln::Scalar(1.0), kiln::Scalar(1.0), use_gelu});
            }),
            flops, 0);
+  }
+}
+
+// A tanh-gelu layer in training (a GPT-2 MLP's up projection, [m, k] x [k, n]): the forward as
+// addmm then gelu (the pre-activation kept) against addmm_gelu_aux (GELU_AUX_BIAS), and the
+// backward's product of the down projection's input gradient ([m, k'] x [k', n], k' = k) then
+// gelu_backward against mm_dgelu (DGELU), which the compiler's matmul_epilogue writes for them.
+void bench_gelu_layer(const Gemm& g) {
+  static const kiln::OpDef& aux = KILN_OP(addmm_gelu_aux);
+  static const kiln::OpDef& dgelu = KILN_OP(mm_dgelu);
+  static const kiln::OpDef& gelu_grad = KILN_OP(gelu_backward);
+  const Tensor x = random({g.m, g.k}, kiln::kBFloat16);
+  const Tensor w = random({g.n, g.k}, kiln::kBFloat16);
+  const Tensor bias = random({g.n}, kiln::kBFloat16);
+  const Tensor dz = random({g.m, g.k}, kiln::kBFloat16);
+  const Tensor w2 = random({g.k, g.n}, kiln::kBFloat16);
+  const Tensor pre = kiln::addmm(bias, x, w.t());
+  const double flops = 2.0 * g.m * g.n * g.k;
+  const std::string base = std::string("gelu layer ") + g.name + " " + std::to_string(g.m) + "x" +
+                           std::to_string(g.n) + "x" + std::to_string(g.k);
+  report(base + " fwd [addmm, then gelu]", time_ms([&](int) {
+           const Tensor p = kiln::addmm(bias, x, w.t());
+           (void)kiln::gelu(p, "tanh");
+         }),
+         flops, 0);
+  report(base + " fwd [addmm_gelu_aux]", time_ms([&](int) {
+           (void)kiln::call_op(aux, {bias, x, w.t()}, {kiln::Scalar(1.0), kiln::Scalar(1.0)});
+         }),
+         flops, 0);
+  report(base + " bwd [mm, then gelu_backward]", time_ms([&](int) {
+           (void)kiln::call_op1(gelu_grad, {kiln::mm(dz, w2), pre}, {std::string("tanh")});
+         }),
+         flops, 0);
+  report(base + " bwd [mm_dgelu]", time_ms([&](int) {
+           (void)kiln::call_op1(dgelu, {dz, w2, pre});
+         }),
+         flops, 0);
+
+  // The whole MLP (Linear k -> n with bias, tanh-gelu, Linear n -> k with bias) compiled, one
+  // training step's forward and backward, with and without the matmul_epilogue executor.
+  auto mlp = [](const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                const Tensor& b2) {
+    return kiln::linear(kiln::gelu(kiln::linear(x, w1, b1), "tanh"), w2, b2);
+  };
+  std::vector<Tensor> params;
+  for (const Tensor& t : {x, w, bias, w2, random({g.k}, kiln::kBFloat16)}) {
+    params.push_back(t.detach().requires_grad_(true));
+  }
+  const Tensor gy = random({g.m, g.k}, kiln::kBFloat16);
+  for (const bool epilogue : {false, true}) {
+    kiln::CompileOptions options;
+    if (!epilogue) options.executors({"fused_cuda", "eager"});
+    auto f = kiln::compile(mlp, options);
+    report(
+        base + " mlp train step" + (epilogue ? " [compiled]" : " [compiled, no matmul_epilogue]"),
+        time_ms([&](int) {
+          const Tensor y = f(params[0], params[1], params[2], params[3], params[4]);
+          (void)kiln::autograd::grad({y}, params, {gy});
+        }),
+        6.0 * flops, 0);
   }
 }
 
@@ -483,9 +544,10 @@ void bench_clip(const std::vector<kiln::Shape>& shapes, const std::string& model
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> sections = {
-      "gemm",    "rmsnorm", "layernorm", "cross-entropy", "flash", "rope",  "qkv",
-      "lm-loss", "glu",     "generic",   "fused",         "clip",  "adamw", "fused-rows"};
+  const std::vector<std::string> sections = {"gemm",  "rmsnorm",    "layernorm", "cross-entropy",
+                                             "flash", "rope",       "qkv",       "lm-loss",
+                                             "glu",   "generic",    "fused",     "clip",
+                                             "adamw", "fused-rows", "gelu-layer"};
   std::vector<std::string> selected = sections;
   const char* json_path = nullptr;
   for (int i = 1; i < argc; ++i) {
@@ -548,6 +610,10 @@ int main(int argc, char** argv) {
     }
     bench_activation_epilogue({"1b-up", 8192, 8192, 2048});
     bench_activation_epilogue({"160m-up", 16384, 3072, 768});
+  }
+  if (want("gelu-layer")) {
+    bench_gelu_layer({"1b-up", 8192, 8192, 2048});
+    bench_gelu_layer({"gpt2-up", 16384, 3072, 768});
   }
   if (gemm)
     bench_gemm({"ref2", 8192, 8192, 8192}, false);  // again: the spread between the two is noise

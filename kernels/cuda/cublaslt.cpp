@@ -95,16 +95,23 @@ enum Epilogue : uint8_t {
   kReluBias = 5,
   kGelu = 6,  // cuBLASLt's GELU: the tanh approximation
   kGeluBias = 7,
+  kGeluAux = 8,  // GELU that also writes its input to the aux matrix
+  kGeluAuxBias = 9,
+  kDGelu = 10,  // the product times gelu'(aux)
 };
 
 // cuBLASLt's epilogue of each Epilogue, in its order.
 constexpr cublasLtEpilogue_t kCublasEpilogue[] = {
-    CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,      CUBLASLT_EPILOGUE_BGRADB,
-    CUBLASLT_EPILOGUE_BGRADA,  CUBLASLT_EPILOGUE_RELU,      CUBLASLT_EPILOGUE_RELU_BIAS,
-    CUBLASLT_EPILOGUE_GELU,    CUBLASLT_EPILOGUE_GELU_BIAS,
+    CUBLASLT_EPILOGUE_DEFAULT,       CUBLASLT_EPILOGUE_BIAS,      CUBLASLT_EPILOGUE_BGRADB,
+    CUBLASLT_EPILOGUE_BGRADA,        CUBLASLT_EPILOGUE_RELU,      CUBLASLT_EPILOGUE_RELU_BIAS,
+    CUBLASLT_EPILOGUE_GELU,          CUBLASLT_EPILOGUE_GELU_BIAS, CUBLASLT_EPILOGUE_GELU_AUX,
+    CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU,
 };
 
-bool has_bias_vector(uint8_t e) { return e == kBias || e == kReluBias || e == kGeluBias; }
+bool has_bias_vector(uint8_t e) {
+  return e == kBias || e == kReluBias || e == kGeluBias || e == kGeluAuxBias;
+}
+bool has_aux(uint8_t e) { return e == kGeluAux || e == kGeluAuxBias || e == kDGelu; }
 
 struct Key {
   GemmType type;
@@ -221,6 +228,12 @@ std::unique_ptr<Plan> make_plan(const Key& key, cublasLtHandle_t handle) {
     if (has_bias_vector(key.epilogue)) {
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
           plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+    }
+    // The aux matrix: of the output's type (cuBLASLt's default), laid out as the output.
+    if (has_aux(key.epilogue)) {
+      const int64_t ld = key.n;
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
     }
   }
   // cuBLASLt's A is kiln's b ([n, k] after its op), its B is kiln's a ([k, m] after its op).
@@ -444,6 +457,20 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
     case GemmActivation::kGeluTanh:
       key.epilogue = with_bias ? kGeluBias : kGelu;
       break;
+    case GemmActivation::kGeluTanhAux:
+      key.epilogue = with_bias ? kGeluAuxBias : kGeluAux;
+      break;
+    case GemmActivation::kGeluTanhGrad:
+      key.epilogue = kDGelu;
+      break;
+  }
+  if (has_aux(key.epilogue)) {
+    KILN_CHECK(args.aux != nullptr && args.batch == 1 && !has_c && !bias_grad &&
+                   (key.epilogue != kDGelu || !with_bias),
+               "[cublasLt] the GELU aux epilogues take one product and an aux matrix, without C "
+               "or a bias gradient (and DGELU without a bias)");
+    // cuBLASLt's requirements of the aux matrix.
+    if (n % 8 != 0 || reinterpret_cast<uintptr_t>(args.aux) % 16 != 0) return false;
   }
   key.has_c = has_c;
   key.separate_c = has_c && args.c != out;
@@ -472,6 +499,10 @@ bool gemm(void* out, const Matrix& a, const Matrix& b, const GemmArgs& args) {
     const void* vector = bias_grad ? args.bias_grad : args.bias;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &vector, sizeof(vector)));
+  }
+  if (has_aux(key.epilogue)) {
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &args.aux, sizeof(args.aux)));
   }
   const double alpha64 = args.alpha, beta64 = has_c ? args.beta : 0.0;
   const float alpha32 = static_cast<float>(alpha64), beta32 = static_cast<float>(beta64);

@@ -60,8 +60,10 @@ struct Matrix {
 };
 
 // cuBLASLt's epilogue activations: ReLU, and GELU with the tanh approximation
-// (gelu(x, "tanh")).
-enum class GemmActivation : uint8_t { kNone, kRelu, kGeluTanh };
+// (gelu(x, "tanh")); kGeluTanhAux also writes the pre-activation to GemmArgs::aux (GELU_AUX), and
+// kGeluTanhGrad multiplies the product by gelu'(aux) (DGELU: the gradient of a GELU_AUX product's
+// input, from the gradient of its output).
+enum class GemmActivation : uint8_t { kNone, kRelu, kGeluTanh, kGeluTanhAux, kGeluTanhGrad };
 
 struct GemmArgs {
   GemmType type = GemmType::kF32;
@@ -79,6 +81,9 @@ struct GemmArgs {
   int bias_grad_of = 0;
   // An activation applied in the epilogue, after alpha and the bias (no bias gradient, no C).
   GemmActivation activation = GemmActivation::kNone;
+  // kGeluTanhAux's output and kGeluTanhGrad's input (batch 1; kGeluTanhGrad takes no bias): a
+  // contiguous row-major [m, n] matrix of the output's type, 16-byte aligned, n a multiple of 8.
+  void* aux = nullptr;
 };
 
 // out[b] = alpha * a[b] @ b[b] (+ bias) (+ beta * c[b]) for every batch b, with `out` a

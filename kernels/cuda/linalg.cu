@@ -11,7 +11,8 @@
 // CPU's accumulation types (f32 for f16/bf16).
 //
 // mm_with_bias_grad adds the bias gradient epilogue: the product and one operand's sums over k;
-// addmm_activation the ReLU and tanh-GELU epilogues.
+// addmm_activation the ReLU and tanh-GELU epilogues, addmm_gelu_aux and mm_dgelu GELU_AUX and
+// DGELU.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -223,25 +224,23 @@ void mm_with_bias_grad_cuda(OpCall& c) {
   decomposition_kernel(c);
 }
 
-// addmm_activation (tensor/ops/linalg.cpp): relu or tanh-gelu applied by cuBLASLt's epilogue,
+// addmm(self, a, b; beta, alpha) with cuBLASLt's activation epilogue `act` (and its aux output)
 // after the bias vector (beta = 1, a Linear layer's) or with no self (beta = 0); otherwise, and
-// where cuBLASLt has no such algorithm, the decomposition (the addmm, then the activation).
-void addmm_activation_cuda(OpCall& c) {
+// where cuBLASLt has no such algorithm, the op's decomposition.
+void addmm_epilogue_cuda(OpCall& c, internal::GemmActivation act, void* aux) {
   const Tensor& out = c.outputs[0];
   const Tensor& a = c.input(1);
   const Tensor& b = c.input(2);
   const Scalar& beta = c.attr<Scalar>(0);
-  const Scalar& alpha = c.attr<Scalar>(1);
-  const bool use_gelu = c.attr<bool>(2);
   if (out.numel() == 0) return;
   DeviceGuard guard(out.device().index());
   const std::optional<GemmType> type = gemm_type(out.dtype());
   if (type && a.size(1) > 0) {
     GemmArgs args;
     args.type = *type;
-    args.alpha = alpha.toDouble();
-    args.activation =
-        use_gelu ? internal::GemmActivation::kGeluTanh : internal::GemmActivation::kRelu;
+    args.alpha = c.attr<Scalar>(1).toDouble();
+    args.activation = act;
+    args.aux = aux;
     const Tensor& self = c.input(0);
     if (beta.toDouble() == 1.0 && self.is_cuda() && is_bias_vector(self, b.size(1))) {
       args.bias = self.data_ptr();
@@ -253,9 +252,44 @@ void addmm_activation_cuda(OpCall& c) {
   decomposition_kernel(c);
 }
 
+// addmm_activation (tensor/ops/linalg.cpp): relu or tanh-gelu applied by cuBLASLt's epilogue.
+void addmm_activation_cuda(OpCall& c) {
+  addmm_epilogue_cuda(
+      c, c.attr<bool>(2) ? internal::GemmActivation::kGeluTanh : internal::GemmActivation::kRelu,
+      nullptr);
+}
+
+// addmm_gelu_aux (tensor/ops/linalg.cpp): GELU_AUX(_BIAS) writes the gelu and its input, p
+// (outputs[1]), from one product.
+void addmm_gelu_aux_cuda(OpCall& c) {
+  addmm_epilogue_cuda(c, internal::GemmActivation::kGeluTanhAux, c.outputs[1].data_ptr());
+}
+
+// mm_dgelu (tensor/ops/linalg.cpp): cuBLASLt's DGELU epilogue, the product times gelu'(pre) with
+// pre read in the epilogue; otherwise the decomposition.
+void mm_dgelu_cuda(OpCall& c) {
+  const Tensor& out = c.outputs[0];
+  const Tensor& a = c.input(0);
+  const Tensor& b = c.input(1);
+  const Tensor& pre = c.input(2);
+  if (out.numel() == 0) return;
+  DeviceGuard guard(out.device().index());
+  const std::optional<GemmType> type = gemm_type(out.dtype());
+  if (type && a.size(1) > 0 && pre.is_contiguous()) {
+    GemmArgs args;
+    args.type = *type;
+    args.activation = internal::GemmActivation::kGeluTanhGrad;
+    args.aux = pre.data_ptr();
+    if (internal::gemm(out.data_ptr(), matrix_of(a), matrix_of(b), args)) return;
+  }
+  decomposition_kernel(c);
+}
+
 }  // namespace
 
 KILN_REGISTER_KERNEL(addmm_activation, kCUDA, addmm_activation_cuda);
+KILN_REGISTER_KERNEL(addmm_gelu_aux, kCUDA, addmm_gelu_aux_cuda);
+KILN_REGISTER_KERNEL(mm_dgelu, kCUDA, mm_dgelu_cuda);
 KILN_REGISTER_KERNEL(mm_with_bias_grad, kCUDA, mm_with_bias_grad_cuda);
 KILN_REGISTER_KERNEL(mm, kCUDA, mm_cuda);
 KILN_REGISTER_KERNEL(bmm, kCUDA, bmm_cuda);

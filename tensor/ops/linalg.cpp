@@ -111,17 +111,22 @@ SpecList mm_into_meta(const OpCall& c) {
 // epilogue (CUBLASLT_EPILOGUE_BGRADA / BGRADB), so g is read once (kernels/cuda/linalg.cu);
 // elsewhere, and where cuBLASLt has no such algorithm, it is mm and sum (the decomposition).
 // The sums are in the operands' dtype, accumulated in f32 for f16/bf16 as sum's are.
+// The checks of a fused op's floating-point product a @ b of two matrices.
+void check_float_mm(const char* op, const Tensor& a, const Tensor& b) {
+  check_dims(op, a, b, 2);
+  check_operand_dtypes(op, a, b);
+  check_inner(op, a, b, a.size(1), b.size(0));
+  KILN_CHECK(is_floating_point(a.dtype()), "[", op, "] expected floating-point operands, got ",
+             dtype_name(a.dtype()));
+}
+
 SpecList mm_with_bias_grad_meta(const OpCall& c) {
   constexpr const char* kOp = "mm_with_bias_grad";
   KILN_CHECK(c.inputs.size() == 2 && c.attrs.size() == 1, "[", kOp,
              "] expected inputs (a, b) and the attribute operand");
   const Tensor& a = c.input(0);
   const Tensor& b = c.input(1);
-  check_dims(kOp, a, b, 2);
-  check_operand_dtypes(kOp, a, b);
-  check_inner(kOp, a, b, a.size(1), b.size(0));
-  KILN_CHECK(is_floating_point(a.dtype()), "[", kOp, "] expected floating-point operands, got ",
-             dtype_name(a.dtype()));
+  check_float_mm(kOp, a, b);
   const int64_t operand = c.attr<int64_t>(0);
   KILN_CHECK(operand == 0 || operand == 1, "[", kOp,
              "] operand must be 0 (sum a over k) or 1 (sum b over k), got ", operand);
@@ -159,6 +164,52 @@ TensorVec addmm_activation_decomposition(const OpCall& c) {
   return {c.attr<bool>(2) ? gelu(y, "tanh") : relu(y)};
 }
 
+// addmm_gelu_aux(self, mat1, mat2; beta, alpha) -> (gelu(p, "tanh"), p), p = addmm(self, mat1,
+// mat2; beta, alpha), and mm_dgelu(mat1, mat2, p) -> gelu_backward(mat1 @ mat2, p, "tanh"): a
+// tanh-gelu layer's forward that keeps its input for the backward, and that backward's product
+// times gelu'(p). The compiler's matmul_epilogue writes them for an mm or addmm read by gelu and
+// kept for its backward, and for the product of the gradient that gelu_backward reads
+// (compiler/matmul_epilogue.cpp); on CUDA they are cuBLASLt's GELU_AUX(_BIAS) and DGELU epilogues
+// (kernels/cuda/linalg.cu), so the gelu's and its gradient's passes over memory go. Elsewhere they
+// are the product and the elementwise op. No backward rules: they are written into programs
+// whose backward is already traced.
+SpecList addmm_gelu_aux_meta(const OpCall& c) {
+  KILN_CHECK(c.inputs.size() == 3 && c.attrs.size() == 2,
+             "[addmm_gelu_aux] expected inputs (self, mat1, mat2) and attributes (beta, alpha)");
+  KILN_CHECK(is_floating_point(c.input(1).dtype()),
+             "[addmm_gelu_aux] expected floating-point operands, got ",
+             dtype_name(c.input(1).dtype()));
+  const SpecList out = addmm_meta(c);
+  return {out[0], out[0]};
+}
+
+TensorVec addmm_gelu_aux_decomposition(const OpCall& c) {
+  Tensor p = addmm(c.input(0), c.input(1), c.input(2), c.attr<Scalar>(0), c.attr<Scalar>(1));
+  return {gelu(p, "tanh"), p};
+}
+
+SpecList mm_dgelu_meta(const OpCall& c) {
+  constexpr const char* kOp = "mm_dgelu";
+  KILN_CHECK(c.inputs.size() == 3 && c.attrs.empty(), "[", kOp,
+             "] expected inputs (mat1, mat2, pre)");
+  const Tensor& a = c.input(0);
+  const Tensor& b = c.input(1);
+  const Tensor& pre = c.input(2);
+  check_float_mm(kOp, a, b);
+  const Shape out{a.size(0), b.size(1)};
+  KILN_CHECK(pre.dtype() == a.dtype() && to_shape(pre.sizes()) == out, "[", kOp, "] pre (",
+             dtype_name(pre.dtype()), " ", shape_str(pre.sizes()), ") must be the product's ",
+             dtype_name(a.dtype()), " ", shape_str(out));
+  KILN_CHECK(pre.device() == a.device(), "[", kOp, "] pre is on ", pre.device().str(),
+             " but the operands on ", a.device().str());
+  return {{out, a.dtype(), a.device()}};
+}
+
+TensorVec mm_dgelu_decomposition(const OpCall& c) {
+  static const OpDef& op = KILN_OP(gelu_backward);
+  return {call_op1(op, {mm(c.input(0), c.input(1)), c.input(2)}, {std::string("tanh")})};
+}
+
 void mm_into_kernel(OpCall& c) {
   static const OpDef& mm_op = KILN_OP(mm);
   Tensor out = c.input(0);  // a handle: writes go to the caller's tensor
@@ -182,6 +233,12 @@ KILN_REGISTER_KERNEL(mm_with_bias_grad, kCPU, decomposition_kernel);
 KILN_DEFINE_OP(addmm_activation, OpKind::kFunctional, addmm_activation_meta);
 KILN_REGISTER_DECOMPOSITION(addmm_activation, addmm_activation_decomposition);
 KILN_REGISTER_KERNEL(addmm_activation, kCPU, decomposition_kernel);
+KILN_DEFINE_OP(addmm_gelu_aux, OpKind::kFunctional, addmm_gelu_aux_meta);
+KILN_REGISTER_DECOMPOSITION(addmm_gelu_aux, addmm_gelu_aux_decomposition);
+KILN_REGISTER_KERNEL(addmm_gelu_aux, kCPU, decomposition_kernel);
+KILN_DEFINE_OP(mm_dgelu, OpKind::kFunctional, mm_dgelu_meta);
+KILN_REGISTER_DECOMPOSITION(mm_dgelu, mm_dgelu_decomposition);
+KILN_REGISTER_KERNEL(mm_dgelu, kCPU, decomposition_kernel);
 KILN_REGISTER_KERNEL(mm_into_, kCPU, mm_into_kernel);
 #if defined(KILN_WITH_CUDA)
 KILN_REGISTER_KERNEL(mm_into_, kCUDA, mm_into_kernel);

@@ -37,11 +37,57 @@ SpecList floating_meta(const OpCall& c) {
   return {same_shape(c.input(0), c.input(0).dtype())};
 }
 
-SpecList gelu_meta(const OpCall& c) {
+void check_approximate(const OpCall& c) {
   const std::string& approximate = c.attr<std::string>(0);
-  KILN_CHECK(approximate == "none" || approximate == "tanh",
-             "[gelu] approximate must be 'none' or 'tanh', got '", approximate, "'");
+  KILN_CHECK(approximate == "none" || approximate == "tanh", "[", c.name(),
+             "] approximate must be 'none' or 'tanh', got '", approximate, "'");
+}
+
+SpecList gelu_meta(const OpCall& c) {
+  check_approximate(c);
   return floating_meta(c);
+}
+
+// gelu_backward(grad, self; approximate) -> grad * gelu'(self), PyTorch's gelu_backward: gelu's
+// backward rule (autograd/unary_backward.cpp) in one pass, computed in f32 for f16/bf16 (f64 for
+// f64); kernels: kernels/binary_fn.h on both devices, the formulas in kernels/scalar_fn.h
+// (GeluExactGrad, GeluTanhGrad). The compiler's matmul_epilogue runs it inside the product that
+// makes grad where cuBLASLt can (mm_dgelu, tensor/ops/linalg.cpp).
+SpecList gelu_backward_meta(const OpCall& c) {
+  KILN_CHECK(c.inputs.size() == 2 && c.attrs.size() == 1,
+             "[gelu_backward] expected inputs (grad, self) and the attribute approximate");
+  check_approximate(c);
+  const Tensor& g = c.input(0);
+  const Tensor& x = c.input(1);
+  KILN_CHECK(is_floating_point(x.dtype()), "[gelu_backward] expected a floating-point self, got ",
+             dtype_name(x.dtype()));
+  KILN_CHECK(g.dtype() == x.dtype() && g.sizes() == x.sizes(), "[gelu_backward] grad (",
+             dtype_name(g.dtype()), " ", shape_str(g.sizes()), ") and self (",
+             dtype_name(x.dtype()), " ", shape_str(x.sizes()),
+             ") must have the same shape and dtype");
+  KILN_CHECK(g.device() == x.device(), "[gelu_backward] grad is on ", g.device().str(),
+             " but self is on ", x.device().str());
+  return {{to_shape(x.sizes()), x.dtype(), x.device()}};
+}
+
+// The formulas in plain ops, in the compute dtype:
+//   exact: Phi(x) + x phi(x);
+//   tanh:  (1 + t) / 2 + x (1 - t^2) u' / 2, t = tanh(u), u = sqrt(2/pi) (x + 0.044715 x^3).
+TensorVec gelu_backward_decomposition(const OpCall& c) {
+  const Tensor& self = c.input(1);
+  const ScalarType ct = self.dtype() == kDouble ? kDouble : kFloat;
+  const Tensor x = self.to(ct);
+  Tensor d;
+  if (c.attr<std::string>(0) == "tanh") {
+    const double k = 0.79788456080286535588;
+    const Tensor t = ((x + x.pow(3) * 0.044715) * k).tanh();
+    const Tensor du = (1 + x.square() * (3 * 0.044715)) * k;
+    d = (1 + t) * 0.5 + x * 0.5 * (1 - t.square()) * du;
+  } else {
+    const Tensor cdf = ((x * 0.70710678118654752440).erf() + 1) * 0.5;
+    d = cdf + x * (x.square() * -0.5).exp() * 0.39894228040143267794;
+  }
+  return {(c.input(0).to(ct) * d).to(self.dtype())};
 }
 
 void check_not_bool(const OpCall& c) {
@@ -141,6 +187,8 @@ KILN_DEFINE_OP(reciprocal, OpKind::kFunctional, float_meta);
 KILN_DEFINE_OP(silu, OpKind::kFunctional, floating_meta);
 // attrs: approximate ("none" or "tanh").
 KILN_DEFINE_OP(gelu, OpKind::kFunctional, gelu_meta);
+KILN_DEFINE_OP(gelu_backward, OpKind::kFunctional, gelu_backward_meta);
+KILN_REGISTER_DECOMPOSITION(gelu_backward, gelu_backward_decomposition);
 KILN_DEFINE_OP(neg, OpKind::kFunctional, numeric_meta);
 KILN_DEFINE_OP(abs, OpKind::kFunctional, numeric_meta);
 KILN_DEFINE_OP(relu, OpKind::kFunctional, numeric_meta);

@@ -69,8 +69,11 @@ const std::set<std::string> kNonDifferentiable = {
     "flash_attention_backward_qkv",
     "rotary_qkv_",
     "mm_into_",
-    // matmul_epilogue's relu / tanh-gelu after an mm or addmm (compiler/matmul_epilogue.cpp).
+    // matmul_epilogue's relu / tanh-gelu after an mm or addmm, and tanh-gelu's gradient in the
+    // product that makes it (compiler/matmul_epilogue.cpp).
     "addmm_activation",
+    "addmm_gelu_aux",
+    "mm_dgelu",
     "swiglu_backward",
     "geglu_tanh_backward",
     "lstm_cell_fused_backward",
@@ -105,6 +108,7 @@ const std::set<std::string> kGradchecked = {
     "reciprocal",
     "silu",
     "gelu",
+    "gelu_backward",
     "square",
     "neg",
     "abs",

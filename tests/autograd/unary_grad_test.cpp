@@ -56,6 +56,23 @@ TEST(UnaryGradTest, SmoothOps) {
   for (const UnaryCase& c : cases) check_unary(c);
 }
 
+// gelu_backward (gelu's gradient op) with respect to both inputs, second derivatives too: its
+// rule's gelu'' in both approximations, at inputs spread over [-3, 3].
+TEST(UnaryGradTest, GeluBackwardOp) {
+  static const OpDef& op = KILN_OP(gelu_backward);
+  for (const char* approximate : {"none", "tanh"}) {
+    SCOPED_TRACE(approximate);
+    const std::string a = approximate;
+    Tensor g = leaf({3, 2}, 1.0), x = leaf({3, 2}, 1.5);
+    EXPECT_TRUE(check_grad(
+        {"gelu_backward"},
+        [a](const variable_list& in) {
+          return call_op1(op, {in[0], in[1].t().t()}, {a});
+        },
+        {g, x}, true));
+  }
+}
+
 TEST(UnaryGradTest, PiecewiseOps) {
   // abs and relu away from 0; sign/floor/ceil/round (zero gradient) away from their jumps.
   Tensor pos = leaf_of({0.3, -1.2, 2.1, -0.7, 1.4, -2.6}, {2, 3});

@@ -217,8 +217,8 @@ TEST(MatmulEpilogue, TinyLlamaTrainingStepMatchesEager) {
 
 // A Linear layer with a bias and relu, and an mm with tanh-gelu: each pair is one region
 // (run as addmm_activation) with the CPU instance, compiled == eager with gradients. gelu's
-// backward reads the product, so with gradients the tanh-gelu pair stays two ops; without, it is
-// fused.
+// backward reads the product: with gradients the tanh-gelu pair keeps it (addmm_gelu_aux, the
+// next test); without, it is addmm_activation.
 TEST(MatmulEpilogue, ReluAndTanhGeluAfterTheProduct) {
   manual_seed(8);
   auto relu_mlp = [](const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -242,9 +242,6 @@ TEST(MatmulEpilogue, ReluAndTanhGeluAfterTheProduct) {
 
   auto g = compile(gelu_mm, with_cpu_epilogue());
   const Tensor gelu_got = g(x2, w);
-  std::string gs;
-  for (const compiler::Trace& t : g.traces()) gs += t.str();
-  EXPECT_EQ(count(gs, "# region [epilogue_cpu]"), 0) << gs;  // gelu's backward reads the product
   EXPECT_TRUE(allclose(gelu_got, gelu_mm(x2, w), 1e-12, 1e-12));
   {
     NoGradGuard no_grad;
@@ -253,6 +250,53 @@ TEST(MatmulEpilogue, ReluAndTanhGeluAfterTheProduct) {
     EXPECT_EQ(count(listing(h), "# region [epilogue_cpu]"), 1) << listing(h);
     EXPECT_TRUE(allclose(y, gelu_mm(x2.detach(), w.detach()), 1e-12, 1e-12));
   }
+}
+
+// Whether some stage of f's programs runs an op named `name` in a region of `executor`.
+template <typename F>
+bool in_region(const CompiledFunction<F>& f, const std::string& name, const std::string& executor) {
+  for (const compiler::Trace& t : f.traces()) {
+    for (const compiler::BoundOp& op : t.ops) {
+      if (op.name() == name && op.region >= 0 && op.executor == executor) return true;
+    }
+  }
+  return false;
+}
+
+// A GPT-2 MLP (Linear, tanh-gelu, Linear) with gradients: the forward's addmm, view and gelu are
+// one region that also writes the gelu's input for the backward (addmm_gelu_aux), and the
+// backward's product of the second layer's gradient and gelu_backward another (mm_dgelu).
+// Compiled == eager, in f64 with the CPU instance.
+TEST(MatmulEpilogue, TanhGeluLayerKeepsItsInputAndItsGradientIsOneProduct) {
+  manual_seed(10);
+  auto mlp = [](const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                const Tensor& b2) { return linear(gelu(linear(x, w1, b1), "tanh"), w2, b2); };
+  const Tensor x = randn({2, 5, 6}, kDouble).requires_grad_(true);
+  const Tensor w1 = randn({8, 6}, kDouble).requires_grad_(true);
+  const Tensor b1 = randn({8}, kDouble).requires_grad_(true);
+  const Tensor w2 = randn({6, 8}, kDouble).requires_grad_(true);
+  const Tensor b2 = randn({6}, kDouble).requires_grad_(true);
+  auto f = compile(mlp, with_cpu_epilogue());
+  const Tensor got = f(x, w1, b1, w2, b2);
+  std::string s;
+  for (const compiler::Trace& t : f.traces()) s += t.str();
+  EXPECT_TRUE(in_region(f, "gelu", "epilogue_cpu")) << s;
+  EXPECT_TRUE(in_region(f, "gelu_backward", "epilogue_cpu")) << s;
+  const Tensor want = mlp(x, w1, b1, w2, b2);
+  EXPECT_TRUE(allclose(got, want, 1e-12, 1e-12));
+  const Tensor gy = randn(got.sizes(), kDouble);
+  const auto grads = autograd::grad({got}, {x, w1, b1, w2, b2}, {gy});
+  const auto want_grads = autograd::grad({want}, {x, w1, b1, w2, b2}, {gy});
+  for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(allclose(grads[i], want_grads[i], 1e-12, 1e-12)) << i;
+
+  // Exact gelu has no cuBLASLt epilogue: its pair stays two ops.
+  auto exact = [](const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                  const Tensor& b2) { return linear(gelu(linear(x, w1, b1)), w2, b2); };
+  auto e = compile(exact, with_cpu_epilogue());
+  const Tensor y = e(x, w1, b1, w2, b2);
+  EXPECT_FALSE(in_region(e, "gelu", "epilogue_cpu"));
+  EXPECT_FALSE(in_region(e, "gelu_backward", "epilogue_cpu"));
+  EXPECT_TRUE(allclose(y, exact(x, w1, b1, w2, b2), 1e-12, 1e-12));
 }
 
 // The built-in executor on CUDA (in the default executors): the residual add through
@@ -334,6 +378,43 @@ TEST(GpuMatmulEpilogue, ReluAndTanhGeluOnCuda) {
     const Tensor y = g(x.detach(), w.detach());
     EXPECT_EQ(count(listing(g), "# region [matmul_epilogue]"), 1) << listing(g);
     expect_close(y.to(kCPU).to(kDouble), gelu_mm(x64, w64), tol, "tanh-gelu forward vs f64");
+  }
+}
+
+// The GPT-2 MLP of the CPU test above on CUDA, training: cuBLASLt's GELU_AUX_BIAS in the forward
+// and DGELU in the backward, against eager CUDA code and an f64 reference.
+TEST(GpuMatmulEpilogue, TanhGeluLayerTrainsThroughAuxAndDgelu) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  manual_seed(11);
+  const Device gpu(kCUDA, 0);
+  auto mlp = [](const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                const Tensor& b2) { return linear(gelu(linear(x, w1, b1), "tanh"), w2, b2); };
+  for (ScalarType dt : {kFloat, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x64 = randn({4, 64, 128}, kDouble), w164 = randn({512, 128}, kDouble) * 0.1,
+                 b164 = randn({512}, kDouble), w264 = randn({128, 512}, kDouble) * 0.05,
+                 b264 = randn({128}, kDouble);
+    std::vector<Tensor> p;
+    for (const Tensor& t : {x64, w164, b164, w264, b264}) {
+      p.push_back(t.to(dt).to(gpu).requires_grad_(true));
+    }
+    auto f = compile(mlp);
+    const Tensor got = f(p[0], p[1], p[2], p[3], p[4]);
+    std::string s;
+    for (const compiler::Trace& t : f.traces()) s += t.str();
+    EXPECT_TRUE(in_region(f, "gelu", "matmul_epilogue")) << s;
+    EXPECT_TRUE(in_region(f, "gelu_backward", "matmul_epilogue")) << s;
+    const double tol = dt == kFloat ? 1e-3 : 0.1;
+    expect_close(got.to(kCPU).to(kDouble), mlp(x64, w164, b164, w264, b264), tol, "forward vs f64");
+    const Tensor eager = mlp(p[0], p[1], p[2], p[3], p[4]);
+    const Tensor gy = randn(got.sizes(), kDouble).to(dt).to(gpu);
+    const auto grads = autograd::grad({got}, p, {gy});
+    const auto eager_grads = autograd::grad({eager}, p, {gy});
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double scale = eager_grads[i].to(kCPU).to(kDouble).abs().max().item<double>();
+      expect_close(grads[i].to(kCPU).to(kDouble), eager_grads[i].to(kCPU).to(kDouble),
+                   (dt == kFloat ? 1e-4 : 3e-2) * scale, "gradient " + std::to_string(i));
+    }
   }
 }
 

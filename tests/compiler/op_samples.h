@@ -111,6 +111,16 @@ inline std::vector<OpSample> elementwise_samples() {
       unary("floor", [](const Tensor& a) { return a.floor(); }),
       unary("gelu", [](const Tensor& a) { return a.gelu(); }),
       unary("gelu_tanh", [](const Tensor& a) { return a.gelu("tanh"); }),
+      // gelu's gradient op, called directly (its own gradients: double backward through gelu).
+      {"gelu_backward",
+       [](const Tensors& x) {
+         static const OpDef& op = KILN_OP(gelu_backward);
+         return Tensors{call_op1(op, {x[0], x[1]}, {std::string("none")}),
+                        call_op1(op, {x[0], x[1]}, {std::string("tanh")})};
+       },
+       [] {
+         return Tensors{f32({4, 3}), nc(4, 3)};
+       }},
       unary(
           "log", [](const Tensor& a) { return a.log(); }, true),
       unary(
@@ -323,6 +333,27 @@ inline std::vector<OpSample> reduction_samples() {
        },
        [] {
          return Tensors{f32({3}), f32({4, 5}), nc(5, 3)};
+       },
+       false},
+      // matmul_epilogue's tanh-gelu layer that keeps its input, and the product of its gradient
+      // times gelu'(pre). No gradients: no backward rules (as addmm_activation).
+      {"addmm_gelu_aux",
+       [](const Tensors& x) {
+         static const OpDef& op = KILN_OP(addmm_gelu_aux);
+         const TensorVec r = call_op(op, {x[0], x[1], x[2]}, {Scalar(1.0), Scalar(1.0)});
+         return Tensors{r[0], r[1]};
+       },
+       [] {
+         return Tensors{f32({3}), f32({4, 5}), nc(5, 3)};
+       },
+       false},
+      {"mm_dgelu",
+       [](const Tensors& x) {
+         static const OpDef& op = KILN_OP(mm_dgelu);
+         return Tensors{call_op1(op, {x[0], x[1], x[2]})};
+       },
+       [] {
+         return Tensors{f32({4, 5}), nc(5, 3), f32({4, 3})};
        },
        false},
       // The multi-tensor ops of gradient clipping (tensor/foreach.h), on contiguous lists (their

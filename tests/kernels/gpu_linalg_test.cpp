@@ -243,6 +243,48 @@ TEST_F(GpuLinalg, AddmmActivationEpilogue) {
   }
 }
 
+// addmm_gelu_aux and mm_dgelu on the GPU: cuBLASLt's GELU_AUX(_BIAS) writes gelu(p) and p, DGELU
+// the product times gelu'(pre), with nothing else dispatched for bf16, f16 and f32; against f64.
+// A width that is no multiple of 8 (cuBLASLt's aux needs one), a full C and f64 take the
+// fallback.
+TEST_F(GpuLinalg, GeluAuxAndDgeluEpilogues) {
+  manual_seed(21);
+  static const OpDef& aux_op = KILN_OP(addmm_gelu_aux);
+  static const OpDef& dgelu_op = KILN_OP(mm_dgelu);
+  static const OpDef& gelu_grad = KILN_OP(gelu_backward);
+  for (ScalarType dt : {kFloat, kBFloat16, kHalf, kDouble}) {
+    for (int64_t n : {48, 44}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " n " + std::to_string(n));
+      const int64_t m = 96, k = 80;
+      const Tensor a = rand_cpu({m, k}, dt).to(kGpu), b = rand_cpu({n, k}, dt).to(kGpu).t();
+      const Tensor bias = rand_cpu({n}, dt).to(kGpu), full = rand_cpu({m, n}, dt).to(kGpu);
+      const Tensor pre = (rand_cpu({m, n}, dt) * 3).to(kGpu);
+      const Tensor zero = zeros({}, TensorOptions(dt).device(kGpu));
+      const Tensor prod = ref64(a).mm(ref64(b));
+      const double tol = dt == kFloat ? 1e-5 : dt == kDouble ? 1e-10 : tolerance(dt);
+      const bool epilogue = dt != kDouble && n % 8 == 0;
+      test::OpRecorder rec;
+      const TensorVec with_bias = call_op(aux_op, {bias, a, b}, {Scalar(1.0), Scalar(1.0)});
+      const TensorVec no_self = call_op(aux_op, {zero, a, b}, {Scalar(0.0), Scalar(2.0)});
+      const Tensor dgelu = call_op1(dgelu_op, {a, b, pre});
+      const int64_t separate = rec.count("gelu") + rec.count("gelu_backward") + rec.count("mm");
+      if (epilogue) {
+        EXPECT_EQ(separate, 0) << "an epilogue was not used";
+      }
+      const Tensor p1 = prod + ref64(bias), p2 = prod * 2.0;
+      EXPECT_LE(rel_error(with_bias[0], gelu(p1, "tanh")), tol);
+      EXPECT_LE(rel_error(with_bias[1], p1), tol);
+      EXPECT_LE(rel_error(no_self[0], gelu(p2, "tanh")), tol);
+      EXPECT_LE(rel_error(no_self[1], p2), tol);
+      const Tensor want = call_op1(gelu_grad, {prod, ref64(pre)}, {std::string("tanh")});
+      // f64: cuBLASLt's DGELU against the CPU's f64 gelu' differs by ~2e-10.
+      EXPECT_LE(rel_error(dgelu, want), dt == kDouble ? 1e-9 : tol);
+      const TensorVec c_path = call_op(aux_op, {full, a, b}, {Scalar(0.5), Scalar(1.0)});
+      EXPECT_LE(rel_error(c_path[0], gelu(prod + ref64(full) * 0.5, "tanh")), tol);
+    }
+  }
+}
+
 TEST_F(GpuLinalg, EmptyInnerDimension) {
   for (ScalarType dt : {kFloat, kBFloat16, kInt64}) {
     const Tensor a = empty({3, 0}, TensorOptions(dt).device(kGpu));

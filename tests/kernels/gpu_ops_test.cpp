@@ -18,6 +18,7 @@
 #include "kernels/cuda/runtime.h"
 #include "kernels/gpu_test_util.h"
 #include "tensor/ops.h"
+#include "tensor/registry.h"
 #include "tensor/tensor_data.h"
 #include "test_util.h"
 
@@ -165,6 +166,15 @@ struct BinaryCase {
   bool nonzero_rhs = false;  // integer division: keep the divisor away from zero
 };
 
+// gelu_backward(a, b; approximate) with a and b broadcast to one shape.
+std::function<Tensor(const Tensor&, const Tensor&)> gelu_backward_of(std::string approximate) {
+  return [approximate](const Tensor& a, const Tensor& b) {
+    static const OpDef& op = KILN_OP(gelu_backward);
+    const Shape s = broadcast_shapes(a.sizes(), b.sizes(), "gelu_backward");
+    return call_op1(op, {a.expand(s), b.expand(s)}, {approximate});
+  };
+}
+
 std::vector<BinaryCase> binary_cases() {
   return {
       {"add", [](const Tensor& a, const Tensor& b) { return a + b; }, kAllDtypes},
@@ -201,6 +211,10 @@ std::vector<BinaryCase> binary_cases() {
       {"lerp tensor", [](const Tensor& a, const Tensor& b) { return a.lerp(b, (a - b).sigmoid()); },
        kFloatDtypes},
       {"where", [](const Tensor& a, const Tensor& b) { return where(a.gt(b), a, b); }, kAllDtypes},
+      // gelu's gradient op (grad, self): both broadcast to one shape first (its meta rule takes
+      // equal shapes), so expanded operands come through too.
+      {"gelu_backward", gelu_backward_of("none"), kFloatDtypes},
+      {"gelu_backward tanh", gelu_backward_of("tanh"), kFloatDtypes},
   };
 }
 

@@ -340,6 +340,31 @@ TEST(LinalgTest, AddmmActivation) {
                     "cannot be multiplied");
 }
 
+// addmm_gelu_aux and mm_dgelu (matmul_epilogue's tanh-gelu layer with gradients) on the CPU
+// (the decompositions): (gelu(p, "tanh"), p) and gelu_backward(a @ b, pre, "tanh"), and the meta
+// rules' errors.
+TEST(LinalgTest, GeluAuxAndDgelu) {
+  static const OpDef& aux = KILN_OP(addmm_gelu_aux);
+  static const OpDef& dgelu = KILN_OP(mm_dgelu);
+  static const OpDef& gelu_grad = KILN_OP(gelu_backward);
+  const Tensor self = random_tensor({3}, kDouble, 7), a = random_tensor({4, 5}, kDouble, 8),
+               b = random_tensor({5, 3}, kDouble, 9), pre = random_tensor({4, 3}, kDouble, 10);
+  const Tensor p = addmm(self, a, b, 0.5, 2.0);
+  const TensorVec r = call_op(aux, {self, a, b}, {Scalar(0.5), Scalar(2.0)});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_TRUE(allclose(r[0], gelu(p, "tanh")));
+  EXPECT_TRUE(allclose(r[1], p));
+  EXPECT_TRUE(allclose(call_op1(dgelu, {a, b, pre}),
+                       call_op1(gelu_grad, {mm(a, b), pre}, {std::string("tanh")})));
+  EXPECT_KILN_ERROR(call_op(aux, {self.to(kInt64), a.to(kInt64), b.to(kInt64)},
+                            {Scalar(int64_t{1}), Scalar(int64_t{1})}),
+                    "[addmm_gelu_aux] expected floating-point operands, got int64");
+  EXPECT_KILN_ERROR(call_op1(dgelu, {a, b, pre.t()}),
+                    "[mm_dgelu] pre (float64 [3, 4]) must be the product's float64 [4, 3]");
+  EXPECT_KILN_ERROR(call_op1(dgelu, {a, b.t(), pre}), "cannot be multiplied");
+  EXPECT_KILN_ERROR(call_op1(dgelu, {a, b, pre.to(kFloat)}), "[mm_dgelu] pre (float32");
+}
+
 TEST(LinalgTest, Addmm) {
   for (ScalarType t : kAllDtypes) {
     SCOPED_TRACE(std::string(dtype_name(t)));

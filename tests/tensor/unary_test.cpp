@@ -433,6 +433,82 @@ TEST(UnaryTest, PowDtypes) {
   EXPECT_EQ(pow(tensor({2}, kInt32), true).item<int64_t>(), 2);
 }
 
+// gelu'(x) in long double, without cancellation: exact Phi(x) + x phi(x) (Phi from erfc);
+// tanh s + 2 x u' s (1 - s) with s = sigmoid(2u) = (1 + tanh u) / 2.
+long double gelu_grad_ref(long double x, bool tanh_form) {
+  if (!tanh_form) {
+    return 0.5L * std::erfc(-x / std::sqrt(2.0L)) +
+           x * std::exp(-0.5L * x * x) / std::sqrt(2 * 3.14159265358979323846264L);
+  }
+  const long double k = std::sqrt(2 / 3.14159265358979323846264L), c = 0.044715L;
+  const long double u = k * (x + c * x * x * x), du = k * (1 + 3 * c * x * x);
+  const long double s = 1 / (1 + std::exp(-2 * u)), s1 = 1 / (1 + std::exp(2 * u));
+  return s + 2 * x * du * s * s1;
+}
+
+// gelu_backward(grad, self; approximate) = grad * gelu'(self) against the derivative in long
+// double, in every floating dtype, contiguous and through a transposed self; the f64 kernel
+// against central differences of gelu's own f64 kernel; saturation at huge and infinite inputs
+// without NaN; NaN propagating; and the meta rule's errors.
+TEST(UnaryTest, GeluBackwardIsTheDerivative) {
+  static const OpDef& op = KILN_OP(gelu_backward);
+  const std::vector<double> xs = spread(1200, -9, 9, 3), gs = spread(1200, -2, 2, 4);
+  for (const char* approximate : {"none", "tanh"}) {
+    const bool tanh_form = std::string(approximate) == "tanh";
+    for (ScalarType dt : {kDouble, kFloat, kHalf, kBFloat16}) {
+      SCOPED_TRACE(std::string(approximate) + " " + std::string(dtype_name(dt)));
+      const Tensor x = make(xs, {40, 30}, dt), g = make(gs, {40, 30}, dt);
+      const Tensor xt = make(xs, {30, 40}, dt).t();
+      for (const Tensor& self : {x, xt}) {
+        const Tensor got = call_op1(op, {g, self}, {std::string(approximate)});
+        ASSERT_EQ(got.dtype(), dt);
+        const std::vector<double> gv = g.to_vector<double>(), xv = self.to_vector<double>();
+        const std::vector<double> out = got.to_vector<double>();
+        const Tolerance tol = tolerance(dt);
+        for (size_t i = 0; i < out.size(); ++i) {
+          const double want = static_cast<double>(gv[i] * gelu_grad_ref(xv[i], tanh_form));
+          ASSERT_NEAR(out[i], want, tol.rtol * std::abs(want) + tol.atol) << "x = " << xv[i];
+        }
+      }
+    }
+    // The op's decomposition (its formula in plain ops) agrees in f64.
+    {
+      const Tensor x = make(xs, {40, 30}, kDouble), g = make(gs, {40, 30}, kDouble);
+      const Tensor kernel = call_op1(op, {g, x}, {std::string(approximate)});
+      const Tensor plain = call_decomposition(op, {g, x}, {std::string(approximate)})[0];
+      EXPECT_TRUE(allclose(kernel, plain, 1e-12, 1e-13));
+    }
+    // The derivative of gelu's own kernel, by central differences in f64.
+    const Tensor x = make(spread(200, -4, 4, 5), {200}, kDouble);
+    const double h = 1e-5;
+    const Tensor fd = (gelu(x + h, approximate) - gelu(x - h, approximate)) / (2 * h);
+    const Tensor got = call_op1(op, {ones({200}, kDouble), x}, {std::string(approximate)});
+    EXPECT_LT((got - fd).abs().max().item<double>(), 1e-9);
+    // Saturation: 1 and 0, no inf * 0; NaN stays NaN.
+    const double inf = std::numeric_limits<double>::infinity();
+    for (ScalarType dt : {kDouble, kFloat}) {
+      const Tensor big = make({1e30, -1e30, inf, -inf, 12, std::nan("")}, {6}, dt);
+      const std::vector<double> r =
+          call_op1(op, {ones({6}, dt), big}, {std::string(approximate)}).to_vector<double>();
+      EXPECT_EQ(r[0], 1.0);
+      EXPECT_EQ(r[1], 0.0);
+      EXPECT_EQ(r[2], 1.0);
+      EXPECT_EQ(r[3], 0.0);
+      EXPECT_NEAR(r[4], 1.0, 1e-12);
+      EXPECT_TRUE(std::isnan(r[5]));
+    }
+  }
+  const Tensor f = ones({2, 3}), d = ones({2, 3}, kDouble), i = ones({2, 3}, kInt64);
+  EXPECT_KILN_ERROR(call_op1(op, {f, f}, {std::string("fast")}),
+                    "[gelu_backward] approximate must be 'none' or 'tanh', got 'fast'");
+  EXPECT_KILN_ERROR(call_op1(op, {f, ones({3, 2})}, {std::string("none")}),
+                    "[gelu_backward] grad (float32 [2, 3]) and self (float32 [3, 2]) must have "
+                    "the same shape and dtype");
+  EXPECT_KILN_ERROR(call_op1(op, {f, d}, {std::string("none")}), "must have the same shape");
+  EXPECT_KILN_ERROR(call_op1(op, {i, i}, {std::string("none")}),
+                    "[gelu_backward] expected a floating-point self, got int64");
+}
+
 TEST(UnaryTest, MisuseNamesTheOp) {
   const Tensor b = tensor({true, false});
   const Tensor i = tensor({1, 2});
