@@ -73,8 +73,7 @@ namespace kiln::scalar {
   X(clamp_, clamp)                               \
   X(lerp, lerp)                                  \
   X(lerp_, lerp)                                 \
-  X(isclose, isclose)                            \
-  X(gelu_backward, gelu_backward)
+  X(isclose, isclose)
 
 // How a binary loop reads a 0-d operand: as opmath_t<T> (arithmetic), or rounded to T first
 // (comparisons).
@@ -296,7 +295,8 @@ struct BinaryKernels {
   }
 
   // gelu_backward(grad, self; approximate): grad * gelu'(self), both of self's floating dtype
-  // and shape (the meta rule checks).
+  // and shape (the meta rule checks). CUDA's kernel (kernels/cuda/binary.cu); the CPU's takes
+  // the packet functions (kernels/cpu/glu.cpp).
   static void gelu_backward(OpCall& c) {
     const bool tanh = c.attr<std::string>(0) == "tanh";
     visit_floating(c.input(1).dtype(), "gelu_backward", [&]<typename T>(TypeTag<T>) {

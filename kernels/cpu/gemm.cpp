@@ -21,6 +21,7 @@ namespace kiln::cpu {
   float exp_sum(float* x, int64_t n, float shift);                                                 \
   void tanh_cap(float* x, int64_t n, float cap);                                                   \
   void packet_exp(float* x, int64_t n);                                                            \
+  void packet_erf(float* x, int64_t n);                                                            \
   }
 #if defined(KILN_GEMM_AVX2)
 KILN_GEMM_DECLARE_BUILD(avx2)
@@ -41,17 +42,17 @@ std::vector<GemmVariant> supported() {
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("fma")) {
     v.push_back({"avx512", avx512::gemm_f32, avx512::gemm_f64, avx512::exp_sum, avx512::tanh_cap,
-                 avx512::packet_exp});
+                 avx512::packet_exp, avx512::packet_erf});
   }
 #endif
 #if defined(KILN_GEMM_AVX2)
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    v.push_back(
-        {"avx2", avx2::gemm_f32, avx2::gemm_f64, avx2::exp_sum, avx2::tanh_cap, avx2::packet_exp});
+    v.push_back({"avx2", avx2::gemm_f32, avx2::gemm_f64, avx2::exp_sum, avx2::tanh_cap,
+                 avx2::packet_exp, avx2::packet_erf});
   }
 #endif
   v.push_back({"baseline", baseline::gemm_f32, baseline::gemm_f64, baseline::exp_sum,
-               baseline::tanh_cap, baseline::packet_exp});
+               baseline::tanh_cap, baseline::packet_exp, baseline::packet_erf});
   return v;
 }
 
@@ -87,6 +88,11 @@ void check_packets(const char* fn, const float* x, int64_t n) {
 void packet_exp(float* x, int64_t n) {
   check_packets("packet_exp", x, n);
   chosen().packet_exp(x, n);
+}
+
+void packet_erf(float* x, int64_t n) {
+  check_packets("packet_erf", x, n);
+  chosen().packet_erf(x, n);
 }
 
 const char* gemm_isa() { return chosen().isa; }

@@ -46,6 +46,8 @@ void tanh_cap(float* x, int64_t n, float cap);
 // the tail); else an error. The gated MLPs' CPU kernels (kernels/cpu/glu.cpp).
 inline constexpr int64_t kPacketFloats = 16;
 void packet_exp(float* x, int64_t n);
+// x[i] = erf(x[i]) likewise, by Eigen's packet erf (gelu's gradient, kernels/cpu/glu.cpp).
+void packet_erf(float* x, int64_t n);
 
 // The instruction set gemm runs with on this CPU: "avx512", "avx2" or "baseline".
 const char* gemm_isa();
@@ -62,6 +64,7 @@ struct GemmVariant {
   float (*exp_sum)(float* x, int64_t n, float shift);
   void (*tanh_cap)(float* x, int64_t n, float cap);
   void (*packet_exp)(float* x, int64_t n);
+  void (*packet_erf)(float* x, int64_t n);
 };
 std::vector<GemmVariant> gemm_variants();
 

@@ -1,15 +1,16 @@
 // One instruction set's build of the CPU matrix product (kernels/cpu/gemm.h): Eigen's GEMM on
-// Eigen::Map views, the two vector loops of the CPU attention kernel and the gated MLPs' exp
-// (Eigen's packet functions), compiled with the flags of the file that includes this one. That
-// file defines KILN_GEMM_NS (the namespace its entry points go in) and, in the wider builds,
-// renames Eigen (`#define Eigen kiln_eigen_avx2`) before including this, so that every Eigen
-// function of that build has its own symbol. The includer includes nothing else: a
-// standard-library function instantiated here with wider flags would share its symbol with the
-// baseline's, and the linker keeps one of the two.
+// Eigen::Map views, the two vector loops of the CPU attention kernel and the packet exp and erf
+// of the gated MLPs and gelu's gradient (Eigen's packet functions), compiled with the flags of the
+// file that includes this one. That file defines KILN_GEMM_NS (the namespace its entry points go
+// in) and, in the wider builds, renames Eigen (`#define Eigen kiln_eigen_avx2`) before including
+// this, so that every Eigen function of that build has its own symbol. The includer includes
+// nothing else: a standard-library function instantiated here with wider flags would share its
+// symbol with the baseline's, and the linker keeps one of the two.
 //
 // No include guard: each includer includes it once, under its own namespace.
 #include <Eigen/Core>
 #include <cstdint>
+#include <unsupported/Eigen/SpecialFunctions>
 
 #ifndef KILN_GEMM_NS
 #error "define KILN_GEMM_NS before including kernels/cpu/gemm_body.h"
@@ -78,6 +79,11 @@ void tanh_cap(float* x, int64_t n, float cap) {
 void packet_exp(float* x, int64_t n) {
   Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64> a(x, n);
   a = a.exp();
+}
+
+void packet_erf(float* x, int64_t n) {
+  Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64> a(x, n);
+  a = a.erf();
 }
 
 void gemm_f32(float* c, int64_t ldc, const float* a, bool a_row, int64_t lda, const float* b,

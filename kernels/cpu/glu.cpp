@@ -1,4 +1,5 @@
-// CPU kernels of swiglu, geglu_tanh and their backward ops (tensor/ops/glu.cpp): the reference
+// CPU kernels of swiglu, geglu_tanh and their backward ops (tensor/ops/glu.cpp), and of gelu's
+// gradient (gelu_backward, tensor/ops/unary.cpp): the reference
 // the CUDA kernels are tested against. Elementwise over the inputs read in place (any strides,
 // through loops.h), in the compute type (f32 for f16/bf16, f64 for f64); the activation math is
 // kernels/gated_act.h, shared with the CUDA kernels. The backward writes dgate and dup in one
@@ -10,6 +11,7 @@
 // full packet: a result depends on its value and the build only, so a tensor gives the same bits
 // whole or split into row blocks (the compiler's fused_cpu executor). f64 keeps std::exp /
 // std::tanh one element at a time.
+#include <Eigen/Core>
 #include <algorithm>
 #include <array>
 #include <type_traits>
@@ -17,6 +19,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/gated_act.h"
+#include "kernels/scalar_fn.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 #include "tensor/registry.h"
@@ -32,6 +35,84 @@ void exp_chunk(float* t, int64_t m) {
   const int64_t padded = (m + kPacketFloats - 1) / kPacketFloats * kPacketFloats;
   std::fill(t + m, t + padded, 0.0f);
   packet_exp(t, padded);
+}
+
+// t[i] = erf(t[i]) likewise, by packet_erf.
+void erf_chunk(float* t, int64_t m) {
+  const int64_t padded = (m + kPacketFloats - 1) / kPacketFloats * kPacketFloats;
+  std::fill(t + m, t + padded, 0.0f);
+  packet_erf(t, padded);
+}
+
+// gelu_backward(grad, self; approximate) = grad * gelu'(self) (tensor/ops/unary.cpp), the
+// formulas of kernels/scalar_fn.h's GeluExactGrad / GeluTanhGrad (which the CUDA kernel and f64
+// here run): over contiguous copies, in f32 for f16/bf16 with the exp and erf in chunks through
+// the packet functions, so that, as above, a result depends on its value and the build only.
+// One chunk of m <= kChunk elements in f32; kTanh picks the form. The derivative's arithmetic
+// runs as Eigen array expressions (their selects vectorise; a loop of ?: on floats does not):
+// only exact operations there, so their bits do not depend on the packet path either.
+template <bool kTanh, typename T>
+void gelu_backward_chunk(const T* pg, const T* px, T* po, int64_t m) {
+  using Chunk = Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64>;
+  constexpr float k = static_cast<float>(scalar::kSqrt2OverPi);
+  constexpr float cubic = static_cast<float>(scalar::kGeluTanhCoeff);
+  alignas(64) float xs[kChunk], v[kChunk], t[kChunk], d[kChunk];
+  for (int64_t i = 0; i < m; ++i) xs[i] = static_cast<float>(px[i]);
+  Chunk x(xs, m), vv(v, m), tt(t, m), dd(d, m);
+  if constexpr (kTanh) {
+    vv = k * (x + cubic * x * x * x);  // u
+    tt = -2.0f * vv.abs();
+  } else {
+    vv = x * static_cast<float>(scalar::kSqrt1_2);
+    tt = -0.5f * x * x;
+  }
+  exp_chunk(t, m);
+  if constexpr (kTanh) {
+    // s = sigmoid(2u) and 1 - s are r and ex r in some order (ex = exp(-2|u|), r = 1 / (1 + ex)),
+    // so s (1 - s) = ex r^2; past |u| = 40, 1 or 0.
+    dd = (1.0f + tt).inverse();  // r
+    const auto s = (vv >= 0.0f).select(dd, tt * dd);
+    const auto du = k * (1.0f + 3.0f * cubic * x * x);
+    dd = (vv.abs() > 40.0f)
+             .select((vv > 0.0f).select(Eigen::ArrayXf::Ones(m), Eigen::ArrayXf::Zero(m)),
+                     s + 2.0f * x * du * tt * dd * dd);
+  } else {
+    erf_chunk(v, m);
+    const auto xp = x * tt * static_cast<float>(scalar::kInvSqrt2Pi);
+    dd = 0.5f * (1.0f + vv) + (xp == xp).select(xp, 0.0f);
+  }
+  dd = (x == x).select(dd, x);  // NaN stays NaN (the packet erf clamps its argument)
+  for (int64_t i = 0; i < m; ++i) po[i] = T(static_cast<float>(pg[i]) * d[i]);
+}
+
+void gelu_backward_cpu(OpCall& c) {
+  const bool tanh_form = c.attr<std::string>(0) == "tanh";
+  const Tensor& out = c.outputs[0];
+  const Tensor g = c.input(0).contiguous();
+  const Tensor x = c.input(1).contiguous();
+  const int64_t n = x.numel();
+  visit_floating(x.dtype(), "gelu_backward", [&]<typename T>(TypeTag<T>) {
+    const T* pg = g.data_ptr<T>();
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    internal::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
+      if constexpr (std::is_same_v<T, double>) {
+        for (int64_t i = b; i < e; ++i) {
+          po[i] = pg[i] * (tanh_form ? scalar::GeluTanhGrad::apply(px[i])
+                                     : scalar::GeluExactGrad::apply(px[i]));
+        }
+      } else {
+        for (int64_t c0 = b; c0 < e; c0 += kChunk) {
+          const int64_t m = std::min(kChunk, e - c0);
+          if (tanh_form) {
+            gelu_backward_chunk<true>(pg + c0, px + c0, po + c0, m);
+          } else {
+            gelu_backward_chunk<false>(pg + c0, px + c0, po + c0, m);
+          }
+        }
+      }
+    });
+  });
 }
 
 template <typename Act>
@@ -123,5 +204,6 @@ KILN_REGISTER_KERNEL_IF(swiglu, kCPU, "fused", glu_cpu<gated::SiluAct>, nullptr)
 KILN_REGISTER_KERNEL(swiglu_backward, kCPU, glu_backward_cpu<gated::SiluAct>);
 KILN_REGISTER_KERNEL_IF(geglu_tanh, kCPU, "fused", glu_cpu<gated::GeluTanhAct>, nullptr);
 KILN_REGISTER_KERNEL(geglu_tanh_backward, kCPU, glu_backward_cpu<gated::GeluTanhAct>);
+KILN_REGISTER_KERNEL(gelu_backward, kCPU, gelu_backward_cpu);
 
 }  // namespace kiln::cpu

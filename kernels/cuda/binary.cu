@@ -65,6 +65,7 @@ struct CudaBinary {
 #define KILN_REGISTER_BINARY(op, fn) \
   KILN_REGISTER_KERNEL(op, kCUDA, scalar::BinaryKernels<CudaBinary>::fn);
 KILN_BINARY_OPS(KILN_REGISTER_BINARY)
+KILN_REGISTER_BINARY(gelu_backward, gelu_backward)
 #undef KILN_REGISTER_BINARY
 
 }  // namespace kiln::cuda

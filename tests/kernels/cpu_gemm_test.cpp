@@ -186,6 +186,38 @@ TEST(CpuGemm, EveryBuildsPacketExp) {
   packet_exp(e, 0);  // nothing to do
 }
 
+// gelu's gradient's packet erf: every build against std::erf in f64 (to within a few ulp of
+// the result, absolute near 0), saturating at +-1; the same bits one packet later in a shorter
+// call; the entry point's checks.
+TEST(CpuGemm, EveryBuildsPacketErf) {
+  std::mt19937 rng(10);
+  std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+  constexpr int64_t kN = 256;
+  alignas(64) float x[kN], e[kN], shifted[kN + kPacketFloats];
+  for (float& v : x) v = u(rng);
+  x[0] = -1e30f;
+  x[1] = 1e30f;
+  x[2] = 0.0f;
+  x[3] = 1e-8f;
+  x[4] = -3e-3f;
+  for (const GemmVariant& v : gemm_variants()) {
+    std::copy(x, x + kN, e);
+    v.packet_erf(e, kN);
+    for (int64_t i = 0; i < kN; ++i) {
+      const double want = std::erf(static_cast<double>(x[i]));
+      ASSERT_NEAR(e[i], want, 5e-7 * std::abs(want) + 1e-12) << v.isa << " erf(" << x[i] << ")";
+    }
+    for (int64_t n : {kPacketFloats, 4 * kPacketFloats}) {
+      std::copy(x, x + n, shifted + kPacketFloats);
+      std::fill(shifted, shifted + kPacketFloats, 1.0f);
+      v.packet_erf(shifted, n + kPacketFloats);
+      EXPECT_EQ(std::memcmp(shifted + kPacketFloats, e, n * sizeof(float)), 0) << v.isa << " " << n;
+    }
+  }
+  EXPECT_KILN_ERROR(packet_erf(e, 17), "[packet_erf] needs a 64-byte aligned array");
+  packet_erf(e, 0);
+}
+
 TEST(CpuGemm, SerialAndThreadedAgree) {
   const int threads = get_num_threads();
   for (const GemmVariant& v : gemm_variants()) {
