@@ -44,13 +44,10 @@ void erf_chunk(float* t, int64_t m) {
   packet_erf(t, padded);
 }
 
-// gelu_backward(grad, self; approximate) = grad * gelu'(self) (tensor/ops/unary.cpp), the
-// formulas of kernels/scalar_fn.h's GeluExactGrad / GeluTanhGrad (which the CUDA kernel and f64
-// here run): over contiguous copies, in f32 for f16/bf16 with the exp and erf in chunks through
-// the packet functions, so that, as above, a result depends on its value and the build only.
-// One chunk of m <= kChunk elements in f32; kTanh picks the form. The derivative's arithmetic
-// runs as Eigen array expressions (their selects vectorise; a loop of ?: on floats does not):
-// only exact operations there, so their bits do not depend on the packet path either.
+// One chunk of gelu_backward (below) of m <= kChunk elements in f32; kTanh picks the form. The
+// derivative's arithmetic runs as Eigen array expressions (their selects vectorise; a loop of ?: on
+// floats does not): only exact operations there, so their bits do not depend on the packet path
+// either.
 template <bool kTanh, typename T>
 void gelu_backward_chunk(const T* pg, const T* px, T* po, int64_t m) {
   using Chunk = Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64>;
@@ -85,6 +82,10 @@ void gelu_backward_chunk(const T* pg, const T* px, T* po, int64_t m) {
   for (int64_t i = 0; i < m; ++i) po[i] = T(static_cast<float>(pg[i]) * d[i]);
 }
 
+// gelu_backward(grad, self; approximate) = grad * gelu'(self) (tensor/ops/unary.cpp), the
+// formulas of kernels/scalar_fn.h's GeluExactGrad / GeluTanhGrad (which the CUDA kernel and f64
+// here run): over contiguous copies, in f32 for f16/bf16 with the exp and erf in chunks through
+// the packet functions, so that, as above, a result depends on its value and the build only.
 void gelu_backward_cpu(OpCall& c) {
   const bool tanh_form = c.attr<std::string>(0) == "tanh";
   const Tensor& out = c.outputs[0];
