@@ -70,9 +70,7 @@ void gelu_backward_chunk(const T* pg, const T* px, T* po, int64_t m) {
     dd = (1.0f + tt).inverse();  // r
     const auto s = (vv >= 0.0f).select(dd, tt * dd);
     const auto du = k * (1.0f + 3.0f * cubic * x * x);
-    dd = (vv.abs() > 40.0f)
-             .select((vv > 0.0f).select(Eigen::ArrayXf::Ones(m), Eigen::ArrayXf::Zero(m)),
-                     s + 2.0f * x * du * tt * dd * dd);
+    dd = (vv.abs() > 40.0f).select((vv > 0.0f).cast<float>(), s + 2.0f * x * du * tt * dd * dd);
   } else {
     erf_chunk(v, m);
     const auto xp = x * tt * static_cast<float>(scalar::kInvSqrt2Pi);

@@ -145,6 +145,19 @@ TEST(CpuGemm, EveryBuildsExpAndTanhMatchStd) {
   }
 }
 
+// A packet function f applied to the first n of x one packet into a longer array (a packet of
+// 1.0 before them) gives the bits `whole` got from f over x (n = 1 and 4 packets).
+void expect_same_bits_one_packet_later(const char* isa, void (*f)(float*, int64_t), const float* x,
+                                       const float* whole) {
+  alignas(64) float shifted[5 * kPacketFloats];
+  for (int64_t n : {kPacketFloats, 4 * kPacketFloats}) {
+    std::copy(x, x + n, shifted + kPacketFloats);
+    std::fill(shifted, shifted + kPacketFloats, 1.0f);
+    f(shifted, n + kPacketFloats);
+    EXPECT_EQ(std::memcmp(shifted + kPacketFloats, whole, n * sizeof(float)), 0) << isa << " " << n;
+  }
+}
+
 // The gated MLPs' packet exp: every build against std::exp in f64, over whole packets (overflow
 // to inf, underflow to 0 included); each element's bits depend on its value only, not on its
 // lane, position or the call's length; the entry point refuses a length that is not whole
@@ -153,7 +166,7 @@ TEST(CpuGemm, EveryBuildsPacketExp) {
   std::mt19937 rng(9);
   std::uniform_real_distribution<float> u(-30.0f, 30.0f);
   constexpr int64_t kN = 256;
-  alignas(64) float x[kN], e[kN], shifted[kN + kPacketFloats];
+  alignas(64) float x[kN], e[kN];
   for (float& v : x) v = u(rng);
   x[0] = -110.0f;  // underflows
   x[1] = 100.0f;   // overflows to inf
@@ -172,12 +185,7 @@ TEST(CpuGemm, EveryBuildsPacketExp) {
       }
     }
     // The same values one packet later, in a shorter call: the same bits.
-    for (int64_t n : {kPacketFloats, 4 * kPacketFloats}) {
-      std::copy(x, x + n, shifted + kPacketFloats);
-      std::fill(shifted, shifted + kPacketFloats, 1.0f);
-      v.packet_exp(shifted, n + kPacketFloats);
-      EXPECT_EQ(std::memcmp(shifted + kPacketFloats, e, n * sizeof(float)), 0) << v.isa << " " << n;
-    }
+    expect_same_bits_one_packet_later(v.isa, v.packet_exp, x, e);
   }
   EXPECT_KILN_ERROR(
       packet_exp(e, 17),
@@ -193,7 +201,7 @@ TEST(CpuGemm, EveryBuildsPacketErf) {
   std::mt19937 rng(10);
   std::uniform_real_distribution<float> u(-6.0f, 6.0f);
   constexpr int64_t kN = 256;
-  alignas(64) float x[kN], e[kN], shifted[kN + kPacketFloats];
+  alignas(64) float x[kN], e[kN];
   for (float& v : x) v = u(rng);
   x[0] = -1e30f;
   x[1] = 1e30f;
@@ -207,12 +215,7 @@ TEST(CpuGemm, EveryBuildsPacketErf) {
       const double want = std::erf(static_cast<double>(x[i]));
       ASSERT_NEAR(e[i], want, 5e-7 * std::abs(want) + 1e-12) << v.isa << " erf(" << x[i] << ")";
     }
-    for (int64_t n : {kPacketFloats, 4 * kPacketFloats}) {
-      std::copy(x, x + n, shifted + kPacketFloats);
-      std::fill(shifted, shifted + kPacketFloats, 1.0f);
-      v.packet_erf(shifted, n + kPacketFloats);
-      EXPECT_EQ(std::memcmp(shifted + kPacketFloats, e, n * sizeof(float)), 0) << v.isa << " " << n;
-    }
+    expect_same_bits_one_packet_later(v.isa, v.packet_erf, x, e);
   }
   EXPECT_KILN_ERROR(packet_erf(e, 17), "[packet_erf] needs a 64-byte aligned array");
   packet_erf(e, 0);
